@@ -1,0 +1,3 @@
+from hpcml.cli import main
+
+main()

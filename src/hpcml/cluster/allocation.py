@@ -1,0 +1,99 @@
+"""The allocation this process runs in, as plain data.
+
+Read from the variables Slurm sets for a job and its tasks; outside Slurm the local
+machine is a one-node allocation, so every component runs the same code in both places.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hpcml.cluster.hostlist import expand
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Where this process runs: the job, its nodes, and this task's place in it."""
+
+    job_id: str | None
+    nodes: tuple[str, ...]
+    tasks_per_node: tuple[int, ...]
+    node: str
+    rank: int = 0
+    local_rank: int = 0
+    world_size: int = 1
+    gpus: tuple[str, ...] = field(default_factory=tuple)
+    under_slurm: bool = False
+    step_id: str | None = None
+
+    @property
+    def num_nodes(self) -> int:
+        return len(self.nodes)
+
+    @property
+    def node_index(self) -> int:
+        return self.nodes.index(self.node) if self.node in self.nodes else 0
+
+
+def _tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
+    """Expand Slurm's compressed task counts: ``"2(x3),1"`` -> ``(2, 2, 2, 1)``."""
+    if not spec:
+        return tuple([1] * num_nodes)
+    counts: list[int] = []
+    for part in spec.split(","):
+        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
+        if not m:
+            return tuple([1] * num_nodes)
+        counts += [int(m.group(1))] * int(m.group(2) or 1)
+    return tuple(counts)
+
+
+def _gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """GPUs bound to this task, most specific source first.
+
+    SLURM_STEP_GPUS / SLURM_JOB_GPUS are the physical indices Slurm bound; without them
+    CUDA_VISIBLE_DEVICES (indices or UUIDs) is what the process will see.
+    """
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES",
+                "ROCR_VISIBLE_DEVICES"):
+        value = env.get(var, "").strip()
+        if value and value.lower() not in ("none", "nodevfiles"):
+            return tuple(v.strip() for v in value.split(",") if v.strip())
+    return ()
+
+
+def this_node(env: Mapping[str, str] | None = None) -> str:
+    """This node's Slurm name; SLURMD_NODENAME tells virtual nodes of one host apart."""
+    env = os.environ if env is None else env
+    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+
+
+def current(env: Mapping[str, str] | None = None) -> Allocation:
+    """The allocation seen from this process's environment."""
+    env = os.environ if env is None else env
+    job_id = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    node = this_node(env)
+    if not job_id:
+        return Allocation(job_id=None, nodes=(node,), tasks_per_node=(1,), node=node,
+                          gpus=_gpus(env))
+    nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
+    tpn = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
+                          or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))
+    if "SLURM_TASKS_PER_NODE" not in env:
+        tpn = tuple([1] * len(nodes))
+    return Allocation(
+        job_id=job_id,
+        nodes=nodes,
+        tasks_per_node=tpn,
+        node=node,
+        rank=int(env.get("SLURM_PROCID", 0)),
+        local_rank=int(env.get("SLURM_LOCALID", 0)),
+        world_size=int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", 1))),
+        gpus=_gpus(env),
+        under_slurm=True,
+        step_id=env.get("SLURM_STEP_ID"),
+    )

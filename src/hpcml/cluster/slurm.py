@@ -1,0 +1,109 @@
+"""Thin wrappers over Slurm's own clients, each with a timeout.
+
+Slurm clients retry for minutes when the controller is down, so every call here has a
+deadline and turns a missing binary, a timeout or a non-zero exit into a one-line
+``SlurmError``.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import shutil
+import subprocess
+from collections.abc import Mapping, Sequence
+
+from hpcml.cluster.hostlist import expand
+from hpcml.errors import SlurmError
+
+DEFAULT_TIMEOUT = 30.0
+
+
+def available(command: str = "srun") -> bool:
+    return shutil.which(command) is not None
+
+
+def run(argv: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT,
+        env: Mapping[str, str] | None = None, check: bool = True) -> subprocess.CompletedProcess:
+    """Run one Slurm client command and capture its output."""
+    if not available(argv[0]):
+        raise SlurmError(f"{argv[0]}: Slurm is not installed or not on PATH")
+    try:
+        proc = subprocess.run(list(argv), capture_output=True, text=True, timeout=timeout,
+                              env=None if env is None else dict(env))
+    except subprocess.TimeoutExpired:
+        raise SlurmError(f"{argv[0]}: no answer within {timeout:g} s "
+                         "(is slurmctld reachable?)") from None
+    if check and proc.returncode != 0:
+        msg = (proc.stderr or proc.stdout).strip().splitlines()
+        raise SlurmError(f"{' '.join(argv[:2])}: exit {proc.returncode}: "
+                         f"{msg[-1] if msg else 'no message'}")
+    return proc
+
+
+def srun_argv(command: Sequence[str], *, nodes: Sequence[str] | None = None,
+              ntasks_per_node: int | None = None, extra: Sequence[str] = ()) -> list[str]:
+    """The srun command line for one step; kept separate so callers can stream it."""
+    argv = ["srun"]
+    if nodes:
+        from hpcml.cluster.hostlist import fold
+        argv += [f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}"]
+        if ntasks_per_node:
+            argv += [f"--ntasks={len(nodes) * ntasks_per_node}"]
+    if ntasks_per_node:
+        argv += [f"--ntasks-per-node={ntasks_per_node}"]
+    return argv + list(extra) + list(command)
+
+
+def srun(command: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, **kw) -> subprocess.CompletedProcess:
+    return run(srun_argv(command, **kw), timeout=timeout, check=False)
+
+
+def scontrol_hostnames(hostlist: str, *, timeout: float = 10.0) -> list[str]:
+    """Slurm's own expansion; ``hostlist.expand`` gives the same without a controller."""
+    return run(["scontrol", "show", "hostnames", hostlist], timeout=timeout).stdout.split()
+
+
+def scontrol_show(kind: str, name: str | None = None, *,
+                  timeout: float = 10.0) -> list[dict[str, str]]:
+    """``scontrol show -o KIND [NAME]`` as one dict of Key=Value pairs per record."""
+    argv = ["scontrol", "show", "-o", kind] + ([name] if name else [])
+    records = []
+    for line in run(argv, timeout=timeout).stdout.splitlines():
+        record: dict[str, str] = {}
+        for token in line.split():
+            key, sep, value = token.partition("=")
+            if sep:
+                record[key] = value
+            elif record:  # a value with spaces (Reason=...) continues the last key
+                last = next(reversed(record))
+                record[last] += " " + token
+        if record:
+            records.append(record)
+    return records
+
+
+def node_states(nodes: str | None = None, *, timeout: float = 10.0) -> dict[str, str]:
+    """Node name -> state (``IDLE``, ``ALLOCATED``, ``DRAIN``...)."""
+    return {r["NodeName"]: r.get("State", "") for r in scontrol_show("node", nodes, timeout=timeout)}
+
+
+def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **fields: str) -> None:
+    from hpcml.cluster.hostlist import fold
+    argv = ["scontrol", "update", f"nodename={fold(nodes)}"]
+    argv += [f"{k}={v}" for k, v in fields.items()]
+    run(argv, timeout=timeout)
+
+
+def sacct(job_id: str, fields: Sequence[str] = ("JobID", "JobName", "State", "ExitCode",
+                                                 "Elapsed", "NodeList"), *,
+          timeout: float = 20.0) -> list[dict[str, str]]:
+    """Accounting rows of one job (needs slurmdbd, or ``-c`` for jobcomp files)."""
+    proc = run(["sacct", "-j", str(job_id), "-P", "-n", "-o", ",".join(fields)], timeout=timeout)
+    reader = csv.reader(io.StringIO(proc.stdout), delimiter="|")
+    return [dict(zip(fields, row)) for row in reader if row]
+
+
+def job_nodes(job_id: str, *, timeout: float = 10.0) -> list[str]:
+    recs = scontrol_show("job", str(job_id), timeout=timeout)
+    return expand(recs[0].get("NodeList", "")) if recs else []

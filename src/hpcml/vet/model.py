@@ -1,0 +1,104 @@
+"""The data of a vetting run: outcomes, per-check results, node reports, the verdict.
+
+Plain dataclasses with ``to_dict`` / ``from_dict`` so results cross srun's stdout as JSON
+and the worker on each node needs no heavy imports.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+from typing import Any
+
+
+class Outcome(str, Enum):
+    """What a check found. ``error`` means the check itself broke; never a pass."""
+
+    PASS = "pass"
+    WARN = "warn"
+    FAIL = "fail"
+    ERROR = "error"
+    SKIPPED = "skipped"
+
+
+class Decision(str, Enum):
+    CONTINUE = "continue"
+    SHRINK = "shrink"
+    ABORT = "abort"
+
+
+EXIT_CODES = {Decision.CONTINUE: 0, Decision.SHRINK: 3, Decision.ABORT: 4}
+
+
+@dataclass
+class CheckReport:
+    """What a check's ``run`` returns: its outcome and the number behind it."""
+
+    outcome: Outcome
+    value: float | int | str | None = None
+    threshold: str | None = None
+    unit: str | None = None
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass
+class CheckResult:
+    """One check on one node, as reported and judged."""
+
+    node: str
+    check: str
+    type: str
+    outcome: Outcome
+    value: float | int | str | None = None
+    threshold: str | None = None
+    unit: str | None = None
+    duration: float = 0.0
+    message: str = ""
+    details: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["outcome"] = self.outcome.value
+        return d
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "CheckResult":
+        d = dict(d)
+        d["outcome"] = Outcome(d["outcome"])
+        return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
+
+
+@dataclass
+class NodeReport:
+    """Every result of one node; ``reachable`` is false when no result came back in time."""
+
+    node: str
+    results: list[CheckResult] = field(default_factory=list)
+    reachable: bool = True
+    message: str = ""
+    sent_at: float | None = None
+    received_at: float | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"node": self.node, "reachable": self.reachable, "message": self.message,
+                "sent_at": self.sent_at, "results": [r.to_dict() for r in self.results]}
+
+    @classmethod
+    def from_dict(cls, d: dict[str, Any]) -> "NodeReport":
+        return cls(node=d["node"], reachable=d.get("reachable", True),
+                   message=d.get("message", ""), sent_at=d.get("sent_at"),
+                   results=[CheckResult.from_dict(r) for r in d.get("results", [])])
+
+
+@dataclass
+class Verdict:
+    decision: Decision
+    good: list[str]
+    bad: list[str]
+    min_nodes: int
+    reasons: dict[str, list[str]] = field(default_factory=dict)
+
+    @property
+    def exit_code(self) -> int:
+        return EXIT_CODES[self.decision]
