@@ -15,7 +15,7 @@ from typing import Any, ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from hpcml.vet.model import CheckReport, CheckResult, Outcome
+from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
 
 class NoParams(BaseModel):
@@ -58,7 +58,8 @@ class Check:
         raise NotImplementedError
 
     @classmethod
-    def compare(cls, params: BaseModel, results: dict[str, CheckResult]) -> None:
+    def compare(cls, params: BaseModel, results: dict[str, CheckResult],
+                reports: dict[str, NodeReport]) -> None:
         """Adjust results in place once all nodes reported; default: nothing to compare."""
 
 

@@ -1,0 +1,29 @@
+"""The ``hpcml`` command: mounts each component's sub-app; no logic of its own."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from hpcml import __version__
+from hpcml.errors import HpcmlError
+from hpcml.vet.cli import app as vet_app
+
+app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+app.add_typer(vet_app, name="vet")
+
+
+@app.command()
+def version() -> None:
+    """Print hpcml's version."""
+    print(__version__)
+
+
+def main() -> None:
+    try:
+        app(standalone_mode=True)
+    except HpcmlError as exc:
+        print(f"hpcml: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

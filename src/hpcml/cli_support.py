@@ -1,0 +1,26 @@
+"""What every sub-command shares: a group that has a default command, and error exits."""
+
+from __future__ import annotations
+
+import click
+import typer.core
+
+
+class DefaultCommandGroup(typer.core.TyperGroup):
+    """``hpcml vet protocol.yaml`` means ``hpcml vet run protocol.yaml``.
+
+    Written here because it is ten lines; click-default-group does the same for click but
+    not for Typer's group class.
+    """
+
+    default_command = "run"
+
+    def resolve_command(self, ctx: click.Context, args: list[str]):
+        if args and args[0] not in self.commands and not args[0].startswith("-"):
+            args.insert(0, self.default_command)
+        return super().resolve_command(ctx, args)
+
+    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+        if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
+            args.insert(0, self.default_command)
+        return super().parse_args(ctx, args)

@@ -1,0 +1,1 @@
+"""Node vetting and early abort: protocol -> checks on every node -> verdict -> exclude list."""

@@ -1,0 +1,51 @@
+"""Clock skew against the other nodes of the allocation.
+
+Skewed clocks break timestamps that line nodes up (telemetry, logs) and some
+rendezvous timeouts. Each node reports its wall clock when it sends its results; the
+launcher notes when each report arrives, so ``sent - received`` is the node's offset from
+the launcher plus a transport delay of milliseconds. A node is judged by how far its offset
+lies from the median offset of the allocation.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from hpcml.vet.checks.base import Check, CheckReport, passed
+from hpcml.vet.model import CheckResult, NodeReport, Outcome
+from hpcml.vet.units import Seconds
+
+
+class ClockParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_skew: Seconds = 0.5
+
+
+class ClockCheck(Check):
+    type_name = "clock"
+    Params = ClockParams
+    default_timeout = 2.0
+
+    def run(self) -> CheckReport:
+        return passed(None, threshold=f"|skew| <= {self.params.max_skew:g} s", unit="s",
+                      message="judged against the other nodes", wall=time.time())
+
+    @classmethod
+    def compare(cls, params: ClockParams, results: dict[str, CheckResult],
+                reports: dict[str, NodeReport]) -> None:
+        offsets = {n: reports[n].sent_at - reports[n].received_at for n in results
+                   if reports[n].sent_at is not None and reports[n].received_at is not None}
+        if not offsets:
+            return
+        median = statistics.median(offsets.values())
+        for node, result in results.items():
+            if result.outcome is not Outcome.PASS or node not in offsets:
+                continue
+            skew = offsets[node] - median
+            result.value = round(skew, 4)
+            ok = abs(skew) <= params.max_skew
+            result.outcome = Outcome.PASS if ok else Outcome.FAIL
+            result.message = f"clock {skew:+.3f} s from the allocation's median"

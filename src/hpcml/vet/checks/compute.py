@@ -1,0 +1,111 @@
+"""Known-answer matrix multiply and its throughput: catches wrong arithmetic (SDC) and
+slow nodes that pass every static check.
+
+The answer is verified with Freivalds' test, ``(A @ B) @ x == A @ (B @ x)`` for a random
+``x``: O(n^2) work, so checking does not cost as much as the multiply it checks. torch is
+used on a GPU when the node has one (and torch is installed); numpy on the CPU otherwise.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
+from hpcml.vet.units import Flops
+
+
+class ComputeParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    size: int = Field(1024, ge=16, le=32768)
+    repeats: int = Field(3, ge=1, le=1000)
+    dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
+    device: Literal["auto", "cpu", "gpu"] = "auto"
+    min_flops: Flops | None = None
+    seed: int = 1234
+
+
+def _numpy_gemm(p: ComputeParams) -> tuple[float, float]:
+    import numpy as np
+    if p.dtype in ("float16", "bfloat16"):
+        raise ValueError(f"dtype {p.dtype} is only measured on a GPU")
+    rng = np.random.default_rng(p.seed)
+    a = rng.standard_normal((p.size, p.size)).astype(p.dtype)
+    b = rng.standard_normal((p.size, p.size)).astype(p.dtype)
+    c = a @ b  # warm-up, and the product we verify
+    start = time.perf_counter()
+    for _ in range(p.repeats):
+        c = a @ b
+    elapsed = time.perf_counter() - start
+    x = rng.standard_normal(p.size).astype(p.dtype)
+    lhs, rhs = c @ x, a @ (b @ x)
+    err = float(np.max(np.abs(lhs - rhs)) / (np.max(np.abs(rhs)) + 1e-30))
+    return elapsed, err
+
+
+def _torch_gemm(p: ComputeParams, device: str) -> tuple[float, float]:
+    import torch
+    gen = torch.Generator(device="cpu").manual_seed(p.seed)
+    dtype = getattr(torch, p.dtype)
+    a = torch.randn(p.size, p.size, generator=gen).to(device=device, dtype=dtype)
+    b = torch.randn(p.size, p.size, generator=gen).to(device=device, dtype=dtype)
+    c = a @ b
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    sync()
+    start = time.perf_counter()
+    for _ in range(p.repeats):
+        c = a @ b
+    sync()
+    elapsed = time.perf_counter() - start
+    x = torch.randn(p.size, 1, generator=gen).to(device=device, dtype=dtype)
+    lhs, rhs = (c @ x).double(), (a @ (b @ x)).double()
+    err = float((lhs - rhs).abs().max() / (rhs.abs().max() + 1e-30))
+    return elapsed, err
+
+
+def _nvidia_devices() -> bool:
+    import glob
+    return bool(glob.glob("/dev/nvidia[0-9]*") or glob.glob("/proc/driver/nvidia/gpus/*"))
+
+
+_TOLERANCE = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
+
+
+class ComputeCheck(Check):
+    type_name = "compute"
+    Params = ComputeParams
+    default_timeout = 60.0
+
+    def _gpu_device(self) -> str | None:
+        if self.params.device == "auto" and not _nvidia_devices():
+            return None  # importing torch costs ~1 s; only pay it when a GPU may be there
+        try:
+            import torch
+        except ImportError:
+            if self.params.device == "gpu":
+                raise MissingDependency("torch is needed for the GPU matrix multiply "
+                                        "(run `hpcml vet setup`)") from None
+            return None
+        return "cuda:0" if torch.cuda.is_available() else None
+
+    def run(self) -> CheckReport:
+        p = self.params
+        device = None if p.device == "cpu" else self._gpu_device()
+        if p.device == "gpu" and device is None:
+            if self.ctx.require_gpus:
+                return judge(False, None, threshold="GPU present", message="no GPU visible to torch")
+            return skipped("no GPU")
+        elapsed, err = _torch_gemm(p, device) if device else _numpy_gemm(p)
+        flops = 2.0 * p.size ** 3 * p.repeats / max(elapsed, 1e-9)
+        problems = []
+        if err > _TOLERANCE[p.dtype]:
+            problems.append(f"wrong result: relative error {err:.2e} > {_TOLERANCE[p.dtype]:.0e}")
+        if p.min_flops is not None and flops < p.min_flops:
+            problems.append(f"{flops / 1e9:.1f} GFLOP/s < {p.min_flops / 1e9:.1f} GFLOP/s")
+        limit = f">= {p.min_flops / 1e9:.1f} GFLOP/s" if p.min_flops else "correct result"
+        return judge(not problems, round(flops / 1e9, 3), threshold=limit, unit="GFLOP/s",
+                     message="; ".join(problems) or
+                     f"{p.size}x{p.size} {p.dtype} on {device or 'cpu'}: {flops / 1e9:.1f} GFLOP/s",
+                     relative_error=err, device=device or "cpu")

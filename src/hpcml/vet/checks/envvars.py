@@ -1,0 +1,36 @@
+"""Environment variables the job relies on (NCCL, proxy, CUDA settings), present and right."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+from hpcml.vet.checks.base import Check, CheckReport, judge
+
+
+class EnvParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    #: name -> exact value, or null for "must be set, any value" (vetnode's meaning)
+    expected: dict[str, str | None] = {}
+    #: names that must not be set (e.g. a PYTHONPATH that shadows the image's packages)
+    absent: list[str] = []
+
+
+class EnvCheck(Check):
+    type_name = "env"
+    Params = EnvParams
+    default_timeout = 2.0
+
+    def run(self) -> CheckReport:
+        problems = []
+        for name, want in self.params.expected.items():
+            have = os.environ.get(name)
+            if have is None:
+                problems.append(f"{name} is not set")
+            elif want is not None and have != want:
+                problems.append(f"{name}={have!r}, expected {want!r}")
+        problems += [f"{name} is set" for name in self.params.absent if name in os.environ]
+        n = len(self.params.expected) + len(self.params.absent)
+        return judge(not problems, len(problems), threshold="0 mismatches", unit="vars",
+                     message="; ".join(problems) or f"{n} variables as expected")

@@ -1,0 +1,206 @@
+"""GPU health from one NVML snapshot: count, lost GPUs, ECC, row remapping, retired pages,
+throttling, PCIe link, temperature, memory and leftover processes.
+
+Why these: the vetting note ranks GPU count / NVML answering, ECC and row remapping, PCIe
+downgrades and hygiene (leftover processes, used memory) as the cheapest checks that catch
+most failed GPUs. All of them come from one NVML read, so this is one check with one
+verdict per node, and a message that names every bad GPU and why.
+
+The snapshot comes through :meth:`GpuCheck.snapshot`. Setting the environment variable
+``HPCML_VET_NVML_REPLAY=/path/snapshot.json`` makes it replay a snapshot recorded with
+``python -m hpcml.vet.checks.nvml_snapshot`` instead of reading NVML; tests use this, and so
+can anyone re-judging a node's recorded state with other thresholds.
+
+No GPU (no driver, no NVML GPUs) is SKIPPED unless ``required``, ``ctx.require_gpus`` or
+Slurm bound GPUs to the task (``ctx.gpus``): then it FAILS, because a GPU job on that node
+would fail. A missing pynvml raises MissingDependency. PCIe generation is not judged while
+the GPU reports ``gpu_idle``: NVIDIA GPUs lower the link generation when idle to save
+power (the width stays), so an idle healthy GPU would otherwise fail.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from typing import ClassVar
+
+from pydantic import BaseModel, ConfigDict, field_validator
+
+from hpcml.vet import units
+from hpcml.vet.checks.base import Check
+from hpcml.vet.checks.nvml_snapshot import (CLOCK_REASONS, GpuInfo, GpuSnapshot,
+                                             NvmlLibraryMissing, load_snapshot,
+                                             read_snapshot, reason_names, select)
+from hpcml.vet.model import CheckReport, Outcome
+
+REPLAY_ENV = "HPCML_VET_NVML_REPLAY"
+NVIDIA_PROC = "/proc/driver/nvidia/version"
+
+
+def _reason(name: str) -> str:
+    snake = re.sub(r"(?<=[a-z0-9])(?=[A-Z])", "_", name.strip()).lower()
+    snake = re.sub(r"[\s-]+", "_", snake)
+    if snake not in CLOCK_REASONS:
+        raise ValueError(f"unknown throttle reason {name!r}; expected one of "
+                         + ", ".join(CLOCK_REASONS))
+    return snake
+
+
+class GpuParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    count: int | None = None
+    max_temperature: float | None = None
+    max_memory_used: units.Bytes | None = None
+    max_memory_used_fraction: units.Fraction | None = None
+    max_ecc_uncorrected: int | None = 0          # volatile count (since driver load)
+    max_retired_pages: int | None = None
+    fail_on_retired_pages_pending: bool = True
+    fail_on_row_remap_pending: bool = True
+    fail_on_row_remap_failure: bool = True
+    throttle_fail: list[str] = ["hw_slowdown", "hw_thermal_slowdown",
+                                "hw_power_brake_slowdown", "sw_thermal_slowdown"]
+    throttle_warn: list[str] = ["sw_power_cap"]
+    pcie_min_gen: int | None = None              # None: the link's own max
+    pcie_min_width: int | None = None
+    pcie_gen_when_idle: bool = False
+    max_foreign_processes: int | None = 0
+    required: bool = False
+
+    @field_validator("throttle_fail", "throttle_warn")
+    @classmethod
+    def _names(cls, v: list[str]) -> list[str]:
+        return [_reason(n) for n in v]
+
+
+def _gb(n: float) -> str:
+    return units.fmt_bytes(n)
+
+
+class GpuCheck(Check):
+    """Judges every GPU of the task (``ctx.gpus``) or of the node in one NVML snapshot."""
+
+    type_name: ClassVar[str] = "gpu"
+    Params: ClassVar[type[BaseModel]] = GpuParams
+
+    def snapshot(self) -> tuple[GpuSnapshot, str]:
+        """The snapshot to judge and where it came from (the seam for replay)."""
+        path = os.environ.get(REPLAY_ENV)
+        if path:
+            return load_snapshot(path), f"replay:{path}"
+        try:
+            return read_snapshot(list(self.ctx.gpus) or None), "nvml"
+        except NvmlLibraryMissing as e:
+            if os.path.exists(NVIDIA_PROC):    # a driver is loaded: NVML must be found
+                raise
+            return GpuSnapshot(False, errors=[str(e)]), "nvml"
+
+    def run(self) -> CheckReport:
+        p: GpuParams = self.params  # type: ignore[assignment]
+        required = p.required or self.ctx.require_gpus or bool(self.ctx.gpus)
+        snap, source = self.snapshot()
+        snap, missing = select(snap, list(self.ctx.gpus) or None)
+        details = {"source": source, "driver_version": snap.driver_version,
+                   "errors": snap.errors, "hidden": snap.hidden}
+        if not snap.driver_loaded or (not snap.gpus and not snap.errors and not missing):
+            why = "NVIDIA driver not loaded" if not snap.driver_loaded else "NVML sees none"
+            if required:
+                return CheckReport(Outcome.FAIL, 0, "GPUs present", "GPUs",
+                                   f"no GPU: {why}", details)
+            return CheckReport(Outcome.SKIPPED, message=f"no GPU ({why})", details=details)
+
+        fails: list[str] = [f"nvml: {e}" for e in snap.errors]
+        warns: list[str] = []
+        expected = p.count if p.count is not None else (len(self.ctx.gpus) or None)
+        fails += [f"GPU {m} not found" for m in missing]
+        if expected is not None and not missing and len(snap.gpus) != expected:
+            (fails if len(snap.gpus) < expected else warns).append(
+                f"{len(snap.gpus)} GPUs found, {expected} expected")
+        bad = len(missing) + (max(0, expected - len(snap.gpus)) if expected and not missing
+                              else 0)
+        per_gpu = []
+        for g in snap.gpus:
+            gf, gw = self._judge(g, p)
+            bad += bool(gf)
+            label = f"gpu{g.index}"
+            fails += [f"{label}: " + ", ".join(gf)] if gf else []
+            warns += [f"{label}: " + ", ".join(gw) + " (warn)"] if gw else []
+            per_gpu.append({**_summary(g), "problems": gf, "warnings": gw})
+        details["gpus"] = per_gpu
+        outcome = Outcome.FAIL if fails else Outcome.WARN if warns else Outcome.PASS
+        message = "; ".join(fails + warns) or f"{len(snap.gpus)} GPUs healthy"
+        return CheckReport(outcome, bad, "0 bad GPUs", "GPUs", message, details)
+
+    @staticmethod
+    def _judge(g: GpuInfo, p: GpuParams) -> tuple[list[str], list[str]]:
+        """The failing and warning problems of one GPU, in words."""
+        if g.lost:
+            return [f"lost ({g.error})"], []
+        f: list[str] = []
+        w = [f"could not read {k} ({v})" for k, v in g.field_errors.items()]
+        if p.max_temperature is not None and g.temperature is not None \
+                and g.temperature > p.max_temperature:
+            f.append(f"temperature {g.temperature} C > {p.max_temperature:g} C")
+        if g.memory_used is not None:
+            if p.max_memory_used is not None and g.memory_used > p.max_memory_used:
+                f.append(f"memory used {_gb(g.memory_used)} > {_gb(p.max_memory_used)}")
+            if p.max_memory_used_fraction is not None and g.memory_total:
+                frac = g.memory_used / g.memory_total
+                if frac > p.max_memory_used_fraction:
+                    f.append(f"memory used {frac:.1%} > {p.max_memory_used_fraction:.1%}")
+        if p.max_ecc_uncorrected is not None and g.ecc_volatile_uncorrected is not None \
+                and g.ecc_volatile_uncorrected > p.max_ecc_uncorrected:
+            f.append(f"{g.ecc_volatile_uncorrected} uncorrected ECC errors "
+                     f"> {p.max_ecc_uncorrected}")
+        if p.fail_on_row_remap_failure and g.remap_failure:
+            f.append("row remapping failed (replace the GPU)")
+        if p.fail_on_row_remap_pending and g.remap_pending:
+            f.append("row remapping pending (reset the GPU)")
+        if p.fail_on_retired_pages_pending and g.retired_pages_pending:
+            f.append("page retirement pending (reset the GPU)")
+        retired = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+        if p.max_retired_pages is not None and retired > p.max_retired_pages:
+            f.append(f"{retired} retired pages > {p.max_retired_pages}")
+        reasons = reason_names(g.clocks_event_reasons)
+        if hits := [r for r in reasons if r in p.throttle_fail]:
+            f.append("clocks throttled: " + ", ".join(hits))
+        if hits := [r for r in reasons if r in p.throttle_warn and r not in p.throttle_fail]:
+            w.append("clocks throttled: " + ", ".join(hits))
+        if link := _pcie_problem(g, p, idle="gpu_idle" in reasons):
+            f.append(link)
+        if p.max_foreign_processes is not None and g.processes is not None:
+            foreign = [q for q in g.processes if q.pid != os.getpid()]
+            if len(foreign) > p.max_foreign_processes:
+                f.append(f"{len(foreign)} leftover process(es) (" + ", ".join(
+                    f"pid {q.pid}" + (f" using {_gb(q.used_memory)}" if q.used_memory
+                                      else "") for q in foreign) + ")")
+        return f, w
+
+
+def _pcie_problem(g: GpuInfo, p: GpuParams, idle: bool) -> str | None:
+    if g.pcie_gen is None or g.pcie_width is None:
+        return None
+    min_gen = p.pcie_min_gen if p.pcie_min_gen is not None else g.pcie_gen_max
+    min_width = p.pcie_min_width if p.pcie_min_width is not None else g.pcie_width_max
+    gen_low = min_gen is not None and g.pcie_gen < min_gen and (p.pcie_gen_when_idle
+                                                                 or not idle)
+    width_low = min_width is not None and g.pcie_width < min_width
+    if not (gen_low or width_low):
+        return None
+    label = "max" if p.pcie_min_gen is None and p.pcie_min_width is None else "min"
+    return (f"PCIe gen{g.pcie_gen} x{g.pcie_width} < {label} "
+            f"gen{min_gen if min_gen is not None else '?'} "
+            f"x{min_width if min_width is not None else '?'}")
+
+
+def _summary(g: GpuInfo) -> dict:
+    keys = ("index", "uuid", "name", "pci_bus_id", "lost", "error", "temperature",
+            "memory_used", "memory_total", "ecc_volatile_uncorrected",
+            "ecc_aggregate_uncorrected", "remap_pending", "remap_failure",
+            "retired_pages_pending", "power_mw", "sm_clock_mhz", "pcie_gen",
+            "pcie_gen_max", "pcie_width", "pcie_width_max")
+    d = {k: getattr(g, k) for k in keys}
+    d["clocks_event_reasons"] = reason_names(g.clocks_event_reasons)
+    d["processes"] = None if g.processes is None else [vars(q) for q in g.processes]
+    d["unsupported"] = g.unsupported
+    return d

@@ -1,0 +1,29 @@
+"""CPU load: a node still busy with someone else's work makes every rank on it a straggler."""
+
+from __future__ import annotations
+
+import os
+
+from pydantic import BaseModel, ConfigDict
+
+from hpcml.vet.checks.base import Check, CheckReport, judge
+
+
+class LoadParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    max_load_per_cpu: float = 1.0
+
+
+class LoadCheck(Check):
+    type_name = "load"
+    Params = LoadParams
+    default_timeout = 5.0
+
+    def run(self) -> CheckReport:
+        load1, _, _ = os.getloadavg()
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+        per_cpu = load1 / max(1, os.cpu_count() or 1)
+        limit = self.params.max_load_per_cpu
+        return judge(per_cpu <= limit, round(per_cpu, 3), threshold=f"<= {limit:g}",
+                     unit="load/cpu", message=f"1-min load {load1:.2f} on {os.cpu_count()} CPUs",
+                     usable_cpus=cpus)

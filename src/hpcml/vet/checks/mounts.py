@@ -1,0 +1,61 @@
+"""Required mounts: present, mounted, and answering. A hung parallel filesystem blocks
+``stat`` in the kernel, so each path is probed in a daemon thread with its own timeout and
+a hung one is named instead of hanging the check."""
+
+from __future__ import annotations
+
+import os
+import threading
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from hpcml.vet.checks.base import Check, CheckReport, judge
+from hpcml.vet.units import Seconds
+
+
+class MountsParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    paths: list[str] = Field(min_length=1)
+    must_be_mountpoint: bool = False
+    probe_timeout: Seconds = 3.0
+
+
+def _probe(path: str, mountpoint: bool) -> str | None:
+    if not os.path.exists(path):
+        return "missing"
+    if mountpoint and not os.path.ismount(path):
+        return "not a mount point"
+    os.statvfs(path)
+    if os.path.isdir(path):
+        with os.scandir(path) as it:
+            next(it, None)
+    return None
+
+
+class MountsCheck(Check):
+    type_name = "mounts"
+    Params = MountsParams
+    default_timeout = 10.0
+
+    def run(self) -> CheckReport:
+        p = self.params
+        answers: dict[str, str | None] = {}
+        threads = []
+        for path in p.paths:
+            path = os.path.expandvars(path)
+
+            def probe(path=path):
+                try:
+                    answers[path] = _probe(path, p.must_be_mountpoint)
+                except OSError as exc:
+                    answers[path] = exc.strerror or str(exc)
+            t = threading.Thread(target=probe, daemon=True)
+            t.start()
+            threads.append((path, t))
+        for path, t in threads:
+            t.join(p.probe_timeout)
+        problems = [f"{path}: " + (answers[path] if path in answers else
+                                   f"no answer within {p.probe_timeout:g} s")
+                    for path, _ in threads if answers.get(path, "hung") is not None]
+        return judge(not problems, len(problems), threshold="0 bad paths", unit="paths",
+                     message="; ".join(problems) or f"{len(threads)} paths answer")

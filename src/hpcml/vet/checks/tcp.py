@@ -1,0 +1,36 @@
+"""A TCP endpoint the job needs (license server, proxy, object store) is reachable."""
+
+from __future__ import annotations
+
+import socket
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from hpcml.vet.checks.base import Check, CheckReport, judge
+from hpcml.vet.units import Seconds
+
+
+class TcpParams(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    host: str
+    port: int = 53
+    connect_timeout: Seconds = 3.0
+
+
+class TcpCheck(Check):
+    type_name = "tcp"
+    Params = TcpParams
+    default_timeout = 10.0
+
+    def run(self) -> CheckReport:
+        p = self.params
+        start = time.perf_counter()
+        try:
+            with socket.create_connection((p.host, p.port), timeout=p.connect_timeout):
+                ms = (time.perf_counter() - start) * 1e3
+            return judge(True, round(ms, 2), threshold="connects", unit="ms",
+                         message=f"{p.host}:{p.port} connected in {ms:.1f} ms")
+        except OSError as exc:
+            return judge(False, None, threshold="connects",
+                         message=f"{p.host}:{p.port}: {exc.strerror or exc}")

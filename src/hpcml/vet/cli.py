@@ -1,0 +1,149 @@
+"""``hpcml vet``: parse arguments, call the engine, render. No vetting logic here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import DefaultCommandGroup
+from hpcml.errors import HpcmlError, UsageError
+
+app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Vet the nodes of this allocation before the application runs.\n\n"
+                       "Example: [bold]hpcml vet examples/vet/cpu.yaml --min-nodes 1[/]\n\n"
+                       "Exit codes: 0 continue, 3 shrink (see the exclude file), 4 abort, "
+                       "2 bad input.")
+
+
+def _fail(exc: HpcmlError) -> None:
+    print(f"hpcml vet: error: {exc}", file=sys.stderr)
+    raise typer.Exit(exc.exit_code)
+
+
+@app.command("run")
+def run(
+    protocol: Path = typer.Argument(..., help="Protocol YAML (hpcml or vetnode format)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=1,
+                                            help="Good nodes needed to continue (default: protocol, else all)."),
+    deadline: Optional[str] = typer.Option(None, help="Whole-run deadline, e.g. '90 s' (default: protocol, else 300 s)."),
+    nodes: Optional[str] = typer.Option(None, help="Vet only these nodes of the allocation (hostlist)."),
+    out: Optional[Path] = typer.Option(None, help="Output directory (default: ./hpcml-vet-<jobid>)."),
+    exclude_file: Optional[Path] = typer.Option(None, help="Where to write the bad nodes (default: OUT/bad-nodes)."),
+    good_file: Optional[Path] = typer.Option(None, help="Where to write the good nodes (default: OUT/good-nodes)."),
+    workdir: Optional[Path] = typer.Option(None, help="Directory shared by all nodes, for collectives (default: OUT/work)."),
+    venv_root: Optional[Path] = typer.Option(None, envvar="HPCML_VET_VENV_ROOT",
+                                             help="Where `hpcml vet setup` put the checks' requirements."),
+    local: bool = typer.Option(False, "--local", help="Vet only this node, without srun."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+) -> None:
+    """Run PROTOCOL on every node of the allocation and decide: continue, shrink or abort.
+
+    In a job script:
+
+        hpcml vet protocol.yaml --min-nodes 2; rc=$?
+        [ $rc -eq 4 ] && exit 1
+        srun --exclude=$(cat hpcml-vet-$SLURM_JOB_ID/bad-nodes) python train.py
+    """
+    from hpcml.cluster import allocation as alloc_mod
+    from hpcml.cluster.hostlist import expand
+    from hpcml.vet import engine, report, setup
+    from hpcml.vet.protocol import load
+    from hpcml.vet.units import parse_seconds
+    try:
+        proto = load(protocol)
+        try:
+            limit = parse_seconds(deadline) if deadline is not None else None
+        except ValueError as exc:
+            raise UsageError(str(exc), key="--deadline") from None
+        allocation = alloc_mod.current()
+        subset = expand(nodes) if nodes else None
+        if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
+            raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
+        out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
+        python = setup.python_of(proto, venv_root)
+        if venv_root and proto.requirements() and python is None:
+            print(f"hpcml vet: requirements not set up in {venv_root}: run "
+                  f"`hpcml vet setup {protocol} --venv-root {venv_root}`; checks that need "
+                  "them will end in error", file=sys.stderr)
+        run_ = engine.vet(proto, allocation, nodes=subset, min_nodes=min_nodes, deadline=limit,
+                          workdir=str(workdir or out_dir / "work"),
+                          use_srun=False if local else None, python=python)
+        paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
+    except HpcmlError as exc:
+        _fail(exc)
+    if as_json:
+        print(json.dumps(report.to_json(run_), indent=1, default=str))
+    else:
+        _print_human(run_, paths)
+    raise typer.Exit(run_.verdict.exit_code)
+
+
+def _print_human(run_, paths) -> None:
+    from rich.console import Console
+
+    from hpcml.vet import report
+    console = Console(stderr=False)
+    console.print(report.table(run_))
+    for line in report.problems(run_):
+        console.print(f"  {line}", highlight=False, markup=False)
+    for note in run_.notes:
+        console.print(f"  note: {note}", highlight=False)
+    v = run_.verdict
+    colour = {"continue": "green", "shrink": "yellow", "abort": "bold red"}[v.decision.value]
+    console.print(f"verdict: [{colour}]{v.decision.value}[/] ({len(v.good)} good, {len(v.bad)} bad, "
+                  f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {paths['exclude']}")
+
+
+@app.command("setup")
+def setup_cmd(
+    protocol: Path = typer.Argument(..., help="Protocol whose checks' requirements to install."),
+    venv_root: Path = typer.Option(..., envvar="HPCML_VET_VENV_ROOT",
+                                   help="Directory on shared storage for the cached venvs."),
+) -> None:
+    """Install the checks' requirements once, into a venv keyed by their hash.
+
+    Example: [bold]hpcml vet setup gpu.yaml --venv-root /shared/$USER/hpcml-venvs[/]
+    """
+    from hpcml.vet import setup
+    from hpcml.vet.protocol import load
+    try:
+        proto = load(protocol)
+        if not proto.requirements():
+            print("nothing to install: no check of this protocol has requirements")
+            return
+        path = setup.setup(proto, venv_root)
+    except HpcmlError as exc:
+        _fail(exc)
+    print(f"ready: {path}")
+
+
+@app.command("validate")
+def validate(protocol: Path = typer.Argument(..., help="Protocol to check.")) -> None:
+    """Check a protocol without running it (exit 0 valid, 2 invalid)."""
+    from hpcml.vet.protocol import load
+    try:
+        proto = load(protocol)
+    except HpcmlError as exc:
+        _fail(exc)
+    kind = "vetnode protocol" if proto.vetnode else "protocol"
+    print(f"{protocol}: valid {kind} '{proto.name}' with {len(proto.evals)} checks: "
+          + ", ".join(f"{e.name} ({e.type})" for e in proto.evals))
+
+
+@app.command("checks")
+def checks() -> None:
+    """List the built-in check types and their parameters."""
+    from hpcml.vet import registry
+    for name, path in registry.BUILTIN.items():
+        try:
+            cls = registry.load(path)
+        except registry.UnknownCheck as exc:
+            print(f"{name:12} (unavailable: {exc})")
+            continue
+        fields = ", ".join(f"{k}" for k in cls.Params.model_fields)
+        doc = (sys.modules[cls.__module__].__doc__ or "").strip().splitlines()[0]
+        print(f"{name:12} {cls.scope:10} timeout {cls.default_timeout:g} s  {doc}\n{'':12} params: {fields}")

@@ -1,0 +1,199 @@
+"""The launcher: run a protocol on every node of the allocation and reach a verdict.
+
+Node checks run first, one srun step with one worker per node; their results come back on
+srun's stdout. Checks that span the allocation (collectives) then run in a second step on
+the nodes that are still good, so one bad node cannot spoil the measurement of the
+others. Every step is bounded by the run's deadline: a node whose result has not arrived
+by then is unreachable, and the run ends on time whatever hangs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcml.cluster import slurm
+from hpcml.cluster.allocation import Allocation
+from hpcml.cluster.hostlist import fold
+from hpcml.vet import registry, relative, verdict
+from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
+from hpcml.vet.protocol import EvalSpec, Protocol
+from hpcml.vet.worker import RESULT_PREFIX, SPEC_ENV, context_fields, run_node
+
+#: what srun needs after its tasks end to flush their output and exit
+SRUN_GRACE = 2.0
+
+
+@dataclass
+class VetRun:
+    protocol: Protocol
+    nodes: list[str]
+    reports: dict[str, NodeReport]
+    verdict: Verdict
+    started_at: float
+    duration: float
+    job_id: str | None = None
+    launcher: str = "local"
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class _Step:
+    """One srun step's harvest."""
+
+    reports: dict[str, NodeReport] = field(default_factory=dict)
+    stderr: list[str] = field(default_factory=list)
+    returncode: int | None = None
+    timed_out: bool = False
+
+
+def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
+          workdir: str | None) -> dict:
+    return {"protocol": protocol.name, "nodes": nodes, "deadline_at": deadline_at,
+            "workdir": workdir, "require_gpus": protocol.require_gpus,
+            "evals": [e.to_dict() for e in evals]}
+
+
+def _read_lines(stream, on_line) -> None:
+    for line in iter(stream.readline, ""):
+        on_line(line.rstrip("\n"))
+    stream.close()
+
+
+def _srun_step(spec: dict, nodes: list[str], deadline_at: float, python: str) -> _Step:
+    step = _Step()
+    argv = slurm.srun_argv([python, "-m", "hpcml.vet.worker"], nodes=nodes, ntasks_per_node=1,
+                           extra=["--kill-on-bad-exit=0", "--overlap", "--mpi=none",
+                                  "--job-name=hpcml-vet"])
+    env = dict(os.environ, **{SPEC_ENV: json.dumps(spec)})
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            env=env, start_new_session=True)
+
+    def on_stdout(line: str) -> None:
+        if line.startswith(RESULT_PREFIX):
+            try:
+                report = NodeReport.from_dict(json.loads(line[len(RESULT_PREFIX):]))
+            except (ValueError, KeyError, TypeError):
+                return
+            report.received_at = time.time()
+            step.reports[report.node] = report
+
+    def on_stderr(line: str) -> None:
+        if len(step.stderr) < 200:
+            step.stderr.append(line)
+
+    readers = [threading.Thread(target=_read_lines, args=(s, f), daemon=True)
+               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+    for t in readers:
+        t.start()
+    try:
+        step.returncode = proc.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE))
+    except subprocess.TimeoutExpired:
+        step.timed_out = True
+        _stop(proc)
+    for t in readers:
+        t.join(timeout=1.0)
+    return step
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    """srun forwards SIGTERM to its tasks; SIGKILL if it does not leave promptly."""
+    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def _local_step(spec: dict) -> _Step:
+    report = run_node(spec, context_fields(spec))
+    report.received_at = time.time()
+    return _Step(reports={report.node: report}, returncode=0)
+
+
+def _unreachable(node: str, step: _Step) -> NodeReport:
+    if step.timed_out:
+        why = "no result by the run's deadline"
+    else:
+        hint = [line for line in step.stderr if node in line] or step.stderr[-1:]
+        why = f"no result (srun exit {step.returncode}" + (f": {hint[-1].strip()})" if hint else ")")
+    return NodeReport(node=node, reachable=False, message=why)
+
+
+def _judge_across(evals: list[EvalSpec], reports: dict[str, NodeReport]) -> None:
+    """Comparisons that need every node's result: check-specific, then relative limits."""
+    for ev in evals:
+        results = {n: r for n, rep in reports.items() if rep.reachable
+                   for r in rep.results if r.check == ev.name}
+        if not results:
+            continue
+        cls = registry.load(ev.check)
+        cls.compare(cls.Params(**ev.params), results, reports)
+        relative.apply(results, ev.min_relative, ev.max_relative, ev.severity)
+
+
+def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
+               workdir: str | None, use_srun: bool, python: str) -> dict[str, NodeReport]:
+    spec = _spec(protocol, evals, nodes, deadline_at, workdir)
+    step = _srun_step(spec, nodes, deadline_at, python) if use_srun else _local_step(spec)
+    reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
+    _judge_across(evals, reports)
+    return reports
+
+
+def _merge(into: dict[str, NodeReport], more: dict[str, NodeReport]) -> None:
+    for node, rep in more.items():
+        base = into[node]
+        if not rep.reachable:
+            base.reachable, base.message = False, rep.message
+        base.results.extend(rep.results)
+
+
+def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None = None,
+        min_nodes: int | None = None, deadline: float | None = None,
+        workdir: str | None = None, use_srun: bool | None = None,
+        python: str | None = None) -> VetRun:
+    """Vet ``nodes`` (default: the whole allocation) and decide."""
+    started = time.time()
+    nodes = list(nodes or allocation.nodes)
+    deadline_at = started + (deadline if deadline is not None else protocol.deadline)
+    use_srun = allocation.under_slurm if use_srun is None else use_srun
+    python = python or sys.executable
+    if workdir:
+        Path(workdir).mkdir(parents=True, exist_ok=True)
+    count_errors = {e.name: e.count_errors for e in protocol.evals}
+    node_evals = [e for e in protocol.evals if e.scope == "node"]
+    alloc_evals = [e for e in protocol.evals if e.scope != "node"]
+    reports = _run_phase(protocol, node_evals, nodes, deadline_at, workdir, use_srun, python) \
+        if node_evals else {n: NodeReport(node=n) for n in nodes}
+    notes = []
+    if alloc_evals:
+        good = verdict.decide(nodes, reports, count_errors).good
+        if good:
+            _merge(reports, _run_phase(protocol, alloc_evals, good, deadline_at, workdir,
+                                       use_srun, python))
+        for node in set(nodes) - set(good):
+            reports[node].results += [CheckResult(
+                node=node, check=e.name, type=e.type, outcome=Outcome.SKIPPED,
+                message="not run: the node already failed") for e in alloc_evals]
+        if len(good) < len(nodes):
+            notes.append(f"allocation checks ran on the {len(good)} good nodes only "
+                         f"({fold(good) or 'none'})")
+    result = verdict.decide(nodes, reports, count_errors,
+                            min_nodes if min_nodes is not None else protocol.min_nodes)
+    return VetRun(protocol=protocol, nodes=nodes, reports=reports, verdict=result,
+                  started_at=started, duration=time.time() - started,
+                  job_id=allocation.job_id, launcher="srun" if use_srun else "local",
+                  notes=notes)

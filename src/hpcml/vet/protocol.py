@@ -1,0 +1,236 @@
+"""Vetting protocols: YAML in, a validated, fully resolved ``Protocol`` out.
+
+Validation happens here, once, on the launching node: unknown types, wrong units and
+misspelt keys end the command with one line naming the file, key and line before any node
+runs a check. Each eval's parameters are then stored in base units (bytes, seconds, B/s)
+so the workers on the nodes only re-read plain numbers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import yaml
+from pydantic import ValidationError
+
+from hpcml.errors import UsageError
+from hpcml.vet import registry, vetnode_compat
+from hpcml.vet.units import parse_fraction, parse_seconds
+
+COMMON_KEYS = {"name", "type", "timeout", "severity", "count_errors", "requirements",
+               "min_relative", "max_relative", "description"}
+TOP_KEYS = {"name", "description", "evals", "min_nodes", "deadline", "require_gpus",
+            "scheduler", "pip"}
+DEFAULT_DEADLINE = 300.0
+
+
+@dataclass
+class EvalSpec:
+    """One eval of a protocol, resolved: what to run, where, and how to judge it."""
+
+    name: str
+    type: str
+    check: str                       # "module:Class"
+    scope: str                       # "node" or "allocation"
+    params: dict[str, Any]
+    timeout: float
+    severity: str = "fail"           # "fail" or "warn"
+    count_errors: bool = True
+    requirements: list[list[str]] = field(default_factory=list)
+    min_relative: float | None = None
+    max_relative: float | None = None
+    line: int | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(self.__dict__)
+
+
+@dataclass
+class Protocol:
+    name: str
+    evals: list[EvalSpec]
+    source: str
+    min_nodes: int | None = None
+    deadline: float = DEFAULT_DEADLINE
+    require_gpus: bool = False
+    index_url: str | None = None
+    vetnode: bool = False
+
+    def requirements(self) -> list[list[str]]:
+        seen, out = set(), []
+        for ev in self.evals:
+            for req in ev.requirements:
+                if tuple(req) not in seen:
+                    seen.add(tuple(req))
+                    out.append(req)
+        return out
+
+
+def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Key path -> 1-based line, from PyYAML's composed node tree."""
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (*path, key_node.value)
+            out[key] = key_node.start_mark.line + 1
+            _line_map(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            _line_map(item, (*path, i), out)
+    return out
+
+
+def _key_text(path: tuple) -> str:
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+class _Loader:
+    def __init__(self, source: str, lines: dict[tuple, int]):
+        self.source, self.lines = source, lines
+
+    def error(self, path: tuple, problem: str) -> UsageError:
+        line = None
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                line = self.lines[path[:n]]
+                break
+        return UsageError(problem, file=self.source, key=_key_text(path) or None, line=line)
+
+    def convert(self, path: tuple, value: Any, parse) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise self.error(path, str(exc)) from None
+
+
+def _requirements(raw: Any) -> list[list[str]]:
+    """vetnode's ``[pkg, [pkg, --index-url, url]]`` -> a list of pip argument lists."""
+    if raw is None:
+        return []
+    if not isinstance(raw, list):
+        raise ValueError("expected a list of pip requirements")
+    out = []
+    for item in raw:
+        if isinstance(item, str):
+            out.append([item])
+        elif isinstance(item, list) and item and all(isinstance(x, str) for x in item):
+            out.append(list(item))
+        else:
+            raise ValueError(f"expected a requirement string or a list of pip arguments, found {item!r}")
+    return out
+
+
+def _project(req: list[str]) -> str:
+    import re
+    return re.split(r"[<>=!~\[; ]", req[0], maxsplit=1)[0].lower().replace("_", "-")
+
+
+def _eval(ld: _Loader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
+    path = ("evals", i)
+    if not isinstance(raw, dict):
+        raise ld.error(path, f"expected a mapping with name and type, found {type(raw).__name__}")
+    for key in ("name", "type"):
+        if not isinstance(raw.get(key), str) or not raw[key].strip():
+            raise ld.error((*path, key), "missing or not a string")
+    fields = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
+    type_name, needs = raw["type"], ()
+    try:
+        if vetnode_compat.is_vetnode(type_name):
+            type_name, fields, needs = vetnode_compat.translate(type_name, fields)
+        cls = registry.load(registry.resolve(type_name))
+    except (LookupError, ValueError) as exc:
+        raise ld.error((*path, "type"), str(exc)) from None
+    try:
+        params = cls.Params(**fields)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        loc = tuple(err["loc"])
+        found = f" (found {err['input']!r})" if err["type"] != "missing" and "input" in err \
+            and not isinstance(err["input"], dict) else ""
+        problem = "unknown key for this check type" if err["type"] == "extra_forbidden" \
+            else err["msg"].removeprefix("Value error, ") + found
+        raise ld.error((*path, *loc), problem) from None
+    try:
+        reqs = _requirements(raw.get("requirements"))
+    except ValueError as exc:
+        raise ld.error((*path, "requirements"), str(exc)) from None
+    if needs:  # vetnode named what its own implementation needed; keep what ours needs
+        reqs = [r for r in reqs if _project(r) in needs]
+        reqs += [[n] for n in needs if n not in {_project(r) for r in reqs}]
+    severity = raw.get("severity", "fail")
+    if severity not in ("fail", "warn"):
+        raise ld.error((*path, "severity"), f"expected 'fail' or 'warn', found {severity!r}")
+    count_errors = raw.get("count_errors", True)
+    if not isinstance(count_errors, bool):
+        raise ld.error((*path, "count_errors"), f"expected true or false, found {count_errors!r}")
+    timeout = ld.convert((*path, "timeout"), raw["timeout"], parse_seconds) \
+        if "timeout" in raw else cls.default_timeout
+    rel = {k: ld.convert((*path, k), raw[k], parse_fraction) if k in raw else None
+           for k in ("min_relative", "max_relative")}
+    return EvalSpec(name=raw["name"], type=type_name, check=registry.resolve(type_name),
+                    scope=cls.scope, params=params.model_dump(mode="json"), timeout=timeout,
+                    severity=severity, count_errors=count_errors, requirements=reqs,
+                    line=ld.lines.get(path), **rel)
+
+
+def load(path: str | Path) -> Protocol:
+    """Read and validate a protocol file; raise ``UsageError`` on the first problem."""
+    source = str(path)
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError("file not found", file=source) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read: {exc}", file=source) from None
+    return loads(text, source)
+
+
+def loads(text: str, source: str = "<protocol>") -> Protocol:
+    try:
+        node = yaml.compose(text, Loader=yaml.SafeLoader)
+        data = yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+        raise UsageError(f"not valid YAML: {problem}", file=source,
+                         line=mark.line + 1 if mark else None) from None
+    ld = _Loader(source, _line_map(node) if node is not None else {})
+    if not isinstance(data, dict):
+        raise ld.error((), "expected a mapping with 'name' and 'evals' at the top")
+    for key in data:
+        if key not in TOP_KEYS:
+            raise ld.error((key,), f"unknown key (expected one of {', '.join(sorted(TOP_KEYS))})")
+    if not isinstance(data.get("name"), str):
+        raise ld.error(("name",), "missing or not a string")
+    evals = data.get("evals")
+    if not isinstance(evals, list) or not evals:
+        raise ld.error(("evals",), "expected a non-empty list of checks")
+    require_gpus = data.get("require_gpus", False)
+    if not isinstance(require_gpus, bool):
+        raise ld.error(("require_gpus",), f"expected true or false, found {require_gpus!r}")
+    min_nodes = data.get("min_nodes")
+    if min_nodes is not None and (not isinstance(min_nodes, int) or isinstance(min_nodes, bool)
+                                  or min_nodes < 1):
+        raise ld.error(("min_nodes",), f"expected a whole number >= 1, found {min_nodes!r}")
+    pip = data.get("pip") or {}
+    if not isinstance(pip, dict) or set(pip) - {"index_url"}:
+        raise ld.error(("pip",), "expected a mapping with only 'index_url'")
+    if data.get("scheduler", "slurm") not in ("slurm", "standalone"):
+        raise ld.error(("scheduler",), f"expected 'slurm' or 'standalone', found {data['scheduler']!r}")
+    specs = [_eval(ld, i, raw, require_gpus) for i, raw in enumerate(evals)]
+    names = [s.name for s in specs]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ld.error(("evals", i, "name"), f"duplicate check name '{name}'")
+    deadline = ld.convert(("deadline",), data["deadline"], parse_seconds) \
+        if "deadline" in data else DEFAULT_DEADLINE
+    return Protocol(name=data["name"], evals=specs, source=source, min_nodes=min_nodes,
+                    deadline=deadline, require_gpus=require_gpus, index_url=pip.get("index_url"),
+                    vetnode=any(vetnode_compat.is_vetnode(str(e.get("type", ""))) for e in evals
+                                if isinstance(e, dict)))

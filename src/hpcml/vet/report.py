@@ -1,0 +1,112 @@
+"""What a vetting run hands to people and to job scripts.
+
+``to_json`` is the machine-readable record; ``write_outputs`` leaves the files a job script
+acts on (an exclude list in Slurm hostlist syntax for ``srun --exclude``, the good nodes
+for ``srun --nodelist``); ``table`` renders the node x check grid for people, folding the
+healthy nodes into one line when the allocation is large.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from hpcml.cluster.hostlist import fold
+from hpcml.vet.engine import VetRun
+from hpcml.vet.model import Outcome
+
+SCHEMA = "hpcml.vet/1"
+_STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
+          Outcome.ERROR: "bold magenta", Outcome.SKIPPED: "dim"}
+#: above this many nodes the table lists only the nodes that are not all-pass
+FULL_TABLE_NODES = 32
+
+
+def to_json(run: VetRun) -> dict[str, Any]:
+    v = run.verdict
+    p = run.protocol
+    return {
+        "schema": SCHEMA,
+        "protocol": {"name": p.name, "source": p.source, "vetnode": p.vetnode,
+                     "checks": [{"name": e.name, "type": e.type, "scope": e.scope,
+                                 "timeout": e.timeout, "severity": e.severity,
+                                 "count_errors": e.count_errors, "params": e.params,
+                                 "min_relative": e.min_relative, "max_relative": e.max_relative}
+                                for e in p.evals]},
+        "job_id": run.job_id,
+        "launcher": run.launcher,
+        "started_at": run.started_at,
+        "duration": round(run.duration, 4),
+        "nodes": {n: run.reports[n].to_dict() for n in run.nodes},
+        "verdict": {"decision": v.decision.value, "exit_code": v.exit_code,
+                    "min_nodes": v.min_nodes, "good": fold(v.good), "bad": fold(v.bad),
+                    "good_count": len(v.good), "bad_count": len(v.bad), "reasons": v.reasons},
+        "notes": run.notes,
+    }
+
+
+def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path | None = None,
+                  good_file: str | Path | None = None) -> dict[str, Path]:
+    """Write report.json, bad-nodes and good-nodes atomically (a reader never sees half)."""
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"report": out / "report.json",
+             "exclude": Path(exclude_file) if exclude_file else out / "bad-nodes",
+             "good": Path(good_file) if good_file else out / "good-nodes"}
+    texts = {"report": json.dumps(to_json(run), indent=1, default=str) + "\n",
+             "exclude": fold(run.verdict.bad) + "\n",
+             "good": fold(run.verdict.good) + "\n"}
+    for key, path in paths.items():
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+        tmp.write_text(texts[key])
+        os.replace(tmp, path)
+    return paths
+
+
+def _cell(result) -> str:
+    style = _STYLE[result.outcome]
+    value = "" if result.value is None else f" {result.value:g}" if isinstance(result.value, float) \
+        else f" {result.value}"
+    unit = f" {result.unit}" if result.unit and value else ""
+    return f"[{style}]{result.outcome.value}[/]{value}{unit}"
+
+
+def table(run: VetRun):
+    from rich.table import Table
+    checks = [e.name for e in run.protocol.evals]
+    t = Table(title=f"hpcml vet: {run.protocol.name}", show_lines=False)
+    t.add_column("node", style="bold")
+    for name in checks:
+        t.add_column(name)
+    t.add_column("verdict")
+    bad = set(run.verdict.bad)
+    hidden = []
+    for node in run.nodes:
+        rep = run.reports[node]
+        outcomes = {r.outcome for r in rep.results}
+        if len(run.nodes) > FULL_TABLE_NODES and node not in bad and outcomes <= {Outcome.PASS, Outcome.SKIPPED}:
+            hidden.append(node)
+            continue
+        if not rep.reachable:
+            t.add_row(node, *(["[bold red]unreachable[/]"] + [""] * (len(checks) - 1)),
+                      "[bold red]bad[/]")
+            continue
+        by_name = {r.check: r for r in rep.results}
+        t.add_row(node, *[_cell(by_name[c]) if c in by_name else "" for c in checks],
+                  "[bold red]bad[/]" if node in bad else "[green]good[/]")
+    if hidden:
+        t.add_row(f"{fold(hidden)} ({len(hidden)})", *(["[green]pass[/]"] * len(checks)),
+                  "[green]good[/]")
+    return t
+
+
+def problems(run: VetRun) -> list[str]:
+    """One line per bad node and per warning, for people reading the log."""
+    lines = [f"{node}: {'; '.join(why)}" for node, why in run.verdict.reasons.items()]
+    for node in run.nodes:
+        for r in run.reports[node].results:
+            if r.outcome is Outcome.WARN or (r.outcome is Outcome.ERROR and node not in run.verdict.reasons):
+                lines.append(f"{node}: {r.check}: {r.outcome.value}: {r.message}")
+    return lines

@@ -1,0 +1,116 @@
+"""The per-node side of a vetting run: ``python -m hpcml.vet.worker``.
+
+srun starts one worker per node. It reads the resolved protocol from ``HPCML_VET_SPEC``
+(JSON, set by the launcher), runs each check in a forked child under its own timeout,
+stops before the run's deadline, and prints one line ``HPCML-VET-RESULT {json}`` on
+stdout, which srun carries back to the launcher. No coordinator, no port, no shared
+filesystem needed for node checks. It imports only what the checks it runs need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
+
+SPEC_ENV = "HPCML_VET_SPEC"
+RESULT_PREFIX = "HPCML-VET-RESULT "
+#: time kept back from the deadline so the result line still reaches the launcher
+MARGIN = 0.5
+
+
+def _run_one(ev: dict[str, Any], ctx_fields: dict[str, Any]) -> dict[str, Any]:
+    """Executed in the forked child: build the check and run it."""
+    from dataclasses import asdict
+
+    from hpcml.vet import registry
+    from hpcml.vet.checks.base import CheckContext
+    cls = registry.load(ev["check"])
+    ctx = CheckContext(**ctx_fields, extra={"name": ev["name"]})
+    report = cls(cls.Params(**ev["params"]), ctx).run()
+    d = asdict(report)
+    d["outcome"] = report.outcome.value
+    return d
+
+
+def _error(exc_name: str, msg: str) -> CheckReport:
+    if exc_name == "MissingDependency":
+        return CheckReport(Outcome.ERROR, message=f"missing dependency: {msg}")
+    if exc_name in ("ImportError", "ModuleNotFoundError"):
+        return CheckReport(Outcome.ERROR, message=f"missing dependency: {msg} (run `hpcml vet setup`)")
+    return CheckReport(Outcome.ERROR, message=f"check raised {exc_name}: {msg}" if msg else
+                       f"check raised {exc_name}")
+
+
+def run_check(ev: dict[str, Any], ctx_fields: dict[str, Any], deadline_at: float) -> CheckResult:
+    """Run one eval with its timeout (never past the deadline) and judge its severity."""
+    from hpcml.vet.isolate import ChildFailed, Timeout, run_isolated
+    start = time.time()
+    budget = min(ev["timeout"], deadline_at - start - MARGIN)
+    if budget <= 0:
+        report = CheckReport(Outcome.ERROR, message="not run: the run's deadline was reached")
+    else:
+        try:
+            raw = run_isolated(lambda: _run_one(ev, ctx_fields), budget)
+            raw["outcome"] = Outcome(raw["outcome"])
+            report = CheckReport(**raw)
+        except Timeout:
+            cut = budget < ev["timeout"]
+            report = CheckReport(Outcome.ERROR, message=(
+                f"stopped at the run's deadline after {budget:.1f} s" if cut else
+                f"timed out after {ev['timeout']:g} s"))
+        except ChildFailed as exc:
+            report = _error(*exc.args[:2]) if len(exc.args) >= 2 else \
+                CheckReport(Outcome.ERROR, message=str(exc.args[0]))
+    if report.outcome is Outcome.FAIL and ev.get("severity") == "warn":
+        report.outcome = Outcome.WARN
+    return CheckResult(node=ctx_fields["node"], check=ev["name"], type=ev["type"],
+                       outcome=report.outcome, value=report.value, threshold=report.threshold,
+                       unit=report.unit, duration=round(time.time() - start, 4),
+                       message=report.message, details=report.details)
+
+
+def _preload(evals: list[dict[str, Any]]) -> None:
+    """Import the check modules once, before forking, so each child inherits them."""
+    from hpcml.vet import registry
+    for ev in evals:
+        try:
+            registry.load(ev["check"])
+        except Exception:  # the child reports it, as this check's error
+            pass
+
+
+def run_node(spec: dict[str, Any], ctx_fields: dict[str, Any]) -> NodeReport:
+    _preload(spec["evals"])
+    results = [run_check(ev, ctx_fields, spec["deadline_at"]) for ev in spec["evals"]]
+    return NodeReport(node=ctx_fields["node"], results=results, sent_at=time.time())
+
+
+def context_fields(spec: dict[str, Any], env=os.environ) -> dict[str, Any]:
+    from hpcml.cluster.allocation import _gpus, this_node
+    node = this_node(env)
+    nodes = tuple(spec.get("nodes") or (node,))
+    return {"node": node, "nodes": nodes, "rank": nodes.index(node) if node in nodes else 0,
+            "workdir": spec.get("workdir"), "gpus": _gpus(env),
+            "require_gpus": spec.get("require_gpus", False)}
+
+
+def main() -> int:
+    raw = os.environ.get(SPEC_ENV)
+    if not raw:
+        print(f"hpcml.vet.worker: {SPEC_ENV} is not set; start it through `hpcml vet`",
+              file=sys.stderr)
+        return 2
+    spec = json.loads(raw)
+    report = run_node(spec, context_fields(spec))
+    sys.stdout.write(RESULT_PREFIX + json.dumps(report.to_dict(), default=str) + "\n")
+    sys.stdout.flush()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

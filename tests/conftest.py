@@ -1,0 +1,48 @@
+"""Fixtures shared by the whole suite: the local Slurm cluster (see hpcml.cluster.localslurm)."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcml.cluster.localslurm import LocalSlurm, SlurmNotInstalled
+from hpcml.errors import SlurmError
+
+
+@pytest.fixture(scope="session")
+def slurm_cluster() -> Iterator[LocalSlurm]:
+    """A running 2-node cluster (n1, n2) for the session; installs Slurm if root.
+
+    Without Slurm and without root it fails, unless HPCML_ALLOW_SKIP_SLURM=1 says that
+    skipping is acceptable. While it runs, ``os.environ`` has its SLURM_CONF and no
+    SLURM_* variables of an enclosing job.
+    """
+    cluster = LocalSlurm(Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm")))
+    try:
+        cluster.install()
+        cluster.start()
+    except SlurmNotInstalled as exc:
+        if os.environ.get("HPCML_ALLOW_SKIP_SLURM") == "1":
+            pytest.skip(f"local Slurm unavailable: {exc}")
+        pytest.fail(f"local Slurm unavailable (HPCML_ALLOW_SKIP_SLURM=1 skips): {exc}",
+                    pytrace=False)
+    except SlurmError as exc:
+        pytest.fail(f"local Slurm did not start: {exc}", pytrace=False)
+    with pytest.MonkeyPatch.context() as patch:
+        for key in [k for k in os.environ if k.startswith("SLURM_")]:
+            patch.delenv(key)
+        for key, value in cluster.env().items():
+            patch.setenv(key, value)
+        try:
+            yield cluster
+        finally:
+            cluster.stop()
+
+
+@pytest.fixture
+def slurm_env(slurm_cluster: LocalSlurm) -> dict[str, str]:
+    """A whole environment for a Slurm client subprocess talking to ``slurm_cluster``."""
+    return slurm_cluster.client_env()
