@@ -9,6 +9,7 @@ far less than starting a fresh interpreter per check.
 
 from __future__ import annotations
 
+import faulthandler
 import json
 import os
 import select
@@ -29,6 +30,7 @@ class ChildFailed(Exception):
 
 def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os.setpgid(0, 0)
+    faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         payload = {"ok": fn()}

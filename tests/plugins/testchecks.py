@@ -1,0 +1,67 @@
+"""Checks that exist only for the tests: they misbehave on purpose, on chosen nodes.
+
+Loaded as protocol plugins (``type: tests.plugins.testchecks.Hang``), which also tests
+the plugin path. Each one acts only on the nodes named in ``nodes`` (all when empty), so a
+test can make one node of the local cluster bad.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from pydantic import BaseModel, ConfigDict
+
+from hpcml.vet.checks.base import Check, CheckReport, judge, passed
+
+
+class Targeted(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    nodes: list[str] = []
+    seconds: float = 3600.0
+    value: float = 1.0
+    slow_factor: float = 1.0
+
+
+def _targeted(ctx, params) -> bool:
+    return not params.nodes or ctx.node in params.nodes
+
+
+class Hang(Check):
+    """Sleeps for ``seconds`` on the targeted nodes: a hung check."""
+
+    type_name = "test-hang"
+    Params = Targeted
+
+    def run(self) -> CheckReport:
+        if _targeted(self.ctx, self.params):
+            time.sleep(self.params.seconds)
+        return passed(0, message="did not hang")
+
+
+class Crash(Check):
+    """Kills its own process on the targeted nodes: a check that crashes the interpreter."""
+
+    type_name = "test-crash"
+    Params = Targeted
+
+    def run(self) -> CheckReport:
+        if _targeted(self.ctx, self.params):
+            os.kill(os.getpid(), 11)
+        return passed(0)
+
+
+class Value(Check):
+    """Reports ``value`` (divided by ``slow_factor`` on the targeted nodes): a node-specific
+    measurement for relative thresholds."""
+
+    type_name = "test-value"
+    Params = Targeted
+
+    def run(self) -> CheckReport:
+        v = self.params.value / (self.params.slow_factor if _targeted(self.ctx, self.params) else 1.0)
+        return judge(True, v, threshold="any", unit="units")
+
+
+class NotACheck:
+    pass

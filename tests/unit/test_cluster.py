@@ -1,0 +1,36 @@
+import pytest
+
+from hpcml.cluster import allocation, expand, fold
+from hpcml.errors import UsageError
+
+
+def test_hostlist_roundtrip():
+    assert expand("n[1-3],gpu[007-008]") == ["gpu007", "gpu008", "n1", "n2", "n3"]
+    assert fold(["n1", "n2", "n3", "n5"]) == "n[1-3,5]"
+    assert fold([]) == "" and expand("") == []
+
+
+def test_bad_hostlist_is_usage_error():
+    with pytest.raises(UsageError):
+        expand("n[1-")
+
+
+def test_allocation_from_slurm_env():
+    env = {"SLURM_JOB_ID": "42", "SLURM_JOB_NODELIST": "n[1-3]", "SLURMD_NODENAME": "n2",
+           "SLURM_TASKS_PER_NODE": "2(x2),1", "SLURM_PROCID": "3", "SLURM_LOCALID": "1",
+           "SLURM_NTASKS": "5", "SLURM_STEP_GPUS": "2,3"}
+    a = allocation.current(env)
+    assert a.job_id == "42" and a.nodes == ("n1", "n2", "n3") and a.node == "n2"
+    assert a.tasks_per_node == (2, 2, 1) and a.rank == 3 and a.local_rank == 1
+    assert a.world_size == 5 and a.gpus == ("2", "3") and a.under_slurm and a.node_index == 1
+
+
+def test_gpus_fall_back_to_cuda_visible_devices():
+    env = {"SLURM_JOB_ID": "1", "SLURM_JOB_NODELIST": "n1", "SLURMD_NODENAME": "n1",
+           "CUDA_VISIBLE_DEVICES": "GPU-aaaa,GPU-bbbb"}
+    assert allocation.current(env).gpus == ("GPU-aaaa", "GPU-bbbb")
+
+
+def test_single_node_fallback_outside_slurm():
+    a = allocation.current({"SLURMD_NODENAME": "here"})
+    assert a.job_id is None and a.nodes == ("here",) and not a.under_slurm and a.world_size == 1

@@ -1,0 +1,49 @@
+import time
+
+from hpcml.vet.model import Outcome
+from hpcml.vet.protocol import loads
+from hpcml.vet.worker import run_check, run_node
+
+CTX = {"node": "n1", "nodes": ("n1",), "rank": 0, "workdir": None, "gpus": (), "require_gpus": False}
+
+
+def _ev(yaml_evals: str):
+    return [e.to_dict() for e in loads("name: t\nevals:\n" + yaml_evals).evals]
+
+
+def test_fail_downgraded_to_warn_by_severity():
+    ev = _ev("  - {name: m, type: memory, min_available: 1 PB, severity: warn}\n")[0]
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.WARN and "available" in r.message
+
+
+def test_hang_is_error_by_its_timeout():
+    ev = _ev("  - {name: h, type: tests.plugins.testchecks.Hang, timeout: 0.5}\n")[0]
+    start = time.time()
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.ERROR and "timed out after 0.5 s" in r.message
+    assert time.time() - start < 3
+
+
+def test_crash_is_error():
+    ev = _ev("  - {name: c, type: tests.plugins.testchecks.Crash}\n")[0]
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.ERROR and "SIGSEGV" in r.message
+
+
+def test_deadline_cuts_checks_short_and_skips_the_rest():
+    evs = _ev("  - {name: h, type: tests.plugins.testchecks.Hang, timeout: 60}\n"
+              "  - {name: m, type: memory}\n")
+    start = time.time()
+    rep = run_node({"evals": evs, "deadline_at": start + 1.5}, CTX)
+    assert time.time() - start < 3
+    h, m = rep.results
+    assert h.outcome is Outcome.ERROR and "deadline" in h.message
+    assert m.outcome is Outcome.ERROR and "not run" in m.message
+
+
+def test_missing_dependency_is_error_that_says_so(monkeypatch):
+    ev = _ev("  - {name: c, type: compute, device: gpu}\n")[0]
+    monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch -> ImportError
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.ERROR and "missing dependency" in r.message
