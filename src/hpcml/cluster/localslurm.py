@@ -543,7 +543,7 @@ class LocalSlurm:
             if proc.name() != binary:
                 return False
             if binary == "slurmstepd":
-                return proc.environ().get("SLURM_CONF") == str(self.conf)
+                return self._step_is_ours(proc)
             args = proc.cmdline()
         except psutil.Error:
             return False
@@ -552,6 +552,17 @@ class LocalSlurm:
         if node and _arg_after(args, "-N") != node:
             return False
         return _arg_after(args, "-f") == str(self.conf)
+
+    def _step_is_ours(self, proc: psutil.Process) -> bool:
+        """A slurmstepd of ours has our SLURM_CONF or keeps one of our slurmd logs open.
+
+        slurmstepd writes its process title ("slurmstepd: [5.0]") over the memory that
+        held its environment, so /proc/PID/environ is usually blank; its open log file
+        (our SlurmdLogFile) still names the cluster it belongs to.
+        """
+        if proc.environ().get("SLURM_CONF") == str(self.conf):
+            return True
+        return any(Path(f.path).parent == self.log_dir for f in proc.open_files())
 
     def _daemon_pids(self) -> dict[str, list[int]]:
         roles = ["munged", "slurmctld", *(f"slurmd {n}" for n in self.node_names)]

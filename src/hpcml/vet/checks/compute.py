@@ -39,10 +39,14 @@ def _numpy_gemm(p: ComputeParams) -> tuple[float, float]:
     for _ in range(p.repeats):
         c = a @ b
     elapsed = time.perf_counter() - start
-    x = rng.standard_normal(p.size).astype(p.dtype)
+    return elapsed, freivalds_error(c, a, b, rng.standard_normal(p.size).astype(p.dtype))
+
+
+def freivalds_error(c, a, b, x) -> float:
+    """Relative difference between ``c @ x`` and ``a @ (b @ x)``: ~0 iff ``c == a @ b``."""
+    import numpy as np
     lhs, rhs = c @ x, a @ (b @ x)
-    err = float(np.max(np.abs(lhs - rhs)) / (np.max(np.abs(rhs)) + 1e-30))
-    return elapsed, err
+    return float(np.max(np.abs(lhs - rhs)) / (np.max(np.abs(rhs)) + 1e-30))
 
 
 def _torch_gemm(p: ComputeParams, device: str) -> tuple[float, float]:

@@ -140,17 +140,19 @@ def matches(gpu: GpuInfo, wanted: set[str]) -> bool:
 def select(snap: GpuSnapshot, ids: Sequence[str] | None) -> tuple[GpuSnapshot, list[str]]:
     """The snapshot limited to ``ids``, and the ids no GPU matched.
 
-    A lost GPU has no UUID to match; when it is not selected by index it becomes an error
-    of the snapshot, since a lost GPU on the node is a node problem whoever owns it.
+    A lost GPU has no UUID to match: when ``ids`` holds UUIDs it may be one of them, so it
+    becomes an error of the snapshot rather than silently dropped. Selected by index, it is
+    known not to be ours (and the live read never touches it).
     """
     wanted = _wanted(ids)
     if wanted is None:
         return snap, []
+    by_index = all(w.isdigit() for w in wanted)
     keep, errors = [], list(snap.errors)
     for g in snap.gpus:
         if matches(g, wanted):
             keep.append(g)
-        elif g.lost and not g.uuid:
+        elif g.lost and not g.uuid and not by_index:
             errors.append(f"GPU at NVML index {g.index} lost: {g.error}")
     missing = [i for i in (ids or []) if not any(matches(g, {str(i).strip().lower()})
                                                 for g in keep)]
@@ -190,10 +192,8 @@ class _Reader:
                 continue
             try:
                 return fn(self.h, *args)
-            except nv.NVMLError_NotSupported:
-                break
-            except nv.NVMLError_FunctionNotFound:
-                continue                       # older driver: try the older call
+            except (nv.NVMLError_NotSupported, nv.NVMLError_FunctionNotFound):
+                continue                       # older driver or GPU: try the older call
             except nv.NVMLError_GpuIsLost as e:
                 raise _Lost(str(e)) from None
             except nv.NVMLError as e:
@@ -301,9 +301,9 @@ def _read_all(nv, indices: Sequence[str] | None) -> GpuSnapshot:
         snap.errors.append(f"device count: {e}")
         return snap
     wanted = _wanted(indices)
-    by_index_only = wanted is not None and all(w.isdigit() for w in wanted)
+    by_index = wanted is not None and all(w.isdigit() for w in wanted)
     for i in range(count):
-        if by_index_only and str(i) not in wanted:
+        if by_index and str(i) not in wanted:
             continue                       # do not touch GPUs of other jobs
         try:
             handle = nv.nvmlDeviceGetHandleByIndex(i)

@@ -1,0 +1,154 @@
+"""Each host check against real conditions of this machine, made good or bad on purpose."""
+
+import os
+import socket
+import subprocess
+import sys
+
+import pytest
+
+from hpcml.vet.checks.base import CheckContext
+from hpcml.vet.checks.clock import ClockCheck
+from hpcml.vet.checks.compute import ComputeCheck
+from hpcml.vet.checks.disk import DiskCheck
+from hpcml.vet.checks.envvars import EnvCheck
+from hpcml.vet.checks.imports import ImportsCheck
+from hpcml.vet.checks.load import LoadCheck
+from hpcml.vet.checks.memory import MemoryCheck
+from hpcml.vet.checks.mounts import MountsCheck
+from hpcml.vet.checks.processes import ProcessesCheck
+from hpcml.vet.checks.tcp import TcpCheck
+from hpcml.vet.model import CheckResult, NodeReport, Outcome
+
+CTX = CheckContext(node="n1", nodes=("n1",))
+
+
+def run(cls, **params):
+    return cls(cls.Params(**params), CTX).run()
+
+
+def test_memory():
+    assert run(MemoryCheck).outcome is Outcome.PASS
+    r = run(MemoryCheck, min_available="1 PB")
+    assert r.outcome is Outcome.FAIL and r.message.startswith("available ")
+
+
+def test_load():
+    assert run(LoadCheck, max_load_per_cpu=1000).outcome is Outcome.PASS
+    assert run(LoadCheck, max_load_per_cpu=-1).outcome is Outcome.FAIL
+
+
+def test_disk_write_read(tmp_path):
+    r = run(DiskCheck, path=str(tmp_path), min_free="1 MB", write_size="1 MiB")
+    assert r.outcome is Outcome.PASS and r.details["write_rate"] > 0
+    assert list(tmp_path.iterdir()) == []  # leaves nothing behind
+
+
+def test_disk_too_little_free(tmp_path):
+    r = run(DiskCheck, path=str(tmp_path), min_free="1 PB")
+    assert r.outcome is Outcome.FAIL and "free" in r.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a read-only filesystem")
+def test_disk_read_only_filesystem_fails(tmp_path):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
+    try:
+        r = run(DiskCheck, path=str(ro), min_free=0)
+        assert r.outcome is Outcome.FAIL and "cannot create a file" in r.message
+    finally:
+        subprocess.run(["umount", str(ro)], check=True)
+
+
+def test_mounts(tmp_path):
+    assert run(MountsCheck, paths=["/proc", str(tmp_path)]).outcome is Outcome.PASS
+    r = run(MountsCheck, paths=[str(tmp_path / "missing")])
+    assert r.outcome is Outcome.FAIL and "missing" in r.message
+    r = run(MountsCheck, paths=[str(tmp_path)], must_be_mountpoint=True)
+    assert r.outcome is Outcome.FAIL and "not a mount point" in r.message
+
+
+def test_env(monkeypatch):
+    monkeypatch.setenv("HPCML_T_A", "1")
+    monkeypatch.delenv("HPCML_T_B", raising=False)
+    assert run(EnvCheck, expected={"HPCML_T_A": "1", "PATH": None}).outcome is Outcome.PASS
+    r = run(EnvCheck, expected={"HPCML_T_A": "2", "HPCML_T_B": None}, absent=["HPCML_T_A"])
+    assert r.outcome is Outcome.FAIL and r.value == 3
+    assert "HPCML_T_A='1', expected '2'" in r.message and "HPCML_T_B is not set" in r.message
+
+
+def test_imports():
+    r = run(ImportsCheck, modules=["json", "numpy"])
+    assert r.outcome is Outcome.PASS and r.details["versions"]["numpy"]
+    r = run(ImportsCheck, modules=["json", "no_such_module_hpcml"])
+    assert r.outcome is Outcome.FAIL and "no_such_module_hpcml" in r.message
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
+def test_processes_of_other_users():
+    def as_nobody():
+        os.setgid(65534)
+        os.setuid(65534)
+    proc = subprocess.Popen(["sleep", "30"], preexec_fn=as_nobody)
+    try:
+        r = run(ProcessesCheck, min_uid=1000)
+        assert r.outcome is Outcome.FAIL and f"({proc.pid})" in r.message
+        assert run(ProcessesCheck, min_uid=1000, ignore_names=["sleep"]).outcome is Outcome.PASS
+    finally:
+        proc.kill()
+        proc.wait()
+
+
+def test_tcp():
+    srv = socket.socket()
+    srv.bind(("127.0.0.1", 0))
+    srv.listen()
+    port = srv.getsockname()[1]
+    try:
+        assert run(TcpCheck, host="127.0.0.1", port=port).outcome is Outcome.PASS
+    finally:
+        srv.close()
+    r = run(TcpCheck, host="127.0.0.1", port=port, connect_timeout=1)
+    assert r.outcome is Outcome.FAIL and "refused" in r.message.lower()
+
+
+def test_compute_known_answer_and_throughput():
+    r = run(ComputeCheck, size=128, repeats=2, dtype="float64", device="cpu")
+    assert r.outcome is Outcome.PASS and r.value > 0 and r.details["relative_error"] < 1e-9
+    r = run(ComputeCheck, size=128, repeats=2, device="cpu", min_flops="1000 TFLOP/s")
+    assert r.outcome is Outcome.FAIL and "GFLOP/s <" in r.message
+
+
+def test_freivalds_detects_one_corrupted_element():
+    """Silent data corruption: one wrong element of the product must be caught."""
+    import numpy as np
+
+    from hpcml.vet.checks.compute import freivalds_error
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((64, 64)), rng.standard_normal((64, 64))
+    c = a @ b
+    x = rng.standard_normal(64)
+    assert freivalds_error(c, a, b, x) < 1e-12
+    c[17, 3] += 1.0
+    assert freivalds_error(c, a, b, x) > 1e-3
+
+
+def test_compute_gpu_without_gpu_is_skipped_or_failed_when_required():
+    if "torch" not in sys.modules:
+        pytest.importorskip("torch")
+    r = run(ComputeCheck, size=64, device="gpu")
+    assert r.outcome is Outcome.SKIPPED
+    req = ComputeCheck(ComputeCheck.Params(size=64, device="gpu"),
+                       CheckContext(node="n1", require_gpus=True)).run()
+    assert req.outcome is Outcome.FAIL
+
+
+def test_clock_skew_judged_against_the_allocation():
+    reports = {n: NodeReport(node=n, sent_at=100.0 + skew, received_at=100.0)
+               for n, skew in (("n1", 0.01), ("n2", 0.02), ("n3", 3.0))}
+    results = {n: CheckResult(node=n, check="clock", type="clock", outcome=Outcome.PASS)
+               for n in reports}
+    ClockCheck.compare(ClockCheck.Params(max_skew=0.5), results, reports)
+    assert results["n3"].outcome is Outcome.FAIL and results["n3"].value == pytest.approx(2.98)
+    assert results["n1"].outcome is Outcome.PASS and results["n2"].outcome is Outcome.PASS
