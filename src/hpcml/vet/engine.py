@@ -67,11 +67,15 @@ def _read_lines(stream, on_line) -> None:
     stream.close()
 
 
-def _srun_step(spec: dict, nodes: list[str], deadline_at: float, python: str) -> _Step:
-    step = _Step()
-    argv = slurm.srun_argv([python, "-m", "hpcml.vet.worker"], nodes=nodes, ntasks_per_node=1,
+def _srun_argv(nodes: list[str], python: str) -> list[str]:
+    return slurm.srun_argv([python, "-m", "hpcml.vet.worker"], nodes=nodes, ntasks_per_node=1,
                            extra=["--kill-on-bad-exit=0", "--overlap", "--mpi=none",
                                   "--job-name=hpcml-vet"])
+
+
+def _stream_step(argv: list[str], spec: dict, deadline_at: float) -> _Step:
+    """Run workers (through srun, or one local worker) and harvest their result lines."""
+    step = _Step()
     env = dict(os.environ, **{SPEC_ENV: json.dumps(spec)})
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
@@ -147,7 +151,12 @@ def _judge_across(evals: list[EvalSpec], reports: dict[str, NodeReport]) -> None
 def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
                workdir: str | None, use_srun: bool, python: str) -> dict[str, NodeReport]:
     spec = _spec(protocol, evals, nodes, deadline_at, workdir)
-    step = _srun_step(spec, nodes, deadline_at, python) if use_srun else _local_step(spec)
+    if use_srun:
+        step = _stream_step(_srun_argv(nodes, python), spec, deadline_at)
+    elif python != sys.executable:  # the checks' own venv: a worker in that interpreter
+        step = _stream_step([python, "-m", "hpcml.vet.worker"], spec, deadline_at)
+    else:
+        step = _local_step(spec)
     reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
     _judge_across(evals, reports)
     return reports

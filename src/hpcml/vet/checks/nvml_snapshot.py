@@ -318,4 +318,8 @@ def _read_all(nv, indices: Sequence[str] | None) -> GpuSnapshot:
 
 
 if __name__ == "__main__":     # record this node's GPUs for replay (HPCML_VET_NVML_REPLAY)
-    print(json.dumps(read_snapshot().to_dict(), indent=2))
+    import sys
+    try:
+        print(json.dumps(read_snapshot().to_dict(), indent=2))
+    except MissingDependency as e:
+        sys.exit(f"cannot read the GPUs: {e}")
