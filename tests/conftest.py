@@ -21,16 +21,18 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
     SLURM_* variables of an enclosing job.
     """
     cluster = LocalSlurm(Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm")))
+    error: SlurmError | None = None
     try:
         cluster.install()
         cluster.start()
-    except SlurmNotInstalled as exc:
-        if os.environ.get("HPCML_ALLOW_SKIP_SLURM") == "1":
-            pytest.skip(f"local Slurm unavailable: {exc}")
-        pytest.fail(f"local Slurm unavailable (HPCML_ALLOW_SKIP_SLURM=1 skips): {exc}",
-                    pytrace=False)
     except SlurmError as exc:
-        pytest.fail(f"local Slurm did not start: {exc}", pytrace=False)
+        error = exc
+    if error is not None:
+        cannot = isinstance(error, SlurmNotInstalled) or os.geteuid() != 0
+        if cannot and os.environ.get("HPCML_ALLOW_SKIP_SLURM") == "1":
+            pytest.skip(f"local Slurm cannot start here: {error}")
+        hint = " (not root: HPCML_ALLOW_SKIP_SLURM=1 skips these tests)" if cannot else ""
+        pytest.fail(f"local Slurm did not start{hint}: {error}", pytrace=False)
     with pytest.MonkeyPatch.context() as patch:
         for key in [k for k in os.environ if k.startswith("SLURM_")]:
             patch.delenv(key)

@@ -13,7 +13,8 @@ import psutil
 import pytest
 
 from hpcml.cluster import slurm
-from hpcml.cluster.localslurm import LocalSlurm
+from hpcml.cluster import localslurm
+from hpcml.cluster.localslurm import LocalSlurm, SlurmNotInstalled
 from hpcml.errors import SlurmError
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
@@ -156,3 +157,21 @@ def test_wrapper_reports_a_missing_binary(tmp_path: Path,
         slurm.scontrol_hostnames("n[1-2]")
     with pytest.raises(SlurmError, match="srun: Slurm is not installed"):
         slurm.srun(["true"])
+
+
+def test_install_without_root_says_what_to_do(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(localslurm, "find_binary", lambda name: None)
+    monkeypatch.setattr(localslurm, "_deb_installed", lambda package: False)
+    monkeypatch.setattr(localslurm.os, "geteuid", lambda: 1000)
+    with pytest.raises(SlurmNotInstalled, match="only root can install.*apt-get install"):
+        LocalSlurm().install()
+
+
+def test_conf_has_one_port_per_node_and_the_extra_lines() -> None:
+    conf = LocalSlurm(nodes=3, ctld_port=7000, first_slurmd_port=7010,
+                      extra_conf="Prolog=/bin/true").render_conf()
+    assert "SlurmctldPort=7000" in conf
+    assert [line.split("Port=")[1].split()[0] for line in conf.splitlines()
+            if line.startswith("NodeName=")] == ["7010", "7011", "7012"]
+    assert "PartitionName=debug Nodes=n[1-3]" in conf
+    assert conf.rstrip().endswith("Prolog=/bin/true")

@@ -293,7 +293,7 @@ class LocalSlurm:
         A no-op when this cluster is already up with the same configuration; after a crash
         it first removes what is left of the previous run.
         """
-        self._require_installed()
+        self._require_installed()  # and root
         if self.is_up() and self.conf.read_text() == self.render_conf():
             return
         started = time.monotonic()
@@ -402,6 +402,9 @@ class LocalSlurm:
         if missing:
             raise SlurmNotInstalled(f"not installed: {' '.join(missing)}; run install() "
                                     "(or `python -m hpcml.cluster.localslurm start`) as root")
+        if os.geteuid() != 0:
+            raise SlurmError("the local cluster runs its daemons as root (SlurmUser=root); "
+                             "start it as root")
 
     def _check_ports(self) -> None:
         for port in self.ports:

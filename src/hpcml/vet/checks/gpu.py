@@ -11,9 +11,9 @@ The snapshot comes through :meth:`GpuCheck.snapshot`. Setting the environment va
 ``python -m hpcml.vet.checks.nvml_snapshot`` instead of reading NVML; tests use this, and so
 can anyone re-judging a node's recorded state with other thresholds.
 
-No GPU (no driver, no NVML GPUs) is SKIPPED unless ``required``, ``ctx.require_gpus`` or
-Slurm bound GPUs to the task (``ctx.gpus``): then it FAILS, because a GPU job on that node
-would fail. A missing pynvml raises MissingDependency. PCIe generation is not judged while
+No GPU (no driver, no NVML GPUs) is SKIPPED unless ``required`` or ``ctx.require_gpus``:
+then it FAILS. A GPU in ``ctx.gpus`` that NVML does not show FAILS whenever a driver is
+loaded. A missing pynvml raises MissingDependency. PCIe generation is not judged while
 the GPU reports ``gpu_idle``: NVIDIA GPUs lower the link generation when idle to save
 power (the width stays), so an idle healthy GPU would otherwise fail.
 """
@@ -97,7 +97,7 @@ class GpuCheck(Check):
 
     def run(self) -> CheckReport:
         p: GpuParams = self.params  # type: ignore[assignment]
-        required = p.required or self.ctx.require_gpus or bool(self.ctx.gpus)
+        required = p.required or self.ctx.require_gpus
         snap, source = self.snapshot()
         snap, missing = select(snap, list(self.ctx.gpus) or None)
         details = {"source": source, "driver_version": snap.driver_version,

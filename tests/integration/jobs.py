@@ -1,0 +1,34 @@
+"""Submitting batch jobs to the local cluster and waiting for them, with bounded polls
+(``sbatch --wait`` polls slowly and adds up to 10 s)."""
+
+from __future__ import annotations
+
+import subprocess
+import time
+from pathlib import Path
+
+
+def submit(script: str, workdir: Path, env: dict[str, str], nodes: int = 2) -> str:
+    path = workdir / "job.sh"
+    path.write_text(script)
+    out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1",
+                          f"--output={workdir}/job.out", f"--chdir={workdir}", str(path)],
+                         capture_output=True, text=True, env=env, timeout=30, check=True)
+    return out.stdout.strip().split(";")[0]
+
+
+def wait(job_id: str, env: dict[str, str], timeout: float = 120.0) -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        q = subprocess.run(["squeue", "-h", "-j", job_id, "-o", "%T"], capture_output=True,
+                           text=True, env=env, timeout=10)
+        if q.returncode == 0 and not q.stdout.strip():
+            return
+        time.sleep(0.2)
+    subprocess.run(["scancel", job_id], env=env, timeout=10)
+    raise TimeoutError(f"job {job_id} still queued or running after {timeout} s")
+
+
+def run_job(script: str, workdir: Path, env: dict[str, str], timeout: float = 120.0) -> str:
+    wait(submit(script, workdir, env), env, timeout)
+    return (workdir / "job.out").read_text()
