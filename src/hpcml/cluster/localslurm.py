@@ -378,15 +378,19 @@ class LocalSlurm:
             "MailProg=/bin/true",
             "SlurmctldTimeout=10", "SlurmdTimeout=15", "KillWait=2", "Waittime=0",
             "InactiveLimit=0", "MinJobAge=300",
+            *self._node_lines(host),
         ]
-        lines += [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
-                  f"CPUs={self.cpus_per_node} RealMemory={self.memory_mb} State=UNKNOWN"
-                  for name, port in zip(self.node_names, self.ports[1:])]
-        lines.append(f"PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES "
-                     "MaxTime=INFINITE State=UP")
         if self.extra_conf.strip():
             lines += ["# extra_conf", self.extra_conf.strip()]
         return "\n".join(lines) + "\n"
+
+    def _node_lines(self, host: str) -> list[str]:
+        """One line per virtual node, each slurmd on its own port, and one partition."""
+        lines = [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
+                 f"CPUs={self.cpus_per_node} RealMemory={self.memory_mb} State=UNKNOWN"
+                 for name, port in zip(self.node_names, self.ports[1:], strict=True)]
+        return lines + [f"PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES "
+                        "MaxTime=INFINITE State=UP"]
 
     def __enter__(self) -> LocalSlurm:
         self.start()
@@ -592,7 +596,7 @@ class LocalSlurm:
             words = self._client(["sinfo", "-h", "-N", "-o", "%N %t"])
         except SlurmError:
             return {}
-        return dict(zip(words[::2], words[1::2]))
+        return dict(zip(words[::2], words[1::2], strict=False))
 
 
 def _resolves(name: str) -> bool:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 from typing import Optional
@@ -11,6 +10,8 @@ import typer
 
 from hpcml.cli_support import DefaultCommandGroup
 from hpcml.errors import HpcmlError, UsageError
+
+DEFAULT_PROTOCOL = Path(__file__).parent / "protocols" / "cpu.yaml"
 
 app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
@@ -26,7 +27,8 @@ def _fail(exc: HpcmlError) -> None:
 
 @app.command("run")
 def run(
-    protocol: Path = typer.Argument(..., help="Protocol YAML (hpcml or vetnode format)."),
+    protocol: Optional[Path] = typer.Argument(None, help="Protocol YAML (hpcml or vetnode format); "
+                                              "default: the built-in CPU protocol."),
     min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=1,
                                             help="Good nodes needed to continue (default: protocol, else all)."),
     deadline: Optional[str] = typer.Option(None, help="Whole-run deadline, e.g. '90 s' (default: protocol, else 300 s)."),
@@ -53,6 +55,7 @@ def run(
     from hpcml.vet import engine, report, setup
     from hpcml.vet.protocol import load
     from hpcml.vet.units import parse_seconds
+    protocol = protocol or DEFAULT_PROTOCOL
     try:
         proto = load(protocol)
         try:
@@ -76,7 +79,7 @@ def run(
     except HpcmlError as exc:
         _fail(exc)
     if as_json:
-        print(json.dumps(report.to_json(run_), indent=1, default=str))
+        print(report.dumps(report.to_json(run_)))
     else:
         _print_human(run_, paths)
     raise typer.Exit(run_.verdict.exit_code)

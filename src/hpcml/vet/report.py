@@ -16,6 +16,7 @@ from typing import Any
 from hpcml.cluster.hostlist import fold
 from hpcml.vet.engine import VetRun
 from hpcml.vet.model import Outcome
+from hpcml.vet.units import fmt_bytes
 
 SCHEMA = "hpcml.vet/1"
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
@@ -41,10 +42,15 @@ def to_json(run: VetRun) -> dict[str, Any]:
         "duration": round(run.duration, 4),
         "nodes": {n: run.reports[n].to_dict() for n in run.nodes},
         "verdict": {"decision": v.decision.value, "exit_code": v.exit_code,
-                    "min_nodes": v.min_nodes, "good": fold(v.good), "bad": fold(v.bad),
+                    "min_nodes": v.min_nodes, "good": v.good_hostlist, "bad": v.bad_hostlist,
                     "good_count": len(v.good), "bad_count": len(v.bad), "reasons": v.reasons},
         "notes": run.notes,
     }
+
+
+def dumps(data: dict[str, Any]) -> str:
+    """Compact JSON: the C encoder only runs without ``indent`` (5x faster at 10k nodes)."""
+    return json.dumps(data, separators=(",", ":"), default=str)
 
 
 def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path | None = None,
@@ -55,9 +61,9 @@ def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path 
     paths = {"report": out / "report.json",
              "exclude": Path(exclude_file) if exclude_file else out / "bad-nodes",
              "good": Path(good_file) if good_file else out / "good-nodes"}
-    texts = {"report": json.dumps(to_json(run), indent=1, default=str) + "\n",
-             "exclude": fold(run.verdict.bad) + "\n",
-             "good": fold(run.verdict.good) + "\n"}
+    texts = {"report": dumps(to_json(run)) + "\n",
+             "exclude": run.verdict.bad_hostlist + "\n",
+             "good": run.verdict.good_hostlist + "\n"}
     for key, path in paths.items():
         tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
         tmp.write_text(texts[key])
@@ -65,12 +71,19 @@ def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path 
     return paths
 
 
+def _short(value, unit: str | None) -> str:
+    if value is None or isinstance(value, bool):
+        return ""
+    if isinstance(value, (int, float)):
+        if unit == "B":
+            return fmt_bytes(value)
+        return f"{value:.3g} {unit or ''}".rstrip()
+    return str(value)[:20]
+
+
 def _cell(result) -> str:
-    style = _STYLE[result.outcome]
-    value = "" if result.value is None else f" {result.value:g}" if isinstance(result.value, float) \
-        else f" {result.value}"
-    unit = f" {result.unit}" if result.unit and value else ""
-    return f"[{style}]{result.outcome.value}[/]{value}{unit}"
+    text = _short(result.value, result.unit)
+    return f"[{_STYLE[result.outcome]}]{result.outcome.value}[/]" + (f" {text}" if text else "")
 
 
 def table(run: VetRun):
