@@ -38,26 +38,24 @@ def _scaled(m: re.Match) -> float:
     return float(m.group(1)) * _PREFIX[m.group(2) or ""] / (8 if bits else 1)
 
 
-def parse_bytes(value) -> float:
-    """``"8 GB"`` -> 8e9, ``"8 GiB"`` -> 8 * 2**30, a bare number is bytes."""
+def _quantity(value, pattern: re.Pattern, example: str) -> float:
     n = _number(value)
     if n is not None:
         return n
-    m = _SIZE_RE.match(value)
+    m = pattern.match(value)
     if not m:
-        raise ValueError(f"expected a size such as '8 GB' or '512 MiB', found {value!r}")
+        raise ValueError(f"expected {example}, found {value!r}")
     return _scaled(m)
+
+
+def parse_bytes(value) -> float:
+    """``"8 GB"`` -> 8e9, ``"8 GiB"`` -> 8 * 2**30, a bare number is bytes."""
+    return _quantity(value, _SIZE_RE, "a size such as '8 GB' or '512 MiB'")
 
 
 def parse_rate(value) -> float:
     """``"15 GB/s"`` -> 15e9 bytes/s; ``"100 Gb/s"`` (bits) -> 12.5e9 bytes/s."""
-    n = _number(value)
-    if n is not None:
-        return n
-    m = _RATE_RE.match(value)
-    if not m:
-        raise ValueError(f"expected a rate such as '15 GB/s', found {value!r}")
-    return _scaled(m)
+    return _quantity(value, _RATE_RE, "a rate such as '15 GB/s'")
 
 
 def parse_flops(value) -> float:
