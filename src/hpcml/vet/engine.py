@@ -176,9 +176,10 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
         python: str | None = None) -> VetRun:
     """Vet ``nodes`` (default: the whole allocation) and decide."""
     started = time.time()
-    nodes = list(nodes or allocation.nodes)
+    in_step = allocation.step_id is not None  # `srun hpcml vet`: each task vets its own node
+    nodes = list(nodes or ([allocation.node] if in_step else allocation.nodes))
     deadline_at = started + (deadline if deadline is not None else protocol.deadline)
-    use_srun = allocation.under_slurm if use_srun is None else use_srun
+    use_srun = (allocation.under_slurm and not in_step) if use_srun is None else use_srun
     python = python or sys.executable
     if workdir:
         Path(workdir).mkdir(parents=True, exist_ok=True)

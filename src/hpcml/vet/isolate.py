@@ -31,6 +31,7 @@ class ChildFailed(Exception):
 def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os.setpgid(0, 0)
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
+    os.dup2(2, 1)  # a check's prints must not break the worker's result line on stdout
     signal.signal(signal.SIGTERM, signal.SIG_DFL)
     try:
         payload = {"ok": fn()}
