@@ -101,26 +101,32 @@ def test_start_is_a_noop_when_up(slurm_cluster: LocalSlurm) -> None:
 
 
 @pytest.mark.slurm
-def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm) -> None:
-    """A second, one-node cluster beside the session's: stop it with a job step running."""
+@pytest.mark.parametrize("crash_controller", [False, True], ids=["running", "ctld-crashed"])
+def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm, crash_controller: bool) -> None:
+    """A second, one-node cluster beside the session's: stop it with a job step running,
+    and once with its slurmctld killed first, so that no scancel can clean up the steps."""
     root = Path(tempfile.mkdtemp(prefix="hpcml-slurm-t", dir="/tmp"))
     cluster = LocalSlurm(root, nodes=1, ctld_port=6937, first_slurmd_port=6941)
-    with cluster:
-        env = cluster.client_env()
-        job_id = run(["sbatch", "--parsable", "-o", "/dev/null",
-                      "--wrap", "srun sleep 300"], env).strip()
-        wait_job(job_id, env, {"RUNNING"})
-        deadline = time.monotonic() + 20
-        while not cluster._find("slurmstepd") and time.monotonic() < deadline:
-            time.sleep(0.1)
-        assert cluster._find("slurmstepd"), "no slurmstepd for the running job"
     try:
+        with cluster:
+            env = cluster.client_env()
+            job_id = run(["sbatch", "--parsable", "-o", "/dev/null",
+                          "--wrap", "srun sleep 300"], env).strip()
+            wait_job(job_id, env, {"RUNNING"})
+            deadline = time.monotonic() + 20
+            while not cluster._find("slurmstepd") and time.monotonic() < deadline:
+                time.sleep(0.1)
+            assert cluster._find("slurmstepd"), "no slurmstepd for the running job"
+            if crash_controller:
+                for ctld in cluster._find("slurmctld"):
+                    ctld.kill()
         assert not cluster.is_up()
         assert not any(cluster.status().daemons.values())
         assert not cluster._find("slurmstepd")
         assert not _processes_with_conf(cluster.conf)
         assert slurm_cluster.is_up(), "stopping one cluster touched the other"
     finally:
+        cluster.stop()
         shutil.rmtree(root, ignore_errors=True)
 
 

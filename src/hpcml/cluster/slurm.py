@@ -97,9 +97,11 @@ def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **field
 
 def sacct(job_id: str, fields: Sequence[str] = ("JobID", "JobName", "State", "ExitCode",
                                                  "Elapsed", "NodeList"), *,
-          timeout: float = 20.0) -> list[dict[str, str]]:
-    """Accounting rows of one job (needs slurmdbd, or ``-c`` for jobcomp files)."""
-    proc = run(["sacct", "-j", str(job_id), "-P", "-n", "-o", ",".join(fields)], timeout=timeout)
+          jobcomp: bool = False, timeout: float = 20.0) -> list[dict[str, str]]:
+    """Accounting rows of one job: from slurmdbd, or with ``jobcomp`` from the job
+    completion file (``sacct -c``) on clusters without a database."""
+    argv = ["sacct", "-j", str(job_id), "-P", "-n", "-o", ",".join(fields)] + (["-c"] if jobcomp else [])
+    proc = run(argv, timeout=timeout)
     reader = csv.reader(io.StringIO(proc.stdout), delimiter="|")
     return [dict(zip(fields, row)) for row in reader if row]
 
