@@ -25,7 +25,8 @@ from hpcml.cluster.hostlist import fold
 from hpcml.vet import registry, relative, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
-from hpcml.vet.worker import RESULT_PREFIX, SPEC_ENV, context_fields, run_node
+from hpcml.vet.wire import Reassembler
+from hpcml.vet.worker import SPEC_ENV, context_fields, run_node
 
 #: what srun needs after its tasks end to flush their output and exit
 SRUN_GRACE = 2.0
@@ -80,14 +81,18 @@ def _stream_step(argv: list[str], spec: dict, deadline_at: float) -> _Step:
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
 
+    wire = Reassembler()
+
     def on_stdout(line: str) -> None:
-        if line.startswith(RESULT_PREFIX):
-            try:
-                report = NodeReport.from_dict(json.loads(line[len(RESULT_PREFIX):]))
-            except (ValueError, KeyError, TypeError):
-                return
-            report.received_at = time.time()
-            step.reports[report.node] = report
+        done = wire.feed(line)
+        if done is None:
+            return
+        try:
+            report = NodeReport.from_dict(done[1])
+        except (ValueError, KeyError, TypeError):
+            return
+        report.received_at = time.time()
+        step.reports[report.node] = report
 
     def on_stderr(line: str) -> None:
         if len(step.stderr) < 200:

@@ -2,8 +2,8 @@
 
 srun starts one worker per node. It reads the resolved protocol from ``HPCML_VET_SPEC``
 (JSON, set by the launcher), runs each check in a forked child under its own timeout,
-stops before the run's deadline, and prints one line ``HPCML-VET-RESULT {json}`` on
-stdout, which srun carries back to the launcher. No coordinator, no port, no shared
+stops before the run's deadline, and prints its report on
+stdout (``hpcml.vet.wire``), which srun carries back to the launcher. No coordinator, no port, no shared
 filesystem needed for node checks. It imports only what the checks it runs need.
 """
 
@@ -18,7 +18,6 @@ from typing import Any
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
 SPEC_ENV = "HPCML_VET_SPEC"
-RESULT_PREFIX = "HPCML-VET-RESULT "
 #: time kept back from the deadline so the result line still reaches the launcher
 MARGIN = 0.5
 
@@ -107,7 +106,8 @@ def main() -> int:
         return 2
     spec = json.loads(raw)
     report = run_node(spec, context_fields(spec))
-    sys.stdout.write(RESULT_PREFIX + json.dumps(report.to_dict(), default=str) + "\n")
+    from hpcml.vet import wire
+    sys.stdout.write(wire.encode(report.node, report.to_dict()))
     sys.stdout.flush()
     return 0
 
