@@ -114,7 +114,7 @@ def main() -> None:
     from hpcml.cluster.localslurm import LocalSlurm
     WORK.mkdir(parents=True, exist_ok=True)
     vetnode = _vetnode()
-    with LocalSlurm(Path("/tmp/hpcml-slurm-bench")) as cluster:
+    with LocalSlurm(Path("/tmp/hpcml-slurm-bench"), ctld_port=6957, first_slurmd_port=6961) as cluster:
         env = cluster.client_env()
         env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
         out = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", sys.executable, __file__,

@@ -34,9 +34,10 @@ class Hang(Check):
     Params = Targeted
 
     def run(self) -> CheckReport:
+        began = time.time()
         if _targeted(self.ctx, self.params):
             time.sleep(self.params.seconds)
-        return passed(0, message="did not hang")
+        return passed(0, message="did not hang", began=began, ended=time.time())
 
 
 class Crash(Check):

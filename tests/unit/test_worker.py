@@ -33,7 +33,7 @@ def test_crash_is_error():
 
 def test_deadline_cuts_checks_short_and_skips_the_rest():
     evs = _ev("  - {name: h, type: tests.plugins.testchecks.Hang, timeout: 60}\n"
-              "  - {name: m, type: memory}\n")
+              "  - {name: m, type: compute, size: 64}\n")  # exclusive: runs after h
     start = time.time()
     rep = run_node({"evals": evs, "deadline_at": start + 1.5}, CTX)
     assert time.time() - start < 3
@@ -47,3 +47,15 @@ def test_missing_dependency_is_error_that_says_so(monkeypatch):
     monkeypatch.setitem(__import__("sys").modules, "torch", None)  # import torch -> ImportError
     r = run_check(ev, CTX, time.time() + 30)
     assert r.outcome is Outcome.ERROR and "missing dependency" in r.message
+
+
+def test_light_checks_run_side_by_side_and_keep_protocol_order():
+    evs = _ev("  - {name: g, type: compute, size: 64}\n"
+              "  - {name: h1, type: tests.plugins.testchecks.Hang, seconds: 1, timeout: 5}\n"
+              "  - {name: h2, type: tests.plugins.testchecks.Hang, seconds: 1, timeout: 5}\n")
+    rep = run_node({"evals": evs, "deadline_at": time.time() + 30}, CTX)
+    assert [r.check for r in rep.results] == ["g", "h1", "h2"]
+    assert all(r.outcome is Outcome.PASS for r in rep.results)
+    h1, h2 = rep.results[1].details, rep.results[2].details
+    assert h2["began"] < h1["ended"] and h1["began"] < h2["ended"]  # they overlapped
+    assert rep.results[1].duration >= 1.0

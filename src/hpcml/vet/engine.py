@@ -62,10 +62,12 @@ def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_
             "evals": [e.to_dict() for e in evals]}
 
 
-def _read_lines(stream, on_line) -> None:
+def _read_lines(stream, on_line, at_end=None) -> None:
     for line in iter(stream.readline, ""):
         on_line(line.rstrip("\n"))
     stream.close()
+    if at_end:
+        at_end()
 
 
 def _srun_argv(nodes: list[str], python: str) -> list[str]:
@@ -74,9 +76,11 @@ def _srun_argv(nodes: list[str], python: str) -> list[str]:
                                   "--job-name=hpcml-vet"])
 
 
-def _stream_step(argv: list[str], spec: dict, deadline_at: float) -> _Step:
-    """Run workers (through srun, or one local worker) and harvest their result lines."""
+def _stream_step(argv: list[str], spec: dict, deadline_at: float, expected: int) -> _Step:
+    """Run workers (through srun, or one local worker) and harvest their result lines;
+    return as soon as every node has reported, or at the deadline."""
     step = _Step()
+    complete = threading.Event()
     env = dict(os.environ, **{SPEC_ENV: json.dumps(spec)})
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                             env=env, start_new_session=True)
@@ -93,19 +97,24 @@ def _stream_step(argv: list[str], spec: dict, deadline_at: float) -> _Step:
             return
         report.received_at = time.time()
         step.reports[report.node] = report
+        if len(step.reports) >= expected:
+            complete.set()
 
     def on_stderr(line: str) -> None:
         if len(step.stderr) < 200:
             step.stderr.append(line)
 
-    readers = [threading.Thread(target=_read_lines, args=(s, f), daemon=True)
-               for s, f in ((proc.stdout, on_stdout), (proc.stderr, on_stderr))]
+    readers = [threading.Thread(target=_read_lines, args=args, daemon=True)
+               for args in ((proc.stdout, on_stdout, complete.set), (proc.stderr, on_stderr))]
     for t in readers:
         t.start()
-    try:
-        step.returncode = proc.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE))
-    except subprocess.TimeoutExpired:
+    # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
+    if not complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
         step.timed_out = True
+        _stop(proc)
+    try:
+        step.returncode = proc.wait(timeout=SRUN_GRACE)
+    except subprocess.TimeoutExpired:
         _stop(proc)
     for t in readers:
         t.join(timeout=1.0)
@@ -157,9 +166,9 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
                workdir: str | None, use_srun: bool, python: str) -> dict[str, NodeReport]:
     spec = _spec(protocol, evals, nodes, deadline_at, workdir)
     if use_srun:
-        step = _stream_step(_srun_argv(nodes, python), spec, deadline_at)
+        step = _stream_step(_srun_argv(nodes, python), spec, deadline_at, len(nodes))
     elif python != sys.executable:  # the checks' own venv: a worker in that interpreter
-        step = _stream_step([python, "-m", "hpcml.vet.worker"], spec, deadline_at)
+        step = _stream_step([python, "-m", "hpcml.vet.worker"], spec, deadline_at, 1)
     else:
         step = _local_step(spec)
     reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}

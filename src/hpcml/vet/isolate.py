@@ -1,10 +1,11 @@
-"""Run one check in a forked child with a hard timeout.
+"""Run checks in forked children with hard timeouts, several at once.
 
 A check may hang in the kernel (a dead NFS mount, a GPU that fell off the bus) or crash
 the interpreter (a segfault in a driver binding). Threads cannot be killed, so each check
 runs in its own forked child, in its own process group: on timeout the whole group is
-killed and the worker carries on with the next check. fork costs about a millisecond,
-far less than starting a fresh interpreter per check.
+killed and the worker carries on. fork costs about a millisecond, far less than starting
+a fresh interpreter per check, and children that run side by side are waited for with one
+``select`` loop, without threads (forking from a threaded process risks deadlocks).
 """
 
 from __future__ import annotations
@@ -16,7 +17,8 @@ import select
 import signal
 import time
 import traceback
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -31,12 +33,12 @@ class ChildFailed(Exception):
 def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os.setpgid(0, 0)
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
-    os.dup2(2, 1)  # a check's prints must not break the worker's result line on stdout
-    signal.signal(signal.SIGTERM, signal.SIG_DFL)
+    os.dup2(2, 1)  # a check's prints must not break the worker's result lines on stdout
     try:
         payload = {"ok": fn()}
     except BaseException as exc:  # everything a check raises becomes an error outcome
-        payload = {"exc": type(exc).__name__, "msg": str(exc).strip().splitlines()[0] if str(exc).strip() else "",
+        text = str(exc).strip()
+        payload = {"exc": type(exc).__name__, "msg": text.splitlines()[0] if text else "",
                    "tb": traceback.format_exc(limit=6)}
     data = json.dumps(payload, default=str).encode()
     view = memoryview(data)
@@ -46,47 +48,82 @@ def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os._exit(0)
 
 
-def _kill_group(pid: int) -> None:
-    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
-        try:
-            target()
-        except (ProcessLookupError, PermissionError):
-            pass
+@dataclass
+class _Running:
+    pid: int
+    fd: int
+    timeout: float
+    deadline: float
+    chunks: list[bytes] = field(default_factory=list)
+    outcome: Any = None
+    done: bool = False
 
 
-def run_isolated(fn: Callable[[], dict[str, Any]], timeout: float) -> dict[str, Any]:
-    """Return ``fn()``'s dict, or raise Timeout / ChildFailed (with the child's error)."""
+def _start(fn: Callable[[], dict[str, Any]], timeout: float) -> _Running:
     read_fd, write_fd = os.pipe()
     pid = os.fork()
     if pid == 0:  # pragma: no cover - runs in the child
         os.close(read_fd)
         _child(fn, write_fd)
     os.close(write_fd)
-    chunks: list[bytes] = []
-    deadline = time.monotonic() + timeout
-    try:
-        while True:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                _kill_group(pid)
-                raise Timeout(f"timed out after {timeout:g} s")
-            ready, _, _ = select.select([read_fd], [], [], remaining)
-            if ready:
-                chunk = os.read(read_fd, 1 << 16)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-    finally:
-        os.close(read_fd)
-        status = _reap(pid)
-    if not chunks:
+    return _Running(pid, read_fd, timeout, time.monotonic() + timeout)
+
+
+def _finish(run: _Running, timed_out: bool) -> None:
+    os.close(run.fd)
+    run.done = True
+    if timed_out:
+        _kill_group(run.pid)
+    status = _reap(run.pid)
+    if timed_out:
+        run.outcome = Timeout(f"timed out after {run.timeout:g} s")
+    elif not run.chunks:
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
-        raise ChildFailed(f"check crashed (signal {signal.Signals(sig).name})" if sig
-                          else f"check exited without a result (status {status})")
-    payload = json.loads(b"".join(chunks))
-    if "exc" in payload:
-        raise ChildFailed(payload["exc"], payload["msg"], payload.get("tb", ""))
-    return payload["ok"]
+        run.outcome = ChildFailed(f"check crashed (signal {signal.Signals(sig).name})" if sig
+                                  else f"check exited without a result (status {status})")
+    else:
+        payload = json.loads(b"".join(run.chunks))
+        run.outcome = payload["ok"] if "ok" in payload else \
+            ChildFailed(payload["exc"], payload["msg"], payload.get("tb", ""))
+
+
+def run_many(jobs: Sequence[tuple[Callable[[], dict[str, Any]], float]]) -> list[Any]:
+    """Start every ``(fn, timeout)`` at once; return each result dict or its exception."""
+    runs = [_start(fn, timeout) for fn, timeout in jobs]
+    while not all(r.done for r in runs):
+        now = time.monotonic()
+        for r in runs:
+            if not r.done and now >= r.deadline:
+                _finish(r, timed_out=True)
+        waiting = [r for r in runs if not r.done]
+        if not waiting:
+            break
+        wait = max(0.0, min(r.deadline for r in waiting) - now)
+        ready, _, _ = select.select([r.fd for r in waiting], [], [], wait)
+        for r in waiting:
+            if r.fd in ready:
+                chunk = os.read(r.fd, 1 << 16)
+                if chunk:
+                    r.chunks.append(chunk)
+                else:
+                    _finish(r, timed_out=False)
+    return [r.outcome for r in runs]
+
+
+def run_isolated(fn: Callable[[], dict[str, Any]], timeout: float) -> dict[str, Any]:
+    """Return ``fn()``'s dict, or raise Timeout / ChildFailed (with the child's error)."""
+    outcome = run_many([(fn, timeout)])[0]
+    if isinstance(outcome, Exception):
+        raise outcome
+    return outcome
+
+
+def _kill_group(pid: int) -> None:
+    for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
+        try:
+            target()
+        except (ProcessLookupError, PermissionError):
+            pass
 
 
 def _reap(pid: int, patience: float = 0.5) -> int:
@@ -99,4 +136,4 @@ def _reap(pid: int, patience: float = 0.5) -> int:
             return status
         if time.monotonic() > end:
             return 0
-        time.sleep(0.002)
+        time.sleep(0.001)

@@ -41,6 +41,7 @@ class EvalSpec:
     requirements: list[list[str]] = field(default_factory=list)
     min_relative: float | None = None
     max_relative: float | None = None
+    exclusive: bool = False
     line: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
@@ -176,7 +177,7 @@ def _eval(ld: _Loader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     return EvalSpec(name=raw["name"], type=type_name, check=registry.resolve(type_name),
                     scope=cls.scope, params=params.model_dump(mode="json"), timeout=timeout,
                     severity=severity, count_errors=count_errors, requirements=reqs,
-                    line=ld.lines.get(path), **rel)
+                    exclusive=cls.exclusive, line=ld.lines.get(path), **rel)
 
 
 def load(path: str | Path) -> Protocol:

@@ -30,7 +30,9 @@ def _run_one(ev: dict[str, Any], ctx_fields: dict[str, Any]) -> dict[str, Any]:
     from hpcml.vet.checks.base import CheckContext
     cls = registry.load(ev["check"])
     ctx = CheckContext(**ctx_fields, extra={"name": ev["name"]})
+    start = time.time()
     report = cls(cls.Params(**ev["params"]), ctx).run()
+    report.details["_duration"] = round(time.time() - start, 4)
     d = asdict(report)
     d["outcome"] = report.outcome.value
     return d
@@ -45,32 +47,49 @@ def _error(exc_name: str, msg: str) -> CheckReport:
                        f"check raised {exc_name}")
 
 
-def run_check(ev: dict[str, Any], ctx_fields: dict[str, Any], deadline_at: float) -> CheckResult:
-    """Run one eval with its timeout (never past the deadline) and judge its severity."""
-    from hpcml.vet.isolate import ChildFailed, Timeout, run_isolated
+def _report(ev: dict[str, Any], budget: float, outcome: Any) -> CheckReport:
+    from hpcml.vet.isolate import ChildFailed, Timeout
+    if isinstance(outcome, Timeout):
+        cut = budget < ev["timeout"]
+        return CheckReport(Outcome.ERROR, message=(
+            f"stopped at the run's deadline after {budget:.1f} s" if cut else
+            f"timed out after {ev['timeout']:g} s"))
+    if isinstance(outcome, ChildFailed):
+        return _error(*outcome.args[:2]) if len(outcome.args) >= 2 else \
+            CheckReport(Outcome.ERROR, message=str(outcome.args[0]))
+    outcome["outcome"] = Outcome(outcome["outcome"])
+    return CheckReport(**outcome)
+
+
+def run_checks(evals: list[dict[str, Any]], ctx_fields: dict[str, Any],
+               deadline_at: float) -> list[CheckResult]:
+    """Run evals side by side, each in its own child with its timeout (never past the
+    deadline), and judge their severity."""
+    from hpcml.vet.isolate import run_many
     start = time.time()
-    budget = min(ev["timeout"], deadline_at - start - MARGIN)
-    if budget <= 0:
-        report = CheckReport(Outcome.ERROR, message="not run: the run's deadline was reached")
-    else:
-        try:
-            raw = run_isolated(lambda: _run_one(ev, ctx_fields), budget)
-            raw["outcome"] = Outcome(raw["outcome"])
-            report = CheckReport(**raw)
-        except Timeout:
-            cut = budget < ev["timeout"]
-            report = CheckReport(Outcome.ERROR, message=(
-                f"stopped at the run's deadline after {budget:.1f} s" if cut else
-                f"timed out after {ev['timeout']:g} s"))
-        except ChildFailed as exc:
-            report = _error(*exc.args[:2]) if len(exc.args) >= 2 else \
-                CheckReport(Outcome.ERROR, message=str(exc.args[0]))
-    if report.outcome is Outcome.FAIL and ev.get("severity") == "warn":
-        report.outcome = Outcome.WARN
-    return CheckResult(node=ctx_fields["node"], check=ev["name"], type=ev["type"],
-                       outcome=report.outcome, value=report.value, threshold=report.threshold,
-                       unit=report.unit, duration=round(time.time() - start, 4),
-                       message=report.message, details=report.details)
+    budget = {ev["name"]: min(ev["timeout"], deadline_at - start - MARGIN) for ev in evals}
+    runnable = [ev for ev in evals if budget[ev["name"]] > 0]
+    outcomes = dict(zip([ev["name"] for ev in runnable], run_many(
+        [((lambda ev=ev: _run_one(ev, ctx_fields)), budget[ev["name"]]) for ev in runnable])))
+    took = round(time.time() - start, 4)
+    results = []
+    for ev in evals:
+        if ev["name"] in outcomes:
+            report = _report(ev, budget[ev["name"]], outcomes[ev["name"]])
+        else:
+            report = CheckReport(Outcome.ERROR, message="not run: the run's deadline was reached")
+        if report.outcome is Outcome.FAIL and ev.get("severity") == "warn":
+            report.outcome = Outcome.WARN
+        results.append(CheckResult(
+            node=ctx_fields["node"], check=ev["name"], type=ev["type"], outcome=report.outcome,
+            value=report.value, threshold=report.threshold, unit=report.unit,
+            duration=report.details.pop("_duration", took), message=report.message,
+            details=report.details))
+    return results
+
+
+def run_check(ev: dict[str, Any], ctx_fields: dict[str, Any], deadline_at: float) -> CheckResult:
+    return run_checks([ev], ctx_fields, deadline_at)[0]
 
 
 def _preload(evals: list[dict[str, Any]]) -> None:
@@ -85,7 +104,14 @@ def _preload(evals: list[dict[str, Any]]) -> None:
 
 def run_node(spec: dict[str, Any], ctx_fields: dict[str, Any]) -> NodeReport:
     _preload(spec["evals"])
-    results = [run_check(ev, ctx_fields, spec["deadline_at"]) for ev in spec["evals"]]
+    # light checks side by side, then measurements one at a time so they do not disturb
+    # each other; results keep the protocol's order
+    shared = [ev for ev in spec["evals"] if not ev.get("exclusive")]
+    done = {r.check: r for r in run_checks(shared, ctx_fields, spec["deadline_at"])}
+    for ev in spec["evals"]:
+        if ev.get("exclusive"):
+            done[ev["name"]] = run_checks([ev], ctx_fields, spec["deadline_at"])[0]
+    results = [done[ev["name"]] for ev in spec["evals"]]
     return NodeReport(node=ctx_fields["node"], results=results, sent_at=time.time())
 
 

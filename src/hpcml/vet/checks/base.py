@@ -47,6 +47,8 @@ class Check:
     #: across the nodes that passed the node checks (collectives).
     scope: ClassVar[str] = "node"
     default_timeout: ClassVar[float] = 10.0
+    #: measurements (throughput) run alone, after the light checks that run side by side
+    exclusive: ClassVar[bool] = False
     #: name of the numeric value a relative threshold compares, for the report
     Params: ClassVar[type[BaseModel]] = NoParams
 

@@ -66,6 +66,7 @@ class CollectiveCheck(Check):
     scope = "allocation"
     Params = CollectiveParams
     default_timeout = 120.0
+    exclusive = True
 
     def run(self) -> CheckReport:
         world = len(self.ctx.nodes)

@@ -90,6 +90,7 @@ class ComputeCheck(Check):
     type_name = "compute"
     Params = ComputeParams
     default_timeout = 60.0
+    exclusive = True
 
     def _gpu_device(self) -> str | None:
         if self.params.device == "auto" and not _nvidia_devices():
