@@ -160,3 +160,14 @@ def test_collective_allreduce_across_the_allocation(env, tmp_path):
     for node in ("n1", "n2"):
         r = {x["check"]: x for x in rep["nodes"][node]["results"]}["allreduce"]
         assert r["outcome"] == "pass" and r["value"] > 0 and r["details"]["backend"] == "gloo"
+
+
+def test_bad_protocol_in_an_allocation_is_one_line_exit_2_and_runs_nothing(env, tmp_path):
+    """The workers start while the protocol is validated; on bad input they get no spec."""
+    (tmp_path / "p.yaml").write_text(
+        "name: bad\nevals:\n  - name: d\n    type: disk\n    path: /tmp\n    min_free: lots\n")
+    p = _alloc(f"{sys.executable} -m hpcml vet p.yaml --out vet; echo rc=$?", env, tmp_path)
+    assert "rc=2" in p.stdout
+    errors = [line for line in p.stderr.splitlines() if not line.startswith("salloc:")]
+    assert len(errors) == 1 and "p.yaml:6: key 'evals[0].min_free'" in errors[0], p.stderr
+    assert not (tmp_path / "vet").exists() and not list(Path("/tmp").glob(".hpcml-vet-*"))

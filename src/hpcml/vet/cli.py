@@ -53,19 +53,24 @@ def run(
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
     from hpcml.vet import engine, report, setup
-    from hpcml.vet.protocol import load
+    from hpcml.vet.protocol import load, preload_hint
     from hpcml.vet.units import parse_seconds
     protocol = protocol or DEFAULT_PROTOCOL
+    early = None
     try:
+        allocation = alloc_mod.current()
+        subset = expand(nodes) if nodes else None
+        if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
+            raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
+        if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
+            # start the node workers now: their start-up overlaps the validation below
+            early = engine.start_workers(subset or list(allocation.nodes),
+                                         preload=preload_hint(protocol))
         proto = load(protocol)
         try:
             limit = parse_seconds(deadline) if deadline is not None else None
         except ValueError as exc:
             raise UsageError(str(exc), key="--deadline") from None
-        allocation = alloc_mod.current()
-        subset = expand(nodes) if nodes else None
-        if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
-            raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
         out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
         python = setup.python_of(proto, venv_root)
         if venv_root and proto.requirements() and python is None:
@@ -74,9 +79,12 @@ def run(
                   "them will end in error", file=sys.stderr)
         run_ = engine.vet(proto, allocation, nodes=subset, min_nodes=min_nodes, deadline=limit,
                           workdir=str(workdir or out_dir / "work"),
-                          use_srun=False if local else None, python=python)
+                          use_srun=False if local else None, python=python, started=early)
+        early = None
         paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
     except HpcmlError as exc:
+        if early is not None:
+            early.cancel()
         _fail(exc)
     if as_json:
         print(report.dumps(report.to_json(run_)))

@@ -26,7 +26,7 @@ from hpcml.vet import registry, relative, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.vet.wire import Reassembler
-from hpcml.vet.worker import SPEC_ENV, context_fields, run_node
+from hpcml.vet.worker import PRELOAD_ENV, context_fields, run_node
 
 #: what srun needs after its tasks end to flush their output and exit
 SRUN_GRACE = 2.0
@@ -73,22 +73,35 @@ def _read_lines(stream, on_line, at_end=None) -> None:
 def _srun_argv(nodes: list[str], python: str) -> list[str]:
     return slurm.srun_argv([python, "-m", "hpcml.vet.worker"], nodes=nodes, ntasks_per_node=1,
                            extra=["--kill-on-bad-exit=0", "--overlap", "--mpi=none",
-                                  "--job-name=hpcml-vet"])
+                                  "--input=all", "--job-name=hpcml-vet"])
 
 
-def _stream_step(argv: list[str], spec: dict, deadline_at: float, expected: int) -> _Step:
-    """Run workers (through srun, or one local worker) and harvest their result lines;
-    return as soon as every node has reported, or at the deadline."""
-    step = _Step()
-    complete = threading.Event()
-    env = dict(os.environ, **{SPEC_ENV: json.dumps(spec)})
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env=env, start_new_session=True)
+class Step:
+    """One set of workers: started first, told what to run later.
 
-    wire = Reassembler()
+    The spec goes to the workers on stdin (srun ``--input=all`` copies it to every task),
+    so their interpreters start, and import the checks named in ``preload``, while the
+    launcher is still validating the protocol. Workers that get no spec exit without
+    running anything.
+    """
 
-    def on_stdout(line: str) -> None:
-        done = wire.feed(line)
+    def __init__(self, argv: list[str], expected: int, preload: list[str] = ()) -> None:
+        self.expected = expected
+        self.step = _Step()
+        self.complete = threading.Event()
+        self.wire = Reassembler()
+        env = dict(os.environ, **{PRELOAD_ENV: ",".join(preload)})
+        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     stderr=subprocess.PIPE, text=True, env=env,
+                                     start_new_session=True)
+        self.readers = [threading.Thread(target=_read_lines, args=args, daemon=True) for args in
+                        ((self.proc.stdout, self._on_stdout, self.complete.set),
+                         (self.proc.stderr, self._on_stderr))]
+        for t in self.readers:
+            t.start()
+
+    def _on_stdout(self, line: str) -> None:
+        done = self.wire.feed(line)
         if done is None:
             return
         try:
@@ -96,29 +109,49 @@ def _stream_step(argv: list[str], spec: dict, deadline_at: float, expected: int)
         except (ValueError, KeyError, TypeError):
             return
         report.received_at = time.time()
-        step.reports[report.node] = report
-        if len(step.reports) >= expected:
-            complete.set()
+        self.step.reports[report.node] = report
+        if len(self.step.reports) >= self.expected:
+            self.complete.set()
 
-    def on_stderr(line: str) -> None:
-        if len(step.stderr) < 200:
-            step.stderr.append(line)
+    def _on_stderr(self, line: str) -> None:
+        if len(self.step.stderr) < 200:
+            self.step.stderr.append(line)
 
-    readers = [threading.Thread(target=_read_lines, args=args, daemon=True)
-               for args in ((proc.stdout, on_stdout, complete.set), (proc.stderr, on_stderr))]
-    for t in readers:
-        t.start()
-    # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
-    if not complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
-        step.timed_out = True
-        _stop(proc)
-    try:
-        step.returncode = proc.wait(timeout=SRUN_GRACE)
-    except subprocess.TimeoutExpired:
-        _stop(proc)
-    for t in readers:
-        t.join(timeout=1.0)
-    return step
+    def send(self, spec: dict | None) -> None:
+        try:
+            if spec is not None:
+                self.proc.stdin.write(json.dumps(spec) + "\n")
+            self.proc.stdin.close()
+        except BrokenPipeError:  # the workers are gone; harvest() says so
+            pass
+
+    def cancel(self) -> None:
+        self.send(None)
+        try:
+            self.proc.wait(timeout=SRUN_GRACE)
+        except subprocess.TimeoutExpired:
+            _stop(self.proc)
+
+    def harvest(self, deadline_at: float) -> _Step:
+        """Results of every node, returned as soon as all reported or at the deadline."""
+        # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
+        if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
+            self.step.timed_out = True
+            _stop(self.proc)
+        try:
+            self.step.returncode = self.proc.wait(timeout=SRUN_GRACE)
+        except subprocess.TimeoutExpired:
+            _stop(self.proc)
+        for t in self.readers:
+            t.join(timeout=1.0)
+        return self.step
+
+
+def start_workers(nodes: list[str], python: str | None = None, *, use_srun: bool = True,
+                  preload: list[str] = ()) -> Step:
+    python = python or sys.executable
+    argv = _srun_argv(nodes, python) if use_srun else [python, "-m", "hpcml.vet.worker"]
+    return Step(argv, len(nodes) if use_srun else 1, list(preload))
 
 
 def _stop(proc: subprocess.Popen) -> None:
@@ -163,12 +196,15 @@ def _judge_across(evals: list[EvalSpec], reports: dict[str, NodeReport]) -> None
 
 
 def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
-               workdir: str | None, use_srun: bool, python: str) -> dict[str, NodeReport]:
+               workdir: str | None, use_srun: bool, python: str,
+               started: Step | None = None) -> dict[str, NodeReport]:
     spec = _spec(protocol, evals, nodes, deadline_at, workdir)
-    if use_srun:
-        step = _stream_step(_srun_argv(nodes, python), spec, deadline_at, len(nodes))
-    elif python != sys.executable:  # the checks' own venv: a worker in that interpreter
-        step = _stream_step([python, "-m", "hpcml.vet.worker"], spec, deadline_at, 1)
+    if started is None and (use_srun or python != sys.executable):
+        # srun, or the checks' own venv: workers in that interpreter
+        started = start_workers(nodes, python, use_srun=use_srun)
+    if started is not None:
+        started.send(spec)
+        step = started.harvest(deadline_at)
     else:
         step = _local_step(spec)
     reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
@@ -187,12 +223,13 @@ def _merge(into: dict[str, NodeReport], more: dict[str, NodeReport]) -> None:
 def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None = None,
         min_nodes: int | None = None, deadline: float | None = None,
         workdir: str | None = None, use_srun: bool | None = None,
-        python: str | None = None) -> VetRun:
-    """Vet ``nodes`` (default: the whole allocation) and decide."""
-    started = time.time()
+        python: str | None = None, started: Step | None = None) -> VetRun:
+    """Vet ``nodes`` (default: the whole allocation) and decide. ``started``: workers
+    for these nodes already started with ``start_workers`` (see ``Step``)."""
+    t0 = time.time()
     in_step = allocation.step_id is not None  # `srun hpcml vet`: each task vets its own node
     nodes = list(nodes or ([allocation.node] if in_step else allocation.nodes))
-    deadline_at = started + (deadline if deadline is not None else protocol.deadline)
+    deadline_at = t0 + (deadline if deadline is not None else protocol.deadline)
     use_srun = (allocation.under_slurm and not in_step) if use_srun is None else use_srun
     python = python or sys.executable
     if workdir:
@@ -200,8 +237,13 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
     count_errors = {e.name: e.count_errors for e in protocol.evals}
     node_evals = [e for e in protocol.evals if e.scope == "node"]
     alloc_evals = [e for e in protocol.evals if e.scope != "node"]
-    reports = _run_phase(protocol, node_evals, nodes, deadline_at, workdir, use_srun, python) \
-        if node_evals else {n: NodeReport(node=n) for n in nodes}
+    if node_evals:
+        reports = _run_phase(protocol, node_evals, nodes, deadline_at, workdir, use_srun,
+                             python, started)
+    else:
+        if started is not None:
+            started.cancel()
+        reports = {n: NodeReport(node=n) for n in nodes}
     notes = []
     if alloc_evals:
         good = verdict.decide(nodes, reports, count_errors).good
@@ -218,6 +260,6 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
     result = verdict.decide(nodes, reports, count_errors,
                             min_nodes if min_nodes is not None else protocol.min_nodes)
     return VetRun(protocol=protocol, nodes=nodes, reports=reports, verdict=result,
-                  started_at=started, duration=time.time() - started,
+                  started_at=t0, duration=time.time() - t0,
                   job_id=allocation.job_id, launcher="srun" if use_srun else "local",
                   notes=notes)

@@ -1,7 +1,7 @@
 """The per-node side of a vetting run: ``python -m hpcml.vet.worker``.
 
-srun starts one worker per node. It reads the resolved protocol from ``HPCML_VET_SPEC``
-(JSON, set by the launcher), runs each check in a forked child under its own timeout,
+srun starts one worker per node. It imports the checks named in ``HPCML_VET_PRELOAD``,
+then reads the resolved protocol (one JSON line) from stdin, runs each check in a forked child under its own timeout,
 stops before the run's deadline, and prints its report on
 stdout (``hpcml.vet.wire``), which srun carries back to the launcher. No coordinator, no port, no shared
 filesystem needed for node checks. It imports only what the checks it runs need.
@@ -17,7 +17,7 @@ from typing import Any
 
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
-SPEC_ENV = "HPCML_VET_SPEC"
+PRELOAD_ENV = "HPCML_VET_PRELOAD"
 #: time kept back from the deadline so the result line still reaches the launcher
 MARGIN = 0.5
 
@@ -92,18 +92,22 @@ def run_check(ev: dict[str, Any], ctx_fields: dict[str, Any], deadline_at: float
     return run_checks([ev], ctx_fields, deadline_at)[0]
 
 
-def _preload(evals: list[dict[str, Any]]) -> None:
-    """Import the check modules once, before forking, so each child inherits them."""
+def _preload(checks: list[str]) -> None:
+    """Import the check modules (and what they will import) once, before forking, so each
+    child inherits them."""
+    import importlib
+
     from hpcml.vet import registry
-    for ev in evals:
+    for path in checks:
         try:
-            registry.load(ev["check"])
+            for module in registry.load(path).warm_imports:
+                importlib.import_module(module)
         except Exception:  # the child reports it, as this check's error
             pass
 
 
 def run_node(spec: dict[str, Any], ctx_fields: dict[str, Any]) -> NodeReport:
-    _preload(spec["evals"])
+    _preload([ev["check"] for ev in spec["evals"]])
     # light checks side by side, then measurements one at a time so they do not disturb
     # each other; results keep the protocol's order
     shared = [ev for ev in spec["evals"] if not ev.get("exclusive")]
@@ -125,11 +129,10 @@ def context_fields(spec: dict[str, Any], env=os.environ) -> dict[str, Any]:
 
 
 def main() -> int:
-    raw = os.environ.get(SPEC_ENV)
-    if not raw:
-        print(f"hpcml.vet.worker: {SPEC_ENV} is not set; start it through `hpcml vet`",
-              file=sys.stderr)
-        return 2
+    _preload([p for p in os.environ.get(PRELOAD_ENV, "").split(",") if p])
+    raw = sys.stdin.readline()
+    if not raw.strip():  # the launcher found the protocol invalid: run nothing
+        return 0
     spec = json.loads(raw)
     report = run_node(spec, context_fields(spec))
     from hpcml.vet import wire

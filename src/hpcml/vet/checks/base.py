@@ -49,6 +49,8 @@ class Check:
     default_timeout: ClassVar[float] = 10.0
     #: measurements (throughput) run alone, after the light checks that run side by side
     exclusive: ClassVar[bool] = False
+    #: modules the worker imports before forking the check (shared by every child)
+    warm_imports: ClassVar[tuple[str, ...]] = ()
     #: name of the numeric value a relative threshold compares, for the report
     Params: ClassVar[type[BaseModel]] = NoParams
 

@@ -91,6 +91,7 @@ class ComputeCheck(Check):
     Params = ComputeParams
     default_timeout = 60.0
     exclusive = True
+    warm_imports = ("numpy", "threadpoolctl")
 
     def _gpu_device(self) -> str | None:
         if self.params.device == "auto" and not _nvidia_devices():
