@@ -7,7 +7,6 @@ from tests/plugins/testchecks.py that misbehave only on the nodes they are given
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys

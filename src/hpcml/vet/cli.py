@@ -52,9 +52,7 @@ def run(
     """
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
-    from hpcml.vet import engine, report, setup
-    from hpcml.vet.protocol import load, preload_hint
-    from hpcml.vet.units import parse_seconds
+    from hpcml.vet import launch
     protocol = protocol or DEFAULT_PROTOCOL
     early = None
     try:
@@ -64,8 +62,11 @@ def run(
             raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
         if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
             # start the node workers now: their start-up overlaps the validation below
-            early = engine.start_workers(subset or list(allocation.nodes),
-                                         preload=preload_hint(protocol))
+            early = launch.start_workers(subset or list(allocation.nodes),
+                                         preload=launch.preload_hint(protocol))
+        from hpcml.vet import engine, report, setup
+        from hpcml.vet.protocol import load
+        from hpcml.vet.units import parse_seconds
         proto = load(protocol)
         try:
             limit = parse_seconds(deadline) if deadline is not None else None

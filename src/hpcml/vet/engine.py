@@ -9,27 +9,19 @@ by then is unreachable, and the run ends on time whatever hangs.
 
 from __future__ import annotations
 
-import json
-import os
-import signal
-import subprocess
 import sys
-import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcml.cluster import slurm
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
 from hpcml.vet import registry, relative, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
-from hpcml.vet.wire import Reassembler
-from hpcml.vet.worker import PRELOAD_ENV, context_fields, run_node
+from hpcml.vet.launch import Step, _Step, start_workers
+from hpcml.vet.worker import context_fields, run_node
 
-#: what srun needs after its tasks end to flush their output and exit
-SRUN_GRACE = 2.0
 
 
 @dataclass
@@ -45,127 +37,11 @@ class VetRun:
     notes: list[str] = field(default_factory=list)
 
 
-@dataclass
-class _Step:
-    """One srun step's harvest."""
-
-    reports: dict[str, NodeReport] = field(default_factory=dict)
-    stderr: list[str] = field(default_factory=list)
-    returncode: int | None = None
-    timed_out: bool = False
-
-
 def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
           workdir: str | None) -> dict:
     return {"protocol": protocol.name, "nodes": nodes, "deadline_at": deadline_at,
             "workdir": workdir, "require_gpus": protocol.require_gpus,
             "evals": [e.to_dict() for e in evals]}
-
-
-def _read_lines(stream, on_line, at_end=None) -> None:
-    for line in iter(stream.readline, ""):
-        on_line(line.rstrip("\n"))
-    stream.close()
-    if at_end:
-        at_end()
-
-
-def _srun_argv(nodes: list[str], python: str) -> list[str]:
-    return slurm.srun_argv([python, "-m", "hpcml.vet.worker"], nodes=nodes, ntasks_per_node=1,
-                           extra=["--kill-on-bad-exit=0", "--overlap", "--mpi=none",
-                                  "--input=all", "--job-name=hpcml-vet"])
-
-
-class Step:
-    """One set of workers: started first, told what to run later.
-
-    The spec goes to the workers on stdin (srun ``--input=all`` copies it to every task),
-    so their interpreters start, and import the checks named in ``preload``, while the
-    launcher is still validating the protocol. Workers that get no spec exit without
-    running anything.
-    """
-
-    def __init__(self, argv: list[str], expected: int, preload: list[str] = ()) -> None:
-        self.expected = expected
-        self.step = _Step()
-        self.complete = threading.Event()
-        self.wire = Reassembler()
-        env = dict(os.environ, **{PRELOAD_ENV: ",".join(preload)})
-        self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
-        self.readers = [threading.Thread(target=_read_lines, args=args, daemon=True) for args in
-                        ((self.proc.stdout, self._on_stdout, self.complete.set),
-                         (self.proc.stderr, self._on_stderr))]
-        for t in self.readers:
-            t.start()
-
-    def _on_stdout(self, line: str) -> None:
-        done = self.wire.feed(line)
-        if done is None:
-            return
-        try:
-            report = NodeReport.from_dict(done[1])
-        except (ValueError, KeyError, TypeError):
-            return
-        report.received_at = time.time()
-        self.step.reports[report.node] = report
-        if len(self.step.reports) >= self.expected:
-            self.complete.set()
-
-    def _on_stderr(self, line: str) -> None:
-        if len(self.step.stderr) < 200:
-            self.step.stderr.append(line)
-
-    def send(self, spec: dict | None) -> None:
-        try:
-            if spec is not None:
-                self.proc.stdin.write(json.dumps(spec) + "\n")
-            self.proc.stdin.close()
-        except BrokenPipeError:  # the workers are gone; harvest() says so
-            pass
-
-    def cancel(self) -> None:
-        self.send(None)
-        try:
-            self.proc.wait(timeout=SRUN_GRACE)
-        except subprocess.TimeoutExpired:
-            _stop(self.proc)
-
-    def harvest(self, deadline_at: float) -> _Step:
-        """Results of every node, returned as soon as all reported or at the deadline."""
-        # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
-        if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
-            self.step.timed_out = True
-            _stop(self.proc)
-        try:
-            self.step.returncode = self.proc.wait(timeout=SRUN_GRACE)
-        except subprocess.TimeoutExpired:
-            _stop(self.proc)
-        for t in self.readers:
-            t.join(timeout=1.0)
-        return self.step
-
-
-def start_workers(nodes: list[str], python: str | None = None, *, use_srun: bool = True,
-                  preload: list[str] = ()) -> Step:
-    python = python or sys.executable
-    argv = _srun_argv(nodes, python) if use_srun else [python, "-m", "hpcml.vet.worker"]
-    return Step(argv, len(nodes) if use_srun else 1, list(preload))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """srun forwards SIGTERM to its tasks; SIGKILL if it does not leave promptly."""
-    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
 
 
 def _local_step(spec: dict) -> _Step:

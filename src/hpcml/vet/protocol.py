@@ -236,21 +236,3 @@ def loads(text: str, source: str = "<protocol>") -> Protocol:
                     vetnode=any(vetnode_compat.is_vetnode(str(e.get("type", ""))) for e in evals
                                 if isinstance(e, dict)))
 
-
-def preload_hint(path: str | Path) -> list[str]:
-    """The check classes a protocol file probably names, read without validating it, so
-    workers can import them while the launcher validates. A wrong guess costs nothing."""
-    import re
-    try:
-        text = Path(path).read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return []
-    out = []
-    for name in dict.fromkeys(re.findall(r"\btype:\s*['\"]?([\w.:-]+)", text)):
-        try:
-            if vetnode_compat.is_vetnode(name):
-                name = vetnode_compat.MAPPING[name[len("vetnode.evaluations."):]][0]
-            out.append(registry.resolve(name))
-        except (LookupError, KeyError):
-            continue
-    return out

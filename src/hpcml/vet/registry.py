@@ -8,8 +8,10 @@ that is a dotted path (``mysite.checks.IbPortCheck``) is a plugin: a class imple
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-from hpcml.vet.checks.base import Check
+if TYPE_CHECKING:
+    from hpcml.vet.checks.base import Check
 
 BUILTIN: dict[str, str] = {
     "memory": "hpcml.vet.checks.memory:MemoryCheck",
@@ -47,6 +49,7 @@ def resolve(type_name: str) -> str:
 
 def load(path: str) -> type[Check]:
     """Import ``module:Class`` and make sure it is a Check."""
+    from hpcml.vet.checks.base import Check
     module_name, _, cls_name = path.partition(":")
     try:
         module = importlib.import_module(module_name)

@@ -17,7 +17,7 @@ from typing import Any
 
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
-PRELOAD_ENV = "HPCML_VET_PRELOAD"
+PRELOAD_ENV = "HPCML_VET_PRELOAD"  # also in hpcml.vet.launch, which must not import this
 #: time kept back from the deadline so the result line still reaches the launcher
 MARGIN = 0.5
 
