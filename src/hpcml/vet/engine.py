@@ -18,10 +18,9 @@ from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
 from hpcml.vet import registry, relative, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
+from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.protocol import EvalSpec, Protocol
-from hpcml.vet.launch import Step, _Step, start_workers
 from hpcml.vet.worker import context_fields, run_node
-
 
 
 @dataclass
@@ -44,13 +43,13 @@ def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_
             "evals": [e.to_dict() for e in evals]}
 
 
-def _local_step(spec: dict) -> _Step:
+def _local_step(spec: dict) -> StepResult:
     report = run_node(spec, context_fields(spec))
     report.received_at = time.time()
-    return _Step(reports={report.node: report}, returncode=0)
+    return StepResult(reports={report.node: report}, returncode=0)
 
 
-def _unreachable(node: str, step: _Step) -> NodeReport:
+def _unreachable(node: str, step: StepResult) -> NodeReport:
     if step.timed_out:
         why = "no result by the run's deadline"
     else:

@@ -29,7 +29,7 @@ _BOOT = "import sys; sys.path[:0] = {path!r}; from hpcml.vet.worker import main;
 
 
 @dataclass
-class _Step:
+class StepResult:
     """One srun step's harvest."""
 
     reports: dict[str, NodeReport] = field(default_factory=dict)
@@ -63,7 +63,7 @@ class Step:
 
     def __init__(self, argv: list[str], expected: int, preload: list[str] = ()) -> None:
         self.expected = expected
-        self.step = _Step()
+        self.step = StepResult()
         self.complete = threading.Event()
         self.wire = Reassembler()
         env = dict(os.environ, **{PRELOAD_ENV: ",".join(preload)})
@@ -108,7 +108,7 @@ class Step:
         except subprocess.TimeoutExpired:
             _stop(self.proc)
 
-    def harvest(self, deadline_at: float) -> _Step:
+    def harvest(self, deadline_at: float) -> StepResult:
         """Results of every node, returned as soon as all reported or at the deadline."""
         # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
         if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
