@@ -22,6 +22,8 @@ def version() -> None:
 
 
 def main() -> None:
+    from hpcml.vet import launch
+    launch.start_early(sys.argv[1:])
     try:
         app(standalone_mode=True)
     except HpcmlError as exc:
