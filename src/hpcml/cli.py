@@ -22,8 +22,6 @@ def version() -> None:
 
 
 def main() -> None:
-    from hpcml.vet import launch
-    launch.start_early(sys.argv[1:])
     try:
         app(standalone_mode=True)
     except HpcmlError as exc:

@@ -60,9 +60,7 @@ def run(
         subset = expand(nodes) if nodes else None
         if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
             raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
-        early, launch.EARLY = launch.EARLY, None  # started before parsing, if it could be
-        if early is None and not local and not venv_root and allocation.under_slurm \
-                and allocation.step_id is None:
+        if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
             # start the node workers now: their start-up overlaps the validation below
             early = launch.start_workers(subset or list(allocation.nodes),
                                          preload=launch.preload_hint(protocol))

@@ -172,38 +172,3 @@ def preload_hint(path: str | Path) -> list[str]:
         except (LookupError, KeyError):
             continue
     return out
-
-
-#: workers started by ``start_early`` before the command line was parsed, for ``hpcml vet``
-EARLY: Step | None = None
-_VALUED = {"--min-nodes", "--deadline", "--nodes", "--out", "--exclude-file", "--good-file",
-           "--workdir", "--venv-root"}
-_OTHER_COMMANDS = {"setup", "validate", "checks"}
-_NOT_EARLY = {"--nodes", "--local", "--venv-root", "--help", "-h"}
-
-
-def start_early(argv: list[str]) -> None:
-    """For ``hpcml vet [run] PROTOCOL ...`` inside an allocation, start the workers before
-    Typer parses the command line: Typer's own start-up (it imports pydantic for its
-    parameter adapters) is a tenth of a second the workers can use. Any doubt -> do
-    nothing; the command then starts them itself. The command cancels them on bad input."""
-    global EARLY
-    from hpcml.cluster.allocation import current
-    if len(argv) < 2 or argv[0] != "vet" or argv[1] in _OTHER_COMMANDS \
-            or os.environ.get("HPCML_VET_VENV_ROOT"):
-        return
-    args = argv[2:] if argv[1] == "run" else argv[1:]
-    if any(a.split("=")[0] in _NOT_EARLY for a in args):
-        return
-    positional, skip = [], False
-    for a in args:
-        if skip:
-            skip = False
-        elif a.startswith("-"):
-            skip = a in _VALUED
-        else:
-            positional.append(a)
-    alloc = current()
-    if len(positional) != 1 or not alloc.under_slurm or alloc.step_id is not None:
-        return
-    EARLY = start_workers(list(alloc.nodes), preload=preload_hint(positional[0]))
