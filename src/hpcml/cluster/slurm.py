@@ -13,7 +13,7 @@ import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from hpcml.cluster.hostlist import expand
+from hpcml.cluster.hostlist import expand, fold
 from hpcml.errors import SlurmError
 
 DEFAULT_TIMEOUT = 30.0
@@ -46,7 +46,6 @@ def srun_argv(command: Sequence[str], *, nodes: Sequence[str] | None = None,
     """The srun command line for one step; kept separate so callers can stream it."""
     argv = ["srun"]
     if nodes:
-        from hpcml.cluster.hostlist import fold
         argv += [f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}"]
         if ntasks_per_node:
             argv += [f"--ntasks={len(nodes) * ntasks_per_node}"]
@@ -89,7 +88,6 @@ def node_states(nodes: str | None = None, *, timeout: float = 10.0) -> dict[str,
 
 
 def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **fields: str) -> None:
-    from hpcml.cluster.hostlist import fold
     argv = ["scontrol", "update", f"nodename={fold(nodes)}"]
     argv += [f"{k}={v}" for k, v in fields.items()]
     run(argv, timeout=timeout)

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from hpcml.cluster import slurm
 from hpcml.vet.model import NodeReport
-from hpcml.vet.wire import Reassembler
+from hpcml.vet.wire import PRELOAD_ENV, Reassembler
 
-PRELOAD_ENV = "HPCML_VET_PRELOAD"
 #: what srun needs after its tasks end to flush their output and exit
 SRUN_GRACE = 2.0
 _BOOT = "import sys; sys.path[:0] = {path!r}; from hpcml.vet.worker import main; sys.exit(main())"

@@ -8,6 +8,7 @@ so the workers on the nodes only re-read plain numbers.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -128,7 +129,6 @@ def _requirements(raw: Any) -> list[list[str]]:
 
 
 def _project(req: list[str]) -> str:
-    import re
     return re.split(r"[<>=!~\[; ]", req[0], maxsplit=1)[0].lower().replace("_", "-")
 
 

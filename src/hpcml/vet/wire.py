@@ -13,6 +13,8 @@ import json
 import zlib
 
 PREFIX = "HPCML-VET-RESULT"
+#: check modules the launcher asks each worker to import before its spec arrives
+PRELOAD_ENV = "HPCML_VET_PRELOAD"
 CHUNK = 800
 
 

@@ -16,8 +16,8 @@ import time
 from typing import Any
 
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
+from hpcml.vet.wire import PRELOAD_ENV
 
-PRELOAD_ENV = "HPCML_VET_PRELOAD"  # also in hpcml.vet.launch, which must not import this
 #: time kept back from the deadline so the result line still reaches the launcher
 MARGIN = 0.5
 

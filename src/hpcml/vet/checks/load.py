@@ -21,9 +21,8 @@ class LoadCheck(Check):
 
     def run(self) -> CheckReport:
         load1, _, _ = os.getloadavg()
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
-        per_cpu = load1 / max(1, os.cpu_count() or 1)
+        cpus = os.cpu_count() or 1  # the load average counts the whole machine
+        per_cpu = load1 / cpus
         limit = self.params.max_load_per_cpu
         return judge(per_cpu <= limit, round(per_cpu, 3), threshold=f"<= {limit:g}",
-                     unit="load/cpu", message=f"1-min load {load1:.2f} on {os.cpu_count()} CPUs",
-                     usable_cpus=cpus)
+                     unit="load/cpu", message=f"1-min load {load1:.2f} on {cpus} CPUs")
