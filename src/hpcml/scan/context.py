@@ -1,0 +1,63 @@
+"""One file's scan in progress: findings aggregated per name, errors, notes, verdict."""
+
+from __future__ import annotations
+
+from hpcml.scan.model import FileResult, Finding, Location, Verdict
+from hpcml.scan.picklewalk import Event
+from hpcml.scan.policy import Policy
+
+_EVENT_VERDICT = {
+    "ext": (Verdict.UNKNOWN, "a copyreg extension code imports whatever the loading process registered"),
+    "unresolved": (Verdict.UNKNOWN, "the global's name is computed at load time"),
+    "call": (Verdict.UNKNOWN, "calls something that is not a named global"),
+    "mutate": (Verdict.DANGEROUS, "changes attributes or items of an imported global"),
+}
+
+
+class FileScan:
+    """Collects what the format handlers find in one file (and its members)."""
+
+    def __init__(self, path: str, policy: Policy, size: int) -> None:
+        self.policy = policy
+        self.result = FileResult(path=path, format="unrecognised", verdict=Verdict.SAFE, size=size)
+        self._by_key: dict[tuple, Finding] = {}
+
+    def set_format(self, fmt: str) -> None:
+        current = self.result.format
+        if current in ("unrecognised", "pickle"):
+            self.result.format = fmt
+        elif current.endswith("-compressed") and fmt == "joblib":
+            self.result.format = f"joblib ({current})"
+
+    def events(self, events: list[Event], member: str = "") -> None:
+        for ev in events:
+            if ev.kind == "global":
+                verdict, why = self.policy.classify(ev.module, ev.name)
+                name = f"{ev.module}.{ev.name}"
+            else:
+                verdict, why = _EVENT_VERDICT[ev.kind]
+                name = f"{ev.module}.{ev.name}" if ev.module else ev.detail
+            key = (name, verdict, member)
+            found = self._by_key.get(key)
+            if found:
+                found.count += 1
+                continue
+            finding = Finding(verdict=verdict, name=name, why=why,
+                              location=Location(member, ev.offset), opcode=ev.opcode)
+            self._by_key[key] = finding
+            self.result.findings.append(finding)
+
+    def error(self, problem: str, member: str = "") -> None:
+        self.result.errors.append(f"{member}: {problem}" if member else problem)
+
+    def note(self, note: str) -> None:
+        self.result.notes.append(note)
+
+    def finish(self) -> FileResult:
+        res = self.result
+        verdicts = [f.verdict for f in res.findings]
+        if res.errors:
+            verdicts.append(Verdict.ERROR)
+        res.verdict = Verdict.worst(verdicts)
+        res.findings.sort(key=lambda f: (-f.verdict.rank, f.location.member, f.location.offset or 0))
+        return res

@@ -1,0 +1,1 @@
+"""One module per file format that a scan recognises by content."""

@@ -1,0 +1,145 @@
+"""joblib files: array bytes inline in the pickle stream, optionally compressed.
+
+``joblib.dump`` writes each numpy array as a ``NumpyArrayWrapper`` object followed by
+the array's raw bytes (or, for object arrays, a nested pickle that ``joblib.load``
+unpickles). To walk on after an array the scanner must know its byte size, which it
+reads from the wrapper's state (shape and dtype) without importing numpy.
+"""
+
+from __future__ import annotations
+
+import bz2
+import gzip
+import io
+import lzma
+import math
+import re
+import zlib
+from typing import BinaryIO
+
+from hpcml.scan.picklewalk import Call, PickleError, PickleWalker, Ref
+
+WRAPPER = "joblib.numpy_pickle.NumpyArrayWrapper"
+_DESCR = re.compile(r"^[<>|=]?([a-zA-Z]+)(\d+)$")
+
+
+class NeedTracking(Exception):
+    """A wrapper's state was not tracked: walk this pickle again with containers tracked."""
+
+
+def _dtype(dtype) -> tuple[int, bool]:
+    """(itemsize, has objects) from a pickled ``numpy.dtype(descr, False, True)`` + state."""
+    if type(dtype) is not Call or type(dtype.func) is not Ref or dtype.func.dotted != "numpy.dtype" \
+            or not dtype.args or type(dtype.args[0]) is not str:
+        raise PickleError("joblib array wrapper: its dtype is not a numpy.dtype(...) call")
+    descr, state = dtype.args[0], dtype.state
+    flags = state[7] if type(state) is tuple and len(state) > 7 and type(state[7]) is int else 0
+    elsize = state[5] if type(state) is tuple and len(state) > 5 and type(state[5]) is int else -1
+    has_object = descr.startswith("O") or bool(flags & 1)
+    if elsize <= 0:
+        m = _DESCR.match(descr)
+        if not m:
+            raise PickleError(f"joblib array wrapper: cannot size dtype '{descr}'")
+        elsize = int(m.group(2))
+    return elsize, has_object
+
+
+def on_build(walker: PickleWalker, obj, state) -> None:
+    """After BUILD of a wrapper: skip its array bytes, or walk its nested object pickle."""
+    if type(obj) is not Call or type(obj.func) is not Ref or obj.func.dotted != WRAPPER:
+        return
+    if not walker.track:
+        raise NeedTracking
+    if type(state) is not dict:
+        raise PickleError("joblib array wrapper without a readable state")
+    shape = state.get("shape")
+    if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape):
+        raise PickleError(f"joblib array wrapper: bad shape {shape!r}")
+    itemsize, has_object = _dtype(state.get("dtype"))
+    r = walker.r
+    here = r.base + r.pos
+    if has_object:
+        inner = PickleWalker(r.fh, here, r.end, on_build=on_build).walk()
+        walker.result.events.extend(inner.events)
+        walker.result.nested.extend(inner.nested)
+        if inner.error:
+            raise PickleError(f"object array pickle at offset {here}: {inner.error}")
+        r.seek_to(inner.end)
+        return
+    if state.get("numpy_array_alignment_bytes") is not None:
+        if not r.fill(1):
+            raise PickleError("truncated in a joblib array's padding")
+        pad = r.buf[r.pos]
+        r.pos += 1
+        r.skip(pad)
+    r.skip(math.prod(shape) * itemsize)
+
+
+class _ZlibFile(io.RawIOBase):
+    """A read-only, forward-seeking view of a raw zlib stream (joblib's ``compress=``)."""
+
+    def __init__(self, fh: BinaryIO) -> None:
+        self.fh, self.z, self.pos, self.pending = fh, zlib.decompressobj(), 0, b""
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, n: int = -1) -> bytes:
+        out = [self.pending]
+        have = len(self.pending)
+        while n < 0 or have < n:
+            raw = self.fh.read(1 << 20)
+            if not raw:
+                out.append(self.z.flush())
+                have += len(out[-1])
+                break
+            chunk = self.z.decompress(raw)
+            out.append(chunk)
+            have += len(chunk)
+        data = b"".join(out)
+        data, self.pending = (data, b"") if n < 0 else (data[:n], data[n:])
+        self.pos += len(data)
+        return data
+
+    def tell(self) -> int:
+        return self.pos
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = 0) -> int:
+        target = offset if whence == 0 else self.pos + offset
+        if target < self.pos:
+            self.fh.seek(0)
+            self.z, self.pos, self.pending = zlib.decompressobj(), 0, b""
+        while self.pos < target:
+            if not self.read(min(target - self.pos, 1 << 22)):
+                break
+        return self.pos
+
+
+def _lz4(fh: BinaryIO):
+    try:
+        import lz4.frame
+    except ImportError:
+        raise PickleError("an lz4-compressed file: install the lz4 package to scan it") from None
+    return lz4.frame.LZ4FrameFile(fh)
+
+
+COMPRESSED = (
+    (b"\x1f\x8b", "gzip", lambda fh: gzip.GzipFile(fileobj=fh)),
+    (b"BZh", "bz2", lambda fh: bz2.BZ2File(fh)),
+    (b"\xfd7zXZ\x00", "xz", lambda fh: lzma.LZMAFile(fh)),
+    (b"\x5d\x00\x00", "lzma", lambda fh: lzma.LZMAFile(fh, format=lzma.FORMAT_ALONE)),
+    (b"\x04\x22\x4d\x18", "lz4", _lz4),
+)
+
+
+def compression(head: bytes):
+    """(name, opener) for a compressed stream joblib can write, or None."""
+    for magic, name, opener in COMPRESSED:
+        if head.startswith(magic):
+            return name, opener
+    if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
+        return "zlib", _ZlibFile
+    return None

@@ -1,0 +1,743 @@
+"""Walk a pickle stream opcode by opcode without executing it.
+
+Written by hand because the stdlib's ``pickletools.genops`` decodes every argument into
+Python objects (5.6 s for an 11M-opcode pickle here) and keeps no stack or memo, and the
+existing scanners built on it are fooled by memo tricks. This walker mirrors CPython's
+C unpickler (``Modules/_pickle.c``): the same stack with marks (a mark hides what is
+below it), the same memo numbering (MEMOIZE uses the number of distinct keys, not a
+counter), the same protocol-dependent name mapping. It tracks only what decides which
+code a load would import or call: short strings, global references and the results of
+calls; everything else is an opaque placeholder.
+
+Memory is bounded whatever the file size: the file is read in chunks, large arguments
+are skipped with ``seek``, and memo values are kept up to a fixed budget (beyond it a
+value is replaced by a marker that makes any global built from it "unresolved", which
+blocks). Only memo *presence* costs one byte per key.
+"""
+
+from __future__ import annotations
+
+import codecs
+import struct
+from dataclasses import dataclass, field
+from typing import BinaryIO
+
+CHUNK = 1 << 20
+MAX_TRACKED_STR = 4096          # longer strings cannot be module or attribute names we care about
+MEMO_BUDGET = 1 << 22           # weight units kept in the memo (~ bytes of tracked values)
+MAX_LINE = 1 << 16              # protocol-0 argument lines longer than this are skipped
+DENSE_KEYS = 1 << 26            # memo keys above this (only hand-made pickles) go in a dict
+NESTED_MIN = 8                  # shortest bytes payload checked for an embedded pickle
+
+
+class Opaque:
+    """A value that cannot be a str at load time (number, container, bytes, ...)."""
+
+    __slots__ = ()
+
+    def __repr__(self) -> str:
+        return "<opaque>"
+
+
+class Unknown:
+    """A value we stopped tracking that might be a str at load time (evicted, long)."""
+
+    __slots__ = ("why",)
+
+    def __init__(self, why: str) -> None:
+        self.why = why
+
+
+OPAQUE = Opaque()
+LONG_STR = Unknown("a string longer than 4 KiB")
+EVICTED = Unknown("a memo value dropped after the memo budget was spent")
+
+
+class Ref:
+    """A global the load imports: ``module`` + dotted ``name``."""
+
+    __slots__ = ("module", "name")
+
+    def __init__(self, module: str, name: str) -> None:
+        self.module, self.name = module, name
+
+    @property
+    def dotted(self) -> str:
+        return f"{self.module}.{self.name}"
+
+
+class Call:
+    """The result of calling something at load time (REDUCE, NEWOBJ, INST, OBJ, ...)."""
+
+    __slots__ = ("func", "args", "state")
+
+    def __init__(self, func, args) -> None:
+        self.func, self.args, self.state = func, args, None
+
+
+class Persistent:
+    """What ``persistent_load`` returns for a persistent id (torch storages)."""
+
+    __slots__ = ("pid",)
+
+    def __init__(self, pid) -> None:
+        self.pid = pid
+
+
+@dataclass
+class Event:
+    """Something a load would do beyond building plain data."""
+
+    kind: str          # "global" (import), "ext" (copyreg extension), "unresolved", "call"
+    module: str
+    name: str
+    offset: int        # absolute offset of the opcode in the file
+    opcode: str
+    detail: str = ""
+
+
+@dataclass
+class WalkResult:
+    start: int
+    end: int = 0                    # offset just after STOP (or where the walk failed)
+    protocol: int = 0
+    opcodes: int = 0
+    events: list[Event] = field(default_factory=list)
+    nested: list[tuple[int, int]] = field(default_factory=list)   # (offset, length) of bytes that look like pickles
+    error: str | None = None
+    stopped: bool = False           # reached STOP
+    value: object = None            # the model of the top-level object (for format helpers)
+
+
+class PickleError(Exception):
+    """The real unpickler would fail here too: the stream is malformed or truncated."""
+
+
+_COMPAT = None
+
+
+def _py2_names():
+    global _COMPAT
+    if _COMPAT is None:
+        import _compat_pickle
+        _COMPAT = (_compat_pickle.NAME_MAPPING, _compat_pickle.IMPORT_MAPPING)
+    return _COMPAT
+
+
+def map_py2(module: str, name: str) -> tuple[str, str]:
+    """The renaming ``Unpickler.find_class`` applies for protocols < 3 (fix_imports)."""
+    names, imports = _py2_names()
+    if (module, name) in names:
+        return names[(module, name)]
+    return imports.get(module, module), name
+
+
+def _unquote_string(line: bytes) -> str:
+    """Protocol-0 STRING argument: a quoted repr-style literal."""
+    if len(line) >= 2 and line[0] == line[-1] and line[:1] in (b"'", b'"'):
+        return codecs.escape_decode(line[1:-1])[0].decode("utf-8", "surrogateescape")
+    raise PickleError("the STRING opcode argument must be quoted")
+
+
+class _Reader:
+    """Chunked reads over a file region, with seek-based skips for large arguments."""
+
+    def __init__(self, fh: BinaryIO, start: int, end: int) -> None:
+        self.fh, self.end = fh, end
+        self.base = start            # absolute offset of buf[0]
+        self.buf = b""
+        self.pos = 0
+        fh.seek(start)
+
+    def fill(self, need: int) -> bool:
+        """Make ``need`` bytes available at ``pos``; False at the end of the region."""
+        have = len(self.buf) - self.pos
+        if have >= need:
+            return True
+        self.base += self.pos
+        want = max(CHUNK, need) - have
+        want = min(want, self.end - (self.base + have))
+        extra = self.fh.read(want) if want > 0 else b""
+        self.buf = self.buf[self.pos:] + extra
+        self.pos = 0
+        return len(self.buf) >= need
+
+    def skip(self, n: int) -> None:
+        have = len(self.buf) - self.pos
+        if n <= have:
+            self.pos += n
+            return
+        target = self.base + self.pos + n
+        if target > self.end:
+            raise PickleError("truncated: an argument runs past the end of the file")
+        self.fh.seek(target)
+        self.base, self.buf, self.pos = target, b"", 0
+
+    def seek_to(self, offset: int) -> None:
+        """Continue at an absolute offset (after someone else read the file)."""
+        self.fh.seek(offset)
+        self.base, self.buf, self.pos = offset, b"", 0
+
+
+def looks_like_pickle(head: bytes) -> bool:
+    """A PROTO opcode for protocol 2-5 followed by a plausible opcode."""
+    return len(head) >= 3 and head[0] == 0x80 and 2 <= head[1] <= 5 and head[2] in _VALID
+
+
+_VALID = frozenset(b"().012FIJKLMNPQRSTVXabcdeghijlopqrstu}]G)BC" + bytes(range(0x80, 0x99)))
+_OPNAMES = {
+    0x28: "MARK", 0x2E: "STOP", 0x30: "POP", 0x31: "POP_MARK", 0x32: "DUP", 0x46: "FLOAT",
+    0x49: "INT", 0x4A: "BININT", 0x4B: "BININT1", 0x4C: "LONG", 0x4D: "BININT2", 0x4E: "NONE",
+    0x50: "PERSID", 0x51: "BINPERSID", 0x52: "REDUCE", 0x53: "STRING", 0x54: "BINSTRING",
+    0x55: "SHORT_BINSTRING", 0x56: "UNICODE", 0x58: "BINUNICODE", 0x61: "APPEND", 0x62: "BUILD",
+    0x63: "GLOBAL", 0x64: "DICT", 0x7D: "EMPTY_DICT", 0x65: "APPENDS", 0x67: "GET", 0x68: "BINGET",
+    0x69: "INST", 0x6A: "LONG_BINGET", 0x6C: "LIST", 0x5D: "EMPTY_LIST", 0x6F: "OBJ", 0x70: "PUT",
+    0x71: "BINPUT", 0x72: "LONG_BINPUT", 0x73: "SETITEM", 0x74: "TUPLE", 0x29: "EMPTY_TUPLE",
+    0x75: "SETITEMS", 0x47: "BINFLOAT", 0x80: "PROTO", 0x81: "NEWOBJ", 0x82: "EXT1", 0x83: "EXT2",
+    0x84: "EXT4", 0x85: "TUPLE1", 0x86: "TUPLE2", 0x87: "TUPLE3", 0x88: "NEWTRUE", 0x89: "NEWFALSE",
+    0x8A: "LONG1", 0x8B: "LONG4", 0x42: "BINBYTES", 0x43: "SHORT_BINBYTES", 0x8C: "SHORT_BINUNICODE",
+    0x8D: "BINUNICODE8", 0x8E: "BINBYTES8", 0x8F: "EMPTY_SET", 0x90: "ADDITEMS", 0x91: "FROZENSET",
+    0x92: "NEWOBJ_EX", 0x93: "STACK_GLOBAL", 0x94: "MEMOIZE", 0x95: "FRAME", 0x96: "BYTEARRAY8",
+    0x97: "NEXT_BUFFER", 0x98: "READONLY_BUFFER",
+}
+_U4 = struct.Struct("<I").unpack_from
+_I4 = struct.Struct("<i").unpack_from
+_U8 = struct.Struct("<Q").unpack_from
+_U2 = struct.Struct("<H").unpack_from
+
+
+def opname(op: int) -> str:
+    return _OPNAMES.get(op, f"0x{op:02x}")
+
+
+class PickleWalker:
+    """One walk over one pickle (up to its STOP), starting at an absolute offset.
+
+    ``track_containers`` makes dicts, lists and sets real (bounded) Python containers so
+    that a format helper can read object states (joblib's array wrappers need it); by
+    default they are opaque, which keeps the walk fast and small.
+    """
+
+    def __init__(self, fh: BinaryIO, start: int, end: int, *, track_containers: bool = False,
+                 on_build=None) -> None:
+        self.r = _Reader(fh, start, end)
+        self.track = track_containers
+        self.on_build = on_build        # called as on_build(walker, obj, state) after BUILD
+        self.result = WalkResult(start=start)
+        self.memo: dict[int, object] = {}
+        self.present = bytearray()      # 1 byte per memo key below DENSE_KEYS
+        self.sparse: dict[int, int] = {}
+        self.memo_len = 0               # distinct keys, as CPython counts them
+        self.budget = MEMO_BUDGET
+        self.proto = 0
+        self.globals_seen: set[tuple[str, str, str]] = set()
+
+    # -- memo -------------------------------------------------------------------------
+    # ``present[key]`` says what the memo holds: 0 nothing, 1 an opaque value, 2 a value we
+    # stopped tracking (budget spent), 3 a value kept in ``self.memo``.
+    def _memo_put(self, key: int, value) -> None:
+        kind = self._memo_kind(value, key)
+        if key < DENSE_KEYS:
+            present = self.present
+            if key >= len(present):
+                present.extend(bytes(key + 1 - len(present)))
+            if not present[key]:
+                self.memo_len += 1
+            present[key] = kind
+        else:
+            if key not in self.sparse:
+                self.memo_len += 1
+            self.sparse[key] = kind
+
+    def _memo_kind(self, value, key: int) -> int:
+        """Keep ``value`` in the memo if the budget allows; return its presence code."""
+        memo = self.memo
+        if value is OPAQUE:
+            memo.pop(key, None)
+            return 1
+        t = type(value)
+        if t is Ref or t is Persistent:
+            memo[key] = value           # few, and needed to follow calls
+            return 3
+        cost = 64 + len(value) if t is str else 256
+        if self.budget < cost:
+            memo.pop(key, None)
+            return 2
+        self.budget -= cost
+        memo[key] = value
+        return 3
+
+    def _memo_get(self, key: int, offset: int):
+        kind = (self.present[key] if key < len(self.present) else 0) if key < DENSE_KEYS \
+            else self.sparse.get(key, 0)
+        if kind == 1:
+            return OPAQUE
+        if kind == 3:
+            return self.memo[key]
+        if kind == 2:
+            return EVICTED
+        raise PickleError(f"memo key {key} read before it was set (offset {offset})")
+
+    # -- events -----------------------------------------------------------------------
+    def _global(self, module: str, name: str, offset: int, op: str) -> Ref:
+        if self.proto < 3:
+            module, name = map_py2(module, name)
+        key = (module, name, op)
+        if key not in self.globals_seen:
+            self.globals_seen.add(key)
+        self.result.events.append(Event("global", module, name, offset, op))
+        return Ref(module, name)
+
+    def _call(self, func, offset: int, op: str) -> None:
+        """A call of something that is not a global we resolved: block it."""
+        if type(func) is Ref:
+            return
+        what = "the result of a call" if type(func) is Call else "a value built at load time"
+        if type(func) is Persistent:
+            what = "a persistent-load result"
+        self.result.events.append(Event("call", "", "", offset, op,
+                                        f"calls {what}, not a named global"))
+
+    def _mutate(self, target, offset: int, op: str) -> None:
+        """BUILD, SETITEM(S), APPEND(S) or ADDITEMS applied to a global changes that global."""
+        if type(target) is Ref:
+            self.result.events.append(Event("mutate", target.module, target.name, offset, op,
+                                            "changes attributes or items of an imported global"))
+        elif type(target) is Persistent:
+            self.result.events.append(Event("call", "", "", offset, op,
+                                            "changes a persistent-load result"))
+
+    def _nested_check(self, offset: int, length: int) -> None:
+        """Remember bytes arguments that start like a pickle: someone may load them."""
+        r = self.r
+        if length >= NESTED_MIN and r.fill(3) and looks_like_pickle(r.buf[r.pos:r.pos + 3]):
+            self.result.nested.append((offset, length))
+
+    # -- the walk ---------------------------------------------------------------------
+    def walk(self) -> WalkResult:
+        res = self.result
+        try:
+            self._run()
+        except PickleError as exc:
+            res.error = str(exc)
+        except (IndexError, ValueError, struct.error, UnicodeDecodeError, OverflowError,
+                RecursionError, MemoryError, TypeError) as exc:
+            res.error = f"malformed at offset {self.r.base + self.r.pos}: {exc}"
+        res.protocol = self.proto
+        return res
+
+    def _underflow(self, op: int):
+        raise PickleError(f"stack underflow at {opname(op)} (offset {self.r.base + self.r.pos - 1})")
+
+    def _readline(self, op: int) -> bytes:
+        """A newline-terminated protocol-0 argument (without the newline)."""
+        r = self.r
+        while True:
+            nl = r.buf.find(b"\n", r.pos)
+            if nl >= 0:
+                line = r.buf[r.pos:nl]
+                r.pos = nl + 1
+                return line
+            if len(r.buf) - r.pos > MAX_LINE:
+                raise PickleError(f"{opname(op)} argument line longer than {MAX_LINE} bytes")
+            if not r.fill(len(r.buf) - r.pos + 4096) and r.buf.find(b"\n", r.pos) < 0:
+                raise PickleError(f"truncated in the {opname(op)} argument")
+
+    def _run(self) -> None:  # noqa: C901 - one dispatch loop, kept flat for speed
+        """The hot loop: ``buf``/``pos`` live in locals and sync to the reader on refills."""
+        r = self.r
+        stack: list = []
+        metastack: list[list] = []
+        memo = self.memo
+        present = self.present
+        track = self.track
+        OP = OPAQUE
+        I4 = _I4
+        buf, pos = r.buf, r.pos
+        limit = len(buf) - 9
+        memo_len = self.memo_len
+        dense = DENSE_KEYS
+        while True:
+            if pos > limit:
+                r.pos = pos
+                if not r.fill(9) and not r.fill(1):
+                    raise PickleError("truncated: the stream ended before STOP")
+                buf, pos = r.buf, r.pos
+                limit = len(buf) - 9
+            op = buf[pos]
+            pos += 1
+            # The frequent opcodes first, in the order an object-heavy pickle uses them.
+            if op == 0x68:                                  # BINGET
+                key = buf[pos]
+                pos += 1
+                try:
+                    kind = present[key]
+                except IndexError:
+                    kind = 0
+                if kind == 1:
+                    stack.append(OP)
+                elif kind == 3:
+                    stack.append(memo[key])
+                else:
+                    stack.append(self._memo_get(key, r.base + pos - 2))
+                continue
+            if op == 0x94:                                  # MEMOIZE
+                try:
+                    v = stack[-1]
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if memo_len == len(present) and memo_len < dense:
+                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
+                    memo_len += 1
+                else:
+                    self.memo_len = memo_len
+                    self._memo_put(memo_len, v)
+                    memo_len = self.memo_len
+                continue
+            if op == 0x28:                                  # MARK
+                metastack.append(stack)
+                stack = []
+                continue
+            if op == 0x65 or op == 0x75:                    # APPENDS, SETITEMS
+                items = stack
+                try:
+                    stack = metastack.pop()
+                    target = stack[-1]
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if target is not OP:
+                    r.pos = pos
+                    self._fill_container(op, target, items)
+                elif op == 0x75 and len(items) % 2:
+                    raise PickleError(f"odd number of items for SETITEMS at offset {r.base + pos - 1}")
+                continue
+            if op == 0x8C:                                  # SHORT_BINUNICODE
+                n = buf[pos]
+                pos += 1
+                if pos + n > len(buf):
+                    r.pos = pos
+                    if not r.fill(n):
+                        raise PickleError("truncated in a SHORT_BINUNICODE argument")
+                    buf, pos = r.buf, r.pos
+                    limit = len(buf) - 9
+                stack.append(buf[pos:pos + n].decode("utf-8", "surrogatepass"))
+                pos += n
+                continue
+            if op == 0x7D or op == 0x5D:                    # EMPTY_DICT, EMPTY_LIST
+                stack.append(({} if op == 0x7D else []) if track else OP)
+                continue
+            if op == 0x47:                                  # BINFLOAT
+                stack.append(OP)
+                pos += 8
+                continue
+            if op == 0x4D:                                  # BININT2
+                stack.append(buf[pos] | buf[pos + 1] << 8)
+                pos += 2
+                continue
+            if op == 0x4A:                                  # BININT
+                stack.append(I4(buf, pos)[0])
+                pos += 4
+                continue
+            if op == 0x4B:                                  # BININT1
+                stack.append(buf[pos])
+                pos += 1
+                continue
+            if op == 0x85 or op == 0x86 or op == 0x87:      # TUPLE1..3
+                k = op - 0x84
+                if len(stack) < k:
+                    r.pos = pos
+                    self._underflow(op)
+                t = tuple(stack[-k:])
+                del stack[-k:]
+                stack.append(t)
+                continue
+            if op == 0x71:                                  # BINPUT
+                if not stack:
+                    r.pos = pos
+                    self._underflow(op)
+                self.memo_len = memo_len
+                self._memo_put(buf[pos], stack[-1])
+                memo_len = self.memo_len
+                pos += 1
+                continue
+            if op == 0x4E:                                  # NONE
+                stack.append(None)
+                continue
+            if op == 0x88 or op == 0x89:                    # NEWTRUE, NEWFALSE
+                stack.append(op == 0x88)
+                continue
+            if op == 0x95:                                  # FRAME
+                size = _U8(buf, pos)[0]
+                if r.base + pos + 8 + size > r.end:
+                    raise PickleError(f"truncated: a FRAME of {size} bytes runs past the end")
+                pos += 8
+                continue
+            r.pos = pos
+            self.memo_len = memo_len
+            stack = self._rare(op, stack, metastack)
+            if stack is None:
+                return
+            memo_len = self.memo_len
+            buf, pos = r.buf, r.pos
+            limit = len(buf) - 9
+
+    def _fill_container(self, op: int, target, items: list) -> None:
+        """APPENDS/SETITEMS on something we track: a global (blocked) or a bounded container."""
+        if op == 0x75 and len(items) % 2:
+            raise PickleError(f"odd number of items for SETITEMS at offset {self.r.base + self.r.pos - 1}")
+        t = type(target)
+        if t is dict and len(target) < 64:
+            self._setitems(target, items)
+        elif t is list and len(target) < 64:
+            target.extend(items[:64 - len(target)])
+        else:
+            self._mutate(target, self.r.base + self.r.pos - 1, opname(op))
+
+    # -- everything else: correctness over speed -------------------------------------
+    def _rare(self, op: int, stack: list, metastack: list[list]):  # noqa: C901
+        r = self.r
+        here = r.base + r.pos - 1
+        name = opname(op)
+
+        def pop():
+            if not stack:
+                self._underflow(op)
+            return stack.pop()
+
+        def pop_mark():
+            nonlocal stack
+            if not metastack:
+                self._underflow(op)
+            items = stack
+            stack = metastack.pop()
+            return items
+
+        def arg(n: int) -> bytes:
+            if not r.fill(n):
+                raise PickleError(f"truncated in the {name} argument")
+            data = r.buf[r.pos:r.pos + n]
+            r.pos += n
+            return data
+
+        def payload(n: int, *, text: bool) -> object:
+            """A length-prefixed argument: small ones are read, large ones skipped."""
+            if n < 0:
+                raise PickleError(f"{name} has a negative length at offset {here}")
+            start = r.base + r.pos
+            if start + n > r.end:
+                raise PickleError(f"truncated: the {name} argument of {n} bytes runs past the end")
+            if text and n <= MAX_TRACKED_STR:
+                return arg(n).decode("utf-8", "surrogatepass")
+            if not text:
+                self._nested_check(start, n)
+            r.skip(n)
+            return LONG_STR if text else OPAQUE
+
+        if op == 0x2E:                                      # STOP
+            self.result.value = pop()
+            self.result.stopped = True
+            self.result.end = r.base + r.pos
+            return None
+        if op == 0x80:                                      # PROTO
+            proto = arg(1)[0]
+            if proto > 5:
+                raise PickleError(f"unsupported pickle protocol: {proto}")
+            self.proto = proto
+        elif op == 0x30:                                    # POP
+            if stack:
+                stack.pop()
+            else:
+                pop_mark()
+        elif op == 0x31:                                    # POP_MARK
+            pop_mark()
+        elif op == 0x32:                                    # DUP
+            v = pop()
+            stack += (v, v)
+        elif op == 0x4D:                                    # BININT2
+            stack.append(_U2(arg(2))[0])
+        elif op == 0x8A or op == 0x8B:                      # LONG1, LONG4
+            n = arg(1)[0] if op == 0x8A else _I4(arg(4))[0]
+            if n < 0:
+                raise PickleError(f"LONG pickle has negative byte count at offset {here}")
+            if n <= 64:
+                stack.append(int.from_bytes(arg(n), "little", signed=True))
+            else:
+                payload(n, text=False)
+                stack.append(OPAQUE)
+        elif op == 0x49:                                    # INT
+            line = self._readline(op)
+            stack.append(True if line == b"01" else False if line == b"00" else int(line))
+        elif op == 0x4C:                                    # LONG
+            line = self._readline(op)
+            stack.append(int(line[:-1] if line.endswith(b"L") else line))
+        elif op == 0x46:                                    # FLOAT
+            float(self._readline(op))
+            stack.append(OPAQUE)
+        elif op == 0x53:                                    # STRING
+            stack.append(_unquote_string(self._readline(op)))
+        elif op == 0x56:                                    # UNICODE
+            stack.append(self._readline(op).decode("raw-unicode-escape"))
+        elif op == 0x58:                                    # BINUNICODE
+            stack.append(payload(_U4(arg(4))[0], text=True))
+        elif op == 0x8D:                                    # BINUNICODE8
+            stack.append(payload(_U8(arg(8))[0], text=True))
+        elif op == 0x55:                                    # SHORT_BINSTRING (str by default)
+            stack.append(payload(arg(1)[0], text=True))
+        elif op == 0x54:                                    # BINSTRING
+            stack.append(payload(_I4(arg(4))[0], text=True))
+        elif op in (0x43, 0x42, 0x8E, 0x96):                # SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
+            n = {0x43: lambda: arg(1)[0], 0x42: lambda: _U4(arg(4))[0]}.get(op, lambda: _U8(arg(8))[0])()
+            payload(n, text=False)
+            stack.append(OPAQUE)
+        elif op == 0x97:                                    # NEXT_BUFFER: out-of-band, empty without buffers
+            raise PickleError("NEXT_BUFFER without out-of-band buffers (pickle.load would fail)")
+        elif op == 0x98:                                    # READONLY_BUFFER
+            pop()
+            stack.append(OPAQUE)
+        elif op == 0x29:                                    # EMPTY_TUPLE
+            stack.append(())
+        elif op == 0x74:                                    # TUPLE
+            stack = self._replace_mark(stack, metastack, op, lambda items: tuple(items))
+        elif op == 0x6C:                                    # LIST
+            stack = self._replace_mark(stack, metastack, op,
+                                       lambda items: list(items[:64]) if self.track else OPAQUE)
+        elif op == 0x64:                                    # DICT
+            stack = self._replace_mark(stack, metastack, op, self._make_dict)
+        elif op == 0x8F:                                    # EMPTY_SET
+            stack.append(OPAQUE)
+        elif op == 0x91:                                    # FROZENSET
+            stack = self._replace_mark(stack, metastack, op, lambda items: OPAQUE)
+        elif op == 0x90:                                    # ADDITEMS
+            pop_mark()
+            if not stack:
+                self._underflow(op)
+            self._mutate(stack[-1], here, name)
+        elif op == 0x61:                                    # APPEND
+            v = pop()
+            if not stack:
+                self._underflow(op)
+            lst = stack[-1]
+            if self.track and type(lst) is list and len(lst) < 64:
+                lst.append(v)
+            self._mutate(lst, here, name)
+        elif op == 0x73:                                    # SETITEM
+            v = pop()
+            k = pop()
+            if not stack:
+                self._underflow(op)
+            d = stack[-1]
+            if self.track and type(d) is dict and len(d) < 64:
+                self._setitems(d, [k, v])
+            self._mutate(d, here, name)
+        elif op == 0x67:                                    # GET
+            stack.append(self._memo_get(int(self._readline(op)), here))
+        elif op == 0x6A:                                    # LONG_BINGET
+            stack.append(self._memo_get(_U4(arg(4))[0], here))
+        elif op == 0x70 or op == 0x72:                      # PUT, LONG_BINPUT
+            key = int(self._readline(op)) if op == 0x70 else _U4(arg(4))[0]
+            if key < 0:
+                raise PickleError(f"negative PUT argument at offset {here}")
+            if not stack:
+                self._underflow(op)
+            self._memo_put(key, stack[-1])
+        elif op == 0x63:                                    # GLOBAL
+            module = self._readline(op).decode("utf-8")
+            gname = self._readline(op).decode("utf-8")
+            stack.append(self._global(module, gname, here, name))
+        elif op == 0x93:                                    # STACK_GLOBAL
+            gname = pop()
+            module = pop()
+            stack.append(self._stack_global(module, gname, here))
+        elif op == 0x69:                                    # INST
+            module = self._readline(op).decode("ascii")
+            gname = self._readline(op).decode("ascii")
+            ref = self._global(module, gname, here, name)
+            args = tuple(pop_mark())
+            stack.append(Call(ref, args))
+        elif op == 0x6F:                                    # OBJ
+            items = pop_mark()
+            if not items:
+                self._underflow(op)
+            self._call(items[0], here, name)
+            stack.append(Call(items[0], tuple(items[1:])))
+        elif op in (0x82, 0x83, 0x84):                      # EXT1, EXT2, EXT4
+            code = {0x82: lambda: arg(1)[0], 0x83: lambda: _U2(arg(2))[0]}.get(op, lambda: _U4(arg(4))[0])()
+            if code <= 0:
+                raise PickleError(f"{name} has a non-positive extension code at offset {here}")
+            self.result.events.append(Event("ext", "copyreg", f"extension {code}", here, name,
+                                            "imports whatever the loading process registered"))
+            stack.append(Call(OPAQUE, ()))
+        elif op == 0x52:                                    # REDUCE
+            args = pop()
+            func = pop()
+            self._call(func, here, name)
+            stack.append(Call(func, args))
+        elif op == 0x81:                                    # NEWOBJ
+            args = pop()
+            cls = pop()
+            self._call(cls, here, name)
+            stack.append(Call(cls, args))
+        elif op == 0x92:                                    # NEWOBJ_EX
+            pop()
+            args = pop()
+            cls = pop()
+            self._call(cls, here, name)
+            stack.append(Call(cls, args))
+        elif op == 0x62:                                    # BUILD
+            state = pop()
+            if not stack:
+                self._underflow(op)
+            obj = stack[-1]
+            if type(obj) is Call:
+                obj.state = state
+            else:
+                self._mutate(obj, here, name)
+            if self.on_build is not None:
+                self.on_build(self, obj, state)
+        elif op == 0x50:                                    # PERSID
+            stack.append(Persistent(self._readline(op).decode("ascii")))
+        elif op == 0x51:                                    # BINPERSID
+            stack.append(Persistent(pop()))
+        else:
+            raise PickleError(f"invalid opcode 0x{op:02x} at offset {here}")
+        return stack
+
+    def _replace_mark(self, stack, metastack, op, build):
+        if not metastack:
+            self._underflow(op)
+        items = stack
+        stack = metastack.pop()
+        stack.append(build(items))
+        return stack
+
+    def _make_dict(self, items: list):
+        if len(items) % 2:
+            raise PickleError("odd number of items for DICT")
+        if not self.track:
+            return OPAQUE
+        d: dict = {}
+        self._setitems(d, items[:128])
+        return d
+
+    @staticmethod
+    def _setitems(d: dict, items: list) -> None:
+        for i in range(0, len(items), 2):
+            k = items[i]
+            try:
+                d[k] = items[i + 1]
+            except TypeError:       # unhashable key (a tracked list or dict): the real load fails too
+                raise PickleError("unhashable dictionary key") from None
+
+    def _stack_global(self, module, gname, here: int):
+        """STACK_GLOBAL: both names must be str at load time; anything unsure blocks."""
+        if type(module) is str and type(gname) is str:
+            return self._global(module, gname, here, "STACK_GLOBAL")
+        for v in (module, gname):
+            if type(v) in (Unknown, Call, Persistent):
+                why = v.why if type(v) is Unknown else "the result of a call"
+                self.result.events.append(Event("unresolved", "", "", here, "STACK_GLOBAL",
+                                                f"global name comes from {why}"))
+                return Call(OPAQUE, ())
+        raise PickleError(f"STACK_GLOBAL requires str (offset {here})")

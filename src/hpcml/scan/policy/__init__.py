@@ -1,0 +1,133 @@
+"""Allowlist-first policy: which globals a pickle may import.
+
+Globals that rebuild data (numpy arrays, torch tensors, Python containers) are safe;
+known code-execution gadgets are dangerous; everything else is unknown and blocks by
+default. A site policy file has the same keys as ``default.yaml`` and extends it; it
+cannot make a dangerous global safe.
+"""
+
+from __future__ import annotations
+
+import importlib.resources
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
+
+from hpcml.errors import UsageError
+from hpcml.scan.model import Verdict
+
+_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
+
+
+class PolicyFile(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    safe: list[str] = []
+    dangerous: list[str] = []
+    block_unknown: bool | None = None
+
+    @field_validator("safe", "dangerous")
+    @classmethod
+    def _names(cls, names: list[str]) -> list[str]:
+        for n in names:
+            if not n or set(n) - _NAME_CHARS or "." not in n or "*" in n.rstrip("*").rstrip(".") \
+                    or (n.endswith("*") and not n.endswith(".*")):
+                raise ValueError(f"'{n}' is not 'module.name' or 'module.*'")
+        return names
+
+
+def _is_dunder(part: str) -> bool:
+    return len(part) > 4 and part.startswith("__") and part.endswith("__")
+
+
+@dataclass
+class Policy:
+    safe_exact: set[str] = field(default_factory=set)
+    safe_modules: set[str] = field(default_factory=set)
+    dangerous_exact: set[str] = field(default_factory=set)
+    dangerous_modules: set[str] = field(default_factory=set)
+    block_unknown: bool = True
+    sources: list[str] = field(default_factory=list)
+
+    def extend(self, spec: PolicyFile, source: str) -> None:
+        for n in spec.safe:
+            (self.safe_modules.add(n[:-2]) if n.endswith(".*") else self.safe_exact.add(n))
+        for n in spec.dangerous:
+            (self.dangerous_modules.add(n[:-2]) if n.endswith(".*") else self.dangerous_exact.add(n))
+        if spec.block_unknown is not None:
+            self.block_unknown = spec.block_unknown
+        self.sources.append(source)
+
+    @staticmethod
+    def _under(module: str, roots: set[str]) -> str | None:
+        parts = module.split(".")
+        for i in range(len(parts), 0, -1):
+            prefix = ".".join(parts[:i])
+            if prefix in roots:
+                return prefix
+        return None
+
+    def classify(self, module: str, name: str) -> tuple[Verdict, str]:
+        """The verdict for importing ``module.name`` and the rule that decided it."""
+        dotted = f"{module}.{name}"
+        if dotted in self.dangerous_exact:
+            return Verdict.DANGEROUS, f"{dotted} is on the dangerous list"
+        root = self._under(dotted, self.dangerous_modules)
+        if root:
+            return Verdict.DANGEROUS, f"module {root} is on the dangerous list"
+        # A dotted name is an attribute chain: any tail of it may be a dangerous global
+        # the module happens to import (mypkg + "os.system").
+        nparts = name.split(".")
+        for i in range(1 if len(nparts) == 1 else 0, len(nparts) - 1):
+            tail = ".".join(nparts[i:])
+            root = self._under(tail, self.dangerous_modules)
+            if tail in self.dangerous_exact or (root and root != tail):
+                return Verdict.DANGEROUS, f"its attribute chain reaches {tail}, which is dangerous"
+        if dotted in self.safe_exact:
+            return Verdict.SAFE, "allowlisted"
+        if any(_is_dunder(p) for p in name.split(".")):
+            return Verdict.DANGEROUS, "reaches a dunder attribute (an attribute-chain escape)"
+        if "." not in name and self._under(module, self.safe_modules):
+            return Verdict.SAFE, f"module {self._under(module, self.safe_modules)}.* is allowlisted"
+        if "." in name and self._under(module, self.safe_modules | {d.rsplit('.', 1)[0] for d in self.safe_exact}):
+            return Verdict.UNKNOWN, "an attribute chain inside an allowlisted module"
+        return Verdict.UNKNOWN, "not on the allowlist"
+
+
+def _load_file(path: Path | str, text: str) -> PolicyFile:
+    try:
+        data = yaml.safe_load(text) or {}
+    except yaml.YAMLError as exc:
+        mark = getattr(exc, "problem_mark", None)
+        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=str(path),
+                         line=mark.line + 1 if mark else None) from None
+    if not isinstance(data, dict):
+        raise UsageError("a policy file must be a mapping with keys safe, dangerous, block_unknown",
+                         file=str(path))
+    try:
+        return PolicyFile.model_validate(data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        key = ".".join(str(p) for p in err["loc"])
+        raise UsageError(err["msg"].removeprefix("Value error, "), file=str(path), key=key) from None
+
+
+def default_policy() -> Policy:
+    text = importlib.resources.files("hpcml.scan.policy").joinpath("default.yaml").read_text()
+    policy = Policy()
+    policy.extend(_load_file("default.yaml", text), "built-in")
+    return policy
+
+
+def load_policy(*site_files: Path | str) -> Policy:
+    """The built-in policy extended by each site file in order; bad files exit 2."""
+    policy = default_policy()
+    for f in site_files:
+        try:
+            text = Path(f).read_text()
+        except OSError as exc:
+            raise UsageError(f"cannot read the policy file: {exc.strerror}", file=str(f)) from None
+        policy.extend(_load_file(f, text), str(f))
+    return policy

@@ -1,0 +1,160 @@
+"""Scan files and directories: recognise each file by content and dispatch to its format.
+
+Files are independent, so a directory is scanned by a pool of processes (one per CPU);
+within a file, memory stays bounded because every format reads in chunks.
+"""
+
+from __future__ import annotations
+
+import os
+from concurrent.futures import ProcessPoolExecutor
+from pathlib import Path
+from typing import BinaryIO, Callable, Iterable, Iterator
+
+from hpcml.scan import pickles
+from hpcml.scan.context import FileScan
+from hpcml.scan.formats import joblib as joblib_format
+from hpcml.scan.formats import safetensors as safetensors_format
+from hpcml.scan.formats import zipped
+from hpcml.scan.model import FileResult, Verdict
+from hpcml.scan.picklewalk import looks_like_pickle
+from hpcml.scan.policy import Policy, default_policy
+
+MAX_ARCHIVE_DEPTH = 4
+END_UNKNOWN = 1 << 62
+PICKLE_SUFFIXES = {".pkl", ".pickle", ".pck", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".dat",
+                   ".npy", ".model", ".sav", ".p", ".pkl.gz", ".pt.gz"}
+SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"
+
+
+def _pickle_name(name: str) -> bool:
+    lower = name.lower()
+    return any(lower.endswith(s) for s in PICKLE_SUFFIXES) or lower.endswith("data.pkl")
+
+
+def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int) -> None:
+    """Scan ``size`` bytes of ``fh`` from its start, recognising the format by content."""
+    fh.seek(0)
+    head = fh.read(64)
+    fh.seek(0)
+    if not head:
+        if member or _pickle_name(name):
+            fs.error("empty file: not a valid pickle", member)
+        return
+    if zipped.looks_like(head):
+        if depth >= MAX_ARCHIVE_DEPTH:
+            fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
+            return
+        zipped.scan_zip(fs, fh, member, depth, scan_content)
+        return
+    from hpcml.scan.formats import npy  # numpy is imported only for .npy files
+    if npy.looks_like(head):
+        fs.set_format("numpy-npy")
+        try:
+            header = npy.read_header(fh, 0, size)
+        except (ValueError, OSError) as exc:
+            fs.error(f"bad .npy header: {exc}", member)
+            return
+        if header.has_object:
+            fs.note(f"{member or 'the array'} has an object dtype: its data is a pickle")
+            pickles.scan_stream(fs, fh, header.header_end, size, member)
+        return
+    if safetensors_format.looks_like(head, size):
+        fs.set_format("safetensors")
+        problems, notes = safetensors_format.validate(fh, 0, size)
+        for p in problems:
+            fs.error(p, member)
+        fs.result.notes.extend(notes)
+        return
+    if head.startswith(SEVEN_ZIP):
+        fs.set_format("7z")
+        fs.error("7z archives are not supported: unpack and scan the contents", member)
+        return
+    compressed = joblib_format.compression(head)
+    if compressed and not looks_like_pickle(head):
+        kind, opener = compressed
+        try:
+            stream = opener(fh)
+            fs.set_format(f"{kind}-compressed")
+            pickles.scan_stream(fs, stream, 0, END_UNKNOWN, member)
+        except (OSError, EOFError, ValueError) as exc:
+            fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+        except Exception as exc:  # noqa: BLE001 - decompressors raise their own types (lz4, zlib.error)
+            fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+        return
+    if looks_like_pickle(head):
+        fs.set_format("pickle")
+        pickles.scan_stream(fs, fh, 0, size, member)
+        return
+    # Protocol 0 and 1 pickles have no header: a text file may be one. Walk it; a file
+    # that does not parse and imports nothing is simply not a pickle.
+    required = _pickle_name(name)
+    if pickles.scan_stream(fs, fh, 0, size, member, required=required):
+        fs.set_format("pickle")
+    elif not member and not fs.result.errors:
+        fs.result.scanned = False
+
+
+def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResult:
+    policy = policy or default_policy()
+    p = Path(path)
+    try:
+        size = p.stat().st_size
+        fh = open(p, "rb")
+    except OSError as exc:
+        fs = FileScan(str(p), policy, 0)
+        fs.error(f"cannot read: {exc.strerror or exc}")
+        return fs.finish()
+    fs = FileScan(str(p), policy, size)
+    with fh:
+        try:
+            scan_content(fs, fh, size, "", p.name, 0)
+        except OSError as exc:
+            fs.error(f"read failed: {exc.strerror or exc}")
+    return fs.finish()
+
+
+def iter_files(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:
+    """Files under each path, in a stable order; symlinked directories are not followed."""
+    for path in paths:
+        p = Path(path)
+        if p.is_dir():
+            for root, dirs, files in os.walk(p):
+                dirs.sort()
+                for f in sorted(files):
+                    yield Path(root) / f
+        else:
+            yield p
+
+
+def scan_paths(paths: Iterable[str | os.PathLike], policy: Policy | None = None, *,
+               jobs: int | None = None, on_result: Callable[[FileResult], None] | None = None
+               ) -> list[FileResult]:
+    policy = policy or default_policy()
+    files = list(iter_files(paths))
+    jobs = min(jobs or os.cpu_count() or 1, len(files)) or 1
+    results: list[FileResult] = []
+    if jobs == 1:
+        for f in files:
+            results.append(scan_file(f, policy))
+            if on_result:
+                on_result(results[-1])
+        return results
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        for res in pool.map(scan_file, files, [policy] * len(files), chunksize=4):
+            results.append(res)
+            if on_result:
+                on_result(res)
+    return results
+
+
+def exit_code(results: list[FileResult], policy: Policy) -> int:
+    """0 safe, 5 unknown (blocked by the allowlist), 6 dangerous, 7 error (could not decide)."""
+    worst = Verdict.worst(r.verdict for r in results)
+    if worst is Verdict.DANGEROUS:
+        return 6
+    if worst is Verdict.UNKNOWN and policy.block_unknown:
+        return 5
+    if any(r.verdict is Verdict.ERROR for r in results):
+        return 7
+    return 0
