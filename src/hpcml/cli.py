@@ -8,11 +8,13 @@ import typer
 
 from hpcml import __version__
 from hpcml.errors import HpcmlError
+from hpcml.scan.cli import app as scan_app
 from hpcml.vet.cli import app as vet_app
 
 app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
 app.add_typer(vet_app, name="vet")
+app.add_typer(scan_app, name="scan")
 
 
 @app.command()

@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
+from urllib.parse import SplitResult, urlsplit
 
 import yaml
 from packaging.requirements import InvalidRequirement, Requirement
@@ -150,7 +150,7 @@ def load_squat_list(text: str | None = None, *, source: str = "squats.yaml") -> 
     entries = data.get("squats")
     if not isinstance(entries, list):
         raise UsageError("expected a list of entries", file=source, key="squats")
-    protected, squats = names("protected"), {}
+    protected, squats = names("protected"), dict[str, Squat]()
     for i, entry in enumerate(entries):
         where = f"squats[{i}]"
         if not isinstance(entry, dict) or set(entry) != {"name", "kind", "why"}:
@@ -188,6 +188,11 @@ class _Entry:
     url_pinned: bool = False   # the URL names one immutable artefact (hash or commit)
     local: bool = False        # path, directory, editable checkout: no index involved
 
+    def __post_init__(self) -> None:
+        for url in (self.url, self.index):
+            if url is not None:
+                _split(url, self.file, self.line)
+
 
 @dataclass
 class _Source:
@@ -200,6 +205,9 @@ class _Source:
     used: bool = True          # pip ignores indexes after --no-index; Pipfile sources may be unused
     verify: bool = True        # Pipfile.lock's verify_ssl
 
+    def __post_init__(self) -> None:
+        _split(self.url, self.file, self.line)
+
 
 @dataclass
 class _Parsed:
@@ -207,6 +215,14 @@ class _Parsed:
     sources: list[_Source]
     hash_mode: bool            # every entry needs hashes (pip's hash-checking mode; always in a lock)
     lock: bool
+
+
+def _split(url: str, file: str | None, line: int | None) -> SplitResult:
+    """urlsplit, with a malformed URL (``http://[x``) as bad input rather than a ValueError."""
+    try:
+        return urlsplit(url)
+    except ValueError as exc:
+        raise UsageError(f"malformed URL {url!r}: {exc}", file=file, line=line) from None
 
 
 def _is_public(url: str) -> bool:
@@ -236,8 +252,8 @@ def _label(url: str) -> str:
     return "PyPI" if _is_public(url) else _redact(url)
 
 
-def _is_commit(rev: str) -> bool:
-    return bool(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", rev or ""))
+def _is_commit(rev: object) -> bool:
+    return isinstance(rev, str) and bool(re.fullmatch(r"[0-9a-f]{40}|[0-9a-f]{64}", rev))
 
 
 def _name_from_filename(url_path: str) -> str | None:
@@ -252,7 +268,7 @@ def _name_from_filename(url_path: str) -> str | None:
 
 def _location(loc: str, name: str | None, file: str, line: int | None, hashed: bool) -> _Entry:
     """An entry for a URL, VCS URL or local path (pip's ``-e``, ``pkg @ url``, bare locations)."""
-    parts = urlsplit(loc)
+    parts = _split(loc, file, line)
     scheme = parts.scheme.lower()
     remote = "://" in loc and scheme.rpartition("+")[2] != "file"
     if name is None:
@@ -271,10 +287,11 @@ def _read_text(path: Path, *, file: str, line: int | None = None, key: str | Non
                what: str = "file") -> str:
     try:
         return path.read_bytes().decode("utf-8-sig")
-    except OSError as exc:
-        raise UsageError(f"cannot read {what}: {exc.strerror or exc}", file=file, line=line, key=key) from None
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} is not UTF-8 text (bad byte at offset {exc.start})",
+                         file=file, line=line, key=key) from None
+    except (OSError, ValueError) as exc:      # ValueError: a NUL byte in the path
+        raise UsageError(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}",
                          file=file, line=line, key=key) from None
 
 
@@ -324,6 +341,7 @@ def _options(text: str, file: str, line: int) -> list[tuple[str, str | None]]:
         raise UsageError(f"cannot split the options: {exc}", file=file, line=line) from None
     out: list[tuple[str, str | None]] = []
     for token in tokens:
+        name: str | None
         if token.startswith("--"):
             given, eq, value = token.partition("=")
             matches = [o for o in _OPTIONS if o.startswith(given)]
@@ -336,12 +354,12 @@ def _options(text: str, file: str, line: int) -> list[tuple[str, str | None]]:
             what = "unknown pip option" if token.startswith("-") else "unexpected text"
             raise UsageError(f"{what} {token!r}", file=file, line=line)
         if _OPTIONS[name] and not has_value:
-            value = next(tokens, None)
-            if value is None:
+            value = next(tokens, "")
+            if not value:
                 raise UsageError("needs a value", file=file, line=line, key=name)
         elif not _OPTIONS[name] and has_value:
             raise UsageError("takes no value", file=file, line=line, key=name)
-        if name == "--hash" and not _HASH.fullmatch(value or ""):
+        if name == "--hash" and not _HASH.fullmatch(value):
             raise UsageError(f"{value!r} is not sha256:, sha384: or sha512: and a hex digest",
                              file=file, line=line, key=name)
         out.append((name, value if _OPTIONS[name] else None))
@@ -422,11 +440,11 @@ class _PipWalker:
             raise UsageError(f"remote include {_redact(target)} is not fetched: this check is offline; "
                              "download it and include the local copy", file=shown, line=no, key=option)
         child = target if os.path.isabs(target) else os.path.normpath(os.path.join(os.path.dirname(shown), target))
+        text = _read_text(Path(child), file=shown, line=no, key=option, what=f"included file {child}")
         real = Path(child).resolve()
         if any(real == seen for seen, _ in stack):
             chain = " -> ".join([*(s for _, s in stack), child])
             raise UsageError(f"include cycle: {chain}", file=shown, line=no, key=option)
-        text = _read_text(Path(child), file=shown, line=no, key=option, what=f"included file {child}")
         if (real, constraint) not in self._done:    # a file included twice is read once
             self._done.add((real, constraint))
             self.read(text, child, constraint, (*stack, (real, child)))
@@ -539,7 +557,7 @@ def _poetry(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
         elif kind == "git":
             url = _str(source.get("url"), file, f"{where}.source.url")
             entries.append(_Entry(name, file, line, url=url,
-                                  url_pinned=_is_commit(source.get("resolved_reference", ""))))
+                                  url_pinned=_is_commit(source.get("resolved_reference"))))
         elif kind == "url":
             entries.append(_location(_str(source.get("url"), file, f"{where}.source.url"), name, file, line, hashed))
         else:
@@ -560,12 +578,14 @@ def _pylock(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
         artefacts = [a for a in (_table(pkg.get("sdist"), file, f"{where}.sdist"),
                                  *_tables(pkg.get("wheels"), file, f"{where}.wheels")) if a]
         urls = [a["url"] for a in artefacts if isinstance(a.get("url"), str)]
-        if vcs.get("url"):
-            entries.append(_Entry(name, file, line, url=vcs["url"], url_pinned=_is_commit(vcs.get("commit-id", ""))))
-        elif archive.get("url"):
-            entries.append(_location(archive["url"], name, file, line, bool(archive.get("hashes"))))
+        if "url" in vcs:
+            entries.append(_Entry(name, file, line, url=_str(vcs["url"], file, f"{where}.vcs.url"),
+                                  url_pinned=_is_commit(vcs.get("commit-id"))))
+        elif "url" in archive:
+            entries.append(_location(_str(archive["url"], file, f"{where}.archive.url"), name, file, line,
+                                     bool(archive.get("hashes"))))
         elif pkg.get("index") or urls:
-            index = pkg.get("index") or "{0.scheme}://{0.netloc}".format(urlsplit(urls[0]))
+            index = pkg.get("index") or "{0.scheme}://{0.netloc}".format(_split(urls[0], file, line))
             entries.append(_Entry(name, file, line, pinned="version" in pkg,
                                   hashed=_all_hashed(artefacts, "hashes"), index=_str(index, file, f"{where}.index")))
         else:
@@ -597,13 +617,13 @@ def _pipfile(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
             hashed = bool(spec.get("hashes"))
             if vcs := next((k for k in ("git", "hg", "svn", "bzr") if k in spec), None):
                 entries.append(_Entry(name, file, line, url=_str(spec[vcs], file, f"{where}.{vcs}"),
-                                      url_pinned=_is_commit(spec.get("ref", ""))))
+                                      url_pinned=_is_commit(spec.get("ref"))))
             elif "file" in spec:
                 entries.append(_location(_str(spec["file"], file, f"{where}.file"), name, file, line, hashed))
             elif "path" in spec:
                 entries.append(_Entry(name, file, line, local=True))
             else:
-                index = spec.get("index", declared[0]["name"])
+                index = _str(spec.get("index", declared[0]["name"]), file, f"{where}.index")
                 if index not in urls:
                     raise UsageError(f"index {index!r} is not in _meta.sources", file=file, key=f"{where}.index")
                 pinned = str(spec.get("version", "")).startswith("==")
@@ -655,14 +675,14 @@ def _kind(path: Path, text: str) -> str:
         return "Pipfile.lock"
     for pattern, kind in ((r"^\[metadata\]", "poetry.lock"), (r"^(lock-version\s*=|\[\[packages\]\])", "pylock"),
                           (r"^\[\[package\]\]", "uv.lock")):
-        if re.search(pattern, text, re.M):
+        if re.search(pattern, text, re.MULTILINE):
             return kind
     return "requirements"
 
 
 # --------------------------------------------------------------------------- rules
 
-def _source_findings(sources: list[_Source], entries: list[_Entry], lock: bool) -> Iterator[ReqFinding]:
+def _source_findings(sources: list[_Source], used: list[_Source], mixed: bool, parsed: _Parsed) -> Iterator[ReqFinding]:
     """insecure-index for each location, then mixed-index when PyPI is searched with anything else."""
     seen = set()
     for s in sources:
@@ -672,31 +692,31 @@ def _source_findings(sources: list[_Source], entries: list[_Entry], lock: bool) 
         where = f"{s.option} {_redact(s.url)}"
         if _is_insecure(s.url):
             yield ReqFinding("high", "insecure-index", None, s.line,
-                             f"{where} is plain http: anyone on the network path can change what installs; use https",
-                             s.file)
+                             f"{where} is plain http: anyone on the network path can change what installs; "
+                             "use https", s.file)
         if not s.verify:
             yield ReqFinding("high", "insecure-index", None, s.line,
                              f"{where} has verify_ssl = false: TLS certificates are not checked", s.file)
-    used = [s for s in sources if s.used]
-    if not (any(_is_public(s.url) for s in used) and not all(_is_public(s.url) for s in used)):
+    if not mixed:
         return
     anchor = next(s for s in used if _is_public(s.url) != _is_public(used[0].url))
-    private = sorted({_redact(s.url) for s in used if not _is_public(s.url)})
-    if lock:
-        counts = ", ".join(f"{_label(s.url)} ({', '.join(sorted({e.name or '?' for e in entries if e.index == s.url})[:5])})"
-                           for s in used)
-        message = (f"packages were locked from several indexes: {counts}; check that each package taken from "
-                   "PyPI is meant to come from there (torchtriton from PyPI beside torch from PyTorch's "
-                   "index was the Dec 2022 attack)")
+    if parsed.lock:
+        def served(url: str) -> str:
+            names = sorted({e.name or "?" for e in parsed.entries if e.index == url.rstrip("/")})
+            return f"{_label(url)} ({len(names)}: {', '.join(names[:5])}{', ...' if len(names) > 5 else ''})"
+        message = (f"packages were locked from several indexes, {'; '.join(served(s.url) for s in used)}: check "
+                   "that each package taken from PyPI is meant to come from there (torchtriton from PyPI "
+                   "beside torch from PyTorch's index was the Dec 2022 attack)")
     else:
-        message = (f"pip searches PyPI together with {', '.join(private)} and installs the highest version "
-                   "found anywhere, so a PyPI upload named like a package served there wins (torchtriton "
-                   "via PyTorch nightly's --extra-index-url, Dec 2022); use one index that proxies PyPI, "
-                   "or pin and hash every line")
+        private = ", ".join(sorted({_redact(s.url) for s in used if not _is_public(s.url)}))
+        message = (f"pip searches PyPI together with {private} and installs the highest version found "
+                   "anywhere, so a PyPI upload named like a package served there wins (torchtriton via "
+                   "PyTorch nightly's --extra-index-url, Dec 2022); use one index that proxies PyPI, or "
+                   "pin and hash every line")
     yield ReqFinding("high", "mixed-index", None, anchor.line, message, anchor.file)
 
 
-def _entry_findings(e: _Entry, *, mixed: bool, public_used: bool, hash_mode: bool, lock: bool,
+def _entry_findings(e: _Entry, *, mixed: bool, public_used: bool, parsed: _Parsed,
                     internal: frozenset[str], squats: SquatList) -> Iterator[ReqFinding]:
     def finding(severity: str, rule: str, message: str) -> ReqFinding:
         return ReqFinding(severity, rule, e.name, e.line, message, e.file)
@@ -714,35 +734,37 @@ def _entry_findings(e: _Entry, *, mixed: bool, public_used: bool, hash_mode: boo
         if not e.url_pinned:
             plain = _is_insecure(e.url)
             yield finding("medium" if plain else "low", "direct-url",
-                          f"{_redact(e.url)} is not pinned by a hash or a full commit id, so what it "
+                          f"{_redact(e.url)} is pinned by neither a hash nor a full commit id, so what it "
                           f"serves can change{' (and it is plain http)' if plain else ''}")
         return
+    # A package that may come from the private index is what a PyPI upload would shadow.
     from_private = e.index is not None and not _is_public(e.index)
     severity = "high" if mixed and (is_internal or from_private) else "medium"
     if not e.pinned:
-        yield finding(severity, "unpinned", f"{name} is locked without a version" if lock else
+        yield finding(severity, "unpinned", f"{name} is locked without a version" if parsed.lock else
                       f"{name} has no exact == pin: a newer upload that matches is installed")
-    if not e.hashed and (hash_mode or mixed):
-        yield finding(severity, "missing-hash",
-                      f"{name} is locked without artefact hashes: a swapped file is not detected" if lock else
-                      f"{name} has no --hash" + (" while several indexes are searched" if mixed and not hash_mode
-                                                 else ": pip's hash-checking mode (on, as other lines have "
-                                                      "hashes) needs one on every line"))
+    if not e.hashed and (parsed.hash_mode or mixed):
+        if parsed.lock:
+            why = "is locked without artefact hashes: a swapped file is not detected"
+        elif parsed.hash_mode:
+            why = "has no --hash: pip's hash-checking mode, on for this file, needs one on every line"
+        else:
+            why = "has no --hash while several indexes are searched: a same-named upload installs unnoticed"
+        yield finding(severity, "missing-hash", f"{name} {why}")
     if is_internal and (public_used if e.index is None else _is_public(e.index)):
+        how = "was locked from PyPI" if parsed.lock else "is looked up on PyPI and nothing ties it to the private index"
         yield finding("high", "unknown-internal",
-                      f"{name} is a site-internal package but " +
-                      ("was locked from PyPI" if lock else "PyPI is searched for it and nothing pins it "
-                       "to the private index") + ": anyone can publish that name there")
+                      f"{name} is a site-internal package but {how}: anyone can publish that name there")
 
 
 def _analyse(parsed: _Parsed, internal: frozenset[str], squats: SquatList) -> list[ReqFinding]:
     used = [s for s in parsed.sources if s.used]
     public_used = any(_is_public(s.url) for s in used)
     mixed = public_used and not all(_is_public(s.url) for s in used)
-    findings = list(_source_findings(parsed.sources, parsed.entries, parsed.lock))
+    findings = list(_source_findings(parsed.sources, used, mixed, parsed))
     for entry in parsed.entries:
-        findings.extend(_entry_findings(entry, mixed=mixed, public_used=public_used, hash_mode=parsed.hash_mode,
-                                        lock=parsed.lock, internal=internal, squats=squats))
+        findings.extend(_entry_findings(entry, mixed=mixed, public_used=public_used, parsed=parsed,
+                                        internal=internal, squats=squats))
     return findings
 
 

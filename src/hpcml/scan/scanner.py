@@ -40,6 +40,8 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
     if not head:
         if member or _pickle_name(name):
             fs.error("empty file: not a valid pickle", member)
+        else:
+            fs.result.scanned = False
         return
     if zipped.looks_like(head):
         if depth >= MAX_ARCHIVE_DEPTH:
@@ -59,7 +61,7 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
             fs.note(f"{member or 'the array'} has an object dtype: its data is a pickle")
             pickles.scan_stream(fs, fh, header.header_end, size, member)
         return
-    if safetensors_format.looks_like(head, size):
+    if safetensors_format.looks_like(head, size) or name.lower().endswith(".safetensors"):
         fs.set_format("safetensors")
         problems, notes = safetensors_format.validate(fh, 0, size)
         for p in problems:

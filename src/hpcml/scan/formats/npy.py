@@ -34,6 +34,8 @@ _MAX_SHOWN = 120
 
 @dataclass(frozen=True)
 class NpyHeader:
+    """What the header promises, and where the data (or the pickle) begins."""
+
     version: tuple[int, int]
     descr: Any                     # the header's descr literal: a str, or a list of fields
     fortran_order: bool
@@ -44,6 +46,7 @@ class NpyHeader:
 
 
 def looks_like(head: bytes) -> bool:
+    """The magic string is mandatory, so it alone decides (``.npz`` members included)."""
     return head.startswith(MAGIC)
 
 
@@ -158,7 +161,8 @@ def _dtype(descr: Any) -> np.dtype:
         raise ValueError(f"descr {_show(descr)} is not a dtype description")  # noqa: TRY004
     try:
         return descr_to_dtype(descr)  # type: ignore[arg-type]  # the stub omits str and tuple forms
-    except (TypeError, ValueError, KeyError, IndexError, OverflowError, RecursionError):
+    # numpy parses comma-separated type strings with a parser that raises SyntaxError
+    except (TypeError, ValueError, SyntaxError, KeyError, IndexError, OverflowError, RecursionError):
         raise ValueError(f"descr {_show(descr)} is not a valid dtype") from None
 
 

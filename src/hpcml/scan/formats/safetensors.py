@@ -80,7 +80,8 @@ def validate(fh: BinaryIO, start: int, size: int) -> tuple[list[str], list[str]]
     # hole as well would only repeat the problem already found.
     if all_spans_valid:
         problems += _check_layout(spans, data_len)
-    notes.insert(0, f"{len(spans)} tensors, {sum(e - b for b, e, _ in spans)} bytes of tensor data")
+    plural = "" if len(spans) == 1 else "s"
+    notes.insert(0, f"{len(spans)} tensor{plural}, {sum(e - b for b, e, _ in spans)} bytes of tensor data")
     return _cap([_clip(p) for p in problems]), [_clip(n) for n in notes]
 
 

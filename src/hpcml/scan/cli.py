@@ -1,0 +1,102 @@
+"""``hpcml scan``: parse arguments, call the scanner, render. No scanning logic here."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from hpcml.cli_support import DefaultCommandGroup
+from hpcml.errors import HpcmlError
+
+
+class _ScanGroup(DefaultCommandGroup):
+    default_command = "files"
+
+
+app = typer.Typer(cls=_ScanGroup, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Scan model files and requirements without executing them.\n\n"
+                       "Example: [bold]hpcml scan checkpoints/ --sarif scan.sarif[/]\n\n"
+                       "Exit codes: 0 safe, 5 unknown globals (blocked), 6 dangerous, "
+                       "7 unreadable or malformed, 2 bad input.")
+
+
+def _fail(exc: HpcmlError) -> None:
+    print(f"hpcml scan: error: {exc}", file=sys.stderr)
+    raise typer.Exit(exc.exit_code)
+
+
+@app.command("files")
+def files(
+    paths: List[Path] = typer.Argument(..., help="Files or directories (recursive)."),
+    policy: List[Path] = typer.Option([], "--policy", envvar="HPCML_SCAN_POLICY",
+                                      help="Site policy YAML extending the built-in allowlist (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+    sarif: Optional[Path] = typer.Option(None, help="Also write a SARIF 2.1.0 log here (for CI)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel processes (default: CPUs)."),
+    show_all: bool = typer.Option(False, "--all", help="List safe files too when there are many."),
+) -> None:
+    """Scan PATHS: every pickle, PyTorch, numpy, joblib and safetensors file, by content.
+
+        hpcml scan model.pt                 # one file
+        hpcml scan ckpts/ --json > r.json   # a directory, for a script
+        hpcml scan . --policy site.yaml --sarif scan.sarif
+    """
+    from hpcml.scan import report
+    from hpcml.scan.policy import load_policy
+    from hpcml.scan.scanner import exit_code, scan_paths
+    try:
+        pol = load_policy(*policy)
+        progress = None
+        if not as_json and sys.stderr.isatty():
+            from rich.progress import Progress
+            progress = Progress(transient=True)
+        if progress:
+            with progress:
+                task = progress.add_task("scanning", total=None)
+                results = scan_paths(paths, pol, jobs=jobs, on_result=lambda r: progress.advance(task))
+        else:
+            results = scan_paths(paths, pol, jobs=jobs)
+    except HpcmlError as exc:
+        _fail(exc)
+    code = exit_code(results, pol)
+    if sarif:
+        report.write_json(report.to_sarif(results), sarif)
+    if as_json:
+        print(json.dumps(report.to_json(results, code, pol.sources), indent=2))
+    else:
+        from rich.console import Console
+        Console().print(report.table(results, show_all=show_all))
+    raise typer.Exit(code)
+
+
+@app.command("requirements")
+def requirements(
+    file: Path = typer.Argument(..., help="requirements.txt, uv.lock, poetry.lock, pylock.toml or Pipfile.lock."),
+    internal: List[str] = typer.Option([], "--internal", help="A private package name that must not come from PyPI (repeatable)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
+    sarif: Optional[Path] = typer.Option(None, help="Also write a SARIF 2.1.0 log here."),
+) -> None:
+    """Check a requirements or lock file for dependency-confusion risks, offline.
+
+        hpcml scan requirements requirements.txt --internal mylab-utils
+    """
+    from hpcml.scan import reqreport
+    from hpcml.scan.requirements import check_requirements
+    try:
+        rep = check_requirements(file, internal_names=internal)
+    except HpcmlError as exc:
+        _fail(exc)
+    code = reqreport.exit_code(rep)
+    if sarif:
+        from hpcml.scan.report import write_json
+        write_json(reqreport.to_sarif(rep), sarif)
+    if as_json:
+        print(json.dumps(reqreport.to_json(rep, code), indent=2))
+    else:
+        from rich.console import Console
+        Console().print(reqreport.table(rep))
+    raise typer.Exit(code)

@@ -1,0 +1,150 @@
+"""Load a pickle-based artefact only if the scan says it is safe, and then only with an
+unpickler that refuses every global the policy does not allow.
+
+Two locks, on purpose: the scan reads the whole file first (all streams, nested pickles,
+archive members) and refuses before anything is imported; the restricted unpickler then
+enforces the same allowlist at load time, so a file changed between scan and load (or a
+scanner bug) still cannot import a global outside the allowlist.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import pickle
+import sys
+import types
+from pathlib import Path
+from typing import Any, BinaryIO
+
+from hpcml.errors import HpcmlError
+from hpcml.scan.model import FileResult, Verdict
+from hpcml.scan.picklewalk import map_py2
+from hpcml.scan.policy import Policy, default_policy
+
+_EXIT = {Verdict.DANGEROUS: 6, Verdict.UNKNOWN: 5, Verdict.ERROR: 7}
+
+
+class UnsafeFileError(HpcmlError):
+    """The scan did not find the file safe; ``result`` says why."""
+
+    def __init__(self, result: FileResult) -> None:
+        self.result = result
+        self.exit_code = _EXIT.get(result.verdict, 1)
+        bad = [f"{f.name} ({f.why})" for f in result.findings if f.verdict is not Verdict.SAFE]
+        why = "; ".join(bad[:3] + result.errors[:2]) or "no reason recorded"
+        super().__init__(f"{result.path}: refused to load ({result.verdict.value}): {why}")
+
+
+class RestrictedUnpickler(pickle.Unpickler):
+    """``pickle.Unpickler`` whose ``find_class`` only returns globals the policy allows."""
+
+    def __init__(self, file: BinaryIO, *, policy: Policy | None = None, **kwargs: Any) -> None:
+        super().__init__(file, **kwargs)
+        self._policy = policy or default_policy()
+
+    def find_class(self, module: str, name: str) -> Any:
+        # The C unpickler hides its protocol; mapping Python 2 names always is harmless,
+        # because those module names do not exist on Python 3.
+        mod, nm = map_py2(module, name)
+        verdict, why = self._policy.classify(mod, nm)
+        if verdict is not Verdict.SAFE:
+            raise pickle.UnpicklingError(f"blocked global {mod}.{nm}: {why}")
+        return super().find_class(module, name)
+
+    # No persistent_load: the C unpickler then refuses persistent ids, and torch.load can
+    # still assign its own on the instance.
+
+
+def restricted_pickle_module(policy: Policy) -> types.ModuleType:
+    """A stand-in for the ``pickle`` module (``torch.load(pickle_module=...)``)."""
+    mod = types.ModuleType("hpcml_restricted_pickle")
+
+    class Unpickler(RestrictedUnpickler):
+        def __init__(self, file: BinaryIO, **kwargs: Any) -> None:
+            super().__init__(file, policy=policy, **kwargs)
+
+    mod.Unpickler = Unpickler
+    mod.load = lambda file, **kw: Unpickler(file, **kw).load()
+    mod.loads = lambda data, **kw: Unpickler(io.BytesIO(data), **kw).load()
+    mod.UnpicklingError = pickle.UnpicklingError
+    mod.__dict__.update({k: getattr(pickle, k) for k in ("Pickler", "dump", "dumps", "HIGHEST_PROTOCOL",
+                                                          "DEFAULT_PROTOCOL", "PickleError")})
+    return mod
+
+
+def _load_npy(fh: BinaryIO, size: int, policy: Policy) -> Any:
+    import numpy as np
+    from hpcml.scan.formats import npy
+    header = npy.read_header(fh, 0, size)
+    fh.seek(0)
+    if not header.has_object:
+        return np.lib.format.read_array(fh, allow_pickle=False)
+    fh.seek(header.header_end)
+    return RestrictedUnpickler(fh, policy=policy).load()
+
+
+def _load_npz(path: Path, policy: Policy) -> dict[str, Any]:
+    import zipfile
+    out = {}
+    with zipfile.ZipFile(path) as zf:
+        for info in zf.infolist():
+            with zf.open(info) as mf:
+                out[info.filename.removesuffix(".npy")] = _load_npy(mf, info.file_size, policy)
+    return out
+
+
+def _load_joblib(path: Path, policy: Policy) -> Any:
+    import joblib.numpy_pickle as jnp
+
+    class Restricted(jnp.NumpyUnpickler):
+        def find_class(self, module: str, name: str) -> Any:
+            verdict, why = policy.classify(*map_py2(module, name))
+            if verdict is not Verdict.SAFE:
+                raise pickle.UnpicklingError(f"blocked global {module}.{name}: {why}")
+            return super().find_class(module, name)
+
+    saved = jnp.NumpyUnpickler
+    jnp.NumpyUnpickler = Restricted     # joblib builds its unpickler from this module global
+    try:
+        return jnp.load(path)
+    finally:
+        jnp.NumpyUnpickler = saved
+
+
+def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framework: str = "numpy",
+              map_location: Any = "cpu") -> Any:
+    """Scan ``path`` and load it if safe: pickle, PyTorch (zip or legacy), .npy/.npz,
+    joblib or safetensors (``framework`` "numpy" or "pt"). Raises ``UnsafeFileError``."""
+    from hpcml.scan.scanner import scan_file
+    policy = policy or default_policy()
+    p = Path(path)
+    result = scan_file(p, policy)
+    if result.verdict is not Verdict.SAFE or not result.scanned:
+        if not result.scanned:
+            result.errors.append("not a recognised model or pickle file")
+            result.verdict = Verdict.ERROR
+        raise UnsafeFileError(result)
+    fmt = result.format
+    if fmt in ("pytorch-zip", "pytorch-legacy"):
+        import torch
+        return torch.load(p, map_location=map_location, weights_only=False,
+                          pickle_module=restricted_pickle_module(policy))
+    if fmt == "safetensors":
+        if framework == "pt":
+            from safetensors.torch import load_file
+            return load_file(p, device=str(map_location))
+        from safetensors.numpy import load_file as np_load_file
+        return np_load_file(p)
+    if fmt.startswith("joblib") or fmt.endswith("-compressed"):
+        return _load_joblib(p, policy)
+    if fmt == "numpy-npz":
+        return _load_npz(p, policy)
+    with open(p, "rb") as fh:
+        if fmt == "numpy-npy":
+            return _load_npy(fh, result.size, policy)
+        return RestrictedUnpickler(fh, policy=policy).load()
+
+
+def _main() -> None:  # pragma: no cover - a convenience for shell use
+    print(safe_load(sys.argv[1]))

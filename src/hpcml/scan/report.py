@@ -1,0 +1,116 @@
+"""What a scan hands to people (a Rich table), to scripts (JSON) and to CI (SARIF 2.1.0)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from hpcml import __version__
+from hpcml.scan.model import FileResult, Verdict
+
+SCHEMA = "hpcml.scan/1"
+SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
+_STYLE = {Verdict.SAFE: "green", Verdict.UNKNOWN: "bold yellow", Verdict.DANGEROUS: "bold red",
+          Verdict.ERROR: "bold magenta"}
+#: SARIF rule per verdict: id, short text, level
+_RULES = {
+    Verdict.DANGEROUS: ("HPCML-SCAN-DANGEROUS", "Loading the file runs a known code-execution gadget", "error"),
+    Verdict.UNKNOWN: ("HPCML-SCAN-UNKNOWN", "Loading the file imports or calls something not on the allowlist", "error"),
+    Verdict.ERROR: ("HPCML-SCAN-ERROR", "The file could not be read or parsed to the end", "warning"),
+}
+FULL_TABLE_FILES = 40
+
+
+def to_json(results: list[FileResult], exit_code: int, policy_sources: list[str]) -> dict[str, Any]:
+    counts = {v.value: sum(r.verdict is v for r in results) for v in Verdict}
+    return {
+        "schema": SCHEMA,
+        "version": __version__,
+        "policy": policy_sources,
+        "exit_code": exit_code,
+        "summary": {"files": len(results), **counts,
+                    "skipped": sum(not r.scanned for r in results)},
+        "files": [
+            {"path": r.path, "format": r.format, "verdict": r.verdict.value, "size": r.size,
+             "scanned": r.scanned, "errors": r.errors, "notes": r.notes,
+             "findings": [{"verdict": f.verdict.value, "name": f.name, "why": f.why,
+                           "member": f.location.member, "offset": f.location.offset,
+                           "opcode": f.opcode, "count": f.count} for f in r.findings]}
+            for r in results],
+    }
+
+
+def _sarif_location(path: str, member: str = "", offset: int | None = None) -> dict[str, Any]:
+    phys: dict[str, Any] = {"artifactLocation": {"uri": Path(path).as_posix()}}
+    if offset is not None and not member:
+        phys["region"] = {"byteOffset": offset}
+    loc: dict[str, Any] = {"physicalLocation": phys}
+    if member:
+        where = f"{member}@{offset}" if offset is not None else member
+        loc["logicalLocations"] = [{"fullyQualifiedName": where, "kind": "member"}]
+    return loc
+
+
+def sarif_log(rules: list[dict[str, Any]], results: list[dict[str, Any]], name: str) -> dict[str, Any]:
+    return {
+        "$schema": SARIF_SCHEMA,
+        "version": "2.1.0",
+        "runs": [{
+            "tool": {"driver": {"name": name, "version": __version__,
+                                "informationUri": "https://github.com/hpcml/hpcml", "rules": rules}},
+            "results": results,
+        }],
+    }
+
+
+def to_sarif(results: list[FileResult]) -> dict[str, Any]:
+    rules = [{"id": rid, "shortDescription": {"text": text}, "defaultConfiguration": {"level": level}}
+             for rid, text, level in _RULES.values()]
+    out: list[dict[str, Any]] = []
+    for r in results:
+        for f in r.findings:
+            if f.verdict is Verdict.SAFE:
+                continue
+            rid, _, level = _RULES[f.verdict]
+            out.append({"ruleId": rid, "level": level,
+                        "message": {"text": f"{f.name}: {f.why} ({f.opcode}, {f.count}x)"},
+                        "locations": [_sarif_location(r.path, f.location.member, f.location.offset)]})
+        for e in r.errors:
+            rid, _, level = _RULES[Verdict.ERROR]
+            out.append({"ruleId": rid, "level": level, "message": {"text": e},
+                        "locations": [_sarif_location(r.path)]})
+    return sarif_log(rules, out, "hpcml scan")
+
+
+def write_json(data: dict[str, Any], path: str | Path) -> None:
+    Path(path).write_text(json.dumps(data, indent=2) + "\n")
+
+
+def table(results: list[FileResult], *, show_all: bool = False):
+    """Rich table: every file that is not safe, and safe ones too when few or asked for."""
+    from rich.table import Table
+    t = Table(title="hpcml scan", show_lines=False)
+    for col in ("verdict", "file", "format", "what"):
+        t.add_column(col, overflow="fold")
+    quiet = [r for r in results if r.verdict is Verdict.SAFE]
+    fold = not show_all and len(results) > FULL_TABLE_FILES
+    for r in sorted(results, key=lambda r: (-r.verdict.rank, r.path)):
+        if r.verdict is Verdict.SAFE and fold:
+            continue
+        bad = [f for f in r.findings if f.verdict is not Verdict.SAFE]
+        lines = [f"{f.name} [dim]({f.why}; {f.location or 'top'})[/]" for f in bad[:4]]
+        if len(bad) > 4:
+            lines.append(f"... and {len(bad) - 4} more")
+        lines += r.errors[:3]
+        if not lines:
+            lines = [("not a model file" if not r.scanned else
+                      f"{len(r.findings)} allowlisted globals" if r.findings else "no imports")]
+        style = _STYLE[r.verdict] if r.scanned else "dim"
+        t.add_row(f"[{style}]{r.verdict.value if r.scanned else 'skipped'}[/]", r.path, r.format,
+                  "\n".join(lines))
+    if fold and quiet:
+        skipped = sum(not r.scanned for r in quiet)
+        t.add_row("[green]safe[/]", f"{len(quiet)} files", "",
+                  f"not listed (--all lists them); {skipped} are not model files")
+    return t
