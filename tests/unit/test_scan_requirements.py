@@ -518,6 +518,7 @@ def test_kind_by_name_or_content(tmp_path, name, text, kind):
     ({"a.txt": "-r b.txt\n", "b.txt": "\nnumpy==1.0\n-r a.txt\n"}, "a.txt", "b.txt:3: key '--requirement'",
      "include cycle: a.txt -> b.txt -> a.txt"),
     ({"r.txt": b"numpy==1.0 # caf\xe9\n"}, "r.txt", "r.txt", "not UTF-8"),
+    ({"r.txt": "numpy==1.0\n--extra-index-url http://[oops/simple\n"}, "r.txt", "r.txt:2", "malformed URL"),
     ({"uv.lock": 'version = 1\n\n[[package]\nname = "x"\n'}, "uv.lock", "uv.lock:3", "not valid TOML"),
     ({"Pipfile.lock": '{\n  "default": {\n    "x": \n}'}, "Pipfile.lock", "Pipfile.lock:4", "not valid JSON"),
     ({"uv.lock": '[[package]]\nversion = "1"\n'}, "uv.lock", "uv.lock: key 'package[0].name'", "non-empty string"),

@@ -5,7 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 from hpcml.scan.report import sarif_log
-from hpcml.scan.requirements import RequirementsReport
+from hpcml.scan.requirements import RULES, RequirementsReport
 
 _LEVEL = {"high": "error", "medium": "warning", "low": "note"}
 _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
@@ -34,7 +34,7 @@ def to_sarif(rep: RequirementsReport) -> dict[str, Any]:
             phys["region"] = {"startLine": f.line}
         results.append({"ruleId": f.rule, "level": _LEVEL.get(f.severity, "warning"),
                         "message": {"text": f.message}, "locations": [{"physicalLocation": phys}]})
-    return sarif_log([{"id": r, "shortDescription": {"text": r.replace("-", " ")}} for r in rules],
+    return sarif_log([{"id": r, "shortDescription": {"text": RULES.get(r, r)}} for r in rules],
                      results, "hpcml scan requirements")
 
 
