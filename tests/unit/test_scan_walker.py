@@ -24,7 +24,7 @@ WORDS = ["collections", "OrderedDict", "os", "system", "builtins", "getattr", "a
 def _random_program(rng: random.Random) -> bytes:
     out = [b"\x80\x04"]
     for _ in range(rng.randint(1, 20)):
-        op = rng.choice("SSSSSSSMMPPGJXKYDTIQQQU")
+        op = rng.choice("SSSSSSSMMPPGJXKYDTIQQQUEL")
         if op == "S":
             w = rng.choice(WORDS).encode()
             out.append(b"\x8c" + bytes([len(w)]) + w)
@@ -38,7 +38,7 @@ def _random_program(rng: random.Random) -> bytes:
             out.append(b"j" + struct.pack("<I", rng.randint(0, 7)))
         else:
             out.append({"X": b"0", "K": b"(", "Y": b"1", "D": b"2", "T": b")", "I": b"K\x05",
-                        "Q": b"\x93", "U": b"\x86"}[op])
+                        "Q": b"\x93", "U": b"\x86", "E": b"}", "L": b"]"}[op])
     out.append(b"N.")
     return b"".join(out)
 

@@ -356,7 +356,8 @@ class PickleWalker:
         buf, pos = r.buf, r.pos
         limit = len(buf) - 9
         memo_len = self.memo_len
-        dense = DENSE_KEYS
+        # True while keys are exactly 0..memo_len-1 (no PUT at other keys): MEMOIZE appends.
+        dense = memo_len == len(present) and memo_len < DENSE_KEYS
         while True:
             if pos > limit:
                 r.pos = pos
@@ -387,13 +388,16 @@ class PickleWalker:
                 except IndexError:
                     r.pos = pos
                     self._underflow(op)
-                if memo_len == len(present) and memo_len < dense:
+                if dense:
                     present.append(1 if v is OP else self._memo_kind(v, memo_len))
                     memo_len += 1
+                    if memo_len == DENSE_KEYS:
+                        dense = False
                 else:
                     self.memo_len = memo_len
                     self._memo_put(memo_len, v)
                     memo_len = self.memo_len
+                    dense = memo_len == len(present) and memo_len < DENSE_KEYS
                 continue
             if op == 0x28:                                  # MARK
                 metastack.append(stack)
@@ -413,6 +417,22 @@ class PickleWalker:
                 elif op == 0x75 and len(items) % 2:
                     raise PickleError(f"odd number of items for SETITEMS at offset {r.base + pos - 1}")
                 continue
+            if op == 0x7D or op == 0x5D:                    # EMPTY_DICT, EMPTY_LIST
+                v = ({} if op == 0x7D else []) if track else OP
+                stack.append(v)
+                # pickle.dumps always follows these with MEMOIZE and often with MARK:
+                # do those here and save two trips round the loop (same effect).
+                if dense and buf[pos] == 0x94:
+                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
+                    memo_len += 1
+                    if memo_len == DENSE_KEYS:
+                        dense = False
+                    pos += 1
+                    if buf[pos] == 0x28:
+                        metastack.append(stack)
+                        stack = []
+                        pos += 1
+                continue
             if op == 0x8C:                                  # SHORT_BINUNICODE
                 n = buf[pos]
                 pos += 1
@@ -422,11 +442,15 @@ class PickleWalker:
                         raise PickleError("truncated in a SHORT_BINUNICODE argument")
                     buf, pos = r.buf, r.pos
                     limit = len(buf) - 9
-                stack.append(buf[pos:pos + n].decode("utf-8", "surrogatepass"))
+                v = buf[pos:pos + n].decode("utf-8", "surrogatepass")
+                stack.append(v)
                 pos += n
-                continue
-            if op == 0x7D or op == 0x5D:                    # EMPTY_DICT, EMPTY_LIST
-                stack.append(({} if op == 0x7D else []) if track else OP)
+                if dense and pos <= limit and buf[pos] == 0x94:      # fused MEMOIZE
+                    present.append(self._memo_kind(v, memo_len))
+                    memo_len += 1
+                    if memo_len == DENSE_KEYS:
+                        dense = False
+                    pos += 1
                 continue
             if op == 0x47:                                  # BINFLOAT
                 stack.append(OP)
@@ -460,6 +484,7 @@ class PickleWalker:
                 self.memo_len = memo_len
                 self._memo_put(buf[pos], stack[-1])
                 memo_len = self.memo_len
+                dense = memo_len == len(present) and memo_len < DENSE_KEYS
                 pos += 1
                 continue
             if op == 0x4E:                                  # NONE
@@ -480,6 +505,7 @@ class PickleWalker:
             if stack is None:
                 return
             memo_len = self.memo_len
+            dense = memo_len == len(present) and memo_len < DENSE_KEYS
             buf, pos = r.buf, r.pos
             limit = len(buf) - 9
 
