@@ -2,8 +2,13 @@
 
 from __future__ import annotations
 
+import sys
+
 import click
+import typer
 import typer.core
+
+from hpcml.errors import HpcmlError
 
 
 class DefaultCommandGroup(typer.core.TyperGroup):
@@ -24,3 +29,9 @@ class DefaultCommandGroup(typer.core.TyperGroup):
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args.insert(0, self.default_command)
         return super().parse_args(ctx, args)
+
+
+def fail(command: str, exc: HpcmlError) -> None:
+    """End a sub-command with its one-line error and the error's exit code."""
+    print(f"{command}: error: {exc}", file=sys.stderr)
+    raise typer.Exit(exc.exit_code)

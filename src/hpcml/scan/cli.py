@@ -9,7 +9,7 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import DefaultCommandGroup
+from hpcml.cli_support import DefaultCommandGroup, fail
 from hpcml.errors import HpcmlError
 
 
@@ -25,8 +25,7 @@ app = typer.Typer(cls=_ScanGroup, no_args_is_help=True, rich_markup_mode="rich",
 
 
 def _fail(exc: HpcmlError) -> None:
-    print(f"hpcml scan: error: {exc}", file=sys.stderr)
-    raise typer.Exit(exc.exit_code)
+    fail("hpcml scan", exc)
 
 
 @app.command("files")

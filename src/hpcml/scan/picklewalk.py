@@ -695,22 +695,13 @@ class PickleWalker:
             self.result.events.append(Event("ext", "copyreg", f"extension {code}", here, name,
                                             "imports whatever the loading process registered"))
             stack.append(Call(OPAQUE, ()))
-        elif op == 0x52:                                    # REDUCE
+        elif op == 0x52 or op == 0x81 or op == 0x92:       # REDUCE, NEWOBJ, NEWOBJ_EX
+            if op == 0x92:
+                pop()                                       # NEWOBJ_EX's kwargs
             args = pop()
             func = pop()
             self._call(func, here, name)
             stack.append(Call(func, args))
-        elif op == 0x81:                                    # NEWOBJ
-            args = pop()
-            cls = pop()
-            self._call(cls, here, name)
-            stack.append(Call(cls, args))
-        elif op == 0x92:                                    # NEWOBJ_EX
-            pop()
-            args = pop()
-            cls = pop()
-            self._call(cls, here, name)
-            stack.append(Call(cls, args))
         elif op == 0x62:                                    # BUILD
             state = pop()
             if not stack:

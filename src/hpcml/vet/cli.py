@@ -8,7 +8,7 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import DefaultCommandGroup
+from hpcml.cli_support import DefaultCommandGroup, fail
 from hpcml.errors import HpcmlError, UsageError
 
 DEFAULT_PROTOCOL = Path(__file__).parent / "protocols" / "cpu.yaml"
@@ -21,8 +21,7 @@ app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mod
 
 
 def _fail(exc: HpcmlError) -> None:
-    print(f"hpcml vet: error: {exc}", file=sys.stderr)
-    raise typer.Exit(exc.exit_code)
+    fail("hpcml vet", exc)
 
 
 @app.command("run")
