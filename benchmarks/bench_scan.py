@@ -2,6 +2,7 @@
 
     python benchmarks/bench_scan.py [--runs 3] [--tensor-mb 1024] [--size-mb 30] [--skip-large]
                                     [--timeout 600] [--mem-limit-mb 16384] [--tools hpcml,picklescan,modelscan]
+                                    [--hpcml-cmd "python -m hpcml"]
 
 Installs picklescan 1.0.5 and modelscan 0.8.8 each in its own venv under benchmarks/.work/
 (created once, reused), generates the test files once into benchmarks/.work/files/ (again
@@ -22,8 +23,9 @@ Each pickle's size and opcode count (pickletools.genops, counted once at generat
 cached in a sidecar ``FILE.json``. Tools, each run as a whole command from
 benchmarks/.work/ (so no stray modelscan-settings.toml is picked up):
 
-- hpcml: ``sys.executable -m hpcml scan --json FILE``; reported as "not available" while
-  ``hpcml scan --help`` fails (the command does not exist yet);
+- hpcml: ``sys.executable -m hpcml scan --json FILE`` (``--hpcml-cmd`` to run another);
+  reported as "not available" while ``hpcml scan --help`` fails; clean = exit 0 and every
+  "verdict" in its JSON output "safe";
 - picklescan: ``picklescan --path FILE``; exit 0 = no dangerous global (suspicious ones do
   not change it), 1 = dangerous globals found, 2 = scan error or exception;
 - modelscan: ``modelscan -p FILE``; picks its scanner by file extension (.pkl -> pickle,
@@ -45,6 +47,7 @@ import argparse
 import json
 import os
 import re
+import shlex
 import statistics
 import subprocess
 import sys
@@ -312,14 +315,14 @@ def _venv_tool(name: str) -> tuple[list[str] | None, str]:
     return [str(exe)], ""
 
 
-def _hpcml() -> tuple[list[str] | None, str]:
-    probe = subprocess.run([sys.executable, "-m", "hpcml", "scan", "--help"], cwd=WORK,
+def _hpcml(base: list[str]) -> tuple[list[str] | None, str]:
+    probe = subprocess.run([*base, "scan", "--help"], cwd=WORK,
                            check=False, capture_output=True, text=True)
     if probe.returncode != 0:
         lines = [ln.strip(" │╭╮╰╯─") for ln in (probe.stderr + probe.stdout).splitlines()]
         why = next((ln for ln in lines if "scan" in ln.lower()), next((ln for ln in lines[::-1] if ln), ""))
         return None, f"`hpcml scan --help` exited {probe.returncode}: {why.strip()}"
-    return [sys.executable, "-m", "hpcml"], ""
+    return base, ""
 
 
 def tool_argv(tool: str, base: list[str], path: str) -> list[str]:
@@ -363,10 +366,10 @@ def judge(tool: str, run: dict) -> dict:
                 "scanned": re.findall(r"Scanning (\S+) using (\S+) model scan", out)}
         info["clean"] = rc == 0
         return info
-    try:
-        verdicts = _verdicts(json.loads(out))
+    try:  # the JSON document, even if some text comes before it
+        verdicts = _verdicts(json.JSONDecoder().raw_decode(out[out.index("{"):])[0])
     except ValueError:
-        return {"clean": None, "note": "stdout is not JSON"}
+        return {"clean": None, "note": "stdout has no JSON object"}
     return {"verdicts": sorted(set(verdicts)),
             "clean": (rc == 0 and all(v == "safe" for v in verdicts)) if verdicts else None}
 
@@ -420,6 +423,9 @@ def main() -> None:
     ap.add_argument("--timeout", type=float, default=600, help="per run, seconds")
     ap.add_argument("--mem-limit-mb", type=int, default=16384, help="kill a run whose tree exceeds this RSS")
     ap.add_argument("--tools", default=",".join(TOOLS))
+    ap.add_argument("--hpcml-cmd", default=f"{shlex.quote(sys.executable)} -m hpcml",
+                    help="how to run hpcml (default: this interpreter's -m hpcml); runs in benchmarks/.work/, "
+                         "so give absolute paths")
     ap.add_argument("--measure", help=argparse.SUPPRESS)
     ap.add_argument("--generate", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -433,10 +439,11 @@ def main() -> None:
     t0 = time.perf_counter()
     WORK.mkdir(parents=True, exist_ok=True)
     tools = [t for t in args.tools.split(",") if t]
+    hpcml_cmd = shlex.split(args.hpcml_cmd)
     bases: dict[str, list[str] | None] = {}
     unavailable: dict[str, str] = {}
     for tool in tools:
-        base, why = _hpcml() if tool == "hpcml" else _venv_tool(tool)
+        base, why = _hpcml(hpcml_cmd) if tool == "hpcml" else _venv_tool(tool)
         bases[tool] = base
         if base is None:
             unavailable[tool] = why
@@ -448,7 +455,7 @@ def main() -> None:
         files.append({**spec, **{k: v for k, v in info.items() if k != "spec"}})
 
     # hpcml's floor: interpreter + CLI start-up, included in every hpcml scan time.
-    floor = [measure([sys.executable, "-m", "hpcml", "version"], 60, 0)["seconds"] for _ in range(3)]
+    floor = [measure([*hpcml_cmd, "version"], 60, 0)["seconds"] for _ in range(3)]
 
     results: dict[str, dict[str, dict]] = {}
     for f in files:
@@ -548,7 +555,7 @@ def main() -> None:
         if g["met"] is None:
             status += f" ({g.get('why') or unavailable.get('hpcml') and 'hpcml scan not available' or 'no figure'})"
         lines.append(f"| {g['goal']} | {g['shown']} | {status} |")
-    lines += ["", (f"hpcml start-up floor (`python -m hpcml version`): median {statistics.median(floor):.2f} s, "
+    lines += ["", (f"hpcml start-up floor (`hpcml version`): median {statistics.median(floor):.2f} s, "
                    "included in each hpcml time above.")]
     print("\n".join(lines))
 

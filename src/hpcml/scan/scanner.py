@@ -15,7 +15,7 @@ from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import joblib as joblib_format
 from hpcml.scan.formats import safetensors as safetensors_format
-from hpcml.scan.formats import zipped
+from hpcml.scan.formats import tarred, zipped
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import looks_like_pickle
 from hpcml.scan.policy import Policy, default_policy
@@ -35,7 +35,7 @@ def _pickle_name(name: str) -> bool:
 def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int) -> None:
     """Scan ``size`` bytes of ``fh`` from its start, recognising the format by content."""
     fh.seek(0)
-    head = fh.read(64)
+    head = fh.read(512)
     fh.seek(0)
     if not head:
         if member or _pickle_name(name):
@@ -48,6 +48,12 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
             fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
             return
         zipped.scan_zip(fs, fh, member, depth, scan_content)
+        return
+    if tarred.looks_like(head):
+        if depth >= MAX_ARCHIVE_DEPTH:
+            fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
+            return
+        tarred.scan_tar(fs, fh, member, depth, scan_content)
         return
     from hpcml.scan.formats import npy  # numpy is imported only for .npy files
     if npy.looks_like(head):

@@ -1,0 +1,57 @@
+"""Archives beyond what the corpus covers: WebDataset-style tar shards, nested zips."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import tarfile
+import zipfile
+
+from hpcml.scan.model import Verdict
+from hpcml.scan.scanner import scan_file
+
+EVIL = b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."
+
+
+def _tar(path, members):
+    with tarfile.open(path, "w") as tf:
+        for name, data in members:
+            info = tarfile.TarInfo(name)
+            info.size = len(data)
+            tf.addfile(info, io.BytesIO(data))
+
+
+def test_webdataset_shard_with_a_pickled_sample(tmp_path):
+    shard = tmp_path / "shard-000000.tar"
+    _tar(shard, [("000.jpg", b"\xff\xd8" + b"x" * 100), ("000.cls", b"3"),
+                 ("000.pyd", pickle.dumps({"label": 3})), ("001.pyd", EVIL)])
+    res = scan_file(shard)
+    assert res.format == "tar" and res.verdict is Verdict.DANGEROUS
+    assert [(f.name, f.location.member) for f in res.findings] == [("os.system", "001.pyd")]
+
+
+def test_clean_shard_is_safe(tmp_path):
+    shard = tmp_path / "clean.tar"
+    _tar(shard, [("000.txt", b"hello"), ("000.pyd", pickle.dumps([1, 2, 3]))])
+    assert scan_file(shard).verdict is Verdict.SAFE
+
+
+def test_zip_inside_tar_inside_zip(tmp_path):
+    inner = io.BytesIO()
+    with zipfile.ZipFile(inner, "w") as zf:
+        zf.writestr("weights/odd.name", EVIL)
+    mid = tmp_path / "mid.tar"
+    _tar(mid, [("inner.zip", inner.getvalue())])
+    outer = tmp_path / "outer.zip"
+    with zipfile.ZipFile(outer, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.write(mid, "mid.tar")
+    res = scan_file(outer)
+    assert res.verdict is Verdict.DANGEROUS
+    assert res.findings[0].location.member == "mid.tar!inner.zip!weights/odd.name"
+
+
+def test_corrupt_zip_is_an_error(tmp_path):
+    bad = tmp_path / "bad.pt"
+    bad.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
+    res = scan_file(bad)
+    assert res.verdict is Verdict.ERROR and "zip" in res.errors[0]
