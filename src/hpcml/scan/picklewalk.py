@@ -382,27 +382,6 @@ class PickleWalker:
                 else:
                     stack.append(self._memo_get(key, r.base + pos - 2))
                 continue
-            if op == 0x94:                                  # MEMOIZE
-                try:
-                    v = stack[-1]
-                except IndexError:
-                    r.pos = pos
-                    self._underflow(op)
-                if dense:
-                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
-                    memo_len += 1
-                    if memo_len == DENSE_KEYS:
-                        dense = False
-                else:
-                    self.memo_len = memo_len
-                    self._memo_put(memo_len, v)
-                    memo_len = self.memo_len
-                    dense = memo_len == len(present) and memo_len < DENSE_KEYS
-                continue
-            if op == 0x28:                                  # MARK
-                metastack.append(stack)
-                stack = []
-                continue
             if op == 0x65 or op == 0x75:                    # APPENDS, SETITEMS
                 items = stack
                 try:
@@ -436,7 +415,7 @@ class PickleWalker:
             if op == 0x8C:                                  # SHORT_BINUNICODE
                 n = buf[pos]
                 pos += 1
-                if pos + n > len(buf):
+                if pos + n > limit + 9:         # past the end of the buffer
                     r.pos = pos
                     if not r.fill(n):
                         raise PickleError("truncated in a SHORT_BINUNICODE argument")
@@ -446,27 +425,60 @@ class PickleWalker:
                 stack.append(v)
                 pos += n
                 if dense and pos <= limit and buf[pos] == 0x94:      # fused MEMOIZE
-                    present.append(self._memo_kind(v, memo_len))
+                    cost = 64 + n                   # as _memo_kind charges a str
+                    if self.budget >= cost:
+                        self.budget -= cost
+                        memo[memo_len] = v
+                        present.append(3)
+                    else:
+                        present.append(2)
                     memo_len += 1
                     if memo_len == DENSE_KEYS:
                         dense = False
                     pos += 1
                 continue
-            if op == 0x47:                                  # BINFLOAT
-                stack.append(OP)
-                pos += 8
+            if op == 0x94:                                  # MEMOIZE
+                try:
+                    v = stack[-1]
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if dense:
+                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
+                    memo_len += 1
+                    if memo_len == DENSE_KEYS:
+                        dense = False
+                else:
+                    self.memo_len = memo_len
+                    self._memo_put(memo_len, v)
+                    memo_len = self.memo_len
+                    dense = memo_len == len(present) and memo_len < DENSE_KEYS
                 continue
-            if op == 0x4D:                                  # BININT2
-                stack.append(buf[pos] | buf[pos + 1] << 8)
-                pos += 2
+            if op == 0x28:                                  # MARK
+                metastack.append(stack)
+                stack = []
                 continue
             if op == 0x4A:                                  # BININT
                 stack.append(I4(buf, pos)[0])
                 pos += 4
                 continue
+            if op == 0x88 or op == 0x89:                    # NEWTRUE, NEWFALSE
+                stack.append(op == 0x88)
+                continue
+            if op == 0x4E:                                  # NONE
+                stack.append(None)
+                continue
+            if op == 0x47:                                  # BINFLOAT
+                stack.append(OP)
+                pos += 8
+                continue
             if op == 0x4B:                                  # BININT1
                 stack.append(buf[pos])
                 pos += 1
+                continue
+            if op == 0x4D:                                  # BININT2
+                stack.append(buf[pos] | buf[pos + 1] << 8)
+                pos += 2
                 continue
             if op == 0x85 or op == 0x86 or op == 0x87:      # TUPLE1..3
                 k = op - 0x84
@@ -486,12 +498,6 @@ class PickleWalker:
                 memo_len = self.memo_len
                 dense = memo_len == len(present) and memo_len < DENSE_KEYS
                 pos += 1
-                continue
-            if op == 0x4E:                                  # NONE
-                stack.append(None)
-                continue
-            if op == 0x88 or op == 0x89:                    # NEWTRUE, NEWFALSE
-                stack.append(op == 0x88)
                 continue
             if op == 0x95:                                  # FRAME
                 size = _U8(buf, pos)[0]
