@@ -459,7 +459,7 @@ class PickleWalker:
                 stack = []
                 continue
             if op == 0x4A:                                  # BININT
-                stack.append(I4(buf, pos)[0])
+                stack.append(I4(buf, pos)[0] if track else OP)     # only shapes need it
                 pos += 4
                 continue
             if op == 0x88 or op == 0x89:                    # NEWTRUE, NEWFALSE

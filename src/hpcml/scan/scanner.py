@@ -55,8 +55,8 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
             return
         tarred.scan_tar(fs, fh, member, depth, scan_content)
         return
-    from hpcml.scan.formats import npy  # numpy is imported only for .npy files
-    if npy.looks_like(head):
+    if head.startswith(b"\x93NUMPY"):
+        from hpcml.scan.formats import npy  # numpy is imported only for .npy files
         fs.set_format("numpy-npy")
         try:
             header = npy.read_header(fh, 0, size)
