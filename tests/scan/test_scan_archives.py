@@ -55,3 +55,25 @@ def test_corrupt_zip_is_an_error(tmp_path):
     bad.write_bytes(b"PK\x03\x04" + b"\x00" * 100)
     res = scan_file(bad)
     assert res.verdict is Verdict.ERROR and "zip" in res.errors[0]
+
+
+def test_fifo_is_listed_not_read(tmp_path):
+    """A named pipe would block a reader forever: it is an error, not a hang."""
+    import os
+    fifo = tmp_path / "model.pt"
+    os.mkfifo(fifo)
+    res = scan_file(fifo)
+    assert res.verdict is Verdict.ERROR and "regular file" in res.errors[0]
+
+
+def test_a_scanner_bug_fails_closed(tmp_path, monkeypatch):
+    from hpcml.scan import scanner
+
+    def broken(*args, **kwargs):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(scanner.pickles, "scan_stream", broken)
+    path = tmp_path / "x.pkl"
+    path.write_bytes(pickle.dumps([1], protocol=4))
+    res = scan_file(path)
+    assert res.verdict is Verdict.ERROR and "internal error" in res.errors[0]

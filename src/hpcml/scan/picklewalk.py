@@ -101,7 +101,6 @@ class WalkResult:
     start: int
     end: int = 0                    # offset just after STOP (or where the walk failed)
     protocol: int = 0
-    opcodes: int = 0
     events: list[Event] = field(default_factory=list)
     nested: list[tuple[int, int]] = field(default_factory=list)   # (offset, length) of bytes that look like pickles
     error: str | None = None

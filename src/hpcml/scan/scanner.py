@@ -7,6 +7,7 @@ within a file, memory stays bounded because every format reads in chunks.
 from __future__ import annotations
 
 import os
+import stat
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import BinaryIO, Callable, Iterable, Iterator
@@ -106,19 +107,25 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
 def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResult:
     policy = policy or default_policy()
     p = Path(path)
+    fs = FileScan(str(p), policy, 0)
     try:
-        size = p.stat().st_size
+        st = p.stat()
+        if not stat.S_ISREG(st.st_mode):
+            fs.error("not a regular file (a device, FIFO or socket is never read)")
+            return fs.finish()
+        fs.result.size = st.st_size
         fh = open(p, "rb")
     except OSError as exc:
-        fs = FileScan(str(p), policy, 0)
         fs.error(f"cannot read: {exc.strerror or exc}")
         return fs.finish()
-    fs = FileScan(str(p), policy, size)
     with fh:
         try:
-            scan_content(fs, fh, size, "", p.name, 0)
+            scan_content(fs, fh, st.st_size, "", p.name, 0)
         except OSError as exc:
             fs.error(f"read failed: {exc.strerror or exc}")
+        except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict
+            fs.error(f"internal error while scanning ({type(exc).__name__}: {exc}); "
+                      "please report it")
     return fs.finish()
 
 
