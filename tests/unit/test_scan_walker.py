@@ -144,3 +144,23 @@ def test_memory_stays_bounded_on_a_huge_argument(tmp_path):
 def test_malformed_streams_name_the_reason(data, reason):
     res = PickleWalker(io.BytesIO(data), 0, len(data)).walk()
     assert res.error and reason in res.error
+
+
+def test_untracked_memo_keys_never_hide_a_global(monkeypatch):
+    """Past TRACKED_KEYS the walker keeps no per-key record (memory stays flat); it may
+    then be stricter than the real unpickler, never laxer: every global the real load
+    asks for is reported, or the walk reports a global it cannot resolve."""
+    monkeypatch.setattr(picklewalk, "TRACKED_KEYS", 3)
+    monkeypatch.setattr(picklewalk, "SPARSE_KEYS", 2)
+    rng = random.Random(7)
+    for _ in range(4000):
+        data = _random_program(rng)
+        real = _Recorder(data)
+        try:
+            real.load()
+        except Exception:  # noqa: BLE001
+            pass
+        res = PickleWalker(io.BytesIO(data), 0, len(data)).walk()
+        ours = [(e.module, e.name) for e in res.events if e.kind == "global"]
+        blocked = any(e.kind in ("unresolved", "call") for e in res.events)
+        assert ours[:len(real.seen)] == real.seen or blocked, data

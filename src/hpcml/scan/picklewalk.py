@@ -26,7 +26,8 @@ CHUNK = 1 << 20
 MAX_TRACKED_STR = 4096          # longer strings cannot be module or attribute names we care about
 MEMO_BUDGET = 1 << 22           # weight units kept in the memo (~ bytes of tracked values)
 MAX_LINE = 1 << 16              # protocol-0 argument lines longer than this are skipped
-DENSE_KEYS = 1 << 26            # memo keys above this (only hand-made pickles) go in a dict
+TRACKED_KEYS = 1 << 20          # memo keys whose presence and kind are kept (1 byte each)
+SPARSE_KEYS = 1 << 16           # out-of-sequence keys past TRACKED_KEYS kept exactly
 NESTED_MIN = 8                  # shortest bytes payload checked for an embedded pickle
 
 
@@ -51,6 +52,8 @@ class Unknown:
 OPAQUE = Opaque()
 LONG_STR = Unknown("a string longer than 4 KiB")
 EVICTED = Unknown("a memo value dropped after the memo budget was spent")
+BEYOND = Unknown("a memo value past the first 1M entries, which is not kept")
+LOST = Unknown("a memo entry after the memo numbering became too large to follow")
 
 
 class Ref:
@@ -224,29 +227,50 @@ class PickleWalker:
         self.on_build = on_build        # called as on_build(walker, obj, state) after BUILD
         self.result = WalkResult(start=start)
         self.memo: dict[int, object] = {}
-        self.present = bytearray()      # 1 byte per memo key below DENSE_KEYS
+        self.present = bytearray()      # 1 byte per memo key below TRACKED_KEYS
         self.sparse: dict[int, int] = {}
+        self.seq = True                 # keys are exactly 0 .. memo_len-1
+        self.seq_upto = 0               # when seq ended: keys below this were present
+        self.lost = False
         self.memo_len = 0               # distinct keys, as CPython counts them
         self.budget = MEMO_BUDGET
         self.proto = 0
         self.globals_seen: set[tuple[str, str, str]] = set()
 
     # -- memo -------------------------------------------------------------------------
-    # ``present[key]`` says what the memo holds: 0 nothing, 1 an opaque value, 2 a value we
-    # stopped tracking (budget spent), 3 a value kept in ``self.memo``.
+    # ``present[key]`` says what the memo holds for the first TRACKED_KEYS keys: 0 nothing,
+    # 1 an opaque value, 2 a value we stopped tracking (budget spent), 3 a value kept in
+    # ``self.memo``. Pickles from ``pickle.dumps`` number their memo 0, 1, 2, ... (MEMOIZE,
+    # or sequential PUTs); while that holds (``self.seq``) every key below ``memo_len`` is
+    # present, and keys past TRACKED_KEYS cost nothing: their value is whatever
+    # ``self.memo`` kept, else BEYOND (might be a str, so a global named by it blocks).
     def _memo_put(self, key: int, value) -> None:
         kind = self._memo_kind(value, key)
-        if key < DENSE_KEYS:
-            present = self.present
+        present = self.present
+        if self.seq and key <= self.memo_len:
+            if key == self.memo_len:
+                self.memo_len += 1
+                if key < TRACKED_KEYS:
+                    present.append(kind)
+            elif key < TRACKED_KEYS:
+                present[key] = kind
+            return
+        if self.seq:                                # a PUT out of sequence: track exactly
+            self.seq = False
+            self.seq_upto = self.memo_len
+        if key < TRACKED_KEYS:
             if key >= len(present):
                 present.extend(bytes(key + 1 - len(present)))
             if not present[key]:
                 self.memo_len += 1
             present[key] = kind
-        else:
-            if key not in self.sparse:
-                self.memo_len += 1
+        elif key in self.sparse or key < self.seq_upto:
             self.sparse[key] = kind
+        elif len(self.sparse) >= SPARSE_KEYS:
+            self.lost = True                        # numbering no longer exact: see _memo_get
+        else:
+            self.sparse[key] = kind
+            self.memo_len += 1
 
     def _memo_kind(self, value, key: int) -> int:
         """Keep ``value`` in the memo if the budget allows; return its presence code."""
@@ -267,8 +291,16 @@ class PickleWalker:
         return 3
 
     def _memo_get(self, key: int, offset: int):
-        kind = (self.present[key] if key < len(self.present) else 0) if key < DENSE_KEYS \
-            else self.sparse.get(key, 0)
+        if key < len(self.present):
+            kind = self.present[key]
+        elif key in self.sparse:
+            kind = self.sparse[key]
+        elif key < (self.memo_len if self.seq else self.seq_upto):
+            return self.memo.get(key, BEYOND)
+        elif self.lost:
+            return LOST
+        else:
+            kind = 0
         if kind == 1:
             return OPAQUE
         if kind == 3:
@@ -355,8 +387,9 @@ class PickleWalker:
         buf, pos = r.buf, r.pos
         limit = len(buf) - 9
         memo_len = self.memo_len
-        # True while keys are exactly 0..memo_len-1 (no PUT at other keys): MEMOIZE appends.
-        dense = memo_len == len(present) and memo_len < DENSE_KEYS
+        # True while keys are exactly 0..memo_len-1 (see _memo_put): MEMOIZE appends.
+        seq = self.seq
+        tracked = TRACKED_KEYS
         while True:
             if pos > limit:
                 r.pos = pos
@@ -400,11 +433,11 @@ class PickleWalker:
                 stack.append(v)
                 # pickle.dumps always follows these with MEMOIZE and often with MARK:
                 # do those here and save two trips round the loop (same effect).
-                if dense and buf[pos] == 0x94:
-                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
+                if seq and buf[pos] == 0x94:
+                    kind = 1 if v is OP else self._memo_kind(v, memo_len)
+                    if memo_len < tracked:
+                        present.append(kind)
                     memo_len += 1
-                    if memo_len == DENSE_KEYS:
-                        dense = False
                     pos += 1
                     if buf[pos] == 0x28:
                         metastack.append(stack)
@@ -423,17 +456,17 @@ class PickleWalker:
                 v = buf[pos:pos + n].decode("utf-8", "surrogatepass")
                 stack.append(v)
                 pos += n
-                if dense and pos <= limit and buf[pos] == 0x94:      # fused MEMOIZE
+                if seq and pos <= limit and buf[pos] == 0x94:        # fused MEMOIZE
                     cost = 64 + n                   # as _memo_kind charges a str
                     if self.budget >= cost:
                         self.budget -= cost
                         memo[memo_len] = v
-                        present.append(3)
+                        kind = 3
                     else:
-                        present.append(2)
+                        kind = 2
+                    if memo_len < tracked:
+                        present.append(kind)
                     memo_len += 1
-                    if memo_len == DENSE_KEYS:
-                        dense = False
                     pos += 1
                 continue
             if op == 0x94:                                  # MEMOIZE
@@ -442,16 +475,15 @@ class PickleWalker:
                 except IndexError:
                     r.pos = pos
                     self._underflow(op)
-                if dense:
-                    present.append(1 if v is OP else self._memo_kind(v, memo_len))
+                if seq:
+                    kind = 1 if v is OP else self._memo_kind(v, memo_len)
+                    if memo_len < tracked:
+                        present.append(kind)
                     memo_len += 1
-                    if memo_len == DENSE_KEYS:
-                        dense = False
                 else:
                     self.memo_len = memo_len
                     self._memo_put(memo_len, v)
                     memo_len = self.memo_len
-                    dense = memo_len == len(present) and memo_len < DENSE_KEYS
                 continue
             if op == 0x28:                                  # MARK
                 metastack.append(stack)
@@ -495,7 +527,7 @@ class PickleWalker:
                 self.memo_len = memo_len
                 self._memo_put(buf[pos], stack[-1])
                 memo_len = self.memo_len
-                dense = memo_len == len(present) and memo_len < DENSE_KEYS
+                seq = self.seq
                 pos += 1
                 continue
             if op == 0x95:                                  # FRAME
@@ -510,7 +542,7 @@ class PickleWalker:
             if stack is None:
                 return
             memo_len = self.memo_len
-            dense = memo_len == len(present) and memo_len < DENSE_KEYS
+            seq = self.seq
             buf, pos = r.buf, r.pos
             limit = len(buf) - 9
 
