@@ -54,6 +54,8 @@ LONG_STR = Unknown("a string longer than 4 KiB")
 EVICTED = Unknown("a memo value dropped after the memo budget was spent")
 BEYOND = Unknown("a memo value past the first 1M entries, which is not kept")
 LOST = Unknown("a memo entry after the memo numbering became too large to follow")
+MISSING = Unknown("a memo key that was never set")
+_PUSHED = (None, OPAQUE, EVICTED)        # what a presence code 1 or 2 reads back as
 
 
 class Ref:
@@ -229,6 +231,7 @@ class PickleWalker:
         self.memo: dict[int, object] = {}
         self.present = bytearray()      # 1 byte per memo key below TRACKED_KEYS
         self.sparse: dict[int, int] = {}
+        self.small = [MISSING] * 256    # what BINGET pushes for keys 0-255 (MISSING: unset)
         self.seq = True                 # keys are exactly 0 .. memo_len-1
         self.seq_upto = 0               # when seq ended: keys below this were present
         self.lost = False
@@ -246,6 +249,8 @@ class PickleWalker:
     # ``self.memo`` kept, else BEYOND (might be a str, so a global named by it blocks).
     def _memo_put(self, key: int, value) -> None:
         kind = self._memo_kind(value, key)
+        if key < 256:
+            self.small[key] = value if kind == 3 else _PUSHED[kind]
         present = self.present
         if self.seq and key <= self.memo_len:
             if key == self.memo_len:
@@ -390,6 +395,7 @@ class PickleWalker:
         # True while keys are exactly 0..memo_len-1 (see _memo_put): MEMOIZE appends.
         seq = self.seq
         tracked = TRACKED_KEYS
+        small = self.small
         while True:
             if pos > limit:
                 r.pos = pos
@@ -401,18 +407,11 @@ class PickleWalker:
             pos += 1
             # The frequent opcodes first, in the order an object-heavy pickle uses them.
             if op == 0x68:                                  # BINGET
-                key = buf[pos]
+                v = small[buf[pos]]
                 pos += 1
-                try:
-                    kind = present[key]
-                except IndexError:
-                    kind = 0
-                if kind == 1:
-                    stack.append(OP)
-                elif kind == 3:
-                    stack.append(memo[key])
-                else:
-                    stack.append(self._memo_get(key, r.base + pos - 2))
+                if v is MISSING:
+                    v = self._memo_get(buf[pos - 1], r.base + pos - 2)
+                stack.append(v)
                 continue
             if op == 0x65 or op == 0x75:                    # APPENDS, SETITEMS
                 items = stack
@@ -437,6 +436,8 @@ class PickleWalker:
                     kind = 1 if v is OP else self._memo_kind(v, memo_len)
                     if memo_len < tracked:
                         present.append(kind)
+                        if memo_len < 256:
+                            small[memo_len] = v if kind == 3 else _PUSHED[kind]
                     memo_len += 1
                     pos += 1
                     if buf[pos] == 0x28:
@@ -466,6 +467,8 @@ class PickleWalker:
                         kind = 2
                     if memo_len < tracked:
                         present.append(kind)
+                        if memo_len < 256:
+                            small[memo_len] = v if kind == 3 else EVICTED
                     memo_len += 1
                     pos += 1
                 continue
@@ -479,6 +482,8 @@ class PickleWalker:
                     kind = 1 if v is OP else self._memo_kind(v, memo_len)
                     if memo_len < tracked:
                         present.append(kind)
+                        if memo_len < 256:
+                            small[memo_len] = v if kind == 3 else _PUSHED[kind]
                     memo_len += 1
                 else:
                     self.memo_len = memo_len
