@@ -21,11 +21,12 @@ MAX_DEPTH = 3
 
 def walk_one(fh: BinaryIO, start: int, end: int) -> WalkResult:
     """One pickle; re-walked with container tracking if it turns out to be joblib's."""
+    hooks = frozenset({joblib_format.WRAPPER})
     try:
-        return PickleWalker(fh, start, end, on_build=joblib_format.on_build).walk()
+        return PickleWalker(fh, start, end, on_build=joblib_format.on_build, build_hooks=hooks).walk()
     except joblib_format.NeedTracking:
         return PickleWalker(fh, start, end, track_containers=True,
-                            on_build=joblib_format.on_build).walk()
+                            on_build=joblib_format.on_build, build_hooks=hooks).walk()
 
 
 def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = "", *,

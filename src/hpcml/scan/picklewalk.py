@@ -61,14 +61,10 @@ _PUSHED = (None, OPAQUE, EVICTED)        # what a presence code 1 or 2 reads bac
 class Ref:
     """A global the load imports: ``module`` + dotted ``name``."""
 
-    __slots__ = ("module", "name")
+    __slots__ = ("module", "name", "dotted")
 
     def __init__(self, module: str, name: str) -> None:
-        self.module, self.name = module, name
-
-    @property
-    def dotted(self) -> str:
-        return f"{self.module}.{self.name}"
+        self.module, self.name, self.dotted = module, name, f"{module}.{name}"
 
 
 class Call:
@@ -223,10 +219,11 @@ class PickleWalker:
     """
 
     def __init__(self, fh: BinaryIO, start: int, end: int, *, track_containers: bool = False,
-                 on_build=None) -> None:
+                 on_build=None, build_hooks: frozenset[str] = frozenset()) -> None:
         self.r = _Reader(fh, start, end)
         self.track = track_containers
-        self.on_build = on_build        # called as on_build(walker, obj, state) after BUILD
+        self.on_build = on_build        # on_build(walker, obj, state) after BUILD of an object
+        self.build_hooks = build_hooks  # whose class is one of these dotted names
         self.result = WalkResult(start=start)
         self.memo: dict[int, object] = {}
         self.present = bytearray()      # 1 byte per memo key below TRACKED_KEYS
@@ -396,6 +393,7 @@ class PickleWalker:
         seq = self.seq
         tracked = TRACKED_KEYS
         small = self.small
+        U4 = _U4
         while True:
             if pos > limit:
                 r.pos = pos
@@ -445,9 +443,20 @@ class PickleWalker:
                         stack = []
                         pos += 1
                 continue
-            if op == 0x8C:                                  # SHORT_BINUNICODE
-                n = buf[pos]
-                pos += 1
+            if op == 0x8C or op == 0x58:                    # SHORT_BINUNICODE, BINUNICODE
+                if op == 0x8C:
+                    n = buf[pos]
+                    pos += 1
+                else:
+                    n = U4(buf, pos)[0]
+                    if n > MAX_TRACKED_STR:                 # skipped, not read: see _rare
+                        r.pos = pos
+                        self.memo_len = memo_len
+                        stack = self._rare(op, stack, metastack)
+                        buf, pos = r.buf, r.pos
+                        limit = len(buf) - 9
+                        continue
+                    pos += 4
                 if pos + n > limit + 9:         # past the end of the buffer
                     r.pos = pos
                     if not r.fill(n):
@@ -472,28 +481,6 @@ class PickleWalker:
                     memo_len += 1
                     pos += 1
                 continue
-            if op == 0x94:                                  # MEMOIZE
-                try:
-                    v = stack[-1]
-                except IndexError:
-                    r.pos = pos
-                    self._underflow(op)
-                if seq:
-                    kind = 1 if v is OP else self._memo_kind(v, memo_len)
-                    if memo_len < tracked:
-                        present.append(kind)
-                        if memo_len < 256:
-                            small[memo_len] = v if kind == 3 else _PUSHED[kind]
-                    memo_len += 1
-                else:
-                    self.memo_len = memo_len
-                    self._memo_put(memo_len, v)
-                    memo_len = self.memo_len
-                continue
-            if op == 0x28:                                  # MARK
-                metastack.append(stack)
-                stack = []
-                continue
             if op == 0x4A:                                  # BININT
                 stack.append(I4(buf, pos)[0] if track else OP)     # only shapes need it
                 pos += 4
@@ -503,6 +490,37 @@ class PickleWalker:
                 continue
             if op == 0x4E:                                  # NONE
                 stack.append(None)
+                continue
+            if op == 0x94 or op == 0x71 or op == 0x72:      # MEMOIZE, BINPUT, LONG_BINPUT
+                if op == 0x94:
+                    key = memo_len
+                elif op == 0x71:
+                    key = buf[pos]
+                    pos += 1
+                else:
+                    key = U4(buf, pos)[0]
+                    pos += 4
+                try:
+                    v = stack[-1]
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if seq and key == memo_len:                 # the numbering pickle.dumps uses
+                    kind = 1 if v is OP else self._memo_kind(v, memo_len)
+                    if memo_len < tracked:
+                        present.append(kind)
+                        if memo_len < 256:
+                            small[memo_len] = v if kind == 3 else _PUSHED[kind]
+                    memo_len += 1
+                else:
+                    self.memo_len = memo_len
+                    self._memo_put(key, v)
+                    memo_len = self.memo_len
+                    seq = self.seq
+                continue
+            if op == 0x28:                                  # MARK
+                metastack.append(stack)
+                stack = []
                 continue
             if op == 0x47:                                  # BINFLOAT
                 stack.append(OP)
@@ -525,21 +543,55 @@ class PickleWalker:
                 del stack[-k:]
                 stack.append(t)
                 continue
-            if op == 0x71:                                  # BINPUT
-                if not stack:
-                    r.pos = pos
-                    self._underflow(op)
-                self.memo_len = memo_len
-                self._memo_put(buf[pos], stack[-1])
-                memo_len = self.memo_len
-                seq = self.seq
-                pos += 1
-                continue
             if op == 0x95:                                  # FRAME
                 size = _U8(buf, pos)[0]
                 if r.base + pos + 8 + size > r.end:
                     raise PickleError(f"truncated: a FRAME of {size} bytes runs past the end")
                 pos += 8
+                continue
+            if op == 0x6A:                                  # LONG_BINGET
+                key = U4(buf, pos)[0]
+                pos += 4
+                if key < 256:
+                    v = small[key]
+                    if v is MISSING:
+                        v = self._memo_get(key, r.base + pos - 5)
+                else:
+                    self.memo_len = memo_len
+                    v = self._memo_get(key, r.base + pos - 5)
+                stack.append(v)
+                continue
+            if op == 0x29:                                  # EMPTY_TUPLE
+                stack.append(())
+                continue
+            if op == 0x52 or op == 0x81:                    # REDUCE, NEWOBJ
+                try:
+                    args = stack.pop()
+                    func = stack.pop()
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if type(func) is not Ref:
+                    self._call(func, r.base + pos - 1, opname(op))
+                stack.append(Call(func, args))
+                continue
+            if op == 0x62:                                  # BUILD
+                try:
+                    state = stack.pop()
+                    obj = stack[-1]
+                except IndexError:
+                    r.pos = pos
+                    self._underflow(op)
+                if type(obj) is Call:
+                    obj.state = state
+                    func = obj.func
+                    if type(func) is Ref and func.dotted in self.build_hooks:
+                        r.pos = pos
+                        self.on_build(self, obj, state)
+                        buf, pos = r.buf, r.pos
+                        limit = len(buf) - 9
+                else:
+                    self._mutate(obj, r.base + pos - 1, "BUILD")
                 continue
             r.pos = pos
             self.memo_len = memo_len
@@ -664,8 +716,6 @@ class PickleWalker:
         elif op == 0x98:                                    # READONLY_BUFFER
             pop()
             stack.append(OPAQUE)
-        elif op == 0x29:                                    # EMPTY_TUPLE
-            stack.append(())
         elif op == 0x74:                                    # TUPLE
             stack = self._replace_mark(stack, metastack, op, lambda items: tuple(items))
         elif op == 0x6C:                                    # LIST
@@ -701,10 +751,8 @@ class PickleWalker:
             self._mutate(d, here, name)
         elif op == 0x67:                                    # GET
             stack.append(self._memo_get(int(self._readline(op)), here))
-        elif op == 0x6A:                                    # LONG_BINGET
-            stack.append(self._memo_get(_U4(arg(4))[0], here))
-        elif op == 0x70 or op == 0x72:                      # PUT, LONG_BINPUT
-            key = int(self._readline(op)) if op == 0x70 else _U4(arg(4))[0]
+        elif op == 0x70:                                    # PUT
+            key = int(self._readline(op))
             if key < 0:
                 raise PickleError(f"negative PUT argument at offset {here}")
             if not stack:
@@ -737,24 +785,12 @@ class PickleWalker:
             self.result.events.append(Event("ext", "copyreg", f"extension {code}", here, name,
                                             "imports whatever the loading process registered"))
             stack.append(Call(OPAQUE, ()))
-        elif op == 0x52 or op == 0x81 or op == 0x92:       # REDUCE, NEWOBJ, NEWOBJ_EX
-            if op == 0x92:
-                pop()                                       # NEWOBJ_EX's kwargs
+        elif op == 0x92:                                    # NEWOBJ_EX
+            pop()                                           # its kwargs
             args = pop()
             func = pop()
             self._call(func, here, name)
             stack.append(Call(func, args))
-        elif op == 0x62:                                    # BUILD
-            state = pop()
-            if not stack:
-                self._underflow(op)
-            obj = stack[-1]
-            if type(obj) is Call:
-                obj.state = state
-            else:
-                self._mutate(obj, here, name)
-            if self.on_build is not None:
-                self.on_build(self, obj, state)
         elif op == 0x50:                                    # PERSID
             stack.append(Persistent(self._readline(op).decode("ascii")))
         elif op == 0x51:                                    # BINPERSID

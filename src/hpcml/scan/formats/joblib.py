@@ -59,7 +59,8 @@ def on_build(walker: PickleWalker, obj, state) -> None:
     r = walker.r
     here = r.base + r.pos
     if has_object:
-        inner = PickleWalker(r.fh, here, r.end, on_build=on_build).walk()
+        inner = PickleWalker(r.fh, here, r.end, on_build=on_build,
+                             build_hooks=walker.build_hooks).walk()
         walker.result.events.extend(inner.events)
         walker.result.nested.extend(inner.nested)
         if inner.error:
