@@ -44,17 +44,13 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
         else:
             fs.result.scanned = False
         return
-    if zipped.looks_like(head):
+    archive = zipped.scan_zip if zipped.looks_like(head) else \
+        tarred.scan_tar if tarred.looks_like(head) else None
+    if archive:
         if depth >= MAX_ARCHIVE_DEPTH:
             fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
             return
-        zipped.scan_zip(fs, fh, member, depth, scan_content)
-        return
-    if tarred.looks_like(head):
-        if depth >= MAX_ARCHIVE_DEPTH:
-            fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
-            return
-        tarred.scan_tar(fs, fh, member, depth, scan_content)
+        archive(fs, fh, member, depth, scan_content)
         return
     if head.startswith(b"\x93NUMPY"):
         from hpcml.scan.formats import npy  # numpy is imported only for .npy files
