@@ -77,3 +77,17 @@ def test_a_scanner_bug_fails_closed(tmp_path, monkeypatch):
     path.write_bytes(pickle.dumps([1], protocol=4))
     res = scan_file(path)
     assert res.verdict is Verdict.ERROR and "internal error" in res.errors[0]
+
+
+def test_archives_nested_too_deep_are_an_error(tmp_path):
+    data = EVIL
+    for level in range(6):
+        buf = io.BytesIO()
+        with zipfile.ZipFile(buf, "w") as zf:
+            zf.writestr(f"level{level}", data)
+        data = buf.getvalue()
+    path = tmp_path / "deep.zip"
+    path.write_bytes(data)
+    res = scan_file(path)
+    assert res.verdict is not Verdict.SAFE
+    assert any("nested more than" in e for e in res.errors)
