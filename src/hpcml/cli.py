@@ -8,6 +8,7 @@ import typer
 
 from hpcml import __version__
 from hpcml.errors import HpcmlError
+from hpcml.observe.cli import app as observe_app
 from hpcml.scan.cli import app as scan_app
 from hpcml.vet.cli import app as vet_app
 
@@ -15,6 +16,7 @@ app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC c
                   no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
 app.add_typer(vet_app, name="vet")
 app.add_typer(scan_app, name="scan")
+app.add_typer(observe_app, name="observe")
 
 
 @app.command()

@@ -1,0 +1,144 @@
+"""``observe.log`` and ``observe.section``: cheap in the training loop, never in its way.
+
+A call appends tuples to an in-memory list (an atomic operation under the GIL) and
+returns; a daemon thread turns the list into an Arrow batch every flush interval and
+writes it: to the recorder's pipe when ``hpcml observe record`` started this process
+(``HPCML_OBSERVE_FD``), else to this rank's own file in the job directory. Any error is
+counted (``problems()``) and reported in the store, never raised into the caller.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import threading
+import time
+from typing import Any
+
+FLUSH_SECONDS = float(os.environ.get("HPCML_OBSERVE_FLUSH", "1.0") or 1.0)
+MAX_BUFFERED = 2_000_000        # rows kept while the writer is stuck; newer rows are dropped
+
+_buf: list[tuple] = []
+_lock = threading.Lock()
+_state: dict[str, Any] = {"thread": None, "writer": None, "step": None, "errors": 0,
+                          "dropped": 0, "write_errors": 0, "reported": (0, 0, 0)}
+_time_ns = time.time_ns
+_perf_ns = time.perf_counter_ns
+
+
+def rank_from_env(env=os.environ) -> int:
+    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
+        if env.get(var, "").isdigit():
+            return int(env[var])
+    return 0
+
+
+def log(step: int | None = None, **metrics: float) -> None:
+    """Record ``metrics`` (numbers) at ``step``; a few microseconds, never raises."""
+    try:
+        ts = _time_ns()
+        if step is not None:
+            _state["step"] = step
+        append = _buf.append
+        for name, value in metrics.items():
+            append((ts, "metric", name, float(value), step, None))
+        if _state["thread"] is None:
+            _start()
+    except Exception:  # noqa: BLE001 - the training loop must never see our errors
+        _state["errors"] += 1
+
+
+class section:
+    """``with observe.section("dataload"):`` records the block's wall time in seconds."""
+
+    __slots__ = ("name", "t0")
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def __enter__(self) -> "section":
+        self.t0 = _perf_ns()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            t1 = _perf_ns()
+            _buf.append((_time_ns(), "section", self.name, (t1 - self.t0) / 1e9, _state["step"], None))
+            if _state["thread"] is None:
+                _start()
+        except Exception:  # noqa: BLE001
+            _state["errors"] += 1
+
+
+def problems() -> dict[str, int]:
+    """What went wrong so far: call errors, rows dropped, failed writes."""
+    return {"errors": _state["errors"], "dropped": _state["dropped"],
+            "write_errors": _state["write_errors"]}
+
+
+def _open_writer():
+    from hpcml.observe.store import RankWriter, rank_path
+    rank = rank_from_env()
+    fd = os.environ.get("HPCML_OBSERVE_FD", "")
+    if fd.isdigit():
+        return RankWriter(os.fdopen(int(fd), "wb", buffering=0), rank)
+    job_dir = os.environ.get("HPCML_OBSERVE_DIR") or \
+        f"hpcml-observe-{os.environ.get('SLURM_JOB_ID', 'local')}"
+    os.makedirs(job_dir, exist_ok=True)
+    return RankWriter(rank_path(job_dir, rank), rank)
+
+
+def _take() -> list[tuple]:
+    n = len(_buf)
+    rows = _buf[:n]
+    del _buf[:n]
+    counts = (_state["errors"], _state["dropped"], _state["write_errors"])
+    if counts != _state["reported"]:
+        _state["reported"] = counts
+        ts = _time_ns()
+        rows += [(ts, "problem", name, float(v), None, None)
+                 for name, v in zip(("api_errors", "rows_dropped", "write_errors"), counts)]
+    return rows
+
+
+def flush() -> None:
+    """Write what is buffered now (the background thread does this every interval)."""
+    with _lock:
+        rows = _take()
+        if not rows:
+            return
+        try:
+            if _state["writer"] is None:
+                _state["writer"] = _open_writer()
+            _state["writer"].write_rows(rows)
+        except Exception:  # noqa: BLE001 - a full disk or a dead recorder: count, keep going
+            _state["write_errors"] += 1
+            if len(_buf) > MAX_BUFFERED:
+                _state["dropped"] += len(_buf) - MAX_BUFFERED
+                del _buf[:len(_buf) - MAX_BUFFERED]
+
+
+def _loop() -> None:
+    while True:
+        time.sleep(FLUSH_SECONDS)
+        flush()
+
+
+def _close() -> None:
+    flush()
+    writer = _state["writer"]
+    if writer is not None:
+        try:
+            writer.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
+def _start() -> None:
+    with _lock:
+        if _state["thread"] is not None:
+            return
+        t = threading.Thread(target=_loop, name="hpcml-observe-writer", daemon=True)
+        _state["thread"] = t
+        t.start()
+        atexit.register(_close)

@@ -1,0 +1,49 @@
+"""``hpcml observe``: parse arguments, call the recorder or the readers, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from hpcml.cli_support import fail
+from hpcml.errors import HpcmlError
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+                  help="Per-rank telemetry for a job: record it, then look at it.\n\n"
+                       "Example: [bold]srun hpcml observe record -- python train.py[/]")
+
+
+@app.command("record", context_settings={"allow_interspersed_args": False})
+def record_cmd(
+    cmd: List[str] = typer.Argument(..., help="The task's command, after --."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
+    interval: float = typer.Option(1.0, help="Seconds between host/GPU samples (>= 0.1)."),
+    no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not sample GPUs."),
+) -> None:
+    """Run CMD as this task and record it; exits with CMD's exit code.
+
+        srun hpcml observe record --dir $SCRATCH/obs-$SLURM_JOB_ID -- python train.py
+    """
+    from hpcml.observe.recorder import record
+    try:
+        rc = record(cmd, out, interval, gpu_sampler=not no_gpu)
+    except HpcmlError as exc:
+        fail("hpcml observe record", exc)
+    raise typer.Exit(rc)
+
+
+@app.command("summary")
+def summary_cmd(job_dir: Path = typer.Argument(..., help="A job directory.")) -> None:
+    """Ranks, rows and damaged files of a job directory (the full report comes later)."""
+    from hpcml.observe.store import read_job
+    try:
+        job = read_job(job_dir)
+    except HpcmlError as exc:
+        fail("hpcml observe summary", exc)
+    print(f"{job.path}: {len(job.ranks)} ranks, {job.table.num_rows} rows")
+    for rank, problem in sorted(job.problems.items()):
+        print(f"rank {rank}: {problem}")
+    if job.missing:
+        print(f"missing ranks: {job.missing}")

@@ -1,0 +1,152 @@
+"""``hpcml observe record -- cmd``: run one task's command and record it.
+
+The recorder is the only writer of its rank's file: it samples the host and this task's
+GPUs every interval, and copies the batches the wrapped process sends through
+``observe.log`` (a pipe passed as ``HPCML_OBSERVE_FD``) into the same stream. Signals
+Slurm sends to the task (TERM at the time limit, INT, HUP, USR1/USR2 for pre-emption
+warnings, CONT) are forwarded to the command, and the recorder exits with the command's
+exit code (128 + signal number when a signal ended it, as a shell does).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from hpcml.cluster.allocation import _gpus, this_node
+from hpcml.errors import UsageError
+from hpcml.observe.api import rank_from_env
+from hpcml.observe.samplers.host import HostSampler
+from hpcml.observe.store import JOB_META, RankWriter, rank_path, write_json
+
+FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
+             signal.SIGCONT)
+MIN_INTERVAL = 0.1
+
+
+@dataclass
+class Task:
+    """Who this task is, from Slurm's (or torchrun's) environment."""
+
+    rank: int
+    local_rank: int
+    node: str
+    gpus: tuple[str, ...]
+    job_id: str
+    ntasks: int
+    nodes: str
+    extra: dict = field(default_factory=dict)
+
+    @classmethod
+    def from_env(cls, env=os.environ) -> "Task":
+        def num(*names: str, default: int) -> int:
+            for n in names:
+                if env.get(n, "").isdigit():
+                    return int(env[n])
+            return default
+        return cls(rank=rank_from_env(env), local_rank=num("LOCAL_RANK", "SLURM_LOCALID", default=0),
+                   node=this_node(env), gpus=_gpus(env), job_id=env.get("SLURM_JOB_ID", "local"),
+                   ntasks=num("WORLD_SIZE", "SLURM_NTASKS", default=1),
+                   nodes=env.get("SLURM_JOB_NODELIST", this_node(env)))
+
+
+def default_dir(task: Task) -> Path:
+    return Path(f"hpcml-observe-{task.job_id}")
+
+
+def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict) -> None:
+    """Move the wrapped process's batches into the rank file until it closes the pipe."""
+    import pyarrow as pa
+    with os.fdopen(read_fd, "rb") as pipe:
+        try:
+            reader = pa.ipc.open_stream(pipe)
+            for batch in reader:
+                with lock:
+                    writer.write_batch(batch)
+                stats["app_batches"] += 1
+        except (pa.ArrowInvalid, OSError, StopIteration):
+            pass        # the process never logged, or died mid-batch: keep what arrived
+
+
+def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
+           gpu_sampler: bool = True) -> int:
+    if not cmd:
+        raise UsageError("no command to record: give it after --, e.g. "
+                         "hpcml observe record -- python train.py")
+    if interval < MIN_INTERVAL:
+        raise UsageError(f"--interval must be at least {MIN_INTERVAL} s, got {interval}")
+    task = Task.from_env()
+    out = Path(job_dir) if job_dir else default_dir(task)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.time()
+    if task.rank == 0:
+        write_json(out / JOB_META, {"job_id": task.job_id, "nodes": task.nodes,
+                                    "ntasks": task.ntasks, "command": cmd, "start": started,
+                                    "interval": interval})
+    rank_meta = {"rank": task.rank, "local_rank": task.local_rank, "node": task.node,
+                 "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
+                 "start": started}
+    write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
+
+    writer = RankWriter(rank_path(out, task.rank), task.rank)
+    lock = threading.Lock()
+    stats = {"app_batches": 0}
+    read_fd, write_fd = os.pipe()
+    env = dict(os.environ, HPCML_OBSERVE_FD=str(write_fd), HPCML_OBSERVE_DIR=str(out))
+    try:
+        child = subprocess.Popen(cmd, env=env, pass_fds=(write_fd,))
+    except OSError as exc:
+        os.close(read_fd)
+        os.close(write_fd)
+        writer.close()
+        raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
+    os.close(write_fd)
+    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats),
+                              daemon=True)
+    copier.start()
+    previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
+
+    samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0)]
+    if gpu_sampler and (task.gpus or os.environ.get("HPCML_OBSERVE_NVML_REPLAY")):
+        try:
+            from hpcml.observe.samplers.nvml import NvmlSampler
+            samplers.append(NvmlSampler(task.gpus))
+        except Exception as exc:  # noqa: BLE001 - no NVML: record without GPU metrics
+            rank_meta["gpu_sampler"] = f"unavailable: {exc}"
+    try:
+        while True:
+            try:
+                rc = child.wait(timeout=interval)
+                break
+            except subprocess.TimeoutExpired:
+                pass
+            rows = []
+            ts = time.time_ns()
+            for s in samplers:
+                try:
+                    rows += s.sample(ts)
+                except Exception:  # noqa: BLE001 - one bad read must not stop recording
+                    rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
+            with lock:
+                writer.write_rows(rows)
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
+        copier.join(timeout=10)
+        with lock:
+            writer.close()
+        for s in samplers[1:]:
+            s.close()
+    rank_meta.update(end=time.time(), exit_code=rc, app_batches=stats["app_batches"])
+    write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
+    if task.rank == 0:
+        meta = {"job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
+                "command": cmd, "start": started, "end": time.time(), "interval": interval}
+        write_json(out / JOB_META, meta)
+    return rc if rc >= 0 else 128 - rc

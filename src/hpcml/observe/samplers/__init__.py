@@ -1,0 +1,1 @@
+"""One module per sampler. A sampler's ``sample(ts_ns)`` returns store rows."""

@@ -1,0 +1,61 @@
+"""Host sampler (psutil): the wrapped process tree always; the node only once per node.
+
+Node-wide figures (CPU, memory, disk and network I/O) are the same for every rank of a
+node, so only local rank 0 records them; each rank records its own process tree.
+Rates are differences between successive samples, so the first sample has none.
+"""
+
+from __future__ import annotations
+
+import psutil
+
+
+class HostSampler:
+    def __init__(self, pid: int, node_wide: bool) -> None:
+        self.proc = psutil.Process(pid)
+        self.node_wide = node_wide
+        self._last: tuple[int, dict[str, float]] | None = None
+        self._procs: dict[int, psutil.Process] = {}
+        psutil.cpu_percent(None)
+
+    def _tree(self) -> list[psutil.Process]:
+        try:
+            current = [self.proc] + self.proc.children(recursive=True)
+        except psutil.Error:
+            return []
+        # keep Process objects so cpu_percent() measures since the previous sample
+        self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
+        return list(self._procs.values())
+
+    def sample(self, ts: int) -> list[tuple]:
+        rows: list[tuple] = []
+        cpu = rss = 0.0
+        for p in self._tree():
+            try:
+                cpu += p.cpu_percent(None)
+                rss += p.memory_info().rss
+            except psutil.Error:
+                continue
+        rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
+                 (ts, "host", "proc_rss_bytes", rss, None, None)]
+        if not self.node_wide:
+            return rows
+        mem = psutil.virtual_memory()
+        rows += [(ts, "host", "cpu_percent", psutil.cpu_percent(None), None, None),
+                 (ts, "host", "mem_used_bytes", float(mem.total - mem.available), None, None),
+                 (ts, "host", "mem_available_bytes", float(mem.available), None, None)]
+        counters = {}
+        disk = psutil.disk_io_counters()
+        if disk:
+            counters.update(disk_read=disk.read_bytes, disk_write=disk.write_bytes)
+        net = psutil.net_io_counters()
+        if net:
+            counters.update(net_recv=net.bytes_recv, net_sent=net.bytes_sent)
+        if self._last:
+            t0, before = self._last
+            dt = (ts - t0) / 1e9
+            if dt > 0:
+                rows += [(ts, "host", f"{k}_bytes_per_s", (v - before[k]) / dt, None, None)
+                         for k, v in counters.items() if k in before]
+        self._last = (ts, counters)
+        return rows

@@ -1,0 +1,78 @@
+"""GPU sampler through NVML (nvidia-ml-py), for the GPUs bound to this task only.
+
+NVML stays initialised for the recorder's lifetime (init per sample would cost more than
+the sample). Utilisation here is NVML's *temporal* figure (some kernel ran during the
+window), not saturation; ``hpcml score`` measures that with DCGM.
+
+No GPU exists on the development machines: ``HPCML_OBSERVE_NVML_REPLAY=file.jsonl``
+replays recorded samples (one JSON object per line: {"gpus": [{"index": 0, ...}]}) in a
+loop, which is how the tests exercise this module. The live path is untested here.
+"""
+
+from __future__ import annotations
+
+import itertools
+import json
+import os
+from typing import Sequence
+
+FIELDS = ("util_gpu_percent", "util_mem_percent", "mem_used_bytes", "power_w", "sm_clock_mhz",
+          "mem_clock_mhz", "temperature_c", "clocks_event_reasons")
+
+
+class NvmlSampler:
+    def __init__(self, bound: Sequence[str]) -> None:
+        """``bound``: NVML indices or UUIDs from SLURM_STEP_GPUS / CUDA_VISIBLE_DEVICES."""
+        self.bound = list(bound)
+        self._replay = None
+        self.handles: list[tuple[int, object]] = []
+        replay = os.environ.get("HPCML_OBSERVE_NVML_REPLAY")
+        if replay:
+            with open(replay, encoding="utf-8") as f:
+                self._replay = itertools.cycle([json.loads(line) for line in f if line.strip()])
+            return
+        import pynvml as nv          # ImportError: the caller records without GPUs
+        nv.nvmlInit()
+        self.nv = nv
+        for i in range(nv.nvmlDeviceGetCount()):
+            h = nv.nvmlDeviceGetHandleByIndex(i)
+            uuid = nv.nvmlDeviceGetUUID(h)
+            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
+            if not self.bound or str(i) in self.bound or uuid in self.bound:
+                self.handles.append((i, h))
+
+    def _read(self, handle) -> dict[str, float | None]:
+        nv = self.nv
+
+        def get(fn, *args):
+            try:
+                return fn(handle, *args)
+            except nv.NVMLError:
+                return None
+        util = get(nv.nvmlDeviceGetUtilizationRates)
+        mem = get(nv.nvmlDeviceGetMemoryInfo)
+        power = get(nv.nvmlDeviceGetPowerUsage)
+        return {"util_gpu_percent": util.gpu if util else None,
+                "util_mem_percent": util.memory if util else None,
+                "mem_used_bytes": mem.used if mem else None,
+                "power_w": power / 1000 if power is not None else None,
+                "sm_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+                "mem_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
+                "temperature_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+                "clocks_event_reasons": get(nv.nvmlDeviceGetCurrentClocksThrottleReasons)}
+
+    def sample(self, ts: int) -> list[tuple]:
+        if self._replay is not None:
+            gpus = [(g["index"], g) for g in next(self._replay)["gpus"]
+                    if not self.bound or str(g["index"]) in self.bound]
+        else:
+            gpus = [(i, self._read(h)) for i, h in self.handles]
+        return [(ts, "gpu", name, float(values[name]), None, index)
+                for index, values in gpus for name in FIELDS if values.get(name) is not None]
+
+    def close(self) -> None:
+        if self._replay is None and self.handles is not None:
+            try:
+                self.nv.nvmlShutdown()
+            except Exception:  # noqa: BLE001
+                pass

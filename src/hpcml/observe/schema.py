@@ -1,0 +1,38 @@
+"""The store's one schema: long rows, so host, GPU, user metrics and sections share it.
+
+Long (one value per row) rather than wide because the set of metric names is open-ended
+and differs by rank; DuckDB pivots it back in one statement.
+"""
+
+from __future__ import annotations
+
+COLUMNS = ("ts", "rank", "kind", "name", "value", "step", "gpu")
+KINDS = ("host", "gpu", "metric", "section", "problem")
+
+
+def arrow_schema():
+    import pyarrow as pa
+    return pa.schema([
+        pa.field("ts", pa.timestamp("us", tz="UTC"), nullable=False),
+        pa.field("rank", pa.int32(), nullable=False),
+        pa.field("kind", pa.string(), nullable=False),
+        pa.field("name", pa.string(), nullable=False),
+        pa.field("value", pa.float64()),
+        pa.field("step", pa.int64()),
+        pa.field("gpu", pa.int16()),
+    ])
+
+
+def to_batch(rows: list[tuple], rank: int):
+    """Rows are (ts_ns, kind, name, value, step, gpu) tuples, as the buffers hold them."""
+    import pyarrow as pa
+    ts, kind, name, value, step, gpu = zip(*rows)
+    return pa.record_batch([
+        pa.array([t // 1000 for t in ts], pa.timestamp("us", tz="UTC")),
+        pa.array([rank] * len(rows), pa.int32()),
+        pa.array(kind, pa.string()),
+        pa.array(name, pa.string()),
+        pa.array(value, pa.float64(), from_pandas=True),
+        pa.array(step, pa.int64()),
+        pa.array(gpu, pa.int16()),
+    ], schema=arrow_schema())
