@@ -1,0 +1,85 @@
+"""Straggler detection from per-rank step (or section) times.
+
+Each step's time on each rank is divided by that step's median over all ranks, so a job
+that slows down as a whole (a checkpoint, a busy filesystem) moves no rank's score. Per
+rank, over the steps every rank reported:
+
+- ``score``: the median of those ratios. A *chronic* straggler has a score above
+  ``1 + chronic`` and is slower than ``1 + chronic`` in most of its steps.
+- ``stalls``: single steps at least ``stall`` times the step median on a rank that is
+  not chronic — one-off hiccups (a GC pause, a page-cache miss), not a slow node.
+- ``trend``: the rank's own median ratio in the last quarter of the steps over the first
+  quarter; above ``1 + chronic`` the rank is getting slower (a degrading node).
+- ``confidence``: the share of the rank's steps that were slow, scaled down when there
+  are fewer than ``MIN_STEPS`` steps to judge.
+
+This follows the relative scoring of NVIDIA's nvidia-resiliency-ext straggler detector
+(section time / median section time across ranks), computed offline from the store.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+MIN_STEPS = 30
+
+
+@dataclass
+class RankScore:
+    rank: int
+    node: str | None
+    gpus: list[str]
+    steps: int
+    score: float
+    slow_fraction: float
+    trend: float
+    confidence: float
+    chronic: bool
+    stalls: list[tuple[int, float]] = field(default_factory=list)   # (step, ratio)
+
+
+def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
+    """(rank ids, step ids, times[rank, step]) for the steps that every rank reported."""
+    rank_ids = np.unique(ranks)
+    step_ids = np.unique(steps)
+    m = np.full((len(rank_ids), len(step_ids)), np.nan)
+    m[np.searchsorted(rank_ids, ranks), np.searchsorted(step_ids, steps)] = values
+    complete = ~np.isnan(m).any(axis=0)
+    return rank_ids, step_ids[complete], m[:, complete]
+
+
+def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = 0.10,
+                stall: float = 3.0) -> list[RankScore]:
+    """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows."""
+    rank_ids, step_ids, m = step_matrix(np.asarray(ranks), np.asarray(steps), np.asarray(values, float))
+    if m.shape[1] == 0 or len(rank_ids) < 2:
+        return []
+    ratio = m / np.median(m, axis=0, keepdims=True)
+    n = m.shape[1]
+    q = max(1, n // 4)
+    out = []
+    for i, rank in enumerate(rank_ids):
+        r = ratio[i]
+        score = float(np.median(r))
+        slow = float(np.mean(r > 1 + chronic))
+        trend = float(np.median(r[-q:]) / np.median(r[:q]))
+        is_chronic = score > 1 + chronic and slow >= 0.5
+        stalls = [] if is_chronic else [(int(step_ids[j]), float(r[j])) for j in np.nonzero(r >= stall)[0]]
+        info = (meta_ranks or {}).get(str(int(rank)), {})
+        out.append(RankScore(rank=int(rank), node=info.get("node"), gpus=list(info.get("gpus", [])),
+                             steps=n, score=score, slow_fraction=slow, trend=trend,
+                             confidence=round(slow * min(1.0, n / MIN_STEPS), 3),
+                             chronic=is_chronic, stalls=stalls))
+    return sorted(out, key=lambda s: -s.score)
+
+
+def from_job(job, section: str = "step", **kw) -> list[RankScore]:
+    """Scores from a job store (``hpcml.observe.store.read_job``) for one section."""
+    t = job.table
+    import pyarrow.compute as pc
+    mask = pc.and_(pc.equal(t["kind"], "section"), pc.equal(t["name"], section))
+    rows = t.filter(pc.and_(mask, pc.is_valid(t["step"])))
+    return score_ranks(rows["rank"].to_numpy(), rows["step"].to_numpy(), rows["value"].to_numpy(),
+                       meta_ranks=job.meta.get("ranks"), **kw)

@@ -1,0 +1,79 @@
+"""Straggler scores on synthetic jobs with known ground truth."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from hpcml.observe.stragglers import score_ranks
+
+
+def _job(n_ranks=16, n_steps=200, seed=0):
+    rng = np.random.default_rng(seed)
+    base = 0.5 * (1 + 0.3 * np.sin(np.arange(n_steps) / 10))      # the whole job speeds up and slows down
+    times = base[None, :] * rng.lognormal(0, 0.03, (n_ranks, n_steps))
+    return times
+
+
+def _flat(times):
+    r, s = np.indices(times.shape)
+    return r.ravel(), s.ravel(), times.ravel()
+
+
+def test_chronic_straggler_is_found_with_high_confidence():
+    t = _job()
+    t[5] *= 1.35                                   # rank 5 is on a slow node
+    scores = score_ranks(*_flat(t), meta_ranks={"5": {"node": "n2", "gpus": ["1"]}})
+    worst = scores[0]
+    assert worst.rank == 5 and worst.chronic and worst.confidence > 0.9
+    assert worst.node == "n2" and worst.gpus == ["1"]
+    assert not any(s.chronic for s in scores[1:])
+
+
+def test_one_off_stall_is_not_chronic():
+    t = _job()
+    t[3, 120] *= 8                                 # one long pause on rank 3
+    scores = {s.rank: s for s in score_ranks(*_flat(t))}
+    assert not scores[3].chronic
+    assert scores[3].stalls == [(120, scores[3].stalls[0][1])] and scores[3].stalls[0][1] > 5
+
+
+def test_job_wide_slowdown_moves_no_rank():
+    t = _job()
+    t[:, 50:80] *= 4                               # a checkpoint slows every rank
+    assert not any(s.chronic or s.stalls for s in score_ranks(*_flat(t)))
+
+
+def test_degrading_rank_shows_a_trend():
+    t = _job()
+    t[7] *= np.linspace(1.0, 1.6, t.shape[1])
+    s = {x.rank: x for x in score_ranks(*_flat(t))}[7]
+    assert s.trend > 1.3
+
+
+def test_steps_missing_on_some_ranks_are_left_out():
+    t = _job(n_ranks=4, n_steps=50)
+    r, s, v = _flat(t)
+    keep = ~((r == 2) & (s >= 40))                 # rank 2 died at step 40
+    scores = score_ranks(r[keep], s[keep], v[keep])
+    assert all(x.steps == 40 for x in scores)
+
+
+def test_too_little_data_gives_no_scores():
+    assert score_ranks([0, 0], [0, 1], [1.0, 1.0]) == []
+
+
+def test_from_a_job_store(tmp_path):
+    import json
+    import time
+
+    from hpcml.observe.store import RankWriter, rank_path, read_job
+    from hpcml.observe.stragglers import from_job
+    t = _job(n_ranks=4, n_steps=60)
+    t[2] *= 1.5
+    for rank in range(4):
+        (tmp_path / f"rank-{rank:05d}.json").write_text(json.dumps({"rank": rank, "node": f"n{rank // 2 + 1}"}))
+        w = RankWriter(rank_path(tmp_path, rank), rank)
+        w.write_rows([(time.time_ns(), "section", "step", float(v), i, None) for i, v in enumerate(t[rank])])
+        w.close()
+    scores = from_job(read_job(tmp_path))
+    assert scores[0].rank == 2 and scores[0].chronic and scores[0].node == "n2"
