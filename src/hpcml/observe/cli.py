@@ -47,3 +47,37 @@ def summary_cmd(job_dir: Path = typer.Argument(..., help="A job directory.")) ->
         print(f"rank {rank}: {problem}")
     if job.missing:
         print(f"missing ranks: {job.missing}")
+
+
+@app.command("hang")
+def hang_cmd(
+    dump_dir: Path = typer.Argument(..., help="Directory of Flight Recorder dumps, one per rank."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON instead of text."),
+) -> None:
+    """Which ranks a hung job waits for, from PyTorch's Flight Recorder dumps.
+
+        TORCH_FR_BUFFER_SIZE=2000 TORCH_FR_DUMP_TEMP_FILE=$SCRATCH/fr/rank_ srun python train.py
+        hpcml observe hang $SCRATCH/fr
+    """
+    import json
+    from dataclasses import asdict
+
+    from hpcml.observe.hang import analyse
+    try:
+        rep = analyse(dump_dir)
+    except HpcmlError as exc:
+        fail("hpcml observe hang", exc)
+    if as_json:
+        print(json.dumps({"dumps": {r: str(p) for r, p in rep.dumps.items()}, "refused": rep.refused,
+                          "missing": rep.missing, "findings": [asdict(f) for f in rep.findings],
+                          "last_seq": rep.last_seq}, indent=2))
+        return
+    print(f"{len(rep.dumps)} dumps read from {dump_dir}")
+    for name, why in rep.refused.items():
+        print(f"refused {name}: {why}")
+    if rep.missing:
+        print(f"no dump from ranks {rep.missing}: look at them first (they may have died)")
+    for f in rep.findings:
+        print(f"process group {f.pg}, collective #{f.seq}: {f.kind}: culprits {f.culprits}: {f.detail}")
+    if not rep.findings and not rep.missing:
+        print("all ranks agree on every collective they still record")
