@@ -60,7 +60,8 @@ def default_dir(task: Task) -> Path:
     return Path(f"hpcml-observe-{task.job_id}")
 
 
-def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict) -> None:
+def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
+                     exporter=None) -> None:
     """Move the wrapped process's batches into the rank file until it closes the pipe."""
     import pyarrow as pa
     with os.fdopen(read_fd, "rb") as pipe:
@@ -69,13 +70,16 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
             for batch in reader:
                 with lock:
                     writer.write_batch(batch)
+                    if exporter is not None:
+                        exporter.update_batch(batch)
                 stats["app_batches"] += 1
         except (pa.ArrowInvalid, OSError, StopIteration):
             pass        # the process never logged, or died mid-batch: keep what arrived
 
 
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
-           gpu_sampler: bool = True) -> int:
+           gpu_sampler: bool = True, prometheus_port: int | None = None,
+           prometheus_addr: str = "127.0.0.1") -> int:
     if not cmd:
         raise UsageError("no command to record: give it after --, e.g. "
                          "hpcml observe record -- python train.py")
@@ -94,6 +98,17 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
                  "start": started}
     write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
 
+    exporter = None
+    if prometheus_port is not None:
+        from hpcml.observe.export import PromExporter
+        port = prometheus_port + task.local_rank
+        try:
+            exporter = PromExporter(port, prometheus_addr, job=task.job_id, rank=task.rank,
+                                    node=task.node)
+        except OSError as exc:
+            raise UsageError(f"cannot serve metrics on {prometheus_addr}:{port}: {exc.strerror}",
+                             key="--prometheus-port") from None
+        rank_meta["prometheus"] = f"{prometheus_addr}:{port}"
     writer = RankWriter(rank_path(out, task.rank), task.rank)
     lock = threading.Lock()
     stats = {"app_batches": 0}
@@ -105,9 +120,11 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         os.close(read_fd)
         os.close(write_fd)
         writer.close()
+        if exporter is not None:
+            exporter.close()
         raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
     os.close(write_fd)
-    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats),
+    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter),
                               daemon=True)
     copier.start()
     previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
@@ -135,6 +152,8 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
                     rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
             with lock:
                 writer.write_rows(rows)
+                if exporter is not None:
+                    exporter.update(rows)
     finally:
         for s, h in previous.items():
             signal.signal(s, h)
@@ -143,6 +162,8 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
             writer.close()
         for s in samplers[1:]:
             s.close()
+        if exporter is not None:
+            exporter.close()
     rank_meta.update(end=time.time(), exit_code=rc, app_batches=stats["app_batches"])
     write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
     if task.rank == 0:
