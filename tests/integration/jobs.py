@@ -8,10 +8,11 @@ import time
 from pathlib import Path
 
 
-def submit(script: str, workdir: Path, env: dict[str, str], nodes: int = 2) -> str:
+def submit(script: str, workdir: Path, env: dict[str, str], nodes: int = 2,
+           tasks_per_node: int = 1) -> str:
     path = workdir / "job.sh"
     path.write_text(script)
-    out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", "--ntasks-per-node=1",
+    out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
                           f"--output={workdir}/job.out", f"--chdir={workdir}", str(path)],
                          capture_output=True, text=True, env=env, timeout=30, check=True)
     return out.stdout.strip().split(";")[0]
@@ -29,6 +30,7 @@ def wait(job_id: str, env: dict[str, str], timeout: float = 120.0) -> None:
     raise TimeoutError(f"job {job_id} still queued or running after {timeout} s")
 
 
-def run_job(script: str, workdir: Path, env: dict[str, str], timeout: float = 120.0) -> str:
-    wait(submit(script, workdir, env), env, timeout)
+def run_job(script: str, workdir: Path, env: dict[str, str], timeout: float = 120.0,
+            tasks_per_node: int = 1) -> str:
+    wait(submit(script, workdir, env, tasks_per_node=tasks_per_node), env, timeout)
     return (workdir / "job.out").read_text()

@@ -49,12 +49,16 @@ def log(step: int | None = None, **metrics: float) -> None:
 
 
 class section:
-    """``with observe.section("dataload"):`` records the block's wall time in seconds."""
+    """``with observe.section("dataload", step=i):`` records the block's wall time (s).
 
-    __slots__ = ("name", "t0")
+    Without ``step`` the section is labelled with the last step given to ``log``.
+    """
 
-    def __init__(self, name: str) -> None:
+    __slots__ = ("name", "t0", "step")
+
+    def __init__(self, name: str, step: int | None = None) -> None:
         self.name = name
+        self.step = step
 
     def __enter__(self) -> "section":
         self.t0 = _perf_ns()
@@ -63,7 +67,8 @@ class section:
     def __exit__(self, *exc: object) -> None:
         try:
             t1 = _perf_ns()
-            _buf.append((_time_ns(), "section", self.name, (t1 - self.t0) / 1e9, _state["step"], None))
+            step = _state["step"] if self.step is None else self.step
+            _buf.append((_time_ns(), "section", self.name, (t1 - self.t0) / 1e9, step, None))
             if _state["thread"] is None:
                 _start()
         except Exception:  # noqa: BLE001
