@@ -77,3 +77,24 @@ def test_from_a_job_store(tmp_path):
         w.close()
     scores = from_job(read_job(tmp_path))
     assert scores[0].rank == 2 and scores[0].chronic and scores[0].node == "n2"
+
+
+def test_public_trace_with_a_labelled_straggler():
+    """Alibaba PAI job 1 (tests/data/stragglers/README.md): worker 6 becomes a straggler
+    in the middle of training, in sampled iterations 1811-1941; nobody else does."""
+    import csv
+    from pathlib import Path
+    rows = list(csv.DictReader(open(Path(__file__).parents[1] / "data" / "stragglers" /
+                                    "alibaba-pai-job1-extract.csv")))
+    ranks, steps, values = [], [], []
+    for row in rows:
+        for w in range(10):
+            ranks.append(w)
+            steps.append(int(row["time"]))
+            values.append(float(row[f"w{w}"]))
+    scores = {s.rank: s for s in score_ranks(ranks, steps, values)}
+    assert not any(s.chronic for s in scores.values())          # it is an episode, not the whole run
+    flagged = {r for r, s in scores.items() if s.episodes}
+    assert flagged == {6}
+    (first, last, ratio), = scores[6].episodes
+    assert 1811 <= first <= 1831 and 1921 <= last <= 1941 and ratio > 1.3

@@ -8,6 +8,10 @@ rank, over the steps every rank reported:
   ``1 + chronic`` and is slower than ``1 + chronic`` in most of its steps.
 - ``stalls``: single steps at least ``stall`` times the step median on a rank that is
   not chronic — one-off hiccups (a GC pause, a page-cache miss), not a slow node.
+- ``episodes``: stretches of ``window`` steps where a rank that is not chronic over the
+  whole run was slow against *its own* usual ratio in most steps (above ``1 + chronic``
+  times its median) — a straggler that emerges and goes away, as in Alibaba PAI's
+  published job 1, without flagging ranks that are always a little slower.
 - ``trend``: the rank's own median ratio in the last quarter of the steps over the first
   quarter; above ``1 + chronic`` the rank is getting slower (a degrading node).
 - ``confidence``: the share of the rank's steps that were slow, scaled down when there
@@ -38,6 +42,28 @@ class RankScore:
     confidence: float
     chronic: bool
     stalls: list[tuple[int, float]] = field(default_factory=list)   # (step, ratio)
+    episodes: list[tuple[int, int, float]] = field(default_factory=list)  # (first, last step, median ratio)
+
+
+def _episodes(r: np.ndarray, step_ids: np.ndarray, window: int, limit: float) -> list[tuple[int, int, float]]:
+    """Merged runs of windows in which most steps are slower than ``limit`` times the
+    rank's own median ratio; each with its median ratio to the other ranks."""
+    ratio_to_others = r
+    r = r / np.median(r)
+    if len(r) < window:
+        return []
+    win = np.lib.stride_tricks.sliding_window_view(r, window)
+    bad = (np.median(win, axis=1) > limit) & (np.mean(win > limit, axis=1) >= 0.5)
+    out: list[list[int]] = []
+    for start in np.nonzero(bad)[0]:
+        slow = start + np.nonzero(r[start:start + window] > limit)[0]
+        first, last = int(slow[0]), int(slow[-1])
+        if out and first <= out[-1][1] + 1:
+            out[-1][1] = max(out[-1][1], last)
+        else:
+            out.append([first, last])
+    return [(int(step_ids[a]), int(step_ids[b]), float(np.median(ratio_to_others[a:b + 1])))
+            for a, b in out]
 
 
 def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
@@ -51,7 +77,7 @@ def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
 
 
 def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = 0.10,
-                stall: float = 3.0) -> list[RankScore]:
+                stall: float = 3.0, window: int = 10) -> list[RankScore]:
     """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows."""
     rank_ids, step_ids, m = step_matrix(np.asarray(ranks), np.asarray(steps), np.asarray(values, float))
     if m.shape[1] == 0 or len(rank_ids) < 2:
@@ -67,11 +93,12 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
         trend = float(np.median(r[-q:]) / np.median(r[:q]))
         is_chronic = score > 1 + chronic and slow >= 0.5
         stalls = [] if is_chronic else [(int(step_ids[j]), float(r[j])) for j in np.nonzero(r >= stall)[0]]
+        episodes = [] if is_chronic else _episodes(r, step_ids, window, 1 + chronic)
         info = (meta_ranks or {}).get(str(int(rank)), {})
         out.append(RankScore(rank=int(rank), node=info.get("node"), gpus=list(info.get("gpus", [])),
                              steps=n, score=score, slow_fraction=slow, trend=trend,
                              confidence=round(slow * min(1.0, n / MIN_STEPS), 3),
-                             chronic=is_chronic, stalls=stalls))
+                             chronic=is_chronic, stalls=stalls, episodes=episodes))
     return sorted(out, key=lambda s: -s.score)
 
 
