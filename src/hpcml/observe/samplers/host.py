@@ -7,7 +7,11 @@ Rates are differences between successive samples, so the first sample has none.
 
 from __future__ import annotations
 
+import time
+
 import psutil
+
+TREE_REFRESH_S = 2.0    # walking /proc for the process tree is most of a sample's cost
 
 
 class HostSampler:
@@ -16,15 +20,19 @@ class HostSampler:
         self.node_wide = node_wide
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
+        self._refreshed = 0.0
         psutil.cpu_percent(None)
 
     def _tree(self) -> list[psutil.Process]:
-        try:
-            current = [self.proc] + self.proc.children(recursive=True)
-        except psutil.Error:
-            return []
-        # keep Process objects so cpu_percent() measures since the previous sample
-        self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
+        now = time.monotonic()
+        if now - self._refreshed >= TREE_REFRESH_S or not self._procs:
+            self._refreshed = now
+            try:
+                current = [self.proc] + self.proc.children(recursive=True)
+            except psutil.Error:
+                current = []
+            # keep Process objects so cpu_percent() measures since the previous sample
+            self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
         return list(self._procs.values())
 
     def sample(self, ts: int) -> list[tuple]:
