@@ -45,59 +45,80 @@ class RankScore:
     episodes: list[tuple[int, int, float]] = field(default_factory=list)  # (first, last step, median ratio)
 
 
-def _episodes(r: np.ndarray, step_ids: np.ndarray, window: int, limit: float) -> list[tuple[int, int, float]]:
-    """Merged runs of windows in which most steps are slower than ``limit`` times the
-    rank's own median ratio; each with its median ratio to the other ranks."""
-    ratio_to_others = r
-    r = r / np.median(r)
-    if len(r) < window:
-        return []
-    win = np.lib.stride_tricks.sliding_window_view(r, window)
-    bad = (np.median(win, axis=1) > limit) & (np.mean(win > limit, axis=1) >= 0.5)
+def _episodes(slow_own: np.ndarray, bad: np.ndarray, ratio: np.ndarray, step_ids: np.ndarray,
+              window: int) -> list[tuple[int, int, float]]:
+    """One rank's merged runs of bad windows, trimmed to their slow steps, each with its
+    median ratio to the other ranks."""
     out: list[list[int]] = []
     for start in np.nonzero(bad)[0]:
-        slow = start + np.nonzero(r[start:start + window] > limit)[0]
+        slow = start + np.nonzero(slow_own[start:start + window])[0]
         first, last = int(slow[0]), int(slow[-1])
         if out and first <= out[-1][1] + 1:
             out[-1][1] = max(out[-1][1], last)
         else:
             out.append([first, last])
-    return [(int(step_ids[a]), int(step_ids[b]), float(np.median(ratio_to_others[a:b + 1])))
-            for a, b in out]
+    return [(int(step_ids[a]), int(step_ids[b]), float(np.median(ratio[a:b + 1]))) for a, b in out]
+
+
+def _dense_ids(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(sorted distinct values, index of each element): O(n) for small non-negative ints."""
+    x = x.astype(np.int64, copy=False)
+    lo, hi = int(x.min()), int(x.max())
+    if hi - lo > 4 * len(x) + 1_000_000:        # sparse ids: sort instead
+        ids, idx = np.unique(x, return_inverse=True)
+        return ids, idx
+    present = np.bincount(x - lo, minlength=hi - lo + 1) > 0
+    ids = np.flatnonzero(present) + lo
+    lookup = np.cumsum(present) - 1
+    return ids, lookup[x - lo]
 
 
 def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
     """(rank ids, step ids, times[rank, step]) for the steps that every rank reported."""
-    rank_ids = np.unique(ranks)
-    step_ids = np.unique(steps)
+    rank_ids, ri = _dense_ids(ranks)
+    step_ids, si = _dense_ids(steps)
     m = np.full((len(rank_ids), len(step_ids)), np.nan)
-    m[np.searchsorted(rank_ids, ranks), np.searchsorted(step_ids, steps)] = values
+    m[ri, si] = values
     complete = ~np.isnan(m).any(axis=0)
     return rank_ids, step_ids[complete], m[:, complete]
 
 
 def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = 0.10,
                 stall: float = 3.0, window: int = 10) -> list[RankScore]:
-    """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows."""
+    """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows.
+
+    Whole-matrix numpy operations (ranks x steps), so 1,024 ranks x 10,000 steps take
+    about a second; Python loops only over the few ranks that have episodes or stalls.
+    """
     rank_ids, step_ids, m = step_matrix(np.asarray(ranks), np.asarray(steps), np.asarray(values, float))
     if m.shape[1] == 0 or len(rank_ids) < 2:
         return []
+    limit = 1 + chronic
     ratio = m / np.median(m, axis=0, keepdims=True)
     n = m.shape[1]
     q = max(1, n // 4)
+    score = np.median(ratio, axis=1)
+    slow = np.mean(ratio > limit, axis=1)
+    trend = np.median(ratio[:, -q:], axis=1) / np.median(ratio[:, :q], axis=1)
+    chronic_rank = (score > limit) & (slow >= 0.5)
+    # episodes: windows where more than half the steps are slow against the rank's own median
+    slow_own = ratio > limit * score[:, None]
+    bad = np.zeros((len(rank_ids), 0), bool)
+    if n >= window:
+        c = np.concatenate([np.zeros((len(rank_ids), 1), np.int64), np.cumsum(slow_own, axis=1)], axis=1)
+        bad = (c[:, window:] - c[:, :-window]) * 2 > window
+    stall_at = ratio >= stall
     out = []
     for i, rank in enumerate(rank_ids):
-        r = ratio[i]
-        score = float(np.median(r))
-        slow = float(np.mean(r > 1 + chronic))
-        trend = float(np.median(r[-q:]) / np.median(r[:q]))
-        is_chronic = score > 1 + chronic and slow >= 0.5
-        stalls = [] if is_chronic else [(int(step_ids[j]), float(r[j])) for j in np.nonzero(r >= stall)[0]]
-        episodes = [] if is_chronic else _episodes(r, step_ids, window, 1 + chronic)
+        is_chronic = bool(chronic_rank[i])
+        stalls = [] if is_chronic else [(int(step_ids[j]), float(ratio[i, j])) for j in np.nonzero(stall_at[i])[0]]
+        episodes = [] if is_chronic or not bad[i].any() else \
+            _episodes(slow_own[i], bad[i], ratio[i], step_ids, window)
         info = (meta_ranks or {}).get(str(int(rank)), {})
         out.append(RankScore(rank=int(rank), node=info.get("node"), gpus=list(info.get("gpus", [])),
-                             steps=n, score=score, slow_fraction=slow, trend=trend,
-                             confidence=round(slow * min(1.0, n / MIN_STEPS), 3),
+                             steps=n, score=float(score[i]), slow_fraction=float(slow[i]),
+                             trend=float(trend[i]),
+                             confidence=round(float(slow[i]) * min(1.0, n / MIN_STEPS), 3),
                              chronic=is_chronic, stalls=stalls, episodes=episodes))
     return sorted(out, key=lambda s: -s.score)
 

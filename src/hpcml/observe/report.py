@@ -1,0 +1,457 @@
+"""The job report: what a job did, where it was slow and what to do about it.
+
+``build(job)`` turns a job store (``read_job``) into a ``Report``: plain data, no printing.
+``Report.to_dict()`` is the stable JSON form; ``Report.plots`` holds the downsampled
+arrays the HTML renderer draws (not part of the JSON).
+
+Everything is vectorised over the store's long table: rows are put into (rank, time
+bucket) cells with ``np.bincount`` and reduced across ranks per bucket, so a job of
+1,024 ranks x 10,000 steps (10M rows) reports in a few seconds. Time is cut into at
+most ``MAX_BUCKETS`` equal buckets over the job's span.
+
+- Throughput: a user metric (``tokens_per_s``, ``samples_per_s``, ... or any metric
+  named ``*_per_s``) as the per-bucket median across ranks of each rank's mean; without
+  one, steps/s from the ``step`` section.
+- Stalls: buckets where the job-wide step rate (completed steps / active rank-seconds)
+  falls below ``STALL_FRACTION`` of its median over the job.
+- Stragglers: ``hpcml.observe.stragglers.score_ranks`` on the ``step`` section.
+"""
+
+from __future__ import annotations
+
+import itertools
+import warnings
+from dataclasses import asdict, dataclass, field
+from typing import Any
+
+import numpy as np
+
+from hpcml.observe.stragglers import score_ranks
+
+MAX_BUCKETS = 1000
+MAX_HEATMAP_ROWS = 256
+STALL_FRACTION = 0.5
+DATALOAD_SHARE = 0.30
+MAX_FINDINGS = 5
+THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "images_per_s",
+                      "throughput")
+DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
+
+
+@dataclass
+class Finding:
+    kind: str
+    message: str
+    advice: str
+
+
+@dataclass
+class Report:
+    job_id: str
+    path: str
+    ranks_expected: int
+    ranks_with_data: int
+    nodes: list[str]
+    start: float | None            # unix seconds
+    end: float | None
+    duration_s: float | None
+    rows: int
+    throughput: dict[str, Any] | None
+    stalls: list[dict[str, Any]]
+    stragglers: list[dict[str, Any]]
+    one_off_stalls: list[dict[str, Any]]
+    transient_stragglers: list[dict[str, Any]]
+    sections: dict[str, dict[str, float]]
+    missing_ranks: list[int]
+    damaged_ranks: dict[int, str]
+    failed_ranks: dict[int, int]
+    recorder_problems: dict[str, float]
+    findings: list[Finding]
+    plots: dict[str, Any] = field(default_factory=dict, repr=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d.pop("plots")
+        d["damaged_ranks"] = {str(k): v for k, v in self.damaged_ranks.items()}
+        d["failed_ranks"] = {str(k): v for k, v in self.failed_ranks.items()}
+        return d
+
+
+# ---------------------------------------------------------------------------- helpers
+
+class _Rows:
+    """One (kind, name)'s rows: rank, rank index, seconds since the job's first row, value."""
+
+    def __init__(self, rank, ridx, x, value, step=None, bucket=None):
+        self.rank, self.ridx, self.x, self.value, self.step, self.bucket = rank, ridx, x, value, step, bucket
+
+    def take(self, sel) -> _Rows:
+        return _Rows(*(None if a is None else a[sel]
+                       for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket)))
+
+
+def _col(t, name: str, fill) -> np.ndarray:
+    """A column as numpy, nulls replaced by ``fill``."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+    col = t[name]
+    if pa.types.is_timestamp(col.type):
+        col = col.cast(pa.int64())
+    if col.null_count:
+        col = pc.fill_null(col, fill)
+    return col.to_numpy()
+
+
+def _quiet():
+    ctx = warnings.catch_warnings()
+    ctx.__enter__()
+    warnings.simplefilter("ignore", RuntimeWarning)
+    return ctx
+
+
+def _cells(idx_row: np.ndarray, bucket: np.ndarray, values: np.ndarray, n_rows: int, nb: int):
+    """Mean of ``values`` per (row, bucket) cell, NaN where a cell has no rows."""
+    flat = idx_row.astype(np.int64) * nb + bucket
+    size = n_rows * nb
+    s = np.bincount(flat, weights=values, minlength=size)
+    c = np.bincount(flat, minlength=size)
+    with np.errstate(invalid="ignore", divide="ignore"):
+        m = s / c
+    return m.reshape(n_rows, nb), c.reshape(n_rows, nb)
+
+
+def _band(m: np.ndarray) -> dict[str, list]:
+    """p10 / median / p90 across rows, per bucket."""
+    ctx = _quiet()
+    try:
+        if m.shape[0] == 1:
+            p10 = p50 = p90 = m[0]
+        else:
+            p10, p50, p90 = np.nanpercentile(m, [10, 50, 90], axis=0)
+    finally:
+        ctx.__exit__(None, None, None)
+    return {"p10": p10, "median": p50, "p90": p90}
+
+
+def _r(x: float | None, nd: int = 3):
+    return None if x is None or not np.isfinite(x) else round(float(x), nd)
+
+
+# ---------------------------------------------------------------------------- build
+
+def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> Report:
+    """The report for one job store (``hpcml.observe.store.read_job``)."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    meta = job.meta
+    meta_ranks: dict[str, dict] = meta.get("ranks") or {}
+    t = job.table
+    expected = int(meta.get("ntasks") or 0) or (max(job.ranks) + 1 if job.ranks else 0)
+
+    # Columns as numpy; rows grouped by (kind, name) with one stable radix sort.
+    n = t.num_rows
+    kinds = pc.unique(t["kind"]).to_pylist() if n else []
+    names = pc.unique(t["name"]).to_pylist() if n else []
+    nn = max(1, len(names))
+    if n:                                           # Arrow releases the GIL: both at once
+        from concurrent.futures import ThreadPoolExecutor
+        with ThreadPoolExecutor(2) as pool:
+            kc = pool.submit(pc.index_in, t["kind"], value_set=pa.array(kinds, pa.string()))
+            nc = pool.submit(pc.index_in, t["name"], value_set=pa.array(names, pa.string()))
+            kind_code, name_code = kc.result().to_numpy(), nc.result().to_numpy()
+        # 16-bit keys: numpy's stable sort is then a radix sort, O(n)
+        kt = np.uint16 if len(kinds) * nn < 65536 else np.int64
+        key = kind_code.astype(kt) * kt(nn) + name_code.astype(kt)
+    else:
+        key = np.array([], np.int64)
+    order = np.argsort(key, kind="stable")
+    counts = np.bincount(key, minlength=len(kinds) * nn) if n else np.array([], np.int64)
+    bounds = np.concatenate([[0], np.cumsum(counts)])
+
+    ts_us = _col(t, "ts", 0) if n else np.array([], np.int64)
+    rank = _col(t, "rank", 0) if n else np.array([], np.int32)
+    value = _col(t, "value", np.nan) if n else np.array([])
+    t0_us = int(ts_us.min()) if n else None
+    t1_us = int(ts_us.max()) if n else None
+    start = meta.get("start") if meta.get("start") is not None else (t0_us / 1e6 if t0_us else None)
+    end = meta.get("end") if meta.get("end") is not None else (t1_us / 1e6 if t1_us else None)
+    span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None else 1.0
+
+    # Ranks and nodes.
+    rank_ids = np.nonzero(np.bincount(rank))[0] if n else np.array([], np.int64)
+    ridx = np.zeros(int(rank_ids.max()) + 1 if len(rank_ids) else 1, np.int32)
+    ridx[rank_ids] = np.arange(len(rank_ids))
+    nr = len(rank_ids)
+
+    def node_of(r: int) -> str:
+        return (meta_ranks.get(str(int(r))) or {}).get("node") or f"rank{int(r)}"
+    rank_nodes = [node_of(r) for r in rank_ids]
+    nodes = sorted({(v or {}).get("node") for v in meta_ranks.values() if (v or {}).get("node")},
+                   key=_natural)
+    if not nodes and isinstance(meta.get("nodes"), list):
+        nodes = list(meta["nodes"])
+
+    # Whole-table columns once, then one gather per group.
+    # Seconds since the job's first row. float32 (10 ms resolution over a day) because memory
+    # traffic, not arithmetic, bounds this on a thousand ranks.
+    x_all = np.subtract(ts_us, t0_us if t0_us is not None else 0).astype(np.float32)
+    x_all *= np.float32(1e-6)
+    del ts_us
+    identity = nr == 0 or (rank_ids[0] == 0 and rank_ids[-1] == nr - 1)
+    ridx_all = rank if identity else ridx[rank]
+    groups: dict[tuple[str, str], _Rows] = {}
+    for k in np.nonzero(counts)[0]:
+        kind, name = kinds[k // nn], names[k % nn]
+        idx = order[bounds[k]:bounds[k + 1]]
+        g = _Rows(rank=None, ridx=ridx_all[idx], x=x_all[idx], value=value[idx])
+        if kind == "section" and name == "step":
+            g.rank = rank[idx]
+            g.step = _col(t, "step", -1)[idx]
+            ok = g.step >= 0
+            if not ok.all():
+                g = g.take(ok)
+        groups[(kind, name)] = g
+    del order, key, x_all, ridx_all, value, rank
+
+    sg = groups.get(("section", "step"))
+    if sg is not None and not len(sg.x):
+        sg = None
+    n_steps = int(np.median(np.bincount(sg.ridx, minlength=nr))) if sg is not None else 0
+    interval = float(meta.get("interval") or 1.0)
+    nb = n_steps // 5 if n_steps else int(span / interval)
+    nb = int(min(max_buckets, max(10, nb)))
+    width = span / nb
+    for g in groups.values():
+        g.bucket = np.minimum((g.x / width).astype(np.int32), nb - 1)
+    centers = (np.arange(nb) + 0.5) * width
+    plots: dict[str, Any] = {"t": centers, "bucket_s": width, "t0": t0_us / 1e6 if t0_us else None,
+                             "series": [], "gpu": [], "host": [], "heatmap": None, "throughput": None}
+
+    # Step rate per bucket: completed steps per active rank-second.
+    rate = None
+    stalls: list[dict[str, Any]] = []
+    if sg is not None:
+        first = np.full(nr, np.inf)
+        last = np.full(nr, -np.inf)
+        np.minimum.at(first, sg.ridx, sg.x - np.fmax(sg.value, 0))
+        np.maximum.at(last, sg.ridx, sg.x)
+        edges = np.arange(nb + 1) * width
+        lo = np.maximum(first[:, None], edges[None, :-1])
+        hi = np.minimum(last[:, None], edges[None, 1:])
+        active = np.clip(hi - lo, 0, None).sum(axis=0)              # rank-seconds per bucket
+        done = np.bincount(sg.bucket, minlength=nb).astype(float)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            rate = np.where(active > 0.5 * width, done / active, np.nan)
+        med = float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan")
+        if np.isfinite(med) and med > 0:
+            low = np.nan_to_num(rate, nan=np.inf) < STALL_FRACTION * med
+            i = 0
+            while i < nb:                                           # merge runs of low buckets
+                if not low[i]:
+                    i += 1
+                    continue
+                j = i
+                while j + 1 < nb and low[j + 1]:
+                    j += 1
+                stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
+                               "duration_s": _r(edges[j + 1] - edges[i], 2),
+                               "step_rate": _r(float(np.nanmin(rate[i:j + 1])), 4),
+                               "median_step_rate": _r(med, 4),
+                               "ratio": _r(float(np.nanmin(rate[i:j + 1])) / med, 3)})
+                i = j + 1
+        plots["step_rate"] = rate
+
+    # Per-rank means per bucket for every user metric and section (reused below).
+    cells = {key_: _cells(g.ridx, g.bucket, g.value, nr, nb)[0]
+             for key_, g in groups.items() if key_[0] in ("metric", "section")}
+
+    # Throughput: a user metric if logged, else steps/s.
+    throughput = None
+    metric_names = [nm for (k, nm) in groups if k == "metric"]
+    chosen = next((nm for nm in THROUGHPUT_METRICS if nm in metric_names), None) or \
+        next((nm for nm in sorted(metric_names) if nm.endswith(("_per_s", "_per_sec", "_per_second"))), None)
+    if chosen:
+        ctx = _quiet()
+        try:
+            series = np.nanmedian(cells[("metric", chosen)], axis=0)
+        finally:
+            ctx.__exit__(None, None, None)
+        throughput = {"source": "metric", "name": chosen, "unit": chosen}
+    elif rate is not None:
+        series = rate
+        throughput = {"source": "section", "name": "step", "unit": "steps/s per rank"}
+    if throughput is not None:
+        fin = series[np.isfinite(series)]
+        throughput.update(bucket_s=_r(width, 3), median=_r(np.median(fin)) if len(fin) else None,
+                          min=_r(fin.min()) if len(fin) else None, max=_r(fin.max()) if len(fin) else None,
+                          series=[_r(v, 4) for v in _downsample(series, 60)])
+        plots["throughput"] = {"name": throughput["unit"], "values": series}
+
+    # Stragglers.
+    stragglers, one_off, transient = [], [], []
+    if sg is not None:
+        scores = score_ranks(sg.rank, sg.step, sg.value, meta_ranks=meta_ranks)
+        for s in scores:
+            for a, b, ratio in getattr(s, "episodes", []):
+                transient.append({"rank": s.rank, "node": s.node, "first_step": a, "last_step": b,
+                                  "ratio": _r(ratio)})
+            if s.chronic:
+                stragglers.append({"rank": s.rank, "node": s.node, "gpus": s.gpus, "score": _r(s.score),
+                                   "slow_fraction": _r(s.slow_fraction), "trend": _r(s.trend),
+                                   "confidence": _r(s.confidence), "steps": s.steps})
+            for st, ratio in s.stalls:
+                one_off.append({"rank": s.rank, "node": s.node, "step": st, "ratio": _r(ratio)})
+        one_off.sort(key=lambda d: -d["ratio"])
+        transient.sort(key=lambda d: -(d["last_step"] - d["first_step"]))
+        degrading = [s for s in scores if not s.chronic and s.trend > 1.15 and s.steps >= 30]
+        plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
+
+    # Sections: total time and share of the step section.
+    sections: dict[str, dict[str, float]] = {}
+    step_total = float(np.nansum(sg.value)) if sg is not None else 0.0
+    for (k, nm), g in groups.items():
+        if k != "section":
+            continue
+        tot = float(np.nansum(g.value))
+        sections[nm] = {"total_s": _r(tot, 3), "mean_s": _r(tot / max(1, len(g.value)), 6),
+                        "share_of_step": _r(tot / step_total, 4) if step_total > 0 and nm != "step" else None}
+
+    # Plot data: per-metric bands across ranks, the heatmap, node-level GPU/host series.
+    for (k, nm), m in sorted(cells.items()):
+        plots["series"].append({"kind": k, "name": nm, **_band(m)})
+    if sg is not None:
+        plots["heatmap"] = _heatmap(cells[("section", "step")], rank_ids, max_rows)
+    node_names = sorted(set(rank_nodes), key=_natural)
+    nidx_of_rank = np.array([node_names.index(nd) for nd in rank_nodes], np.int64) if rank_nodes else None
+    for kind in ("gpu", "host"):
+        for (k, nm), g in sorted(groups.items()):
+            if k == kind:
+                # mean per node and bucket: over the node's GPUs, or its ranks' host samples
+                m, _ = _cells(nidx_of_rank[g.ridx], g.bucket, g.value, len(node_names), nb)
+                plots[kind].append({"name": nm, "nodes": node_names, "values": m})
+
+    # Problems.
+    damaged = {int(r): why for r, why in sorted(job.problems.items())}
+    failed = {}
+    for r, info in meta_ranks.items():
+        ec = (info or {}).get("exit_code")
+        if ec not in (None, 0):
+            failed[int(r)] = int(ec)
+    rec_problems: dict[str, float] = {}
+    for (k, nm), g in groups.items():
+        if k == "problem" and len(g.value) and np.nanmax(g.value) > 0:
+            rec_problems[nm] = float(np.nanmax(g.value))
+
+    findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed,
+                         stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
+                         transient=transient,
+                         rec_problems=rec_problems, degrading=plots.get("degrading", []),
+                         meta_ranks=meta_ranks)
+    return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
+                  ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
+                  start=_r(start, 3), end=_r(end, 3),
+                  duration_s=_r(end - start, 3) if start is not None and end is not None else None,
+                  rows=int(t.num_rows), throughput=throughput, stalls=stalls,
+                  stragglers=stragglers, one_off_stalls=one_off[:50],
+                  transient_stragglers=transient[:50], sections=sections,
+                  missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
+                  recorder_problems=rec_problems, findings=findings, plots=plots)
+
+
+def _natural(s: str):
+    import re
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def _downsample(a: np.ndarray, n: int) -> np.ndarray:
+    """At most ``n`` points: means of equal chunks (NaN-aware)."""
+    if len(a) <= n:
+        return a
+    idx = np.linspace(0, len(a), n + 1).astype(int)
+    ctx = _quiet()
+    try:
+        return np.array([np.nanmean(a[i:j]) for i, j in itertools.pairwise(idx)])
+    finally:
+        ctx.__exit__(None, None, None)
+
+
+def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, Any]:
+    """Rank x bucket mean step time; ranks grouped (max over the group) above ``max_rows``."""
+    n = m.shape[0]
+    if n <= max_rows:
+        return {"values": m, "labels": [str(int(r)) for r in rank_ids], "group": 1}
+    g = -(-n // max_rows)
+    pad = g * (-(-n // g)) - n
+    mm = np.vstack([m, np.full((pad, m.shape[1]), np.nan)]) if pad else m
+    ctx = _quiet()
+    try:
+        grouped = np.nanmax(mm.reshape(-1, g, m.shape[1]), axis=1)
+    finally:
+        ctx.__exit__(None, None, None)
+    labels = [f"{int(rank_ids[i])}-{int(rank_ids[min(i + g, n) - 1])}" for i in range(0, n, g)]
+    return {"values": grouped, "labels": labels, "group": g}
+
+
+def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
+              degrading, meta_ranks) -> list[Finding]:
+    out: list[Finding] = []
+    if missing:
+        shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
+        nodes = sorted({(meta_ranks.get(str(r)) or {}).get("node") for r in missing} - {None})
+        where = f"{', '.join(nodes[:4])}'s logs" if nodes else "its node's logs (sacct -j JOB -o NodeList)"
+        out.append(Finding("missing_rank", f"rank{'s' if len(missing) > 1 else ''} {shown} left no data",
+                           f"check {where}: the task was killed or never started recording"))
+    if failed:
+        r, ec = next(iter(sorted(failed.items())))
+        out.append(Finding("failed_rank", f"{len(failed)} rank(s) exited non-zero (rank {r}: {ec})",
+                           f"read rank {r}'s stderr first; exit {ec} "
+                           + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program")))
+    for s in stragglers[:2]:
+        node = s["node"] or "its node"
+        gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""
+        out.append(Finding("chronic_straggler",
+                           f"rank {s['rank']} on {node}{gpu} is {s['score']:.2f}x the step median "
+                           f"(confidence {s['confidence']:.2f})",
+                           f"exclude {node} with srun --exclude={node} or run hpcml vet on it"))
+    if len(stragglers) > 2:
+        out.append(Finding("chronic_straggler", f"{len(stragglers) - 2} more chronic stragglers",
+                           "see the straggler table; several on one node point at the node"))
+    if stalls:
+        total = sum(s["duration_s"] or 0 for s in stalls)
+        worst = min(stalls, key=lambda s: s["ratio"] if s["ratio"] is not None else 0)
+        out.append(Finding("job_stall", f"{len(stalls)} job-wide stall(s), {total:.0f} s in all; worst at "
+                           f"+{worst['start_s']:.0f} s ({(worst['ratio'] or 0) * 100:.0f}% of median step rate)",
+                           "every rank slowed at once: look at checkpoints, the filesystem or the "
+                           "network at those times"))
+    for name in DATA_SECTIONS:
+        sh = (sections.get(name) or {}).get("share_of_step")
+        if sh is not None and sh > DATALOAD_SHARE:
+            out.append(Finding("data_bound", f"section '{name}' is {sh * 100:.0f}% of the step time",
+                               "data loading bounds the step: more workers, pack the dataset (hpcml data)"))
+            break
+    if damaged:
+        r, why = next(iter(damaged.items()))
+        out.append(Finding("damaged_file", f"{len(damaged)} rank file(s) damaged (rank {r}: {why.split(' (')[0]})",
+                           "the task was killed mid-write; its data up to the cut is used"))
+    if rec_problems:
+        out.append(Finding("recorder_problem", "the recorder reported " + ", ".join(
+            f"{k}={v:g}" for k, v in sorted(rec_problems.items())),
+            "rows were lost: check disk space and HPCML_OBSERVE_FLUSH"))
+    if transient:
+        e = transient[0]
+        out.append(Finding("transient_straggler", f"rank {e['rank']} on {e['node']} was {e['ratio']:.2f}x the "
+                           f"others from step {e['first_step']} to {e['last_step']}"
+                           + (f" (+{len(transient) - 1} more episodes)" if len(transient) > 1 else ""),
+                           "a slowdown that came and went: look at that node's host/GPU charts then "
+                           "(thermal throttling, a noisy neighbour)"))
+    if degrading:
+        d = degrading[0]
+        out.append(Finding("degrading_rank", f"rank {d['rank']} on {d['node']} got {d['trend']:.2f}x slower "
+                           "over the job", "watch the node's temperature and clocks; vet it before reuse"))
+    if one_off:
+        o = one_off[0]
+        out.append(Finding("one_off_stall", f"{len(one_off)} one-off stall(s); worst rank {o['rank']} step "
+                           f"{o['step']} at {o['ratio']:.1f}x", "single hiccups (GC, page cache); act only "
+                           "if they repeat on one node"))
+    return out[:MAX_FINDINGS]
