@@ -4,6 +4,7 @@ whose recorder is killed with SIGKILL mid-run."""
 from __future__ import annotations
 
 import json
+import subprocess
 import sys
 from pathlib import Path
 
@@ -54,3 +55,13 @@ echo "srun exit $?"
     assert rank1 and 35 <= max(rank1) <= 50 and sorted(rank1) == list(range(len(rank1)))
     assert "exit_code" not in json.loads((tmp_path / "obs" / "rank-00001.json").read_text())
     assert max(_steps(job, 0)) == 79
+
+    # the report names the straggler and its node, and accounts for the killed recorder
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", "--json",
+                          str(tmp_path / "obs")], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    rep = json.loads(out.stdout)
+    worst = rep["stragglers"][0]
+    assert worst["rank"] == 2 and worst["node"] == nodes[2]
+    assert any("2" in f["message"] and nodes[2] in (f["message"] + f["advice"]) for f in rep["findings"])
+    assert (tmp_path / "obs" / "report.html").stat().st_size > 10_000
