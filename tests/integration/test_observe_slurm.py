@@ -13,6 +13,7 @@ import pytest
 from hpcml.observe.store import read_job
 from hpcml.observe.stragglers import from_job
 from tests.integration.jobs import run_job
+from tests.observe.browser import assert_not_blank, render
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slurm
@@ -64,4 +65,6 @@ echo "srun exit $?"
     worst = rep["stragglers"][0]
     assert worst["rank"] == 2 and worst["node"] == nodes[2]
     assert any("2" in f["message"] and nodes[2] in (f["message"] + f["advice"]) for f in rep["findings"])
-    assert (tmp_path / "obs" / "report.html").stat().st_size > 10_000
+    pixels, dom = render(tmp_path / "obs" / "report.html", tmp_path)
+    assert_not_blank(pixels)
+    assert f"rank 2 on {nodes[2]}" in dom

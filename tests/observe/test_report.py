@@ -1,18 +1,14 @@
 """The job report on synthetic job directories with known ground truth (hpcml.observe.synthetic).
 
 The HTML test renders the report in headless Chromium (Debian's ``chromium``; installed
-here when missing and root) and decodes the screenshot with zlib to check it is not blank.
+here when missing and root) and checks the screenshot is not blank.
 """
 
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import struct
 import subprocess
 import sys
-import zlib
 from pathlib import Path
 
 import numpy as np
@@ -21,6 +17,7 @@ import pytest
 from hpcml.observe.report import build
 from hpcml.observe.store import read_job
 from hpcml.observe.synthetic import make_job
+from tests.observe.browser import assert_not_blank, render
 
 SLOW, STALL_STEP, STALL_S, HICCUP, MISSING, CUT = 5, 250, 5.0, (9, 100), 7, 12
 
@@ -156,85 +153,11 @@ def test_html_is_self_contained(rep):
 
 # ------------------------------------------------------------------ headless Chromium
 
-def _chromium() -> str | None:
-    for name in ("chromium", "chromium-browser", "google-chrome"):
-        if shutil.which(name):
-            return shutil.which(name)
-    if os.geteuid() == 0 and shutil.which("apt-get"):
-        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "chromium"],
-                       check=False, capture_output=True, timeout=900, env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
-        return shutil.which("chromium")
-    return None
-
-
-def _paeth(a: int, b: int, c: int) -> int:
-    p = a + b - c
-    pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-    return a if pa <= pb and pa <= pc else (b if pb <= pc else c)
-
-
-def decode_png(data: bytes) -> np.ndarray:
-    """(h, w, channels) uint8 of an 8-bit RGB/RGBA non-interlaced PNG (what Chromium writes)."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n", "not a PNG"
-    pos, idat = 8, b""
-    while pos < len(data):
-        n, kind = struct.unpack(">I4s", data[pos:pos + 8])
-        body = data[pos + 8:pos + 8 + n]
-        pos += 12 + n
-        if kind == b"IHDR":
-            w, h, depth, ctype, _, _, interlace = struct.unpack(">IIBBBBB", body)
-            assert depth == 8 and ctype in (2, 6) and interlace == 0, (depth, ctype, interlace)
-        elif kind == b"IDAT":
-            idat += body
-    bpp = 3 if ctype == 2 else 4
-    raw = np.frombuffer(zlib.decompress(idat), np.uint8).reshape(h, w * bpp + 1)
-    out = np.zeros((h, w * bpp), np.uint8)
-    prev = np.zeros(w * bpp, np.uint8)
-    for y in range(h):
-        f, line = raw[y, 0], raw[y, 1:]
-        if f == 0:
-            cur = line.copy()
-        elif f == 1:
-            cur = (np.cumsum(line.reshape(w, bpp).astype(np.int64), axis=0) % 256).astype(np.uint8).ravel()
-        elif f == 2:
-            cur = line + prev
-        else:
-            cur = bytearray(line.tobytes())
-            up = prev.tobytes()
-            for i in range(len(cur)):
-                a = cur[i - bpp] if i >= bpp else 0
-                c = up[i - bpp] if i >= bpp else 0
-                cur[i] = (cur[i] + ((a + up[i]) >> 1 if f == 3 else _paeth(a, up[i], c))) & 255
-            cur = np.frombuffer(bytes(cur), np.uint8)
-        out[y] = cur
-        prev = cur
-    return out.reshape(h, w, bpp)
-
-
 def test_html_renders_in_headless_chromium(job_dir, tmp_path):
-    browser = _chromium()
-    if browser is None:
-        pytest.skip("headless Chromium is not installed and cannot be installed here (not root / no apt)")
     page = tmp_path / "report.html"
     assert _cli(str(job_dir), "--html", str(page)).returncode == 0
-    shot = tmp_path / "shot.png"
-    cmd = [browser, "--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-           "--disable-background-networking", "--disable-component-update", "--disable-sync",
-           f"--user-data-dir={tmp_path / 'profile'}", f"--screenshot={shot}", "--window-size=1200,2000",
-           page.as_uri()]
-    p = subprocess.run(cmd, check=False, capture_output=True, text=True, timeout=120)
-    assert shot.exists(), p.stderr[-2000:]
-    img = decode_png(shot.read_bytes())
-    assert img.shape[:2] == (2000, 1200)
-    rgb = img[..., :3].reshape(-1, 3).astype(np.int64)
-    colours = np.unique(rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2])
-    assert len(colours) > 200, f"only {len(colours)} colours: the page looks blank"
-    white = np.all(rgb > 245, axis=1).mean()
-    assert white < 0.97, f"{white:.0%} of the screenshot is white"
-    # the heatmap (an inline PNG in SVG) is drawn: viridis' dark purple appears
-    purple = np.all(np.abs(rgb - [68, 1, 84]) < 25, axis=1).sum()
-    assert purple > 1000, "the step-time heatmap did not render"
-    # a DOM dump shows the findings were laid out (no JS: the page is static)
-    dom = subprocess.run(cmd[:-3] + ["--dump-dom", page.as_uri()], check=False, capture_output=True,
-                         text=True, timeout=120)
-    assert "id=\"hpcml-report\"" in dom.stdout and "rank 5 on n2" in dom.stdout
+    pixels, dom = render(page, tmp_path)
+    assert pixels.shape[:2] == (2000, 1200)
+    assert_not_blank(pixels)
+    # the DOM dump shows the findings were laid out (no JS: the page is static)
+    assert 'id="hpcml-report"' in dom and "rank 5 on n2" in dom

@@ -1,0 +1,55 @@
+"""Headless Chromium for the HTML report tests: render a page, return its pixels and DOM."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync"]
+
+
+def chromium() -> str:
+    """Debian's chromium (``scripts/test`` installs it as root); skip the test without it."""
+    for name in ("chromium", "chromium-browser", "google-chrome"):
+        if shutil.which(name):
+            return shutil.which(name)
+    if os.geteuid() == 0 and shutil.which("apt-get"):
+        subprocess.run(["apt-get", "-o", "DPkg::Lock::Timeout=300", "install", "-y", "chromium"],
+                       check=False, capture_output=True, timeout=900,
+                       env=dict(os.environ, DEBIAN_FRONTEND="noninteractive"))
+    found = shutil.which("chromium")
+    if found is None:
+        pytest.skip("headless Chromium is not installed and cannot be installed here (not root / no apt)")
+    return found
+
+
+def render(page: Path, workdir: Path, size=(1200, 2000)) -> tuple[np.ndarray, str]:
+    """(RGB pixels of a screenshot, the DOM after layout) of ``page``."""
+    from PIL import Image
+    browser = chromium()
+    shot = workdir / "shot.png"
+    base = [browser, *FLAGS, f"--user-data-dir={workdir / 'profile'}"]
+    p = subprocess.run(base + [f"--screenshot={shot}", f"--window-size={size[0]},{size[1]}", page.as_uri()],
+                       check=False, capture_output=True, text=True, timeout=120)
+    assert shot.exists(), p.stderr[-2000:]
+    pixels = np.asarray(Image.open(shot).convert("RGB"))
+    dom = subprocess.run(base + ["--dump-dom", page.as_uri()], check=False, capture_output=True,
+                         text=True, timeout=120).stdout
+    return pixels, dom
+
+
+def assert_not_blank(pixels: np.ndarray) -> None:
+    rgb = pixels.reshape(-1, 3).astype(np.int64)
+    colours = np.unique(rgb[:, 0] << 16 | rgb[:, 1] << 8 | rgb[:, 2])
+    assert len(colours) > 200, f"only {len(colours)} colours: the page looks blank"
+    white = np.all(rgb > 245, axis=1).mean()
+    assert white < 0.97, f"{white:.0%} of the screenshot is white"
+    # the heatmap (an inline PNG in SVG) is drawn: viridis' dark purple appears
+    purple = np.all(np.abs(rgb - [68, 1, 84]) < 25, axis=1).sum()
+    assert purple > 1000, "the step-time heatmap did not render"
