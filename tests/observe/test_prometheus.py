@@ -39,15 +39,21 @@ def _query(port: int, promql: str) -> list:
         return json.load(r)["data"]["result"]
 
 
+def _recorder(tmp_path, script, port, rank, local_rank):
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local_rank),
+           "SLURMD_NODENAME": "n7", "HPCML_OBSERVE_FLUSH": "0.2"}
+    return subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir",
+                             str(tmp_path / "job"), "--interval", "0.2", "--prometheus-port",
+                             str(port), "--", sys.executable, str(script)], env=env)
+
+
 def test_prometheus_scrapes_a_recorded_job(tmp_path):
+    """Two ranks of one node: local rank 0 serves the node's endpoint, rank 5 (local
+    rank 1) forwards its rows to it; Prometheus sees both ranks on one target."""
     export_port, prom_port = _free_port(), _free_port()
     script = tmp_path / "train.py"
     script.write_text(TRAIN)
-    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": "3", "SLURM_LOCALID": "0",
-           "SLURMD_NODENAME": "n7", "HPCML_OBSERVE_FLUSH": "0.2"}
-    recorder = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir",
-                                 str(tmp_path / "job"), "--interval", "0.2", "--prometheus-port",
-                                 str(export_port), "--", sys.executable, str(script)], env=env)
+    recorders = [_recorder(tmp_path, script, export_port, 3, 0), _recorder(tmp_path, script, export_port, 5, 1)]
     config = tmp_path / "prometheus.yml"
     config.write_text(f"""
 global: {{scrape_interval: 1s}}
@@ -62,23 +68,27 @@ scrape_configs:
     try:
         deadline = time.time() + 90
         loss = []
-        while time.time() < deadline and not loss:
+        while time.time() < deadline and len(loss) < 2:
             time.sleep(1)
             try:
                 loss = _query(prom_port, 'hpcml_metric{name="loss"}')
             except OSError:
                 continue
-        assert loss, "prometheus never got hpcml_metric{name=loss}"
-        labels = loss[0]["metric"]
-        assert (labels["slurm_job"], labels["rank"], labels["node"], labels["job"]) == ("4242", "3", "n7", "hpcml")
-        assert 0 < float(loss[0]["value"][1]) <= 1
+        assert len(loss) == 2, f"prometheus has {loss}"
+        labels = sorted((r["metric"]["rank"], r["metric"]["slurm_job"], r["metric"]["node"],
+                         r["metric"]["job"]) for r in loss)
+        assert labels == [("3", "4242", "n7", "hpcml"), ("5", "4242", "n7", "hpcml")]
+        assert all(0 < float(r["value"][1]) <= 1 for r in loss)
         host = _query(prom_port, 'hpcml_host{name="proc_rss_bytes"}')
-        assert host and float(host[0]["value"][1]) > 1e6
+        assert {r["metric"]["rank"] for r in host} == {"3", "5"}
+        assert all(float(r["value"][1]) > 1e6 for r in host)
         step = _query(prom_port, "hpcml_section_seconds")
         assert step and step[0]["metric"]["name"] == "step"
     finally:
         prom.terminate()
-        recorder.terminate()
+        for r in recorders:
+            r.terminate()
         prom.wait(timeout=30)
-        recorder.wait(timeout=30)
+        for r in recorders:
+            r.wait(timeout=30)
     assert (tmp_path / "job" / "rank-00003.arrows").exists()

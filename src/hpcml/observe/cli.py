@@ -21,7 +21,7 @@ def record_cmd(
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples (>= 0.1)."),
     no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not sample GPUs."),
-    prometheus_port: Optional[int] = typer.Option(None, help="Serve live metrics on this port + local rank."),
+    prometheus_port: Optional[int] = typer.Option(None, help="Serve live metrics of this node's ranks on this port (local rank 0 serves)."),
     prometheus_addr: str = typer.Option("127.0.0.1", help="Address to serve them on (default loopback)."),
 ) -> None:
     """Run CMD as this task and record it; exits with CMD's exit code.

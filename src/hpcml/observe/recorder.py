@@ -100,15 +100,17 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
 
     exporter = None
     if prometheus_port is not None:
-        from hpcml.observe.export import PromExporter
-        port = prometheus_port + task.local_rank
-        try:
-            exporter = PromExporter(port, prometheus_addr, job=task.job_id, rank=task.rank,
-                                    node=task.node)
-        except OSError as exc:
-            raise UsageError(f"cannot serve metrics on {prometheus_addr}:{port}: {exc.strerror}",
-                             key="--prometheus-port") from None
-        rank_meta["prometheus"] = f"{prometheus_addr}:{port}"
+        from hpcml.observe.export import PromExporter, PromForwarder
+        if task.local_rank == 0:
+            try:
+                exporter = PromExporter(prometheus_port, prometheus_addr, job=task.job_id,
+                                        rank=task.rank, node=task.node)
+            except OSError as exc:
+                raise UsageError(f"cannot serve metrics on {prometheus_addr}:{prometheus_port}: "
+                                 f"{exc.strerror}", key="--prometheus-port") from None
+            rank_meta["prometheus"] = f"{prometheus_addr}:{prometheus_port}"
+        else:
+            exporter = PromForwarder(prometheus_port, rank=task.rank)
     writer = RankWriter(rank_path(out, task.rank), task.rank)
     lock = threading.Lock()
     stats = {"app_batches": 0}
