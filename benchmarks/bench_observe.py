@@ -89,6 +89,19 @@ POLL_S = 0.1
 
 # --------------------------------------------------------------------------- part 1: per call
 
+
+def _time_dict_logger(log, warm: int, n: int, losses, accs, lrs, times) -> None:
+    """Time ``log({...}, step=i)`` call by call (wandb.log and mlflow.log_metrics share it)."""
+    pc = time.perf_counter_ns
+    for i in range(warm):
+        log({"loss": losses[i], "acc": accs[i], "lr": lrs[i]}, step=i)
+    for k in range(n):
+        i = warm + k
+        loss, acc, lr = losses[i], accs[i], lrs[i]
+        t0 = pc()
+        log({"loss": loss, "acc": acc, "lr": lr}, step=i)
+        times[k] = pc() - t0
+
 def _worker(spec: dict) -> dict:
     """Runs in a fresh process, under the tool's own interpreter: one tool, timed per call."""
     tool, n, warm, d = spec["tool"], spec["calls"], spec["warmup"], spec["dir"]
@@ -151,15 +164,7 @@ def _worker(spec: dict) -> dict:
         import wandb
         run = wandb.init(mode="offline", dir=d, project="bench-observe")
         setup_s = time.perf_counter() - t_setup
-        wlog = wandb.log
-        for i in range(warm):
-            wlog({"loss": losses[i], "acc": accs[i], "lr": lrs[i]}, step=i)
-        for k in range(n):
-            i = warm + k
-            loss, acc, lr = losses[i], accs[i], lrs[i]
-            t0 = pc()
-            wlog({"loss": loss, "acc": acc, "lr": lr}, step=i)
-            times[k] = pc() - t0
+        _time_dict_logger(wandb.log, warm, n, losses, accs, lrs, times)
         t_close = time.perf_counter()
         run.finish()
         close_s = time.perf_counter() - t_close
@@ -175,15 +180,7 @@ def _worker(spec: dict) -> dict:
         mlflow.set_tracking_uri("file:" + os.path.join(d, "mlruns"))
         run = mlflow.start_run()
         setup_s = time.perf_counter() - t_setup
-        mlog = mlflow.log_metrics
-        for i in range(warm):
-            mlog({"loss": losses[i], "acc": accs[i], "lr": lrs[i]}, step=i)
-        for k in range(n):
-            i = warm + k
-            loss, acc, lr = losses[i], accs[i], lrs[i]
-            t0 = pc()
-            mlog({"loss": loss, "acc": acc, "lr": lr}, step=i)
-            times[k] = pc() - t0
+        _time_dict_logger(mlflow.log_metrics, warm, n, losses, accs, lrs, times)
         t_close = time.perf_counter()
         mlflow.end_run()
         close_s = time.perf_counter() - t_close
