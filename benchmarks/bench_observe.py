@@ -102,6 +102,7 @@ def _time_dict_logger(log, warm: int, n: int, losses, accs, lrs, times) -> None:
         log({"loss": loss, "acc": acc, "lr": lr}, step=i)
         times[k] = pc() - t0
 
+
 def _worker(spec: dict) -> dict:
     """Runs in a fresh process, under the tool's own interpreter: one tool, timed per call."""
     tool, n, warm, d = spec["tool"], spec["calls"], spec["warmup"], spec["dir"]
