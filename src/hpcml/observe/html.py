@@ -90,6 +90,9 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
     if not len(finite) or not len(t):
         return f"<p class='muted'>{html.escape(title)}: no data</p>"
     y0, y1 = float(finite.min()), float(finite.max())
+    if y1 == y0:                    # a constant series: centre it instead of pinning it to an edge
+        pad = abs(y0) * 0.1 or 1.0
+        y0, y1 = y0 - pad, y1 + pad
     if y0 > 0 and y0 < 0.3 * y1:
         y0 = 0.0
     ticks = _ticks(y0, y1)
