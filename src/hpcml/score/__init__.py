@@ -1,0 +1,1 @@
+"""GPU saturation scorer: DCGM profiling fields -> compute / memory / interconnect score."""

@@ -1,0 +1,204 @@
+"""The saturation score: how much of a GPU's compute, memory or links a job used.
+
+Per sample and GPU, from DCGM's profiling ratios (missing values stay NaN, never 0):
+
+- compute ``C = max(tensor, fp64, fp32, fp16 pipe activity)``. A pipe's activity is the
+  share of cycles it issued work, averaged over all SMs, so it already contains SM
+  activity; occupancy or SM activity without floating-point work does not raise it.
+- memory ``M = min(1, DRAM active / 0.8)``: 0.8 is DRAM activity's practical peak.
+- interconnect ``I = max((PCIe TX + RX) / PCIe peak, (NVLink TX + RX) / NVLink peak)``
+  with the bidirectional peaks of the device's model (``devices.py``); unknown model: NaN.
+- score ``S = max(C, M, I)``, and the part that attains it names the bounding resource.
+
+The run is trimmed to its active span: from the first to the last sample at which the
+mean SM activity over GPUs reaches half its median over the samples where it is above
+0.05 (warm-up, data loading before the first step and the tail are left out). Summaries
+are medians over the trimmed span; imbalance is the coefficient of variation of the
+per-GPU median score across GPUs, and across nodes.
+
+gssr's published formula is computed beside it for comparison:
+``G = 4·[σ(αA) − ½]·[σ(βF + γ·O·e^(−λF)) − ½]`` with A = SM active, O = occupancy,
+F = the sum of the four pipe activities, α = 24.0217, β = 3.0935, γ = 2.0510, λ = 11.4463.
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from hpcml.score.devices import lookup
+
+DRAM_PEAK = 0.8
+ACTIVE_FLOOR = 0.05
+PIPES = ("pipe_tensor_active", "pipe_fp64_active", "pipe_fp32_active", "pipe_fp16_active")
+GSSR = {"alpha": 24.0217, "beta": 3.0935, "gamma": 2.0510, "lambda": 11.4463}
+
+
+def _nanmax(*arrays: np.ndarray) -> np.ndarray:
+    stack = np.vstack(arrays)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)     # all-NaN columns stay NaN
+        return np.nanmax(stack, axis=0)
+
+
+def _get(series: dict[str, np.ndarray], name: str, n: int) -> np.ndarray:
+    v = series.get(name)
+    return np.full(n, np.nan) if v is None else np.asarray(v, float)
+
+
+def parts(series: dict[str, np.ndarray], model: str | None = None) -> dict[str, np.ndarray]:
+    """Per-sample C, M, I and S for one GPU's series (field name -> array)."""
+    n = len(next(iter(series.values()))) if series else 0
+    compute = _nanmax(*(_get(series, p, n) for p in PIPES))
+    memory = np.minimum(1.0, _get(series, "dram_active", n) / DRAM_PEAK)
+    dev = lookup(model)
+    inter = np.full(n, np.nan)
+    if dev is not None:
+        pcie = (_get(series, "pcie_tx_bytes", n) + _get(series, "pcie_rx_bytes", n)) / dev.pcie_bidir
+        links = [pcie]
+        if dev.nvlink_bidir:
+            links.append((_get(series, "nvlink_tx_bytes", n) + _get(series, "nvlink_rx_bytes", n))
+                         / dev.nvlink_bidir)
+        inter = np.minimum(1.0, _nanmax(*links))
+    score = _nanmax(compute, memory, inter)
+    return {"compute": compute, "memory": memory, "interconnect": inter, "score": score}
+
+
+def gssr_score(series: dict[str, np.ndarray]) -> np.ndarray:
+    """gssr's documented formula, per sample (NaN where any input is missing)."""
+    n = len(next(iter(series.values()))) if series else 0
+    a = _get(series, "sm_active", n)
+    o = _get(series, "sm_occupancy", n)
+    f = sum(_get(series, p, n) for p in PIPES)
+    sig = lambda x: 1 / (1 + np.exp(-x))  # noqa: E731
+    g = GSSR
+    return 4 * (sig(g["alpha"] * a) - 0.5) * (sig(g["beta"] * f + g["gamma"] * o * np.exp(-g["lambda"] * f)) - 0.5)
+
+
+def active_span(sm_active_by_gpu: np.ndarray) -> slice:
+    """The trimmed span (see the module docstring) of a (gpus, samples) SM-activity array."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        mean = np.nanmean(sm_active_by_gpu, axis=0)
+    busy = mean[mean > ACTIVE_FLOOR]
+    if not len(busy):
+        return slice(0, 0)
+    on = np.nonzero(mean >= 0.5 * np.median(busy))[0]
+    return slice(int(on[0]), int(on[-1]) + 1)
+
+
+def counter_rate(values: np.ndarray, t: np.ndarray) -> np.ndarray:
+    """Per-second rate of a monotonic counter (e.g. energy, mJ); a reset gives NaN, not a
+    negative rate. The first sample has no rate."""
+    v, t = np.asarray(values, float), np.asarray(t, float)
+    out = np.full(len(v), np.nan)
+    if len(v) > 1:
+        dv, dt = np.diff(v), np.diff(t)
+        with np.errstate(divide="ignore", invalid="ignore"):
+            r = dv / dt
+        r[(dv < 0) | (dt <= 0)] = np.nan
+        out[1:] = r
+    return out
+
+
+@dataclass
+class GpuScore:
+    gpu: str                 # "node:index"
+    node: str
+    samples: int
+    coverage: float          # share of the trimmed span with a score (a GPU absent part of the run < 1)
+    score: float
+    compute: float
+    memory: float
+    interconnect: float
+    bound: str | None        # the part with the highest median
+    gssr: float
+    medians: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass
+class JobScore:
+    gpus: list[GpuScore]
+    score: float
+    bound: str | None
+    breakdown: dict[str, float]
+    gssr: float
+    imbalance_gpus: float
+    imbalance_nodes: float
+    span: tuple[int, int]
+    findings: list[str]
+
+
+def _median(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    return float(np.median(x)) if len(x) else float("nan")
+
+
+def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]], models: dict[tuple[str, str], str] | None = None
+              ) -> JobScore:
+    """Score every GPU of a job. ``gpus`` maps (node, index) to field name -> array, all on
+    the same time axis (NaN where a GPU has no sample)."""
+    models = models or {}
+    keys = sorted(gpus)
+    sm = np.vstack([_get(gpus[k], "sm_active", len(next(iter(gpus[k].values())))) for k in keys])
+    span = active_span(sm)
+    out = []
+    for k in keys:
+        s = {name: np.asarray(v, float)[span] for name, v in gpus[k].items()}
+        p = parts(s, models.get(k))
+        n = len(p["score"])
+        med = {name: _median(v) for name, v in p.items()}
+        ranked = [(med[x], x) for x in ("compute", "memory", "interconnect") if np.isfinite(med[x])]
+        out.append(GpuScore(gpu=f"{k[0]}:{k[1]}", node=k[0], samples=n,
+                            coverage=float(np.isfinite(p["score"]).mean()) if n else 0.0,
+                            score=med["score"], compute=med["compute"], memory=med["memory"],
+                            interconnect=med["interconnect"], bound=max(ranked)[1] if ranked else None,
+                            gssr=_median(gssr_score(s)) if s else float("nan"),
+                            medians={name: _median(v) for name, v in s.items()}))
+    scores = np.array([g.score for g in out])
+    breakdown = {x: _median(np.array([getattr(g, x) for g in out])) for x in ("compute", "memory", "interconnect")}
+    ranked = [(v, x) for x, v in breakdown.items() if np.isfinite(v)]
+    by_node: dict[str, list[float]] = {}
+    for g in out:
+        by_node.setdefault(g.node, []).append(g.score)
+    node_means = np.array([np.nanmean(v) for v in by_node.values()])
+    job = JobScore(gpus=out, score=_median(scores), bound=max(ranked)[1] if ranked else None,
+                   breakdown=breakdown, gssr=_median(np.array([g.gssr for g in out])),
+                   imbalance_gpus=_cov(scores), imbalance_nodes=_cov(node_means),
+                   span=(span.start, span.stop), findings=[])
+    job.findings = findings(job)
+    return job
+
+
+def _cov(x: np.ndarray) -> float:
+    x = x[np.isfinite(x)]
+    if len(x) < 2 or np.mean(x) == 0:
+        return float("nan") if len(x) < 2 else 0.0
+    return float(np.std(x) / np.mean(x))
+
+
+def findings(job: JobScore) -> list[str]:
+    """One sentence each, most useful first."""
+    out = []
+    if not job.gpus:
+        return ["no GPU samples"]
+    sm = _median(np.array([g.medians.get("sm_active", np.nan) for g in job.gpus]))
+    tensor = _median(np.array([g.medians.get("pipe_tensor_active", np.nan) for g in job.gpus]))
+    if np.isfinite(sm) and np.isfinite(tensor) and sm >= 0.7 and tensor < 0.1 and job.bound == "compute":
+        out.append(f"SM active {sm:.2f} but tensor pipe {tensor:.2f}: the matrix multiplies are not on "
+                   "tensor cores; check the dtype (bf16/fp16, or TF32 allowed).")
+    if np.isfinite(sm) and sm < 0.5:
+        out.append(f"SM active {sm:.2f}: the GPUs wait most of the time; look at data loading and "
+                   "host-side work (hpcml observe report shows the dataload section).")
+    if job.bound == "memory" and job.breakdown["memory"] > 0.8:
+        out.append("memory-bound: DRAM near its practical peak; larger batches or fused kernels "
+                   "raise arithmetic intensity.")
+    if np.isfinite(job.imbalance_gpus) and job.imbalance_gpus > 0.2:
+        low = min(job.gpus, key=lambda g: g.score if np.isfinite(g.score) else np.inf)
+        out.append(f"uneven GPUs (CoV {job.imbalance_gpus:.2f}); lowest is {low.gpu} at {low.score:.2f}.")
+    partial = [g.gpu for g in job.gpus if g.coverage < 0.9]
+    if partial:
+        out.append(f"GPUs with samples for under 90 % of the run: {', '.join(partial)} (gaps or a lost GPU).")
+    return out
