@@ -1,0 +1,1 @@
+"""One module per recording format the scorer imports. Each returns a ``Recording``."""

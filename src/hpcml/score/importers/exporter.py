@@ -1,0 +1,67 @@
+"""dcgm-exporter ``/metrics`` scrapes saved one after another (e.g. ``while sleep 1; do
+curl -s node:9400/metrics; done > scrapes.prom``), parsed with prometheus-client's text
+parser. A scrape ends where a series repeats; a sample's own timestamp (milliseconds,
+optional in the exposition format) is used when present, else scrape index x interval.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+from hpcml.errors import UsageError
+from hpcml.score.fields import BY_ID
+from hpcml.score.recording import Recording
+
+# dcgm-exporter names its metrics DCGM_FI_<field>; these are the ones the scorer reads.
+NAMES = {
+    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 1001, "DCGM_FI_PROF_SM_ACTIVE": 1002,
+    "DCGM_FI_PROF_SM_OCCUPANCY": 1003, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1004,
+    "DCGM_FI_PROF_DRAM_ACTIVE": 1005, "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 1006,
+    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 1007, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 1008,
+    "DCGM_FI_PROF_PCIE_TX_BYTES": 1009, "DCGM_FI_PROF_PCIE_RX_BYTES": 1010,
+    "DCGM_FI_PROF_NVLINK_TX_BYTES": 1011, "DCGM_FI_PROF_NVLINK_RX_BYTES": 1012,
+    "DCGM_FI_DEV_GPU_UTIL": 203, "DCGM_FI_DEV_POWER_USAGE": 155,
+    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 156, "DCGM_FI_DEV_SM_CLOCK": 100,
+    "DCGM_FI_DEV_MEM_CLOCK": 101, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 112,
+    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 112, "DCGM_FI_DEV_FB_FREE": 251,
+    "DCGM_FI_DEV_FB_USED": 252, "DCGM_FI_DEV_FB_RESERVED": 253,
+}
+
+
+def load(path: str | Path, interval: float = 1.0) -> Recording:
+    from prometheus_client.parser import text_string_to_metric_families
+    p = Path(path)
+    try:
+        text = p.read_text()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read a dcgm-exporter scrape file: {exc}", file=str(p)) from None
+    rec = Recording(source=f"dcgm-exporter:{p}")
+    scrape, seen = 0, set()
+    try:
+        families = list(text_string_to_metric_families(text))
+    except (ValueError, TypeError) as exc:
+        raise UsageError(f"not Prometheus exposition text: {exc}", file=str(p)) from None
+    for family in families:
+        for sample in family.samples:
+            fid = NAMES.get(sample.name)
+            if fid is None:
+                continue
+            labels = sample.labels
+            gpu = labels.get("gpu")
+            if gpu is None:
+                raise UsageError(f"{sample.name} has no gpu label", file=str(p))
+            node = labels.get("Hostname") or labels.get("hostname") or "node"
+            key = (node, gpu, fid)
+            if key in seen:                 # the same series again: the next scrape began
+                scrape += 1
+                seen = set()
+            seen.add(key)
+            t = sample.timestamp if sample.timestamp is not None else scrape * interval
+            value = float(sample.value)
+            rec.gpu(node, gpu, labels.get("modelName")).add(
+                float(t), BY_ID[fid].name, value if math.isfinite(value) else math.nan)
+    if not rec.gpus:
+        raise UsageError("no DCGM_FI_* metrics with a gpu label: not a dcgm-exporter scrape", file=str(p))
+    rec.notes.append(f"{scrape + 1} scrapes")
+    return rec
