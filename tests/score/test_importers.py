@@ -62,3 +62,44 @@ def test_bad_files(tmp_path, text, words):
     f.write_text(text)
     with pytest.raises(UsageError, match=words):
         exporter.load(f)
+
+
+def _gssr_csv(path, rows, order=("min", "avg", "max")):
+    fields = ["DCGM_FI_PROF_SM_ACTIVE", "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE", "DCGM_FI_PROF_DRAM_ACTIVE"]
+    header = ["timestamp", "gpuId"] + [f"{f}_{s}" for f in fields for s in order]
+    lines = [",".join(header)]
+    for t, gpu, vals in rows:
+        cells = [str(t), str(gpu)]
+        for v in vals:
+            cells += [v] * 3
+        lines.append(",".join(cells))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text("\n".join(lines) + "\n")
+
+
+def test_gssr_record_csv_directory(tmp_path):
+    from hpcml.score.importers import gssr_record
+    out = tmp_path / "clariden_123" / "step_0"
+    _gssr_csv(out / "proc_0.csv", [(1700000000, 0, ("0.90", "0.50", "0.20")),
+                                   (1700000001, 0, ("0.91", "", "0.21"))])
+    _gssr_csv(out / "proc_4.csv", [(1700000000, 1, ("0.80", "0.40", "0.10"))], order=("min", "max", "avg"))
+    rec = gssr_record.load(tmp_path)
+    assert sorted(rec.gpus) == [("proc0", "0"), ("proc4", "1")]
+    g = rec.gpus[("proc0", "0")]
+    assert g.t == [1700000000.0, 1700000001.0] and g.values["sm_active"] == [0.9, 0.91]
+    assert math.isnan(g.values["pipe_tensor_active"][1])
+    assert rec.gpus[("proc4", "1")].values["dram_active"] == [0.1]
+    assert "2 GB/s" in rec.notes[0]
+
+
+def test_gssr_record_bad_input(tmp_path):
+    from hpcml.score.importers import gssr_record
+    bad = tmp_path / "proc_0.csv"
+    bad.write_text("a,b\n1,2\n")
+    with pytest.raises(UsageError, match="not a gssr-record CSV"):
+        gssr_record.load(bad)
+    _gssr_csv(tmp_path / "x" / "proc_1.csv", [("soon", 0, ("1", "1", "1"))])
+    with pytest.raises(UsageError, match=r"proc_1\.csv:2: timestamp .soon."):
+        gssr_record.load(tmp_path / "x")
+    with pytest.raises(UsageError, match="no gssr-record"):
+        gssr_record.load(tmp_path / "empty")

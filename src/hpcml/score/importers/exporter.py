@@ -10,24 +10,8 @@ import math
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID
+from hpcml.score.fields import BY_ID, DCGM_NAMES as NAMES
 from hpcml.score.recording import Recording
-
-# dcgm-exporter names its metrics DCGM_FI_<field>; these are the ones the scorer reads.
-NAMES = {
-    "DCGM_FI_PROF_GR_ENGINE_ACTIVE": 1001, "DCGM_FI_PROF_SM_ACTIVE": 1002,
-    "DCGM_FI_PROF_SM_OCCUPANCY": 1003, "DCGM_FI_PROF_PIPE_TENSOR_ACTIVE": 1004,
-    "DCGM_FI_PROF_DRAM_ACTIVE": 1005, "DCGM_FI_PROF_PIPE_FP64_ACTIVE": 1006,
-    "DCGM_FI_PROF_PIPE_FP32_ACTIVE": 1007, "DCGM_FI_PROF_PIPE_FP16_ACTIVE": 1008,
-    "DCGM_FI_PROF_PCIE_TX_BYTES": 1009, "DCGM_FI_PROF_PCIE_RX_BYTES": 1010,
-    "DCGM_FI_PROF_NVLINK_TX_BYTES": 1011, "DCGM_FI_PROF_NVLINK_RX_BYTES": 1012,
-    "DCGM_FI_DEV_GPU_UTIL": 203, "DCGM_FI_DEV_POWER_USAGE": 155,
-    "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION": 156, "DCGM_FI_DEV_SM_CLOCK": 100,
-    "DCGM_FI_DEV_MEM_CLOCK": 101, "DCGM_FI_DEV_CLOCK_THROTTLE_REASONS": 112,
-    "DCGM_FI_DEV_CLOCKS_EVENT_REASONS": 112, "DCGM_FI_DEV_FB_FREE": 251,
-    "DCGM_FI_DEV_FB_USED": 252, "DCGM_FI_DEV_FB_RESERVED": 253,
-}
-
 
 def load(path: str | Path, interval: float = 1.0) -> Recording:
     from prometheus_client.parser import text_string_to_metric_families
