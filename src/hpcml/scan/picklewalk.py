@@ -235,7 +235,6 @@ class PickleWalker:
         self.memo_len = 0               # distinct keys, as CPython counts them
         self.budget = MEMO_BUDGET
         self.proto = 0
-        self.globals_seen: set[tuple[str, str, str]] = set()
 
     # -- memo -------------------------------------------------------------------------
     # ``present[key]`` says what the memo holds for the first TRACKED_KEYS keys: 0 nothing,
@@ -315,9 +314,6 @@ class PickleWalker:
     def _global(self, module: str, name: str, offset: int, op: str) -> Ref:
         if self.proto < 3:
             module, name = map_py2(module, name)
-        key = (module, name, op)
-        if key not in self.globals_seen:
-            self.globals_seen.add(key)
         self.result.events.append(Event("global", module, name, offset, op))
         return Ref(module, name)
 
