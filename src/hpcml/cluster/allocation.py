@@ -52,7 +52,7 @@ def _tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def _gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+def task_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
     """GPUs bound to this task, most specific source first.
 
     SLURM_STEP_GPUS / SLURM_JOB_GPUS are the physical indices Slurm bound; without them
@@ -79,7 +79,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
     node = this_node(env)
     if not job_id:
         return Allocation(job_id=None, nodes=(node,), tasks_per_node=(1,), node=node,
-                          gpus=_gpus(env))
+                          gpus=task_gpus(env))
     nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
     tpn = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
                           or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))
@@ -93,7 +93,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
         rank=int(env.get("SLURM_PROCID", 0)),
         local_rank=int(env.get("SLURM_LOCALID", 0)),
         world_size=int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", 1))),
-        gpus=_gpus(env),
+        gpus=task_gpus(env),
         under_slurm=True,
         step_id=env.get("SLURM_STEP_ID"),
     )

@@ -19,7 +19,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcml.cluster.allocation import _gpus, this_node
+from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
 from hpcml.observe.samplers.host import HostSampler
@@ -51,7 +51,7 @@ class Task:
                     return int(env[n])
             return default
         return cls(rank=rank_from_env(env), local_rank=num("LOCAL_RANK", "SLURM_LOCALID", default=0),
-                   node=this_node(env), gpus=_gpus(env), job_id=env.get("SLURM_JOB_ID", "local"),
+                   node=this_node(env), gpus=task_gpus(env), job_id=env.get("SLURM_JOB_ID", "local"),
                    ntasks=num("WORLD_SIZE", "SLURM_NTASKS", default=1),
                    nodes=env.get("SLURM_JOB_NODELIST", this_node(env)))
 

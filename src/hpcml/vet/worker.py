@@ -120,11 +120,11 @@ def run_node(spec: dict[str, Any], ctx_fields: dict[str, Any]) -> NodeReport:
 
 
 def context_fields(spec: dict[str, Any], env=os.environ) -> dict[str, Any]:
-    from hpcml.cluster.allocation import _gpus, this_node
+    from hpcml.cluster.allocation import task_gpus, this_node
     node = this_node(env)
     nodes = tuple(spec.get("nodes") or (node,))
     return {"node": node, "nodes": nodes, "rank": nodes.index(node) if node in nodes else 0,
-            "workdir": spec.get("workdir"), "gpus": _gpus(env),
+            "workdir": spec.get("workdir"), "gpus": task_gpus(env),
             "require_gpus": spec.get("require_gpus", False)}
 
 
