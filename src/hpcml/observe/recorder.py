@@ -23,7 +23,7 @@ from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
 from hpcml.observe.samplers.host import HostSampler
-from hpcml.observe.store import JOB_META, RankWriter, rank_path, write_json
+from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -89,14 +89,15 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
+    job_meta = {"job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
+                "command": cmd, "start": started, "interval": interval}
     if task.rank == 0:
-        write_json(out / JOB_META, {"job_id": task.job_id, "nodes": task.nodes,
-                                    "ntasks": task.ntasks, "command": cmd, "start": started,
-                                    "interval": interval})
+        write_json(out / JOB_META, job_meta)
+    rank_meta_path = out / RANK_META.format(rank=task.rank)
     rank_meta = {"rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
                  "start": started}
-    write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
+    write_json(rank_meta_path, rank_meta)
 
     exporter = None
     if prometheus_port is not None:
@@ -167,9 +168,7 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         if exporter is not None:
             exporter.close()
     rank_meta.update(end=time.time(), exit_code=rc, app_batches=stats["app_batches"])
-    write_json(out / f"rank-{task.rank:05d}.json", rank_meta)
+    write_json(rank_meta_path, rank_meta)
     if task.rank == 0:
-        meta = {"job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
-                "command": cmd, "start": started, "end": time.time(), "interval": interval}
-        write_json(out / JOB_META, meta)
+        write_json(out / JOB_META, {**job_meta, "end": time.time()})
     return rc if rc >= 0 else 128 - rc

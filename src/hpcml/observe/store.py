@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 from hpcml.errors import UsageError
+from hpcml.files import write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
 
 _RANK_RE = re.compile(r"^rank-(\d+)(?:\.(\d+))?\.arrows$")
@@ -110,9 +111,7 @@ class JobData:
 
 
 def write_json(path: Path, data: dict[str, Any]) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
-    os.replace(tmp, path)
+    write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
 def read_job(path: str | os.PathLike) -> JobData:

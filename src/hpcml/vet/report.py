@@ -9,11 +9,11 @@ healthy nodes into one line when the allocation is large.
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 from typing import Any
 
 from hpcml.cluster.hostlist import fold
+from hpcml.files import write_atomic
 from hpcml.vet.engine import VetRun
 from hpcml.vet.model import Outcome
 from hpcml.vet.units import fmt_bytes
@@ -65,9 +65,7 @@ def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path 
              "exclude": run.verdict.bad_hostlist + "\n",
              "good": run.verdict.good_hostlist + "\n"}
     for key, path in paths.items():
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-        tmp.write_text(texts[key])
-        os.replace(tmp, path)
+        write_atomic(path, texts[key])
     return paths
 
 
