@@ -77,7 +77,7 @@ def test_job_score_bound_imbalance_and_gaps():
     assert job.imbalance_nodes > 0.3
     n21 = next(g for g in job.gpus if g.gpu == "n2:1")
     assert n21.coverage == pytest.approx(1.0)     # dram still gives a score where the pipes are missing
-    assert any("uneven GPUs" in f for f in job.findings)
+    assert any(f.startswith("GPUs well below the job's median score 0.50: n2:1 (0.28), n2:0 (0.30)") for f in job.findings)
 
 
 def test_tensor_cores_unused_finding():

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import warnings
 from dataclasses import dataclass, field
+from typing import Callable
 
 import numpy as np
 
@@ -32,6 +33,7 @@ from hpcml.score.devices import lookup
 
 DRAM_PEAK = 0.8
 ACTIVE_FLOOR = 0.05
+LAGGING = 0.75          # a GPU below this share of the job's median score is named
 PIPES = ("pipe_tensor_active", "pipe_fp64_active", "pipe_fp32_active", "pipe_fp16_active")
 GSSR = {"alpha": 24.0217, "beta": 3.0935, "gamma": 2.0510, "lambda": 11.4463}
 
@@ -116,6 +118,7 @@ class GpuScore:
     bound: str | None        # the part with the highest median
     gssr: float
     medians: dict[str, float] = field(default_factory=dict)
+    model: str | None = None
 
 
 @dataclass
@@ -136,34 +139,76 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(x)) if len(x) else float("nan")
 
 
+def _activity(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
+    """What the trimming rule watches: SM activity, or NVML's utilisation without DCGM."""
+    if "sm_active" in cols:
+        return np.asarray(cols["sm_active"], float)
+    if "gpu_util" in cols:
+        return np.asarray(cols["gpu_util"], float) / 100.0
+    return np.full(n, np.nan)
+
+
+def score_columns(keys: list[tuple[str, str]], columns: Callable[[tuple[str, str]], dict[str, np.ndarray]],
+                  n: int, models: dict[tuple[str, str], str] | None = None,
+                  observe: Callable[[tuple[str, str], dict[str, np.ndarray], dict[str, np.ndarray]], None]
+                  | None = None) -> JobScore:
+    """Score GPUs one at a time (so a 1,024-GPU job never sits in memory twice).
+
+    ``columns(key)`` gives a GPU's field arrays on a common grid of ``n`` samples (NaN
+    where it has none); ``observe(key, columns, parts)`` sees each GPU's full-length
+    columns and parts, for the report's time series."""
+    models = models or {}
+    total, count = np.zeros(n), np.zeros(n)
+    for k in keys:                               # pass 1: the active span from mean activity
+        a = _activity(columns(k), n)
+        ok = np.isfinite(a)
+        total[ok] += a[ok]
+        count += ok
+    with np.errstate(invalid="ignore", divide="ignore"):
+        mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+    span = active_span(mean[None, :]) if n else slice(0, 0)
+    out = []
+    for k in keys:                               # pass 2: per-GPU parts over the span
+        full = {name: np.asarray(v, float) for name, v in columns(k).items()}
+        whole = parts(full, models.get(k))
+        if observe is not None:
+            observe(k, full, whole)
+        s = {name: v[span] for name, v in full.items()}
+        p = {name: v[span] for name, v in whole.items()}
+        m = len(p["score"])
+        med = {name: _median(v) for name, v in p.items()}
+        ranked = [(med[x], x) for x in ("compute", "memory", "interconnect") if np.isfinite(med[x])]
+        present = np.zeros(m, bool)
+        for v in s.values():
+            present |= np.isfinite(v)
+        out.append(GpuScore(gpu=f"{k[0]}:{k[1]}", node=k[0], samples=int(present.sum()),
+                            coverage=float(present.mean()) if m else 0.0,
+                            score=med["score"], compute=med["compute"], memory=med["memory"],
+                            interconnect=med["interconnect"], bound=max(ranked)[1] if ranked else None,
+                            gssr=_median(gssr_score(s)) if s else float("nan"),
+                            medians={name: _median(v) for name, v in s.items()}, model=models.get(k)))
+    return _job(out, span)
+
+
 def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]], models: dict[tuple[str, str], str] | None = None
               ) -> JobScore:
     """Score every GPU of a job. ``gpus`` maps (node, index) to field name -> array, all on
     the same time axis (NaN where a GPU has no sample)."""
-    models = models or {}
     keys = sorted(gpus)
-    sm = np.vstack([_get(gpus[k], "sm_active", len(next(iter(gpus[k].values())))) for k in keys])
-    span = active_span(sm)
-    out = []
-    for k in keys:
-        s = {name: np.asarray(v, float)[span] for name, v in gpus[k].items()}
-        p = parts(s, models.get(k))
-        n = len(p["score"])
-        med = {name: _median(v) for name, v in p.items()}
-        ranked = [(med[x], x) for x in ("compute", "memory", "interconnect") if np.isfinite(med[x])]
-        out.append(GpuScore(gpu=f"{k[0]}:{k[1]}", node=k[0], samples=n,
-                            coverage=float(np.isfinite(p["score"]).mean()) if n else 0.0,
-                            score=med["score"], compute=med["compute"], memory=med["memory"],
-                            interconnect=med["interconnect"], bound=max(ranked)[1] if ranked else None,
-                            gssr=_median(gssr_score(s)) if s else float("nan"),
-                            medians={name: _median(v) for name, v in s.items()}))
+    n = max((len(v) for k in keys for v in gpus[k].values()), default=0)
+    return score_columns(keys, gpus.__getitem__, n, models)
+
+
+def _job(out: list[GpuScore], span: slice) -> JobScore:
     scores = np.array([g.score for g in out])
     breakdown = {x: _median(np.array([getattr(g, x) for g in out])) for x in ("compute", "memory", "interconnect")}
     ranked = [(v, x) for x, v in breakdown.items() if np.isfinite(v)]
     by_node: dict[str, list[float]] = {}
     for g in out:
         by_node.setdefault(g.node, []).append(g.score)
-    node_means = np.array([np.nanmean(v) for v in by_node.values()])
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        node_means = np.array([np.nanmean(v) for v in by_node.values()])
     job = JobScore(gpus=out, score=_median(scores), bound=max(ranked)[1] if ranked else None,
                    breakdown=breakdown, gssr=_median(np.array([g.gssr for g in out])),
                    imbalance_gpus=_cov(scores), imbalance_nodes=_cov(node_means),
@@ -195,7 +240,15 @@ def findings(job: JobScore) -> list[str]:
     if job.bound == "memory" and job.breakdown["memory"] > 0.8:
         out.append("memory-bound: DRAM near its practical peak; larger batches or fused kernels "
                    "raise arithmetic intensity.")
-    if np.isfinite(job.imbalance_gpus) and job.imbalance_gpus > 0.2:
+    lagging = sorted((g for g in job.gpus if np.isfinite(g.score) and np.isfinite(job.score)
+                      and g.score < LAGGING * job.score), key=lambda g: g.score)
+    if lagging:
+        names = ", ".join(f"{g.gpu} ({g.score:.2f})" for g in lagging[:5])
+        more = f" and {len(lagging) - 5} more" if len(lagging) > 5 else ""
+        out.append(f"GPUs well below the job's median score {job.score:.2f}: {names}{more}; a slow or "
+                   "throttled GPU holds every synchronous step back (check its clocks, power and "
+                   "temperature, and its node with hpcml vet).")
+    elif np.isfinite(job.imbalance_gpus) and job.imbalance_gpus > 0.2:
         low = min(job.gpus, key=lambda g: g.score if np.isfinite(g.score) else np.inf)
         out.append(f"uneven GPUs (CoV {job.imbalance_gpus:.2f}); lowest is {low.gpu} at {low.score:.2f}.")
     partial = [g.gpu for g in job.gpus if g.coverage < 0.9]

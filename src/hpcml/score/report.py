@@ -1,0 +1,186 @@
+"""The score report: the job's score and its evidence, as one JSON-ready dict.
+
+Time series are reduced while GPUs are scored (``score_columns``'s ``observe`` hook), so
+memory stays at one GPU's columns plus (metrics x buckets) accumulators however long the
+run: per bucket, each GPU's mean, then the mean, min and max of those across GPUs (the
+band). The heatmap holds each GPU's bucket means of the score; above ``max_rows`` GPUs,
+consecutive GPUs are grouped and the group's *lowest* value is shown, so a lagging GPU
+stays visible.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import asdict
+from typing import Any
+
+import numpy as np
+
+from hpcml.score.model import PIPES, JobScore, score_columns
+from hpcml.score.recording import Recording
+
+MAX_BUCKETS = 600
+MAX_HEATMAP_ROWS = 256
+PARTS = ("score", "compute", "memory", "interconnect")
+PLOTTED_FIELDS = ("sm_active", "sm_occupancy") + PIPES + (
+    "dram_active", "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes",
+    "gpu_util", "power_usage", "sm_clock", "fb_used")
+VERSION = 1
+
+
+class _Series:
+    """Across-GPU mean/min/max of per-GPU bucket means, built one GPU at a time."""
+
+    def __init__(self, n: int, buckets: int) -> None:
+        self.nb = max(1, min(buckets, n)) if n else 0
+        self.starts = (np.arange(self.nb) * n) // self.nb if n else np.array([], int)
+        self.acc: dict[str, list[np.ndarray]] = {}
+        self.rows: list[np.ndarray] = []
+
+    def bucket_means(self, v: np.ndarray) -> np.ndarray:
+        ok = np.isfinite(v)
+        s = np.add.reduceat(np.where(ok, v, 0.0), self.starts)
+        c = np.add.reduceat(ok.astype(np.int32), self.starts)
+        with np.errstate(invalid="ignore", divide="ignore"):
+            return np.where(c > 0, s / np.maximum(c, 1), np.nan)
+
+    def add(self, name: str, v: np.ndarray) -> np.ndarray:
+        b = self.bucket_means(v)
+        ok = np.isfinite(b)
+        if name not in self.acc:
+            self.acc[name] = [np.zeros(self.nb), np.zeros(self.nb), np.full(self.nb, np.nan),
+                              np.full(self.nb, np.nan)]
+        total, count, lo, hi = self.acc[name]
+        total[ok] += b[ok]
+        count += ok
+        self.acc[name][2] = np.fmin(lo, b)
+        self.acc[name][3] = np.fmax(hi, b)
+        return b
+
+    def result(self) -> dict[str, dict[str, list]]:
+        out = {}
+        for name, (total, count, lo, hi) in self.acc.items():
+            with np.errstate(invalid="ignore", divide="ignore"):
+                mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
+            out[name] = {"mean": _list(mean), "min": _list(lo), "max": _list(hi)}
+        return out
+
+
+def _list(a: np.ndarray, nd: int = 4) -> list:
+    return [None if not math.isfinite(x) else round(float(x), nd) for x in a]
+
+
+def _r(x: float | None, nd: int = 4):
+    return None if x is None or not math.isfinite(x) else round(float(x), nd)
+
+
+def _heatmap(rows: list[np.ndarray], labels: list[str], max_rows: int) -> dict[str, Any]:
+    if not rows:
+        return {"values": [], "labels": [], "group": 1}
+    m = np.vstack(rows)
+    n = m.shape[0]
+    g = 1 if n <= max_rows else -(-n // max_rows)
+    if g > 1:
+        pad = (-n) % g
+        mm = np.vstack([m, np.full((pad, m.shape[1]), np.nan)]) if pad else m
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            m = np.nanmin(mm.reshape(-1, g, m.shape[1]), axis=1)
+        labels = [f"{labels[i]} … {labels[min(i + g, n) - 1]}" for i in range(0, n, g)]
+    return {"values": [_list(r, 3) for r in m], "labels": labels, "group": g}
+
+
+def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> dict[str, Any]:
+    """Score ``rec`` and gather the evidence the terminal, JSON and HTML reports show."""
+    grid = rec.grid()
+    keys = sorted(rec.gpus, key=lambda k: (_natural(k[0]), _natural(k[1])))
+    series = _Series(grid.n, buckets)
+    heat: list[np.ndarray] = []
+
+    def observe(key, cols, parts) -> None:
+        for name in PARTS:
+            b = series.add(name, parts[name])
+            if name == "score":
+                heat.append(b)
+        for name in PLOTTED_FIELDS:
+            if name in cols:
+                series.add(name, cols[name])
+
+    job = score_columns(keys, lambda k: rec.on_grid(rec.gpus[k], grid), grid.n,
+                        {k: g.model for k, g in rec.gpus.items() if g.model}, observe)
+    dt = grid.dt
+    span_s = [job.span[0] * dt, max(job.span[1] - 1, job.span[0]) * dt] if job.span[1] > job.span[0] else None
+    notes = list(rec.notes)
+    missing = _gaps(series, span=job.span, n=grid.n)
+    if missing:
+        notes.append(missing)
+    findings = list(job.findings)
+    if rec.temporal_only:
+        findings.insert(0, "temporal utilisation only, no saturation: NVML says when a kernel ran, not how much "
+                           "of the GPU it used; record with DCGM (a host engine on the node) for a score.")
+    nodes = sorted({k[0] for k in keys}, key=_natural)
+    return {
+        "version": VERSION,
+        "source": rec.source,
+        "temporal_only": rec.temporal_only,
+        "notes": notes,
+        "gpus": len(keys),
+        "nodes": len(nodes),
+        "interval_s": _r(dt),
+        "duration_s": _r((grid.n - 1) * dt) if grid.n else 0.0,
+        "start": _r(grid.t0, 3),
+        "span_s": span_s,
+        "score": _r(job.score),
+        "bound": job.bound,
+        "breakdown": {k: _r(v) for k, v in job.breakdown.items()},
+        "gssr": _r(job.gssr),
+        "imbalance": {"gpus": _r(job.imbalance_gpus), "nodes": _r(job.imbalance_nodes)},
+        "findings": findings,
+        "per_gpu": [_gpu_dict(g) for g in job.gpus],
+        "per_node": _per_node(job),
+        "series": {"t": _list(series.starts * dt, 3), "metrics": series.result()},
+        "heatmap": _heatmap(heat, [g.gpu for g in job.gpus], max_rows),
+        "meta": rec.meta,
+    }
+
+
+def _gpu_dict(g) -> dict[str, Any]:
+    d = asdict(g)
+    for k, v in list(d.items()):
+        if isinstance(v, float):
+            d[k] = _r(v)
+    d["medians"] = {k: _r(v) for k, v in g.medians.items()}
+    return d
+
+
+def _per_node(job: JobScore) -> list[dict[str, Any]]:
+    by: dict[str, list[float]] = {}
+    for g in job.gpus:
+        by.setdefault(g.node, []).append(g.score)
+    out = []
+    for node in sorted(by, key=_natural):
+        v = np.array(by[node], float)
+        v = v[np.isfinite(v)]
+        out.append({"node": node, "gpus": len(by[node]), "score": _r(float(v.mean())) if len(v) else None,
+                    "min": _r(float(v.min())) if len(v) else None})
+    return out
+
+
+def _gaps(series: _Series, *, span: tuple[int, int], n: int) -> str | None:
+    """A note when, inside the active span, some stretch has no GPU reporting at all."""
+    acc = series.acc.get("score")
+    if acc is None or not series.nb or span[1] <= span[0]:
+        return None
+    count = acc[1]
+    b0 = int(np.searchsorted(series.starts, span[0], side="right")) - 1
+    b1 = int(np.searchsorted(series.starts, span[1] - 1, side="right"))
+    empty = int((count[max(b0, 0):b1] == 0).sum())
+    if empty:
+        return f"the recording has gaps: {empty} of {b1 - max(b0, 0)} time buckets in the active span have no sample"
+    return None
+
+
+def _natural(s: str):
+    import re
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
