@@ -10,6 +10,7 @@ from hpcml import __version__
 from hpcml.errors import HpcmlError
 from hpcml.observe.cli import app as observe_app
 from hpcml.scan.cli import app as scan_app
+from hpcml.score.cli import app as score_app
 from hpcml.vet.cli import app as vet_app
 
 app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
@@ -17,6 +18,7 @@ app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC c
 app.add_typer(vet_app, name="vet")
 app.add_typer(scan_app, name="scan")
 app.add_typer(observe_app, name="observe")
+app.add_typer(score_app, name="score")
 
 
 @app.command()

@@ -1,0 +1,132 @@
+"""``hpcml score``: record a job's GPUs, import other tools' recordings, report the score."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+
+from hpcml.cli_support import fail
+from hpcml.errors import HpcmlError, UsageError
+
+app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+                  help="How saturated a job's GPUs were: compute, memory and interconnect, "
+                       "explained.\n\nExample: [bold]srun hpcml score record -- python train.py[/] "
+                       "then [bold]hpcml score report hpcml-observe-$SLURM_JOB_ID[/]")
+
+FORMAT_HELP = "Input format (default: detected from content): store, gssr-json, gssr-sqlite, gssr-record, dmon, exporter."
+
+
+@app.command("record", context_settings={"allow_interspersed_args": False})
+def record_cmd(
+    cmd: List[str] = typer.Argument(..., help="The task's command, after --."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
+    interval: float = typer.Option(1.0, help="Seconds between samples (>= 0.1)."),
+    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML), dcgm (required) or nvml."),
+) -> None:
+    """Run CMD as this task and record its GPUs' DCGM profiling fields into the observe job store.
+
+        srun hpcml score record --dir $SCRATCH/score-$SLURM_JOB_ID -- python train.py
+
+    Without a DCGM host engine it falls back to NVML, and the report then says
+    "temporal utilisation only, no saturation". Exits with CMD's exit code.
+    """
+    from hpcml.observe.recorder import record
+    if gpu_metrics not in ("auto", "dcgm", "nvml"):
+        fail("hpcml score record", UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, nvml",
+                                              key="--gpu-metrics"))
+    try:
+        rc = record(cmd, out, interval, gpu_metrics=gpu_metrics)
+    except HpcmlError as exc:
+        fail("hpcml score record", exc)
+    raise typer.Exit(rc)
+
+
+def _load(path: Path, fmt: Optional[str], interval: Optional[float]):
+    from hpcml.score.importers import load
+    kw = {"interval": interval} if interval else {}
+    return load(path, fmt, **kw)
+
+
+@app.command("report")
+def report_cmd(
+    path: Path = typer.Argument(..., help="A job directory or another tool's recording."),
+    fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: PATH/score.html, or PATH.score.html for a file)."),
+    no_html: bool = typer.Option(False, "--no-html", help="Do not write the HTML report."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    interval: Optional[float] = typer.Option(None, help="Sampling interval in s, for formats without timestamps (dmon)."),
+) -> None:
+    """Score a recording and say what bounds it and what to do about it.
+
+    Prints the score, its compute / memory / interconnect parts, imbalance across GPUs
+    and nodes and the findings, and writes an offline HTML report.
+
+        hpcml score report $SCRATCH/score-123
+
+        hpcml score report profile_out_JobID_123 --json > score.json
+
+    Exit codes: 0 report written, 2 unreadable or unknown input.
+    """
+    import json
+
+    from hpcml.score.report import build
+    try:
+        rep = build(_load(path, fmt, interval))
+        out = None
+        if not no_html:
+            from hpcml.score import html as score_html
+            out = html_out or (path / "score.html" if path.is_dir() else path.with_name(path.name + ".score.html"))
+            try:
+                score_html.write(rep, out)
+            except OSError as exc:
+                raise UsageError(f"cannot write the HTML report: {exc.strerror}", file=str(out)) from None
+    except HpcmlError as exc:
+        fail("hpcml score report", exc)
+    if as_json:
+        print(json.dumps(rep, indent=1, allow_nan=False))
+        return
+    from hpcml.score.terminal import print_summary
+    print_summary(rep, out)
+
+
+@app.command("import")
+def import_cmd(
+    path: Path = typer.Argument(..., help="Another tool's recording: dcgmi dmon text, a dcgm-exporter scrape series, gssr JSON/SQLite, gssr-record CSV."),
+    out: Path = typer.Option(..., "--dir", help="Job directory to write (must not exist or be empty)."),
+    fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
+    interval: Optional[float] = typer.Option(None, help="Sampling interval in s, for formats without timestamps (dmon)."),
+) -> None:
+    """Convert a recording into an hpcml job directory, so it is kept and scored like one recorded here.
+
+        hpcml score import profile_out_JobID_123 --dir score-123
+    """
+    from hpcml.score.archive import write_store
+    try:
+        rec = _load(path, fmt, interval)
+        n = write_store(rec, out)
+    except HpcmlError as exc:
+        fail("hpcml score import", exc)
+    print(f"{out}: {len(rec.gpus)} GPUs on {len({k[0] for k in rec.gpus})} nodes, {n:,} values")
+
+
+@app.command("selftest")
+def selftest_cmd(
+    seconds: float = typer.Option(20.0, help="Seconds per workload."),
+    keep: Optional[Path] = typer.Option(None, "--dir", help="Keep the recordings here (default: a temporary directory)."),
+    gpu_metrics: str = typer.Option("dcgm", help="dcgm (the point of the test) or nvml (plumbing only)."),
+) -> None:
+    """On a GPU node: run a known compute-bound and a known memory-bound torch workload under
+    the recorder and check the score ranks and classifies them correctly.
+
+        srun -N1 --gpus=1 hpcml score selftest
+
+    Exit codes: 0 passed, 4 the score got them wrong, 2 no GPU, torch or DCGM here.
+    """
+    from hpcml.score.selftest import run
+    try:
+        rc = run(seconds=seconds, keep=keep, gpu_metrics=gpu_metrics)
+    except HpcmlError as exc:
+        fail("hpcml score selftest", exc)
+    raise typer.Exit(rc)
