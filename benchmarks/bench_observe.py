@@ -309,17 +309,21 @@ for step in range(steps):
 """
 
 
-def run_recorder(name: str, interval: float, child_code: str, child_seconds: float) -> dict:
-    d = SCRATCH / f"rec-{name}"
+def run_recorder(name: str, interval: float, child_code: str, child_seconds: float, *,
+                 command: tuple[str, ...] = ("observe", "record"), env: dict | None = None,
+                 scratch: Path = SCRATCH) -> dict:
+    """CPU and store growth of one recorder run (``hpcml <command> --dir D --interval I -- ...``)."""
+    d = scratch / f"rec-{name}"
     shutil.rmtree(d, ignore_errors=True)
-    argv = [sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(d),
+    d.parent.mkdir(parents=True, exist_ok=True)
+    argv = [sys.executable, "-m", "hpcml", *command, "--dir", str(d),
             "--interval", str(interval), "--", sys.executable, "-c", child_code]
     rank_file = d / "rank-00000.arrows"
     cpu: list[tuple[float, float]] = []
     size: list[tuple[float, float]] = []
     start = time.perf_counter()
     proc = subprocess.Popen(argv, cwd=WORK, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            stdin=subprocess.DEVNULL)
+                            stdin=subprocess.DEVNULL, env=None if env is None else {**os.environ, **env})
     child_end = None
     while proc.poll() is None:
         t = time.perf_counter() - start
