@@ -11,5 +11,5 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     (several processes may write their own files in one shared directory)."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
+    tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)

@@ -82,18 +82,23 @@ def _path(xs: np.ndarray, ys: np.ndarray) -> str:
 
 def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, str]],
                bands: list[tuple[np.ndarray, np.ndarray, str]] = (),
-               spans: list[tuple[float, float]] = (), unit: str = "") -> str:
+               spans: list[tuple[float, float]] = (), unit: str = "",
+               ylim: tuple[float, float] | None = None, span_fill: str = "#f4b0a0",
+               span_label: str = "stall") -> str:
     """Lines (label, y, colour) over time ``t`` (seconds), optional bands (lo, hi, colour)
-    and shaded time spans (stalls)."""
+    and shaded time spans (stalls). ``ylim``: a y range the axis always covers (e.g. 0-1
+    for ratios) instead of one fitted to the data."""
     ys = [np.asarray(y, float) for _, y, _ in lines] + [np.asarray(b, float) for lo, hi, _ in bands for b in (lo, hi)]
     finite = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
     if not len(finite) or not len(t):
         return f"<p class='muted'>{html.escape(title)}: no data</p>"
     y0, y1 = float(finite.min()), float(finite.max())
-    if y1 == y0:                    # a constant series: centre it instead of pinning it to an edge
+    if ylim is not None:
+        y0, y1 = min(y0, ylim[0]), max(y1, ylim[1])
+    elif y1 == y0:                  # a constant series: centre it instead of pinning it to an edge
         pad = abs(y0) * 0.1 or 1.0
         y0, y1 = y0 - pad, y1 + pad
-    if y0 > 0 and y0 < 0.3 * y1:
+    if ylim is None and y0 > 0 and y0 < 0.3 * y1:
         y0 = 0.0
     ticks = _ticks(y0, y1)
     y0, y1 = min(y0, ticks[0]) if ticks else y0, max(y1, ticks[-1]) if ticks else y1
@@ -111,8 +116,8 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
          f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='#fafafa' stroke='#ccc'/>"]
     for a, b in spans:
         xa, xb = ML + a / tmax * pw, ML + b / tmax * pw
-        s.append(f"<rect x='{xa:.1f}' y='{MT}' width='{max(1.0, xb - xa):.1f}' height='{ph}' fill='#f4b0a0' "
-                 f"opacity='0.6'><title>stall {_fmt_t(a)}–{_fmt_t(b)}</title></rect>")
+        s.append(f"<rect x='{xa:.1f}' y='{MT}' width='{max(1.0, xb - xa):.1f}' height='{ph}' fill='{span_fill}' "
+                 f"opacity='0.6'><title>{html.escape(span_label)} {_fmt_t(a)}–{_fmt_t(b)}</title></rect>")
     for v in ticks:
         yy = float(Y(v))
         s.append(f"<line x1='{ML}' x2='{ML + pw}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e4e4e4'/>"
@@ -161,11 +166,14 @@ def _colormap(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
     return rgb.astype(np.uint8)
 
 
-def heatmap(hm: dict[str, Any], t_end: float, *, title: str) -> str:
+def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float, float] | None = None,
+            unit: str = "s", legend: str = "grey: no step") -> str:
+    """Rows x time buckets as an inline PNG. ``scale``: a fixed colour range (lo, hi);
+    by default the 2nd-98th percentile of the values."""
     v = np.asarray(hm["values"], float)
     if not np.isfinite(v).any():
         return f"<p class='muted'>{html.escape(title)}: no data</p>"
-    lo, hi = np.nanpercentile(v, [2, 98])
+    lo, hi = scale if scale is not None else np.nanpercentile(v, [2, 98])
     rows = v.shape[0]
     ph = int(min(700, max(120, rows * 3)))
     pw = W - ML - MR
@@ -189,8 +197,8 @@ def heatmap(hm: dict[str, Any], t_end: float, *, title: str) -> str:
         c = VIRIDIS[k].astype(int)
         s.append(f"<rect x='{W - MR + 10}' y='{MT + (4 - k) * 22}' width='14' height='22' "
                  f"fill='rgb({c[0]},{c[1]},{c[2]})'/><text x='{W - MR + 30}' y='{MT + (4 - k) * 22 + 15}'>"
-                 f"{_fmt(lo + f * (hi - lo))} s</text>")
-    s.append(f"<text x='{W - MR + 10}' y='{MT + 128}'>grey: no step</text></svg>")
+                 f"{_fmt(lo + f * (hi - lo))}{' ' + html.escape(unit) if unit else ''}</text>")
+    s.append(f"<text x='{W - MR + 10}' y='{MT + 128}'>{html.escape(legend)}</text></svg>")
     return "".join(s)
 
 

@@ -1,0 +1,301 @@
+"""The score report (``report.build``'s dict) as ONE self-contained HTML page.
+
+Same rules as observe's job report, whose SVG helpers it reuses (``hpcml.observe.html``):
+inline SVG and one inline PNG (the GPU x time heatmap), no JavaScript, no network, so the
+file opens offline years later. Missing values (None) are gaps in lines and bands and grey
+in the heatmap, never 0. The formulas are the scorer's own docstring, read at render
+time, so the page cannot drift from the code.
+"""
+
+from __future__ import annotations
+
+import html
+import math
+import re
+import textwrap
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from hpcml.files import write_atomic
+from hpcml.observe.html import CSS as _OBSERVE_CSS
+from hpcml.observe.html import PALETTE, _fmt, _fmt_t, _table, heatmap, line_chart
+from hpcml.score import model
+from hpcml.score.report import PLOTTED_FIELDS
+
+MAX_GPU_ROWS = 64
+PARTS = ("compute", "memory", "interconnect")
+COLOURS = {"score": PALETTE[0], "compute": PALETTE[0], "memory": PALETTE[1], "interconnect": PALETTE[2]}
+OUTSIDE = "#d0d0d0"          # time outside the scored (trimmed) span
+TEMPORAL = "temporal utilisation only"
+
+# field -> (description, unit, y range the axis always covers)
+FIELD_INFO: dict[str, tuple[str, str, tuple[float, float] | None]] = {
+    "sm_active": ("SM active", "", (0.0, 1.0)),
+    "sm_occupancy": ("SM occupancy", "", (0.0, 1.0)),
+    "pipe_tensor_active": ("tensor pipe active", "", (0.0, 1.0)),
+    "pipe_fp64_active": ("FP64 pipe active", "", (0.0, 1.0)),
+    "pipe_fp32_active": ("FP32 pipe active", "", (0.0, 1.0)),
+    "pipe_fp16_active": ("FP16 pipe active", "", (0.0, 1.0)),
+    "dram_active": ("DRAM active", "", (0.0, 1.0)),
+    "pcie_tx_bytes": ("PCIe transmit", "B/s", None),
+    "pcie_rx_bytes": ("PCIe receive", "B/s", None),
+    "nvlink_tx_bytes": ("NVLink transmit", "B/s", None),
+    "nvlink_rx_bytes": ("NVLink receive", "B/s", None),
+    "gpu_util": ("GPU utilisation (NVML, temporal)", "%", (0.0, 100.0)),
+    "power_usage": ("power", "W", None),
+    "sm_clock": ("SM clock", "MHz", None),
+    "fb_used": ("framebuffer used", "MiB", None),
+}
+
+CSS = _OBSERVE_CSS + """
+.headline{display:flex;gap:36px;align-items:center;margin:14px 0}
+.score{font-size:46px;font-weight:700;line-height:1} .bound{font-size:16px;color:#444}
+.banner{background:#fff3cd;border:1px solid #e0c060;padding:10px 14px;margin:12px 0;font-size:15px}
+.top{background:#fdecea;border-left:4px solid #b03000;padding:8px 12px;font-size:15px;margin:8px 0}
+.notes li{color:#7a5a00} .doc{max-width:900px;font-size:14px;line-height:1.45} code{font-size:13px}
+.metric p.muted{margin:4px 0 10px}
+"""
+
+
+# ------------------------------------------------------------------------- small pieces
+
+def _num(v: Any, nd: int = 2) -> str:
+    return "–" if v is None or (isinstance(v, float) and not math.isfinite(v)) else f"{v:.{nd}f}"
+
+
+def _arr(values: list | None) -> np.ndarray:
+    """A JSON list with None as NaN (so a gap stays a gap)."""
+    return np.array([np.nan if x is None else x for x in (values or [])], float)
+
+
+def _inline(text: str) -> str:
+    return re.sub(r"``(.+?)``", r"<code>\1</code>", html.escape(text))
+
+
+def doc_html(doc: str | None) -> str:
+    """A docstring as HTML: blank-line paragraphs, ``- `` bullet lists, ````code````."""
+    if not doc:
+        return "<p class='muted'>(the formulas are unavailable: Python ran with -OO)</p>"
+    out = []
+    for block in re.split(r"\n\s*\n", textwrap.dedent(doc).strip()):
+        lines = block.strip().splitlines()
+        if lines[0].startswith("- "):
+            items: list[str] = []
+            for line in lines:
+                if line.startswith("- "):
+                    items.append(line[2:].strip())
+                else:
+                    items[-1] += " " + line.strip()
+            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+        else:
+            out.append(f"<p>{_inline(' '.join(x.strip() for x in lines))}</p>")
+    return "".join(out)
+
+
+def breakdown_chart(breakdown: dict[str, float | None], bound: str | None) -> str:
+    """Compute / memory / interconnect as horizontal bars on a fixed 0-1 scale."""
+    w, lw, bw, row = 560, 110, 340, 26
+    h = 16 + row * len(PARTS) + 18
+    s = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{w}' height='{h}' viewBox='0 0 {w} {h}' role='img' "
+         "class='breakdown'><title>score breakdown: job medians, 0-1</title>"]
+    for k in (0, 0.25, 0.5, 0.75, 1.0):
+        x = lw + k * bw
+        s.append(f"<line x1='{x:.1f}' x2='{x:.1f}' y1='10' y2='{h - 16}' stroke='#e4e4e4'/>"
+                 f"<text x='{x:.1f}' y='{h - 4}' text-anchor='middle'>{k:g}</text>")
+    for i, part in enumerate(PARTS):
+        v = breakdown.get(part)
+        y = 12 + i * row
+        weight = "font-weight:700" if part == bound else ""
+        s.append(f"<text x='{lw - 8}' y='{y + 15}' text-anchor='end' style='font-size:13px;{weight}'>{part}</text>"
+                 f"<rect x='{lw}' y='{y + 3}' width='{bw}' height='{row - 8}' fill='#f0f0f0'/>")
+        if v is None:
+            s.append(f"<text x='{lw + 6}' y='{y + 15}' style='fill:#888'>no data</text>")
+            continue
+        s.append(f"<rect x='{lw}' y='{y + 3}' width='{max(0.0, min(1.0, v)) * bw:.1f}' height='{row - 8}' "
+                 f"fill='{COLOURS[part]}'><title>{part} {v:.3f}</title></rect>"
+                 f"<text x='{lw + bw + 8}' y='{y + 15}' style='font-size:13px;{weight}'>{v:.2f}"
+                 f"{'  ← bound' if part == bound else ''}</text>")
+    s.append("</svg>")
+    return "".join(s)
+
+
+def _centres(t: list, t_end: float) -> np.ndarray:
+    """Bucket centres from bucket starts (the charts place a value mid-bucket)."""
+    starts = _arr(t)
+    if not len(starts):
+        return starts
+    ends = np.append(starts[1:], t_end)
+    return (starts + ends) / 2
+
+
+def _outside(rep: dict, t_end: float) -> list[tuple[float, float]]:
+    """The time left out of the score (warm-up before, tail after the trimmed span)."""
+    span = rep.get("span_s")
+    if not span:
+        return [(0.0, t_end)] if t_end > 0 else []
+    dt = rep.get("interval_s") or 0.0
+    out = []
+    if span[0] > 0:
+        out.append((0.0, float(span[0])))
+    if span[1] + dt < t_end:
+        out.append((float(span[1]) + dt, t_end))
+    return out
+
+
+def _metric_chart(t: np.ndarray, name: str, m: dict | None, spans, *, title: str | None = None,
+                  unit: str = "", ylim=None, colour: str = PALETTE[0]) -> str:
+    title = title or name
+    if not m or not len(t):
+        return f"<div class='metric' data-metric='{html.escape(name)}'><p class='muted'>{html.escape(title)}: " \
+               "no data</p></div>"
+    mean, lo, hi = _arr(m.get("mean")), _arr(m.get("min")), _arr(m.get("max"))
+    chart = line_chart(t, title=title, unit=unit, ylim=ylim, spans=spans, span_fill=OUTSIDE,
+                       span_label="outside the scored span", lines=[("mean of GPUs", mean, colour)],
+                       bands=[(lo, hi, colour)])
+    return f"<div class='metric' data-metric='{html.escape(name)}'>{chart}</div>"
+
+
+def _start(rep: dict) -> str:
+    start = rep.get("start")
+    if start is None:
+        return "–"
+    if start > 1e8:                                   # epoch seconds
+        return datetime.fromtimestamp(start, timezone.utc).strftime("%Y-%m-%d %H:%M:%S UTC")
+    return f"{start:g} s"
+
+
+def _gpu_rows(per_gpu: list[dict]) -> list[list[str]]:
+    def key(g):
+        s = g.get("score")
+        return (s is None, s if s is not None else 0.0, g.get("gpu", ""))
+    rows = []
+    for g in sorted(per_gpu, key=key):
+        rows.append([g.get("gpu", "?"), _num(g.get("score")), g.get("bound") or "–", _num(g.get("compute")),
+                     _num(g.get("memory")), _num(g.get("interconnect")), _num(g.get("gssr")),
+                     _num((g.get("medians") or {}).get("sm_active")),
+                     "–" if g.get("coverage") is None else f"{g['coverage'] * 100:.0f}%",
+                     str(g.get("samples", "–")), g.get("model") or "–"])
+    return rows
+
+
+# ------------------------------------------------------------------------- the page
+
+def render(report: dict) -> str:
+    """The whole page as a string."""
+    rep = report
+    e = html.escape
+    meta = rep.get("meta") or {}
+    job = meta.get("job_id") or meta.get("job")
+    source = str(rep.get("source") or "")
+    name = f"job {job}" if job else source or "recording"
+    temporal = bool(rep.get("temporal_only"))
+    score = None if temporal else rep.get("score")
+    bound = None if temporal else rep.get("bound")
+    series = rep.get("series") or {}
+    metrics = series.get("metrics") or {}
+    dt = rep.get("interval_s") or 1.0
+    t_end = float((rep.get("duration_s") or 0.0) + dt)
+    t = _centres(series.get("t") or [], t_end)
+    spans = _outside(rep, t_end)
+
+    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+           f"<title>hpcml score {e(name)}</title><style>{CSS}</style></head><body>",
+           "<div id='hpcml-score'>",
+           f"<h1>GPU saturation score: {e(name)}</h1>",
+           f"<div class='muted'>source {e(source)} · {rep.get('gpus', 0)} GPUs on {rep.get('nodes', 0)} nodes · "
+           f"start {e(_start(rep))} · duration {_fmt_t(rep.get('duration_s') or 0)} · "
+           f"sample interval {_fmt(rep.get('interval_s'))} s</div>"]
+    if temporal:
+        out.append("<div class='banner' id='temporal-only'><b>Temporal utilisation only — no saturation score.</b> "
+                   "NVML says when a kernel ran, not how much of the GPU it used; record with DCGM (a host "
+                   "engine on the node) for a score.</div>")
+
+    # headline
+    if score is None:
+        head = "<div class='score' id='score'>–</div><div class='bound' id='bound'>no score"
+        head += " (temporal utilisation only)" if temporal else " (no profiling fields in the scored span)"
+        head += "</div>"
+    else:
+        head = (f"<div><div class='score' id='score'>{score:.2f}</div><div class='muted'>median over GPUs, "
+                f"0-1</div></div><div class='bound' id='bound'>"
+                + (f"<b>{e(bound)}</b>-bound" if bound else "bound unknown") + "</div>")
+    out.append(f"<div class='headline'>{head}</div>")
+    if not temporal:
+        out.append(breakdown_chart(rep.get("breakdown") or {}, bound))
+    imb = rep.get("imbalance") or {}
+    span = rep.get("span_s")
+    kv = [("gssr (for comparison)", f"{_num(rep.get('gssr'))} — gssr's documented formula computed on the same "
+                                    "samples (see below); it is not this score"),
+          ("imbalance", f"CoV of per-GPU scores {_num(imb.get('gpus'))} across GPUs, "
+                        f"{_num(imb.get('nodes'))} across node means"),
+          ("scored span", f"{_fmt_t(span[0])}–{_fmt_t(span[1])} (warm-up and tail left out; grey in the charts)"
+           if span else "none: no active span found")]
+    kv += [(str(k), str(v)) for k, v in meta.items() if isinstance(v, (str, int, float)) and k not in ("job_id", "job")]
+    out.append("<table class='kv'>" + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in kv)
+               + "</table>")
+
+    # findings and notes
+    findings = [f for f in rep.get("findings") or [] if not (temporal and f.startswith(TEMPORAL))]
+    out.append("<h2>Findings</h2>")
+    if findings:
+        out.append(f"<div class='top finding' id='top-finding'>{e(findings[0])}</div>")
+        if len(findings) > 1:
+            out.append("<ul>" + "".join(f"<li class='finding'>{e(f)}</li>" for f in findings[1:]) + "</ul>")
+    else:
+        out.append("<p>Nothing stands out.</p>")
+    if rep.get("notes"):
+        out.append("<h2>Notes</h2><ul class='notes'>" + "".join(f"<li>{e(str(n))}</li>" for n in rep["notes"])
+                   + "</ul>")
+
+    # over time
+    out.append("<h2>Over time</h2><p class='muted'>Per time bucket, each GPU's mean; lines are the mean across "
+               "GPUs, bands its min–max. Grey: outside the scored span. Gaps: no GPU reported.</p>")
+    if not temporal:
+        out.append(_metric_chart(t, "score", metrics.get("score"), spans, title="score", ylim=(0, 1)))
+        contrib = [(p, _arr((metrics.get(p) or {}).get("mean")), COLOURS[p]) for p in PARTS]
+        contrib = [(p if np.isfinite(y).any() else f"{p} (no data)", y, c) for p, y, c in contrib if len(y) == len(t)]
+        chart = line_chart(t, title="contributions: compute, memory, interconnect (mean of GPUs)", lines=contrib,
+                           ylim=(0, 1), spans=spans, span_fill=OUTSIDE, span_label="outside the scored span") \
+            if contrib and len(t) else "<p class='muted'>contributions: no data</p>"
+        out.append(f"<div class='contrib'>{chart}</div>")
+    hm = rep.get("heatmap") or {"values": [], "labels": [], "group": 1}
+    grp = ""
+    if hm.get("group", 1) > 1:                 # "a … b" labels do not fit the margin: first GPU of each group
+        grp = f" (groups of {hm['group']} GPUs from the one named, lowest shown)"
+        hm = dict(hm, labels=[str(x).split(" … ")[0] for x in hm.get("labels", [])])
+    out.append("<div class='heatmap'>" + heatmap(hm, t_end, title=f"score per GPU × time{grp}", scale=(0.0, 1.0),
+                                                 unit="", legend="grey: no sample") + "</div>")
+
+    out.append("<h2>Metrics</h2><p class='muted'>DCGM fields, same reduction. Ratios on 0–1.</p>")
+    for field in list(PLOTTED_FIELDS) + sorted(set(metrics) - set(PLOTTED_FIELDS) - {"score", *PARTS}):
+        desc, unit, ylim = FIELD_INFO.get(field, (field, "", None))
+        out.append(_metric_chart(t, field, metrics.get(field), spans, title=f"{field} — {desc}"
+                                 if desc != field else field, unit=unit, ylim=ylim))
+
+    # tables
+    per_node = rep.get("per_node") or []
+    out.append("<h2>Nodes</h2>" + _table(["node", "GPUs", "mean score", "lowest GPU score"],
+                                         [[n.get("node"), n.get("gpus"), _num(n.get("score")), _num(n.get("min"))]
+                                          for n in per_node]))
+    rows = _gpu_rows(rep.get("per_gpu") or [])
+    hidden = len(rows) - MAX_GPU_ROWS
+    out.append("<h2>GPUs</h2><p class='muted'>Lowest score first; medians over the scored span.</p>"
+               + _table(["GPU", "score", "bound", "compute", "memory", "interconnect", "gssr", "SM active",
+                         "coverage", "samples", "model"], rows[:MAX_GPU_ROWS]).replace("<table>", "<table id='gpus'>", 1))
+    if hidden > 0:
+        out.append(f"<p class='muted' id='gpus-hidden'>{hidden} more GPUs not shown (higher scores).</p>")
+
+    out.append(f"<h2>How the score is computed</h2><div class='doc'>{doc_html(model.__doc__)}</div>")
+    out.append(f"<p class='muted'>Generated by hpcml score (report version {rep.get('version', '?')}).</p>"
+               "</div></body></html>")
+    return "\n".join(out)
+
+
+def write(report: dict, path: str | Path) -> Path:
+    """Write the page atomically (ASCII with character references, whatever the locale)."""
+    path = Path(path)
+    write_atomic(path, render(report).encode("ascii", "xmlcharrefreplace").decode("ascii"))
+    return path
