@@ -1,1 +1,127 @@
-"""One module per recording format the scorer imports. Each returns a ``Recording``."""
+"""One module per recording format the scorer imports. Each returns a ``Recording``.
+
+``detect(path)`` tells the format from the content (extensions alone are not trusted) and
+``load(path, fmt=None, **options)`` imports it. Modules are imported only when used.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import sqlite3
+from pathlib import Path
+
+from hpcml.errors import UsageError
+from hpcml.score.recording import Recording
+
+# format -> module of this package (the function is ``load`` unless _FUNCTIONS says otherwise)
+FORMATS = {
+    "store": "store",                  # hpcml's own recording: a directory of rank-*.arrows
+    "gssr-json": "gssr_json",          # gssr profile: <label>/<label>_proc_<rank>.json
+    "gssr-sqlite": "gssr_json",        # gssr analyze --export x.sqlite3
+    "gssr-record": "gssr_record",      # gssr-record proc_<rank>.csv
+    "dmon": "dmon",                    # dcgmi dmon text output
+    "exporter": "exporter",            # dcgm-exporter /metrics scrapes
+}
+_FUNCTIONS = {"gssr-sqlite": "load_sqlite"}
+_HEAD = 64 * 1024
+
+
+def _known() -> str:
+    return ", ".join(FORMATS)
+
+
+def _head(path: Path) -> bytes:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(_HEAD)
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc}", file=str(path)) from None
+
+
+def _is_gssr_json(head: bytes) -> bool:
+    h = head.lstrip()
+    return h.startswith(b"{") and b'"metadata"' in h[:4096] and b'"sampling_time"' in h
+
+
+def _is_gssr_csv(path: Path) -> bool:
+    return _head(path).lstrip().startswith(b"timestamp,gpuId")
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    try:
+        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        try:
+            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+        finally:
+            con.close()
+    except sqlite3.Error:
+        return set()
+
+
+def _first(it):
+    return next(iter(it), None)
+
+
+def _detect_dir(p: Path) -> str | None:
+    if _first(p.glob("rank-*.arrows")) is not None:
+        return "store"
+    for f in p.rglob("*_proc_*.json"):
+        if _is_gssr_json(_head(f)):
+            return "gssr-json"
+        break
+    for f in p.rglob("proc_*.csv"):
+        if _is_gssr_csv(f):
+            return "gssr-record"
+        break
+    return None
+
+
+def _detect_file(p: Path) -> str | None:
+    head = _head(p)
+    if head.startswith(b"SQLite format 3\x00"):
+        return "gssr-sqlite" if {"data", "job_metadata"} <= _sqlite_tables(p) else None
+    if _is_gssr_json(head):
+        return "gssr-json"
+    if head.lstrip().startswith(b"timestamp,gpuId"):
+        return "gssr-record"
+    text = head.decode("utf-8", errors="replace")
+    if text.lstrip().startswith("#Entity"):
+        return "dmon"
+    if "# TYPE DCGM_FI_" in text or any(line.startswith("DCGM_FI_") for line in text.splitlines()):
+        return "exporter"
+    return None
+
+
+def detect(path: str | Path) -> str:
+    """The format of ``path`` from its content; UsageError if it is none we know."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError("no such file or directory", file=str(p))
+    fmt = _detect_dir(p) if p.is_dir() else _detect_file(p)
+    if fmt is None:
+        what = "directory" if p.is_dir() else "file"
+        raise UsageError(f"cannot tell the recording format of this {what}; formats known: {_known()}",
+                         file=str(p))
+    return fmt
+
+
+def load(path: str | Path, fmt: str | None = None, **options) -> Recording:
+    """Import ``path`` (format detected unless ``fmt`` names it). Options a format does not take
+    (e.g. ``interval`` for gssr, whose files carry it) are left out and noted; None means unset."""
+    p = Path(path)
+    if not p.exists():
+        raise UsageError("no such file or directory", file=str(p))
+    if fmt is not None and fmt not in FORMATS:
+        raise UsageError(f"unknown recording format '{fmt}'; formats known: {_known()}", file=str(p))
+    fmt = fmt or detect(p)
+    module = importlib.import_module(f"{__name__}.{FORMATS[fmt]}")
+    loader = getattr(module, _FUNCTIONS.get(fmt, "load"))
+    accepted = inspect.signature(loader).parameters
+    given = {k: v for k, v in options.items() if v is not None}
+    ignored = sorted(k for k in given if k not in accepted)
+    rec = loader(p, **{k: v for k, v in given.items() if k in accepted})
+    if ignored:
+        rec.notes.append(f"option(s) {', '.join(ignored)} do not apply to {fmt} recordings and were ignored")
+    rec.meta.setdefault("format", fmt)
+    return rec

@@ -1,0 +1,298 @@
+"""gssr 0.3/0.4 (PyPI ``gssr``) profiles: the JSON files of ``gssr profile`` and the SQLite
+file of ``gssr analyze --export``.
+
+JSON: ``profile_out_JobID_<id>/<label>/<label>_proc_<rank>.json`` (a single file or any
+directory tree of them is accepted), each ``json.dump`` of ``{"metadata": {job_id, step_id,
+label, hostname, proc_id, n_gpus, gpu_ids, start_time, end_time, elapsed, sampling_time
+(ms), n_samples, cmd}, "data": {gpu_id: {tag: [values]}}}``. The tags are DCGM field tags
+as DcgmReader's ``GetLatestGpuValuesAsFieldNameDict`` returns them (``GSSR_TAGS`` maps
+them to our names; other tags are kept as they are). Quirks:
+
+- no timestamps: gssr drops DCGM's. Times are reconstructed as ``start_time + i x
+  sampling_time``; the real interval is a little longer (each turn sleeps sampling_time
+  *plus* the DCGM query) and gssr keeps the *last* ``n_samples`` of each series, so the
+  times are approximate, and the notes say so.
+- blanks never reach the file (DcgmReader skips them and gssr truncates every series to
+  the shortest), so there is no N/A; a ``null`` or ``NaN`` from another writer stays NaN.
+- one GPU per task normally (``--gpus-per-task``), but a task may hold several GPUs.
+
+SQLite: tables ``data`` (job_id, step_id, proc_id, gpu_id, sample_index, time = sample_index
+x sampling_time / 1000, one column per tag), ``process_metadata`` (hostname, gpu_ids,
+start_time as local ``%Y-%m-%d %H:%M:%S`` per proc_id) and ``job_metadata``. Times are
+start_time (whole seconds, read as this machine's local time) + ``time``. Known gssr bug:
+``ExportDataHandler.create_data_table`` appends each process's frame after its GPU loop,
+so only the *last* GPU of each process reaches ``data``; GPUs listed in
+``process_metadata.gpu_ids`` but absent from ``data`` are named in a note.
+
+Speed: the JSON path reads ~1 GB (1,024 GPUs x 3,600 samples x 16 tags) in a few seconds:
+orjson parses each file and its lists become float32 arrays at once, nothing else kept.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import sqlite3
+import threading
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+
+from hpcml.errors import UsageError
+from hpcml.score.fields import BY_ID
+from hpcml.score.recording import VALUE_DTYPE, Recording
+
+# DCGM field tags (dcgm_fields.cpp) of the fields gssr watches (its metric_ids) and the other
+# profiling fields, -> our column names.
+GSSR_TAGS = {tag: BY_ID[fid].name for tag, fid in {
+    "gpu_utilization": 203, "fb_total": 250, "fb_free": 251, "fb_used": 252, "fb_resv": 253,
+    "gr_engine_active": 1001, "sm_active": 1002, "sm_occupancy": 1003, "tensor_active": 1004,
+    "dram_active": 1005, "fp64_active": 1006, "fp32_active": 1007, "fp16_active": 1008,
+    "pcie_tx_bytes": 1009, "pcie_rx_bytes": 1010, "nvlink_tx_bytes": 1011, "nvlink_rx_bytes": 1012,
+    "sm_clock": 100, "memory_clock": 101,
+}.items()}
+_ID_COLUMNS = ("job_id", "step_id", "proc_id", "gpu_id", "sample_index", "time")
+_NEEDED = ("hostname", "start_time", "sampling_time")
+POOL_MIN_FILES = 64          # below this a process pool costs more than it saves
+
+
+def _files(path: Path) -> list[Path]:
+    if path.is_dir():
+        return sorted(path.rglob("*_proc_*.json"))
+    return [path]
+
+
+def _name(tag: str) -> str:
+    return GSSR_TAGS.get(tag, tag.lower())
+
+
+def _parse(raw: bytes, f: Path) -> dict:
+    import orjson
+    try:
+        return orjson.loads(raw)
+    except orjson.JSONDecodeError as exc:
+        try:                                  # Python's json.dump writes NaN/Infinity, orjson refuses them
+            return json.loads(raw)
+        except (ValueError, UnicodeDecodeError):
+            raise UsageError(f"not valid JSON (truncated or damaged?): {exc}", file=str(f)) from None
+
+
+def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
+    """One gssr JSON file -> (metadata, {gpu_id: {our name: float32 array}})."""
+    try:
+        raw = f.read_bytes()
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc}", file=str(f)) from None
+    doc = _parse(raw, f)
+    del raw
+    if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict) or not isinstance(doc.get("data"), dict):
+        raise UsageError("not a gssr profile: no 'metadata' and 'data' objects", file=str(f))
+    meta, data = doc["metadata"], doc["data"]
+    for key in _NEEDED:
+        if key not in meta:
+            raise UsageError("gssr metadata lacks this entry", file=str(f), key=key)
+    gpus: dict[str, dict[str, np.ndarray]] = {}
+    for gpu_id, metrics in data.items():
+        if not isinstance(metrics, dict):
+            raise UsageError("GPU entry is not an object of metric lists", file=str(f), key=str(gpu_id))
+        cols, n = {}, None
+        for tag, values in metrics.items():
+            if not isinstance(values, list):
+                raise UsageError("metric is not a list of values", file=str(f), key=f"{gpu_id}.{tag}")
+            try:
+                col = np.array(values, dtype=VALUE_DTYPE)
+            except (TypeError, ValueError):
+                raise UsageError("metric holds a value that is not a number", file=str(f),
+                                 key=f"{gpu_id}.{tag}") from None
+            if n is not None and len(col) != n:
+                raise UsageError(f"{len(col)} values where the GPU's other metrics have {n}",
+                                 file=str(f), key=f"{gpu_id}.{tag}")
+            n = len(col)
+            cols[_name(tag)] = col
+        gpus[str(gpu_id)] = cols
+        metrics.clear()                       # free the Python floats now
+    return meta, gpus
+
+
+def _number(meta: dict, key: str, f: Path) -> float:
+    try:
+        v = float(meta[key])
+    except (TypeError, ValueError):
+        raise UsageError(f"'{meta[key]}' is not a number", file=str(f), key=key) from None
+    if not math.isfinite(v):
+        raise UsageError(f"'{meta[key]}' is not a finite number", file=str(f), key=key)
+    return v
+
+
+def _put(rec: Recording, node: str, gpu: str, t: np.ndarray, cols: dict[str, np.ndarray]) -> None:
+    """Columns for one GPU; appended (NaN where a side lacks a column) if the GPU is there already
+    (several steps of one job, or two tasks sharing a GPU)."""
+    g = rec.gpu(node, gpu)
+    if not len(g.t):
+        g.set_columns(t, cols)
+        return
+    old_t, old = np.asarray(g.t, float), g.values
+    names = list(dict.fromkeys([*old, *cols]))
+    nan = lambda k: np.full(k, np.nan, VALUE_DTYPE)  # noqa: E731
+    g.set_columns(np.concatenate([old_t, t]),
+                  {k: np.concatenate([old.get(k, nan(len(old_t))), cols.get(k, nan(len(t)))]) for k in names})
+    g.freeze()
+
+
+def _read_all(files: list[Path], workers: int | None):
+    """(metadata, gpus) per file, in file order; two processes for big directories."""
+    if workers is None:
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        workers = min(2, cpus) if len(files) >= POOL_MIN_FILES else 1
+    if workers <= 1 or len(files) < 2 or threading.active_count() > 1 or "fork" not in _start_methods():
+        yield from map(_read, files)          # forking a threaded process is unsafe: stay serial
+        return
+    import multiprocessing as mp
+    from concurrent.futures import ProcessPoolExecutor
+    chunk = max(1, min(16, len(files) // (4 * workers)))
+    pool = ProcessPoolExecutor(workers, mp_context=mp.get_context("fork"))   # fork: nothing to re-import
+    try:
+        yield from pool.map(_read, files, chunksize=chunk)
+    finally:
+        pool.shutdown(wait=True, cancel_futures=True)
+
+
+def _start_methods() -> list[str]:
+    import multiprocessing as mp
+    return mp.get_all_start_methods()
+
+
+def load(path: str | Path, workers: int | None = None) -> Recording:
+    """``workers``: processes that parse files (default: 2 from POOL_MIN_FILES files on, else 1)."""
+    p = Path(path)
+    files = _files(p)
+    if not files or not files[0].exists():
+        raise UsageError("no gssr <label>_proc_<rank>.json files here", file=str(p))
+    rec = Recording(source=f"gssr-json:{p}")
+    intervals, jobs, drift = set(), set(), []
+    for f, (meta, gpus) in zip(files, _read_all(files, workers)):
+        start = _number(meta, "start_time", f)
+        dt = _number(meta, "sampling_time", f) / 1000.0
+        if dt <= 0:
+            raise UsageError("sampling_time must be above 0 ms", file=str(f), key="sampling_time")
+        node = str(meta["hostname"])
+        intervals.add(dt)
+        jobs.add((meta.get("job_id"), meta.get("step_id")))
+        for gpu, cols in gpus.items():
+            if not cols:
+                continue
+            n = len(next(iter(cols.values())))
+            _put(rec, node, gpu, start + np.arange(n) * dt, cols)
+            try:
+                if n and float(meta.get("elapsed", 0)) > 0:
+                    drift.append(float(meta["elapsed"]) / n / dt)
+            except (TypeError, ValueError):
+                pass
+    if not rec.gpus:
+        raise UsageError("gssr files with no GPU data", file=str(p))
+    shown = ", ".join(f"{d * 1000:g} ms" for d in sorted(intervals))
+    note = f"gssr stores no timestamps: times are start_time + sample x sampling_time ({shown})"
+    if drift and abs(float(np.median(drift)) - 1.0) > 0.1:
+        note += f"; elapsed / n_samples is {np.median(drift):.2f} x that, so times are approximate"
+    rec.notes.append(note)
+    rec.meta.update({"files": len(files), "jobs": sorted(f"{j}.{s}" for j, s in jobs)})
+    return rec
+
+
+# --- SQLite export -------------------------------------------------------------------------
+
+def _local_epoch(text: object) -> float:
+    try:
+        return datetime.strptime(str(text), "%Y-%m-%d %H:%M:%S").timestamp()
+    except ValueError:
+        return math.nan
+
+
+def load_sqlite(path: str | Path) -> Recording:
+    p = Path(path)
+    if not p.is_file():
+        raise UsageError("no such SQLite file", file=str(p))
+    try:
+        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
+    except sqlite3.Error as exc:
+        raise UsageError(f"cannot open as SQLite: {exc}", file=str(p)) from None
+    try:
+        return _from_db(con, p)
+    except sqlite3.DatabaseError as exc:
+        raise UsageError(f"not a gssr SQLite export: {exc}", file=str(p)) from None
+    finally:
+        con.close()
+
+
+def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: list[str], p: Path):
+    """The ``data`` table in chunks, straight to arrays (a big export has millions of rows):
+    the distinct keys, and per row its key's code, order column, time and float32 metrics."""
+    quoted = ", ".join(f'"{c}"' for c in [*key_cols, order, "time", *metrics])
+    cur = con.execute(f"SELECT {quoted} FROM data")
+    nk, index = len(key_cols), {}
+    codes, order_v, time_v, mats = [], [], [], []
+    while rows := cur.fetchmany(1 << 15):
+        codes.append(np.fromiter((index.setdefault(r[:nk], len(index)) for r in rows), np.int64, len(rows)))
+        try:
+            arr = np.array([r[nk:] for r in rows], dtype=float)     # NULL -> NaN
+        except (TypeError, ValueError):
+            raise UsageError("gssr 'data' table holds a value that is not a number", file=str(p)) from None
+        order_v.append(arr[:, 0])
+        time_v.append(arr[:, 1])
+        mats.append(arr[:, 2:].astype(VALUE_DTYPE))
+    if not codes:
+        return [], np.empty(0, np.int64), np.empty(0), np.empty((len(metrics), 0), VALUE_DTYPE)
+    codes_a = np.concatenate(codes)
+    sort = np.lexsort((np.concatenate(order_v), codes_a))
+    mat = np.ascontiguousarray(np.concatenate(mats)[sort].T)          # one row per metric
+    return list(index), codes_a[sort], np.concatenate(time_v)[sort], mat
+
+
+def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
+    tables = {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    missing = {"data", "process_metadata", "job_metadata"} - tables
+    if missing:
+        raise UsageError(f"not a gssr SQLite export: no table {', '.join(sorted(missing))}", file=str(p))
+    columns = [r[1] for r in con.execute("PRAGMA table_info(data)")]
+    for c in ("proc_id", "gpu_id", "time"):
+        if c not in columns:
+            raise UsageError(f"gssr 'data' table has no {c} column", file=str(p))
+    metrics = [c for c in columns if c not in _ID_COLUMNS]
+    if not metrics:
+        raise UsageError("gssr 'data' table has no metric columns", file=str(p))
+    has_step = "step_id" in columns and "job_id" in columns
+    procs = {}
+    pm_cols = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
+    sel = ", ".join(c if c in pm_cols else "NULL" for c in ("job_id", "step_id", "proc_id", "hostname",
+                                                              "gpu_ids", "start_time"))
+    for job, step, proc, host, gpu_ids, start in con.execute(f"SELECT {sel} FROM process_metadata"):
+        procs[(job, step, proc) if has_step else proc] = (str(host), str(gpu_ids or ""), _local_epoch(start))
+    rec = Recording(source=f"gssr-sqlite:{p}")
+    key_cols = ["job_id", "step_id", "proc_id", "gpu_id"] if has_step else ["proc_id", "gpu_id"]
+    order = "sample_index" if "sample_index" in columns else "time"
+    keys, codes, t_all, mat = _scan(con, key_cols, order, metrics, p)
+    seen = set()
+    bounds = np.flatnonzero(np.diff(codes)) + 1
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(codes)]) if len(codes) else ():
+        *pkey, gpu = keys[codes[lo]]
+        pkey = tuple(pkey) if has_step else pkey[0]
+        host, _, start = procs.get(pkey, (f"proc{pkey[-1] if has_step else pkey}", "", math.nan))
+        t = t_all[lo:hi] + (start if math.isfinite(start) else 0.0)
+        _put(rec, host, str(gpu), t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)})
+        seen.add((pkey, str(gpu)))
+    lost = []
+    for pkey, (host, gpu_ids, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
+        for gpu in (g.strip() for g in gpu_ids.split(",") if g.strip()):
+            if (pkey, gpu) not in seen:
+                lost.append(f"{host} GPU {gpu} (proc {pkey[-1] if has_step else pkey})")
+    if not rec.gpus:
+        raise UsageError("gssr SQLite export with no rows in 'data'", file=str(p))
+    rec.notes.append("gssr stores no timestamps: times are the process start (whole seconds, local time)"
+                     " + sample x sampling_time")
+    if lost:
+        rec.notes.append(f"gssr's export wrote only the last GPU of each process; lost {len(lost)} GPU(s): "
+                         + ", ".join(lost))
+    rec.meta.update({"lost_gpus": lost})
+    return rec

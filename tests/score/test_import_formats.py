@@ -1,0 +1,268 @@
+"""dcgmi dmon, gssr JSON/SQLite importers and format detection, on samples in each tool's
+own layout (tests/data/score/README.md says where each comes from)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import math
+import shutil
+import sqlite3
+from datetime import datetime
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcml.errors import UsageError
+from hpcml.score import importers
+from hpcml.score.importers import dmon, gssr_json
+from hpcml.score.model import score_job
+
+DATA = Path(__file__).resolve().parents[1] / "data" / "score"
+ROOT = Path(__file__).resolve().parents[2]
+GSSR_DIR = DATA / "gssr_profile_out_JobID_777"
+GSSR_STEP = GSSR_DIR / "unlabeled_job_777_step_0"
+GSSR_SQLITE = DATA / "gssr_export_777.sqlite3"
+
+
+def _fixture_module():
+    spec = importlib.util.spec_from_file_location("gssr_fixture", ROOT / "benchmarks" / "gssr_fixture.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+# --- dcgmi dmon ------------------------------------------------------------------------------
+
+def test_dmon_two_gpus_repeated_header_na_and_unknown_column():
+    rec = dmon.load(DATA / "dmon_two_gpus.txt", interval=0.5)
+    assert sorted(rec.gpus) == [("dmon_two_gpus", "0"), ("dmon_two_gpus", "1")]
+    g0, g1 = rec.gpus[("dmon_two_gpus", "0")], rec.gpus[("dmon_two_gpus", "1")]
+    # 20 ticks: the header reprinted after tick 15 neither adds nor splits a tick
+    assert np.allclose(g0.t, np.arange(20) * 0.5) and np.allclose(g1.t, g0.t)
+    assert set(g0.values) == {"sm_active", "pipe_tensor_active", "dram_active", "pipe_fp16_active",
+                              "gpu_util", "tmptr"}
+    assert np.isnan(g0.values["sm_active"][0]) and np.isnan(g1.values["pipe_tensor_active"][0])   # N/A
+    assert g0.values["gpu_util"][0] == 0.0                          # a real 0 stays 0
+    assert math.isclose(g0.values["sm_active"][3], 0.917, rel_tol=1e-6)
+    assert math.isclose(g1.values["sm_active"][3], 0.553, rel_tol=1e-6)
+    assert np.isnan(g1.values["dram_active"][7]) and not np.isnan(g0.values["dram_active"][7])
+    assert g0.values["tmptr"][0] == 34 and g1.values["tmptr"][-1] == 45      # unknown tag kept
+    assert any("no timestamps" in n and "0.5 s" in n for n in rec.notes)
+    t, gpus = rec.aligned()
+    job = score_job(gpus, {k: None for k in rec.gpus})
+    assert {g.gpu for g in job.gpus} == {"dmon_two_gpus:0", "dmon_two_gpus:1"}
+
+
+def test_dmon_mig_entities_and_strings_with_spaces():
+    rec = dmon.load(DATA / "dmon_mig.txt", node="nid007")
+    assert sorted(rec.gpus) == [("nid007", "0"), ("nid007", "GPU-CI0"), ("nid007", "GPU-I0")]
+    assert np.allclose(rec.gpus[("nid007", "GPU-I0")].values["sm_active"], [0.82, 0.83, 0.84])
+    assert np.allclose(rec.gpus[("nid007", "0")].t, [0, 1, 2])
+    assert np.isnan(rec.gpus[("nid007", "GPU-CI0")].values["dvnam"]).all()      # strings are not numbers
+
+
+def test_dmon_whitespace_layout_and_non_gpu_rows(tmp_path):
+    f = tmp_path / "node3.txt"
+    f.write_text("\n#Entity  SMACT  DRAMA  PCITX\nID\nGPU 0    0.5  0.25  1000\nSwitch 0  1  2  3\n"
+                 "GPU 0    0.6  N/A  2000\n")
+    rec = dmon.load(f)
+    g = rec.gpus[("node3", "0")]
+    assert list(g.t) == [0.0, 1.0] and list(g.values["pcie_tx_bytes"]) == [1000, 2000]
+    assert np.isnan(g.values["dram_active"][1])
+    assert any("Switch (1)" in n for n in rec.notes)
+
+
+@pytest.mark.parametrize("text, words", [
+    ("GPU 0  0.5\n", "no '#Entity' header"),
+    ("#Entity  SMACT\nID\nGPU 0  0.5\nhello there\nGPU 0  0.6\n", r":4: not a dmon row"),
+    ("#Entity  SMACT  DRAMA\nID\nGPU 0  0.5\nGPU 0  0.6  0.1\n", r":3: 1 values under 2 columns"),
+    ("#Entity  SMACT\nID\nSwitch 0  0.5\n", "no GPU rows"),
+])
+def test_dmon_bad_input(tmp_path, text, words):
+    f = tmp_path / "bad.txt"
+    f.write_text(text)
+    with pytest.raises(UsageError, match=words):
+        dmon.load(f)
+    with pytest.raises(UsageError, match="above 0"):
+        dmon.load(DATA / "dmon_two_gpus.txt", interval=0)
+
+
+# --- gssr JSON ---------------------------------------------------------------------------------
+
+def _gssr_docs() -> list[dict]:
+    return [json.loads(f.read_text()) for f in sorted(GSSR_STEP.glob("*.json"))]
+
+
+def test_gssr_json_values_time_and_several_gpus_per_file():
+    rec = gssr_json.load(GSSR_DIR)
+    assert sorted(rec.gpus) == [("nid00010", "0"), ("nid00010", "1"), ("nid00011", "2")]
+    for doc in _gssr_docs():
+        meta = doc["metadata"]
+        for gpu, metrics in doc["data"].items():
+            g = rec.gpus[(meta["hostname"], gpu)]
+            assert np.allclose(g.t, meta["start_time"] + np.arange(10) * 0.5)
+            for tag, values in metrics.items():
+                assert np.array_equal(g.values[gssr_json.GSSR_TAGS[tag]], np.asarray(values, np.float32)), tag
+    g = rec.gpus[("nid00010", "1")]
+    assert {"pipe_tensor_active", "gpu_util", "fb_reserved", "nvlink_rx_bytes"} <= set(g.values)
+    assert any("no timestamps" in n and "500 ms" in n for n in rec.notes)
+    one = gssr_json.load(GSSR_STEP / "unlabeled_job_777_step_0_proc_1.json")      # a single file
+    assert list(one.gpus) == [("nid00011", "2")]
+
+
+def test_gssr_json_nan_and_unknown_tag(tmp_path):
+    doc = _gssr_docs()[1]
+    doc["data"]["2"]["sm_active"][3] = float("nan")           # json.dump writes NaN; orjson refuses it
+    doc["data"]["2"]["power_usage_x"] = [1.0] * 10
+    f = tmp_path / "x_proc_1.json"
+    f.write_text(json.dumps(doc))
+    g = gssr_json.load(f).gpus[("nid00011", "2")]
+    assert np.isnan(g.values["sm_active"][3]) and not np.isnan(g.values["sm_active"][2])
+    assert list(g.values["power_usage_x"]) == [1.0] * 10
+
+
+def test_gssr_json_two_steps_of_one_gpu_are_joined(tmp_path):
+    doc = _gssr_docs()[1]
+    for step, offset in ((0, 0.0), (1, 100.0)):
+        d = dict(doc, metadata=dict(doc["metadata"], step_id=step, start_time=doc["metadata"]["start_time"] + offset))
+        _write(tmp_path / f"s{step}" / f"lbl_step_{step}_proc_1.json", json.dumps(d))
+    rec = gssr_json.load(tmp_path)
+    g = rec.gpus[("nid00011", "2")]
+    assert len(g.t) == 20 and np.all(np.diff(g.t) > 0) and g.t[10] - g.t[0] == 100.0
+    assert rec.meta["jobs"] == ["777.0", "777.1"]
+
+
+def test_gssr_json_bad_files(tmp_path):
+    src = (GSSR_STEP / "unlabeled_job_777_step_0_proc_0.json").read_bytes()
+    cut = tmp_path / "run" / "lbl_proc_0.json"
+    cut.parent.mkdir()
+    cut.write_bytes(src[: len(src) // 2])                     # a profile cut short (job killed)
+    with pytest.raises(UsageError, match=r"lbl_proc_0\.json: not valid JSON"):
+        gssr_json.load(tmp_path / "run")
+    shutil.copy(GSSR_STEP / "unlabeled_job_777_step_0_proc_1.json", tmp_path / "run" / "lbl_proc_1.json")
+    with pytest.raises(UsageError, match=r"lbl_proc_0\.json: not valid JSON"):
+        gssr_json.load(tmp_path / "run", workers=2)            # raised in a worker process
+    cut.write_text("[1, 2]")
+    with pytest.raises(UsageError, match="no 'metadata' and 'data'"):
+        gssr_json.load(cut)
+    doc = json.loads(src)
+    del doc["metadata"]["sampling_time"]
+    cut.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="key 'sampling_time'"):
+        gssr_json.load(cut)
+    doc = json.loads(src)
+    doc["data"]["0"]["sm_active"][0] = "busy"
+    cut.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match=r"key '0\.sm_active'.*not a number"):
+        gssr_json.load(cut)
+    doc = json.loads(src)
+    doc["data"]["0"]["dram_active"].pop()
+    cut.write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="9 values where"):
+        gssr_json.load(cut)
+    with pytest.raises(UsageError, match="no gssr"):
+        gssr_json.load(tmp_path / "empty")
+
+
+def test_gssr_fixture_round_trip_64_gpus(tmp_path):
+    fx = _fixture_module()
+    out, written = fx.write_gssr_json(tmp_path / "profile_out_JobID_4242", gpus=64, seconds=120,
+                                      interval_ms=500, seed=3, return_values=True)
+    files = sorted(out.rglob("*_proc_*.json"))
+    assert len(files) == 64
+    for f in files[:4]:                                       # byte for byte what json.dump writes
+        raw = f.read_bytes()
+        assert json.dumps(json.loads(raw)).encode() == raw
+    assert importers.detect(out) == "gssr-json"
+    for workers in (1, 2):
+        rec = importers.load(out, workers=workers)
+        assert len(rec.gpus) == 64 and {k[0] for k in rec.gpus} == {f"nid{i:05d}" for i in range(16)}
+        for key, values in written.items():
+            g = rec.gpus[key]
+            assert len(g.t) == 240 and np.allclose(np.diff(g.t), 0.5)
+            for tag, v in values.items():
+                assert np.array_equal(g.values[gssr_json.GSSR_TAGS[tag]], v.astype(np.float32)), (key, tag)
+
+
+# --- gssr SQLite ------------------------------------------------------------------------------
+
+def test_gssr_sqlite_export_and_lost_gpus():
+    rec = gssr_json.load_sqlite(GSSR_SQLITE)
+    # gssr's exporter kept only the last GPU of task 0
+    assert sorted(rec.gpus) == [("nid00010", "1"), ("nid00011", "2")]
+    assert any("lost 1 GPU(s): nid00010 GPU 0 (proc 0)" in n for n in rec.notes)
+    docs = {d["metadata"]["hostname"]: d for d in _gssr_docs()}
+    for (host, gpu), g in rec.gpus.items():
+        for tag, values in docs[host]["data"][gpu].items():
+            assert np.array_equal(g.values[gssr_json.GSSR_TAGS[tag]], np.asarray(values, np.float32)), tag
+        start = sqlite3.connect(GSSR_SQLITE).execute(
+            "SELECT start_time FROM process_metadata WHERE hostname = ?", (host,)).fetchone()[0]
+        t0 = datetime.strptime(start, "%Y-%m-%d %H:%M:%S").timestamp()
+        assert np.allclose(g.t, t0 + np.arange(10) * 0.5)
+    assert importers.load(GSSR_SQLITE).meta["format"] == "gssr-sqlite"
+
+
+def test_gssr_sqlite_not_an_export(tmp_path):
+    db = tmp_path / "other.sqlite3"
+    con = sqlite3.connect(db)
+    con.execute("CREATE TABLE data (x)")
+    con.commit()
+    con.close()
+    with pytest.raises(UsageError, match="no table job_metadata, process_metadata"):
+        gssr_json.load_sqlite(db)
+    with pytest.raises(UsageError, match="formats known: store, gssr-json"):
+        importers.detect(db)
+
+
+# --- detect / load ----------------------------------------------------------------------------
+
+def _write(path: Path, text: str) -> Path:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text)
+    return path
+
+
+def test_detect_every_format(tmp_path):
+    store = tmp_path / "store"
+    store.mkdir()
+    (store / "rank-0.arrows").write_bytes(b"")
+    record = _write(tmp_path / "rec" / "clariden_1" / "step_0" / "proc_0.csv",
+                    "timestamp,gpuId,DCGM_FI_PROF_SM_ACTIVE_avg\n1700000000,0,0.5\n")
+    prom = _write(tmp_path / "scrape.txt", "# HELP DCGM_FI_PROF_SM_ACTIVE x\n# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
+                  'DCGM_FI_PROF_SM_ACTIVE{gpu="0"} 0.5\n')
+    bare = _write(tmp_path / "bare.prom", 'DCGM_FI_PROF_SM_ACTIVE{gpu="0"} 0.5\n')
+    dmon_copy = _write(tmp_path / "dmon.log", "\n\n" + (DATA / "dmon_two_gpus.txt").read_text())
+    gssr_file = tmp_path / "renamed.json"                     # content, not the name, tells
+    shutil.copy(GSSR_STEP / "unlabeled_job_777_step_0_proc_0.json", gssr_file)
+    expected = {store: "store", GSSR_DIR: "gssr-json", gssr_file: "gssr-json", GSSR_SQLITE: "gssr-sqlite",
+                tmp_path / "rec": "gssr-record", record: "gssr-record", dmon_copy: "dmon",
+                DATA / "dmon_mig.txt": "dmon", prom: "exporter", bare: "exporter"}
+    assert {p: importers.detect(p) for p in expected} == expected
+    assert set(importers.FORMATS) == set(expected.values())
+
+
+def test_detect_and_load_refuse(tmp_path):
+    junk = _write(tmp_path / "notes.txt", "hello\n")
+    with pytest.raises(UsageError, match=r"notes\.txt: cannot tell the recording format of this file; "
+                                         r"formats known: store, gssr-json, gssr-sqlite, gssr-record, dmon, exporter$"
+                       ) as err:
+        importers.detect(junk)
+    assert "\n" not in str(err.value)
+    with pytest.raises(UsageError, match="this directory"):
+        importers.detect(tmp_path)
+    with pytest.raises(UsageError, match="no such file"):
+        importers.detect(tmp_path / "missing")
+    with pytest.raises(UsageError, match="no such file"):
+        importers.load(tmp_path / "missing")
+    with pytest.raises(UsageError, match="unknown recording format 'nvsmi'; formats known: store"):
+        importers.load(junk, fmt="nvsmi")
+
+
+def test_load_dispatches_with_options():
+    rec = importers.load(DATA / "dmon_two_gpus.txt", interval=2.0, node="nid042")
+    assert rec.meta["format"] == "dmon" and rec.gpus[("nid042", "1")].t[-1] == 38.0
+    rec = importers.load(GSSR_DIR, interval=2.0, node=None)  # gssr files carry their own interval
+    assert rec.meta["format"] == "gssr-json"
+    assert any("interval" in n and "ignored" in n for n in rec.notes)
