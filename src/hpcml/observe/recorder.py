@@ -79,13 +79,25 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
 
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
-           prometheus_addr: str = "127.0.0.1") -> int:
+           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "nvml") -> int:
+    """``gpu_metrics``: auto (DCGM, else NVML), dcgm (required), nvml or none; see
+    ``hpcml.score.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
+    from hpcml.score.samplers.choose import for_task
     if not cmd:
         raise UsageError("no command to record: give it after --, e.g. "
                          "hpcml observe record -- python train.py")
     if interval < MIN_INTERVAL:
         raise UsageError(f"--interval must be at least {MIN_INTERVAL} s, got {interval}")
     task = Task.from_env()
+    gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
+    try:
+        return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr)
+    finally:
+        gpu.close()
+
+
+def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: float,
+            prometheus_port: int | None, prometheus_addr: str) -> int:
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -96,7 +108,7 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     rank_meta_path = out / RANK_META.format(rank=task.rank)
     rank_meta = {"rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
-                 "start": started}
+                 "start": started, **gpu.meta}
     write_json(rank_meta_path, rank_meta)
 
     exporter = None
@@ -133,12 +145,8 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
 
     samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0)]
-    if gpu_sampler and (task.gpus or os.environ.get("HPCML_OBSERVE_NVML_REPLAY")):
-        try:
-            from hpcml.observe.samplers.nvml import NvmlSampler
-            samplers.append(NvmlSampler(task.gpus))
-        except Exception as exc:  # noqa: BLE001 - no NVML: record without GPU metrics
-            rank_meta["gpu_sampler"] = f"unavailable: {exc}"
+    if gpu.sampler is not None:
+        samplers.append(gpu.sampler)
     try:
         while True:
             try:
@@ -163,8 +171,6 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         copier.join(timeout=10)
         with lock:
             writer.close()
-        for s in samplers[1:]:
-            s.close()
         if exporter is not None:
             exporter.close()
     rank_meta.update(end=time.time(), exit_code=rc, app_batches=stats["app_batches"])

@@ -114,9 +114,9 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
-def read_job(path: str | os.PathLike) -> JobData:
-    """All ranks of a job directory; not a job directory is bad input (exit 2)."""
-    import pyarrow as pa
+def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]]:
+    """A job directory's metadata (job.json with each rank's under "ranks") and its rank
+    files, without reading any data; not a job directory is bad input (exit 2)."""
     p = Path(path)
     if not p.is_dir():
         raise UsageError("not a job directory (it does not exist)", file=str(p))
@@ -130,22 +130,44 @@ def read_job(path: str | os.PathLike) -> JobData:
             meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"job metadata is not valid JSON: {exc}", file=str(meta_path)) from None
-    ranks: dict[int, RankData] = {}
-    for f in files:                      # a restarted rank has several segments
-        d = read_rank(f)
-        if d.rank in ranks:
-            ranks[d.rank].batches += d.batches
-            ranks[d.rank].problem = ranks[d.rank].problem or d.problem
-        else:
-            ranks[d.rank] = d
     for f in sorted(p.glob("rank-*.json")):
         try:
             rank_meta = json.loads(f.read_text())
             meta.setdefault("ranks", {})[str(rank_meta["rank"])] = rank_meta
         except (OSError, json.JSONDecodeError, KeyError):
             continue
-    expected = int(meta.get("ntasks") or 0)
-    missing = [r for r in range(expected) if r not in ranks or not ranks[r].batches]
+    return p, meta, files
+
+
+def iter_ranks(files: list[Path]):
+    """Each rank's data in turn, its restart segments joined, so a caller can reduce one
+    rank before the next is read (a 1,024-rank job never sits in memory at once)."""
+    by_rank: dict[int, list[Path]] = {}
+    for f in files:
+        by_rank.setdefault(int(_RANK_RE.match(f.name).group(1)), []).append(f)
+    for rank in sorted(by_rank):
+        data = None
+        for f in by_rank[rank]:
+            d = read_rank(f)
+            if data is None:
+                data = d
+            else:
+                data.batches += d.batches
+                data.problem = data.problem or d.problem
+        yield data
+
+
+def missing_ranks(meta: dict[str, Any], with_data: set[int]) -> list[int]:
+    """Ranks the metadata expects that have no data."""
+    return [r for r in range(int(meta.get("ntasks") or 0)) if r not in with_data]
+
+
+def read_job(path: str | os.PathLike) -> JobData:
+    """All ranks of a job directory; not a job directory is bad input (exit 2)."""
+    import pyarrow as pa
+    p, meta, files = read_meta(path)
+    ranks = {d.rank: d for d in iter_ranks(files)}
+    missing = missing_ranks(meta, {r for r, d in ranks.items() if d.batches})
     batches = [b for d in ranks.values() for b in d.batches]
     table = pa.Table.from_batches(batches, schema=arrow_schema())
     return JobData(path=p, meta=meta, ranks=ranks, table=table, missing=missing)

@@ -1,0 +1,1 @@
+"""GPU samplers for ``hpcml score record``: DCGM profiling fields, NVML as the fallback."""
