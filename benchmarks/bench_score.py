@@ -108,10 +108,28 @@ def analysis(args) -> dict:
 FAKE_CHILD = "import time; time.sleep({seconds})"
 
 
+def _fake_engine(gpus: int, ticks: int) -> Path:
+    """A replay file for the DCGM fake: every field the sampler watches, per GPU and tick,
+    each field stamped a few ms apart as DCGM does."""
+    from hpcml.score.fields import FIELDS
+    t0 = int(time.time() * 1e6)
+    spec = {"reachable": True,
+            "gpus": [{"gpuId": g, "nvmlIndex": g, "uuid": f"GPU-{g:08d}-0000-4000-8000-000000000000",
+                      "name": "NVIDIA H100 80GB HBM3", "busId": f"00000000:{g + 16:02x}:00.0"} for g in range(gpus)],
+            "history": [],
+            "ticks": [[{"gpuId": g, "ts": t0 + k * 1_000_000 + j * 2000, "values": {str(f.id): 0.5}}
+                       for g in range(gpus) for j, f in enumerate(FIELDS)] for k in range(ticks)]}
+    path = SCRATCH / f"fake-dcgm-{gpus}.json"
+    path.write_text(json.dumps(spec))
+    return path
+
+
 def recording(args) -> dict:
     from bench_observe import run_recorder
-    fake = ROOT / "tests" / "score" / "fake_dcgm"
-    env = {"DCGM_HOME": str(fake), "HPCML_FAKE_DCGM_GPUS": "8", "CUDA_VISIBLE_DEVICES": "0,1,2,3,4,5,6,7"}
+    gpus = 8
+    env = {"DCGM_HOME": str(ROOT / "tests" / "score" / "fake_dcgm"),
+           "HPCML_FAKE_DCGM": str(_fake_engine(gpus, int(args.record_seconds) + 30)),
+           "CUDA_VISIBLE_DEVICES": ",".join(map(str, range(gpus))), "SLURM_JOB_ID": "bench"}
     child = FAKE_CHILD.format(seconds=args.record_seconds)
     base = run_recorder("score-none", 1.0, child, args.record_seconds, command=("observe", "record", "--no-gpu"),
                         env=env, scratch=SCRATCH)
@@ -119,10 +137,10 @@ def recording(args) -> dict:
                              command=("score", "record", "--gpu-metrics", "dcgm"), env=env, scratch=SCRATCH)
     per_gpu = None
     if base["cpu_pct_steady"] is not None and with_gpus["cpu_pct_steady"] is not None:
-        per_gpu = (with_gpus["cpu_pct_steady"] - base["cpu_pct_steady"]) / 8
-    return {"gpus": 8, "without_gpu": base, "dcgm_fake": with_gpus, "cpu_pct_per_gpu": per_gpu,
+        per_gpu = (with_gpus["cpu_pct_steady"] - base["cpu_pct_steady"]) / gpus
+    return {"gpus": gpus, "without_gpu": base, "dcgm_fake": with_gpus, "cpu_pct_per_gpu": per_gpu,
             "whole_recorder_pct_per_gpu": None if with_gpus["cpu_pct_steady"] is None
-            else with_gpus["cpu_pct_steady"] / 8}
+            else with_gpus["cpu_pct_steady"] / gpus}
 
 
 def _s(x) -> str:
