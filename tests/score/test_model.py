@@ -86,3 +86,12 @@ def test_tensor_cores_unused_finding():
          "pipe_fp32_active": np.full(n, 0.6), "dram_active": np.full(n, 0.2)}
     job = score_job({("n1", "0"): g})
     assert job.findings and job.findings[0].startswith("SM active 0.95 but tensor pipe 0.01")
+
+
+def test_energy_from_the_counter_and_from_windows():
+    from hpcml.score.report import energy_used_mj
+    # a counter in mJ with a reset (driver reload) and a gap: increments only
+    counter = np.array([1000, 4600, np.nan, 8200, 100, 3700], float)
+    assert energy_used_mj({"total_energy_consumption": counter}) == 3600 + 3600 + 3600
+    assert energy_used_mj({"energy_window_mj": np.array([3600.0, np.nan, 3600.0])}) == 7200
+    assert energy_used_mj({"power_usage": np.array([300.0])}) is None

@@ -233,6 +233,8 @@ def render(report: dict) -> str:
                         f"{_num(imb.get('nodes'))} across node means"),
           ("scored span", f"{_fmt_t(span[0])}–{_fmt_t(span[1])} (warm-up and tail left out; grey in the charts)"
            if span else "none: no active span found")]
+    if rep.get("energy_wh") is not None:
+        kv.append(("energy", f"{rep['energy_wh']:,.1f} Wh on {rep.get('energy_gpus')} GPUs (whole recording)"))
     kv += [(str(k), str(v)) for k, v in meta.items() if isinstance(v, (str, int, float)) and k not in ("job_id", "job")]
     out.append("<table class='kv'>" + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in kv)
                + "</table>")

@@ -98,7 +98,13 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     series = _Series(grid.n, buckets)
     heat: list[np.ndarray] = []
 
+    energy_mj = [0.0, 0]                          # total, GPUs that report it
+
     def observe(key, cols, parts) -> None:
+        used = energy_used_mj(cols)
+        if used is not None:
+            energy_mj[0] += used
+            energy_mj[1] += 1
         for name in PARTS:
             b = series.add(name, parts[name])
             if name == "score":
@@ -135,6 +141,8 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
         "bound": job.bound,
         "breakdown": {k: _r(v) for k, v in job.breakdown.items()},
         "gssr": _r(job.gssr),
+        "energy_wh": _r(energy_mj[0] / 3.6e6, 2) if energy_mj[1] else None,
+        "energy_gpus": energy_mj[1],
         "imbalance": {"gpus": _r(job.imbalance_gpus), "nodes": _r(job.imbalance_nodes)},
         "findings": findings,
         "per_gpu": [_gpu_dict(g) for g in job.gpus],
@@ -143,6 +151,22 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
         "heatmap": _heatmap(heat, [g.gpu for g in job.gpus], max_rows),
         "meta": rec.meta,
     }
+
+
+def energy_used_mj(cols: dict[str, np.ndarray]) -> float | None:
+    """Energy one GPU used over the recording: the sum of the counter's increments (a reset
+    or a gap adds nothing, never a negative), or of per-window amounts (gssr-record)."""
+    if "total_energy_consumption" in cols:
+        v = np.asarray(cols["total_energy_consumption"], float)
+        v = v[np.isfinite(v)]
+        if len(v) > 1:
+            d = np.diff(v)
+            return float(d[d > 0].sum())
+    if "energy_window_mj" in cols:
+        v = np.asarray(cols["energy_window_mj"], float)
+        if np.isfinite(v).any():
+            return float(np.nansum(v[v > 0]))
+    return None
 
 
 def _gpu_dict(g) -> dict[str, Any]:

@@ -42,6 +42,8 @@ def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console 
     if imb["gpus"] is not None:
         nodes = f", {imb['nodes']:.2f} across nodes" if imb["nodes"] is not None else ""
         con.print(f"  {'imbalance':<13}CoV {imb['gpus']:.2f} across GPUs{nodes}", highlight=False)
+    if rep.get("energy_wh") is not None:
+        con.print(f"  {'energy':<13}{rep['energy_wh']:,.1f} Wh on {rep['energy_gpus']} GPUs", highlight=False)
     for i, f in enumerate(rep["findings"]):
         con.print(f"[bold cyan]→ {f}[/]" if i == 0 else f"  • {f}", highlight=False)
     for n in rep["notes"]:

@@ -19,6 +19,7 @@ from hpcml.errors import UsageError
 from hpcml.score.fields import BY_ID, DCGM_NAMES
 from hpcml.score.recording import Recording
 
+ENERGY_WINDOW = "energy_window_mj"      # mJ used in each window (not a counter)
 _PROC = re.compile(r"proc_(\d+)\.csv$")
 
 
@@ -54,7 +55,8 @@ def load(path: str | Path) -> Recording:
                 columns = {}
                 for name, fid in DCGM_NAMES.items():
                     if f"{name}_avg" in header:
-                        columns[f"{name}_avg"] = BY_ID[fid].name
+                        # energy's column is DCGM's DIFF over the window, not the counter
+                        columns[f"{name}_avg"] = ENERGY_WINDOW if fid == 156 else BY_ID[fid].name
                 if not columns:
                     raise UsageError("no DCGM_FI_*_avg columns", file=str(f))
                 for line, row in enumerate(reader, start=2):
