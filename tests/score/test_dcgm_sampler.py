@@ -413,3 +413,15 @@ def test_record_requiring_dcgm_without_a_host_engine_is_one_line_exit_2(fake, tm
                   env={"SLURM_STEP_GPUS": "0"})
     assert out.returncode == 2, out.stderr
     assert "DCGM is required" in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+def test_virtual_nodes_of_one_host_do_not_share_claims(tmp_path):
+    from hpcml.score.claim import claim_gpus
+    env = {"SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
+    a = claim_gpus(["0"], {**env, "SLURMD_NODENAME": "n1"})
+    b = claim_gpus(["0"], {**env, "SLURMD_NODENAME": "n2"})
+    try:
+        assert a.claimed == ["0"] and b.claimed == ["0"]
+    finally:
+        a.release()
+        b.release()

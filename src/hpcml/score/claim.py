@@ -45,7 +45,11 @@ def scope(env: Mapping[str, str] | None = None) -> str:
     env = os.environ if env is None else env
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     if job:
-        return f"{job}-{env.get('SLURM_STEP_ID') or env.get('SLURM_STEPID') or 'nostep'}"
+        # the node's name too: virtual nodes of one host (and nodes sharing a tmpfs) must
+        # not take each other's GPUs
+        node = env.get("SLURMD_NODENAME")
+        step = f"{job}-{env.get('SLURM_STEP_ID') or env.get('SLURM_STEPID') or 'nostep'}"
+        return f"{step}-{node}" if node else step
     run = env.get("TORCHELASTIC_RUN_ID")
     return f"local-{run}" if run else f"local-ppid{os.getppid()}"
 
