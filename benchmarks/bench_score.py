@@ -11,8 +11,11 @@
    - gssr 0.4.0 ``gssr analyze -i DIR`` (its summary; installed from PyPI into
      benchmarks/.work/venv-gssr), and with ``--gssr-pdf`` also ``--report`` (its PDF);
    - ``hpcml score report DIR --json --no-html`` (import + score + JSON) and
-     ``hpcml score report DIR --html F`` (plus the HTML report).
-   Median of ``--runs`` runs each; ratios are gssr / hpcml.
+     ``hpcml score report DIR --html F`` (plus the HTML report);
+   - ``hpcml score report STORE --json --no-html`` on the same recording kept as an hpcml
+     job directory (``hpcml score import``: 59 M rows in 256 rank files, as 256 nodes of
+     4 GPUs would record it), the path of recordings made with ``hpcml score record``.
+   Median of ``--runs`` runs each; ratios are gssr / hpcml, the HTML against gssr's PDF.
 2. Recording overhead. No GPU here: the recorder runs with the DCGM fake that the tests
    use (tests/score/fake_dcgm, replaying recorded values for 8 GPUs) at 1 s, and its own
    CPU (utime + stime from /proc, children excluded) is compared with the same recorder
@@ -94,6 +97,13 @@ def analysis(args) -> dict:
     res["hpcml-html"] = _runs([*hpcml, "--html", str(html)], args.runs, 600)
     if html.exists():
         res["hpcml-html"]["html_bytes"] = html.stat().st_size
+    store = SCRATCH / f"store-{args.gpus}x{args.seconds}"
+    if not (store / "job.json").exists():                 # the same recording as an hpcml job directory
+        import shutil
+        shutil.rmtree(store, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "hpcml", "score", "import", str(d), "--dir", str(store)],
+                       check=True, capture_output=True)
+    res["hpcml-store"] = _runs([*hpcml[:-1], str(store), "--json", "--no-html"], args.runs, 600)
     if not args.skip_gssr:
         exe, why = _gssr()
         if exe is None:
@@ -155,7 +165,8 @@ def report(res: dict) -> str:
              "| command | median s | peak RSS MB | gssr ÷ hpcml (time) | gssr ÷ hpcml (memory) |", "|---|---|---|---|---|"]
     base = a.get("gssr", {})
     for key, label in (("gssr", f"gssr {GSSR_VERSION} analyze (summary)"), ("gssr-pdf", f"gssr {GSSR_VERSION} analyze --report (PDF)"),
-                       ("hpcml", "hpcml score report --json"), ("hpcml-html", "hpcml score report + HTML")):
+                       ("hpcml", "hpcml score report --json"), ("hpcml-html", "hpcml score report + HTML"),
+                       ("hpcml-store", "hpcml score report --json, hpcml job directory")):
         r = a.get(key)
         if not r:
             continue
@@ -163,9 +174,10 @@ def report(res: dict) -> str:
             lines.append(f"| {label} | {r.get('status') or r.get('statuses')} | | | |")
             continue
         tr = mr = ""
-        if key.startswith("hpcml") and "seconds" in base:
-            tr = f"{base['seconds'] / r['seconds']:.1f}x"
-            mr = f"{base['peak_rss_mb'] / r['peak_rss_mb']:.1f}x"
+        ref = a.get("gssr-pdf", {}) if key == "hpcml-html" else base     # a report against a report
+        if key.startswith("hpcml") and "seconds" in ref:
+            tr = f"{ref['seconds'] / r['seconds']:.1f}x"
+            mr = f"{ref['peak_rss_mb'] / r['peak_rss_mb']:.1f}x"
         lines.append(f"| {label} | {r['seconds']:.2f} | {r['peak_rss_mb']:,.0f} | {tr} | {mr} |")
     lines.append("")
     r = res.get("recording")
