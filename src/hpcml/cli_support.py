@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
+from typing import Any, Callable
 
 import click
 import typer
@@ -35,3 +37,13 @@ def fail(command: str, exc: HpcmlError) -> None:
     """End a sub-command with its one-line error and the error's exit code."""
     print(f"{command}: error: {exc}", file=sys.stderr)
     raise typer.Exit(exc.exit_code)
+
+
+def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> Path:
+    """Write a report file; a path that cannot be written is bad input (exit 2)."""
+    from hpcml.errors import UsageError
+    try:
+        write(report, out)
+    except OSError as exc:
+        raise UsageError(f"cannot write the HTML report: {exc.strerror}", file=str(out)) from None
+    return out

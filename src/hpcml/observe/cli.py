@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import fail
+from hpcml.cli_support import fail, write_report
 from hpcml.errors import HpcmlError
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
@@ -115,12 +115,7 @@ def report_cmd(
     try:
         job = read_job(job_dir)
         rep = build(job)
-        out = html_out or Path(job_dir) / "report.html"
-        try:
-            report_html.write(rep, out)
-        except OSError as exc:
-            from hpcml.errors import UsageError
-            raise UsageError(f"cannot write the HTML report: {exc.strerror}", file=str(out)) from None
+        out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     except HpcmlError as exc:
         fail("hpcml observe report", exc)
     if as_json:

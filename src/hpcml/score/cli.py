@@ -7,7 +7,7 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import fail
+from hpcml.cli_support import fail, write_report
 from hpcml.errors import HpcmlError, UsageError
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
@@ -77,11 +77,8 @@ def report_cmd(
         out = None
         if not no_html:
             from hpcml.score import html as score_html
-            out = html_out or (path / "score.html" if path.is_dir() else path.with_name(path.name + ".score.html"))
-            try:
-                score_html.write(rep, out)
-            except OSError as exc:
-                raise UsageError(f"cannot write the HTML report: {exc.strerror}", file=str(out)) from None
+            out = write_report(score_html.write, rep, html_out or (
+                path / "score.html" if path.is_dir() else path.with_name(path.name + ".score.html")))
     except HpcmlError as exc:
         fail("hpcml score report", exc)
     if as_json:
