@@ -12,6 +12,10 @@ from hpcml.observe.html import _fmt_t
 BAR = 24
 
 
+def _n(count: int, noun: str) -> str:
+    return f"{count} {noun}" if count == 1 else f"{count} {noun}s"
+
+
 def _bar(v: float | None) -> str:
     if v is None:
         return "[dim]no data[/]"
@@ -22,7 +26,7 @@ def _bar(v: float | None) -> str:
 def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console | None = None) -> None:
     con = console or Console()
     span = rep.get("span_s")
-    where = (f"{rep['gpus']} GPUs on {rep['nodes']} nodes, {_fmt_t(rep['duration_s'] or 0)} "
+    where = (f"{_n(rep['gpus'], 'GPU')} on {_n(rep['nodes'], 'node')}, {_fmt_t(rep['duration_s'] or 0)} "
              f"at {rep['interval_s']:g} s" if rep["gpus"] else "no GPUs")
     if span:
         where += f", active {_fmt_t(span[0])}–{_fmt_t(span[1])}"
