@@ -376,21 +376,28 @@ def _downsample(a: np.ndarray, n: int) -> np.ndarray:
         ctx.__exit__(None, None, None)
 
 
-def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, Any]:
-    """Rank x bucket mean step time; ranks grouped (max over the group) above ``max_rows``."""
+def group_rows(m: np.ndarray, labels: list[str], max_rows: int, reduce=np.nanmax,
+               sep: str = "-") -> dict[str, Any]:
+    """A heatmap's rows, consecutive rows grouped above ``max_rows`` (``reduce`` over each
+    group: the worst one stays visible), labelled ``first<sep>last``."""
     n = m.shape[0]
     if n <= max_rows:
-        return {"values": m, "labels": [str(int(r)) for r in rank_ids], "group": 1}
+        return {"values": m, "labels": list(labels), "group": 1}
     g = -(-n // max_rows)
     pad = g * (-(-n // g)) - n
     mm = np.vstack([m, np.full((pad, m.shape[1]), np.nan)]) if pad else m
     ctx = _quiet()
     try:
-        grouped = np.nanmax(mm.reshape(-1, g, m.shape[1]), axis=1)
+        grouped = reduce(mm.reshape(-1, g, m.shape[1]), axis=1)
     finally:
         ctx.__exit__(None, None, None)
-    labels = [f"{int(rank_ids[i])}-{int(rank_ids[min(i + g, n) - 1])}" for i in range(0, n, g)]
-    return {"values": grouped, "labels": labels, "group": g}
+    return {"values": grouped, "labels": [f"{labels[i]}{sep}{labels[min(i + g, n) - 1]}" for i in range(0, n, g)],
+            "group": g}
+
+
+def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, Any]:
+    """Rank x bucket mean step time; ranks grouped (max over the group) above ``max_rows``."""
+    return group_rows(m, [str(int(r)) for r in rank_ids], max_rows)
 
 
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,

@@ -139,6 +139,9 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(x)) if len(x) else float("nan")
 
 
+ACTIVITY = ("sm_active", "gpu_util")
+
+
 def _activity(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     """What the trimming rule watches: SM activity, or NVML's utilisation without DCGM."""
     if "sm_active" in cols:
@@ -148,19 +151,19 @@ def _activity(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
     return np.full(n, np.nan)
 
 
-def score_columns(keys: list[tuple[str, str]], columns: Callable[[tuple[str, str]], dict[str, np.ndarray]],
+def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, np.ndarray]],
                   n: int, models: dict[tuple[str, str], str] | None = None,
                   observe: Callable[[tuple[str, str], dict[str, np.ndarray], dict[str, np.ndarray]], None]
                   | None = None) -> JobScore:
     """Score GPUs one at a time (so a 1,024-GPU job never sits in memory twice).
 
-    ``columns(key)`` gives a GPU's field arrays on a common grid of ``n`` samples (NaN
-    where it has none); ``observe(key, columns, parts)`` sees each GPU's full-length
-    columns and parts, for the report's time series."""
+    ``columns(key, names=None)`` gives a GPU's field arrays (or only ``names``) on a common
+    grid of ``n`` samples (NaN where it has none); ``observe(key, columns, parts)`` sees
+    each GPU's full-length columns and parts, for the report's time series."""
     models = models or {}
     total, count = np.zeros(n), np.zeros(n)
     for k in keys:                               # pass 1: the active span from mean activity
-        a = _activity(columns(k), n)
+        a = _activity(columns(k, ACTIVITY), n)
         ok = np.isfinite(a)
         total[ok] += a[ok]
         count += ok
@@ -196,7 +199,7 @@ def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]], models: dict[t
     the same time axis (NaN where a GPU has no sample)."""
     keys = sorted(gpus)
     n = max((len(v) for k in keys for v in gpus[k].values()), default=0)
-    return score_columns(keys, gpus.__getitem__, n, models)
+    return score_columns(keys, lambda k, names=None: gpus[k], n, models)
 
 
 def _job(out: list[GpuScore], span: slice) -> JobScore:

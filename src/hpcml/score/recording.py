@@ -20,6 +20,16 @@ import numpy as np
 VALUE_DTYPE = np.float32
 
 
+def text_value(text: str) -> float:
+    """A value read from text: N/A, blanks, strings and non-finite numbers are missing (NaN),
+    never 0."""
+    try:
+        v = float(text)
+    except ValueError:
+        return np.nan
+    return v if np.isfinite(v) else np.nan
+
+
 @dataclass
 class GpuSeries:
     node: str
@@ -109,12 +119,14 @@ class Recording:
         dt = float(np.median(steps)) if len(steps) else 1.0
         return Grid(t0, dt, int(round((t1 - t0) / dt)) + 1)
 
-    def on_grid(self, g: GpuSeries, grid: Grid) -> dict[str, np.ndarray]:
-        """One GPU's columns on ``grid``; the last sample wins where two fall in one slot."""
-        g.freeze()
+    def on_grid(self, g: GpuSeries, grid: Grid, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
+        """One GPU's columns (or only ``names``) on ``grid``, which ``grid()`` made after
+        freezing every series; the last sample wins where two fall in one slot."""
         idx = np.clip(np.rint((g.t - grid.t0) / grid.dt).astype(np.int64), 0, max(grid.n - 1, 0))
         out = {}
         for name, v in g.values.items():
+            if names is not None and name not in names:
+                continue
             col = np.full(grid.n, np.nan, VALUE_DTYPE)
             col[idx] = v
             out[name] = col

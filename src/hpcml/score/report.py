@@ -11,12 +11,12 @@ stays visible.
 from __future__ import annotations
 
 import math
-import warnings
 from dataclasses import asdict
 from typing import Any
 
 import numpy as np
 
+from hpcml.observe.report import _natural, group_rows
 from hpcml.score.model import PIPES, JobScore, score_columns
 from hpcml.score.recording import Recording
 
@@ -78,17 +78,8 @@ def _r(x: float | None, nd: int = 4):
 def _heatmap(rows: list[np.ndarray], labels: list[str], max_rows: int) -> dict[str, Any]:
     if not rows:
         return {"values": [], "labels": [], "group": 1}
-    m = np.vstack(rows)
-    n = m.shape[0]
-    g = 1 if n <= max_rows else -(-n // max_rows)
-    if g > 1:
-        pad = (-n) % g
-        mm = np.vstack([m, np.full((pad, m.shape[1]), np.nan)]) if pad else m
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            m = np.nanmin(mm.reshape(-1, g, m.shape[1]), axis=1)
-        labels = [f"{labels[i]} … {labels[min(i + g, n) - 1]}" for i in range(0, n, g)]
-    return {"values": [_list(r, 3) for r in m], "labels": labels, "group": g}
+    hm = group_rows(np.vstack(rows), labels, max_rows, np.nanmin, " … ")
+    return {**hm, "values": [_list(r, 3) for r in hm["values"]]}
 
 
 def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> dict[str, Any]:
@@ -113,7 +104,7 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
             if name in cols:
                 series.add(name, cols[name])
 
-    job = score_columns(keys, lambda k: rec.on_grid(rec.gpus[k], grid), grid.n,
+    job = score_columns(keys, lambda k, names=None: rec.on_grid(rec.gpus[k], grid, names), grid.n,
                         {k: g.model for k, g in rec.gpus.items() if g.model}, observe)
     dt = grid.dt
     span_s = [job.span[0] * dt, max(job.span[1] - 1, job.span[0]) * dt] if job.span[1] > job.span[0] else None
@@ -203,8 +194,3 @@ def _gaps(series: _Series, *, span: tuple[int, int], n: int) -> str | None:
     if empty:
         return f"the recording has gaps: {empty} of {b1 - max(b0, 0)} time buckets in the active span have no sample"
     return None
-
-
-def _natural(s: str):
-    import re
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]

@@ -32,19 +32,11 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.score.fields import BY_TAG
-from hpcml.score.recording import Recording
+from hpcml.score.recording import Recording, text_value
 
 _ROW = re.compile(r"^([A-Za-z][\w-]*)\s+(\d+)(?=\s|$)")
 GPU_GROUPS = {"GPU": "", "GPU-I": "GPU-I", "GPU-CI": "GPU-CI"}
 _STOPPED = "dmon was stopped"
-
-
-def _number(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        return math.nan                    # N/A, blanks, strings, truncated "..."
-    return v if math.isfinite(v) else math.nan
 
 
 class _Header:
@@ -126,7 +118,7 @@ def load(path: str | Path, interval: float = 1.0, node: str | None = None) -> Re
             col = cols.get(name)
             if col is None:                         # a column new to this entity
                 col = cols[name] = [math.nan] * before
-            col.append(_number(value))
+            col.append(text_value(value))
         for col in cols.values():
             if len(col) == before:                  # a column this header lacks
                 col.append(math.nan)

@@ -11,13 +11,12 @@ writes 0 for any value above 2e9, so PCIe/NVLink rates above 2 GB/s read as 0.
 from __future__ import annotations
 
 import csv
-import math
 import re
 from pathlib import Path
 
 from hpcml.errors import UsageError
 from hpcml.score.fields import BY_ID, DCGM_NAMES
-from hpcml.score.recording import Recording
+from hpcml.score.recording import Recording, text_value
 
 ENERGY_WINDOW = "energy_window_mj"      # mJ used in each window (not a counter)
 _PROC = re.compile(r"proc_(\d+)\.csv$")
@@ -27,14 +26,6 @@ def _files(path: Path) -> list[Path]:
     if path.is_dir():
         return sorted(path.rglob("proc_*.csv"))
     return [path]
-
-
-def _number(text: str) -> float:
-    try:
-        v = float(text)
-    except ValueError:
-        return math.nan                  # blanks and N/A stay missing
-    return v if math.isfinite(v) else math.nan
 
 
 def load(path: str | Path) -> Recording:
@@ -67,7 +58,7 @@ def load(path: str | Path) -> Recording:
                                          line=line) from None
                     g = rec.gpu(node, str(row["gpuId"]).strip())
                     for col, name in columns.items():
-                        g.add(t, name, _number(row.get(col) or ""))
+                        g.add(t, name, text_value(row.get(col) or ""))
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise UsageError(f"cannot read: {exc}", file=str(f)) from None
     rec.notes.append("gssr-record writes 0 for values above 2e9: PCIe/NVLink rates above 2 GB/s read as 0")
