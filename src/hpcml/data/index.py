@@ -1,0 +1,90 @@
+"""Per-shard index: where each sample and each of its members lies in the tar.
+
+Written by the packer next to each shard, read by the reader (to slice samples out of
+large block reads) and by staging. A sample's span runs from its first member's header to
+the end of its last member's padded data, so consecutive samples tile the shard.
+
+Rows are ``[key, start, end, [[ext, data_offset, size], ...]]``; JSON because it is read a
+shard at a time with orjson (about 2 ms for 5,000 samples) and a person can inspect it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import orjson
+
+from hpcml.errors import UsageError
+from hpcml.files import write_atomic
+
+BLOCK = 512
+
+
+@dataclass
+class ShardIndex:
+    shard: str
+    keys: list[str]
+    starts: np.ndarray       # int64, byte offset of each sample's first header
+    ends: np.ndarray         # int64, end of each sample's last padded member
+    members: list[list]      # per sample: [[ext, data_offset, size], ...]
+
+    def __len__(self) -> int:
+        return len(self.keys)
+
+
+def index_name(shard_name: str) -> str:
+    return shard_name.removesuffix(".tar") + ".idx.json"
+
+
+def write_index(path: Path, shard: str, rows: list[list], fingerprint: str, sha256: str,
+                size: int) -> None:
+    doc = {"shard": shard, "fingerprint": fingerprint, "sha256": sha256, "bytes": size, "samples": rows}
+    write_atomic(path, orjson.dumps(doc).decode())
+
+
+def read_index_doc(path: Path) -> dict:
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except FileNotFoundError:
+        raise UsageError("shard index missing", file=str(path)) from None
+    except (OSError, orjson.JSONDecodeError) as exc:
+        raise UsageError(f"unreadable shard index: {exc}", file=str(path)) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
+        raise UsageError("not a shard index", file=str(path), key="samples")
+    return doc
+
+
+def load_index(path: Path) -> ShardIndex:
+    doc = read_index_doc(path)
+    rows = doc["samples"]
+    try:
+        starts = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))
+        ends = np.fromiter((r[2] for r in rows), dtype=np.int64, count=len(rows))
+        return ShardIndex(doc.get("shard", ""), [r[0] for r in rows], starts, ends, [r[3] for r in rows])
+    except (TypeError, IndexError, ValueError):
+        raise UsageError("malformed sample row", file=str(path), key="samples") from None
+
+
+def header_problem(buf: bytes | memoryview, pos: int, size: int) -> str | None:
+    """Why the 512-byte tar header at ``buf[pos:]`` does not announce ``size`` bytes, or None.
+
+    Checks the ustar magic, the header checksum and the size field: enough to catch a
+    truncated, overwritten or misaligned shard without reading anything extra.
+    """
+    hdr = bytes(buf[pos:pos + BLOCK])
+    if len(hdr) < BLOCK:
+        return "truncated header"
+    if hdr[257:262] != b"ustar":
+        return "no tar header"
+    try:
+        stored = int(hdr[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
+        found = int(hdr[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+    except ValueError:
+        return "garbled tar header"
+    if stored != sum(hdr[:148]) + 256 + sum(hdr[156:]):
+        return "tar header checksum mismatch"
+    if found != size:
+        return f"member size {found} in the tar, {size} in the index"
+    return None

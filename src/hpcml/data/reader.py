@@ -1,0 +1,243 @@
+"""``ShardDataset``: the reader of a shard set, for plain Python loops and (through
+``hpcml.data.torchloader``) torch's DataLoader.
+
+It reads whole blocks (``block_bytes``, default 16 MiB) with one ``pread`` each, several
+blocks at once from a small thread pool, one window ahead of what it yields, and slices
+samples out of memory; it never issues a system call per sample. The order is planned by
+``hpcml.data.order``; the resume state is the rank's position in that plan.
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from hpcml.data import order
+from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index
+from hpcml.data.manifest import load_manifest, manifest_path
+from hpcml.errors import UsageError
+
+STATE_FORMAT = "hpcml-shard-state/1"
+
+
+class CorruptShardError(UsageError):
+    """A shard that does not match its index: names the shard and the byte offset."""
+
+    def __init__(self, shard: Path, offset: int, problem: str) -> None:
+        super().__init__(f"offset {offset}: {problem}", file=str(shard))
+        self.shard, self.offset = shard, offset
+
+
+class ResumeStateError(UsageError, ValueError):
+    """A resume state that belongs to another dataset, seed or layout."""
+
+
+def _env_rank() -> tuple[int, int]:
+    try:
+        import torch.distributed as dist
+        if dist.is_available() and dist.is_initialized():
+            return dist.get_rank(), dist.get_world_size()
+    except ImportError:
+        pass
+    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in os.environ and w in os.environ:
+            return int(os.environ[r]), int(os.environ[w])
+    return 0, 1
+
+
+class _Shards:
+    """Open files and loaded indexes of one process, a bounded number of each."""
+
+    def __init__(self, root: Path, names: list[str], index_names: list[str], keep: int = 64) -> None:
+        self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
+        self.fds: OrderedDict[int, int] = OrderedDict()
+        self.indexes: OrderedDict[int, ShardIndex] = OrderedDict()
+
+    def path(self, s: int) -> Path:
+        return self.root / self.names[s]
+
+    def index(self, s: int) -> ShardIndex:
+        if s not in self.indexes:
+            self.indexes[s] = load_index(self.root / self.index_names[s])
+            if len(self.indexes) > self.keep:
+                self.indexes.popitem(last=False)
+        return self.indexes[s]
+
+    def fd(self, s: int) -> int:
+        if s not in self.fds:
+            try:
+                self.fds[s] = os.open(self.path(s), os.O_RDONLY)
+            except OSError as exc:
+                raise CorruptShardError(self.path(s), 0, f"cannot open: {exc.strerror}") from None
+            if len(self.fds) > self.keep:
+                os.close(self.fds.popitem(last=False)[1])
+        return self.fds[s]
+
+    def read(self, piece: order.Piece) -> tuple[int, bytes]:
+        s, lo, hi = piece
+        idx = self.index(s)
+        start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
+        return start, os.pread(self.fd(s), end - start, start)
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+class ShardDataset:
+    """Samples of a shard set as dicts ``{"__key__": ..., ext: bytes, ...}``.
+
+    ``rank``/``world_size`` default to torch.distributed, else RANK/WORLD_SIZE, else
+    SLURM_PROCID/SLURM_NTASKS. Every rank gets ``len(ds)`` samples per epoch. Memory: about
+    two windows (``2 * window * block_bytes``, 256 MiB by default) per reading process.
+    """
+
+    def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
+                 rank: int | None = None, world_size: int | None = None,
+                 block_bytes: int = 16 << 20, window: int = 8, drop_last: bool = True,
+                 read_threads: int = 4, on_corrupt: str = "raise",
+                 decode: Callable[[dict], Any] | None = None) -> None:
+        if on_corrupt not in ("raise", "skip"):
+            raise ValueError("on_corrupt must be 'raise' or 'skip'")
+        self.manifest = load_manifest(path)
+        self.root = manifest_path(path).parent
+        env_rank, env_world = _env_rank()
+        self.rank = env_rank if rank is None else rank
+        self.world_size = env_world if world_size is None else world_size
+        if not 0 <= self.rank < self.world_size:
+            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+        self.layout = order.Layout(seed=seed, shuffle=shuffle, block_bytes=block_bytes,
+                                   window=window, drop_last=drop_last)
+        self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode
+        self.epoch = 0
+        self.position = 0               # samples of this epoch already delivered on this rank
+        self._workers, self._batch = 1, 1
+        self.skipped = 0                # samples skipped as corrupt (on_corrupt="skip")
+        self._counts = [s.samples for s in self.manifest.shards]
+        self._sizes = [s.bytes for s in self.manifest.shards]
+
+    # -- plan and state -------------------------------------------------------------------
+    def __len__(self) -> int:
+        return order.per_rank(sum(self._counts), self.world_size, self.layout.drop_last)
+
+    def set_epoch(self, epoch: int) -> None:
+        if epoch != self.epoch:
+            self.epoch, self.position = epoch, 0
+
+    def plan(self, workers: int = 1, batch: int = 1) -> order.RankPlan:
+        return order.rank_plan(self._counts, self._sizes, self.layout, self.epoch, self.rank,
+                               self.world_size, max(1, workers), max(1, batch))
+
+    def state_dict(self) -> dict:
+        return {"format": STATE_FORMAT, "dataset": self.manifest.dataset, "epoch": self.epoch,
+                "position": self.position, "rank": self.rank, "world_size": self.world_size,
+                "workers": self._workers, "batch_size": self._batch,
+                "layout": dict(self.layout.__dict__)}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume exactly where ``state`` was taken; refuse a state of another run."""
+        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
+            raise ResumeStateError("not an hpcml ShardDataset state", key="format")
+        mine = self.state_dict()
+        if state.get("dataset") != mine["dataset"]:
+            raise ResumeStateError(f"state is of dataset {state.get('dataset')}, this is {mine['dataset']}",
+                                   key="dataset")
+        for key in ("rank", "world_size", "layout"):
+            if state.get(key) != mine[key]:
+                raise ResumeStateError(f"state has {state.get(key)!r}, this reader {mine[key]!r}: the order "
+                                       "would differ", key=key)
+        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self._workers, self._batch = int(state.get("workers", 1)), int(state.get("batch_size", 1))
+
+    def check_loader(self, workers: int, batch: int) -> None:
+        """Mid-epoch, the loader must deal batches as when the state was taken."""
+        workers, batch = max(1, workers), max(1, batch)
+        if self.position and (self._workers > 1 or workers > 1) and (self._workers, self._batch) != (workers, batch):
+            raise ResumeStateError(f"state was taken with {self._workers} workers and batch size "
+                                   f"{self._batch}; resume with the same", key="workers")
+        self._workers, self._batch = workers, batch
+
+    # -- reading --------------------------------------------------------------------------
+    def __iter__(self) -> Iterator[Any]:
+        """Iterate in this process (no loader workers), counting what was delivered."""
+        self.check_loader(1, self._batch)
+        n = len(self)
+        for sample in self.stream(0, 1, self._batch):
+            self.position = min(self.position + 1, n)
+            yield sample
+        self.position = n
+
+    def stream(self, worker: int, workers: int, batch: int) -> Iterator[Any]:
+        """What loader worker ``worker`` of ``workers`` yields, from the current position.
+
+        After a mid-epoch resume the loader starts its round robin at worker 0 again, so
+        worker ``p`` plays the planned stream ``(p + k) % W`` where ``k`` is the next batch.
+        """
+        workers, batch = max(1, workers), max(1, batch)
+        plan = self.plan(workers, batch)
+        k = self.position // batch
+        logical = (worker + k) % workers if self.position < plan.samples else worker
+        skip = order.consumed_per_stream(self.position, plan.samples, batch, workers)[logical]
+        return self._read_windows(plan.streams[logical], skip)
+
+    def _read_windows(self, windows: list[order.Window], skip: int) -> Iterator[Any]:
+        while windows and skip >= len(windows[0]):
+            skip -= len(windows[0])
+            windows = windows[1:]
+        if not windows:
+            return
+        shards = _Shards(self.root, [s.name for s in self.manifest.shards],
+                         [s.index for s in self.manifest.shards])
+        pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads))
+        try:
+            pending = [pool.submit(shards.read, p) for p in windows[0].pieces]
+            for i, win in enumerate(windows):
+                bufs = [f.result() for f in pending]
+                nxt = windows[i + 1].pieces if i + 1 < len(windows) else []
+                pending = [pool.submit(shards.read, p) for p in nxt]
+                yield from self._window_samples(shards, win, bufs, skip)
+                skip = 0
+        finally:
+            pool.shutdown(wait=True, cancel_futures=True)
+            shards.close()
+
+    def _window_samples(self, shards: _Shards, win: order.Window, bufs, skip: int) -> Iterator[Any]:
+        counts = np.array([hi - lo for _s, lo, hi in win.pieces])
+        first = np.concatenate(([0], np.cumsum(counts)[:-1]))
+        which = np.repeat(np.arange(len(counts)), counts)
+        for j in win.order[skip:]:
+            p = int(which[j])
+            s, lo, _hi = win.pieces[p]
+            sample = self._sample(shards, s, lo + int(j - first[p]), *bufs[p])
+            if sample is None:
+                continue
+            yield self.decode(sample) if self.decode else sample
+
+    def _sample(self, shards: _Shards, s: int, i: int, base: int, buf: bytes) -> dict | None:
+        idx = shards.index(s)
+        out: dict[str, Any] = {"__key__": idx.keys[i], "__shard__": shards.names[s], "__index__": i}
+        for ext, doff, size in idx.members[i]:
+            rel = doff - base
+            if rel + size > len(buf):
+                problem = f"truncated: the shard ends before this sample's '{ext}' ({size} bytes)"
+            else:
+                problem = header_problem(buf, rel - BLOCK, size)
+            if problem:
+                return self._corrupt(shards.path(s), doff - BLOCK, f"{problem} (sample {idx.keys[i]!r})")
+            out[ext] = buf[rel:rel + size]
+        return out
+
+    def _corrupt(self, shard: Path, offset: int, problem: str) -> None:
+        if self.on_corrupt == "raise":
+            raise CorruptShardError(shard, offset, problem)
+        if not self.skipped:
+            warnings.warn(f"{shard}: offset {offset}: {problem}; skipping corrupt samples", stacklevel=2)
+        self.skipped += 1
+        return None

@@ -1,0 +1,70 @@
+"""torch adapter: ``ShardDataset`` as an ``IterableDataset`` and a DataLoader that keeps
+the resume position.
+
+Importing this module imports torch (an optional extra); ``hpcml.data`` itself does not.
+torch's DataLoader takes batches from its workers round-robin, and ``ShardDataset.stream``
+plans batch ``k`` on worker ``k % W``, so the loader delivers exactly the planned order and
+counting delivered batches is enough to know every worker's position.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+
+from hpcml.data.reader import ShardDataset
+
+
+class ShardIterable(IterableDataset):
+    def __init__(self, ds: ShardDataset, batch_size: int) -> None:
+        self.ds, self.batch_size = ds, batch_size
+
+    def __iter__(self) -> Iterator[Any]:
+        info = get_worker_info()
+        worker, workers = (info.id, info.num_workers) if info else (0, 1)
+        return self.ds.stream(worker, workers, self.batch_size)
+
+
+class ShardLoader:
+    """A DataLoader over a ``ShardDataset`` with ``state_dict``/``load_state_dict``/``set_epoch``.
+
+        loader = ShardLoader(ShardDataset("/scratch/ds", seed=1), batch_size=64, num_workers=4)
+        loader.load_state_dict(ckpt["data"])          # optional: resume mid-epoch
+        for epoch in range(start, epochs):
+            loader.set_epoch(epoch)
+            for batch in loader: ...                  # ckpt["data"] = loader.state_dict()
+
+    Every rank yields ``len(loader)`` batches. Extra keyword arguments go to DataLoader;
+    ``persistent_workers`` is refused because workers would keep the previous epoch's plan.
+    """
+
+    def __init__(self, ds: ShardDataset, batch_size: int, num_workers: int = 0, **kwargs: Any) -> None:
+        if kwargs.get("persistent_workers"):
+            raise ValueError("persistent_workers=True would keep the previous epoch's order")
+        self.ds, self.batch_size, self.num_workers = ds, batch_size, num_workers
+        self.kwargs = kwargs
+
+    def __len__(self) -> int:
+        n = len(self.ds)
+        return -(-n // self.batch_size) if n else 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.ds.set_epoch(epoch)
+
+    def state_dict(self) -> dict:
+        return self.ds.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.ds.load_state_dict(state)
+
+    def __iter__(self) -> Iterator[Any]:
+        ds, batch = self.ds, self.batch_size
+        ds.check_loader(self.num_workers, batch)
+        n = len(ds)
+        loader = DataLoader(ShardIterable(ds, batch), batch_size=batch, num_workers=self.num_workers,
+                            **self.kwargs)
+        for item in loader:
+            ds.position = min(ds.position + batch, n)
+            yield item
+        ds.position = n
