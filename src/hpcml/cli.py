@@ -7,6 +7,7 @@ import sys
 import typer
 
 from hpcml import __version__
+from hpcml.data.cli import app as data_app
 from hpcml.errors import HpcmlError
 from hpcml.observe.cli import app as observe_app
 from hpcml.scan.cli import app as scan_app
@@ -19,6 +20,7 @@ app.add_typer(vet_app, name="vet")
 app.add_typer(scan_app, name="scan")
 app.add_typer(observe_app, name="observe")
 app.add_typer(score_app, name="score")
+app.add_typer(data_app, name="data")
 
 
 @app.command()

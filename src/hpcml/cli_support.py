@@ -47,3 +47,29 @@ def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> P
     except OSError as exc:
         raise UsageError(f"cannot write the HTML report: {exc.strerror}", file=str(out)) from None
     return out
+
+
+def parse_size(value: str | None, option: str) -> int | None:
+    """A size option (``256 MB``, ``1 GiB``, bytes) as bytes; a bad one is exit 2 naming it."""
+    from hpcml.errors import UsageError
+    from hpcml.vet.units import parse_bytes
+    if value is None:
+        return None
+    try:
+        n = int(parse_bytes(value))
+    except ValueError as exc:
+        raise UsageError(str(exc), key=option) from None
+    if n <= 0:
+        raise UsageError(f"must be positive, found {value!r}", key=option)
+    return n
+
+
+def progress_bar(enabled: bool):
+    """A Rich progress bar on stderr (bytes, rate, time left), or None when not wanted."""
+    if not enabled or not sys.stderr.isatty():
+        return None
+    from rich.console import Console
+    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
+                               TransferSpeedColumn)
+    return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
+                    TimeRemainingColumn(), console=Console(stderr=True), transient=True)

@@ -30,6 +30,7 @@ from hpcml.errors import UsageError
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
 FLUSH = 8 << 20
+UNREADABLE = "unreadable.txt"
 SHARD_RE = re.compile(r"^shard-\d{6}\.(tar|idx\.json)$")
 
 
@@ -181,15 +182,15 @@ def _check_paths(src: Path, dst: Path) -> None:
         raise UsageError("destination is inside the source: it would pack itself", file=str(dst))
 
 
-def _refuse_unreadable(dst: Path, bad: list[tuple[str, str]]) -> None:
-    dst.mkdir(parents=True, exist_ok=True)
-    listing = dst / "unreadable.txt"
+def refuse_unreadable(listing: Path, bad: list[tuple[str, str]], resume: bool = True) -> None:
+    """Never drop a file silently: list every unreadable one in ``listing`` and stop."""
+    listing.parent.mkdir(parents=True, exist_ok=True)
     listing.write_text("".join(f"{p}\t{why}\n" for p, why in bad))
     shown = ", ".join(f"{p} ({why})" for p, why in bad[:3])
     more = f" and {len(bad) - 3} more" if len(bad) > 3 else ""
+    hint = " (finished shards are kept: rerun to resume)" if resume else ""
     raise UsageError(f"{len(bad)} unreadable source file(s): {shown}{more}; all listed in {listing}; "
-                     "fix them or pass --skip-unreadable (finished shards are kept: rerun to resume)",
-                     file=str(dst))
+                     f"fix them or pass --skip-unreadable{hint}", file=str(listing.parent))
 
 
 def pack(src: str | Path, dst: str | Path, *, target_bytes: int = DEFAULT_SHARD_BYTES, jobs: int = 8,
@@ -203,7 +204,7 @@ def pack(src: str | Path, dst: str | Path, *, target_bytes: int = DEFAULT_SHARD_
     t0 = time.monotonic()
     listing = list_files(src, jobs=jobs)
     if listing.unreadable and not skip_unreadable:
-        _refuse_unreadable(dst, listing.unreadable)
+        refuse_unreadable(dst / UNREADABLE, listing.unreadable)
     samples, skipped = group_samples(listing)
     skipped += [{"path": p, "reason": why} for p, why in listing.unreadable]
     if not samples:
@@ -237,7 +238,7 @@ def pack(src: str | Path, dst: str | Path, *, target_bytes: int = DEFAULT_SHARD_
                 result.written += 1
                 result.bytes_written += entry.bytes
     if bad:
-        _refuse_unreadable(dst, sorted(bad))
+        refuse_unreadable(dst / UNREADABLE, sorted(bad))
     shards = [done[p.number] for p in plans]
     fields = sorted({ext for _k, members in samples for ext, _f in members})
     result.manifest = Manifest(
@@ -246,6 +247,6 @@ def pack(src: str | Path, dst: str | Path, *, target_bytes: int = DEFAULT_SHARD_
         samples=sum(s.samples for s in shards), bytes=sum(s.bytes for s in shards), fields=fields,
         shards=shards, skipped=skipped)
     write_manifest(result.manifest, dst)
-    (dst / "unreadable.txt").unlink(missing_ok=True)
+    (dst / UNREADABLE).unlink(missing_ok=True)
     result.seconds = time.monotonic() - t0
     return result

@@ -1,7 +1,7 @@
 """``ShardDataset``: the reader of a shard set, for plain Python loops and (through
 ``hpcml.data.torchloader``) torch's DataLoader.
 
-It reads whole blocks (``block_bytes``, default 16 MiB) with one ``pread`` each, several
+It reads whole blocks (``block_bytes``, default 4 MiB) with one ``pread`` each, several
 blocks at once from a small thread pool, one window ahead of what it yields, and slices
 samples out of memory; it never issues a system call per sample. The order is planned by
 ``hpcml.data.order``; the resume state is the rank's position in that plan.
@@ -58,6 +58,7 @@ class _Shards:
         self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
         self.fds: OrderedDict[int, int] = OrderedDict()
         self.indexes: OrderedDict[int, ShardIndex] = OrderedDict()
+        self.reads = self.read_bytes = 0
 
     def path(self, s: int) -> Path:
         return self.root / self.names[s]
@@ -83,7 +84,10 @@ class _Shards:
         s, lo, hi = piece
         idx = self.index(s)
         start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
-        return start, os.pread(self.fd(s), end - start, start)
+        data = os.pread(self.fd(s), end - start, start)
+        self.reads += 1
+        self.read_bytes += len(data)
+        return start, data
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -101,7 +105,7 @@ class ShardDataset:
 
     def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None,
-                 block_bytes: int = 16 << 20, window: int = 8, drop_last: bool = True,
+                 block_bytes: int = 4 << 20, window: int = 32, drop_last: bool = True,
                  read_threads: int = 4, on_corrupt: str = "raise",
                  decode: Callable[[dict], Any] | None = None) -> None:
         if on_corrupt not in ("raise", "skip"):
@@ -120,6 +124,7 @@ class ShardDataset:
         self.position = 0               # samples of this epoch already delivered on this rank
         self._workers, self._batch = 1, 1
         self.skipped = 0                # samples skipped as corrupt (on_corrupt="skip")
+        self.reads = self.read_bytes = 0   # read calls and bytes of this process (for benchmarks)
         self._counts = [s.samples for s in self.manifest.shards]
         self._sizes = [s.bytes for s in self.manifest.shards]
 
@@ -156,9 +161,13 @@ class ShardDataset:
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         self._workers, self._batch = int(state.get("workers", 1)), int(state.get("batch_size", 1))
 
-    def check_loader(self, workers: int, batch: int) -> None:
-        """Mid-epoch, the loader must deal batches as when the state was taken."""
+    def begin(self, workers: int, batch: int) -> None:
+        """Start an iteration: after a finished epoch the next one begins (a new order
+        even without ``set_epoch``); mid-epoch, the loader must deal batches as when the
+        state was taken."""
         workers, batch = max(1, workers), max(1, batch)
+        if self.position >= len(self) > 0:
+            self.epoch, self.position = self.epoch + 1, 0
         if self.position and (self._workers > 1 or workers > 1) and (self._workers, self._batch) != (workers, batch):
             raise ResumeStateError(f"state was taken with {self._workers} workers and batch size "
                                    f"{self._batch}; resume with the same", key="workers")
@@ -167,7 +176,7 @@ class ShardDataset:
     # -- reading --------------------------------------------------------------------------
     def __iter__(self) -> Iterator[Any]:
         """Iterate in this process (no loader workers), counting what was delivered."""
-        self.check_loader(1, self._batch)
+        self.begin(1, self._batch)
         n = len(self)
         for sample in self.stream(0, 1, self._batch):
             self.position = min(self.position + 1, n)
@@ -207,6 +216,8 @@ class ShardDataset:
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
             shards.close()
+            self.reads += shards.reads
+            self.read_bytes += shards.read_bytes
 
     def _window_samples(self, shards: _Shards, win: order.Window, bufs, skip: int) -> Iterator[Any]:
         counts = np.array([hi - lo for _s, lo, hi in win.pieces])

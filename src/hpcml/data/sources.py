@@ -40,7 +40,44 @@ def sample_key(rel: str) -> tuple[str, str] | None:
     return (f"{head}/{stem}" if head else stem), ext
 
 
-def _scan_dir(root: Path, rel: str) -> tuple[list[SourceFile], list[str], list[tuple[str, str]]]:
+def readable_by_mode(st: os.stat_result, euid: int, groups: set[int]) -> bool:
+    """Permission bits only (no ACLs): an extra ``access`` call per file would double the cost."""
+    if euid == 0:
+        return True
+    if st.st_uid == euid:
+        return bool(st.st_mode & stat.S_IRUSR)
+    if st.st_gid in groups:
+        return bool(st.st_mode & stat.S_IRGRP)
+    return bool(st.st_mode & stat.S_IROTH)
+
+
+def examine(e: os.DirEntry, euid: int, groups: set[int]) -> tuple[str, os.stat_result | str | None]:
+    """``("dir", None)``, ``("file", stat)`` or ``("bad", reason)``: one rule for doctor and pack."""
+    try:
+        if e.is_dir(follow_symlinks=False):
+            return "dir", None
+        st = e.stat(follow_symlinks=True)
+    except OSError as exc:
+        if isinstance(exc, FileNotFoundError) and e.is_symlink():
+            try:
+                return "bad", f"dangling symlink -> {os.readlink(e.path)}"
+            except OSError:
+                pass
+        return "bad", exc.strerror or str(exc)
+    if stat.S_ISDIR(st.st_mode):
+        return "bad", "symlink to a directory (not followed)"
+    if not stat.S_ISREG(st.st_mode):
+        return "bad", "not a regular file"
+    if not readable_by_mode(st, euid, groups):
+        return "bad", "permission denied (mode bits)"
+    return "file", st
+
+
+def identity() -> tuple[int, set[int]]:
+    return os.geteuid(), set(os.getgroups()) | {os.getegid()}
+
+
+def _scan_dir(root: Path, rel: str, euid: int, groups: set[int]):
     files, dirs, bad = [], [], []
     path = root / rel if rel else root
     try:
@@ -50,18 +87,13 @@ def _scan_dir(root: Path, rel: str) -> tuple[list[SourceFile], list[str], list[t
         return files, dirs, [(str(path), exc.strerror or str(exc))]
     for e in entries:
         r = f"{rel}/{e.name}" if rel else e.name
-        try:
-            if e.is_dir(follow_symlinks=False):
-                dirs.append(r)
-                continue
-            st = e.stat(follow_symlinks=True)
-        except OSError as exc:
-            bad.append((str(root / r), exc.strerror or str(exc)))
-            continue
-        if not stat.S_ISREG(st.st_mode):
-            bad.append((str(root / r), "not a regular file"))
-            continue
-        files.append(SourceFile(r, st.st_size, st.st_mtime_ns))
+        kind, what = examine(e, euid, groups)
+        if kind == "dir":
+            dirs.append(r)
+        elif kind == "bad":
+            bad.append((str(root / r), what))
+        else:
+            files.append(SourceFile(r, what.st_size, what.st_mtime_ns))
     return files, dirs, bad
 
 
@@ -69,7 +101,8 @@ def list_files(root: str | Path, jobs: int = 8, on_dir=None) -> Listing:
     """All regular files under ``root`` (symlinks followed, directories not), sorted by path."""
     out = Listing(Path(root))
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        pending = {pool.submit(_scan_dir, out.root, "")}
+        euid, groups = identity()
+        pending = {pool.submit(_scan_dir, out.root, "", euid, groups)}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
@@ -77,7 +110,7 @@ def list_files(root: str | Path, jobs: int = 8, on_dir=None) -> Listing:
                 out.files.extend(files)
                 out.unreadable.extend(bad)
                 out.directories += 1
-                pending |= {pool.submit(_scan_dir, out.root, d) for d in dirs}
+                pending |= {pool.submit(_scan_dir, out.root, d, euid, groups) for d in dirs}
                 if on_dir:
                     on_dir(len(files))
     out.files.sort(key=lambda f: f.rel)

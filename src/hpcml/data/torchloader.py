@@ -60,7 +60,7 @@ class ShardLoader:
 
     def __iter__(self) -> Iterator[Any]:
         ds, batch = self.ds, self.batch_size
-        ds.check_loader(self.num_workers, batch)
+        ds.begin(self.num_workers, batch)
         n = len(ds)
         loader = DataLoader(ShardIterable(ds, batch), batch_size=batch, num_workers=self.num_workers,
                             **self.kwargs)

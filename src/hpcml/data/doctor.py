@@ -1,0 +1,399 @@
+"""``hpcml data doctor``: what a dataset directory costs a loader, and how to store it.
+
+The scan runs threads over directories because ``scandir`` and ``stat`` release the GIL:
+on a parallel filesystem the metadata round trips overlap. Each directory is reduced to
+counts in its worker (sizes, WebDataset samples, extensions), so millions of files cost
+8 bytes each, not one object each. Written by hand: ``os.walk`` is serial, fsspec's
+``find`` returns one dict per file, and no library gives the staging decision.
+
+Semantics follow the packer (``hpcml.data.sources``): symlinks to files are followed,
+symlinks to directories are not, and whatever cannot be read is listed, never dropped.
+The recommendation is a pure function of the scan and a ``Resources`` value, so every
+branch is testable without the machine's RAM or disks.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shutil
+import time
+from array import array
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import numpy as np
+
+from hpcml.data.sources import examine, identity, sample_key
+from hpcml.errors import UsageError
+from hpcml.vet.units import fmt_bytes
+
+MiB = 2**20
+MB = 10**6
+DEFAULT_SHARD = 256 * MB
+MIN_SHARD = 1 * MB
+PERCENTILES = (10, 50, 90, 99)
+LOOSE_META_PER_FILE = 3      # open + fstat + close
+PACKED_META_PER_SHARD = 6    # the same for the tar and for its index
+TAR_BLOCK = 512              # a tar member is a 512-byte header plus data padded to 512
+
+
+@dataclass
+class Problem:
+    path: str
+    reason: str
+
+
+@dataclass
+class Bucket:
+    low: int     # sizes in [low, high); the empty-file bucket is [0, 1)
+    high: int
+    files: int
+
+
+@dataclass
+class SizeStats:
+    min: int = 0
+    max: int = 0
+    mean: float = 0.0
+    percentiles: dict[str, int] = field(default_factory=dict)   # "p50" -> bytes (nearest rank)
+    histogram: list[Bucket] = field(default_factory=list)       # power-of-two buckets
+
+
+@dataclass
+class ScanResult:
+    root: str
+    files: int = 0
+    bytes: int = 0
+    directories: int = 0
+    sizes: SizeStats = field(default_factory=SizeStats)
+    extensions: list[tuple[str, int]] = field(default_factory=list)   # top 10, "" = none
+    samples: int = 0                 # WebDataset keys: dir/stem up to the basename's first '.'
+    largest_sample_bytes: int = 0    # a shard must hold at least this
+    tar_bytes: int = 0               # the files as tar members: 512 B header + padding (PAX ignored)
+    ungroupable_count: int = 0       # no extension or a dot-file: WebDataset cannot group it
+    ungroupable: list[str] = field(default_factory=list)   # paths, first `listed_limit`
+    unreadable: list[Problem] = field(default_factory=list)  # all of them
+    seconds: float = 0.0
+    files_per_s: float = 0.0
+    jobs: int = 1
+    file_sizes: np.ndarray = field(default_factory=lambda: np.zeros(0, np.int64), repr=False)
+
+    def to_json(self) -> dict:
+        out = asdict(replace(self, file_sizes=np.zeros(0, np.int64)))   # no deep copy of the sizes
+        out.pop("file_sizes")
+        out["extensions"] = [{"ext": e, "files": n} for e, n in self.extensions]
+        return out
+
+
+@dataclass
+class Resources:
+    ram_free: int                  # bytes the OS could give us now
+    local_dir: str                 # node-local disk for staging
+    local_free: int
+    tasks: int = 1                 # tasks on this node that each stage their own copy
+    ram_dir: str = "/dev/shm"
+    ram_dir_free: int | None = None   # tmpfs limit of ram_dir; None = unlimited
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Ops:
+    units: int           # files (loose) or shards (packed) opened per epoch
+    metadata_ops: int
+    read_ops: int
+
+
+@dataclass
+class EpochOps:
+    read_size: int
+    loose: Ops
+    packed: Ops
+
+
+@dataclass
+class Recommendation:
+    pack: bool
+    pack_reason: str
+    shard_bytes: int     # what to pass to `hpcml data pack` if packing
+    shards: int
+    shard_reason: str
+    placement: str       # "ram" | "local-disk" | "stream"
+    target: str
+    placement_reason: str
+    stage_bytes: int     # bytes that would be staged (tar size when packing)
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class DoctorReport:
+    scan: ScanResult
+    resources: Resources
+    readers: int
+    ops: EpochOps
+    recommendation: Recommendation
+
+    def to_json(self) -> dict:
+        return {"scan": self.scan.to_json(), "resources": self.resources.to_json(),
+                "readers": self.readers, "epoch_ops": asdict(self.ops),
+                "recommendation": asdict(self.recommendation)}
+
+
+# --- scan -----------------------------------------------------------------------------
+
+@dataclass
+class _Dir:
+    sizes: array = field(default_factory=lambda: array("q"))
+    samples: int = 0
+    largest_sample: int = 0
+    ext: Counter = field(default_factory=Counter)
+    ungroupable: list[str] = field(default_factory=list)
+    unreadable: list[Problem] = field(default_factory=list)
+    subdirs: list[Path] = field(default_factory=list)
+
+
+def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
+    out = _Dir()
+    try:
+        with os.scandir(path) as it:
+            entries = list(it)
+    except OSError as exc:
+        out.unreadable.append(Problem(str(path), exc.strerror or str(exc)))
+        return out
+    samples: dict[str, int] = {}
+    for e in entries:
+        kind, st = examine(e, euid, groups)
+        if kind == "dir":
+            out.subdirs.append(Path(e.path))
+            continue
+        if kind == "bad":
+            out.unreadable.append(Problem(e.path, st))
+            continue
+        out.sizes.append(st.st_size)
+        key = sample_key(e.name)
+        if key is None:
+            out.ungroupable.append(e.path)
+            out.ext[""] += 1
+            continue
+        samples[key[0]] = samples.get(key[0], 0) + st.st_size
+        out.ext[key[1]] += 1
+    out.samples = len(samples)
+    out.largest_sample = max(samples.values(), default=0)
+    return out
+
+
+def _size_stats(sizes: np.ndarray) -> SizeStats:
+    if sizes.size == 0:
+        return SizeStats()
+    pct = {f"p{p}": int(np.percentile(sizes, p, method="inverted_cdf")) for p in PERCENTILES}
+    # frexp gives size = m * 2**e with m in [0.5, 1): e is the bit length, exact below 2**53
+    exps = np.where(sizes > 0, np.frexp(sizes.astype(np.float64))[1], 0)
+    counts = np.bincount(exps)
+    lo = int(exps.min())
+    hist = [Bucket(0 if e == 0 else 2 ** (e - 1), 1 if e == 0 else 2 ** e, int(counts[e]))
+            for e in range(lo, len(counts))]
+    return SizeStats(int(sizes.min()), int(sizes.max()), float(sizes.mean()), pct, hist)
+
+
+def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
+         on_progress: Callable[[int, int], None] | None = None) -> ScanResult:
+    """Scan ``path`` with ``jobs`` threads; ``on_progress(files, bytes)`` after each directory.
+
+    Raises UsageError when ``path`` does not exist or is not a directory.
+    """
+    root = Path(path)
+    if not root.exists():
+        raise UsageError("no such directory", file=str(root))
+    if not root.is_dir():
+        raise UsageError("not a directory", file=str(root))
+    euid, groups = identity()
+    res = ScanResult(str(root), jobs=max(1, jobs))
+    sizes, ext = array("q"), Counter()
+    start = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=res.jobs) as pool:
+        pending = {pool.submit(_scan_dir, root, euid, groups)}
+        while pending:
+            done, pending = wait(pending, return_when=FIRST_COMPLETED)
+            for fut in done:
+                d = fut.result()
+                res.directories += 1
+                pending |= {pool.submit(_scan_dir, p, euid, groups) for p in d.subdirs}
+                sizes.extend(d.sizes)
+                ext.update(d.ext)
+                res.samples += d.samples
+                res.largest_sample_bytes = max(res.largest_sample_bytes, d.largest_sample)
+                res.ungroupable_count += len(d.ungroupable)
+                room = listed_limit - len(res.ungroupable)
+                res.ungroupable.extend(d.ungroupable[:max(0, room)])
+                res.unreadable.extend(d.unreadable)
+                res.files += len(d.sizes)
+                res.bytes += sum(d.sizes)
+                if on_progress:
+                    on_progress(res.files, res.bytes)
+    res.seconds = time.perf_counter() - start
+    res.files_per_s = res.files / res.seconds if res.seconds > 0 else 0.0
+    res.file_sizes = np.frombuffer(sizes, dtype=np.int64).copy() if sizes else np.zeros(0, np.int64)
+    res.sizes = _size_stats(res.file_sizes)
+    res.tar_bytes = int((TAR_BLOCK + -(-res.file_sizes // TAR_BLOCK) * TAR_BLOCK).sum())
+    res.extensions = sorted(ext.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    res.ungroupable.sort()
+    res.unreadable.sort(key=lambda p: p.path)
+    return res
+
+
+# --- resources, operations, recommendation -------------------------------------------
+
+def detect_resources(*, ram_free: int | None = None, local_dir: str | None = None,
+                     local_free: int | None = None, tasks: int = 1,
+                     ram_dir: str = "/dev/shm") -> Resources:
+    """This node's figures; any argument given replaces the detected one.
+
+    The local disk is $SLURM_TMPDIR, else $TMPDIR, else /tmp (the first that exists).
+    """
+    if ram_free is None:
+        import psutil
+        ram_free = int(psutil.virtual_memory().available)
+    if local_dir is None:
+        candidates = [os.environ.get("SLURM_TMPDIR"), os.environ.get("TMPDIR"), "/tmp"]
+        local_dir = next((c for c in candidates if c and os.path.isdir(c)), "/tmp")
+    elif not os.path.isdir(local_dir):
+        raise UsageError("local disk directory does not exist", file=local_dir)
+    if local_free is None:
+        local_free = shutil.disk_usage(local_dir).free
+    ram_dir_free = shutil.disk_usage(ram_dir).free if os.path.isdir(ram_dir) else None
+    return Resources(int(ram_free), local_dir, int(local_free), max(1, tasks), ram_dir, ram_dir_free)
+
+
+def _reads(nbytes: int, read_size: int) -> int:
+    return -(-nbytes // read_size)
+
+
+def epoch_ops(scan: ScanResult, shard_bytes: int, read_size: int = MiB) -> EpochOps:
+    """Operations one pass over the data costs, as loose files and as shards of ``shard_bytes``."""
+    reads = int(np.maximum(1, -(-scan.file_sizes // read_size)).sum()) if scan.files else 0
+    loose = Ops(scan.files, LOOSE_META_PER_FILE * scan.files, reads)
+    full, rest = divmod(scan.tar_bytes, shard_bytes)
+    shards = full + (1 if rest else 0)
+    packed = Ops(shards, PACKED_META_PER_SHARD * shards,
+                 full * _reads(shard_bytes, read_size) + _reads(rest, read_size))
+    return EpochOps(read_size, loose, packed)
+
+
+def fmt_size(n: float) -> str:
+    """Powers of two such as 1 MiB are shown as such, not as '1.05 MB'; others in SI units."""
+    for unit, scale in (("GiB", 2**30), ("MiB", MiB), ("KiB", 1024)):
+        if n >= scale and n % scale == 0 and n // scale < 1024:
+            return f"{int(n // scale)} {unit}"
+    return fmt_bytes(n)
+
+
+def _n(count: int, noun: str) -> str:
+    return f"{count:,} {noun}{'' if count == 1 else 's'}"
+
+
+def _pack(scan: ScanResult, small: int, many: int) -> tuple[bool, str]:
+    if scan.files == 0:
+        return False, "no readable files: nothing to pack"
+    median = scan.sizes.percentiles["p50"]
+    why = []
+    if median < small:
+        why.append(f"the median file is {fmt_bytes(median)} (< {fmt_size(small)}), "
+                   "so per-file open/stat/close costs more than the read")
+    if scan.files > many:
+        why.append(f"{scan.files:,} files (> {many:,}) load the metadata server every epoch")
+    if why:
+        return True, "Pack into shards: " + "; and ".join(why) + "."
+    return False, (f"Read as is: {scan.files:,} files with a median of {fmt_bytes(median)} "
+                   "are few and large enough that packing gains little.")
+
+
+def _shard(scan: ScanResult, readers: int, default: int) -> tuple[int, str]:
+    """Halve the default until every reader has a shard: WebDataset hangs otherwise (#188);
+    ShardDataset does not need it, but small shards also stage and pack in parallel."""
+    total, size = scan.tar_bytes, default
+    while size > MIN_SHARD and math.ceil(total / size) < readers:
+        size //= 2
+    size = max(size, MIN_SHARD)
+    n = math.ceil(total / size)
+    why = f"The packed {fmt_bytes(total)} gives {_n(n, 'shard')} of {fmt_bytes(size)}"
+    if size < default:
+        why = f"The packed {fmt_bytes(total)} is small: {fmt_bytes(size)} shards give {_n(n, 'shard')}"
+    if size < scan.largest_sample_bytes:
+        size = scan.largest_sample_bytes
+        n = math.ceil(total / size)
+        why += f"; raised to {fmt_bytes(size)}, the largest sample, which a shard must hold ({_n(n, 'shard')})"
+    if n >= readers:
+        why += f", at least one per reader ({readers}), as WebDataset needs"
+    else:
+        why += (f", fewer than the {readers} readers: fine for hpcml's ShardDataset, which splits shards "
+                "into blocks, but WebDataset would leave readers idle")
+    return size, why + "."
+
+
+def _place(scan: ScanResult, res: Resources, size: int, pack: bool,
+           ram_fraction: float, disk_fraction: float) -> tuple[str, str, str]:
+    share = f" per task ({res.tasks} tasks stage a copy each)" if res.tasks > 1 else ""
+    ram_budget = ram_fraction * res.ram_free / res.tasks
+    limit = ""
+    if res.ram_dir_free is not None and res.ram_dir_free / res.tasks < ram_budget:
+        ram_budget = res.ram_dir_free / res.tasks
+        limit = f", capped by {res.ram_dir}'s {fmt_bytes(res.ram_dir_free)} free"
+    disk_budget = disk_fraction * res.local_free / res.tasks
+    what = "the shards" if pack else "the files"
+    if size <= ram_budget:
+        return "ram", res.ram_dir, (
+            f"Stage {what} to RAM ({res.ram_dir}): {fmt_bytes(size)} fits in {ram_fraction:.0%} of "
+            f"{fmt_bytes(res.ram_free)} free RAM ({fmt_bytes(ram_budget)}{share}{limit}), "
+            "leaving the rest to training.")
+    if size <= disk_budget:
+        return "local-disk", res.local_dir, (
+            f"Stage {what} to node-local disk ({res.local_dir}): {fmt_bytes(size)} is over the RAM "
+            f"budget of {fmt_bytes(ram_budget)}{limit} but fits in {disk_fraction:.0%} of its "
+            f"{fmt_bytes(res.local_free)} free ({fmt_bytes(disk_budget)}{share}).")
+    how = "as packed shards with large sequential reads" if pack else "with large reads"
+    return "stream", scan.root, (
+        f"Stream from where it is, {how}: {fmt_bytes(size)} exceeds both the RAM budget "
+        f"({fmt_bytes(ram_budget)}{limit}) and the local disk budget ({fmt_bytes(disk_budget)}{share}).")
+
+
+def recommend(scan: ScanResult, res: Resources, *, readers: int = 64,
+              ram_fraction: float = 0.4, disk_fraction: float = 0.8,
+              small_file: int = MiB, many_files: int = 10_000,
+              shard_bytes: int = DEFAULT_SHARD) -> Recommendation:
+    """Pack or not, shard size, and where to put the data; each with its reason."""
+    pack, pack_reason = _pack(scan, small_file, many_files)
+    shard, shard_reason = _shard(scan, max(1, readers), shard_bytes)
+    stage = scan.tar_bytes if pack else scan.bytes
+    placement, target, place_reason = _place(scan, res, stage, pack, ram_fraction, disk_fraction)
+    notes = []
+    if pack and scan.ungroupable_count:
+        n = scan.ungroupable_count
+        has = "file has no extension or starts" if n == 1 else "files have no extension or start"
+        notes.append(f"{n:,} {has} with '.': "
+                     "WebDataset cannot group them into samples; rename them before packing.")
+    if scan.unreadable:
+        n = len(scan.unreadable)
+        notes.append(f"{n:,} {'entry' if n == 1 else 'entries'} could not be read and are not counted "
+                     "above; fix them or a loader will fail on them.")
+    n = math.ceil(scan.tar_bytes / shard) if scan.tar_bytes else 0
+    return Recommendation(pack, pack_reason, shard, n, shard_reason,
+                          placement, target, place_reason, stage, notes)
+
+
+def diagnose(path: str | Path, resources: Resources | None = None, *, readers: int = 64,
+             read_size: int = MiB, jobs: int = 16,
+             on_progress: Callable[[int, int], None] | None = None, **policy) -> DoctorReport:
+    """Scan ``path``, then recommend; ``policy`` goes to :func:`recommend`."""
+    if read_size < 1:
+        raise UsageError(f"must be at least 1 byte, found {read_size}", key="--read-size")
+    if readers < 1:
+        raise UsageError(f"must be at least 1, found {readers}", key="--readers")
+    result = scan(path, jobs=jobs, on_progress=on_progress)
+    res = resources if resources is not None else detect_resources()
+    rec = recommend(result, res, readers=readers, **policy)
+    return DoctorReport(result, res, readers, epoch_ops(result, rec.shard_bytes, read_size), rec)
