@@ -73,3 +73,12 @@ def progress_bar(enabled: bool):
                                TransferSpeedColumn)
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
+
+
+def show(result: Any, as_json: bool, render: Callable[[Any], None]) -> None:
+    """``--json`` prints the result's ``to_json()``; otherwise the command's own rendering."""
+    if as_json:
+        import json
+        print(json.dumps(result.to_json(), indent=2))
+    else:
+        render(result)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import csv
 import io
+import os
+import signal
 import shutil
 import subprocess
 from collections.abc import Mapping, Sequence
@@ -107,3 +109,18 @@ def sacct(job_id: str, fields: Sequence[str] = ("JobID", "JobName", "State", "Ex
 def job_nodes(job_id: str, *, timeout: float = 10.0) -> list[str]:
     recs = scontrol_show("job", str(job_id), timeout=timeout)
     return expand(recs[0].get("NodeList", "")) if recs else []
+
+
+def stop_step(proc: subprocess.Popen, term_wait: float = 1.0) -> None:
+    """Stop an srun started in its own process group: srun forwards SIGTERM to its tasks;
+    SIGKILL if it does not leave within ``term_wait`` seconds."""
+    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 2.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue

@@ -4,24 +4,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 import typer
 
 from hpcml.cli_support import fail, parse_size, progress_bar
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.vet.units import fmt_bytes
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
                   help="Datasets on HPC storage: doctor, pack into shards, stage, benchmark the loader.\n\n"
                        "Example: [bold]hpcml data doctor /scratch/imagenet[/]\n\n"
                        "Exit codes: 0 done, 2 bad input (missing path, unreadable files, corrupt shard, "
                        "checksum mismatch).")
-
-
-def _human(n: float) -> str:
-    for unit in ("B", "kB", "MB", "GB", "TB"):
-        if abs(n) < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1000
-    return str(n)
 
 
 @app.command("pack")
@@ -80,7 +74,7 @@ def _pack_tar(src: Path, dst: Path, target: int, jobs: int, skip_unreadable: boo
                           "skipped": r.skipped, "manifest": str(dst / "manifest.json")}, indent=2))
         return
     rate = r.bytes_written / r.seconds / 1e6 if r.seconds else 0.0
-    print(f"{dst}: {len(m.shards)} shards, {m.samples} samples, {_human(m.bytes)}, fields {', '.join(m.fields)}; "
+    print(f"{dst}: {len(m.shards)} shards, {m.samples} samples, {fmt_bytes(m.bytes)}, fields {', '.join(m.fields)}; "
           f"wrote {r.written} ({rate:.0f} MB/s), kept {r.reused} finished; dataset id {m.dataset}")
     for s in r.skipped[:20]:
         print(f"  not packed: {s['path']}: {s['reason']}")
@@ -96,21 +90,16 @@ def _pack_squashfs(src: Path, image: Path, jobs: int, skip_unreadable: bool, as_
                           "files": r.files, "seconds": round(r.seconds, 3),
                           "skipped": [{"path": p, "reason": why} for p, why in r.skipped]}, indent=2))
         return
-    print(f"{r.image}: {r.files} files, {_human(r.source_bytes)} -> {_human(r.bytes)} in {r.seconds:.1f} s")
+    print(f"{r.image}: {r.files} files, {fmt_bytes(r.source_bytes)} -> {fmt_bytes(r.bytes)} in {r.seconds:.1f} s")
     for p, why in r.skipped:
         print(f"  not packed: {p}: {why}")
     print(f"note: {SHUFFLE_NOTE}")
 
 
-def _register_optional() -> None:
-    """Commands whose modules land separately (doctor, stage, bench)."""
-    import importlib
-    for name in ("doctor", "stage", "bench"):
-        try:
-            mod = importlib.import_module(f"hpcml.data.cli_{name}")
-        except ModuleNotFoundError:
-            continue
-        app.command(name)(getattr(mod, name))
+from hpcml.data.cli_bench import bench  # noqa: E402  (each command in its own module)
+from hpcml.data.cli_doctor import doctor  # noqa: E402
+from hpcml.data.cli_stage import stage  # noqa: E402
 
-
-_register_optional()
+app.command("doctor")(doctor)
+app.command("stage")(stage)
+app.command("bench")(bench)

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import sys
 from pathlib import Path
 
 import typer
 
-from hpcml.cli_support import fail
+from hpcml.cli_support import fail, show
 from hpcml.errors import HpcmlError, UsageError
 
 SHOWN_UNREADABLE = 20
@@ -73,10 +72,7 @@ def doctor(
             report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs)
     except HpcmlError as exc:
         fail("hpcml data doctor", exc)
-    if as_json:
-        print(json.dumps(report.to_json(), indent=2))
-    else:
-        _render(report)
+    show(report, as_json, _render)
 
 
 def _render(report) -> None:

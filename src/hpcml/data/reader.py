@@ -10,6 +10,7 @@ samples out of memory; it never issues a system call per sample. The order is pl
 from __future__ import annotations
 
 import os
+import sys
 import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -39,12 +40,11 @@ class ResumeStateError(UsageError, ValueError):
 
 
 def _env_rank() -> tuple[int, int]:
-    try:
-        import torch.distributed as dist
-        if dist.is_available() and dist.is_initialized():
-            return dist.get_rank(), dist.get_world_size()
-    except ImportError:
-        pass
+    """torch.distributed's rank if a process group is up (never imports torch: importing it
+    costs a loader worker about a second), else the launcher's environment."""
+    dist = sys.modules.get("torch.distributed")
+    if dist is not None and dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
     for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
         if r in os.environ and w in os.environ:
             return int(os.environ[r]), int(os.environ[w])
@@ -112,7 +112,7 @@ class ShardDataset:
             raise ValueError("on_corrupt must be 'raise' or 'skip'")
         self.manifest = load_manifest(path)
         self.root = manifest_path(path).parent
-        env_rank, env_world = _env_rank()
+        env_rank, env_world = _env_rank() if rank is None or world_size is None else (rank, world_size)
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:

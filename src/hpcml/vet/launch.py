@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -105,18 +104,18 @@ class Step:
         try:
             self.proc.wait(timeout=SRUN_GRACE)
         except subprocess.TimeoutExpired:
-            _stop(self.proc)
+            slurm.stop_step(self.proc, term_wait=1.0)
 
     def harvest(self, deadline_at: float) -> StepResult:
         """Results of every node, returned as soon as all reported or at the deadline."""
         # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
         if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
             self.step.timed_out = True
-            _stop(self.proc)
+            slurm.stop_step(self.proc, term_wait=1.0)
         try:
             self.step.returncode = self.proc.wait(timeout=SRUN_GRACE)
         except subprocess.TimeoutExpired:
-            _stop(self.proc)
+            slurm.stop_step(self.proc, term_wait=1.0)
         for t in self.readers:
             t.join(timeout=1.0)
         return self.step
@@ -127,22 +126,6 @@ def start_workers(nodes: list[str], python: str | None = None, *, use_srun: bool
     python = python or sys.executable
     argv = _srun_argv(nodes, python) if use_srun else _worker_command(python)
     return Step(argv, len(nodes) if use_srun else 1, list(preload))
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    """srun forwards SIGTERM to its tasks; SIGKILL if it does not leave promptly."""
-    for sig, wait in ((signal.SIGTERM, 1.0), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
-
-
 
 
 def _worker_command(python: str) -> list[str]:

@@ -1,0 +1,145 @@
+"""``hpcml data stage``: parse arguments, pick where to stage (every node through srun, or
+this node), render. The last line of stdout is the directory the job should read."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import fail
+from hpcml.errors import HpcmlError, UsageError
+
+COMMAND = "hpcml data stage"
+
+
+def _keep_free(value: Optional[str]) -> Optional[int]:
+    if value is None:
+        return None
+    from hpcml.vet.units import parse_bytes
+    try:
+        n = int(parse_bytes(value))
+    except ValueError as exc:
+        raise UsageError(str(exc), key="--keep-free") from None
+    if n < 0:
+        raise UsageError(f"expected a non-negative size, found {value!r}", key="--keep-free")
+    return n
+
+
+def stage(
+    src: Path = typer.Argument(..., help="A shard set made by `hpcml data pack` (its directory or manifest.json)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Node-local directory (default: $SLURM_TMPDIR, else "
+                                     "/tmp/hpcml-data-$SLURM_JOB_ID). $VARS are expanded on each node; "
+                                     "%n is the node name, %j the job id. The copy goes to DIR/<dataset id>."),
+    verify: bool = typer.Option(False, "--verify", help="Re-hash files already staged instead of trusting the stamp."),
+    threads: int = typer.Option(4, "--threads", "-j", min=1, help="Files copied in parallel on each node."),
+    keep_free: Optional[str] = typer.Option(None, "--keep-free", help="Space to leave free on the target, e.g. "
+                                            "'10 GB' (default: 5 % of it or 1 GiB, whichever is smaller)."),
+    local: bool = typer.Option(False, "--local", help="Stage on this node only, without srun."),
+    as_json: bool = typer.Option(False, "--json", help="Print the per-node report as JSON instead of the path."),
+) -> None:
+    """Copy a shard set once per node to node-local storage, verified against its manifest.
+
+    From the batch script it starts one task per node (srun); inside a step
+    (`srun hpcml data stage ...`) one task per node copies and the others wait for it.
+    Files already staged and valid are skipped. When the copy does not fit, or the
+    target cannot be created, nothing is copied and the job streams from SRC.
+
+        DATA=$(hpcml data stage /scratch/$USER/shards --to '$SLURM_TMPDIR')
+        srun python train.py --data "$DATA"
+
+    The last line of stdout is the directory to read (the copy, or SRC);
+    progress and the per-node summary go to stderr.
+
+    Exit codes: 0 staged or streaming from SRC, 2 bad input (no manifest, missing
+    shard, checksum mismatch: the file is named and its copy deleted), 1 Slurm or
+    write failure.
+    """
+    from hpcml.cluster.allocation import current
+    from hpcml.data import stage_worker
+    t0 = time.monotonic()
+    try:
+        keep = _keep_free(keep_free)
+        alloc = current()
+        if not local and alloc.under_slurm and alloc.step_id is None:
+            out = _on_nodes(src, to, list(alloc.nodes), threads, verify, keep, not as_json)
+        else:
+            r = _here(src, to, threads, verify, keep, not as_json)
+            out = stage_worker.combine(r.src, {r.node: r}, time.monotonic() - t0)
+    except HpcmlError as exc:
+        fail(COMMAND, exc)
+    if as_json:
+        print(json.dumps(out.to_dict(), indent=2))
+        return
+    _summary(out)
+    print(out.path)
+
+
+def _here(src: Path, to: Optional[str], threads: int, verify: bool, keep: Optional[int], show: bool):
+    from hpcml.cli_support import progress_bar
+    from hpcml.data.stage import stage as stage_engine
+    bar = progress_bar(show)
+    if bar is None:
+        return stage_engine(src, to, threads=threads, verify=verify, keep_free=keep)
+    with bar:
+        task = bar.add_task("staging", total=None)
+        return stage_engine(src, to, threads=threads, verify=verify, keep_free=keep,
+                            on_plan=lambda total: bar.update(task, total=total),
+                            advance=lambda n: bar.advance(task, n))
+
+
+def _on_nodes(src: Path, to: Optional[str], nodes: list[str], threads: int, verify: bool,
+              keep: Optional[int], show: bool):
+    from hpcml.cli_support import progress_bar
+    from hpcml.data.stage_worker import stage_nodes
+    bar = progress_bar(show)
+    if bar is None:
+        return stage_nodes(src, to, nodes, threads=threads, verify=verify, keep_free=keep)
+    seen: dict[str, tuple[int, int]] = {}
+
+    def on_progress(node: str, done: int, total: int) -> None:
+        seen[node] = (done, total)
+        bar.update(task, completed=sum(d for d, _ in seen.values()), total=sum(t for _, t in seen.values()))
+    with bar:
+        task = bar.add_task(f"staging on {len(nodes)} nodes", total=None)
+        return stage_nodes(src, to, nodes, threads=threads, verify=verify, keep_free=keep,
+                           on_progress=on_progress)
+
+
+def _summary(out) -> None:
+    from hpcml.vet.units import fmt_bytes
+    err = sys.stderr
+    for node, r in out.results.items():
+        if not r.staged:
+            print(f"{COMMAND}: {node}: not staged, {r.reason}; the job streams from {out.src}", file=err)
+            continue
+        verified = f" ({r.files_verified} verified in place)" if r.files_verified else ""
+        waited = f", waited {r.waited:.1f} s for another task" if r.waited >= 0.5 else ""
+        if r.files_copied:
+            did = (f"{r.files_copied} files copied ({fmt_bytes(r.bytes_copied)}), {r.files_skipped} skipped"
+                   f"{verified} in {r.seconds:.2f} s, {r.mb_per_s:.0f} MB/s")
+        else:
+            did = f"up to date, {r.files_skipped} files skipped{verified} in {r.seconds:.2f} s"
+        print(f"{COMMAND}: {node}: {did}{waited} -> {r.path}", file=err)
+    if len(out.results) > 1 and out.staged:
+        total = sum(r.bytes_copied for r in out.results.values())
+        rate = total / out.seconds / 1e6 if out.seconds else 0.0
+        print(f"{COMMAND}: {len(out.results)} nodes, {fmt_bytes(total)} copied in {out.seconds:.2f} s "
+              f"({rate:.0f} MB/s together)", file=err)
+    for note in out.notes:
+        print(f"{COMMAND}: note: {note}", file=err)
+
+
+def main() -> None:
+    """``python -m hpcml.data.cli_stage``: the command without the rest of ``hpcml``."""
+    app = typer.Typer(add_completion=False)
+    app.command()(stage)
+    app()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,414 @@
+"""Staging a shard set to node-local storage: copy once, verify against the manifest, reuse.
+
+One pass per file reads the shared copy in large chunks, hashes and writes it (the read
+from the parallel filesystem is what costs, so it is done once), into a temporary name
+that is renamed only when the sha256 matches the manifest. ``shutil.copyfile`` and
+``copy_file_range`` copy without showing the bytes to the hash, hence the loop here.
+
+Staged files are recorded in a stamp (``.hpcml-stage.json``: size, mtime and sha256 of
+each copy), so a rerun skips them after a ``stat``, without re-reading them. Everything
+happens under an exclusive ``flock`` on the dataset's directory: tasks of one node (and
+virtual nodes sharing a directory) queue on it, the first copies and the others find the
+files stamped. A lock dies with its holder, so nothing stale can block a later job, unlike
+a completion marker keyed by job id (local clusters reuse job ids after a restart).
+The manifest is written last: a directory with a manifest is a complete copy.
+"""
+
+from __future__ import annotations
+
+import errno
+import fcntl
+import hashlib
+import os
+import re
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+from typing import Callable, Mapping
+
+import orjson
+
+from hpcml.cluster.allocation import this_node
+from hpcml.data.manifest import (
+    MANIFEST,
+    Manifest,
+    dataset_id,
+    load_manifest,
+    manifest_path,
+)
+from hpcml.errors import HpcmlError, UsageError
+from hpcml.files import write_atomic
+
+CHUNK = 8 << 20
+THREADS = 4
+STAMP = ".hpcml-stage.json"
+LOCK = ".hpcml-stage.lock"
+KEEP_FRACTION = 0.05          # of the target filesystem, kept free ...
+KEEP_BYTES = 1 << 30          # ... or this much, whichever is smaller
+RUNS_KEPT = 50
+_VAR = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
+
+
+class TargetUnavailable(Exception):
+    """DIR cannot be resolved on this node: the job streams from the source instead."""
+
+
+@dataclass
+class StageResult:
+    """One node's (one task's) staging: what the job should read, and what it cost."""
+
+    node: str
+    src: str                        # the shard-set directory
+    path: str                       # what to read: the staged copy, or ``src`` on fallback
+    target: str | None              # DIR/<dataset>, None when DIR could not be resolved
+    dataset: str
+    staged: bool
+    reason: str = ""                # why it fell back to streaming
+    files_copied: int = 0
+    files_skipped: int = 0
+    files_verified: int = 0         # hashed in place and found valid (counted as skipped)
+    bytes_copied: int = 0
+    bytes_total: int = 0
+    needed: int = 0                 # bytes to copy, as planned
+    free: int = 0                   # free bytes on the target before copying
+    keep_free: int = 0
+    seconds: float = 0.0
+    waited: float = 0.0             # for the lock held by another task of this node
+    job: str | None = None
+    step: str | None = None
+    task: int = 0
+
+    @property
+    def mb_per_s(self) -> float:
+        return self.bytes_copied / self.seconds / 1e6 if self.seconds > 0 else 0.0
+
+    def to_dict(self) -> dict:
+        return {**asdict(self), "mb_per_s": round(self.mb_per_s, 1), "seconds": round(self.seconds, 3),
+                "waited": round(self.waited, 3)}
+
+
+@dataclass
+class _File:
+    name: str
+    bytes: int
+    sha256: str | None              # the manifest's, for shards; None for indexes
+    action: str = "copy"            # copy | check | skip
+    src_stat: tuple[int, int] | None = None
+
+
+@dataclass
+class _Run:
+    src: Path
+    dst: Path
+    stamp: dict
+    advance: Callable[[int], None]
+    tag: str
+    bad: list[str] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    copied: int = 0
+    verified: int = 0
+    bytes_copied: int = 0
+
+
+# --- where -----------------------------------------------------------------------------
+
+def default_dir(env: Mapping[str, str] | None = None) -> str:
+    env = os.environ if env is None else env
+    if env.get("SLURM_TMPDIR"):
+        return env["SLURM_TMPDIR"]
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+    return f"/tmp/hpcml-data-{job}" if job else "/tmp/hpcml-data"
+
+
+def resolve_dir(template: str | None, env: Mapping[str, str] | None = None) -> Path:
+    """DIR on this node: ``$VARS`` and ``~`` expanded here (so ``--to '$SLURM_TMPDIR'`` means
+    each node's own), ``%n`` the node name, ``%j`` the job id, ``%%`` a percent sign.
+    TargetUnavailable when a variable is not set."""
+    env = os.environ if env is None else env
+    raw = template if template else default_dir(env)
+    job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID") or "local"
+    text = re.sub(r"%([nj%])", lambda m: {"n": this_node(env), "j": job, "%": "%"}[m.group(1)], raw)
+    unset = []
+
+    def var(m: re.Match) -> str:
+        name = m.group(1) or m.group(2)
+        if not env.get(name):
+            unset.append(name)
+        return env.get(name, "")
+    text = _VAR.sub(var, text)
+    if unset:
+        raise TargetUnavailable(f"{unset[0]} is not set (target '{raw}')")
+    return Path(os.path.abspath(os.path.expanduser(text)))
+
+
+def source_dir(src: str | Path) -> Path:
+    return Path(os.path.abspath(manifest_path(src))).parent
+
+
+# --- what -----------------------------------------------------------------------------
+
+def _plain_name(name: str, key: str, manifest: Path) -> str:
+    if not name or name != Path(name).name or name.startswith("."):
+        raise UsageError(f"not a plain file name: {name!r}", file=str(manifest), key=key)
+    return name
+
+
+def _files(m: Manifest, src: Path) -> list[_File]:
+    mpath = src / MANIFEST
+    out = []
+    for i, s in enumerate(m.shards):
+        out.append(_File(_plain_name(s.name, f"shards.{i}.name", mpath), s.bytes, s.sha256))
+        idx = _plain_name(s.index, f"shards.{i}.index", mpath)
+        try:
+            st = (src / idx).stat()
+        except OSError as exc:
+            raise UsageError(f"shard index unreadable: {exc.strerror}", file=str(src / idx)) from None
+        out.append(_File(idx, st.st_size, None, src_stat=(st.st_size, st.st_mtime_ns)))
+    return out
+
+
+def _plan(files: list[_File], dst: Path, stamp: dict, verify: bool) -> None:
+    """Decide per file: skip (stamped, unchanged), check (right size: hash in place), copy."""
+    for f in files:
+        try:
+            st = (dst / f.name).stat()
+        except FileNotFoundError:
+            continue
+        e = stamp.get(f.name) or {}
+        same_copy = e.get("bytes") == st.st_size == f.bytes and e.get("mtime_ns") == st.st_mtime_ns
+        if f.sha256 is not None:
+            valid = same_copy and e.get("sha256") == f.sha256
+        else:
+            valid = same_copy and e.get("src") == list(f.src_stat or ())
+        if valid and not verify:
+            f.action = "skip"
+        elif st.st_size == f.bytes and (f.sha256 is not None or valid):
+            f.action = "check"
+        else:
+            (dst / f.name).unlink()          # wrong size, or an index whose source changed
+
+
+# --- how -------------------------------------------------------------------------------
+
+def _sha_of(path: Path, advance: Callable[[int], None]) -> str:
+    h, buf = hashlib.sha256(), bytearray(CHUNK)
+    with open(path, "rb", buffering=0) as fh:
+        while n := fh.readinto(buf):
+            h.update(memoryview(buf)[:n])
+            advance(n)
+    return h.hexdigest()
+
+
+def _entry(path: Path, sha: str, f: _File) -> dict:
+    st = path.stat()
+    e = {"bytes": st.st_size, "mtime_ns": st.st_mtime_ns, "sha256": sha}
+    if f.src_stat:
+        e["src"] = list(f.src_stat)
+    return e
+
+
+def _copy(run: _Run, f: _File) -> None:
+    src, dst = run.src / f.name, run.dst / f.name
+    tmp = run.dst / f".{f.name}.{run.tag}.part"
+    h, buf, n_total = hashlib.sha256(), bytearray(CHUNK), 0
+    try:
+        fi = open(src, "rb", buffering=0)
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", file=str(src)) from None
+    try:
+        with fi, open(tmp, "wb", buffering=0) as fo:
+            while True:
+                try:
+                    n = fi.readinto(buf)
+                except OSError as exc:
+                    raise UsageError(f"cannot read: {exc.strerror}", file=str(src)) from None
+                if not n:
+                    break
+                view = memoryview(buf)[:n]
+                h.update(view)
+                fo.write(view)
+                n_total += n
+                run.advance(n)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    sha = h.hexdigest()
+    if f.sha256 is not None and (sha != f.sha256 or n_total != f.bytes):
+        tmp.unlink(missing_ok=True)
+        with run.lock:
+            run.bad.append(f"{src}: sha256 {sha[:12]}... ({n_total} bytes), {MANIFEST} says "
+                           f"{f.sha256[:12]}... ({f.bytes} bytes)")
+        return
+    os.replace(tmp, dst)
+    with run.lock:
+        run.stamp[f.name] = _entry(dst, sha, f)
+        run.copied += 1
+        run.bytes_copied += n_total
+
+
+def _one(run: _Run, f: _File) -> None:
+    if f.action == "check":
+        path = run.dst / f.name
+        sha = _sha_of(path, run.advance)
+        want = f.sha256 if f.sha256 is not None else (run.stamp.get(f.name) or {}).get("sha256")
+        if sha == want:
+            with run.lock:
+                run.stamp[f.name] = _entry(path, sha, f)
+                run.verified += 1
+            return
+        path.unlink(missing_ok=True)
+    _copy(run, f)
+
+
+def _free(dst: Path, keep: int | None) -> tuple[int, int]:
+    st = os.statvfs(dst)
+    free = st.f_bavail * st.f_frsize
+    if keep is None:
+        keep = int(min(KEEP_FRACTION * st.f_blocks * st.f_frsize, KEEP_BYTES))
+    return free, keep
+
+
+def _read_stamp(path: Path, dataset: str) -> dict:
+    try:
+        doc = orjson.loads(path.read_bytes())
+    except (OSError, orjson.JSONDecodeError):
+        return {"dataset": dataset, "files": {}, "runs": []}
+    if not isinstance(doc, dict) or doc.get("dataset") != dataset or not isinstance(doc.get("files"), dict):
+        return {"dataset": dataset, "files": {}, "runs": []}
+    doc.setdefault("runs", [])
+    return doc
+
+
+def _locked(path: Path, timeout: float | None) -> int:
+    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    if timeout is None:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        return fd
+    end = time.monotonic() + timeout
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return fd
+        except BlockingIOError:
+            if time.monotonic() > end:
+                os.close(fd)
+                raise HpcmlError(f"{path}: another task held the staging lock for more than "
+                                 f"{timeout:g} s") from None
+            time.sleep(0.2)
+
+
+def _clean_parts(dst: Path) -> None:
+    """Temporary copies left by a task that died (we hold the lock: none is in flight)."""
+    for p in dst.glob(".*.part"):
+        p.unlink(missing_ok=True)
+
+
+def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, verify: bool = False,
+          keep_free: int | None = None, lock_timeout: float | None = None,
+          env: Mapping[str, str] | None = None, on_plan: Callable[[int], None] | None = None,
+          advance: Callable[[int], None] = lambda n: None) -> StageResult:
+    """Stage the shard set ``src`` on this node into ``to``/<dataset id>.
+
+    Returns a result with ``staged=False`` and the reason when the copy does not fit or the
+    target cannot be used (the job then reads ``src``); raises UsageError (exit 2) for a bad
+    manifest, a missing source file or a checksum mismatch, naming the file.
+    ``on_plan(bytes)`` announces the bytes to read (copies and in-place checks).
+    """
+    env = os.environ if env is None else env
+    t0 = time.monotonic()
+    m = load_manifest(src)
+    srcdir = source_dir(src)
+    ds = m.dataset or dataset_id(m.shards)
+    files = _files(m, srcdir)
+    manifest_bytes = (srcdir / MANIFEST).read_bytes()
+    res = StageResult(node=this_node(env), src=str(srcdir), path=str(srcdir), target=None, dataset=ds,
+                      staged=False, bytes_total=sum(f.bytes for f in files) + len(manifest_bytes),
+                      job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),
+                      task=int(env.get("SLURM_LOCALID") or 0))
+    try:
+        dst = resolve_dir(to, env) / ds
+        res.target = str(dst)
+        dst.mkdir(parents=True, exist_ok=True)
+        fd = _locked(dst / LOCK, lock_timeout)
+    except TargetUnavailable as exc:
+        res.reason = f"cannot use the target: {exc}"
+        return res
+    except OSError as exc:
+        res.reason = f"cannot create {exc.filename or res.target}: {exc.strerror}"
+        return res
+    try:
+        res.waited = time.monotonic() - t0
+        _stage_locked(res, files, manifest_bytes, Path(res.target), srcdir, threads=threads,
+                      verify=verify, keep_free=keep_free, on_plan=on_plan, advance=advance)
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT):
+            raise HpcmlError(f"{exc.filename or res.target}: cannot write the staged copy: "
+                             f"{exc.strerror}") from None
+        res.reason = f"ran out of space in {res.target} (planned {res.needed:,} B, {res.free:,} B free)"
+    finally:
+        os.close(fd)
+    return res
+
+
+def _stage_locked(res: StageResult, files: list[_File], manifest_bytes: bytes, dst: Path, srcdir: Path, *,
+                  threads: int, verify: bool, keep_free: int | None, on_plan, advance) -> None:
+    t1 = time.monotonic()
+    stamp = _read_stamp(dst / STAMP, res.dataset)
+    _clean_parts(dst)
+    _plan(files, dst, stamp["files"], verify)
+    res.needed = sum(f.bytes for f in files if f.action == "copy")
+    res.free, res.keep_free = _free(dst, keep_free)
+    if res.needed and res.needed > res.free - res.keep_free:
+        res.reason = _no_fit(res)
+        return
+    todo = [f for f in files if f.action != "skip"]
+    if on_plan:
+        on_plan(sum(f.bytes for f in todo))
+    run = _Run(srcdir, dst, stamp["files"], advance, f"{res.node}.{os.getpid()}")
+    try:
+        _run_pool(run, todo, threads)
+    finally:
+        res.files_copied, res.files_verified, res.bytes_copied = run.copied, run.verified, run.bytes_copied
+        res.files_skipped = sum(f.action == "skip" for f in files) + run.verified
+        res.seconds = time.monotonic() - t1
+        _save_stamp(dst, stamp, res, run)
+    if run.bad:
+        more = f" (and {len(run.bad) - 1} more: {'; '.join(run.bad[1:3])})" if len(run.bad) > 1 else ""
+        raise UsageError(f"checksum mismatch, copy refused and deleted: {run.bad[0]}{more}")
+    if (dst / MANIFEST).is_file() and (dst / MANIFEST).read_bytes() == manifest_bytes:
+        res.files_skipped += 1
+    else:
+        write_atomic(dst / MANIFEST, manifest_bytes.decode())
+        res.files_copied += 1
+        res.bytes_copied += len(manifest_bytes)
+    res.seconds = time.monotonic() - t1
+    res.staged, res.path = True, str(dst)
+
+
+def _run_pool(run: _Run, todo: list[_File], threads: int) -> None:
+    """All files are tried (each good copy is kept for the next run); then the first error:
+    bad input before I/O trouble."""
+    if not todo:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(threads, len(todo)))) as pool:
+        futures = [pool.submit(_one, run, f) for f in todo]
+        errors = [exc for fut in futures if (exc := fut.exception()) is not None]
+    if errors:
+        raise next((e for e in errors if not isinstance(e, OSError)), errors[0])
+
+
+def _no_fit(res: StageResult) -> str:
+    from hpcml.vet.units import fmt_bytes
+    return (f"does not fit: needs {fmt_bytes(res.needed)}, {res.target} has {fmt_bytes(res.free)} free "
+            f"and {fmt_bytes(res.keep_free)} is kept free")
+
+
+def _save_stamp(dst: Path, stamp: dict, res: StageResult, run: _Run) -> None:
+    stamp["runs"] = stamp["runs"][-(RUNS_KEPT - 1):] + [{
+        "node": res.node, "job": res.job, "step": res.step, "task": res.task, "pid": os.getpid(),
+        "at": datetime.now(timezone.utc).isoformat(timespec="seconds"), "copied": run.copied,
+        "verified": run.verified, "bytes_copied": run.bytes_copied, "refused": len(run.bad)}]
+    write_atomic(dst / STAMP, orjson.dumps(stamp).decode())
