@@ -140,9 +140,9 @@ def ceiling(shards: list[Path]) -> dict:
     with ThreadPoolExecutor(4) as pool:
         total = sum(pool.map(read, shards))
     secs = time.perf_counter() - t0
-    r = {"pass": "ceiling: 16 MiB sequential reads", "bytes": total, "seconds": round(secs, 3),
+    r = {"pass": "ceiling", "bytes": total, "seconds": round(secs, 3),
          "mb_per_s": round(total / secs / MB, 1)}
-    print(f"  {r['pass']:<28} {'':>8}           {r['mb_per_s']:>8} MB/s {secs:6.1f} s", flush=True)
+    print(f"  {'ceiling: 16 MiB reads':<28} {'':>8}           {r['mb_per_s']:>8} MB/s {secs:6.1f} s", flush=True)
     return r
 
 
@@ -151,6 +151,7 @@ def main() -> None:
     ap.add_argument("--files", type=int, default=100_000)
     ap.add_argument("--workers", type=int, default=4)
     ap.add_argument("--batch", type=int, default=64)
+    ap.add_argument("--rounds", type=int, default=3, help="Every pass this often, in rotating order; medians.")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "data.json")
     args = ap.parse_args()
 
@@ -199,19 +200,35 @@ def main() -> None:
         return lambda: DataLoader(ds, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(1))
                                   if shuffle else None, **dl)
 
-    print(f"passes ({W} workers, batch {B}, cold cache):", flush=True)
-    results = {"ceiling": ceiling(shards)}
-    keys = {}
-    for name, make, paths in [
+    passes = [
+        ("ceiling", None, shards),
         ("hpcml shards, sequential", hpcml_loader(False), shards),
         ("hpcml shards, shuffled", hpcml_loader(True), shards),
         ("webdataset, sequential", wds_loader(False), shards),
         ("webdataset, shuffled", wds_loader(True), shards),
         ("loose files, directory order", loose_loader(False), loose),
         ("loose files, shuffled", loose_loader(True), loose),
-    ]:
-        results[name], keys[name] = run_pass(name, make, paths)
-        assert results[name]["samples"] == args.files, f"{name}: {results[name]['samples']} samples"
+    ]
+    runs: dict[str, list[dict]] = {name: [] for name, _m, _p in passes}
+    keys = {}
+    for rnd in range(args.rounds):
+        print(f"round {rnd + 1} of {args.rounds} ({W} workers, batch {B}, cold cache):", flush=True)
+        for name, make, paths in passes[rnd % len(passes):] + passes[:rnd % len(passes)]:
+            if make is None:
+                runs[name].append(ceiling(shards))
+                continue
+            r, k = run_pass(name, make, paths)
+            assert r["samples"] == args.files, f"{name}: {r['samples']} samples"
+            runs[name].append(r)
+            keys.setdefault(name, k)
+    results = {}
+    for name, rs in runs.items():
+        mid = sorted(rs, key=lambda r: r["mb_per_s"])[len(rs) // 2]
+        results[name] = {**mid, "mb_per_s_all": [r["mb_per_s"] for r in rs],
+                         "peak_rss_mb_max": max(r.get("peak_rss_mb", 0) for r in rs)}
+    print("medians:")
+    for name, r in results.items():
+        print(f"  {name:<30} {r['mb_per_s']:>8} MB/s  (all: {', '.join(map(str, r['mb_per_s_all']))})")
 
     packed_keys = [k for s in m.shards for k in load_index(dst / s.index).keys]
     pos = {k: i for i, k in enumerate(packed_keys)}
@@ -239,7 +256,7 @@ def main() -> None:
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "files": args.files, "bytes": m.bytes, "shards": len(m.shards),
-        "workers": W, "batch": B, "pack_seconds": round(pack_s, 1), "passes": results,
+        "workers": W, "batch": B, "rounds": args.rounds, "pack_seconds": round(pack_s, 1), "passes": results,
         "quality": q, "ratios": {k: round(v, 3) for k, v in ratios.items()},
         "webdataset": wds.__version__ if hasattr(wds, "__version__") else "?", "python": sys.version.split()[0],
     }, indent=2))

@@ -70,9 +70,13 @@ def load_index(path: Path) -> ShardIndex:
 def header_problem(buf: bytes | memoryview, pos: int, size: int) -> str | None:
     """Why the 512-byte tar header at ``buf[pos:]`` does not announce ``size`` bytes, or None.
 
-    Checks the ustar magic, the header checksum and the size field: enough to catch a
-    truncated, overwritten or misaligned shard without reading anything extra.
+    Checks the ustar magic and the size field (and, when those differ from what the packer
+    writes, the header checksum for a precise message): enough to catch a truncated,
+    overwritten or misaligned shard without reading anything extra. The fast path costs
+    a sample well under a microsecond.
     """
+    if buf[pos + 257:pos + 262] == b"ustar" and buf[pos + 124:pos + 136] == b"%011o\0" % size:
+        return None
     hdr = bytes(buf[pos:pos + BLOCK])
     if len(hdr) < BLOCK:
         return "truncated header"

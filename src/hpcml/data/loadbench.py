@@ -21,16 +21,16 @@ from __future__ import annotations
 import multiprocessing
 import os
 import queue as queue_mod
-import re
 import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Callable, Iterable, Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
+from hpcml.data.pagecache import Mount, backing_files, drop_caches, evict, mount_of
 from hpcml.errors import HpcmlError, UsageError
 
 KINDS = ("shards", "files")
@@ -52,61 +52,6 @@ class WorkerError(HpcmlError):
 
 # -- the target -------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Mount:
-    point: str
-    device: str
-    fstype: str
-
-
-def _unescape(s: str) -> str:
-    return re.sub(r"\\([0-7]{3})", lambda m: chr(int(m.group(1), 8)), s)
-
-
-def mount_of(path: str | os.PathLike, mounts: str = "/proc/self/mounts") -> Mount:
-    """The mount holding ``path`` (the longest mount point above it), for the label."""
-    real, best = os.path.realpath(path), Mount("/", "?", "unknown")
-    try:
-        lines = Path(mounts).read_text().splitlines()
-    except OSError:
-        return best
-    for line in lines:
-        parts = line.split()
-        if len(parts) < 3:
-            continue
-        point = _unescape(parts[1])
-        inside = real == point or real.startswith(point.rstrip("/") + "/")
-        if inside and len(point) >= len(best.point):
-            best = Mount(point, _unescape(parts[0]), parts[2])
-    return best
-
-
-def _backing(m: Mount) -> list[str]:
-    """Caches below a squashfs mount that evicting its files leaves warm: the loop device
-    and its image (kernel mount), or the image squashfuse was started on."""
-    out: list[str] = []
-    if m.device.startswith("/dev/loop"):
-        out.append(m.device)
-        try:
-            out.append(Path(f"/sys/block/{Path(m.device).name}/loop/backing_file").read_text().strip())
-        except OSError:
-            pass
-    elif m.fstype.startswith("fuse") and "squash" in m.fstype + m.device:
-        for cmd in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                argv = [a for a in cmd.read_bytes().decode(errors="replace").split("\0") if a]
-            except OSError:
-                continue
-            if len(argv) < 3 or "squashfuse" not in Path(argv[0]).name:
-                continue
-            cwd = Path(f"/proc/{cmd.parent.name}/cwd")
-            real = [os.path.realpath(cwd / a) for a in argv]
-            if m.point in real[2:]:
-                out.append(real[real.index(m.point, 2) - 1])
-                break
-    return out
-
-
 @dataclass
 class Target:
     path: Path
@@ -116,7 +61,7 @@ class Target:
     bytes: int                        # on disk: file sizes, or shard sizes for a shard set
     files: list[tuple[str, int]]      # files: every sample's file; shards: the shard tars
     cache_files: list[str] = field(default_factory=list)   # evicted before each pass
-    backing: list[str] = field(default_factory=list)       # below a squashfs mount: see _backing
+    backing: list[str] = field(default_factory=list)       # below a squashfs mount: see pagecache.backing_files
     skipped: int = 0                  # files: entries that could not be listed
 
 
@@ -135,7 +80,7 @@ def open_target(path: str | os.PathLike, kind: str | None = None) -> Target:
     if kind not in KINDS:
         raise UsageError(f"unknown kind {kind!r}: auto, shards or files", key="kind")
     mount = mount_of(p)
-    backing = _backing(mount)
+    backing = backing_files(mount)
     if kind == "shards":
         from hpcml.data.manifest import load_manifest
         m = load_manifest(p)
@@ -155,44 +100,6 @@ def open_target(path: str | os.PathLike, kind: str | None = None) -> Target:
 
 
 # -- the page cache -----------------------------------------------------------------------
-
-def _evict_some(paths: Sequence[str]) -> int:
-    n = 0
-    for p in paths:
-        try:
-            fd = os.open(p, os.O_RDONLY)
-        except OSError:
-            continue
-        try:
-            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-            n += 1
-        except OSError:
-            pass
-        finally:
-            os.close(fd)
-    return n
-
-
-def evict(paths: Iterable[str], threads: int = 8) -> int:
-    """Drop these files' pages from the page cache (no root needed); returns how many.
-
-    Threads because on a parallel filesystem each open is a metadata round trip.
-    """
-    paths = list(paths)
-    step = max(1, min(1000, -(-len(paths) // threads)))
-    with ThreadPoolExecutor(max_workers=threads) as pool:
-        return sum(pool.map(_evict_some, [paths[i:i + step] for i in range(0, len(paths), step)]))
-
-
-def drop_caches() -> None:
-    """The kernel's whole page cache, dentries and inodes (root only)."""
-    os.sync()
-    try:
-        Path("/proc/sys/vm/drop_caches").write_text("3\n")
-    except OSError as exc:
-        raise UsageError(f"cannot drop caches: {exc.strerror} (needs root)",
-                         file="/proc/sys/vm/drop_caches") from None
-
 
 def make_cold(target: Target, cache: str = "cold") -> None:
     if cache == "drop":
