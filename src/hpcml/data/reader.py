@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import sys
+import threading
 import warnings
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
@@ -59,6 +60,8 @@ class _Shards:
         self.fds: OrderedDict[int, int] = OrderedDict()
         self.indexes: OrderedDict[int, ShardIndex] = OrderedDict()
         self.reads = self.read_bytes = 0
+        self.free: list[bytearray] = []
+        self.lock = threading.Lock()
 
     def path(self, s: int) -> Path:
         return self.root / self.names[s]
@@ -88,14 +91,28 @@ class _Shards:
             start = int(idx.starts[lo])
             os.posix_fadvise(self.fd(s), start, int(idx.ends[hi - 1]) - start, os.POSIX_FADV_WILLNEED)
 
-    def read(self, piece: order.Piece) -> tuple[int, bytes]:
+    def read(self, piece: order.Piece) -> tuple[int, memoryview, bytearray]:
+        """One block into a reused buffer: a fresh 4 MiB ``bytes`` per read costs the kernel
+        a page fault per 4 KiB, which doubled the system time of a cold pass."""
         s, lo, hi = piece
         idx = self.index(s)
         start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
-        data = os.pread(self.fd(s), end - start, start)
+        buf = self._take(end - start)
+        got = os.preadv(self.fd(s), [memoryview(buf)[:end - start]], start)
         self.reads += 1
-        self.read_bytes += len(data)
-        return start, data
+        self.read_bytes += got
+        return start, memoryview(buf)[:got], buf
+
+    def _take(self, n: int) -> bytearray:
+        with self.lock:
+            for i, b in enumerate(self.free):
+                if len(b) >= n:
+                    return self.free.pop(i)
+        return bytearray(-(-n // (1 << 20)) << 20)
+
+    def give(self, bufs: list[bytearray]) -> None:
+        with self.lock:
+            self.free.extend(bufs)
 
     def close(self) -> None:
         for fd in self.fds.values():
@@ -222,6 +239,7 @@ class ShardDataset:
                 shards.advise(nxt)
                 pending = [pool.submit(shards.read, p) for p in nxt]
                 yield from self._window_samples(shards, win, bufs, skip)
+                shards.give([b for _start, _view, b in bufs])
                 skip = 0
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
@@ -233,7 +251,7 @@ class ShardDataset:
         counts = np.array([hi - lo for _s, lo, hi in win.pieces])
         first = np.concatenate(([0], np.cumsum(counts)[:-1]))
         which = np.repeat(np.arange(len(counts)), counts)
-        sources = [(s, lo, shards.index(s), start, buf) for (s, lo, _hi), (start, buf) in zip(win.pieces, bufs)]
+        sources = [(s, lo, shards.index(s), start, view) for (s, lo, _hi), (start, view, _b) in zip(win.pieces, bufs)]
         decode = self.decode
         for j in win.order[skip:].tolist():
             p = which[j]
@@ -249,7 +267,7 @@ class ShardDataset:
                 if problem:
                     out = self._corrupt(shards.path(s), doff - BLOCK, f"{problem} (sample {idx.keys[i]!r})")
                     break
-                out[ext] = buf[rel:rel + size]
+                out[ext] = bytes(buf[rel:rel + size])
             if out is not None:
                 yield decode(out) if decode else out
 
