@@ -1,7 +1,7 @@
 """hpcml's shard reader vs loose small files and the webdataset library, one run, cold cache.
 
     python benchmarks/bench_data.py                     # 100,000 files of 4-100 KB (about 5.2 GB)
-    python benchmarks/bench_data.py --files 20000 --workers 2
+    python benchmarks/bench_data.py --files 20000 --workers 1,2,4 --rounds 1
 
 Every loader runs in torch's DataLoader with the same workers and batch size and no
 decoding; each worker sums sample bytes, so only counts cross the process boundary:
@@ -139,7 +139,7 @@ def ceiling(shards: list[Path]) -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--files", type=int, default=100_000)
-    ap.add_argument("--workers", type=int, default=4)
+    ap.add_argument("--workers", default="1,2", help="Loader worker counts, comma-separated.")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="Every pass this often, in rotating order; medians.")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "data.json")
@@ -168,42 +168,44 @@ def main() -> None:
     loose = [src / f for f in files]
     print(f"packed into {len(shards)} shards of ~256 MB in {pack_s:.1f} s "
           f"({packed.written} written, {packed.reused} kept from an earlier run)", flush=True)
-    W, B = args.workers, args.batch
-    dl = {"batch_size": B, "num_workers": W, "collate_fn": count_batch}
+    B = args.batch
+    counts = [int(w) for w in args.workers.split(",")]
 
-    def hpcml_loader(shuffle: bool):
+    def hpcml_loader(shuffle: bool, W: int):
         return lambda: ShardLoader(ShardDataset(dst, shuffle=shuffle, seed=1, rank=0, world_size=1),
                                    batch_size=B, num_workers=W, collate_fn=count_batch)
 
-    def wds_loader(shuffle: bool):
+    def wds_loader(shuffle: bool, W: int):
         def make():
             urls = [str(p) for p in shards]
             ds = wds.WebDataset(urls, shardshuffle=100 if shuffle else False, seed=1,
                                 nodesplitter=None, empty_check=False)
             if shuffle:
                 ds = ds.shuffle(1000)
-            return DataLoader(ds, **dl)
+            return DataLoader(ds, batch_size=B, num_workers=W, collate_fn=count_batch)
         return make
 
-    def loose_loader(shuffle: bool):
+    def loose_loader(shuffle: bool, W: int):
         ds = LooseFiles(files, src)
         return lambda: DataLoader(ds, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(1))
-                                  if shuffle else None, **dl)
+                                  if shuffle else None, batch_size=B, num_workers=W, collate_fn=count_batch)
 
-    passes = [
-        ("ceiling", None, shards),
-        ("hpcml shards, sequential", hpcml_loader(False), shards),
-        ("hpcml shards, shuffled", hpcml_loader(True), shards),
-        ("webdataset, sequential", wds_loader(False), shards),
-        ("webdataset, shuffled", wds_loader(True), shards),
-        ("loose files, directory order", loose_loader(False), loose),
-        ("loose files, shuffled", loose_loader(True), loose),
-    ]
+    passes = [("ceiling", None, shards)]
+    for W in counts:
+        passes += [
+            (f"hpcml shards, sequential, {W}w", hpcml_loader(False, W), shards),
+            (f"hpcml shards, shuffled, {W}w", hpcml_loader(True, W), shards),
+            (f"webdataset, sequential, {W}w", wds_loader(False, W), shards),
+            (f"webdataset, shuffled, {W}w", wds_loader(True, W), shards),
+            (f"loose files, directory order, {W}w", loose_loader(False, W), loose),
+            (f"loose files, shuffled, {W}w", loose_loader(True, W), loose),
+        ]
     runs: dict[str, list[dict]] = {name: [] for name, _m, _p in passes}
     keys = {}
     for rnd in range(args.rounds):
-        print(f"round {rnd + 1} of {args.rounds} ({W} workers, batch {B}, cold cache):", flush=True)
-        for name, make, paths in passes[rnd % len(passes):] + passes[:rnd % len(passes)]:
+        print(f"round {rnd + 1} of {args.rounds} (batch {B}, cold cache):", flush=True)
+        shift = rnd * len(passes) // args.rounds
+        for name, make, paths in passes[shift:] + passes[:shift]:
             if make is None:
                 runs[name].append(ceiling(shards))
                 continue
@@ -218,36 +220,41 @@ def main() -> None:
                          "peak_rss_mb_max": max(r.get("peak_rss_mb", 0) for r in rs)}
     print("medians:")
     for name, r in results.items():
-        print(f"  {name:<30} {r['mb_per_s']:>8} MB/s  (all: {', '.join(map(str, r['mb_per_s_all']))})")
+        print(f"  {name:<36} {r['mb_per_s']:>8} MB/s  (all: {', '.join(map(str, r['mb_per_s_all']))})")
 
     packed_keys = [k for s in m.shards for k in load_index(dst / s.index).keys]
     pos = {k: i for i, k in enumerate(packed_keys)}
     shard_of = np.repeat(np.arange(len(m.shards)), [s.samples for s in m.shards])
-    q = {name: quality.measure(np.array([pos[k] for k in keys[name]]), shard_of, B)
+    W0 = counts[-1]
+    q = {name: quality.measure(np.array([pos[k] for k in keys[f"{name}, {W0}w"]]), shard_of, B)
          for name in ("hpcml shards, shuffled", "webdataset, shuffled", "loose files, shuffled")}
     q["uniform permutation"] = quality.uniform(shard_of, len(packed_keys), B)
-    print(f"shuffle quality (batch {B}, {len(m.shards)} shards):")
+    print(f"shuffle quality ({W0} workers, batch {B}, {len(m.shards)} shards):")
     for name, v in q.items():
         print(f"  {name:<28} same shard as previous {v['adjacent_same_shard']:.3f}  "
               f"shards per batch {v['batch_shards']:5.1f}  rank correlation {v['rank_correlation']:+.3f}")
 
     mbs = {k: v["mb_per_s"] for k, v in results.items()}
-    ratios = {
-        "hpcml shuffled / hpcml sequential": mbs["hpcml shards, shuffled"] / mbs["hpcml shards, sequential"],
-        "hpcml shuffled / loose files shuffled": mbs["hpcml shards, shuffled"] / mbs["loose files, shuffled"],
-        "hpcml shuffled / webdataset shuffled": mbs["hpcml shards, shuffled"] / mbs["webdataset, shuffled"],
-        "hpcml sequential / webdataset sequential": mbs["hpcml shards, sequential"] / mbs["webdataset, sequential"],
-        "hpcml shuffled / ceiling": mbs["hpcml shards, shuffled"] / mbs["ceiling"],
-        "loose files shuffled / ceiling": mbs["loose files, shuffled"] / mbs["ceiling"],
-    }
+    ratios = {}
     print("ratios (MB/s):")
-    for k, v in ratios.items():
-        print(f"  {k:<44} {v:5.2f}")
+    for W in counts:
+        def r(a: str, b: str) -> float:
+            return mbs[a if a == "ceiling" else f"{a}, {W}w"] / mbs[b if b == "ceiling" else f"{b}, {W}w"]
+        ratios[f"{W} workers"] = mine = {
+            "hpcml shuffled / hpcml sequential": r("hpcml shards, shuffled", "hpcml shards, sequential"),
+            "hpcml shuffled / ceiling": r("hpcml shards, shuffled", "ceiling"),
+            "hpcml shuffled / loose files shuffled": r("hpcml shards, shuffled", "loose files, shuffled"),
+            "hpcml shuffled / webdataset shuffled": r("hpcml shards, shuffled", "webdataset, shuffled"),
+            "hpcml sequential / webdataset sequential": r("hpcml shards, sequential", "webdataset, sequential"),
+            "loose files shuffled / ceiling": r("loose files, shuffled", "ceiling"),
+        }
+        for k, v in mine.items():
+            print(f"  {W} workers: {k:<44} {v:5.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "files": args.files, "bytes": m.bytes, "shards": len(m.shards),
-        "workers": W, "batch": B, "rounds": args.rounds, "pack_seconds": round(pack_s, 1), "passes": results,
-        "quality": q, "ratios": {k: round(v, 3) for k, v in ratios.items()},
+        "workers": counts, "batch": B, "rounds": args.rounds, "pack_seconds": round(pack_s, 1), "passes": results,
+        "quality": q, "ratios": {w: {k: round(v, 3) for k, v in rs.items()} for w, rs in ratios.items()},
         "webdataset": wds.__version__ if hasattr(wds, "__version__") else "?", "python": sys.version.split()[0],
     }, indent=2))
     print(f"written {args.out}")

@@ -131,7 +131,7 @@ class ShardDataset:
     def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None,
                  block_bytes: int = 4 << 20, window: int = 32, drop_last: bool = True,
-                 read_threads: int = 4, on_corrupt: str = "raise",
+                 read_threads: int = 8, on_corrupt: str = "raise",
                  decode: Callable[[dict], Any] | None = None) -> None:
         if on_corrupt not in ("raise", "skip"):
             raise ValueError("on_corrupt must be 'raise' or 'skip'")
@@ -231,12 +231,16 @@ class ShardDataset:
                          [s.index for s in self.manifest.shards])
         pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads))
         try:
-            shards.advise(windows[0].pieces)
+            # Hints run two windows ahead, reads one: the kernel's queue never drains
+            # at a window's end (that tail cost a tenth of the throughput).
+            for w in windows[:2]:
+                shards.advise(w.pieces)
             pending = [pool.submit(shards.read, p) for p in windows[0].pieces]
             for i, win in enumerate(windows):
                 bufs = [f.result() for f in pending]
                 nxt = windows[i + 1].pieces if i + 1 < len(windows) else []
-                shards.advise(nxt)
+                if i + 2 < len(windows):
+                    shards.advise(windows[i + 2].pieces)
                 pending = [pool.submit(shards.read, p) for p in nxt]
                 yield from self._window_samples(shards, win, bufs, skip)
                 shards.give([b for _start, _view, b in bufs])
