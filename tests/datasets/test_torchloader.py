@@ -82,7 +82,8 @@ def test_next_epoch_reshuffles(shards):
     assert one != two and sorted(sum(one, [])) == sorted(sum(two, []))
 
 
-def test_persistent_workers_are_refused(shards):
+@pytest.mark.parametrize("kw,match", [({"persistent_workers": True}, "persistent"), ({"in_order": False}, "order")])
+def test_options_that_break_the_order_are_refused(shards, kw, match):
     ds = ShardDataset(shards, rank=0, world_size=1)
-    with pytest.raises(ValueError, match="persistent"):
-        ShardLoader(ds, batch_size=4, num_workers=2, persistent_workers=True)
+    with pytest.raises(ValueError, match=match):
+        ShardLoader(ds, batch_size=4, num_workers=2, **kw)

@@ -42,12 +42,15 @@ class ShardLoader:
             for batch in loader: ...                  # ckpt["data"] = loader.state_dict()
 
     Every rank yields ``len(loader)`` batches. Extra keyword arguments go to DataLoader;
-    ``persistent_workers`` is refused because workers would keep the previous epoch's plan.
+    ``persistent_workers`` (workers would keep the previous epoch's plan) and
+    ``in_order=False`` (batches out of order, so no exact resume) are refused.
     """
 
     def __init__(self, ds: ShardDataset, batch_size: int, num_workers: int = 0, **kwargs: Any) -> None:
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers=True would keep the previous epoch's order")
+        if kwargs.get("in_order") is False:
+            raise ValueError("in_order=False delivers batches out of the planned order: no exact resume")
         self.ds, self.batch_size, self.num_workers = ds, batch_size, num_workers
         self.kwargs = kwargs
 
