@@ -129,17 +129,19 @@ def _with_progress(run_bench, target: Path, kw: dict):
 
 def _render(r) -> None:
     from rich.console import Console
+    from rich import box
     from rich.table import Table
     what = "shard set" if r.kind == "shards" else "files"
-    t = Table(title=f"{r.target}: {what} on {r.mount.fstype}, {r.samples:,} samples, {fmt_bytes(r.bytes)}",
+    t = Table(box=box.SIMPLE_HEAD, title=f"{r.target}: {what} on {r.mount.fstype}, {r.samples:,} samples, {fmt_bytes(r.bytes)} "
+                    f"({r.passes[0].samples:,} per pass)" if r.passes else str(r.target),
               caption="\n".join(r.notes), caption_justify="left")
-    for col in ("kind", "order", "workers", "samples", "samples/s", "MB/s", "mean read", "reads", "% of ceiling"):
-        t.add_column(col, justify="left" if col in ("kind", "order") else "right")
+    for col in ("pass", "workers", "samples/s", "MB/s", "read size", "reads", "% ceiling"):
+        t.add_column(col, justify="left" if col == "pass" else "right", no_wrap=True)
     for p in r.passes:
         pct = f"{p.pct_of_ceiling:.0f}%" if p.pct_of_ceiling is not None else "-"
-        t.add_row(p.kind, p.order, str(p.workers), f"{p.samples:,}", f"{p.samples_per_s:,.0f}",
-                  f"{p.mb_per_s:,.1f}", fmt_bytes(p.mean_read), f"{p.reads:,}", pct)
+        t.add_row(p.order, str(p.workers), f"{p.samples_per_s:,.0f}", f"{p.mb_per_s:,.1f}",
+                  fmt_bytes(p.mean_read), f"{p.reads:,}", pct)
     c = r.ceiling
-    t.add_row("ceiling", f"sequential, {c.threads} threads", "", "", "", f"{c.mb_per_s:,.1f}",
+    t.add_row("ceiling", f"{c.threads} thr.", "", f"{c.mb_per_s:,.1f}",
               fmt_bytes(c.bytes / c.reads if c.reads else 0), f"{c.reads:,}", "100%", style="bold")
     Console().print(t)
