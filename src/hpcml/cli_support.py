@@ -49,7 +49,7 @@ def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> P
     return out
 
 
-def parse_size(value: str | None, option: str) -> int | None:
+def parse_size(value: str | None, option: str, minimum: int = 1) -> int | None:
     """A size option (``256 MB``, ``1 GiB``, bytes) as bytes; a bad one is exit 2 naming it."""
     from hpcml.errors import UsageError
     from hpcml.vet.units import parse_bytes
@@ -59,8 +59,9 @@ def parse_size(value: str | None, option: str) -> int | None:
         n = int(parse_bytes(value))
     except ValueError as exc:
         raise UsageError(str(exc), key=option) from None
-    if n <= 0:
-        raise UsageError(f"must be positive, found {value!r}", key=option)
+    if n < minimum:
+        what = "positive" if minimum == 1 else f"at least {minimum}"
+        raise UsageError(f"expected a {what} size, found {value!r}", key=option)
     return n
 
 

@@ -7,24 +7,11 @@ from pathlib import Path
 
 import typer
 
-from hpcml.cli_support import fail, show
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import fail, parse_size, show
+from hpcml.errors import HpcmlError
 
 SHOWN_UNREADABLE = 20
 SHOWN_UNGROUPABLE = 10
-
-
-def _size(value: str | None, key: str) -> int | None:
-    if value is None:
-        return None
-    from hpcml.vet.units import parse_bytes
-    try:
-        n = parse_bytes(value)
-    except ValueError as exc:
-        raise UsageError(str(exc), key=key) from None
-    if n < 0:
-        raise UsageError(f"expected a non-negative size, found {value!r}", key=key)
-    return int(n)
 
 
 def doctor(
@@ -55,10 +42,10 @@ def doctor(
     """
     from hpcml.data.doctor import detect_resources, diagnose
     try:
-        res = detect_resources(ram_free=_size(ram, "--ram"),
+        res = detect_resources(ram_free=parse_size(ram, "--ram", minimum=0),
                                local_dir=str(local_disk) if local_disk else None,
-                               local_free=_size(local_free, "--local-free"), tasks=tasks)
-        rsize = _size(read_size, "--read-size")
+                               local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)
+        rsize = parse_size(read_size, "--read-size", minimum=0)
         if sys.stderr.isatty():
             from rich.console import Console
             from rich.progress import Progress, SpinnerColumn, TextColumn

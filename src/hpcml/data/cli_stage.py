@@ -11,23 +11,10 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import fail
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import fail, parse_size
+from hpcml.errors import HpcmlError
 
 COMMAND = "hpcml data stage"
-
-
-def _keep_free(value: Optional[str]) -> Optional[int]:
-    if value is None:
-        return None
-    from hpcml.vet.units import parse_bytes
-    try:
-        n = int(parse_bytes(value))
-    except ValueError as exc:
-        raise UsageError(str(exc), key="--keep-free") from None
-    if n < 0:
-        raise UsageError(f"expected a non-negative size, found {value!r}", key="--keep-free")
-    return n
 
 
 def stage(
@@ -63,7 +50,7 @@ def stage(
     from hpcml.data import stage_worker
     t0 = time.monotonic()
     try:
-        keep = _keep_free(keep_free)
+        keep = parse_size(keep_free, "--keep-free", minimum=0)
         alloc = current()
         if not local and alloc.under_slurm and alloc.step_id is None:
             out = _on_nodes(src, to, list(alloc.nodes), threads, verify, keep, not as_json)
