@@ -1,35 +1,29 @@
-"""The ``hpcml`` command: mounts each component's sub-app; no logic of its own."""
+"""The ``hpcml`` command's entry point.
+
+Light on purpose: ``hpcml env run`` sits in front of every container start (once per
+task under srun), so it takes a path that imports no CLI framework; every other command
+goes to the Typer app in ``hpcml.cli_app``.
+"""
 
 from __future__ import annotations
 
 import sys
 
-import typer
 
-from hpcml import __version__
-from hpcml.data.cli import app as data_app
-from hpcml.errors import HpcmlError
-from hpcml.observe.cli import app as observe_app
-from hpcml.scan.cli import app as scan_app
-from hpcml.score.cli import app as score_app
-from hpcml.vet.cli import app as vet_app
-
-app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
-                  no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
-app.add_typer(vet_app, name="vet")
-app.add_typer(scan_app, name="scan")
-app.add_typer(observe_app, name="observe")
-app.add_typer(score_app, name="score")
-app.add_typer(data_app, name="data")
-
-
-@app.command()
-def version() -> None:
-    """Print hpcml's version."""
-    print(__version__)
+def __getattr__(name: str):
+    if name == "app":                      # ``from hpcml.cli import app`` (tests, plugins)
+        from hpcml.cli_app import app
+        return app
+    raise AttributeError(name)
 
 
 def main() -> None:
+    from hpcml.errors import HpcmlError
+    argv = sys.argv[1:]
+    if argv[:2] == ["env", "run"] and not {"--help", "-h"} & set(argv[2:argv.index("--") if "--" in argv else None]):
+        from hpcml.env.fastrun import main as run_main
+        sys.exit(run_main(argv[2:]))
+    from hpcml.cli_app import app
     try:
         app(standalone_mode=True)
     except HpcmlError as exc:

@@ -1,0 +1,26 @@
+"""The ``hpcml`` command's Typer app: mounts each component's sub-app; no logic of its own."""
+
+from __future__ import annotations
+
+import typer
+
+from hpcml import __version__
+from hpcml.data.cli import app as data_app
+from hpcml.observe.cli import app as observe_app
+from hpcml.scan.cli import app as scan_app
+from hpcml.score.cli import app as score_app
+from hpcml.vet.cli import app as vet_app
+
+app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
+                  no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
+app.add_typer(vet_app, name="vet")
+app.add_typer(scan_app, name="scan")
+app.add_typer(observe_app, name="observe")
+app.add_typer(score_app, name="score")
+app.add_typer(data_app, name="data")
+
+
+@app.command()
+def version() -> None:
+    """Print hpcml's version."""
+    print(__version__)
