@@ -6,6 +6,7 @@ import typer
 
 from hpcml import __version__
 from hpcml.data.cli import app as data_app
+from hpcml.env.cli import app as env_app
 from hpcml.observe.cli import app as observe_app
 from hpcml.scan.cli import app as scan_app
 from hpcml.score.cli import app as score_app
@@ -18,6 +19,7 @@ app.add_typer(scan_app, name="scan")
 app.add_typer(observe_app, name="observe")
 app.add_typer(score_app, name="score")
 app.add_typer(data_app, name="data")
+app.add_typer(env_app, name="env")
 
 
 @app.command()

@@ -13,3 +13,20 @@ def write_atomic(path: str | os.PathLike, text: str) -> None:
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     tmp.write_text(text, encoding="utf-8")
     os.replace(tmp, path)
+
+
+def yaml_error(exc: Exception, source: str):
+    """A PyYAML error as the one-line UsageError every config file gives (file, line)."""
+    from hpcml.errors import UsageError
+    mark = getattr(exc, "problem_mark", None)
+    problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
+    return UsageError(f"not valid YAML: {problem}", file=source, line=mark.line + 1 if mark else None)
+
+
+def load_yaml(text: str, source: str):
+    """``yaml.safe_load`` whose syntax errors are one-line UsageErrors naming ``source``."""
+    import yaml
+    try:
+        return yaml.safe_load(text)
+    except yaml.YAMLError as exc:
+        raise yaml_error(exc, source) from None

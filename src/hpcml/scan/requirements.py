@@ -22,6 +22,7 @@ import json
 import os
 import re
 import shlex
+
 try:
     import tomllib
 except ImportError:  # Python 3.10
@@ -33,11 +34,15 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import SplitResult, urlsplit
 
-import yaml
 from packaging.requirements import InvalidRequirement, Requirement
-from packaging.utils import canonicalize_name, parse_sdist_filename, parse_wheel_filename
+from packaging.utils import (
+    canonicalize_name,
+    parse_sdist_filename,
+    parse_wheel_filename,
+)
 
 from hpcml.errors import UsageError
+from hpcml.files import load_yaml
 
 PYPI = "https://pypi.org/simple"
 # Anyone can upload to these, so a name served from them is public.
@@ -135,12 +140,7 @@ def load_squat_list(text: str | None = None, *, source: str = "squats.yaml") -> 
             text = resources.files("hpcml.scan").joinpath("data").joinpath("squats.yaml").read_text("utf-8")
         except OSError as exc:
             raise UsageError(f"cannot read the bundled list: {exc.strerror or exc}", file=source) from None
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', None) or exc}", file=source,
-                         line=mark.line + 1 if mark else None) from None
+    data = load_yaml(text, source)
     if not isinstance(data, dict) or set(data) - {"squats", "protected", "allowed"}:
         raise UsageError("expected a mapping with keys squats, protected and optionally allowed", file=source)
 

@@ -17,6 +17,7 @@ import yaml
 from pydantic import ValidationError
 
 from hpcml.errors import UsageError
+from hpcml.files import yaml_error
 from hpcml.vet import registry, vetnode_compat
 from hpcml.vet.units import parse_fraction, parse_seconds
 
@@ -197,10 +198,7 @@ def loads(text: str, source: str = "<protocol>") -> Protocol:
         node = yaml.compose(text, Loader=yaml.SafeLoader)
         data = yaml.safe_load(text)
     except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
-        raise UsageError(f"not valid YAML: {problem}", file=source,
-                         line=mark.line + 1 if mark else None) from None
+        raise yaml_error(exc, source) from None
     ld = _Loader(source, _line_map(node) if node is not None else {})
     if not isinstance(data, dict):
         raise ld.error((), "expected a mapping with 'name' and 'evals' at the top")

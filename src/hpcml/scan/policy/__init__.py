@@ -12,10 +12,10 @@ import importlib.resources
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import yaml
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hpcml.errors import UsageError
+from hpcml.files import load_yaml
 from hpcml.scan.model import Verdict
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
@@ -97,12 +97,7 @@ class Policy:
 
 
 def _load_file(path: Path | str, text: str) -> PolicyFile:
-    try:
-        data = yaml.safe_load(text) or {}
-    except yaml.YAMLError as exc:
-        mark = getattr(exc, "problem_mark", None)
-        raise UsageError(f"not valid YAML: {getattr(exc, 'problem', exc)}", file=str(path),
-                         line=mark.line + 1 if mark else None) from None
+    data = load_yaml(text, str(path)) or {}
     if not isinstance(data, dict):
         raise UsageError("a policy file must be a mapping with keys safe, dangerous, block_unknown",
                          file=str(path))

@@ -1,0 +1,85 @@
+"""``hpcml env show`` and ``hpcml env validate``: resolve an EDF and print it, or only check it.
+
+Command functions only; ``hpcml.cli`` registers them on the ``env`` group.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import typer
+
+from hpcml.cli_support import fail
+from hpcml.errors import HpcmlError
+
+
+def _rows(resolved) -> list[tuple[str, str, str]]:
+    """(key, value, origin) for every value, defaults included so nothing is hidden."""
+    e = resolved.env
+    origin = e.origin
+
+    def row(key: str, value: str) -> tuple[str, str, str]:
+        return key, value, origin.get(key, "(default)")
+
+    rows = [row("image", e.image or "(none)"), row("workdir", e.workdir or "(image's)"),
+            row("entrypoint", str(e.entrypoint).lower()), row("writable", str(e.writable).lower())]
+    rows += [row(f"mounts[{i}]", m.spec()) for i, m in enumerate(e.mounts)]
+    rows += [row(f"devices[{i}]", d) for i, d in enumerate(e.devices)]
+    rows += [row(f"env.{k}", "(unset)" if v is None else v) for k, v in e.env.items()]
+    rows += [row(f"annotations.{k}", v) for k, v in e.annotations.items()]
+    return rows
+
+
+def _resolve(command: str, edf: str, require_image: bool):
+    from hpcml.env.edf import load
+    try:
+        resolved = load(edf, require_image=require_image)
+    except HpcmlError as exc:
+        fail(command, exc)
+    for warning in resolved.warnings:
+        print(f"{command}: warning: {warning}", file=sys.stderr)
+    return resolved
+
+
+def show(
+    edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON object instead of the table."),
+) -> None:
+    """Resolve an EDF (base environments, variables, ./ paths) and show each value with the file it came from.
+
+        hpcml env show pytorch              # ~/.edf/pytorch.toml or on EDF_PATH
+        hpcml env show ./my.toml --json     # for a script
+
+    An EDF without an image (a base meant for inheriting) is shown; "hpcml env validate" requires one.
+
+    Exit codes: 0 shown, 2 bad EDF (one line naming file, key and line).
+    """
+    resolved = _resolve("hpcml env show", edf, require_image=False)
+    if as_json:
+        print(json.dumps(resolved.to_json(), indent=2))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    from rich.text import Text
+    table = Table(title=str(resolved.env.file),
+                  caption="chain: " + " -> ".join(str(p) for p in resolved.env.chain))
+    for name in ("key", "value", "from"):
+        table.add_column(name, overflow="fold")
+    for key, value, origin in _rows(resolved):
+        table.add_row(Text(key), Text(value), Text(origin))
+    Console().print(table)
+
+
+def validate(
+    edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
+) -> None:
+    """Check an EDF and its base environments without running anything: prints "ok" or the error.
+
+        hpcml env validate ./my.toml        # in CI, no GPU or container needed
+
+    The resolved environment must name an image. Exit codes: 0 ok, 2 bad EDF (one line
+    naming file, key and line). Warnings go to stderr.
+    """
+    _resolve("hpcml env validate", edf, require_image=True)
+    print("ok")

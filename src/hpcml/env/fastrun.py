@@ -1,0 +1,50 @@
+"""``hpcml env run`` without the CLI framework: argparse, resolve, exec the runtime.
+
+``hpcml.cli.main`` routes here before importing Typer and Rich, which would add about
+0.2 s to every container start; ``hpcml env run --help`` still goes through Typer.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from hpcml.errors import HpcmlError
+
+PROG = "hpcml env run"
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"{PROG}: error: {message} (see: hpcml env run --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+def main(argv: list[str]) -> int:
+    parser = _Parser(prog=PROG, add_help=False)
+    parser.add_argument("--runtime", "-r", default="auto")
+    parser.add_argument("--verbose", "-v", action="store_true")
+    parser.add_argument("--site")
+    parser.add_argument("edf")
+    parser.add_argument("command", nargs=argparse.REMAINDER)
+    try:
+        args = parser.parse_args(argv)
+    except SystemExit:
+        return 2
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    try:
+        from hpcml.env.resolve import resolve
+        from hpcml.env.run import run
+        env, warnings = resolve(args.edf, site=args.site)
+        for warning in warnings:
+            print(f"{PROG}: warning: {warning}", file=sys.stderr)
+        if args.verbose:
+            from hpcml.env.run import render
+            launch = render(env, command, args.runtime)
+            for note in launch.notes:
+                print(f"{PROG}: note: {note}", file=sys.stderr)
+            print("\n".join("+ " + line for line in launch.lines()), file=sys.stderr)
+        return run(env, command, runtime=args.runtime)
+    except HpcmlError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return exc.exit_code

@@ -1,0 +1,81 @@
+"""Run a command in a resolved environment: pick the runtime, render, prepare, run,
+clean up, and return the command's exit code.
+
+Under ``srun hpcml env run …`` each task runs this once, so each task gets its own
+container and its own Slurm variables (inherited by bubblewrap, charliecloud and
+enroot, forwarded by name to podman)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+from collections.abc import Mapping
+
+from hpcml.env.model import Environment
+from hpcml.env.runtimes import Launch, Runtime, auto, get, installed
+from hpcml.errors import HpcmlError, UsageError
+
+
+class RuntimeFailed(HpcmlError):
+    """A prepare step (image import, squashfuse mount) failed: the command did not run."""
+
+    exit_code = 1
+
+
+def choose(env: Environment, runtime: str = "auto", environ: Mapping[str, str] | None = None) -> Runtime:
+    """The runtime to use; ``auto`` picks an installed one, a named one must be installed."""
+    if not env.image:
+        raise UsageError("the environment has no image", key="image")
+    if runtime == "auto":
+        return auto(env.image, environ)
+    chosen = get(runtime)
+    if not chosen.available():
+        raise UsageError(f"runtime {runtime!r} is not installed here; installed: "
+                         f"{', '.join(installed()) or 'none'}", key="--runtime")
+    return chosen
+
+
+def render(env: Environment, command: list[str], runtime: str = "auto",
+           environ: Mapping[str, str] | None = None) -> Launch:
+    """The launch for a runtime by name (``auto``: an installed one); rendering for a
+    named runtime works where it is not installed."""
+    if not command:
+        raise UsageError("no command given (put it after --)")
+    chosen = choose(env, runtime, environ) if runtime == "auto" else get(runtime)
+    return chosen.render(env, command, environ=environ)
+
+
+def run(env: Environment, command: list[str], runtime: str = "auto") -> int:
+    """Run ``command`` in ``env``; the container command's exit code (128+N for signal N)."""
+    if not command:
+        raise UsageError("no command given (put it after --)")
+    launch = choose(env, runtime).render(env, command)
+    environ = dict(os.environ)
+    for key, value in launch.environ.items():
+        if value is None:
+            environ.pop(key, None)
+        else:
+            environ[key] = value
+    done: list[list[str]] = []
+    try:
+        for step in launch.prepare:
+            proc = subprocess.run(step, capture_output=True, text=True)
+            if proc.returncode != 0:
+                detail = (proc.stderr or proc.stdout).strip().splitlines()
+                raise RuntimeFailed(f"{launch.runtime}: {' '.join(step)} failed with exit code "
+                                    f"{proc.returncode}" + (f": {detail[-1]}" if detail else ""))
+            done.append(step)
+        proc = subprocess.Popen(launch.argv, env=environ)
+        try:
+            code = proc.wait()
+        except KeyboardInterrupt:
+            proc.send_signal(signal.SIGINT)
+            code = proc.wait()
+    except FileNotFoundError as exc:
+        raise RuntimeFailed(f"{launch.runtime}: cannot run {exc.filename}: not installed") from None
+    finally:
+        if done:
+            for step in launch.cleanup:
+                subprocess.run(step, capture_output=True)
+    return 128 - code if code < 0 else code

@@ -1,0 +1,153 @@
+"""What every runtime module shares: the rendered launch, the runtime interface, and the
+pieces that are the same for all of them (hpcml's venv/startup wrapper, image kinds,
+SquashFS data mounts through squashfuse).
+
+Runtimes differ in what they can express natively (podman has ``-w``, enroot has no
+working-directory option; bwrap can unset a variable, pyxis cannot). What a runtime
+cannot express goes into one ``/bin/sh -c`` wrapper inside the container, so the
+behaviour is the same everywhere; what cannot be papered over goes into ``Launch.notes``.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shlex
+import shutil
+import tempfile
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from hpcml.env.model import Environment, Mount
+
+SQUASHFS_SUFFIXES = (".sqsh", ".sqfs", ".squashfs")
+
+
+@dataclass
+class Launch:
+    """The exact launch: run ``prepare`` in order, exec ``argv`` with ``environ`` applied
+    to the caller's environment (None removes a variable), then run ``cleanup``."""
+
+    runtime: str
+    argv: list[str]
+    environ: dict[str, str | None] = field(default_factory=dict)
+    prepare: list[list[str]] = field(default_factory=list)
+    cleanup: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        """As shell lines a person could paste: prepare, exports, the launch, cleanup."""
+        out = [shlex.join(cmd) for cmd in self.prepare]
+        for key, value in self.environ.items():
+            out.append(f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}")
+        out.append(shlex.join(self.argv))
+        out += [shlex.join(cmd) for cmd in self.cleanup]
+        return out
+
+    def to_json(self) -> dict:
+        return {"runtime": self.runtime, "argv": self.argv, "environ": self.environ,
+                "prepare": self.prepare, "cleanup": self.cleanup, "notes": self.notes}
+
+
+class Runtime:
+    """One container runtime. Subclasses set ``name`` and ``executable`` and implement
+    ``render``; rendering has no side effects, so it works where the runtime is absent."""
+
+    name = ""
+    executable = ""
+
+    def available(self) -> bool:
+        return shutil.which(self.executable) is not None
+
+    def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
+               scratch: str | None = None) -> Launch:
+        raise NotImplementedError
+
+
+def image_kind(image: str) -> str:
+    """``squashfs`` (a .sqsh/.sqfs file), ``dir`` (a path: a root filesystem directory) or
+    ``ref`` (a registry reference). Decided from the name, so that rendering does not need
+    the image to exist."""
+    if image.endswith(SQUASHFS_SUFFIXES):
+        return "squashfs"
+    if image.startswith(("/", "./", "../", "~")):
+        return "dir"
+    return "ref"
+
+
+def scratch_dir(env: Environment, scratch: str | None) -> str:
+    """Where a launch keeps its mount points: per process, so that each Slurm task of
+    ``srun hpcml env run`` has its own."""
+    if scratch:
+        return scratch
+    tag = hashlib.sha1(env.image.encode()).hexdigest()[:8]
+    return os.path.join(tempfile.gettempdir(), f"hpcml-env-{os.getpid()}-{tag}")
+
+
+def container_env(env: Environment) -> dict[str, str | None]:
+    """The variables to set (None: unset) in the container: [env], plus
+    ``PYTHONNOUSERSITE=1`` unless ``com.hpcml.user_site`` is true, because ~/.local
+    packages shadowing the image's is the most common venv-in-container breakage."""
+    out = dict(env.env)
+    if not env.user_site:
+        out.setdefault("PYTHONNOUSERSITE", "1")
+    return out
+
+
+def wrap_command(env: Environment, command: list[str], *, workdir: str | None = None,
+                 unset: list[str] | tuple[str, ...] = ()) -> list[str]:
+    """The command, wrapped in ``/bin/sh -c`` when something must happen inside the
+    container first: unset variables and change directory (for runtimes that cannot),
+    run the ``com.hpcml.startup`` lines, activate ``com.hpcml.venv``. Unchanged otherwise."""
+    steps: list[str] = []
+    if unset:
+        steps.append("unset " + " ".join(shlex.quote(n) for n in unset))
+    if workdir:
+        steps.append(f"cd {shlex.quote(workdir)}")
+    steps += env.startup
+    if env.venv:
+        steps.append(f". {shlex.quote(env.venv.rstrip('/') + '/bin/activate')}")
+    if not steps:
+        return list(command)
+    script = "set -e\n" + "\n".join(steps) + '\nexec "$@"'
+    return ["/bin/sh", "-c", script, "sh", *command]
+
+
+def squashfs_mounts(env: Environment, scratch: str) -> tuple[list[Mount], list[list[str]], list[list[str]]]:
+    """EDF ``sqsh`` mounts for runtimes without them: squashfuse each file under
+    ``scratch`` and bind that directory read-only instead. Returns (mounts, prepare, cleanup)."""
+    mounts: list[Mount] = []
+    prepare: list[list[str]] = []
+    cleanup: list[list[str]] = []
+    for i, m in enumerate(env.mounts):
+        if not m.squashfs:
+            mounts.append(m)
+            continue
+        point = os.path.join(scratch, f"mount{i}")
+        prepare += [["mkdir", "-p", point], ["squashfuse", m.source, point]]
+        cleanup.insert(0, ["fusermount", "-u", point])
+        mounts.append(Mount(point, m.target, ("ro",)))
+    if prepare:
+        cleanup.append(["rm", "-rf", scratch])
+    return mounts, prepare, cleanup
+
+
+def entrypoint_note(env: Environment, runtime: str) -> list[str]:
+    return [f"entrypoint = true ignored: {runtime} does not run the image's ENTRYPOINT"] if env.entrypoint else []
+
+
+def annotations_note(env: Environment, runtime: str) -> list[str]:
+    other = sorted(k for k in env.annotations if not k.startswith("com.hpcml."))
+    return [f"annotations ignored by {runtime} (no OCI hooks): {', '.join(other)}"] if other else []
+
+
+def oci_reference(ref: str) -> str:
+    """EDF's ``[USER@][REGISTRY#]IMAGE[:TAG]`` as an OCI reference (``REGISTRY/IMAGE[:TAG]``,
+    Docker Hub when no registry, as in EDF); the user is dropped (credentials live elsewhere)."""
+    if "#" in ref:
+        registry, image = ref.split("#", 1)
+        return registry.rsplit("@", 1)[-1] + "/" + image
+    first = ref.split("/", 1)[0]
+    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+        return ref
+    return "docker.io/" + ref

@@ -1,0 +1,166 @@
+"""End to end: Environments run through real bubblewrap and podman (charliecloud too when
+installed) on a busybox root filesystem built by the suite."""
+
+from __future__ import annotations
+
+import os
+import sys
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from hpcml.env.model import STARTUP, VENV, Environment, Mount
+from hpcml.env.run import run
+from tests.env import rootfs
+
+@pytest.fixture(params=["bubblewrap", "podman", "charliecloud"])
+def runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:
+    """(runtime name, image) for each runtime under test."""
+    monkeypatch.setenv("USER", os.environ.get("USER", "root"))     # ch-run refuses to start without it
+    return request.param, request.getfixturevalue(f"{request.param}_image")
+
+
+def sh(env: Environment, runtime: str, script: str) -> int:
+    return run(env, ["/bin/sh", "-c", script], runtime)
+
+
+def test_mounts_visible_and_read_only_mount_refuses_writes(runtime, tmp_path, capfd):
+    name, image = runtime
+    rw, ro = tmp_path / "rw", tmp_path / "ro"
+    rw.mkdir()
+    ro.mkdir()
+    (ro / "f").write_text("from host\n")
+    env = Environment(image=image, mounts=[Mount(str(rw), "/data"), Mount(str(ro), "/mnt", ("ro",))])
+    code = sh(env, name, "cat /mnt/f && touch /data/new && if touch /mnt/x; then echo WROTE; fi")
+    out = capfd.readouterr().out
+    assert code == 0
+    assert "from host" in out
+    assert (rw / "new").exists()
+    if name == "charliecloud":          # ch-run has no read-only bind; render notes it
+        return
+    assert "WROTE" not in out and not (ro / "x").exists()
+
+
+def test_workdir(runtime, capfd):
+    name, image = runtime
+    assert sh(Environment(image=image, workdir="/work"), name, "pwd") == 0
+    assert capfd.readouterr().out.strip().splitlines()[-1] == "/work"
+
+
+def test_env_set_unset_and_task_variables_reach_the_container(runtime, monkeypatch, capfd):
+    name, image = runtime
+    monkeypatch.setenv("SLURM_PROCID", "3")
+    monkeypatch.setenv("SLURM_HPCML_DROP", "host")
+    env = Environment(image=image, env={"HPCML_SET": "edf value", "SLURM_HPCML_DROP": None})
+    code = sh(env, name, 'echo "set=$HPCML_SET procid=$SLURM_PROCID drop=${SLURM_HPCML_DROP-absent} '
+                         'nousersite=$PYTHONNOUSERSITE"')
+    assert code == 0
+    assert capfd.readouterr().out.strip().splitlines()[-1] == \
+        "set=edf value procid=3 drop=absent nousersite=1"
+
+
+def test_read_only_root_refuses_writes(runtime, capfd):
+    name, image = runtime
+    env = Environment(image=image, writable=False)
+    assert sh(env, name, "touch /hpcml-probe") != 0
+    assert not Path(image, "hpcml-probe").exists() if name != "podman" else True
+
+
+def test_exit_code_propagated(runtime):
+    name, image = runtime
+    assert sh(Environment(image=image), name, "exit 7") == 7
+
+
+def test_startup_and_venv_wrapper(runtime, tmp_path, capfd):
+    name, image = runtime
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "activate").write_text('export VIRTUAL_ENV=/mnt/venv\n')
+    env = Environment(image=image, mounts=[Mount(str(tmp_path), "/mnt", ("ro",))],
+                      annotations={STARTUP: "export FROM_STARTUP=yes\ncd /tmp", VENV: "/mnt/venv"})
+    assert run(env, ["/bin/sh", "-c", 'echo "$FROM_STARTUP $VIRTUAL_ENV $(pwd)"'], name) == 0
+    assert capfd.readouterr().out.strip().splitlines()[-1] == "yes /mnt/venv /tmp"
+
+
+def test_podman_edf_env_overrides_image(podman_image, capfd):
+    script = ["/bin/sh", "-c", "echo $IMAGE_VAR"]
+    assert run(Environment(image=podman_image), script, "podman") == 0
+    assert run(Environment(image=podman_image, env={"IMAGE_VAR": "from-edf"}), script, "podman") == 0
+    assert run(Environment(image=podman_image, env={"IMAGE_VAR": None}), ["/bin/sh", "-c", "echo ${IMAGE_VAR-unset}"],
+               "podman") == 0
+    assert capfd.readouterr().out.split() == ["from-image", "from-edf", "unset"]
+
+
+def test_podman_writable_root(podman_image):
+    assert run(Environment(image=podman_image, writable=True), ["/bin/sh", "-c", "touch /x"], "podman") == 0
+
+
+def test_cli_run_and_render(bubblewrap_image, tmp_path, capfd):
+    import typer
+    from typer.testing import CliRunner
+
+    from hpcml.env.cli_run import render, run as run_command
+    edf = tmp_path / "env.toml"
+    edf.write_text(f'image = "{bubblewrap_image}"\nworkdir = "/work"\n[env]\nHPCML_CLI = "yes"\n')
+    app = typer.Typer()
+    app.command("run")(run_command)
+    app.command("render")(render)
+    result = CliRunner().invoke(app, ["run", "--runtime", "bubblewrap", str(edf), "--", "sh", "-c", "exit 5"])
+    assert result.exit_code == 5, result.output
+    result = CliRunner().invoke(app, ["render", "--runtime", "bubblewrap", str(edf), "--", "pwd"])
+    assert result.exit_code == 0, result.output
+    lines = result.output.strip().splitlines()
+    assert f"bwrap --bind {bubblewrap_image} / --proc /proc --dev /dev --chdir /work --setenv HPCML_CLI yes " \
+           "--setenv PYTHONNOUSERSITE 1 --die-with-parent --unshare-pid pwd" in lines
+    assert any(line.startswith("# note: writable root filesystem directory") for line in lines)
+    result = CliRunner().invoke(app, ["run", "--runtime", "nosuch", str(edf), "--", "true"])
+    assert result.exit_code == 2
+    assert "unknown runtime 'nosuch'" in result.output
+
+
+@pytest.fixture(scope="session")
+def squashfs_image(bubblewrap_image: str, tmp_path_factory: pytest.TempPathFactory) -> str:
+    for tool, package in (("mksquashfs", "squashfs-tools"), ("squashfuse", "squashfuse"),
+                          ("fuse-overlayfs", "fuse-overlayfs")):
+        why = rootfs.ensure(tool, package)
+        if why:
+            pytest.skip(why)
+    image = tmp_path_factory.mktemp("sqsh") / "root.sqsh"
+    subprocess.run(["mksquashfs", bubblewrap_image, str(image), "-quiet", "-noappend"], check=True,
+                   capture_output=True)
+    return str(image)
+
+
+@pytest.mark.parametrize("writable", [False, True])
+def test_bubblewrap_squashfs_image_mounted_and_cleaned_up(squashfs_image, writable, tmp_path, capfd):
+    scratch = tmp_path / "scratch"
+    env = Environment(image=squashfs_image, writable=writable, workdir="/work")
+    from hpcml.env.runtimes.bubblewrap import Bubblewrap
+    launch = Bubblewrap().render(env, ["/bin/sh", "-c", "touch /written && pwd"], scratch=str(scratch))
+    code = subprocess.run(["sh", "-c", " && ".join(launch.lines()[:-len(launch.cleanup)])]).returncode
+    for step in launch.cleanup:
+        subprocess.run(step, check=True)
+    assert code == (0 if writable else 1)
+    assert not scratch.exists()
+    # and through run(), which prepares and cleans up itself
+    assert run(env, ["/bin/sh", "-c", "pwd"], "bubblewrap") == 0
+    assert capfd.readouterr().out.strip().splitlines()[-1] == "/work"
+
+
+@pytest.mark.slurm
+@pytest.mark.parametrize("name", ["bubblewrap", "podman"])
+def test_srun_one_container_per_task_with_its_slurm_variables(name, slurm_env, request, tmp_path):
+    image = request.getfixturevalue(f"{name}_image")
+    script = tmp_path / "task.py"
+    script.write_text(
+        "import sys\nfrom hpcml.env.model import Environment\nfrom hpcml.env.run import run\n"
+        f"sys.exit(run(Environment(image={image!r}), ['/bin/sh', '-c', "
+        "'echo task=$SLURM_PROCID of=$SLURM_NTASKS node=$SLURMD_NODENAME; exit $SLURM_PROCID'], "
+        f"{name!r}))\n")
+    env = dict(slurm_env, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", ""))
+    proc = subprocess.run(["srun", "-N2", "-n2", "--kill-on-bad-exit=0", sys.executable, str(script)],
+                          env=env, capture_output=True, text=True, timeout=120)
+    lines = sorted(proc.stdout.split("\n"))[-2:]
+    assert lines == ["task=0 of=2 node=n1", "task=1 of=2 node=n2"], proc.stderr
+    assert proc.returncode == 1           # task 1's container exited 1; srun reports it
