@@ -18,7 +18,7 @@ def full(image: str, **kw) -> Environment:
     base = dict(image=image, workdir="/work", writable=False, entrypoint=False,
                 mounts=[Mount("/scratch/data", "/data", ("ro",)), Mount("/scratch/out", "/out")],
                 devices=["/dev/fuse"], env={"OMP_NUM_THREADS": "4", "HTTP_PROXY": None},
-                annotations={"com.hooks.cxi.enabled": "true"})
+                annotations={"com.hooks.cxi.enabled": "true", "com.example.tag": "x"})
     base.update(kw)
     return Environment(**base)
 
@@ -37,7 +37,8 @@ def test_bubblewrap_read_only_directory():
         "--die-with-parent", "--unshare-pid", *CMD]
     assert launch.prepare == [] and launch.environ == {}
     assert "read-only root: mount targets must already exist in the image" in launch.notes
-    assert any("com.hooks.cxi.enabled" in n for n in launch.notes)
+    assert any("com.example.tag" in n for n in launch.notes)          # nothing acts on it
+    assert not any("com.hooks.cxi" in n for n in launch.notes)       # hooks are applied from the site file
 
 
 def test_bubblewrap_writable_squashfs_uses_squashfuse_and_overlay():

@@ -137,7 +137,9 @@ def entrypoint_note(env: Environment, runtime: str) -> list[str]:
 
 
 def annotations_note(env: Environment, runtime: str) -> list[str]:
-    other = sorted(k for k in env.annotations if not k.startswith("com.hpcml."))
+    """Annotations nothing acts on: hpcml's own and the hooks (applied from the site file
+    by ``hpcml.env.hooks``) are not among them."""
+    other = sorted(k for k in env.annotations if not k.startswith(("com.hpcml.", "com.hooks.")))
     return [f"annotations ignored by {runtime} (no OCI hooks): {', '.join(other)}"] if other else []
 
 
