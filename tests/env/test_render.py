@@ -62,7 +62,8 @@ def test_podman_registry_image():
         "-v", "/scratch/data:/data:ro", "-v", "/scratch/out:/out", "-w", "/work",
         "-e", "CUDA_VISIBLE_DEVICES", "-e", "SLURM_PROCID",
         "-e", "OMP_NUM_THREADS=4", "--unsetenv", "HTTP_PROXY", "-e", f"{NOUSER}=1",
-        "--device", "/dev/fuse", "--annotation", "com.hooks.cxi.enabled=true", "--entrypoint", "",
+        "--device", "/dev/fuse", "--annotation", "com.hooks.cxi.enabled=true",
+        "--annotation", "com.example.tag=x", "--entrypoint", "",
         "nvcr.io/nvidia/pytorch:25.01-py3", *CMD]
 
 
