@@ -30,9 +30,11 @@ def check(
     runtime: Optional[str] = typer.Option(None, "--runtime", help="The runtime the job will use (podman, pyxis, ...)."),
     as_json: bool = typer.Option(False, "--json", help="Print the findings as JSON."),
 ) -> None:
-    """Check an EDF for the common mistakes: missing image or mount sources, a GPU that
-    nothing injects, an NCCL plugin built for another CUDA, a workdir outside the image
-    and mounts, ~/.local leaking into the container, unknown or unconfigured hooks.
+    """Check an EDF for the common mistakes, before a job runs it.
+
+    Missing image or mount sources, a GPU that nothing injects, an NCCL plugin built for
+    another CUDA, a workdir outside the image and mounts, ~/.local leaking into the
+    container, unknown or unconfigured hooks.
 
         hpcml env check ./pytorch.toml
         hpcml env check pytorch --site /etc/hpcml/site.yaml --runtime podman --json
@@ -80,8 +82,9 @@ def venv(
     runtime: Optional[str] = typer.Option(None, "--runtime", help="Runtime to use (default: the lightest installed)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object instead of the EDF lines."),
 ) -> None:
-    """Create a venv inside the image's Python (--system-site-packages, so the image's
-    packages stay visible) and print the lines that activate it from the EDF.
+    """Create a venv inside the image's Python and print the EDF lines that activate it.
+
+    The venv is made with --system-site-packages, so the image's packages stay visible.
 
         hpcml env venv ./pytorch.toml $SCRATCH/venvs/myproj
         # then, in the container: pip install <extra packages>
