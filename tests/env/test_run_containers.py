@@ -152,14 +152,12 @@ def test_bubblewrap_squashfs_image_mounted_and_cleaned_up(squashfs_image, writab
 @pytest.mark.parametrize("name", ["bubblewrap", "podman"])
 def test_srun_one_container_per_task_with_its_slurm_variables(name, slurm_env, request, tmp_path):
     image = request.getfixturevalue(f"{name}_image")
-    script = tmp_path / "task.py"
-    script.write_text(
-        "import sys\nfrom hpcml.env.model import Environment\nfrom hpcml.env.run import run\n"
-        f"sys.exit(run(Environment(image={image!r}), ['/bin/sh', '-c', "
-        "'echo task=$SLURM_PROCID of=$SLURM_NTASKS node=$SLURMD_NODENAME; exit $SLURM_PROCID'], "
-        f"{name!r}))\n")
+    edf = tmp_path / "env.toml"
+    edf.write_text(f'image = "{image}"\n')
+    task = "echo task=$SLURM_PROCID of=$SLURM_NTASKS node=$SLURMD_NODENAME; exit $SLURM_PROCID"
     env = dict(slurm_env, CONTAINERS_CONF=os.environ.get("CONTAINERS_CONF", ""))
-    proc = subprocess.run(["srun", "-N2", "-n2", "--kill-on-bad-exit=0", sys.executable, str(script)],
+    proc = subprocess.run(["srun", "-N2", "-n2", "--kill-on-bad-exit=0", sys.executable, "-m", "hpcml", "env", "run",
+                           "--runtime", name, str(edf), "--", "/bin/sh", "-c", task],
                           env=env, capture_output=True, text=True, timeout=120)
     lines = sorted(proc.stdout.split("\n"))[-2:]
     assert lines == ["task=0 of=2 node=n1", "task=1 of=2 node=n2"], proc.stderr
