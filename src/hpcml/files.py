@@ -30,3 +30,23 @@ def load_yaml(text: str, source: str):
         return yaml.safe_load(text)
     except yaml.YAMLError as exc:
         raise yaml_error(exc, source) from None
+
+
+def read_config(path: str | os.PathLike) -> str:
+    """A configuration file's text; missing or unreadable is a one-line UsageError."""
+    from hpcml.errors import UsageError
+    try:
+        return Path(path).read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise UsageError("file not found", file=str(path)) from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise UsageError(f"cannot read: {exc}", file=str(path)) from None
+
+
+def load_yaml_with_nodes(text: str, source: str):
+    """``(data, node)``: the document and its node tree (for line numbers in errors)."""
+    import yaml
+    try:
+        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.YAMLError as exc:
+        raise yaml_error(exc, source) from None

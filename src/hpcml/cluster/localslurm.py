@@ -243,6 +243,7 @@ class LocalSlurm:
         self.munge_key = self.root / "munge" / "munge.key"
         self.log_dir = self.root / "log"
         self.run_dir = self.root / "run"
+        self.prolog_dir = self.root / "prolog"  # prolog.sh runs prolog/enabled if it exists
         if len(str(self.munge_socket)) > 100:
             raise ValueError(f"root {self.root} is too long for a unix socket path")
 
@@ -376,6 +377,7 @@ class LocalSlurm:
             "AccountingStorageType=accounting_storage/none",
             "JobCompType=jobcomp/filetxt", f"JobCompLoc={self.log_dir}/jobcomp.txt",
             "MailProg=/bin/true",
+            f"Prolog={self.prolog_dir}/prolog.sh", "PrologFlags=Alloc",
             "SlurmctldTimeout=10", "SlurmdTimeout=15", "KillWait=2", "Waittime=0",
             "InactiveLimit=0", "MinJobAge=300",
             *self._node_lines(host),
@@ -429,14 +431,18 @@ class LocalSlurm:
 
     def _prepare_dirs(self) -> None:
         """Fresh state, spool and run dirs; the old logs go, so a log shows one run only."""
-        for sub in ("state", "spool", "run", "log", "munge"):
+        for sub in ("state", "spool", "run", "log", "munge", "prolog"):
             shutil.rmtree(self.root / sub, ignore_errors=True)
-        for sub in ("etc", "state", "run", "log", "munge",
+        for sub in ("etc", "state", "run", "log", "munge", "prolog",
                     *(f"spool/{n}" for n in self.node_names)):
             (self.root / sub).mkdir(parents=True, exist_ok=True, mode=0o755)
         for path in (self.root, self.root / "munge"):
             path.chmod(0o755)  # munged refuses directories that others can write to
         (self.root / "etc" / "plugstack.conf").write_text("")
+        script = self.prolog_dir / "prolog.sh"  # a test enables it by writing prolog/enabled
+        script.write_text(f"#!/bin/sh\n[ -f {self.prolog_dir}/enabled ] || exit 0\n"
+                          f"exec /bin/sh {self.prolog_dir}/enabled\n")
+        script.chmod(0o755)
         fd = os.open(self.munge_key, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "wb") as key:
             key.write(os.urandom(1024))

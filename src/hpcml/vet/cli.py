@@ -40,6 +40,16 @@ def run(
                                              help="Where `hpcml vet setup` put the checks' requirements."),
     local: bool = typer.Option(False, "--local", help="Vet only this node, without srun."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
+    prolog: bool = typer.Option(False, "--prolog", help="Slurm Prolog/HealthCheckProgram mode: only "
+                                "this node's fast checks, within --budget; exit 1 if bad."),
+    budget: Optional[str] = typer.Option(None, help="With --prolog: time for the whole run (default 5 s)."),
+    drain: bool = typer.Option(False, "--drain", help="With --prolog: drain a bad node, reason naming the check."),
+    overrun_ok: bool = typer.Option(False, "--overrun-ok", help="With --prolog: a check cut at the budget does not fail the node."),
+    report_to: Optional[str] = typer.Option(None, "--report-to", envvar="HPCML_VET_REPORT_TO",
+                                            help="Also send the results to a collector (`hpcml vet serve`), "
+                                                 "opt-in; token from $HPCML_VET_TOKEN or --report-token-file."),
+    report_token_file: Optional[Path] = typer.Option(None, "--report-token-file",
+                                                     help="File holding the collector token."),
 ) -> None:
     """Run PROTOCOL on every node of the allocation and decide: continue, shrink or abort.
 
@@ -49,6 +59,9 @@ def run(
         [ $rc -eq 4 ] && exit 1
         srun --exclude=$(cat hpcml-vet-$SLURM_JOB_ID/bad-nodes) python train.py
     """
+    if prolog:  # exits
+        from hpcml.vet.cli_prolog import run_prolog_cli
+        run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json)
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
     from hpcml.vet import launch
@@ -86,11 +99,25 @@ def run(
         if early is not None:
             early.cancel()
         _fail(exc)
+    if report_to:
+        _send(report.to_json(run_), report_to, report_token_file)
     if as_json:
         print(report.dumps(report.to_json(run_)))
     else:
         _print_human(run_, paths)
     raise typer.Exit(run_.verdict.exit_code)
+
+
+def _send(data: dict, url: str, token_file: Optional[Path]) -> None:
+    """Opt-in reporting never changes the verdict: a failure is one warning line."""
+    from hpcml.vet.collector.client import send
+    from hpcml.vet.collector.server import read_tokens
+    try:
+        tokens = read_tokens(token_file)
+    except OSError as exc:
+        print(f"hpcml vet: warning: report not sent to {url}: token file: {exc}", file=sys.stderr)
+        return
+    send(data, url, tokens[0] if tokens else "")
 
 
 def _print_human(run_, paths) -> None:
@@ -107,6 +134,16 @@ def _print_human(run_, paths) -> None:
     colour = {"continue": "green", "shrink": "yellow", "abort": "bold red"}[v.decision.value]
     console.print(f"verdict: [{colour}]{v.decision.value}[/] ({len(v.good)} good, {len(v.bad)} bad, "
                   f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {paths['exclude']}")
+
+
+from hpcml.vet.cli_handle import handle, validate_rules  # noqa: E402  (one module per command)
+from hpcml.vet.cli_prolog import prolog_script  # noqa: E402
+from hpcml.vet.cli_serve import serve  # noqa: E402
+
+app.command("serve")(serve)
+app.command("handle")(handle)
+app.command("rules")(validate_rules)
+app.command("prolog-script")(prolog_script)
 
 
 @app.command("setup")

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
-from hpcml.vet import registry, relative, verdict
+from hpcml.vet import culprit_run, registry, relative, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.protocol import EvalSpec, Protocol
@@ -125,6 +125,8 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
         if good:
             _merge(reports, _run_phase(protocol, alloc_evals, good, deadline_at, workdir,
                                        use_srun, python))
+            notes += culprit_run.find_culprits(alloc_evals, good, reports, deadline_at,
+                                               workdir, use_srun, python)
         for node in set(nodes) - set(good):
             reports[node].results += [CheckResult(
                 node=node, check=e.name, type=e.type, outcome=Outcome.SKIPPED,

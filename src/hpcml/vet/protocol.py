@@ -17,12 +17,12 @@ import yaml
 from pydantic import ValidationError
 
 from hpcml.errors import UsageError
-from hpcml.files import yaml_error
+from hpcml.files import load_yaml_with_nodes, read_config
 from hpcml.vet import registry, vetnode_compat
 from hpcml.vet.units import parse_fraction, parse_seconds
 
 COMMON_KEYS = {"name", "type", "timeout", "severity", "count_errors", "requirements",
-               "min_relative", "max_relative", "description"}
+               "min_relative", "max_relative", "description", "fast"}
 TOP_KEYS = {"name", "description", "evals", "min_nodes", "deadline", "require_gpus",
             "scheduler", "pip"}
 DEFAULT_DEADLINE = 300.0
@@ -45,6 +45,7 @@ class EvalSpec:
     max_relative: float | None = None
     exclusive: bool = False
     line: int | None = None
+    fast: bool | None = None         # runs in `hpcml vet --prolog`; None: the type's default
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -171,6 +172,9 @@ def _eval(ld: _Loader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     count_errors = raw.get("count_errors", True)
     if not isinstance(count_errors, bool):
         raise ld.error((*path, "count_errors"), f"expected true or false, found {count_errors!r}")
+    fast = raw.get("fast")
+    if fast is not None and not isinstance(fast, bool):
+        raise ld.error((*path, "fast"), f"expected true or false, found {fast!r}")
     timeout = ld.convert((*path, "timeout"), raw["timeout"], parse_seconds) \
         if "timeout" in raw else cls.default_timeout
     rel = {k: ld.convert((*path, k), raw[k], parse_fraction) if k in raw else None
@@ -178,27 +182,16 @@ def _eval(ld: _Loader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     return EvalSpec(name=raw["name"], type=type_name, check=registry.resolve(type_name),
                     scope=cls.scope, params=params.model_dump(mode="json"), timeout=timeout,
                     severity=severity, count_errors=count_errors, requirements=reqs,
-                    exclusive=cls.exclusive, line=ld.lines.get(path), **rel)
+                    exclusive=cls.exclusive, line=ld.lines.get(path), fast=fast, **rel)
 
 
 def load(path: str | Path) -> Protocol:
     """Read and validate a protocol file; raise ``UsageError`` on the first problem."""
-    source = str(path)
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise UsageError("file not found", file=source) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read: {exc}", file=source) from None
-    return loads(text, source)
+    return loads(read_config(path), str(path))
 
 
 def loads(text: str, source: str = "<protocol>") -> Protocol:
-    try:
-        node = yaml.compose(text, Loader=yaml.SafeLoader)
-        data = yaml.safe_load(text)
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, source) from None
+    data, node = load_yaml_with_nodes(text, source)
     ld = _Loader(source, _line_map(node) if node is not None else {})
     if not isinstance(data, dict):
         raise ld.error((), "expected a mapping with 'name' and 'evals' at the top")

@@ -37,10 +37,25 @@ class CollectiveParams(BaseModel):
     join_timeout: Seconds = 30.0
     #: "intranode" (vetnode's GPU-to-GPU test inside one node) is not implemented yet
     topology: Literal["full", "internode", "intranode"] = "full"
+    #: below its threshold on two or more nodes: find the slow nodes (hpcml.vet.culprit)
+    culprit_search: bool = True
+    culprit_rounds: int | None = Field(None, ge=1)  # default 2 + ceil(log2 nodes)
 
 
 _BUS_FACTOR = {"allreduce": lambda n: 2 * (n - 1) / n, "broadcast": lambda n: 1.0,
                "allgather": lambda n: (n - 1) / n}
+
+
+def _test_slowdown(node: str) -> float | None:
+    """Test-only, for the culprit search's tests: when HPCML_VET_TEST_SLOW_NODES is set,
+    the nodes it lists (comma-separated) make each op HPCML_VET_TEST_SLOW_FACTOR times
+    slower (default 10); None when it is not set."""
+    listed = os.environ.get("HPCML_VET_TEST_SLOW_NODES")
+    if listed is None:
+        return None
+    if node not in listed.split(","):
+        return 1.0
+    return float(os.environ.get("HPCML_VET_TEST_SLOW_FACTOR", "10"))
 
 
 def _cuda_available() -> bool:
@@ -96,8 +111,15 @@ class CollectiveCheck(Check):
             tensor = torch.ones(max(1, int(p.payload) // 4), dtype=torch.float32, device=device)
             dist.barrier()
             sync()
+            delay, factor = 0.0, _test_slowdown(self.ctx.node)
+            if factor is not None:  # every rank runs this op, so the collectives stay matched
+                t = time.perf_counter()
+                _op(dist, p.method, tensor, world)
+                sync()
+                delay = (factor - 1) * (time.perf_counter() - t)
             start = time.perf_counter()
             for _ in range(p.iterations):
+                time.sleep(max(0.0, delay))
                 _op(dist, p.method, tensor, world)
             sync()
             elapsed = (time.perf_counter() - start) / p.iterations

@@ -1,0 +1,95 @@
+"""``hpcml vet handle`` and ``hpcml vet rules validate``: arguments in, handler out,
+a table or JSON back. No decisions here."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import fail
+from hpcml.errors import HpcmlError, UsageError
+
+# Not imported from hpcml.vet.rules: that pulls pydantic into every `hpcml vet` start.
+DEFAULT_RULES = Path(__file__).parent / "protocols" / "rules-default.yaml"
+
+_STYLE = {"drain": "bold red", "resume": "green", "hold": "yellow", "skip": "dim"}
+
+
+def handle(
+    rules: Path = typer.Option(DEFAULT_RULES, "--rules", help="Rules catalog YAML "
+                               "(default: the built-in catalog)."),
+    results: Optional[list[Path]] = typer.Option(None, "--results", help="Directory (searched for "
+                                                 "report.json) or report file; repeatable."),
+    db: Optional[str] = typer.Option(None, "--db", help="Results collector store URL instead of --results."),
+    dry_run: bool = typer.Option(False, "--dry-run", help="Only print and audit what would be done."),
+    audit: Path = typer.Option(Path("hpcml-vet-audit.jsonl"), "--audit",
+                               help="Audit log (JSON lines, appended); also the handler's memory "
+                               "of its own drains, so keep one per cluster."),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan and outcomes as JSON."),
+) -> None:
+    """Drain nodes that keep failing checks and resume the ones it drained once they pass.
+
+    Only nodes whose Slurm reason starts with "hpcml:" are ever resumed; nodes drained or
+    down for another reason are left alone. From cron on an admin host:
+
+        hpcml vet handle --results /shared/vet-reports --audit /var/log/hpcml-vet-audit.jsonl --dry-run
+
+    Exit codes: 0 nothing to do or every action applied; 1 Slurm could not be read or an
+    scontrol update failed; 2 bad rules or input, or refused by the guard (more drains
+    than max_drain_fraction / min_nodes_kept allow), nothing changed.
+    """
+    from hpcml.vet import handler, rules as rules_mod
+    from hpcml.vet.handler_sources import JsonDirSource, StoreSource
+    try:
+        if bool(results) == bool(db):
+            raise UsageError("give either --results DIR... or --db URL")
+        catalog = rules_mod.load(rules)
+        source = JsonDirSource(results) if results else StoreSource(db)
+        plan = handler.handle(catalog, source, audit_path=audit, dry_run=dry_run)
+    except HpcmlError as exc:
+        fail("hpcml vet handle", exc)
+    if as_json:
+        print(json.dumps({**plan.to_json(), "dry_run": dry_run, "rules": catalog.source,
+                          "audit": str(audit)}, indent=2))
+    else:
+        _print_plan(plan, dry_run, audit)
+    if any(a.status == "failed" for a in plan.actions):
+        raise typer.Exit(1)
+
+
+def _print_plan(plan, dry_run: bool, audit: Path) -> None:
+    from rich.console import Console
+    from rich.markup import escape
+    from rich.table import Table
+    console = Console()
+    if not plan.actions:
+        console.print(f"nothing to do ({plan.available_nodes}/{plan.total_nodes} nodes available)")
+        return
+    t = Table(title="hpcml vet handle" + (" (dry run)" if dry_run else ""))
+    for col in ("node", "action", "rule", "check", "reason / note", "status"):
+        t.add_column(col)
+    for a in plan.actions:
+        t.add_row(escape(a.node), f"[{_STYLE.get(a.action, 'default')}]{a.action}[/]",
+                  escape(a.rule or ""), escape(a.check or ""), escape(a.note or a.reason),
+                  a.status if a.action in ("drain", "resume") else "")
+    console.print(t)
+    if plan.changes:
+        console.print(f"audit log: {audit}", highlight=False)
+
+
+def validate_rules(file: Path = typer.Argument(..., help="Rules catalog to check.")) -> None:
+    """Check a rules catalog without acting (exit 0 valid, 2 invalid).
+
+    Example: [bold]hpcml vet rules validate site-rules.yaml[/]
+    """
+    from hpcml.vet import rules as rules_mod
+    try:
+        catalog = rules_mod.load(file)
+    except HpcmlError as exc:
+        fail("hpcml vet rules validate", exc)
+    print(f"{file}: valid rules catalog '{catalog.name}' with {len(catalog.rules)} rules "
+          f"(max_drain_fraction {catalog.max_drain_fraction:.0%}, min_nodes_kept "
+          f"{catalog.min_nodes_kept}): " + ", ".join(r.name for r in catalog.rules))

@@ -1,0 +1,125 @@
+"""``hpcml vet --prolog`` and ``hpcml vet prolog-script``: the CLI side of ``vet.prolog``.
+
+Exit codes in prolog mode: 0 healthy; 1 a check failed or errored (or did not finish in the
+budget, unless ``--overrun-ok``); 2 bad input (protocol, budget). Any non-zero exit makes
+Slurm drain the node and requeue the job, so a broken protocol drains nodes too: fail
+closed, with ``--drain`` naming the cause in the node's reason.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import sys
+from pathlib import Path
+from typing import NoReturn, Optional
+
+import typer
+
+PROLOG_PROTOCOL = Path(__file__).parent / "protocols" / "prolog.yaml"
+ME = "hpcml vet --prolog"
+
+
+def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, drain: bool = False,
+                   overrun_ok: bool = False, as_json: bool = False) -> NoReturn:
+    """Vet this node with the fast checks of PROTOCOL (default: the built-in prolog one);
+    print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input."""
+    from hpcml.errors import UsageError
+    from hpcml.vet import prolog
+    from hpcml.vet.protocol import load
+    from hpcml.vet.units import parse_seconds
+    started = prolog.process_start()
+    try:
+        try:
+            limit = parse_seconds(budget) if budget is not None else prolog.DEFAULT_BUDGET
+        except ValueError as exc:
+            raise UsageError(str(exc), key="--budget") from None
+        if limit <= 0:
+            raise UsageError("expected a budget above 0 s", key="--budget")
+        proto = load(protocol or PROLOG_PROTOCOL)
+    except UsageError as exc:
+        print(f"{ME}: error: {exc}", file=sys.stderr)
+        if drain:  # fail closed, but say why on the node
+            node = os.environ.get("SLURMD_NODENAME")
+            if node:
+                prolog.drain_node(node, [f"bad input: {exc}"])
+        raise typer.Exit(exc.exit_code)
+    result = prolog.run_prolog(proto, budget=limit, started=started, overrun_ok=overrun_ok,
+                               drain=drain)
+    for line in result.bad:
+        print(f"{ME}: {result.node}: {line}", file=sys.stderr)
+    for note in result.notes:
+        print(f"{ME}: note: {note}", file=sys.stderr)
+    if as_json:
+        print(json.dumps(result.to_json(), separators=(",", ":"), default=str))
+    else:
+        # Slurm 22.05 logs a failed prolog's stdout (not stderr) in slurmd's log: name the cause
+        state = f"bad ({'; '.join(result.bad)})" if result.bad else "healthy"
+        print(f"{ME}: {result.node} {state}: {len(result.results)} fast checks in "
+              f"{result.duration:.2f} s (budget {limit:g} s)")
+    sys.stdout.flush()
+    raise typer.Exit(result.exit_code)
+
+
+def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain: bool = True,
+                  overrun_ok: bool = False, log: Optional[Path] = None,
+                  python: Optional[str] = None) -> str:
+    """A POSIX sh wrapper for ``Prolog=`` / ``HealthCheckProgram=``. Slurm gives the prolog a
+    minimal PATH, so it names the interpreter (and ``timeout``) by absolute path."""
+    from hpcml.vet.units import parse_seconds
+    python = python or sys.executable
+    args = [os.path.abspath(python), "-m", "hpcml", "vet", "--prolog", "--budget", budget]
+    args += ["--drain"] if drain else []
+    args += ["--overrun-ok"] if overrun_ok else []
+    args += ["--json"] if log else []
+    if protocol is not None:
+        args.append(str(Path(protocol).absolute()))
+    guard = shutil.which("timeout")
+    if guard:  # a hard stop in case the interpreter itself hangs (e.g. on a dead filesystem)
+        hard = parse_seconds(budget) + 2
+        args = [guard, "-k", "1", f"{hard:g}", *args]
+    command = " ".join(shlex.quote(a) for a in args)
+    if log:
+        command += f" >>{shlex.quote(str(Path(log).absolute()))}"
+    command += " 2>&1"  # Slurm logs only a failed prolog's stdout
+    return "\n".join([
+        "#!/bin/sh",
+        "# Slurm Prolog / HealthCheckProgram: vet this node with hpcml's fast checks.",
+        "# Written by `hpcml vet prolog-script`. In slurm.conf:",
+        "#   Prolog=/etc/slurm/prolog.sh",
+        "#   PrologFlags=Alloc                          # vet every node at allocation",
+        "#   HealthCheckProgram=/etc/slurm/prolog.sh    # optional, with HealthCheckInterval=",
+        "# Exit 0: healthy. Non-zero: a check failed; Slurm drains the node and requeues the",
+        "# job (for HealthCheckProgram, --drain drains it: Slurm ignores that exit code).",
+        f"exec {command}",
+        ""])
+
+
+def prolog_script(
+    protocol: Optional[Path] = typer.Argument(None, help="Protocol whose fast checks to run "
+                                              "(default: the built-in prolog protocol)."),
+    budget: str = typer.Option("5 s", help="Time for the whole run; keep it under BatchStartTimeout."),
+    drain: bool = typer.Option(True, "--drain/--no-drain",
+                               help="Drain a bad node with hpcml's reason (needed for HealthCheckProgram)."),
+    overrun_ok: bool = typer.Option(False, "--overrun-ok",
+                                    help="A check that does not finish in the budget does not fail the node."),
+    log: Optional[Path] = typer.Option(None, help="Append each run's JSON record and messages to this file."),
+) -> None:
+    """Print a prolog wrapper script that calls this Python by absolute path.
+
+    Example: [bold]hpcml vet prolog-script --log /var/log/hpcml-prolog.log > /etc/slurm/prolog.sh[/]
+    """
+    from hpcml.vet.units import parse_seconds
+    problem = f"{protocol}: file not found" if protocol is not None and not Path(protocol).is_file() \
+        else None
+    try:
+        parse_seconds(budget)
+    except ValueError as exc:
+        problem = f"key '--budget': {exc}"
+    if problem:
+        print(f"hpcml vet prolog-script: error: {problem}", file=sys.stderr)
+        raise typer.Exit(2)
+    sys.stdout.write(render_script(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok,
+                                   log=log))

@@ -1,0 +1,76 @@
+"""``hpcml vet serve``: run the results collector until SIGTERM or SIGINT.
+
+Arguments only; the service is ``hpcml.vet.collector.server``. Registered in ``cli.py``.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import threading
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import fail, parse_size
+from hpcml.errors import HpcmlError, UsageError
+
+
+def serve(
+    db: str = typer.Option("sqlite:///./hpcml-vet.db", "--db",
+                           help="sqlite:///PATH or postgresql://USER@HOST/DB."),
+    bind: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
+    port: int = typer.Option(8787, min=0, max=65535, help="Port; 0 picks a free one (printed)."),
+    token_file: Optional[Path] = typer.Option(None, help="Tokens that may send and read, one per "
+                                              "line (default: $HPCML_VET_TOKEN)."),
+    read_token_file: Optional[Path] = typer.Option(None, help="Extra tokens that may only read."),
+    max_body: str = typer.Option("1 MiB", help="Largest request body accepted (413 above)."),
+    verbose: bool = typer.Option(False, "--verbose", help="Log every request to stderr."),
+) -> None:
+    """Collect vetting reports over HTTP and answer queries about nodes and jobs.
+
+    Example:
+
+        HPCML_VET_TOKEN=$(openssl rand -hex 24) hpcml vet serve --db sqlite:///vet.db
+
+    Then `hpcml vet run --report-to http://127.0.0.1:8787` sends each run's report, and
+    `curl -H "Authorization: Bearer $HPCML_VET_TOKEN" 127.0.0.1:8787/v1/nodes/failing?since=7d`
+    lists the nodes failing most. Exit codes: 0 stopped by a signal, 1 database or port
+    error, 2 bad option (no token, unreadable token file).
+    """
+    from hpcml.vet.collector.server import CollectorServer, Tokens, read_tokens
+    from hpcml.vet.collector.store import StoreError, open_store
+    try:
+        limit = parse_size(max_body, "--max-body")
+        try:
+            tokens = Tokens(read_tokens(token_file),
+                            read_tokens(read_token_file, None) if read_token_file else ())
+        except OSError as exc:
+            raise UsageError(f"cannot read the token file: {exc.strerror}", key="--token-file") from None
+        except ValueError:
+            raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
+                             "does not run without one", key="--token-file") from None
+        if bind in ("0.0.0.0", "::", ""):
+            print(f"hpcml vet serve: warning: listening on every interface ({bind or '*'}); "
+                  "anyone who can reach this host can try tokens", file=sys.stderr)
+        try:
+            store = open_store(db)
+        except StoreError as exc:
+            raise HpcmlError(str(exc)) from None
+        try:
+            server = CollectorServer((bind, port), store, tokens, limit, verbose)
+        except OSError as exc:
+            store.close()
+            raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
+    except HpcmlError as exc:
+        fail("hpcml vet serve", exc)
+        return
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    threading.Thread(target=server.serve_forever, name="collector", daemon=True).start()
+    print(f"listening on {server.url}", flush=True)
+    while not stop.wait(1):  # wake up now and then: signals reach the main thread
+        pass
+    server.close()

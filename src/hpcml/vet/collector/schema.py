@@ -1,0 +1,115 @@
+"""What the collector accepts: a node's full result, a list of them, or a whole vet report.
+
+Validated with pydantic so a refusal names the field (``results.3.outcome: ...``) in one
+line. Sizes are bounded per field so one report cannot bloat the store.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any, Literal, Optional, Union
+
+import orjson
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+Outcome = Literal["pass", "warn", "fail", "error", "skipped"]
+BAD_OUTCOMES = ("fail", "error")
+MAX_RESULTS = 10_000
+MAX_REPORTS = 100_000
+
+
+def _no_nul(text: str) -> str:
+    # PostgreSQL's text cannot hold NUL; refuse it for every backend alike
+    if "\x00" in text:
+        raise ValueError("NUL character not allowed")
+    return text
+
+
+Text = Annotated[str, AfterValidator(_no_nul)]
+
+
+class CheckResult(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    name: Text = Field(min_length=1, max_length=255)
+    type: Text = Field(default="", max_length=255)
+    outcome: Outcome
+    value: Union[float, Annotated[Text, Field(max_length=1024)], None] = None
+    unit: Optional[Text] = Field(default=None, max_length=64)
+    message: Text = Field(default="", max_length=4096)
+    duration: float = Field(default=0.0, ge=0)
+
+
+class NodeReport(BaseModel):
+    """One node's full result in one vetting run."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    job_id: Optional[Text] = Field(default=None, max_length=255)
+    node: Text = Field(min_length=1, max_length=255)
+    time: float = Field(ge=0, description="when the run started, seconds since the epoch")
+    protocol: Text = Field(default="", max_length=255)
+    verdict: Literal["good", "bad"]
+    results: list[CheckResult] = Field(default_factory=list, max_length=MAX_RESULTS)
+
+
+_ONE = TypeAdapter(NodeReport)
+_MANY = TypeAdapter(list[NodeReport])
+
+
+class Invalid(ValueError):
+    """A refused report; ``str()`` is the one-line reason sent back with the 400."""
+
+
+def _reason(exc: ValidationError, prefix: str = "") -> str:
+    err = exc.errors(include_url=False)[0]
+    loc = ".".join(str(p) for p in err["loc"])
+    more = exc.error_count() - 1
+    tail = f" (and {more} more)" if more else ""
+    return f"{prefix}{loc or 'body'}: {err['msg']}{tail}"
+
+
+def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node."""
+    from hpcml.cluster.hostlist import expand
+    verdict = data.get("verdict") or {}
+    nodes = data.get("nodes")
+    if not isinstance(nodes, dict) or not isinstance(verdict, dict):
+        raise Invalid("nodes: expected an object of node reports (and verdict an object)")
+    try:
+        bad = set(expand(verdict.get("bad") or "")) | set(verdict.get("reasons") or {})
+    except Exception as exc:  # a hostlist that does not parse
+        raise Invalid(f"verdict.bad: {exc}") from None
+    protocol = data.get("protocol")
+    name = protocol.get("name", "") if isinstance(protocol, dict) else ""
+    out = []
+    for node, rep in nodes.items():
+        rep = rep if isinstance(rep, dict) else {}
+        results = rep.get("results")
+        out.append({
+            "job_id": data.get("job_id"), "node": node, "time": data.get("started_at"),
+            "protocol": name,
+            "verdict": "bad" if node in bad or rep.get("reachable") is False else "good",
+            "results": [{**r, "name": r.get("check", r.get("name"))} if isinstance(r, dict) else r
+                        for r in results] if isinstance(results, list) else results,
+        })
+    return out
+
+
+def parse(body: bytes) -> list[NodeReport]:
+    """Body -> node reports, or ``Invalid`` with a reason naming the field."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Invalid(f"invalid JSON: {exc}") from None
+    try:
+        if isinstance(data, dict) and "nodes" in data and "schema" in data:
+            if not str(data["schema"]).startswith("hpcml.vet/"):
+                raise Invalid(f"schema: expected hpcml.vet/1, found {data['schema']!r}")
+            return _MANY.validate_python(split_vet_report(data))
+        if isinstance(data, list):
+            if len(data) > MAX_REPORTS:
+                raise Invalid(f"body: more than {MAX_REPORTS} reports in one request")
+            return _MANY.validate_python(data)
+        return [_ONE.validate_python(data)]
+    except ValidationError as exc:
+        raise Invalid(_reason(exc)) from None

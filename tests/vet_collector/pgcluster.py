@@ -1,0 +1,98 @@
+"""A private PostgreSQL cluster from Debian's packages, for the collector's tests and benchmark.
+
+``initdb`` into a temporary directory and ``pg_ctl start`` on a free loopback port, as the
+``postgres`` user when we are root (PostgreSQL refuses to run as root). Installs
+``postgresql`` with apt when root and it is missing.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+import shutil
+import socket
+import subprocess
+import tempfile
+from pathlib import Path
+
+
+class PgUnavailable(RuntimeError):
+    pass
+
+
+def _bindir() -> Path | None:
+    found = shutil.which("pg_ctl")
+    if found:
+        return Path(os.path.realpath(found)).parent
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"), key=lambda d: int(d.split("/")[-2]))
+    return Path(dirs[-1]) if dirs else None
+
+
+def _install() -> None:
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        raise PgUnavailable("PostgreSQL is not installed and we are not root to apt-get it")
+    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
+    cmd = ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=120", "install",
+           "--no-install-recommends", "postgresql"]
+    if subprocess.run(cmd, env=env, capture_output=True).returncode != 0:
+        subprocess.run(["apt-get", "-q", "update"], env=env, capture_output=True)
+        r = subprocess.run(cmd, env=env, capture_output=True, text=True)
+        if r.returncode != 0:
+            raise PgUnavailable(f"apt-get install postgresql failed: {r.stderr.strip()[-300:]}")
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class PgCluster:
+    def __init__(self) -> None:
+        self.bindir = _bindir()
+        if self.bindir is None:
+            _install()
+            self.bindir = _bindir()
+        if self.bindir is None:
+            raise PgUnavailable("no pg_ctl after installing postgresql")
+        self.root = Path(tempfile.mkdtemp(prefix="hpcml-pg-"))
+        self.port = _free_port()
+        self.as_root = os.geteuid() == 0
+        if self.as_root:
+            shutil.chown(self.root, "postgres", "postgres")
+
+    def _run(self, *argv: str) -> None:
+        cmd = [str(self.bindir / argv[0]), *argv[1:]]
+        if self.as_root:
+            cmd = ["runuser", "-u", "postgres", "--", *cmd]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=120)
+        if r.returncode != 0:
+            log = self.root / "log"
+            tail = log.read_text()[-500:] if log.exists() else ""
+            raise PgUnavailable(f"{argv[0]} failed: {r.stderr.strip()[-500:]} {tail}")
+
+    def start(self) -> "PgCluster":
+        data = self.root / "data"
+        self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
+                  "--no-sync")
+        opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
+        self._run("pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.root / "log"), "-w",
+                  "-t", "60", "start")
+        return self
+
+    def url(self, db: str = "postgres") -> str:
+        return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"
+
+    def create_db(self, name: str) -> str:
+        import psycopg
+        with psycopg.connect(self.url(), autocommit=True) as conn:
+            conn.execute(f'DROP DATABASE IF EXISTS "{name}"')
+            conn.execute(f'CREATE DATABASE "{name}"')
+        return self.url(name)
+
+    def stop(self) -> None:
+        try:
+            self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
+        except PgUnavailable:
+            pass
+        shutil.rmtree(self.root, ignore_errors=True)
