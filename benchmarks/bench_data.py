@@ -52,16 +52,11 @@ def generate(root: Path, files: int, seed: int = 0) -> Path:
 
 
 def evict(paths) -> None:
-    os.sync()
+    """Cold cache for the next pass: hpcml data bench's own eviction (plus drop_caches as root)."""
+    from hpcml.data.pagecache import drop_caches, evict as fadvise_out
     if os.geteuid() == 0:
-        try:
-            Path("/proc/sys/vm/drop_caches").write_text("3\n")
-        except OSError:
-            pass
-    for p in paths:
-        fd = os.open(p, os.O_RDONLY)
-        os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
-        os.close(fd)
+        drop_caches()
+    fadvise_out(str(p) for p in paths)
 
 
 class PeakRSS:

@@ -21,13 +21,12 @@ import time
 from array import array
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
 
-from hpcml.data.sources import examine, identity, sample_key
+from hpcml.data.sources import examine, identity, sample_key, walk
 from hpcml.errors import UsageError
 from hpcml.vet.units import fmt_bytes
 
@@ -215,26 +214,20 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
     res = ScanResult(str(root), jobs=max(1, jobs))
     sizes, ext = array("q"), Counter()
     start = time.perf_counter()
-    with ThreadPoolExecutor(max_workers=res.jobs) as pool:
-        pending = {pool.submit(_scan_dir, root, euid, groups)}
-        while pending:
-            done, pending = wait(pending, return_when=FIRST_COMPLETED)
-            for fut in done:
-                d = fut.result()
-                res.directories += 1
-                pending |= {pool.submit(_scan_dir, p, euid, groups) for p in d.subdirs}
-                sizes.extend(d.sizes)
-                ext.update(d.ext)
-                res.samples += d.samples
-                res.largest_sample_bytes = max(res.largest_sample_bytes, d.largest_sample)
-                res.ungroupable_count += len(d.ungroupable)
-                room = listed_limit - len(res.ungroupable)
-                res.ungroupable.extend(d.ungroupable[:max(0, room)])
-                res.unreadable.extend(d.unreadable)
-                res.files += len(d.sizes)
-                res.bytes += sum(d.sizes)
-                if on_progress:
-                    on_progress(res.files, res.bytes)
+    for d in walk(root, lambda p: _scan_dir(p, euid, groups), lambda d: d.subdirs, res.jobs):
+        res.directories += 1
+        sizes.extend(d.sizes)
+        ext.update(d.ext)
+        res.samples += d.samples
+        res.largest_sample_bytes = max(res.largest_sample_bytes, d.largest_sample)
+        res.ungroupable_count += len(d.ungroupable)
+        room = listed_limit - len(res.ungroupable)
+        res.ungroupable.extend(d.ungroupable[:max(0, room)])
+        res.unreadable.extend(d.unreadable)
+        res.files += len(d.sizes)
+        res.bytes += sum(d.sizes)
+        if on_progress:
+            on_progress(res.files, res.bytes)
     res.seconds = time.perf_counter() - start
     res.files_per_s = res.files / res.seconds if res.seconds > 0 else 0.0
     res.file_sizes = np.frombuffer(sizes, dtype=np.int64).copy() if sizes else np.zeros(0, np.int64)

@@ -11,6 +11,7 @@ import stat
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Callable, Iterator
 
 
 @dataclass(frozen=True)
@@ -97,22 +98,30 @@ def _scan_dir(root: Path, rel: str, euid: int, groups: set[int]):
     return files, dirs, bad
 
 
-def list_files(root: str | Path, jobs: int = 8, on_dir=None) -> Listing:
-    """All regular files under ``root`` (symlinks followed, directories not), sorted by path."""
-    out = Listing(Path(root))
+def walk(first, scan_dir: Callable, subdirs_of: Callable, jobs: int) -> Iterator:
+    """Each directory's ``scan_dir`` result as it completes, the tree fanned out over
+    ``jobs`` threads (``subdirs_of(result)`` says what to scan next)."""
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        euid, groups = identity()
-        pending = {pool.submit(_scan_dir, out.root, "", euid, groups)}
+        pending = {pool.submit(scan_dir, first)}
         while pending:
             done, pending = wait(pending, return_when=FIRST_COMPLETED)
             for fut in done:
-                files, dirs, bad = fut.result()
-                out.files.extend(files)
-                out.unreadable.extend(bad)
-                out.directories += 1
-                pending |= {pool.submit(_scan_dir, out.root, d, euid, groups) for d in dirs}
-                if on_dir:
-                    on_dir(len(files))
+                result = fut.result()
+                pending |= {pool.submit(scan_dir, d) for d in subdirs_of(result)}
+                yield result
+
+
+def list_files(root: str | Path, jobs: int = 8, on_dir=None) -> Listing:
+    """All regular files under ``root`` (symlinks followed, directories not), sorted by path."""
+    out = Listing(Path(root))
+    euid, groups = identity()
+    for files, _dirs, bad in walk("", lambda rel: _scan_dir(out.root, rel, euid, groups),
+                                  lambda r: r[1], jobs):
+        out.files.extend(files)
+        out.unreadable.extend(bad)
+        out.directories += 1
+        if on_dir:
+            on_dir(len(files))
     out.files.sort(key=lambda f: f.rel)
     out.unreadable.sort()
     return out

@@ -91,13 +91,11 @@ def venv(
 
     Exit codes: 0 created, 1 the venv command failed in the container, 2 bad input.
     """
-    from hpcml.env.edf import load
+    from hpcml.env.cli_show import load_reporting
     from hpcml.env.venv import create_venv
+    resolved = load_reporting("hpcml env venv", edf, require_image=True)
     try:
         rt = _runtime_name(runtime)
-        resolved = load(edf)
-        for warning in resolved.warnings:
-            print(f"hpcml env venv: warning: {warning}", file=sys.stderr)
         result = create_venv(resolved.env, path, runtime=rt)
     except HpcmlError as exc:
         fail("hpcml env venv", exc)

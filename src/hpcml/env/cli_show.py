@@ -31,7 +31,8 @@ def _rows(resolved) -> list[tuple[str, str, str]]:
     return rows
 
 
-def _resolve(command: str, edf: str, require_image: bool):
+def load_reporting(command: str, edf: str, require_image: bool):
+    """The EDF as written (no site hooks), warnings printed; bad input ends the command."""
     from hpcml.env.edf import load
     try:
         resolved = load(edf, require_image=require_image)
@@ -55,7 +56,7 @@ def show(
 
     Exit codes: 0 shown, 2 bad EDF (one line naming file, key and line).
     """
-    resolved = _resolve("hpcml env show", edf, require_image=False)
+    resolved = load_reporting("hpcml env show", edf, require_image=False)
     if as_json:
         print(json.dumps(resolved.to_json(), indent=2))
         return
@@ -81,5 +82,5 @@ def validate(
     The resolved environment must name an image. Exit codes: 0 ok, 2 bad EDF (one line
     naming file, key and line). Warnings go to stderr.
     """
-    _resolve("hpcml env validate", edf, require_image=True)
+    load_reporting("hpcml env validate", edf, require_image=True)
     print("ok")
