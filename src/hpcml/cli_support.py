@@ -6,7 +6,6 @@ import sys
 from pathlib import Path
 from typing import Any, Callable
 
-import click
 import typer
 import typer.core
 
@@ -17,17 +16,17 @@ class DefaultCommandGroup(typer.core.TyperGroup):
     """``hpcml vet protocol.yaml`` means ``hpcml vet run protocol.yaml``.
 
     Written here because it is ten lines; click-default-group does the same for click but
-    not for Typer's group class.
+    not for Typer's group class (Typer >= 0.29 carries its own click).
     """
 
     default_command = "run"
 
-    def resolve_command(self, ctx: click.Context, args: list[str]):
+    def resolve_command(self, ctx: typer.Context, args: list[str]):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args.insert(0, self.default_command)
         return super().resolve_command(ctx, args)
 
-    def parse_args(self, ctx: click.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args.insert(0, self.default_command)
         return super().parse_args(ctx, args)

@@ -13,8 +13,6 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("pyarrow")
-
 from hpcml.observe.store import read_job  # noqa: E402
 
 TRAIN = """

@@ -10,9 +10,8 @@ import sys
 import textwrap
 import time
 
+import pyarrow as pa
 import pytest
-
-pa = pytest.importorskip("pyarrow")
 
 from hpcml.errors import UsageError  # noqa: E402
 from hpcml.observe.store import RankWriter, rank_path, read_job, read_rank  # noqa: E402
@@ -114,7 +113,7 @@ def test_not_a_job_directory(tmp_path):
 
 
 def test_duckdb_queries_the_job(tmp_path):
-    duckdb = pytest.importorskip("duckdb")
+    import duckdb
     for rank in range(3):
         w = RankWriter(rank_path(tmp_path, rank), rank)
         w.write_rows([(time.time_ns(), "section", "step", 0.1 * (rank + 1), i, None) for i in range(50)])

@@ -17,8 +17,6 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-pytest.importorskip("pyarrow")
-
 from hpcml.errors import UsageError  # noqa: E402
 from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json  # noqa: E402
 from hpcml.score.importers import store  # noqa: E402

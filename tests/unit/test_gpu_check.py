@@ -18,11 +18,15 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hpcml.vet.checks import gpu as gpu_mod
+from hpcml.vet.checks import nvml_snapshot
 from hpcml.vet.checks.base import CheckContext, MissingDependency
 from hpcml.vet.checks.gpu import REPLAY_ENV, GpuCheck
-from hpcml.vet.checks.nvml_snapshot import (GpuSnapshot, NvmlLibraryMissing, load_snapshot,
-                                             read_snapshot)
+from hpcml.vet.checks.nvml_snapshot import (
+    GpuSnapshot,
+    NvmlLibraryMissing,
+    load_snapshot,
+    read_snapshot,
+)
 from hpcml.vet.model import Outcome
 
 DATA = Path(__file__).resolve().parents[1] / "data" / "nvml"
@@ -364,13 +368,26 @@ def test_judging_a_live_read_through_the_mock(mp):
                          "pid 778); gpu1: lost (GPU is lost)")
 
 
-def test_missing_pynvml_raises_missing_dependency(mp):
+def test_missing_pynvml_raises_missing_dependency(mp, tmp_path):
     mp.delenv(REPLAY_ENV, raising=False)
     mp.setitem(sys.modules, "pynvml", None)                # import pynvml -> ImportError
     with pytest.raises(MissingDependency, match="nvidia-ml-py"):
         read_snapshot(None)
+    (tmp_path / "nvidiactl").write_text("")
+    mp.setattr(nvml_snapshot, "DRIVER_MARKERS", (str(tmp_path / "nvidiactl"),))
     with pytest.raises(MissingDependency, match="nvidia-ml-py"):
         GpuCheck(GpuCheck.Params(), CheckContext(node="n1")).run()
+
+
+def test_no_driver_and_no_pynvml_is_no_gpu(mp, tmp_path):
+    """A node without the NVIDIA driver has no GPU, whatever Python packages it lacks."""
+    mp.delenv(REPLAY_ENV, raising=False)
+    mp.setitem(sys.modules, "pynvml", None)
+    mp.setattr(nvml_snapshot, "DRIVER_MARKERS", (str(tmp_path / "version"), str(tmp_path / "ctl")))
+    r = GpuCheck(GpuCheck.Params(), CheckContext(node="n1")).run()
+    assert (r.outcome, r.message) == (Outcome.SKIPPED, "no GPU (NVIDIA driver not loaded)")
+    r = GpuCheck(GpuCheck.Params(required=True), CheckContext(node="n1")).run()
+    assert r.outcome is Outcome.FAIL and "no GPU" in r.message
 
 
 def test_missing_nvml_library(mp, tmp_path):
@@ -379,11 +396,11 @@ def test_missing_nvml_library(mp, tmp_path):
     with pytest.raises(NvmlLibraryMissing, match="libnvidia-ml.so.1"):
         read_snapshot(None)
     check = GpuCheck(GpuCheck.Params(), CheckContext(node="n1"))
-    mp.setattr(gpu_mod, "NVIDIA_PROC", str(tmp_path / "absent"))   # no kernel driver either
+    mp.setattr(nvml_snapshot, "DRIVER_MARKERS", (str(tmp_path / "absent"),))   # no kernel driver either
     r = check.run()
     assert (r.outcome, r.message) == (Outcome.SKIPPED, "no GPU (NVIDIA driver not loaded)")
     (tmp_path / "version").write_text("NVRM version: 550.54.15\n")
-    mp.setattr(gpu_mod, "NVIDIA_PROC", str(tmp_path / "version"))  # driver, but no NVML
+    mp.setattr(nvml_snapshot, "DRIVER_MARKERS", (str(tmp_path / "version"),))  # driver, but no NVML
     with pytest.raises(MissingDependency):
         check.run()
 

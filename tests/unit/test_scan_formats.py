@@ -11,14 +11,12 @@ from typing import Any
 
 import numpy as np
 import pytest
+import safetensors.numpy as st_numpy
 from numpy.lib import format as npformat
+from safetensors import safe_open
 
 from hpcml.scan.formats import npy
 from hpcml.scan.formats import safetensors as st
-
-st_numpy = pytest.importorskip("safetensors.numpy")
-safe_open = pytest.importorskip("safetensors").safe_open
-
 
 # --- helpers -----------------------------------------------------------------------
 

@@ -102,3 +102,13 @@ def test_setup_builds_a_cached_venv_once(tmp_path):
     assert "already set up" in again.stdout
     run = hpcml("vet", proto, "--out", tmp_path / "o", "--venv-root", tmp_path / "venvs")
     assert run.returncode == 0, run.stdout + run.stderr
+    # hpcml and its dependencies come from where the suite installed them (its own venv),
+    # not from a copy in the requirements venv
+    (venv,) = (tmp_path / "venvs").glob("vet-*")
+    where = subprocess.run([venv / "bin" / "python", "-c",
+                            "import hpcml, typer, hpcml_vet_testdep as d; print(hpcml.__file__); "
+                            "print(d.__file__)"], capture_output=True, text=True, env={"PATH": ""})
+    assert where.returncode == 0, where.stderr
+    hpcml_file, dep_file = where.stdout.split()
+    assert Path(hpcml_file).resolve() == (ROOT / "src" / "hpcml" / "__init__.py").resolve()
+    assert Path(dep_file).is_relative_to(venv) and not list(venv.glob("lib/*/site-packages/hpcml-[0-9]*"))

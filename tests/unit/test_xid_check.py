@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from pydantic import ValidationError
 
-from hpcml.vet.checks import xid
+from hpcml.vet.checks import nvml_snapshot, xid
 from hpcml.vet.checks.base import CheckContext
 from hpcml.vet.checks.xid import XidCheck, parse_event, parse_kmsg_record, parse_time
 from hpcml.vet.model import Outcome
@@ -30,7 +30,7 @@ def at(monkeypatch, tmp_path):
         proc = tmp_path / ("version" if driver else "absent")
         if driver:
             proc.write_text("NVRM version: 550.54.15\n")
-        monkeypatch.setattr(xid, "NVIDIA_PROC", str(proc))
+        monkeypatch.setattr(nvml_snapshot, "DRIVER_MARKERS", (str(proc),))
     set_()
     return set_
 

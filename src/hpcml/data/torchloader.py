@@ -1,7 +1,8 @@
 """torch adapter: ``ShardDataset`` as an ``IterableDataset`` and a DataLoader that keeps
 the resume position.
 
-Importing this module imports torch (an optional extra); ``hpcml.data`` itself does not.
+torch is an optional extra: without it this module still imports (so tools that list or
+document hpcml's modules work), and ``ShardLoader`` says which install is missing.
 torch's DataLoader takes batches from its workers round-robin, and ``ShardDataset.stream``
 plans batch ``k`` on worker ``k % W``, so the loader delivers exactly the planned order and
 counting delivered batches is enough to know every worker's position.
@@ -12,9 +13,14 @@ from __future__ import annotations
 import gc
 from typing import Any, Iterator
 
-from torch.utils.data import DataLoader, IterableDataset, get_worker_info
-
 from hpcml.data.reader import ShardDataset
+from hpcml.errors import HpcmlError
+
+try:
+    from torch.utils.data import DataLoader, IterableDataset, get_worker_info
+except ImportError:            # the optional extra is not installed: see ShardLoader
+    DataLoader = None          # type: ignore[assignment,misc]
+    IterableDataset = object   # type: ignore[assignment,misc]
 
 
 class ShardIterable(IterableDataset):
@@ -47,6 +53,9 @@ class ShardLoader:
     """
 
     def __init__(self, ds: ShardDataset, batch_size: int, num_workers: int = 0, **kwargs: Any) -> None:
+        if DataLoader is None:
+            raise HpcmlError("ShardLoader needs torch: pip install 'hpcml[torch]' "
+                             "(ShardDataset iterates without it)")
         if kwargs.get("persistent_workers"):
             raise ValueError("persistent_workers=True would keep the previous epoch's order")
         if kwargs.get("in_order") is False:

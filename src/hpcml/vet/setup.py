@@ -2,8 +2,14 @@
 
 vetnode pip-installs on every node at job start: minutes of pip against a shared index,
 from every node at once. Here ``hpcml vet setup`` builds one venv on shared storage, named
-by the hash of what it holds, and ``hpcml vet`` only looks it up. The venv sees the
-system's site-packages, so hpcml itself and anything already installed stay importable.
+by the hash of what it holds, and ``hpcml vet`` only looks it up.
+
+The venv sees exactly what the interpreter running hpcml sees: a ``.pth`` file adds each of
+its site directories with ``site.addsitedir`` (which also runs their ``.pth`` files, so an
+editable install of hpcml works), after the venv's own site-packages. hpcml installed in the
+system, the user site or another venv therefore stays importable without a reinstall, and
+pip skips requirements already met there. ``system_site_packages`` alone would not do: from
+a venv it exposes the base interpreter's site-packages, not the venv that holds hpcml.
 """
 
 from __future__ import annotations
@@ -11,7 +17,9 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import json
+import os
 import platform
+import site
 import subprocess
 import sys
 import venv
@@ -43,6 +51,21 @@ def python_of(protocol: Protocol, root: str | Path | None) -> str | None:
     return str(path / "bin" / "python") if (path / MARKER).exists() else None
 
 
+def parent_site_dirs() -> list[str]:
+    """The site directories of the running interpreter, in its own order (user site last)."""
+    dirs = [d for d in site.getsitepackages() if os.path.isdir(d)]
+    if site.ENABLE_USER_SITE and os.path.isdir(site.getusersitepackages()):
+        dirs.append(site.getusersitepackages())
+    return dirs
+
+
+def _link_parent(path: Path) -> None:
+    """Make the venv import what this interpreter imports (see the module docstring)."""
+    purelib = path / "lib" / f"python{sys.version_info[0]}.{sys.version_info[1]}" / "site-packages"
+    lines = [f"import site; site.addsitedir({d!r})" for d in parent_site_dirs()]
+    (purelib / "zz-hpcml-parent.pth").write_text("\n".join(lines) + "\n")
+
+
 def setup(protocol: Protocol, root: str | Path, *, log=print) -> Path:
     """Create (or reuse) the venv for this protocol's requirements; safe to run concurrently."""
     path = venv_dir(protocol, root)
@@ -52,7 +75,8 @@ def setup(protocol: Protocol, root: str | Path, *, log=print) -> Path:
         if (path / MARKER).exists():
             log(f"already set up: {path}")
             return path
-        venv.EnvBuilder(system_site_packages=True, with_pip=True, clear=True).create(path)
+        venv.EnvBuilder(with_pip=True, clear=True).create(path)
+        _link_parent(path)
         pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
         if protocol.index_url:
             pip += ["--index-url", protocol.index_url]

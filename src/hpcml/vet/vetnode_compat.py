@@ -70,7 +70,7 @@ def _tcp(f: dict) -> dict:
 
 #: vetnode class path -> (hpcml type, field converter, pip names hpcml's check needs)
 MAPPING: dict[str, tuple[str, Callable[[dict], dict], tuple[str, ...]]] = {
-    "gpu_eval.GPUEval": ("gpu", _gpu, ("nvidia-ml-py",)),
+    "gpu_eval.GPUEval": ("gpu", _gpu, ()),      # nvidia-ml-py is a dependency of hpcml
     "cuda_eval.CUDAEval": ("compute", _cuda, ("torch",)),
     "nccl_lib_eval.NcclLibEval": ("collective", _nccl, ("torch",)),
     "nccl_pytorch_eval.NcclPytorchEval": ("collective", _nccl, ("torch",)),

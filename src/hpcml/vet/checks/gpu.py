@@ -13,7 +13,9 @@ can anyone re-judging a node's recorded state with other thresholds.
 
 No GPU (no driver, no NVML GPUs) is SKIPPED unless ``required`` or ``ctx.require_gpus``:
 then it FAILS. A GPU in ``ctx.gpus`` that NVML does not show FAILS whenever a driver is
-loaded. A missing pynvml raises MissingDependency. PCIe generation is not judged while
+loaded. A node with no driver (no ``/proc/driver/nvidia``, no ``/dev/nvidiactl``) has no GPU
+even when libnvidia-ml or pynvml is missing; with a driver, a missing NVML raises
+MissingDependency (an ``error``). PCIe generation is not judged while
 the GPU reports ``gpu_idle``: NVIDIA GPUs lower the link generation when idle to save
 power (the width stays), so an idle healthy GPU would otherwise fail.
 """
@@ -27,14 +29,13 @@ from typing import ClassVar
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from hpcml.vet import units
-from hpcml.vet.checks.base import Check
+from hpcml.vet.checks.base import Check, MissingDependency
 from hpcml.vet.checks.nvml_snapshot import (CLOCK_REASONS, GpuInfo, GpuSnapshot,
-                                             NvmlLibraryMissing, load_snapshot,
+                                             driver_present, load_snapshot,
                                              read_snapshot, reason_names, select)
 from hpcml.vet.model import CheckReport, Outcome
 
 REPLAY_ENV = "HPCML_VET_NVML_REPLAY"
-NVIDIA_PROC = "/proc/driver/nvidia/version"
 
 
 def _reason(name: str) -> str:
@@ -90,8 +91,8 @@ class GpuCheck(Check):
             return load_snapshot(path), f"replay:{path}"
         try:
             return read_snapshot(list(self.ctx.gpus) or None), "nvml"
-        except NvmlLibraryMissing as e:
-            if os.path.exists(NVIDIA_PROC):    # a driver is loaded: NVML must be found
+        except MissingDependency as e:
+            if driver_present():               # a driver is loaded: NVML must be found
                 raise
             return GpuSnapshot(False, errors=[str(e)]), "nvml"
 

@@ -16,6 +16,7 @@ A device NVML may not open (``NoPermission``: Slurm's device cgroup hides anothe
 from __future__ import annotations
 
 import json
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from typing import Any, Sequence
@@ -158,6 +159,15 @@ def select(snap: GpuSnapshot, ids: Sequence[str] | None) -> tuple[GpuSnapshot, l
                                                 for g in keep)]
     return GpuSnapshot(snap.driver_loaded, snap.driver_version, keep, errors,
                        list(snap.hidden), snap.taken_at), missing
+
+
+#: Where a loaded NVIDIA driver shows itself, without NVML.
+DRIVER_MARKERS = ("/proc/driver/nvidia/version", "/dev/nvidiactl")
+
+
+def driver_present() -> bool:
+    """Whether this node has a loaded NVIDIA driver (so a failing NVML is an error)."""
+    return any(os.path.exists(p) for p in DRIVER_MARKERS)
 
 
 def _import_pynvml():

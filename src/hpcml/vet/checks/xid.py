@@ -27,10 +27,10 @@ from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet import units
 from hpcml.vet.checks.base import Check
+from hpcml.vet.checks.nvml_snapshot import driver_present
 from hpcml.vet.model import CheckReport, Outcome
 
 CRITICAL_XIDS = [48, 63, 64, 74, 79, 92, 94, 95, 119, 154]
-NVIDIA_PROC = "/proc/driver/nvidia/version"
 
 _XID = re.compile(r"NVRM: Xid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
 _SXID = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9A-Fa-f:.]+)\): (\d+),\s*(.*)")
@@ -178,7 +178,7 @@ class XidCheck(Check):
                    "events": [asdict(e) for e in events]}
         span = "" if p.window is None else f" in the last {_span(p.window)}"
         if not bad and not other:
-            driver = "" if os.path.exists(NVIDIA_PROC) else " (NVIDIA driver not loaded)"
+            driver = "" if driver_present() else " (NVIDIA driver not loaded)"
             return CheckReport(Outcome.PASS, 0, "0 critical", "events",
                                f"no critical Xid/SXid{span}{driver}"
                                if events else f"no Xid/SXid{span}{driver}", details)
