@@ -8,7 +8,7 @@ generator (2 processes x 4 threads, one keep-alive connection each) posts node r
 directly through the store (bulk, for speed), and times GET /v1/nodes/{node}/history
 (100 queries over random nodes, median and p99) and GET /v1/nodes/failing, and measures the
 posting rate again on the full store. PostgreSQL is a private cluster from Debian's
-packages (tests/vet_collector/pgcluster.py), default settings (fsync on).
+packages (tests/vet/fleet/pgcluster.py), default settings (fsync on).
 Goals: >= 1,000 reports/s; history < 50 ms at 1,000,000 results. Prints a table and
 writes benchmarks/results/collector.json.
 """
@@ -106,8 +106,8 @@ def load(port: int, reports: int, seconds: float, procs: int = 2, threads: int =
 
 
 def fill(url: str, target: int) -> dict:
-    from hpcml.vet.collector.schema import NodeReport
-    from hpcml.vet.collector.store import open_store
+    from hpcml.vet.fleet.collector.schema import NodeReport
+    from hpcml.vet.fleet.collector.store import open_store
     store = open_store(url)
     have = store.count()["results"]
     rng = random.Random(1)
@@ -195,7 +195,7 @@ def main() -> None:
         if name == "sqlite":
             out["backends"][name] = bench(name, f"sqlite:///{work}/bench.db", work, args)
         else:
-            from tests.vet_collector.pgcluster import PgCluster
+            from tests.vet.fleet.pgcluster import PgCluster
             pg = PgCluster().start()
             try:
                 out["backends"][name] = bench(name, pg.create_db("bench"), work, args)

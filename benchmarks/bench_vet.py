@@ -2,10 +2,10 @@
 
     python benchmarks/bench_vet.py [--runs 15]
 
-Starts the local cluster (hpcml.cluster.localslurm), installs vetnode 0.1.5 in its own venv
+Starts the local cluster (hpcml.testing.localslurm), installs vetnode 0.1.5 in its own venv
 (plus tabulate, which it imports but does not declare), then inside one 2-node allocation
 alternates, run after run: `srun true` (the floor), vetnode's nearest equivalent protocol
-(env-var and TCP checks, tests/data/vetnode/cpu-equivalent.yaml) and `hpcml vet` with the
+(env-var and TCP checks, tests/fixtures/vetnode/cpu-equivalent.yaml) and `hpcml vet` with the
 CPU example protocol. Wall time is the whole command, as a job script sees it. Then it
 times the verdict and report for 10,000 synthetic nodes. Prints a table and ratios and
 writes benchmarks/results/vet.json.
@@ -49,7 +49,7 @@ def _timed(argv: list[str], env: dict, cwd: Path, timeout: float = 120) -> tuple
 def inner(runs: int, vetnode: str, ctld_port: int) -> dict:
     """Runs inside the allocation: alternate the three commands."""
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-"))
-    proto = (ROOT / "tests/data/vetnode/cpu-equivalent.yaml").read_text()
+    proto = (ROOT / "tests/fixtures/vetnode/cpu-equivalent.yaml").read_text()
     (work / "vn.yaml").write_text(proto.replace("port: 6917", f"port: {ctld_port}"))
     env = dict(os.environ)
     cmds = {
@@ -111,7 +111,7 @@ def main() -> None:
     if args.inner:
         print(json.dumps(inner(args.runs, args.vetnode, args.ctld_port)))
         return
-    from hpcml.cluster.localslurm import LocalSlurm
+    from hpcml.testing.localslurm import LocalSlurm
     WORK.mkdir(parents=True, exist_ok=True)
     vetnode = _vetnode()
     with LocalSlurm(Path("/tmp/hpcml-slurm-bench"), ctld_port=6957, first_slurmd_port=6961) as cluster:

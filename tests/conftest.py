@@ -1,4 +1,4 @@
-"""Fixtures shared by the whole suite: the local Slurm cluster (see hpcml.cluster.localslurm)."""
+"""Fixtures shared by the whole suite: the local Slurm cluster (see hpcml.testing.localslurm)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcml.cluster.localslurm import LocalSlurm, SlurmNotInstalled
+from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 from hpcml.errors import SlurmError
 
 

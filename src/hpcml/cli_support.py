@@ -51,7 +51,7 @@ def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> P
 def parse_size(value: str | None, option: str, minimum: int = 1) -> int | None:
     """A size option (``256 MB``, ``1 GiB``, bytes) as bytes; a bad one is exit 2 naming it."""
     from hpcml.errors import UsageError
-    from hpcml.vet.units import parse_bytes
+    from hpcml.units import parse_bytes
     if value is None:
         return None
     try:

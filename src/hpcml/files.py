@@ -1,9 +1,16 @@
-"""Small file helpers shared by the components."""
+"""Small file helpers shared by the components: atomic writes, and config files (YAML) read
+with errors that name the file, the key and the line."""
 
 from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from hpcml.errors import UsageError
+
+if TYPE_CHECKING:
+    import yaml
 
 
 def write_atomic(path: str | os.PathLike, text: str) -> None:
@@ -50,3 +57,48 @@ def load_yaml_with_nodes(text: str, source: str):
         return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
     except yaml.YAMLError as exc:
         raise yaml_error(exc, source) from None
+
+
+def line_map(node: "yaml.Node", path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+    """Key path -> 1-based line, from PyYAML's composed node tree."""
+    import yaml
+    out = {} if out is None else out
+    out.setdefault(path, node.start_mark.line + 1)
+    if isinstance(node, yaml.MappingNode):
+        for key_node, value_node in node.value:
+            key = (*path, key_node.value)
+            out[key] = key_node.start_mark.line + 1
+            line_map(value_node, key, out)
+    elif isinstance(node, yaml.SequenceNode):
+        for i, item in enumerate(node.value):
+            line_map(item, (*path, i), out)
+    return out
+
+
+def key_text(path: tuple) -> str:
+    """``('evals', 2, 'timeout')`` as ``evals[2].timeout``."""
+    text = ""
+    for part in path:
+        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
+    return text
+
+
+class ConfigLoader:
+    """Errors for a parsed config file that name its file, dotted key and line."""
+
+    def __init__(self, source: str, lines: dict[tuple, int]):
+        self.source, self.lines = source, lines
+
+    def error(self, path: tuple, problem: str) -> UsageError:
+        line = None
+        for n in range(len(path), -1, -1):
+            if path[:n] in self.lines:
+                line = self.lines[path[:n]]
+                break
+        return UsageError(problem, file=self.source, key=key_text(path) or None, line=line)
+
+    def convert(self, path: tuple, value: Any, parse) -> Any:
+        try:
+            return parse(value)
+        except ValueError as exc:
+            raise self.error(path, str(exc)) from None

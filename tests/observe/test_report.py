@@ -1,4 +1,4 @@
-"""The job report on synthetic job directories with known ground truth (hpcml.observe.synthetic).
+"""The job report on synthetic job directories with known ground truth (hpcml.testing.synthetic_job).
 
 The HTML test renders the report in headless Chromium (Debian's ``chromium``; installed
 here when missing and root) and checks the screenshot is not blank.
@@ -16,7 +16,7 @@ import pytest
 
 from hpcml.observe.report import build
 from hpcml.observe.store import read_job
-from hpcml.observe.synthetic import make_job
+from hpcml.testing.synthetic_job import make_job
 from tests.observe.browser import assert_not_blank, render
 
 SLOW, STALL_STEP, STALL_S, HICCUP, MISSING, CUT = 5, 250, 5.0, (9, 100), 7, 12

@@ -80,11 +80,11 @@ def test_from_a_job_store(tmp_path):
 
 
 def test_public_trace_with_a_labelled_straggler():
-    """Alibaba PAI job 1 (tests/data/stragglers/README.md): worker 6 becomes a straggler
+    """Alibaba PAI job 1 (tests/fixtures/stragglers/README.md): worker 6 becomes a straggler
     in the middle of training, in sampled iterations 1811-1941; nobody else does."""
     import csv
     from pathlib import Path
-    rows = list(csv.DictReader(open(Path(__file__).parents[1] / "data" / "stragglers" /
+    rows = list(csv.DictReader(open(Path(__file__).parents[1] / "fixtures" / "stragglers" /
                                     "alibaba-pai-job1-extract.csv")))
     ranks, steps, values = [], [], []
     for row in rows:

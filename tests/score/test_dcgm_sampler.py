@@ -88,7 +88,7 @@ def _drain(sampler, n: int = 8) -> list[tuple]:
 
 
 def test_probe_says_whether_a_host_engine_answers_and_why_not(fake, monkeypatch, tmp_path):
-    from hpcml.score.samplers.dcgm import probe
+    from hpcml.samplers.dcgm import probe
     p = probe()
     assert p.ok and p.gpus == 4 and p.bindings.endswith("bindings/python3")
     fake.use(lambda d: d.update(reachable=False))
@@ -105,7 +105,7 @@ def test_probe_says_whether_a_host_engine_answers_and_why_not(fake, monkeypatch,
 
 def test_samples_only_the_bound_gpus_with_dcgm_timestamps_and_no_blank_rows(fake):
     """SLURM_STEP_GPUS=0,1 are NVML indices; in the replay they are DCGM GPU ids 2 and 3."""
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler
     data = fake.use()
     s = DcgmSampler(["0", "1"], 1.0)
     try:
@@ -129,7 +129,7 @@ def test_samples_only_the_bound_gpus_with_dcgm_timestamps_and_no_blank_rows(fake
 
 
 def test_a_uuid_binds_by_device_attributes(fake):
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler
     data = fake.use()
     s = DcgmSampler([data["gpus"][1]["uuid"]], 0.5)
     try:
@@ -142,7 +142,7 @@ def test_a_uuid_binds_by_device_attributes(fake):
 
 
 def test_gpus_dcgm_does_not_know_are_noted_and_ids_stand_in_for_missing_nvml_indices(fake):
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler
     s = DcgmSampler(["0", "7"], 1.0)
     try:
         assert s.index_of == {2: 0} and "['7']" in s.label()["note"]
@@ -160,7 +160,7 @@ def test_gpus_dcgm_does_not_know_are_noted_and_ids_stand_in_for_missing_nvml_ind
                                             ("DCGM_ST_IN_USE", "another profiler"),
                                             ("DCGM_ST_PROFILING_NOT_SUPPORTED", "does not support")])
 def test_profiling_fields_that_cannot_be_watched_fall_back_to_device_fields(fake, status, words):
-    from hpcml.score.samplers.dcgm import DEVICE_IDS, DcgmSampler
+    from hpcml.samplers.dcgm import DEVICE_IDS, DcgmSampler
     data = fake.use(lambda d: d.update(watch_error=status))
     s = DcgmSampler(["0"], 1.0)
     try:
@@ -178,7 +178,7 @@ def test_profiling_fields_that_cannot_be_watched_fall_back_to_device_fields(fake
 
 
 def test_an_unexpected_watch_error_is_not_swallowed(fake):
-    from hpcml.score.samplers.dcgm import DcgmSampler, load_bindings
+    from hpcml.samplers.dcgm import DcgmSampler, load_bindings
     fake.use(lambda d: d.update(watch_error="DCGM_ST_NO_PERMISSION"))
     with pytest.raises(load_bindings().dcgm_structs.DCGMError):
         DcgmSampler(["0"], 1.0)
@@ -187,7 +187,7 @@ def test_an_unexpected_watch_error_is_not_swallowed(fake):
 
 
 def test_close_unwatches_destroys_and_disconnects_even_when_the_engine_is_gone(fake):
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler
     s = DcgmSampler(["0", "1"], 1.0)
     s.close()
     s.close()                                                # idempotent
@@ -206,7 +206,7 @@ def test_blank_sentinels_are_recognised_even_without_the_helpers_flag(fake):
     sentinel range (energy in mJ after hours) is a value, not a blank."""
     from types import SimpleNamespace as V
 
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler
     s = DcgmSampler(["0"], 1.0)
     dv = s.b.dcgmvalue
     try:
@@ -230,8 +230,8 @@ def _replay(tmp_path: Path) -> Path:
 
 
 def test_choose_modes(fake, monkeypatch, tmp_path):
-    from hpcml.score.samplers.choose import NVML_NOTE, choose_gpu_sampler
-    from hpcml.score.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.choose import NVML_NOTE, choose_gpu_sampler
+    from hpcml.samplers.dcgm import DcgmSampler
 
     s, label = choose_gpu_sampler("none", ["0"], 1.0)
     assert s is None and label["kind"] == "none"
@@ -258,7 +258,7 @@ def test_choose_modes(fake, monkeypatch, tmp_path):
 
 def test_auto_without_dcgm_or_nvml_records_no_gpu(fake, monkeypatch):
     """No host engine, and NVML fails here (no driver): no sampler, and the label says why."""
-    from hpcml.score.samplers.choose import choose_gpu_sampler
+    from hpcml.samplers.choose import choose_gpu_sampler
     fake.use(lambda d: d.update(reachable=False))
     monkeypatch.delenv("HPCML_OBSERVE_NVML_REPLAY", raising=False)
     import pynvml
@@ -273,7 +273,7 @@ def test_auto_without_dcgm_or_nvml_records_no_gpu(fake, monkeypatch):
 
 
 def test_for_task_records_each_gpu_once_per_step(fake, monkeypatch):
-    from hpcml.score.samplers.choose import for_task
+    from hpcml.samplers.choose import for_task
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     monkeypatch.setenv("SLURM_STEP_ID", "0")
     first = for_task("dcgm", ["0", "1"], 1.0)

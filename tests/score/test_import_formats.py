@@ -1,5 +1,5 @@
 """dcgmi dmon, gssr JSON/SQLite importers and format detection, on samples in each tool's
-own layout (tests/data/score/README.md says where each comes from)."""
+own layout (tests/fixtures/score/README.md says where each comes from)."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ from hpcml.score import importers
 from hpcml.score.importers import dmon, gssr_json
 from hpcml.score.model import score_job
 
-DATA = Path(__file__).resolve().parents[1] / "data" / "score"
+DATA = Path(__file__).resolve().parents[1] / "fixtures" / "score"
 ROOT = Path(__file__).resolve().parents[2]
 GSSR_DIR = DATA / "gssr_profile_out_JobID_777"
 GSSR_STEP = GSSR_DIR / "unlabeled_job_777_step_0"

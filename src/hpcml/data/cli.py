@@ -9,7 +9,7 @@ import typer
 
 from hpcml.cli_support import fail, parse_size, progress_bar
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.vet.units import fmt_bytes
+from hpcml.units import fmt_bytes
 
 app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
                   help="Datasets on HPC storage: doctor, pack into shards, stage, benchmark the loader.\n\n"

@@ -11,7 +11,7 @@ import typer
 
 from hpcml.cli_support import fail, show
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.vet.units import fmt_bytes
+from hpcml.units import fmt_bytes
 
 
 def _list(value: str, option: str) -> list[str]:

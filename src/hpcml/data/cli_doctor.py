@@ -67,7 +67,7 @@ def _render(report) -> None:
     from rich.table import Table
 
     from hpcml.data.doctor import fmt_size
-    from hpcml.vet.units import fmt_bytes
+    from hpcml.units import fmt_bytes
     s, rec, ops, con = report.scan, report.recommendation, report.ops, Console()
 
     t = Table(title=f"Dataset {s.root}", show_header=False)

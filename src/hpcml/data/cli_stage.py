@@ -98,7 +98,7 @@ def _on_nodes(src: Path, to: Optional[str], nodes: list[str], threads: int, veri
 
 
 def _summary(out) -> None:
-    from hpcml.vet.units import fmt_bytes
+    from hpcml.units import fmt_bytes
     err = sys.stderr
     for node, r in out.results.items():
         if not r.staged:

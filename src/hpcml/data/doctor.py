@@ -28,7 +28,7 @@ import numpy as np
 
 from hpcml.data.sources import examine, identity, sample_key, walk
 from hpcml.errors import UsageError
-from hpcml.vet.units import fmt_bytes
+from hpcml.units import fmt_bytes
 
 MiB = 2**20
 MB = 10**6

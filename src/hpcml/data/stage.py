@@ -401,7 +401,7 @@ def _run_pool(run: _Run, todo: list[_File], threads: int) -> None:
 
 
 def _no_fit(res: StageResult) -> str:
-    from hpcml.vet.units import fmt_bytes
+    from hpcml.units import fmt_bytes
     return (f"does not fit: needs {fmt_bytes(res.needed)}, {res.target} has {fmt_bytes(res.free)} free "
             f"and {fmt_bytes(res.keep_free)} is kept free")
 

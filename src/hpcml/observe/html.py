@@ -1,4 +1,5 @@
-"""The job report as ONE self-contained HTML file: inline SVG, no JavaScript, no network.
+"""The job report as ONE self-contained HTML file: inline SVG, no JavaScript, no network
+(the drawing pieces are in :mod:`hpcml.htmlkit`, shared with score's report).
 
 Why hand-written SVG instead of a plotting library: the file must open offline on a login
 node or a laptop years later, from a mail attachment or a shared folder. A plotting
@@ -12,203 +13,15 @@ tens of MB; the PNG is a few hundred kB).
 
 from __future__ import annotations
 
-import base64
 import html
-import struct
-import zlib
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
+from hpcml.htmlkit import CSS, PALETTE, fmt_duration, fmt_number, heatmap, line_chart, table
 from hpcml.observe.report import Report
 
-W, H = 1100, 210                     # chart size in px
-ML, MR, MT, MB = 70, 130, 26, 28     # margins: left (y labels), right (legend), top, bottom
-PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2",
-           "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a")
-VIRIDIS = np.array([(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)], float)
 MAX_NODE_LINES = 12
-
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f3f3f3} .muted{color:#777;font-size:12px} .finding{margin:6px 0}
-.finding b{color:#b03000} .advice{color:#205080} svg{display:block;margin:4px 0 14px}
-svg text{font-size:11px;fill:#333} .kv td:first-child{font-weight:600}
-"""
-
-
-# ------------------------------------------------------------------------- SVG helpers
-
-def _fmt(v: float) -> str:
-    if v is None or not np.isfinite(v):
-        return "–"
-    a = abs(v)
-    for div, suf in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
-        if a >= div:
-            return f"{v / div:.3g}{suf}"
-    return f"{v:.3g}"
-
-
-def _fmt_t(s: float) -> str:
-    s = round(s)
-    return f"{s // 3600}:{s // 60 % 60:02d}:{s % 60:02d}" if s >= 3600 else f"{s // 60}:{s % 60:02d}"
-
-
-def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
-    if not np.isfinite(lo) or not np.isfinite(hi):
-        return []
-    if hi <= lo:
-        hi = lo + (abs(lo) or 1.0)
-    raw = (hi - lo) / n
-    mag = 10 ** np.floor(np.log10(raw))
-    step = next(m * mag for m in (1, 2, 2.5, 5, 10) if m * mag >= raw)
-    return list(np.arange(np.ceil(lo / step) * step, hi + step * 1e-9, step))
-
-
-def _path(xs: np.ndarray, ys: np.ndarray) -> str:
-    """An SVG path through the finite points; NaN breaks the line."""
-    out, pen = [], False
-    for x, y in zip(xs, ys):
-        if np.isfinite(y):
-            out.append(f"{'L' if pen else 'M'}{x:.1f},{y:.1f}")
-            pen = True
-        else:
-            pen = False
-    return "".join(out)
-
-
-def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, str]],
-               bands: list[tuple[np.ndarray, np.ndarray, str]] = (),
-               spans: list[tuple[float, float]] = (), unit: str = "",
-               ylim: tuple[float, float] | None = None, span_fill: str = "#f4b0a0",
-               span_label: str = "stall") -> str:
-    """Lines (label, y, colour) over time ``t`` (seconds), optional bands (lo, hi, colour)
-    and shaded time spans (stalls). ``ylim``: a y range the axis always covers (e.g. 0-1
-    for ratios) instead of one fitted to the data."""
-    ys = [np.asarray(y, float) for _, y, _ in lines] + [np.asarray(b, float) for lo, hi, _ in bands for b in (lo, hi)]
-    finite = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
-    if not len(finite) or not len(t):
-        return f"<p class='muted'>{html.escape(title)}: no data</p>"
-    y0, y1 = float(finite.min()), float(finite.max())
-    if ylim is not None:
-        y0, y1 = min(y0, ylim[0]), max(y1, ylim[1])
-    elif y1 == y0:                  # a constant series: centre it instead of pinning it to an edge
-        pad = abs(y0) * 0.1 or 1.0
-        y0, y1 = y0 - pad, y1 + pad
-    if ylim is None and y0 > 0 and y0 < 0.3 * y1:
-        y0 = 0.0
-    ticks = _ticks(y0, y1)
-    y0, y1 = min(y0, ticks[0]) if ticks else y0, max(y1, ticks[-1]) if ticks else y1
-    if y1 <= y0:
-        y1 = y0 + 1
-    tmax = float(t[-1] + (t[1] - t[0]) / 2 if len(t) > 1 else t[-1] + 1)
-    pw, ph = W - ML - MR, H - MT - MB
-    X = ML + np.asarray(t) / tmax * pw
-    def Y(v):
-        return MT + ph - (np.asarray(v, float) - y0) / (y1 - y0) * ph
-    s = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>",
-         f"<title>{html.escape(title)}</title>",
-         (f"<text x='{ML}' y='15' style='font-size:13px;font-weight:600'>{html.escape(title)}"
-          f"{' (' + html.escape(unit) + ')' if unit else ''}</text>"),
-         f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='#fafafa' stroke='#ccc'/>"]
-    for a, b in spans:
-        xa, xb = ML + a / tmax * pw, ML + b / tmax * pw
-        s.append(f"<rect x='{xa:.1f}' y='{MT}' width='{max(1.0, xb - xa):.1f}' height='{ph}' fill='{span_fill}' "
-                 f"opacity='0.6'><title>{html.escape(span_label)} {_fmt_t(a)}–{_fmt_t(b)}</title></rect>")
-    for v in ticks:
-        yy = float(Y(v))
-        s.append(f"<line x1='{ML}' x2='{ML + pw}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e4e4e4'/>"
-                 f"<text x='{ML - 6}' y='{yy + 4:.1f}' text-anchor='end'>{_fmt(v)}</text>")
-    for v in _ticks(0, tmax, 8):
-        xx = ML + v / tmax * pw
-        if xx <= ML + pw + 0.5:
-            s.append(f"<text x='{xx:.1f}' y='{H - 10}' text-anchor='middle'>{_fmt_t(v)}</text>")
-    for lo, hi, color in bands:
-        lo, hi = np.asarray(lo, float), np.asarray(hi, float)
-        ok = np.isfinite(lo) & np.isfinite(hi)
-        cut = np.flatnonzero(np.diff(np.concatenate([[0], ok.astype(np.int8), [0]])))
-        for a, b in zip(cut[::2], cut[1::2]):                   # one polygon per run without gaps
-            sl = slice(a, b)
-            pts = [f"{x:.1f},{y:.1f}" for x, y in zip(X[sl], Y(hi[sl]))] + \
-                  [f"{x:.1f},{y:.1f}" for x, y in zip(X[sl][::-1], Y(lo[sl][::-1]))]
-            s.append(f"<polygon points='{' '.join(pts)}' fill='{color}' opacity='0.25'/>")
-    for i, (label, y, color) in enumerate(lines):
-        s.append(f"<path d='{_path(X, Y(y))}' fill='none' stroke='{color}' stroke-width='1.4'>"
-                 f"<title>{html.escape(label)}</title></path>")
-        ly = MT + 12 + 14 * i
-        if ly < H - MB:
-            s.append(f"<rect x='{W - MR + 8}' y='{ly - 8}' width='10' height='10' fill='{color}'/>"
-                     f"<text x='{W - MR + 22}' y='{ly + 1}'>{html.escape(label[:16])}</text>")
-    s.append("</svg>")
-    return "".join(s)
-
-
-def _png(rgb: np.ndarray) -> bytes:
-    """An 8-bit RGB PNG of an (h, w, 3) uint8 array (filter 0 on every row)."""
-    h, w, _ = rgb.shape
-    raw = np.hstack([np.zeros((h, 1), np.uint8), rgb.reshape(h, w * 3)]).tobytes()
-    def chunk(kind: bytes, data: bytes) -> bytes:
-        return struct.pack(">I", len(data)) + kind + data + struct.pack(">I", zlib.crc32(kind + data))
-    return (b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0))
-            + chunk(b"IDAT", zlib.compress(raw, 6)) + chunk(b"IEND", b""))
-
-
-def _colormap(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
-    f = np.clip((v - lo) / ((hi - lo) or 1.0), 0, 1)
-    pos = np.nan_to_num(f) * (len(VIRIDIS) - 1)
-    i = np.minimum(pos.astype(int), len(VIRIDIS) - 2)
-    frac = (pos - i)[..., None]
-    rgb = VIRIDIS[i] * (1 - frac) + VIRIDIS[i + 1] * frac
-    rgb[~np.isfinite(v)] = (215, 215, 215)
-    return rgb.astype(np.uint8)
-
-
-def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float, float] | None = None,
-            unit: str = "s", legend: str = "grey: no step") -> str:
-    """Rows x time buckets as an inline PNG. ``scale``: a fixed colour range (lo, hi);
-    by default the 2nd-98th percentile of the values."""
-    v = np.asarray(hm["values"], float)
-    if not np.isfinite(v).any():
-        return f"<p class='muted'>{html.escape(title)}: no data</p>"
-    lo, hi = scale if scale is not None else np.nanpercentile(v, [2, 98])
-    rows = v.shape[0]
-    ph = int(min(700, max(120, rows * 3)))
-    pw = W - ML - MR
-    h = MT + ph + MB
-    png = base64.b64encode(_png(_colormap(v, lo, hi))).decode()
-    s = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{h}' viewBox='0 0 {W} {h}' role='img'>",
-         f"<text x='{ML}' y='15' style='font-size:13px;font-weight:600'>{html.escape(title)}</text>",
-         (f"<image x='{ML}' y='{MT}' width='{pw}' height='{ph}' preserveAspectRatio='none' "
-          f"style='image-rendering:pixelated' href='data:image/png;base64,{png}'/>"),
-         f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>"]
-    labels = hm["labels"]
-    for k in range(0, rows, max(1, rows // 10)):
-        y = MT + (k + 0.5) * ph / rows
-        s.append(f"<text x='{ML - 6}' y='{y + 4:.1f}' text-anchor='end'>{html.escape(labels[k])}</text>")
-    for tv in _ticks(0, t_end, 8):
-        x = ML + tv / t_end * pw
-        if x <= ML + pw + 0.5:
-            s.append(f"<text x='{x:.1f}' y='{h - 10}' text-anchor='middle'>{_fmt_t(tv)}</text>")
-    for k in range(5):                                   # colour bar
-        f = k / 4
-        c = VIRIDIS[k].astype(int)
-        s.append(f"<rect x='{W - MR + 10}' y='{MT + (4 - k) * 22}' width='14' height='22' "
-                 f"fill='rgb({c[0]},{c[1]},{c[2]})'/><text x='{W - MR + 30}' y='{MT + (4 - k) * 22 + 15}'>"
-                 f"{_fmt(lo + f * (hi - lo))}{' ' + html.escape(unit) if unit else ''}</text>")
-    s.append(f"<text x='{W - MR + 10}' y='{MT + 128}'>{html.escape(legend)}</text></svg>")
-    return "".join(s)
-
-
-# ------------------------------------------------------------------------- the page
-
-def _table(head: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
-
 
 def _node_chart(t, entry: dict, title: str, spans) -> str:
     nodes, m = entry["nodes"], np.asarray(entry["values"], float)
@@ -240,14 +53,14 @@ def render(rep: Report) -> str:
            f"<title>hpcml job report {e(rep.job_id)}</title><style>{CSS}</style></head><body>",
            "<div id='hpcml-report'>",
            f"<h1>Job {e(rep.job_id)}</h1><div class='muted'>{e(rep.path)}</div>"]
-    dur = _fmt_t(rep.duration_s) if rep.duration_s is not None else "–"
+    dur = fmt_duration(rep.duration_s) if rep.duration_s is not None else "–"
     nodes = ", ".join(rep.nodes[:20]) + (f" … ({len(rep.nodes)})" if len(rep.nodes) > 20 else "")
     tp = rep.throughput
     kv = [("ranks", f"{rep.ranks_with_data} with data of {rep.ranks_expected}"),
           ("nodes", nodes or "–"), ("duration", dur), ("rows", f"{rep.rows:,}")]
     if tp:
         def num(v):
-            return _fmt(float("nan") if v is None else v)
+            return fmt_number(float("nan") if v is None else v)
         kv.append(("throughput", f"median {num(tp['median'])} {tp['unit']} "
                                  f"(min {num(tp['min'])}, max {num(tp['max'])})"))
     out.append("<table class='kv'>" + "".join(f"<tr><td>{e(k)}</td><td>{e(str(v))}</td></tr>" for k, v in kv)
@@ -259,20 +72,20 @@ def render(rep: Report) -> str:
     else:
         out.append("<p>Nothing stands out: no stragglers, stalls or lost ranks.</p>")
     if rep.stragglers:
-        out.append("<h2>Chronic stragglers</h2>" + _table(
+        out.append("<h2>Chronic stragglers</h2>" + table(
             ["rank", "node", "GPUs", "× step median", "slow steps", "trend", "confidence"],
             [[s["rank"], s["node"] or "?", ",".join(s["gpus"]), s["score"], s["slow_fraction"], s["trend"],
               s["confidence"]] for s in rep.stragglers]))
     if rep.stalls:
-        out.append("<h2>Job-wide stalls</h2>" + _table(
+        out.append("<h2>Job-wide stalls</h2>" + table(
             ["from", "to", "seconds", "step rate / median"],
-            [[_fmt_t(s["start_s"]), _fmt_t(s["end_s"]), s["duration_s"], s["ratio"]] for s in rep.stalls]))
+            [[fmt_duration(s["start_s"]), fmt_duration(s["end_s"]), s["duration_s"], s["ratio"]] for s in rep.stalls]))
     if rep.one_off_stalls:
-        out.append("<h2>One-off stalls</h2>" + _table(
+        out.append("<h2>One-off stalls</h2>" + table(
             ["rank", "node", "step", "× step median"],
             [[o["rank"], o["node"] or "?", o["step"], o["ratio"]] for o in rep.one_off_stalls[:20]]))
     if rep.transient_stragglers:
-        out.append("<h2>Transient stragglers</h2>" + _table(
+        out.append("<h2>Transient stragglers</h2>" + table(
             ["rank", "node", "from step", "to step", "× others"],
             [[o["rank"], o["node"] or "?", o["first_step"], o["last_step"], o["ratio"]]
              for o in rep.transient_stragglers[:20]]))
@@ -280,9 +93,9 @@ def render(rep: Report) -> str:
         rows = [[r, "no data"] for r in rep.missing_ranks] + \
                [[r, why] for r, why in rep.damaged_ranks.items()] + \
                [[r, f"exit code {ec}"] for r, ec in rep.failed_ranks.items()]
-        out.append("<h2>Lost and damaged ranks</h2>" + _table(["rank", "problem"], rows))
+        out.append("<h2>Lost and damaged ranks</h2>" + table(["rank", "problem"], rows))
     if rep.sections:
-        out.append("<h2>Sections</h2>" + _table(
+        out.append("<h2>Sections</h2>" + table(
             ["section", "total s (all ranks)", "mean s", "share of step"],
             [[n, d["total_s"], d["mean_s"], "–" if d["share_of_step"] is None else f"{d['share_of_step'] * 100:.1f}%"]
              for n, d in sorted(rep.sections.items())]))

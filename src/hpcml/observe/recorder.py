@@ -22,7 +22,7 @@ from pathlib import Path
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
-from hpcml.observe.samplers.host import HostSampler
+from hpcml.samplers.host import HostSampler
 from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
@@ -81,8 +81,8 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
            prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "nvml") -> int:
     """``gpu_metrics``: auto (DCGM, else NVML), dcgm (required), nvml or none; see
-    ``hpcml.score.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
-    from hpcml.score.samplers.choose import for_task
+    ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
+    from hpcml.samplers.choose import for_task
     if not cmd:
         raise UsageError("no command to record: give it after --, e.g. "
                          "hpcml observe record -- python train.py")

@@ -26,6 +26,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcml.htmlkit import natural_key
 from hpcml.observe.stragglers import score_ranks
 
 MAX_BUCKETS = 1000
@@ -188,7 +189,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         return (meta_ranks.get(str(int(r))) or {}).get("node") or f"rank{int(r)}"
     rank_nodes = [node_of(r) for r in rank_ids]
     nodes = sorted({(v or {}).get("node") for v in meta_ranks.values() if (v or {}).get("node")},
-                   key=_natural)
+                   key=natural_key)
     if not nodes and isinstance(meta.get("nodes"), list):
         nodes = list(meta["nodes"])
 
@@ -322,7 +323,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         plots["series"].append({"kind": k, "name": nm, **_band(m)})
     if sg is not None:
         plots["heatmap"] = _heatmap(cells[("section", "step")], rank_ids, max_rows)
-    node_names = sorted(set(rank_nodes), key=_natural)
+    node_names = sorted(set(rank_nodes), key=natural_key)
     nidx_of_rank = np.array([node_names.index(nd) for nd in rank_nodes], np.int64) if rank_nodes else None
     for kind in ("gpu", "host"):
         for (k, nm), g in sorted(groups.items()):
@@ -357,11 +358,6 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots)
-
-
-def _natural(s: str):
-    import re
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
 
 
 def _downsample(a: np.ndarray, n: int) -> np.ndarray:

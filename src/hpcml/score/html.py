@@ -20,8 +20,8 @@ from typing import Any
 import numpy as np
 
 from hpcml.files import write_atomic
-from hpcml.observe.html import CSS as _OBSERVE_CSS
-from hpcml.observe.html import PALETTE, _fmt, _fmt_t, _table, heatmap, line_chart
+from hpcml.htmlkit import CSS as _OBSERVE_CSS
+from hpcml.htmlkit import PALETTE, fmt_duration, fmt_number, heatmap, line_chart, table
 from hpcml.score import model
 from hpcml.score.report import PLOTTED_FIELDS
 
@@ -206,8 +206,8 @@ def render(report: dict) -> str:
            "<div id='hpcml-score'>",
            f"<h1>GPU saturation score: {e(name)}</h1>",
            f"<div class='muted'>source {e(source)} · {rep.get('gpus', 0)} GPUs on {rep.get('nodes', 0)} nodes · "
-           f"start {e(_start(rep))} · duration {_fmt_t(rep.get('duration_s') or 0)} · "
-           f"sample interval {_fmt(rep.get('interval_s'))} s</div>"]
+           f"start {e(_start(rep))} · duration {fmt_duration(rep.get('duration_s') or 0)} · "
+           f"sample interval {fmt_number(rep.get('interval_s'))} s</div>"]
     if temporal:
         out.append("<div class='banner' id='temporal-only'><b>Temporal utilisation only — no saturation score.</b> "
                    "NVML says when a kernel ran, not how much of the GPU it used; record with DCGM (a host "
@@ -231,7 +231,7 @@ def render(report: dict) -> str:
                                     "samples (see below); it is not this score"),
           ("imbalance", f"CoV of per-GPU scores {_num(imb.get('gpus'))} across GPUs, "
                         f"{_num(imb.get('nodes'))} across node means"),
-          ("scored span", f"{_fmt_t(span[0])}–{_fmt_t(span[1])} (warm-up and tail left out; grey in the charts)"
+          ("scored span", f"{fmt_duration(span[0])}–{fmt_duration(span[1])} (warm-up and tail left out; grey in the charts)"
            if span else "none: no active span found")]
     if rep.get("energy_wh") is not None:
         kv.append(("energy", f"{rep['energy_wh']:,.1f} Wh on {rep.get('energy_gpus')} GPUs (whole recording)"))
@@ -279,13 +279,13 @@ def render(report: dict) -> str:
 
     # tables
     per_node = rep.get("per_node") or []
-    out.append("<h2>Nodes</h2>" + _table(["node", "GPUs", "mean score", "lowest GPU score"],
+    out.append("<h2>Nodes</h2>" + table(["node", "GPUs", "mean score", "lowest GPU score"],
                                          [[n.get("node"), n.get("gpus"), _num(n.get("score")), _num(n.get("min"))]
                                           for n in per_node]))
     rows = _gpu_rows(rep.get("per_gpu") or [])
     hidden = len(rows) - MAX_GPU_ROWS
     out.append("<h2>GPUs</h2><p class='muted'>Lowest score first; medians over the scored span.</p>"
-               + _table(["GPU", "score", "bound", "compute", "memory", "interconnect", "gssr", "SM active",
+               + table(["GPU", "score", "bound", "compute", "memory", "interconnect", "gssr", "SM active",
                          "coverage", "samples", "model"], rows[:MAX_GPU_ROWS]).replace("<table>", "<table id='gpus'>", 1))
     if hidden > 0:
         out.append(f"<p class='muted' id='gpus-hidden'>{hidden} more GPUs not shown (higher scores).</p>")

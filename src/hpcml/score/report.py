@@ -16,7 +16,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.observe.report import _natural, group_rows
+from hpcml.htmlkit import natural_key
+from hpcml.observe.report import group_rows
 from hpcml.score.model import PIPES, JobScore, score_columns
 from hpcml.score.recording import Recording
 
@@ -85,7 +86,7 @@ def _heatmap(rows: list[np.ndarray], labels: list[str], max_rows: int) -> dict[s
 def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> dict[str, Any]:
     """Score ``rec`` and gather the evidence the terminal, JSON and HTML reports show."""
     grid = rec.grid()
-    keys = sorted(rec.gpus, key=lambda k: (_natural(k[0]), _natural(k[1])))
+    keys = sorted(rec.gpus, key=lambda k: (natural_key(k[0]), natural_key(k[1])))
     series = _Series(grid.n, buckets)
     heat: list[np.ndarray] = []
 
@@ -116,7 +117,7 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     if rec.temporal_only:
         findings.insert(0, "temporal utilisation only, no saturation: NVML says when a kernel ran, not how much "
                            "of the GPU it used; record with DCGM (a host engine on the node) for a score.")
-    nodes = sorted({k[0] for k in keys}, key=_natural)
+    nodes = sorted({k[0] for k in keys}, key=natural_key)
     return {
         "version": VERSION,
         "source": rec.source,
@@ -174,7 +175,7 @@ def _per_node(job: JobScore) -> list[dict[str, Any]]:
     for g in job.gpus:
         by.setdefault(g.node, []).append(g.score)
     out = []
-    for node in sorted(by, key=_natural):
+    for node in sorted(by, key=natural_key):
         v = np.array(by[node], float)
         v = v[np.isfinite(v)]
         out.append({"node": node, "gpus": len(by[node]), "score": _r(float(v.mean())) if len(v) else None,

@@ -7,7 +7,7 @@ from typing import Any
 
 from rich.console import Console
 
-from hpcml.observe.html import _fmt_t
+from hpcml.htmlkit import fmt_duration
 
 BAR = 24
 
@@ -26,10 +26,10 @@ def _bar(v: float | None) -> str:
 def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console | None = None) -> None:
     con = console or Console()
     span = rep.get("span_s")
-    where = (f"{_n(rep['gpus'], 'GPU')} on {_n(rep['nodes'], 'node')}, {_fmt_t(rep['duration_s'] or 0)} "
+    where = (f"{_n(rep['gpus'], 'GPU')} on {_n(rep['nodes'], 'node')}, {fmt_duration(rep['duration_s'] or 0)} "
              f"at {rep['interval_s']:g} s" if rep["gpus"] else "no GPUs")
     if span:
-        where += f", active {_fmt_t(span[0])}–{_fmt_t(span[1])}"
+        where += f", active {fmt_duration(span[0])}–{fmt_duration(span[1])}"
     if rep["temporal_only"]:
         con.print(f"[bold yellow]temporal utilisation only, no saturation[/] — {where}")
     elif rep["score"] is None:

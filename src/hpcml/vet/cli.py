@@ -78,7 +78,7 @@ def run(
                                          preload=launch.preload_hint(protocol))
         from hpcml.vet import engine, report, setup
         from hpcml.vet.protocol import load
-        from hpcml.vet.units import parse_seconds
+        from hpcml.units import parse_seconds
         proto = load(protocol)
         try:
             limit = parse_seconds(deadline) if deadline is not None else None
@@ -110,8 +110,8 @@ def run(
 
 def _send(data: dict, url: str, token_file: Optional[Path]) -> None:
     """Opt-in reporting never changes the verdict: a failure is one warning line."""
-    from hpcml.vet.collector.client import send
-    from hpcml.vet.collector.server import read_tokens
+    from hpcml.vet.fleet.collector.client import send
+    from hpcml.vet.fleet.collector.server import read_tokens
     try:
         tokens = read_tokens(token_file)
     except OSError as exc:

@@ -12,7 +12,7 @@ import typer
 from hpcml.cli_support import fail
 from hpcml.errors import HpcmlError, UsageError
 
-# Not imported from hpcml.vet.rules: that pulls pydantic into every `hpcml vet` start.
+# Not imported from hpcml.vet.fleet.rules: that pulls pydantic into every `hpcml vet` start.
 DEFAULT_RULES = Path(__file__).parent / "protocols" / "rules-default.yaml"
 
 _STYLE = {"drain": "bold red", "resume": "green", "hold": "yellow", "skip": "dim"}
@@ -41,8 +41,8 @@ def handle(
     scontrol update failed; 2 bad rules or input, or refused by the guard (more drains
     than max_drain_fraction / min_nodes_kept allow), nothing changed.
     """
-    from hpcml.vet import handler, rules as rules_mod
-    from hpcml.vet.handler_sources import JsonDirSource, StoreSource
+    from hpcml.vet.fleet import handler, rules as rules_mod
+    from hpcml.vet.fleet.sources import JsonDirSource, StoreSource
     try:
         if bool(results) == bool(db):
             raise UsageError("give either --results DIR... or --db URL")
@@ -85,7 +85,7 @@ def validate_rules(file: Path = typer.Argument(..., help="Rules catalog to check
 
     Example: [bold]hpcml vet rules validate site-rules.yaml[/]
     """
-    from hpcml.vet import rules as rules_mod
+    from hpcml.vet.fleet import rules as rules_mod
     try:
         catalog = rules_mod.load(file)
     except HpcmlError as exc:

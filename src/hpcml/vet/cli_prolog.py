@@ -29,7 +29,7 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
     from hpcml.errors import UsageError
     from hpcml.vet import prolog
     from hpcml.vet.protocol import load
-    from hpcml.vet.units import parse_seconds
+    from hpcml.units import parse_seconds
     started = prolog.process_start()
     try:
         try:
@@ -68,7 +68,7 @@ def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain
                   python: Optional[str] = None) -> str:
     """A POSIX sh wrapper for ``Prolog=`` / ``HealthCheckProgram=``. Slurm gives the prolog a
     minimal PATH, so it names the interpreter (and ``timeout``) by absolute path."""
-    from hpcml.vet.units import parse_seconds
+    from hpcml.units import parse_seconds
     python = python or sys.executable
     args = [os.path.abspath(python), "-m", "hpcml", "vet", "--prolog", "--budget", budget]
     args += ["--drain"] if drain else []
@@ -111,7 +111,7 @@ def prolog_script(
 
     Example: [bold]hpcml vet prolog-script --log /var/log/hpcml-prolog.log > /etc/slurm/prolog.sh[/]
     """
-    from hpcml.vet.units import parse_seconds
+    from hpcml.units import parse_seconds
     problem = f"{protocol}: file not found" if protocol is not None and not Path(protocol).is_file() \
         else None
     try:

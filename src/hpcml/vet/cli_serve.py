@@ -1,6 +1,6 @@
 """``hpcml vet serve``: run the results collector until SIGTERM or SIGINT.
 
-Arguments only; the service is ``hpcml.vet.collector.server``. Registered in ``cli.py``.
+Arguments only; the service is ``hpcml.vet.fleet.collector.server``. Registered in ``cli.py``.
 """
 
 from __future__ import annotations
@@ -39,8 +39,8 @@ def serve(
     lists the nodes failing most. Exit codes: 0 stopped by a signal, 1 database or port
     error, 2 bad option (no token, unreadable token file).
     """
-    from hpcml.vet.collector.server import CollectorServer, Tokens, read_tokens
-    from hpcml.vet.collector.store import StoreError, open_store
+    from hpcml.vet.fleet.collector.server import CollectorServer, Tokens, read_tokens
+    from hpcml.vet.fleet.collector.store import StoreError, open_store
     try:
         limit = parse_size(max_body, "--max-body")
         try:

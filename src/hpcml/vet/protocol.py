@@ -13,13 +13,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml
 from pydantic import ValidationError
 
-from hpcml.errors import UsageError
-from hpcml.files import load_yaml_with_nodes, read_config
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config
 from hpcml.vet import registry, vetnode_compat
-from hpcml.vet.units import parse_fraction, parse_seconds
+from hpcml.units import parse_fraction, parse_seconds
 
 COMMON_KEYS = {"name", "type", "timeout", "severity", "count_errors", "requirements",
                "min_relative", "max_relative", "description", "fast"}
@@ -72,47 +70,6 @@ class Protocol:
         return out
 
 
-def _line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
-    """Key path -> 1-based line, from PyYAML's composed node tree."""
-    out = {} if out is None else out
-    out.setdefault(path, node.start_mark.line + 1)
-    if isinstance(node, yaml.MappingNode):
-        for key_node, value_node in node.value:
-            key = (*path, key_node.value)
-            out[key] = key_node.start_mark.line + 1
-            _line_map(value_node, key, out)
-    elif isinstance(node, yaml.SequenceNode):
-        for i, item in enumerate(node.value):
-            _line_map(item, (*path, i), out)
-    return out
-
-
-def _key_text(path: tuple) -> str:
-    text = ""
-    for part in path:
-        text += f"[{part}]" if isinstance(part, int) else (f".{part}" if text else str(part))
-    return text
-
-
-class _Loader:
-    def __init__(self, source: str, lines: dict[tuple, int]):
-        self.source, self.lines = source, lines
-
-    def error(self, path: tuple, problem: str) -> UsageError:
-        line = None
-        for n in range(len(path), -1, -1):
-            if path[:n] in self.lines:
-                line = self.lines[path[:n]]
-                break
-        return UsageError(problem, file=self.source, key=_key_text(path) or None, line=line)
-
-    def convert(self, path: tuple, value: Any, parse) -> Any:
-        try:
-            return parse(value)
-        except ValueError as exc:
-            raise self.error(path, str(exc)) from None
-
-
 def _requirements(raw: Any) -> list[list[str]]:
     """vetnode's ``[pkg, [pkg, --index-url, url]]`` -> a list of pip argument lists."""
     if raw is None:
@@ -134,7 +91,7 @@ def _project(req: list[str]) -> str:
     return re.split(r"[<>=!~\[; ]", req[0], maxsplit=1)[0].lower().replace("_", "-")
 
 
-def _eval(ld: _Loader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
+def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     path = ("evals", i)
     if not isinstance(raw, dict):
         raise ld.error(path, f"expected a mapping with name and type, found {type(raw).__name__}")
@@ -192,7 +149,7 @@ def load(path: str | Path) -> Protocol:
 
 def loads(text: str, source: str = "<protocol>") -> Protocol:
     data, node = load_yaml_with_nodes(text, source)
-    ld = _Loader(source, _line_map(node) if node is not None else {})
+    ld = ConfigLoader(source, line_map(node) if node is not None else {})
     if not isinstance(data, dict):
         raise ld.error((), "expected a mapping with 'name' and 'evals' at the top")
     for key in data:

@@ -16,7 +16,7 @@ from hpcml.cluster.hostlist import fold
 from hpcml.files import write_atomic
 from hpcml.vet.engine import VetRun
 from hpcml.vet.model import Outcome
-from hpcml.vet.units import fmt_bytes
+from hpcml.units import fmt_bytes
 
 SCHEMA = "hpcml.vet/1"
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",

@@ -16,7 +16,7 @@ from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet.checks.base import Check, CheckReport, passed
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
-from hpcml.vet.units import Seconds
+from hpcml.units import Seconds
 
 
 class ClockParams(BaseModel):

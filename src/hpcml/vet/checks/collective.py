@@ -17,7 +17,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
-from hpcml.vet.units import Bytes, Rate, Seconds, fmt_rate
+from hpcml.units import Bytes, Rate, Seconds, fmt_rate
 
 
 class Warmup(BaseModel):

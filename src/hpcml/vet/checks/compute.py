@@ -14,7 +14,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
-from hpcml.vet.units import Flops
+from hpcml.units import Flops
 
 
 class ComputeParams(BaseModel):

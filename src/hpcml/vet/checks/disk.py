@@ -12,7 +12,7 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
-from hpcml.vet.units import Bytes, Rate, fmt_bytes, fmt_rate
+from hpcml.units import Bytes, Rate, fmt_bytes, fmt_rate
 
 
 class DiskParams(BaseModel):

@@ -28,7 +28,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from hpcml.vet import units
+from hpcml import units
 from hpcml.vet.checks.base import Check, MissingDependency
 from hpcml.vet.checks.nvml_snapshot import (CLOCK_REASONS, GpuInfo, GpuSnapshot,
                                              driver_present, load_snapshot,

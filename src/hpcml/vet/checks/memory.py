@@ -6,7 +6,7 @@ import psutil
 from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
-from hpcml.vet.units import Bytes, Fraction, fmt_bytes
+from hpcml.units import Bytes, Fraction, fmt_bytes
 
 
 class MemoryParams(BaseModel):

@@ -10,7 +10,7 @@ import threading
 from pydantic import BaseModel, ConfigDict, Field
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
-from hpcml.vet.units import Seconds
+from hpcml.units import Seconds
 
 
 class MountsParams(BaseModel):

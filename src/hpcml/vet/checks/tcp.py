@@ -8,7 +8,7 @@ import time
 from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
-from hpcml.vet.units import Seconds
+from hpcml.units import Seconds
 
 
 class TcpParams(BaseModel):

@@ -25,7 +25,7 @@ from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
-from hpcml.vet import units
+from hpcml import units
 from hpcml.vet.checks.base import Check
 from hpcml.vet.checks.nvml_snapshot import driver_present
 from hpcml.vet.model import CheckReport, Outcome

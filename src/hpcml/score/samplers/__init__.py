@@ -1,1 +1,0 @@
-"""GPU samplers for ``hpcml score record``: DCGM profiling fields, NVML as the fallback."""

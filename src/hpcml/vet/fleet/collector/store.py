@@ -1,0 +1,293 @@
+"""Where accepted reports go: a ``reports`` row per node report, a ``results`` row per check.
+
+One interface, one module per backend, chosen by URL (``open_store``): SQLite for one
+user or a small site, PostgreSQL when a site runs the collector for everyone. The SQL for
+queries is shared here; each backend brings its connection, its DDL and its bulk insert.
+Results carry the node, job and time of their report (denormalised) so that a node's
+history and a job's results are each one index range scan.
+
+Writes go through one connection (SQLite allows one writer anyway); ``BatchWriter`` lets
+concurrent requests share a transaction (group commit), which is what makes 1,000+
+reports/s possible on PostgreSQL, where each commit waits for the WAL flush.
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+import time
+from abc import ABC, abstractmethod
+from collections.abc import Iterator, Sequence
+from concurrent.futures import Future
+from contextlib import contextmanager
+from typing import Any
+
+from hpcml.vet.fleet.collector.schema import NodeReport
+
+DEFAULT_URL = "sqlite:///./hpcml-vet.db"
+REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received")
+RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
+               "value_text", "unit", "message", "duration")
+
+
+class StoreError(RuntimeError):
+    """The database cannot be opened or written."""
+
+
+def report_rows(reports: Sequence[NodeReport], ids: Sequence[int], received: float
+                ) -> tuple[list[tuple], list[tuple]]:
+    """Node reports -> rows for ``reports`` and ``results`` (column order as above)."""
+    reps, res = [], []
+    for rid, r in zip(ids, reports):
+        reps.append((rid, r.job_id, r.node, r.time, r.protocol, r.verdict, received))
+        for seq, c in enumerate(r.results):
+            num, text = (c.value, None) if isinstance(c.value, float) else (None, c.value)
+            res.append((rid, seq, r.node, r.job_id, r.time, c.name, c.type, c.outcome, num, text,
+                        c.unit, c.message, c.duration))
+    return reps, res
+
+
+class Store(ABC):
+    """The collector's storage; every method is safe to call from many threads."""
+
+    url: str
+
+    @abstractmethod
+    def add(self, reports: Sequence[NodeReport]) -> list[int]:
+        """Store the reports in one transaction; their ids in order."""
+
+    @abstractmethod
+    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        """The node's latest reports, newest first, each with its results."""
+
+    @abstractmethod
+    def failing(self, since: float, limit: int = 20) -> list[dict[str, Any]]:
+        """Nodes with the most fail/error results since ``since`` (epoch seconds)."""
+
+    @abstractmethod
+    def job(self, job_id: str) -> list[dict[str, Any]]:
+        """Every node report of the job, by node."""
+
+    @abstractmethod
+    def results_since(self, since: float) -> list[dict[str, Any]]:
+        """Every check result since ``since`` (epoch seconds), oldest first: what the node
+        handler's rules are evaluated on."""
+
+    @abstractmethod
+    def count(self) -> dict[str, int]:
+        """Rows in ``reports`` and ``results``."""
+
+    @abstractmethod
+    def close(self) -> None: ...
+
+
+def _result(row: tuple) -> dict[str, Any]:
+    _rid, name, type_, outcome, num, text, unit, message, duration = row
+    return {"name": name, "type": type_, "outcome": outcome,
+            "value": num if num is not None else text, "unit": unit, "message": message,
+            "duration": duration}
+
+
+def _report(row: tuple) -> dict[str, Any]:
+    rid, job, node, t, protocol, verdict, received = row
+    return {"id": rid, "job_id": job, "node": node, "time": t, "protocol": protocol,
+            "verdict": verdict, "received": received, "results": []}
+
+
+class SqlStore(Store):
+    """Queries shared by the SQL backends; subclasses set ``P`` (placeholder) and connect."""
+
+    P = "?"
+    POOL = 8
+    #: FROM clause of ``failing``: a backend may pin the partial index of bad results
+    FAILING_FROM = "results"
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._wlock = threading.Lock()
+        self._readers: queue.LifoQueue = queue.LifoQueue()
+        self._closed = False
+        self._writer = self._connect(write=True)
+        self._create(self._writer)
+
+    # --- backend hooks
+    @abstractmethod
+    def _connect(self, write: bool): ...
+
+    @abstractmethod
+    def _create(self, conn) -> None: ...
+
+    def _alive(self, conn) -> bool:
+        return True
+
+    @abstractmethod
+    def _insert(self, conn, reports: Sequence[NodeReport], received: float) -> list[int]: ...
+
+    # --- shared
+    @contextmanager
+    def _reader(self) -> Iterator[Any]:
+        try:
+            conn = self._readers.get_nowait()
+        except queue.Empty:
+            conn = self._connect(write=False)
+        try:
+            yield conn
+        except BaseException:
+            conn.close()  # may be broken (server restarted): do not hand it out again
+            raise
+        if self._closed or self._readers.qsize() >= self.POOL:
+            conn.close()
+        else:
+            self._readers.put(conn)
+
+    def _all(self, sql: str, args: Sequence = ()) -> list[tuple]:
+        with self._reader() as conn:
+            cur = conn.cursor()
+            try:
+                cur.execute(sql.replace("?", self.P), args)
+                return cur.fetchall()
+            finally:
+                cur.close()
+
+    def add(self, reports: Sequence[NodeReport]) -> list[int]:
+        if not reports:
+            return []
+        with self._wlock:
+            if not self._alive(self._writer):
+                self._writer = self._connect(write=True)
+            return self._insert(self._writer, reports, time.time())
+
+    def _with_results(self, reports: list[dict], rows: list[tuple]) -> list[dict]:
+        by_id = {r["id"]: r for r in reports}
+        for row in rows:
+            rep = by_id.get(row[0])
+            if rep is not None:
+                rep["results"].append(_result(row))
+        return reports
+
+    def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
+        reps = [_report(r) for r in self._all(
+            f"SELECT {','.join(REPORT_COLS)} FROM reports WHERE node = ? "
+            "ORDER BY time DESC, id DESC LIMIT ?", (node, limit))]
+        if not reps:
+            return []
+        # results of those reports: one range scan of the (node, time) index
+        rows = self._all(
+            "SELECT report_id, name, type, outcome, value_num, value_text, unit, message, duration "
+            "FROM results WHERE node = ? AND time >= ? AND time <= ? ORDER BY report_id, seq",
+            (node, min(r["time"] for r in reps), max(r["time"] for r in reps)))
+        return self._with_results(reps, rows)
+
+    def failing(self, since: float, limit: int = 20) -> list[dict[str, Any]]:
+        rows = self._all(
+            f"SELECT node, COUNT(*) AS bad, COUNT(DISTINCT report_id), MAX(time) FROM {self.FAILING_FROM} "
+            "WHERE time >= ? AND outcome IN ('fail', 'error') "
+            "GROUP BY node ORDER BY bad DESC, node LIMIT ?", (since, limit))
+        return [{"node": n, "failures": bad, "reports": nrep, "last": last}
+                for n, bad, nrep, last in rows]
+
+    def job(self, job_id: str) -> list[dict[str, Any]]:
+        reps = [_report(r) for r in self._all(
+            f"SELECT {','.join(REPORT_COLS)} FROM reports WHERE job = ? ORDER BY node, time, id",
+            (job_id,))]
+        if not reps:
+            return []
+        rows = self._all(
+            "SELECT report_id, name, type, outcome, value_num, value_text, unit, message, duration "
+            "FROM results WHERE job = ? ORDER BY report_id, seq", (job_id,))
+        return self._with_results(reps, rows)
+
+    def results_since(self, since: float) -> list[dict[str, Any]]:
+        rows = self._all("SELECT node, job, time, name, type, outcome FROM results WHERE time >= ? "
+                         "ORDER BY time, report_id, seq", (since,))
+        return [dict(zip(("node", "job", "time", "name", "type", "outcome"), r)) for r in rows]
+
+    def count(self) -> dict[str, int]:
+        (reports,), = self._all("SELECT COUNT(*) FROM reports")
+        (results,), = self._all("SELECT COUNT(*) FROM results")
+        return {"reports": reports, "results": results}
+
+    def close(self) -> None:
+        self._closed = True
+        with self._wlock:
+            self._writer.close()
+        while True:
+            try:
+                self._readers.get_nowait().close()
+            except queue.Empty:
+                break
+
+
+class BatchWriter:
+    """Group commit: requests that arrive while a transaction runs share the next one.
+
+    A batch that fails is retried report list by report list, so one bad request cannot
+    fail the others that happened to share its transaction.
+    """
+
+    def __init__(self, store: Store, max_reports: int = 5000) -> None:
+        self.store = store
+        self.max_reports = max_reports
+        self._q: queue.SimpleQueue = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._loop, name="collector-writer", daemon=True)
+        self._thread.start()
+
+    def add(self, reports: Sequence[NodeReport], timeout: float = 60) -> list[int]:
+        fut: Future = Future()
+        self._q.put((reports, fut))
+        try:
+            return fut.result(timeout)
+        except TimeoutError:
+            raise StoreError(f"the database did not take the write within {timeout:g} s") from None
+
+    def close(self) -> None:
+        self._q.put(None)
+        self._thread.join(timeout=30)
+
+    def _loop(self) -> None:
+        while True:
+            item = self._q.get()
+            if item is None:
+                return
+            batch, n, stop = [item], len(item[0]), False
+            while n < self.max_reports:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is None:
+                    stop = True
+                    break
+                batch.append(nxt)
+                n += len(nxt[0])
+            self._write(batch)
+            if stop:
+                return
+
+    def _write(self, batch: list[tuple[Sequence[NodeReport], Future]]) -> None:
+        try:
+            ids = self.store.add([r for reps, _ in batch for r in reps])
+        except Exception as exc:
+            if len(batch) == 1:
+                batch[0][1].set_exception(exc)
+                return
+            for one in batch:
+                self._write([one])
+            return
+        i = 0
+        for reps, fut in batch:
+            fut.set_result(ids[i:i + len(reps)])
+            i += len(reps)
+
+
+def open_store(url: str = DEFAULT_URL) -> Store:
+    """``sqlite:///path.db`` or ``postgresql://user@host/db`` -> a ready store (tables made)."""
+    scheme = url.split(":", 1)[0].lower()
+    if scheme == "sqlite":
+        from hpcml.vet.fleet.collector.sqlite import SqliteStore
+        return SqliteStore(url)
+    if scheme in ("postgresql", "postgres"):
+        from hpcml.vet.fleet.collector.postgres import PostgresStore
+        return PostgresStore(url)
+    raise StoreError(f"unsupported database URL {url!r}: expected sqlite:///PATH or "
+                     "postgresql://USER@HOST/DB")

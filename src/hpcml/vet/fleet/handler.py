@@ -1,0 +1,341 @@
+"""The repeat-offender node handler: rules + past results + Slurm's node states -> drains
+and resumes, applied with ``scontrol update`` and recorded in an audit log.
+
+Safety comes first, because a wrong rule could empty a cluster:
+- only nodes whose Slurm reason starts with ``hpcml:`` are ours; a node drained or down
+  for any other reason is never touched;
+- the whole run is refused (nothing done) when its drains would exceed the catalog's
+  ``max_drain_fraction`` of the cluster or leave fewer than ``min_nodes_kept`` nodes up;
+- each node's state is read again just before it is changed;
+- the audit log is locked for the run, so two handlers never act at once, and it is the
+  handler's memory: the drain record says which check must pass again, and results
+  older than the node's last drain or resume are never counted again.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import getpass
+import json
+import math
+import socket
+import time
+from collections.abc import Callable, Iterable, Mapping
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+from typing import IO, Iterator
+
+from hpcml.cluster import slurm
+from hpcml.cluster.hostlist import fold
+from hpcml.errors import HpcmlError, SlurmError, UsageError
+from hpcml.vet.fleet.sources import Result, ResultSource
+from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
+
+DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
+_UNAVAILABLE = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+                "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
+
+
+class Refused(HpcmlError):
+    """The guard stopped the run: nothing was changed."""
+
+    exit_code = 2
+
+
+@dataclass
+class NodeState:
+    name: str
+    state: str
+    reason: str = ""
+
+    @property
+    def flags(self) -> set[str]:
+        return {f.strip("*~#!%$@^-") for f in self.state.upper().split("+")}
+
+    @property
+    def drained(self) -> bool:
+        return bool(self.flags & {"DRAIN", "DRAINED", "DRAINING"})
+
+    @property
+    def ours(self) -> bool:
+        return self.drained and self.reason.startswith(REASON_PREFIX)
+
+    @property
+    def available(self) -> bool:
+        return not self.drained and not (self.flags & _UNAVAILABLE)
+
+
+def read_node_states(nodes: str | None = None) -> dict[str, NodeState]:
+    """``scontrol show -o node`` as NodeStates (Slurm's "[user@time]" suffix kept)."""
+    return {r["NodeName"]: NodeState(r["NodeName"], r.get("State", ""),
+                                     "" if r.get("Reason") in (None, "(null)") else r["Reason"])
+            for r in slurm.scontrol_show("node", nodes)}
+
+
+@dataclass
+class Action:
+    """What the handler decided for one node. Only drain and resume change anything."""
+
+    node: str
+    action: str                  # drain | resume | hold | skip
+    reason: str = ""
+    rule: str | None = None
+    check: str | None = None
+    evidence: dict = field(default_factory=dict)
+    note: str = ""
+    status: str = "planned"      # planned | done | failed | dry-run
+    scontrol: str | None = None  # "ok" or the error
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Plan:
+    actions: list[Action]
+    total_nodes: int
+    available_nodes: int
+    time: datetime
+
+    def of(self, kind: str) -> list[Action]:
+        return [a for a in self.actions if a.action == kind]
+
+    @property
+    def changes(self) -> list[Action]:
+        return [a for a in self.actions if a.action in ("drain", "resume")]
+
+    def to_json(self) -> dict:
+        return {"time": self.time.isoformat(), "total_nodes": self.total_nodes,
+                "available_nodes": self.available_nodes,
+                "actions": [a.to_dict() for a in self.actions]}
+
+
+# --- history: the audit log ---------------------------------------------------------------
+
+@dataclass
+class Record:
+    action: str
+    time: datetime
+    rule: str | None = None
+    check: str | None = None
+
+
+def history(lines: Iterable[str]) -> dict[str, Record]:
+    """Node -> the last drain or resume the handler really applied."""
+    last: dict[str, Record] = {}
+    for line in lines:
+        try:
+            e = json.loads(line)
+            if e.get("dry_run") or e.get("status") != "done" or e.get("action") not in ("drain", "resume"):
+                continue
+            rec = Record(e["action"], datetime.fromisoformat(e["time"]), e.get("rule"), e.get("check"))
+        except (ValueError, KeyError, TypeError, AttributeError):
+            continue  # a torn or foreign line must not stop the handler
+        if e["node"] not in last or rec.time >= last[e["node"]].time:
+            last[e["node"]] = rec
+    return last
+
+
+# --- planning -----------------------------------------------------------------------------
+
+def _fires(rule: Rule, results: list[Result], now: datetime,
+           after: datetime | None) -> tuple[str, list[Result]] | None:
+    """The check of ``rule`` with the most matching results in the window, if enough."""
+    start = now - timedelta(seconds=rule.window)
+    groups: dict[str, list[Result]] = {}
+    for r in results:
+        if start <= r.time <= now and (after is None or r.time > after) \
+                and rule.match.matches(r.check, r.type, r.outcome):
+            groups.setdefault(r.check, []).append(r)
+    best = max(groups.items(), key=lambda kv: len(kv[1]), default=None)
+    return best if best and len(best[1]) >= rule.count else None
+
+
+def _evidence(rule: Rule, hits: list[Result]) -> dict:
+    jobs = sorted({r.job for r in hits if r.job})
+    return {"results": len(hits), "count": rule.count, "window": fmt_window(rule.window),
+            "window_seconds": rule.window, "outcomes": sorted({r.outcome for r in hits}),
+            "first": min(r.time for r in hits).isoformat(),
+            "last": max(r.time for r in hits).isoformat(), "jobs": jobs[:10]}
+
+
+def _first_firing(catalog: Catalog, results: list[Result], now: datetime,
+                  after: datetime | None):
+    for rule in catalog.rules:
+        hit = _fires(rule, results, now, after)
+        if hit:
+            return rule, *hit
+    return None
+
+
+def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Result],
+             now: datetime) -> Action:
+    """A node we drained: resume it once the drain's check passed often enough since."""
+    if rec is None or rec.action != "drain":
+        return Action(node, "hold", note="drained by hpcml but the audit log has no drain "
+                      "record for it; resume it by hand")
+    rule = catalog.rule(rec.rule or "")
+    if rule is None or rule.resume_after is None:
+        why = "is not in the catalog" if rule is None else "has no resume_after"
+        return Action(node, "hold", rule=rec.rule, check=rec.check,
+                      note=f"rule '{rec.rule}' {why}; resume it by hand")
+    since = [r for r in results if r.time > rec.time]
+    passes = 0
+    for r in sorted((r for r in since if r.check == rec.check), key=lambda r: r.time):
+        passes = passes + 1 if r.outcome == "pass" else 0
+    need = rule.resume_after.passes
+    evidence = {"passes": passes, "needed": need, "check": rec.check,
+                "drained_at": rec.time.isoformat()}
+    if passes < need:
+        return Action(node, "hold", rule=rule.name, check=rec.check, evidence=evidence,
+                      note=f"{rec.check}: {passes}/{need} passes since the drain")
+    again = _first_firing(catalog, since, now, rec.time)
+    if again:
+        return Action(node, "hold", rule=rule.name, check=rec.check, evidence=evidence,
+                      note=f"rule '{again[0].name}' still fires on {again[1]} since the drain")
+    return Action(node, "resume", reason=f"{REASON_PREFIX} {rec.check} passed {passes}x after the drain",
+                  rule=rule.name, check=rec.check, evidence=evidence)
+
+
+def plan(catalog: Catalog, results: Iterable[Result], nodes: Mapping[str, NodeState],
+         last: Mapping[str, Record], now: datetime) -> Plan:
+    """Decide, without side effects, what to do with every node that has results or is
+    drained by us."""
+    by_node: dict[str, list[Result]] = {}
+    for r in set(results):  # the same report read twice counts once
+        by_node.setdefault(r.node, []).append(r)
+    actions = []
+    for node in sorted(set(by_node) | {n for n, s in nodes.items() if s.ours}):
+        res, st, rec = by_node.get(node, []), nodes.get(node), last.get(node)
+        if st is not None and st.ours:
+            actions.append(_recheck(catalog, node, rec, res, now))
+            continue
+        hit = _first_firing(catalog, res, now, rec.time if rec else None)
+        if not hit:
+            continue
+        rule, check, hits = hit
+        kind = hits[0].type
+        outcome = "/".join(sorted({r.outcome for r in hits}))
+        act = Action(node, "drain", rule.render_reason(node=node, check=check, type=kind,
+                                                      outcome=outcome, count=len(hits)),
+                     rule.name, check, _evidence(rule, hits))
+        if st is None:
+            act.action, act.note = "skip", "not a node of this cluster"
+        elif not st.available:
+            act.action = "skip"
+            act.note = f"{st.state} by someone else ({st.reason or 'no reason'}); not touched"
+        actions.append(act)
+    return Plan(actions, len(nodes), sum(s.available for s in nodes.values()), now)
+
+
+def guard(catalog: Catalog, p: Plan) -> None:
+    """Refuse the whole run when its drains would take too much of the cluster at once."""
+    drains = p.of("drain")
+    if not drains:
+        return
+    names = fold([a.node for a in drains])
+    allowed = math.floor(catalog.max_drain_fraction * p.total_nodes + 1e-9)
+    if len(drains) > allowed:
+        raise Refused(f"refused: {len(drains)} drains planned ({names}) but max_drain_fraction "
+                      f"{catalog.max_drain_fraction:.0%} of {p.total_nodes} nodes allows {allowed}; "
+                      "nothing done")
+    left = p.available_nodes - len(drains)
+    if left < catalog.min_nodes_kept:
+        raise Refused(f"refused: draining {names} would leave {left} of {p.total_nodes} nodes up, "
+                      f"below min_nodes_kept {catalog.min_nodes_kept}; nothing done")
+
+
+# --- acting -------------------------------------------------------------------------------
+
+@contextmanager
+def audit_log(path: Path) -> Iterator[IO[str]]:
+    """The audit file, open for appending and locked for this run."""
+    try:
+        f = open(path, "a+", encoding="utf-8")
+    except OSError as exc:
+        raise UsageError(f"cannot open the audit log: {exc.strerror}", file=str(path)) from None
+    with f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            raise UsageError("another hpcml vet handle holds the audit log", file=str(path)) from None
+        f.seek(0)
+        yield f
+
+
+def _entry(a: Action, when: datetime, *, dry_run: bool, rules: str,
+           before: NodeState | None) -> dict:
+    return {"time": when.isoformat(), "node": a.node, "action": a.action,
+            "reason": a.reason, "rule": a.rule, "check": a.check, "evidence": a.evidence,
+            "dry_run": dry_run, "status": a.status, "scontrol": a.scontrol, "note": a.note,
+            "state_before": before.state if before else None,
+            "reason_before": before.reason if before else None,
+            "rules": rules, "user": getpass.getuser(), "host": socket.gethostname()}
+
+
+def _still_valid(a: Action, st: NodeState | None) -> str:
+    """Why the node changed under us since the plan, or ''."""
+    if st is None:
+        return "node vanished from Slurm"
+    if a.action == "drain" and not st.available:
+        return f"now {st.state} ({st.reason or 'no reason'}); not touched"
+    if a.action == "resume" and not st.ours:
+        return f"no longer drained by hpcml ({st.state}, {st.reason or 'no reason'}); not touched"
+    return ""
+
+
+def apply(p: Plan, audit: IO[str], *, dry_run: bool, rules: str,
+          states: Callable[[str], Mapping[str, NodeState]],
+          update: Callable[..., None]) -> None:
+    """Drain and resume; every change (or would-be change) is one audit line, dated on the
+    plan's clock (its ``time`` plus the time elapsed since) so records and results compare."""
+    t0 = time.monotonic()
+    for a in p.changes:
+        before = states(a.node).get(a.node) if not dry_run else None
+        if dry_run:
+            a.status = "dry-run"
+        elif why := _still_valid(a, before):
+            a.action, a.note = "skip", why
+            continue
+        else:
+            try:
+                if a.action == "drain":
+                    update([a.node], state="drain", reason=a.reason)
+                else:
+                    update([a.node], state="resume")
+                a.status, a.scontrol = "done", "ok"
+            except SlurmError as exc:
+                a.status, a.scontrol = "failed", str(exc)
+        when = p.time + timedelta(seconds=time.monotonic() - t0)
+        audit.write(json.dumps(_entry(a, when, dry_run=dry_run, rules=rules, before=before)) + "\n")
+        audit.flush()
+
+
+def handle(catalog: Catalog, source: ResultSource, *, audit_path: Path = DEFAULT_AUDIT,
+           dry_run: bool = False, now: datetime | None = None,
+           states: Callable[..., Mapping[str, NodeState]] | None = None,
+           update: Callable[..., None] | None = None) -> Plan:
+    """One handler run. Raises ``Refused`` (exit 2) with nothing changed when the guard
+    says no; the refusal is in the audit log too."""
+    now = now or datetime.now(timezone.utc)
+    states = states or read_node_states
+    update = update or slurm.scontrol_update_node
+    with audit_log(Path(audit_path)) as audit:
+        last = history(audit)
+        nodes = states()
+        since = now - timedelta(seconds=catalog.longest_window)
+        drained_at = [last[n].time for n, s in nodes.items() if s.ours and n in last]
+        since = min([since, *drained_at])
+        p = plan(catalog, source.results_since(since), nodes, last, now)
+        try:
+            guard(catalog, p)
+        except Refused as exc:
+            refusal = Action(",".join(a.node for a in p.of("drain")), "refuse", note=str(exc),
+                             status="refused")
+            audit.write(json.dumps(_entry(refusal, now, dry_run=dry_run, rules=catalog.source,
+                                          before=None)) + "\n")
+            raise
+        apply(p, audit, dry_run=dry_run, rules=catalog.source, states=states, update=update)
+    return p

@@ -1,0 +1,145 @@
+"""Rules catalog: which repeated results make the node handler drain a node, and when it
+may resume it.
+
+A YAML file, validated like protocols (one-line errors naming file, line and key, exit 2
+before anything acts). A rule counts the matching results of one check on one node
+within a time window; at ``count`` it drains the node with a reason that starts with
+``hpcml:``, which is how the handler later recognises its own drains. ``resume_after``
+says how many passes of that same check after the drain bring the node back; without it
+only an operator resumes the node.
+"""
+
+from __future__ import annotations
+
+from fnmatch import fnmatchcase
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+
+from hpcml.files import load_yaml_with_nodes, read_config
+from hpcml.files import ConfigLoader, line_map
+from hpcml.units import Fraction, Seconds
+
+DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
+REASON_PREFIX = "hpcml:"
+OUTCOMES = ("pass", "warn", "fail", "error", "skipped")
+PLACEHOLDERS = {"rule": "r", "node": "n1", "check": "c", "type": "t", "outcome": "fail",
+                "count": 3, "window": "24 h"}
+
+
+def fmt_window(seconds: float) -> str:
+    """Seconds back to the short form people write in the file ("24 h", "30 min")."""
+    for unit, scale in (("h", 3600), ("min", 60)):
+        if seconds >= scale and seconds % scale == 0:
+            return f"{seconds / scale:g} {unit}"
+    return f"{seconds:g} s"
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class Match(_Strict):
+    """Which results count: check name and type are shell globs."""
+
+    check: str = "*"
+    type: str = "*"
+    outcome: list[Literal["pass", "warn", "fail", "error", "skipped"]] = ["fail", "error"]
+
+    @field_validator("outcome", mode="before")
+    @classmethod
+    def _one_or_many(cls, v):
+        return [v] if isinstance(v, str) else v
+
+    def matches(self, check: str, type_: str, outcome: str) -> bool:
+        return (outcome in self.outcome and fnmatchcase(check, self.check)
+                and fnmatchcase(type_, self.type))
+
+
+class ResumeAfter(_Strict):
+    passes: int = Field(1, ge=1)
+
+
+class Rule(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    match: Match = Match()
+    count: int = Field(ge=1)
+    window: Seconds = Field(gt=0)
+    action: Literal["drain"] = "drain"
+    reason: str = "hpcml: {check} {outcome} {count}x in {window}"
+    resume_after: ResumeAfter | None = None
+
+    @field_validator("reason")
+    @classmethod
+    def _template(cls, v: str) -> str:
+        try:
+            v.format(**PLACEHOLDERS)
+        except KeyError as exc:
+            raise ValueError(f"unknown placeholder {{{exc.args[0]}}} (known: "
+                             + ", ".join(f"{{{k}}}" for k in PLACEHOLDERS) + ")") from None
+        except (ValueError, IndexError) as exc:
+            raise ValueError(f"not a valid reason template: {exc}") from None
+        v = " ".join(v.split())
+        return v if v.startswith(REASON_PREFIX) else f"{REASON_PREFIX} {v}"
+
+    def render_reason(self, **values) -> str:
+        text = self.reason.format(**{**PLACEHOLDERS, "rule": self.name,
+                                     "window": fmt_window(self.window), **values})
+        return " ".join(text.split())
+
+
+class Catalog(_Strict):
+    name: str = Field(min_length=1)
+    description: str = ""
+    max_drain_fraction: Fraction = Field(0.1, ge=0, le=1)
+    min_nodes_kept: int = Field(0, ge=0)
+    rules: list[Rule] = Field(min_length=1)
+    _source: str = PrivateAttr("<rules>")
+
+    @property
+    def source(self) -> str:
+        return self._source
+
+    def rule(self, name: str) -> Rule | None:
+        return next((r for r in self.rules if r.name == name), None)
+
+    @property
+    def longest_window(self) -> float:
+        return max(r.window for r in self.rules)
+
+
+def _problem(err: dict) -> str:
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    found = err.get("input")
+    if "found" in msg or isinstance(found, (dict, list)):
+        return msg
+    return f"{msg} (found {found!r})"
+
+
+def load(path: str | Path) -> Catalog:
+    """Read and validate a rules file; raise ``UsageError`` on the first problem."""
+    return loads(read_config(path), str(path))
+
+
+def loads(text: str, source: str = "<rules>") -> Catalog:
+    data, node = load_yaml_with_nodes(text, source)
+    ld = ConfigLoader(source, line_map(node) if node is not None else {})
+    if not isinstance(data, dict):
+        raise ld.error((), "expected a mapping with 'name' and 'rules' at the top")
+    try:
+        catalog = Catalog(**data)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        raise ld.error(tuple(err["loc"]), _problem(err)) from None
+    names = [r.name for r in catalog.rules]
+    for i, name in enumerate(names):
+        if name in names[:i]:
+            raise ld.error(("rules", i, "name"), f"duplicate rule name '{name}'")
+    catalog._source = source
+    return catalog

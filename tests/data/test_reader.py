@@ -1,0 +1,155 @@
+"""ShardDataset: equal per-rank samples, deterministic shuffle, exact resume, corruption."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from hpcml.data import CorruptShardError, ResumeStateError, ShardDataset, quality
+from hpcml.data.index import load_index
+from hpcml.data.manifest import load_manifest
+from tests.data.gen import make_shards
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    """6 shards of uneven size: awkward for every world size below."""
+    return make_shards(tmp_path_factory.mktemp("reader"), samples=503, target=1_100_000)[1]
+
+
+def _keys(ds):
+    return [s["__key__"] for s in ds]
+
+
+def _ds(path, **kw):
+    kw.setdefault("rank", 0)
+    kw.setdefault("world_size", 1)
+    kw.setdefault("block_bytes", 100_000)
+    kw.setdefault("window", 4)
+    return ShardDataset(path, **kw)
+
+
+def test_fixture_is_awkward(shards):
+    m = load_manifest(shards)
+    assert len(m.shards) == 6 and len({s.samples for s in m.shards}) > 1
+
+
+@pytest.mark.parametrize("world", [2, 3, 4, 7, 16])
+def test_every_rank_gets_the_same_number_of_distinct_samples(shards, world):
+    got = [_keys(_ds(shards, rank=r, world_size=world, seed=9)) for r in range(world)]
+    assert {len(k) for k in got} == {503 // world}
+    flat = [k for ks in got for k in ks]
+    assert len(set(flat)) == len(flat) == 503 // world * world
+
+
+def test_without_drop_last_ranks_wrap_around_and_cover_everything(shards):
+    got = [_keys(_ds(shards, rank=r, world_size=4, drop_last=False)) for r in range(4)]
+    assert {len(k) for k in got} == {126}
+    assert len({k for ks in got for k in ks}) == 503
+
+
+def test_order_is_deterministic_per_seed_and_epoch(shards):
+    a, b = _ds(shards, seed=1), _ds(shards, seed=1)
+    first = _keys(a)
+    assert first == _keys(b)
+    other_seed = _keys(_ds(shards, seed=2))
+    b.set_epoch(1)
+    next_epoch = _keys(b)
+    assert sorted(next_epoch) == sorted(other_seed) == sorted(first)
+    assert next_epoch != first and other_seed != first
+    assert _keys(a) == next_epoch and a.epoch == 1          # a finished epoch starts the next
+
+
+def test_no_shuffle_is_the_packed_order(shards):
+    keys = _keys(_ds(shards, shuffle=False))
+    assert keys == sorted(keys) and len(keys) == 503
+
+
+def test_reads_are_blocks_not_samples(shards):
+    ds = _ds(shards, block_bytes=1 << 20)
+    n = len(_keys(ds))
+    assert ds.reads <= 6 * 2 and ds.reads * 20 < n
+    assert ds.read_bytes >= sum(s.bytes for s in load_manifest(shards).shards) - 6 * 1024
+
+
+def test_shuffle_is_far_from_packed_order_and_mixes_shards(shards):
+    m = load_manifest(shards)
+    keys = [k for s in m.shards for k in load_index(shards / s.index).keys]
+    shard_of = np.repeat(np.arange(len(m.shards)), [s.samples for s in m.shards])
+    pos = {k: i for i, k in enumerate(keys)}
+    got = np.array([pos[k] for k in _keys(_ds(shards, block_bytes=50_000, window=8, seed=3))])
+    q = quality.measure(got, shard_of, batch=32)
+    flat = quality.measure(np.arange(len(keys)), shard_of, batch=32)
+    assert abs(q["rank_correlation"]) < 0.2 < flat["rank_correlation"]
+    assert q["batch_shards"] >= 3 > flat["batch_shards"]
+
+
+@pytest.mark.parametrize("stop", [1, 137, 502])
+def test_resume_mid_epoch_is_exact(shards, stop):
+    full = _keys(_ds(shards, seed=4))
+    ds = _ds(shards, seed=4)
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(stop)]
+    state = ds.state_dict()
+    assert state["position"] == stop
+    again = _ds(shards, seed=4)
+    again.load_state_dict(state)
+    assert head + _keys(again) == full
+
+
+@pytest.mark.parametrize("change,key", [({"seed": 5}, "layout"), ({"world_size": 2}, "world_size")])
+def test_state_of_another_seed_or_world_is_refused(shards, change, key):
+    ds = _ds(shards, seed=4)
+    next(iter(ds))
+    other = _ds(shards, **{"seed": 4, **change})
+    with pytest.raises(ResumeStateError, match=key):
+        other.load_state_dict(ds.state_dict())
+
+
+def test_state_of_another_dataset_is_refused(shards, tmp_path):
+    _src, other = make_shards(tmp_path, samples=50, target=100_000, seed=7)
+    state = _ds(shards).state_dict()
+    with pytest.raises(ResumeStateError, match="dataset"):
+        _ds(other).load_state_dict(state)
+    with pytest.raises(ResumeStateError):
+        _ds(other).load_state_dict({"position": 3})
+
+
+def _copy(shards, tmp_path):
+    import shutil
+    out = tmp_path / "copy"
+    shutil.copytree(shards, out)
+    return out, load_manifest(out)
+
+
+def test_truncated_shard_names_shard_and_offset(shards, tmp_path):
+    copy, m = _copy(shards, tmp_path)
+    victim = copy / m.shards[2].name
+    size = victim.stat().st_size
+    with open(victim, "r+b") as f:
+        f.truncate(size // 2)
+    with pytest.raises(CorruptShardError) as err:
+        _keys(_ds(copy, shuffle=False))
+    assert m.shards[2].name in str(err.value) and "offset" in str(err.value) and "truncated" in str(err.value)
+    assert size // 2 - 20_000 <= err.value.offset <= size
+
+
+def test_overwritten_header_is_caught_or_skipped_and_counted(shards, tmp_path):
+    copy, m = _copy(shards, tmp_path)
+    idx = load_index(copy / m.shards[1].index)
+    hdr = int(idx.members[3][0][1]) - 512
+    with open(copy / m.shards[1].name, "r+b") as f:
+        f.seek(hdr + 130)
+        f.write(b"9")                                   # inside the size field
+    with pytest.raises(CorruptShardError) as err:
+        _keys(_ds(copy, shuffle=False))
+    assert err.value.offset == hdr and m.shards[1].name in str(err.value)
+    ds = _ds(copy, shuffle=False, on_corrupt="skip")
+    with pytest.warns(UserWarning, match="skipping"):
+        keys = _keys(ds)
+    assert ds.skipped == 1 and len(keys) == 502 and idx.keys[3] not in keys
+
+
+def test_decode_runs_per_sample(shards):
+    ds = _ds(shards, decode=lambda s: (s["__key__"], int(s["cls"])))
+    assert all(isinstance(label, int) for _k, label in ds)

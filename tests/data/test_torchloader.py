@@ -1,0 +1,89 @@
+"""The torch DataLoader adapter: equal batch counts per rank, exact resume with workers."""
+
+from __future__ import annotations
+
+import pytest
+
+from hpcml.data import ResumeStateError, ShardDataset
+from tests.data.gen import make_shards
+
+pytest.importorskip("torch")
+pytestmark = pytest.mark.torch
+from hpcml.data.torchloader import ShardLoader  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def shards(tmp_path_factory):
+    return make_shards(tmp_path_factory.mktemp("torch"), samples=301, target=700_000)[1]
+
+
+def _loader(shards, rank=0, world=1, workers=2, batch=8, seed=2):
+    ds = ShardDataset(shards, seed=seed, rank=rank, world_size=world, block_bytes=60_000, window=3)
+    return ShardLoader(ds, batch_size=batch, num_workers=workers)
+
+
+def _batches(loader, stop=None):
+    out = []
+    for i, b in enumerate(loader):
+        out.append(list(b["__key__"]))
+        if stop is not None and i + 1 == stop:
+            break
+    return out
+
+
+def test_every_rank_yields_the_same_number_of_batches(shards):
+    per_rank = [_batches(_loader(shards, rank=r, world=3, workers=2, batch=7)) for r in range(3)]
+    assert {len(b) for b in per_rank} == {len(_loader(shards, world=3, batch=7))} == {15}
+    keys = [k for batches in per_rank for b in batches for k in b]
+    assert len(keys) == len(set(keys)) == 300
+
+
+def test_batches_arrive_in_the_planned_order(shards):
+    """With workers the loader delivers the same samples as without, batch for batch."""
+    ds = ShardDataset(shards, seed=2, rank=0, world_size=1, block_bytes=60_000, window=3)
+    planned = []
+    for w in range(2):
+        planned.append([s["__key__"] for s in ds.stream(w, 2, 8)])
+    expected, k = [], 0
+    while any(planned):
+        part = planned[k % 2]
+        expected.append(part[:8])
+        planned[k % 2] = part[8:]
+        k += 1
+    assert _batches(_loader(shards, workers=2, batch=8)) == expected
+
+
+@pytest.mark.parametrize("stop", [1, 5, 37])
+def test_resume_with_workers_is_exact(shards, stop):
+    full = _batches(_loader(shards))
+    first = _loader(shards)
+    head = _batches(first, stop=stop)
+    state = first.state_dict()
+    assert state["position"] == min(stop * 8, 301)
+    resumed = _loader(shards)
+    resumed.load_state_dict(state)
+    assert head + _batches(resumed) == full
+
+
+def test_resume_with_other_workers_is_refused(shards):
+    first = _loader(shards, workers=2)
+    _batches(first, stop=3)
+    other = _loader(shards, workers=1)
+    other.load_state_dict(first.state_dict())
+    with pytest.raises(ResumeStateError, match="workers"):
+        _batches(other)
+
+
+def test_next_epoch_reshuffles(shards):
+    loader = _loader(shards)
+    one = _batches(loader)
+    loader.set_epoch(1)
+    two = _batches(loader)
+    assert one != two and sorted(sum(one, [])) == sorted(sum(two, []))
+
+
+@pytest.mark.parametrize("kw,match", [({"persistent_workers": True}, "persistent"), ({"in_order": False}, "order")])
+def test_options_that_break_the_order_are_refused(shards, kw, match):
+    ds = ShardDataset(shards, rank=0, world_size=1)
+    with pytest.raises(ValueError, match=match):
+        ShardLoader(ds, batch_size=4, num_workers=2, **kw)

@@ -1,0 +1,427 @@
+"""Rules catalog loading and the handler's decisions, with fake node states (no Slurm)."""
+
+from __future__ import annotations
+
+import json
+from datetime import datetime, timedelta, timezone
+from pathlib import Path
+
+import pytest
+
+from hpcml.errors import SlurmError, UsageError
+from hpcml.vet.fleet import handler
+from hpcml.vet.fleet.handler import NodeState, Refused
+from hpcml.vet.fleet.sources import JsonDirSource, Result
+from hpcml.vet.fleet.rules import DEFAULT_RULES, load, loads
+
+NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
+RULES = """\
+name: test-rules
+max_drain_fraction: 50%
+min_nodes_kept: 1
+rules:
+  - name: gpu-failing
+    match: {type: gpu}
+    count: 3
+    window: 24 h
+    reason: "hpcml: {check} failed {count}x in {window}"
+    resume_after: {passes: 2}
+  - name: disk
+    match: {check: "tmp-*", outcome: fail}
+    count: 1
+    window: 1 h
+    reason: "disk {check} on {node}"
+"""
+
+
+def cat(text: str = RULES):
+    return loads(text, "r.yaml")
+
+
+def res(node, outcome, hours_ago, check="gpu", type_="gpu", job="1"):
+    return Result(node, check, type_, outcome, NOW - timedelta(hours=hours_ago), job)
+
+
+def nodes(n=4, **overrides):
+    out = {f"n{i}": NodeState(f"n{i}", "IDLE") for i in range(1, n + 1)}
+    for name, (state, reason) in overrides.items():
+        out[name] = NodeState(name, state, reason)
+    return out
+
+
+# --- loading ------------------------------------------------------------------------------
+
+def test_default_catalog_loads():
+    c = load(DEFAULT_RULES)
+    assert c.max_drain_fraction == pytest.approx(0.1) and c.min_nodes_kept == 1
+    gpu = c.rule("gpu-failing")
+    assert gpu.window == 86400 and gpu.count == 3 and gpu.resume_after.passes == 2
+    assert all(r.reason.startswith("hpcml:") for r in c.rules)
+
+
+def test_fields_and_defaults():
+    c = cat()
+    disk = c.rule("disk")
+    assert c.max_drain_fraction == 0.5 and disk.match.outcome == ["fail"]
+    assert disk.reason == "hpcml: disk {check} on {node}"  # the prefix marks our drains
+    assert disk.resume_after is None and c.rule("gpu-failing").match.outcome == ["fail", "error"]
+    assert c.rule("gpu-failing").render_reason(check="gpu", count=3) == "hpcml: gpu failed 3x in 24 h"
+
+
+BAD = [
+    ("name: x\nrules:\n  - name: a\n    count: 3\n    window: 24 hours\n",
+     "r.yaml:5: key 'rules[0].window': expected a duration"),
+    ("name: x\nrules:\n  - name: a\n    window: 1 h\n", "r.yaml:3: key 'rules[0].count': missing"),
+    ("name: x\nrules:\n  - name: a\n    count: 0\n    window: 1 h\n",
+     "r.yaml:4: key 'rules[0].count': Input should be greater than or equal to 1"),
+    ("name: x\nrules:\n  - name: a\n    count: 1\n    window: 1 h\n    match: {outcome: [bad]}\n",
+     "r.yaml:6: key 'rules[0].match.outcome[0]'"),
+    ("name: x\nrules:\n  - name: a\n    count: 1\n    window: 1 h\n    reason: '{foo}'\n",
+     "r.yaml:6: key 'rules[0].reason': unknown placeholder {foo}"),
+    ("name: x\nrules:\n  - name: a\n    count: 1\n    window: 1 h\n    colour: red\n",
+     "r.yaml:6: key 'rules[0].colour': unknown key"),
+    ("name: x\nrules:\n  - name: a\n    count: 1\n    window: 1 h\n    action: reboot\n",
+     "r.yaml:6: key 'rules[0].action': Input should be 'drain'"),
+    ("name: x\nrules:\n  - name: a\n    count: 1\n    window: 1 h\n    resume_after: {passes: 0}\n",
+     "r.yaml:6: key 'rules[0].resume_after.passes'"),
+    ("name: x\nmax_drain_fraction: 150%\nrules:\n  - {name: a, count: 1, window: 1 h}\n",
+     "r.yaml:2: key 'max_drain_fraction': Input should be less than or equal to 1"),
+    ("name: x\nmin_nodes_kept: -1\nrules:\n  - {name: a, count: 1, window: 1 h}\n",
+     "r.yaml:2: key 'min_nodes_kept'"),
+    ("name: x\nrules: []\n", "r.yaml:2: key 'rules'"),
+    ("name: x\nrules:\n  - {name: a, count: 1, window: 1 h}\n  - {name: a, count: 2, window: 1 h}\n",
+     "r.yaml:4: key 'rules[1].name': duplicate rule name 'a'"),
+    ("rules:\n  - {name: a, count: 1, window: 1 h}\n", "r.yaml:1: key 'name': missing"),
+    ("- a\n- b\n", "r.yaml:1: expected a mapping"),
+    ("name: [\n", "r.yaml:2: not valid YAML"),
+]
+
+
+@pytest.mark.parametrize("text,expected", BAD)
+def test_bad_input_is_one_line_naming_file_line_and_key(text, expected):
+    with pytest.raises(UsageError) as info:
+        loads(text, "r.yaml")
+    msg = str(info.value)
+    assert msg.startswith(expected), msg
+    assert "\n" not in msg and info.value.exit_code == 2
+
+
+def test_missing_file():
+    with pytest.raises(UsageError, match="nope.yaml: file not found"):
+        load("nope.yaml")
+
+
+# --- evaluation ---------------------------------------------------------------------------
+
+def test_count_within_window_drains():
+    results = [res("n1", "fail", 1), res("n1", "error", 5), res("n1", "fail", 20),
+               res("n2", "fail", 1), res("n2", "fail", 2), res("n2", "fail", 30),  # one too old
+               res("n3", "pass", 1), res("n3", "warn", 2), res("n3", "skipped", 3)]
+    p = handler.plan(cat(), results, nodes(), {}, NOW)
+    assert [(a.node, a.action) for a in p.actions] == [("n1", "drain")]
+    a = p.actions[0]
+    assert a.reason == "hpcml: gpu failed 3x in 24 h" and a.rule == "gpu-failing"
+    assert a.evidence["results"] == 3 and a.evidence["window"] == "24 h"
+    assert a.evidence["outcomes"] == ["error", "fail"]
+
+
+def test_counts_are_per_check_and_glob_matches_names():
+    results = [res("n1", "fail", 1, check="gpu-a"), res("n1", "fail", 2, check="gpu-b"),
+               res("n1", "fail", 3, check="gpu-a"),
+               res("n2", "fail", 0.5, check="tmp-disk", type_="disk")]
+    p = handler.plan(cat(), results, nodes(), {}, NOW)
+    assert [(a.node, a.action, a.rule) for a in p.actions] == [("n2", "drain", "disk")]
+    assert p.actions[0].reason == "hpcml: disk tmp-disk on n2"
+
+
+def test_duplicate_results_count_once():
+    r = res("n1", "fail", 1)
+    assert handler.plan(cat(), [r, r, r], nodes(), {}, NOW).actions == []
+
+
+def test_results_before_the_last_resume_do_not_count_again():
+    results = [res("n1", "fail", h) for h in (10, 9, 8)] + [res("n1", "fail", 1)]
+    last = {"n1": handler.Record("resume", NOW - timedelta(hours=5))}
+    assert handler.plan(cat(), results, nodes(), last, NOW).actions == []
+
+
+def test_foreign_drain_and_down_nodes_are_never_touched():
+    results = [res(n, "fail", h) for n in ("n1", "n2", "n5") for h in (1, 2, 3)]
+    st = nodes(n1=("IDLE+DRAIN", "admin: maintenance [root@2025-06-01T10:00:00]"),
+               n2=("DOWN*", "Not responding"))
+    p = handler.plan(cat(), results, st, {}, NOW)
+    acts = {a.node: a for a in p.actions}
+    assert {n: a.action for n, a in acts.items()} == {"n1": "skip", "n2": "skip", "n5": "skip"}
+    assert "someone else" in acts["n1"].note and "admin: maintenance" in acts["n1"].note
+    assert acts["n5"].note == "not a node of this cluster"
+
+
+def test_foreign_drain_is_not_resumed_even_with_passes():
+    st = nodes(n1=("IDLE+DRAIN", "admin: maintenance"))
+    last = {"n1": handler.Record("drain", NOW - timedelta(hours=3), "gpu-failing", "gpu")}
+    p = handler.plan(cat(), [res("n1", "pass", h) for h in (1, 2)], st, last, NOW)
+    assert p.actions == []
+
+
+# --- recheck and resume -------------------------------------------------------------------
+
+def _ours(state="IDLE+DRAIN"):
+    return nodes(n1=(state, "hpcml: gpu failed 3x in 24 h [root@2025-06-01T09:00:00]"))
+
+
+def test_resume_after_enough_passes_of_the_same_check():
+    last = {"n1": handler.Record("drain", NOW - timedelta(hours=3), "gpu-failing", "gpu")}
+    before = [res("n1", "fail", h) for h in (4, 5, 6)]
+    one = handler.plan(cat(), before + [res("n1", "pass", 2)], _ours(), last, NOW)
+    assert [(a.action, a.note) for a in one.actions] == [("hold", "gpu: 1/2 passes since the drain")]
+    other = [res("n1", "pass", h, check="other") for h in (1, 2)]
+    assert handler.plan(cat(), before + other + [res("n1", "pass", 2)], _ours(), last, NOW
+                        ).actions[0].action == "hold"
+    two = handler.plan(cat(), before + [res("n1", "pass", 2), res("n1", "pass", 1)],
+                       _ours("DOWN+DRAIN"), last, NOW)
+    a = two.actions[0]
+    assert (a.action, a.rule, a.check) == ("resume", "gpu-failing", "gpu")
+    assert a.evidence["passes"] == 2 and a.reason.startswith("hpcml:")
+
+
+def test_a_failure_after_passes_restarts_the_count():
+    last = {"n1": handler.Record("drain", NOW - timedelta(hours=5), "gpu-failing", "gpu")}
+    results = [res("n1", "pass", 4), res("n1", "pass", 3), res("n1", "fail", 2), res("n1", "pass", 1)]
+    assert handler.plan(cat(), results, _ours(), last, NOW).actions[0].action == "hold"
+
+
+def test_no_record_or_no_resume_policy_holds():
+    p = handler.plan(cat(), [], _ours(), {}, NOW)
+    assert p.actions[0].action == "hold" and "no drain record" in p.actions[0].note
+    last = {"n1": handler.Record("drain", NOW - timedelta(minutes=30), "disk", "tmp-disk")}
+    p = handler.plan(cat(), [res("n1", "pass", 0.1, check="tmp-disk", type_="disk")], _ours(), last, NOW)
+    assert p.actions[0].action == "hold" and "no resume_after" in p.actions[0].note
+
+
+# --- the guard ----------------------------------------------------------------------------
+
+def _drains(n):
+    return [res(f"n{i}", "fail", h) for i in range(1, n + 1) for h in (1, 2, 3)]
+
+
+def test_guard_max_fraction():
+    c = cat()  # 50% of 4 nodes: 2 drains at once
+    handler.guard(c, handler.plan(c, _drains(2), nodes(4), {}, NOW))
+    with pytest.raises(Refused) as info:
+        handler.guard(c, handler.plan(c, _drains(3), nodes(4), {}, NOW))
+    assert "max_drain_fraction 50% of 4 nodes allows 2" in str(info.value)
+    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+
+
+def test_guard_min_nodes_kept_counts_nodes_already_out():
+    c = cat()
+    st = nodes(4, n3=("IDLE+DRAIN", "admin: x"), n4=("DOWN", "dead"))
+    handler.guard(c, handler.plan(c, _drains(1), st, {}, NOW))  # leaves n2 up
+    with pytest.raises(Refused, match="leave 0 of 4 nodes up, below min_nodes_kept 1"):
+        handler.guard(c, handler.plan(c, _drains(2), st, {}, NOW))
+
+
+# --- the whole run with fakes -------------------------------------------------------------
+
+class FakeSlurm:
+    def __init__(self, st):
+        self.st, self.calls = st, []
+
+    def states(self, name=None):
+        return {k: v for k, v in self.st.items() if name is None or k == name}
+
+    def update(self, names, **fields):
+        self.calls.append((names, fields))
+        for n in names:
+            if fields["state"] == "drain":
+                self.st[n] = NodeState(n, "IDLE+DRAIN", fields["reason"] + " [root@now]")
+            else:
+                self.st[n] = NodeState(n, "IDLE")
+
+
+class ListSource:
+    def __init__(self, results):
+        self.results = results
+
+    def results_since(self, since):
+        return [r for r in self.results if r.time >= since]
+
+
+def _audit(path: Path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_handle_drains_then_resumes_and_audits(tmp_path):
+    fake, audit = FakeSlurm(nodes(4)), tmp_path / "audit.jsonl"
+    results = _drains(1)
+    kw = dict(audit_path=audit, states=fake.states, update=fake.update)
+    p = handler.handle(cat(), ListSource(results), now=NOW, **kw)
+    assert [(a.action, a.status, a.scontrol) for a in p.actions] == [("drain", "done", "ok")]
+    assert fake.calls == [(["n1"], {"state": "drain", "reason": "hpcml: gpu failed 3x in 24 h"})]
+    # the next run changes nothing: the node is ours and not rechecked yet
+    later = NOW + timedelta(minutes=1)
+    assert handler.handle(cat(), ListSource(results), now=later, **kw).actions[0].action == "hold"
+    results += [Result("n1", "gpu", "gpu", "pass", later + timedelta(minutes=i)) for i in (1, 2)]
+    p = handler.handle(cat(), ListSource(results), now=later + timedelta(minutes=3), **kw)
+    assert [(a.action, a.status) for a in p.actions] == [("resume", "done")]
+    assert fake.st["n1"].state == "IDLE"
+    # resumed: the old failures do not drain it again
+    assert handler.handle(cat(), ListSource(results), now=later + timedelta(minutes=4), **kw).actions == []
+    log = _audit(audit)
+    assert [(e["node"], e["action"], e["dry_run"], e["scontrol"]) for e in log] == \
+        [("n1", "drain", False, "ok"), ("n1", "resume", False, "ok")]
+    assert log[0]["evidence"]["results"] == 3 and log[0]["rule"] == "gpu-failing"
+    assert log[0]["state_before"] == "IDLE" and log[0]["rules"] == "r.yaml"
+
+
+def test_dry_run_changes_nothing_but_audits(tmp_path):
+    fake, audit = FakeSlurm(nodes(4)), tmp_path / "audit.jsonl"
+    p = handler.handle(cat(), ListSource(_drains(1)), now=NOW, audit_path=audit, dry_run=True,
+                       states=fake.states, update=fake.update)
+    assert p.actions[0].status == "dry-run" and fake.calls == []
+    assert [(e["action"], e["dry_run"], e["status"]) for e in _audit(audit)] == [("drain", True, "dry-run")]
+    assert handler.history(audit.read_text().splitlines()) == {}  # dry runs are no history
+
+
+def test_refused_run_does_nothing_and_says_so(tmp_path):
+    fake, audit = FakeSlurm(nodes(4)), tmp_path / "audit.jsonl"
+    with pytest.raises(Refused):
+        handler.handle(cat(), ListSource(_drains(3)), now=NOW, audit_path=audit,
+                       states=fake.states, update=fake.update)
+    assert fake.calls == []
+    assert [e["action"] for e in _audit(audit)] == ["refuse"]
+
+
+def test_node_drained_by_someone_between_plan_and_act_is_skipped(tmp_path):
+    fake = FakeSlurm(nodes(4))
+
+    def racing(name=None):
+        if name == "n1":
+            fake.st["n1"] = NodeState("n1", "IDLE+DRAIN", "admin: now")
+        return fake.states(name)
+
+    p = handler.handle(cat(), ListSource(_drains(1)), now=NOW, audit_path=tmp_path / "a",
+                       states=racing, update=fake.update)
+    assert p.actions[0].action == "skip" and fake.calls == []
+
+
+def test_scontrol_failure_is_recorded(tmp_path):
+    fake = FakeSlurm(nodes(4))
+
+    def broken(names, **fields):
+        raise SlurmError("scontrol update: exit 1: Invalid node name")
+
+    p = handler.handle(cat(), ListSource(_drains(1)), now=NOW, audit_path=tmp_path / "a",
+                       states=fake.states, update=broken)
+    assert p.actions[0].status == "failed"
+    entry = _audit(tmp_path / "a")[0]
+    assert entry["status"] == "failed" and "Invalid node name" in entry["scontrol"]
+    assert handler.history([json.dumps(entry)]) == {}
+
+
+def test_audit_log_is_locked_against_a_second_handler(tmp_path):
+    with handler.audit_log(tmp_path / "a"):
+        with pytest.raises(UsageError, match="another hpcml vet handle"):
+            with handler.audit_log(tmp_path / "a"):
+                pass
+
+
+# --- report files -------------------------------------------------------------------------
+
+def _report(started_at, node_results, job="42"):
+    return {"schema": "hpcml.vet/1", "started_at": started_at, "job_id": job,
+            "nodes": {n: {"node": n, "reachable": rs is not None,
+                          "results": [{"node": n, "check": c, "type": t, "outcome": o}
+                                      for c, t, o in (rs or [])]}
+                      for n, rs in node_results.items()}}
+
+
+def test_json_dir_source_reads_reports(tmp_path):
+    t = NOW.timestamp()
+    for i, when in enumerate((t - 7200, t - 60)):
+        d = tmp_path / f"run{i}"
+        d.mkdir()
+        (d / "report.json").write_text(json.dumps(_report(when, {"n1": [("gpu", "gpu", "fail")],
+                                                                  "n2": None})))
+    got = list(JsonDirSource([tmp_path]).results_since(NOW - timedelta(hours=1)))
+    assert sorted((r.node, r.check, r.outcome) for r in got) == \
+        [("n1", "gpu", "fail"), ("n2", "unreachable", "error")]
+    assert got[0].time == NOW - timedelta(seconds=60) and got[0].job == "42"
+
+
+@pytest.mark.parametrize("content,problem", [("{", "cannot read results"),
+                                             ('{"schema": "x"}', "not an hpcml vet report"),
+                                             ('{"schema": "hpcml.vet/1"}', "missing key")])
+def test_json_dir_source_bad_files(tmp_path, content, problem):
+    (tmp_path / "report.json").write_text(content)
+    with pytest.raises(UsageError, match=problem) as info:
+        list(JsonDirSource([tmp_path]).results_since(NOW))
+    assert str(tmp_path / "report.json") in str(info.value)
+    with pytest.raises(UsageError, match="no such file"):
+        list(JsonDirSource([tmp_path / "nope"]).results_since(NOW))
+
+
+# --- command line -------------------------------------------------------------------------
+
+def _app():
+    import typer
+
+    from hpcml.vet.cli_handle import handle, validate_rules
+    app = typer.Typer()
+    app.command("handle")(handle)
+    app.command("validate")(validate_rules)
+    return app
+
+
+def test_cli_validate_and_input_errors(tmp_path):
+    from typer.testing import CliRunner
+    run = CliRunner().invoke
+    ok = run(_app(), ["validate", str(DEFAULT_RULES)])
+    assert ok.exit_code == 0 and "valid rules catalog 'default-node-rules'" in ok.output
+    (tmp_path / "bad.yaml").write_text("name: x\nrules:\n  - {name: a, count: 1, window: soon}\n")
+    bad = run(_app(), ["validate", str(tmp_path / "bad.yaml")])
+    assert bad.exit_code == 2 and "bad.yaml:3: key 'rules[0].window'" in bad.output
+    neither = run(_app(), ["handle", "--audit", str(tmp_path / "a")])
+    assert neither.exit_code == 2 and "either --results" in neither.output
+    rules_bad = run(_app(), ["handle", "--rules", str(tmp_path / "bad.yaml"), "--results", str(tmp_path)])
+    assert rules_bad.exit_code == 2 and not (tmp_path / "a").exists()
+
+
+def test_cli_human_table_and_dry_run(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+    fake = FakeSlurm(nodes(4, n2=("IDLE+DRAIN", "admin: x [root@2025-06-01T10:00:00]")))
+    monkeypatch.setattr(handler, "read_node_states", fake.states)
+    monkeypatch.setattr(handler.slurm, "scontrol_update_node", fake.update)
+    t = datetime.now(timezone.utc).timestamp()
+    for i in range(3):
+        (tmp_path / f"r{i}").mkdir()
+        (tmp_path / f"r{i}" / "report.json").write_text(json.dumps(
+            _report(t - i, {"n1": [("gpu", "gpu", "fail")], "n2": [("gpu", "gpu", "fail")]})))
+    (tmp_path / "rules.yaml").write_text(RULES)
+    args = ["handle", "--rules", str(tmp_path / "rules.yaml"), "--results", str(tmp_path),
+            "--audit", str(tmp_path / "audit.jsonl")]
+    out = CliRunner().invoke(_app(), args + ["--dry-run"])
+    assert out.exit_code == 0, out.output
+    assert "dry run" in out.output and "drain" in out.output and "someone else" in out.output
+    assert fake.calls == []
+    out = CliRunner().invoke(_app(), args)
+    assert out.exit_code == 0 and fake.st["n1"].ours and fake.st["n2"].reason.startswith("admin: x")
+
+
+def test_store_source_reads_the_collectors_sqlite_store(tmp_path):
+    """Reports stored by the collector come back as the handler's results, by time."""
+    import json
+
+    from hpcml.vet.fleet.collector.schema import parse
+    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.vet.fleet.sources import StoreSource
+    url = f"sqlite:///{tmp_path / 'c.db'}"
+    store = open_store(url)
+    old, new = (NOW - timedelta(hours=3)).timestamp(), NOW.timestamp()
+    body = [{"job_id": "7", "node": "n1", "time": t, "verdict": "bad",
+             "results": [{"name": "gpu", "type": "gpu", "outcome": outcome}]}
+            for t, outcome in ((old, "fail"), (new, "error"))]
+    store.add(parse(json.dumps(body).encode()))
+    store.close()
+    got = list(StoreSource(url).results_since(NOW - timedelta(hours=1)))
+    assert got == [Result("n1", "gpu", "gpu", "error", NOW, "7")]

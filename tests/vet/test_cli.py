@@ -1,0 +1,114 @@
+"""The `hpcml vet` command as a user runs it: a real process, its exit code and output."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).parents[2]
+CPU = ROOT / "examples" / "vet" / "cpu.yaml"
+
+
+def hpcml(*args, cwd=None, env=None):
+    import os
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    e["PYTHONPATH"] = str(ROOT)  # the tests' plugin checks
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
+                          text=True, cwd=cwd, env=e, timeout=120)
+
+
+def test_local_run_continues_and_writes_outputs(tmp_path):
+    p = hpcml("vet", CPU, "--out", tmp_path / "o", "--json")
+    assert p.returncode == 0, p.stderr
+    report = json.loads(p.stdout)
+    assert report["verdict"]["decision"] == "continue" and report["verdict"]["bad"] == ""
+    node = next(iter(report["nodes"].values()))
+    assert {r["check"] for r in node["results"]} == {"memory", "load", "tmp-disk", "mounts", "env",
+                                                       "clock", "gemm"}
+    assert all({"outcome", "value", "threshold", "duration", "message"} <= set(r) for r in node["results"])
+    assert (tmp_path / "o" / "bad-nodes").read_text() == "\n"
+    assert (tmp_path / "o" / "good-nodes").read_text().strip() == next(iter(report["nodes"]))
+    assert json.loads((tmp_path / "o" / "report.json").read_text())["schema"] == "hpcml.vet/1"
+
+
+def test_table_output_and_abort_exit_code(tmp_path):
+    proto = tmp_path / "p.yaml"
+    proto.write_text("name: t\nevals:\n  - {name: mem, type: memory, min_available: 1 PB}\n")
+    p = hpcml("vet", proto, "--out", tmp_path / "o")
+    assert p.returncode == 4, p.stdout + p.stderr
+    assert "verdict: abort" in p.stdout and "mem: available" in p.stdout
+    assert (tmp_path / "o" / "bad-nodes").read_text().strip() != ""
+
+
+def test_hanging_check_ends_as_error_by_its_timeout(tmp_path):
+    proto = tmp_path / "p.yaml"
+    proto.write_text("name: t\nevals:\n  - {name: hang, type: tests.plugins.testchecks.Hang, timeout: 1 s}\n"
+                     "  - {name: mem, type: memory}\n")
+    p = hpcml("vet", proto, "--out", tmp_path / "o", "--json")
+    assert p.returncode == 4
+    res = {r["check"]: r for r in next(iter(json.loads(p.stdout)["nodes"].values()))["results"]}
+    assert res["hang"]["outcome"] == "error" and "timed out after 1 s" in res["hang"]["message"]
+    assert res["mem"]["outcome"] == "pass"
+
+
+@pytest.mark.parametrize("content,needle", [
+    (None, "file not found"),
+    ("name: t\nevals:\n  - {name: a, type: nosuch}\n", "key 'evals[0].type': unknown check type"),
+    ("name: t\nevals:\n  - name: d\n    type: disk\n    min_free: lots\n", ":5: key 'evals[0].min_free'"),
+    ("name: t\nevals: [\n", "not valid YAML"),
+])
+def test_bad_input_is_one_line_and_exit_2(tmp_path, content, needle):
+    proto = tmp_path / "p.yaml"
+    if content is not None:
+        proto.write_text(content)
+    p = hpcml("vet", proto, "--out", tmp_path / "o")
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and needle in lines[0] and str(proto) in lines[0], p.stderr
+    assert not (tmp_path / "o").exists()  # nothing ran
+
+
+def test_bad_deadline_option(tmp_path):
+    p = hpcml("vet", CPU, "--deadline", "soon", "--out", tmp_path / "o")
+    assert p.returncode == 2 and "--deadline" in p.stderr and "Traceback" not in p.stderr
+
+
+def test_validate_and_checks_list():
+    p = hpcml("vet", "validate", ROOT / "tests" / "fixtures" / "vetnode" / "alps-like.yaml")
+    assert p.returncode == 0 and "valid vetnode protocol" in p.stdout
+    p = hpcml("vet", "checks")
+    assert p.returncode == 0 and "collective" in p.stdout and "min_bandwidth" in p.stdout
+
+
+def test_setup_builds_a_cached_venv_once(tmp_path):
+    """Requirements come from a local package, so no index is needed."""
+    pkg = tmp_path / "pkg"
+    (pkg / "hpcml_vet_testdep").mkdir(parents=True)
+    (pkg / "hpcml_vet_testdep" / "__init__.py").write_text("__version__ = '0.1'\n")
+    (pkg / "pyproject.toml").write_text(
+        '[build-system]\nrequires = ["setuptools"]\nbuild-backend = "setuptools.build_meta"\n'
+        '[project]\nname = "hpcml-vet-testdep"\nversion = "0.1"\n')
+    proto = tmp_path / "p.yaml"
+    proto.write_text(f"name: t\nevals:\n  - name: dep\n    type: imports\n    modules: [hpcml_vet_testdep]\n"
+                     f"    requirements: ['{pkg}']\n")
+    before = hpcml("vet", proto, "--out", tmp_path / "o0", "--venv-root", tmp_path / "venvs")
+    assert before.returncode == 4 and "requirements not set up" in before.stderr
+    p = hpcml("vet", "setup", proto, "--venv-root", tmp_path / "venvs")
+    assert p.returncode == 0 and "ready:" in p.stdout, p.stderr
+    again = hpcml("vet", "setup", proto, "--venv-root", tmp_path / "venvs")
+    assert "already set up" in again.stdout
+    run = hpcml("vet", proto, "--out", tmp_path / "o", "--venv-root", tmp_path / "venvs")
+    assert run.returncode == 0, run.stdout + run.stderr
+    # hpcml and its dependencies come from where the suite installed them (its own venv),
+    # not from a copy in the requirements venv
+    (venv,) = (tmp_path / "venvs").glob("vet-*")
+    where = subprocess.run([venv / "bin" / "python", "-c",
+                            "import hpcml, typer, hpcml_vet_testdep as d; print(hpcml.__file__); "
+                            "print(d.__file__)"], capture_output=True, text=True, env={"PATH": ""})
+    assert where.returncode == 0, where.stderr
+    hpcml_file, dep_file = where.stdout.split()
+    assert Path(hpcml_file).resolve() == (ROOT / "src" / "hpcml" / "__init__.py").resolve()
+    assert Path(dep_file).is_relative_to(venv) and not list(venv.glob("lib/*/site-packages/hpcml-[0-9]*"))

@@ -1,0 +1,189 @@
+"""Prolog mode without Slurm: fast-check selection, the budget, exit codes, the wrapper script."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcml.errors import UsageError
+from hpcml.vet import prolog
+from hpcml.vet.cli_prolog import PROLOG_PROTOCOL, render_script
+from hpcml.vet.model import Outcome
+from hpcml.vet.protocol import load, loads
+
+ROOT = Path(__file__).parents[2]
+SLEEP = "tests.vet.prolog_checks.Sleep"
+
+
+def hpcml(*args, env=None, timeout=60):
+    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
+    e["PYTHONPATH"] = str(ROOT)  # the plugin checks in tests/vet/prolog_checks.py
+    e.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
+                          text=True, env=e, timeout=timeout)
+
+
+def proto_file(tmp_path: Path, evals: str) -> Path:
+    path = tmp_path / "p.yaml"
+    path.write_text(f"name: t\nevals:\n{evals}")
+    return path
+
+
+# --- which checks run -------------------------------------------------------------------------
+
+def test_fast_by_type_by_key_and_by_plugin_declaration():
+    proto = loads("""
+name: t
+evals:
+  - {name: mem, type: memory}
+  - {name: mem-off, type: memory, fast: false}
+  - {name: env, type: env}
+  - {name: gemm, type: compute, size: 64}
+  - {name: gemm-on, type: compute, size: 64, fast: true}
+  - {name: clock, type: clock}
+  - {name: clock-on, type: clock, fast: true}
+  - {name: plugin, type: tests.vet.prolog_checks.Sleep}
+  - {name: unmarked, type: tests.vet.prolog_checks.Unmarked}
+  - {name: unmarked-on, type: tests.vet.prolog_checks.Unmarked, fast: true}
+""")
+    fast, slow = prolog.select_fast(proto)
+    assert [e.name for e in fast] == ["mem", "env", "gemm-on", "plugin", "unmarked-on"]
+    # clock needs the other nodes' reports: never in a single-node prolog
+    assert [e.name for e in slow] == ["mem-off", "gemm", "clock", "clock-on", "unmarked"]
+
+
+def test_allocation_checks_never_run_in_a_prolog():
+    proto = loads("name: t\nevals:\n  - {name: ar, type: collective, fast: true}\n")
+    assert prolog.select_fast(proto) == ([], proto.evals)
+
+
+def test_builtin_prolog_protocol_is_all_fast():
+    fast, slow = prolog.select_fast(load(PROLOG_PROTOCOL))
+    assert slow == [] and {e.type for e in fast} <= prolog.FAST_TYPES
+
+
+def test_fast_key_must_be_a_boolean():
+    with pytest.raises(UsageError, match=r"key 'evals\[0\]\.fast'.*true or false"):
+        loads("name: t\nevals:\n  - {name: m, type: memory, fast: maybe}\n")
+
+
+# --- the budget -------------------------------------------------------------------------------
+
+def test_check_running_past_the_budget_is_stopped_and_fails_the_node():
+    proto = loads(f"name: t\nevals:\n  - {{name: mem, type: memory, min_available_fraction: 1%}}\n"
+                  f"  - {{name: slow, type: {SLEEP}, seconds: 30}}\n")
+    start = time.time()
+    res = prolog.run_prolog(proto, budget=1.5, started=start)
+    elapsed = time.time() - start
+    assert elapsed < 1.5 + 3  # stopped, not waited for (generous bound)
+    by = {r.check: r for r in res.results}
+    assert by["mem"].outcome is Outcome.PASS
+    assert by["slow"].outcome is Outcome.ERROR and by["slow"].details["budget_overrun"]
+    assert by["slow"].message == f"{prolog.OVERRUN} (1.5 s)"
+    assert res.bad == [f"slow: error: {prolog.OVERRUN} (1.5 s)"] and res.exit_code == 1
+
+
+def test_overrun_ok_reports_the_overrun_but_keeps_the_node():
+    proto = loads(f"name: t\nevals:\n  - {{name: slow, type: {SLEEP}, seconds: 30}}\n")
+    res = prolog.run_prolog(proto, budget=1.0, started=time.time(), overrun_ok=True)
+    assert res.results[0].outcome is Outcome.ERROR and res.results[0].details["budget_overrun"]
+    assert res.bad == [] and res.exit_code == 0
+
+
+def test_own_timeout_inside_the_budget_is_not_an_overrun():
+    proto = loads(f"name: t\nevals:\n  - {{name: slow, type: {SLEEP}, seconds: 30, timeout: 0.3 s}}\n")
+    res = prolog.run_prolog(proto, budget=3.0, started=time.time(), overrun_ok=True)
+    assert res.results[0].message == "timed out after 0.3 s"
+    assert res.exit_code == 1
+
+
+def test_budget_counts_from_process_start():
+    proto = loads(f"name: t\nevals:\n  - {{name: s, type: {SLEEP}, seconds: 0}}\n")
+    res = prolog.run_prolog(proto, budget=1.0, started=time.time() - 5)  # already spent
+    assert res.results[0].message.startswith(prolog.OVERRUN) and res.exit_code == 1
+
+
+# --- the command --------------------------------------------------------------------------------
+
+def test_cli_healthy_node_exits_0_with_json_record(tmp_path):
+    p = hpcml("vet", "--prolog", "--json")  # the built-in prolog protocol
+    assert p.returncode == 0, p.stderr
+    rec = json.loads(p.stdout)
+    assert rec["healthy"] and rec["exit_code"] == 0 and rec["budget"] == 5.0
+    assert {r["check"] for r in rec["results"]} >= {"memory", "tmp-disk", "mounts"}
+
+
+def test_cli_failing_check_exits_1_with_one_stderr_line_per_failure(tmp_path):
+    proto = proto_file(tmp_path, "  - {name: need-x, type: env, expected: {HPCML_PROLOG_X: '1'}}\n"
+                                 "  - {name: mem, type: memory, min_available: 1 PB}\n"
+                                 "  - {name: gemm, type: compute, size: 64}\n")
+    p = hpcml("vet", "run", "--prolog", proto, env={"SLURMD_NODENAME": "nx"})
+    assert p.returncode == 1
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 2 and all(line.startswith("hpcml vet --prolog: nx: ") for line in lines)
+    assert "need-x: HPCML_PROLOG_X is not set" in lines[0] and "mem:" in lines[1]
+    assert "nx bad (need-x:" in p.stdout  # what Slurm logs: it keeps a failed prolog's stdout
+    assert hpcml("vet", "--prolog", proto, env={"HPCML_PROLOG_X": "1"}).returncode == 1
+
+
+def test_cli_budget_overrun_ends_in_time(tmp_path):
+    proto = proto_file(tmp_path, f"  - {{name: slow, type: {SLEEP}, seconds: 60}}\n")
+    start = time.monotonic()
+    p = hpcml("vet", "--prolog", "--budget", "2 s", proto, "--json")
+    assert time.monotonic() - start < 2 + 3  # generous bound
+    assert p.returncode == 1 and "did not finish within the prolog budget" in p.stderr
+    assert json.loads(p.stdout)["duration"] < 2 + 1
+    assert hpcml("vet", "--prolog", "--budget", "2 s", "--overrun-ok", proto).returncode == 0
+
+
+@pytest.mark.parametrize("args, needle", [
+    (["--budget", "soon"], "--budget"),
+    (["--budget", "0"], "--budget"),
+    (["/nonexistent/p.yaml"], "file not found"),
+])
+def test_cli_bad_input_exits_2(args, needle):
+    p = hpcml("vet", "--prolog", *args)
+    assert p.returncode == 2 and needle in p.stderr
+
+
+def test_drain_reason_is_one_short_line():
+    reason = prolog.drain_reason(['env: X="a"\nb', "x" * 300])
+    assert reason.startswith("hpcml: env: X='a' b; xxx") and len(reason) == 200
+    assert "\n" not in reason and '"' not in reason
+
+
+# --- the wrapper script -------------------------------------------------------------------------
+
+def test_prolog_script_runs_without_path(tmp_path):
+    """Slurm gives the prolog no PATH: the script must still find python and timeout."""
+    log = tmp_path / "prolog.log"
+    script = tmp_path / "prolog.sh"
+    script.write_text(render_script(budget="4 s", log=log, drain=False))
+    text = script.read_text()
+    assert text.startswith("#!/bin/sh\n") and f"{sys.executable} -m hpcml vet --prolog" in text
+    command = text.splitlines()[-1]
+    assert "--budget '4 s'" in command and "--drain" not in command and "timeout -k 1 6 " in command
+    env = {"PYTHONPATH": str(ROOT)} if "PYTHONPATH" in os.environ else {}
+    p = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True,
+                       timeout=30)
+    assert p.returncode == 0, log.read_text() if log.exists() else p.stderr
+    assert json.loads(log.read_text().splitlines()[-1])["healthy"] is True
+
+
+def test_prolog_script_command():
+    import typer
+    from typer.testing import CliRunner
+
+    from hpcml.vet.cli_prolog import prolog_script
+    app = typer.Typer()
+    app.command()(prolog_script)
+    out = CliRunner().invoke(app, [str(PROLOG_PROTOCOL), "--budget", "3 s"])
+    assert out.exit_code == 0, out.output
+    assert "--drain" in out.stdout and str(PROLOG_PROTOCOL) in out.stdout and "exec " in out.stdout
+    assert CliRunner().invoke(app, ["--budget", "later"]).exit_code == 2
