@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "bench-token-" + os.urandom(8).hex()
 NODES = 1000
 CHECKS = ["gpu-count", "xid", "ecc", "pcie", "nvlink", "nic", "memory", "disk", "gemm", "nccl"]
-SERVE = "import typer; from hpcml.vet.cli_serve import serve; typer.run(serve)"
+SERVE = "import sys; from hpcml.vet.cli import app; app(['serve', *sys.argv[1:]])"
 
 
 def node_report(rng: random.Random, t: float, job: str) -> dict:

@@ -1,13 +1,19 @@
-"""The ``hpcml`` command's entry point.
+"""The ``hpcml`` command's entry point, and the one place an error becomes its message.
 
 Light on purpose: ``hpcml env run`` sits in front of every container start (once per
 task under srun), so it takes a path that imports no CLI framework; every other command
-goes to the Typer app in ``hpcml.cli_app``.
+goes to the Typer app in ``hpcml.cli_app``, whose groups (``hpcml.cli_support.Group``)
+end a command that raised an ``HpcmlError`` through :func:`report`.
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcml.errors import HpcmlError
 
 
 def __getattr__(name: str):
@@ -17,15 +23,31 @@ def __getattr__(name: str):
     raise AttributeError(name)
 
 
+def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None) -> int:
+    """Print ``COMMAND: error: MESSAGE`` as one line on stderr; return the error's exit code.
+
+    ``flags`` maps a command's settings to its options (``prometheus_port`` ->
+    ``--prometheus-port``): a bad setting named by a ``UsageError`` is shown as the option
+    the user typed. A key of a file (the error names the file) is left as it is.
+    """
+    message = str(exc)
+    key = getattr(exc, "key", None)
+    if flags and isinstance(key, str) and key in flags and not getattr(exc, "file", None) \
+            and hasattr(exc, "render"):
+        message = exc.render(flags[key])
+    print(f"{command}: error: {' '.join(message.split(chr(10)))}", file=sys.stderr)
+    return exc.exit_code
+
+
 def main() -> None:
-    from hpcml.errors import HpcmlError
     argv = sys.argv[1:]
     if argv[:2] == ["env", "run"] and not {"--help", "-h"} & set(argv[2:argv.index("--") if "--" in argv else None]):
-        from hpcml.env.fastrun import main as run_main
-        sys.exit(run_main(argv[2:]))
+        from hpcml.env import fastrun
+        from hpcml.errors import HpcmlError
+        try:
+            code = fastrun.main(argv[2:])
+        except HpcmlError as exc:
+            code = report(fastrun.PROG, exc, fastrun.FLAGS)
+        sys.exit(code)
     from hpcml.cli_app import app
-    try:
-        app(standalone_mode=True)
-    except HpcmlError as exc:
-        print(f"hpcml: error: {exc}", file=sys.stderr)
-        sys.exit(exc.exit_code)
+    app()

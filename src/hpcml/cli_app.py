@@ -1,10 +1,16 @@
-"""The ``hpcml`` command's Typer app: mounts each component's sub-app; no logic of its own."""
+"""The ``hpcml`` command's Typer app: mounts each component's sub-app; no logic of its own.
+
+Every component has the same shape: a ``hpcml.<component>.cli`` package whose ``app`` is a
+``hpcml.cli_support.Group`` (the one place an error becomes ``hpcml <command>: error: ...``),
+with one module per big sub-command.
+"""
 
 from __future__ import annotations
 
 import typer
 
 from hpcml import __version__
+from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
 from hpcml.env.cli import app as env_app
 from hpcml.observe.cli import app as observe_app
@@ -12,7 +18,7 @@ from hpcml.scan.cli import app as scan_app
 from hpcml.score.cli import app as score_app
 from hpcml.vet.cli import app as vet_app
 
-app = typer.Typer(help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
+app = typer.Typer(cls=Group, help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
                   no_args_is_help=True, add_completion=False, rich_markup_mode="rich")
 app.add_typer(vet_app, name="vet")
 app.add_typer(scan_app, name="scan")

@@ -1,41 +1,93 @@
-"""What every sub-command shares: a group that has a default command, and error exits."""
+"""What every sub-command shares: the group class that turns errors into their one line,
+a group that has a default command, report files, sizes, progress bars."""
 
 from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any, Callable, TYPE_CHECKING, overload
 
 import typer
 import typer.core
 
 from hpcml.errors import HpcmlError
 
+if TYPE_CHECKING:
+    from typer._click import Context     # the click Typer carries (>= 0.29): what groups are given
 
-class DefaultCommandGroup(typer.core.TyperGroup):
+_IMPLIED = "hpcml.implied_default"       # ctx.meta: the groups whose default command was implied
+
+
+class Group(typer.core.TyperGroup):
+    """The class of every hpcml command group, and the one place a command's error ends it.
+
+    Library code raises an ``HpcmlError`` subclass; the command lets it through, and the
+    innermost group prints ``hpcml <component> <command>: error: <message>`` on stderr and
+    exits with the error's ``exit_code`` (2 for a ``UsageError``). A bad setting the error
+    names (``UsageError.key``, e.g. ``prometheus_port``) is shown as the command's option
+    (``--prometheus-port``). A component's app run on its own words its errors the same way.
+    """
+
+    def invoke(self, ctx: Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except HpcmlError as exc:
+            from hpcml.cli import report
+            name = ctx.invoked_subcommand
+            command = self.commands.get(name) if name else None
+            words = command_words(ctx)
+            if name and id(ctx) not in ctx.meta.get(_IMPLIED, ()):
+                words.append(name)
+            raise typer.Exit(report(" ".join(words), exc, flags_of(command))) from None
+
+
+def command_words(ctx: Context) -> list[str]:
+    """``["hpcml", "data"]`` for the ``data`` group's context, however the program was started
+    (``python -m hpcml``, the ``hpcml`` script, a test's runner, the ``data`` app alone)."""
+    words: list[str] = []
+    while ctx.parent is not None:
+        words.append(ctx.info_name or "")
+        ctx = ctx.parent
+    root = ctx.command.name
+    if root and root != "hpcml":         # a component's app invoked on its own
+        words.append(root)
+    return ["hpcml", *reversed([w for w in words if w])]
+
+
+def flags_of(command: Any) -> dict[str, str]:
+    """A command's settings -> its options: ``{"shard_size": "--shard-size", "shard-size": ...}``."""
+    flags: dict[str, str] = {}
+    for param in getattr(command, "params", ()):
+        if getattr(param, "param_type_name", "") != "option" or not param.opts:
+            continue
+        flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])
+        for key in (param.name, *(o.lstrip("-") for o in param.opts if o.startswith("--"))):
+            if key:
+                flags.setdefault(key, flag)
+    return flags
+
+
+class DefaultCommandGroup(Group):
     """``hpcml vet protocol.yaml`` means ``hpcml vet run protocol.yaml``.
 
     Written here because it is ten lines; click-default-group does the same for click but
-    not for Typer's group class (Typer >= 0.29 carries its own click).
+    not for Typer's group class (Typer >= 0.29 carries its own click). An error of the
+    implied command is worded as the user typed it (``hpcml vet: error: ...``).
     """
 
     default_command = "run"
 
-    def resolve_command(self, ctx: typer.Context, args: list[str]):
+    def resolve_command(self, ctx: Context, args: list[str]):
         if args and args[0] not in self.commands and not args[0].startswith("-"):
             args.insert(0, self.default_command)
+            ctx.meta.setdefault(_IMPLIED, set()).add(id(ctx))
         return super().resolve_command(ctx, args)
 
-    def parse_args(self, ctx: typer.Context, args: list[str]) -> list[str]:
+    def parse_args(self, ctx: Context, args: list[str]) -> list[str]:
         if args and args[0] not in self.commands and args[0] not in ("--help", "-h"):
             args.insert(0, self.default_command)
+            ctx.meta.setdefault(_IMPLIED, set()).add(id(ctx))
         return super().parse_args(ctx, args)
-
-
-def fail(command: str, exc: HpcmlError) -> None:
-    """End a sub-command with its one-line error and the error's exit code."""
-    print(f"{command}: error: {exc}", file=sys.stderr)
-    raise typer.Exit(exc.exit_code)
 
 
 def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> Path:
@@ -48,6 +100,10 @@ def write_report(write: Callable[[Any, Path], Any], report: Any, out: Path) -> P
     return out
 
 
+@overload
+def parse_size(value: str, option: str, minimum: int = 1) -> int: ...
+@overload
+def parse_size(value: str | None, option: str, minimum: int = 1) -> int | None: ...
 def parse_size(value: str | None, option: str, minimum: int = 1) -> int | None:
     """A size option (``256 MB``, ``1 GiB``, bytes) as bytes; a bad one is exit 2 naming it."""
     from hpcml.errors import UsageError

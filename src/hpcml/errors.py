@@ -1,8 +1,11 @@
 """Errors that end a command with a one-line message instead of a traceback.
 
-A ``UsageError`` is bad input (a file, a key, a value): the CLI prints its message and
-exits 2 before anything has run. A ``SlurmError`` is a Slurm client that failed, timed out
-or is missing.
+Library code raises these, worded in the user's terms (a file, a key, a setting: never a
+command-line flag); the CLI alone turns one into ``hpcml <command>: error: <message>`` on
+stderr and the error's ``exit_code`` (``hpcml.cli_support.Group``; ``hpcml.cli.report``).
+
+A ``UsageError`` is bad input (a file, a key or a setting's value): exit 2, before anything
+has run. A ``SlurmError`` is a Slurm client that failed, timed out or is missing.
 """
 
 from __future__ import annotations
@@ -15,21 +18,30 @@ class HpcmlError(Exception):
 
 
 class UsageError(HpcmlError):
-    """Bad input: a file, key or value the user must fix. Exit code 2."""
+    """Bad input: a file, key or value the user must fix. Exit code 2.
+
+    ``key`` is a key of ``file``, or without a file the setting (a function's parameter,
+    e.g. ``prometheus_port``) that has the bad value; the CLI shows a setting as its flag.
+    """
 
     exit_code = 2
 
     def __init__(self, problem: str, *, file: str | None = None, key: str | None = None,
                  line: int | None = None) -> None:
+        self.file, self.key, self.line, self.problem = file, key, line, problem
+        super().__init__(self.render())
+
+    def render(self, key: str | None = None) -> str:
+        """The message; ``key`` names the key another way (``--prometheus-port``)."""
+        key = key or self.key
         where = ""
-        if file:
-            where = f"{file}"
-            if line is not None:
-                where += f":{line}"
+        if self.file:
+            where = f"{self.file}"
+            if self.line is not None:
+                where += f":{self.line}"
         if key:
             where = f"{where}: key '{key}'" if where else f"key '{key}'"
-        self.file, self.key, self.line, self.problem = file, key, line, problem
-        super().__init__(f"{where}: {problem}" if where else problem)
+        return f"{where}: {self.problem}" if where else self.problem
 
 
 class SlurmError(HpcmlError):

@@ -18,6 +18,7 @@ import html
 import re
 import struct
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -46,7 +47,7 @@ svg text{font-size:11px;fill:#333} .kv td:first-child{font-weight:600}
 
 # ------------------------------------------------------------------------- SVG helpers
 
-def fmt_number(v: float) -> str:
+def fmt_number(v: float | None) -> str:
     if v is None or not np.isfinite(v):
         return "–"
     a = abs(v)
@@ -85,8 +86,8 @@ def _path(xs: np.ndarray, ys: np.ndarray) -> str:
 
 
 def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, str]],
-               bands: list[tuple[np.ndarray, np.ndarray, str]] = (),
-               spans: list[tuple[float, float]] = (), unit: str = "",
+               bands: Sequence[tuple[np.ndarray, np.ndarray, str]] = (),
+               spans: Sequence[tuple[float, float]] = (), unit: str = "",
                ylim: tuple[float, float] | None = None, span_fill: str = "#f4b0a0",
                span_label: str = "stall") -> str:
     """Lines (label, y, colour) over time ``t`` (seconds), optional bands (lo, hi, colour)

@@ -9,12 +9,11 @@ import random
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from hpcml.data.sources import readable_by_mode
 from hpcml.data import doctor as d
-from hpcml.data.cli_doctor import doctor as doctor_command
+from hpcml.data.cli import app as data_app
 from hpcml.errors import UsageError
 
 GB = 10**9
@@ -248,14 +247,7 @@ def test_detect_resources_reads_slurm_tmpdir_and_keeps_overrides(tmp_path, monke
 # --- the CLI -------------------------------------------------------------------------
 
 def _invoke(*args: str):
-    app = typer.Typer()
-    app.command("doctor")(doctor_command)
-
-    @app.callback()
-    def _group() -> None:  # keeps `doctor` a sub-command, as under `hpcml data`
-        pass
-
-    return CliRunner().invoke(app, ["doctor", *args], env={"COLUMNS": "250"})
+    return CliRunner().invoke(data_app, ["doctor", *args], env={"COLUMNS": "250"})
 
 
 def test_cli_json_parses_and_carries_the_overrides(images, tmp_path):

@@ -11,11 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from hpcml.data import loadbench as lb
-from hpcml.data.cli_bench import bench as bench_command
+from hpcml.data.cli import app as data_app
 from hpcml.errors import UsageError
 from tests.data.gen import make_shards
 
@@ -33,10 +32,7 @@ def _files(root: Path) -> dict[str, int]:
 
 
 def _cli(*args: str):
-    app = typer.Typer()
-    app.command("bench")(bench_command)
-    app.command("other")(lambda: None)      # keeps "bench" a sub-command, as under `hpcml data`
-    return CliRunner().invoke(app, ["bench", *args], env={"COLUMNS": "200"})
+    return CliRunner().invoke(data_app, ["bench", *args], env={"COLUMNS": "200"})
 
 
 @pytest.mark.parametrize("kind", ["files", "shards"])
@@ -202,7 +198,7 @@ def test_cli_json(data):
 
 def test_cli_table_with_progress_bar(data, monkeypatch):
     src, _ = data
-    import hpcml.data.cli_bench as cb
+    import hpcml.data.cli.bench as cb
     monkeypatch.setattr(cb, "_want_progress", lambda: True)
     out = _cli(str(src), "--order", "shuffled", "--limit", "100", "--warm")
     assert out.exit_code == 0, out.output

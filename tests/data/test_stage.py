@@ -54,7 +54,7 @@ def _stamp(path: str | Path) -> dict:
 
 def _cli(*args: str, cwd: Path) -> subprocess.CompletedProcess:
     env = {**NO_SLURM, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "hpcml.data.cli_stage", *args], capture_output=True,
+    return subprocess.run([sys.executable, "-m", "hpcml", "data", "stage", *args], capture_output=True,
                           text=True, env=env, cwd=cwd, timeout=60)
 
 

@@ -1,4 +1,4 @@
-"""``hpcml env check``: the common mistakes (hpcml.env.check) and its CLI (cli_check.check)."""
+"""``hpcml env check``: the common mistakes (hpcml.env.check) and its CLI (hpcml.env.cli.check)."""
 
 from __future__ import annotations
 
@@ -10,12 +10,11 @@ import tarfile
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
 from hpcml.env import check as check_mod
 from hpcml.env.check import Finding, check, exit_code, host_has_gpu, image_cuda_major, registry_ref
-from hpcml.env.cli_check import check as check_cmd
+from hpcml.env.cli import app as env_app
 from hpcml.env.model import Environment, Mount
 from hpcml.env.site import parse_site
 
@@ -230,11 +229,8 @@ def test_venv_extension_hides_user_site_but_must_be_mounted(rootfs, tmp_path, si
 
 # ------------------------------------------------------------------ CLI
 
-def _app() -> typer.Typer:
-    app = typer.Typer()
-    app.command("check")(check_cmd)
-    app.command("other")(lambda: None)     # keep "check" a sub-command
-    return app
+def _app():
+    return env_app
 
 
 def _edf(tmp_path: Path, body: str) -> Path:

@@ -6,10 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from hpcml.env.cli_show import show, validate
+from hpcml.env.cli import app as env_app
 from hpcml.env.edf import find_edf, load
 from hpcml.env.expand import ExpansionError, expand
 from hpcml.env.model import Mount
@@ -419,11 +418,8 @@ def cli(site, monkeypatch):
     monkeypatch.chdir(site.work)
     monkeypatch.setenv("HOME", site.environ["HOME"])
     monkeypatch.delenv("EDF_PATH", raising=False)
-    app = typer.Typer()
-    app.command("show")(show)
-    app.command("validate")(validate)
     runner = CliRunner()
-    return lambda *args: runner.invoke(app, list(args), env={"COLUMNS": "400"})
+    return lambda *args: runner.invoke(env_app, list(args), env={"COLUMNS": "400"})
 
 
 def test_cli_show_table_and_json(site, cli):

@@ -97,15 +97,11 @@ def test_podman_writable_root(podman_image):
 
 
 def test_cli_run_and_render(bubblewrap_image, tmp_path, capfd):
-    import typer
     from typer.testing import CliRunner
 
-    from hpcml.env.cli_run import render, run as run_command
+    from hpcml.env.cli import app
     edf = tmp_path / "env.toml"
     edf.write_text(f'image = "{bubblewrap_image}"\nworkdir = "/work"\n[env]\nHPCML_CLI = "yes"\n')
-    app = typer.Typer()
-    app.command("run")(run_command)
-    app.command("render")(render)
     result = CliRunner().invoke(app, ["run", "--runtime", "bubblewrap", str(edf), "--", "sh", "-c", "exit 5"])
     assert result.exit_code == 5, result.output
     result = CliRunner().invoke(app, ["render", "--runtime", "bubblewrap", str(edf), "--", "pwd"])

@@ -10,10 +10,9 @@ import subprocess
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from hpcml.env.cli_check import venv as venv_cmd
+from hpcml.env.cli import app as env_app
 from hpcml.env.model import VENV, Environment, Mount
 from hpcml.env.venv import VenvError, create_venv, execute
 from tests.env.rootfs import apt_install, ensure
@@ -94,9 +93,7 @@ def test_cli_prints_edf_lines(image_env, tmp_path):
     mounts = ", ".join(f'"{m.spec()}"' for m in image_env.mounts)
     edf = tmp_path / "img.toml"
     edf.write_text(f'image = "{image_env.image}"\nmounts = [{mounts}]\n[env]\nPATH = "/usr/bin:/bin"\n')
-    app = typer.Typer()
-    app.command("venv")(venv_cmd)
-    app.command("other")(lambda: None)
+    app = env_app
     path = tmp_path / "v"
     r = CliRunner().invoke(app, ["venv", str(edf), str(path), "--runtime", "bubblewrap"])
     assert r.exit_code == 0, r.output

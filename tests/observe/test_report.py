@@ -117,7 +117,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
     p = _cli(str(job_dir), "--json", "--html", str(out))
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
-    assert list(d) == ["job_id", "path", "ranks_expected", "ranks_with_data", "nodes", "start", "end",
+    assert list(d) == ["schema", "job_id", "path", "ranks_expected", "ranks_with_data", "nodes", "start", "end",
                        "duration_s", "rows", "throughput", "stalls", "stragglers", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
                        "failed_ranks", "recorder_problems", "findings"]

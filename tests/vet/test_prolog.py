@@ -13,7 +13,7 @@ import pytest
 
 from hpcml.errors import UsageError
 from hpcml.vet import prolog
-from hpcml.vet.cli_prolog import PROLOG_PROTOCOL, render_script
+from hpcml.vet.cli.prolog import PROLOG_PROTOCOL, render_script
 from hpcml.vet.model import Outcome
 from hpcml.vet.protocol import load, loads
 
@@ -177,13 +177,10 @@ def test_prolog_script_runs_without_path(tmp_path):
 
 
 def test_prolog_script_command():
-    import typer
     from typer.testing import CliRunner
 
-    from hpcml.vet.cli_prolog import prolog_script
-    app = typer.Typer()
-    app.command()(prolog_script)
-    out = CliRunner().invoke(app, [str(PROLOG_PROTOCOL), "--budget", "3 s"])
+    from hpcml.vet.cli import app
+    out = CliRunner().invoke(app, ["prolog-script", str(PROLOG_PROTOCOL), "--budget", "3 s"])
     assert out.exit_code == 0, out.output
     assert "--drain" in out.stdout and str(PROLOG_PROTOCOL) in out.stdout and "exec " in out.stdout
-    assert CliRunner().invoke(app, ["--budget", "later"]).exit_code == 2
+    assert CliRunner().invoke(app, ["prolog-script", "--budget", "later"]).exit_code == 2

@@ -138,7 +138,7 @@ class DoctorReport:
     recommendation: Recommendation
 
     def to_json(self) -> dict:
-        return {"scan": self.scan.to_json(), "resources": self.resources.to_json(),
+        return {"schema": "hpcml.data.doctor/1", "scan": self.scan.to_json(), "resources": self.resources.to_json(),
                 "readers": self.readers, "epoch_ops": asdict(self.ops),
                 "recommendation": asdict(self.recommendation)}
 
@@ -171,8 +171,10 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
             out.subdirs.append(Path(e.path))
             continue
         if kind == "bad":
+            assert isinstance(st, str)
             out.unreadable.append(Problem(e.path, st))
             continue
+        assert isinstance(st, os.stat_result)
         out.sizes.append(st.st_size)
         key = sample_key(e.name)
         if key is None:
@@ -212,7 +214,8 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
         raise UsageError("not a directory", file=str(root))
     euid, groups = identity()
     res = ScanResult(str(root), jobs=max(1, jobs))
-    sizes, ext = array("q"), Counter()
+    sizes = array("q")
+    ext: Counter[str] = Counter()
     start = time.perf_counter()
     for d in walk(root, lambda p: _scan_dir(p, euid, groups), lambda d: d.subdirs, res.jobs):
         res.directories += 1
@@ -383,9 +386,9 @@ def diagnose(path: str | Path, resources: Resources | None = None, *, readers: i
              on_progress: Callable[[int, int], None] | None = None, **policy) -> DoctorReport:
     """Scan ``path``, then recommend; ``policy`` goes to :func:`recommend`."""
     if read_size < 1:
-        raise UsageError(f"must be at least 1 byte, found {read_size}", key="--read-size")
+        raise UsageError(f"must be at least 1 byte, found {read_size}", key="read_size")
     if readers < 1:
-        raise UsageError(f"must be at least 1, found {readers}", key="--readers")
+        raise UsageError(f"must be at least 1, found {readers}", key="readers")
     result = scan(path, jobs=jobs, on_progress=on_progress)
     res = resources if resources is not None else detect_resources()
     rec = recommend(result, res, readers=readers, **policy)

@@ -18,6 +18,7 @@ training job over generated data; this one measures a given dataset and the real
 
 from __future__ import annotations
 
+import functools
 import multiprocessing
 import os
 import queue as queue_mod
@@ -452,13 +453,13 @@ def run_pass(target: Target, order: str = "sequential", workers: int = 1, *, lim
         from hpcml.data.reader import ShardDataset
         ds = ShardDataset(target.path, seed=seed, shuffle=shuffled, rank=0, world_size=1)
         for w in range(workers):
-            args = (ds, w, workers, _share(limit, w, workers), _share(limit_bytes, w, workers))
-            jobs.append(lambda rep, a=args: _read_shards(*a, rep))
+            jobs.append(functools.partial(_read_shards, ds, w, workers, _share(limit, w, workers),
+                                          _share(limit_bytes, w, workers)))
     else:
         paths = _limited(_ordered(target, shuffled, seed), limit, limit_bytes)
         bounds = [len(paths) * w // workers for w in range(workers + 1)]
         for w in range(workers):
-            jobs.append(lambda rep, part=paths[bounds[w]:bounds[w + 1]]: _read_files(part, rep))
+            jobs.append(functools.partial(_read_files, paths[bounds[w]:bounds[w + 1]]))
     stats, seconds = run_workers(jobs, on_progress)
     return PassResult(target.kind, order, workers, sum(s.samples for s in stats), sum(s.payload for s in stats),
                       seconds, sum(s.reads for s in stats), sum(s.read_bytes for s in stats))
@@ -479,7 +480,7 @@ class BenchResult:
     notes: list[str]
 
     def to_json(self) -> dict:
-        return {"target": self.target, "kind": self.kind, "fstype": self.mount.fstype,
+        return {"schema": "hpcml.data.bench/1", "target": self.target, "kind": self.kind, "fstype": self.mount.fstype,
                 "mount": asdict(self.mount), "samples": self.samples, "bytes": self.bytes,
                 "cache": self.cache, "ceiling": self.ceiling.to_json(),
                 "passes": [p.to_json() for p in self.passes], "notes": self.notes}

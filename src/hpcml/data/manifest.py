@@ -2,7 +2,7 @@
 
 A shard set is a directory::
 
-    manifest.json            format, dataset id, shards with size, sha256 and sample count
+    manifest.json            schema tag, dataset id, shards with size, sha256 and sample count
     shard-000000.tar         WebDataset tar: the files of a sample are adjacent members
     shard-000000.idx.json    per sample: key, byte span in the tar, and each member's data
 
@@ -14,16 +14,18 @@ carries it so that a state from another dataset is refused.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import orjson
-from pydantic import BaseModel, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpcml.errors import UsageError
 from hpcml.files import write_atomic
+from hpcml.schemas import check
 
-FORMAT = "hpcml-shards"
-VERSION = 1
+SCHEMA = "hpcml.data.manifest/1"
+LEGACY_FORMAT = "hpcml-shards"   # before tags: "format": "hpcml-shards" and an integer "version"
 MANIFEST = "manifest.json"
 
 
@@ -36,8 +38,9 @@ class ShardEntry(BaseModel):
 
 
 class Manifest(BaseModel):
-    format: str = FORMAT
-    version: int = VERSION
+    model_config = ConfigDict(populate_by_name=True)
+
+    tag: str = Field(default=SCHEMA, alias="schema")   # first key of the file
     dataset: str = ""         # id: see dataset_id()
     source: str = ""
     created: str = ""
@@ -59,13 +62,13 @@ def dataset_id(shards: list[ShardEntry]) -> str:
     return h.hexdigest()[:16]
 
 
-def manifest_path(path: str | Path) -> Path:
+def manifest_path(path: str | os.PathLike) -> Path:
     """A shard-set directory or its manifest file, as the manifest's path."""
     p = Path(path)
     return p / MANIFEST if p.is_dir() else p
 
 
-def load_manifest(path: str | Path) -> Manifest:
+def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read and validate a manifest; any problem is a one-line UsageError naming the file."""
     p = manifest_path(path)
     try:
@@ -76,11 +79,8 @@ def load_manifest(path: str | Path) -> Manifest:
         raise UsageError(f"cannot read: {exc.strerror}", file=str(p)) from None
     except orjson.JSONDecodeError as exc:
         raise UsageError(f"not JSON: {exc}", file=str(p)) from None
-    if not isinstance(raw, dict) or raw.get("format") != FORMAT:
-        raise UsageError(f"not an {FORMAT} manifest", file=str(p), key="format")
-    if raw.get("version") != VERSION:
-        raise UsageError(f"version {raw.get('version')!r} is not supported (this hpcml reads {VERSION})",
-                         file=str(p), key="version")
+    raw = _from_legacy(raw)
+    check(raw, SCHEMA, str(p))
     try:
         return Manifest.model_validate(raw)
     except ValidationError as exc:
@@ -89,7 +89,16 @@ def load_manifest(path: str | Path) -> Manifest:
         raise UsageError(f"{err['msg']} (found {err.get('input')!r})", file=str(p), key=key) from None
 
 
+def _from_legacy(raw):
+    """A manifest packed before tags, as tagged: its version becomes the major, so that
+    version 1 is read (datasets packed then are on disk) and any other is refused."""
+    if isinstance(raw, dict) and "schema" not in raw and raw.get("format") == LEGACY_FORMAT:
+        rest = {k: v for k, v in raw.items() if k not in ("format", "version")}
+        return {"schema": f"hpcml.data.manifest/{raw.get('version')}", **rest}
+    return raw
+
+
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
     out = Path(directory) / MANIFEST
-    write_atomic(out, orjson.dumps(manifest.model_dump(), option=orjson.OPT_INDENT_2).decode())
+    write_atomic(out, orjson.dumps(manifest.model_dump(by_alias=True), option=orjson.OPT_INDENT_2).decode())
     return out

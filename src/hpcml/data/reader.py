@@ -24,8 +24,10 @@ from hpcml.data import order
 from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index
 from hpcml.data.manifest import load_manifest, manifest_path
 from hpcml.errors import UsageError
+from hpcml.schemas import check
 
-STATE_FORMAT = "hpcml-shard-state/1"
+STATE_SCHEMA = "hpcml.data.state/1"
+LEGACY_STATE_FORMAT = "hpcml-shard-state/1"   # "format" of states saved before tags: still resumed
 
 
 class CorruptShardError(UsageError):
@@ -166,15 +168,19 @@ class ShardDataset:
                                self.world_size, max(1, workers), max(1, batch))
 
     def state_dict(self) -> dict:
-        return {"format": STATE_FORMAT, "dataset": self.manifest.dataset, "epoch": self.epoch,
+        return {"schema": STATE_SCHEMA, "dataset": self.manifest.dataset, "epoch": self.epoch,
                 "position": self.position, "rank": self.rank, "world_size": self.world_size,
                 "workers": self._workers, "batch_size": self._batch,
                 "layout": dict(self.layout.__dict__)}
 
     def load_state_dict(self, state: dict) -> None:
         """Resume exactly where ``state`` was taken; refuse a state of another run."""
-        if not isinstance(state, dict) or state.get("format") != STATE_FORMAT:
-            raise ResumeStateError("not an hpcml ShardDataset state", key="format")
+        legacy = isinstance(state, dict) and "schema" not in state and state.get("format") == LEGACY_STATE_FORMAT
+        if not legacy:
+            try:
+                check(state, STATE_SCHEMA, "resume state")
+            except UsageError as exc:     # a newer hpcml's state is refused, not misread
+                raise ResumeStateError(exc.problem, key="schema") from None
         mine = self.state_dict()
         if state.get("dataset") != mine["dataset"]:
             raise ResumeStateError(f"state is of dataset {state.get('dataset')}, this is {mine['dataset']}",
@@ -264,15 +270,16 @@ class ShardDataset:
             out: dict[str, Any] = {"__key__": idx.keys[i], "__shard__": shards.names[s], "__index__": i}
             for ext, doff, size in idx.members[i]:
                 rel = doff - base
+                problem: str | None
                 if rel + size > len(buf):
                     problem = f"truncated: the shard ends before this sample's '{ext}' ({size} bytes)"
                 else:
                     problem = header_problem(buf, rel - BLOCK, size)
                 if problem:
-                    out = self._corrupt(shards.path(s), doff - BLOCK, f"{problem} (sample {idx.keys[i]!r})")
+                    self._corrupt(shards.path(s), doff - BLOCK, f"{problem} (sample {idx.keys[i]!r})")
                     break
                 out[ext] = bytes(buf[rel:rel + size])
-            if out is not None:
+            else:                              # no corrupt member: the sample is whole
                 yield decode(out) if decode else out
 
     def _corrupt(self, shard: Path, offset: int, problem: str) -> None:

@@ -79,7 +79,9 @@ def identity() -> tuple[int, set[int]]:
 
 
 def _scan_dir(root: Path, rel: str, euid: int, groups: set[int]):
-    files, dirs, bad = [], [], []
+    files: list[SourceFile] = []
+    dirs: list[str] = []
+    bad: list[tuple[str, str]] = []
     path = root / rel if rel else root
     try:
         with os.scandir(path) as it:
@@ -92,8 +94,10 @@ def _scan_dir(root: Path, rel: str, euid: int, groups: set[int]):
         if kind == "dir":
             dirs.append(r)
         elif kind == "bad":
+            assert isinstance(what, str)
             bad.append((str(root / r), what))
         else:
+            assert isinstance(what, os.stat_result)
             files.append(SourceFile(r, what.st_size, what.st_mtime_ns))
     return files, dirs, bad
 

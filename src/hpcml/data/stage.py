@@ -52,7 +52,7 @@ RUNS_KEPT = 50
 _VAR = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 
-class TargetUnavailable(Exception):
+class TargetUnavailable(HpcmlError):
     """DIR cannot be resolved on this node: the job streams from the source instead."""
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import Callable, Sequence, TypedDict
 
 from hpcml.cluster import slurm
 from hpcml.data.stage import THREADS, StageResult, source_dir, stage
@@ -40,8 +40,9 @@ class AllocationStage:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"src": self.src, "path": self.path, "staged": self.staged, "seconds": round(self.seconds, 3),
-                "notes": self.notes, "nodes": {n: r.to_dict() for n, r in self.results.items()}}
+        return {"schema": "hpcml.data.stage/1", "src": self.src, "path": self.path, "staged": self.staged,
+                "seconds": round(self.seconds, 3), "notes": self.notes,
+                "nodes": {n: r.to_dict() for n, r in self.results.items()}}
 
 
 def combine(src: str, results: dict[str, StageResult], seconds: float = 0.0) -> AllocationStage:
@@ -99,6 +100,11 @@ class _Ticker:
         print(f"{PROGRESS}{self.node} {self.done} {self.total}", flush=True)
 
 
+class _Hooks(TypedDict, total=False):
+    on_plan: Callable[[int], None]
+    advance: Callable[[int], None]
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m hpcml.data.stage_worker",
                                 description="Stage a shard set on this node; print one JSON result line.")
@@ -111,7 +117,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     a = p.parse_args(argv)
     from hpcml.cluster.allocation import this_node
     tick = _Ticker(this_node())
-    kw = {"on_plan": tick.plan, "advance": tick.advance} if a.progress else {}
+    kw: _Hooks = {"on_plan": tick.plan, "advance": tick.advance} if a.progress else {}
     try:
         line = {"ok": True, **stage(a.src, a.to, threads=a.threads, verify=a.verify, keep_free=a.keep_free,
                                     **kw).to_dict()}
@@ -147,12 +153,13 @@ def stage_nodes(src: str | Path, to: str | None, nodes: Sequence[str], *, thread
                            extra=["--kill-on-bad-exit=0", "--overlap", "--mpi=none",
                                   "--job-name=hpcml-stage"])
     if not slurm.available("srun"):
-        raise SlurmError("srun: Slurm is not installed or not on PATH (use --local to stage this node only)")
+        raise SlurmError("srun: Slurm is not installed or not on PATH")
     t0 = time.monotonic()
     results: dict[str, StageResult] = {}
     errors: list[dict] = []
     proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, text=True,
                             start_new_session=True)
+    assert proc.stdout is not None  # stdout=PIPE
     try:
         for line in proc.stdout:
             if line.startswith(RESULT):

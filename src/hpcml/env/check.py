@@ -51,8 +51,9 @@ def registry_ref(image: str) -> str:
 def image_cuda_major(env: Environment) -> tuple[int | None, str]:
     """The image's CUDA major and how it was found, or (None, why it is unknowable)."""
     version = env.env.get("CUDA_VERSION")
-    if version and re.match(r"\d+", version):
-        return int(re.match(r"\d+", version).group()), f"CUDA_VERSION={version} in the EDF's env"
+    digits = re.match(r"\d+", version) if version else None
+    if digits:
+        return int(digits.group()), f"CUDA_VERSION={version} in the EDF's env"
     ref = registry_ref(env.image)
     m = re.match(r"nvcr\.io/nvidia/([\w./-]+):(\S+)$", ref)
     if m and m.group(1) == "cuda" and re.match(r"\d+\.", m.group(2)):

@@ -17,15 +17,16 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-try:
+if sys.version_info >= (3, 11):
     import tomllib
-except ModuleNotFoundError:  # Python 3.10
-    import tomli as tomllib  # type: ignore[no-redef]
+else:  # Python 3.10
+    import tomli as tomllib
 
 from hpcml.env.expand import ExpansionError, expand
 from hpcml.env.model import Environment
@@ -44,8 +45,8 @@ class Resolved:
 
     def to_json(self) -> dict[str, Any]:
         e = self.env
-        return {"file": str(e.file) if e.file else None, "chain": [str(p) for p in e.chain],
-                "image": e.image, "workdir": e.workdir, "entrypoint": e.entrypoint,
+        return {"schema": "hpcml.env.edf/1", "file": str(e.file) if e.file else None,
+                "chain": [str(p) for p in e.chain], "image": e.image, "workdir": e.workdir, "entrypoint": e.entrypoint,
                 "writable": e.writable,
                 "mounts": [{"source": m.source, "target": m.target, "flags": list(m.flags)}
                            for m in e.mounts],

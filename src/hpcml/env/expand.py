@@ -14,11 +14,14 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from hpcml.errors import UsageError
+
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
-class ExpansionError(ValueError):
-    """An expansion that cannot be done; ``variable`` names the culprit when there is one."""
+class ExpansionError(UsageError, ValueError):
+    """An expansion that cannot be done (bad input, exit 2); ``variable`` names the culprit
+    when there is one."""
 
     def __init__(self, message: str, variable: str | None = None) -> None:
         super().__init__(message)

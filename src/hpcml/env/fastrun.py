@@ -1,7 +1,9 @@
 """``hpcml env run`` without the CLI framework: argparse, resolve, exec the runtime.
 
 ``hpcml.cli.main`` routes here before importing Typer and Rich, which would add about
-0.2 s to every container start; ``hpcml env run --help`` still goes through Typer.
+0.2 s to every container start; ``hpcml env run --help`` still goes through Typer. Errors
+(``HpcmlError``) go up to the caller, which reports them: ``hpcml.cli.main`` here, the
+command group under Typer.
 """
 
 from __future__ import annotations
@@ -9,9 +11,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from hpcml.errors import HpcmlError
-
 PROG = "hpcml env run"
+FLAGS = {"runtime": "--runtime", "site": "--site", "verbose": "--verbose"}   # setting -> option
 
 
 class _Parser(argparse.ArgumentParser):
@@ -32,19 +33,15 @@ def main(argv: list[str]) -> int:
     except SystemExit:
         return 2
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    try:
-        from hpcml.env.resolve import resolve
-        from hpcml.env.run import run
-        env, warnings = resolve(args.edf, site=args.site)
-        for warning in warnings:
-            print(f"{PROG}: warning: {warning}", file=sys.stderr)
-        if args.verbose:
-            from hpcml.env.run import render
-            launch = render(env, command, args.runtime)
-            for note in launch.notes:
-                print(f"{PROG}: note: {note}", file=sys.stderr)
-            print("\n".join("+ " + line for line in launch.lines()), file=sys.stderr)
-        return run(env, command, runtime=args.runtime)
-    except HpcmlError as exc:
-        print(f"{PROG}: error: {exc}", file=sys.stderr)
-        return exc.exit_code
+    from hpcml.env.resolve import resolve
+    from hpcml.env.run import run
+    env, warnings = resolve(args.edf, site=args.site)
+    for warning in warnings:
+        print(f"{PROG}: warning: {warning}", file=sys.stderr)
+    if args.verbose:
+        from hpcml.env.run import render
+        launch = render(env, command, args.runtime)
+        for note in launch.notes:
+            print(f"{PROG}: note: {note}", file=sys.stderr)
+        print("\n".join("+ " + line for line in launch.lines()), file=sys.stderr)
+    return run(env, command, runtime=args.runtime)

@@ -10,13 +10,14 @@ from __future__ import annotations
 import os
 
 from hpcml.env.model import Mount
+from hpcml.errors import UsageError
 
 FLAGS = frozenset({"ro", "rw", "private", "rprivate", "shared", "rshared", "slave", "rslave",
                    "nosuid", "nodev", "noexec", "bind", "rbind", "recursive", "sqsh"})
 
 
-class MountError(ValueError):
-    """A mount spec that is not ``SRC:DST[:FLAGS]`` with known flags."""
+class MountError(UsageError, ValueError):
+    """A mount spec that is not ``SRC:DST[:FLAGS]`` with known flags (bad input, exit 2)."""
 
 
 def is_relative_path(text: str) -> bool:

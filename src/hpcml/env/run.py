@@ -32,7 +32,7 @@ def choose(env: Environment, runtime: str = "auto", environ: Mapping[str, str] |
     chosen = get(runtime)
     if not chosen.available():
         raise UsageError(f"runtime {runtime!r} is not installed here; installed: "
-                         f"{', '.join(installed()) or 'none'}", key="--runtime")
+                         f"{', '.join(installed()) or 'none'}", key="runtime")
     return chosen
 
 
@@ -60,11 +60,11 @@ def run(env: Environment, command: list[str], runtime: str = "auto") -> int:
     done: list[list[str]] = []
     try:
         for step in launch.prepare:
-            proc = subprocess.run(step, capture_output=True, text=True)
-            if proc.returncode != 0:
-                detail = (proc.stderr or proc.stdout).strip().splitlines()
+            prepared = subprocess.run(step, capture_output=True, text=True)
+            if prepared.returncode != 0:
+                detail = (prepared.stderr or prepared.stdout).strip().splitlines()
                 raise RuntimeFailed(f"{launch.runtime}: {' '.join(step)} failed with exit code "
-                                    f"{proc.returncode}" + (f": {detail[-1]}" if detail else ""))
+                                    f"{prepared.returncode}" + (f": {detail[-1]}" if detail else ""))
             done.append(step)
         proc = subprocess.Popen(launch.argv, env=environ)
         try:

@@ -35,7 +35,14 @@ from hpcml.files import load_yaml
 
 SITE_ENV_VAR = "HPCML_ENV_SITE"
 HOOK_PREFIX = "com.hooks."
-RUNTIMES = ("bubblewrap", "charliecloud", "enroot", "podman", "pyxis", "apptainer")   # hpcml.env.runtimes names
+#: runtimes a site may give options for besides hpcml.env.runtimes.RUNTIMES (checked by ``hpcml env check``)
+OTHER_RUNTIMES = ("apptainer",)
+
+
+def runtime_names() -> list[str]:
+    """Every runtime name a site file may use: the registered runtimes (plug-ins included)."""
+    from hpcml.env.runtimes import RUNTIMES
+    return [*RUNTIMES.names(), *OTHER_RUNTIMES]
 
 
 class _Additions(BaseModel):
@@ -63,9 +70,10 @@ class _Additions(BaseModel):
     @field_validator("options")
     @classmethod
     def _options(cls, options: dict[str, list[str]]) -> dict[str, list[str]]:
+        known = runtime_names() if options else []
         for name in options:
-            if name not in RUNTIMES:
-                raise ValueError(f"expected a runtime ({', '.join(RUNTIMES)}), found {name!r}")
+            if name not in known:
+                raise ValueError(f"expected a runtime ({', '.join(known)}), found {name!r}")
         return options
 
     def mount_list(self) -> list[Mount]:
@@ -169,6 +177,6 @@ def load_site(path: str | Path | None = None, *, environ: Mapping[str, str] | No
     try:
         text = Path(chosen).read_text()
     except OSError as exc:
-        how = "--site" if path else f"${SITE_ENV_VAR}"
-        raise UsageError(f"cannot read the site hooks file ({how}): {exc.strerror}", file=chosen) from None
+        how = "" if path else f" (from ${SITE_ENV_VAR})"
+        raise UsageError(f"cannot read the site hooks file{how}: {exc.strerror}", file=chosen) from None
     return parse_site(text, chosen)

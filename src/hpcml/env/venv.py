@@ -39,7 +39,8 @@ class VenvResult:
         return lines + ["[annotations]", f'{VENV} = "{self.path}"']
 
     def to_json(self) -> dict:
-        return {"path": self.path, "runtime": self.runtime, "mounted": self.mounted,
+        return {"schema": "hpcml.env.venv/1", "path": self.path, "runtime": self.runtime,
+                "mounted": self.mounted,
                 "edf_lines": self.edf_lines()}
 
 

@@ -21,7 +21,7 @@ import pickle
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, ClassVar
 
 from hpcml.errors import UsageError
 from hpcml.scan.loader import RestrictedUnpickler
@@ -43,6 +43,7 @@ class Finding:
 
 @dataclass
 class HangReport:
+    tag: ClassVar[str] = "hpcml.observe.hang/1"   # the schema of `hpcml observe hang --json`
     dumps: dict[int, Path]
     refused: dict[str, str]      # file -> why it was not read
     missing: list[int]           # ranks of the world without a dump

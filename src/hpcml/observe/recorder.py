@@ -18,12 +18,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
 from hpcml.samplers.host import HostSampler
-from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, rank_path, write_json
+
+if TYPE_CHECKING:
+    from hpcml.observe.export import PromExporter, PromForwarder
 
 FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
              signal.SIGCONT)
@@ -84,10 +88,9 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
     from hpcml.samplers.choose import for_task
     if not cmd:
-        raise UsageError("no command to record: give it after --, e.g. "
-                         "hpcml observe record -- python train.py")
+        raise UsageError("no command to record, e.g. ['python', 'train.py']", key="cmd")
     if interval < MIN_INTERVAL:
-        raise UsageError(f"--interval must be at least {MIN_INTERVAL} s, got {interval}")
+        raise UsageError(f"must be at least {MIN_INTERVAL} s, got {interval}", key="interval")
     task = Task.from_env()
     gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
     try:
@@ -101,17 +104,17 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
-    job_meta = {"job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
+    job_meta = {"schema": JOB_SCHEMA, "job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
                 "command": cmd, "start": started, "interval": interval}
     if task.rank == 0:
         write_json(out / JOB_META, job_meta)
     rank_meta_path = out / RANK_META.format(rank=task.rank)
-    rank_meta = {"rank": task.rank, "local_rank": task.local_rank, "node": task.node,
+    rank_meta = {"schema": RANK_SCHEMA, "rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
                  "start": started, **gpu.meta}
     write_json(rank_meta_path, rank_meta)
 
-    exporter = None
+    exporter: PromExporter | PromForwarder | None = None
     if prometheus_port is not None:
         from hpcml.observe.export import PromExporter, PromForwarder
         if task.local_rank == 0:
@@ -120,7 +123,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                                         rank=task.rank, node=task.node)
             except OSError as exc:
                 raise UsageError(f"cannot serve metrics on {prometheus_addr}:{prometheus_port}: "
-                                 f"{exc.strerror}", key="--prometheus-port") from None
+                                 f"{exc.strerror}", key="prometheus_port") from None
             rank_meta["prometheus"] = f"{prometheus_addr}:{prometheus_port}"
         else:
             exporter = PromForwarder(prometheus_port, rank=task.rank)
@@ -166,8 +169,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                 if exporter is not None:
                     exporter.update(rows)
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        for sig, h in previous.items():
+            signal.signal(sig, h)
         copier.join(timeout=10)
         with lock:
             writer.close()

@@ -37,6 +37,7 @@ MAX_FINDINGS = 5
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "images_per_s",
                       "throughput")
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
+SCHEMA = "hpcml.observe.report/1"
 
 
 @dataclass
@@ -62,7 +63,7 @@ class Report:
     stragglers: list[dict[str, Any]]
     one_off_stalls: list[dict[str, Any]]
     transient_stragglers: list[dict[str, Any]]
-    sections: dict[str, dict[str, float]]
+    sections: dict[str, dict[str, float | None]]
     missing_ranks: list[int]
     damaged_ranks: dict[int, str]
     failed_ranks: dict[int, int]
@@ -75,7 +76,7 @@ class Report:
         d.pop("plots")
         d["damaged_ranks"] = {str(k): v for k, v in self.damaged_ranks.items()}
         d["failed_ranks"] = {str(k): v for k, v in self.failed_ranks.items()}
-        return d
+        return {"schema": SCHEMA, **d}
 
 
 # ---------------------------------------------------------------------------- helpers
@@ -177,7 +178,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     t1_us = int(ts_us.max()) if n else None
     start = meta.get("start") if meta.get("start") is not None else (t0_us / 1e6 if t0_us else None)
     end = meta.get("end") if meta.get("end") is not None else (t1_us / 1e6 if t1_us else None)
-    span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None else 1.0
+    span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None and t1_us is not None else 1.0
 
     # Ranks and nodes.
     rank_ids = np.nonzero(np.bincount(rank))[0] if n else np.array([], np.int64)
@@ -188,7 +189,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     def node_of(r: int) -> str:
         return (meta_ranks.get(str(int(r))) or {}).get("node") or f"rank{int(r)}"
     rank_nodes = [node_of(r) for r in rank_ids]
-    nodes = sorted({(v or {}).get("node") for v in meta_ranks.values() if (v or {}).get("node")},
+    nodes = sorted({node for v in meta_ranks.values() if (node := (v or {}).get("node"))},
                    key=natural_key)
     if not nodes and isinstance(meta.get("nodes"), list):
         nodes = list(meta["nodes"])
@@ -202,9 +203,9 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     identity = nr == 0 or (rank_ids[0] == 0 and rank_ids[-1] == nr - 1)
     ridx_all = rank if identity else ridx[rank]
     groups: dict[tuple[str, str], _Rows] = {}
-    for k in np.nonzero(counts)[0]:
-        kind, name = kinds[k // nn], names[k % nn]
-        idx = order[bounds[k]:bounds[k + 1]]
+    for code in np.nonzero(counts)[0]:
+        kind, name = kinds[code // nn], names[code % nn]
+        idx = order[bounds[code]:bounds[code + 1]]
         g = _Rows(rank=None, ridx=ridx_all[idx], x=x_all[idx], value=value[idx])
         if kind == "section" and name == "step":
             g.rank = rank[idx]
@@ -268,7 +269,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
              for key_, g in groups.items() if key_[0] in ("metric", "section")}
 
     # Throughput: a user metric if logged, else steps/s.
-    throughput = None
+    throughput: dict[str, Any] | None = None
     metric_names = [nm for (k, nm) in groups if k == "metric"]
     chosen = next((nm for nm in THROUGHPUT_METRICS if nm in metric_names), None) or \
         next((nm for nm in sorted(metric_names) if nm.endswith(("_per_s", "_per_sec", "_per_second"))), None)
@@ -309,7 +310,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
 
     # Sections: total time and share of the step section.
-    sections: dict[str, dict[str, float]] = {}
+    sections: dict[str, dict[str, float | None]] = {}
     step_total = float(np.nansum(sg.value)) if sg is not None else 0.0
     for (k, nm), g in groups.items():
         if k != "section":
@@ -328,6 +329,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     for kind in ("gpu", "host"):
         for (k, nm), g in sorted(groups.items()):
             if k == kind:
+                assert nidx_of_rank is not None  # these rows have ranks, so rank_nodes is not empty
                 # mean per node and bucket: over the node's GPUs, or its ranks' host samples
                 m, _ = _cells(nidx_of_rank[g.ridx], g.bucket, g.value, len(node_names), nb)
                 plots[kind].append({"name": nm, "nodes": node_names, "values": m})
@@ -401,7 +403,8 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
     out: list[Finding] = []
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
-        nodes = sorted({(meta_ranks.get(str(r)) or {}).get("node") for r in missing} - {None})
+        nodes = sorted({node for r in missing
+                        if (node := (meta_ranks.get(str(r)) or {}).get("node")) is not None})
         where = f"{', '.join(nodes[:4])}'s logs" if nodes else "its node's logs (sacct -j JOB -o NodeList)"
         out.append(Finding("missing_rank", f"rank{'s' if len(missing) > 1 else ''} {shown} left no data",
                            f"check {where}: the task was killed or never started recording"))

@@ -15,15 +15,18 @@ import os
 import re
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from hpcml.errors import UsageError
 from hpcml.files import write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
+from hpcml.schemas import check
 
 _RANK_RE = re.compile(r"^rank-(\d+)(?:\.(\d+))?\.arrows$")
 JOB_META = "job.json"
 RANK_META = "rank-{rank:05d}.json"
+JOB_SCHEMA = "hpcml.observe.job/1"      # job.json
+RANK_SCHEMA = "hpcml.observe.rank/1"    # rank-NNNNN.json
 
 
 def rank_path(job_dir: str | os.PathLike, rank: int) -> Path:
@@ -41,11 +44,11 @@ def rank_path(job_dir: str | os.PathLike, rank: int) -> Path:
 class RankWriter:
     """Appends batches of rows to one rank's stream; ``sink`` is a path or a writable fd."""
 
-    def __init__(self, sink: str | os.PathLike | BinaryIO, rank: int) -> None:
+    def __init__(self, sink: str | os.PathLike | IO[bytes], rank: int) -> None:
         import pyarrow as pa
         self.rank = rank
-        self._own = not hasattr(sink, "write")
-        self._fh = open(sink, "xb") if self._own else sink
+        self._own = isinstance(sink, (str, os.PathLike))
+        self._fh: IO[bytes] = open(sink, "xb") if isinstance(sink, (str, os.PathLike)) else sink
         options = pa.ipc.IpcWriteOptions(compression="zstd")
         self._writer = pa.ipc.new_stream(self._fh, arrow_schema(), options=options)
         self._fh.flush()
@@ -130,9 +133,11 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
             meta = json.loads(meta_path.read_text())
         except (OSError, json.JSONDecodeError) as exc:
             raise UsageError(f"job metadata is not valid JSON: {exc}", file=str(meta_path)) from None
+        check(meta, JOB_SCHEMA, str(meta_path), untagged=True)   # untagged: recorded before tags
     for f in sorted(p.glob("rank-*.json")):
         try:
             rank_meta = json.loads(f.read_text())
+            check(rank_meta, RANK_SCHEMA, str(f), untagged=True)
             meta.setdefault("ranks", {})[str(rank_meta["rank"])] = rank_meta
         except (OSError, json.JSONDecodeError, KeyError):
             continue
@@ -144,7 +149,9 @@ def iter_ranks(files: list[Path]):
     rank before the next is read (a 1,024-rank job never sits in memory at once)."""
     by_rank: dict[int, list[Path]] = {}
     for f in files:
-        by_rank.setdefault(int(_RANK_RE.match(f.name).group(1)), []).append(f)
+        m = _RANK_RE.match(f.name)
+        assert m is not None, f  # read_meta lists only rank-*.arrows files
+        by_rank.setdefault(int(m.group(1)), []).append(f)
     for rank in sorted(by_rank):
         data = None
         for f in by_rank[rank]:

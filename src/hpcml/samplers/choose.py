@@ -17,51 +17,67 @@ GPU of a node is recorded by one task only.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Mapping, Sequence
+from typing import Any
 
 from hpcml.errors import UsageError
+from hpcml.registry import Registry
+from hpcml.samplers import SamplerUnavailable
+from hpcml.samplers.nvml import NVML_NOTE
 
-MODES = ("auto", "dcgm", "nvml", "none")
-NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
+__all__ = ["AUTO", "NVML_NOTE", "SAMPLERS", "TaskGpus", "choose_gpu_sampler", "for_task", "modes"]
+
+#: GPU sampler name -> ``open(gpus, interval, env) -> (sampler, label)``, which raises
+#: SamplerUnavailable saying why it cannot be used here
+SAMPLERS: Registry[Callable[..., tuple[Any, dict]]] = Registry("GPU sampler", "hpcml.samplers", {
+    "dcgm": "hpcml.samplers.dcgm:open_sampler",
+    "nvml": "hpcml.samplers.nvml:open_sampler",
+})
+#: the last resort: when it cannot be used the recording goes on without GPU metrics (named
+#: or reached by ``auto``); any other sampler that is named but cannot be used is an error
+FALLBACK = "nvml"
+#: what ``auto`` tries, in order
+AUTO = ("dcgm", FALLBACK)
+
+
+def modes() -> list[str]:
+    """``auto``, every GPU sampler's name (plug-ins included) and ``none``."""
+    return ["auto", *SAMPLERS.names(), "none"]
+
+
+def _check_mode(mode: str) -> None:
+    if mode not in ("auto", "none") and mode not in SAMPLERS:
+        raise UsageError(f"'{mode}' is not one of {', '.join(modes())}", key="gpu_metrics")
 
 
 def _none(note: str) -> dict:
     return {"kind": "none", "saturation": False, "note": note}
 
 
-def _nvml(gpus: Sequence[str], dcgm_reason: str | None = None):
-    why = f"; DCGM not used: {dcgm_reason}" if dcgm_reason else ""
-    try:
-        from hpcml.samplers.nvml import NvmlSampler
-        sampler = NvmlSampler(list(gpus))
-    except Exception as exc:  # noqa: BLE001 - no NVML (no driver, no nvidia-ml-py)
-        return None, _none(f"no GPU metrics: NVML unavailable ({type(exc).__name__}: {exc}){why}")
-    return sampler, {"kind": "nvml", "saturation": False, "note": NVML_NOTE + why}
-
-
 def choose_gpu_sampler(mode: str, gpus: Sequence[str], interval: float,
-                       env: Mapping[str, str] | None = None):
-    """``(sampler or None, label)`` for ``mode`` in auto, dcgm, nvml, none."""
-    if mode not in MODES:
-        raise UsageError(f"'{mode}' is not one of {', '.join(MODES)}", key="--gpu-metrics")
+                       env: Mapping[str, str] | None = None) -> tuple[Any, dict]:
+    """``(sampler or None, label)`` for ``mode``: auto, none or a GPU sampler's name."""
+    _check_mode(mode)
     if mode == "none":
         return None, _none("GPU sampling off")
-    if mode == "nvml":
-        return _nvml(gpus)
-    from hpcml.samplers.dcgm import DcgmSampler, probe
-    found = probe(env)
-    if found.ok:
+    order = AUTO if mode == "auto" else (mode,)
+    why = ""                   # the samplers auto passed over, and why
+    for name in order:
         try:
-            sampler = DcgmSampler(gpus, interval, env)
-            return sampler, sampler.label()
-        except Exception as exc:  # noqa: BLE001 - any DCGM failure: say why, maybe fall back
-            reason = f"{type(exc).__name__}: {exc}" if not str(exc).strip() else str(exc)
-    else:
-        reason = found.reason
-    if mode == "dcgm":
-        raise UsageError(f"DCGM is required but cannot be used: {reason}", key="--gpu-metrics")
-    return _nvml(gpus, reason)
+            sampler, label = SAMPLERS.get(name)(gpus, interval, env)
+        except SamplerUnavailable as exc:
+            if name == mode and name != FALLBACK:
+                raise UsageError(f"{name.upper()} is required but cannot be used: {exc}",
+                                 key="gpu_metrics") from None
+            if name == order[-1]:
+                return None, _none(f"no GPU metrics: {exc}{why}")
+            why += f"; {name.upper()} not used: {exc}"
+            continue
+        if why:
+            label = {**label, "note": label.get("note", "") + why}
+        return sampler, label
+    return None, _none(f"no GPU metrics{why}")
 
 
 @dataclass
@@ -69,9 +85,9 @@ class TaskGpus:
     """This task's GPU sampler (None: no GPU rows), what to add to its rank metadata, and
     its GPU claims; ``close()`` stops the sampler and releases the claims."""
 
-    sampler: object | None
+    sampler: Any | None
     meta: dict
-    claims: object | None = None
+    claims: Any | None = None
 
     def close(self) -> None:
         try:
@@ -91,8 +107,7 @@ def for_task(mode: str, gpus: Sequence[str], interval: float,
     """
     from hpcml.score.claim import claim_gpus
     env = os.environ if env is None else env
-    if mode not in MODES:
-        raise UsageError(f"'{mode}' is not one of {', '.join(MODES)}", key="--gpu-metrics")
+    _check_mode(mode)
     if mode == "none":
         return TaskGpus(None, {"gpu_sampler": _none("GPU sampling off")})
     wanted = [str(g) for g in gpus]

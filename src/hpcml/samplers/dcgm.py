@@ -41,8 +41,10 @@ import uuid as _uuid
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
+from hpcml.errors import HpcmlError
+from hpcml.samplers import SamplerUnavailable
 from hpcml.score.fields import BY_ID, PROFILING_IDS
 
 DEVICE_IDS = (203, 155, 156, 100, 101, 112, 250, 251, 252, 253)
@@ -67,8 +69,8 @@ PROFILING_FAILURES = {
 }
 
 
-class DcgmUnavailable(RuntimeError):
-    """DCGM cannot be used here; the message says why in one line."""
+class DcgmUnavailable(HpcmlError, RuntimeError):
+    """DCGM cannot be used here; the message says why in one line (exit 1)."""
 
 
 def _env(env: Mapping[str, str] | None) -> Mapping[str, str]:
@@ -188,7 +190,11 @@ class DcgmSampler:
         self.index_of: dict[int, int] = {}       # DCGM GPU id -> the index rows carry
         self.cleanup_errors: list[str] = []
         self._last_ts: dict[tuple[int, int], int] = {}
-        self._handle = self._group = self._fields = self._values = None
+        # objects of the untyped DCGM bindings: handle, GPU group, field group, value collection
+        self._handle: Any = None
+        self._group: Any = None
+        self._fields: Any = None
+        self._values: Any = None
         self._watching = False
         self._closed = False
         self.b = load_bindings(env)
@@ -217,7 +223,7 @@ class DcgmSampler:
         """(DCGM GPU id, row index) for each bound GPU DCGM knows."""
         if not self.bound:
             nvml = {g: self._nvml_index(g) for g in ids}
-            return [(g, nvml[g] if nvml[g] is not None else g) for g in sorted(ids)]
+            return [(g, i if (i := nvml[g]) is not None else g) for g in sorted(ids)]
         by_uuid = {str(getattr(i, "uuid", "")).upper(): g for g, i in ids.items()}
         nvml = ({g: self._nvml_index(g) for g in ids}
                 if any(not _is_uuid(e) for e in self.bound) else {})
@@ -393,7 +399,7 @@ class DcgmSampler:
         if self._closed:
             return
         self._closed = True
-        steps = []
+        steps: list[tuple[str, Callable[[], object]]] = []
         if self._watching and self._group is not None and self._fields is not None:
             steps.append(("unwatch", lambda: self._group.samples.UnwatchFields(self._fields)))
         if self._fields is not None:
@@ -409,3 +415,17 @@ class DcgmSampler:
                 self.cleanup_errors.append(f"{what}: {exc}")
         self._watching = False
         self._fields = self._group = self._handle = self._values = None
+
+
+def open_sampler(gpus: Sequence[str], interval: float,
+                 env: Mapping[str, str] | None = None) -> tuple[DcgmSampler, dict]:
+    """``dcgm`` in hpcml.samplers.choose: the sampler and its label, or SamplerUnavailable
+    saying why a host engine cannot be used."""
+    found = probe(env)
+    if not found.ok:
+        raise SamplerUnavailable(found.reason)
+    try:
+        sampler = DcgmSampler(gpus, interval, env)
+    except Exception as exc:  # noqa: BLE001 - any DCGM failure: say why
+        raise SamplerUnavailable(f"{type(exc).__name__}: {exc}" if not str(exc).strip() else str(exc)) from exc
+    return sampler, sampler.label()

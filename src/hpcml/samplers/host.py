@@ -52,7 +52,7 @@ class HostSampler:
         rows += [(ts, "host", "cpu_percent", psutil.cpu_percent(None), None, None),
                  (ts, "host", "mem_used_bytes", float(mem.total - mem.available), None, None),
                  (ts, "host", "mem_available_bytes", float(mem.available), None, None)]
-        counters = {}
+        counters: dict[str, float] = {}
         disk = psutil.disk_io_counters()
         if disk:
             counters.update(disk_read=disk.read_bytes, disk_write=disk.write_bytes)

@@ -14,8 +14,11 @@ from __future__ import annotations
 import itertools
 import json
 import os
-from typing import Sequence
+from collections.abc import Mapping, Sequence
 
+from hpcml.samplers import SamplerUnavailable
+
+NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 FIELDS = ("util_gpu_percent", "util_mem_percent", "mem_used_bytes", "power_w", "sm_clock_mhz",
           "mem_clock_mhz", "temperature_c", "clocks_event_reasons")
 
@@ -76,3 +79,13 @@ class NvmlSampler:
                 self.nv.nvmlShutdown()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def open_sampler(gpus: Sequence[str], interval: float,
+                 env: Mapping[str, str] | None = None) -> tuple[NvmlSampler, dict]:
+    """``nvml`` in hpcml.samplers.choose: the sampler and its label, or SamplerUnavailable."""
+    try:
+        sampler = NvmlSampler(list(gpus))
+    except Exception as exc:  # noqa: BLE001 - no NVML (no driver, no nvidia-ml-py)
+        raise SamplerUnavailable(f"NVML unavailable ({type(exc).__name__}: {exc})") from exc
+    return sampler, {"kind": "nvml", "saturation": False, "note": NVML_NOTE}

@@ -15,7 +15,7 @@ import pickle
 import sys
 import types
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import IO, Any
 
 from hpcml.errors import HpcmlError
 from hpcml.scan.model import FileResult, Verdict
@@ -39,7 +39,7 @@ class UnsafeFileError(HpcmlError):
 class RestrictedUnpickler(pickle.Unpickler):
     """``pickle.Unpickler`` whose ``find_class`` only returns globals the policy allows."""
 
-    def __init__(self, file: BinaryIO, *, policy: Policy | None = None, **kwargs: Any) -> None:
+    def __init__(self, file: IO[bytes], *, policy: Policy | None = None, **kwargs: Any) -> None:
         super().__init__(file, **kwargs)
         self._policy = policy or default_policy()
 
@@ -61,19 +61,19 @@ def restricted_pickle_module(policy: Policy) -> types.ModuleType:
     mod = types.ModuleType("hpcml_restricted_pickle")
 
     class Unpickler(RestrictedUnpickler):
-        def __init__(self, file: BinaryIO, **kwargs: Any) -> None:
+        def __init__(self, file: IO[bytes], **kwargs: Any) -> None:
             super().__init__(file, policy=policy, **kwargs)
 
-    mod.Unpickler = Unpickler
-    mod.load = lambda file, **kw: Unpickler(file, **kw).load()
-    mod.loads = lambda data, **kw: Unpickler(io.BytesIO(data), **kw).load()
-    mod.UnpicklingError = pickle.UnpicklingError
+    mod.__dict__.update(Unpickler=Unpickler,
+                        load=lambda file, **kw: Unpickler(file, **kw).load(),
+                        loads=lambda data, **kw: Unpickler(io.BytesIO(data), **kw).load(),
+                        UnpicklingError=pickle.UnpicklingError)
     mod.__dict__.update({k: getattr(pickle, k) for k in ("Pickler", "dump", "dumps", "HIGHEST_PROTOCOL",
                                                           "DEFAULT_PROTOCOL", "PickleError")})
     return mod
 
 
-def _load_npy(fh: BinaryIO, size: int, policy: Policy) -> Any:
+def _load_npy(fh: IO[bytes], size: int, policy: Policy) -> Any:
     import numpy as np
     from hpcml.scan.formats import npy
     header = npy.read_header(fh, 0, size)

@@ -22,6 +22,8 @@ import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
+from hpcml.errors import HpcmlError
+
 CHUNK = 1 << 20
 MAX_TRACKED_STR = 4096          # longer strings cannot be module or attribute names we care about
 MEMO_BUDGET = 1 << 22           # weight units kept in the memo (~ bytes of tracked values)
@@ -109,8 +111,11 @@ class WalkResult:
     value: object = None            # the model of the top-level object (for format helpers)
 
 
-class PickleError(Exception):
-    """The real unpickler would fail here too: the stream is malformed or truncated."""
+class PickleError(HpcmlError):
+    """The real unpickler would fail here too: the stream is malformed or truncated (exit 7,
+    as for a scanned file that cannot be parsed)."""
+
+    exit_code = 7
 
 
 _COMPAT = None
@@ -228,7 +233,7 @@ class PickleWalker:
         self.memo: dict[int, object] = {}
         self.present = bytearray()      # 1 byte per memo key below TRACKED_KEYS
         self.sparse: dict[int, int] = {}
-        self.small = [MISSING] * 256    # what BINGET pushes for keys 0-255 (MISSING: unset)
+        self.small: list[object] = [MISSING] * 256    # what BINGET pushes for keys 0-255 (MISSING: unset)
         self.seq = True                 # keys are exactly 0 .. memo_len-1
         self.seq_upto = 0               # when seq ended: keys below this were present
         self.lost = False

@@ -1,4 +1,5 @@
-"""Scan files and directories: recognise each file by content and dispatch to its format.
+"""Scan files and directories: recognise each file by content and dispatch to its format
+(``hpcml.scan.formats.FORMATS``, in order; what none recognises is walked as a pickle).
 
 Files are independent, so a directory is scanned by a pool of processes (one per CPU);
 within a file, memory stays bounded because every format reads in chunks.
@@ -14,18 +15,14 @@ from typing import BinaryIO, Callable, Iterable, Iterator
 
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import joblib as joblib_format
-from hpcml.scan.formats import safetensors as safetensors_format
-from hpcml.scan.formats import tarred, zipped
+from hpcml.scan.formats import FORMATS
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import looks_like_pickle
 from hpcml.scan.policy import Policy, default_policy
 
 MAX_ARCHIVE_DEPTH = 4
-END_UNKNOWN = 1 << 62
 PICKLE_SUFFIXES = {".pkl", ".pickle", ".pck", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".dat",
                    ".npy", ".model", ".sav", ".p", ".pkl.gz", ".pt.gz"}
-SEVEN_ZIP = b"7z\xbc\xaf\x27\x1c"
 
 
 def _pickle_name(name: str) -> bool:
@@ -44,48 +41,14 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
         else:
             fs.result.scanned = False
         return
-    archive = zipped.scan_zip if zipped.looks_like(head) else \
-        tarred.scan_tar if tarred.looks_like(head) else None
-    if archive:
-        if depth >= MAX_ARCHIVE_DEPTH:
+    for fmt_name in FORMATS:
+        fmt = FORMATS.get(fmt_name)
+        if not fmt.looks_like(head, size, name):
+            continue
+        if fmt.archive and depth >= MAX_ARCHIVE_DEPTH:
             fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
             return
-        archive(fs, fh, member, depth, scan_content)
-        return
-    if head.startswith(b"\x93NUMPY"):
-        from hpcml.scan.formats import npy  # numpy is imported only for .npy files
-        fs.set_format("numpy-npy")
-        try:
-            header = npy.read_header(fh, 0, size)
-        except (ValueError, OSError) as exc:
-            fs.error(f"bad .npy header: {exc}", member)
-            return
-        if header.has_object:
-            fs.note(f"{member or 'the array'} has an object dtype: its data is a pickle")
-            pickles.scan_stream(fs, fh, header.header_end, size, member)
-        return
-    if safetensors_format.looks_like(head, size) or name.lower().endswith(".safetensors"):
-        fs.set_format("safetensors")
-        problems, notes = safetensors_format.validate(fh, 0, size)
-        for p in problems:
-            fs.error(p, member)
-        fs.result.notes.extend(notes)
-        return
-    if head.startswith(SEVEN_ZIP):
-        fs.set_format("7z")
-        fs.error("7z archives are not supported: unpack and scan the contents", member)
-        return
-    compressed = joblib_format.compression(head)
-    if compressed and not looks_like_pickle(head):
-        kind, opener = compressed
-        try:
-            stream = opener(fh)
-            fs.set_format(f"{kind}-compressed")
-            pickles.scan_stream(fs, stream, 0, END_UNKNOWN, member)
-        except (OSError, EOFError, ValueError) as exc:
-            fs.error(f"cannot decompress the {kind} stream: {exc}", member)
-        except Exception as exc:  # noqa: BLE001 - decompressors raise their own types (lz4, zlib.error)
-            fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+        fmt.scan(fs, fh, size, member, name, depth, scan_content)
         return
     if looks_like_pickle(head):
         fs.set_format("pickle")

@@ -14,7 +14,7 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.observe.schema import arrow_schema
-from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, rank_path, write_json
 from hpcml.score.recording import Recording
 
 
@@ -62,16 +62,18 @@ def write_store(rec: Recording, out: Path) -> int:
                 g = rec.gpus[key]
                 gpu = int(key[1]) if key[1].isdigit() and int(key[1]) < 2 ** 15 else pos
                 ids[str(gpu)] = key[1]
-                batch = _batch(rank, gpu, g.t, g.values)
+                # frozen above: asarray returns t and the columns as they are, as arrays
+                batch = _batch(rank, gpu, np.asarray(g.t), {k: np.asarray(v) for k, v in g.values.items()})
                 written += batch.num_rows
                 if batch.num_rows:
                     writer.write_batch(batch)
         finally:
             writer.close()
         write_json(out / RANK_META.format(rank=rank), {
-            "rank": rank, "node": node, "gpus": list(ids.values()), "gpu_ids": ids,
+            "schema": RANK_SCHEMA, "rank": rank, "node": node, "gpus": list(ids.values()), "gpu_ids": ids,
             "gpu_models": {i: rec.gpus[(node, orig)].model for i, orig in ids.items() if rec.gpus[(node, orig)].model},
             "gpu_sampler": sampler})
-    write_json(out / JOB_META, {"job_id": rec.meta.get("job_id", "imported"), "ntasks": len(nodes),
-                                "nodes": ",".join(nodes), "imported_from": rec.source, "notes": rec.notes})
+    write_json(out / JOB_META, {"schema": JOB_SCHEMA, "job_id": rec.meta.get("job_id", "imported"),
+                                "ntasks": len(nodes), "nodes": ",".join(nodes), "imported_from": rec.source,
+                                "notes": rec.notes})
     return written

@@ -13,9 +13,11 @@ timestamps (a GPU missing part of the run has NaN there, never 0).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
+from numpy.typing import ArrayLike
 
 VALUE_DTYPE = np.float32
 
@@ -49,11 +51,12 @@ class GpuSeries:
         if not self.t or self.t[-1] != t:
             self.t.append(t)
             for v in self.values.values():
+                assert isinstance(v, list)  # not frozen: columns are lists, like t
                 v.append(np.nan)
         column = self.values.setdefault(name, [np.nan] * len(self.t))
         column[-1] = value
 
-    def set_columns(self, t, values: dict[str, object]) -> None:
+    def set_columns(self, t, values: Mapping[str, ArrayLike]) -> None:
         """Whole columns at once (every column as long as ``t``)."""
         self.t = np.asarray(t, float)
         self.values = {k: np.asarray(v, VALUE_DTYPE) for k, v in values.items()}
@@ -66,7 +69,7 @@ class GpuSeries:
             order = np.argsort(t, kind="stable")
             t = t[order]
             values = {k: v[order] for k, v in values.items()}
-        self.t, self.values = t, values
+        self.t, self.values = t, dict(values)
         return self
 
     def __len__(self) -> int:
@@ -122,6 +125,7 @@ class Recording:
     def on_grid(self, g: GpuSeries, grid: Grid, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         """One GPU's columns (or only ``names``) on ``grid``, which ``grid()`` made after
         freezing every series; the last sample wins where two fall in one slot."""
+        assert isinstance(g.t, np.ndarray)  # frozen
         idx = np.clip(np.rint((g.t - grid.t0) / grid.dt).astype(np.int64), 0, max(grid.n - 1, 0))
         out = {}
         for name, v in g.values.items():

@@ -27,7 +27,7 @@ PARTS = ("score", "compute", "memory", "interconnect")
 PLOTTED_FIELDS = ("sm_active", "sm_occupancy") + PIPES + (
     "dram_active", "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes",
     "gpu_util", "power_usage", "sm_clock", "fb_used")
-VERSION = 1
+SCHEMA = "hpcml.score.report/1"   # was the integer "version": 1 before tags
 
 
 class _Series:
@@ -119,7 +119,7 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
                            "of the GPU it used; record with DCGM (a host engine on the node) for a score.")
     nodes = sorted({k[0] for k in keys}, key=natural_key)
     return {
-        "version": VERSION,
+        "schema": SCHEMA,
         "source": rec.source,
         "temporal_only": rec.temporal_only,
         "notes": notes,

@@ -17,7 +17,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcml.observe.schema import arrow_schema
-from hpcml.observe.store import JOB_META, RankWriter, rank_path
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_SCHEMA, RankWriter, rank_path
 
 T0_US = 1_767_225_600_000_000          # 2026-01-01T00:00:00Z
 
@@ -73,7 +73,7 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
     meta_ranks = {}
     for r in range(n_ranks):
         node, local = nodes[r // ranks_per_node], r % ranks_per_node
-        meta_ranks[r] = {"rank": r, "local_rank": local, "node": node, "gpus": [str(local)],
+        meta_ranks[r] = {"schema": RANK_SCHEMA, "rank": r, "local_rank": local, "node": node, "gpus": [str(local)],
                          "start": start_us / 1e6, "end": ends_us[-1] / 1e6 + 1, "exit_code": 0}
         if r in missing:
             continue
@@ -115,7 +115,7 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
             with open(p, "r+b") as fh:                           # cut the last batch in half
                 fh.truncate(size - max(64, size // (2 * len(batches))))
     (out / JOB_META).write_text(json.dumps({
-        "job_id": job_id, "nodes": nodes, "ntasks": n_ranks, "command": ["python", "train.py"],
+        "schema": JOB_SCHEMA, "job_id": job_id, "nodes": nodes, "ntasks": n_ranks, "command": ["python", "train.py"],
         "start": start_us / 1e6, "end": ends_us[-1] / 1e6 + 1, "interval": sample_s}))
     return out
 

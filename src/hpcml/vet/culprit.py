@@ -98,7 +98,7 @@ class _Judge:
         out = []
         for i, bw in enumerate(bandwidths):
             slow = bw is None or (self.threshold is not None and bw < self.threshold)
-            if not slow and self.min_relative is not None:
+            if not slow and bw is not None and self.min_relative is not None:
                 ref = self.passing or [b for j, b in enumerate(bandwidths)
                                        if j != i and b is not None]
                 slow = bool(ref) and bw < self.min_relative * statistics.median(ref)

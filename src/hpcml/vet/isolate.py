@@ -35,7 +35,7 @@ def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
     os.dup2(2, 1)  # a check's prints must not break the worker's result lines on stdout
     try:
-        payload = {"ok": fn()}
+        payload: dict[str, Any] = {"ok": fn()}
     except BaseException as exc:  # everything a check raises becomes an error outcome
         text = str(exc).strip()
         payload = {"exc": type(exc).__name__, "msg": text.splitlines()[0] if text else "",

@@ -14,6 +14,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -59,7 +60,7 @@ class Step:
     running anything.
     """
 
-    def __init__(self, argv: list[str], expected: int, preload: list[str] = ()) -> None:
+    def __init__(self, argv: list[str], expected: int, preload: Sequence[str] = ()) -> None:
         self.expected = expected
         self.step = StepResult()
         self.complete = threading.Event()
@@ -92,6 +93,7 @@ class Step:
             self.step.stderr.append(line)
 
     def send(self, spec: dict | None) -> None:
+        assert self.proc.stdin is not None  # stdin=PIPE
         try:
             if spec is not None:
                 self.proc.stdin.write(json.dumps(spec) + "\n")
@@ -122,7 +124,7 @@ class Step:
 
 
 def start_workers(nodes: list[str], python: str | None = None, *, use_srun: bool = True,
-                  preload: list[str] = ()) -> Step:
+                  preload: Sequence[str] = ()) -> Step:
     python = python or sys.executable
     argv = _srun_argv(nodes, python) if use_srun else _worker_command(python)
     return Step(argv, len(nodes) if use_srun else 1, list(preload))

@@ -29,6 +29,10 @@ class Decision(str, Enum):
 
 
 EXIT_CODES = {Decision.CONTINUE: 0, Decision.SHRINK: 3, Decision.ABORT: 4}
+#: the tag of a whole run's report.json (``report.to_json``); here, so that its readers (the
+#: collector, the handler) need not import the engine. Kept without a part: deployed
+#: collectors accept only ``hpcml.vet/`` tags.
+REPORT_SCHEMA = "hpcml.vet/1"
 
 
 @dataclass

@@ -105,7 +105,7 @@ def run_prolog(protocol: Protocol, *, budget: float = DEFAULT_BUDGET, started: f
     env = os.environ if env is None else env
     t0 = process_start() if started is None else started
     fast, slow = select_fast(protocol)
-    spec = {"nodes": [], "workdir": None, "require_gpus": protocol.require_gpus}
+    spec: dict[str, Any] = {"nodes": [], "workdir": None, "require_gpus": protocol.require_gpus}
     ctx = context_fields(spec, env)
     # run_checks keeps its own margin (worker.MARGIN) on top of RESERVE
     results = run_checks([e.to_dict() for e in fast], ctx, t0 + budget - RESERVE) if fast else []

@@ -16,8 +16,8 @@ from typing import Any
 from pydantic import ValidationError
 
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config
-from hpcml.vet import registry, vetnode_compat
 from hpcml.units import parse_fraction, parse_seconds
+from hpcml.vet import registry, vetnode_compat
 
 COMMON_KEYS = {"name", "type", "timeout", "severity", "count_errors", "requirements",
                "min_relative", "max_relative", "description", "fast"}
@@ -99,11 +99,12 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
         if not isinstance(raw.get(key), str) or not raw[key].strip():
             raise ld.error((*path, key), "missing or not a string")
     fields = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
-    type_name, needs = raw["type"], ()
+    type_name = raw["type"]
+    needs: tuple[str, ...] = ()
     try:
         if vetnode_compat.is_vetnode(type_name):
             type_name, fields, needs = vetnode_compat.translate(type_name, fields)
-        cls = registry.load(registry.resolve(type_name))
+        cls = registry.check_class(type_name)
     except (LookupError, ValueError) as exc:
         raise ld.error((*path, "type"), str(exc)) from None
     try:

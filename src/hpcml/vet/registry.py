@@ -1,18 +1,22 @@
 """Check types by name, imported only when used so a node's worker loads just its checks.
 
-A new built-in check is one module under ``checks/`` and one line here. Any other ``type:``
-that is a dotted path (``mysite.checks.IbPortCheck``) is a plugin: a class implementing
-``hpcml.vet.checks.base.Check``.
+A new built-in check is one module under ``checks/`` and one line in ``BUILTIN``. A site
+package adds one through the ``hpcml.checks`` entry-point group (``hpcml.registry``). Any
+other ``type:`` that is a dotted path (``mysite.checks.IbPortCheck``) is a plugin too: a
+class implementing ``hpcml.vet.checks.base.Check``.
 """
 
 from __future__ import annotations
 
 import importlib
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+
+from hpcml.registry import Registry, UnknownName
 
 if TYPE_CHECKING:
     from hpcml.vet.checks.base import Check
 
+#: the one place a built-in check's name is declared
 BUILTIN: dict[str, str] = {
     "memory": "hpcml.vet.checks.memory:MemoryCheck",
     "load": "hpcml.vet.checks.load:LoadCheck",
@@ -29,27 +33,37 @@ BUILTIN: dict[str, str] = {
     "collective": "hpcml.vet.checks.collective:CollectiveCheck",
 }
 
+CHECKS: Registry[type[Check[Any]]] = Registry("check type", "hpcml.checks", BUILTIN,
+                                              hint="or a dotted path to a Check class")
 
-class UnknownCheck(LookupError):
-    pass
+#: kept for callers that catch it by this name
+UnknownCheck = UnknownName
 
 
 def resolve(type_name: str) -> str:
-    """A protocol's ``type:`` -> ``module:Class``."""
-    if type_name in BUILTIN:
-        return BUILTIN[type_name]
-    if "." in type_name and ":" not in type_name:
-        module, _, cls = type_name.rpartition(".")
-        return f"{module}:{cls}"
+    """A protocol's ``type:`` -> ``module:Class``: what the workers import, without a lookup."""
     if ":" in type_name:
         return type_name
-    raise UnknownCheck(f"unknown check type '{type_name}' (built-in: {', '.join(sorted(BUILTIN))}; "
-                       "or a dotted path to a Check class)")
+    if "." in type_name and type_name not in CHECKS:
+        module, _, cls = type_name.rpartition(".")
+        return f"{module}:{cls}"
+    return CHECKS.target(type_name)
 
 
-def load(path: str) -> type[Check]:
+def check_class(type_name: str) -> type[Check[Any]]:
+    """The class a protocol's ``type:`` names: a registered name (a site package's entry point
+    that fails to import is a ``PluginError`` naming it) or a dotted path."""
+    if type_name not in CHECKS and ("." in type_name or ":" in type_name):
+        return load(resolve(type_name))
+    try:
+        cls = CHECKS.get(type_name)
+    except ImportError as exc:
+        raise UnknownCheck(f"cannot import check type '{type_name}': {exc}") from None
+    return _a_check(cls, CHECKS.target(type_name))
+
+
+def load(path: str) -> type[Check[Any]]:
     """Import ``module:Class`` and make sure it is a Check."""
-    from hpcml.vet.checks.base import Check
     module_name, _, cls_name = path.partition(":")
     try:
         module = importlib.import_module(module_name)
@@ -58,6 +72,11 @@ def load(path: str) -> type[Check]:
     cls = getattr(module, cls_name, None)
     if cls is None:
         raise UnknownCheck(f"module '{module_name}' has no class '{cls_name}'")
+    return _a_check(cls, path)
+
+
+def _a_check(cls: object, path: str) -> type[Check[Any]]:
+    from hpcml.vet.checks.base import Check
     if not (isinstance(cls, type) and issubclass(cls, Check)):
-        raise UnknownCheck(f"'{module_name}.{cls_name}' is not a subclass of hpcml.vet.checks.base.Check")
+        raise UnknownCheck(f"'{path.replace(':', '.')}' is not a subclass of hpcml.vet.checks.base.Check")
     return cls

@@ -15,10 +15,9 @@ from typing import Any
 from hpcml.cluster.hostlist import fold
 from hpcml.files import write_atomic
 from hpcml.vet.engine import VetRun
-from hpcml.vet.model import Outcome
+from hpcml.vet.model import REPORT_SCHEMA as SCHEMA, Outcome
 from hpcml.units import fmt_bytes
 
-SCHEMA = "hpcml.vet/1"
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
           Outcome.ERROR: "bold magenta", Outcome.SKIPPED: "dim"}
 #: above this many nodes the table lists only the nodes that are not all-pass

@@ -9,6 +9,7 @@ filesystem needed for node checks. It imports only what the checks it runs need.
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import sys
@@ -70,7 +71,7 @@ def run_checks(evals: list[dict[str, Any]], ctx_fields: dict[str, Any],
     budget = {ev["name"]: min(ev["timeout"], deadline_at - start - MARGIN) for ev in evals}
     runnable = [ev for ev in evals if budget[ev["name"]] > 0]
     outcomes = dict(zip([ev["name"] for ev in runnable], run_many(
-        [((lambda ev=ev: _run_one(ev, ctx_fields)), budget[ev["name"]]) for ev in runnable])))
+        [(functools.partial(_run_one, ev, ctx_fields), budget[ev["name"]]) for ev in runnable])))
     took = round(time.time() - start, 4)
     results = []
     for ev in evals:

@@ -165,6 +165,8 @@ def test_tokens(collector):
     ([node_report(), 3], "1"),
     ("just a string", "body"),
     ({"schema": "hpcml.vet/1", "nodes": []}, "nodes"),
+    ({"schema": "hpcml.vet/2", "nodes": {}}, "schema: written by a newer hpcml"),
+    ({"schema": "hpcml.scan/1", "nodes": {}}, "schema: not an hpcml.vet document"),
 ])
 def test_malformed_refused_with_reason(collector, body, field):
     code, answer = call(collector, "POST", "/v1/reports", body)
@@ -249,7 +251,7 @@ def test_send_to_dead_url_warns(capsys):
     assert len(err) == 3 and all(line.startswith("hpcml vet: warning:") for line in err)
 
 
-SERVE = "import typer; from hpcml.vet.cli_serve import serve; typer.run(serve)"
+SERVE = "import sys; from hpcml.vet.cli import app; app(['serve', *sys.argv[1:]])"
 
 
 def test_serve_command(tmp_path):

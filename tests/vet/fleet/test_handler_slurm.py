@@ -12,10 +12,9 @@ import time
 from pathlib import Path
 
 import pytest
-import typer
 from typer.testing import CliRunner
 
-from hpcml.vet.cli_handle import handle
+from hpcml.vet.cli import app as vet_app
 
 pytestmark = pytest.mark.slurm
 
@@ -75,9 +74,7 @@ def _write_report(root: Path, name: str, outcomes: dict[str, str]) -> None:
 
 
 def _run(*args):
-    app = typer.Typer()
-    app.command()(handle)
-    return CliRunner().invoke(app, list(args))
+    return CliRunner().invoke(vet_app, ["handle", *args])
 
 
 def test_failures_drain_recheck_resumes_foreign_drain_left_alone(nodes, tmp_path):

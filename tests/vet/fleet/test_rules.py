@@ -350,7 +350,9 @@ def test_json_dir_source_reads_reports(tmp_path):
 
 
 @pytest.mark.parametrize("content,problem", [("{", "cannot read results"),
-                                             ('{"schema": "x"}', "not an hpcml vet report"),
+                                             ('{"schema": "x"}', "not an hpcml.vet document"),
+                                             ('{"nodes": {}}', "no schema tag"),
+                                             ('{"schema": "hpcml.vet/2"}', r"newer hpcml \(schema hpcml.vet/2\)"),
                                              ('{"schema": "hpcml.vet/1"}', "missing key")])
 def test_json_dir_source_bad_files(tmp_path, content, problem):
     (tmp_path / "report.json").write_text(content)
@@ -364,22 +366,17 @@ def test_json_dir_source_bad_files(tmp_path, content, problem):
 # --- command line -------------------------------------------------------------------------
 
 def _app():
-    import typer
-
-    from hpcml.vet.cli_handle import handle, validate_rules
-    app = typer.Typer()
-    app.command("handle")(handle)
-    app.command("validate")(validate_rules)
+    from hpcml.vet.cli import app      # `rules` is the command that validates a catalog
     return app
 
 
 def test_cli_validate_and_input_errors(tmp_path):
     from typer.testing import CliRunner
     run = CliRunner().invoke
-    ok = run(_app(), ["validate", str(DEFAULT_RULES)])
+    ok = run(_app(), ["rules", str(DEFAULT_RULES)])
     assert ok.exit_code == 0 and "valid rules catalog 'default-node-rules'" in ok.output
     (tmp_path / "bad.yaml").write_text("name: x\nrules:\n  - {name: a, count: 1, window: soon}\n")
-    bad = run(_app(), ["validate", str(tmp_path / "bad.yaml")])
+    bad = run(_app(), ["rules", str(tmp_path / "bad.yaml")])
     assert bad.exit_code == 2 and "bad.yaml:3: key 'rules[0].window'" in bad.output
     neither = run(_app(), ["handle", "--audit", str(tmp_path / "a")])
     assert neither.exit_code == 2 and "either --results" in neither.output

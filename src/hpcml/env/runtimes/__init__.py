@@ -1,4 +1,6 @@
-"""One module per container runtime; ``RUNTIMES`` maps a name to its class.
+"""One module per container runtime; ``RUNTIMES`` maps a name to its class, imported when
+first used. A site package adds a runtime (a ``Runtime`` subclass) through the
+``hpcml.runtimes`` entry-point group; it is chosen by name, never by ``auto``.
 
 ``auto`` picks the lightest installed runtime that can run the image's kind:
 
@@ -17,18 +19,19 @@ import subprocess
 from collections.abc import Mapping
 
 from hpcml.env.runtimes.base import Launch, Runtime, image_kind
-from hpcml.env.runtimes.bubblewrap import Bubblewrap
-from hpcml.env.runtimes.charliecloud import Charliecloud
-from hpcml.env.runtimes.enroot import Enroot
-from hpcml.env.runtimes.podman import Podman
-from hpcml.env.runtimes.pyxis import Pyxis
 from hpcml.errors import UsageError
+from hpcml.registry import Registry, UnknownName
 
-__all__ = ["RUNTIMES", "Launch", "Runtime", "auto", "get", "installed", "pyxis_srun"]
+__all__ = ["PREFERENCE", "RUNTIMES", "Launch", "Runtime", "auto", "get", "installed", "pyxis_srun"]
 
-RUNTIMES: dict[str, type[Runtime]] = {
-    "bubblewrap": Bubblewrap, "charliecloud": Charliecloud, "enroot": Enroot, "podman": Podman, "pyxis": Pyxis,
-}
+RUNTIMES: Registry[type[Runtime]] = Registry("runtime", "hpcml.runtimes", {
+    "bubblewrap": "hpcml.env.runtimes.bubblewrap:Bubblewrap",
+    "charliecloud": "hpcml.env.runtimes.charliecloud:Charliecloud",
+    "enroot": "hpcml.env.runtimes.enroot:Enroot",
+    "podman": "hpcml.env.runtimes.podman:Podman",
+    "pyxis": "hpcml.env.runtimes.pyxis:Pyxis",
+})
+#: the order ``auto`` tries, per image kind (names of RUNTIMES)
 PREFERENCE = {
     "dir": ("bubblewrap", "charliecloud", "podman"),
     "squashfs": ("enroot", "charliecloud", "bubblewrap"),
@@ -55,9 +58,9 @@ def installed() -> list[str]:
 def get(name: str) -> Runtime:
     """The runtime called ``name``; an unknown name is a usage error listing the known ones."""
     try:
-        return RUNTIMES[name]()
-    except KeyError:
-        raise UsageError(f"unknown runtime {name!r}; known: {', '.join(RUNTIMES)}", key="--runtime") from None
+        return RUNTIMES.get(name)()
+    except UnknownName as exc:
+        raise UsageError(exc.problem, key="runtime") from None
 
 
 def auto(image: str, environ: Mapping[str, str] | None = None) -> Runtime:
@@ -67,9 +70,9 @@ def auto(image: str, environ: Mapping[str, str] | None = None) -> Runtime:
     for name in PREFERENCE[kind]:
         if name == "pyxis" and (not environ.get("SLURM_JOB_ID") or environ.get("SLURM_STEP_ID")):
             continue
-        runtime = RUNTIMES[name]()
+        runtime = RUNTIMES.get(name)()
         if runtime.available():
             return runtime
     have = ", ".join(installed()) or "none"
     raise UsageError(f"no installed runtime runs a {kind} image ({image!r}): tried "
-                     f"{', '.join(PREFERENCE[kind])}; installed: {have}", key="--runtime")
+                     f"{', '.join(PREFERENCE[kind])}; installed: {have}", key="runtime")

@@ -45,7 +45,7 @@ class Launch:
         return out
 
     def to_json(self) -> dict:
-        return {"runtime": self.runtime, "argv": self.argv, "environ": self.environ,
+        return {"schema": "hpcml.env.launch/1", "runtime": self.runtime, "argv": self.argv, "environ": self.environ,
                 "prepare": self.prepare, "cleanup": self.cleanup, "notes": self.notes}
 
 

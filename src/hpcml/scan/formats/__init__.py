@@ -1,1 +1,44 @@
-"""One module per file format that a scan recognises by content."""
+"""One module per file format that a scan recognises by content.
+
+Each module declares a ``FORMAT``: how to recognise the format from the first 512 bytes
+(``looks_like(head, size, name)``) and how to scan it. ``FORMATS`` lists them in the
+order they are tried; the first that recognises a file scans it, and a file none
+recognises is walked as a pickle (hpcml.scan.scanner). A site package adds a format
+through the ``hpcml.scan_formats`` entry-point group (a ``ScanFormat``); plug-ins are
+tried after the built-ins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, BinaryIO
+
+from hpcml.registry import Registry
+
+if TYPE_CHECKING:
+    from hpcml.scan.context import FileScan
+
+#: scans an archive member by content: (fs, fh, size, member, name, depth)
+ScanContent = Callable[["FileScan", BinaryIO, int, str, str, int], None]
+
+
+@dataclass(frozen=True)
+class ScanFormat:
+    """``looks_like(head, size, name)``; ``scan(fs, fh, size, member, name, depth, scan_content)``
+    reads ``size`` bytes of ``fh`` from its start, naming findings under ``member``."""
+
+    looks_like: Callable[[bytes, int, str], bool]
+    scan: Callable[[FileScan, BinaryIO, int, str, str, int, ScanContent], None]
+    #: holds members, each handed to ``scan_content`` one level deeper (nesting is bounded)
+    archive: bool = False
+
+
+FORMATS: Registry[ScanFormat] = Registry("scan format", "hpcml.scan_formats", {
+    "zip": f"{__name__}.zipped:FORMAT",
+    "tar": f"{__name__}.tarred:FORMAT",
+    "numpy-npy": f"{__name__}.npy:FORMAT",
+    "safetensors": f"{__name__}.safetensors:FORMAT",
+    "7z": f"{__name__}.sevenzip:FORMAT",
+    "compressed": f"{__name__}.joblib:FORMAT",          # gzip, bz2, xz, lzma, lz4, zlib streams
+})

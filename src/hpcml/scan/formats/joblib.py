@@ -15,9 +15,13 @@ import lzma
 import math
 import re
 import zlib
-from typing import BinaryIO
+from typing import TYPE_CHECKING, BinaryIO
 
-from hpcml.scan.picklewalk import Call, PickleError, PickleWalker, Ref
+from hpcml.scan.formats import ScanContent, ScanFormat
+from hpcml.scan.picklewalk import Call, PickleError, PickleWalker, Ref, looks_like_pickle
+
+if TYPE_CHECKING:
+    from hpcml.scan.context import FileScan
 
 WRAPPER = "joblib.numpy_pickle.NumpyArrayWrapper"
 _DESCR = re.compile(r"^[<>|=]?([a-zA-Z]+)(\d+)$")
@@ -144,3 +148,33 @@ def compression(head: bytes):
     if len(head) >= 2 and head[0] == 0x78 and (head[0] << 8 | head[1]) % 31 == 0:
         return "zlib", _ZlibFile
     return None
+
+
+#: a decompressed stream's length is unknown until it ends
+END_UNKNOWN = 1 << 62
+
+
+def _looks_compressed(head: bytes, size: int, name: str) -> bool:
+    return compression(head) is not None and not looks_like_pickle(head)
+
+
+def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
+          scan_content: ScanContent) -> None:
+    """A compressed stream (joblib's, or a gzipped pickle): walk the pickles inside."""
+    from hpcml.scan import pickles  # which imports this module
+    found = compression(fh.read(16))
+    fh.seek(0)
+    if found is None:
+        return
+    kind, opener = found
+    try:
+        stream = opener(fh)
+        fs.set_format(f"{kind}-compressed")
+        pickles.scan_stream(fs, stream, 0, END_UNKNOWN, member)
+    except (OSError, EOFError, ValueError) as exc:
+        fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+    except Exception as exc:  # noqa: BLE001 - decompressors raise their own types (lz4, zlib.error)
+        fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+
+
+FORMAT = ScanFormat(_looks_compressed, _scan)

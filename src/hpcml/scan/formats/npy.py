@@ -15,10 +15,14 @@ import io
 import struct
 import tokenize
 from dataclasses import dataclass
-from typing import Any, BinaryIO
+from typing import IO, TYPE_CHECKING, Any, BinaryIO
 
-import numpy as np
-from numpy.lib.format import descr_to_dtype
+from hpcml.scan.formats import ScanContent, ScanFormat
+
+if TYPE_CHECKING:
+    import numpy as np
+
+    from hpcml.scan.context import FileScan
 
 MAGIC = b"\x93NUMPY"
 #: Header-length field format and text encoding per major version (minor is always 0).
@@ -50,7 +54,7 @@ def looks_like(head: bytes) -> bool:
     return head.startswith(MAGIC)
 
 
-def read_header(fh: BinaryIO, start: int, size: int) -> NpyHeader:
+def read_header(fh: IO[bytes], start: int, size: int) -> NpyHeader:
     """Parse the ``.npy`` occupying ``size`` bytes of ``fh`` from ``start``.
 
     Raises ``ValueError`` with a one-line reason when the header is malformed or, for
@@ -75,7 +79,7 @@ def read_header(fh: BinaryIO, start: int, size: int) -> NpyHeader:
     return NpyHeader(version, descr, fortran_order, shape, header_end, data_bytes, has_object)
 
 
-def _read_text(fh: BinaryIO, start: int, size: int) -> tuple[tuple[int, int], str, int]:
+def _read_text(fh: IO[bytes], start: int, size: int) -> tuple[tuple[int, int], str, int]:
     """Read the preamble and the header text; return (version, text, header_end)."""
     fh.seek(start)
     preamble = fh.read(min(size, len(MAGIC) + 2))
@@ -159,6 +163,7 @@ def _dtype(descr: Any) -> np.dtype:
     """Build the dtype numpy would build; only literals reach it, so nothing runs."""
     if not isinstance(descr, (str, tuple, list)):
         raise ValueError(f"descr {_show(descr)} is not a dtype description")  # noqa: TRY004
+    from numpy.lib.format import descr_to_dtype  # numpy is imported only for .npy files
     try:
         return descr_to_dtype(descr)  # type: ignore[arg-type]  # the stub omits str and tuple forms
     # numpy parses comma-separated type strings with a parser that raises SyntaxError
@@ -180,3 +185,20 @@ def _check_length(data_end: int, file_end: int, shape: tuple[int, ...], descr: A
 def _show(value: Any) -> str:
     shown = repr(value)
     return shown if len(shown) <= _MAX_SHOWN else shown[: _MAX_SHOWN - 3] + "..."
+
+
+def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
+          scan_content: ScanContent) -> None:
+    from hpcml.scan import pickles
+    fs.set_format("numpy-npy")
+    try:
+        header = read_header(fh, 0, size)
+    except (ValueError, OSError) as exc:
+        fs.error(f"bad .npy header: {exc}", member)
+        return
+    if header.has_object:
+        fs.note(f"{member or 'the array'} has an object dtype: its data is a pickle")
+        pickles.scan_stream(fs, fh, header.header_end, size, member)
+
+
+FORMAT = ScanFormat(lambda head, size, name: looks_like(head), _scan)

@@ -12,7 +12,12 @@ from __future__ import annotations
 
 import json
 import struct
-from typing import Any, BinaryIO, TypeGuard
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeGuard
+
+from hpcml.scan.formats import ScanContent, ScanFormat
+
+if TYPE_CHECKING:
+    from hpcml.scan.context import FileScan
 
 #: The reference library refuses larger headers (``MAX_HEADER_SIZE`` in its tensor.rs).
 MAX_HEADER_BYTES = 100_000_000
@@ -247,3 +252,16 @@ def _cap(problems: list[str]) -> list[str]:
     if len(problems) <= MAX_PROBLEMS:
         return problems
     return problems[:MAX_PROBLEMS] + [f"... and {len(problems) - MAX_PROBLEMS} more problems"]
+
+
+def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
+          scan_content: ScanContent) -> None:
+    fs.set_format("safetensors")
+    problems, notes = validate(fh, 0, size)
+    for p in problems:
+        fs.error(p, member)
+    fs.result.notes.extend(notes)
+
+
+FORMAT = ScanFormat(lambda head, size, name: looks_like(head, size) or name.lower().endswith(".safetensors"),
+                    _scan)

@@ -8,9 +8,10 @@ member is scanned from the archive file itself, bounded to its byte range.
 from __future__ import annotations
 
 import tarfile
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, cast
 
 from hpcml.scan.context import FileScan
+from hpcml.scan.formats import ScanContent, ScanFormat
 
 
 def looks_like(head: bytes) -> bool:
@@ -35,6 +36,15 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             if data is None:
                 continue
             with data:
-                scan_member(fs, data, info.size, where, info.name, depth + 1)
+                # typeshed types a member as IO[bytes]; the scanner's callback takes BinaryIO
+                scan_member(fs, cast(BinaryIO, data), info.size, where, info.name, depth + 1)
     except (tarfile.TarError, OSError, EOFError) as exc:
         fs.error(f"cannot read the tar archive: {exc}", member)
+
+
+def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
+          scan_content: ScanContent) -> None:
+    scan_tar(fs, fh, member, depth, scan_content)
+
+
+FORMAT = ScanFormat(lambda head, size, name: looks_like(head), _scan, archive=True)

@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import re
 import zipfile
-from typing import BinaryIO, Callable
+from typing import BinaryIO, Callable, cast
 
 from hpcml.scan.context import FileScan
+from hpcml.scan.formats import ScanContent, ScanFormat
 
 _STORAGE = re.compile(r"(^|/)data/\d+$")
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -55,9 +56,18 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
                 continue
             try:
                 with zf.open(info) as mf:
-                    scan_member(fs, mf, info.file_size, where, info.filename, depth + 1)
+                    # typeshed types a member as IO[bytes]; the scanner's callback takes BinaryIO
+                    scan_member(fs, cast(BinaryIO, mf), info.file_size, where, info.filename, depth + 1)
             except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError,
                     RuntimeError, ValueError) as exc:
                 fs.error(f"cannot read member: {exc}", where)
         if storages:
             fs.note(f"{storages} tensor storages (raw bytes, never unpickled)")
+
+
+def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
+          scan_content: ScanContent) -> None:
+    scan_zip(fs, fh, member, depth, scan_content)
+
+
+FORMAT = ScanFormat(lambda head, size, name: looks_like(head), _scan, archive=True)

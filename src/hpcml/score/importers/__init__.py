@@ -2,28 +2,31 @@
 
 ``detect(path)`` tells the format from the content (extensions alone are not trusted) and
 ``load(path, fmt=None, **options)`` imports it. Modules are imported only when used.
+
+A site package adds a format through the ``hpcml.score_importers`` entry-point group: a
+function ``load(path: Path, **options) -> Recording`` (options it does not name are left
+out). Such a format is chosen by name (``fmt``); ``detect`` knows only the built-ins.
 """
 
 from __future__ import annotations
 
-import importlib
 import inspect
 import sqlite3
+from collections.abc import Callable
 from pathlib import Path
 
 from hpcml.errors import UsageError
+from hpcml.registry import Registry
 from hpcml.score.recording import Recording
 
-# format -> module of this package (the function is ``load`` unless _FUNCTIONS says otherwise)
-FORMATS = {
-    "store": "store",                  # hpcml's own recording: a directory of rank-*.arrows
-    "gssr-json": "gssr_json",          # gssr profile: <label>/<label>_proc_<rank>.json
-    "gssr-sqlite": "gssr_json",        # gssr analyze --export x.sqlite3
-    "gssr-record": "gssr_record",      # gssr-record proc_<rank>.csv
-    "dmon": "dmon",                    # dcgmi dmon text output
-    "exporter": "exporter",            # dcgm-exporter /metrics scrapes
-}
-_FUNCTIONS = {"gssr-sqlite": "load_sqlite"}
+FORMATS: Registry[Callable[..., Recording]] = Registry("recording format", "hpcml.score_importers", {
+    "store": f"{__name__}.store:load",                  # hpcml's own recording: a directory of rank-*.arrows
+    "gssr-json": f"{__name__}.gssr_json:load",          # gssr profile: <label>/<label>_proc_<rank>.json
+    "gssr-sqlite": f"{__name__}.gssr_json:load_sqlite",  # gssr analyze --export x.sqlite3
+    "gssr-record": f"{__name__}.gssr_record:load",      # gssr-record proc_<rank>.csv
+    "dmon": f"{__name__}.dmon:load",                    # dcgmi dmon text output
+    "exporter": f"{__name__}.exporter:load",            # dcgm-exporter /metrics scrapes
+})
 _HEAD = 64 * 1024
 
 
@@ -115,8 +118,7 @@ def load(path: str | Path, fmt: str | None = None, **options) -> Recording:
     if fmt is not None and fmt not in FORMATS:
         raise UsageError(f"unknown recording format '{fmt}'; formats known: {_known()}", file=str(p))
     fmt = fmt or detect(p)
-    module = importlib.import_module(f"{__name__}.{FORMATS[fmt]}")
-    loader = getattr(module, _FUNCTIONS.get(fmt, "load"))
+    loader = FORMATS.get(fmt)
     accepted = inspect.signature(loader).parameters
     given = {k: v for k, v in options.items() if v is not None}
     ignored = sorted(k for k in given if k not in accepted)

@@ -72,7 +72,8 @@ def load(path: str | Path, interval: float = 1.0, node: str | None = None) -> Re
         raise UsageError(f"cannot read a dcgmi dmon output file: {exc}", file=str(p)) from None
     node = node or p.stem
     header: _Header | None = None
-    tick, seen = 0, set()
+    tick = 0
+    seen: set[str] = set()
     series: dict[str, tuple[list[int], dict[str, list[float]]]] = {}
     skipped: dict[str, int] = {}
     lines = text.splitlines()

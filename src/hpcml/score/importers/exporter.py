@@ -21,7 +21,8 @@ def load(path: str | Path, interval: float = 1.0) -> Recording:
     except (OSError, UnicodeDecodeError) as exc:
         raise UsageError(f"cannot read a dcgm-exporter scrape file: {exc}", file=str(p)) from None
     rec = Recording(source=f"dcgm-exporter:{p}")
-    scrape, seen = 0, set()
+    scrape = 0
+    seen: set[tuple[str, str, int]] = set()
     try:
         families = list(text_string_to_metric_families(text))
     except (ValueError, TypeError) as exc:

@@ -231,7 +231,8 @@ def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: lis
     the distinct keys, and per row its key's code, order column, time and float32 metrics."""
     quoted = ", ".join(f'"{c}"' for c in [*key_cols, order, "time", *metrics])
     cur = con.execute(f"SELECT {quoted} FROM data")
-    nk, index = len(key_cols), {}
+    nk = len(key_cols)
+    index: dict[tuple, int] = {}
     codes, order_v, time_v, mats = [], [], [], []
     while rows := cur.fetchmany(1 << 15):
         codes.append(np.fromiter((index.setdefault(r[:nk], len(index)) for r in rows), np.int64, len(rows)))

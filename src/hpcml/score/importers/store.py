@@ -112,6 +112,8 @@ def _label(rank_meta: dict, names: set[str]) -> dict:
 
 def _merge_tolerance_us(meta: dict) -> int:
     interval = meta.get("interval")
+    if interval is None:
+        return 0
     try:
         interval = float(interval)
     except (TypeError, ValueError):

@@ -1,8 +1,10 @@
 """The interface every check implements, built-in or a user's plugin.
 
 A check is a class with a pydantic ``Params`` model (its thresholds, already in base units
-after the protocol is loaded) and a ``run`` method that measures and judges one node.
-It runs in a forked child with a timeout, so it may block, crash or hang without taking
+after the protocol is loaded) and a ``run`` method that measures and judges one node:
+``class DiskCheck(Check[DiskParams])``, so ``self.params`` has the check's own type. Its
+name is declared once, in ``hpcml.vet.registry`` (or a site package's ``hpcml.checks``
+entry point). It runs in a forked child with a timeout, so it may block, crash or hang without taking
 the node's worker down. Checks whose verdict depends on the other nodes (relative
 thresholds, clock skew) also get ``compare``, which the launcher calls with every node's
 result once they are all in.
@@ -11,10 +13,11 @@ result once they are all in.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
 
 from pydantic import BaseModel, ConfigDict
 
+from hpcml.errors import HpcmlError
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
 
@@ -35,14 +38,17 @@ class CheckContext:
     extra: dict[str, Any] = field(default_factory=dict)
 
 
-class MissingDependency(Exception):
-    """Raised by a check that needs a module or library that is not installed."""
+class MissingDependency(HpcmlError):
+    """Raised by a check that needs a module or library that is not installed (exit 1)."""
 
 
-class Check:
-    """Base class. Subclasses set ``type_name``, ``Params`` and implement ``run``."""
+P = TypeVar("P", bound=BaseModel)
 
-    type_name: ClassVar[str] = ""
+
+class Check(Generic[P]):
+    """Base class. Subclasses name their params model as the type argument
+    (``Check[MyParams]``), which also sets ``Params``, and implement ``run``."""
+
     #: "node" checks run on every node independently; "allocation" checks run together
     #: across the nodes that passed the node checks (collectives).
     scope: ClassVar[str] = "node"
@@ -51,18 +57,29 @@ class Check:
     exclusive: ClassVar[bool] = False
     #: modules the worker imports before forking the check (shared by every child)
     warm_imports: ClassVar[tuple[str, ...]] = ()
-    #: name of the numeric value a relative threshold compares, for the report
+    #: the parameters' model, which validates the protocol's fields: the type argument of
+    #: ``Check[...]`` unless the class sets it (a ClassVar cannot be generic)
     Params: ClassVar[type[BaseModel]] = NoParams
 
-    def __init__(self, params: BaseModel, ctx: CheckContext) -> None:
-        self.params = params
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        super().__init_subclass__(**kwargs)
+        if "Params" in cls.__dict__:
+            return
+        for base in getattr(cls, "__orig_bases__", ()):
+            args = get_args(base)
+            if get_origin(base) is Check and args and isinstance(args[0], type) \
+                    and issubclass(args[0], BaseModel):
+                cls.Params = args[0]
+
+    def __init__(self, params: P, ctx: CheckContext) -> None:
+        self.params: P = params
         self.ctx = ctx
 
     def run(self) -> CheckReport:  # pragma: no cover - interface
         raise NotImplementedError
 
     @classmethod
-    def compare(cls, params: BaseModel, results: dict[str, CheckResult],
+    def compare(cls, params: P, results: dict[str, CheckResult],
                 reports: dict[str, NodeReport]) -> None:
         """Adjust results in place once all nodes reported; default: nothing to compare."""
 

@@ -14,9 +14,9 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
+from hpcml.units import Seconds
 from hpcml.vet.checks.base import Check, CheckReport, passed
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
-from hpcml.units import Seconds
 
 
 class ClockParams(BaseModel):
@@ -24,9 +24,7 @@ class ClockParams(BaseModel):
     max_skew: Seconds = 0.5
 
 
-class ClockCheck(Check):
-    type_name = "clock"
-    Params = ClockParams
+class ClockCheck(Check[ClockParams]):
     default_timeout = 2.0
 
     def run(self) -> CheckReport:
@@ -36,8 +34,9 @@ class ClockCheck(Check):
     @classmethod
     def compare(cls, params: ClockParams, results: dict[str, CheckResult],
                 reports: dict[str, NodeReport]) -> None:
-        offsets = {n: reports[n].sent_at - reports[n].received_at for n in results
-                   if reports[n].sent_at is not None and reports[n].received_at is not None}
+        offsets = {n: sent - received for n in results
+                   if (sent := reports[n].sent_at) is not None
+                   and (received := reports[n].received_at) is not None}
         if not offsets:
             return
         median = statistics.median(offsets.values())

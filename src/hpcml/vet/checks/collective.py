@@ -16,14 +16,14 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 from hpcml.units import Bytes, Rate, Seconds, fmt_rate
+from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 
 
 class Warmup(BaseModel):
     model_config = ConfigDict(extra="forbid")
     payload: Bytes = 2**20
-    runs: int = Field(1, ge=0)
+    runs: int = Field(default=1, ge=0)
 
 
 class CollectiveParams(BaseModel):
@@ -76,10 +76,8 @@ def _op(dist, method: str, tensor, world: int):
         dist.all_gather(out, tensor)
 
 
-class CollectiveCheck(Check):
-    type_name = "collective"
+class CollectiveCheck(Check[CollectiveParams]):
     scope = "allocation"
-    Params = CollectiveParams
     default_timeout = 120.0
     exclusive = True
 

@@ -13,8 +13,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 from hpcml.units import Flops
+from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 
 
 class ComputeParams(BaseModel):
@@ -86,9 +86,7 @@ def _nvidia_devices() -> bool:
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
 
 
-class ComputeCheck(Check):
-    type_name = "compute"
-    Params = ComputeParams
+class ComputeCheck(Check[ComputeParams]):
     default_timeout = 60.0
     exclusive = True
     warm_imports = ("numpy", "threadpoolctl")

@@ -11,8 +11,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from hpcml.vet.checks.base import Check, CheckReport, judge
 from hpcml.units import Bytes, Rate, fmt_bytes, fmt_rate
+from hpcml.vet.checks.base import Check, CheckReport, judge
 
 
 class DiskParams(BaseModel):
@@ -23,9 +23,7 @@ class DiskParams(BaseModel):
     min_write_rate: Rate | None = None
 
 
-class DiskCheck(Check):
-    type_name = "disk"
-    Params = DiskParams
+class DiskCheck(Check[DiskParams]):
     default_timeout = 15.0
 
     def run(self) -> CheckReport:

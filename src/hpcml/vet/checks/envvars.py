@@ -17,9 +17,7 @@ class EnvParams(BaseModel):
     absent: list[str] = []
 
 
-class EnvCheck(Check):
-    type_name = "env"
-    Params = EnvParams
+class EnvCheck(Check[EnvParams]):
     default_timeout = 2.0
 
     def run(self) -> CheckReport:

@@ -24,15 +24,22 @@ from __future__ import annotations
 
 import os
 import re
-from typing import ClassVar
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from hpcml import units
 from hpcml.vet.checks.base import Check, MissingDependency
-from hpcml.vet.checks.nvml_snapshot import (CLOCK_REASONS, GpuInfo, GpuSnapshot,
-                                             driver_present, load_snapshot,
-                                             read_snapshot, reason_names, select)
+from hpcml.vet.checks.nvml_snapshot import (
+    CLOCK_REASONS,
+    GpuInfo,
+    GpuSnapshot,
+    driver_present,
+    load_snapshot,
+    read_snapshot,
+    reason_names,
+    select,
+)
 from hpcml.vet.model import CheckReport, Outcome
 
 REPLAY_ENV = "HPCML_VET_NVML_REPLAY"
@@ -78,11 +85,8 @@ def _gb(n: float) -> str:
     return units.fmt_bytes(n)
 
 
-class GpuCheck(Check):
+class GpuCheck(Check[GpuParams]):
     """Judges every GPU of the task (``ctx.gpus``) or of the node in one NVML snapshot."""
-
-    type_name: ClassVar[str] = "gpu"
-    Params: ClassVar[type[BaseModel]] = GpuParams
 
     def snapshot(self) -> tuple[GpuSnapshot, str]:
         """The snapshot to judge and where it came from (the seam for replay)."""
@@ -97,12 +101,12 @@ class GpuCheck(Check):
             return GpuSnapshot(False, errors=[str(e)]), "nvml"
 
     def run(self) -> CheckReport:
-        p: GpuParams = self.params  # type: ignore[assignment]
+        p = self.params
         required = p.required or self.ctx.require_gpus
         snap, source = self.snapshot()
         snap, missing = select(snap, list(self.ctx.gpus) or None)
-        details = {"source": source, "driver_version": snap.driver_version,
-                   "errors": snap.errors, "hidden": snap.hidden}
+        details: dict[str, Any] = {"source": source, "driver_version": snap.driver_version,
+                                   "errors": snap.errors, "hidden": snap.hidden}
         if not snap.driver_loaded or (not snap.gpus and not snap.errors and not missing):
             why = "NVIDIA driver not loaded" if not snap.driver_loaded else "NVML sees none"
             if required:

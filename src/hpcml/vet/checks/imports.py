@@ -15,9 +15,7 @@ class ImportsParams(BaseModel):
     modules: list[str] = Field(min_length=1)
 
 
-class ImportsCheck(Check):
-    type_name = "imports"
-    Params = ImportsParams
+class ImportsCheck(Check[ImportsParams]):
     default_timeout = 60.0
 
     def run(self) -> CheckReport:

@@ -14,9 +14,7 @@ class LoadParams(BaseModel):
     max_load_per_cpu: float = 1.0
 
 
-class LoadCheck(Check):
-    type_name = "load"
-    Params = LoadParams
+class LoadCheck(Check[LoadParams]):
     default_timeout = 5.0
 
     def run(self) -> CheckReport:

@@ -5,8 +5,8 @@ from __future__ import annotations
 import psutil
 from pydantic import BaseModel, ConfigDict
 
-from hpcml.vet.checks.base import Check, CheckReport, judge
 from hpcml.units import Bytes, Fraction, fmt_bytes
+from hpcml.vet.checks.base import Check, CheckReport, judge
 
 
 class MemoryParams(BaseModel):
@@ -15,9 +15,7 @@ class MemoryParams(BaseModel):
     min_available_fraction: Fraction | None = 0.5
 
 
-class MemoryCheck(Check):
-    type_name = "memory"
-    Params = MemoryParams
+class MemoryCheck(Check[MemoryParams]):
     default_timeout = 5.0
 
     def run(self) -> CheckReport:

@@ -9,8 +9,8 @@ import threading
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpcml.vet.checks.base import Check, CheckReport, judge
 from hpcml.units import Seconds
+from hpcml.vet.checks.base import Check, CheckReport, judge
 
 
 class MountsParams(BaseModel):
@@ -32,9 +32,7 @@ def _probe(path: str, mountpoint: bool) -> str | None:
     return None
 
 
-class MountsCheck(Check):
-    type_name = "mounts"
-    Params = MountsParams
+class MountsCheck(Check[MountsParams]):
     default_timeout = 10.0
 
     def run(self) -> CheckReport:
@@ -52,10 +50,9 @@ class MountsCheck(Check):
             t = threading.Thread(target=probe, daemon=True)
             t.start()
             threads.append((path, t))
-        for path, t in threads:
+        for _path, t in threads:
             t.join(p.probe_timeout)
-        problems = [f"{path}: " + (answers[path] if path in answers else
-                                   f"no answer within {p.probe_timeout:g} s")
+        problems = [f"{path}: {answers[path] if path in answers else f'no answer within {p.probe_timeout:g} s'}"
                     for path, _ in threads if answers.get(path, "hung") is not None]
         return judge(not problems, len(problems), threshold="0 bad paths", unit="paths",
                      message="; ".join(problems) or f"{len(threads)} paths answer")

@@ -18,8 +18,9 @@ from __future__ import annotations
 import json
 import os
 import time
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 from hpcml.vet.checks.base import MissingDependency
 
@@ -94,7 +95,7 @@ class GpuInfo:
     field_errors: dict[str, str] = field(default_factory=dict)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GpuInfo":
+    def from_dict(cls, d: dict[str, Any]) -> GpuInfo:
         d = {k: v for k, v in d.items() if k in cls.__dataclass_fields__}
         if d.get("processes") is not None:
             d["processes"] = [GpuProcess(**p) for p in d["processes"]]
@@ -114,7 +115,7 @@ class GpuSnapshot:
         return asdict(self)
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "GpuSnapshot":
+    def from_dict(cls, d: dict[str, Any]) -> GpuSnapshot:
         return cls(driver_loaded=bool(d["driver_loaded"]),
                    driver_version=d.get("driver_version"),
                    gpus=[GpuInfo.from_dict(g) for g in d.get("gpus", [])],
@@ -313,7 +314,7 @@ def _read_all(nv, indices: Sequence[str] | None) -> GpuSnapshot:
     wanted = _wanted(indices)
     by_index = wanted is not None and all(w.isdigit() for w in wanted)
     for i in range(count):
-        if by_index and str(i) not in wanted:
+        if by_index and wanted is not None and str(i) not in wanted:
             continue                       # do not touch GPUs of other jobs
         try:
             handle = nv.nvmlDeviceGetHandleByIndex(i)

@@ -19,9 +19,7 @@ class ProcessesParams(BaseModel):
     max_foreign: int = 0
 
 
-class ProcessesCheck(Check):
-    type_name = "processes"
-    Params = ProcessesParams
+class ProcessesCheck(Check[ProcessesParams]):
     default_timeout = 5.0
 
     def run(self) -> CheckReport:

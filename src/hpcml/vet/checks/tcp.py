@@ -7,8 +7,8 @@ import time
 
 from pydantic import BaseModel, ConfigDict
 
-from hpcml.vet.checks.base import Check, CheckReport, judge
 from hpcml.units import Seconds
+from hpcml.vet.checks.base import Check, CheckReport, judge
 
 
 class TcpParams(BaseModel):
@@ -18,9 +18,7 @@ class TcpParams(BaseModel):
     connect_timeout: Seconds = 3.0
 
 
-class TcpCheck(Check):
-    type_name = "tcp"
-    Params = TcpParams
+class TcpCheck(Check[TcpParams]):
     default_timeout = 10.0
 
     def run(self) -> CheckReport:

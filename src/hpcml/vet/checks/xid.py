@@ -21,7 +21,6 @@ import subprocess
 import time
 from dataclasses import asdict, dataclass
 from datetime import datetime, timedelta, timezone
-from typing import ClassVar
 
 from pydantic import BaseModel, ConfigDict
 
@@ -144,21 +143,18 @@ def _now() -> float:
     return time.time()
 
 
-class XidCheck(Check):
+class XidCheck(Check[XidParams]):
     """Fails on critical Xid/SXid lines in the kernel log within the window."""
 
-    type_name: ClassVar[str] = "xid"
-    Params: ClassVar[type[BaseModel]] = XidParams
-
     def read_log(self) -> tuple[list[tuple[float | None, str]], str]:
-        src = self.params.source  # type: ignore[attr-defined]
+        src = self.params.source
         if not src:
             return read_live_log()
         with open(src, encoding="utf-8", errors="replace") as f:
             return [parse_time(line.rstrip("\n")) for line in f], src
 
     def run(self) -> CheckReport:
-        p: XidParams = self.params  # type: ignore[assignment]
+        p = self.params
         entries, source = self.read_log()
         since = None if p.window is None else _now() - p.window
         events, old = [], 0

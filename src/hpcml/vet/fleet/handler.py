@@ -34,6 +34,7 @@ from hpcml.vet.fleet.sources import Result, ResultSource
 from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
+PLAN_SCHEMA = "hpcml.vet.handle/1"   # `hpcml vet handle --json`
 _UNAVAILABLE = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
                 "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
 
@@ -107,7 +108,7 @@ class Plan:
         return [a for a in self.actions if a.action in ("drain", "resume")]
 
     def to_json(self) -> dict:
-        return {"time": self.time.isoformat(), "total_nodes": self.total_nodes,
+        return {"schema": PLAN_SCHEMA, "time": self.time.isoformat(), "total_nodes": self.total_nodes,
                 "available_nodes": self.available_nodes,
                 "actions": [a.to_dict() for a in self.actions]}
 

@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic_core import ErrorDetails
 
 from hpcml.files import load_yaml_with_nodes, read_config
 from hpcml.files import ConfigLoader, line_map
@@ -110,7 +111,7 @@ class Catalog(_Strict):
         return max(r.window for r in self.rules)
 
 
-def _problem(err: dict) -> str:
+def _problem(err: ErrorDetails) -> str:
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if err["type"] == "missing":

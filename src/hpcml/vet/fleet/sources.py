@@ -15,7 +15,8 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcml.errors import UsageError
-from hpcml.vet.report import SCHEMA
+from hpcml.schemas import check
+from hpcml.vet.model import REPORT_SCHEMA
 
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
 
@@ -80,8 +81,7 @@ class JsonDirSource:
         for path in self.files():
             try:
                 data = json.loads(path.read_text(encoding="utf-8"))
-                if not isinstance(data, dict) or data.get("schema") != SCHEMA:
-                    raise ValueError(f"not an hpcml vet report (schema {SCHEMA!r} expected)")
+                check(data, REPORT_SCHEMA, str(path))   # a newer hpcml's report is refused, not misread
                 results = list(results_of_report(data))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -100,11 +100,11 @@ class StoreSource:
             from hpcml.vet.fleet.collector.store import StoreError, open_store
         except ImportError:
             raise UsageError("the results collector is not available in this version",
-                             key="--db") from None
+                             key="db") from None
         try:
             store = open_store(self.url)
         except (StoreError, ValueError) as exc:
-            raise UsageError(f"cannot open the results store: {exc}", key="--db") from None
+            raise UsageError(f"cannot open the results store: {exc}", key="db") from None
         try:
             for row in store.results_since(since.timestamp()):
                 job = row["job"]

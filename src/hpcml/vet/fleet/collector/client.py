@@ -30,7 +30,9 @@ def _pieces(report: Any, body: bytes) -> list[bytes]:
     if len(body) <= PIECE or not (isinstance(report, dict) and "nodes" in report):
         return [body]
     from hpcml.vet.fleet.collector.schema import split_vet_report
-    out, chunk, size = [], [], 2
+    out: list[bytes] = []
+    chunk: list[bytes] = []
+    size = 2
     for node in split_vet_report(report):
         one = orjson.dumps(node, default=str)
         if chunk and size + len(one) + 1 > PIECE:

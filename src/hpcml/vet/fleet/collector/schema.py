@@ -11,6 +11,8 @@ from typing import Annotated, Any, Literal, Optional, Union
 import orjson
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from hpcml.errors import UsageError
+
 Outcome = Literal["pass", "warn", "fail", "error", "skipped"]
 BAD_OUTCOMES = ("fail", "error")
 MAX_RESULTS = 10_000
@@ -56,8 +58,8 @@ _ONE = TypeAdapter(NodeReport)
 _MANY = TypeAdapter(list[NodeReport])
 
 
-class Invalid(ValueError):
-    """A refused report; ``str()`` is the one-line reason sent back with the 400."""
+class Invalid(UsageError, ValueError):
+    """A refused report (bad input, exit 2); ``str()`` is the one-line reason sent back with the 400."""
 
 
 def _reason(exc: ValidationError, prefix: str = "") -> str:
@@ -95,6 +97,17 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _check_tag(data: dict[str, Any]) -> None:
+    """A whole report of another kind or of a newer hpcml (``hpcml.vet/2``) is refused."""
+    from hpcml.errors import UsageError
+    from hpcml.schemas import check
+    from hpcml.vet.model import REPORT_SCHEMA
+    try:
+        check(data, REPORT_SCHEMA, "body")
+    except UsageError as exc:
+        raise Invalid(f"schema: {exc.problem}") from None
+
+
 def parse(body: bytes) -> list[NodeReport]:
     """Body -> node reports, or ``Invalid`` with a reason naming the field."""
     try:
@@ -103,8 +116,7 @@ def parse(body: bytes) -> list[NodeReport]:
         raise Invalid(f"invalid JSON: {exc}") from None
     try:
         if isinstance(data, dict) and "nodes" in data and "schema" in data:
-            if not str(data["schema"]).startswith("hpcml.vet/"):
-                raise Invalid(f"schema: expected hpcml.vet/1, found {data['schema']!r}")
+            _check_tag(data)
             return _MANY.validate_python(split_vet_report(data))
         if isinstance(data, list):
             if len(data) > MAX_REPORTS:

@@ -91,6 +91,7 @@ class Handler(BaseHTTPRequestHandler):
     timeout = 60  # an idle keep-alive connection is dropped after this
     disable_nagle_algorithm = True
     server: "CollectorServer"
+    _headers_buffer: list[bytes]  # BaseHTTPRequestHandler's, filled by send_header
 
     def log_message(self, format: str, *args: Any) -> None:
         if self.server.verbose:
@@ -229,6 +230,7 @@ class CollectorServer(ThreadingHTTPServer):
     @property
     def url(self) -> str:
         host, port = self.server_address[:2]
+        assert isinstance(host, str)  # getsockname() of an AF_INET(6) socket
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
     def log(self, line: str) -> None:

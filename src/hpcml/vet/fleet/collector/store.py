@@ -1,7 +1,9 @@
 """Where accepted reports go: a ``reports`` row per node report, a ``results`` row per check.
 
-One interface, one module per backend, chosen by URL (``open_store``): SQLite for one
-user or a small site, PostgreSQL when a site runs the collector for everyone. The SQL for
+One interface, one module per backend, chosen by URL scheme (``STORES``, ``open_store``):
+SQLite for one user or a small site, PostgreSQL when a site runs the collector for
+everyone; a site package adds a backend (a ``Store`` class built from the URL) through the
+``hpcml.stores`` entry-point group. The SQL for
 queries is shared here; each backend brings its connection, its DDL and its bulk insert.
 Results carry the node, job and time of their report (denormalised) so that a node's
 history and a job's results are each one index range scan.
@@ -17,11 +19,13 @@ import queue
 import threading
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from hpcml.errors import HpcmlError
+from hpcml.registry import Registry, UnknownName
 from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
@@ -30,8 +34,8 @@ RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outco
                "value_text", "unit", "message", "duration")
 
 
-class StoreError(RuntimeError):
-    """The database cannot be opened or written."""
+class StoreError(HpcmlError, RuntimeError):
+    """The database cannot be opened or written (exit 1)."""
 
 
 def report_rows(reports: Sequence[NodeReport], ids: Sequence[int], received: float
@@ -280,14 +284,20 @@ class BatchWriter:
             i += len(reps)
 
 
+#: URL scheme -> the Store class, built with the URL
+STORES: Registry[Callable[[str], Store]] = Registry("database URL scheme", "hpcml.stores", {
+    "sqlite": "hpcml.vet.fleet.collector.sqlite:SqliteStore",
+    "postgresql": "hpcml.vet.fleet.collector.postgres:PostgresStore",
+    "postgres": "hpcml.vet.fleet.collector.postgres:PostgresStore",
+})
+
+
 def open_store(url: str = DEFAULT_URL) -> Store:
     """``sqlite:///path.db`` or ``postgresql://user@host/db`` -> a ready store (tables made)."""
     scheme = url.split(":", 1)[0].lower()
-    if scheme == "sqlite":
-        from hpcml.vet.fleet.collector.sqlite import SqliteStore
-        return SqliteStore(url)
-    if scheme in ("postgresql", "postgres"):
-        from hpcml.vet.fleet.collector.postgres import PostgresStore
-        return PostgresStore(url)
-    raise StoreError(f"unsupported database URL {url!r}: expected sqlite:///PATH or "
-                     "postgresql://USER@HOST/DB")
+    try:
+        cls = STORES.get(scheme)
+    except UnknownName:
+        raise StoreError(f"unsupported database URL {url!r}: expected sqlite:///PATH or "
+                         f"postgresql://USER@HOST/DB (schemes known: {', '.join(STORES.names())})") from None
+    return cls(url)

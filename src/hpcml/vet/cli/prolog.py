@@ -18,14 +18,17 @@ from typing import NoReturn, Optional
 
 import typer
 
-PROLOG_PROTOCOL = Path(__file__).parent / "protocols" / "prolog.yaml"
+PROLOG_PROTOCOL = Path(__file__).parents[1] / "protocols" / "prolog.yaml"
 ME = "hpcml vet --prolog"
 
 
 def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, drain: bool = False,
                    overrun_ok: bool = False, as_json: bool = False) -> NoReturn:
     """Vet this node with the fast checks of PROTOCOL (default: the built-in prolog one);
-    print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input."""
+    print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input.
+
+    Bad input is this command's own case, not the group's: it is worded ``hpcml vet --prolog:
+    error: ...`` and, with ``--drain``, drains the node naming the cause (fail closed)."""
     from hpcml.errors import UsageError
     from hpcml.vet import prolog
     from hpcml.vet.protocol import load
@@ -111,15 +114,13 @@ def prolog_script(
 
     Example: [bold]hpcml vet prolog-script --log /var/log/hpcml-prolog.log > /etc/slurm/prolog.sh[/]
     """
+    from hpcml.errors import UsageError
     from hpcml.units import parse_seconds
-    problem = f"{protocol}: file not found" if protocol is not None and not Path(protocol).is_file() \
-        else None
     try:
         parse_seconds(budget)
     except ValueError as exc:
-        problem = f"key '--budget': {exc}"
-    if problem:
-        print(f"hpcml vet prolog-script: error: {problem}", file=sys.stderr)
-        raise typer.Exit(2)
+        raise UsageError(str(exc), key="--budget") from None
+    if protocol is not None and not Path(protocol).is_file():
+        raise UsageError("file not found", file=str(protocol))
     sys.stdout.write(render_script(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok,
                                    log=log))

@@ -1,6 +1,6 @@
 """``hpcml vet serve``: run the results collector until SIGTERM or SIGINT.
 
-Arguments only; the service is ``hpcml.vet.fleet.collector.server``. Registered in ``cli.py``.
+Arguments only; the service is ``hpcml.vet.fleet.collector.server``. Registered in ``cli/__init__.py``.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import fail, parse_size
+from hpcml.cli_support import parse_size
 from hpcml.errors import HpcmlError, UsageError
 
 
@@ -40,32 +40,25 @@ def serve(
     error, 2 bad option (no token, unreadable token file).
     """
     from hpcml.vet.fleet.collector.server import CollectorServer, Tokens, read_tokens
-    from hpcml.vet.fleet.collector.store import StoreError, open_store
+    from hpcml.vet.fleet.collector.store import open_store
+    limit = parse_size(max_body, "--max-body")
     try:
-        limit = parse_size(max_body, "--max-body")
-        try:
-            tokens = Tokens(read_tokens(token_file),
-                            read_tokens(read_token_file, None) if read_token_file else ())
-        except OSError as exc:
-            raise UsageError(f"cannot read the token file: {exc.strerror}", key="--token-file") from None
-        except ValueError:
-            raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
-                             "does not run without one", key="--token-file") from None
-        if bind in ("0.0.0.0", "::", ""):
-            print(f"hpcml vet serve: warning: listening on every interface ({bind or '*'}); "
-                  "anyone who can reach this host can try tokens", file=sys.stderr)
-        try:
-            store = open_store(db)
-        except StoreError as exc:
-            raise HpcmlError(str(exc)) from None
-        try:
-            server = CollectorServer((bind, port), store, tokens, limit, verbose)
-        except OSError as exc:
-            store.close()
-            raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
-    except HpcmlError as exc:
-        fail("hpcml vet serve", exc)
-        return
+        tokens = Tokens(read_tokens(token_file),
+                        read_tokens(read_token_file, None) if read_token_file else ())
+    except OSError as exc:
+        raise UsageError(f"cannot read the token file: {exc.strerror}", key="--token-file") from None
+    except ValueError:
+        raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
+                         "does not run without one", key="--token-file") from None
+    if bind in ("0.0.0.0", "::", ""):
+        print(f"hpcml vet serve: warning: listening on every interface ({bind or '*'}); "
+              "anyone who can reach this host can try tokens", file=sys.stderr)
+    store = open_store(db)              # a StoreError (exit 1) names the database's problem
+    try:
+        server = CollectorServer((bind, port), store, tokens, limit, verbose)
+    except OSError as exc:
+        store.close()
+        raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
     stop = threading.Event()
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())

@@ -1,4 +1,4 @@
-"""``hpcml env check`` and ``hpcml env venv``: command functions only; ``hpcml.cli``
+"""``hpcml env check`` and ``hpcml env venv``: command functions only; ``hpcml.env.cli``
 registers them on the ``env`` group."""
 
 from __future__ import annotations
@@ -10,8 +10,7 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import fail
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.errors import UsageError
 
 _SITE_HELP = "Site hooks file (YAML). Default: $HPCML_ENV_SITE, else the packaged example site."
 
@@ -46,14 +45,11 @@ def check(
     from hpcml.env.check import check as run_check
     from hpcml.env.edf import load
     from hpcml.env.site import load_site
-    try:
-        rt = _runtime_name(runtime)
-        resolved = load(edf)
-        site_ = load_site(site)
-        findings = [Finding("warn", "edf", w) for w in resolved.warnings]
-        findings += run_check(resolved.env, site_, runtime=rt)
-    except HpcmlError as exc:
-        fail("hpcml env check", exc)
+    rt = _runtime_name(runtime)
+    resolved = load(edf)
+    site_ = load_site(site)
+    findings = [Finding("warn", "edf", w) for w in resolved.warnings]
+    findings += run_check(resolved.env, site_, runtime=rt)
     code = exit_code(findings)
     if as_json:
         print(json.dumps({"edf": str(resolved.env.file or edf), "site": site_.source, "exit_code": code,
@@ -91,14 +87,10 @@ def venv(
 
     Exit codes: 0 created, 1 the venv command failed in the container, 2 bad input.
     """
-    from hpcml.env.cli_show import load_reporting
+    from hpcml.env.cli.show import load_reporting
     from hpcml.env.venv import create_venv
     resolved = load_reporting("hpcml env venv", edf, require_image=True)
-    try:
-        rt = _runtime_name(runtime)
-        result = create_venv(resolved.env, path, runtime=rt)
-    except HpcmlError as exc:
-        fail("hpcml env venv", exc)
+    result = create_venv(resolved.env, path, runtime=_runtime_name(runtime))
     if as_json:
         print(json.dumps(result.to_json(), indent=2))
         return

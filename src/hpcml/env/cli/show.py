@@ -1,6 +1,6 @@
 """``hpcml env show`` and ``hpcml env validate``: resolve an EDF and print it, or only check it.
 
-Command functions only; ``hpcml.cli`` registers them on the ``env`` group.
+Command functions only; ``hpcml.env.cli`` registers them on the ``env`` group.
 """
 
 from __future__ import annotations
@@ -9,9 +9,6 @@ import json
 import sys
 
 import typer
-
-from hpcml.cli_support import fail
-from hpcml.errors import HpcmlError
 
 
 def _rows(resolved) -> list[tuple[str, str, str]]:
@@ -34,10 +31,7 @@ def _rows(resolved) -> list[tuple[str, str, str]]:
 def load_reporting(command: str, edf: str, require_image: bool):
     """The EDF as written (no site hooks), warnings printed; bad input ends the command."""
     from hpcml.env.edf import load
-    try:
-        resolved = load(edf, require_image=require_image)
-    except HpcmlError as exc:
-        fail(command, exc)
+    resolved = load(edf, require_image=require_image)
     for warning in resolved.warnings:
         print(f"{command}: warning: {warning}", file=sys.stderr)
     return resolved

@@ -7,10 +7,10 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import fail, write_report
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import Group, write_report
+from hpcml.errors import UsageError
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(name="score", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
                   help="How saturated a job's GPUs were: compute, memory and interconnect, "
                        "explained.\n\nExample: [bold]srun hpcml score record -- python train.py[/] "
                        "then [bold]hpcml score report hpcml-observe-$SLURM_JOB_ID[/]")
@@ -34,12 +34,8 @@ def record_cmd(
     """
     from hpcml.observe.recorder import record
     if gpu_metrics not in ("auto", "dcgm", "nvml"):
-        fail("hpcml score record", UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, nvml",
-                                              key="--gpu-metrics"))
-    try:
-        rc = record(cmd, out, interval, gpu_metrics=gpu_metrics)
-    except HpcmlError as exc:
-        fail("hpcml score record", exc)
+        raise UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, nvml", key="--gpu-metrics")
+    rc = record(cmd, out, interval, gpu_metrics=gpu_metrics)
     raise typer.Exit(rc)
 
 
@@ -72,15 +68,12 @@ def report_cmd(
     import json
 
     from hpcml.score.report import build
-    try:
-        rep = build(_load(path, fmt, interval))
-        out = None
-        if not no_html:
-            from hpcml.score import html as score_html
-            out = write_report(score_html.write, rep, html_out or (
-                path / "score.html" if path.is_dir() else path.with_name(path.name + ".score.html")))
-    except HpcmlError as exc:
-        fail("hpcml score report", exc)
+    rep = build(_load(path, fmt, interval))
+    out = None
+    if not no_html:
+        from hpcml.score import html as score_html
+        out = write_report(score_html.write, rep, html_out or (
+            path / "score.html" if path.is_dir() else path.with_name(path.name + ".score.html")))
     if as_json:
         print(json.dumps(rep, indent=1, allow_nan=False))
         return
@@ -100,11 +93,8 @@ def import_cmd(
         hpcml score import profile_out_JobID_123 --dir score-123
     """
     from hpcml.score.archive import write_store
-    try:
-        rec = _load(path, fmt, interval)
-        n = write_store(rec, out)
-    except HpcmlError as exc:
-        fail("hpcml score import", exc)
+    rec = _load(path, fmt, interval)
+    n = write_store(rec, out)
     print(f"{out}: {len(rec.gpus)} GPUs on {len({k[0] for k in rec.gpus})} nodes, {n:,} values")
 
 
@@ -122,8 +112,5 @@ def selftest_cmd(
     Exit codes: 0 passed, 4 the score got them wrong, 2 no GPU, torch or DCGM here.
     """
     from hpcml.score.selftest import run
-    try:
-        rc = run(seconds=seconds, keep=keep, gpu_metrics=gpu_metrics)
-    except HpcmlError as exc:
-        fail("hpcml score selftest", exc)
+    rc = run(seconds=seconds, keep=keep, gpu_metrics=gpu_metrics)
     raise typer.Exit(rc)

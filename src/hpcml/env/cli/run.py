@@ -1,5 +1,5 @@
 """``hpcml env render`` and ``hpcml env run``: resolve an EDF, then print or run the
-launch. Command functions only; ``hpcml.cli`` registers them on the ``env`` group."""
+launch. Command functions only; ``hpcml.env.cli`` registers them on the ``env`` group."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import sys
 from typing import List, Optional
 
 import typer
-
-from hpcml.cli_support import fail
-from hpcml.errors import HpcmlError
 
 RUNTIME_HELP = "bubblewrap, charliecloud, enroot, podman, pyxis, or auto (an installed one that runs the image)."
 
@@ -21,10 +18,7 @@ SITE_HELP = "Site hooks file (default: $HPCML_ENV_SITE, else the packaged exampl
 def load_environment(command: str, edf: str, site: str | None = None, require_image: bool = True):
     """The EDF resolved and its hooks applied, warnings printed; bad input ends the command."""
     from hpcml.env.resolve import resolve
-    try:
-        env, warnings = resolve(edf, site=site, require_image=require_image)
-    except HpcmlError as exc:
-        fail(command, exc)
+    env, warnings = resolve(edf, site=site, require_image=require_image)
     for warning in warnings:
         print(f"{command}: warning: {warning}", file=sys.stderr)
     return env
@@ -48,10 +42,7 @@ def render(
     """
     from hpcml.env.run import render as render_launch
     env = load_environment("hpcml env render", edf, site)
-    try:
-        launch = render_launch(env, list(command or []), runtime)
-    except HpcmlError as exc:
-        fail("hpcml env render", exc)
+    launch = render_launch(env, list(command or []), runtime)
     if as_json:
         print(json.dumps(launch.to_json(), indent=2))
         return

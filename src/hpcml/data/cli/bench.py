@@ -5,12 +5,12 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import Optional
+from typing import Any, Optional
 
 import typer
 
-from hpcml.cli_support import fail, show
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import parse_size, show
+from hpcml.errors import UsageError
 from hpcml.units import fmt_bytes
 
 
@@ -38,7 +38,6 @@ def _limit(value: Optional[str]) -> tuple[Optional[int], Optional[int]]:
         if int(value) < 1:
             raise UsageError(f"must be positive, found {value!r}", key="--limit")
         return int(value), None
-    from hpcml.cli_support import parse_size
     return None, parse_size(value, "--limit")
 
 
@@ -78,23 +77,19 @@ def bench(
     manifest, corrupt shard), 1 a loader worker failed.
     """
     from hpcml.data.loadbench import bench as run_bench
-    try:
-        orders = _list(order, "--order")
-        counts = _workers(workers)
-        n, nbytes = _limit(limit)
-        from hpcml.cli_support import parse_size
-        cap = parse_size(ceiling_size, "--ceiling-size")
-        if warm and drop:
-            raise UsageError("--warm and --drop-caches contradict each other", key="--drop-caches")
-        cache = "warm" if warm else "drop" if drop else "cold"
-        kw = dict(kind=kind, orders=orders, workers=counts, limit=n, limit_bytes=nbytes, seed=seed,
-                  cache=cache, ceiling_bytes=cap)
-        if _want_progress():
-            result = _with_progress(run_bench, target, kw)
-        else:
-            result = run_bench(target, **kw)
-    except HpcmlError as exc:
-        fail("hpcml data bench", exc)
+    orders = _list(order, "--order")
+    counts = _workers(workers)
+    n, nbytes = _limit(limit)
+    cap = parse_size(ceiling_size, "--ceiling-size")
+    if warm and drop:
+        raise UsageError("--warm and --drop-caches contradict each other", key="--drop-caches")
+    cache = "warm" if warm else "drop" if drop else "cold"
+    kw: dict[str, Any] = dict(kind=kind, orders=orders, workers=counts, limit=n, limit_bytes=nbytes, seed=seed,
+              cache=cache, ceiling_bytes=cap)
+    if _want_progress():
+        result = _with_progress(run_bench, target, kw)
+    else:
+        result = run_bench(target, **kw)
     show(result, as_json, _render)
 
 

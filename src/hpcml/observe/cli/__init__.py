@@ -7,10 +7,9 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import fail, write_report
-from hpcml.errors import HpcmlError
+from hpcml.cli_support import Group, write_report
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(name="observe", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
                   help="Per-rank telemetry for a job: record it, then look at it.\n\n"
                        "Example: [bold]srun hpcml observe record -- python train.py[/]")
 
@@ -30,11 +29,8 @@ def record_cmd(
         srun hpcml observe record --dir $SCRATCH/obs-$SLURM_JOB_ID -- python train.py
     """
     from hpcml.observe.recorder import record
-    try:
-        rc = record(cmd, out, interval, gpu_sampler=not no_gpu, prometheus_port=prometheus_port,
-                    prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics)
-    except HpcmlError as exc:
-        fail("hpcml observe record", exc)
+    rc = record(cmd, out, interval, gpu_sampler=not no_gpu, prometheus_port=prometheus_port,
+                prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics)
     raise typer.Exit(rc)
 
 
@@ -42,10 +38,7 @@ def record_cmd(
 def summary_cmd(job_dir: Path = typer.Argument(..., help="A job directory.")) -> None:
     """Ranks, rows and damaged files of a job directory (the full report comes later)."""
     from hpcml.observe.store import read_job
-    try:
-        job = read_job(job_dir)
-    except HpcmlError as exc:
-        fail("hpcml observe summary", exc)
+    job = read_job(job_dir)
     print(f"{job.path}: {len(job.ranks)} ranks, {job.table.num_rows} rows")
     for rank, problem in sorted(job.problems.items()):
         print(f"rank {rank}: {problem}")
@@ -67,12 +60,9 @@ def hang_cmd(
     from dataclasses import asdict
 
     from hpcml.observe.hang import analyse
-    try:
-        rep = analyse(dump_dir)
-    except HpcmlError as exc:
-        fail("hpcml observe hang", exc)
+    rep = analyse(dump_dir)
     if as_json:
-        print(json.dumps({"dumps": {r: str(p) for r, p in rep.dumps.items()}, "refused": rep.refused,
+        print(json.dumps({"schema": rep.tag, "dumps": {r: str(p) for r, p in rep.dumps.items()}, "refused": rep.refused,
                           "missing": rep.missing, "findings": [asdict(f) for f in rep.findings],
                           "last_seq": rep.last_seq}, indent=2))
         return
@@ -112,12 +102,8 @@ def report_cmd(
     # Arrow's default mimalloc pool decommits freed pages eagerly; reading a thousand rank
     # files then costs seconds of page faults. The system allocator is ~2x faster here.
     pa.set_memory_pool(pa.system_memory_pool())
-    try:
-        job = read_job(job_dir)
-        rep = build(job)
-        out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
-    except HpcmlError as exc:
-        fail("hpcml observe report", exc)
+    rep = build(read_job(job_dir))
+    out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
         return

@@ -7,8 +7,7 @@ from pathlib import Path
 
 import typer
 
-from hpcml.cli_support import fail, parse_size, show
-from hpcml.errors import HpcmlError
+from hpcml.cli_support import parse_size, show
 
 SHOWN_UNREADABLE = 20
 SHOWN_UNGROUPABLE = 10
@@ -41,24 +40,21 @@ def doctor(
     Exit codes: 0 scanned (even with unreadable entries), 2 bad input.
     """
     from hpcml.data.doctor import detect_resources, diagnose
-    try:
-        res = detect_resources(ram_free=parse_size(ram, "--ram", minimum=0),
-                               local_dir=str(local_disk) if local_disk else None,
-                               local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)
-        rsize = parse_size(read_size, "--read-size", minimum=0)
-        if sys.stderr.isatty():
-            from rich.console import Console
-            from rich.progress import Progress, SpinnerColumn, TextColumn
-            with Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True,
-                          console=Console(stderr=True)) as progress:
-                task = progress.add_task(f"scanning {path}", total=None)
-                report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs,
-                                  on_progress=lambda n, b: progress.update(
-                                      task, description=f"scanning {path}: {n:,} files"))
-        else:
-            report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs)
-    except HpcmlError as exc:
-        fail("hpcml data doctor", exc)
+    res = detect_resources(ram_free=parse_size(ram, "--ram", minimum=0),
+                           local_dir=str(local_disk) if local_disk else None,
+                           local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)
+    rsize = parse_size(read_size, "--read-size", minimum=0)
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import Progress, SpinnerColumn, TextColumn
+        with Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True,
+                      console=Console(stderr=True)) as progress:
+            task = progress.add_task(f"scanning {path}", total=None)
+            report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs,
+                              on_progress=lambda n, b: progress.update(
+                                  task, description=f"scanning {path}: {n:,} files"))
+    else:
+        report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs)
     show(report, as_json, _render)
 
 

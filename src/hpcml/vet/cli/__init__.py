@@ -1,4 +1,8 @@
-"""``hpcml vet``: parse arguments, call the engine, render. No vetting logic here."""
+"""``hpcml vet``: parse arguments, call the engine, render. No vetting logic here.
+
+The group and ``run``, ``setup``, ``validate``, ``checks`` live here; ``handle`` (and
+``rules``), ``prolog`` (``--prolog``, ``prolog-script``) and ``serve`` have a module each.
+"""
 
 from __future__ import annotations
 
@@ -8,20 +12,17 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import DefaultCommandGroup, fail
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import DefaultCommandGroup
+from hpcml.errors import UsageError
+from hpcml.vet.cli import handle, prolog, serve  # one module per command
 
-DEFAULT_PROTOCOL = Path(__file__).parent / "protocols" / "cpu.yaml"
+DEFAULT_PROTOCOL = Path(__file__).parents[1] / "protocols" / "cpu.yaml"
 
-app = typer.Typer(cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
                        "Example: [bold]hpcml vet examples/vet/cpu.yaml --min-nodes 1[/]\n\n"
                        "Exit codes: 0 continue, 3 shrink (see the exclude file), 4 abort, "
                        "2 bad input.")
-
-
-def _fail(exc: HpcmlError) -> None:
-    fail("hpcml vet", exc)
 
 
 @app.command("run")
@@ -60,14 +61,14 @@ def run(
         srun --exclude=$(cat hpcml-vet-$SLURM_JOB_ID/bad-nodes) python train.py
     """
     if prolog:  # exits
-        from hpcml.vet.cli_prolog import run_prolog_cli
+        from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
         run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json)
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
     from hpcml.vet import launch
     protocol = protocol or DEFAULT_PROTOCOL
     early = None
-    try:
+    try:   # bad input ends the command (cli_support.Group), after stopping early workers
         allocation = alloc_mod.current()
         subset = expand(nodes) if nodes else None
         if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
@@ -95,10 +96,9 @@ def run(
                           use_srun=False if local else None, python=python, started=early)
         early = None
         paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
-    except HpcmlError as exc:
+    finally:
         if early is not None:
             early.cancel()
-        _fail(exc)
     if report_to:
         _send(report.to_json(run_), report_to, report_token_file)
     if as_json:
@@ -136,14 +136,10 @@ def _print_human(run_, paths) -> None:
                   f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {paths['exclude']}")
 
 
-from hpcml.vet.cli_handle import handle, validate_rules  # noqa: E402  (one module per command)
-from hpcml.vet.cli_prolog import prolog_script  # noqa: E402
-from hpcml.vet.cli_serve import serve  # noqa: E402
-
-app.command("serve")(serve)
-app.command("handle")(handle)
-app.command("rules")(validate_rules)
-app.command("prolog-script")(prolog_script)
+app.command("serve")(serve.serve)
+app.command("handle")(handle.handle)
+app.command("rules")(handle.validate_rules)
+app.command("prolog-script")(prolog.prolog_script)
 
 
 @app.command("setup")
@@ -158,14 +154,11 @@ def setup_cmd(
     """
     from hpcml.vet import setup
     from hpcml.vet.protocol import load
-    try:
-        proto = load(protocol)
-        if not proto.requirements():
-            print("nothing to install: no check of this protocol has requirements")
-            return
-        path = setup.setup(proto, venv_root)
-    except HpcmlError as exc:
-        _fail(exc)
+    proto = load(protocol)
+    if not proto.requirements():
+        print("nothing to install: no check of this protocol has requirements")
+        return
+    path = setup.setup(proto, venv_root)
     print(f"ready: {path}")
 
 
@@ -173,10 +166,7 @@ def setup_cmd(
 def validate(protocol: Path = typer.Argument(..., help="Protocol to check.")) -> None:
     """Check a protocol without running it (exit 0 valid, 2 invalid)."""
     from hpcml.vet.protocol import load
-    try:
-        proto = load(protocol)
-    except HpcmlError as exc:
-        _fail(exc)
+    proto = load(protocol)
     kind = "vetnode protocol" if proto.vetnode else "protocol"
     print(f"{protocol}: valid {kind} '{proto.name}' with {len(proto.evals)} checks: "
           + ", ".join(f"{e.name} ({e.type})" for e in proto.evals))

@@ -1,4 +1,4 @@
-"""``hpcml vet handle`` and ``hpcml vet rules validate``: arguments in, handler out,
+"""``hpcml vet handle`` and ``hpcml vet rules``: arguments in, handler out,
 a table or JSON back. No decisions here."""
 
 from __future__ import annotations
@@ -9,11 +9,10 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import fail
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.errors import UsageError
 
 # Not imported from hpcml.vet.fleet.rules: that pulls pydantic into every `hpcml vet` start.
-DEFAULT_RULES = Path(__file__).parent / "protocols" / "rules-default.yaml"
+DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
 
 _STYLE = {"drain": "bold red", "resume": "green", "hold": "yellow", "skip": "dim"}
 
@@ -43,14 +42,11 @@ def handle(
     """
     from hpcml.vet.fleet import handler, rules as rules_mod
     from hpcml.vet.fleet.sources import JsonDirSource, StoreSource
-    try:
-        if bool(results) == bool(db):
-            raise UsageError("give either --results DIR... or --db URL")
-        catalog = rules_mod.load(rules)
-        source = JsonDirSource(results) if results else StoreSource(db)
-        plan = handler.handle(catalog, source, audit_path=audit, dry_run=dry_run)
-    except HpcmlError as exc:
-        fail("hpcml vet handle", exc)
+    if bool(results) == bool(db):
+        raise UsageError("give either --results DIR... or --db URL")
+    catalog = rules_mod.load(rules)
+    source = JsonDirSource(results) if results else StoreSource(str(db))
+    plan = handler.handle(catalog, source, audit_path=audit, dry_run=dry_run)
     if as_json:
         print(json.dumps({**plan.to_json(), "dry_run": dry_run, "rules": catalog.source,
                           "audit": str(audit)}, indent=2))
@@ -83,13 +79,10 @@ def _print_plan(plan, dry_run: bool, audit: Path) -> None:
 def validate_rules(file: Path = typer.Argument(..., help="Rules catalog to check.")) -> None:
     """Check a rules catalog without acting (exit 0 valid, 2 invalid).
 
-    Example: [bold]hpcml vet rules validate site-rules.yaml[/]
+    Example: [bold]hpcml vet rules site-rules.yaml[/]
     """
     from hpcml.vet.fleet import rules as rules_mod
-    try:
-        catalog = rules_mod.load(file)
-    except HpcmlError as exc:
-        fail("hpcml vet rules validate", exc)
+    catalog = rules_mod.load(file)
     print(f"{file}: valid rules catalog '{catalog.name}' with {len(catalog.rules)} rules "
           f"(max_drain_fraction {catalog.max_drain_fraction:.0%}, min_nodes_kept "
           f"{catalog.min_nodes_kept}): " + ", ".join(r.name for r in catalog.rules))

@@ -9,23 +9,18 @@ from typing import List, Optional
 
 import typer
 
-from hpcml.cli_support import DefaultCommandGroup, fail
-from hpcml.errors import HpcmlError
+from hpcml.cli_support import DefaultCommandGroup
 
 
 class _ScanGroup(DefaultCommandGroup):
     default_command = "files"
 
 
-app = typer.Typer(cls=_ScanGroup, no_args_is_help=True, rich_markup_mode="rich",
+app = typer.Typer(name="scan", cls=_ScanGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Scan model files and requirements without executing them.\n\n"
                        "Example: [bold]hpcml scan checkpoints/ --sarif scan.sarif[/]\n\n"
                        "Exit codes: 0 safe, 5 unknown globals (blocked), 6 dangerous, "
                        "7 unreadable or malformed, 2 bad input.")
-
-
-def _fail(exc: HpcmlError) -> None:
-    fail("hpcml scan", exc)
 
 
 @app.command("files")
@@ -47,20 +42,17 @@ def files(
     from hpcml.scan import report
     from hpcml.scan.policy import load_policy
     from hpcml.scan.scanner import exit_code, scan_paths
-    try:
-        pol = load_policy(*policy)
-        progress = None
-        if not as_json and sys.stderr.isatty():
-            from rich.progress import Progress
-            progress = Progress(transient=True)
-        if progress:
-            with progress:
-                task = progress.add_task("scanning", total=None)
-                results = scan_paths(paths, pol, jobs=jobs, on_result=lambda r: progress.advance(task))
-        else:
-            results = scan_paths(paths, pol, jobs=jobs)
-    except HpcmlError as exc:
-        _fail(exc)
+    pol = load_policy(*policy)
+    progress = None
+    if not as_json and sys.stderr.isatty():
+        from rich.progress import Progress
+        progress = Progress(transient=True)
+    if progress:
+        with progress:
+            task = progress.add_task("scanning", total=None)
+            results = scan_paths(paths, pol, jobs=jobs, on_result=lambda r: progress.advance(task))
+    else:
+        results = scan_paths(paths, pol, jobs=jobs)
     code = exit_code(results, pol)
     if sarif:
         report.write_json(report.to_sarif(results), sarif)
@@ -85,10 +77,7 @@ def requirements(
     """
     from hpcml.scan import reqreport
     from hpcml.scan.requirements import check_requirements
-    try:
-        rep = check_requirements(file, internal_names=internal)
-    except HpcmlError as exc:
-        _fail(exc)
+    rep = check_requirements(file, internal_names=internal)
     code = reqreport.exit_code(rep)
     if sarif:
         from hpcml.scan.report import write_json

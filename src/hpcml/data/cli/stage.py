@@ -11,8 +11,8 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import fail, parse_size
-from hpcml.errors import HpcmlError
+from hpcml.cli_support import parse_size
+from hpcml.errors import SlurmError
 
 COMMAND = "hpcml data stage"
 
@@ -46,19 +46,19 @@ def stage(
     shard, checksum mismatch: the file is named and its copy deleted), 1 Slurm or
     write failure.
     """
+    from hpcml.cluster import slurm
     from hpcml.cluster.allocation import current
     from hpcml.data import stage_worker
     t0 = time.monotonic()
-    try:
-        keep = parse_size(keep_free, "--keep-free", minimum=0)
-        alloc = current()
-        if not local and alloc.under_slurm and alloc.step_id is None:
-            out = _on_nodes(src, to, list(alloc.nodes), threads, verify, keep, not as_json)
-        else:
-            r = _here(src, to, threads, verify, keep, not as_json)
-            out = stage_worker.combine(r.src, {r.node: r}, time.monotonic() - t0)
-    except HpcmlError as exc:
-        fail(COMMAND, exc)
+    keep = parse_size(keep_free, "--keep-free", minimum=0)
+    alloc = current()
+    if not local and alloc.under_slurm and alloc.step_id is None:
+        if not slurm.available("srun"):
+            raise SlurmError("srun: Slurm is not installed or not on PATH (use --local to stage this node only)")
+        out = _on_nodes(src, to, list(alloc.nodes), threads, verify, keep, not as_json)
+    else:
+        r = _here(src, to, threads, verify, keep, not as_json)
+        out = stage_worker.combine(r.src, {r.node: r}, time.monotonic() - t0)
     if as_json:
         print(json.dumps(out.to_dict(), indent=2))
         return
@@ -120,13 +120,3 @@ def _summary(out) -> None:
     for note in out.notes:
         print(f"{COMMAND}: note: {note}", file=err)
 
-
-def main() -> None:
-    """``python -m hpcml.data.cli_stage``: the command without the rest of ``hpcml``."""
-    app = typer.Typer(add_completion=False)
-    app.command()(stage)
-    app()
-
-
-if __name__ == "__main__":
-    main()

@@ -1,4 +1,4 @@
-"""``hpcml data``: parse arguments, call the data engines, render. No data logic here."""
+"""``hpcml data pack``: parse arguments, call the packer (tar shards) or mksquashfs, render."""
 
 from __future__ import annotations
 
@@ -7,18 +7,11 @@ from pathlib import Path
 
 import typer
 
-from hpcml.cli_support import fail, parse_size, progress_bar
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.cli_support import parse_size, progress_bar
+from hpcml.errors import UsageError
 from hpcml.units import fmt_bytes
 
-app = typer.Typer(no_args_is_help=True, rich_markup_mode="rich",
-                  help="Datasets on HPC storage: doctor, pack into shards, stage, benchmark the loader.\n\n"
-                       "Example: [bold]hpcml data doctor /scratch/imagenet[/]\n\n"
-                       "Exit codes: 0 done, 2 bad input (missing path, unreadable files, corrupt shard, "
-                       "checksum mismatch).")
 
-
-@app.command("pack")
 def pack_command(
     src: Path = typer.Argument(..., help="Directory of files (samples grouped by basename, WebDataset's rule)."),
     dst: Path = typer.Argument(..., help="Output directory of shards (or the image file with --format squashfs)."),
@@ -37,15 +30,12 @@ def pack_command(
 
     A rerun keeps finished shards. Unreadable files stop the pack and are listed (exit 2).
     """
-    try:
-        if fmt == "squashfs":
-            _pack_squashfs(src, dst, jobs, skip_unreadable, as_json)
-            return
-        if fmt != "tar":
-            raise UsageError(f"unknown format {fmt!r}: tar or squashfs", key="format")
-        _pack_tar(src, dst, parse_size(shard_size, "shard-size"), jobs, skip_unreadable, as_json)
-    except HpcmlError as exc:
-        fail("hpcml data pack", exc)
+    if fmt == "squashfs":
+        _pack_squashfs(src, dst, jobs, skip_unreadable, as_json)
+        return
+    if fmt != "tar":
+        raise UsageError(f"unknown format {fmt!r}: tar or squashfs", key="--format")
+    _pack_tar(src, dst, parse_size(shard_size, "--shard-size"), jobs, skip_unreadable, as_json)
 
 
 def _pack_tar(src: Path, dst: Path, target: int, jobs: int, skip_unreadable: bool, as_json: bool) -> None:
@@ -94,12 +84,3 @@ def _pack_squashfs(src: Path, image: Path, jobs: int, skip_unreadable: bool, as_
     for p, why in r.skipped:
         print(f"  not packed: {p}: {why}")
     print(f"note: {SHUFFLE_NOTE}")
-
-
-from hpcml.data.cli_bench import bench  # noqa: E402  (each command in its own module)
-from hpcml.data.cli_doctor import doctor  # noqa: E402
-from hpcml.data.cli_stage import stage  # noqa: E402
-
-app.command("doctor")(doctor)
-app.command("stage")(stage)
-app.command("bench")(bench)
