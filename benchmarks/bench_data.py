@@ -53,7 +53,8 @@ def generate(root: Path, files: int, seed: int = 0) -> Path:
 
 def evict(paths) -> None:
     """Cold cache for the next pass: hpcml data bench's own eviction (plus drop_caches as root)."""
-    from hpcml.data.pagecache import drop_caches, evict as fadvise_out
+    from hpcml.data.pagecache import drop_caches
+    from hpcml.data.pagecache import evict as fadvise_out
     if os.geteuid() == 0:
         drop_caches()
     fadvise_out(str(p) for p in paths)
@@ -233,7 +234,7 @@ def main() -> None:
     ratios = {}
     print("ratios (MB/s):")
     for W in counts:
-        def r(a: str, b: str) -> float:
+        def r(a: str, b: str, W: int = W) -> float:
             return mbs[a if a == "ceiling" else f"{a}, {W}w"] / mbs[b if b == "ceiling" else f"{b}, {W}w"]
         ratios[f"{W} workers"] = mine = {
             "hpcml shuffled / hpcml sequential": r("hpcml shards, shuffled", "hpcml shards, sequential"),

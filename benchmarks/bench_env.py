@@ -64,7 +64,7 @@ def median_ms(argv: list[str], runs: int, env: dict[str, str]) -> list[float]:
 
 def alternate(commands: dict[str, list[str]], runs: int, env: dict[str, str]) -> dict[str, list[float]]:
     times: dict[str, list[float]] = {k: [] for k in commands}
-    for name, argv in commands.items():              # warm-up
+    for argv in commands.values():                   # warm-up
         median_ms(argv, 1, env)
     for _ in range(runs):
         for name, argv in commands.items():

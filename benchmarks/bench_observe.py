@@ -135,7 +135,7 @@ def _worker(spec: dict) -> dict:
                 times[k] = pc() - t0
         else:
             section = observe.section
-            for i in range(warm):
+            for _ in range(warm):
                 with section("step"):
                     pass
             for k in range(n):

@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 from hpcml.errors import SlurmError
+from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 
 
 @pytest.fixture(scope="session")

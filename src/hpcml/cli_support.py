@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any, Callable, TYPE_CHECKING, overload
+from typing import TYPE_CHECKING, Any, Callable, overload
 
 import typer
 import typer.core
@@ -13,7 +13,7 @@ import typer.core
 from hpcml.errors import HpcmlError
 
 if TYPE_CHECKING:
-    from typer._click import Context     # the click Typer carries (>= 0.29): what groups are given
+    from typer._click import Context  # the click Typer carries (>= 0.29): what groups are given
 
 _IMPLIED = "hpcml.implied_default"       # ctx.meta: the groups whose default command was implied
 
@@ -125,8 +125,7 @@ def progress_bar(enabled: bool):
     if not enabled or not sys.stderr.isatty():
         return None
     from rich.console import Console
-    from rich.progress import (BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn,
-                               TransferSpeedColumn)
+    from rich.progress import BarColumn, DownloadColumn, Progress, TextColumn, TimeRemainingColumn, TransferSpeedColumn
     return Progress(TextColumn("{task.description}"), BarColumn(), DownloadColumn(), TransferSpeedColumn(),
                     TimeRemainingColumn(), console=Console(stderr=True), transient=True)
 

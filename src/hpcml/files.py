@@ -59,7 +59,7 @@ def load_yaml_with_nodes(text: str, source: str):
         raise yaml_error(exc, source) from None
 
 
-def line_map(node: "yaml.Node", path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
+def line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:
     """Key path -> 1-based line, from PyYAML's composed node tree."""
     import yaml
     out = {} if out is None else out

@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator, Mapping
-from importlib.metadata import EntryPoint, entry_points
-from typing import Any, Generic, TypeVar
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Generic, TypeVar
 
 from hpcml.errors import HpcmlError, UsageError
+
+if TYPE_CHECKING:   # importlib.metadata costs a node's worker ~40 ms: imported when discovering
+    from importlib.metadata import EntryPoint
 
 T = TypeVar("T")
 
@@ -41,13 +44,18 @@ def import_target(target: str) -> Any:
     return obj
 
 
+@dataclass(frozen=True)
+class _Plugin:
+    ep: EntryPoint
+
+
 class Registry(Generic[T]):
     """Names -> objects of one kind; ``kind`` words the errors, ``group`` is the entry-point group."""
 
     def __init__(self, kind: str, group: str, builtins: Mapping[str, str] | None = None, *,
                  hint: str = "") -> None:
         self.kind, self.group, self.hint = kind, group, hint
-        self._entries: dict[str, str | EntryPoint | T] = dict(builtins or {})
+        self._entries: dict[str, str | _Plugin | T] = dict(builtins or {})
         self._loaded: dict[str, T] = {}
         self._discovered = False
 
@@ -60,10 +68,11 @@ class Registry(Generic[T]):
         if self._discovered:
             return
         self._discovered = True
+        from importlib.metadata import entry_points
         for ep in entry_points(group=self.group):
-            self._entries.setdefault(ep.name, ep)
+            self._entries.setdefault(ep.name, _Plugin(ep))
 
-    def _entry(self, name: str) -> str | EntryPoint | T:
+    def _entry(self, name: str) -> str | _Plugin | T:
         if name not in self._entries:
             self._discover()
         try:
@@ -78,8 +87,9 @@ class Registry(Generic[T]):
         entry = self._entry(name)
         if isinstance(entry, str):
             return entry
-        if isinstance(entry, EntryPoint):
-            return f"{entry.module}:{entry.attr}" if entry.attr else entry.module
+        if isinstance(entry, _Plugin):
+            ep = entry.ep
+            return f"{ep.module}:{ep.attr}" if ep.attr else ep.module
         return f"{entry.__module__}:{getattr(entry, '__qualname__', name)}"
 
     def get(self, name: str) -> T:
@@ -89,13 +99,14 @@ class Registry(Generic[T]):
         entry = self._entry(name)
         if isinstance(entry, str):
             obj = import_target(entry)
-        elif isinstance(entry, EntryPoint):
+        elif isinstance(entry, _Plugin):
+            ep = entry.ep
             try:
-                obj = entry.load()
+                obj = ep.load()
             except Exception as exc:  # noqa: BLE001 - whatever a third-party import raises
-                dist = f"{entry.dist.name} {entry.dist.version}" if entry.dist else "an unknown distribution"
+                dist = f"{ep.dist.name} {ep.dist.version}" if ep.dist else "an unknown distribution"
                 raise PluginError(f"{self.kind} '{name}' from {dist} cannot be loaded: entry point "
-                                  f"'{entry.name} = {entry.value}' in group {self.group}: "
+                                  f"'{ep.name} = {ep.value}' in group {self.group}: "
                                   f"{type(exc).__name__}: {exc}") from exc
         else:
             obj = entry
@@ -104,7 +115,7 @@ class Registry(Generic[T]):
 
     def rediscover(self) -> None:
         """Forget the plug-ins found so far: the next lookup looks again (after sys.path changed)."""
-        self._entries = {k: v for k, v in self._entries.items() if not isinstance(v, EntryPoint)}
+        self._entries = {k: v for k, v in self._entries.items() if not isinstance(v, _Plugin)}
         self._loaded = {k: v for k, v in self._loaded.items() if k in self._entries}
         self._discovered = False
 
@@ -118,14 +129,9 @@ class Registry(Generic[T]):
         return ((name, self.get(name)) for name in self.names())
 
     def __contains__(self, name: object) -> bool:
-        if not isinstance(name, str):
-            return False
-        if name not in self._entries:
+        if isinstance(name, str) and name not in self._entries:
             self._discover()
         return name in self._entries
 
     def __iter__(self) -> Iterator[str]:
         return iter(self.names())
-
-    def __repr__(self) -> str:
-        return f"Registry({self.kind!r}, {self.group!r})"

@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hpcml.data.sources import readable_by_mode
 from hpcml.data import doctor as d
 from hpcml.data.cli import app as data_app
+from hpcml.data.sources import readable_by_mode
 from hpcml.errors import UsageError
 
 GB = 10**9

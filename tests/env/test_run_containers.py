@@ -4,8 +4,8 @@ installed) on a busybox root filesystem built by the suite."""
 from __future__ import annotations
 
 import os
-import sys
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -13,6 +13,7 @@ import pytest
 from hpcml.env.model import STARTUP, VENV, Environment, Mount
 from hpcml.env.run import run
 from tests.env import rootfs
+
 
 @pytest.fixture(params=["bubblewrap", "podman", "charliecloud"])
 def runtime(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> tuple[str, str]:

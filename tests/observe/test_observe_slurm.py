@@ -12,8 +12,8 @@ import pytest
 
 from hpcml.observe.store import read_job
 from hpcml.observe.stragglers import from_job
-from tests.slurmjobs import run_job
 from tests.observe.browser import assert_not_blank, render
+from tests.slurmjobs import run_job
 
 ROOT = Path(__file__).parents[2]
 pytestmark = pytest.mark.slurm

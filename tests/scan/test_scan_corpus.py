@@ -68,7 +68,8 @@ def _assert_same(a, b) -> None:
     """Deep equality that understands numpy arrays and torch tensors."""
     if hasattr(a, "shape") and hasattr(b, "shape"):
         import numpy as np
-        to_np = (lambda x: x.detach().numpy() if hasattr(x, "detach") else np.asarray(x))
+        def to_np(x):
+            return x.detach().numpy() if hasattr(x, "detach") else np.asarray(x)
         assert np.array_equal(to_np(a), to_np(b))
     elif isinstance(a, dict):
         assert a.keys() == b.keys()

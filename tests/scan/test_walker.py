@@ -13,9 +13,9 @@ import textwrap
 import pytest
 
 from hpcml.scan import picklewalk
+from hpcml.scan.model import Verdict
 from hpcml.scan.picklewalk import PickleWalker
 from hpcml.scan.scanner import scan_file
-from hpcml.scan.model import Verdict
 
 WORDS = ["collections", "OrderedDict", "os", "system", "builtins", "getattr", "a", "b"]
 

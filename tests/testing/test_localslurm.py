@@ -13,9 +13,9 @@ import psutil
 import pytest
 
 from hpcml.cluster import slurm
+from hpcml.errors import SlurmError
 from hpcml.testing import localslurm
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
-from hpcml.errors import SlurmError
 
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}

@@ -10,8 +10,8 @@ from __future__ import annotations
 import csv
 import io
 import os
-import signal
 import shutil
+import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 

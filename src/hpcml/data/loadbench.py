@@ -392,7 +392,7 @@ def run_workers(jobs: Sequence[Callable[[Progress], WorkerStats]],
                     if w not in done and p.exitcode is not None:
                         if now - dead_since.setdefault(w, now) >= GRACE:
                             raise WorkerError(f"loader worker {w} died ({_exit_text(p.exitcode)}) "
-                                              "without reporting")
+                                              "without reporting") from None
                 continue
             if msg[0] == "progress":
                 if on_progress:

@@ -18,7 +18,7 @@ import subprocess
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hpcml.env.hooks import chosen_variant, enabled_hooks, apply_hooks
+from hpcml.env.hooks import apply_hooks, chosen_variant, enabled_hooks
 from hpcml.env.model import Environment
 from hpcml.env.site import Site
 

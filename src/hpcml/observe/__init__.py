@@ -15,6 +15,6 @@ writes) and never raise into the training loop (problems are counted and written
 
 from __future__ import annotations
 
-from hpcml.observe.api import log, problems, section, flush
+from hpcml.observe.api import flush, log, problems, section
 
 __all__ = ["log", "section", "flush", "problems"]

@@ -60,7 +60,7 @@ class section:
         self.name = name
         self.step = step
 
-    def __enter__(self) -> "section":
+    def __enter__(self) -> section:
         self.t0 = _perf_ns()
         return self
 

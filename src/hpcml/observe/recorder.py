@@ -23,8 +23,8 @@ from typing import TYPE_CHECKING
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
-from hpcml.samplers.host import HostSampler
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, rank_path, write_json
+from hpcml.samplers.host import HostSampler
 
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
@@ -48,7 +48,7 @@ class Task:
     extra: dict = field(default_factory=dict)
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "Task":
+    def from_env(cls, env=os.environ) -> Task:
         def num(*names: str, default: int) -> int:
             for n in names:
                 if env.get(n, "").isdigit():

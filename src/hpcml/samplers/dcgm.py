@@ -38,10 +38,11 @@ import math
 import os
 import sys
 import uuid as _uuid
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import SimpleNamespace
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any
 
 from hpcml.errors import HpcmlError
 from hpcml.samplers import SamplerUnavailable

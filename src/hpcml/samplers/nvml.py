@@ -34,7 +34,7 @@ class NvmlSampler:
             with open(replay, encoding="utf-8") as f:
                 self._replay = itertools.cycle([json.loads(line) for line in f if line.strip()])
             return
-        import pynvml as nv          # ImportError: the caller records without GPUs
+        import pynvml as nv  # ImportError: the caller records without GPUs
         nv.nvmlInit()
         self.nv = nv
         for i in range(nv.nvmlDeviceGetCount()):

@@ -75,6 +75,7 @@ def restricted_pickle_module(policy: Policy) -> types.ModuleType:
 
 def _load_npy(fh: IO[bytes], size: int, policy: Policy) -> Any:
     import numpy as np
+
     from hpcml.scan.formats import npy
     header = npy.read_header(fh, 0, size)
     fh.seek(0)

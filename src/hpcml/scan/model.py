@@ -21,7 +21,7 @@ class Verdict(str, enum.Enum):
         return _RANK[self]
 
     @staticmethod
-    def worst(verdicts) -> "Verdict":
+    def worst(verdicts) -> Verdict:
         return max(verdicts, key=lambda v: v.rank, default=Verdict.SAFE)
 
 

@@ -9,9 +9,10 @@ from __future__ import annotations
 
 import os
 import stat
+from collections.abc import Callable, Iterable, Iterator
 from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
-from typing import BinaryIO, Callable, Iterable, Iterator
+from typing import BinaryIO
 
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan

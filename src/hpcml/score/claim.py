@@ -118,7 +118,7 @@ class GpuClaims:
                     pass
         self.paths.clear()
 
-    def __enter__(self) -> "GpuClaims":
+    def __enter__(self) -> GpuClaims:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -61,7 +61,7 @@ class GpuSeries:
         self.t = np.asarray(t, float)
         self.values = {k: np.asarray(v, VALUE_DTYPE) for k, v in values.items()}
 
-    def freeze(self) -> "GpuSeries":
+    def freeze(self) -> GpuSeries:
         """Lists to arrays, sorted by time (idempotent)."""
         t = np.asarray(self.t, float)
         values = {k: np.asarray(v, VALUE_DTYPE) for k, v in self.values.items()}
@@ -104,7 +104,7 @@ class Recording:
             self.gpus[key].model = model
         return self.gpus[key]
 
-    def freeze(self) -> "Recording":
+    def freeze(self) -> Recording:
         for g in self.gpus.values():
             g.freeze()
         return self

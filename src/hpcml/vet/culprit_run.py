@@ -19,9 +19,9 @@ from pathlib import Path
 from hpcml.cluster import slurm
 from hpcml.cluster.hostlist import fold
 from hpcml.vet import culprit
+from hpcml.vet.launch import SRUN_GRACE
 from hpcml.vet.model import NodeReport, Outcome
 from hpcml.vet.protocol import EvalSpec
-from hpcml.vet.launch import SRUN_GRACE
 
 _MARK = "HPCML-CULPRIT "
 

@@ -17,8 +17,8 @@ from pathlib import Path
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
 from hpcml.vet import culprit_run, registry, relative, verdict
-from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.launch import Step, StepResult, start_workers
+from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.vet.worker import context_fields, run_node
 

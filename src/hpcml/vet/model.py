@@ -7,8 +7,8 @@ and the worker on each node needs no heavy imports.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cached_property
 from enum import Enum
+from functools import cached_property
 from typing import Any
 
 
@@ -70,7 +70,7 @@ class CheckResult:
                 "details": self.details}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "CheckResult":
+    def from_dict(cls, d: dict[str, Any]) -> CheckResult:
         d = dict(d)
         d["outcome"] = Outcome(d["outcome"])
         return cls(**{k: v for k, v in d.items() if k in cls.__dataclass_fields__})
@@ -92,7 +92,7 @@ class NodeReport:
                 "sent_at": self.sent_at, "results": [r.to_dict() for r in self.results]}
 
     @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> "NodeReport":
+    def from_dict(cls, d: dict[str, Any]) -> NodeReport:
         return cls(node=d["node"], reachable=d.get("reachable", True),
                    message=d.get("message", ""), sent_at=d.get("sent_at"),
                    results=[CheckResult.from_dict(r) for r in d.get("results", [])])

@@ -14,9 +14,10 @@ from typing import Any
 
 from hpcml.cluster.hostlist import fold
 from hpcml.files import write_atomic
-from hpcml.vet.engine import VetRun
-from hpcml.vet.model import REPORT_SCHEMA as SCHEMA, Outcome
 from hpcml.units import fmt_bytes
+from hpcml.vet.engine import VetRun
+from hpcml.vet.model import REPORT_SCHEMA as SCHEMA
+from hpcml.vet.model import Outcome
 
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
           Outcome.ERROR: "bold magenta", Outcome.SKIPPED: "dim"}

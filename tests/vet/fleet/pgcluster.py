@@ -71,7 +71,7 @@ class PgCluster:
             tail = log.read_text()[-500:] if log.exists() else ""
             raise PgUnavailable(f"{argv[0]} failed: {r.stderr.strip()[-500:]} {tail}")
 
-    def start(self) -> "PgCluster":
+    def start(self) -> PgCluster:
         data = self.root / "data"
         self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
                   "--no-sync")

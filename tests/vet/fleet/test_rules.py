@@ -11,8 +11,8 @@ import pytest
 from hpcml.errors import SlurmError, UsageError
 from hpcml.vet.fleet import handler
 from hpcml.vet.fleet.handler import NodeState, Refused
-from hpcml.vet.fleet.sources import JsonDirSource, Result
 from hpcml.vet.fleet.rules import DEFAULT_RULES, load, loads
+from hpcml.vet.fleet.sources import JsonDirSource, Result
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 RULES = """\
@@ -366,7 +366,7 @@ def test_json_dir_source_bad_files(tmp_path, content, problem):
 # --- command line -------------------------------------------------------------------------
 
 def _app():
-    from hpcml.vet.cli import app      # `rules` is the command that validates a catalog
+    from hpcml.vet.cli import app  # `rules` is the command that validates a catalog
     return app
 
 

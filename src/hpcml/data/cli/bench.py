@@ -123,8 +123,8 @@ def _with_progress(run_bench, target: Path, kw: dict):
 
 
 def _render(r) -> None:
-    from rich.console import Console
     from rich import box
+    from rich.console import Console
     from rich.table import Table
     what = "shard set" if r.kind == "shards" else "files"
     t = Table(box=box.SIMPLE_HEAD, title=f"{r.target}: {what} on {r.mount.fstype}, {r.samples:,} samples, {fmt_bytes(r.bytes)} "

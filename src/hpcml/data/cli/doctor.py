@@ -97,7 +97,8 @@ def _render(report) -> None:
     con.print("[bold]Recommendation[/]")
     con.print(f"  pack: [bold]{'yes' if rec.pack else 'no'}[/] - {rec.pack_reason}")
     if rec.pack:
-        con.print(f"  shard size: [bold]{fmt_bytes(rec.shard_bytes)}[/] (~{rec.shards:,} shard{'s' if rec.shards != 1 else ''}) - {rec.shard_reason}")
+        plural = "s" if rec.shards != 1 else ""
+        con.print(f"  shard size: [bold]{fmt_bytes(rec.shard_bytes)}[/] (~{rec.shards:,} shard{plural}) - {rec.shard_reason}")
     con.print(f"  placement: [bold]{rec.placement}[/] ({rec.target}) - {rec.placement_reason}")
     for note in rec.notes:
         con.print(f"  [yellow]note:[/] {note}")

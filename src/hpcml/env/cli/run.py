@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import sys
-from typing import List, Optional
+from typing import Optional
 
 import typer
 
@@ -26,7 +26,7 @@ def load_environment(command: str, edf: str, site: str | None = None, require_im
 
 def render(
     edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
-    command: List[str] = typer.Argument(None, help="The command to run in the container (after --)."),
+    command: list[str] = typer.Argument(None, help="The command to run in the container (after --)."),
     runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
     site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object (argv, environ, prepare, cleanup, notes)."),
@@ -53,7 +53,7 @@ def render(
 
 def run(
     edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
-    command: List[str] = typer.Argument(None, help="The command to run in the container (after --)."),
+    command: list[str] = typer.Argument(None, help="The command to run in the container (after --)."),
     runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
     site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the launch and its notes to stderr first."),

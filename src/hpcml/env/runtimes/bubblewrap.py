@@ -8,8 +8,17 @@ import os
 from collections.abc import Mapping
 
 from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import (Launch, Runtime, annotations_note, container_env, entrypoint_note,
-                                     image_kind, scratch_dir, squashfs_mounts, wrap_command)
+from hpcml.env.runtimes.base import (
+    Launch,
+    Runtime,
+    annotations_note,
+    container_env,
+    entrypoint_note,
+    image_kind,
+    scratch_dir,
+    squashfs_mounts,
+    wrap_command,
+)
 from hpcml.errors import UsageError
 
 

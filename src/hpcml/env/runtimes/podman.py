@@ -13,8 +13,7 @@ import os
 from collections.abc import Mapping
 
 from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import (Launch, Runtime, container_env, image_kind, oci_reference, scratch_dir,
-                                     squashfs_mounts, wrap_command)
+from hpcml.env.runtimes.base import Launch, Runtime, container_env, image_kind, oci_reference, scratch_dir, squashfs_mounts, wrap_command
 from hpcml.errors import UsageError
 
 FORWARD_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_")

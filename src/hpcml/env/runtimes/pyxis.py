@@ -8,8 +8,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 
 from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import (Launch, Runtime, annotations_note, container_env, image_kind,
-                                     wrap_command)
+from hpcml.env.runtimes.base import Launch, Runtime, annotations_note, container_env, image_kind, wrap_command
 from hpcml.errors import UsageError
 
 

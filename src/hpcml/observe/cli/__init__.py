@@ -16,11 +16,12 @@ app = typer.Typer(name="observe", cls=Group, no_args_is_help=True, rich_markup_m
 
 @app.command("record", context_settings={"allow_interspersed_args": False})
 def record_cmd(
-    cmd: List[str] = typer.Argument(..., help="The task's command, after --."),
+    cmd: list[str] = typer.Argument(..., help="The task's command, after --."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples (>= 0.1)."),
     no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not sample GPUs (same as --gpu-metrics none)."),
-    gpu_metrics: str = typer.Option("nvml", "--gpu-metrics", help="GPU sampler: nvml (default), dcgm (profiling fields, required), auto (DCGM if a host engine answers, else NVML) or none."),
+    gpu_metrics: str = typer.Option("nvml", "--gpu-metrics", help="GPU sampler: nvml (default), dcgm (profiling fields, required), "
+                                     "auto (DCGM if a host engine answers, else NVML) or none."),
     prometheus_port: Optional[int] = typer.Option(None, help="Serve live metrics of this node's ranks on this port (local rank 0 serves)."),
     prometheus_addr: str = typer.Option("127.0.0.1", help="Address to serve them on (default loopback)."),
 ) -> None:

@@ -25,8 +25,8 @@ app = typer.Typer(name="scan", cls=_ScanGroup, no_args_is_help=True, rich_markup
 
 @app.command("files")
 def files(
-    paths: List[Path] = typer.Argument(..., help="Files or directories (recursive)."),
-    policy: List[Path] = typer.Option([], "--policy", envvar="HPCML_SCAN_POLICY",
+    paths: list[Path] = typer.Argument(..., help="Files or directories (recursive)."),
+    policy: list[Path] = typer.Option([], "--policy", envvar="HPCML_SCAN_POLICY",
                                       help="Site policy YAML extending the built-in allowlist (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
     sarif: Optional[Path] = typer.Option(None, help="Also write a SARIF 2.1.0 log here (for CI)."),
@@ -67,7 +67,7 @@ def files(
 @app.command("requirements")
 def requirements(
     file: Path = typer.Argument(..., help="requirements.txt, uv.lock, poetry.lock, pylock.toml or Pipfile.lock."),
-    internal: List[str] = typer.Option([], "--internal", help="A private package name that must not come from PyPI (repeatable)."),
+    internal: list[str] = typer.Option([], "--internal", help="A private package name that must not come from PyPI (repeatable)."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON instead of the table."),
     sarif: Optional[Path] = typer.Option(None, help="Also write a SARIF 2.1.0 log here."),
 ) -> None:

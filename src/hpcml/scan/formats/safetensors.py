@@ -213,7 +213,8 @@ def _check_layout(spans: list[tuple[int, int, str]], data_len: int) -> list[str]
         if begin < cursor:
             problems.append(f"tensor {_q(name)}: data_offsets [{begin}, {end}] overlap tensor {_q(owner)}")
         elif begin > cursor:
-            problems.append(f"data section bytes [{cursor}, {begin}) belong to no tensor (hole before tensor {_q(name)})")
+            problems.append(f"data section bytes [{cursor}, {begin}) belong to no tensor "
+                            f"(hole before tensor {_q(name)})")
         if end >= cursor:
             cursor, owner = end, name
     if cursor < data_len:

@@ -8,7 +8,8 @@ member is scanned from the archive file itself, bounded to its byte range.
 from __future__ import annotations
 
 import tarfile
-from typing import BinaryIO, Callable, cast
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat

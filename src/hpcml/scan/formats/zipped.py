@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import re
 import zipfile
-from typing import BinaryIO, Callable, cast
+from collections.abc import Callable
+from typing import BinaryIO, cast
 
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat

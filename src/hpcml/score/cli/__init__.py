@@ -20,7 +20,7 @@ FORMAT_HELP = "Input format (default: detected from content): store, gssr-json, 
 
 @app.command("record", context_settings={"allow_interspersed_args": False})
 def record_cmd(
-    cmd: List[str] = typer.Argument(..., help="The task's command, after --."),
+    cmd: list[str] = typer.Argument(..., help="The task's command, after --."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between samples (>= 0.1)."),
     gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML), dcgm (required) or nvml."),
@@ -83,7 +83,8 @@ def report_cmd(
 
 @app.command("import")
 def import_cmd(
-    path: Path = typer.Argument(..., help="Another tool's recording: dcgmi dmon text, a dcgm-exporter scrape series, gssr JSON/SQLite, gssr-record CSV."),
+    path: Path = typer.Argument(..., help="Another tool's recording: dcgmi dmon text, a dcgm-exporter "
+                                   "scrape series, gssr JSON/SQLite, gssr-record CSV."),
     out: Path = typer.Option(..., "--dir", help="Job directory to write (must not exist or be empty)."),
     fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
     interval: Optional[float] = typer.Option(None, help="Sampling interval in s, for formats without timestamps (dmon)."),

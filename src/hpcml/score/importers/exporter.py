@@ -10,8 +10,10 @@ import math
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID, DCGM_NAMES as NAMES
+from hpcml.score.fields import BY_ID
+from hpcml.score.fields import DCGM_NAMES as NAMES
 from hpcml.score.recording import Recording
+
 
 def load(path: str | Path, interval: float = 1.0) -> Recording:
     from prometheus_client.parser import text_string_to_metric_families

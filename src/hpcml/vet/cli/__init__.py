@@ -77,9 +77,9 @@ def run(
             # start the node workers now: their start-up overlaps the validation below
             early = launch.start_workers(subset or list(allocation.nodes),
                                          preload=launch.preload_hint(protocol))
+        from hpcml.units import parse_seconds
         from hpcml.vet import engine, report, setup
         from hpcml.vet.protocol import load
-        from hpcml.units import parse_seconds
         proto = load(protocol)
         try:
             limit = parse_seconds(deadline) if deadline is not None else None

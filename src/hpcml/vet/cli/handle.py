@@ -40,7 +40,8 @@ def handle(
     scontrol update failed; 2 bad rules or input, or refused by the guard (more drains
     than max_drain_fraction / min_nodes_kept allow), nothing changed.
     """
-    from hpcml.vet.fleet import handler, rules as rules_mod
+    from hpcml.vet.fleet import handler
+    from hpcml.vet.fleet import rules as rules_mod
     from hpcml.vet.fleet.sources import JsonDirSource, StoreSource
     if bool(results) == bool(db):
         raise UsageError("give either --results DIR... or --db URL")

@@ -30,9 +30,9 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
     Bad input is this command's own case, not the group's: it is worded ``hpcml vet --prolog:
     error: ...`` and, with ``--drain``, drains the node naming the cause (fail closed)."""
     from hpcml.errors import UsageError
+    from hpcml.units import parse_seconds
     from hpcml.vet import prolog
     from hpcml.vet.protocol import load
-    from hpcml.units import parse_seconds
     started = prolog.process_start()
     try:
         try:
@@ -48,7 +48,7 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
             node = os.environ.get("SLURMD_NODENAME")
             if node:
                 prolog.drain_node(node, [f"bad input: {exc}"])
-        raise typer.Exit(exc.exit_code)
+        raise typer.Exit(exc.exit_code) from None
     result = prolog.run_prolog(proto, budget=limit, started=started, overrun_ok=overrun_ok,
                                drain=drain)
     for line in result.bad:

@@ -30,8 +30,8 @@ from typing import IO, Iterator
 from hpcml.cluster import slurm
 from hpcml.cluster.hostlist import fold
 from hpcml.errors import HpcmlError, SlurmError, UsageError
-from hpcml.vet.fleet.sources import Result, ResultSource
 from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
+from hpcml.vet.fleet.sources import Result, ResultSource
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
 PLAN_SCHEMA = "hpcml.vet.handle/1"   # `hpcml vet handle --json`

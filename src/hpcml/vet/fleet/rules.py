@@ -11,15 +11,14 @@ only an operator resumes the node.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
-from pydantic_core import ErrorDetails
 
-from hpcml.files import load_yaml_with_nodes, read_config
-from hpcml.files import ConfigLoader, line_map
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config
 from hpcml.units import Fraction, Seconds
 
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
@@ -111,7 +110,7 @@ class Catalog(_Strict):
         return max(r.window for r in self.rules)
 
 
-def _problem(err: ErrorDetails) -> str:
+def _problem(err: Mapping[str, Any]) -> str:   # a pydantic ErrorDetails
     if err["type"] == "extra_forbidden":
         return "unknown key"
     if err["type"] == "missing":

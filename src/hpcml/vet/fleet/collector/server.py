@@ -90,7 +90,7 @@ class Handler(BaseHTTPRequestHandler):
     sys_version = ""
     timeout = 60  # an idle keep-alive connection is dropped after this
     disable_nagle_algorithm = True
-    server: "CollectorServer"
+    server: CollectorServer
     _headers_buffer: list[bytes]  # BaseHTTPRequestHandler's, filled by send_header
 
     def log_message(self, format: str, *args: Any) -> None:
