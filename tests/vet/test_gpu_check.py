@@ -415,3 +415,23 @@ def test_samples_differ_from_healthy_only_where_documented():
         other = copy.deepcopy(snap)
         other["gpus"][bad] = base["gpus"][bad]
         assert other == base, sample
+
+
+# --- a real snapshot ----------------------------------------------------------------------
+
+def test_real_h100_snapshot_is_healthy_and_read_in_full(mp):
+    """tests/fixtures/nvml/h100_idle.json was taken on a real idle H100 (not hand-written):
+    PCIe gen5 x16, row remapping readable, retired pages unsupported (Hopper remaps rows)."""
+    r = judge(mp, "h100_idle.json", count=1)
+    assert (r.outcome, r.value, r.message) == (Outcome.PASS, 0, "1 GPUs healthy")
+    gpu = r.details["gpus"][0]
+    assert gpu["problems"] == []
+    snap = load_snapshot(DATA / "h100_idle.json")
+    g = snap.gpus[0]
+    assert g.name == "NVIDIA H100 80GB HBM3" and (g.pcie_gen, g.pcie_width) == (5, 16)
+    assert g.remap_pending is False and g.remapped_rows_uncorrectable == 0
+    assert set(g.unsupported) == {"retired_pages_pending", "retired_pages_sbe", "retired_pages_dbe"}
+    # the same GPU seen as four: the count is what fails
+    r = judge(mp, "h100_idle.json", count=4)
+    assert (r.outcome, r.message) == (Outcome.FAIL, "1 GPUs found, 4 expected")
+    assert judge(mp, "h100_idle.json", count=1).details["gpus"][0]["clocks_event_reasons"] == ["gpu_idle"]

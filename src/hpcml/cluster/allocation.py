@@ -52,18 +52,26 @@ def _tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
     return tuple(counts)
 
 
-def task_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
-    """GPUs bound to this task, most specific source first.
+GPU_BINDINGS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES")
+
+
+def gpu_binding(env: Mapping[str, str]) -> tuple[str | None, tuple[str, ...]]:
+    """``(variable, GPUs)`` that bind GPUs to this task, most specific source first;
+    ``(None, ())`` when nothing binds any (then every visible GPU is the task's).
 
     SLURM_STEP_GPUS / SLURM_JOB_GPUS are the physical indices Slurm bound; without them
     CUDA_VISIBLE_DEVICES (indices or UUIDs) is what the process will see.
     """
-    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES",
-                "ROCR_VISIBLE_DEVICES"):
+    for var in GPU_BINDINGS:
         value = env.get(var, "").strip()
         if value and value.lower() not in ("none", "nodevfiles"):
-            return tuple(v.strip() for v in value.split(",") if v.strip())
-    return ()
+            return var, tuple(v.strip() for v in value.split(",") if v.strip())
+    return None, ()
+
+
+def task_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
+    """GPUs bound to this task (see ``gpu_binding``); empty when none is bound."""
+    return gpu_binding(env)[1]
 
 
 def this_node(env: Mapping[str, str] | None = None) -> str:

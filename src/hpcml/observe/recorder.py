@@ -83,8 +83,8 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
 
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
-           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "nvml") -> int:
-    """``gpu_metrics``: auto (DCGM, else NVML), dcgm (required), nvml or none; see
+           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto") -> int:
+    """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
     from hpcml.samplers.choose import for_task
     if not cmd:

@@ -2,16 +2,24 @@
 
 - ``dcgm``: DCGM's profiling fields; the saturation score can be computed. Required: no
   reachable host engine is an error that says why.
+- ``gpm``: the same kind of metrics through NVML's GPU Performance Monitoring (Hopper and
+  newer), no host engine needed; saturation too.
 - ``nvml``: NVML's utilisation, power and clocks. NVML's utilisation is *temporal* (some
   kernel ran during the window), so the recording is labelled "temporal utilisation only,
   no saturation".
-- ``auto``: DCGM if a host engine answers, else NVML, else no GPU metrics.
+- ``auto``: DCGM if a host engine answers, else GPM if the GPUs support it, else NVML,
+  else no GPU metrics.
 - ``none``: no GPU metrics.
 
 The label goes into the rank's metadata as ``gpu_sampler`` =
-``{"kind": "dcgm"|"nvml"|"none", "saturation": bool, "note": str}``; the store importer
-reads it back. ``for_task`` adds the node-local GPU claims (``hpcml.score.claim``) so each
-GPU of a node is recorded by one task only.
+``{"kind": "dcgm"|"gpm"|"nvml"|"none", "saturation": bool, "note": str}``; the store
+importer reads it back. ``for_task`` adds the node-local GPU claims (``hpcml.score.claim``)
+so each GPU of a node is recorded by one task only.
+
+Which GPUs are the task's: those Slurm bound (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``), else
+``CUDA_VISIBLE_DEVICES``; with no binding at all (a workstation, a cloud VM, a site that does
+not bind GPUs through gres) every GPU the process can see, and the rank's metadata says
+``gpu_binding: "all visible GPUs"``.
 """
 
 from __future__ import annotations
@@ -32,13 +40,15 @@ __all__ = ["AUTO", "NVML_NOTE", "SAMPLERS", "TaskGpus", "choose_gpu_sampler", "f
 #: SamplerUnavailable saying why it cannot be used here
 SAMPLERS: Registry[Callable[..., tuple[Any, dict]]] = Registry("GPU sampler", "hpcml.samplers", {
     "dcgm": "hpcml.samplers.dcgm:open_sampler",
+    "gpm": "hpcml.samplers.gpm:open_sampler",
     "nvml": "hpcml.samplers.nvml:open_sampler",
 })
 #: the last resort: when it cannot be used the recording goes on without GPU metrics (named
 #: or reached by ``auto``); any other sampler that is named but cannot be used is an error
 FALLBACK = "nvml"
 #: what ``auto`` tries, in order
-AUTO = ("dcgm", FALLBACK)
+AUTO = ("dcgm", "gpm", FALLBACK)
+ALL_VISIBLE = "all visible GPUs"
 
 
 def modes() -> list[str]:
@@ -102,17 +112,24 @@ def for_task(mode: str, gpus: Sequence[str], interval: float,
              env: Mapping[str, str] | None = None) -> TaskGpus:
     """Claim this task's GPUs on the node and open a sampler for the ones it won.
 
-    No GPU bound to the task means no GPU sampling, except when DCGM is required (then
-    every GPU DCGM supports) or an NVML replay is set (the tests' recorded samples).
+    No GPU bound to the task means every GPU the process can see (NVML's list); none
+    visible means no GPU sampling, except when DCGM is required (then every GPU DCGM
+    supports).
     """
+    from hpcml.cluster.allocation import gpu_binding
+    from hpcml.samplers.nvml import visible_gpus
     from hpcml.score.claim import claim_gpus
     env = os.environ if env is None else env
     _check_mode(mode)
     if mode == "none":
         return TaskGpus(None, {"gpu_sampler": _none("GPU sampling off")})
     wanted = [str(g) for g in gpus]
-    if not wanted and mode != "dcgm" and not env.get("HPCML_OBSERVE_NVML_REPLAY"):
-        return TaskGpus(None, {"gpu_sampler": _none("no GPU bound to this task")})
+    binding = gpu_binding(env)[0] if wanted else ALL_VISIBLE
+    if not wanted:
+        wanted, why = visible_gpus(env)
+        if not wanted and mode != "dcgm":
+            return TaskGpus(None, {"gpu_sampler": _none(f"no GPU bound to this task and none visible ({why})"),
+                                   "gpu_binding": None})
     claims = claim_gpus(wanted or ["all"], env)
     bound = [g for g in claims.claimed if g != "all"]
     if not claims.claimed:
@@ -127,7 +144,7 @@ def for_task(mode: str, gpus: Sequence[str], interval: float,
     if claims.others:
         label["not_claimed"] = list(claims.others)
     label["gpus"] = bound or "all"
-    meta: dict = {"gpu_sampler": label}
+    meta: dict = {"gpu_sampler": label, "gpu_binding": binding}
     if sampler is None:
         claims.release()
         return TaskGpus(None, meta)

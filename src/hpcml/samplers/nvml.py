@@ -20,7 +20,31 @@ from hpcml.samplers import SamplerUnavailable
 
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 FIELDS = ("util_gpu_percent", "util_mem_percent", "mem_used_bytes", "power_w", "sm_clock_mhz",
-          "mem_clock_mhz", "temperature_c", "clocks_event_reasons")
+          "mem_clock_mhz", "temperature_c", "energy_mj", "clocks_event_reasons")
+
+
+def read_device(nv, handle) -> dict[str, float | None]:
+    """NVML's device values of one GPU (None: NVML refused that one), shared with the GPM
+    sampler: utilisation, memory used, power, clocks, temperature, clock-event reasons."""
+
+    def get(fn, *args):
+        try:
+            return fn(handle, *args)
+        except nv.NVMLError:
+            return None
+    util = get(nv.nvmlDeviceGetUtilizationRates)
+    mem = get(nv.nvmlDeviceGetMemoryInfo)
+    power = get(nv.nvmlDeviceGetPowerUsage)
+    return {"util_gpu_percent": util.gpu if util else None,
+            "util_mem_percent": util.memory if util else None,
+            "mem_used_bytes": mem.used if mem else None,
+            "power_w": power / 1000 if power is not None else None,
+            "sm_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+            "mem_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
+            "temperature_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+            "energy_mj": get(nv.nvmlDeviceGetTotalEnergyConsumption),
+            "clocks_event_reasons": get(getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                                        or nv.nvmlDeviceGetCurrentClocksThrottleReasons)}
 
 
 class NvmlSampler:
@@ -29,12 +53,14 @@ class NvmlSampler:
         self.bound = list(bound)
         self._replay = None
         self.handles: list[tuple[int, object]] = []
+        self.models: dict[str, str] = {}
         replay = os.environ.get("HPCML_OBSERVE_NVML_REPLAY")
         if replay:
             with open(replay, encoding="utf-8") as f:
                 self._replay = itertools.cycle([json.loads(line) for line in f if line.strip()])
             return
-        import pynvml as nv  # ImportError: the caller records without GPUs
+        from hpcml.samplers.gpm import nvml_library
+        nv = nvml_library()  # ImportError: the caller records without GPUs
         nv.nvmlInit()
         self.nv = nv
         for i in range(nv.nvmlDeviceGetCount()):
@@ -43,33 +69,18 @@ class NvmlSampler:
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
             if not self.bound or str(i) in self.bound or uuid in self.bound:
                 self.handles.append((i, h))
-
-    def _read(self, handle) -> dict[str, float | None]:
-        nv = self.nv
-
-        def get(fn, *args):
-            try:
-                return fn(handle, *args)
-            except nv.NVMLError:
-                return None
-        util = get(nv.nvmlDeviceGetUtilizationRates)
-        mem = get(nv.nvmlDeviceGetMemoryInfo)
-        power = get(nv.nvmlDeviceGetPowerUsage)
-        return {"util_gpu_percent": util.gpu if util else None,
-                "util_mem_percent": util.memory if util else None,
-                "mem_used_bytes": mem.used if mem else None,
-                "power_w": power / 1000 if power is not None else None,
-                "sm_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
-                "mem_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
-                "temperature_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
-                "clocks_event_reasons": get(nv.nvmlDeviceGetCurrentClocksThrottleReasons)}
+                try:
+                    name = nv.nvmlDeviceGetName(h)
+                    self.models[str(i)] = name.decode() if isinstance(name, bytes) else str(name)
+                except nv.NVMLError:
+                    pass
 
     def sample(self, ts: int) -> list[tuple]:
         if self._replay is not None:
             gpus = [(g["index"], g) for g in next(self._replay)["gpus"]
                     if not self.bound or str(g["index"]) in self.bound]
         else:
-            gpus = [(i, self._read(h)) for i, h in self.handles]
+            gpus = [(i, read_device(self.nv, h)) for i, h in self.handles]
         return [(ts, "gpu", name, float(values[name]), None, index)
                 for index, values in gpus for name in FIELDS if values.get(name) is not None]
 
@@ -79,6 +90,34 @@ class NvmlSampler:
                 self.nv.nvmlShutdown()
             except Exception:  # noqa: BLE001
                 pass
+
+
+def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
+    """NVML indices of every GPU this process can see, and why there are none if so.
+
+    The replays (``HPCML_OBSERVE_NVML_REPLAY``, ``HPCML_GPM_REPLAY``) stand for the driver
+    in the tests."""
+    from hpcml.samplers.gpm import nvml_library
+    env = os.environ if env is None else env
+    replay = env.get("HPCML_OBSERVE_NVML_REPLAY")
+    if replay:
+        with open(replay, encoding="utf-8") as f:
+            first = json.loads(next(line for line in f if line.strip()))
+        return [str(g["index"]) for g in first["gpus"]], "NVML replay"
+    try:
+        nv = nvml_library(env)
+        nv.nvmlInit()
+    except Exception as exc:  # noqa: BLE001 - no driver, no nvidia-ml-py: no GPU
+        return [], f"NVML: {type(exc).__name__}: {exc}"
+    try:
+        return [str(i) for i in range(nv.nvmlDeviceGetCount())], "NVML"
+    except Exception as exc:  # noqa: BLE001
+        return [], f"NVML: {type(exc).__name__}: {exc}"
+    finally:
+        try:
+            nv.nvmlShutdown()
+        except Exception:  # noqa: BLE001
+            pass
 
 
 def open_sampler(gpus: Sequence[str], interval: float,

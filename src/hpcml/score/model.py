@@ -11,8 +11,11 @@ Per sample and GPU, from DCGM's profiling ratios (missing values stay NaN, never
 - score ``S = max(C, M, I)``, and the part that attains it names the bounding resource.
 
 The run is trimmed to its active span: from the first to the last sample at which the
-mean SM activity over GPUs reaches half its median over the samples where it is above
-0.05 (warm-up, data loading before the first step and the tail are left out). Summaries
+mean activity over GPUs reaches half its median over the samples where it is above 0.05
+(warm-up, data loading before the first step and the tail are left out). Activity is the
+larger of SM activity and NVML's utilisation: a kernel that sits resident doing nothing
+(a spin, a collective waiting for a peer) is still the job on the GPU, and must be
+scored, low, rather than trimmed away. Summaries
 are medians over the trimmed span; imbalance is the coefficient of variation of the
 per-GPU median score across GPUs, and across nodes.
 
@@ -110,12 +113,12 @@ class GpuScore:
     gpu: str                 # "node:index"
     node: str
     samples: int
-    coverage: float          # share of the trimmed span with a score (a GPU absent part of the run < 1)
+    coverage: float          # share of the trimmed span with a value (absent part of the run < 1; NaN: no span)
     score: float
     compute: float
     memory: float
     interconnect: float
-    bound: str | None        # the part with the highest median
+    bound: str | None        # the part with the highest median (None: every part below 0.05)
     gssr: float
     medians: dict[str, float] = field(default_factory=dict)
     model: str | None = None
@@ -140,15 +143,17 @@ def _median(x: np.ndarray) -> float:
 
 
 ACTIVITY = ("sm_active", "gpu_util")
+BUSY_UTIL = 0.8          # NVML utilisation at which a GPU counts as "busy" to the user
+IDLE_SM = 0.1            # SM activity below which the SMs did almost nothing
 
 
 def _activity(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """What the trimming rule watches: SM activity, or NVML's utilisation without DCGM."""
-    if "sm_active" in cols:
-        return np.asarray(cols["sm_active"], float)
+    """What the trimming rule watches: the larger of SM activity and NVML's utilisation
+    (either alone when the other is not recorded)."""
+    found = [np.asarray(cols["sm_active"], float)] if "sm_active" in cols else []
     if "gpu_util" in cols:
-        return np.asarray(cols["gpu_util"], float) / 100.0
-    return np.full(n, np.nan)
+        found.append(np.asarray(cols["gpu_util"], float) / 100.0)
+    return _nanmax(*found) if found else np.full(n, np.nan)
 
 
 def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, np.ndarray]],
@@ -180,12 +185,13 @@ def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, 
         p = {name: v[span] for name, v in whole.items()}
         m = len(p["score"])
         med = {name: _median(v) for name, v in p.items()}
-        ranked = [(med[x], x) for x in ("compute", "memory", "interconnect") if np.isfinite(med[x])]
+        ranked = [(med[x], x) for x in ("compute", "memory", "interconnect")
+                  if np.isfinite(med[x]) and med[x] >= ACTIVE_FLOOR]
         present = np.zeros(m, bool)
         for v in s.values():
             present |= np.isfinite(v)
         out.append(GpuScore(gpu=f"{k[0]}:{k[1]}", node=k[0], samples=int(present.sum()),
-                            coverage=float(present.mean()) if m else 0.0,
+                            coverage=float(present.mean()) if m else float("nan"),
                             score=med["score"], compute=med["compute"], memory=med["memory"],
                             interconnect=med["interconnect"], bound=max(ranked)[1] if ranked else None,
                             gssr=_median(gssr_score(s)) if s else float("nan"),
@@ -205,7 +211,7 @@ def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]], models: dict[t
 def _job(out: list[GpuScore], span: slice) -> JobScore:
     scores = np.array([g.score for g in out])
     breakdown = {x: _median(np.array([getattr(g, x) for g in out])) for x in ("compute", "memory", "interconnect")}
-    ranked = [(v, x) for x, v in breakdown.items() if np.isfinite(v)]
+    ranked = [(v, x) for x, v in breakdown.items() if np.isfinite(v) and v >= ACTIVE_FLOOR]
     by_node: dict[str, list[float]] = {}
     for g in out:
         by_node.setdefault(g.node, []).append(g.score)
@@ -227,17 +233,41 @@ def _cov(x: np.ndarray) -> float:
     return float(np.std(x) / np.mean(x))
 
 
+def _idle_sms(sm: float, util: float) -> str | None:
+    """What NVML's utilisation hides: kernels were running, but on almost none of the SMs."""
+    if not (np.isfinite(sm) and np.isfinite(util)) or sm >= IDLE_SM:
+        return None
+    if util >= BUSY_UTIL:
+        return (f"busy but not computing: NVML says the GPUs are {util:.0%} busy, but SM activity is "
+                f"{sm:.1%}: a kernel stays resident doing almost no work (a spin or sleep kernel, a "
+                "collective waiting for a peer, a kernel with a few blocks); nvidia-smi's utilisation "
+                "only says that some kernel ran.")
+    if util >= ACTIVE_FLOOR and sm < 0.25 * util:
+        return (f"launch-bound: kernels ran {util:.0%} of the time but kept {sm:.1%} of the SMs busy: "
+                "many tiny kernels, and the GPU waits for the CPU to launch the next; use CUDA graphs "
+                "(torch.compile mode='reduce-overhead'), larger batches or fused kernels.")
+    return None
+
+
 def findings(job: JobScore) -> list[str]:
     """One sentence each, most useful first."""
     out = []
     if not job.gpus:
         return ["no GPU samples"]
+    if job.span[1] <= job.span[0]:
+        return [f"idle GPUs: no sample with activity above {ACTIVE_FLOOR:.0%} in the recording, so no score; "
+                "did the job use these GPUs (CUDA_VISIBLE_DEVICES, the device in the code)?"]
     sm = _median(np.array([g.medians.get("sm_active", np.nan) for g in job.gpus]))
     tensor = _median(np.array([g.medians.get("pipe_tensor_active", np.nan) for g in job.gpus]))
+    util = _median(np.array([g.medians.get("gpu_util", np.nan) for g in job.gpus])) / 100.0
+    idle_sms = _idle_sms(sm, util)
+    if idle_sms:
+        out.append(idle_sms)
     if np.isfinite(sm) and np.isfinite(tensor) and sm >= 0.7 and tensor < 0.1 and job.bound == "compute":
         out.append(f"SM active {sm:.2f} but tensor pipe {tensor:.2f}: the matrix multiplies are not on "
-                   "tensor cores; check the dtype (bf16/fp16, or TF32 allowed).")
-    if np.isfinite(sm) and sm < 0.5:
+                   "tensor cores; use bf16 autocast, or allow TF32 for fp32 matmuls "
+                   "(torch.backends.cuda.matmul.allow_tf32 = True).")
+    if np.isfinite(sm) and sm < 0.5 and not idle_sms:
         out.append(f"SM active {sm:.2f}: the GPUs wait most of the time; look at data loading and "
                    "host-side work (hpcml observe report shows the dataload section).")
     if job.bound == "memory" and job.breakdown["memory"] > 0.8:

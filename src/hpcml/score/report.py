@@ -88,6 +88,7 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     grid = rec.grid()
     keys = sorted(rec.gpus, key=lambda k: (natural_key(k[0]), natural_key(k[1])))
     series = _Series(grid.n, buckets)
+    present = _Series(grid.n, buckets)          # 1 where a GPU has any value: the gaps
     heat: list[np.ndarray] = []
 
     energy_mj = [0.0, 0]                          # total, GPUs that report it
@@ -97,6 +98,10 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
         if used is not None:
             energy_mj[0] += used
             energy_mj[1] += 1
+        have = np.zeros(grid.n, bool)
+        for v in cols.values():
+            have |= np.isfinite(v)
+        present.add("present", np.where(have, 1.0, np.nan))
         for name in PARTS:
             b = series.add(name, parts[name])
             if name == "score":
@@ -110,13 +115,14 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     dt = grid.dt
     span_s = [job.span[0] * dt, max(job.span[1] - 1, job.span[0]) * dt] if job.span[1] > job.span[0] else None
     notes = list(rec.notes)
-    missing = _gaps(series, span=job.span, n=grid.n)
+    missing = _gaps(present, span=job.span, n=grid.n)
     if missing:
         notes.append(missing)
     findings = list(job.findings)
     if rec.temporal_only:
         findings.insert(0, "temporal utilisation only, no saturation: NVML says when a kernel ran, not how much "
-                           "of the GPU it used; record with DCGM (a host engine on the node) for a score.")
+                           "of the GPU it used; record with DCGM (a host engine on the node) or, on Hopper and "
+                           "newer GPUs, NVML GPM (--gpu-metrics auto) for a score.")
     nodes = sorted({k[0] for k in keys}, key=natural_key)
     return {
         "schema": SCHEMA,
@@ -184,8 +190,8 @@ def _per_node(job: JobScore) -> list[dict[str, Any]]:
 
 
 def _gaps(series: _Series, *, span: tuple[int, int], n: int) -> str | None:
-    """A note when, inside the active span, some stretch has no GPU reporting at all."""
-    acc = series.acc.get("score")
+    """A note when, inside the active span, some stretch has no GPU reporting any value."""
+    acc = series.acc.get("present")
     if acc is None or not series.nb or span[1] <= span[0]:
         return None
     count = acc[1]

@@ -1,9 +1,10 @@
 """``hpcml score selftest``: does the score rank and classify two known workloads correctly?
 
-For an operator on a GPU node with a DCGM host engine: the development machines have
-neither, so this is the check that the real DCGM path does what the model assumes. The
-compute-bound workload must come out compute-bound, the memory-bound one memory-bound,
-and each must beat the other on its own part by a margin.
+For an operator on a GPU node: the development machines have no GPU, so this is the check
+that the real sampler path (DCGM through a host engine, or NVML GPM without one) does what
+the model assumes. The compute-bound workload must come out compute-bound, the
+memory-bound one memory-bound, and each must beat the other on its own part by a margin.
+The verdict names the sampler it verified.
 """
 
 from __future__ import annotations
@@ -40,6 +41,13 @@ def judge(compute: dict[str, Any], memory: dict[str, Any]) -> list[str]:
     return wrong
 
 
+def samplers_used(*reports: dict[str, Any]) -> str:
+    """The GPU samplers that recorded the reports, by kind: "gpm", "dcgm", "dcgm, nvml" ..."""
+    kinds = {str(label.get("kind")) for rep in reports
+             for label in ((rep.get("meta") or {}).get("samplers") or {}).values() if isinstance(label, dict)}
+    return ", ".join(sorted(kinds)) or "unknown"
+
+
 def _check_gpu() -> None:
     try:
         import torch
@@ -50,7 +58,7 @@ def _check_gpu() -> None:
                          "(srun -N1 --gpus=1 hpcml score selftest)")
 
 
-def run(*, seconds: float, keep: Path | None, gpu_metrics: str = "dcgm") -> int:
+def run(*, seconds: float, keep: Path | None, gpu_metrics: str = "auto") -> int:
     from hpcml.observe.recorder import record
     from hpcml.score.importers import load
     from hpcml.score.report import build
@@ -69,9 +77,10 @@ def run(*, seconds: float, keep: Path | None, gpu_metrics: str = "dcgm") -> int:
         print(f"--- {kind}-bound workload")
         print_summary(reports[kind], None)
     wrong = judge(reports["compute"], reports["memory"])
+    used = samplers_used(reports["compute"], reports["memory"])
     for w in wrong:
-        print(f"selftest: FAILED: {w}")
+        print(f"selftest: FAILED ({used} sampler): {w}")
     if not wrong:
-        print("selftest: passed: both workloads ranked and classified correctly")
+        print(f"selftest: passed: both workloads ranked and classified correctly; verified the {used} sampler")
     print(f"recordings: {base}")
     return FAILED if wrong else 0

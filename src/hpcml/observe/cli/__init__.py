@@ -20,8 +20,8 @@ def record_cmd(
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples (>= 0.1)."),
     no_gpu: bool = typer.Option(False, "--no-gpu", help="Do not sample GPUs (same as --gpu-metrics none)."),
-    gpu_metrics: str = typer.Option("nvml", "--gpu-metrics", help="GPU sampler: nvml (default), dcgm (profiling fields, required), "
-                                     "auto (DCGM if a host engine answers, else NVML) or none."),
+    gpu_metrics: str = typer.Option("auto", "--gpu-metrics", help="GPU sampler: auto (default: DCGM if a host engine answers, "
+                                     "else NVML GPM on Hopper and newer, else NVML utilisation), dcgm, gpm, nvml or none."),
     prometheus_port: Optional[int] = typer.Option(None, help="Serve live metrics of this node's ranks on this port (local rank 0 serves)."),
     prometheus_addr: str = typer.Option("127.0.0.1", help="Address to serve them on (default loopback)."),
 ) -> None:

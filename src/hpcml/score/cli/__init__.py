@@ -23,18 +23,19 @@ def record_cmd(
     cmd: list[str] = typer.Argument(..., help="The task's command, after --."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between samples (>= 0.1)."),
-    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML), dcgm (required) or nvml."),
+    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML GPM, else NVML), dcgm, gpm or nvml."),
 ) -> None:
     """Run CMD as this task and record its GPUs' DCGM profiling fields into the observe job store.
 
         srun hpcml score record --dir $SCRATCH/score-$SLURM_JOB_ID -- python train.py
 
-    Without a DCGM host engine it falls back to NVML, and the report then says
-    "temporal utilisation only, no saturation". Exits with CMD's exit code.
+    Without a DCGM host engine it reads the same kind of metrics through NVML GPM (Hopper
+    and newer GPUs); failing that, NVML utilisation, and the report then says "temporal
+    utilisation only, no saturation". Exits with CMD's exit code.
     """
     from hpcml.observe.recorder import record
-    if gpu_metrics not in ("auto", "dcgm", "nvml"):
-        raise UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, nvml", key="--gpu-metrics")
+    if gpu_metrics not in ("auto", "dcgm", "gpm", "nvml"):
+        raise UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, gpm, nvml", key="--gpu-metrics")
     rc = record(cmd, out, interval, gpu_metrics=gpu_metrics)
     raise typer.Exit(rc)
 
@@ -103,14 +104,15 @@ def import_cmd(
 def selftest_cmd(
     seconds: float = typer.Option(20.0, help="Seconds per workload."),
     keep: Optional[Path] = typer.Option(None, "--dir", help="Keep the recordings here (default: a temporary directory)."),
-    gpu_metrics: str = typer.Option("dcgm", help="dcgm (the point of the test) or nvml (plumbing only)."),
+    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML GPM), dcgm, gpm, or nvml (plumbing only)."),
 ) -> None:
     """On a GPU node: run a known compute-bound and a known memory-bound torch workload under
     the recorder and check the score ranks and classifies them correctly.
 
         srun -N1 --gpus=1 hpcml score selftest
 
-    Exit codes: 0 passed, 4 the score got them wrong, 2 no GPU, torch or DCGM here.
+    Says which sampler it verified. Exit codes: 0 passed, 4 the score got them wrong,
+    2 no GPU, torch or saturation metrics here.
     """
     from hpcml.score.selftest import run
     rc = run(seconds=seconds, keep=keep, gpu_metrics=gpu_metrics)

@@ -29,7 +29,8 @@ from hpcml.score.fields import BY_ID, PROFILING_IDS
 from hpcml.score.recording import VALUE_DTYPE, Recording
 
 NVML_NAMES = {"util_gpu_percent": "gpu_util", "power_w": "power_usage", "sm_clock_mhz": "sm_clock",
-              "mem_clock_mhz": "mem_clock", "clocks_event_reasons": "clocks_event_reasons"}
+              "mem_clock_mhz": "mem_clock", "clocks_event_reasons": "clocks_event_reasons",
+              "energy_mj": "total_energy_consumption"}
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 MAX_MERGE_S = 0.25
 PROFILING_NAMES = {BY_ID[i].name for i in PROFILING_IDS}
