@@ -96,3 +96,179 @@ def test_real_gloo_flight_recorder_dumps(tmp_path):
     f = rep.findings[0]
     assert (f.kind, f.culprits, f.entered) == ("never-entered", [0], [1])
     assert "all_reduce" in f.detail
+
+
+# -- dumps as the NCCL backend writes them on a hang (tests/observe/frdumps.py) -------------------
+
+from tests.observe import frdumps as fr  # noqa: E402
+
+
+def _pending_world_collectives(ranks, stuck: tuple[int, ...], level: int, ahead: int = 3) -> None:
+    """The others enqueued ``ahead`` world all-reduces past ``level`` (the first started);
+    the stuck ranks never enqueued any."""
+    for r, rank in ranks.items():
+        if r in stuck:
+            rank.status["0"] = (level, level, level)
+            continue
+        rank.status["0"] = (level + ahead, level + 1, level)
+        rank.entries = [fr.entry(level + k, state="started" if k == 1 else "scheduled") for k in range(1, ahead + 1)]
+
+
+def test_pending_only_dumps_blame_the_ranks_with_empty_entry_lists(tmp_path):
+    """The GIL case: ranks 9 and 14 never reached all-reduce #45265; their dumps are empty."""
+    ranks = fr.job()
+    _pending_world_collectives(ranks, stuck=(9, 14), level=45264)
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert rep.missing == [] and not rep.refused
+    assert len(rep.findings) == 1
+    f = rep.findings[0]
+    assert (f.pg, f.kind, f.seq, f.culprits) == ("0 (default_pg)", "never-entered", 45265, [9, 14])
+    assert f.evidence[9] == {"enqueued": 45264, "started": 45264, "completed": 45264}
+    assert f.group == {"enqueued": 45267, "started": 45265, "completed": 45264}
+    assert "rank 9 45264/45264/45264; rank 14 45264/45264/45264" in f.detail
+    assert "nccl:all_reduce" in f.detail
+
+
+def test_empty_dumps_without_pg_status_are_still_members(tmp_path):
+    """Older dumps without pg_status: membership from pg_config, and an empty pending-only
+    dump means nothing pending, so behind the others."""
+    ranks = fr.job()
+    _pending_world_collectives(ranks, stuck=(3,), level=500)
+    write_dir = fr.write(tmp_path, ranks)
+    import pickle as _p
+    for f in write_dir.iterdir():
+        d = _p.loads(f.read_bytes())
+        d.pop("pg_status")
+        f.write_bytes(_p.dumps(d))
+    f = analyse(tmp_path).findings[0]
+    assert (f.kind, f.seq, f.culprits) == ("never-entered", 501, [3])
+
+
+def test_a_rank_whose_stream_is_stuck_never_started(tmp_path):
+    """The GPU-error case: everyone enqueued #1200, rank 5 never started it."""
+    ranks = fr.job()
+    for r, rank in ranks.items():
+        started = 1199 if r == 5 else 1200
+        rank.status["0"] = (1200, started, 1199)
+        rank.entries = [fr.entry(1200, state="scheduled" if r == 5 else "started")]
+    f = analyse(fr.write(tmp_path, ranks)).findings
+    assert [(x.kind, x.seq, x.culprits) for x in f] == [("never-started", 1200, [5])]
+    assert "never started" in f[0].detail and "rank 5 1200/1199/1199" in f[0].detail
+
+
+def test_all_to_all_sizes_differ_legitimately(tmp_path):
+    """MoE routing: each rank sends different sizes in all_to_all_single; no one is blamed."""
+    ranks = fr.job()
+    for r, rank in ranks.items():
+        rank.status["0"] = (301, 301, 300)
+        rank.entries = [fr.entry(301, name="nccl:all_to_all_single", sizes=((1000 + 37 * r, 4096),), state="started")]
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert rep.findings == []
+
+
+def test_all_to_all_beside_a_rank_that_is_behind_in_its_group(tmp_path):
+    ranks = fr.job()
+    for r, rank in ranks.items():
+        rank.status["0"] = (301, 301, 300)
+        rank.entries = [fr.entry(301, name="nccl:all_to_all_single", sizes=((1000 + 37 * r, 4096),), state="started")]
+    for r in fr.GROUPS["8"][1]:                             # dp group [3, 7, 11, 15]
+        ranks[r].status["8"] = (70, 70, 69) if r == 11 else (71, 71, 70)
+        if r != 11:
+            ranks[r].entries.append(fr.entry(71, pg="8", state="started"))
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert [(f.pg, f.kind, f.culprits) for f in rep.findings] == [("8 (dp)", "never-entered", [11])]
+
+
+def test_mismatch_names_the_minority_sorted(tmp_path):
+    ranks = fr.job()
+    for r, rank in ranks.items():
+        rank.status["0"] = (50, 50, 49)
+        rank.entries = [fr.entry(50, sizes=((8,),) if r in (10, 2) else ((4,),), state="started")]
+    f = analyse(fr.write(tmp_path, ranks)).findings
+    assert [(x.kind, x.seq, x.culprits) for x in f] == [("mismatch", 50, [2, 10])]
+
+
+def test_mismatch_without_a_majority_names_no_culprit(tmp_path):
+    """Every size group holds one rank: saying rank 10 (first in file order) would be a guess."""
+    ranks = fr.job()
+    for r in fr.GROUPS["3"][1]:                             # tp group [8, 9, 10, 11]
+        ranks[r].status["3"] = (9, 9, 8)
+        ranks[r].entries = [fr.entry(9, pg="3", sizes=((r,),), state="started")]
+    f = analyse(fr.write(tmp_path, ranks, prefix="_dump_")).findings
+    assert [(x.pg, x.kind, x.culprits) for x in f] == [("3 (tp)", "mismatch", [])]
+    assert f[0].detail.startswith("no majority, so no culprit can be named")
+
+
+def test_a_rank_without_a_dump_is_missing_not_blamed(tmp_path):
+    ranks = fr.job()
+    _pending_world_collectives(ranks, stuck=(9,), level=10)
+    rep = analyse(fr.write(tmp_path, ranks, skip=(7,)))
+    assert rep.missing == [7]
+    assert [(f.kind, f.culprits) for f in rep.findings] == [("never-entered", [9])]
+
+
+def test_healthy_pending_only_dumps_have_no_finding(tmp_path):
+    ranks = fr.job()
+    assert analyse(fr.write(tmp_path, ranks)).findings == []
+
+
+def test_full_dumps_with_completed_entries_still_work(tmp_path):
+    ranks = fr.job({"0": 40})
+    for r, rank in ranks.items():
+        last = 37 if r == 6 else 40
+        rank.status["0"] = (last, last, last)
+        rank.entries = [fr.entry(s) for s in range(30, last + 1)]
+    rep = analyse(fr.write(tmp_path, ranks, only_active=False))
+    assert [(f.kind, f.seq, f.culprits) for f in rep.findings] == [("never-entered", 38, [6])]
+
+
+def test_cli_prints_culprits_sorted_with_evidence(tmp_path):
+    ranks = fr.job()
+    _pending_world_collectives(ranks, stuck=(14, 9), level=45264)
+    fr.write(tmp_path, ranks, prefix="_dump_")
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "never-entered: culprits [9, 14]: nccl:all_reduce" in out.stdout
+    assert "group's furthest 45267/45265/45264" in out.stdout
+
+
+def test_real_nccl_dump_from_an_h100(tmp_path):
+    """A real torch 2.11 NCCL dump (one rank, 20 all-reduces, a broadcast, a barrier)."""
+    import shutil
+    src = Path(__file__).resolve().parents[1] / "fixtures" / "flight_recorder" / "fr-nccl-1rank-torch2.11.rank_0"
+    shutil.copy(src, tmp_path / src.name)
+    rep = analyse(tmp_path)
+    assert not rep.refused and rep.missing == [] and rep.findings == []
+    assert rep.last_seq == {"0 (default_pg)": {0: 22}}
+
+
+@pytest.mark.torch
+def test_real_gloo_pending_only_dumps(tmp_path):
+    """Three real ranks on gloo with a subgroup, dumped with onlyActive=True: rank 2 never
+    enters the fourth world all-reduce. Gloo writes pg_status but a placeholder pg_config."""
+    pytest.importorskip("torch")
+    script = tmp_path / "job.py"
+    script.write_text(textwrap.dedent(f"""
+        import os, sys, time, torch, torch.distributed as dist
+        import torch._C._distributed_c10d as c10d
+        rank = int(sys.argv[1])
+        dist.init_process_group("gloo", init_method="file://{tmp_path}/store", rank=rank, world_size=3)
+        sub = dist.new_group([0, 1])
+        t = torch.ones(4)
+        for _ in range(3):
+            dist.all_reduce(t)
+        if rank in (0, 1):
+            dist.all_reduce(t, group=sub)
+            dist.all_reduce(t, async_op=True)
+        time.sleep(0.5)
+        open("{tmp_path}/dumps/rank_" + str(rank), "wb").write(c10d._dump_fr_trace(onlyActive=True))
+        os._exit(0)
+    """))
+    (tmp_path / "dumps").mkdir()
+    env = {"TORCH_FR_BUFFER_SIZE": "100", "PATH": "/usr/bin:/bin"}
+    procs = [subprocess.Popen([sys.executable, str(script), str(r)], env=env) for r in range(3)]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0, 0]
+    rep = analyse(tmp_path / "dumps")
+    assert not rep.refused and rep.missing == []
+    assert [(f.kind, f.seq, f.culprits) for f in rep.findings] == [("never-entered", 4, [2])]

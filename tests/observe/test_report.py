@@ -118,7 +118,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
     assert p.returncode == 0, p.stderr
     d = json.loads(p.stdout)
     assert list(d) == ["schema", "job_id", "path", "ranks_expected", "ranks_with_data", "nodes", "start", "end",
-                       "duration_s", "rows", "throughput", "stalls", "stragglers", "one_off_stalls",
+                       "duration_s", "rows", "throughput", "stalls", "stragglers", "bimodal", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
                        "failed_ranks", "recorder_problems", "findings"]
     assert d["job_id"] == "synthetic" and d["missing_ranks"] == [MISSING] and str(CUT) in d["damaged_ranks"]
@@ -161,3 +161,45 @@ def test_html_renders_in_headless_chromium(job_dir, tmp_path):
     assert_not_blank(pixels)
     # the DOM dump shows the findings were laid out (no JS: the page is static)
     assert 'id="hpcml-report"' in dom and "rank 5 on n2" in dom
+
+
+# -- issue 17: no phantom stalls, bimodal jobs, options ----------------------------------------------
+
+def test_healthy_job_has_no_findings(clean_rep):
+    assert clean_rep.findings == [] and clean_rep.stalls == [] and clean_rep.transient_stragglers == []
+
+
+def test_fast_healthy_single_rank_run_has_no_phantom_stall(tmp_path):
+    """As measured on an H100: 6,946 steps in ~25 s at a steady ~280 steps/s."""
+    d = make_job(tmp_path / "obs", 1, 6946, step_s=0.0035, comm_s=0.0, dataload_share=None, seed=4)
+    r = build(read_job(d))
+    assert r.stalls == [] and r.findings == []
+
+
+def test_a_short_real_stall_in_a_fast_job_is_still_found(tmp_path):
+    d = make_job(tmp_path / "obs", 2, 6000, step_s=0.0035, comm_s=0.0, dataload_share=None, stalls=[(3000, 4.0)])
+    r = build(read_job(d))
+    assert len(r.stalls) == 1 and 3.0 <= r.stalls[0]["duration_s"] <= 6.0
+    assert any(f.kind == "job_stall" for f in r.findings)
+
+
+def test_bimodal_job_is_said_not_advised_away(tmp_path):
+    d = make_job(tmp_path / "obs", 16, 300, slow_ranks={r: 2.0 for r in range(8, 16)} | {3: 1.4}, seed=5)
+    r = build(read_job(d))
+    assert r.bimodal == {"fast_ranks": list(range(8)), "slow_ranks": list(range(8, 16)), "ratio": r.bimodal["ratio"]}
+    assert 1.8 < r.bimodal["ratio"] < 2.2
+    kinds = [f.kind for f in r.findings]
+    assert kinds[0] == "bimodal" and "not stragglers to exclude" in r.findings[0].advice
+    assert [s["rank"] for s in r.stragglers] == [3]               # within the fast group
+    assert "transient_straggler" not in kinds
+
+
+def test_report_options_reach_the_analysis(tmp_path):
+    d = make_job(tmp_path / "obs", 8, 200, slow_ranks={2: 1.07}, seed=6)
+    p = _cli(str(d), "--json")
+    default = json.loads(p.stdout)
+    assert default["stragglers"] == []
+    p = _cli(str(d), "--json", "--chronic", "0.04")
+    assert [s["rank"] for s in json.loads(p.stdout)["stragglers"]] == [2]
+    bad = _cli(str(d), "--chronic", "-1")
+    assert bad.returncode == 2 and "--chronic" in bad.stderr and bad.stderr.count("\n") == 1

@@ -98,3 +98,57 @@ def test_public_trace_with_a_labelled_straggler():
     assert flagged == {6}
     (first, last, ratio), = scores[6].episodes
     assert 1811 <= first <= 1831 and 1921 <= last <= 1941 and ratio > 1.3
+
+
+# -- issue 17: stragglers that are really slower ---------------------------------------------------
+
+from hpcml.observe.stragglers import bimodal, score_groups  # noqa: E402
+
+
+def test_fast_rank_slowing_to_the_jobs_pace_is_no_episode():
+    """Half the ranks are twice as fast; one fast rank slows for a while but stays faster
+    than the job: slower than itself, not slower than the others."""
+    t = _job()
+    t[:8] *= 0.5
+    t[3, 80:120] *= 1.5
+    scores = {s.rank: s for s in score_ranks(*_flat(t))}
+    assert all(not s.episodes for r, s in scores.items() if r < 8)
+
+
+def test_bimodal_job_is_two_groups_and_each_is_scored_alone():
+    t = _job()
+    t[:8] *= 0.5                                   # e.g. two pipeline stages with different work
+    t[12] *= 1.35                                  # a real straggler in the slow group
+    scores, groups = score_groups(*_flat(t))
+    assert groups is not None
+    fast, slow, ratio = groups
+    assert fast == list(range(8)) and slow == list(range(8, 16)) and 1.8 < ratio < 2.2
+    chronic = [s.rank for s in scores if s.chronic]
+    assert chronic == [12]
+    assert not any(s.episodes for s in scores if s.rank < 8)
+
+
+def test_one_slow_rank_is_not_bimodal():
+    t = _job()
+    t[5] *= 1.5
+    assert bimodal(score_ranks(*_flat(t))) is None
+    t = _job()
+    t[:2] *= 1.5                                   # 2 of 16: stragglers, not a second group
+    assert bimodal(score_ranks(*_flat(t))) is None
+
+
+def test_chronic_rank_that_slows_down_more_is_still_reported():
+    t = _job()
+    t[6] *= 1.3
+    t[6, 150:] *= 4                                # the slow node then gets 4x slower
+    s = {x.rank: x for x in score_ranks(*_flat(t))}[6]
+    assert s.chronic
+    assert s.episodes and s.episodes[0][0] == 150 and s.episodes[0][2] > 4
+    assert s.trend > 3
+
+
+def test_thresholds_change_the_verdict():
+    t = _job()
+    t[5] *= 1.07
+    assert not any(s.chronic for s in score_ranks(*_flat(t)))
+    assert [s.rank for s in score_ranks(*_flat(t), chronic=0.05) if s.chronic] == [5]

@@ -1,11 +1,32 @@
 """Hang analysis from PyTorch Flight Recorder dumps (one pickle per rank).
 
-Each rank's dump lists its recent collectives with a per-process-group sequence number
-(``collective_seq_id``). In a hang, the ranks that never entered the collective the
-others are waiting in are the likely culprits (they are stuck before it); ranks that
-entered the same sequence number with a different operation or different sizes are a
-mismatch (a code path that differs by rank). The dump is a ring buffer, so only sequence
-numbers every rank still holds are compared.
+What a dump says about each process group the rank belongs to:
+
+- ``pg_config``: the group's name, description and global ranks (the membership; a rank
+  with no entry in a group is still a member);
+- ``pg_status``: the rank's ``last_enqueued_collective``, ``last_started_collective`` and
+  ``last_completed_collective`` in that group (``-1``: none, or not tracked);
+- ``entries``: its recent collectives (a ring buffer) with the group's sequence number
+  (``collective_seq_id``). Dumps taken with ``onlyActive=True`` hold only the collectives
+  still pending, so a rank that never reached the collective has an empty list.
+
+The rules, per process group, in this order (the first that applies is the finding):
+
+1. **never entered**: ranks whose last enqueued collective is behind the group's furthest
+   rank are stuck before the collective the others wait in. Progress comes from
+   ``pg_status``, else from the highest sequence number in the entries; a member with
+   neither, in a dump of pending collectives only, has nothing pending and so is behind.
+2. **never started**: every member enqueued the same collective, but some never started
+   theirs (``last_started_collective`` behind the others'; only when the dumps track start
+   times): their GPU stream is stuck before it.
+3. **mismatch**: at a sequence number every member still records, ranks issued a different
+   operation, or different sizes. Sizes are not compared for all_to_all / all_to_all_single
+   (they differ by rank legitimately, as in mixture-of-experts routing), as PyTorch's own
+   analyser does. The culprits are the ranks outside the majority (more than half of the
+   members); without a majority no culprit is named and the finding says so.
+
+Members without a dump are listed as missing, not blamed: their state is unknown. Culprits
+are sorted, each with its evidence (enqueued / started / completed against the group's).
 
 Dumps are pickles written by another process: they are read with hpcml's restricted
 unpickler and an empty allowlist, because the format is plain data (dicts, lists, str,
@@ -24,21 +45,28 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hpcml.errors import UsageError
+from hpcml.htmlkit import natural_key
 from hpcml.scan.loader import RestrictedUnpickler
 from hpcml.scan.policy import Policy
 
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 MAX_DUMP_BYTES = 1 << 30
+#: operations whose per-rank sizes legitimately differ: sizes are undecidable there
+SIZE_UNDECIDABLE = frozenset({"all_to_all", "alltoall", "all_to_all_single", "alltoall_base", "all_to_allv"})
+PENDING = ("scheduled", "started")
+PROGRESS = ("enqueued", "started", "completed")
 
 
 @dataclass
 class Finding:
     pg: str                      # process group name (and description)
     seq: int                     # collective_seq_id
-    kind: str                    # "never-entered" or "mismatch"
-    culprits: list[int]          # ranks to look at first
+    kind: str                    # "never-entered", "never-started" or "mismatch"
+    culprits: list[int]          # ranks to look at first, sorted; empty: no culprit can be named
     detail: str
     entered: list[int] = field(default_factory=list)
+    evidence: dict[int, dict[str, int | None]] = field(default_factory=dict)   # rank -> its progress
+    group: dict[str, int | None] = field(default_factory=dict)                 # the furthest member's
 
 
 @dataclass
@@ -48,7 +76,7 @@ class HangReport:
     refused: dict[str, str]      # file -> why it was not read
     missing: list[int]           # ranks of the world without a dump
     findings: list[Finding]
-    last_seq: dict[str, dict[int, int]]   # pg -> rank -> last collective_seq_id
+    last_seq: dict[str, dict[int, int]]   # pg -> rank -> last enqueued collective_seq_id
 
 
 def load_dump(path: str | os.PathLike) -> dict[str, Any]:
@@ -63,18 +91,39 @@ def load_dump(path: str | os.PathLike) -> dict[str, Any]:
     return data
 
 
-def _world(dumps: dict[int, dict]) -> set[int]:
-    """Ranks of the default process group, from any dump's pg_config."""
+def _ranks(value: Any) -> list[int] | None:
+    """pg_config's ``ranks``: a string such as "[0, 1, 2]" (or a list)."""
+    try:
+        parsed = ast.literal_eval(value) if isinstance(value, str) else value
+    except (ValueError, SyntaxError):
+        return None
+    if isinstance(parsed, (list, tuple)) and all(isinstance(r, int) for r in parsed):
+        return [int(r) for r in parsed]
+    return None
+
+
+def _pg_label(name: str, desc: str | None) -> str:
+    return f"{name} ({desc})" if desc else name
+
+
+def _groups(dumps: dict[int, dict]) -> dict[str, tuple[str, list[int]]]:
+    """pg name -> (label, member ranks), from every dump's pg_config."""
+    out: dict[str, tuple[str, list[int]]] = {}
     for d in dumps.values():
-        for pg in (d.get("pg_config") or {}).values():
-            ranks = pg.get("ranks") if isinstance(pg, dict) else None
-            try:
-                parsed = ast.literal_eval(ranks) if isinstance(ranks, str) else ranks
-            except (ValueError, SyntaxError):
+        config = d.get("pg_config")
+        if not isinstance(config, dict):
+            continue
+        for key, pg in config.items():
+            if not isinstance(pg, dict):
                 continue
-            if isinstance(parsed, (list, tuple)) and parsed:
-                return {int(r) for r in parsed}
-    return set(dumps)
+            name = str(pg.get("name", key))
+            ranks = _ranks(pg.get("ranks"))
+            if not name or not ranks:
+                continue                     # gloo writes a placeholder {"name": "", "ranks": "[]"}
+            label = _pg_label(name, str(pg["desc"]) if pg.get("desc") else None)
+            if name not in out or len(ranks) > len(out[name][1]):
+                out[name] = (label, sorted(set(ranks)))
+    return out
 
 
 def _collectives(entries: list[dict]) -> dict[str, dict[int, dict]]:
@@ -84,19 +133,144 @@ def _collectives(entries: list[dict]) -> dict[str, dict[int, dict]]:
         if not isinstance(e, dict) or e.get("is_p2p") or e.get("collective_seq_id") is None:
             continue
         pg = e.get("process_group") or (str(e.get("pg_id")), "")
-        name = f"{pg[0]} ({pg[1]})" if len(pg) > 1 and pg[1] else str(pg[0])
-        out.setdefault(name, {})[int(e["collective_seq_id"])] = e
+        out.setdefault(str(pg[0]), {})[int(e["collective_seq_id"])] = e
     return out
 
 
-def analyse(dump_dir: str | os.PathLike) -> HangReport:
-    d = Path(dump_dir)
-    if not d.is_dir():
-        raise UsageError("not a directory of Flight Recorder dumps", file=str(d))
+def _labels_from_entries(entries: list[dict]) -> dict[str, str]:
+    out = {}
+    for e in entries:
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if isinstance(pg, (tuple, list)) and pg:
+            out[str(pg[0])] = _pg_label(str(pg[0]), str(pg[1]) if len(pg) > 1 and pg[1] else None)
+    return out
+
+
+def _status(dump: dict, pg: str) -> dict[str, int | None]:
+    """The rank's pg_status in one group: enqueued / started / completed (None: not known)."""
+    st = (dump.get("pg_status") or {}).get(pg)
+    if not isinstance(st, dict):
+        return {k: None for k in PROGRESS}
+    out: dict[str, int | None] = {}
+    for k in PROGRESS:
+        v = st.get(f"last_{k}_collective")
+        out[k] = int(v) if isinstance(v, int) and v >= 0 else None
+    return out
+
+
+def _pending_only(dumps: dict[int, dict]) -> bool:
+    """True when the dumps hold pending collectives only (``onlyActive=True``)."""
+    states = [e.get("state") for d in dumps.values() for e in d["entries"] if isinstance(e, dict)]
+    return bool(states) and all(s in PENDING for s in states)
+
+
+def _op(entry: dict) -> str:
+    name = str(entry.get("profiling_name") or "")
+    return name.split(":", 1)[-1]
+
+
+def _shape(entry: dict) -> tuple:
+    """What must agree across ranks at one sequence number: the operation, its dtypes and,
+    except for all_to_all, its sizes."""
+    dtypes = repr(entry.get("input_dtypes"))
+    if _op(entry) in SIZE_UNDECIDABLE:
+        return (entry.get("profiling_name"), dtypes, "(sizes differ by rank legitimately)")
+    return (entry.get("profiling_name"), dtypes, repr(entry.get("input_sizes")))
+
+
+def _evidence_text(ranks: list[int], evidence: dict[int, dict], group: dict) -> str:
+    def fmt(p: dict) -> str:
+        return "/".join("?" if p.get(k) is None else str(p[k]) for k in PROGRESS)
+    parts = [f"rank {r} {fmt(evidence[r])}" for r in ranks]
+    return f"{'; '.join(parts)} (enqueued/started/completed; group's furthest {fmt(group)})"
+
+
+class _Group:
+    """One process group across the dumps."""
+
+    def __init__(self, pg: str, label: str, members: list[int], dumps: dict[int, dict],
+                 per_rank: dict[int, dict[str, dict[int, dict]]], pending_only: bool) -> None:
+        self.pg, self.label = pg, label
+        self.members = members
+        self.dumped = [r for r in members if r in dumps]
+        self.seqs = {r: per_rank[r].get(pg, {}) for r in self.dumped}
+        self.progress: dict[int, dict[str, int | None]] = {}
+        for r in self.dumped:
+            p = _status(dumps[r], pg)
+            top = max(self.seqs[r]) if self.seqs[r] else None
+            if top is not None and (p["enqueued"] is None or top > p["enqueued"]):
+                p["enqueued"] = top
+            if p["enqueued"] is None and pending_only and not self.seqs[r]:
+                p["enqueued"] = -1           # nothing pending: it never enqueued what the others wait in
+            self.progress[r] = p
+        self.furthest: dict[str, int | None] = {
+            k: max((v for p in self.progress.values() if (v := p[k]) is not None), default=None) for k in PROGRESS}
+
+    def entry(self, seq: int) -> dict | None:
+        for r in self.dumped:
+            if seq in self.seqs[r]:
+                return self.seqs[r][seq]
+        return None
+
+    def _describe(self, seq: int) -> str:
+        e = self.entry(seq)
+        return f"{e.get('profiling_name')} {e.get('input_sizes')}" if e else f"collective #{seq}"
+
+    def behind(self, key: str) -> Finding | None:
+        top = self.furthest[key]
+        known: dict[int, int] = {r: v for r, p in self.progress.items() if (v := p[key]) is not None}
+        if top is None or len(known) < 2:
+            return None
+        lagging = sorted(r for r, v in known.items() if v < top)
+        if not lagging:
+            return None
+        seq = min(known[r] for r in lagging) + 1
+        ahead = sorted(r for r in known if r not in lagging)
+        held = sorted(q for r in ahead for q in self.seqs[r] if q >= seq)
+        if self.entry(seq) is None and held:
+            seq = held[0]            # a level inferred from an empty dump: the first one pending
+        evidence = {r: self.progress[r] for r in lagging}
+        what = "never entered it (stuck before it)" if key == "enqueued" else \
+            "enqueued it but never started it (their GPU stream is stuck before it)"
+        kind = "never-entered" if key == "enqueued" else "never-started"
+        detail = (f"{self._describe(seq)}: ranks {lagging} {what}; "
+                  f"{_evidence_text(lagging, evidence, self.furthest)}")
+        return Finding(self.label, seq, kind, lagging, detail, ahead, evidence, dict(self.furthest))
+
+    def mismatch(self) -> Finding | None:
+        holders = [r for r in self.dumped if self.seqs[r]]
+        if len(holders) < 2 or len(holders) < len(self.dumped):
+            return None
+        first = max(min(self.seqs[r]) for r in holders)        # older entries fell out of some buffers
+        last = min(max(self.seqs[r]) for r in holders)
+        for seq in range(first, last + 1):
+            if any(seq not in self.seqs[r] for r in holders):
+                continue
+            groups: dict[tuple, list[int]] = {}
+            for r in holders:
+                groups.setdefault(_shape(self.seqs[r][seq]), []).append(r)
+            if len(groups) < 2:
+                continue
+            ranked = sorted(groups.values(), key=len, reverse=True)
+            text = "; ".join(f"ranks {rs}: {shape[0]} {shape[2]}" for shape, rs in
+                             sorted(groups.items(), key=lambda kv: -len(kv[1])))
+            if len(ranked[0]) * 2 > len(holders):
+                culprits = sorted(r for rs in ranked[1:] for r in rs)
+                return Finding(self.label, seq, "mismatch", culprits,
+                               f"ranks {culprits} differ from the majority: {text}", sorted(holders))
+            return Finding(self.label, seq, "mismatch", [],
+                           f"no majority, so no culprit can be named: {text}", sorted(holders))
+        return None
+
+    def finding(self) -> Finding | None:
+        return self.behind("enqueued") or self.behind("started") or self.mismatch()
+
+
+def _read(d: Path) -> tuple[dict[int, dict], dict[int, Path], dict[str, str]]:
     dumps: dict[int, dict] = {}
     paths: dict[int, Path] = {}
     refused: dict[str, str] = {}
-    for f in sorted(d.iterdir()):
+    for f in sorted(d.iterdir(), key=lambda p: natural_key(p.name)):
         m = _RANK_SUFFIX.search(f.name)
         if not f.is_file() or not m:
             continue
@@ -106,39 +280,34 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, OSError, AttributeError,
                 IndexError, KeyError, MemoryError) as exc:
             refused[f.name] = f"{type(exc).__name__}: {exc}"
+    return dumps, paths, refused
+
+
+def analyse(dump_dir: str | os.PathLike) -> HangReport:
+    d = Path(dump_dir)
+    if not d.is_dir():
+        raise UsageError("not a directory of Flight Recorder dumps", file=str(d))
+    dumps, paths, refused = _read(d)
     if not dumps and not refused:
         raise UsageError("no Flight Recorder dumps here (files named <prefix><rank>)", file=str(d))
-    world = _world(dumps) | set(dumps)
-    missing = sorted(world - set(dumps))
+    groups = _groups(dumps)
     per_rank = {r: _collectives(dump["entries"]) for r, dump in dumps.items()}
+    labels: dict[str, str] = {}
+    for dump in dumps.values():
+        labels.update(_labels_from_entries(dump["entries"]))
+    # groups known only from entries (no pg_config): the ranks that have entries there
+    for pg in {pg for c in per_rank.values() for pg in c} - set(groups):
+        groups[pg] = (labels.get(pg, pg), sorted(r for r, c in per_rank.items() if pg in c))
+    world = {r for _, members in groups.values() for r in members} | set(dumps)
+    missing = sorted(world - set(dumps))
+    pending_only = _pending_only(dumps)
     findings: list[Finding] = []
     last_seq: dict[str, dict[int, int]] = {}
-    for pg in sorted({pg for c in per_rank.values() for pg in c}):
-        seqs = {r: c.get(pg, {}) for r, c in per_rank.items()}
-        members = [r for r, s in seqs.items() if s]
-        last_seq[pg] = {r: max(s) for r, s in seqs.items() if s}
-        if len(members) < 2:
-            continue
-        first_common = max(min(seqs[r]) for r in members)       # older entries fell out of some buffers
-        for seq in range(first_common, max(last_seq[pg].values()) + 1):
-            entered = [r for r in members if seq in seqs[r]]
-            absent = [r for r in members if seq not in seqs[r]]
-            if absent:
-                e = seqs[entered[0]][seq]
-                findings.append(Finding(pg, seq, "never-entered", absent,
-                                        f"{e.get('profiling_name')} {e.get('input_sizes')}: ranks "
-                                        f"{absent} never entered it (stuck before it)", entered))
-                break
-            shapes = {(seqs[r][seq].get("profiling_name"), repr(seqs[r][seq].get("input_sizes")))
-                      for r in members}
-            if len(shapes) > 1:
-                groups: dict[tuple, list[int]] = {}
-                for r in members:
-                    e = seqs[r][seq]
-                    groups.setdefault((e.get("profiling_name"), repr(e.get("input_sizes"))), []).append(r)
-                minority = min(groups.values(), key=len)
-                findings.append(Finding(pg, seq, "mismatch", minority,
-                                        "; ".join(f"ranks {rs}: {n} {s}" for (n, s), rs in groups.items()),
-                                        members))
-                break
+    for pg in sorted(groups, key=natural_key):
+        label, members = groups[pg]
+        g = _Group(pg, label, members, dumps, per_rank, pending_only)
+        last_seq[label] = {r: p["enqueued"] for r, p in g.progress.items() if p["enqueued"] is not None}
+        found = g.finding()
+        if found is not None:
+            findings.append(found)
     return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq)

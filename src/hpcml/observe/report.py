@@ -12,9 +12,13 @@ most ``MAX_BUCKETS`` equal buckets over the job's span.
 - Throughput: a user metric (``tokens_per_s``, ``samples_per_s``, ... or any metric
   named ``*_per_s``) as the per-bucket median across ranks of each rank's mean; without
   one, steps/s from the ``step`` section.
-- Stalls: buckets where the job-wide step rate (completed steps / active rank-seconds)
-  falls below ``STALL_FRACTION`` of its median over the job.
-- Stragglers: ``hpcml.observe.stragglers.score_ranks`` on the ``step`` section.
+- Stalls: runs of buckets where the job-wide step rate (completed steps / active
+  rank-seconds) falls below ``STALL_FRACTION`` of its median over the job, lasting at least
+  ``Limits.min_stall_steps`` median step times and ``Limits.min_stall_s`` seconds (a short
+  bucket of a fast job is noise, not a stall).
+- Stragglers: ``hpcml.observe.stragglers.score_groups`` on the ``step`` section, with the
+  thresholds of ``Limits``; a job of two speed groups is reported as bimodal and each group
+  is scored on its own.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from typing import Any
 import numpy as np
 
 from hpcml.htmlkit import natural_key
-from hpcml.observe.stragglers import score_ranks
+from hpcml.observe.stragglers import score_groups
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256
@@ -38,6 +42,17 @@ THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "image
                       "throughput")
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
 SCHEMA = "hpcml.observe.report/1"
+
+
+@dataclass(frozen=True)
+class Limits:
+    """The report's thresholds (``hpcml observe report`` options)."""
+
+    chronic: float = 0.10          # a rank this much slower than the step median, most steps
+    stall_ratio: float = 3.0       # a single step this many times the step median: a one-off stall
+    window: int = 10               # steps of a transient-straggler episode window
+    min_stall_s: float = 2.0       # a job-wide stall lasts at least this long ...
+    min_stall_steps: float = 5.0   # ... and this many median step times
 
 
 @dataclass
@@ -61,6 +76,7 @@ class Report:
     throughput: dict[str, Any] | None
     stalls: list[dict[str, Any]]
     stragglers: list[dict[str, Any]]
+    bimodal: dict[str, Any] | None
     one_off_stalls: list[dict[str, Any]]
     transient_stragglers: list[dict[str, Any]]
     sections: dict[str, dict[str, float | None]]
@@ -141,7 +157,8 @@ def _r(x: float | None, nd: int = 3):
 
 # ---------------------------------------------------------------------------- build
 
-def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> Report:
+def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS,
+          limits: Limits = Limits()) -> Report:
     """The report for one job store (``hpcml.observe.store.read_job``)."""
     import pyarrow as pa
     import pyarrow.compute as pc
@@ -246,6 +263,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = np.where(active > 0.5 * width, done / active, np.nan)
         med = float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan")
+        step_s = float(np.nanmedian(sg.value)) if len(sg.value) else 0.0
+        min_stall = max(limits.min_stall_s, limits.min_stall_steps * (step_s if np.isfinite(step_s) else 0.0))
         if np.isfinite(med) and med > 0:
             low = np.nan_to_num(rate, nan=np.inf) < STALL_FRACTION * med
             i = 0
@@ -256,11 +275,12 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                 j = i
                 while j + 1 < nb and low[j + 1]:
                     j += 1
-                stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
-                               "duration_s": _r(edges[j + 1] - edges[i], 2),
-                               "step_rate": _r(float(np.nanmin(rate[i:j + 1])), 4),
-                               "median_step_rate": _r(med, 4),
-                               "ratio": _r(float(np.nanmin(rate[i:j + 1])) / med, 3)})
+                if edges[j + 1] - edges[i] >= min_stall:
+                    low_rate = float(np.nanmin(np.where(np.isfinite(rate[i:j + 1]), rate[i:j + 1], 0.0)))
+                    stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
+                                   "duration_s": _r(edges[j + 1] - edges[i], 2),
+                                   "step_rate": _r(low_rate, 4), "median_step_rate": _r(med, 4),
+                                   "ratio": _r(low_rate / med, 3)})
                 i = j + 1
         plots["step_rate"] = rate
 
@@ -292,8 +312,12 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     # Stragglers.
     stragglers, one_off, transient = [], [], []
+    bimodal: dict[str, Any] | None = None
     if sg is not None:
-        scores = score_ranks(sg.rank, sg.step, sg.value, meta_ranks=meta_ranks)
+        scores, speeds = score_groups(sg.rank, sg.step, sg.value, meta_ranks=meta_ranks, chronic=limits.chronic,
+                                      stall=limits.stall_ratio, window=limits.window)
+        if speeds is not None:
+            bimodal = {"fast_ranks": speeds[0], "slow_ranks": speeds[1], "ratio": _r(speeds[2])}
         for s in scores:
             for a, b, ratio in getattr(s, "episodes", []):
                 transient.append({"rank": s.rank, "node": s.node, "first_step": a, "last_step": b,
@@ -306,7 +330,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                 one_off.append({"rank": s.rank, "node": s.node, "step": st, "ratio": _r(ratio)})
         one_off.sort(key=lambda d: -d["ratio"])
         transient.sort(key=lambda d: -(d["last_step"] - d["first_step"]))
-        degrading = [s for s in scores if not s.chronic and s.trend > 1.15 and s.steps >= 30]
+        degrading = [s for s in scores if s.trend > 1 + max(limits.chronic, 0.15) and s.steps >= 30]
         plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
 
     # Sections: total time and share of the step section.
@@ -348,7 +372,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed,
                          stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
-                         transient=transient,
+                         transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
                          meta_ranks=meta_ranks)
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
@@ -356,10 +380,15 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   start=_r(start, 3), end=_r(end, 3),
                   duration_s=_r(end - start, 3) if start is not None and end is not None else None,
                   rows=int(t.num_rows), throughput=throughput, stalls=stalls,
-                  stragglers=stragglers, one_off_stalls=one_off[:50],
+                  stragglers=stragglers, bimodal=bimodal, one_off_stalls=one_off[:50],
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots)
+
+
+def _ranks_text(ranks: list[int], shown: int = 6) -> str:
+    head = ", ".join(map(str, ranks[:shown]))
+    return head + (f" and {len(ranks) - shown} more" if len(ranks) > shown else "")
 
 
 def _downsample(a: np.ndarray, n: int) -> np.ndarray:
@@ -399,7 +428,7 @@ def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, An
 
 
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
-              degrading, meta_ranks) -> list[Finding]:
+              degrading, meta_ranks, bimodal=None) -> list[Finding]:
     out: list[Finding] = []
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
@@ -413,6 +442,13 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(Finding("failed_rank", f"{len(failed)} rank(s) exited non-zero (rank {r}: {ec})",
                            f"read rank {r}'s stderr first; exit {ec} "
                            + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program")))
+    if bimodal:
+        slow, fast = bimodal["slow_ranks"], bimodal["fast_ranks"]
+        out.append(Finding("bimodal", f"two speed groups: {len(slow)} ranks ({_ranks_text(slow)}) take "
+                           f"{bimodal['ratio']:.2f}x the step time of the other {len(fast)}",
+                           "ranks with different roles (pipeline stages, data vs model workers) or mixed "
+                           "hardware; not stragglers to exclude. Each group was checked for stragglers "
+                           "on its own"))
     for s in stragglers[:2]:
         node = s["node"] or "its node"
         gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""

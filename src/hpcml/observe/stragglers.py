@@ -6,14 +6,22 @@ rank, over the steps every rank reported:
 
 - ``score``: the median of those ratios. A *chronic* straggler has a score above
   ``1 + chronic`` and is slower than ``1 + chronic`` in most of its steps.
-- ``stalls``: single steps at least ``stall`` times the step median on a rank that is
-  not chronic — one-off hiccups (a GC pause, a page-cache miss), not a slow node.
-- ``episodes``: stretches of ``window`` steps where a rank that is not chronic over the
-  whole run was slow against *its own* usual ratio in most steps (above ``1 + chronic``
-  times its median) — a straggler that emerges and goes away, as in Alibaba PAI's
-  published job 1, without flagging ranks that are always a little slower.
+- ``stalls``: single steps at least ``stall`` times the step median — one-off hiccups
+  (a GC pause, a page-cache miss), not a slow node.
+- ``episodes``: stretches of ``window`` steps where the rank was slow in most steps both
+  against the others (ratio above ``1 + chronic``) *and* against its own usual ratio
+  (above ``1 + chronic`` times its median) — a straggler that emerges and goes away, as in
+  Alibaba PAI's published job 1, without flagging ranks that are always a little slower,
+  nor fast ranks that merely slowed to the job's pace.
 - ``trend``: the rank's own median ratio in the last quarter of the steps over the first
   quarter; above ``1 + chronic`` the rank is getting slower (a degrading node).
+
+Chronic ranks get stalls, episodes and trends too: a slow node that later slows down much
+more must still be reported.
+
+``bimodal(scores)`` tells a job of two speed groups (different roles, mixed hardware)
+from stragglers: the sorted per-rank scores have a gap of at least ``BIMODAL_GAP`` with at
+least ``BIMODAL_SHARE`` of the ranks on each side. Such a job is scored within each group.
 - ``confidence``: the share of the rank's steps that were slow, scaled down when there
   are fewer than ``MIN_STEPS`` steps to judge.
 
@@ -28,6 +36,8 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_STEPS = 30
+BIMODAL_GAP = 1.25       # the slower group's median score over the faster group's, at least
+BIMODAL_SHARE = 0.25     # of the ranks in each group, at least
 
 
 @dataclass
@@ -101,8 +111,9 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
     slow = np.mean(ratio > limit, axis=1)
     trend = np.median(ratio[:, -q:], axis=1) / np.median(ratio[:, :q], axis=1)
     chronic_rank = (score > limit) & (slow >= 0.5)
-    # episodes: windows where more than half the steps are slow against the rank's own median
-    slow_own = ratio > limit * score[:, None]
+    # episodes: windows where more than half the steps are slow against the others and
+    # against the rank's own median
+    slow_own = (ratio > limit * score[:, None]) & (ratio > limit)
     bad = np.zeros((len(rank_ids), 0), bool)
     if n >= window:
         c = np.concatenate([np.zeros((len(rank_ids), 1), np.int64), np.cumsum(slow_own, axis=1)], axis=1)
@@ -111,9 +122,8 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
     out = []
     for i, rank in enumerate(rank_ids):
         is_chronic = bool(chronic_rank[i])
-        stalls = [] if is_chronic else [(int(step_ids[j]), float(ratio[i, j])) for j in np.nonzero(stall_at[i])[0]]
-        episodes = [] if is_chronic or not bad[i].any() else \
-            _episodes(slow_own[i], bad[i], ratio[i], step_ids, window)
+        stalls = [(int(step_ids[j]), float(ratio[i, j])) for j in np.nonzero(stall_at[i])[0]]
+        episodes = [] if not bad[i].any() else _episodes(slow_own[i], bad[i], ratio[i], step_ids, window)
         info = (meta_ranks or {}).get(str(int(rank)), {})
         out.append(RankScore(rank=int(rank), node=info.get("node"), gpus=list(info.get("gpus", [])),
                              steps=n, score=float(score[i]), slow_fraction=float(slow[i]),
@@ -121,6 +131,43 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
                              confidence=round(float(slow[i]) * min(1.0, n / MIN_STEPS), 3),
                              chronic=is_chronic, stalls=stalls, episodes=episodes))
     return sorted(out, key=lambda s: -s.score)
+
+
+def bimodal(scores: list[RankScore]) -> tuple[list[int], list[int], float] | None:
+    """``(fast ranks, slow ranks, slow/fast median score)`` when the job runs as two speed
+    groups, else None."""
+    ranked = sorted(scores, key=lambda s: s.score)
+    n = len(ranked)
+    if n < 4:
+        return None
+    v = np.array([max(s.score, 1e-12) for s in ranked])
+    lo = max(2, int(np.ceil(BIMODAL_SHARE * n)))
+    best, cut = 0.0, None
+    for k in range(lo, n - lo + 1):                      # the cut leaves >= lo ranks each side
+        gap = v[k] / v[k - 1]
+        if gap > best:
+            best, cut = gap, k
+    if cut is None:
+        return None
+    ratio = float(np.median(v[cut:]) / np.median(v[:cut]))
+    if best < 1.05 or ratio < BIMODAL_GAP:
+        return None
+    return sorted(s.rank for s in ranked[:cut]), sorted(s.rank for s in ranked[cut:]), ratio
+
+
+def score_groups(ranks, steps, values, **kw) -> tuple[list[RankScore], tuple[list[int], list[int], float] | None]:
+    """``score_ranks``, and for a bimodal job each group scored on its own (a straggler of
+    the slow group is then still found); returns the scores and the groups (or None)."""
+    ranks, steps, values = np.asarray(ranks), np.asarray(steps), np.asarray(values, float)
+    scores = score_ranks(ranks, steps, values, **kw)
+    groups = bimodal(scores)
+    if groups is None:
+        return scores, None
+    out: list[RankScore] = []
+    for members in groups[:2]:
+        keep = np.isin(ranks, members)
+        out += score_ranks(ranks[keep], steps[keep], values[keep], **kw)
+    return sorted(out, key=lambda s: -s.score), groups
 
 
 def from_job(job, section: str = "step", **kw) -> list[RankScore]:

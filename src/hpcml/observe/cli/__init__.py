@@ -8,6 +8,7 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import Group, write_report
+from hpcml.errors import UsageError
 
 app = typer.Typer(name="observe", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
                   help="Per-rank telemetry for a job: record it, then look at it.\n\n"
@@ -73,7 +74,11 @@ def hang_cmd(
     if rep.missing:
         print(f"no dump from ranks {rep.missing}: look at them first (they may have died)")
     for f in rep.findings:
-        print(f"process group {f.pg}, collective #{f.seq}: {f.kind}: culprits {f.culprits}: {f.detail}")
+        who = f"culprits {f.culprits}" if f.culprits else "no culprit named"
+        print(f"process group {f.pg}, collective #{f.seq}: {f.kind}: {who}: {f.detail}")
+    blamed = sorted({r for f in rep.findings for r in f.culprits})
+    if len(rep.findings) > 1 and blamed:
+        print(f"look first at ranks {blamed}")
     if not rep.findings and not rep.missing:
         print("all ranks agree on every collective they still record")
 
@@ -83,6 +88,10 @@ def report_cmd(
     job_dir: Path = typer.Argument(..., help="A job directory written by hpcml observe record."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: JOB_DIR/report.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    chronic: float = typer.Option(0.10, help="A rank this share slower than the step median in most steps is a chronic straggler."),
+    stall_ratio: float = typer.Option(3.0, help="One step this many times the step median is a one-off stall."),
+    episode_window: int = typer.Option(10, help="Steps per window when looking for transient stragglers."),
+    min_stall: float = typer.Option(2.0, help="A job-wide stall lasts at least this many seconds (and 5 median steps)."),
 ) -> None:
     """The job report: throughput, stragglers, stalls, lost ranks, and what to do about them.
 
@@ -98,12 +107,17 @@ def report_cmd(
     import pyarrow as pa
 
     from hpcml.observe import html as report_html
-    from hpcml.observe.report import build
+    from hpcml.observe.report import Limits, build
     from hpcml.observe.store import read_job
     # Arrow's default mimalloc pool decommits freed pages eagerly; reading a thousand rank
     # files then costs seconds of page faults. The system allocator is ~2x faster here.
     pa.set_memory_pool(pa.system_memory_pool())
-    rep = build(read_job(job_dir))
+    for key, value in (("chronic", chronic), ("stall_ratio", stall_ratio - 1), ("episode_window", episode_window),
+                       ("min_stall", min_stall)):
+        if not value > 0:
+            raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=f"--{key.replace('_', '-')}")
+    rep = build(read_job(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
+                                                 min_stall_s=min_stall))
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))

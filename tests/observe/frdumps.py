@@ -1,0 +1,72 @@
+"""Flight Recorder dumps written the way PyTorch's NCCL backend writes them.
+
+The layout follows a real dump (tests/fixtures/flight_recorder/fr-nccl-1rank-torch2.11.rank_0,
+recorded on an H100 with torch 2.11): top-level ``version``, ``pg_config`` (group name ->
+``{"name", "desc", "ranks": "[0, 1, ...]"}``, the groups this rank belongs to), ``pg_status``
+(group name -> ``last_enqueued/started/completed_collective``, -1 for none),
+``comm_lib_version`` and ``entries`` with the same keys as the real one. ``only_active``
+keeps pending entries only, as ``_dump_nccl_trace(onlyActive=True)`` does.
+"""
+
+from __future__ import annotations
+
+import pickle
+from dataclasses import dataclass, field
+from pathlib import Path
+
+WORLD = 16
+# 16 ranks: the default group, four tensor-parallel groups of 4, four data-parallel groups of 4
+GROUPS: dict[str, tuple[str, list[int]]] = {"0": ("default_pg", list(range(WORLD)))}
+for _i in range(4):
+    GROUPS[str(1 + _i)] = ("tp", list(range(4 * _i, 4 * _i + 4)))
+    GROUPS[str(5 + _i)] = ("dp", [_i + 4 * k for k in range(4)])
+
+
+def entry(seq: int, pg: str = "0", name: str = "nccl:all_reduce", sizes=((1048576,),), state: str = "completed",
+          record_id: int = 0, dtype: str = "Float") -> dict:
+    desc = GROUPS[pg][0] if pg in GROUPS else "undefined"
+    return {"record_id": record_id, "pg_id": int(pg), "process_group": (pg, desc), "collective_seq_id": seq,
+            "p2p_seq_id": 0, "op_id": seq, "profiling_name": name, "time_created_ns": 1795424154178569927 + seq,
+            "input_sizes": [list(s) for s in sizes], "input_dtypes": [dtype] * len(sizes),
+            "output_sizes": [list(s) for s in sizes], "output_dtypes": [dtype] * len(sizes), "state": state,
+            "time_discovered_started_ns": None, "time_discovered_completed_ns": None, "retired": state == "completed",
+            "timeout_ms": 600000, "is_p2p": False, "thread_id": "139818381275456", "thread_name": "python3",
+            "frames": [{"filename": "/opt/train.py", "line": 42, "name": "<module>"}]}
+
+
+@dataclass
+class Rank:
+    rank: int
+    status: dict[str, tuple[int, int, int]] = field(default_factory=dict)   # pg -> enqueued, started, completed
+    entries: list[dict] = field(default_factory=list)
+
+    def dump(self, only_active: bool = True) -> dict:
+        mine = {pg: v for pg, v in GROUPS.items() if self.rank in v[1]}
+        entries = [e for e in self.entries if not only_active or e["state"] != "completed"]
+        return {"version": "2.10", "comm_lib_version": "2.28.9",
+                "pg_config": {pg: {"name": pg, "desc": desc, "ranks": str(ranks)} for pg, (desc, ranks) in mine.items()},
+                "pg_status": {pg: {"last_enqueued_collective": self.status.get(pg, (-1, -1, -1))[0],
+                                   "last_started_collective": self.status.get(pg, (-1, -1, -1))[1],
+                                   "last_completed_collective": self.status.get(pg, (-1, -1, -1))[2]}
+                              for pg in mine},
+                "entries": entries}
+
+
+def job(level: dict[str, int] | None = None) -> dict[int, Rank]:
+    """Every rank having completed collective ``level[pg]`` in each of its groups."""
+    level = level or {}
+    ranks = {r: Rank(r) for r in range(WORLD)}
+    for pg, (_, members) in GROUPS.items():
+        n = level.get(pg, 100 + int(pg))
+        for r in members:
+            ranks[r].status[pg] = (n, n, n)
+    return ranks
+
+
+def write(directory: Path, ranks: dict[int, Rank], only_active: bool = True, skip: tuple[int, ...] = (),
+          prefix: str = "nccl_trace_dump_") -> Path:
+    directory.mkdir(parents=True, exist_ok=True)
+    for r, rank in ranks.items():
+        if r not in skip:
+            (directory / f"{prefix}{r}").write_bytes(pickle.dumps(rank.dump(only_active)))
+    return directory
