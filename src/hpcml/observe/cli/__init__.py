@@ -115,7 +115,7 @@ def report_cmd(
     for key, value in (("chronic", chronic), ("stall_ratio", stall_ratio - 1), ("episode_window", episode_window),
                        ("min_stall", min_stall)):
         if not value > 0:
-            raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=f"--{key.replace('_', '-')}")
+            raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=key)
     rep = build(read_job(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
                                                  min_stall_s=min_stall))
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")

@@ -13,7 +13,6 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import DefaultCommandGroup
-from hpcml.errors import UsageError
 from hpcml.vet.cli import handle, prolog, serve  # one module per command
 
 DEFAULT_PROTOCOL = Path(__file__).parents[1] / "protocols" / "cpu.yaml"
@@ -63,42 +62,11 @@ def run(
     if prolog:  # exits
         from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
         run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json)
-    from hpcml.cluster import allocation as alloc_mod
-    from hpcml.cluster.hostlist import expand
-    from hpcml.vet import launch
-    protocol = protocol or DEFAULT_PROTOCOL
-    early = None
-    try:   # bad input ends the command (cli_support.Group), after stopping early workers
-        allocation = alloc_mod.current()
-        subset = expand(nodes) if nodes else None
-        if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
-            raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="--nodes")
-        if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
-            # start the node workers now: their start-up overlaps the validation below
-            early = launch.start_workers(subset or list(allocation.nodes),
-                                         preload=launch.preload_hint(protocol))
-        from hpcml.units import parse_seconds
-        from hpcml.vet import engine, report, setup
-        from hpcml.vet.protocol import load
-        proto = load(protocol)
-        try:
-            limit = parse_seconds(deadline) if deadline is not None else None
-        except ValueError as exc:
-            raise UsageError(str(exc), key="--deadline") from None
-        out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
-        python = setup.python_of(proto, venv_root)
-        if venv_root and proto.requirements() and python is None:
-            print(f"hpcml vet: requirements not set up in {venv_root}: run "
-                  f"`hpcml vet setup {protocol} --venv-root {venv_root}`; checks that need "
-                  "them will end in error", file=sys.stderr)
-        run_ = engine.vet(proto, allocation, nodes=subset, min_nodes=min_nodes, deadline=limit,
-                          workdir=str(workdir or out_dir / "work"),
-                          use_srun=False if local else None, python=python, started=early)
-        early = None
-        paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
-    finally:
-        if early is not None:
-            early.cancel()
+    from hpcml.vet import report
+    from hpcml.vet.session import vet_job
+    run_, paths = vet_job(protocol or DEFAULT_PROTOCOL, min_nodes=min_nodes, deadline=deadline, nodes=nodes, out=out,
+                          exclude_file=exclude_file, good_file=good_file, workdir=workdir, venv_root=venv_root,
+                          local=local)
     if report_to:
         _send(report.to_json(run_), report_to, report_token_file)
     if as_json:

@@ -1,0 +1,93 @@
+"""`hpcml run` (vet + launch + record + report) against plain `srun python train.py`.
+
+    python benchmarks/bench_run.py [--runs 10]
+
+Starts the local 2-node cluster (hpcml.testing.localslurm) and, inside one 2-node
+allocation, alternates run after run: `srun -N2 python train.py` alone, and `hpcml run
+--vet examples/vet/cpu.yaml -- python train.py` followed by `hpcml report` (the report
+included, as a job script would run it). train.py is examples/observe/train.py (100 steps,
+numpy; ~2.5 s). Prints the medians and hpcml's added wall time; writes
+benchmarks/results/run.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+TRAIN = [sys.executable, str(ROOT / "examples/observe/train.py"), "--steps", "100"]
+
+
+def _timed(argv: list[str], env: dict, cwd: Path, timeout: float = 300) -> tuple[float, int]:
+    start = time.perf_counter()
+    rc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, timeout=timeout).returncode
+    return time.perf_counter() - start, rc
+
+
+def inner(runs: int) -> dict:
+    work = Path(tempfile.mkdtemp(prefix="hpcml-bench-run-"))
+    env = dict(os.environ)
+    hpcml = [sys.executable, "-m", "hpcml"]
+
+    def plain() -> tuple[float, int]:
+        return _timed(["srun", "-N2", "--ntasks-per-node=1", *TRAIN], env, work)
+
+    def wrapped(i: int) -> tuple[float, int]:
+        d = str(work / f"run{i}")
+        t1, rc = _timed([*hpcml, "run", "--vet", str(ROOT / "examples/vet/cpu.yaml"), "--dir", d, "--", *TRAIN],
+                        env, work)
+        t2, rc2 = _timed([*hpcml, "report", d], env, work)
+        return t1 + t2, rc or rc2
+
+    plain(), wrapped(-1)                                    # warm-up: page cache, slurmd's first step
+    times: dict[str, list[float]] = {"srun python train.py": [], "hpcml run + report": []}
+    codes: dict[str, list[int]] = {k: [] for k in times}
+    for i in range(runs):
+        for name, fn in (("srun python train.py", plain), ("hpcml run + report", lambda i=i: wrapped(i))):
+            t, rc = fn()
+            times[name].append(t)
+            codes[name].append(rc)
+    return {"times": times, "codes": codes}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--inner", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.inner:
+        print(json.dumps(inner(args.runs)))
+        return
+    from hpcml.testing.localslurm import LocalSlurm
+    with LocalSlurm(Path("/tmp/hpcml-slurm-bench"), ctld_port=6957, first_slurmd_port=6961) as cluster:
+        env = cluster.client_env()
+        env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+        out = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", sys.executable, __file__, "--inner",
+                              "--runs", str(args.runs)], env=env, capture_output=True, text=True, timeout=3600)
+    if out.returncode != 0:
+        sys.exit(f"benchmark failed: {out.stderr[-2000:]}")
+    data = json.loads(out.stdout.strip().splitlines()[-1])
+    summary = {k: {"median": statistics.median(v), "min": min(v), "max": max(v), "runs": len(v)}
+               for k, v in data["times"].items()}
+    for name, s in summary.items():
+        print(f"{name:22} median {s['median']:.3f} s  min {s['min']:.3f}  max {s['max']:.3f}  "
+              f"exit codes {sorted(set(data['codes'][name]))}")
+    base, hp = summary["srun python train.py"], summary["hpcml run + report"]
+    added = hp["median"] - base["median"]
+    print(f"hpcml run + report adds {added:.3f} s in the median (ratio {hp['median'] / base['median']:.2f}); "
+          f"worst run adds {hp['max'] - base['median']:.3f} s")
+    results = ROOT / "benchmarks" / "results"
+    results.mkdir(exist_ok=True)
+    (results / "run.json").write_text(json.dumps({"summary": summary, "raw": data, "added_median_s": added}, indent=1))
+
+
+if __name__ == "__main__":
+    main()

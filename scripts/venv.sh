@@ -1,0 +1,39 @@
+# Sourced by scripts/test and scripts/example: a virtual environment built from $PY for this
+# checkout, reused while a stamp of its inputs is unchanged, rebuilt from scratch otherwise.
+# ensure_venv VENV SPEC STAMP_INPUTS... : installs "-e SPEC" and torch's pinned CPU build.
+
+as_root() { [ "$(id -u)" = 0 ]; }
+apt_install() {
+  DEBIAN_FRONTEND=noninteractive apt-get -q -y -o DPkg::Lock::Timeout=120 \
+    install --no-install-recommends "$@" >/dev/null \
+  || { apt-get -q update >/dev/null && DEBIAN_FRONTEND=noninteractive apt-get -q -y \
+         -o DPkg::Lock::Timeout=120 install --no-install-recommends "$@" >/dev/null; }
+}
+
+ensure_venv() {
+  local venv=$1 spec=$2; shift 2
+  local who; who=$(basename "$0")
+  # Debian splits venv/ensurepip out of python3 (package python3.X-venv).
+  if ! "$PY" -c "import ensurepip, venv" 2>/dev/null; then
+    local ver; ver=$("$PY" -c 'import sys; print(f"{sys.version_info[0]}.{sys.version_info[1]}")')
+    if as_root; then
+      apt_install "python$ver-venv" || apt_install python3-venv
+    else
+      echo "scripts/$who: $PY cannot create a virtual environment; as root: apt install python$ver-venv" >&2
+      exit 2
+    fi
+  fi
+  local stamp; stamp=$( { cat pyproject.toml scripts/venv.sh "$@"; "$PY" -c 'import sys; print(sys.version, sys.executable)'; } \
+           | sha256sum | cut -c1-16)
+  if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hpcml-stamp" 2>/dev/null)" != "$stamp" ]; then
+    echo "scripts/$who: building the venv $venv (inputs changed or missing)" >&2
+    "$PY" -m venv --clear "$venv"
+    local pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
+    local log="$venv/.hpcml-install.log"
+    # A pinned CPU build: an unpinned "torch" would pull a multi-GB CUDA build on a machine
+    # without the wheel at hand.
+    { "${pip[@]}" install -e "$spec" && "${pip[@]}" install "torch==2.13.0"; } >"$log" 2>&1 \
+      || { tail -n 30 "$log" >&2; echo "scripts/$who: installing into $venv failed (log: $log)" >&2; exit 1; }
+    echo "$stamp" > "$venv/.hpcml-stamp"
+  fi
+}

@@ -1,0 +1,66 @@
+"""``hpcml run`` and ``hpcml report``: the front door (one module for the app)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import Group
+
+run_app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
+report_app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
+
+
+@run_app.command("run", context_settings={"allow_interspersed_args": False})
+def run_cmd(
+    cmd: list[str] = typer.Argument(None, help="The training command, after --."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID)."),
+    vet: Optional[Path] = typer.Option(None, "--vet", help="Vet the nodes with this protocol first "
+                                       "(abort: exit 4; shrink: run on the good ones)."),
+    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", help="With --vet: fewer good nodes than this aborts."),
+    ntasks: Optional[int] = typer.Option(None, "--ntasks", help="Tasks in all (local default: visible GPUs, else 1)."),
+    ntasks_per_node: Optional[int] = typer.Option(None, "--ntasks-per-node", help="Tasks per node under Slurm "
+                                                  "(default: the allocation's, else GPUs per node, else 1)."),
+    env: Optional[str] = typer.Option(None, "--env", help="Run every task in this EDF's container (hpcml env run)."),
+    interval: float = typer.Option(1.0, help="Seconds between host/GPU samples."),
+) -> None:
+    """Vet, launch, record and report a training job; exits with the first failing rank's code.
+
+        sbatch -N2 --wrap "hpcml run --vet examples/vet/cpu.yaml -- python train.py"
+
+        hpcml run --ntasks 2 -- python train.py        # outside Slurm: local tasks
+
+    Every task gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK and
+    LOCAL_WORLD_SIZE (torch.distributed's env:// rendezvous) and is recorded by hpcml
+    observe. Exit codes: the command's, 4 vetting aborted, 2 bad input.
+    """
+    from hpcml.run.launcher import Options, run
+    rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
+                     ntasks_per_node=ntasks_per_node, env=env, interval=interval))
+    raise typer.Exit(rc)
+
+
+@report_app.command("report")
+def report_cmd(
+    job_dir: Path = typer.Argument(..., help="A job directory written by hpcml run."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: JOB_DIR/report.html)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+) -> None:
+    """One report for the whole job: vetting, environment, throughput, stragglers, stalls,
+    GPU saturation, how it ended, and the findings ranked with advice.
+
+        hpcml report hpcml-run-$SLURM_JOB_ID
+    """
+    import json
+
+    from hpcml.cli_support import write_report
+    from hpcml.run.report import build, summary, to_json, write
+    rep = build(job_dir)
+    path = write_report(write, rep, html_out or Path(job_dir) / "report.html")
+    if as_json:
+        print(json.dumps(to_json(rep), indent=2, default=str))
+        return
+    print("\n".join(summary(rep)))
+    print(f"html: {path}")

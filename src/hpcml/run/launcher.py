@@ -1,0 +1,199 @@
+"""Vet, launch and wait: the body of ``hpcml run``.
+
+Slurm mode (inside an allocation, not inside a step): vet the nodes when asked, then one
+srun step with ``--kill-on-bad-exit`` over the good nodes, each task being
+``python -m hpcml.run.task``. Local mode (no allocation): ``--ntasks`` children on this
+machine, the rest killed when one fails, as srun would. Either way the exit code is the
+first failing rank's (by the time it ended), else srun's, else 0.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml.errors import UsageError
+from hpcml.run.jobdir import default_dir, log_path, observe_dir, vet_dir, write_run
+from hpcml.run.rendezvous import free_port, node_address
+
+ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
+
+
+@dataclass
+class Options:
+    cmd: list[str]
+    job_dir: Path | None = None
+    vet: Path | None = None
+    min_nodes: int | None = None
+    ntasks: int | None = None                 # local mode: tasks; Slurm: total (default: per node x nodes)
+    ntasks_per_node: int | None = None
+    env: str | None = None
+    interval: float = 1.0
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def _check(opts: Options, allocation) -> None:
+    if not opts.cmd:
+        raise UsageError("no command to run: hpcml run [options] -- python train.py", key="cmd")
+    if opts.min_nodes is not None and opts.min_nodes > len(allocation.nodes):
+        raise UsageError(f"{opts.min_nodes} is more than the allocation's {len(allocation.nodes)} nodes",
+                         key="min_nodes")
+    for key in ("ntasks", "ntasks_per_node", "min_nodes"):
+        v = getattr(opts, key)
+        if v is not None and v < 1:
+            raise UsageError(f"must be at least 1, got {v}", key=key)
+    if opts.interval < 0.1:
+        raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
+    if opts.vet is not None:
+        from hpcml.vet.protocol import load
+        load(opts.vet)                                    # a protocol that does not validate: exit 2 now
+
+
+def _environment(opts: Options) -> dict | None:
+    if not opts.env:
+        return None
+    from hpcml.env.resolve import resolve
+    env, warnings = resolve(opts.env)
+    return {"edf": opts.env, "resolved": env.to_json() if hasattr(env, "to_json") else str(env), "warnings": warnings}
+
+
+def _gpus_here() -> int:
+    from hpcml.samplers.nvml import visible_gpus
+    return len(visible_gpus()[0])
+
+
+def run(opts: Options) -> int:
+    from hpcml.cluster.allocation import current
+    allocation = current()
+    slurm = bool(allocation.job_id) and allocation.step_id is None and not os.environ.get("HPCML_RUN_LOCAL")
+    if not slurm:
+        allocation = current({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    _check(opts, allocation)
+    environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
+    d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
+    d.mkdir(parents=True, exist_ok=True)
+    info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local", "job_id": allocation.job_id,
+                            "started": time.time(), "allocation": list(allocation.nodes), "excluded": {},
+                            "vet": None, "env": None}
+    if environment is not None:
+        import json
+        (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
+        info["env"] = opts.env
+    nodes = list(allocation.nodes)
+    if opts.vet is not None:
+        from hpcml.vet.session import vet_job
+        run_, _ = vet_job(opts.vet, min_nodes=opts.min_nodes, out=vet_dir(d), local=not slurm,
+                          allocation=allocation)
+        v = run_.verdict
+        info["vet"] = {"decision": v.decision.value, "good": v.good, "bad": v.bad, "reasons": v.reasons,
+                       "duration_s": round(run_.duration, 3)}
+        info["excluded"] = {n: v.reasons.get(n, []) for n in v.bad}
+        print(f"hpcml run: vet {v.decision.value}: {len(v.good)} good, {len(v.bad)} bad"
+              + (f" ({', '.join(v.bad)})" if v.bad else ""), file=sys.stderr)
+        if v.decision.value == "abort":
+            info.update(ended=time.time(), exit_code=ABORTED, aborted=True)
+            write_run(d, info)
+            print(f"hpcml run: aborted before the command started; see {d}", file=sys.stderr)
+            return ABORTED
+        nodes = [n for n in nodes if n in set(v.good)]
+    task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval)]
+    if opts.env:
+        task += ["--env", opts.env]
+    task += ["--", *opts.cmd]
+    if slurm:
+        rc = _srun(opts, d, nodes, allocation, task, info)
+    else:
+        rc = _local(opts, d, task, info)
+    return _finish(d, info, rc)
+
+
+def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict) -> int:
+    from hpcml.cluster.hostlist import fold
+    per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) \
+        or int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0) or 1
+    ntasks = opts.ntasks or per_node * len(nodes)
+    master_node = nodes[0]                   # srun gives rank 0 the first node of the list
+    if master_node == allocation.node:
+        port = free_port()
+    else:
+        out = subprocess.run(["srun", "-N1", "-n1", "-w", master_node, "--overlap", sys.executable, "-c",
+                              "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"],
+                             capture_output=True, text=True, timeout=60)
+        port = int(out.stdout.strip() or free_port())
+    addr = node_address(master_node)
+    argv = ["srun", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}", f"--ntasks={ntasks}",
+            f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1", *task]
+    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port))
+    info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
+    write_run(d, info)
+    print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
+    return subprocess.run(argv, env=env).returncode
+
+
+def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
+    n = opts.ntasks or _gpus_here() or 1
+    port = free_port("127.0.0.1")
+    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}")
+    info.update(nodes=[info["allocation"][0]], ntasks=n, ntasks_per_node=n, master=f"127.0.0.1:{port}",
+                launch=[f"{n} x", *task])
+    write_run(d, info)
+    print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
+    procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
+    rc = 0
+    try:
+        while procs:
+            for p in list(procs):
+                code = p.poll()
+                if code is None:
+                    continue
+                procs.remove(p)
+                if code != 0 and rc == 0:
+                    rc = code
+                    for other in procs:                   # as srun --kill-on-bad-exit does
+                        other.send_signal(signal.SIGTERM)
+            time.sleep(0.05)
+    except KeyboardInterrupt:
+        for p in procs:
+            p.send_signal(signal.SIGINT)
+        for p in procs:
+            p.wait()
+        rc = 130
+    return rc
+
+
+def first_failure(d: Path) -> dict | None:
+    """The rank that failed first (by when its command ended), from the recorder's metadata."""
+    import json
+    failed = []
+    for meta in observe_dir(d).glob("rank-*.json"):
+        try:
+            m = json.loads(meta.read_text())
+        except (OSError, ValueError):
+            continue
+        ec = m.get("exit_code")
+        if isinstance(ec, int) and ec != 0:
+            failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
+    if not failed:
+        return None
+    end, rank, ec, node = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
+    return {"rank": rank, "exit_code": ec, "node": node, "end": end, "failed_ranks": len(failed)}
+
+
+def _finish(d: Path, info: dict, rc: int) -> int:
+    first = first_failure(d)
+    code = first["exit_code"] if first else rc
+    info.update(ended=time.time(), exit_code=code, first_failure=first, launcher_exit_code=rc)
+    write_run(d, info)
+    if first:
+        err = log_path(d, int(first["rank"] or 0), "err")
+        print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)
+    print(f"hpcml run: done (exit {code}); report: hpcml report {d}", file=sys.stderr)
+    return code

@@ -1,0 +1,52 @@
+"""One task of ``hpcml run`` (``python -m hpcml.run.task JOBDIR [--env EDF] -- CMD``).
+
+Started by srun (or by the local launcher), it sets the rendezvous variables from Slurm's,
+sends its stdout and stderr to ``JOBDIR/logs/rank-N.{out,err}``, and runs CMD under the
+observe recorder (GPU sampler ``auto``), in the EDF's container when one is given. Exits
+with CMD's exit code.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from hpcml.run.jobdir import log_path, observe_dir
+from hpcml.run.rendezvous import task_env
+
+
+def _redirect(d: Path, rank: int) -> None:
+    logs = d / "logs"
+    logs.mkdir(parents=True, exist_ok=True)
+    for fd, stream in ((1, "out"), (2, "err")):
+        f = os.open(log_path(d, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        os.dup2(f, fd)
+        os.close(f)
+
+
+def main(argv: list[str]) -> int:
+    if "--" not in argv or argv.index("--") < 1:
+        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] -- CMD...", file=sys.stderr)
+        return 2
+    head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
+    d = Path(head[0])
+    opts = dict(zip(head[1::2], head[2::2]))
+    os.environ.update(task_env(os.environ))
+    rank = int(os.environ.get("RANK", "0"))
+    _redirect(d, rank)
+    sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
+    sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
+    if opts.get("--env"):
+        cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
+    from hpcml.observe.recorder import record
+    return record(cmd, observe_dir(d), float(opts.get("--interval", "1.0")), gpu_metrics="auto")
+
+
+if __name__ == "__main__":
+    from hpcml.errors import HpcmlError
+    try:
+        sys.exit(main(sys.argv[1:]))
+    except HpcmlError as exc:             # into this rank's log, one line
+        print(f"hpcml run: rank {os.environ.get('RANK', '?')}: error: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -1,0 +1,54 @@
+"""One vetting of the allocation, as ``hpcml vet run`` and ``hpcml run --vet`` do it.
+
+Node workers are started before the protocol is validated (their start-up overlaps it),
+the protocol runs on every node, and report.json, bad-nodes and good-nodes are written.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Any
+
+from hpcml.errors import UsageError
+
+
+def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | None = None, nodes: str | None = None,
+            out: Path | None = None, exclude_file: Path | None = None, good_file: Path | None = None,
+            workdir: Path | None = None, venv_root: Path | None = None, local: bool = False,
+            allocation: Any = None) -> tuple[Any, dict[str, Path]]:
+    """``(VetRun, output paths)``; bad input raises a UsageError (one line, exit 2)."""
+    from hpcml.cluster import allocation as alloc_mod
+    from hpcml.cluster.hostlist import expand
+    from hpcml.vet import launch
+    early = None
+    try:   # bad input ends the command, after stopping early workers
+        allocation = allocation or alloc_mod.current()
+        subset = expand(nodes) if nodes else None
+        if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
+            raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="nodes")
+        if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
+            early = launch.start_workers(subset or list(allocation.nodes), preload=launch.preload_hint(protocol))
+        from hpcml.units import parse_seconds
+        from hpcml.vet import engine, report, setup
+        from hpcml.vet.protocol import load
+        proto = load(protocol)
+        try:
+            limit = parse_seconds(deadline) if deadline is not None else None
+        except ValueError as exc:
+            raise UsageError(str(exc), key="deadline") from None
+        out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
+        python = setup.python_of(proto, venv_root)
+        if venv_root and proto.requirements() and python is None:
+            print(f"hpcml vet: requirements not set up in {venv_root}: run "
+                  f"`hpcml vet setup {protocol} --venv-root {venv_root}`; checks that need "
+                  "them will end in error", file=sys.stderr)
+        run_ = engine.vet(proto, allocation, nodes=subset, min_nodes=min_nodes, deadline=limit,
+                          workdir=str(workdir or out_dir / "work"),
+                          use_srun=False if local else None, python=python, started=early)
+        early = None
+        paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
+    finally:
+        if early is not None:
+            early.cancel()
+    return run_, paths

@@ -1,0 +1,137 @@
+"""``hpcml run`` outside Slurm (local tasks) and ``hpcml report``: the README's main job.
+
+Real processes, real torch.distributed (gloo on CPU), the real vet protocol, the real
+observe store; the HTML report renders in headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from tests.observe.browser import assert_not_blank, render
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "run" / "train_ddp.py"
+CPU = ROOT / "examples" / "vet" / "cpu.yaml"
+SECTIONS = ("run-job", "run-findings", "run-vet", "run-env", "run-ending", "run-observe", "run-score")
+
+
+def hpcml(*args, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=env, timeout=timeout)
+
+
+def valid(doc: dict, name: str) -> dict:
+    jsonschema.validate(doc, schemas.load(name), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
+    tmp = tmp_path_factory.mktemp("run")
+    p = hpcml("run", "--ntasks", "2", "--vet", CPU, "--dir", "job", "--", "python", EXAMPLE,
+              "--data", tmp / "data", "--samples", "512", "--epochs", "2", cwd=tmp)
+    return tmp / "job", p
+
+
+@pytest.mark.torch
+def test_example_trains_with_ddp_on_two_local_ranks(trained):
+    d, p = trained
+    assert p.returncode == 0, p.stderr
+    assert "trained 8 steps on 2 ranks" in (d / "logs" / "rank-0.out").read_text()
+    run = valid(json.loads((d / "run.json").read_text()), "run")
+    assert run["mode"] == "local" and run["ntasks"] == 2 and run["exit_code"] == 0
+    assert run["vet"]["decision"] == "continue" and run["master"].startswith("127.0.0.1:")
+    assert (d / "vet" / "report.json").is_file() and (d / "observe" / "rank-00001.arrows").is_file()
+
+
+@pytest.mark.torch
+def test_report_of_the_example_is_complete(trained, tmp_path):
+    d, _ = trained
+    p = hpcml("report", d, "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    rep = valid(json.loads(p.stdout), "run.report")
+    assert rep["vet"]["decision"] == "continue" and rep["ending"]["exit_code"] == 0
+    assert rep["ending"]["first_failure"] is None
+    obs = rep["observe"]
+    assert obs["ranks_with_data"] == 2 and obs["throughput"]["name"] == "samples_per_s"
+    assert obs["sections"]["step"]["total_s"] > 0
+    assert rep["score"] is None and rep["score_missing"].startswith("no GPU samples")
+    text = hpcml("report", d, cwd=tmp_path)
+    assert text.returncode == 0 and "vet: continue" in text.stdout and "html:" in text.stdout
+
+
+@pytest.mark.torch
+def test_html_report_renders_with_every_section(trained, tmp_path):
+    d, _ = trained
+    page = d / "report.html"
+    assert hpcml("report", d, "--html", page, cwd=tmp_path).returncode == 0
+    pixels, dom = render(page, tmp_path)
+    assert_not_blank(pixels)
+    for section in SECTIONS:
+        assert f"id=\"{section}\"" in dom or f"id='{section}'" in dom, section
+
+
+def test_every_task_gets_the_rendezvous(tmp_path):
+    probe = ("import os; print(' '.join(os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
+             "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')))")
+    p = hpcml("run", "--ntasks", "3", "--dir", "job", "--", sys.executable, "-c", probe, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    seen = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text().split() for r in range(3)]
+    ports = {s[5] for s in seen}
+    assert [s[:5] for s in seen] == [[str(r), str(r), "3", "3", "127.0.0.1"] for r in range(3)]
+    assert len(ports) == 1 and ports != {"29500"}
+
+
+@pytest.mark.torch
+def test_a_crashing_rank_gives_its_exit_code_and_its_stderr(tmp_path):
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--", "python", EXAMPLE, "--data", tmp_path / "data",
+              "--samples", "256", "--fail-rank", "1", "--fail-step", "2", cwd=tmp_path)
+    assert p.returncode == 3, p.stderr
+    rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)
+    first = rep["ending"]["first_failure"]
+    assert first["rank"] == 1 and first["exit_code"] == 3
+    assert any("injected failure at step 2" in line for line in first["stderr_tail"])
+    assert rep["findings"][0]["kind"] == "failed_rank" and "rank 1" in rep["findings"][0]["message"]
+
+
+def test_vetting_abort_never_starts_the_command(tmp_path):
+    (tmp_path / "p.yaml").write_text("name: impossible\nevals:\n  - {name: mem, type: memory, min_available_fraction: 100%}\n")
+    marker = tmp_path / "started"
+    p = hpcml("run", "--vet", "p.yaml", "--dir", "job", "--", "touch", marker, cwd=tmp_path)
+    assert p.returncode == 4, p.stderr
+    assert not marker.exists() and not (tmp_path / "job" / "logs").exists()
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["aborted"] is True
+    rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)
+    assert rep["findings"][0]["kind"] == "aborted" and rep["observe"] is None
+
+
+@pytest.mark.parametrize("args,needle", [
+    ([], "no command to run"),
+    (["--vet", "bad.yaml", "--", "true"], "bad.yaml"),
+    (["--min-nodes", "5", "--", "true"], "--min-nodes"),
+    (["--env", "nope.toml", "--", "true"], "nope.toml"),
+    (["--ntasks", "0", "--", "true"], "--ntasks"),
+])
+def test_bad_input_is_one_line_exit_2_and_launches_nothing(tmp_path, args, needle):
+    (tmp_path / "bad.yaml").write_text("name: bad\nevals:\n  - {name: d, type: disk, path: /tmp, min_free: lots}\n")
+    p = hpcml("run", "--dir", "job", *args, cwd=tmp_path)
+    assert p.returncode == 2, (p.stdout, p.stderr)
+    assert p.stderr.count("\n") == 1 and needle in p.stderr and p.stderr.startswith("hpcml run: error:")
+    assert not (tmp_path / "job" / "logs").exists()
+
+
+def test_report_of_something_else_is_one_line_exit_2(tmp_path):
+    p = hpcml("report", tmp_path, cwd=tmp_path)
+    assert p.returncode == 2 and "no run.json" in p.stderr and p.stderr.count("\n") == 1
