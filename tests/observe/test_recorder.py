@@ -71,6 +71,8 @@ def test_sigterm_is_forwarded_and_the_exit_code_follows(tmp_path):
 def test_a_command_killed_by_a_signal_exits_128_plus_n(tmp_path):
     p = _record(tmp_path, sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGKILL)")
     assert p.wait(timeout=60) == 128 + 9
+    meta = json.loads(next(tmp_path.rglob("rank-00000.json")).read_text())
+    assert meta["exit_code"] == 137 and meta["signal"] == 9         # as the shell says, not -9
 
 
 def test_gpu_rows_from_a_recorded_nvml_replay(tmp_path):

@@ -53,6 +53,8 @@ def test_example_trains_with_ddp_on_two_local_ranks(trained):
     assert run["mode"] == "local" and run["ntasks"] == 2 and run["exit_code"] == 0
     assert run["vet"]["decision"] == "continue" and run["master"].startswith("127.0.0.1:")
     assert (d / "vet" / "report.json").is_file() and (d / "observe" / "rank-00001.arrows").is_file()
+    assert "vet: continue" in p.stdout and f"html: {d.name}/report.html" in p.stdout      # the report, at the end
+    assert (d / "report.html").stat().st_size > 10_000
 
 
 @pytest.mark.torch
@@ -85,8 +87,9 @@ def test_html_report_renders_with_every_section(trained, tmp_path):
 def test_every_task_gets_the_rendezvous(tmp_path):
     probe = ("import os; print(' '.join(os.environ[k] for k in ('RANK', 'LOCAL_RANK', 'WORLD_SIZE', "
              "'LOCAL_WORLD_SIZE', 'MASTER_ADDR', 'MASTER_PORT')))")
-    p = hpcml("run", "--ntasks", "3", "--dir", "job", "--", sys.executable, "-c", probe, cwd=tmp_path)
+    p = hpcml("run", "--ntasks", "3", "--dir", "job", "--no-report", "--", sys.executable, "-c", probe, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
+    assert not (tmp_path / "job" / "report.html").exists() and "html:" not in p.stdout
     seen = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text().split() for r in range(3)]
     ports = {s[5] for s in seen}
     assert [s[:5] for s in seen] == [[str(r), str(r), "3", "3", "127.0.0.1"] for r in range(3)]

@@ -127,21 +127,20 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             rank_meta["prometheus"] = f"{prometheus_addr}:{prometheus_port}"
         else:
             exporter = PromForwarder(prometheus_port, rank=task.rank)
-    writer = RankWriter(rank_path(out, task.rank), task.rank)
     lock = threading.Lock()
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, HPCML_OBSERVE_FD=str(write_fd), HPCML_OBSERVE_DIR=str(out))
-    try:
+    try:        # the command starts first: the store's imports (pyarrow) overlap its start-up
         child = subprocess.Popen(cmd, env=env, pass_fds=(write_fd,))
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)
-        writer.close()
         if exporter is not None:
             exporter.close()
         raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
     os.close(write_fd)
+    writer = RankWriter(rank_path(out, task.rank), task.rank)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter),
                               daemon=True)
     copier.start()
@@ -176,8 +175,11 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             writer.close()
         if exporter is not None:
             exporter.close()
-    rank_meta.update(end=time.time(), exit_code=rc, app_batches=stats["app_batches"])
+    code = rc if rc >= 0 else 128 - rc           # killed by signal n: 128 + n, as a shell says
+    rank_meta.update(end=time.time(), exit_code=code, app_batches=stats["app_batches"])
+    if rc < 0:
+        rank_meta["signal"] = -rc
     write_json(rank_meta_path, rank_meta)
     if task.rank == 0:
         write_json(out / JOB_META, {**job_meta, "end": time.time()})
-    return rc if rc >= 0 else 128 - rc
+    return code

@@ -35,6 +35,8 @@ class Options:
     ntasks_per_node: int | None = None
     env: str | None = None
     interval: float = 1.0
+    report: bool = True                       # write report.html and print the summary at the end
+    gpus_per_task: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -44,7 +46,7 @@ def _check(opts: Options, allocation) -> None:
     if opts.min_nodes is not None and opts.min_nodes > len(allocation.nodes):
         raise UsageError(f"{opts.min_nodes} is more than the allocation's {len(allocation.nodes)} nodes",
                          key="min_nodes")
-    for key in ("ntasks", "ntasks_per_node", "min_nodes"):
+    for key in ("ntasks", "ntasks_per_node", "min_nodes", "gpus_per_task"):
         v = getattr(opts, key)
         if v is not None and v < 1:
             raise UsageError(f"must be at least 1, got {v}", key=key)
@@ -100,6 +102,8 @@ def run(opts: Options) -> int:
             info.update(ended=time.time(), exit_code=ABORTED, aborted=True)
             write_run(d, info)
             print(f"hpcml run: aborted before the command started; see {d}", file=sys.stderr)
+            if opts.report:
+                _report(d)
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
     task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval)]
@@ -110,13 +114,28 @@ def run(opts: Options) -> int:
         rc = _srun(opts, d, nodes, allocation, task, info)
     else:
         rc = _local(opts, d, task, info)
-    return _finish(d, info, rc)
+    code = _finish(d, info, rc)
+    if opts.report:
+        _report(d)
+    return code
+
+
+def _report(d: Path) -> None:
+    """The job's report (``hpcml report``), printed and written to JOBDIR/report.html."""
+    from hpcml.run.report import build, summary, write
+    rep = build(d)
+    path = write(rep, d / "report.html")
+    print("\n".join(summary(rep)))
+    print(f"html: {path}")
 
 
 def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict) -> int:
     from hpcml.cluster.hostlist import fold
-    per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0) \
-        or int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0) or 1
+    per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
+    if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
+        per_node = int(os.environ["SLURM_GPUS_ON_NODE"])        # one task per GPU, each bound to its GPU
+        opts.gpus_per_task = opts.gpus_per_task or 1
+    per_node = per_node or 1
     ntasks = opts.ntasks or per_node * len(nodes)
     master_node = nodes[0]                   # srun gives rank 0 the first node of the list
     if master_node == allocation.node:
@@ -127,13 +146,37 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
                              capture_output=True, text=True, timeout=60)
         port = int(out.stdout.strip() or free_port())
     addr = node_address(master_node)
+    gpus = ([f"--gpus-per-task={opts.gpus_per_task}"] if opts.gpus_per_task else [])
     argv = ["srun", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}", f"--ntasks={ntasks}",
-            f"--ntasks-per-node={per_node}", "--kill-on-bad-exit=1", *task]
+            f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
     env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port))
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
     write_run(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
-    return subprocess.run(argv, env=env).returncode
+    proc = subprocess.Popen(argv, env=env)
+    _prefetch_report(opts)
+    return proc.wait()
+
+
+def _prefetch_report(opts: Options) -> None:
+    """While the tasks run, import what the report needs (pyarrow, numpy, the builders):
+    the launcher is idle then, and the report at the end costs only its own work."""
+    if not opts.report:
+        return
+
+    def load() -> None:
+        try:
+            import hpcml.observe.html  # noqa: F401
+            import hpcml.observe.report  # noqa: F401
+            import hpcml.observe.store  # noqa: F401
+            import hpcml.run.report  # noqa: F401
+            import hpcml.score.html  # noqa: F401
+            import hpcml.score.importers.store  # noqa: F401
+            import hpcml.score.report  # noqa: F401
+        except Exception:  # noqa: BLE001 - the report will say what is missing
+            pass
+    import threading
+    threading.Thread(target=load, daemon=True).start()
 
 
 def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
@@ -147,6 +190,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     write_run(d, info)
     print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
     procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
+    _prefetch_report(opts)
     rc = 0
     try:
         while procs:
@@ -195,5 +239,5 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     if first:
         err = log_path(d, int(first["rank"] or 0), "err")
         print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)
-    print(f"hpcml run: done (exit {code}); report: hpcml report {d}", file=sys.stderr)
+    print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
     return code

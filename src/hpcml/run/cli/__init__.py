@@ -24,7 +24,10 @@ def run_cmd(
     ntasks_per_node: Optional[int] = typer.Option(None, "--ntasks-per-node", help="Tasks per node under Slurm "
                                                   "(default: the allocation's, else GPUs per node, else 1)."),
     env: Optional[str] = typer.Option(None, "--env", help="Run every task in this EDF's container (hpcml env run)."),
+    gpus_per_task: Optional[int] = typer.Option(None, "--gpus-per-task", help="GPUs bound to each task by srun "
+                                                "(default: 1 when tasks are one per GPU)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples."),
+    no_report: bool = typer.Option(False, "--no-report", help="Do not print the report or write report.html at the end."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -34,11 +37,13 @@ def run_cmd(
 
     Every task gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK and
     LOCAL_WORLD_SIZE (torch.distributed's env:// rendezvous) and is recorded by hpcml
-    observe. Exit codes: the command's, 4 vetting aborted, 2 bad input.
+    observe. At the end it prints the job's report and writes JOBDIR/report.html (hpcml
+    report shows it again). Exit codes: the command's, 4 vetting aborted, 2 bad input.
     """
     from hpcml.run.launcher import Options, run
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
-                     ntasks_per_node=ntasks_per_node, env=env, interval=interval))
+                     ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
+                     gpus_per_task=gpus_per_task))
     raise typer.Exit(rc)
 
 
