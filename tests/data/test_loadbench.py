@@ -74,11 +74,11 @@ def test_limits_take_samples_or_bytes_and_shuffle_changes_which(data):
     assert a.samples == b.samples == 51 and a.payload_bytes != b.payload_bytes
 
 
-def test_bench_reports_ceiling_and_consistent_percentages(data):
+def test_bench_reports_ceiling_and_consistent_percentages(data, tmp_path):
     src, _ = data
     before = _files(src)
-    r = lb.bench(src, workers=(1, 2))
-    assert _files(src) == before                  # the temporary ceiling file is gone
+    r = lb.bench(src, workers=(1, 2), ceiling_dir=tmp_path)
+    assert _files(src) == before and not list(tmp_path.iterdir())      # the temporary ceiling file is gone
     c = r.ceiling
     assert c.method == "temp-file" and c.bytes == sum(before.values()) and c.mb_per_s > 0
     assert [(p.order, p.workers) for p in r.passes] == [("sequential", 1), ("sequential", 2),
@@ -108,7 +108,7 @@ def test_shard_ceiling_reads_the_shards(data):
 def test_ceiling_from_the_largest_files_when_no_temporary_file(data):
     src, _ = data
     target = lb.open_target(src)
-    c = lb.measure_ceiling(target, temp_file=False, max_bytes=60_000)
+    c = lb.measure_ceiling(target, max_bytes=60_000)
     assert c.method == "largest-files" and c.bytes == 60_000 and c.mb_per_s > 0
     sizes = sorted((s for _p, s in target.files), reverse=True)
     k = next(i + 1 for i in range(len(sizes)) if sum(sizes[:i + 1]) >= 60_000)
@@ -122,10 +122,24 @@ def test_temporary_file_removed_when_the_ceiling_fails(data, monkeypatch):
     def broken(*a, **k):
         raise UsageError("disk gone")
     monkeypatch.setattr(lb, "read_sequential", broken)
+    scratch = src.parent / "scratch"
+    scratch.mkdir()
     with pytest.raises(UsageError, match="disk gone"):
-        lb.measure_ceiling(lb.open_target(src))
+        lb.measure_ceiling(lb.open_target(src), temp_dir=scratch)
     assert _files(src) == before
-    assert not [p for p in src.iterdir() if p.name.startswith(lb.TEMP_PREFIX)]
+    assert not list(scratch.iterdir())
+
+
+def test_bench_never_writes_into_the_dataset_unasked(data, tmp_path):
+    """Issue 19: the ceiling's 32 MB temporary file went into someone's dataset directory."""
+    src, _ = data
+    before = {p.name: p.stat().st_mtime_ns for p in src.iterdir()}
+    r = lb.bench(src, orders=["sequential"], limit=50)
+    assert r.ceiling.method in ("largest-files", "image")
+    assert {p.name: p.stat().st_mtime_ns for p in src.iterdir()} == before
+    r = lb.bench(src, orders=["sequential"], limit=50, ceiling_dir=tmp_path)
+    assert r.ceiling.method == "temp-file" and str(tmp_path) in r.ceiling.detail
+    assert not list(tmp_path.iterdir())
 
 
 def _slow_first_worker(target: lb.Target, marker: Path, then):

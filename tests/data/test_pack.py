@@ -150,3 +150,19 @@ def test_squashfs_image_holds_every_file(tmp_path):
     out = tmp_path / "unpacked"
     subprocess.run(["unsquashfs", "-q", "-d", str(out), str(image)], check=True, capture_output=True)
     assert _files(out) == _files(src)
+
+
+def test_packing_another_source_into_a_dataset_is_refused_unless_overwrite(tmp_path):
+    """Issue 19: a second source packed into DST silently replaced the first dataset."""
+    runner, app = _cli()
+    a, dst = make_shards(tmp_path / "a", samples=60, target=100_000)
+    before = {p.name: p.read_bytes() for p in dst.iterdir()}
+    b = make_files(tmp_path / "b" / "src", 20)
+    r = runner.invoke(app, ["data", "pack", str(b), str(dst)])
+    assert r.exit_code == 2 and "holds a dataset packed from" in r.output and str(a.resolve()) in r.output
+    assert "--overwrite" in r.output and "Traceback" not in r.output
+    assert {p.name: p.read_bytes() for p in dst.iterdir()} == before          # nothing lost
+    assert pack(a, dst, target_bytes=100_000).reused == len(load_manifest(dst).shards)   # the same source resumes
+    r = runner.invoke(app, ["data", "pack", str(b), str(dst), "--overwrite"])
+    assert r.exit_code == 0, r.output
+    assert load_manifest(dst).samples == 20

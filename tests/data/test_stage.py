@@ -191,9 +191,12 @@ def test_target_expansion():
         st.resolve_dir("$SLURM_TMPDIR", {"SLURM_JOB_ID": "42"})
 
 
-def test_unset_variable_in_target_falls_back(packed, tmp_path):
-    r = st.stage(packed, "$SLURM_TMPDIR/x", env={"SLURM_JOB_ID": "9"})
-    assert not r.staged and r.path == str(packed) and "SLURM_TMPDIR is not set" in r.reason
+def test_unset_variable_in_target_falls_back_to_the_default_target(packed, tmp_path):
+    """Issue 19: `--to '$SLURM_TMPDIR'` where it is unset staged nothing; now the default
+    target ($SLURM_TMPDIR, else $TMPDIR/hpcml-data-JOB) is used, and a note says so."""
+    r = st.stage(packed, "$SLURM_TMPDIR/x", env={"SLURM_JOB_ID": "9", "TMPDIR": str(tmp_path)})
+    assert r.staged and r.path.startswith(str(tmp_path / "hpcml-data-9"))
+    assert "SLURM_TMPDIR is not set" in r.note and "default" in r.note
 
 
 def test_tasks_of_one_node_copy_once(packed, tmp_path):

@@ -106,3 +106,27 @@ def test_plugin_type_loads():
     p = loads("name: x\nevals:\n  - {name: h, type: tests.plugins.testchecks.Hang, seconds: 1}\n")
     assert p.evals[0].check == "tests.plugins.testchecks:Hang"
     assert p.evals[0].params["seconds"] == 1.0
+
+
+def test_unset_variable_is_caught_before_the_run(tmp_path):
+    """Issue 19: `vet validate` said valid, then every node failed on '${SCRATCH}'."""
+    p = load(EXAMPLES / "gpu-training.yaml")
+    with pytest.raises(UsageError) as exc:
+        p.unset_variables({})
+    msg = str(exc.value)
+    assert "gpu-training.yaml" in msg and "evals.scratch.path" in msg and "$SCRATCH" in msg and "line" in msg
+    p.unset_variables({"SCRATCH": "/scratch"})                      # set: fine
+    load(EXAMPLES / "cpu.yaml").unset_variables({})                  # no variables: fine
+
+
+def test_validate_command_refuses_an_unset_variable(tmp_path):
+    import os
+    import subprocess
+    import sys
+    env = {k: v for k, v in os.environ.items() if k != "SCRATCH"}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "validate", str(EXAMPLES / "gpu-training.yaml")],
+                       capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and "SCRATCH" in p.stderr and p.stderr.count("\n") == 1
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "validate", str(EXAMPLES / "gpu-training.yaml")],
+                       capture_output=True, text=True, env={**env, "SCRATCH": str(tmp_path)}, timeout=60)
+    assert p.returncode == 0 and "valid protocol" in p.stdout

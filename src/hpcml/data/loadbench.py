@@ -195,10 +195,11 @@ def _write_temp(directory: Path, size: int) -> Path:
 
 
 def measure_ceiling(target: Target, *, cache: str = "cold", max_bytes: int = CEILING_BYTES,
-                    temp_file: bool | None = None, threads: int = CEILING_THREADS) -> Ceiling:
-    """Large sequential reads of the same storage. For files: a temporary file
-    (``temp_file`` None = when the directory is writable), else the squashfs image below
-    the mount, else the largest files."""
+                    temp_dir: Path | None = None, threads: int = CEILING_THREADS) -> Ceiling:
+    """Large sequential reads of the same storage. For files: a temporary file written in
+    ``temp_dir`` when one is given (a directory on the same storage the user may write
+    to; never the dataset's own directory unasked), else the squashfs image below the
+    mount, else the largest files."""
     size = min(max_bytes, target.bytes)
     if target.kind == "shards":
         paths = [f for f, _ in target.files]
@@ -206,22 +207,20 @@ def measure_ceiling(target: Target, *, cache: str = "cold", max_bytes: int = CEI
             evict(paths + target.backing)
         got, reads, secs = read_sequential(paths, size, threads=threads)
         return Ceiling("shards", f"the shard files, {len(paths)} shards", got, secs, reads, threads=threads)
-    if temp_file is not False:
+    if temp_dir is not None:
         try:
-            tmp = _write_temp(target.path, size)
+            tmp = _write_temp(Path(temp_dir), size)
         except OSError as exc:
-            if temp_file:
-                raise UsageError(f"cannot write the ceiling's temporary file: {exc.strerror}",
-                                 file=str(target.path)) from None
-        else:
-            try:
-                if cache != "warm":
-                    evict([str(tmp)])
-                got, reads, secs = read_sequential([str(tmp)], size, threads=threads)
-            finally:
-                tmp.unlink(missing_ok=True)
-            return Ceiling("temp-file", f"a {size:,}-byte temporary file written to {target.path} "
-                           "(fsynced, evicted, read, deleted)", got, secs, reads, threads=threads)
+            raise UsageError(f"cannot write the ceiling's temporary file: {exc.strerror}",
+                             file=str(temp_dir), key="ceiling_dir") from None
+        try:
+            if cache != "warm":
+                evict([str(tmp)])
+            got, reads, secs = read_sequential([str(tmp)], size, threads=threads)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return Ceiling("temp-file", f"a {size:,}-byte temporary file written to {temp_dir} "
+                       "(fsynced, evicted, read, deleted)", got, secs, reads, threads=threads)
     image = next((b for b in target.backing if not b.startswith("/dev/")), None)
     if image:
         if cache != "warm":
@@ -497,6 +496,7 @@ def expected_samples(target: Target, limit: int | None, limit_bytes: int | None)
 def bench(path: str | os.PathLike, *, kind: str | None = None, orders: Sequence[str] = ORDERS,
           workers: Sequence[int] = (1,), limit: int | None = None, limit_bytes: int | None = None,
           seed: int = 0, cache: str = "cold", ceiling_bytes: int = CEILING_BYTES,
+          ceiling_dir: str | os.PathLike | None = None,
           on_stage: Callable[[str, int | None], None] | None = None,
           on_progress: Progress | None = None) -> BenchResult:
     """The ceiling, then one pass per (order, workers). ``on_stage(label, samples)`` announces each."""
@@ -514,7 +514,7 @@ def bench(path: str | os.PathLike, *, kind: str | None = None, orders: Sequence[
     stage("ceiling", None)
     if cache == "drop":
         drop_caches()
-    ceiling = measure_ceiling(target, cache=cache, max_bytes=ceiling_bytes)
+    ceiling = measure_ceiling(target, cache=cache, max_bytes=ceiling_bytes, temp_dir=Path(ceiling_dir) if ceiling_dir else None)
     passes = []
     for o in orders:
         for w in workers:

@@ -13,6 +13,7 @@ keeps every finished shard whose fingerprint still matches and rewrites the othe
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import tarfile
@@ -24,7 +25,7 @@ from pathlib import Path
 from typing import Callable
 
 from hpcml.data.index import BLOCK, index_name, read_index_doc, write_index
-from hpcml.data.manifest import Manifest, ShardEntry, dataset_id, write_manifest
+from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.data.sources import Listing, SourceFile, list_files, sample_key
 from hpcml.errors import UsageError
 
@@ -193,12 +194,32 @@ def refuse_unreadable(listing: Path, bad: list[tuple[str, str]], resume: bool = 
                      f"fix them or pass --skip-unreadable{hint}", file=str(listing.parent))
 
 
+def _refuse_foreign(src: Path, dst: Path) -> None:
+    """A manifest in ``dst`` from another source: someone's dataset, not ours to replace."""
+    if not (dst / MANIFEST).is_file():
+        return
+    try:
+        old = json.loads((dst / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return                                   # unreadable: the reader will say so; a rerun may fix it
+    source = old.get("source") if isinstance(old, dict) else None
+    if isinstance(source, str) and source != str(src.resolve()):
+        n = len(old.get("shards") or [])
+        raise UsageError(f"holds a dataset packed from {source} ({n} shards); pack into another directory, "
+                         "or give --overwrite to replace it", file=str(dst))
+
+
 def pack(src: str | Path, dst: str | Path, *, target_bytes: int = DEFAULT_SHARD_BYTES, jobs: int = 8,
          skip_unreadable: bool = False, on_plan: Callable[[int, int], None] | None = None,
-         advance: Callable[[int], None] = lambda n: None) -> PackResult:
-    """Pack ``src`` into shards in ``dst``; ``on_plan(total_bytes, already_done)`` starts a progress bar."""
+         advance: Callable[[int], None] = lambda n: None, overwrite: bool = False) -> PackResult:
+    """Pack ``src`` into shards in ``dst``; ``on_plan(total_bytes, already_done)`` starts a progress bar.
+
+    ``dst`` holding a dataset packed from another source is refused (its shards would be
+    replaced or deleted) unless ``overwrite``."""
     src, dst = Path(src), Path(dst)
     _check_paths(src, dst)
+    if not overwrite:
+        _refuse_foreign(src, dst)
     if target_bytes < 10 * BLOCK:
         raise UsageError(f"shard size {target_bytes} B is too small", key="shard-size")
     t0 = time.monotonic()

@@ -67,6 +67,7 @@ class StageResult:
     dataset: str
     staged: bool
     reason: str = ""                # why it fell back to streaming
+    note: str = ""                  # e.g. the target's variable was unset, the default was used
     files_copied: int = 0
     files_skipped: int = 0
     files_verified: int = 0         # hashed in place and found valid (counted as skipped)
@@ -120,7 +121,8 @@ def default_dir(env: Mapping[str, str] | None = None) -> str:
     if env.get("SLURM_TMPDIR"):
         return env["SLURM_TMPDIR"]
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
-    return f"/tmp/hpcml-data-{job}" if job else "/tmp/hpcml-data"
+    tmp = env.get("TMPDIR") or "/tmp"
+    return f"{tmp}/hpcml-data-{job}" if job else f"{tmp}/hpcml-data"
 
 
 def resolve_dir(template: str | None, env: Mapping[str, str] | None = None) -> Path:
@@ -329,7 +331,14 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
                       job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),
                       task=int(env.get("SLURM_LOCALID") or 0))
     try:
-        dst = resolve_dir(to, env) / ds
+        try:
+            base = resolve_dir(to, env)
+        except TargetUnavailable as exc:
+            if not to:
+                raise
+            base = resolve_dir(None, env)                 # the default: $SLURM_TMPDIR, else /tmp/hpcml-data-JOB
+            res.note = f"{exc}; staged to the default {base} instead"
+        dst = base / ds
         res.target = str(dst)
         dst.mkdir(parents=True, exist_ok=True)
         fd = _locked(dst / LOCK, lock_timeout)

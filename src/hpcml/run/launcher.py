@@ -54,7 +54,7 @@ def _check(opts: Options, allocation) -> None:
         raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
     if opts.vet is not None:
         from hpcml.vet.protocol import load
-        load(opts.vet)                                    # a protocol that does not validate: exit 2 now
+        load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
 
 
 def _environment(opts: Options) -> dict | None:

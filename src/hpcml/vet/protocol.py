@@ -8,13 +8,16 @@ so the workers on the nodes only re-read plain numbers.
 
 from __future__ import annotations
 
+import os
 import re
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from pydantic import ValidationError
 
+from hpcml.errors import UsageError
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config
 from hpcml.units import parse_fraction, parse_seconds
 from hpcml.vet import registry, vetnode_compat
@@ -24,6 +27,9 @@ COMMON_KEYS = {"name", "type", "timeout", "severity", "count_errors", "requireme
 TOP_KEYS = {"name", "description", "evals", "min_nodes", "deadline", "require_gpus",
             "scheduler", "pip"}
 DEFAULT_DEADLINE = 300.0
+
+
+_VAR = re.compile(r"\$(?:\{(\w+)[^}]*\}|(\w+))")
 
 
 @dataclass
@@ -59,6 +65,30 @@ class Protocol:
     require_gpus: bool = False
     index_url: str | None = None
     vetnode: bool = False
+
+    def unset_variables(self, env: Mapping[str, str] | None = None) -> None:
+        """Refuse a ``$VAR`` / ``${VAR}`` in a check's parameters that is not set here (the
+        nodes get this environment through srun): a UsageError naming the file, line, key
+        and variable, before anything runs, instead of a failed check on every node."""
+        env = os.environ if env is None else env
+
+        def walk(value: Any, path: str):
+            if isinstance(value, str):
+                for m in _VAR.finditer(value):
+                    name = m.group(1) or m.group(2)
+                    if name not in env:
+                        yield path, name, value
+            elif isinstance(value, dict):
+                for k, v in value.items():
+                    yield from walk(v, f"{path}.{k}")
+            elif isinstance(value, (list, tuple)):
+                for i, v in enumerate(value):
+                    yield from walk(v, f"{path}.{i}")
+        for ev in self.evals:
+            for path, name, text in walk(ev.params, f"evals.{ev.name}"):
+                where = f" (line {ev.line})" if ev.line else ""
+                raise UsageError(f"{text!r} uses ${name}, which is not set here{where}; set it or write the path",
+                                 file=self.source, key=path)
 
     def requirements(self) -> list[list[str]]:
         seen, out = set(), []

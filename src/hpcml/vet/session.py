@@ -33,6 +33,7 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
         from hpcml.vet import engine, report, setup
         from hpcml.vet.protocol import load
         proto = load(protocol)
+        proto.unset_variables()
         try:
             limit = parse_seconds(deadline) if deadline is not None else None
         except ValueError as exc:

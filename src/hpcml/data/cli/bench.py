@@ -57,6 +57,8 @@ def bench(
     warm: bool = typer.Option(False, "--warm", help="Do not evict the files from the page cache before each pass."),
     drop: bool = typer.Option(False, "--drop-caches", help="Also sync and drop the kernel's caches before each pass (root)."),
     ceiling_size: str = typer.Option("1 GiB", "--ceiling-size", help="Bytes read (at most) for the ceiling."),
+    ceiling_dir: Optional[Path] = typer.Option(None, "--ceiling-dir", help="For a directory of files: write the "
+                                               "ceiling's temporary file here (same storage; never the dataset's own directory unasked)."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON instead of the table."),
 ) -> None:
     """Measure loader throughput on TARGET next to the ceiling of the same storage.
@@ -65,8 +67,9 @@ def bench(
     processes; for a shard set, ShardDataset's large block reads; for a
     directory, open/read/close per file) and reports samples/s, MB/s of
     payload, read calls and mean read size. The ceiling is the same storage
-    read with 16 MiB sequential reads in the same run: the shards, or a
-    temporary file written next to the files (deleted after). Files are
+    read with 16 MiB sequential reads in the same run: the shards, a temporary
+    file written in --ceiling-dir (deleted after), the squashfs image, or the
+    largest files. Nothing is written into the dataset's directory. Files are
     evicted from the page cache before each pass (posix_fadvise), unless --warm.
 
         hpcml data bench /scratch/$USER/shards          # both orders, 1 worker
@@ -85,7 +88,7 @@ def bench(
         raise UsageError("--warm and --drop-caches contradict each other", key="--drop-caches")
     cache = "warm" if warm else "drop" if drop else "cold"
     kw: dict[str, Any] = dict(kind=kind, orders=orders, workers=counts, limit=n, limit_bytes=nbytes, seed=seed,
-              cache=cache, ceiling_bytes=cap)
+              cache=cache, ceiling_bytes=cap, ceiling_dir=ceiling_dir)
     if _want_progress():
         result = _with_progress(run_bench, target, kw)
     else:

@@ -20,6 +20,7 @@ def pack_command(
     jobs: int = typer.Option(8, "--jobs", "-j", min=1, help="Shards written in parallel."),
     skip_unreadable: bool = typer.Option(False, "--skip-unreadable",
                                          help="Pack the rest and list unreadable files in the manifest."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace a dataset packed into DST from another source."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
     """Pack SRC into DST: WebDataset tar shards of --shard-size, an index per shard, a manifest with checksums.
@@ -29,16 +30,18 @@ def pack_command(
         hpcml data pack raw/ raw.sqsh --format squashfs               # one image (mksquashfs)
 
     A rerun keeps finished shards. Unreadable files stop the pack and are listed (exit 2).
+    DST holding a dataset packed from another source is refused (exit 2) unless --overwrite.
     """
     if fmt == "squashfs":
         _pack_squashfs(src, dst, jobs, skip_unreadable, as_json)
         return
     if fmt != "tar":
         raise UsageError(f"unknown format {fmt!r}: tar or squashfs", key="--format")
-    _pack_tar(src, dst, parse_size(shard_size, "--shard-size"), jobs, skip_unreadable, as_json)
+    _pack_tar(src, dst, parse_size(shard_size, "--shard-size"), jobs, skip_unreadable, as_json, overwrite)
 
 
-def _pack_tar(src: Path, dst: Path, target: int, jobs: int, skip_unreadable: bool, as_json: bool) -> None:
+def _pack_tar(src: Path, dst: Path, target: int, jobs: int, skip_unreadable: bool, as_json: bool,
+              overwrite: bool = False) -> None:
     from hpcml.data.pack import pack
     bar = progress_bar(not as_json)
     task = None
@@ -54,9 +57,9 @@ def _pack_tar(src: Path, dst: Path, target: int, jobs: int, skip_unreadable: boo
     if bar:
         with bar:
             r = pack(src, dst, target_bytes=target, jobs=jobs, skip_unreadable=skip_unreadable,
-                     on_plan=on_plan, advance=advance)
+                     on_plan=on_plan, advance=advance, overwrite=overwrite)
     else:
-        r = pack(src, dst, target_bytes=target, jobs=jobs, skip_unreadable=skip_unreadable)
+        r = pack(src, dst, target_bytes=target, jobs=jobs, skip_unreadable=skip_unreadable, overwrite=overwrite)
     m = r.manifest
     if as_json:
         print(json.dumps({"dataset": m.dataset, "shards": len(m.shards), "samples": m.samples, "bytes": m.bytes,

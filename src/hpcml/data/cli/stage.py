@@ -101,6 +101,8 @@ def _summary(out) -> None:
     from hpcml.units import fmt_bytes
     err = sys.stderr
     for node, r in out.results.items():
+        if getattr(r, "note", ""):
+            print(f"{COMMAND}: {node}: note: {r.note}", file=err)
         if not r.staged:
             print(f"{COMMAND}: {node}: not staged, {r.reason}; the job streams from {out.src}", file=err)
             continue

@@ -135,6 +135,7 @@ def validate(protocol: Path = typer.Argument(..., help="Protocol to check.")) ->
     """Check a protocol without running it (exit 0 valid, 2 invalid)."""
     from hpcml.vet.protocol import load
     proto = load(protocol)
+    proto.unset_variables()
     kind = "vetnode protocol" if proto.vetnode else "protocol"
     print(f"{protocol}: valid {kind} '{proto.name}' with {len(proto.evals)} checks: "
           + ", ".join(f"{e.name} ({e.type})" for e in proto.evals))
