@@ -73,6 +73,24 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return list(np.arange(np.ceil(lo / step) * step, hi + step * 1e-9, step))
 
 
+def bridge_gaps(y: np.ndarray) -> np.ndarray:
+    """A sampled series on a finer time grid (host samples every second, buckets of 0.1 s)
+    is mostly NaN between its points, and a line through it would be all moves and no
+    strokes. Interpolate across interior gaps up to twice the usual spacing of its points;
+    longer gaps (a lost node, a stall of the recorder) stay gaps."""
+    y = np.asarray(y, float)
+    idx = np.flatnonzero(np.isfinite(y))
+    if len(idx) < 2:
+        return y
+    steps = np.diff(idx)
+    limit = 2 * int(np.median(steps))
+    out = y.copy()
+    for a, b in zip(idx[:-1], idx[1:]):
+        if 1 < b - a <= limit:
+            out[a + 1:b] = np.interp(np.arange(a + 1, b), [a, b], [y[a], y[b]])
+    return out
+
+
 def _path(xs: np.ndarray, ys: np.ndarray) -> str:
     """An SVG path through the finite points; NaN breaks the line."""
     out, pen = [], False

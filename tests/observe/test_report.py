@@ -203,3 +203,34 @@ def test_report_options_reach_the_analysis(tmp_path):
     assert [s["rank"] for s in json.loads(p.stdout)["stragglers"]] == [2]
     bad = _cli(str(d), "--chronic", "-1")
     assert bad.returncode == 2 and "--chronic" in bad.stderr and bad.stderr.count("\n") == 1
+
+
+# -- issue 19: host charts draw lines; the duration is the slowest rank's -------------------------
+
+def _host_paths(dom: str) -> list[str]:
+    """The line paths of the "Host per node" section of a rendered page."""
+    import re
+    section = dom.split("Host per node", 1)[1]
+    section = section.split("<h2", 1)[0]
+    return re.findall(r"<path[^>]*\sd=[\"']([^\"']+)[\"']", section)
+
+
+def test_host_charts_draw_lines_in_chromium(tmp_path):
+    """Issue 19: host samples every 1 s on a grid of 0.2 s buckets gave paths of moves only."""
+    d = make_job(tmp_path / "obs", 8, 150, step_s=0.05, sample_s=1.0, seed=8)       # ~8 s, 1 s samples
+    page = tmp_path / "report.html"
+    assert _cli(str(d), "--html", str(page)).returncode == 0
+    pixels, dom = render(page, tmp_path)
+    assert_not_blank(pixels)
+    paths = _host_paths(dom)
+    assert paths and all("L" in p for p in paths), paths[:3]
+
+
+def test_duration_is_the_slowest_ranks(tmp_path):
+    d = make_job(tmp_path / "obs", 4, 100, seed=9)
+    meta = json.loads((d / "rank-00002.json").read_text())
+    meta["end"] += 10.0                                     # rank 2 ended 10 s after rank 0
+    (d / "rank-00002.json").write_text(json.dumps(meta))
+    job = json.loads((d / "job.json").read_text())
+    r = build(read_job(d))
+    assert r.duration_s == pytest.approx(meta["end"] - job["start"], abs=0.01)

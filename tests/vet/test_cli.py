@@ -1,5 +1,6 @@
 """The `hpcml vet` command as a user runs it: a real process, its exit code and output."""
 
+import os
 import json
 import subprocess
 import sys
@@ -112,3 +113,72 @@ def test_setup_builds_a_cached_venv_once(tmp_path):
     hpcml_file, dep_file = where.stdout.split()
     assert Path(hpcml_file).resolve() == (ROOT / "src" / "hpcml" / "__init__.py").resolve()
     assert Path(dep_file).is_relative_to(venv) and not list(venv.glob("lib/*/site-packages/hpcml-[0-9]*"))
+
+
+def test_ctrl_c_stops_every_check_writes_the_report_and_says_so(tmp_path):
+    """Issue 19: Ctrl-C left the forked check running at full CPU, with no report and no word.
+    The checks run in their own process groups, so the terminal's SIGINT reaches only hpcml."""
+    import signal
+    import time
+
+    import psutil
+    root = Path(__file__).resolve().parents[2]
+    (tmp_path / "p.yaml").write_text(
+        "name: slow\nevals:\n  - {name: quick, type: memory, min_available_fraction: 1%}\n"
+        "  - {name: stuck, type: tests.plugins.testchecks.Hang, seconds: 60, timeout: 120 s}\n")
+    out = tmp_path / "out"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = str(root)
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "run", "p.yaml", "--local", "--out", str(out)],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(3)
+    children = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+    assert children, "the hanging check should be running in a child"
+    p.send_signal(signal.SIGINT)
+    stdout, stderr = p.communicate(timeout=60)
+    assert p.returncode == 130, (stdout, stderr)
+    assert "interrupted" in stderr and "Traceback" not in stderr
+    time.sleep(0.2)
+    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    rep = json.loads((out / "report.json").read_text())
+    results = {r["check"]: r for r in rep["nodes"][next(iter(rep["nodes"]))]["results"]}
+    assert results["stuck"]["outcome"] == "error" and "interrupted" in results["stuck"]["message"]
+    assert results["quick"]["outcome"] == "pass"
+    assert any("interrupted" in n for n in rep["notes"])
+
+
+def _vet_local(tmp_path, protocol: str, *extra):
+    (tmp_path / "p.yaml").write_text(protocol)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    return subprocess.run([sys.executable, "-m", "hpcml", "vet", "run", "p.yaml", "--local", "--out", "o", *extra],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_batch_log_gets_lines_not_a_wrapped_table(tmp_path):
+    """Issue 19: in a batch log (no terminal) the 80-column table wrapped every cell."""
+    p = _vet_local(tmp_path, "name: log\nevals:\n  - {name: tmp-disk, type: disk, path: /tmp, min_free: 1 kB}\n"
+                             "  - {name: env, type: env, expected: {HPCML_SURELY_UNSET_VAR: x}}\n"
+                             "  - {name: mounts, type: mounts, paths: [/tmp]}\n")
+    assert p.returncode == 4, p.stderr
+    lines = p.stdout.splitlines()
+    node = next(line for line in lines if line.startswith("  ") and ": bad: " in line)
+    assert "1 fail" in node and "2 pass" in node
+    assert any(line.strip().startswith("env: fail 1 bad vars: HPCML_SURELY_UNSET_VAR") for line in lines)
+    assert "┃" not in p.stdout and "tmp-d…" not in p.stdout
+    assert all(len(line) < 200 for line in lines)
+
+
+def test_a_node_where_every_check_was_skipped_is_said_loudly(tmp_path):
+    """Issue 19: a GPU protocol on a node without GPUs reported the node good, silently."""
+    import pynvml
+    try:
+        pynvml.nvmlInit()
+        pynvml.nvmlShutdown()
+        pytest.skip("this machine has an NVIDIA driver")
+    except pynvml.NVMLError:
+        pass
+    p = _vet_local(tmp_path, "name: gpu-only\nevals:\n  - {name: gpu, type: gpu}\n")
+    assert p.returncode == 0, p.stderr
+    assert "warning:" in p.stdout and "NOTHING WAS CHECKED" in p.stdout
+    rep = json.loads((tmp_path / "o" / "report.json").read_text())
+    assert any("NOTHING WAS CHECKED" in n for n in rep["notes"])

@@ -18,13 +18,14 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcml.htmlkit import CSS, PALETTE, fmt_duration, fmt_number, heatmap, line_chart, table
+from hpcml.htmlkit import CSS, PALETTE, bridge_gaps, fmt_duration, fmt_number, heatmap, line_chart, table
 from hpcml.observe.report import Report
 
 MAX_NODE_LINES = 12
 
 def _node_chart(t, entry: dict, title: str, spans) -> str:
     nodes, m = entry["nodes"], np.asarray(entry["values"], float)
+    m = np.vstack([bridge_gaps(row) for row in m]) if len(m) else m       # samples sparser than buckets
     keep = np.isfinite(m).any(axis=1)
     nodes, m = [n for n, k in zip(nodes, keep) if k], m[keep]
     if not len(nodes):

@@ -193,8 +193,15 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     value = _col(t, "value", np.nan) if n else np.array([])
     t0_us = int(ts_us.min()) if n else None
     t1_us = int(ts_us.max()) if n else None
-    start = meta.get("start") if meta.get("start") is not None else (t0_us / 1e6 if t0_us else None)
-    end = meta.get("end") if meta.get("end") is not None else (t1_us / 1e6 if t1_us else None)
+    # the job spans from its first rank's start to its last rank's end (job.json is rank 0's)
+    starts = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("start"), (int, float))]
+    ends = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("end"), (int, float))]
+    starts += [meta["start"]] if isinstance(meta.get("start"), (int, float)) else []
+    ends += [meta["end"]] if isinstance(meta.get("end"), (int, float)) else []
+    if t1_us is not None:
+        ends.append(t1_us / 1e6)
+    start = min(starts) if starts else (t0_us / 1e6 if t0_us else None)
+    end = max(ends) if ends else None
     span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None and t1_us is not None else 1.0
 
     # Ranks and nodes.

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
-from hpcml.vet import culprit_run, registry, relative, verdict
+from hpcml.vet import culprit_run, isolate, registry, relative, verdict
 from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
@@ -41,6 +41,25 @@ def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_
     return {"protocol": protocol.name, "nodes": nodes, "deadline_at": deadline_at,
             "workdir": workdir, "require_gpus": protocol.require_gpus,
             "evals": [e.to_dict() for e in evals]}
+
+
+INTERRUPTED_NOTE = "interrupted (SIGINT): checks still running were stopped and count as errors"
+
+
+NOTHING_CHECKED = "NOTHING WAS CHECKED"
+
+
+def _nothing_checked(nodes: list[str], reports: dict[str, NodeReport]) -> list[str]:
+    """Nodes that will be judged good although every check was skipped on them (a GPU
+    protocol on a node without GPUs, say): good only because nothing was checked."""
+    out = []
+    for node in nodes:
+        rep = reports[node]
+        if rep.reachable and rep.results and all(r.outcome is Outcome.SKIPPED for r in rep.results):
+            why = next((r.message for r in rep.results if r.message), "")
+            out.append(f"{node}: {NOTHING_CHECKED}: all {len(rep.results)} checks were skipped"
+                       + (f" (e.g. {why})" if why else ""))
+    return out
 
 
 def _local_step(spec: dict) -> StepResult:
@@ -77,11 +96,18 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
     if started is None and (use_srun or python != sys.executable):
         # srun, or the checks' own venv: workers in that interpreter
         started = start_workers(nodes, python, use_srun=use_srun)
-    if started is not None:
-        started.send(spec)
-        step = started.harvest(deadline_at)
-    else:
-        step = _local_step(spec)
+    try:
+        if started is not None:
+            started.send(spec)
+            step = started.harvest(deadline_at)
+        else:
+            step = _local_step(spec)
+    except KeyboardInterrupt:         # srun passes the SIGINT to the workers, which stop their checks
+        isolate.mark_interrupted()
+        if started is not None:
+            started.cancel()
+        return {n: NodeReport(node=n, reachable=False, message="interrupted (SIGINT) before its results came")
+                for n in nodes}
     reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
     _judge_across(evals, reports)
     return reports
@@ -120,6 +146,12 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
             started.cancel()
         reports = {n: NodeReport(node=n) for n in nodes}
     notes = []
+    if alloc_evals and isolate.interrupted():
+        for node in nodes:
+            reports[node].results += [CheckResult(
+                node=node, check=e.name, type=e.type, outcome=Outcome.ERROR,
+                message="interrupted: not started") for e in alloc_evals]
+        alloc_evals = []
     if alloc_evals:
         good = verdict.decide(nodes, reports, count_errors).good
         if good:
@@ -134,6 +166,9 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
         if len(good) < len(nodes):
             notes.append(f"allocation checks ran on the {len(good)} good nodes only "
                          f"({fold(good) or 'none'})")
+    if isolate.interrupted():
+        notes.append(INTERRUPTED_NOTE)
+    notes += _nothing_checked(nodes, reports)
     result = verdict.decide(nodes, reports, count_errors,
                             min_nodes if min_nodes is not None else protocol.min_nodes)
     return VetRun(protocol=protocol, nodes=nodes, reports=reports, verdict=result,

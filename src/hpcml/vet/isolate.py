@@ -30,6 +30,23 @@ class ChildFailed(Exception):
     pass
 
 
+class Interrupted(Exception):
+    """The user interrupted the run (SIGINT) before this check finished; it was killed."""
+
+
+_interrupted = False
+
+
+def interrupted() -> bool:
+    """Whether a run in this process was interrupted: callers start no further checks."""
+    return _interrupted
+
+
+def mark_interrupted() -> None:
+    global _interrupted
+    _interrupted = True
+
+
 def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os.setpgid(0, 0)
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
@@ -89,7 +106,31 @@ def _finish(run: _Running, timed_out: bool) -> None:
 
 def run_many(jobs: Sequence[tuple[Callable[[], dict[str, Any]], float]]) -> list[Any]:
     """Start every ``(fn, timeout)`` at once; return each result dict or its exception."""
-    runs = [_start(fn, timeout) for fn, timeout in jobs]
+    global _interrupted
+    if _interrupted:
+        return [Interrupted("interrupted before it started") for _ in jobs]
+    runs: list[_Running] = []
+    try:
+        for fn, timeout in jobs:
+            runs.append(_start(fn, timeout))
+        _wait(runs)
+    except KeyboardInterrupt:
+        # the children run in their own process groups (a timeout kills a whole group), so
+        # the terminal's SIGINT does not reach them: kill them here, never leave one running
+        _interrupted = True
+        for r in runs:
+            if not r.done:
+                os.close(r.fd)
+                r.done = True
+                _kill_group(r.pid)
+                _reap(r.pid)
+                r.outcome = Interrupted("interrupted (SIGINT): the check was stopped")
+        return [r.outcome for r in runs] + [Interrupted("interrupted before it started")
+                                            for _ in jobs[len(runs):]]
+    return [r.outcome for r in runs]
+
+
+def _wait(runs: list[_Running]) -> None:
     while not all(r.done for r in runs):
         now = time.monotonic()
         for r in runs:
@@ -107,7 +148,6 @@ def run_many(jobs: Sequence[tuple[Callable[[], dict[str, Any]], float]]) -> list
                     r.chunks.append(chunk)
                 else:
                     _finish(r, timed_out=False)
-    return [r.outcome for r in runs]
 
 
 def run_isolated(fn: Callable[[], dict[str, Any]], timeout: float) -> dict[str, Any]:

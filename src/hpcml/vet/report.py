@@ -113,6 +113,29 @@ def table(run: VetRun):
     return t
 
 
+def log_lines(run: VetRun) -> list[str]:
+    """The table for a batch log (no terminal: 80 columns would wrap every cell): one line
+    per node with its counts, then one per check that did not pass."""
+    out = [f"hpcml vet: {run.protocol.name}: {len(run.nodes)} nodes, {len(run.protocol.evals)} checks"]
+    bad = set(run.verdict.bad)
+    for node in run.nodes:
+        rep = run.reports[node]
+        verdict = "bad" if node in bad else "good"
+        if not rep.reachable:
+            out.append(f"  {node}: {verdict}: unreachable: {rep.message}")
+            continue
+        counts: dict[str, int] = {}
+        for r in rep.results:
+            counts[r.outcome.value] = counts.get(r.outcome.value, 0) + 1
+        out.append(f"  {node}: {verdict}: " + ", ".join(f"{n} {k}" for k, n in sorted(counts.items())))
+        for r in rep.results:
+            if r.outcome is not Outcome.PASS:
+                value = _short(r.value, r.unit)
+                out.append(f"    {r.check}: {r.outcome.value}" + (f" {value}" if value else "")
+                           + (f": {r.message}" if r.message else ""))
+    return out
+
+
 def problems(run: VetRun) -> list[str]:
     """One line per bad node and per warning, for people reading the log."""
     lines = [f"{node}: {'; '.join(why)}" for node, why in run.verdict.reasons.items()]

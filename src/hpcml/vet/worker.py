@@ -49,7 +49,9 @@ def _error(exc_name: str, msg: str) -> CheckReport:
 
 
 def _report(ev: dict[str, Any], budget: float, outcome: Any) -> CheckReport:
-    from hpcml.vet.isolate import ChildFailed, Timeout
+    from hpcml.vet.isolate import ChildFailed, Interrupted, Timeout
+    if isinstance(outcome, Interrupted):
+        return CheckReport(Outcome.ERROR, message=f"interrupted: {outcome}")
     if isinstance(outcome, Timeout):
         cut = budget < ev["timeout"]
         return CheckReport(Outcome.ERROR, message=(
@@ -114,7 +116,7 @@ def run_node(spec: dict[str, Any], ctx_fields: dict[str, Any]) -> NodeReport:
     shared = [ev for ev in spec["evals"] if not ev.get("exclusive")]
     done = {r.check: r for r in run_checks(shared, ctx_fields, spec["deadline_at"])}
     for ev in spec["evals"]:
-        if ev.get("exclusive"):
+        if ev.get("exclusive"):            # (after an interrupt, run_many starts nothing more)
             done[ev["name"]] = run_checks([ev], ctx_fields, spec["deadline_at"])[0]
     results = [done[ev["name"]] for ev in spec["evals"]]
     return NodeReport(node=ctx_fields["node"], results=results, sent_at=time.time())

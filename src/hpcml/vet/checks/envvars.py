@@ -30,5 +30,5 @@ class EnvCheck(Check[EnvParams]):
                 problems.append(f"{name}={have!r}, expected {want!r}")
         problems += [f"{name} is set" for name in self.params.absent if name in os.environ]
         n = len(self.params.expected) + len(self.params.absent)
-        return judge(not problems, len(problems), threshold="0 mismatches", unit="vars",
+        return judge(not problems, len(problems), threshold="0 mismatches", unit="bad vars",
                      message="; ".join(problems) or f"{n} variables as expected")

@@ -54,5 +54,5 @@ class MountsCheck(Check[MountsParams]):
             t.join(p.probe_timeout)
         problems = [f"{path}: {answers[path] if path in answers else f'no answer within {p.probe_timeout:g} s'}"
                     for path, _ in threads if answers.get(path, "hung") is not None]
-        return judge(not problems, len(problems), threshold="0 bad paths", unit="paths",
+        return judge(not problems, len(problems), threshold="0 bad paths", unit="bad paths",
                      message="; ".join(problems) or f"{len(threads)} paths answer")

@@ -73,6 +73,11 @@ def run(
         print(report.dumps(report.to_json(run_)))
     else:
         _print_human(run_, paths)
+    from hpcml.vet.isolate import interrupted
+    if interrupted():
+        print(f"hpcml vet: interrupted: checks that were running were stopped; what was known is in {paths['report']}",
+              file=sys.stderr)
+        raise typer.Exit(130)
     raise typer.Exit(run_.verdict.exit_code)
 
 
@@ -92,12 +97,20 @@ def _print_human(run_, paths) -> None:
     from rich.console import Console
 
     from hpcml.vet import report
-    console = Console(stderr=False)
-    console.print(report.table(run_))
+    console = Console(stderr=False, soft_wrap=not sys.stdout.isatty())
+    if sys.stdout.isatty():
+        console.print(report.table(run_))
+    else:                                   # a batch log: lines, not a table wrapped at 80 columns
+        for line in report.log_lines(run_):
+            print(line)
     for line in report.problems(run_):
         console.print(f"  {line}", highlight=False, markup=False)
+    from hpcml.vet.engine import NOTHING_CHECKED
     for note in run_.notes:
-        console.print(f"  note: {note}", highlight=False)
+        if NOTHING_CHECKED in note:
+            console.print(f"  [bold yellow]warning:[/] {note}", highlight=False)
+        else:
+            console.print(f"  note: {note}", highlight=False)
     v = run_.verdict
     colour = {"continue": "green", "shrink": "yellow", "abort": "bold red"}[v.decision.value]
     console.print(f"verdict: [{colour}]{v.decision.value}[/] ({len(v.good)} good, {len(v.bad)} bad, "
