@@ -261,13 +261,8 @@ def test_auto_without_dcgm_or_nvml_records_no_gpu(fake, monkeypatch):
     from hpcml.samplers.choose import choose_gpu_sampler
     fake.use(lambda d: d.update(reachable=False))
     monkeypatch.delenv("HPCML_OBSERVE_NVML_REPLAY", raising=False)
-    import pynvml
-    try:
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this machine has an NVIDIA driver")
-    except pynvml.NVMLError:
-        pass
+    from tests.nodriver import skip_if_nvidia_driver
+    skip_if_nvidia_driver()
     s, label = choose_gpu_sampler("auto", ["0"], 1.0)
     assert s is None and label["kind"] == "none" and "NVML unavailable" in label["note"]
 

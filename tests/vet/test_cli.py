@@ -1,7 +1,7 @@
 """The `hpcml vet` command as a user runs it: a real process, its exit code and output."""
 
-import os
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -170,13 +170,8 @@ def test_batch_log_gets_lines_not_a_wrapped_table(tmp_path):
 
 def test_a_node_where_every_check_was_skipped_is_said_loudly(tmp_path):
     """Issue 19: a GPU protocol on a node without GPUs reported the node good, silently."""
-    import pynvml
-    try:
-        pynvml.nvmlInit()
-        pynvml.nvmlShutdown()
-        pytest.skip("this machine has an NVIDIA driver")
-    except pynvml.NVMLError:
-        pass
+    from tests.nodriver import skip_if_nvidia_driver
+    skip_if_nvidia_driver()
     p = _vet_local(tmp_path, "name: gpu-only\nevals:\n  - {name: gpu, type: gpu}\n")
     assert p.returncode == 0, p.stderr
     assert "warning:" in p.stdout and "NOTHING WAS CHECKED" in p.stdout
