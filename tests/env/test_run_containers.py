@@ -159,3 +159,40 @@ def test_srun_one_container_per_task_with_its_slurm_variables(name, slurm_env, r
     lines = sorted(proc.stdout.split("\n"))[-2:]
     assert lines == ["task=0 of=2 node=n1", "task=1 of=2 node=n2"], proc.stderr
     assert proc.returncode == 1           # task 1's container exited 1; srun reports it
+
+
+# -- issue 19: the recorder and the container, in either order --------------------------------------
+
+APP = ("from hpcml import observe\n"
+       "for s in range(20):\n"
+       "    with observe.section('step', step=s):\n"
+       "        pass\n"
+       "    observe.log(step=s, loss=1.0 / (s + 1))\n")
+
+
+@pytest.mark.parametrize("order", ["record-outside", "record-inside"])
+def test_application_metrics_are_recorded_whichever_wrapper_is_outside(order, tmp_path):
+    """`hpcml observe record -- hpcml env run EDF -- python train.py` recorded 0 application
+    rows: the recorder's pipe does not reach into a container. The image here is the host's
+    own root filesystem under bubblewrap (read-only), so the container has this Python and
+    hpcml; its /tmp is the container's own, so the job directory must be carried in."""
+    why = rootfs.ensure("bwrap", "bubblewrap")
+    if why:
+        pytest.skip(why)
+    d = tmp_path / "obs"
+    edf = tmp_path / "host.toml"
+    mounts = f'mounts = ["{d}:{d}"]\n' if order == "record-inside" else ""
+    edf.write_text(f'image = "/"\nwritable = false\n{mounts}')
+    d.mkdir()
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_OBSERVE"))}
+    hp = [sys.executable, "-m", "hpcml"]
+    app = [sys.executable, "-c", APP]
+    record = [*hp, "observe", "record", "--dir", str(d), "--interval", "0.2", "--"]
+    container = [*hp, "env", "run", "--runtime", "bubblewrap", str(edf), "--"]
+    argv = record + container + app if order == "record-outside" else container + record + app
+    p = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    from hpcml.observe.store import read_job
+    t = read_job(d).table
+    kinds = t["kind"].to_pylist()
+    assert kinds.count("section") == 20 and kinds.count("metric") == 20, sorted(set(kinds))

@@ -11,8 +11,9 @@ import os
 import signal
 import subprocess
 from collections.abc import Mapping
+from dataclasses import replace
 
-from hpcml.env.model import Environment
+from hpcml.env.model import Environment, Mount
 from hpcml.env.runtimes import Launch, Runtime, auto, get, installed
 from hpcml.errors import HpcmlError, UsageError
 
@@ -46,10 +47,28 @@ def render(env: Environment, command: list[str], runtime: str = "auto",
     return chosen.render(env, command, environ=environ)
 
 
+def under_recorder(env: Environment, environ: Mapping[str, str]) -> Environment:
+    """``hpcml observe record -- hpcml env run EDF -- python train.py``: the recorder hands
+    the application a pipe (``HPCML_OBSERVE_FD``) that no container runtime carries inside,
+    and a number that in the container names another file or nothing. So the container
+    gets no ``HPCML_OBSERVE_FD``; it gets the job directory, bind-mounted at the same path,
+    and the API there writes its own segment of the rank's stream (``rank-N.1.arrows``),
+    which the store joins with the recorder's. Outside a recorder: unchanged."""
+    job_dir = environ.get("HPCML_OBSERVE_DIR")
+    if not environ.get("HPCML_OBSERVE_FD") or not job_dir:
+        return env
+    job_dir = os.path.abspath(job_dir)
+    mounts = list(env.mounts)
+    if not any(m.target == job_dir for m in mounts):
+        mounts.append(Mount(job_dir, job_dir))
+    return replace(env, mounts=mounts, env={**env.env, "HPCML_OBSERVE_FD": None, "HPCML_OBSERVE_DIR": job_dir})
+
+
 def run(env: Environment, command: list[str], runtime: str = "auto") -> int:
     """Run ``command`` in ``env``; the container command's exit code (128+N for signal N)."""
     if not command:
         raise UsageError("no command given (put it after --)")
+    env = under_recorder(env, os.environ)
     launch = choose(env, runtime).render(env, command)
     environ = dict(os.environ)
     for key, value in launch.environ.items():
