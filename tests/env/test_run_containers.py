@@ -196,3 +196,16 @@ def test_application_metrics_are_recorded_whichever_wrapper_is_outside(order, tm
     t = read_job(d).table
     kinds = t["kind"].to_pylist()
     assert kinds.count("section") == 20 and kinds.count("metric") == 20, sorted(set(kinds))
+
+
+def test_podman_failing_to_start_the_container_is_exit_1_not_125(tmp_path):
+    """Issue 19: an image podman cannot pull exited 125, which the README's table does not know."""
+    why = rootfs.ensure("podman", "podman")
+    if why:
+        pytest.skip(why)
+    edf = tmp_path / "missing.toml"
+    edf.write_text('image = "localhost/hpcml-does-not-exist:0"\n')
+    p = subprocess.run([sys.executable, "-m", "hpcml", "env", "run", "--runtime", "podman", str(edf), "--", "/bin/true"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "CONTAINERS_REGISTRIES_CONF": "/dev/null"})
+    assert p.returncode == 1, (p.returncode, p.stderr[-500:])
+    assert "podman could not start the container" in p.stderr

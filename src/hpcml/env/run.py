@@ -47,6 +47,9 @@ def render(env: Environment, command: list[str], runtime: str = "auto",
     return chosen.render(env, command, environ=environ)
 
 
+PODMAN_FAILED = 125      # podman run: "the error is with podman itself"
+
+
 def under_recorder(env: Environment, environ: Mapping[str, str]) -> Environment:
     """``hpcml observe record -- hpcml env run EDF -- python train.py``: the recorder hands
     the application a pipe (``HPCML_OBSERVE_FD``) that no container runtime carries inside,
@@ -97,4 +100,7 @@ def run(env: Environment, command: list[str], runtime: str = "auto") -> int:
         if done:
             for step in launch.cleanup:
                 subprocess.run(step, capture_output=True)
+    if launch.runtime == "podman" and code == PODMAN_FAILED:
+        # podman's own failure (an image it cannot pull, a bad option), not the command's
+        raise RuntimeFailed("podman could not start the container (its exit code 125; its message is above)")
     return 128 - code if code < 0 else code

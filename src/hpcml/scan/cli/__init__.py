@@ -10,6 +10,7 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import DefaultCommandGroup
+from hpcml.errors import UsageError
 
 
 class _ScanGroup(DefaultCommandGroup):
@@ -42,6 +43,9 @@ def files(
     from hpcml.scan import report
     from hpcml.scan.policy import load_policy
     from hpcml.scan.scanner import exit_code, scan_paths
+    missing = [p for p in paths if not p.exists()]
+    if missing:                        # a path that is not there is bad input (2), not an unreadable file (7)
+        raise UsageError("no such file or directory", file=str(missing[0]))
     pol = load_policy(*policy)
     progress = None
     if not as_json and sys.stderr.isatty():
