@@ -6,8 +6,9 @@ annotations merge key by key; every string is expanded against the *caller's* en
 ``./`` paths are relative to the caller's directory, not the EDF's. Choices where the
 reference is silent: a base reached twice (diamond) is applied once, at its first place;
 an ``[env]`` value written as ``""`` unsets the variable, while one that only *expands* to
-``""`` sets it empty; duplicate devices are dropped. Unknown top-level keys are warnings,
-returned in ``Resolved.warnings`` (a list the CLI prints; nothing goes through ``warnings``).
+``""`` sets it empty; duplicate devices are dropped. An unknown top-level key is an error
+naming the nearest valid key (``lenient``: a warning, returned in ``Resolved.warnings``, a
+list the CLI prints; nothing goes through ``warnings``).
 
 Types are checked explicitly rather than with pydantic: the error must carry file, key
 and line, and it is one short line per case.
@@ -219,12 +220,24 @@ def _flatten(f: _File, table: dict[str, Any], prefix: str, out: dict[str, Any]) 
             out[name] = v
 
 
+def _unknown_keys(f: _File, warnings: list[str], lenient: bool) -> None:
+    """A misspelt key (``mount`` for ``mounts``) would let the job run without what it
+    names: an error with the nearest valid key, or a warning when ``lenient``."""
+    import difflib
+    for key in f.data:
+        if key in KNOWN_KEYS:
+            continue
+        near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
+        hint = f"; did you mean '{near[0]}'?" if near else f" (known: {', '.join(KNOWN_KEYS)})"
+        if not lenient:
+            raise UsageError(f"unknown key{hint} (--lenient or HPCML_EDF_LENIENT=1 only warns)",
+                             file=str(f.path), line=f.line_of(key), key=key)
+        line = f.line_of(key)
+        warnings.append(f"{f.path}{':' + str(line) if line else ''}: unknown key '{key}' ignored{hint}")
+
+
 def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warnings: list[str]) -> None:
     data, src = f.data, str(f.path)
-    for key in data:
-        if key not in KNOWN_KEYS:
-            line = f.line_of(key)
-            warnings.append(f"{src}{':' + str(line) if line else ''}: unknown key '{key}' ignored")
     if "image" in data:
         e.image = resolve_path(_string(f, "image", data["image"], environ), cwd)
         e.origin["image"] = src
@@ -281,7 +294,8 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
 # ---------------------------------------------------------------- public entry
 
 def load(name_or_path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
-         cwd: str | os.PathLike[str] | None = None, require_image: bool = True) -> Resolved:
+         cwd: str | os.PathLike[str] | None = None, require_image: bool = True,
+         lenient: bool | None = None) -> Resolved:
     """Find, parse, inherit, expand and validate an EDF; any bad input is a ``UsageError``.
 
     ``environ`` (default ``os.environ``) feeds expansion, EDF_PATH and HOME; ``cwd``
@@ -297,7 +311,10 @@ def load(name_or_path: str | os.PathLike[str], *, environ: Mapping[str, str] | N
     _collect(top, environ, cwd, [], order, set())
     e = Environment(file=top, chain=[f.path for f in order])
     warnings: list[str] = []
+    if lenient is None:
+        lenient = environ.get("HPCML_EDF_LENIENT", "") not in ("", "0")
     for f in order:
+        _unknown_keys(f, warnings, lenient)
         _apply(f, e, environ, cwd, warnings)
     if require_image and not e.image:
         raise UsageError("no image: set 'image' in this file or in a base environment",

@@ -12,7 +12,7 @@ import argparse
 import sys
 
 PROG = "hpcml env run"
-FLAGS = {"runtime": "--runtime", "site": "--site", "verbose": "--verbose"}   # setting -> option
+FLAGS = {"runtime": "--runtime", "site": "--site", "verbose": "--verbose", "lenient": "--lenient"}   # setting -> option
 
 
 class _Parser(argparse.ArgumentParser):
@@ -26,6 +26,7 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--runtime", "-r", default="auto")
     parser.add_argument("--verbose", "-v", action="store_true")
     parser.add_argument("--site")
+    parser.add_argument("--lenient", action="store_true")
     parser.add_argument("edf")
     parser.add_argument("command", nargs=argparse.REMAINDER)
     try:
@@ -35,7 +36,7 @@ def main(argv: list[str]) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     from hpcml.env.resolve import resolve
     from hpcml.env.run import run
-    env, warnings = resolve(args.edf, site=args.site)
+    env, warnings = resolve(args.edf, site=args.site, lenient=args.lenient or None)
     for warning in warnings:
         print(f"{PROG}: warning: {warning}", file=sys.stderr)
     if args.verbose:

@@ -18,9 +18,10 @@ def uses_hooks(env: Environment) -> bool:
 
 
 def resolve(edf: str | Path, *, site: str | Path | None = None, environ: Mapping[str, str] | None = None,
-            cwd: str | Path | None = None, require_image: bool = True) -> tuple[Environment, list[str]]:
-    """The environment with hooks applied, and every warning (unknown keys, hooks)."""
-    resolved = load(edf, environ=environ, cwd=cwd, require_image=require_image)
+            cwd: str | Path | None = None, require_image: bool = True,
+            lenient: bool | None = None) -> tuple[Environment, list[str]]:
+    """The environment with hooks applied, and every warning (unknown keys when lenient, hooks)."""
+    resolved = load(edf, environ=environ, cwd=cwd, require_image=require_image, lenient=lenient)
     env, warnings = resolved.env, list(resolved.warnings)
     if uses_hooks(env) or site:
         from hpcml.env.hooks import apply_hooks, runtime_options

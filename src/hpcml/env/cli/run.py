@@ -15,10 +15,14 @@ RUNTIME_HELP = "bubblewrap, charliecloud, enroot, podman, pyxis, or auto (an ins
 SITE_HELP = "Site hooks file (default: $HPCML_ENV_SITE, else the packaged example)."
 
 
-def load_environment(command: str, edf: str, site: str | None = None, require_image: bool = True):
+LENIENT_HELP = "An unknown EDF key only warns (default: an error naming the nearest key; HPCML_EDF_LENIENT=1)."
+
+
+def load_environment(command: str, edf: str, site: str | None = None, require_image: bool = True,
+                     lenient: bool = False):
     """The EDF resolved and its hooks applied, warnings printed; bad input ends the command."""
     from hpcml.env.resolve import resolve
-    env, warnings = resolve(edf, site=site, require_image=require_image)
+    env, warnings = resolve(edf, site=site, require_image=require_image, lenient=lenient or None)
     for warning in warnings:
         print(f"{command}: warning: {warning}", file=sys.stderr)
     return env
@@ -30,6 +34,7 @@ def render(
     runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
     site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON object (argv, environ, prepare, cleanup, notes)."),
+    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
 ) -> None:
     """Print the exact launch of COMMAND in the EDF's environment for one runtime, without running it.
 
@@ -41,7 +46,7 @@ def render(
     EDF, unknown runtime or no command.
     """
     from hpcml.env.run import render as render_launch
-    env = load_environment("hpcml env render", edf, site)
+    env = load_environment("hpcml env render", edf, site, lenient=lenient)
     launch = render_launch(env, list(command or []), runtime)
     if as_json:
         print(json.dumps(launch.to_json(), indent=2))
@@ -57,6 +62,7 @@ def run(
     runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
     site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
     verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the launch and its notes to stderr first."),
+    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
 ) -> None:
     """Run COMMAND in the EDF's environment and exit with its exit code.
 
@@ -72,5 +78,5 @@ def run(
     """
     from hpcml.env.fastrun import main as run_main
     argv = ["--runtime", runtime, *(["--site", site] if site else []), *(["--verbose"] if verbose else []),
-            edf, "--", *(command or [])]
+            *(["--lenient"] if lenient else []), edf, "--", *(command or [])]
     raise typer.Exit(run_main(argv))

@@ -28,10 +28,10 @@ def _rows(resolved) -> list[tuple[str, str, str]]:
     return rows
 
 
-def load_reporting(command: str, edf: str, require_image: bool):
+def load_reporting(command: str, edf: str, require_image: bool, lenient: bool = False):
     """The EDF as written (no site hooks), warnings printed; bad input ends the command."""
     from hpcml.env.edf import load
-    resolved = load(edf, require_image=require_image)
+    resolved = load(edf, require_image=require_image, lenient=lenient or None)
     for warning in resolved.warnings:
         print(f"{command}: warning: {warning}", file=sys.stderr)
     return resolved
@@ -68,6 +68,7 @@ def show(
 
 def validate(
     edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
+    lenient: bool = typer.Option(False, "--lenient", help="An unknown key only warns (default: an error)."),
 ) -> None:
     """Check an EDF and its base environments without running anything: prints "ok" or the error.
 
@@ -76,5 +77,5 @@ def validate(
     The resolved environment must name an image. Exit codes: 0 ok, 2 bad EDF (one line
     naming file, key and line). Warnings go to stderr.
     """
-    load_reporting("hpcml env validate", edf, require_image=True)
+    load_reporting("hpcml env validate", edf, require_image=True, lenient=lenient)
     print("ok")
