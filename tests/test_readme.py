@@ -1,0 +1,113 @@
+"""The README's job scripts, taken from the README itself and run on the local 2-node cluster.
+
+Each ``#!/bin/bash`` block of README.md is found by the command it is about and submitted as
+it is, except for what a 2-node cluster of virtual nodes without GPUs cannot have. These
+substitutions are the only changes, made on the text, so the front door cannot drift from
+the code:
+
+- ``#SBATCH`` lines are dropped: the test submits 2 nodes, 1 task per node;
+- the GPU protocol becomes the CPU one (``examples/vet/cpu.yaml``), ``--min-nodes`` 1, and
+  ``head -n 8`` (the 8 nodes needed of 9) ``head -n 2``;
+- ``python train.py`` becomes a small script that prints its rank and data directory (the
+  ``hpcml run`` script runs the real DDP example instead);
+- ``/scratch/$USER`` becomes the test's directory, holding a generated 300-file dataset;
+- ``./pytorch.toml`` / ``pytorch.toml`` becomes an EDF whose image is the host's root
+  filesystem under bubblewrap (read-only), so its Python and hpcml run inside, with the
+  test's directory mounted (the container's /tmp is its own).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.slurmjobs import run_job
+
+ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slurm
+
+TRAIN = """import os, sys
+print("train rank", os.environ.get("SLURM_PROCID"), "of", os.environ.get("SLURM_NTASKS"), "data", sys.argv[1:], flush=True)
+"""
+
+
+def scripts() -> dict[str, str]:
+    """The README's job scripts, by the first hpcml command in them."""
+    text = (ROOT / "README.md").read_text()
+    out = {}
+    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+        if block.startswith("#!/bin/bash"):
+            m = re.search(r"^(?:srun )?(hpcml \w+)", block, re.M)
+            assert m, block
+            out[m.group(1)] = block
+    return out
+
+
+def adapt(script: str, tmp: Path) -> str:
+    s = "\n".join(line for line in script.splitlines() if not line.startswith("#SBATCH"))
+    s = s.replace("examples/vet/gpu-training.yaml", str(ROOT / "examples/vet/cpu.yaml"))
+    s = re.sub(r"(?<![\w/])gpu-training\.yaml", str(ROOT / "examples/vet/cpu.yaml"), s)
+    s = re.sub(r"--min-nodes \d+", "--min-nodes 1", s).replace("head -n 8", "head -n 2")
+    s = s.replace("python train.py", f"python {tmp / 'train.py'}")
+    s = s.replace("/scratch/$USER", str(tmp / "scratch"))
+    s = re.sub(r"\./pytorch\.toml|(?<![\w/])pytorch\.toml", str(tmp / "pytorch.toml"), s)
+    return s
+
+
+@pytest.fixture
+def env(slurm_env):
+    return {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+
+
+@pytest.fixture
+def site(tmp_path):
+    (tmp_path / "train.py").write_text(TRAIN)
+    # the container's /tmp is its own: the test's directory is mounted in, as a site's EDF mounts $SCRATCH
+    (tmp_path / "pytorch.toml").write_text(f'image = "/"\nwritable = false\nmounts = ["{tmp_path}:{tmp_path}"]\n')
+    return tmp_path
+
+
+def test_readme_has_the_job_scripts_this_test_runs():
+    assert {"hpcml run", "hpcml vet", "hpcml data", "hpcml env"} <= set(scripts())
+
+
+def test_vet_job_script_runs_the_application_on_every_good_node(env, site):
+    """Issue 19: its srun line failed when every node was good (no --ntasks)."""
+    out = run_job(adapt(scripts()["hpcml vet"], site), site, env, timeout=180)
+    assert "vetting says abort" not in out, out
+    ranks = sorted(re.findall(r"train rank (\d+) of (\d+)", out))
+    assert ranks == [("0", "2"), ("1", "2")], out
+
+
+def test_data_job_script_packs_stages_and_reads(env, site):
+    from tests.data.gen import make_files
+    make_files(site / "scratch" / "raw", 300)
+    (site / "tmp").mkdir()
+    out = run_job(adapt(scripts()["hpcml data"], site), site, {**env, "TMPDIR": str(site / "tmp")}, timeout=300)
+    lines = re.findall(r"train rank (\d+) of 2 data \[.*'([^']+)'\]", out)
+    assert sorted(r for r, _ in lines) == ["0", "1"], out
+    data = Path(lines[0][1])
+    assert data.is_relative_to(site / "tmp") and (data / "manifest.json").is_file(), out   # staged, not streamed
+
+
+def test_env_job_script_runs_one_container_per_task(env, site):
+    import shutil
+    if not shutil.which("bwrap"):
+        pytest.skip("bubblewrap is not installed")
+    out = run_job(adapt(scripts()["hpcml env"], site), site, env, timeout=180)
+    assert sorted(re.findall(r"train rank (\d+) of 2", out)) == ["0", "1"], out
+
+
+@pytest.mark.torch
+def test_run_job_script_vets_trains_and_reports(env, site):
+    script = adapt(scripts()["hpcml run"], site).replace(
+        f"python {site / 'train.py'}",
+        f"python {ROOT / 'examples/run/train_ddp.py'} --data {site / 'data'} --samples 256 --epochs 1")
+    out = run_job(script, site, env, timeout=300)
+    assert "vet: continue, 2 good, 0 bad" in out, out
+    jobdir = next(site.glob("hpcml-run-*"))
+    assert "trained 2 steps on 2 ranks" in (jobdir / "logs" / "rank-0.out").read_text()
+    assert (jobdir / "report.html").is_file() and "html:" in out
