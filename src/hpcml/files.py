@@ -97,6 +97,21 @@ class ConfigLoader:
                 break
         return UsageError(problem, file=self.source, key=key_text(path) or None, line=line)
 
+    def invalid(self, exc: Any, fields: Any = (), prefix: tuple = ()) -> UsageError:
+        """A pydantic ValidationError as one line with file, key and line; an unknown key
+        names the nearest of ``fields`` instead of pydantic's "Extra inputs are not permitted"."""
+        import difflib
+        err = exc.errors()[0]
+        path = prefix + tuple(err["loc"])
+        if err.get("type") == "extra_forbidden":
+            names = sorted(str(f) for f in fields)
+            near = difflib.get_close_matches(str(path[-1]), names, n=1, cutoff=0.6)
+            problem = "unknown key" + (f"; did you mean '{near[0]}'?" if near else
+                                       (f" (known: {', '.join(names)})" if names else ""))
+        else:
+            problem = str(err["msg"]).removeprefix("Value error, ")
+        return self.error(path, problem)
+
     def convert(self, path: tuple, value: Any, parse) -> Any:
         try:
             return parse(value)

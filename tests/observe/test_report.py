@@ -234,3 +234,9 @@ def test_duration_is_the_slowest_ranks(tmp_path):
     job = json.loads((d / "job.json").read_text())
     r = build(read_job(d))
     assert r.duration_s == pytest.approx(meta["end"] - job["start"], abs=0.01)
+
+
+def test_a_file_given_for_the_job_directory_says_so(job_dir):
+    p = _cli(str(job_dir / "job.json"))
+    assert p.returncode == 2 and "a file, not a job directory" in p.stderr and str(job_dir) in p.stderr
+    assert "does not exist" not in p.stderr and p.stderr.count("\n") == 1

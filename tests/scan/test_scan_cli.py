@@ -107,12 +107,13 @@ def test_sarif_log_points_at_file_and_member(tmp_path):
 def test_unreadable_and_truncated_files_are_errors_not_safe(tmp_path):
     good = tmp_path / "t.pkl"
     good.write_bytes(pickle.dumps(list(range(100)), protocol=4)[:-5])
-    missing = tmp_path / "missing.pt"
-    out = _hpcml("scan", "--json", str(good), str(missing))
+    out = _hpcml("scan", "--json", str(good))
     assert out.returncode == 7
     files = {Path(f["path"]).name: f for f in json.loads(out.stdout)["files"]}
     assert files["t.pkl"]["verdict"] == "error" and files["t.pkl"]["errors"]
-    assert files["missing.pt"]["verdict"] == "error" and "No such file" in files["missing.pt"]["errors"][0]
+    missing = tmp_path / "missing.pt"                 # a path that is not there: bad input, as everywhere
+    out = _hpcml("scan", "--json", str(good), str(missing))
+    assert out.returncode == 2 and "missing.pt: no such file or directory" in out.stderr
 
 
 @pytest.mark.skipif(os.geteuid() == 0, reason="root reads files whatever their mode")
@@ -136,3 +137,26 @@ def _has(module: str) -> bool:
         return True
     except ImportError:
         return False
+
+
+def test_policy_key_typo_names_the_line_and_the_nearest_key(tmp_path, tree):
+    """Issue 19: a typo gave pydantic's "Extra inputs are not permitted", with no line."""
+    policy = tmp_path / "site.yaml"
+    policy.write_text("safe:\n  - mylab.models.*\nblok_unknown: true\n")
+    out = _hpcml("scan", "--policy", str(policy), str(tree))
+    assert out.returncode == 2
+    assert f"{policy}:3: key 'blok_unknown': unknown key; did you mean 'block_unknown'?" in out.stderr
+    assert "Extra inputs" not in out.stderr
+
+
+def test_unknown_files_come_with_the_policy_that_would_allow_them(tree, tmp_path):
+    """Issue 19: `unknown`, with no advice on what to allow; the printed lines work as a policy."""
+    user = tree / "sub" / "user.pkl"
+    out = _hpcml("scan", str(user))
+    assert out.returncode == 5
+    text = out.stdout
+    assert "not on the allowlist" in text and "state_dict()" in text and "--policy" in text
+    policy_text = text[text.index("safe:\n"):].split("\nA model saved whole", 1)[0]
+    policy = tmp_path / "suggested.yaml"
+    policy.write_text(policy_text + "\n")
+    assert _hpcml("scan", "--policy", str(policy), str(user)).returncode == 0

@@ -121,6 +121,9 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
     """A job directory's metadata (job.json with each rank's under "ranks") and its rank
     files, without reading any data; not a job directory is bad input (exit 2)."""
     p = Path(path)
+    if p.is_file():
+        hint = f"; give its directory: {p.parent}" if p.name == JOB_META or _RANK_RE.match(p.name) else ""
+        raise UsageError(f"a file, not a job directory{hint}", file=str(p))
     if not p.is_dir():
         raise UsageError("not a job directory (it does not exist)", file=str(p))
     files = sorted(f for f in p.iterdir() if _RANK_RE.match(f.name))

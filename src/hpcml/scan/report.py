@@ -87,6 +87,21 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
+def advice(results: list[FileResult], shown: int = 8) -> list[str]:
+    """What to do about ``unknown`` files: the site-policy lines that would allow exactly
+    their globals, and why a whole pickled model has them."""
+    names = sorted({f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN})
+    if not names:
+        return []
+    listed = "\n".join(f"  - {n}" for n in names[:shown]) + (f"\n  # ... and {len(names) - shown} more" if len(names) > shown else "")
+    return [f"{len(names)} imported globals are not on the allowlist, so loading would run code nobody vetted.",
+            "If you trust where the files came from, allow them in a site policy and pass it with --policy "
+            "(or HPCML_SCAN_POLICY):",
+            f"safe:\n{listed}",
+            "A model saved whole (torch.save(model)) imports its own classes: save model.state_dict() "
+            "instead and load it into code you wrote; safetensors holds tensors only."]
+
+
 def table(results: list[FileResult], *, show_all: bool = False):
     """Rich table: every file that is not safe, and safe ones too when few or asked for."""
     from rich.table import Table

@@ -65,6 +65,8 @@ def files(
     else:
         from rich.console import Console
         Console().print(report.table(results, show_all=show_all))
+        for line in report.advice(results):
+            print(line)
     raise typer.Exit(code)
 
 

@@ -15,7 +15,7 @@ from pathlib import Path
 from pydantic import BaseModel, ConfigDict, ValidationError, field_validator
 
 from hpcml.errors import UsageError
-from hpcml.files import load_yaml
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes
 from hpcml.scan.model import Verdict
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
@@ -97,16 +97,16 @@ class Policy:
 
 
 def _load_file(path: Path | str, text: str) -> PolicyFile:
-    data = load_yaml(text, str(path)) or {}
+    data, node = load_yaml_with_nodes(text, str(path))
+    data = data or {}
     if not isinstance(data, dict):
         raise UsageError("a policy file must be a mapping with keys safe, dangerous, block_unknown",
                          file=str(path))
     try:
         return PolicyFile.model_validate(data)
     except ValidationError as exc:
-        err = exc.errors()[0]
-        key = ".".join(str(p) for p in err["loc"])
-        raise UsageError(err["msg"].removeprefix("Value error, "), file=str(path), key=key) from None
+        ld = ConfigLoader(str(path), line_map(node) if node is not None else {})
+        raise ld.invalid(exc, PolicyFile.model_fields) from None
 
 
 def default_policy() -> Policy:
