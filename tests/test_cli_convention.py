@@ -251,3 +251,14 @@ def test_bad_input_is_one_line_naming_the_command_and_exit_2(inputs, args, start
     lines = p.stderr.splitlines()
     assert len(lines) == 1 and lines[0].startswith(start) and words in lines[0], p.stderr
     assert "Traceback" not in p.stderr
+
+
+def test_help_shows_flags_as_flags():
+    """Issue 19: every on/off switch showed `<bool>` in --help, as if it took a value."""
+    import subprocess
+    import sys
+    for args in (["vet", "run"], ["observe", "record"], ["run"], ["data", "pack"]):
+        p = subprocess.run([sys.executable, "-m", "hpcml", *args, "--help"], capture_output=True, text=True,
+                           timeout=60, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
+        assert p.returncode == 0, p.stderr
+        assert "<bool>" not in p.stdout and "--" in p.stdout, args

@@ -18,6 +18,16 @@ if TYPE_CHECKING:
 _IMPLIED = "hpcml.implied_default"       # ctx.meta: the groups whose default command was implied
 
 
+def _flag_type(self: Any, ctx: Any) -> str | None:
+    """--help shows on/off switches as flags: Typer prints ``<bool>`` beside each (and
+    beside --help itself), which reads as if the switch took a value."""
+    return "" if getattr(self, "is_flag", False) else _typer_display_type(self, ctx)
+
+
+_typer_display_type = typer.core.TyperOption.display_type_rich
+typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+
 class Group(typer.core.TyperGroup):
     """The class of every hpcml command group, and the one place a command's error ends it.
 
