@@ -565,3 +565,16 @@ def test_squat_list_schema_is_enforced(text, key):
         load_squat_list(text, source="site.yaml")
     assert str(exc.value).startswith("site.yaml")
     assert exc.value.key == key
+
+
+def test_table_names_the_included_file_a_finding_is_in(tmp_path):
+    """Issue 19: a finding in an -r include was shown as "line 1" of the top file."""
+    import subprocess
+    import sys
+    (tmp_path / "requirements.txt").write_text("numpy==1.26.4\n-r more.txt\n")
+    (tmp_path / "more.txt").write_text("reqeusts==2.0\n")
+    p = subprocess.run([sys.executable, "-m", "hpcml", "scan", "requirements", "requirements.txt"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60, env={"COLUMNS": "160", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 5, p.stderr
+    row = next(line for line in p.stdout.splitlines() if "reqeusts" in line)
+    assert "more.txt:1" in row

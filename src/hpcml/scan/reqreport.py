@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from typing import Any
 
 from hpcml.scan.report import sarif_log
@@ -45,8 +47,10 @@ def table(rep: RequirementsReport):
         t.add_column(col, overflow="fold")
     order = {"high": 0, "medium": 1, "low": 2}
     for f in sorted(rep.findings, key=lambda f: (order.get(f.severity, 3), f.line or 0)):
-        t.add_row(f"[{_STYLE.get(f.severity, '')}]{f.severity}[/]", f.rule, f.package or "",
-                  str(f.line or ""), f.message)
+        where = str(f.line or "")
+        if f.file and f.file != rep.path:          # an -r/-c include: name the file the line is in
+            where = f"{Path(f.file).name}:{where}" if where else Path(f.file).name
+        t.add_row(f"[{_STYLE.get(f.severity, '')}]{f.severity}[/]", f.rule, f.package or "", where, f.message)
     if not rep.findings:
         t.add_row("[green]ok[/]", "", "", "", "no dependency-confusion risk found")
     return t
