@@ -31,7 +31,7 @@ CDI_DIRS = ("/etc/cdi", "/var/run/cdi")
 @dataclass(frozen=True)
 class Finding:
     level: str          # "error", "warn" or "info"
-    key: str            # "image", "mounts[2]", "env.X", "annotations.com.hooks...", "workdir"
+    key: str            # "image", "mount SRC:DST", "env.X", "annotations.com.hooks...", "workdir"
     message: str
 
     def to_json(self) -> dict:
@@ -118,11 +118,12 @@ def _check_mounts(env: Environment) -> list[Finding]:
         if src.exists() and not (m.squashfs and not src.is_file()):
             continue
         problem = "is not a SquashFS file" if src.exists() else "does not exist on this host"
+        key = f"mount {m.source}:{m.target}"     # by what it is: hooks add mounts `env show` does not list
         if origin.startswith("site hook"):
-            out.append(Finding("warn", f"mounts[{i}]", f"{m.source} (from {origin}) {problem}: "
-                                                         "the site file does not describe this host"))
+            out.append(Finding("warn", key, f"{m.source} (from {origin}) {problem}: "
+                                            "the site file does not describe this host"))
         else:
-            out.append(Finding("error", f"mounts[{i}]", f"source {m.source} {problem}"))
+            out.append(Finding("error", key, f"source {m.source} {problem}" + (f" (from {origin})" if origin else "")))
     return out
 
 
