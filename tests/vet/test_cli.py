@@ -99,6 +99,7 @@ def test_setup_builds_a_cached_venv_once(tmp_path):
     assert before.returncode == 4 and "requirements not set up" in before.stderr
     p = hpcml("vet", "setup", proto, "--venv-root", tmp_path / "venvs")
     assert p.returncode == 0 and "ready:" in p.stdout, p.stderr
+    assert "Successfully installed hpcml-vet-testdep" in p.stderr        # pip's progress, as it comes
     again = hpcml("vet", "setup", proto, "--venv-root", tmp_path / "venvs")
     assert "already set up" in again.stdout
     run = hpcml("vet", proto, "--out", tmp_path / "o", "--venv-root", tmp_path / "venvs")

@@ -66,6 +66,19 @@ def _link_parent(path: Path) -> None:
     (purelib / "zz-hpcml-parent.pth").write_text("\n".join(lines) + "\n")
 
 
+def _pip(argv: list[str]) -> tuple[int, list[str]]:
+    """Run pip with its output on our stderr as it comes (its download progress bar too on
+    a terminal), keeping the last lines for the error message."""
+    tail: list[str] = []
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1)
+    assert proc.stdout is not None
+    for line in proc.stdout:
+        sys.stderr.write(line)
+        if line.strip():
+            tail = (tail + [line.strip()])[-20:]
+    return proc.wait(), tail
+
+
 def setup(protocol: Protocol, root: str | Path, *, log=print) -> Path:
     """Create (or reuse) the venv for this protocol's requirements; safe to run concurrently."""
     path = venv_dir(protocol, root)
@@ -77,15 +90,14 @@ def setup(protocol: Protocol, root: str | Path, *, log=print) -> Path:
             return path
         venv.EnvBuilder(with_pip=True, clear=True).create(path)
         _link_parent(path)
-        pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
+        pip = [str(path / "bin" / "python"), "-m", "pip", "install", "--disable-pip-version-check"]
         if protocol.index_url:
             pip += ["--index-url", protocol.index_url]
         for req in protocol.requirements():
-            log(f"installing {' '.join(req)}")
-            proc = subprocess.run(pip + req, capture_output=True, text=True)
-            if proc.returncode != 0:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-1:] or ["no output"]
-                raise HpcmlError(f"pip install {' '.join(req)} failed: {tail[0]}")
+            log(f"installing {' '.join(req)} (pip's progress follows; torch alone is gigabytes)")
+            code, tail = _pip(pip + req)
+            if code != 0:
+                raise HpcmlError(f"pip install {' '.join(req)} failed: {tail[-1] if tail else 'no output'}")
         (path / MARKER).write_text(json.dumps({"requirements": protocol.requirements(),
                                                "python": sys.version}) + "\n")
     return path
