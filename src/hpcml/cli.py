@@ -40,6 +40,16 @@ def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None
 
 
 def main() -> None:
+    """The ``hpcml`` program; Ctrl-C anywhere (even while it starts) is one line and exit 130,
+    never a traceback."""
+    try:
+        _main()
+    except KeyboardInterrupt:
+        print("hpcml: interrupted", file=sys.stderr)
+        sys.exit(130)
+
+
+def _main() -> None:
     argv = sys.argv[1:]
     if argv[:2] == ["env", "run"] and not {"--help", "-h"} & set(argv[2:argv.index("--") if "--" in argv else None]):
         from hpcml.env import fastrun

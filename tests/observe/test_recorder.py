@@ -101,3 +101,20 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, words):
                           str(tmp_path / "j"), *args], capture_output=True, text=True, timeout=60)
     assert out.returncode == 2, out.stderr
     assert words in out.stderr and len(out.stderr.strip().splitlines()) == 1
+
+
+@pytest.mark.parametrize("after", [0.05, 0.3, 1.5])
+def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
+    """Issue 19: SIGINT while hpcml was still starting printed a traceback; once the command
+    runs, it gets the signal and the store says 128+2."""
+    import signal
+    import time
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(tmp_path / "d"), "--",
+                          "sleep", "5"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after)
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert "Traceback" not in err and p.returncode == 130, (p.returncode, err)
+    meta = tmp_path / "d" / "rank-00000.json"
+    if meta.exists() and "exit_code" in json.loads(meta.read_text()):
+        assert json.loads(meta.read_text())["exit_code"] == 130
