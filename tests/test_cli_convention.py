@@ -262,3 +262,15 @@ def test_help_shows_flags_as_flags():
                            timeout=60, env={"COLUMNS": "120", "PATH": "/usr/bin:/bin"})
         assert p.returncode == 0, p.stderr
         assert "<bool>" not in p.stdout and "--" in p.stdout, args
+
+
+def test_help_prose_is_reflowed_not_wrapped_twice():
+    """Issue 19: a docstring's own line breaks plus Rich's wrap at 80 columns left half-lines."""
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--help"], capture_output=True, text=True,
+                       timeout=60, env={"COLUMNS": "200", "PATH": "/usr/bin:/bin"})
+    assert p.returncode == 0, p.stderr
+    # one docstring paragraph, hard-wrapped in the source, comes out as one line at 200 columns
+    line = next(x for x in p.stdout.splitlines() if "Every task gets MASTER_ADDR" in x)
+    assert "recorded by hpcml observe. At the end" in line

@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Any, Callable, overload
 
 import typer
 import typer.core
+import typer.rich_utils
 
 from hpcml.errors import HpcmlError
 
@@ -26,6 +27,21 @@ def _flag_type(self: Any, ctx: Any) -> str | None:
 
 _typer_display_type = typer.core.TyperOption.display_type_rich
 typer.core.TyperOption.display_type_rich = _flag_type  # type: ignore[method-assign]
+
+
+def _reflow(paragraphs: list[str], markup_mode: Any) -> str:
+    """--help prose is reflowed to the terminal: Typer >= 0.29 keeps a docstring's own line
+    breaks and then wraps again at 80 columns, leaving ragged half-lines. Paragraphs with
+    indented lines (examples) keep their lines."""
+    out = []
+    for p in paragraphs:
+        lines = p.split("\n")
+        keep = p.startswith("\b") or any(line.startswith((" ", "\t")) for line in lines)
+        out.append(p if keep else " ".join(line.strip() for line in lines))
+    return "\n\n".join(out)
+
+
+typer.rich_utils._fix_linebreaks = _reflow
 
 
 class Group(typer.core.TyperGroup):
