@@ -111,3 +111,46 @@ def test_run_job_script_vets_trains_and_reports(env, site):
     jobdir = next(site.glob("hpcml-run-*"))
     assert "trained 2 steps on 2 ranks" in (jobdir / "logs" / "rank-0.out").read_text()
     assert (jobdir / "report.html").is_file() and "html:" in out
+
+
+# -- every hpcml command line in the README names commands and options that exist ----------------
+
+def _command_lines() -> list[str]:
+    text = (ROOT / "README.md").read_text()
+    out = []
+    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+        for raw in block.splitlines():
+            line = raw.split(" #", 1)[0].strip()
+            for part in re.split(r"\s*(?:;|&&|\|\||\|)\s*", line):
+                part = re.sub(r"^(?:\w+=\S+\s+)*(?:srun(?: -\S+)*\s+|exec\s+|\S*=\$\()", "", part).strip()
+                if part.startswith("hpcml "):
+                    out.append(part.rstrip(")"))
+    return out
+
+
+def test_readme_command_lines_name_real_commands_and_options():
+    """Each `hpcml ...` line of a README code block: its sub-commands exist and every --option
+    it uses is one of that command's (parsed, not run)."""
+    import shlex
+
+    import typer
+
+    from hpcml.cli_app import app
+    root = typer.main.get_command(app)
+    lines = _command_lines()
+    assert len(lines) > 15
+    bad = []
+    for line in lines:
+        words = shlex.split(line.replace("\\", " "))[1:]
+        words = words[:words.index("--")] if "--" in words else words
+        cmd = root
+        while hasattr(cmd, "commands") and words and words[0] in cmd.commands:
+            cmd = cmd.commands[words.pop(0)]
+        if hasattr(cmd, "commands"):                # a default command (vet run, scan files)
+            default = getattr(cmd, "default_command", None) or next(iter(cmd.commands))
+            cmd = cmd.commands.get(default, cmd)
+        known = {o for p in cmd.params for o in (*p.opts, *p.secondary_opts)}
+        unknown = [w.split("=", 1)[0] for w in words if w.startswith("-") and w.split("=", 1)[0] not in known]
+        if unknown:
+            bad.append(f"{line}: {unknown}")
+    assert bad == [], "\n".join(bad)
