@@ -114,7 +114,9 @@ def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
     time.sleep(after)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    assert "Traceback" not in err and p.returncode == 130, (p.returncode, err)
+    # 130: hpcml handled it; -2: the signal came while the interpreter itself was still
+    # starting, before any Python ran (a shell shows both as 130)
+    assert "Traceback" not in err and p.returncode in (130, -signal.SIGINT), (p.returncode, err)
     meta = tmp_path / "d" / "rank-00000.json"
     if meta.exists() and "exit_code" in json.loads(meta.read_text()):
         assert json.loads(meta.read_text())["exit_code"] == 130

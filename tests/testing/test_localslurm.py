@@ -123,6 +123,10 @@ def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm, crash_controller:
         assert not cluster.is_up()
         assert not any(cluster.status().daemons.values())
         assert not cluster._find("slurmstepd")
+        # a killed job step may take a moment to be reaped on a loaded machine: not a leak
+        deadline = time.monotonic() + 5
+        while _processes_with_conf(cluster.conf) and time.monotonic() < deadline:
+            time.sleep(0.1)
         assert not _processes_with_conf(cluster.conf)
         assert slurm_cluster.is_up(), "stopping one cluster touched the other"
     finally:
