@@ -140,11 +140,12 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             exporter.close()
         raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
     os.close(write_fd)
+    # forward Slurm's signals from the moment the command runs (before the store's imports)
+    previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
     writer = RankWriter(rank_path(out, task.rank), task.rank)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter),
                               daemon=True)
     copier.start()
-    previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
 
     samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0)]
     if gpu.sampler is not None:
