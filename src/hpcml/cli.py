@@ -39,6 +39,10 @@ def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None
     return exc.exit_code
 
 
+#: components whose CLI is loaded alone (``hpcml <component> ...``)
+COMPONENTS = ("vet", "scan", "observe", "score", "data", "env")
+
+
 def main() -> None:
     """The ``hpcml`` program; Ctrl-C anywhere (even while it starts) is one line and exit 130,
     never a traceback."""
@@ -59,5 +63,22 @@ def _main() -> None:
         except HpcmlError as exc:
             code = report(fastrun.PROG, exc, fastrun.FLAGS)
         sys.exit(code)
+    if argv[:1] == ["scan"]:
+        from hpcml.scan import fastscan
+        if fastscan.wants(argv[1:]):
+            from hpcml.errors import HpcmlError
+            try:
+                code = fastscan.main(argv[1:])
+            except HpcmlError as exc:
+                code = report(fastscan.PROG, exc, fastscan.FLAGS)
+            sys.exit(code)
+    component = argv[0] if argv else ""
+    if component in COMPONENTS:
+        # only the component's own CLI: the others' imports (numpy, pyarrow, ...) cost every
+        # command a quarter of a second otherwise
+        import importlib
+        app = importlib.import_module(f"hpcml.{component}.cli").app
+        app(args=argv[1:], prog_name=f"hpcml {component}")
+        return
     from hpcml.cli_app import app
     app()

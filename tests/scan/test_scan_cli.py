@@ -86,7 +86,7 @@ def test_bad_policy_file_is_one_line_exit_2(tmp_path, tree, text, key):
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and str(policy) in lines[0] and "Traceback" not in out.stderr
     if key:
-        assert f"key '{key}'" in lines[0]
+        assert f"key '{key}" in lines[0]            # 'safe' or the item, 'safe[0]'
 
 
 def test_sarif_log_points_at_file_and_member(tmp_path):
@@ -160,3 +160,20 @@ def test_unknown_files_come_with_the_policy_that_would_allow_them(tree, tmp_path
     policy = tmp_path / "suggested.yaml"
     policy.write_text(policy_text + "\n")
     assert _hpcml("scan", "--policy", str(policy), str(user)).returncode == 0
+
+
+def test_a_scan_starts_without_typer_or_pydantic(tmp_path):
+    """Issue 20: the start-up floor (0.68 s) was mostly Typer and the pydantic it imports;
+    `hpcml scan FILE` now takes a path without them. --help still shows Typer's help."""
+    f = tmp_path / "tiny.pkl"
+    f.write_bytes(pickle.dumps({"a": 1}))
+    p = subprocess.run([sys.executable, "-X", "importtime", "-m", "hpcml", "scan", str(f)],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    imported = {line.split("|")[-1].strip() for line in p.stderr.splitlines() if line.startswith("import time:")}
+    assert "typer" not in imported and "pydantic" not in imported and "numpy" not in imported
+    assert "hpcml.scan.fastscan" in imported
+    h = _hpcml("scan", "--help")
+    assert h.returncode == 0 and "requirements" in h.stdout
+    bad = _hpcml("scan", "--jobs", "0", str(f))
+    assert bad.returncode == 2 and bad.stderr.count("\n") == 1

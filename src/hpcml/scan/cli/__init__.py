@@ -3,14 +3,12 @@
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 from typing import Optional
 
 import typer
 
 from hpcml.cli_support import DefaultCommandGroup
-from hpcml.errors import UsageError
 
 
 class _ScanGroup(DefaultCommandGroup):
@@ -40,34 +38,8 @@ def files(
         hpcml scan ckpts/ --json > r.json   # a directory, for a script
         hpcml scan . --policy site.yaml --sarif scan.sarif
     """
-    from hpcml.scan import report
-    from hpcml.scan.policy import load_policy
-    from hpcml.scan.scanner import exit_code, scan_paths
-    missing = [p for p in paths if not p.exists()]
-    if missing:                        # a path that is not there is bad input (2), not an unreadable file (7)
-        raise UsageError("no such file or directory", file=str(missing[0]))
-    pol = load_policy(*policy)
-    progress = None
-    if not as_json and sys.stderr.isatty():
-        from rich.progress import Progress
-        progress = Progress(transient=True)
-    if progress:
-        with progress:
-            task = progress.add_task("scanning", total=None)
-            results = scan_paths(paths, pol, jobs=jobs, on_result=lambda r: progress.advance(task))
-    else:
-        results = scan_paths(paths, pol, jobs=jobs)
-    code = exit_code(results, pol)
-    if sarif:
-        report.write_json(report.to_sarif(results), sarif)
-    if as_json:
-        print(json.dumps(report.to_json(results, code, pol.sources), indent=2))
-    else:
-        from rich.console import Console
-        Console().print(report.table(results, show_all=show_all))
-        for line in report.advice(results):
-            print(line)
-    raise typer.Exit(code)
+    from hpcml.scan.command import scan_files
+    raise typer.Exit(scan_files(paths, policy=policy, as_json=as_json, sarif=sarif, jobs=jobs, show_all=show_all))
 
 
 @app.command("requirements")
