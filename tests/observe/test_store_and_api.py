@@ -123,3 +123,22 @@ def test_duckdb_queries_the_job(tmp_path):
                       "group by rank order by rank").fetchall()
     assert [r for r, _ in rows] == [0, 1, 2]
     assert rows[2][1] == pytest.approx(0.3)
+
+
+def test_two_writers_of_one_rank_never_collide(tmp_path, monkeypatch):
+    """The recorder and the API inside a container may start a segment of rank 0 at the same
+    moment: the name one of them looked up can be taken before it opens it."""
+    from hpcml.observe import store
+    (tmp_path / "rank-00000.arrows").write_bytes(b"")
+    real = store.rank_path
+    calls = []
+
+    def stale(job_dir, rank):                 # the first look says a name that is already taken
+        calls.append(1)
+        return tmp_path / "rank-00000.arrows" if len(calls) == 1 else real(job_dir, rank)
+    monkeypatch.setattr(store, "rank_path", stale)
+    w = store.RankWriter.create(tmp_path, 0)
+    w.write_rows([(1_700_000_000_000_000_000, "metric", "x", 1.0, 0, None)])
+    w.close()
+    assert (tmp_path / "rank-00000.1.arrows").stat().st_size > 0 and len(calls) == 2
+    assert (tmp_path / "rank-00000.arrows").read_bytes() == b""          # the other's file untouched

@@ -82,7 +82,7 @@ def problems() -> dict[str, int]:
 
 
 def _open_writer():
-    from hpcml.observe.store import RankWriter, rank_path
+    from hpcml.observe.store import RankWriter
     rank = rank_from_env()
     fd = os.environ.get("HPCML_OBSERVE_FD", "")
     if fd.isdigit():
@@ -90,7 +90,7 @@ def _open_writer():
     job_dir = os.environ.get("HPCML_OBSERVE_DIR") or \
         f"hpcml-observe-{os.environ.get('SLURM_JOB_ID', 'local')}"
     os.makedirs(job_dir, exist_ok=True)
-    return RankWriter(rank_path(job_dir, rank), rank)
+    return RankWriter.create(job_dir, rank)
 
 
 def _take() -> list[tuple]:

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
-from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, rank_path, write_json
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, write_json
 from hpcml.samplers.host import HostSampler
 
 if TYPE_CHECKING:
@@ -142,7 +142,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     os.close(write_fd)
     # forward Slurm's signals from the moment the command runs (before the store's imports)
     previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
-    writer = RankWriter(rank_path(out, task.rank), task.rank)
+    writer = RankWriter.create(out, task.rank)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter),
                               daemon=True)
     copier.start()

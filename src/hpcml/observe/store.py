@@ -53,6 +53,22 @@ class RankWriter:
         self._writer = pa.ipc.new_stream(self._fh, arrow_schema(), options=options)
         self._fh.flush()
 
+    @classmethod
+    def create(cls, job_dir: str | os.PathLike, rank: int) -> RankWriter:
+        """A new stream for ``rank`` in ``job_dir``, under the next free name, taken
+        atomically: the recorder and the API inside a container may both start a segment of
+        one rank at the same moment, and neither may fail or overwrite the other's."""
+        for _ in range(1000):
+            path = rank_path(job_dir, rank)
+            try:
+                fh = open(path, "xb")
+            except FileExistsError:
+                continue                          # taken between the look and the open: the next one
+            writer = cls(fh, rank)
+            writer._own = True
+            return writer
+        raise FileExistsError(f"no free file name for rank {rank} in {job_dir}")
+
     def write_rows(self, rows: list[tuple]) -> None:
         if rows:
             self.write_batch(to_batch(rows, self.rank))

@@ -14,7 +14,7 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.observe.schema import arrow_schema
-from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, rank_path, write_json
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, write_json
 from hpcml.score.recording import Recording
 
 
@@ -56,7 +56,7 @@ def write_store(rec: Recording, out: Path) -> int:
     for rank, node in enumerate(nodes):
         keys = sorted(k for k in rec.gpus if k[0] == node)
         ids = {}
-        writer = RankWriter(rank_path(out, rank), rank)
+        writer = RankWriter.create(out, rank)
         try:
             for pos, key in enumerate(keys):
                 g = rec.gpus[key]
