@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import sys
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpcml.errors import HpcmlError
@@ -39,6 +39,8 @@ def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None
     return exc.exit_code
 
 
+#: command words -> the module of their Typer-free fast path
+FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"))
 #: components whose CLI is loaded alone (``hpcml <component> ...``)
 COMPONENTS = ("vet", "scan", "observe", "score", "data", "env")
 
@@ -53,25 +55,27 @@ def main() -> None:
         sys.exit(130)
 
 
+def _fast_path(argv: list[str]) -> tuple[Any, list[str]]:
+    """The module that runs this command line without Typer, if any, and its arguments: ``hpcml env run``
+    (every container start) and ``hpcml scan FILE`` (CI loops, a scan before each load).
+    Each has ``wants(args)``, ``main(args)``, ``PROG`` and ``FLAGS``; --help goes to Typer."""
+    for words, module in FAST_PATHS:
+        if argv[:len(words)] == list(words):
+            fast, args = __import__(module, fromlist=["main"]), argv[len(words):]
+            return (fast if fast.wants(args) else None), args
+    return None, argv
+
+
 def _main() -> None:
     argv = sys.argv[1:]
-    if argv[:2] == ["env", "run"] and not {"--help", "-h"} & set(argv[2:argv.index("--") if "--" in argv else None]):
-        from hpcml.env import fastrun
+    fast, args = _fast_path(argv)
+    if fast is not None:
         from hpcml.errors import HpcmlError
         try:
-            code = fastrun.main(argv[2:])
+            code = fast.main(args)
         except HpcmlError as exc:
-            code = report(fastrun.PROG, exc, fastrun.FLAGS)
+            code = report(fast.PROG, exc, fast.FLAGS)
         sys.exit(code)
-    if argv[:1] == ["scan"]:
-        from hpcml.scan import fastscan
-        if fastscan.wants(argv[1:]):
-            from hpcml.errors import HpcmlError
-            try:
-                code = fastscan.main(argv[1:])
-            except HpcmlError as exc:
-                code = report(fastscan.PROG, exc, fastscan.FLAGS)
-            sys.exit(code)
     component = argv[0] if argv else ""
     if component in COMPONENTS:
         # only the component's own CLI: the others' imports (numpy, pyarrow, ...) cost every

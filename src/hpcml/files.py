@@ -4,6 +4,7 @@ with errors that name the file, the key and the line."""
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -83,6 +84,14 @@ def key_text(path: tuple) -> str:
     return text
 
 
+def unknown_key(key: str, known: Sequence[str]) -> str:
+    """The problem text for a key a config file does not have: the nearest known key, or
+    the list of them (a typo must not pass silently, nor leave the user guessing)."""
+    import difflib
+    near = difflib.get_close_matches(str(key), list(known), n=1, cutoff=0.6)
+    return "unknown key" + (f"; did you mean '{near[0]}'?" if near else f" (known: {', '.join(known)})")
+
+
 class ConfigLoader:
     """Errors for a parsed config file that name its file, dotted key and line."""
 
@@ -96,21 +105,6 @@ class ConfigLoader:
                 line = self.lines[path[:n]]
                 break
         return UsageError(problem, file=self.source, key=key_text(path) or None, line=line)
-
-    def invalid(self, exc: Any, fields: Any = (), prefix: tuple = ()) -> UsageError:
-        """A pydantic ValidationError as one line with file, key and line; an unknown key
-        names the nearest of ``fields`` instead of pydantic's "Extra inputs are not permitted"."""
-        import difflib
-        err = exc.errors()[0]
-        path = prefix + tuple(err["loc"])
-        if err.get("type") == "extra_forbidden":
-            names = sorted(str(f) for f in fields)
-            near = difflib.get_close_matches(str(path[-1]), names, n=1, cutoff=0.6)
-            problem = "unknown key" + (f"; did you mean '{near[0]}'?" if near else
-                                       (f" (known: {', '.join(names)})" if names else ""))
-        else:
-            problem = str(err["msg"]).removeprefix("Value error, ")
-        return self.error(path, problem)
 
     def convert(self, path: tuple, value: Any, parse) -> Any:
         try:

@@ -33,6 +33,7 @@ from hpcml.env.expand import ExpansionError, expand
 from hpcml.env.model import Environment
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
+from hpcml.files import unknown_key
 
 MAX_DEPTH = 10
 KNOWN_KEYS = ("base_environment", "image", "workdir", "entrypoint", "writable", "mounts",
@@ -223,17 +224,15 @@ def _flatten(f: _File, table: dict[str, Any], prefix: str, out: dict[str, Any]) 
 def _unknown_keys(f: _File, warnings: list[str], lenient: bool) -> None:
     """A misspelt key (``mount`` for ``mounts``) would let the job run without what it
     names: an error with the nearest valid key, or a warning when ``lenient``."""
-    import difflib
     for key in f.data:
         if key in KNOWN_KEYS:
             continue
-        near = difflib.get_close_matches(key, KNOWN_KEYS, n=1, cutoff=0.6)
-        hint = f"; did you mean '{near[0]}'?" if near else f" (known: {', '.join(KNOWN_KEYS)})"
+        problem = unknown_key(key, KNOWN_KEYS)
         if not lenient:
-            raise UsageError(f"unknown key{hint} (--lenient or HPCML_EDF_LENIENT=1 only warns)",
+            raise UsageError(f"{problem} (--lenient or HPCML_EDF_LENIENT=1 only warns)",
                              file=str(f.path), line=f.line_of(key), key=key)
         line = f.line_of(key)
-        warnings.append(f"{f.path}{':' + str(line) if line else ''}: unknown key '{key}' ignored{hint}")
+        warnings.append(f"{f.path}{':' + str(line) if line else ''}: key '{key}': {problem}, ignored")
 
 
 def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warnings: list[str]) -> None:

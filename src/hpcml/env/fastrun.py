@@ -21,6 +21,12 @@ class _Parser(argparse.ArgumentParser):
         raise SystemExit(2)
 
 
+def wants(argv: list[str]) -> bool:
+    """Every ``hpcml env run`` takes this path but --help (before ``--``), which Typer shows."""
+    head = argv[:argv.index("--")] if "--" in argv else argv
+    return not {"--help", "-h"} & set(head)
+
+
 def main(argv: list[str]) -> int:
     parser = _Parser(prog=PROG, add_help=False)
     parser.add_argument("--runtime", "-r", default="auto")

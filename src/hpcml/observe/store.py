@@ -163,9 +163,11 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
     return p, meta, files
 
 
-def iter_ranks(files: list[Path]):
+def iter_ranks(files: list[Path], read=None):
     """Each rank's data in turn, its restart segments joined, so a caller can reduce one
-    rank before the next is read (a 1,024-rank job never sits in memory at once)."""
+    rank before the next is read (a 1,024-rank job never sits in memory at once).
+    ``read``: a file's RankData when the files were read already (default ``read_rank``)."""
+    read = read or read_rank
     by_rank: dict[int, list[Path]] = {}
     for f in files:
         m = _RANK_RE.match(f.name)
@@ -174,7 +176,7 @@ def iter_ranks(files: list[Path]):
     for rank in sorted(by_rank):
         data = None
         for f in by_rank[rank]:
-            d = read_rank(f)
+            d = read(f)
             if data is None:
                 data = d
             else:
@@ -189,17 +191,7 @@ def _read_all(files: list[Path]) -> list[RankData]:
     from concurrent.futures import ThreadPoolExecutor
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         read = dict(zip(files, pool.map(read_rank, files)))
-    by_rank: dict[int, RankData] = {}
-    for f in files:                                   # segments in file order, as iter_ranks joins them
-        d = read[f]
-        m = _RANK_RE.match(f.name)
-        rank = int(m.group(1)) if m else d.rank
-        if rank in by_rank:
-            by_rank[rank].batches += d.batches
-            by_rank[rank].problem = by_rank[rank].problem or d.problem
-        else:
-            by_rank[rank] = d
-    return [by_rank[r] for r in sorted(by_rank)]
+    return list(iter_ranks(files, read.__getitem__))
 
 
 def missing_ranks(meta: dict[str, Any], with_data: set[int]) -> list[int]:

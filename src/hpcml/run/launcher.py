@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcml.errors import UsageError
 from hpcml.run.jobdir import default_dir, log_path, observe_dir, vet_dir, write_run
-from hpcml.run.rendezvous import free_port, node_address
+from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
 
@@ -60,9 +60,10 @@ def _check(opts: Options, allocation) -> None:
 def _environment(opts: Options) -> dict | None:
     if not opts.env:
         return None
+    from hpcml.env.edf import Resolved
     from hpcml.env.resolve import resolve
     env, warnings = resolve(opts.env)
-    return {"edf": opts.env, "resolved": env.to_json() if hasattr(env, "to_json") else str(env), "warnings": warnings}
+    return {"edf": opts.env, "resolved": Resolved(env, warnings).to_json(), "warnings": warnings}
 
 
 def _gpus_here() -> int:
@@ -141,8 +142,7 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     if master_node == allocation.node:
         port = free_port()
     else:
-        out = subprocess.run(["srun", "-N1", "-n1", "-w", master_node, "--overlap", sys.executable, "-c",
-                              "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"],
+        out = subprocess.run(["srun", "-N1", "-n1", "-w", master_node, "--overlap", sys.executable, "-c", FREE_PORT],
                              capture_output=True, text=True, timeout=60)
         port = int(out.stdout.strip() or free_port())
     addr = node_address(master_node)
@@ -215,14 +215,14 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
 
 def first_failure(d: Path) -> dict | None:
     """The rank that failed first (by when its command ended), from the recorder's metadata."""
-    import json
+    from hpcml.observe.store import read_meta
+    try:
+        _, meta, _ = read_meta(observe_dir(d))
+    except UsageError:
+        return None                                     # no task got as far as recording
     failed = []
-    for meta in observe_dir(d).glob("rank-*.json"):
-        try:
-            m = json.loads(meta.read_text())
-        except (OSError, ValueError):
-            continue
-        ec = m.get("exit_code")
+    for m in (meta.get("ranks") or {}).values():
+        ec = (m or {}).get("exit_code")
         if isinstance(ec, int) and ec != 0:
             failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
     if not failed:

@@ -45,15 +45,13 @@ on a real H100 (tests/fixtures/gpm), so everything above runs in the tests.
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
-from hpcml.samplers.nvml import read_device
+from hpcml.samplers.nvml import nvml_library, read_device
 
-REPLAY_ENV = "HPCML_GPM_REPLAY"
 MIB = 1024 * 1024
 PERCENT = 0.01
 #: GPM metric name (nvidia-ml-py's without ``NVML_GPM_METRIC_``) -> (row name, factor)
@@ -78,17 +76,6 @@ METRICS: dict[str, tuple[str, float]] = {
 }
 NOTE = "NVML GPM metrics: saturation"
 MIN_GAP_NS = 100_000_000       # two GPM samples closer than 0.1 s give no metrics
-
-
-def nvml_library(env: Mapping[str, str] | None = None) -> Any:
-    """pynvml, or the replay of a recorded GPU when ``HPCML_GPM_REPLAY`` names one."""
-    env = os.environ if env is None else env
-    replay = env.get(REPLAY_ENV)
-    if replay:
-        from hpcml.testing.gpm_replay import ReplayNvml
-        return ReplayNvml.from_env(replay, env)
-    import pynvml
-    return pynvml
 
 
 def _text(value: Any) -> str:

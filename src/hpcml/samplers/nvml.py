@@ -15,12 +15,28 @@ import itertools
 import json
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
 
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 FIELDS = ("util_gpu_percent", "util_mem_percent", "mem_used_bytes", "power_w", "sm_clock_mhz",
           "mem_clock_mhz", "temperature_c", "energy_mj", "clocks_event_reasons")
+
+
+REPLAY_ENV = "HPCML_GPM_REPLAY"
+
+
+def nvml_library(env: Mapping[str, str] | None = None) -> Any:
+    """pynvml, or the replay of a recorded GPU when ``HPCML_GPM_REPLAY`` names one (both
+    samplers and the GPU listing read NVML through this one choice)."""
+    env = os.environ if env is None else env
+    replay = env.get(REPLAY_ENV)
+    if replay:
+        from hpcml.testing.gpm_replay import ReplayNvml
+        return ReplayNvml.from_env(replay, env)
+    import pynvml
+    return pynvml
 
 
 def read_device(nv, handle) -> dict[str, float | None]:
@@ -59,7 +75,6 @@ class NvmlSampler:
             with open(replay, encoding="utf-8") as f:
                 self._replay = itertools.cycle([json.loads(line) for line in f if line.strip()])
             return
-        from hpcml.samplers.gpm import nvml_library
         nv = nvml_library()  # ImportError: the caller records without GPUs
         nv.nvmlInit()
         self.nv = nv
@@ -97,7 +112,6 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
 
     The replays (``HPCML_OBSERVE_NVML_REPLAY``, ``HPCML_GPM_REPLAY``) stand for the driver
     in the tests."""
-    from hpcml.samplers.gpm import nvml_library
     env = os.environ if env is None else env
     replay = env.get("HPCML_OBSERVE_NVML_REPLAY")
     if replay:

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, unknown_key
 from hpcml.scan.model import Verdict
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
@@ -32,12 +32,9 @@ class PolicyFile:
 
     @classmethod
     def parse(cls, data: dict, ld: ConfigLoader) -> PolicyFile:
-        import difflib
         for key in data:
             if key not in cls.KEYS:
-                near = difflib.get_close_matches(str(key), cls.KEYS, n=1, cutoff=0.6)
-                raise ld.error((key,), "unknown key" + (f"; did you mean '{near[0]}'?" if near else
-                                                        f" (known: {', '.join(cls.KEYS)})"))
+                raise ld.error((key,), unknown_key(key, cls.KEYS))
         out = cls()
         for key in ("safe", "dangerous"):
             names = data.get(key) or []
