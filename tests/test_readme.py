@@ -66,7 +66,8 @@ def env(slurm_env):
 def site(tmp_path):
     (tmp_path / "train.py").write_text(TRAIN)
     # the container's /tmp is its own: the test's directory is mounted in, as a site's EDF mounts $SCRATCH
-    (tmp_path / "pytorch.toml").write_text(f'image = "/"\nwritable = false\nmounts = ["{tmp_path}:{tmp_path}"]\n')
+    from tests.env.rootfs import host_root_edf
+    host_root_edf(tmp_path / "pytorch.toml", tmp_path)
     return tmp_path
 
 

@@ -72,3 +72,15 @@ def podman_import(root: Path, ref: str, env: dict[str, str]) -> None:
     tar.wait()
     if proc.returncode != 0:
         raise RuntimeError(f"podman import failed: {proc.stderr.strip()}")
+
+
+def host_root_edf(path: Path, *mounted: Path) -> Path:
+    """An EDF whose image is this host's own root filesystem (bubblewrap, read-only), so
+    this Python and hpcml run inside. The container's /tmp is its own: the checkout and the
+    interpreter's prefix (either may live under /tmp, as in a fresh CI clone) and ``mounted``
+    are bound in at the same paths."""
+    import sys
+    checkout = Path(__file__).resolve().parents[2]
+    dirs = list(dict.fromkeys(str(p) for p in (checkout, Path(sys.prefix).resolve(), *mounted)))
+    path.write_text('image = "/"\nwritable = false\nmounts = [' + ", ".join(f'"{d}:{d}"' for d in dirs) + "]\n")
+    return path

@@ -180,9 +180,7 @@ def test_application_metrics_are_recorded_whichever_wrapper_is_outside(order, tm
     if why:
         pytest.skip(why)
     d = tmp_path / "obs"
-    edf = tmp_path / "host.toml"
-    mounts = f'mounts = ["{d}:{d}"]\n' if order == "record-inside" else ""
-    edf.write_text(f'image = "/"\nwritable = false\n{mounts}')
+    edf = rootfs.host_root_edf(tmp_path / "host.toml", *([d] if order == "record-inside" else []))
     d.mkdir()
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_OBSERVE"))}
     hp = [sys.executable, "-m", "hpcml"]
