@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import BinaryIO
 
+from hpcml.scan import fastload
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import joblib as joblib_format
 from hpcml.scan.picklewalk import PickleWalker, WalkResult
@@ -36,6 +37,11 @@ def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = 
     ``required`` says the bytes must be a pickle (an error if not); otherwise a first
     pickle that fails without importing anything just means "not a pickle".
     """
+    proven = fastload.plain_data_ends(fh, start, end)
+    if proven is not None:
+        if len(proven) > 1:
+            fs.note(f"{len(proven)} pickles in one stream; every one was scanned")
+        return True
     offset, count, legacy = start, 0, False
     while offset < end:
         res = walk_one(fh, offset, end)

@@ -1,0 +1,119 @@
+"""The C-unpickler fast path: it proves only plain data, and everything else still reaches
+the walker with the walker's own findings."""
+
+from __future__ import annotations
+
+import io
+import pickle
+import random
+
+import pytest
+
+from hpcml.scan import fastload, pickles
+from hpcml.scan.model import Verdict
+from hpcml.scan.picklewalk import PickleWalker
+from hpcml.scan.scanner import scan_file
+from tests.scan.programs import random_program
+
+ROWS = [{"a": i, "b": str(i), "c": [i, i + 1], "f": i / 3} for i in range(60_000)]   # > 1 MiB pickled
+
+
+def _walks(monkeypatch) -> list[int]:
+    """Count the walker's runs (the fast path must leave plain data to itself)."""
+    calls: list[int] = []
+    real = pickles.walk_one
+
+    def counted(fh, start, end):
+        calls.append(start)
+        return real(fh, start, end)
+    monkeypatch.setattr(pickles, "walk_one", counted)
+    return calls
+
+
+def test_random_programs_proven_only_when_the_walker_sees_no_code():
+    """The same 12,000 random programs as the walker's differential test: whenever the fast
+    path calls a stream plain data, the walker finds no import, call or error in it; and it
+    does prove the plain ones (so the fast path is really taken)."""
+    rng = random.Random(20261123)
+    proven = 0
+    for _ in range(12000):
+        data = random_program(rng)
+        ends = fastload._load_all(data)
+        if ends is None:
+            continue
+        proven += 1
+        res = PickleWalker(io.BytesIO(data), 0, len(data)).walk()
+        assert not res.events and res.error is None, data
+        assert ends == [res.end]
+    assert proven > 1000
+
+
+def test_plain_data_is_proven_without_the_walker(tmp_path, monkeypatch):
+    path = tmp_path / "rows.pkl"
+    path.write_bytes(pickle.dumps(ROWS, protocol=4) + pickle.dumps(ROWS[:10], protocol=2))
+    walked = _walks(monkeypatch)
+    res = scan_file(path)
+    assert res.verdict is Verdict.SAFE and walked == []
+    assert res.notes == ["2 pickles in one stream; every one was scanned"]
+
+
+@pytest.mark.parametrize("protocol", [0, 2, 4, 5])
+def test_a_global_after_a_megabyte_of_data_is_found_with_its_offset(tmp_path, monkeypatch, protocol):
+    import os
+    path = tmp_path / "late.pkl"
+    path.write_bytes(pickle.dumps([ROWS, os.system], protocol=protocol))
+    walked = _walks(monkeypatch)
+    res = scan_file(path)
+    assert res.verdict is Verdict.DANGEROUS and walked == [0]
+    assert res.findings[0].name in ("os.system", "posix.system")
+
+
+def test_a_pickle_hidden_in_bytes_inside_plain_data_is_followed(tmp_path):
+    inner = b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."
+    path = tmp_path / "blob.pkl"
+    path.write_bytes(pickle.dumps({"rows": ROWS, "blob": inner}, protocol=4))
+    res = scan_file(path)
+    assert res.verdict is Verdict.DANGEROUS and "nested@" in res.findings[0].location.member
+
+
+def test_bytes_that_only_look_like_a_header_do_not_leave_the_fast_path():
+    """0x80 0x02 inside an int or a string is not a bytes argument: no walk for that."""
+    data = pickle.dumps([0x02_80_00 + i for i in range(0, 1 << 20, 256)] + ["\x80\x02e" * 5], protocol=4)
+    assert fastload._NESTED.search(data, 3) and not fastload._may_nest(data)
+    assert fastload._may_nest(pickle.dumps([b"\x80\x02e" + b"x" * 20], protocol=4))
+
+
+def test_a_child_that_crashes_or_runs_out_of_memory_falls_back_to_the_walker(tmp_path, monkeypatch):
+    """A 2M-deep tuple used as a dict key makes the C unpickler's hash recurse past the
+    stack; a tiny memory cap makes it fail on allocation. Both: not proven, walked, safe."""
+    deep = tmp_path / "deep.pkl"
+    deep.write_bytes(b"\x80\x04}N" + b"\x85" * 2_000_000 + b"Ns.")
+    with open(deep, "rb") as fh:
+        assert fastload.plain_data_ends(fh, 0, deep.stat().st_size) is None
+    assert scan_file(deep).verdict is Verdict.SAFE
+    rows = tmp_path / "rows.pkl"
+    rows.write_bytes(pickle.dumps(ROWS, protocol=4))
+    monkeypatch.setenv("HPCML_SCAN_MEMORY", "1MiB")
+    walked = _walks(monkeypatch)
+    assert scan_file(rows).verdict is Verdict.SAFE and walked == [0]
+
+
+def test_a_truncated_stream_gets_the_walkers_message(tmp_path):
+    path = tmp_path / "cut.pkl"
+    path.write_bytes(pickle.dumps(ROWS, protocol=4)[:-1000])
+    res = scan_file(path)
+    assert res.verdict is Verdict.ERROR and "not a valid pickle" in res.errors[0]
+
+
+def test_an_early_global_skips_the_child(tmp_path, monkeypatch):
+    """A model file names its first class in the first bytes: no whole-file read, no fork."""
+    import collections
+    path = tmp_path / "od.pkl"
+    path.write_bytes(pickle.dumps(collections.OrderedDict(a=ROWS), protocol=4))
+
+    def no_fork():
+        raise AssertionError("forked")
+    monkeypatch.setattr(fastload.os, "fork", no_fork)
+    with open(path, "rb") as fh:
+        assert fastload.plain_data_ends(fh, 0, path.stat().st_size) is None
+    assert scan_file(path).verdict is Verdict.SAFE
