@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from hpcml import __version__
+from hpcml.ckpt.cli import app as ckpt_app
 from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
 from hpcml.env.cli import app as env_app
@@ -27,6 +28,7 @@ app.add_typer(observe_app, name="observe")
 app.add_typer(score_app, name="score")
 app.add_typer(data_app, name="data")
 app.add_typer(env_app, name="env")
+app.add_typer(ckpt_app, name="ckpt")
 app.registered_commands += run_app.registered_commands + report_app.registered_commands
 
 

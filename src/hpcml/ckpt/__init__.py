@@ -1,0 +1,6 @@
+"""Checkpointing that survives the cluster: async with a bytes/s cap, atomic across ranks,
+tiered local -> shared, and aware of Slurm's time limit (``hpcml.ckpt.Checkpointer``)."""
+
+from hpcml.ckpt.checkpointer import Checkpointer, CheckpointError, prune
+
+__all__ = ["CheckpointError", "Checkpointer", "prune"]

@@ -1,0 +1,381 @@
+"""``Checkpointer``: snapshot in the training loop, write in the background under a bytes/s
+cap, commit atomically across ranks, tier local -> shared, and act on Slurm's time-limit
+signal.
+
+How it relates to ``torch.distributed.checkpoint`` (DCP): DCP's ``async_save`` stages to
+CPU and writes from a thread with no rate control (the loop ran at 75-81 % during its write
+here) and stores its metadata as a pickle of torch classes. hpcml keeps the same split
+(blocking snapshot, background write) but paces the write, commits with one rename after
+every rank reported, and keeps all metadata in JSON, so reading a checkpoint never needs
+to unpickle torch classes. It does not reshard: a sharded checkpoint loads on the same
+world size; a replicated one (``replicated=True``: rank 0 writes, every rank loads it)
+loads on any. To reshard, load it and hand the state to ``dcp.save``.
+
+Ranks: from ``torch.distributed`` when it is initialised, else ``RANK``/``WORLD_SIZE``
+(torchrun, ``hpcml run``), else ``SLURM_PROCID``/``SLURM_NTASKS``, else one rank. Rank 0
+commits. The ranks agree on which checkpoint to load through one ``all_reduce`` per
+candidate when ``torch.distributed`` is up; without it each rank checks every shard's size
+and its own shard's checksum.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import signal
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from hpcml.ckpt import layout
+from hpcml.ckpt.flatten import describe, flatten, unflatten
+from hpcml.ckpt.flatten import layout as place
+from hpcml.ckpt.pacer import copy_paced, write_paced
+from hpcml.errors import HpcmlError, UsageError
+from hpcml.units import parse_rate
+
+
+class CheckpointError(HpcmlError):
+    """A save or load that could not complete (the message says which file)."""
+
+
+def _dist():
+    d = sys.modules.get("torch.distributed")
+    return d if d is not None and d.is_available() and d.is_initialized() else None
+
+
+def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
+    if rank is not None and world_size is not None:
+        return rank, world_size
+    d = _dist()
+    if d is not None:
+        return d.get_rank(), d.get_world_size()
+    env = os.environ
+    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
+        if r in env and w in env:
+            return int(env[r]), int(env[w])
+    return 0, 1
+
+
+def _attempt_token(world: int) -> str:
+    """Something every rank of this run shares and a later run does not."""
+    d = _dist()
+    if d is not None and world > 1:
+        box = [uuid.uuid4().hex if d.get_rank() == 0 else None]
+        d.broadcast_object_list(box, src=0)
+        return str(box[0])
+    env = os.environ
+    for key, restart in (("HPCML_CKPT_TOKEN", ""), ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
+                         ("SLURM_JOB_ID", "SLURM_RESTART_COUNT")):
+        if env.get(key):
+            return f"{env[key]}.{env.get(restart, '0') if restart else ''}"
+    if world > 1:
+        raise UsageError("several ranks without torch.distributed or a run id: set HPCML_CKPT_TOKEN "
+                         "to the same value on every rank", key="world_size")
+    return uuid.uuid4().hex
+
+
+class Checkpointer:
+    """``ck = Checkpointer(dir, every=100, keep=3, local_dir=None, max_write_rate="500 MB/s")``.
+
+    ``save(state, step)`` returns after the snapshot (tensors copied to a host buffer that is
+    reused between saves) and writes in the background; ``wait()`` blocks until this rank's
+    write (and, on rank 0, the commit) is done; ``load_latest()`` returns ``(state, step)``
+    of the newest complete checkpoint, or ``(None, None)``. ``maybe_save(state, step)`` saves
+    every ``every`` steps and, once SIGUSR1 or SIGTERM arrived (``#SBATCH --signal=USR1@300``,
+    preemption), takes a final checkpoint, waits for it, requeues the job when
+    ``requeue=True`` and sets ``stopping``.
+    """
+
+    def __init__(self, directory: str | os.PathLike, every: int | None = None, keep: int = 3,
+                 local_dir: str | os.PathLike | None = None, max_write_rate: str | float | None = "500 MB/s",
+                 *, replicated: bool = False, requeue: bool = False,
+                 signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM"), rank: int | None = None,
+                 world_size: int | None = None, commit_timeout: float = 600.0) -> None:
+        if keep < 1:
+            raise UsageError(f"keep must be at least 1, not {keep}", key="keep")
+        if every is not None and every < 1:
+            raise UsageError(f"every must be at least 1, not {every}", key="every")
+        self.dir = Path(directory)
+        self.local = Path(local_dir) if local_dir else None
+        self.every, self.keep, self.replicated, self.requeue = every, keep, replicated, requeue
+        self.rate = parse_rate(max_write_rate) if isinstance(max_write_rate, str) else max_write_rate
+        self.rank, self.world = _rank_world(rank, world_size)
+        self.commit_timeout = commit_timeout
+        self.dir.mkdir(parents=True, exist_ok=True)
+        if any(self.dir.iterdir()) and not layout.is_checkpoint_dir(self.dir):
+            raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
+                             file=str(self.dir))
+        self.token = _attempt_token(self.world)
+        self._host: Any = None
+        self._thread: threading.Thread | None = None
+        self._error: BaseException | None = None
+        self._closing = False
+        self.stop_signal: str | None = None
+        self.stopping = False
+        self.skipped: list[str] = []         # checkpoints load_latest passed over, and why
+        self.last_blocking_s = 0.0
+        self.last_durable_s = 0.0
+        if threading.current_thread() is threading.main_thread():
+            for name in signals:
+                signal.signal(getattr(signal, name), self._on_signal)
+
+    # -- signals ------------------------------------------------------------------------
+    def _on_signal(self, signum: int, frame: Any) -> None:
+        self.stop_signal = signal.Signals(signum).name
+
+    def maybe_save(self, state: Any | Callable[[], Any], step: int) -> bool:
+        """Save when ``step`` is due or a stop signal arrived; True if it saved."""
+        final = self.stop_signal is not None and not self.stopping
+        if not final and not (self.every and step % self.every == 0):
+            return False
+        self.save(state() if callable(state) else state, step)
+        if final:
+            self.wait()
+            self.stopping = True
+            if self.requeue and self.rank == 0:
+                self._requeue()
+        return True
+
+    def _requeue(self) -> None:
+        job = os.environ.get("SLURM_JOB_ID")
+        if not job:
+            print("hpcml ckpt: requeue asked but not in a Slurm job", file=sys.stderr)
+            return
+        from hpcml.cluster import slurm
+        slurm.run(["scontrol", "requeue", job], timeout=30)
+
+    # -- save ---------------------------------------------------------------------------
+    def save(self, state: Any, step: int) -> None:
+        """Snapshot ``state`` and write it in the background (the previous save is waited for
+        first: its host buffer is reused)."""
+        self.wait()
+        if self.replicated and self.rank != 0:
+            return
+        t0 = time.perf_counter()
+        skeleton, leaves = flatten(state)
+        size = place(leaves)
+        host = self._buffer(size, any(getattr(f.value, "is_cuda", False) for f in leaves))
+        cuda = False
+        for f in leaves:
+            dst = host[f.offset:f.offset + f.nbytes]
+            if f.kind == "torch":
+                import torch
+                t = f.value
+                cuda = cuda or t.is_cuda
+                if f.nbytes:
+                    torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8), non_blocking=t.is_cuda)
+            elif f.kind == "numpy":
+                dst[:] = np.ascontiguousarray(f.value).reshape(-1).view(np.uint8)
+            else:
+                dst[:] = np.frombuffer(f.value, dtype=np.uint8)
+        if cuda:
+            import torch
+            torch.cuda.synchronize()
+        doc = {"schema": layout.SHARD_TAG, "step": step, "rank": self.rank, "world_size": self.world,
+               "replicated": self.replicated, "token": self.token, "size": size,
+               "skeleton": skeleton, "entries": describe(leaves)}
+        self.last_blocking_s = time.perf_counter() - t0
+        view = host[:size].data
+        self._error = None
+        self._thread = threading.Thread(target=self._background, args=(step, view, doc, time.monotonic()),
+                                        name=f"hpcml-ckpt-{step}", daemon=True)
+        self._thread.start()
+
+    def _buffer(self, size: int, pinned: bool) -> np.ndarray:
+        if self._host is None or len(self._host) < size:
+            cap = max(size, 1)
+            if pinned:
+                import torch
+                self._host = torch.empty(cap, dtype=torch.uint8, pin_memory=True).numpy()
+            else:
+                self._host = np.empty(cap, dtype=np.uint8)
+        return self._host
+
+    def _background(self, step: int, view: memoryview, doc: dict[str, Any], started: float) -> None:
+        try:
+            self._write(step, view, doc)
+            self.last_durable_s = time.monotonic() - started
+        except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
+            self._error = exc
+
+    def _write(self, step: int, view: memoryview, doc: dict[str, Any]) -> None:
+        bin_name, json_name = layout.shard_names(self.rank)
+        partial = self.dir / layout.partial_name(step)
+        partial.mkdir(exist_ok=True)
+        stop = lambda: self._closing  # noqa: E731
+        if self.local is not None:
+            local = self.local / layout.step_name(step)
+            local.mkdir(parents=True, exist_ok=True)
+            doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop)
+            os.replace(local / (bin_name + ".tmp"), local / bin_name)
+            layout.write_json_durably(local / json_name, doc)
+            crc = copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate, should_stop=stop)
+        else:
+            crc = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop)
+        doc["crc32"] = crc
+        os.replace(partial / (bin_name + ".tmp"), partial / bin_name)
+        layout.write_json_durably(partial / json_name, doc)
+        if self.rank == 0:
+            self._commit(step, partial)
+
+    def _commit(self, step: int, partial: Path) -> None:
+        ranks = [0] if self.replicated else list(range(self.world))
+        deadline = time.monotonic() + self.commit_timeout
+        records: dict[str, dict[str, Any]] = {}
+        while len(records) < len(ranks):
+            for r in ranks:
+                if str(r) in records:
+                    continue
+                bin_name, json_name = layout.shard_names(r)
+                try:
+                    shard = layout.read_json(partial / json_name, layout.SHARD_TAG)
+                except UsageError:
+                    continue
+                if shard.get("token") != self.token or shard.get("step") != step:
+                    continue                     # left by a crashed attempt at this step
+                records[str(r)] = {"size": shard["size"], "crc32": shard["crc32"],
+                                   "json_size": (partial / json_name).stat().st_size,
+                                   "json_crc32": layout.file_crc(partial / json_name)}
+            if len(records) < len(ranks):
+                if time.monotonic() > deadline or self._closing:
+                    raise CheckpointError(f"{partial}: ranks {sorted(set(map(str, ranks)) - set(records))} "
+                                          f"did not report within {self.commit_timeout:g} s; not committed")
+                time.sleep(0.05)
+        manifest = {"schema": layout.TAG, "step": step, "world_size": self.world, "replicated": self.replicated,
+                    "token": self.token, "committed_at": time.time(), "ranks": records}
+        layout.write_json_durably(partial / layout.MANIFEST, manifest)
+        final = self.dir / layout.step_name(step)
+        if final.exists():                   # the same step saved again: replace it whole
+            old = self.dir / f".old-{layout.step_name(step)}-{self.token}"
+            os.rename(final, old)
+            os.rename(partial, final)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.rename(partial, final)
+        layout.fsync_dir(self.dir)
+        self.prune()
+
+    def wait(self) -> None:
+        """Block until the background write (and, on rank 0, the commit) is done; re-raise
+        its error here, in the training thread."""
+        if self._thread is not None:
+            self._thread.join()
+            self._thread = None
+        if self._error is not None:
+            exc, self._error = self._error, None
+            if isinstance(exc, HpcmlError):
+                raise exc
+            raise CheckpointError(f"{self.dir}: background write failed: {exc}") from exc
+
+    def close(self) -> None:
+        self.wait()
+
+    def __enter__(self) -> Checkpointer:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def prune(self) -> list[Path]:
+        """Remove committed checkpoints beyond the newest ``keep`` and partial ones older
+        than the newest committed (only ever after a newer one is committed)."""
+        return prune(self.dir, self.keep, local=self.local)
+
+    # -- load ---------------------------------------------------------------------------
+    def load_latest(self, map_location: Any = "cpu") -> tuple[Any, int | None]:
+        """The newest checkpoint complete on every rank: ``(state, step)``; ``(None, None)``
+        when there is none. Incomplete or corrupt ones are skipped and named in ``skipped``
+        (and on stderr)."""
+        for found in reversed([f for f in layout.scan(self.dir) if f.committed]):
+            ok, why, source = self._usable(found)
+            if not self._agree(ok):
+                why = why or "another rank's shard is missing or corrupt"
+            elif ok:
+                assert source is not None
+                return self._read(source, found), found.step
+            self.skipped.append(f"{found.path}: {why}")
+            print(f"hpcml ckpt: skipped {found.path}: {why}", file=sys.stderr)
+        return None, None
+
+    def _usable(self, found: layout.Found) -> tuple[bool, str, Path | None]:
+        if found.problems or not found.manifest:
+            return False, "; ".join(found.problems) or "no manifest", None
+        man = found.manifest
+        if not man["replicated"] and man["world_size"] != self.world:
+            raise UsageError(f"a checkpoint of world size {man['world_size']}; this job has {self.world} ranks "
+                             "(a sharded checkpoint loads on the same world size)", file=str(found.path / layout.MANIFEST),
+                             key="world_size")
+        mine = 0 if man["replicated"] else self.rank
+        rec = man["ranks"].get(str(mine))
+        if rec is None:
+            return False, f"no shard for rank {mine}", None
+        for other, r in man["ranks"].items():        # every shard's size: cheap, the same answer on every rank
+            problems = [] if int(other) == mine else layout.verify_shard(found.path, int(other), r, checksums=False)
+            if problems:
+                return False, problems[0], None
+        if self.local is not None:                   # this node's copy first, if it is intact
+            local = self.local / layout.step_name(found.step)
+            if (local / layout.shard_names(mine)[0]).exists() and not layout.verify_shard(local, mine, rec):
+                return True, "", local
+        problems = layout.verify_shard(found.path, mine, rec)
+        if problems:
+            return False, problems[0], None
+        return True, "", found.path
+
+    def _agree(self, ok: bool) -> bool:
+        d = _dist()
+        if d is None or self.world == 1:
+            return ok
+        import torch
+        flag = torch.tensor([1 if ok else 0], dtype=torch.int32)
+        d.all_reduce(flag, op=d.ReduceOp.MIN)
+        return bool(flag.item())
+
+    def _read(self, directory: Path, found: layout.Found) -> Any:
+        assert found.manifest is not None
+        mine = 0 if found.manifest["replicated"] else self.rank
+        bin_name, json_name = layout.shard_names(mine)
+        shard = layout.read_json(directory / json_name, layout.SHARD_TAG)
+        buf = bytearray(shard["size"])
+        with open(directory / bin_name, "rb", buffering=0) as fh:
+            got = fh.readinto(buf)
+        if got != shard["size"]:
+            raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {shard['size']}")
+        try:
+            return unflatten(shard["skeleton"], shard["entries"], memoryview(buf), source=str(directory / bin_name))
+        except HpcmlError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a structure that does not match its bytes
+            raise CheckpointError(f"{directory / json_name}: cannot rebuild the state ({type(exc).__name__}: {exc})") \
+                from None
+
+
+def prune(root: Path, keep: int, local: Path | None = None) -> list[Path]:
+    """Keep the newest ``keep`` committed checkpoints; remove older ones and partial ones
+    older than the newest committed (and their local-tier copies). Returns what was removed."""
+    found = layout.scan(root)
+    committed = [f for f in found if f.committed]
+    if not committed:
+        return []
+    newest = committed[-1].step
+    drop = [f for f in committed[:-keep]] + [f for f in found if not f.committed and f.step < newest]
+    removed = []
+    for leftover in root.glob(".deleting-*"):     # a prune or a replace cut short
+        shutil.rmtree(leftover, ignore_errors=True)
+    for f in drop:
+        if f.committed:                    # out of sight first, then delete: a reader never
+            gone = root / f".deleting-{f.path.name}"    # sees a half-deleted checkpoint
+            os.rename(f.path, gone)
+            shutil.rmtree(gone, ignore_errors=True)
+        else:
+            shutil.rmtree(f.path, ignore_errors=True)
+        if local is not None:
+            shutil.rmtree(local / layout.step_name(f.step), ignore_errors=True)
+        removed.append(f.path)
+    return removed

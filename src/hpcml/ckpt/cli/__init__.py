@@ -1,0 +1,74 @@
+"""``hpcml ckpt``: list, verify and prune checkpoint directories written by
+``hpcml.ckpt.Checkpointer``. Parse, call ``hpcml.ckpt.inventory``, render."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.cli_support import Group
+
+app = typer.Typer(name="ckpt", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Checkpoints written by hpcml.ckpt: list, verify, prune.\n\n"
+                       "Example: [bold]hpcml ckpt ls $SCRATCH/run1/ckpt[/]\n\n"
+                       "Exit codes: 0 good, 1 a checkpoint is corrupt or incomplete (verify), 2 bad input.")
+
+
+def _render(inv) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    from hpcml.units import fmt_bytes
+    table = Table(title=f"checkpoints in {inv.root}")
+    for col in ("step", "state", "size", "world", "tiers", "problem"):
+        table.add_column(col)
+    for e in inv.entries:
+        table.add_row(str(e.step), e.state, fmt_bytes(e.size) if e.size else "–", str(e.world_size or "–"),
+                      ",".join(e.tiers), e.problems[0] if e.problems else "")
+    Console().print(table)
+
+
+@app.command("ls")
+def ls(directory: Path = typer.Argument(..., help="The checkpoint directory."),
+       local: Optional[Path] = typer.Option(None, "--local", help="The local tier (e.g. $SLURM_TMPDIR/ckpt) to show."),
+       as_json: bool = typer.Option(False, "--json", help="Print JSON (hpcml.ckpt.list/1).")) -> None:
+    """Steps, sizes, tiers and state (committed, partial, corrupt) of every checkpoint.
+
+        hpcml ckpt ls $SCRATCH/run1/ckpt
+    """
+    from hpcml.ckpt.inventory import inventory
+    from hpcml.cli_support import show
+    show(inventory(directory, local=local), as_json, _render)
+
+
+@app.command("verify")
+def verify(directory: Path = typer.Argument(..., help="The checkpoint directory."),
+           step: Optional[int] = typer.Argument(None, help="Only this step (default: every one)."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON (hpcml.ckpt.list/1).")) -> None:
+    """Read every file and check sizes and crc32 against the manifest; exit 1 if any
+    committed checkpoint is corrupt.
+
+        hpcml ckpt verify $SCRATCH/run1/ckpt 12000
+    """
+    from hpcml.ckpt.inventory import inventory
+    from hpcml.cli_support import show
+    inv = inventory(directory, verify=True, step=step)
+    show(inv, as_json, _render)
+    raise typer.Exit(1 if any(e.state == "corrupt" for e in inv.entries) else 0)
+
+
+@app.command("prune")
+def prune(directory: Path = typer.Argument(..., help="The checkpoint directory."),
+          keep: int = typer.Option(..., "--keep", min=1, help="Committed checkpoints to keep (the newest)."),
+          local: Optional[Path] = typer.Option(None, "--local", help="Also prune this local tier.")) -> None:
+    """Keep the newest N committed checkpoints; remove older ones and abandoned partial ones.
+
+        hpcml ckpt prune $SCRATCH/run1/ckpt --keep 2
+    """
+    from hpcml.ckpt.checkpointer import prune as do_prune
+    from hpcml.ckpt.inventory import open_root
+    open_root(directory)
+    for path in do_prune(directory, keep, local=local):
+        print(f"removed {path}")
