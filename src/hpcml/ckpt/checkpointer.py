@@ -104,7 +104,12 @@ class Checkpointer:
         self.dir = Path(directory)
         self.local = Path(local_dir) if local_dir else None
         self.every, self.keep, self.replicated, self.requeue = every, keep, replicated, requeue
-        self.rate = parse_rate(max_write_rate) if isinstance(max_write_rate, str) else max_write_rate
+        if isinstance(max_write_rate, str) and max_write_rate.strip().lower() in ("0", "none", "unlimited"):
+            max_write_rate = None               # no cap
+        try:
+            self.rate = parse_rate(max_write_rate) if isinstance(max_write_rate, str) else max_write_rate
+        except ValueError as exc:
+            raise UsageError(str(exc), key="max_write_rate") from None
         self.rank, self.world = _rank_world(rank, world_size)
         self.commit_timeout = commit_timeout
         self.dir.mkdir(parents=True, exist_ok=True)
