@@ -21,6 +21,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+from collections.abc import Sequence
 from typing import Any
 
 from hpcml.errors import HpcmlError
@@ -73,7 +74,7 @@ class MlflowRest:
                 "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}
         return str(self.call("POST", "runs/create", body)["run"]["info"]["run_id"])
 
-    def log_batch(self, run_id: str, metrics: list[dict[str, Any]] = (), params: dict[str, str] | None = None) -> None:
+    def log_batch(self, run_id: str, metrics: Sequence[dict[str, Any]] = (), params: dict[str, str] | None = None) -> None:
         self.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": list(metrics),
                                              "params": [{"key": k, "value": v} for k, v in (params or {}).items()]})
 
@@ -114,7 +115,7 @@ class MlflowSink:
         self.update(batch_rows(batch))
 
     def _drain(self) -> list[dict[str, Any]]:
-        out = []
+        out: list[dict[str, Any]] = []
         while len(out) < MAX_BATCH:
             try:
                 ts, name, value, step = self.queue.get_nowait()

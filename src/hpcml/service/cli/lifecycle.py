@@ -9,6 +9,7 @@ from typing import Optional
 
 import typer
 
+from hpcml.schemas import tag
 from hpcml.service.cli.options import JSON, SET, STATE_DIR, parse_set
 
 
@@ -105,7 +106,7 @@ def status(name: Optional[str] = typer.Argument(None, help="One instance (defaul
     if name is not None and not rows:
         lifecycle.find(name, state_dir)          # the one-line error naming the known ones
     if as_json:
-        print(json.dumps({"schema": "hpcml.service.status/1", "services": rows}, indent=2))
+        print(json.dumps({"schema": tag("service.status", 1), "services": rows}, indent=2))
         return
     for r in rows:
         where = f"job {r['job_id']} on {r['node']}" if r["mode"] == "slurm" else f"pid {r['pid']}"

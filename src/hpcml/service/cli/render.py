@@ -8,6 +8,7 @@ from typing import Optional
 
 import typer
 
+from hpcml.schemas import tag
 from hpcml.service.cli.options import JSON, SET, parse_set
 
 
@@ -20,7 +21,7 @@ def list_blueprints(as_json: bool = JSON) -> None:
     from hpcml.service.blueprint import load
     rows = [(name, load(path)) for name, path in catalogue.available().items()]
     if as_json:
-        print(json.dumps({"schema": "hpcml.service.list/1", "blueprints": [
+        print(json.dumps({"schema": tag("service.list", 1), "blueprints": [
             {"name": n, "file": bp.source, "kind": bp.kind, "description": bp.description} for n, bp in rows]}, indent=2))
         return
     for name, bp in rows:
