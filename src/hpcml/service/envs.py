@@ -49,7 +49,7 @@ def ensure_env(name: str, packages: Sequence[str], *, log: Path | None = None, t
     if (path / "pyvenv.cfg").is_file() and (path / ".hpcml-complete").is_file():
         return path
     path.parent.mkdir(parents=True, exist_ok=True)
-    (path / ".hpcml-complete").unlink(missing_ok=True) if path.is_dir() else None
+    (path / ".hpcml-complete").unlink(missing_ok=True)     # rebuilt below: not complete until pip succeeds
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
         # built at its final path (a venv's scripts carry absolute shebangs, so it cannot be
