@@ -18,6 +18,7 @@ from hpcml.observe.cli import app as observe_app
 from hpcml.run.cli import report_app, run_app
 from hpcml.scan.cli import app as scan_app
 from hpcml.score.cli import app as score_app
+from hpcml.service.cli import app as service_app
 from hpcml.vet.cli import app as vet_app
 
 app = typer.Typer(cls=Group, help="hpcml: healthy, fast and debuggable ML training on HPC clusters.",
@@ -29,6 +30,7 @@ app.add_typer(score_app, name="score")
 app.add_typer(data_app, name="data")
 app.add_typer(env_app, name="env")
 app.add_typer(ckpt_app, name="ckpt")
+app.add_typer(service_app, name="service")
 app.registered_commands += run_app.registered_commands + report_app.registered_commands
 
 

@@ -86,7 +86,7 @@ class PromExporter:
                     self.step.labels(**lab).set(step)
 
     def update_batch(self, batch) -> None:
-        self.update(_batch_rows(batch))
+        self.update(batch_rows(batch))
 
     def close(self) -> None:
         self.server.shutdown()
@@ -112,13 +112,13 @@ class PromForwarder:
                 return                  # endpoint not up (yet): the next sample tries again
 
     def update_batch(self, batch) -> None:
-        self.update(_batch_rows(batch))
+        self.update(batch_rows(batch))
 
     def close(self) -> None:
         self.udp.close()
 
 
-def _batch_rows(batch) -> list[tuple]:
+def batch_rows(batch) -> list[tuple]:
     cols = batch.to_pydict()
     ts = [t.timestamp() if hasattr(t, "timestamp") else t for t in cols["ts"]]
     return list(zip(ts, cols["kind"], cols["name"], cols["value"], cols["step"], cols["gpu"]))

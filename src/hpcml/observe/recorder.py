@@ -65,7 +65,7 @@ def default_dir(task: Task) -> Path:
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
-                     exporter=None) -> None:
+                     exporter=None, sink=None) -> None:
     """Move the wrapped process's batches into the rank file until it closes the pipe."""
     import pyarrow as pa
     with os.fdopen(read_fd, "rb") as pipe:
@@ -76,6 +76,8 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
                     writer.write_batch(batch)
                     if exporter is not None:
                         exporter.update_batch(batch)
+                if sink is not None:          # a queue put: the MLflow thread does the sending
+                    sink.update_batch(batch)
                 stats["app_batches"] += 1
         except (pa.ArrowInvalid, OSError, StopIteration):
             pass        # the process never logged, or died mid-batch: keep what arrived
@@ -83,9 +85,10 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
 
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
-           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto") -> int:
+           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None) -> int:
     """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
-    ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``."""
+    ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``. ``mlflow``: the URL of an
+    MLflow tracking server; rank 0's metrics go to a run there (``hpcml.service.mlflow_rest``)."""
     from hpcml.samplers.choose import for_task
     if not cmd:
         raise UsageError("no command to record, e.g. ['python', 'train.py']", key="cmd")
@@ -94,13 +97,13 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     task = Task.from_env()
     gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
     try:
-        return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr)
+        return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow)
     finally:
         gpu.close()
 
 
 def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: float,
-            prometheus_port: int | None, prometheus_addr: str) -> int:
+            prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None) -> int:
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -127,6 +130,11 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             rank_meta["prometheus"] = f"{prometheus_addr}:{prometheus_port}"
         else:
             exporter = PromForwarder(prometheus_port, rank=task.rank)
+    sink = None
+    if mlflow and task.rank == 0:
+        from hpcml.service.mlflow_rest import MlflowSink
+        sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
+                          run_name=f"job-{task.job_id}", tags={"hpcml.job_id": task.job_id, "hpcml.nodes": task.nodes})
     lock = threading.Lock()
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()
@@ -143,7 +151,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     # forward Slurm's signals from the moment the command runs (before the store's imports)
     previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
     writer = RankWriter.create(out, task.rank)
-    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter),
+    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink),
                               daemon=True)
     copier.start()
 
@@ -177,6 +185,10 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         if exporter is not None:
             exporter.close()
     code = rc if rc >= 0 else 128 - rc           # killed by signal n: 128 + n, as a shell says
+    if sink is not None:
+        sink.close("FINISHED" if code == 0 else "FAILED")
+        rank_meta["mlflow"] = {"url": mlflow, "run_id": sink.run_id, "sent": sink.sent, "dropped": sink.dropped,
+                               "errors": sink.errors}
     rank_meta.update(end=time.time(), exit_code=code, app_batches=stats["app_batches"])
     if rc < 0:
         rank_meta["signal"] = -rc

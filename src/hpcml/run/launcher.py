@@ -37,6 +37,7 @@ class Options:
     interval: float = 1.0
     report: bool = True                       # write report.html and print the summary at the end
     gpus_per_task: int | None = None
+    mlflow: str | None = None                 # an MLflow tracking server's URL: rank 0's metrics go there
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -110,6 +111,8 @@ def run(opts: Options) -> int:
     task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval)]
     if opts.env:
         task += ["--env", opts.env]
+    if opts.mlflow:
+        task += ["--mlflow", opts.mlflow]
     task += ["--", *opts.cmd]
     if slurm:
         rc = _srun(opts, d, nodes, allocation, task, info)

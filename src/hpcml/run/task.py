@@ -27,7 +27,7 @@ def _redirect(d: Path, rank: int) -> None:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
-        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] -- CMD...", file=sys.stderr)
+        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] -- CMD...", file=sys.stderr)
         return 2
     head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     d = Path(head[0])
@@ -40,7 +40,8 @@ def main(argv: list[str]) -> int:
     if opts.get("--env"):
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
     from hpcml.observe.recorder import record
-    return record(cmd, observe_dir(d), float(opts.get("--interval", "1.0")), gpu_metrics="auto")
+    return record(cmd, observe_dir(d), float(opts.get("--interval", "1.0")), gpu_metrics="auto",
+                  mlflow=opts.get("--mlflow"))
 
 
 if __name__ == "__main__":

@@ -25,6 +25,8 @@ def record_cmd(
                                      "else NVML GPM on Hopper and newer, else NVML utilisation), dcgm, gpm, nvml or none."),
     prometheus_port: Optional[int] = typer.Option(None, help="Serve live metrics of this node's ranks on this port (local rank 0 serves)."),
     prometheus_addr: str = typer.Option("127.0.0.1", help="Address to serve them on (default loopback)."),
+    mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
+                                                               "(e.g. from hpcml service up mlflow), from a background thread."),
 ) -> None:
     """Run CMD as this task and record it; exits with CMD's exit code.
 
@@ -32,7 +34,7 @@ def record_cmd(
     """
     from hpcml.observe.recorder import record
     rc = record(cmd, out, interval, gpu_sampler=not no_gpu, prometheus_port=prometheus_port,
-                prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics)
+                prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics, mlflow=mlflow)
     raise typer.Exit(rc)
 
 

@@ -28,6 +28,8 @@ def run_cmd(
                                                 "(default: 1 when tasks are one per GPU)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples."),
     no_report: bool = typer.Option(False, "--no-report", help="Do not print the report or write report.html at the end."),
+    mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
+                                                               "(hpcml service up mlflow), from a background thread."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -43,7 +45,7 @@ def run_cmd(
     from hpcml.run.launcher import Options, run
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
-                     gpus_per_task=gpus_per_task))
+                     gpus_per_task=gpus_per_task, mlflow=mlflow))
     raise typer.Exit(rc)
 
 

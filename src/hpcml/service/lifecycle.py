@@ -1,0 +1,104 @@
+"""``up`` / ``down`` / ``status`` of a service and the services it depends on.
+
+A dependency runs as an instance of its own (named after its blueprint) and is started
+first unless it already runs; the service then gets its URLs (``${services.DEP.PORT}``).
+``down`` stops one instance, never its dependencies (others may use them).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from collections.abc import Callable
+from pathlib import Path
+from types import FrameType
+
+from hpcml.errors import UsageError
+from hpcml.service import local
+from hpcml.service import state as st
+from hpcml.service.resolve import with_dependencies
+
+
+def up(ref: str, *, name: str | None = None, root: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
+       backend: str = "auto", options: dict[str, str] | None = None, mode: str = "local",
+       on_start: Callable[[st.ServiceState], None] | None = None,
+       ) -> tuple[list[st.ServiceState], list[subprocess.Popen]]:
+    """Start the blueprint ``ref`` (and its dependencies) and wait until each is healthy."""
+    chain = with_dependencies(ref, options)
+    services: dict[str, dict[str, str]] = {}
+    states, procs = [], []
+    for i, bp in enumerate(chain):
+        last = i == len(chain) - 1
+        directory = st.instance_dir(name if last and name else bp.name, root)
+        old = st.read(directory)
+        if not last and old and old.ready and local.running(old):
+            services[bp.name] = old.urls()
+            continue
+        s, proc = local.start(bp, directory, host=host, backend=backend, services=services, mode=mode,
+                              options=options if last else None)
+        if on_start:
+            on_start(s)
+        s = local.wait_ready(bp, s, proc)
+        services[bp.name] = s.urls()
+        states.append(s)
+        procs.append(proc)
+    return states, procs
+
+
+def serve(ref: str, **kw) -> int:
+    """Start like ``up`` and stay in the foreground until the service exits or this process
+    is told to stop (SIGTERM from ``scancel``, SIGINT): the body of a Slurm service job."""
+    stopping: list[int] = []
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        stopping.append(signum)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    states, procs = up(ref, **kw)
+    try:
+        while not stopping and procs[-1].poll() is None:
+            time.sleep(0.2)
+    finally:
+        for s in reversed(states):
+            local.stop(s)
+    return 0 if stopping else (procs[-1].returncode or 0)
+
+
+def find(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceState:
+    s = st.read(st.instance_dir(name, root))
+    if s is None:
+        known = ", ".join(x.name for x in st.instances(root)) or "none"
+        raise UsageError(f"no service instance called '{name}' (known: {known})", key="name")
+    return s
+
+
+def is_up(s: st.ServiceState) -> bool:
+    if s.mode == "slurm" and s.job_id:
+        from hpcml.service.slurm import job_state
+        return not s.stopped and job_state(s.job_id) in ("PENDING", "RUNNING", "CONFIGURING")
+    return local.running(s)
+
+
+def down(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceState:
+    """Stop the instance ``name``; its volumes stay."""
+    s = find(name, root)
+    if s.mode == "slurm" and s.job_id:
+        from hpcml.service.slurm import cancel
+        cancel(s.job_id)
+        s = find(name, root)
+        s.stopped, s.ready = True, False
+        st.write(s)
+        return s
+    local.stop(s)
+    return s
+
+
+def status(root: str | os.PathLike[str] | None = None) -> list[dict]:
+    return [{**s.to_json(), "running": is_up(s)} for s in st.instances(root)]
+
+
+def log_path(name: str, root: str | os.PathLike[str] | None = None) -> Path:
+    return find(name, root).log

@@ -1,0 +1,196 @@
+"""``hpcml service up`` on this machine: start, wait until healthy, stop.
+
+The service runs in its own session (``setsid``), so ``down`` stops its whole process
+group (MLflow alone is ~10 processes: uvicorn workers, a job runner). Ports are free ones
+(the previous ones again when still free, so URLs survive ``down``/``up``), bound to
+127.0.0.1 unless ``bind`` says otherwise; binding elsewhere needs the service's own auth or
+a token hpcml generates (the blueprint's ``auth``), and is refused for a service with none.
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import os
+import secrets
+import signal
+import socket
+import subprocess
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import psutil
+
+from hpcml.errors import HpcmlError, UsageError
+from hpcml.run.rendezvous import free_port
+from hpcml.service import state as st
+from hpcml.service.backends import choose
+from hpcml.service.blueprint import Blueprint
+from hpcml.service.placeholders import Place, expand
+
+
+class ServiceFailed(HpcmlError):
+    """The service exited, or did not answer its health check in time."""
+
+
+def _loopback(host: str) -> bool:
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return host == "localhost"
+
+
+def _port_free(host: str, port: int) -> bool:
+    with socket.socket() as s:
+        try:
+            s.bind((host, port))
+            return True
+        except OSError:
+            return False
+
+
+def choose_ports(bp: Blueprint, host: str, previous: dict[str, int]) -> dict[str, int]:
+    ports: dict[str, int] = {}
+    for p in bp.ports:
+        old = previous.get(p.name)
+        ports[p.name] = old if old and _port_free(host, old) else free_port(host)
+    return ports
+
+
+def running(s: st.ServiceState) -> bool:
+    """The local process group's leader still runs (a zombie is dead: PID 1 reaps slowly here)."""
+    if s.pid is None or s.stopped:
+        return False
+    try:
+        return psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def healthy(bp: Blueprint, host: str, ports: dict[str, int], timeout: float = 2.0) -> bool:
+    """The health check answers now: HTTP 2xx/3xx on its path, or the port accepts."""
+    host = "127.0.0.1" if host in ("0.0.0.0", "::") else host
+    port = ports[bp.health.port]
+    if bp.health.http is None:
+        try:
+            with socket.create_connection((host, port), timeout=timeout):
+                return True
+        except OSError:
+            return False
+    try:
+        with urllib.request.urlopen(f"http://{host}:{port}{bp.health.http}", timeout=timeout) as r:
+            return 200 <= r.status < 400
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _secrets_env(bp: Blueprint) -> dict[str, str]:
+    """Secrets locally come from the caller's environment, by the variable's name."""
+    out = {}
+    for i, s in enumerate(bp.secrets):
+        if s.env in os.environ:
+            out[s.env] = os.environ[s.env]
+        elif not s.optional:
+            raise UsageError(f"secret {s.secret}/{s.key}: set {s.env} in the environment to run it here",
+                             file=bp.source or None, key=f"secrets[{i}]")
+    return out
+
+
+def _auth_env(bp: Blueprint, host: str, directory: Path) -> tuple[dict[str, str], str | None]:
+    if _loopback(host):
+        return {}, None
+    if bp.auth.kind == "none":
+        raise UsageError(f"{bp.name} has no authentication of its own: it binds 127.0.0.1 only "
+                         "(reach it through an SSH tunnel)", key="bind")
+    if bp.auth.kind == "service":
+        return {}, None
+    token_file = directory / "token"
+    if not token_file.exists():
+        token_file.touch(mode=0o600)
+        token_file.write_text(secrets.token_urlsafe(32))
+    assert bp.auth.env is not None
+    return {bp.auth.env: token_file.read_text().strip()}, str(token_file)
+
+
+def start(bp: Blueprint, directory: Path, *, host: str = "127.0.0.1", backend: str = "auto",
+          services: dict[str, dict[str, str]] | None = None, mode: str = "local",
+          options: dict[str, str] | None = None) -> tuple[st.ServiceState, subprocess.Popen]:
+    """Start ``bp`` with its state in ``directory``; returns at once (see ``wait_ready``)."""
+    chosen = choose(bp, backend)
+    directory.mkdir(parents=True, exist_ok=True)
+    old = st.read(directory)
+    if old and old.mode == "local" and running(old):
+        raise UsageError(f"{old.name} already runs (pid {old.pid}): hpcml service down {old.name} first", key="name")
+    log = directory / "service.log"
+    chosen.prepare(bp, log)
+    ports = choose_ports(bp, host, old.ports if old else {})
+    volumes = {v.name: str(directory / "volumes" / v.name) for v in bp.volumes}
+    files = {f.name: str(directory / "files" / f.name) for f in bp.files}
+    for d in volumes.values():
+        Path(d).mkdir(parents=True, exist_ok=True)
+    ex = expand(bp, Place(host=host, ports=ports, volumes=volumes, files=files, services=services or {}))
+    for name, content in ex.files.items():
+        Path(files[name]).mkdir(parents=True, exist_ok=True)
+        for fname, text in content.items():
+            (Path(files[name]) / fname).write_text(text, encoding="utf-8")
+    auth_env, token_file = _auth_env(bp, host, directory)
+    mounts = {**{volumes[v.name]: v.mount for v in bp.volumes}, **{files[f.name]: f.mount for f in bp.files}}
+    launch = chosen.launch(bp, ex, mounts)
+    environ = {**os.environ, **launch.env, **_secrets_env(bp), **auth_env}
+    with open(log, "ab") as out:
+        out.write(f"\n== hpcml service up {bp.name} {time.strftime('%Y-%m-%d %H:%M:%S')}: {' '.join(launch.argv)}\n".encode())
+        out.flush()
+        proc = subprocess.Popen(launch.argv, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                env=environ, cwd=directory, start_new_session=True)
+    s = st.ServiceState(name=directory.name, blueprint=bp.source, mode=mode, backend=chosen.name,
+                        directory=str(directory), host=host, ports=ports, pid=proc.pid, pgid=proc.pid,
+                        started=time.time(), options=options or {}, token_file=token_file,
+                        node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                        job_id=os.environ.get("SLURM_JOB_ID") if mode == "slurm" else None)
+    st.write(s)
+    return s, proc
+
+
+def _log_tail(s: st.ServiceState, lines: int = 3) -> str:
+    try:
+        tail = s.log.read_text(errors="replace").strip().splitlines()[-lines:]
+    except OSError:
+        return ""
+    return " | ".join(t.strip() for t in tail)
+
+
+def wait_ready(bp: Blueprint, s: st.ServiceState, proc: subprocess.Popen | None = None,
+               timeout: float | None = None) -> st.ServiceState:
+    """Poll the health check until it answers; the service exiting or the blueprint's
+    ``health.timeout`` passing is ``ServiceFailed`` (the service is stopped then)."""
+    deadline = time.monotonic() + (bp.health.timeout if timeout is None else timeout)
+    while True:
+        if healthy(bp, s.host, s.ports, timeout=1.0):
+            s.ready, s.ready_after_s = True, round(time.time() - s.started, 3)
+            st.write(s)
+            return s
+        exited = proc.poll() is not None if proc is not None else not running(s)
+        if exited or time.monotonic() > deadline:
+            what = "exited" if exited else f"did not answer its health check within {bp.health.timeout:g} s"
+            stop(s)
+            raise ServiceFailed(f"{s.name} {what} (log {s.log}: {_log_tail(s)})")
+        time.sleep(0.1)
+
+
+def stop(s: st.ServiceState, grace: float = 20.0) -> None:
+    """TERM the process group, KILL it after ``grace`` seconds; mark the state stopped."""
+    if s.pgid is not None and running(s):
+        try:
+            os.killpg(s.pgid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + grace
+        while running(s) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        try:
+            os.killpg(s.pgid, signal.SIGKILL)      # the rest of the group (workers)
+        except ProcessLookupError:
+            pass
+    s.stopped, s.ready = True, False
+    st.write(s)

@@ -1,0 +1,157 @@
+"""Sending a job's metrics to a running MLflow tracking server over its REST API.
+
+urllib and MLflow's documented REST endpoints (``/api/2.0/mlflow/...``) rather than the
+``mlflow`` package: the package pulls ~850 MB (pandas, scipy, scikit-learn, ...) into
+hpcml's base install and into every training environment, for five HTTP calls. The
+server itself runs in its own venv (``hpcml service up mlflow``).
+
+``MlflowSink`` never slows the training step: ``update_batch`` only puts rows on a bounded
+queue (a full queue drops them and counts the drops); a daemon thread posts them with
+``runs/log-batch`` (at most 1,000 metrics per call, MLflow's limit) about once a second.
+A server that is down costs the thread, not the job: errors are counted, not raised.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Sequence
+from typing import Any
+
+from hpcml.errors import HpcmlError
+
+MAX_BATCH = 1000
+
+
+class MlflowError(HpcmlError):
+    """The MLflow server refused a call or cannot be reached."""
+
+
+class MlflowRest:
+    """A few calls of MLflow's REST API (``MLFLOW_TRACKING_TOKEN`` as a bearer token, if set)."""
+
+    def __init__(self, url: str, *, timeout: float = 10.0, token: str | None = None) -> None:
+        self.url, self.timeout = url.rstrip("/"), timeout
+        self.token = token if token is not None else os.environ.get("MLFLOW_TRACKING_TOKEN")
+
+    def call(self, method: str, endpoint: str, body: dict[str, Any] | None = None) -> dict[str, Any]:
+        url = f"{self.url}/api/2.0/mlflow/{endpoint}"
+        data = None
+        if method == "GET" and body:
+            url += "?" + urllib.parse.urlencode(body)
+        elif body is not None:
+            data = json.dumps(body).encode()
+        req = urllib.request.Request(url, data=data, method=method, headers={"Content-Type": "application/json"})
+        if self.token:
+            req.add_header("Authorization", f"Bearer {self.token}")
+        try:
+            with urllib.request.urlopen(req, timeout=self.timeout) as resp:
+                text = resp.read().decode() or "{}"
+        except urllib.error.HTTPError as exc:
+            detail = exc.read().decode(errors="replace")[:200]
+            raise MlflowError(f"MLflow {endpoint}: HTTP {exc.code}: {detail}") from None
+        except (urllib.error.URLError, OSError) as exc:
+            raise MlflowError(f"MLflow at {self.url} cannot be reached: {getattr(exc, 'reason', exc)}") from None
+        return json.loads(text)
+
+    def experiment(self, name: str) -> str:
+        """The id of the experiment ``name``, created if missing."""
+        try:
+            return str(self.call("GET", "experiments/get-by-name", {"experiment_name": name})["experiment"]["experiment_id"])
+        except MlflowError as exc:
+            if "RESOURCE_DOES_NOT_EXIST" not in str(exc):
+                raise
+        return str(self.call("POST", "experiments/create", {"name": name})["experiment_id"])
+
+    def create_run(self, experiment_id: str, run_name: str, tags: dict[str, str] | None = None) -> str:
+        body = {"experiment_id": experiment_id, "run_name": run_name, "start_time": int(time.time() * 1000),
+                "tags": [{"key": k, "value": v} for k, v in (tags or {}).items()]}
+        return str(self.call("POST", "runs/create", body)["run"]["info"]["run_id"])
+
+    def log_batch(self, run_id: str, metrics: Sequence[dict[str, Any]] = (), params: dict[str, str] | None = None) -> None:
+        self.call("POST", "runs/log-batch", {"run_id": run_id, "metrics": list(metrics),
+                                             "params": [{"key": k, "value": v} for k, v in (params or {}).items()]})
+
+    def finish(self, run_id: str, status: str = "FINISHED") -> None:
+        self.call("POST", "runs/update", {"run_id": run_id, "status": status, "end_time": int(time.time() * 1000)})
+
+    def get_run(self, run_id: str) -> dict[str, Any]:
+        return self.call("GET", "runs/get", {"run_id": run_id})["run"]
+
+
+class MlflowSink:
+    """A recorder's rows -> metrics of one MLflow run, from a background thread."""
+
+    def __init__(self, url: str, *, experiment: str, run_name: str, tags: dict[str, str] | None = None,
+                 kinds: tuple[str, ...] = ("metric",), maxsize: int = 100_000, period: float = 1.0) -> None:
+        self.client = MlflowRest(url)
+        self.kinds, self.period = kinds, period
+        self.queue: queue.Queue[tuple] = queue.Queue(maxsize)
+        self.dropped = self.errors = self.sent = 0
+        self.run_id: str | None = None
+        self._stop = threading.Event()
+        self._setup = (experiment, run_name, tags or {})
+        self.thread = threading.Thread(target=self._loop, name="hpcml-mlflow", daemon=True)
+        self.thread.start()
+
+    def update(self, rows: list[tuple]) -> None:
+        """Rows as the store takes them: (ts, kind, name, value, step, gpu); never blocks."""
+        for ts, kind, name, value, step, _gpu in rows:
+            if value is None or kind not in self.kinds:
+                continue
+            try:
+                self.queue.put_nowait((ts, name, value, step))
+            except queue.Full:
+                self.dropped += 1
+
+    def update_batch(self, batch: Any) -> None:
+        from hpcml.observe.export import batch_rows
+        self.update(batch_rows(batch))
+
+    def _drain(self) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        while len(out) < MAX_BATCH:
+            try:
+                ts, name, value, step = self.queue.get_nowait()
+            except queue.Empty:
+                break
+            ts_s = ts / 1e9 if ts > 1e12 else ts        # ns from samplers, s from batches
+            out.append({"key": name, "value": float(value), "timestamp": int(ts_s * 1000), "step": int(step or 0)})
+        return out
+
+    def _loop(self) -> None:
+        try:
+            experiment, run_name, tags = self._setup
+            self.run_id = self.client.create_run(self.client.experiment(experiment), run_name, tags)
+        except MlflowError:
+            self.errors += 1
+            return
+        while True:
+            stopping = self._stop.wait(self.period)
+            while True:
+                metrics = self._drain()
+                if not metrics:
+                    break
+                try:
+                    self.client.log_batch(self.run_id, metrics)
+                    self.sent += len(metrics)
+                except MlflowError:
+                    self.errors += 1
+            if stopping:
+                return
+
+    def close(self, status: str = "FINISHED", timeout: float = 10.0) -> None:
+        """Send what is queued (waiting at most ``timeout`` s) and end the run."""
+        self._stop.set()
+        self.thread.join(timeout)
+        if self.run_id is not None:
+            try:
+                self.client.finish(self.run_id, status)
+            except MlflowError:
+                self.errors += 1

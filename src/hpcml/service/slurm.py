@@ -1,0 +1,111 @@
+"""``hpcml service up --slurm``: the service as a long-running Slurm job.
+
+The job runs ``python -m hpcml service up BLUEPRINT --foreground`` on its node, which
+starts the service there exactly as on this machine (free ports, bound to the node's
+loopback) and writes its state to the instance directory (shared storage); ``scancel``
+(``down``) stops it. The submitting side waits for the state to say ready and prints how
+to reach it: the node, the port, and an SSH tunnel through the login node to the node's
+loopback (``ssh -J``), so nothing listens on the cluster's network.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import shlex
+import socket
+import sys
+import time
+from pathlib import Path
+
+from hpcml.cluster import slurm
+from hpcml.errors import HpcmlError, SlurmError
+from hpcml.service import state as st
+from hpcml.service.blueprint import Blueprint
+
+
+class ServiceJobFailed(HpcmlError):
+    """The service job ended before its service was ready."""
+
+
+def script(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str, str], backend: str) -> str:
+    argv = [sys.executable, "-m", "hpcml", "service", "up", ref, "--foreground", "--name", name,
+            "--state-dir", str(root), "--backend", backend]
+    for key, value in options.items():
+        argv += ["--set", f"{key}={value}"]
+    return "#!/bin/bash\n" + f"exec {shlex.join(argv)}\n"
+
+
+def sbatch_argv(bp: Blueprint, name: str, directory: Path, *, time_limit: str | None, partition: str | None,
+                nodelist: str | None, gpus: int | None) -> list[str]:
+    argv = ["sbatch", "--parsable", f"--job-name=hpcml-service-{name}", "--nodes=1", "--ntasks=1",
+            f"--cpus-per-task={max(1, math.ceil(bp.resources.cpu))}", f"--time={time_limit or bp.slurm.time}",
+            f"--output={directory}/slurm-%j.out", f"--chdir={directory}"]
+    partition = partition or bp.slurm.partition
+    if partition:
+        argv.append(f"--partition={partition}")
+    if nodelist:
+        argv.append(f"--nodelist={nodelist}")
+    n_gpus = bp.resources.gpus if gpus is None else gpus
+    if n_gpus:
+        argv.append(f"--gpus={n_gpus}")
+    return argv
+
+
+def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str, str], backend: str = "auto",
+           time_limit: str | None = None, partition: str | None = None, nodelist: str | None = None,
+           gpus: int | None = None, wait: float = 300.0) -> st.ServiceState:
+    """Submit the service job and wait (up to ``wait`` s) until its service is ready."""
+    directory = st.instance_dir(name, root)
+    directory.mkdir(parents=True, exist_ok=True)
+    old = st.read(directory)
+    if old and old.mode == "slurm" and old.job_id and not old.stopped and job_state(old.job_id) in ("PENDING", "RUNNING"):
+        from hpcml.errors import UsageError
+        raise UsageError(f"{name} already runs as Slurm job {old.job_id}: hpcml service down {name} first", key="name")
+    path = directory / "job.sh"
+    path.write_text(script(bp, ref, name, root, options=options, backend=backend))
+    argv = sbatch_argv(bp, name, directory, time_limit=time_limit, partition=partition, nodelist=nodelist, gpus=gpus)
+    job_id = slurm.run([*argv, str(path)]).stdout.strip().split(";")[0]
+    deadline = time.monotonic() + wait
+    while time.monotonic() < deadline:
+        s = st.read(directory)
+        if s is not None and s.job_id == job_id and s.ready:
+            return s
+        state = job_state(job_id)
+        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+            out = directory / f"slurm-{job_id}.out"
+            tail = out.read_text(errors="replace").strip().splitlines()[-1:] if out.exists() else []
+            raise ServiceJobFailed(f"service job {job_id} ended ({state or 'gone'}) before {name} was ready"
+                                   + (f": {tail[0]}" if tail else f" (see {out})"))
+        time.sleep(0.3)
+    s = st.read(directory)
+    pending = st.ServiceState(name=name, blueprint=bp.source, mode="slurm", backend=backend,
+                              directory=str(directory), job_id=job_id, started=time.time())
+    if s is None or s.job_id != job_id:
+        st.write(pending)
+        return pending
+    return s
+
+
+def job_state(job_id: str) -> str:
+    """squeue's state of a job ('' once it left the queue)."""
+    try:
+        out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=15, check=False)
+    except SlurmError:
+        return ""
+    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
+
+
+def cancel(job_id: str, wait: float = 60.0) -> None:
+    """scancel the job and wait until it has left the queue."""
+    slurm.run(["scancel", job_id], timeout=15)
+    deadline = time.monotonic() + wait
+    while job_state(job_id) and time.monotonic() < deadline:
+        time.sleep(0.3)
+
+
+def tunnel(s: st.ServiceState, login: str | None = None) -> str:
+    """How to reach the service from a laptop: an SSH tunnel to the node's loopback."""
+    login = login or os.environ.get("HPCML_LOGIN_HOST") or socket.getfqdn()
+    port = next(iter(s.ports.values()), 0)
+    return f"ssh -J {login} -N -L {port}:127.0.0.1:{port} {s.node}"

@@ -1,0 +1,36 @@
+"""The service's JSON documents carry their schema tag and match their JSON Schema files."""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from hpcml.errors import UsageError
+from hpcml.service import k8s, render
+from hpcml.service import state as st
+
+
+def test_state_document_round_trips_and_matches_its_schema(tmp_path):
+    s = st.ServiceState(name="mlflow", blueprint="mlflow.yaml", mode="local", backend="process",
+                        directory=str(tmp_path / "mlflow"), ports={"http": 5000}, pid=1, pgid=1)
+    st.write(s)
+    doc = json.loads((tmp_path / "mlflow" / "service.json").read_text())
+    assert next(iter(doc)) == "schema"
+    jsonschema.validate(doc, schemas.load("service.state"))
+    assert st.read(tmp_path / "mlflow") == s
+    assert [x.name for x in st.instances(tmp_path)] == ["mlflow"]
+
+
+def test_a_state_of_a_newer_hpcml_is_refused(tmp_path):
+    (tmp_path / "service.json").write_text(json.dumps({"schema": "hpcml.service.state/2", "name": "x"}))
+    with pytest.raises(UsageError, match="newer hpcml"):
+        st.read(tmp_path)
+
+
+def test_render_json_matches_its_schema():
+    pytest.importorskip("kubernetes_validate")
+    doc = render.render("mlflow", k8s.Target("vision")).to_json()
+    jsonschema.validate(doc, schemas.load("service.render"))
