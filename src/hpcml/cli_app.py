@@ -13,6 +13,7 @@ from hpcml import __version__
 from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
 from hpcml.env.cli import app as env_app
+from hpcml.farm.cli import app as farm_app
 from hpcml.observe.cli import app as observe_app
 from hpcml.run.cli import report_app, run_app
 from hpcml.scan.cli import app as scan_app
@@ -27,6 +28,7 @@ app.add_typer(observe_app, name="observe")
 app.add_typer(score_app, name="score")
 app.add_typer(data_app, name="data")
 app.add_typer(env_app, name="env")
+app.add_typer(farm_app, name="farm")
 app.registered_commands += run_app.registered_commands + report_app.registered_commands
 
 
