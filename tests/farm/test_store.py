@@ -59,6 +59,6 @@ def test_another_version_or_not_a_farm_is_refused(tmp_path):
 
 
 def test_after_must_name_known_tasks(tmp_path):
-    with pytest.raises(UsageError, match="task 7"):
+    with pytest.raises(UsageError, match="task 7: a task may only wait for an earlier one"):
         store.create(tmp_path / "f", [TaskSpec("a", after=(7,))])
     assert not (tmp_path / "f" / "tasks.jsonl").exists()

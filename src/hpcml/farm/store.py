@@ -139,14 +139,6 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
     with _Lock(p / "create.lock"):
         tasks = _read_tasks(p)
         known_ids = {t.id for t in tasks}
-        groups = {t.group for t in tasks if t.group} | {s.group for s in specs if s.group}
-        for s in specs:
-            for dep in s.after:
-                if isinstance(dep, int) and dep not in known_ids:
-                    raise UsageError(f"'after' names task {dep}, which this farm does not have",
-                                     file=str(p), key="after")
-                if isinstance(dep, str) and dep not in groups:
-                    raise UsageError(f"'after' names group '{dep}', which no task has", file=str(p), key="after")
         have = Counter(t.key() for t in tasks)
         seen: Counter[str] = Counter()
         new: list[Task] = []
@@ -158,6 +150,14 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
                 continue
             new.append(Task(command=s.command, params=s.params, group=s.group, after=s.after, id=next_id))
             next_id += 1
+        groups = {t.group for t in tasks + new if t.group}
+        for t in new:
+            for dep in t.after:
+                if isinstance(dep, int) and not 0 <= dep < t.id:
+                    raise UsageError(f"'after' names task {dep}: a task may only wait for an earlier one "
+                                     f"(this one is task {t.id})", file=str(p), key="after")
+                if isinstance(dep, str) and dep not in groups:
+                    raise UsageError(f"'after' names group '{dep}', which no task has", file=str(p), key="after")
         write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
         if new or fresh:
             lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) if i == 0 else json.dumps(t.to_json())
