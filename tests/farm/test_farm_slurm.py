@@ -38,7 +38,7 @@ def test_200_task_sweep_on_two_nodes_runs_every_task_once(env, tmp_path):
     side = tmp_path / "side"
     (tmp_path / "s.yaml").write_text(f'command: "echo {{i}} $HPCML_FARM_ATTEMPT >> {side}"\n'
                                      "product: {i: [%s]}\n" % ", ".join(map(str, range(200))))
-    out = run_job(f"#!/bin/bash\nhpcml farm create farm s.yaml && hpcml farm run farm; echo rc=$?\n", tmp_path, env,
+    out = run_job("#!/bin/bash\nhpcml farm create farm s.yaml && hpcml farm run farm; echo rc=$?\n", tmp_path, env,
                   timeout=180, tasks_per_node=2)
     assert "rc=0" in out, out
     farm = tmp_path / "farm"

@@ -17,8 +17,7 @@ import pytest
 from hpcml import schemas
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
-from tests.farm.farmtools import (assert_exactly_once, count_ends, ends, hpcml, side_lines, side_task, start,
-                                  wait_for)
+from tests.farm.farmtools import assert_exactly_once, count_ends, ends, hpcml, side_lines, side_task, start, wait_for
 
 
 def _farm(tmp_path: Path, commands: list[str], **settings) -> Path:
