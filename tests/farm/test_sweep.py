@@ -85,3 +85,4 @@ def test_task_file_skips_blanks_and_comments(tmp_path):
     p.write_text("# nothing\n")
     with pytest.raises(UsageError, match="no commands"):
         parse_task_file(p)
+

@@ -42,9 +42,16 @@ class Plan:
 
 
 def gpu_list(gpus: int | None, env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The GPUs to pin, one per worker, as CUDA_VISIBLE_DEVICES values: ``gpus`` of them,
+    else what this process sees (CUDA_VISIBLE_DEVICES: indices after Slurm's device
+    cgroup renumbered them), else what Slurm bound (SLURM_STEP_GPUS, SLURM_JOB_GPUS)."""
     if gpus is not None:
         return tuple(str(i) for i in range(gpus))
-    return allocation.task_gpus(os.environ if env is None else env)
+    env = dict(os.environ) if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and visible.lower() not in ("none", "nodevfiles", "-1"):
+        return tuple(v.strip() for v in visible.split(",") if v.strip())
+    return allocation.task_gpus(env)
 
 
 def plan(slots: int | None = None, gpus: int | None = None) -> Plan:
