@@ -67,7 +67,7 @@ def test_kill_9_of_the_coordinator_then_a_new_allocation_finishes_exactly_once(e
 
 def test_two_allocations_work_on_one_farm_at_once(env, tmp_path):
     side = tmp_path / "side"
-    farm = _farm(tmp_path, [side_task(side, before="sleep 0.05; ")] * 120)
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.1; ")] * 120)
     jobs = []
     for name in ("a", "b"):
         d = tmp_path / name
@@ -107,7 +107,7 @@ tasks:
 
 def test_one_gpu_per_worker_on_each_node(env, tmp_path):
     side = tmp_path / "gpus"
-    farm = _farm(tmp_path, [f"sleep 0.1; echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
+    farm = _farm(tmp_path, [f"sleep 0.2; echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
     out = run_job(f"#!/bin/bash\nhpcml farm run {farm} --gpus 2; echo rc=$?\n", tmp_path, env, timeout=180)
     assert "rc=0" in out, out
     seen = [tuple(line.split()) for line in side.read_text().splitlines()]

@@ -106,7 +106,7 @@ tasks:
 
 def test_one_gpu_per_worker_pinned_through_the_environment(tmp_path):
     side = tmp_path / "gpus"
-    farm = _farm(tmp_path, [f"sleep 0.05; echo $HPCML_FARM_TASK_ID $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
+    farm = _farm(tmp_path, [f"sleep 0.1; echo $HPCML_FARM_TASK_ID $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
     p = hpcml("farm", "run", farm, "--gpus", "3", extra={"CUDA_VISIBLE_DEVICES": "0,1,2"})
     assert p.returncode == 0, p.stderr
     seen = [line.split() for line in side.read_text().splitlines()]
@@ -168,7 +168,7 @@ def _alive(pid: int) -> bool:
 
 def test_two_runs_on_one_farm_at_once_share_it_exactly_once(tmp_path):
     side = tmp_path / "side"
-    farm = _farm(tmp_path, [side_task(side, before="sleep 0.02; ")] * 150)
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.05; ")] * 150)
     a, b = start("farm", "run", farm, "--slots", "2"), start("farm", "run", farm, "--slots", "2")
     for r in (a, b):
         r.communicate(timeout=180)
@@ -201,7 +201,9 @@ def test_a_node_where_tasks_keep_failing_is_retired(tmp_path):
     p = hpcml("farm", "run", farm, "--slots", "1", "--node-failures", "3")
     assert p.returncode == 1
     bad = list((farm / "nodes").glob("*.bad"))
-    assert len(bad) == 1 and "3 different tasks failed in a row" in bad[0].read_text()
+    retired = json.loads(bad[0].read_text())
+    assert len(bad) == 1 and "3 different tasks failed in a row" in retired["reason"]
+    assert retired["vet"]["exit_code"] in (0, 1) and retired["vet"]["report"]["schema"].startswith("hpcml.vet")
     assert len(ends(farm)) == 3                          # no task taken on the node after that
     st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
     assert st["bad_nodes"] == [bad[0].name.removesuffix(".bad")] and "retired nodes" in p.stderr
@@ -214,3 +216,14 @@ def test_a_missing_program_fails_like_in_a_shell(tmp_path, shell):
     rec = ends(farm)[(0, 1)]
     assert rec["outcome"] == "failed" and rec["exit_code"] == (0 if shell else 127) or shell
     assert "no-such-program-xyz" in (farm / "logs" / "0.1.err").read_text()
+
+
+def test_a_claim_left_empty_by_a_worker_killed_while_writing_it_is_freed_after_the_lease(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side)])
+    (farm / "claims" / "0.1").write_bytes(b"")
+    p = hpcml("farm", "run", farm, "--slots", "1", "--lease", "0.5 s")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
+    assert side_lines(side) == [(0, 2)]

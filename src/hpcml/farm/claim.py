@@ -144,6 +144,7 @@ class View:
         self.states: dict[int, TaskState] = {}
         self.owners: dict[tuple[int, int], dict[str, Any]] = {}
         self.bad_nodes: set[str] = set()
+        self._empty_since: dict[tuple[int, int], float] = {}
         self._sig = tasks_signature(farm.path)
         self._index()
 
@@ -234,15 +235,22 @@ class View:
     def all_final(self, settings: Settings) -> bool:
         return all(self.final(t, settings) for t in self.order)
 
-    def reap(self, is_dead: Callable[[dict[str, Any]], bool], tag: str) -> int:
-        """Declare "lost" every running attempt whose owner ``is_dead``; how many."""
+    def reap(self, is_dead: Callable[[dict[str, Any]], bool], tag: str, lease: float) -> int:
+        """Declare "lost" every running attempt whose owner ``is_dead`` (or whose claim is
+        still empty a lease after this reader first saw it: its creator died mid-write)."""
         n = 0
+        now = time.monotonic()
         for tid in self.order:
             st = self.states.get(tid)
             if st is None or not st.running or st.mine == st.claimed:
                 continue
             owner = self.owner(tid, st.claimed)
-            if owner and is_dead(owner):
+            if not owner:
+                first = self._empty_since.setdefault((tid, st.claimed), now)
+                dead = now - first >= lease
+            else:
+                dead = is_dead(owner)
+            if dead:
                 rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
                        "worker": owner.get("worker"), "reason": "its worker died"}
                 finish(self.path, tid, st.claimed, rec, tag)

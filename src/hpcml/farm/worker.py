@@ -163,7 +163,7 @@ class Worker:
                     return NODE_RETIRED
                 continue
             self.beat()
-            view.reap(self.alive, self.wid)
+            view.reap(self.alive, self.wid, settings.lease)
             view.refresh()
             if view.all_final(settings):
                 return DONE
@@ -211,6 +211,7 @@ class Worker:
         st.mine = 0
         st.ends.setdefault(attempt, record)
         self.ran += 1
+        self.beat()
         return self._count_failure(tid, outcome)
 
     def _execute(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, bool]:
@@ -269,9 +270,31 @@ class Worker:
             reason = {"schema": "hpcml.farm.node/1", "node": self.cfg.node, "worker": self.wid, "time": time.time(),
                       "reason": f"{len(self.fails_in_a_row)} different tasks failed in a row here "
                                 f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})"}
+            reason["vet"] = vet_this_node()
             write_atomic(Path(self.path) / NODES / f"{self.cfg.node}.bad", json.dumps(reason) + "\n")
             return False
         return True
+
+
+def vet_this_node(timeout: float = 60.0) -> dict[str, Any]:
+    """``hpcml vet --prolog --json`` on a node being retired: its exit code (1: the node is
+    bad) and verdict go into nodes/NODE.bad, so the operator sees whether the node or the
+    tasks are to blame. Nothing is drained: that is the operator's call."""
+    try:
+        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--json"], capture_output=True,
+                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"exit_code": None, "problem": str(exc)}
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        report = None
+    out: dict[str, Any] = {"exit_code": p.returncode}
+    if isinstance(report, dict):
+        out["report"] = report
+    elif p.stderr.strip():
+        out["problem"] = p.stderr.strip().splitlines()[-1]
+    return out
 
 
 def main(argv: list[str]) -> int:
