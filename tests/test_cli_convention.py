@@ -30,7 +30,7 @@ from hpcml.errors import HpcmlError, SlurmError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "hpcml"
-COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service")
+COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service", "farm")
 
 # -- (a) the same shape everywhere --------------------------------------------------------
 

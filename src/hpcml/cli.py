@@ -42,7 +42,7 @@ def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None
 #: command words -> the module of their Typer-free fast path
 FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"))
 #: components whose CLI is loaded alone (``hpcml <component> ...``)
-COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service")
+COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service", "farm")
 
 
 def main() -> None:

@@ -1,0 +1,148 @@
+"""``hpcml farm run``: one worker per slot on each node of the allocation.
+
+Outside Slurm (or inside one srun task) this process is the node's agent: it forks one
+worker per slot (each dies with it: PR_SET_PDEATHSIG) and forks a new one for a worker
+that was killed. Under Slurm, in the batch script, it is the coordinator: one ``srun``
+step with one agent per node (``hpcml farm agent``), each forking its node's slots.
+Slots per node: ``slots``, else one per GPU (``gpus``, else the GPUs Slurm bound), else
+the allocation's tasks per node (Slurm) or the CPU count (this machine). On a GPU slot
+the worker sets CUDA_VISIBLE_DEVICES to that slot's one GPU.
+
+The farm's state is only in the directory, so a run that dies is resumed by running
+again, in this allocation or another, and several runs may share one farm at once.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcml.cluster import allocation, slurm
+from hpcml.errors import UsageError
+from hpcml.farm import store
+from hpcml.farm.worker import DONE, NODE_RETIRED, die_with_parent, launch_argv, libc
+
+RESPAWNS_PER_SLOT = 3
+
+
+@dataclass
+class Plan:
+    """Where the workers go."""
+
+    mode: str                      # "local" or "slurm"
+    nodes: tuple[str, ...]
+    slots: tuple[int, ...]         # per node
+    gpus: tuple[str, ...]          # per slot on a node (empty: no pinning)
+    job: str | None
+
+
+def gpu_list(gpus: int | None, env: dict[str, str] | None = None) -> tuple[str, ...]:
+    """The GPUs to pin, one per worker, as CUDA_VISIBLE_DEVICES values: ``gpus`` of them,
+    else what this process sees (CUDA_VISIBLE_DEVICES: indices after Slurm's device
+    cgroup renumbered them), else what Slurm bound (SLURM_STEP_GPUS, SLURM_JOB_GPUS)."""
+    if gpus is not None:
+        return tuple(str(i) for i in range(gpus))
+    env = dict(os.environ) if env is None else env
+    visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
+    if visible and visible.lower() not in ("none", "nodevfiles", "-1"):
+        return tuple(v.strip() for v in visible.split(",") if v.strip())
+    return allocation.task_gpus(env)
+
+
+def plan(slots: int | None = None, gpus: int | None = None) -> Plan:
+    alloc = allocation.current()
+    bound = gpu_list(gpus)
+    if slots is not None and slots < 1:
+        raise UsageError("must be at least 1", key="slots")
+    if alloc.under_slurm and alloc.step_id is None and slurm.available("srun"):
+        per = tuple(slots or len(bound) or n for n in alloc.tasks_per_node)
+        return Plan("slurm", alloc.nodes, per, bound, alloc.job_id)
+    per_node = slots or len(bound) or os.cpu_count() or 1
+    return Plan("local", (alloc.node,), (per_node,), bound, alloc.job_id)
+
+
+def run(path: str | os.PathLike, *, slots: int | None = None, gpus: int | None = None,
+        overrides: dict[str, Any] | None = None) -> Plan:
+    """Run the farm until every task is final (or every node is retired)."""
+    store.load(path, overrides)            # bad input ends here, before anything runs
+    p = plan(slots, gpus)
+    if p.mode == "slurm":
+        _coordinate(Path(path), p, gpus, overrides or {})
+    else:
+        run_node(Path(path), p.slots[0], p.gpus, overrides)
+    return p
+
+
+def _coordinate(path: Path, p: Plan, gpus: int | None, overrides: dict[str, Any]) -> None:
+    argv = [sys.executable, "-m", "hpcml", "farm", "agent", str(path),
+            "--node-slots", ",".join(map(str, p.slots))]
+    if gpus is not None:
+        argv += ["--gpus", str(gpus)]
+    for key, value in overrides.items():
+        if value is not None:
+            argv += [f"--{key.replace('_', '-')}", str(value)]
+    cmd = slurm.srun_argv(argv, nodes=list(p.nodes), ntasks_per_node=1, extra=["--kill-on-bad-exit=0"])
+    proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+    proc.wait()
+
+
+def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str, Any] | None = None) -> int:
+    """This node's agent: start ``slots`` workers and keep them going; 0 when they are done.
+
+    The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): what a killed worker's task
+    left behind (a shell's children) is re-parented here and killed, group and all."""
+    store.load(path, overrides)
+    node = allocation.this_node()
+    job = allocation.current().job_id
+    children: dict[int, int] = {}
+    procs: dict[int, subprocess.Popen] = {}
+    respawns = [0] * slots
+    _subreaper()
+
+    def spawn(i: int) -> None:
+        cfg = {"farm": str(path), "overrides": overrides or {}, "node": node, "job": job, "slot": i,
+               "gpu": gpus[i % len(gpus)] if gpus else None}
+        proc = subprocess.Popen(launch_argv(cfg), preexec_fn=die_with_parent)
+        children[proc.pid], procs[proc.pid] = i, proc
+
+    for i in range(slots):
+        spawn(i)
+    results: list[int] = []
+    while children:
+        pid, status = os.wait()
+        i = children.pop(pid, -1)
+        if i < 0:
+            continue                       # an adopted orphan that ended
+        procs.pop(pid).returncode = os.waitstatus_to_exitcode(status)
+        code = os.waitstatus_to_exitcode(status)
+        if code < 0:
+            _kill_orphans(set(children))
+            if respawns[i] < RESPAWNS_PER_SLOT:   # killed: a new worker takes the slot
+                respawns[i] += 1
+                spawn(i)
+                continue
+        results.append(code)
+    return DONE if all(c == DONE for c in results) else (NODE_RETIRED if NODE_RETIRED in results else 1)
+
+
+def _subreaper() -> None:
+    lib = libc()
+    if lib is not None:
+        lib.prctl(36, 1)      # PR_SET_CHILD_SUBREAPER
+
+
+def _kill_orphans(workers: set[int]) -> None:
+    """Kill the process group of every child of this agent that is not a worker."""
+    import psutil
+    for child in psutil.Process().children():
+        if child.pid in workers:
+            continue
+        try:
+            os.killpg(os.getpgid(child.pid), signal.SIGKILL)
+        except (ProcessLookupError, PermissionError):
+            pass

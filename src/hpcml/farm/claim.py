@@ -1,0 +1,259 @@
+"""Claiming tasks exactly once on a shared filesystem, without locks or a server.
+
+How it works. Attempt A of task ID belongs to whoever creates ``claims/ID.A`` with
+``open(O_CREAT|O_EXCL)``; how it ended is ``ends/ID.A``, made by writing a private temp
+file and ``link()``-ing it to that name. Both calls either create the name or fail with
+EEXIST, atomically, on a local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the
+server (or the metadata server) decides, not a client-side lock, which is why this works
+where SQLite's fcntl locking does not. (Over NFS a retransmitted link() may report
+EEXIST although it succeeded; ``finish`` then checks the temp file's link count, the
+classic recipe from open(2).) Nothing is ever renamed over or rewritten, so every claim
+and end, once seen, is final, and readers cache them.
+
+Why a task runs to completion at most once, and is never lost:
+
+* Attempt A+1 may only be claimed by a worker that has read ``ends/ID.A`` and found it
+  not "ok". Ends are immutable, so that precondition never becomes false; attempt 1 needs
+  none. Two workers racing for the same attempt: O_EXCL lets exactly one win.
+* An "ok" end of attempt A is written only by A's owner, and only if ``ends/ID.A`` does
+  not exist yet (link fails otherwise). So at most one attempt of a task ends "ok", and
+  once one has, no later attempt can be claimed.
+* A worker that dies (kill -9, node crash, allocation killed) leaves a claim without an
+  end. Any other worker that finds the owner dead writes ``ends/ID.A`` = "lost" the same
+  way (only one succeeds), and the task becomes claimable as attempt A+1. Should the owner
+  still be alive after all (a false suspicion), its own end fails with EEXIST and its
+  result is discarded: the end record is the fence, and the farm records the task once.
+* The owner is judged dead, most certain first: on the same host (hostname and boot id),
+  by its pid and process start time; under Slurm, by its job no longer running (scontrol,
+  when the owner's job is another allocation); otherwise by its lease: the mtime of
+  ``workers/WID``, which the owner touches every lease/6 s, standing still for a whole
+  lease as timed by the *observer's* monotonic clock (no clocks are compared across hosts).
+  A worker that exits removes its file after its last end, so a missing file is dead too.
+* Tasks a dead worker started die with it (PR_SET_PDEATHSIG, ``worker.py``) and Slurm
+  kills what a dead allocation ran, so a task judged lost is not still running elsewhere.
+
+What this does not promise: a task killed after its side effect but before it exited
+(a tiny window) is run again, as with any at-least-once scheduler; its end record then
+says "lost" for the first attempt and "ok" for the second.
+
+Cost per task: one O_EXCL create with one write (claim) and a temp write + link + unlink
+(end): no fsync (a killed process loses nothing it has written; a node's crash is covered
+by the lease and the task is rerun) and no directory listing on the hot path.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml.farm.model import CLAIMS, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, TIMEOUT, Settings, Task
+from hpcml.farm.store import Farm, reload_tasks, tasks_signature
+
+
+def _split(name: str) -> tuple[int, int] | None:
+    tid, dot, att = name.partition(".")
+    if not dot or not tid.isdigit() or not att.isdigit():
+        return None
+    return int(tid), int(att)
+
+
+def try_claim(farm: Path, tid: int, attempt: int, payload: bytes) -> bool:
+    """Create claims/TID.ATTEMPT exclusively; False if another worker has it."""
+    try:
+        fd = os.open(f"{farm}/{CLAIMS}/{tid}.{attempt}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, payload)
+    finally:
+        os.close(fd)
+    return True
+
+
+def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any], tmp_tag: str) -> bool:
+    """Put ends/TID.ATTEMPT in place with ``record`` (complete, or not at all); False if an
+    end for this attempt exists already (e.g. it was declared lost)."""
+    doc = {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record}
+    tmp = f"{farm}/{ENDS}/.{tid}.{attempt}.{tmp_tag}"
+    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+    try:
+        os.write(fd, json.dumps(doc).encode())
+    finally:
+        os.close(fd)
+    try:
+        os.link(tmp, f"{farm}/{ENDS}/{tid}.{attempt}")
+        won = True
+    except FileExistsError:
+        won = os.stat(tmp).st_nlink == 2        # NFS: a retransmitted link that did succeed
+    os.unlink(tmp)
+    return won
+
+
+@dataclass
+class TaskState:
+    """What is known of one task: its attempts' claims and ends."""
+
+    claimed: int = 0                                       # highest attempt seen claimed
+    ends: dict[int, dict[str, Any]] = field(default_factory=dict)
+    mine: int = 0                                          # attempt this worker holds, 0: none
+
+    def latest_end(self) -> dict[str, Any] | None:
+        return self.ends.get(self.claimed)
+
+    @property
+    def ok(self) -> bool:
+        end = self.ends.get(self.claimed)
+        return end is not None and end.get("outcome") == OK
+
+    @property
+    def running(self) -> bool:
+        return self.claimed > 0 and self.claimed not in self.ends
+
+    def failures(self) -> int:
+        return sum(1 for e in self.ends.values() if e.get("outcome") in (FAILED, TIMEOUT))
+
+    def losses(self) -> int:
+        return sum(1 for e in self.ends.values() if e.get("outcome") == LOST)
+
+    def gave_up(self, settings: Settings) -> bool:
+        """Failed for good: retries spent (or too many lost attempts)."""
+        return not self.ok and not self.running and (
+            self.failures() > settings.retries or self.losses() > LOST_ALLOWANCE)
+
+    def retry_at(self, settings: Settings) -> float:
+        """Wall time after which the next attempt may start (backoff after a failure)."""
+        end = self.latest_end()
+        if end is None or end.get("outcome") == LOST:
+            return 0.0
+        n = self.failures()
+        return float(end.get("end") or 0) + settings.backoff * (2 ** max(0, n - 1))
+
+
+class View:
+    """One worker's (or reader's) cached picture of a farm; ``refresh`` lists the claims
+    and ends directories and reads only the records it has not seen (they never change)."""
+
+    def __init__(self, farm: Farm):
+        self.farm = farm
+        self.path = farm.path
+        self.states: dict[int, TaskState] = {}
+        self.owners: dict[tuple[int, int], dict[str, Any]] = {}
+        self.bad_nodes: set[str] = set()
+        self._empty_since: dict[tuple[int, int], float] = {}
+        self._sig = tasks_signature(farm.path)
+        self._index()
+
+    def _index(self) -> None:
+        self.tasks: dict[int, Task] = {t.id: t for t in self.farm.tasks}
+        self.order = [t.id for t in self.farm.tasks]
+        self.groups: dict[str, list[int]] = {}
+        for t in self.farm.tasks:
+            if t.group:
+                self.groups.setdefault(t.group, []).append(t.id)
+            self.states.setdefault(t.id, TaskState())
+
+    def state(self, tid: int) -> TaskState:
+        return self.states.setdefault(tid, TaskState())
+
+    def refresh(self) -> bool:
+        """Catch up with the directory; True if the task list grew."""
+        grew = False
+        sig = tasks_signature(self.path)
+        if sig != self._sig:
+            self._sig = sig
+            n = len(self.farm.tasks)
+            reload_tasks(self.farm)
+            self._index()
+            grew = len(self.farm.tasks) > n
+        with os.scandir(self.path / CLAIMS) as it:
+            for entry in it:
+                parsed = _split(entry.name)
+                if parsed:
+                    st = self.state(parsed[0])
+                    st.claimed = max(st.claimed, parsed[1])
+        with os.scandir(self.path / ENDS) as it:
+            for entry in it:
+                parsed = _split(entry.name)
+                if parsed is None:
+                    continue
+                st = self.state(parsed[0])
+                if parsed[1] in st.ends:
+                    continue
+                rec = self._read(entry.path)
+                if rec is not None:
+                    st.ends[parsed[1]] = rec
+                    st.claimed = max(st.claimed, parsed[1])
+        self.bad_nodes = {n.removesuffix(".bad") for n in os.listdir(self.path / NODES) if n.endswith(".bad")}
+        return grew
+
+    @staticmethod
+    def _read(path: str) -> dict[str, Any] | None:
+        try:
+            with open(path, "rb") as f:
+                return json.loads(f.read())
+        except (OSError, ValueError):
+            return None            # unreadable: treated as not there yet
+
+    def owner(self, tid: int, attempt: int) -> dict[str, Any]:
+        """The claim record of an attempt (cached: claims are never rewritten)."""
+        key = (tid, attempt)
+        if key not in self.owners:
+            rec = self._read(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
+            if rec is None:
+                return {}           # being written this instant: ask again next time
+            self.owners[key] = rec
+        return self.owners[key]
+
+    def deps(self, tid: int, settings: Settings, _seen: frozenset[int] = frozenset()) -> str:
+        """"ok" (all dependencies done), "wait", or "blocked" (one failed for good)."""
+        task = self.tasks.get(tid)
+        if task is None or not task.after:
+            return "ok"
+        verdict = "ok"
+        for dep in task.after:
+            ids = self.groups.get(dep, []) if isinstance(dep, str) else [dep]
+            for d in ids:
+                if d == tid or d in _seen:
+                    continue
+                st = self.state(d)
+                if st.ok:
+                    continue
+                if st.gave_up(settings) or self.deps(d, settings, _seen | {tid}) == "blocked":
+                    return "blocked"
+                verdict = "wait"
+        return verdict
+
+    def final(self, tid: int, settings: Settings) -> bool:
+        st = self.state(tid)
+        return st.ok or st.gave_up(settings) or (not st.running and self.deps(tid, settings) == "blocked")
+
+    def all_final(self, settings: Settings) -> bool:
+        return all(self.final(t, settings) for t in self.order)
+
+    def reap(self, is_dead: Callable[[dict[str, Any]], bool], tag: str, lease: float) -> int:
+        """Declare "lost" every running attempt whose owner ``is_dead`` (or whose claim is
+        still empty a lease after this reader first saw it: its creator died mid-write)."""
+        n = 0
+        now = time.monotonic()
+        for tid in self.order:
+            st = self.states.get(tid)
+            if st is None or not st.running or st.mine == st.claimed:
+                continue
+            owner = self.owner(tid, st.claimed)
+            if not owner:
+                first = self._empty_since.setdefault((tid, st.claimed), now)
+                dead = now - first >= lease
+            else:
+                dead = is_dead(owner)
+            if dead:
+                rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
+                       "worker": owner.get("worker"), "reason": "its worker died"}
+                finish(self.path, tid, st.claimed, rec, tag)
+                st.ends.setdefault(st.claimed, self._read(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
+                n += 1
+        return n

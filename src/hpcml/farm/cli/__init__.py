@@ -1,0 +1,247 @@
+"""``hpcml farm``: create a farm from a task or sweep file, run it, see its status and results.
+Parse arguments, call the farm modules, render: no farm logic here."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import typer
+
+from hpcml.cli_support import Group
+
+app = typer.Typer(name="farm", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
+                  help="Many similar tasks in one or several allocations, each run exactly once.\n\n"
+                       "Example: [bold]hpcml farm create sweep/ sweep.yaml && hpcml farm run sweep/[/]\n\n"
+                       "Exit codes: 0 done, 1 tasks failed (or nodes retired), 2 bad input.")
+
+
+def _settings(retries: int | None, backoff: str | None, time_limit: str | None, lease: str | None = None,
+              node_failures: int | None = None) -> dict:
+    from hpcml.errors import UsageError
+    from hpcml.units import parse_seconds
+    out: dict = {"retries": retries, "node_failures": node_failures}
+    for key, value in (("backoff", backoff), ("time_limit", time_limit), ("lease", lease)):
+        if value is not None:
+            try:
+                out[key] = parse_seconds(value)
+            except ValueError as exc:
+                raise UsageError(str(exc), key=key) from None
+    return {k: v for k, v in out.items() if v is not None}
+
+
+RETRIES = typer.Option(None, "--retries", min=0, help="Retry a failed task this many times (default 2).")
+BACKOFF = typer.Option(None, "--backoff", help="Wait before the first retry, doubled for each next one, e.g. '5 s'.")
+TIME_LIMIT = typer.Option(None, "--time-limit", help="Kill an attempt that runs longer, e.g. '2 h' (marked 'timeout').")
+
+
+@app.command("create")
+def create(
+    farm: Path = typer.Argument(..., help="The farm directory (made if missing; tasks are appended if it exists)."),
+    source: Path = typer.Argument(..., help="A task file (one command per line) or a sweep file (.yaml)."),
+    retries: int | None = RETRIES,
+    backoff: str | None = BACKOFF,
+    time_limit: str | None = TIME_LIMIT,
+    as_json: bool = typer.Option(False, "--json", help="Print what was added as JSON."),
+) -> None:
+    """Make a farm directory with one record per task; run again to append, never renumber.
+
+    A task file has one shell command per line (blank lines and # comments skipped).
+    A sweep file (YAML) has a command template and parameters: lists under product:
+    (every combination), zip: (side by side), random: (samples with a seed), and
+    stages with group: and after: under tasks:. The same task is never added twice.
+
+        hpcml farm create sweep/ sweep.yaml
+        hpcml farm create inputs/ commands.txt --retries 3 --time-limit "30 min"
+
+    Exit codes: 0 created, 2 bad input (nothing written).
+    """
+    from hpcml.farm import store, sweep
+    if sweep.is_sweep(source):
+        specs, settings = sweep.parse_sweep(source)
+    else:
+        specs, settings = sweep.parse_task_file(source), {}
+    settings.update(_settings(retries, backoff, time_limit))
+    res = store.create(farm, specs, settings)
+    if as_json:
+        print(json.dumps({"farm": str(res.path), "added": res.added, "existing": res.existing, "total": res.total}))
+    else:
+        print(f"{res.path}: {res.added} task(s) added, {res.existing} already there, {res.total} in all")
+
+
+@app.command("run")
+def run(
+    farm: Path = typer.Argument(..., help="The farm directory (from hpcml farm create)."),
+    slots: int | None = typer.Option(None, "--slots", min=1, help="Workers per node (default: one per GPU, else "
+                                     "Slurm's tasks per node, else this machine's CPUs)."),
+    gpus: int | None = typer.Option(None, "--gpus", min=0, help="GPUs per node to pin one per worker (default: "
+                                    "the GPUs Slurm bound to the job)."),
+    retries: int | None = RETRIES,
+    backoff: str | None = BACKOFF,
+    time_limit: str | None = TIME_LIMIT,
+    lease: str | None = typer.Option(None, "--lease", help="A worker silent this long is dead and its task "
+                                     "rerun (default 60 s)."),
+    node_failures: int | None = typer.Option(None, "--node-failures", min=0, help="Different tasks failing in a "
+                                             "row that retire a node (default 5; 0: never)."),
+) -> None:
+    """Run every task not done yet, one worker per slot, until all are done or failed for good.
+
+    In a Slurm batch script it starts one agent per node (one srun step); outside Slurm it
+    runs on this machine. Run it again (here or in another allocation, or in several at
+    once) to resume: what is recorded in the farm directory is never run twice.
+
+        hpcml farm run sweep/
+        hpcml farm run sweep/ --gpus 4 --time-limit "2 h"
+
+    Exit codes: 0 every task ok, 1 some failed (see hpcml farm status), 2 bad input.
+    """
+    from hpcml.farm import agent, status
+    t0 = time.time()
+    agent.run(farm, slots=slots, gpus=gpus, overrides=_settings(retries, backoff, time_limit, lease, node_failures))
+    doc = status.summarize(farm)
+    c = doc["counts"]
+    print(f"{farm}: {c['ok']} ok, {c['failed']} failed, {c['blocked']} blocked, "
+          f"{c['pending'] + c['running'] + c['retrying']} left, in {time.time() - t0:.1f} s"
+          + (f"; retired nodes: {', '.join(doc['bad_nodes'])}" if doc["bad_nodes"] else ""), file=sys.stderr)
+    if c["ok"] != doc["total"]:
+        raise typer.Exit(1)
+
+
+@app.command("agent", hidden=True)
+def agent_command(
+    farm: Path = typer.Argument(...),
+    node_slots: str = typer.Option(..., "--node-slots"),
+    gpus: int | None = typer.Option(None, "--gpus"),
+    retries: int | None = typer.Option(None, "--retries"),
+    backoff: str | None = typer.Option(None, "--backoff"),
+    time_limit: str | None = typer.Option(None, "--time-limit"),
+    lease: str | None = typer.Option(None, "--lease"),
+    node_failures: int | None = typer.Option(None, "--node-failures"),
+) -> None:
+    """One node's agent, started by hpcml farm run through srun (internal).
+
+        srun hpcml farm agent sweep/ --node-slots 4,4
+    """
+    import os
+
+    from hpcml.farm import agent
+    per = [int(x) for x in node_slots.split(",")]
+    index = int(os.environ.get("SLURM_NODEID", "0"))
+    code = agent.run_node(farm, per[min(index, len(per) - 1)], agent.gpu_list(gpus),
+                          _settings(retries, backoff, time_limit, lease, node_failures))
+    raise typer.Exit(code)
+
+
+@app.command("status")
+def status_command(
+    farm: Path = typer.Argument(..., help="The farm directory."),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON (schema hpcml.farm.status/1)."),
+    watch: bool = typer.Option(False, "--watch", help="Keep a live view until every task is final (Ctrl-C stops)."),
+) -> None:
+    """Counts by state, what runs where, what failed, and an ETA.
+
+        hpcml farm status sweep/
+        hpcml farm status sweep/ --json
+        hpcml farm status sweep/ --watch
+
+    Exit codes: 0 read, 2 not a farm directory.
+    """
+    from hpcml.farm.status import summarize
+    doc = summarize(farm)
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    if not watch:
+        _render_status(doc)
+        return
+    from rich.live import Live
+    with Live(_status_table(doc), refresh_per_second=2) as live:
+        while not doc["done"]:
+            time.sleep(1.0)
+            doc = summarize(farm)
+            live.update(_status_table(doc))
+
+
+def _status_table(doc: dict):
+    from rich.table import Table
+    c = doc["counts"]
+    eta = doc["eta_s"]
+    t = Table(title=f"{doc['farm']}: {doc['total']} tasks, {doc['workers']} workers"
+              + (f", ETA {eta:.0f} s" if eta else ""))
+    for state in c:
+        t.add_column(state, justify="right")
+    t.add_row(*(str(v) for v in c.values()))
+    return t
+
+
+def _render_status(doc: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+    console = Console()
+    console.print(_status_table(doc))
+    if doc["bad_nodes"]:
+        console.print(f"retired nodes: {', '.join(doc['bad_nodes'])}")
+    if doc["running"]:
+        t = Table(title="running")
+        for col in ("id", "attempt", "node", "gpu", "for"):
+            t.add_column(col)
+        for r in doc["running"][:20]:
+            since = f"{time.time() - r['start']:.0f} s" if r.get("start") else ""
+            t.add_row(str(r["id"]), str(r["attempt"]), str(r["node"]), str(r["gpu"] or ""), since)
+        console.print(t)
+    if doc["failed"]:
+        t = Table(title="failed")
+        for col in ("id", "attempts", "outcome", "exit", "stderr"):
+            t.add_column(col)
+        for r in doc["failed"][:20]:
+            t.add_row(str(r["id"]), str(r["attempts"]), str(r["outcome"]),
+                      str(r["exit_code"] if r["exit_code"] is not None else f"signal {r['signal']}"), r["stderr"])
+        console.print(t)
+
+
+@app.command("results")
+def results_command(
+    farm: Path = typer.Argument(..., help="The farm directory."),
+    sort: str | None = typer.Option(None, "--sort", help="Sort by a parameter, metric or column; '-loss' descending."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema hpcml.farm.results/1)."),
+    as_csv: bool = typer.Option(False, "--csv", help="Print CSV."),
+    limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N rows."),
+) -> None:
+    """A table of each task's parameters and the last value of each metric it logged.
+
+    Tasks log with hpcml.observe.log(step, loss=...); the farm points each attempt at
+    its own directory (HPCML_OBSERVE_DIR), so nothing needs configuring.
+
+        hpcml farm results sweep/ --sort val_loss --limit 5
+        hpcml farm results sweep/ --csv > sweep.csv
+
+    Exit codes: 0 read, 2 not a farm directory or an unknown sort key.
+    """
+    from hpcml.farm.results import collect, to_csv
+    doc = collect(farm, sort)
+    if limit:
+        doc["rows"] = doc["rows"][:limit]
+    if as_json:
+        print(json.dumps(doc, indent=2))
+        return
+    if as_csv:
+        sys.stdout.write(to_csv(doc))
+        return
+    from rich.console import Console
+    from rich.table import Table
+    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks")
+    for col in ("id", "state", *doc["params"], *doc["metrics"], "s"):
+        t.add_column(col, justify="right")
+    for r in doc["rows"]:
+        t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
+                  *(_fmt(r["metrics"].get(m)) for m in doc["metrics"]),
+                  "" if r["seconds"] is None else f"{r['seconds']:.1f}")
+    Console().print(t)
+
+
+def _fmt(v: object) -> str:
+    if v is None:
+        return ""
+    return f"{v:.4g}" if isinstance(v, float) else str(v)

@@ -1,0 +1,109 @@
+"""Is a worker alive? Its file ``workers/WID`` says who it is; its mtime is its heartbeat.
+
+Checks, most certain first (see claim.py for why this makes claiming safe):
+same host (hostname and boot id) -> the pid with the same process start time;
+another Slurm allocation -> that job still running (``scontrol show job``);
+otherwise the lease: the heartbeat's mtime must change within ``lease`` seconds of the
+observer's own monotonic clock, so clocks of different hosts are never compared.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcml.farm.model import WORKER_SCHEMA, WORKERS
+
+_ALIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "REQUEUED", "RESIZING",
+                     "STOPPED", "SIGNALING", "STAGE_OUT")
+
+
+def boot_id() -> str:
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
+    except OSError:
+        return ""
+
+
+def process_start(pid: int) -> float | None:
+    import psutil
+    try:
+        return psutil.Process(pid).create_time()
+    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
+        return None
+
+
+def identity(wid: str, node: str, job: str | None, gpus: tuple[str, ...]) -> dict[str, Any]:
+    """What a worker writes about itself."""
+    return {"schema": WORKER_SCHEMA, "worker": wid, "node": node, "host": socket.gethostname(),
+            "boot_id": boot_id(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "job": job, "gpus": list(gpus), "started": time.time()}
+
+
+class Liveness:
+    """Judges owners of claims; caches what it learns for one ``window`` of seconds."""
+
+    def __init__(self, farm: Path, lease: float, job: str | None, window: float = 5.0):
+        self.farm, self.lease, self.job, self.window = farm, lease, job, window
+        self.host, self.boot = socket.gethostname(), boot_id()
+        self._workers: dict[str, dict[str, Any]] = {}
+        self._beats: dict[str, tuple[int, float]] = {}      # wid -> (mtime_ns, first seen at)
+        self._jobs: dict[str, tuple[bool, float]] = {}
+
+    def __call__(self, claim: dict[str, Any]) -> bool:
+        return self.is_dead(str(claim.get("worker", "")))
+
+    def is_dead(self, wid: str) -> bool:
+        path = self.farm / WORKERS / wid
+        try:
+            mtime = os.stat(path).st_mtime_ns
+        except FileNotFoundError:
+            return True                                      # removed after its last end
+        info = self._worker(wid, path)
+        if info is None:
+            return False                                     # being written: judge next time
+        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid"):
+            start = process_start(int(info["pid"]))
+            return start is None or (info.get("pid_start") is not None
+                                     and abs(start - float(info["pid_start"])) > 1.0)
+        job = info.get("job")
+        if job and job != self.job and not self._job_alive(str(job)):
+            return True
+        now = time.monotonic()
+        seen = self._beats.get(wid)
+        if seen is None or seen[0] != mtime:
+            self._beats[wid] = (mtime, now)
+            return False
+        return now - seen[1] >= self.lease
+
+    def _worker(self, wid: str, path: Path) -> dict[str, Any] | None:
+        if wid not in self._workers:
+            try:
+                self._workers[wid] = json.loads(path.read_text())
+            except (OSError, ValueError):
+                return None
+        return self._workers[wid]
+
+    def _job_alive(self, job: str) -> bool:
+        from hpcml.cluster import slurm
+        from hpcml.errors import SlurmError
+        cached = self._jobs.get(job)
+        if cached and time.monotonic() - cached[1] < self.window:
+            return cached[0]
+        try:
+            proc = slurm.run(["scontrol", "show", "-o", "job", job], timeout=10, check=False)
+            if proc.returncode != 0 and "Invalid job id" in (proc.stderr + proc.stdout):
+                alive = False
+            elif proc.returncode != 0:
+                alive = True                                 # cannot tell: leave it to the lease
+            else:
+                state = next((t.partition("=")[2] for t in proc.stdout.split() if t.startswith("JobState=")), "")
+                alive = state in _ALIVE_JOB_STATES
+        except SlurmError:
+            alive = True
+        self._jobs[job] = (alive, time.monotonic())
+        return alive

@@ -1,0 +1,88 @@
+"""The farm's data: a task, the farm's settings, and the names of its files.
+
+A farm directory holds::
+
+    farm.json            tag hpcml.farm/1, settings (retries, backoff, time limit, lease)
+    tasks.jsonl          one task per line (id, command, parameters, group, after); append-only
+    claims/ID.A          attempt A of task ID was taken by one worker (created O_CREAT|O_EXCL)
+    ends/ID.A            how attempt A ended (linked into place: complete or absent, never half)
+    logs/ID.A.out|.err   the attempt's stdout and stderr
+    observe/ID.A/        where the attempt's ``hpcml.observe.log`` calls write (HPCML_OBSERVE_DIR)
+    workers/WID          one file per worker: who it is; its mtime is the worker's heartbeat
+    nodes/NODE.bad       a node where tasks kept failing: no worker takes tasks there
+
+Claims and ends are immutable once they exist, so a reader may cache them forever.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcml.schemas import tag
+
+FARM_SCHEMA = tag("farm", 1)
+TASK_SCHEMA = tag("farm.task", 1)
+CLAIM_SCHEMA = tag("farm.claim", 1)
+END_SCHEMA = tag("farm.end", 1)
+WORKER_SCHEMA = tag("farm.worker", 1)
+STATUS_SCHEMA = tag("farm.status", 1)
+RESULTS_SCHEMA = tag("farm.results", 1)
+
+FARM_FILE = "farm.json"
+TASKS_FILE = "tasks.jsonl"
+CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES = "claims", "ends", "logs", "observe", "workers", "nodes"
+SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
+
+#: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended
+OK, FAILED, TIMEOUT, LOST = "ok", "failed", "timeout", "lost"
+#: attempts lost with their worker that are not counted as failures, before the task fails
+LOST_ALLOWANCE = 3
+
+
+@dataclass(frozen=True)
+class Settings:
+    """How a farm runs its tasks; stored in farm.json, each may be overridden by ``farm run``."""
+
+    retries: int = 2                 # failed attempts retried this many times
+    backoff: float = 1.0             # seconds before retry 1; doubles for each further retry
+    time_limit: float | None = None  # seconds an attempt may run before it is killed ("timeout")
+    lease: float = 60.0              # a worker whose heartbeat stood still this long is dead
+    node_failures: int = 5           # consecutive failures of different tasks that retire a node (0: never)
+
+    @property
+    def heartbeat(self) -> float:
+        return max(0.05, self.lease / 6)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"retries": self.retries, "backoff": self.backoff, "time_limit": self.time_limit,
+                "lease": self.lease, "node_failures": self.node_failures}
+
+
+@dataclass(frozen=True)
+class TaskSpec:
+    """A task before it has an id: what ``farm create`` reads from a task or sweep file."""
+
+    command: str
+    params: dict[str, Any] = field(default_factory=dict)
+    group: str | None = None
+    after: tuple[int | str, ...] = ()
+
+    def key(self) -> str:
+        """What makes two tasks the same for an idempotent ``farm create``."""
+        import json
+        return json.dumps([self.group, self.command, self.params], sort_keys=True, default=str)
+
+
+@dataclass(frozen=True)
+class Task(TaskSpec):
+    id: int = -1
+
+    def to_json(self) -> dict[str, Any]:
+        return {"id": self.id, "command": self.command, "params": self.params, "group": self.group,
+                "after": list(self.after)}
+
+    @classmethod
+    def from_json(cls, d: dict[str, Any]) -> Task:
+        return cls(id=int(d["id"]), command=str(d["command"]), params=dict(d.get("params") or {}),
+                   group=d.get("group"), after=tuple(d.get("after") or ()))

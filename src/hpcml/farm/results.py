@@ -1,0 +1,73 @@
+"""``hpcml farm results``: one row per task, its parameters and the last value of each
+metric it logged through ``hpcml.observe.log`` (read from observe/ID.A, the directory the
+worker gave the attempt in HPCML_OBSERVE_DIR), so a sweep's best run is one sort away."""
+
+from __future__ import annotations
+
+import csv
+import io
+import os
+from typing import Any
+
+from hpcml.errors import UsageError
+from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
+from hpcml.farm.status import open_view, task_state
+
+
+def last_metrics(directory: str) -> dict[str, float]:
+    """The last value (by time) of each user metric in one attempt's observe directory."""
+    if not os.path.isdir(directory):
+        return {}
+    from hpcml.observe.store import read_job
+    try:
+        table = read_job(directory).table
+    except UsageError:
+        return {}
+    out: dict[str, tuple[Any, float]] = {}
+    for ts, kind, name, value in zip(*(table.column(c).to_pylist() for c in ("ts", "kind", "name", "value"))):
+        if kind == "metric" and value is not None and (name not in out or ts >= out[name][0]):
+            out[name] = (ts, value)
+    return {k: v for k, (_, v) in sorted(out.items())}
+
+
+def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
+    """The results document (schema hpcml.farm.results/1); ``sort``: a parameter, metric or
+    column name, ``-name`` for descending; rows without it go last."""
+    farm, view = open_view(path)
+    rows: list[dict[str, Any]] = []
+    for tid in view.order:
+        task, st = view.tasks[tid], view.state(tid)
+        end = st.latest_end() or {}
+        attempt = st.claimed if st.claimed in st.ends else max(st.ends, default=0)
+        seconds = (float(end["end"]) - float(end["start"])) if end.get("start") is not None else None
+        rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings),
+                     "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
+                     "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
+                     "metrics": last_metrics(str(farm.path / OBSERVE / f"{tid}.{attempt}")) if attempt else {},
+                     "command": task.command})
+    params = list(dict.fromkeys(k for r in rows for k in r["params"]))
+    metrics = sorted({k for r in rows for k in r["metrics"]})
+    if sort:
+        key, reverse = sort.lstrip("-"), sort.startswith("-")
+        if key not in params and key not in metrics and key not in ("id", "group", "state", "attempts",
+                                                                      "exit_code", "node", "seconds"):
+            raise UsageError(f"no parameter, metric or column named '{key}' (parameters: "
+                             f"{', '.join(params) or 'none'}; metrics: {', '.join(metrics) or 'none'})", key="sort")
+
+        def value(r: dict[str, Any]) -> Any:
+            return r["metrics"].get(key, r["params"].get(key, r.get(key)))
+        have = [r for r in rows if value(r) is not None]
+        have.sort(key=lambda r: (isinstance(value(r), str), value(r)), reverse=reverse)
+        rows = have + [r for r in rows if value(r) is None]
+    return {"schema": RESULTS_SCHEMA, "farm": str(farm.path), "params": params, "metrics": metrics, "rows": rows}
+
+
+def to_csv(doc: dict[str, Any]) -> str:
+    buf = io.StringIO()
+    w = csv.writer(buf)
+    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", *doc["params"], *doc["metrics"]])
+    for r in doc["rows"]:
+        w.writerow([r["id"], r["group"] or "", r["state"], r["attempts"], "" if r["exit_code"] is None else r["exit_code"],
+                    "" if r["seconds"] is None else f"{r['seconds']:.3f}",
+                    *(r["params"].get(p, "") for p in doc["params"]), *(r["metrics"].get(m, "") for m in doc["metrics"])])
+    return buf.getvalue()

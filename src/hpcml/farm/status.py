@@ -1,0 +1,82 @@
+"""``hpcml farm status``: how far a farm is, from its directory alone (nothing is written).
+
+States of a task: ``pending`` (not started, or waiting for its dependencies), ``running``
+(an attempt claimed and not ended), ``retrying`` (an attempt failed; another will run after
+the backoff), ``ok``, ``failed`` (retries spent), ``blocked`` (a dependency failed for good).
+The ETA is the remaining tasks times the mean duration of the finished ones, over the
+number running now (or one).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+from hpcml.farm import store
+from hpcml.farm.claim import TaskState, View
+from hpcml.farm.model import LOGS, STATUS_SCHEMA, WORKERS, Settings
+
+STATES = ("pending", "running", "retrying", "ok", "failed", "blocked")
+
+
+def task_state(view: View, tid: int, settings: Settings) -> str:
+    st = view.state(tid)
+    if st.ok:
+        return "ok"
+    if st.running:
+        return "running"
+    if st.gave_up(settings):
+        return "failed"
+    if view.deps(tid, settings) == "blocked":
+        return "blocked"
+    return "retrying" if st.ends else "pending"
+
+
+def open_view(path: str | os.PathLike) -> tuple[store.Farm, View]:
+    farm = store.load(path)
+    view = View(farm)
+    view.refresh()
+    return farm, view
+
+
+def _last(st: TaskState) -> dict[str, Any]:
+    return st.latest_end() or {}
+
+
+def summarize(path: str | os.PathLike) -> dict[str, Any]:
+    """The status document (schema hpcml.farm.status/1)."""
+    farm, view = open_view(path)
+    s = farm.settings
+    counts = dict.fromkeys(STATES, 0)
+    running, failed, durations = [], [], []
+    for tid in view.order:
+        state = task_state(view, tid, s)
+        counts[state] += 1
+        st = view.state(tid)
+        if state == "running":
+            owner = view.owner(tid, st.claimed)
+            running.append({"id": tid, "attempt": st.claimed, "node": owner.get("node"),
+                            "gpu": owner.get("gpu"), "worker": owner.get("worker"), "start": owner.get("start")})
+        elif state == "failed":
+            end = _last(st)
+            failed.append({"id": tid, "attempts": st.claimed, "outcome": end.get("outcome"),
+                           "exit_code": end.get("exit_code"), "signal": end.get("signal"),
+                           "stderr": str(Path(farm.path) / LOGS / f"{tid}.{st.claimed}.err")})
+        elif state == "ok":
+            end = _last(st)
+            if end.get("start") is not None and end.get("end") is not None:
+                durations.append(float(end["end"]) - float(end["start"]))
+    remaining = counts["pending"] + counts["running"] + counts["retrying"]
+    eta = None
+    if durations and remaining:
+        eta = remaining * (sum(durations) / len(durations)) / max(1, counts["running"])
+    elif not remaining:
+        eta = 0.0
+    try:
+        workers = len([n for n in os.listdir(farm.path / WORKERS) if not n.startswith(".")])
+    except FileNotFoundError:
+        workers = 0
+    return {"schema": STATUS_SCHEMA, "farm": str(farm.path), "total": len(view.order), "counts": counts,
+            "done": remaining == 0, "eta_s": eta, "workers": workers, "bad_nodes": sorted(view.bad_nodes),
+            "running": running, "failed": failed, "settings": s.to_json()}

@@ -1,0 +1,236 @@
+"""Inputs of ``hpcml farm create``: a task file or a sweep file -> task specs.
+
+A task file has one shell command per line, as GNU Parallel and META read them (blank
+lines and lines starting with ``#`` are skipped). A sweep file is YAML::
+
+    command: python train.py --lr {lr} --bs {bs} --seed {seed}
+    product: {lr: [0.1, 0.01], bs: [32, 64]}      # every combination
+    zip: {seed: [1, 2, 3], tag: [a, b, c]}          # side by side (same lengths)
+    random:                                         # samples drawn with a fixed seed
+      samples: 8
+      seed: 0
+      params: {dropout: {uniform: [0, 0.5]}, wd: {loguniform: [1e-6, 1e-2]},
+               opt: {choice: [adam, sgd]}, layers: {randint: [2, 8]}}
+    retries: 2
+    time_limit: 2 h
+
+The parameter sets are the product of the three parts (a part left out is one empty set).
+Several stages with dependencies (pre-process -> train xN -> evaluate) go under ``tasks:``,
+each a mapping like the above with ``group:`` and ``after: [groups or task ids]``.
+The command is a Python format string: ``{name}`` is a parameter, ``{{`` a brace; a name
+that no parameter defines is an error. Values are inserted as they are (quote them in the
+template if they may hold spaces).
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import string
+from pathlib import Path
+from typing import Any, Literal, cast
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from hpcml.errors import UsageError
+from hpcml.farm.model import Settings, TaskSpec
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
+from hpcml.units import parse_seconds
+
+Scalar = str | int | float | bool | None
+
+
+class Dist(BaseModel):
+    """One random parameter: exactly one of the four keys."""
+
+    model_config = ConfigDict(extra="forbid")
+    choice: list[Scalar] | None = None
+    uniform: tuple[float, float] | None = None
+    loguniform: tuple[float, float] | None = None
+    randint: tuple[int, int] | None = None
+
+    def kind(self) -> Literal["choice", "uniform", "loguniform", "randint"]:
+        set_ = [k for k in ("choice", "uniform", "loguniform", "randint") if getattr(self, k) is not None]
+        if len(set_) != 1:
+            raise ValueError(f"give exactly one of choice, uniform, loguniform, randint (found {len(set_)})")
+        if set_[0] == "loguniform" and min(self.loguniform or (1, 1)) <= 0:
+            raise ValueError("loguniform bounds must be positive")
+        if set_[0] == "choice" and not self.choice:
+            raise ValueError("choice needs at least one value")
+        return set_[0]  # type: ignore[return-value]
+
+    def draw(self, rng: random.Random) -> Any:
+        kind = self.kind()
+        if kind == "choice":
+            return rng.choice(self.choice or [None])
+        if kind == "uniform":
+            lo, hi = self.uniform or (0.0, 0.0)
+            return rng.uniform(lo, hi)
+        if kind == "loguniform":
+            lo, hi = self.loguniform or (1.0, 1.0)
+            return math.exp(rng.uniform(math.log(lo), math.log(hi)))
+        lo_i, hi_i = self.randint or (0, 0)
+        return rng.randint(lo_i, hi_i)
+
+
+class RandomPart(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    samples: int = Field(ge=1)
+    seed: int
+    params: dict[str, Dist]
+
+
+class Stage(BaseModel):
+    """One command template and its parameter sets."""
+
+    model_config = ConfigDict(extra="forbid")
+    command: str
+    group: str | None = None
+    after: list[int | str] = Field(default_factory=list)
+    product: dict[str, list[Scalar] | Scalar] = Field(default_factory=dict)
+    zip: dict[str, list[Scalar]] = Field(default_factory=dict)
+    random: RandomPart | None = None
+
+    @field_validator("command")
+    @classmethod
+    def _not_empty(cls, v: str) -> str:
+        if not v.strip():
+            raise ValueError("the command is empty")
+        return v
+
+
+STAGE_KEYS = tuple(Stage.model_fields)
+SETTING_KEYS = ("retries", "backoff", "time_limit")
+
+
+def parse_task_file(path: str | Path) -> list[TaskSpec]:
+    """One command per line; blank lines and ``#`` comments are skipped."""
+    text = read_config(path)
+    specs = [TaskSpec(command=line.strip()) for line in text.splitlines()
+             if line.strip() and not line.lstrip().startswith("#")]
+    if not specs:
+        raise UsageError("no commands in this task file", file=str(path))
+    return specs
+
+
+def is_sweep(path: str | Path) -> bool:
+    return Path(path).suffix.lower() in (".yaml", ".yml")
+
+
+def parse_sweep(path: str | Path) -> tuple[list[TaskSpec], dict[str, Any]]:
+    """A sweep file -> its task specs and the settings it names (retries, backoff, time_limit)."""
+    source = str(path)
+    data, node = load_yaml_with_nodes(read_config(path), source)
+    where = ConfigLoader(source, line_map(node) if node is not None else {})
+    if not isinstance(data, dict):
+        raise UsageError("expected a mapping with a command (or tasks:) and parameters", file=source)
+    settings = _settings(data, where)
+    stages_raw = data.get("tasks")
+    if stages_raw is None:
+        top = {k: v for k, v in data.items() if k not in SETTING_KEYS}
+        stages, prefix = [top], cast(tuple, ())
+    else:
+        extra = [k for k in data if k not in SETTING_KEYS + ("tasks",)]
+        if extra:
+            raise where.error((extra[0],), unknown_key(extra[0], ("tasks",) + SETTING_KEYS)
+                              + "; with tasks: each stage has its own command and parameters")
+        if not isinstance(stages_raw, list) or not stages_raw:
+            raise where.error(("tasks",), "expected a list of stages (each with a command)")
+        stages, prefix = stages_raw, ("tasks",)
+    specs: list[TaskSpec] = []
+    groups: set[str] = set()
+    for i, raw in enumerate(stages):
+        path_i: tuple = (*prefix, i) if prefix else ()
+        stage = _stage(raw, path_i, where)
+        specs += _expand(stage, path_i, where, groups)
+        if stage.group:
+            groups.add(stage.group)
+    return specs, settings
+
+
+def _settings(data: dict, where: ConfigLoader) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    if "retries" in data:
+        v = data["retries"]
+        if not isinstance(v, int) or isinstance(v, bool) or v < 0:
+            raise where.error(("retries",), f"expected a count >= 0, found {v!r}")
+        out["retries"] = v
+    for key in ("backoff", "time_limit"):
+        if key in data:
+            out[key] = where.convert((key,), data[key], parse_seconds)
+    Settings(**out)   # validates types
+    return out
+
+
+def _stage(raw: Any, path: tuple, where: ConfigLoader) -> Stage:
+    if not isinstance(raw, dict):
+        raise where.error(path, "expected a mapping with a command and parameters")
+    for key in raw:
+        if key not in STAGE_KEYS and not (not path and key in SETTING_KEYS):
+            raise where.error((*path, key), unknown_key(str(key), STAGE_KEYS))
+    try:
+        stage = Stage.model_validate(raw)
+    except ValidationError as exc:
+        err = exc.errors(include_url=False)[0]
+        loc = tuple(p for p in err["loc"] if not isinstance(p, str) or not p.startswith(("list[", "tuple[")))
+        found = err.get("input")
+        shown = "" if isinstance(found, (dict, list)) or err["type"] == "missing" else f", found {found!r}"
+        raise where.error((*path, *loc), err["msg"].removeprefix("Value error, ") + shown) from None
+    if stage.random:
+        for name, dist in stage.random.params.items():
+            where.convert((*path, "random", "params", name), dist, lambda d: d.kind())
+    lengths = {k: len(v) for k, v in stage.zip.items()}
+    if len(set(lengths.values())) > 1:
+        raise where.error((*path, "zip"), f"lists of different lengths: {lengths}")
+    names = [*stage.product, *stage.zip, *(stage.random.params if stage.random else {})]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise where.error((*path, twice[0]), "parameter defined more than once (product, zip, random)")
+    return stage
+
+
+def _fields(template: str, path: tuple, where: ConfigLoader) -> list[str]:
+    try:
+        parsed = list(string.Formatter().parse(template))
+    except ValueError as exc:
+        raise where.error((*path, "command"), f"not a valid template: {exc}") from None
+    out = []
+    for _, name, _, _ in parsed:
+        if name is None:
+            continue
+        base = name.split(".")[0].split("[")[0]
+        if not base or base.isdigit():
+            raise where.error((*path, "command"), "a template field needs a parameter name, e.g. {lr}")
+        out.append(base)
+    return out
+
+
+def _expand(stage: Stage, path: tuple, where: ConfigLoader, groups: set[str]) -> list[TaskSpec]:
+    """Every parameter set of a stage, in a stable order (so re-creating appends nothing)."""
+    params = [*stage.product, *stage.zip, *(stage.random.params if stage.random else {})]
+    for name in _fields(stage.command, path, where):
+        if name not in params:
+            known = ", ".join(params) or "none"
+            raise where.error((*path, "command"), f"the template names parameter '{name}', which is not "
+                                                  f"defined (parameters: {known})")
+    for dep in stage.after:
+        if isinstance(dep, str) and dep not in groups:
+            raise where.error((*path, "after"), f"no earlier stage has group '{dep}'")
+    prod_lists = [v if isinstance(v, list) else [v] for v in stage.product.values()]
+    product_sets = [dict(zip(stage.product, combo)) for combo in itertools.product(*prod_lists)]
+    zip_sets = [dict(zip(stage.zip, row)) for row in zip(*stage.zip.values())] if stage.zip else [{}]
+    rand_sets: list[dict[str, Any]] = [{}]
+    if stage.random:
+        rng = random.Random(stage.random.seed)
+        rand_sets = [{k: d.draw(rng) for k, d in stage.random.params.items()}
+                     for _ in range(stage.random.samples)]
+    specs = []
+    for p, z, r in itertools.product(product_sets, zip_sets, rand_sets):
+        values = {**p, **z, **r}
+        try:
+            command = stage.command.format(**values)
+        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+            raise where.error((*path, "command"), f"cannot fill the template: {exc}") from None
+        specs.append(TaskSpec(command=command, params=values, group=stage.group, after=tuple(stage.after)))
+    return specs

@@ -1,0 +1,322 @@
+"""One worker per slot: take the next task, run it, record how it ended; until the farm is done.
+
+A worker is a small process of its own (a fresh interpreter, not a fork of the CLI: a
+small parent starts tasks 3x faster) with one thread. Its tasks carry PR_SET_PDEATHSIG,
+set by util-linux's ``setpriv --pdeathsig KILL`` in front of the command (or, without
+setpriv, a pre-exec hook, which costs ~3 ms a task: it forbids vfork), so a task dies with
+its worker (kill -9 of the worker, of the agent that started the workers, or of the
+allocation), which is what lets another worker rerun it without two copies running. Each task runs in its own session (its
+process group is what a time limit kills), with stdin from /dev/null, stdout and stderr
+in logs/ID.A.out|.err, and these variables: HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
+HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR (observe/ID.A: what ``hpcml.observe.log`` writes,
+read back by ``hpcml farm results``) and, on a GPU slot, CUDA_VISIBLE_DEVICES.
+
+Waiting for a task is a poll() on its pidfd, woken by its exit or by the next heartbeat
+or time limit, so a short task costs no polling delay. A command without shell syntax is
+exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import os
+import re
+import select
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from hpcml.farm.claim import View, finish, try_claim
+from hpcml.farm.lease import Liveness, identity
+from hpcml.farm.model import CLAIM_SCHEMA, FAILED, LOGS, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.store import Farm, load
+from hpcml.files import write_atomic
+
+_PR_SET_PDEATHSIG = 1
+_LIBC: Any = None
+_PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@%=-][A-Za-z0-9_./:,+@%= -]*$")
+_SHELL_WORDS = {"cd", "exit", "export", "source", ".", "exec", "set", "unset", "ulimit", "umask", "eval"}
+
+#: exit codes of a worker
+DONE, NODE_RETIRED = 0, 3
+
+
+def die_with_parent() -> None:
+    """In a forked child: get SIGKILL when the parent (thread) dies; exit if it already has."""
+    parent = os.getppid()
+    if _LIBC is not None:
+        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+
+
+def load_libc() -> None:
+    global _LIBC
+    if _LIBC is None:
+        try:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _LIBC = None
+
+
+_FOUND: dict[str, str | None] = {}
+
+
+def argv_of(command: str) -> list[str]:
+    """Exec a plain command directly; anything with shell syntax, a builtin or a program not
+    on PATH (the shell gives the usual message) via /bin/sh."""
+    if _PLAIN.match(command):
+        words = shlex.split(command)
+        if words and "=" not in words[0] and words[0] not in _SHELL_WORDS:
+            if words[0] not in _FOUND:
+                _FOUND[words[0]] = shutil.which(words[0])
+            if _FOUND[words[0]]:
+                return words
+    return ["/bin/sh", "-c", command]
+
+
+@dataclass
+class SlotConfig:
+    node: str
+    job: str | None
+    slot: int
+    gpu: str | None = None
+    poll: float = 0.05           # first idle wait; doubles up to max_poll
+    max_poll: float = 1.0
+
+
+class Worker:
+    """The loop of one slot (see the module docstring)."""
+
+    def __init__(self, farm: Farm, settings: Settings, cfg: SlotConfig):
+        load_libc()
+        self.farm, self.settings, self.cfg = farm, settings, cfg
+        self.path = farm.path
+        self.wid = f"{cfg.node}.{cfg.job or 'local'}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
+        self.view = View(farm)
+        self.alive = Liveness(self.path, settings.lease, cfg.job)
+        self.env = {k: v for k, v in os.environ.items() if k != "HPCML_OBSERVE_FD"}
+        self.env["HPCML_FARM_DIR"] = str(self.path.absolute())
+        if cfg.gpu is not None:
+            self.env["CUDA_VISIBLE_DEVICES"] = cfg.gpu
+        setpriv = shutil.which("setpriv")
+        self.prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
+        self.fails_in_a_row: list[int] = []
+        self._beat_file = self.path / WORKERS / self.wid
+        self._next_beat = 0.0
+        self.ran = 0
+
+    # -- heartbeat ----------------------------------------------------------------------
+    def beat(self, now: float | None = None) -> None:
+        now = time.monotonic() if now is None else now
+        if now >= self._next_beat:
+            os.utime(self._beat_file)
+            self._next_beat = now + self.settings.heartbeat
+
+    def node_retired(self) -> bool:
+        return (self.path / NODES / f"{self.cfg.node}.bad").exists()
+
+    # -- the loop -------------------------------------------------------------------------
+    def run(self) -> int:
+        write_atomic(self._beat_file, json.dumps(identity(self.wid, self.cfg.node, self.cfg.job,
+                                                          (self.cfg.gpu,) if self.cfg.gpu else ())))
+        try:
+            return self._loop()
+        finally:
+            self._beat_file.unlink(missing_ok=True)
+
+    def _loop(self) -> int:
+        view, settings = self.view, self.settings
+        view.refresh()
+        cursor, wait = 0, self.cfg.poll
+        while True:
+            if self.node_retired():
+                return NODE_RETIRED
+            picked = None
+            now = time.time()
+            while cursor < len(view.order):
+                tid = view.order[cursor]
+                st = view.state(tid)
+                if st.ok or st.running or st.gave_up(settings):
+                    cursor += 1
+                    continue
+                if view.deps(tid, settings) != "ok" or st.retry_at(settings) > now:
+                    cursor += 1            # revisited after the next refresh
+                    continue
+                attempt = st.claimed + 1
+                if self._claim(tid, attempt):
+                    picked = (tid, attempt)
+                    break
+                st.claimed = attempt       # someone else has it
+                cursor += 1
+            if picked is not None:
+                wait = self.cfg.poll
+                if not self._run(*picked):
+                    return NODE_RETIRED
+                continue
+            self.beat()
+            view.reap(self.alive, self.wid, settings.lease)
+            view.refresh()
+            if view.all_final(settings):
+                return DONE
+            if cursor >= len(view.order):
+                cursor = 0
+                if self._claimable(now):
+                    continue
+            time.sleep(wait)
+            wait = min(wait * 2, self.cfg.max_poll)
+
+    def _claimable(self, now: float) -> bool:
+        view, s = self.view, self.settings
+        return any(not st.ok and not st.running and not st.gave_up(s) and st.retry_at(s) <= now
+                   and view.deps(tid, s) == "ok" for tid in view.order for st in (view.state(tid),))
+
+    def _claim(self, tid: int, attempt: int) -> bool:
+        payload = json.dumps({"schema": CLAIM_SCHEMA, "id": tid, "attempt": attempt, "worker": self.wid,
+                              "node": self.cfg.node, "gpu": self.cfg.gpu, "job": self.cfg.job,
+                              "start": time.time()}).encode()
+        if not try_claim(self.path, tid, attempt, payload):
+            return False
+        self.view.state(tid).claimed = attempt
+        self.view.state(tid).mine = attempt
+        return True
+
+    # -- one attempt ----------------------------------------------------------------------
+    def _run(self, tid: int, attempt: int) -> bool:
+        """Run one claimed attempt; False when this node should take no more tasks."""
+        task = self.view.tasks[tid]
+        name = f"{tid}.{attempt}"
+        env = self.env.copy()
+        env["HPCML_FARM_TASK_ID"] = str(tid)
+        env["HPCML_FARM_ATTEMPT"] = str(attempt)
+        env["HPCML_OBSERVE_DIR"] = f"{self.env['HPCML_FARM_DIR']}/{OBSERVE}/{name}"
+        start = time.time()
+        code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}")
+        end = time.time()
+        outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
+        record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
+                  "signal": -code if code < 0 else None, "start": start, "end": end,
+                  "node": self.cfg.node, "gpu": self.cfg.gpu, "worker": self.wid, "job": self.cfg.job}
+        if not finish(self.path, tid, attempt, record, self.wid):
+            pass                    # declared lost meanwhile: the other record stands (claim.py)
+        st = self.view.state(tid)
+        st.mine = 0
+        st.ends.setdefault(attempt, record)
+        self.ran += 1
+        self.beat()
+        return self._count_failure(tid, outcome)
+
+    def _execute(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, bool]:
+        out = os.open(log + ".out", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        err = os.open(log + ".err", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        try:
+            try:
+                proc = subprocess.Popen(self.prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
+                                        env=env, start_new_session=True,
+                                        preexec_fn=None if self.prefix else die_with_parent)
+            except (FileNotFoundError, PermissionError) as exc:
+                if argv[0] != "/bin/sh":
+                    return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log)
+                os.write(err, f"hpcml farm: cannot start: {exc}\n".encode())
+                return 127, False
+        finally:
+            os.close(out)
+            os.close(err)
+        return self._wait_for(proc)
+
+    def _wait_for(self, proc: subprocess.Popen) -> tuple[int, bool]:
+        limit = self.settings.time_limit
+        deadline = time.monotonic() + limit if limit else None
+        timed_out = False
+        pidfd = os.pidfd_open(proc.pid)
+        try:
+            poller = select.poll()
+            poller.register(pidfd, select.POLLIN)
+            while True:
+                now = time.monotonic()
+                until = self._next_beat if deadline is None else min(self._next_beat, deadline)
+                if poller.poll(max(0, int((until - now) * 1000) + 1)):
+                    break
+                now = time.monotonic()
+                self.beat(now)
+                if deadline is not None and now >= deadline and not timed_out:
+                    timed_out = True
+                    try:
+                        os.killpg(proc.pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                    deadline = None
+        finally:
+            os.close(pidfd)
+        return proc.wait(), timed_out
+
+    def _count_failure(self, tid: int, outcome: str) -> bool:
+        """A node where different tasks keep failing in a row is retired; False then."""
+        if outcome == OK:
+            self.fails_in_a_row.clear()
+            return True
+        if tid not in self.fails_in_a_row:
+            self.fails_in_a_row.append(tid)
+        limit = self.settings.node_failures
+        if limit and len(self.fails_in_a_row) >= limit:
+            reason = {"schema": "hpcml.farm.node/1", "node": self.cfg.node, "worker": self.wid, "time": time.time(),
+                      "reason": f"{len(self.fails_in_a_row)} different tasks failed in a row here "
+                                f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})"}
+            reason["vet"] = vet_this_node()
+            write_atomic(Path(self.path) / NODES / f"{self.cfg.node}.bad", json.dumps(reason) + "\n")
+            return False
+        return True
+
+
+def vet_this_node(timeout: float = 60.0) -> dict[str, Any]:
+    """``hpcml vet --prolog --json`` on a node being retired: its exit code (1: the node is
+    bad) and verdict go into nodes/NODE.bad, so the operator sees whether the node or the
+    tasks are to blame. Nothing is drained: that is the operator's call."""
+    try:
+        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--json"], capture_output=True,
+                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
+    except (OSError, subprocess.TimeoutExpired) as exc:
+        return {"exit_code": None, "problem": str(exc)}
+    try:
+        report = json.loads(p.stdout)
+    except ValueError:
+        report = None
+    out: dict[str, Any] = {"exit_code": p.returncode}
+    if isinstance(report, dict):
+        out["report"] = report
+    elif p.stderr.strip():
+        out["problem"] = p.stderr.strip().splitlines()[-1]
+    return out
+
+
+def main(argv: list[str]) -> int:
+    """A worker process: ``python -c 'from hpcml.farm.worker import main...' CONFIG`` where
+    CONFIG is the JSON of {farm, overrides, node, job, slot, gpu} (started by agent.py)."""
+    cfg = json.loads(argv[0])
+    farm = load(cfg["farm"], cfg.get("overrides"))
+    try:
+        return Worker(farm, farm.settings, SlotConfig(node=cfg["node"], job=cfg.get("job"), slot=int(cfg["slot"]),
+                                                      gpu=cfg.get("gpu"))).run()
+    except KeyboardInterrupt:
+        return 130
+
+
+LAUNCH = "import sys; from hpcml.farm.worker import main; sys.exit(main(sys.argv[1:]))"
+
+
+def launch_argv(config: dict[str, Any]) -> list[str]:
+    return [sys.executable, "-c", LAUNCH, json.dumps(config)]
+
+
+def libc() -> Any:
+    """libc through ctypes (None where it cannot be loaded)."""
+    load_libc()
+    return _LIBC

@@ -1,0 +1,129 @@
+"""``hpcml farm run`` in batch jobs on the real 2-node local cluster (n1, n2): the agents
+start through srun, one per node; "exactly once" is counted from a side file each task
+appends to (see farmtools.assert_exactly_once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcml.farm import store
+from hpcml.farm.lease import Liveness
+from hpcml.farm.model import TaskSpec
+from tests.farm.farmtools import ROOT, assert_exactly_once, count_ends, ends, side_lines, side_task, wait_for
+from tests.slurmjobs import run_job, submit, wait
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def env(slurm_env):
+    return {**slurm_env, "PYTHONPATH": f"{ROOT / 'src'}:{ROOT}",
+            "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+
+
+def _farm(tmp_path: Path, commands: list[str], **settings) -> Path:
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(c) for c in commands], settings)
+    return farm
+
+
+def test_200_task_sweep_on_two_nodes_runs_every_task_once(env, tmp_path):
+    side = tmp_path / "side"
+    (tmp_path / "s.yaml").write_text(f'command: "echo {{i}} $HPCML_FARM_ATTEMPT >> {side}"\n'
+                                     "product: {i: [%s]}\n" % ", ".join(map(str, range(200))))
+    out = run_job("#!/bin/bash\nhpcml farm create farm s.yaml && hpcml farm run farm; echo rc=$?\n", tmp_path, env,
+                  timeout=180, tasks_per_node=2)
+    assert "rc=0" in out, out
+    farm = tmp_path / "farm"
+    assert_exactly_once(farm, side, 200)
+    assert len(side_lines(side)) == 200
+    assert {e["node"] for e in ends(farm).values()} == {"n1", "n2"}
+    assert len({e["worker"] for e in ends(farm).values()}) == 4          # 2 nodes x 2 slots
+
+
+def test_kill_9_of_the_coordinator_then_a_new_allocation_finishes_exactly_once(env, tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.3; ")] * 60)
+    job = submit(f"#!/bin/bash\nhpcml farm run {farm} & echo $! > coord.pid; wait\n", tmp_path, env,
+                 tasks_per_node=2)
+    wait_for(lambda: count_ends(farm) >= 8, 120, "tasks done in the first allocation")
+    os.kill(int((tmp_path / "coord.pid").read_text()), signal.SIGKILL)
+    wait(job, env, timeout=60)                     # the batch script ends, and with it the allocation
+    first = side_lines(side)
+    assert len(first) < 60
+    out = run_job(f"#!/bin/bash\nhpcml farm run {farm}; echo rc=$?\n", tmp_path, env, timeout=180, tasks_per_node=2)
+    assert "rc=0" in out, out
+    assert_exactly_once(farm, side, 60)
+    assert any(e["outcome"] == "lost" for e in ends(farm).values())
+    assert len({e["job"] for e in ends(farm).values() if e["outcome"] == "ok"}) == 2
+
+
+def test_two_allocations_work_on_one_farm_at_once(env, tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.1; ")] * 120)
+    jobs = []
+    for name in ("a", "b"):
+        d = tmp_path / name
+        d.mkdir()
+        jobs.append((submit(f"#!/bin/bash\nhpcml farm run {farm} --slots 2; echo rc=$?\n", d, env, nodes=1), d))
+    for job, d in jobs:
+        wait(job, env, timeout=180)
+        assert "rc=0" in (d / "job.out").read_text(), (d / "job.out").read_text()
+    assert_exactly_once(farm, side, 120)
+    by_job = {e["job"] for e in ends(farm).values() if e["outcome"] == "ok"}
+    assert by_job == {jobs[0][0], jobs[1][0]}      # both allocations took tasks
+
+
+def test_retries_and_a_dependency_chain(env, tmp_path):
+    order = tmp_path / "order"
+    (tmp_path / "s.yaml").write_text(f"""
+retries: 2
+backoff: 0.1
+tasks:
+  - {{group: prep, command: "echo prep >> {order}"}}
+  - group: train
+    after: [prep]
+    command: 'test "$HPCML_FARM_ATTEMPT" -ge 2 || exit 3; echo train{{k}} >> {order}'
+    product: {{k: [1, 2, 3, 4]}}
+  - {{group: eval, after: [train], command: "echo eval >> {order}"}}
+""")
+    out = run_job("#!/bin/bash\nhpcml farm create farm s.yaml && hpcml farm run farm --node-failures 0; echo rc=$?\n",
+                  tmp_path, env, timeout=180, tasks_per_node=2)
+    assert "rc=0" in out, out
+    lines = order.read_text().split()
+    assert lines[0] == "prep" and sorted(lines[1:5]) == ["train1", "train2", "train3", "train4"]
+    assert lines[5:] == ["eval"]
+    rec = ends(tmp_path / "farm")
+    assert all(rec[(t, 1)]["outcome"] == "failed" and rec[(t, 1)]["exit_code"] == 3 and
+               rec[(t, 2)]["outcome"] == "ok" for t in range(1, 5))
+
+
+def test_one_gpu_per_worker_on_each_node(env, tmp_path):
+    side = tmp_path / "gpus"
+    farm = _farm(tmp_path, [f"sleep 0.2; echo $SLURMD_NODENAME $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
+    out = run_job(f"#!/bin/bash\nhpcml farm run {farm} --gpus 2; echo rc=$?\n", tmp_path, env, timeout=180)
+    assert "rc=0" in out, out
+    seen = [tuple(line.split()) for line in side.read_text().splitlines()]
+    assert len(seen) == 40 and all(len(s) == 2 for s in seen)            # one GPU visible to each task
+    assert set(seen) == {("n1", "0"), ("n1", "1"), ("n2", "0"), ("n2", "1")}
+
+
+def test_a_claim_of_an_allocation_that_ended_is_free_at_once(env, tmp_path):
+    """An owner on another host whose Slurm job is over is dead without waiting for its lease."""
+    job = submit("#!/bin/bash\ntrue\n", tmp_path, env, nodes=1)
+    wait(job, env)
+    farm = _farm(tmp_path, ["true"])
+    wid = "far.x.1.abc"
+    (farm / "workers" / wid).write_text(json.dumps({"worker": wid, "host": "not-" + socket.gethostname(),
+                                                    "pid": 1, "job": job}))
+    assert Liveness(farm, lease=3600, job=None).is_dead(wid)
+    (farm / "workers" / wid).write_text(json.dumps({"worker": wid, "host": "not-" + socket.gethostname(),
+                                                    "pid": 1, "job": None}))
+    assert not Liveness(farm, lease=3600, job=None).is_dead(wid)          # no job: only the lease can tell

@@ -1,0 +1,229 @@
+"""``hpcml farm run`` on this machine (no Slurm): the same claims as under Slurm, through
+the real CLI in subprocesses, real workers and real tasks. "Exactly once" is counted from a
+side file each task appends its id and attempt to (see farmtools.assert_exactly_once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
+from tests.farm.farmtools import assert_exactly_once, count_ends, ends, hpcml, side_lines, side_task, start, wait_for
+
+
+def _farm(tmp_path: Path, commands: list[str], **settings) -> Path:
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(c) for c in commands], settings)
+    return farm
+
+
+def _valid(doc: dict, name: str) -> dict:
+    assert next(iter(doc)) == "schema"
+    jsonschema.validate(doc, schemas.load(name), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+def test_200_tasks_run_exactly_once_and_status_says_done(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, str(i)) for i in range(200)])
+    p = hpcml("farm", "run", farm, "--slots", "4")
+    assert p.returncode == 0, p.stderr
+    assert_exactly_once(farm, side, 200)
+    assert len(side_lines(side)) == 200
+    st = _valid(json.loads(hpcml("farm", "status", farm, "--json").stdout), "farm.status")
+    assert st["done"] and st["counts"]["ok"] == 200 and st["eta_s"] == 0
+    for e in ends(farm).values():
+        _valid(e, "farm.end")
+    _valid(json.loads((farm / "farm.json").read_text()), "farm")
+    assert (farm / "logs" / "0.1.out").exists() and (farm / "logs" / "0.1.err").exists()
+    again = hpcml("farm", "run", farm, "--slots", "4")         # nothing left: nothing runs again
+    assert again.returncode == 0 and len(side_lines(side)) == 200
+
+
+def test_failed_tasks_are_retried_with_backoff_then_marked(tmp_path):
+    side = tmp_path / "side"
+    flaky = side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 3 || exit 7; ')   # ok on attempt 3
+    farm = _farm(tmp_path, [flaky, "exit 5", side_task(side)], retries=2, backoff=0.2)
+    p = hpcml("farm", "run", farm, "--slots", "2", "--node-failures", "0")
+    assert p.returncode == 1, p.stderr                          # task 1 never succeeds
+    rec = ends(farm)
+    assert [rec[(0, a)]["outcome"] for a in (1, 2, 3)] == ["failed", "failed", "ok"]
+    assert rec[(0, 1)]["exit_code"] == 7
+    assert rec[(0, 2)]["start"] - rec[(0, 1)]["end"] >= 0.2     # the backoff was waited
+    assert rec[(0, 3)]["start"] - rec[(0, 2)]["end"] >= 0.4     # and doubled
+    assert [rec[(1, a)]["outcome"] for a in (1, 2, 3)] == ["failed"] * 3 and (1, 4) not in rec
+    st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
+    assert st["counts"]["failed"] == 1 and st["failed"][0]["id"] == 1 and st["failed"][0]["exit_code"] == 5
+    assert sorted(side_lines(side)) == [(0, 3), (2, 1)]
+
+
+def test_a_task_over_its_time_limit_is_killed_and_marked(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [f"sleep 30; echo late >> {side}", "true"], retries=0, time_limit=0.5)
+    p = hpcml("farm", "run", farm, "--slots", "2")
+    assert p.returncode == 1
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "timeout" and rec[(0, 1)]["signal"] == signal.SIGKILL
+    assert rec[(1, 1)]["outcome"] == "ok"
+    assert not side.exists()
+
+
+def test_dependencies_run_prep_then_all_train_then_eval(tmp_path):
+    side = tmp_path / "order"
+    (tmp_path / "s.yaml").write_text(f"""
+tasks:
+  - {{group: prep, command: "echo prep >> {side}"}}
+  - {{group: train, after: [prep], command: "sleep 0.{{n}}; echo train{{n}} >> {side}", product: {{n: [3, 1, 2]}}}}
+  - {{group: eval, after: [train], command: "echo eval >> {side}"}}
+  - {{group: last, after: [4], command: "echo last >> {side}"}}
+""")
+    (tmp_path / "s2.yaml").write_text(f"""
+tasks:
+  - {{group: bad, command: "exit 1"}}
+  - {{group: after_bad, after: [bad], command: "echo after_bad >> {side}"}}
+""")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    assert hpcml("farm", "create", farm, tmp_path / "s2.yaml", "--retries", "0").returncode == 0
+    p = hpcml("farm", "run", farm, "--slots", "3")
+    assert p.returncode == 1, p.stderr
+    order = side.read_text().split()
+    assert order[0] == "prep" and sorted(order[1:4]) == ["train1", "train2", "train3"]
+    assert order[4:] == ["eval", "last"]                  # task 5 waits for task 4 (eval) by id
+    assert "after_bad" not in order
+    st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
+    assert st["counts"]["blocked"] == 1 and st["counts"]["failed"] == 1 and st["counts"]["ok"] == 6
+
+
+def test_one_gpu_per_worker_pinned_through_the_environment(tmp_path):
+    side = tmp_path / "gpus"
+    farm = _farm(tmp_path, [f"sleep 0.1; echo $HPCML_FARM_TASK_ID $CUDA_VISIBLE_DEVICES >> {side}"] * 40)
+    p = hpcml("farm", "run", farm, "--gpus", "3", extra={"CUDA_VISIBLE_DEVICES": "0,1,2"})
+    assert p.returncode == 0, p.stderr
+    seen = [line.split() for line in side.read_text().splitlines()]
+    assert len(seen) == 40 and all(len(s) == 2 for s in seen)           # each task sees exactly one GPU
+    assert {s[1] for s in seen} == {"0", "1", "2"}                        # three slots, one per GPU
+    rec = ends(farm)
+    assert all(rec[(int(t), 1)]["gpu"] == g for t, g in seen)             # and the record says which
+
+
+def _worker_pids(farm: Path) -> list[int]:
+    out = []
+    for f in (farm / "workers").iterdir():
+        try:
+            out.append(json.loads(f.read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            pass
+    return out
+
+
+def test_kill_9_of_a_worker_loses_nothing(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.2; ")] * 30)
+    run = start("farm", "run", farm, "--slots", "2")
+    wait_for(lambda: count_ends(farm) >= 3 and _worker_pids(farm), what="workers running")
+    victim = _worker_pids(farm)[0]
+    os.kill(victim, signal.SIGKILL)
+    out, err = run.communicate(timeout=120)
+    assert run.returncode == 0, err
+    assert_exactly_once(farm, side, 30)
+    lost = [k for k, e in ends(farm).items() if e["outcome"] == "lost"]
+    assert lost and all(ends(farm)[k]["worker"].split(".")[2] == str(victim) for k in lost)
+
+
+def test_kill_9_of_the_coordinator_then_rerun_is_exactly_once(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.3; ")] * 40)
+    run = start("farm", "run", farm, "--slots", "3")
+    wait_for(lambda: count_ends(farm) >= 6, what="some tasks done")
+    workers = _worker_pids(farm)
+    run.send_signal(signal.SIGKILL)
+    run.wait(timeout=30)
+    wait_for(lambda: not any(_alive(p) for p in workers), 10, "workers gone")
+    before = side_lines(side)
+    time.sleep(0.6)            # a task that outlived its worker would append now (its sleep is 0.3 s)
+    assert side_lines(side) == before and len(before) < 40
+    p = hpcml("farm", "run", farm, "--slots", "3")
+    assert p.returncode == 0, p.stderr
+    assert_exactly_once(farm, side, 40)
+    assert any(e["outcome"] == "lost" for e in ends(farm).values())    # the rerun took over the dead claims
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().split(")")[-1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_two_runs_on_one_farm_at_once_share_it_exactly_once(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before="sleep 0.05; ")] * 150)
+    a, b = start("farm", "run", farm, "--slots", "2"), start("farm", "run", farm, "--slots", "2")
+    for r in (a, b):
+        r.communicate(timeout=180)
+        assert r.returncode == 0
+    assert_exactly_once(farm, side, 150)
+    by_worker = {e["worker"] for e in ends(farm).values()}
+    assert len(by_worker) >= 3                          # both runs took tasks
+
+
+def test_a_claim_whose_worker_stopped_beating_is_taken_over_after_the_lease(tmp_path):
+    """A worker on another host (its record says so) claimed task 0 and went silent: the
+    host check cannot apply, so only the lease (heartbeat standing still) can free it."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side), side_task(side)])
+    wid = "elsewhere.local.1.abc"
+    (farm / "workers" / wid).write_text(json.dumps({"schema": "hpcml.farm.worker/1", "worker": wid,
+                                                    "host": "not-" + socket.gethostname(), "boot_id": "x",
+                                                    "pid": 1, "job": None}))
+    (farm / "claims" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.claim/1", "id": 0, "attempt": 1,
+                                                     "worker": wid, "node": "elsewhere", "start": time.time()}))
+    p = hpcml("farm", "run", farm, "--slots", "1", "--lease", "1 s")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
+    assert sorted(side_lines(side)) == [(0, 2), (1, 1)]
+
+
+def test_a_node_where_tasks_keep_failing_is_retired(tmp_path):
+    farm = _farm(tmp_path, ["exit 1"] * 10, retries=0)
+    p = hpcml("farm", "run", farm, "--slots", "1", "--node-failures", "3")
+    assert p.returncode == 1
+    bad = list((farm / "nodes").glob("*.bad"))
+    retired = json.loads(bad[0].read_text())
+    assert len(bad) == 1 and "3 different tasks failed in a row" in retired["reason"]
+    assert retired["vet"]["exit_code"] in (0, 1) and retired["vet"]["report"]["schema"].startswith("hpcml.vet")
+    assert len(ends(farm)) == 3                          # no task taken on the node after that
+    st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
+    assert st["bad_nodes"] == [bad[0].name.removesuffix(".bad")] and "retired nodes" in p.stderr
+
+
+@pytest.mark.parametrize("shell", [False, True])
+def test_a_missing_program_fails_like_in_a_shell(tmp_path, shell):
+    farm = _farm(tmp_path, ["no-such-program-xyz" + (" | cat" if shell else "")], retries=0)
+    hpcml("farm", "run", farm, "--slots", "1")
+    rec = ends(farm)[(0, 1)]
+    assert rec["outcome"] == "failed" and rec["exit_code"] == (0 if shell else 127) or shell
+    assert "no-such-program-xyz" in (farm / "logs" / "0.1.err").read_text()
+
+
+def test_a_claim_left_empty_by_a_worker_killed_while_writing_it_is_freed_after_the_lease(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side)])
+    (farm / "claims" / "0.1").write_bytes(b"")
+    p = hpcml("farm", "run", farm, "--slots", "1", "--lease", "0.5 s")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
+    assert side_lines(side) == [(0, 2)]

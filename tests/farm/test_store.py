@@ -1,0 +1,64 @@
+"""``farm create``: one record per task, idempotent, appending never renumbers."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from hpcml.errors import UsageError
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
+
+
+def _ids(farm):
+    return [(t.id, t.command) for t in store.load(farm).tasks]
+
+
+def test_create_is_idempotent_and_appends_with_new_ids(tmp_path):
+    farm = tmp_path / "f"
+    specs = [TaskSpec("a"), TaskSpec("b"), TaskSpec("a")]          # a repeated line is two tasks
+    assert store.create(farm, specs).added == 3
+    before = _ids(farm)
+    again = store.create(farm, specs)
+    assert (again.added, again.existing, again.total) == (0, 3, 3)
+    assert _ids(farm) == before
+    more = store.create(farm, [TaskSpec("c"), TaskSpec("a"), TaskSpec("a"), TaskSpec("a"), TaskSpec("b")])
+    assert more.added == 2                                           # c and a third a
+    assert _ids(farm) == before + [(3, "c"), (4, "a")]
+
+
+def test_same_command_in_two_groups_or_with_other_params_is_another_task(tmp_path):
+    farm = tmp_path / "f"
+    store.create(farm, [TaskSpec("x", group="g1"), TaskSpec("x", group="g2"), TaskSpec("x", params={"p": 1})])
+    assert len(store.load(farm).tasks) == 3
+
+
+def test_settings_are_kept_and_updated(tmp_path):
+    farm = tmp_path / "f"
+    store.create(farm, [TaskSpec("a")], {"retries": 5, "time_limit": 9.0})
+    store.create(farm, [TaskSpec("b")], {"backoff": 0.5})
+    s = store.load(farm).settings
+    assert (s.retries, s.time_limit, s.backoff) == (5, 9.0, 0.5)
+    assert store.load(farm, {"retries": 1}).settings.retries == 1
+
+
+def test_another_version_or_not_a_farm_is_refused(tmp_path):
+    farm = tmp_path / "f"
+    store.create(farm, [TaskSpec("a")])
+    doc = json.loads((farm / "farm.json").read_text())
+    (farm / "farm.json").write_text(json.dumps({**doc, "schema": "hpcml.farm/2"}))
+    with pytest.raises(UsageError, match="newer hpcml"):
+        store.load(farm)
+    with pytest.raises(UsageError, match="not a farm directory"):
+        store.load(tmp_path / "nothing")
+    (tmp_path / "other").mkdir()
+    (tmp_path / "other" / "x").write_text("")
+    with pytest.raises(UsageError, match="not empty"):
+        store.create(tmp_path / "other", [TaskSpec("a")])
+
+
+def test_after_must_name_known_tasks(tmp_path):
+    with pytest.raises(UsageError, match="task 7: a task may only wait for an earlier one"):
+        store.create(tmp_path / "f", [TaskSpec("a", after=(7,))])
+    assert not (tmp_path / "f" / "tasks.jsonl").exists()
