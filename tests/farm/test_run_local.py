@@ -17,6 +17,7 @@ import pytest
 from hpcml import schemas
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
+from hpcml.farm.status import Progress
 from tests.farm.farmtools import assert_exactly_once, count_ends, ends, hpcml, side_lines, side_task, start, wait_for
 
 
@@ -41,6 +42,7 @@ def test_200_tasks_run_exactly_once_and_status_says_done(tmp_path):
     assert len(side_lines(side)) == 200
     st = _valid(json.loads(hpcml("farm", "status", farm, "--json").stdout), "farm.status")
     assert st["done"] and st["counts"]["ok"] == 200 and st["eta_s"] == 0
+    assert Progress(farm)() == (200, 200)
     for e in ends(farm).values():
         _valid(e, "farm.end")
     _valid(json.loads((farm / "farm.json").read_text()), "farm")
@@ -227,3 +229,14 @@ def test_a_claim_left_empty_by_a_worker_killed_while_writing_it_is_freed_after_t
     rec = ends(farm)
     assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
     assert side_lines(side) == [(0, 2)]
+
+
+def test_kill_9_of_a_task_is_a_failure_that_is_retried(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || kill -9 $$; ')],
+                 retries=1, backoff=0)
+    p = hpcml("farm", "run", farm, "--slots", "1")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "failed" and rec[(0, 1)]["signal"] == signal.SIGKILL
+    assert rec[(0, 2)]["outcome"] == "ok" and side_lines(side) == [(0, 2)]

@@ -80,3 +80,16 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
     return {"schema": STATUS_SCHEMA, "farm": str(farm.path), "total": len(view.order), "counts": counts,
             "done": remaining == 0, "eta_s": eta, "workers": workers, "bad_nodes": sorted(view.bad_nodes),
             "running": running, "failed": failed, "settings": s.to_json()}
+
+
+class Progress:
+    """Tasks final out of all, for a progress bar: reads only the end records it has not
+    seen (a View kept between calls)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.farm, self.view = open_view(path)
+
+    def __call__(self) -> tuple[int, int]:
+        self.view.refresh()
+        s = self.farm.settings
+        return sum(1 for t in self.view.order if self.view.final(t, s)), len(self.view.order)

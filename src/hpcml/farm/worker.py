@@ -83,6 +83,68 @@ def argv_of(command: str) -> list[str]:
     return ["/bin/sh", "-c", command]
 
 
+class ExitWaiter:
+    """``wait(ms)``: True once the task has exited (not reaped), False after ``ms``."""
+
+    def wait(self, ms: int) -> bool:
+        raise NotImplementedError
+
+    def close(self) -> None:
+        pass
+
+
+class PidfdWaiter(ExitWaiter):
+    """poll() on the task's pidfd: woken by its exit, nothing else."""
+
+    def __init__(self, proc: subprocess.Popen):
+        self.fd = os.pidfd_open(proc.pid)
+        self.poller = select.poll()
+        self.poller.register(self.fd, select.POLLIN)
+
+    def wait(self, ms: int) -> bool:
+        return bool(self.poller.poll(ms))
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+class SigchldPipe:
+    """Without pidfds: SIGCHLD writes a byte to a pipe (``signal.set_wakeup_fd``), so a
+    task that exits between the check and the poll still wakes the worker."""
+
+    def __init__(self) -> None:
+        self.read, write = os.pipe()
+        os.set_blocking(self.read, False)
+        os.set_blocking(write, False)
+        signal.signal(signal.SIGCHLD, lambda *_: None)
+        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+        self.poller = select.poll()
+        self.poller.register(self.read, select.POLLIN)
+
+    def waiter(self, proc: subprocess.Popen) -> ExitWaiter:
+        pipe = self
+
+        class _Waiter(ExitWaiter):
+            def wait(self, ms: int) -> bool:
+                deadline = time.monotonic() + ms / 1000
+                while True:
+                    try:
+                        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
+                            return True
+                    except ChildProcessError:
+                        return True
+                    left = deadline - time.monotonic()
+                    if left <= 0:
+                        return False
+                    if pipe.poller.poll(int(left * 1000) + 1):
+                        try:
+                            while os.read(pipe.read, 512):
+                                pass
+                        except BlockingIOError:
+                            pass
+        return _Waiter()
+
+
 @dataclass
 class SlotConfig:
     node: str
@@ -112,6 +174,7 @@ class Worker:
         self.fails_in_a_row: list[int] = []
         self._beat_file = self.path / WORKERS / self.wid
         self._next_beat = 0.0
+        self._sigchld: SigchldPipe | None = None
         self.ran = 0
 
     # -- heartbeat ----------------------------------------------------------------------
@@ -233,17 +296,16 @@ class Worker:
         return self._wait_for(proc)
 
     def _wait_for(self, proc: subprocess.Popen) -> tuple[int, bool]:
+        """Wait for the task, beating and enforcing its time limit on the way."""
         limit = self.settings.time_limit
         deadline = time.monotonic() + limit if limit else None
         timed_out = False
-        pidfd = os.pidfd_open(proc.pid)
+        exited = self._exit_waiter(proc)
         try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
             while True:
                 now = time.monotonic()
                 until = self._next_beat if deadline is None else min(self._next_beat, deadline)
-                if poller.poll(max(0, int((until - now) * 1000) + 1)):
+                if exited.wait(max(0, int((until - now) * 1000) + 1)):
                     break
                 now = time.monotonic()
                 self.beat(now)
@@ -255,8 +317,16 @@ class Worker:
                         pass
                     deadline = None
         finally:
-            os.close(pidfd)
+            exited.close()
         return proc.wait(), timed_out
+
+    def _exit_waiter(self, proc: subprocess.Popen) -> ExitWaiter:
+        try:
+            return PidfdWaiter(proc)
+        except (AttributeError, OSError):       # kernels before 5.3 (RHEL 8's 4.18): no pidfd_open
+            if self._sigchld is None:
+                self._sigchld = SigchldPipe()
+            return self._sigchld.waiter(proc)
 
     def _count_failure(self, tid: int, outcome: str) -> bool:
         """A node where different tasks keep failing in a row is retired; False then."""

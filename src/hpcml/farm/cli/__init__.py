@@ -99,7 +99,23 @@ def run(
     """
     from hpcml.farm import agent, status
     t0 = time.time()
-    agent.run(farm, slots=slots, gpus=gpus, overrides=_settings(retries, backoff, time_limit, lease, node_failures))
+    overrides = _settings(retries, backoff, time_limit, lease, node_failures)
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        status.summarize(farm)                      # not a farm: one line, before the bar
+        count = status.Progress(farm)
+        with Progress(TextColumn(f"{farm}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True, auto_refresh=False) as bar:
+            task = bar.add_task("tasks", total=count()[1])
+
+            def update() -> None:
+                done, total = count()
+                bar.update(task, completed=done, total=total)
+                bar.refresh()
+            agent.run(farm, slots=slots, gpus=gpus, overrides=overrides, on_progress=update)
+    else:
+        agent.run(farm, slots=slots, gpus=gpus, overrides=overrides)
     doc = status.summarize(farm)
     c = doc["counts"]
     print(f"{farm}: {c['ok']} ok, {c['failed']} failed, {c['blocked']} blocked, "
