@@ -36,7 +36,7 @@ from typing import Any
 
 from hpcml.farm.claim import View, finish, try_claim
 from hpcml.farm.lease import Liveness, identity
-from hpcml.farm.model import CLAIM_SCHEMA, FAILED, LOGS, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
 
@@ -175,14 +175,19 @@ class Worker:
         self._beat_file = self.path / WORKERS / self.wid
         self._next_beat = 0.0
         self._sigchld: SigchldPipe | None = None
+        self._current: str | None = None         # the end record the running attempt will have
         self.ran = 0
 
     # -- heartbeat ----------------------------------------------------------------------
-    def beat(self, now: float | None = None) -> None:
+    def beat(self, now: float | None = None) -> bool:
+        """Touch the heartbeat when it is due; True if it was (then, while a task runs,
+        the caller also checks that its attempt has not been declared lost)."""
         now = time.monotonic() if now is None else now
         if now >= self._next_beat:
             os.utime(self._beat_file)
             self._next_beat = now + self.settings.heartbeat
+            return True
+        return False
 
     def node_retired(self) -> bool:
         return (self.path / NODES / f"{self.cfg.node}.bad").exists()
@@ -262,7 +267,9 @@ class Worker:
         env["HPCML_FARM_ATTEMPT"] = str(attempt)
         env["HPCML_OBSERVE_DIR"] = f"{self.env['HPCML_FARM_DIR']}/{OBSERVE}/{name}"
         start = time.time()
+        self._current = f"{self.path}/{ENDS}/{name}"
         code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}")
+        self._current = None
         end = time.time()
         outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
         record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
@@ -308,7 +315,10 @@ class Worker:
                 if exited.wait(max(0, int((until - now) * 1000) + 1)):
                     break
                 now = time.monotonic()
-                self.beat(now)
+                if self.beat(now) and self._current and os.path.exists(self._current):
+                    # fenced: another worker judged us dead and declared this attempt lost
+                    # (a false suspicion, e.g. a stalled filesystem): stop our copy now
+                    deadline = now
                 if deadline is not None and now >= deadline and not timed_out:
                     timed_out = True
                     try:
