@@ -21,8 +21,10 @@ Why a task runs to completion at most once, and is never lost:
 * A worker that dies (kill -9, node crash, allocation killed) leaves a claim without an
   end. Any other worker that finds the owner dead writes ``ends/ID.A`` = "lost" the same
   way (only one succeeds), and the task becomes claimable as attempt A+1. Should the owner
-  still be alive after all (a false suspicion), its own end fails with EEXIST and its
-  result is discarded: the end record is the fence, and the farm records the task once.
+  still be alive after all (a false suspicion: a stalled filesystem), its own end fails
+  with EEXIST and its result is discarded: the end record is the fence, and the farm
+  records the task once. It also looks for that fence at each heartbeat and kills its
+  copy, so two copies overlap by at most one heartbeat (lease/6) in that case.
 * The owner is judged dead, most certain first: on the same host (hostname and boot id),
   by its pid and process start time; under Slurm, by its job no longer running (scontrol,
   when the owner's job is another allocation); otherwise by its lease: the mtime of
