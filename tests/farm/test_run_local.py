@@ -256,3 +256,19 @@ def test_a_worker_fenced_off_by_a_false_suspicion_stops_its_copy(tmp_path):
     time.sleep(2.5)                                   # attempt 1's copy, had it lived, appends now
     assert side_lines(side) == [(0, 2)]
     assert ends(farm)[(0, 1)]["reason"] == "test"      # the owner's own end was refused
+
+
+def test_a_fenced_attempt_that_succeeded_anyway_is_not_counted_and_the_task_reruns(tmp_path):
+    """The suspicion came between two heartbeats and the copy finished: its "ok" is refused
+    (the "lost" record stands), so the task runs again and the farm records it ok once."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 1; ')])
+    run = start("farm", "run", farm, "--slots", "1")          # lease 60 s: no heartbeat within the task
+    wait_for(lambda: (farm / "claims" / "0.1").exists(), what="attempt 1 claimed")
+    (farm / "ends" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 1,
+                                                   "outcome": "lost", "end": time.time(), "reason": "test"}))
+    run.communicate(timeout=60)
+    assert run.returncode == 0
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
+    assert_exactly_once(farm, side, 1)

@@ -96,6 +96,15 @@ def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any], tmp_tag: 
     return won
 
 
+def read_record(path: str) -> dict[str, Any] | None:
+    """A claim or end record; None if it is not there or not complete yet."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
+
+
 @dataclass
 class TaskState:
     """What is known of one task: its attempts' claims and ends."""
@@ -186,26 +195,19 @@ class View:
                 st = self.state(parsed[0])
                 if parsed[1] in st.ends:
                     continue
-                rec = self._read(entry.path)
+                rec = read_record(entry.path)
                 if rec is not None:
                     st.ends[parsed[1]] = rec
                     st.claimed = max(st.claimed, parsed[1])
         self.bad_nodes = {n.removesuffix(".bad") for n in os.listdir(self.path / NODES) if n.endswith(".bad")}
         return grew
 
-    @staticmethod
-    def _read(path: str) -> dict[str, Any] | None:
-        try:
-            with open(path, "rb") as f:
-                return json.loads(f.read())
-        except (OSError, ValueError):
-            return None            # unreadable: treated as not there yet
 
     def owner(self, tid: int, attempt: int) -> dict[str, Any]:
         """The claim record of an attempt (cached: claims are never rewritten)."""
         key = (tid, attempt)
         if key not in self.owners:
-            rec = self._read(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
+            rec = read_record(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
             if rec is None:
                 return {}           # being written this instant: ask again next time
             self.owners[key] = rec
@@ -256,6 +258,6 @@ class View:
                 rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
                        "worker": owner.get("worker"), "reason": "its worker died"}
                 finish(self.path, tid, st.claimed, rec, tag)
-                st.ends.setdefault(st.claimed, self._read(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
+                st.ends.setdefault(st.claimed, read_record(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
                 n += 1
         return n

@@ -34,9 +34,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from hpcml.farm.claim import View, finish, try_claim
+from hpcml.farm.claim import View, finish, read_record, try_claim
 from hpcml.farm.lease import Liveness, identity
-from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
 
@@ -275,13 +275,15 @@ class Worker:
         record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
                   "signal": -code if code < 0 else None, "start": start, "end": end,
                   "node": self.cfg.node, "gpu": self.cfg.gpu, "worker": self.wid, "job": self.cfg.job}
-        if not finish(self.path, tid, attempt, record, self.wid):
-            pass                    # declared lost meanwhile: the other record stands (claim.py)
         st = self.view.state(tid)
         st.mine = 0
-        st.ends.setdefault(attempt, record)
         self.ran += 1
         self.beat()
+        if not finish(self.path, tid, attempt, record, self.wid):
+            # fenced: declared lost meanwhile; that record stands (claim.py), not ours
+            st.ends[attempt] = read_record(f"{self.path}/{ENDS}/{name}") or {**record, "outcome": LOST}
+            return True
+        st.ends[attempt] = record
         return self._count_failure(tid, outcome)
 
     def _execute(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, bool]:
