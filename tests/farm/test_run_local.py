@@ -272,3 +272,18 @@ def test_a_fenced_attempt_that_succeeded_anyway_is_not_counted_and_the_task_reru
     rec = ends(farm)
     assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
     assert_exactly_once(farm, side, 1)
+
+
+def test_tasks_appended_while_the_farm_runs_are_picked_up(tmp_path):
+    side = tmp_path / "side"
+    (tmp_path / "a.txt").write_text("".join(side_task(side, str(i), before="sleep 1; ") + "\n" for i in range(3)))
+    (tmp_path / "b.txt").write_text("".join(side_task(side, str(i), before="sleep 0.3; ") + "\n" for i in range(3, 5)))
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "a.txt").returncode == 0
+    run = start("farm", "run", farm, "--slots", "1")
+    wait_for(lambda: count_ends(farm) >= 1, what="first task done")
+    added = json.loads(hpcml("farm", "create", farm, tmp_path / "b.txt", "--json").stdout)
+    assert added["schema"] == "hpcml.farm.create/1" and (added["added"], added["total"]) == (2, 5)
+    run.communicate(timeout=60)
+    assert run.returncode == 0
+    assert_exactly_once(farm, side, 5)

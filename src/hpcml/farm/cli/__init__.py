@@ -66,7 +66,9 @@ def create(
     settings.update(_settings(retries, backoff, time_limit))
     res = store.create(farm, specs, settings)
     if as_json:
-        print(json.dumps({"farm": str(res.path), "added": res.added, "existing": res.existing, "total": res.total}))
+        from hpcml.schemas import tag
+        print(json.dumps({"schema": tag("farm.create", 1), "farm": str(res.path), "added": res.added,
+                          "existing": res.existing, "total": res.total}))
     else:
         print(f"{res.path}: {res.added} task(s) added, {res.existing} already there, {res.total} in all")
 
