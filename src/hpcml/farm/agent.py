@@ -87,7 +87,7 @@ def run(path: str | os.PathLike, *, slots: int | None = None, gpus: int | None =
 
 def _coordinate(path: Path, p: Plan, gpus: int | None, overrides: dict[str, Any],
                 on_progress: Progress | None = None) -> None:
-    argv = [sys.executable, "-m", "hpcml", "farm", "agent", str(path),
+    argv = [sys.executable, "-m", "hpcml", "farm", "agent", str(path.absolute()),
             "--node-slots", ",".join(map(str, p.slots))]
     if gpus is not None:
         argv += ["--gpus", str(gpus)]
