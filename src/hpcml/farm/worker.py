@@ -205,6 +205,9 @@ class Worker:
         view, settings = self.view, self.settings
         view.refresh()
         cursor, wait = 0, self.cfg.poll
+        # an idle worker lists claims/ and ends/ (N entries each) at most every max_poll s:
+        # growing with N keeps the metadata load of idle workers flat as farms grow
+        max_poll = max(self.cfg.max_poll, len(view.order) / 10_000)
         while True:
             if self.node_retired():
                 return NODE_RETIRED
@@ -240,7 +243,7 @@ class Worker:
                 if self._claimable(now):
                     continue
             time.sleep(wait)
-            wait = min(wait * 2, self.cfg.max_poll)
+            wait = min(wait * 2, max_poll)
 
     def _claimable(self, now: float) -> bool:
         view, s = self.view, self.settings
