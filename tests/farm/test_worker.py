@@ -12,7 +12,8 @@ import pytest
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
-from hpcml.farm.worker import SlotConfig, Worker, argv_of
+from hpcml.farm.process import argv_of
+from hpcml.farm.worker import SlotConfig, Worker
 
 
 @pytest.fixture(params=["pidfd", "sigchld"])

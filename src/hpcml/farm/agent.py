@@ -27,7 +27,8 @@ from typing import Any
 from hpcml.cluster import allocation, slurm
 from hpcml.errors import UsageError
 from hpcml.farm import store
-from hpcml.farm.worker import DONE, NODE_RETIRED, die_with_parent, launch_argv, libc
+from hpcml.farm.process import die_with_parent, libc
+from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
 
 RESPAWNS_PER_SLOT = 3
 

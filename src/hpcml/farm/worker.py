@@ -5,24 +5,23 @@ small parent starts tasks 3x faster) with one thread. Its tasks carry PR_SET_PDE
 set by util-linux's ``setpriv --pdeathsig KILL`` in front of the command (or, without
 setpriv, a pre-exec hook, which costs ~3 ms a task: it forbids vfork), so a task dies with
 its worker (kill -9 of the worker, of the agent that started the workers, or of the
-allocation), which is what lets another worker rerun it without two copies running. Each task runs in its own session (its
-process group is what a time limit kills), with stdin from /dev/null, stdout and stderr
+allocation), which is what lets another worker rerun it without two copies running.
+Each task runs in its own session (its process group is what a time limit kills), with
+stdin from /dev/null, stdout and stderr
 in logs/ID.A.out|.err, and these variables: HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
 HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR (observe/ID.A: what ``hpcml.observe.log`` writes,
 read back by ``hpcml farm results``) and, on a GPU slot, CUDA_VISIBLE_DEVICES.
 
 Waiting for a task is a poll() on its pidfd, woken by its exit or by the next heartbeat
 or time limit, so a short task costs no polling delay. A command without shell syntax is
-exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``.
+exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``
+(process.py). A node where tasks keep failing is retired (nodes.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import re
-import select
 import shlex
 import shutil
 import signal
@@ -31,118 +30,18 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 from hpcml.farm.claim import View, finish, read_record, try_claim
 from hpcml.farm.lease import Liveness, identity
 from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.nodes import retire
+from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, die_with_parent, load_libc
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
 
-_PR_SET_PDEATHSIG = 1
-_LIBC: Any = None
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@%=-][A-Za-z0-9_./:,+@%= -]*$")
-_SHELL_WORDS = {"cd", "exit", "export", "source", ".", "exec", "set", "unset", "ulimit", "umask", "eval"}
-
 #: exit codes of a worker
 DONE, NODE_RETIRED = 0, 3
-
-
-def die_with_parent() -> None:
-    """In a forked child: get SIGKILL when the parent (thread) dies; exit if it already has."""
-    parent = os.getppid()
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)
-
-
-def load_libc() -> None:
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _LIBC = None
-
-
-_FOUND: dict[str, str | None] = {}
-
-
-def argv_of(command: str) -> list[str]:
-    """Exec a plain command directly; anything with shell syntax, a builtin or a program not
-    on PATH (the shell gives the usual message) via /bin/sh."""
-    if _PLAIN.match(command):
-        words = shlex.split(command)
-        if words and "=" not in words[0] and words[0] not in _SHELL_WORDS:
-            if words[0] not in _FOUND:
-                _FOUND[words[0]] = shutil.which(words[0])
-            if _FOUND[words[0]]:
-                return words
-    return ["/bin/sh", "-c", command]
-
-
-class ExitWaiter:
-    """``wait(ms)``: True once the task has exited (not reaped), False after ``ms``."""
-
-    def wait(self, ms: int) -> bool:
-        raise NotImplementedError
-
-    def close(self) -> None:
-        pass
-
-
-class PidfdWaiter(ExitWaiter):
-    """poll() on the task's pidfd: woken by its exit, nothing else."""
-
-    def __init__(self, proc: subprocess.Popen):
-        self.fd = os.pidfd_open(proc.pid)
-        self.poller = select.poll()
-        self.poller.register(self.fd, select.POLLIN)
-
-    def wait(self, ms: int) -> bool:
-        return bool(self.poller.poll(ms))
-
-    def close(self) -> None:
-        os.close(self.fd)
-
-
-class SigchldPipe:
-    """Without pidfds: SIGCHLD writes a byte to a pipe (``signal.set_wakeup_fd``), so a
-    task that exits between the check and the poll still wakes the worker."""
-
-    def __init__(self) -> None:
-        self.read, write = os.pipe()
-        os.set_blocking(self.read, False)
-        os.set_blocking(write, False)
-        signal.signal(signal.SIGCHLD, lambda *_: None)
-        signal.set_wakeup_fd(write, warn_on_full_buffer=False)
-        self.poller = select.poll()
-        self.poller.register(self.read, select.POLLIN)
-
-    def waiter(self, proc: subprocess.Popen) -> ExitWaiter:
-        pipe = self
-
-        class _Waiter(ExitWaiter):
-            def wait(self, ms: int) -> bool:
-                deadline = time.monotonic() + ms / 1000
-                while True:
-                    try:
-                        if os.waitid(os.P_PID, proc.pid, os.WEXITED | os.WNOHANG | os.WNOWAIT) is not None:
-                            return True
-                    except ChildProcessError:
-                        return True
-                    left = deadline - time.monotonic()
-                    if left <= 0:
-                        return False
-                    if pipe.poller.poll(int(left * 1000) + 1):
-                        try:
-                            while os.read(pipe.read, 512):
-                                pass
-                        except BlockingIOError:
-                            pass
-        return _Waiter()
 
 
 @dataclass
@@ -352,34 +251,11 @@ class Worker:
             self.fails_in_a_row.append(tid)
         limit = self.settings.node_failures
         if limit and len(self.fails_in_a_row) >= limit:
-            reason = {"schema": "hpcml.farm.node/1", "node": self.cfg.node, "worker": self.wid, "time": time.time(),
-                      "reason": f"{len(self.fails_in_a_row)} different tasks failed in a row here "
-                                f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})"}
-            reason["vet"] = vet_this_node()
-            write_atomic(Path(self.path) / NODES / f"{self.cfg.node}.bad", json.dumps(reason) + "\n")
+            retire(self.path, self.cfg.node, self.wid,
+                   f"{len(self.fails_in_a_row)} different tasks failed in a row here "
+                   f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})")
             return False
         return True
-
-
-def vet_this_node(timeout: float = 60.0) -> dict[str, Any]:
-    """``hpcml vet --prolog --json`` on a node being retired: its exit code (1: the node is
-    bad) and verdict go into nodes/NODE.bad, so the operator sees whether the node or the
-    tasks are to blame. Nothing is drained: that is the operator's call."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--json"], capture_output=True,
-                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"exit_code": None, "problem": str(exc)}
-    try:
-        report = json.loads(p.stdout)
-    except ValueError:
-        report = None
-    out: dict[str, Any] = {"exit_code": p.returncode}
-    if isinstance(report, dict):
-        out["report"] = report
-    elif p.stderr.strip():
-        out["problem"] = p.stderr.strip().splitlines()[-1]
-    return out
 
 
 def main(argv: list[str]) -> int:
@@ -400,8 +276,3 @@ LAUNCH = "import sys; from hpcml.farm.worker import main; sys.exit(main(sys.argv
 def launch_argv(config: dict[str, Any]) -> list[str]:
     return [sys.executable, "-c", LAUNCH, json.dumps(config)]
 
-
-def libc() -> Any:
-    """libc through ctypes (None where it cannot be loaded)."""
-    load_libc()
-    return _LIBC
