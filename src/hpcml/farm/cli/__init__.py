@@ -250,12 +250,15 @@ def results_command(
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks")
+    command = not doc["params"]                  # a task file: the command says which task it is
     for col in ("id", "state", *doc["params"], *doc["metrics"], "s"):
         t.add_column(col, justify="right")
+    if command:
+        t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:
         t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
                   *(_fmt(r["metrics"].get(m)) for m in doc["metrics"]),
-                  "" if r["seconds"] is None else f"{r['seconds']:.1f}")
+                  "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))
     Console().print(t)
 
 
