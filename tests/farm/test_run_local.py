@@ -17,6 +17,7 @@ import pytest
 from hpcml import schemas
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
+from hpcml.farm.status import Progress
 from tests.farm.farmtools import assert_exactly_once, count_ends, ends, hpcml, side_lines, side_task, start, wait_for
 
 
@@ -41,6 +42,7 @@ def test_200_tasks_run_exactly_once_and_status_says_done(tmp_path):
     assert len(side_lines(side)) == 200
     st = _valid(json.loads(hpcml("farm", "status", farm, "--json").stdout), "farm.status")
     assert st["done"] and st["counts"]["ok"] == 200 and st["eta_s"] == 0
+    assert Progress(farm)() == (200, 200)
     for e in ends(farm).values():
         _valid(e, "farm.end")
     _valid(json.loads((farm / "farm.json").read_text()), "farm")
@@ -227,3 +229,61 @@ def test_a_claim_left_empty_by_a_worker_killed_while_writing_it_is_freed_after_t
     rec = ends(farm)
     assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
     assert side_lines(side) == [(0, 2)]
+
+
+def test_kill_9_of_a_task_is_a_failure_that_is_retried(tmp_path):
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || kill -9 $$; ')],
+                 retries=1, backoff=0)
+    p = hpcml("farm", "run", farm, "--slots", "1")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "failed" and rec[(0, 1)]["signal"] == signal.SIGKILL
+    assert rec[(0, 2)]["outcome"] == "ok" and side_lines(side) == [(0, 2)]
+
+
+def test_a_worker_fenced_off_by_a_false_suspicion_stops_its_copy(tmp_path):
+    """Another worker wrongly judged this one dead and recorded its attempt as lost: the
+    owner sees that at its next heartbeat, kills its copy, and its own end is refused."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 2; ')])
+    run = start("farm", "run", farm, "--slots", "1", "--lease", "0.6 s")
+    wait_for(lambda: (farm / "claims" / "0.1").exists(), what="attempt 1 claimed")
+    (farm / "ends" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 1,
+                                                   "outcome": "lost", "end": time.time(), "reason": "test"}))
+    run.communicate(timeout=60)
+    assert run.returncode == 0
+    time.sleep(2.5)                                   # attempt 1's copy, had it lived, appends now
+    assert side_lines(side) == [(0, 2)]
+    assert ends(farm)[(0, 1)]["reason"] == "test"      # the owner's own end was refused
+
+
+def test_a_fenced_attempt_that_succeeded_anyway_is_not_counted_and_the_task_reruns(tmp_path):
+    """The suspicion came between two heartbeats and the copy finished: its "ok" is refused
+    (the "lost" record stands), so the task runs again and the farm records it ok once."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 1; ')])
+    run = start("farm", "run", farm, "--slots", "1")          # lease 60 s: no heartbeat within the task
+    wait_for(lambda: (farm / "claims" / "0.1").exists(), what="attempt 1 claimed")
+    (farm / "ends" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 1,
+                                                   "outcome": "lost", "end": time.time(), "reason": "test"}))
+    run.communicate(timeout=60)
+    assert run.returncode == 0
+    rec = ends(farm)
+    assert rec[(0, 1)]["outcome"] == "lost" and rec[(0, 2)]["outcome"] == "ok"
+    assert_exactly_once(farm, side, 1)
+
+
+def test_tasks_appended_while_the_farm_runs_are_picked_up(tmp_path):
+    side = tmp_path / "side"
+    (tmp_path / "a.txt").write_text("".join(side_task(side, str(i), before="sleep 1; ") + "\n" for i in range(3)))
+    (tmp_path / "b.txt").write_text("".join(side_task(side, str(i), before="sleep 0.3; ") + "\n" for i in range(3, 5)))
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "a.txt").returncode == 0
+    run = start("farm", "run", farm, "--slots", "1")
+    wait_for(lambda: count_ends(farm) >= 1, what="first task done")
+    added = json.loads(hpcml("farm", "create", farm, tmp_path / "b.txt", "--json").stdout)
+    assert added["schema"] == "hpcml.farm.create/1" and (added["added"], added["total"]) == (2, 5)
+    run.communicate(timeout=60)
+    assert run.returncode == 0
+    assert_exactly_once(farm, side, 5)

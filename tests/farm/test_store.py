@@ -62,3 +62,11 @@ def test_after_must_name_known_tasks(tmp_path):
     with pytest.raises(UsageError, match="task 7: a task may only wait for an earlier one"):
         store.create(tmp_path / "f", [TaskSpec("a", after=(7,))])
     assert not (tmp_path / "f" / "tasks.jsonl").exists()
+
+
+def test_a_later_create_may_wait_for_a_group_made_earlier(tmp_path):
+    store.create(tmp_path / "f", [TaskSpec("train 1", group="train"), TaskSpec("train 2", group="train")])
+    store.create(tmp_path / "f", [TaskSpec("eval", group="eval", after=("train",))])
+    assert store.load(tmp_path / "f").tasks[-1].after == ("train",)
+    with pytest.raises(UsageError, match="group 'trian', which no task has"):
+        store.create(tmp_path / "f", [TaskSpec("eval2", after=("trian",))])

@@ -66,7 +66,9 @@ tasks:
     ("command: t {x}\nrandom: {samples: 0, seed: 1, params: {x: {choice: [1]}}}\n", "key 'random.samples'",
      "greater than or equal to 1"),
     ("command: [t\n", "s.yaml:2", "not valid YAML"),
-    ("tasks:\n  - {group: b, after: [a], command: t}\n", "key 'tasks[0].after'", "no earlier stage has group 'a'"),
+    ("tasks:\n  - {group: b, after: [a], command: t}\n  - {group: a, command: t}\n", "key 'tasks[0].after'",
+     "waits for group 'a', which this stage or a later one defines"),
+    ("tasks:\n  - {group: a, after: [a], command: t}\n", "key 'tasks[0].after'", "waits for group 'a'"),
     ("retries: -1\ncommand: t\n", "key 'retries'", "expected a count"),
     ("product: {a: [1]}\n", "key 'command'", "Field required"),
 ])

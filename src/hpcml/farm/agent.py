@@ -18,6 +18,8 @@ import os
 import signal
 import subprocess
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -25,7 +27,8 @@ from typing import Any
 from hpcml.cluster import allocation, slurm
 from hpcml.errors import UsageError
 from hpcml.farm import store
-from hpcml.farm.worker import DONE, NODE_RETIRED, die_with_parent, launch_argv, libc
+from hpcml.farm.process import die_with_parent, libc
+from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
 
 RESPAWNS_PER_SLOT = 3
 
@@ -66,20 +69,26 @@ def plan(slots: int | None = None, gpus: int | None = None) -> Plan:
     return Plan("local", (alloc.node,), (per_node,), bound, alloc.job_id)
 
 
+Progress = Callable[[], None]
+PROGRESS_S = 0.5
+
+
 def run(path: str | os.PathLike, *, slots: int | None = None, gpus: int | None = None,
-        overrides: dict[str, Any] | None = None) -> Plan:
-    """Run the farm until every task is final (or every node is retired)."""
+        overrides: dict[str, Any] | None = None, on_progress: Progress | None = None) -> Plan:
+    """Run the farm until every task is final (or every node is retired); ``on_progress``
+    is called every half second meanwhile (no thread: the caller's own loop)."""
     store.load(path, overrides)            # bad input ends here, before anything runs
     p = plan(slots, gpus)
     if p.mode == "slurm":
-        _coordinate(Path(path), p, gpus, overrides or {})
+        _coordinate(Path(path), p, gpus, overrides or {}, on_progress)
     else:
-        run_node(Path(path), p.slots[0], p.gpus, overrides)
+        run_node(Path(path), p.slots[0], p.gpus, overrides, on_progress)
     return p
 
 
-def _coordinate(path: Path, p: Plan, gpus: int | None, overrides: dict[str, Any]) -> None:
-    argv = [sys.executable, "-m", "hpcml", "farm", "agent", str(path),
+def _coordinate(path: Path, p: Plan, gpus: int | None, overrides: dict[str, Any],
+                on_progress: Progress | None = None) -> None:
+    argv = [sys.executable, "-m", "hpcml", "farm", "agent", str(path.absolute()),
             "--node-slots", ",".join(map(str, p.slots))]
     if gpus is not None:
         argv += ["--gpus", str(gpus)]
@@ -88,10 +97,14 @@ def _coordinate(path: Path, p: Plan, gpus: int | None, overrides: dict[str, Any]
             argv += [f"--{key.replace('_', '-')}", str(value)]
     cmd = slurm.srun_argv(argv, nodes=list(p.nodes), ntasks_per_node=1, extra=["--kill-on-bad-exit=0"])
     proc = subprocess.Popen(cmd, preexec_fn=die_with_parent)
+    while on_progress is not None and proc.poll() is None:
+        on_progress()
+        time.sleep(PROGRESS_S)
     proc.wait()
 
 
-def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str, Any] | None = None) -> int:
+def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str, Any] | None = None,
+             on_progress: Progress | None = None) -> int:
     """This node's agent: start ``slots`` workers and keep them going; 0 when they are done.
 
     The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): what a killed worker's task
@@ -114,7 +127,11 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
         spawn(i)
     results: list[int] = []
     while children:
-        pid, status = os.wait()
+        pid, status = os.waitpid(-1, 0 if on_progress is None else os.WNOHANG)
+        if pid == 0 and on_progress is not None:
+            on_progress()
+            time.sleep(PROGRESS_S)
+            continue
         i = children.pop(pid, -1)
         if i < 0:
             continue                       # an adopted orphan that ended

@@ -21,8 +21,10 @@ Why a task runs to completion at most once, and is never lost:
 * A worker that dies (kill -9, node crash, allocation killed) leaves a claim without an
   end. Any other worker that finds the owner dead writes ``ends/ID.A`` = "lost" the same
   way (only one succeeds), and the task becomes claimable as attempt A+1. Should the owner
-  still be alive after all (a false suspicion), its own end fails with EEXIST and its
-  result is discarded: the end record is the fence, and the farm records the task once.
+  still be alive after all (a false suspicion: a stalled filesystem), its own end fails
+  with EEXIST and its result is discarded: the end record is the fence, and the farm
+  records the task once. It also looks for that fence at each heartbeat and kills its
+  copy, so two copies overlap by at most one heartbeat (lease/6) in that case.
 * The owner is judged dead, most certain first: on the same host (hostname and boot id),
   by its pid and process start time; under Slurm, by its job no longer running (scontrol,
   when the owner's job is another allocation); otherwise by its lease: the mtime of
@@ -92,6 +94,15 @@ def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any], tmp_tag: 
         won = os.stat(tmp).st_nlink == 2        # NFS: a retransmitted link that did succeed
     os.unlink(tmp)
     return won
+
+
+def read_record(path: str) -> dict[str, Any] | None:
+    """A claim or end record; None if it is not there or not complete yet."""
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except (OSError, ValueError):
+        return None
 
 
 @dataclass
@@ -184,26 +195,19 @@ class View:
                 st = self.state(parsed[0])
                 if parsed[1] in st.ends:
                     continue
-                rec = self._read(entry.path)
+                rec = read_record(entry.path)
                 if rec is not None:
                     st.ends[parsed[1]] = rec
                     st.claimed = max(st.claimed, parsed[1])
         self.bad_nodes = {n.removesuffix(".bad") for n in os.listdir(self.path / NODES) if n.endswith(".bad")}
         return grew
 
-    @staticmethod
-    def _read(path: str) -> dict[str, Any] | None:
-        try:
-            with open(path, "rb") as f:
-                return json.loads(f.read())
-        except (OSError, ValueError):
-            return None            # unreadable: treated as not there yet
 
     def owner(self, tid: int, attempt: int) -> dict[str, Any]:
         """The claim record of an attempt (cached: claims are never rewritten)."""
         key = (tid, attempt)
         if key not in self.owners:
-            rec = self._read(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
+            rec = read_record(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
             if rec is None:
                 return {}           # being written this instant: ask again next time
             self.owners[key] = rec
@@ -254,6 +258,6 @@ class View:
                 rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
                        "worker": owner.get("worker"), "reason": "its worker died"}
                 finish(self.path, tid, st.claimed, rec, tag)
-                st.ends.setdefault(st.claimed, self._read(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
+                st.ends.setdefault(st.claimed, read_record(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
                 n += 1
         return n

@@ -1,7 +1,7 @@
 """Is a worker alive? Its file ``workers/WID`` says who it is; its mtime is its heartbeat.
 
 Checks, most certain first (see claim.py for why this makes claiming safe):
-same host (hostname and boot id) -> the pid with the same process start time;
+same host (hostname, boot id and pid namespace) -> the pid with the same process start time;
 another Slurm allocation -> that job still running (``scontrol show job``);
 otherwise the lease: the heartbeat's mtime must change within ``lease`` seconds of the
 observer's own monotonic clock, so clocks of different hosts are never compared.
@@ -29,6 +29,14 @@ def boot_id() -> str:
         return ""
 
 
+def pid_namespace() -> int:
+    """The inode of this process's pid namespace: pids are comparable only within one."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return 0
+
+
 def process_start(pid: int) -> float | None:
     import psutil
     try:
@@ -40,7 +48,7 @@ def process_start(pid: int) -> float | None:
 def identity(wid: str, node: str, job: str | None, gpus: tuple[str, ...]) -> dict[str, Any]:
     """What a worker writes about itself."""
     return {"schema": WORKER_SCHEMA, "worker": wid, "node": node, "host": socket.gethostname(),
-            "boot_id": boot_id(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "boot_id": boot_id(), "pidns": pid_namespace(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
             "job": job, "gpus": list(gpus), "started": time.time()}
 
 
@@ -49,7 +57,7 @@ class Liveness:
 
     def __init__(self, farm: Path, lease: float, job: str | None, window: float = 5.0):
         self.farm, self.lease, self.job, self.window = farm, lease, job, window
-        self.host, self.boot = socket.gethostname(), boot_id()
+        self.host, self.boot, self.pidns = socket.gethostname(), boot_id(), pid_namespace()
         self._workers: dict[str, dict[str, Any]] = {}
         self._beats: dict[str, tuple[int, float]] = {}      # wid -> (mtime_ns, first seen at)
         self._jobs: dict[str, tuple[bool, float]] = {}
@@ -66,7 +74,8 @@ class Liveness:
         info = self._worker(wid, path)
         if info is None:
             return False                                     # being written: judge next time
-        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid"):
+        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid") \
+                and info.get("pidns", self.pidns) == self.pidns:
             start = process_start(int(info["pid"]))
             return start is None or (info.get("pid_start") is not None
                                      and abs(start - float(info["pid_start"])) > 1.0)

@@ -10,6 +10,7 @@ number running now (or one).
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 from typing import Any
 
@@ -44,6 +45,22 @@ def _last(st: TaskState) -> dict[str, Any]:
     return st.latest_end() or {}
 
 
+def live_workers(directory: Path, lease: float) -> int:
+    """Workers whose heartbeat is younger than a lease (by this host's clock: for display)."""
+    now, n = time.time(), 0
+    try:
+        with os.scandir(directory) as it:
+            for entry in it:
+                try:
+                    if not entry.name.startswith(".") and now - entry.stat().st_mtime < lease:
+                        n += 1
+                except FileNotFoundError:
+                    continue
+    except FileNotFoundError:
+        pass
+    return n
+
+
 def summarize(path: str | os.PathLike) -> dict[str, Any]:
     """The status document (schema hpcml.farm.status/1)."""
     farm, view = open_view(path)
@@ -73,10 +90,20 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
         eta = remaining * (sum(durations) / len(durations)) / max(1, counts["running"])
     elif not remaining:
         eta = 0.0
-    try:
-        workers = len([n for n in os.listdir(farm.path / WORKERS) if not n.startswith(".")])
-    except FileNotFoundError:
-        workers = 0
+    workers = live_workers(farm.path / WORKERS, s.lease)
     return {"schema": STATUS_SCHEMA, "farm": str(farm.path), "total": len(view.order), "counts": counts,
             "done": remaining == 0, "eta_s": eta, "workers": workers, "bad_nodes": sorted(view.bad_nodes),
             "running": running, "failed": failed, "settings": s.to_json()}
+
+
+class Progress:
+    """Tasks final out of all, for a progress bar: reads only the end records it has not
+    seen (a View kept between calls)."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.farm, self.view = open_view(path)
+
+    def __call__(self) -> tuple[int, int]:
+        self.view.refresh()
+        s = self.farm.settings
+        return sum(1 for t in self.view.order if self.view.final(t, s)), len(self.view.order)

@@ -138,14 +138,11 @@ def parse_sweep(path: str | Path) -> tuple[list[TaskSpec], dict[str, Any]]:
         if not isinstance(stages_raw, list) or not stages_raw:
             raise where.error(("tasks",), "expected a list of stages (each with a command)")
         stages, prefix = stages_raw, ("tasks",)
+    parsed = [_stage(raw, (*prefix, i) if prefix else (), where) for i, raw in enumerate(stages)]
     specs: list[TaskSpec] = []
-    groups: set[str] = set()
-    for i, raw in enumerate(stages):
-        path_i: tuple = (*prefix, i) if prefix else ()
-        stage = _stage(raw, path_i, where)
-        specs += _expand(stage, path_i, where, groups)
-        if stage.group:
-            groups.add(stage.group)
+    for i, stage in enumerate(parsed):
+        later = {st.group for st in parsed[i:] if st.group}
+        specs += _expand(stage, (*prefix, i) if prefix else (), where, later)
     return specs, settings
 
 
@@ -206,7 +203,7 @@ def _fields(template: str, path: tuple, where: ConfigLoader) -> list[str]:
     return out
 
 
-def _expand(stage: Stage, path: tuple, where: ConfigLoader, groups: set[str]) -> list[TaskSpec]:
+def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> list[TaskSpec]:
     """Every parameter set of a stage, in a stable order (so re-creating appends nothing)."""
     params = [*stage.product, *stage.zip, *(stage.random.params if stage.random else {})]
     for name in _fields(stage.command, path, where):
@@ -215,8 +212,9 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, groups: set[str]) ->
             raise where.error((*path, "command"), f"the template names parameter '{name}', which is not "
                                                   f"defined (parameters: {known})")
     for dep in stage.after:
-        if isinstance(dep, str) and dep not in groups:
-            raise where.error((*path, "after"), f"no earlier stage has group '{dep}'")
+        if isinstance(dep, str) and dep in later:     # unknown groups: store.create knows the farm's
+            raise where.error((*path, "after"), f"waits for group '{dep}', which this stage or a later one "
+                                                "defines: a stage may only wait for earlier ones")
     prod_lists = [v if isinstance(v, list) else [v] for v in stage.product.values()]
     product_sets = [dict(zip(stage.product, combo)) for combo in itertools.product(*prod_lists)]
     zip_sets = [dict(zip(stage.zip, row)) for row in zip(*stage.zip.values())] if stage.zip else [{}]

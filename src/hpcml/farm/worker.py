@@ -5,24 +5,23 @@ small parent starts tasks 3x faster) with one thread. Its tasks carry PR_SET_PDE
 set by util-linux's ``setpriv --pdeathsig KILL`` in front of the command (or, without
 setpriv, a pre-exec hook, which costs ~3 ms a task: it forbids vfork), so a task dies with
 its worker (kill -9 of the worker, of the agent that started the workers, or of the
-allocation), which is what lets another worker rerun it without two copies running. Each task runs in its own session (its
-process group is what a time limit kills), with stdin from /dev/null, stdout and stderr
+allocation), which is what lets another worker rerun it without two copies running.
+Each task runs in its own session (its process group is what a time limit kills), with
+stdin from /dev/null, stdout and stderr
 in logs/ID.A.out|.err, and these variables: HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
 HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR (observe/ID.A: what ``hpcml.observe.log`` writes,
 read back by ``hpcml farm results``) and, on a GPU slot, CUDA_VISIBLE_DEVICES.
 
 Waiting for a task is a poll() on its pidfd, woken by its exit or by the next heartbeat
 or time limit, so a short task costs no polling delay. A command without shell syntax is
-exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``.
+exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``
+(process.py). A node where tasks keep failing is retired (nodes.py).
 """
 
 from __future__ import annotations
 
-import ctypes
 import json
 import os
-import re
-import select
 import shlex
 import shutil
 import signal
@@ -31,56 +30,18 @@ import sys
 import time
 import uuid
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
-from hpcml.farm.claim import View, finish, try_claim
+from hpcml.farm.claim import View, finish, read_record, try_claim
 from hpcml.farm.lease import Liveness, identity
-from hpcml.farm.model import CLAIM_SCHEMA, FAILED, LOGS, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.nodes import retire
+from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, die_with_parent, load_libc
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
 
-_PR_SET_PDEATHSIG = 1
-_LIBC: Any = None
-_PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@%=-][A-Za-z0-9_./:,+@%= -]*$")
-_SHELL_WORDS = {"cd", "exit", "export", "source", ".", "exec", "set", "unset", "ulimit", "umask", "eval"}
-
 #: exit codes of a worker
 DONE, NODE_RETIRED = 0, 3
-
-
-def die_with_parent() -> None:
-    """In a forked child: get SIGKILL when the parent (thread) dies; exit if it already has."""
-    parent = os.getppid()
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)
-
-
-def load_libc() -> None:
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _LIBC = None
-
-
-_FOUND: dict[str, str | None] = {}
-
-
-def argv_of(command: str) -> list[str]:
-    """Exec a plain command directly; anything with shell syntax, a builtin or a program not
-    on PATH (the shell gives the usual message) via /bin/sh."""
-    if _PLAIN.match(command):
-        words = shlex.split(command)
-        if words and "=" not in words[0] and words[0] not in _SHELL_WORDS:
-            if words[0] not in _FOUND:
-                _FOUND[words[0]] = shutil.which(words[0])
-            if _FOUND[words[0]]:
-                return words
-    return ["/bin/sh", "-c", command]
 
 
 @dataclass
@@ -112,14 +73,20 @@ class Worker:
         self.fails_in_a_row: list[int] = []
         self._beat_file = self.path / WORKERS / self.wid
         self._next_beat = 0.0
+        self._sigchld: SigchldPipe | None = None
+        self._current: str | None = None         # the end record the running attempt will have
         self.ran = 0
 
     # -- heartbeat ----------------------------------------------------------------------
-    def beat(self, now: float | None = None) -> None:
+    def beat(self, now: float | None = None) -> bool:
+        """Touch the heartbeat when it is due; True if it was (then, while a task runs,
+        the caller also checks that its attempt has not been declared lost)."""
         now = time.monotonic() if now is None else now
         if now >= self._next_beat:
             os.utime(self._beat_file)
             self._next_beat = now + self.settings.heartbeat
+            return True
+        return False
 
     def node_retired(self) -> bool:
         return (self.path / NODES / f"{self.cfg.node}.bad").exists()
@@ -137,6 +104,9 @@ class Worker:
         view, settings = self.view, self.settings
         view.refresh()
         cursor, wait = 0, self.cfg.poll
+        # an idle worker lists claims/ and ends/ (N entries each) at most every max_poll s:
+        # growing with N keeps the metadata load of idle workers flat as farms grow
+        max_poll = max(self.cfg.max_poll, len(view.order) / 10_000)
         while True:
             if self.node_retired():
                 return NODE_RETIRED
@@ -172,7 +142,7 @@ class Worker:
                 if self._claimable(now):
                     continue
             time.sleep(wait)
-            wait = min(wait * 2, self.cfg.max_poll)
+            wait = min(wait * 2, max_poll)
 
     def _claimable(self, now: float) -> bool:
         view, s = self.view, self.settings
@@ -199,19 +169,23 @@ class Worker:
         env["HPCML_FARM_ATTEMPT"] = str(attempt)
         env["HPCML_OBSERVE_DIR"] = f"{self.env['HPCML_FARM_DIR']}/{OBSERVE}/{name}"
         start = time.time()
+        self._current = f"{self.path}/{ENDS}/{name}"
         code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}")
+        self._current = None
         end = time.time()
         outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
         record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
                   "signal": -code if code < 0 else None, "start": start, "end": end,
                   "node": self.cfg.node, "gpu": self.cfg.gpu, "worker": self.wid, "job": self.cfg.job}
-        if not finish(self.path, tid, attempt, record, self.wid):
-            pass                    # declared lost meanwhile: the other record stands (claim.py)
         st = self.view.state(tid)
         st.mine = 0
-        st.ends.setdefault(attempt, record)
         self.ran += 1
         self.beat()
+        if not finish(self.path, tid, attempt, record, self.wid):
+            # fenced: declared lost meanwhile; that record stands (claim.py), not ours
+            st.ends[attempt] = read_record(f"{self.path}/{ENDS}/{name}") or {**record, "outcome": LOST}
+            return True
+        st.ends[attempt] = record
         return self._count_failure(tid, outcome)
 
     def _execute(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, bool]:
@@ -233,20 +207,22 @@ class Worker:
         return self._wait_for(proc)
 
     def _wait_for(self, proc: subprocess.Popen) -> tuple[int, bool]:
+        """Wait for the task, beating and enforcing its time limit on the way."""
         limit = self.settings.time_limit
         deadline = time.monotonic() + limit if limit else None
         timed_out = False
-        pidfd = os.pidfd_open(proc.pid)
+        exited = self._exit_waiter(proc)
         try:
-            poller = select.poll()
-            poller.register(pidfd, select.POLLIN)
             while True:
                 now = time.monotonic()
                 until = self._next_beat if deadline is None else min(self._next_beat, deadline)
-                if poller.poll(max(0, int((until - now) * 1000) + 1)):
+                if exited.wait(max(0, int((until - now) * 1000) + 1)):
                     break
                 now = time.monotonic()
-                self.beat(now)
+                if self.beat(now) and self._current and os.path.exists(self._current):
+                    # fenced: another worker judged us dead and declared this attempt lost
+                    # (a false suspicion, e.g. a stalled filesystem): stop our copy now
+                    deadline = now
                 if deadline is not None and now >= deadline and not timed_out:
                     timed_out = True
                     try:
@@ -255,8 +231,16 @@ class Worker:
                         pass
                     deadline = None
         finally:
-            os.close(pidfd)
+            exited.close()
         return proc.wait(), timed_out
+
+    def _exit_waiter(self, proc: subprocess.Popen) -> ExitWaiter:
+        try:
+            return PidfdWaiter(proc)
+        except (AttributeError, OSError):       # kernels before 5.3 (RHEL 8's 4.18): no pidfd_open
+            if self._sigchld is None:
+                self._sigchld = SigchldPipe()
+            return self._sigchld.waiter(proc)
 
     def _count_failure(self, tid: int, outcome: str) -> bool:
         """A node where different tasks keep failing in a row is retired; False then."""
@@ -267,34 +251,11 @@ class Worker:
             self.fails_in_a_row.append(tid)
         limit = self.settings.node_failures
         if limit and len(self.fails_in_a_row) >= limit:
-            reason = {"schema": "hpcml.farm.node/1", "node": self.cfg.node, "worker": self.wid, "time": time.time(),
-                      "reason": f"{len(self.fails_in_a_row)} different tasks failed in a row here "
-                                f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})"}
-            reason["vet"] = vet_this_node()
-            write_atomic(Path(self.path) / NODES / f"{self.cfg.node}.bad", json.dumps(reason) + "\n")
+            retire(self.path, self.cfg.node, self.wid,
+                   f"{len(self.fails_in_a_row)} different tasks failed in a row here "
+                   f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})")
             return False
         return True
-
-
-def vet_this_node(timeout: float = 60.0) -> dict[str, Any]:
-    """``hpcml vet --prolog --json`` on a node being retired: its exit code (1: the node is
-    bad) and verdict go into nodes/NODE.bad, so the operator sees whether the node or the
-    tasks are to blame. Nothing is drained: that is the operator's call."""
-    try:
-        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--json"], capture_output=True,
-                           text=True, timeout=timeout, stdin=subprocess.DEVNULL)
-    except (OSError, subprocess.TimeoutExpired) as exc:
-        return {"exit_code": None, "problem": str(exc)}
-    try:
-        report = json.loads(p.stdout)
-    except ValueError:
-        report = None
-    out: dict[str, Any] = {"exit_code": p.returncode}
-    if isinstance(report, dict):
-        out["report"] = report
-    elif p.stderr.strip():
-        out["problem"] = p.stderr.strip().splitlines()[-1]
-    return out
 
 
 def main(argv: list[str]) -> int:
@@ -315,8 +276,3 @@ LAUNCH = "import sys; from hpcml.farm.worker import main; sys.exit(main(sys.argv
 def launch_argv(config: dict[str, Any]) -> list[str]:
     return [sys.executable, "-c", LAUNCH, json.dumps(config)]
 
-
-def libc() -> Any:
-    """libc through ctypes (None where it cannot be loaded)."""
-    load_libc()
-    return _LIBC

@@ -66,7 +66,9 @@ def create(
     settings.update(_settings(retries, backoff, time_limit))
     res = store.create(farm, specs, settings)
     if as_json:
-        print(json.dumps({"farm": str(res.path), "added": res.added, "existing": res.existing, "total": res.total}))
+        from hpcml.schemas import tag
+        print(json.dumps({"schema": tag("farm.create", 1), "farm": str(res.path), "added": res.added,
+                          "existing": res.existing, "total": res.total}))
     else:
         print(f"{res.path}: {res.added} task(s) added, {res.existing} already there, {res.total} in all")
 
@@ -99,7 +101,23 @@ def run(
     """
     from hpcml.farm import agent, status
     t0 = time.time()
-    agent.run(farm, slots=slots, gpus=gpus, overrides=_settings(retries, backoff, time_limit, lease, node_failures))
+    overrides = _settings(retries, backoff, time_limit, lease, node_failures)
+    if sys.stderr.isatty():
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
+        status.summarize(farm)                      # not a farm: one line, before the bar
+        count = status.Progress(farm)
+        with Progress(TextColumn(f"{farm}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
+                      console=Console(stderr=True), transient=True, auto_refresh=False) as bar:
+            task = bar.add_task("tasks", total=count()[1])
+
+            def update() -> None:
+                done, total = count()
+                bar.update(task, completed=done, total=total)
+                bar.refresh()
+            agent.run(farm, slots=slots, gpus=gpus, overrides=overrides, on_progress=update)
+    else:
+        agent.run(farm, slots=slots, gpus=gpus, overrides=overrides)
     doc = status.summarize(farm)
     c = doc["counts"]
     print(f"{farm}: {c['ok']} ok, {c['failed']} failed, {c['blocked']} blocked, "
@@ -232,12 +250,15 @@ def results_command(
     from rich.console import Console
     from rich.table import Table
     t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks")
+    command = not doc["params"]                  # a task file: the command says which task it is
     for col in ("id", "state", *doc["params"], *doc["metrics"], "s"):
         t.add_column(col, justify="right")
+    if command:
+        t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:
         t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
                   *(_fmt(r["metrics"].get(m)) for m in doc["metrics"]),
-                  "" if r["seconds"] is None else f"{r['seconds']:.1f}")
+                  "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))
     Console().print(t)
 
 
