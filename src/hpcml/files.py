@@ -84,6 +84,20 @@ def key_text(path: tuple) -> str:
     return text
 
 
+def validation_problem(err: Any) -> str:
+    """One pydantic ``ErrorDetails`` as the problem part of a one-line error: "unknown key",
+    "missing", or the validator's message with what was found."""
+    if err["type"] == "extra_forbidden":
+        return "unknown key"
+    if err["type"] == "missing":
+        return "missing"
+    msg = err["msg"].removeprefix("Value error, ")
+    found = err.get("input")
+    if "found" in msg or isinstance(found, (dict, list)):
+        return msg
+    return f"{msg} (found {found!r})"
+
+
 def unknown_key(key: str, known: Sequence[str]) -> str:
     """The problem text for a key a config file does not have: the nearest known key, or
     the list of them (a typo must not pass silently, nor leave the user guessing)."""

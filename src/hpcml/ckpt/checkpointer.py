@@ -219,11 +219,12 @@ class Checkpointer:
             local.mkdir(parents=True, exist_ok=True)
             doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop)
             os.replace(local / (bin_name + ".tmp"), local / bin_name)
-            layout.write_json_durably(local / json_name, doc)
-            crc = copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate, should_stop=stop)
+            layout.write_json_durably(local / json_name, doc)      # the same document as the shared one
+            if copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate,
+                          should_stop=stop) != doc["crc32"]:
+                raise CheckpointError(f"{local / bin_name}: changed while it was drained to {partial}")
         else:
-            crc = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop)
-        doc["crc32"] = crc
+            doc["crc32"] = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop)
         os.replace(partial / (bin_name + ".tmp"), partial / bin_name)
         layout.write_json_durably(partial / json_name, doc)
         if self.rank == 0:

@@ -62,9 +62,7 @@ def inventory(root: Path, *, local: Path | None = None, verify: bool = False, st
         if not f.committed:
             entries.append(Entry(f.step, "partial", 0, None, tiers, str(f.path)))
             continue
-        problems = layout.verify(f, checksums=verify) if verify or f.problems else list(f.problems)
-        if not problems and not verify:
-            problems = layout.verify(f, checksums=False)
+        problems = layout.verify(f, checksums=verify)
         man = f.manifest or {}
         entries.append(Entry(f.step, "corrupt" if problems else "committed", f.size, man.get("world_size"),
                              tiers, str(f.path), problems))

@@ -33,7 +33,6 @@ TAG = schemas.tag("ckpt", 1)
 SHARD_TAG = schemas.tag("ckpt.shard", 1)
 _STEP = re.compile(r"^step-(\d{8,})$")
 _PARTIAL = re.compile(r"^\.partial-step-(\d{8,})$")
-ALIGN = 4096
 CRC_CHUNK = 16 << 20
 
 
@@ -79,7 +78,7 @@ def read_json(path: Path, tag: str) -> dict[str, Any]:
     return doc
 
 
-def file_crc(path: Path, size: int | None = None) -> int:
+def file_crc(path: Path) -> int:
     crc = 0
     with open(path, "rb", buffering=0) as fh:
         while chunk := fh.read(CRC_CHUNK):

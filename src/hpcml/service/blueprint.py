@@ -25,7 +25,7 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpcml.errors import UsageError
-from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key, validation_problem
 from hpcml.units import Bytes, Seconds
 
 _DNS = re.compile(r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$")
@@ -251,13 +251,7 @@ def _problem(err: Any, raw: dict) -> str:   # a pydantic ErrorDetails
             args = getattr(ann, "__args__", ())
             parent = next((a for a in (ann, *args) if hasattr(a, "model_fields")), parent)
         return unknown_key(str(loc[-1]), list(parent.model_fields) if hasattr(parent, "model_fields") else [])
-    if err["type"] == "missing":
-        return "missing"
-    msg = err["msg"].removeprefix("Value error, ")
-    found = err.get("input")
-    if "found" in msg or isinstance(found, (dict, list)):
-        return msg
-    return f"{msg} (found {found!r})"
+    return validation_problem(err)
 
 
 def loads(text: str, source: str = "<blueprint>") -> Blueprint:

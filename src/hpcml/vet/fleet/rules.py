@@ -11,14 +11,13 @@ only an operator resumes the node.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Any, Literal
+from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
-from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, validation_problem
 from hpcml.units import Fraction, Seconds
 
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
@@ -110,18 +109,6 @@ class Catalog(_Strict):
         return max(r.window for r in self.rules)
 
 
-def _problem(err: Mapping[str, Any]) -> str:   # a pydantic ErrorDetails
-    if err["type"] == "extra_forbidden":
-        return "unknown key"
-    if err["type"] == "missing":
-        return "missing"
-    msg = err["msg"].removeprefix("Value error, ")
-    found = err.get("input")
-    if "found" in msg or isinstance(found, (dict, list)):
-        return msg
-    return f"{msg} (found {found!r})"
-
-
 def load(path: str | Path) -> Catalog:
     """Read and validate a rules file; raise ``UsageError`` on the first problem."""
     return loads(read_config(path), str(path))
@@ -136,7 +123,7 @@ def loads(text: str, source: str = "<rules>") -> Catalog:
         catalog = Catalog(**data)
     except ValidationError as exc:
         err = exc.errors()[0]
-        raise ld.error(tuple(err["loc"]), _problem(err)) from None
+        raise ld.error(tuple(err["loc"]), validation_problem(err)) from None
     names = [r.name for r in catalog.rules]
     for i, name in enumerate(names):
         if name in names[:i]:
