@@ -4,8 +4,11 @@ the walker with the walker's own findings."""
 from __future__ import annotations
 
 import io
+import os
 import pickle
 import random
+import subprocess
+import sys
 
 import pytest
 
@@ -93,7 +96,23 @@ def test_a_child_that_crashes_or_runs_out_of_memory_falls_back_to_the_walker(tmp
     assert scan_file(deep).verdict is Verdict.SAFE
     rows = tmp_path / "rows.pkl"
     rows.write_bytes(pickle.dumps(ROWS, protocol=4))
+    # The cap counts address space the child adds; heap this long test process has freed
+    # but still maps is reusable under it, so the capped load runs in a fresh interpreter.
+    probe = (
+        "import sys; from hpcml.scan import fastload\n"
+        "with open(sys.argv[1], 'rb') as fh:\n"
+        "    print(fastload.plain_data_ends(fh, 0, fh.seek(0, 2)))\n"
+    )
+    env = {**os.environ, "HPCML_SCAN_MEMORY": "1MiB"}
+    capped = subprocess.run([sys.executable, "-c", probe, str(rows)], env=env,
+                            capture_output=True, text=True, check=True)
+    assert capped.stdout.strip() == "None", capped.stdout + capped.stderr
+    env["HPCML_SCAN_MEMORY"] = "1GiB"
+    roomy = subprocess.run([sys.executable, "-c", probe, str(rows)], env=env,
+                           capture_output=True, text=True, check=True)
+    assert roomy.stdout.strip() == f"[{rows.stat().st_size}]", roomy.stdout + roomy.stderr
     monkeypatch.setenv("HPCML_SCAN_MEMORY", "1MiB")
+    monkeypatch.setattr(fastload, "plain_data_ends", lambda fh, start, end: None)
     walked = _walks(monkeypatch)
     assert scan_file(rows).verdict is Verdict.SAFE and walked == [0]
 

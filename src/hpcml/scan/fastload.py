@@ -34,6 +34,7 @@ that names code.
 
 from __future__ import annotations
 
+import faulthandler
 import gc
 import io
 import os
@@ -135,6 +136,7 @@ def _load_all(data: bytes) -> list[int] | None:
 def _child(data: bytes, budget: int, wfd: int) -> None:
     try:
         gc.disable()                # no cycle can need collecting before os._exit
+        faulthandler.disable()      # a crash here means "not proven", not a dump on stderr
         soft, hard = resource.getrlimit(resource.RLIMIT_AS)
         with open("/proc/self/statm") as fh:
             mapped = int(fh.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
