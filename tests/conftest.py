@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -10,6 +11,12 @@ import pytest
 
 from hpcml.errors import SlurmError
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
+
+# A suite started in the background of a non-interactive shell (``./scripts/test &``)
+# inherits SIGINT ignored, and every process it starts would too (an ignored signal stays
+# ignored across exec): the Ctrl-C tests would then test nothing. A terminal's default.
+if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+    signal.signal(signal.SIGINT, signal.default_int_handler)
 
 
 @pytest.fixture(scope="session")
