@@ -138,3 +138,33 @@ def test_bad_input_is_one_line_exit_2_and_launches_nothing(tmp_path, args, needl
 def test_report_of_something_else_is_one_line_exit_2(tmp_path):
     p = hpcml("report", tmp_path, cwd=tmp_path)
     assert p.returncode == 2 and "no run.json" in p.stderr and p.stderr.count("\n") == 1
+
+
+def test_usr1_to_hpcml_run_reaches_every_rank_and_they_checkpoint(tmp_path):
+    """``#SBATCH --signal=B:USR1@300`` with ``exec hpcml run``: the warning goes to hpcml run
+    alone. It passes it on (here to its local ranks, under Slurm to srun, which passes it to
+    every task); each rank's Checkpointer saves and stops; the run exits 0 and says so."""
+    import signal
+    import time
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env.get('PATH', '')}"
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--dir", "job", "--no-report", "--",
+                          sys.executable, ROOT / "examples" / "ckpt" / "train_resume.py", "ckpt", "--steps", "100000",
+                          "--size-mb", "0.1", "--step-sleep", "0.02"],
+                         cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        end = time.monotonic() + 120
+        while not any(tmp_path.glob("ckpt/step-*")) and time.monotonic() < end and p.poll() is None:
+            time.sleep(0.1)
+        assert any(tmp_path.glob("ckpt/step-*")), p.communicate(timeout=5)
+        p.send_signal(signal.SIGUSR1)
+        out, err = p.communicate(timeout=120)
+    finally:
+        p.kill()
+    assert p.returncode == 0, err
+    logs = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
+    stopped = [int(line.split()[2]) for log in logs for line in log.splitlines() if line.startswith("stopped at")]
+    assert len(stopped) == 2 and all("(SIGUSR1)" in log for log in logs), logs
+    run = valid(json.loads((tmp_path / "job" / "run.json").read_text()), "run")
+    assert run["signals_forwarded"] == ["SIGUSR1"] and run["exit_code"] == 0
+    assert max(int(d.name.split("-")[1]) for d in tmp_path.glob("ckpt/step-*")) >= min(stopped)

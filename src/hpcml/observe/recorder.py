@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -25,12 +26,12 @@ from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, write_json
 from hpcml.samplers.host import HostSampler
+from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
 
-FORWARDED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2,
-             signal.SIGCONT)
+FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)        # Slurm signals a task's INT to the task alone
 MIN_INTERVAL = 0.1
 
 
@@ -149,7 +150,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
     os.close(write_fd)
     # forward Slurm's signals from the moment the command runs (before the store's imports)
-    previous = {s: signal.signal(s, lambda sig, _f: child.send_signal(sig)) for s in FORWARDED}
+    stack = ExitStack()
+    stack.enter_context(forwarding(lambda: (child,), FORWARDED))
     writer = RankWriter.create(out, task.rank)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink),
                               daemon=True)
@@ -177,8 +179,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                 if exporter is not None:
                     exporter.update(rows)
     finally:
-        for sig, h in previous.items():
-            signal.signal(sig, h)
+        stack.close()
         copier.join(timeout=10)
         with lock:
             writer.close()

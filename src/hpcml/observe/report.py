@@ -108,18 +108,6 @@ class _Rows:
                        for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket)))
 
 
-def _col(t, name: str, fill) -> np.ndarray:
-    """A column as numpy, nulls replaced by ``fill``."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-    col = t[name]
-    if pa.types.is_timestamp(col.type):
-        col = col.cast(pa.int64())
-    if col.null_count:
-        col = pc.fill_null(col, fill)
-    return col.to_numpy()
-
-
 def _rank_extent(ridx: np.ndarray, start: np.ndarray, end: np.ndarray, nr: int) -> tuple[np.ndarray, np.ndarray]:
     """Per rank, the earliest ``start`` and the latest ``end`` (inf / -inf without rows).
     Arrow's hash aggregation, multi-threaded: ``np.minimum.at`` took a second on 10M rows."""
@@ -173,40 +161,20 @@ def _r(x: float | None, nd: int = 3):
 
 def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS,
           limits: Limits = Limits()) -> Report:
-    """The report for one job store (``hpcml.observe.store.read_job``)."""
-    import pyarrow as pa
-    import pyarrow.compute as pc
-
+    """The report for one job store: ``hpcml.observe.series.read_series`` (what the CLI
+    reads: a thousand ranks in a fraction of the memory) or ``hpcml.observe.store.read_job``."""
     meta = job.meta
     meta_ranks: dict[str, dict] = meta.get("ranks") or {}
-    t = job.table
     expected = int(meta.get("ntasks") or 0) or (max(job.ranks) + 1 if job.ranks else 0)
 
-    # Columns as numpy; rows grouped by (kind, name) with one stable radix sort.
-    n = t.num_rows
-    kinds = pc.unique(t["kind"]).to_pylist() if n else []
-    names = pc.unique(t["name"]).to_pylist() if n else []
-    nn = max(1, len(names))
-    if n:                                           # Arrow releases the GIL: both at once
-        from concurrent.futures import ThreadPoolExecutor
-        with ThreadPoolExecutor(2) as pool:
-            kc = pool.submit(pc.index_in, t["kind"], value_set=pa.array(kinds, pa.string()))
-            nc = pool.submit(pc.index_in, t["name"], value_set=pa.array(names, pa.string()))
-            kind_code, name_code = kc.result().to_numpy(), nc.result().to_numpy()
-        # 16-bit keys: numpy's stable sort is then a radix sort, O(n)
-        kt = np.uint16 if len(kinds) * nn < 65536 else np.int64
-        key = kind_code.astype(kt) * kt(nn) + name_code.astype(kt)
+    # One series per (kind, name): read so by ``read_series``, or split from a read_job table.
+    if hasattr(job, "series"):
+        series, n = job.series, job.rows
     else:
-        key = np.array([], np.int64)
-    order = np.argsort(key, kind="stable")
-    counts = np.bincount(key, minlength=len(kinds) * nn) if n else np.array([], np.int64)
-    bounds = np.concatenate([[0], np.cumsum(counts)])
-
-    ts_us = _col(t, "ts", 0) if n else np.array([], np.int64)
-    rank = _col(t, "rank", 0) if n else np.array([], np.int32)
-    value = _col(t, "value", np.nan) if n else np.array([])
-    t0_us = int(ts_us.min()) if n else None
-    t1_us = int(ts_us.max()) if n else None
+        from hpcml.observe.series import from_table
+        series, n = from_table(job.table), job.table.num_rows
+    t0_us = min(int(s.ts_us.min()) for s in series.values()) if series else None
+    t1_us = max(int(s.ts_us.max()) for s in series.values()) if series else None
     # the job spans from its first rank's start to its last rank's end (job.json is rank 0's)
     starts = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("start"), (int, float))]
     ends = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("end"), (int, float))]
@@ -219,12 +187,16 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None and t1_us is not None else 1.0
 
     # Ranks and nodes.
-    rank_ids = np.nonzero(np.bincount(rank))[0] if n else np.array([], np.int64)
-    ridx = np.zeros(int(rank_ids.max()) + 1 if len(rank_ids) else 1, np.int32)
+    top = max((int(s.rank.max()) for s in series.values()), default=-1) + 1
+    seen = np.zeros(max(top, 1), bool)
+    for s in series.values():
+        seen[s.rank] = True
+    rank_ids = np.flatnonzero(seen)
+    ridx = np.zeros(max(top, 1), np.int32)
     ridx[rank_ids] = np.arange(len(rank_ids))
     nr = len(rank_ids)
 
-    def node_of(r: int) -> str:
+    def node_of(r) -> str:
         return (meta_ranks.get(str(int(r))) or {}).get("node") or f"rank{int(r)}"
     rank_nodes = [node_of(r) for r in rank_ids]
     nodes = sorted({node for v in meta_ranks.values() if (node := (v or {}).get("node"))},
@@ -232,31 +204,31 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     if not nodes and isinstance(meta.get("nodes"), list):
         nodes = list(meta["nodes"])
 
-    # Whole-table columns once, then one gather per group.
     # Seconds since the job's first row. float32 (10 ms resolution over a day) because memory
     # traffic, not arithmetic, bounds this on a thousand ranks.
-    x_all = np.subtract(ts_us, t0_us if t0_us is not None else 0).astype(np.float32)
-    x_all *= np.float32(1e-6)
-    del ts_us
     identity = nr == 0 or (rank_ids[0] == 0 and rank_ids[-1] == nr - 1)
-    ridx_all = rank if identity else ridx[rank]
     groups: dict[tuple[str, str], _Rows] = {}
-    for code in np.nonzero(counts)[0]:
-        kind, name = kinds[code // nn], names[code % nn]
-        idx = order[bounds[code]:bounds[code + 1]]
-        g = _Rows(rank=None, ridx=ridx_all[idx], x=x_all[idx], value=value[idx])
+    for (kind, name), s in sorted(series.items()):
+        x = np.subtract(s.ts_us, t0_us or 0).astype(np.float32)
+        x *= np.float32(1e-6)
+        g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value)
         if kind == "section" and name == "step":
-            g.rank = rank[idx]
-            g.step = _col(t, "step", -1)[idx]
+            g.rank, g.step = s.rank, s.step
             ok = g.step >= 0
             if not ok.all():
                 g = g.take(ok)
         groups[(kind, name)] = g
-    del order, key, x_all, ridx_all, value, rank
 
     sg = groups.get(("section", "step"))
     if sg is not None and not len(sg.x):
         sg = None
+    scoring = None
+    if sg is not None:      # numpy's partitions release the GIL: score while the rest is built
+        from concurrent.futures import ThreadPoolExecutor
+        pool = ThreadPoolExecutor(1)
+        scoring = pool.submit(score_groups, sg.rank, sg.step, sg.value, meta_ranks=meta_ranks,
+                              chronic=limits.chronic, stall=limits.stall_ratio, window=limits.window)
+        pool.shutdown(wait=False)
     n_steps = int(np.median(np.bincount(sg.ridx, minlength=nr))) if sg is not None else 0
     interval = float(meta.get("interval") or 1.0)
     nb = n_steps // 5 if n_steps else int(span / interval)
@@ -331,9 +303,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     # Stragglers.
     stragglers, one_off, transient = [], [], []
     bimodal: dict[str, Any] | None = None
-    if sg is not None:
-        scores, speeds = score_groups(sg.rank, sg.step, sg.value, meta_ranks=meta_ranks, chronic=limits.chronic,
-                                      stall=limits.stall_ratio, window=limits.window)
+    if scoring is not None:
+        scores, speeds = scoring.result()
         if speeds is not None:
             bimodal = {"fast_ranks": speeds[0], "slow_ranks": speeds[1], "ratio": _r(speeds[2])}
         for s in scores:
@@ -397,7 +368,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
                   duration_s=_r(end - start, 3) if start is not None and end is not None else None,
-                  rows=int(t.num_rows), throughput=throughput, stalls=stalls,
+                  rows=int(n), throughput=throughput, stalls=stalls,
                   stragglers=stragglers, bimodal=bimodal, one_off_stalls=one_off[:50],
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,

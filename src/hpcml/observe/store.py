@@ -163,16 +163,23 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
     return p, meta, files
 
 
+def files_by_rank(files: list[Path]) -> dict[int, list[Path]]:
+    """Rank -> its files in order (a restarted rank has ``rank-N.1.arrows`` ...)."""
+    by_rank: dict[int, list[tuple[int, Path]]] = {}
+    for f in files:
+        m = _RANK_RE.match(f.name)
+        assert m is not None, f  # read_meta lists only rank-*.arrows files
+        by_rank.setdefault(int(m.group(1)), []).append((int(m.group(2) or 0), f))
+    # by segment number: a name sort puts rank-3.1 before rank-3 and rank-3.10 before rank-3.2
+    return {r: [f for _, f in sorted(segs)] for r, segs in by_rank.items()}
+
+
 def iter_ranks(files: list[Path], read=None):
     """Each rank's data in turn, its restart segments joined, so a caller can reduce one
     rank before the next is read (a 1,024-rank job never sits in memory at once).
     ``read``: a file's RankData when the files were read already (default ``read_rank``)."""
     read = read or read_rank
-    by_rank: dict[int, list[Path]] = {}
-    for f in files:
-        m = _RANK_RE.match(f.name)
-        assert m is not None, f  # read_meta lists only rank-*.arrows files
-        by_rank.setdefault(int(m.group(1)), []).append(f)
+    by_rank = files_by_rank(files)
     for rank in sorted(by_rank):
         data = None
         for f in by_rank[rank]:

@@ -14,6 +14,7 @@ import signal
 import subprocess
 import sys
 import time
+from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from hpcml.errors import UsageError
 from hpcml.run.jobdir import default_dir, log_path, observe_dir, vet_dir, write_run
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
+from hpcml.signals import forwarding
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
 
@@ -157,8 +159,16 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     write_run(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
     proc = subprocess.Popen(argv, env=env)
-    _prefetch_report(opts)
-    return proc.wait()
+    with forwarding(lambda: (proc,)) as seen:           # srun passes them on to every task
+        _prefetch_report(opts)
+        rc = proc.wait()
+    _note_signals(info, seen)
+    return rc
+
+
+def _note_signals(info: dict, seen: list[int]) -> None:
+    if seen:
+        info["signals_forwarded"] = [signal.Signals(s).name for s in seen]
 
 
 def _prefetch_report(opts: Options) -> None:
@@ -195,6 +205,8 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
     _prefetch_report(opts)
     rc = 0
+    stack = ExitStack()
+    seen = stack.enter_context(forwarding(lambda: list(procs)))
     try:
         while procs:
             for p in list(procs):
@@ -213,6 +225,9 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
         for p in procs:
             p.wait()
         rc = 130
+    finally:
+        stack.close()
+    _note_signals(info, seen)
     return rc
 
 

@@ -53,9 +53,9 @@ def _env(d: Path) -> dict | None:
 
 def _observe(d: Path) -> tuple[Any, str | None]:
     from hpcml.observe.report import build
-    from hpcml.observe.store import read_job
+    from hpcml.observe.series import read_series
     try:
-        return build(read_job(observe_dir(d))), None
+        return build(read_series(observe_dir(d))), None
     except HpcmlError as exc:
         return None, str(exc)
 

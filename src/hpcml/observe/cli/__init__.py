@@ -110,7 +110,7 @@ def report_cmd(
 
     from hpcml.observe import html as report_html
     from hpcml.observe.report import Limits, build
-    from hpcml.observe.store import read_job
+    from hpcml.observe.series import read_series
     # Arrow's default mimalloc pool decommits freed pages eagerly; reading a thousand rank
     # files then costs seconds of page faults. The system allocator is ~2x faster here.
     pa.set_memory_pool(pa.system_memory_pool())
@@ -118,7 +118,7 @@ def report_cmd(
                        ("min_stall", min_stall)):
         if not value > 0:
             raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=key)
-    rep = build(read_job(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
+    rep = build(read_series(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
                                                  min_stall_s=min_stall))
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:

@@ -1,0 +1,42 @@
+"""Passing Slurm's signals on to the processes a wrapper started.
+
+A wrapper (``hpcml observe record`` around a task, ``hpcml run`` around srun or its local
+ranks) is the process Slurm signals: TERM at the time limit, USR1/USR2 as the pre-emption
+or "checkpoint now" warning (``#SBATCH --signal=B:USR1@300`` signals the batch shell's
+process, which ``exec hpcml run`` makes hpcml), HUP, CONT. Python's default for USR1,
+USR2 and HUP is to die at once, leaving the training processes without their warning.
+srun passes what it gets on to every task, so forwarding to srun reaches all ranks.
+"""
+
+from __future__ import annotations
+
+import signal
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
+
+#: what a wrapper forwards; SIGINT only where the terminal's Ctrl-C does not reach the
+#: children itself (a foreground process group gets it already)
+SLURM_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
+
+
+@contextmanager
+def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_SIGNALS) -> Iterator[list[int]]:
+    """While inside, each of ``signals`` is sent on to every running process of
+    ``targets()`` (``subprocess.Popen`` objects); yields the list of signals forwarded, in
+    order. The previous handlers come back on exit. Main thread only (Python's rule)."""
+    seen: list[int] = []
+
+    def handler(sig: int, _frame) -> None:
+        seen.append(sig)
+        for p in targets():
+            if p.poll() is None:
+                try:
+                    p.send_signal(sig)
+                except ProcessLookupError:
+                    pass                      # ended between the poll and the kill
+    previous = {s: signal.signal(s, handler) for s in signals}
+    try:
+        yield seen
+    finally:
+        for s, h in previous.items():
+            signal.signal(s, h)
