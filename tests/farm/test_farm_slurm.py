@@ -36,7 +36,9 @@ def _farm(tmp_path: Path, commands: list[str], **settings) -> Path:
 
 def test_200_task_sweep_on_two_nodes_runs_every_task_once(env, tmp_path):
     side = tmp_path / "side"
-    (tmp_path / "s.yaml").write_text(f'command: "echo {{i}} $HPCML_FARM_ATTEMPT >> {side}"\n'
+    # 0.1 s a task (5 s of work per slot): a worker whose srun started a few seconds late on
+    # a loaded machine still finds tasks left, so all four show up in the ends
+    (tmp_path / "s.yaml").write_text(f'command: "sleep 0.1; echo {{i}} $HPCML_FARM_ATTEMPT >> {side}"\n'
                                      "product: {i: [%s]}\n" % ", ".join(map(str, range(200))))
     out = run_job("#!/bin/bash\nhpcml farm create farm s.yaml && hpcml farm run farm; echo rc=$?\n", tmp_path, env,
                   timeout=180, tasks_per_node=2)

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurmjobs import run_job
+from tests.slurmjobs import run_job, submit, wait
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "run" / "train_ddp.py"
@@ -76,3 +76,37 @@ echo "run-rc=$?"
 """, tmp_path, env, timeout=240)
     assert "run-rc=4" in out, out
     assert not (tmp_path / "started").exists()
+
+
+def test_usr1_warning_checkpoints_requeues_and_the_job_resumes(env, tmp_path):
+    """The pre-emption pattern end to end: the batch script ``exec``s hpcml run, so the
+    batch-shell signal (``--signal=B:USR1@T``; here ``scancel --signal=USR1 --batch``) goes
+    to hpcml run, which passes it to srun, which passes it to every task's recorder, which
+    passes it to the training process. Its Checkpointer saves, requeues the job and exits 0;
+    the requeued job starts again from the top and resumes at the saved step on both ranks."""
+    import subprocess
+    import time
+    script = f"""#!/bin/bash
+#SBATCH --requeue
+#SBATCH --open-mode=append
+echo "start ${{SLURM_RESTART_COUNT:-0}}"
+exec hpcml run --no-report --dir job-${{SLURM_RESTART_COUNT:-0}} -- python {ROOT}/examples/ckpt/train_resume.py \\
+    ckpt --steps 400 --size-mb 0.1 --step-sleep 0.05 --requeue
+"""
+    job = submit(script, tmp_path, env)
+    end = time.monotonic() + 120
+    while time.monotonic() < end and len(list(tmp_path.glob("ckpt/step-*"))) < 2:
+        time.sleep(0.2)
+    assert list(tmp_path.glob("ckpt/step-*")), (tmp_path / "job.out").read_text()
+    subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
+    wait(job, env, timeout=360)
+    out = (tmp_path / "job.out").read_text()
+    assert "start 0" in out and "start 1" in out, out
+    first = [(tmp_path / "job-0" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
+    stopped = {int(line.split()[2]) for log in first for line in log.splitlines() if line.startswith("stopped at")}
+    assert len(stopped) == 1 and all("(SIGUSR1)" in log for log in first), first
+    # then the requeue's own CONT and TERM, passed on as well (ranks 143: Slurm's kill, after the commit)
+    assert json.loads((tmp_path / "job-0" / "run.json").read_text())["signals_forwarded"][0] == "SIGUSR1"
+    second = [(tmp_path / "job-1" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
+    at = next(iter(stopped))
+    assert at > 0 and all(f"resumed at {at}" in log and "done at 400" in log for log in second), second

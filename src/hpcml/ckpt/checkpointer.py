@@ -88,15 +88,15 @@ class Checkpointer:
     write (and, on rank 0, the commit) is done; ``load_latest()`` returns ``(state, step)``
     of the newest complete checkpoint, or ``(None, None)``. ``maybe_save(state, step)`` saves
     every ``every`` steps and, once SIGUSR1 or SIGTERM arrived (``#SBATCH --signal=USR1@300``,
-    preemption), takes a final checkpoint, waits for it, requeues the job when
-    ``requeue=True`` and sets ``stopping``.
+    preemption), takes a final checkpoint at a step every rank agrees on (``_stop_now``),
+    waits for it, requeues the job when ``requeue=True`` and sets ``stopping``.
     """
 
     def __init__(self, directory: str | os.PathLike, every: int | None = None, keep: int = 3,
                  local_dir: str | os.PathLike | None = None, max_write_rate: str | float | None = "500 MB/s",
                  *, replicated: bool = False, requeue: bool = False,
                  signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM"), rank: int | None = None,
-                 world_size: int | None = None, commit_timeout: float = 600.0) -> None:
+                 world_size: int | None = None, commit_timeout: float = 600.0, stop_lead: int = 10) -> None:
         if keep < 1:
             raise UsageError(f"keep must be at least 1, not {keep}", key="keep")
         if every is not None and every < 1:
@@ -121,8 +121,10 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closing = False
-        self.stop_signal: str | None = None
+        self.stop_signal: str | None = None     # the signal's name; "peer" when another rank had it
         self.stopping = False
+        self.stop_lead = stop_lead               # steps between the first signal and the final save
+        self._stop_step: int | None = None
         self.skipped: list[str] = []         # checkpoints load_latest passed over, and why
         self.last_blocking_s = 0.0
         self.last_durable_s = 0.0
@@ -134,17 +136,61 @@ class Checkpointer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
+    def _stop_now(self, step: int) -> bool:
+        """Whether every rank takes its final checkpoint at ``step``.
+
+        The signal reaches each rank at its own moment: one may see it before step 5 and
+        another only after, and a rank that stops alone leaves a checkpoint that never
+        commits (and, under DDP, the others hang in their next collective). So the step is
+        agreed. With torch.distributed: a one-element all-reduce (MAX) of "a signal came"
+        at every call, as Lightning does; every rank gets the same answer at the same step.
+        Without it (ranks that share no collective): the first rank to see the signal at
+        step s names ``s + stop_lead`` in ``DIR/.stop-TOKEN`` (created exclusively, so the
+        first one wins) and each rank stops there once it has its own signal; only ranks
+        that had a signal look, so a step costs no file-system metadata call."""
+        if self.stopping:
+            return False
+        if self.world == 1:
+            return self.stop_signal is not None
+        d = _dist()
+        if d is not None:
+            import torch
+            dev = torch.device("cuda", torch.cuda.current_device()) if d.get_backend() == "nccl" else "cpu"
+            flag = torch.tensor([1 if self.stop_signal else 0], dtype=torch.int32, device=dev)
+            d.all_reduce(flag, op=d.ReduceOp.MAX)
+            if flag.item() and self.stop_signal is None:
+                self.stop_signal = "peer"
+            return bool(flag.item())
+        if self.stop_signal is None:
+            return False
+        if self._stop_step is None:
+            path = self.dir / f".stop-{self.token}"
+            try:
+                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+                with os.fdopen(fd, "w") as fh:
+                    fh.write(f"{step + self.stop_lead}\n")
+            except FileExistsError:
+                pass
+            try:
+                self._stop_step = int(path.read_text().strip() or "x")
+            except (OSError, ValueError):
+                return False                    # being written by the rank that won: next step
+        return step >= self._stop_step
+
     def maybe_save(self, state: Any | Callable[[], Any], step: int) -> bool:
-        """Save when ``step`` is due or a stop signal arrived; True if it saved."""
-        final = self.stop_signal is not None and not self.stopping
+        """Save when ``step`` is due or every rank agreed to stop here (a stop signal
+        arrived; see ``_stop_now``); True if it saved."""
+        final = self._stop_now(step)
         if not final and not (self.every and step % self.every == 0):
             return False
         self.save(state() if callable(state) else state, step)
         if final:
             self.wait()
             self.stopping = True
-            if self.requeue and self.rank == 0:
-                self._requeue()
+            if self.rank == 0:          # committed: every rank has read the agreed step
+                (self.dir / f".stop-{self.token}").unlink(missing_ok=True)
+                if self.requeue:
+                    self._requeue()
         return True
 
     def _requeue(self) -> None:

@@ -360,7 +360,9 @@ class LocalSlurm:
             f"SlurmctldHost={host}(127.0.0.1)",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
-            f"AuthInfo=socket={self.munge_socket}",
+            # cred_expire: a requeued job waits this long (+1 s) before it may start again
+            # (Slurm's default 120 s would make a requeue test wait two minutes)
+            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
             f"SlurmctldPort={self.ctld_port}", f"SlurmdPort={self.first_slurmd_port}",
             f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool/%n",
             f"SlurmctldPidFile={self.run_dir}/slurmctld.pid",
