@@ -56,11 +56,12 @@ def split(table, *, with_rank: bool = False) -> dict[Key, tuple]:
     import pyarrow.compute as pc
     if not table.num_rows:
         return {}
-    t = table.combine_chunks()
+    t = table                     # chunked as read: combining would copy every string
     kinds, names = pc.unique(t["kind"]), pc.unique(t["name"])
     nn = len(names)
-    key = pc.index_in(t["kind"], value_set=kinds).to_numpy().astype(np.int32) * nn \
-        + pc.index_in(t["name"], value_set=names).to_numpy()
+    kt = np.uint16 if len(kinds) * nn < 65536 else np.int64     # 16-bit: a stable radix sort
+    key = pc.index_in(t["kind"], value_set=kinds).to_numpy().astype(kt) * kt(nn) \
+        + pc.index_in(t["name"], value_set=names).to_numpy().astype(kt)
     order = np.argsort(key, kind="stable")
     bounds = np.concatenate([[0], np.cumsum(np.bincount(key, minlength=len(kinds) * nn))])
 
