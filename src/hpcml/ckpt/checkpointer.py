@@ -136,6 +136,10 @@ class Checkpointer:
     def _on_signal(self, signum: int, frame: Any) -> None:
         self.stop_signal = signal.Signals(signum).name
 
+    @property
+    def _stop_file(self) -> Path:
+        return self.dir / f".stop-{self.token}"
+
     def _stop_now(self, step: int) -> bool:
         """Whether every rank takes its final checkpoint at ``step``.
 
@@ -158,13 +162,14 @@ class Checkpointer:
             dev = torch.device("cuda", torch.cuda.current_device()) if d.get_backend() == "nccl" else "cpu"
             flag = torch.tensor([1 if self.stop_signal else 0], dtype=torch.int32, device=dev)
             d.all_reduce(flag, op=d.ReduceOp.MAX)
-            if flag.item() and self.stop_signal is None:
+            agreed = bool(flag.item())
+            if agreed and self.stop_signal is None:
                 self.stop_signal = "peer"
-            return bool(flag.item())
+            return agreed
         if self.stop_signal is None:
             return False
         if self._stop_step is None:
-            path = self.dir / f".stop-{self.token}"
+            path = self._stop_file
             try:
                 fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
                 with os.fdopen(fd, "w") as fh:
@@ -172,7 +177,7 @@ class Checkpointer:
             except FileExistsError:
                 pass
             try:
-                self._stop_step = int(path.read_text().strip() or "x")
+                self._stop_step = int(path.read_text())
             except (OSError, ValueError):
                 return False                    # being written by the rank that won: next step
         return step >= self._stop_step
@@ -188,7 +193,7 @@ class Checkpointer:
             self.wait()
             self.stopping = True
             if self.rank == 0:          # committed: every rank has read the agreed step
-                (self.dir / f".stop-{self.token}").unlink(missing_ok=True)
+                self._stop_file.unlink(missing_ok=True)
                 if self.requeue:
                     self._requeue()
         return True

@@ -11,14 +11,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from hpcml.fastparser import FastParser
+
 PROG = "hpcml env run"
 FLAGS = {"runtime": "--runtime", "site": "--site", "verbose": "--verbose", "lenient": "--lenient"}   # setting -> option
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"{PROG}: error: {message} (see: hpcml env run --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def wants(argv: list[str]) -> bool:
@@ -28,7 +24,7 @@ def wants(argv: list[str]) -> bool:
 
 
 def main(argv: list[str]) -> int:
-    parser = _Parser(prog=PROG, add_help=False)
+    parser = FastParser(prog=PROG, add_help=False)
     parser.add_argument("--runtime", "-r", default="auto")
     parser.add_argument("--verbose", "-v", action="store_true")
     parser.add_argument("--site")

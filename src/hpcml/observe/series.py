@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.observe.store import files_by_rank, missing_ranks, read_meta, read_rank
+from hpcml.observe.store import files_by_rank, iter_ranks, missing_ranks, read_meta
 
 Key = tuple[str, str]
 _COLUMNS = ["ts", "rank", "kind", "name", "value", "step"]      # gpu is unused
@@ -50,13 +50,13 @@ class JobSeries:
     problems: dict[int, str] = field(default_factory=dict)
 
 
-def split(table, *, with_rank: bool = False) -> dict[Key, tuple]:
-    """A table's rows by (kind, name): (rank or None, ts_us, value, step or None) arrays."""
+def split(t) -> dict[Key, tuple]:
+    """A table's rows by (kind, name): (rank, ts_us, value, step or None) arrays. The
+    columns stay chunked as read: combining them would copy every string."""
     import pyarrow as pa
     import pyarrow.compute as pc
-    if not table.num_rows:
+    if not t.num_rows:
         return {}
-    t = table                     # chunked as read: combining would copy every string
     kinds, names = pc.unique(t["kind"]), pc.unique(t["name"])
     nn = len(names)
     kt = np.uint16 if len(kinds) * nn < 65536 else np.int64     # 16-bit: a stable radix sort
@@ -70,38 +70,34 @@ def split(table, *, with_rank: bool = False) -> dict[Key, tuple]:
         if pa.types.is_timestamp(col.type):
             col = col.cast(pa.int64())
         return (pc.fill_null(col, fill) if col.null_count else col).to_numpy()
-    ts, value, step = column("ts", 0), column("value", np.nan), column("step", -1)
-    rank = column("rank", 0) if with_rank else None
+    rank, ts, value, step = column("rank", 0), column("ts", 0), column("value", np.nan), column("step", -1)
     kinds_l, names_l = kinds.to_pylist(), names.to_pylist()
     out: dict[Key, tuple] = {}
     for code in np.flatnonzero(bounds[1:] > bounds[:-1]):
         idx = order[bounds[code]:bounds[code + 1]]
         kind = kinds_l[code // nn]
-        out[(kind, names_l[code % nn])] = (None if rank is None else rank[idx], ts[idx], value[idx],
+        out[(kind, names_l[code % nn])] = (rank[idx], ts[idx], value[idx],
                                            step[idx] if kind == "section" else None)
     return out
 
 
-def _read_some(ranks: list[int], by_rank: dict[int, list[Path]]) -> tuple[dict[int, str], list[int], int, dict]:
-    """A few ranks' segments read and split together (a split has a fixed cost; 16 ranks
+def _read_some(files: list[Path]) -> tuple[dict[int, str], list[int], int, dict]:
+    """A few ranks' files read and split together (a split has a fixed cost; 16 ranks
     share it); their Arrow buffers are dropped on return."""
     import pyarrow as pa
     batches: list = []
     problems: dict[int, str] = {}
     with_data: list[int] = []
-    for rank in ranks:
-        n = len(batches)
-        for f in by_rank[rank]:
-            d = read_rank(f)
-            batches += d.batches
-            if d.problem and rank not in problems:
-                problems[rank] = d.problem
-        if any(b.num_rows for b in batches[n:]):
-            with_data.append(rank)
+    for d in iter_ranks(files):
+        batches += d.batches
+        if d.problem:
+            problems[d.rank] = d.problem
+        if any(b.num_rows for b in d.batches):
+            with_data.append(d.rank)
     if not batches:
         return problems, with_data, 0, {}
     t = pa.Table.from_batches(batches).select(_COLUMNS)
-    return problems, with_data, t.num_rows, split(t, with_rank=True)
+    return problems, with_data, t.num_rows, split(t)
 
 
 def read_series(path: str | os.PathLike) -> JobSeries:
@@ -111,13 +107,14 @@ def read_series(path: str | os.PathLike) -> JobSeries:
     p, meta, files = read_meta(path)
     by_rank = files_by_rank(files)
     ranks = sorted(by_rank)
-    chunks = [ranks[i:i + RANKS_PER_SPLIT] for i in range(0, len(ranks), RANKS_PER_SPLIT)]
+    chunks = [[f for r in ranks[i:i + RANKS_PER_SPLIT] for f in by_rank[r]]
+              for i in range(0, len(ranks), RANKS_PER_SPLIT)]
     pieces: dict[Key, list] = {}
     problems: dict[int, str] = {}
     rows = 0
     with_data: set[int] = set()
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        for probs, seen, n, parts in pool.map(_read_some, chunks, [by_rank] * len(chunks)):
+        for probs, seen, n, parts in pool.map(_read_some, chunks):
             problems.update(probs)
             with_data.update(seen)
             rows += n
@@ -129,11 +126,11 @@ def read_series(path: str | os.PathLike) -> JobSeries:
 
 
 def _join(parts: list[tuple]) -> Series:
-    rank, ts, value, step = (np.concatenate(c) if c[0] is not None else None for c in zip(*parts))
-    assert rank is not None and ts is not None and value is not None
-    return Series(rank=rank, ts_us=ts, value=value, step=step)
+    rank, ts, value, step = zip(*parts)
+    return Series(rank=np.concatenate(rank), ts_us=np.concatenate(ts), value=np.concatenate(value),
+                  step=None if step[0] is None else np.concatenate(step))
 
 
 def from_table(table) -> dict[Key, Series]:
     """The same series from a ``read_job`` table (for callers that hold one already)."""
-    return {key: Series(*arrays) for key, arrays in split(table, with_rank=True).items()}
+    return {key: Series(*arrays) for key, arrays in split(table).items()}

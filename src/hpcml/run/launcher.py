@@ -14,7 +14,6 @@ import signal
 import subprocess
 import sys
 import time
-from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -205,28 +204,25 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
     _prefetch_report(opts)
     rc = 0
-    stack = ExitStack()
-    seen = stack.enter_context(forwarding(lambda: list(procs)))
-    try:
-        while procs:
-            for p in list(procs):
-                code = p.poll()
-                if code is None:
-                    continue
-                procs.remove(p)
-                if code != 0 and rc == 0:
-                    rc = code
-                    for other in procs:                   # as srun --kill-on-bad-exit does
-                        other.send_signal(signal.SIGTERM)
-            time.sleep(0.05)
-    except KeyboardInterrupt:
-        for p in procs:
-            p.send_signal(signal.SIGINT)
-        for p in procs:
-            p.wait()
-        rc = 130
-    finally:
-        stack.close()
+    with forwarding(lambda: list(procs)) as seen:
+        try:
+            while procs:
+                for p in list(procs):
+                    code = p.poll()
+                    if code is None:
+                        continue
+                    procs.remove(p)
+                    if code != 0 and rc == 0:
+                        rc = code
+                        for other in procs:                   # as srun --kill-on-bad-exit does
+                            other.send_signal(signal.SIGTERM)
+                time.sleep(0.05)
+        except KeyboardInterrupt:
+            for p in procs:
+                p.send_signal(signal.SIGINT)
+            for p in procs:
+                p.wait()
+            rc = 130
     _note_signals(info, seen)
     return rc
 

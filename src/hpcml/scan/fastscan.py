@@ -8,19 +8,13 @@ requirements`` still go through Typer. Same options as the Typer command; errors
 
 from __future__ import annotations
 
-import argparse
 import os
-import sys
 from pathlib import Path
+
+from hpcml.fastparser import FastParser
 
 PROG = "hpcml scan"
 FLAGS = {"policy": "--policy", "sarif": "--sarif", "jobs": "--jobs"}
-
-
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str):
-        print(f"{PROG}: error: {message} (see: hpcml scan --help)", file=sys.stderr)
-        raise SystemExit(2)
 
 
 def wants(argv: list[str]) -> bool:
@@ -34,7 +28,7 @@ def wants(argv: list[str]) -> bool:
 def main(argv: list[str]) -> int:
     if argv[:1] == ["files"]:
         argv = argv[1:]
-    parser = _Parser(prog=PROG, add_help=False)
+    parser = FastParser(prog=PROG, add_help=False)
     parser.add_argument("paths", nargs="+", type=Path)
     parser.add_argument("--policy", action="append", type=Path, default=None)
     parser.add_argument("--json", dest="as_json", action="store_true")

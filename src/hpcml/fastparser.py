@@ -1,0 +1,14 @@
+"""The argument parser of the Typer-free fast paths (``hpcml env run``, ``hpcml scan``):
+argparse with the project's one error shape, ``PROG: error: MESSAGE`` on one line and exit 2,
+as ``hpcml.cli.report`` prints for every other command."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+class FastParser(argparse.ArgumentParser):
+    def error(self, message: str):
+        print(f"{self.prog}: error: {message} (see: {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
