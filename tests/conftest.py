@@ -27,7 +27,10 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
     skipping is acceptable. While it runs, ``os.environ`` has its SLURM_CONF and no
     SLURM_* variables of an enclosing job.
     """
-    cluster = LocalSlurm(Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm")))
+    # HPCML_SLURM_ROOT and HPCML_SLURM_PORT let two suites on one host keep their own cluster.
+    port = int(os.environ.get("HPCML_SLURM_PORT", "6917"))
+    cluster = LocalSlurm(Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm")),
+                         ctld_port=port, first_slurmd_port=port + 4)
     error: SlurmError | None = None
     try:
         cluster.install()

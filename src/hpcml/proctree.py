@@ -1,0 +1,108 @@
+"""Owning a process tree: the one place hpcml talks to the kernel about whose children die.
+
+A launcher (``hpcml run``'s task wrapper, a farm worker) must guarantee that what it started
+does not outlive it, even when it is killed with SIGKILL and runs no cleanup of its own:
+
+* ``die_with_parent`` (PR_SET_PDEATHSIG) makes a direct child die when its parent does. It
+  reaches one process only: the child's own children are not signalled.
+* So the child runs in its own process group (``start_new_session``), and a small process
+  that survives nothing but its parent's death (the wrapper) kills that group: a rank's
+  ``sleep 300`` or a task's inner ``sh -c`` dies with it.
+* A process that leaves the group (``setsid``, a daemon's double fork) escapes ``killpg``;
+  a child subreaper (PR_SET_CHILD_SUBREAPER) inherits such orphans, so ``kill_descendants``
+  can still find them through the process table.
+
+Written with ctypes rather than a dependency: prctl(2) is two constants, and the libraries
+that wrap it (python-prctl) need a compiler and libcap headers on every node.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+import time
+from typing import Any
+
+PR_SET_PDEATHSIG = 1
+PR_SET_CHILD_SUBREAPER = 36
+
+_LIBC: Any = None
+_LOADED = False
+
+
+def libc() -> Any:
+    """libc through ctypes (None where it cannot be loaded)."""
+    global _LIBC, _LOADED
+    if not _LOADED:
+        _LOADED = True
+        try:
+            _LIBC = ctypes.CDLL(None, use_errno=True)
+        except OSError:
+            _LIBC = None
+    return _LIBC
+
+
+def die_with_parent(sig: int = signal.SIGKILL) -> None:
+    """In a forked child (``preexec_fn`` or after fork): get ``sig`` when the parent thread
+    dies; exit at once if it already has (the race between fork and prctl)."""
+    parent = os.getppid()
+    lib = libc()
+    if lib is not None:
+        lib.prctl(PR_SET_PDEATHSIG, int(sig))
+    if os.getppid() != parent or parent == 1:
+        os._exit(1)
+
+
+def become_subreaper() -> bool:
+    """Orphaned descendants (a daemonised grandchild) are re-parented to this process
+    instead of init, so it can find and kill them. False where the kernel refuses."""
+    lib = libc()
+    return lib is not None and lib.prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
+
+
+def signal_group(pgid: int, sig: int) -> bool:
+    """``killpg`` that treats a group already gone as done; True if the signal was sent."""
+    try:
+        os.killpg(pgid, sig)
+        return True
+    except (ProcessLookupError, PermissionError):
+        return False
+
+
+def group_alive(pgid: int) -> bool:
+    """Whether any process is still in group ``pgid`` (signal 0 probes without sending)."""
+    return signal_group(pgid, 0)
+
+
+def stop_group(pgid: int, grace: float, poll: float = 0.05) -> bool:
+    """SIGTERM to the group, SIGKILL to whatever is left after ``grace`` seconds; True if
+    SIGKILL was needed. Zombies of our own children count as alive until reaped by the
+    caller, so the wait ends at the grace period at the latest."""
+    if not signal_group(pgid, signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline:
+        if not group_alive(pgid):
+            return False
+        time.sleep(poll)
+    return signal_group(pgid, signal.SIGKILL)
+
+
+def kill_descendants(sig: int = signal.SIGKILL) -> int:
+    """Send ``sig`` to every descendant of this process (children, their children, and
+    orphans re-parented here as a subreaper); returns how many were signalled."""
+    import psutil
+
+    count = 0
+    try:
+        family = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return 0
+    for proc in family:
+        try:
+            proc.send_signal(sig)
+            count += 1
+        except psutil.Error:
+            pass
+    return count
