@@ -185,3 +185,35 @@ def test_conf_has_one_port_per_node_and_the_extra_lines() -> None:
             if line.startswith("NodeName=")] == ["7010", "7011", "7012"]
     assert "PartitionName=debug Nodes=n[1-3]" in conf
     assert conf.rstrip().endswith("Prolog=/bin/true")
+
+
+@pytest.mark.slurm
+def test_start_tries_once_more_after_a_failed_start(slurm_cluster: LocalSlurm,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A start whose slurmctld is lost at its first start (as once on a loaded machine:
+    "slurmctld exited at start: no log") comes up on the second try. The first failure is
+    injected by making the first slurmctld start raise after the daemon is up; a second
+    failure still raises."""
+    root = Path(tempfile.mkdtemp(prefix="hpcml-slurm-r", dir="/tmp"))
+    cluster = LocalSlurm(root, nodes=1, ctld_port=6937, first_slurmd_port=6941)
+    real = LocalSlurm._start_slurmctld
+    calls: list[int] = []
+
+    def flaky(self: LocalSlurm, deadline: float) -> None:
+        calls.append(1)
+        real(self, deadline)
+        if len(calls) == 1:
+            raise SlurmError("slurmctld exited at start: no log (injected)")
+    monkeypatch.setattr(LocalSlurm, "_start_slurmctld", flaky)
+    try:
+        cluster.start()
+        assert len(calls) == 2 and cluster.is_up()
+        cluster.stop()
+        monkeypatch.setattr(LocalSlurm, "_start_slurmctld",
+                            lambda self, deadline: (_ for _ in ()).throw(SlurmError("always")))
+        with pytest.raises(SlurmError, match="always"):
+            cluster.start()
+        assert not cluster.is_up() and not any(cluster.status().daemons.values())
+    finally:
+        cluster.stop()
+        shutil.rmtree(root, ignore_errors=True)
