@@ -13,6 +13,7 @@ from __future__ import annotations
 import signal
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
+from typing import Any
 
 #: what a wrapper forwards; SIGINT only where the terminal's Ctrl-C does not reach the
 #: children itself (a foreground process group gets it already)
@@ -34,9 +35,20 @@ def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_S
                     p.send_signal(sig)
                 except ProcessLookupError:
                     pass                      # ended between the poll and the kill
-    previous = {s: signal.signal(s, handler) for s in signals}
+    previous = install(signals, handler)
     try:
         yield seen
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
+        restore(previous)
+
+
+def install(signals: Iterable[int], handler: Callable) -> dict[int, Any]:
+    """Set ``handler`` for each of ``signals``; returns what was there, for ``restore``.
+    A library that installs handlers must give the caller's back when it is done."""
+    return {s: signal.signal(s, handler) for s in signals}
+
+
+def restore(previous: dict[int, Any]) -> None:
+    """Put back the handlers ``install`` replaced."""
+    for s, h in previous.items():
+        signal.signal(s, h)
