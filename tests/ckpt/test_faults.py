@@ -39,7 +39,7 @@ def test_kill_9_at_random_moments_never_leaves_a_corrupt_latest(tmp_path):
         proc.send_signal(signal.SIGKILL)
         proc.wait()
         kills += 1
-        state, step = Checkpointer(ck).load_latest()
+        state, step = Checkpointer(ck, read_only=True).load_latest()
         if step is None:
             assert last == 0
             continue
@@ -67,7 +67,7 @@ def test_kill_9_during_the_drain_from_the_local_tier_keeps_the_committed_one(tmp
     proc.send_signal(signal.SIGKILL)
     proc.wait()
     assert (local / "step-00000004" / "rank-00000.json").exists()      # local copy was complete
-    state, step = Checkpointer(ck, local_dir=local).load_latest()
+    state, step = Checkpointer(ck, local_dir=local, read_only=True).load_latest()
     assert step == 3 and (state["w"] == 3).all()
 
 
@@ -101,5 +101,5 @@ def test_sigusr1_takes_a_final_checkpoint_and_stops(tmp_path):
     out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
     stopped = int(out.split("stopped at ")[1].split()[0])
-    state, step = Checkpointer(ck).load_latest()
+    state, step = Checkpointer(ck, read_only=True).load_latest()
     assert step == stopped > 0 and (state["w"] == stopped).all()

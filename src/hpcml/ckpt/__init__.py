@@ -1,6 +1,7 @@
 """Checkpointing that survives the cluster: async with a bytes/s cap, atomic across ranks,
 tiered local -> shared, and aware of Slurm's time limit (``hpcml.ckpt.Checkpointer``)."""
 
-from hpcml.ckpt.checkpointer import Checkpointer, CheckpointError, prune
+from hpcml.ckpt.checkpointer import Checkpointer, CheckpointError
+from hpcml.ckpt.prune import Pruned, prune
 
-__all__ = ["CheckpointError", "Checkpointer", "prune"]
+__all__ = ["CheckpointError", "Checkpointer", "Pruned", "prune"]

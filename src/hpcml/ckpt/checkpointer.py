@@ -32,10 +32,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from hpcml.ckpt import layout
+from hpcml import signals as sigs
+from hpcml.ckpt import layout, owner
 from hpcml.ckpt.flatten import describe, flatten, unflatten
 from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.pacer import copy_paced, write_paced
+from hpcml.ckpt.prune import Pruned, prune
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.units import parse_rate
 
@@ -90,13 +92,20 @@ class Checkpointer:
     every ``every`` steps and, once SIGUSR1 or SIGTERM arrived (``#SBATCH --signal=USR1@300``,
     preemption), takes a final checkpoint at a step every rank agrees on (``_stop_now``),
     waits for it, requeues the job when ``requeue=True`` and sets ``stopping``.
+
+    One job writes a directory: a second writer is refused (``hpcml.ckpt.owner``) unless
+    ``take_over=True``; ``read_only=True`` opens it to load only (an evaluation beside the
+    training). Files are created ``mode`` (0600, directories 0700: they hold the model's
+    weights). ``close()`` (or leaving a ``with`` block) gives back the signal handlers it
+    replaced and the directory.
     """
 
     def __init__(self, directory: str | os.PathLike, every: int | None = None, keep: int = 3,
                  local_dir: str | os.PathLike | None = None, max_write_rate: str | float | None = "500 MB/s",
                  *, replicated: bool = False, requeue: bool = False,
                  signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM"), rank: int | None = None,
-                 world_size: int | None = None, commit_timeout: float = 600.0, stop_lead: int = 10) -> None:
+                 world_size: int | None = None, commit_timeout: float = 600.0, stop_lead: int = 10,
+                 mode: int = layout.FILE_MODE, take_over: bool = False, read_only: bool = False) -> None:
         if keep < 1:
             raise UsageError(f"keep must be at least 1, not {keep}", key="keep")
         if every is not None and every < 1:
@@ -112,11 +121,19 @@ class Checkpointer:
             raise UsageError(str(exc), key="max_write_rate") from None
         self.rank, self.world = _rank_world(rank, world_size)
         self.commit_timeout = commit_timeout
-        self.dir.mkdir(parents=True, exist_ok=True)
-        if any(self.dir.iterdir()) and not layout.is_checkpoint_dir(self.dir):
+        self.mode, self.read_only = mode, read_only
+        if read_only:
+            if not self.dir.is_dir():
+                raise UsageError("no such directory", file=str(self.dir))
+        else:
+            layout.make_dir(self.dir, mode)
+        if any(p.name != owner.OWNER for p in self.dir.iterdir()) and not layout.is_checkpoint_dir(self.dir):
             raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
                              file=str(self.dir))
         self.token = _attempt_token(self.world)
+        if self.rank == 0 and not read_only:
+            owner.claim(self.dir, self.token, mode=mode,
+                        take_over=take_over or os.environ.get("HPCML_CKPT_TAKE_OVER", "") not in ("", "0"))
         self._host: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -128,9 +145,11 @@ class Checkpointer:
         self.skipped: list[str] = []         # checkpoints load_latest passed over, and why
         self.last_blocking_s = 0.0
         self.last_durable_s = 0.0
-        if threading.current_thread() is threading.main_thread():
-            for name in signals:
-                signal.signal(getattr(signal, name), self._on_signal)
+        self._checked: dict[tuple[str, float], list[str]] = {}     # checkpoints verified by this process
+        self._reported: set[str] = set()
+        self._handlers: dict[int, Any] = {}
+        if threading.current_thread() is threading.main_thread() and not read_only:
+            self._handlers = sigs.install([getattr(signal, name) for name in signals], self._on_signal)
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
@@ -171,8 +190,7 @@ class Checkpointer:
         if self._stop_step is None:
             path = self._stop_file
             try:
-                fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-                with os.fdopen(fd, "w") as fh:
+                with os.fdopen(layout.create(path, self.mode, os.O_EXCL), "w") as fh:
                     fh.write(f"{step + self.stop_lead}\n")
             except FileExistsError:
                 pass
@@ -211,6 +229,8 @@ class Checkpointer:
         """Snapshot ``state`` and write it in the background (the previous save is waited for
         first: its host buffer is reused)."""
         self.wait()
+        if self.read_only:
+            raise UsageError("opened read_only: it loads, it does not save", file=str(self.dir))
         if self.replicated and self.rank != 0:
             return
         t0 = time.perf_counter()
@@ -255,29 +275,38 @@ class Checkpointer:
 
     def _background(self, step: int, view: memoryview, doc: dict[str, Any], started: float) -> None:
         try:
-            self._write(step, view, doc)
+            try:
+                self._write(step, view, doc)
+            except FileNotFoundError:            # a dead attempt's partial at this step, pruned
+                self._write(step, view, doc)     # under us by rank 0: once more, in a new one
             self.last_durable_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
             self._error = exc
+            for d in (self.dir / layout.partial_name(step), self.local / layout.step_name(step) if self.local else None):
+                if d is not None:                # a full disk: give back what this rank's attempt took
+                    (d / (layout.shard_names(self.rank)[0] + ".tmp")).unlink(missing_ok=True)
 
     def _write(self, step: int, view: memoryview, doc: dict[str, Any]) -> None:
         bin_name, json_name = layout.shard_names(self.rank)
         partial = self.dir / layout.partial_name(step)
-        partial.mkdir(exist_ok=True)
+        layout.make_dir(partial, self.mode)
+        os.close(layout.create(partial / layout.attempt_mark(self.token), self.mode))
         stop = lambda: self._closing  # noqa: E731
+        mode = self.mode
         if self.local is not None:
             local = self.local / layout.step_name(step)
-            local.mkdir(parents=True, exist_ok=True)
-            doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop)
+            layout.make_dir(local, mode)
+            doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop, mode=mode)
             os.replace(local / (bin_name + ".tmp"), local / bin_name)
-            layout.write_json_durably(local / json_name, doc)      # the same document as the shared one
+            layout.write_json_durably(local / json_name, doc, mode)      # the same document as the shared one
             if copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate,
-                          should_stop=stop) != doc["crc32"]:
+                          should_stop=stop, mode=mode) != doc["crc32"]:
                 raise CheckpointError(f"{local / bin_name}: changed while it was drained to {partial}")
         else:
-            doc["crc32"] = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop)
+            doc["crc32"] = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop,
+                                       mode=mode)
         os.replace(partial / (bin_name + ".tmp"), partial / bin_name)
-        layout.write_json_durably(partial / json_name, doc)
+        layout.write_json_durably(partial / json_name, doc, mode)
         if self.rank == 0:
             self._commit(step, partial)
 
@@ -304,18 +333,22 @@ class Checkpointer:
                     raise CheckpointError(f"{partial}: ranks {sorted(set(map(str, ranks)) - set(records))} "
                                           f"did not report within {self.commit_timeout:g} s; not committed")
                 time.sleep(0.05)
+        committed_at = time.time()
         manifest = {"schema": layout.TAG, "step": step, "world_size": self.world, "replicated": self.replicated,
-                    "token": self.token, "committed_at": time.time(), "ranks": records}
-        layout.write_json_durably(partial / layout.MANIFEST, manifest)
+                    "token": self.token, "committed_at": committed_at, "ranks": records}
+        layout.write_json_durably(partial / layout.MANIFEST, manifest, self.mode)
+        owner.check(self.dir, self.token)    # taken over meanwhile: the new owner's directory now
         final = self.dir / layout.step_name(step)
-        if final.exists():                   # the same step saved again: replace it whole
-            old = self.dir / f".old-{layout.step_name(step)}-{self.token}"
+        if final.exists():                   # the same step saved again: replace it whole; a crash
+            old = self.dir / f".old-{layout.step_name(step)}-{self.token}"   # between the renames
+            shutil.rmtree(old, ignore_errors=True)     # leaves .old, which layout.scan loads as step N
             os.rename(final, old)
             os.rename(partial, final)
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(partial, final)
         layout.fsync_dir(self.dir)
+        self._checked[(self.token, committed_at)] = []
         self.prune()
 
     def wait(self) -> None:
@@ -331,7 +364,14 @@ class Checkpointer:
             raise CheckpointError(f"{self.dir}: background write failed: {exc}") from exc
 
     def close(self) -> None:
-        self.wait()
+        """Wait for the last write; give back the signal handlers and the directory."""
+        try:
+            self.wait()
+        finally:
+            sigs.restore(self._handlers)
+            self._handlers = {}
+            if self.rank == 0 and not self.read_only:
+                owner.release(self.dir, self.token)
 
     def __enter__(self) -> Checkpointer:
         return self
@@ -339,10 +379,24 @@ class Checkpointer:
     def __exit__(self, *exc: Any) -> None:
         self.close()
 
-    def prune(self) -> list[Path]:
-        """Remove committed checkpoints beyond the newest ``keep`` and partial ones older
-        than the newest committed (only ever after a newer one is committed)."""
-        return prune(self.dir, self.keep, local=self.local)
+    def prune(self) -> Pruned:
+        """Keep the newest ``keep`` checkpoints that verify, remove older ones and dead
+        attempts' partial ones (``hpcml.ckpt.prune``); what it skips goes to stderr once.
+        Each checkpoint is read to verify it once per process, not at every commit."""
+        done = prune(self.dir, self.keep, local=self.local, verified=self._verified, live_token=self.token)
+        for line in done.skipped:
+            if line not in self._reported:
+                self._reported.add(line)
+                print(f"hpcml ckpt: prune skipped {line}", file=sys.stderr)
+        return done
+
+    def _verified(self, found: layout.Found) -> list[str]:
+        if not found.manifest:
+            return layout.verify(found)
+        key = (found.manifest["token"], float(found.manifest["committed_at"]))
+        if key not in self._checked:
+            self._checked[key] = layout.verify(found)
+        return self._checked[key]
 
     # -- load ---------------------------------------------------------------------------
     def load_latest(self, map_location: Any = "cpu") -> tuple[Any, int | None]:
@@ -354,7 +408,9 @@ class Checkpointer:
             if not self._agree(ok):
                 why = why or "another rank's shard is missing or corrupt"
             elif ok:
-                assert source is not None
+                assert source is not None and found.manifest is not None
+                if len(found.manifest["ranks"]) == 1:       # its one shard's crc32 checked: verified
+                    self._checked[(found.manifest["token"], float(found.manifest["committed_at"]))] = []
                 return self._read(source, found), found.step
             self.skipped.append(f"{found.path}: {why}")
             print(f"hpcml ckpt: skipped {found.path}: {why}", file=sys.stderr)
@@ -412,27 +468,3 @@ class Checkpointer:
             raise CheckpointError(f"{directory / json_name}: cannot rebuild the state ({type(exc).__name__}: {exc})") \
                 from None
 
-
-def prune(root: Path, keep: int, local: Path | None = None) -> list[Path]:
-    """Keep the newest ``keep`` committed checkpoints; remove older ones and partial ones
-    older than the newest committed (and their local-tier copies). Returns what was removed."""
-    found = layout.scan(root)
-    committed = [f for f in found if f.committed]
-    if not committed:
-        return []
-    newest = committed[-1].step
-    drop = [f for f in committed[:-keep]] + [f for f in found if not f.committed and f.step < newest]
-    removed = []
-    for leftover in root.glob(".deleting-*"):     # a prune or a replace cut short
-        shutil.rmtree(leftover, ignore_errors=True)
-    for f in drop:
-        if f.committed:                    # out of sight first, then delete: a reader never
-            gone = root / f".deleting-{f.path.name}"    # sees a half-deleted checkpoint
-            os.rename(f.path, gone)
-            shutil.rmtree(gone, ignore_errors=True)
-        else:
-            shutil.rmtree(f.path, ignore_errors=True)
-        if local is not None:
-            shutil.rmtree(local / layout.step_name(f.step), ignore_errors=True)
-        removed.append(f.path)
-    return removed

@@ -7,12 +7,22 @@
         rank-00000.bin             the rank's tensors and arrays, 4 KiB aligned, never pickled
         rank-00000.json            hpcml.ckpt.shard/1: the state's structure, entry offsets, crc32
     DIR/.partial-step-00000100/    being written; never read by ``load_latest``
+        .attempt-TOKEN             which save attempts wrote here (a partial without the live
+                                   owner's mark is a dead attempt's: ``prune`` removes it)
+    DIR/.old-step-00000100-TOKEN/  a committed step being replaced by a re-save of the same step
+    DIR/.owner                     the job that writes here (``hpcml.ckpt.owner``)
 
 A checkpoint is visible only through the one ``rename`` of its partial directory, done by
 the committing rank after every rank's shard was written, fsynced and renamed into the
 partial directory under its own name, and the manifest fsynced: a reader sees all of it or
 nothing. Each shard says which save attempt wrote it (``token``), so a shard left behind by
 a crashed attempt at the same step is never taken for this attempt's.
+
+Re-saving a committed step takes two renames (``step-N`` out to ``.old-step-N-TOKEN``, the
+partial in); a crash between them leaves no ``step-N``, so ``scan`` takes the ``.old`` one
+for step N: the step is never lost, whatever moment the crash hit. A manifest is checked
+key by key (``manifest_problem``): valid JSON with a key missing or of the wrong type makes
+that checkpoint corrupt, never a ``KeyError``.
 """
 
 from __future__ import annotations
@@ -33,7 +43,10 @@ TAG = schemas.tag("ckpt", 1)
 SHARD_TAG = schemas.tag("ckpt.shard", 1)
 _STEP = re.compile(r"^step-(\d{8,})$")
 _PARTIAL = re.compile(r"^\.partial-step-(\d{8,})$")
+_OLD = re.compile(r"^\.old-step-(\d{8,})-")
 CRC_CHUNK = 16 << 20
+FILE_MODE = 0o600                       # checkpoints hold model weights: private unless asked
+_RANK_KEYS = ("size", "crc32", "json_size", "json_crc32")
 
 
 def step_name(step: int) -> str:
@@ -48,6 +61,11 @@ def shard_names(rank: int) -> tuple[str, str]:
     return f"rank-{rank:05d}.bin", f"rank-{rank:05d}.json"
 
 
+def attempt_mark(token: str) -> str:
+    """The empty file a save attempt leaves in each partial directory it writes into."""
+    return ".attempt-" + re.sub(r"[^A-Za-z0-9._-]", "_", token)
+
+
 def fsync_dir(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
     try:
@@ -56,10 +74,37 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_json_durably(path: Path, doc: dict[str, Any]) -> None:
+def dir_mode(mode: int) -> int:
+    """The directory mode that goes with a file mode: x wherever r is (0600 -> 0700)."""
+    return mode | (mode & 0o444) >> 2
+
+
+def make_dir(path: Path, mode: int = FILE_MODE) -> None:
+    """``mkdir -p`` whose new directories get ``dir_mode(mode)`` exactly (not the umask's)."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        os.chmod(d, dir_mode(mode))
+
+
+def create(path: Path | str, mode: int = FILE_MODE, flags: int = os.O_TRUNC) -> int:
+    """Open a new file for writing with ``mode`` exactly (fchmod: the umask only narrows)."""
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | flags, mode)
+    os.fchmod(fd, mode)
+    return fd
+
+
+def write_json_durably(path: Path, doc: dict[str, Any], mode: int = FILE_MODE) -> None:
     """Write under a temporary name, fsync, rename, fsync the directory."""
     tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w") as fh:
+    with os.fdopen(create(tmp, mode), "w") as fh:
         json.dump(doc, fh, separators=(",", ":"))
         fh.flush()
         os.fsync(fh.fileno())
@@ -95,6 +140,8 @@ class Found:
     committed: bool
     manifest: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
+    link: bool = False                  # a symbolic link: read through, never removed
+    superseded: bool = False            # an ``.old-step-N-*`` whose ``step-N`` exists
 
     @property
     def size(self) -> int:
@@ -105,30 +152,79 @@ class Found:
 
 def is_checkpoint_dir(root: Path) -> bool:
     try:
-        return any(_STEP.match(p.name) or _PARTIAL.match(p.name) for p in root.iterdir())
+        return any(_STEP.match(p.name) or _PARTIAL.match(p.name) or _OLD.match(p.name) for p in root.iterdir())
     except OSError:
         return False
 
 
+def _is_int(value: Any, low: int = 0) -> bool:
+    return type(value) is int and value >= low
+
+
+def manifest_problem(doc: dict[str, Any]) -> str | None:
+    """What is wrong with a tagged manifest's keys (hpcml.ckpt/1's schema, checked by hand:
+    jsonschema is not a dependency), or None."""
+    for key, ok, want in (("step", _is_int, "an integer >= 0"),
+                          ("world_size", lambda v: _is_int(v, 1), "an integer >= 1"),
+                          ("replicated", lambda v: isinstance(v, bool), "true or false"),
+                          ("token", lambda v: isinstance(v, str), "a string"),
+                          ("committed_at", lambda v: type(v) in (int, float), "a number"),
+                          ("ranks", lambda v: isinstance(v, dict) and bool(v), "an object of ranks")):
+        if key not in doc:
+            return f"key '{key}': missing"
+        if not ok(doc[key]):
+            return f"key '{key}': expected {want}, found {doc[key]!r}"
+    for rank, rec in doc["ranks"].items():
+        if not rank.isdigit() or not isinstance(rec, dict):
+            return f"key 'ranks.{rank}': expected a rank number with its shard's record"
+        for key in _RANK_KEYS:
+            if not _is_int(rec.get(key)):
+                return f"key 'ranks.{rank}.{key}': expected an integer, found {rec.get(key)!r}"
+    return None
+
+
+def read_manifest(found: Found) -> None:
+    """Set ``found.manifest``, or add the problem that makes it corrupt."""
+    path = found.path / MANIFEST
+    try:
+        doc = read_json(path, TAG)
+    except UsageError as exc:
+        found.problems.append(str(exc))
+        return
+    problem = manifest_problem(doc)
+    if problem:
+        found.problems.append(f"{path}: {problem}")
+    else:
+        found.manifest = doc
+
+
 def scan(root: Path) -> list[Found]:
     """Every committed and partial checkpoint under ``root``, oldest step first; committed
-    ones carry their manifest (or the problem reading it)."""
+    ones carry their manifest (or the problem reading it). An ``.old-step-N-*`` counts as
+    step N's committed checkpoint when there is no ``step-N`` (a re-save cut short)."""
     found: list[Found] = []
+    old: list[Found] = []
     try:
         entries = list(root.iterdir())
     except FileNotFoundError:
         return []
     for p in entries:
-        m = _STEP.match(p.name)
-        if m and p.is_dir():
-            f = Found(int(m.group(1)), p, True)
-            try:
-                f.manifest = read_json(p / MANIFEST, TAG)
-            except UsageError as exc:
-                f.problems.append(str(exc))
-            found.append(f)
+        if (m := _STEP.match(p.name)) and p.is_dir():
+            found.append(Found(int(m.group(1)), p, True, link=p.is_symlink()))
         elif (m := _PARTIAL.match(p.name)) and p.is_dir():
-            found.append(Found(int(m.group(1)), p, False))
+            found.append(Found(int(m.group(1)), p, False, link=p.is_symlink()))
+        elif (m := _OLD.match(p.name)) and p.is_dir():
+            old.append(Found(int(m.group(1)), p, True, link=p.is_symlink()))
+    steps = {f.step for f in found if f.committed}
+    for f in sorted(old, key=lambda f: f.path.name):
+        if f.step in steps:
+            f.committed, f.superseded = False, True
+        else:
+            steps.add(f.step)
+        found.append(f)
+    for f in found:
+        if f.committed:
+            read_manifest(f)
     return sorted(found, key=lambda f: (f.step, f.committed))
 
 

@@ -19,14 +19,16 @@ import time
 import zlib
 from collections.abc import Callable, Iterable, Iterator
 
+from hpcml.ckpt.layout import FILE_MODE, create
+
 PIECE = 8 << 20
 SYNC_EVERY = 64 << 20
 
 
 def _pump(path: str, pieces: Iterable[memoryview | bytes], rate: float | None,
-          should_stop: Callable[[], bool]) -> int:
+          should_stop: Callable[[], bool], mode: int) -> int:
     crc = 0
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o644)
+    fd = create(path, mode)
     try:
         start, done, synced = time.monotonic(), 0, 0
         for piece in pieces:
@@ -55,17 +57,17 @@ def _pump(path: str, pieces: Iterable[memoryview | bytes], rate: float | None,
 
 
 def write_paced(path: str, buf: memoryview, rate: float | None, *,
-                should_stop: Callable[[], bool] = lambda: False) -> int:
-    """Write ``buf`` to ``path`` (created, truncated), fsynced; returns its crc32.
+                should_stop: Callable[[], bool] = lambda: False, mode: int = FILE_MODE) -> int:
+    """Write ``buf`` to ``path`` (created, truncated, ``mode``), fsynced; returns its crc32.
     ``rate``: bytes/s cap (None: as fast as the device goes)."""
-    return _pump(path, (buf[i:i + PIECE] for i in range(0, len(buf), PIECE)), rate, should_stop)
+    return _pump(path, (buf[i:i + PIECE] for i in range(0, len(buf), PIECE)), rate, should_stop, mode)
 
 
 def copy_paced(src: str, dst: str, rate: float | None, *,
-               should_stop: Callable[[], bool] = lambda: False) -> int:
+               should_stop: Callable[[], bool] = lambda: False, mode: int = FILE_MODE) -> int:
     """Copy a file under the cap (the drain from the local tier); returns its crc32."""
     def chunks() -> Iterator[bytes]:
         with open(src, "rb", buffering=0) as fh:
             while chunk := fh.read(PIECE):
                 yield chunk
-    return _pump(dst, chunks(), rate, should_stop)
+    return _pump(dst, chunks(), rate, should_stop, mode)

@@ -61,14 +61,20 @@ def verify(directory: Path = typer.Argument(..., help="The checkpoint directory.
 
 @app.command("prune")
 def prune(directory: Path = typer.Argument(..., help="The checkpoint directory."),
-          keep: int = typer.Option(..., "--keep", min=1, help="Committed checkpoints to keep (the newest)."),
+          keep: int = typer.Option(..., "--keep", min=1, help="Checkpoints that verify to keep (the newest)."),
           local: Optional[Path] = typer.Option(None, "--local", help="Also prune this local tier.")) -> None:
-    """Keep the newest N committed checkpoints; remove older ones and abandoned partial ones.
+    """Keep the newest N checkpoints that verify (crc32); remove older ones and partial ones
+    no running job writes. Corrupt ones newer than those kept stay and are listed as skipped;
+    symbolic links are never followed nor removed.
 
         hpcml ckpt prune $SCRATCH/run1/ckpt --keep 2
     """
-    from hpcml.ckpt.checkpointer import prune as do_prune
+    from hpcml.ckpt import owner
     from hpcml.ckpt.inventory import open_root
+    from hpcml.ckpt.prune import prune as do_prune
     open_root(directory)
-    for path in do_prune(directory, keep, local=local):
+    done = do_prune(directory, keep, local=local, live_token=owner.live_token(directory))
+    for path in done.removed:
         print(f"removed {path}")
+    for line in done.skipped:
+        print(f"skipped {line}")

@@ -1,0 +1,145 @@
+"""Which job writes a checkpoint directory: ``DIR/.owner``, claimed when a writing
+``Checkpointer`` opens the directory.
+
+Two jobs pointed at one directory (a copied job script, a stale ``--dependency``) would
+each resume from the other's checkpoints and prune them under each other. So the writer
+records itself (attempt token, host, pid and its start time, Slurm job id) and a second
+writer is refused in one line naming the first, unless that one has ended or the caller
+takes over. The same owner is: the same attempt token, the same Slurm job (a requeued job
+keeps its id), or the same process. Whether another owner still runs: its Slurm job's state
+(``scontrol``), else on the same host its pid with the same start time; an owner on another
+host without Slurm cannot be checked and counts as running (take over if it is not).
+
+Claiming is lock-free and safe on NFS and Lustre: the record is written whole under a
+temporary name and ``link``-ed into place (fails if one exists); a stale record is first
+renamed away, which only one of two racing claimants can do. A take-over fences the old
+writer: its next commit finds another token in ``.owner`` and refuses (``check``).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcml.ckpt import layout
+from hpcml.errors import SlurmError, UsageError
+
+OWNER = ".owner"
+_ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING",
+           "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED")
+
+
+def _start_time(pid: int) -> float | None:
+    import psutil
+    try:
+        return psutil.Process(pid).create_time()
+    except psutil.Error:
+        return None
+
+
+def me(token: str) -> dict[str, Any]:
+    pid = os.getpid()
+    return {"token": token, "host": socket.gethostname(), "pid": pid, "started": _start_time(pid),
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "claimed_at": time.time()}
+
+
+def read(root: Path) -> dict[str, Any] | None:
+    """The owner record, or None (absent, or unreadable: written by no hpcml)."""
+    try:
+        doc = json.loads((root / OWNER).read_text())
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def same(owner: dict[str, Any], mine: dict[str, Any]) -> bool:
+    if owner.get("token") == mine["token"]:
+        return True
+    if owner.get("slurm_job_id") and owner.get("slurm_job_id") == mine["slurm_job_id"]:
+        return True
+    return owner.get("host") == mine["host"] and owner.get("pid") == mine["pid"]
+
+
+def running(owner: dict[str, Any]) -> bool | None:
+    """True, False, or None where it cannot be told (another host, no Slurm)."""
+    job = owner.get("slurm_job_id")
+    if job:
+        from hpcml.cluster import slurm
+        try:
+            recs = slurm.scontrol_show("job", str(job))
+        except SlurmError as exc:
+            if "invalid job id" in str(exc).lower():
+                return False
+        else:
+            return bool(recs) and recs[0].get("JobState", "").split()[0] in _ACTIVE
+    if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
+        return None
+    started = _start_time(owner["pid"])
+    return started is not None and (owner.get("started") is None or abs(started - owner["started"]) < 1)
+
+
+def describe(owner: dict[str, Any]) -> str:
+    job = f", Slurm job {owner['slurm_job_id']}" if owner.get("slurm_job_id") else ""
+    return f"token {owner.get('token')}, host {owner.get('host')}, pid {owner.get('pid')}{job}"
+
+
+def claim(root: Path, token: str, *, take_over: bool = False, mode: int = layout.FILE_MODE) -> None:
+    """Make this process the owner of ``root``; UsageError (exit 2) naming the other owner
+    when another job that still runs (or may) has it and ``take_over`` is false."""
+    mine = me(token)
+    tmp = root / f".owner.{mine['host']}.{mine['pid']}.tmp"
+    with os.fdopen(layout.create(tmp, mode), "w") as fh:
+        json.dump(mine, fh)
+    try:
+        for _ in range(20):
+            try:
+                os.link(tmp, root / OWNER)
+                return
+            except FileExistsError:
+                pass
+            owner = read(root)
+            if owner is not None and same(owner, mine):
+                os.replace(tmp, root / OWNER)
+                return
+            alive = running(owner) if owner is not None else False
+            if alive is not False and not take_over:
+                how = "still runs" if alive else "may still run (it cannot be checked from here)"
+                raise UsageError(f"in use by another job ({describe(owner or {})}) that {how}; two jobs in one "
+                                 "checkpoint directory resume from and prune each other's checkpoints: give this "
+                                 "job its own directory, or take over (take_over=True, HPCML_CKPT_TAKE_OVER=1) if "
+                                 "that job has ended", file=str(root))
+            stale = root / f".owner.stale-{mine['host']}.{mine['pid']}"
+            try:
+                os.rename(root / OWNER, stale)      # one of two racing claimants wins this
+            except FileNotFoundError:
+                continue
+            os.unlink(stale)
+        raise UsageError("could not claim the directory: its owner record keeps changing", file=str(root))
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
+def check(root: Path, token: str) -> None:
+    """Refuse to commit after another job took the directory over (fencing)."""
+    owner = read(root)
+    if owner is not None and owner.get("token") != token:
+        from hpcml.ckpt.checkpointer import CheckpointError
+        raise CheckpointError(f"{root}: taken over by another job ({describe(owner)}); this job's checkpoint "
+                              "was not committed")
+
+
+def release(root: Path, token: str) -> None:
+    """Remove the record if it is still this attempt's."""
+    owner = read(root)
+    if owner is not None and owner.get("token") == token:
+        (root / OWNER).unlink(missing_ok=True)
+
+
+def live_token(root: Path) -> str | None:
+    """The owner's token if it runs (or may), for ``prune`` run from outside the job."""
+    owner = read(root)
+    return owner.get("token") if owner is not None and running(owner) is not False else None
