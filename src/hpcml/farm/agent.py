@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.cluster import allocation, slurm
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import store
-from hpcml.farm.process import die_with_parent, libc
 from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
+from hpcml.proctree import become_subreaper, die_with_parent, signal_group
 
 RESPAWNS_PER_SLOT = 3
 
@@ -107,20 +107,23 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
              on_progress: Progress | None = None) -> int:
     """This node's agent: start ``slots`` workers and keep them going; 0 when they are done.
 
-    The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): what a killed worker's task
-    left behind (a shell's children) is re-parented here and killed, group and all."""
+    The agent is a child subreaper (PR_SET_CHILD_SUBREAPER): should a worker's guard be
+    killed on its own, what its task left behind is re-parented here and killed, group
+    and all. A worker stopped by a full disk writes one line to a pipe; the first is
+    raised here (once, not once per worker)."""
     store.load(path, overrides)
     node = allocation.this_node()
     job = allocation.current().job_id
     children: dict[int, int] = {}
     procs: dict[int, subprocess.Popen] = {}
     respawns = [0] * slots
-    _subreaper()
+    become_subreaper()
+    report, report_w = os.pipe()
 
     def spawn(i: int) -> None:
         cfg = {"farm": str(path), "overrides": overrides or {}, "node": node, "job": job, "slot": i,
-               "gpu": gpus[i % len(gpus)] if gpus else None}
-        proc = subprocess.Popen(launch_argv(cfg), preexec_fn=die_with_parent)
+               "gpu": gpus[i % len(gpus)] if gpus else None, "report": report_w}
+        proc = subprocess.Popen(launch_argv(cfg), preexec_fn=die_with_parent, pass_fds=(report_w,))
         children[proc.pid], procs[proc.pid] = i, proc
 
     for i in range(slots):
@@ -144,13 +147,12 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
                 spawn(i)
                 continue
         results.append(code)
+    os.close(report_w)
+    with os.fdopen(report, "rb") as f:
+        lines = f.read().decode(errors="replace").splitlines()
+    if lines:
+        raise HpcmlError(lines[0])
     return DONE if all(c == DONE for c in results) else (NODE_RETIRED if NODE_RETIRED in results else 1)
-
-
-def _subreaper() -> None:
-    lib = libc()
-    if lib is not None:
-        lib.prctl(36, 1)      # PR_SET_CHILD_SUBREAPER
 
 
 def _kill_orphans(workers: set[int]) -> None:
@@ -160,6 +162,6 @@ def _kill_orphans(workers: set[int]) -> None:
         if child.pid in workers:
             continue
         try:
-            os.killpg(os.getpgid(child.pid), signal.SIGKILL)
-        except (ProcessLookupError, PermissionError):
+            signal_group(os.getpgid(child.pid), signal.SIGKILL)
+        except ProcessLookupError:
             pass

@@ -45,6 +45,8 @@ by the lease and the task is rerun) and no directory listing on the hot path.
 
 from __future__ import annotations
 
+import contextlib
+import errno
 import json
 import os
 import time
@@ -53,7 +55,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.farm.model import CLAIMS, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, TIMEOUT, Settings, Task
+from hpcml.farm.model import CLAIMS, DAMAGED, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, OUTCOMES, TIMEOUT, Settings, Task
 from hpcml.farm.store import Farm, reload_tasks, tasks_signature
 
 
@@ -64,45 +66,72 @@ def _split(name: str) -> tuple[int, int] | None:
     return int(tid), int(att)
 
 
-def try_claim(farm: Path, tid: int, attempt: int, payload: bytes) -> bool:
-    """Create claims/TID.ATTEMPT exclusively; False if another worker has it."""
+def _put(path: str, doc: dict[str, Any]) -> bool:
+    """Make ``path`` hold ``doc``, complete or not at all: write a private temp file and
+    link() it to that name; False if the name exists. (Not files.write_atomic: this is
+    the hot path, in two syscalls fewer, with the NFS link-count recipe.) The temp file
+    is gone however it ends; a full disk raises OSError naming ``path``."""
+    directory, _, name = path.rpartition("/")
+    tmp = f"{directory}/.{name}.{os.getpid()}"
     try:
-        fd = os.open(f"{farm}/{CLAIMS}/{tid}.{attempt}", os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, payload)
+        fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        try:
+            data = json.dumps(doc).encode()
+            if os.write(fd, data) != len(data):
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        finally:
+            os.close(fd)
+        try:
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return os.stat(tmp).st_nlink == 2      # NFS: a retransmitted link that did succeed
+    except OSError as exc:
+        if isinstance(exc, FileExistsError) or exc.filename:
+            raise
+        raise OSError(exc.errno, exc.strerror, path) from None
     finally:
-        os.close(fd)
-    return True
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
 
 
-def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any], tmp_tag: str) -> bool:
-    """Put ends/TID.ATTEMPT in place with ``record`` (complete, or not at all); False if an
-    end for this attempt exists already (e.g. it was declared lost)."""
-    doc = {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record}
-    tmp = f"{farm}/{ENDS}/.{tid}.{attempt}.{tmp_tag}"
-    fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
-    try:
-        os.write(fd, json.dumps(doc).encode())
-    finally:
-        os.close(fd)
-    try:
-        os.link(tmp, f"{farm}/{ENDS}/{tid}.{attempt}")
-        won = True
-    except FileExistsError:
-        won = os.stat(tmp).st_nlink == 2        # NFS: a retransmitted link that did succeed
-    os.unlink(tmp)
-    return won
+def try_claim(farm: Path, tid: int, attempt: int, doc: dict[str, Any]) -> bool:
+    """Put claims/TID.ATTEMPT in place (complete: a claim is never seen half-written);
+    False if another worker has it."""
+    return _put(f"{farm}/{CLAIMS}/{tid}.{attempt}", doc)
+
+
+def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
+    """Put ends/TID.ATTEMPT in place with ``record``; False if an end for this attempt
+    exists already (e.g. it was declared lost)."""
+    return _put(f"{farm}/{ENDS}/{tid}.{attempt}", {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record})
 
 
 def read_record(path: str) -> dict[str, Any] | None:
-    """A claim or end record; None if it is not there or not complete yet."""
+    """A claim or end record; None if it is not there or not a complete record."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            doc = json.loads(f.read())
     except (OSError, ValueError):
         return None
+    return doc if isinstance(doc, dict) else None
+
+
+def load_end(path: str) -> dict[str, Any] | None:
+    """An end record; one with outcome "damaged" if the file is there but empty, truncated
+    or not an end (ends are linked into place whole: only something outside hpcml, or a
+    disk that lost data, makes one so); None if there is no end."""
+    rec = read_record(path)
+    if rec is not None and rec.get("outcome") in OUTCOMES:
+        return rec
+    if not os.path.exists(path):
+        return None
+    return {"outcome": DAMAGED, "reason": f"{path} is damaged (not a complete end record)"}
+
+
+def claim_damaged(path: str) -> bool:
+    """A claim file that is there but not a record (claims, too, are linked into place whole)."""
+    return read_record(path) is None and os.path.exists(path)
 
 
 @dataclass
@@ -129,17 +158,22 @@ class TaskState:
         return sum(1 for e in self.ends.values() if e.get("outcome") in (FAILED, TIMEOUT))
 
     def losses(self) -> int:
-        return sum(1 for e in self.ends.values() if e.get("outcome") == LOST)
+        return sum(1 for e in self.ends.values() if e.get("outcome") in (LOST, DAMAGED))
 
-    def gave_up(self, settings: Settings) -> bool:
-        """Failed for good: retries spent (or too many lost attempts)."""
-        return not self.ok and not self.running and (
-            self.failures() > settings.retries or self.losses() > LOST_ALLOWANCE)
+    def gave_up(self, settings: Settings, recorded: bool = False) -> bool:
+        """Failed for good: retries spent (or too many lost attempts). ``recorded``: count
+        the retries the last end was written under (``farm run --retries`` overrides the
+        farm's setting), as a reader that did not run it must."""
+        retries = settings.retries
+        end = self.latest_end() or {}
+        if recorded and isinstance(end.get("retries"), int):
+            retries = end["retries"]
+        return not self.ok and not self.running and (self.failures() > retries or self.losses() > LOST_ALLOWANCE)
 
     def retry_at(self, settings: Settings) -> float:
         """Wall time after which the next attempt may start (backoff after a failure)."""
         end = self.latest_end()
-        if end is None or end.get("outcome") == LOST:
+        if end is None or end.get("outcome") in (LOST, DAMAGED):
             return 0.0
         n = self.failures()
         return float(end.get("end") or 0) + settings.backoff * (2 ** max(0, n - 1))
@@ -149,8 +183,9 @@ class View:
     """One worker's (or reader's) cached picture of a farm; ``refresh`` lists the claims
     and ends directories and reads only the records it has not seen (they never change)."""
 
-    def __init__(self, farm: Farm):
+    def __init__(self, farm: Farm, recorded: bool = False):
         self.farm = farm
+        self.recorded = recorded            # judge retries as the ends record them (readers)
         self.path = farm.path
         self.states: dict[int, TaskState] = {}
         self.owners: dict[tuple[int, int], dict[str, Any]] = {}
@@ -195,7 +230,7 @@ class View:
                 st = self.state(parsed[0])
                 if parsed[1] in st.ends:
                     continue
-                rec = read_record(entry.path)
+                rec = load_end(entry.path)
                 if rec is not None:
                     st.ends[parsed[1]] = rec
                     st.claimed = max(st.claimed, parsed[1])
@@ -227,21 +262,23 @@ class View:
                 st = self.state(d)
                 if st.ok:
                     continue
-                if st.gave_up(settings) or self.deps(d, settings, _seen | {tid}) == "blocked":
+                if st.gave_up(settings, self.recorded) or self.deps(d, settings, _seen | {tid}) == "blocked":
                     return "blocked"
                 verdict = "wait"
         return verdict
 
     def final(self, tid: int, settings: Settings) -> bool:
         st = self.state(tid)
-        return st.ok or st.gave_up(settings) or (not st.running and self.deps(tid, settings) == "blocked")
+        return st.ok or st.gave_up(settings, self.recorded) or (not st.running and self.deps(tid, settings) == "blocked")
 
     def all_final(self, settings: Settings) -> bool:
         return all(self.final(t, settings) for t in self.order)
 
-    def reap(self, is_dead: Callable[[dict[str, Any]], bool], tag: str, lease: float) -> int:
+    def reap(self, is_dead: Callable[[dict[str, Any]], bool], lease: float,
+             bury: Callable[[int, int, dict[str, Any]], bool]) -> int:
         """Declare "lost" every running attempt whose owner ``is_dead`` (or whose claim is
-        still empty a lease after this reader first saw it: its creator died mid-write)."""
+        not a record a lease after this reader first saw it), once ``bury`` has proven
+        nothing of it still runs on this host (worker.py)."""
         n = 0
         now = time.monotonic()
         for tid in self.order:
@@ -254,10 +291,10 @@ class View:
                 dead = now - first >= lease
             else:
                 dead = is_dead(owner)
-            if dead:
+            if dead and bury(tid, st.claimed, owner):
                 rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
                        "worker": owner.get("worker"), "reason": "its worker died"}
-                finish(self.path, tid, st.claimed, rec, tag)
-                st.ends.setdefault(st.claimed, read_record(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
+                finish(self.path, tid, st.claimed, rec)
+                st.ends.setdefault(st.claimed, load_end(f"{self.path}/{ENDS}/{tid}.{st.claimed}") or rec)
                 n += 1
         return n

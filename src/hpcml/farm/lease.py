@@ -74,11 +74,9 @@ class Liveness:
         info = self._worker(wid, path)
         if info is None:
             return False                                     # being written: judge next time
-        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid") \
-                and info.get("pidns", self.pidns) == self.pidns:
-            start = process_start(int(info["pid"]))
-            return start is None or (info.get("pid_start") is not None
-                                     and abs(start - float(info["pid_start"])) > 1.0)
+        local = self._local(info)
+        if local is not None:
+            return local
         job = info.get("job")
         if job and job != self.job and not self._job_alive(str(job)):
             return True
@@ -88,6 +86,27 @@ class Liveness:
             self._beats[wid] = (mtime, now)
             return False
         return now - seen[1] >= self.lease
+
+    def _local(self, info: dict[str, Any]) -> bool | None:
+        """Dead or not, for a worker on this host (its pid and start time); None elsewhere."""
+        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid") \
+                and info.get("pidns", self.pidns) == self.pidns:
+            start = process_start(int(info["pid"]))
+            return start is None or (info.get("pid_start") is not None
+                                     and abs(start - float(info["pid_start"])) > 1.0)
+        return None
+
+    def seems_dead(self, wid: str) -> bool:
+        """A snapshot for display (``farm status``): no file, a dead pid on this host, or
+        a heartbeat older than a lease by this host's clock."""
+        path = self.farm / WORKERS / wid
+        try:
+            mtime = os.stat(path).st_mtime
+        except FileNotFoundError:
+            return True
+        info = self._worker(wid, path)
+        local = None if info is None else self._local(info)
+        return local if local is not None else time.time() - mtime >= self.lease
 
     def _worker(self, wid: str, path: Path) -> dict[str, Any] | None:
         if wid not in self._workers:

@@ -34,8 +34,10 @@ TASKS_FILE = "tasks.jsonl"
 CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES = "claims", "ends", "logs", "observe", "workers", "nodes"
 SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
 
-#: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended
-OK, FAILED, TIMEOUT, LOST = "ok", "failed", "timeout", "lost"
+#: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended;
+#: "damaged": never written, what a reader makes of an end or claim file that is not a record
+OK, FAILED, TIMEOUT, LOST, DAMAGED = "ok", "failed", "timeout", "lost", "damaged"
+OUTCOMES = (OK, FAILED, TIMEOUT, LOST)
 #: attempts lost with their worker that are not counted as failures, before the task fails
 LOST_ALLOWANCE = 3
 

@@ -1,14 +1,14 @@
 """Starting and waiting for task processes: the pieces of a worker that talk to the kernel.
 
-Tasks carry PR_SET_PDEATHSIG (``die_with_parent``, or util-linux's ``setpriv --pdeathsig``
-in front of the command) so they die with their worker; a plain command is exec'd without
-a shell; a worker waits for its task on a pidfd, or, on kernels before 5.3, on a pipe that
-SIGCHLD writes to.
+Tasks carry PR_SET_PDEATHSIG (``hpcml.proctree.die_with_parent``, or util-linux's
+``setpriv --pdeathsig`` in front of the command) so they die with their worker; a plain
+command is exec'd without a shell; a worker waits for its task on a pidfd, or, on kernels
+before 5.3, on a pipe that SIGCHLD writes to; what a task left behind is killed when it
+ends (``kill_leftovers``, guard.py says why that finds daemons too).
 """
 
 from __future__ import annotations
 
-import ctypes
 import os
 import re
 import select
@@ -17,33 +17,11 @@ import shutil
 import signal
 import subprocess
 import time
-from typing import Any
 
-_PR_SET_PDEATHSIG = 1
-_LIBC: Any = None
+from hpcml.proctree import signal_group
+
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@%=-][A-Za-z0-9_./:,+@%= -]*$")
 _SHELL_WORDS = {"cd", "exit", "export", "source", ".", "exec", "set", "unset", "ulimit", "umask", "eval"}
-
-
-
-def die_with_parent() -> None:
-    """In a forked child: get SIGKILL when the parent (thread) dies; exit if it already has."""
-    parent = os.getppid()
-    if _LIBC is not None:
-        _LIBC.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL)
-    if os.getppid() != parent or parent == 1:
-        os._exit(1)
-
-
-def load_libc() -> None:
-    global _LIBC
-    if _LIBC is None:
-        try:
-            _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
-            _LIBC = None
-
-
 _FOUND: dict[str, str | None] = {}
 
 
@@ -122,7 +100,33 @@ class SigchldPipe:
         return _Waiter()
 
 
-def libc() -> Any:
-    """libc through ctypes (None where it cannot be loaded)."""
-    load_libc()
-    return _LIBC
+def _children() -> list[int]:
+    """This process's children: /proc/self/task/TID/children is one small read (psutil
+    scans every process; it is the fallback where the kernel lacks that file)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        import psutil
+        return [c.pid for c in psutil.Process().children()]
+
+
+def kill_leftovers(rounds: int = 100) -> None:
+    """After a task ended (and was reaped): SIGKILL every child of this worker, which as a
+    subreaper adopts what the task daemonised (``setsid``, a double fork), with its group,
+    and reap them; their own orphans come next round."""
+    for _ in range(rounds):
+        kids = _children()
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                if os.getpgid(pid) != pid or not signal_group(pid, signal.SIGKILL):
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass

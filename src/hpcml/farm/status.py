@@ -1,8 +1,11 @@
 """``hpcml farm status``: how far a farm is, from its directory alone (nothing is written).
 
 States of a task: ``pending`` (not started, or waiting for its dependencies), ``running``
-(an attempt claimed and not ended), ``retrying`` (an attempt failed; another will run after
-the backoff), ``ok``, ``failed`` (retries spent), ``blocked`` (a dependency failed for good).
+(an attempt claimed and not ended, its worker alive), ``lost`` (claimed, not ended, its
+worker dead: the next ``farm run`` reruns it), ``damaged`` (its last claim or end file is
+not a record: rerun too), ``retrying`` (an attempt failed; another will run after the
+backoff), ``ok``, ``failed`` (retries spent, as the last run counted them: ``--retries``),
+``blocked`` (a dependency failed for good).
 The ETA is the remaining tasks times the mean duration of the finished ones, over the
 number running now (or one).
 """
@@ -15,19 +18,28 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.farm import store
-from hpcml.farm.claim import TaskState, View
-from hpcml.farm.model import LOGS, STATUS_SCHEMA, WORKERS, Settings
+from hpcml.farm.claim import TaskState, View, claim_damaged
+from hpcml.farm.lease import Liveness
+from hpcml.farm.model import CLAIMS, DAMAGED, LOGS, STATUS_SCHEMA, WORKERS, Settings
 
-STATES = ("pending", "running", "retrying", "ok", "failed", "blocked")
+STATES = ("pending", "running", "lost", "damaged", "retrying", "ok", "failed", "blocked")
 
 
-def task_state(view: View, tid: int, settings: Settings) -> str:
+def task_state(view: View, tid: int, settings: Settings, alive: Liveness | None = None) -> str:
+    """The state of one task; ``alive`` (status) tells running from lost attempts."""
     st = view.state(tid)
     if st.ok:
         return "ok"
     if st.running:
-        return "running"
-    if st.gave_up(settings):
+        if alive is None:
+            return "running"
+        if claim_damaged(f"{view.path}/{CLAIMS}/{tid}.{st.claimed}"):
+            return "damaged"
+        owner = view.owner(tid, st.claimed)
+        return "lost" if owner and alive.seems_dead(str(owner.get("worker", ""))) else "running"
+    if (st.latest_end() or {}).get("outcome") == DAMAGED and not st.gave_up(settings, view.recorded):
+        return "damaged"
+    if st.gave_up(settings, view.recorded):
         return "failed"
     if view.deps(tid, settings) == "blocked":
         return "blocked"
@@ -36,9 +48,26 @@ def task_state(view: View, tid: int, settings: Settings) -> str:
 
 def open_view(path: str | os.PathLike) -> tuple[store.Farm, View]:
     farm = store.load(path)
-    view = View(farm)
+    view = View(farm, recorded=True)
     view.refresh()
     return farm, view
+
+
+def damaged_files(path: str | os.PathLike) -> list[str]:
+    """One line per claim or end file that is not a record (``farm run`` warns of each
+    once, then reruns its task)."""
+    farm, view = open_view(path)
+    out = []
+    for tid in view.order:
+        st = view.state(tid)
+        end = st.latest_end() or {}
+        if end.get("outcome") == DAMAGED:
+            out.append(f"{end['reason']}: task {tid} is run again")
+        claim = f"{farm.path}/{CLAIMS}/{tid}.{st.claimed}"
+        if st.running and claim_damaged(claim):
+            out.append(f"{claim} is damaged (not a complete claim record): task {tid} is run again "
+                       "after a lease")
+    return out
 
 
 def _last(st: TaskState) -> dict[str, Any]:
@@ -67,8 +96,9 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
     s = farm.settings
     counts = dict.fromkeys(STATES, 0)
     running, failed, durations = [], [], []
+    alive = Liveness(farm.path, s.lease, None)
     for tid in view.order:
-        state = task_state(view, tid, s)
+        state = task_state(view, tid, s, alive)
         counts[state] += 1
         st = view.state(tid)
         if state == "running":
@@ -84,7 +114,7 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
             end = _last(st)
             if end.get("start") is not None and end.get("end") is not None:
                 durations.append(float(end["end"]) - float(end["start"]))
-    remaining = counts["pending"] + counts["running"] + counts["retrying"]
+    remaining = counts["pending"] + counts["running"] + counts["lost"] + counts["damaged"] + counts["retrying"]
     eta = None
     if durations and remaining:
         eta = remaining * (sum(durations) / len(durations)) / max(1, counts["running"])

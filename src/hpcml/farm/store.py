@@ -133,34 +133,42 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
             raise UsageError(f"not empty and has no {FARM_FILE}: not a farm directory", file=str(p))
         doc = {"schema": FARM_SCHEMA, "created": time.time(), "settings": Settings().to_json()}
     doc["settings"] = Settings(**{**doc.get("settings", {}), **(settings or {})}).to_json()
+    _plan(p, [] if fresh else _read_tasks(p), specs)      # bad input: refused before anything is made
     p.mkdir(parents=True, exist_ok=True)
     for sub in SUBDIRS:
         (p / sub).mkdir(exist_ok=True)
     with _Lock(p / "create.lock"):
         tasks = _read_tasks(p)
-        known_ids = {t.id for t in tasks}
-        have = Counter(t.key() for t in tasks)
-        seen: Counter[str] = Counter()
-        new: list[Task] = []
-        next_id = max(known_ids, default=-1) + 1
-        for s in specs:
-            k = s.key()
-            seen[k] += 1
-            if seen[k] <= have[k]:
-                continue
-            new.append(Task(command=s.command, params=s.params, group=s.group, after=s.after, id=next_id))
-            next_id += 1
-        groups = {t.group for t in tasks + new if t.group}
-        for t in new:
-            for dep in t.after:
-                if isinstance(dep, int) and not 0 <= dep < t.id:
-                    raise UsageError(f"'after' names task {dep}: a task may only wait for an earlier one "
-                                     f"(this one is task {t.id})", file=str(p), key="after")
-                if isinstance(dep, str) and dep not in groups:
-                    raise UsageError(f"'after' names group '{dep}', which no task has", file=str(p), key="after")
+        new = _plan(p, tasks, specs)
         write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
         if new or fresh:
             lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) if i == 0 else json.dumps(t.to_json())
                      for i, t in enumerate(tasks + new)]
             write_atomic(p / TASKS_FILE, "".join(line + "\n" for line in lines))
     return CreateResult(path=p, added=len(new), existing=len(specs) - len(new), total=len(tasks) + len(new))
+
+
+def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec]) -> list[Task]:
+    """The specs not in ``tasks`` yet, numbered on; UsageError if one waits for a task or
+    group that is not there (checked before the directory is made, and again under the lock)."""
+    known_ids = {t.id for t in tasks}
+    have = Counter(t.key() for t in tasks)
+    seen: Counter[str] = Counter()
+    new: list[Task] = []
+    next_id = max(known_ids, default=-1) + 1
+    for s in specs:
+        k = s.key()
+        seen[k] += 1
+        if seen[k] <= have[k]:
+            continue
+        new.append(Task(command=s.command, params=s.params, group=s.group, after=s.after, id=next_id))
+        next_id += 1
+    groups = {t.group for t in tasks + new if t.group}
+    for t in new:
+        for dep in t.after:
+            if isinstance(dep, int) and not 0 <= dep < t.id:
+                raise UsageError(f"'after' names task {dep}: a task may only wait for an earlier one "
+                                 f"(this one is task {t.id})", file=str(p), key="after")
+            if isinstance(dep, str) and dep not in groups:
+                raise UsageError(f"'after' names group '{dep}', which no task has", file=str(p), key="after")
+    return new

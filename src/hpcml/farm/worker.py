@@ -1,12 +1,13 @@
 """One worker per slot: take the next task, run it, record how it ended; until the farm is done.
 
 A worker is a small process of its own (a fresh interpreter, not a fork of the CLI: a
-small parent starts tasks 3x faster) with one thread. Its tasks carry PR_SET_PDEATHSIG,
-set by util-linux's ``setpriv --pdeathsig KILL`` in front of the command (or, without
-setpriv, a pre-exec hook, which costs ~3 ms a task: it forbids vfork), so a task dies with
-its worker (kill -9 of the worker, of the agent that started the workers, or of the
-allocation), which is what lets another worker rerun it without two copies running.
-Each task runs in its own session (its process group is what a time limit kills), with
+small parent starts tasks 3x faster) with one thread, under a guard (guard.py: the guard
+kills the task's whole tree when the worker or the agent dies, however). Its tasks carry
+PR_SET_PDEATHSIG, set by util-linux's ``setpriv --pdeathsig KILL`` in front of the command
+(or, without setpriv, a pre-exec hook, which costs ~3 ms a task: it forbids vfork).
+Each task runs in its own process group in the worker's session (its group is what a time
+limit kills; the session, recorded in the claim, is what a rerun on this host proves
+gone first), and what it leaves behind is killed when it ends; with
 stdin from /dev/null, stdout and stderr
 in logs/ID.A.out|.err, and these variables: HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
 HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR (observe/ID.A: what ``hpcml.observe.log`` writes,
@@ -20,6 +21,7 @@ exec'd directly (no /bin/sh in between); anything else runs under ``/bin/sh -c``
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shlex
@@ -32,16 +34,33 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hpcml.farm.claim import View, finish, read_record, try_claim
-from hpcml.farm.lease import Liveness, identity
+from hpcml.farm import guard
+from hpcml.farm.claim import View, finish, load_end, try_claim
+from hpcml.farm.lease import Liveness, identity, process_start
 from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
 from hpcml.farm.nodes import retire
-from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, die_with_parent, load_libc
+from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
+from hpcml.proctree import die_with_parent, signal_group
 
 #: exit codes of a worker
-DONE, NODE_RETIRED = 0, 3
+DONE, NODE_RETIRED, DISK = 0, 3, 4
+#: errors that stop a worker with one line instead of a traceback: the farm's disk, not a task
+DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+
+
+def _own_group() -> dict[str, Any]:
+    """Popen arguments: the task leads a process group of its own in the worker's session
+    (``process_group`` keeps vfork; Python 3.10 has only a pre-exec hook for it)."""
+    if sys.version_info >= (3, 11):
+        return {"process_group": 0}
+    return {"preexec_fn": os.setpgrp}
+
+
+def _own_group_dying_with_parent() -> None:
+    os.setpgrp()
+    die_with_parent()
 
 
 @dataclass
@@ -58,7 +77,6 @@ class Worker:
     """The loop of one slot (see the module docstring)."""
 
     def __init__(self, farm: Farm, settings: Settings, cfg: SlotConfig):
-        load_libc()
         self.farm, self.settings, self.cfg = farm, settings, cfg
         self.path = farm.path
         self.wid = f"{cfg.node}.{cfg.job or 'local'}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
@@ -76,6 +94,9 @@ class Worker:
         self._sigchld: SigchldPipe | None = None
         self._current: str | None = None         # the end record the running attempt will have
         self.ran = 0
+        session = os.getsid(0)
+        self.tree = {"boot": self.alive.boot, "pidns": self.alive.pidns, "session": session,
+                     "since": process_start(session)}
 
     # -- heartbeat ----------------------------------------------------------------------
     def beat(self, now: float | None = None) -> bool:
@@ -92,11 +113,19 @@ class Worker:
         return (self.path / NODES / f"{self.cfg.node}.bad").exists()
 
     # -- the loop -------------------------------------------------------------------------
-    def run(self) -> int:
-        write_atomic(self._beat_file, json.dumps(identity(self.wid, self.cfg.node, self.cfg.job,
-                                                          (self.cfg.gpu,) if self.cfg.gpu else ())))
+    def run(self, report: int | None = None) -> int:
+        """The loop; a full (or read-only) farm disk ends it with one line, written to the
+        ``report`` fd (the agent shows it once for all its workers) or stderr, and DISK."""
         try:
+            write_atomic(self._beat_file, json.dumps(identity(self.wid, self.cfg.node, self.cfg.job,
+                                                              (self.cfg.gpu,) if self.cfg.gpu else ())))
             return self._loop()
+        except OSError as exc:
+            if exc.errno not in DISK_ERRORS:
+                raise
+            line = f"{exc.filename or self.path}: {exc.strerror}\n".encode()
+            os.write(report if report is not None else 2, line)
+            return DISK
         finally:
             self._beat_file.unlink(missing_ok=True)
 
@@ -133,7 +162,7 @@ class Worker:
                     return NODE_RETIRED
                 continue
             self.beat()
-            view.reap(self.alive, self.wid, settings.lease)
+            view.reap(self.alive, settings.lease, self._bury)
             view.refresh()
             if view.all_final(settings):
                 return DONE
@@ -149,11 +178,19 @@ class Worker:
         return any(not st.ok and not st.running and not st.gave_up(s) and st.retry_at(s) <= now
                    and view.deps(tid, s) == "ok" for tid in view.order for st in (view.state(tid),))
 
+    def _bury(self, tid: int, attempt: int, owner: dict[str, Any]) -> bool:
+        """Before a lost attempt is rerun: kill what is left of it on this host (its
+        worker's session, if that was here; any process with its task variables) and say
+        whether it is proven gone (claim.py)."""
+        tree = owner.get("tree") or {}
+        here = tree.get("boot") == self.alive.boot and tree.get("pidns") == self.alive.pidns
+        return guard.sweep(tree.get("session") if here else None, tree.get("since"),
+                           guard.attempt_marker(self.path, tid, attempt))
+
     def _claim(self, tid: int, attempt: int) -> bool:
-        payload = json.dumps({"schema": CLAIM_SCHEMA, "id": tid, "attempt": attempt, "worker": self.wid,
-                              "node": self.cfg.node, "gpu": self.cfg.gpu, "job": self.cfg.job,
-                              "start": time.time()}).encode()
-        if not try_claim(self.path, tid, attempt, payload):
+        doc = {"schema": CLAIM_SCHEMA, "id": tid, "attempt": attempt, "worker": self.wid, "node": self.cfg.node,
+               "gpu": self.cfg.gpu, "job": self.cfg.job, "start": time.time(), "tree": self.tree}
+        if not try_claim(self.path, tid, attempt, doc):
             return False
         self.view.state(tid).claimed = attempt
         self.view.state(tid).mine = attempt
@@ -176,14 +213,15 @@ class Worker:
         outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
         record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
                   "signal": -code if code < 0 else None, "start": start, "end": end,
-                  "node": self.cfg.node, "gpu": self.cfg.gpu, "worker": self.wid, "job": self.cfg.job}
+                  "node": self.cfg.node, "gpu": self.cfg.gpu, "worker": self.wid, "job": self.cfg.job,
+                  "retries": self.settings.retries}
         st = self.view.state(tid)
         st.mine = 0
         self.ran += 1
         self.beat()
-        if not finish(self.path, tid, attempt, record, self.wid):
+        if not finish(self.path, tid, attempt, record):
             # fenced: declared lost meanwhile; that record stands (claim.py), not ours
-            st.ends[attempt] = read_record(f"{self.path}/{ENDS}/{name}") or {**record, "outcome": LOST}
+            st.ends[attempt] = load_end(f"{self.path}/{ENDS}/{name}") or {**record, "outcome": LOST}
             return True
         st.ends[attempt] = record
         return self._count_failure(tid, outcome)
@@ -192,10 +230,10 @@ class Worker:
         out = os.open(log + ".out", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         err = os.open(log + ".err", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
+            group = _own_group() if self.prefix else {"preexec_fn": _own_group_dying_with_parent}
             try:
                 proc = subprocess.Popen(self.prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                        env=env, start_new_session=True,
-                                        preexec_fn=None if self.prefix else die_with_parent)
+                                        env=env, **group)
             except (FileNotFoundError, PermissionError) as exc:
                 if argv[0] != "/bin/sh":
                     return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log)
@@ -204,7 +242,13 @@ class Worker:
         finally:
             os.close(out)
             os.close(err)
-        return self._wait_for(proc)
+        try:
+            return self._wait_for(proc)
+        finally:                          # every way out: nothing of the task outlives it
+            if proc.returncode is None:
+                signal_group(proc.pid, signal.SIGKILL)
+                proc.wait()
+            kill_leftovers()
 
     def _wait_for(self, proc: subprocess.Popen) -> tuple[int, bool]:
         """Wait for the task, beating and enforcing its time limit on the way."""
@@ -225,13 +269,11 @@ class Worker:
                     deadline = now
                 if deadline is not None and now >= deadline and not timed_out:
                     timed_out = True
-                    try:
-                        os.killpg(proc.pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                    signal_group(proc.pid, signal.SIGKILL)
                     deadline = None
         finally:
             exited.close()
+        signal_group(proc.pid, signal.SIGKILL)     # the group's rest (a background job), its leader unreaped
         return proc.wait(), timed_out
 
     def _exit_waiter(self, proc: subprocess.Popen) -> ExitWaiter:
@@ -260,14 +302,18 @@ class Worker:
 
 def main(argv: list[str]) -> int:
     """A worker process: ``python -c 'from hpcml.farm.worker import main...' CONFIG`` where
-    CONFIG is the JSON of {farm, overrides, node, job, slot, gpu} (started by agent.py)."""
+    CONFIG is the JSON of {farm, overrides, node, job, slot, gpu, report} (started by
+    agent.py); it forks into guard and worker (guard.py) and ends the way the worker did."""
     cfg = json.loads(argv[0])
     farm = load(cfg["farm"], cfg.get("overrides"))
-    try:
-        return Worker(farm, farm.settings, SlotConfig(node=cfg["node"], job=cfg.get("job"), slot=int(cfg["slot"]),
-                                                      gpu=cfg.get("gpu"))).run()
-    except KeyboardInterrupt:
-        return 130
+
+    def work() -> int:
+        try:
+            return Worker(farm, farm.settings, SlotConfig(node=cfg["node"], job=cfg.get("job"),
+                                                          slot=int(cfg["slot"]), gpu=cfg.get("gpu"))).run(cfg.get("report"))
+        except KeyboardInterrupt:
+            return 130
+    return guard.exit_like(guard.guarded(work))
 
 
 LAUNCH = "import sys; from hpcml.farm.worker import main; sys.exit(main(sys.argv[1:]))"

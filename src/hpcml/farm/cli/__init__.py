@@ -97,15 +97,16 @@ def run(
         hpcml farm run sweep/
         hpcml farm run sweep/ --gpus 4 --time-limit "2 h"
 
-    Exit codes: 0 every task ok, 1 some failed (see hpcml farm status), 2 bad input.
+    Exit codes: 0 every task ok, 1 some failed (see hpcml farm status) or the farm's disk is full, 2 bad input.
     """
     from hpcml.farm import agent, status
     t0 = time.time()
     overrides = _settings(retries, backoff, time_limit, lease, node_failures)
+    for line in status.damaged_files(farm):          # not a farm: one line, exit 2
+        print(f"hpcml farm: warning: {line}", file=sys.stderr)
     if sys.stderr.isatty():
         from rich.console import Console
         from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeRemainingColumn
-        status.summarize(farm)                      # not a farm: one line, before the bar
         count = status.Progress(farm)
         with Progress(TextColumn(f"{farm}"), BarColumn(), MofNCompleteColumn(), TimeRemainingColumn(),
                       console=Console(stderr=True), transient=True, auto_refresh=False) as bar:
@@ -121,7 +122,7 @@ def run(
     doc = status.summarize(farm)
     c = doc["counts"]
     print(f"{farm}: {c['ok']} ok, {c['failed']} failed, {c['blocked']} blocked, "
-          f"{c['pending'] + c['running'] + c['retrying']} left, in {time.time() - t0:.1f} s"
+          f"{doc['total'] - c['ok'] - c['failed'] - c['blocked']} left, in {time.time() - t0:.1f} s"
           + (f"; retired nodes: {', '.join(doc['bad_nodes'])}" if doc["bad_nodes"] else ""), file=sys.stderr)
     if c["ok"] != doc["total"]:
         raise typer.Exit(1)

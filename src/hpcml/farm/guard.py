@@ -1,0 +1,188 @@
+"""Making a task's whole process tree die with its attempt, whatever kills the worker.
+
+PR_SET_PDEATHSIG reaches one process: a task's ``/bin/sh -c`` died with its worker, but
+the shell's children (a ``python train.py``, a ``sleep``) lived on and ran beside the
+rerun. So each worker is two processes (``guarded``, one fork at the worker's start, no
+cost per task):
+
+* the guard, in a session of its own (a ``kill -9`` of the farm's process group does not
+  reach it) and a child subreaper, with PR_SET_PDEATHSIG set to the catchable SIGTERM.
+  When its parent (the agent, ``hpcml farm run``) dies, or its worker does (kill -9, a
+  crash), it kills every descendant: orphans re-parent to a subreaper, so a daemonised
+  grandchild (``setsid sleep &``, ``nohup``) is among them too; then it exits the way its
+  worker did.
+* the worker, its child (PR_SET_PDEATHSIG SIGKILL: it dies with the guard), itself a
+  subreaper, so what a finished task left behind is its child and is killed at the end
+  of each attempt (``process.kill_leftovers``).
+
+What only the guard cannot cover is a guard killed on its own with SIGKILL (and its
+worker with it): then ``sweep`` proves the attempt gone before it is rerun on that host.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+from hpcml.proctree import become_subreaper, die_with_parent, kill_descendants
+
+_STOPS = (signal.SIGTERM, signal.SIGHUP)
+
+
+class _Stopped(Exception):
+    pass
+
+
+def _stop(*_: object) -> None:
+    raise _Stopped
+
+
+def guarded(work: Callable[[], int]) -> int:
+    """Run ``work`` in a forked child guarded by this process (see the module docstring);
+    returns the child's exit code as ``Popen.returncode`` gives it (-N: signal N)."""
+    try:
+        os.setsid()
+    except PermissionError:
+        pass                                   # already leads its own session
+    become_subreaper()
+    for sig in _STOPS:
+        signal.signal(sig, _stop)
+    die_with_parent(signal.SIGTERM)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    pid = os.fork()
+    if pid == 0:                               # the worker
+        code = 1
+        try:
+            for sig in _STOPS:
+                signal.signal(sig, signal.SIG_DFL)
+            die_with_parent(signal.SIGKILL)
+            become_subreaper()
+            code = work()
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+    return _guard(pid)
+
+
+def _guard(worker: int) -> int:
+    code = -signal.SIGKILL                     # what it ends as if we are stopped first
+    try:
+        while True:
+            try:
+                got, status = os.waitpid(-1, 0)
+            except ChildProcessError:
+                break
+            if got == worker:
+                code = os.waitstatus_to_exitcode(status)
+                break
+    except _Stopped:
+        pass
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
+    kill_all()
+    return code
+
+
+def kill_all(rounds: int = 200) -> None:
+    """SIGKILL every descendant and reap them until this (subreaper) process has no child
+    left: a descendant forked meanwhile re-parents here and is caught in the next round."""
+    for _ in range(rounds):
+        kill_descendants(signal.SIGKILL)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def exit_like(code: int) -> int:
+    """End this process as ``code`` says: a signal is re-raised (the agent respawns a
+    worker that was killed), else the code is returned for sys.exit."""
+    if code < 0:
+        signal.signal(-code, signal.SIG_DFL)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
+        os.kill(os.getpid(), -code)
+        return 128 - code
+    return code
+
+
+# -- proving a lost attempt gone on this host ------------------------------------------------
+
+def _stat(pid: str) -> tuple[int, str] | None:
+    """(session id, state) of a process, from /proc/PID/stat."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[3]), fields[0].decode()
+
+
+def _environ(pid: str) -> bytes:
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def _create_time(pid: int) -> float | None:
+    from hpcml.farm.lease import process_start
+    return process_start(pid)
+
+
+def members(session: int | None, since: float | None, marker: list[bytes]) -> list[int]:
+    """Live processes of ``session`` (unless that id now belongs to a newer process: the
+    kernel reuses a session id only once nothing is left in it) and processes whose
+    environment holds every ``marker`` (``VAR=value``)."""
+    if session is not None and since is not None:
+        leader = _create_time(session)
+        if leader is not None and abs(leader - since) > 1.0:
+            session = None                     # reused: the recorded session is gone
+    me = os.getpid()
+    out = []
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit() or int(entry) == me:
+            continue
+        st = _stat(entry)
+        if st is None or st[1] in ("Z", "X"):
+            continue
+        if st[0] == session:
+            out.append(int(entry))
+            continue
+        env = _environ(entry).split(b"\0")
+        if marker and all(m in env for m in marker):
+            out.append(int(entry))
+    return out
+
+
+def sweep(session: int | None, since: float | None, marker: list[bytes], timeout: float = 10.0) -> bool:
+    """Kill what is left of a lost attempt on this host; True once nothing is (proven gone)."""
+    deadline = time.monotonic() + timeout
+    foreign: set[int] = set()                  # not ours to signal: another user's
+    while True:
+        left = [p for p in members(session, since, marker) if p not in foreign]
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                foreign.add(pid)
+        time.sleep(0.02)
+
+
+def attempt_marker(farm: Path, tid: int, attempt: int) -> list[bytes]:
+    """The variables every process of an attempt inherits (worker.py sets them)."""
+    return [f"HPCML_FARM_DIR={Path(farm).absolute()}".encode(), f"HPCML_FARM_TASK_ID={tid}".encode(),
+            f"HPCML_FARM_ATTEMPT={attempt}".encode()]
