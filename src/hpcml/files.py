@@ -14,13 +14,21 @@ if TYPE_CHECKING:
     import yaml
 
 
-def write_atomic(path: str | os.PathLike, text: str) -> None:
+def write_atomic(path: str | os.PathLike, text: str, exclusive: bool = False) -> None:
     """Write through a temporary file and rename it, so a reader never sees half a file
-    (several processes may write their own files in one shared directory)."""
+    (several processes may write their own files in one shared directory). ``exclusive``:
+    only if ``path`` does not exist yet (FileExistsError otherwise: of two processes that
+    race for it, one wins). A failed write (a full disk) leaves no temporary file behind."""
     path = Path(path)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    os.replace(tmp, path)
+    try:
+        tmp.write_text(text, encoding="utf-8")
+        if exclusive:
+            os.link(tmp, path)
+        else:
+            os.replace(tmp, path)
+    finally:
+        tmp.unlink(missing_ok=True)
 
 
 def yaml_error(exc: Exception, source: str):

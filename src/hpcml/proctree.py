@@ -106,3 +106,39 @@ def kill_descendants(sig: int = signal.SIGKILL) -> int:
         except psutil.Error:
             pass
     return count
+
+
+def _living_descendants() -> list:
+    import psutil
+
+    try:
+        family = psutil.Process().children(recursive=True)
+    except psutil.Error:
+        return []
+    alive = []
+    for proc in family:
+        try:
+            if proc.status() != psutil.STATUS_ZOMBIE:
+                alive.append(proc)
+        except psutil.Error:
+            pass
+    return alive
+
+
+def stop_descendants(grace: float, poll: float = 0.05, rounds: int = 20) -> bool:
+    """SIGTERM to every descendant, SIGKILL to whatever still lives after ``grace`` seconds
+    (listed again each round, so a process forked meanwhile is caught too); True if SIGKILL
+    was needed. It never reaps: a caller's ``Popen.wait`` must still see its child's status
+    (a child reaped by someone else reads as exit 0)."""
+    if not kill_descendants(signal.SIGTERM):
+        return False
+    deadline = time.monotonic() + grace
+    while time.monotonic() < deadline and _living_descendants():
+        time.sleep(poll)
+    killed = False
+    for _ in range(rounds):
+        if not _living_descendants():
+            break
+        killed = kill_descendants(signal.SIGKILL) > 0 or killed
+        time.sleep(poll)
+    return killed

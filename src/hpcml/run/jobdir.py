@@ -16,17 +16,31 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
+import socket
+import time
 from pathlib import Path
 from typing import Any
 
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
+from hpcml.files import write_atomic
 
 SCHEMA = "hpcml.run/1"
 RUN_JSON = "run.json"
+#: what a job leaves in its directory, removed by --overwrite (nothing else is touched)
+OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html")
 
 
 def default_dir(job_id: str | None) -> Path:
-    return Path(f"hpcml-run-{job_id}" if job_id else f"hpcml-run-local-{os.getpid()}")
+    """``hpcml-run-JOBID``; without Slurm a name no other run has (time, pid, then a count)."""
+    if job_id:
+        return Path(f"hpcml-run-{job_id}")
+    stem = f"hpcml-run-local-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    for n in range(1000):
+        d = Path(stem if n == 0 else f"{stem}-{n}")
+        if not d.exists():
+            return d
+    raise UsageError("every default job directory name is taken; give one", key="dir")
 
 
 def observe_dir(d: Path) -> Path:
@@ -41,10 +55,62 @@ def log_path(d: Path, rank: int, stream: str) -> Path:
     return d / "logs" / f"rank-{rank}.{stream}"
 
 
-def write_run(d: Path, data: dict[str, Any]) -> None:
-    tmp = d / f".{RUN_JSON}.tmp"
-    tmp.write_text(json.dumps({"schema": SCHEMA, **data}, indent=2, default=str) + "\n")
-    os.replace(tmp, d / RUN_JSON)
+def write_run(d: Path, data: dict[str, Any], exclusive: bool = False) -> None:
+    """``exclusive``: the launch's first write, which claims the directory (of two runs
+    started on it at once, one gets FileExistsError)."""
+    write_atomic(d / RUN_JSON, json.dumps({"schema": SCHEMA, **data}, indent=2, default=str) + "\n", exclusive)
+
+
+def launcher() -> dict[str, Any]:
+    """Who writes run.json: enough to tell later whether that process still runs."""
+    import psutil
+    return {"pid": os.getpid(), "host": socket.gethostname(), "created": psutil.Process().create_time()}
+
+
+def launcher_alive(run: dict[str, Any]) -> bool | None:
+    """Whether the run's ``hpcml run`` still runs: None when it ran on another host."""
+    import psutil
+    who = run.get("launcher") or {}
+    if who.get("host") != socket.gethostname() or not who.get("pid"):
+        return None
+    try:
+        return bool(abs(psutil.Process(who["pid"]).create_time() - who["created"]) < 1.0)
+    except (psutil.Error, TypeError):
+        return False
+
+
+def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> dict[str, Any] | None:
+    """Make ``d`` ready for a new job. A directory that holds a job is refused (its data
+    would mix with the new run's), unless ``overwrite`` (never while that job runs) or it is
+    this Slurm job, requeued (``restart`` > 0): then its run.json is returned and the run
+    continues there as a new attempt. The claim itself is ``write_run(exclusive=True)``."""
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):
+        raise UsageError("not a directory", file=str(d)) from None
+    except OSError as exc:
+        raise HpcmlError(f"{d}: cannot create the job directory: {exc.strerror}") from None
+    if not (d / RUN_JSON).exists():
+        return None
+    try:
+        prev = json.loads((d / RUN_JSON).read_text())
+    except (OSError, ValueError):
+        prev = {}
+    if job_id and prev.get("job_id") == job_id and restart > 0:
+        return prev
+    if prev.get("ended") is None and launcher_alive(prev):
+        raise UsageError(f"holds a running job (hpcml run, pid {prev['launcher']['pid']}); give another --dir",
+                         file=str(d))
+    if not overwrite:
+        raise UsageError("already holds a job (run.json); give another --dir, or --overwrite to replace it",
+                         file=str(d))
+    for name in OWNED:
+        p = d / name
+        if p.is_dir():
+            shutil.rmtree(p)
+        else:
+            p.unlink(missing_ok=True)
+    return None
 
 
 def read_run(d: Path) -> dict[str, Any]:

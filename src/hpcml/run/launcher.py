@@ -5,6 +5,12 @@ srun step with ``--kill-on-bad-exit`` over the good nodes, each task being
 ``python -m hpcml.run.task``. Local mode (no allocation): ``--ntasks`` children on this
 machine, the rest killed when one fails, as srun would. Either way the exit code is the
 first failing rank's (by the time it ended), else srun's, else 0.
+
+It owns its ranks. Each local task wrapper gets ``task.STOP`` when the launcher dies (even
+by SIGKILL), and kills its rank and everything the rank started. TERM or INT are passed on
+(INT to srun as TERM: one INT only makes srun print its status); whatever still runs
+``--kill-grace`` seconds later is killed: local wrappers get ``STOP``, srun gets the two
+INTs in a row that make it kill its step.
 """
 
 from __future__ import annotations
@@ -18,12 +24,17 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.errors import UsageError
-from hpcml.run.jobdir import default_dir, log_path, observe_dir, vet_dir, write_run
+from hpcml.errors import HpcmlError, UsageError
+from hpcml.proctree import die_with_parent, signal_group
+from hpcml.run.jobdir import default_dir, launcher, log_path, observe_dir, prepare, tail, vet_dir, write_run
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
-from hpcml.signals import forwarding
+from hpcml.run.task import STOP
+from hpcml.signals import SLURM_SIGNALS, forwarding
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
+FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
+STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
+POLL = 0.05
 
 
 @dataclass
@@ -39,6 +50,8 @@ class Options:
     report: bool = True                       # write report.html and print the summary at the end
     gpus_per_task: int | None = None
     mlflow: str | None = None                 # an MLflow tracking server's URL: rank 0's metrics go there
+    kill_grace: float = 10.0                  # seconds from TERM/INT to SIGKILL of what still runs
+    overwrite: bool = False                   # replace a finished job in job_dir
     extra: dict[str, Any] = field(default_factory=dict)
 
 
@@ -54,6 +67,8 @@ def _check(opts: Options, allocation) -> None:
             raise UsageError(f"must be at least 1, got {v}", key=key)
     if opts.interval < 0.1:
         raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
+    if opts.kill_grace < 0:
+        raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
     if opts.vet is not None:
         from hpcml.vet.protocol import load
         load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
@@ -82,10 +97,25 @@ def run(opts: Options) -> int:
     _check(opts, allocation)
     environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
     d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
-    d.mkdir(parents=True, exist_ok=True)
+    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) if slurm else 0
+    previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None, restart=restart)
     info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local", "job_id": allocation.job_id,
-                            "started": time.time(), "allocation": list(allocation.nodes), "excluded": {},
-                            "vet": None, "env": None}
+                            "started": time.time(), "allocation": list(allocation.nodes),
+                            "excluded": {}, "vet": None, "env": None, "launcher": launcher()}
+    if previous is not None:                      # this Slurm job, requeued: a new attempt in its directory
+        earlier = previous.pop("attempts", [])
+        info.update(attempt=restart, attempts=[*earlier, {k: v for k, v in previous.items() if k != "schema"}])
+    try:
+        return _run(opts, d, slurm, allocation, environment, info, exclusive=previous is None)
+    except FileExistsError:
+        raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
+    except OSError as exc:                        # a full disk, a read-only or vanished directory
+        raise HpcmlError(f"{d}: cannot write the job directory: {exc.strerror or exc}") from None
+
+
+def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | None, info: dict,
+         exclusive: bool) -> int:
+    write_run(d, info, exclusive=exclusive)       # claims d: of two runs at once, one stops here
     if environment is not None:
         import json
         (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
@@ -109,7 +139,8 @@ def run(opts: Options) -> int:
                 _report(d)
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
-    task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval)]
+    task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval),
+            "--kill-grace", str(opts.kill_grace)]
     if opts.env:
         task += ["--env", opts.env]
     if opts.mlflow:
@@ -157,12 +188,33 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
     write_run(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
-    proc = subprocess.Popen(argv, env=env)
-    with forwarding(lambda: (proc,)) as seen:           # srun passes them on to every task
-        _prefetch_report(opts)
-        rc = proc.wait()
+    # its own session: a terminal's Ctrl-C reaches srun once, through the launcher
+    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    with forwarding(lambda: (proc,), FORWARDED, translate={signal.SIGINT: signal.SIGTERM}) as seen:
+        _prefetch_report(opts)                          # srun passes them on to every task
+        state: dict[str, float] = {}
+        while proc.poll() is None:
+            if _grace_over(opts, seen, state, info):
+                for _ in range(2):                      # two INTs within a second: srun kills its step
+                    proc.send_signal(signal.SIGINT)
+                    time.sleep(0.2)
+            time.sleep(POLL)
+        rc = proc.returncode
     _note_signals(info, seen)
     return rc
+
+
+def _grace_over(opts: Options, seen: list[int], state: dict, info: dict) -> bool:
+    """True once, ``--kill-grace`` seconds after the first TERM or INT (or a failed local
+    rank, ``state["stop_at"]``): time for SIGKILL; run.json says it came to that."""
+    if "stop_at" not in state:
+        if not any(s in STOPPING for s in seen):
+            return False
+        state["stop_at"] = time.monotonic()
+    if info.get("killed_after_grace") or time.monotonic() - state["stop_at"] < opts.kill_grace:
+        return False
+    info["killed_after_grace"] = True
+    return True
 
 
 def _note_signals(info: dict, seen: list[int]) -> None:
@@ -191,6 +243,32 @@ def _prefetch_report(opts: Options) -> None:
     threading.Thread(target=load, daemon=True).start()
 
 
+class _Wrapper:
+    """A local task wrapper as a signal target. INT goes to its rank's process group, as a
+    terminal's Ctrl-C would (a bash rank's foreground child included); the rest to the
+    wrapper, whose recorder passes them on to the rank alone (TERM to a rank's DataLoader
+    workers would break the checkpoint it is about to take)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if sig == signal.SIGINT and any(signal_group(g, sig) for g in self._rank_groups()):
+            return
+        self.proc.send_signal(sig)              # INT before the rank started: the wrapper stops
+
+    def _rank_groups(self) -> list[int]:
+        import psutil
+        try:
+            children = psutil.Process(self.proc.pid).children()
+            return [c.pid for c in children if os.getpgid(c.pid) == c.pid]    # hpcml.run.rankexec's group
+        except (psutil.Error, OSError):
+            return []
+
+
 def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
@@ -201,28 +279,28 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                 launch=[f"{n} x", *task])
     write_run(d, info)
     print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
-    procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}) for r in range(n)]
+    # each wrapper: its own session (Ctrl-C reaches it once, forwarded), STOP when we die
+    procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, start_new_session=True,
+                              preexec_fn=lambda: die_with_parent(STOP))
+             for r in range(n)]
     _prefetch_report(opts)
-    rc = 0
-    with forwarding(lambda: list(procs)) as seen:
-        try:
-            while procs:
-                for p in list(procs):
-                    code = p.poll()
-                    if code is None:
-                        continue
-                    procs.remove(p)
-                    if code != 0 and rc == 0:
-                        rc = code
-                        for other in procs:                   # as srun --kill-on-bad-exit does
-                            other.send_signal(signal.SIGTERM)
-                time.sleep(0.05)
-        except KeyboardInterrupt:
-            for p in procs:
-                p.send_signal(signal.SIGINT)
-            for p in procs:
-                p.wait()
-            rc = 130
+    rc, state = 0, {}  # type: tuple[int, dict[str, float]]
+    with forwarding(lambda: [_Wrapper(p) for p in procs], FORWARDED) as seen:
+        while procs:
+            for p in list(procs):
+                code = p.poll()
+                if code is None:
+                    continue
+                procs.remove(p)
+                if code != 0 and rc == 0:
+                    rc = code
+                    for other in procs:                   # as srun --kill-on-bad-exit does
+                        other.send_signal(signal.SIGTERM)
+                    state.setdefault("stop_at", time.monotonic())     # and SIGKILL after the grace period
+            if _grace_over(opts, seen, state, info):
+                for p in procs:
+                    p.send_signal(STOP)
+            time.sleep(POLL)
     _note_signals(info, seen)
     return rc
 
@@ -253,5 +331,8 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     if first:
         err = log_path(d, int(first["rank"] or 0), "err")
         print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)
+        last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")
+        if last:
+            print(f"  {last.strip()}", file=sys.stderr)          # the cause, e.g. a command that cannot start
     print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
     return code

@@ -20,10 +20,12 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.run.jobdir import log_path, observe_dir, read_run, tail, vet_dir
+from hpcml.run.jobdir import launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
+from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 
 SCHEMA = "hpcml.run.report/1"
 TAIL_LINES = 20
+NEVER_STARTED = (NOT_EXECUTABLE, NOT_FOUND)      # a shell's codes for a command that cannot start
 
 
 def _vet(d: Path, run: dict) -> dict | None:
@@ -75,12 +77,28 @@ def _score(d: Path) -> tuple[dict | None, str | None]:
 def _ending(d: Path, run: dict) -> dict:
     first = run.get("first_failure")
     out: dict[str, Any] = {"exit_code": run.get("exit_code"), "aborted": bool(run.get("aborted")),
+                           "launcher_killed": run.get("ended") is None and launcher_alive(run) is False,
                            "first_failure": None}
     if first:
         r = first.get("rank")
         out["first_failure"] = {**first, "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES) if r is not None
                                 else []}
     return out
+
+
+def _unended(run: dict) -> dict[str, str]:
+    """A run.json with no end: its launcher was killed (SIGKILL, the node's OOM killer), or
+    it still runs; the ranks die with it (``hpcml.run.launcher``)."""
+    who, alive = run.get("launcher") or {}, launcher_alive(run)
+    name = f"hpcml run (pid {who.get('pid')} on {who.get('host')})"
+    if alive:
+        return {"source": "run", "kind": "running", "message": f"the job is still running: {name}",
+                "advice": "run hpcml report again when it has ended"}
+    return {"source": "run", "kind": "launcher_killed",
+            "message": f"{name} was killed before the job ended" if alive is False
+            else f"{name} did not record the end: it was killed, or still runs there",
+            "advice": "its ranks were stopped with it; no exit code was recorded. Look for who killed it "
+                      "(the node's OOM killer in dmesg, a kill -9, the end of the allocation)"}
 
 
 def build(d: str | Path) -> dict[str, Any]:
@@ -96,6 +114,8 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append({"source": "vet", "kind": "aborted", "message": "vetting aborted the run before the command "
                          f"started: {len(vet['good']) if vet else 0} good nodes, fewer than needed",
                          "advice": "see the vet section for each bad node's reasons; resubmit excluding them"})
+    if run.get("ended") is None:
+        findings.append(_unended(run))
     first = ending["first_failure"]
     if first:
         last = next((line for line in reversed(first["stderr_tail"]) if line.strip()), "")
@@ -108,9 +128,10 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append({"source": "vet", "kind": "excluded_nodes",
                          "message": f"vetting excluded {len(vet['bad'])} node(s): {reasons}",
                          "advice": "the job ran without them; drain or repair them (hpcml vet shows each check)"})
-    if obs is not None:
+    if obs is not None:                  # what the run's own findings already say better is left out
+        said = {"failed_rank"} | ({"missing_rank"} if first and first["exit_code"] in NEVER_STARTED else set())
         findings += [{"source": "observe", "kind": f.kind, "message": f.message, "advice": f.advice}
-                     for f in obs.findings if not (first and f.kind == "failed_rank")]
+                     for f in obs.findings if not (first and f.kind in said)]
     if score is not None:
         findings += [{"source": "score", "kind": "score", "message": f, "advice": ""} for f in score["findings"]]
     started, ended = run.get("started"), run.get("ended")

@@ -4,16 +4,27 @@ Started by srun (or by the local launcher), it sets the rendezvous variables fro
 sends its stdout and stderr to ``JOBDIR/logs/rank-N.{out,err}``, and runs CMD under the
 observe recorder (GPU sampler ``auto``), in the EDF's container when one is given. Exits
 with CMD's exit code.
+
+It owns what it started (``hpcml.proctree``): it is a child subreaper, so a rank's
+orphaned children stay its descendants; ``STOP`` (the launcher's parent-death signal, and
+its escalation after ``--kill-grace``) kills every descendant at once; and when the rank
+ends, whatever it left running gets SIGTERM, then SIGKILL after the grace period.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import sys
 from pathlib import Path
 
+from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobdir import log_path, observe_dir
 from hpcml.run.rendezvous import task_env
+from hpcml.signals import install
+
+#: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
+STOP = signal.SIGRTMIN + 1
 
 
 def _redirect(d: Path, rank: int) -> None:
@@ -27,7 +38,8 @@ def _redirect(d: Path, rank: int) -> None:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
-        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] -- CMD...", file=sys.stderr)
+        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
+              "-- CMD...", file=sys.stderr)
         return 2
     head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     d = Path(head[0])
@@ -39,9 +51,14 @@ def main(argv: list[str]) -> int:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if opts.get("--env"):
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
+    become_subreaper()
+    install((STOP,), lambda *_: stop_descendants(0.0))
     from hpcml.observe.recorder import record
-    return record(cmd, observe_dir(d), float(opts.get("--interval", "1.0")), gpu_metrics="auto",
-                  mlflow=opts.get("--mlflow"))
+    try:
+        return record([sys.executable, "-m", "hpcml.run.rankexec", *cmd], observe_dir(d),
+                      float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"))
+    finally:
+        stop_descendants(float(opts.get("--kill-grace", "10")))       # what the rank left running
 
 
 if __name__ == "__main__":

@@ -30,6 +30,10 @@ def run_cmd(
     no_report: bool = typer.Option(False, "--no-report", help="Do not print the report or write report.html at the end."),
     mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
                                                                "(hpcml service up mlflow), from a background thread."),
+    kill_grace: float = typer.Option(10.0, "--kill-grace", help="Seconds between TERM (or INT) and SIGKILL of "
+                                     "every rank and what it started."),
+    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the finished job that --dir holds "
+                                   "(without it such a directory is refused)."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -40,12 +44,13 @@ def run_cmd(
     Every task gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK and
     LOCAL_WORLD_SIZE (torch.distributed's env:// rendezvous) and is recorded by hpcml
     observe. At the end it prints the job's report and writes JOBDIR/report.html (hpcml
-    report shows it again). Exit codes: the command's, 4 vetting aborted, 2 bad input.
+    report shows it again). Exit codes: the command's (127: it cannot start), 4 vetting
+    aborted, 2 bad input (a --dir that holds a job), 1 the job directory cannot be written.
     """
     from hpcml.run.launcher import Options, run
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
-                     gpus_per_task=gpus_per_task, mlflow=mlflow))
+                     gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite))
     raise typer.Exit(rc)
 
 

@@ -1,0 +1,40 @@
+"""``python -m hpcml.run.rankexec CMD...``: become the rank, then exec CMD.
+
+The recorder starts CMD as a plain child; this step in between gives the rank what the
+task wrapper needs to own it, without a process of its own (exec keeps the pid the
+recorder samples):
+
+* its own process group, so a terminal's Ctrl-C reaches it once, through the launcher,
+  and the wrapper can stop the rank together with its children;
+* SIGKILL when the wrapper dies (PR_SET_PDEATHSIG), so a rank never outlives it;
+* SIGINT at its default action, even when ``hpcml run`` was started with INT ignored
+  (``cmd &`` in a script), so INT stops a rank as Ctrl-C would;
+* a command that cannot start is said in the rank's stderr, with a shell's exit code
+  (127 not found, 126 not executable), and recorded like any other exit.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+
+from hpcml.proctree import die_with_parent
+
+NOT_FOUND, NOT_EXECUTABLE = 127, 126
+
+
+def main(cmd: list[str]) -> int:
+    os.setpgid(0, 0)
+    die_with_parent(signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    try:
+        os.execvp(cmd[0], cmd)
+    except OSError as exc:
+        print(f"hpcml run: cannot start '{cmd[0]}': {exc.strerror}", file=sys.stderr, flush=True)
+        return NOT_FOUND if isinstance(exc, FileNotFoundError) else NOT_EXECUTABLE
+    return NOT_EXECUTABLE                     # not reached: execvp returns only by raising
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,228 @@
+"""``hpcml run`` owns its ranks and its job directory (local mode; srun: test_run_slurm).
+
+Each guarantee is checked on what the user's task itself did or left: an O_APPEND file the
+task writes, and its processes found afterwards by a unique marker in their command line.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+import pytest
+
+from hpcml.errors import UsageError
+from hpcml.run import jobdir
+
+ROOT = Path(__file__).resolve().parents[2]
+PY = sys.executable
+WAIT = 90                 # generous: the machine is shared and loaded
+
+
+def _env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(PY).parent}:{env.get('PATH', '')}"
+    return env
+
+
+def start(*args, cwd: Path, ignore_int: bool = False) -> subprocess.Popen:
+    """``hpcml run`` in the background (``ignore_int``: as ``cmd &`` in a script starts it)."""
+    pre = (lambda: signal.signal(signal.SIGINT, signal.SIG_IGN)) if ignore_int else None
+    return subprocess.Popen([PY, "-m", "hpcml", "run", *map(str, args)], cwd=cwd, env=_env(), text=True,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pre)
+
+
+def hpcml(*args, cwd: Path) -> subprocess.CompletedProcess:
+    return subprocess.run([PY, "-m", "hpcml", *map(str, args)], cwd=cwd, env=_env(), capture_output=True,
+                          text=True, timeout=WAIT * 2)
+
+
+def rank_script(marks: Path, marker: str, trap_term: bool) -> list[str]:
+    """A bash rank: says it started (O_APPEND), starts a child carrying ``marker``, then
+    ticks; with ``trap_term`` it notes TERM and carries on."""
+    trap = f"trap 'echo term-$RANK >> {marks}' TERM; " if trap_term else ""
+    return ["bash", "-c", f"{trap}echo start-$RANK >> {marks}; "
+            f"{PY} -c 'import time; time.sleep(300)' {marker} & "
+            f"while :; do echo tick >> {marks}; sleep 0.1; done", marker]
+
+
+def marked(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        if marker in (p.info["cmdline"] or []) and p.info["status"] != psutil.STATUS_ZOMBIE:
+            out.append(p)
+    return out
+
+
+def wait_for(cond, timeout: float = WAIT, what: str = "") -> None:
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        if cond():
+            return
+        time.sleep(0.1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def lines(path: Path, word: str) -> int:
+    return path.read_text().split().count(word) if path.exists() else 0
+
+
+def nothing_left(marker: str, marks: Path) -> None:
+    """No process of the task is left, and the task's file has stopped growing."""
+    try:
+        wait_for(lambda: not marked(marker), 30, f"the task's processes ({marker}) to end")
+    finally:
+        for p in marked(marker):
+            p.kill()
+    size = marks.stat().st_size if marks.exists() else 0
+    time.sleep(0.5)
+    assert (marks.stat().st_size if marks.exists() else 0) == size, "something still writes the task's file"
+
+
+def test_kill_9_of_hpcml_run_takes_every_rank_and_its_children_along(tmp_path):
+    """kill -9 at random moments, ranks running or still starting: nothing of the task
+    survives; the report says the launcher was killed."""
+    rng = random.Random()
+    for i in range(10):
+        marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / f"marks-{i}"
+        p = start("--ntasks", 2, "--dir", f"job-{i}", "--no-report", "--", *rank_script(marks, marker, False),
+                  cwd=tmp_path)
+        try:
+            if i % 2:                     # odd rounds: once both ranks run; even: at any moment
+                wait_for(lambda m=marks: lines(m, "start-0") + lines(m, "start-1") == 2, what="both ranks")
+            time.sleep(rng.uniform(0.0, 1.5))
+            p.kill()
+            p.communicate(timeout=WAIT)
+            nothing_left(marker, marks)
+        finally:
+            p.kill()
+            p.communicate()
+    rep = json.loads(hpcml("report", "job-1", "--json", cwd=tmp_path).stdout)
+    assert rep["ending"]["launcher_killed"] is True
+    assert rep["findings"][0]["kind"] == "launcher_killed" and "was killed" in rep["findings"][0]["message"]
+
+
+@pytest.mark.parametrize("trap_term", [True, False], ids=["rank-traps-term", "bash-rank-with-a-child"])
+def test_term_stops_ranks_and_their_children_sigkill_after_the_grace(tmp_path, trap_term):
+    """A rank that traps TERM gets SIGKILL after --kill-grace; a bash rank that dies of TERM
+    leaves no child behind. Either way every rank got TERM first."""
+    marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
+    p = start("--ntasks", 2, "--dir", "job", "--no-report", "--kill-grace", 1, "--",
+              *rank_script(marks, marker, trap_term), cwd=tmp_path)
+    try:
+        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
+        p.send_signal(signal.SIGTERM)
+        _, err = p.communicate(timeout=WAIT)
+    finally:
+        p.kill()
+    nothing_left(marker, marks)
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["signals_forwarded"] == ["SIGTERM"] and p.returncode != 0, err
+    if trap_term:
+        assert lines(marks, "term-0") >= 1 and lines(marks, "term-1") >= 1
+        assert run["killed_after_grace"] is True and p.returncode == 128 + signal.SIGKILL, err
+
+
+def test_sigint_sent_with_kill_stops_the_run_like_ctrl_c(tmp_path):
+    """Started as ``cmd &`` from a script (INT ignored), ``kill -INT`` still stops it."""
+    marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
+    p = start("--ntasks", 2, "--dir", "job", "--no-report", "--", *rank_script(marks, marker, False),
+              cwd=tmp_path, ignore_int=True)
+    try:
+        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=WAIT)
+    finally:
+        p.kill()
+    nothing_left(marker, marks)
+    assert p.returncode == 128 + signal.SIGINT, err
+    assert json.loads((tmp_path / "job" / "run.json").read_text())["signals_forwarded"] == ["SIGINT"]
+
+
+def test_a_directory_that_holds_a_job_is_refused_unless_overwrite(tmp_path):
+    marks = tmp_path / "marks"
+    task = ["sh", "-c", f"echo ran >> {marks}"]
+    assert hpcml("run", "--ntasks", 2, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path).returncode == 0
+    again = hpcml("run", "--ntasks", 2, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path)
+    assert again.returncode == 2 and again.stderr.count("\n") == 1 and "--overwrite" in again.stderr, again.stderr
+    assert lines(marks, "ran") == 2                          # the second run started nothing
+    over = hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+    assert over.returncode == 0, over.stderr
+    assert lines(marks, "ran") == 3
+    assert sorted(p.name for p in (tmp_path / "job" / "logs").iterdir()) == ["rank-0.err", "rank-0.out"]
+    assert json.loads((tmp_path / "job" / "run.json").read_text())["ntasks"] == 1
+    assert len(list((tmp_path / "job" / "observe").glob("rank-00001*"))) == 0    # nothing of the first run
+
+
+def test_two_runs_at_once_on_one_directory_one_is_refused(tmp_path):
+    marks = tmp_path / "marks"
+    task = ["sh", "-c", f"echo ran >> {marks}"]
+    procs = [start("--ntasks", 2, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path) for _ in range(2)]
+    results = [(p.wait(timeout=WAIT), p.communicate()[1]) for p in procs]
+    codes = sorted(rc for rc, _ in results)
+    assert codes == [0, 2], results
+    refused = next(err for rc, err in results if rc == 2)
+    assert refused.count("\n") == 1 and "job" in refused
+    assert lines(marks, "ran") == 2                          # the ranks of one run only
+
+
+def test_the_default_directory_without_slurm_is_a_new_one(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    first = jobdir.default_dir(None)
+    first.mkdir()
+    assert jobdir.default_dir(None) != first
+    assert jobdir.default_dir("123") == Path("hpcml-run-123")
+
+
+def test_the_same_slurm_job_requeued_continues_in_its_directory(tmp_path):
+    d = tmp_path / "job"
+    d.mkdir()
+    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "started": 1.0, "ended": 2.0})
+    assert jobdir.prepare(d, overwrite=False, job_id="77", restart=1)["job_id"] == "77"
+    for job_id, restart in (("77", 0), ("78", 1), (None, 0)):
+        with pytest.raises(UsageError, match="already holds a job"):
+            jobdir.prepare(d, overwrite=False, job_id=job_id, restart=restart)
+
+
+def test_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
+    (tmp_path / "f").write_text("")
+    p = hpcml("run", "--dir", "f", "--", "true", cwd=tmp_path)
+    assert p.returncode == 2 and p.stderr.count("\n") == 1 and "f: not a directory" in p.stderr, p.stderr
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
+def test_a_full_disk_is_one_line_exit_1_and_leaves_no_temporary_file(tmp_path):
+    mnt = tmp_path / "small"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)
+    try:
+        (mnt / "job").mkdir()
+        with open(mnt / "fill", "wb", buffering=0) as f:
+            try:
+                while True:
+                    f.write(b"\0" * 65536)
+            except OSError:
+                pass
+        p = hpcml("run", "--dir", mnt / "job", "--", "true", cwd=tmp_path)
+        assert p.returncode == 1 and p.stderr.count("\n") == 1, p.stderr
+        assert "No space left on device" in p.stderr and "Traceback" not in p.stderr
+        assert [q.name for q in (mnt / "job").iterdir()] == []
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+def test_a_command_that_cannot_start_says_why_and_exits_127(tmp_path):
+    p = hpcml("run", "--ntasks", 2, "--dir", "job", "--no-report", "--", "pythn-no-such", "train.py", cwd=tmp_path)
+    assert p.returncode == 127, p.stderr
+    assert "cannot start 'pythn-no-such': No such file or directory" in p.stderr
+    rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)
+    assert "cannot start 'pythn-no-such'" in rep["findings"][0]["message"]
+    assert not any(f["kind"] == "missing_rank" for f in rep["findings"]), rep["findings"]
