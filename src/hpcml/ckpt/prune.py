@@ -60,11 +60,12 @@ def _remove(root: Path, f: layout.Found, out: Pruned) -> None:
     out.removed.append(f.path)
 
 
-def prune(root: Path, keep: int, local: Path | None = None, *,
+def prune(root: Path, keep: int | None, local: Path | None = None, *,
           verified: Callable[[layout.Found], list[str]] = layout.verify, live_token: str | None = None) -> Pruned:
     """Keep the newest ``keep`` checkpoints that verify (``verified`` gives a checkpoint's
     problems); remove older ones, superseded replacements, and partial ones that are older
-    than the newest commit or that no live attempt (``live_token``) writes."""
+    than the newest commit or that no live attempt (``live_token``) writes. ``keep=None``:
+    leave committed ones alone (a new owner clearing dead attempts before its first save)."""
     found = layout.scan(root)
     out = Pruned()
     for leftover in root.glob(".deleting-*"):     # a prune cut short
@@ -73,8 +74,8 @@ def prune(root: Path, keep: int, local: Path | None = None, *,
     committed = [f for f in found if f.committed]
     newest = committed[-1].step if committed else -1
     kept, drop = 0, []
-    for f in reversed(committed):
-        if kept >= keep:
+    for f in reversed(committed if keep is not None else []):
+        if kept >= (keep or 0):
             drop.append(f)
             continue
         problems = verified(f)

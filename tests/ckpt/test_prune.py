@@ -1,0 +1,142 @@
+"""Prune never removes the checkpoint a restart needs: it counts checkpoints that verify,
+leaves corrupt ones and symbolic links in place and says so, and clears dead attempts'
+partial directories (which filled the disk over many kills)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcml.ckpt import Checkpointer, layout
+
+TASK = Path(__file__).with_name("task.py")
+
+
+def _save(ck: Path, *steps: int, keep: int = 5, mb: float = 0.1) -> None:
+    with Checkpointer(ck, keep=keep, max_write_rate=None) as c:
+        for s in steps:
+            c.save({"w": np.full(int(mb * (1 << 17)), s), "step": s}, s)
+            c.wait()
+
+
+def _corrupt(ck: Path, step: int) -> None:
+    """One flipped byte: the size is right, the crc32 is not."""
+    path = ck / layout.step_name(step) / "rank-00000.bin"
+    data = bytearray(path.read_bytes())
+    data[10] ^= 0xFF
+    path.write_bytes(data)
+
+
+def _hpcml(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "hpcml", *args], capture_output=True, text=True, timeout=120)
+
+
+def _load(ck: Path) -> int | None:
+    state, step = Checkpointer(ck, read_only=True).load_latest()
+    assert state is None or int(state["step"]) == step and (state["w"] == step).all()
+    return step
+
+
+def test_prune_keeps_the_newest_checkpoint_that_verifies_when_the_newest_is_corrupt(tmp_path):
+    ck = tmp_path / "ck"
+    _save(ck, 1, 2, 3)
+    _corrupt(ck, 3)
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "1")
+    assert out.returncode == 0, out.stderr
+    assert _load(ck) == 2                                     # the previous good one is still there
+    assert sorted(p.name for p in ck.glob("step-*")) == ["step-00000002", "step-00000003"]
+    assert f"removed {ck / 'step-00000001'}" in out.stdout
+    assert f"skipped {ck / 'step-00000003'}: corrupt" in out.stdout and "checksum" in out.stdout
+
+
+def test_the_checkpointers_own_prune_counts_only_checkpoints_that_verify(tmp_path, capfd):
+    """keep=2 with step 2 corrupt: after step 3 commits, step 1 stays (2 verified: 1 and 3),
+    so when step 3 is lost too the job still resumes at step 1."""
+    ck = tmp_path / "ck"
+    _save(ck, 1, 2)
+    (ck / "step-00000002" / "rank-00000.bin").write_bytes(b"")      # truncated
+    _save(ck, 3, keep=2)
+    assert "prune skipped" in capfd.readouterr().err
+    _corrupt(ck, 3)
+    assert _load(ck) == 1
+
+
+def test_prune_with_nothing_that_verifies_removes_no_checkpoint(tmp_path):
+    ck = tmp_path / "ck"
+    _save(ck, 1, 2)
+    _corrupt(ck, 1)
+    _corrupt(ck, 2)
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "1")
+    assert out.returncode == 0 and "removed" not in out.stdout, out.stdout
+    assert len(list(ck.glob("step-*"))) == 2
+
+
+def test_prune_never_follows_nor_claims_to_remove_a_symbolic_link(tmp_path):
+    ck, outside = tmp_path / "ck", tmp_path / "outside"
+    _save(ck, 1, 2, 3)
+    outside.mkdir()
+    (outside / "precious").write_text("keep me")
+    (ck / "step-00000000").symlink_to(outside, target_is_directory=True)
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "1")
+    assert out.returncode == 0, out.stderr
+    assert (outside / "precious").read_text() == "keep me"
+    assert (ck / "step-00000000").is_symlink()
+    assert "step-00000000" not in "".join(line for line in out.stdout.splitlines() if line.startswith("removed"))
+    assert f"skipped {ck / 'step-00000000'}: a symbolic link" in out.stdout
+    assert _load(ck) == 3
+
+
+def _dead_attempt(ck: Path, step: int, mb: float) -> None:
+    """A job killed with SIGKILL while writing ``step``: at least half its shard on disk."""
+    p = subprocess.Popen([sys.executable, str(TASK), str(ck), "--at", str(step), "--size-mb", str(mb),
+                          "--rate", "4 MB/s"], stdout=subprocess.PIPE, text=True)
+    tmp = ck / layout.partial_name(step) / "rank-00000.bin.tmp"
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and p.poll() is None:
+        if tmp.exists() and tmp.stat().st_size >= mb * (1 << 19):
+            break
+        time.sleep(0.02)
+    p.send_signal(signal.SIGKILL)
+    p.wait()
+    assert tmp.exists(), "the attempt did not get to write"
+
+
+def test_dead_attempts_partials_are_removed_by_prune(tmp_path):
+    ck = tmp_path / "ck"
+    _save(ck, 1)
+    for step in (5, 6):
+        _dead_attempt(ck, step, 1)
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "1")
+    assert out.returncode == 0, out.stderr
+    assert not list(ck.glob(".partial-*")), out.stdout
+    assert _load(ck) == 1
+
+
+def test_dead_attempts_do_not_fill_the_disk_for_the_next_one(tmp_path):
+    """A 20 MB file system: one 4 MB checkpoint and three dead attempts of 5 MB each leave
+    no room for another save, unless the next job clears them; it does, commits, and the
+    last checkpoint loads."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)], check=True)
+    try:
+        ck = mnt / "ck"
+        _save(ck, 1, mb=4)
+        for step in (5, 6, 7):
+            _dead_attempt(ck, step, 5)
+        out = subprocess.run([sys.executable, str(TASK), str(ck), "--at", "2", "--size-mb", "4", "--keep", "1"],
+                             capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stdout + out.stderr
+        assert not list(ck.glob(".partial-*"))
+        assert _load(ck) == 2
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
