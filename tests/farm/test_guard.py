@@ -1,0 +1,126 @@
+"""A task's whole process tree dies with its attempt (guard.py): under kill -9 of the farm's
+process group at random moments, at the end of an attempt that daemonised something, and
+before a lost attempt is rerun. "Nothing left running" is checked by looking for the task's
+own processes (a unique marker in their command line); "exactly once" by the side file the
+tasks append to (farmtools.assert_exactly_once)."""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import psutil
+
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
+from tests.farm.farmtools import assert_exactly_once, count_ends, ends, env, hpcml, side_lines, wait_for
+
+
+def _marked(marker: str) -> list[psutil.Process]:
+    out = []
+    for p in psutil.process_iter(["cmdline", "status"]):
+        try:
+            if p.info["status"] != psutil.STATUS_ZOMBIE and any(marker in a for a in p.info["cmdline"] or ()):
+                out.append(p)
+        except psutil.Error:
+            continue
+    return out
+
+
+def _script(tmp_path: Path, body: str) -> tuple[str, Path]:
+    """A task script in a directory named by a unique marker; the task runs it under an
+    outer ``sh -c`` (the ``cd``), so the marked process is a grandchild of the worker."""
+    marker = f"tree-{uuid.uuid4().hex[:10]}"
+    d = tmp_path / marker
+    d.mkdir()
+    (d / "task.sh").write_text(body)
+    return marker, d / "task.sh"
+
+
+def _farm(tmp_path: Path, command: str, n: int, **settings) -> Path:
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(f"{command} #{i}") for i in range(n)], settings)
+    return farm
+
+
+def _start_in_own_group(*args) -> subprocess.Popen:
+    """``hpcml farm run`` as a shell starts a job: leader of its own process group."""
+    return subprocess.Popen([sys.executable, "-m", "hpcml", *map(str, args)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+
+
+def _farm_processes(farm: Path) -> list[psutil.Process]:
+    return _marked(str(farm))
+
+
+def test_kill_9_of_the_farms_group_at_random_moments_leaves_no_task_running(tmp_path):
+    side = tmp_path / "side"
+    marker, script = _script(tmp_path, f"sleep 0.5\necho $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n")
+    farm = _farm(tmp_path, f"cd /tmp && sh {script}", 40)
+    rng = random.Random(28)
+    kills = 0
+    while kills < 10 and count_ends(farm) < 30:
+        run = _start_in_own_group("farm", "run", farm, "--slots", "2")
+        wait_for(lambda: bool(_marked(marker)), 60, "a task running")
+        time.sleep(rng.uniform(0.0, 0.6))                 # a random moment of a task's life
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        kills += 1
+        # the guards clean up and exit; then nothing of any task may be left
+        wait_for(lambda: not _farm_processes(farm), 60, "the farm's workers and guards gone")
+        left = _marked(marker)
+        assert not left, f"kill {kills}: tasks outlived the farm: {[p.info['cmdline'] for p in left]}"
+    p = hpcml("farm", "run", farm, "--slots", "2")
+    assert p.returncode == 0, p.stderr
+    assert kills >= 3
+    assert_exactly_once(farm, side, 40)
+    assert any(e["outcome"] == "lost" for e in ends(farm).values())
+
+
+def test_what_a_task_daemonises_is_killed_at_the_attempts_end(tmp_path):
+    marker, daemon = _script(tmp_path, "sleep 987\n")
+    cmds = [f"setsid sh {daemon} & true", f"nohup sh {daemon} >/dev/null 2>&1 &",
+            f"(setsid sh {daemon} &) ; exit 3"]
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(c) for c in cmds], {"retries": 0})
+    p = hpcml("farm", "run", farm, "--slots", "2", "--node-failures", "0")
+    assert p.returncode == 1, p.stderr                    # the third exits 3: leftovers die on failure too
+    assert [ends(farm)[(i, 1)]["outcome"] for i in range(3)] == ["ok", "ok", "failed"]
+    left = _marked(marker)
+    assert not left, [p.info["cmdline"] for p in left]
+
+
+def test_a_lost_attempt_left_running_by_a_killed_guard_is_killed_before_the_rerun(tmp_path):
+    """Guard, worker and agent all killed: nothing of the farm is left to clean up, and the
+    task's grandchild lives on (re-parented to init). The rerun proves it gone first."""
+    side = tmp_path / "side"
+    marker, script = _script(tmp_path, f'echo $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n'
+                                       f'test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 600\n')
+    farm = _farm(tmp_path, f"cd /tmp && sh {script}", 1)
+    run = _start_in_own_group("farm", "run", farm, "--slots", "1")
+    wait_for(lambda: bool(_marked(marker)), 60, "attempt 1 running")
+    worker = json.loads(next((farm / "workers").iterdir()).read_text())["pid"]
+    guard = psutil.Process(worker).ppid()
+    try:
+        os.killpg(run.pid, signal.SIGSTOP)                # the agent must not clean up either
+        os.kill(guard, signal.SIGKILL)
+        wait_for(lambda: not psutil.pid_exists(worker) or psutil.Process(worker).status() == "zombie", 30,
+                 "the worker dead with its guard")
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        wait_for(lambda: not _farm_processes(farm), 60, "the farm's processes gone")
+        assert _marked(marker), "the scenario needs attempt 1's task still running"
+        p = hpcml("farm", "run", farm, "--slots", "1")
+        assert p.returncode == 0, p.stderr
+        assert not _marked(marker)                         # killed before attempt 2 ran
+        assert ends(farm)[(0, 1)]["outcome"] == "lost" and side_lines(side) == [(0, 1), (0, 2)]
+    finally:
+        for proc in _marked(marker):
+            proc.kill()
