@@ -1,0 +1,77 @@
+"""``hpcml farm status`` counts what happened: failed under the retries the run was given,
+a dead worker's attempt as lost (not running), a damaged claim or end as damaged."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+
+from hpcml import schemas
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
+from tests.farm.farmtools import env, hpcml, side_lines, side_task, wait_for
+
+
+def _status(farm: Path) -> dict:
+    p = hpcml("farm", "status", farm, "--json")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    jsonschema.validate(doc, schemas.load("farm.status"), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+def test_failed_after_run_retries_1_not_retrying(tmp_path):
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec("exit 3")], {})                   # the farm says retries 2
+    p = hpcml("farm", "run", farm, "--slots", "1", "--retries", "1", "--backoff", "0")
+    assert p.returncode == 1
+    st = _status(farm)
+    assert st["counts"]["failed"] == 1 and st["counts"]["retrying"] == 0, st["counts"]
+    assert st["failed"][0]["attempts"] == 2 and st["failed"][0]["exit_code"] == 3
+
+
+def test_a_dead_workers_attempt_is_lost_not_running(tmp_path):
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec("sleep 600"), TaskSpec("true")], {})
+    run = subprocess.Popen([sys.executable, "-m", "hpcml", "farm", "run", str(farm), "--slots", "1"],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
+    wait_for(lambda: (farm / "claims" / "0.1").exists() and any((farm / "workers").iterdir()), 60, "task 0 running")
+    assert _status(farm)["counts"]["running"] == 1
+    worker = json.loads(next((farm / "workers").iterdir()).read_text())["pid"]
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait(timeout=30)
+    wait_for(lambda: not os.path.exists(f"/proc/{worker}"), 60, "the worker gone")
+    st = _status(farm)
+    assert st["counts"]["running"] == 0 and st["counts"]["lost"] == 1 and not st["running"], st["counts"]
+    assert not st["done"]
+
+
+def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):
+    side = tmp_path / "side"
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(4)], {})
+    claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
+    for tid in (0, 1):
+        (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    (farm / "ends" / "0.1").write_bytes(b"")                                       # empty
+    (farm / "ends" / "1.1").write_text('{"schema": "hpcml.farm.end/1", "id": 1, "att')   # truncated
+    (farm / "claims" / "2.1").write_text('{"schema": "hpcml.fa')                   # truncated claim, no end
+    st = _status(farm)
+    assert st["counts"]["damaged"] == 3 and st["counts"]["running"] == 0, st["counts"]
+    p = hpcml("farm", "run", farm, "--slots", "2", "--lease", "1 s")
+    assert p.returncode == 0, p.stderr
+    warnings = [line for line in p.stderr.splitlines() if "warning" in line]
+    assert len(warnings) == 3 and all(w.startswith("hpcml farm: warning: ") and "is damaged" in w
+                                      for w in warnings), p.stderr
+    assert {w.split()[3] for w in warnings} == {str(farm / "ends" / "0.1"), str(farm / "ends" / "1.1"),
+                                                 str(farm / "claims" / "2.1")}
+    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 1)]
+    assert _status(farm)["counts"]["ok"] == 4
+    again = hpcml("farm", "run", farm, "--slots", "1")
+    assert again.returncode == 0 and "warning" not in again.stderr                  # once, not at every run
