@@ -1,10 +1,9 @@
-"""Fault injection with real processes: kill -9 at random moments, two ranks with gloo,
+"""Fault injection with real processes: kill -9 during the drain, two ranks with gloo,
 and the time-limit signal."""
 
 from __future__ import annotations
 
 import json
-import random
 import signal
 import subprocess
 import sys
@@ -13,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from hpcml.ckpt import Checkpointer, layout
+from hpcml.ckpt import Checkpointer
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "ckpt" / "train_resume.py"
@@ -22,34 +21,6 @@ TRAIN = ROOT / "examples" / "ckpt" / "train_resume.py"
 def _start(ck: Path, *extra: str, env: dict | None = None) -> subprocess.Popen:
     return subprocess.Popen([sys.executable, str(TRAIN), str(ck), "--steps", "100000", *extra],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
-
-
-def test_kill_9_at_random_moments_never_leaves_a_corrupt_latest(tmp_path):
-    """60 kills of the whole process (training thread and writer thread) at random moments
-    of saves paced to take ~40 ms each: after every kill, load_latest returns a complete
-    checkpoint (every element holds its step), steps never go backwards, and every
-    committed checkpoint verifies."""
-    ck = tmp_path / "ck"
-    rng = random.Random(21)
-    last, kills = 0, 0
-    while kills < 60:
-        proc = _start(ck, "--size-mb", "2", "--rate", "50 MB/s", "--step-sleep", "0.005")
-        proc.stdout.readline()                                   # "resumed at N": it is running
-        time.sleep(rng.uniform(0.0, 0.4))
-        proc.send_signal(signal.SIGKILL)
-        proc.wait()
-        kills += 1
-        state, step = Checkpointer(ck, read_only=True).load_latest()
-        if step is None:
-            assert last == 0
-            continue
-        assert step >= last
-        assert state["step"] == step and (state["w"] == step).all()
-        last = step
-    assert last > 10                                              # it really made progress
-    for found in layout.scan(ck):
-        if found.committed:
-            assert layout.verify(found) == []
 
 
 def test_kill_9_during_the_drain_from_the_local_tier_keeps_the_committed_one(tmp_path):

@@ -134,6 +134,7 @@ class Checkpointer:
         if self.rank == 0 and not read_only:
             owner.claim(self.dir, self.token, mode=mode,
                         take_over=take_over or os.environ.get("HPCML_CKPT_TAKE_OVER", "") not in ("", "0"))
+            layout.restore_replaced(self.dir)               # a re-save cut short between its renames
             prune(self.dir, None, live_token=self.token)    # dead attempts' partials: room for this one's
         self._host: Any = None
         self._thread: threading.Thread | None = None

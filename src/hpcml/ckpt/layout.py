@@ -20,7 +20,8 @@ a crashed attempt at the same step is never taken for this attempt's.
 
 Re-saving a committed step takes two renames (``step-N`` out to ``.old-step-N-TOKEN``, the
 partial in); a crash between them leaves no ``step-N``, so ``scan`` takes the ``.old`` one
-for step N: the step is never lost, whatever moment the crash hit. A manifest is checked
+for step N (and the next writer renames it back): the step is never lost, whatever moment
+the crash hit. A manifest is checked
 key by key (``manifest_problem``): valid JSON with a key missing or of the wrong type makes
 that checkpoint corrupt, never a ``KeyError``.
 """
@@ -226,6 +227,14 @@ def scan(root: Path) -> list[Found]:
         if f.committed:
             read_manifest(f)
     return sorted(found, key=lambda f: (f.step, f.committed))
+
+
+def restore_replaced(root: Path) -> None:
+    """Rename a re-save's ``.old-step-N-*`` that stands for step N back to ``step-N`` (by the
+    directory's owner, before it writes: nobody is between the two renames then)."""
+    for f in scan(root):
+        if f.committed and f.path.name.startswith(".old-") and not f.link:
+            os.rename(f.path, root / step_name(f.step))
 
 
 def verify(found: Found, ranks: list[int] | None = None, *, checksums: bool = True) -> list[str]:
