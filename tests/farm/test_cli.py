@@ -56,3 +56,15 @@ def test_every_command_has_help_with_an_example():
     for cmd in ("create", "run", "status", "results"):
         p = hpcml("farm", cmd, "--help")
         assert p.returncode == 0 and f"hpcml farm {cmd} " in p.stdout, p.stdout
+
+
+def test_a_rejected_create_leaves_nothing_and_the_corrected_one_works(tmp_path):
+    bad, good, farm = tmp_path / "bad.yaml", tmp_path / "good.yaml", tmp_path / "f"
+    bad.write_text("tasks:\n  - {group: train, command: echo a}\n  - {group: eval, after: [trian], command: echo b}\n")
+    good.write_text("tasks:\n  - {group: train, command: echo a}\n  - {group: eval, after: [train], command: echo b}\n")
+    p = hpcml("farm", "create", farm, bad)
+    assert p.returncode == 2 and "group 'trian'" in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert not farm.exists()
+    p = hpcml("farm", "create", farm, good)
+    assert p.returncode == 0, p.stderr
+    assert "2 task(s) added" in p.stdout

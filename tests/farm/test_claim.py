@@ -1,0 +1,45 @@
+"""Claims and ends under a full disk: the farm's directory on a small tmpfs that the tasks
+themselves fill. The run stops with one line naming the path (exit 1, no traceback), no
+attempt is left "running", and no temp file of a claim or end is left behind."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+
+import pytest
+
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
+from tests.farm.farmtools import hpcml
+
+
+@pytest.fixture
+def small_disk(tmp_path):
+    if os.geteuid() != 0:
+        pytest.skip("mounting a tmpfs needs root")
+    d = tmp_path / "disk"
+    d.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(d)], check=True)
+    try:
+        yield d
+    finally:
+        subprocess.run(["umount", "-l", str(d)], check=False)
+
+
+def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(small_disk):
+    farm = small_disk / "farm"
+    fill = "head -c 1500000 /dev/zero > $HPCML_FARM_DIR/../fill.$HPCML_FARM_TASK_ID; true"
+    store.create(farm, [TaskSpec(fill)] * 40, {"retries": 0})
+    p = hpcml("farm", "run", farm, "--slots", "2", "--node-failures", "0")
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert lines[0].startswith("hpcml farm run: error: ") and "No space left on device" in lines[0], lines[0]
+    assert str(farm) in lines[0]
+    st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
+    assert st["counts"]["running"] == 0 and not st["running"], st["counts"]
+    assert 0 < st["counts"]["ok"] < 40
+    temps = [f for sub in ("claims", "ends", "workers") for f in os.listdir(farm / sub) if f.startswith(".")]
+    assert not temps, temps
