@@ -1,20 +1,20 @@
 """Claiming tasks exactly once on a shared filesystem, without locks or a server.
 
-How it works. Attempt A of task ID belongs to whoever creates ``claims/ID.A`` with
-``open(O_CREAT|O_EXCL)``; how it ended is ``ends/ID.A``, made by writing a private temp
-file and ``link()``-ing it to that name. Both calls either create the name or fail with
-EEXIST, atomically, on a local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the
-server (or the metadata server) decides, not a client-side lock, which is why this works
-where SQLite's fcntl locking does not. (Over NFS a retransmitted link() may report
-EEXIST although it succeeded; ``finish`` then checks the temp file's link count, the
-classic recipe from open(2).) Nothing is ever renamed over or rewritten, so every claim
-and end, once seen, is final, and readers cache them.
+How it works. Attempt A of task ID belongs to whoever puts ``claims/ID.A`` in place; how
+it ended is ``ends/ID.A``. Both are made by writing a private temp file and ``link()``-ing
+it to that name, which either creates the name or fails with EEXIST, atomically, on a
+local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the server (or the metadata
+server) decides, not a client-side lock, which is why this works where SQLite's fcntl
+locking does not. (Over NFS a retransmitted link() may report EEXIST although it
+succeeded; ``_put`` then checks the temp file's link count, the classic recipe from
+open(2).) Nothing is ever renamed over or rewritten, so every claim and end, once seen,
+is final, and readers cache them.
 
 Why a task runs to completion at most once, and is never lost:
 
 * Attempt A+1 may only be claimed by a worker that has read ``ends/ID.A`` and found it
   not "ok". Ends are immutable, so that precondition never becomes false; attempt 1 needs
-  none. Two workers racing for the same attempt: O_EXCL lets exactly one win.
+  none. Two workers racing for the same attempt: link() lets exactly one win.
 * An "ok" end of attempt A is written only by A's owner, and only if ``ends/ID.A`` does
   not exist yet (link fails otherwise). So at most one attempt of a task ends "ok", and
   once one has, no later attempt can be claimed.
@@ -31,16 +31,47 @@ Why a task runs to completion at most once, and is never lost:
   ``workers/WID``, which the owner touches every lease/6 s, standing still for a whole
   lease as timed by the *observer's* monotonic clock (no clocks are compared across hosts).
   A worker that exits removes its file after its last end, so a missing file is dead too.
-* Tasks a dead worker started die with it (PR_SET_PDEATHSIG, ``worker.py``) and Slurm
-  kills what a dead allocation ran, so a task judged lost is not still running elsewhere.
+* Ends and claims are linked into place whole, so a file that is not a record (empty,
+  truncated: damaged outside hpcml) is read as an end "damaged": not ok, so the task is
+  claimable again (a damaged claim without an end waits a lease first, as its owner is
+  unknown). A full disk fails the temp write: nothing is linked, the temp is removed.
+
+Why a task judged lost is not still running (the process tree, ``guard.py``):
+
+* A task is a tree: ``/bin/sh -c`` and its children, which PR_SET_PDEATHSIG does not
+  reach. Each runs in a process group of its own inside its worker's session, and the
+  worker is the child of a guard that is a child subreaper in a session of its own, with
+  PR_SET_PDEATHSIG = SIGTERM, which it catches. Every process the task starts stays the
+  guard's descendant whatever it does (``setsid``, double forks: an orphan re-parents to
+  the nearest living subreaper ancestor, never past it). So: worker killed -> the guard
+  reaps it and SIGKILLs every descendant; agent (``hpcml farm run``) killed, or a
+  ``kill -9`` of its process group, which the guard is not in -> the guard gets SIGTERM
+  and does the same. A task that ends is followed by a SIGKILL of its group and of every
+  child the worker (a subreaper too) adopted from it: what it daemonised dies with the
+  attempt.
+* What that leaves: the guard itself SIGKILLed on its own (then the agent, a subreaper,
+  adopts the tree and kills it, unless it is dead too). So before a lost attempt is
+  declared, the declaring worker kills, on its own host, the worker's session recorded in
+  the claim (boot id, pid namespace, session id and its leader's start time: a session id
+  is not reused while anything is in it, and one that now names a newer process is gone)
+  and every process whose environment carries the attempt's HPCML_FARM_DIR,
+  HPCML_FARM_TASK_ID and HPCML_FARM_ATTEMPT, and declares it only once none is left.
+  Not covered: guard and agent both killed, and then a leftover on another host than
+  the declaring worker's, or one that left the session and cleared its environment.
+* Under Slurm, the agents run as one ``srun`` step: with proctrack/cgroup (the usual and
+  recommended plugin) slurmstepd kills every process of the step's cgroup when the step
+  or the allocation ends, daemons included, so a task of a dead allocation is gone before
+  its job is seen as no longer running; with proctrack/pgid it reaches only the step's
+  process groups, and the guard above is what holds.
 
 What this does not promise: a task killed after its side effect but before it exited
 (a tiny window) is run again, as with any at-least-once scheduler; its end record then
 says "lost" for the first attempt and "ok" for the second.
 
-Cost per task: one O_EXCL create with one write (claim) and a temp write + link + unlink
-(end): no fsync (a killed process loses nothing it has written; a node's crash is covered
-by the lease and the task is rerun) and no directory listing on the hot path.
+Cost per task: a temp write + link + unlink for the claim and again for the end, a killpg
+and a read of /proc/self/task/PID/children at its end: no fsync (a killed process loses
+nothing it has written; a node's crash is covered by the lease and the task is rerun) and
+no directory listing on the hot path. The guard is one fork per worker, not per task.
 """
 
 from __future__ import annotations
