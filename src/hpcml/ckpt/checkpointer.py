@@ -373,7 +373,7 @@ class Checkpointer:
             sigs.restore(self._handlers)
             self._handlers = {}
             if self.rank == 0 and not self.read_only:
-                owner.release(self.dir, self.token)
+                owner.release(self.dir, self.token, self.mode)
 
     def __enter__(self) -> Checkpointer:
         return self

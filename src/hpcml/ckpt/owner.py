@@ -65,19 +65,23 @@ def same(owner: dict[str, Any], mine: dict[str, Any]) -> bool:
 
 
 def running(owner: dict[str, Any]) -> bool | None:
-    """True, False, or None where it cannot be told (another host, no Slurm)."""
-    job = owner.get("slurm_job_id")
+    """True, False, or None where it cannot be told (another host, no Slurm). An ended
+    Slurm job whose process still runs on this host counts as running: never two writers."""
+    if owner.get("released"):
+        return False
+    job, gone = owner.get("slurm_job_id"), False
     if job:
         from hpcml.cluster import slurm
         try:
             recs = slurm.scontrol_show("job", str(job))
         except SlurmError as exc:
-            if "invalid job id" in str(exc).lower():
-                return False
+            gone = "invalid job id" in str(exc).lower()
         else:
-            return bool(recs) and recs[0].get("JobState", "").split()[0] in _ACTIVE
+            if recs and recs[0].get("JobState", "").split()[0] in _ACTIVE:
+                return True
+            gone = True
     if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
-        return None
+        return False if gone else None
     started = _start_time(owner["pid"])
     return started is not None and (owner.get("started") is None or abs(started - owner["started"]) < 1)
 
@@ -132,11 +136,15 @@ def check(root: Path, token: str) -> None:
                               "was not committed")
 
 
-def release(root: Path, token: str) -> None:
-    """Remove the record if it is still this attempt's."""
+def release(root: Path, token: str, mode: int = layout.FILE_MODE) -> None:
+    """Mark the record released if it is still this attempt's. It stays, so that a job this
+    one took over still finds another token at its next commit (``check``)."""
     owner = read(root)
     if owner is not None and owner.get("token") == token:
-        (root / OWNER).unlink(missing_ok=True)
+        tmp = root / f".owner.{os.getpid()}.released.tmp"
+        with os.fdopen(layout.create(tmp, mode), "w") as fh:
+            json.dump({**owner, "released": True}, fh)
+        os.replace(tmp, root / OWNER)
 
 
 def live_token(root: Path) -> str | None:

@@ -1,0 +1,68 @@
+"""What a Checkpointer leaves behind in the process and on disk: the caller's signal
+handlers back after close, and files only the user can read (they hold model weights)."""
+
+from __future__ import annotations
+
+import os
+import signal
+import stat
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcml.ckpt import Checkpointer
+
+
+def _modes(root: Path) -> dict[str, int]:
+    out = {".": stat.S_IMODE(root.stat().st_mode)}
+    for p in root.rglob("*"):
+        out[str(p.relative_to(root))] = stat.S_IMODE(p.lstat().st_mode)
+    return out
+
+
+@pytest.mark.parametrize(("mode", "want_file", "want_dir"), [(None, 0o600, 0o700), (0o640, 0o640, 0o750)])
+def test_checkpoint_files_are_private_unless_a_mode_is_given(tmp_path, mode, want_file, want_dir):
+    old = os.umask(0)                            # not the umask's doing
+    try:
+        kw = {} if mode is None else {"mode": mode}
+        ck, local = tmp_path / "new" / "ck", tmp_path / "local"
+        with Checkpointer(ck, local_dir=local, max_write_rate=None, **kw) as c:
+            for s in (1, 2):
+                c.save({"w": np.full(100, s)}, s)
+            c.wait()
+            stop = ck / f".stop-{c.token}"
+            c.stop_signal = "SIGUSR1"
+            c.world = 2                          # the file-based agreement path writes .stop-TOKEN
+            c._stop_now(3)
+            c.world = 1
+            assert stop.exists()
+    finally:
+        os.umask(old)
+    modes = {**_modes(ck), **{f"local/{k}": v for k, v in _modes(local).items()}}
+    assert any(k.endswith(".bin") for k in modes) and ".owner" in modes
+    for name, m in modes.items():
+        is_dir = (local / name[6:] if name.startswith("local/") else ck / name).is_dir()
+        assert m == (want_dir if is_dir else want_file), (name, oct(m))
+
+
+def test_close_gives_the_callers_signal_handlers_back(tmp_path):
+    got: list[int] = []
+
+    def mine(sig, _frame) -> None:
+        got.append(sig)
+    before = {s: signal.signal(s, mine) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        with Checkpointer(tmp_path / "ck") as ck:
+            assert signal.getsignal(signal.SIGUSR1) == ck._on_signal
+            os.kill(os.getpid(), signal.SIGUSR1)
+            assert ck.stop_signal == "SIGUSR1" and got == []
+        assert signal.getsignal(signal.SIGUSR1) is mine and signal.getsignal(signal.SIGTERM) is mine
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert got == [signal.SIGUSR1]
+        ck2 = Checkpointer(tmp_path / "ck")
+        ck2.close()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

@@ -1,0 +1,127 @@
+"""Two jobs pointed at one checkpoint directory, as two real processes: the second is
+refused in one line naming the first, unless the first has ended, is the same (requeued)
+Slurm job, or is taken over; a job taken over cannot commit any more."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hpcml.ckpt import Checkpointer
+
+TASK = Path(__file__).with_name("task.py")
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["SLURM_CONF"] = "/nonexistent/slurm.conf"          # no controller: liveness from the pid
+    return {**env, **extra}
+
+
+def _holder(ck: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
+    """A job that has opened the directory and waits for a line on stdin before saving."""
+    p = subprocess.Popen([sys.executable, str(TASK), str(ck), "--hold", *args], stdin=subprocess.PIPE,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env or _env())
+    assert p.stdout is not None
+    first = p.stdout.readline()
+    assert first.startswith("resumed at"), first + p.communicate(timeout=30)[1]
+    assert p.stdout.readline() == "ready\n"
+    return p
+
+
+def _run(ck: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, str(TASK), str(ck), *args], capture_output=True, text=True,
+                          timeout=120, env=env or _env())
+
+
+def _release(p: subprocess.Popen) -> tuple[int, str]:
+    out, _ = p.communicate("go\n", timeout=120)
+    return p.returncode, out
+
+
+def test_a_second_job_is_refused_in_one_line_naming_the_first(tmp_path):
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "3")
+    try:
+        second = _run(ck, "--at", "9")
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stdout.count("\n") == 1 and "Traceback" not in second.stderr
+        assert f"pid {first.pid}" in second.stdout and "in use by another job" in second.stdout
+        assert not list(ck.glob("*9"))                     # it wrote nothing
+    finally:
+        rc, out = _release(first)
+    assert rc == 0 and "done at 3" in out
+    state, step = Checkpointer(ck, read_only=True).load_latest()
+    assert step == 3 and int(state["step"]) == 3
+
+
+def test_two_jobs_starting_together_one_wins(tmp_path):
+    """Both claim at once (a stale owner record left by a killed job makes both race through
+    the take-over path): exactly one gets the directory."""
+    ck = tmp_path / "ck"
+    dead = _holder(ck)
+    dead.kill()
+    dead.wait()
+    procs = [subprocess.Popen([sys.executable, str(TASK), str(ck), "--hold", "--at", "1"], stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+             for _ in range(2)]
+    firsts = []
+    for p in procs:
+        assert p.stdout is not None
+        firsts.append(p.stdout.readline())
+    outs = [p.communicate("go\n", timeout=120)[0] for p in procs]
+    refused = [f for f in firsts if f.startswith("refused:")]
+    assert len(refused) == 1, (firsts, outs)
+
+
+def test_a_killed_job_is_taken_over_without_asking(tmp_path):
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "2")
+    first.kill()
+    first.wait()
+    out = _run(ck, "--at", "4")
+    assert out.returncode == 0 and "done at 4" in out.stdout, out.stdout + out.stderr
+
+
+def test_a_requeued_slurm_job_is_the_same_owner_another_job_is_not(tmp_path):
+    ck = tmp_path / "ck"
+    first = _holder(ck, env=_env(SLURM_JOB_ID="777", SLURM_RESTART_COUNT="0"))
+    try:
+        other = _run(ck, "--at", "2", env=_env(SLURM_JOB_ID="778"))
+        assert other.returncode == 2 and "Slurm job 777" in other.stdout, other.stdout
+        same = _run(ck, "--at", "1", env=_env(SLURM_JOB_ID="777", SLURM_RESTART_COUNT="1"))
+        assert same.returncode == 0, same.stdout + same.stderr
+    finally:
+        first.kill()
+        first.wait()
+
+
+def test_take_over_fences_the_job_it_took_over(tmp_path):
+    """The first job still runs; the second takes over and commits; the first's next commit
+    is refused, so it never prunes nor overwrites the second's checkpoints."""
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "3")
+    try:
+        second = _run(ck, "--at", "7", "--take-over")
+        assert second.returncode == 0, second.stdout + second.stderr
+    finally:
+        rc, out = _release(first)
+    assert rc == 3 and "taken over by another job" in out, out
+    state, step = Checkpointer(ck, read_only=True).load_latest()
+    assert step == 7 and not (ck / "step-00000003").exists()
+
+
+def test_a_reader_beside_a_running_job_is_not_refused(tmp_path):
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "3")
+    try:
+        deadline = time.monotonic() + 30
+        while not (ck / ".owner").exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert Checkpointer(ck, read_only=True).load_latest() == (None, None)
+    finally:
+        rc, _ = _release(first)
+    assert rc == 0
