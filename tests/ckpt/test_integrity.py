@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -14,7 +15,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcml.ckpt import Checkpointer, layout
+from hpcml.ckpt import Checkpointer, CheckpointError, layout
 
 TASK = Path(__file__).with_name("task.py")
 
@@ -98,3 +99,23 @@ def test_a_manifest_with_a_bad_key_is_a_corrupt_checkpoint_not_a_traceback(tmp_p
         entries = {e["step"]: e for e in json.loads(out.stdout)["checkpoints"]}
         assert entries[1]["state"] == "committed" and entries[2]["state"] == "corrupt"
         assert "manifest.json" in entries[2]["problems"][0] and "key '" in entries[2]["problems"][0]
+
+
+def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_space_back(small_disk):
+    ck = small_disk / "ck"
+    c = Checkpointer(ck, keep=1, max_write_rate=None)
+    c.save({"w": np.full(6 << 17, 1), "step": 1}, 1)             # 6 MB
+    c.wait()
+    filler = small_disk / "filler"
+    free = shutil.disk_usage(small_disk).free
+    filler.write_bytes(b"\0" * (free - (3 << 20)))                # 3 MB left
+    c.save({"w": np.full(6 << 17, 2), "step": 2}, 2)
+    with pytest.raises(CheckpointError, match="No space left"):
+        c.wait()
+    assert not list(ck.rglob("*.tmp"))
+    assert shutil.disk_usage(small_disk).free >= (3 << 20) - (256 << 10)      # the failed shard gave it back
+    assert _load(ck) == 1
+    filler.unlink()
+    c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
+    c.close()
+    assert _load(ck) == 3
