@@ -10,9 +10,12 @@ import sys
 import time
 from pathlib import Path
 
+import pytest
+
 from hpcml.ckpt import Checkpointer
 
 TASK = Path(__file__).with_name("task.py")
+TRAIN = Path(__file__).resolve().parents[2] / "examples" / "ckpt" / "train_resume.py"
 
 
 def _env(**extra: str) -> dict[str, str]:
@@ -125,3 +128,25 @@ def test_a_reader_beside_a_running_job_is_not_refused(tmp_path):
     finally:
         rc, _ = _release(first)
     assert rc == 0
+
+
+@pytest.mark.torch
+def test_under_ddp_every_rank_is_refused_none_waits_in_a_collective(tmp_path):
+    """Rank 0 checks the owner; the refusal is broadcast, so rank 1 raises it too instead of
+    waiting for rank 0 in load_latest's all-reduce."""
+    pytest.importorskip("torch")
+    ck = tmp_path / "ck"
+    first = _holder(ck)
+    env = _env(PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")
+    try:
+        out = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--no-report", "--dir",
+                              str(tmp_path / "job"), "--", sys.executable, str(TRAIN), str(ck), "--torch",
+                              "--steps", "5", "--rate", "0", "--size-mb", "0.1"],
+                             capture_output=True, text=True, timeout=300, env=env)
+    finally:
+        first.kill()
+        first.wait()
+    logs = [(tmp_path / "job" / "logs" / f"rank-{r}.err").read_text() for r in (0, 1)]
+    assert out.returncode != 0, out.stderr[-2000:]
+    assert all(f"pid {first.pid}" in log and "in use by another job" in log for log in logs), logs
+    assert not list(ck.glob("*step*"))

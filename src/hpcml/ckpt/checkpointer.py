@@ -131,11 +131,8 @@ class Checkpointer:
             raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
                              file=str(self.dir))
         self.token = _attempt_token(self.world)
-        if self.rank == 0 and not read_only:
-            owner.claim(self.dir, self.token, mode=mode,
-                        take_over=take_over or os.environ.get("HPCML_CKPT_TAKE_OVER", "") not in ("", "0"))
-            layout.restore_replaced(self.dir)               # a re-save cut short between its renames
-            prune(self.dir, None, live_token=self.token)    # dead attempts' partials: room for this one's
+        if not read_only:
+            self._claim(take_over or os.environ.get("HPCML_CKPT_TAKE_OVER", "") not in ("", "0"))
         self._host: Any = None
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
@@ -152,6 +149,27 @@ class Checkpointer:
         self._handlers: dict[int, Any] = {}
         if threading.current_thread() is threading.main_thread() and not read_only:
             self._handlers = sigs.install([getattr(signal, name) for name in signals], self._on_signal)
+
+    def _claim(self, take_over: bool) -> None:
+        """Rank 0 claims the directory (``hpcml.ckpt.owner``), puts back a re-save cut short
+        and clears dead attempts' partials. Under torch.distributed every rank learns of a
+        refusal and raises it too, instead of waiting for rank 0 in a collective."""
+        refusal: UsageError | None = None
+        if self.rank == 0:
+            try:
+                owner.claim(self.dir, self.token, mode=self.mode, take_over=take_over)
+                layout.restore_replaced(self.dir)
+                prune(self.dir, None, live_token=self.token)
+            except UsageError as exc:
+                refusal = exc
+        d = _dist()
+        if d is not None and self.world > 1:
+            box = [str(refusal) if refusal else None]
+            d.broadcast_object_list(box, src=0)
+            if box[0] and refusal is None:
+                refusal = UsageError(box[0])
+        if refusal is not None:
+            raise refusal
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
