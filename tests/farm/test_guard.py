@@ -17,6 +17,7 @@ import uuid
 from pathlib import Path
 
 import psutil
+import pytest
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
@@ -97,13 +98,15 @@ def test_what_a_task_daemonises_is_killed_at_the_attempts_end(tmp_path):
     assert not left, [p.info["cmdline"] for p in left]
 
 
-def test_a_lost_attempt_left_running_by_a_killed_guard_is_killed_before_the_rerun(tmp_path):
+@pytest.mark.parametrize("prefix", ["", "env -i "], ids=["marked", "environment-cleared"])
+def test_a_lost_attempt_left_running_by_a_killed_guard_is_killed_before_the_rerun(tmp_path, prefix):
     """Guard, worker and agent all killed: nothing of the farm is left to clean up, and the
-    task's grandchild lives on (re-parented to init). The rerun proves it gone first."""
+    task's grandchild lives on (re-parented to init). The rerun proves it gone first: by
+    its task variables, or, where it cleared its environment, by the session the claim
+    recorded."""
     side = tmp_path / "side"
-    marker, script = _script(tmp_path, f'echo $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n'
-                                       f'test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 600\n')
-    farm = _farm(tmp_path, f"cd /tmp && sh {script}", 1)
+    marker, script = _script(tmp_path, f'echo "$1" "$2" >> {side}\ntest "$2" -ge 2 || sleep 600\n')
+    farm = _farm(tmp_path, f"cd /tmp && {prefix}sh {script} $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT", 1)
     run = _start_in_own_group("farm", "run", farm, "--slots", "1")
     wait_for(lambda: bool(_marked(marker)), 60, "attempt 1 running")
     worker = json.loads(next((farm / "workers").iterdir()).read_text())["pid"]

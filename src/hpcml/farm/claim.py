@@ -1,20 +1,20 @@
 """Claiming tasks exactly once on a shared filesystem, without locks or a server.
 
-How it works. Attempt A of task ID belongs to whoever puts ``claims/ID.A`` in place; how
-it ended is ``ends/ID.A``. Both are made by writing a private temp file and ``link()``-ing
-it to that name, which either creates the name or fails with EEXIST, atomically, on a
-local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the server (or the metadata
-server) decides, not a client-side lock, which is why this works where SQLite's fcntl
-locking does not. (Over NFS a retransmitted link() may report EEXIST although it
-succeeded; ``_put`` then checks the temp file's link count, the classic recipe from
-open(2).) Nothing is ever renamed over or rewritten, so every claim and end, once seen,
+How it works. Attempt A of task ID belongs to whoever creates ``claims/ID.A`` with
+``open(O_CREAT|O_EXCL)``; how it ended is ``ends/ID.A``, made by writing a private temp
+file and ``link()``-ing it to that name. Both calls either create the name or fail with
+EEXIST, atomically, on a local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the
+server (or the metadata server) decides, not a client-side lock, which is why this works
+where SQLite's fcntl locking does not. (Over NFS a retransmitted link() may report
+EEXIST although it succeeded; ``finish`` then checks the temp file's link count, the
+classic recipe from open(2).) Nothing is ever renamed over or rewritten, so every claim and end, once seen,
 is final, and readers cache them.
 
 Why a task runs to completion at most once, and is never lost:
 
 * Attempt A+1 may only be claimed by a worker that has read ``ends/ID.A`` and found it
   not "ok". Ends are immutable, so that precondition never becomes false; attempt 1 needs
-  none. Two workers racing for the same attempt: link() lets exactly one win.
+  none. Two workers racing for the same attempt: O_EXCL lets exactly one win.
 * An "ok" end of attempt A is written only by A's owner, and only if ``ends/ID.A`` does
   not exist yet (link fails otherwise). So at most one attempt of a task ends "ok", and
   once one has, no later attempt can be claimed.
@@ -31,10 +31,12 @@ Why a task runs to completion at most once, and is never lost:
   ``workers/WID``, which the owner touches every lease/6 s, standing still for a whole
   lease as timed by the *observer's* monotonic clock (no clocks are compared across hosts).
   A worker that exits removes its file after its last end, so a missing file is dead too.
-* Ends and claims are linked into place whole, so a file that is not a record (empty,
+* Ends are linked into place whole, so an end file that is not a record (empty,
   truncated: damaged outside hpcml) is read as an end "damaged": not ok, so the task is
-  claimable again (a damaged claim without an end waits a lease first, as its owner is
-  unknown). A full disk fails the temp write: nothing is linked, the temp is removed.
+  claimable again. A claim that is not a record (its creator died between create and
+  write, or damage) without an end is declared lost a lease after it was first seen, as
+  its owner is unknown. A full disk fails a write: the end's temp file, or the claim just
+  created (its attempt never started), is removed again, and the worker stops.
 
 Why a task judged lost is not still running (the process tree, ``guard.py``):
 
@@ -68,10 +70,11 @@ What this does not promise: a task killed after its side effect but before it ex
 (a tiny window) is run again, as with any at-least-once scheduler; its end record then
 says "lost" for the first attempt and "ok" for the second.
 
-Cost per task: a temp write + link + unlink for the claim and again for the end, a killpg
-and a read of /proc/self/task/PID/children at its end: no fsync (a killed process loses
-nothing it has written; a node's crash is covered by the lease and the task is rerun) and
-no directory listing on the hot path. The guard is one fork per worker, not per task.
+Cost per task: one O_EXCL create with one write (claim), a temp write + link + unlink
+(end), a killpg and a read of /proc/self/task/PID/children at its end: no fsync (a killed
+process loses nothing it has written; a node's crash is covered by the lease and the task
+is rerun) and no directory listing on the hot path. The guard is one fork per worker, not
+per task.
 """
 
 from __future__ import annotations
@@ -97,19 +100,46 @@ def _split(name: str) -> tuple[int, int] | None:
     return int(tid), int(att)
 
 
-def _put(path: str, doc: dict[str, Any]) -> bool:
-    """Make ``path`` hold ``doc``, complete or not at all: write a private temp file and
-    link() it to that name; False if the name exists. (Not files.write_atomic: this is
-    the hot path, in two syscalls fewer, with the NFS link-count recipe.) The temp file
-    is gone however it ends; a full disk raises OSError naming ``path``."""
-    directory, _, name = path.rpartition("/")
-    tmp = f"{directory}/.{name}.{os.getpid()}"
+def _write(fd: int, doc: dict[str, Any], path: str) -> None:
+    """One write of the record; a short or failed one (a full disk) raises OSError naming ``path``."""
+    data = json.dumps(doc).encode()
+    try:
+        if os.write(fd, data) == len(data):
+            return
+        err = errno.ENOSPC
+    except OSError as exc:
+        err = exc.errno or errno.EIO
+    raise OSError(err, os.strerror(err), path)
+
+
+def try_claim(farm: Path, tid: int, attempt: int, doc: dict[str, Any]) -> bool:
+    """Create claims/TID.ATTEMPT exclusively; False if another worker has it. A claim whose
+    write fails (a full disk) is removed again: its attempt never started."""
+    path = f"{farm}/{CLAIMS}/{tid}.{attempt}"
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        _write(fd, doc, path)
+    except OSError:
+        os.unlink(path)
+        raise
+    finally:
+        os.close(fd)
+    return True
+
+
+def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
+    """Put ends/TID.ATTEMPT in place with ``record`` (complete, or not at all: a temp file
+    linked to that name, removed however it ends); False if an end for this attempt exists
+    already (e.g. it was declared lost)."""
+    path = f"{farm}/{ENDS}/{tid}.{attempt}"
+    tmp = f"{farm}/{ENDS}/.{tid}.{attempt}.{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
-            data = json.dumps(doc).encode()
-            if os.write(fd, data) != len(data):
-                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            _write(fd, {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record}, path)
         finally:
             os.close(fd)
         try:
@@ -117,25 +147,9 @@ def _put(path: str, doc: dict[str, Any]) -> bool:
             return True
         except FileExistsError:
             return os.stat(tmp).st_nlink == 2      # NFS: a retransmitted link that did succeed
-    except OSError as exc:
-        if isinstance(exc, FileExistsError) or exc.filename:
-            raise
-        raise OSError(exc.errno, exc.strerror, path) from None
     finally:
         with contextlib.suppress(FileNotFoundError):
             os.unlink(tmp)
-
-
-def try_claim(farm: Path, tid: int, attempt: int, doc: dict[str, Any]) -> bool:
-    """Put claims/TID.ATTEMPT in place (complete: a claim is never seen half-written);
-    False if another worker has it."""
-    return _put(f"{farm}/{CLAIMS}/{tid}.{attempt}", doc)
-
-
-def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
-    """Put ends/TID.ATTEMPT in place with ``record``; False if an end for this attempt
-    exists already (e.g. it was declared lost)."""
-    return _put(f"{farm}/{ENDS}/{tid}.{attempt}", {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record})
 
 
 def read_record(path: str) -> dict[str, Any] | None:
@@ -160,9 +174,16 @@ def load_end(path: str) -> dict[str, Any] | None:
     return {"outcome": DAMAGED, "reason": f"{path} is damaged (not a complete end record)"}
 
 
-def claim_damaged(path: str) -> bool:
-    """A claim file that is there but not a record (claims, too, are linked into place whole)."""
-    return read_record(path) is None and os.path.exists(path)
+def claim_damaged(path: str, settle: float = 5.0) -> bool:
+    """A claim file that is there but not a record, and not one being written this instant
+    (an empty one younger than ``settle`` s by this host's clock: for display)."""
+    if read_record(path) is not None:
+        return False
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return False
+    return st.st_size > 0 or time.time() - st.st_mtime > settle
 
 
 @dataclass

@@ -4,7 +4,7 @@ A farm directory holds::
 
     farm.json            tag hpcml.farm/1, settings (retries, backoff, time limit, lease)
     tasks.jsonl          one task per line (id, command, parameters, group, after); append-only
-    claims/ID.A          attempt A of task ID was taken by one worker (linked into place, like ends)
+    claims/ID.A          attempt A of task ID was taken by one worker (created O_CREAT|O_EXCL)
     ends/ID.A            how attempt A ended (linked into place: complete or absent, never half)
     logs/ID.A.out|.err   the attempt's stdout and stderr
     observe/ID.A/        where the attempt's ``hpcml.observe.log`` calls write (HPCML_OBSERVE_DIR)
