@@ -75,16 +75,40 @@ def lines(path: Path, word: str) -> int:
     return path.read_text().split().count(word) if path.exists() else 0
 
 
+def _describe(procs: list[psutil.Process]) -> list[str]:
+    out = []
+    for p in procs:
+        try:
+            out.append(f"{p.pid} ppid {p.ppid()} {p.status()} {' '.join(p.cmdline())[:120]}")
+        except psutil.Error:
+            pass
+    return out
+
+
 def nothing_left(marker: str, marks: Path) -> None:
     """No process of the task is left, and the task's file has stopped growing."""
-    try:
-        wait_for(lambda: not marked(marker), 30, f"the task's processes ({marker}) to end")
-    finally:
-        for p in marked(marker):
-            p.kill()
+    end = time.monotonic() + 30
+    while marked(marker) and time.monotonic() < end:
+        time.sleep(0.1)
+    left = _describe(marked(marker))
+    for p in marked(marker):
+        p.kill()
+    assert not left, f"the task's processes still run: {left}"
     size = marks.stat().st_size if marks.exists() else 0
     time.sleep(0.5)
     assert (marks.stat().st_size if marks.exists() else 0) == size, "something still writes the task's file"
+
+
+def stopped(sig: int, *args, cwd: Path, marks: Path, ignore_int: bool = False) -> tuple[int, str]:
+    """Start ``hpcml run ARGS`` with 2 ranks, send it ``sig`` once both run; its exit code, stderr."""
+    p = start("--ntasks", 2, "--dir", "job", "--no-report", *args, cwd=cwd, ignore_int=ignore_int)
+    try:
+        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
+        p.send_signal(sig)
+        _, err = p.communicate(timeout=WAIT)
+    finally:
+        p.kill()
+    return p.returncode, err
 
 
 def test_kill_9_of_hpcml_run_takes_every_rank_and_its_children_along(tmp_path):
@@ -115,35 +139,23 @@ def test_term_stops_ranks_and_their_children_sigkill_after_the_grace(tmp_path, t
     """A rank that traps TERM gets SIGKILL after --kill-grace; a bash rank that dies of TERM
     leaves no child behind. Either way every rank got TERM first."""
     marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
-    p = start("--ntasks", 2, "--dir", "job", "--no-report", "--kill-grace", 1, "--",
-              *rank_script(marks, marker, trap_term), cwd=tmp_path)
-    try:
-        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
-        p.send_signal(signal.SIGTERM)
-        _, err = p.communicate(timeout=WAIT)
-    finally:
-        p.kill()
+    rc, err = stopped(signal.SIGTERM, "--kill-grace", 1, "--", *rank_script(marks, marker, trap_term),
+                      cwd=tmp_path, marks=marks)
     nothing_left(marker, marks)
     run = json.loads((tmp_path / "job" / "run.json").read_text())
-    assert run["signals_forwarded"] == ["SIGTERM"] and p.returncode != 0, err
+    assert run["signals_forwarded"] == ["SIGTERM"] and rc != 0, err
     if trap_term:
         assert lines(marks, "term-0") >= 1 and lines(marks, "term-1") >= 1
-        assert run["killed_after_grace"] is True and p.returncode == 128 + signal.SIGKILL, err
+        assert run["killed_after_grace"] is True and rc == 128 + signal.SIGKILL, err
 
 
 def test_sigint_sent_with_kill_stops_the_run_like_ctrl_c(tmp_path):
     """Started as ``cmd &`` from a script (INT ignored), ``kill -INT`` still stops it."""
     marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
-    p = start("--ntasks", 2, "--dir", "job", "--no-report", "--", *rank_script(marks, marker, False),
-              cwd=tmp_path, ignore_int=True)
-    try:
-        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
-        p.send_signal(signal.SIGINT)
-        _, err = p.communicate(timeout=WAIT)
-    finally:
-        p.kill()
+    rc, err = stopped(signal.SIGINT, "--", *rank_script(marks, marker, False), cwd=tmp_path, marks=marks,
+                      ignore_int=True)
     nothing_left(marker, marks)
-    assert p.returncode == 128 + signal.SIGINT, err
+    assert rc == 128 + signal.SIGINT, err
     assert json.loads((tmp_path / "job" / "run.json").read_text())["signals_forwarded"] == ["SIGINT"]
 
 

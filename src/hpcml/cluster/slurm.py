@@ -124,3 +124,20 @@ def stop_step(proc: subprocess.Popen, term_wait: float = 1.0) -> None:
             return
         except subprocess.TimeoutExpired:
             continue
+
+
+def step_id(job_id: str, name: str, *, timeout: float = 10.0) -> str | None:
+    """``JOB.STEP`` of the running step of ``job_id`` named ``name`` (``srun --job-name``);
+    None until it shows in squeue."""
+    proc = run(["squeue", "-h", "-s", "-j", str(job_id), "-o", "%i %j"], timeout=timeout, check=False)
+    for line in proc.stdout.splitlines():
+        parts = line.split(None, 1)
+        if len(parts) == 2 and parts[1].strip() == name:
+            return parts[0]
+    return None
+
+
+def signal_step(step: str, sig: int, *, timeout: float = 10.0) -> None:
+    """Send ``sig`` to every task of a step without ending it (srun itself ends its step
+    with SIGKILL when it gets TERM, or INT twice)."""
+    run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", step], timeout=timeout)

@@ -8,9 +8,8 @@ first failing rank's (by the time it ended), else srun's, else 0.
 
 It owns its ranks. Each local task wrapper gets ``task.STOP`` when the launcher dies (even
 by SIGKILL), and kills its rank and everything the rank started. TERM or INT are passed on
-(INT to srun as TERM: one INT only makes srun print its status); whatever still runs
-``--kill-grace`` seconds later is killed: local wrappers get ``STOP``, srun gets the two
-INTs in a row that make it kill its step.
+to every rank (``_Wrapper``, ``_Srun``); whatever still runs ``--kill-grace`` seconds later
+is killed: local wrappers get ``STOP``, srun gets TERM, on which it kills its whole step.
 """
 
 from __future__ import annotations
@@ -24,7 +23,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.proctree import die_with_parent, signal_group
 from hpcml.run.jobdir import default_dir, launcher, log_path, observe_dir, prepare, tail, vet_dir, write_run
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
@@ -182,7 +181,8 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
         port = int(out.stdout.strip() or free_port())
     addr = node_address(master_node)
     gpus = ([f"--gpus-per-task={opts.gpus_per_task}"] if opts.gpus_per_task else [])
-    argv = ["srun", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}", f"--ntasks={ntasks}",
+    name = f"hpcml-run-{os.getpid()}"
+    argv = ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}", f"--ntasks={ntasks}",
             f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
     env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port))
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
@@ -190,18 +190,43 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
     # its own session: a terminal's Ctrl-C reaches srun once, through the launcher
     proc = subprocess.Popen(argv, env=env, start_new_session=True)
-    with forwarding(lambda: (proc,), FORWARDED, translate={signal.SIGINT: signal.SIGTERM}) as seen:
+    target = _Srun(proc, str(allocation.job_id), name)
+    with forwarding(lambda: (target,), FORWARDED) as seen:
         _prefetch_report(opts)                          # srun passes them on to every task
         state: dict[str, float] = {}
         while proc.poll() is None:
             if _grace_over(opts, seen, state, info):
-                for _ in range(2):                      # two INTs within a second: srun kills its step
-                    proc.send_signal(signal.SIGINT)
-                    time.sleep(0.2)
+                proc.send_signal(signal.SIGTERM)        # srun: SIGKILL to every process of its step
             time.sleep(POLL)
         rc = proc.returncode
     _note_signals(info, seen)
     return rc
+
+
+class _Srun:
+    """srun as a signal target. srun ends its step with SIGKILL at once when it gets TERM
+    (INT: twice), leaving the ranks no time to stop; so TERM and INT go to the step's tasks
+    through ``scancel --signal``, as the time limit's TERM does, and srun gets TERM only as
+    the SIGKILL after the grace period. The rest srun passes on itself."""
+
+    def __init__(self, proc: subprocess.Popen, job_id: str, name: str) -> None:
+        self.proc, self.job_id, self.name = proc, job_id, name
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if sig in STOPPING:
+            from hpcml.cluster.slurm import signal_step, step_id
+            try:
+                step = step_id(self.job_id, self.name)
+                if step:
+                    signal_step(step, sig)
+                    return
+            except SlurmError:
+                pass
+            sig = signal.SIGTERM                        # no step yet: srun ends what it started
+        self.proc.send_signal(sig)
 
 
 def _grace_over(opts: Options, seen: list[int], state: dict, info: dict) -> bool:

@@ -25,6 +25,7 @@ from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 
 SCHEMA = "hpcml.run.report/1"
 TAIL_LINES = 20
+UNENDED = ("launcher_killed", "running")         # _unended's kinds
 NEVER_STARTED = (NOT_EXECUTABLE, NOT_FOUND)      # a shell's codes for a command that cannot start
 
 
@@ -246,6 +247,8 @@ def render(rep: dict[str, Any]) -> str:
                    f"<pre>{e(chr(10).join(first['stderr_tail']))}</pre>")
     elif end.get("aborted"):
         out.append("<p>aborted by vetting before the command started.</p>")
+    elif unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:
+        out.append(f"<p>{e(unended[0]['message'])}.</p>")
     else:
         out.append(f"<p>every rank ended with exit code 0; the run's exit code is {end['exit_code']}.</p>")
     out.append("</section><section id='run-observe'><h2>Throughput, stragglers, stalls</h2>")

@@ -16,6 +16,8 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import threading
+import time
 from pathlib import Path
 
 from hpcml.proctree import become_subreaper, stop_descendants
@@ -36,6 +38,19 @@ def _redirect(d: Path, rank: int) -> None:
         os.close(f)
 
 
+def _stop(*_) -> None:
+    """STOP: kill every descendant, now and until this wrapper exits. It may come before the
+    recorder starts the rank; the rank is then killed as soon as it appears, and the
+    recorder still writes what it saw."""
+    def reaper() -> None:
+        while True:
+            stop_descendants(0.0)
+            time.sleep(0.1)
+    stop_descendants(0.0)
+    if not any(t.name == "hpcml-stop" for t in threading.enumerate()):
+        threading.Thread(target=reaper, name="hpcml-stop", daemon=True).start()
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
         print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
@@ -52,13 +67,15 @@ def main(argv: list[str]) -> int:
     if opts.get("--env"):
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
     become_subreaper()
-    install((STOP,), lambda *_: stop_descendants(0.0))
+    install((STOP,), _stop)
     from hpcml.observe.recorder import record
     try:
         return record([sys.executable, "-m", "hpcml.run.rankexec", *cmd], observe_dir(d),
                       float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"))
-    finally:
-        stop_descendants(float(opts.get("--kill-grace", "10")))       # what the rank left running
+    finally:        # what the rank left running; a late TERM must not cut this short
+        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+            signal.signal(sig, signal.SIG_IGN)
+        stop_descendants(float(opts.get("--kill-grace", "10")))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,46 @@
+"""``hpcml run`` owns its ranks under srun too: TERM, then SIGKILL after --kill-grace,
+through srun's own signal handling (two INTs in a row kill the step), on the real 2-node
+local cluster. The task's processes are found afterwards by their marker, on this host
+(both virtual nodes run here)."""
+
+from __future__ import annotations
+
+import json
+import shlex
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+from tests.run.test_ownership import lines, nothing_left, rank_script
+from tests.slurmjobs import run_job
+
+pytestmark = pytest.mark.slurm
+
+
+@pytest.fixture
+def env(slurm_env):
+    return {**slurm_env, "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+
+
+@pytest.mark.parametrize("trap_term", [True, False], ids=["ranks-trap-term", "bash-ranks-with-a-child"])
+def test_term_to_hpcml_run_under_srun_stops_every_rank_and_child(env, tmp_path, trap_term):
+    marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
+    rank = " ".join(map(shlex.quote, rank_script(marks, marker, trap_term)))
+    out = run_job(f"""#!/bin/bash
+hpcml run --kill-grace 2 --dir job --no-report -- {rank} &
+P=$!
+for i in $(seq 1200); do [ "$(grep -c '^start-' {marks} 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+kill -TERM $P
+wait $P
+echo "run-rc=$?"
+""", tmp_path, env, timeout=240)
+    nothing_left(marker, marks)
+    assert lines(marks, "start-0") == 1 and lines(marks, "start-1") == 1, out
+    assert "run-rc=0" not in out and "run-rc=" in out, out
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["mode"] == "slurm" and run["signals_forwarded"] == ["SIGTERM"], run
+    if trap_term:
+        assert lines(marks, "term-0") >= 1 and lines(marks, "term-1") >= 1, out
+        assert run["killed_after_grace"] is True, out
