@@ -108,8 +108,8 @@ def run(opts: Options) -> int:
         return _run(opts, d, slurm, allocation, environment, info, exclusive=previous is None)
     except FileExistsError:
         raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
-    except OSError as exc:                        # a full disk, a read-only or vanished directory
-        raise HpcmlError(f"{d}: cannot write the job directory: {exc.strerror or exc}") from None
+    except OSError as exc:                        # a full disk, a read-only or vanished job directory
+        raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
 
 def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | None, info: dict,

@@ -1,0 +1,34 @@
+"""``hpcml.proctree.stop_descendants``: TERM, SIGKILL after the grace, and the caller still
+gets its child's real exit status (a helper that reaped it would make it read as 0).
+
+Each case runs in a process of its own: stop_descendants signals every descendant of its
+caller, and pytest's own children (session fixtures' servers) must not be among them."""
+
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+
+import pytest
+
+CASE = """
+import subprocess, sys
+from hpcml.proctree import stop_descendants
+child = subprocess.Popen([sys.executable, "-c", sys.argv[1]], stdout=subprocess.PIPE, text=True)
+assert child.stdout.readline() == "ready\\n"
+killed = stop_descendants(float(sys.argv[2]))
+print(killed, child.wait(timeout=60))
+"""
+IGNORES_TERM = ("import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); print('ready', flush=True); "
+                "time.sleep(300)")
+STOPS = "import time; print('ready', flush=True); time.sleep(300)"
+
+
+@pytest.mark.parametrize("child,grace,expected", [
+    (IGNORES_TERM, 0.2, f"True {-signal.SIGKILL}"),      # SIGKILL was needed; the caller reaps it
+    (STOPS, 60, f"False {-signal.SIGTERM}"),             # TERM was enough, long before the grace
+], ids=["ignores-term", "stops-on-term"])
+def test_stop_descendants(child, grace, expected):
+    p = subprocess.run([sys.executable, "-c", CASE, child, str(grace)], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0 and p.stdout.strip() == expected, (p.stdout, p.stderr)
