@@ -6,29 +6,14 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-
-import pytest
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
+from tests.ckpt.conftest import small_disk  # noqa: F401  (the 20 MB tmpfs fixture, shared)
 from tests.farm.farmtools import hpcml
 
 
-@pytest.fixture
-def small_disk(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs needs root")
-    d = tmp_path / "disk"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(d)], check=True)
-    try:
-        yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
-def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(small_disk):
+def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(small_disk):  # noqa: F811
     farm = small_disk / "farm"
     fill = "head -c 1500000 /dev/zero > $HPCML_FARM_DIR/../fill.$HPCML_FARM_TASK_ID; true"
     store.create(farm, [TaskSpec(fill)] * 40, {"retries": 0})
