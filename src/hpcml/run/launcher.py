@@ -106,15 +106,16 @@ def run(opts: Options) -> int:
         info.update(attempt=restart, attempts=[*earlier, {k: v for k, v in previous.items() if k != "schema"}])
     try:
         return _run(opts, d, slurm, allocation, environment, info, exclusive=previous is None)
-    except FileExistsError:
-        raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
     except OSError as exc:                        # a full disk, a read-only or vanished job directory
         raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
 
 def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | None, info: dict,
          exclusive: bool) -> int:
-    write_run(d, info, exclusive=exclusive)       # claims d: of two runs at once, one stops here
+    try:
+        write_run(d, info, exclusive=exclusive)   # claims d: of two runs at once, one stops here
+    except FileExistsError:
+        raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
     if environment is not None:
         import json
         (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
