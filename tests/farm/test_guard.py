@@ -127,3 +127,20 @@ def test_a_lost_attempt_left_running_by_a_killed_guard_is_killed_before_the_reru
     finally:
         for proc in _marked(marker):
             proc.kill()
+
+
+def test_the_sweep_kills_a_recorded_session_but_never_one_whose_id_was_reused(tmp_path):
+    """A session id is reused only once nothing is left in it, so a recorded session whose
+    id now names a newer process is gone: sweeping it must kill nothing."""
+    from hpcml.farm.guard import sweep
+
+    victim = subprocess.Popen(["sleep", "300"], start_new_session=True)
+    try:
+        start = psutil.Process(victim.pid).create_time()
+        assert sweep(victim.pid, start - 100.0, [], timeout=5)       # recorded earlier: someone else's now
+        assert victim.poll() is None
+        assert sweep(victim.pid, start, [], timeout=30)                # the recorded one: killed, proven gone
+        assert victim.wait(timeout=30) == -signal.SIGKILL
+    finally:
+        victim.kill()
+        victim.wait()
