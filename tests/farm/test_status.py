@@ -50,6 +50,8 @@ def test_a_dead_workers_attempt_is_lost_not_running(tmp_path):
     st = _status(farm)
     assert st["counts"]["running"] == 0 and st["counts"]["lost"] == 1 and not st["running"], st["counts"]
     assert not st["done"]
+    rows = json.loads(hpcml("farm", "results", farm, "--json").stdout)["rows"]
+    assert rows[0]["state"] == "lost"
 
 
 def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):

@@ -10,6 +10,7 @@ import os
 from typing import Any
 
 from hpcml.errors import UsageError
+from hpcml.farm.lease import Liveness
 from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
 from hpcml.farm.status import open_view, task_state
 
@@ -34,13 +35,14 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
     """The results document (schema hpcml.farm.results/1); ``sort``: a parameter, metric or
     column name, ``-name`` for descending; rows without it go last."""
     farm, view = open_view(path)
+    alive = Liveness(farm.path, farm.settings.lease, None)
     rows: list[dict[str, Any]] = []
     for tid in view.order:
         task, st = view.tasks[tid], view.state(tid)
         end = st.latest_end() or {}
         attempt = st.claimed if st.claimed in st.ends else max(st.ends, default=0)
         seconds = (float(end["end"]) - float(end["start"])) if end.get("start") is not None else None
-        rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings),
+        rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings, alive),
                      "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
                      "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
                      "metrics": last_metrics(str(farm.path / OBSERVE / f"{tid}.{attempt}")) if attempt else {},
