@@ -2,8 +2,9 @@
 
 Outside Slurm (or inside one srun task) this process is the node's agent: it starts one
 worker per slot (each under a guard that kills it and its tasks' whole trees when the
-agent dies: guard.py) and starts a new one for a worker that was killed. Under Slurm, in the batch script, it is the coordinator: one ``srun``
-step with one agent per node (``hpcml farm agent``), each forking its node's slots.
+agent dies: guard.py) and starts a new one for a worker that was killed. Under Slurm, in
+the batch script, it is the coordinator: one ``srun`` step with one agent per node
+(``hpcml farm agent``), each forking its node's slots.
 Slots per node: ``slots``, else one per GPU (``gpus``, else the GPUs Slurm bound), else
 the allocation's tasks per node (Slurm) or the CPU count (this machine). On a GPU slot
 the worker sets CUDA_VISIBLE_DEVICES to that slot's one GPU.

@@ -37,8 +37,13 @@ class _Stopped(Exception):
     pass
 
 
+_STOPPING = [False]                            # once set, a stop signal changes nothing
+
+
 def _stop(*_: object) -> None:
-    raise _Stopped
+    if not _STOPPING[0]:
+        _STOPPING[0] = True
+        raise _Stopped
 
 
 def guarded(work: Callable[[], int]) -> int:
@@ -81,9 +86,9 @@ def _guard(worker: int) -> int:
             if got == worker:
                 code = os.waitstatus_to_exitcode(status)
                 break
+        _STOPPING[0] = True                    # in the try: a signal until here is caught
     except _Stopped:
         pass
-    signal.pthread_sigmask(signal.SIG_BLOCK, _STOPS)
     kill_all()
     return code
 
@@ -106,7 +111,6 @@ def exit_like(code: int) -> int:
     worker that was killed), else the code is returned for sys.exit."""
     if code < 0:
         signal.signal(-code, signal.SIG_DFL)
-        signal.pthread_sigmask(signal.SIG_UNBLOCK, [-code])
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
