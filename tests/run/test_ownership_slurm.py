@@ -24,15 +24,19 @@ def env(slurm_env):
     return {**slurm_env, "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
 
 
-@pytest.mark.parametrize("trap_term", [True, False], ids=["ranks-trap-term", "bash-ranks-with-a-child"])
-def test_term_to_hpcml_run_under_srun_stops_every_rank_and_child(env, tmp_path, trap_term):
+@pytest.mark.parametrize("sig,trap_term", [("TERM", True), ("TERM", False), ("INT", False)],
+                         ids=["term-ranks-trap-it", "term-bash-ranks-with-a-child", "int-bash-ranks-with-a-child"])
+def test_term_or_int_to_hpcml_run_under_srun_stops_every_rank_and_child(env, tmp_path, sig, trap_term):
+    """srun alone would kill the step at once on TERM (no time to checkpoint) and only print
+    its status on one INT; through hpcml run every rank gets the signal, and SIGKILL after
+    --kill-grace. Started with ``&`` in the batch script, so INT comes in ignored."""
     marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
     rank = " ".join(map(shlex.quote, rank_script(marks, marker, trap_term)))
     out = run_job(f"""#!/bin/bash
 hpcml run --kill-grace 2 --dir job --no-report -- {rank} &
 P=$!
 for i in $(seq 1200); do [ "$(grep -c '^start-' {marks} 2>/dev/null)" = 2 ] && break; sleep 0.1; done
-kill -TERM $P
+kill -{sig} $P
 wait $P
 echo "run-rc=$?"
 """, tmp_path, env, timeout=240)
@@ -40,7 +44,24 @@ echo "run-rc=$?"
     assert lines(marks, "start-0") == 1 and lines(marks, "start-1") == 1, out
     assert "run-rc=0" not in out and "run-rc=" in out, out
     run = json.loads((tmp_path / "job" / "run.json").read_text())
-    assert run["mode"] == "slurm" and run["signals_forwarded"] == ["SIGTERM"], run
+    assert run["mode"] == "slurm" and run["signals_forwarded"] == [f"SIG{sig}"], run
     if trap_term:
         assert lines(marks, "term-0") >= 1 and lines(marks, "term-1") >= 1, out
         assert run["killed_after_grace"] is True, out
+
+
+def test_kill_9_of_hpcml_run_under_srun_ends_its_step(env, tmp_path):
+    marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
+    rank = " ".join(map(shlex.quote, rank_script(marks, marker, True)))
+    out = run_job(f"""#!/bin/bash
+hpcml run --dir job --no-report -- {rank} &
+P=$!
+for i in $(seq 1200); do [ "$(grep -c '^start-' {marks} 2>/dev/null)" = 2 ] && break; sleep 0.1; done
+kill -9 $P
+wait $P
+echo "run-rc=$?"
+for i in $(seq 600); do squeue -h -s -j $SLURM_JOB_ID -o %j | grep -q hpcml-run || break; sleep 0.1; done
+squeue -h -s -j $SLURM_JOB_ID -o "step-left %j"
+""", tmp_path, env, timeout=240)
+    assert "run-rc=137" in out and "step-left hpcml-run" not in out, out
+    nothing_left(marker, marks)

@@ -7,7 +7,8 @@ machine, the rest killed when one fails, as srun would. Either way the exit code
 first failing rank's (by the time it ended), else srun's, else 0.
 
 It owns its ranks. Each local task wrapper gets ``task.STOP`` when the launcher dies (even
-by SIGKILL), and kills its rank and everything the rank started. TERM or INT are passed on
+by SIGKILL), and kills its rank and everything the rank started; srun gets TERM, on which
+it kills its step. TERM or INT are passed on
 to every rank (``_Wrapper``, ``_Srun``); whatever still runs ``--kill-grace`` seconds later
 is killed: local wrappers get ``STOP``, srun gets TERM, on which it kills its whole step.
 """
@@ -189,8 +190,9 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
     write_run(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
-    # its own session: a terminal's Ctrl-C reaches srun once, through the launcher
-    proc = subprocess.Popen(argv, env=env, start_new_session=True)
+    # its own session: a terminal's Ctrl-C reaches srun once, through the launcher; TERM
+    # when the launcher dies (even by SIGKILL), on which srun kills its step
+    proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     target = _Srun(proc, str(allocation.job_id), name)
     with forwarding(lambda: (target,), FORWARDED) as seen:
         _prefetch_report(opts)                          # srun passes them on to every task

@@ -16,7 +16,8 @@ report_app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich
 @run_app.command("run", context_settings={"allow_interspersed_args": False})
 def run_cmd(
     cmd: list[str] = typer.Argument(None, help="The training command, after --."),
-    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID)."),
+    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID, "
+                                     "without Slurm a new ./hpcml-run-local-DATE-TIME-PID)."),
     vet: Optional[Path] = typer.Option(None, "--vet", help="Vet the nodes with this protocol first "
                                        "(abort: exit 4; shrink: run on the good ones)."),
     min_nodes: Optional[int] = typer.Option(None, "--min-nodes", help="With --vet: fewer good nodes than this aborts."),
