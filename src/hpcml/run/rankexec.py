@@ -7,8 +7,9 @@ recorder samples):
 * its own process group, so a terminal's Ctrl-C reaches it once, through the launcher,
   and the wrapper can stop the rank together with its children;
 * SIGKILL when the wrapper dies (PR_SET_PDEATHSIG), so a rank never outlives it;
-* SIGINT at its default action, even when ``hpcml run`` was started with INT ignored
-  (``cmd &`` in a script), so INT stops a rank as Ctrl-C would;
+* TERM, INT and HUP at their default action: the wrapper ignores them outside the
+  recorder's forwarding, and ``cmd &`` in a script starts ``hpcml run`` with INT ignored;
+  a rank must stop on INT as on Ctrl-C;
 * a command that cannot start is said in the rank's stderr, with a shell's exit code
   (127 not found, 126 not executable), and recorded like any other exit.
 """
@@ -27,7 +28,8 @@ NOT_FOUND, NOT_EXECUTABLE = 127, 126
 def main(cmd: list[str]) -> int:
     os.setpgid(0, 0)
     die_with_parent(signal.SIGKILL)
-    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        signal.signal(sig, signal.SIG_DFL)
     try:
         os.execvp(cmd[0], cmd)
     except OSError as exc:

@@ -27,6 +27,7 @@ from hpcml.signals import install
 
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
 STOP = signal.SIGRTMIN + 1
+IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
 def _redirect(d: Path, rank: int) -> None:
@@ -68,14 +69,16 @@ def main(argv: list[str]) -> int:
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
     become_subreaper()
     install((STOP,), _stop)
+    # ignored outside the recorder's forwarding (which restores this when the rank ends), so a
+    # late TERM cannot cut the last sweep short; hpcml.run.rankexec sets them back to default
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
     from hpcml.observe.recorder import record
     try:
         return record([sys.executable, "-m", "hpcml.run.rankexec", *cmd], observe_dir(d),
                       float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"))
-    finally:        # what the rank left running; a late TERM must not cut this short
-        for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-            signal.signal(sig, signal.SIG_IGN)
-        stop_descendants(float(opts.get("--kill-grace", "10")))
+    finally:
+        stop_descendants(float(opts.get("--kill-grace", "10")))         # what the rank left running
 
 
 if __name__ == "__main__":
