@@ -7,10 +7,10 @@ machine, the rest killed when one fails, as srun would. Either way the exit code
 first failing rank's (by the time it ended), else srun's, else 0.
 
 It owns its ranks. Each local task wrapper gets ``task.STOP`` when the launcher dies (even
-by SIGKILL), and kills its rank and everything the rank started; srun gets TERM, on which
-it kills its step. TERM or INT are passed on
-to every rank (``_Wrapper``, ``_Srun``); whatever still runs ``--kill-grace`` seconds later
-is killed: local wrappers get ``STOP``, srun gets TERM, on which it kills its whole step.
+by SIGKILL) and kills its rank and everything the rank started; srun gets TERM then, on
+which it kills its whole step. TERM and INT are passed on to every rank (``_Wrapper``,
+``_Srun``); whatever still runs ``--kill-grace`` seconds later is killed: local wrappers
+get ``STOP``, srun gets TERM.
 """
 
 from __future__ import annotations
