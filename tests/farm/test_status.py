@@ -77,3 +77,26 @@ def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):
     assert _status(farm)["counts"]["ok"] == 4
     again = hpcml("farm", "run", farm, "--slots", "1")
     assert again.returncode == 0 and "warning" not in again.stderr                  # once, not at every run
+
+
+def test_claims_and_ends_of_odd_kinds_are_damaged_not_read(tmp_path):
+    """A FIFO, a symlink to /dev/zero, a directory, a huge sparse file in place of a record:
+    status and run neither hang on them nor read them into memory; each is damaged, rerun."""
+    side = tmp_path / "side"
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(5)], {})
+    claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
+    for tid in (0, 1, 2):
+        (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    os.mkfifo(farm / "ends" / "0.1")                                              # a FIFO: open() waits
+    (farm / "ends" / "1.1").mkdir()                                               # a directory
+    with open(farm / "ends" / "2.1", "wb") as f:                                  # 64 GiB, sparse
+        f.truncate(1 << 36)
+    os.symlink("/dev/zero", farm / "claims" / "3.1")                              # endless, no end
+    st = _status(farm)
+    assert st["counts"]["damaged"] == 4 and st["counts"]["running"] == 0, st["counts"]
+    p = hpcml("farm", "run", farm, "--slots", "2", "--lease", "1 s", timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert "Traceback" not in p.stderr, p.stderr
+    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 1)]
+    assert _status(farm)["counts"]["ok"] == 5

@@ -83,6 +83,7 @@ import contextlib
 import errno
 import json
 import os
+import stat
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -152,13 +153,37 @@ def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
             os.unlink(tmp)
 
 
+#: a claim or end record is a few hundred bytes: anything larger is not one
+RECORD_MAX = 1 << 20
+
+
 def read_record(path: str) -> dict[str, Any] | None:
-    """A claim or end record; None if it is not there or not a complete record."""
+    """A claim or end record; None if it is not there or not a complete record. hpcml
+    writes them as small regular files, so anything else in their place is not read: a
+    symlink is not followed (to /dev/zero it would fill the memory), a FIFO is not waited
+    on (O_NONBLOCK), a directory or a file over RECORD_MAX is not a record."""
     try:
-        with open(path, "rb") as f:
-            doc = json.loads(f.read())
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
+            return None
+        chunks, size = [], 0
+        while size <= RECORD_MAX:
+            chunk = os.read(fd, RECORD_MAX + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > RECORD_MAX:
+            return None
+        doc = json.loads(b"".join(chunks))
     except (OSError, ValueError):
         return None
+    finally:
+        os.close(fd)
     return doc if isinstance(doc, dict) else None
 
 
@@ -169,7 +194,7 @@ def load_end(path: str) -> dict[str, Any] | None:
     rec = read_record(path)
     if rec is not None and rec.get("outcome") in OUTCOMES:
         return rec
-    if not os.path.exists(path):
+    if not os.path.lexists(path):
         return None
     return {"outcome": DAMAGED, "reason": f"{path} is damaged (not a complete end record)"}
 
@@ -180,9 +205,11 @@ def claim_damaged(path: str, settle: float = 5.0) -> bool:
     if read_record(path) is not None:
         return False
     try:
-        st = os.stat(path)
+        st = os.lstat(path)
     except FileNotFoundError:
         return False
+    if not stat.S_ISREG(st.st_mode):
+        return True                            # a directory, link, FIFO...: never a claim
     return st.st_size > 0 or time.time() - st.st_mtime > settle
 
 
