@@ -144,3 +144,30 @@ def test_the_sweep_kills_a_recorded_session_but_never_one_whose_id_was_reused(tm
     finally:
         victim.kill()
         victim.wait()
+
+
+def test_a_worker_killed_on_its_own_is_replaced_and_its_task_rerun_without_a_traceback(tmp_path):
+    """kill -9 of just the workers (not their guards, not the agent): each guard kills its
+    worker's task tree and ends as its worker did (SIGKILL, not a traceback and exit 1),
+    so the agent starts a new worker in the slot and the farm finishes."""
+    side = tmp_path / "side"
+    marker, script = _script(tmp_path, f'echo "$1" "$2" >> {side}\ntest "$2" -ge 2 || sleep 600\n')
+    farm = _farm(tmp_path, f"cd /tmp && sh {script} $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT", 2)
+    run = subprocess.Popen([sys.executable, "-m", "hpcml", "farm", "run", str(farm), "--slots", "2"],
+                           stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env(),
+                           start_new_session=True)
+    try:
+        wait_for(lambda: len(side_lines(side)) == 2, 60, "both tasks' attempt 1 running")
+        for f in (farm / "workers").iterdir():
+            os.kill(json.loads(f.read_text())["pid"], signal.SIGKILL)
+        _, err = run.communicate(timeout=120)
+        assert run.returncode == 0 and "Traceback" not in err, err
+        assert not _marked(marker)
+        assert sorted(side_lines(side)) == [(0, 1), (0, 2), (1, 1), (1, 2)]
+        assert {k: e["outcome"] for k, e in ends(farm).items()} == {(0, 1): "lost", (0, 2): "ok",
+                                                                     (1, 1): "lost", (1, 2): "ok"}
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        for proc in _marked(marker):
+            proc.kill()

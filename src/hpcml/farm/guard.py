@@ -110,7 +110,8 @@ def exit_like(code: int) -> int:
     """End this process as ``code`` says: a signal is re-raised (the agent respawns a
     worker that was killed), else the code is returned for sys.exit."""
     if code < 0:
-        signal.signal(-code, signal.SIG_DFL)
+        if -code not in (signal.SIGKILL, signal.SIGSTOP):   # no handler can be set for these
+            signal.signal(-code, signal.SIG_DFL)
         os.kill(os.getpid(), -code)
         return 128 - code
     return code
