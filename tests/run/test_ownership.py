@@ -174,6 +174,25 @@ def test_a_directory_that_holds_a_job_is_refused_unless_overwrite(tmp_path):
     assert len(list((tmp_path / "job" / "observe").glob("rank-00001*"))) == 0    # nothing of the first run
 
 
+def test_overwrite_removes_a_symlinked_entry_not_what_it_points_to(tmp_path):
+    """--overwrite over a job whose logs/ and observe/ are symlinks (to scratch, say): the
+    links go, what they name outside the job directory stays, and the new job runs."""
+    marks = tmp_path / "marks"
+    task = ["sh", "-c", f"echo ran >> {marks}"]
+    assert hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path).returncode == 0
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "keep").write_text("precious")
+    for name in ("logs", "observe"):
+        (tmp_path / "job" / name).rename(tmp_path / f"old-{name}")
+        (tmp_path / "job" / name).symlink_to(outside, target_is_directory=True)
+    over = hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+    assert over.returncode == 0 and "Traceback" not in over.stderr, over.stderr
+    assert (outside / "keep").read_text() == "precious" and sorted(os.listdir(outside)) == ["keep"]
+    assert lines(marks, "ran") == 2
+    assert not (tmp_path / "job" / "logs").is_symlink() and (tmp_path / "job" / "logs" / "rank-0.out").exists()
+
+
 def test_two_runs_at_once_on_one_directory_one_is_refused(tmp_path):
     marks = tmp_path / "marks"
     task = ["sh", "-c", f"echo ran >> {marks}"]

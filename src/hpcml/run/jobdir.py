@@ -106,10 +106,13 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
                          file=str(d))
     for name in OWNED:
         p = d / name
-        if p.is_dir():
-            shutil.rmtree(p)
-        else:
-            p.unlink(missing_ok=True)
+        try:
+            if p.is_dir() and not p.is_symlink():
+                shutil.rmtree(p)
+            else:
+                p.unlink(missing_ok=True)          # a symlink: the link goes, never what it names
+        except OSError as exc:
+            raise HpcmlError(f"{p}: cannot remove the previous job's files: {exc.strerror}") from None
     return None
 
 
