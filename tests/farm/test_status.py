@@ -100,3 +100,28 @@ def test_claims_and_ends_of_odd_kinds_are_damaged_not_read(tmp_path):
     assert "Traceback" not in p.stderr, p.stderr
     assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 1)]
     assert _status(farm)["counts"]["ok"] == 5
+
+
+def test_records_with_a_field_of_the_wrong_type_are_damaged_not_a_traceback(tmp_path):
+    """Valid JSON with the right outcome but a field of the wrong type ("end": "soon", a
+    list for "start", a string for the claim's session): status, run and results say
+    damaged and rerun the task; no ValueError/TypeError traceback."""
+    side = tmp_path / "side"
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(4)], {})
+    claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
+    for tid in (0, 1):
+        (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    end = {"schema": "hpcml.farm.end/1", "attempt": 1}
+    (farm / "ends" / "0.1").write_text(json.dumps({**end, "id": 0, "outcome": "failed", "end": "soon", "retries": "x"}))
+    (farm / "ends" / "1.1").write_text(json.dumps({**end, "id": 1, "outcome": "ok", "end": 2.0, "start": [1]}))
+    (farm / "claims" / "2.1").write_text(json.dumps({**claim, "id": 2, "start": "now",
+                                                     "tree": {"session": "1", "since": None}}))
+    st = _status(farm)
+    assert st["counts"]["damaged"] == 3 and st["counts"]["running"] == 0, st["counts"]
+    p = hpcml("farm", "run", farm, "--slots", "2", "--lease", "1 s")
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 1)]
+    assert _status(farm)["counts"]["ok"] == 4
+    r = hpcml("farm", "results", farm)
+    assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr

@@ -187,12 +187,47 @@ def read_record(path: str) -> dict[str, Any] | None:
     return doc if isinstance(doc, dict) else None
 
 
+def _number(v: Any) -> bool:
+    return v is None or (isinstance(v, (int, float)) and not isinstance(v, bool))
+
+
+def _integer(v: Any) -> bool:
+    return v is None or (isinstance(v, int) and not isinstance(v, bool))
+
+
+def _text(v: Any) -> bool:
+    return v is None or isinstance(v, str)
+
+
+#: the fields of a record that hpcml computes with, and their types (None allowed)
+_END_FIELDS = {"start": _number, "end": _number, "exit_code": _integer, "signal": _integer, "retries": _integer,
+               "node": _text, "gpu": _text, "worker": _text, "job": _text, "reason": _text}
+_CLAIM_FIELDS = {"start": _number, "worker": _text, "node": _text, "gpu": _text, "job": _text}
+_TREE_FIELDS = {"session": _integer, "since": _number, "boot": _text, "pidns": _integer}
+
+
+def _typed(rec: dict[str, Any], fields: dict[str, Callable[[Any], bool]]) -> bool:
+    return all(check(rec.get(key)) for key, check in fields.items())
+
+
+def load_claim(path: str) -> dict[str, Any] | None:
+    """A claim record whose fields have the types hpcml writes; None if there is none or
+    it is not one (a record of the right shape with a field of the wrong type included)."""
+    rec = read_record(path)
+    if rec is None or not _typed(rec, _CLAIM_FIELDS):
+        return None
+    tree = rec.get("tree")
+    if tree is not None and not (isinstance(tree, dict) and _typed(tree, _TREE_FIELDS)):
+        return None
+    return rec
+
+
 def load_end(path: str) -> dict[str, Any] | None:
     """An end record; one with outcome "damaged" if the file is there but empty, truncated
     or not an end (ends are linked into place whole: only something outside hpcml, or a
     disk that lost data, makes one so); None if there is no end."""
     rec = read_record(path)
-    if rec is not None and rec.get("outcome") in OUTCOMES:
+    if rec is not None and rec.get("outcome") in OUTCOMES and _typed(rec, _END_FIELDS):
         return rec
     if not os.path.lexists(path):
         return None
@@ -202,7 +237,7 @@ def load_end(path: str) -> dict[str, Any] | None:
 def claim_damaged(path: str, settle: float = 5.0) -> bool:
     """A claim file that is there but not a record, and not one being written this instant
     (an empty one younger than ``settle`` s by this host's clock: for display)."""
-    if read_record(path) is not None:
+    if load_claim(path) is not None:
         return False
     try:
         st = os.lstat(path)
@@ -321,7 +356,7 @@ class View:
         """The claim record of an attempt (cached: claims are never rewritten)."""
         key = (tid, attempt)
         if key not in self.owners:
-            rec = read_record(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
+            rec = load_claim(f"{self.path}/{CLAIMS}/{tid}.{attempt}")
             if rec is None:
                 return {}           # being written this instant: ask again next time
             self.owners[key] = rec
