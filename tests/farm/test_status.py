@@ -125,3 +125,20 @@ def test_records_with_a_field_of_the_wrong_type_are_damaged_not_a_traceback(tmp_
     assert _status(farm)["counts"]["ok"] == 4
     r = hpcml("farm", "results", farm)
     assert r.returncode == 0 and "Traceback" not in r.stderr, r.stderr
+
+
+def test_a_farm_missing_a_sub_directory_is_one_line_not_a_traceback(tmp_path):
+    """ends/ removed by hand (to "reset" a farm, say): status and run say so in one line,
+    exit 2, and ``farm create`` on it again makes it whole."""
+    side = tmp_path / "side"
+    farm = tmp_path / "farm"
+    src = tmp_path / "tasks.txt"
+    src.write_text(side_task(side, "0") + "\n")
+    assert hpcml("farm", "create", farm, src).returncode == 0
+    (farm / "ends").rmdir()
+    for cmd in (("status",), ("run", "--slots", "1")):
+        p = hpcml("farm", *cmd, farm)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "ends/ is missing" in p.stderr, p.stderr
+    assert hpcml("farm", "create", farm, src).returncode == 0
+    assert hpcml("farm", "run", farm, "--slots", "1").returncode == 0
+    assert side_lines(side) == [(0, 1)]

@@ -82,6 +82,10 @@ def load(path: str | os.PathLike, overrides: dict[str, Any] | None = None) -> Fa
     """Read a farm directory; one from another hpcml version is refused (exit 2)."""
     p = Path(path)
     doc = _read_farm_json(p)
+    for sub in SUBDIRS:
+        if not (p / sub).is_dir():
+            raise UsageError(f"not a complete farm directory: {sub}/ is missing or not a directory "
+                             "(hpcml farm create on it again makes what is missing)", file=str(p))
     settings = Settings(**{**(doc.get("settings") or {}), **{k: v for k, v in (overrides or {}).items()
                                                              if v is not None}})
     return Farm(path=p, settings=settings, tasks=_read_tasks(p), created=float(doc.get("created") or 0))
