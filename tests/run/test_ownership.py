@@ -134,6 +134,26 @@ def test_kill_9_of_hpcml_run_takes_every_rank_and_its_children_along(tmp_path):
     assert rep["findings"][0]["kind"] == "launcher_killed" and "was killed" in rep["findings"][0]["message"]
 
 
+def test_kill_9_of_one_task_wrapper_takes_its_ranks_children_along(tmp_path):
+    """A task wrapper killed on its own (kill -9, a crash): its rank dies with it (parent-death
+    signal), and what the rank started, re-parented to the launcher, is killed by it; the
+    other rank is stopped as after any failure."""
+    marker, marks = f"hpcml-test-{uuid.uuid4().hex}", tmp_path / "marks"
+    p = start("--ntasks", 2, "--dir", "job", "--no-report", "--kill-grace", 1, "--",
+              *rank_script(marks, marker, False), cwd=tmp_path)
+    try:
+        wait_for(lambda: lines(marks, "start-0") + lines(marks, "start-1") == 2, what="both ranks")
+        wait_for(lambda: len(marked(marker)) >= 4, what="both ranks' children")
+        wrapper = next(c for c in psutil.Process(p.pid).children() if "hpcml.run.task" in c.cmdline())
+        wrapper.kill()
+        _, err = p.communicate(timeout=WAIT)
+        assert p.returncode != 0, err
+        nothing_left(marker, marks)
+    finally:
+        p.kill()
+        p.communicate()
+
+
 @pytest.mark.parametrize("trap_term", [True, False], ids=["rank-traps-term", "bash-rank-with-a-child"])
 def test_term_stops_ranks_and_their_children_sigkill_after_the_grace(tmp_path, trap_term):
     """A rank that traps TERM gets SIGKILL after --kill-grace; a bash rank that dies of TERM

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, SlurmError, UsageError
-from hpcml.proctree import die_with_parent, signal_group
+from hpcml.proctree import become_subreaper, die_with_parent, signal_group
 from hpcml.run.jobdir import default_dir, launcher, log_path, observe_dir, prepare, tail, vet_dir, write_run
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
 from hpcml.run.task import STOP
@@ -307,6 +307,9 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                 launch=[f"{n} x", *task])
     write_run(d, info)
     print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
+    # a wrapper killed on its own (kill -9, a crash) leaves what its rank started: a
+    # subreaper, we adopt it and kill it (_kill_orphans)
+    become_subreaper()
     # each wrapper: its own session (Ctrl-C reaches it once, forwarded), STOP when we die
     procs = [subprocess.Popen(task, env={**base, "RANK": str(r), "LOCAL_RANK": str(r)}, start_new_session=True,
                               preexec_fn=lambda: die_with_parent(STOP))
@@ -320,6 +323,8 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                 if code is None:
                     continue
                 procs.remove(p)
+                if code < 0:                              # killed: what its rank started is ours now
+                    _kill_orphans({q.pid for q in procs})
                 if code != 0 and rc == 0:
                     rc = code
                     for other in procs:                   # as srun --kill-on-bad-exit does
@@ -329,8 +334,40 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                 for p in procs:
                     p.send_signal(STOP)
             time.sleep(POLL)
+    _kill_orphans(set(), reap=True)                       # every wrapper has ended: nothing may be left
     _note_signals(info, seen)
     return rc
+
+
+def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> None:
+    """SIGKILL every descendant of this launcher outside the running ``wrappers``' trees:
+    what the rank of a wrapper killed on its own left running, re-parented here. With
+    ``reap`` (no wrapper left to reap by its Popen) until none is left, reaping them."""
+    import psutil
+    for _ in range(rounds):
+        try:
+            orphans = [c for c in psutil.Process().children() if c.pid not in wrappers]
+        except psutil.Error:
+            return
+        if not orphans:
+            return
+        for child in orphans:
+            try:
+                family = [child, *child.children(recursive=True)]
+            except psutil.Error:
+                family = [child]
+            for proc in family:
+                try:
+                    proc.kill()
+                except psutil.Error:
+                    pass
+        if not reap:
+            return
+        for child in orphans:
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
 
 
 def first_failure(d: Path) -> dict | None:
