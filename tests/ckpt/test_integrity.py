@@ -4,6 +4,7 @@ worst moment of a re-save, and with manifests that parse but lie about their key
 from __future__ import annotations
 
 import json
+import os
 import random
 import shutil
 import signal
@@ -119,3 +120,60 @@ def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_spa
     c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
     c.close()
     assert _load(ck) == 3
+
+
+def _fifo(path: Path) -> None:
+    path.unlink()
+    os.mkfifo(path)
+
+
+@pytest.mark.parametrize("spoil", [
+    lambda p: p.write_text(json.dumps({**json.loads(p.read_text()), "ranks": {
+        **json.loads(p.read_text())["ranks"], "²": json.loads(p.read_text())["ranks"]["0"]}})),
+    lambda p: p.write_text("[" * 200_000 + "]" * 200_000),
+    _fifo,
+], ids=["rank-key-superscript-digit", "json-nested-too-deeply", "manifest-a-fifo"])
+def test_a_hostile_manifest_is_a_corrupt_checkpoint_not_a_traceback_nor_a_hang(tmp_path, spoil):
+    """'²'.isdigit() is true and int('²') raises; json.loads raises RecursionError (not a
+    ValueError) on deep nesting; reading a FIFO blocks forever."""
+    ck = tmp_path / "ck"
+    with Checkpointer(ck, max_write_rate=None) as c:
+        for s in (1, 2):
+            c.save({"w": np.full(10, s), "step": s}, s)
+    spoil(ck / "step-00000002" / layout.MANIFEST)
+    assert _load(ck) == 1
+    for cmd, rc in (("ls", 0), ("verify", 1)):
+        out = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", cmd, "--json", str(ck)], capture_output=True,
+                             text=True, timeout=120)
+        assert out.returncode == rc and "Traceback" not in out.stderr, out.stderr
+        entries = {e["step"]: e for e in json.loads(out.stdout)["checkpoints"]}
+        assert entries[1]["state"] == "committed" and entries[2]["state"] == "corrupt"
+    with Checkpointer(ck, keep=1, max_write_rate=None) as c:
+        c.save({"w": np.full(10, 3), "step": 3}, 3)
+    assert _load(ck) == 3
+
+
+@pytest.mark.parametrize("moment", ["_usable", "_read"])
+def test_a_read_only_reader_loads_while_the_writer_prunes_what_it_was_reading(tmp_path, moment):
+    """The writer (keep=1) commits step 3 and prunes step 2 just when the reader has picked
+    step 2 (before verifying it, or between verifying and reading): the reader loads step 3,
+    not (None, None) nor a FileNotFoundError."""
+    ck = tmp_path / "ck"
+    writer = Checkpointer(ck, keep=1, max_write_rate=None)
+    for s in (1, 2):
+        writer.save({"w": np.full(10, s), "step": s}, s)
+        writer.wait()
+    reader = Checkpointer(ck, read_only=True)
+    real, hits = getattr(reader, moment), []
+
+    def meanwhile(*args, **kw):
+        if not hits:
+            hits.append(args[0])
+            writer.save({"w": np.full(10, 3), "step": 3}, 3)
+            writer.wait()
+            assert not (ck / "step-00000002").exists()
+        return real(*args, **kw)
+    setattr(reader, moment, meanwhile)
+    state, step = reader.load_latest()
+    writer.close()
+    assert hits and step == 3 and (state["w"] == 3).all()

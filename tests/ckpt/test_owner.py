@@ -150,3 +150,36 @@ def test_under_ddp_every_rank_is_refused_none_waits_in_a_collective(tmp_path):
     assert out.returncode != 0, out.stderr[-2000:]
     assert all(f"pid {first.pid}" in log and "in use by another job" in log for log in logs), logs
     assert not list(ck.glob("*step*"))
+
+
+@pytest.mark.parametrize("leftover", [".owner.otherhost.4242.tmp", ".owner.stale-otherhost.4242"])
+def test_a_claim_cut_short_by_kill_9_does_not_lock_a_fresh_directory_out(tmp_path, leftover):
+    """kill -9 inside the very first claim leaves its temporary owner file (and no step-*/):
+    the next start must not call the directory 'not a checkpoint directory'."""
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / leftover).write_text("{}")
+    out = _run(ck, "--at", "1")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert Checkpointer(ck, read_only=True).load_latest()[1] == 1
+
+
+@pytest.mark.parametrize("record", ["", "garbage{", "[" * 200_000 + "]" * 200_000, "dir"])
+def test_an_owner_record_no_hpcml_wrote_is_replaced_or_refused_in_one_line(tmp_path, record):
+    """An empty, garbage or absurdly nested ``.owner`` is stale (taken, the job saves); a
+    directory there is refused in one line (exit 2 of the task), and left where it is."""
+    ck = tmp_path / "ck"
+    assert _run(ck, "--at", "1").returncode == 0
+    (ck / ".owner").unlink()
+    if record == "dir":
+        (ck / ".owner" / "x").mkdir(parents=True)
+    else:
+        (ck / ".owner").write_text(record)
+    out = _run(ck, "--at", "2")
+    assert "Traceback" not in out.stderr, out.stderr
+    if record == "dir":
+        assert out.returncode == 2 and out.stdout.startswith("refused: ") and ".owner is a directory" in out.stdout
+        assert (ck / ".owner" / "x").is_dir() and not list(ck.glob(".owner.*"))
+    else:
+        assert out.returncode == 0, out.stdout + out.stderr
+    assert Checkpointer(ck, read_only=True).load_latest()[1] == (1 if record == "dir" else 2)

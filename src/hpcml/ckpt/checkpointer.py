@@ -127,7 +127,8 @@ class Checkpointer:
                 raise UsageError("no such directory", file=str(self.dir))
         else:
             layout.make_dir(self.dir, mode)
-        if any(p.name != owner.OWNER for p in self.dir.iterdir()) and not layout.is_checkpoint_dir(self.dir):
+        if any(not p.name.startswith(owner.OWNER) for p in self.dir.iterdir()) \
+                and not layout.is_checkpoint_dir(self.dir):    # .owner*: also a claim cut short by kill -9
             raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
                              file=str(self.dir))
         self.token = _attempt_token(self.world)
@@ -422,19 +423,37 @@ class Checkpointer:
     def load_latest(self, map_location: Any = "cpu") -> tuple[Any, int | None]:
         """The newest checkpoint complete on every rank: ``(state, step)``; ``(None, None)``
         when there is none. Incomplete or corrupt ones are skipped and named in ``skipped``
-        (and on stderr)."""
+        (and on stderr). A checkpoint that vanished while it was read (a writer's prune
+        beside a ``read_only`` reader) is not skipped as corrupt: the directory is scanned
+        again, since a newer one was committed meanwhile."""
+        for _ in range(1000):
+            done, result = self._load_newest()
+            if done:
+                return result
+        raise CheckpointError(f"{self.dir}: its checkpoints keep being removed while they are read")
+
+    def _load_newest(self) -> tuple[bool, tuple[Any, int | None]]:
+        """One pass, newest first: (True, result), or (False, _) when a candidate vanished."""
         for found in reversed([f for f in layout.scan(self.dir) if f.committed]):
             ok, why, source = self._usable(found)
             if not self._agree(ok):
+                if not self._agree(found.path.exists()):        # pruned under us: scan again
+                    return False, (None, None)
                 why = why or "another rank's shard is missing or corrupt"
             elif ok:
                 assert source is not None and found.manifest is not None
+                try:
+                    state = self._read(source, found)
+                except (FileNotFoundError, UsageError):
+                    if found.path.exists() or (_dist() is not None and self.world > 1):
+                        raise
+                    return False, (None, None)                  # pruned between verify and read
                 if len(found.manifest["ranks"]) == 1:       # its one shard's crc32 checked: verified
                     self._checked[(found.manifest["token"], float(found.manifest["committed_at"]))] = []
-                return self._read(source, found), found.step
+                return True, (state, found.step)
             self.skipped.append(f"{found.path}: {why}")
             print(f"hpcml ckpt: skipped {found.path}: {why}", file=sys.stderr)
-        return None, None
+        return True, (None, None)
 
     def _usable(self, found: layout.Found) -> tuple[bool, str, Path | None]:
         if found.problems or not found.manifest:

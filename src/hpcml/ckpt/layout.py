@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -45,6 +46,7 @@ SHARD_TAG = schemas.tag("ckpt.shard", 1)
 _STEP = re.compile(r"^step-(\d{8,})$")
 _PARTIAL = re.compile(r"^\.partial-step-(\d{8,})$")
 _OLD = re.compile(r"^\.old-step-(\d{8,})-")
+_RANK = re.compile(r"[0-9]+")
 CRC_CHUNK = 16 << 20
 FILE_MODE = 0o600                       # checkpoints hold model weights: private unless asked
 _RANK_KEYS = ("size", "crc32", "json_size", "json_crc32")
@@ -115,9 +117,13 @@ def write_json_durably(path: Path, doc: dict[str, Any], mode: int = FILE_MODE) -
 
 def read_json(path: Path, tag: str) -> dict[str, Any]:
     try:
+        if not stat.S_ISREG(path.stat().st_mode):      # a FIFO would block the reader forever
+            raise UsageError("not a regular file", file=str(path))
         doc = json.loads(path.read_text())
     except FileNotFoundError:
         raise UsageError("missing", file=str(path)) from None
+    except RecursionError:                             # hostile: '[' * 100000
+        raise UsageError("unreadable (JSON nested too deeply)", file=str(path)) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"unreadable ({exc})", file=str(path)) from None
     schemas.check(doc, tag, str(path))
@@ -176,7 +182,7 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
         if not ok(doc[key]):
             return f"key '{key}': expected {want}, found {doc[key]!r}"
     for rank, rec in doc["ranks"].items():
-        if not rank.isdigit() or not isinstance(rec, dict):
+        if not _RANK.fullmatch(rank) or not isinstance(rec, dict):     # not isdigit(): '²' is one
             return f"key 'ranks.{rank}': expected a rank number with its shard's record"
         for key in _RANK_KEYS:
             if not _is_int(rec.get(key)):
@@ -263,6 +269,10 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
             continue
         if size != rec[size_key]:
             problems.append(f"{path}: {size} bytes, the manifest says {rec[size_key]}")
-        elif checksums and file_crc(path) != rec[crc_key]:
-            problems.append(f"{path}: checksum mismatch (corrupt)")
+            continue
+        try:
+            if checksums and file_crc(path) != rec[crc_key]:
+                problems.append(f"{path}: checksum mismatch (corrupt)")
+        except OSError as exc:                         # removed by a prune meanwhile, unreadable
+            problems.append(f"{path}: unreadable ({exc.strerror})")
     return problems

@@ -51,7 +51,7 @@ def read(root: Path) -> dict[str, Any] | None:
     """The owner record, or None (absent, or unreadable: written by no hpcml)."""
     try:
         doc = json.loads((root / OWNER).read_text())
-    except (OSError, ValueError):
+    except (OSError, ValueError, RecursionError):     # RecursionError: '[' * 100000
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -109,6 +109,9 @@ def claim(root: Path, token: str, *, take_over: bool = False, mode: int = layout
             if owner is not None and same(owner, mine):
                 os.replace(tmp, root / OWNER)
                 return
+            if owner is None and (root / OWNER).is_dir() and not (root / OWNER).is_symlink():
+                raise UsageError(f"{OWNER} is a directory, not the owner record hpcml writes there: "
+                                 "move it away", file=str(root))
             alive = running(owner) if owner is not None else False
             if alive is not False and not take_over:
                 how = "still runs" if alive else "may still run (it cannot be checked from here)"
