@@ -85,7 +85,7 @@ import json
 import os
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -206,7 +206,7 @@ _CLAIM_FIELDS = {"start": _number, "worker": _text, "node": _text, "gpu": _text,
 _TREE_FIELDS = {"session": _integer, "since": _number, "boot": _text, "pidns": _integer}
 
 
-def _typed(rec: dict[str, Any], fields: dict[str, Callable[[Any], bool]]) -> bool:
+def _typed(rec: dict[str, Any], fields: Mapping[str, Callable[[Any], bool]]) -> bool:
     return all(check(rec.get(key)) for key, check in fields.items())
 
 
