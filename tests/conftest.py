@@ -55,6 +55,63 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
 
 
 @pytest.fixture
+def small_disk(tmp_path: Path) -> Iterator[Path]:
+    """A file system that fills up: a 20 MB tmpfs mounted for one test (ENOSPC for real)."""
+    if os.geteuid() != 0:
+        pytest.skip("mounting a small tmpfs needs root")
+    import subprocess
+    mnt = tmp_path / "mnt"
+    mnt.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", "-l", str(mnt)], check=False)
+
+
+@pytest.fixture
 def slurm_env(slurm_cluster: LocalSlurm) -> dict[str, str]:
     """A whole environment for a Slurm client subprocess talking to ``slurm_cluster``."""
     return slurm_cluster.client_env()
+
+
+# --- the checkout stays as it was --------------------------------------------------------
+# Tests write only under tmp paths. A file a test leaves in the checkout (a job directory
+# written to the working directory, a report beside a fixture) is found here and fails the
+# run, naming it. Ignored files count too (``hpcml-run-*/`` is ignored for users, not for
+# tests); only the build's own caches and the venv are expected.
+_CHECKOUT = Path(__file__).resolve().parents[1]
+_EXPECTED = ("__pycache__/", ".pytest_cache/", ".egg-info/", ".venv", ".mypy_cache/", ".ruff_cache/",
+             "benchmarks/.work/", "build/")
+
+
+def _checkout_files() -> set[str] | None:
+    import subprocess
+    try:
+        out = subprocess.run(["git", "-C", str(_CHECKOUT), "ls-files", "--others", "--directory", "-z"],
+                             capture_output=True, timeout=60, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None                    # not a git checkout (an sdist): nothing to compare
+    return {p for p in out.decode(errors="replace").split("\0")
+            if p and not any(e in p for e in _EXPECTED)}
+
+
+_BEFORE: set[str] | None = None
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    global _BEFORE
+    _BEFORE = _checkout_files()
+
+
+def pytest_sessionfinish(session: pytest.Session, exitstatus: int) -> None:
+    if _BEFORE is None or getattr(session.config, "workerinput", None) is not None:
+        return
+    after = _checkout_files() or set()
+    gained = sorted(after - _BEFORE)
+    if gained:
+        reporter = session.config.pluginmanager.get_plugin("terminalreporter")
+        line = f"the tests left files in the checkout {_CHECKOUT}: {', '.join(gained[:20])}"
+        if reporter is not None:
+            reporter.write_line(line, red=True)
+        session.exitstatus = pytest.ExitCode.TESTS_FAILED

@@ -9,11 +9,10 @@ import os
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
-from tests.ckpt.conftest import small_disk  # noqa: F401  (the 20 MB tmpfs fixture, shared)
 from tests.farm.farmtools import hpcml
 
 
-def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(small_disk):  # noqa: F811
+def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(small_disk):
     farm = small_disk / "farm"
     fill = "head -c 1500000 /dev/zero > $HPCML_FARM_DIR/../fill.$HPCML_FARM_TASK_ID; true"
     store.create(farm, [TaskSpec(fill)] * 40, {"retries": 0})
