@@ -130,3 +130,40 @@ def test_dead_attempts_do_not_fill_the_disk_for_the_next_one(small_disk):
     assert out.returncode == 0, out.stdout + out.stderr
     assert not list(ck.glob(".partial-*"))
     assert _load(ck) == 2
+
+
+def _pair(ck: Path, token: str, monkeypatch, **kw) -> list[Checkpointer]:
+    monkeypatch.setenv("HPCML_CKPT_TOKEN", token)
+    return [Checkpointer(ck, max_write_rate=None, rank=r, world_size=2, commit_timeout=30, **kw) for r in (0, 1)]
+
+
+def test_prune_leaves_the_live_jobs_partial_below_a_corrupt_newer_checkpoint(tmp_path, monkeypatch):
+    """Two ranks resumed from step 1 because steps 2 and 3 are corrupt; rank 1 has written
+    its shard of step 2 and rank 0 has not yet: ``hpcml ckpt prune`` (or rank 0's own prune)
+    must not take the live partial for a dead one because step 3 is newer, or rank 0's
+    commit of step 2 waits for a shard that is gone and fails."""
+    ck = tmp_path / "ck"
+    ranks = _pair(ck, "first", monkeypatch, keep=5)
+    for s in (1, 2, 3):
+        for c in ranks:
+            c.save({"w": np.full(100, s), "step": s}, s)
+        for c in reversed(ranks):
+            c.wait()
+    for c in ranks:
+        c.close()
+    for s in (2, 3):                           # both ranks' shards: each checks its own crc32
+        for r in (0, 1):
+            path = ck / layout.step_name(s) / f"rank-{r:05d}.bin"
+            path.write_bytes(b"\xff" + path.read_bytes()[1:])
+    ranks = _pair(ck, "second", monkeypatch, keep=5)
+    assert [c.load_latest()[1] for c in ranks] == [1, 1]
+    ranks[1].save({"w": np.full(100, 2), "step": 2}, 2)
+    ranks[1].wait()
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "3")
+    assert out.returncode == 0, out.stderr
+    assert not any(".partial-" in line for line in out.stdout.splitlines() if line.startswith("removed"))
+    ranks[0].save({"w": np.full(100, 2), "step": 2}, 2)
+    ranks[0].wait()
+    for c in ranks:
+        c.close()
+    assert [Checkpointer(ck, read_only=True, rank=r, world_size=2).load_latest()[1] for r in (0, 1)] == [2, 2]

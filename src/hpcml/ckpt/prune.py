@@ -7,9 +7,10 @@ checkpoints stay, and so does every corrupt one newer than the oldest of them (l
 user to inspect, and named in ``skipped``); only what is older than ``keep`` verified ones
 goes. With no verified checkpoint at all nothing committed is removed.
 
-Partial directories go when they are older than the newest commit, or when no running
-attempt writes into them (no ``.attempt-TOKEN`` of the live owner: a dead attempt's, which
-could fill the disk over many kills). Symbolic links are never followed nor removed, and
+Partial directories go when no running attempt writes into them: no ``.attempt-TOKEN`` of
+the live owner (a dead attempt's, which could fill the disk over many kills), or older than
+that attempt's own newest commit (a save of it that failed). Not "older than the newest
+commit": a job that resumed below a corrupt newer checkpoint writes its partials there. Symbolic links are never followed nor removed, and
 ``removed`` lists only what is really gone.
 """
 
@@ -29,16 +30,21 @@ class Pruned:
     skipped: list[str] = field(default_factory=list)      # "PATH: why it stays"
 
 
-def _live(partial: layout.Found, live_token: str | None) -> bool:
+def _live(partial: layout.Found, live_token: str | None, newest: int, newest_live: int) -> bool:
     """Whether a running attempt may be writing into ``partial``: it holds that attempt's
-    mark, or nothing at all yet (a rank between its mkdir and its mark)."""
+    mark and is not older than that attempt's own newest commit (the newest commit of any
+    attempt says nothing: a job that resumed below a corrupt newer checkpoint writes there),
+    or it holds nothing at all yet (a rank between its mkdir and its mark) and is not older
+    than the newest commit."""
     if live_token is None:
         return False
     try:
         names = [p.name for p in partial.path.iterdir()]
     except OSError:
         return False
-    return not names or layout.attempt_mark(live_token) in names
+    if not names:
+        return partial.step >= newest
+    return layout.attempt_mark(live_token) in names and partial.step >= newest_live
 
 
 def _remove(root: Path, f: layout.Found, out: Pruned) -> None:
@@ -63,8 +69,8 @@ def _remove(root: Path, f: layout.Found, out: Pruned) -> None:
 def prune(root: Path, keep: int | None, local: Path | None = None, *,
           verified: Callable[[layout.Found], list[str]] = layout.verify, live_token: str | None = None) -> Pruned:
     """Keep the newest ``keep`` checkpoints that verify (``verified`` gives a checkpoint's
-    problems); remove older ones, superseded replacements, and partial ones that are older
-    than the newest commit or that no live attempt (``live_token``) writes. ``keep=None``:
+    problems); remove older ones, superseded replacements, and partial ones that no live
+    attempt (``live_token``) writes (``_live``). ``keep=None``:
     leave committed ones alone (a new owner clearing dead attempts before its first save)."""
     found = layout.scan(root)
     out = Pruned()
@@ -84,8 +90,9 @@ def prune(root: Path, keep: int | None, local: Path | None = None, *,
         else:
             kept += 1
     drop += [f for f in found if f.superseded]
+    newest_live = max((f.step for f in committed if f.manifest and f.manifest["token"] == live_token), default=-1)
     drop += [f for f in found if not f.committed and not f.superseded
-             and (f.step < newest or not _live(f, live_token))]
+             and not _live(f, live_token, newest, newest_live)]
     for f in drop:
         _remove(root, f, out)
         if local is not None and f.path in out.removed:
