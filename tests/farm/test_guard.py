@@ -171,3 +171,31 @@ def test_a_worker_killed_on_its_own_is_replaced_and_its_task_rerun_without_a_tra
             os.killpg(run.pid, signal.SIGKILL)
         for proc in _marked(marker):
             proc.kill()
+
+
+def test_a_killed_guards_escaped_grandchild_is_killed_by_the_agent_before_the_rerun(tmp_path):
+    """kill -9 of just the guard: its tree re-parents to the agent. A grandchild in a
+    session of its own with its environment cleared (``setsid env -i``), whose parent was
+    in the task's group, is found by no sweep: the agent kills the whole adopted tree, not
+    just its process groups, so it does not run beside the rerun."""
+    side = tmp_path / "side"
+    marker = f"tree-{uuid.uuid4().hex[:10]}"
+    body = (f'if test "$2" -ge 2; then echo "$1" "$2" >> {side}; exit 0; fi\n'
+            f"bash -c \"setsid env -i sh -c 'while :; do sleep 0.1; done' {marker}; sleep 600\" &\n"
+            f'echo "$1" "$2" >> {side}\nsleep 600\n')
+    script = tmp_path / "task.sh"
+    script.write_text(body)
+    farm = _farm(tmp_path, f"bash {script} $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT", 1)
+    run = _start_in_own_group("farm", "run", farm, "--slots", "1")
+    try:
+        wait_for(lambda: bool(_marked(marker)) and side_lines(side) == [(0, 1)], 60, "attempt 1 and its grandchild")
+        worker = json.loads(next((farm / "workers").iterdir()).read_text())["pid"]
+        psutil.Process(psutil.Process(worker).ppid()).kill()         # the guard, alone
+        assert run.wait(timeout=120) == 0
+        assert not _marked(marker), "attempt 1's grandchild outlived its attempt"
+        assert side_lines(side) == [(0, 1), (0, 2)] and ends(farm)[(0, 1)]["outcome"] == "lost"
+    finally:
+        if run.poll() is None:
+            os.killpg(run.pid, signal.SIGKILL)
+        for proc in _marked(marker):
+            proc.kill()

@@ -16,7 +16,6 @@ again, in this allocation or another, and several runs may share one farm at onc
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -29,7 +28,7 @@ from hpcml.cluster import allocation, slurm
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import store
 from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
-from hpcml.proctree import become_subreaper, die_with_parent, signal_group
+from hpcml.proctree import become_subreaper, die_with_parent
 
 RESPAWNS_PER_SLOT = 3
 
@@ -148,6 +147,7 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
                 spawn(i)
                 continue
         results.append(code)
+    _kill_orphans(set())                   # nothing adopted outlives the agent
     os.close(report_w)
     with os.fdopen(report, "rb") as f:
         lines = f.read().decode(errors="replace").splitlines()
@@ -156,13 +156,31 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
     return DONE if all(c == DONE for c in results) else (NODE_RETIRED if NODE_RETIRED in results else 1)
 
 
-def _kill_orphans(workers: set[int]) -> None:
-    """Kill the process group of every child of this agent that is not a worker."""
+def _kill_orphans(workers: set[int], rounds: int = 50) -> None:
+    """SIGKILL every descendant of this agent outside the live ``workers``' (guards') trees:
+    what a guard killed on its own left, re-parented here (its worker first, then the
+    task's processes), each with its whole tree: a grandchild in a session of its own with
+    its environment cleared is found by no sweep once its parent is gone. Again while any
+    is found, for what is re-parented meanwhile; the main loop reaps them."""
     import psutil
-    for child in psutil.Process().children():
-        if child.pid in workers:
-            continue
+    for _ in range(rounds):
         try:
-            signal_group(os.getpgid(child.pid), signal.SIGKILL)
-        except ProcessLookupError:
-            pass
+            orphans = [c for c in psutil.Process().children() if c.pid not in workers]
+        except psutil.Error:
+            return
+        live = False
+        for child in orphans:
+            try:
+                family = [child, *child.children(recursive=True)]
+            except psutil.Error:
+                family = [child]
+            for proc in family:
+                try:
+                    if proc.status() != psutil.STATUS_ZOMBIE:
+                        proc.kill()
+                        live = True
+                except psutil.Error:
+                    pass
+        if not live:
+            return
+        time.sleep(0.02)
