@@ -94,6 +94,9 @@ def test_every_task_gets_the_rendezvous(tmp_path):
     ports = {s[5] for s in seen}
     assert [s[:5] for s in seen] == [[str(r), str(r), "3", "3", "127.0.0.1"] for r in range(3)]
     assert len(ports) == 1 and ports != {"29500"}
+    # the observe store records the user's command, not the step that starts it
+    meta = json.loads((tmp_path / "job" / "observe" / "rank-00002.json").read_text())
+    assert meta["command"] == [sys.executable, "-c", probe]
 
 
 @pytest.mark.torch

@@ -16,6 +16,7 @@ import socket
 import subprocess
 import threading
 import time
+from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -86,10 +87,13 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
 
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
-           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None) -> int:
+           prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None,
+           exec_via: Sequence[str] = ()) -> int:
     """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``. ``mlflow``: the URL of an
-    MLflow tracking server; rank 0's metrics go to a run there (``hpcml.service.mlflow_rest``)."""
+    MLflow tracking server; rank 0's metrics go to a run there (``hpcml.service.mlflow_rest``).
+    ``exec_via``: a step that sets the process up and execs ``cmd`` (``hpcml.run.rankexec``);
+    what is recorded as the command stays ``cmd``, what the user asked for."""
     from hpcml.samplers.choose import for_task
     if not cmd:
         raise UsageError("no command to record, e.g. ['python', 'train.py']", key="cmd")
@@ -98,13 +102,15 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     task = Task.from_env()
     gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
     try:
-        return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow)
+        return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow,
+                       list(exec_via))
     finally:
         gpu.close()
 
 
 def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: float,
-            prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None) -> int:
+            prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None,
+            exec_via: list[str] | None = None) -> int:
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -141,7 +147,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, HPCML_OBSERVE_FD=str(write_fd), HPCML_OBSERVE_DIR=str(out))
     try:        # the command starts first: the store's imports (pyarrow) overlap its start-up
-        child = subprocess.Popen(cmd, env=env, pass_fds=(write_fd,))
+        child = subprocess.Popen([*(exec_via or []), *cmd], env=env, pass_fds=(write_fd,))
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)

@@ -75,8 +75,9 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     from hpcml.observe.recorder import record
     try:
-        return record([sys.executable, "-m", "hpcml.run.rankexec", *cmd], observe_dir(d),
-                      float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"))
+        return record(cmd, observe_dir(d),
+                      float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"),
+                      exec_via=[sys.executable, "-m", "hpcml.run.rankexec"])
     finally:
         stop_descendants(float(opts.get("--kill-grace", "10")))         # what the rank left running
 
