@@ -200,10 +200,12 @@ def _text(v: Any) -> bool:
 
 
 #: the fields of a record that hpcml computes with, and their types (None allowed)
-_END_FIELDS = {"start": _number, "end": _number, "exit_code": _integer, "signal": _integer, "retries": _integer,
-               "node": _text, "gpu": _text, "worker": _text, "job": _text, "reason": _text}
-_CLAIM_FIELDS = {"start": _number, "worker": _text, "node": _text, "gpu": _text, "job": _text}
-_TREE_FIELDS = {"session": _integer, "since": _number, "boot": _text, "pidns": _integer}
+_Check = Callable[[Any], bool]
+_END_FIELDS: dict[str, _Check] = {"start": _number, "end": _number, "exit_code": _integer, "signal": _integer,
+                                  "retries": _integer, "node": _text, "gpu": _text, "worker": _text, "job": _text,
+                                  "reason": _text}
+_CLAIM_FIELDS: dict[str, _Check] = {"start": _number, "worker": _text, "node": _text, "gpu": _text, "job": _text}
+_TREE_FIELDS: dict[str, _Check] = {"session": _integer, "since": _number, "boot": _text, "pidns": _integer}
 
 
 def _typed(rec: dict[str, Any], fields: Mapping[str, Callable[[Any], bool]]) -> bool:
