@@ -139,6 +139,8 @@ def test_the_sweep_kills_a_recorded_session_but_never_one_whose_id_was_reused(tm
         start = psutil.Process(victim.pid).create_time()
         assert sweep(victim.pid, start - 100.0, [], timeout=5)       # recorded earlier: someone else's now
         assert victim.poll() is None
+        assert sweep(victim.pid, None, [], timeout=5)                  # a claim without a start time (damaged,
+        assert victim.poll() is None                                   # forged) names no session it may kill
         assert sweep(victim.pid, start, [], timeout=30)                # the recorded one: killed, proven gone
         assert victim.wait(timeout=30) == -signal.SIGKILL
     finally:

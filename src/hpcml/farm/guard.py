@@ -146,8 +146,8 @@ def members(session: int | None, since: float | None, marker: list[bytes]) -> li
     """Live processes of ``session`` (unless that id now belongs to a newer process: the
     kernel reuses a session id only once nothing is left in it) and processes whose
     environment holds every ``marker`` (``VAR=value``)."""
-    if session == os.getsid(0):
-        session = None                         # never our own (a worker that ran unguarded)
+    if session == os.getsid(0) or since is None or (session is not None and session <= 1):
+        session = None                         # never our own, init's, or one no start time identifies
     if session is not None and since is not None:
         leader = _create_time(session)
         if leader is not None and abs(leader - since) > 1.0:
