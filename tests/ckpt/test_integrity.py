@@ -177,3 +177,26 @@ def test_a_read_only_reader_loads_while_the_writer_prunes_what_it_was_reading(tm
     state, step = reader.load_latest()
     writer.close()
     assert hits and step == 3 and (state["w"] == 3).all()
+
+
+def test_a_commit_that_fills_the_disk_gives_back_the_shard_it_wrote(small_disk):
+    """Room for the shard but not for its small files (json, manifest): the failed save
+    must not keep its 6 MB shard in the partial directory (the disk stayed full, so every
+    later save failed too); with the space back the next save commits."""
+    ck = small_disk / "ck"
+    c = Checkpointer(ck, keep=1, max_write_rate=None)
+    c.save({"w": np.full(6 << 17, 1), "step": 1}, 1)
+    c.wait()
+    shard = (ck / "step-00000001" / "rank-00000.bin").stat().st_size
+    filler = small_disk / "filler"
+    filler.write_bytes(b"\0" * (shutil.disk_usage(small_disk).free - shard))     # the shard fits, no more
+    c.save({"w": np.full(6 << 17, 2), "step": 2}, 2)
+    with pytest.raises(CheckpointError, match="No space left"):
+        c.wait()
+    assert shutil.disk_usage(small_disk).free >= shard - (64 << 10)
+    assert not list(ck.glob(".partial-*/rank-*")) and not list(ck.rglob("*.tmp"))
+    assert _load(ck) == 1
+    filler.unlink()
+    c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
+    c.close()
+    assert _load(ck) == 3

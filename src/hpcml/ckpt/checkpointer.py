@@ -138,6 +138,7 @@ class Checkpointer:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._closing = False
+        self._committed: int | None = None      # the step rank 0 last renamed into place
         self.stop_signal: str | None = None     # the signal's name; "peer" when another rank had it
         self.stopping = False
         self.stop_lead = stop_lead               # steps between the first signal and the final save
@@ -280,6 +281,7 @@ class Checkpointer:
         self.last_blocking_s = time.perf_counter() - t0
         view = host[:size].data
         self._error = None
+        self._committed = None
         self._thread = threading.Thread(target=self._background, args=(step, view, doc, time.monotonic()),
                                         name=f"hpcml-ckpt-{step}", daemon=True)
         self._thread.start()
@@ -303,9 +305,16 @@ class Checkpointer:
             self.last_durable_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
             self._error = exc
+            bin_name, json_name = layout.shard_names(self.rank)
             for d in (self.dir / layout.partial_name(step), self.local / layout.step_name(step) if self.local else None):
                 if d is not None:                # a full disk: give back what this rank's attempt took
-                    (d / (layout.shard_names(self.rank)[0] + ".tmp")).unlink(missing_ok=True)
+                    for name in (bin_name + ".tmp", json_name + ".tmp", layout.MANIFEST + ".tmp"):
+                        (d / name).unlink(missing_ok=True)
+            partial = self.dir / layout.partial_name(step)
+            if self._committed != step and not partial.is_symlink() \
+                    and (partial / layout.attempt_mark(self.token)).exists():
+                for name in (bin_name, json_name):   # this attempt's shard, complete but never to be
+                    (partial / name).unlink(missing_ok=True)   # committed (the manifest did not fit)
 
     def _write(self, step: int, view: memoryview, doc: dict[str, Any]) -> None:
         bin_name, json_name = layout.shard_names(self.rank)
@@ -368,6 +377,7 @@ class Checkpointer:
             shutil.rmtree(old, ignore_errors=True)
         else:
             os.rename(partial, final)
+        self._committed = step
         layout.fsync_dir(self.dir)
         self._checked[(self.token, committed_at)] = []
         self.prune()
