@@ -34,3 +34,22 @@ def test_gpus_fall_back_to_cuda_visible_devices():
 def test_single_node_fallback_outside_slurm():
     a = allocation.current({"SLURMD_NODENAME": "here"})
     assert a.job_id is None and a.nodes == ("here",) and not a.under_slurm and a.world_size == 1
+
+
+@pytest.mark.slurm
+def test_job_state_running_gone_and_unknown(slurm_cluster, slurm_env, monkeypatch):
+    """Against the local cluster: a running job is ALIVE, a job Slurm never had is "",
+    and without a reachable Slurm the answer is None (cannot tell), not "gone"."""
+    import subprocess
+
+    from hpcml.cluster import slurm
+    job = subprocess.run(["sbatch", "--parsable", "--nodes=1", "-o", "/dev/null", "--wrap", "sleep 300"],
+                         capture_output=True, text=True, env=slurm_env, timeout=30, check=True).stdout.strip()
+    try:
+        state = slurm.job_state(job)
+        assert state in slurm.ALIVE and state in ("PENDING", "CONFIGURING", "RUNNING")
+        assert slurm.job_state("987654") == ""
+        monkeypatch.setenv("PATH", "/nonexistent")
+        assert slurm.job_state(job) is None
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, timeout=30)

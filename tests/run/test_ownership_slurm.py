@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+import subprocess
 import sys
 import uuid
 from pathlib import Path
@@ -14,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from tests.run.test_ownership import lines, nothing_left, rank_script
-from tests.slurmjobs import run_job
+from tests.slurmjobs import run_job, wait
 
 pytestmark = pytest.mark.slurm
 
@@ -65,3 +66,35 @@ squeue -h -s -j $SLURM_JOB_ID -o "step-left %j"
 """, tmp_path, env, timeout=240)
     assert "run-rc=137" in out and "step-left hpcml-run" not in out, out
     nothing_left(marker, marks)
+
+
+def test_overwrite_never_replaces_a_job_running_on_another_host(env, tmp_path):
+    """A job directory on a shared filesystem whose ``hpcml run`` runs on a compute node:
+    ``--overwrite`` from a login node cannot see that pid, so it asks Slurm for the job's
+    state; while the job runs the directory is refused, once it ended it is replaced.
+    run.json is written as a launcher on another host would (its host named otherwise)."""
+    job_id = subprocess.run(["sbatch", "--parsable", "--nodes=1", f"--output={tmp_path}/slurm.out",
+                             "--wrap", "sleep 300"], capture_output=True, text=True, env=env,
+                            timeout=30, check=True).stdout.strip().split(";")[0]
+    d = tmp_path / "job"
+    d.mkdir()
+    (d / "run.json").write_text(json.dumps({
+        "schema": "hpcml.run/1", "command": ["python", "train.py"], "mode": "slurm", "job_id": job_id,
+        "launcher": {"pid": 4242, "host": "compute-node-elsewhere", "created": 1.0}, "ended": None}))
+    (d / "logs").mkdir()
+    (d / "logs" / "rank-0.out").write_text("the running job's log\n")
+    client = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
+
+    def overwrite() -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-m", "hpcml", "run", "--dir", str(d), "--overwrite", "--no-report",
+                               "--", "true"], capture_output=True, text=True, env=client, timeout=120)
+    try:
+        p = overwrite()
+        assert p.returncode == 2 and f"Slurm job {job_id}" in p.stderr and "Traceback" not in p.stderr, p.stderr
+        assert (d / "logs" / "rank-0.out").read_text() == "the running job's log\n"
+    finally:
+        subprocess.run(["scancel", job_id], env=env, timeout=30)
+    wait(job_id, env)
+    p = overwrite()
+    assert p.returncode == 0, p.stderr
+    assert json.loads((d / "run.json").read_text())["command"] == ["true"]

@@ -141,3 +141,21 @@ def signal_step(step: str, sig: int, *, timeout: float = 10.0) -> None:
     """Send ``sig`` to every task of a step without ending it (srun itself ends its step
     with SIGKILL when it gets TERM, or INT twice)."""
     run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", step], timeout=timeout)
+
+
+#: job states in which a job holds or will get its allocation, so its processes may run
+#: (Slurm's job_state_string names; ``scontrol`` prints the base state first)
+ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
+                   "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT",
+                   "RESV_DEL_HOLD", "SPECIAL_EXIT"})
+
+
+def job_state(job_id: str, *, timeout: float = 10.0) -> str | None:
+    """A job's base state from ``scontrol show job`` (e.g. ``RUNNING``); ``""`` once Slurm
+    no longer knows the job (it ended longer ago than MinJobAge); None where Slurm cannot be
+    asked (not installed, controller down): the caller cannot tell and must say so."""
+    try:
+        recs = scontrol_show("job", str(job_id), timeout=timeout)
+    except SlurmError as exc:
+        return "" if "invalid job id" in str(exc).lower() else None
+    return recs[0].get("JobState", "").split()[0] if recs and recs[0].get("JobState") else ""

@@ -68,11 +68,17 @@ def launcher() -> dict[str, Any]:
 
 
 def launcher_alive(run: dict[str, Any]) -> bool | None:
-    """Whether the run's ``hpcml run`` still runs: None when it ran on another host."""
+    """Whether the run's ``hpcml run`` still runs: on this host by its pid and start time;
+    from another host (a login node beside the job's compute node) by its Slurm job's
+    state; None when neither can tell (another host, no Slurm to ask)."""
     import psutil
     who = run.get("launcher") or {}
     if who.get("host") != socket.gethostname() or not who.get("pid"):
-        return None
+        if not run.get("job_id"):
+            return None
+        from hpcml.cluster import slurm
+        state = slurm.job_state(str(run["job_id"]))
+        return None if state is None else state in slurm.ALIVE
     try:
         return bool(abs(psutil.Process(who["pid"]).create_time() - who["created"]) < 1.0)
     except (psutil.Error, TypeError):
@@ -98,9 +104,17 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
         prev = {}
     if job_id and prev.get("job_id") == job_id and restart > 0:
         return prev
-    if prev.get("ended") is None and launcher_alive(prev):
-        raise UsageError(f"holds a running job (hpcml run, pid {prev['launcher']['pid']}); give another --dir",
-                         file=str(d))
+    if prev.get("ended") is None:
+        alive = launcher_alive(prev)
+        who = prev.get("launcher") or {}
+        if alive:
+            job = f", Slurm job {prev['job_id']}" if prev.get("job_id") else ""
+            raise UsageError(f"holds a running job (hpcml run, pid {who.get('pid')} on {who.get('host')}{job}); "
+                             "give another --dir", file=str(d))
+        if alive is None and overwrite:
+            raise UsageError(f"holds a job that has not ended, started on {who.get('host')} (pid {who.get('pid')}), "
+                             "which cannot be checked from here: run from that host, or remove the directory",
+                             file=str(d))
     if not overwrite:
         raise UsageError("already holds a job (run.json); give another --dir, or --overwrite to replace it",
                          file=str(d))
