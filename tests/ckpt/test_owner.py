@@ -4,7 +4,9 @@ Slurm job, or is taken over; a job taken over cannot commit any more."""
 
 from __future__ import annotations
 
+import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -183,3 +185,36 @@ def test_an_owner_record_no_hpcml_wrote_is_replaced_or_refused_in_one_line(tmp_p
     else:
         assert out.returncode == 0, out.stdout + out.stderr
     assert Checkpointer(ck, read_only=True).load_latest()[1] == (1 if record == "dir" else 2)
+
+
+def test_two_jobs_replacing_a_dead_owner_at_once_one_wins(tmp_path, monkeypatch):
+    """The owner died; job B reads its record and judges it stale, and before B renames it
+    away job A (another process) has already replaced it with its own claim. B must not
+    rename A's fresh record away and claim too (two owners, 4 of 25 real races): B is
+    refused, naming A, and A's record stays."""
+    from hpcml.ckpt import owner
+    from hpcml.errors import UsageError
+    ck = tmp_path / "ck"
+    ck.mkdir()
+    (ck / ".owner").write_text(json.dumps({"token": "dead", "host": socket.gethostname(), "pid": 2**22 + 7,
+                                           "started": 1.0}))
+    a: list[subprocess.Popen] = []
+    real = owner.running
+
+    def a_claims_meanwhile(record):
+        if not a:
+            a.append(subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
+                                       "from hpcml.ckpt import owner; owner.claim(Path(sys.argv[1]), 'job-a'); "
+                                       "print('claimed', flush=True); sys.stdin.readline()", str(ck)],
+                                      stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env()))
+            assert a[0].stdout is not None and a[0].stdout.readline() == "claimed\n"
+        return real(record)
+    monkeypatch.setattr(owner, "running", a_claims_meanwhile)
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    try:
+        with pytest.raises(UsageError, match="token job-a"):
+            owner.claim(ck, "job-b")
+        assert owner.read(ck)["token"] == "job-a" and not list(ck.glob(".owner.*"))
+    finally:
+        for p in a:
+            p.communicate("\n", timeout=60)

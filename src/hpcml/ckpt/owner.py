@@ -12,8 +12,11 @@ host without Slurm cannot be checked and counts as running (take over if it is n
 
 Claiming is lock-free and safe on NFS and Lustre: the record is written whole under a
 temporary name and ``link``-ed into place (fails if one exists); a stale record is first
-renamed away, which only one of two racing claimants can do. A take-over fences the old
-writer: its next commit finds another token in ``.owner`` and refuses (``check``).
+renamed away, which only one of two racing claimants can do, and what was renamed is read
+again: when it is not the record judged stale (a claimant replaced that one between our
+read and our rename) it is linked back, and this claimant tries again (and is refused).
+A take-over fences the old writer: its next commit finds another token in ``.owner`` and
+refuses (``check``).
 """
 
 from __future__ import annotations
@@ -49,8 +52,12 @@ def me(token: str) -> dict[str, Any]:
 
 def read(root: Path) -> dict[str, Any] | None:
     """The owner record, or None (absent, or unreadable: written by no hpcml)."""
+    return _read(root / OWNER)
+
+
+def _read(path: Path) -> dict[str, Any] | None:
     try:
-        doc = json.loads((root / OWNER).read_text())
+        doc = json.loads(path.read_text())
     except (OSError, ValueError, RecursionError):     # RecursionError: '[' * 100000
         return None
     return doc if isinstance(doc, dict) else None
@@ -124,6 +131,11 @@ def claim(root: Path, token: str, *, take_over: bool = False, mode: int = layout
                 os.rename(root / OWNER, stale)      # one of two racing claimants wins this
             except FileNotFoundError:
                 continue
+            if _read(stale) != owner:               # not the record judged stale: a claimant that
+                try:                                # took it over since we read it; put its back
+                    os.link(stale, root / OWNER)
+                except FileExistsError:
+                    pass
             os.unlink(stale)
         raise UsageError("could not claim the directory: its owner record keeps changing", file=str(root))
     finally:
