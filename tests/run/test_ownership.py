@@ -277,3 +277,57 @@ def test_a_command_that_cannot_start_says_why_and_exits_127(tmp_path):
     rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)
     assert "cannot start 'pythn-no-such'" in rep["findings"][0]["message"]
     assert not any(f["kind"] == "missing_rank" for f in rep["findings"]), rep["findings"]
+
+
+def test_two_overwrites_at_once_one_runs_and_keeps_its_files(tmp_path):
+    """Two ``--overwrite`` of one finished job at once: one runs, the other is refused, and
+    the one that runs keeps its logs (the refused one did not remove them while it was
+    still deleting the old job's many files)."""
+    marks = tmp_path / "marks"
+    task = ["sh", "-c", f"echo ran >> {marks}; echo hello-from-the-rank"]
+    assert hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path).returncode == 0
+    old = tmp_path / "job" / "logs" / "old"
+    old.mkdir()
+    for i in range(3000):                                   # a slow removal: the window to close
+        (old / f"f{i}").write_text("x")
+    procs = [start("--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+             for _ in range(2)]
+    results = [(p.wait(timeout=WAIT), p.communicate()[1]) for p in procs]
+    assert sorted(rc for rc, _ in results) == [0, 2], results
+    assert lines(marks, "ran") == 2                          # the first run and one of the two
+    assert "hello-from-the-rank" in (tmp_path / "job" / "logs" / "rank-0.out").read_text()
+    assert not old.exists()
+
+
+def test_an_overwrite_waits_for_one_that_is_replacing_the_directory(tmp_path):
+    """Deterministic form of the race above: a first overwrite (here the job directory's own
+    protocol in a real process, held for 2 s between removing the old job and claiming
+    run.json) and ``hpcml run --overwrite`` started inside that window. The second must
+    wait and then find the first's running job; without the lock it found no run.json,
+    claimed the directory and ran, and the first's claim failed."""
+    marks = tmp_path / "marks"
+    task = ["sh", "-c", f"echo ran >> {marks}"]
+    assert hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path).returncode == 0
+    first = subprocess.Popen([PY, "-c", f"""
+import sys, time
+from pathlib import Path
+from hpcml.run import jobdir
+d = Path({str(tmp_path / 'job')!r})
+with jobdir.claiming(d):
+    assert jobdir.prepare(d, overwrite=True, job_id=None, restart=0) is None
+    print("removed", flush=True)
+    time.sleep(2)
+    jobdir.write_run(d, {{"command": ["first"], "ended": None, "launcher": jobdir.launcher()}}, exclusive=True)
+print("claimed", flush=True)
+time.sleep(60)
+"""], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    try:
+        assert first.stdout.readline() == "removed\n", first.stderr.read()
+        second = hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+        assert first.stdout.readline() == "claimed\n", first.stderr.read()
+        assert second.returncode == 2 and "running job" in second.stderr, second.stderr
+        assert json.loads((tmp_path / "job" / "run.json").read_text())["command"] == ["first"]
+        assert lines(marks, "ran") == 1
+    finally:
+        first.kill()
+        first.wait()

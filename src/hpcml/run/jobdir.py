@@ -14,11 +14,14 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import shutil
 import socket
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -85,17 +88,40 @@ def launcher_alive(run: dict[str, Any]) -> bool | None:
         return False
 
 
-def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> dict[str, Any] | None:
-    """Make ``d`` ready for a new job. A directory that holds a job is refused (its data
-    would mix with the new run's), unless ``overwrite`` (never while that job runs) or it is
-    this Slurm job, requeued (``restart`` > 0): then its run.json is returned and the run
-    continues there as a new attempt. The claim itself is ``write_run(exclusive=True)``."""
+def _make(d: Path) -> None:
     try:
         d.mkdir(parents=True, exist_ok=True)
     except (FileExistsError, NotADirectoryError):
         raise UsageError("not a directory", file=str(d)) from None
     except OSError as exc:
         raise HpcmlError(f"{d}: cannot create the job directory: {exc.strerror}") from None
+
+
+@contextmanager
+def claiming(d: Path) -> Iterator[None]:
+    """Hold ``flock`` on the directory while ``prepare`` decides and run.json claims it:
+    without it, a second ``--overwrite`` could still be removing the old job's files while
+    the first has claimed the directory and started writing its own. The exclusive link of
+    run.json stays the claim where flock is not shared between hosts."""
+    _make(d)
+    fd = os.open(d, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass                               # a filesystem without flock: the link still decides
+        yield
+    finally:
+        os.close(fd)
+
+
+def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> dict[str, Any] | None:
+    """Make ``d`` ready for a new job. A directory that holds a job is refused (its data
+    would mix with the new run's), unless ``overwrite`` (never while that job runs) or it is
+    this Slurm job, requeued (``restart`` > 0): then its run.json is returned and the run
+    continues there as a new attempt. The claim itself is ``write_run(exclusive=True)``,
+    both inside ``claiming(d)``."""
+    _make(d)
     if not (d / RUN_JSON).exists():
         return None
     try:

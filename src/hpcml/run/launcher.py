@@ -26,7 +26,17 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.proctree import become_subreaper, die_with_parent, signal_group
-from hpcml.run.jobdir import default_dir, launcher, log_path, observe_dir, prepare, tail, vet_dir, write_run
+from hpcml.run.jobdir import (
+    claiming,
+    default_dir,
+    launcher,
+    log_path,
+    observe_dir,
+    prepare,
+    tail,
+    vet_dir,
+    write_run,
+)
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
 from hpcml.run.task import STOP
 from hpcml.signals import SLURM_SIGNALS, forwarding
@@ -98,25 +108,28 @@ def run(opts: Options) -> int:
     environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
     d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
     restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) if slurm else 0
-    previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None, restart=restart)
-    info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local", "job_id": allocation.job_id,
-                            "started": time.time(), "allocation": list(allocation.nodes),
-                            "excluded": {}, "vet": None, "env": None, "launcher": launcher()}
-    if previous is not None:                      # this Slurm job, requeued: a new attempt in its directory
-        earlier = previous.pop("attempts", [])
-        info.update(attempt=restart, attempts=[*earlier, {k: v for k, v in previous.items() if k != "schema"}])
     try:
-        return _run(opts, d, slurm, allocation, environment, info, exclusive=previous is None)
+        with claiming(d):                         # decide and claim as one step (two --overwrite at once)
+            previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None,
+                               restart=restart)
+            info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local",
+                                    "job_id": allocation.job_id, "started": time.time(),
+                                    "allocation": list(allocation.nodes), "excluded": {}, "vet": None,
+                                    "env": None, "launcher": launcher()}
+            if previous is not None:              # this Slurm job, requeued: a new attempt in its directory
+                earlier = previous.pop("attempts", [])
+                info.update(attempt=restart,
+                            attempts=[*earlier, {k: v for k, v in previous.items() if k != "schema"}])
+            try:
+                write_run(d, info, exclusive=previous is None)   # claims d: of two runs at once, one stops here
+            except FileExistsError:
+                raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
+        return _run(opts, d, slurm, allocation, environment, info)
     except OSError as exc:                        # a full disk, a read-only or vanished job directory
         raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
 
-def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | None, info: dict,
-         exclusive: bool) -> int:
-    try:
-        write_run(d, info, exclusive=exclusive)   # claims d: of two runs at once, one stops here
-    except FileExistsError:
-        raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
+def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | None, info: dict) -> int:
     if environment is not None:
         import json
         (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
