@@ -1,9 +1,12 @@
-"""Small file helpers shared by the components: atomic writes, and config files (YAML) read
-with errors that name the file, the key and the line."""
+"""Small file helpers shared by the components: atomic writes, bounded reads of the small
+JSON records hpcml writes on shared filesystems, and config files (YAML) read with errors
+that name the file, the key and the line."""
 
 from __future__ import annotations
 
+import json
 import os
+import stat
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -29,6 +32,42 @@ def write_atomic(path: str | os.PathLike, text: str, exclusive: bool = False) ->
             os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
+    """The bytes of a file hpcml wrote itself, read as if anyone could have replaced it: a
+    FIFO is not waited on (O_NONBLOCK), a device or directory is not read, a symlink is not
+    followed unless asked (to /dev/zero it would fill the memory), and at most ``max_bytes``
+    are read (a sparse file of 64 GiB claims its size for free). OSError when it cannot be
+    opened; ValueError naming what it is instead when it is not such a file."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        chunks, size = [], 0
+        while size <= max_bytes:
+            chunk = os.read(fd, max_bytes + 1 - size)
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if size > max_bytes:
+            raise ValueError(f"larger than {max_bytes} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True) -> Any:
+    """``read_bounded`` + ``json.loads``: ValueError for anything that is not such a JSON
+    file, nesting too deep for the parser ('[' * 100000) included; OSError as above."""
+    data = read_bounded(path, max_bytes, follow_symlinks=follow_symlinks)
+    try:
+        return json.loads(data)
+    except RecursionError:
+        raise ValueError("JSON nested too deeply") from None
 
 
 def yaml_error(exc: Exception, source: str):

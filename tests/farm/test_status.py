@@ -80,7 +80,8 @@ def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):
 
 
 def test_claims_and_ends_of_odd_kinds_are_damaged_not_read(tmp_path):
-    """A FIFO, a symlink to /dev/zero, a directory, a huge sparse file in place of a record:
+    """A FIFO, a symlink to /dev/zero, a directory, a huge sparse file, JSON nested past the
+    parser's depth in place of a record:
     status and run neither hang on them nor read them into memory; each is damaged, rerun."""
     side = tmp_path / "side"
     farm = tmp_path / "farm"
@@ -93,12 +94,13 @@ def test_claims_and_ends_of_odd_kinds_are_damaged_not_read(tmp_path):
     with open(farm / "ends" / "2.1", "wb") as f:                                  # 64 GiB, sparse
         f.truncate(1 << 36)
     os.symlink("/dev/zero", farm / "claims" / "3.1")                              # endless, no end
+    (farm / "claims" / "4.1").write_text("[" * 500_000)                           # too deep for json
     st = _status(farm)
-    assert st["counts"]["damaged"] == 4 and st["counts"]["running"] == 0, st["counts"]
+    assert st["counts"]["damaged"] == 5 and st["counts"]["running"] == 0, st["counts"]
     p = hpcml("farm", "run", farm, "--slots", "2", "--lease", "1 s", timeout=120)
     assert p.returncode == 0, p.stderr
     assert "Traceback" not in p.stderr, p.stderr
-    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 1)]
+    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2), (3, 2), (4, 2)]
     assert _status(farm)["counts"]["ok"] == 5
 
 

@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -39,6 +38,7 @@ from typing import Any
 
 from hpcml import schemas
 from hpcml.errors import UsageError
+from hpcml.files import load_json_bounded
 
 MANIFEST = "manifest.json"
 TAG = schemas.tag("ckpt", 1)
@@ -115,17 +115,18 @@ def write_json_durably(path: Path, doc: dict[str, Any], mode: int = FILE_MODE) -
     fsync_dir(path.parent)
 
 
+#: a manifest or shard index lists ranks and tensors: tens of MB at the largest scale; more is
+#: not one (and is not read into memory whole)
+JSON_MAX = 256 << 20
+
+
 def read_json(path: Path, tag: str) -> dict[str, Any]:
     try:
-        if not stat.S_ISREG(path.stat().st_mode):      # a FIFO would block the reader forever
-            raise UsageError("not a regular file", file=str(path))
-        doc = json.loads(path.read_text())
+        doc = load_json_bounded(path, JSON_MAX)         # a FIFO, '[' * 100000, a huge file: unreadable
     except FileNotFoundError:
         raise UsageError("missing", file=str(path)) from None
-    except RecursionError:                             # hostile: '[' * 100000
-        raise UsageError("unreadable (JSON nested too deeply)", file=str(path)) from None
     except (OSError, ValueError) as exc:
-        raise UsageError(f"unreadable ({exc})", file=str(path)) from None
+        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
     schemas.check(doc, tag, str(path))
     return doc
 

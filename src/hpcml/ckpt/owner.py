@@ -29,11 +29,10 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.ckpt import layout
-from hpcml.errors import SlurmError, UsageError
+from hpcml.errors import UsageError
+from hpcml.files import load_json_bounded
 
 OWNER = ".owner"
-_ACTIVE = ("RUNNING", "PENDING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SUSPENDED", "CONFIGURING",
-           "COMPLETING", "RESIZING", "SIGNALING", "STAGE_OUT", "STOPPED", "PREEMPTED")
 
 
 def _start_time(pid: int) -> float | None:
@@ -57,8 +56,8 @@ def read(root: Path) -> dict[str, Any] | None:
 
 def _read(path: Path) -> dict[str, Any] | None:
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, ValueError, RecursionError):     # RecursionError: '[' * 100000
+        doc = load_json_bounded(path, 1 << 20, follow_symlinks=False)   # a few hundred bytes
+    except (OSError, ValueError):                      # absent, garbage, '[' * 100000, a FIFO
         return None
     return doc if isinstance(doc, dict) else None
 
@@ -79,14 +78,10 @@ def running(owner: dict[str, Any]) -> bool | None:
     job, gone = owner.get("slurm_job_id"), False
     if job:
         from hpcml.cluster import slurm
-        try:
-            recs = slurm.scontrol_show("job", str(job))
-        except SlurmError as exc:
-            gone = "invalid job id" in str(exc).lower()
-        else:
-            if recs and recs[0].get("JobState", "").split()[0] in _ACTIVE:
-                return True
-            gone = True
+        state = slurm.job_state(str(job))
+        if state in slurm.ALIVE:
+            return True
+        gone = state is not None                       # ended, or forgotten by Slurm: not None
     if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
         return False if gone else None
     started = _start_time(owner["pid"])

@@ -92,6 +92,7 @@ from typing import Any
 
 from hpcml.farm.model import CLAIMS, DAMAGED, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, OUTCOMES, TIMEOUT, Settings, Task
 from hpcml.farm.store import Farm, reload_tasks, tasks_signature
+from hpcml.files import load_json_bounded
 
 
 def _split(name: str) -> tuple[int, int] | None:
@@ -163,27 +164,9 @@ def read_record(path: str) -> dict[str, Any] | None:
     symlink is not followed (to /dev/zero it would fill the memory), a FIFO is not waited
     on (O_NONBLOCK), a directory or a file over RECORD_MAX is not a record."""
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode) or st.st_size > RECORD_MAX:
-            return None
-        chunks, size = [], 0
-        while size <= RECORD_MAX:
-            chunk = os.read(fd, RECORD_MAX + 1 - size)
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if size > RECORD_MAX:
-            return None
-        doc = json.loads(b"".join(chunks))
+        doc = load_json_bounded(path, RECORD_MAX, follow_symlinks=False)
     except (OSError, ValueError):
         return None
-    finally:
-        os.close(fd)
     return doc if isinstance(doc, dict) else None
 
 
