@@ -200,3 +200,32 @@ def test_a_commit_that_fills_the_disk_gives_back_the_shard_it_wrote(small_disk):
     c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
     c.close()
     assert _load(ck) == 3
+
+
+def _link_outside(path: Path) -> None:
+    outside = path.parents[2] / "outside.bin"
+    shutil.copyfile(path, outside)                     # the same bytes: size and crc32 match
+    path.unlink()
+    path.symlink_to(outside)
+
+
+@pytest.mark.parametrize("spoil", [_fifo, _link_outside], ids=["shard-a-fifo", "shard-a-link-outside"])
+def test_a_shard_that_is_not_a_regular_file_is_never_read(tmp_path, spoil):
+    """A shard replaced by a FIFO (open would wait forever) or by a link to a file outside
+    the checkpoint directory (with the very bytes the manifest expects): the checkpoint is
+    corrupt, the previous one loads, and nothing hangs (each call in a process with a
+    deadline)."""
+    ck = tmp_path / "ck"
+    with Checkpointer(ck, max_write_rate=None) as c:
+        for s in (1, 2):
+            c.save({"w": np.full(10, s), "step": s}, s)
+    spoil(ck / "step-00000002" / layout.shard_names(0)[0])
+    load = (f"from hpcml.ckpt import Checkpointer; print(Checkpointer({str(ck)!r}, read_only=True)"
+            ".load_latest()[1])")
+    out = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.split()[-1] == "1", out.stderr
+    out = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "verify", "--json", str(ck)],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 1 and "Traceback" not in out.stderr, out.stderr
+    entries = {e["step"]: e for e in json.loads(out.stdout)["checkpoints"]}
+    assert entries[1]["state"] == "committed" and entries[2]["state"] == "corrupt"

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import stat
 import zlib
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -264,10 +265,14 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
     for name, size_key, crc_key in ((bin_name, "size", "crc32"), (json_name, "json_size", "json_crc32")):
         path = directory / name
         try:
-            size = path.stat().st_size
+            st = path.lstat()
         except OSError:
             problems.append(f"{path}: missing")
             continue
+        if not stat.S_ISREG(st.st_mode):               # hpcml writes files: a FIFO would hang the
+            problems.append(f"{path}: not a regular file (a link or special file is never read)")
+            continue                                   # read, a link could name any file
+        size = st.st_size
         if size != rec[size_key]:
             problems.append(f"{path}: {size} bytes, the manifest says {rec[size_key]}")
             continue
