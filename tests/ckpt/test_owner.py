@@ -22,7 +22,9 @@ TRAIN = Path(__file__).resolve().parents[2] / "examples" / "ckpt" / "train_resum
 
 def _env(**extra: str) -> dict[str, str]:
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    env["SLURM_CONF"] = "/nonexistent/slurm.conf"          # no controller: liveness from the pid
+    # no Slurm client on PATH: liveness from the pid (a client without a controller would
+    # retry for tens of seconds before job_state's deadline says "cannot tell")
+    env["PATH"] = os.path.dirname(sys.executable)
     return {**env, **extra}
 
 
