@@ -32,3 +32,24 @@ STOPS = "import time; print('ready', flush=True); time.sleep(300)"
 def test_stop_descendants(child, grace, expected):
     p = subprocess.run([sys.executable, "-c", CASE, child, str(grace)], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0 and p.stdout.strip() == expected, (p.stdout, p.stderr)
+
+
+def test_start_time_of_a_live_process_a_zombie_and_a_gone_one():
+    """A zombie (killed, not yet reaped) is as good as gone: a kill -9 loop that restarts a
+    job before it waits must not find the killed one still "running"."""
+    import os
+    import time
+
+    import psutil
+
+    from hpcml.proctree import start_time
+    assert start_time(os.getpid()) == psutil.Process().create_time()
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    assert start_time(child.pid) is not None
+    child.kill()
+    deadline = time.monotonic() + 30
+    while psutil.Process(child.pid).status() != psutil.STATUS_ZOMBIE and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert start_time(child.pid) is None
+    child.wait()
+    assert start_time(child.pid) is None

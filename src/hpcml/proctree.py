@@ -61,6 +61,18 @@ def become_subreaper() -> bool:
     return lib is not None and lib.prctl(PR_SET_CHILD_SUBREAPER, 1) == 0
 
 
+def start_time(pid: int) -> float | None:
+    """When process ``pid`` started (what tells it from a later process given the same pid);
+    None when it is gone, a zombie (killed, not yet reaped: as good as gone) or not ours to
+    see."""
+    import psutil
+    try:
+        proc = psutil.Process(pid)
+        return None if proc.status() == psutil.STATUS_ZOMBIE else proc.create_time()
+    except psutil.Error:
+        return None
+
+
 def signal_group(pgid: int, sig: int) -> bool:
     """``killpg`` that treats a group already gone as done; True if the signal was sent."""
     try:

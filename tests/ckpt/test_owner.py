@@ -28,6 +28,12 @@ def _env(**extra: str) -> dict[str, str]:
     return {**env, **extra}
 
 
+def _until(cond, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not cond() and time.monotonic() < deadline:
+        time.sleep(0.05)
+
+
 def _holder(ck: Path, *args: str, env: dict[str, str] | None = None) -> subprocess.Popen:
     """A job that has opened the directory and waits for a line on stdin before saving."""
     p = subprocess.Popen([sys.executable, str(TASK), str(ck), "--hold", *args], stdin=subprocess.PIPE,
@@ -93,6 +99,23 @@ def test_a_killed_job_is_taken_over_without_asking(tmp_path):
     assert out.returncode == 0 and "done at 4" in out.stdout, out.stdout + out.stderr
 
 
+def test_a_killed_job_not_yet_reaped_is_taken_over(tmp_path):
+    """A kill -9 loop that restarts the job before it waits for the killed one: the killed
+    process is a zombie (its pid and start time still there), not a running owner."""
+    import psutil
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "2")
+    try:
+        _until(lambda: (ck / ".owner").exists())
+        first.kill()
+        _until(lambda: psutil.Process(first.pid).status() == psutil.STATUS_ZOMBIE)
+        assert psutil.Process(first.pid).status() == psutil.STATUS_ZOMBIE
+        out = _run(ck, "--at", "4")
+        assert out.returncode == 0 and "done at 4" in out.stdout, out.stdout + out.stderr
+    finally:
+        first.wait()
+
+
 def test_a_requeued_slurm_job_is_the_same_owner_another_job_is_not(tmp_path):
     ck = tmp_path / "ck"
     first = _holder(ck, env=_env(SLURM_JOB_ID="777", SLURM_RESTART_COUNT="0"))
@@ -125,9 +148,7 @@ def test_a_reader_beside_a_running_job_is_not_refused(tmp_path):
     ck = tmp_path / "ck"
     first = _holder(ck, "--at", "3")
     try:
-        deadline = time.monotonic() + 30
-        while not (ck / ".owner").exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
+        _until(lambda: (ck / ".owner").exists())
         assert Checkpointer(ck, read_only=True).load_latest() == (None, None)
     finally:
         rc, _ = _release(first)

@@ -31,21 +31,14 @@ from typing import Any
 from hpcml.ckpt import layout
 from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded
+from hpcml.proctree import start_time
 
 OWNER = ".owner"
 
 
-def _start_time(pid: int) -> float | None:
-    import psutil
-    try:
-        return psutil.Process(pid).create_time()
-    except psutil.Error:
-        return None
-
-
 def me(token: str) -> dict[str, Any]:
     pid = os.getpid()
-    return {"token": token, "host": socket.gethostname(), "pid": pid, "started": _start_time(pid),
+    return {"token": token, "host": socket.gethostname(), "pid": pid, "started": start_time(pid),
             "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "claimed_at": time.time()}
 
 
@@ -84,7 +77,7 @@ def running(owner: dict[str, Any]) -> bool | None:
         gone = state is not None                       # ended, or forgotten by Slurm: not None
     if owner.get("host") != socket.gethostname() or not isinstance(owner.get("pid"), int):
         return False if gone else None
-    started = _start_time(owner["pid"])
+    started = start_time(owner["pid"])
     return started is not None and (owner.get("started") is None or abs(started - owner["started"]) < 1)
 
 

@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcml.proctree import become_subreaper, die_with_parent, kill_descendants
+from hpcml.proctree import become_subreaper, die_with_parent, kill_descendants, start_time
 
 _STOPS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -137,11 +137,6 @@ def _environ(pid: str) -> bytes:
         return b""
 
 
-def _create_time(pid: int) -> float | None:
-    from hpcml.farm.lease import process_start
-    return process_start(pid)
-
-
 def members(session: int | None, since: float | None, marker: list[bytes]) -> list[int]:
     """Live processes of ``session`` (unless that id now belongs to a newer process: the
     kernel reuses a session id only once nothing is left in it) and processes whose
@@ -149,7 +144,7 @@ def members(session: int | None, since: float | None, marker: list[bytes]) -> li
     if session == os.getsid(0) or since is None or (session is not None and session <= 1):
         session = None                         # never our own, init's, or one no start time identifies
     if session is not None and since is not None:
-        leader = _create_time(session)
+        leader = start_time(session)
         if leader is not None and abs(leader - since) > 1.0:
             session = None                     # reused: the recorded session is gone
     me = os.getpid()

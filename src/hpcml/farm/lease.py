@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.farm.model import WORKER_SCHEMA, WORKERS
+from hpcml.proctree import start_time
 
 _ALIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "REQUEUED", "RESIZING",
                      "STOPPED", "SIGNALING", "STAGE_OUT")
@@ -37,18 +38,10 @@ def pid_namespace() -> int:
         return 0
 
 
-def process_start(pid: int) -> float | None:
-    import psutil
-    try:
-        return psutil.Process(pid).create_time()
-    except (psutil.NoSuchProcess, psutil.AccessDenied, psutil.ZombieProcess):
-        return None
-
-
 def identity(wid: str, node: str, job: str | None, gpus: tuple[str, ...]) -> dict[str, Any]:
     """What a worker writes about itself."""
     return {"schema": WORKER_SCHEMA, "worker": wid, "node": node, "host": socket.gethostname(),
-            "boot_id": boot_id(), "pidns": pid_namespace(), "pid": os.getpid(), "pid_start": process_start(os.getpid()),
+            "boot_id": boot_id(), "pidns": pid_namespace(), "pid": os.getpid(), "pid_start": start_time(os.getpid()),
             "job": job, "gpus": list(gpus), "started": time.time()}
 
 
@@ -91,7 +84,7 @@ class Liveness:
         """Dead or not, for a worker on this host (its pid and start time); None elsewhere."""
         if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid") \
                 and info.get("pidns", self.pidns) == self.pidns:
-            start = process_start(int(info["pid"]))
+            start = start_time(int(info["pid"]))
             return start is None or (info.get("pid_start") is not None
                                      and abs(start - float(info["pid_start"])) > 1.0)
         return None

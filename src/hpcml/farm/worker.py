@@ -36,13 +36,13 @@ from typing import Any
 
 from hpcml.farm import guard
 from hpcml.farm.claim import View, finish, load_end, try_claim
-from hpcml.farm.lease import Liveness, identity, process_start
+from hpcml.farm.lease import Liveness, identity
 from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
 from hpcml.farm.nodes import retire
 from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
-from hpcml.proctree import die_with_parent, signal_group
+from hpcml.proctree import die_with_parent, signal_group, start_time
 
 #: exit codes of a worker
 DONE, NODE_RETIRED, DISK = 0, 3, 4
@@ -96,7 +96,7 @@ class Worker:
         self.ran = 0
         session = os.getsid(0)
         self.tree = {"boot": self.alive.boot, "pidns": self.alive.pidns, "session": session,
-                     "since": process_start(session)}
+                     "since": start_time(session)}
 
     # -- heartbeat ----------------------------------------------------------------------
     def beat(self, now: float | None = None) -> bool:

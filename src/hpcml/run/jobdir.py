@@ -27,6 +27,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import write_atomic
+from hpcml.proctree import start_time
 
 SCHEMA = "hpcml.run/1"
 RUN_JSON = "run.json"
@@ -66,15 +67,13 @@ def write_run(d: Path, data: dict[str, Any], exclusive: bool = False) -> None:
 
 def launcher() -> dict[str, Any]:
     """Who writes run.json: enough to tell later whether that process still runs."""
-    import psutil
-    return {"pid": os.getpid(), "host": socket.gethostname(), "created": psutil.Process().create_time()}
+    return {"pid": os.getpid(), "host": socket.gethostname(), "created": start_time(os.getpid())}
 
 
 def launcher_alive(run: dict[str, Any]) -> bool | None:
     """Whether the run's ``hpcml run`` still runs: on this host by its pid and start time;
     from another host (a login node beside the job's compute node) by its Slurm job's
     state; None when neither can tell (another host, no Slurm to ask)."""
-    import psutil
     who = run.get("launcher") or {}
     if who.get("host") != socket.gethostname() or not who.get("pid"):
         if not run.get("job_id"):
@@ -83,8 +82,9 @@ def launcher_alive(run: dict[str, Any]) -> bool | None:
         state = slurm.job_state(str(run["job_id"]))
         return None if state is None else state in slurm.ALIVE
     try:
-        return bool(abs(psutil.Process(who["pid"]).create_time() - who["created"]) < 1.0)
-    except (psutil.Error, TypeError):
+        started = start_time(int(who["pid"]))
+        return started is not None and abs(started - float(who["created"])) < 1.0
+    except (TypeError, ValueError):
         return False
 
 
