@@ -27,3 +27,27 @@ def test_a_full_disk_stops_the_farm_with_one_line_and_leaves_nothing_running(sma
     assert 0 < st["counts"]["ok"] < 40
     temps = [f for sub in ("claims", "ends", "workers") for f in os.listdir(farm / sub) if f.startswith(".")]
     assert not temps, temps
+
+
+def test_create_on_a_full_disk_is_one_line_leaves_nothing_and_the_next_create_works(small_disk, tmp_path):
+    tasks = tmp_path / "tasks.txt"
+    tasks.write_text("".join(f"echo {i}\n" for i in range(300)))
+    fill = small_disk / "fill"
+    with open(fill, "wb") as f:                     # the disk full to the last block
+        try:
+            while True:
+                f.write(b"\0" * 65536)
+                f.flush()
+        except OSError:
+            pass
+    farm = small_disk / "new" / "farm"
+    p = hpcml("farm", "create", farm, tasks)
+    assert p.returncode == 1, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in p.stderr, p.stderr
+    assert "No space left on device" in lines[0] and str(farm) in lines[0], lines[0]
+    assert sorted(os.listdir(small_disk)) == ["fill"]      # no directory, no empty create.lock
+    fill.unlink()
+    p = hpcml("farm", "create", farm, tasks)
+    assert p.returncode == 0, p.stderr
+    assert len((farm / "tasks.jsonl").read_text().splitlines()) == 300

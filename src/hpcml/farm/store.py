@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import FARM_FILE, FARM_SCHEMA, SUBDIRS, TASK_SCHEMA, TASKS_FILE, Settings, Task, TaskSpec
 from hpcml.files import write_atomic
 from hpcml.schemas import check
@@ -116,8 +116,13 @@ class _Lock:
         except FileExistsError:
             raise UsageError(f"another hpcml farm create holds this lock ({self.path.read_text().strip()}); "
                              "remove it if that process is gone", file=str(self.path)) from None
-        os.write(fd, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
-        os.close(fd)
+        try:
+            os.write(fd, f"{socket.gethostname()} pid {os.getpid()}\n".encode())
+        except OSError:                        # a full disk: no empty lock left to refuse the next create
+            self.path.unlink(missing_ok=True)
+            raise
+        finally:
+            os.close(fd)
         return self
 
     def __exit__(self, *exc: object) -> None:
@@ -138,17 +143,32 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
         doc = {"schema": FARM_SCHEMA, "created": time.time(), "settings": Settings().to_json()}
     doc["settings"] = Settings(**{**doc.get("settings", {}), **(settings or {})}).to_json()
     _plan(p, [] if fresh else _read_tasks(p), specs)      # bad input: refused before anything is made
-    p.mkdir(parents=True, exist_ok=True)
-    for sub in SUBDIRS:
-        (p / sub).mkdir(exist_ok=True)
-    with _Lock(p / "create.lock"):
-        tasks = _read_tasks(p)
-        new = _plan(p, tasks, specs)
-        write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
-        if new or fresh:
-            lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) if i == 0 else json.dumps(t.to_json())
-                     for i, t in enumerate(tasks + new)]
-            write_atomic(p / TASKS_FILE, "".join(line + "\n" for line in lines))
+    made = [d for d in (*reversed(p.parents), p) if not d.exists()]
+    try:
+        p.mkdir(parents=True, exist_ok=True)
+        for sub in SUBDIRS:
+            made += [p / sub] if not (p / sub).exists() else []
+            (p / sub).mkdir(exist_ok=True)
+        with _Lock(p / "create.lock"):
+            tasks = _read_tasks(p)
+            new = _plan(p, tasks, specs)
+            try:
+                write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
+                if new or fresh:
+                    lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) if i == 0 else json.dumps(t.to_json())
+                             for i, t in enumerate(tasks + new)]
+                    write_atomic(p / TASKS_FILE, "".join(line + "\n" for line in lines))
+            except OSError:
+                if fresh and not tasks:            # under the lock: this create's farm.json, no one else's
+                    (p / FARM_FILE).unlink(missing_ok=True)
+                raise
+    except OSError as exc:                         # a full disk: one line, and what this create made is gone
+        for d in reversed(made):
+            try:
+                d.rmdir()                          # only if still empty
+            except OSError:
+                pass
+        raise HpcmlError(f"{exc.filename or p}: {exc.strerror or exc}") from None
     return CreateResult(path=p, added=len(new), existing=len(specs) - len(new), total=len(tasks) + len(new))
 
 

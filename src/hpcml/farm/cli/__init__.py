@@ -56,7 +56,7 @@ def create(
         hpcml farm create sweep/ sweep.yaml
         hpcml farm create inputs/ commands.txt --retries 3 --time-limit "30 min"
 
-    Exit codes: 0 created, 2 bad input (nothing written).
+    Exit codes: 0 created, 1 the disk is full, 2 bad input (nothing written either way).
     """
     from hpcml.farm import store, sweep
     if sweep.is_sweep(source):
