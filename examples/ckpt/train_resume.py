@@ -14,11 +14,13 @@ from __future__ import annotations
 
 import argparse
 import os
+import sys
 import time
 
 import numpy as np
 
 from hpcml.ckpt import Checkpointer
+from hpcml.errors import HpcmlError
 
 
 def main() -> None:
@@ -74,4 +76,8 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    try:
+        main()
+    except HpcmlError as exc:          # e.g. the directory in use by another job: one line, exit 2
+        print(f"train_resume: {exc}", file=sys.stderr)
+        sys.exit(exc.exit_code)

@@ -66,3 +66,23 @@ def test_close_gives_the_callers_signal_handlers_back(tmp_path):
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+@pytest.mark.parametrize("closing", ["ab", "ba", "bac", "cba"])
+def test_checkpointers_closed_in_any_order_give_the_callers_handlers_back(tmp_path, closing):
+    """Two Checkpointers open at once (a model's, an EMA's) closed in the order they were
+    opened: the second put back the first's handler, and SIGTERM went on to a closed one."""
+    def mine(sig, _frame) -> None:
+        pass
+    before = {s: signal.signal(s, mine) for s in (signal.SIGUSR1, signal.SIGTERM)}
+    try:
+        cks = {name: Checkpointer(tmp_path / name) for name in sorted(closing)}
+        for name in closing:
+            cks[name].close()
+        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGUSR1) is mine
+        again = Checkpointer(tmp_path / "d")
+        again.close()
+        assert signal.getsignal(signal.SIGTERM) is mine
+    finally:
+        for s, h in before.items():
+            signal.signal(s, h)

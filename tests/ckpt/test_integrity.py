@@ -82,7 +82,11 @@ def test_a_crash_between_the_two_renames_of_a_re_save_keeps_the_step(tmp_path):
     lambda m: m.update(world_size="1"),                     # a string
     lambda m: m["ranks"]["0"].pop("crc32"),
     lambda m: m.update(ranks=[1]),
-], ids=["ranks-renamed", "world-size-string", "rank-crc-missing", "ranks-a-list"])
+    lambda m: m.update(world_size=2),                       # rank 1's shard not listed: load refused it
+    lambda m: m["ranks"].update({"1": m["ranks"].pop("0")}),  # not rank 0's
+    lambda m: m.update(step=7),                             # not this directory's step
+], ids=["ranks-renamed", "world-size-string", "rank-crc-missing", "ranks-a-list", "world-size-not-the-ranks",
+        "ranks-not-from-0", "step-not-the-directory"])
 def test_a_manifest_with_a_bad_key_is_a_corrupt_checkpoint_not_a_traceback(tmp_path, edit):
     ck = tmp_path / "ck"
     with Checkpointer(ck, max_write_rate=None) as c:
@@ -100,6 +104,10 @@ def test_a_manifest_with_a_bad_key_is_a_corrupt_checkpoint_not_a_traceback(tmp_p
         entries = {e["step"]: e for e in json.loads(out.stdout)["checkpoints"]}
         assert entries[1]["state"] == "committed" and entries[2]["state"] == "corrupt"
         assert "manifest.json" in entries[2]["problems"][0] and "key '" in entries[2]["problems"][0]
+    out = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "prune", "--keep", "1", str(ck)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and "Traceback" not in out.stderr, out.stderr
+    assert _load(ck) == 1                                   # the corrupt one did not count: 1 stays
 
 
 def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_space_back(small_disk):

@@ -55,6 +55,22 @@ def _release(p: subprocess.Popen) -> tuple[int, str]:
     return p.returncode, out
 
 
+def test_the_example_refused_says_it_in_one_line_with_exit_2(tmp_path):
+    """The README's refusal (one line naming the first, exit 2) as a user running the example
+    sees it: not a traceback with exit 1."""
+    ck = tmp_path / "ck"
+    first = _holder(ck, "--at", "3")
+    try:
+        second = subprocess.run([sys.executable, str(TRAIN), str(ck), "--steps", "2", "--size-mb", "0.01"],
+                                capture_output=True, text=True, timeout=120, env=_env())
+        assert second.returncode == 2, second.stdout + second.stderr
+        assert second.stderr.count("\n") == 1 and "Traceback" not in second.stderr, second.stderr
+        assert f"pid {first.pid}" in second.stderr and "in use by another job" in second.stderr
+    finally:
+        rc, _ = _release(first)
+    assert rc == 0
+
+
 def test_a_second_job_is_refused_in_one_line_naming_the_first(tmp_path):
     ck = tmp_path / "ck"
     first = _holder(ck, "--at", "3")

@@ -399,10 +399,24 @@ class Checkpointer:
         try:
             self.wait()
         finally:
-            sigs.restore(self._handlers)
+            self._give_back_handlers()
             self._handlers = {}
             if self.rank == 0 and not self.read_only:
                 owner.release(self.dir, self.token, self.mode)
+
+    #: (signal, closed Checkpointer's handler) -> the handler it had replaced, for a close out
+    #: of order: a, b opened, a closed, b closed put back a's handler (b had replaced it), and
+    #: SIGTERM went on to a closed Checkpointer instead of the caller's handler
+    _retired: dict[tuple[int, Any], Any] = {}
+
+    def _give_back_handlers(self) -> None:
+        for sig, previous in self._handlers.items():
+            while (sig, previous) in Checkpointer._retired:      # a Checkpointer closed before us
+                previous = Checkpointer._retired.pop((sig, previous))
+            if signal.getsignal(sig) == self._on_signal:
+                signal.signal(sig, previous)
+            else:                # replaced after us: whoever did gets ``previous`` when it closes
+                Checkpointer._retired[(sig, self._on_signal)] = previous
 
     def __enter__(self) -> Checkpointer:
         return self

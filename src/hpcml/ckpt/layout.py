@@ -189,6 +189,13 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
         for key in _RANK_KEYS:
             if not _is_int(rec.get(key)):
                 return f"key 'ranks.{rank}.{key}': expected an integer, found {rec.get(key)!r}"
+    # the ranks a commit lists: every one of world_size (rank 0 alone when replicated); a
+    # world_size that the ranks do not cover passed verify and was kept by prune, then load
+    # refused it ("world size 2; this job has 1 ranks") with the good older one pruned
+    n = 1 if doc["replicated"] else doc["world_size"]
+    if len(doc["ranks"]) != n or set(doc["ranks"]) != {str(r) for r in range(n)}:
+        return (f"key 'ranks': expected the shards of ranks 0 to {n - 1} (world_size {doc['world_size']}"
+                f"{', replicated' if doc['replicated'] else ''}), found ranks {sorted(doc['ranks'])[:8]}")
     return None
 
 
@@ -201,6 +208,8 @@ def read_manifest(found: Found) -> None:
         found.problems.append(str(exc))
         return
     problem = manifest_problem(doc)
+    if problem is None and doc["step"] != found.step:
+        problem = f"key 'step': {doc['step']}, in the directory of step {found.step}"
     if problem:
         found.problems.append(f"{path}: {problem}")
     else:
