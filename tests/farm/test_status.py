@@ -42,13 +42,15 @@ def test_a_dead_workers_attempt_is_lost_not_running(tmp_path):
     run = subprocess.Popen([sys.executable, "-m", "hpcml", "farm", "run", str(farm), "--slots", "1"],
                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env(), start_new_session=True)
     wait_for(lambda: (farm / "claims" / "0.1").exists() and any((farm / "workers").iterdir()), 60, "task 0 running")
-    assert _status(farm)["counts"]["running"] == 1
+    before = _status(farm)
+    assert before["counts"]["running"] == 1 and before["workers"] == 1, before
     worker = json.loads(next((farm / "workers").iterdir()).read_text())["pid"]
     os.killpg(run.pid, signal.SIGKILL)
     run.wait(timeout=30)
     wait_for(lambda: not os.path.exists(f"/proc/{worker}"), 60, "the worker gone")
     st = _status(farm)
     assert st["counts"]["running"] == 0 and st["counts"]["lost"] == 1 and not st["running"], st["counts"]
+    assert st["workers"] == 0, st              # its file is left behind, its pid is gone
     assert not st["done"]
     rows = json.loads(hpcml("farm", "results", farm, "--json").stdout)["rows"]
     assert rows[0]["state"] == "lost"

@@ -13,7 +13,6 @@ number running now (or one).
 from __future__ import annotations
 
 import os
-import time
 from pathlib import Path
 from typing import Any
 
@@ -74,20 +73,14 @@ def _last(st: TaskState) -> dict[str, Any]:
     return st.latest_end() or {}
 
 
-def live_workers(directory: Path, lease: float) -> int:
-    """Workers whose heartbeat is younger than a lease (by this host's clock: for display)."""
-    now, n = time.time(), 0
+def live_workers(directory: Path, alive: Liveness) -> int:
+    """Workers not seen dead (for display): a heartbeat younger than a lease by this host's
+    clock and, on this host, a live pid (a worker killed with kill -9 leaves its file)."""
     try:
-        with os.scandir(directory) as it:
-            for entry in it:
-                try:
-                    if not entry.name.startswith(".") and now - entry.stat().st_mtime < lease:
-                        n += 1
-                except FileNotFoundError:
-                    continue
+        names = [e.name for e in os.scandir(directory) if not e.name.startswith(".")]
     except FileNotFoundError:
-        pass
-    return n
+        return 0
+    return sum(1 for wid in names if not alive.seems_dead(wid))
 
 
 def summarize(path: str | os.PathLike) -> dict[str, Any]:
@@ -120,7 +113,7 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
         eta = remaining * (sum(durations) / len(durations)) / max(1, counts["running"])
     elif not remaining:
         eta = 0.0
-    workers = live_workers(farm.path / WORKERS, s.lease)
+    workers = live_workers(farm.path / WORKERS, alive)
     return {"schema": STATUS_SCHEMA, "farm": str(farm.path), "total": len(view.order), "counts": counts,
             "done": remaining == 0, "eta_s": eta, "workers": workers, "bad_nodes": sorted(view.bad_nodes),
             "running": running, "failed": failed, "settings": s.to_json()}
