@@ -50,7 +50,7 @@ def test_a_dead_workers_attempt_is_lost_not_running(tmp_path):
     wait_for(lambda: not os.path.exists(f"/proc/{worker}"), 60, "the worker gone")
     st = _status(farm)
     assert st["counts"]["running"] == 0 and st["counts"]["lost"] == 1 and not st["running"], st["counts"]
-    assert st["workers"] == 0, st              # its file is left behind, its pid is gone
+    assert st["workers"] == 0 and st["eta_s"] is None, st    # its file is left, its pid is gone
     assert not st["done"]
     rows = json.loads(hpcml("farm", "results", farm, "--json").stdout)["rows"]
     assert rows[0]["state"] == "lost"

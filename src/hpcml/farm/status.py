@@ -108,12 +108,12 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
             if end.get("start") is not None and end.get("end") is not None:
                 durations.append(float(end["end"]) - float(end["start"]))
     remaining = counts["pending"] + counts["running"] + counts["lost"] + counts["damaged"] + counts["retrying"]
+    workers = live_workers(farm.path / WORKERS, alive)
     eta = None
-    if durations and remaining:
+    if durations and remaining and workers:        # no live worker: nothing to time
         eta = remaining * (sum(durations) / len(durations)) / max(1, counts["running"])
     elif not remaining:
         eta = 0.0
-    workers = live_workers(farm.path / WORKERS, alive)
     return {"schema": STATUS_SCHEMA, "farm": str(farm.path), "total": len(view.order), "counts": counts,
             "done": remaining == 0, "eta_s": eta, "workers": workers, "bad_nodes": sorted(view.bad_nodes),
             "running": running, "failed": failed, "settings": s.to_json()}
