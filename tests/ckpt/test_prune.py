@@ -4,6 +4,7 @@ partial directories (which filled the disk over many kills)."""
 
 from __future__ import annotations
 
+import shutil
 import signal
 import subprocess
 import sys
@@ -167,3 +168,31 @@ def test_prune_leaves_the_live_jobs_partial_below_a_corrupt_newer_checkpoint(tmp
     for c in ranks:
         c.close()
     assert [Checkpointer(ck, read_only=True, rank=r, world_size=2).load_latest()[1] for r in (0, 1)] == [2, 2]
+
+
+def test_a_local_copy_whose_shared_checkpoint_never_came_is_pruned(tmp_path):
+    """Killed during the drain: the node keeps local step-N, the next owner clears the shared
+    partial as a dead attempt's, and nothing removed the local copy (a kill -9 loop with
+    local_dir left two 4 MB ones). Prune, the CLI's and the one after each commit, does; a
+    copy whose shared partial a running attempt still writes stays."""
+    ck, local = tmp_path / "ck", tmp_path / "local"
+    with Checkpointer(ck, keep=5, local_dir=local, max_write_rate=None) as c:
+        for s in (1, 2):
+            c.save({"w": np.full(1000, s), "step": s}, s)
+            c.wait()
+    shutil.copytree(local / layout.step_name(2), local / layout.step_name(9))      # its shared one gone
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "5", "--local", str(local))
+    assert out.returncode == 0, out.stderr
+    assert f"removed {local / layout.step_name(9)}" in out.stdout, out.stdout
+    assert sorted(p.name for p in local.iterdir()) == ["step-00000001", "step-00000002"]
+    shutil.copytree(local / layout.step_name(2), local / layout.step_name(9))
+    with Checkpointer(ck, keep=5, local_dir=local, max_write_rate=None) as c:
+        live = ck / layout.partial_name(12)                  # this attempt's, being drained
+        layout.make_dir(live)
+        (live / layout.attempt_mark(c.token)).touch()
+        shutil.copytree(local / layout.step_name(2), local / layout.step_name(12))
+        c.save({"w": np.full(1000, 3), "step": 3}, 3)
+        c.wait()
+        assert sorted(p.name for p in local.iterdir()) == ["step-00000001", "step-00000002", "step-00000003",
+                                                           "step-00000012"]
+    assert _load(ck) == 3

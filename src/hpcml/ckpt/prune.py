@@ -72,6 +72,9 @@ def prune(root: Path, keep: int | None, local: Path | None = None, *,
     problems); remove older ones, superseded replacements, and partial ones that no live
     attempt (``live_token``) writes (``_live``). ``keep=None``:
     leave committed ones alone (a new owner clearing dead attempts before its first save)."""
+    # the local tier first: a writer makes its shared partial (and mark) before its local
+    # step-N, so a local copy seen here has its shared entry in the scan that follows
+    local_found = [f for f in layout.scan(local) if not f.link] if local is not None else []
     found = layout.scan(root)
     out = Pruned()
     for leftover in root.glob(".deleting-*"):     # a prune cut short
@@ -97,4 +100,12 @@ def prune(root: Path, keep: int | None, local: Path | None = None, *,
         _remove(root, f, out)
         if local is not None and f.path in out.removed:
             shutil.rmtree(local / layout.step_name(f.step), ignore_errors=True)
+    # a local copy whose shared checkpoint is gone or never came (killed during the drain:
+    # the shared partial was then cleared as a dead attempt's) stays on the node otherwise
+    shared = {f.step for f in found if f.path not in out.removed}
+    for f in local_found:
+        if f.step not in shared and f.path.exists():
+            shutil.rmtree(f.path, ignore_errors=True)
+            if not f.path.exists():
+                out.removed.append(f.path)
     return out
