@@ -120,6 +120,35 @@ def kill_descendants(sig: int = signal.SIGKILL) -> int:
     return count
 
 
+def kill_orphans(keep: set[int]) -> tuple[list, bool]:
+    """SIGKILL each child of this process that is not in ``keep``, with its whole tree: as a
+    subreaper, what a killed wrapper or guard left running was re-parented here, and a
+    grandchild that left the session and cleared its environment is found by nothing else
+    once its parent is gone. Returns those children (psutil processes, zombies included,
+    for the caller to reap) and whether any of them or theirs still lived. One pass: call
+    again for what is re-parented meanwhile."""
+    import psutil
+
+    try:
+        orphans = [c for c in psutil.Process().children() if c.pid not in keep]
+    except psutil.Error:
+        return [], False
+    live = False
+    for child in orphans:
+        try:
+            family = [child, *child.children(recursive=True)]
+        except psutil.Error:
+            family = [child]
+        for proc in family:
+            try:
+                if proc.status() != psutil.STATUS_ZOMBIE:
+                    proc.kill()
+                    live = True
+            except psutil.Error:
+                pass
+    return orphans, live
+
+
 def _living_descendants() -> list:
     import psutil
 

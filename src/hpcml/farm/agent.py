@@ -28,7 +28,7 @@ from hpcml.cluster import allocation, slurm
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import store
 from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
-from hpcml.proctree import become_subreaper, die_with_parent
+from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans
 
 RESPAWNS_PER_SLOT = 3
 
@@ -157,30 +157,10 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
 
 
 def _kill_orphans(workers: set[int], rounds: int = 50) -> None:
-    """SIGKILL every descendant of this agent outside the live ``workers``' (guards') trees:
-    what a guard killed on its own left, re-parented here (its worker first, then the
-    task's processes), each with its whole tree: a grandchild in a session of its own with
-    its environment cleared is found by no sweep once its parent is gone. Again while any
-    is found, for what is re-parented meanwhile; the main loop reaps them."""
-    import psutil
+    """SIGKILL what a guard killed on its own left, re-parented here (its worker first, then
+    the task's processes), each with its whole tree (``proctree.kill_orphans``); again while
+    any lived, for what is re-parented meanwhile; the main loop reaps them."""
     for _ in range(rounds):
-        try:
-            orphans = [c for c in psutil.Process().children() if c.pid not in workers]
-        except psutil.Error:
-            return
-        live = False
-        for child in orphans:
-            try:
-                family = [child, *child.children(recursive=True)]
-            except psutil.Error:
-                family = [child]
-            for proc in family:
-                try:
-                    if proc.status() != psutil.STATUS_ZOMBIE:
-                        proc.kill()
-                        live = True
-                except psutil.Error:
-                    pass
-        if not live:
+        if not kill_orphans(workers)[1]:
             return
         time.sleep(0.02)

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, SlurmError, UsageError
-from hpcml.proctree import become_subreaper, die_with_parent, signal_group
+from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
 from hpcml.run.jobdir import (
     claiming,
     default_dir,
@@ -353,28 +353,12 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
 
 
 def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> None:
-    """SIGKILL every descendant of this launcher outside the running ``wrappers``' trees:
-    what the rank of a wrapper killed on its own left running, re-parented here. With
-    ``reap`` (no wrapper left to reap by its Popen) until none is left, reaping them."""
-    import psutil
+    """SIGKILL what the rank of a wrapper killed on its own left running, re-parented here
+    (``proctree.kill_orphans``). With ``reap`` (no wrapper left to reap by its Popen) until
+    none is left, reaping them."""
     for _ in range(rounds):
-        try:
-            orphans = [c for c in psutil.Process().children() if c.pid not in wrappers]
-        except psutil.Error:
-            return
-        if not orphans:
-            return
-        for child in orphans:
-            try:
-                family = [child, *child.children(recursive=True)]
-            except psutil.Error:
-                family = [child]
-            for proc in family:
-                try:
-                    proc.kill()
-                except psutil.Error:
-                    pass
-        if not reap:
+        orphans, _ = kill_orphans(wrappers)
+        if not orphans or not reap:
             return
         for child in orphans:
             try:
