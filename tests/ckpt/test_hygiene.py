@@ -6,6 +6,7 @@ from __future__ import annotations
 import os
 import signal
 import stat
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
@@ -46,43 +47,45 @@ def test_checkpoint_files_are_private_unless_a_mode_is_given(tmp_path, mode, wan
         assert m == (want_dir if is_dir else want_file), (name, oct(m))
 
 
-def test_close_gives_the_callers_signal_handlers_back(tmp_path):
+@pytest.fixture
+def callers_handlers() -> Iterator[tuple[Callable, list[int]]]:
+    """The caller's own USR1 and TERM handler (it records what it gets), set before the
+    test and the previous ones put back after it."""
     got: list[int] = []
 
     def mine(sig, _frame) -> None:
         got.append(sig)
     before = {s: signal.signal(s, mine) for s in (signal.SIGUSR1, signal.SIGTERM)}
     try:
-        with Checkpointer(tmp_path / "ck") as ck:
-            assert signal.getsignal(signal.SIGUSR1) == ck._on_signal
-            os.kill(os.getpid(), signal.SIGUSR1)
-            assert ck.stop_signal == "SIGUSR1" and got == []
-        assert signal.getsignal(signal.SIGUSR1) is mine and signal.getsignal(signal.SIGTERM) is mine
-        os.kill(os.getpid(), signal.SIGUSR1)
-        assert got == [signal.SIGUSR1]
-        ck2 = Checkpointer(tmp_path / "ck")
-        ck2.close()
-        assert signal.getsignal(signal.SIGTERM) is mine
+        yield mine, got
     finally:
         for s, h in before.items():
             signal.signal(s, h)
+
+
+def test_close_gives_the_callers_signal_handlers_back(tmp_path, callers_handlers):
+    mine, got = callers_handlers
+    with Checkpointer(tmp_path / "ck") as ck:
+        assert signal.getsignal(signal.SIGUSR1) == ck._on_signal
+        os.kill(os.getpid(), signal.SIGUSR1)
+        assert ck.stop_signal == "SIGUSR1" and got == []
+    assert signal.getsignal(signal.SIGUSR1) is mine and signal.getsignal(signal.SIGTERM) is mine
+    os.kill(os.getpid(), signal.SIGUSR1)
+    assert got == [signal.SIGUSR1]
+    ck2 = Checkpointer(tmp_path / "ck")
+    ck2.close()
+    assert signal.getsignal(signal.SIGTERM) is mine
 
 
 @pytest.mark.parametrize("closing", ["ab", "ba", "bac", "cba"])
-def test_checkpointers_closed_in_any_order_give_the_callers_handlers_back(tmp_path, closing):
+def test_checkpointers_closed_in_any_order_give_the_callers_handlers_back(tmp_path, closing, callers_handlers):
     """Two Checkpointers open at once (a model's, an EMA's) closed in the order they were
     opened: the second put back the first's handler, and SIGTERM went on to a closed one."""
-    def mine(sig, _frame) -> None:
-        pass
-    before = {s: signal.signal(s, mine) for s in (signal.SIGUSR1, signal.SIGTERM)}
-    try:
-        cks = {name: Checkpointer(tmp_path / name) for name in sorted(closing)}
-        for name in closing:
-            cks[name].close()
-        assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGUSR1) is mine
-        again = Checkpointer(tmp_path / "d")
-        again.close()
-        assert signal.getsignal(signal.SIGTERM) is mine
-    finally:
-        for s, h in before.items():
-            signal.signal(s, h)
+    mine, _ = callers_handlers
+    cks = {name: Checkpointer(tmp_path / name) for name in sorted(closing)}
+    for name in closing:
+        cks[name].close()
+    assert signal.getsignal(signal.SIGTERM) is mine and signal.getsignal(signal.SIGUSR1) is mine
+    again = Checkpointer(tmp_path / "d")
+    again.close()
+    assert signal.getsignal(signal.SIGTERM) is mine

@@ -32,6 +32,15 @@ def _durable(log: Path) -> int:
     return int(lines[-1]) if lines else 0
 
 
+def _step_1_loads_and_step_3_saves_once_there_is_room(c: Checkpointer, ck: Path, filler: Path) -> None:
+    """After a save that failed on a full disk: nothing was lost, and the next save works."""
+    assert _load(ck) == 1
+    filler.unlink()
+    c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
+    c.close()
+    assert _load(ck) == 3
+
+
 def test_kill_9_never_loses_a_step_the_task_was_told_is_durable(tmp_path):
     """15 kills at random moments (snapshot, paced write, commit, prune) of a task that logs
     each step once ``wait()`` returned: after each kill the checkpoint that loads is complete
@@ -123,11 +132,7 @@ def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_spa
         c.wait()
     assert not list(ck.rglob("*.tmp"))
     assert shutil.disk_usage(small_disk).free >= (3 << 20) - (256 << 10)      # the failed shard gave it back
-    assert _load(ck) == 1
-    filler.unlink()
-    c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
-    c.close()
-    assert _load(ck) == 3
+    _step_1_loads_and_step_3_saves_once_there_is_room(c, ck, filler)
 
 
 def _fifo(path: Path) -> None:
@@ -203,11 +208,7 @@ def test_a_commit_that_fills_the_disk_gives_back_the_shard_it_wrote(small_disk):
         c.wait()
     assert shutil.disk_usage(small_disk).free >= shard - (64 << 10)
     assert not list(ck.glob(".partial-*/rank-*")) and not list(ck.rglob("*.tmp"))
-    assert _load(ck) == 1
-    filler.unlink()
-    c.save({"w": np.full(6 << 17, 3), "step": 3}, 3)
-    c.close()
-    assert _load(ck) == 3
+    _step_1_loads_and_step_3_saves_once_there_is_room(c, ck, filler)
 
 
 def _link_outside(path: Path) -> None:

@@ -56,13 +56,20 @@ def test_a_dead_workers_attempt_is_lost_not_running(tmp_path):
     assert rows[0]["state"] == "lost"
 
 
-def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):
+def _claimed_by_a_dead_worker(tmp_path, tasks: int, claimed: tuple[int, ...]):
+    """A farm of ``tasks`` side-effect tasks whose ``claimed`` ones hold a claim of attempt 1
+    by a worker that no longer exists; the side file, the farm and the claim record."""
     side = tmp_path / "side"
     farm = tmp_path / "farm"
-    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(4)], {})
+    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(tasks)], {})
     claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
-    for tid in (0, 1):
+    for tid in claimed:
         (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    return side, farm, claim
+
+
+def test_damaged_claims_and_ends_are_shown_warned_of_once_and_rerun(tmp_path):
+    side, farm, _ = _claimed_by_a_dead_worker(tmp_path, 4, (0, 1))
     (farm / "ends" / "0.1").write_bytes(b"")                                       # empty
     (farm / "ends" / "1.1").write_text('{"schema": "hpcml.farm.end/1", "id": 1, "att')   # truncated
     (farm / "claims" / "2.1").write_text('{"schema": "hpcml.fa')                   # truncated claim, no end
@@ -85,12 +92,7 @@ def test_claims_and_ends_of_odd_kinds_are_damaged_not_read(tmp_path):
     """A FIFO, a symlink to /dev/zero, a directory, a huge sparse file, JSON nested past the
     parser's depth in place of a record:
     status and run neither hang on them nor read them into memory; each is damaged, rerun."""
-    side = tmp_path / "side"
-    farm = tmp_path / "farm"
-    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(5)], {})
-    claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
-    for tid in (0, 1, 2):
-        (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    side, farm, _ = _claimed_by_a_dead_worker(tmp_path, 5, (0, 1, 2))
     os.mkfifo(farm / "ends" / "0.1")                                              # a FIFO: open() waits
     (farm / "ends" / "1.1").mkdir()                                               # a directory
     with open(farm / "ends" / "2.1", "wb") as f:                                  # 64 GiB, sparse
@@ -110,12 +112,7 @@ def test_records_with_a_field_of_the_wrong_type_are_damaged_not_a_traceback(tmp_
     """Valid JSON with the right outcome but a field of the wrong type ("end": "soon", a
     list for "start", a string for the claim's session): status, run and results say
     damaged and rerun the task; no ValueError/TypeError traceback."""
-    side = tmp_path / "side"
-    farm = tmp_path / "farm"
-    store.create(farm, [TaskSpec(side_task(side, str(i))) for i in range(4)], {})
-    claim = {"schema": "hpcml.farm.claim/1", "attempt": 1, "worker": "gone.local.1.x", "node": "n"}
-    for tid in (0, 1):
-        (farm / "claims" / f"{tid}.1").write_text(json.dumps({**claim, "id": tid}))
+    side, farm, claim = _claimed_by_a_dead_worker(tmp_path, 4, (0, 1))
     end = {"schema": "hpcml.farm.end/1", "attempt": 1}
     (farm / "ends" / "0.1").write_text(json.dumps({**end, "id": 0, "outcome": "failed", "end": "soon", "retries": "x"}))
     (farm / "ends" / "1.1").write_text(json.dumps({**end, "id": 1, "outcome": "ok", "end": 2.0, "start": [1]}))
