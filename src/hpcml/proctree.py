@@ -82,25 +82,6 @@ def signal_group(pgid: int, sig: int) -> bool:
         return False
 
 
-def group_alive(pgid: int) -> bool:
-    """Whether any process is still in group ``pgid`` (signal 0 probes without sending)."""
-    return signal_group(pgid, 0)
-
-
-def stop_group(pgid: int, grace: float, poll: float = 0.05) -> bool:
-    """SIGTERM to the group, SIGKILL to whatever is left after ``grace`` seconds; True if
-    SIGKILL was needed. Zombies of our own children count as alive until reaped by the
-    caller, so the wait ends at the grace period at the latest."""
-    if not signal_group(pgid, signal.SIGTERM):
-        return False
-    deadline = time.monotonic() + grace
-    while time.monotonic() < deadline:
-        if not group_alive(pgid):
-            return False
-        time.sleep(poll)
-    return signal_group(pgid, signal.SIGKILL)
-
-
 def kill_descendants(sig: int = signal.SIGKILL) -> int:
     """Send ``sig`` to every descendant of this process (children, their children, and
     orphans re-parented here as a subreaper); returns how many were signalled."""

@@ -11,7 +11,7 @@ srun passes what it gets on to every task, so forwarding to srun reaches all ran
 from __future__ import annotations
 
 import signal
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
 
@@ -21,11 +21,10 @@ SLURM_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, 
 
 
 @contextmanager
-def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_SIGNALS,
-               translate: Mapping[int, int] | None = None) -> Iterator[list[int]]:
+def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_SIGNALS) -> Iterator[list[int]]:
     """While inside, each of ``signals`` is sent on to every running process of
-    ``targets()`` (``subprocess.Popen`` objects), as ``translate[sig]`` where given; yields
-    the list of signals received, in order. The previous handlers come back on exit. Main
+    ``targets()`` (``subprocess.Popen`` objects); yields the list of signals received, in
+    order. The previous handlers come back on exit. Main
     thread only (Python's rule)."""
     seen: list[int] = []
 
@@ -34,7 +33,7 @@ def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_S
         for p in targets():
             if p.poll() is None:
                 try:
-                    p.send_signal((translate or {}).get(sig, sig))
+                    p.send_signal(sig)
                 except ProcessLookupError:
                     pass                      # ended between the poll and the kill
     previous = install(signals, handler)
