@@ -8,6 +8,7 @@ A farm directory holds::
     ends/ID.A            how attempt A ended (linked into place: complete or absent, never half)
     logs/ID.A.out|.err   the attempt's stdout and stderr
     observe/ID.A/        where the attempt's ``hpcml.observe.log`` calls write (HPCML_OBSERVE_DIR)
+    runs/ID.A/           the job directory of an ``hpcml run`` in the attempt (made by that run)
     workers/WID          one file per worker: who it is; its mtime is the worker's heartbeat
     nodes/NODE.bad       a node where tasks kept failing: no worker takes tasks there
 
@@ -33,6 +34,7 @@ FARM_FILE = "farm.json"
 TASKS_FILE = "tasks.jsonl"
 CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES = "claims", "ends", "logs", "observe", "workers", "nodes"
 SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
+RUNS = "runs"                      # not made by create: an older farm has none
 
 #: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended;
 #: "damaged": never written, what a reader makes of an end or claim file that is not a record

@@ -1,17 +1,19 @@
 """``hpcml farm results``: one row per task, its parameters and the last value of each
 metric it logged through ``hpcml.observe.log`` (read from observe/ID.A, the directory the
-worker gave the attempt in HPCML_OBSERVE_DIR), so a sweep's best run is one sort away."""
+worker gave the attempt in HPCML_OBSERVE_DIR, and from runs/ID.A/observe where the task is
+an ``hpcml run``), so a sweep's best run is one sort away."""
 
 from __future__ import annotations
 
 import csv
 import io
 import os
+from pathlib import Path
 from typing import Any
 
 from hpcml.errors import UsageError
 from hpcml.farm.lease import Liveness
-from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
+from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA, RUNS
 from hpcml.farm.status import open_view, task_state
 
 
@@ -31,6 +33,13 @@ def last_metrics(directory: str) -> dict[str, float]:
     return {k: v for k, (_, v) in sorted(out.items())}
 
 
+def attempt_metrics(farm: Path, name: str) -> dict[str, float]:
+    """An attempt's metrics: what its own ``observe.log`` wrote (observe/ID.A), and what
+    the ranks of an ``hpcml run`` in it logged (runs/ID.A/observe, that run's store)."""
+    from hpcml.run.jobdir import observe_dir
+    return {**last_metrics(str(farm / OBSERVE / name)), **last_metrics(str(observe_dir(farm / RUNS / name)))}
+
+
 def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
     """The results document (schema hpcml.farm.results/1); ``sort``: a parameter, metric or
     column name, ``-name`` for descending; rows without it go last."""
@@ -45,7 +54,7 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
         rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings, alive),
                      "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
                      "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
-                     "metrics": last_metrics(str(farm.path / OBSERVE / f"{tid}.{attempt}")) if attempt else {},
+                     "metrics": attempt_metrics(farm.path, f"{tid}.{attempt}") if attempt else {},
                      "command": task.command})
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
     metrics = sorted({k for r in rows for k in r["metrics"]})

@@ -9,7 +9,8 @@ Each task runs in its own process group in the worker's session (its group is wh
 limit kills; the session, recorded in the claim, is what a rerun on this host proves
 gone first), and what it leaves behind is killed when it ends; with
 stdin from /dev/null, stdout and stderr
-in logs/ID.A.out|.err, and these variables: HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
+in logs/ID.A.out|.err, and the worker's environment without the srun step's task identity
+(taskenv.py: a task is rank 0 of 1) plus HPCML_FARM_DIR, HPCML_FARM_TASK_ID,
 HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR (observe/ID.A: what ``hpcml.observe.log`` writes,
 read back by ``hpcml farm results``) and, on a GPU slot, CUDA_VISIBLE_DEVICES.
 
@@ -37,10 +38,11 @@ from typing import Any
 from hpcml.farm import guard
 from hpcml.farm.claim import View, finish, load_end, try_claim
 from hpcml.farm.lease import Liveness, identity
-from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OBSERVE, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OK, TIMEOUT, WORKERS, Settings
 from hpcml.farm.nodes import retire
 from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
+from hpcml.farm.taskenv import attempt_environment, task_environment
 from hpcml.files import write_atomic
 from hpcml.proctree import die_with_parent, signal_group, start_time
 
@@ -82,10 +84,7 @@ class Worker:
         self.wid = f"{cfg.node}.{cfg.job or 'local'}.{os.getpid()}.{uuid.uuid4().hex[:6]}"
         self.view = View(farm)
         self.alive = Liveness(self.path, settings.lease, cfg.job)
-        self.env = {k: v for k, v in os.environ.items() if k != "HPCML_OBSERVE_FD"}
-        self.env["HPCML_FARM_DIR"] = str(self.path.absolute())
-        if cfg.gpu is not None:
-            self.env["CUDA_VISIBLE_DEVICES"] = cfg.gpu
+        self.env = task_environment(os.environ, self.path, cfg.gpu)    # once: not per task
         setpriv = shutil.which("setpriv")
         self.prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
         self.fails_in_a_row: list[int] = []
@@ -201,10 +200,7 @@ class Worker:
         """Run one claimed attempt; False when this node should take no more tasks."""
         task = self.view.tasks[tid]
         name = f"{tid}.{attempt}"
-        env = self.env.copy()
-        env["HPCML_FARM_TASK_ID"] = str(tid)
-        env["HPCML_FARM_ATTEMPT"] = str(attempt)
-        env["HPCML_OBSERVE_DIR"] = f"{self.env['HPCML_FARM_DIR']}/{OBSERVE}/{name}"
+        env = attempt_environment(self.env, tid, attempt)
         start = time.time()
         self._current = f"{self.path}/{ENDS}/{name}"
         code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}")
