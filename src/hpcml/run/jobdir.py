@@ -26,6 +26,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import write_atomic
 from hpcml.proctree import start_time
 
@@ -36,7 +37,12 @@ OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html")
 
 
 def default_dir(job_id: str | None) -> Path:
-    """``hpcml-run-JOBID``; without Slurm a name no other run has (time, pid, then a count)."""
+    """``hpcml-run-JOBID``; in a farm task its attempt's ``runs/ID.A`` in the farm (read by
+    ``hpcml farm results``; the task's working directory stays clean); without Slurm a name
+    no other run has (time, pid, then a count)."""
+    task = farm_task()
+    if task is not None:
+        return task.run_dir
     if job_id:
         return Path(f"hpcml-run-{job_id}")
     stem = f"hpcml-run-local-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"

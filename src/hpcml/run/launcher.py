@@ -99,11 +99,17 @@ def _gpus_here() -> int:
 
 
 def run(opts: Options) -> int:
+    from dataclasses import replace
+
     from hpcml.cluster.allocation import current
+    from hpcml.farm.taskenv import current as farm_task
     allocation = current()
-    slurm = bool(allocation.job_id) and allocation.step_id is None and not os.environ.get("HPCML_RUN_LOCAL")
-    if not slurm:
-        allocation = current({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    in_farm = farm_task() is not None               # a farm task has one slot: its ranks run here
+    slurm = bool(allocation.job_id) and allocation.step_id is None and not os.environ.get("HPCML_RUN_LOCAL") \
+        and not in_farm
+    if not slurm:                                   # a farm task's run keeps its Slurm job id
+        job = allocation.job_id if in_farm else None
+        allocation = replace(current({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}), job_id=job)
     _check(opts, allocation)
     environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
     d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
