@@ -129,3 +129,60 @@ def test_a_claim_of_an_allocation_that_ended_is_free_at_once(env, tmp_path):
     (farm / "workers" / wid).write_text(json.dumps({"worker": wid, "host": "not-" + socket.gethostname(),
                                                     "pid": 1, "job": None}))
     assert not Liveness(farm, lease=3600, job=None).is_dead(wid)          # no job: only the lease can tell
+
+
+TRAIN = """\
+import json, os, sys
+from hpcml import observe
+from hpcml.ckpt import Checkpointer
+from hpcml.data import ShardDataset
+shards, ck, out = sys.argv[1:]
+keys = [s["__key__"] for s in ShardDataset(shards, block_bytes=100_000, window=4)]
+with Checkpointer(ck, max_write_rate=None, commit_timeout=20) as c:   # rank 0 of 2 would wait 20 s, then fail
+    for step in (1, 2):
+        c.save({"seen": len(keys)}, step)
+        c.wait()
+observe.log(2, samples=len(keys))
+observe.flush()
+names = ("SLURM_JOB_ID", "SLURMD_NODENAME", "SLURM_STEP_ID", "SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "RANK")
+with open(out, "w") as f:
+    json.dump({"keys": keys, "env": {n: os.environ.get(n) for n in names}}, f)
+"""
+
+
+def test_a_sweep_task_is_its_own_job_and_an_hpcml_run_in_one_reaches_farm_results(env, tmp_path):
+    """Farm tasks under a 2-node farm (each worker is one task of an srun step) read the whole
+    dataset, commit their checkpoints and are observe's rank 0 of 1; a task that is an
+    ``hpcml run`` records under the farm (its Slurm job id kept) and shows in farm results."""
+    from hpcml.ckpt import Checkpointer
+    from hpcml.farm.results import collect
+    from hpcml.observe.store import read_job
+    from tests.data.gen import make_shards
+    shards = make_shards(tmp_path / "data", samples=79, target=200_000)[1]
+    (tmp_path / "train.py").write_text(TRAIN)
+    runs = ("hpcml run --ntasks 1 --no-report -- python -c "
+            "'from hpcml import observe; observe.log(3, val_loss=0.25); observe.flush()'")
+    farm = _farm(tmp_path, [f"python {tmp_path}/train.py {shards} {tmp_path}/ck{i} {tmp_path}/out{i}"
+                            for i in range(4)] + [runs])
+    job = submit(f"#!/bin/bash\nexport PMI_RANK=7 RANK=1 WORLD_SIZE=2\nhpcml farm run {farm} --time-limit 120; "
+                 "echo rc=$?\n", tmp_path, env, tasks_per_node=1)
+    wait(job, env, timeout=300)
+    out = (tmp_path / "job.out").read_text()
+    assert "rc=0" in out, out + "".join(p.read_text() for p in (farm / "logs").glob("*.err"))
+    rows = {r["id"]: r for r in collect(farm)["rows"]}
+    for i in range(4):
+        seen = json.loads((tmp_path / f"out{i}").read_text())
+        assert len(seen["keys"]) == len(set(seen["keys"])) == 79             # the whole dataset, once
+        state, step = Checkpointer(tmp_path / f"ck{i}", read_only=True).load_latest()
+        assert (step, state) == (2, {"seen": 79})                              # committed
+        assert not list((tmp_path / f"ck{i}").glob(".partial*"))
+        assert set(read_job(farm / "observe" / f"{i}.1").ranks) == {0}        # rank 0 of 1
+        assert rows[i]["metrics"] == {"samples": 79.0}
+        assert seen["env"]["SLURM_JOB_ID"] == job and seen["env"]["SLURMD_NODENAME"] in ("n1", "n2")
+        assert seen["env"]["SLURM_STEP_ID"] is not None                        # inside the farm's step
+        assert [seen["env"][n] for n in ("SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "RANK")] == [None] * 4
+    assert {e["node"] for e in ends(farm).values()} == {"n1", "n2"}
+    assert rows[4]["state"] == "ok" and rows[4]["metrics"] == {"val_loss": 0.25}
+    run = json.loads((farm / "runs" / "4.1" / "run.json").read_text())
+    assert run["job_id"] == job and run["mode"] == "local"
+    assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hpcml-")]   # the task's cwd stays clean
