@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import sys
 from pathlib import Path
 
@@ -186,3 +187,19 @@ def test_a_sweep_task_is_its_own_job_and_an_hpcml_run_in_one_reaches_farm_result
     run = json.loads((farm / "runs" / "4.1" / "run.json").read_text())
     assert run["job_id"] == job and run["mode"] == "local"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hpcml-")]   # the task's cwd stays clean
+
+
+def test_status_after_scancel_shows_the_ended_allocations_tasks_lost_without_eta(env, tmp_path, monkeypatch):
+    """Seen from a login node (another host: no pid to check), an attempt whose allocation
+    ended is lost at once, as ``hpcml run`` judges its owner, not running until a lease."""
+    from hpcml.farm.status import summarize
+    farm = _farm(tmp_path, ["true", "true", "sleep 600", "sleep 600"])
+    job = submit(f"#!/bin/bash\nhpcml farm run {farm}\n", tmp_path, env, tasks_per_node=1)
+    wait_for(lambda: summarize(farm)["counts"]["running"] == 2 and summarize(farm)["counts"]["ok"] == 2,
+             120, "two tasks done, two running")
+    subprocess.run(["scancel", job], env=env, timeout=30, check=True)
+    wait(job, env, timeout=120)
+    monkeypatch.setattr(socket, "gethostname", lambda: "login1")
+    doc = summarize(farm)
+    assert doc["counts"]["running"] == 0 and doc["counts"]["lost"] == 2, doc["counts"]
+    assert doc["running"] == [] and doc["eta_s"] is None and doc["workers"] == 0

@@ -70,3 +70,19 @@ def test_a_later_create_may_wait_for_a_group_made_earlier(tmp_path):
     assert store.load(tmp_path / "f").tasks[-1].after == ("train",)
     with pytest.raises(UsageError, match="group 'trian', which no task has"):
         store.create(tmp_path / "f", [TaskSpec("eval2", after=("trian",))])
+
+
+def test_every_task_line_carries_the_schema_tag_and_a_newer_one_is_refused(tmp_path):
+    farm = tmp_path / "f"
+    store.create(farm, [TaskSpec("a"), TaskSpec("b")])
+    store.create(farm, [TaskSpec("c")])                              # appended lines too
+    path = farm / "tasks.jsonl"
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [d["schema"] for d in lines] == ["hpcml.farm.task/1"] * 3
+    path.write_text("".join(json.dumps({k: v for k, v in d.items() if k != "schema" or i == 0}) + "\n"
+                            for i, d in enumerate(lines)))             # a farm of an older hpcml: read
+    assert [t.command for t in store.load(farm).tasks] == ["a", "b", "c"]
+    lines[2]["schema"] = "hpcml.farm.task/2"
+    path.write_text("".join(json.dumps(d) + "\n" for d in lines))
+    with pytest.raises(UsageError, match=r"tasks.jsonl:3: key 'schema': written by a newer hpcml"):
+        store.load(farm)

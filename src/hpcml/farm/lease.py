@@ -19,9 +19,6 @@ from typing import Any
 from hpcml.farm.model import WORKER_SCHEMA, WORKERS
 from hpcml.proctree import start_time
 
-_ALIVE_JOB_STATES = ("RUNNING", "COMPLETING", "CONFIGURING", "SUSPENDED", "PENDING", "REQUEUED", "RESIZING",
-                     "STOPPED", "SIGNALING", "STAGE_OUT")
-
 
 def boot_id() -> str:
     try:
@@ -90,14 +87,18 @@ class Liveness:
         return None
 
     def seems_dead(self, wid: str) -> bool:
-        """A snapshot for display (``farm status``): no file, a dead pid on this host, or
-        a heartbeat older than a lease by this host's clock."""
+        """A snapshot for display (``farm status``): no file, its Slurm job over (as
+        ``hpcml run`` judges its launcher: a scancel'ed allocation's tasks are not running,
+        whichever host asks), a dead pid on this host, or a heartbeat older than a lease by
+        this host's clock."""
         path = self.farm / WORKERS / wid
         try:
             mtime = os.stat(path).st_mtime
         except FileNotFoundError:
             return True
         info = self._worker(wid, path)
+        if info is not None and info.get("job") and info["job"] != self.job and not self._job_alive(str(info["job"])):
+            return True
         local = None if info is None else self._local(info)
         return local if local is not None else time.time() - mtime >= self.lease
 
@@ -110,21 +111,13 @@ class Liveness:
         return self._workers[wid]
 
     def _job_alive(self, job: str) -> bool:
+        """The job holds its allocation (``slurm.job_state``); True where Slurm cannot be
+        asked: the lease decides then."""
         from hpcml.cluster import slurm
-        from hpcml.errors import SlurmError
         cached = self._jobs.get(job)
         if cached and time.monotonic() - cached[1] < self.window:
             return cached[0]
-        try:
-            proc = slurm.run(["scontrol", "show", "-o", "job", job], timeout=10, check=False)
-            if proc.returncode != 0 and "Invalid job id" in (proc.stderr + proc.stdout):
-                alive = False
-            elif proc.returncode != 0:
-                alive = True                                 # cannot tell: leave it to the lease
-            else:
-                state = next((t.partition("=")[2] for t in proc.stdout.split() if t.startswith("JobState=")), "")
-                alive = state in _ALIVE_JOB_STATES
-        except SlurmError:
-            alive = True
+        state = slurm.job_state(job)
+        alive = state is None or state in slurm.ALIVE
         self._jobs[job] = (alive, time.monotonic())
         return alive

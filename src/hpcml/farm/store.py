@@ -70,8 +70,8 @@ def _read_tasks(path: Path) -> list[Task]:
             continue
         try:
             doc = json.loads(line)
-            if n == 1:
-                check(doc, TASK_SCHEMA, str(f))
+            # every line is tagged; an older hpcml tagged only the first: its farms still read
+            check(doc, TASK_SCHEMA, f"{f}:{n}", untagged=n > 1)
             tasks.append(Task.from_json(doc))
         except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
             raise UsageError(f"a task record is damaged: {exc}", file=str(f), line=n) from None
@@ -155,8 +155,7 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
             try:
                 write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
                 if new or fresh:
-                    lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) if i == 0 else json.dumps(t.to_json())
-                             for i, t in enumerate(tasks + new)]
+                    lines = [json.dumps({"schema": TASK_SCHEMA, **t.to_json()}) for t in tasks + new]
                     write_atomic(p / TASKS_FILE, "".join(line + "\n" for line in lines))
             except OSError:
                 if fresh and not tasks:            # under the lock: this create's farm.json, no one else's
