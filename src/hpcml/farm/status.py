@@ -2,7 +2,7 @@
 
 States of a task: ``pending`` (not started, or waiting for its dependencies), ``running``
 (an attempt claimed and not ended, its worker alive), ``lost`` (claimed, not ended, its
-worker dead: the next ``farm run`` reruns it), ``damaged`` (its last claim or end file is
+worker dead or its Slurm job over, e.g. scancel'ed: the next ``farm run`` reruns it), ``damaged`` (its last claim or end file is
 not a record: rerun too), ``retrying`` (an attempt failed; another will run after the
 backoff), ``ok``, ``failed`` (retries spent, as the last run counted them: ``--retries``),
 ``blocked`` (a dependency failed for good).
