@@ -161,8 +161,9 @@ def test_a_sweep_task_is_its_own_job_and_an_hpcml_run_in_one_reaches_farm_result
     from tests.data.gen import make_shards
     shards = make_shards(tmp_path / "data", samples=79, target=200_000)[1]
     (tmp_path / "train.py").write_text(TRAIN)
-    runs = ("hpcml run --ntasks 1 --no-report -- python -c "
-            "'from hpcml import observe; observe.log(3, val_loss=0.25); observe.flush()'")
+    runs = " && ".join(f"hpcml run --ntasks 1 --no-report -- python -c "
+                       f"'from hpcml import observe; observe.log(3, {m}); observe.flush()'"
+                       for m in ("val_loss=0.25", "val_acc=0.75"))                # two runs in one task
     farm = _farm(tmp_path, [f"python {tmp_path}/train.py {shards} {tmp_path}/ck{i} {tmp_path}/out{i}"
                             for i in range(4)] + [runs])
     job = submit(f"#!/bin/bash\nexport PMI_RANK=7 RANK=1 WORLD_SIZE=2\nhpcml farm run {farm} --time-limit 120; "
@@ -183,9 +184,10 @@ def test_a_sweep_task_is_its_own_job_and_an_hpcml_run_in_one_reaches_farm_result
         assert seen["env"]["SLURM_STEP_ID"] is not None                        # inside the farm's step
         assert [seen["env"][n] for n in ("SLURM_PROCID", "SLURM_NTASKS", "PMI_RANK", "RANK")] == [None] * 4
     assert {e["node"] for e in ends(farm).values()} == {"n1", "n2"}
-    assert rows[4]["state"] == "ok" and rows[4]["metrics"] == {"val_loss": 0.25}
-    run = json.loads((farm / "runs" / "4.1" / "run.json").read_text())
-    assert run["job_id"] == job and run["mode"] == "local"
+    assert rows[4]["state"] == "ok" and rows[4]["metrics"] == {"val_acc": 0.75, "val_loss": 0.25}
+    for name in ("4.1", "4.1-1"):
+        run = json.loads((farm / "runs" / name / "run.json").read_text())
+        assert run["job_id"] == job and run["mode"] == "local"
     assert not [p.name for p in tmp_path.iterdir() if p.name.startswith("hpcml-")]   # the task's cwd stays clean
 
 

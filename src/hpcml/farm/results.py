@@ -13,8 +13,9 @@ from typing import Any
 
 from hpcml.errors import UsageError
 from hpcml.farm.lease import Liveness
-from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA, RUNS
+from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
 from hpcml.farm.status import open_view, task_state
+from hpcml.farm.taskenv import run_dirs
 
 
 def last_metrics(directory: str) -> dict[str, float]:
@@ -34,10 +35,13 @@ def last_metrics(directory: str) -> dict[str, float]:
 
 
 def attempt_metrics(farm: Path, name: str) -> dict[str, float]:
-    """An attempt's metrics: what its own ``observe.log`` wrote (observe/ID.A), and what
-    the ranks of an ``hpcml run`` in it logged (runs/ID.A/observe, that run's store)."""
+    """An attempt's metrics: what its own ``observe.log`` wrote (observe/ID.A), then what
+    the ranks of each ``hpcml run`` in it logged (runs/ID.A[-N]/observe, those runs' stores)."""
     from hpcml.run.jobdir import observe_dir
-    return {**last_metrics(str(farm / OBSERVE / name)), **last_metrics(str(observe_dir(farm / RUNS / name)))}
+    out = last_metrics(str(farm / OBSERVE / name))
+    for d in run_dirs(farm, name):
+        out.update(last_metrics(str(observe_dir(d))))
+    return out
 
 
 def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:

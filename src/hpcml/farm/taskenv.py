@@ -78,8 +78,19 @@ class FarmTask:
 
     @property
     def run_dir(self) -> Path:
-        """Where an ``hpcml run`` in this attempt keeps its job directory by default."""
+        """Where an ``hpcml run`` in this attempt keeps its job directory by default (the
+        attempt's next runs: ``-1``, ``-2``... appended, ``hpcml.run.jobdir.default_dir``)."""
         return self.farm / RUNS / f"{self.id}.{self.attempt}"
+
+
+def run_dirs(farm: Path, name: str) -> list[Path]:
+    """The job directories of the ``hpcml run`` commands of attempt ``name`` (ID.A), first first."""
+    base, found = farm / RUNS / name, list[Path]()
+    while True:
+        d = Path(f"{base}-{len(found)}") if found else base
+        if not d.is_dir():
+            return found
+        found.append(d)
 
 
 def current(env: Mapping[str, str] | None = None) -> FarmTask | None:

@@ -37,15 +37,14 @@ OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html")
 
 
 def default_dir(job_id: str | None) -> Path:
-    """``hpcml-run-JOBID``; in a farm task its attempt's ``runs/ID.A`` in the farm (read by
-    ``hpcml farm results``; the task's working directory stays clean); without Slurm a name
-    no other run has (time, pid, then a count)."""
+    """``hpcml-run-JOBID``; in a farm task its attempt's ``runs/ID.A`` in the farm, then
+    ``runs/ID.A-1``... for the attempt's next runs (read by ``hpcml farm results``; the
+    task's working directory stays clean); without Slurm a name no other run has (time,
+    pid, then a count)."""
     task = farm_task()
-    if task is not None:
-        return task.run_dir
-    if job_id:
+    if job_id and task is None:
         return Path(f"hpcml-run-{job_id}")
-    stem = f"hpcml-run-local-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
+    stem = str(task.run_dir) if task else f"hpcml-run-local-{time.strftime('%Y%m%d-%H%M%S')}-{os.getpid()}"
     for n in range(1000):
         d = Path(stem if n == 0 else f"{stem}-{n}")
         if not d.exists():
