@@ -8,7 +8,8 @@ A farm directory holds::
     ends/ID.A            how attempt A ended (linked into place: complete or absent, never half)
     logs/ID.A.out|.err   the attempt's stdout and stderr
     observe/ID.A/        where the attempt's ``hpcml.observe.log`` calls write (HPCML_OBSERVE_DIR)
-    runs/ID.A/           the job directory of an ``hpcml run`` in the attempt (made by that run)
+    runs/ID.A/           the job directory of an ``hpcml run`` in the attempt (made by that run;
+                         the attempt's next runs: ID.A-1/, ID.A-2/...)
     workers/WID          one file per worker: who it is; its mtime is the worker's heartbeat
     nodes/NODE.bad       a node where tasks kept failing: no worker takes tasks there
 
