@@ -92,7 +92,10 @@ def run(
 
     In a Slurm batch script it starts one agent per node (one srun step); outside Slurm it
     runs on this machine. Run it again (here or in another allocation, or in several at
-    once) to resume: what is recorded in the farm directory is never run twice.
+    once) to resume: what is recorded in the farm directory is never run twice. Each task
+    is a job of its own (rank 0 of 1: none of the srun step's task variables); it gets
+    HPCML_FARM_TASK_ID, HPCML_FARM_ATTEMPT, HPCML_OBSERVE_DIR and, on a GPU slot,
+    CUDA_VISIBLE_DEVICES (the README's farm section lists what it keeps).
 
         hpcml farm run sweep/
         hpcml farm run sweep/ --gpus 4 --time-limit "2 h"
