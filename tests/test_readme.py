@@ -110,7 +110,7 @@ def test_run_job_script_vets_trains_and_reports(env, site):
     out = run_job(script, site, env, timeout=300)
     assert "vet: continue, 2 good, 0 bad" in out, out
     jobdir = next(site.glob("hpcml-run-*"))
-    assert "trained 2 steps on 2 ranks" in (jobdir / "logs" / "rank-0.out").read_text()
+    assert "trained 2 steps on 2 ranks" in (jobdir / "logs" / "rank-00000.out").read_text()
     assert (jobdir / "report.html").is_file() and "html:" in out
 
 

@@ -48,7 +48,7 @@ def trained(tmp_path_factory) -> tuple[Path, subprocess.CompletedProcess]:
 def test_example_trains_with_ddp_on_two_local_ranks(trained):
     d, p = trained
     assert p.returncode == 0, p.stderr
-    assert "trained 8 steps on 2 ranks" in (d / "logs" / "rank-0.out").read_text()
+    assert "trained 8 steps on 2 ranks" in (d / "logs" / "rank-00000.out").read_text()
     run = valid(json.loads((d / "run.json").read_text()), "run")
     assert run["mode"] == "local" and run["ntasks"] == 2 and run["exit_code"] == 0
     assert run["vet"]["decision"] == "continue" and run["master"].startswith("127.0.0.1:")
@@ -90,7 +90,7 @@ def test_every_task_gets_the_rendezvous(tmp_path):
     p = hpcml("run", "--ntasks", "3", "--dir", "job", "--no-report", "--", sys.executable, "-c", probe, cwd=tmp_path)
     assert p.returncode == 0, p.stderr
     assert not (tmp_path / "job" / "report.html").exists() and "html:" not in p.stdout
-    seen = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text().split() for r in range(3)]
+    seen = [(tmp_path / "job" / "logs" / f"rank-{r:05d}.out").read_text().split() for r in range(3)]
     ports = {s[5] for s in seen}
     assert [s[:5] for s in seen] == [[str(r), str(r), "3", "3", "127.0.0.1"] for r in range(3)]
     assert len(ports) == 1 and ports != {"29500"}
@@ -165,7 +165,7 @@ def test_usr1_to_hpcml_run_reaches_every_rank_and_they_checkpoint(tmp_path):
     finally:
         p.kill()
     assert p.returncode == 0, err
-    logs = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
+    logs = [(tmp_path / "job" / "logs" / f"rank-{r:05d}.out").read_text() for r in range(2)]
     stopped = [int(line.split()[2]) for log in logs for line in log.splitlines() if line.startswith("stopped at")]
     assert len(stopped) == 2 and all("(SIGUSR1)" in log for log in logs), logs
     run = valid(json.loads((tmp_path / "job" / "run.json").read_text()), "run")

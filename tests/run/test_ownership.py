@@ -191,7 +191,7 @@ def test_a_directory_that_holds_a_job_is_refused_unless_overwrite(tmp_path):
     over = hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
     assert over.returncode == 0, over.stderr
     assert lines(marks, "ran") == 3
-    assert sorted(p.name for p in (tmp_path / "job" / "logs").iterdir()) == ["rank-0.err", "rank-0.out"]
+    assert sorted(p.name for p in (tmp_path / "job" / "logs").iterdir()) == ["rank-00000.err", "rank-00000.out"]
     assert json.loads((tmp_path / "job" / "run.json").read_text())["ntasks"] == 1
     assert len(list((tmp_path / "job" / "observe").glob("rank-00001*"))) == 0    # nothing of the first run
 
@@ -212,7 +212,7 @@ def test_overwrite_removes_a_symlinked_entry_not_what_it_points_to(tmp_path):
     assert over.returncode == 0 and "Traceback" not in over.stderr, over.stderr
     assert (outside / "keep").read_text() == "precious" and sorted(os.listdir(outside)) == ["keep"]
     assert lines(marks, "ran") == 2
-    assert not (tmp_path / "job" / "logs").is_symlink() and (tmp_path / "job" / "logs" / "rank-0.out").exists()
+    assert not (tmp_path / "job" / "logs").is_symlink() and (tmp_path / "job" / "logs" / "rank-00000.out").exists()
 
 
 def test_two_runs_at_once_on_one_directory_one_is_refused(tmp_path):
@@ -236,13 +236,20 @@ def test_the_default_directory_without_slurm_is_a_new_one(tmp_path, monkeypatch)
 
 
 def test_the_same_slurm_job_requeued_continues_in_its_directory(tmp_path):
+    """Only the same job with a higher restart count than recorded, its launcher gone."""
     d = tmp_path / "job"
     d.mkdir()
-    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "started": 1.0, "ended": 2.0})
-    assert jobdir.prepare(d, overwrite=False, job_id="77", restart=1)["job_id"] == "77"
-    for job_id, restart in (("77", 0), ("78", 1), (None, 0)):
+    gone = {"pid": 2 ** 22 + 1, "host": "elsewhere", "created": 1.0}
+    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "attempt": 1, "started": 1.0,
+                         "ended": 2.0, "launcher": gone})
+    assert jobdir.prepare(d, overwrite=False, job_id="77", restart=2)["job_id"] == "77"
+    for job_id, restart in (("77", 0), ("77", 1), ("78", 2), (None, 0)):
         with pytest.raises(UsageError, match="already holds a job"):
             jobdir.prepare(d, overwrite=False, job_id=job_id, restart=restart)
+    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "attempt": 1, "started": 1.0,
+                         "launcher": jobdir.launcher()})          # its launcher still runs, here
+    with pytest.raises(UsageError, match="holds a running job"):
+        jobdir.prepare(d, overwrite=False, job_id="77", restart=2)
 
 
 def test_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
@@ -297,7 +304,7 @@ def test_two_overwrites_at_once_one_runs_and_keeps_its_files(tmp_path):
     results = [(p.wait(timeout=WAIT), p.communicate()[1]) for p in procs]
     assert sorted(rc for rc, _ in results) == [0, 2], results
     assert lines(marks, "ran") == 2                          # the first run and one of the two
-    assert "hello-from-the-rank" in (tmp_path / "job" / "logs" / "rank-0.out").read_text()
+    assert "hello-from-the-rank" in (tmp_path / "job" / "logs" / "rank-00000.out").read_text()
     assert not old.exists()
 
 

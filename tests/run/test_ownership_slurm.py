@@ -82,7 +82,7 @@ def test_overwrite_never_replaces_a_job_running_on_another_host(env, tmp_path):
         "schema": "hpcml.run/1", "command": ["python", "train.py"], "mode": "slurm", "job_id": job_id,
         "launcher": {"pid": 4242, "host": "compute-node-elsewhere", "created": 1.0}, "ended": None}))
     (d / "logs").mkdir()
-    (d / "logs" / "rank-0.out").write_text("the running job's log\n")
+    (d / "logs" / "rank-00000.out").write_text("the running job's log\n")
     client = {k: v for k, v in env.items() if k != "SLURM_JOB_ID"}
 
     def overwrite() -> subprocess.CompletedProcess:
@@ -91,7 +91,7 @@ def test_overwrite_never_replaces_a_job_running_on_another_host(env, tmp_path):
     try:
         p = overwrite()
         assert p.returncode == 2 and f"Slurm job {job_id}" in p.stderr and "Traceback" not in p.stderr, p.stderr
-        assert (d / "logs" / "rank-0.out").read_text() == "the running job's log\n"
+        assert (d / "logs" / "rank-00000.out").read_text() == "the running job's log\n"
     finally:
         subprocess.run(["scancel", job_id], env=env, timeout=30)
     wait(job_id, env)

@@ -47,7 +47,7 @@ echo "run-rc=$?"
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     assert run["mode"] == "slurm" and run["nodes"] == ["n1"] and run["ntasks"] == 1
     assert list(run["excluded"]) == ["n2"] and run["excluded"]["n2"]
-    assert "trained 4 steps on 1 ranks" in (tmp_path / "job" / "logs" / "rank-0.out").read_text()
+    assert "trained 4 steps on 1 ranks" in (tmp_path / "job" / "logs" / "rank-00000.out").read_text()
     rep = _report(tmp_path, env)
     excluded = next(f for f in rep["findings"] if f["kind"] == "excluded_nodes")
     assert "n2" in excluded["message"] and "speed" in excluded["message"]
@@ -78,35 +78,78 @@ echo "run-rc=$?"
     assert not (tmp_path / "started").exists()
 
 
+TRAIN_RESUME = """
+import sys, time
+import numpy as np
+from hpcml import observe
+from hpcml.ckpt import Checkpointer
+ck = Checkpointer(sys.argv[1], every=1, keep=2, max_write_rate="50 MB/s", requeue=True)
+state, step = ck.load_latest()
+start = 0 if state is None else step
+print(f"resumed at {start}", flush=True)
+for s in range(start + 1, 601):
+    with observe.section("step", step=s):
+        time.sleep(0.05)
+    observe.log(step=s, loss=1.0 / s)
+    ck.maybe_save({"step": s, "w": np.full(12800, float(s))}, s)
+    if ck.stopping:
+        print(f"stopped at {s} ({ck.stop_signal})", flush=True)
+        sys.exit(0)
+ck.wait()
+print("done at 600", flush=True)
+"""
+
+
 def test_usr1_warning_checkpoints_requeues_and_the_job_resumes(env, tmp_path):
     """The pre-emption pattern end to end: the batch script ``exec``s hpcml run, so the
     batch-shell signal (``--signal=B:USR1@T``; here ``scancel --signal=USR1 --batch``) goes
     to hpcml run, which passes it to srun, which passes it to every task's recorder, which
     passes it to the training process. Its Checkpointer saves, requeues the job and exits 0;
-    the requeued job starts again from the top and resumes at the saved step on both ranks."""
+    the requeued job starts again from the top, continues in the same job directory as
+    attempt 1 and resumes at the saved step on both ranks. The record and the report say
+    "checkpointed at step N and requeued", not a crash; both attempts' records survive, the
+    first attempt's logs too, and the time between the attempts is a requeue, not a stall."""
     import subprocess
     import time
+    (tmp_path / "train.py").write_text(TRAIN_RESUME)
     script = f"""#!/bin/bash
 #SBATCH --requeue
 #SBATCH --open-mode=append
 echo "start ${{SLURM_RESTART_COUNT:-0}}"
-exec hpcml run --no-report --dir job-${{SLURM_RESTART_COUNT:-0}} -- python {ROOT}/examples/ckpt/train_resume.py \\
-    ckpt --steps 400 --size-mb 0.1 --step-sleep 0.05 --requeue
+exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
 """
     job = submit(script, tmp_path, env)
-    end = time.monotonic() + 120
-    while time.monotonic() < end and len(list(tmp_path.glob("ckpt/step-*"))) < 2:
+    def saved() -> int:
+        return max((int(p.name.split("-")[1]) for p in tmp_path.glob("ckpt/step-*")), default=0)
+    end = time.monotonic() + 120          # trained long enough that the requeue's gap is not most of the job
+    while time.monotonic() < end and saved() < 120:
         time.sleep(0.2)
-    assert list(tmp_path.glob("ckpt/step-*")), (tmp_path / "job.out").read_text()
+    assert saved() >= 120, (tmp_path / "job.out").read_text()
     subprocess.run(["scancel", "--signal=USR1", "--batch", job], env=env, check=True, timeout=30)
     wait(job, env, timeout=360)
     out = (tmp_path / "job.out").read_text()
-    assert "start 0" in out and "start 1" in out, out
-    first = [(tmp_path / "job-0" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
-    stopped = {int(line.split()[2]) for log in first for line in log.splitlines() if line.startswith("stopped at")}
-    assert len(stopped) == 1 and all("(SIGUSR1)" in log for log in first), first
-    # then the requeue's own CONT and TERM, passed on as well (ranks 143: Slurm's kill, after the commit)
-    assert json.loads((tmp_path / "job-0" / "run.json").read_text())["signals_forwarded"][0] == "SIGUSR1"
-    second = [(tmp_path / "job-1" / "logs" / f"rank-{r}.out").read_text() for r in range(2)]
+    assert "start 0" in out and "start 1" in out, out             # the first attempt's batch log survived
+    logs = [(tmp_path / "job" / "logs" / f"rank-{r:05d}.out").read_text() for r in range(2)]
+    split = [log.partition("--- hpcml run: attempt 1 (requeued)") for log in logs]
+    assert all(sep for _, sep, _ in split), logs                  # one log per rank, both attempts in it
+    stopped = {int(line.split()[2]) for first, _, _ in split for line in first.splitlines()
+               if line.startswith("stopped at")}
+    assert len(stopped) == 1 and all("(SIGUSR1)" in first for first, _, _ in split), logs
     at = next(iter(stopped))
-    assert at > 0 and all(f"resumed at {at}" in log and "done at 400" in log for log in second), second
+    assert at > 0 and all(f"resumed at {at}" in second and "done at 600" in second for _, _, second in split), logs
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["attempt"] == 1 and run["exit_code"] == 0 and run["requeued"] is None, run
+    first = run["attempts"][0]
+    assert first["attempt"] == 0 and first["exit_code"] == 0 and first["first_failure"] is None, first
+    assert first["requeued"]["by"] == "hpcml ckpt" and first["requeued"]["step"] == at, first
+    assert first.get("end_recorded_by_next_attempt") or first["signals_forwarded"][0] == "SIGUSR1", first
+    for store in (tmp_path / "job" / "observe", tmp_path / "job" / "attempts" / "1" / "observe"):
+        assert sorted(p.name for p in store.glob("rank-*.arrows")) == ["rank-00000.arrows", "rank-00001.arrows"]
+    rep = _report(tmp_path, env)
+    kinds = [f["kind"] for f in rep["findings"]]
+    requeued = next(f for f in rep["findings"] if f["kind"] == "requeued")
+    assert f"attempt 0 checkpointed at step {at} and requeued (SIGUSR1)" in requeued["message"], rep["findings"]
+    assert "failed_rank" not in kinds and "job_stall" not in kinds, rep["findings"]
+    assert not any("job_stall" == f["kind"] for a in rep["attempts"] for f in a["observe"]["findings"])
+    assert rep["attempts"][0]["requeue_gap_s"] > 0 and rep["ending"]["exit_code"] == 0
+    assert rep["observe"]["ranks_with_data"] == 2 and rep["attempts"][0]["observe"]["ranks_with_data"] == 2

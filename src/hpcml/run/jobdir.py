@@ -8,8 +8,17 @@
     env.json          the resolved container environment, with --env
     observe/          the observe job store: steps, metrics, host and GPU samples per rank
                       (hpcml score reads its GPU rows)
-    logs/rank-N.out   each rank's stdout and stderr
-    logs/rank-N.err
+    logs/rank-00000.out   each rank's stdout and stderr (the 5-digit rank of the observe
+    logs/rank-00000.err   store and checkpoint files); a requeued job appends to them
+    requeued.json     this attempt checkpointed and asked Slurm to requeue it (hpcml.run.requeue)
+    attempts/N/       attempt N >= 1 of the same Slurm job, requeued (SLURM_RESTART_COUNT=N):
+                      its own observe/ and requeued.json; attempt 0 keeps the paths above,
+                      so a job that was never requeued looks as it always did
+
+A requeued job is the one case where a job directory is used again: run.json then holds
+the new attempt, with the earlier attempts' records (exit, failure, signals, requeue)
+under ``attempts``; ``hpcml report`` reads every attempt's store and shows the time
+between two attempts as a requeue, not as a stall of the job.
 """
 
 from __future__ import annotations
@@ -29,11 +38,12 @@ from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import write_atomic
 from hpcml.proctree import start_time
+from hpcml.run.requeue import MARKER
 
 SCHEMA = "hpcml.run/1"
 RUN_JSON = "run.json"
 #: what a job leaves in its directory, removed by --overwrite (nothing else is touched)
-OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html")
+OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html", MARKER, "attempts")
 
 
 def default_dir(job_id: str | None) -> Path:
@@ -52,8 +62,13 @@ def default_dir(job_id: str | None) -> Path:
     raise UsageError("every default job directory name is taken; give one", key="dir")
 
 
-def observe_dir(d: Path) -> Path:
-    return d / "observe"
+def attempt_dir(d: Path, attempt: int = 0) -> Path:
+    """Where attempt ``attempt`` keeps its observe store and requeue marker."""
+    return d if attempt == 0 else d / "attempts" / str(attempt)
+
+
+def observe_dir(d: Path, attempt: int = 0) -> Path:
+    return attempt_dir(d, attempt) / "observe"
 
 
 def vet_dir(d: Path) -> Path:
@@ -61,7 +76,7 @@ def vet_dir(d: Path) -> Path:
 
 
 def log_path(d: Path, rank: int, stream: str) -> Path:
-    return d / "logs" / f"rank-{rank}.{stream}"
+    return d / "logs" / f"rank-{rank:05d}.{stream}"
 
 
 def write_run(d: Path, data: dict[str, Any], exclusive: bool = False) -> None:
@@ -86,11 +101,29 @@ def launcher_alive(run: dict[str, Any]) -> bool | None:
         from hpcml.cluster import slurm
         state = slurm.job_state(str(run["job_id"]))
         return None if state is None else state in slurm.ALIVE
+    return _pid_alive(who)
+
+
+def _pid_alive(who: dict[str, Any]) -> bool:
+    """The launcher on this host still runs: its pid, with the start time it recorded."""
     try:
         started = start_time(int(who["pid"]))
         return started is not None and abs(started - float(who["created"])) < 1.0
+    except (KeyError, TypeError, ValueError):
+        return False
+
+
+def is_requeue(prev: dict[str, Any], job_id: str | None, restart: int) -> bool:
+    """The previous job in a directory is this Slurm job before Slurm requeued it: the same
+    job id, a restart count above the one it recorded, and its launcher gone (on another
+    host Slurm's requeue ended it; on this one its pid tells)."""
+    who = prev.get("launcher") or {}
+    try:
+        recorded = int(prev.get("attempt") or 0)
     except (TypeError, ValueError):
         return False
+    return bool(job_id) and str(prev.get("job_id")) == job_id and restart > recorded \
+        and not (who.get("host") == socket.gethostname() and _pid_alive(who))
 
 
 def _make(d: Path) -> None:
@@ -123,7 +156,7 @@ def claiming(d: Path) -> Iterator[None]:
 def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> dict[str, Any] | None:
     """Make ``d`` ready for a new job. A directory that holds a job is refused (its data
     would mix with the new run's), unless ``overwrite`` (never while that job runs) or it is
-    this Slurm job, requeued (``restart`` > 0): then its run.json is returned and the run
+    this Slurm job, requeued (``is_requeue``): then its run.json is returned and the run
     continues there as a new attempt. The claim itself is ``write_run(exclusive=True)``,
     both inside ``claiming(d)``."""
     _make(d)
@@ -133,7 +166,7 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
         prev = json.loads((d / RUN_JSON).read_text())
     except (OSError, ValueError):
         prev = {}
-    if job_id and prev.get("job_id") == job_id and restart > 0:
+    if is_requeue(prev, job_id, restart):
         return prev
     if prev.get("ended") is None:
         alive = launcher_alive(prev)

@@ -26,7 +26,9 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
+from hpcml.run import requeue
 from hpcml.run.jobdir import (
+    attempt_dir,
     claiming,
     default_dir,
     launcher,
@@ -119,13 +121,12 @@ def run(opts: Options) -> int:
             previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None,
                                restart=restart)
             info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local",
-                                    "job_id": allocation.job_id, "started": time.time(),
+                                    "job_id": allocation.job_id, "attempt": restart, "started": time.time(),
                                     "allocation": list(allocation.nodes), "excluded": {}, "vet": None,
                                     "env": None, "launcher": launcher()}
             if previous is not None:              # this Slurm job, requeued: a new attempt in its directory
                 earlier = previous.pop("attempts", [])
-                info.update(attempt=restart,
-                            attempts=[*earlier, {k: v for k, v in previous.items() if k != "schema"}])
+                info["attempts"] = [*earlier, _concluded(d, previous, restart)]
             try:
                 write_run(d, info, exclusive=previous is None)   # claims d: of two runs at once, one stops here
             except FileExistsError:
@@ -165,6 +166,8 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
         task += ["--env", opts.env]
     if opts.mlflow:
         task += ["--mlflow", opts.mlflow]
+    if info["attempt"]:
+        task += ["--attempt", str(info["attempt"])]
     task += ["--", *opts.cmd]
     if slurm:
         rc = _srun(opts, d, nodes, allocation, task, info)
@@ -373,17 +376,22 @@ def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> 
                 pass
 
 
-def first_failure(d: Path) -> dict | None:
-    """The rank that failed first (by when its command ended), from the recorder's metadata."""
+def _rank_meta(d: Path, attempt: int) -> list[dict]:
     from hpcml.observe.store import read_meta
     try:
-        _, meta, _ = read_meta(observe_dir(d))
+        _, meta, _ = read_meta(observe_dir(d, attempt))
     except UsageError:
-        return None                                     # no task got as far as recording
+        return []                                       # no task got as far as recording
+    return [m for m in (meta.get("ranks") or {}).values() if isinstance(m, dict)]
+
+
+def first_failure(d: Path, attempt: int = 0, requeued: bool = False) -> dict | None:
+    """The rank that failed first (by when its command ended), from the recorder's metadata.
+    ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail."""
     failed = []
-    for m in (meta.get("ranks") or {}).values():
-        ec = (m or {}).get("exit_code")
-        if isinstance(ec, int) and ec != 0:
+    for m in _rank_meta(d, attempt):
+        ec = m.get("exit_code")
+        if isinstance(ec, int) and ec != 0 and not (requeued and ec in requeue.KILLED_BY_REQUEUE):
             failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
     if not failed:
         return None
@@ -391,11 +399,39 @@ def first_failure(d: Path) -> dict | None:
     return {"rank": rank, "exit_code": ec, "node": node, "end": end, "failed_ranks": len(failed)}
 
 
+def _requeued(d: Path, record: dict, ask_slurm: bool) -> dict | None:
+    attempt = int(record.get("attempt") or 0)
+    return requeue.find(attempt_dir(d, attempt), record.get("job_id"), attempt, ask_slurm)
+
+
+def _concluded(d: Path, prev: dict, restart: int) -> dict:
+    """The previous attempt's record, completed where its launcher did not get to (Slurm's
+    requeue kills it ``KillWait`` seconds after TERM): requeued it was, since this attempt
+    runs under a higher restart count."""
+    prev = {k: v for k, v in prev.items() if k != "schema"}
+    if prev.get("requeued") is None:
+        prev["requeued"] = _requeued(d, prev, ask_slurm=False) or {"by": "slurm", "restart_count": restart}
+    if prev.get("ended") is None:
+        attempt = int(prev.get("attempt") or 0)
+        ends = [m["end"] for m in _rank_meta(d, attempt) if isinstance(m.get("end"), (int, float))]
+        first = first_failure(d, attempt, requeued=True)
+        prev.update(ended=max(ends, default=None), exit_code=first["exit_code"] if first else 0,
+                    first_failure=first, end_recorded_by_next_attempt=True)
+    return prev
+
+
 def _finish(d: Path, info: dict, rc: int) -> int:
-    first = first_failure(d)
-    code = first["exit_code"] if first else rc
-    info.update(ended=time.time(), exit_code=code, first_failure=first, launcher_exit_code=rc)
+    """The exit code is the first failing rank's; in an attempt that was requeued the ranks
+    the requeue stopped are not failures, and with none other it is 0."""
+    asked = info["mode"] == "slurm" and (rc != 0 or "SIGTERM" in info.get("signals_forwarded", ()))
+    requeued = _requeued(d, info, ask_slurm=asked)
+    first = first_failure(d, int(info.get("attempt") or 0), requeued=requeued is not None)
+    code = first["exit_code"] if first else (0 if requeued else rc)
+    info.update(ended=time.time(), exit_code=code, first_failure=first, launcher_exit_code=rc, requeued=requeued)
     write_run(d, info)
+    if requeued:
+        print(f"hpcml run: attempt {info.get('attempt') or 0} {requeue.describe(requeued)}; Slurm runs the job "
+              f"again, as the next attempt in {d}", file=sys.stderr)
     if first:
         err = log_path(d, int(first["rank"] or 0), "err")
         print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)

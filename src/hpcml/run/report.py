@@ -7,6 +7,11 @@ on the same store, when it holds GPU samples) and how the job ended (the first f
 rank, its exit code and the tail of its stderr). Findings of every part are ranked: how it
 ended first, then the nodes vetting excluded, then the observe findings, then the score's.
 
+A Slurm job that was requeued ran as several attempts in one job directory
+(``hpcml.run.jobdir``): each attempt has its own observe store and its own ending, and the
+time between two attempts is shown as the requeue it was, not as a stall of the job (one
+store per attempt, so no stall can span it). The score is the last attempt's.
+
 The HTML page holds a section per part; the observe and score sections are those
 components' own pages, embedded.
 """
@@ -20,7 +25,8 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.run.jobdir import launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
+from hpcml.run import requeue
+from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 
 SCHEMA = "hpcml.run.report/1"
@@ -54,20 +60,25 @@ def _env(d: Path) -> dict | None:
         return {"error": f"unreadable env.json: {exc}"}
 
 
-def _observe(d: Path) -> tuple[Any, str | None]:
+def _observe(d: Path, attempt: int = 0, requeued: bool = False) -> tuple[Any, str | None]:
+    """The attempt's observe report. Requeued: the ranks Slurm's requeue stopped (143, 137)
+    did not fail, so observe's "exited non-zero ... OOM kill or timeout?" is left out."""
     from hpcml.observe.report import build
     from hpcml.observe.series import read_series
     try:
-        return build(read_series(observe_dir(d))), None
+        obs = build(read_series(observe_dir(d, attempt)))
     except HpcmlError as exc:
         return None, str(exc)
+    if requeued and all(ec in requeue.KILLED_BY_REQUEUE for ec in obs.failed_ranks.values()):
+        obs.findings = [f for f in obs.findings if f.kind != "failed_rank"]
+    return obs, None
 
 
-def _score(d: Path) -> tuple[dict | None, str | None]:
+def _score(d: Path, attempt: int = 0) -> tuple[dict | None, str | None]:
     from hpcml.score.importers import load
     from hpcml.score.report import build
     try:
-        return build(load(observe_dir(d), "store")), None
+        return build(load(observe_dir(d, attempt), "store")), None
     except HpcmlError as exc:
         why = str(exc)
         if "no GPU samples" in why:
@@ -77,9 +88,13 @@ def _score(d: Path) -> tuple[dict | None, str | None]:
 
 def _ending(d: Path, run: dict) -> dict:
     first = run.get("first_failure")
+    requeued = run.get("requeued")
+    if requeued is None and run.get("ended") is None:     # its launcher killed by the requeue itself
+        attempt = int(run.get("attempt") or 0)
+        requeued = requeue.find(attempt_dir(d, attempt), run.get("job_id"), attempt, ask_slurm=True)
     out: dict[str, Any] = {"exit_code": run.get("exit_code"), "aborted": bool(run.get("aborted")),
-                           "launcher_killed": run.get("ended") is None and launcher_alive(run) is False,
-                           "first_failure": None}
+                           "launcher_killed": run.get("ended") is None and not requeued and launcher_alive(run) is False,
+                           "requeued": requeued, "first_failure": None}
     if first:
         r = first.get("rank")
         out["first_failure"] = {**first, "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES) if r is not None
@@ -102,28 +117,69 @@ def _unended(run: dict) -> dict[str, str]:
                       "(the node's OOM killer in dmesg, a kill -9, the end of the allocation)"}
 
 
+def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], list[dict], list[dict[str, str]]]:
+    """The attempts before this one: their summaries, their observe reports, their findings
+    (each named by its attempt) and the requeue between each and the next."""
+    out, parts, findings = [], [], []
+    for i, rec in enumerate(records):
+        n = int(rec.get("attempt") or 0)
+        nxt = records[i + 1] if i + 1 < len(records) else current
+        gap = round(nxt["started"] - rec["ended"], 1) if rec.get("ended") and nxt.get("started") else None
+        ending = _ending(d, rec)
+        obs, why = _observe(d, n, bool(ending["requeued"]))
+        out.append({"attempt": n, "started": rec.get("started"), "ended": rec.get("ended"),
+                    "exit_code": rec.get("exit_code"), "requeued": ending["requeued"],
+                    "first_failure": ending["first_failure"], "signals_forwarded": rec.get("signals_forwarded", []),
+                    "observe": obs.to_dict() if obs is not None else None, "observe_missing": why,
+                    "requeue_gap_s": gap})
+        parts.append(obs)
+        what = requeue.describe(ending["requeued"]) if ending["requeued"] else "ended and Slurm ran the job again"
+        findings.append({"source": "run", "kind": "requeued",
+                         "message": f"attempt {n} {what}; attempt {nxt.get('attempt')} started "
+                                    + (f"{gap:.0f} s later" if gap is not None else "after it"),
+                         "advice": "a requeue, not a failure: the time between them was spent in Slurm's queue, "
+                                   "not stalled"})
+        findings += _run_findings(d, ending, f"attempt {n}: ")
+        findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
+                     for f in (obs.findings if obs is not None else []) if f.kind != "failed_rank"]
+    return out, parts, findings
+
+
+def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str]]:
+    first = ending["first_failure"]
+    if not first:
+        return []
+    last = next((line for line in reversed(first["stderr_tail"]) if line.strip()), "")
+    return [{"source": "run", "kind": "failed_rank",
+             "message": f"{prefix}rank {first['rank']} on {first.get('node')} failed first with exit code "
+                        f"{first['exit_code']}" + (f": {last.strip()}" if last else ""),
+             "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
+
+
 def build(d: str | Path) -> dict[str, Any]:
     d = Path(d)
     run = read_run(d)
     vet = _vet(d, run)
     aborted = bool(run.get("aborted"))
-    obs, obs_why = (None, "the command never started") if aborted else _observe(d)
-    score, score_why = (None, "the command never started") if aborted else _score(d)
+    attempt = int(run.get("attempt") or 0)
     ending = _ending(d, run)
+    obs, obs_why = (None, "the command never started") if aborted else _observe(d, attempt, bool(ending["requeued"]))
+    score, score_why = (None, "the command never started") if aborted else _score(d, attempt)
+    earlier, earlier_obs, earlier_findings = _earlier(d, list(run.get("attempts") or []), run)
     findings: list[dict[str, str]] = []
     if aborted:
         findings.append({"source": "vet", "kind": "aborted", "message": "vetting aborted the run before the command "
                          f"started: {len(vet['good']) if vet else 0} good nodes, fewer than needed",
                          "advice": "see the vet section for each bad node's reasons; resubmit excluding them"})
-    if run.get("ended") is None:
+    if ending["requeued"]:
+        findings.append({"source": "run", "kind": "requeued",
+                         "message": f"attempt {attempt} {requeue.describe(ending['requeued'])}",
+                         "advice": "a requeue, not a failure: the job continues in this directory as its next attempt"})
+    elif run.get("ended") is None:
         findings.append(_unended(run))
     first = ending["first_failure"]
-    if first:
-        last = next((line for line in reversed(first["stderr_tail"]) if line.strip()), "")
-        findings.append({"source": "run", "kind": "failed_rank",
-                         "message": f"rank {first['rank']} on {first.get('node')} failed first with exit code "
-                                    f"{first['exit_code']}" + (f": {last.strip()}" if last else ""),
-                         "advice": f"read {log_path(d, int(first['rank']), 'err')}"})
+    findings += _run_findings(d, ending)
+    findings += earlier_findings
     if vet and vet.get("bad"):
         reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted((run.get("excluded") or {}).items()))
         findings.append({"source": "vet", "kind": "excluded_nodes",
@@ -135,13 +191,14 @@ def build(d: str | Path) -> dict[str, Any]:
                      for f in obs.findings if not (first and f.kind in said)]
     if score is not None:
         findings += [{"source": "score", "kind": "score", "message": f, "advice": ""} for f in score["findings"]]
-    started, ended = run.get("started"), run.get("ended")
+    started, ended = (earlier[0]["started"] if earlier else run.get("started")), run.get("ended")
     return {
         "schema": SCHEMA,
         "path": str(d),
         "job": {k: run.get(k) for k in ("command", "mode", "job_id", "allocation", "nodes", "ntasks",
-                                        "ntasks_per_node", "master", "launch", "started", "ended")}
-        | {"duration_s": round(ended - started, 3) if started and ended else None},
+                                        "ntasks_per_node", "master", "launch", "ended", "attempt")}
+        | {"started": started, "duration_s": round(ended - started, 3) if started and ended else None},
+        "attempts": earlier,
         "vet": vet,
         "excluded": run.get("excluded") or {},
         "env": _env(d),
@@ -151,7 +208,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "score": {k: v for k, v in score.items() if k not in ("series", "heatmap")} if score is not None else None,
         "score_missing": score_why,
         "findings": findings,
-        "_parts": {"observe": obs, "score": score},
+        "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
 
 
@@ -166,6 +223,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
     lines = [f"job {job.get('job_id') or 'local'} ({job.get('mode')}): {' '.join(job.get('command') or [])}",
              f"  {job.get('ntasks')} tasks on {', '.join(job.get('nodes') or [])}, exit code {end['exit_code']}"
              + (f", {job['duration_s']:.1f} s" if job.get("duration_s") is not None else "")]
+    lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
     if vet:
         lines.append(f"  vet: {vet['decision']}, {len(vet['good'])} good, {len(vet['bad'])} bad"
@@ -195,6 +253,21 @@ def summary(rep: dict[str, Any]) -> list[str]:
     if not rep["findings"]:
         lines.append("→ no findings")
     return lines
+
+
+def _attempt_lines(rep: dict[str, Any]) -> list[str]:
+    """One line per attempt of a requeued job: how each ended and the requeue before the next."""
+    if not rep["attempts"]:
+        return []
+    out = []
+    for a in rep["attempts"]:
+        how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with exit code {a['exit_code']}"
+        gap = f"; requeue gap {a['requeue_gap_s']:.0f} s" if a.get("requeue_gap_s") is not None else ""
+        out.append(f"attempt {a['attempt']}: {how}{gap}")
+    end = rep["ending"]
+    how = requeue.describe(end["requeued"]) if end.get("requeued") else f"exit code {end['exit_code']}"
+    out.append(f"attempt {rep['job'].get('attempt') or 0} (this one): {how}")
+    return out
 
 
 # -- HTML -----------------------------------------------------------------------------------------
@@ -240,8 +313,13 @@ def render(rep: dict[str, Any]) -> str:
     out.append(f"<pre>{e(json.dumps(env, indent=2, default=str))}</pre>" if env
                else "<p class='muted'>the host's environment (no --env)</p>")
     out.append("</section><section id='run-ending'><h2>How it ended</h2>")
+    if rep["attempts"]:
+        out.append("<p>A requeued Slurm job, in " + str(len(rep["attempts"]) + 1) + " attempts:</p><ul>"
+                   + "".join(f"<li>{e(line)}</li>" for line in _attempt_lines(rep)) + "</ul>")
     first = end["first_failure"]
-    if first:
+    if end.get("requeued"):
+        out.append(f"<p>{e(requeue.describe(end['requeued']))}: not a failure; Slurm runs the job again.</p>")
+    elif first:
         out.append(f"<p>rank {first['rank']} on {e(str(first.get('node')))} failed first, exit code "
                    f"{first['exit_code']} ({first.get('failed_ranks')} rank(s) failed in all). Its stderr ends:</p>"
                    f"<pre>{e(chr(10).join(first['stderr_tail']))}</pre>")
@@ -253,8 +331,13 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"<p>every rank ended with exit code 0; the run's exit code is {end['exit_code']}.</p>")
     out.append("</section><section id='run-observe'><h2>Throughput, stragglers, stalls</h2>")
     parts = rep.get("_parts") or {}
+    from hpcml.observe.html import render as observe_page
+    for a, obs in zip(rep["attempts"], parts.get("attempts") or []):    # a requeued job's earlier attempts
+        out.append(f"<h3>attempt {a['attempt']}</h3>")
+        out.append(_body(observe_page(obs)) if obs is not None else f"<p class='muted'>{e(str(a['observe_missing']))}</p>")
+    if rep["attempts"]:
+        out.append(f"<h3>attempt {rep['job'].get('attempt') or 0}</h3>")
     if parts.get("observe") is not None:
-        from hpcml.observe.html import render as observe_page
         out.append(_body(observe_page(parts["observe"])))
     else:
         out.append(f"<p class='muted'>{e(str(rep.get('observe_missing')))}</p>")

@@ -1,9 +1,11 @@
 """One task of ``hpcml run`` (``python -m hpcml.run.task JOBDIR [--env EDF] -- CMD``).
 
 Started by srun (or by the local launcher), it sets the rendezvous variables from Slurm's,
-sends its stdout and stderr to ``JOBDIR/logs/rank-N.{out,err}``, and runs CMD under the
+sends its stdout and stderr to ``JOBDIR/logs/rank-NNNNN.{out,err}``, and runs CMD under the
 observe recorder (GPU sampler ``auto``), in the EDF's container when one is given. Exits
-with CMD's exit code.
+with CMD's exit code. ``--attempt N`` (a requeued Slurm job): the attempt's own observe
+store, a header line in the appended logs, and ``HPCML_RUN_DIR`` naming where the
+Checkpointer notes a requeue (``hpcml.run.requeue``).
 
 It owns what it started (``hpcml.proctree``): it is a child subreaper, so a rank's
 orphaned children stay its descendants; ``STOP`` (the launcher's parent-death signal, and
@@ -21,8 +23,9 @@ import time
 from pathlib import Path
 
 from hpcml.proctree import become_subreaper, stop_descendants
-from hpcml.run.jobdir import log_path, observe_dir
+from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
+from hpcml.run.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.signals import install
 
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
@@ -30,11 +33,14 @@ STOP = signal.SIGRTMIN + 1
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 
 
-def _redirect(d: Path, rank: int) -> None:
+def _redirect(d: Path, rank: int, attempt: int) -> None:
     logs = d / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for fd, stream in ((1, "out"), (2, "err")):
         f = os.open(log_path(d, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        if attempt:                         # where the requeued job's lines begin
+            os.write(f, f"--- hpcml run: attempt {attempt} (requeued), {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+                     .encode())
         os.dup2(f, fd)
         os.close(f)
 
@@ -55,14 +61,16 @@ def _stop(*_) -> None:
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
         print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
-              "-- CMD...", file=sys.stderr)
+              "[--attempt N] -- CMD...", file=sys.stderr)
         return 2
     head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     d = Path(head[0])
     opts = dict(zip(head[1::2], head[2::2]))
+    attempt = int(opts.get("--attempt", "0"))
     os.environ.update(task_env(os.environ))
+    os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
     rank = int(os.environ.get("RANK", "0"))
-    _redirect(d, rank)
+    _redirect(d, rank, attempt)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     if opts.get("--env"):
@@ -75,7 +83,7 @@ def main(argv: list[str]) -> int:
         signal.signal(sig, signal.SIG_IGN)
     from hpcml.observe.recorder import record
     try:
-        return record(cmd, observe_dir(d),
+        return record(cmd, observe_dir(d, attempt),
                       float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"),
                       exec_via=[sys.executable, "-m", "hpcml.run.rankexec"])
     finally:

@@ -1,0 +1,102 @@
+"""How an attempt of ``hpcml run`` learns that it ended in a requeue, not a crash.
+
+``scontrol requeue`` makes Slurm end the job (TERM, then SIGKILL after ``KillWait``) and run
+it again under the same job id with ``SLURM_RESTART_COUNT`` one higher. Seen from the
+launcher alone, the ranks that were still shutting down die with exit 143 and look like a
+failure. Two sources tell it apart:
+
+- hpcml issued it: the Checkpointer's rank 0 calls ``note()`` after its final checkpoint
+  committed and before it runs ``scontrol requeue``; ``note()`` writes ``requeued.json``
+  (``hpcml.run.requeue/1``: step, signal, checkpoint directory) into the attempt's
+  directory, which the task wrapper names in ``HPCML_RUN_DIR``.
+- anyone else (an operator, a node failure with ``--requeue``): Slurm's restart count of
+  the job (``scontrol show job``'s ``Restarts``) is above the attempt's own.
+
+The launcher asks at its end; the next attempt asks again, because ``KillWait`` (2 s on the
+test cluster) may kill the launcher before it writes its end.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from hpcml.files import load_json_bounded, write_atomic
+
+SCHEMA = "hpcml.run.requeue/1"
+MARKER = "requeued.json"
+ENV_DIR = "HPCML_RUN_DIR"            # the attempt's directory, set by the task wrapper
+ENV_ATTEMPT = "HPCML_RUN_ATTEMPT"
+#: the exit codes of ranks that the requeue itself ended (Slurm's TERM, then its SIGKILL)
+KILLED_BY_REQUEUE = (128 + 15, 128 + 9)
+
+
+def note(step: int | None, signal: str | None, checkpoint: str | os.PathLike) -> Path | None:
+    """Record, before ``scontrol requeue``, that this attempt checkpointed ``step`` and asks
+    to be requeued. Nothing outside ``hpcml run`` (no ``HPCML_RUN_DIR``). Returns the
+    marker, for ``withdraw`` when the requeue command fails."""
+    where = os.environ.get(ENV_DIR)
+    if not where:
+        return None
+    path = Path(where) / MARKER
+    doc = {"schema": SCHEMA, "by": "hpcml ckpt", "step": step, "signal": signal, "checkpoint": str(checkpoint),
+           "job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": _int(os.environ.get("SLURM_RESTART_COUNT")),
+           "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time(), "host": socket.gethostname()}
+    try:
+        write_atomic(path, json.dumps(doc, indent=2) + "\n")
+    except OSError:
+        return None                      # the requeue matters more than its note
+    return path
+
+
+def withdraw(path: Path | None) -> None:
+    if path is not None:
+        path.unlink(missing_ok=True)
+
+
+def _int(v: Any) -> int:
+    try:
+        return int(v)
+    except (TypeError, ValueError):
+        return 0
+
+
+def find(attempt_dir: Path, job_id: str | None, restart: int, ask_slurm: bool) -> dict[str, Any] | None:
+    """Whether the attempt in ``attempt_dir`` (Slurm restart count ``restart``) was requeued:
+    its marker, else Slurm's restart count above ``restart`` (asked only with ``ask_slurm``:
+    one ``scontrol`` call). None: not requeued, or Slurm cannot tell."""
+    try:
+        doc = load_json_bounded(attempt_dir / MARKER, 1 << 16)
+    except (OSError, ValueError):
+        doc = None
+    if isinstance(doc, dict) and doc.get("schema") == SCHEMA and str(doc.get("job_id")) == str(job_id) \
+            and _int(doc.get("restart_count")) == restart:
+        return {k: doc.get(k) for k in ("by", "step", "signal", "checkpoint", "time")}
+    if not (ask_slurm and job_id):
+        return None
+    now = restarts(job_id)
+    return {"by": "slurm", "restart_count": now} if now is not None and now > restart else None
+
+
+def restarts(job_id: str) -> int | None:
+    """Slurm's restart count of a job (``Restarts=`` of ``scontrol show job``); None when
+    Slurm cannot be asked."""
+    from hpcml.cluster import slurm
+    from hpcml.errors import SlurmError
+    try:
+        recs = slurm.scontrol_show("job", str(job_id))
+    except SlurmError:
+        return None
+    return _int(recs[0].get("Restarts")) if recs else None
+
+
+def describe(requeued: dict[str, Any]) -> str:
+    """``checkpointed at step 70 and requeued (SIGUSR1)``, in the report and the log."""
+    if requeued.get("by") == "slurm":
+        return f"requeued by Slurm (restart count now {requeued.get('restart_count')})"
+    why = f" ({requeued['signal']})" if requeued.get("signal") else ""
+    return f"checkpointed at step {requeued.get('step')} and requeued{why}"
