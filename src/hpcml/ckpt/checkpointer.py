@@ -244,7 +244,14 @@ class Checkpointer:
             print("hpcml ckpt: requeue asked but not in a Slurm job", file=sys.stderr)
             return
         from hpcml.cluster import slurm
-        slurm.run(["scontrol", "requeue", job], timeout=30)
+        from hpcml.run import requeue
+        # under hpcml run: the run's record and report say "requeued", not "rank failed (143)"
+        marker = requeue.note(self._committed, self.stop_signal, self.dir)
+        try:
+            slurm.run(["scontrol", "requeue", job], timeout=30)
+        except BaseException:
+            requeue.withdraw(marker)
+            raise
 
     # -- save ---------------------------------------------------------------------------
     def save(self, state: Any, step: int) -> None:
