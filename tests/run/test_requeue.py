@@ -1,0 +1,78 @@
+"""A requeued attempt whose ``hpcml run`` Slurm killed before it wrote its end (``KillWait``
+after the requeue's TERM: 2 s on the test cluster, 30 s by default). The end to end path,
+with the real Checkpointer's requeue on the local cluster, is test_run_slurm's USR1 test.
+
+The directory is as attempt 0 leaves it: run.json with no end, a store whose rank 1 ended
+143 (the requeue's TERM), the marker the Checkpointer wrote through ``requeue.note``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import jsonschema
+
+from hpcml import schemas
+from hpcml.run import jobdir, launcher, requeue
+from hpcml.testing.synthetic_job import make_job
+
+GONE = {"pid": 2 ** 22 + 1, "host": "n1", "created": 1.0}
+
+
+def _valid(doc: dict, name: str) -> dict:
+    jsonschema.validate(doc, schemas.load(name), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+def _attempt0(d, monkeypatch) -> None:
+    store = make_job(jobdir.observe_dir(d), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
+    killed = json.loads((store / "rank-00001.json").read_text()) | {"exit_code": 143}
+    (store / "rank-00001.json").write_text(json.dumps(killed))
+    jobdir.write_run(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0,
+                         "started": killed["start"], "launcher": GONE, "ntasks": 2})
+    for k, v in {"HPCML_RUN_DIR": str(d), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}.items():
+        monkeypatch.setenv(k, v)
+    requeue.note(50, "SIGUSR1", d / "ckpt")
+
+
+def test_the_next_attempt_records_the_killed_one_as_requeued_and_the_report_says_so(tmp_path, monkeypatch):
+    d = tmp_path / "job"
+    d.mkdir()
+    _attempt0(d, monkeypatch)
+    prev = json.loads((d / "run.json").read_text())
+    assert jobdir.is_requeue(prev, "77", 1)
+    earlier = launcher._concluded(d, prev, 1)
+    assert earlier["requeued"]["step"] == 50 and earlier["exit_code"] == 0 and earlier["first_failure"] is None
+    assert earlier["end_recorded_by_next_attempt"] and earlier["ended"] > earlier["started"]
+    make_job(jobdir.observe_dir(d, 1), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
+    later = earlier["ended"] + 600
+    jobdir.write_run(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 1,
+                         "started": later, "ended": later + 10, "exit_code": 0, "first_failure": None,
+                         "requeued": None, "launcher": GONE, "ntasks": 2, "attempts": [earlier]})
+    _valid(json.loads((d / "run.json").read_text()), "run")
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_RUN"))}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "report", str(d), "--json"], capture_output=True, text=True,
+                       env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    rep = _valid(json.loads(p.stdout), "run.report")
+    kinds = [f["kind"] for f in rep["findings"]]
+    assert "attempt 0 checkpointed at step 50 and requeued (SIGUSR1); attempt 1 started 600 s later" \
+        in rep["findings"][0]["message"], rep["findings"]
+    assert "failed_rank" not in kinds and "job_stall" not in kinds and "launcher_killed" not in kinds, kinds
+    assert rep["attempts"][0]["requeue_gap_s"] == 600 and rep["attempts"][0]["observe"]["ranks_with_data"] == 2
+
+
+def test_a_marker_of_another_attempt_or_job_is_not_this_attempts_requeue(tmp_path, monkeypatch):
+    d = tmp_path / "job"
+    d.mkdir()
+    _attempt0(d, monkeypatch)
+    assert requeue.find(d, "77", 0, ask_slurm=False)["step"] == 50
+    assert requeue.find(d, "77", 1, ask_slurm=False) is None      # attempt 0's marker, seen by attempt 1
+    assert requeue.find(d, "78", 0, ask_slurm=False) is None
+    requeue.withdraw(d / requeue.MARKER)                         # scontrol requeue failed: no requeue
+    assert requeue.find(d, "77", 0, ask_slurm=False) is None
+    monkeypatch.delenv("HPCML_RUN_DIR")
+    assert requeue.note(50, "SIGUSR1", d) is None                # outside hpcml run: nothing written
