@@ -120,7 +120,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
     assert list(d) == ["schema", "job_id", "path", "ranks_expected", "ranks_with_data", "nodes", "start", "end",
                        "duration_s", "rows", "throughput", "stalls", "stragglers", "bimodal", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
-                       "failed_ranks", "recorder_problems", "findings"]
+                       "failed_ranks", "recorder_problems", "findings", "restarts"]
     assert d["job_id"] == "synthetic" and d["missing_ranks"] == [MISSING] and str(CUT) in d["damaged_ranks"]
     assert all(set(f) == {"kind", "message", "advice"} for f in d["findings"])
     assert {"rank", "node", "gpus", "score", "confidence"} <= set(d["stragglers"][0])
@@ -240,3 +240,35 @@ def test_a_file_given_for_the_job_directory_says_so(job_dir):
     p = _cli(str(job_dir / "job.json"))
     assert p.returncode == 2 and "a file, not a job directory" in p.stderr and str(job_dir) in p.stderr
     assert "does not exist" not in p.stderr and p.stderr.count("\n") == 1
+
+
+STEPS = """
+import sys, time
+from hpcml import observe
+for s in range(int(sys.argv[1]), int(sys.argv[2])):
+    with observe.section("step", step=s):
+        time.sleep(0.02)
+sys.exit(int(sys.argv[3]))
+"""
+
+
+def test_a_job_recorded_twice_into_one_store_was_not_running_between_not_stalled(tmp_path):
+    """A requeued job whose ``hpcml observe record`` writes the same store again (issue 29):
+    the first run's exit is kept, and the time between the runs is a restart, not a stall."""
+    import time
+
+    from hpcml.observe.report import Limits
+    (tmp_path / "steps.py").write_text(STEPS)
+    store = tmp_path / "obs"
+    for first, last, code in ((0, 60, 143), (60, 120, 0)):
+        p = subprocess.run([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(store), "--interval",
+                            "0.1", "--", sys.executable, str(tmp_path / "steps.py"), str(first), str(last), str(code)],
+                           capture_output=True, text=True, timeout=120)
+        assert p.returncode == code, p.stderr
+        if first == 0:
+            time.sleep(1.0)                          # the requeue: nothing of the job runs meanwhile
+    meta = json.loads((store / "rank-00000.json").read_text())
+    assert meta["exit_code"] == 0 and [e["exit_code"] for e in meta["earlier"]] == [143], meta
+    r = build(read_job(store), limits=Limits(min_stall_s=0.5))
+    assert len(r.restarts) == 1 and r.restarts[0]["duration_s"] >= 0.5 and r.stalls == [], (r.restarts, r.stalls)
+    assert [f.kind for f in r.findings][0] == "restart_gap" and r.throughput["median"] > 0

@@ -25,7 +25,7 @@ from typing import TYPE_CHECKING
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.errors import UsageError
 from hpcml.observe.api import rank_from_env
-from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, write_json
+from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
@@ -122,6 +122,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     rank_meta = {"schema": RANK_SCHEMA, "rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
                  "start": started, **gpu.meta}
+    if earlier := earlier_runs(rank_meta_path):       # the same store again: a requeued job
+        rank_meta["earlier"] = earlier
     write_json(rank_meta_path, rank_meta)
 
     exporter: PromExporter | PromForwarder | None = None

@@ -15,7 +15,10 @@ most ``MAX_BUCKETS`` equal buckets over the job's span.
 - Stalls: runs of buckets where the job-wide step rate (completed steps / active
   rank-seconds) falls below ``STALL_FRACTION`` of its median over the job, lasting at least
   ``Limits.min_stall_steps`` median step times and ``Limits.min_stall_s`` seconds (a short
-  bucket of a fast job is noise, not a stall).
+  bucket of a fast job is noise, not a stall). A requeued job that recorded into the same
+  store again was not running between its runs: from the last row before the ranks'
+  recorders started again (``rank-NNNNN.json``'s ``start`` and ``earlier``) to that start,
+  reported as ``restarts``, never as a stall.
 - Stragglers: ``hpcml.observe.stragglers.score_groups`` on the ``step`` section, with the
   thresholds of ``Limits``; a job of two speed groups is reported as bimodal and each group
   is scored on its own.
@@ -86,6 +89,7 @@ class Report:
     recorder_problems: dict[str, float]
     findings: list[Finding]
     plots: dict[str, Any] = field(default_factory=dict, repr=False)
+    restarts: list[dict[str, Any]] = field(default_factory=list)   # spans between two runs (requeued)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -240,6 +244,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     plots: dict[str, Any] = {"t": centers, "bucket_s": width, "t0": t0_us / 1e6 if t0_us else None,
                              "series": [], "gpu": [], "host": [], "heatmap": None, "throughput": None}
 
+    restarts = _restarts(meta_ranks, groups, t0_us, max(limits.min_stall_s, 3 * interval))
+
     # Step rate per bucket: completed steps per active rank-second.
     rate = None
     stalls: list[dict[str, Any]] = []
@@ -252,6 +258,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         done = np.bincount(sg.bucket, minlength=nb).astype(float)
         with np.errstate(invalid="ignore", divide="ignore"):
             rate = np.where(active > 0.5 * width, done / active, np.nan)
+        for gap in restarts:                                        # not running: no rate, no stall
+            rate[(edges[:-1] >= gap["start_s"] - width) & (edges[1:] <= gap["end_s"] + width)] = np.nan
         med = float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan")
         step_s = float(np.nanmedian(sg.value)) if len(sg.value) else 0.0
         min_stall = max(limits.min_stall_s, limits.min_stall_steps * (step_s if np.isfinite(step_s) else 0.0))
@@ -359,7 +367,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         if k == "problem" and len(g.value) and np.nanmax(g.value) > 0:
             rec_problems[nm] = float(np.nanmax(g.value))
 
-    findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed,
+    findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed, restarts=restarts,
                          stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
@@ -372,7 +380,26 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   stragglers=stragglers, bimodal=bimodal, one_off_stalls=one_off[:50],
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
-                  recorder_problems=rec_problems, findings=findings, plots=plots)
+                  recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts)
+
+
+def _restarts(meta_ranks: dict[str, dict], groups: dict, t0_us: int | None, min_gap: float) -> list[dict[str, Any]]:
+    """When a requeued job's ranks recorded into this store again: the k-th restart is the
+    earliest k-th run start of any rank; the job was not running from the last row any rank
+    recorded before it. Shorter than ``min_gap``: a recorder restarted at once, nothing to say."""
+    if t0_us is None:
+        return []
+    runs = [[*(m.get("earlier") or []), m] for m in meta_ranks.values() if isinstance(m, dict) and m.get("earlier")]
+    out: list[dict[str, Any]] = []
+    for k in range(1, max((len(r) for r in runs), default=0)):
+        starts = [r[k].get("start") for r in runs if len(r) > k and isinstance(r[k].get("start"), (int, float))]
+        if not starts:
+            continue
+        back = min(starts) - t0_us / 1e6
+        last = max((float(g.x[g.x < back].max()) for g in groups.values() if (g.x < back).any()), default=None)
+        if last is not None and back - last >= min_gap:
+            out.append({"start_s": _r(last, 2), "end_s": _r(back, 2), "duration_s": _r(back - last, 2)})
+    return out
 
 
 def _ranks_text(ranks: list[int], shown: int = 6) -> str:
@@ -417,8 +444,14 @@ def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, An
 
 
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
-              degrading, meta_ranks, bimodal=None) -> list[Finding]:
+              degrading, meta_ranks, bimodal=None, restarts=()) -> list[Finding]:
     out: list[Finding] = []
+    if restarts:
+        total = sum(r["duration_s"] for r in restarts)
+        out.append(Finding("restart_gap", f"the job ran {len(restarts) + 1} times into this store; it was not running "
+                           f"for {total:.0f} s in between (from +{restarts[0]['start_s']:.0f} s): a requeue or "
+                           "restart, not a stall", "hpcml run keeps each attempt of a requeued job in its own "
+                           "store (attempts/N/observe) and reports them together"))
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
         nodes = sorted({node for r in missing

@@ -133,6 +133,22 @@ def write_json(path: Path, data: dict[str, Any]) -> None:
     write_atomic(path, json.dumps(data, indent=2, default=str) + "\n")
 
 
+def earlier_runs(rank_meta_path: Path) -> list[dict[str, Any]]:
+    """The runs of this rank that an earlier recorder in the same store recorded (a requeued
+    Slurm job started again with the same store): their start, end and exit code, kept in
+    the new ``rank-NNNNN.json`` under ``earlier`` instead of being overwritten. The report
+    reads their starts to tell the time between two runs from a stall."""
+    from hpcml.files import load_json_bounded
+    try:
+        old = load_json_bounded(rank_meta_path, 1 << 20)
+    except (OSError, ValueError):
+        return []
+    if not isinstance(old, dict):
+        return []
+    kept = [e for e in old.get("earlier") or [] if isinstance(e, dict)]
+    return [*kept, {k: old.get(k) for k in ("start", "end", "exit_code", "signal", "node", "host")}]
+
+
 def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]]:
     """A job directory's metadata (job.json with each rank's under "ranks") and its rank
     files, without reading any data; not a job directory is bad input (exit 2)."""
