@@ -76,3 +76,18 @@ def test_a_marker_of_another_attempt_or_job_is_not_this_attempts_requeue(tmp_pat
     assert requeue.find(d, "77", 0, ask_slurm=False) is None
     monkeypatch.delenv("HPCML_RUN_DIR")
     assert requeue.note(50, "SIGUSR1", d) is None                # outside hpcml run: nothing written
+
+
+def test_a_requeue_the_launcher_did_not_see_is_recorded_by_the_next_attempt(tmp_path, monkeypatch):
+    """Requeued by someone else (no marker), before Slurm's restart count moved: attempt 0's
+    launcher wrote rank 1's 143 as a failure; attempt 1, under a higher restart count, knows."""
+    d = tmp_path / "job"
+    d.mkdir()
+    _attempt0(d, monkeypatch)
+    requeue.withdraw(d / requeue.MARKER)
+    prev = json.loads((d / "run.json").read_text()) | {"ended": 5.0, "exit_code": 143, "requeued": None,
+                                                        "first_failure": {"rank": 1, "exit_code": 143}}
+    earlier = launcher._concluded(d, prev, 1)
+    assert earlier["requeued"] == {"by": "slurm", "restart_count": 1}, earlier
+    assert earlier["exit_code"] == 0 and earlier["first_failure"] is None and earlier["ended"] == 5.0
+    assert requeue.describe(earlier["requeued"]) == "requeued by Slurm (restart count now 1)"

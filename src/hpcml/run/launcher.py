@@ -409,14 +409,15 @@ def _concluded(d: Path, prev: dict, restart: int) -> dict:
     requeue kills it ``KillWait`` seconds after TERM): requeued it was, since this attempt
     runs under a higher restart count."""
     prev = {k: v for k, v in prev.items() if k != "schema"}
-    if prev.get("requeued") is None:
-        prev["requeued"] = _requeued(d, prev, ask_slurm=False) or {"by": "slurm", "restart_count": restart}
+    if prev.get("requeued") is not None:
+        return prev
+    attempt = int(prev.get("attempt") or 0)
+    first = first_failure(d, attempt, requeued=True)       # the ranks the requeue stopped did not fail
+    prev.update(requeued=_requeued(d, prev, ask_slurm=False) or {"by": "slurm", "restart_count": restart},
+                exit_code=first["exit_code"] if first else 0, first_failure=first)
     if prev.get("ended") is None:
-        attempt = int(prev.get("attempt") or 0)
         ends = [m["end"] for m in _rank_meta(d, attempt) if isinstance(m.get("end"), (int, float))]
-        first = first_failure(d, attempt, requeued=True)
-        prev.update(ended=max(ends, default=None), exit_code=first["exit_code"] if first else 0,
-                    first_failure=first, end_recorded_by_next_attempt=True)
+        prev.update(ended=max(ends, default=None), end_recorded_by_next_attempt=True)
     return prev
 
 
