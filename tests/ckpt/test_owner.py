@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from hpcml.ckpt import Checkpointer
+from hpcml.run.jobdir import log_path
 
 TASK = Path(__file__).with_name("task.py")
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "ckpt" / "train_resume.py"
@@ -187,7 +188,7 @@ def test_under_ddp_every_rank_is_refused_none_waits_in_a_collective(tmp_path):
     finally:
         first.kill()
         first.wait()
-    logs = [(tmp_path / "job" / "logs" / f"rank-{r}.err").read_text() for r in (0, 1)]
+    logs = [log_path(tmp_path / "job", r, "err").read_text() for r in (0, 1)]
     assert out.returncode != 0, out.stderr[-2000:]
     assert all(f"pid {first.pid}" in log and "in use by another job" in log for log in logs), logs
     assert not list(ck.glob("*step*"))

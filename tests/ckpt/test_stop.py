@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 
 from hpcml.ckpt import Checkpointer
+from hpcml.run.jobdir import log_path
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "ckpt" / "train_resume.py"
@@ -79,7 +80,7 @@ def test_under_ddp_one_signalled_rank_stops_every_rank_at_the_same_step(tmp_path
         end = time.monotonic() + 120
         pid = None
         while time.monotonic() < end and p.poll() is None:
-            logs = [tmp_path / "job" / "logs" / f"rank-{r}.out" for r in (0, 1)]
+            logs = [log_path(tmp_path / "job", r, "out") for r in (0, 1)]
             if all(f.exists() and "resumed at" in f.read_text() for f in logs):
                 pid = _rank_pid(p.pid, "1")
                 if pid:
@@ -92,7 +93,7 @@ def test_under_ddp_one_signalled_rank_stops_every_rank_at_the_same_step(tmp_path
     finally:
         p.kill()
     assert p.returncode == 0, err[-2000:]
-    logs = [(tmp_path / "job" / "logs" / f"rank-{r}.out").read_text() for r in (0, 1)]
+    logs = [(log_path(tmp_path / "job", r, "out")).read_text() for r in (0, 1)]
     steps = [int(log.split("stopped at ")[1].split()[0]) for log in logs]
     assert steps[0] == steps[1] and "(peer)" in logs[0] and "(SIGUSR1)" in logs[1], logs
     monkeypatch.setenv("HPCML_CKPT_TOKEN", "reader")
