@@ -33,17 +33,14 @@ from typing import Any, Callable
 import numpy as np
 
 from hpcml import signals as sigs
-from hpcml.ckpt import layout, owner
-from hpcml.ckpt.flatten import describe, flatten, unflatten
+from hpcml.ckpt import layout, offline, owner
+from hpcml.ckpt.flatten import describe, flatten
 from hpcml.ckpt.flatten import layout as place
+from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.units import parse_rate
-
-
-class CheckpointError(HpcmlError):
-    """A save or load that could not complete (the message says which file)."""
 
 
 def _dist():
@@ -458,12 +455,12 @@ class Checkpointer:
         beside a ``read_only`` reader) is not skipped as corrupt: the directory is scanned
         again, since a newer one was committed meanwhile."""
         for _ in range(1000):
-            done, result = self._load_newest()
+            done, result = self._load_newest(map_location)
             if done:
                 return result
         raise CheckpointError(f"{self.dir}: its checkpoints keep being removed while they are read")
 
-    def _load_newest(self) -> tuple[bool, tuple[Any, int | None]]:
+    def _load_newest(self, map_location: Any) -> tuple[bool, tuple[Any, int | None]]:
         """One pass, newest first: (True, result), or (False, _) when a candidate vanished."""
         for found in reversed([f for f in layout.scan(self.dir) if f.committed]):
             ok, why, source = self._usable(found)
@@ -474,7 +471,7 @@ class Checkpointer:
             elif ok:
                 assert source is not None and found.manifest is not None
                 try:
-                    state = self._read(source, found)
+                    state = self._read(source, found, map_location)
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (_dist() is not None and self.world > 1):
                         raise
@@ -520,21 +517,18 @@ class Checkpointer:
         d.all_reduce(flag, op=d.ReduceOp.MIN)
         return bool(flag.item())
 
-    def _read(self, directory: Path, found: layout.Found) -> Any:
+    def _read(self, directory: Path, found: layout.Found, map_location: Any) -> Any:
         assert found.manifest is not None
-        mine = 0 if found.manifest["replicated"] else self.rank
-        bin_name, json_name = layout.shard_names(mine)
-        shard = layout.read_json(directory / json_name, layout.SHARD_TAG)
-        buf = bytearray(shard["size"])
-        with open(directory / bin_name, "rb", buffering=0) as fh:
-            got = fh.readinto(buf)
-        if got != shard["size"]:
-            raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {shard['size']}")
-        try:
-            return unflatten(shard["skeleton"], shard["entries"], memoryview(buf), source=str(directory / bin_name))
-        except HpcmlError:
-            raise
-        except Exception as exc:  # noqa: BLE001 - a structure that does not match its bytes
-            raise CheckpointError(f"{directory / json_name}: cannot rebuild the state ({type(exc).__name__}: {exc})") \
-                from None
+        return offline.read_state(directory, 0 if found.manifest["replicated"] else self.rank, map_location)
 
+    def load(self, step: int | None = None, *, rank: int | None = None, map_location: Any = "cpu") -> tuple[Any, int]:
+        """``(state, step)`` of one committed checkpoint (default: the newest), read by this
+        process alone: an evaluation or an export after the job, on any number of processes.
+        ``rank``: whose shard of a sharded checkpoint (default: this process's rank when the
+        world sizes match); a replicated one needs none. Checked like ``load_latest``; a
+        corrupt one raises instead of being skipped (``hpcml.ckpt.offline``)."""
+        if rank is None:
+            found = offline.find(self.dir, step)
+            if found.manifest and found.manifest["world_size"] == self.world:
+                rank = self.rank
+        return offline.load(self.dir, step, rank=rank, map_location=map_location)

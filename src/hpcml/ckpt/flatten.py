@@ -96,12 +96,42 @@ def describe(leaves: list[Leaf]) -> list[dict[str, Any]]:
             for f in leaves]
 
 
+def leaf_paths(skeleton: Any) -> dict[int, str]:
+    """Each leaf's place in the state as a dotted path (``model.layer.weight``,
+    ``optimizer.state.0.exp_avg``): the tensor names of an export and what a scan finding
+    names. A reference that is not a leaf index is left out (the reader reports it)."""
+    out: dict[int, str] = {}
+
+    def walk(v: Any, path: str) -> None:
+        def join(k: Any) -> str:
+            return f"{path}.{k}" if path else str(k)
+        if isinstance(v, list):
+            for i, x in enumerate(v):
+                walk(x, join(i))
+        elif isinstance(v, dict):
+            if type(v.get("__t")) is int:
+                out.setdefault(v["__t"], path)
+            elif isinstance(v.get("__d"), dict):
+                for k, x in v["__d"].items():
+                    walk(x, join(k))
+            elif isinstance(v.get("__tu"), list):
+                walk(v["__tu"], path)
+            elif isinstance(v.get("__kv"), list):
+                for i, pair in enumerate(v["__kv"]):
+                    if isinstance(pair, list) and len(pair) == 2:
+                        key = pair[0] if isinstance(pair[0], (str, int, float, bool)) else f"[{i}]"
+                        walk(pair[1], join(key))
+
+    walk(skeleton, "")
+    return out
+
+
 class CorruptShard(HpcmlError):
     """A shard whose structure does not match its bytes."""
 
 
 def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, source: str,
-              map_location: Any = "cpu") -> Any:
+              map_location: Any = "cpu", policy: Any = None) -> Any:
     """Rebuild the state; tensors are copies (the buffer may be reused)."""
     torch = None
     cache: dict[int, Any] = {}
@@ -119,7 +149,7 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, 
         if e["kind"] == "bytes":
             out: Any = bytes(raw)
         elif e["kind"] == "pickle":
-            out = _safe_unpickle(bytes(raw), source)
+            out = _safe_unpickle(bytes(raw), policy)
         elif e["kind"] == "numpy":
             out = np.frombuffer(raw, dtype=np.dtype(e["dtype"])).reshape(e["shape"]).copy()
         else:
@@ -154,8 +184,9 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, 
     return walk(skeleton)
 
 
-def _safe_unpickle(data: bytes, source: str) -> Any:
-    """A pickled leaf, through the scan's policy: refused globals raise ``UnsafeFileError``."""
+def _safe_unpickle(data: bytes, policy: Any = None) -> Any:
+    """A pickled leaf, through the scan's policy (the default one unless given): a refused
+    global raises ``UnpicklingError`` before anything is imported."""
     from hpcml.scan.loader import RestrictedUnpickler
     from hpcml.scan.policy import default_policy
-    return RestrictedUnpickler(io.BytesIO(data), policy=default_policy()).load()
+    return RestrictedUnpickler(io.BytesIO(data), policy=policy or default_policy()).load()

@@ -38,7 +38,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml import schemas
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import load_json_bounded
 
 MANIFEST = "manifest.json"
@@ -51,6 +51,10 @@ _RANK = re.compile(r"[0-9]+")
 CRC_CHUNK = 16 << 20
 FILE_MODE = 0o600                       # checkpoints hold model weights: private unless asked
 _RANK_KEYS = ("size", "crc32", "json_size", "json_crc32")
+
+
+class CheckpointError(HpcmlError):
+    """A save or load that could not complete (the message says which file)."""
 
 
 def step_name(step: int) -> str:

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import FORMATS
+from hpcml.scan.formats import FORMATS, hpcmlckpt
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import looks_like_pickle
 from hpcml.scan.policy import Policy, default_policy
@@ -80,7 +80,11 @@ def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResu
         return fs.finish()
     with fh:
         try:
-            scan_content(fs, fh, st.st_size, "", p.name, 0)
+            shard = hpcmlckpt.index_of(p)
+            if shard is not None:               # recognised by its index beside it, not by content
+                hpcmlckpt.scan(fs, fh, st.st_size, *shard)
+            else:
+                scan_content(fs, fh, st.st_size, "", p.name, 0)
         except OSError as exc:
             fs.error(f"read failed: {exc.strerror or exc}")
         except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict

@@ -11,7 +11,7 @@ import typer
 from hpcml.cli_support import Group
 
 app = typer.Typer(name="ckpt", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Checkpoints written by hpcml.ckpt: list, verify, prune.\n\n"
+                  help="Checkpoints written by hpcml.ckpt: list, verify, prune, export.\n\n"
                        "Example: [bold]hpcml ckpt ls $SCRATCH/run1/ckpt[/]\n\n"
                        "Exit codes: 0 good, 1 a checkpoint is corrupt or incomplete (verify), 2 bad input.")
 
@@ -78,3 +78,25 @@ def prune(directory: Path = typer.Argument(..., help="The checkpoint directory."
         print(f"removed {path}")
     for line in done.skipped:
         print(f"skipped {line}")
+
+
+@app.command("export")
+def export(directory: Path = typer.Argument(..., help="The checkpoint directory (or one step's directory)."),
+           step: Optional[int] = typer.Argument(None, help="The step (default: the newest committed one)."),
+           to: Path = typer.Option(..., "--to", help="The safetensors file to write (mode 0600)."),
+           rank: Optional[int] = typer.Option(None, "--rank", help="Whose shard of a sharded checkpoint."),
+           key: Optional[str] = typer.Option(None, "--key", help="Only this part of the state, its prefix cut off "
+                                             "(e.g. model: names as in model.state_dict())."),
+           as_json: bool = typer.Option(False, "--json", help="Print JSON (hpcml.ckpt.export/1).")) -> None:
+    """Write one checkpoint's tensors to a safetensors file, after checking it like a load
+    (sizes, crc32); no Slurm, torch.distributed or torch needed. Values that are not tensors
+    are left out and listed.
+
+        hpcml ckpt export $SCRATCH/run1/ckpt 12000 --key model --to model.safetensors
+    """
+    from hpcml.ckpt.export import export as do_export
+    from hpcml.cli_support import show
+    from hpcml.units import fmt_bytes
+    done = do_export(directory, to, step, rank=rank, key=key)
+    show(done, as_json, lambda d: print(f"wrote {d.path}: {d.tensors} tensors, {fmt_bytes(d.bytes)} (step {d.step}, "
+                                        f"rank {d.rank})" + (f"; left out: {', '.join(d.left_out)}" if d.left_out else "")))

@@ -1,0 +1,129 @@
+"""``hpcml ckpt export``: one checkpoint shard's tensors as a safetensors file, for loading
+where hpcml is not (``safetensors.torch.load_file``, Hugging Face, inference servers).
+
+Written here rather than through the ``safetensors`` package: the format is an 8-byte
+header length, a JSON header and the raw tensor bytes, and a shard already holds those
+bytes with their dtype and shape, so the export copies them in chunks, needs neither torch
+nor the whole state in memory, and adds no dependency (the tests read the result with the
+reference library). Names are the leaves' places in the state (``model.layer.weight``);
+``key`` exports one part with its prefix cut off, so that ``model.load_state_dict`` takes
+it as it is. Values that are not tensors (step counters, pickled objects) are left out and
+listed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml import schemas
+from hpcml.ckpt import layout, offline
+from hpcml.ckpt.flatten import leaf_paths
+from hpcml.errors import UsageError
+
+TAG = schemas.tag("ckpt.export", 1)
+_CHUNK = 16 << 20
+#: torch dtype names (as a shard records them) -> safetensors dtypes
+_TORCH = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF16", "int64": "I64",
+          "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
+          "uint64": "U64", "bool": "BOOL", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
+          "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+#: numpy (kind, itemsize) -> safetensors dtypes
+_NUMPY = {("f", 8): "F64", ("f", 4): "F32", ("f", 2): "F16", ("i", 8): "I64", ("i", 4): "I32",
+          ("i", 2): "I16", ("i", 1): "I8", ("u", 8): "U64", ("u", 4): "U32", ("u", 2): "U16",
+          ("u", 1): "U8", ("b", 1): "BOOL", ("c", 8): "C64"}
+
+
+@dataclass
+class Exported:
+    path: Path
+    step: int
+    rank: int
+    tensors: int = 0
+    bytes: int = 0
+    left_out: list[str] = field(default_factory=list)
+
+    def to_json(self) -> dict[str, Any]:
+        return {"schema": TAG, "path": str(self.path), "step": self.step, "rank": self.rank,
+                "tensors": self.tensors, "bytes": self.bytes, "left_out": self.left_out}
+
+
+def _dtype(entry: dict[str, Any], name: str, source: str) -> str:
+    if entry["kind"] == "torch":
+        st = _TORCH.get(entry["dtype"])
+    else:
+        import numpy as np
+        dt = np.dtype(entry["dtype"])
+        st = None if dt.byteorder == ">" else _NUMPY.get((dt.kind, dt.itemsize))
+    if st is None:
+        raise UsageError(f"tensor '{name}': dtype {entry['dtype']} has no safetensors equivalent", file=source)
+    return st
+
+
+def export(path: str | os.PathLike, out: str | os.PathLike, step: int | None = None, *,
+           rank: int | None = None, key: str | None = None) -> Exported:
+    """Write the tensors of ``rank``'s shard of step ``step`` (or the newest) to ``out``."""
+    if not Path(out).parent.is_dir() or Path(out).is_dir():
+        raise UsageError("expected a file in an existing directory", file=str(out))
+    found = offline.find(path, step)
+    shard = offline.shard_of(found, rank)
+    offline.check(found, shard)
+    bin_name, json_name = layout.shard_names(shard)
+    doc = layout.read_json(found.path / json_name, layout.SHARD_TAG)
+    entries, names = doc["entries"], leaf_paths(doc["skeleton"])
+    if key:
+        names = {i: n.removeprefix(key + ".") for i, n in names.items() if n.startswith(key + ".")}
+        if not names:
+            tops = sorted({n.split(".")[0] for i, n in leaf_paths(doc["skeleton"]).items()
+                           if entries[i]["kind"] in ("torch", "numpy")})
+            raise UsageError(f"no tensors under '{key}' in {found.path / json_name}; the parts of the state "
+                             f"with tensors: {', '.join(tops) or 'none'}", key="key")
+    done = Exported(Path(out), found.step, shard)
+    header: dict[str, Any] = {}
+    order = []
+    for i, name in sorted(names.items(), key=lambda kv: kv[1]):
+        e = entries[i]
+        if e["kind"] not in ("torch", "numpy"):
+            done.left_out.append(name)
+            continue
+        if name in header:
+            raise UsageError(f"two tensors would both be named '{name}'", file=str(found.path / json_name), key="key")
+        header[name] = {"dtype": _dtype(e, name, str(found.path / json_name)), "shape": e["shape"],
+                        "data_offsets": [done.bytes, done.bytes + e["nbytes"]]}
+        order.append(e)
+        done.bytes += e["nbytes"]
+    if not order:
+        raise UsageError("no tensors to export", file=str(found.path / json_name), key="key")
+    done.tensors = len(order)
+    header["__metadata__"] = {"format": "pt", "hpcml.step": str(found.step), "hpcml.rank": str(shard)}
+    raw = json.dumps(header, separators=(",", ":")).encode()
+    raw += b" " * (-len(raw) % 8)            # the reference writer pads the header to 8 bytes
+    _write(done.path, raw, order, found.path / bin_name)
+    return done
+
+
+def _write(out: Path, header: bytes, order: list[dict[str, Any]], source: Path) -> None:
+    """Header and tensors under a temporary name, fsync, rename: a half export is never seen."""
+    tmp = out.with_name(out.name + ".tmp")
+    try:
+        with os.fdopen(layout.create(tmp), "wb") as dst, open(source, "rb") as src:
+            dst.write(len(header).to_bytes(8, "little") + header)
+            for e in order:
+                src.seek(e["offset"])
+                left = e["nbytes"]
+                while left:
+                    chunk = src.read(min(left, _CHUNK))
+                    if not chunk:
+                        raise layout.CheckpointError(f"{source}: ends inside a tensor")
+                    dst.write(chunk)
+                    left -= len(chunk)
+            dst.flush()
+            os.fsync(dst.fileno())
+        os.replace(tmp, out)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+    layout.fsync_dir(out.parent)

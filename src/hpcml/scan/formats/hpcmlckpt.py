@@ -1,0 +1,102 @@
+"""hpcml checkpoint shards (``rank-00000.bin`` written by ``hpcml.ckpt``): scan the pickled
+leaves, and only those.
+
+A shard is raw bytes at offsets that its index beside it (``rank-00000.json``, tagged
+``hpcml.ckpt.shard/1``) lists: tensors and arrays are copied from those bytes, never
+unpickled; a leaf that is none of these (a user object) is one pickle, read back through the
+restricted unpickler. So the shard is recognised by its index, not by its content (the first
+bytes are a tensor's), and the scan walks each pickled leaf with the usual policy, naming the
+leaf by its place in the state (``leaf extra.sampler``). A ``.bin`` without such an index is
+scanned as before. The index must describe the file exactly (its size, leaves inside it, no
+object arrays): one that does not is an error, never a pass.
+
+The bytes a plain ``pickle.load`` or legacy ``torch.load`` of the file would read are walked
+too when they start like a pickle: a shard is safe to load with hpcml, and must not hide a
+pickle at offset 0 for a loader that ignores the index.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+from hpcml.scan import pickles
+from hpcml.scan.picklewalk import looks_like_pickle
+
+if TYPE_CHECKING:
+    from hpcml.scan.context import FileScan
+
+NAME = "hpcml-ckpt"
+_SHARD = re.compile(r"^rank-(\d{5,})\.bin$")
+_KINDS = ("torch", "numpy", "bytes", "pickle")
+
+
+def index_of(path: Path) -> tuple[Path, Any] | None:
+    """``(index path, index document)`` when ``path`` is an hpcml shard: named
+    ``rank-NNNNN.bin`` with a ``rank-NNNNN.json`` beside it that carries the shard tag."""
+    if not _SHARD.match(path.name):
+        return None
+    from hpcml.ckpt import layout
+    from hpcml.files import load_json_bounded
+    index = path.with_suffix(".json")
+    try:
+        doc = load_json_bounded(index, layout.JSON_MAX, follow_symlinks=False)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("hpcml.ckpt.shard/"):
+        return None
+    return index, doc
+
+
+def _problem(doc: dict[str, Any], size: int) -> str | None:
+    from hpcml import schemas
+    from hpcml.ckpt import layout
+    from hpcml.errors import UsageError
+    try:
+        schemas.check(doc, layout.SHARD_TAG, "index")
+    except UsageError as exc:
+        return exc.problem
+    if doc.get("size") != size:
+        return f"key 'size': {doc.get('size')!r}, the file has {size} bytes"
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        return "key 'entries': expected a list"
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or e.get("kind") not in _KINDS:
+            return f"key 'entries.{i}': expected a leaf of kind {', '.join(_KINDS)}"
+        off, n = e.get("offset"), e.get("nbytes")
+        if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
+            return f"key 'entries.{i}': bytes {off!r}+{n!r} are not inside the {size}-byte file"
+        if e["kind"] == "numpy" and _object_dtype(e.get("dtype")):
+            return f"key 'entries.{i}.dtype': {e.get('dtype')!r} is not a plain array dtype"
+    return None
+
+
+def _object_dtype(dtype: Any) -> bool:
+    import numpy as np
+    try:
+        return bool(np.dtype(dtype).hasobject) if isinstance(dtype, str) else True
+    except (TypeError, ValueError):
+        return True
+
+
+def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]) -> None:
+    """Walk every pickled leaf of the shard ``fh`` (``size`` bytes) that ``doc`` indexes."""
+    from hpcml.ckpt.flatten import leaf_paths
+    fs.set_format(NAME)
+    problem = _problem(doc, size)
+    if problem:
+        fs.error(f"{index.name} does not describe this shard: {problem}")
+        return
+    entries = doc["entries"]
+    names = leaf_paths(doc.get("skeleton"))
+    pickled = [i for i, e in enumerate(entries) if e["kind"] == "pickle"]
+    for i in pickled:
+        e = entries[i]
+        pickles.scan_stream(fs, fh, e["offset"], e["offset"] + e["nbytes"], f"leaf {names.get(i, f'#{i}')}")
+    fh.seek(0)
+    if size and looks_like_pickle(fh.read(3)) and not any(entries[i]["offset"] == 0 for i in pickled):
+        pickles.scan_stream(fs, fh, 0, size, "@0 read as a plain pickle", required=False)
+    fs.note(f"{len(entries) - len(pickled)} tensors and arrays (raw bytes, never unpickled), "
+            f"{len(pickled)} pickled leaves scanned; load it with hpcml.ckpt (or hpcml.scan.safe_load)")
