@@ -203,5 +203,8 @@ def test_status_after_scancel_shows_the_ended_allocations_tasks_lost_without_eta
     wait(job, env, timeout=120)
     monkeypatch.setattr(socket, "gethostname", lambda: "login1")
     doc = summarize(farm)
-    assert doc["counts"]["running"] == 0 and doc["counts"]["lost"] == 2, doc["counts"]
-    assert doc["running"] == [] and doc["eta_s"] is None and doc["workers"] == 0
+    # lost (claimed, its allocation over); or, where the agent's respawned worker got to
+    # record the attempt lost before the job's end killed it too, waiting to be rerun
+    n = doc["counts"]
+    assert n["running"] == 0 and n["lost"] + n["retrying"] + n["pending"] == 2 and n["ok"] == 2, n
+    assert doc["running"] == [] and doc["eta_s"] is None and doc["workers"] == 0, doc
