@@ -1,0 +1,90 @@
+"""A checkpoint of a 2-rank Slurm job, read afterwards in one process outside Slurm: any
+rank's shard (``hpcml.ckpt.load``, ``Checkpointer.load``), a replicated one without naming a
+rank, ``hpcml ckpt export`` to safetensors read back by the reference library, and
+``hpcml scan`` of the whole directory, all checked like the job's own resume."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcml.ckpt import Checkpointer, CheckpointError, load
+from hpcml.errors import UsageError
+from tests.slurmjobs import run_job
+
+torch = pytest.importorskip("torch")
+safetensors_torch = pytest.importorskip("safetensors.torch")
+ROOT = Path(__file__).resolve().parents[2]
+
+#: each rank saves its own model shard (FSDP-like) and every rank the same model (DDP, replicated)
+WRITER = """
+import os, sys, torch
+from hpcml.ckpt import Checkpointer
+r = int(os.environ["SLURM_PROCID"])
+model = {"w": torch.full((4, 3), float(r + 1), dtype=torch.bfloat16), "b": torch.arange(3) + 10 * r}
+state = {"model": model, "optim": {"state": {0: {"exp_avg": torch.ones(2) * r}}}, "step": 20, "rank": r}
+with Checkpointer(sys.argv[1]) as ck:
+    ck.save(state, 20)
+with Checkpointer(sys.argv[2], replicated=True) as ck:
+    ck.save({"model": {"w": torch.ones(2)}, "step": 20}, 20)
+print("saved", r, flush=True)
+"""
+
+
+def _hpcml(*args) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_CKPT"))}
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True, text=True,
+                          env=env, timeout=120)
+
+
+@pytest.fixture
+def written(slurm_env, tmp_path):
+    env = {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+    (tmp_path / "writer.py").write_text(WRITER)
+    out = run_job(f"#!/bin/bash\nsrun {sys.executable} writer.py {tmp_path / 'sharded'} {tmp_path / 'replicated'}\n",
+                  tmp_path, env, timeout=180)
+    assert out.count("saved") == 2, out
+    return tmp_path
+
+
+def test_a_2_rank_checkpoint_loads_by_rank_and_exports_in_one_process(written, monkeypatch):
+    for key in [k for k in os.environ if k.startswith(("SLURM_", "HPCML_CKPT", "RANK", "WORLD_SIZE"))]:
+        monkeypatch.delenv(key)
+    ck = written / "sharded"
+    state, step = load(ck, rank=1)
+    assert step == 20 and state["rank"] == 1 and state["model"]["w"].dtype == torch.bfloat16
+    assert torch.equal(state["model"]["w"], torch.full((4, 3), 2.0, dtype=torch.bfloat16))
+    assert torch.equal(state["optim"]["state"][0]["exp_avg"], torch.ones(2))
+    state, _ = Checkpointer(ck, read_only=True).load(20, rank=0)
+    assert state["rank"] == 0
+    with pytest.raises(UsageError, match="world size 2; name the shard to load, rank 0 to 1"):
+        load(ck)
+    state, _ = load(written / "replicated")                      # DDP: one state, no rank to name
+    assert torch.equal(state["model"]["w"], torch.ones(2))
+
+    out = _hpcml("ckpt", "export", ck, "20", "--rank", "1", "--key", "model", "--to", written / "model.safetensors",
+                 "--json")
+    assert out.returncode == 0, out.stderr
+    assert json.loads(out.stdout)["left_out"] == []
+    exported = safetensors_torch.load_file(written / "model.safetensors")
+    assert exported.keys() == {"w", "b"} and torch.equal(exported["w"], load(ck, rank=1)[0]["model"]["w"])
+    assert torch.equal(exported["b"], torch.arange(3) + 10)
+    out = _hpcml("ckpt", "export", ck, "--to", written / "all.safetensors")
+    assert out.returncode == 2 and out.stderr.count("\n") == 1 and "--rank" in out.stderr, out.stderr
+
+    out = _hpcml("scan", written)
+    assert out.returncode == 0, out.stdout
+
+    shard = ck / "step-00000020" / "rank-00001.bin"
+    raw = bytearray(shard.read_bytes())
+    raw[0] ^= 0xFF
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CheckpointError, match="rank-00001.bin: checksum mismatch"):
+        load(ck, rank=1)
+    out = _hpcml("ckpt", "export", ck, "--rank", "1", "--to", written / "bad.safetensors")
+    assert out.returncode == 1 and "checksum mismatch" in out.stderr and not (written / "bad.safetensors").exists()
