@@ -18,12 +18,12 @@ partial directory under its own name, and the manifest fsynced: a reader sees al
 nothing. Each shard says which save attempt wrote it (``token``), so a shard left behind by
 a crashed attempt at the same step is never taken for this attempt's.
 
-Re-saving a committed step takes two renames (``step-N`` out to ``.old-step-N-TOKEN``, the
-partial in); a crash between them leaves no ``step-N``, so ``scan`` takes the ``.old`` one
-for step N (and the next writer renames it back): the step is never lost, whatever moment
-the crash hit. A manifest is checked
-key by key (``manifest_problem``): valid JSON with a key missing or of the wrong type makes
-that checkpoint corrupt, never a ``KeyError``.
+Re-saving a committed step takes two renames (``step-00000100`` out to
+``.old-step-00000100-TOKEN``, the partial in); a crash between them leaves no
+``step-00000100``, so ``scan`` takes the ``.old`` one for step 100 (and the next writer
+renames it back): the step is never lost, whatever moment the crash hit. A manifest is
+checked key by key (``manifest_problem``): valid JSON with a key missing or of the wrong
+type makes that checkpoint corrupt, never a ``KeyError``.
 """
 
 from __future__ import annotations
@@ -154,7 +154,7 @@ class Found:
     manifest: dict[str, Any] | None = None
     problems: list[str] = field(default_factory=list)
     link: bool = False                  # a symbolic link: read through, never removed
-    superseded: bool = False            # an ``.old-step-N-*`` whose ``step-N`` exists
+    superseded: bool = False            # an ``.old-step-00000100-*`` whose ``step-00000100`` exists
 
     @property
     def size(self) -> int:
@@ -222,8 +222,8 @@ def read_manifest(found: Found) -> None:
 
 def scan(root: Path) -> list[Found]:
     """Every committed and partial checkpoint under ``root``, oldest step first; committed
-    ones carry their manifest (or the problem reading it). An ``.old-step-N-*`` counts as
-    step N's committed checkpoint when there is no ``step-N`` (a re-save cut short)."""
+    ones carry their manifest (or the problem reading it). An ``.old-step-00000100-*`` counts
+    as step 100's committed checkpoint when there is no ``step-00000100`` (a re-save cut short)."""
     found: list[Found] = []
     old: list[Found] = []
     try:
@@ -251,7 +251,7 @@ def scan(root: Path) -> list[Found]:
 
 
 def restore_replaced(root: Path) -> None:
-    """Rename a re-save's ``.old-step-N-*`` that stands for step N back to ``step-N`` (by the
+    """Rename a re-save's ``.old-step-00000100-*`` that stands for its step back to ``step-00000100`` (by the
     directory's owner, before it writes: nobody is between the two renames then)."""
     for f in scan(root):
         if f.committed and f.path.name.startswith(".old-") and not f.link:

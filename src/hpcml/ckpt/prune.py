@@ -73,7 +73,7 @@ def prune(root: Path, keep: int | None, local: Path | None = None, *,
     attempt (``live_token``) writes (``_live``). ``keep=None``:
     leave committed ones alone (a new owner clearing dead attempts before its first save)."""
     # the local tier first: a writer makes its shared partial (and mark) before its local
-    # step-N, so a local copy seen here has its shared entry in the scan that follows
+    # step-00000100/, so a local copy seen here has its shared entry in the scan that follows
     local_found = [f for f in layout.scan(local) if not f.link] if local is not None else []
     found = layout.scan(root)
     out = Pruned()
