@@ -62,6 +62,8 @@ def test_a_2_rank_checkpoint_loads_by_rank_and_exports_in_one_process(written, m
     assert torch.equal(state["optim"]["state"][0]["exp_avg"], torch.ones(2))
     state, _ = Checkpointer(ck, read_only=True).load(20, rank=0)
     assert state["rank"] == 0
+    state, _ = Checkpointer(ck, rank=1, world_size=2, read_only=True).load_latest()   # no HPCML_CKPT_TOKEN
+    assert state["rank"] == 1
     with pytest.raises(UsageError, match="world size 2; name the shard to load, rank 0 to 1"):
         load(ck)
     state, _ = load(written / "replicated")                      # DDP: one state, no rank to name

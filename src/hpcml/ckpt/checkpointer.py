@@ -128,7 +128,9 @@ class Checkpointer:
                 and not layout.is_checkpoint_dir(self.dir):    # .owner*: also a claim cut short by kill -9
             raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
                              file=str(self.dir))
-        self.token = _attempt_token(self.world)
+        # a reader writes nothing that ranks must share (no partials, no stop file): its own
+        # token, so one process can open any rank of a checkpoint without a run id
+        self.token = uuid.uuid4().hex if read_only else _attempt_token(self.world)
         if not read_only:
             self._claim(take_over or os.environ.get("HPCML_CKPT_TAKE_OVER", "") not in ("", "0"))
         self._host: Any = None
