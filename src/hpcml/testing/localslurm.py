@@ -569,7 +569,8 @@ class LocalSlurm:
     def _from_pid_files(self, binary: str) -> list[psutil.Process]:
         procs = []
         for pid_file in self.run_dir.glob(f"{binary}*.pid"):
-            with contextlib.suppress(OSError, ValueError, psutil.Error):
+            # a daemon writes its pid file after creating it: an empty one is not yet a pid
+            with contextlib.suppress(OSError, ValueError, IndexError, psutil.Error):
                 procs.append(psutil.Process(int(pid_file.read_text().split()[0])))
         return procs
 
