@@ -143,3 +143,23 @@ def test_a_farm_missing_a_sub_directory_is_one_line_not_a_traceback(tmp_path):
     assert hpcml("farm", "create", farm, src).returncode == 0
     assert hpcml("farm", "run", farm, "--slots", "1").returncode == 0
     assert side_lines(side) == [(0, 1)]
+
+
+def test_status_asks_slurm_only_about_workers_whose_heartbeat_is_fresh(tmp_path, monkeypatch):
+    """A farm resumed by many allocations keeps the worker files of those that ended (time
+    limit, scancel): their heartbeats stopped a lease ago, so status shows them dead without
+    one ``scontrol`` per ended allocation (seconds each while the controller is busy)."""
+    from hpcml.cluster import slurm
+    from hpcml.farm.status import summarize
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec("true")], {})
+    asked: list[str] = []
+    monkeypatch.setattr(slurm, "job_state", lambda job, **kw: asked.append(job) or "RUNNING")
+    old = 1_000_000_000.0                                       # long before any lease
+    for job in ("101", "102", "103", "104"):
+        wid = f"n1.{job}.7.abcdef"
+        (farm / "workers" / wid).write_text(json.dumps({"worker": wid, "host": "elsewhere", "pid": 7, "job": job}))
+        if job != "104":
+            os.utime(farm / "workers" / wid, (old, old))
+    assert summarize(farm)["workers"] == 1                      # 104: a fresh heartbeat, its job running
+    assert asked == ["104"]

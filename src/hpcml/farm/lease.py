@@ -90,17 +90,21 @@ class Liveness:
         """A snapshot for display (``farm status``): no file, its Slurm job over (as
         ``hpcml run`` judges its launcher: a scancel'ed allocation's tasks are not running,
         whichever host asks), a dead pid on this host, or a heartbeat older than a lease by
-        this host's clock."""
+        this host's clock. Slurm is asked only about a heartbeat younger than a lease: the
+        worker files of every allocation that ever ran the farm stay, and one ``scontrol``
+        each would make every status wait on the controller."""
         path = self.farm / WORKERS / wid
         try:
             mtime = os.stat(path).st_mtime
         except FileNotFoundError:
             return True
+        stale = time.time() - mtime >= self.lease
         info = self._worker(wid, path)
-        if info is not None and info.get("job") and info["job"] != self.job and not self._job_alive(str(info["job"])):
+        if info is not None and info.get("job") and info["job"] != self.job and not stale \
+                and not self._job_alive(str(info["job"])):
             return True
         local = None if info is None else self._local(info)
-        return local if local is not None else time.time() - mtime >= self.lease
+        return local if local is not None else stale
 
     def _worker(self, wid: str, path: Path) -> dict[str, Any] | None:
         if wid not in self._workers:
