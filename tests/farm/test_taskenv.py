@@ -23,3 +23,14 @@ def test_a_gpu_slots_task_sees_its_one_gpu_and_rank_0_of_1(tmp_path: Path):
     assert env["HPCML_OBSERVE_DIR"] == f"{tmp_path.absolute()}/observe/3.1"
     assert "SLURM_STEP_GPUS" not in task_environment(step, tmp_path, "2")
     assert task_environment(step, tmp_path, None)["SLURM_STEP_GPUS"] == "4,5,6,7"   # a CPU slot: untouched
+
+
+def test_a_task_on_a_cray_step_is_an_mpi_singleton(tmp_path: Path):
+    """Slurm's mpi/cray_shasta plugin (HPE Cray EX: MpiDefault=cray_shasta) gives each task of
+    the farm's step its PALS rank and the step's layout file: Cray PMI (and scripts) read them,
+    so a task that kept them would be rank 1 of the step and wait in MPI_Init for the others."""
+    step = {"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0", "SLURM_PROCID": "1", "PMI_RANK": "1", "PMI_SIZE": "2",
+            "PALS_RANKID": "1", "PALS_LOCAL_RANKID": "0", "PALS_NODEID": "1", "PALS_APID": "42.0",
+            "PALS_APINFO": "/var/spool/slurmd/mpi_cray_shasta/42.0/apinfo", "PALS_SPOOL_DIR": "/var/spool/x"}
+    env = task_environment(step, tmp_path, None)
+    assert sorted(env) == ["HPCML_FARM_DIR", "SLURM_JOB_ID", "SLURM_STEP_ID"]

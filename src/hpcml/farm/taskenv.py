@@ -40,7 +40,8 @@ LAUNCHER = frozenset({
     "ROLE_WORLD_SIZE", "ROLE_NAME", "NODE_RANK", "MASTER_ADDR", "MASTER_PORT", "HPCML_OBSERVE_FD",
 })
 #: MPI/PMI wire-up of the step's tasks: without it an MPI program in a task is a singleton
-PREFIXES = ("PMI_", "PMIX_", "OMPI_COMM_WORLD_", "TORCHELASTIC_")
+#: (PALS_: Slurm's mpi/cray_shasta, what Cray PMI reads on HPE Cray EX)
+PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_COMM_WORLD_", "TORCHELASTIC_")
 #: GPU bindings of the whole step or job on this node: a GPU slot's task gets its one GPU
 #: as CUDA_VISIBLE_DEVICES instead (hpcml's samplers read these first)
 STEP_GPUS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
