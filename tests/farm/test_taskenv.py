@@ -6,6 +6,7 @@ from pathlib import Path
 
 from hpcml.cluster.allocation import current, task_gpus
 from hpcml.farm.taskenv import attempt_environment, task_environment
+from hpcml.farm.taskenv import current as farm_task
 from hpcml.observe.recorder import Task
 
 
@@ -33,4 +34,16 @@ def test_a_task_on_a_cray_step_is_an_mpi_singleton(tmp_path: Path):
             "PALS_RANKID": "1", "PALS_LOCAL_RANKID": "0", "PALS_NODEID": "1", "PALS_APID": "42.0",
             "PALS_APINFO": "/var/spool/slurmd/mpi_cray_shasta/42.0/apinfo", "PALS_SPOOL_DIR": "/var/spool/x"}
     env = task_environment(step, tmp_path, None)
-    assert sorted(env) == ["HPCML_FARM_DIR", "SLURM_JOB_ID", "SLURM_STEP_ID"]
+    assert sorted(env) == ["HPCML_FARM_DIR", "HPCML_FARM_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"]
+
+
+def test_a_job_a_task_submits_is_not_a_farm_task(tmp_path: Path):
+    """sbatch exports the submitter's environment by default: a 2-node job submitted from a
+    task inherits HPCML_FARM_* but gets its own SLURM_JOB_ID, and an hpcml run there must
+    launch across its own allocation, not as one local rank in the farm's runs/ID.A."""
+    task = attempt_environment(task_environment({"SLURM_JOB_ID": "42", "SLURM_STEP_ID": "0"}, tmp_path, None), 3, 1)
+    assert farm_task(task) is not None and farm_task(task).id == 3
+    assert farm_task({**task, "SLURM_JOB_ID": "43"}) is None                    # the submitted job
+    local = attempt_environment(task_environment({}, tmp_path, None), 0, 0)     # a farm outside Slurm
+    assert farm_task(local) is not None
+    assert farm_task({**local, "SLURM_JOB_ID": "7"}) is None                     # sbatch from a local farm's task

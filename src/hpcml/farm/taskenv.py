@@ -47,12 +47,17 @@ PREFIXES = ("PMI_", "PMIX_", "PALS_", "OMPI_COMM_WORLD_", "TORCHELASTIC_")
 STEP_GPUS = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "GPU_DEVICE_ORDINAL")
 
 FARM_DIR, TASK_ID, ATTEMPT, OBSERVE_DIR = "HPCML_FARM_DIR", "HPCML_FARM_TASK_ID", "HPCML_FARM_ATTEMPT", "HPCML_OBSERVE_DIR"
+#: the worker's Slurm job ("" outside Slurm): a job a task submits (sbatch exports the
+#: environment by default) carries the farm's variables but another SLURM_JOB_ID, and is
+#: not a farm task
+FARM_JOB = "HPCML_FARM_JOB_ID"
 
 
 def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dict[str, str]:
     """The environment every task of one worker starts from (the worker adds its ids)."""
     out = {k: v for k, v in env.items() if k not in STEP_TASK and k not in LAUNCHER and not k.startswith(PREFIXES)}
     out[FARM_DIR] = str(farm.absolute())
+    out[FARM_JOB] = env.get("SLURM_JOB_ID", "")
     if gpu is not None:
         for k in STEP_GPUS:
             out.pop(k, None)
@@ -95,9 +100,12 @@ def run_dirs(farm: Path, name: str) -> list[Path]:
 
 
 def current(env: Mapping[str, str] | None = None) -> FarmTask | None:
-    """The farm task this process runs in, from the worker's variables; None outside one."""
+    """The farm task this process runs in, from the worker's variables; None outside one,
+    and in a job that a task submitted (it inherited the variables, not the job)."""
     env = os.environ if env is None else env
     farm, tid, attempt = env.get(FARM_DIR), env.get(TASK_ID, ""), env.get(ATTEMPT, "")
     if not farm or not tid.isdigit() or not attempt.isdigit():
+        return None
+    if FARM_JOB in env and env[FARM_JOB] != env.get("SLURM_JOB_ID", ""):
         return None
     return FarmTask(Path(farm), int(tid), int(attempt))
