@@ -51,3 +51,95 @@ def test_a_followed_symlink_is_still_bounded(tmp_path):
     os.symlink("/dev/zero", tmp_path / "z")
     with pytest.raises(ValueError):
         read_bounded(tmp_path / "z", 4096)          # /dev/zero is a character device: not read
+
+
+# ---------------------------------------------------------------- the one loader of user files
+
+# The classic bomb: 9 anchors, each a list of 10 aliases of the one before: 10^8 nodes once
+# expanded, and every walk of the result (line numbers, validation, rendering) expands it.
+BOMB = "a0: &a0 [x, x, x, x, x, x, x, x, x, x]\n" + "".join(
+    f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]\n" for i in range(1, 9))
+
+# Every reader of a user config file, as the CLI calls it: (kind, file name, call).
+_READERS = {
+    "blueprint": ("b.yaml", "from hpcml.service.blueprint import load; load(p)"),
+    "sweep": ("s.yaml", "from hpcml.farm.sweep import parse_sweep; parse_sweep(p)"),
+    "protocol": ("p.yaml", "from hpcml.vet.protocol import load; load(p)"),
+    "rules": ("r.yaml", "from hpcml.vet.fleet.rules import load; load(p)"),
+    "policy": ("pol.yaml", "from hpcml.scan.policy import load_policy; load_policy(p)"),
+    "site": ("site.yaml", "from hpcml.env.site import load_site; load_site(p)"),
+    "edf": ("e.toml", "from hpcml.env.edf import load; load(p, require_image=False)"),
+    "lock": ("uv.lock", "from hpcml.scan.requirements import check_requirements; check_requirements(p)"),
+}
+
+# Runs one reader on one file in a fresh interpreter (address space capped at 2 GiB, so the
+# old unbounded reader fails instead of swapping) and prints its error line and how much
+# memory the read itself took: the peak RSS after the read minus the peak before it.
+_PROBE = """
+import json, resource, sys
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+p = sys.argv[1]
+import hpcml.service.blueprint, hpcml.farm.sweep, hpcml.vet.protocol, hpcml.vet.fleet.rules
+import hpcml.scan.policy, hpcml.env.site, hpcml.env.edf, hpcml.scan.requirements
+from hpcml.errors import UsageError
+before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    exec(sys.argv[2])
+    error = None
+except UsageError as exc:
+    error = str(exc)
+grew = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
+print(json.dumps({"error": error, "grew_kib": grew}))
+"""
+
+
+def _probe(reader: str, path) -> dict:
+    import json
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", _PROBE, str(path), _READERS[reader][1]],
+                         capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return json.loads(out.stdout.splitlines()[-1])
+
+
+@pytest.mark.parametrize("reader", [r for r in _READERS if _READERS[r][0].endswith(".yaml")])
+def test_a_yaml_bomb_is_refused_in_one_line_and_little_memory(tmp_path, reader):
+    p = tmp_path / _READERS[reader][0]
+    p.write_text(BOMB)
+    got = _probe(reader, p)
+    assert got["error"] is not None and "\n" not in got["error"], got
+    assert got["error"].startswith(f"{p}:") and "aliases expand to more than" in got["error"], got
+    assert got["grew_kib"] < 100 * 1024, got
+
+
+@pytest.mark.parametrize("reader", list(_READERS))
+def test_a_45_mb_file_is_refused_unread(tmp_path, reader):
+    p = tmp_path / _READERS[reader][0]
+    with open(p, "w") as f:        # valid to the end: only its size is wrong
+        f.write("version = 1\n" if p.suffix != ".yaml" else "name: x\n")
+        line = "# " + "x" * 1000 + "\n"
+        f.write(line * (45_000_000 // len(line)))
+    got = _probe(reader, p)
+    assert got["error"] is not None and "\n" not in got["error"], got
+    assert got["error"].startswith(f"{p}:") and "larger than" in got["error"], got
+    assert got["grew_kib"] < 100 * 1024, got
+
+
+def test_a_modest_use_of_aliases_still_loads():
+    from hpcml.files import load_yaml
+    text = "env: &env {A: 1, B: 2}\nsvc1: {env: *env}\nsvc2: {env: *env}\n"
+    assert load_yaml(text, "c.yaml") == {"env": {"A": 1, "B": 2}, "svc1": {"env": {"A": 1, "B": 2}},
+                                         "svc2": {"env": {"A": 1, "B": 2}}}
+
+
+@pytest.mark.parametrize("text, problem", [
+    ("a: &a [1, *a]\n", "recursive alias"),
+    ("[" * 100_000, "nested too deeply"),
+])
+def test_recursive_or_deep_yaml_is_one_line(text, problem):
+    from hpcml.errors import UsageError
+    from hpcml.files import load_yaml
+    with pytest.raises(UsageError, match=problem) as exc:
+        load_yaml(text, "c.yaml")
+    assert str(exc.value).startswith("c.yaml")

@@ -1,12 +1,14 @@
 """Small file helpers shared by the components: atomic writes, bounded reads of the small
-JSON records hpcml writes on shared filesystems, and config files (YAML) read with errors
-that name the file, the key and the line."""
+JSON records hpcml writes on shared filesystems, and the one loader of user files (YAML,
+TOML, JSON): bounded in size and YAML alias expansion, since blueprints and sweeps come
+from colleagues and catalogues, with errors that name the file, the key and the line."""
 
 from __future__ import annotations
 
 import json
 import os
 import stat
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -45,7 +47,9 @@ def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bo
     try:
         st = os.fstat(fd)
         if not stat.S_ISREG(st.st_mode):
-            raise ValueError("not a regular file")
+            kind = ("a directory" if stat.S_ISDIR(st.st_mode) else "a FIFO" if stat.S_ISFIFO(st.st_mode)
+                    else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
+            raise ValueError(f"{kind}, not a regular file")
         chunks, size = [], 0
         while size <= max_bytes:
             chunk = os.read(fd, max_bytes + 1 - size)
@@ -70,41 +74,141 @@ def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlink
         raise ValueError("JSON nested too deeply") from None
 
 
+# A config file (blueprint, sweep, protocol, rules, EDF, policy, site hooks) is written by
+# hand: the largest we ship is 7 KiB. 256 KiB is 40 times that, and PyYAML parses even the
+# densest 256 KiB (a list of one-digit numbers) in about 1.5 s and 70 MB; 1 MiB of it took
+# 5.7 s and 256 MB. Anything bigger is refused before parsing (a 45 MB "blueprint" is a
+# mistake or an attack, never a config).
+CONFIG_MAX = 256 << 10
+# Nodes that aliases may add to a YAML document. A config reuses a few small blocks (a
+# shared env: mapping) a few times: hundreds of nodes. The classic bomb (8 levels x 10
+# aliases) adds 10^8 and every walk of the result (validation, rendering) pays for them.
+YAML_ALIAS_NODES_MAX = 10_000
+
+
+def _too_big(max_bytes: int) -> str:
+    size = f"{max_bytes / (1 << 20):g} MiB" if max_bytes >= 1 << 20 else f"{max_bytes >> 10} KiB"
+    return f"larger than {size}, the limit for a file like this (refused unread)"
+
+
 def yaml_error(exc: Exception, source: str):
     """A PyYAML error as the one-line UsageError every config file gives (file, line)."""
-    from hpcml.errors import UsageError
     mark = getattr(exc, "problem_mark", None)
     problem = getattr(exc, "problem", None) or str(exc).splitlines()[0]
     return UsageError(f"not valid YAML: {problem}", file=source, line=mark.line + 1 if mark else None)
 
 
-def load_yaml(text: str, source: str):
-    """``yaml.safe_load`` whose syntax errors are one-line UsageErrors naming ``source``."""
+def _bounded_yaml(text: str, source: str, max_bytes: int, max_alias_nodes: int):
+    """``(data, node)`` of one YAML document, composed once with PyYAML's safe loader while
+    counting the nodes each alias adds (the size of the node it names, its own aliases
+    included), so a bomb is refused after a few hundred events instead of after 10 GB. A
+    recursive alias (``&a [*a]``) is refused too: no config needs one and walking it never ends."""
     import yaml
+    if len(text) > max_bytes:
+        raise UsageError(_too_big(max_bytes), file=source)
+
+    class Loader(yaml.SafeLoader):
+        sizes: dict[int, int]
+        added = 0
+
+        def compose_node(self, parent, index):
+            if not self.check_event(yaml.AliasEvent):
+                node = super().compose_node(parent, index)
+                kids = [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) \
+                    else node.value if isinstance(node, yaml.SequenceNode) else ()
+                self.sizes[id(node)] = 1 + sum(self.sizes[id(k)] for k in kids)
+                return node
+            event = self.peek_event()
+            node = super().compose_node(parent, index)
+            size = self.sizes.get(id(node))
+            line = event.start_mark.line + 1
+            if size is None:
+                raise UsageError(f"alias *{event.anchor} is inside the node it names (a recursive alias)",
+                                 file=source, line=line)
+            self.added += size
+            if self.added > max_alias_nodes:
+                raise UsageError(f"aliases expand to more than {max_alias_nodes} nodes (a YAML bomb?); "
+                                 "write the repeated blocks out or use fewer aliases", file=source, line=line)
+            return node
+
+    loader = Loader(text)
+    loader.sizes = {}
     try:
-        return yaml.safe_load(text)
+        node = loader.get_single_node()
+        return (loader.construct_document(node) if node is not None else None), node
     except yaml.YAMLError as exc:
         raise yaml_error(exc, source) from None
+    except RecursionError:
+        raise UsageError("not valid YAML: nested too deeply", file=source) from None
+    finally:
+        loader.dispose()
 
 
-def read_config(path: str | os.PathLike) -> str:
-    """A configuration file's text; missing or unreadable is a one-line UsageError."""
-    from hpcml.errors import UsageError
+def load_yaml(text: str, source: str, *, max_bytes: int = CONFIG_MAX,
+              max_alias_nodes: int = YAML_ALIAS_NODES_MAX):
+    """The one YAML loader for user files: ``yaml.safe_load`` bounded in size and alias
+    expansion; any problem is a one-line UsageError naming ``source`` (and the line)."""
+    return _bounded_yaml(text, source, max_bytes, max_alias_nodes)[0]
+
+
+def load_yaml_with_nodes(text: str, source: str, *, max_bytes: int = CONFIG_MAX,
+                         max_alias_nodes: int = YAML_ALIAS_NODES_MAX):
+    """``(data, node)``: ``load_yaml``'s document and its node tree (for line numbers in errors)."""
+    return _bounded_yaml(text, source, max_bytes, max_alias_nodes)
+
+
+def load_toml(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> dict[str, Any]:
+    """The one TOML loader for user files: size-bounded ``tomllib.loads`` whose errors are one
+    line naming ``source`` and the line (TOML has no aliases; deep nesting is refused)."""
+    import re
+    if sys.version_info >= (3, 11):
+        import tomllib
+    else:  # Python 3.10
+        import tomli as tomllib
+    if len(text) > max_bytes:
+        raise UsageError(_too_big(max_bytes), file=source)
     try:
-        return Path(path).read_text(encoding="utf-8")
+        return tomllib.loads(text)
+    except tomllib.TOMLDecodeError as exc:
+        msg = str(exc)
+        m = re.search(r"\s*\(at line (\d+), column \d+\)", msg)
+        line = int(m.group(1)) if m else getattr(exc, "lineno", None)
+        raise UsageError(f"not valid TOML: {msg[:m.start()] if m else msg}", file=source, line=line) from None
+    except RecursionError:
+        raise UsageError("not valid TOML: nested too deeply", file=source) from None
+
+
+def load_json(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> Any:
+    """The one JSON loader for user files: size-bounded ``json.loads``, one-line errors."""
+    if len(text) > max_bytes:
+        raise UsageError(_too_big(max_bytes), file=source)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise UsageError(f"not valid JSON: {exc.msg}", file=source, line=exc.lineno) from None
+    except RecursionError:
+        raise UsageError("not valid JSON: nested too deeply", file=source) from None
+
+
+def read_config(path: str | os.PathLike, *, max_bytes: int = CONFIG_MAX, what: str = "") -> str:
+    """A user file's text, read with ``read_bounded``: a FIFO, a device or a file over
+    ``max_bytes`` is refused unread. Any problem is a one-line UsageError (``what``: e.g.
+    "the EDF", to say which file in the message)."""
+    what = f" {what}" if what else ""
+    try:
+        data = read_bounded(path, max_bytes)
     except FileNotFoundError:
-        raise UsageError("file not found", file=str(path)) from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read: {exc}", file=str(path)) from None
-
-
-def load_yaml_with_nodes(text: str, source: str):
-    """``(data, node)``: the document and its node tree (for line numbers in errors)."""
-    import yaml
+        raise UsageError(f"cannot read{what}: file not found" if what else "file not found", file=str(path)) from None
+    except ValueError as exc:
+        problem = _too_big(max_bytes) if "larger" in str(exc) else str(exc)
+        raise UsageError(f"cannot read{what}: {problem}", file=str(path)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot read{what}: {exc.strerror or exc}", file=str(path)) from None
     try:
-        return yaml.safe_load(text), yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.YAMLError as exc:
-        raise yaml_error(exc, source) from None
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read{what}: not UTF-8 text (bad byte at offset {exc.start})",
+                         file=str(path)) from None
 
 
 def line_map(node: yaml.Node, path: tuple = (), out: dict | None = None) -> dict[tuple, int]:

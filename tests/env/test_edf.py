@@ -343,7 +343,7 @@ def test_bad_mount_in_edf_names_file_key_line(site, spec, words):
 def test_toml_syntax_error_has_line(site):
     site.write(site.work / "t.toml", 'image = "i"\nworkdir = \n')
     err = site.error("./t.toml")
-    assert err.line == 2 and "TOML syntax error" in str(err) and "t.toml:2" in str(err)
+    assert err.line == 2 and "not valid TOML" in str(err) and "t.toml:2" in str(err)
 
 
 def test_cycle_is_named(site):

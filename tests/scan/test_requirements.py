@@ -505,7 +505,7 @@ def test_kind_by_name_or_content(tmp_path, name, text, kind):
 
 @pytest.mark.parametrize("files, target, where, problem", [
     ({}, "absent.txt", "absent.txt", "cannot read file: No such file"),
-    ({"dir/x": ""}, "dir", "dir", "cannot read file: Is a directory"),
+    ({"dir/x": ""}, "dir", "dir", "cannot read file: a directory, not a regular file"),
     ({"r.txt": "numpy==1.26.4\nnumpy==\n"}, "r.txt", "r.txt:2", "invalid requirement 'numpy=='"),
     ({"r.txt": "--frobnicate\n"}, "r.txt", "r.txt:1", "unknown pip option '--frobnicate'"),
     ({"r.txt": "numpy==1.0 --index-url https://x\n"}, "r.txt", "r.txt:1: key '--index-url'", "cannot follow"),

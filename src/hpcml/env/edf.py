@@ -18,22 +18,16 @@ from __future__ import annotations
 
 import os
 import re
-import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
-
 from hpcml.env.expand import ExpansionError, expand
 from hpcml.env.model import Environment
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
-from hpcml.files import unknown_key
+from hpcml.files import load_toml, read_config, unknown_key
 
 MAX_DEPTH = 10
 KNOWN_KEYS = ("base_environment", "image", "workdir", "entrypoint", "writable", "mounts",
@@ -122,18 +116,8 @@ class _File:
 
 
 def _read(path: Path) -> _File:
-    try:
-        text = path.read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read the EDF: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
-    try:
-        data = tomllib.loads(text)
-    except tomllib.TOMLDecodeError as exc:
-        msg = str(exc)
-        m = re.search(r"\(at line (\d+), column \d+\)", msg)
-        line = int(m.group(1)) if m else getattr(exc, "lineno", None)
-        msg = re.sub(r"\s*\(at line \d+, column \d+\)", "", msg) if m else msg
-        raise UsageError(f"TOML syntax error: {msg}", file=str(path), line=line) from None
+    text = read_config(path, what="the EDF")
+    data = load_toml(text, str(path))
     return _File(path, text, data)
 
 

@@ -31,7 +31,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 from hpcml.env.model import Mount
 from hpcml.env.mounts import MountError, parse_mount
 from hpcml.errors import UsageError
-from hpcml.files import load_yaml
+from hpcml.files import load_yaml, read_config
 
 SITE_ENV_VAR = "HPCML_ENV_SITE"
 HOOK_PREFIX = "com.hooks."
@@ -174,9 +174,6 @@ def load_site(path: str | Path | None = None, *, environ: Mapping[str, str] | No
     chosen = str(path) if path else environ.get(SITE_ENV_VAR) or None
     if chosen is None:
         return default_site()
-    try:
-        text = Path(chosen).read_text()
-    except OSError as exc:
-        how = "" if path else f" (from ${SITE_ENV_VAR})"
-        raise UsageError(f"cannot read the site hooks file{how}: {exc.strerror}", file=chosen) from None
+    how = "" if path else f" (from ${SITE_ENV_VAR})"
+    text = read_config(chosen, what=f"the site hooks file{how}")
     return parse_site(text, chosen)

@@ -22,12 +22,6 @@ import json
 import os
 import re
 import shlex
-import sys
-
-if sys.version_info >= (3, 11):
-    import tomllib
-else:  # Python 3.10
-    import tomli as tomllib
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from importlib import resources
@@ -43,8 +37,10 @@ from packaging.utils import (
 )
 
 from hpcml.errors import UsageError
-from hpcml.files import load_yaml
+from hpcml.files import load_json, load_toml, load_yaml, read_bounded
 
+# Lock files are generated, not written by hand: a big project's uv.lock is a few MiB.
+LOCK_MAX = 16 << 20
 PYPI = "https://pypi.org/simple"
 # Anyone can upload to these, so a name served from them is public.
 PUBLIC_HOSTS = frozenset({"pypi.org", "pypi.python.org", "files.pythonhosted.org", "test.pypi.org"})
@@ -290,11 +286,11 @@ def _location(loc: str, name: str | None, file: str, line: int | None, hashed: b
 def _read_text(path: Path, *, file: str, line: int | None = None, key: str | None = None,
                what: str = "file") -> str:
     try:
-        return path.read_bytes().decode("utf-8-sig")
+        return read_bounded(path, LOCK_MAX).decode("utf-8-sig")
     except UnicodeDecodeError as exc:
         raise UsageError(f"{what} is not UTF-8 text (bad byte at offset {exc.start})",
                          file=file, line=line, key=key) from None
-    except (OSError, ValueError) as exc:      # ValueError: a NUL byte in the path
+    except (OSError, ValueError) as exc:      # ValueError: a NUL byte in the path, a FIFO, too big
         raise UsageError(f"cannot read {what}: {getattr(exc, 'strerror', None) or exc}",
                          file=file, line=line, key=key) from None
 
@@ -641,18 +637,8 @@ _LOCK_PARSERS: dict[str, Callable[[dict[str, Any], str, _Lines], _Lock]] = {
 
 
 def _parse_lock(kind: str, text: str, shown: str) -> _Parsed:
-    if kind == "Pipfile.lock":
-        try:
-            data = json.loads(text)
-        except json.JSONDecodeError as exc:
-            raise UsageError(f"not valid JSON: {exc.msg}", file=shown, line=exc.lineno) from None
-    else:
-        try:
-            data = tomllib.loads(text)
-        except tomllib.TOMLDecodeError as exc:
-            where = re.search(r"\s*\(at line (\d+), column \d+\)$", str(exc))
-            raise UsageError(f"not valid TOML: {str(exc)[:where.start()] if where else exc}", file=shown,
-                             line=int(where.group(1)) if where else None) from None
+    load = load_json if kind == "Pipfile.lock" else load_toml
+    data = load(text, shown, max_bytes=LOCK_MAX)
     entries, declared = _LOCK_PARSERS[kind](_table(data, shown, "(top level)"), shown, _Lines(text))
     used: dict[str, _Source] = {}
     for e in entries:

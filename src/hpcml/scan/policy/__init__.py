@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, unknown_key
+from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.scan.model import Verdict
 
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
@@ -130,9 +130,6 @@ def load_policy(*site_files: Path | str) -> Policy:
     """The built-in policy extended by each site file in order; bad files exit 2."""
     policy = default_policy()
     for f in site_files:
-        try:
-            text = Path(f).read_text()
-        except OSError as exc:
-            raise UsageError(f"cannot read the policy file: {exc.strerror}", file=str(f)) from None
+        text = read_config(f, what="the policy file")
         policy.extend(_load_file(f, text), str(f))
     return policy
