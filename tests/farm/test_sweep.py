@@ -88,3 +88,14 @@ def test_task_file_skips_blanks_and_comments(tmp_path):
     with pytest.raises(UsageError, match="no commands"):
         parse_task_file(p)
 
+
+
+def test_a_task_file_is_not_held_to_a_config_file_s_size_limit(tmp_path):
+    """A task file is generated (one line per task): 1 MiB of tasks is read; a FIFO is refused."""
+    import os
+    p = tmp_path / "tasks.txt"
+    p.write_text("".join(f"python train.py --seed {i} --out /scratch/run-{i:06d}\n" for i in range(20_000)))
+    assert p.stat().st_size > 1 << 20 and len(parse_task_file(p)) == 20_000
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(UsageError, match="FIFO"):
+        parse_task_file(tmp_path / "fifo")

@@ -104,9 +104,14 @@ STAGE_KEYS = tuple(Stage.model_fields)
 SETTING_KEYS = ("retries", "backoff", "time_limit")
 
 
+# A task file is generated, not written by hand: one line per task, 100k tasks of a few
+# hundred characters each is tens of MiB. The sweep (YAML) keeps the config files' limit.
+TASK_FILE_MAX = 64 << 20
+
+
 def parse_task_file(path: str | Path) -> list[TaskSpec]:
     """One command per line; blank lines and ``#`` comments are skipped."""
-    text = read_config(path)
+    text = read_config(path, max_bytes=TASK_FILE_MAX)
     specs = [TaskSpec(command=line.strip()) for line in text.splitlines()
              if line.strip() and not line.lstrip().startswith("#")]
     if not specs:
