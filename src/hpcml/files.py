@@ -91,6 +91,12 @@ def _too_big(max_bytes: int) -> str:
     return f"larger than {size}, the limit for a file like this (refused unread)"
 
 
+def _refuse_big(text: str, source: str, max_bytes: int) -> None:
+    """The size limit for text that did not come through ``read_config`` (a ``loads(text)``)."""
+    if len(text) > max_bytes:
+        raise UsageError(_too_big(max_bytes), file=source)
+
+
 def yaml_error(exc: Exception, source: str):
     """A PyYAML error as the one-line UsageError every config file gives (file, line)."""
     mark = getattr(exc, "problem_mark", None)
@@ -104,8 +110,7 @@ def _bounded_yaml(text: str, source: str, max_bytes: int, max_alias_nodes: int):
     included), so a bomb is refused after a few hundred events instead of after 10 GB. A
     recursive alias (``&a [*a]``) is refused too: no config needs one and walking it never ends."""
     import yaml
-    if len(text) > max_bytes:
-        raise UsageError(_too_big(max_bytes), file=source)
+    _refuse_big(text, source, max_bytes)
 
     class Loader(yaml.SafeLoader):
         sizes: dict[int, int]
@@ -165,8 +170,7 @@ def load_toml(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> dict[st
         import tomllib
     else:  # Python 3.10
         import tomli as tomllib
-    if len(text) > max_bytes:
-        raise UsageError(_too_big(max_bytes), file=source)
+    _refuse_big(text, source, max_bytes)
     try:
         return tomllib.loads(text)
     except tomllib.TOMLDecodeError as exc:
@@ -180,8 +184,7 @@ def load_toml(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> dict[st
 
 def load_json(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> Any:
     """The one JSON loader for user files: size-bounded ``json.loads``, one-line errors."""
-    if len(text) > max_bytes:
-        raise UsageError(_too_big(max_bytes), file=source)
+    _refuse_big(text, source, max_bytes)
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
