@@ -1,5 +1,6 @@
 """``hpcml service up mlflow`` on this machine: a real MLflow client logs a run over HTTP,
-the run survives ``down`` / ``up``; ``hpcml observe record --mlflow`` sends a job's metrics."""
+the run survives ``down`` / ``up``; ``hpcml observe record --mlflow`` sends a job's metrics to
+a run named by job and attempt, and a farm sweep's tasks log their parameters."""
 
 from __future__ import annotations
 
@@ -9,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+from hpcml.farm import store
+from hpcml.farm.model import TaskSpec
 from hpcml.service.mlflow_rest import MlflowError, MlflowRest
 from tests.service.mlflow_server import client, hpcml, mlflow_venv, state
 
@@ -52,19 +55,49 @@ def test_a_run_survives_down_and_up(service, venv):
     assert '"running": true' in status.stdout
 
 
-def test_observe_record_sends_the_job_s_metrics(service, tmp_path):
+def _runs(rest: MlflowRest, experiment_id: str, where: str) -> list[dict]:
+    return rest.call("POST", "runs/search", {"experiment_ids": [experiment_id], "filter": where})["runs"]
+
+
+def _tags(run: dict) -> dict[str, str]:
+    return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
+
+
+def test_a_job_s_metrics_and_a_sweep_s_parameters_reach_named_runs(service, tmp_path):
+    """A requeued job's run is named by job and attempt and carries its command and
+    directory; each task of a farm sweep that runs ``hpcml run --mlflow`` gets a run of its
+    own with the task's parameters (was: every run 'job-local', no params)."""
     env, directory = service
     url = state(directory)["urls"]["http"]
-    train = "from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0 / (s + 1))\napi.flush()\n"
+    train = tmp_path / "train.py"
+    train.write_text("from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0 / (s + 1))\n"
+                     "api.flush()\n")
     out = hpcml(["observe", "record", "--no-gpu", "--dir", str(tmp_path / "obs"), "--mlflow", url, "--",
-                 sys.executable, "-c", train], {**env, "SLURM_JOB_ID": "4242"})
+                 sys.executable, str(train)], {**env, "SLURM_JOB_ID": "4242", "SLURM_RESTART_COUNT": "1"})
     assert out.returncode == 0, out.stderr
     rest = MlflowRest(url)
     exp = rest.experiment("hpcml")
-    runs = rest.call("POST", "runs/search", {"experiment_ids": [exp], "filter": "tags.`hpcml.job_id` = '4242'"})["runs"]
+    runs = _runs(rest, exp, "tags.`hpcml.job_id` = '4242'")
     assert len(runs) == 1 and runs[0]["info"]["status"] == "FINISHED"
+    assert runs[0]["info"]["run_name"] == "4242-a1"
+    tags = _tags(runs[0])
+    assert tags["hpcml.command"] == f"{sys.executable} {train}"
+    assert tags["hpcml.job_dir"] == str(tmp_path / "obs") and tags["mlflow.runName"] == "4242-a1"
     history = rest.call("GET", "metrics/get-history", {"run_id": runs[0]["info"]["run_id"], "metric_key": "loss"})
     assert sorted(m["step"] for m in history["metrics"]) == list(range(20))
+
+    farm = tmp_path / "sweep"
+    task = f"{sys.executable} -m hpcml run --mlflow {url} -- {sys.executable} {train}"
+    store.create(farm, [TaskSpec(task, params={"lr": lr, "opt": "adam w"}) for lr in (0.01, 0.1)])
+    out = hpcml(["farm", "run", str(farm), "--slots", "2"], env)
+    assert out.returncode == 0, out.stderr + out.stdout
+    by_name = {r["info"]["run_name"]: r for r in _runs(rest, exp, f"tags.`hpcml.farm.dir` = '{farm}'")}
+    assert sorted(by_name) == ["sweep-task0.1", "sweep-task1.1"]
+    for tid, lr in ((0, "0.01"), (1, "0.1")):
+        run = by_name[f"sweep-task{tid}.1"]
+        assert {p["key"]: p["value"] for p in run["data"]["params"]} == {"lr": lr, "opt": "adam w"}
+        assert _tags(run)["hpcml.job_dir"] == str(farm / "runs" / f"{tid}.1")      # hpcml run's job directory
+        assert run["info"]["status"] == "FINISHED"
 
 
 def test_binding_elsewhere_without_auth_is_refused(tmp_path):

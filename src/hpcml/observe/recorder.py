@@ -141,9 +141,11 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             exporter = PromForwarder(prometheus_port, rank=task.rank)
     sink = None
     if mlflow and task.rank == 0:
+        from hpcml.observe.mlflow_run import describe
         from hpcml.service.mlflow_rest import MlflowSink
+        run = describe(cmd, out, task.job_id, task.nodes, os.environ)
         sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
-                          run_name=f"job-{task.job_id}", tags={"hpcml.job_id": task.job_id, "hpcml.nodes": task.nodes})
+                          run_name=run.name, tags=run.tags, params=run.params)
     lock = threading.Lock()
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()
@@ -196,8 +198,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     code = rc if rc >= 0 else 128 - rc           # killed by signal n: 128 + n, as a shell says
     if sink is not None:
         sink.close("FINISHED" if code == 0 else "FAILED")
-        rank_meta["mlflow"] = {"url": mlflow, "run_id": sink.run_id, "sent": sink.sent, "dropped": sink.dropped,
-                               "errors": sink.errors}
+        rank_meta["mlflow"] = {"url": mlflow, "run_id": sink.run_id, "run_name": run.name, "sent": sink.sent,
+                               "dropped": sink.dropped, "errors": sink.errors, "problems": run.problems}
     rank_meta.update(end=time.time(), exit_code=code, app_batches=stats["app_batches"])
     if rc < 0:
         rank_meta["signal"] = -rc

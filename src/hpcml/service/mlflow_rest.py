@@ -27,6 +27,7 @@ from typing import Any
 from hpcml.errors import HpcmlError
 
 MAX_BATCH = 1000
+MAX_PARAMS = 100            # params (and tags) in one runs/log-batch call, MLflow's limit
 
 
 class MlflowError(HpcmlError):
@@ -89,14 +90,15 @@ class MlflowSink:
     """A recorder's rows -> metrics of one MLflow run, from a background thread."""
 
     def __init__(self, url: str, *, experiment: str, run_name: str, tags: dict[str, str] | None = None,
-                 kinds: tuple[str, ...] = ("metric",), maxsize: int = 100_000, period: float = 1.0) -> None:
+                 params: dict[str, str] | None = None, kinds: tuple[str, ...] = ("metric",),
+                 maxsize: int = 100_000, period: float = 1.0) -> None:
         self.client = MlflowRest(url)
         self.kinds, self.period = kinds, period
         self.queue: queue.Queue[tuple] = queue.Queue(maxsize)
         self.dropped = self.errors = self.sent = 0
         self.run_id: str | None = None
         self._stop = threading.Event()
-        self._setup = (experiment, run_name, tags or {})
+        self._setup = (experiment, run_name, tags or {}, params or {})
         self.thread = threading.Thread(target=self._loop, name="hpcml-mlflow", daemon=True)
         self.thread.start()
 
@@ -127,11 +129,17 @@ class MlflowSink:
 
     def _loop(self) -> None:
         try:
-            experiment, run_name, tags = self._setup
+            experiment, run_name, tags, params = self._setup
             self.run_id = self.client.create_run(self.client.experiment(experiment), run_name, tags)
         except MlflowError:
             self.errors += 1
             return
+        items = list(params.items())
+        for start in range(0, len(items), MAX_PARAMS):
+            try:
+                self.client.log_batch(self.run_id, params=dict(items[start:start + MAX_PARAMS]))
+            except MlflowError:
+                self.errors += 1
         while True:
             stopping = self._stop.wait(self.period)
             while True:
