@@ -464,6 +464,18 @@ def test_cli_show_bad_edf_one_line_exit_2(site, cli):
     assert "hpcml env show: error:" in r.stderr and str(site.edf / "nosuch.toml") in r.stderr
 
 
+def test_cli_validate_a_bare_name_of_a_file_here_suggests_its_path(site, cli):
+    """Issue 29: 'host.toml' in the current directory gave only "not found on ~/.edf"; a
+    bare name stays a name on EDF_PATH / ~/.edf (CSCS's rule), the message gives the path."""
+    site.write(site.work / "host.toml", 'image = "i"\n')
+    for name in ("host.toml", "host"):
+        r = cli("validate", name)
+        assert r.exit_code == 2 and r.stderr.count("\n") == 1
+        assert "not found on ~/.edf" in r.stderr and "./host.toml (a path needs a '/')" in r.stderr
+    assert cli("validate", "./host.toml").exit_code == 0
+    assert "this directory" not in cli("validate", "nosuch").stderr
+
+
 def test_cli_show_without_image_validate_requires_it(site, cli):
     site.write(site.work / "frag.toml", 'mounts = ["/a:/a"]\n')
     r = cli("show", "./frag.toml")

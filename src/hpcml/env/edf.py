@@ -82,6 +82,10 @@ def find_edf(name_or_path: str, env: Mapping[str, str] | None = None, cwd: str |
     where = "EDF_PATH" if environ.get("EDF_PATH") else "~/.edf (EDF_PATH is unset)"
     looked = ", ".join(os.path.join(d, filename) for d in dirs) or "nowhere"
     extra = f"; ignored relative EDF_PATH entries {', '.join(ignored)}" if ignored else ""
+    for here in dict.fromkeys((name_or_path, filename)):
+        if os.path.isfile(os.path.join(cwd, here)):     # a bare name is a name, as with CSCS's EDFs
+            extra += f"; the file in this directory is ./{here} (a path needs a '/')"
+            break
     raise UsageError(f"EDF {name_or_path!r} not found on {where}: looked for {looked}{extra}",
                      file=name_or_path)
 
