@@ -92,7 +92,8 @@ def _environment(opts: Options) -> dict | None:
     from hpcml.env.edf import Resolved
     from hpcml.env.resolve import resolve
     env, warnings = resolve(opts.env)
-    return {"edf": opts.env, "resolved": Resolved(env, warnings).to_json(), "warnings": warnings}
+    return {"schema": "hpcml.run.env/1", "edf": opts.env, "resolved": Resolved(env, warnings).to_json(),
+            "warnings": warnings}
 
 
 def _gpus_here() -> int:
