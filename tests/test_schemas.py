@@ -22,6 +22,7 @@ from hpcml import schemas
 from hpcml.data import ResumeStateError, ShardDataset
 from hpcml.data.manifest import load_manifest
 from hpcml.errors import UsageError
+from hpcml.observe.report import Limits
 from hpcml.observe.report import build as observe_report
 from hpcml.observe.store import read_job
 from hpcml.score.archive import write_store
@@ -216,7 +217,8 @@ def test_observe_report_with_stragglers_and_stalls(tmp_path):
     job_dir = make_job(tmp_path / "obs", 16, 200, slow_ranks={3: 1.5}, stalls=[(100, 5.0)], hiccups={(5, 50): 8.0},
                        missing=[9], truncated=[2])
     valid(json.loads((job_dir / "job.json").read_text()), "observe.job")
-    rep = valid(json.loads(json.dumps(observe_report(read_job(job_dir)).to_dict())), "observe.report")
+    rep = valid(json.loads(json.dumps(observe_report(read_job(job_dir), limits=Limits(min_straggler_s=10)).to_dict())),
+                "observe.report")                       # 22 s of synthetic steps: judged as a long job
     assert rep["stragglers"] and rep["stalls"] and rep["missing_ranks"] == [9] and rep["damaged_ranks"]
 
 

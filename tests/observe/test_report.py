@@ -14,12 +14,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcml.observe.report import build
+from hpcml.observe.report import Limits, build
 from hpcml.observe.store import read_job
 from hpcml.testing.synthetic_job import make_job
 from tests.observe.browser import assert_not_blank, render
 
 SLOW, STALL_STEP, STALL_S, HICCUP, MISSING, CUT = 5, 250, 5.0, (9, 100), 7, 12
+# the synthetic jobs here are 20-55 s of steps: judged for stragglers as a long job would be
+# (by default a verdict needs 60 s, see test_stragglers.py's short and long jobs)
+JUDGE = Limits(min_straggler_s=10)
 
 
 @pytest.fixture(scope="module")
@@ -31,16 +34,16 @@ def job_dir(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def rep(job_dir):
-    return build(read_job(job_dir))
+    return build(read_job(job_dir), limits=JUDGE)
 
 
 @pytest.fixture(scope="module")
 def clean_rep(tmp_path_factory):
-    return build(read_job(make_job(tmp_path_factory.mktemp("clean") / "obs", 32, 300, seed=3)))
+    return build(read_job(make_job(tmp_path_factory.mktemp("clean") / "obs", 32, 300, seed=3)), limits=JUDGE)
 
 
 def _cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", *args],
+    return subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", "--min-straggler-s", "10", *args],
                           check=False, capture_output=True, text=True, timeout=120)
 
 
@@ -120,7 +123,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
     assert list(d) == ["schema", "job_id", "path", "ranks_expected", "ranks_with_data", "nodes", "start", "end",
                        "duration_s", "rows", "throughput", "stalls", "stragglers", "bimodal", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
-                       "failed_ranks", "recorder_problems", "findings", "restarts"]
+                       "failed_ranks", "recorder_problems", "findings", "restarts", "straggler_check"]
     assert d["job_id"] == "synthetic" and d["missing_ranks"] == [MISSING] and str(CUT) in d["damaged_ranks"]
     assert all(set(f) == {"kind", "message", "advice"} for f in d["findings"])
     assert {"rank", "node", "gpus", "score", "confidence"} <= set(d["stragglers"][0])
@@ -185,7 +188,7 @@ def test_a_short_real_stall_in_a_fast_job_is_still_found(tmp_path):
 
 def test_bimodal_job_is_said_not_advised_away(tmp_path):
     d = make_job(tmp_path / "obs", 16, 300, slow_ranks={r: 2.0 for r in range(8, 16)} | {3: 1.4}, seed=5)
-    r = build(read_job(d))
+    r = build(read_job(d), limits=JUDGE)
     assert r.bimodal == {"fast_ranks": list(range(8)), "slow_ranks": list(range(8, 16)), "ratio": r.bimodal["ratio"]}
     assert 1.8 < r.bimodal["ratio"] < 2.2
     kinds = [f.kind for f in r.findings]
@@ -257,7 +260,6 @@ def test_a_job_recorded_twice_into_one_store_was_not_running_between_not_stalled
     the first run's exit is kept, and the time between the runs is a restart, not a stall."""
     import time
 
-    from hpcml.observe.report import Limits
     (tmp_path / "steps.py").write_text(STEPS)
     store = tmp_path / "obs"
     for first, last, code in ((0, 60, 143), (60, 120, 0)):

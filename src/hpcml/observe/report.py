@@ -21,7 +21,8 @@ most ``MAX_BUCKETS`` equal buckets over the job's span.
   reported as ``restarts``, never as a stall.
 - Stragglers: ``hpcml.observe.stragglers.score_groups`` on the ``step`` section, with the
   thresholds of ``Limits``; a job of two speed groups is reported as bimodal and each group
-  is scored on its own.
+  is scored on its own. Below ``Limits.min_straggler_steps`` steps or
+  ``min_straggler_s`` seconds of steps there is no straggler verdict (``straggler_check``).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from typing import Any
 import numpy as np
 
 from hpcml.htmlkit import natural_key
-from hpcml.observe.stragglers import score_groups
+from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, score_groups
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256
@@ -56,6 +57,8 @@ class Limits:
     window: int = 10               # steps of a transient-straggler episode window
     min_stall_s: float = 2.0       # a job-wide stall lasts at least this long ...
     min_stall_steps: float = 5.0   # ... and this many median step times
+    min_straggler_steps: int = MIN_STEPS       # no straggler verdict from fewer steps ...
+    min_straggler_s: float = MIN_SECONDS       # ... or fewer seconds of them (hpcml.observe.stragglers)
 
 
 @dataclass
@@ -90,6 +93,7 @@ class Report:
     findings: list[Finding]
     plots: dict[str, Any] = field(default_factory=dict, repr=False)
     restarts: list[dict[str, Any]] = field(default_factory=list)   # spans between two runs (requeued)
+    straggler_check: dict[str, Any] | None = None    # judged, steps, seconds and the minimums
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -231,7 +235,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         from concurrent.futures import ThreadPoolExecutor
         pool = ThreadPoolExecutor(1)
         scoring = pool.submit(score_groups, sg.rank, sg.step, sg.value, meta_ranks=meta_ranks,
-                              chronic=limits.chronic, stall=limits.stall_ratio, window=limits.window)
+                              chronic=limits.chronic, stall=limits.stall_ratio, window=limits.window,
+                              min_steps=limits.min_straggler_steps, min_seconds=limits.min_straggler_s)
         pool.shutdown(wait=False)
     n_steps = int(np.median(np.bincount(sg.ridx, minlength=nr))) if sg is not None else 0
     interval = float(meta.get("interval") or 1.0)
@@ -311,8 +316,12 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     # Stragglers.
     stragglers, one_off, transient = [], [], []
     bimodal: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
     if scoring is not None:
         scores, speeds = scoring.result()
+        if scores:
+            check = {"judged": scores[0].judged, "steps": scores[0].steps, "seconds": _r(scores[0].seconds, 2),
+                     "min_steps": limits.min_straggler_steps, "min_seconds": limits.min_straggler_s}
         if speeds is not None:
             bimodal = {"fast_ranks": speeds[0], "slow_ranks": speeds[1], "ratio": _r(speeds[2])}
         for s in scores:
@@ -327,7 +336,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                 one_off.append({"rank": s.rank, "node": s.node, "step": st, "ratio": _r(ratio)})
         one_off.sort(key=lambda d: -d["ratio"])
         transient.sort(key=lambda d: -(d["last_step"] - d["first_step"]))
-        degrading = [s for s in scores if s.trend > 1 + max(limits.chronic, 0.15) and s.steps >= 30]
+        degrading = [s for s in scores if s.trend > 1 + max(limits.chronic, 0.15) and s.judged]
         plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
 
     # Sections: total time and share of the step section.
@@ -380,7 +389,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   stragglers=stragglers, bimodal=bimodal, one_off_stalls=one_off[:50],
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
-                  recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts)
+                  recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
+                  straggler_check=check)
 
 
 def _restarts(meta_ranks: dict[str, dict], groups: dict, t0_us: int | None, min_gap: float) -> list[dict[str, Any]]:

@@ -27,6 +27,13 @@ least ``BIMODAL_SHARE`` of the ranks on each side. Such a job is scored within e
 
 This follows the relative scoring of NVIDIA's nvidia-resiliency-ext straggler detector
 (section time / median section time across ranks), computed offline from the store.
+
+No verdict from too little evidence: below ``MIN_STEPS`` steps every rank reported or
+``MIN_SECONDS`` of step time (the median rank's sum), ranks are still scored but none is
+chronic, episodic, degrading or bimodal (``judged`` is False). A few seconds of a job are
+start-up: caches warm, the first collectives connect, one rank's import takes longer; a
+rank 1.2x slower there says nothing about its node. NVRx likewise scores over a report
+interval (60 s by default in its ``Detector``, 300 s in Megatron Bridge), never less.
 """
 
 from __future__ import annotations
@@ -36,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_STEPS = 30
+MIN_SECONDS = 60.0
 BIMODAL_GAP = 1.25       # the slower group's median score over the faster group's, at least
 BIMODAL_SHARE = 0.25     # of the ranks in each group, at least
 
@@ -51,6 +59,8 @@ class RankScore:
     trend: float
     confidence: float
     chronic: bool
+    judged: bool = True                  # enough steps and seconds for a verdict
+    seconds: float = 0.0                 # of the steps judged, on the median rank
     stalls: list[tuple[int, float]] = field(default_factory=list)   # (step, ratio)
     episodes: list[tuple[int, int, float]] = field(default_factory=list)  # (first, last step, median ratio)
 
@@ -94,8 +104,14 @@ def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
     return rank_ids, step_ids[complete], m[:, complete] if not complete.all() else m
 
 
+def evidence(m: np.ndarray) -> tuple[int, float]:
+    """(steps every rank reported, seconds of them on the median rank) of a step matrix."""
+    return m.shape[1], float(np.median(np.nansum(m, axis=1))) if m.size else 0.0
+
+
 def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = 0.10,
-                stall: float = 3.0, window: int = 10) -> list[RankScore]:
+                stall: float = 3.0, window: int = 10, min_steps: int = MIN_STEPS,
+                min_seconds: float = MIN_SECONDS) -> list[RankScore]:
     """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows.
 
     Whole-matrix numpy operations (ranks x steps), so 1,024 ranks x 10,000 steps take
@@ -111,12 +127,14 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
     score = np.median(ratio, axis=1)
     slow = np.mean(ratio > limit, axis=1)
     trend = np.median(ratio[:, -q:], axis=1) / np.median(ratio[:, :q], axis=1)
-    chronic_rank = (score > limit) & (slow >= 0.5)
+    n_judged, seconds = evidence(m)
+    judged = n_judged >= min_steps and seconds >= min_seconds
+    chronic_rank = (score > limit) & (slow >= 0.5) & judged
     # episodes: windows where more than half the steps are slow against the others and
     # against the rank's own median
     slow_own = (ratio > limit * score[:, None]) & (ratio > limit)
     bad = np.zeros((len(rank_ids), 0), bool)
-    if n >= window:
+    if n >= window and judged:
         c = np.concatenate([np.zeros((len(rank_ids), 1), np.int64), np.cumsum(slow_own, axis=1)], axis=1)
         bad = (c[:, window:] - c[:, :-window]) * 2 > window
     stall_at = ratio >= stall
@@ -130,7 +148,7 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
                              steps=n, score=float(score[i]), slow_fraction=float(slow[i]),
                              trend=float(trend[i]),
                              confidence=round(float(slow[i]) * min(1.0, n / MIN_STEPS), 3),
-                             chronic=is_chronic, stalls=stalls, episodes=episodes))
+                             chronic=is_chronic, judged=judged, seconds=seconds, stalls=stalls, episodes=episodes))
     return sorted(out, key=lambda s: -s.score)
 
 
@@ -161,7 +179,7 @@ def score_groups(ranks, steps, values, **kw) -> tuple[list[RankScore], tuple[lis
     the slow group is then still found); returns the scores and the groups (or None)."""
     ranks, steps, values = np.asarray(ranks), np.asarray(steps), np.asarray(values, float)
     scores = score_ranks(ranks, steps, values, **kw)
-    groups = bimodal(scores)
+    groups = bimodal(scores) if scores and scores[0].judged else None
     if groups is None:
         return scores, None
     out: list[RankScore] = []

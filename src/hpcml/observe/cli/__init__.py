@@ -94,6 +94,8 @@ def report_cmd(
     stall_ratio: float = typer.Option(3.0, help="One step this many times the step median is a one-off stall."),
     episode_window: int = typer.Option(10, help="Steps per window when looking for transient stragglers."),
     min_stall: float = typer.Option(2.0, help="A job-wide stall lasts at least this many seconds (and 5 median steps)."),
+    min_straggler_steps: int = typer.Option(30, help="No straggler verdict from fewer steps (every rank's)."),
+    min_straggler_s: float = typer.Option(60.0, help="No straggler verdict from fewer seconds of steps."),
 ) -> None:
     """The job report: throughput, stragglers, stalls, lost ranks, and what to do about them.
 
@@ -115,11 +117,13 @@ def report_cmd(
     # files then costs seconds of page faults. The system allocator is ~2x faster here.
     pa.set_memory_pool(pa.system_memory_pool())
     for key, value in (("chronic", chronic), ("stall_ratio", stall_ratio - 1), ("episode_window", episode_window),
-                       ("min_stall", min_stall)):
+                       ("min_stall", min_stall), ("min_straggler_steps", min_straggler_steps),
+                       ("min_straggler_s", min_straggler_s)):
         if not value > 0:
             raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=key)
     rep = build(read_series(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
-                                                 min_stall_s=min_stall))
+                                                 min_stall_s=min_stall, min_straggler_steps=min_straggler_steps,
+                                                 min_straggler_s=min_straggler_s))
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
@@ -152,6 +156,11 @@ def _print_report(rep, html_path: Path) -> None:
             tab.add_row(str(s["rank"]), s["node"] or "?", ",".join(s["gpus"]), f"{s['score']:.2f}",
                         f"{s['confidence']:.2f}")
         con.print(tab)
+    check = rep.straggler_check
+    if check and not check["judged"]:
+        con.print(f"stragglers: not judged: {check['steps']} steps, {check['seconds']:g} s of them (a verdict "
+                  f"needs {check['min_steps']} steps and {check['min_seconds']:g} s; --min-straggler-steps, "
+                  "--min-straggler-s)")
     if rep.one_off_stalls:
         con.print(f"one-off stalls: {len(rep.one_off_stalls)} (worst: rank {rep.one_off_stalls[0]['rank']} "
                   f"step {rep.one_off_stalls[0]['step']}, {rep.one_off_stalls[0]['ratio']:.1f}x)")
