@@ -87,11 +87,13 @@ def test_data_job_script_packs_stages_and_reads(env, site):
     from tests.data.gen import make_files
     make_files(site / "scratch" / "raw", 300)
     (site / "tmp").mkdir()
-    out = run_job(adapt(scripts()["hpcml data"], site), site, {**env, "TMPDIR": str(site / "tmp")}, timeout=300)
+    (site / "ram").mkdir()                  # stands in for /dev/shm, where the doctor places a small set
+    out = run_job(adapt(scripts()["hpcml data"], site), site,
+                  {**env, "TMPDIR": str(site / "tmp"), "HPCML_DATA_RAM_DIR": str(site / "ram")}, timeout=300)
     lines = re.findall(r"train rank (\d+) of 2 data \[.*'([^']+)'\]", out)
     assert sorted(r for r, _ in lines) == ["0", "1"], out
-    data = Path(lines[0][1])
-    assert data.is_relative_to(site / "tmp") and (data / "manifest.json").is_file(), out   # staged, not streamed
+    assert Path(lines[0][1]).is_relative_to(site / "ram"), out           # staged in RAM, not streamed
+    assert list((site / "ram").iterdir()) == [] and list((site / "tmp").iterdir()) == [], out   # cleaned up
 
 
 def test_env_job_script_runs_one_container_per_task(env, site):

@@ -232,3 +232,18 @@ def test_missing_manifest_is_one_line_exit_2(tmp_path):
     lines = p.stderr.strip().splitlines()
     assert len(lines) == 1 and "manifest.json" in lines[0] and "no manifest" in lines[0]
     assert not (tmp_path / "local").exists()
+
+
+def test_default_copy_goes_to_ram_as_the_doctor_advises_and_cleanup_removes_only_the_job_s(packed, tmp_path):
+    """Without --to the doctor's placement decides (RAM: HPCML_DATA_RAM_DIR standing in for
+    /dev/shm); ``cleanup`` removes the job's default copies, never a --to of the user's."""
+    (tmp_path / "ram").mkdir()
+    env = {"SLURM_JOB_ID": "5", "HPCML_DATA_RAM_DIR": str(tmp_path / "ram"), "TMPDIR": str(tmp_path)}
+    r = st.stage(packed, env=env)
+    assert r.staged and r.placement == "ram" and Path(r.path).parent == tmp_path / "ram" / "hpcml-data-5"
+    assert "Stage the shards to RAM" in r.note
+    mine = st.stage(packed, str(tmp_path / "cache"), env=env)
+    assert mine.staged and mine.placement == "given"
+    assert st.cleanup(env) == [str(tmp_path / "ram" / "hpcml-data-5")]
+    assert not (tmp_path / "ram" / "hpcml-data-5").exists() and Path(mine.path, "manifest.json").is_file()
+    assert st.cleanup(env) == []

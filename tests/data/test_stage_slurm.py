@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcml.data import ShardDataset
 from hpcml.data.manifest import load_manifest
 from hpcml.data.pack import pack
 from hpcml.data.stage import STAMP
@@ -145,3 +146,35 @@ DATA=$({STAGE} {packed} --to {tmp_path}/room/%n --keep-free '1 PB' 2> room.err);
     room = (tmp_path / "room.err").read_text()
     assert "n1: not staged, does not fit" in room and "n2: not staged, does not fit" in room
     assert not list((tmp_path / "room").rglob("shard-*"))
+
+
+def test_default_placement_is_the_doctor_s_and_cleanup_leaves_nothing_after_the_job(env, tmp_path, packed):
+    """Issue 29: without --to the copy went to /tmp/hpcml-data-JOB whatever the doctor said,
+    and stayed after the job. Now it goes where the doctor advises (RAM: the RAM directory,
+    here a tmp directory through HPCML_DATA_RAM_DIR instead of /dev/shm; local disk when
+    there is no RAM directory), the job's ranks read it there, and ``hpcml data stage
+    --cleanup`` at the end of the batch script leaves nothing of the job on either."""
+    ram, disk = tmp_path / "ram", tmp_path / "disk"
+    ram.mkdir()
+    disk.mkdir()
+    read = ("import os, sys; from hpcml.data import ShardDataset; d = sys.argv[1]; "
+            "print('read', os.environ['SLURM_PROCID'], d, sum(1 for _ in ShardDataset(d, shuffle=False)))")
+    script = f"""#!/bin/bash
+echo job=$SLURM_JOB_ID
+DATA=$({STAGE} {packed} 2> stage.err)
+DISK=$(HPCML_DATA_RAM_DIR={tmp_path}/none {STAGE} {packed} 2> disk.err)
+srun {sys.executable} -c "{read}" "$DATA"
+srun {sys.executable} -c "{read}" "$DISK"
+{STAGE} --cleanup; echo cleanup=$?
+"""
+    out = run_job(script, tmp_path, {**env, "HPCML_DATA_RAM_DIR": str(ram), "TMPDIR": str(disk)})
+    job, ds = _job_id(out), load_manifest(packed).dataset
+    assert "cleanup=0" in out, out
+    lines = [line.split() for line in out.splitlines() if line.startswith("read ")]
+    assert {p for _, _, p, _ in lines} == {str(ram / f"hpcml-data-{job}" / ds), str(disk / f"hpcml-data-{job}" / ds)}
+    per_rank = len(ShardDataset(packed, rank=0, world_size=2))             # each of the 2 ranks reads its half
+    assert len(lines) == 4 and all(int(n) == per_rank for *_, n in lines), out
+    assert "as hpcml data doctor advises: Stage the shards to RAM" in (tmp_path / "stage.err").read_text()
+    assert "stays until 'hpcml data stage --cleanup'" in (tmp_path / "stage.err").read_text()
+    assert "node-local disk" in (tmp_path / "disk.err").read_text()
+    assert list(ram.iterdir()) == [] and list(disk.iterdir()) == []          # nothing left of the job

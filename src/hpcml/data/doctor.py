@@ -331,8 +331,11 @@ def _shard(scan: ScanResult, readers: int, default: int) -> tuple[int, str]:
     return size, why + "."
 
 
-def _place(scan: ScanResult, res: Resources, size: int, pack: bool,
-           ram_fraction: float, disk_fraction: float) -> tuple[str, str, str]:
+def place(size: int, res: Resources, *, pack: bool = True, root: str = "",
+          ram_fraction: float = 0.4, disk_fraction: float = 0.8) -> tuple[str, str, str]:
+    """(placement, target, reason) for ``size`` bytes: "ram" (``res.ram_dir``) when they fit
+    in ``ram_fraction`` of the free RAM, else "local-disk" in ``disk_fraction`` of its free
+    space, else "stream" from ``root``. ``hpcml data stage`` places its copy by this too."""
     share = f" per task ({res.tasks} tasks stage a copy each)" if res.tasks > 1 else ""
     ram_budget = ram_fraction * res.ram_free / res.tasks
     limit = ""
@@ -352,7 +355,7 @@ def _place(scan: ScanResult, res: Resources, size: int, pack: bool,
             f"budget of {fmt_bytes(ram_budget)}{limit} but fits in {disk_fraction:.0%} of its "
             f"{fmt_bytes(res.local_free)} free ({fmt_bytes(disk_budget)}{share}).")
     how = "as packed shards with large sequential reads" if pack else "with large reads"
-    return "stream", scan.root, (
+    return "stream", root, (
         f"Stream from where it is, {how}: {fmt_bytes(size)} exceeds both the RAM budget "
         f"({fmt_bytes(ram_budget)}{limit}) and the local disk budget ({fmt_bytes(disk_budget)}{share}).")
 
@@ -365,7 +368,8 @@ def recommend(scan: ScanResult, res: Resources, *, readers: int = 64,
     pack, pack_reason = _pack(scan, small_file, many_files)
     shard, shard_reason = _shard(scan, max(1, readers), shard_bytes)
     stage = scan.tar_bytes if pack else scan.bytes
-    placement, target, place_reason = _place(scan, res, stage, pack, ram_fraction, disk_fraction)
+    placement, target, place_reason = place(stage, res, pack=pack, root=scan.root, ram_fraction=ram_fraction,
+                                            disk_fraction=disk_fraction)
     notes = []
     if pack and scan.ungroupable_count:
         n = scan.ungroupable_count

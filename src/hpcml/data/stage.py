@@ -12,6 +12,13 @@ virtual nodes sharing a directory) queue on it, the first copies and the others 
 files stamped. A lock dies with its holder, so nothing stale can block a later job, unlike
 a completion marker keyed by job id (local clusters reuse job ids after a restart).
 The manifest is written last: a directory with a manifest is a complete copy.
+
+Without ``--to`` the copy goes where ``hpcml data doctor`` advises (``advise``): RAM
+(/dev/shm, or ``$HPCML_DATA_RAM_DIR``) when it fits in the doctor's RAM budget, else the
+node-local disk ($SLURM_TMPDIR, else $TMPDIR/hpcml-data-JOB), else nowhere: the job
+streams. These default copies are named by job, and ``cleanup`` removes them at the job's
+end (``hpcml data stage --cleanup``: the batch script's last line, or an epilog); only
+$SLURM_TMPDIR is removed by Slurm itself. A ``--to`` of your own is a cache you keep.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ import fcntl
 import hashlib
 import os
 import re
+import shutil
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -49,6 +57,7 @@ LOCK = ".hpcml-stage.lock"
 KEEP_FRACTION = 0.05          # of the target filesystem, kept free ...
 KEEP_BYTES = 1 << 30          # ... or this much, whichever is smaller
 RUNS_KEPT = 50
+RAM_DIR, RAM_DIR_ENV = "/dev/shm", "HPCML_DATA_RAM_DIR"
 _VAR = re.compile(r"\$(?:\{([A-Za-z_]\w*)\}|([A-Za-z_]\w*))")
 
 
@@ -68,6 +77,7 @@ class StageResult:
     staged: bool
     reason: str = ""                # why it fell back to streaming
     note: str = ""                  # e.g. the target's variable was unset, the default was used
+    placement: str = "given"        # ram | local-disk | stream (the doctor's advice), given (--to)
     files_copied: int = 0
     files_skipped: int = 0
     files_verified: int = 0         # hashed in place and found valid (counted as skipped)
@@ -123,6 +133,60 @@ def default_dir(env: Mapping[str, str] | None = None) -> str:
     job = env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
     tmp = env.get("TMPDIR") or "/tmp"
     return f"{tmp}/hpcml-data-{job}" if job else f"{tmp}/hpcml-data"
+
+
+def _job(env: Mapping[str, str]) -> str | None:
+    return env.get("SLURM_JOB_ID") or env.get("SLURM_JOBID")
+
+
+def _ram_dir(env: Mapping[str, str]) -> str:
+    return env.get(RAM_DIR_ENV) or RAM_DIR
+
+
+@dataclass
+class Placement:
+    kind: str                       # ram | local-disk | stream
+    to: str | None                  # the target DIR; None: stream from the source
+    reason: str
+
+
+def advise(nbytes: int, env: Mapping[str, str] | None = None) -> Placement:
+    """Where a copy of ``nbytes`` goes without ``--to``: ``hpcml data doctor``'s placement
+    for this node (one copy per node, shared by its tasks)."""
+    from hpcml.data.doctor import detect_resources, place
+    env = os.environ if env is None else env
+    local = next((d for d in (env.get("SLURM_TMPDIR"), env.get("TMPDIR"), "/tmp") if d and os.path.isdir(d)), "/tmp")
+    ram = _ram_dir(env)
+    res = detect_resources(local_dir=local, ram_dir=ram, **({} if os.path.isdir(ram) else {"ram_free": 0}))
+    kind, _, why = place(nbytes, res)
+    job = _job(env)
+    to = {"ram": f"{ram}/hpcml-data-{job}" if job else f"{ram}/hpcml-data",
+          "local-disk": default_dir(env)}.get(kind)
+    return Placement(kind, to, why)
+
+
+def cleanup(env: Mapping[str, str] | None = None) -> list[str]:
+    """Remove this job's default copies on this node (RAM and local disk, ``hpcml-data-JOB``;
+    without a job ``hpcml-data``); returns what was removed."""
+    env = os.environ if env is None else env
+    job = _job(env)
+    name = f"hpcml-data-{job}" if job else "hpcml-data"
+    removed = []
+    for root in dict.fromkeys((_ram_dir(env), env.get("TMPDIR") or "/tmp", "/tmp")):
+        d = Path(root) / name
+        gone = d.with_name(f".{name}.removing.{os.getpid()}")
+        try:
+            os.rename(d, gone)          # one remover wins where nodes share the directory
+            if gone.is_symlink():
+                gone.unlink()
+            else:
+                shutil.rmtree(gone)
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            raise HpcmlError(f"{d}: cannot remove the staged copy: {exc.strerror}") from None
+        removed.append(str(d))
+    return removed
 
 
 def resolve_dir(template: str | None, env: Mapping[str, str] | None = None) -> Path:
@@ -330,12 +394,17 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
                       staged=False, bytes_total=sum(f.bytes for f in files) + len(manifest_bytes),
                       job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),
                       task=int(env.get("SLURM_LOCALID") or 0))
+    if not to:
+        advice = advise(res.bytes_total, env)
+        res.placement, res.note = advice.kind, f"placed as hpcml data doctor advises: {advice.reason}"
+        if advice.to is None:
+            res.reason = "the doctor advises streaming (give --to DIR to stage anyway)"
+            return res
+        to = advice.to
     try:
         try:
             base = resolve_dir(to, env)
         except TargetUnavailable as exc:
-            if not to:
-                raise
             base = resolve_dir(None, env)                 # the default: $SLURM_TMPDIR, else /tmp/hpcml-data-JOB
             res.note = f"{exc}; staged to the default {base} instead"
         dst = base / ds

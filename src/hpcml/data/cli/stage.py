@@ -12,22 +12,30 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import parse_size
-from hpcml.errors import SlurmError
+from hpcml.errors import SlurmError, UsageError
 
 COMMAND = "hpcml data stage"
 
 
 def stage(
-    src: Path = typer.Argument(..., help="A shard set made by `hpcml data pack` (its directory or manifest.json)."),
-    to: Optional[str] = typer.Option(None, "--to", help="Node-local directory (default: $SLURM_TMPDIR, else "
-                                     "/tmp/hpcml-data-$SLURM_JOB_ID). $VARS are expanded on each node; "
-                                     "%n is the node name, %j the job id. The copy goes to DIR/<dataset id>."),
+    src: Optional[Path] = typer.Argument(None, help="A shard set made by `hpcml data pack` (its directory or "
+                                         "manifest.json)."),
+    to: Optional[str] = typer.Option(None, "--to", help="Node-local directory (default: where hpcml data doctor "
+                                     "advises: /dev/shm/hpcml-data-$SLURM_JOB_ID when it fits in RAM, else "
+                                     "$SLURM_TMPDIR or /tmp/hpcml-data-$SLURM_JOB_ID). $VARS are expanded on "
+                                     "each node; %n is the node name, %j the job id. The copy goes to "
+                                     "DIR/<dataset id>."),
     verify: bool = typer.Option(False, "--verify", help="Re-hash files already staged instead of trusting the stamp."),
     threads: int = typer.Option(4, "--threads", "-j", min=1, help="Files copied in parallel on each node."),
     keep_free: Optional[str] = typer.Option(None, "--keep-free", help="Space to leave free on the target, e.g. "
                                             "'10 GB' (default: 5 % of it or 1 GiB, whichever is smaller)."),
     local: bool = typer.Option(False, "--local", help="Stage on this node only, without srun."),
     as_json: bool = typer.Option(False, "--json", help="Print the per-node report as JSON instead of the path."),
+    cleanup: bool = typer.Option(False, "--cleanup", help="Remove this job's default copies (RAM and local disk) "
+                                 "on every node of the job, instead of staging: the batch script's last line, "
+                                 "or a Slurm epilog (with --local --job $SLURM_JOB_ID)."),
+    job: Optional[str] = typer.Option(None, "--job", help="With --cleanup: the job whose copies to remove "
+                                      "(default: $SLURM_JOB_ID)."),
 ) -> None:
     """Copy a shard set once per node to node-local storage, verified against its manifest.
 
@@ -36,8 +44,13 @@ def stage(
     Files already staged and valid are skipped. When the copy does not fit, or the
     target cannot be created, nothing is copied and the job streams from SRC.
 
-        DATA=$(hpcml data stage /scratch/$USER/shards --to '$SLURM_TMPDIR')
+        DATA=$(hpcml data stage /scratch/$USER/shards)
         srun python train.py --data "$DATA"
+        hpcml data stage --cleanup          # this job's copies, on every node
+
+    Without --to the copy goes where hpcml data doctor advises (RAM when it fits, else
+    node-local disk, else it streams) and is named by job: --cleanup removes it (Slurm
+    itself removes only $SLURM_TMPDIR). A --to of your own is a cache that later jobs reuse.
 
     The last line of stdout is the directory to read (the copy, or SRC);
     progress and the per-node summary go to stderr.
@@ -52,9 +65,24 @@ def stage(
     t0 = time.monotonic()
     keep = parse_size(keep_free, "--keep-free", minimum=0)
     alloc = current()
-    if not local and alloc.under_slurm and alloc.step_id is None:
-        if not slurm.available("srun"):
-            raise SlurmError("srun: Slurm is not installed or not on PATH (use --local to stage this node only)")
+    on_nodes = not local and alloc.under_slurm and alloc.step_id is None
+    if on_nodes and not slurm.available("srun"):
+        raise SlurmError("srun: Slurm is not installed or not on PATH (use --local to stage this node only)")
+    if cleanup:
+        return _cleanup(job, list(alloc.nodes) if on_nodes else None)
+    if src is None:
+        raise UsageError("give the shard set to stage (or --cleanup)", key="SRC")
+    if on_nodes and not to:                # one placement for every node: the tasks read one path
+        from hpcml.data.manifest import load_manifest
+        from hpcml.data.stage import advise, source_dir
+        advice = advise(sum(s.bytes for s in load_manifest(src).shards))
+        if advice.to is None:
+            out = stage_worker.combine(str(source_dir(src)), {})
+            out.notes.append(f"not staged, as hpcml data doctor advises: {advice.reason}")
+        else:
+            out = _on_nodes(src, advice.to, list(alloc.nodes), threads, verify, keep, not as_json)
+            out.notes.insert(0, f"placed as hpcml data doctor advises: {advice.reason}")
+    elif on_nodes:
         out = _on_nodes(src, to, list(alloc.nodes), threads, verify, keep, not as_json)
     else:
         r = _here(src, to, threads, verify, keep, not as_json)
@@ -62,8 +90,28 @@ def stage(
     if as_json:
         print(json.dumps(out.to_dict(), indent=2))
         return
-    _summary(out)
+    _summary(out, None if to else alloc.job_id or "")
     print(out.path)
+
+
+def _cleanup(job: Optional[str], nodes: Optional[list[str]]) -> None:
+    """This node's copies, or (from the batch script) every node's through one srun step."""
+    import os
+    import subprocess
+
+    from hpcml.cluster import slurm
+    from hpcml.data.stage import cleanup
+    if nodes is None:
+        env = {**os.environ, "SLURM_JOB_ID": job} if job else os.environ
+        for path in cleanup(env):
+            print(f"{COMMAND}: removed {path}", file=sys.stderr)
+        return
+    argv = slurm.srun_argv([sys.executable, "-m", "hpcml", "data", "stage", "--cleanup", "--local",
+                            *(["--job", job] if job else [])], nodes=nodes, ntasks_per_node=1,
+                           extra=["--overlap", "--mpi=none", "--job-name=hpcml-stage-cleanup"])
+    p = subprocess.run(argv, stdin=subprocess.DEVNULL, timeout=300)
+    if p.returncode:
+        raise SlurmError(f"srun: the cleanup step failed (exit {p.returncode})")
 
 
 def _here(src: Path, to: Optional[str], threads: int, verify: bool, keep: Optional[int], show: bool):
@@ -97,7 +145,8 @@ def _on_nodes(src: Path, to: Optional[str], nodes: list[str], threads: int, veri
                            on_progress=on_progress)
 
 
-def _summary(out) -> None:
+def _summary(out, job: str | None = None) -> None:
+    """``job``: the copy is a default one of this job ("" without one), to be cleaned up."""
     from hpcml.units import fmt_bytes
     err = sys.stderr
     for node, r in out.results.items():
@@ -121,4 +170,15 @@ def _summary(out) -> None:
               f"({rate:.0f} MB/s together)", file=err)
     for note in out.notes:
         print(f"{COMMAND}: note: {note}", file=err)
+    if job is not None and out.staged and not _under_slurm_tmpdir(out.path):
+        print(f"{COMMAND}: note: {out.path} stays until 'hpcml data stage --cleanup'" + (
+              ": end the batch script with it, or let an epilog run 'hpcml data stage --cleanup --local "
+              "--job $SLURM_JOB_ID'" if job else ""), file=err)
+
+
+def _under_slurm_tmpdir(path: str) -> bool:
+    """Slurm removes $SLURM_TMPDIR (job_container/tmpfs) at the job's end by itself."""
+    import os
+    tmp = os.environ.get("SLURM_TMPDIR")
+    return bool(tmp) and Path(path).absolute().is_relative_to(Path(str(tmp)).absolute())
 
