@@ -14,6 +14,7 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -144,6 +145,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         from hpcml.observe.mlflow_run import describe
         from hpcml.service.mlflow_rest import MlflowSink
         run = describe(cmd, out, task.job_id, task.nodes, os.environ)
+        for problem in run.problems:           # the run is still made, without the task's params
+            print(f"hpcml observe record: MLflow: {problem}", file=sys.stderr)
         sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
                           run_name=run.name, tags=run.tags, params=run.params)
     lock = threading.Lock()
