@@ -28,6 +28,9 @@ def test_a_farm_task_s_parameters_are_valid_mlflow_params_and_a_damaged_task_fil
     env = {"HPCML_FARM_DIR": str(farm), "HPCML_FARM_TASK_ID": "3", "HPCML_FARM_ATTEMPT": "2"}
     meta = describe(["x"], tmp_path / "obs", "local", "vm", env)
     assert meta.name == "f-task3.2" and meta.tags["hpcml.farm.task"] == "3"
+    second = describe(["x"], farm / "runs" / "3.2-1" / "observe", "local", "vm",
+                      {**env, "HPCML_RUN_DIR": str(farm / "runs" / "3.2-1"), "HPCML_RUN_ATTEMPT": "0"})
+    assert second.name == "f-task3.2-1"            # the attempt's second hpcml run
     assert meta.params["model_name"] == "a" and meta.params["layers"] == "[1, 2]"
     assert len(meta.params["prompt"]) == MAX_PARAM_VALUE
     (farm / "tasks.jsonl").unlink()

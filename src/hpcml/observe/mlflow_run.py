@@ -22,7 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hpcml.farm.model import TASKS_FILE
+from hpcml.farm.model import RUNS, TASKS_FILE
 from hpcml.farm.taskenv import FarmTask
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import read_bounded
@@ -89,7 +89,10 @@ def describe(cmd: list[str], store: Path, job_id: str, nodes: str, env: Mapping[
     """The name, tags and params of the MLflow run of the job recorded into ``store``."""
     job_dir, attempt, task = _job_dir(store, env), _attempt(env), farm_task(env)
     label = job_id if job_id != "local" else job_dir.name
-    name = f"{task.farm.name}-task{task.id}.{task.attempt}" if task else f"{label}-a{attempt}"
+    name = f"{label}-a{attempt}"
+    if task is not None:                    # runs/ID.A, then ID.A-1... for the attempt's next hpcml run
+        own = job_dir.parent == task.farm.absolute() / RUNS
+        name = f"{task.farm.name}-task{job_dir.name if own else f'{task.id}.{task.attempt}'}"
     command = _clip(shlex.join(cmd), MAX_TAG_VALUE)
     meta = RunMeta(_clip(name, MAX_TAG_VALUE), {
         "mlflow.runName": name, "mlflow.source.name": command, "mlflow.source.type": "JOB",
