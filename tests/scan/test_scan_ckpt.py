@@ -86,3 +86,44 @@ def test_a_bin_that_only_claims_to_be_a_shard_is_still_scanned(tmp_path):
     code, files = _scan(d)
     assert code == 7 and "does not describe this shard" in files["rank-00000.bin"]["errors"][0], files
     assert not marker.exists()
+
+
+def test_an_index_beside_a_torch_zip_a_protocol_0_or_a_legacy_stream_does_not_make_it_pass(tmp_path):
+    """What torch.load or pickle.load of the .bin would run, ignoring the index: a torch zip,
+    a protocol 0 pickle (no header), a benign leaf at offset 0 followed by the pickles legacy
+    torch.load reads next. Each passed as raw bytes with a forged index beside it."""
+    import io
+    import pickle
+    import zipfile
+    marker = tmp_path / "pwned"
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", payloads.assemble(2, payloads.os_system_call(marker)))
+    zipped = buf.getvalue()
+    proto0 = payloads.assemble(0, payloads.os_system_call(marker, protocol=0))
+    magic = pickle.dumps(0x1950A86A20F9469CFC6C, protocol=2)
+    legacy = magic + pickle.dumps(1001, protocol=2) + pickle.dumps({}, protocol=2) \
+        + payloads.assemble(2, payloads.os_system_call(marker))
+    for n, raw, entries in (
+            (1, zipped, [{"kind": "bytes", "dtype": "u1", "shape": [len(zipped)], "offset": 0, "nbytes": len(zipped)}]),
+            (2, proto0, [{"kind": "bytes", "dtype": "u1", "shape": [len(proto0)], "offset": 0, "nbytes": len(proto0)}]),
+            (3, legacy, [{"kind": "pickle", "dtype": "u1", "shape": [len(magic)], "offset": 0, "nbytes": len(magic)},
+                         {"kind": "bytes", "dtype": "u1", "shape": [len(legacy) - len(magic)], "offset": len(magic),
+                          "nbytes": len(legacy) - len(magic)}])):
+        d = tmp_path / f"step-0000000{n}"
+        d.mkdir()
+        (d / "rank-00000.bin").write_bytes(raw)
+        (d / "rank-00000.json").write_text(json.dumps({
+            "schema": layout.SHARD_TAG, "step": n, "rank": 0, "size": len(raw), "entries": entries,
+            "skeleton": [{"__t": i} for i in range(len(entries))]}))
+    out = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(tmp_path), "--json"],
+                         capture_output=True, text=True, timeout=120)
+    files = {Path(f["path"]).parent.name: f for f in json.loads(out.stdout)["files"] if f["path"].endswith(".bin")}
+    assert out.returncode == 6 and len(files) == 3, out.stdout
+    for f in files.values():
+        assert f["verdict"] == "dangerous" and f["format"] == "hpcml-ckpt", f
+    assert not marker.exists()
+    # tensor bytes that start like an unregistered copyreg extension (1 in 80 random ones) stay data
+    with Checkpointer(tmp_path / "ck") as c:
+        c.save({"w": np.frombuffer(bytes([0x82, 0x0C, 0x0B]) * 100, dtype=np.uint8)}, 1)
+    assert _scan(tmp_path / "ck")[0] == 0

@@ -10,9 +10,10 @@ leaf by its place in the state (``leaf extra.sampler``). A ``.bin`` without such
 scanned as before. The index must describe the file exactly (its size, leaves inside it, no
 object arrays): one that does not is an error, never a pass.
 
-The bytes a plain ``pickle.load`` or legacy ``torch.load`` of the file would read are walked
-too when they start like a pickle: a shard is safe to load with hpcml, and must not hide a
-pickle at offset 0 for a loader that ignores the index.
+The file is also scanned whole from offset 0 as a loader that ignores the index reads it
+(``torch.load``'s zip or legacy stream of pickles, ``pickle.load`` of any protocol, ``np.load``,
+joblib): a shard is safe to load with hpcml, and an index beside a torch zip, a protocol 0
+pickle or a benign leaf followed by more pickles must not make the file pass.
 """
 
 from __future__ import annotations
@@ -22,7 +23,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hpcml.scan import pickles
-from hpcml.scan.picklewalk import looks_like_pickle
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
@@ -81,6 +81,29 @@ def _object_dtype(dtype: Any) -> bool:
         return True
 
 
+def _scan_as_loaders_read_it(fs: FileScan, fh: BinaryIO, size: int) -> None:
+    """The whole file from offset 0, as ``torch.load``, ``pickle.load``, ``np.load`` or
+    joblib would read it without the index: a zip, npy or compressed stream by its magic, else
+    a stream of pickles of any protocol (legacy ``torch.load`` reads several, protocol 0 has
+    no header). Tensor bytes that parse as no pickle and import nothing are not one."""
+    from hpcml.scan.formats import FORMATS
+    from hpcml.scan.scanner import scan_content
+    fh.seek(0)
+    head = fh.read(512)
+    fh.seek(0)
+    if not head:
+        return
+    for name in FORMATS:
+        fmt = FORMATS.get(name)
+        if fmt.looks_like(head, size, ""):
+            fmt.scan(fs, fh, size, f"@0 read as {name}", "", 0, scan_content)
+            return
+    first = pickles.walk_one(fh, 0, size)
+    if first.error and first.events and all(ev.kind == "ext" for ev in first.events):
+        return          # tensor bytes starting with EXT1/2/4 (1 in 80 of random ones): pickle.load stops there
+    pickles.scan_stream(fs, fh, 0, size, "@0 read as a plain pickle", required=False)
+
+
 def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]) -> None:
     """Walk every pickled leaf of the shard ``fh`` (``size`` bytes) that ``doc`` indexes."""
     from hpcml.ckpt.flatten import leaf_paths
@@ -95,8 +118,6 @@ def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]
     for i in pickled:
         e = entries[i]
         pickles.scan_stream(fs, fh, e["offset"], e["offset"] + e["nbytes"], f"leaf {names.get(i, f'#{i}')}")
-    fh.seek(0)
-    if size and looks_like_pickle(fh.read(3)) and not any(entries[i]["offset"] == 0 for i in pickled):
-        pickles.scan_stream(fs, fh, 0, size, "@0 read as a plain pickle", required=False)
+    _scan_as_loaders_read_it(fs, fh, size)
     fs.note(f"{len(entries) - len(pickled)} tensors and arrays (raw bytes, never unpickled), "
             f"{len(pickled)} pickled leaves scanned; load it with hpcml.ckpt (or hpcml.scan.safe_load)")
