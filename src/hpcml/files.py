@@ -36,6 +36,17 @@ def write_atomic(path: str | os.PathLike, text: str, exclusive: bool = False) ->
         tmp.unlink(missing_ok=True)
 
 
+def inside(root: str | os.PathLike, path: str | os.PathLike) -> Path:
+    """``path`` resolved (symlinks followed, ``..`` folded), if it stays inside ``root``
+    (resolved too); ValueError naming where it leads otherwise. For every path a file from
+    someone else (a blueprint's file names) or a flag names under a directory hpcml writes."""
+    base = Path(root).resolve()
+    target = (base / path).resolve()
+    if target != base and not target.is_relative_to(base):
+        raise ValueError(f"leads outside {base} (to {target})")
+    return target
+
+
 def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True) -> bytes:
     """The bytes of a file hpcml wrote itself, read as if anyone could have replaced it: a
     FIFO is not waited on (O_NONBLOCK), a device or directory is not read, a symlink is not
