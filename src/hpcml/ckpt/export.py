@@ -14,6 +14,7 @@ listed.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -31,6 +32,9 @@ _TORCH = {"float64": "F64", "float32": "F32", "float16": "F16", "bfloat16": "BF1
           "int32": "I32", "int16": "I16", "int8": "I8", "uint8": "U8", "uint16": "U16", "uint32": "U32",
           "uint64": "U64", "bool": "BOOL", "complex64": "C64", "float8_e4m3fn": "F8_E4M3",
           "float8_e5m2": "F8_E5M2", "float8_e8m0fnu": "F8_E8M0"}
+#: bytes per element of each safetensors dtype
+_ITEMSIZE = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "I16": 2, "I8": 1, "U8": 1, "U16": 2,
+             "U32": 4, "U64": 8, "BOOL": 1, "C64": 8, "F8_E4M3": 1, "F8_E5M2": 1, "F8_E8M0": 1}
 #: numpy (kind, itemsize) -> safetensors dtypes
 _NUMPY = {("f", 8): "F64", ("f", 4): "F32", ("f", 2): "F16", ("i", 8): "I64", ("i", 4): "I32",
           ("i", 2): "I16", ("i", 1): "I8", ("u", 8): "U64", ("u", 4): "U32", ("u", 2): "U16",
@@ -82,6 +86,7 @@ def export(path: str | os.PathLike, out: str | os.PathLike, step: int | None = N
             raise UsageError(f"no tensors under '{key}' in {found.path / json_name}; the parts of the state "
                              f"with tensors: {', '.join(tops) or 'none'}", key="key")
     done = Exported(Path(out), found.step, shard)
+    size = (found.path / bin_name).stat().st_size
     header: dict[str, Any] = {}
     order = []
     for i, name in sorted(names.items(), key=lambda kv: kv[1]):
@@ -89,10 +94,13 @@ def export(path: str | os.PathLike, out: str | os.PathLike, step: int | None = N
         if e["kind"] not in ("torch", "numpy"):
             done.left_out.append(name)
             continue
-        if name in header:
-            raise UsageError(f"two tensors would both be named '{name}'", file=str(found.path / json_name), key="key")
-        header[name] = {"dtype": _dtype(e, name, str(found.path / json_name)), "shape": e["shape"],
-                        "data_offsets": [done.bytes, done.bytes + e["nbytes"]]}
+        if name in header or name == "__metadata__":       # the header's own key: the file would not load
+            raise UsageError(f"two tensors would both be named '{name}'" if name in header else
+                             "a tensor named '__metadata__' (safetensors' name for the header's metadata); "
+                             "export a part of the state with --key", file=str(found.path / json_name), key="key")
+        dtype = _dtype(e, name, str(found.path / json_name))
+        _check_bytes(e, name, dtype, size, found.path / json_name)
+        header[name] = {"dtype": dtype, "shape": e["shape"], "data_offsets": [done.bytes, done.bytes + e["nbytes"]]}
         order.append(e)
         done.bytes += e["nbytes"]
     if not order:
@@ -105,11 +113,24 @@ def export(path: str | os.PathLike, out: str | os.PathLike, step: int | None = N
     return done
 
 
+def _check_bytes(e: dict[str, Any], name: str, dtype: str, size: int, source: Path) -> None:
+    """A tensor's bytes lie inside the shard and are exactly its shape's: what the index says
+    is what a reader of the export gets (a mismatch is a corrupt shard, never a file that
+    the reference library refuses or misreads)."""
+    shape, off, n = e.get("shape"), e.get("offset"), e.get("nbytes")
+    if not (isinstance(shape, list) and all(type(d) is int and d >= 0 for d in shape)
+            and type(off) is int and type(n) is int and off >= 0 and 0 <= n <= size - off
+            and math.prod(shape) * _ITEMSIZE[dtype] == n):
+        raise layout.CheckpointError(f"{source}: tensor '{name}': {n!r} bytes at offset {off!r} of the "
+                                     f"{size}-byte shard for shape {shape!r} of {dtype} (corrupt)")
+
+
 def _write(out: Path, header: bytes, order: list[dict[str, Any]], source: Path) -> None:
     """Header and tensors under a temporary name, fsync, rename: a half export is never seen."""
     tmp = out.with_name(out.name + ".tmp")
+    tmp.unlink(missing_ok=True)                 # a crashed export's, or a link planted there: never written through
     try:
-        with os.fdopen(layout.create(tmp), "wb") as dst, open(source, "rb") as src:
+        with os.fdopen(layout.create(tmp, flags=os.O_EXCL), "wb") as dst, open(source, "rb") as src:
             dst.write(len(header).to_bytes(8, "little") + header)
             for e in order:
                 src.seek(e["offset"])

@@ -80,11 +80,15 @@ def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: An
     """Rebuild one shard's state from its index and bytes (checked by the caller)."""
     bin_name, json_name = layout.shard_names(rank)
     shard = layout.read_json(directory / json_name, layout.SHARD_TAG)
-    buf = bytearray(shard["size"])
     with open(directory / bin_name, "rb", buffering=0) as fh:
+        size = os.fstat(fh.fileno()).st_size
+        if shard.get("size") != size:          # before allocating what the index says: 1 TB is not read
+            raise CheckpointError(f"{directory / json_name}: key 'size': {shard.get('size')!r}, "
+                                  f"the shard has {size} bytes")
+        buf = bytearray(size)
         got = fh.readinto(buf)
-    if got != shard["size"]:
-        raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {shard['size']}")
+    if got != size:
+        raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {size}")
     try:
         return unflatten(shard["skeleton"], shard["entries"], memoryview(buf), source=str(directory / bin_name),
                          map_location=map_location, policy=policy)
