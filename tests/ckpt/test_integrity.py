@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from hpcml.ckpt import Checkpointer, CheckpointError, layout
+from hpcml.errors import UsageError
 
 TASK = Path(__file__).with_name("task.py")
 
@@ -190,6 +191,22 @@ def test_a_read_only_reader_loads_while_the_writer_prunes_what_it_was_reading(tm
     state, step = reader.load_latest()
     writer.close()
     assert hits and step == 3 and (state["w"] == 3).all()
+
+
+def test_a_read_only_reader_does_not_prune_the_writers_checkpoints(tmp_path):
+    """A reader's prune (its own keep=3, its own token) removed the writer's 4th and 5th
+    newest checkpoints and the partial the writer was filling: it loads, it does not prune."""
+    ck = tmp_path / "ck"
+    with Checkpointer(ck, keep=5, max_write_rate=None) as writer:
+        for s in range(1, 6):
+            writer.save({"step": s}, s)
+            writer.wait()
+        partial = ck / layout.partial_name(6)           # the writer's save of step 6, under way
+        partial.mkdir()
+        (partial / layout.attempt_mark(writer.token)).touch()
+        with pytest.raises(UsageError, match="read_only"):
+            Checkpointer(ck, read_only=True).prune()
+        assert partial.is_dir() and len(list(ck.glob("step-*"))) == 5
 
 
 def test_a_commit_that_fills_the_disk_gives_back_the_shard_it_wrote(small_disk):

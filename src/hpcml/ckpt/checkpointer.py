@@ -433,7 +433,12 @@ class Checkpointer:
     def prune(self) -> Pruned:
         """Keep the newest ``keep`` checkpoints that verify, remove older ones and dead
         attempts' partial ones (``hpcml.ckpt.prune``); what it skips goes to stderr once.
-        Each checkpoint is read to verify it once per process, not at every commit."""
+        Each checkpoint is read to verify it once per process, not at every commit. A
+        ``read_only`` reader does not prune: its keep and token are not the writer's (it
+        would remove the writer's kept checkpoints and the partial it is filling)."""
+        if self.read_only:
+            raise UsageError("opened read_only: it loads, it does not prune (hpcml ckpt prune does, "
+                             "leaving a running owner's partial alone)", file=str(self.dir))
         done = prune(self.dir, self.keep, local=self.local, verified=self._verified, live_token=self.token)
         for line in done.skipped:
             if line not in self._reported:
