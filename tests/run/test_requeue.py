@@ -91,3 +91,17 @@ def test_a_requeue_the_launcher_did_not_see_is_recorded_by_the_next_attempt(tmp_
     assert earlier["requeued"] == {"by": "slurm", "restart_count": 1}, earlier
     assert earlier["exit_code"] == 0 and earlier["first_failure"] is None and earlier["ended"] == 5.0
     assert requeue.describe(earlier["requeued"]) == "requeued by Slurm (restart count now 1)"
+
+
+def test_an_attempt_that_ended_on_its_own_keeps_its_exit_when_the_job_is_requeued(tmp_path):
+    """Vetting aborted attempt 0 (exit 4, the command never started) or its srun could not
+    launch (exit 1, no rank recorded), and the batch script requeued the job: the record of
+    attempt 0 that attempt 1 keeps still says how it ended."""
+    d = tmp_path / "job"
+    d.mkdir()
+    for own in ({"exit_code": 4, "aborted": True}, {"exit_code": 1, "launcher_exit_code": 1}):
+        prev = {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0, "started": 1.0,
+                "ended": 2.0, "first_failure": None, "requeued": None, "launcher": GONE, **own}
+        assert jobdir.is_requeue(prev, "77", 1)
+        earlier = launcher._concluded(d, prev, 1)
+        assert earlier["exit_code"] == own["exit_code"] and earlier["ended"] == 2.0, earlier

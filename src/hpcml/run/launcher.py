@@ -413,9 +413,12 @@ def _concluded(d: Path, prev: dict, restart: int) -> dict:
     if prev.get("requeued") is not None:
         return prev
     attempt = int(prev.get("attempt") or 0)
-    first = first_failure(d, attempt, requeued=True)       # the ranks the requeue stopped did not fail
-    prev.update(requeued=_requeued(d, prev, ask_slurm=False) or {"by": "slurm", "restart_count": restart},
-                exit_code=first["exit_code"] if first else 0, first_failure=first)
+    prev["requeued"] = _requeued(d, prev, ask_slurm=False) or {"by": "slurm", "restart_count": restart}
+    # its launcher's own ending stands unless the requeue's 143/137 made it: a vet abort (4)
+    # or an srun that could not launch (no rank recorded) was the attempt's own exit
+    if prev.get("ended") is None or prev.get("exit_code") in requeue.KILLED_BY_REQUEUE:
+        first = first_failure(d, attempt, requeued=True)   # the ranks the requeue stopped did not fail
+        prev.update(exit_code=first["exit_code"] if first else 0, first_failure=first)
     if prev.get("ended") is None:
         ends = [m["end"] for m in _rank_meta(d, attempt) if isinstance(m.get("end"), (int, float))]
         prev.update(ended=max(ends, default=None), end_recorded_by_next_attempt=True)
