@@ -105,3 +105,20 @@ def test_an_attempt_that_ended_on_its_own_keeps_its_exit_when_the_job_is_requeue
         assert jobdir.is_requeue(prev, "77", 1)
         earlier = launcher._concluded(d, prev, 1)
         assert earlier["exit_code"] == own["exit_code"] and earlier["ended"] == 2.0, earlier
+
+
+def test_a_launcher_slurm_could_not_reach_does_not_overwrite_the_next_attempts_record(tmp_path):
+    """Slurm requeued the job while attempt 0's launcher still ran on a node cut off from
+    it; attempt 1, on another host, took the directory. When the old launcher ends, the
+    record stays attempt 1's."""
+    d = tmp_path / "job"
+    d.mkdir()
+    info = {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0, "started": 1.0,
+            "launcher": jobdir.launcher()}
+    jobdir.write_run(d, info, exclusive=True)
+    prev = json.loads((d / "run.json").read_text()) | {"launcher": GONE}        # as seen from the other host
+    assert jobdir.is_requeue(prev, "77", 1)
+    jobdir.write_run(d, {**info, "attempt": 1, "launcher": GONE, "attempts": [launcher._concluded(d, prev, 1)]})
+    assert launcher._finish(d, dict(info), 0) == 0
+    run = json.loads((d / "run.json").read_text())
+    assert run["attempt"] == 1 and run["attempts"][0]["attempt"] == 0 and "ended" not in run, run

@@ -85,6 +85,21 @@ def write_run(d: Path, data: dict[str, Any], exclusive: bool = False) -> None:
     write_atomic(d / RUN_JSON, json.dumps({"schema": SCHEMA, **data}, indent=2, default=str) + "\n", exclusive)
 
 
+def write_own(d: Path, data: dict[str, Any]) -> bool:
+    """Rewrite run.json only while it is still this launcher's (``data["launcher"]``):
+    Slurm may requeue a job whose old launcher it could not reach (a node cut off), and the
+    next attempt, on another host, has taken the directory; the old one must not then
+    overwrite the new attempt's record. False: not written."""
+    try:
+        now = json.loads((d / RUN_JSON).read_text())
+    except (OSError, ValueError):
+        now = None
+    if isinstance(now, dict) and now.get("launcher") != data.get("launcher"):
+        return False
+    write_run(d, data)
+    return True
+
+
 def launcher() -> dict[str, Any]:
     """Who writes run.json: enough to tell later whether that process still runs."""
     return {"pid": os.getpid(), "host": socket.gethostname(), "created": start_time(os.getpid())}

@@ -37,6 +37,7 @@ from hpcml.run.jobdir import (
     prepare,
     tail,
     vet_dir,
+    write_own,
     write_run,
 )
 from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
@@ -155,7 +156,7 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
               + (f" ({', '.join(v.bad)})" if v.bad else ""), file=sys.stderr)
         if v.decision.value == "abort":
             info.update(ended=time.time(), exit_code=ABORTED, aborted=True)
-            write_run(d, info)
+            write_own(d, info)
             print(f"hpcml run: aborted before the command started; see {d}", file=sys.stderr)
             if opts.report:
                 _report(d)
@@ -175,7 +176,7 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
     else:
         rc = _local(opts, d, task, info)
     code = _finish(d, info, rc)
-    if opts.report:
+    if opts.report and not info.get("superseded"):
         _report(d)
     return code
 
@@ -211,7 +212,7 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
             f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
     env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port))
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
-    write_run(d, info)
+    write_own(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
     # its own session: a terminal's Ctrl-C reaches srun once, through the launcher; TERM
     # when the launcher dies (even by SIGKILL), on which srun kills its step
@@ -328,7 +329,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                 TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}")
     info.update(nodes=[info["allocation"][0]], ntasks=n, ntasks_per_node=n, master=f"127.0.0.1:{port}",
                 launch=[f"{n} x", *task])
-    write_run(d, info)
+    write_own(d, info)
     print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
     # a wrapper killed on its own (kill -9, a crash) leaves what its rank started: a
     # subreaper, we adopt it and kill it (_kill_orphans)
@@ -433,7 +434,10 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     first = first_failure(d, int(info.get("attempt") or 0), requeued=requeued is not None)
     code = first["exit_code"] if first else (0 if requeued else rc)
     info.update(ended=time.time(), exit_code=code, first_failure=first, launcher_exit_code=rc, requeued=requeued)
-    write_run(d, info)
+    if not write_own(d, info):
+        info["superseded"] = True
+        print(f"hpcml run: {d} now holds a later attempt of this job (Slurm requeued it while this launcher still "
+              "ran); this attempt's end is not written there", file=sys.stderr)
     if requeued:
         print(f"hpcml run: attempt {info.get('attempt') or 0} {requeue.describe(requeued)}; Slurm runs the job "
               f"again, as the next attempt in {d}", file=sys.stderr)
