@@ -122,3 +122,29 @@ def test_a_launcher_slurm_could_not_reach_does_not_overwrite_the_next_attempts_r
     assert launcher._finish(d, dict(info), 0) == 0
     run = json.loads((d / "run.json").read_text())
     assert run["attempt"] == 1 and run["attempts"][0]["attempt"] == 0 and "ended" not in run, run
+
+
+def test_a_rank_that_failed_in_an_attempt_that_was_requeued_is_still_a_failure(tmp_path, monkeypatch):
+    """Rank 1 crashed (exit 1); srun's TERM made rank 0's Checkpointer take its final
+    checkpoint and requeue the job. The attempt is requeued *and* failed: its exit is 1, and
+    the report's line for it says both, not only 'requeued'."""
+    from hpcml.run.report import build, summary
+    d = tmp_path / "job"
+    d.mkdir()
+    _attempt0(d, monkeypatch)
+    store = jobdir.observe_dir(d)
+    for rank, code in ((0, 143), (1, 1)):
+        meta = json.loads((store / f"rank-{rank:05d}.json").read_text()) | {"exit_code": code}
+        (store / f"rank-{rank:05d}.json").write_text(json.dumps(meta))
+    info = json.loads((d / "run.json").read_text())
+    assert launcher._finish(d, info, 1) == 1
+    prev = json.loads((d / "run.json").read_text())
+    make_job(jobdir.observe_dir(d, 1), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
+    jobdir.write_run(d, {**info, "attempt": 1, "started": prev["ended"] + 60, "ended": prev["ended"] + 70,
+                         "exit_code": 0, "first_failure": None, "requeued": None,
+                         "attempts": [launcher._concluded(d, prev, 1)]})
+    for k in ("HPCML_RUN_DIR", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
+        monkeypatch.delenv(k)
+    lines = summary(build(d))
+    assert any(line.strip().startswith("attempt 0: checkpointed at step 50 and requeued (SIGUSR1), exit code 1")
+               for line in lines), lines

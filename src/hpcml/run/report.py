@@ -137,7 +137,8 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
         findings.append({"source": "run", "kind": "requeued",
                          "message": f"attempt {n} {what}; attempt {nxt.get('attempt')} started "
                                     + (f"{gap:.0f} s later" if gap is not None else "after it"),
-                         "advice": "a requeue, not a failure: the time between them was spent in Slurm's queue, "
+                         "advice": ("a requeue after a failure (below): " if rec.get("exit_code") else
+                                    "a requeue, not a failure: ") + "the time between them was spent in Slurm's queue, "
                                    "not stalled"})
         findings += _run_findings(d, ending, f"attempt {n}: ")
         findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
@@ -262,10 +263,14 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
     out = []
     for a in rep["attempts"]:
         how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with exit code {a['exit_code']}"
+        if a["requeued"] and a["exit_code"]:            # a rank failed for real, and the job was requeued
+            how += f", exit code {a['exit_code']}"
         gap = f"; requeue gap {a['requeue_gap_s']:.0f} s" if a.get("requeue_gap_s") is not None else ""
         out.append(f"attempt {a['attempt']}: {how}{gap}")
     end = rep["ending"]
     how = requeue.describe(end["requeued"]) if end.get("requeued") else f"exit code {end['exit_code']}"
+    if end.get("requeued") and end.get("exit_code"):
+        how += f", exit code {end['exit_code']}"
     out.append(f"attempt {rep['job'].get('attempt') or 0} (this one): {how}")
     return out
 
