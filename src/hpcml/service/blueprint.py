@@ -167,6 +167,11 @@ class Blueprint(_Strict):
 
     _name = field_validator("name")(_dns_name)
 
+    @field_validator("depends_on")
+    @classmethod
+    def _deps(cls, v: list[str]) -> list[str]:
+        return [_dns_name(d) for d in v]            # a name, never a path to some other file
+
     @model_validator(mode="after")
     def _consistent(self) -> Blueprint:
         if self.image is None and self.python is None:
@@ -226,8 +231,11 @@ class Blueprint(_Strict):
     def with_options(self, overrides: dict[str, str]) -> Blueprint:
         """A copy whose options have ``--set`` values; an unknown option is exit 2."""
         for key in overrides:
-            if key not in self.options:
-                raise UsageError(unknown_key(key, list(self.options)), file=self.source or None, key=f"options.{key}")
+            if key not in self.options:       # a flag's value, not the catalogue file's fault
+                problem = (unknown_key(key, list(self.options)).replace("unknown key", f"{self.name} has no option "
+                                                                         f"'{key}'", 1)
+                           if self.options else f"{self.name} has no options")
+                raise UsageError(f"{key}={overrides[key]}: {problem}", key="set")
         return self.model_copy(update={"options": {**self.options, **overrides}})
 
 

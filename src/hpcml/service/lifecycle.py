@@ -3,6 +3,9 @@
 A dependency runs as an instance of its own (named after its blueprint) and is started
 first unless it already runs; the service then gets its URLs (``${services.DEP.PORT}``).
 ``down`` stops one instance, never its dependencies (others may use them).
+
+One ``up`` at a time per instance (``state.starting``); an instance that already runs, here
+or as a Slurm job, is reported, not started twice. Ctrl-C stops what this ``up`` started.
 """
 
 from __future__ import annotations
@@ -15,10 +18,27 @@ from collections.abc import Callable
 from pathlib import Path
 from types import FrameType
 
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.service import local
 from hpcml.service import state as st
 from hpcml.service.resolve import with_dependencies
+
+
+class Interrupted(HpcmlError):
+    """Ctrl-C (or SIGTERM) while ``up`` was starting: what it started is stopped again."""
+
+    exit_code = 130
+
+
+def refuse_running(old: st.ServiceState | None) -> None:
+    """A second server on the same volumes is never started: say where the first one runs."""
+    if old is None or (old.job_id and old.job_id == os.environ.get("SLURM_JOB_ID")):
+        return                                  # none, or the pending state of this very service job
+    if is_up(old):
+        where = f"Slurm job {old.job_id}" if old.mode == "slurm" and old.job_id else f"pid {old.pid}"
+        ports = ", ".join(f"{k} {v}" for k, v in old.ports.items())
+        raise UsageError(f"{old.name} already runs ({where}{', port ' + ports if ports else ''}): "
+                         f"hpcml service down {old.name} first")
 
 
 def up(ref: str, *, name: str | None = None, root: str | os.PathLike[str] | None = None, host: str = "127.0.0.1",
@@ -28,22 +48,35 @@ def up(ref: str, *, name: str | None = None, root: str | os.PathLike[str] | None
     """Start the blueprint ``ref`` (and its dependencies) and wait until each is healthy."""
     chain = with_dependencies(ref, options)
     services: dict[str, dict[str, str]] = {}
-    states, procs = [], []
-    for i, bp in enumerate(chain):
-        last = i == len(chain) - 1
-        directory = st.instance_dir(name if last and name else bp.name, root)
-        old = st.read(directory)
-        if not last and old and old.ready and local.running(old):
-            services[bp.name] = old.urls()
-            continue
-        s, proc = local.start(bp, directory, host=host, backend=backend, services=services, mode=mode,
-                              options=options if last else None)
-        if on_start:
-            on_start(s)
-        s = local.wait_ready(bp, s, proc)
-        services[bp.name] = s.urls()
-        states.append(s)
-        procs.append(proc)
+    states: list[st.ServiceState] = []
+    procs: list[subprocess.Popen] = []
+    current = ""
+    try:
+        for i, bp in enumerate(chain):
+            last = i == len(chain) - 1
+            directory = st.instance_dir(name if last and name else bp.name, root)
+            current = f"{directory.name}'s environment"
+            with st.starting(directory):
+                old = st.read(directory)
+                if not last and old and old.ready and local.running(old):
+                    services[bp.name] = old.urls()
+                    continue
+                refuse_running(old)
+                s, proc = local.start(bp, directory, host=host, backend=backend, services=services, mode=mode,
+                                      options=options if last else None)
+                states.append(s)
+                procs.append(proc)
+                current = f"{s.name} (pid {s.pid})"
+                if on_start:
+                    on_start(s)
+                states[-1] = s = local.wait_ready(bp, s, proc)
+                services[bp.name] = s.urls()
+    except KeyboardInterrupt:
+        for s in reversed(states):
+            local.stop(s)
+        stopped = ", ".join(s.name for s in states)
+        raise Interrupted(f"interrupted while starting {current}: "
+                          + (f"stopped {stopped} again" if stopped else "nothing was started")) from None
     return states, procs
 
 
@@ -82,8 +115,9 @@ def is_up(s: st.ServiceState) -> bool:
     return local.running(s)
 
 
-def down(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceState:
-    """Stop the instance ``name``; its volumes stay."""
+def down(name: str, root: str | os.PathLike[str] | None = None) -> tuple[st.ServiceState, str | None]:
+    """Stop the instance ``name``; its volumes stay. A local instance is signalled only while
+    its pid is still the service; otherwise nothing is, and the second value says why."""
     s = find(name, root)
     if s.mode == "slurm" and s.job_id:
         from hpcml.service.slurm import cancel
@@ -91,9 +125,10 @@ def down(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceSta
         s = find(name, root)
         s.stopped, s.ready = True, False
         st.write(s)
-        return s
-    local.stop(s)
-    return s
+        return s, None
+    if s.node and s.node != local.here() and not s.stopped:
+        raise UsageError(f"{name} runs on {s.node}, not here: run hpcml service down {name} there")
+    return s, local.stop(s)
 
 
 def status(root: str | os.PathLike[str] | None = None) -> list[dict]:

@@ -5,6 +5,10 @@ group (MLflow alone is ~10 processes: uvicorn workers, a job runner). Ports are 
 (the previous ones again when still free, so URLs survive ``down``/``up``), bound to
 127.0.0.1 unless ``bind`` says otherwise; binding elsewhere needs the service's own auth or
 a token hpcml generates (the blueprint's ``auth``), and is refused for a service with none.
+
+``service.json`` can be edited and a pid is reused once its process ended, so the pid it
+holds is signalled only while that process is still the service: the node, the start time
+and the command line recorded at start must all match (``identity_problem``).
 """
 
 from __future__ import annotations
@@ -23,10 +27,13 @@ from pathlib import Path
 import psutil
 
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.files import inside
+from hpcml.proctree import signal_group, start_time
 from hpcml.run.rendezvous import free_port
 from hpcml.service import state as st
 from hpcml.service.backends import choose
 from hpcml.service.blueprint import Blueprint
+from hpcml.service.k8sformat import configmap_key
 from hpcml.service.placeholders import Place, expand
 
 
@@ -58,14 +65,66 @@ def choose_ports(bp: Blueprint, host: str, previous: dict[str, int]) -> dict[str
     return ports
 
 
-def running(s: st.ServiceState) -> bool:
-    """The local process group's leader still runs (a zombie is dead: PID 1 reaps slowly here)."""
-    if s.pid is None or s.stopped:
-        return False
+def _cmdline(pid: int) -> list[str]:
     try:
-        return psutil.Process(s.pid).status() != psutil.STATUS_ZOMBIE
-    except psutil.NoSuchProcess:
+        return psutil.Process(pid).cmdline()
+    except psutil.Error:
+        return []
+
+
+def here() -> str:
+    """This node's name as Slurm and ``service.json`` know it."""
+    return os.environ.get("SLURMD_NODENAME") or socket.gethostname()
+
+
+def identity_problem(s: st.ServiceState) -> str | None:
+    """Why the process ``s.pid`` is not this service (None when it is): it runs on another
+    node, it started at another time (a reused pid) or runs another command (an edited file),
+    or ``service.json`` records no identity to check."""
+    if s.node and s.node != here():
+        return f"it runs on {s.node}, not here ({here()})"
+    if s.pid is None or s.pid_started is None or not s.cmdline:
+        return f"service.json records no start time and command line for pid {s.pid} to check"
+    started = start_time(s.pid)
+    if started is None:
+        return None                      # gone: nothing to signal, nothing to mistake
+    if abs(started - s.pid_started) > 0.05:
+        return f"pid {s.pid} is a later process (started {time.ctime(started)}, the service {time.ctime(s.pid_started)})"
+    if _cmdline(s.pid) != s.cmdline:
+        return f"pid {s.pid} runs {' '.join(_cmdline(s.pid))[:120]!r}, not the service"
+    return None
+
+
+def running(s: st.ServiceState) -> bool:
+    """The service's process still runs: its pid is alive (a zombie is dead: PID 1 reaps
+    slowly here) and is still the process that was started (``identity_problem``)."""
+    if s.pid is None or s.stopped or start_time(s.pid) is None:
         return False
+    return identity_problem(s) is None
+
+
+def _identify(s: st.ServiceState) -> None:
+    """Record the identity ``down`` checks: the process's start time and command line."""
+    if s.pid is not None:
+        s.pid_started, s.cmdline = start_time(s.pid), _cmdline(s.pid)
+
+
+def _file_target(bp: Blueprint, directory: Path, i: int, name: str, key: str) -> Path:
+    """Where the file ``key`` of ``files[i]`` goes: a file name (a ConfigMap key's rule, as in
+    Kubernetes), never a path such as ``../../x`` or ``/tmp/x``; refused before anything runs."""
+    problem = configmap_key(key)
+    if problem:
+        raise UsageError(f"{key!r} is {problem}", file=bp.source or None, key=f"files[{i}].content")
+    return _under(directory, "files", name, key)
+
+
+def _under(directory: Path, *parts: str) -> Path:
+    """``directory/parts`` if it resolves inside ``directory`` (a symlink placed there must
+    not send a blueprint's file elsewhere), else one line, exit 2."""
+    try:
+        return inside(directory, Path(*parts))
+    except ValueError as exc:
+        raise UsageError(f"{'/'.join(parts)} {exc}", file=str(directory)) from None
 
 
 def healthy(bp: Blueprint, host: str, ports: dict[str, int], timeout: float = 2.0) -> bool:
@@ -105,7 +164,7 @@ def _auth_env(bp: Blueprint, host: str, directory: Path) -> tuple[dict[str, str]
                          "(reach it through an SSH tunnel)", key="bind")
     if bp.auth.kind == "service":
         return {}, None
-    token_file = directory / "token"
+    token_file = _under(directory, "token")
     if not token_file.exists():
         token_file.touch(mode=0o600)
         token_file.write_text(secrets.token_urlsafe(32))
@@ -120,20 +179,20 @@ def start(bp: Blueprint, directory: Path, *, host: str = "127.0.0.1", backend: s
     chosen = choose(bp, backend)
     directory.mkdir(parents=True, exist_ok=True)
     old = st.read(directory)
-    if old and old.mode == "local" and running(old):
-        raise UsageError(f"{old.name} already runs (pid {old.pid}): hpcml service down {old.name} first", key="name")
-    log = directory / "service.log"
+    log = _under(directory, "service.log")
+    volumes = {v.name: str(_under(directory, "volumes", v.name)) for v in bp.volumes}
+    files = {f.name: str(_under(directory, "files", f.name)) for f in bp.files}
+    targets = {(f.name, key): _file_target(bp, directory, i, f.name, key)
+               for i, f in enumerate(bp.files) for key in f.content}
     chosen.prepare(bp, log)
     ports = choose_ports(bp, host, old.ports if old else {})
-    volumes = {v.name: str(directory / "volumes" / v.name) for v in bp.volumes}
-    files = {f.name: str(directory / "files" / f.name) for f in bp.files}
     for d in volumes.values():
         Path(d).mkdir(parents=True, exist_ok=True)
     ex = expand(bp, Place(host=host, ports=ports, volumes=volumes, files=files, services=services or {}))
     for name, content in ex.files.items():
         Path(files[name]).mkdir(parents=True, exist_ok=True)
         for fname, text in content.items():
-            (Path(files[name]) / fname).write_text(text, encoding="utf-8")
+            targets[name, fname].write_text(text, encoding="utf-8")
     auth_env, token_file = _auth_env(bp, host, directory)
     mounts = {**{volumes[v.name]: v.mount for v in bp.volumes}, **{files[f.name]: f.mount for f in bp.files}}
     launch = chosen.launch(bp, ex, mounts)
@@ -146,8 +205,9 @@ def start(bp: Blueprint, directory: Path, *, host: str = "127.0.0.1", backend: s
     s = st.ServiceState(name=directory.name, blueprint=bp.source, mode=mode, backend=chosen.name,
                         directory=str(directory), host=host, ports=ports, pid=proc.pid, pgid=proc.pid,
                         started=time.time(), options=options or {}, token_file=token_file,
-                        node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
+                        node=here(),
                         job_id=os.environ.get("SLURM_JOB_ID") if mode == "slurm" else None)
+    _identify(s)
     st.write(s)
     return s, proc
 
@@ -168,6 +228,8 @@ def wait_ready(bp: Blueprint, s: st.ServiceState, proc: subprocess.Popen | None 
     while True:
         if healthy(bp, s.host, s.ports, timeout=1.0):
             s.ready, s.ready_after_s = True, round(time.time() - s.started, 3)
+            if start_time(s.pid or 0) == s.pid_started:
+                s.cmdline = _cmdline(s.pid or 0)      # as it runs now (a start script may exec)
             st.write(s)
             return s
         exited = proc.poll() is not None if proc is not None else not running(s)
@@ -178,19 +240,16 @@ def wait_ready(bp: Blueprint, s: st.ServiceState, proc: subprocess.Popen | None 
         time.sleep(0.1)
 
 
-def stop(s: st.ServiceState, grace: float = 20.0) -> None:
-    """TERM the process group, KILL it after ``grace`` seconds; mark the state stopped."""
-    if s.pgid is not None and running(s):
-        try:
-            os.killpg(s.pgid, signal.SIGTERM)
-        except ProcessLookupError:
-            pass
+def stop(s: st.ServiceState, grace: float = 20.0) -> str | None:
+    """TERM the process group, KILL it after ``grace`` seconds; mark the state stopped.
+    Returns why nothing was signalled when the pid is alive but not the service."""
+    problem = identity_problem(s) if s.pid is not None and start_time(s.pid) is not None else None
+    if s.pgid is not None and problem is None and running(s):
+        signal_group(s.pgid, signal.SIGTERM)
         deadline = time.monotonic() + grace
         while running(s) and time.monotonic() < deadline:
             time.sleep(0.1)
-        try:
-            os.killpg(s.pgid, signal.SIGKILL)      # the rest of the group (workers)
-        except ProcessLookupError:
-            pass
+        signal_group(s.pgid, signal.SIGKILL)      # the rest of the group (workers)
     s.stopped, s.ready = True, False
     st.write(s)
+    return problem

@@ -20,6 +20,7 @@ from pathlib import Path
 
 from hpcml.cluster import slurm
 from hpcml.errors import HpcmlError, SlurmError
+from hpcml.files import write_atomic
 from hpcml.service import state as st
 from hpcml.service.blueprint import Blueprint
 
@@ -55,17 +56,30 @@ def sbatch_argv(bp: Blueprint, name: str, directory: Path, *, time_limit: str | 
 def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str, str], backend: str = "auto",
            time_limit: str | None = None, partition: str | None = None, nodelist: str | None = None,
            gpus: int | None = None, wait: float = 300.0) -> st.ServiceState:
-    """Submit the service job and wait (up to ``wait`` s) until its service is ready."""
+    """Submit the service job and wait (up to ``wait`` s) until its service is ready. The
+    job is recorded (pending) as soon as it is submitted, under the instance's lock, so a
+    second ``up`` at the same time finds it instead of submitting another."""
+    from hpcml.service.lifecycle import Interrupted, refuse_running
     directory = st.instance_dir(name, root)
-    directory.mkdir(parents=True, exist_ok=True)
-    old = st.read(directory)
-    if old and old.mode == "slurm" and old.job_id and not old.stopped and job_state(old.job_id) in ("PENDING", "RUNNING"):
-        from hpcml.errors import UsageError
-        raise UsageError(f"{name} already runs as Slurm job {old.job_id}: hpcml service down {name} first", key="name")
-    path = directory / "job.sh"
-    path.write_text(script(bp, ref, name, root, options=options, backend=backend))
-    argv = sbatch_argv(bp, name, directory, time_limit=time_limit, partition=partition, nodelist=nodelist, gpus=gpus)
-    job_id = slurm.run([*argv, str(path)]).stdout.strip().split(";")[0]
+    with st.starting(directory):
+        refuse_running(st.read(directory))
+        path = directory / "job.sh"
+        write_atomic(path, script(bp, ref, name, root, options=options, backend=backend))
+        argv = sbatch_argv(bp, name, directory, time_limit=time_limit, partition=partition, nodelist=nodelist,
+                           gpus=gpus)
+        job_id = slurm.run([*argv, str(path)]).stdout.strip().split(";")[0]
+        pending = st.ServiceState(name=name, blueprint=bp.source, mode="slurm", backend=backend,
+                                  directory=str(directory), job_id=job_id, started=time.time())
+        if (st.read(directory) or pending).job_id != job_id:     # the job itself may have written it already
+            st.write(pending)
+    try:
+        return _wait(directory, name, job_id, wait)
+    except KeyboardInterrupt:
+        raise Interrupted(f"interrupted while waiting: Slurm job {job_id} was submitted and is still starting "
+                          f"(hpcml service status {name}; hpcml service down {name} cancels it)") from None
+
+
+def _wait(directory: Path, name: str, job_id: str, wait: float) -> st.ServiceState:
     deadline = time.monotonic() + wait
     while time.monotonic() < deadline:
         s = st.read(directory)
@@ -79,11 +93,7 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
                                    + (f": {tail[0]}" if tail else f" (see {out})"))
         time.sleep(0.3)
     s = st.read(directory)
-    pending = st.ServiceState(name=name, blueprint=bp.source, mode="slurm", backend=backend,
-                              directory=str(directory), job_id=job_id, started=time.time())
-    if s is None or s.job_id != job_id:
-        st.write(pending)
-        return pending
+    assert s is not None          # written above, as pending, if the job had not yet
     return s
 
 

@@ -4,17 +4,27 @@ One directory per instance (``$HPCML_SERVICE_STATE`` or ``~/.local/state/hpcml/s
 then the instance's name): the service's volumes and files, its log, its token (mode
 0600) and ``service.json`` (``hpcml.service.state/1``): what was started, where, on which
 ports. The volumes survive ``down``/``up``; ``service.json`` says whether it runs.
+
+An instance's name comes from a flag (``--name``) or a blueprint: it is one path component
+and its directory must resolve inside the state root (a symlink out of it is refused), so
+no name writes elsewhere. ``up.lock`` (``flock``) is held by the ``up`` that starts it.
 """
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import os
+import re
+import time
+from collections.abc import Iterator
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any, Optional
 
-from hpcml.files import write_atomic
+from hpcml.errors import UsageError
+from hpcml.files import inside, write_atomic
 from hpcml.schemas import check, tag
 
 SCHEMA = tag("service.state", 1)
@@ -41,6 +51,8 @@ class ServiceState:
     ports: dict[str, int] = field(default_factory=dict)
     pid: Optional[int] = None
     pgid: Optional[int] = None
+    pid_started: Optional[float] = None           # with cmdline: the identity ``down`` checks before a signal
+    cmdline: list[str] = field(default_factory=list)
     job_id: Optional[str] = None
     node: Optional[str] = None
     ready: bool = False
@@ -62,8 +74,23 @@ class ServiceState:
         return {"schema": SCHEMA, **asdict(self), "urls": self.urls()}
 
 
+_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,99}$")
+
+
 def instance_dir(name: str, root: str | os.PathLike[str] | None = None) -> Path:
-    return state_root(root) / name
+    """``ROOT/NAME``, refused (one line, exit 2) unless NAME is one plain path component and
+    the directory resolves inside ROOT (symlinks included)."""
+    base = state_root(root)
+    if base.exists() and not base.is_dir():
+        raise UsageError(f"{base} is not a directory", key="state_dir")
+    if not _NAME.match(name) or ".." in name:
+        raise UsageError(f"expected an instance name of letters, digits, '.', '_' and '-' (one path component, "
+                         f"no '..'), found {name!r}", key="name")
+    try:
+        inside(base, name)
+    except ValueError as exc:
+        raise UsageError(f"{name}: {exc}", key="name") from None
+    return base / name
 
 
 def write(state: ServiceState) -> None:
@@ -88,3 +115,36 @@ def instances(root: str | os.PathLike[str] | None = None) -> list[ServiceState]:
     base = state_root(root)
     found = [read(d) for d in sorted(base.iterdir()) if (d / STATE_FILE).is_file()] if base.is_dir() else []
     return [s for s in found if s is not None]
+
+
+LOCK_FILE = "up.lock"
+
+
+@contextlib.contextmanager
+def starting(directory: Path) -> Iterator[None]:
+    """Hold the instance's ``up.lock`` while this process starts it: a second ``up`` of the
+    same instance at the same time (two servers on one SQLite database, one of them
+    untracked) is refused with who holds it, one line, exit 2. ``flock`` is released by the
+    kernel when the holder dies, so a killed ``up`` leaves no stale lock."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = ""
+            for _ in range(50):               # the holder writes its pid just after it got the lock
+                holder = os.pread(fd, 64, 0).decode(errors="replace").strip()
+                if holder:
+                    break
+                time.sleep(0.05)
+            s = read(directory)
+            svc = f"; the service: pid {s.pid}, ports {', '.join(f'{k} {v}' for k, v in s.ports.items())}" \
+                if s is not None and s.pid and not s.stopped else ""
+            raise UsageError(f"{directory.name} is being started by another hpcml service up (pid {holder or '?'}{svc}): "
+                             f"wait for it, then hpcml service status {directory.name}") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        yield
+    finally:
+        os.close(fd)

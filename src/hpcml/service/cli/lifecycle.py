@@ -90,7 +90,10 @@ def down(name: str = typer.Argument(..., help="The instance's name (see hpcml se
         hpcml service down mlflow
     """
     from hpcml.service import lifecycle
-    s = lifecycle.down(name, state_dir)
+    s, problem = lifecycle.down(name, state_dir)
+    if problem:
+        print(f"{s.name}: nothing signalled: {problem}; marked stopped", file=sys.stderr)
+        return
     print(f"{s.name}: stopped" + (f" (job {s.job_id} cancelled)" if s.job_id else ""))
 
 
@@ -115,11 +118,31 @@ def status(name: Optional[str] = typer.Argument(None, help="One instance (defaul
 
 
 def logs(name: str = typer.Argument(..., help="The instance's name."),
-         lines: int = typer.Option(50, "-n", "--lines", help="How many of the last lines to print (0: all).")) -> None:
+         lines: int = typer.Option(50, "-n", "--lines", min=0, help="How many of the last lines to print (0: all)."),
+         state_dir: Optional[Path] = STATE_DIR) -> None:
     """Print the end of a service's log.
 
         hpcml service logs mlflow -n 100
+
+    Exit codes: 0 printed, 1 no log yet (a Slurm instance still pending), 2 no such instance.
     """
+    import shutil
+
+    from hpcml.errors import HpcmlError
     from hpcml.service import lifecycle
-    text = lifecycle.log_path(name).read_text(errors="replace").splitlines()
-    sys.stdout.write("\n".join(text[-lines:] if lines else text) + "\n")
+    s = lifecycle.find(name, state_dir)
+    try:
+        with open(s.log, "rb") as f:
+            if not lines:
+                shutil.copyfileobj(f, sys.stdout.buffer)
+                return
+            size = f.seek(0, 2)
+            f.seek(max(0, size - max(lines * 1024, 1 << 16)))   # the tail only: a log may be GBs
+            text = f.read().decode(errors="replace").splitlines()
+    except FileNotFoundError:
+        why = ""
+        if s.mode == "slurm" and s.job_id:
+            from hpcml.service.slurm import job_state
+            why = f": Slurm job {s.job_id} is {(job_state(s.job_id) or 'no longer queued').lower()}"
+        raise HpcmlError(f"{name} has no log yet{why} (it will be {s.log})") from None
+    sys.stdout.write("\n".join(text[-lines:]) + "\n")

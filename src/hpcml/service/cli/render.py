@@ -60,7 +60,8 @@ def render(
     Objects: Namespace, Deployment, Service, PersistentVolumeClaim, ConfigMap, NetworkPolicy
     (namespace isolation, declared ports only), Ingress (public ports), nvidia.com/gpu limits with
     GPU node affinity and tolerations, one ArgoCD Application per service. Each is validated against
-    the Kubernetes 1.32 OpenAPI schemas (needs: pip install 'hpcml[service]').
+    the Kubernetes 1.32 OpenAPI schemas (needs the service extra:
+    pip install 'hpcml\\[service]', in a clone pip install -e '.\\[service]').
 
     Exit codes: 0 written, 1 a manifest failed validation, 2 bad blueprint or option.
     """

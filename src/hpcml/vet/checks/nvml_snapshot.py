@@ -176,7 +176,7 @@ def _import_pynvml():
         import pynvml
     except ImportError:
         raise MissingDependency(
-            "the GPU check needs nvidia-ml-py: pip install 'hpcml[gpu]'") from None
+            "the GPU check needs nvidia-ml-py, a dependency of hpcml: pip install nvidia-ml-py") from None
     return pynvml
 
 
