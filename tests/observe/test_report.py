@@ -274,3 +274,17 @@ def test_a_job_recorded_twice_into_one_store_was_not_running_between_not_stalled
     r = build(read_job(store), limits=Limits(min_stall_s=0.5))
     assert len(r.restarts) == 1 and r.restarts[0]["duration_s"] >= 0.5 and r.stalls == [], (r.restarts, r.stalls)
     assert [f.kind for f in r.findings][0] == "restart_gap" and r.throughput["median"] > 0
+
+
+def test_a_rank_that_failed_before_the_job_was_restarted_is_still_reported(tmp_path):
+    """Recorded twice into one store (a requeued job): rank 1 exited 1 in the first run, the
+    second run ended 0. The failure stays a finding; the requeue's 143 does not make one."""
+    store = make_job(tmp_path / "obs", n_ranks=2, n_steps=40, ranks_per_node=1, gpu=False)
+    for rank, code in ((0, 143), (1, 1)):
+        meta = json.loads((store / f"rank-{rank:05d}.json").read_text())
+        meta["earlier"] = [{"start": meta["start"] - 100, "end": meta["start"] - 50, "exit_code": code}]
+        (store / f"rank-{rank:05d}.json").write_text(json.dumps(meta))
+    r = build(read_job(store))
+    assert r.failed_ranks == {}
+    found = [f for f in r.findings if f.kind == "earlier_failure"]
+    assert len(found) == 1 and "run 1, rank 1: 1" in found[0].message, r.findings

@@ -462,6 +462,16 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
                            f"for {total:.0f} s in between (from +{restarts[0]['start_s']:.0f} s): a requeue or "
                            "restart, not a stall", "hpcml run keeps each attempt of a requeued job in its own "
                            "store (attempts/N/observe) and reports them together"))
+    # a rank that failed for real in an earlier run (not the requeue's TERM or SIGKILL): the
+    # last run's exit alone would hide it
+    before = sorted((i + 1, int(r), e["exit_code"]) for r, m in meta_ranks.items() if isinstance(m, dict)
+                    for i, e in enumerate(m.get("earlier") or []) if isinstance(e, dict)
+                    and isinstance(e.get("exit_code"), int) and e["exit_code"] not in (0, 128 + 15, 128 + 9))
+    if before:
+        run, r, ec = before[0]
+        out.append(Finding("earlier_failure", f"{len(before)} rank run(s) exited non-zero before a restart "
+                           f"(run {run}, rank {r}: {ec})", f"read rank {r}'s stderr of run {run}: the job was "
+                           "restarted after a failure, not only requeued"))
     if missing:
         shown = ", ".join(map(str, missing[:8])) + (" ..." if len(missing) > 8 else "")
         nodes = sorted({node for r in missing
