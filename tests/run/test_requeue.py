@@ -14,8 +14,11 @@ import subprocess
 import sys
 
 import jsonschema
+import pytest
 
 from hpcml import schemas
+from hpcml.errors import UsageError
+from hpcml.observe.store import read_meta
 from hpcml.run import jobdir, launcher, requeue
 from hpcml.testing.synthetic_job import make_job
 
@@ -148,3 +151,14 @@ def test_a_rank_that_failed_in_an_attempt_that_was_requeued_is_still_a_failure(t
     lines = summary(build(d))
     assert any(line.strip().startswith("attempt 0: checkpointed at step 50 and requeued (SIGUSR1), exit code 1")
                for line in lines), lines
+
+
+def test_observe_report_on_a_requeued_jobs_directory_names_its_stores(tmp_path, monkeypatch):
+    """``hpcml observe report`` (and ``hpcml score``) read one store: given the job directory
+    of a requeued hpcml run, the error names where each attempt's store is and hpcml report."""
+    d = tmp_path / "job"
+    d.mkdir()
+    _attempt0(d, monkeypatch)
+    with pytest.raises(UsageError) as err:
+        read_meta(d)
+    assert str(d / "observe") in str(err.value) and f"hpcml report {d}" in str(err.value), err.value

@@ -161,7 +161,11 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
     files = sorted(f for f in p.iterdir() if _RANK_RE.match(f.name))
     meta_path = p / JOB_META
     if not files and not meta_path.exists():
-        raise UsageError("not a job directory: no job.json and no rank-*.arrows files", file=str(p))
+        hint = ""
+        if (p / "run.json").is_file():      # an hpcml run job directory: its stores are inside
+            hint = (f"; an hpcml run job directory: its store is {p / 'observe'} (a requeued job's attempt N: "
+                    f"{p / 'attempts' / 'N' / 'observe'}), and `hpcml report {p}` covers every attempt")
+        raise UsageError(f"not a job directory: no job.json and no rank-*.arrows files{hint}", file=str(p))
     meta: dict[str, Any] = {}
     if meta_path.exists():
         try:
