@@ -176,21 +176,24 @@ def test_down_never_signals_a_process_that_is_not_the_service(tmp_path, venv):
 
 
 def test_ctrl_c_during_up_stops_what_it_started(tmp_path, venv):
-    """SIGINT while the service is still starting: ``up`` stops it and says so, exit 130
-    (was: "interrupted" and the service left running in its own session)."""
+    """SIGINT while the service is not healthy yet (its start script has exec'd the server,
+    whose health page is still missing): ``up`` stops it and says so, exit 130 (was:
+    "interrupted" and the service left running in its own session)."""
     env = {**_env(tmp_path), "PYTHONPATH": str(ROOT / "src")}
-    up = subprocess.Popen([sys.executable, "-m", "hpcml", "service", "up", str(_blueprint(tmp_path)),
-                           "--set", "delay=600"], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    path = tmp_path / "state" / "web" / "service.json"
+    bp = _blueprint(tmp_path, SERVER.replace("http: /,", "http: /not-yet,"))
+    up = subprocess.Popen([sys.executable, "-m", "hpcml", "service", "up", str(bp)], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    directory = tmp_path / "state" / "web"
     deadline = time.monotonic() + 120
-    while not (path.exists() and json.loads(path.read_text()).get("pid")) and time.monotonic() < deadline:
+    while not _servers(directory) and time.monotonic() < deadline:
         time.sleep(0.1)
-    pid = json.loads(path.read_text())["pid"]
+    pid = json.loads((directory / "service.json").read_text())["pid"]
     up.send_signal(signal.SIGINT)
     _, err = up.communicate(timeout=120)
     assert up.returncode == 130, err
     assert re.search(r"interrupted while starting web \(pid \d+\): stopped web", err), err
     assert not psutil.pid_exists(pid) or psutil.Process(pid).status() == psutil.STATUS_ZOMBIE
+    assert _servers(directory) == []
 
 
 def test_a_wrong_set_names_the_flag_and_logs_of_a_pending_job_say_so(tmp_path):

@@ -72,8 +72,8 @@ def up(ref: str, *, name: str | None = None, root: str | os.PathLike[str] | None
                 states[-1] = s = local.wait_ready(bp, s, proc)
                 services[bp.name] = s.urls()
     except KeyboardInterrupt:
-        for s in reversed(states):
-            local.stop(s)
+        for s, proc in reversed(list(zip(states, procs))):
+            local.stop(s, proc=proc)
         stopped = ", ".join(s.name for s in states)
         raise Interrupted(f"interrupted while starting {current}: "
                           + (f"stopped {stopped} again" if stopped else "nothing was started")) from None
@@ -95,8 +95,8 @@ def serve(ref: str, **kw) -> int:
         while not stopping and procs[-1].poll() is None:
             time.sleep(0.2)
     finally:
-        for s in reversed(states):
-            local.stop(s)
+        for s, proc in reversed(list(zip(states, procs))):
+            local.stop(s, proc=proc)
     return 0 if stopping else (procs[-1].returncode or 0)
 
 

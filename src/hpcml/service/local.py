@@ -235,14 +235,18 @@ def wait_ready(bp: Blueprint, s: st.ServiceState, proc: subprocess.Popen | None 
         exited = proc.poll() is not None if proc is not None else not running(s)
         if exited or time.monotonic() > deadline:
             what = "exited" if exited else f"did not answer its health check within {bp.health.timeout:g} s"
-            stop(s)
+            stop(s, proc=proc)
             raise ServiceFailed(f"{s.name} {what} (log {s.log}: {_log_tail(s)})")
         time.sleep(0.1)
 
 
-def stop(s: st.ServiceState, grace: float = 20.0) -> str | None:
+def stop(s: st.ServiceState, grace: float = 20.0, proc: subprocess.Popen | None = None) -> str | None:
     """TERM the process group, KILL it after ``grace`` seconds; mark the state stopped.
-    Returns why nothing was signalled when the pid is alive but not the service."""
+    Returns why nothing was signalled when the pid is alive but not the service. ``proc``:
+    the service is this process's own child (unreaped, so its pid cannot have been reused),
+    whatever it runs now (a start script may have exec'd since)."""
+    if proc is not None and proc.poll() is None and s.pid == proc.pid:
+        s.cmdline = _cmdline(proc.pid)
     problem = identity_problem(s) if s.pid is not None and start_time(s.pid) is not None else None
     if s.pgid is not None and problem is None and running(s):
         signal_group(s.pgid, signal.SIGTERM)
