@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import jsonschema
 import pytest
@@ -34,3 +38,19 @@ def test_render_json_matches_its_schema():
     pytest.importorskip("kubernetes_validate")
     doc = render.render("mlflow", k8s.Target("vision")).to_json()
     jsonschema.validate(doc, schemas.load("service.render"))
+
+
+def test_an_edited_or_replaced_state_file_is_one_line(tmp_path):
+    """service.json lives where others may write: a FIFO in its place does not hang
+    ``down``, an unknown key is not a TypeError traceback."""
+    (tmp_path / "x").mkdir()
+    os.mkfifo(tmp_path / "x" / "service.json")
+    out = subprocess.run([sys.executable, "-m", "hpcml", "service", "down", "x", "--state-dir", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60,
+                         env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2] / "src")})
+    assert out.returncode == 2 and "a FIFO" in out.stderr and len(out.stderr.strip().splitlines()) == 1, out.stderr
+    (tmp_path / "y").mkdir()
+    (tmp_path / "y" / "service.json").write_text(json.dumps({"schema": "hpcml.service.state/1", "name": "y",
+                                                            "pidd": 1}))
+    with pytest.raises(UsageError, match="key 'pidd'"):
+        st.read(tmp_path / "y")

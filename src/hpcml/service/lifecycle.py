@@ -104,7 +104,7 @@ def find(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceSta
     s = st.read(st.instance_dir(name, root))
     if s is None:
         known = ", ".join(x.name for x in st.instances(root)) or "none"
-        raise UsageError(f"no service instance called '{name}' (known: {known})", key="name")
+        raise UsageError(f"no service instance called '{name}' in {st.state_root(root)} (known: {known})")
     return s
 
 

@@ -24,11 +24,12 @@ from pathlib import Path
 from typing import Any, Optional
 
 from hpcml.errors import UsageError
-from hpcml.files import inside, write_atomic
+from hpcml.files import inside, load_json_bounded, unknown_key, write_atomic
 from hpcml.schemas import check, tag
 
 SCHEMA = tag("service.state", 1)
 STATE_FILE = "service.json"
+STATE_MAX = 1 << 20                # a service.json is ~1 KiB
 
 
 def state_root(override: str | os.PathLike[str] | None = None) -> Path:
@@ -101,14 +102,23 @@ def write(state: ServiceState) -> None:
 def read(directory: str | os.PathLike[str]) -> ServiceState | None:
     """The instance's state, or None if it never started."""
     path = Path(directory) / STATE_FILE
-    try:
-        doc = json.loads(path.read_text(encoding="utf-8"))
+    try:       # bounded: a FIFO or a huge file put in its place must not hang or fill memory
+        doc = load_json_bounded(path, STATE_MAX)
     except FileNotFoundError:
         return None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read: {exc}", file=str(path)) from None
     check(doc, SCHEMA, str(path))
     doc.pop("schema", None)
     doc.pop("urls", None)
-    return ServiceState(**doc)
+    unknown = sorted(set(doc) - set(ServiceState.__dataclass_fields__))
+    if unknown:
+        raise UsageError(unknown_key(unknown[0], list(ServiceState.__dataclass_fields__)), file=str(path),
+                         key=unknown[0])
+    try:
+        return ServiceState(**doc)
+    except TypeError as exc:             # a required key missing
+        raise UsageError(f"not a service state: {exc}", file=str(path)) from None
 
 
 def instances(root: str | os.PathLike[str] | None = None) -> list[ServiceState]:
