@@ -87,7 +87,9 @@ def test_a_dependency_is_a_name_never_a_path():
 
 def test_no_blueprint_or_flag_writes_outside_the_state_directory(tmp_path):
     """``files[].content`` keys, ``--name``, a symlink in the state directory, a --state-dir
-    that is a file: each one line, exit 2, nothing written outside (was: written anywhere)."""
+    that is a file: each one line, exit 2, nothing written outside (was: written anywhere).
+    An instance in a shared state directory started on another node is neither started a
+    second time nor signalled here (its pid means another process on this node)."""
     env, outside = _env(tmp_path), tmp_path / "outside"
     outside.mkdir()
     bad = _blueprint(tmp_path, SERVER.replace('"site.conf"', f'"../../../../{outside.name}/pwned"'))
@@ -104,6 +106,14 @@ def test_no_blueprint_or_flag_writes_outside_the_state_directory(tmp_path):
     (state_root / "linked").symlink_to(outside)                       # an instance directory that is a symlink
     line = _one_line(hpcml(["service", "up", str(good), "--name", "linked"], env))
     assert "leads outside" in line
+    elsewhere = {"schema": "hpcml.service.state/1", "name": "web", "blueprint": str(good), "mode": "local",
+                 "backend": "process", "directory": str(state_root / "other"), "node": "another-node", "pid": 1}
+    (state_root / "other").mkdir()
+    (state_root / "other" / "service.json").write_text(json.dumps(elsewhere))   # shared state, another node
+    line = _one_line(hpcml(["service", "up", str(good), "--name", "other"], env))
+    assert "started on another-node" in line
+    line = _one_line(hpcml(["service", "down", "other"], env))
+    assert "runs on another-node" in line
     a_file = tmp_path / "a-file"
     a_file.write_text("")
     line = _one_line(hpcml(["service", "up", str(good), "--state-dir", str(a_file)], env))

@@ -34,6 +34,9 @@ def refuse_running(old: st.ServiceState | None) -> None:
     """A second server on the same volumes is never started: say where the first one runs."""
     if old is None or (old.job_id and old.job_id == os.environ.get("SLURM_JOB_ID")):
         return                                  # none, or the pending state of this very service job
+    if old.mode == "local" and not old.stopped and old.node and old.node != local.here():
+        raise UsageError(f"{old.name} was started on {old.node} (pid {old.pid}) and not stopped: hpcml service "
+                         f"down {old.name} there first (if {old.node} is gone: remove {old.directory}/service.json)")
     if is_up(old):
         where = f"Slurm job {old.job_id}" if old.mode == "slurm" and old.job_id else f"pid {old.pid}"
         ports = ", ".join(f"{k} {v}" for k, v in old.ports.items())
