@@ -137,9 +137,9 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
         findings.append({"source": "run", "kind": "requeued",
                          "message": f"attempt {n} {what}; attempt {nxt.get('attempt')} started "
                                     + (f"{gap:.0f} s later" if gap is not None else "after it"),
-                         "advice": ("a requeue after a failure (below): " if rec.get("exit_code") else
-                                    "a requeue, not a failure: ") + "the time between them was spent in Slurm's queue, "
-                                   "not stalled"})
+                         "advice": (f"attempt {n} ended with exit code {rec['exit_code']} before the requeue; "
+                                    if rec.get("exit_code") else "a requeue, not a failure: ")
+                                   + "the time between them was spent in Slurm's queue, not stalled"})
         findings += _run_findings(d, ending, f"attempt {n}: ")
         findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
                      for f in (obs.findings if obs is not None else []) if f.kind != "failed_rank"]
