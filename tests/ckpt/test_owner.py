@@ -241,14 +241,14 @@ def test_two_jobs_replacing_a_dead_owner_at_once_one_wins(tmp_path, monkeypatch)
     a: list[subprocess.Popen] = []
     real = owner.running
 
-    def a_claims_meanwhile(record):
+    def a_claims_meanwhile(record, mine=None):
         if not a:
             a.append(subprocess.Popen([sys.executable, "-c", "import sys; from pathlib import Path; "
                                        "from hpcml.ckpt import owner; owner.claim(Path(sys.argv[1]), 'job-a'); "
                                        "print('claimed', flush=True); sys.stdin.readline()", str(ck)],
                                       stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=_env()))
             assert a[0].stdout is not None and a[0].stdout.readline() == "claimed\n"
-        return real(record)
+        return real(record, mine)
     monkeypatch.setattr(owner, "running", a_claims_meanwhile)
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     try:

@@ -42,3 +42,39 @@ exec {sys.executable} -c "from hpcml.ckpt import Checkpointer; import time; c = 
     wait(job, env, timeout=120)
     Checkpointer(ck).close()                     # ended: taken over without asking
     assert json.loads((ck / ".owner").read_text())["slurm_job_id"] is None
+
+
+def test_a_farm_retry_takes_over_while_the_dead_attempts_allocation_still_runs(env, tmp_path, monkeypatch):
+    """Attempt 1 of farm task 0 saved step 3 and died (its allocation runs on: other tasks);
+    then the farm ended the attempt. Another task is refused before that; the
+    task's attempt 2, in another allocation, resumes from step 3 (was: refused, 'still runs')."""
+    from hpcml.farm import claim, store
+    from hpcml.farm.model import TaskSpec
+    farm, ck = tmp_path / "farm", tmp_path / "ck"
+    store.create(farm, [TaskSpec("true"), TaskSpec("true")])
+    job = submit(f"""#!/bin/bash
+export HPCML_FARM_DIR={farm} HPCML_FARM_TASK_ID=0 HPCML_FARM_ATTEMPT=1 HPCML_FARM_JOB_ID=$SLURM_JOB_ID
+{sys.executable} -c "import os, numpy as np; from hpcml.ckpt import Checkpointer
+c = Checkpointer('{ck}'); c.save({{'w': np.zeros(2)}}, 3); c.wait(); os._exit(9)"
+touch {tmp_path}/died; sleep 300
+""", tmp_path, env, nodes=1)
+    try:
+        end = time.monotonic() + 120
+        while not (tmp_path / "died").exists() and time.monotonic() < end:
+            time.sleep(0.2)
+        assert (tmp_path / "died").exists(), (tmp_path / "job.out").read_text()
+        monkeypatch.setenv("SLURM_JOB_ID", "777")
+        monkeypatch.setenv("HPCML_FARM_JOB_ID", "777")
+        monkeypatch.setenv("HPCML_FARM_DIR", str(farm))
+        monkeypatch.setenv("HPCML_FARM_TASK_ID", "1")
+        monkeypatch.setenv("HPCML_FARM_ATTEMPT", "1")
+        with pytest.raises(UsageError, match=f"Slurm job {job}\\) that still runs"):
+            Checkpointer(ck)                     # task 1 before the farm ended task 0's attempt: refused
+        assert claim.finish(farm, 0, 1, {"outcome": "failed", "exit_code": 9})
+        monkeypatch.setenv("HPCML_FARM_TASK_ID", "0")
+        monkeypatch.setenv("HPCML_FARM_ATTEMPT", "2")
+        with Checkpointer(ck) as c:
+            assert c.load_latest()[1] == 3
+    finally:
+        subprocess.run(["scancel", job], env=env, timeout=30, check=False)
+    wait(job, env, timeout=120)

@@ -20,6 +20,7 @@ and its own shard's checksum.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import signal
@@ -40,6 +41,7 @@ from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.farm import taskenv
 from hpcml.units import parse_rate
 
 
@@ -69,6 +71,10 @@ def _attempt_token(world: int) -> str:
         d.broadcast_object_list(box, src=0)
         return str(box[0])
     env = os.environ
+    if not env.get("HPCML_CKPT_TOKEN") and (task := taskenv.current(env)) is not None:
+        # a farm's tasks share one Slurm job and restart count: the task's attempt tells them apart
+        farm = hashlib.sha256(str(task.farm.absolute()).encode()).hexdigest()[:12]
+        return f"farm-{farm}.{task.id}.{task.attempt}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
     for key, restart in (("HPCML_CKPT_TOKEN", ""), ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
                          ("SLURM_JOB_ID", "SLURM_RESTART_COUNT")):
         if env.get(key):

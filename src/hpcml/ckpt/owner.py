@@ -10,6 +10,12 @@ keeps its id), or the same process. Whether another owner still runs: its Slurm 
 (``scontrol``), else on the same host its pid with the same start time; an owner on another
 host without Slurm cannot be checked and counts as running (take over if it is not).
 
+A farm task (``hpcml.farm.taskenv.current``) is owned by its farm and task id, not by its
+Slurm job: every task of one farm allocation shares that job (same id, same restart count),
+and a retry may run in another allocation while the failed attempt's one still runs. Its
+attempt ended when the farm wrote ``ends/ID.A``, or when a later attempt of the task started
+(the farm reruns a task only once the earlier attempt's process tree is gone: ``farm.claim``).
+
 Claiming is lock-free and safe on NFS and Lustre: the record is written whole under a
 temporary name and ``link``-ed into place (fails if one exists); a stale record is first
 renamed away, which only one of two racing claimants can do, and what was renamed is read
@@ -30,6 +36,8 @@ from typing import Any
 
 from hpcml.ckpt import layout
 from hpcml.errors import UsageError
+from hpcml.farm import taskenv
+from hpcml.farm.model import ENDS
 from hpcml.files import load_json_bounded
 from hpcml.proctree import start_time
 
@@ -38,8 +46,20 @@ OWNER = ".owner"
 
 def me(token: str) -> dict[str, Any]:
     pid = os.getpid()
+    task = taskenv.current()
     return {"token": token, "host": socket.gethostname(), "pid": pid, "started": start_time(pid),
-            "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "claimed_at": time.time()}
+            "slurm_job_id": os.environ.get("SLURM_JOB_ID") or None, "claimed_at": time.time(),
+            "farm_task": None if task is None else {"farm": str(task.farm.absolute()), "id": task.id,
+                                                    "attempt": task.attempt}}
+
+
+def _task(owner: dict[str, Any]) -> tuple[str, int, int] | None:
+    """(farm, id, attempt) of an owner that is a farm task; None otherwise (or malformed)."""
+    t = owner.get("farm_task")
+    if not isinstance(t, dict) or not isinstance(t.get("farm"), str) \
+            or not all(isinstance(t.get(k), int) for k in ("id", "attempt")):
+        return None
+    return t["farm"], t["id"], t["attempt"]
 
 
 def read(root: Path) -> dict[str, Any] | None:
@@ -58,17 +78,26 @@ def _read(path: Path) -> dict[str, Any] | None:
 def same(owner: dict[str, Any], mine: dict[str, Any]) -> bool:
     if owner.get("token") == mine["token"]:
         return True
-    if owner.get("slurm_job_id") and owner.get("slurm_job_id") == mine["slurm_job_id"]:
+    if _task(owner) is None and _task(mine) is None and owner.get("slurm_job_id") \
+            and owner.get("slurm_job_id") == mine["slurm_job_id"]:     # a farm's tasks share one job
         return True
     return owner.get("host") == mine["host"] and owner.get("pid") == mine["pid"]
 
 
-def running(owner: dict[str, Any]) -> bool | None:
+def running(owner: dict[str, Any], mine: dict[str, Any] | None = None) -> bool | None:
     """True, False, or None where it cannot be told (another host, no Slurm). An ended
-    Slurm job whose process still runs on this host counts as running: never two writers."""
+    Slurm job whose process still runs on this host counts as running: never two writers.
+    A farm task's attempt has ended once the farm says so, whatever its allocation does."""
     if owner.get("released"):
         return False
-    job, gone = owner.get("slurm_job_id"), False
+    task, gone = _task(owner), False
+    if task is not None:
+        later = _task(mine) if mine is not None else None
+        if later is not None and later[:2] == task[:2] and later[2] > task[2]:
+            return False                                # this task's next attempt: the farm ended that one
+        if os.path.lexists(f"{task[0]}/{ENDS}/{task[1]}.{task[2]}"):
+            return False
+    job = owner.get("slurm_job_id")
     if job:
         from hpcml.cluster import slurm
         state = slurm.job_state(str(job))
@@ -107,7 +136,7 @@ def claim(root: Path, token: str, *, take_over: bool = False, mode: int = layout
             if owner is None and (root / OWNER).is_dir() and not (root / OWNER).is_symlink():
                 raise UsageError(f"{OWNER} is a directory, not the owner record hpcml writes there: "
                                  "move it away", file=str(root))
-            alive = running(owner) if owner is not None else False
+            alive = running(owner, mine) if owner is not None else False
             if alive is not False and not take_over:
                 how = "still runs" if alive else "may still run (it cannot be checked from here)"
                 raise UsageError(f"in use by another job ({describe(owner or {})}) that {how}; two jobs in one "
