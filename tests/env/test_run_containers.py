@@ -199,13 +199,15 @@ def test_application_metrics_are_recorded_whichever_wrapper_is_outside(order, tm
 
 def test_hpcml_run_env_runs_the_ranks_in_the_container_and_tags_env_json(tmp_path):
     """``hpcml run --env EDF``: the rank runs in the container (this host's /tmp is not its
-    /tmp) and the job directory's env.json leads with its schema tag (issue 29: it had none)."""
+    /tmp) and the job directory's env.json leads with its schema tag (issue 29: it had none);
+    a requeue noted in the container reaches the job directory on the host."""
     why = rootfs.ensure("bwrap", "bubblewrap")
     if why:
         pytest.skip(why)
     edf = rootfs.host_root_edf(tmp_path / "host.toml")
     (tmp_path / "only-on-the-host").touch()
-    probe = f"import os; print('host file seen:', os.path.exists('{tmp_path}/only-on-the-host'))"
+    probe = (f"import os; print('host file seen:', os.path.exists('{tmp_path}/only-on-the-host'));"
+             "from hpcml.run import requeue; requeue.note(5, 'SIGUSR1', '/ckpt')")   # what a Checkpointer's requeue does
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_"))}
     p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--dir", str(tmp_path / "job"), "--env", str(edf),
                         "--", sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)
@@ -214,6 +216,8 @@ def test_hpcml_run_env_runs_the_ranks_in_the_container_and_tags_env_json(tmp_pat
     doc = json.loads((tmp_path / "job" / "env.json").read_text())
     assert next(iter(doc)) == "schema" and doc["schema"] == "hpcml.run.env/1"
     assert doc["resolved"]["schema"] == "hpcml.env.edf/1" and doc["resolved"]["file"] == str(edf)
+    note = json.loads((tmp_path / "job" / "requeued.json").read_text())   # on the host, not in the container's /tmp
+    assert (note["step"], note["signal"]) == (5, "SIGUSR1")
 
 
 def test_podman_failing_to_start_the_container_is_exit_1_not_125(tmp_path):

@@ -56,15 +56,28 @@ def under_recorder(env: Environment, environ: Mapping[str, str]) -> Environment:
     and a number that in the container names another file or nothing. So the container
     gets no ``HPCML_OBSERVE_FD``; it gets the job directory, bind-mounted at the same path,
     and the API there writes its own segment of the rank's stream (``rank-N.1.arrows``),
-    which the store joins with the recorder's. Outside a recorder: unchanged."""
+    which the store joins with the recorder's. Under ``hpcml run`` the attempt's directory
+    (``HPCML_RUN_DIR``, where the Checkpointer notes a requeue) is mounted and named the
+    same way, or the note lands in the container's own /tmp and the run calls a clean
+    requeue "requeued by Slurm". Outside a recorder and a run: unchanged."""
+    mounts, extra = list(env.mounts), dict[str, str | None]()
+    run_dir = environ.get("HPCML_RUN_DIR")
+    if run_dir:
+        run_dir = os.path.abspath(run_dir)
+        _mount(mounts, run_dir)
+        extra.update(HPCML_RUN_DIR=run_dir, HPCML_RUN_ATTEMPT=environ.get("HPCML_RUN_ATTEMPT", "0"))
     job_dir = environ.get("HPCML_OBSERVE_DIR")
-    if not environ.get("HPCML_OBSERVE_FD") or not job_dir:
-        return env
-    job_dir = os.path.abspath(job_dir)
-    mounts = list(env.mounts)
-    if not any(m.target == job_dir for m in mounts):
-        mounts.append(Mount(job_dir, job_dir))
-    return replace(env, mounts=mounts, env={**env.env, "HPCML_OBSERVE_FD": None, "HPCML_OBSERVE_DIR": job_dir})
+    if environ.get("HPCML_OBSERVE_FD") and job_dir:
+        job_dir = os.path.abspath(job_dir)
+        _mount(mounts, job_dir)
+        extra.update(HPCML_OBSERVE_FD=None, HPCML_OBSERVE_DIR=job_dir)
+    return replace(env, mounts=mounts, env={**env.env, **extra}) if extra else env
+
+
+def _mount(mounts: list[Mount], path: str) -> None:
+    """Bind ``path`` at the same path, once (a parent is bound before its children)."""
+    if not any(m.target == path for m in mounts):
+        mounts.append(Mount(path, path))
 
 
 def run(env: Environment, command: list[str], runtime: str = "auto") -> int:
