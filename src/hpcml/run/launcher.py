@@ -98,8 +98,13 @@ def _environment(opts: Options) -> dict | None:
 
 
 def _gpus_here() -> int:
+    """The GPUs bound to this process (CUDA_VISIBLE_DEVICES, Slurm's binding: a farm task's
+    slot), else NVML's count: NVML ignores CUDA_VISIBLE_DEVICES and sees the whole node."""
+    from hpcml.cluster.allocation import task_gpus
     from hpcml.samplers.nvml import visible_gpus
-    return len(visible_gpus()[0])
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":       # set empty: CUDA sees no GPU
+        return 0
+    return len(task_gpus(os.environ)) or len(visible_gpus()[0])
 
 
 def run(opts: Options) -> int:
