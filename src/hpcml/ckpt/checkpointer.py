@@ -74,7 +74,9 @@ def _attempt_token(world: int) -> str:
     if not env.get("HPCML_CKPT_TOKEN") and (task := taskenv.current(env)) is not None:
         # a farm's tasks share one Slurm job and restart count: the task's attempt tells them apart
         farm = hashlib.sha256(str(task.farm.absolute()).encode()).hexdigest()[:12]
-        return f"farm-{farm}.{task.id}.{task.attempt}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+        run = f".{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}" \
+            if env.get("TORCHELASTIC_RUN_ID") else ""      # two runs in one attempt: two owners
+        return f"farm-{farm}.{task.id}.{task.attempt}{run}"
     for key, restart in (("HPCML_CKPT_TOKEN", ""), ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
                          ("SLURM_JOB_ID", "SLURM_RESTART_COUNT")):
         if env.get(key):
