@@ -15,6 +15,7 @@ from tests.farm.farmtools import hpcml
     ("command: echo\nproduct: {lr: [1, 2}\n", "not valid YAML"),
     ("command: echo {a}\nzip: {a: [1, 2], b: [3]}\n", "key 'zip': lists of different lengths"),
     ("- just\n- a list\n", "expected a mapping"),
+    ("command: t {a}\nproduct: {a: [1], wd: [1, 2]}\n", "key 'product.wd': parameter 'wd' is not used by the command"),
 ])
 def test_bad_sweep_is_one_line_exit_2_and_nothing_created(tmp_path, text, expect):
     sweep = tmp_path / "s.yaml"

@@ -57,6 +57,13 @@ tasks:
     assert specs[1].after == ("prep",) and specs[-1].after == ("train",)
 
 
+README_OLD = """command: python train.py --lr {lr} --bs {bs} --seed {seed}
+product: {lr: [0.1, 0.03, 0.01], bs: [64, 128]}
+zip: {seed: [1, 2]}
+random: {samples: 4, seed: 0, params: {wd: {loguniform: [1.0e-6, 1.0e-2]}}}
+"""
+
+
 @pytest.mark.parametrize("text, where, problem", [
     ("command: t {lr} {bs}\nproduct: {lr: [1]}\n", "s.yaml:1: key 'command'", "parameter 'bs'"),
     ("command: t {a}\nzip: {a: [1, 2], b: [1]}\n", "s.yaml:2: key 'zip'", "different lengths"),
@@ -71,6 +78,14 @@ tasks:
     ("tasks:\n  - {group: a, after: [a], command: t}\n", "key 'tasks[0].after'", "waits for group 'a'"),
     ("retries: -1\ncommand: t\n", "key 'retries'", "expected a count"),
     ("product: {a: [1]}\n", "key 'command'", "Field required"),
+    (README_OLD, "s.yaml:4: key 'random.params.wd'", "parameter 'wd' is not used by the command"),
+    ("command: t {a}\nproduct: {a: [1], b: [1, 2]}\n", "key 'product.b'", "parameter 'b' is not used"),
+    ("command: t {a:.1f}\nproduct: {a: [0.11, 0.12]}\n", "key 'command'", "give the same command 't 0.1'"),
+    ("command: t {a}\nproduct: {a: [x, x]}\n", "key 'command'", "it would run twice"),
+    ("command: t {a}\nproduct: {a: [1]}\nraw: [b]\n", "key 'raw'", "names 'b', which is not a parameter"),
+    ("command: t {repeat}\nproduct: {repeat: [1]}\nrepeat: 2\n", "key 'repeat'", "defined more than once"),
+    ("command: t {repeat}\n", "key 'command'", "names parameter 'repeat', which is not defined"),
+    ("command: echo `t {a}`\nproduct: {a: [1]}\n", "key 'command'", "inside backquotes"),
 ])
 def test_bad_sweeps_name_file_key_and_problem(tmp_path, text, where, problem):
     with pytest.raises(UsageError) as err:
@@ -99,3 +114,20 @@ def test_a_task_file_is_not_held_to_a_config_file_s_size_limit(tmp_path):
     os.mkfifo(tmp_path / "fifo")
     with pytest.raises(UsageError, match="FIFO"):
         parse_task_file(tmp_path / "fifo")
+
+
+
+def test_repeat_runs_copies_on_purpose_with_a_repeat_parameter(tmp_path):
+    specs, _ = _sweep(tmp_path, "command: t {a}\nproduct: {a: [1, 2]}\nrepeat: 3\n")
+    assert [(s.command, s.params) for s in specs[:3]] == [("t 1", {"a": 1, "repeat": i}) for i in (1, 2, 3)]
+    assert len({s.key() for s in specs}) == 6           # six tasks, none deduplicated away
+    seeded, _ = _sweep(tmp_path, "command: t {a} --seed {repeat}\nproduct: {a: [1]}\nrepeat: 2\n")
+    assert [s.command for s in seeded] == ["t 1 --seed 1", "t 1 --seed 2"]
+
+
+def test_the_readme_sweep_runs_each_command_once(tmp_path):
+    from tests.farm.farmtools import ROOT
+    readme = (ROOT / "README.md").read_text()
+    block = readme.split("# sweep.yaml", 1)[1].split("\n", 1)[1].split("```", 1)[0]
+    specs, _ = _sweep(tmp_path, block)
+    assert len(specs) == 48 and len({s.command for s in specs}) == 48

@@ -18,8 +18,14 @@ The parameter sets are the product of the three parts (a part left out is one em
 Several stages with dependencies (pre-process -> train xN -> evaluate) go under ``tasks:``,
 each a mapping like the above with ``group:`` and ``after: [groups or task ids]``.
 The command is a Python format string: ``{name}`` is a parameter, ``{{`` a brace; a name
-that no parameter defines is an error. Values are inserted as they are (quote them in the
-template if they may hold spaces).
+that no parameter defines, and a parameter that the command does not use (every value of
+it would run the same command), are errors. Each value is inserted shell-quoted, one word
+with its exact bytes, also inside quotes in the template (``hpcml.farm.template``): sweep
+files are shared, and a value ``b; rm -rf ~`` must stay a value. ``raw: true`` (or ``raw:
+[names]``) inserts values as shell code, for a template that wants that. Two parameter sets
+that give the same command are refused; ``repeat: N`` runs each set N times on purpose
+(``{repeat}``, 1..N, is then a parameter the command may use, e.g. as a seed). A task file
+is shell by design: each line is run as it is written.
 """
 
 from __future__ import annotations
@@ -35,6 +41,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpcml.errors import UsageError
 from hpcml.farm.model import Settings, TaskSpec
+from hpcml.farm.template import TemplateError, fill
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.units import parse_seconds
 
@@ -91,6 +98,8 @@ class Stage(BaseModel):
     product: dict[str, list[Scalar] | Scalar] = Field(default_factory=dict)
     zip: dict[str, list[Scalar]] = Field(default_factory=dict)
     random: RandomPart | None = None
+    raw: bool | list[str] = False
+    repeat: int = Field(1, ge=1)
 
     @field_validator("command")
     @classmethod
@@ -186,9 +195,15 @@ def _stage(raw: Any, path: tuple, where: ConfigLoader) -> Stage:
     if len(set(lengths.values())) > 1:
         raise where.error((*path, "zip"), f"lists of different lengths: {lengths}")
     names = [*stage.product, *stage.zip, *(stage.random.params if stage.random else {})]
+    if "repeat" in raw:
+        names.append("repeat")
     twice = sorted({n for n in names if names.count(n) > 1})
     if twice:
-        raise where.error((*path, twice[0]), "parameter defined more than once (product, zip, random)")
+        raise where.error((*path, twice[0]), "parameter defined more than once (product, zip, random, repeat)")
+    for name in stage.raw if isinstance(stage.raw, list) else ():
+        if name not in names:
+            raise where.error((*path, "raw"), f"names '{name}', which is not a parameter (parameters: "
+                                              f"{', '.join(names) or 'none'})")
     return stage
 
 
@@ -208,14 +223,30 @@ def _fields(template: str, path: tuple, where: ConfigLoader) -> list[str]:
     return out
 
 
+def _sections(stage: Stage) -> dict[str, tuple]:
+    """Each parameter -> the key that defines it (for messages)."""
+    out: dict[str, tuple] = {name: ("product", name) for name in stage.product}
+    out.update({name: ("zip", name) for name in stage.zip})
+    out.update({name: ("random", "params", name) for name in (stage.random.params if stage.random else {})})
+    if stage.repeat > 1 or "repeat" in stage.model_fields_set:
+        out["repeat"] = ("repeat",)
+    return out
+
+
 def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> list[TaskSpec]:
     """Every parameter set of a stage, in a stable order (so re-creating appends nothing)."""
-    params = [*stage.product, *stage.zip, *(stage.random.params if stage.random else {})]
-    for name in _fields(stage.command, path, where):
-        if name not in params:
-            known = ", ".join(params) or "none"
+    sections = _sections(stage)
+    used = _fields(stage.command, path, where)
+    for name in used:
+        if name not in sections:
+            known = ", ".join(sections) or "none"
             raise where.error((*path, "command"), f"the template names parameter '{name}', which is not "
                                                   f"defined (parameters: {known})")
+    for name, key in sections.items():
+        if name not in used and name != "repeat":
+            raise where.error((*path, *key), f"parameter '{name}' is not used by the command, so each of its "
+                                             "values would run the same command: use it as {" + name + "} "
+                                             "in the command or remove it (repeat: N runs copies on purpose)")
     for dep in stage.after:
         if isinstance(dep, str) and dep in later:     # unknown groups: store.create knows the farm's
             raise where.error((*path, "after"), f"waits for group '{dep}', which this stage or a later one "
@@ -228,12 +259,23 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
         rng = random.Random(stage.random.seed)
         rand_sets = [{k: d.draw(rng) for k, d in stage.random.params.items()}
                      for _ in range(stage.random.samples)]
-    specs = []
-    for p, z, r in itertools.product(product_sets, zip_sets, rand_sets):
-        values = {**p, **z, **r}
+    raw = set(sections) if stage.raw is True else set(stage.raw or ())
+    copies = [{"repeat": i} for i in range(1, stage.repeat + 1)] if "repeat" in sections else [{}]
+    specs: list[TaskSpec] = []
+    seen: dict[tuple, dict[str, Any]] = {}
+    for p, z, r, c in itertools.product(product_sets, zip_sets, rand_sets, copies):
+        values = {**p, **z, **r, **c}
         try:
-            command = stage.command.format(**values)
+            command = fill(stage.command, values, raw)
         except (KeyError, IndexError, ValueError, AttributeError) as exc:
-            raise where.error((*path, "command"), f"cannot fill the template: {exc}") from None
+            problem = str(exc) if isinstance(exc, TemplateError) else f"cannot fill the template: {exc}"
+            raise where.error((*path, "command"), problem) from None
+        same = (command, c.get("repeat") if "repeat" not in used else None)
+        if same in seen:
+            sets = " and ".join(", ".join(f"{k}={v!r}" for k, v in d.items()) for d in (seen[same], values))
+            raise where.error((*path, "command"), f"two parameter sets ({sets}) give the same command "
+                                                  f"{command!r}: it would run twice (repeat: N runs copies "
+                                                  "on purpose)")
+        seen[same] = values
         specs.append(TaskSpec(command=command, params=values, group=stage.group, after=tuple(stage.after)))
     return specs

@@ -48,10 +48,13 @@ def create(
 ) -> None:
     """Make a farm directory with one record per task; run again to append, never renumber.
 
-    A task file has one shell command per line (blank lines and # comments skipped).
-    A sweep file (YAML) has a command template and parameters: lists under product:
-    (every combination), zip: (side by side), random: (samples with a seed), and
-    stages with group: and after: under tasks:. The same task is never added twice.
+    A task file has one shell command per line (blank lines and # comments skipped),
+    run as written. A sweep file (YAML) has a command template and parameters: lists
+    under product: (every combination), zip: (side by side), random: (samples with a
+    seed), and stages with group: and after: under tasks:. Each value is inserted
+    shell-quoted, one word (raw: true or raw: [names] inserts shell code); a parameter
+    the command does not use, or two sets giving one command, is an error (repeat: N
+    runs copies on purpose, {repeat} is 1..N). The same task is never added twice.
 
         hpcml farm create sweep/ sweep.yaml
         hpcml farm create inputs/ commands.txt --retries 3 --time-limit "30 min"
