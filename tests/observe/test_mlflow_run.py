@@ -4,6 +4,7 @@ server side is tests/service/test_mlflow_local.py)."""
 from __future__ import annotations
 
 import json
+import sys
 
 from hpcml.observe.mlflow_run import MAX_PARAM_VALUE, describe
 
@@ -37,3 +38,29 @@ def test_a_farm_task_s_parameters_are_valid_mlflow_params_and_a_damaged_task_fil
     (farm / "tasks.jsonl").mkdir()
     meta = describe(["x"], tmp_path / "obs", "local", "vm", env)
     assert meta.params == {} and "tasks.jsonl" in meta.problems[0] and "a directory" in meta.problems[0]
+
+
+def test_hpcml_run_to_an_mlflow_address_where_nothing_listens_says_so_and_counts_every_dropped_metric(tmp_path):
+    """Was: ``hpcml run --mlflow`` at a wrong address exited 0 and said nothing anywhere. Now
+    the recorder's probe warns once naming the URL, and the run's report (its terminal
+    summary, JSON and HTML) says the server was unreachable and how many metrics were lost."""
+    import socket
+
+    from hpcml.run.jobdir import log_path
+    from tests.run.test_local_run import hpcml, valid
+
+    with socket.socket() as s:          # a port that was free a moment ago: nothing listens there now
+        s.bind(("127.0.0.1", 0))
+        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    (tmp_path / "train.py").write_text("from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0)\n"
+                                       "api.flush()\n")
+    out = hpcml("run", "--ntasks", "1", "--dir", "job", "--mlflow", url, "--", sys.executable, "train.py",
+                cwd=tmp_path)
+    said = f"mlflow: unreachable at {url}, 20 metrics dropped"
+    assert out.returncode == 0 and said in out.stdout, out.stdout + out.stderr
+    warnings = [line for line in log_path(tmp_path / "job", 0, "err").read_text().splitlines() if "MLflow" in line]
+    assert len(warnings) == 1 and url in warnings[0] and "refused" in warnings[0], warnings
+    rep = valid(json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout), "run.report")
+    assert rep["mlflow"]["dropped"] == 20 and rep["mlflow"]["sent"] == 0
+    assert any(f["kind"] == "mlflow_dropped" and "Connection refused" in f["advice"] for f in rep["findings"])
+    assert said.removeprefix("mlflow: ") in (tmp_path / "job" / "report.html").read_text()

@@ -25,13 +25,15 @@ from pathlib import Path
 from hpcml.farm.model import RUNS, TASKS_FILE
 from hpcml.farm.taskenv import FarmTask
 from hpcml.farm.taskenv import current as farm_task
-from hpcml.files import read_bounded
+from hpcml.files import load_json_bounded, read_bounded
+from hpcml.observe.store import RANK_META
 from hpcml.run.requeue import ENV_ATTEMPT, ENV_DIR
 
 # MLflow's limits (mlflow/utils/validation.py, 2.x and 3.x): longer values fail the whole call
 MAX_KEY, MAX_PARAM_VALUE, MAX_TAG_VALUE = 250, 6000, 8000
 # a sweep of 100,000 tasks writes ~20 MB of tasks.jsonl; bigger is not a farm's own file
 TASKS_MAX = 64 << 20
+RANK_META_MAX = 16 << 20            # a rank file is a few KB; a requeued job's 'earlier' list grows it
 _BAD_KEY = re.compile(r"[^\w.\- :]")        # what MLflow accepts in a param name (no '/': paths)
 
 
@@ -110,3 +112,23 @@ def describe(cmd: list[str], store: Path, job_id: str, nodes: str, env: Mapping[
         except (OSError, ValueError) as exc:
             meta.problems.append(f"the farm task's parameters were not read: {task.farm / TASKS_FILE}: {exc}")
     return meta
+
+
+def outcome(store: Path) -> dict | None:
+    """What became of rank 0's metrics sent to MLflow, from its rank file in ``store`` (the
+    recorder's 'mlflow' entry: url, run, sent, dropped, unreachable), with ``line``, the
+    sentence a report prints. None when the job sent nothing to MLflow (or the file is gone)."""
+    try:
+        meta = load_json_bounded(store / RANK_META.format(rank=0), RANK_META_MAX)
+    except (OSError, ValueError):
+        return None
+    entry = meta.get("mlflow") if isinstance(meta, dict) else None
+    if not isinstance(entry, dict):
+        return None
+    url, dropped, sent = entry.get("url"), int(entry.get("dropped") or 0), int(entry.get("sent") or 0)
+    if entry.get("unreachable") or not entry.get("run_id"):
+        line = f"unreachable at {url}, {dropped} metric{'s' * (dropped != 1)} dropped"
+    else:
+        line = f"run {entry.get('run_name')} at {url}: {sent} metric{'s' * (sent != 1)} sent" \
+               + (f", {dropped} dropped" if dropped else "")
+    return {**entry, "line": line}

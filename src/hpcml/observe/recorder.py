@@ -202,7 +202,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     if sink is not None:
         sink.close("FINISHED" if code == 0 else "FAILED")
         rank_meta["mlflow"] = {"url": mlflow, "run_id": sink.run_id, "run_name": run.name, "sent": sink.sent,
-                               "dropped": sink.dropped, "errors": sink.errors, "problems": run.problems}
+                               "dropped": sink.dropped, "errors": sink.errors, "problems": run.problems,
+                               "unreachable": sink.problem if sink.run_id is None else None}
     rank_meta.update(end=time.time(), exit_code=code, app_batches=stats["app_batches"])
     if rc < 0:
         rank_meta["signal"] = -rc

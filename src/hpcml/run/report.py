@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.observe.mlflow_run import outcome
 from hpcml.run import requeue
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
@@ -192,6 +193,10 @@ def build(d: str | Path) -> dict[str, Any]:
                      for f in obs.findings if not (first and f.kind in said)]
     if score is not None:
         findings += [{"source": "score", "kind": "score", "message": f, "advice": ""} for f in score["findings"]]
+    mlflow = None if aborted else outcome(observe_dir(d, attempt))
+    if mlflow and mlflow["dropped"]:
+        findings.append({"source": "mlflow", "kind": "mlflow_dropped", "message": f"MLflow: {mlflow['line']}",
+                         "advice": mlflow.get("unreachable") or "the server refused some batches: see its log"})
     started, ended = (earlier[0]["started"] if earlier else run.get("started")), run.get("ended")
     return {
         "schema": SCHEMA,
@@ -208,6 +213,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "observe_missing": obs_why,
         "score": {k: v for k, v in score.items() if k not in ("series", "heatmap")} if score is not None else None,
         "score_missing": score_why,
+        "mlflow": mlflow,
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
@@ -245,6 +251,8 @@ def summary(rep: dict[str, Any]) -> list[str]:
                          f"{b['compute']}, memory {b['memory']}, interconnect {b['interconnect']}")
     else:
         lines.append(f"  GPU: {rep.get('score_missing')}")
+    if rep.get("mlflow"):
+        lines.append(f"  mlflow: {rep['mlflow']['line']}")
     first = end["first_failure"]
     if first:
         lines.append(f"  first failure: rank {first['rank']} exit {first['exit_code']}")
@@ -295,7 +303,8 @@ def render(rep: dict[str, Any]) -> str:
                             ["tasks", job.get("ntasks")], ["nodes", ", ".join(job.get("nodes") or [])],
                             ["rendezvous", job.get("master")], ["launch", " ".join(map(str, job.get("launch") or []))],
                             ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
-                            ["exit code", end["exit_code"]]]),
+                            ["exit code", end["exit_code"]]]
+                 + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])),
            "</section><section id='run-findings'><h2>Findings</h2>"]
     if rep["findings"]:
         out += [f"<div class='finding'><b>[{e(f['source'])}] {e(f['message'])}</b>"

@@ -9,6 +9,12 @@ server itself runs in its own venv (``hpcml service up mlflow``).
 queue (a full queue drops them and counts the drops); a daemon thread posts them with
 ``runs/log-batch`` (at most 1,000 metrics per call, MLflow's limit) about once a second.
 A server that is down costs the thread, not the job: errors are counted, not raised.
+
+A wrong address must not look like success (``hpcml run`` exits 0 either way): the thread's
+first call is a probe with a short timeout; when it fails, one warning line names the URL
+and the error, the thread tries again every ``RETRY_S``, and every metric that never
+reaches a run (queued while the server is away, in a refused batch, left at the end) is
+counted in ``dropped``, which the recorder writes into its rank file for the run's report.
 """
 
 from __future__ import annotations
@@ -16,6 +22,7 @@ from __future__ import annotations
 import json
 import os
 import queue
+import sys
 import threading
 import time
 import urllib.error
@@ -28,6 +35,8 @@ from hpcml.errors import HpcmlError
 
 MAX_BATCH = 1000
 MAX_PARAMS = 100            # params (and tags) in one runs/log-batch call, MLflow's limit
+PROBE_TIMEOUT_S = 3.0       # the first calls: a wrong address is said within seconds of the start
+RETRY_S = 30.0              # a server that was away at the start is tried again this often
 
 
 class MlflowError(HpcmlError):
@@ -92,11 +101,12 @@ class MlflowSink:
     def __init__(self, url: str, *, experiment: str, run_name: str, tags: dict[str, str] | None = None,
                  params: dict[str, str] | None = None, kinds: tuple[str, ...] = ("metric",),
                  maxsize: int = 100_000, period: float = 1.0) -> None:
-        self.client = MlflowRest(url)
+        self.client, self.probe = MlflowRest(url), MlflowRest(url, timeout=PROBE_TIMEOUT_S)
         self.kinds, self.period = kinds, period
         self.queue: queue.Queue[tuple] = queue.Queue(maxsize)
         self.dropped = self.errors = self.sent = 0
         self.run_id: str | None = None
+        self.problem: str | None = None         # the first error of the start: the server never answered
         self._stop = threading.Event()
         self._setup = (experiment, run_name, tags or {}, params or {})
         self.thread = threading.Thread(target=self._loop, name="hpcml-mlflow", daemon=True)
@@ -127,17 +137,29 @@ class MlflowSink:
             out.append({"key": name, "value": float(value), "timestamp": int(ts_s * 1000), "step": int(step or 0)})
         return out
 
-    def _loop(self) -> None:
+    def _start(self) -> str | None:
+        """The run's id, made with the probe's short timeout; None (and one warning) while
+        the server does not answer."""
+        experiment, run_name, tags, _params = self._setup
         try:
-            experiment, run_name, tags, params = self._setup
-            self.run_id = self.client.create_run(self.client.experiment(experiment), run_name, tags)
-        except MlflowError:
+            self.run_id = run_id = self.probe.create_run(self.probe.experiment(experiment), run_name, tags)
+        except MlflowError as exc:
             self.errors += 1
-            return
-        items = list(params.items())
+            if self.problem is None:
+                self.problem = str(exc)
+                print(f"hpcml observe record: warning: {exc}; tried again every {RETRY_S:.0f} s, metrics "
+                      "kept meanwhile (counted as dropped if it never answers)", file=sys.stderr, flush=True)
+            return None
+        return run_id
+
+    def _loop(self) -> None:
+        while (run_id := self._start()) is None:
+            if self._stop.wait(RETRY_S):
+                return
+        items = list(self._setup[3].items())
         for start in range(0, len(items), MAX_PARAMS):
             try:
-                self.client.log_batch(self.run_id, params=dict(items[start:start + MAX_PARAMS]))
+                self.client.log_batch(run_id, params=dict(items[start:start + MAX_PARAMS]))
             except MlflowError:
                 self.errors += 1
         while True:
@@ -147,10 +169,11 @@ class MlflowSink:
                 if not metrics:
                     break
                 try:
-                    self.client.log_batch(self.run_id, metrics)
+                    self.client.log_batch(run_id, metrics)
                     self.sent += len(metrics)
                 except MlflowError:
                     self.errors += 1
+                    self.dropped += len(metrics)
             if stopping:
                 return
 
@@ -158,6 +181,8 @@ class MlflowSink:
         """Send what is queued (waiting at most ``timeout`` s) and end the run."""
         self._stop.set()
         self.thread.join(timeout)
+        if self.run_id is None or not self.thread.is_alive():   # what it did not send never reached a run
+            self.dropped += self.queue.qsize()
         if self.run_id is not None:
             try:
                 self.client.finish(self.run_id, status)
