@@ -182,7 +182,7 @@ def test_component_errors_are_hpcml_errors(module, name, code):
 def test_report_shows_a_setting_as_its_flag_but_leaves_a_files_key(capsys):
     flags = {"prometheus_port": "--prometheus-port"}
     assert report("hpcml observe record", UsageError("port in use", key="prometheus_port"), flags) == 2
-    assert capsys.readouterr().err == "hpcml observe record: error: key '--prometheus-port': port in use\n"
+    assert capsys.readouterr().err == "hpcml observe record: error: flag '--prometheus-port': port in use\n"
     report("hpcml x", UsageError("bad", file="p.yaml", key="prometheus_port", line=3), flags)
     assert capsys.readouterr().err == "hpcml x: error: p.yaml:3: key 'prometheus_port': bad\n"
     assert report("hpcml x", SlurmError("srun: timed out\nafter 5 s")) == 1
@@ -206,7 +206,7 @@ def test_a_group_ends_any_command_that_raises_with_one_line_and_the_exit_code():
     assert out.exit_code == 1 and out.stderr == "hpcml demo boom: error: srun: Slurm is not installed\n"
     out = CliRunner().invoke(app, ["boom", "--shard-size", "bad"])
     assert out.exit_code == 2
-    assert out.stderr == "hpcml demo boom: error: key '--shard-size': expected a size, found 'bad'\n"
+    assert out.stderr == "hpcml demo boom: error: flag '--shard-size': expected a size, found 'bad'\n"
 
 
 # -- (c) bad input through the real command -------------------------------------------------
@@ -228,16 +228,16 @@ CASES = [
     (["scan", "--policy", "{t}/nope.yaml", "{t}/src"], "hpcml scan: error: ", "nope.yaml"),
     (["scan", "requirements", "{t}/nope.txt"], "hpcml scan requirements: error: ", "nope.txt"),
     (["data", "pack", "{t}/src", "{t}/out", "--shard-size", "10GBs"],
-     "hpcml data pack: error: key '--shard-size': ", "10GBs"),
-    (["data", "doctor", "{t}/src", "--read-size", "0"], "hpcml data doctor: error: key '--read-size': ",
+     "hpcml data pack: error: flag '--shard-size': ", "10GBs"),
+    (["data", "doctor", "{t}/src", "--read-size", "0"], "hpcml data doctor: error: flag '--read-size': ",
      "at least 1 byte"),
     (["env", "validate", "{t}/bad.toml"], "hpcml env validate: error: ", "bad.toml:2: key 'writable'"),
     (["env", "run", "{t}/bad.toml", "--", "true"], "hpcml env run: error: ", "bad.toml:2: key 'writable'"),
     (["env", "render", "--runtime", "nosuch", "{t}/ok.toml", "--", "true"],
-     "hpcml env render: error: key '--runtime': ", "unknown runtime 'nosuch'"),
+     "hpcml env render: error: flag '--runtime': ", "unknown runtime 'nosuch'"),
     (["observe", "summary", "{t}/nope"], "hpcml observe summary: error: ", "not a job directory"),
     (["observe", "record", "--dir", "{t}/obs", "--interval", "0.01", "--", "true"],
-     "hpcml observe record: error: key '--interval': ", "at least"),
+     "hpcml observe record: error: flag '--interval': ", "at least"),
     (["score", "report", "{t}/nope", "--no-html"], "hpcml score report: error: ", "nope"),
 ]
 

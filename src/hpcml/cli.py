@@ -66,8 +66,21 @@ def _fast_path(argv: list[str]) -> tuple[Any, list[str]]:
     return None, argv
 
 
+def version() -> str:
+    """The installed distribution's version (what pip reports), else the source tree's."""
+    from importlib import metadata
+    try:
+        return metadata.version("hpcml")
+    except metadata.PackageNotFoundError:
+        from hpcml import __version__
+        return __version__
+
+
 def _main() -> None:
     argv = sys.argv[1:]
+    if argv in (["--version"], ["-V"]):
+        print(f"hpcml {version()}")
+        return
     fast, args = _fast_path(argv)
     if fast is not None:
         from hpcml.errors import HpcmlError

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import typer
 
-from hpcml import __version__
 from hpcml.ckpt.cli import app as ckpt_app
 from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
@@ -36,7 +35,21 @@ app.add_typer(farm_app, name="farm")
 app.registered_commands += run_app.registered_commands + report_app.registered_commands
 
 
+def _print_version(value: bool) -> None:
+    if value:
+        from hpcml.cli import version
+        print(f"hpcml {version()}")
+        raise typer.Exit()
+
+
+@app.callback()
+def _root(_version: bool = typer.Option(False, "--version", "-V", is_eager=True, callback=_print_version,
+                                        help="Print hpcml's version and exit.")) -> None:
+    """hpcml: healthy, fast and debuggable ML training on HPC clusters."""
+
+
 @app.command()
 def version() -> None:
-    """Print hpcml's version."""
-    print(__version__)
+    """Print hpcml's version (as hpcml --version)."""
+    from hpcml.cli import version
+    print(f"hpcml {version()}")

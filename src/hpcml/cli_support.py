@@ -81,9 +81,13 @@ def command_words(ctx: Context) -> list[str]:
 
 
 def flags_of(command: Any) -> dict[str, str]:
-    """A command's settings -> its options: ``{"shard_size": "--shard-size", "shard-size": ...}``."""
+    """A command's settings -> its options: ``{"shard_size": "--shard-size", "shard-size": ...}``,
+    and its arguments -> their names in --help (``{"blueprint": "BLUEPRINT"}``)."""
     flags: dict[str, str] = {}
     for param in getattr(command, "params", ()):
+        if getattr(param, "param_type_name", "") == "argument" and param.name:
+            flags.setdefault(param.name, param.name.upper())
+            continue
         if getattr(param, "param_type_name", "") != "option" or not param.opts:
             continue
         flag = next((o for o in param.opts if o.startswith("--")), param.opts[0])

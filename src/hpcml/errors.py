@@ -21,7 +21,8 @@ class UsageError(HpcmlError):
     """Bad input: a file, key or value the user must fix. Exit code 2.
 
     ``key`` is a key of ``file``, or without a file the setting (a function's parameter,
-    e.g. ``prometheus_port``) that has the bad value; the CLI shows a setting as its flag.
+    e.g. ``prometheus_port``) that has the bad value; the CLI shows a setting as its flag
+    (``flag '--prometheus-port'``) or its argument (``argument BLUEPRINT``), never as a key.
     """
 
     exit_code = 2
@@ -39,7 +40,11 @@ class UsageError(HpcmlError):
             where = f"{self.file}"
             if self.line is not None:
                 where += f":{self.line}"
-        if key:
+        if key and not self.file and key.startswith("-"):
+            where = f"flag '{key}'"             # the user typed it: say so, not 'key'
+        elif key and not self.file and key.isupper():
+            where = f"argument {key}"
+        elif key:
             where = f"{where}: key '{key}'" if where else f"key '{key}'"
         return f"{where}: {self.problem}" if where else self.problem
 

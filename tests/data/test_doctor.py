@@ -285,7 +285,7 @@ def test_cli_missing_path_is_one_line_and_exit_2(tmp_path):
 def test_cli_bad_size_names_the_option(tmp_path):
     out = _invoke(str(tmp_path), "--ram", "lots")
     assert out.exit_code == 2
-    assert out.stderr.startswith("hpcml data doctor: error: key '--ram': expected a size")
+    assert out.stderr.startswith("hpcml data doctor: error: flag '--ram': expected a size")
     assert _invoke(str(tmp_path), "--read-size", "0").exit_code == 2
 
 

@@ -8,6 +8,7 @@ from typing import Any
 
 from hpcml import __version__
 from hpcml.scan.model import FileResult, Verdict
+from hpcml.words import plural
 
 SCHEMA = "hpcml.scan/1"
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -89,17 +90,29 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
 
 def advice(results: list[FileResult], shown: int = 8) -> list[str]:
     """What to do about ``unknown`` files: the site-policy lines that would allow exactly
-    their globals, and why a whole pickled model has them."""
-    names = sorted({f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN})
-    if not names:
-        return []
-    listed = "\n".join(f"  - {n}" for n in names[:shown]) + (f"\n  # ... and {len(names) - shown} more" if len(names) > shown else "")
-    return [f"{len(names)} imported globals are not on the allowlist, so loading would run code nobody vetted.",
-            "If you trust where the files came from, allow them in a site policy and pass it with --policy "
-            "(or HPCML_SCAN_POLICY):",
-            f"safe:\n{listed}",
-            "A model saved whole (torch.save(model)) imports its own classes: save model.state_dict() "
-            "instead and load it into code you wrote; safetensors holds tensors only."]
+    their globals (only lines the policy parser accepts), what no policy can allow (a
+    callable built at load time), and why a whole pickled model has them."""
+    from hpcml.scan.policy import is_name
+    unknown = {f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN}
+    names = sorted(n for n in unknown if is_name(n))
+    built = sorted(unknown - set(names))
+    out = []
+    if names:
+        listed = "\n".join(f"  - {n}" for n in names[:shown]) + \
+            (f"\n  # ... and {len(names) - shown} more" if len(names) > shown else "")
+        out += [f"{plural(len(names), 'imported global')} {'is' if len(names) == 1 else 'are'} not on the "
+                "allowlist, so loading would run code nobody vetted.",
+                "If you trust where the files came from, allow them in a site policy and pass it with --policy "
+                "(or HPCML_SCAN_POLICY):",
+                f"safe:\n{listed}"]
+    if built:
+        out.append(f"No policy can allow what is not a named global ({'; '.join(built[:3])}): the pickle builds "
+                   "what it calls while it loads, which no checkpoint needs. Do not load these files; ask for a "
+                   "state_dict or safetensors.")
+    if names:
+        out.append("A model saved whole (torch.save(model)) imports its own classes: save model.state_dict() "
+                   "instead and load it into code you wrote; safetensors holds tensors only.")
+    return out
 
 
 def table(results: list[FileResult], *, show_all: bool = False):

@@ -19,6 +19,13 @@ from hpcml.scan.model import Verdict
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
 
 
+def is_name(n: object) -> bool:
+    """Whether ``n`` can be a line of a policy's ``safe:`` or ``dangerous:`` list: what the
+    parser accepts, and all that advice may print."""
+    return isinstance(n, str) and bool(n) and not set(n) - _NAME_CHARS and "." in n \
+        and "*" not in n.rstrip("*").rstrip(".") and (not n.endswith("*") or n.endswith(".*"))
+
+
 @dataclass
 class PolicyFile:
     """One policy file's keys. Validated by hand, not with pydantic: importing pydantic
@@ -41,8 +48,7 @@ class PolicyFile:
             if not isinstance(names, list):
                 raise ld.error((key,), f"expected a list of 'module.name' or 'module.*', found {names!r}")
             for i, n in enumerate(names):
-                if not isinstance(n, str) or not n or set(n) - _NAME_CHARS or "." not in n \
-                        or "*" in n.rstrip("*").rstrip(".") or (n.endswith("*") and not n.endswith(".*")):
+                if not is_name(n):
                     raise ld.error((key, i), f"{n!r} is not 'module.name' or 'module.*'")
             setattr(out, key, list(names))
         block = data.get("block_unknown")
