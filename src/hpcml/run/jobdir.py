@@ -35,6 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.farm.model import ENDS
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import write_atomic
 from hpcml.proctree import start_time
@@ -108,15 +109,24 @@ def launcher() -> dict[str, Any]:
 def launcher_alive(run: dict[str, Any]) -> bool | None:
     """Whether the run's ``hpcml run`` still runs: on this host by its pid and start time;
     from another host (a login node beside the job's compute node) by its Slurm job's
-    state; None when neither can tell (another host, no Slurm to ask)."""
+    state; None when neither can tell (another host, no Slurm to ask).
+
+    A ``local`` run inside a job (a farm task's) is not the job: a running job says nothing
+    of it, an ended one that it is gone. A farm task's run is gone once the farm ended its
+    attempt (``ends/ID.A``: the farm kills an attempt's whole process tree before that)."""
     who = run.get("launcher") or {}
-    if who.get("host") != socket.gethostname() or not who.get("pid"):
-        if not run.get("job_id"):
-            return None
-        from hpcml.cluster import slurm
-        state = slurm.job_state(str(run["job_id"]))
-        return None if state is None else state in slurm.ALIVE
-    return _pid_alive(who)
+    if who.get("host") == socket.gethostname() and who.get("pid"):
+        return _pid_alive(who)
+    task = run.get("farm_task") if isinstance(run.get("farm_task"), dict) else {}
+    if task and os.path.lexists(f"{task.get('farm')}/{ENDS}/{task.get('id')}.{task.get('attempt')}"):
+        return False
+    if not run.get("job_id"):
+        return None
+    from hpcml.cluster import slurm
+    state = slurm.job_state(str(run["job_id"]))
+    if state is None or state not in slurm.ALIVE:
+        return None if state is None else False
+    return True if run.get("mode") != "local" or task else None     # a farm attempt not ended: it runs
 
 
 def _pid_alive(who: dict[str, Any]) -> bool:

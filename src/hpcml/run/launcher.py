@@ -108,12 +108,13 @@ def _gpus_here() -> int:
 
 
 def run(opts: Options) -> int:
-    from dataclasses import replace
+    from dataclasses import asdict, replace
 
     from hpcml.cluster.allocation import current
     from hpcml.farm.taskenv import current as farm_task
     allocation = current()
-    in_farm = farm_task() is not None               # a farm task has one slot: its ranks run here
+    task = farm_task()
+    in_farm = task is not None                      # a farm task has one slot: its ranks run here
     slurm = bool(allocation.job_id) and allocation.step_id is None and not os.environ.get("HPCML_RUN_LOCAL") \
         and not in_farm
     if not slurm:                                   # a farm task's run keeps its Slurm job id
@@ -130,7 +131,9 @@ def run(opts: Options) -> int:
             info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local",
                                     "job_id": allocation.job_id, "attempt": restart, "started": time.time(),
                                     "allocation": list(allocation.nodes), "excluded": {}, "vet": None,
-                                    "env": None, "launcher": launcher()}
+                                    "env": None, "launcher": launcher(),
+                                    # the farm's end of this attempt tells other hosts the launcher is gone
+                                    "farm_task": {**asdict(task), "farm": str(task.farm.absolute())} if task else None}
             if previous is not None:              # this Slurm job, requeued: a new attempt in its directory
                 earlier = previous.pop("attempts", [])
                 info["attempts"] = [*earlier, _concluded(d, previous, restart)]
