@@ -10,6 +10,14 @@ apt_install() {
          -o DPkg::Lock::Timeout=120 install --no-install-recommends "$@" >/dev/null; }
 }
 
+# The stamp of a venv's inputs: the files given, and the base interpreter behind $PY (its
+# version and installation). Not $PY's own path: with another venv active, python3 is that
+# venv's python, which builds the same venv (venv uses the base interpreter): no rebuild.
+venv_stamp() {
+  { cat pyproject.toml scripts/venv.sh "$@"; "$PY" -c 'import sys; print(sys.version, sys.base_prefix)'; } \
+    | sha256sum | cut -c1-16
+}
+
 ensure_venv() {
   local venv=$1 spec=$2; shift 2
   local who; who=$(basename "$0")
@@ -23,16 +31,16 @@ ensure_venv() {
       exit 2
     fi
   fi
-  local stamp; stamp=$( { cat pyproject.toml scripts/venv.sh "$@"; "$PY" -c 'import sys; print(sys.version, sys.executable)'; } \
-           | sha256sum | cut -c1-16)
+  local stamp; stamp=$(venv_stamp "$@")
   if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hpcml-stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "scripts/$who: building the venv $venv (inputs changed or missing)" >&2
     "$PY" -m venv --clear "$venv"
     local pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
     local log="$venv/.hpcml-install.log"
-    # A pinned CPU build: an unpinned "torch" would pull a multi-GB CUDA build on a machine
-    # without the wheel at hand.
-    { "${pip[@]}" install -e "$spec" && "${pip[@]}" install "torch==2.13.0"; } >"$log" 2>&1 \
+    # The pinned CPU build in the same resolver call as the project: installed after it, the
+    # project's "torch>=2.1" first pulled the newest CUDA build (3.2 GB of nvidia-* wheels and
+    # triton), which the pin then replaced alone, leaving the rest in a 5.2 GB venv.
+    "${pip[@]}" install -e "$spec" "torch==2.13.0" >"$log" 2>&1 \
       || { tail -n 30 "$log" >&2; echo "scripts/$who: installing into $venv failed (log: $log)" >&2; exit 1; }
     echo "$stamp" > "$venv/.hpcml-stamp"
   fi
