@@ -64,3 +64,37 @@ def test_a_second_task_of_the_same_allocation_is_refused_not_resumed(tmp_path):
     rec = ends(farm)
     assert rec[(0, 1)]["outcome"] == "ok" and rec[(1, 1)]["exit_code"] == 2 and p.returncode == 1
     assert Checkpointer(ck, read_only=True).load_latest()[1] == 11        # task 0's, not pruned
+
+
+RANK = '''
+import os, sys
+import numpy as np
+from hpcml.ckpt import Checkpointer
+c = Checkpointer(sys.argv[1])
+print("resumed at", c.load_latest()[1], flush=True)
+if os.environ["HPCML_FARM_ATTEMPT"] == "1":
+    c.save({"w": np.zeros(2)}, 3)
+    c.wait()
+    os._exit(9)                              # the attempt fails, its owner record stays
+c.close()
+'''
+ELSEWHERE = ("import json, sys; p = sys.argv[1] + '/.owner'; r = json.load(open(p)); r['host'] = 'another-node'; "
+             "json.dump(r, open(p, 'w'))")
+
+
+def test_the_retry_of_a_task_whose_hpcml_run_failed_resumes_on_another_node(tmp_path):
+    """The rank of an ``hpcml run`` in a farm task (no SLURM_* in a local run's ranks) is still
+    that task: attempt 2, on another node (the record's host rewritten), takes over from
+    attempt 1 that the farm ended (was: 'may still run (it cannot be checked from here)')."""
+    rank, ck = tmp_path / "rank.py", tmp_path / "ck"
+    rank.write_text(RANK)
+    py = sys.executable
+    cmd = (f"export SLURM_JOB_ID=99 HPCML_FARM_JOB_ID=99 PATH={Path(py).parent}; "
+           f"if [ $HPCML_FARM_ATTEMPT = 2 ]; then {py} -c \"{ELSEWHERE}\" {ck}; fi; "
+           f"{py} -m hpcml run --no-report --dir {tmp_path}/run$HPCML_FARM_ATTEMPT -- {py} {rank} {ck}")
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(cmd)], {"retries": 1, "backoff": 0.1})
+    p = hpcml("farm", "run", farm, "--slots", "1")
+    logs = [(tmp_path / f"run{a}" / "logs" / f"rank-00000.{s}").read_text() for a in (1, 2) for s in ("out", "err")]
+    assert p.returncode == 0, p.stderr + str(logs)
+    assert logs[0] == "resumed at None\n" and logs[2] == "resumed at 3\n", logs

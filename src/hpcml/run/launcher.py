@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.errors import HpcmlError, SlurmError, UsageError
+from hpcml.farm.taskenv import FARM_JOB
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
 from hpcml.run import requeue
 from hpcml.run.jobdir import (
@@ -333,6 +334,8 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    if base.get(FARM_JOB):                  # ranks see no job: still the farm task (taskenv.current)
+        base[FARM_JOB] = ""
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
                 TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}")
     info.update(nodes=[info["allocation"][0]], ntasks=n, ntasks_per_node=n, master=f"127.0.0.1:{port}",
