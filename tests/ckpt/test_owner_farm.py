@@ -19,7 +19,8 @@ import numpy as np
 from hpcml.ckpt import Checkpointer
 from hpcml.errors import UsageError
 
-ck, sync, tid = Path(sys.argv[1]), Path(sys.argv[2]), os.environ["HPCML_FARM_TASK_ID"]
+ck, sync = Path(sys.argv[1]), Path(sys.argv[2])
+tid = sys.argv[3] if len(sys.argv) > 3 else os.environ["HPCML_FARM_TASK_ID"]
 
 def until(name):
     end = time.monotonic() + 120
@@ -98,3 +99,21 @@ def test_the_retry_of_a_task_whose_hpcml_run_failed_resumes_on_another_node(tmp_
     logs = [(tmp_path / f"run{a}" / "logs" / f"rank-00000.{s}").read_text() for a in (1, 2) for s in ("out", "err")]
     assert p.returncode == 0, p.stderr + str(logs)
     assert logs[0] == "resumed at None\n" and logs[2] == "resumed at 3\n", logs
+
+
+def test_two_hpcml_runs_at_once_in_one_task_are_two_owners(tmp_path):
+    """One attempt, two ``hpcml run`` at once on one directory: the second is refused (was:
+    the same attempt token, so it counted as the first and wrote beside it)."""
+    user, ck, sync = tmp_path / "user.py", tmp_path / "ck", tmp_path / "sync"
+    user.write_text(USER)
+    sync.mkdir()
+    py = sys.executable
+    run = f"{py} -m hpcml run --no-report --dir {tmp_path}/run"
+    cmd = (f"export SLURM_JOB_ID=99 HPCML_FARM_JOB_ID=99 PATH={Path(py).parent}; "
+           f"{run}0 -- {py} {user} {ck} {sync} 0 & {run}1 -- {py} {user} {ck} {sync} 1; wait")
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec(cmd)], {"retries": 0})
+    hpcml("farm", "run", farm, "--slots", "1")
+    out = [(tmp_path / f"run{r}" / "logs" / "rank-00000.out").read_text() for r in (0, 1)]
+    assert out[0] == "resumed at None\n" and out[1].startswith("refused: "), out
+    assert Checkpointer(ck, read_only=True).load_latest()[1] == 11
