@@ -18,6 +18,14 @@ venv_stamp() {
     | sha256sum | cut -c1-16
 }
 
+# venv_install PYTHON SPEC [PIP_OPTIONS...]: "-e SPEC" and the pinned CPU torch in one resolver
+# call. Installed after the project, the project's "torch>=2.1" first pulled the newest CUDA
+# build (3.2 GB of nvidia-* wheels and triton), which the pin then replaced alone: a 5.2 GB venv.
+venv_install() {
+  local py=$1 spec=$2; shift 2
+  "$py" -m pip -q --disable-pip-version-check install "$@" -e "$spec" "torch==2.13.0"
+}
+
 ensure_venv() {
   local venv=$1 spec=$2; shift 2
   local who; who=$(basename "$0")
@@ -35,12 +43,8 @@ ensure_venv() {
   if [ ! -x "$venv/bin/python" ] || [ "$(cat "$venv/.hpcml-stamp" 2>/dev/null)" != "$stamp" ]; then
     echo "scripts/$who: building the venv $venv (inputs changed or missing)" >&2
     "$PY" -m venv --clear "$venv"
-    local pip=("$venv/bin/python" -m pip -q --disable-pip-version-check)
     local log="$venv/.hpcml-install.log"
-    # The pinned CPU build in the same resolver call as the project: installed after it, the
-    # project's "torch>=2.1" first pulled the newest CUDA build (3.2 GB of nvidia-* wheels and
-    # triton), which the pin then replaced alone, leaving the rest in a 5.2 GB venv.
-    "${pip[@]}" install -e "$spec" "torch==2.13.0" >"$log" 2>&1 \
+    venv_install "$venv/bin/python" "$spec" >"$log" 2>&1 \
       || { tail -n 30 "$log" >&2; echo "scripts/$who: installing into $venv failed (log: $log)" >&2; exit 1; }
     echo "$stamp" > "$venv/.hpcml-stamp"
   fi

@@ -3,7 +3,9 @@ its inputs change, and only then (a rebuild costs minutes and, with torch, hundr
 
 from __future__ import annotations
 
+import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -33,3 +35,22 @@ def test_an_active_venv_does_not_force_the_example_venv_to_be_rebuilt(tmp_path):
     again = _venv_sh(f"ensure_venv {venv} {tmp_path / 'no-such-project'} scripts/example", sys.executable, active)
     assert again.returncode == 0 and "building" not in again.stderr, again.stderr
     assert (venv / ".hpcml-stamp").read_text() == built.stdout
+
+
+def test_the_example_venv_resolves_the_pinned_cpu_torch_alone_without_cuda_wheels(tmp_path):
+    """Was: ``pip install -e .[torch]`` and then ``torch==2.13.0``: the first call took the
+    newest torch, a CUDA build with 3.2 GB of nvidia-* wheels and triton, and the pin replaced
+    torch alone (a 5.2 GB venv). One resolver call now: pip's own report of what it would
+    install (a dry run, on a copy of the project: nothing is written into the checkout)."""
+    proj = tmp_path / "proj"
+    proj.mkdir()
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, proj / name)
+    shutil.copytree(ROOT / "src", proj / "src", ignore=shutil.ignore_patterns("*.egg-info", "__pycache__"))
+    report = tmp_path / "install.json"
+    out = _venv_sh(f"venv_install {sys.executable} '{proj}[torch]' --dry-run --ignore-installed --report {report}",
+                   sys.executable)
+    assert out.returncode == 0, out.stderr
+    names = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
+    assert names["torch"] == "2.13.0+cpu" and "hpcml" in names, names
+    assert not [n for n in names if n == "triton" or (n.startswith("nvidia-") and n != "nvidia-ml-py")], names
