@@ -12,6 +12,7 @@ import pytest
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
+from hpcml.observe.mlflow_run import outcome
 from hpcml.service.mlflow_rest import MlflowError, MlflowRest
 from tests.service.mlflow_server import client, hpcml, mlflow_venv, state
 
@@ -85,6 +86,7 @@ def test_a_job_s_metrics_and_a_sweep_s_parameters_reach_named_runs(service, tmp_
     assert tags["hpcml.job_dir"] == str(tmp_path / "obs") and tags["mlflow.runName"] == "4242-a1"
     history = rest.call("GET", "metrics/get-history", {"run_id": runs[0]["info"]["run_id"], "metric_key": "loss"})
     assert sorted(m["step"] for m in history["metrics"]) == list(range(20))
+    assert outcome(tmp_path / "obs")["line"] == f"run 4242-a1 at {url}: 20 metrics sent"    # what hpcml report says
 
     farm = tmp_path / "sweep"
     task = f"{sys.executable} -m hpcml run --mlflow {url} -- {sys.executable} {train}"
