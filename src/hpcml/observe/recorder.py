@@ -148,7 +148,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         for problem in run.problems:           # the run is still made, without the task's params
             print(f"hpcml observe record: MLflow: {problem}", file=sys.stderr)
         sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
-                          run_name=run.name, tags=run.tags, params=run.params)
+                          run_name=run.name, tags=run.tags, params=run.params,
+                          warn=lambda line: print(f"hpcml observe record: warning: {line}", file=sys.stderr, flush=True))
     lock = threading.Lock()
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()

@@ -22,13 +22,12 @@ from __future__ import annotations
 import json
 import os
 import queue
-import sys
 import threading
 import time
 import urllib.error
 import urllib.parse
 import urllib.request
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from hpcml.errors import HpcmlError
@@ -100,7 +99,10 @@ class MlflowSink:
 
     def __init__(self, url: str, *, experiment: str, run_name: str, tags: dict[str, str] | None = None,
                  params: dict[str, str] | None = None, kinds: tuple[str, ...] = ("metric",),
-                 maxsize: int = 100_000, period: float = 1.0) -> None:
+                 maxsize: int = 100_000, period: float = 1.0,
+                 warn: Callable[[str], None] = lambda line: None) -> None:
+        """``warn``: how the caller tells its user, once, that the server does not answer
+        (the recorder prints it on the rank's stderr); the sink only counts."""
         self.client, self.probe = MlflowRest(url), MlflowRest(url, timeout=PROBE_TIMEOUT_S)
         self.kinds, self.period = kinds, period
         self.queue: queue.Queue[tuple] = queue.Queue(maxsize)
@@ -109,6 +111,7 @@ class MlflowSink:
         self.problem: str | None = None         # the first error of the start: the server never answered
         self._stop = threading.Event()
         self._setup = (experiment, run_name, tags or {}, params or {})
+        self.warn = warn
         self.thread = threading.Thread(target=self._loop, name="hpcml-mlflow", daemon=True)
         self.thread.start()
 
@@ -147,8 +150,8 @@ class MlflowSink:
             self.errors += 1
             if self.problem is None:
                 self.problem = str(exc)
-                print(f"hpcml observe record: warning: {exc}; tried again every {RETRY_S:.0f} s, metrics "
-                      "kept meanwhile (counted as dropped if it never answers)", file=sys.stderr, flush=True)
+                self.warn(f"{exc}; tried again every {RETRY_S:.0f} s, metrics kept meanwhile "
+                          "(counted as dropped if it never answers)")
             return None
         return run_id
 
