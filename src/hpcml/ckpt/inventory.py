@@ -42,7 +42,7 @@ def open_root(root: Path) -> list[layout.Found]:
     """The checkpoints under ``root``; a missing directory or one that holds something else
     is bad input (exit 2)."""
     if not root.is_dir():
-        raise UsageError("no such directory", file=str(root))
+        raise UsageError("not a directory" if root.exists() else "no such directory", file=str(root))
     if not layout.is_checkpoint_dir(root):
         raise UsageError("not a checkpoint directory (no step-*/ or .partial-step-*/ inside)", file=str(root))
     return layout.scan(root)

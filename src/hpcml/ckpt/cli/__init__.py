@@ -56,7 +56,25 @@ def verify(directory: Path = typer.Argument(..., help="The checkpoint directory.
     from hpcml.cli_support import show
     inv = inventory(directory, verify=True, step=step)
     show(inv, as_json, _render)
-    raise typer.Exit(1 if any(e.state == "corrupt" for e in inv.entries) else 0)
+    corrupt = [e.step for e in inv.entries if e.state == "corrupt"]
+    if not as_json:
+        print(_verdict(inv.entries, corrupt))
+    raise typer.Exit(1 if corrupt else 0)
+
+
+def _verdict(entries, corrupt: list[int]) -> str:
+    """The table's last line in words: a researcher reads this, not the state column."""
+    from hpcml.words import plural
+    committed = [e for e in entries if e.state in ("committed", "corrupt")]
+    other = len(entries) - len(committed)
+    tail = f"; {other} partial or superseded not counted" if other else ""
+    if corrupt:
+        return (f"{len(corrupt)} of {plural(len(committed), 'checkpoint')} corrupt (step "
+                f"{', '.join(map(str, corrupt))}){tail}")
+    if not committed:
+        return f"no committed checkpoint to verify{tail}"
+    return f"{'all ' if len(committed) > 1 else ''}{plural(len(committed), 'checkpoint')} " \
+           f"{'verifies' if len(committed) == 1 else 'verify'}{tail}"
 
 
 @app.command("prune")
