@@ -29,6 +29,7 @@ from hpcml.observe.mlflow_run import outcome
 from hpcml.run import requeue
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
+from hpcml.words import plural
 
 SCHEMA = "hpcml.run.report/1"
 TAIL_LINES = 20
@@ -171,7 +172,7 @@ def build(d: str | Path) -> dict[str, Any]:
     findings: list[dict[str, str]] = []
     if aborted:
         findings.append({"source": "vet", "kind": "aborted", "message": "vetting aborted the run before the command "
-                         f"started: {len(vet['good']) if vet else 0} good nodes, fewer than needed",
+                         f"started: {plural(len(vet['good']) if vet else 0, 'good node')}, fewer than needed",
                          "advice": "see the vet section for each bad node's reasons; resubmit excluding them"})
     if ending["requeued"]:
         findings.append({"source": "run", "kind": "requeued",
@@ -185,8 +186,9 @@ def build(d: str | Path) -> dict[str, Any]:
     if vet and vet.get("bad"):
         reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted((run.get("excluded") or {}).items()))
         findings.append({"source": "vet", "kind": "excluded_nodes",
-                         "message": f"vetting excluded {len(vet['bad'])} node(s): {reasons}",
-                         "advice": "the job ran without them; drain or repair them (hpcml vet shows each check)"})
+                         "message": f"vetting {'found' if aborted else 'excluded'} {plural(len(vet['bad']), 'bad node')}: {reasons}",
+                         "advice": ("the command never started" if aborted else "the job ran without them")
+                         + "; drain or repair them (hpcml vet shows each check)"})
     if obs is not None:                  # what the run's own findings already say better is left out
         said = {"failed_rank"} | ({"missing_rank"} if first and first["exit_code"] in NEVER_STARTED else set())
         findings += [{"source": "observe", "kind": f.kind, "message": f.message, "advice": f.advice}
@@ -225,16 +227,24 @@ def to_json(rep: dict[str, Any]) -> dict[str, Any]:
 
 # -- terminal -------------------------------------------------------------------------------------
 
+def _placed(job: dict[str, Any], end: dict[str, Any]) -> str:
+    """Where the command ran, or that it never started (a vet abort has no tasks or nodes)."""
+    if end.get("aborted"):
+        return "not started (vetting aborted the run)"
+    return f"{plural(int(job.get('ntasks') or 0), 'task')} on {', '.join(job.get('nodes') or []) or '–'}"
+
+
 def summary(rep: dict[str, Any]) -> list[str]:
     job, end = rep["job"], rep["ending"]
     lines = [f"job {job.get('job_id') or 'local'} ({job.get('mode')}): {' '.join(job.get('command') or [])}",
-             f"  {job.get('ntasks')} tasks on {', '.join(job.get('nodes') or [])}, exit code {end['exit_code']}"
+             f"  {_placed(job, end)}, exit code {end['exit_code']}"
              + (f", {job['duration_s']:.1f} s" if job.get("duration_s") is not None else "")]
     lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
     if vet:
         lines.append(f"  vet: {vet['decision']}, {len(vet['good'])} good, {len(vet['bad'])} bad"
-                     + (f" (excluded {', '.join(vet['bad'])})" if vet["bad"] else ""))
+                     + (f" ({'' if end.get('aborted') else 'excluded '}{', '.join(vet['bad'])})"
+                        if vet["bad"] else ""))
     if rep["env"]:
         lines.append(f"  environment: {rep['env'].get('edf')}")
     obs = rep["observe"]
@@ -295,13 +305,15 @@ def render(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import CSS, table
     e = html.escape
     job, end = rep["job"], rep["ending"]
+    never = "– (the command never started)" if end.get("aborted") else "–"
     out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
            f"<title>hpcml run report {e(str(job.get('job_id') or 'local'))}</title><style>{CSS}</style></head><body>",
            f"<h1>hpcml run: job {e(str(job.get('job_id') or 'local'))}</h1><div class='muted'>{e(rep['path'])}</div>",
            "<section id='run-job'><h2>Job</h2>",
            table(["", ""], [["command", " ".join(job.get("command") or [])], ["mode", job.get("mode")],
-                            ["tasks", job.get("ntasks")], ["nodes", ", ".join(job.get("nodes") or [])],
-                            ["rendezvous", job.get("master")], ["launch", " ".join(map(str, job.get("launch") or []))],
+                            ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
+                            ["rendezvous", job.get("master") or never],
+                            ["launch", " ".join(map(str, job.get("launch") or [])) or never],
                             ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
                             ["exit code", end["exit_code"]]]
                  + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])),
@@ -317,7 +329,8 @@ def render(rep: dict[str, Any]) -> str:
     if vet:
         out.append(f"<p>{e(str(vet.get('protocol') or ''))}: <b>{e(vet['decision'])}</b>, {len(vet['good'])} good, "
                    f"{len(vet['bad'])} bad, {vet.get('duration_s')} s</p>")
-        rows = [[n, "excluded", "; ".join(rep["excluded"].get(n, []))] for n in vet["bad"]]
+        rows = [[n, "bad" if end.get("aborted") else "excluded", "; ".join(rep["excluded"].get(n, []))]
+                for n in vet["bad"]]
         rows += [[n, "good", ""] for n in vet["good"]]
         out.append(table(["node", "verdict", "reasons"], rows))
     else:
