@@ -28,3 +28,9 @@ def test_errors_about_the_command_line_name_flags_and_arguments(tmp_path):
     assert arg.returncode == 2 and arg.stderr.startswith("hpcml run: error: argument CMD: no command"), arg.stderr
     for out in (flag, arg):
         assert "key '" not in out.stderr and out.stderr.count("\n") == 1
+
+
+def test_counted_nouns_agree(tmp_path):
+    (tmp_path / "p.yaml").write_text("name: one\nevals:\n  - {name: mem, type: memory, min_available_fraction: 1%}\n")
+    out = _hpcml("vet", "p.yaml", cwd=tmp_path)
+    assert out.stdout.startswith("hpcml vet: one: 1 node, 1 check\n"), out.stdout + out.stderr

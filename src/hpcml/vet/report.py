@@ -18,6 +18,7 @@ from hpcml.units import fmt_bytes
 from hpcml.vet.engine import VetRun
 from hpcml.vet.model import REPORT_SCHEMA as SCHEMA
 from hpcml.vet.model import Outcome
+from hpcml.words import plural
 
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
           Outcome.ERROR: "bold magenta", Outcome.SKIPPED: "dim"}
@@ -116,7 +117,7 @@ def table(run: VetRun):
 def log_lines(run: VetRun) -> list[str]:
     """The table for a batch log (no terminal: 80 columns would wrap every cell): one line
     per node with its counts, then one per check that did not pass."""
-    out = [f"hpcml vet: {run.protocol.name}: {len(run.nodes)} nodes, {len(run.protocol.evals)} checks"]
+    out = [f"hpcml vet: {run.protocol.name}: {plural(len(run.nodes), 'node')}, {plural(len(run.protocol.evals), 'check')}"]
     bad = set(run.verdict.bad)
     for node in run.nodes:
         rep = run.reports[node]
