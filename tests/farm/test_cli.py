@@ -68,4 +68,4 @@ def test_a_rejected_create_leaves_nothing_and_the_corrected_one_works(tmp_path):
     assert not farm.exists()
     p = hpcml("farm", "create", farm, good)
     assert p.returncode == 0, p.stderr
-    assert "2 task(s) added" in p.stdout
+    assert "2 tasks added" in p.stdout

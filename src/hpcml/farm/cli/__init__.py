@@ -73,7 +73,8 @@ def create(
         print(json.dumps({"schema": tag("farm.create", 1), "farm": str(res.path), "added": res.added,
                           "existing": res.existing, "total": res.total}))
     else:
-        print(f"{res.path}: {res.added} task(s) added, {res.existing} already there, {res.total} in all")
+        from hpcml.words import plural
+        print(f"{res.path}: {plural(res.added, 'task')} added, {res.existing} already there, {res.total} in all")
 
 
 @app.command("run")
