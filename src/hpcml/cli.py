@@ -48,11 +48,53 @@ COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service
 def main() -> None:
     """The ``hpcml`` program; Ctrl-C anywhere (even while it starts) is one line and exit 130,
     never a traceback."""
+    code: Any = 0
     try:
         _main()
     except KeyboardInterrupt:
         print("hpcml: interrupted", file=sys.stderr)
-        sys.exit(130)
+        code = 130
+    except SystemExit as exc:
+        code = exc.code
+    _exit(code)
+
+
+#: native libraries whose C++ thread pools can abort the process while the interpreter tears
+#: them down ("terminate called without an active exception", apache/arrow#34314)
+NATIVE_POOLS = ("pyarrow", "duckdb")
+
+
+def _exit(code: Any) -> None:
+    """End the program with ``code`` once its work is done.
+
+    With Arrow loaded, a finished command can still die of SIGABRT in the C++ static
+    destructors that run after Python's (a pool thread still joinable): the output was
+    whole, the exit status says it crashed. So, with such a library loaded, do what
+    interpreter shutdown does that matters here (join non-daemon threads, run ``atexit``
+    handlers, flush stdout and stderr) and leave with ``os._exit``, skipping the native
+    teardown. Without one, the ordinary ``sys.exit``.
+    """
+    if not any(name in sys.modules for name in NATIVE_POOLS):
+        sys.exit(code)
+    import atexit
+    import os
+    import threading
+    if code is None:
+        code = 0
+    elif not isinstance(code, int):         # sys.exit("message"): print it, status 1
+        print(code, file=sys.stderr)
+        code = 1
+    main_thread = threading.main_thread()
+    for thread in threading.enumerate():
+        if thread is not main_thread and not thread.daemon and thread.is_alive():
+            thread.join()
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):       # a closed pipe: CPython's own shutdown says 120
+            code = code or 120
+    os._exit(code & 0xFF)
 
 
 def _fast_path(argv: list[str]) -> tuple[Any, list[str]]:
