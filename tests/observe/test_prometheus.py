@@ -40,7 +40,7 @@ def _query(port: int, promql: str) -> list:
 
 
 def _recorder(tmp_path, script, port, rank, local_rank):
-    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_LOCALID": str(local_rank),
+    env = {**os.environ, "SLURM_JOB_ID": "4242", "SLURM_PROCID": str(rank), "SLURM_NTASKS": "8", "SLURM_LOCALID": str(local_rank),
            "SLURMD_NODENAME": "n7", "HPCML_OBSERVE_FLUSH": "0.2"}
     return subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir",
                              str(tmp_path / "job"), "--interval", "0.2", "--prometheus-port",

@@ -31,7 +31,7 @@ def test_api_without_recorder_writes_its_rank_file(tmp_path):
             observe.log(step=i, loss=1.0 / (i + 1))
         observe.log(step=100, bad="not a number")     # counted, never raised
     """
-    p = _run(code, {"HPCML_OBSERVE_DIR": str(tmp_path), "SLURM_PROCID": "3"})
+    p = _run(code, {"HPCML_OBSERVE_DIR": str(tmp_path), "SLURM_PROCID": "3", "SLURM_NTASKS": "4"})
     assert p.wait(timeout=60) == 0
     job = read_job(tmp_path)
     assert list(job.ranks) == [3]

@@ -40,32 +40,22 @@ from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
+from hpcml.cluster.ranks import initialised_dist, ranks, restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import taskenv
 from hpcml.units import parse_rate
 
 
-def _dist():
-    d = sys.modules.get("torch.distributed")
-    return d if d is not None and d.is_available() and d.is_initialized() else None
-
-
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
     if rank is not None and world_size is not None:
         return rank, world_size
-    d = _dist()
-    if d is not None:
-        return d.get_rank(), d.get_world_size()
-    env = os.environ
-    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if r in env and w in env:
-            return int(env[r]), int(env[w])
-    return 0, 1
+    who = ranks()
+    return who.rank, who.world_size
 
 
 def _attempt_token(world: int) -> str:
     """Something every rank of this run shares and a later run does not."""
-    d = _dist()
+    d = initialised_dist()
     if d is not None and world > 1:
         box = [uuid.uuid4().hex if d.get_rank() == 0 else None]
         d.broadcast_object_list(box, src=0)
@@ -77,10 +67,12 @@ def _attempt_token(world: int) -> str:
         run = f".{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}" \
             if env.get("TORCHELASTIC_RUN_ID") else ""      # two runs in one attempt: two owners
         return f"farm-{farm}.{task.id}.{task.attempt}{run}"
-    for key, restart in (("HPCML_CKPT_TOKEN", ""), ("TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT"),
-                         ("SLURM_JOB_ID", "SLURM_RESTART_COUNT")):
-        if env.get(key):
-            return f"{env[key]}.{env.get(restart, '0') if restart else ''}"
+    if env.get("HPCML_CKPT_TOKEN"):
+        return f"{env['HPCML_CKPT_TOKEN']}."
+    if env.get("TORCHELASTIC_RUN_ID"):
+        return f"{env['TORCHELASTIC_RUN_ID']}.{env.get('TORCHELASTIC_RESTART_COUNT', '0')}"
+    if env.get("SLURM_JOB_ID"):
+        return f"{env['SLURM_JOB_ID']}.{restart_count(env)}"
     if world > 1:
         raise UsageError("several ranks without torch.distributed or a run id: set HPCML_CKPT_TOKEN "
                          "to the same value on every rank", key="world_size")
@@ -171,7 +163,7 @@ class Checkpointer:
                 prune(self.dir, None, live_token=self.token)
             except UsageError as exc:
                 refusal = exc
-        d = _dist()
+        d = initialised_dist()
         if d is not None and self.world > 1:
             box = [str(refusal) if refusal else None]
             d.broadcast_object_list(box, src=0)
@@ -204,7 +196,7 @@ class Checkpointer:
             return False
         if self.world == 1:
             return self.stop_signal is not None
-        d = _dist()
+        d = initialised_dist()
         if d is not None:
             import torch
             dev = torch.device("cuda", torch.cuda.current_device()) if d.get_backend() == "nccl" else "cpu"
@@ -488,7 +480,7 @@ class Checkpointer:
                 try:
                     state = self._read(source, found, map_location)
                 except (FileNotFoundError, UsageError):
-                    if found.path.exists() or (_dist() is not None and self.world > 1):
+                    if found.path.exists() or (initialised_dist() is not None and self.world > 1):
                         raise
                     return False, (None, None)                  # pruned between verify and read
                 if len(found.manifest["ranks"]) == 1:       # its one shard's crc32 checked: verified
@@ -524,7 +516,7 @@ class Checkpointer:
         return True, "", found.path
 
     def _agree(self, ok: bool) -> bool:
-        d = _dist()
+        d = initialised_dist()
         if d is None or self.world == 1:
             return ok
         import torch

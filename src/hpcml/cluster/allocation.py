@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hpcml.cluster.hostlist import expand
+from hpcml.cluster.ranks import slurm_ranks
 
 
 @dataclass(frozen=True)
@@ -88,6 +89,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
     if not job_id:
         return Allocation(job_id=None, nodes=(node,), tasks_per_node=(1,), node=node,
                           gpus=task_gpus(env))
+    who = slurm_ranks(env)
     nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
     tpn = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
                           or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))
@@ -98,9 +100,9 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
         nodes=nodes,
         tasks_per_node=tpn,
         node=node,
-        rank=int(env.get("SLURM_PROCID", 0)),
-        local_rank=int(env.get("SLURM_LOCALID", 0)),
-        world_size=int(env.get("SLURM_NTASKS", env.get("SLURM_NPROCS", 1))),
+        rank=who.rank,
+        local_rank=who.local_rank,
+        world_size=who.world_size,
         gpus=task_gpus(env),
         under_slurm=True,
         step_id=env.get("SLURM_STEP_ID"),

@@ -10,7 +10,6 @@ samples out of memory; it never issues a system call per sample. The order is pl
 from __future__ import annotations
 
 import os
-import sys
 import threading
 import warnings
 from collections import OrderedDict
@@ -20,6 +19,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from hpcml.cluster.ranks import ranks
 from hpcml.data import order
 from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index
 from hpcml.data.manifest import load_manifest, manifest_path
@@ -43,15 +43,8 @@ class ResumeStateError(UsageError, ValueError):
 
 
 def _env_rank() -> tuple[int, int]:
-    """torch.distributed's rank if a process group is up (never imports torch: importing it
-    costs a loader worker about a second), else the launcher's environment."""
-    dist = sys.modules.get("torch.distributed")
-    if dist is not None and dist.is_available() and dist.is_initialized():
-        return dist.get_rank(), dist.get_world_size()
-    for r, w in (("RANK", "WORLD_SIZE"), ("SLURM_PROCID", "SLURM_NTASKS")):
-        if r in os.environ and w in os.environ:
-            return int(os.environ[r]), int(os.environ[w])
-    return 0, 1
+    who = ranks()
+    return who.rank, who.world_size
 
 
 class _Shards:

@@ -27,10 +27,9 @@ _perf_ns = time.perf_counter_ns
 
 
 def rank_from_env(env=os.environ) -> int:
-    for var in ("RANK", "SLURM_PROCID", "OMPI_COMM_WORLD_RANK", "PMI_RANK", "PMIX_RANK"):
-        if env.get(var, "").isdigit():
-            return int(env[var])
-    return 0
+    """This rank's number, in hpcml.cluster.ranks's one order (torch.distributed first)."""
+    from hpcml.cluster.ranks import ranks
+    return ranks(env).rank
 
 
 def log(step: int | None = None, **metrics: float) -> None:

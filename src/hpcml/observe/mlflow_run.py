@@ -22,6 +22,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcml.cluster.ranks import restart_count
 from hpcml.farm.model import RUNS, TASKS_FILE
 from hpcml.farm.taskenv import FarmTask
 from hpcml.farm.taskenv import current as farm_task
@@ -51,10 +52,9 @@ def _clip(text: str, limit: int) -> str:
 
 def _attempt(env: Mapping[str, str]) -> int:
     """hpcml run's attempt, else Slurm's restart count (a requeued job's)."""
-    for name in (ENV_ATTEMPT, "SLURM_RESTART_COUNT"):
-        if env.get(name, "").isdigit():
-            return int(env[name])
-    return 0
+    if env.get(ENV_ATTEMPT, "").isdigit():
+        return int(env[ENV_ATTEMPT])
+    return restart_count(env)
 
 
 def _job_dir(store: Path, env: Mapping[str, str]) -> Path:

@@ -24,8 +24,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from hpcml.cluster.allocation import task_gpus, this_node
+from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
-from hpcml.observe.api import rank_from_env
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
@@ -52,14 +52,10 @@ class Task:
 
     @classmethod
     def from_env(cls, env=os.environ) -> Task:
-        def num(*names: str, default: int) -> int:
-            for n in names:
-                if env.get(n, "").isdigit():
-                    return int(env[n])
-            return default
-        return cls(rank=rank_from_env(env), local_rank=num("LOCAL_RANK", "SLURM_LOCALID", default=0),
+        who = ranks(env, dist=False)        # the recorder runs beside the program, not in it
+        return cls(rank=who.rank, local_rank=who.local_rank,
                    node=this_node(env), gpus=task_gpus(env), job_id=env.get("SLURM_JOB_ID", "local"),
-                   ntasks=num("WORLD_SIZE", "SLURM_NTASKS", default=1),
+                   ntasks=who.world_size,
                    nodes=env.get("SLURM_JOB_NODELIST", this_node(env)))
 
 

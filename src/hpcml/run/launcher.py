@@ -24,6 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.farm.taskenv import FARM_JOB
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
@@ -124,7 +125,7 @@ def run(opts: Options) -> int:
     _check(opts, allocation)
     environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
     d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
-    restart = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0) if slurm else 0
+    restart = restart_count() if slurm else 0
     try:
         with claiming(d):                         # decide and claim as one step (two --overwrite at once)
             previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None,

@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster.ranks import restart_count
 from hpcml.files import load_json_bounded, write_atomic
 
 SCHEMA = "hpcml.run.requeue/1"
@@ -44,7 +45,7 @@ def note(step: int | None, signal: str | None, checkpoint: str | os.PathLike) ->
         return None
     path = Path(where) / MARKER
     doc = {"schema": SCHEMA, "by": "hpcml ckpt", "step": step, "signal": signal, "checkpoint": str(checkpoint),
-           "job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": _int(os.environ.get("SLURM_RESTART_COUNT")),
+           "job_id": os.environ.get("SLURM_JOB_ID"), "restart_count": restart_count(),
            "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time(), "host": socket.gethostname()}
     try:
         write_atomic(path, json.dumps(doc, indent=2) + "\n")

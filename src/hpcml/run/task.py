@@ -22,6 +22,7 @@ import threading
 import time
 from pathlib import Path
 
+from hpcml.cluster.ranks import ranks
 from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
@@ -69,7 +70,7 @@ def main(argv: list[str]) -> int:
     attempt = int(opts.get("--attempt", "0"))
     os.environ.update(task_env(os.environ))
     os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
-    rank = int(os.environ.get("RANK", "0"))
+    rank = ranks(dist=False).rank
     _redirect(d, rank, attempt)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)

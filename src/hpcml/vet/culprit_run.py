@@ -10,7 +10,6 @@ on its own with two tasks. Rank 0 prints the result as one JSON line.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import time
@@ -18,6 +17,7 @@ from pathlib import Path
 
 from hpcml.cluster import slurm
 from hpcml.cluster.hostlist import fold
+from hpcml.cluster.ranks import slurm_ranks
 from hpcml.vet import culprit
 from hpcml.vet.launch import SRUN_GRACE
 from hpcml.vet.model import NodeReport, Outcome
@@ -79,8 +79,8 @@ def main(argv: list[str] | None = None) -> int:
     from hpcml.cluster.allocation import this_node
     from hpcml.vet.worker import run_check
     spec = json.loads((argv or sys.argv[1:])[0])
-    rank = int(os.environ.get("SLURM_PROCID", "0"))
-    ntasks = int(os.environ.get("SLURM_NTASKS", "1"))
+    who = slurm_ranks()
+    rank, ntasks = who.rank, who.world_size
     group = spec["group"]
     per_node = max(1, ntasks // len(group))
     ranks = tuple(n for n in group for _ in range(per_node))  # srun's block distribution
