@@ -44,14 +44,11 @@ def test_hpcml_run_to_an_mlflow_address_where_nothing_listens_says_so_and_counts
     """Was: ``hpcml run --mlflow`` at a wrong address exited 0 and said nothing anywhere. Now
     the recorder's probe warns once naming the URL, and the run's report (its terminal
     summary, JSON and HTML) says the server was unreachable and how many metrics were lost."""
-    import socket
 
+    from hpcml.ports import free_port
     from hpcml.run.jobdir import log_path
     from tests.run.test_local_run import hpcml, valid
-
-    with socket.socket() as s:          # a port that was free a moment ago: nothing listens there now
-        s.bind(("127.0.0.1", 0))
-        url = f"http://127.0.0.1:{s.getsockname()[1]}"
+    url = f"http://127.0.0.1:{free_port('127.0.0.1')}"      # free a moment ago: nothing listens there now
     (tmp_path / "train.py").write_text("from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0)\n"
                                        "api.flush()\n")
     out = hpcml("run", "--ntasks", "1", "--dir", "job", "--mlflow", url, "--", sys.executable, "train.py",

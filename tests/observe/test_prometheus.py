@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import socket
 import subprocess
 import sys
 import time
@@ -13,6 +12,8 @@ import urllib.parse
 import urllib.request
 
 import pytest
+
+from hpcml.ports import free_port
 
 pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
                                 reason="Debian's prometheus is not installed (scripts/test installs it as root)")
@@ -28,9 +29,7 @@ for i in range(10**6):
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 def _query(port: int, promql: str) -> list:

@@ -40,7 +40,7 @@ class Allocation:
         return self.nodes.index(self.node) if self.node in self.nodes else 0
 
 
-def _tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
+def tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
     """Expand Slurm's compressed task counts: ``"2(x3),1"`` -> ``(2, 2, 2, 1)``."""
     if not spec:
         return tuple([1] * num_nodes)
@@ -91,7 +91,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
                           gpus=task_gpus(env))
     who = slurm_ranks(env)
     nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
-    tpn = _tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
+    tpn = tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
                           or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))
     if "SLURM_TASKS_PER_NODE" not in env:
         tpn = tuple([1] * len(nodes))

@@ -27,6 +27,7 @@ from typing import Any
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.farm.taskenv import FARM_JOB
+from hpcml.ports import FREE_PORT, free_port
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
 from hpcml.run import requeue
 from hpcml.run.jobdir import (
@@ -42,7 +43,7 @@ from hpcml.run.jobdir import (
     write_own,
     write_run,
 )
-from hpcml.run.rendezvous import FREE_PORT, free_port, node_address
+from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
 from hpcml.signals import SLURM_SIGNALS, forwarding
 

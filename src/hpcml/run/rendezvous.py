@@ -9,17 +9,11 @@ listens), not a fixed default that two jobs sharing a node would fight over.
 from __future__ import annotations
 
 import socket
-import subprocess
 from collections.abc import Mapping
 
-FREE_PORT = "import socket; s = socket.socket(); s.bind(('', 0)); print(s.getsockname()[1])"
-
-
-def free_port(host: str = "") -> int:
-    """A port the kernel calls free now (rank 0 binds it a moment later)."""
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return int(s.getsockname()[1])
+from hpcml.cluster import slurm
+from hpcml.cluster.allocation import tasks_per_node
+from hpcml.errors import SlurmError
 
 
 def node_address(node: str) -> str:
@@ -31,14 +25,10 @@ def node_address(node: str) -> str:
     except OSError:
         pass
     try:
-        out = subprocess.run(["scontrol", "show", "node", node, "-o"], capture_output=True, text=True,
-                             timeout=10).stdout
-    except (OSError, subprocess.SubprocessError):
+        recs = slurm.scontrol_show("node", node, timeout=10)
+    except SlurmError:
         return node
-    for word in out.split():
-        if word.startswith("NodeAddr="):
-            return word.split("=", 1)[1]
-    return node
+    return (recs[0].get("NodeAddr") if recs else None) or node
 
 
 def task_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -49,6 +39,9 @@ def task_env(env: Mapping[str, str]) -> dict[str, str]:
         out["RANK"] = env["SLURM_PROCID"]
         out["LOCAL_RANK"] = env.get("SLURM_LOCALID", "0")
         out["WORLD_SIZE"] = env.get("SLURM_STEP_NUM_TASKS") or env.get("SLURM_NTASKS", "1")
-        per_node = (env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE") or "1").split("(")[0]
-        out["LOCAL_WORLD_SIZE"] = per_node.split(",")[0]
+        # this node's count (SLURM_NODEID is the node's index in the step): "3,2" gives the
+        # second node 2, not the first node's 3
+        counts = tasks_per_node(env.get("SLURM_STEP_TASKS_PER_NODE") or env.get("SLURM_TASKS_PER_NODE"), 1)
+        node = int(env["SLURM_NODEID"]) if env.get("SLURM_NODEID", "").isdigit() else 0
+        out["LOCAL_WORLD_SIZE"] = str(counts[node] if node < len(counts) else counts[0])
     return out

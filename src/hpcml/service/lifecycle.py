@@ -113,8 +113,8 @@ def find(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceSta
 
 def is_up(s: st.ServiceState) -> bool:
     if s.mode == "slurm" and s.job_id:
-        from hpcml.service.slurm import job_state
-        return not s.stopped and job_state(s.job_id) in ("PENDING", "RUNNING", "CONFIGURING")
+        from hpcml.cluster import slurm
+        return not s.stopped and slurm.job_state(s.job_id) in slurm.ALIVE
     return local.running(s)
 
 

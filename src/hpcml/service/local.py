@@ -28,8 +28,8 @@ import psutil
 
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import inside
+from hpcml.ports import free_port, port_free
 from hpcml.proctree import signal_group, start_time
-from hpcml.run.rendezvous import free_port
 from hpcml.service import state as st
 from hpcml.service.backends import choose
 from hpcml.service.blueprint import Blueprint
@@ -48,20 +48,12 @@ def _loopback(host: str) -> bool:
         return host == "localhost"
 
 
-def _port_free(host: str, port: int) -> bool:
-    with socket.socket() as s:
-        try:
-            s.bind((host, port))
-            return True
-        except OSError:
-            return False
-
 
 def choose_ports(bp: Blueprint, host: str, previous: dict[str, int]) -> dict[str, int]:
     ports: dict[str, int] = {}
     for p in bp.ports:
         old = previous.get(p.name)
-        ports[p.name] = old if old and _port_free(host, old) else free_port(host)
+        ports[p.name] = old if old and port_free(host, old) else free_port(host)
     return ports
 
 

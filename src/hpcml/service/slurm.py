@@ -19,7 +19,7 @@ import time
 from pathlib import Path
 
 from hpcml.cluster import slurm
-from hpcml.errors import HpcmlError, SlurmError
+from hpcml.errors import HpcmlError
 from hpcml.files import write_atomic
 from hpcml.service import state as st
 from hpcml.service.blueprint import Blueprint
@@ -39,9 +39,10 @@ def script(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
 
 def sbatch_argv(bp: Blueprint, name: str, directory: Path, *, time_limit: str | None, partition: str | None,
                 nodelist: str | None, gpus: int | None) -> list[str]:
+    # --output is a filename pattern: a '%' of the directory's own name is written '%%'
     argv = ["sbatch", "--parsable", f"--job-name=hpcml-service-{name}", "--nodes=1", "--ntasks=1",
             f"--cpus-per-task={max(1, math.ceil(bp.resources.cpu))}", f"--time={time_limit or bp.slurm.time}",
-            f"--output={directory}/slurm-%j.out", f"--chdir={directory}"]
+            f"--output={str(directory).replace('%', '%%')}/slurm-%j.out", f"--chdir={directory}"]
     partition = partition or bp.slurm.partition
     if partition:
         argv.append(f"--partition={partition}")
@@ -85,8 +86,8 @@ def _wait(directory: Path, name: str, job_id: str, wait: float) -> st.ServiceSta
         s = st.read(directory)
         if s is not None and s.job_id == job_id and s.ready:
             return s
-        state = job_state(job_id)
-        if state not in ("PENDING", "RUNNING", "CONFIGURING", "COMPLETING"):
+        state = slurm.job_state(job_id)
+        if state is not None and state not in slurm.ALIVE:      # None: Slurm cannot say now; ask again
             out = directory / f"slurm-{job_id}.out"
             tail = out.read_text(errors="replace").strip().splitlines()[-1:] if out.exists() else []
             raise ServiceJobFailed(f"service job {job_id} ended ({state or 'gone'}) before {name} was ready"
@@ -97,20 +98,11 @@ def _wait(directory: Path, name: str, job_id: str, wait: float) -> st.ServiceSta
     return s
 
 
-def job_state(job_id: str) -> str:
-    """squeue's state of a job ('' once it left the queue)."""
-    try:
-        out = slurm.run(["squeue", "-h", "-j", job_id, "-o", "%T"], timeout=15, check=False)
-    except SlurmError:
-        return ""
-    return out.stdout.strip().splitlines()[0] if out.returncode == 0 and out.stdout.strip() else ""
-
-
 def cancel(job_id: str, wait: float = 60.0) -> None:
-    """scancel the job and wait until it has left the queue."""
+    """scancel the job and wait until it no longer holds its allocation (or Slurm cannot say)."""
     slurm.run(["scancel", job_id], timeout=15)
     deadline = time.monotonic() + wait
-    while job_state(job_id) and time.monotonic() < deadline:
+    while slurm.job_state(job_id) in slurm.ALIVE and time.monotonic() < deadline:
         time.sleep(0.3)
 
 

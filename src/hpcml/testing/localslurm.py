@@ -30,6 +30,7 @@ import psutil
 
 from hpcml.cluster import slurm
 from hpcml.errors import SlurmError
+from hpcml.ports import port_free
 
 log = logging.getLogger(__name__)
 
@@ -187,16 +188,6 @@ def _arg_after(args: Sequence[str], flag: str) -> str | None:
         if arg == flag:
             return args[i + 1]
     return None
-
-
-def _port_free(port: int) -> bool:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        try:
-            sock.bind(("0.0.0.0", port))
-        except OSError:
-            return False
-    return True
 
 
 def _port_owner(port: int) -> str:
@@ -426,7 +417,7 @@ class LocalSlurm:
 
     def _check_ports(self) -> None:
         for port in self.ports:
-            if not _port_free(port):
+            if not port_free("0.0.0.0", port, reuse=True):
                 raise SlurmError(f"port {port} is in use{_port_owner(port)}; choose other "
                                  "ports (ctld_port, first_slurmd_port) or stop that process")
 

@@ -10,10 +10,11 @@ from __future__ import annotations
 import glob
 import os
 import shutil
-import socket
 import subprocess
 import tempfile
 from pathlib import Path
+
+from hpcml.ports import free_port
 
 
 class PgUnavailable(RuntimeError):
@@ -42,9 +43,7 @@ def _install() -> None:
 
 
 def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    return free_port("127.0.0.1")
 
 
 class PgCluster:

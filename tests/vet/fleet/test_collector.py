@@ -238,9 +238,8 @@ def test_client_send(collector, monkeypatch, capsys):
 
 
 def test_send_to_dead_url_warns(capsys):
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    from hpcml.ports import free_port
+    port = free_port("127.0.0.1")
     t0 = time.monotonic()
     warning = send(node_report(), f"http://127.0.0.1:{port}", TOKEN, timeout=2)
     assert warning and "not sent" in warning

@@ -142,7 +142,9 @@ def logs(name: str = typer.Argument(..., help="The instance's name."),
     except FileNotFoundError:
         why = ""
         if s.mode == "slurm" and s.job_id:
-            from hpcml.service.slurm import job_state
-            why = f": Slurm job {s.job_id} is {(job_state(s.job_id) or 'no longer queued').lower()}"
+            from hpcml.cluster import slurm
+            state = slurm.job_state(s.job_id)
+            why = f": Slurm job {s.job_id} is " + (state.lower() if state else
+                                                   "no longer queued" if state == "" else "of unknown state")
         raise HpcmlError(f"{name} has no log yet{why} (it will be {s.log})") from None
     sys.stdout.write("\n".join(text[-lines:]) + "\n")
