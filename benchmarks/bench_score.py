@@ -121,7 +121,7 @@ FAKE_CHILD = "import time; time.sleep({seconds})"
 def _fake_engine(gpus: int, ticks: int) -> Path:
     """A replay file for the DCGM fake: every field the sampler watches, per GPU and tick,
     each field stamped a few ms apart as DCGM does."""
-    from hpcml.score.fields import FIELDS
+    from hpcml.samplers.fields import FIELDS
     t0 = int(time.time() * 1e6)
     spec = {"reachable": True,
             "gpus": [{"gpuId": g, "nvmlIndex": g, "uuid": f"GPU-{g:08d}-0000-4000-8000-000000000000",

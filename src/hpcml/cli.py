@@ -1,4 +1,4 @@
-"""The ``hpcml`` command's entry point, and the one place an error becomes its message.
+"""The ``hpcml`` command's entry point (errors become their message in ``hpcml.cli_report``).
 
 Light on purpose: ``hpcml env run`` sits in front of every container start (once per
 task under srun), so it takes a path that imports no CLI framework; every other command
@@ -9,11 +9,9 @@ end a command that raised an ``HpcmlError`` through :func:`report`.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:
-    from hpcml.errors import HpcmlError
+from hpcml.cli_report import report
 
 
 def __getattr__(name: str):
@@ -21,22 +19,6 @@ def __getattr__(name: str):
         from hpcml.cli_app import app
         return app
     raise AttributeError(name)
-
-
-def report(command: str, exc: HpcmlError, flags: Mapping[str, str] | None = None) -> int:
-    """Print ``COMMAND: error: MESSAGE`` as one line on stderr; return the error's exit code.
-
-    ``flags`` maps a command's settings to its options (``prometheus_port`` ->
-    ``--prometheus-port``): a bad setting named by a ``UsageError`` is shown as the option
-    the user typed. A key of a file (the error names the file) is left as it is.
-    """
-    message = str(exc)
-    key = getattr(exc, "key", None)
-    if flags and isinstance(key, str) and key in flags and not getattr(exc, "file", None) \
-            and hasattr(exc, "render"):
-        message = exc.render(flags[key])
-    print(f"{command}: error: {' '.join(message.split(chr(10)))}", file=sys.stderr)
-    return exc.exit_code
 
 
 #: command words -> the module of their Typer-free fast path

@@ -58,7 +58,7 @@ class Group(typer.core.TyperGroup):
         try:
             return super().invoke(ctx)
         except HpcmlError as exc:
-            from hpcml.cli import report
+            from hpcml.cli_report import report
             name = ctx.invoked_subcommand
             command = self.commands.get(name) if name else None
             words = command_words(ctx)

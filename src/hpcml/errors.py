@@ -2,7 +2,7 @@
 
 Library code raises these, worded in the user's terms (a file, a key, a setting: never a
 command-line flag); the CLI alone turns one into ``hpcml <command>: error: <message>`` on
-stderr and the error's ``exit_code`` (``hpcml.cli_support.Group``; ``hpcml.cli.report``).
+stderr and the error's ``exit_code`` (``hpcml.cli_support.Group``; ``hpcml.cli_report.report``).
 
 A ``UsageError`` is bad input (a file, a key or a setting's value): exit 2, before anything
 has run. A ``SlurmError`` is a Slurm client that failed, timed out or is missing.

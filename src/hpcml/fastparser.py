@@ -1,6 +1,6 @@
 """The argument parser of the Typer-free fast paths (``hpcml env run``, ``hpcml scan``):
 argparse with the project's one error shape, ``PROG: error: MESSAGE`` on one line and exit 2,
-as ``hpcml.cli.report`` prints for every other command."""
+as ``hpcml.cli_report.report`` prints for every other command."""
 
 from __future__ import annotations
 

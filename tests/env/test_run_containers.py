@@ -207,7 +207,7 @@ def test_hpcml_run_env_runs_the_ranks_in_the_container_and_tags_env_json(tmp_pat
     edf = rootfs.host_root_edf(tmp_path / "host.toml")
     (tmp_path / "only-on-the-host").touch()
     probe = (f"import os; print('host file seen:', os.path.exists('{tmp_path}/only-on-the-host'));"
-             "from hpcml.run import requeue; requeue.note(5, 'SIGUSR1', '/ckpt')")   # what a Checkpointer's requeue does
+             "from hpcml.cluster import requeue; requeue.note(5, 'SIGUSR1', '/ckpt')")   # what a Checkpointer's requeue does
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_"))}
     p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--dir", str(tmp_path / "job"), "--env", str(edf),
                         "--", sys.executable, "-c", probe], env=env, capture_output=True, text=True, timeout=120)

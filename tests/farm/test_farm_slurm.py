@@ -156,8 +156,8 @@ def test_a_sweep_task_is_its_own_job_and_an_hpcml_run_in_one_reaches_farm_result
     dataset, commit their checkpoints and are observe's rank 0 of 1; a task that is an
     ``hpcml run`` records under the farm (its Slurm job id kept) and shows in farm results."""
     from hpcml.ckpt import Checkpointer
-    from hpcml.farm.results import collect
     from hpcml.observe.store import read_job
+    from hpcml.run.farmresults import collect
     from tests.data.gen import make_shards
     shards = make_shards(tmp_path / "data", samples=79, target=200_000)[1]
     (tmp_path / "train.py").write_text(TRAIN)

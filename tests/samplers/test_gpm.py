@@ -2,7 +2,7 @@
 
 No GPU exists on the development machines. ``tests/fixtures/gpm`` holds NVML GPM metrics
 recorded on a real NVIDIA H100 while known workloads ran (its README); the sampler runs
-against ``hpcml.testing.gpm_replay``, which replaces only the NVML C library (the structures,
+against ``hpcml.samplers.replay``, which replaces only the NVML C library (the structures,
 constants and errors are nvidia-ml-py's own). What the replay cannot prove: that a live
 driver answers the calls as recorded; the recording was made with the same calls.
 """
@@ -21,9 +21,9 @@ import pytest
 from hpcml.observe.store import JOB_META, RANK_META, RankWriter, rank_path, write_json
 from hpcml.samplers import SamplerUnavailable
 from hpcml.samplers.gpm import METRICS, GpmSampler
+from hpcml.samplers.replay import ReplayNvml
 from hpcml.score.importers import store
 from hpcml.score.report import build
-from hpcml.testing.gpm_replay import ReplayNvml
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "gpm"
 PHASES = FIXTURES / "gpm-h100.jsonl"

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID
+from hpcml.samplers.fields import BY_ID
 
 FAKE = Path(__file__).parent / "fake_dcgm"
 RECORDED = FAKE / "recorded.json"
@@ -295,7 +295,7 @@ def test_for_task_records_each_gpu_once_per_step(fake, monkeypatch):
 CLAIMER = """
 import json, os, sys, time
 from pathlib import Path
-from hpcml.score.claim import claim_gpus
+from hpcml.samplers.claim import claim_gpus
 go = Path(sys.argv[1])
 while not go.exists():
     time.sleep(0.001)
@@ -327,7 +327,7 @@ def test_two_processes_claiming_overlapping_gpus_never_share_one(tmp_path):
 
 
 def test_claims_are_per_step_released_and_stale_ones_taken_over(tmp_path):
-    from hpcml.score.claim import claim_gpus
+    from hpcml.samplers.claim import claim_gpus
     env = {"SLURM_JOB_ID": "9", "SLURM_STEP_ID": "0", "SLURM_TMPDIR": str(tmp_path)}
     first = claim_gpus(["0", "GPU-abc/1"], env)
     assert first.claimed == ["0", "GPU-abc/1"] and first.directory == tmp_path
@@ -411,7 +411,7 @@ def test_record_requiring_dcgm_without_a_host_engine_is_one_line_exit_2(fake, tm
 
 
 def test_virtual_nodes_of_one_host_do_not_share_claims(tmp_path):
-    from hpcml.score.claim import claim_gpus
+    from hpcml.samplers.claim import claim_gpus
     env = {"SLURM_TMPDIR": str(tmp_path), "SLURM_JOB_ID": "7", "SLURM_STEP_ID": "0"}
     a = claim_gpus(["0"], {**env, "SLURMD_NODENAME": "n1"})
     b = claim_gpus(["0"], {**env, "SLURMD_NODENAME": "n2"})

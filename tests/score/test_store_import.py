@@ -136,7 +136,7 @@ def test_a_large_job_loads_quickly(tmp_path):
     import pyarrow as pa
 
     from hpcml.observe.schema import arrow_schema
-    from hpcml.score.fields import FIELDS
+    from hpcml.samplers.fields import FIELDS
     names = [f.name for f in FIELDS]
     out = tmp_path / "big"
     out.mkdir()

@@ -12,8 +12,8 @@ import pytest
 
 from hpcml.farm import store
 from hpcml.farm.model import TaskSpec
+from hpcml.observe.mlflow_rest import MlflowError, MlflowRest
 from hpcml.observe.mlflow_run import outcome
-from hpcml.service.mlflow_rest import MlflowError, MlflowRest
 from tests.service.mlflow_server import client, hpcml, mlflow_venv, state
 
 

@@ -242,8 +242,7 @@ class Checkpointer:
         if not job:
             print("hpcml ckpt: requeue asked but not in a Slurm job", file=sys.stderr)
             return
-        from hpcml.cluster import slurm
-        from hpcml.run import requeue
+        from hpcml.cluster import requeue, slurm
         # under hpcml run: the run's record and report say "requeued", not "rank failed (143)"
         marker = requeue.note(self._committed, self.stop_signal, self.dir)
         try:

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcml.cluster.ranks import restart_count
+from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.farm.model import RUNS, TASKS_FILE
 from hpcml.farm.taskenv import FarmTask
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import load_json_bounded, read_bounded
 from hpcml.observe.store import RANK_META
-from hpcml.run.requeue import ENV_ATTEMPT, ENV_DIR
 
 # MLflow's limits (mlflow/utils/validation.py, 2.x and 3.x): longer values fail the whole call
 MAX_KEY, MAX_PARAM_VALUE, MAX_TAG_VALUE = 250, 6000, 8000

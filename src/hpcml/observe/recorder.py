@@ -88,7 +88,7 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            exec_via: Sequence[str] = ()) -> int:
     """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``. ``mlflow``: the URL of an
-    MLflow tracking server; rank 0's metrics go to a run there (``hpcml.service.mlflow_rest``).
+    MLflow tracking server; rank 0's metrics go to a run there (``hpcml.observe.mlflow_rest``).
     ``exec_via``: a step that sets the process up and execs ``cmd`` (``hpcml.run.rankexec``);
     what is recorded as the command stays ``cmd``, what the user asked for."""
     from hpcml.samplers.choose import for_task
@@ -138,8 +138,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             exporter = PromForwarder(prometheus_port, rank=task.rank)
     sink = None
     if mlflow and task.rank == 0:
+        from hpcml.observe.mlflow_rest import MlflowSink
         from hpcml.observe.mlflow_run import describe
-        from hpcml.service.mlflow_rest import MlflowSink
         run = describe(cmd, out, task.job_id, task.nodes, os.environ)
         for problem in run.problems:           # the run is still made, without the task's params
             print(f"hpcml observe record: MLflow: {problem}", file=sys.stderr)

@@ -10,7 +10,7 @@
                       (hpcml score reads its GPU rows)
     logs/rank-00000.out   each rank's stdout and stderr (the 5-digit rank of the observe
     logs/rank-00000.err   store and checkpoint files); a requeued job appends to them
-    requeued.json     this attempt checkpointed and asked Slurm to requeue it (hpcml.run.requeue)
+    requeued.json     this attempt checkpointed and asked Slurm to requeue it (hpcml.cluster.requeue)
     attempts/N/       attempt N >= 1 of the same Slurm job, requeued (SLURM_RESTART_COUNT=N):
                       its own observe/ and requeued.json; attempt 0 keeps the paths above,
                       so a job that was never requeued looks as it always did
@@ -34,12 +34,12 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster.requeue import MARKER
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import ENDS
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import write_atomic
 from hpcml.proctree import start_time
-from hpcml.run.requeue import MARKER
 
 SCHEMA = "hpcml.run/1"
 RUN_JSON = "run.json"

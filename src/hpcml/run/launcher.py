@@ -24,12 +24,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster import requeue
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.farm.taskenv import FARM_JOB
 from hpcml.ports import FREE_PORT, free_port
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, signal_group
-from hpcml.run import requeue
 from hpcml.run.jobdir import (
     attempt_dir,
     claiming,

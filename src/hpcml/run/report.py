@@ -24,11 +24,12 @@ import re
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster import requeue
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.observe.mlflow_run import outcome
-from hpcml.run import requeue
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
+from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.words import plural
 
 SCHEMA = "hpcml.run.report/1"
@@ -81,11 +82,11 @@ def _score(d: Path, attempt: int = 0) -> tuple[dict | None, str | None]:
     from hpcml.score.report import build
     try:
         return build(load(observe_dir(d, attempt), "store")), None
+    except NoGpuSamples as exc:
+        return None, "no GPU samples" + (": no GPU visible to the tasks" if NONE_VISIBLE in exc.reasons
+                                         else f" ({exc})")
     except HpcmlError as exc:
-        why = str(exc)
-        if "no GPU samples" in why:
-            why = "no GPU samples" + (": no GPU visible to the tasks" if "none visible" in why else f" ({why})")
-        return None, why
+        return None, str(exc)
 
 
 def _ending(d: Path, run: dict) -> dict:

@@ -5,7 +5,7 @@ sends its stdout and stderr to ``JOBDIR/logs/rank-NNNNN.{out,err}``, and runs CM
 observe recorder (GPU sampler ``auto``), in the EDF's container when one is given. Exits
 with CMD's exit code. ``--attempt N`` (a requeued Slurm job): the attempt's own observe
 store, a header line in the appended logs, and ``HPCML_RUN_DIR`` naming where the
-Checkpointer notes a requeue (``hpcml.run.requeue``).
+Checkpointer notes a requeue (``hpcml.cluster.requeue``).
 
 It owns what it started (``hpcml.proctree``): it is a child subreaper, so a rank's
 orphaned children stay its descendants; ``STOP`` (the launcher's parent-death signal, and
@@ -23,10 +23,10 @@ import time
 from pathlib import Path
 
 from hpcml.cluster.ranks import ranks
+from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
-from hpcml.run.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.signals import install
 
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this

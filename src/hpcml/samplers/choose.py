@@ -13,7 +13,7 @@
 
 The label goes into the rank's metadata as ``gpu_sampler`` =
 ``{"kind": "dcgm"|"gpm"|"nvml"|"none", "saturation": bool, "note": str}``; the store
-importer reads it back. ``for_task`` adds the node-local GPU claims (``hpcml.score.claim``)
+importer reads it back. ``for_task`` adds the node-local GPU claims (``hpcml.samplers.claim``)
 so each GPU of a node is recorded by one task only.
 
 Which GPUs are the task's: those Slurm bound (``SLURM_STEP_GPUS``/``SLURM_JOB_GPUS``), else
@@ -31,7 +31,7 @@ from typing import Any
 
 from hpcml.errors import UsageError
 from hpcml.registry import Registry
-from hpcml.samplers import SamplerUnavailable
+from hpcml.samplers import CLAIMED, NONE_VISIBLE, OFF, UNAVAILABLE, SamplerUnavailable
 from hpcml.samplers.nvml import NVML_NOTE
 
 __all__ = ["AUTO", "NVML_NOTE", "SAMPLERS", "TaskGpus", "choose_gpu_sampler", "for_task", "modes"]
@@ -61,8 +61,8 @@ def _check_mode(mode: str) -> None:
         raise UsageError(f"'{mode}' is not one of {', '.join(modes())}", key="gpu_metrics")
 
 
-def _none(note: str) -> dict:
-    return {"kind": "none", "saturation": False, "note": note}
+def _none(note: str, reason: str = UNAVAILABLE) -> dict:
+    return {"kind": "none", "saturation": False, "note": note, "reason": reason}
 
 
 def choose_gpu_sampler(mode: str, gpus: Sequence[str], interval: float,
@@ -70,7 +70,7 @@ def choose_gpu_sampler(mode: str, gpus: Sequence[str], interval: float,
     """``(sampler or None, label)`` for ``mode``: auto, none or a GPU sampler's name."""
     _check_mode(mode)
     if mode == "none":
-        return None, _none("GPU sampling off")
+        return None, _none("GPU sampling off", OFF)
     order = AUTO if mode == "auto" else (mode,)
     why = ""                   # the samplers auto passed over, and why
     for name in order:
@@ -117,25 +117,25 @@ def for_task(mode: str, gpus: Sequence[str], interval: float,
     supports).
     """
     from hpcml.cluster.allocation import gpu_binding
+    from hpcml.samplers.claim import claim_gpus
     from hpcml.samplers.nvml import visible_gpus
-    from hpcml.score.claim import claim_gpus
     env = os.environ if env is None else env
     _check_mode(mode)
     if mode == "none":
-        return TaskGpus(None, {"gpu_sampler": _none("GPU sampling off")})
+        return TaskGpus(None, {"gpu_sampler": _none("GPU sampling off", OFF)})
     wanted = [str(g) for g in gpus]
     binding = gpu_binding(env)[0] if wanted else ALL_VISIBLE
     if not wanted:
         wanted, why = visible_gpus(env)
         if not wanted and mode != "dcgm":
-            return TaskGpus(None, {"gpu_sampler": _none(f"no GPU bound to this task and none visible ({why})"),
+            return TaskGpus(None, {"gpu_sampler": _none(f"no GPU bound to this task and none visible ({why})", NONE_VISIBLE),
                                    "gpu_binding": None})
     claims = claim_gpus(wanted or ["all"], env)
     bound = [g for g in claims.claimed if g != "all"]
     if not claims.claimed:
         claims.release()
         return TaskGpus(None, {"gpu_sampler": _none(
-            f"GPUs {claims.others} are recorded by another task on this node")})
+            f"GPUs {claims.others} are recorded by another task on this node", CLAIMED)})
     try:
         sampler, label = choose_gpu_sampler(mode, bound, interval, env)
     except BaseException:

@@ -46,7 +46,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError
 from hpcml.samplers import SamplerUnavailable
-from hpcml.score.fields import BY_ID, PROFILING_IDS
+from hpcml.samplers.fields import BY_ID, PROFILING_IDS
 
 DEVICE_IDS = (203, 155, 156, 100, 101, 112, 250, 251, 252, 253)
 FI_DEV_NVML_INDEX = 52

@@ -39,7 +39,7 @@ on every call is dropped after the first, and a GPU whose sample fails (lost, re
 rows for that interval.
 
 No GPU exists on the development machines: ``HPCML_GPM_REPLAY=file.jsonl`` replaces the
-NVML library (only it) with ``hpcml.testing.gpm_replay``, which plays back a recording made
+NVML library (only it) with ``hpcml.samplers.replay``, which plays back a recording made
 on a real H100 (tests/fixtures/gpm), so everything above runs in the tests.
 """
 

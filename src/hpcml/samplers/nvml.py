@@ -33,7 +33,7 @@ def nvml_library(env: Mapping[str, str] | None = None) -> Any:
     env = os.environ if env is None else env
     replay = env.get(REPLAY_ENV)
     if replay:
-        from hpcml.testing.gpm_replay import ReplayNvml
+        from hpcml.samplers.replay import ReplayNvml
         return ReplayNvml.from_env(replay, env)
     import pynvml
     return pynvml

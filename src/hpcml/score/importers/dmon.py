@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_TAG
+from hpcml.samplers.fields import BY_TAG
 from hpcml.score.recording import Recording, text_value
 
 _ROW = re.compile(r"^([A-Za-z][\w-]*)\s+(\d+)(?=\s|$)")

@@ -10,8 +10,8 @@ import math
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID
-from hpcml.score.fields import DCGM_NAMES as NAMES
+from hpcml.samplers.fields import BY_ID
+from hpcml.samplers.fields import DCGM_NAMES as NAMES
 from hpcml.score.recording import Recording
 
 

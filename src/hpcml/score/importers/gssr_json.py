@@ -41,7 +41,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID
+from hpcml.samplers.fields import BY_ID
 from hpcml.score.recording import VALUE_DTYPE, Recording
 
 # DCGM field tags (dcgm_fields.cpp) of the fields gssr watches (its metric_ids) and the other

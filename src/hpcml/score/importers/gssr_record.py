@@ -15,7 +15,7 @@ import re
 from pathlib import Path
 
 from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID, DCGM_NAMES
+from hpcml.samplers.fields import BY_ID, DCGM_NAMES
 from hpcml.score.recording import Recording, text_value
 
 ENERGY_WINDOW = "energy_window_mj"      # mJ used in each window (not a counter)

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hpcml.errors import UsageError
-from hpcml.score.fields import BY_ID, PROFILING_IDS
+from hpcml.samplers import NONE_VISIBLE, UNAVAILABLE, NoGpuSamples
+from hpcml.samplers.fields import BY_ID, PROFILING_IDS
 from hpcml.score.recording import VALUE_DTYPE, Recording
 
 NVML_NAMES = {"util_gpu_percent": "gpu_util", "power_w": "power_usage", "sm_clock_mhz": "sm_clock",
@@ -149,11 +149,13 @@ def load(job_dir: str | Path) -> Recording:
         for g, (rows, t, values) in series.items():
             owners.setdefault((node, str(ids.get(str(g), g))), []).append((rows, r, g, t, values))
     if not owners:
+        labels = [rm["gpu_sampler"] for rm in (meta.get("ranks") or {}).values()
+                  if isinstance(rm, dict) and isinstance(rm.get("gpu_sampler"), dict)]
         why = sorted({f"rank {r}: {rm['gpu_sampler'].get('note')}"
                       for r, rm in (meta.get("ranks") or {}).items()
                       if isinstance(rm, dict) and isinstance(rm.get("gpu_sampler"), dict)})
-        raise UsageError("no GPU samples in this job directory" + (f" ({'; '.join(why)})" if why else ""),
-                         file=str(path))
+        raise NoGpuSamples("no GPU samples in this job directory" + (f" ({'; '.join(why)})" if why else ""),
+                           reasons=frozenset(map(_reason, labels)), file=str(path))
 
     # A GPU recorded by two ranks (claims should prevent it): keep the fuller one.
     kept_ranks: set[int] = set()
@@ -209,3 +211,11 @@ def _ranges(ranks: list[int]) -> str:
             out.append(f"{start}" if start == r else f"{start}-{r}")
             start = None
     return ",".join(out)
+
+
+def _reason(label: dict) -> str:
+    """A rank's recorded reason for no GPU samples; stores written before labels carried
+    one say it only in their note."""
+    if label.get("reason"):
+        return str(label["reason"])
+    return NONE_VISIBLE if "none visible" in str(label.get("note")) else UNAVAILABLE

@@ -1,7 +1,10 @@
 """``hpcml farm results``: one row per task, its parameters and the last value of each
 metric it logged through ``hpcml.observe.log`` (read from observe/ID.A, the directory the
 worker gave the attempt in HPCML_OBSERVE_DIR, and from runs/ID.A/observe where the task is
-an ``hpcml run``), so a sweep's best run is one sort away."""
+an ``hpcml run``), so a sweep's best run is one sort away.
+
+It reads the farm, observe stores and run job directories, so it sits with ``run`` (the
+top of the library layers), not in ``farm``, which run, observe and ckpt build on."""
 
 from __future__ import annotations
 
@@ -45,7 +48,7 @@ def attempt_metrics(farm: Path, name: str) -> dict[str, float]:
 
 
 def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
-    """The results document (schema hpcml.farm.results/1); ``sort``: a parameter, metric or
+    """The results document (schema hpcml.run.farmresults/1); ``sort``: a parameter, metric or
     column name, ``-name`` for descending; rows without it go last."""
     farm, view = open_view(path)
     alive = Liveness(farm.path, farm.settings.lease, None)
