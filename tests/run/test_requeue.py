@@ -19,7 +19,8 @@ import pytest
 from hpcml import schemas
 from hpcml.errors import UsageError
 from hpcml.observe.store import read_meta
-from hpcml.run import jobdir, launcher, requeue
+from hpcml.cluster import requeue
+from hpcml.run import jobdir, launcher
 from hpcml.testing.synthetic_job import make_job
 
 GONE = {"pid": 2 ** 22 + 1, "host": "n1", "created": 1.0}
