@@ -17,9 +17,9 @@ import jsonschema
 import pytest
 
 from hpcml import schemas
+from hpcml.cluster import requeue
 from hpcml.errors import UsageError
 from hpcml.observe.store import read_meta
-from hpcml.cluster import requeue
 from hpcml.run import jobdir, launcher
 from hpcml.testing.synthetic_job import make_job
 
