@@ -23,6 +23,7 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
+import hpcml.cli
 import hpcml.cli_app
 from hpcml.cli import report
 from hpcml.cli_support import Group
@@ -30,7 +31,15 @@ from hpcml.errors import HpcmlError, SlurmError, UsageError
 
 ROOT = Path(__file__).resolve().parents[1]
 SRC = ROOT / "src" / "hpcml"
-COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service", "farm")
+#: every package with a cli/ package, found the way ``hpcml`` finds them (not a list here)
+COMPONENTS = hpcml.cli.components()
+#: components whose commands are ``hpcml``'s own (``hpcml run``, ``hpcml report``)
+TOP = set(hpcml.cli.TOP_LEVEL.values())
+
+
+def test_the_components_are_found_on_disk():
+    on_disk = sorted(p.parent.name for p in SRC.glob("*/cli") if p.is_dir())
+    assert list(COMPONENTS) == on_disk and {"run", "vet", "farm"} <= set(COMPONENTS)
 
 # -- (a) the same shape everywhere --------------------------------------------------------
 
@@ -46,11 +55,15 @@ def test_every_component_has_a_cli_package_with_its_app(component):
     assert isinstance(module.app, typer.Typer)
     assert isinstance(typer.main.get_command(module.app), Group)
     mounted = {g.name: g.typer_instance for g in hpcml.cli_app.app.registered_groups}
-    assert mounted.get(component) is module.app
+    if component in TOP:
+        top = {c.callback for c in hpcml.cli_app.app.registered_commands}
+        assert {c.callback for c in module.app.registered_commands} <= top
+    else:
+        assert mounted.get(component) is module.app
 
 
 def test_every_mounted_group_is_a_component_and_the_top_level_is_a_group():
-    assert sorted(g.name for g in hpcml.cli_app.app.registered_groups) == sorted(COMPONENTS)
+    assert sorted(g.name for g in hpcml.cli_app.app.registered_groups) == sorted(set(COMPONENTS) - TOP)
     assert isinstance(typer.main.get_command(hpcml.cli_app.app), Group)
 
 
@@ -274,3 +287,20 @@ def test_help_prose_is_reflowed_not_wrapped_twice():
     # one docstring paragraph, hard-wrapped in the source, comes out as one line at 200 columns
     line = next(x for x in p.stdout.splitlines() if "Every task gets MASTER_ADDR" in x)
     assert "recorded by hpcml observe. At the end" in line
+
+
+@pytest.mark.parametrize("argv", [["run", "--help"], ["report", "--help"], ["ckpt", "--help"]])
+def test_a_command_loads_its_own_component_s_cli_only(argv):
+    """``hpcml run`` used to import every component's CLI (and their numpy, pyarrow, ...)."""
+    import subprocess
+    import sys
+    code = ("import runpy, sys\nsys.argv = ['hpcml', *sys.argv[1:]]\ntry:\n    runpy.run_module('hpcml', run_name='__main__')\n"
+            "except SystemExit:\n    pass\n")
+    probe = code.replace("runpy.run_module('hpcml', run_name='__main__')",
+                         "import atexit; atexit.register(lambda: sys.__stderr__.write('CLIS ' + ' '.join(sorted("
+                         "m for m in sys.modules if m.startswith('hpcml.') and m.endswith('.cli') and m != 'hpcml.cli'"
+                         ")) + '\\n'))\n    runpy.run_module('hpcml', run_name='__main__')")
+    p = subprocess.run([sys.executable, "-c", probe, *argv], capture_output=True, text=True, timeout=120)
+    loaded = [line for line in p.stderr.splitlines() if line.startswith("CLIS ")]
+    owner = hpcml.cli.TOP_LEVEL.get(argv[0], argv[0])
+    assert loaded == [f"CLIS hpcml.{owner}.cli"], p.stderr

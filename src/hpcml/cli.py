@@ -23,8 +23,16 @@ def __getattr__(name: str):
 
 #: command words -> the module of their Typer-free fast path
 FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"))
-#: components whose CLI is loaded alone (``hpcml <component> ...``)
-COMPONENTS = ("vet", "scan", "observe", "score", "data", "env", "ckpt", "service", "farm")
+#: top-level commands that a component's app holds (``hpcml run``, ``hpcml report``)
+TOP_LEVEL = {"run": "run", "report": "run"}
+
+
+def components() -> tuple[str, ...]:
+    """The components: hpcml's packages with a ``cli`` package (``hpcml <component> ...``),
+    found on disk so a new one needs no list here (and nothing is imported to find them)."""
+    from pathlib import Path
+    root = Path(__file__).parent
+    return tuple(sorted(p.parent.parent.name for p in root.glob("*/cli/__init__.py")))
 
 
 def main() -> None:
@@ -113,13 +121,16 @@ def _main() -> None:
         except HpcmlError as exc:
             code = report(fast.PROG, exc, fast.FLAGS)
         sys.exit(code)
-    component = argv[0] if argv else ""
-    if component in COMPONENTS:
-        # only the component's own CLI: the others' imports (numpy, pyarrow, ...) cost every
-        # command a quarter of a second otherwise
+    word = argv[0] if argv else ""
+    # only the component's own CLI: the others' imports (numpy, pyarrow, ...) cost every
+    # command a quarter of a second otherwise
+    if word in TOP_LEVEL:
         import importlib
-        app = importlib.import_module(f"hpcml.{component}.cli").app
-        app(args=argv[1:], prog_name=f"hpcml {component}")
+        importlib.import_module(f"hpcml.{TOP_LEVEL[word]}.cli").app(args=argv, prog_name="hpcml")
+        return
+    if word and word not in TOP_LEVEL.values() and word in components():
+        import importlib
+        importlib.import_module(f"hpcml.{word}.cli").app(args=argv[1:], prog_name=f"hpcml {word}")
         return
     from hpcml.cli_app import app
     app()

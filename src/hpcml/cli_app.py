@@ -15,7 +15,7 @@ from hpcml.data.cli import app as data_app
 from hpcml.env.cli import app as env_app
 from hpcml.farm.cli import app as farm_app
 from hpcml.observe.cli import app as observe_app
-from hpcml.run.cli import report_app, run_app
+from hpcml.run.cli import app as run_app
 from hpcml.scan.cli import app as scan_app
 from hpcml.score.cli import app as score_app
 from hpcml.service.cli import app as service_app
@@ -32,7 +32,7 @@ app.add_typer(env_app, name="env")
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(service_app, name="service")
 app.add_typer(farm_app, name="farm")
-app.registered_commands += run_app.registered_commands + report_app.registered_commands
+app.registered_commands += run_app.registered_commands        # hpcml run, hpcml report: top level
 
 
 def _print_version(value: bool) -> None:

@@ -1,4 +1,9 @@
-"""``hpcml run`` and ``hpcml report``: the front door (one module for the app)."""
+"""``hpcml run`` and ``hpcml report``: the front door (one module for the app).
+
+The same shape as every component (its package's ``app``, a ``Group``), except that its
+two commands sit at the top level of ``hpcml`` rather than under ``hpcml run ...``:
+``hpcml.cli.TOP_LEVEL`` sends both words here, and ``hpcml.cli_app`` mounts the commands.
+"""
 
 from __future__ import annotations
 
@@ -9,11 +14,10 @@ import typer
 
 from hpcml.cli_support import Group
 
-run_app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
-report_app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
+app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
 
 
-@run_app.command("run", context_settings={"allow_interspersed_args": False})
+@app.command("run", context_settings={"allow_interspersed_args": False})
 def run_cmd(
     cmd: list[str] = typer.Argument(None, help="The training command, after --."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID, "
@@ -55,7 +59,7 @@ def run_cmd(
     raise typer.Exit(rc)
 
 
-@report_app.command("report")
+@app.command("report")
 def report_cmd(
     job_dir: Path = typer.Argument(..., help="A job directory written by hpcml run."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: JOB_DIR/report.html)."),
