@@ -230,7 +230,14 @@ def test_local_tier_is_preferred_and_the_shared_copy_is_the_fallback(tmp_path):
     assert step == 4 and float(state["w"][0]) == 4.0                 # read from this node's copy
     local_bin.unlink()                                               # a new node: no local copy
     state, step = Checkpointer(tmp_path / "ck", local_dir=tmp_path / "other").load_latest()
-    assert step is None
+    assert step is None                                              # and the shared one damaged
+    ck = Checkpointer(tmp_path / "ck", local_dir=tmp_path / "local")     # the job goes on (this node)
+    ck.save({"w": torch.arange(100, dtype=torch.float32)}, 8)
+    ck.wait()
+    import shutil
+    shutil.rmtree(tmp_path / "local")                                # this node lost its local disk
+    state, step = Checkpointer(tmp_path / "ck", local_dir=tmp_path / "local").load_latest()
+    assert step == 8 and torch.equal(state["w"], torch.arange(100, dtype=torch.float32))   # the shared copy
 
 
 def test_bad_settings_are_usage_errors(tmp_path):

@@ -213,10 +213,17 @@ def test_a_node_where_tasks_keep_failing_is_retired(tmp_path):
 
 @pytest.mark.parametrize("shell", [False, True])
 def test_a_missing_program_fails_like_in_a_shell(tmp_path, shell):
-    farm = _farm(tmp_path, ["no-such-program-xyz" + (" | cat" if shell else "")], retries=0)
+    """The task's exit code is the one /bin/sh gives the same line: 127 for the program
+    alone, the pipeline's last command (0) for ``... | cat``; only a non-zero one fails."""
+    import subprocess
+    command = "no-such-program-xyz" + (" | cat" if shell else "")
+    said = subprocess.run(["/bin/sh", "-c", command], capture_output=True, timeout=30).returncode
+    assert said == (0 if shell else 127)
+    farm = _farm(tmp_path, [command], retries=0)
     hpcml("farm", "run", farm, "--slots", "1")
     rec = ends(farm)[(0, 1)]
-    assert rec["outcome"] == "failed" and rec["exit_code"] == (0 if shell else 127) or shell
+    assert rec["exit_code"] == said
+    assert rec["outcome"] == ("ok" if said == 0 else "failed")
     assert "no-such-program-xyz" in (farm / "logs" / "0.1.err").read_text()
 
 

@@ -105,8 +105,9 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, words):
 
 @pytest.mark.parametrize("after", [0.05, 0.3, 1.5])
 def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
-    """Issue 19: SIGINT while hpcml was still starting printed a traceback; once the command
-    runs, it gets the signal and the store says 128+2."""
+    """Issue 19: SIGINT while hpcml was still starting printed a traceback. At any moment
+    (while the interpreter starts, while hpcml imports, while the command runs): one line
+    at most, no traceback, status 130 (-2: the signal came before any Python ran)."""
     import signal
     import time
     p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(tmp_path / "d"), "--",
@@ -114,9 +115,26 @@ def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
     time.sleep(after)
     p.send_signal(signal.SIGINT)
     _, err = p.communicate(timeout=60)
-    # 130: hpcml handled it; -2: the signal came while the interpreter itself was still
-    # starting, before any Python ran (a shell shows both as 130)
     assert "Traceback" not in err and p.returncode in (130, -signal.SIGINT), (p.returncode, err)
-    meta = tmp_path / "d" / "rank-00000.json"
-    if meta.exists() and "exit_code" in json.loads(meta.read_text()):
-        assert json.loads(meta.read_text())["exit_code"] == 130
+
+
+def test_ctrl_c_once_the_command_runs_is_its_exit_in_the_store(tmp_path):
+    """Once the command runs (its process is seen), it gets the SIGINT and the store says 128+2."""
+    import signal
+    import time
+
+    import psutil
+    marker = tmp_path / "started"
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(tmp_path / "d"), "--",
+                          "sh", "-c", f"touch {marker}; exec sleep 31.7"], stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 60
+    while not marker.exists() and p.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert marker.exists(), p.communicate()
+    p.send_signal(signal.SIGINT)
+    _, err = p.communicate(timeout=60)
+    assert p.returncode == 130 and "Traceback" not in err, (p.returncode, err)
+    meta = json.loads((tmp_path / "d" / "rank-00000.json").read_text())
+    assert meta["exit_code"] == 130
+    assert not [c for c in psutil.process_iter(["cmdline"]) if c.info["cmdline"] == ["sleep", "31.7"]]

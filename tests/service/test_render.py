@@ -10,8 +10,6 @@ import yaml
 
 from hpcml.service import catalogue, k8s, render, validate
 
-pytest.importorskip("kubernetes_validate")
-
 
 def _objects(rendering, kind):
     return [d for d in rendering.documents() if d["kind"] == kind]
@@ -22,8 +20,14 @@ def test_every_blueprint_renders_and_validates(name):
     r = render.render(name, k8s.Target("vision"))
     kinds = {d["kind"] for d in r.documents()}
     assert {"Namespace", "Deployment", "Service", "PersistentVolumeClaim", "NetworkPolicy", "Application"} <= kinds
-    for doc in r.documents():
-        assert validate.validate(doc)        # again, one by one: each has a schema
+    for doc in r.documents():               # again, one by one: each against its own schema
+        against = validate.validate(doc)
+        assert against == ("argocd.argoproj.io/v1alpha1 (hpcml's schema)" if doc["kind"] == "Application"
+                           else f"Kubernetes {validate.K8S_VERSION}")
+        broken = copy.deepcopy(doc)          # and the same check refuses what the API server refuses
+        broken["metadata"]["name"] = "Not_A_DNS_Name"
+        with pytest.raises(validate.InvalidManifest):
+            validate.validate(broken)
         if doc["kind"] != "Application":
             assert doc["metadata"].get("namespace", doc["metadata"]["name"]) == "team-vision"
 
