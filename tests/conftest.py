@@ -11,6 +11,7 @@ import pytest
 
 from hpcml.errors import SlurmError
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
+from tests import needs
 
 # A suite started in the background of a non-interactive shell (``./scripts/test &``)
 # inherits SIGINT ignored, and every process it starts would too (an ignored signal stays
@@ -24,7 +25,7 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
     """A running 2-node cluster (n1, n2) for the session; installs Slurm if root.
 
     Without Slurm and without root it fails, unless HPCML_ALLOW_SKIP_SLURM=1 says that
-    skipping is acceptable. While it runs, ``os.environ`` has its SLURM_CONF and no
+    skipping is acceptable (the suite's one skip policy, tests/needs.py). While it runs, ``os.environ`` has its SLURM_CONF and no
     SLURM_* variables of an enclosing job.
     """
     # HPCML_SLURM_ROOT and HPCML_SLURM_PORT let two suites on one host keep their own cluster.
@@ -38,11 +39,9 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
     except SlurmError as exc:
         error = exc
     if error is not None:
-        cannot = isinstance(error, SlurmNotInstalled) or os.geteuid() != 0
-        if cannot and os.environ.get("HPCML_ALLOW_SKIP_SLURM") == "1":
-            pytest.skip(f"local Slurm cannot start here: {error}")
-        hint = " (not root: HPCML_ALLOW_SKIP_SLURM=1 skips these tests)" if cannot else ""
-        pytest.fail(f"local Slurm did not start{hint}: {error}", pytrace=False)
+        if isinstance(error, SlurmNotInstalled) or os.geteuid() != 0:
+            needs.missing("slurm", f"local Slurm cannot start here: {error}")    # HPCML_ALLOW_SKIP_SLURM=1
+        pytest.fail(f"local Slurm did not start: {error}", pytrace=False)
     with pytest.MonkeyPatch.context() as patch:
         for key in [k for k in os.environ if k.startswith("SLURM_")]:
             patch.delenv(key)
@@ -57,8 +56,7 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
 @pytest.fixture
 def small_disk(tmp_path: Path) -> Iterator[Path]:
     """A file system that fills up: a 20 MB tmpfs mounted for one test (ENOSPC for real)."""
-    if os.geteuid() != 0:
-        pytest.skip("mounting a small tmpfs needs root")
+    needs.root("mounting a small tmpfs needs root")
     import subprocess
     mnt = tmp_path / "mnt"
     mnt.mkdir()

@@ -24,6 +24,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.slurmjobs import run_job
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -97,9 +98,7 @@ def test_data_job_script_packs_stages_and_reads(env, site):
 
 
 def test_env_job_script_runs_one_container_per_task(env, site):
-    import shutil
-    if not shutil.which("bwrap"):
-        pytest.skip("bubblewrap is not installed")
+    needs.tool("bwrap", what="bubblewrap")
     out = run_job(adapt(scripts()["hpcml env"], site), site, env, timeout=180)
     assert sorted(re.findall(r"train rank (\d+) of 2", out)) == ["0", "1"], out
 

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 
 from hpcml.ckpt import Checkpointer
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "ckpt" / "train_resume.py"
@@ -46,7 +47,7 @@ def test_kill_9_during_the_drain_from_the_local_tier_keeps_the_committed_one(tmp
 def test_two_ranks_with_gloo_under_hpcml_run(tmp_path):
     """DDP-style: 2 ranks (hpcml run, gloo), each writes its own shard, rank 0 commits once
     both reported; the second run resumes both ranks at the same step."""
-    pytest.importorskip("torch")
+    needs.module("torch")
     ck = tmp_path / "ck"
     for steps in ("5", "8"):
         out = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--no-report", "--dir",

@@ -15,10 +15,11 @@ import pytest
 
 from hpcml.ckpt import Checkpointer, CheckpointError, load
 from hpcml.errors import UsageError
+from tests import needs
 from tests.slurmjobs import run_job
 
-torch = pytest.importorskip("torch")
-safetensors_torch = pytest.importorskip("safetensors.torch")
+torch = needs.module("torch")
+safetensors_torch = needs.module("safetensors.torch")
 ROOT = Path(__file__).resolve().parents[2]
 
 #: each rank saves its own model shard (FSDP-like) and every rank the same model (DDP, replicated)

@@ -16,6 +16,7 @@ import pytest
 
 from hpcml.ckpt import Checkpointer
 from hpcml.run.jobdir import log_path
+from tests import needs
 
 TASK = Path(__file__).with_name("task.py")
 TRAIN = Path(__file__).resolve().parents[2] / "examples" / "ckpt" / "train_resume.py"
@@ -176,7 +177,7 @@ def test_a_reader_beside_a_running_job_is_not_refused(tmp_path):
 def test_under_ddp_every_rank_is_refused_none_waits_in_a_collective(tmp_path):
     """Rank 0 checks the owner; the refusal is broadcast, so rank 1 raises it too instead of
     waiting for rank 0 in load_latest's all-reduce."""
-    pytest.importorskip("torch")
+    needs.module("torch")
     ck = tmp_path / "ck"
     first = _holder(ck)
     env = _env(PATH=f"{Path(sys.executable).parent}:{os.environ.get('PATH', '')}")

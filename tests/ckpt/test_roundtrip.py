@@ -15,8 +15,9 @@ import pytest
 
 from hpcml.ckpt import Checkpointer, layout
 from hpcml.errors import HpcmlError, UsageError
+from tests import needs
 
-torch = pytest.importorskip("torch")
+torch = needs.module("torch")
 
 
 def _state(seed: int = 0) -> dict:

@@ -16,6 +16,7 @@ import pytest
 
 from hpcml.ckpt import Checkpointer
 from hpcml.run.jobdir import log_path
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "ckpt" / "train_resume.py"
@@ -69,7 +70,7 @@ def _rank_pid(parent: int, rank: str) -> int | None:
 def test_under_ddp_one_signalled_rank_stops_every_rank_at_the_same_step(tmp_path, monkeypatch):
     """Only rank 1 gets SIGUSR1: the all-reduce at every step tells rank 0 at the same step
     (it says "peer"), both save that step and exit 0; nobody hangs in a collective."""
-    pytest.importorskip("torch")
+    needs.module("torch")
     ck = tmp_path / "ck"
     p = subprocess.Popen([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--no-report", "--dir",
                           str(tmp_path / "job"), "--", sys.executable, str(TRAIN), str(ck), "--torch",

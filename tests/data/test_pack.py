@@ -5,7 +5,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 
@@ -17,6 +16,7 @@ from hpcml.data.manifest import load_manifest
 from hpcml.data.pack import pack
 from hpcml.data.reader import ShardDataset
 from hpcml.errors import UsageError
+from tests import needs
 from tests.data.gen import make_files, make_shards
 
 
@@ -139,8 +139,8 @@ def test_cli_pack_json_and_bad_size(tmp_path):
     assert r.exit_code == 2 and "shard-size" in r.output and "Traceback" not in r.output
 
 
-@pytest.mark.skipif(not shutil.which("mksquashfs"), reason="squashfs-tools not installed")
 def test_squashfs_image_holds_every_file(tmp_path):
+    needs.tool("mksquashfs", what="squashfs-tools")
     runner, app = _cli()
     src = make_files(tmp_path / "src", 40)
     image = tmp_path / "ds.sqsh"

@@ -5,9 +5,10 @@ from __future__ import annotations
 import pytest
 
 from hpcml.data import ResumeStateError, ShardDataset
+from tests import needs
 from tests.data.gen import make_shards
 
-pytest.importorskip("torch")
+needs.module("torch")
 pytestmark = pytest.mark.torch
 from hpcml.data.torchloader import ShardLoader  # noqa: E402
 

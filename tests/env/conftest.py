@@ -4,12 +4,12 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.env import rootfs
 
 IMAGE_REF = "localhost/hpcml-test:1"
@@ -20,26 +20,23 @@ def root(tmp_path_factory: pytest.TempPathFactory) -> Path:
     try:
         return rootfs.build_rootfs(tmp_path_factory.mktemp("rootfs"))
     except RuntimeError as exc:
-        pytest.skip(f"no busybox root filesystem: {exc}")
+        needs.missing("busybox-static", f"no busybox root filesystem: {exc}")
 
 
 @pytest.fixture(scope="session")
 def bubblewrap_image(root: Path) -> str:
-    why = rootfs.ensure("bwrap", "bubblewrap")
-    if why:
-        pytest.skip(why)
+    rootfs.ensure("bwrap", "bubblewrap")
     probe = subprocess.run(["bwrap", "--ro-bind", str(root), "/", "--proc", "/proc", "--dev", "/dev",
                             "/bin/true"], capture_output=True, text=True)
     if probe.returncode != 0:
-        pytest.skip(f"bubblewrap cannot create a sandbox here: {probe.stderr.strip()}")
+        needs.missing("bubblewrap", f"bubblewrap cannot create a sandbox here: {probe.stderr.strip()}")
     return str(root)
 
 
 @pytest.fixture(scope="session")
 def podman_image(root: Path, tmp_path_factory: pytest.TempPathFactory):
-    why = rootfs.ensure("podman", "podman") or rootfs.ensure("runc", "runc")
-    if why:
-        pytest.skip(why)
+    rootfs.ensure("podman", "podman")
+    rootfs.ensure("runc", "runc")
     conf = rootfs.podman_conf(tmp_path_factory.mktemp("podman") / "containers.conf")
     with pytest.MonkeyPatch.context() as patch:
         patch.setenv("CONTAINERS_CONF", str(conf))
@@ -47,12 +44,12 @@ def podman_image(root: Path, tmp_path_factory: pytest.TempPathFactory):
         try:
             rootfs.podman_import(root, IMAGE_REF, env)
         except RuntimeError as exc:
-            pytest.skip(str(exc))
+            needs.missing("podman", str(exc))
         try:
             probe = subprocess.run(["podman", "run", "--rm", IMAGE_REF, "/bin/true"], capture_output=True,
                                    text=True, env=env)
             if probe.returncode != 0:
-                pytest.skip(f"podman cannot run a container here: {probe.stderr.strip()}")
+                needs.missing("podman", f"podman cannot run a container here: {probe.stderr.strip()}")
             yield IMAGE_REF
         finally:
             subprocess.run(["podman", "rmi", "-f", IMAGE_REF], capture_output=True, env=env)
@@ -60,6 +57,5 @@ def podman_image(root: Path, tmp_path_factory: pytest.TempPathFactory):
 
 @pytest.fixture(scope="session")
 def charliecloud_image(root: Path) -> str:
-    if shutil.which("ch-run") is None:
-        pytest.skip("ch-run not installed (Debian charliecloud-runtime)")
+    rootfs.ensure("ch-run", "charliecloud-runtime")
     return str(root)

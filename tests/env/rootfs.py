@@ -4,10 +4,11 @@ directories the runtimes bind onto. Also the podman configuration this sandbox n
 
 from __future__ import annotations
 
-import os
 import shutil
 import subprocess
 from pathlib import Path
+
+from tests import needs
 
 APPLETS = ("sh", "cat", "env", "ls", "pwd", "echo", "touch", "mkdir", "id", "test", "true", "false")
 DIRS = ("bin", "proc", "dev", "tmp", "etc", "data", "work", "mnt", "sys", "home", "run")
@@ -21,32 +22,18 @@ runtime = "runc"
 """
 
 
-def apt_install(*packages: str) -> str | None:
-    """Install Debian packages as root; None on success, else why not."""
-    if os.geteuid() != 0:
-        return f"not root: cannot install {' '.join(packages)}"
-    cmd = ["apt-get", "-q", "-y", "-o", "DPkg::Lock::Timeout=120", "install", "--no-install-recommends", *packages]
-    env = dict(os.environ, DEBIAN_FRONTEND="noninteractive")
-    proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    if proc.returncode != 0:
-        subprocess.run(["apt-get", "-q", "update"], capture_output=True, env=env)
-        proc = subprocess.run(cmd, capture_output=True, text=True, env=env)
-    return None if proc.returncode == 0 else f"apt-get install {' '.join(packages)} failed: {proc.stderr.strip()[-300:]}"
-
-
-def ensure(tool: str, package: str) -> str | None:
-    """None when ``tool`` is on PATH (installing ``package`` if needed), else why not."""
-    if shutil.which(tool):
-        return None
-    return apt_install(package) or (None if shutil.which(tool) else f"{tool} not found after installing {package}")
+def ensure(tool: str, package: str) -> None:
+    """``tool`` is on PATH (``scripts/test`` installs Debian's ``package`` as root), or the
+    test fails (``HPCML_ALLOW_SKIP_<PACKAGE>=1``: skips; tests/needs.py)."""
+    needs.tool(tool, what=package)
 
 
 def build_rootfs(root: Path) -> Path:
     """busybox-static with a few applets, and the usual mount points."""
-    why = ensure("busybox", "busybox-static")
+    ensure("busybox", "busybox-static")
     busybox = Path("/bin/busybox")
-    if why or not busybox.exists():
-        raise RuntimeError(why or "/bin/busybox missing")
+    if not busybox.exists():
+        raise RuntimeError("/bin/busybox missing")
     for d in DIRS:
         (root / d).mkdir(parents=True, exist_ok=True)
     shutil.copy2(busybox, root / "bin" / "busybox")

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import tarfile
 from pathlib import Path
@@ -17,6 +16,7 @@ from hpcml.env.check import Finding, check, exit_code, host_has_gpu, image_cuda_
 from hpcml.env.cli import app as env_app
 from hpcml.env.model import Environment, Mount
 from hpcml.env.site import parse_site
+from tests import needs
 
 SITE = """\
 hooks:
@@ -83,8 +83,8 @@ def test_registry_ref_conversion():
     assert registry_ref("ubuntu:24.04") == "ubuntu:24.04"
 
 
-@pytest.mark.skipif(shutil.which("podman") is None, reason="podman not installed")
 def test_registry_ref_against_podman_store(tmp_path, site):
+    needs.tool("podman")
     ref = f"localhost/hpcml-check-test:{os.getpid()}"
     archive = tmp_path / "img.tar"
     (tmp_path / "f").write_text("x")

@@ -15,7 +15,8 @@ from typer.testing import CliRunner
 from hpcml.env.cli import app as env_app
 from hpcml.env.model import VENV, Environment, Mount
 from hpcml.env.venv import VenvError, create_venv, execute
-from tests.env.rootfs import apt_install, ensure
+from tests import needs
+from tests.env.rootfs import ensure
 
 SYSTEM = ("usr", "lib", "lib64", "bin", "etc")
 PROBE = ("import json, site, sys\n"
@@ -27,14 +28,10 @@ PROBE = ("import json, site, sys\n"
 
 @pytest.fixture(scope="module")
 def host_python() -> None:
-    why = ensure("bwrap", "bubblewrap")
-    if why:
-        pytest.fail(why)
+    ensure("bwrap", "bubblewrap")
     if subprocess.run(["/usr/bin/python3", "-m", "venv", "--help"], capture_output=True).returncode != 0 \
             or subprocess.run(["/usr/bin/python3", "-c", "import ensurepip"], capture_output=True).returncode != 0:
-        why = apt_install("python3-venv")
-        if why:
-            pytest.fail(why)
+        needs.missing("python3-venv", "Debian's python3 has no venv/ensurepip (scripts/test installs python3-venv)")
 
 
 @pytest.fixture

@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 from hpcml.observe.hang import analyse
+from tests import needs
 
 
 def _entry(seq: int, name: str = "nccl:all_reduce", sizes=((4,),), pg=("0", "default_pg")) -> dict:
@@ -72,7 +73,7 @@ def test_cli_bad_input_and_json(tmp_path):
 @pytest.mark.torch
 def test_real_gloo_flight_recorder_dumps(tmp_path):
     """Two real ranks on gloo; rank 1 starts an all_reduce that rank 0 never joins."""
-    pytest.importorskip("torch")
+    needs.module("torch")
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys, torch, torch.distributed as dist
@@ -247,7 +248,7 @@ def test_real_nccl_dump_from_an_h100(tmp_path):
 def test_real_gloo_pending_only_dumps(tmp_path):
     """Three real ranks on gloo with a subgroup, dumped with onlyActive=True: rank 2 never
     enters the fourth world all-reduce. Gloo writes pg_status but a placeholder pg_config."""
-    pytest.importorskip("torch")
+    needs.module("torch")
     script = tmp_path / "job.py"
     script.write_text(textwrap.dedent(f"""
         import os, sys, time, torch, torch.distributed as dist

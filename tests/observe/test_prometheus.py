@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
@@ -14,9 +13,12 @@ import urllib.request
 import pytest
 
 from hpcml.ports import free_port
+from tests import needs
 
-pytestmark = pytest.mark.skipif(shutil.which("prometheus") is None,
-                                reason="Debian's prometheus is not installed (scripts/test installs it as root)")
+
+@pytest.fixture(autouse=True)
+def _prometheus() -> None:
+    needs.tool("prometheus")
 
 TRAIN = """
 import time

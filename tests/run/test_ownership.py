@@ -21,6 +21,7 @@ import pytest
 
 from hpcml.errors import UsageError
 from hpcml.run import jobdir
+from tests import needs
 
 ROOT = Path(__file__).resolve().parents[2]
 PY = sys.executable
@@ -258,8 +259,8 @@ def test_dir_that_is_a_file_is_one_line_exit_2(tmp_path):
     assert p.returncode == 2 and p.stderr.count("\n") == 1 and "f: not a directory" in p.stderr, p.stderr
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="mounting a small tmpfs needs root")
 def test_a_full_disk_is_one_line_exit_1_and_leaves_no_temporary_file(tmp_path):
+    needs.root("mounting a small tmpfs needs root")
     mnt = tmp_path / "small"
     mnt.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(mnt)], check=True)

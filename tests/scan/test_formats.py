@@ -17,6 +17,7 @@ from safetensors import safe_open
 
 from hpcml.scan.formats import npy
 from hpcml.scan.formats import safetensors as st
+from tests import needs
 
 # --- helpers -----------------------------------------------------------------------
 
@@ -117,7 +118,7 @@ def test_numpy_saved_file_is_clean(tmp_path: Path) -> None:
 
 
 def test_torch_dtypes_are_clean() -> None:
-    torch = pytest.importorskip("torch")
+    torch = needs.module("torch")
     from safetensors.torch import save
 
     tensors = {

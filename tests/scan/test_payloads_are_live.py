@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.scan import payloads
 
 HERE = Path(__file__).resolve().parent
@@ -39,7 +40,7 @@ def _params(cases: list[payloads.Case]) -> list:
 
 def _require(case: payloads.Case) -> None:
     for module in case.needs:
-        pytest.importorskip(module)
+        needs.module(module)
 
 
 def _victim(case: payloads.Case, path: Path, cwd: Path) -> subprocess.CompletedProcess:

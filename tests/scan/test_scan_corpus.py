@@ -15,6 +15,7 @@ import pytest
 from hpcml.scan.loader import RestrictedUnpickler, UnsafeFileError, safe_load
 from hpcml.scan.model import Verdict
 from hpcml.scan.scanner import scan_file
+from tests import needs
 from tests.scan import payloads
 
 
@@ -25,7 +26,7 @@ def _params(cases):
 
 def _build(case: payloads.Case, tmp_path: Path) -> tuple[Path, Path]:
     for module in case.needs:
-        pytest.importorskip(module)
+        needs.module(module)
     marker = tmp_path / "marker file"
     out = tmp_path / "corpus"
     out.mkdir()

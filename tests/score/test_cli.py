@@ -13,6 +13,7 @@ import pytest
 from hpcml.score.archive import write_store
 from hpcml.score.report import build
 from hpcml.score.selftest import judge
+from tests import needs
 
 from . import synth
 
@@ -94,14 +95,14 @@ def test_selftest_judgement():
 
 
 def test_selftest_without_gpu_says_so_and_exits_2():
-    pytest.importorskip("torch")
+    needs.module("torch")
     p = _hpcml("selftest", "--seconds", "1")
     assert p.returncode == 2 and "no CUDA GPU" in p.stderr and p.stderr.count("\n") == 1
 
 
 @pytest.mark.parametrize("kind", ["compute", "memory"])
 def test_workloads_run_on_cpu(kind):
-    pytest.importorskip("torch")
+    needs.module("torch")
     p = subprocess.run([sys.executable, "-m", "hpcml.score.workloads", kind, "--seconds", "0.3",
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr

@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from hpcml.service import catalogue, k8s, k8sformat, render, validate
+from tests import needs
 
-pytest.importorskip("kubernetes_validate")
+needs.module("kubernetes_validate")
 
 ROOT = Path(__file__).resolve().parents[2]
 PROMETHEUS = (catalogue.DIRECTORY / "prometheus.yaml").read_text()

@@ -15,6 +15,7 @@ from hpcml import schemas
 from hpcml.errors import UsageError
 from hpcml.service import k8s, render
 from hpcml.service import state as st
+from tests import needs
 
 
 def test_state_document_round_trips_and_matches_its_schema(tmp_path):
@@ -35,7 +36,7 @@ def test_a_state_of_a_newer_hpcml_is_refused(tmp_path):
 
 
 def test_render_json_matches_its_schema():
-    pytest.importorskip("kubernetes_validate")
+    needs.module("kubernetes_validate")
     doc = render.render("mlflow", k8s.Target("vision")).to_json()
     jsonschema.validate(doc, schemas.load("service.render"))
 

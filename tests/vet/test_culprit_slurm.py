@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.slurmjobs import run_job
 
 ROOT = Path(__file__).parents[2]
@@ -26,7 +27,7 @@ evals:
 
 @pytest.fixture
 def env(slurm_env):
-    pytest.importorskip("torch")
+    needs.module("torch")
     return {**slurm_env, "PYTHONPATH": str(ROOT),
             "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
 

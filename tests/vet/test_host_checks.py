@@ -19,6 +19,7 @@ from hpcml.vet.checks.mounts import MountsCheck
 from hpcml.vet.checks.processes import ProcessesCheck
 from hpcml.vet.checks.tcp import TcpCheck
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
+from tests import needs
 
 CTX = CheckContext(node="n1", nodes=("n1",))
 
@@ -49,8 +50,8 @@ def test_disk_too_little_free(tmp_path):
     assert r.outcome is Outcome.FAIL and "free" in r.message
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to mount a read-only filesystem")
 def test_disk_read_only_filesystem_fails(tmp_path):
+    needs.root("mounting a read-only filesystem needs root")
     ro = tmp_path / "ro"
     ro.mkdir()
     subprocess.run(["mount", "-t", "tmpfs", "-o", "ro,size=1m", "tmpfs", str(ro)], check=True)
@@ -85,8 +86,8 @@ def test_imports():
     assert r.outcome is Outcome.FAIL and "no_such_module_hpcml" in r.message
 
 
-@pytest.mark.skipif(os.geteuid() != 0, reason="needs root to start a process as another user")
 def test_processes_of_other_users():
+    needs.root("starting a process as another user needs root")
     def as_nobody():
         os.setgid(65534)
         os.setuid(65534)
@@ -136,7 +137,7 @@ def test_freivalds_detects_one_corrupted_element():
 
 def test_compute_gpu_without_gpu_is_skipped_or_failed_when_required():
     if "torch" not in sys.modules:
-        pytest.importorskip("torch")
+        needs.module("torch")
     r = run(ComputeCheck, size=64, device="gpu")
     assert r.outcome is Outcome.SKIPPED
     req = ComputeCheck(ComputeCheck.Params(size=64, device="gpu"),

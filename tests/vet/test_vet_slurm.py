@@ -15,6 +15,7 @@ from pathlib import Path
 
 import pytest
 
+from tests import needs
 from tests.slurmjobs import run_job
 
 ROOT = Path(__file__).parents[2]
@@ -149,7 +150,7 @@ def test_vetnode_protocol_fails_closed_where_vetnode_failed_open(env, tmp_path):
 
 
 def test_collective_allreduce_across_the_allocation(env, tmp_path):
-    pytest.importorskip("torch")
+    needs.module("torch")
     (tmp_path / "p.yaml").write_text(
         "name: coll\nevals:\n  - {name: memory, type: memory, min_available_fraction: 1%}\n"
         "  - {name: allreduce, type: collective, payload: 4 MiB, iterations: 3, timeout: 90 s}\n")

@@ -7,6 +7,7 @@ from collections.abc import Iterator
 
 import pytest
 
+from tests import needs
 from tests.vet.fleet.pgcluster import PgCluster, PgUnavailable
 
 TOKEN = "test-token-0123456789abcdef"
@@ -16,14 +17,11 @@ _seq = itertools.count()
 
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
-    try:
-        import psycopg  # noqa: F401
-    except ImportError:
-        pytest.skip("psycopg is not installed (pip install 'psycopg[binary]', in the test extra)")
+    needs.module("psycopg")
     try:
         cluster = PgCluster().start()
     except PgUnavailable as exc:
-        pytest.skip(f"PostgreSQL cannot run here: {exc}")
+        needs.missing("postgresql", f"PostgreSQL cannot run here: {exc}")
     try:
         yield cluster
     finally:
