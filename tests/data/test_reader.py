@@ -153,3 +153,12 @@ def test_overwritten_header_is_caught_or_skipped_and_counted(shards, tmp_path):
 def test_decode_runs_per_sample(shards):
     ds = _ds(shards, decode=lambda s: (s["__key__"], int(s["cls"])))
     assert all(isinstance(label, int) for _k, label in ds)
+
+
+@pytest.mark.parametrize("kw, key", [({"on_corrupt": "ignore"}, "on_corrupt"), ({"rank": 3, "world_size": 2}, "rank")])
+def test_a_bad_setting_is_a_usage_error_naming_it(shards, kw, key):
+    """Like every other component's settings (it was a bare ValueError)."""
+    from hpcml.errors import UsageError
+    with pytest.raises(UsageError) as caught:
+        _ds(shards, **kw)
+    assert caught.value.key == key and caught.value.exit_code == 2

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from hpcml.data import ResumeStateError, ShardDataset
+from hpcml.errors import UsageError
 from tests import needs
 from tests.data.gen import make_shards
 
@@ -86,5 +87,6 @@ def test_next_epoch_reshuffles(shards):
 @pytest.mark.parametrize("kw,match", [({"persistent_workers": True}, "persistent"), ({"in_order": False}, "order")])
 def test_options_that_break_the_order_are_refused(shards, kw, match):
     ds = ShardDataset(shards, rank=0, world_size=1)
-    with pytest.raises(ValueError, match=match):
+    with pytest.raises(UsageError, match=match) as caught:
         ShardLoader(ds, batch_size=4, num_workers=2, **kw)
+    assert caught.value.key == next(iter(kw))

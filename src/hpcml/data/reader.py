@@ -129,14 +129,15 @@ class ShardDataset:
                  read_threads: int = 8, on_corrupt: str = "raise",
                  decode: Callable[[dict], Any] | None = None) -> None:
         if on_corrupt not in ("raise", "skip"):
-            raise ValueError("on_corrupt must be 'raise' or 'skip'")
+            raise UsageError(f"must be 'raise' or 'skip', got {on_corrupt!r}", key="on_corrupt")
         self.manifest = load_manifest(path)
         self.root = manifest_path(path).parent
         env_rank, env_world = _env_rank() if rank is None or world_size is None else (rank, world_size)
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
         if not 0 <= self.rank < self.world_size:
-            raise ValueError(f"rank {self.rank} outside world size {self.world_size}")
+            raise UsageError(f"rank {self.rank} is outside world size {self.world_size}",
+                             key="rank" if rank is not None else "world_size")
         self.layout = order.Layout(seed=seed, shuffle=shuffle, block_bytes=block_bytes,
                                    window=window, drop_last=drop_last)
         self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode

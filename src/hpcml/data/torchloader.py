@@ -14,7 +14,7 @@ import gc
 from typing import Any, Iterator
 
 from hpcml.data.reader import ShardDataset
-from hpcml.errors import HpcmlError
+from hpcml.errors import HpcmlError, UsageError
 
 try:
     from torch.utils.data import DataLoader, IterableDataset, get_worker_info
@@ -57,9 +57,9 @@ class ShardLoader:
             raise HpcmlError("ShardLoader needs torch: pip install 'hpcml[torch]' "
                              "(ShardDataset iterates without it)")
         if kwargs.get("persistent_workers"):
-            raise ValueError("persistent_workers=True would keep the previous epoch's order")
+            raise UsageError("True would keep the previous epoch's order", key="persistent_workers")
         if kwargs.get("in_order") is False:
-            raise ValueError("in_order=False delivers batches out of the planned order: no exact resume")
+            raise UsageError("False delivers batches out of the planned order: no exact resume", key="in_order")
         self.ds, self.batch_size, self.num_workers = ds, batch_size, num_workers
         self.kwargs = kwargs
 
