@@ -143,3 +143,47 @@ def test_recursive_or_deep_yaml_is_one_line(text, problem):
     with pytest.raises(UsageError, match=problem) as exc:
         load_yaml(text, "c.yaml")
     assert str(exc.value).startswith("c.yaml")
+
+
+WRITER = """
+import sys, threading
+from hpcml.files import write_atomic
+path, tag = sys.argv[1], sys.argv[2]
+errors = []
+def loop(k):
+    for i in range(150):
+        try:
+            write_atomic(path, (tag + str(k)) * 50_000)
+        except Exception as exc:
+            errors.append(repr(exc))
+threads = [threading.Thread(target=loop, args=(k,)) for k in range(4)]
+[t.start() for t in threads]
+[t.join() for t in threads]
+print("\\n".join(errors[:3]))
+sys.exit(1 if errors else 0)
+"""
+
+
+def test_two_processes_of_four_threads_writing_one_file_never_tear_it(tmp_path):
+    """Each writer has its own temporary name (pid, thread, random): with one name per
+    process, two threads of it wrote into one temporary file and renamed it away from each
+    other. A reader in a third process sees one writer's whole file at every moment."""
+    import subprocess
+    import sys
+    path = tmp_path / "state.json"
+    write_atomic(path, "a0" * 50_000)
+    writers = [subprocess.Popen([sys.executable, "-c", WRITER, str(path), tag], stdout=subprocess.PIPE, text=True)
+               for tag in ("a", "b")]
+    while any(w.poll() is None for w in writers):
+        text = path.read_text()
+        assert len(text) == 100_000 and len(set(text[i:i + 2] for i in range(0, 100_000, 2))) == 1, text[:20]
+    outs = [w.communicate()[0] for w in writers]
+    assert [w.returncode for w in writers] == [0, 0], outs
+    assert [p.name for p in tmp_path.iterdir()] == ["state.json"]          # no temporary file left
+
+
+def test_mode_and_durable(tmp_path):
+    import stat
+    write_atomic(tmp_path / "secret", b"\x00\x01", mode=0o600, durable=True)
+    assert (tmp_path / "secret").read_bytes() == b"\x00\x01"
+    assert stat.S_IMODE((tmp_path / "secret").stat().st_mode) == 0o600

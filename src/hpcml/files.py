@@ -9,6 +9,7 @@ import json
 import os
 import stat
 import sys
+import threading
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -19,21 +20,47 @@ if TYPE_CHECKING:
     import yaml
 
 
-def write_atomic(path: str | os.PathLike, text: str, exclusive: bool = False) -> None:
+def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = False, *,
+                 mode: int | None = None, durable: bool = False) -> None:
     """Write through a temporary file and rename it, so a reader never sees half a file
-    (several processes may write their own files in one shared directory). ``exclusive``:
-    only if ``path`` does not exist yet (FileExistsError otherwise: of two processes that
-    race for it, one wins). A failed write (a full disk) leaves no temporary file behind."""
+    (several processes, or threads, may write the same file or their own in one shared
+    directory: each has its own temporary name). ``exclusive``: only if ``path`` does not
+    exist yet (FileExistsError otherwise: of two processes that race for it, one wins).
+    ``mode``: exactly these permissions (fchmod; the umask only narrows a plain create).
+    ``durable``: fsync the file and its directory before returning (a commit record that
+    must survive a node crash). A failed write (a full disk) leaves no temporary file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}.tmp")
+    payload = data.encode("utf-8") if isinstance(data, str) else data
     try:
-        tmp.write_text(text, encoding="utf-8")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+        try:
+            if mode is not None:
+                os.fchmod(fd, mode)
+            view = memoryview(payload)
+            while view:
+                view = view[os.write(fd, view):]
+            if durable:
+                os.fsync(fd)
+        finally:
+            os.close(fd)
         if exclusive:
             os.link(tmp, path)
         else:
             os.replace(tmp, path)
+        if durable:
+            fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def fsync_dir(path: str | os.PathLike) -> None:
+    """fsync a directory: a rename or create in it survives a crash from then on."""
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def inside(root: str | os.PathLike, path: str | os.PathLike) -> Path:

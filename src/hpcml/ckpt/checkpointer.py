@@ -43,6 +43,7 @@ from hpcml.ckpt.prune import Pruned, prune
 from hpcml.cluster.ranks import initialised_dist, ranks, restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import taskenv
+from hpcml.files import fsync_dir
 from hpcml.units import parse_rate
 
 
@@ -383,7 +384,7 @@ class Checkpointer:
         else:
             os.rename(partial, final)
         self._committed = step
-        layout.fsync_dir(self.dir)
+        fsync_dir(self.dir)
         self._checked[(self.token, committed_at)] = []
         self.prune()
 

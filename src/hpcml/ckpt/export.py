@@ -24,6 +24,7 @@ from hpcml import schemas
 from hpcml.ckpt import layout, offline
 from hpcml.ckpt.flatten import leaf_paths
 from hpcml.errors import UsageError
+from hpcml.files import fsync_dir
 
 TAG = schemas.tag("ckpt.export", 1)
 _CHUNK = 16 << 20
@@ -147,4 +148,4 @@ def _write(out: Path, header: bytes, order: list[dict[str, Any]], source: Path) 
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    layout.fsync_dir(out.parent)
+    fsync_dir(out.parent)

@@ -39,7 +39,7 @@ from typing import Any
 
 from hpcml import schemas
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.files import load_json_bounded
+from hpcml.files import load_json_bounded, write_atomic
 
 MANIFEST = "manifest.json"
 TAG = schemas.tag("ckpt", 1)
@@ -74,14 +74,6 @@ def attempt_mark(token: str) -> str:
     return ".attempt-" + re.sub(r"[^A-Za-z0-9._-]", "_", token)
 
 
-def fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def dir_mode(mode: int) -> int:
     """The directory mode that goes with a file mode: x wherever r is (0600 -> 0700)."""
     return mode | (mode & 0o444) >> 2
@@ -111,13 +103,7 @@ def create(path: Path | str, mode: int = FILE_MODE, flags: int = os.O_TRUNC) -> 
 
 def write_json_durably(path: Path, doc: dict[str, Any], mode: int = FILE_MODE) -> None:
     """Write under a temporary name, fsync, rename, fsync the directory."""
-    tmp = path.with_name(path.name + ".tmp")
-    with os.fdopen(create(tmp, mode), "w") as fh:
-        json.dump(doc, fh, separators=(",", ":"))
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fsync_dir(path.parent)
+    write_atomic(path, json.dumps(doc, separators=(",", ":")), mode=mode, durable=True)
 
 
 #: a manifest or shard index lists ranks and tensors: tens of MB at the largest scale; more is

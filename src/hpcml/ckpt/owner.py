@@ -38,7 +38,7 @@ from hpcml.ckpt import layout
 from hpcml.errors import UsageError
 from hpcml.farm import taskenv
 from hpcml.farm.model import ENDS
-from hpcml.files import load_json_bounded
+from hpcml.files import load_json_bounded, write_atomic
 from hpcml.proctree import start_time
 
 OWNER = ".owner"
@@ -173,10 +173,7 @@ def release(root: Path, token: str, mode: int = layout.FILE_MODE) -> None:
     one took over still finds another token at its next commit (``check``)."""
     owner = read(root)
     if owner is not None and owner.get("token") == token:
-        tmp = root / f".owner.{os.getpid()}.released.tmp"
-        with os.fdopen(layout.create(tmp, mode), "w") as fh:
-            json.dump({**owner, "released": True}, fh)
-        os.replace(tmp, root / OWNER)
+        write_atomic(root / OWNER, json.dumps({**owner, "released": True}), mode=mode)
 
 
 def live_token(root: Path) -> str | None:

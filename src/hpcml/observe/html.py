@@ -18,6 +18,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcml.files import write_atomic
 from hpcml.htmlkit import CSS, PALETTE, bridge_gaps, fmt_duration, fmt_number, heatmap, line_chart, table
 from hpcml.observe.report import Report
 
@@ -126,7 +127,5 @@ def render(rep: Report) -> str:
 
 def write(rep: Report, path: str | Path) -> Path:
     path = Path(path)
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(render(rep), encoding="utf-8")
-    tmp.replace(path)
+    write_atomic(path, render(rep))
     return path
