@@ -187,3 +187,42 @@ def test_mode_and_durable(tmp_path):
     write_atomic(tmp_path / "secret", b"\x00\x01", mode=0o600, durable=True)
     assert (tmp_path / "secret").read_bytes() == b"\x00\x01"
     assert stat.S_IMODE((tmp_path / "secret").stat().st_mode) == 0o600
+
+
+@pytest.mark.parametrize("command, name", [
+    (["farm", "status"], "farm.json"),
+    (["report"], "run.json"),
+])
+@pytest.mark.parametrize("fault, words", [
+    ("garbage", "not JSON"),
+    ("list", "expected a JSON object"),
+    ("other", "not an hpcml."),
+    ("newer", "written by a newer hpcml"),
+    ("fifo", "unreadable"),
+])
+def test_every_record_reader_says_one_thing_per_fault(tmp_path, command, name, fault, words):
+    """farm.json and run.json (like checkpoint records and manifests) go through files.read_json:
+    the same fault reads the same way through each command, one line naming the file, exit 2."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from hpcml.schemas import parse
+    d = tmp_path / "d"
+    d.mkdir()
+    f = d / name
+    tags = {"farm.json": "hpcml.farm/1", "run.json": "hpcml.run/1", "manifest.json": "hpcml.ckpt/1"}
+    major = parse(tags[name])[0]
+    if name == "manifest.json":
+        (d / "step-00000001").mkdir()
+        f = d / "step-00000001" / name
+    if fault == "fifo":
+        os.mkfifo(f)
+    else:
+        f.write_text({"garbage": "{not json", "list": "[1, 2]", "other": json.dumps({"schema": "hpcml.other/1"}),
+                      "newer": json.dumps({"schema": f"{major}/99"})}[fault])
+    p = subprocess.run([sys.executable, "-m", "hpcml", *command, str(d)], capture_output=True, text=True, timeout=120,
+                       env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
+    assert p.returncode == 2, (p.returncode, p.stderr)
+    assert len(p.stderr.strip().splitlines()) == 1 and words in p.stderr and name in p.stderr, p.stderr

@@ -112,6 +112,37 @@ def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlink
         raise ValueError("JSON nested too deeply") from None
 
 
+#: the largest JSON record hpcml reads back (a checkpoint's index of a large model, a
+#: manifest of many shards); anything bigger is not one of its files
+JSON_MAX = 256 << 20
+
+
+def read_json(path: str | os.PathLike, tag: str | None, *, missing: str = "missing", also: tuple[str, ...] = (),
+              untagged: bool = False, max_bytes: int = JSON_MAX, loads: Any = None) -> Any:
+    """A JSON file hpcml wrote (run.json, farm.json, a manifest, a checkpoint's records),
+    read as if anyone could have replaced it, with one wording for every fault: a
+    UsageError (exit 2) naming the file and saying ``missing`` (the caller's words for a
+    file that is not there), ``unreadable (why)``, ``not JSON (why)``, or what the schema
+    tag says (another document, a newer hpcml; ``hpcml.schemas.check``). ``tag`` None:
+    no tag to check. ``loads``: a faster parser (orjson) for the large ones."""
+    try:
+        data = read_bounded(path, max_bytes)
+    except FileNotFoundError:
+        raise UsageError(missing, file=str(path)) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
+    try:
+        doc = (loads or json.loads)(data)
+    except RecursionError:
+        raise UsageError("not JSON (nested too deeply)", file=str(path)) from None
+    except ValueError as exc:                   # json's and orjson's decode errors are ValueErrors
+        raise UsageError(f"not JSON ({exc})", file=str(path)) from None
+    if tag is not None:
+        from hpcml.schemas import check
+        check(doc, tag, str(path), also=also, untagged=untagged)
+    return doc
+
+
 # A config file (blueprint, sweep, protocol, rules, EDF, policy, site hooks) is written by
 # hand: the largest we ship is 7 KiB. 256 KiB is 40 times that, and PyYAML parses even the
 # densest 256 KiB (a list of one-digit numbers) in about 1.5 s and 70 MB; 1 MiB of it took

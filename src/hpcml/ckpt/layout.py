@@ -37,9 +37,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml import schemas
+from hpcml import files, schemas
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.files import load_json_bounded, write_atomic
+from hpcml.files import write_atomic
 
 MANIFEST = "manifest.json"
 TAG = schemas.tag("ckpt", 1)
@@ -112,14 +112,7 @@ JSON_MAX = 256 << 20
 
 
 def read_json(path: Path, tag: str) -> dict[str, Any]:
-    try:
-        doc = load_json_bounded(path, JSON_MAX)         # a FIFO, '[' * 100000, a huge file: unreadable
-    except FileNotFoundError:
-        raise UsageError("missing", file=str(path)) from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
-    schemas.check(doc, tag, str(path))
-    return doc
+    return files.read_json(path, tag, max_bytes=JSON_MAX)   # a FIFO, '[' * 100000, a huge file: one line
 
 
 def file_crc(path: Path) -> int:

@@ -17,7 +17,7 @@ import numpy as np
 import orjson
 
 from hpcml.errors import UsageError
-from hpcml.files import write_atomic
+from hpcml.files import read_json, write_atomic
 
 BLOCK = 512
 
@@ -45,12 +45,7 @@ def write_index(path: Path, shard: str, rows: list[list], fingerprint: str, sha2
 
 
 def read_index_doc(path: Path) -> dict:
-    try:
-        doc = orjson.loads(path.read_bytes())
-    except FileNotFoundError:
-        raise UsageError("shard index missing", file=str(path)) from None
-    except (OSError, orjson.JSONDecodeError) as exc:
-        raise UsageError(f"unreadable shard index: {exc}", file=str(path)) from None
+    doc = read_json(path, None, missing="shard index missing", loads=orjson.loads)
     if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
         raise UsageError("not a shard index", file=str(path), key="samples")
     return doc

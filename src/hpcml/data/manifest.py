@@ -21,7 +21,7 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpcml.errors import UsageError
-from hpcml.files import write_atomic
+from hpcml.files import read_json, write_atomic
 from hpcml.schemas import check
 
 SCHEMA = "hpcml.data.manifest/1"
@@ -71,15 +71,8 @@ def manifest_path(path: str | os.PathLike) -> Path:
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read and validate a manifest; any problem is a one-line UsageError naming the file."""
     p = manifest_path(path)
-    try:
-        raw = orjson.loads(p.read_bytes())
-    except FileNotFoundError:
-        raise UsageError("no manifest here: not a shard set made by 'hpcml data pack'", file=str(p)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc.strerror}", file=str(p)) from None
-    except orjson.JSONDecodeError as exc:
-        raise UsageError(f"not JSON: {exc}", file=str(p)) from None
-    raw = _from_legacy(raw)
+    raw = _from_legacy(read_json(p, None, missing="no manifest here: not a shard set made by 'hpcml data pack'",
+                                 loads=orjson.loads))
     check(raw, SCHEMA, str(p))
     try:
         return Manifest.model_validate(raw)

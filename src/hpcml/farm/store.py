@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import FARM_FILE, FARM_SCHEMA, SUBDIRS, TASK_SCHEMA, TASKS_FILE, Settings, Task, TaskSpec
-from hpcml.files import write_atomic
+from hpcml.files import read_json, write_atomic
 from hpcml.schemas import check
 
 
@@ -50,12 +50,7 @@ def _read_farm_json(path: Path) -> dict[str, Any]:
     if not f.exists():
         what = "does not exist" if not path.exists() else f"has no {FARM_FILE}"
         raise UsageError(f"not a farm directory ({what}); make one with hpcml farm create", file=str(path))
-    try:
-        doc = json.loads(f.read_text(encoding="utf-8"))
-    except (OSError, json.JSONDecodeError) as exc:
-        raise UsageError(f"not valid JSON: {exc}", file=str(f)) from None
-    check(doc, FARM_SCHEMA, str(f))
-    return doc
+    return read_json(f, FARM_SCHEMA)
 
 
 def _read_tasks(path: Path) -> list[Task]:

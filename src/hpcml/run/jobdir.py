@@ -38,7 +38,7 @@ from hpcml.cluster.requeue import MARKER
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import ENDS
 from hpcml.farm.taskenv import current as farm_task
-from hpcml.files import write_atomic
+from hpcml.files import read_json, write_atomic
 from hpcml.proctree import start_time
 
 SCHEMA = "hpcml.run/1"
@@ -220,16 +220,10 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
 
 
 def read_run(d: Path) -> dict[str, Any]:
-    from hpcml.schemas import check
     p = Path(d) / RUN_JSON
-    if not p.is_file():
+    if not os.path.lexists(p):
         raise UsageError("not an hpcml run job directory (no run.json)", file=str(d))
-    try:
-        data = json.loads(p.read_text())
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"unreadable: {exc}", file=str(p)) from None
-    check(data, SCHEMA, str(p))
-    return data
+    return read_json(p, SCHEMA)             # a FIFO or a directory there: "unreadable", not a hang
 
 
 def tail(path: Path, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
