@@ -44,3 +44,22 @@ def test_nothing_is_forwarded_outside_the_block():
         assert seen == [] and hits == [signal.SIGUSR2]
     finally:
         signal.signal(signal.SIGUSR2, old)
+
+
+def test_handling_gives_the_previous_handlers_back_even_after_an_error():
+    """``hpcml.signals.handling`` (the collector's and a service job's TERM/INT): the
+    caller's handlers (pytest's own, here) are back afterwards, also when the body raises."""
+    import pytest
+
+    from hpcml.signals import handling
+    got: list[int] = []
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+    with pytest.raises(RuntimeError):
+        with handling((signal.SIGTERM, signal.SIGINT), lambda sig, _f: got.append(sig)):
+            os.kill(os.getpid(), signal.SIGTERM)
+            deadline = time.monotonic() + 10
+            while not got and time.monotonic() < deadline:
+                time.sleep(0.01)
+            raise RuntimeError("the body failed")
+    assert got == [signal.SIGTERM]
+    assert {s: signal.getsignal(s) for s in before} == before

@@ -43,6 +43,18 @@ def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_S
         restore(previous)
 
 
+@contextmanager
+def handling(signals: Iterable[int], handler: Callable) -> Iterator[None]:
+    """``handler`` for ``signals`` while inside; the previous handlers come back on exit
+    (a server's TERM/INT loop, a service job's body: called from tests too, whose own
+    handlers must survive)."""
+    previous = install(signals, handler)
+    try:
+        yield
+    finally:
+        restore(previous)
+
+
 def install(signals: Iterable[int], handler: Callable) -> dict[int, Any]:
     """Set ``handler`` for each of ``signals``; returns what was there, for ``restore``.
     A library that installs handlers must give the caller's back when it is done."""

@@ -22,6 +22,7 @@ from hpcml.errors import HpcmlError, UsageError
 from hpcml.service import local
 from hpcml.service import state as st
 from hpcml.service.resolve import with_dependencies
+from hpcml.signals import handling
 
 
 class Interrupted(HpcmlError):
@@ -91,15 +92,14 @@ def serve(ref: str, **kw) -> int:
     def on_signal(signum: int, frame: FrameType | None) -> None:
         stopping.append(signum)
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    states, procs = up(ref, **kw)
-    try:
-        while not stopping and procs[-1].poll() is None:
-            time.sleep(0.2)
-    finally:
-        for s, proc in reversed(list(zip(states, procs))):
-            local.stop(s, proc=proc)
+    with handling((signal.SIGTERM, signal.SIGINT), on_signal):
+        states, procs = up(ref, **kw)
+        try:
+            while not stopping and procs[-1].poll() is None:
+                time.sleep(0.2)
+        finally:
+            for s, proc in reversed(list(zip(states, procs))):
+                local.stop(s, proc=proc)
     return 0 if stopping else (procs[-1].returncode or 0)
 
 

@@ -15,6 +15,7 @@ import typer
 
 from hpcml.cli_support import parse_size
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.signals import handling
 
 
 def serve(
@@ -60,10 +61,9 @@ def serve(
         store.close()
         raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
     stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    threading.Thread(target=server.serve_forever, name="collector", daemon=True).start()
-    print(f"listening on {server.url}", flush=True)
-    while not stop.wait(1):  # wake up now and then: signals reach the main thread
-        pass
+    with handling((signal.SIGTERM, signal.SIGINT), lambda *_: stop.set()):
+        threading.Thread(target=server.serve_forever, name="collector", daemon=True).start()
+        print(f"listening on {server.url}", flush=True)
+        while not stop.wait(1):  # wake up now and then: signals reach the main thread
+            pass
     server.close()
