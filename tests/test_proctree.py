@@ -53,3 +53,39 @@ def test_start_time_of_a_live_process_a_zombie_and_a_gone_one():
     assert start_time(child.pid) is None
     child.wait()
     assert start_time(child.pid) is None
+
+
+def test_stop_group_terms_waits_then_kills_what_ignored_it():
+    """``proctree.stop_group`` (srun steps, local services): the leader ends on TERM, its
+    child that ignores TERM is KILLed after the grace; afterwards nothing of the group runs."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    import psutil
+
+    from hpcml.proctree import stop_group
+    script = ("import signal, subprocess, sys, time\n"
+              "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
+              "signal.SIG_IGN); print(1, flush=True); time.sleep(300)'])\n"
+              "time.sleep(300)\n")
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
+    deadline = time.monotonic() + 60
+    while len(psutil.Process(leader.pid).children()) < 1 and time.monotonic() < deadline:
+        time.sleep(0.02)
+    child = psutil.Process(leader.pid).children()[0]
+    assert stop_group(leader.pid, 5.0, lambda: leader.poll() is not None) is True
+    child.wait(timeout=30)
+    assert not [p for p in psutil.process_iter() if _pgid(p.pid) == leader.pid]
+    assert stop_group(leader.pid, 1.0, lambda: True) is True      # a group already gone: nothing to do
+    assert leader.returncode == -signal.SIGTERM and os.getpgid(0) != leader.pid
+
+
+def _pgid(pid: int) -> int | None:
+    import os
+    try:
+        return os.getpgid(pid)
+    except ProcessLookupError:
+        return None

@@ -22,6 +22,7 @@ import ctypes
 import os
 import signal
 import time
+from collections.abc import Callable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -80,6 +81,19 @@ def signal_group(pgid: int, sig: int) -> bool:
         return True
     except (ProcessLookupError, PermissionError):
         return False
+
+
+def stop_group(pgid: int, grace: float, gone: Callable[[], bool], poll: float = 0.1) -> bool:
+    """TERM a process group, wait up to ``grace`` seconds for ``gone()`` (its leader ended,
+    the service's pid no longer the service), then KILL whatever is left of the group (the
+    leader's children that ignored TERM). True if ``gone()`` came within the grace."""
+    if not signal_group(pgid, signal.SIGTERM):
+        return True                                 # no such group: nothing to stop
+    deadline = time.monotonic() + grace
+    while not (ended := gone()) and time.monotonic() < deadline:
+        time.sleep(poll)
+    signal_group(pgid, signal.SIGKILL)
+    return ended
 
 
 def kill_descendants(sig: int = signal.SIGKILL) -> int:

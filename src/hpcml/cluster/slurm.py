@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import csv
 import io
-import os
 import shutil
 import signal
 import subprocess
@@ -17,6 +16,7 @@ from collections.abc import Mapping, Sequence
 
 from hpcml.cluster.hostlist import expand, fold
 from hpcml.errors import SlurmError
+from hpcml.proctree import stop_group
 
 DEFAULT_TIMEOUT = 30.0
 
@@ -114,16 +114,11 @@ def job_nodes(job_id: str, *, timeout: float = 10.0) -> list[str]:
 def stop_step(proc: subprocess.Popen, term_wait: float = 1.0) -> None:
     """Stop an srun started in its own process group: srun forwards SIGTERM to its tasks;
     SIGKILL if it does not leave within ``term_wait`` seconds."""
-    for sig, wait in ((signal.SIGTERM, term_wait), (signal.SIGKILL, 2.0)):
-        try:
-            os.killpg(proc.pid, sig)
-        except ProcessLookupError:
-            return
-        try:
-            proc.wait(timeout=wait)
-            return
-        except subprocess.TimeoutExpired:
-            continue
+    stop_group(proc.pid, term_wait, lambda: proc.poll() is not None, poll=0.05)
+    try:
+        proc.wait(timeout=2.0)
+    except subprocess.TimeoutExpired:
+        pass
 
 
 def step_id(job_id: str, name: str, *, timeout: float = 10.0) -> str | None:

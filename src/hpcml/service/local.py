@@ -16,7 +16,6 @@ from __future__ import annotations
 import ipaddress
 import os
 import secrets
-import signal
 import socket
 import subprocess
 import time
@@ -29,7 +28,7 @@ import psutil
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import inside
 from hpcml.ports import free_port, port_free
-from hpcml.proctree import signal_group, start_time
+from hpcml.proctree import start_time, stop_group
 from hpcml.service import state as st
 from hpcml.service.backends import choose
 from hpcml.service.blueprint import Blueprint
@@ -241,11 +240,7 @@ def stop(s: st.ServiceState, grace: float = 20.0, proc: subprocess.Popen | None 
         s.cmdline = _cmdline(proc.pid)
     problem = identity_problem(s) if s.pid is not None and start_time(s.pid) is not None else None
     if s.pgid is not None and problem is None and running(s):
-        signal_group(s.pgid, signal.SIGTERM)
-        deadline = time.monotonic() + grace
-        while running(s) and time.monotonic() < deadline:
-            time.sleep(0.1)
-        signal_group(s.pgid, signal.SIGKILL)      # the rest of the group (workers)
+        stop_group(s.pgid, grace, lambda: not running(s))     # then KILL the group's rest (workers)
     s.stopped, s.ready = True, False
     st.write(s)
     return problem
