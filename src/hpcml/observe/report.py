@@ -167,6 +167,120 @@ def _r(x: float | None, nd: int = 3):
 
 # ---------------------------------------------------------------------------- build
 
+def _job_span(meta: dict, meta_ranks: dict[str, dict], series: dict) -> tuple[int | None, Any, Any, float]:
+    """(first row in µs, start, end, span in s): the job spans from its first rank's start
+    to its last rank's end (job.json is rank 0's), and at least its rows."""
+    t0_us = min(int(s.ts_us.min()) for s in series.values()) if series else None
+    t1_us = max(int(s.ts_us.max()) for s in series.values()) if series else None
+    starts = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("start"), (int, float))]
+    ends = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("end"), (int, float))]
+    starts += [meta["start"]] if isinstance(meta.get("start"), (int, float)) else []
+    ends += [meta["end"]] if isinstance(meta.get("end"), (int, float)) else []
+    if t1_us is not None:
+        ends.append(t1_us / 1e6)
+    start = min(starts) if starts else (t0_us / 1e6 if t0_us else None)
+    end = max(ends) if ends else None
+    span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None and t1_us is not None else 1.0
+    return t0_us, start, end, span
+
+
+def _stalls(rate, edges, med: float, min_stall: float) -> list[dict[str, Any]]:
+    """Runs of buckets whose step rate is below STALL_FRACTION of the median, merged, that
+    last at least ``min_stall`` seconds."""
+    stalls: list[dict[str, Any]] = []
+    nb = len(rate)
+    low = np.nan_to_num(rate, nan=np.inf) < STALL_FRACTION * med
+    i = 0
+    while i < nb:                                           # merge runs of low buckets
+        if not low[i]:
+            i += 1
+            continue
+        j = i
+        while j + 1 < nb and low[j + 1]:
+            j += 1
+        if edges[j + 1] - edges[i] >= min_stall:
+            low_rate = float(np.nanmin(np.where(np.isfinite(rate[i:j + 1]), rate[i:j + 1], 0.0)))
+            stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
+                           "duration_s": _r(edges[j + 1] - edges[i], 2),
+                           "step_rate": _r(low_rate, 4), "median_step_rate": _r(med, 4),
+                           "ratio": _r(low_rate / med, 3)})
+        i = j + 1
+    return stalls
+
+
+def _stragglers(scoring, limits: Limits, plots: dict[str, Any]) -> tuple[list, list, list, Any, Any]:
+    """(chronic stragglers, one-off stalls, transient episodes, bimodal speeds, the check's
+    verdict) from the scores computed in the background; the degrading ranks go to plots."""
+    stragglers: list[dict[str, Any]] = []
+    one_off: list[dict[str, Any]] = []
+    transient: list[dict[str, Any]] = []
+    bimodal: dict[str, Any] | None = None
+    check: dict[str, Any] | None = None
+    if scoring is None:
+        return stragglers, one_off, transient, bimodal, check
+    scores, speeds = scoring.result()
+    if scores:
+        check = {"judged": scores[0].judged, "steps": scores[0].steps, "seconds": _r(scores[0].seconds, 2),
+                 "min_steps": limits.min_straggler_steps, "min_seconds": limits.min_straggler_s}
+    if speeds is not None:
+        bimodal = {"fast_ranks": speeds[0], "slow_ranks": speeds[1], "ratio": _r(speeds[2])}
+    for s in scores:
+        for a, b, ratio in getattr(s, "episodes", []):
+            transient.append({"rank": s.rank, "node": s.node, "first_step": a, "last_step": b,
+                              "ratio": _r(ratio)})
+        if s.chronic:
+            stragglers.append({"rank": s.rank, "node": s.node, "gpus": s.gpus, "score": _r(s.score),
+                               "slow_fraction": _r(s.slow_fraction), "trend": _r(s.trend),
+                               "confidence": _r(s.confidence), "steps": s.steps})
+        for st, ratio in s.stalls:
+            one_off.append({"rank": s.rank, "node": s.node, "step": st, "ratio": _r(ratio)})
+    one_off.sort(key=lambda d: -d["ratio"])
+    transient.sort(key=lambda d: -(d["last_step"] - d["first_step"]))
+    degrading = [s for s in scores if s.trend > 1 + max(limits.chronic, 0.15) and s.judged]
+    plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
+    return stragglers, one_off, transient, bimodal, check
+
+
+def _problems(job, meta_ranks: dict[str, dict], groups: dict) -> tuple[dict, dict, dict[str, float]]:
+    """(damaged rank files, ranks that exited non-zero, the recorder's own problem counters)."""
+    damaged = {int(r): why for r, why in sorted(job.problems.items())}
+    failed = {}
+    for r, info in meta_ranks.items():
+        ec = (info or {}).get("exit_code")
+        if ec not in (None, 0):
+            failed[int(r)] = int(ec)
+    rec_problems: dict[str, float] = {}
+    for (k, nm), g in groups.items():
+        if k == "problem" and len(g.value) and np.nanmax(g.value) > 0:
+            rec_problems[nm] = float(np.nanmax(g.value))
+    return damaged, failed, rec_problems
+
+
+def _throughput(groups: dict, cells: dict, rate, width: float, plots: dict[str, Any]) -> dict[str, Any] | None:
+    """Throughput: a user metric if logged (median over ranks per bucket), else steps/s."""
+    throughput: dict[str, Any] | None = None
+    metric_names = [nm for (k, nm) in groups if k == "metric"]
+    chosen = next((nm for nm in THROUGHPUT_METRICS if nm in metric_names), None) or \
+        next((nm for nm in sorted(metric_names) if nm.endswith(("_per_s", "_per_sec", "_per_second"))), None)
+    if chosen:
+        ctx = _quiet()
+        try:
+            series = np.nanmedian(cells[("metric", chosen)], axis=0)
+        finally:
+            ctx.__exit__(None, None, None)
+        throughput = {"source": "metric", "name": chosen, "unit": chosen}
+    elif rate is not None:
+        series = rate
+        throughput = {"source": "section", "name": "step", "unit": "steps/s per rank"}
+    if throughput is not None:
+        fin = series[np.isfinite(series)]
+        throughput.update(bucket_s=_r(width, 3), median=_r(np.median(fin)) if len(fin) else None,
+                          min=_r(fin.min()) if len(fin) else None, max=_r(fin.max()) if len(fin) else None,
+                          series=[_r(v, 4) for v in _downsample(series, 60)])
+        plots["throughput"] = {"name": throughput["unit"], "values": series}
+    return throughput
+
+
 def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS,
           limits: Limits = Limits()) -> Report:
     """The report for one job store: ``hpcml.observe.series.read_series`` (what the CLI
@@ -181,18 +295,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     else:
         from hpcml.observe.series import from_table
         series, n = from_table(job.table), job.table.num_rows
-    t0_us = min(int(s.ts_us.min()) for s in series.values()) if series else None
-    t1_us = max(int(s.ts_us.max()) for s in series.values()) if series else None
-    # the job spans from its first rank's start to its last rank's end (job.json is rank 0's)
-    starts = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("start"), (int, float))]
-    ends = [v for r in meta_ranks.values() if isinstance(v := (r or {}).get("end"), (int, float))]
-    starts += [meta["start"]] if isinstance(meta.get("start"), (int, float)) else []
-    ends += [meta["end"]] if isinstance(meta.get("end"), (int, float)) else []
-    if t1_us is not None:
-        ends.append(t1_us / 1e6)
-    start = min(starts) if starts else (t0_us / 1e6 if t0_us else None)
-    end = max(ends) if ends else None
-    span = max((t1_us - t0_us) / 1e6, 1e-6) if t0_us is not None and t1_us is not None else 1.0
+    t0_us, start, end, span = _job_span(meta, meta_ranks, series)
 
     # Ranks and nodes.
     top = max((int(s.rank.max()) for s in series.values()), default=-1) + 1
@@ -269,75 +372,17 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         step_s = float(np.nanmedian(sg.value)) if len(sg.value) else 0.0
         min_stall = max(limits.min_stall_s, limits.min_stall_steps * (step_s if np.isfinite(step_s) else 0.0))
         if np.isfinite(med) and med > 0:
-            low = np.nan_to_num(rate, nan=np.inf) < STALL_FRACTION * med
-            i = 0
-            while i < nb:                                           # merge runs of low buckets
-                if not low[i]:
-                    i += 1
-                    continue
-                j = i
-                while j + 1 < nb and low[j + 1]:
-                    j += 1
-                if edges[j + 1] - edges[i] >= min_stall:
-                    low_rate = float(np.nanmin(np.where(np.isfinite(rate[i:j + 1]), rate[i:j + 1], 0.0)))
-                    stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
-                                   "duration_s": _r(edges[j + 1] - edges[i], 2),
-                                   "step_rate": _r(low_rate, 4), "median_step_rate": _r(med, 4),
-                                   "ratio": _r(low_rate / med, 3)})
-                i = j + 1
+            stalls = _stalls(rate, edges, med, min_stall)
         plots["step_rate"] = rate
 
     # Per-rank means per bucket for every user metric and section (reused below).
     cells = {key_: _cells(g.ridx, g.bucket, g.value, nr, nb)[0]
              for key_, g in groups.items() if key_[0] in ("metric", "section")}
 
-    # Throughput: a user metric if logged, else steps/s.
-    throughput: dict[str, Any] | None = None
-    metric_names = [nm for (k, nm) in groups if k == "metric"]
-    chosen = next((nm for nm in THROUGHPUT_METRICS if nm in metric_names), None) or \
-        next((nm for nm in sorted(metric_names) if nm.endswith(("_per_s", "_per_sec", "_per_second"))), None)
-    if chosen:
-        ctx = _quiet()
-        try:
-            series = np.nanmedian(cells[("metric", chosen)], axis=0)
-        finally:
-            ctx.__exit__(None, None, None)
-        throughput = {"source": "metric", "name": chosen, "unit": chosen}
-    elif rate is not None:
-        series = rate
-        throughput = {"source": "section", "name": "step", "unit": "steps/s per rank"}
-    if throughput is not None:
-        fin = series[np.isfinite(series)]
-        throughput.update(bucket_s=_r(width, 3), median=_r(np.median(fin)) if len(fin) else None,
-                          min=_r(fin.min()) if len(fin) else None, max=_r(fin.max()) if len(fin) else None,
-                          series=[_r(v, 4) for v in _downsample(series, 60)])
-        plots["throughput"] = {"name": throughput["unit"], "values": series}
+    throughput = _throughput(groups, cells, rate, width, plots)
 
     # Stragglers.
-    stragglers, one_off, transient = [], [], []
-    bimodal: dict[str, Any] | None = None
-    check: dict[str, Any] | None = None
-    if scoring is not None:
-        scores, speeds = scoring.result()
-        if scores:
-            check = {"judged": scores[0].judged, "steps": scores[0].steps, "seconds": _r(scores[0].seconds, 2),
-                     "min_steps": limits.min_straggler_steps, "min_seconds": limits.min_straggler_s}
-        if speeds is not None:
-            bimodal = {"fast_ranks": speeds[0], "slow_ranks": speeds[1], "ratio": _r(speeds[2])}
-        for s in scores:
-            for a, b, ratio in getattr(s, "episodes", []):
-                transient.append({"rank": s.rank, "node": s.node, "first_step": a, "last_step": b,
-                                  "ratio": _r(ratio)})
-            if s.chronic:
-                stragglers.append({"rank": s.rank, "node": s.node, "gpus": s.gpus, "score": _r(s.score),
-                                   "slow_fraction": _r(s.slow_fraction), "trend": _r(s.trend),
-                                   "confidence": _r(s.confidence), "steps": s.steps})
-            for st, ratio in s.stalls:
-                one_off.append({"rank": s.rank, "node": s.node, "step": st, "ratio": _r(ratio)})
-        one_off.sort(key=lambda d: -d["ratio"])
-        transient.sort(key=lambda d: -(d["last_step"] - d["first_step"]))
-        degrading = [s for s in scores if s.trend > 1 + max(limits.chronic, 0.15) and s.judged]
-        plots["degrading"] = [{"rank": s.rank, "node": s.node, "trend": _r(s.trend)} for s in degrading]
+    stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
 
     # Sections: total time and share of the step section.
     sections: dict[str, dict[str, float | None]] = {}
@@ -364,17 +409,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                 m, _ = _cells(nidx_of_rank[g.ridx], g.bucket, g.value, len(node_names), nb)
                 plots[kind].append({"name": nm, "nodes": node_names, "values": m})
 
-    # Problems.
-    damaged = {int(r): why for r, why in sorted(job.problems.items())}
-    failed = {}
-    for r, info in meta_ranks.items():
-        ec = (info or {}).get("exit_code")
-        if ec not in (None, 0):
-            failed[int(r)] = int(ec)
-    rec_problems: dict[str, float] = {}
-    for (k, nm), g in groups.items():
-        if k == "problem" and len(g.value) and np.nanmax(g.value) > 0:
-            rec_problems[nm] = float(np.nanmax(g.value))
+    damaged, failed, rec_problems = _problems(job, meta_ranks, groups)
 
     findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed, restarts=restarts,
                          stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
