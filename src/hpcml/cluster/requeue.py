@@ -7,7 +7,7 @@ failure. Two sources tell it apart:
 
 - hpcml issued it: the Checkpointer's rank 0 calls ``note()`` after its final checkpoint
   committed and before it runs ``scontrol requeue``; ``note()`` writes ``requeued.json``
-  (``hpcml.cluster.requeue/1``: step, signal, checkpoint directory) into the attempt's
+  (``hpcml.run.requeue/1``: step, signal, checkpoint directory) into the attempt's
   directory, which the task wrapper names in ``HPCML_RUN_DIR``.
 - anyone else (an operator, a node failure with ``--requeue``): Slurm's restart count of
   the job (``scontrol show job``'s ``Restarts``) is above the attempt's own.
@@ -28,7 +28,7 @@ from typing import Any
 from hpcml.cluster.ranks import restart_count
 from hpcml.files import load_json_bounded, write_atomic
 
-SCHEMA = "hpcml.cluster.requeue/1"
+SCHEMA = "hpcml.run.requeue/1"            # the tag of hpcml run's requeued.json (the module moved, the format did not)
 MARKER = "requeued.json"
 ENV_DIR = "HPCML_RUN_DIR"            # the attempt's directory, set by the task wrapper
 ENV_ATTEMPT = "HPCML_RUN_ATTEMPT"

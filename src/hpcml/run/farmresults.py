@@ -48,7 +48,7 @@ def attempt_metrics(farm: Path, name: str) -> dict[str, float]:
 
 
 def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
-    """The results document (schema hpcml.run.farmresults/1); ``sort``: a parameter, metric or
+    """The results document (schema hpcml.farm.results/1); ``sort``: a parameter, metric or
     column name, ``-name`` for descending; rows without it go last."""
     farm, view = open_view(path)
     alive = Liveness(farm.path, farm.settings.lease, None)

@@ -231,7 +231,7 @@ def _render_status(doc: dict) -> None:
 def results_command(
     farm: Path = typer.Argument(..., help="The farm directory."),
     sort: str | None = typer.Option(None, "--sort", help="Sort by a parameter, metric or column; '-loss' descending."),
-    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema hpcml.run.farmresults/1)."),
+    as_json: bool = typer.Option(False, "--json", help="Print JSON (schema hpcml.farm.results/1)."),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N rows."),
 ) -> None:
