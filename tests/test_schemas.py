@@ -270,3 +270,17 @@ def test_json_outputs_of_data_env_and_hang(shards, tmp_path):
         assert p.returncode == 0, (args, p.stderr)
         doc = json.loads(p.stdout)
         assert next(iter(doc)) == "schema" and doc["schema"] == want, args
+
+
+def test_every_tag_in_the_code_is_made_by_schemas_tag():
+    """One way to write a schema tag (``hpcml.schemas.tag``): a literal ``"hpcml.x/1"`` in
+    code drifts from its JSON schema's name unseen. Docstrings and help texts may quote them."""
+    import re
+    from pathlib import Path
+    src = Path(__file__).resolve().parents[1] / "src" / "hpcml"
+    literal = re.compile(r'"hpcml\.[a-z_.]+/[0-9]+"')
+    found = [f"{p.relative_to(src)}:{n}: {line.strip()}"
+             for p in src.rglob("*.py") if "schemas" not in p.relative_to(src).parts
+             for n, line in enumerate(p.read_text().splitlines(), 1)
+             if literal.search(line) and not line.lstrip().startswith("#") and "help=" not in line]
+    assert not found, "\n".join(found)

@@ -27,8 +27,9 @@ from typing import Any
 
 from hpcml.cluster.ranks import restart_count
 from hpcml.files import load_json_bounded, write_atomic
+from hpcml.schemas import tag
 
-SCHEMA = "hpcml.run.requeue/1"            # the tag of hpcml run's requeued.json (the module moved, the format did not)
+SCHEMA = tag("run.requeue", 1)            # the tag of hpcml run's requeued.json (the module moved, the format did not)
 MARKER = "requeued.json"
 ENV_DIR = "HPCML_RUN_DIR"            # the attempt's directory, set by the task wrapper
 ENV_ATTEMPT = "HPCML_RUN_ATTEMPT"

@@ -28,6 +28,7 @@ import numpy as np
 
 from hpcml.data.sources import examine, identity, sample_key, walk
 from hpcml.errors import UsageError
+from hpcml.schemas import tag
 from hpcml.units import fmt_bytes
 
 MiB = 2**20
@@ -138,7 +139,7 @@ class DoctorReport:
     recommendation: Recommendation
 
     def to_json(self) -> dict:
-        return {"schema": "hpcml.data.doctor/1", "scan": self.scan.to_json(), "resources": self.resources.to_json(),
+        return {"schema": tag("data.doctor", 1), "scan": self.scan.to_json(), "resources": self.resources.to_json(),
                 "readers": self.readers, "epoch_ops": asdict(self.ops),
                 "recommendation": asdict(self.recommendation)}
 

@@ -33,6 +33,7 @@ import numpy as np
 
 from hpcml.data.pagecache import Mount, backing_files, drop_caches, evict, mount_of
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.schemas import tag
 
 KINDS = ("shards", "files")
 ORDERS = ("sequential", "shuffled")
@@ -479,7 +480,7 @@ class BenchResult:
     notes: list[str]
 
     def to_json(self) -> dict:
-        return {"schema": "hpcml.data.bench/1", "target": self.target, "kind": self.kind, "fstype": self.mount.fstype,
+        return {"schema": tag("data.bench", 1), "target": self.target, "kind": self.kind, "fstype": self.mount.fstype,
                 "mount": asdict(self.mount), "samples": self.samples, "bytes": self.bytes,
                 "cache": self.cache, "ceiling": self.ceiling.to_json(),
                 "passes": [p.to_json() for p in self.passes], "notes": self.notes}

@@ -22,9 +22,9 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpcml.errors import UsageError
 from hpcml.files import read_json, write_atomic
-from hpcml.schemas import check
+from hpcml.schemas import check, tag
 
-SCHEMA = "hpcml.data.manifest/1"
+SCHEMA = tag("data.manifest", 1)
 LEGACY_FORMAT = "hpcml-shards"   # before tags: "format": "hpcml-shards" and an integer "version"
 MANIFEST = "manifest.json"
 

@@ -24,9 +24,9 @@ from hpcml.data import order
 from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index
 from hpcml.data.manifest import load_manifest, manifest_path
 from hpcml.errors import UsageError
-from hpcml.schemas import check
+from hpcml.schemas import check, tag
 
-STATE_SCHEMA = "hpcml.data.state/1"
+STATE_SCHEMA = tag("data.state", 1)
 LEGACY_STATE_FORMAT = "hpcml-shard-state/1"   # "format" of states saved before tags: still resumed
 
 

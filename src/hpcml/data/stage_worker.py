@@ -22,6 +22,7 @@ from typing import Callable, Sequence, TypedDict
 from hpcml.cluster import slurm
 from hpcml.data.stage import THREADS, StageResult, source_dir, stage
 from hpcml.errors import HpcmlError, SlurmError, UsageError
+from hpcml.schemas import tag
 
 RESULT = "hpcml-stage-result "
 PROGRESS = "hpcml-stage-progress "
@@ -40,7 +41,7 @@ class AllocationStage:
     seconds: float = 0.0
 
     def to_dict(self) -> dict:
-        return {"schema": "hpcml.data.stage/1", "src": self.src, "path": self.path, "staged": self.staged,
+        return {"schema": tag("data.stage", 1), "src": self.src, "path": self.path, "staged": self.staged,
                 "seconds": round(self.seconds, 3), "notes": self.notes,
                 "nodes": {n: r.to_dict() for n, r in self.results.items()}}
 

@@ -28,6 +28,7 @@ from hpcml.env.model import Environment
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
 from hpcml.files import load_toml, read_config, unknown_key
+from hpcml.schemas import tag
 
 MAX_DEPTH = 10
 KNOWN_KEYS = ("base_environment", "image", "workdir", "entrypoint", "writable", "mounts",
@@ -41,7 +42,7 @@ class Resolved:
 
     def to_json(self) -> dict[str, Any]:
         e = self.env
-        return {"schema": "hpcml.env.edf/1", "file": str(e.file) if e.file else None,
+        return {"schema": tag("env.edf", 1), "file": str(e.file) if e.file else None,
                 "chain": [str(p) for p in e.chain], "image": e.image, "workdir": e.workdir, "entrypoint": e.entrypoint,
                 "writable": e.writable,
                 "mounts": [{"source": m.source, "target": m.target, "flags": list(m.flags)}

@@ -18,6 +18,7 @@ from pathlib import Path
 
 from hpcml.env.model import VENV, Environment, Mount
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.schemas import tag
 
 
 class VenvError(HpcmlError):
@@ -39,7 +40,7 @@ class VenvResult:
         return lines + ["[annotations]", f'{VENV} = "{self.path}"']
 
     def to_json(self) -> dict:
-        return {"schema": "hpcml.env.venv/1", "path": self.path, "runtime": self.runtime,
+        return {"schema": tag("env.venv", 1), "path": self.path, "runtime": self.runtime,
                 "mounted": self.mounted,
                 "edf_lines": self.edf_lines()}
 

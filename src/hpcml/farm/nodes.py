@@ -12,8 +12,9 @@ from typing import Any
 
 from hpcml.farm.model import NODES
 from hpcml.files import write_atomic
+from hpcml.schemas import tag
 
-NODE_SCHEMA = "hpcml.farm.node/1"
+NODE_SCHEMA = tag("farm.node", 1)
 
 
 def retire(farm: Path, node: str, worker: str, reason: str) -> None:

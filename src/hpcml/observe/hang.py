@@ -48,6 +48,7 @@ from hpcml.errors import UsageError
 from hpcml.htmlkit import natural_key
 from hpcml.scan.loader import RestrictedUnpickler
 from hpcml.scan.policy import Policy
+from hpcml.schemas import tag
 
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 MAX_DUMP_BYTES = 1 << 30
@@ -71,7 +72,7 @@ class Finding:
 
 @dataclass
 class HangReport:
-    tag: ClassVar[str] = "hpcml.observe.hang/1"   # the schema of `hpcml observe hang --json`
+    tag: ClassVar[str] = tag("observe.hang", 1)   # the schema of `hpcml observe hang --json`
     dumps: dict[int, Path]
     refused: dict[str, str]      # file -> why it was not read
     missing: list[int]           # ranks of the world without a dump

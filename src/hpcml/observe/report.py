@@ -36,6 +36,7 @@ import numpy as np
 
 from hpcml.htmlkit import natural_key
 from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, score_groups
+from hpcml.schemas import tag
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256
@@ -45,7 +46,7 @@ MAX_FINDINGS = 5
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "images_per_s",
                       "throughput")
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
-SCHEMA = "hpcml.observe.report/1"
+SCHEMA = tag("observe.report", 1)
 
 
 @dataclass(frozen=True)

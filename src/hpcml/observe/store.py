@@ -20,13 +20,13 @@ from typing import IO, Any
 from hpcml.errors import UsageError
 from hpcml.files import write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
-from hpcml.schemas import check
+from hpcml.schemas import check, tag
 
 _RANK_RE = re.compile(r"^rank-(\d+)(?:\.(\d+))?\.arrows$")
 JOB_META = "job.json"
 RANK_META = "rank-{rank:05d}.json"
-JOB_SCHEMA = "hpcml.observe.job/1"      # job.json
-RANK_SCHEMA = "hpcml.observe.rank/1"    # rank-NNNNN.json
+JOB_SCHEMA = tag("observe.job", 1)      # job.json
+RANK_SCHEMA = tag("observe.rank", 1)    # rank-NNNNN.json
 
 
 def rank_path(job_dir: str | os.PathLike, rank: int) -> Path:

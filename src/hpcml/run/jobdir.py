@@ -40,8 +40,9 @@ from hpcml.farm.model import ENDS
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import read_json, write_atomic
 from hpcml.proctree import start_time
+from hpcml.schemas import tag
 
-SCHEMA = "hpcml.run/1"
+SCHEMA = tag("run", 1)
 RUN_JSON = "run.json"
 #: what a job leaves in its directory, removed by --overwrite (nothing else is touched)
 OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html", MARKER, "attempts")

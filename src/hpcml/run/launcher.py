@@ -45,6 +45,7 @@ from hpcml.run.jobdir import (
 )
 from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
+from hpcml.schemas import tag
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
@@ -96,7 +97,7 @@ def _environment(opts: Options) -> dict | None:
     from hpcml.env.edf import Resolved
     from hpcml.env.resolve import resolve
     env, warnings = resolve(opts.env)
-    return {"schema": "hpcml.run.env/1", "edf": opts.env, "resolved": Resolved(env, warnings).to_json(),
+    return {"schema": tag("run.env", 1), "edf": opts.env, "resolved": Resolved(env, warnings).to_json(),
             "warnings": warnings}
 
 

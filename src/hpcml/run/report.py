@@ -30,9 +30,10 @@ from hpcml.observe.mlflow_run import outcome
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
+from hpcml.schemas import tag
 from hpcml.words import plural
 
-SCHEMA = "hpcml.run.report/1"
+SCHEMA = tag("run.report", 1)
 TAIL_LINES = 20
 UNENDED = ("launcher_killed", "running")         # _unended's kinds
 NEVER_STARTED = (NOT_EXECUTABLE, NOT_FOUND)      # a shell's codes for a command that cannot start

@@ -8,9 +8,10 @@ from typing import Any
 
 from hpcml import __version__
 from hpcml.scan.model import FileResult, Verdict
+from hpcml.schemas import tag
 from hpcml.words import plural
 
-SCHEMA = "hpcml.scan/1"
+SCHEMA = tag("scan", 1)
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _STYLE = {Verdict.SAFE: "green", Verdict.UNKNOWN: "bold yellow", Verdict.DANGEROUS: "bold red",
           Verdict.ERROR: "bold magenta"}

@@ -7,6 +7,7 @@ from typing import Any
 
 from hpcml.scan.report import sarif_log
 from hpcml.scan.requirements import RULES, RequirementsReport
+from hpcml.schemas import tag
 
 _LEVEL = {"high": "error", "medium": "warning", "low": "note"}
 _STYLE = {"high": "bold red", "medium": "yellow", "low": "dim"}
@@ -19,7 +20,7 @@ def exit_code(rep: RequirementsReport) -> int:
 
 
 def to_json(rep: RequirementsReport, code: int) -> dict[str, Any]:
-    return {"schema": "hpcml.scan.requirements/1", "path": rep.path, "kind": rep.kind,
+    return {"schema": tag("scan.requirements", 1), "path": rep.path, "kind": rep.kind,
             "packages": rep.packages, "exit_code": code,
             "findings": [{"severity": f.severity, "rule": f.rule, "package": f.package,
                           "file": f.file or rep.path, "line": f.line, "message": f.message}

@@ -18,6 +18,7 @@ import numpy as np
 
 from hpcml.htmlkit import natural_key
 from hpcml.observe.report import group_rows
+from hpcml.schemas import tag
 from hpcml.score.model import PIPES, JobScore, score_columns
 from hpcml.score.recording import Recording
 
@@ -27,7 +28,7 @@ PARTS = ("score", "compute", "memory", "interconnect")
 PLOTTED_FIELDS = ("sm_active", "sm_occupancy") + PIPES + (
     "dram_active", "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes",
     "gpu_util", "power_usage", "sm_clock", "fb_used")
-SCHEMA = "hpcml.score.report/1"   # was the integer "version": 1 before tags
+SCHEMA = tag("score.report", 1)   # was the integer "version": 1 before tags
 
 
 class _Series:

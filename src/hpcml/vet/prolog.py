@@ -24,6 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcml.schemas import tag
 from hpcml.vet import registry, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
 from hpcml.vet.protocol import EvalSpec, Protocol
@@ -56,7 +57,7 @@ class PrologResult:
         return EXIT_BAD if self.bad else EXIT_OK
 
     def to_json(self) -> dict[str, Any]:
-        return {"schema": "hpcml.vet.prolog/1", "node": self.node,
+        return {"schema": tag("vet.prolog", 1), "node": self.node,
                 "job_id": self.job_id, "healthy": not self.bad,
                 "exit_code": self.exit_code, "duration": round(self.duration, 3),
                 "budget": self.budget, "bad": self.bad, "skipped": self.skipped,

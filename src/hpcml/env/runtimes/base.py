@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hpcml.env.model import Environment, Mount
+from hpcml.schemas import tag
 
 SQUASHFS_SUFFIXES = (".sqsh", ".sqfs", ".squashfs")
 
@@ -45,7 +46,7 @@ class Launch:
         return out
 
     def to_json(self) -> dict:
-        return {"schema": "hpcml.env.launch/1", "runtime": self.runtime, "argv": self.argv, "environ": self.environ,
+        return {"schema": tag("env.launch", 1), "runtime": self.runtime, "argv": self.argv, "environ": self.environ,
                 "prepare": self.prepare, "cleanup": self.cleanup, "notes": self.notes}
 
 

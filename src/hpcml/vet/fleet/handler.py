@@ -30,11 +30,12 @@ from typing import IO, Iterator
 from hpcml.cluster import slurm
 from hpcml.cluster.hostlist import fold
 from hpcml.errors import HpcmlError, SlurmError, UsageError
+from hpcml.schemas import tag
 from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
 from hpcml.vet.fleet.sources import Result, ResultSource
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
-PLAN_SCHEMA = "hpcml.vet.handle/1"   # `hpcml vet handle --json`
+PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml vet handle --json`
 _UNAVAILABLE = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
                 "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
 
