@@ -33,6 +33,9 @@ hostrun = fake_site_runtime:HostRun
 
 [hpcml.scan_formats]
 magic = fake_site_scan:FORMAT
+
+[hpcml.samplers]
+fakegpu = fake_site_sampler:open_sampler
 """
 
 MODULES = {
@@ -67,6 +70,13 @@ MODULES = {
 
             def render(self, env, command, *, environ=None, scratch=None):
                 return Launch("hostrun", list(command), environ=dict(env.env))
+    ''',
+    "fake_site_sampler": '''
+        from hpcml.samplers import SamplerUnavailable
+
+
+        def open_sampler(gpus, interval, env):
+            raise SamplerUnavailable("the fake GPU is not in this machine")
     ''',
     "fake_site_scan": '''
         from hpcml.scan.formats import ScanFormat
@@ -245,3 +255,19 @@ def test_site_scan_format_is_tried_before_the_pickle_fallback(site, tmp_path):
     f.write_bytes(b"MAGIC1" + bytes(100))
     r = scan_file(f)
     assert r.format == "magic" and r.verdict is Verdict.ERROR and r.errors == ["magic file of 106 bytes refused"]
+
+
+@pytest.mark.parametrize("component", ["observe", "score"])
+def test_a_site_gpu_sampler_is_taken_by_observe_and_score_record(tmp_path, component):
+    """``--gpu-metrics NAME`` of an ``hpcml.samplers`` plug-in: both recorders take the name
+    and try the sampler (``score record`` refused every name but its four built-ins)."""
+    site = make_site(tmp_path)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PYTHONPATH"] = os.pathsep.join([str(site), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env["CUDA_VISIBLE_DEVICES"] = "0"           # a GPU bound to the task: the sampler is tried on it
+    p = subprocess.run([sys.executable, "-m", "hpcml", component, "record", "--dir", str(tmp_path / "rec"),
+                        "--gpu-metrics", "fakegpu", "--", "true"], cwd=tmp_path, env=env, capture_output=True,
+                       text=True, timeout=120)
+    # chosen by name and unavailable: exit 2, in the plug-in's own words (it was tried)
+    assert p.returncode == 2 and "the fake GPU is not in this machine" in p.stderr, p.stderr
+    assert len(p.stderr.strip().splitlines()) == 1

@@ -8,10 +8,9 @@ class implementing ``hpcml.vet.checks.base.Check``.
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING, Any
 
-from hpcml.registry import Registry, UnknownName
+from hpcml.registry import Registry, UnknownName, import_target
 
 if TYPE_CHECKING:
     from hpcml.vet.checks.base import Check
@@ -63,15 +62,14 @@ def check_class(type_name: str) -> type[Check[Any]]:
 
 
 def load(path: str) -> type[Check[Any]]:
-    """Import ``module:Class`` and make sure it is a Check."""
+    """Import ``module:Class`` (``hpcml.registry.import_target``) and make sure it is a Check."""
     module_name, _, cls_name = path.partition(":")
     try:
-        module = importlib.import_module(module_name)
+        cls = import_target(path)
     except ImportError as exc:
         raise UnknownCheck(f"cannot import check module '{module_name}': {exc}") from None
-    cls = getattr(module, cls_name, None)
-    if cls is None:
-        raise UnknownCheck(f"module '{module_name}' has no class '{cls_name}'")
+    except AttributeError:
+        raise UnknownCheck(f"module '{module_name}' has no class '{cls_name}'") from None
     return _a_check(cls, path)
 
 

@@ -23,7 +23,8 @@ def record_cmd(
     cmd: list[str] = typer.Argument(..., help="The task's command, after --."),
     out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-observe-<jobid>)."),
     interval: float = typer.Option(1.0, help="Seconds between samples (>= 0.1)."),
-    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML GPM, else NVML), dcgm, gpm or nvml."),
+    gpu_metrics: str = typer.Option("auto", help="auto (DCGM, else NVML GPM, else NVML), dcgm, gpm, nvml "
+                                    "or a site's sampler (the hpcml.samplers entry points)."),
 ) -> None:
     """Run CMD as this task and record its GPUs' DCGM profiling fields into the observe job store.
 
@@ -34,8 +35,10 @@ def record_cmd(
     utilisation only, no saturation". Exits with CMD's exit code.
     """
     from hpcml.observe.recorder import record
-    if gpu_metrics not in ("auto", "dcgm", "gpm", "nvml"):
-        raise UsageError(f"'{gpu_metrics}' is not one of auto, dcgm, gpm, nvml", key="--gpu-metrics")
+    from hpcml.samplers.choose import modes
+    samplers = [m for m in modes() if m != "none"]      # the registry's (plug-ins too): a score needs a GPU sampler
+    if gpu_metrics not in samplers:
+        raise UsageError(f"'{gpu_metrics}' is not one of {', '.join(samplers)}", key="--gpu-metrics")
     rc = record(cmd, out, interval, gpu_metrics=gpu_metrics)
     raise typer.Exit(rc)
 
