@@ -171,3 +171,18 @@ def test_usr1_to_hpcml_run_reaches_every_rank_and_they_checkpoint(tmp_path):
     run = valid(json.loads((tmp_path / "job" / "run.json").read_text()), "run")
     assert run["signals_forwarded"] == ["SIGUSR1"] and run["exit_code"] == 0
     assert max(int(d.name.split("-")[1]) for d in tmp_path.glob("ckpt/step-*")) >= min(stopped)
+
+
+def test_the_ranks_gpu_sampler_is_chosen_like_observe_record_s(tmp_path):
+    """``hpcml run --gpu-metrics``: a name the sampler registry does not know is one line,
+    exit 2, naming the flag; ``none`` reaches every rank's recorder (it always ran 'auto')."""
+    import json
+    bad = hpcml("run", "--gpu-metrics", "cuda", "--dir", "bad", "--", "true", cwd=tmp_path)
+    assert bad.returncode == 2 and "flag '--gpu-metrics'" in bad.stderr and len(bad.stderr.splitlines()) == 1
+    ok = hpcml("run", "--ntasks", "2", "--gpu-metrics", "none", "--dir", "job", "--no-report", "--", "true",
+               cwd=tmp_path)
+    assert ok.returncode == 0, ok.stderr
+    assert "2 local tasks" in ok.stderr
+    for r in (0, 1):
+        label = json.loads((tmp_path / "job" / "observe" / f"rank-0000{r}.json").read_text())["gpu_sampler"]
+        assert label["reason"] == "off"

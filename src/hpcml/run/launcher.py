@@ -20,7 +20,7 @@ import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -47,6 +47,7 @@ from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
 from hpcml.schemas import tag
 from hpcml.signals import SLURM_SIGNALS, forwarding
+from hpcml.words import plural
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
@@ -69,7 +70,7 @@ class Options:
     mlflow: str | None = None                 # an MLflow tracking server's URL: rank 0's metrics go there
     kill_grace: float = 10.0                  # seconds from TERM/INT to SIGKILL of what still runs
     overwrite: bool = False                   # replace a finished job in job_dir
-    extra: dict[str, Any] = field(default_factory=dict)
+    gpu_metrics: str = "auto"                 # the ranks' GPU sampler: auto, none or a registered name
 
 
 def _check(opts: Options, allocation) -> None:
@@ -86,6 +87,9 @@ def _check(opts: Options, allocation) -> None:
         raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
     if opts.kill_grace < 0:
         raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
+    from hpcml.samplers.choose import modes
+    if opts.gpu_metrics not in modes():           # the registry's names, a site's plug-ins too
+        raise UsageError(f"'{opts.gpu_metrics}' is not one of {', '.join(modes())}", key="gpu_metrics")
     if opts.vet is not None:
         from hpcml.vet.protocol import load
         load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
@@ -175,7 +179,7 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
     task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval),
-            "--kill-grace", str(opts.kill_grace)]
+            "--kill-grace", str(opts.kill_grace), "--gpu-metrics", opts.gpu_metrics]
     if opts.env:
         task += ["--env", opts.env]
     if opts.mlflow:
@@ -344,7 +348,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     info.update(nodes=[info["allocation"][0]], ntasks=n, ntasks_per_node=n, master=f"127.0.0.1:{port}",
                 launch=[f"{n} x", *task])
     write_own(d, info)
-    print(f"hpcml run: {n} local tasks, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
+    print(f"hpcml run: {plural(n, 'local task')}, rendezvous 127.0.0.1:{port}, job directory {d}", file=sys.stderr)
     # a wrapper killed on its own (kill -9, a crash) leaves what its rank started: a
     # subreaper, we adopt it and kill it (_kill_orphans)
     become_subreaper()

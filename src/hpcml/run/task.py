@@ -85,7 +85,8 @@ def main(argv: list[str]) -> int:
     from hpcml.observe.recorder import record
     try:
         return record(cmd, observe_dir(d, attempt),
-                      float(opts.get("--interval", "1.0")), gpu_metrics="auto", mlflow=opts.get("--mlflow"),
+                      float(opts.get("--interval", "1.0")), gpu_metrics=opts.get("--gpu-metrics", "auto"),
+                      mlflow=opts.get("--mlflow"),
                       exec_via=[sys.executable, "-m", "hpcml.run.rankexec"])
     finally:
         stop_descendants(float(opts.get("--kill-grace", "10")))         # what the rank left running

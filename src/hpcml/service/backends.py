@@ -83,19 +83,23 @@ class ContainerBackend:
 BACKENDS: Registry[Backend] = Registry("service backend", "hpcml.service_backends",
                                        {"process": "hpcml.service.backends:PROCESS",
                                         "container": "hpcml.service.backends:CONTAINER"})
+#: what ``auto`` tries, in order
+AUTO = ("process", "container")
 PROCESS = ProcessBackend()
 CONTAINER = ContainerBackend()
 
 
 def choose(bp: Blueprint, name: str = "auto") -> Backend:
-    """A named backend, or the first usable one (a venv before a container)."""
+    """A named backend (a site's plug-in too), or for ``auto`` the first usable built-in (a
+    venv before a container): a plug-in runs a blueprint only where it is asked for."""
     if name != "auto":
         backend = BACKENDS.get(name)
         if not backend.usable(bp):
             raise UsageError(f"backend '{name}' cannot run this blueprint", file=bp.source or None,
                              key="python" if name == "process" else "image")
         return backend
-    for _, backend in BACKENDS.items():
+    for builtin in AUTO:
+        backend = BACKENDS.get(builtin)
         if backend.usable(bp):
             return backend
     raise UsageError("no backend can run this blueprint", file=bp.source or None, key="image")

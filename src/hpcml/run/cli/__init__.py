@@ -32,6 +32,8 @@ def run_cmd(
     gpus_per_task: Optional[int] = typer.Option(None, "--gpus-per-task", help="GPUs bound to each task by srun "
                                                 "(default: 1 when tasks are one per GPU)."),
     interval: float = typer.Option(1.0, help="Seconds between host/GPU samples."),
+    gpu_metrics: str = typer.Option("auto", "--gpu-metrics", help="The ranks' GPU sampler: auto (DCGM, else NVML "
+                                    "GPM, else NVML), dcgm, gpm, nvml, a site's (hpcml.samplers), or none."),
     no_report: bool = typer.Option(False, "--no-report", help="Do not print the report or write report.html at the end."),
     mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
                                                                "(hpcml service up mlflow), from a background thread."),
@@ -55,7 +57,8 @@ def run_cmd(
     from hpcml.run.launcher import Options, run
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
-                     gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite))
+                     gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
+                     gpu_metrics=gpu_metrics))
     raise typer.Exit(rc)
 
 
