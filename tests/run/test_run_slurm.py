@@ -87,16 +87,16 @@ ck = Checkpointer(sys.argv[1], every=1, keep=2, max_write_rate="50 MB/s", requeu
 state, step = ck.load_latest()
 start = 0 if state is None else step
 print(f"resumed at {start}", flush=True)
-for s in range(start + 1, 601):
+for s in range(start + 1, 401):
     with observe.section("step", step=s):
-        time.sleep(0.05)
+        time.sleep(0.03)
     observe.log(step=s, loss=1.0 / s)
     ck.maybe_save({"step": s, "w": np.full(12800, float(s))}, s)
     if ck.stopping:
         print(f"stopped at {s} ({ck.stop_signal})", flush=True)
         sys.exit(0)
 ck.wait()
-print("done at 600", flush=True)
+print("done at 400", flush=True)
 """
 
 
@@ -136,7 +136,7 @@ exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
                if line.startswith("stopped at")}
     assert len(stopped) == 1 and all("(SIGUSR1)" in first for first, _, _ in split), logs
     at = next(iter(stopped))
-    assert at > 0 and all(f"resumed at {at}" in second and "done at 600" in second for _, _, second in split), logs
+    assert at > 0 and all(f"resumed at {at}" in second and "done at 400" in second for _, _, second in split), logs
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     assert run["attempt"] == 1 and run["exit_code"] == 0 and run["requeued"] is None, run
     first = run["attempts"][0]
