@@ -54,6 +54,25 @@ def test_a_run_survives_down_and_up(service, venv):
     assert client(venv, url, "read", run_id) == "0.01 5 FINISHED"
     status = hpcml(["service", "status", "--json"], env)
     assert '"running": true' in status.stdout
+    _logs_are_the_service_s_own(env, directory / "service.log")
+
+
+def _logs_are_the_service_s_own(env: dict, log: Path) -> None:
+    """``hpcml service logs``: the last N lines of the running server's own log (the file
+    may grow meanwhile: what was printed is a run of its lines), all of it with -n 0; an
+    unknown instance or a negative count is one line, exit 2."""
+    tail = hpcml(["service", "logs", "mlflow", "-n", "3"], env)
+    assert tail.returncode == 0, tail.stderr
+    printed = tail.stdout.splitlines()
+    whole = log.read_text(errors="replace").splitlines()
+    assert 1 <= len(printed) <= 3 and any(whole[i:i + len(printed)] == printed for i in range(len(whole)))
+    everything = hpcml(["service", "logs", "mlflow", "-n", "0"], env)
+    assert everything.returncode == 0 and everything.stdout.splitlines()[:len(whole)] == whole
+    assert any("uvicorn" in line.lower() or "mlflow" in line.lower() or "listening" in line.lower()
+               for line in whole), whole[:5]
+    for bad in (["service", "logs", "nosuch"], ["service", "logs", "mlflow", "-n", "-1"]):
+        out = hpcml(bad, env)
+        assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
 
 
 def _runs(rest: MlflowRest, experiment_id: str, where: str) -> list[dict]:

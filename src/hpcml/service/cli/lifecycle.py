@@ -118,7 +118,7 @@ def status(name: Optional[str] = typer.Argument(None, help="One instance (defaul
 
 
 def logs(name: str = typer.Argument(..., help="The instance's name."),
-         lines: int = typer.Option(50, "-n", "--lines", min=0, help="How many of the last lines to print (0: all)."),
+         lines: int = typer.Option(50, "-n", "--lines", help="How many of the last lines to print (0: all)."),
          state_dir: Optional[Path] = STATE_DIR) -> None:
     """Print the end of a service's log.
 
@@ -128,8 +128,10 @@ def logs(name: str = typer.Argument(..., help="The instance's name."),
     """
     import shutil
 
-    from hpcml.errors import HpcmlError
+    from hpcml.errors import HpcmlError, UsageError
     from hpcml.service import lifecycle
+    if lines < 0:                       # here, not typer's min=: its refusal is a box, not one line
+        raise UsageError(f"must be at least 0, got {lines}", key="--lines")
     s = lifecycle.find(name, state_dir)
     try:
         with open(s.log, "rb") as f:
