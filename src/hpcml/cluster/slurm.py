@@ -14,7 +14,7 @@ import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 
-from hpcml.cluster.hostlist import expand, fold
+from hpcml.cluster.hostlist import fold
 from hpcml.errors import SlurmError
 from hpcml.proctree import stop_group
 
@@ -104,11 +104,6 @@ def sacct(job_id: str, fields: Sequence[str] = ("JobID", "JobName", "State", "Ex
     proc = run(argv, timeout=timeout)
     reader = csv.reader(io.StringIO(proc.stdout), delimiter="|")
     return [dict(zip(fields, row)) for row in reader if row]
-
-
-def job_nodes(job_id: str, *, timeout: float = 10.0) -> list[str]:
-    recs = scontrol_show("job", str(job_id), timeout=timeout)
-    return expand(recs[0].get("NodeList", "")) if recs else []
 
 
 def stop_step(proc: subprocess.Popen, term_wait: float = 1.0) -> None:
