@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
-from hpcml.samplers.nvml import nvml_library, read_device
+from hpcml.samplers.nvml import nvml_library, read_device, shutdown
 
 MIB = 1024 * 1024
 PERCENT = 0.01
@@ -231,10 +231,7 @@ class GpmSampler:
             except Exception:  # noqa: BLE001 - freeing is best effort
                 pass
         self._prev, self._spare = {}, {}
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        shutdown(nv)
 
 
 def open_sampler(gpus: Sequence[str], interval: float,

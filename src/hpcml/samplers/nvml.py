@@ -39,6 +39,15 @@ def nvml_library(env: Mapping[str, str] | None = None) -> Any:
     return pynvml
 
 
+def shutdown(nv: Any) -> None:
+    """``nvmlShutdown``, best effort: a sampler that stops, or a probe that is done, must
+    not fail on a driver that already went away."""
+    try:
+        nv.nvmlShutdown()
+    except Exception:  # noqa: BLE001
+        pass
+
+
 def read_device(nv, handle) -> dict[str, float | None]:
     """NVML's device values of one GPU (None: NVML refused that one), shared with the GPM
     sampler: utilisation, memory used, power, clocks, temperature, clock-event reasons."""
@@ -101,10 +110,7 @@ class NvmlSampler:
 
     def close(self) -> None:
         if self._replay is None and self.handles is not None:
-            try:
-                self.nv.nvmlShutdown()
-            except Exception:  # noqa: BLE001
-                pass
+            shutdown(self.nv)
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
@@ -128,10 +134,7 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
     except Exception as exc:  # noqa: BLE001
         return [], f"NVML: {type(exc).__name__}: {exc}"
     finally:
-        try:
-            nv.nvmlShutdown()
-        except Exception:  # noqa: BLE001
-            pass
+        shutdown(nv)
 
 
 def open_sampler(gpus: Sequence[str], interval: float,
