@@ -512,13 +512,19 @@ def _all_hashed(artefacts: list[dict[str, Any]], key: str) -> bool:
 _Lock = tuple[list[_Entry], list[_Source]]
 
 
+def _packages(data: dict[str, Any], key: str, file: str, lines: _Lines) -> Iterator[tuple[str, dict, str, int | None]]:
+    """Each ``[[key]]`` table of a TOML lock file: (its place for errors, the table, the
+    canonical name, its line)."""
+    for i, pkg in enumerate(_tables(data.get(key), file, key)):
+        where = f"{key}[{i}]"
+        raw = _str(pkg.get("name"), file, f"{where}.name")
+        yield where, pkg, canonicalize_name(raw), lines.toml_name(raw)
+
+
 def _uv(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
     """uv.lock: ``[[package]]`` with ``source = {registry|git|url|path|directory|editable|virtual}``."""
     entries = []
-    for i, pkg in enumerate(_tables(data.get("package"), file, "package")):
-        where = f"package[{i}]"
-        raw = _str(pkg.get("name"), file, f"{where}.name")
-        name, line = canonicalize_name(raw), lines.toml_name(raw)
+    for where, pkg, name, line in _packages(data, "package", file, lines):
         source = _table(pkg.get("source"), file, f"{where}.source")
         artefacts = [_table(pkg.get("sdist"), file, f"{where}.sdist"),
                      *_tables(pkg.get("wheels"), file, f"{where}.wheels")]
@@ -543,10 +549,7 @@ def _poetry(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
     old_files = _table(_table(data.get("metadata"), file, "metadata").get("files"), file, "metadata.files")
     old_files = {canonicalize_name(k): v for k, v in old_files.items()}
     entries = []
-    for i, pkg in enumerate(_tables(data.get("package"), file, "package")):
-        where = f"package[{i}]"
-        raw = _str(pkg.get("name"), file, f"{where}.name")
-        name, line = canonicalize_name(raw), lines.toml_name(raw)
+    for where, pkg, name, line in _packages(data, "package", file, lines):
         files = _tables(pkg.get("files", old_files.get(name)), file, f"{where}.files")
         hashed = _all_hashed(files, "hash")
         source = _table(pkg.get("source"), file, f"{where}.source")
@@ -569,10 +572,7 @@ def _pylock(data: dict[str, Any], file: str, lines: _Lines) -> _Lock:
     """pylock.toml (PEP 751): ``[[packages]]`` with ``vcs``, ``directory``, ``archive`` or
     ``index`` + ``sdist``/``wheels``; hashes are ``{algorithm = digest}`` tables."""
     entries = []
-    for i, pkg in enumerate(_tables(data.get("packages"), file, "packages")):
-        where = f"packages[{i}]"
-        raw = _str(pkg.get("name"), file, f"{where}.name")
-        name, line = canonicalize_name(raw), lines.toml_name(raw)
+    for where, pkg, name, line in _packages(data, "packages", file, lines):
         vcs = _table(pkg.get("vcs"), file, f"{where}.vcs")
         archive = _table(pkg.get("archive"), file, f"{where}.archive")
         artefacts = [a for a in (_table(pkg.get("sdist"), file, f"{where}.sdist"),
