@@ -30,6 +30,6 @@ def test_a_run_in_a_gpu_slot_starts_one_rank_per_gpu_of_the_slot(tmp_path):
         rank_logs = sorted((farm / "runs" / f"{t}.1" / "logs").glob("rank-*.out"))
         ranks = [f.read_text().split() for f in rank_logs]
         assert [r[:2] for r in ranks] == [["0", "1"]], logs[t] + str(ranks)    # one rank, world size 1
-        assert "hpcml run: 1 local tasks" in logs[t], logs[t]
+        assert "hpcml run: 1 local task," in logs[t], logs[t]
         seen.append(ranks[0][2])
     assert len(set(seen)) == 2 and set(seen) <= {"0", "1", "2", "3"}           # each its slot's GPU
