@@ -19,6 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 from hpcml.env.model import Environment, Mount
+from hpcml.errors import UsageError
 from hpcml.schemas import tag
 
 SQUASHFS_SUFFIXES = (".sqsh", ".sqfs", ".squashfs")
@@ -50,18 +51,54 @@ class Launch:
                 "prepare": self.prepare, "cleanup": self.cleanup, "notes": self.notes}
 
 
+@dataclass
+class Plan:
+    """What every launch works out before a runtime writes its own argv: the image kind,
+    the per-process scratch directory, the mounts (EDF ``sqsh`` data mounts already
+    squashfused when the runtime cannot mount them), the variables to set in the container,
+    and the prepare/cleanup commands and notes a runtime adds to."""
+
+    env: Environment
+    kind: str
+    scratch: str
+    environ: Mapping[str, str]
+    mounts: list[Mount]
+    variables: dict[str, str | None]
+    prepare: list[list[str]] = field(default_factory=list)
+    cleanup: list[list[str]] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
+    launch_environ: dict[str, str | None] = field(default_factory=dict)
+
+
 class Runtime:
-    """One container runtime. Subclasses set ``name`` and ``executable`` and implement
-    ``render``; rendering has no side effects, so it works where the runtime is absent."""
+    """One container runtime. Subclasses set ``name``, ``executable`` and ``refuses`` (image
+    kind → why, ``{image}`` substituted) and write their argv in ``argv``; ``render`` is the
+    template every built-in shares. Rendering has no side effects, so it works where the
+    runtime is absent. A plug-in may override ``render`` whole."""
 
     name = ""
     executable = ""
+    refuses: Mapping[str, str] = {}
+    squashfuse_mounts = True    # False: the runtime mounts EDF sqsh files itself (pyxis)
 
     def available(self) -> bool:
         return shutil.which(self.executable) is not None
 
     def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
                scratch: str | None = None) -> Launch:
+        kind = image_kind(env.image)
+        if kind in self.refuses:
+            raise UsageError(self.refuses[kind].format(image=repr(env.image)), key="image")
+        where = scratch_dir(env, scratch)
+        mounts, prepare, cleanup = squashfs_mounts(env, where) if self.squashfuse_mounts else (list(env.mounts), [], [])
+        plan = Plan(env, kind, where, os.environ if environ is None else environ, mounts, container_env(env),
+                    prepare, cleanup)
+        argv = self.argv(plan, command)
+        return Launch(self.name, argv, environ=plan.launch_environ, prepare=plan.prepare, cleanup=plan.cleanup,
+                      notes=plan.notes)
+
+    def argv(self, plan: Plan, command: list[str]) -> list[str]:
+        """The runtime's own command line; add to ``plan``'s prepare, cleanup and notes."""
         raise NotImplementedError
 
 

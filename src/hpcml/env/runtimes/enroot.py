@@ -10,19 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import (
-    Launch,
-    Runtime,
-    annotations_note,
-    container_env,
-    entrypoint_note,
-    image_kind,
-    scratch_dir,
-    squashfs_mounts,
-    wrap_command,
-)
-from hpcml.errors import UsageError
+from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, entrypoint_note, wrap_command
 
 
 def image_store(environ: Mapping[str, str]) -> str:
@@ -40,37 +28,31 @@ def docker_uri(ref: str) -> str:
 class Enroot(Runtime):
     name = "enroot"
     executable = "enroot"
+    refuses = {"dir": "enroot runs a SquashFS image or a registry reference, not a directory: {image}"}
 
-    def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
-               scratch: str | None = None) -> Launch:
-        environ = os.environ if environ is None else environ
-        kind = image_kind(env.image)
-        if kind == "dir":
-            raise UsageError(f"enroot runs a SquashFS image or a registry reference, not a directory: "
-                             f"{env.image!r}", key="image")
-        mounts, prepare, cleanup = squashfs_mounts(env, scratch_dir(env, scratch))
-        notes: list[str] = []
+    def argv(self, plan: Plan, command: list[str]) -> list[str]:
+        env, notes = plan.env, plan.notes
         image = env.image
-        if kind == "ref":
-            image = os.path.join(image_store(environ), re.sub(r"[^A-Za-z0-9_.-]+", "+", env.image) + ".sqsh")
-            prepare.insert(0, ["sh", "-c", 'test -e "$1" || { mkdir -p "$(dirname "$1")" && enroot import -o "$1" "$2"; }',
-                               "sh", image, docker_uri(env.image)])
+        if plan.kind == "ref":
+            image = os.path.join(image_store(plan.environ), re.sub(r"[^A-Za-z0-9_.-]+", "+", env.image) + ".sqsh")
+            plan.prepare.insert(0, ["sh", "-c",
+                                    'test -e "$1" || { mkdir -p "$(dirname "$1")" && enroot import -o "$1" "$2"; }',
+                                    "sh", image, docker_uri(env.image)])
         argv = ["enroot", "start"]
         if env.writable:
             argv.append("--rw")
-        for m in mounts:
+        for m in plan.mounts:
             opts = "x-create=auto,rbind" + (",ro" if m.readonly else "")
             extra = [f for f in m.flags if f not in ("ro", "rw")]
             if extra:
                 notes.append(f"mount {m.target}: flags {'+'.join(extra)} not passed to enroot")
             argv += ["--mount", f"{m.source}:{m.target}:none:{opts}"]
-        variables = container_env(env)
-        for key, value in variables.items():
+        for key, value in plan.variables.items():
             if value is not None:
                 argv += ["-e", f"{key}={value}"]
         if env.devices:
             notes.append("devices ignored: enroot shows the host's /dev (ENROOT_RESTRICT_DEV restricts it)")
-        unset = [k for k, v in variables.items() if v is None]
-        argv += [*env.options.get(self.name, []), image, *wrap_command(env, command, workdir=env.workdir, unset=unset)]
+        unset = [k for k, v in plan.variables.items() if v is None]
         notes += entrypoint_note(env, "enroot start with a command") + annotations_note(env, "enroot")
-        return Launch(self.name, argv, prepare=prepare, cleanup=cleanup, notes=notes)
+        return argv + [*env.options.get(self.name, []), image,
+                       *wrap_command(env, command, workdir=env.workdir, unset=unset)]

@@ -9,12 +9,9 @@ GPU selection. ``[env]`` is passed with ``-e K=V`` and wins over the image, as i
 
 from __future__ import annotations
 
-import os
 from collections.abc import Mapping
 
-from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import Launch, Runtime, container_env, image_kind, oci_reference, scratch_dir, squashfs_mounts, wrap_command
-from hpcml.errors import UsageError
+from hpcml.env.runtimes.base import Plan, Runtime, oci_reference, wrap_command
 
 FORWARD_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_")
 FORWARD_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
@@ -31,19 +28,14 @@ class Podman(Runtime):
     name = "podman"
     executable = "podman"
 
-    def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
-               scratch: str | None = None) -> Launch:
-        environ = os.environ if environ is None else environ
-        kind = image_kind(env.image)
-        if kind == "squashfs":
-            raise UsageError(f"podman cannot run a SquashFS image ({env.image}); use enroot, charliecloud "
-                             "or bubblewrap", key="image")
-        mounts, prepare, cleanup = squashfs_mounts(env, scratch_dir(env, scratch))
-        notes: list[str] = []
+    refuses = {"squashfs": "podman cannot run a SquashFS image ({image}); use enroot, charliecloud or bubblewrap"}
+
+    def argv(self, plan: Plan, command: list[str]) -> list[str]:
+        env, notes = plan.env, plan.notes
         argv = ["podman", "run", "--rm", "--network", "host"]
         if not env.writable:
             argv.append("--read-only")
-        for m in mounts:
+        for m in plan.mounts:
             opts = [f for f in m.flags if f in MOUNT_OPTIONS]
             dropped = [f for f in m.flags if f not in MOUNT_OPTIONS]
             if dropped:
@@ -51,11 +43,10 @@ class Podman(Runtime):
             argv += ["-v", f"{m.source}:{m.target}" + (":" + ",".join(opts) if opts else "")]
         if env.workdir:
             argv += ["-w", env.workdir]
-        variables = container_env(env)
-        for key in forwarded(environ):
-            if key not in variables:
+        for key in forwarded(plan.environ):
+            if key not in plan.variables:
                 argv += ["-e", key]
-        for key, value in variables.items():
+        for key, value in plan.variables.items():
             argv += ["--unsetenv", key] if value is None else ["-e", f"{key}={value}"]
         for dev in env.devices:
             argv += ["--device", dev]
@@ -65,8 +56,7 @@ class Podman(Runtime):
         if not env.entrypoint:
             argv += ["--entrypoint", ""]
         argv += env.options.get(self.name, [])
-        argv += ["--rootfs", env.image] if kind == "dir" else [oci_reference(env.image)]
-        if kind == "dir" and env.writable:
+        argv += ["--rootfs", env.image] if plan.kind == "dir" else [oci_reference(env.image)]
+        if plan.kind == "dir" and env.writable:
             notes.append("writable root filesystem directory: changes are made to the directory itself and persist")
-        argv += wrap_command(env, command)
-        return Launch(self.name, argv, prepare=prepare, cleanup=cleanup, notes=notes)
+        return argv + wrap_command(env, command)

@@ -5,27 +5,21 @@ unset are dropped from srun's environment and unset by the in-container wrapper.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-
-from hpcml.env.model import Environment
-from hpcml.env.runtimes.base import Launch, Runtime, annotations_note, container_env, image_kind, wrap_command
-from hpcml.errors import UsageError
+from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, wrap_command
 
 
 class Pyxis(Runtime):
     name = "pyxis"
     executable = "srun"
+    refuses = {"dir": "pyxis runs a registry reference or a SquashFS image, not a directory: {image}"}
+    squashfuse_mounts = False
 
     def available(self) -> bool:
         from hpcml.env.runtimes import pyxis_srun
         return pyxis_srun()
 
-    def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
-               scratch: str | None = None) -> Launch:
-        if image_kind(env.image) == "dir":
-            raise UsageError(f"pyxis runs a registry reference or a SquashFS image, not a directory: "
-                             f"{env.image!r}", key="image")
-        notes: list[str] = []
+    def argv(self, plan: Plan, command: list[str]) -> list[str]:
+        env, notes = plan.env, plan.notes
         argv = ["srun", f"--container-image={env.image}"]
         if env.mounts:
             argv.append("--container-mounts=" + ",".join(m.spec() for m in env.mounts))
@@ -35,13 +29,12 @@ class Pyxis(Runtime):
             argv.append(f"--container-workdir={env.workdir}")
         argv.append("--container-writable" if env.writable else "--container-readonly")
         argv.append("--container-entrypoint" if env.entrypoint else "--no-container-entrypoint")
-        variables = container_env(env)
-        exported = {k: v for k, v in variables.items() if v is not None}
+        exported = {k: v for k, v in plan.variables.items() if v is not None}
         if exported:
             argv.append("--container-env=" + ",".join(exported))
         if env.devices:
             notes.append("devices ignored: enroot shows the host's /dev (ENROOT_RESTRICT_DEV restricts it)")
-        unset = [k for k, v in variables.items() if v is None]
-        argv += [*env.options.get(self.name, []), *wrap_command(env, command, unset=unset)]
+        unset = [k for k, v in plan.variables.items() if v is None]
+        plan.launch_environ = dict(plan.variables)
         notes += annotations_note(env, "pyxis")
-        return Launch(self.name, argv, environ=dict(variables), notes=notes)
+        return argv + [*env.options.get(self.name, []), *wrap_command(env, command, unset=unset)]
