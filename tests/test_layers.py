@@ -15,10 +15,8 @@ import collections
 import grimp
 
 #: cycles known and not yet broken, each with the reason; a new cycle, or a known one
-#: grown by another package, fails. scan <-> ckpt: scan loads hpcml checkpoints safely
-#: (scan.loader, scan.formats.hpcmlckpt) and ckpt reads pickled leaves through scan's
-#: restricted unpickler (ckpt.flatten). Breaking it means a format plug-in with a loader.
-KNOWN = {frozenset({"scan", "ckpt"})}
+#: grown by another package, fails. None today.
+KNOWN: set[frozenset[str]] = set()
 
 
 def layer(module: str) -> str | None:

@@ -113,37 +113,19 @@ def _load_joblib(path: Path, policy: Policy) -> Any:
         jnp.NumpyUnpickler = saved
 
 
-def _load_checkpoint(p: Path, policy: Policy, map_location: Any, rank: int | None) -> Any:
-    """An hpcml.ckpt checkpoint (its directory, a step directory or a shard): the shard is
-    scanned, then checked and read as ``hpcml.ckpt.load`` does."""
-    from hpcml.ckpt import layout, offline
-    from hpcml.scan.scanner import scan_file
-    if p.is_dir():
-        found = offline.find(p)
-    else:
-        found, rank = offline.find(p.parent), int(p.stem.removeprefix("rank-"))
-    shard = offline.shard_of(found, rank)
-    result = scan_file(found.path / layout.shard_names(shard)[0], policy)
-    if result.verdict is not Verdict.SAFE:
-        raise UnsafeFileError(result)
-    offline.check(found, shard)
-    return offline.read_state(found.path, shard, map_location, policy)
-
-
 def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framework: str = "numpy",
               map_location: Any = "cpu", rank: int | None = None) -> Any:
     """Scan ``path`` and load it if safe: pickle, PyTorch (zip or legacy), .npy/.npz,
     joblib, safetensors (``framework`` "numpy" or "pt") or an hpcml.ckpt checkpoint (its
     directory: the newest step; a step directory; a ``rank-*.bin`` shard; ``rank``: whose
     shard of a sharded one). Raises ``UnsafeFileError``."""
-    from hpcml.ckpt import layout
-    from hpcml.scan.formats import hpcmlckpt
+    from hpcml.scan.formats import claimed
     from hpcml.scan.scanner import scan_file
     policy = policy or default_policy()
     p = Path(path)
-    if (p.is_dir() and ((p / layout.MANIFEST).is_file() or layout.is_checkpoint_dir(p))) \
-            or (p.is_file() and hpcmlckpt.index_of(p)):
-        return _load_checkpoint(p, policy, map_location, rank)
+    claim = claimed(p)
+    if claim is not None and claim[0].load is not None:
+        return claim[0].load(p, claim[1], policy, map_location, rank)
     result = scan_file(p, policy)
     if result.verdict is not Verdict.SAFE or not result.scanned:
         if not result.scanned:

@@ -16,7 +16,7 @@ from typing import BinaryIO
 
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import FORMATS, hpcmlckpt
+from hpcml.scan.formats import FORMATS, claimed
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import looks_like_pickle
 from hpcml.scan.policy import Policy, default_policy
@@ -80,9 +80,9 @@ def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResu
         return fs.finish()
     with fh:
         try:
-            shard = hpcmlckpt.index_of(p)
-            if shard is not None:               # recognised by its index beside it, not by content
-                hpcmlckpt.scan(fs, fh, st.st_size, *shard)
+            claim = claimed(p)
+            if claim is not None and claim[0].scan_claimed is not None:   # by what lies beside it
+                claim[0].scan_claimed(fs, fh, st.st_size, claim[1])
             else:
                 scan_content(fs, fh, st.st_size, "", p.name, 0)
         except OSError as exc:

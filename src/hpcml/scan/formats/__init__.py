@@ -5,19 +5,24 @@ Each module declares a ``FORMAT``: how to recognise the format from the first 51
 order they are tried; the first that recognises a file scans it, and a file none
 recognises is walked as a pickle (hpcml.scan.scanner). A site package adds a format
 through the ``hpcml.scan_formats`` entry-point group (a ``ScanFormat``); plug-ins are
-tried after the built-ins.
+tried after the built-ins. A format recognised by what lies beside a file rather than by
+its content (hpcml.ckpt's shards, by their index) sets ``claims``; it is asked first, and it
+may also say how ``safe_load`` reads what it claims (``load``). hpcml.ckpt registers its own
+this way (pyproject's entry point), so scan does not depend on ckpt.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, BinaryIO
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 from hpcml.registry import Registry
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
+    from hpcml.scan.policy import Policy
 
 #: scans an archive member by content: (fs, fh, size, member, name, depth)
 ScanContent = Callable[["FileScan", BinaryIO, int, str, str, int], None]
@@ -32,6 +37,24 @@ class ScanFormat:
     scan: Callable[[FileScan, BinaryIO, int, str, str, int, ScanContent], None]
     #: holds members, each handed to ``scan_content`` one level deeper (nesting is bounded)
     archive: bool = False
+    #: recognises a file or directory by what lies beside it, before any content is read:
+    #: returns what ``scan_claimed`` and ``load`` need (the claim), or None
+    claims: Callable[[Path], Any] | None = None
+    #: ``(fs, fh, size, claim)``: scans a claimed regular file
+    scan_claimed: Callable[[FileScan, BinaryIO, int, Any], None] | None = None
+    #: ``(path, claim, policy, map_location, rank)`` -> the object ``safe_load`` returns
+    load: Callable[[Path, Any, Policy, Any, int | None], Any] | None = None
+
+
+def claimed(path: Path) -> tuple[ScanFormat, Any] | None:
+    """The format that claims ``path`` by what lies beside it, with its claim, or None."""
+    for name in FORMATS:
+        fmt = FORMATS.get(name)
+        if fmt.claims is not None:
+            claim = fmt.claims(path)
+            if claim is not None:
+                return fmt, claim
+    return None
 
 
 FORMATS: Registry[ScanFormat] = Registry("scan format", "hpcml.scan_formats", {

@@ -7,13 +7,17 @@ unpickled; a leaf that is none of these (a user object) is one pickle, read back
 restricted unpickler. So the shard is recognised by its index, not by its content (the first
 bytes are a tensor's), and the scan walks each pickled leaf with the usual policy, naming the
 leaf by its place in the state (``leaf extra.sampler``). A ``.bin`` without such an index is
-scanned as before. The index must describe the file exactly (its size, leaves inside it, no
+scanned as before (this format claims only what has one). The index must describe the file exactly (its size, leaves inside it, no
 object arrays): one that does not is an error, never a pass.
 
 The file is also scanned whole from offset 0 as a loader that ignores the index reads it
 (``torch.load``'s zip or legacy stream of pickles, ``pickle.load`` of any protocol, ``np.load``,
 joblib): a shard is safe to load with hpcml, and an index beside a torch zip, a protocol 0
 pickle or a benign leaf followed by more pickles must not make the file pass.
+
+Registered with scan through the ``hpcml.scan_formats`` entry point (pyproject), with the
+loader ``hpcml.scan.safe_load`` uses for a checkpoint directory, step or shard, so scan
+does not import ckpt.
 """
 
 from __future__ import annotations
@@ -22,10 +26,13 @@ import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
+from hpcml.ckpt import layout
 from hpcml.scan import pickles
+from hpcml.scan.formats import ScanFormat
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
+    from hpcml.scan.policy import Policy
 
 NAME = "hpcml-ckpt"
 _SHARD = re.compile(r"^rank-(\d{5,})\.bin$")
@@ -37,7 +44,6 @@ def index_of(path: Path) -> tuple[Path, Any] | None:
     ``rank-NNNNN.bin`` with a ``rank-NNNNN.json`` beside it that carries the shard tag."""
     if not _SHARD.match(path.name):
         return None
-    from hpcml.ckpt import layout
     from hpcml.files import load_json_bounded
     index = path.with_suffix(".json")
     try:
@@ -51,7 +57,6 @@ def index_of(path: Path) -> tuple[Path, Any] | None:
 
 def _problem(doc: dict[str, Any], size: int) -> str | None:
     from hpcml import schemas
-    from hpcml.ckpt import layout
     from hpcml.errors import UsageError
     try:
         schemas.check(doc, layout.SHARD_TAG, "index")
@@ -121,3 +126,38 @@ def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]
     _scan_as_loaders_read_it(fs, fh, size)
     fs.note(f"{len(entries) - len(pickled)} tensors and arrays (raw bytes, never unpickled), "
             f"{len(pickled)} pickled leaves scanned; load it with hpcml.ckpt (or hpcml.scan.safe_load)")
+
+
+def claims(path: Path) -> Any:
+    """A checkpoint directory or step directory (the path itself), or a shard with its
+    index (``(index path, index document)``); None for anything else."""
+    if path.is_dir():
+        return path if (path / layout.MANIFEST).is_file() or layout.is_checkpoint_dir(path) else None
+    return index_of(path) if path.is_file() else None
+
+
+def _scan_claimed(fs: FileScan, fh: BinaryIO, size: int, claim: Any) -> None:
+    scan(fs, fh, size, *claim)
+
+
+def load(path: Path, claim: Any, policy: Policy, map_location: Any, rank: int | None) -> Any:
+    """Load a checkpoint (its directory: the newest step; a step directory; a shard): the
+    shard is scanned, then checked and read as ``hpcml.ckpt.load`` does."""
+    from hpcml.ckpt import offline
+    from hpcml.scan.loader import UnsafeFileError
+    from hpcml.scan.model import Verdict
+    from hpcml.scan.scanner import scan_file
+    if path.is_dir():
+        found = offline.find(path)
+    else:
+        found, rank = offline.find(path.parent), int(path.stem.removeprefix("rank-"))
+    shard = offline.shard_of(found, rank)
+    result = scan_file(found.path / layout.shard_names(shard)[0], policy)
+    if result.verdict is not Verdict.SAFE:
+        raise UnsafeFileError(result)
+    offline.check(found, shard)
+    return offline.read_state(found.path, shard, map_location, policy)
+
+
+FORMAT = ScanFormat(looks_like=lambda head, size, name: False, scan=lambda *args: None,
+                    claims=claims, scan_claimed=_scan_claimed, load=load)
