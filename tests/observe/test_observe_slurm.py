@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 
 from hpcml.observe.store import read_job
-from hpcml.observe.stragglers import from_job
 from tests.observe.browser import assert_not_blank, render
+from tests.observe.jobscores import from_job
 from tests.slurmjobs import run_job
 
 ROOT = Path(__file__).parents[2]

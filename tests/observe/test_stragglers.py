@@ -67,7 +67,7 @@ def test_from_a_job_store(tmp_path):
     import time
 
     from hpcml.observe.store import RankWriter, rank_path, read_job
-    from hpcml.observe.stragglers import from_job
+    from tests.observe.jobscores import from_job
     t = _job(n_ranks=4, n_steps=60)
     t[2] *= 1.5
     for rank in range(4):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from hpcml.score.model import JobScore, score_columns
 from hpcml.score.recording import Recording
 
 
@@ -41,3 +42,12 @@ def recording(nodes: int = 2, gpus_per_node: int = 4, seconds: int = 120, seed: 
                 cols = {k: v[keep] for k, v in cols.items()}
             g.set_columns(tt, cols)
     return rec
+
+
+def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]],
+              models: dict[tuple[str, str], str] | None = None) -> JobScore:
+    """Score GPUs given as (node, index) -> field -> array on one time axis, through the
+    same ``score_columns`` the store and importers use."""
+    keys = sorted(gpus)
+    n = max((len(v) for k in keys for v in gpus[k].values()), default=0)
+    return score_columns(keys, lambda k, names=None: gpus[k], n, models)

@@ -17,7 +17,7 @@ import pytest
 from hpcml.errors import UsageError
 from hpcml.score import importers
 from hpcml.score.importers import dmon, gssr_json
-from hpcml.score.model import score_job
+from tests.score.synth import score_job
 
 DATA = Path(__file__).resolve().parents[1] / "fixtures" / "score"
 ROOT = Path(__file__).resolve().parents[2]

@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from hpcml.score.model import active_span, counter_rate, gssr_score, parts, score_job
+from hpcml.score.model import active_span, gssr_score, parts
+from tests.score.synth import score_job
 
 
 def _s(**fields):
@@ -45,11 +46,6 @@ def test_missing_values_stay_missing():
     assert math.isnan(p["compute"][0]) and math.isnan(p["memory"][0]) and math.isnan(p["score"][0])
     assert p["score"][1] == pytest.approx(0.5)
     assert np.isnan(parts(s, "unknown GPU")["interconnect"]).all()
-
-
-def test_counter_rate_and_resets():
-    r = counter_rate([1000, 3000, 5000, 100, 2100], [0, 1, 2, 3, 4])
-    assert np.isnan(r[0]) and r[1] == 2000 and r[2] == 2000 and np.isnan(r[3]) and r[4] == 2000
 
 
 def test_warm_up_and_tail_are_trimmed():

@@ -17,6 +17,17 @@ from hpcml.errors import SlurmError
 from hpcml.testing import localslurm
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 
+
+def node_states(nodes: str | None = None) -> dict[str, str]:
+    """Node name -> state (``IDLE``, ``ALLOCATED``, ``DRAIN``...), through the package's
+    ``scontrol show -o node`` parser."""
+    return {r["NodeName"]: r.get("State", "") for r in slurm.scontrol_show("node", nodes)}
+
+
+def scontrol_hostnames(hostlist: str) -> list[str]:
+    """Slurm's own expansion, through the package's error-wrapping ``run``."""
+    return slurm.run(["scontrol", "show", "hostnames", hostlist], timeout=10).stdout.split()
+
 TERMINAL = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT", "NODE_FAIL", "OUT_OF_MEMORY",
             "BOOT_FAIL", "DEADLINE", "PREEMPTED"}
 
@@ -65,26 +76,26 @@ def test_sbatch_job_spans_both_nodes(slurm_env: dict[str, str], tmp_path: Path) 
 def test_drain_and_resume(slurm_cluster: LocalSlurm, slurm_env: dict[str, str]) -> None:
     run(["scontrol", "update", "nodename=n2", "state=drain", "reason=x"], slurm_env)
     try:
-        assert "DRAIN" in slurm.node_states("n2")["n2"]
+        assert "DRAIN" in node_states("n2")["n2"]
         assert "x" in run(["sinfo", "-h", "-R", "-o", "%E %N"], slurm_env).split()
     finally:
         run(["scontrol", "update", "nodename=n2", "state=resume"], slurm_env)
     # resume marks the node NOT_RESPONDING until the controller has pinged it again
     slurm_cluster.wait_idle(10)
-    assert slurm.node_states("n2")["n2"] == "IDLE"
+    assert node_states("n2")["n2"] == "IDLE"
 
 
 @pytest.mark.slurm
 def test_wrappers_against_the_cluster(slurm_cluster: LocalSlurm) -> None:
     slurm_cluster.wait_idle(10)
-    assert slurm.node_states() == {"n1": "IDLE", "n2": "IDLE"}
-    assert slurm.scontrol_hostnames("n[1-2]") == ["n1", "n2"]
+    assert node_states() == {"n1": "IDLE", "n2": "IDLE"}
+    assert scontrol_hostnames("n[1-2]") == ["n1", "n2"]
     proc = slurm.srun(["printenv", "SLURMD_NODENAME"], nodes=["n1", "n2"], ntasks_per_node=1)
     assert proc.returncode == 0, proc.stderr
     assert sorted(proc.stdout.split()) == ["n1", "n2"]
     slurm.scontrol_update_node(["n1"], state="drain", reason="wrapper test")
     try:
-        assert "DRAIN" in slurm.node_states("n1")["n1"]
+        assert "DRAIN" in node_states("n1")["n1"]
     finally:
         slurm.scontrol_update_node(["n1"], state="resume")
     slurm_cluster.wait_idle(10)
@@ -164,7 +175,7 @@ def test_wrapper_reports_a_missing_binary(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PATH", str(tmp_path))
     with pytest.raises(SlurmError, match="scontrol: Slurm is not installed"):
-        slurm.scontrol_hostnames("n[1-2]")
+        scontrol_hostnames("n[1-2]")
     with pytest.raises(SlurmError, match="srun: Slurm is not installed"):
         slurm.srun(["true"])
 

@@ -60,11 +60,6 @@ def srun(command: Sequence[str], *, timeout: float = DEFAULT_TIMEOUT, **kw) -> s
     return run(srun_argv(command, **kw), timeout=timeout, check=False)
 
 
-def scontrol_hostnames(hostlist: str, *, timeout: float = 10.0) -> list[str]:
-    """Slurm's own expansion; ``hostlist.expand`` gives the same without a controller."""
-    return run(["scontrol", "show", "hostnames", hostlist], timeout=timeout).stdout.split()
-
-
 def scontrol_show(kind: str, name: str | None = None, *,
                   timeout: float = 10.0) -> list[dict[str, str]]:
     """``scontrol show -o KIND [NAME]`` as one dict of Key=Value pairs per record."""
@@ -82,11 +77,6 @@ def scontrol_show(kind: str, name: str | None = None, *,
         if record:
             records.append(record)
     return records
-
-
-def node_states(nodes: str | None = None, *, timeout: float = 10.0) -> dict[str, str]:
-    """Node name -> state (``IDLE``, ``ALLOCATED``, ``DRAIN``...)."""
-    return {r["NodeName"]: r.get("State", "") for r in scontrol_show("node", nodes, timeout=timeout)}
 
 
 def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **fields: str) -> None:

@@ -187,13 +187,3 @@ def score_groups(ranks, steps, values, **kw) -> tuple[list[RankScore], tuple[lis
         keep = np.isin(ranks, members)
         out += score_ranks(ranks[keep], steps[keep], values[keep], **kw)
     return sorted(out, key=lambda s: -s.score), groups
-
-
-def from_job(job, section: str = "step", **kw) -> list[RankScore]:
-    """Scores from a job store (``hpcml.observe.store.read_job``) for one section."""
-    t = job.table
-    import pyarrow.compute as pc
-    mask = pc.and_(pc.equal(t["kind"], "section"), pc.equal(t["name"], section))
-    rows = t.filter(pc.and_(mask, pc.is_valid(t["step"])))
-    return score_ranks(rows["rank"].to_numpy(), rows["step"].to_numpy(), rows["value"].to_numpy(),
-                       meta_ranks=job.meta.get("ranks"), **kw)

@@ -94,20 +94,6 @@ def active_span(sm_active_by_gpu: np.ndarray) -> slice:
     return slice(int(on[0]), int(on[-1]) + 1)
 
 
-def counter_rate(values: np.ndarray, t: np.ndarray) -> np.ndarray:
-    """Per-second rate of a monotonic counter (e.g. energy, mJ); a reset gives NaN, not a
-    negative rate. The first sample has no rate."""
-    v, t = np.asarray(values, float), np.asarray(t, float)
-    out = np.full(len(v), np.nan)
-    if len(v) > 1:
-        dv, dt = np.diff(v), np.diff(t)
-        with np.errstate(divide="ignore", invalid="ignore"):
-            r = dv / dt
-        r[(dv < 0) | (dt <= 0)] = np.nan
-        out[1:] = r
-    return out
-
-
 @dataclass
 class GpuScore:
     gpu: str                 # "node:index"
@@ -197,15 +183,6 @@ def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, 
                             gssr=_median(gssr_score(s)) if s else float("nan"),
                             medians={name: _median(v) for name, v in s.items()}, model=models.get(k)))
     return _job(out, span)
-
-
-def score_job(gpus: dict[tuple[str, str], dict[str, np.ndarray]], models: dict[tuple[str, str], str] | None = None
-              ) -> JobScore:
-    """Score every GPU of a job. ``gpus`` maps (node, index) to field name -> array, all on
-    the same time axis (NaN where a GPU has no sample)."""
-    keys = sorted(gpus)
-    n = max((len(v) for k in keys for v in gpus[k].values()), default=0)
-    return score_columns(keys, lambda k, names=None: gpus[k], n, models)
 
 
 def _job(out: list[GpuScore], span: slice) -> JobScore:

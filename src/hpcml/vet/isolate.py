@@ -150,14 +150,6 @@ def _wait(runs: list[_Running]) -> None:
                     _finish(r, timed_out=False)
 
 
-def run_isolated(fn: Callable[[], dict[str, Any]], timeout: float) -> dict[str, Any]:
-    """Return ``fn()``'s dict, or raise Timeout / ChildFailed (with the child's error)."""
-    outcome = run_many([(fn, timeout)])[0]
-    if isinstance(outcome, Exception):
-        raise outcome
-    return outcome
-
-
 def _kill_group(pid: int) -> None:
     for target in (lambda: os.killpg(pid, signal.SIGKILL), lambda: os.kill(pid, signal.SIGKILL)):
         try:
