@@ -123,8 +123,15 @@ def signal_step(step: str, sig: int, *, timeout: float = 10.0) -> None:
     run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", step], timeout=timeout)
 
 
-#: job states in which a job holds or will get its allocation, so its processes may run
-#: (Slurm's job_state_string names; ``scontrol`` prints the base state first)
+#: job states in which a job holds or will get its allocation, so its processes may run or
+#: come back (Slurm's job_state_string names; ``scontrol`` prints the base state first).
+#: Those less obvious, with why: STOPPED and SUSPENDED keep the allocation (processes are
+#: only signalled to pause); SPECIAL_EXIT is a requeue in held state after an exit code the
+#: site marked special, so the job comes back; RESV_DEL_HOLD is held because its
+#: reservation was deleted and can be released; REQUEUE_FED/REQUEUE_HOLD/REQUEUED are on
+#: their way back; SIGNALING, STAGE_OUT, COMPLETING and RESIZING still have processes or
+#: an allocation. Everything else (COMPLETED, FAILED, CANCELLED, TIMEOUT, NODE_FAIL,
+#: PREEMPTED, BOOT_FAIL, DEADLINE, OUT_OF_MEMORY, REVOKED) is over.
 ALIVE = frozenset({"PENDING", "CONFIGURING", "RUNNING", "COMPLETING", "SUSPENDED", "STOPPED",
                    "RESIZING", "REQUEUED", "REQUEUE_HOLD", "REQUEUE_FED", "SIGNALING", "STAGE_OUT",
                    "RESV_DEL_HOLD", "SPECIAL_EXIT"})
