@@ -12,6 +12,7 @@ import time
 from pathlib import Path
 
 import jsonschema
+import psutil
 import pytest
 
 from hpcml import schemas
@@ -252,15 +253,16 @@ def test_kill_9_of_a_task_is_a_failure_that_is_retried(tmp_path):
 def test_a_worker_fenced_off_by_a_false_suspicion_stops_its_copy(tmp_path):
     """Another worker wrongly judged this one dead and recorded its attempt as lost: the
     owner sees that at its next heartbeat, kills its copy, and its own end is refused."""
-    side = tmp_path / "side"
-    farm = _farm(tmp_path, [side_task(side, before='test "$HPCML_FARM_ATTEMPT" -ge 2 || sleep 2; ')])
+    side, pid = tmp_path / "side", tmp_path / "copy1.pid"
+    farm = _farm(tmp_path, [side_task(side, before=f'test "$HPCML_FARM_ATTEMPT" -ge 2 || {{ echo $$ > {pid}; sleep 2; }}; ')])
     run = start("farm", "run", farm, "--slots", "1", "--lease", "0.6 s")
     wait_for(lambda: (farm / "claims" / "0.1").exists(), what="attempt 1 claimed")
     (farm / "ends" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 1,
                                                    "outcome": "lost", "end": time.time(), "reason": "test"}))
     run.communicate(timeout=60)
     assert run.returncode == 0
-    time.sleep(2.5)                                   # attempt 1's copy, had it lived, appends now
+    copy = int(pid.read_text())                       # attempt 1's shell: it appends as its last act
+    wait_for(lambda: not psutil.pid_exists(copy), what="attempt 1's copy gone")
     assert side_lines(side) == [(0, 2)]
     assert ends(farm)[(0, 1)]["reason"] == "test"      # the owner's own end was refused
 
