@@ -69,15 +69,17 @@ def test_failed_tasks_are_retried_with_backoff_then_marked(tmp_path):
     assert sorted(side_lines(side)) == [(0, 3), (2, 1)]
 
 
-def test_a_task_over_its_time_limit_is_killed_and_marked(tmp_path):
-    side = tmp_path / "side"
-    farm = _farm(tmp_path, [f"sleep 30; echo late >> {side}", "true"], retries=0, time_limit=0.5)
+def test_a_task_over_its_time_limit_is_terminated_and_marked(tmp_path):
+    """At its time limit a task gets SIGTERM (time to save, as Slurm's KillWait gives a step),
+    then SIGKILL after ``TIME_LIMIT_GRACE``: here the task saves and exits on the TERM."""
+    side, saved = tmp_path / "side", tmp_path / "saved"
+    task = f"trap 'echo saved >> {saved}; exit 143' TERM; sleep 30 & wait; echo late >> {side}"
+    farm = _farm(tmp_path, [task, "true"], retries=0, time_limit=0.5)
     p = hpcml("farm", "run", farm, "--slots", "2")
     assert p.returncode == 1
     rec = ends(farm)
-    assert rec[(0, 1)]["outcome"] == "timeout" and rec[(0, 1)]["signal"] == signal.SIGKILL
-    assert rec[(1, 1)]["outcome"] == "ok"
-    assert not side.exists()
+    assert rec[(0, 1)]["outcome"] == "timeout" and rec[(1, 1)]["outcome"] == "ok"
+    assert saved.read_text() == "saved\n" and not side.exists()
 
 
 def test_dependencies_run_prep_then_all_train_then_eval(tmp_path):

@@ -34,13 +34,21 @@ def test_a_task_is_waited_for_and_its_exit_code_kept(worker):
     assert worker._wait_for(subprocess.Popen(["true"], start_new_session=True)) == (0, False)
 
 
-def test_a_task_over_the_time_limit_is_killed_with_its_children(worker, tmp_path):
+def test_a_task_over_the_time_limit_is_terminated_with_its_children(worker, tmp_path):
     marker = tmp_path / "child-survived"
     proc = subprocess.Popen(["sh", "-c", f"(sleep 1; touch {marker}) & sleep 5"], start_new_session=True)
-    assert worker._wait_for(proc) == (-signal.SIGKILL, True)
+    assert worker._wait_for(proc) == (-signal.SIGTERM, True)
     with pytest.raises(subprocess.TimeoutExpired):
         subprocess.run(["sh", "-c", f"while [ ! -e {marker} ]; do sleep 0.1; done"], timeout=1.5)
     assert not marker.exists()                      # the whole process group was killed
+
+
+def test_a_task_that_ignores_sigterm_is_killed_after_the_grace(worker, tmp_path, monkeypatch):
+    monkeypatch.setattr("hpcml.farm.worker.TIME_LIMIT_GRACE", 0.3)
+    marker = tmp_path / "outlived"
+    proc = subprocess.Popen(["sh", "-c", f"trap '' TERM; sleep 5; touch {marker}"], start_new_session=True)
+    assert worker._wait_for(proc) == (-signal.SIGKILL, True)
+    assert not marker.exists()
 
 
 @pytest.mark.parametrize("command, direct", [

@@ -51,7 +51,7 @@ class Settings:
 
     retries: int = 2                 # failed attempts retried this many times
     backoff: float = 1.0             # seconds before retry 1; doubles for each further retry
-    time_limit: float | None = None  # seconds an attempt may run before it is killed ("timeout")
+    time_limit: float | None = None  # seconds an attempt may run before it is stopped ("timeout")
     lease: float = 60.0              # a worker whose heartbeat stood still this long is dead
     node_failures: int = 5           # consecutive failures of different tasks that retire a node (0: never)
 

@@ -50,6 +50,10 @@ from hpcml.proctree import die_with_parent, signal_group, start_time
 DONE, NODE_RETIRED, DISK = 0, 3, 4
 #: errors that stop a worker with one line instead of a traceback: the farm's disk, not a task
 DISK_ERRORS = (errno.ENOSPC, errno.EDQUOT, errno.EROFS)
+#: seconds between SIGTERM and SIGKILL when a task reaches its time limit, as Slurm's
+#: KillWait gives a step: time for the task to save its state. A fenced copy (another
+#: worker declared its attempt lost) gets SIGKILL at once: it must not write anything more.
+TIME_LIMIT_GRACE = 10.0
 
 
 def _own_group() -> dict[str, Any]:
@@ -251,22 +255,26 @@ class Worker:
         limit = self.settings.time_limit
         deadline = time.monotonic() + limit if limit else None
         timed_out = False
+        kill_at: float | None = None
         exited = self._exit_waiter(proc)
         try:
             while True:
                 now = time.monotonic()
-                until = self._next_beat if deadline is None else min(self._next_beat, deadline)
+                until = min(t for t in (self._next_beat, deadline, kill_at) if t is not None)
                 if exited.wait(max(0, int((until - now) * 1000) + 1)):
                     break
                 now = time.monotonic()
                 if self.beat(now) and self._current and os.path.exists(self._current):
                     # fenced: another worker judged us dead and declared this attempt lost
                     # (a false suspicion, e.g. a stalled filesystem): stop our copy now
-                    deadline = now
-                if deadline is not None and now >= deadline and not timed_out:
+                    kill_at, deadline = now, None
+                if deadline is not None and now >= deadline:
                     timed_out = True
+                    signal_group(proc.pid, signal.SIGTERM)
+                    kill_at, deadline = now + TIME_LIMIT_GRACE, None
+                if kill_at is not None and now >= kill_at:
                     signal_group(proc.pid, signal.SIGKILL)
-                    deadline = None
+                    kill_at = None
         finally:
             exited.close()
         signal_group(proc.pid, signal.SIGKILL)     # the group's rest (a background job), its leader unreaped

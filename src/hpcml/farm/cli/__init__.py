@@ -34,7 +34,7 @@ def _settings(retries: int | None, backoff: str | None, time_limit: str | None, 
 
 RETRIES = typer.Option(None, "--retries", min=0, help="Retry a failed task this many times (default 2).")
 BACKOFF = typer.Option(None, "--backoff", help="Wait before the first retry, doubled for each next one, e.g. '5 s'.")
-TIME_LIMIT = typer.Option(None, "--time-limit", help="Kill an attempt that runs longer, e.g. '2 h' (marked 'timeout').")
+TIME_LIMIT = typer.Option(None, "--time-limit", help="Stop an attempt that runs longer, e.g. '2 h': TERM, KILL 10 s later ('timeout').")
 
 
 @app.command("create")
