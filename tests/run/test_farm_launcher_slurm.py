@@ -1,7 +1,9 @@
-"""A farm task's ``hpcml run`` killed by ``farm --time-limit`` is seen as gone from another
+"""A farm task's ``hpcml run`` stopped by ``farm --time-limit`` is seen as ended from another
 host (a login node) while the farm's allocation still runs: its run is a ``local`` run in
-that job, so the farm's end of the attempt tells, not the job's state. Real local cluster,
-real farm, real ``hpcml run``/``report`` (the other host: the recorded host rewritten)."""
+that job, so its own record and the farm's end of the attempt tell, not the job's state.
+The time limit's SIGTERM reaches the launcher, which stops its ranks and records its end.
+Real local cluster, real farm, real ``hpcml run``/``report`` (the other host: the recorded
+host rewritten)."""
 
 from __future__ import annotations
 
@@ -34,13 +36,15 @@ def test_a_run_the_farm_timed_out_is_not_still_running_while_the_farm_runs(slurm
             time.sleep(0.2)
         assert json.loads((farm / "ends" / "0.1").read_text())["outcome"] == "timeout", (tmp_path / "job.out").read_text()
         run = json.loads((d / "run.json").read_text())
-        assert run.get("ended") is None and run["job_id"] == job and run["farm_task"]["attempt"] == 1
+        assert run["ended"] is not None and run["job_id"] == job and run["farm_task"]["attempt"] == 1
+        assert run["signals_forwarded"] == ["SIGTERM"], run
         (d / "run.json").write_text(json.dumps({**run, "launcher": {**run["launcher"], "host": "compute-node"}}))
         q = subprocess.run(["squeue", "-h", "-j", job, "-o", "%T"], capture_output=True, text=True, env=env, timeout=30)
         assert q.stdout.strip() == "RUNNING"                     # the farm's allocation runs on
         report = subprocess.run([sys.executable, "-m", "hpcml", "report", str(d)], capture_output=True, text=True,
                                 env=env, timeout=120)
-        assert "still running" not in report.stdout and "killed before the job ended" in report.stdout, report.stdout
+        assert "still running" not in report.stdout and "killed before the job ended" not in report.stdout, report.stdout
+        assert "exit 143" in report.stdout or "SIGTERM" in report.stdout, report.stdout
         again = subprocess.run([sys.executable, "-m", "hpcml", "run", "--no-report", "--dir", str(d), "--overwrite",
                                 "--", "true"], capture_output=True, text=True, env=env, timeout=120, cwd=tmp_path)
         assert again.returncode == 0, again.stderr
