@@ -26,6 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
+PR_SET_PTRACER = 0x59616D61     # Yama's
 PR_SET_CHILD_SUBREAPER = 36
 
 _LIBC: Any = None
@@ -53,6 +54,14 @@ def die_with_parent(sig: int = signal.SIGKILL) -> None:
         lib.prctl(PR_SET_PDEATHSIG, int(sig))
     if os.getppid() != parent or parent == 1:
         os._exit(1)
+
+
+def allow_tracing_by(pid: int) -> bool:
+    """Let ``pid`` and its descendants ptrace this process where Yama's ptrace_scope 1 allows
+    only ancestors (Ubuntu's default): the task wrapper's py-spy, a child of the wrapper, can
+    then read the rank's stack. Survives exec. False where the kernel has no Yama."""
+    lib = libc()
+    return lib is not None and lib.prctl(PR_SET_PTRACER, int(pid)) == 0
 
 
 def become_subreaper() -> bool:

@@ -26,6 +26,8 @@ from typing import TYPE_CHECKING
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
+from hpcml.observe.beat import BeatWriter, Progress
+from hpcml.observe.snapshot import Responder
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
@@ -64,7 +66,7 @@ def default_dir(task: Task) -> Path:
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
-                     exporter=None, sink=None) -> None:
+                     exporter=None, sink=None, progress: Progress | None = None) -> None:
     """Move the wrapped process's batches into the rank file until it closes the pipe."""
     import pyarrow as pa
     with os.fdopen(read_fd, "rb") as pipe:
@@ -75,6 +77,8 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
                     writer.write_batch(batch)
                     if exporter is not None:
                         exporter.update_batch(batch)
+                    if progress is not None:
+                        progress.update_batch(batch)
                 if sink is not None:          # a queue put: the MLflow thread does the sending
                     sink.update_batch(batch)
                 stats["app_batches"] += 1
@@ -163,7 +167,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     stack = ExitStack()
     stack.enter_context(forwarding(lambda: (child,), FORWARDED))
     writer = RankWriter.create(out, task.rank)
-    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink),
+    progress, beat, responder = Progress(), BeatWriter(out, task.rank, task.node), Responder(out, task.rank, child.pid)
+    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress),
                               daemon=True)
     copier.start()
 
@@ -188,11 +193,17 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                 writer.write_rows(rows)
                 if exporter is not None:
                     exporter.update(rows)
+                beat.write(progress, pid=child.pid, snapshot=responder.handled)
+            responder.poll()
     finally:
         stack.close()
         copier.join(timeout=10)
         with lock:
             writer.close()
+            rc_now = child.poll()
+            beat.write(progress, pid=child.pid, snapshot=responder.handled,
+                       exit=None if rc_now is None else (rc_now if rc_now >= 0 else 128 - rc_now))
+        beat.close()
         if exporter is not None:
             exporter.close()
     code = rc if rc >= 0 else 128 - rc           # killed by signal n: 128 + n, as a shell says

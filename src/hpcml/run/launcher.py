@@ -45,6 +45,7 @@ from hpcml.run.jobdir import (
 )
 from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
+from hpcml.run.watch import HANG, ON_HANG, Watch
 from hpcml.schemas import tag
 from hpcml.signals import SLURM_SIGNALS, forwarding
 from hpcml.words import plural
@@ -71,6 +72,26 @@ class Options:
     kill_grace: float = 10.0                  # seconds from TERM/INT to SIGKILL of what still runs
     overwrite: bool = False                   # replace a finished job in job_dir
     gpu_metrics: str = "auto"                 # the ranks' GPU sampler: auto, none or a registered name
+    hang_timeout: str = "auto"                # seconds without a completed step on any rank; auto or off
+    on_hang: str = "stop"                     # stop: end the job and exit HANG; report: name and go on
+
+
+def hang_seconds(value: str) -> float | None:
+    """``--hang-timeout``: None for auto; ``inf`` for off; else positive seconds."""
+    from hpcml.units import parse_seconds
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text == "off":
+        return float("inf")
+    try:
+        seconds = parse_seconds(text)
+    except (UsageError, ValueError) as exc:
+        raise UsageError(f"{value!r} is not auto, off or a duration such as '300 s' ({exc})",
+                         key="hang_timeout") from None
+    if not seconds > 0:
+        raise UsageError(f"must be more than 0 s (or off), got {value!r}", key="hang_timeout")
+    return seconds
 
 
 def _check(opts: Options, allocation) -> None:
@@ -87,6 +108,9 @@ def _check(opts: Options, allocation) -> None:
         raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
     if opts.kill_grace < 0:
         raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
+    hang_seconds(opts.hang_timeout)
+    if opts.on_hang not in ON_HANG:
+        raise UsageError(f"'{opts.on_hang}' is not one of {', '.join(ON_HANG)}", key="on_hang")
     from hpcml.samplers.choose import modes
     if opts.gpu_metrics not in modes():           # the registry's names, a site's plug-ins too
         raise UsageError(f"'{opts.gpu_metrics}' is not one of {', '.join(modes())}", key="gpu_metrics")
@@ -234,15 +258,20 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     # when the launcher dies (even by SIGKILL), on which srun kills its step
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     target = _Srun(proc, str(allocation.job_id), name)
+    watch = _watch(opts, d, info, ntasks)
     with forwarding(lambda: (target,), FORWARDED) as seen:
         _prefetch_report(opts)                          # srun passes them on to every task
         state: dict[str, float] = {}
         while proc.poll() is None:
+            if watch.poll() == "stop":
+                target.send_signal(signal.SIGTERM)      # the step's tasks, then srun after the grace
+                state.setdefault("stop_at", time.monotonic())
             if _grace_over(opts, seen, state, info):
                 proc.send_signal(signal.SIGTERM)        # srun: SIGKILL to every process of its step
             time.sleep(POLL)
         rc = proc.returncode
     _note_signals(info, seen)
+    _watched(watch, info)
     return rc
 
 
@@ -357,9 +386,14 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                               preexec_fn=lambda: die_with_parent(STOP))
              for r in range(n)]
     _prefetch_report(opts)
+    watch = _watch(opts, d, info, n)
     rc, state = 0, {}  # type: tuple[int, dict[str, float]]
     with forwarding(lambda: [_Wrapper(p) for p in procs], FORWARDED) as seen:
         while procs:
+            if watch.poll() == "stop":
+                for p in procs:
+                    p.send_signal(signal.SIGTERM)
+                state.setdefault("stop_at", time.monotonic())
             for p in list(procs):
                 code = p.poll()
                 if code is None:
@@ -378,7 +412,21 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
             time.sleep(POLL)
     _kill_orphans(set(), reap=True)                       # every wrapper has ended: nothing may be left
     _note_signals(info, seen)
+    _watched(watch, info)
     return rc
+
+
+def _watch(opts: Options, d: Path, info: dict, world: int) -> Watch:
+    seconds = hang_seconds(opts.hang_timeout)
+    off = seconds == float("inf")
+    return Watch(d, int(info.get("attempt") or 0), world, timeout=None if off else seconds, off=off,
+                 on_hang=opts.on_hang)
+
+
+def _watched(watch: Watch, info: dict) -> None:
+    """The job ended: the crashes the last scan missed, and what the watch saw, into run.json."""
+    watch.finish()
+    info.update(watch.to_json())
 
 
 def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> None:
@@ -451,6 +499,8 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     requeued = _requeued(d, info, ask_slurm=asked)
     first = first_failure(d, int(info.get("attempt") or 0), requeued=requeued is not None)
     code = first["exit_code"] if first else (0 if requeued else rc)
+    if (info.get("hang") or {}).get("action") == "stop":
+        code = HANG                                       # the watch stopped a hung job
     info.update(ended=time.time(), exit_code=code, first_failure=first, launcher_exit_code=rc, requeued=requeued)
     if not write_own(d, info):
         info["superseded"] = True
@@ -459,7 +509,7 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     if requeued:
         print(f"hpcml run: attempt {info.get('attempt') or 0} {requeue.describe(requeued)}; Slurm runs the job "
               f"again, as the next attempt in {d}", file=sys.stderr)
-    if first:
+    if first and code != HANG:
         err = log_path(d, int(first["rank"] or 0), "err")
         print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)
         last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")

@@ -10,6 +10,9 @@ recorder samples):
 * TERM, INT and HUP at their default action: the wrapper ignores them outside the
   recorder's forwarding, and ``cmd &`` in a script starts ``hpcml run`` with INT ignored;
   a rank must stop on INT as on Ctrl-C;
+* its parent (the task wrapper's recorder) and the wrapper's children may ptrace it
+  (``proctree.allow_tracing_by``), so the watch's py-spy can read a hung rank's stack
+  where Yama allows only ancestors;
 * a command that cannot start is said in the rank's stderr, with a shell's exit code
   (127 not found, 126 not executable), and recorded like any other exit.
 """
@@ -20,7 +23,7 @@ import os
 import signal
 import sys
 
-from hpcml.proctree import die_with_parent
+from hpcml.proctree import allow_tracing_by, die_with_parent
 
 NOT_FOUND, NOT_EXECUTABLE = 127, 126
 
@@ -28,6 +31,7 @@ NOT_FOUND, NOT_EXECUTABLE = 127, 126
 def main(cmd: list[str]) -> int:
     os.setpgid(0, 0)
     die_with_parent(signal.SIGKILL)
+    allow_tracing_by(os.getppid())
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         signal.signal(sig, signal.SIG_DFL)
     try:

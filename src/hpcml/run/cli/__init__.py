@@ -41,6 +41,10 @@ def run_cmd(
                                      "every rank and what it started."),
     overwrite: bool = typer.Option(False, "--overwrite", help="Replace the finished job that --dir holds "
                                    "(without it such a directory is refused)."),
+    hang_timeout: str = typer.Option("auto", "--hang-timeout", help="A hang: no rank completed a step for this long, "
+                                     "e.g. '10 min' (auto: 10 x the median step time, at least 120 s; off)."),
+    on_hang: str = typer.Option("stop", "--on-hang", help="stop: name the culprits, stop the job, exit 5; "
+                                "report: name them and let the job go on."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -51,14 +55,17 @@ def run_cmd(
     Every task gets MASTER_ADDR, MASTER_PORT, WORLD_SIZE, RANK, LOCAL_RANK and
     LOCAL_WORLD_SIZE (torch.distributed's env:// rendezvous) and is recorded by hpcml
     observe. At the end it prints the job's report and writes JOBDIR/report.html (hpcml
-    report shows it again). Exit codes: the command's (127: it cannot start), 4 vetting
-    aborted, 2 bad input (a --dir that holds a job), 1 the job directory cannot be written.
+    report shows it again). While it runs, a crashed rank is named at once and a hang
+    (--hang-timeout) gets every rank's stack and its culprits named in the log and run.json.
+    Exit codes: the command's (127: it cannot start), 5 a hang stopped (--on-hang stop),
+    4 vetting aborted, 2 bad input (a --dir that holds a job), 1 the job directory cannot
+    be written.
     """
     from hpcml.run.launcher import Options, run
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
                      gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
-                     gpu_metrics=gpu_metrics))
+                     gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang))
     raise typer.Exit(rc)
 
 

@@ -1,0 +1,132 @@
+"""A rank's heartbeat: how far it has got, for a launcher that watches the job live.
+
+Why a file per rank beside the store, and not the store itself: the store is Arrow IPC
+streams a reader must parse from the start, and at 1,024 ranks the launcher would re-read
+gigabytes to learn one number each. The recorder already sees every batch the rank logs
+(``observe.log``/``observe.section`` through its pipe), so it keeps a few numbers of
+progress and rewrites one fixed-size record in place (``pwrite`` of ``SIZE`` bytes at
+offset 0: no rename, no new inode, one write per interval; on Lustre or GPFS as cheap as a
+metadata-free write can be). The rank does nothing more than it did: nothing measurable.
+
+A reader that catches a record being written (a torn read) sees JSON that does not parse
+and keeps the previous one. Progress is a new step number (``observe.log(step=…)``, or a
+section with a step) or a section that ended; step times come from a section named
+``step`` when the program has one, else from the time between step numbers.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from collections import deque
+from pathlib import Path
+from typing import Any
+
+from hpcml.schemas import tag
+
+SCHEMA = tag("observe.beat", 1)
+SIZE = 4096                    # bytes of one record: 128 recent steps fit with room to spare
+RECENT = 128                   # step times kept: what the live straggler model looks at
+BEATS = "beat"                 # the directory in an observe store
+STEP_SECTION = "step"
+
+
+def beat_dir(observe: Path) -> Path:
+    return Path(observe) / BEATS
+
+
+def beat_path(observe: Path, rank: int) -> Path:
+    return beat_dir(observe) / f"rank-{rank:05d}.json"
+
+
+class Progress:
+    """What the rank's logged rows say about its progress (fed batch by batch)."""
+
+    def __init__(self) -> None:
+        self.step: int | None = None          # the highest step number seen
+        self.steps = 0                        # how many times it went up (steps completed)
+        self.progress: float | None = None    # epoch seconds of the last progress
+        self.first: float | None = None       # of the first step completed
+        self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)   # (step, seconds)
+        self._timed = False                   # a "step" section exists: its durations are the step times
+        self._at: float | None = None         # when ``step`` was first seen
+
+    def update(self, ts: list[float], kinds: list[str], names: list[str], values: list[Any],
+               steps: list[Any]) -> None:
+        """Rows in the order logged: epoch seconds, kind, name, value, step (or None)."""
+        for t, kind, name, value, step in zip(ts, kinds, names, values, steps):
+            if kind == "section":
+                self.progress = t
+                if name == STEP_SECTION and value is not None:
+                    self._timed = True
+                    self.recent.append((int(step) if step is not None else self.steps, float(value)))
+            if step is None or kind not in ("metric", "section"):
+                continue
+            step = int(step)
+            if self.step is not None and step <= self.step:
+                continue
+            if self.step is not None and not self._timed and self._at is not None:
+                self.recent.append((step, (t - self._at) / (step - self.step)))
+            self.steps += 1          # a step number is logged as its step ends (or later)
+            self.step, self._at, self.progress = step, t, t
+            self.first = self.first if self.first is not None else t
+
+    def update_batch(self, batch: Any) -> None:
+        """An Arrow batch of the store's schema (``hpcml.observe.schema``)."""
+        cols = batch.to_pydict()
+        kinds = cols["kind"]
+        keep = [i for i, k in enumerate(kinds) if k in ("metric", "section")]
+        if not keep:
+            return
+        ts = [cols["ts"][i].timestamp() for i in keep]
+        self.update(ts, [kinds[i] for i in keep], [cols["name"][i] for i in keep],
+                    [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
+
+    def to_json(self) -> dict[str, Any]:
+        return {"step": self.step, "steps": self.steps, "progress": self.progress, "first": self.first,
+                "recent": [[s, round(v, 6)] for s, v in self.recent]}
+
+
+class BeatWriter:
+    """The recorder's side: one record, rewritten in place."""
+
+    def __init__(self, observe: Path, rank: int, node: str) -> None:
+        beat_dir(observe).mkdir(parents=True, exist_ok=True)
+        self.path = beat_path(observe, rank)
+        self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
+        self.fixed: dict[str, Any] = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
+
+    def write(self, progress: Progress, **extra: Any) -> None:
+        doc = {**self.fixed, **progress.to_json(), **extra, "beat": time.time()}
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        while len(data) > SIZE and doc["recent"]:            # never past the record: drop the oldest
+            doc["recent"] = doc["recent"][len(doc["recent"]) // 2:]
+            data = json.dumps(doc, separators=(",", ":")).encode()
+        try:
+            os.pwrite(self.fd, data.ljust(SIZE), 0)
+        except OSError:
+            pass                          # a full disk must not stop the recorder; the watch sees no beat
+
+    def close(self) -> None:
+        os.close(self.fd)
+
+
+def read_beats(observe: Path, previous: dict[int, dict] | None = None) -> dict[int, dict]:
+    """Every rank's last record; a torn or unreadable one keeps ``previous``'s."""
+    out = dict(previous or {})
+    try:
+        names = os.listdir(beat_dir(observe))
+    except OSError:
+        return out
+    for name in names:
+        if not (name.startswith("rank-") and name.endswith(".json")):
+            continue
+        try:
+            with open(beat_dir(observe) / name, "rb") as f:
+                doc = json.loads(f.read(SIZE + 1).rstrip())
+        except (OSError, ValueError):
+            continue
+        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("rank"), int):
+            out[doc["rank"]] = doc
+    return out

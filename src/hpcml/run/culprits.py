@@ -1,0 +1,111 @@
+"""Who holds up a hung job, from what the ranks left: heartbeats, stacks, Flight Recorder dumps.
+
+In order of trust:
+
+1. **Flight Recorder**: when the ranks' dumps are there, the hang analysis
+   (``hpcml.observe.hang``) names the roots per process group from the collectives each
+   rank entered, started and completed.
+2. **Progress**: ranks whose last completed step is behind the furthest rank's did not
+   reach the collective the others wait in.
+3. **Stacks**: among ranks at the same step, those whose main thread is *not* inside a
+   collective (a ``torch.distributed`` frame) are stuck elsewhere (the data loader, a
+   deadlock, a C call holding the GIL); the others wait for them.
+
+Each culprit gets the line of its own code it is stuck on: the innermost frame of its main
+thread outside the interpreter's and installed packages' files (py-spy reads it without the
+rank's cooperation), else the innermost frame.
+"""
+
+from __future__ import annotations
+
+import os
+import sysconfig
+from dataclasses import dataclass, field
+from typing import Any
+
+from hpcml.observe.stacks import main_thread
+from hpcml.words import ranges
+
+COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
+_LIBRARY_DIRS = tuple({os.path.realpath(p) + os.sep for p in
+                       (sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib"))})
+
+
+@dataclass
+class Culprit:
+    rank: int
+    node: str | None
+    where: str | None            # "file:line in function", or None without a stack
+    why: str
+
+    def to_json(self) -> dict[str, Any]:
+        return {"rank": self.rank, "node": self.node, "where": self.where, "why": self.why}
+
+
+@dataclass
+class Verdict:
+    method: str                  # "flight-recorder", "progress", "stacks" or "none"
+    culprits: list[Culprit]
+    blocked: list[int] = field(default_factory=list)     # ranks that wait for the culprits
+    note: str = ""
+
+    def to_json(self) -> dict[str, Any]:
+        return {"method": self.method, "culprits": [c.to_json() for c in self.culprits],
+                "blocked": self.blocked, "note": self.note}
+
+
+def _library(path: str) -> bool:
+    return os.path.realpath(path).startswith(_LIBRARY_DIRS) or "site-packages" in path
+
+
+def stack_line(stack: dict[str, Any] | None) -> str | None:
+    """The user's line the main thread is on: innermost frame outside libraries."""
+    frames = main_thread(stack or {})
+    if not frames:
+        return None
+    own = next((f for f in frames if f.get("file") and not _library(str(f["file"]))), frames[0])
+    return f"{own.get('file')}:{own.get('line')} in {own.get('name')}"
+
+
+def in_collective(stack: dict[str, Any] | None) -> bool | None:
+    """Whether the main thread waits inside torch.distributed; None without a stack."""
+    frames = main_thread(stack or {})
+    if not frames:
+        return None
+    return any(any(m in str(f.get("file") or "") for m in COLLECTIVE_FILES) for f in frames)
+
+
+def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None) -> Verdict:
+    """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came."""
+    def culprit(rank: int, why: str) -> Culprit:
+        return Culprit(rank, (beats.get(rank) or {}).get("node"), stack_line(stacks.get(rank)), why)
+
+    ranks = sorted(beats)
+    roots = list(getattr(fr, "roots", None) or []) if fr is not None else []
+    if fr is not None and not roots:
+        roots = sorted({r for f in getattr(fr, "findings", []) for r in f.culprits})
+    if roots:
+        blocked = sorted(r for r in ranks if r not in roots)
+        details = {r: f.detail for f in fr.findings for r in f.culprits}
+        return Verdict("flight-recorder", [culprit(r, details.get(r, "root of the hang (Flight Recorder)"))
+                                           for r in roots], blocked)
+    steps = {r: b.get("step") for r, b in beats.items() if b.get("exit") is None}
+    known = [s for s in steps.values() if s is not None]
+    if known and min(known) < max(known):
+        top = max(known)
+        behind = sorted(r for r, s in steps.items() if s is None or s < top)
+        return Verdict("progress", [culprit(r, f"behind: last step {steps[r] if steps[r] is not None else 'none'}, "
+                                               f"others at {top}") for r in behind],
+                       sorted(r for r in steps if r not in behind))
+    waiting = {r: in_collective(stacks.get(r)) for r in steps}
+    outside = sorted(r for r, w in waiting.items() if w is False)
+    inside = sorted(r for r, w in waiting.items() if w)
+    if outside and inside:
+        return Verdict("stacks", [culprit(r, "not in a collective while the others wait in one") for r in outside],
+                       inside)
+    missing = sorted(r for r, w in waiting.items() if w is None)
+    note = ("every rank waits in a collective: a network or GPU fault, or a mismatch the Flight Recorder would show"
+            if inside and not outside else "no rank waits in a collective" if outside else "no stack could be read")
+    if missing:
+        note += f"; no stack from ranks {ranges(missing)}"
+    return Verdict("none", [], [], note)

@@ -1,0 +1,194 @@
+"""``hpcml run`` watching its job live: hangs and crashes named while the job runs.
+
+The launcher reads the ranks' heartbeats (``hpcml.observe.beat``: one small record per rank
+that its recorder rewrites once per interval) every ``period`` seconds: 1 s for a few
+ranks, up to 5 s at 1,024, which keeps the launcher's cost to a few milliseconds of reads
+per scan (benchmarks/bench_watch.py). The ranks do nothing for it beyond what their
+recorder already did.
+
+* **Crash**: a rank whose recorder wrote an exit code other than 0 is named at once, with
+  the last line of its stderr. Stopping the others is the launcher's (as srun's
+  ``--kill-on-bad-exit``), within ``--kill-grace``.
+* **Hang**: no rank has completed a step (or a section) for ``--hang-timeout`` seconds:
+  by default the larger of 10 x the median step time and 120 s, never before the first
+  step ends, so a job's start-up, a long evaluation or a checkpoint that fits under it is
+  not a hang; a phase longer than that wants an explicit timeout (``off`` disables). Then
+  every rank's recorder is asked for a snapshot (its Python stack through py-spy); within
+  ``COLLECT`` seconds the answers that came are analysed (``hpcml.run.culprits``), one line
+  per culprit goes to the job log, the verdict into run.json, and ``--on-hang stop`` stops
+  the job, which then exits ``HANG``.
+
+Every event goes into run.json's ``timeline`` (when it began as far as the data shows, when
+it was detected, what was named, what was done) for the report.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml.observe.beat import read_beats
+from hpcml.observe.snapshot import read_stacks, request
+from hpcml.run.culprits import Verdict, name
+from hpcml.run.jobdir import log_path, observe_dir, tail
+from hpcml.words import ranges
+
+HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job
+AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
+AUTO_STEPS = 10.0             # ... and at least this many median step times
+COLLECT = 30.0                # seconds to wait for the ranks' snapshots
+ON_HANG = ("stop", "report")
+STOPPED = (128 + 15, 128 + 9)  # a rank's exit code after TERM or KILL
+
+
+def period_for(world: int) -> float:
+    """Seconds between scans: 1 s up to 200 ranks, 5 s from 1,000."""
+    return min(5.0, max(1.0, world / 200))
+
+
+@dataclass
+class Watch:
+    d: Path
+    attempt: int
+    world: int
+    timeout: float | None = None          # None: auto; use ``off`` for no hang detection
+    off: bool = False
+    on_hang: str = "stop"
+    period: float | None = None
+    timeline: list[dict[str, Any]] = field(default_factory=list)
+    hang: dict[str, Any] | None = None
+    beats: dict[int, dict] = field(default_factory=dict)
+    _next: float = 0.0
+    _crashed: set[int] = field(default_factory=set)
+    _stopping: bool = False
+    _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
+
+    def __post_init__(self) -> None:
+        self.observe = observe_dir(self.d, self.attempt)
+        self.period = self.period or period_for(self.world)
+
+    # -- the launcher calls these ----------------------------------------------------------
+
+    def poll(self, now: float | None = None) -> str | None:
+        """Scan when due; "stop" when the job must be stopped now (a hang, ``--on-hang stop``)."""
+        now = time.time() if now is None else now
+        if now < self._next:
+            return None
+        self._next = now + (self.period or 1.0)
+        self.beats = read_beats(self.observe, self.beats)
+        self._crashes(now)
+        if self._collect is not None:
+            return self._conclude(now)
+        if self.hang is None and not self.off:
+            self._hang(now)
+        return None
+
+    def finish(self) -> None:
+        """The job ended: name the crashes the last scan did not see."""
+        self.beats = read_beats(self.observe, self.beats)
+        self._crashes(time.time())
+
+    def to_json(self) -> dict[str, Any]:
+        return {"timeline": self.timeline, "hang": self.hang}
+
+    # -- what it looks for -----------------------------------------------------------------
+
+    def _event(self, kind: str, what: str, began: float | None, detected: float, **extra: Any) -> None:
+        self.timeline.append({"kind": kind, "began": began, "detected": detected, "what": what, **extra})
+
+    def _say(self, line: str) -> None:
+        print(f"hpcml run: {line}", file=sys.stderr, flush=True)
+
+    def _crashes(self, now: float) -> None:
+        """Ranks that exited non-zero, in the order they ended. Once the job is being stopped
+        (a crash named, a hang stopped), ranks ended by TERM or KILL were stopped, not crashed."""
+        ended = sorted(((b.get("beat") or 0.0, r, b) for r, b in self.beats.items()
+                        if isinstance(b.get("exit"), int) and b["exit"] != 0 and r not in self._crashed),
+                       key=lambda e: (e[0], e[1]))
+        for _, rank, b in ended:
+            code = b["exit"]
+            self._crashed.add(rank)
+            if code in STOPPED and (self._stopping or (self.hang or {}).get("action") == "stop"):
+                continue
+            self._stopping = True
+            last = next((ln.strip() for ln in reversed(tail(log_path(self.d, rank, "err"), 20)) if ln.strip()), "")
+            step = f" after step {b['step']}" if b.get("step") is not None else ""
+            self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
+            self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
+                        exit_code=code, stderr=last)
+
+    def hang_timeout(self) -> float:
+        if self.timeout is not None:
+            return self.timeout
+        recent = [s for b in self.beats.values() for _, s in b.get("recent") or [] if s and s > 0]
+        return max(AUTO_FLOOR, AUTO_STEPS * statistics.median(recent)) if recent else AUTO_FLOOR
+
+    def _hang(self, now: float) -> None:
+        alive = {r: b for r, b in self.beats.items() if b.get("exit") is None}
+        progress = [b["progress"] for b in alive.values() if isinstance(b.get("progress"), (int, float))]
+        if not alive or not progress:
+            return                               # never before the first step ends
+        last, limit = max(progress), self.hang_timeout()
+        if now - last < limit:
+            return
+        steps = [b["step"] for b in alive.values() if b.get("step") is not None]
+        self._say(f"hang: no rank completed a step for {now - last:.0f} s (timeout {limit:.0f} s; furthest step "
+                  f"{max(steps) if steps else 'none'}); taking every rank's stack")
+        self.hang = {"began": last, "detected": now, "timeout": limit, "ranks": len(alive)}
+        ident = int(now * 1000)
+        request(self.observe, ident)
+        self._collect = (ident, now + COLLECT)
+
+    def _conclude(self, now: float) -> str | None:
+        assert self._collect is not None and self.hang is not None
+        ident, give_up = self._collect
+        alive = [r for r, b in self.beats.items() if b.get("exit") is None]
+        answered = [r for r in alive if (self.beats[r].get("snapshot") or 0) >= ident]
+        if len(answered) < len(alive) and now < give_up:
+            return None
+        self._collect = None
+        stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
+        verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder())
+        self._report(verdict, now, stacks, alive)
+        self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=self.on_hang)
+        self._event("hang", self._summary(verdict), self.hang["began"], self.hang["detected"], named=now,
+                    action=self.on_hang, culprits=[c.rank for c in verdict.culprits])
+        if self.on_hang == "stop":
+            self._say(f"hang: stopping the job (--on-hang stop); it exits {HANG}")
+            return "stop"
+        return None
+
+    def _flight_recorder(self) -> Any:
+        """The hang analysis of the Flight Recorder dumps in the store, if any were written."""
+        fr = self.observe / "flight-recorder"
+        if not fr.is_dir() or not any(fr.iterdir()):
+            return None
+        from hpcml.observe.hang import analyse
+        try:
+            return analyse(fr)
+        except Exception:  # noqa: BLE001 - dumps are hostile input: fall back to the stacks
+            return None
+
+    def _summary(self, verdict: Verdict) -> str:
+        if not verdict.culprits:
+            return f"hang, no culprit named: {verdict.note}"
+        return (f"hang: culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
+                + (f"; ranks {ranges(verdict.blocked)} blocked behind them" if verdict.blocked else ""))
+
+    def _report(self, verdict: Verdict, now: float, stacks: dict, alive: list[int]) -> None:
+        for c in verdict.culprits:
+            self._say(f"hang: culprit rank {c.rank} on {c.node}: {c.where or 'no stack'} ({c.why})")
+        if verdict.blocked:
+            one = len(verdict.blocked) == 1
+            self._say(f"hang: {'rank' if one else 'ranks'} {ranges(verdict.blocked)} {'waits' if one else 'wait'}, "
+                      f"blocked behind "
+                      f"{ranges([c.rank for c in verdict.culprits])}")
+        if not verdict.culprits:
+            self._say(f"hang: no culprit named: {verdict.note}")
+        missing = sorted(set(alive) - set(stacks))
+        if missing:
+            self._say(f"hang: no stack from ranks {ranges(missing)} (py-spy missing or not allowed to attach)")

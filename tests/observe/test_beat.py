@@ -1,0 +1,61 @@
+"""The heartbeat a recorder writes for the live watch (``hpcml.observe.beat``)."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from hpcml.observe.beat import RECENT, SIZE, BeatWriter, Progress, beat_path, read_beats
+from hpcml.observe.schema import to_batch
+
+
+def test_progress_counts_steps_and_times_them_between_step_numbers():
+    p = Progress()
+    p.update([10.0, 10.5, 11.0, 13.0], ["metric", "host", "metric", "metric"], ["loss", "cpu", "loss", "loss"],
+             [1.0, 5.0, 1.0, 1.0], [0, None, 1, 3])
+    assert (p.step, p.steps, p.first, p.progress) == (3, 3, 10.0, 13.0)
+    assert list(p.recent) == [(1, 1.0), (3, 1.0)]          # 2 s for steps 2 and 3: 1 s each
+    p.update([14.0], ["metric"], ["loss"], [1.0], [2])      # an older step number: no progress
+    assert (p.step, p.progress) == (3, 13.0)
+
+
+def test_a_step_section_gives_the_step_times_and_any_section_is_progress():
+    p = Progress()
+    p.update([1.0, 2.0, 9.0], ["section", "section", "section"], ["step", "step", "evaluate"], [0.4, 0.6, 7.0],
+             [0, 1, None])
+    assert list(p.recent) == [(0, 0.4), (1, 0.6)] and p.progress == 9.0 and p.step == 1
+
+
+def test_progress_reads_the_stores_arrow_batches():
+    p = Progress()
+    ns = time.time_ns()
+    p.update_batch(to_batch([(ns, "metric", "loss", 1.0, 7, None), (ns, "host", "cpu", 3.0, None, None)], 0))
+    assert p.step == 7 and p.progress == pytest.approx(ns / 1e9, abs=1e-3)
+
+
+def test_records_round_trip_and_a_torn_one_keeps_the_last_good(tmp_path):
+    p = Progress()
+    for i in range(RECENT * 3):
+        p.update([float(i)], ["metric"], ["loss"], [1.0], [i])
+    w = BeatWriter(tmp_path, 3, "n7")
+    w.write(p, pid=42)
+    first = read_beats(tmp_path)
+    assert first[3]["step"] == RECENT * 3 - 1 and first[3]["node"] == "n7" and first[3]["pid"] == 42
+    assert beat_path(tmp_path, 3).stat().st_size == SIZE
+    beat_path(tmp_path, 3).write_bytes(b'{"schema": "hpcml.observe.beat/1", "rank": 3, "st')   # caught mid-write
+    assert read_beats(tmp_path, first) == first and read_beats(tmp_path) == {}
+    w.close()
+
+
+def test_a_record_never_grows_past_its_size(tmp_path):
+    p = Progress()
+    p.update([0.0], ["metric"], ["loss"], [1.0], [0])
+    for i in range(1, RECENT + 1):
+        p.update([i * 1.123456789], ["metric"], ["loss"], [1.0], [10**15 + i])
+    w = BeatWriter(tmp_path, 0, "n" * 1000)
+    w.write(p)
+    doc = read_beats(tmp_path)[0]
+    assert beat_path(tmp_path, 0).stat().st_size == SIZE and doc["step"] == 10**15 + RECENT
+    assert 0 < len(doc["recent"]) < RECENT
+    w.close()

@@ -1,0 +1,48 @@
+"""Naming a hang's culprits from heartbeats and stacks (``hpcml.run.culprits``)."""
+
+from __future__ import annotations
+
+import sysconfig
+
+from hpcml.run.culprits import in_collective, name, stack_line
+
+LIB = sysconfig.get_path("purelib")
+
+
+def stack(*frames: tuple[str, int, str]) -> dict:
+    return {"threads": [{"main": False, "frames": [{"name": "_loop", "file": f"{LIB}/x.py", "line": 1}]},
+                        {"main": True, "frames": [{"name": n, "file": f, "line": ln} for f, ln, n in frames]}]}
+
+
+WAITING = stack((f"{LIB}/torch/distributed/distributed_c10d.py", 2800, "all_reduce"), ("/home/u/train.py", 40, "main"))
+SLEEPING = stack(("/home/u/train.py", 37, "main"))
+LOADING = stack(("/home/u/data.py", 12, "__getitem__"), (f"{LIB}/torch/utils/data/dataloader.py", 700, "__next__"),
+                ("/home/u/train.py", 30, "main"))
+
+
+def beats(steps: dict[int, int | None]) -> dict[int, dict]:
+    return {r: {"rank": r, "node": f"n{r // 4}", "step": s, "exit": None} for r, s in steps.items()}
+
+
+def test_the_main_threads_own_innermost_line_is_named():
+    assert stack_line(LOADING) == "/home/u/data.py:12 in __getitem__"
+    assert stack_line(WAITING) == "/home/u/train.py:40 in main"
+    assert in_collective(WAITING) and in_collective(LOADING) is False and in_collective({}) is None
+
+
+def test_ranks_behind_in_steps_are_the_culprits():
+    v = name(beats({0: 30, 1: 29, 2: 30, 3: None}), {1: SLEEPING})
+    assert v.method == "progress" and [c.rank for c in v.culprits] == [1, 3] and v.blocked == [0, 2]
+    assert v.culprits[0].where == "/home/u/train.py:37 in main" and v.culprits[1].where is None
+
+
+def test_at_the_same_step_the_rank_outside_a_collective_is_the_culprit():
+    v = name(beats({r: 29 for r in range(8)}), {**{r: WAITING for r in range(8)}, 5: LOADING})
+    assert v.method == "stacks" and [(c.rank, c.node) for c in v.culprits] == [(5, "n1")] and v.blocked == [0, 1, 2, 3, 4, 6, 7]
+
+
+def test_no_culprit_is_invented():
+    v = name(beats({0: 29, 1: 29}), {0: WAITING, 1: WAITING})
+    assert v.culprits == [] and "every rank waits in a collective" in v.note
+    v = name(beats({0: 29, 1: 29}), {0: WAITING})
+    assert v.culprits == [] and "no stack from ranks 1" in v.note

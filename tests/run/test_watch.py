@@ -1,0 +1,169 @@
+"""``hpcml run`` watching its job live (``hpcml.run.watch``): hangs and crashes named while
+the job runs, with the culprit rank and the line it is stuck on.
+
+Real processes: 2 local ranks of a DDP job (torch CPU, gloo) where rank 1 goes wrong at
+step 30 (tests/run/faulty_ddp.py), real recorders, real py-spy. The hang timeout's default
+(at least 120 s) is shown on a virtual clock through the real heartbeat files.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import psutil
+import pytest
+
+from hpcml import schemas
+from hpcml.observe.beat import BeatWriter, Progress
+from hpcml.observe.snapshot import REQUEST
+from hpcml.run.watch import AUTO_FLOOR, HANG, Watch
+
+TASK = Path(__file__).with_name("faulty_ddp.py")
+
+
+def hpcml(*args, cwd: Path, env: dict | None = None, timeout: int = 240) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full["PATH"] = f"{Path(sys.executable).parent}:{full.get('PATH', '')}"
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=full, timeout=timeout)
+
+
+def valid(doc: dict) -> dict:
+    jsonschema.validate(doc, schemas.load("run"), cls=jsonschema.Draft202012Validator)
+    return doc
+
+
+def culprit_line(kind: str) -> int:
+    lines = TASK.read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if line.rstrip().endswith(f"# culprit:{kind}"))
+
+
+def left_running(cwd: Path) -> list[str]:
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if any(TASK.name in part for part in p.info["cmdline"] or []) and p.cwd() == str(cwd):
+                out.append(f"{p.pid} {p.status()}")
+        except psutil.Error:
+            continue
+    return out
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("fault", ["collective", "loader", "gil"])
+def test_a_hang_is_named_with_the_culprit_and_its_line_and_the_job_stopped(tmp_path, fault):
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "2s", "--kill-grace", "3",
+              "--", "python", TASK, cwd=tmp_path, env={"FAULT": fault})
+    assert p.returncode == HANG, p.stderr
+    where = f"{TASK}:{culprit_line(fault)}"
+    named = [line for line in p.stderr.splitlines() if "hang: culprit rank" in line]
+    assert len(named) == 1 and "culprit rank 1 on " in named[0] and where in named[0], p.stderr
+    assert "rank 0 waits, blocked behind 1" in p.stderr
+    run = valid(json.loads((tmp_path / "job" / "run.json").read_text()))
+    hang = run["hang"]
+    assert run["exit_code"] == HANG and hang["action"] == "stop" and hang["stacks"] == 2
+    assert [c["rank"] for c in hang["verdict"]["culprits"]] == [1] and hang["verdict"]["blocked"] == [0]
+    assert hang["began"] < hang["detected"] <= hang["named"] and hang["detected"] - hang["began"] >= 2
+    assert [e["kind"] for e in run["timeline"]] == ["hang"] and run["timeline"][0]["culprits"] == [1]
+    assert "crash:" not in p.stderr                 # the ranks the watch stopped did not crash
+    assert left_running(tmp_path) == []
+
+
+@pytest.mark.torch
+def test_a_crashed_rank_is_named_at_once_and_the_others_stopped(tmp_path):
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--", "python", TASK,
+              cwd=tmp_path, env={"FAULT": "exit"})
+    assert p.returncode == 1, p.stderr
+    crashes = [line for line in p.stderr.splitlines() if "crash:" in line]
+    assert crashes == [next(line for line in crashes if "rank 1 " in line)], p.stderr   # rank 0 was stopped
+    assert re.search(r"crash: rank 1 on \S+ exited 1 after step 29: injected crash at step 30", crashes[0])
+    run = valid(json.loads((tmp_path / "job" / "run.json").read_text()))
+    assert [(e["kind"], e["rank"], e["exit_code"]) for e in run["timeline"]] == [("crash", 1, 1)]
+    assert run["hang"] is None and left_running(tmp_path) == []
+
+
+@pytest.mark.torch
+def test_report_only_names_the_hang_and_lets_the_job_run(tmp_path):
+    """``--on-hang report``: a pause longer than the timeout is named, and the job finishes."""
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "1s", "--on-hang", "report",
+              "--", "python", TASK, cwd=tmp_path, env={"FAULT": "pause", "PAUSE": "4"})
+    assert p.returncode == 0, p.stderr
+    assert "hang: no rank completed a step" in p.stderr and "stopping the job" not in p.stderr
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["hang"]["action"] == "report" and run["exit_code"] == 0
+    assert all(f"rank {r} done" in (tmp_path / "job" / "logs" / f"rank-0000{r}.out").read_text() for r in (0, 1))
+
+
+@pytest.mark.parametrize("flag, value, words", [
+    ("--hang-timeout", "0s", "more than 0 s"), ("--hang-timeout", "soon", "not auto, off or a duration"),
+    ("--on-hang", "panic", "not one of stop, report"), ("--kill-grace", "-1", "at least 0 s"),
+])
+def test_bad_watch_flags_are_one_line_exit_2_and_nothing_launched(tmp_path, flag, value, words):
+    marker = tmp_path / "ran"
+    p = hpcml("run", "--dir", "job", flag, value, "--", "touch", marker, cwd=tmp_path)
+    assert p.returncode == 2 and len(p.stderr.strip().splitlines()) == 1, p.stderr
+    assert words in p.stderr and flag.lstrip("-").replace("-", "_") in p.stderr.replace("-", "_")
+    assert not marker.exists() and not (tmp_path / "job").exists()
+
+
+# -- the hang timeout's default, on a virtual clock -------------------------------------------
+
+def _feed(progress: dict[int, Progress], t: float, step: int) -> None:
+    for p in progress.values():
+        p.update([t], ["metric"], ["loss"], [1.0], [step])
+
+
+def test_a_90_s_pause_on_every_rank_of_a_10_minute_job_is_not_a_hang(tmp_path):
+    """1 step/s for 10 minutes, every rank pausing 90 s at minute 5 (an evaluation, a
+    checkpoint): under the default timeout (max(10 x median step, 120 s)) no hang; a pause
+    past it is one, detected on the first scan after the timeout."""
+    d = tmp_path / "job"
+    observe = d / "observe"
+    progress = {r: Progress() for r in range(4)}
+    writers = {r: BeatWriter(observe, r, f"n{r}") for r in range(4)}
+    watch = Watch(d, 0, 4, period=1.0)
+    t0, step = 1_800_000_000.0, 0
+    for second in range(1, 600):          # a scan every virtual second; no step in the pause
+        t = t0 + second
+        if not 300 <= second < 390:
+            step += 1
+            _feed(progress, t, step)
+            for r, w in writers.items():
+                w.write(progress[r])
+        assert watch.poll(t + 0.5) is None and watch.hang is None, second
+    assert watch.hang_timeout() == AUTO_FLOOR
+    last = t
+    for k in range(1, 130):               # the job stops making progress
+        watch.poll(last + k)
+        if watch.hang is not None:
+            break
+    assert watch.hang is not None and watch.hang["detected"] - last == AUTO_FLOOR
+    assert (observe / "beat" / REQUEST).is_file()          # every rank asked for its stack
+
+
+def test_no_hang_before_the_first_step_and_the_timeout_follows_slow_steps(tmp_path):
+    d = tmp_path / "job"
+    progress = {0: Progress(), 1: Progress()}
+    writers = {r: BeatWriter(d / "observe", r, "n1") for r in progress}
+    for r, w in writers.items():
+        w.write(progress[r])
+    watch = Watch(d, 0, 2, period=1.0)
+    assert watch.poll(time.time() + 10_000) is None and watch.hang is None        # start-up: no step yet
+    t = 1_800_000_000.0
+    for step in range(20):
+        t += 30.0                                                               # 30 s steps
+        _feed(progress, t, step)
+    for r, w in writers.items():
+        w.write(progress[r])
+    watch.poll(t + 299)
+    assert watch.hang is None and watch.hang_timeout() == 300.0                # 10 x 30 s
+    watch.poll(t + 301)
+    assert watch.hang is not None
