@@ -167,3 +167,23 @@ def test_no_hang_before_the_first_step_and_the_timeout_follows_slow_steps(tmp_pa
     assert watch.hang is None and watch.hang_timeout() == 300.0                # 10 x 30 s
     watch.poll(t + 301)
     assert watch.hang is not None
+
+
+@pytest.mark.slurm
+@pytest.mark.torch
+def test_a_hang_under_slurm_is_named_with_its_node_and_the_step_stopped(slurm_env, tmp_path):
+    """The real 2-node local cluster: one rank per node, rank 1 (on n2) stuck before its
+    all_reduce; its wrapper on n2 reads its stack, the launcher on n1 names it."""
+    from tests.slurmjobs import run_job
+    root = Path(__file__).resolve().parents[2]
+    env = {**slurm_env, "PYTHONPATH": str(root), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+    out = run_job(f"""#!/bin/bash
+export FAULT=collective
+hpcml run --dir job --no-report --hang-timeout 2s --kill-grace 3 -- python {TASK}
+echo "run-rc=$?"
+""", tmp_path, env, timeout=240)
+    assert "run-rc=5" in out, out
+    assert f"hang: culprit rank 1 on n2: {TASK}:{culprit_line('collective')}" in out, out
+    run = valid(json.loads((tmp_path / "job" / "run.json").read_text()))
+    assert run["mode"] == "slurm" and run["hang"]["verdict"]["blocked"] == [0]
+    assert left_running(tmp_path) == []
