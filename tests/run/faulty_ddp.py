@@ -55,7 +55,8 @@ def main() -> None:
         if FAULT == "pause" and step == 30:
             with observe.section("evaluate", step=step):
                 time.sleep(float(os.environ.get("PAUSE", "3")))
-        time.sleep(STEP_S * (2 if FAULT == "slow" and rank == BAD and step >= 30 else 1))
+        with observe.section("step", step=step):       # the rank's own work: what stragglers differ in
+            time.sleep(STEP_S * (2 if FAULT == "slow" and rank == BAD and step >= 30 else 1))
         dist.all_reduce(x)
         observe.log(step=step, loss=1.0)
     dist.destroy_process_group()

@@ -187,3 +187,32 @@ echo "run-rc=$?"
     run = valid(json.loads((tmp_path / "job" / "run.json").read_text()))
     assert run["mode"] == "slurm" and run["hang"]["verdict"]["blocked"] == [0]
     assert left_running(tmp_path) == []
+
+
+def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path):
+    """8 ranks, 0.5 s steps (a ``step`` section); rank 5 becomes 1.8x slower at step 400.
+    Scans every 5 virtual seconds through the real heartbeat files: nothing is named before
+    the onset, rank 5 within 60 s of it, with the step it began, once."""
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(8)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(8)}
+    watch = Watch(d, 0, 8, period=5.0)
+    t, onset_t, named_at = 1_800_000_000.0, None, None
+    for step in range(700):
+        t += 0.5
+        if step == 400:
+            onset_t = t
+        for r, p in progress.items():
+            slow = 1.8 if r == 5 and step >= 400 else 1.0
+            p.update([t], ["section"], ["step"], [0.5 * slow * (1 + 0.02 * ((step * 7 + r * 3) % 5))], [step])
+        if step % 10 == 0:
+            for r, w in writers.items():
+                w.write(progress[r])
+            watch.poll(t)
+            if watch.stragglers and named_at is None:
+                named_at = t
+    assert list(watch.stragglers) == [5], watch.stragglers
+    s = watch.stragglers[5]
+    assert named_at is not None and onset_t is not None and named_at - onset_t <= 60
+    assert 395 <= s["since_step"] <= 410 and 1.6 < s["score"] < 2.0 and s["node"] == "n5"
+    assert [e["kind"] for e in watch.timeline] == ["straggler"]

@@ -43,6 +43,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 MIN_STEPS = 30
+CHRONIC = 0.10           # slower than the step's median by more than this: a slow step
 MIN_SECONDS = 60.0
 BIMODAL_GAP = 1.25       # the slower group's median score over the faster group's, at least
 BIMODAL_SHARE = 0.25     # of the ranks in each group, at least
@@ -109,7 +110,7 @@ def evidence(m: np.ndarray) -> tuple[int, float]:
     return m.shape[1], float(np.median(np.nansum(m, axis=1))) if m.size else 0.0
 
 
-def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = 0.10,
+def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = CHRONIC,
                 stall: float = 3.0, window: int = 10, min_steps: int = MIN_STEPS,
                 min_seconds: float = MIN_SECONDS) -> list[RankScore]:
     """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows.

@@ -42,6 +42,8 @@ AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
 AUTO_STEPS = 10.0             # ... and at least this many median step times
 COLLECT = 30.0                # seconds to wait for the ranks' snapshots
 ON_HANG = ("stop", "report")
+STRAGGLER_EVERY = 20.0        # seconds between straggler scorings (the model's cost, at 1,024 ranks)
+STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
 STOPPED = (128 + 15, 128 + 9)  # a rank's exit code after TERM or KILL
 
 
@@ -65,6 +67,9 @@ class Watch:
     _next: float = 0.0
     _crashed: set[int] = field(default_factory=set)
     _stopping: bool = False
+    stragglers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    _history: dict[int, dict[int, float]] = field(default_factory=dict)    # rank -> step -> seconds
+    _next_scoring: float = 0.0
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
 
     def __post_init__(self) -> None:
@@ -81,6 +86,7 @@ class Watch:
         self._next = now + (self.period or 1.0)
         self.beats = read_beats(self.observe, self.beats)
         self._crashes(now)
+        self._stragglers(now)
         if self._collect is not None:
             return self._conclude(now)
         if self.hang is None and not self.off:
@@ -93,7 +99,7 @@ class Watch:
         self._crashes(time.time())
 
     def to_json(self) -> dict[str, Any]:
-        return {"timeline": self.timeline, "hang": self.hang}
+        return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values())}
 
     # -- what it looks for -----------------------------------------------------------------
 
@@ -120,6 +126,48 @@ class Watch:
             self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
             self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
                         exit_code=code, stderr=last)
+
+    def _stragglers(self, now: float) -> None:
+        """The end-of-job report's model (``observe.stragglers.score_ranks`` on the ``step``
+        times, its chronic threshold) over the last minute or so of steps every rank reported:
+        a rank that turns chronic is named once, with the step its slowness began."""
+        for rank, b in self.beats.items():
+            hist = self._history.setdefault(rank, {})
+            for step, seconds in b.get("recent") or []:
+                hist[int(step)] = float(seconds)
+        if now < self._next_scoring or len(self._history) < 2:
+            return
+        self._next_scoring = now + STRAGGLER_EVERY
+        import numpy as np
+
+        from hpcml.observe.stragglers import CHRONIC, MIN_SECONDS, MIN_STEPS, score_ranks
+        common = set.intersection(*(set(h) for h in self._history.values()))
+        if len(common) < MIN_STEPS:
+            return
+        median = statistics.median(self._history[min(self._history)][s] for s in common)
+        keep = max(MIN_STEPS, int(1.1 * MIN_SECONDS / median) + 1) if median > 0 else MIN_STEPS
+        window = sorted(common)[-keep:]
+        first = window[0]
+        for hist in self._history.values():              # what the next windows no longer need
+            for step in [s for s in hist if s < first]:
+                del hist[step]
+        ranks = sorted(self._history)
+        m = np.array([[self._history[r][s] for s in window] for r in ranks])
+        scores = score_ranks(np.repeat(ranks, len(window)), np.tile(window, len(ranks)), m.ravel(),
+                             meta_ranks={str(r): {"node": self.beats.get(r, {}).get("node")} for r in ranks})
+        ratio = m / np.median(m, axis=0, keepdims=True)
+        for sc in scores:
+            if not sc.chronic or sc.rank in self.stragglers:
+                continue
+            slow = ratio[ranks.index(sc.rank)] > 1 + CHRONIC
+            tail_share = np.cumsum(slow[::-1])[::-1] / np.arange(len(slow), 0, -1)
+            onset_i = next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)
+            onset = window[onset_i]
+            self.stragglers[sc.rank] = {"rank": sc.rank, "node": sc.node, "score": round(sc.score, 3),
+                                        "since_step": onset, "detected": now}
+            self._say(f"straggler: rank {sc.rank} on {sc.node} {sc.score:.1f}x slower since step {onset:,}")
+            self._event("straggler", f"rank {sc.rank} {sc.score:.1f}x slower since step {onset:,}", None, now,
+                        rank=sc.rank, node=sc.node, score=round(sc.score, 3), since_step=onset)
 
     def hang_timeout(self) -> float:
         if self.timeout is not None:
