@@ -21,7 +21,7 @@ from tests.observe.browser import assert_not_blank, render
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "run" / "train_ddp.py"
 CPU = ROOT / "examples" / "vet" / "cpu.yaml"
-SECTIONS = ("run-job", "run-findings", "run-vet", "run-env", "run-ending", "run-observe", "run-score")
+SECTIONS = ("run-job", "run-findings", "run-vet", "run-env", "run-ending", "run-watch", "run-observe", "run-score")
 
 
 def hpcml(*args, cwd: Path, timeout: int = 300) -> subprocess.CompletedProcess:

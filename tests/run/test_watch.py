@@ -75,6 +75,15 @@ def test_a_hang_is_named_with_the_culprit_and_its_line_and_the_job_stopped(tmp_p
     assert [e["kind"] for e in run["timeline"]] == ["hang"] and run["timeline"][0]["culprits"] == [1]
     assert "crash:" not in p.stderr                 # the ranks the watch stopped did not crash
     assert left_running(tmp_path) == []
+    if fault == "collective":                       # the report: the hang first, its timeline, no "failed"
+        rep = hpcml("report", "job", "--json", cwd=tmp_path)
+        doc = json.loads(rep.stdout)
+        jsonschema.validate(doc, schemas.load("run.report"), cls=jsonschema.Draft202012Validator)
+        assert doc["findings"][0]["kind"] == "hang" and where in doc["findings"][0]["message"]
+        assert not any(f["kind"] == "failed_rank" for f in doc["findings"])
+        text = hpcml("report", "job", cwd=tmp_path).stdout
+        assert re.search(r"hang: culprit ranks 1 \((stacks|progress)\); ranks 0 blocked behind them \(began \d+ s, "
+                         r"detected \d+ s, named \d+ s, stop\)", text), text
 
 
 @pytest.mark.torch

@@ -161,6 +161,33 @@ def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
 
+def _watch(run: dict) -> dict[str, Any]:
+    """What the live watch saw (``hpcml.run.watch``): its timeline, the hang, the stragglers."""
+    return {"timeline": list(run.get("timeline") or []), "hang": run.get("hang"),
+            "stragglers": list(run.get("stragglers") or [])}
+
+
+def _watch_findings(watch: dict[str, Any], d: Path) -> list[dict[str, str]]:
+    out = []
+    hang = watch["hang"]
+    if hang:
+        verdict = hang.get("verdict") or {}
+        culprits = verdict.get("culprits") or []
+        named = "; ".join(f"rank {c['rank']} on {c.get('node')} at {c.get('where') or 'an unknown line'}"
+                          for c in culprits[:4]) or f"no culprit named ({verdict.get('note') or 'no verdict'})"
+        what = "stopped the job (exit 5)" if hang.get("action") == "stop" else "let it run (--on-hang report)"
+        out.append({"source": "run", "kind": "hang",
+                    "message": f"the job hung: no rank completed a step for {hang['timeout']:.0f} s; culprit: {named}; "
+                               f"the watch {what}",
+                    "advice": f"the culprit's stack is in {d / 'observe' / 'stacks'}; the other ranks waited for it"})
+    for s in watch["stragglers"]:
+        out.append({"source": "run", "kind": "live_straggler",
+                    "message": f"rank {s['rank']} on {s.get('node')} was {s['score']:.1f}x slower than the others "
+                               f"from step {s['since_step']:,} (named while the job ran)",
+                    "advice": "vet that node (hpcml vet) or exclude it next time"})
+    return out
+
+
 def build(d: str | Path) -> dict[str, Any]:
     d = Path(d)
     run = read_run(d)
@@ -183,7 +210,10 @@ def build(d: str | Path) -> dict[str, Any]:
     elif run.get("ended") is None:
         findings.append(_unended(run))
     first = ending["first_failure"]
-    findings += _run_findings(d, ending)
+    watch = _watch(run)
+    findings += _watch_findings(watch, d)
+    if not (watch["hang"] or {}).get("action") == "stop":      # the ranks the watch stopped did not fail
+        findings += _run_findings(d, ending)
     findings += earlier_findings
     if vet and vet.get("bad"):
         reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted((run.get("excluded") or {}).items()))
@@ -218,6 +248,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "score": {k: v for k, v in score.items() if k not in ("series", "heatmap")} if score is not None else None,
         "score_missing": score_why,
         "mlflow": mlflow,
+        "watch": watch,
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
@@ -265,8 +296,9 @@ def summary(rep: dict[str, Any]) -> list[str]:
         lines.append(f"  GPU: {rep.get('score_missing')}")
     if rep.get("mlflow"):
         lines.append(f"  mlflow: {rep['mlflow']['line']}")
+    lines += [f"  {line}" for line in timeline_lines(rep)]
     first = end["first_failure"]
-    if first:
+    if first and not ((rep.get("watch") or {}).get("hang") or {}).get("action") == "stop":
         lines.append(f"  first failure: rank {first['rank']} exit {first['exit_code']}")
         lines += [f"    | {line}" for line in first["stderr_tail"][-5:]]
     for f in rep["findings"][:8]:
@@ -274,6 +306,20 @@ def summary(rep: dict[str, Any]) -> list[str]:
     if not rep["findings"]:
         lines.append("→ no findings")
     return lines
+
+
+def timeline_lines(rep: dict[str, Any]) -> list[str]:
+    """The live watch's events, as seconds from the job's start: began, detected, named, done."""
+    watch, t0 = rep.get("watch") or {}, rep["job"].get("started") or 0.0
+
+    def at(t: Any) -> str:
+        return f"{t - t0:.0f} s" if isinstance(t, (int, float)) else "?"
+    out = []
+    for ev in watch.get("timeline") or []:
+        line = f"{ev['kind']}: {ev['what']} (began {at(ev.get('began'))}, detected {at(ev['detected'])}"
+        line += f", named {at(ev['named'])}" if ev.get("named") else ""
+        out.append(line + (f", {ev['action']}" if ev.get("action") else "") + ")")
+    return out
 
 
 def _attempt_lines(rep: dict[str, Any]) -> list[str]:
@@ -346,7 +392,10 @@ def render(rep: dict[str, Any]) -> str:
         out.append("<p>A requeued Slurm job, in " + str(len(rep["attempts"]) + 1) + " attempts:</p><ul>"
                    + "".join(f"<li>{e(line)}</li>" for line in _attempt_lines(rep)) + "</ul>")
     first = end["first_failure"]
-    if end.get("requeued"):
+    hang = (rep.get("watch") or {}).get("hang") or {}
+    if hang.get("action") == "stop":
+        out.append("<p>the watch found the job hung and stopped it: exit code 5 (see below).</p>")
+    elif end.get("requeued"):
         out.append(f"<p>{e(requeue.describe(end['requeued']))}: not a failure; Slurm runs the job again.</p>")
     elif first:
         out.append(f"<p>rank {first['rank']} on {e(str(first.get('node')))} failed first, exit code "
@@ -358,6 +407,13 @@ def render(rep: dict[str, Any]) -> str:
         out.append(f"<p>{e(unended[0]['message'])}.</p>")
     else:
         out.append(f"<p>every rank ended with exit code 0; the run's exit code is {end['exit_code']}.</p>")
+    out.append("</section><section id='run-watch'><h2>While it ran</h2>")
+    events = timeline_lines(rep)
+    out.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in events) + "</ul>" if events
+               else "<p class='muted'>the watch saw no crash, hang or straggler</p>")
+    for c in (hang.get("verdict") or {}).get("culprits") or []:
+        out.append(f"<p>culprit: rank {c['rank']} on {e(str(c.get('node')))}: <code>{e(str(c.get('where')))}</code> "
+                   f"({e(c['why'])})</p>")
     out.append("</section><section id='run-observe'><h2>Throughput, stragglers, stalls</h2>")
     parts = rep.get("_parts") or {}
     from hpcml.observe.html import render as observe_page

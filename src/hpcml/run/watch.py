@@ -223,8 +223,8 @@ class Watch:
 
     def _summary(self, verdict: Verdict) -> str:
         if not verdict.culprits:
-            return f"hang, no culprit named: {verdict.note}"
-        return (f"hang: culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
+            return f"no culprit named: {verdict.note}"
+        return (f"culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
                 + (f"; ranks {ranges(verdict.blocked)} blocked behind them" if verdict.blocked else ""))
 
     def _report(self, verdict: Verdict, now: float, stacks: dict, alive: list[int]) -> None:
