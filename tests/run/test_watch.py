@@ -73,6 +73,12 @@ def test_a_hang_is_named_with_the_culprit_and_its_line_and_the_job_stopped(tmp_p
     assert [c["rank"] for c in hang["verdict"]["culprits"]] == [1] and hang["verdict"]["blocked"] == [0]
     assert hang["began"] < hang["detected"] <= hang["named"] and hang["detected"] - hang["began"] >= 2
     assert [e["kind"] for e in run["timeline"]] == ["hang"] and run["timeline"][0]["culprits"] == [1]
+    # the Flight Recorder: both ranks dumped where the rank blocked in C++ released the GIL;
+    # where rank 1 holds it, only rank 0 could, and the stacks named rank 1
+    dumps = sorted(x.name for x in (tmp_path / "job" / "observe" / "flight-recorder").iterdir())
+    assert dumps == (["rank-00000"] if fault == "gil" else ["rank-00000", "rank-00001"])
+    if fault != "gil":
+        assert hang["verdict"]["method"] == "flight-recorder" and "never entered" in named[0], named
     assert "crash:" not in p.stderr                 # the ranks the watch stopped did not crash
     assert left_running(tmp_path) == []
     if fault == "collective":                       # the report: the hang first, its timeline, no "failed"
@@ -82,7 +88,7 @@ def test_a_hang_is_named_with_the_culprit_and_its_line_and_the_job_stopped(tmp_p
         assert doc["findings"][0]["kind"] == "hang" and where in doc["findings"][0]["message"]
         assert not any(f["kind"] == "failed_rank" for f in doc["findings"])
         text = hpcml("report", "job", cwd=tmp_path).stdout
-        assert re.search(r"hang: culprit ranks 1 \((stacks|progress)\); ranks 0 blocked behind them \(began \d+ s, "
+        assert re.search(r"hang: culprit ranks 1 \(flight-recorder\); ranks 0 blocked behind them \(began \d+ s, "
                          r"detected \d+ s, named \d+ s, stop\)", text), text
 
 

@@ -20,6 +20,7 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Mapping
 from pathlib import Path
 
 from hpcml.cluster.ranks import ranks
@@ -32,6 +33,23 @@ from hpcml.signals import install
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
 STOP = signal.SIGRTMIN + 1
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
+FR_ENTRIES = 2000            # collectives the Flight Recorder keeps per rank (torch's own default when armed)
+
+
+def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]:
+    """What arms PyTorch's Flight Recorder in the rank and lets the watch ask for its dump:
+    the ring buffer's size (``TORCH_FR_BUFFER_SIZE``; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for
+    torch before 2.5; a value the user set is kept, 0 turns it off) and hpcml's
+    ``sitecustomize`` first on PYTHONPATH (``hpcml.run.inject``)."""
+    from hpcml.run import inject
+    here = os.path.dirname(os.path.abspath(inject.__file__))
+    path = env.get("PYTHONPATH", "")
+    out = {"HPCML_RUN_SNAPSHOT_DIR": str(observe.absolute()),
+           "PYTHONPATH": here + (os.pathsep + path if path else "")}
+    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
+        if name not in env:
+            out[name] = str(FR_ENTRIES)
+    return out
 
 
 def _redirect(d: Path, rank: int, attempt: int) -> None:
@@ -70,6 +88,7 @@ def main(argv: list[str]) -> int:
     attempt = int(opts.get("--attempt", "0"))
     os.environ.update(task_env(os.environ))
     os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
+    os.environ.update(flight_recorder_env(os.environ, observe_dir(d, attempt)))
     rank = ranks(dist=False).rank
     _redirect(d, rank, attempt)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)

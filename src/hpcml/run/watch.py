@@ -41,6 +41,7 @@ HANG = 5                      # `hpcml run`'s exit code when it stopped a hung j
 AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
 AUTO_STEPS = 10.0             # ... and at least this many median step times
 COLLECT = 30.0                # seconds to wait for the ranks' snapshots
+FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
 ON_HANG = ("stop", "report")
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings (the model's cost, at 1,024 ranks)
 STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
@@ -71,6 +72,7 @@ class Watch:
     _history: dict[int, dict[int, float]] = field(default_factory=dict)    # rank -> step -> seconds
     _next_scoring: float = 0.0
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
+    _fr_until: float | None = None
 
     def __post_init__(self) -> None:
         self.observe = observe_dir(self.d, self.attempt)
@@ -97,6 +99,9 @@ class Watch:
         """The job ended: name the crashes the last scan did not see."""
         self.beats = read_beats(self.observe, self.beats)
         self._crashes(time.time())
+        if self._collect is not None:                  # the job ended while the stacks came: name from what came
+            self._collect = (self._collect[0], 0.0)
+            self._conclude(time.time())
 
     def to_json(self) -> dict[str, Any]:
         return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values())}
@@ -194,11 +199,15 @@ class Watch:
     def _conclude(self, now: float) -> str | None:
         assert self._collect is not None and self.hang is not None
         ident, give_up = self._collect
-        alive = [r for r, b in self.beats.items() if b.get("exit") is None]
+        alive = [r for r, b in self.beats.items() if b.get("exit") is None or give_up == 0.0]
         answered = [r for r in alive if (self.beats[r].get("snapshot") or 0) >= ident]
         if len(answered) < len(alive) and now < give_up:
             return None
-        self._collect = None
+        if self._fr_until is None:
+            self._fr_until = now + FR_GRACE
+        if now < self._fr_until and now < give_up:
+            return None
+        self._collect, self._fr_until = None, None
         stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder())
         self._report(verdict, now, stacks, alive)
@@ -213,7 +222,9 @@ class Watch:
     def _flight_recorder(self) -> Any:
         """The hang analysis of the Flight Recorder dumps in the store, if any were written."""
         fr = self.observe / "flight-recorder"
-        if not fr.is_dir() or not any(fr.iterdir()):
+        since = (self.hang or {}).get("detected", 0.0) - 1
+        fresh = [p for p in fr.glob("rank-*") if p.stat().st_mtime >= since] if fr.is_dir() else []
+        if not fresh:
             return None
         from hpcml.observe.hang import analyse
         try:

@@ -1,0 +1,2 @@
+"""A directory ``hpcml run`` puts first on each rank's PYTHONPATH: its ``sitecustomize``
+adds the Flight Recorder dump on request (``hpcml.run.inject.sitecustomize``)."""
