@@ -273,3 +273,69 @@ def test_real_gloo_pending_only_dumps(tmp_path):
     rep = analyse(tmp_path / "dumps")
     assert not rep.refused and rep.missing == []
     assert [(f.kind, f.seq, f.culprits) for f in rep.findings] == [("never-entered", 4, [2])]
+
+
+def test_lock_gil_names_the_roots_and_the_blocked_apart(tmp_path):
+    """Ranks 8-15 are behind on the default group, but all except 9 and 14 wait inside the
+    expert-parallel all_to_all for 9 and 14, whose dumps are empty: 9 and 14 are the roots."""
+    rep = analyse(fr.write(tmp_path, fr.lock_gil()))
+    assert [(f.pg, f.kind, f.culprits) for f in rep.findings] == [
+        ("0 (default_pg)", "never-entered", list(range(8, 16))), ("6 (ep)", "never-entered", [9, 14])]
+    assert rep.roots == [9, 14]
+    assert rep.blocked == {r: [9, 14] for r in (8, 10, 11, 12, 13, 15)}
+    assert rep.summary() == "roots: ranks 9, 14; ranks 8, 10-13, 15 blocked behind 9, 14"
+
+
+def test_lock_gil_from_full_dumps_and_through_the_cli(tmp_path):
+    d = fr.write(tmp_path / "d", fr.lock_gil(), only_active=False)
+    assert analyse(d).roots == [9, 14]
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(d), "--json"], capture_output=True,
+                         text=True, timeout=60)
+    doc = json.loads(out.stdout)
+    assert doc["roots"] == [9, 14] and doc["blocked"]["8"] == [9, 14] and doc["summary"].startswith("roots: ranks 9, 14")
+    text = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(d)], capture_output=True, text=True,
+                          timeout=60).stdout
+    assert "roots: ranks 9, 14; ranks 8, 10-13, 15 blocked behind 9, 14: look first at ranks [9, 14]" in text
+
+
+def test_a_one_group_hang_has_its_culprits_as_roots(tmp_path):
+    ranks = fr.job()
+    for r, rank in ranks.items():
+        rank.status["0"] = (301, 301, 300) if r != 5 else (300, 300, 300)
+        if r != 5:
+            rank.entries = [fr.entry(301, state="started")]
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert rep.roots == [5] and rep.blocked == {}
+
+
+def _chain(cycle: bool):
+    """Rank 4 waits in its TP group (4-7) for rank 6, which waits in its DP group (2, 6, 10,
+    14) for rank 10. With ``cycle``, rank 10 sits in the default group's all_reduce, waiting
+    for 4: a deadlock. Without, 4, 6 and 10 never entered that all_reduce."""
+    ranks = fr.job()
+    late = (4,) if cycle else (4, 6, 10)
+    for r, rank in ranks.items():
+        rank.status["0"] = (300, 300, 300) if r in late else (301, 301, 300)
+        if r not in late:
+            rank.entries = [fr.entry(301, state="started")]
+    for r in (4, 5, 7):                             # tp [4-7]: all but 6 entered #103
+        ranks[r].status["2"] = (103, 103, 102)
+        ranks[r].entries.append(fr.entry(103, pg="2", state="started"))
+    for r in (2, 6, 14):                            # dp [2, 6, 10, 14]: all but 10 entered #108
+        ranks[r].status["7"] = (108, 108, 107)
+        ranks[r].entries.append(fr.entry(108, pg="7", state="started"))
+    ranks[10].status["7"] = (107, 107, 107)
+    return ranks
+
+
+def test_a_chain_of_waits_leads_to_its_root(tmp_path):
+    rep = analyse(fr.write(tmp_path, _chain(cycle=False)))
+    assert [(f.pg, f.culprits) for f in rep.findings] == [("0 (default_pg)", [4, 6, 10]), ("2 (tp)", [6]),
+                                                          ("7 (dp)", [10])]
+    assert rep.roots == [10] and rep.blocked == {4: [10], 6: [10]}
+    assert rep.summary() == "roots: rank 10; ranks 4, 6 blocked behind 10"
+
+
+def test_a_cycle_of_waits_is_a_deadlock_and_all_of_it_is_named(tmp_path):
+    rep = analyse(fr.write(tmp_path, _chain(cycle=True)))
+    assert rep.roots == [4, 6, 10] and rep.blocked == {}
