@@ -57,5 +57,5 @@ def test_a_record_never_grows_past_its_size(tmp_path):
     w.write(p)
     doc = read_beats(tmp_path)[0]
     assert beat_path(tmp_path, 0).stat().st_size == SIZE and doc["step"] == 10**15 + RECENT
-    assert 0 < len(doc["recent"]) < RECENT
+    assert 0 < len(doc["recent_steps"]) == len(doc["recent_s"]) < RECENT
     w.close()

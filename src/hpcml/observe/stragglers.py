@@ -119,6 +119,15 @@ def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic
     about a second; Python loops only over the few ranks that have episodes or stalls.
     """
     rank_ids, step_ids, m = step_matrix(np.asarray(ranks), np.asarray(steps), np.asarray(values, float))
+    return score_matrix(rank_ids, step_ids, m, meta_ranks=meta_ranks, chronic=chronic, stall=stall, window=window,
+                        min_steps=min_steps, min_seconds=min_seconds)
+
+
+def score_matrix(rank_ids, step_ids, m, *, meta_ranks: dict | None = None, chronic: float = CHRONIC,
+                 stall: float = 3.0, window: int = 10, min_steps: int = MIN_STEPS,
+                 min_seconds: float = MIN_SECONDS) -> list[RankScore]:
+    """``score_ranks`` on a ready ranks x steps matrix of times (every cell present): what
+    the live watch holds already, without flattening it to rows and back."""
     if m.shape[1] == 0 or len(rank_ids) < 2:
         return []
     limit = 1 + chronic

@@ -24,7 +24,6 @@ it was detected, what was named, what was done) for the report.
 
 from __future__ import annotations
 
-import statistics
 import sys
 import time
 from dataclasses import dataclass, field
@@ -35,6 +34,7 @@ from hpcml.observe.beat import read_beats
 from hpcml.observe.snapshot import read_stacks, request
 from hpcml.run.culprits import Verdict, name
 from hpcml.run.jobdir import log_path, observe_dir, tail
+from hpcml.run.steptimes import StepTimes
 from hpcml.words import ranges
 
 HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job
@@ -69,7 +69,6 @@ class Watch:
     _crashed: set[int] = field(default_factory=set)
     _stopping: bool = False
     stragglers: dict[int, dict[str, Any]] = field(default_factory=dict)
-    _history: dict[int, dict[int, float]] = field(default_factory=dict)    # rank -> step -> seconds
     _next_scoring: float = 0.0
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
     _fr_until: float | None = None
@@ -77,6 +76,7 @@ class Watch:
     def __post_init__(self) -> None:
         self.observe = observe_dir(self.d, self.attempt)
         self.period = self.period or period_for(self.world)
+        self._steps = StepTimes(self.world)
 
     # -- the launcher calls these ----------------------------------------------------------
 
@@ -87,6 +87,8 @@ class Watch:
             return None
         self._next = now + (self.period or 1.0)
         self.beats = read_beats(self.observe, self.beats)
+        for rank, b in self.beats.items():
+            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [])
         self._crashes(now)
         self._stragglers(now)
         if self._collect is not None:
@@ -118,7 +120,7 @@ class Watch:
         """Ranks that exited non-zero, in the order they ended. Once the job is being stopped
         (a crash named, a hang stopped), ranks ended by TERM or KILL were stopped, not crashed."""
         ended = sorted(((b.get("beat") or 0.0, r, b) for r, b in self.beats.items()
-                        if isinstance(b.get("exit"), int) and b["exit"] != 0 and r not in self._crashed),
+                        if b.get("exit") and isinstance(b["exit"], int) and r not in self._crashed),
                        key=lambda e: (e[0], e[1]))
         for _, rank, b in ended:
             code = b["exit"]
@@ -136,38 +138,28 @@ class Watch:
         """The end-of-job report's model (``observe.stragglers.score_ranks`` on the ``step``
         times, its chronic threshold) over the last minute or so of steps every rank reported:
         a rank that turns chronic is named once, with the step its slowness began."""
-        for rank, b in self.beats.items():
-            hist = self._history.setdefault(rank, {})
-            for step, seconds in b.get("recent") or []:
-                hist[int(step)] = float(seconds)
-        if now < self._next_scoring or len(self._history) < 2:
+        if now < self._next_scoring:
             return
         self._next_scoring = now + STRAGGLER_EVERY
         import numpy as np
 
-        from hpcml.observe.stragglers import CHRONIC, MIN_SECONDS, MIN_STEPS, score_ranks
-        common = set.intersection(*(set(h) for h in self._history.values()))
-        if len(common) < MIN_STEPS:
+        from hpcml.observe.stragglers import CHRONIC, MIN_SECONDS, MIN_STEPS, score_matrix
+        median = self._steps.median_step()
+        if not median or median <= 0:
             return
-        median = statistics.median(self._history[min(self._history)][s] for s in common)
-        keep = max(MIN_STEPS, int(1.1 * MIN_SECONDS / median) + 1) if median > 0 else MIN_STEPS
-        window = sorted(common)[-keep:]
-        first = window[0]
-        for hist in self._history.values():              # what the next windows no longer need
-            for step in [s for s in hist if s < first]:
-                del hist[step]
-        ranks = sorted(self._history)
-        m = np.array([[self._history[r][s] for s in window] for r in ranks])
-        scores = score_ranks(np.repeat(ranks, len(window)), np.tile(window, len(ranks)), m.ravel(),
-                             meta_ranks={str(r): {"node": self.beats.get(r, {}).get("node")} for r in ranks})
+        ranks, window, m = self._steps.window(max(MIN_STEPS, int(1.1 * MIN_SECONDS / median) + 1))
+        if len(window) < MIN_STEPS:
+            return
+        scores = score_matrix(ranks, window, m,
+                              meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks})
         ratio = m / np.median(m, axis=0, keepdims=True)
+        row = {int(r): i for i, r in enumerate(ranks)}
         for sc in scores:
             if not sc.chronic or sc.rank in self.stragglers:
                 continue
-            slow = ratio[ranks.index(sc.rank)] > 1 + CHRONIC
+            slow = ratio[row[sc.rank]] > 1 + CHRONIC
             tail_share = np.cumsum(slow[::-1])[::-1] / np.arange(len(slow), 0, -1)
-            onset_i = next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)
-            onset = window[onset_i]
+            onset = int(window[next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)])
             self.stragglers[sc.rank] = {"rank": sc.rank, "node": sc.node, "score": round(sc.score, 3),
                                         "since_step": onset, "detected": now}
             self._say(f"straggler: rank {sc.rank} on {sc.node} {sc.score:.1f}x slower since step {onset:,}")
@@ -177,8 +169,8 @@ class Watch:
     def hang_timeout(self) -> float:
         if self.timeout is not None:
             return self.timeout
-        recent = [s for b in self.beats.values() for _, s in b.get("recent") or [] if s and s > 0]
-        return max(AUTO_FLOOR, AUTO_STEPS * statistics.median(recent)) if recent else AUTO_FLOOR
+        median = self._steps.median_step()
+        return max(AUTO_FLOOR, AUTO_STEPS * median) if median and median > 0 else AUTO_FLOOR
 
     def _hang(self, now: float) -> None:
         alive = {r: b for r, b in self.beats.items() if b.get("exit") is None}
