@@ -20,17 +20,11 @@ GROUPS: dict[str, tuple[str, list[int]]] = {"0": ("default_pg", list(range(WORLD
 for _i in range(4):
     GROUPS[str(1 + _i)] = ("tp", list(range(4 * _i, 4 * _i + 4)))
     GROUPS[str(5 + _i)] = ("dp", [_i + 4 * k for k in range(4)])
-# a mixture-of-experts layout: the default group, TP groups of 4, two expert-parallel groups of 8
-MOE: dict[str, tuple[str, list[int]]] = {"0": ("default_pg", list(range(WORLD)))}
-for _i in range(4):
-    MOE[str(1 + _i)] = ("tp", list(range(4 * _i, 4 * _i + 4)))
-MOE["5"], MOE["6"] = ("ep", list(range(8))), ("ep", list(range(8, 16)))
 
 
 def entry(seq: int, pg: str = "0", name: str = "nccl:all_reduce", sizes=((1048576,),), state: str = "completed",
-          record_id: int = 0, dtype: str = "Float", groups: dict | None = None) -> dict:
-    groups = GROUPS if groups is None else groups
-    desc = groups[pg][0] if pg in groups else "undefined"
+          record_id: int = 0, dtype: str = "Float") -> dict:
+    desc = GROUPS[pg][0] if pg in GROUPS else "undefined"
     return {"record_id": record_id, "pg_id": int(pg), "process_group": (pg, desc), "collective_seq_id": seq,
             "p2p_seq_id": 0, "op_id": seq, "profiling_name": name, "time_created_ns": 1795424154178569927 + seq,
             "input_sizes": [list(s) for s in sizes], "input_dtypes": [dtype] * len(sizes),
@@ -45,10 +39,9 @@ class Rank:
     rank: int
     status: dict[str, tuple[int, int, int]] = field(default_factory=dict)   # pg -> enqueued, started, completed
     entries: list[dict] = field(default_factory=list)
-    groups: dict[str, tuple[str, list[int]]] = field(default_factory=lambda: GROUPS)
 
     def dump(self, only_active: bool = True) -> dict:
-        mine = {pg: v for pg, v in self.groups.items() if self.rank in v[1]}
+        mine = {pg: v for pg, v in GROUPS.items() if self.rank in v[1]}
         entries = [e for e in self.entries if not only_active or e["state"] != "completed"]
         return {"version": "2.10", "comm_lib_version": "2.28.9",
                 "pg_config": {pg: {"name": pg, "desc": desc, "ranks": str(ranks)} for pg, (desc, ranks) in mine.items()},
@@ -59,11 +52,11 @@ class Rank:
                 "entries": entries}
 
 
-def job(level: dict[str, int] | None = None, groups: dict | None = None) -> dict[int, Rank]:
+def job(level: dict[str, int] | None = None) -> dict[int, Rank]:
     """Every rank having completed collective ``level[pg]`` in each of its groups."""
-    level, groups = level or {}, GROUPS if groups is None else groups
-    ranks = {r: Rank(r, groups=groups) for r in range(WORLD)}
-    for pg, (_, members) in groups.items():
+    level = level or {}
+    ranks = {r: Rank(r) for r in range(WORLD)}
+    for pg, (_, members) in GROUPS.items():
         n = level.get(pg, 100 + int(pg))
         for r in members:
             ranks[r].status[pg] = (n, n, n)
@@ -77,24 +70,3 @@ def write(directory: Path, ranks: dict[int, Rank], only_active: bool = True, ski
         if r not in skip:
             (directory / f"{prefix}{r}").write_bytes(pickle.dumps(rank.dump(only_active)))
     return directory
-
-
-def lock_gil(stuck: tuple[int, ...] = (9, 14)) -> dict[int, Rank]:
-    """NVRx's "lock_gil" shape: ranks ``stuck`` hold the GIL before the expert-parallel
-    all_to_all (their dumps have nothing pending); the rest of their EP group (8-15) waits
-    in that all_to_all, so it never enqueued the default group's next all_reduce, in which
-    ranks 0-7 wait: on the default group 8-15 all look behind."""
-    ranks = job(groups=MOE)
-    for r, rank in ranks.items():
-        if r < 8:
-            rank.status["0"] = (301, 301, 300)
-            rank.entries = [entry(301, state="started", groups=MOE)]
-        else:
-            rank.status["0"] = (300, 300, 300)
-            if r in stuck:
-                rank.status["6"] = (50, 50, 50)
-            else:
-                rank.status["6"] = (51, 51, 50)
-                rank.entries = [entry(51, pg="6", name="nccl:all_to_all", sizes=((2048 + 64 * r, 1024),),
-                                      state="started", groups=MOE)]
-    return ranks

@@ -28,16 +28,6 @@ The rules, per process group, in this order (the first that applies is the findi
 Members without a dump are listed as missing, not blamed: their state is unknown. Culprits
 are sorted, each with its evidence (enqueued / started / completed against the group's).
 
-**Across process groups, roots and blocked ranks.** A rank named behind in one group may
-itself be waiting in another: in a mixture-of-experts job ranks 8-15 are one collective
-behind on the default group because they sit in an expert-parallel all_to_all waiting for
-ranks 9 and 14 (NVRx's "lock_gil" fault). A culprit that has a collective of its own pending
-(enqueued, not completed) in a group where *other* ranks are the culprits is *blocked*
-behind those, not a root; following that to the ranks that wait for nothing gives the
-**roots** (a cycle of ranks waiting for each other is a deadlock: all of it is named).
-``roots`` and ``blocked`` (rank -> the roots it waits for) say this; ``findings`` stay per
-group.
-
 Dumps are pickles written by another process: they are read with hpcml's restricted
 unpickler and an empty allowlist, because the format is plain data (dicts, lists, str,
 int, float, None, bool, tuples) and imports nothing. A dump that tries to import anything
@@ -88,19 +78,6 @@ class HangReport:
     missing: list[int]           # ranks of the world without a dump
     findings: list[Finding]
     last_seq: dict[str, dict[int, int]]   # pg -> rank -> last enqueued collective_seq_id
-    roots: list[int] = field(default_factory=list)                 # the ranks every wait leads to
-    blocked: dict[int, list[int]] = field(default_factory=dict)   # culprit of a group -> the roots it waits for
-
-    def summary(self) -> str:
-        """One line naming the roots, and the blocked ranks apart."""
-        from hpcml.words import ranges
-        if not self.roots:
-            return "no culprit named"
-        behind = sorted({r for rs in self.blocked.values() for r in rs})
-        line = f"roots: {'rank' if len(self.roots) == 1 else 'ranks'} {ranges(self.roots)}"
-        if self.blocked:
-            line += f"; {'rank' if len(self.blocked) == 1 else 'ranks'} {ranges(list(self.blocked))} blocked behind {ranges(behind)}"
-        return line
 
 
 def load_dump(path: str | os.PathLike) -> dict[str, Any]:
@@ -230,16 +207,6 @@ class _Group:
         self.furthest: dict[str, int | None] = {
             k: max((v for p in self.progress.values() if (v := p[k]) is not None), default=None) for k in PROGRESS}
 
-    def pending(self, rank: int) -> bool:
-        """The rank has a collective of its own in this group that has not completed."""
-        p = self.progress.get(rank)
-        if p is None:
-            return False
-        if any(e.get("state") in PENDING for e in self.seqs.get(rank, {}).values()):
-            return True
-        return p["enqueued"] is not None and p["enqueued"] >= 0 and (p["completed"] is None or
-                                                                     p["completed"] < p["enqueued"])
-
     def entry(self, seq: int) -> dict | None:
         for r in self.dumped:
             if seq in self.seqs[r]:
@@ -337,7 +304,6 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     pending_only = _pending_only(dumps)
     findings: list[Finding] = []
     last_seq: dict[str, dict[int, int]] = {}
-    found_in: list[tuple[_Group, Finding]] = []
     for pg in sorted(groups, key=natural_key):
         label, members = groups[pg]
         g = _Group(pg, label, members, dumps, per_rank, pending_only)
@@ -345,44 +311,4 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         found = g.finding()
         if found is not None:
             findings.append(found)
-            found_in.append((g, found))
-    roots, blocked = _roots(found_in)
-    return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
-                      roots=roots, blocked=blocked)
-
-
-def _roots(found_in: list[tuple[_Group, Finding]]) -> tuple[list[int], dict[int, list[int]]]:
-    """Culprits that wait for nothing (roots), and each other culprit with the roots it waits
-    for: a culprit waits where it has its own collective pending in a group whose culprits
-    are other ranks."""
-    waits_for: dict[int, set[int]] = {}
-    for g, f in found_in:
-        for r in g.dumped:
-            if r not in f.culprits and f.culprits and g.pending(r):
-                waits_for.setdefault(r, set()).update(f.culprits)
-    culprits = sorted({r for _, f in found_in for r in f.culprits})
-
-    def reach(rank: int, path: frozenset[int]) -> set[int]:
-        nexts = waits_for.get(rank, set()) - {rank}
-        if not nexts:
-            return {rank}
-        if rank in path:                   # a cycle: ranks waiting for each other, a deadlock
-            return set(path)
-        out: set[int] = set()
-        for n in sorted(nexts):
-            out |= reach(n, path | {rank})
-        return out
-
-    roots: set[int] = set()
-    blocked: dict[int, list[int]] = {}
-    for c in culprits:
-        found = reach(c, frozenset())
-        if found == {c}:
-            roots.add(c)
-        else:
-            blocked[c] = sorted(found)
-            roots |= found
-    for c in list(blocked):
-        if c in roots:                     # part of a deadlock cycle: a root too
-            del blocked[c]
-    return sorted(roots), blocked
+    return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq)
