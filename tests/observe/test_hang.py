@@ -244,6 +244,81 @@ def test_real_nccl_dump_from_an_h100(tmp_path):
     assert rep.last_seq == {"0 (default_pg)": {0: 22}}
 
 
+# -- across process groups: roots and the ranks blocked behind them ---------------------------------
+
+
+@pytest.mark.parametrize("timing", [True, False])
+def test_lock_gil_names_the_roots_not_the_ranks_blocked_in_the_expert_all_to_all(tmp_path, timing):
+    """NVRx lock_gil: 9 and 14 hold the GIL before the EP all_to_all. On the default group
+    ranks 8-15 are all behind, but 8, 10-13 and 15 wait inside the all_to_all for 9 and 14."""
+    rep = analyse(fr.write(tmp_path, fr.lock_gil(timing=timing)))
+    assert rep.missing == [] and not rep.refused
+    by_pg = {f.pg: (f.kind, f.culprits) for f in rep.findings}
+    assert by_pg == {"0 (default_pg)": ("never-entered", list(range(8, 16))),
+                     "6 (ep)": ("never-entered", [9, 14])}
+    assert rep.roots == [9, 14]
+    assert rep.blocked == {r: [9, 14] for r in (8, 10, 11, 12, 13, 15)}
+    assert not set(range(8)) & (set(rep.roots) | set(rep.blocked)) and rep.cycles == []
+    assert rep.summary() == "roots: ranks 9, 14; ranks 8, 10-13, 15 blocked behind 9, 14"
+
+
+def test_cli_names_roots_and_blocked_ranks_apart(tmp_path):
+    fr.write(tmp_path, fr.lock_gil())
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines()[-1] == "roots: ranks 9, 14; ranks 8, 10-13, 15 blocked behind 9, 14"
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", "--json", str(tmp_path)],
+                         capture_output=True, text=True, timeout=60)
+    doc = json.loads(out.stdout)
+    assert doc["schema"] == "hpcml.observe.hang/1"
+    assert doc["roots"] == [9, 14] and doc["blocked"]["8"] == [9, 14] and "0" not in doc["blocked"]
+    assert doc["summary"].startswith("roots: ranks 9, 14;")
+
+
+def test_one_group_hang_roots_are_its_culprits(tmp_path):
+    ranks = fr.job()
+    _pending_world_collectives(ranks, stuck=(9, 14), level=45264)
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert (rep.roots, rep.blocked, rep.cycles) == ([9, 14], {}, [])
+    assert rep.summary() == "roots: ranks 9, 14"
+
+
+def _waits(ranks, pg: str, behind: tuple[int, ...], level: int) -> None:
+    """In group ``pg``, the members outside ``behind`` enqueued and started collective
+    ``level + 1``; ``behind`` completed ``level`` and no more."""
+    for r in fr.GROUPS[pg][1]:
+        if r in behind:
+            ranks[r].status[pg] = (level, level, level)
+        else:
+            ranks[r].status[pg] = (level + 1, level + 1, level)
+            ranks[r].entries.append(fr.entry(level + 1, pg=pg, state="started"))
+
+
+def test_a_chain_of_waits_across_groups_ends_at_its_root(tmp_path):
+    """0, 1 and 5 are behind on the default group; 0 waits in tp group [0-3] for 1, which
+    waits in dp group [1, 5, 9, 13] for 5: 5 is the root, 0 and 1 wait for it."""
+    ranks = fr.job()
+    _waits(ranks, "0", behind=(0, 1, 5), level=700)
+    _waits(ranks, "1", behind=(1,), level=80)
+    _waits(ranks, "6", behind=(5,), level=90)
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert {f.pg: f.culprits for f in rep.findings} == {"0 (default_pg)": [0, 1, 5], "1 (tp)": [1], "6 (dp)": [5]}
+    assert (rep.roots, rep.blocked, rep.cycles) == ([5], {0: [5], 1: [5]}, [])
+    assert rep.summary() == "roots: rank 5; ranks 0, 1 blocked behind 5"
+
+
+def test_ranks_waiting_for_each_other_are_both_roots_and_the_cycle_is_named(tmp_path):
+    """0 waits in tp group [0-3] for 1; 1 waits in the default group for 0 (the two issued
+    their collectives on the two groups in a different order)."""
+    ranks = fr.job()
+    _waits(ranks, "0", behind=(0,), level=700)
+    _waits(ranks, "1", behind=(1,), level=80)
+    rep = analyse(fr.write(tmp_path, ranks))
+    assert (rep.roots, rep.blocked, rep.cycles) == ([0, 1], {}, [[0, 1]])
+    assert "ranks 0, 1 wait for each other" in rep.summary()
+
+
 @pytest.mark.torch
 def test_real_gloo_pending_only_dumps(tmp_path):
     """Three real ranks on gloo with a subgroup, dumped with onlyActive=True: rank 2 never

@@ -28,6 +28,15 @@ The rules, per process group, in this order (the first that applies is the findi
 Members without a dump are listed as missing, not blamed: their state is unknown. Culprits
 are sorted, each with its evidence (enqueued / started / completed against the group's).
 
+Across groups, a culprit is not necessarily a root cause. A rank behind in group A that
+has a collective of its own pending in group B, where it entered and B's culprits did
+not, is *blocked* behind B's culprits: it cannot reach A's collective until B's completes
+(as with NVRx's "lock_gil" fault: ranks 8-15 look behind on the default group, but all
+except 9 and 14 wait inside an expert-parallel all_to_all for 9 and 14). These waits form
+a graph over the culprits; the chains are followed to the culprits that wait for nobody,
+the **roots**. Ranks that wait for each other (a cycle with no way out: collectives issued
+in a different order on two groups) are all roots, and the cycle is reported.
+
 Dumps are pickles written by another process: they are read with hpcml's restricted
 unpickler and an empty allowlist, because the format is plain data (dicts, lists, str,
 int, float, None, bool, tuples) and imports nothing. A dump that tries to import anything
@@ -78,6 +87,38 @@ class HangReport:
     missing: list[int]           # ranks of the world without a dump
     findings: list[Finding]
     last_seq: dict[str, dict[int, int]]   # pg -> rank -> last enqueued collective_seq_id
+    roots: list[int] = field(default_factory=list)               # culprits that wait for no one
+    blocked: dict[int, list[int]] = field(default_factory=dict)  # culprit -> the roots it waits for
+    cycles: list[list[int]] = field(default_factory=list)        # culprits that wait for each other
+
+    def summary(self) -> str:
+        """One line: the roots first, blocked ranks apart, grouped by what they wait for."""
+        if not self.roots:
+            return "no culprit named"
+        parts = [f"roots: {_rank_list(self.roots)}"]
+        behind: dict[tuple[int, ...], list[int]] = {}
+        for r, roots in sorted(self.blocked.items()):
+            behind.setdefault(tuple(roots), []).append(r)
+        parts += [f"{_rank_list(rs)} blocked behind {_spans(list(roots))}" for roots, rs in behind.items()]
+        parts += [f"{_rank_list(c)} wait for each other (collectives in a different order on two groups)"
+                  for c in self.cycles]
+        return "; ".join(parts)
+
+
+def _spans(ranks: list[int]) -> str:
+    """Sorted ranks as "8, 10-13, 15" (runs of three or more shortened)."""
+    out: list[str] = []
+    start = None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out += [f"{start}-{r}"] if r - start >= 2 else [str(q) for q in range(start, r + 1)]
+            start = None
+    return ", ".join(out)
+
+
+def _rank_list(ranks: list[int]) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {_spans(ranks)}"
 
 
 def load_dump(path: str | os.PathLike) -> dict[str, Any]:
@@ -266,6 +307,96 @@ class _Group:
     def finding(self) -> Finding | None:
         return self.behind("enqueued") or self.behind("started") or self.mismatch()
 
+    def pending(self) -> set[int]:
+        """Members with a collective of their own not completed here: waiting in this group.
+        From the entries' states, else from pg_status (completed behind enqueued, or not
+        tracked at all: torch leaves it at -1 unless it times the collectives)."""
+        out = set()
+        for r in self.dumped:
+            seqs, p = self.seqs[r], self.progress[r]
+            top = p["enqueued"]
+            if any(e.get("state") in PENDING for e in seqs.values()):
+                out.add(r)
+            elif top is not None and top >= 0 and seqs.get(top, {}).get("state") is None \
+                    and (p["completed"] is None or p["completed"] < top):
+                out.add(r)
+        return out
+
+
+def _attribute(groups: list[tuple[Finding, set[int]]]) -> tuple[list[int], dict[int, list[int]], list[list[int]]]:
+    """Roots, blocked culprits (-> the roots they wait for) and cycles, from each group's
+    finding and the members with a collective pending there.
+
+    A culprit waits for the culprits of every group where it entered the collective and
+    has it pending. Every culprit reaches at least one strongly connected component that
+    waits for no one outside itself: its members are the roots (one rank, or a cycle)."""
+    waits: dict[int, set[int]] = {r: set() for f, _ in groups for r in f.culprits}
+    for f, pending in groups:
+        for r in waits:
+            if f.culprits and r in f.entered and r in pending and r not in f.culprits:
+                waits[r].update(f.culprits)
+    comp = _components(waits)
+    members: dict[int, list[int]] = {}
+    for r, c in comp.items():
+        members.setdefault(c, []).append(r)
+    roots_of: dict[int, set[int]] = {}
+    sinks: set[int] = set()
+    for c in sorted(members):            # a component's successors are numbered before it
+        after = {comp[q] for r in members[c] for q in waits[r]} - {c}
+        if after:
+            roots_of[c] = set().union(*(roots_of[c2] for c2 in after))
+        else:
+            roots_of[c] = set(members[c])
+            sinks.add(c)
+    roots = sorted(r for c in sinks for r in members[c])
+    blocked = {r: sorted(roots_of[comp[r]]) for r in sorted(waits) if comp[r] not in sinks}
+    cycles = sorted(sorted(members[c]) for c in sinks if len(members[c]) > 1)
+    return roots, blocked, cycles
+
+
+def _components(graph: dict[int, set[int]]) -> dict[int, int]:
+    """Tarjan's strongly connected components, iteratively (chains can be thousands of
+    ranks long): node -> component number, numbered in reverse topological order (a
+    component's successors come first)."""
+    index: dict[int, int] = {}
+    low: dict[int, int] = {}
+    comp: dict[int, int] = {}
+    stack: list[int] = []
+    on_stack: set[int] = set()
+    count = 0
+    for start in sorted(graph):
+        if start in index:
+            continue
+        work = [(start, iter(sorted(graph[start])))]
+        index[start] = low[start] = len(index)
+        stack.append(start)
+        on_stack.add(start)
+        while work:
+            v, it = work[-1]
+            w = next(it, None)
+            if w is not None:
+                if w not in index:
+                    index[w] = low[w] = len(index)
+                    stack.append(w)
+                    on_stack.add(w)
+                    work.append((w, iter(sorted(graph[w]))))
+                elif w in on_stack:
+                    low[v] = min(low[v], index[w])
+                continue
+            work.pop()
+            if work:
+                low[work[-1][0]] = min(low[work[-1][0]], low[v])
+            if low[v] == index[v]:
+                n = count
+                count += 1
+                while True:
+                    w = stack.pop()
+                    on_stack.discard(w)
+                    comp[w] = n
+                    if w == v:
+                        break
+    return comp
+
 
 def _read(d: Path) -> tuple[dict[int, dict], dict[int, Path], dict[str, str]]:
     dumps: dict[int, dict] = {}
@@ -303,6 +434,7 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     missing = sorted(world - set(dumps))
     pending_only = _pending_only(dumps)
     findings: list[Finding] = []
+    waiting: list[tuple[Finding, set[int]]] = []
     last_seq: dict[str, dict[int, int]] = {}
     for pg in sorted(groups, key=natural_key):
         label, members = groups[pg]
@@ -311,4 +443,7 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         found = g.finding()
         if found is not None:
             findings.append(found)
-    return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq)
+            waiting.append((found, g.pending()))
+    roots, blocked, cycles = _attribute(waiting)
+    return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
+                      roots=roots, blocked=blocked, cycles=cycles)

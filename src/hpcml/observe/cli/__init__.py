@@ -68,7 +68,8 @@ def hang_cmd(
     if as_json:
         print(json.dumps({"schema": rep.tag, "dumps": {r: str(p) for r, p in rep.dumps.items()}, "refused": rep.refused,
                           "missing": rep.missing, "findings": [asdict(f) for f in rep.findings],
-                          "last_seq": rep.last_seq}, indent=2))
+                          "last_seq": rep.last_seq, "roots": rep.roots, "blocked": rep.blocked,
+                          "cycles": rep.cycles, "summary": rep.summary()}, indent=2))
         return
     print(f"{len(rep.dumps)} dumps read from {dump_dir}")
     for name, why in rep.refused.items():
@@ -78,9 +79,8 @@ def hang_cmd(
     for f in rep.findings:
         who = f"culprits {f.culprits}" if f.culprits else "no culprit named"
         print(f"process group {f.pg}, collective #{f.seq}: {f.kind}: {who}: {f.detail}")
-    blamed = sorted({r for f in rep.findings for r in f.culprits})
-    if len(rep.findings) > 1 and blamed:
-        print(f"look first at ranks {blamed}")
+    if rep.roots:
+        print(rep.summary())
     if not rep.findings and not rep.missing:
         print("all ranks agree on every collective they still record")
 
