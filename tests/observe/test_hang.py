@@ -206,6 +206,7 @@ def test_a_rank_without_a_dump_is_missing_not_blamed(tmp_path):
     rep = analyse(fr.write(tmp_path, ranks, skip=(7,)))
     assert rep.missing == [7]
     assert [(f.kind, f.culprits) for f in rep.findings] == [("never-entered", [9])]
+    assert (rep.roots, rep.blocked) == ([9], {})
 
 
 def test_healthy_pending_only_dumps_have_no_finding(tmp_path):
@@ -260,6 +261,16 @@ def test_lock_gil_names_the_roots_not_the_ranks_blocked_in_the_expert_all_to_all
     assert rep.blocked == {r: [9, 14] for r in (8, 10, 11, 12, 13, 15)}
     assert not set(range(8)) & (set(rep.roots) | set(rep.blocked)) and rep.cycles == []
     assert rep.summary() == "roots: ranks 9, 14; ranks 8, 10-13, 15 blocked behind 9, 14"
+
+
+def test_lock_gil_without_the_stuck_ranks_dumps_points_at_them(tmp_path):
+    """9 and 14 left no dump: the expert group has no finding, but the ranks behind on the
+    default group wait in it, so they are blocked behind its members without a dump."""
+    rep = analyse(fr.write(tmp_path, fr.lock_gil(), skip=(9, 14)))
+    assert rep.missing == [9, 14]
+    assert [(f.pg, f.culprits) for f in rep.findings] == [("0 (default_pg)", [8, 10, 11, 12, 13, 15])]
+    assert rep.roots == [9, 14] and rep.blocked == {r: [9, 14] for r in (8, 10, 11, 12, 13, 15)}
+    assert rep.summary() == "roots: ranks 9, 14 (no dump from 9, 14); ranks 8, 10-13, 15 blocked behind 9, 14"
 
 
 def test_cli_names_roots_and_blocked_ranks_apart(tmp_path):

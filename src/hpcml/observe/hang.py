@@ -25,7 +25,7 @@ The rules, per process group, in this order (the first that applies is the findi
    analyser does. The culprits are the ranks outside the majority (more than half of the
    members); without a majority no culprit is named and the finding says so.
 
-Members without a dump are listed as missing, not blamed: their state is unknown. Culprits
+Members without a dump are listed as missing, never a group's culprits: their state is unknown. Culprits
 are sorted, each with its evidence (enqueued / started / completed against the group's).
 
 Across groups, a culprit is not necessarily a root cause. A rank behind in group A that
@@ -34,7 +34,8 @@ not, is *blocked* behind B's culprits: it cannot reach A's collective until B's 
 (as with NVRx's "lock_gil" fault: ranks 8-15 look behind on the default group, but all
 except 9 and 14 wait inside an expert-parallel all_to_all for 9 and 14). These waits form
 a graph over the culprits; the chains are followed to the culprits that wait for nobody,
-the **roots**. Ranks that wait for each other (a cycle with no way out: collectives issued
+the **roots**. A group's members without a dump count among those a rank pending there
+may wait for: they can be roots, and are marked so. Ranks that wait for each other (a cycle with no way out: collectives issued
 in a different order on two groups) are all roots, and the cycle is reported.
 
 Dumps are pickles written by another process: they are read with hpcml's restricted
@@ -87,7 +88,7 @@ class HangReport:
     missing: list[int]           # ranks of the world without a dump
     findings: list[Finding]
     last_seq: dict[str, dict[int, int]]   # pg -> rank -> last enqueued collective_seq_id
-    roots: list[int] = field(default_factory=list)               # culprits that wait for no one
+    roots: list[int] = field(default_factory=list)               # culprits (or ranks without a dump) waiting for no one
     blocked: dict[int, list[int]] = field(default_factory=dict)  # culprit -> the roots it waits for
     cycles: list[list[int]] = field(default_factory=list)        # culprits that wait for each other
 
@@ -95,7 +96,8 @@ class HangReport:
         """One line: the roots first, blocked ranks apart, grouped by what they wait for."""
         if not self.roots:
             return "no culprit named"
-        parts = [f"roots: {_rank_list(self.roots)}"]
+        unknown = [r for r in self.roots if r in self.missing]
+        parts = [f"roots: {_rank_list(self.roots)}" + (f" (no dump from {_spans(unknown)})" if unknown else "")]
         behind: dict[tuple[int, ...], list[int]] = {}
         for r, roots in sorted(self.blocked.items()):
             behind.setdefault(tuple(roots), []).append(r)
@@ -323,18 +325,27 @@ class _Group:
         return out
 
 
-def _attribute(groups: list[tuple[Finding, set[int]]]) -> tuple[list[int], dict[int, list[int]], list[list[int]]]:
+def _attribute(groups: list[tuple[Finding | None, set[int], list[int]]]
+               ) -> tuple[list[int], dict[int, list[int]], list[list[int]]]:
     """Roots, blocked culprits (-> the roots they wait for) and cycles, from each group's
-    finding and the members with a collective pending there.
+    finding (or None), its members with a collective pending there and its members
+    without a dump.
 
     A culprit waits for the culprits of every group where it entered the collective and
-    has it pending. Every culprit reaches at least one strongly connected component that
-    waits for no one outside itself: its members are the roots (one rank, or a cycle)."""
-    waits: dict[int, set[int]] = {r: set() for f, _ in groups for r in f.culprits}
-    for f, pending in groups:
-        for r in waits:
-            if f.culprits and r in f.entered and r in pending and r not in f.culprits:
-                waits[r].update(f.culprits)
+    has it pending, and for the members of that group that left no dump (unknown, so
+    possibly the ones it waits for: better named than letting the waiting rank pass for a
+    root). Every culprit reaches at least one strongly connected component that waits for
+    no one outside itself: its members are the roots (one rank, or a cycle)."""
+    waits: dict[int, set[int]] = {r: set() for f, _, _ in groups if f for r in f.culprits}
+    for f, pending, missing in groups:
+        culprits = f.culprits if f else []
+        if not culprits and not missing:
+            continue
+        for r in pending & waits.keys():
+            if f is None or (r in f.entered and r not in culprits):
+                waits[r].update(culprits, missing)
+    for r in {q for qs in waits.values() for q in qs} - waits.keys():
+        waits[r] = set()                 # a member without a dump: waits for no one known
     comp = _components(waits)
     members: dict[int, list[int]] = {}
     for r, c in comp.items():
@@ -434,7 +445,7 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     missing = sorted(world - set(dumps))
     pending_only = _pending_only(dumps)
     findings: list[Finding] = []
-    waiting: list[tuple[Finding, set[int]]] = []
+    waiting: list[tuple[Finding | None, set[int], list[int]]] = []
     last_seq: dict[str, dict[int, int]] = {}
     for pg in sorted(groups, key=natural_key):
         label, members = groups[pg]
@@ -443,7 +454,7 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         found = g.finding()
         if found is not None:
             findings.append(found)
-            waiting.append((found, g.pending()))
+        waiting.append((found, g.pending(), [r for r in members if r not in dumps]))
     roots, blocked, cycles = _attribute(waiting)
     return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
                       roots=roots, blocked=blocked, cycles=cycles)
