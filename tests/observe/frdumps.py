@@ -3,8 +3,10 @@
 The layout follows a real dump (tests/fixtures/flight_recorder/fr-nccl-1rank-torch2.11.rank_0,
 recorded on an H100 with torch 2.11): top-level ``version``, ``pg_config`` (group name ->
 ``{"name", "desc", "ranks": "[0, 1, ...]"}``, the groups this rank belongs to), ``pg_status``
-(group name -> ``last_enqueued/started/completed_collective``, -1 for none),
-``comm_lib_version`` and ``entries`` with the same keys as the real one. ``only_active``
+(-> ``last_enqueued/started/completed_collective``, -1 for none),
+``comm_lib_version`` and ``entries`` with the same keys as the real one. pg_status and the
+entries' ``pg_id`` use the rank's local id of each group, as torch does; ``Rank.status`` is
+keyed by group name for the tests' convenience and translated on dump. ``only_active``
 keeps pending entries only, as ``_dump_nccl_trace(onlyActive=True)`` does.
 """
 
@@ -53,13 +55,18 @@ class Rank:
     groups: dict[str, tuple[str, list[int]]] = field(default_factory=lambda: GROUPS)
 
     def dump(self, only_active: bool = True) -> dict:
+        """As torch writes it: pg_config and the entries' process_group by group name, but
+        pg_status and the entries' pg_id by the rank's local id of the group (the groups it
+        is a member of, numbered in creation order)."""
         mine = {pg: v for pg, v in self.groups.items() if self.rank in v[1]}
-        entries = [e for e in self.entries if not only_active or e["state"] != "completed"]
+        local = {pg: i for i, pg in enumerate(sorted(mine, key=int))}
+        entries = [{**e, "pg_id": local.get(e["process_group"][0], e["pg_id"])}
+                   for e in self.entries if not only_active or e["state"] != "completed"]
         return {"version": "2.10", "comm_lib_version": "2.28.9",
                 "pg_config": {pg: {"name": pg, "desc": desc, "ranks": str(ranks)} for pg, (desc, ranks) in mine.items()},
-                "pg_status": {pg: {"last_enqueued_collective": self.status.get(pg, (-1, -1, -1))[0],
-                                   "last_started_collective": self.status.get(pg, (-1, -1, -1))[1],
-                                   "last_completed_collective": self.status.get(pg, (-1, -1, -1))[2]}
+                "pg_status": {str(local[pg]): {"last_enqueued_collective": self.status.get(pg, (-1, -1, -1))[0],
+                                               "last_started_collective": self.status.get(pg, (-1, -1, -1))[1],
+                                               "last_completed_collective": self.status.get(pg, (-1, -1, -1))[2]}
                               for pg in mine},
                 "entries": entries}
 

@@ -273,6 +273,20 @@ def test_lock_gil_without_the_stuck_ranks_dumps_points_at_them(tmp_path):
     assert rep.summary() == "roots: ranks 9, 14 (no dump from 9, 14); ranks 8, 10-13, 15 blocked behind 9, 14"
 
 
+def test_pg_status_is_read_by_local_id_not_group_name(tmp_path):
+    """Torch keys pg_status by the rank's local id of a group: rank 14's expert group "6" is
+    its key "2". Full dumps whose entries are gone leave pg_status as the only evidence."""
+    ranks = fr.job({"0": 300, "1": 11, "2": 22, "3": 33, "4": 44, "5": 55, "6": 66}, groups=fr.MOE_GROUPS)
+    for r in range(8, 16):
+        ranks[r].status["6"] = (66, 66, 66) if r == 14 else (67, 67, 66)
+    write = fr.write(tmp_path, ranks, only_active=False)
+    assert pickle.loads((write / "nccl_trace_dump_14").read_bytes())["pg_status"].keys() == {"0", "1", "2"}
+    rep = analyse(write)
+    assert [(f.pg, f.kind, f.seq, f.culprits) for f in rep.findings] == [("6 (ep)", "never-entered", 67, [14])]
+    assert rep.last_seq["4 (tp)"] == {12: 44, 13: 44, 14: 44, 15: 44}
+    assert rep.roots == [14]
+
+
 def test_cli_names_roots_and_blocked_ranks_apart(tmp_path):
     fr.write(tmp_path, fr.lock_gil())
     out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(tmp_path)],

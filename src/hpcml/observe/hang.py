@@ -5,7 +5,8 @@ What a dump says about each process group the rank belongs to:
 - ``pg_config``: the group's name, description and global ranks (the membership; a rank
   with no entry in a group is still a member);
 - ``pg_status``: the rank's ``last_enqueued_collective``, ``last_started_collective`` and
-  ``last_completed_collective`` in that group (``-1``: none, or not tracked);
+  ``last_completed_collective`` in that group (``-1``: none, or not tracked), keyed by the
+  rank's local id of the group, not its name (see ``_status_names``);
 - ``entries``: its recent collectives (a ring buffer) with the group's sequence number
   (``collective_seq_id``). Dumps taken with ``onlyActive=True`` hold only the collectives
   still pending, so a rank that never reached the collective has an empty list.
@@ -190,15 +191,45 @@ def _labels_from_entries(entries: list[dict]) -> dict[str, str]:
     return out
 
 
-def _status(dump: dict, pg: str) -> dict[str, int | None]:
-    """The rank's pg_status in one group: enqueued / started / completed (None: not known)."""
-    st = (dump.get("pg_status") or {}).get(pg)
-    if not isinstance(st, dict):
-        return {k: None for k in PROGRESS}
-    out: dict[str, int | None] = {}
-    for k in PROGRESS:
-        v = st.get(f"last_{k}_collective")
-        out[k] = int(v) if isinstance(v, int) and v >= 0 else None
+def _status_names(dump: dict, rank: int) -> dict[str, str]:
+    """pg_status key -> group name. Torch keys pg_status by the backend's local id (a
+    per-process counter over the groups this rank is a member of, in creation order), but
+    pg_config and the entries by the group's name, so on a subgroup the two differ (rank 9
+    in its third group: key "2", name "6"). The entries pair them (pg_id, process_group);
+    for groups with no entry left, local ids follow the creation order of the rank's groups,
+    which is the order of their names where torch numbered them (a counter every rank
+    advances alike). The default group is local id 0, named "0"."""
+    pairs: dict[str, str] = {}
+    for e in dump.get("entries") or []:
+        pg = e.get("process_group") if isinstance(e, dict) else None
+        if isinstance(e, dict) and isinstance(e.get("pg_id"), int) and isinstance(pg, (tuple, list)) and pg:
+            pairs[str(e["pg_id"])] = str(pg[0])
+    config = dump.get("pg_config")
+    mine = [str(g.get("name")) for g in (config.values() if isinstance(config, dict) else [])
+            if isinstance(g, dict) and rank in (_ranks(g.get("ranks")) or [])]
+    if mine and all(n.isdigit() for n in mine):
+        order = {str(i): n for i, n in enumerate(sorted(set(mine), key=int))}
+        if all(order.get(k) == v for k, v in pairs.items()):
+            pairs = {**order, **pairs}
+    pairs.setdefault("0", "0")
+    return pairs
+
+
+def _statuses(dump: dict, rank: int) -> dict[str, dict[str, int | None]]:
+    """The rank's pg_status by group name: enqueued / started / completed (None: not known)."""
+    raw = dump.get("pg_status")
+    if not isinstance(raw, dict):
+        return {}
+    names = _status_names(dump, rank)
+    out: dict[str, dict[str, int | None]] = {}
+    for key, st in raw.items():
+        if str(key) not in names or not isinstance(st, dict):
+            continue                     # a group this dump cannot name: better unknown than misread
+        p: dict[str, int | None] = {}
+        for k in PROGRESS:
+            v = st.get(f"last_{k}_collective")
+            p[k] = int(v) if isinstance(v, int) and v >= 0 else None
+        out[names[str(key)]] = p
     return out
 
 
@@ -233,14 +264,15 @@ class _Group:
     """One process group across the dumps."""
 
     def __init__(self, pg: str, label: str, members: list[int], dumps: dict[int, dict],
-                 per_rank: dict[int, dict[str, dict[int, dict]]], pending_only: bool) -> None:
+                 per_rank: dict[int, dict[str, dict[int, dict]]], statuses: dict[int, dict[str, dict]],
+                 pending_only: bool) -> None:
         self.pg, self.label = pg, label
         self.members = members
         self.dumped = [r for r in members if r in dumps]
         self.seqs = {r: per_rank[r].get(pg, {}) for r in self.dumped}
         self.progress: dict[int, dict[str, int | None]] = {}
         for r in self.dumped:
-            p = _status(dumps[r], pg)
+            p = dict(statuses[r].get(pg) or dict.fromkeys(PROGRESS))
             top = max(self.seqs[r]) if self.seqs[r] else None
             if top is not None and (p["enqueued"] is None or top > p["enqueued"]):
                 p["enqueued"] = top
@@ -444,12 +476,13 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     world = {r for _, members in groups.values() for r in members} | set(dumps)
     missing = sorted(world - set(dumps))
     pending_only = _pending_only(dumps)
+    statuses = {r: _statuses(dump, r) for r, dump in dumps.items()}
     findings: list[Finding] = []
     waiting: list[tuple[Finding | None, set[int], list[int]]] = []
     last_seq: dict[str, dict[int, int]] = {}
     for pg in sorted(groups, key=natural_key):
         label, members = groups[pg]
-        g = _Group(pg, label, members, dumps, per_rank, pending_only)
+        g = _Group(pg, label, members, dumps, per_rank, statuses, pending_only)
         last_seq[label] = {r: p["enqueued"] for r, p in g.progress.items() if p["enqueued"] is not None}
         found = g.finding()
         if found is not None:
