@@ -11,16 +11,13 @@ def plural(n: int, word: str, words: str | None = None) -> str:
 
 
 def ranges(numbers: list[int] | set[int]) -> str:
-    """Ranks as a reader scans them: ``0-3, 5, 8-15`` (sorted, runs folded)."""
+    """Ranks as a reader scans them: ``0, 1, 4-7, 9`` (sorted; runs of three or more folded)."""
+    ranks = sorted(set(numbers))
     out: list[str] = []
-    run: list[int] = []
-    for n in sorted(set(numbers)):
-        if run and n == run[-1] + 1:
-            run.append(n)
-            continue
-        if run:
-            out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
-        run = [n]
-    if run:
-        out.append(f"{run[0]}-{run[-1]}" if len(run) > 1 else str(run[0]))
+    start = None
+    for i, r in enumerate(ranks):
+        start = r if start is None else start
+        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
+            out += [f"{start}-{r}"] if r - start >= 2 else [str(q) for q in range(start, r + 1)]
+            start = None
     return ", ".join(out)

@@ -60,6 +60,7 @@ from hpcml.htmlkit import natural_key
 from hpcml.scan.loader import RestrictedUnpickler
 from hpcml.scan.policy import Policy
 from hpcml.schemas import tag
+from hpcml.words import ranges
 
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 MAX_DUMP_BYTES = 1 << 30
@@ -98,30 +99,18 @@ class HangReport:
         if not self.roots:
             return "no culprit named"
         unknown = [r for r in self.roots if r in self.missing]
-        parts = [f"roots: {_rank_list(self.roots)}" + (f" (no dump from {_spans(unknown)})" if unknown else "")]
+        parts = [f"roots: {_rank_list(self.roots)}" + (f" (no dump from {ranges(unknown)})" if unknown else "")]
         behind: dict[tuple[int, ...], list[int]] = {}
         for r, roots in sorted(self.blocked.items()):
             behind.setdefault(tuple(roots), []).append(r)
-        parts += [f"{_rank_list(rs)} blocked behind {_spans(list(roots))}" for roots, rs in behind.items()]
+        parts += [f"{_rank_list(rs)} blocked behind {ranges(list(roots))}" for roots, rs in behind.items()]
         parts += [f"{_rank_list(c)} wait for each other (collectives in a different order on two groups)"
                   for c in self.cycles]
         return "; ".join(parts)
 
 
-def _spans(ranks: list[int]) -> str:
-    """Sorted ranks as "8, 10-13, 15" (runs of three or more shortened)."""
-    out: list[str] = []
-    start = None
-    for i, r in enumerate(ranks):
-        start = r if start is None else start
-        if i + 1 == len(ranks) or ranks[i + 1] != r + 1:
-            out += [f"{start}-{r}"] if r - start >= 2 else [str(q) for q in range(start, r + 1)]
-            start = None
-    return ", ".join(out)
-
-
 def _rank_list(ranks: list[int]) -> str:
-    return f"{'rank' if len(ranks) == 1 else 'ranks'} {_spans(ranks)}"
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
 def load_dump(path: str | os.PathLike) -> dict[str, Any]:
