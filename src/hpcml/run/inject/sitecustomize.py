@@ -4,7 +4,8 @@ Flight Recorder when the watch asks, without a change to the training script.
 Why here: a rank stuck in a collective has its main thread blocked in C++ (a Python signal
 handler would never run), but torch's collectives release the GIL while they wait, so a
 thread of the rank can still call ``torch._C._distributed_c10d._dump_fr_trace()`` (gloo and
-NCCL alike, torch >= 2.5; the recorder itself is armed by ``TORCH_FR_BUFFER_SIZE``, which
+NCCL alike, torch >= 2.5; ``_dump_nccl_trace``, NCCL only, before; the recorder itself is
+armed by ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` before 2.5, which
 ``hpcml run`` sets). The thread looks for the watch's snapshot request once a second (one
 ``stat``) and writes ``<observe>/flight-recorder/rank-NNNNN``. It never imports torch: a
 process that did not initialise ``torch.distributed`` has nothing to dump. A rank whose GIL
@@ -45,7 +46,13 @@ def _dump(observe: str, ident: int) -> None:
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
     import torch
-    data = torch._C._distributed_c10d._dump_fr_trace(True, False, False)  # type: ignore[attr-defined]
+    c10d = torch._C._distributed_c10d
+    dump = getattr(c10d, "_dump_fr_trace", None)      # torch >= 2.5: every backend
+    if dump is None:                                  # before: the NCCL backend's own, NCCL only
+        dump = getattr(c10d, "_dump_nccl_trace", None)
+    if dump is None:
+        return
+    data = dump(True, False, False)
     rank = dist.get_rank()
     out = os.path.join(observe, "flight-recorder")
     os.makedirs(out, exist_ok=True)
