@@ -120,6 +120,7 @@ def test_report_only_names_the_hang_and_lets_the_job_run(tmp_path):
 @pytest.mark.parametrize("flag, value, words", [
     ("--hang-timeout", "0s", "more than 0 s"), ("--hang-timeout", "soon", "not auto, off or a duration"),
     ("--on-hang", "panic", "not one of stop, report"), ("--kill-grace", "-1", "at least 0 s"),
+    ("--prometheus-port", "70000", "port number"),
 ])
 def test_bad_watch_flags_are_one_line_exit_2_and_nothing_launched(tmp_path, flag, value, words):
     marker = tmp_path / "ran"
@@ -207,11 +208,15 @@ echo "run-rc=$?"
 def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path):
     """8 ranks, 0.5 s steps (a ``step`` section); rank 5 becomes 1.8x slower at step 400.
     Scans every 5 virtual seconds through the real heartbeat files: nothing is named before
-    the onset, rank 5 within 60 s of it, with the step it began, once."""
+    the onset, rank 5 within 60 s of it, with the step it began, once; the Prometheus
+    endpoint (a real HTTP server, scraped) says the same."""
+    from hpcml.ports import free_port
+    from hpcml.run.watchexport import WatchExporter
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(8)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(8)}
-    watch = Watch(d, 0, 8, period=5.0)
+    port = free_port("127.0.0.1")
+    watch = Watch(d, 0, 8, period=5.0, exporter=WatchExporter(port, "127.0.0.1", "77"))
     t, onset_t, named_at = 1_800_000_000.0, None, None
     for step in range(700):
         t += 0.5
@@ -231,3 +236,13 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert named_at is not None and onset_t is not None and named_at - onset_t <= 60
     assert 395 <= s["since_step"] <= 410 and 1.6 < s["score"] < 2.0 and s["node"] == "n5"
     assert [e["kind"] for e in watch.timeline] == ["straggler"]
+    import urllib.request
+    try:
+        text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+    finally:
+        watch.exporter.close()
+    assert 'hpcml_run_straggler{node="n5",rank="5",slurm_job="77"} 1.0' in text
+    assert f'hpcml_run_straggler_since_step{{node="n5",rank="5",slurm_job="77"}} {float(s["since_step"])}' in text
+    assert 'hpcml_run_straggler{node="n4"' not in text and 'hpcml_run_hang{slurm_job="77"} 0.0' in text
+    assert 'hpcml_run_step{slurm_job="77"} 690.0' in text
+    assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text

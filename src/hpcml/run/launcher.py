@@ -74,6 +74,8 @@ class Options:
     gpu_metrics: str = "auto"                 # the ranks' GPU sampler: auto, none or a registered name
     hang_timeout: str = "auto"                # seconds without a completed step on any rank; auto or off
     on_hang: str = "stop"                     # stop: end the job and exit HANG; report: name and go on
+    prometheus_port: int | None = None        # the watch's verdicts served here (hpcml.run.watchexport)
+    prometheus_addr: str = "127.0.0.1"
 
 
 def hang_seconds(value: str) -> float | None:
@@ -109,6 +111,8 @@ def _check(opts: Options, allocation) -> None:
     if opts.kill_grace < 0:
         raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
     hang_seconds(opts.hang_timeout)
+    if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
+        raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
     if opts.on_hang not in ON_HANG:
         raise UsageError(f"'{opts.on_hang}' is not one of {', '.join(ON_HANG)}", key="on_hang")
     from hpcml.samplers.choose import modes
@@ -419,14 +423,24 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
 def _watch(opts: Options, d: Path, info: dict, world: int) -> Watch:
     seconds = hang_seconds(opts.hang_timeout)
     off = seconds == float("inf")
+    exporter = None
+    if opts.prometheus_port is not None:
+        from hpcml.run.watchexport import WatchExporter
+        try:
+            exporter = WatchExporter(opts.prometheus_port, opts.prometheus_addr, str(info.get("job_id") or "local"))
+        except OSError as exc:
+            print(f"hpcml run: --prometheus-port {opts.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
+                  "without the endpoint", file=sys.stderr)
     return Watch(d, int(info.get("attempt") or 0), world, timeout=None if off else seconds, off=off,
-                 on_hang=opts.on_hang)
+                 on_hang=opts.on_hang, exporter=exporter)
 
 
 def _watched(watch: Watch, info: dict) -> None:
     """The job ended: the crashes the last scan missed, and what the watch saw, into run.json."""
     watch.finish()
     info.update(watch.to_json())
+    if watch.exporter is not None:
+        watch.exporter.close()
 
 
 def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> None:

@@ -70,6 +70,9 @@ class Watch:
     _stopping: bool = False
     stragglers: dict[int, dict[str, Any]] = field(default_factory=dict)
     _next_scoring: float = 0.0
+    exporter: Any = None                         # a WatchExporter (--prometheus-port), or None
+    scores: dict[int, float] = field(default_factory=dict)
+    crashed_codes: dict[int, int] = field(default_factory=dict)
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
     _fr_until: float | None = None
 
@@ -91,11 +94,14 @@ class Watch:
             self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [])
         self._crashes(now)
         self._stragglers(now)
+        action = None
         if self._collect is not None:
-            return self._conclude(now)
-        if self.hang is None and not self.off:
+            action = self._conclude(now)
+        elif self.hang is None and not self.off:
             self._hang(now)
-        return None
+        if self.exporter is not None:
+            self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
+        return action
 
     def finish(self) -> None:
         """The job ended: name the crashes the last scan did not see."""
@@ -128,6 +134,7 @@ class Watch:
             if code in STOPPED and (self._stopping or (self.hang or {}).get("action") == "stop"):
                 continue
             self._stopping = True
+            self.crashed_codes[rank] = code
             last = next((ln.strip() for ln in reversed(tail(log_path(self.d, rank, "err"), 20)) if ln.strip()), "")
             step = f" after step {b['step']}" if b.get("step") is not None else ""
             self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
@@ -154,6 +161,7 @@ class Watch:
                               meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks})
         ratio = m / np.median(m, axis=0, keepdims=True)
         row = {int(r): i for i, r in enumerate(ranks)}
+        self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
         for sc in scores:
             if not sc.chronic or sc.rank in self.stragglers:
                 continue

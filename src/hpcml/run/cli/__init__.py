@@ -45,6 +45,9 @@ def run_cmd(
                                      "e.g. '10 min' (auto: 10 x the median step time, at least 120 s; off)."),
     on_hang: str = typer.Option("stop", "--on-hang", help="stop: name the culprits, stop the job, exit 5; "
                                 "report: name them and let the job go on."),
+    prometheus_port: Optional[int] = typer.Option(None, "--prometheus-port", help="Serve the watch's verdicts "
+                                                  "(stragglers, hang, crashes, furthest step) for Prometheus here."),
+    prometheus_addr: str = typer.Option("127.0.0.1", "--prometheus-addr", help="Address for --prometheus-port."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -65,7 +68,8 @@ def run_cmd(
     rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
                      gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
-                     gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang))
+                     gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
+                     prometheus_port=prometheus_port, prometheus_addr=prometheus_addr))
     raise typer.Exit(rc)
 
 

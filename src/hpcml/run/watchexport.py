@@ -1,0 +1,51 @@
+"""The live watch's verdicts on a Prometheus endpoint (``hpcml run --prometheus-port``).
+
+What an operator's alerting wants from a running job without reading its log: each rank's
+live straggler score and whether it is named, the furthest step, a hang, and the ranks that
+crashed. One endpoint, served by the launcher; labels ``slurm_job``, ``rank`` and ``node``
+(at most the job's ranks, so cardinality is the job's size).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+class WatchExporter:
+    def __init__(self, port: int, addr: str, job: str) -> None:
+        from prometheus_client import CollectorRegistry, Gauge, start_http_server
+        self.job = job
+        self.registry = CollectorRegistry()
+        base = ("slurm_job", "rank", "node")
+        self.score = Gauge("hpcml_run_straggler_score", "Rank's step time over the step median (live model)", base,
+                           registry=self.registry)
+        self.straggler = Gauge("hpcml_run_straggler", "1 once the watch named the rank a straggler", base,
+                               registry=self.registry)
+        self.since = Gauge("hpcml_run_straggler_since_step", "Step the named straggler's slowness began", base,
+                           registry=self.registry)
+        self.crashed = Gauge("hpcml_run_crashed_exit_code", "Exit code of a rank that crashed", base,
+                             registry=self.registry)
+        self.hang = Gauge("hpcml_run_hang", "1 once the watch found the job hung", ("slurm_job",), registry=self.registry)
+        self.step = Gauge("hpcml_run_step", "The furthest step any rank completed", ("slurm_job",),
+                          registry=self.registry)
+        self.hang.labels(job).set(0)
+        self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
+
+    def update(self, beats: dict[int, dict], scores: dict[int, float], stragglers: dict[int, dict[str, Any]],
+               crashed: dict[int, int], hung: bool) -> None:
+        steps = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
+        if steps:
+            self.step.labels(self.job).set(max(steps))
+        node = {r: str(b.get("node")) for r, b in beats.items()}
+        for rank, score in scores.items():
+            self.score.labels(self.job, str(rank), node.get(rank, "")).set(score)
+        for rank, s in stragglers.items():
+            self.straggler.labels(self.job, str(rank), node.get(rank, "")).set(1)
+            self.since.labels(self.job, str(rank), node.get(rank, "")).set(s["since_step"])
+        for rank, code in crashed.items():
+            self.crashed.labels(self.job, str(rank), node.get(rank, "")).set(code)
+        self.hang.labels(self.job).set(1 if hung else 0)
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
