@@ -8,7 +8,7 @@ import pytest
 
 from hpcml.errors import UsageError
 from hpcml.score.importers import exporter
-from hpcml.score.model import score_job
+from tests.score.synth import score_job
 
 LABELS = 'gpu="{g}",UUID="GPU-{g}",device="nvidia{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="nid001"'
 
