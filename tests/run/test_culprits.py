@@ -31,9 +31,15 @@ def test_the_main_threads_own_innermost_line_is_named():
 
 
 def test_ranks_behind_in_steps_are_the_culprits():
-    v = name(beats({0: 30, 1: 29, 2: 30, 3: None}), {1: SLEEPING})
-    assert v.method == "progress" and [c.rank for c in v.culprits] == [1, 3] and v.blocked == [0, 2]
-    assert v.culprits[0].where == "/home/u/train.py:37 in main" and v.culprits[1].where is None
+    v = name(beats({0: 30, 1: 29, 2: 30, 3: 30}), {1: SLEEPING})
+    assert v.method == "progress" and [c.rank for c in v.culprits] == [1] and v.blocked == [0, 2, 3]
+    assert v.culprits[0].where == "/home/u/train.py:37 in main"
+
+
+def test_ranks_that_log_no_steps_are_not_accused_by_progress():
+    """Only rank 0 logs steps (a common script): the others are judged by their stacks."""
+    v = name(beats({0: 30, 1: None, 2: None}), {0: WAITING, 1: WAITING, 2: LOADING})
+    assert v.method == "stacks" and [c.rank for c in v.culprits] == [2] and v.blocked == [0, 1]
 
 
 def test_at_the_same_step_the_rank_outside_a_collective_is_the_culprit():

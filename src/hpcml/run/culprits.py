@@ -6,7 +6,8 @@ In order of trust:
    (``hpcml.observe.hang``) names the roots per process group from the collectives each
    rank entered, started and completed.
 2. **Progress**: ranks whose last completed step is behind the furthest rank's did not
-   reach the collective the others wait in.
+   reach the collective the others wait in (ranks that log no steps at all, as when only
+   rank 0 logs, are left to the stacks).
 3. **Stacks**: among ranks at the same step, those whose main thread is *not* inside a
    collective (a ``torch.distributed`` frame) are stuck elsewhere (the data loader, a
    deadlock, a C call holding the GIL); the others wait for them.
@@ -91,12 +92,11 @@ def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None) -> Ver
                                            for r in roots], blocked)
     steps = {r: b.get("step") for r, b in beats.items() if b.get("exit") is None}
     known = [s for s in steps.values() if s is not None]
-    if known and min(known) < max(known):
+    if known and min(known) < max(known):          # ranks that never log a step are not judged here
         top = max(known)
-        behind = sorted(r for r, s in steps.items() if s is None or s < top)
-        return Verdict("progress", [culprit(r, f"behind: last step {steps[r] if steps[r] is not None else 'none'}, "
-                                               f"others at {top}") for r in behind],
-                       sorted(r for r in steps if r not in behind))
+        behind = sorted(r for r, s in steps.items() if s is not None and s < top)
+        return Verdict("progress", [culprit(r, f"behind: last step {steps[r]}, others at {top}") for r in behind],
+                       sorted(r for r, s in steps.items() if s is not None and r not in behind))
     waiting = {r: in_collective(stacks.get(r)) for r in steps}
     outside = sorted(r for r, w in waiting.items() if w is False)
     inside = sorted(r for r, w in waiting.items() if w)
