@@ -59,3 +59,22 @@ def test_a_record_never_grows_past_its_size(tmp_path):
     assert beat_path(tmp_path, 0).stat().st_size == SIZE and doc["step"] == 10**15 + RECENT
     assert 0 < len(doc["recent_steps"]) == len(doc["recent_s"]) < RECENT
     w.close()
+
+
+@pytest.mark.parametrize("bad", [
+    '"step": "x"', '"recent_steps": [1, "a"], "recent_s": [0.1, 0.2]', '"recent_steps": [2, 1], "recent_s": [0.1, 0.2]',
+    '"recent_steps": [1], "recent_s": []', '"progress": "soon"', '"exit": 1.5', '"rank": -1', '"node": 7',
+    '"rank": true', '"recent_s": {"a": 1}',
+])
+def test_a_record_of_the_wrong_shape_keeps_the_last_good_one(tmp_path, bad):
+    """The job directory is the user's too: whatever a program writes there, the launcher
+    reads records of the right shape only."""
+    p = Progress()
+    p.update([1.0, 2.0], ["metric", "metric"], ["loss", "loss"], [1.0, 1.0], [0, 1])
+    w = BeatWriter(tmp_path, 2, "n1")
+    w.write(p)
+    good = read_beats(tmp_path)
+    doc = beat_path(tmp_path, 2).read_text().rstrip()
+    beat_path(tmp_path, 2).write_text(doc[:-1] + ", " + bad + "}")
+    assert read_beats(tmp_path, good) == good
+    w.close()

@@ -41,3 +41,11 @@ def test_a_process_that_is_gone_is_an_error_not_an_exception():
     p.wait()
     got = dump(p.pid)
     assert got["error"].startswith("py-spy") and main_thread(got) == []
+
+
+def test_a_stack_file_of_the_wrong_shape_gives_no_frames():
+    for bad in [None, [], {"threads": "x"}, {"threads": [1, "a"]}, {"threads": [{"frames": "x"}]},
+                {"threads": [{"main": True, "frames": [3, {"name": "f", "file": "a.py", "line": 1}]}]}]:
+        frames = main_thread(bad)
+        assert all(isinstance(f, dict) for f in frames)
+    assert main_thread({"threads": [{"main": True, "frames": [3, {"name": "f"}]}]}) == [{"name": "f"}]

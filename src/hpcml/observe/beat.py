@@ -134,6 +134,34 @@ def read_beats(observe: Path, previous: dict[int, dict] | None = None) -> dict[i
                 doc = orjson.loads(f.read(SIZE + 1).rstrip())
         except (OSError, ValueError):
             continue
-        if isinstance(doc, dict) and doc.get("schema") == SCHEMA and isinstance(doc.get("rank"), int):
+        if _valid(doc):
             out[doc["rank"]] = doc
     return out
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _valid(doc: Any) -> bool:
+    """A record of the right shape: anything in the job directory may have been written by
+    the user's program, and the launcher must not fall over on it (a record that is not
+    valid keeps the rank's previous one)."""
+    if not isinstance(doc, dict) or doc.get("schema") != SCHEMA:
+        return False
+    if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
+        return False
+    for key in ("step", "steps", "exit", "snapshot", "pid"):
+        if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
+            return False
+    for key in ("progress", "first", "beat"):
+        if doc.get(key) is not None and not _number(doc[key]):
+            return False
+    steps, times = doc.get("recent_steps", []), doc.get("recent_s", [])
+    if not isinstance(steps, list) or not isinstance(times, list) or len(steps) != len(times):
+        return False
+    if not all(isinstance(x, int) and not isinstance(x, bool) for x in steps) or not all(map(_number, times)):
+        return False
+    if any(b <= a for a, b in zip(steps, steps[1:])):
+        return False                                   # ascending, as the recorder writes them
+    return doc.get("node") is None or isinstance(doc["node"], str)

@@ -74,6 +74,9 @@ def dump(pid: int, timeout: float = TIMEOUT) -> dict[str, Any]:
 def main_thread(stack: dict[str, Any]) -> list[dict[str, Any]]:
     """The frames of the thread that runs the program: the one whose thread id is the
     process id (py-spy does not list it first)."""
-    threads = stack.get("threads") or []
-    main = next((t for t in threads if t.get("main")), threads[0] if threads else None)
-    return main["frames"] if main else []
+    threads = stack.get("threads") if isinstance(stack, dict) else None
+    if not isinstance(threads, list):
+        return []
+    threads = [t for t in threads if isinstance(t, dict) and isinstance(t.get("frames"), list)]
+    main = next((t for t in threads if t.get("main") is True), threads[0] if threads else None)
+    return [f for f in main["frames"] if isinstance(f, dict)] if main else []
