@@ -29,11 +29,11 @@ POLL = 1.0
 
 
 def _chain() -> None:
-    here = os.path.dirname(os.path.abspath(__file__))
-    others = [p for p in sys.path if os.path.abspath(p or ".") != here]
+    here = os.path.realpath(__file__)
+    others = [p for p in sys.path if os.path.realpath(os.path.join(p or ".", "sitecustomize.py")) != here]
     spec = importlib.machinery.PathFinder.find_spec("sitecustomize", others)
-    if spec is None or spec.loader is None:
-        return
+    if spec is None or spec.loader is None or os.path.realpath(spec.origin or "") == here:
+        return                                        # none, or this file again under another name
     module = importlib.util.module_from_spec(spec)
     try:
         spec.loader.exec_module(module)
