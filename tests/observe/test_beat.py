@@ -78,3 +78,20 @@ def test_a_record_of_the_wrong_shape_keeps_the_last_good_one(tmp_path, bad):
     beat_path(tmp_path, 2).write_text(doc[:-1] + ", " + bad + "}")
     assert read_beats(tmp_path, good) == good
     w.close()
+
+
+def test_a_step_numbering_that_restarts_each_epoch_is_still_progress(tmp_path):
+    """``observe.log(step=batch)`` counted per epoch: the drop back to 0 is progress, and the
+    recent times start again so that the record stays valid (ascending)."""
+    p = Progress()
+    t = 0.0
+    for _epoch in range(3):
+        for batch in range(5):
+            t += 1.0
+            p.update([t], ["section", "metric"][1:], ["loss"], [1.0], [batch])
+    assert p.steps == 15 and p.restarts == 2 and p.progress == t and p.step == 4
+    assert [s for s, _ in p.recent] == [1, 2, 3, 4]
+    w = BeatWriter(tmp_path, 0, "n1")
+    w.write(p)
+    assert read_beats(tmp_path)[0]["restarts"] == 2
+    w.close()

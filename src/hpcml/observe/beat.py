@@ -52,28 +52,38 @@ class Progress:
         self.progress: float | None = None    # epoch seconds of the last progress
         self.first: float | None = None       # of the first step completed
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)   # (step, seconds)
+        self.restarts = 0                     # times the step numbering started again
         self._timed = False                   # a "step" section exists: its durations are the step times
         self._at: float | None = None         # when ``step`` was first seen
 
     def update(self, ts: list[float], kinds: list[str], names: list[str], values: list[Any],
                steps: list[Any]) -> None:
-        """Rows in the order logged: epoch seconds, kind, name, value, step (or None)."""
+        """Rows in the order logged: epoch seconds, kind, name, value, step (or None). A step
+        number at most half the last one is a numbering that restarted (a per-epoch count):
+        still progress, and the recent times start again so that they stay ascending
+        (``restarts``); one a little behind is a late value (an evaluation of an earlier
+        step), not progress."""
         for t, kind, name, value, step in zip(ts, kinds, names, values, steps):
+            if kind not in ("metric", "section"):
+                continue
+            late = step is not None and self.step is not None and self.step // 2 < int(step) < self.step
+            if step is not None and not late and (self.step is None or int(step) != self.step):
+                step = int(step)
+                if self.step is not None and step < self.step:
+                    self.recent.clear()
+                    self.restarts += 1
+                elif self.step is not None and not self._timed and self._at is not None:
+                    self.recent.append((step, (t - self._at) / (step - self.step)))
+                self.steps += 1          # a step number is logged as its step ends (or later)
+                self.step, self._at, self.progress = step, t, t
+                self.first = self.first if self.first is not None else t
             if kind == "section":
                 self.progress = t
                 if name == STEP_SECTION and value is not None:
                     self._timed = True
-                    self.recent.append((int(step) if step is not None else self.steps, float(value)))
-            if step is None or kind not in ("metric", "section"):
-                continue
-            step = int(step)
-            if self.step is not None and step <= self.step:
-                continue
-            if self.step is not None and not self._timed and self._at is not None:
-                self.recent.append((step, (t - self._at) / (step - self.step)))
-            self.steps += 1          # a step number is logged as its step ends (or later)
-            self.step, self._at, self.progress = step, t, t
-            self.first = self.first if self.first is not None else t
+                    key = int(step) if step is not None else self.steps
+                    if not self.recent or key > self.recent[-1][0]:
+                        self.recent.append((key, float(value)))
 
     def update_batch(self, batch: Any) -> None:
         """An Arrow batch of the store's schema (``hpcml.observe.schema``)."""
@@ -87,7 +97,8 @@ class Progress:
                     [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
 
     def to_json(self) -> dict[str, Any]:
-        return {"step": self.step, "steps": self.steps, "progress": self.progress, "first": self.first,
+        return {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
+                "first": self.first,
                 "recent_steps": [s for s, _ in self.recent], "recent_s": [round(v, 6) for _, v in self.recent]}
 
 
@@ -151,7 +162,7 @@ def _valid(doc: Any) -> bool:
         return False
     if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
         return False
-    for key in ("step", "steps", "exit", "snapshot", "pid"):
+    for key in ("step", "steps", "restarts", "exit", "snapshot", "pid"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
     for key in ("progress", "first", "beat"):

@@ -90,14 +90,15 @@ def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None) -> Ver
         details = {r: f.detail for f in fr.findings for r in f.culprits}
         return Verdict("flight-recorder", [culprit(r, details.get(r, "root of the hang (Flight Recorder)"))
                                            for r in roots], blocked)
-    steps = {r: b.get("step") for r, b in beats.items() if b.get("exit") is None}
-    known = [s for s in steps.values() if s is not None]
-    if known and min(known) < max(known):          # ranks that never log a step are not judged here
-        top = max(known)
-        behind = sorted(r for r, s in steps.items() if s is not None and s < top)
-        return Verdict("progress", [culprit(r, f"behind: last step {steps[r]}, others at {top}") for r in behind],
-                       sorted(r for r, s in steps.items() if s is not None and r not in behind))
-    waiting = {r: in_collective(stacks.get(r)) for r in steps}
+    # (restarts of the step numbering, step): a per-epoch count compares by epoch first
+    steps = {r: (b.get("restarts") or 0, b["step"]) for r, b in beats.items()
+             if b.get("exit") is None and b.get("step") is not None}
+    if steps and min(steps.values()) < max(steps.values()):   # ranks that log no step are not judged here
+        top = max(steps.values())
+        behind = sorted(r for r, s in steps.items() if s < top)
+        return Verdict("progress", [culprit(r, f"behind: last step {steps[r][1]}, others at {top[1]}")
+                                    for r in behind], sorted(r for r in steps if r not in behind))
+    waiting = {r: in_collective(stacks.get(r)) for r, b in beats.items() if b.get("exit") is None}
     outside = sorted(r for r, w in waiting.items() if w is False)
     inside = sorted(r for r, w in waiting.items() if w)
     if outside and inside:

@@ -20,11 +20,18 @@ class StepTimes:
         self.times = np.zeros((world, size), np.float32)
         self.ids = np.full((world, size), -1, np.int64)
         self.last = np.full(world, -1, np.int64)
+        self.restarts = np.zeros(world, np.int64)
 
-    def add(self, rank: int, steps: list[int], times: list[float]) -> None:
+    def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0) -> None:
         """A heartbeat's recent steps (ascending); what is not newer than the rank's last step
-        is known already and skipped before any array is made."""
-        if not 0 <= rank < len(self.last) or not steps:
+        is known already and skipped before any array is made. ``restarts`` above the last
+        seen: the rank's step numbering started again, so its row does too."""
+        if not 0 <= rank < len(self.last):
+            return
+        if restarts != self.restarts[rank]:
+            self.restarts[rank], self.last[rank] = restarts, -1
+            self.ids[rank] = -1
+        if not steps:
             return
         last = int(self.last[rank])
         if steps[-1] <= last:

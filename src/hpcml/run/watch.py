@@ -91,7 +91,7 @@ class Watch:
         self._next = now + (self.period or 1.0)
         self.beats = read_beats(self.observe, self.beats)
         for rank, b in self.beats.items():
-            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [])
+            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0)
         self._crashes(now)
         self._stragglers(now)
         action = None
