@@ -152,16 +152,19 @@ def test_a_90_s_pause_on_every_rank_of_a_10_minute_job_is_not_a_hang(tmp_path):
         if not 300 <= second < 390:
             step += 1
             _feed(progress, t, step)
-            for r, w in writers.items():
-                w.write(progress[r])
+        for r, w in writers.items():      # the recorders write every interval, steps or not
+            w.write(progress[r], now=t)
         assert watch.poll(t + 0.5) is None and watch.hang is None, second
     assert watch.hang_timeout() == AUTO_FLOOR
     last = t
     for k in range(1, 130):               # the job stops making progress
+        for r, w in writers.items():
+            w.write(progress[r], now=last + k)
         watch.poll(last + k)
         if watch.hang is not None:
             break
     assert watch.hang is not None and watch.hang["detected"] - last == AUTO_FLOOR
+    assert watch.hang["began"] == last
     assert (observe / "beat" / REQUEST).is_file()          # every rank asked for its stack
 
 
@@ -178,11 +181,37 @@ def test_no_hang_before_the_first_step_and_the_timeout_follows_slow_steps(tmp_pa
         t += 30.0                                                               # 30 s steps
         _feed(progress, t, step)
     for r, w in writers.items():
-        w.write(progress[r])
+        w.write(progress[r], now=t + 299)
     watch.poll(t + 299)
     assert watch.hang is None and watch.hang_timeout() == 300.0                # 10 x 30 s
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 301)
     watch.poll(t + 301)
     assert watch.hang is not None
+
+
+def test_a_node_whose_clock_is_off_neither_makes_nor_hides_a_hang(tmp_path):
+    """Rank 1's node runs 10 minutes ahead: its records carry its own times (judged against
+    the launcher's clock, its last step would look 10 minutes in the future and hide the
+    hang). Idle time is judged per rank on its own clock."""
+    d = tmp_path / "job"
+    skew = {0: 0.0, 1: 600.0}
+    progress = {r: Progress() for r in skew}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in skew}
+    watch = Watch(d, 0, 2, period=1.0, timeout=60.0)
+    t = 1_800_000_000.0
+    for step in range(100):
+        t += 1.0
+        for r, p in progress.items():
+            p.update([t + skew[r]], ["metric"], ["loss"], [1.0], [step])
+            writers[r].write(p, now=t + skew[r])
+        watch.poll(t)
+    assert watch.hang is None
+    for k in range(1, 62):                             # then nothing moves
+        for r, w in writers.items():
+            w.write(progress[r], now=t + k + skew[r])
+        watch.poll(t + k)
+    assert watch.hang is not None and watch.hang["detected"] - t == 60
 
 
 @pytest.mark.slurm
@@ -227,7 +256,7 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
             p.update([t], ["section"], ["step"], [0.5 * slow * (1 + 0.02 * ((step * 7 + r * 3) % 5))], [step])
         if step % 10 == 0:
             for r, w in writers.items():
-                w.write(progress[r])
+                w.write(progress[r], now=t)
             watch.poll(t)
             if watch.stragglers and named_at is None:
                 named_at = t

@@ -111,8 +111,10 @@ class BeatWriter:
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.fixed: dict[str, Any] = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
 
-    def write(self, progress: Progress, **extra: Any) -> None:
-        doc = {**self.fixed, **progress.to_json(), **extra, "beat": time.time()}
+    def write(self, progress: Progress, now: float | None = None, **extra: Any) -> None:
+        """``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
+        time as their difference, which clock skew between nodes does not touch."""
+        doc = {**self.fixed, **progress.to_json(), **extra, "beat": time.time() if now is None else now}
         data = json.dumps(doc, separators=(",", ":")).encode()
         while len(data) > SIZE and doc["recent_steps"]:      # never past the record: drop the oldest
             half = len(doc["recent_steps"]) // 2

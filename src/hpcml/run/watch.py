@@ -181,18 +181,23 @@ class Watch:
         return max(AUTO_FLOOR, AUTO_STEPS * median) if median and median > 0 else AUTO_FLOOR
 
     def _hang(self, now: float) -> None:
+        """Each rank's idle time is its record's ``beat`` minus its ``progress``, both taken by
+        its own node's clock, so a node whose clock is off does not make a hang (or hide one)."""
         alive = {r: b for r, b in self.beats.items() if b.get("exit") is None}
-        progress = [b["progress"] for b in alive.values() if isinstance(b.get("progress"), (int, float))]
-        if not alive or not progress:
+        idle = [(b["beat"] if b.get("beat") is not None else now) - b["progress"]
+                for b in alive.values() if b.get("progress") is not None]
+        if not alive or not idle:
             return                               # never before the first step ends
-        last, limit = max(progress), self.hang_timeout()
-        if now - last < limit:
+        quiet, limit = min(idle), self.hang_timeout()
+        if quiet < limit:
             return
         steps = [b["step"] for b in alive.values() if b.get("step") is not None]
-        self._say(f"hang: no rank completed a step for {now - last:.0f} s (timeout {limit:.0f} s; furthest step "
+        self._say(f"hang: no rank completed a step for {quiet:.0f} s (timeout {limit:.0f} s; furthest step "
                   f"{max(steps) if steps else 'none'}); taking every rank's stack")
-        self.hang = {"began": last, "detected": now, "timeout": limit, "ranks": len(alive)}
+        self.hang = {"began": now - quiet, "detected": now, "timeout": limit, "ranks": len(alive)}
         ident = int(now * 1000)
+        for old in (self.observe / "flight-recorder").glob("rank-*"):    # what is there after this is fresh
+            old.unlink(missing_ok=True)
         request(self.observe, ident)
         self._collect = (ident, now + COLLECT)
 
@@ -222,9 +227,7 @@ class Watch:
     def _flight_recorder(self) -> Any:
         """The hang analysis of the Flight Recorder dumps in the store, if any were written."""
         fr = self.observe / "flight-recorder"
-        since = (self.hang or {}).get("detected", 0.0) - 1
-        fresh = [p for p in fr.glob("rank-*") if p.stat().st_mtime >= since] if fr.is_dir() else []
-        if not fresh:
+        if not fr.is_dir() or not any(fr.glob("rank-*")):    # emptied when the hang was detected
             return None
         from hpcml.observe.hang import analyse
         try:
