@@ -64,7 +64,8 @@ def test_a_record_never_grows_past_its_size(tmp_path):
 @pytest.mark.parametrize("bad", [
     '"step": "x"', '"recent_steps": [1, "a"], "recent_s": [0.1, 0.2]', '"recent_steps": [2, 1], "recent_s": [0.1, 0.2]',
     '"recent_steps": [1], "recent_s": []', '"progress": "soon"', '"exit": 1.5', '"rank": -1', '"node": 7',
-    '"rank": true', '"recent_s": {"a": 1}',
+    '"rank": true', '"recent_s": {"a": 1}', '"recent_steps": [1, 9223372036854775807], "recent_s": [0.1, 0.2]',
+    '"restarts": 9223372036854775807', '"gap_s": "long"',
 ])
 def test_a_record_of_the_wrong_shape_keeps_the_last_good_one(tmp_path, bad):
     """The job directory is the user's too: whatever a program writes there, the launcher
@@ -95,3 +96,11 @@ def test_a_step_numbering_that_restarts_each_epoch_is_still_progress(tmp_path):
     w.write(p)
     assert read_beats(tmp_path)[0]["restarts"] == 2
     w.close()
+
+
+def test_the_gap_between_progresses_is_kept_for_a_job_that_logs_every_k_steps():
+    p = Progress()
+    for i in range(5):
+        p.update([100.0 * i], ["metric"], ["loss"], [1.0], [100 * i])     # every 100 steps, 1 s each
+    doc = p.to_json()
+    assert doc["gap_s"] == 100.0 and doc["recent_s"] == [1.0] * 4

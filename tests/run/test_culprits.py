@@ -52,3 +52,9 @@ def test_no_culprit_is_invented():
     assert v.culprits == [] and "every rank waits in a collective" in v.note
     v = name(beats({0: 29, 1: 29}), {0: WAITING})
     assert v.culprits == [] and "no stack from ranks 1" in v.note
+
+
+def test_a_stack_with_a_hostile_path_names_the_rank_without_a_traceback():
+    bad = stack(("/x/a\x00b", 3, "f"), ("/home/u/train.py", 9, "main"))
+    v = name(beats({0: 29, 1: 29}), {0: WAITING, 1: bad})
+    assert [c.rank for c in v.culprits] == [1] and v.culprits[0].where == "/home/u/train.py:9 in main"

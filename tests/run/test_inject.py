@@ -26,10 +26,10 @@ def python(code: str, pythonpath: list[str], env: dict | None = None) -> subproc
 def test_the_sites_own_sitecustomize_runs_too_and_once(tmp_path):
     site = tmp_path / "site"
     site.mkdir()
-    (site / "sitecustomize.py").write_text("import os\nprint('site', flush=True)\n")
+    (site / "sitecustomize.py").write_text("import os\nMARK = 'site-ok'\nprint('site', flush=True)\n")
     (tmp_path / "link").symlink_to(HERE)
-    p = python("import sys; print(sys.modules['sitecustomize'].__name__)", [str(tmp_path / "link"), HERE, str(site)])
-    assert p.returncode == 0 and p.stdout.split() == ["site", "sitecustomize"], p
+    p = python("import sitecustomize; print(sitecustomize.MARK)", [str(tmp_path / "link"), HERE, str(site)])
+    assert p.returncode == 0 and p.stdout.split() == ["site", "site-ok"], p
 
 
 def test_a_failing_site_sitecustomize_is_said_and_the_program_runs(tmp_path):

@@ -109,7 +109,7 @@ def test_a_crashed_rank_is_named_at_once_and_the_others_stopped(tmp_path):
 def test_report_only_names_the_hang_and_lets_the_job_run(tmp_path):
     """``--on-hang report``: a pause longer than the timeout is named, and the job finishes."""
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "1s", "--on-hang", "report",
-              "--", "python", TASK, cwd=tmp_path, env={"FAULT": "pause", "PAUSE": "4"})
+              "--", "python", TASK, cwd=tmp_path, env={"FAULT": "pause", "PAUSE": "7"})
     assert p.returncode == 0, p.stderr
     assert "hang: no rank completed a step" in p.stderr and "stopping the job" not in p.stderr
     run = json.loads((tmp_path / "job" / "run.json").read_text())
@@ -275,3 +275,59 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert 'hpcml_run_straggler{node="n4"' not in text and 'hpcml_run_hang{slurm_job="77"} 0.0' in text
     assert 'hpcml_run_step{slurm_job="77"} 690.0' in text
     assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text
+
+
+def test_a_job_that_logs_every_100_steps_or_on_rank_0_only_gets_a_timeout_that_fits(tmp_path):
+    """0.5 s steps, a step logged every 100 (50 s apart), by rank 0 only: the default timeout
+    is 10 x the 50 s between two logs, not 10 x the 0.5 s step (a false hang at 120 s)."""
+    d = tmp_path / "job"
+    progress = {0: Progress(), 1: Progress()}
+    writers = {r: BeatWriter(d / "observe", r, "n1") for r in progress}
+    watch = Watch(d, 0, 2, period=1.0)
+    t = 1_800_000_000.0
+    for k in range(10):
+        t += 50.0
+        progress[0].update([t], ["metric"], ["loss"], [1.0], [100 * k])
+    for k in (1, 200, 499):
+        for r, w in writers.items():
+            w.write(progress[r], now=t + k)
+        assert watch.poll(t + k) is None and watch.hang is None, k
+    assert watch.hang_timeout() == 500.0
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 501)
+    watch.poll(t + 501)
+    assert watch.hang is not None
+
+
+def _hung_watch(tmp_path, on_hang="stop"):
+    d = tmp_path / "job"
+    progress = {0: Progress(), 1: Progress()}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in progress}
+    watch = Watch(d, 0, 2, period=1.0, timeout=10.0, on_hang=on_hang)
+    t = 1_800_000_000.0
+    for r, p in progress.items():
+        p.update([t], ["metric"], ["loss"], [1.0], [5])
+        writers[r].write(p, now=t + 20)
+    watch.poll(t + 20)
+    assert watch.hang is not None
+    return watch, progress, writers, t + 20
+
+
+def test_a_job_that_ends_while_its_stacks_are_taken_is_not_a_stopped_hang(tmp_path):
+    watch, progress, writers, t = _hung_watch(tmp_path)
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 1, exit=0)
+    watch.finish()
+    assert watch.hang["action"] == "ended" and watch.timeline[-1]["action"] == "ended"
+
+
+def test_ranks_that_exit_after_the_watch_stopped_the_job_are_not_crashes(tmp_path):
+    """A rank's TERM handler may save and exit 1: after a stop, that is not a crash."""
+    watch, progress, writers, t = _hung_watch(tmp_path)
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 1, snapshot=10**13)
+    assert watch.poll(t + 25) is None and watch.poll(t + 28) == "stop"     # the stacks, then the FR grace
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 26, exit=1)
+    watch.finish()
+    assert [e["kind"] for e in watch.timeline] == ["hang"] and watch.crashed_codes == {}

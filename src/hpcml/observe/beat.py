@@ -20,6 +20,7 @@ section with a step) or a section that ended; step times come from a section nam
 from __future__ import annotations
 
 import json
+import math
 import os
 import time
 from collections import deque
@@ -33,6 +34,7 @@ SIZE = 4096                    # bytes of one record: 128 recent steps fit with 
 RECENT = 128                   # step times kept: what the live straggler model looks at
 BEATS = "beat"                 # the directory in an observe store
 STEP_SECTION = "step"
+LIMIT = 1 << 62                # integers beyond this are not a rank's (and would not fit numpy's int64)
 
 
 def beat_dir(observe: Path) -> Path:
@@ -52,6 +54,7 @@ class Progress:
         self.progress: float | None = None    # epoch seconds of the last progress
         self.first: float | None = None       # of the first step completed
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)   # (step, seconds)
+        self.gaps: deque[float] = deque(maxlen=RECENT)  # seconds between two progresses: what a hang waits past
         self.restarts = 0                     # times the step numbering started again
         self._timed = False                   # a "step" section exists: its durations are the step times
         self._at: float | None = None         # when ``step`` was first seen
@@ -75,6 +78,8 @@ class Progress:
                 elif self.step is not None and not self._timed and self._at is not None:
                     self.recent.append((step, (t - self._at) / (step - self.step)))
                 self.steps += 1          # a step number is logged as its step ends (or later)
+                if self.progress is not None and t > self.progress:
+                    self.gaps.append(t - self.progress)
                 self.step, self._at, self.progress = step, t, t
                 self.first = self.first if self.first is not None else t
             if kind == "section":
@@ -97,8 +102,9 @@ class Progress:
                     [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
 
     def to_json(self) -> dict[str, Any]:
+        gaps = sorted(self.gaps)
         return {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
-                "first": self.first,
+                "first": self.first, "gap_s": round(gaps[len(gaps) // 2], 6) if gaps else None,
                 "recent_steps": [s for s, _ in self.recent], "recent_s": [round(v, 6) for _, v in self.recent]}
 
 
@@ -167,13 +173,18 @@ def _valid(doc: Any) -> bool:
     for key in ("step", "steps", "restarts", "exit", "snapshot", "pid"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
-    for key in ("progress", "first", "beat"):
+    for key in ("progress", "first", "beat", "gap_s"):
         if doc.get(key) is not None and not _number(doc[key]):
+            return False
+    for key in ("rank", "step", "steps", "restarts", "exit", "snapshot", "pid"):
+        if isinstance(doc.get(key), int) and not -LIMIT < doc[key] < LIMIT:
             return False
     steps, times = doc.get("recent_steps", []), doc.get("recent_s", [])
     if not isinstance(steps, list) or not isinstance(times, list) or len(steps) != len(times):
         return False
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in steps) or not all(map(_number, times)):
+    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < LIMIT for x in steps):
+        return False
+    if not all(_number(x) and math.isfinite(x) for x in times):
         return False
     if any(b <= a for a, b in zip(steps, steps[1:])):
         return False                                   # ascending, as the recorder writes them

@@ -56,7 +56,10 @@ class Verdict:
 
 
 def _library(path: str) -> bool:
-    return os.path.realpath(path).startswith(_LIBRARY_DIRS) or "site-packages" in path
+    try:
+        return os.path.realpath(path).startswith(_LIBRARY_DIRS) or "site-packages" in path
+    except (ValueError, OSError):                 # a NUL byte, or worse: not a file of the rank's code
+        return True
 
 
 def stack_line(stack: dict[str, Any] | None) -> str | None:

@@ -2,15 +2,17 @@
 
 The launcher reads the ranks' heartbeats (``hpcml.observe.beat``: one small record per rank
 that its recorder rewrites once per interval) every ``period`` seconds: 1 s for a few
-ranks, up to 5 s at 1,024, which keeps the launcher's cost to a few milliseconds of reads
-per scan (benchmarks/bench_watch.py). The ranks do nothing for it beyond what their
-recorder already did.
+ranks, up to 5 s at 1,024: ~30 ms of reads per scan there, and the straggler model every
+20 s, under 1 % of a core (benchmarks/bench_watch.py). The ranks do nothing for it beyond
+what their recorder already did (and, for the Flight Recorder, one ``stat`` a second per
+Python process: ``hpcml.run.inject``).
 
 * **Crash**: a rank whose recorder wrote an exit code other than 0 is named at once, with
   the last line of its stderr. Stopping the others is the launcher's (as srun's
   ``--kill-on-bad-exit``), within ``--kill-grace``.
 * **Hang**: no rank has completed a step (or a section) for ``--hang-timeout`` seconds:
-  by default the larger of 10 x the median step time and 120 s, never before the first
+  by default the larger of 10 x the median time between two progresses and 120 s (a job
+  that logs every 100 steps waits 100 steps between them), never before the first
   step ends, so a job's start-up, a long evaluation or a checkpoint that fits under it is
   not a hang; a phase longer than that wants an explicit timeout (``off`` disables). Then
   every rank's recorder is asked for a snapshot (its Python stack through py-spy); within
@@ -45,7 +47,6 @@ FR_GRACE = 2.0                # after the last stack, for the Flight Recorder du
 ON_HANG = ("stop", "report")
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings (the model's cost, at 1,024 ranks)
 STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
-STOPPED = (128 + 15, 128 + 9)  # a rank's exit code after TERM or KILL
 
 
 def period_for(world: int) -> float:
@@ -109,7 +110,7 @@ class Watch:
         self._crashes(time.time())
         if self._collect is not None:                  # the job ended while the stacks came: name from what came
             self._collect = (self._collect[0], 0.0)
-            self._conclude(time.time())
+            self._conclude(time.time(), ended=True)
 
     def to_json(self) -> dict[str, Any]:
         return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values())}
@@ -131,8 +132,8 @@ class Watch:
         for _, rank, b in ended:
             code = b["exit"]
             self._crashed.add(rank)
-            if code in STOPPED and (self._stopping or (self.hang or {}).get("action") == "stop"):
-                continue
+            if self._stopping or (self.hang or {}).get("action") == "stop":
+                continue                  # stopped by us: TERM's 143, or what its handler chose to exit with
             self._stopping = True
             self.crashed_codes[rank] = code
             last = next((ln.strip() for ln in reversed(tail(log_path(self.d, rank, "err"), 20)) if ln.strip()), "")
@@ -177,7 +178,10 @@ class Watch:
     def hang_timeout(self) -> float:
         if self.timeout is not None:
             return self.timeout
-        median = self._steps.median_step()
+        # the time between two progresses each rank saw (a job that logs every 100 steps
+        # waits 100 steps between them), else the step time; ranks that log nothing don't count
+        gaps = sorted(b["gap_s"] for b in self.beats.values() if b.get("gap_s"))
+        median = gaps[len(gaps) // 2] if gaps else self._steps.median_step()
         return max(AUTO_FLOOR, AUTO_STEPS * median) if median and median > 0 else AUTO_FLOOR
 
     def _hang(self, now: float) -> None:
@@ -197,11 +201,15 @@ class Watch:
         self.hang = {"began": now - quiet, "detected": now, "timeout": limit, "ranks": len(alive)}
         ident = int(now * 1000)
         for old in (self.observe / "flight-recorder").glob("rank-*"):    # what is there after this is fresh
-            old.unlink(missing_ok=True)
+            try:
+                old.unlink()
+            except OSError:
+                pass                                  # not a file (the user's): analysis refuses it
         request(self.observe, ident)
         self._collect = (ident, now + COLLECT)
 
-    def _conclude(self, now: float) -> str | None:
+    def _conclude(self, now: float, ended: bool = False) -> str | None:
+        """``ended``: the job ended by itself before the verdict; nothing is stopped."""
         assert self._collect is not None and self.hang is not None
         ident, give_up = self._collect
         alive = [r for r, b in self.beats.items() if b.get("exit") is None or give_up == 0.0]
@@ -216,10 +224,11 @@ class Watch:
         stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder())
         self._report(verdict, now, stacks, alive)
-        self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=self.on_hang)
+        action = "ended" if ended else self.on_hang
+        self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=action)
         self._event("hang", self._summary(verdict), self.hang["began"], self.hang["detected"], named=now,
-                    action=self.on_hang, culprits=[c.rank for c in verdict.culprits])
-        if self.on_hang == "stop":
+                    action=action, culprits=[c.rank for c in verdict.culprits])
+        if action == "stop":
             self._say(f"hang: stopping the job (--on-hang stop); it exits {HANG}")
             return "stop"
         return None

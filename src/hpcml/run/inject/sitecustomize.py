@@ -39,6 +39,8 @@ def _chain() -> None:
         spec.loader.exec_module(module)
     except Exception as exc:  # noqa: BLE001 - the site's own file failing is its business, as without us
         print(f"hpcml run: the site's sitecustomize failed: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    sys.modules["sitecustomize"] = module          # `import sitecustomize` finds the site's, as without us
 
 
 def _dump(observe: str, ident: int) -> None:
