@@ -319,6 +319,7 @@ def test_a_job_that_ends_while_its_stacks_are_taken_is_not_a_stopped_hang(tmp_pa
         w.write(progress[r], now=t + 1, exit=0)
     watch.finish()
     assert watch.hang["action"] == "ended" and watch.timeline[-1]["action"] == "ended"
+    valid({"schema": "hpcml.run/1", "command": ["x"], "mode": "local", "started": t, **watch.to_json()})
 
 
 def test_ranks_that_exit_after_the_watch_stopped_the_job_are_not_crashes(tmp_path):
