@@ -23,6 +23,7 @@ from hpcml.schemas import tag
 
 REQUEST = "snapshot.json"
 STACKS = "stacks"
+FLIGHT_RECORDER = "flight-recorder"      # where the ranks dump it (hpcml.run.inject writes these names itself)
 SCHEMA = tag("observe.stack", 1)
 REQUEST_SCHEMA = tag("observe.snapshot", 1)
 

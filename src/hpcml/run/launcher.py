@@ -421,8 +421,6 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
 
 
 def _watch(opts: Options, d: Path, info: dict, world: int) -> Watch:
-    seconds = hang_seconds(opts.hang_timeout)
-    off = seconds == float("inf")
     exporter = None
     if opts.prometheus_port is not None:
         from hpcml.run.watchexport import WatchExporter
@@ -431,7 +429,7 @@ def _watch(opts: Options, d: Path, info: dict, world: int) -> Watch:
         except OSError as exc:
             print(f"hpcml run: --prometheus-port {opts.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
                   "without the endpoint", file=sys.stderr)
-    return Watch(d, int(info.get("attempt") or 0), world, timeout=None if off else seconds, off=off,
+    return Watch(d, int(info.get("attempt") or 0), world, timeout=hang_seconds(opts.hang_timeout),
                  on_hang=opts.on_hang, exporter=exporter)
 
 

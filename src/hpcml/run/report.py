@@ -27,8 +27,10 @@ from typing import Any
 from hpcml.cluster import requeue
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.observe.mlflow_run import outcome
+from hpcml.observe.snapshot import STACKS
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
+from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
 from hpcml.words import plural
@@ -167,7 +169,13 @@ def _watch(run: dict) -> dict[str, Any]:
             "stragglers": list(run.get("stragglers") or [])}
 
 
-def _watch_findings(watch: dict[str, Any], d: Path) -> list[dict[str, str]]:
+def stopped_hung(rep_or_watch: dict[str, Any]) -> bool:
+    """The live watch found the job hung and stopped it (its ranks did not fail)."""
+    watch = rep_or_watch.get("watch", rep_or_watch)
+    return ((watch or {}).get("hang") or {}).get("action") == "stop"
+
+
+def _watch_findings(watch: dict[str, Any], d: Path, attempt: int) -> list[dict[str, str]]:
     out = []
     hang = watch["hang"]
     if hang:
@@ -175,11 +183,13 @@ def _watch_findings(watch: dict[str, Any], d: Path) -> list[dict[str, str]]:
         culprits = verdict.get("culprits") or []
         named = "; ".join(f"rank {c['rank']} on {c.get('node')} at {c.get('where') or 'an unknown line'}"
                           for c in culprits[:4]) or f"no culprit named ({verdict.get('note') or 'no verdict'})"
-        what = "stopped the job (exit 5)" if hang.get("action") == "stop" else "let it run (--on-hang report)"
+        what = {"stop": f"stopped the job (exit {HANG})", "report": "let it run (--on-hang report)",
+                "ended": "found the job ended by itself"}.get(hang.get("action"), "named it")
         out.append({"source": "run", "kind": "hang",
                     "message": f"the job hung: no rank completed a step for {hang['timeout']:.0f} s; culprit: {named}; "
                                f"the watch {what}",
-                    "advice": f"the culprit's stack is in {d / 'observe' / 'stacks'}; the other ranks waited for it"})
+                    "advice": f"the culprit's stack is in {observe_dir(d, attempt) / STACKS}; the other ranks waited "
+                              "for it"})
     for s in watch["stragglers"]:
         out.append({"source": "run", "kind": "live_straggler",
                     "message": f"rank {s['rank']} on {s.get('node')} was {s['score']:.1f}x slower than the others "
@@ -211,8 +221,8 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append(_unended(run))
     first = ending["first_failure"]
     watch = _watch(run)
-    findings += _watch_findings(watch, d)
-    if not (watch["hang"] or {}).get("action") == "stop":      # the ranks the watch stopped did not fail
+    findings += _watch_findings(watch, d, attempt)
+    if not stopped_hung(watch):                                 # the ranks the watch stopped did not fail
         findings += _run_findings(d, ending)
     findings += earlier_findings
     if vet and vet.get("bad"):
@@ -298,7 +308,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
         lines.append(f"  mlflow: {rep['mlflow']['line']}")
     lines += [f"  {line}" for line in timeline_lines(rep)]
     first = end["first_failure"]
-    if first and not ((rep.get("watch") or {}).get("hang") or {}).get("action") == "stop":
+    if first and not stopped_hung(rep):
         lines.append(f"  first failure: rank {first['rank']} exit {first['exit_code']}")
         lines += [f"    | {line}" for line in first["stderr_tail"][-5:]]
     for f in rep["findings"][:8]:
@@ -393,8 +403,8 @@ def render(rep: dict[str, Any]) -> str:
                    + "".join(f"<li>{e(line)}</li>" for line in _attempt_lines(rep)) + "</ul>")
     first = end["first_failure"]
     hang = (rep.get("watch") or {}).get("hang") or {}
-    if hang.get("action") == "stop":
-        out.append("<p>the watch found the job hung and stopped it: exit code 5 (see below).</p>")
+    if stopped_hung(rep):
+        out.append(f"<p>the watch found the job hung and stopped it: exit code {HANG} (see below).</p>")
     elif end.get("requeued"):
         out.append(f"<p>{e(requeue.describe(end['requeued']))}: not a failure; Slurm runs the job again.</p>")
     elif first:

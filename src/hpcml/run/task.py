@@ -41,10 +41,10 @@ def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]
     the ring buffer's size (``TORCH_FR_BUFFER_SIZE``; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for
     torch before 2.5; a value the user set is kept, 0 turns it off) and hpcml's
     ``sitecustomize`` first on PYTHONPATH (``hpcml.run.inject``)."""
-    from hpcml.run import inject
-    here = os.path.dirname(os.path.abspath(inject.__file__))
+    from hpcml.run.inject import sitecustomize
+    here = os.path.dirname(os.path.abspath(sitecustomize.__file__))
     path = env.get("PYTHONPATH", "")
-    out = {"HPCML_RUN_SNAPSHOT_DIR": str(observe.absolute()),
+    out = {sitecustomize.ENV: str(observe.absolute()),
            "PYTHONPATH": here + (os.pathsep + path if path else "")}
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         if name not in env:

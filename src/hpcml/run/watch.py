@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.observe.beat import read_beats
-from hpcml.observe.snapshot import read_stacks, request
+from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.run.culprits import Verdict, name
 from hpcml.run.jobdir import log_path, observe_dir, tail
 from hpcml.run.steptimes import StepTimes
@@ -59,8 +59,7 @@ class Watch:
     d: Path
     attempt: int
     world: int
-    timeout: float | None = None          # None: auto; use ``off`` for no hang detection
-    off: bool = False
+    timeout: float | None = None          # None: auto; inf: off (``--hang-timeout off``)
     on_hang: str = "stop"
     period: float | None = None
     timeline: list[dict[str, Any]] = field(default_factory=list)
@@ -98,7 +97,7 @@ class Watch:
         action = None
         if self._collect is not None:
             action = self._conclude(now)
-        elif self.hang is None and not self.off:
+        elif self.hang is None:
             self._hang(now)
         if self.exporter is not None:
             self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
@@ -109,7 +108,6 @@ class Watch:
         self.beats = read_beats(self.observe, self.beats)
         self._crashes(time.time())
         if self._collect is not None:                  # the job ended while the stacks came: name from what came
-            self._collect = (self._collect[0], 0.0)
             self._conclude(time.time(), ended=True)
 
     def to_json(self) -> dict[str, Any]:
@@ -125,7 +123,8 @@ class Watch:
 
     def _crashes(self, now: float) -> None:
         """Ranks that exited non-zero, in the order they ended. Once the job is being stopped
-        (a crash named, a hang stopped), ranks ended by TERM or KILL were stopped, not crashed."""
+        (a crash named, a hang stopped), the ranks that end were stopped, not crashed, whatever
+        code their TERM handler chose."""
         ended = sorted(((b.get("beat") or 0.0, r, b) for r, b in self.beats.items()
                         if b.get("exit") and isinstance(b["exit"], int) and r not in self._crashed),
                        key=lambda e: (e[0], e[1]))
@@ -160,12 +159,13 @@ class Watch:
             return
         scores = score_matrix(ranks, window, m,
                               meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks})
-        ratio = m / np.median(m, axis=0, keepdims=True)
-        row = {int(r): i for i, r in enumerate(ranks)}
         self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
-        for sc in scores:
-            if not sc.chronic or sc.rank in self.stragglers:
-                continue
+        new = [sc for sc in scores if sc.chronic and sc.rank not in self.stragglers]
+        if not new:
+            return
+        ratio = m / np.median(m, axis=0, keepdims=True)          # only when a rank is to be named
+        row = {int(r): i for i, r in enumerate(ranks)}
+        for sc in new:
             slow = ratio[row[sc.rank]] > 1 + CHRONIC
             tail_share = np.cumsum(slow[::-1])[::-1] / np.arange(len(slow), 0, -1)
             onset = int(window[next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)])
@@ -200,7 +200,7 @@ class Watch:
                   f"{max(steps) if steps else 'none'}); taking every rank's stack")
         self.hang = {"began": now - quiet, "detected": now, "timeout": limit, "ranks": len(alive)}
         ident = int(now * 1000)
-        for old in (self.observe / "flight-recorder").glob("rank-*"):    # what is there after this is fresh
+        for old in (self.observe / FLIGHT_RECORDER).glob("rank-*"):    # what is there after this is fresh
             try:
                 old.unlink()
             except OSError:
@@ -212,18 +212,19 @@ class Watch:
         """``ended``: the job ended by itself before the verdict; nothing is stopped."""
         assert self._collect is not None and self.hang is not None
         ident, give_up = self._collect
-        alive = [r for r, b in self.beats.items() if b.get("exit") is None or give_up == 0.0]
-        answered = [r for r in alive if (self.beats[r].get("snapshot") or 0) >= ident]
-        if len(answered) < len(alive) and now < give_up:
-            return None
-        if self._fr_until is None:
-            self._fr_until = now + FR_GRACE
-        if now < self._fr_until and now < give_up:
-            return None
+        alive = [r for r, b in self.beats.items() if b.get("exit") is None or ended]
+        if not ended:
+            answered = [r for r in alive if (self.beats[r].get("snapshot") or 0) >= ident]
+            if len(answered) < len(alive) and now < give_up:
+                return None
+            if self._fr_until is None:
+                self._fr_until = now + FR_GRACE
+            if now < self._fr_until and now < give_up:
+                return None
         self._collect, self._fr_until = None, None
         stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder())
-        self._report(verdict, now, stacks, alive)
+        self._report(verdict, stacks, alive)
         action = "ended" if ended else self.on_hang
         self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=action)
         self._event("hang", self._summary(verdict), self.hang["began"], self.hang["detected"], named=now,
@@ -235,7 +236,7 @@ class Watch:
 
     def _flight_recorder(self) -> Any:
         """The hang analysis of the Flight Recorder dumps in the store, if any were written."""
-        fr = self.observe / "flight-recorder"
+        fr = self.observe / FLIGHT_RECORDER
         if not fr.is_dir() or not any(fr.glob("rank-*")):    # emptied when the hang was detected
             return None
         from hpcml.observe.hang import analyse
@@ -250,7 +251,7 @@ class Watch:
         return (f"culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
                 + (f"; ranks {ranges(verdict.blocked)} blocked behind them" if verdict.blocked else ""))
 
-    def _report(self, verdict: Verdict, now: float, stacks: dict, alive: list[int]) -> None:
+    def _report(self, verdict: Verdict, stacks: dict, alive: list[int]) -> None:
         for c in verdict.culprits:
             self._say(f"hang: culprit rank {c.rank} on {c.node}: {c.where or 'no stack'} ({c.why})")
         if verdict.blocked:

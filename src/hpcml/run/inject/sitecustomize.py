@@ -25,6 +25,9 @@ import threading
 import time
 
 ENV = "HPCML_RUN_SNAPSHOT_DIR"      # the attempt's observe store
+# The request file and the dump directory are hpcml.observe.snapshot's REQUEST (under the
+# store's beat/) and FLIGHT_RECORDER, written out here: this file runs in every Python
+# process of a rank and imports nothing of hpcml.
 POLL = 1.0
 
 
