@@ -13,15 +13,10 @@ import psutil
 import pytest
 
 from hpcml.cluster import slurm
+from hpcml.cluster.slurm import node_states
 from hpcml.errors import SlurmError
 from hpcml.testing import localslurm
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
-
-
-def node_states(nodes: str | None = None) -> dict[str, str]:
-    """Node name -> state (``IDLE``, ``ALLOCATED``, ``DRAIN``...), through the package's
-    ``scontrol show -o node`` parser."""
-    return {r["NodeName"]: r.get("State", "") for r in slurm.scontrol_show("node", nodes)}
 
 
 def scontrol_hostnames(hostlist: str) -> list[str]:

@@ -464,6 +464,9 @@ class Checkpointer:
         for _ in range(1000):
             done, result = self._load_newest(map_location)
             if done:
+                if result[1] is not None and self.rank == 0 and not self.read_only:
+                    from hpcml.cluster import requeue  # under hpcml run: the restart's steps lost
+                    requeue.note_resumed(result[1], self.dir)
                 return result
         raise CheckpointError(f"{self.dir}: its checkpoints keep being removed while they are read")
 

@@ -102,3 +102,34 @@ def describe(requeued: dict[str, Any]) -> str:
         return f"requeued by Slurm (restart count now {requeued.get('restart_count')})"
     why = f" ({requeued['signal']})" if requeued.get("signal") else ""
     return f"checkpointed at step {requeued.get('step')} and requeued{why}"
+
+
+RESUMED = "resumed.json"
+
+
+def note_resumed(step: int | None, checkpoint: str | os.PathLike) -> None:
+    """Record in the attempt's directory that this attempt resumed from ``step``
+    (``Checkpointer.load_latest`` on rank 0): the run's record says how many steps a restart
+    lost. Nothing outside ``hpcml run``."""
+    where = os.environ.get(ENV_DIR)
+    if not where:
+        return
+    doc = {"schema": tag("run.resumed", 1), "step": step, "checkpoint": str(checkpoint),
+           "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time()}
+    try:
+        write_atomic(Path(where) / RESUMED, json.dumps(doc) + "\n")
+    except OSError:
+        pass                             # the training matters more than its note
+
+
+def resumed(attempt_dir: Path) -> dict[str, Any] | None:
+    """What ``note_resumed`` wrote there (step, checkpoint, time), if anything."""
+    try:
+        doc = load_json_bounded(attempt_dir / RESUMED, 1 << 16)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != tag("run.resumed", 1):
+        return None
+    step = doc.get("step")
+    return {"step": step if isinstance(step, int) and not isinstance(step, bool) else None,
+            "checkpoint": str(doc.get("checkpoint")), "time": doc.get("time")}

@@ -123,6 +123,22 @@ def signal_step(step: str, sig: int, *, timeout: float = 10.0) -> None:
     run(["scancel", f"--signal={signal.Signals(sig).name.removeprefix('SIG')}", step], timeout=timeout)
 
 
+def node_states(nodes: str | None = None, *, timeout: float = 10.0) -> dict[str, str]:
+    """Node name -> its state as ``scontrol show -o node`` prints it (``IDLE``,
+    ``ALLOCATED+DRAIN``, ``DOWN+NOT_RESPONDING``...), for a hostlist or every node."""
+    return {r["NodeName"]: r.get("State", "") for r in scontrol_show("node", nodes, timeout=timeout)}
+
+
+#: node state flags that mean the node is gone from its jobs' point of view
+LOST = ("DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN")
+
+
+def node_lost(state: str) -> bool:
+    """The controller no longer reaches the node, or took it down (``*``: not responding)."""
+    flags = state.replace("*", "+NOT_RESPONDING").upper().split("+")
+    return any(f in LOST or f.startswith("FAIL") for f in flags)
+
+
 #: job states in which a job holds or will get its allocation, so its processes may run or
 #: come back (Slurm's job_state_string names; ``scontrol`` prints the base state first).
 #: Those less obvious, with why: STOPPED and SUSPENDED keep the allocation (processes are

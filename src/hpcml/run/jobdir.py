@@ -139,13 +139,19 @@ def _pid_alive(who: dict[str, Any]) -> bool:
         return False
 
 
+def restart_of(record: dict[str, Any]) -> int:
+    """The Slurm restart count an attempt ran under: its attempt number, unless in-job
+    restarts (``--max-restarts``) numbered attempts past it."""
+    return int(record.get("restart_count", record.get("attempt")) or 0)
+
+
 def is_requeue(prev: dict[str, Any], job_id: str | None, restart: int) -> bool:
     """The previous job in a directory is this Slurm job before Slurm requeued it: the same
     job id, a restart count above the one it recorded, and its launcher gone (on another
     host Slurm's requeue ended it; on this one its pid tells)."""
     who = prev.get("launcher") or {}
     try:
-        recorded = int(prev.get("attempt") or 0)
+        recorded = restart_of(prev)
     except (TypeError, ValueError):
         return False
     return bool(job_id) and str(prev.get("job_id")) == job_id and restart > recorded \

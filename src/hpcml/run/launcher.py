@@ -38,11 +38,13 @@ from hpcml.run.jobdir import (
     log_path,
     observe_dir,
     prepare,
+    restart_of,
     tail,
     vet_dir,
     write_own,
     write_run,
 )
+from hpcml.run.recovery import LOST_WAIT, ON_STRAGGLER, LostNodes, Pool, Recovery
 from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
 from hpcml.run.watch import HANG, ON_HANG, Watch
@@ -76,6 +78,10 @@ class Options:
     on_hang: str = "stop"                     # stop: end the job and exit HANG; report: name and go on
     prometheus_port: int | None = None        # the watch's verdicts served here (hpcml.run.watchexport)
     prometheus_addr: str = "127.0.0.1"
+    max_restarts: int = 0                     # attempts after a fault, inside the allocation (hpcml.run.recovery)
+    spare_nodes: int = 0                      # good nodes kept idle for those attempts
+    revet: str | None = None                  # the suspects' vetting protocol: default --vet's; "none"
+    on_straggler: str = "report"              # restart: a straggler the watch names is a fault
 
 
 def hang_seconds(value: str) -> float | None:
@@ -113,6 +119,7 @@ def _check(opts: Options, allocation) -> None:
     hang_seconds(opts.hang_timeout)
     if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
         raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
+    _check_restarts(opts, allocation)
     if opts.on_hang not in ON_HANG:
         raise UsageError(f"'{opts.on_hang}' is not one of {', '.join(ON_HANG)}", key="on_hang")
     from hpcml.samplers.choose import modes
@@ -121,6 +128,23 @@ def _check(opts: Options, allocation) -> None:
     if opts.vet is not None:
         from hpcml.vet.protocol import load
         load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
+
+
+def _check_restarts(opts: Options, allocation) -> None:
+    if opts.max_restarts < 0:
+        raise UsageError(f"must be at least 0, got {opts.max_restarts}", key="max_restarts")
+    if opts.spare_nodes < 0:
+        raise UsageError(f"must be at least 0, got {opts.spare_nodes}", key="spare_nodes")
+    if opts.spare_nodes and opts.spare_nodes >= len(allocation.nodes):
+        raise UsageError(f"{opts.spare_nodes} spares leave no node of the allocation's {len(allocation.nodes)} "
+                         "to run on", key="spare_nodes")
+    if opts.spare_nodes and not opts.max_restarts:
+        raise UsageError("spare nodes wait for a restart: give --max-restarts too", key="spare_nodes")
+    if opts.on_straggler not in ON_STRAGGLER:
+        raise UsageError(f"'{opts.on_straggler}' is not one of {', '.join(ON_STRAGGLER)}", key="on_straggler")
+    if opts.revet not in (None, "none"):
+        from hpcml.vet.protocol import load
+        load(Path(opts.revet)).unset_variables()
 
 
 def _environment(opts: Options) -> dict | None:
@@ -160,12 +184,16 @@ def run(opts: Options) -> int:
     environment = _environment(opts)                      # an EDF that does not validate: exit 2 now
     d = Path(opts.job_dir) if opts.job_dir else default_dir(allocation.job_id if slurm else None)
     restart = restart_count() if slurm else 0
+    attempt = restart
     try:
         with claiming(d):                         # decide and claim as one step (two --overwrite at once)
             previous = prepare(d, overwrite=opts.overwrite, job_id=allocation.job_id if slurm else None,
                                restart=restart)
+            if previous is not None:              # after in-job restarts (--max-restarts) too
+                attempt = max(restart, int(previous.get("attempt") or 0) + 1)
             info: dict[str, Any] = {"command": opts.cmd, "mode": "slurm" if slurm else "local",
-                                    "job_id": allocation.job_id, "attempt": restart, "started": time.time(),
+                                    "job_id": allocation.job_id, "attempt": attempt, "restart_count": restart,
+                                    "started": time.time(),
                                     "allocation": list(allocation.nodes), "excluded": {}, "vet": None,
                                     "env": None, "launcher": launcher(),
                                     # the farm's end of this attempt tells other hosts the launcher is gone
@@ -206,6 +234,50 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
                 _report(d)
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
+    recovery = _recovery(opts, nodes, slurm)
+    exporter = _exporter(opts, info)
+    try:
+        while True:
+            rc = _attempt(opts, d, slurm, allocation, recovery.pool.active if recovery else nodes, recovery, info,
+                          exporter)
+            code = _finish(d, info, rc)
+            _resumed(d, info)
+            if recovery is None or info.get("superseded"):
+                break
+            restart = recovery.after(info, vet_dir(d) / f"again-{info['attempt']}", allocation)
+            if restart is None:
+                break
+            info["restart"] = restart
+            info["excluded"] = {**info.get("excluded", {}), **recovery.pool.out}
+            if not write_own(d, info) or restart["action"] != "restart":
+                if restart["action"] != "restart":
+                    print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
+                break
+            info = _next_attempt(d, info, restart)
+    finally:
+        if exporter is not None:
+            exporter.close()
+    print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
+    if opts.report and not info.get("superseded"):
+        _report(d)
+    return code
+
+
+def _recovery(opts: Options, good: list[str], slurm: bool) -> Recovery | None:
+    """``--max-restarts``: the policy that decides each restart (``hpcml.run.recovery``)."""
+    if not opts.max_restarts:
+        return None
+    pool = Pool.start(good, opts.spare_nodes if slurm else 0)
+    if not slurm:
+        pool = Pool(good[:1], [])                 # local tasks: one node, restarted in place
+    revet = None if opts.revet == "none" else Path(opts.revet) if opts.revet else opts.vet
+    return Recovery(pool, opts.max_restarts, want=len(pool.active), min_nodes=opts.min_nodes or len(pool.active),
+                    revet=revet, slurm=slurm)
+
+
+def _attempt(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], recovery: Recovery | None,
+             info: dict, exporter: Any) -> int:
+    """One launch of the command: every rank, until they all ended."""
     task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval),
             "--kill-grace", str(opts.kill_grace), "--gpu-metrics", opts.gpu_metrics]
     if opts.env:
@@ -215,14 +287,23 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
     if info["attempt"]:
         task += ["--attempt", str(info["attempt"])]
     task += ["--", *opts.cmd]
+    if recovery is not None and recovery.restarts:
+        print(f"hpcml run: attempt {info['attempt']} (restart {recovery.restarts} of {recovery.max_restarts})"
+              + (f" on {', '.join(recovery.pool.active)}" if slurm else ""), file=sys.stderr)
+    restartable = recovery is not None and recovery.restarts < recovery.max_restarts
     if slurm:
-        rc = _srun(opts, d, nodes, allocation, task, info)
-    else:
-        rc = _local(opts, d, task, info)
-    code = _finish(d, info, rc)
-    if opts.report and not info.get("superseded"):
-        _report(d)
-    return code
+        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable)
+    return _local(opts, d, task, info, exporter, restartable)
+
+
+def _next_attempt(d: Path, info: dict, restart: dict) -> dict:
+    """The record of the attempt after ``info``'s, with the earlier ones under ``attempts``."""
+    earlier = [*info.get("attempts", []), {k: v for k, v in info.items() if k != "attempts"}]
+    nxt = {k: info[k] for k in ("command", "mode", "job_id", "allocation", "excluded", "vet", "env", "launcher",
+                                "farm_task", "restart_count") if k in info}
+    nxt.update(attempt=int(info["attempt"]) + 1, started=time.time(), attempts=earlier)
+    write_own(d, nxt)
+    return nxt
 
 
 def _report(d: Path) -> None:
@@ -234,14 +315,15 @@ def _report(d: Path) -> None:
     print(f"html: {path}")
 
 
-def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict) -> int:
+def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict, exporter: Any,
+          restartable: bool) -> int:
     from hpcml.cluster.hostlist import fold
     per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
     if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
         per_node = int(os.environ["SLURM_GPUS_ON_NODE"])        # one task per GPU, each bound to its GPU
         opts.gpus_per_task = opts.gpus_per_task or 1
     per_node = per_node or 1
-    ntasks = opts.ntasks or per_node * len(nodes)
+    ntasks = min(opts.ntasks, per_node * len(nodes)) if opts.ntasks else per_node * len(nodes)
     master_node = nodes[0]                   # srun gives rank 0 the first node of the list
     if master_node == allocation.node:
         port = free_port()
@@ -251,10 +333,11 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
         port = int(out.stdout.strip() or free_port())
     addr = node_address(master_node)
     gpus = ([f"--gpus-per-task={opts.gpus_per_task}"] if opts.gpus_per_task else [])
-    name = f"hpcml-run-{os.getpid()}"
+    name = f"hpcml-run-{os.getpid()}" + (f"-{info['attempt']}" if info["attempt"] else "")
     argv = ["srun", f"--job-name={name}", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}", f"--ntasks={ntasks}",
             f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
-    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port))
+    env = dict(os.environ, MASTER_ADDR=addr, MASTER_PORT=str(port), TORCHELASTIC_RUN_ID=f"hpcml-run-{allocation.job_id}",
+               TORCHELASTIC_RESTART_COUNT=str(info["attempt"]))
     info.update(nodes=nodes, ntasks=ntasks, ntasks_per_node=per_node, master=f"{addr}:{port}", launch=argv)
     write_own(d, info)
     print(f"hpcml run: {ntasks} tasks on {fold(nodes)}, rendezvous {addr}:{port}, job directory {d}", file=sys.stderr)
@@ -262,18 +345,30 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     # when the launcher dies (even by SIGKILL), on which srun kills its step
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     target = _Srun(proc, str(allocation.job_id), name)
-    watch = _watch(opts, d, info, ntasks)
+    watch = _watch(opts, d, info, ntasks, exporter, restartable)
+    lost = LostNodes(nodes) if restartable else None
     with forwarding(lambda: (target,), FORWARDED) as seen:
         _prefetch_report(opts)                          # srun passes them on to every task
         state: dict[str, float] = {}
         while proc.poll() is None:
-            if watch.poll() == "stop":
+            if lost is not None and lost.poll() and "stop_at" not in state:
+                for n, v in lost.lost.items():
+                    watch.stopping("node", f"node {n} lost ({v['state']})", v["seen"], node=n)
                 target.send_signal(signal.SIGTERM)      # the step's tasks, then srun after the grace
+                state.setdefault("stop_at", time.monotonic())
+            if watch.poll() == "stop":
+                target.send_signal(signal.SIGTERM)
                 state.setdefault("stop_at", time.monotonic())
             if _grace_over(opts, seen, state, info):
                 proc.send_signal(signal.SIGTERM)        # srun: SIGKILL to every process of its step
+            elif info.get("killed_after_grace") and time.monotonic() - state["stop_at"] > opts.kill_grace + LOST_WAIT:
+                proc.kill()                             # srun waits for a lost node's tasks: it is not coming back
             time.sleep(POLL)
         rc = proc.returncode
+    if lost is not None and rc != 0:
+        lost.poll(now=True)                             # srun ended first (its step's node failed)
+        if lost.lost:
+            info["lost_nodes"] = lost.lost
     _note_signals(info, seen)
     _watched(watch, info)
     return rc
@@ -370,14 +465,14 @@ class _Wrapper:
             return []
 
 
-def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
+def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, restartable: bool) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     if base.get(FARM_JOB):                  # ranks see no job: still the farm task (taskenv.current)
         base[FARM_JOB] = ""
     base.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
-                TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}")
+                TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}", TORCHELASTIC_RESTART_COUNT=str(info["attempt"]))
     info.update(nodes=[info["allocation"][0]], ntasks=n, ntasks_per_node=n, master=f"127.0.0.1:{port}",
                 launch=[f"{n} x", *task])
     write_own(d, info)
@@ -390,7 +485,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
                               preexec_fn=lambda: die_with_parent(STOP))
              for r in range(n)]
     _prefetch_report(opts)
-    watch = _watch(opts, d, info, n)
+    watch = _watch(opts, d, info, n, exporter, restartable)
     rc, state = 0, {}  # type: tuple[int, dict[str, float]]
     with forwarding(lambda: [_Wrapper(p) for p in procs], FORWARDED) as seen:
         while procs:
@@ -420,25 +515,29 @@ def _local(opts: Options, d: Path, task: list[str], info: dict) -> int:
     return rc
 
 
-def _watch(opts: Options, d: Path, info: dict, world: int) -> Watch:
-    exporter = None
-    if opts.prometheus_port is not None:
-        from hpcml.run.watchexport import WatchExporter
-        try:
-            exporter = WatchExporter(opts.prometheus_port, opts.prometheus_addr, str(info.get("job_id") or "local"))
-        except OSError as exc:
-            print(f"hpcml run: --prometheus-port {opts.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
-                  "without the endpoint", file=sys.stderr)
+def _exporter(opts: Options, info: dict) -> Any:
+    """``--prometheus-port``: one endpoint for every attempt of the job."""
+    if opts.prometheus_port is None:
+        return None
+    from hpcml.run.watchexport import WatchExporter
+    try:
+        return WatchExporter(opts.prometheus_port, opts.prometheus_addr, str(info.get("job_id") or "local"))
+    except OSError as exc:
+        print(f"hpcml run: --prometheus-port {opts.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
+              "without the endpoint", file=sys.stderr)
+        return None
+
+
+def _watch(opts: Options, d: Path, info: dict, world: int, exporter: Any, restartable: bool) -> Watch:
     return Watch(d, int(info.get("attempt") or 0), world, timeout=hang_seconds(opts.hang_timeout),
-                 on_hang=opts.on_hang, exporter=exporter)
+                 on_hang=opts.on_hang, exporter=exporter,
+                 on_straggler=opts.on_straggler if restartable else "report")
 
 
 def _watched(watch: Watch, info: dict) -> None:
     """The job ended: the crashes the last scan missed, and what the watch saw, into run.json."""
     watch.finish()
     info.update(watch.to_json())
-    if watch.exporter is not None:
-        watch.exporter.close()
 
 
 def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> None:
@@ -481,7 +580,7 @@ def first_failure(d: Path, attempt: int = 0, requeued: bool = False) -> dict | N
 
 def _requeued(d: Path, record: dict, ask_slurm: bool) -> dict | None:
     attempt = int(record.get("attempt") or 0)
-    return requeue.find(attempt_dir(d, attempt), record.get("job_id"), attempt, ask_slurm)
+    return requeue.find(attempt_dir(d, attempt), record.get("job_id"), restart_of(record), ask_slurm)
 
 
 def _concluded(d: Path, prev: dict, restart: int) -> dict:
@@ -527,5 +626,33 @@ def _finish(d: Path, info: dict, rc: int) -> int:
         last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")
         if last:
             print(f"  {last.strip()}", file=sys.stderr)          # the cause, e.g. a command that cannot start
-    print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
     return code
+
+
+def _resumed(d: Path, info: dict) -> None:
+    """How the attempt before this one, restarted after a fault, was resumed by this one:
+    the step its checkpoint held (``requeue.note_resumed``), the steps lost, and the time
+    from the fault to this attempt's first step, split into detection, stop, vetting again,
+    relaunch and the script's own start-up (up to its first step)."""
+    earlier = info.get("attempts") or []
+    restart = (earlier[-1].get("restart") or {}) if earlier else {}
+    if restart.get("action") != "restart":
+        return
+    prev, fault = earlier[-1], restart["fault"]
+    note = requeue.resumed(attempt_dir(d, int(info["attempt"])))
+    step = note["step"] if note else None
+    began, first = fault.get("began") or fault.get("detected"), info.get("first_step_at")
+    starts = [m["start"] for m in _rank_meta(d, int(info["attempt"])) if isinstance(m.get("start"), (int, float))]
+    revet = (restart.get("revet") or {}).get("duration_s") or 0.0
+
+    def gap(a: Any, b: Any) -> float | None:
+        return round(b - a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    restart["resumed"] = {
+        "step": step, "checkpoint": note["checkpoint"] if note else None, "first_step_at": first,
+        "steps_lost": prev["furthest_step"] - step if step is not None and isinstance(prev.get("furthest_step"), int)
+        else None,
+        "time_to_resume_s": gap(began, first),
+        "split_s": {"detection": gap(began, fault.get("detected")), "stop": gap(fault.get("detected"), prev.get("ended")),
+                    "revet": revet, "relaunch": gap(restart.get("decided"), max(starts, default=None)),
+                    "startup": gap(max(starts, default=None), first)}}
+    write_own(d, info)

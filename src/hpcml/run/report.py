@@ -28,8 +28,9 @@ from hpcml.cluster import requeue
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
-from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
+from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, restart_of, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
+from hpcml.run.recovery import describe, time_lost
 from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
@@ -97,7 +98,7 @@ def _ending(d: Path, run: dict) -> dict:
     requeued = run.get("requeued")
     if requeued is None and run.get("ended") is None:     # its launcher killed by the requeue itself
         attempt = int(run.get("attempt") or 0)
-        requeued = requeue.find(attempt_dir(d, attempt), run.get("job_id"), attempt, ask_slurm=True)
+        requeued = requeue.find(attempt_dir(d, attempt), run.get("job_id"), restart_of(run), ask_slurm=True)
     out: dict[str, Any] = {"exit_code": run.get("exit_code"), "aborted": bool(run.get("aborted")),
                            "launcher_killed": run.get("ended") is None and not requeued and launcher_alive(run) is False,
                            "requeued": requeued, "first_failure": None}
@@ -133,12 +134,18 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
         gap = round(nxt["started"] - rec["ended"], 1) if rec.get("ended") and nxt.get("started") else None
         ending = _ending(d, rec)
         obs, why = _observe(d, n, bool(ending["requeued"]))
+        restart = rec.get("restart") if isinstance(rec.get("restart"), dict) else None
         out.append({"attempt": n, "started": rec.get("started"), "ended": rec.get("ended"),
                     "exit_code": rec.get("exit_code"), "requeued": ending["requeued"],
                     "first_failure": ending["first_failure"], "signals_forwarded": rec.get("signals_forwarded", []),
                     "observe": obs.to_dict() if obs is not None else None, "observe_missing": why,
-                    "requeue_gap_s": gap})
+                    "requeue_gap_s": None if restart else gap, "nodes": rec.get("nodes"), "restart": restart,
+                    "timeline": rec.get("timeline") or []})
         parts.append(obs)
+        if restart:                                   # hpcml run restarted it inside the allocation
+            findings.append({"source": "run", "kind": "restarted", "message": f"attempt {n}: {describe(restart)}",
+                             "advice": _resume_advice(restart)})
+            continue
         what = requeue.describe(ending["requeued"]) if ending["requeued"] else "ended and Slurm ran the job again"
         findings.append({"source": "run", "kind": "requeued",
                          "message": f"attempt {n} {what}; attempt {nxt.get('attempt')} started "
@@ -150,6 +157,20 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
         findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
                      for f in (obs.findings if obs is not None else []) if f.kind != "failed_rank"]
     return out, parts, findings
+
+
+def _resume_advice(restart: dict) -> str:
+    split = (restart.get("resumed") or {}).get("split_s") or {}
+    took = ", ".join(f"{k} {v:.1f} s" for k, v in split.items() if isinstance(v, (int, float)))
+    return (f"from the fault to the first step: {took}" if took else "the next attempt did not reach a step") \
+        + "; the excluded nodes' reasons are in run.json (excluded)"
+
+
+def _recovery(run: dict, obs: Any) -> dict | None:
+    """Every fault and restart of an in-job recovering run, and the time they cost."""
+    tp = (obs.to_dict().get("throughput") if obs is not None else None) or {}
+    step_s = 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
+    return time_lost([*(run.get("attempts") or []), run], step_s)
 
 
 def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str]]:
@@ -221,6 +242,10 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append(_unended(run))
     first = ending["first_failure"]
     watch = _watch(run)
+    if isinstance(run.get("restart"), dict):           # the last fault, not restarted
+        findings.append({"source": "run", "kind": "not_restarted", "message": f"attempt {attempt}: "
+                         f"{describe(run['restart'])}", "advice": "see the attempts in the report; fix what the "
+                         "culprit's log says before resubmitting"})
     findings += _watch_findings(watch, d, attempt)
     if not stopped_hung(watch):                                 # the ranks the watch stopped did not fail
         findings += _run_findings(d, ending)
@@ -259,6 +284,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "score_missing": score_why,
         "mlflow": mlflow,
         "watch": watch,
+        "recovery": _recovery(run, obs),
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
@@ -338,6 +364,9 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
         return []
     out = []
     for a in rep["attempts"]:
+        if a.get("restart"):
+            out.append(f"attempt {a['attempt']} on {', '.join(a.get('nodes') or []) or '?'}: {describe(a['restart'])}")
+            continue
         how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with exit code {a['exit_code']}"
         if a["requeued"] and a["exit_code"]:            # a rank failed for real, and the job was requeued
             how += f", exit code {a['exit_code']}"
@@ -347,7 +376,13 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
     how = requeue.describe(end["requeued"]) if end.get("requeued") else f"exit code {end['exit_code']}"
     if end.get("requeued") and end.get("exit_code"):
         how += f", exit code {end['exit_code']}"
-    out.append(f"attempt {rep['job'].get('attempt') or 0} (this one): {how}")
+    out.append(f"attempt {rep['job'].get('attempt') or 0} (this one) on {', '.join(rep['job'].get('nodes') or [])}: "
+               f"{how}")
+    lost = rep.get("recovery")
+    if lost:
+        out.append(f"faults cost {lost['time_lost_s']:.0f} s: {lost['time_to_resume_s']:.0f} s from faults to "
+                   f"resumed steps, {plural(lost['steps_lost'], 'step')} done again"
+                   + (f" ({lost['steps_lost'] * lost['step_s']:.0f} s)" if lost.get("step_s") else ""))
     return out
 
 
@@ -399,7 +434,8 @@ def render(rep: dict[str, Any]) -> str:
                else "<p class='muted'>the host's environment (no --env)</p>")
     out.append("</section><section id='run-ending'><h2>How it ended</h2>")
     if rep["attempts"]:
-        out.append("<p>A requeued Slurm job, in " + str(len(rep["attempts"]) + 1) + " attempts:</p><ul>"
+        out.append("<p>" + ("Restarted by hpcml run" if rep.get("recovery") else "A requeued Slurm job")
+                   + ", in " + str(len(rep["attempts"]) + 1) + " attempts:</p><ul>"
                    + "".join(f"<li>{e(line)}</li>" for line in _attempt_lines(rep)) + "</ul>")
     first = end["first_failure"]
     hang = (rep.get("watch") or {}).get("hang") or {}

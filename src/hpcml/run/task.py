@@ -3,7 +3,7 @@
 Started by srun (or by the local launcher), it sets the rendezvous variables from Slurm's,
 sends its stdout and stderr to ``JOBDIR/logs/rank-NNNNN.{out,err}``, and runs CMD under the
 observe recorder (GPU sampler ``auto``), in the EDF's container when one is given. Exits
-with CMD's exit code. ``--attempt N`` (a requeued Slurm job): the attempt's own observe
+with CMD's exit code. ``--attempt N`` (a requeued Slurm job, or a restart after a fault): the attempt's own observe
 store, a header line in the appended logs, and ``HPCML_RUN_DIR`` naming where the
 Checkpointer notes a requeue (``hpcml.cluster.requeue``).
 
@@ -39,17 +39,27 @@ FR_ENTRIES = 2000            # collectives the Flight Recorder keeps per rank (t
 def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]:
     """What arms PyTorch's Flight Recorder in the rank and lets the watch ask for its dump:
     the ring buffer's size (``TORCH_FR_BUFFER_SIZE``; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for
-    torch before 2.5; a value the user set is kept, 0 turns it off) and hpcml's
+    torch before 2.5; a value the user set in either is kept, 0 turns it off) and hpcml's
     ``sitecustomize`` first on PYTHONPATH (``hpcml.run.inject``)."""
     from hpcml.run.inject import sitecustomize
     here = os.path.dirname(os.path.abspath(sitecustomize.__file__))
     path = env.get("PYTHONPATH", "")
     out = {sitecustomize.ENV: str(observe.absolute()),
            "PYTHONPATH": here + (os.pathsep + path if path else "")}
-    for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
-        if name not in env:
-            out[name] = str(FR_ENTRIES)
+    if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
+        out[_fr_variable()] = str(FR_ENTRIES)
     return out
+
+
+def _fr_variable() -> str:
+    """torch 2.5 renamed the Flight Recorder's size variable and warns on every rank about
+    the old one: the installed torch's version (its metadata, not an import) picks one."""
+    from importlib import metadata
+    try:
+        major, minor = (int(x) for x in metadata.version("torch").split(".")[:2])
+    except (metadata.PackageNotFoundError, ValueError):
+        return "TORCH_FR_BUFFER_SIZE"
+    return "TORCH_FR_BUFFER_SIZE" if (major, minor) >= (2, 5) else "TORCH_NCCL_TRACE_BUFFER_SIZE"
 
 
 def _redirect(d: Path, rank: int, attempt: int) -> None:
@@ -58,7 +68,7 @@ def _redirect(d: Path, rank: int, attempt: int) -> None:
     for fd, stream in ((1, "out"), (2, "err")):
         f = os.open(log_path(d, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if attempt:                         # where the requeued job's lines begin
-            os.write(f, f"--- hpcml run: attempt {attempt} (requeued), {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
+            os.write(f, f"--- hpcml run: attempt {attempt}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
                      .encode())
         os.dup2(f, fd)
         os.close(f)

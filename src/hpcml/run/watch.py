@@ -75,6 +75,8 @@ class Watch:
     crashed_codes: dict[int, int] = field(default_factory=dict)
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
     _fr_until: float | None = None
+    on_straggler: str = "report"                 # restart: a straggler stops the job (hpcml.run.recovery)
+    stopped_for: dict[str, Any] | None = None    # the straggler the job was stopped for
 
     def __post_init__(self) -> None:
         self.observe = observe_dir(self.d, self.attempt)
@@ -94,7 +96,7 @@ class Watch:
             self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0)
         self._crashes(now)
         self._stragglers(now)
-        action = None
+        action = "stop" if self._straggler_stop() else None
         if self._collect is not None:
             action = self._conclude(now)
         elif self.hang is None:
@@ -102,6 +104,12 @@ class Watch:
         if self.exporter is not None:
             self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
         return action
+
+    def stopping(self, kind: str, what: str, began: float | None, **extra: Any) -> None:
+        """The launcher stops the job for a reason of its own (a node lost): into the timeline;
+        the ranks that end from now on were stopped, not crashed."""
+        self._stopping = True
+        self._event(kind, what, began, time.time(), action="stop", **extra)
 
     def finish(self) -> None:
         """The job ended: name the crashes the last scan did not see."""
@@ -111,7 +119,23 @@ class Watch:
             self._conclude(time.time(), ended=True)
 
     def to_json(self) -> dict[str, Any]:
-        return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values())}
+        steps = [b["step"] for b in self.beats.values() if isinstance(b.get("step"), int)]
+        firsts = [b["first"] for b in self.beats.values() if isinstance(b.get("first"), (int, float))]
+        return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values()),
+                "furthest_step": max(steps, default=None), "first_step_at": min(firsts, default=None),
+                **({"stopped_for": self.stopped_for} if self.stopped_for else {})}
+
+    def _straggler_stop(self) -> bool:
+        """``--on-straggler restart``: the first straggler named stops the job (once)."""
+        if self.on_straggler != "restart" or self.stopped_for or not self.stragglers or self._stopping:
+            return False
+        first = min(self.stragglers.values(), key=lambda s: s["detected"])
+        self.stopped_for = {"what": f"rank {first['rank']} {first['score']:.1f}x slower since step "
+                            f"{first['since_step']:,}", "node": first.get("node"), "rank": first["rank"],
+                            "began": None, "detected": first["detected"]}
+        self._stopping = True
+        self._say(f"straggler: stopping the job to restart without {first.get('node')} (--on-straggler restart)")
+        return True
 
     # -- what it looks for -----------------------------------------------------------------
 
@@ -139,7 +163,7 @@ class Watch:
             step = f" after step {b['step']}" if b.get("step") is not None else ""
             self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
             self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
-                        exit_code=code, stderr=last)
+                        exit_code=code, stderr=last, step=b.get("step"))
 
     def _stragglers(self, now: float) -> None:
         """The end-of-job report's model (``observe.stragglers.score_ranks`` on the ``step``

@@ -48,6 +48,15 @@ def run_cmd(
     prometheus_port: Optional[int] = typer.Option(None, "--prometheus-port", help="Serve the watch's verdicts "
                                                   "(stragglers, hang, crashes, furthest step) for Prometheus here."),
     prometheus_addr: str = typer.Option("127.0.0.1", "--prometheus-addr", help="Address for --prometheus-port."),
+    max_restarts: int = typer.Option(0, "--max-restarts", help="After a crash, a hang, a lost node (or a straggler "
+                                     "with --on-straggler restart): exclude the culprit's node and run again, up to "
+                                     "this many times, inside the allocation (0: never)."),
+    spare_nodes: int = typer.Option(0, "--spare-nodes", help="Good nodes kept idle to replace excluded ones "
+                                    "(with --max-restarts)."),
+    revet: Optional[str] = typer.Option(None, "--revet", help="Vet a suspect node again with this protocol before "
+                                        "it may return (default: the --vet protocol; none: it stays out)."),
+    on_straggler: str = typer.Option("report", "--on-straggler", help="report: name a straggler; restart: also "
+                                     "restart the job without its node (with --max-restarts)."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -60,7 +69,11 @@ def run_cmd(
     observe. At the end it prints the job's report and writes JOBDIR/report.html (hpcml
     report shows it again). While it runs, a crashed rank is named at once and a hang
     (--hang-timeout) gets every rank's stack and its culprits named in the log and run.json.
-    Exit codes: the command's (127: it cannot start), 5 a hang stopped (--on-hang stop),
+    With --max-restarts the job recovers inside its allocation: the culprit's node is
+    excluded (vetted again with --revet), spares replace it, and the command runs again as
+    attempt 1, 2... (HPCML_RUN_ATTEMPT) in the same job directory, resuming from its last
+    hpcml.ckpt checkpoint; the same fault at the same step three times in a row ends it.
+    Exit codes (of the last attempt): the command's (127: it cannot start), 5 a hang stopped (--on-hang stop),
     4 vetting aborted, 2 bad input (a --dir that holds a job), 1 the job directory cannot
     be written.
     """
@@ -69,7 +82,8 @@ def run_cmd(
                      ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
                      gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
                      gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
-                     prometheus_port=prometheus_port, prometheus_addr=prometheus_addr))
+                     prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, max_restarts=max_restarts,
+                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler))
     raise typer.Exit(rc)
 
 

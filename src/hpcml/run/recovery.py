@@ -1,0 +1,308 @@
+"""``hpcml run --max-restarts N``: a job that recovers inside its own allocation.
+
+NVRx's in-job restart keeps the allocation and restarts the workload but does not know which
+node was at fault; torchrun's elastic agent restarts ranks on the same nodes; submitit and
+``--requeue`` go back through the queue. Here an attempt that ends in a fault (a crash, a
+hang the live watch stopped, a straggler with ``--on-straggler restart``, a node Slurm lost)
+is followed by another in the same job directory, on the nodes left once the suspects are
+out:
+
+* the **suspects** are the nodes of the culprits the watch named (a crashed rank's, a hang's
+  culprits', a straggler's) or the nodes Slurm reports lost. A lost node stays out. The
+  others are vetted again (``--revet``, default the run's ``--vet`` protocol): one that
+  passes returns as the last spare, one that fails stays out, and one named a second time
+  stays out whatever its vetting says. Without a protocol a suspect stays out: nothing says
+  it is good;
+* the next attempt runs on as many nodes as the first (the good ones, then spares), or on
+  fewer when ``--min-nodes`` allows; below that the job ends;
+* a fault of the same kind at the same step (within one) as the one before is counted as
+  a recurrence: the script's, not the nodes' (a bug that fires at step 30 fires on any
+  node). After ``RECURRENCES`` of them the job ends, whatever restarts are left.
+
+Outside Slurm (local tasks) there is one node: nothing is excluded, the ranks are restarted
+in place, as torchrun's ``--max-restarts`` does.
+
+Everything decided goes into the attempt's ``restart`` record in run.json; the report
+shows every attempt from those.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from collections import Counter
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml.words import plural
+
+ON_STRAGGLER = ("report", "restart")
+RECURRENCES = 2          # the same fault at the same step this many times again: the job ends
+
+
+@dataclass
+class Fault:
+    """What ended an attempt."""
+
+    kind: str                    # crash, hang, straggler, node
+    what: str
+    nodes: list[str]             # the suspects
+    step: int | None             # the furthest step a rank completed (a crash: the crashed rank's)
+    began: float | None          # as far as the data shows
+    detected: float | None
+
+    def to_json(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def fault_of(info: dict[str, Any]) -> Fault | None:
+    """The fault that ended an attempt, from its record; None when it ended well or was
+    stopped from outside (TERM or INT: Ctrl-C, scancel, the time limit; a requeue)."""
+    if info.get("exit_code") == 0 or info.get("requeued") or info.get("aborted"):
+        return None
+    if any(s in ("SIGTERM", "SIGINT") for s in info.get("signals_forwarded") or ()):
+        return None
+    step = info.get("furthest_step")
+    lost = info.get("lost_nodes") or {}
+    if lost:
+        first = min(lost.values(), key=lambda v: v.get("seen") or 0)
+        return Fault("node", f"Slurm lost {plural(len(lost), 'node')}: "
+                     + ", ".join(f"{n} ({v.get('state')})" for n, v in lost.items()),
+                     sorted(lost), step, first.get("seen"), first.get("seen"))
+    events = info.get("timeline") or []
+    hang = info.get("hang") or {}
+    if hang.get("action") == "stop":
+        culprits = (hang.get("verdict") or {}).get("culprits") or []
+        nodes = sorted({c["node"] for c in culprits if c.get("node")})
+        what = next((e["what"] for e in events if e.get("kind") == "hang"), "hang")
+        return Fault("hang", what, nodes, step, hang.get("began"), hang.get("detected"))
+    stop = info.get("stopped_for")
+    if stop:
+        return Fault("straggler", stop["what"], [stop["node"]] if stop.get("node") else [], step,
+                     stop.get("began"), stop.get("detected"))
+    crash = next((e for e in events if e.get("kind") == "crash"), None)
+    if crash is not None:
+        what = crash["what"] + (f": {crash['stderr']}" if crash.get("stderr") else "")
+        return Fault("crash", what, [crash["node"]] if crash.get("node") else [],
+                     crash["step"] if crash.get("step") is not None else step, crash.get("began"), crash.get("detected"))
+    first = info.get("first_failure")
+    if first:
+        return Fault("crash", f"rank {first.get('rank')} exited {first.get('exit_code')}",
+                     [first["node"]] if first.get("node") else [], step, first.get("end"), first.get("end"))
+    return Fault("crash", f"the launch exited {info.get('exit_code')}", [], step, info.get("ended"),
+                 info.get("ended"))
+
+
+@dataclass
+class Pool:
+    """The allocation's nodes as the job sees them: running, spare, out (and why)."""
+
+    active: list[str]
+    spare: list[str]
+    out: dict[str, list[str]] = field(default_factory=dict)
+    named: Counter = field(default_factory=Counter)      # node -> times it was a suspect
+
+    @classmethod
+    def start(cls, good: list[str], spares: int) -> Pool:
+        cut = len(good) - spares
+        return cls(list(good[:cut]), list(good[cut:]))
+
+    def remove(self, nodes: list[str]) -> None:
+        self.active = [n for n in self.active if n not in nodes]
+        self.spare = [n for n in self.spare if n not in nodes]
+
+    def exclude(self, node: str, why: str) -> None:
+        self.remove([node])
+        self.out.setdefault(node, []).append(why)
+
+    def fill(self, want: int) -> list[str]:
+        """The next attempt's nodes: those still running, then spares, up to ``want``."""
+        while len(self.active) < want and self.spare:
+            self.active.append(self.spare.pop(0))
+        return list(self.active)
+
+
+@dataclass
+class Recovery:
+    """Decides, after each attempt, whether and where the next one runs."""
+
+    pool: Pool
+    max_restarts: int
+    want: int                    # nodes per attempt: the first attempt's
+    min_nodes: int
+    revet: Path | None           # the protocol suspects are vetted again with, or None
+    slurm: bool
+    restarts: int = 0
+    history: list[tuple[str, int | None]] = field(default_factory=list)
+    recurrences: int = 0
+
+    def after(self, info: dict[str, Any], vet_out: Path, allocation: Any) -> dict[str, Any] | None:
+        """The ``restart`` record of an attempt that ended in a fault (``action``: restart
+        with the next ``nodes``, or stop with ``why``); None when it did not fault."""
+        fault = fault_of(info)
+        if fault is None:
+            return None
+        record: dict[str, Any] = {"fault": fault.to_json(), "decided": None}
+        self._recurrence(fault)
+        if self.restarts >= self.max_restarts:
+            return self._stop(record, f"no restart left (--max-restarts {self.max_restarts})")
+        if self.recurrences >= RECURRENCES:
+            at = "before its first step" if fault.step is None else f"at step {fault.step:,}"
+            return self._stop(record, f"the same {fault.kind} {at} in {self.recurrences + 1} attempts in a row "
+                              "(on other nodes each time where there were any): a fault of the script, not of the "
+                              "nodes; not restarting again")
+        if self.slurm:
+            record["suspects"] = self._suspects(fault, record, vet_out, allocation)
+        nodes = self.pool.fill(self.want) if self.slurm else list(self.pool.active)
+        record["excluded"] = {n: self.pool.out[n] for n in record.get("suspects", []) if n in self.pool.out}
+        if len(nodes) < self.min_nodes:
+            return self._stop(record, f"{plural(len(nodes), 'good node')} left, fewer than --min-nodes "
+                              f"{self.min_nodes}")
+        self.restarts += 1
+        record.update(action="restart", nodes=nodes, spares=list(self.pool.spare), restart=self.restarts,
+                      decided=time.time())
+        return record
+
+    def _recurrence(self, fault: Fault) -> None:
+        if self.history:
+            kind, step = self.history[-1]
+            same = kind == fault.kind and (step == fault.step or (step is not None and fault.step is not None
+                                                                   and abs(step - fault.step) <= 1))
+            self.recurrences = self.recurrences + 1 if same else 0
+        self.history.append((fault.kind, fault.step))
+
+    def _stop(self, record: dict[str, Any], why: str) -> dict[str, Any]:
+        record.update(action="stop", why=why, decided=time.time())
+        return record
+
+    def _suspects(self, fault: Fault, record: dict[str, Any], vet_out: Path, allocation: Any) -> list[str]:
+        """Take the suspects out; vet again those that may return (not lost, not named before)."""
+        suspects = [n for n in fault.nodes if n in self.pool.active or n in self.pool.spare]
+        again: list[str] = []
+        for n in suspects:
+            self.pool.named[n] += 1
+            reason = f"{fault.kind} in attempt {len(self.history) - 1}: {fault.what}"
+            if fault.kind == "node":
+                self.pool.exclude(n, reason)
+            elif self.pool.named[n] > 1:
+                self.pool.exclude(n, f"{reason} (a suspect for the {_nth(self.pool.named[n])} time)")
+            elif self.revet is None:
+                self.pool.exclude(n, f"{reason} (no --revet protocol to clear it)")
+            else:
+                self.pool.remove([n])
+                again.append(n)
+        if again:
+            record["revet"] = self._revet(again, vet_out, allocation, reason_of=fault)
+        return suspects
+
+    def _revet(self, nodes: list[str], out: Path, allocation: Any, reason_of: Fault) -> dict[str, Any]:
+        from hpcml.cluster.hostlist import fold
+        from hpcml.errors import HpcmlError
+        from hpcml.vet.session import vet_job
+        began = time.time()
+        print(f"hpcml run: vetting {fold(nodes)} again ({self.revet})", file=sys.stderr, flush=True)
+        try:
+            run_, _ = vet_job(self.revet, min_nodes=1, nodes=fold(nodes), out=out, allocation=allocation)  # type: ignore[arg-type]
+            good, reasons = set(run_.verdict.good), run_.verdict.reasons
+        except HpcmlError as exc:                       # vetting could not run: nothing clears them
+            good, reasons = set(), {n: [f"vetting again failed: {exc}"] for n in nodes}
+        for n in nodes:
+            if n in good:
+                self.pool.spare.append(n)               # back, as the last spare
+            else:
+                self.pool.out.setdefault(n, []).append(
+                    f"{reason_of.kind} in attempt {len(self.history) - 1}, then failed vetting: "
+                    + "; ".join(reasons.get(n) or ["no verdict"]))
+        took = time.time() - began
+        passed = [n for n in nodes if n in good]
+        print(f"hpcml run: vetted again in {took:.1f} s: "
+              + (f"{', '.join(passed)} passed (back as a spare)" if passed else "")
+              + ("; " if passed and len(passed) < len(nodes) else "")
+              + (f"{', '.join(n for n in nodes if n not in good)} failed (out)" if len(passed) < len(nodes) else ""),
+              file=sys.stderr, flush=True)
+        return {"nodes": nodes, "passed": passed, "began": began, "duration_s": round(took, 3), "dir": str(out)}
+
+
+def _nth(n: int) -> str:
+    return {2: "second", 3: "third"}.get(n, f"{n}th")
+
+
+LOST_EVERY = 5.0         # seconds between two asks of Slurm for the attempt's nodes' states
+LOST_WAIT = 30.0         # after the kill grace: srun may wait this long for a lost node's tasks
+
+
+class LostNodes:
+    """The attempt's nodes that Slurm lost (its slurmd stopped answering, the node went
+    down): one ``scontrol show node`` every ``LOST_EVERY`` seconds from the launcher."""
+
+    def __init__(self, nodes: list[str]) -> None:
+        self.nodes = nodes
+        self.lost: dict[str, dict[str, Any]] = {}
+        self._next = 0.0
+
+    def poll(self, now: bool = False) -> bool:
+        """True when a node was found lost by this call."""
+        t = time.monotonic()
+        if not now and t < self._next:
+            return False
+        self._next = t + LOST_EVERY
+        from hpcml.cluster.hostlist import fold
+        from hpcml.cluster.slurm import node_lost, node_states
+        from hpcml.errors import SlurmError
+        try:
+            states = node_states(fold(self.nodes))
+        except SlurmError:
+            return False                        # the controller did not answer: ask again later
+        new = {n: {"state": st, "seen": time.time()} for n, st in states.items()
+               if n in self.nodes and n not in self.lost and node_lost(st)}
+        for n, v in new.items():
+            print(f"hpcml run: node {n} lost ({v['state']}); stopping the attempt", file=sys.stderr, flush=True)
+        self.lost.update(new)
+        return bool(new)
+
+
+def describe(restart: dict[str, Any]) -> str:
+    """One line for the report and the log: the fault, what was done, how it resumed.
+
+    ``hang (culprit ranks 1 ...) on n2, detected 5 s after it began; n2 out; restarted on
+    n1, n3; resumed from step 20 (9 steps lost), 13 s from the fault to the first step``"""
+    fault = restart.get("fault") or {}
+    parts = [f"{fault.get('kind')}: {fault.get('what')}" + (f" on {', '.join(fault['nodes'])}" if fault.get("nodes")
+                                                            else "")]
+    began, detected = fault.get("began"), fault.get("detected")
+    if isinstance(began, (int, float)) and isinstance(detected, (int, float)) and detected > began:
+        parts.append(f"detected {detected - began:.0f} s after it began")
+    revet = restart.get("revet") or {}
+    if revet.get("passed"):
+        parts.append(f"{', '.join(revet['passed'])} passed vetting again")
+    out = sorted(restart.get("excluded") or {})
+    if out:
+        parts.append(f"{', '.join(out)} out")
+    if restart.get("action") != "restart":
+        return "; ".join(parts + [f"not restarted: {restart.get('why')}"])
+    parts.append("restarted" + (f" on {', '.join(restart['nodes'])}" if restart.get("nodes") else ""))
+    res = restart.get("resumed") or {}
+    if res:
+        lost = f" ({plural(res['steps_lost'], 'step')} lost)" if isinstance(res.get("steps_lost"), int) else ""
+        parts.append((f"resumed from step {res['step']:,}{lost}" if res.get("step") is not None
+                      else "resumed without an hpcml.ckpt checkpoint (steps lost unknown)")
+                     + (f", {res['time_to_resume_s']:.0f} s from the fault to the first step"
+                        if res.get("time_to_resume_s") is not None else ""))
+    return "; ".join(parts)
+
+
+def time_lost(records: list[dict[str, Any]], step_s: float | None) -> dict[str, Any] | None:
+    """What the faults cost the job: the time from each fault to the next attempt's first
+    step, and the steps done again (at ``step_s`` seconds each, when known)."""
+    restarts = [r["restart"] for r in records if isinstance(r.get("restart"), dict)]
+    if not restarts:
+        return None
+    waits = [(r.get("resumed") or {}).get("time_to_resume_s") for r in restarts]
+    steps = [(r.get("resumed") or {}).get("steps_lost") for r in restarts]
+    waited = sum(w for w in waits if isinstance(w, (int, float)))
+    redone = sum(s for s in steps if isinstance(s, int))
+    total = waited + (redone * step_s if step_s else 0.0)
+    return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.get("action") == "restart"),
+            "time_to_resume_s": round(waited, 3), "steps_lost": redone,
+            "time_lost_s": round(total, 3), "step_s": step_s}
