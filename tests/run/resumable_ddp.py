@@ -2,13 +2,14 @@
 ``load_latest``, for the recovery tests: the final model must be bitwise a fault-free run's.
 
 Data and initial weights come from seeds (the step and rank choose the batch), the optimiser
-state is in the checkpoint, and the gloo sum of 2 ranks is exact in any order, so a run
-resumed from step 20 or 30 ends with the same weights as one that never stopped.
+state is in the checkpoint (replicated: rank 0 writes it, any world size loads it), and the
+gloo sum of 2 ranks is exact in any order, so a run resumed from step 20 or 30 ends with the
+same weights as one that never stopped.
 
 FAULT (at step FAULT_STEP, in the attempts FAULT_ATTEMPTS, default "0"; "all" for every one):
 ``crash`` exits 3 on the rank on node FAULT_NODE (SLURMD_NODENAME; without Slurm, rank
-FAULT_RANK); ``hang`` sleeps there forever before the all_reduce; ``bug`` makes every rank 0
-raise at that step on any node (a bug in the script). Every step a rank completed is appended
+FAULT_RANK); ``hang`` sleeps there forever before the all_reduce. STEP_S: seconds a step
+takes (STEP_S_AFTER in the later attempts). Every step a rank completed is appended
 to DONE (O_APPEND, one line "attempt rank step"); rank 0 writes the final weights to OUT.
 """
 
@@ -24,10 +25,10 @@ from hpcml.ckpt import Checkpointer
 
 STEPS = int(os.environ.get("STEPS", "50"))
 EVERY = int(os.environ.get("EVERY", "10"))
-STEP_S = float(os.environ.get("STEP_S", "0.02"))
+ATTEMPT = int(os.environ.get("HPCML_RUN_ATTEMPT", "0"))
+STEP_S = float(os.environ.get("STEP_S" if ATTEMPT == 0 else "STEP_S_AFTER", os.environ.get("STEP_S", "0.02")))
 FAULT = os.environ.get("FAULT", "")
 FAULT_STEP = int(os.environ.get("FAULT_STEP", "30"))
-ATTEMPT = int(os.environ.get("HPCML_RUN_ATTEMPT", "0"))
 ATTEMPTS = os.environ.get("FAULT_ATTEMPTS", "0")
 
 
@@ -45,7 +46,7 @@ def main() -> None:
     torch.manual_seed(1234)
     model = torch.nn.Linear(16, 4)
     opt = torch.optim.Adam(model.parameters(), lr=0.01)
-    ck = Checkpointer(os.environ["CKPT"], every=EVERY, keep=2)
+    ck = Checkpointer(os.environ["CKPT"], every=EVERY, keep=2, replicated=True)   # DDP: the same on every rank
     state, last = ck.load_latest()
     start = 0
     if state is not None:
@@ -54,8 +55,6 @@ def main() -> None:
         start = last + 1
     for step in range(start, STEPS):
         if step == FAULT_STEP:
-            if FAULT == "bug" and rank == 0:
-                raise RuntimeError(f"a bug that fires at step {step}")
             if FAULT == "crash" and faulty(rank):
                 print(f"injected crash at step {step}", file=sys.stderr, flush=True)
                 os._exit(3)

@@ -356,9 +356,11 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
                     watch.stopping("node", f"node {n} lost ({v['state']})", v["seen"], node=n)
                 target.send_signal(signal.SIGTERM)      # the step's tasks, then srun after the grace
                 state.setdefault("stop_at", time.monotonic())
+                info.setdefault("stopped_at", time.time())
             if watch.poll() == "stop":
                 target.send_signal(signal.SIGTERM)
                 state.setdefault("stop_at", time.monotonic())
+                info.setdefault("stopped_at", time.time())
             if _grace_over(opts, seen, state, info):
                 proc.send_signal(signal.SIGTERM)        # srun: SIGKILL to every process of its step
             elif info.get("killed_after_grace") and time.monotonic() - state["stop_at"] > opts.kill_grace + LOST_WAIT:
@@ -493,6 +495,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, r
                 for p in procs:
                     p.send_signal(signal.SIGTERM)
                 state.setdefault("stop_at", time.monotonic())
+                info.setdefault("stopped_at", time.time())
             for p in list(procs):
                 code = p.poll()
                 if code is None:
@@ -620,7 +623,7 @@ def _finish(d: Path, info: dict, rc: int) -> int:
     if requeued:
         print(f"hpcml run: attempt {info.get('attempt') or 0} {requeue.describe(requeued)}; Slurm runs the job "
               f"again, as the next attempt in {d}", file=sys.stderr)
-    if first and code != HANG:
+    if first and code != HANG and not info.get("stopped_at"):     # the ranks it stopped did not fail
         err = log_path(d, int(first["rank"] or 0), "err")
         print(f"hpcml run: rank {first['rank']} failed first (exit {first['exit_code']}); see {err}", file=sys.stderr)
         last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")

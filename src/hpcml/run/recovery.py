@@ -58,8 +58,10 @@ class Fault:
 
 def fault_of(info: dict[str, Any]) -> Fault | None:
     """The fault that ended an attempt, from its record; None when it ended well or was
-    stopped from outside (TERM or INT: Ctrl-C, scancel, the time limit; a requeue)."""
-    if info.get("exit_code") == 0 or info.get("requeued") or info.get("aborted"):
+    stopped from outside (TERM or INT: Ctrl-C, scancel, the time limit; a requeue). An attempt
+    the launcher stopped (``stopped_at``: a hang, a straggler, a lost node) did not end well
+    even when its ranks exited 0 (a script that checkpoints on TERM and leaves)."""
+    if (info.get("exit_code") == 0 and not info.get("stopped_at")) or info.get("requeued") or info.get("aborted"):
         return None
     if any(s in ("SIGTERM", "SIGINT") for s in info.get("signals_forwarded") or ()):
         return None

@@ -1,0 +1,129 @@
+"""``hpcml run --max-restarts`` with local tasks (no Slurm): the ranks restart in place, as
+torchrun's ``--max-restarts`` does, and the job resumes from its hpcml.ckpt checkpoint.
+
+What the user's script did is counted from a file it appends to (O_APPEND), not from
+hpcml's records; the final weights are compared bitwise with a fault-free run's.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import psutil
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+RESUMABLE = ROOT / "tests" / "run" / "resumable_ddp.py"
+
+# a script with a bug at step 5 on rank 0, without torch: fast to start, and the same on any node
+BUGGY = """\
+import os, sys, time
+from hpcml import observe
+rank = int(os.environ["RANK"])
+fd = os.open(os.environ["DONE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT)
+os.write(fd, f"start {os.environ.get('HPCML_RUN_ATTEMPT')} {rank}\\n".encode())
+for step in range(10):
+    if step == 5 and rank == 0:
+        raise SystemExit("a bug at step 5")
+    observe.log(step=step, loss=1.0)
+    time.sleep(0.05)
+"""
+
+
+def hpcml(args: list[str], cwd: Path, env: dict | None = None, timeout: float = 240) -> subprocess.CompletedProcess:
+    e = {**os.environ, "PYTHONPATH": str(ROOT), **(env or {})}
+    return subprocess.run([sys.executable, "-m", "hpcml", "run", *args], cwd=cwd, env=e, capture_output=True,
+                          text=True, timeout=timeout)
+
+
+def steps_done(path: Path) -> dict[int, list[tuple[int, int]]]:
+    """attempt -> [(rank, step)], from the script's own appends."""
+    out: dict[int, list[tuple[int, int]]] = {}
+    for line in path.read_text().splitlines():
+        a, r, s = (int(x) for x in line.split())
+        out.setdefault(a, []).append((r, s))
+    return out
+
+
+def training(tmp: Path, name: str, **fault: str) -> dict[str, str]:
+    return {"CKPT": str(tmp / f"{name}-ckpt"), "DONE": str(tmp / f"{name}.done"), "OUT": str(tmp / f"{name}.pt"),
+            **fault}
+
+
+def same_weights(a: Path, b: Path) -> bool:
+    import torch
+    x, y = torch.load(a), torch.load(b)
+    return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
+
+
+def no_process_left(marker: str) -> list[str]:
+    return [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
+            if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+
+
+@pytest.mark.torch
+def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(tmp_path):
+    ref = hpcml(["--ntasks", "2", "--dir", "ref", "--no-report", "--", sys.executable, str(RESUMABLE)], tmp_path,
+                training(tmp_path, "ref"))
+    assert ref.returncode == 0, ref.stderr
+    p = hpcml(["--ntasks", "2", "--max-restarts", "2", "--dir", "job", "--", sys.executable, str(RESUMABLE)],
+              tmp_path, training(tmp_path, "job", FAULT="crash", FAULT_RANK="1"))
+    assert p.returncode == 0, p.stderr
+    assert "crash: rank 1" in p.stderr and "attempt 1 (restart 1 of 2)" in p.stderr
+    assert same_weights(tmp_path / "ref.pt", tmp_path / "job.pt")
+    done = steps_done(tmp_path / "job.done")
+    assert sorted(done) == [0, 1]
+    first = {s for r, s in done[0] if r == 1}
+    assert first == set(range(30))                         # rank 1 crashed before step 30
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    restart = run["attempts"][0]["restart"]
+    resumed = restart["resumed"]["step"]
+    assert resumed in (20, 30) and {s for r, s in done[1] if r == 1} == set(range(resumed + 1, 50))
+    assert restart["resumed"]["steps_lost"] == run["attempts"][0]["furthest_step"] - resumed
+    assert restart["fault"]["kind"] == "crash" and run["attempt"] == 1 and run["exit_code"] == 0
+    assert "restarted" in p.stdout and "resumed from step" in p.stdout        # the report
+    assert no_process_left(str(RESUMABLE)) == []
+
+
+def test_a_bug_at_the_same_step_stops_after_two_restarts(tmp_path):
+    (tmp_path / "buggy.py").write_text(BUGGY)
+    done = tmp_path / "done"
+    p = hpcml(["--ntasks", "2", "--max-restarts", "5", "--dir", "job", "--no-report", "--kill-grace", "2", "--",
+               sys.executable, "buggy.py"], tmp_path, {"DONE": str(done)})
+    assert p.returncode == 1, p.stderr                      # the last attempt's exit code
+    starts = done.read_text().split("\n")
+    assert sorted(s for s in starts if s) == sorted(f"start {a} {r}" for a in range(3) for r in range(2))
+    last = [ln for ln in p.stderr.splitlines() if "not restarting" in ln]
+    assert len(last) == 1 and "the same crash at step" in last[0] and "3 attempts in a row" in last[0], p.stderr
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["attempt"] == 2 and run["restart"]["action"] == "stop" and len(run["attempts"]) == 2
+
+
+def test_max_restarts_0_is_the_single_attempt_it_always_was(tmp_path):
+    (tmp_path / "buggy.py").write_text(BUGGY)
+    done = tmp_path / "done"
+    p = hpcml(["--ntasks", "2", "--dir", "job", "--no-report", "--", sys.executable, "buggy.py"], tmp_path,
+              {"DONE": str(done)})
+    assert p.returncode == 1 and "a bug at step 5" in p.stderr
+    assert sorted(done.read_text().split()) == sorted("start 0 0 start 0 1".split())
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["attempt"] == 0 and "attempts" not in run and "restart" not in run
+    assert not (tmp_path / "job" / "attempts").exists()
+
+
+@pytest.mark.parametrize("args,needle", [
+    (["--max-restarts", "-1"], "flag '--max-restarts': must be at least 0"),
+    (["--max-restarts", "1", "--spare-nodes", "1"], "flag '--spare-nodes': 1 spares leave no node"),
+    (["--spare-nodes", "0", "--on-straggler", "evict"], "flag '--on-straggler': 'evict' is not one of report, restart"),
+    (["--max-restarts", "1", "--revet", "nope.yaml"], "nope.yaml"),
+])
+def test_bad_restart_flags_are_one_line_and_exit_2(tmp_path, args, needle):
+    p = hpcml([*args, "--dir", "job", "--", "touch", "ran"], tmp_path, timeout=60)
+    assert p.returncode == 2, p.stderr
+    lines = [ln for ln in p.stderr.splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], p.stderr
+    assert not (tmp_path / "ran").exists() and not (tmp_path / "job").exists()
