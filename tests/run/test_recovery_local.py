@@ -65,16 +65,23 @@ def no_process_left(marker: str) -> list[str]:
             if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
 
 
+@pytest.fixture(scope="session")
+def reference(tmp_path_factory) -> Path:
+    """The fault-free run's weights: 2 local ranks (the math does not depend on the nodes)."""
+    tmp = tmp_path_factory.mktemp("reference")
+    p = hpcml(["--ntasks", "2", "--dir", "ref", "--no-report", "--", sys.executable, str(RESUMABLE)], tmp,
+              training(tmp, "ref"))
+    assert p.returncode == 0, p.stderr
+    return tmp / "ref.pt"
+
+
 @pytest.mark.torch
-def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(tmp_path):
-    ref = hpcml(["--ntasks", "2", "--dir", "ref", "--no-report", "--", sys.executable, str(RESUMABLE)], tmp_path,
-                training(tmp_path, "ref"))
-    assert ref.returncode == 0, ref.stderr
+def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(tmp_path, reference):
     p = hpcml(["--ntasks", "2", "--max-restarts", "2", "--dir", "job", "--", sys.executable, str(RESUMABLE)],
               tmp_path, training(tmp_path, "job", FAULT="crash", FAULT_RANK="1"))
     assert p.returncode == 0, p.stderr
     assert "crash: rank 1" in p.stderr and "attempt 1 (restart 1 of 2)" in p.stderr
-    assert same_weights(tmp_path / "ref.pt", tmp_path / "job.pt")
+    assert same_weights(reference, tmp_path / "job.pt")
     done = steps_done(tmp_path / "job.done")
     assert sorted(done) == [0, 1]
     first = {s for r, s in done[0] if r == 1}
@@ -86,6 +93,16 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     assert restart["resumed"]["steps_lost"] == run["attempts"][0]["furthest_step"] - resumed
     assert restart["fault"]["kind"] == "crash" and run["attempt"] == 1 and run["exit_code"] == 0
     assert "restarted" in p.stdout and "resumed from step" in p.stdout        # the report
+    import jsonschema
+
+    from hpcml import schemas
+    jsonschema.validate(run, schemas.load("run"), cls=jsonschema.Draft202012Validator)
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--json"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    doc = json.loads(rep.stdout)
+    jsonschema.validate(doc, schemas.load("run.report"), cls=jsonschema.Draft202012Validator)
+    assert doc["recovery"]["restarts"] == 1 and doc["recovery"]["steps_lost"] == restart["resumed"]["steps_lost"]
+    assert [f["kind"] for f in doc["findings"]].count("restarted") == 1
     assert no_process_left(str(RESUMABLE)) == []
 
 

@@ -20,11 +20,12 @@ import psutil
 import pytest
 
 from hpcml.testing.localslurm import LocalSlurm
-from tests.run.test_recovery_local import RESUMABLE, hpcml, no_process_left, same_weights, steps_done, training
+from tests.run.test_recovery_local import RESUMABLE, no_process_left, reference, same_weights, steps_done, training
 from tests.slurmjobs import wait
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+__all__ = ["reference"]          # the fault-free run's weights, a fixture shared with the local tests
 
 # fails vetting on every node but n1: the "bad" node n2 fails it again after its fault
 ONLY_N1 = "name: only-n1\nevals:\n  - {name: on-n1, type: env, expected: {SLURMD_NODENAME: n1}}\n"
@@ -49,16 +50,6 @@ def env(cluster) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     return {**cluster.client_env(base), "PYTHONPATH": str(ROOT),
             "PATH": f"{Path(sys.executable).parent}:{base['PATH']}"}
-
-
-@pytest.fixture(scope="module")
-def reference(tmp_path_factory) -> Path:
-    """The fault-free run's weights: 2 local ranks (the math does not depend on the nodes)."""
-    tmp = tmp_path_factory.mktemp("reference")
-    p = hpcml(["--ntasks", "2", "--dir", "ref", "--no-report", "--", sys.executable, str(RESUMABLE)], tmp,
-              training(tmp, "ref"))
-    assert p.returncode == 0, p.stderr
-    return tmp / "ref.pt"
 
 
 def sbatch(tmp: Path, env: dict[str, str], script: str, *flags: str) -> str:

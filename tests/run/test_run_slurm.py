@@ -130,7 +130,7 @@ exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
     out = (tmp_path / "job.out").read_text()
     assert "start 0" in out and "start 1" in out, out             # the first attempt's batch log survived
     logs = [(tmp_path / "job" / "logs" / f"rank-{r:05d}.out").read_text() for r in range(2)]
-    split = [log.partition("--- hpcml run: attempt 1 (requeued)") for log in logs]
+    split = [log.partition("--- hpcml run: attempt 1, ") for log in logs]
     assert all(sep for _, sep, _ in split), logs                  # one log per rank, both attempts in it
     stopped = {int(line.split()[2]) for first, _, _ in split for line in first.splitlines()
                if line.startswith("stopped at")}
