@@ -11,13 +11,16 @@
     logs/rank-00000.out   each rank's stdout and stderr (the 5-digit rank of the observe
     logs/rank-00000.err   store and checkpoint files); a requeued job appends to them
     requeued.json     this attempt checkpointed and asked Slurm to requeue it (hpcml.cluster.requeue)
-    attempts/N/       attempt N >= 1 of the same Slurm job, requeued (SLURM_RESTART_COUNT=N):
-                      its own observe/ and requeued.json; attempt 0 keeps the paths above,
-                      so a job that was never requeued looks as it always did
+    attempts/N/       attempt N >= 1: the same Slurm job requeued (SLURM_RESTART_COUNT=N), or
+                      restarted inside its allocation after a fault (--max-restarts): its own
+                      observe/, requeued.json and resumed.json (the checkpoint step it resumed
+                      from); attempt 0 keeps the paths above, so a job that ran once looks as
+                      it always did
+    vet/again-N/      the suspects of attempt N's fault, vetted again (--revet)
 
-A requeued job is the one case where a job directory is used again: run.json then holds
-the new attempt, with the earlier attempts' records (exit, failure, signals, requeue)
-under ``attempts``; ``hpcml report`` reads every attempt's store and shows the time
+A requeued or restarted job is the one case where a job directory is used again: run.json
+then holds the new attempt, with the earlier attempts' records (exit, failure, signals,
+requeue or restart) under ``attempts``; ``hpcml report`` reads every attempt's store and shows the time
 between two attempts as a requeue, not as a stall of the job.
 """
 
