@@ -10,7 +10,7 @@ FAULT (at step FAULT_STEP, in the attempts FAULT_ATTEMPTS, default "0"; "all" fo
 ``crash`` exits 3 on the rank on node FAULT_NODE (SLURMD_NODENAME; without Slurm, rank
 FAULT_RANK); ``hang`` sleeps there forever before the all_reduce. STEP_S: seconds a step
 takes (STEP_S_AFTER in the later attempts). Every step a rank completed is appended
-to DONE (O_APPEND, one line "attempt rank step"); rank 0 writes the final weights to OUT.
+to DONE (O_APPEND, one line "attempt rank step time"); rank 0 writes the final weights to OUT.
 """
 
 import os
@@ -72,7 +72,7 @@ def main() -> None:
             opt.step()
         observe.log(step=step, loss=0.0)
         fd = os.open(os.environ["DONE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
-        os.write(fd, f"{ATTEMPT} {rank} {step}\n".encode())
+        os.write(fd, f"{ATTEMPT} {rank} {step} {time.time():.3f}\n".encode())
         os.close(fd)
         ck.maybe_save(lambda: {"model": model.state_dict(), "opt": opt.state_dict()}, step)
     ck.wait()

@@ -44,7 +44,7 @@ def steps_done(path: Path) -> dict[int, list[tuple[int, int]]]:
     """attempt -> [(rank, step)], from the script's own appends."""
     out: dict[int, list[tuple[int, int]]] = {}
     for line in path.read_text().splitlines():
-        a, r, s = (int(x) for x in line.split())
+        a, r, s = (int(x) for x in line.split()[:3])
         out.setdefault(a, []).append((r, s))
     return out
 
