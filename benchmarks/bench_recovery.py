@@ -43,7 +43,7 @@ STEPS = 60
 def _env(cluster, work: Path, fault: str) -> dict[str, str]:
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env = cluster.client_env(base)
-    env.update(PYTHONPATH=str(ROOT), PATH=f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
+    env.update(PYTHONPATH=f"{ROOT / 'src'}:{ROOT}", PATH=f"{Path(sys.executable).parent}:{base.get('PATH', '')}",
                CKPT=str(work / "ckpt"), DONE=str(work / "done"), OUT=str(work / "final.pt"), FAULT=fault,
                FAULT_NODE="n2", STEPS=str(STEPS))
     return env
@@ -96,14 +96,14 @@ def hpcml_run(cluster, work: Path, fault: str, timeout: str) -> dict:
 REQUEUE = """#SBATCH --requeue
 #SBATCH --open-mode=append
 export HPCML_RUN_ATTEMPT=${SLURM_RESTART_COUNT:-0} MASTER_ADDR=127.0.0.1 MASTER_PORT=$((29400 + SLURM_RESTART_COUNT))
-srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec python TASK' \\
-  || scontrol requeue $SLURM_JOB_ID
+srun --kill-on-bad-exit=1 bash -c 'RANK=$SLURM_PROCID WORLD_SIZE=$SLURM_NTASKS exec python @TASK@' \\
+  || { [ "${SLURM_RESTART_COUNT:-0}" -lt 2 ] && scontrol requeue $SLURM_JOB_ID; }
 """
 
 
 def srun_requeue(cluster, work: Path) -> dict:
     env = _env(cluster, work, "crash")
-    job = _submit(REQUEUE.replace("TASK", str(TASK)), work, env, "-N3", "-w", "n[1-3]")
+    job = _submit(REQUEUE.replace("@TASK@", str(TASK)), work, env, "-N3", "-w", "n[1-3]")
     _wait(job, env)
     return {"tool": "srun + scontrol requeue", "fault": "crash", **_resume_gap(work / "done")}
 

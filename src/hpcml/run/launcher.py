@@ -49,7 +49,7 @@ from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
 from hpcml.run.watch import HANG, ON_HANG, Watch
 from hpcml.schemas import tag
-from hpcml.signals import SLURM_SIGNALS, forwarding
+from hpcml.signals import SLURM_SIGNALS, forwarding, handling
 from hpcml.words import plural
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
@@ -236,24 +236,10 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
         nodes = [n for n in nodes if n in set(v.good)]
     recovery = _recovery(opts, nodes, slurm)
     exporter = _exporter(opts, info)
+    between: list[int] = []                       # TERM or INT while no attempt runs: no next one
     try:
-        while True:
-            rc = _attempt(opts, d, slurm, allocation, recovery.pool.active if recovery else nodes, recovery, info,
-                          exporter)
-            code = _finish(d, info, rc)
-            _resumed(d, info)
-            if recovery is None or info.get("superseded"):
-                break
-            restart = recovery.after(info, vet_dir(d) / f"again-{info['attempt']}", allocation)
-            if restart is None:
-                break
-            info["restart"] = restart
-            info["excluded"] = {**info.get("excluded", {}), **recovery.pool.out}
-            if not write_own(d, info) or restart["action"] != "restart":
-                if restart["action"] != "restart":
-                    print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
-                break
-            info = _next_attempt(d, info, restart)
+        with handling(FORWARDED if recovery else (), lambda sig, _frame: between.append(sig)):
+            info, code = _attempts(opts, d, slurm, allocation, nodes, recovery, info, exporter, between)
     finally:
         if exporter is not None:
             exporter.close()
@@ -263,20 +249,46 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
     return code
 
 
+def _attempts(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], recovery: Recovery | None,
+              info: dict, exporter: Any, between: list[int]) -> tuple[dict, int]:
+    """Attempt after attempt, while ``recovery`` restarts: the last attempt's record and code."""
+    while True:
+        rc = _attempt(opts, d, slurm, allocation, recovery.pool.active if recovery else nodes, recovery, info,
+                      exporter, between)
+        code = _finish(d, info, rc)
+        _resumed(d, info)
+        if recovery is None or info.get("superseded"):
+            return info, code
+        restart = recovery.after(info, vet_dir(d) / f"again-{info['attempt']}", allocation)
+        if restart is None:
+            return info, code
+        if restart["action"] == "restart" and any(sig in STOPPING for sig in between):
+            restart.update(action="stop", why=f"hpcml run got {signal.Signals(between[-1]).name} between attempts")
+        info["restart"] = restart
+        info["excluded"] = {**info.get("excluded", {}), **recovery.pool.out}
+        if not write_own(d, info) or restart["action"] != "restart":
+            if restart["action"] != "restart":
+                print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
+            return info, code
+        info = _next_attempt(d, info, restart)
+
+
 def _recovery(opts: Options, good: list[str], slurm: bool) -> Recovery | None:
     """``--max-restarts``: the policy that decides each restart (``hpcml.run.recovery``)."""
     if not opts.max_restarts:
         return None
-    pool = Pool.start(good, opts.spare_nodes if slurm else 0)
-    if not slurm:
-        pool = Pool(good[:1], [])                 # local tasks: one node, restarted in place
+    spares = min(opts.spare_nodes, len(good) - 1) if slurm else 0
+    if spares < opts.spare_nodes and slurm:
+        print(f"hpcml run: {plural(len(good), 'good node')}: {plural(spares, 'spare')} kept, not "
+              f"{opts.spare_nodes}", file=sys.stderr)
+    pool = Pool.start(good, spares) if slurm else Pool(good[:1], [])     # local tasks: restarted in place
     revet = None if opts.revet == "none" else Path(opts.revet) if opts.revet else opts.vet
     return Recovery(pool, opts.max_restarts, want=len(pool.active), min_nodes=opts.min_nodes or len(pool.active),
                     revet=revet, slurm=slurm)
 
 
 def _attempt(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], recovery: Recovery | None,
-             info: dict, exporter: Any) -> int:
+             info: dict, exporter: Any, pending: list[int]) -> int:
     """One launch of the command: every rank, until they all ended."""
     task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(opts.interval),
             "--kill-grace", str(opts.kill_grace), "--gpu-metrics", opts.gpu_metrics]
@@ -292,8 +304,8 @@ def _attempt(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], 
               + (f" on {', '.join(recovery.pool.active)}" if slurm else ""), file=sys.stderr)
     restartable = recovery is not None and recovery.restarts < recovery.max_restarts
     if slurm:
-        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable)
-    return _local(opts, d, task, info, exporter, restartable)
+        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable, pending)
+    return _local(opts, d, task, info, exporter, restartable, pending)
 
 
 def _next_attempt(d: Path, info: dict, restart: dict) -> dict:
@@ -316,7 +328,7 @@ def _report(d: Path) -> None:
 
 
 def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict, exporter: Any,
-          restartable: bool) -> int:
+          restartable: bool, pending: list[int]) -> int:
     from hpcml.cluster.hostlist import fold
     per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
     if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
@@ -348,6 +360,7 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     watch = _watch(opts, d, info, ntasks, exporter, restartable)
     lost = LostNodes(nodes) if restartable else None
     with forwarding(lambda: (target,), FORWARDED) as seen:
+        _replay(pending, seen, [target])
         _prefetch_report(opts)                          # srun passes them on to every task
         state: dict[str, float] = {}
         while proc.poll() is None:
@@ -400,6 +413,16 @@ class _Srun:
                 pass
             sig = signal.SIGTERM                        # no step yet: srun ends what it started
         self.proc.send_signal(sig)
+
+
+def _replay(pending: list[int], seen: list[int], targets: list) -> None:
+    """Signals that came while the attempt was being launched (``--max-restarts``' handler
+    noted them; none ran yet to forward them to): forwarded now, as if just received."""
+    for sig in pending:
+        seen.append(sig)
+        for t in targets:
+            t.send_signal(sig)
+    pending.clear()
 
 
 def _grace_over(opts: Options, seen: list[int], state: dict, info: dict) -> bool:
@@ -467,7 +490,8 @@ class _Wrapper:
             return []
 
 
-def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, restartable: bool) -> int:
+def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, restartable: bool,
+           pending: list[int]) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -490,6 +514,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, r
     watch = _watch(opts, d, info, n, exporter, restartable)
     rc, state = 0, {}  # type: tuple[int, dict[str, float]]
     with forwarding(lambda: [_Wrapper(p) for p in procs], FORWARDED) as seen:
+        _replay(pending, seen, [_Wrapper(p) for p in procs])
         while procs:
             if watch.poll() == "stop":
                 for p in procs:
