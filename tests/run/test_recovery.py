@@ -148,3 +148,40 @@ def test_on_straggler_restart_stops_the_job_once_for_the_first_straggler(tmp_pat
     f = fault_of({"exit_code": 0, "stopped_at": 6.0, **w.to_json()})      # ranks that leave on TERM with 0
     assert (f.kind, f.nodes, f.what) == ("straggler", ["n2"], "rank 2 1.8x slower since step 410")
     assert Watch(tmp_path, 0, 4, stragglers=w.stragglers)._straggler_stop() is False   # report: never stops
+
+
+def test_a_ctrl_c_while_vetting_again_ends_the_restarts(monkeypatch):
+    """vet's own SIGINT handler takes the Ctrl-C and returns a verdict; the policy asks it."""
+    class Run:
+        class verdict:  # noqa: N801 - the shape vet_job returns
+            good, reasons = ["n2"], {}
+    monkeypatch.setattr("hpcml.vet.session.vet_job", lambda *a, **k: (Run(), {}))
+    monkeypatch.setattr("hpcml.vet.isolate.interrupted", lambda: True)
+    r = policy(["n1", "n2", "n3"], spares=1, revet=Path("p.yaml")).after(crashed("n2", 3), Path("x"), None)
+    assert r["action"] == "stop" and "interrupted" in r["why"]
+
+
+def test_spares_never_leave_the_first_attempt_without_a_node():
+    assert Pool.start(["n1"], 2).active == ["n1"] and Pool.start(["a", "b"], 3).active == ["a"]
+
+
+def test_a_straggler_is_worth_a_stop_only_when_it_can_be_replaced():
+    p = policy(["n1", "n2"], restarts=1)                       # no spare, --min-nodes 2
+    assert p.can_replace("n2") is False
+    assert policy(["n1", "n2"], restarts=1, min_nodes=1).can_replace("n2") is True
+    assert policy(["n1", "n2", "n3"], spares=1, restarts=1).can_replace("n2") is True
+    assert policy(["n1", "n2", "n3"], spares=1, restarts=0).can_replace("n2") is False
+
+
+def test_resume_is_read_from_the_job_directory_when_the_launcher_did_not_write_it(tmp_path, monkeypatch):
+    """A launcher killed during the next attempt: the report still says where it resumed."""
+    from hpcml.cluster import requeue
+    from hpcml.run.recovery import resume_of
+    monkeypatch.setenv(requeue.ENV_DIR, str(tmp_path / "attempts" / "1"))
+    (tmp_path / "attempts" / "1").mkdir(parents=True)
+    requeue.note_resumed(20, tmp_path / "ckpt")
+    prev = {"furthest_step": 29, "ended": 12.0, "restart": {"action": "restart", "decided": 12.5,
+                                                            "fault": {"began": 10.0, "detected": 11.0}}}
+    got = resume_of(tmp_path, prev, {"attempt": 1})
+    assert got["step"] == 20 and got["steps_lost"] == 9 and got["split_s"]["detection"] == 1.0
+    assert got["first_step_at"] is None and got["time_to_resume_s"] is None      # no step yet: unknown, not 0

@@ -44,7 +44,7 @@ from hpcml.run.jobdir import (
     write_own,
     write_run,
 )
-from hpcml.run.recovery import LOST_WAIT, ON_STRAGGLER, LostNodes, Pool, Recovery
+from hpcml.run.recovery import LOST_WAIT, ON_STRAGGLER, LostNodes, Pool, Recovery, resume_of
 from hpcml.run.rendezvous import node_address
 from hpcml.run.task import STOP
 from hpcml.run.watch import HANG, ON_HANG, Watch
@@ -53,6 +53,7 @@ from hpcml.signals import SLURM_SIGNALS, forwarding, handling
 from hpcml.words import plural
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
+STOPPED = 1          # hpcml run stopped an attempt (a straggler, a lost node) and could not restart it
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
 STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
 POLL = 0.05
@@ -138,8 +139,13 @@ def _check_restarts(opts: Options, allocation) -> None:
     if opts.spare_nodes and opts.spare_nodes >= len(allocation.nodes):
         raise UsageError(f"{opts.spare_nodes} spares leave no node of the allocation's {len(allocation.nodes)} "
                          "to run on", key="spare_nodes")
-    if opts.spare_nodes and not opts.max_restarts:
-        raise UsageError("spare nodes wait for a restart: give --max-restarts too", key="spare_nodes")
+    for key, given in (("spare_nodes", opts.spare_nodes), ("revet", opts.revet),
+                       ("on_straggler", opts.on_straggler == "restart")):
+        if given and not opts.max_restarts:
+            raise UsageError("acts on restarts: give --max-restarts too", key=key)
+    if opts.min_nodes and opts.spare_nodes and opts.spare_nodes > len(allocation.nodes) - opts.min_nodes:
+        raise UsageError(f"{opts.spare_nodes} spares leave fewer than --min-nodes {opts.min_nodes} of the "
+                         f"allocation's {len(allocation.nodes)} nodes to run on", key="spare_nodes")
     if opts.on_straggler not in ON_STRAGGLER:
         raise UsageError(f"'{opts.on_straggler}' is not one of {', '.join(ON_STRAGGLER)}", key="on_straggler")
     if opts.revet not in (None, "none"):
@@ -234,6 +240,8 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
                 _report(d)
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
+    if opts.max_restarts and slurm:
+        nodes = _still_out(info, nodes, opts.min_nodes or 1)
     recovery = _recovery(opts, nodes, slurm)
     exporter = _exporter(opts, info)
     between: list[int] = []                       # TERM or INT while no attempt runs: no next one
@@ -266,6 +274,8 @@ def _attempts(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str],
             restart.update(action="stop", why=f"hpcml run got {signal.Signals(between[-1]).name} between attempts")
         info["restart"] = restart
         info["excluded"] = {**info.get("excluded", {}), **recovery.pool.out}
+        if restart["action"] != "restart" and info.get("stopped_at") and code == 0:
+            code = info["exit_code"] = STOPPED       # its ranks left on TERM with 0: the job did not end well
         if not write_own(d, info) or restart["action"] != "restart":
             if restart["action"] != "restart":
                 print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
@@ -273,11 +283,23 @@ def _attempts(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str],
         info = _next_attempt(d, info, restart)
 
 
+def _still_out(info: dict, nodes: list[str], least: int) -> list[str]:
+    """A requeued job's restarts excluded nodes in its earlier attempts: they stay out (while
+    enough are left to run on)."""
+    out = {n: why for rec in info.get("attempts") or [] if isinstance(rec.get("restart"), dict)
+           for n, why in (rec["restart"].get("excluded") or {}).items() if n in nodes}
+    if not out or len(nodes) - len(out) < least:
+        return nodes
+    info["excluded"] = {**info.get("excluded", {}), **out}
+    print(f"hpcml run: {', '.join(sorted(out))} stay out (excluded by an earlier attempt's restart)", file=sys.stderr)
+    return [n for n in nodes if n not in out]
+
+
 def _recovery(opts: Options, good: list[str], slurm: bool) -> Recovery | None:
     """``--max-restarts``: the policy that decides each restart (``hpcml.run.recovery``)."""
     if not opts.max_restarts:
         return None
-    spares = min(opts.spare_nodes, len(good) - 1) if slurm else 0
+    spares = max(0, min(opts.spare_nodes, len(good) - max(1, opts.min_nodes or 1))) if slurm else 0
     if spares < opts.spare_nodes and slurm:
         print(f"hpcml run: {plural(len(good), 'good node')}: {plural(spares, 'spare')} kept, not "
               f"{opts.spare_nodes}", file=sys.stderr)
@@ -304,8 +326,8 @@ def _attempt(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], 
               + (f" on {', '.join(recovery.pool.active)}" if slurm else ""), file=sys.stderr)
     restartable = recovery is not None and recovery.restarts < recovery.max_restarts
     if slurm:
-        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable, pending)
-    return _local(opts, d, task, info, exporter, restartable, pending)
+        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable, pending, recovery)
+    return _local(opts, d, task, info, exporter, restartable, pending, recovery)
 
 
 def _next_attempt(d: Path, info: dict, restart: dict) -> dict:
@@ -328,7 +350,7 @@ def _report(d: Path) -> None:
 
 
 def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict, exporter: Any,
-          restartable: bool, pending: list[int]) -> int:
+          restartable: bool, pending: list[int], recovery: Recovery | None) -> int:
     from hpcml.cluster.hostlist import fold
     per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
     if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
@@ -357,7 +379,7 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     # when the launcher dies (even by SIGKILL), on which srun kills its step
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     target = _Srun(proc, str(allocation.job_id), name)
-    watch = _watch(opts, d, info, ntasks, exporter, restartable)
+    watch = _watch(opts, d, info, ntasks, exporter, recovery)
     lost = LostNodes(nodes) if restartable else None
     with forwarding(lambda: (target,), FORWARDED) as seen:
         _replay(pending, seen, [target])
@@ -380,8 +402,9 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
                 proc.kill()                             # srun waits for a lost node's tasks: it is not coming back
             time.sleep(POLL)
         rc = proc.returncode
-    if lost is not None and rc != 0:
-        lost.poll(now=True)                             # srun ended first (its step's node failed)
+    if lost is not None:
+        if rc != 0 and not lost.lost:
+            lost.poll(now=True)                         # srun ended first (its step's node failed)
         if lost.lost:
             info["lost_nodes"] = lost.lost
     _note_signals(info, seen)
@@ -491,7 +514,7 @@ class _Wrapper:
 
 
 def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, restartable: bool,
-           pending: list[int]) -> int:
+           pending: list[int], recovery: Recovery | None) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -511,7 +534,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, r
                               preexec_fn=lambda: die_with_parent(STOP))
              for r in range(n)]
     _prefetch_report(opts)
-    watch = _watch(opts, d, info, n, exporter, restartable)
+    watch = _watch(opts, d, info, n, exporter, recovery)
     rc, state = 0, {}  # type: tuple[int, dict[str, float]]
     with forwarding(lambda: [_Wrapper(p) for p in procs], FORWARDED) as seen:
         _replay(pending, seen, [_Wrapper(p) for p in procs])
@@ -556,10 +579,10 @@ def _exporter(opts: Options, info: dict) -> Any:
         return None
 
 
-def _watch(opts: Options, d: Path, info: dict, world: int, exporter: Any, restartable: bool) -> Watch:
+def _watch(opts: Options, d: Path, info: dict, world: int, exporter: Any, recovery: Recovery | None) -> Watch:
     return Watch(d, int(info.get("attempt") or 0), world, timeout=hang_seconds(opts.hang_timeout),
-                 on_hang=opts.on_hang, exporter=exporter,
-                 on_straggler=opts.on_straggler if restartable else "report")
+                 on_hang=opts.on_hang, exporter=exporter, on_straggler=opts.on_straggler,
+                 can_replace=recovery.can_replace if recovery is not None else None)
 
 
 def _watched(watch: Watch, info: dict) -> None:
@@ -658,29 +681,11 @@ def _finish(d: Path, info: dict, rc: int) -> int:
 
 
 def _resumed(d: Path, info: dict) -> None:
-    """How the attempt before this one, restarted after a fault, was resumed by this one:
-    the step its checkpoint held (``requeue.note_resumed``), the steps lost, and the time
-    from the fault to this attempt's first step, split into detection, stop, vetting again,
-    relaunch and the script's own start-up (up to its first step)."""
+    """How the attempt before this one, restarted after a fault, was resumed by this one
+    (``recovery.resume_of``), into that attempt's ``restart`` record."""
     earlier = info.get("attempts") or []
     restart = (earlier[-1].get("restart") or {}) if earlier else {}
     if restart.get("action") != "restart":
         return
-    prev, fault = earlier[-1], restart["fault"]
-    note = requeue.resumed(attempt_dir(d, int(info["attempt"])))
-    step = note["step"] if note else None
-    began, first = fault.get("began") or fault.get("detected"), info.get("first_step_at")
-    starts = [m["start"] for m in _rank_meta(d, int(info["attempt"])) if isinstance(m.get("start"), (int, float))]
-    revet = (restart.get("revet") or {}).get("duration_s") or 0.0
-
-    def gap(a: Any, b: Any) -> float | None:
-        return round(b - a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
-    restart["resumed"] = {
-        "step": step, "checkpoint": note["checkpoint"] if note else None, "first_step_at": first,
-        "steps_lost": prev["furthest_step"] - step if step is not None and isinstance(prev.get("furthest_step"), int)
-        else None,
-        "time_to_resume_s": gap(began, first),
-        "split_s": {"detection": gap(began, fault.get("detected")), "stop": gap(fault.get("detected"), prev.get("ended")),
-                    "revet": revet, "relaunch": gap(restart.get("decided"), max(starts, default=None)),
-                    "startup": gap(max(starts, default=None), first)}}
+    restart["resumed"] = resume_of(d, earlier[-1], info)
     write_own(d, info)

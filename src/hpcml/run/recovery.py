@@ -107,7 +107,7 @@ class Pool:
 
     @classmethod
     def start(cls, good: list[str], spares: int) -> Pool:
-        cut = len(good) - spares
+        cut = max(1, len(good) - max(0, spares))
         return cls(list(good[:cut]), list(good[cut:]))
 
     def remove(self, nodes: list[str]) -> None:
@@ -138,6 +138,14 @@ class Recovery:
     restarts: int = 0
     history: list[tuple[str, int | None]] = field(default_factory=list)
     recurrences: int = 0
+    interrupted: bool = False            # SIGINT while vetting again: no restart
+
+    def can_replace(self, node: str | None) -> bool:
+        """Whether a restart without ``node`` is possible now (a spare, or ``--min-nodes``
+        allows one node fewer): a straggler is not worth stopping the job for otherwise."""
+        if self.restarts >= self.max_restarts:
+            return False
+        return not self.slurm or bool(self.pool.spare) or len(self.pool.active) - 1 >= self.min_nodes
 
     def after(self, info: dict[str, Any], vet_out: Path, allocation: Any) -> dict[str, Any] | None:
         """The ``restart`` record of an attempt that ended in a fault (``action``: restart
@@ -156,6 +164,8 @@ class Recovery:
                               "nodes; not restarting again")
         if self.slurm:
             record["suspects"] = self._suspects(fault, record, vet_out, allocation)
+        if self.interrupted:
+            return self._stop(record, "interrupted (SIGINT) while vetting again")
         nodes = self.pool.fill(self.want) if self.slurm else list(self.pool.active)
         record["excluded"] = {n: self.pool.out[n] for n in record.get("suspects", []) if n in self.pool.out}
         if len(nodes) < self.min_nodes:
@@ -204,11 +214,14 @@ class Recovery:
         from hpcml.vet.session import vet_job
         began = time.time()
         print(f"hpcml run: vetting {fold(nodes)} again ({self.revet})", file=sys.stderr, flush=True)
+        from hpcml.vet.isolate import interrupted
         try:
             run_, _ = vet_job(self.revet, min_nodes=1, nodes=fold(nodes), out=out, allocation=allocation)  # type: ignore[arg-type]
             good, reasons = set(run_.verdict.good), run_.verdict.reasons
         except HpcmlError as exc:                       # vetting could not run: nothing clears them
             good, reasons = set(), {n: [f"vetting again failed: {exc}"] for n in nodes}
+        if interrupted():                               # Ctrl-C while vetting (vet's own handler took it)
+            self.interrupted = True
         for n in nodes:
             if n in good:
                 self.pool.spare.append(n)               # back, as the last spare
@@ -302,9 +315,49 @@ def time_lost(records: list[dict[str, Any]], step_s: float | None) -> dict[str, 
         return None
     waits = [(r.get("resumed") or {}).get("time_to_resume_s") for r in restarts]
     steps = [(r.get("resumed") or {}).get("steps_lost") for r in restarts]
-    waited = sum(w for w in waits if isinstance(w, (int, float)))
+    known = [w for w in waits if isinstance(w, (int, float))]
+    waited = round(sum(known), 3) if known else None          # None: no next attempt reached a step
     redone = sum(s for s in steps if isinstance(s, int))
-    total = waited + (redone * step_s if step_s else 0.0)
+    total = None if waited is None else round(waited + (redone * step_s if step_s else 0.0), 3)
     return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.get("action") == "restart"),
-            "time_to_resume_s": round(waited, 3), "steps_lost": redone,
-            "time_lost_s": round(total, 3), "step_s": step_s}
+            "time_to_resume_s": waited, "steps_lost": redone, "time_lost_s": total, "step_s": step_s}
+
+
+def resume_of(d: Path, prev: dict[str, Any], nxt: dict[str, Any]) -> dict[str, Any]:
+    """How attempt ``nxt`` resumed the training ``prev`` left after its fault: the step its
+    checkpoint held (``requeue.note_resumed``), the steps lost (the last step seen minus that
+    one), and the time from the fault to ``nxt``'s first step, split into detection, stop,
+    vetting again, relaunch and the script's own start-up. Read from the job directory, so
+    the report can say it for an attempt whose launcher did not live to write it."""
+    from hpcml.cluster import requeue
+    from hpcml.errors import UsageError
+    from hpcml.observe.beat import read_beats
+    from hpcml.observe.store import read_meta
+    from hpcml.run.jobdir import attempt_dir, observe_dir
+    restart, n = prev.get("restart") or {}, int(nxt.get("attempt") or 0)
+    fault = restart.get("fault") or {}
+    note = requeue.resumed(attempt_dir(d, n))
+    step = note["step"] if note else None
+    first = nxt.get("first_step_at")
+    if first is None:                                  # the launcher did not write it: the ranks' records
+        firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}).values()
+                  if isinstance(b.get("first"), (int, float))]
+        first = min(firsts, default=None)
+    try:
+        ranks = list((read_meta(observe_dir(d, n))[1].get("ranks") or {}).values())
+    except UsageError:
+        ranks = []
+    starts = [m["start"] for m in ranks if isinstance(m, dict) and isinstance(m.get("start"), (int, float))]
+    began = fault.get("began") or fault.get("detected")
+    furthest = prev.get("furthest_step")
+
+    def gap(a: Any, b: Any) -> float | None:
+        return round(b - a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
+    return {"step": step, "checkpoint": note["checkpoint"] if note else None, "first_step_at": first,
+            "steps_lost": furthest - step if step is not None and isinstance(furthest, int) else None,
+            "time_to_resume_s": gap(began, first),
+            "split_s": {"detection": gap(began, fault.get("detected")),
+                        "stop": gap(fault.get("detected"), prev.get("ended")),
+                        "revet": (restart.get("revet") or {}).get("duration_s") or 0.0,
+                        "relaunch": gap(restart.get("decided"), max(starts, default=None)),
+                        "startup": gap(max(starts, default=None), first)}}

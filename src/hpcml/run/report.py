@@ -30,7 +30,7 @@ from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, restart_of, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
-from hpcml.run.recovery import describe, time_lost
+from hpcml.run.recovery import describe, resume_of, time_lost
 from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
@@ -135,6 +135,8 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
         ending = _ending(d, rec)
         obs, why = _observe(d, n, bool(ending["requeued"]))
         restart = rec.get("restart") if isinstance(rec.get("restart"), dict) else None
+        if restart and restart.get("action") == "restart" and not restart.get("resumed"):
+            restart = {**restart, "resumed": resume_of(d, rec, nxt)}      # its launcher did not live to say
         out.append({"attempt": n, "started": rec.get("started"), "ended": rec.get("ended"),
                     "exit_code": rec.get("exit_code"), "requeued": ending["requeued"],
                     "first_failure": ending["first_failure"], "signals_forwarded": rec.get("signals_forwarded", []),
@@ -379,7 +381,7 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
     out.append(f"attempt {rep['job'].get('attempt') or 0} (this one) on {', '.join(rep['job'].get('nodes') or [])}: "
                f"{how}")
     lost = rep.get("recovery")
-    if lost:
+    if lost and lost.get("time_lost_s") is not None:
         out.append(f"faults cost {lost['time_lost_s']:.0f} s: {lost['time_to_resume_s']:.0f} s from faults to "
                    f"resumed steps, {plural(lost['steps_lost'], 'step')} done again"
                    + (f" ({lost['steps_lost'] * lost['step_s']:.0f} s)" if lost.get("step_s") else ""))

@@ -76,6 +76,7 @@ class Watch:
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
     _fr_until: float | None = None
     on_straggler: str = "report"                 # restart: a straggler stops the job (hpcml.run.recovery)
+    can_replace: Any = None                      # node -> whether a restart without it is possible now
     stopped_for: dict[str, Any] | None = None    # the straggler the job was stopped for
 
     def __post_init__(self) -> None:
@@ -130,6 +131,8 @@ class Watch:
         if self.on_straggler != "restart" or self.stopped_for or not self.stragglers or self._stopping:
             return False
         first = min(self.stragglers.values(), key=lambda s: s["detected"])
+        if self.can_replace is not None and not self.can_replace(first.get("node")):
+            return False                         # no spare, --min-nodes, no restart left: it runs on, slower
         self.stopped_for = {"what": f"rank {first['rank']} {first['score']:.1f}x slower since step "
                             f"{first['since_step']:,}", "node": first.get("node"), "rank": first["rank"],
                             "began": None, "detected": first["detected"]}
