@@ -175,7 +175,9 @@ class Checkpointer:
 
     # -- signals ------------------------------------------------------------------------
     def _on_signal(self, signum: int, frame: Any) -> None:
-        self.stop_signal = signal.Signals(signum).name
+        # the first one says why it stops: the requeue's own TERM (``scontrol requeue`` ends
+        # the job while rank 0 is still returning from it) must not rename the warning
+        self.stop_signal = self.stop_signal or signal.Signals(signum).name
 
     @property
     def _stop_file(self) -> Path:
