@@ -33,11 +33,13 @@ ONLY_N1 = "name: only-n1\nevals:\n  - {name: on-n1, type: env, expected: {SLURMD
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
-    """Its own root and ports (the suite's cluster's, shifted), and a 5 s SlurmdTimeout so a
-    lost node is declared within seconds."""
+    """Its own root and ports (the suite's cluster's, shifted); SlurmdTimeout and
+    MessageTimeout of 5 s so a lost node is declared within ~8 s (~20 s with the 10 s
+    default MessageTimeout: the controller's ping of a dead slurmd waits that long)."""
     port = int(os.environ.get("HPCML_SLURM_PORT", "6917")) + 80
     root = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + "-recovery")
-    c = LocalSlurm(root, nodes=3, ctld_port=port, first_slurmd_port=port + 4, extra_conf="SlurmdTimeout=5")
+    c = LocalSlurm(root, nodes=3, ctld_port=port, first_slurmd_port=port + 4,
+                   extra_conf="SlurmdTimeout=5\nMessageTimeout=5")
     c.start()
     try:
         yield c
