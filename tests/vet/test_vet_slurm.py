@@ -171,3 +171,40 @@ def test_bad_protocol_in_an_allocation_is_one_line_exit_2_and_runs_nothing(env, 
     errors = [line for line in p.stderr.splitlines() if not line.startswith("salloc:")]
     assert len(errors) == 1 and "p.yaml:6: key 'evals[0].min_free'" in errors[0], p.stderr
     assert not (tmp_path / "vet").exists() and not list(Path("/tmp").glob(".hpcml-vet-*"))
+
+
+def test_kill_9_of_the_launcher_ends_the_workers_step(env, tmp_path):
+    """hpcml vet (or hpcml run vetting suspects again) killed with SIGKILL: srun gets TERM
+    from the kernel (its parent-death signal) and ends the workers' step, instead of leaving
+    the checks to run until their own timeouts. The allocation outlives the launcher (as a
+    batch script that goes on would), so its end is not what stops them. Looked for: the
+    workers' processes."""
+    import os
+    import signal
+
+    import psutil
+    (tmp_path / "p.yaml").write_text(
+        "name: hang-all\nmin_nodes: 1\ndeadline: 120 s\nevals:\n"
+        "  - {name: hang, type: tests.plugins.testchecks.Hang, timeout: 100 s}\n")
+    env = {**env, "PYTHONPATH": f"{tmp_path}:{env['PYTHONPATH']}"}    # marks the workers' command lines
+
+    def workers() -> list[psutil.Process]:
+        return [p for p in psutil.process_iter(["cmdline"]) if "hpcml.vet.worker" in " ".join(p.info["cmdline"] or [])
+                and str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    job = subprocess.Popen(["salloc", "-N2", "--ntasks-per-node=1", "bash", "-c",
+                            f"{sys.executable} -m hpcml vet p.yaml --out vet & echo $! > pid; wait; "
+                            "until [ -e over ]; do sleep 0.2; done"],
+                           env=env, cwd=tmp_path, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        end = time.monotonic() + 60
+        while time.monotonic() < end and len(workers()) < 2:
+            time.sleep(0.2)
+        assert len(workers()) >= 2
+        os.kill(int((tmp_path / "pid").read_text()), signal.SIGKILL)
+        end = time.monotonic() + 30
+        while time.monotonic() < end and workers():
+            time.sleep(0.2)
+        assert workers() == []
+    finally:
+        (tmp_path / "over").touch()      # the allocation outlived the launcher: its end is not what ended them
+        job.wait(timeout=60)

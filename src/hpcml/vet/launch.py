@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -19,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcml.cluster import slurm
+from hpcml.proctree import die_with_parent, libc
 from hpcml.vet.model import NodeReport
 from hpcml.vet.wire import PRELOAD_ENV, Reassembler
 
@@ -66,9 +68,12 @@ class Step:
         self.complete = threading.Event()
         self.wire = Reassembler()
         env = dict(os.environ, **{PRELOAD_ENV: ",".join(preload)})
+        # TERM when the launcher dies, even by SIGKILL (hpcml run's re-vet included): srun
+        # then ends the workers' step instead of leaving it to the checks' own timeouts
+        libc()                           # loaded here, not in the forked child (other threads may run)
         self.proc = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
                                      stderr=subprocess.PIPE, text=True, env=env,
-                                     start_new_session=True)
+                                     start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
         self.readers = [threading.Thread(target=_read_lines, args=args, daemon=True) for args in
                         ((self.proc.stdout, self._on_stdout, self.complete.set),
                          (self.proc.stderr, self._on_stderr))]
