@@ -9,11 +9,12 @@ from pathlib import Path
 
 
 def submit(script: str, workdir: Path, env: dict[str, str], nodes: int = 2,
-           tasks_per_node: int = 1) -> str:
+           tasks_per_node: int = 1, extra: tuple[str, ...] = ()) -> str:
+    """``extra``: more sbatch options (``-w n[1-3]``, ``--no-kill``)."""
     path = workdir / "job.sh"
     path.write_text(script)
     out = subprocess.run(["sbatch", "--parsable", f"--nodes={nodes}", f"--ntasks-per-node={tasks_per_node}",
-                          f"--output={workdir}/job.out", f"--chdir={workdir}", str(path)],
+                          f"--output={workdir}/job.out", f"--chdir={workdir}", *extra, str(path)],
                          capture_output=True, text=True, env=env, timeout=30, check=True)
     return out.stdout.strip().split(";")[0]
 

@@ -21,7 +21,7 @@ import pytest
 
 from hpcml.testing.localslurm import LocalSlurm
 from tests.run.test_recovery_local import RESUMABLE, no_process_left, reference, same_weights, steps_done, training
-from tests.slurmjobs import wait
+from tests.slurmjobs import submit, wait
 
 ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
@@ -54,12 +54,16 @@ def env(cluster) -> dict[str, str]:
             "PATH": f"{Path(sys.executable).parent}:{base['PATH']}"}
 
 
-def sbatch(tmp: Path, env: dict[str, str], script: str, *flags: str) -> str:
-    import subprocess
-    (tmp / "job.sh").write_text("#!/bin/bash\n" + script + "\necho run-rc=$?\n")
-    out = subprocess.run(["sbatch", "--parsable", "--ntasks-per-node=1", f"--output={tmp}/job.out", f"--chdir={tmp}",
-                          *flags, str(tmp / "job.sh")], capture_output=True, text=True, env=env, timeout=30, check=True)
-    return out.stdout.strip().split(";")[0]
+def sbatch(tmp: Path, env: dict[str, str], script: str, nodes: int, *flags: str) -> str:
+    return submit("#!/bin/bash\n" + script + "\necho run-rc=$?\n", tmp, env, nodes=nodes, extra=flags)
+
+
+def finished(job: str, env: dict[str, str], tmp: Path) -> tuple[str, dict]:
+    """The batch job has ended with hpcml run's exit 0: its output and run.json."""
+    wait(job, env, timeout=300)
+    out = (tmp / "job.out").read_text()
+    assert "run-rc=0" in out, out
+    return out, json.loads((tmp / "job" / "run.json").read_text())
 
 
 def exports(values: dict[str, str]) -> str:
@@ -78,13 +82,10 @@ def test_a_hung_rank_is_replaced_by_a_spare_and_training_ends_bitwise(cluster, e
                                         "min_available_fraction: 1%}\n")
     job = sbatch(tmp_path, env, exports(training(tmp_path, "job", FAULT="hang", FAULT_NODE="n2"))
                  + f"hpcml run --vet pass.yaml --max-restarts 2 --spare-nodes 1 --hang-timeout 5 --kill-grace 3 "
-                   f"--dir job -- python {RESUMABLE}", "-w", "n[1-3]")
-    wait(job, env, timeout=300)
-    out = (tmp_path / "job.out").read_text()
-    assert "run-rc=0" in out, out
+                   f"--dir job -- python {RESUMABLE}", 3, "-w", "n[1-3]")
+    out, run = finished(job, env, tmp_path)
     assert "culprit rank 1 on n2" in out and "vetting n2 again" in out
     assert same_weights(reference, tmp_path / "job.pt")
-    run = json.loads((tmp_path / "job" / "run.json").read_text())
     first, restart = run["attempts"][0], run["attempts"][0]["restart"]
     assert first["nodes"] == ["n1", "n2"] and run["nodes"] == ["n1", "n3"]
     assert restart["fault"]["kind"] == "hang" and restart["fault"]["nodes"] == ["n2"]
@@ -100,11 +101,8 @@ def test_a_crashing_node_that_fails_vetting_again_is_left_out_and_the_job_shrink
     (tmp_path / "only-n1.yaml").write_text(ONLY_N1)
     job = sbatch(tmp_path, env, exports(training(tmp_path, "job", FAULT="crash", FAULT_NODE="n2"))
                  + f"hpcml run --max-restarts 1 --min-nodes 1 --revet only-n1.yaml --kill-grace 3 --dir job "
-                   f"-- python {RESUMABLE}", "-w", "n[1-2]")
-    wait(job, env, timeout=300)
-    out = (tmp_path / "job.out").read_text()
-    assert "run-rc=0" in out, out
-    run = json.loads((tmp_path / "job" / "run.json").read_text())
+                   f"-- python {RESUMABLE}", 2, "-w", "n[1-2]")
+    _, run = finished(job, env, tmp_path)
     restart = run["attempts"][0]["restart"]
     assert restart["fault"]["kind"] == "crash" and "injected crash at step 30" in restart["fault"]["what"]
     assert restart["revet"]["passed"] == [] and "failed vetting" in run["excluded"]["n2"][0]
@@ -120,7 +118,7 @@ def test_a_node_whose_slurmd_dies_is_left_out_and_the_job_goes_on(cluster, env, 
     # slow until the fault (Slurm takes ~20 s to call a node lost here), quick after it
     slow = training(tmp_path, "job", STEPS="400", STEP_S="0.2", STEP_S_AFTER="0.01")
     job = sbatch(tmp_path, env, exports(slow) + f"hpcml run --max-restarts 1 --spare-nodes 1 --kill-grace 3 "
-                 f"--dir job -- python {RESUMABLE}", "--no-kill", "-w", "n[1-3]")
+                 f"--dir job -- python {RESUMABLE}", 3, "--no-kill", "-w", "n[1-3]")
     done = tmp_path / "job.done"
     end = time.monotonic() + 120
     while time.monotonic() < end and not (done.exists() and len(done.read_text().splitlines()) >= 40):
@@ -129,10 +127,7 @@ def test_a_node_whose_slurmd_dies_is_left_out_and_the_job_goes_on(cluster, env, 
               and os.path.basename(cmd[0]) == "slurmd" and "n2" in cmd and str(cluster.conf) in cmd]
     assert len(slurmd) == 1
     slurmd[0].kill()
-    wait(job, env, timeout=300)
-    out = (tmp_path / "job.out").read_text()
-    assert "run-rc=0" in out, out
-    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    out, run = finished(job, env, tmp_path)
     restart = run["attempts"][0]["restart"]
     assert restart["fault"]["kind"] == "node" and restart["fault"]["nodes"] == ["n2"], out
     assert run["nodes"] == ["n1", "n3"] and "n2" in run["excluded"]

@@ -76,6 +76,17 @@ def observe_dir(d: Path, attempt: int = 0) -> Path:
     return attempt_dir(d, attempt) / "observe"
 
 
+def rank_meta(d: Path, attempt: int = 0) -> list[dict[str, Any]]:
+    """Each rank's metadata in the attempt's observe store (start, end, exit code, node);
+    empty when no task got as far as recording."""
+    from hpcml.observe.store import read_meta
+    try:
+        _, meta, _ = read_meta(observe_dir(d, attempt))
+    except UsageError:
+        return []
+    return [m for m in (meta.get("ranks") or {}).values() if isinstance(m, dict)]
+
+
 def vet_dir(d: Path) -> Path:
     return d / "vet"
 

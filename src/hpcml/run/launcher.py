@@ -36,8 +36,8 @@ from hpcml.run.jobdir import (
     default_dir,
     launcher,
     log_path,
-    observe_dir,
     prepare,
+    rank_meta,
     restart_of,
     tail,
     vet_dir,
@@ -276,9 +276,11 @@ def _attempts(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str],
         info["excluded"] = {**info.get("excluded", {}), **recovery.pool.out}
         if restart["action"] != "restart" and info.get("stopped_at") and code == 0:
             code = info["exit_code"] = STOPPED       # its ranks left on TERM with 0: the job did not end well
-        if not write_own(d, info) or restart["action"] != "restart":
-            if restart["action"] != "restart":
-                print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
+        written = write_own(d, info)
+        if restart["action"] != "restart":
+            print(f"hpcml run: not restarting: {restart['why']}", file=sys.stderr)
+            return info, code
+        if not written:                              # a later attempt of this Slurm job holds the directory
             return info, code
         info = _next_attempt(d, info, restart)
 
@@ -324,10 +326,9 @@ def _attempt(opts: Options, d: Path, slurm: bool, allocation, nodes: list[str], 
     if recovery is not None and recovery.restarts:
         print(f"hpcml run: attempt {info['attempt']} (restart {recovery.restarts} of {recovery.max_restarts})"
               + (f" on {', '.join(recovery.pool.active)}" if slurm else ""), file=sys.stderr)
-    restartable = recovery is not None and recovery.restarts < recovery.max_restarts
     if slurm:
-        return _srun(opts, d, nodes, allocation, task, info, exporter, restartable, pending, recovery)
-    return _local(opts, d, task, info, exporter, restartable, pending, recovery)
+        return _srun(opts, d, nodes, allocation, task, info, exporter, pending, recovery)
+    return _local(opts, d, task, info, exporter, pending, recovery)
 
 
 def _next_attempt(d: Path, info: dict, restart: dict) -> dict:
@@ -350,14 +351,15 @@ def _report(d: Path) -> None:
 
 
 def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict, exporter: Any,
-          restartable: bool, pending: list[int], recovery: Recovery | None) -> int:
+          pending: list[int], recovery: Recovery | None) -> int:
     from hpcml.cluster.hostlist import fold
     per_node = opts.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
     if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
         per_node = int(os.environ["SLURM_GPUS_ON_NODE"])        # one task per GPU, each bound to its GPU
         opts.gpus_per_task = opts.gpus_per_task or 1
     per_node = per_node or 1
-    ntasks = min(opts.ntasks, per_node * len(nodes)) if opts.ntasks else per_node * len(nodes)
+    fits = per_node * len(nodes)                # fewer after a shrink than the --ntasks asked for
+    ntasks = min(opts.ntasks or fits, fits)
     master_node = nodes[0]                   # srun gives rank 0 the first node of the list
     if master_node == allocation.node:
         port = free_port()
@@ -380,7 +382,7 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
     proc = subprocess.Popen(argv, env=env, start_new_session=True, preexec_fn=lambda: die_with_parent(signal.SIGTERM))
     target = _Srun(proc, str(allocation.job_id), name)
     watch = _watch(opts, d, info, ntasks, exporter, recovery)
-    lost = LostNodes(nodes) if restartable else None
+    lost = LostNodes(nodes) if recovery is not None and recovery.left else None
     with forwarding(lambda: (target,), FORWARDED) as seen:
         _replay(pending, seen, [target])
         _prefetch_report(opts)                          # srun passes them on to every task
@@ -389,13 +391,9 @@ def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str],
             if lost is not None and lost.poll() and "stop_at" not in state:
                 for n, v in lost.lost.items():
                     watch.stopping("node", f"node {n} lost ({v['state']})", v["seen"], node=n)
-                target.send_signal(signal.SIGTERM)      # the step's tasks, then srun after the grace
-                state.setdefault("stop_at", time.monotonic())
-                info.setdefault("stopped_at", time.time())
+                _stop([target], state, info)            # the step's tasks, then srun after the grace
             if watch.poll() == "stop":
-                target.send_signal(signal.SIGTERM)
-                state.setdefault("stop_at", time.monotonic())
-                info.setdefault("stopped_at", time.time())
+                _stop([target], state, info)
             if _grace_over(opts, seen, state, info):
                 proc.send_signal(signal.SIGTERM)        # srun: SIGKILL to every process of its step
             elif info.get("killed_after_grace") and time.monotonic() - state["stop_at"] > opts.kill_grace + LOST_WAIT:
@@ -436,6 +434,15 @@ class _Srun:
                 pass
             sig = signal.SIGTERM                        # no step yet: srun ends what it started
         self.proc.send_signal(sig)
+
+
+def _stop(targets: list, state: dict, info: dict) -> None:
+    """hpcml run stops the attempt itself (a hang, a straggler, a lost node): TERM now, the
+    kill grace counts from here, and run.json says it was stopped, not failed."""
+    for t in targets:
+        t.send_signal(signal.SIGTERM)
+    state.setdefault("stop_at", time.monotonic())
+    info.setdefault("stopped_at", time.time())
 
 
 def _replay(pending: list[int], seen: list[int], targets: list) -> None:
@@ -513,8 +520,8 @@ class _Wrapper:
             return []
 
 
-def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, restartable: bool,
-           pending: list[int], recovery: Recovery | None) -> int:
+def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, pending: list[int],
+           recovery: Recovery | None) -> int:
     n = opts.ntasks or _gpus_here() or 1
     port = free_port("127.0.0.1")
     base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
@@ -540,10 +547,7 @@ def _local(opts: Options, d: Path, task: list[str], info: dict, exporter: Any, r
         _replay(pending, seen, [_Wrapper(p) for p in procs])
         while procs:
             if watch.poll() == "stop":
-                for p in procs:
-                    p.send_signal(signal.SIGTERM)
-                state.setdefault("stop_at", time.monotonic())
-                info.setdefault("stopped_at", time.time())
+                _stop(procs, state, info)
             for p in list(procs):
                 code = p.poll()
                 if code is None:
@@ -606,20 +610,11 @@ def _kill_orphans(wrappers: set[int], reap: bool = False, rounds: int = 100) -> 
                 pass
 
 
-def _rank_meta(d: Path, attempt: int) -> list[dict]:
-    from hpcml.observe.store import read_meta
-    try:
-        _, meta, _ = read_meta(observe_dir(d, attempt))
-    except UsageError:
-        return []                                       # no task got as far as recording
-    return [m for m in (meta.get("ranks") or {}).values() if isinstance(m, dict)]
-
-
 def first_failure(d: Path, attempt: int = 0, requeued: bool = False) -> dict | None:
     """The rank that failed first (by when its command ended), from the recorder's metadata.
     ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail."""
     failed = []
-    for m in _rank_meta(d, attempt):
+    for m in rank_meta(d, attempt):
         ec = m.get("exit_code")
         if isinstance(ec, int) and ec != 0 and not (requeued and ec in requeue.KILLED_BY_REQUEUE):
             failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
@@ -649,7 +644,7 @@ def _concluded(d: Path, prev: dict, restart: int) -> dict:
         first = first_failure(d, attempt, requeued=True)   # the ranks the requeue stopped did not fail
         prev.update(exit_code=first["exit_code"] if first else 0, first_failure=first)
     if prev.get("ended") is None:
-        ends = [m["end"] for m in _rank_meta(d, attempt) if isinstance(m.get("end"), (int, float))]
+        ends = [m["end"] for m in rank_meta(d, attempt) if isinstance(m.get("end"), (int, float))]
         prev.update(ended=max(ends, default=None), end_recorded_by_next_attempt=True)
     return prev
 

@@ -140,10 +140,15 @@ class Recovery:
     recurrences: int = 0
     interrupted: bool = False            # SIGINT while vetting again: no restart
 
+    @property
+    def left(self) -> bool:
+        """A restart is left."""
+        return self.restarts < self.max_restarts
+
     def can_replace(self, node: str | None) -> bool:
         """Whether a restart without ``node`` is possible now (a spare, or ``--min-nodes``
         allows one node fewer): a straggler is not worth stopping the job for otherwise."""
-        if self.restarts >= self.max_restarts:
+        if not self.left:
             return False
         return not self.slurm or bool(self.pool.spare) or len(self.pool.active) - 1 >= self.min_nodes
 
@@ -155,7 +160,7 @@ class Recovery:
             return None
         record: dict[str, Any] = {"fault": fault.to_json(), "decided": None}
         self._recurrence(fault)
-        if self.restarts >= self.max_restarts:
+        if not self.left:
             return self._stop(record, f"no restart left (--max-restarts {self.max_restarts})")
         if self.recurrences >= RECURRENCES:
             at = "before its first step" if fault.step is None else f"at step {fault.step:,}"
@@ -192,9 +197,10 @@ class Recovery:
         """Take the suspects out; vet again those that may return (not lost, not named before)."""
         suspects = [n for n in fault.nodes if n in self.pool.active or n in self.pool.spare]
         again: list[str] = []
+        cause = f"{fault.kind} in attempt {len(self.history) - 1}"
         for n in suspects:
             self.pool.named[n] += 1
-            reason = f"{fault.kind} in attempt {len(self.history) - 1}: {fault.what}"
+            reason = f"{cause}: {fault.what}"
             if fault.kind == "node":
                 self.pool.exclude(n, reason)
             elif self.pool.named[n] > 1:
@@ -205,16 +211,16 @@ class Recovery:
                 self.pool.remove([n])
                 again.append(n)
         if again:
-            record["revet"] = self._revet(again, vet_out, allocation, reason_of=fault)
+            record["revet"] = self._revet(again, vet_out, allocation, cause)
         return suspects
 
-    def _revet(self, nodes: list[str], out: Path, allocation: Any, reason_of: Fault) -> dict[str, Any]:
+    def _revet(self, nodes: list[str], out: Path, allocation: Any, cause: str) -> dict[str, Any]:
         from hpcml.cluster.hostlist import fold
         from hpcml.errors import HpcmlError
+        from hpcml.vet.isolate import interrupted
         from hpcml.vet.session import vet_job
         began = time.time()
         print(f"hpcml run: vetting {fold(nodes)} again ({self.revet})", file=sys.stderr, flush=True)
-        from hpcml.vet.isolate import interrupted
         try:
             run_, _ = vet_job(self.revet, min_nodes=1, nodes=fold(nodes), out=out, allocation=allocation)  # type: ignore[arg-type]
             good, reasons = set(run_.verdict.good), run_.verdict.reasons
@@ -222,20 +228,16 @@ class Recovery:
             good, reasons = set(), {n: [f"vetting again failed: {exc}"] for n in nodes}
         if interrupted():                               # Ctrl-C while vetting (vet's own handler took it)
             self.interrupted = True
-        for n in nodes:
-            if n in good:
-                self.pool.spare.append(n)               # back, as the last spare
-            else:
-                self.pool.out.setdefault(n, []).append(
-                    f"{reason_of.kind} in attempt {len(self.history) - 1}, then failed vetting: "
-                    + "; ".join(reasons.get(n) or ["no verdict"]))
-        took = time.time() - began
         passed = [n for n in nodes if n in good]
-        print(f"hpcml run: vetted again in {took:.1f} s: "
-              + (f"{', '.join(passed)} passed (back as a spare)" if passed else "")
-              + ("; " if passed and len(passed) < len(nodes) else "")
-              + (f"{', '.join(n for n in nodes if n not in good)} failed (out)" if len(passed) < len(nodes) else ""),
-              file=sys.stderr, flush=True)
+        failed = [n for n in nodes if n not in good]
+        self.pool.spare += passed                       # back, as the last spares
+        for n in failed:
+            self.pool.out.setdefault(n, []).append(f"{cause}, then failed vetting: "
+                                                   + "; ".join(reasons.get(n) or ["no verdict"]))
+        took = time.time() - began
+        said = ([f"{', '.join(passed)} passed (back as a spare)"] if passed else []) \
+            + ([f"{', '.join(failed)} failed (out)"] if failed else [])
+        print(f"hpcml run: vetted again in {took:.1f} s: {'; '.join(said)}", file=sys.stderr, flush=True)
         return {"nodes": nodes, "passed": passed, "began": began, "duration_s": round(took, 3), "dir": str(out)}
 
 
@@ -330,10 +332,8 @@ def resume_of(d: Path, prev: dict[str, Any], nxt: dict[str, Any]) -> dict[str, A
     vetting again, relaunch and the script's own start-up. Read from the job directory, so
     the report can say it for an attempt whose launcher did not live to write it."""
     from hpcml.cluster import requeue
-    from hpcml.errors import UsageError
     from hpcml.observe.beat import read_beats
-    from hpcml.observe.store import read_meta
-    from hpcml.run.jobdir import attempt_dir, observe_dir
+    from hpcml.run.jobdir import attempt_dir, observe_dir, rank_meta
     restart, n = prev.get("restart") or {}, int(nxt.get("attempt") or 0)
     fault = restart.get("fault") or {}
     note = requeue.resumed(attempt_dir(d, n))
@@ -343,11 +343,7 @@ def resume_of(d: Path, prev: dict[str, Any], nxt: dict[str, Any]) -> dict[str, A
         firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}).values()
                   if isinstance(b.get("first"), (int, float))]
         first = min(firsts, default=None)
-    try:
-        ranks = list((read_meta(observe_dir(d, n))[1].get("ranks") or {}).values())
-    except UsageError:
-        ranks = []
-    starts = [m["start"] for m in ranks if isinstance(m, dict) and isinstance(m.get("start"), (int, float))]
+    starts = [m["start"] for m in rank_meta(d, n) if isinstance(m.get("start"), (int, float))]
     began = fault.get("began") or fault.get("detected")
     furthest = prev.get("furthest_step")
 

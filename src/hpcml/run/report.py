@@ -168,9 +168,9 @@ def _resume_advice(restart: dict) -> str:
         + "; the excluded nodes' reasons are in run.json (excluded)"
 
 
-def _recovery(run: dict, obs: Any) -> dict | None:
+def _recovery(run: dict, obs: dict | None) -> dict | None:
     """Every fault and restart of an in-job recovering run, and the time they cost."""
-    tp = (obs.to_dict().get("throughput") if obs is not None else None) or {}
+    tp = ((obs or {}).get("throughput")) or {}
     step_s = 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
     return time_lost([*(run.get("attempts") or []), run], step_s)
 
@@ -269,6 +269,7 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append({"source": "mlflow", "kind": "mlflow_dropped", "message": f"MLflow: {mlflow['line']}",
                          "advice": mlflow.get("unreachable") or "the server refused some batches: see its log"})
     started, ended = (earlier[0]["started"] if earlier else run.get("started")), run.get("ended")
+    obs_dict = obs.to_dict() if obs is not None else None
     return {
         "schema": SCHEMA,
         "path": str(d),
@@ -280,13 +281,13 @@ def build(d: str | Path) -> dict[str, Any]:
         "excluded": run.get("excluded") or {},
         "env": _env(d),
         "ending": ending,
-        "observe": obs.to_dict() if obs is not None else None,
+        "observe": obs_dict,
         "observe_missing": obs_why,
         "score": {k: v for k, v in score.items() if k not in ("series", "heatmap")} if score is not None else None,
         "score_missing": score_why,
         "mlflow": mlflow,
         "watch": watch,
-        "recovery": _recovery(run, obs),
+        "recovery": _recovery(run, obs_dict),
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
