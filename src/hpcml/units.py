@@ -10,9 +10,6 @@ they are loaded, so they keep their meaning.
 from __future__ import annotations
 
 import re
-from typing import Annotated
-
-from pydantic import BeforeValidator
 
 _PREFIX = {"": 1, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15,
            "Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "Pi": 2**50}
@@ -104,10 +101,3 @@ def fmt_bytes(n: float) -> str:
 
 def fmt_rate(n: float) -> str:
     return fmt_bytes(n) + "/s"
-
-
-Bytes = Annotated[float, BeforeValidator(parse_bytes)]
-Rate = Annotated[float, BeforeValidator(parse_rate)]
-Flops = Annotated[float, BeforeValidator(parse_flops)]
-Seconds = Annotated[float, BeforeValidator(parse_seconds)]
-Fraction = Annotated[float, BeforeValidator(parse_fraction)]

@@ -1,6 +1,7 @@
 import pytest
 
-from hpcml.cluster import allocation, expand, fold
+from hpcml.cluster import allocation
+from hpcml.cluster.hostlist import expand, fold
 from hpcml.errors import UsageError
 
 

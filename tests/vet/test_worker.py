@@ -59,3 +59,39 @@ def test_light_checks_run_side_by_side_and_keep_protocol_order():
     h1, h2 = rep.results[1].details, rep.results[2].details
     assert h2["began"] < h1["ended"] and h1["began"] < h2["ended"]  # they overlapped
     assert rep.results[1].duration >= 1.0
+
+
+def test_host_checks_worker_loads_no_pydantic_psutil_or_clustershell(tmp_path):
+    """What every node pays: the worker for the CPU protocol's host checks, started the way
+    the launcher starts it, imports neither pydantic, psutil nor ClusterShell (~0.3 s of CPU
+    together on this machine), and its checks still pass with the launcher's values."""
+    import json
+    import subprocess
+    import sys
+
+    from hpcml.vet.engine import _spec
+    from hpcml.vet.launch import _worker_command
+    proto = loads("name: t\nevals:\n"
+                  "  - {name: m, type: memory, min_available_fraction: 1%}\n"
+                  "  - {name: l, type: load, max_load_per_cpu: 1000}\n"
+                  f"  - {{name: d, type: disk, path: {tmp_path}, min_free: 1 MB, write_size: 1 MiB}}\n"
+                  "  - {name: mo, type: mounts, paths: [/proc]}\n"
+                  "  - {name: e, type: env, absent: [HPCML_SURELY_UNSET]}\n"
+                  "  - {name: c, type: clock, max_skew: 1 s}\n")
+    spec = _spec(proto, proto.evals, ["n1"], time.time() + 60, None)
+    probe = ("import sys, atexit; atexit.register(lambda: print('MODULES', ' '.join(sorted("
+             "m for m in sys.modules if m.split('.')[0] in ('pydantic', 'psutil', 'ClusterShell'))), "
+             "file=sys.stderr)); ")
+    cmd = _worker_command(sys.executable)
+    cmd[-1] = probe + cmd[-1]
+    out = subprocess.run(cmd, input=json.dumps(spec) + "\n", capture_output=True, text=True,
+                         env={**__import__("os").environ, "SLURMD_NODENAME": "n1"}, timeout=60)
+    assert out.returncode == 0, out.stderr
+    from hpcml.vet.wire import Reassembler
+    reassembler = Reassembler()
+    reports = [r for line in out.stdout.splitlines() if (r := reassembler.feed(line))]
+    assert [node for node, _ in reports] == ["n1"]
+    outcomes = {r["check"]: r["outcome"] for r in reports[0][1]["results"]}
+    assert outcomes == dict.fromkeys(["m", "l", "d", "mo", "e", "c"], "pass"), reports
+    modules = [ln for ln in out.stderr.splitlines() if ln.startswith("MODULES")]
+    assert modules == ["MODULES "], out.stderr

@@ -1,6 +1,5 @@
-"""Where am I running: the allocation as data, hostlists, and timeout-guarded Slurm clients."""
+"""Where am I running: the allocation as data, hostlists, and timeout-guarded Slurm clients.
 
-from hpcml.cluster.allocation import Allocation, current, this_node
-from hpcml.cluster.hostlist import expand, fold
-
-__all__ = ["Allocation", "current", "this_node", "expand", "fold"]
+Its modules are imported by name (``hpcml.cluster.slurm``); this package imports none of
+them, so a node's worker that reads ``SLURMD_NODENAME`` does not load ClusterShell.
+"""

@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import os
 import re
-import socket
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpcml.cluster.hostlist import expand
 from hpcml.cluster.ranks import slurm_ranks
 
 
@@ -78,7 +76,7 @@ def task_gpus(env: Mapping[str, str]) -> tuple[str, ...]:
 def this_node(env: Mapping[str, str] | None = None) -> str:
     """This node's Slurm name; SLURMD_NODENAME tells virtual nodes of one host apart."""
     env = os.environ if env is None else env
-    return env.get("SLURMD_NODENAME") or socket.gethostname().split(".")[0]
+    return env.get("SLURMD_NODENAME") or os.uname().nodename.split(".")[0]
 
 
 def current(env: Mapping[str, str] | None = None) -> Allocation:
@@ -90,6 +88,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
         return Allocation(job_id=None, nodes=(node,), tasks_per_node=(1,), node=node,
                           gpus=task_gpus(env))
     who = slurm_ranks(env)
+    from hpcml.cluster.hostlist import expand  # ClusterShell: not for this_node() on a node
     nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
     tpn = tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
                           or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import re
-from importlib import resources
 from typing import Any
 
 from hpcml.errors import UsageError
@@ -59,10 +58,12 @@ def check(doc: Any, expected: str, source: str, *, also: tuple[str, ...] = (),
 def load(name: str) -> dict[str, Any]:
     """The JSON Schema of a document: ``load("data.manifest")`` (a full tag works too)."""
     base = name.removeprefix("hpcml.").split("/", 1)[0]
+    from importlib import resources  # ~20 ms: not for writers, which only need tag()
     return json.loads(resources.files(__name__).joinpath(f"{base}.schema.json").read_text("utf-8"))
 
 
 def names() -> list[str]:
     """Every document that has a schema file here, e.g. ``"data.manifest"``."""
+    from importlib import resources
     return sorted(p.name.removesuffix(".schema.json") for p in resources.files(__name__).iterdir()
                   if p.name.endswith(".schema.json"))

@@ -26,7 +26,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpcml.errors import UsageError
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key, validation_problem
-from hpcml.units import Bytes, Seconds
+from hpcml.unit_fields import Bytes, Seconds
 
 _DNS = re.compile(r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$")
 _CPU = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m?)\s*$")

@@ -16,7 +16,6 @@ import os
 import select
 import signal
 import time
-import traceback
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -54,6 +53,7 @@ def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     try:
         payload: dict[str, Any] = {"ok": fn()}
     except BaseException as exc:  # everything a check raises becomes an error outcome
+        import traceback  # only when a check raised
         text = str(exc).strip()
         payload = {"exc": type(exc).__name__, "msg": text.splitlines()[0] if text else "",
                    "tb": traceback.format_exc(limit=6)}

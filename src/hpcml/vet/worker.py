@@ -32,7 +32,7 @@ def _run_one(ev: dict[str, Any], ctx_fields: dict[str, Any]) -> dict[str, Any]:
     cls = registry.load(ev["check"])
     ctx = CheckContext(**ctx_fields, extra={"name": ev["name"]})
     start = time.time()
-    report = cls(cls.Params(**ev["params"]), ctx).run()
+    report = cls(cls.worker_params(ev["params"]), ctx).run()
     report.details["_duration"] = round(time.time() - start, 4)
     d = asdict(report)
     d["outcome"] = report.outcome.value

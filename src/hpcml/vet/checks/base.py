@@ -2,7 +2,12 @@
 
 A check is a class with a pydantic ``Params`` model (its thresholds, already in base units
 after the protocol is loaded) and a ``run`` method that measures and judges one node:
-``class DiskCheck(Check[DiskParams])``, so ``self.params`` has the check's own type. Its
+``class DiskCheck(Check[DiskParams])``, so ``self.params`` has the check's own type. A
+check may name its model as a string instead (``Check["DiskParams"]``, imported under
+``TYPE_CHECKING``) that lives in ``params_module``: the launcher validates the protocol
+with it, and the node's worker, which never imports the model (nor pydantic: ~0.1-0.2 s of
+CPU on every node), hands the check the validated values as plain attributes. The
+built-in host checks do this (``hpcml.vet.checks.params``). Its
 name is declared once, in ``hpcml.vet.registry`` (or a site package's ``hpcml.checks``
 entry point). It runs in a forked child with a timeout, so it may block, crash or hang without taking
 the node's worker down. Checks whose verdict depends on the other nodes (relative
@@ -12,17 +17,17 @@ result once they are all in.
 
 from __future__ import annotations
 
+import importlib
+import inspect
 from dataclasses import dataclass, field
-from typing import Any, ClassVar, Generic, TypeVar, get_args, get_origin
-
-from pydantic import BaseModel, ConfigDict
+from types import SimpleNamespace
+from typing import TYPE_CHECKING, Any, ClassVar, ForwardRef, Generic, TypeVar, get_args, get_origin
 
 from hpcml.errors import HpcmlError
 from hpcml.vet.model import CheckReport, CheckResult, NodeReport, Outcome
 
-
-class NoParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+if TYPE_CHECKING:
+    from pydantic import BaseModel
 
 
 @dataclass
@@ -42,7 +47,17 @@ class MissingDependency(HpcmlError):
     """Raised by a check that needs a module or library that is not installed (exit 1)."""
 
 
-P = TypeVar("P", bound=BaseModel)
+P = TypeVar("P", bound="BaseModel")
+
+
+class _DeferredParams:
+    """``Check.Params`` of a check that names its model as a string: imported from the
+    check's ``params_module`` on first use (the launcher's), then kept on the class."""
+
+    def __get__(self, obj: object, owner: type[Check[Any]]) -> type[BaseModel]:
+        model = getattr(importlib.import_module(owner.params_module), owner.params_name)
+        owner.Params = model
+        return model
 
 
 class Check(Generic[P]):
@@ -59,7 +74,13 @@ class Check(Generic[P]):
     warm_imports: ClassVar[tuple[str, ...]] = ()
     #: the parameters' model, which validates the protocol's fields: the type argument of
     #: ``Check[...]`` unless the class sets it (a ClassVar cannot be generic)
-    Params: ClassVar[type[BaseModel]] = NoParams
+    if TYPE_CHECKING:
+        Params: ClassVar[type[BaseModel]]
+    else:
+        Params = _DeferredParams()
+    #: where a model named by a string type argument lives, and its name there
+    params_module: ClassVar[str] = "hpcml.vet.checks.params"
+    params_name: ClassVar[str] = "NoParams"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
@@ -67,9 +88,21 @@ class Check(Generic[P]):
             return
         for base in getattr(cls, "__orig_bases__", ()):
             args = get_args(base)
-            if get_origin(base) is Check and args and isinstance(args[0], type) \
-                    and issubclass(args[0], BaseModel):
+            if get_origin(base) is not Check or not args:
+                continue
+            if isinstance(args[0], ForwardRef):
+                cls.params_name = args[0].__forward_arg__
+            elif isinstance(args[0], type):
                 cls.Params = args[0]
+
+    @classmethod
+    def worker_params(cls, values: dict[str, Any]) -> Any:
+        """What a node's worker passes the check for ``values`` the launcher validated: the
+        model itself when the check's module already has it, else the values as attributes
+        (no pydantic on the node)."""
+        if isinstance(inspect.getattr_static(cls, "Params"), _DeferredParams):
+            return SimpleNamespace(**values)
+        return cls.Params(**values)
 
     def __init__(self, params: P, ctx: CheckContext) -> None:
         self.params: P = params

@@ -16,7 +16,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from hpcml.units import Bytes, Rate, Seconds, fmt_rate
+from hpcml.unit_fields import Bytes, Rate, Seconds
+from hpcml.units import fmt_rate
 from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 
 

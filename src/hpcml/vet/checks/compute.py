@@ -9,25 +9,12 @@ used on a GPU when the node has one (and torch is installed); numpy on the CPU o
 from __future__ import annotations
 
 import time
-from typing import Literal
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from hpcml.units import Flops
 from hpcml.vet.checks.base import Check, CheckReport, MissingDependency, judge, skipped
 
-
-class ComputeParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    size: int = Field(1024, ge=16, le=32768)
-    repeats: int = Field(3, ge=1, le=1000)
-    dtype: Literal["float32", "float64", "float16", "bfloat16"] = "float32"
-    device: Literal["auto", "cpu", "gpu"] = "auto"
-    min_flops: Flops | None = None
-    seed: int = 1234
-    #: BLAS threads on the CPU (default: the library's own); 1 makes nodes that share a host
-    #: (or a noisy one) comparable
-    threads: int | None = Field(None, ge=1)
+if TYPE_CHECKING:
+    from hpcml.vet.checks.params import ComputeParams
 
 
 def _numpy_gemm(p: ComputeParams) -> tuple[float, float]:
@@ -86,7 +73,7 @@ def _nvidia_devices() -> bool:
 _TOLERANCE = {"float64": 1e-9, "float32": 1e-3, "float16": 5e-2, "bfloat16": 1e-1}
 
 
-class ComputeCheck(Check[ComputeParams]):
+class ComputeCheck(Check["ComputeParams"]):
     default_timeout = 60.0
     exclusive = True
     warm_imports = ("numpy", "threadpoolctl")

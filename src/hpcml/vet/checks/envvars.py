@@ -3,21 +3,15 @@
 from __future__ import annotations
 
 import os
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class EnvParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    #: name -> exact value, or null for "must be set, any value" (vetnode's meaning)
-    expected: dict[str, str | None] = {}
-    #: names that must not be set (e.g. a PYTHONPATH that shadows the image's packages)
-    absent: list[str] = []
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import EnvParams  # noqa: F401
 
 
-class EnvCheck(Check[EnvParams]):
+class EnvCheck(Check["EnvParams"]):
     default_timeout = 2.0
 
     def run(self) -> CheckReport:

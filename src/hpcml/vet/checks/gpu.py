@@ -28,7 +28,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
-from hpcml import units
+from hpcml import unit_fields, units
 from hpcml.vet.checks.base import Check, MissingDependency
 from hpcml.vet.checks.nvml_snapshot import (
     CLOCK_REASONS,
@@ -59,8 +59,8 @@ class GpuParams(BaseModel):
 
     count: int | None = None
     max_temperature: float | None = None
-    max_memory_used: units.Bytes | None = None
-    max_memory_used_fraction: units.Fraction | None = None
+    max_memory_used: unit_fields.Bytes | None = None
+    max_memory_used_fraction: unit_fields.Fraction | None = None
     max_ecc_uncorrected: int | None = 0          # volatile count (since driver load)
     max_retired_pages: int | None = None
     fail_on_retired_pages_pending: bool = True

@@ -4,18 +4,15 @@ missing shared library shows up here, not 20 minutes into the job)."""
 from __future__ import annotations
 
 import importlib
-
-from pydantic import BaseModel, ConfigDict, Field
+from typing import TYPE_CHECKING
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class ImportsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    modules: list[str] = Field(min_length=1)
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import ImportsParams  # noqa: F401
 
 
-class ImportsCheck(Check[ImportsParams]):
+class ImportsCheck(Check["ImportsParams"]):
     default_timeout = 60.0
 
     def run(self) -> CheckReport:

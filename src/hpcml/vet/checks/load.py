@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-
-from pydantic import BaseModel, ConfigDict
+from typing import TYPE_CHECKING
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class LoadParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    max_load_per_cpu: float = 1.0
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import LoadParams  # noqa: F401
 
 
-class LoadCheck(Check[LoadParams]):
+class LoadCheck(Check["LoadParams"]):
     default_timeout = 5.0
 
     def run(self) -> CheckReport:

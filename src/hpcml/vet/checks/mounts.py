@@ -6,18 +6,12 @@ from __future__ import annotations
 
 import os
 import threading
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from hpcml.units import Seconds
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class MountsParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    paths: list[str] = Field(min_length=1)
-    must_be_mountpoint: bool = False
-    probe_timeout: Seconds = 3.0
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import MountsParams  # noqa: F401
 
 
 def _probe(path: str, mountpoint: bool) -> str | None:
@@ -32,7 +26,7 @@ def _probe(path: str, mountpoint: bool) -> str | None:
     return None
 
 
-class MountsCheck(Check[MountsParams]):
+class MountsCheck(Check["MountsParams"]):
     default_timeout = 10.0
 
     def run(self) -> CheckReport:

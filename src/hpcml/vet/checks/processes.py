@@ -3,23 +3,17 @@
 from __future__ import annotations
 
 import os
+from typing import TYPE_CHECKING
 
 import psutil
-from pydantic import BaseModel, ConfigDict
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class ProcessesParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    #: users below this uid are system daemons, not leftovers
-    min_uid: int = 1000
-    allowed_users: list[str] = []
-    ignore_names: list[str] = []
-    max_foreign: int = 0
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import ProcessesParams  # noqa: F401
 
 
-class ProcessesCheck(Check[ProcessesParams]):
+class ProcessesCheck(Check["ProcessesParams"]):
     default_timeout = 5.0
 
     def run(self) -> CheckReport:

@@ -4,21 +4,15 @@ from __future__ import annotations
 
 import socket
 import time
+from typing import TYPE_CHECKING
 
-from pydantic import BaseModel, ConfigDict
-
-from hpcml.units import Seconds
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
-
-class TcpParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    host: str
-    port: int = 53
-    connect_timeout: Seconds = 3.0
+if TYPE_CHECKING:  # the string type argument below
+    from hpcml.vet.checks.params import TcpParams  # noqa: F401
 
 
-class TcpCheck(Check[TcpParams]):
+class TcpCheck(Check["TcpParams"]):
     default_timeout = 10.0
 
     def run(self) -> CheckReport:

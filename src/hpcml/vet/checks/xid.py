@@ -24,7 +24,7 @@ from datetime import datetime, timedelta, timezone
 
 from pydantic import BaseModel, ConfigDict
 
-from hpcml import units
+from hpcml import unit_fields
 from hpcml.vet.checks.base import Check
 from hpcml.vet.checks.nvml_snapshot import driver_present
 from hpcml.vet.model import CheckReport, Outcome
@@ -42,7 +42,7 @@ class XidParams(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     source: str | None = None            # saved kernel log; default: the live one
-    window: units.Seconds | None = 86400.0
+    window: unit_fields.Seconds | None = 86400.0
     critical: list[int] = CRITICAL_XIDS
     warn_on_other: bool = True
     fail_on_fatal_sxid: bool = True

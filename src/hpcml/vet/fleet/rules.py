@@ -18,7 +18,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
 
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, validation_problem
-from hpcml.units import Fraction, Seconds
+from hpcml.unit_fields import Fraction, Seconds
 
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
 REASON_PREFIX = "hpcml:"
