@@ -27,6 +27,18 @@ def _targeted(ctx, params) -> bool:
     return not params.nodes or ctx.node in params.nodes
 
 
+class Spin(Check):
+    """Pins itself to CPU 0 and computes until killed: with other busy processes pinned
+    there, a check that gets only a share of a CPU (an oversubscribed node)."""
+
+    type_name = "test-spin"
+
+    def run(self) -> CheckReport:
+        os.sched_setaffinity(0, {0})
+        while True:
+            pass
+
+
 class Hang(Check):
     """Sleeps for ``seconds`` on the targeted nodes: a hung check."""
 

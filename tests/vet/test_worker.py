@@ -25,6 +25,34 @@ def test_hang_is_error_by_its_timeout():
     assert time.time() - start < 3
 
 
+def test_hang_timeout_says_it_ran_not_waited():
+    ev = _ev("  - {name: h, type: tests.plugins.testchecks.Hang, timeout: 0.5}\n")[0]
+    r = run_check(ev, CTX, time.time() + 30)
+    assert "timed out after 0.5 s while running" in r.message, r.message
+    assert r.details["starved"] is False and r.details["cpu_wait_s"] < 0.25
+
+
+def test_check_starved_of_cpu_is_told_apart_from_a_hang():
+    """Three busy processes pinned to CPU 0 beside a check pinned there: the check gets a
+    quarter of a CPU, so its timeout runs out mostly in the run queue. Still an error (fail
+    closed), but the message and details say it waited for a CPU."""
+    import subprocess
+    import sys
+    spin = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        ev = _ev("  - {name: s, type: tests.plugins.testchecks.Spin, timeout: 1.5}\n")[0]
+        r = run_check(ev, CTX, time.time() + 30)
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert r.outcome is Outcome.ERROR
+    assert "waiting for a CPU" in r.message and "oversubscribed" in r.message, r.message
+    assert r.details["starved"] is True and r.details["cpu_wait_s"] > r.details["cpu_s"]
+
+
 def test_crash_is_error():
     ev = _ev("  - {name: c, type: tests.plugins.testchecks.Crash}\n")[0]
     r = run_check(ev, CTX, time.time() + 30)

@@ -62,6 +62,19 @@ def _nothing_checked(nodes: list[str], reports: dict[str, NodeReport]) -> list[s
     return out
 
 
+def _starved(reports: dict[str, NodeReport]) -> list[str]:
+    """One note when checks ran out of time waiting for a CPU rather than running: errors
+    still (fail closed), but the nodes' CPUs were oversubscribed, not the nodes broken."""
+    hit = {n: [r.check for r in rep.results if r.details.get("starved")] for n, rep in reports.items()}
+    hit = {n: checks for n, checks in hit.items() if checks}
+    if not hit:
+        return []
+    return [f"{sum(map(len, hit.values()))} checks on {len(hit)} nodes ({fold(sorted(hit))}) timed out "
+            "waiting for a CPU, not while running: the nodes' CPUs were oversubscribed (many virtual "
+            "nodes on one host, or another job's processes); they count as errors. On a test cluster, "
+            "raise the checks' timeouts and the deadline (README: vetting many virtual nodes)"]
+
+
 def _local_step(spec: dict) -> StepResult:
     report = run_node(spec, context_fields(spec))
     report.received_at = time.time()
@@ -168,7 +181,7 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
                          f"({fold(good) or 'none'})")
     if isolate.interrupted():
         notes.append(INTERRUPTED_NOTE)
-    notes += _nothing_checked(nodes, reports)
+    notes += _nothing_checked(nodes, reports) + _starved(reports)
     result = verdict.decide(nodes, reports, count_errors,
                             min_nodes if min_nodes is not None else protocol.min_nodes)
     return VetRun(protocol=protocol, nodes=nodes, reports=reports, verdict=result,

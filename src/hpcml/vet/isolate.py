@@ -22,7 +22,25 @@ from typing import Any
 
 
 class Timeout(Exception):
-    pass
+    """The check did not finish in time. ``ran_s`` and ``waited_s``: the seconds its process
+    spent on a CPU and waiting in the run queue for one (``/proc/PID/schedstat``; None where
+    the kernel does not say), so a check starved of CPU is told from one that hung."""
+
+    def __init__(self, message: str, ran_s: float | None = None, waited_s: float | None = None) -> None:
+        super().__init__(message)
+        self.ran_s = ran_s
+        self.waited_s = waited_s
+
+
+def cpu_times(pid: int) -> tuple[float, float] | tuple[None, None]:
+    """(seconds on a CPU, seconds runnable but waiting for one) of a process, from the
+    scheduler's own accounting."""
+    try:
+        with open(f"/proc/{pid}/schedstat", "rb") as f:
+            ran, waited, _ = f.read().split()
+        return int(ran) / 1e9, int(waited) / 1e9
+    except (OSError, ValueError):
+        return None, None
 
 
 class ChildFailed(Exception):
@@ -89,11 +107,12 @@ def _start(fn: Callable[[], dict[str, Any]], timeout: float) -> _Running:
 def _finish(run: _Running, timed_out: bool) -> None:
     os.close(run.fd)
     run.done = True
+    ran, waited = cpu_times(run.pid) if timed_out else (None, None)
     if timed_out:
         _kill_group(run.pid)
     status = _reap(run.pid)
     if timed_out:
-        run.outcome = Timeout(f"timed out after {run.timeout:g} s")
+        run.outcome = Timeout(f"timed out after {run.timeout:g} s", ran, waited)
     elif not run.chunks:
         sig = os.WTERMSIG(status) if os.WIFSIGNALED(status) else None
         run.outcome = ChildFailed(f"check crashed (signal {signal.Signals(sig).name})" if sig

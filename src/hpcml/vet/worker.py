@@ -54,14 +54,39 @@ def _report(ev: dict[str, Any], budget: float, outcome: Any) -> CheckReport:
         return CheckReport(Outcome.ERROR, message=f"interrupted: {outcome}")
     if isinstance(outcome, Timeout):
         cut = budget < ev["timeout"]
-        return CheckReport(Outcome.ERROR, message=(
-            f"stopped at the run's deadline after {budget:.1f} s" if cut else
-            f"timed out after {ev['timeout']:g} s"))
+        said = (f"stopped at the run's deadline after {budget:.1f} s" if cut else
+                f"timed out after {ev['timeout']:g} s")
+        return CheckReport(Outcome.ERROR, message=said + _starved(outcome, budget),
+                           details=_sched(outcome, budget))
     if isinstance(outcome, ChildFailed):
         return _error(*outcome.args[:2]) if len(outcome.args) >= 2 else \
             CheckReport(Outcome.ERROR, message=str(outcome.args[0]))
     outcome["outcome"] = Outcome(outcome["outcome"])
     return CheckReport(**outcome)
+
+
+#: a check that spent more than this share of its time waiting for a CPU was starved
+STARVED = 0.5
+
+
+def _sched(outcome: Any, budget: float) -> dict[str, Any]:
+    if outcome.ran_s is None:
+        return {}
+    return {"cpu_s": round(outcome.ran_s, 3), "cpu_wait_s": round(outcome.waited_s, 3),
+            "starved": outcome.waited_s >= STARVED * budget}
+
+
+def _starved(outcome: Any, budget: float) -> str:
+    """Says whether the time ran out waiting for a CPU: the node's CPUs were oversubscribed
+    (vetting workers of many virtual nodes on one host, another job's processes), which is not
+    the check's hang. Still an error: fail closed."""
+    sched = _sched(outcome, budget)
+    if not sched:
+        return ""
+    if sched["starved"]:
+        return (f", waiting for a CPU: it waited {sched['cpu_wait_s']:.1f} s and ran "
+                f"{sched['cpu_s']:.2f} s (the node's CPUs are oversubscribed)")
+    return f" while running ({sched['cpu_s']:.2f} s on a CPU, {sched['cpu_wait_s']:.1f} s waiting for one)"
 
 
 def run_checks(evals: list[dict[str, Any]], ctx_fields: dict[str, Any],
