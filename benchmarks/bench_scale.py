@@ -11,7 +11,8 @@ this one host, then:
    task.py``. ``scale.yaml`` is the CPU protocol's host checks (memory, load, disk,
    mounts, env; the GEMM is left out: N virtual nodes share two cores, so its rates would
    only measure the sharing) plus a site's plug-in check, installed the documented way (a
-   distribution with an ``hpcml.checks`` entry point on PYTHONPATH), that fails on the
+   distribution with an ``hpcml.checks`` entry point on PYTHONPATH:
+   ``hpcml.testing.siteplugin``), that fails on the
    nodes listed in a file: ``max(1, round(N x bad_fraction))`` nodes chosen at random.
    Each rank appends ``RANK WORLD_SIZE NODE TIME`` to one O_APPEND file, so what is
    checked is what the ranks did: exactly the injected nodes excluded, every other node
@@ -37,45 +38,20 @@ import json
 import os
 import random
 import resource
+import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_ROOT = Path("/tmp/hpcml-slurm-scale")
 CTLD_PORT, FIRST_SLURMD_PORT = 9017, 9021
+WORK = Path("/tmp/hpcml-bench-scale")
+#: each virtual node's disk check writes in a directory of its own: hundreds of nodes
+#: creating and fsyncing files in one /tmp directory would measure that directory's lock
+DISK = Path("/tmp/hpcml-scale-disk")
 
-PLUGIN = '''"""A site's check (the scale benchmark's): fails on the nodes listed in a file."""
-
-from __future__ import annotations
-
-from typing import TYPE_CHECKING
-
-from hpcml.vet.checks.base import Check, CheckReport, judge
-
-if TYPE_CHECKING:
-    from hpcml_scalebench.params import MarkedParams  # noqa: F401
-
-
-class MarkedBad(Check["MarkedParams"]):
-    params_module = "hpcml_scalebench.params"
-    default_timeout = 5.0
-
-    def run(self) -> CheckReport:
-        with open(self.params.nodes_file) as f:
-            bad = self.ctx.node in f.read().split()
-        return judge(not bad, int(bad), threshold="not marked",
-                     message="marked bad" if bad else "not marked")
-'''
-PLUGIN_PARAMS = '''from pydantic import BaseModel, ConfigDict
-
-
-class MarkedParams(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-    nodes_file: str
-'''
 TASK = '''import os, time
 line = f"{os.environ['RANK']} {os.environ['WORLD_SIZE']} {os.environ.get('SLURMD_NODENAME')} {time.time():.3f}\\n"
 fd = os.open(os.environ["SCALE_DONE"], os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -85,23 +61,16 @@ os.close(fd)
 #: the CPU protocol's host checks, timeouts in seconds before scaling
 CHECKS = [("memory", "type: memory, min_available_fraction: 5%", 5),
           ("load", "type: load, max_load_per_cpu: 1000, severity: warn", 5),
-          ("tmp-disk", "type: disk, path: /tmp, min_free: 100 MB, write_size: 1 MiB", 15),
+          ("tmp-disk", "type: disk, path: /tmp/hpcml-scale-disk/$SLURMD_NODENAME, min_free: 100 MB, "
+                       "write_size: 1 MiB", 15),
           ("mounts", "type: mounts, paths: [/tmp, /proc]", 10),
           ("env", "type: env, absent: [HPCML_SCALE_SURELY_UNSET]", 5)]
 
 
 def plugin_site(work: Path) -> Path:
-    """A site package with an ``hpcml.checks`` entry point, as pip would install it."""
-    site = work / "site"
-    pkg = site / "hpcml_scalebench"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(PLUGIN)
-    (pkg / "params.py").write_text(PLUGIN_PARAMS)
-    dist = site / "hpcml_scalebench-1.0.dist-info"
-    dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hpcml-scalebench\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text("[hpcml.checks]\nmarked-bad = hpcml_scalebench:MarkedBad\n")
-    return site
+    """The site package with the ``marked-bad`` check, installed the way pip would."""
+    from hpcml.testing import siteplugin
+    return siteplugin.install(work / "site")
 
 
 def protocol(work: Path, scale: float) -> Path:
@@ -126,10 +95,13 @@ def job_env(cluster, work: Path, site: Path) -> dict[str, str]:
 def wait_job(job: str, env: dict[str, str], timeout: float) -> None:
     end = time.monotonic() + timeout
     while time.monotonic() < end:
-        q = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True, timeout=30)
+        try:   # the controller answers slowly while hundreds of virtual nodes start a step
+            q = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True, timeout=60)
+        except subprocess.TimeoutExpired:
+            continue
         if q.returncode == 0 and not q.stdout.strip():
             return
-        time.sleep(1)
+        time.sleep(2)
     subprocess.run(["scancel", job], env=env, timeout=30)
     raise TimeoutError(f"job {job} still running after {timeout} s")
 
@@ -164,7 +136,7 @@ def vet_and_launch(cluster, work: Path, n: int, bad_fraction: float, scale: floa
     starts = [float(r[3]) for r in rows]
     correct = (excluded == bad and ranks == list(range(world)) and {r[1] for r in rows} == {str(world)}
                and sorted((r[2] for r in rows), key=nodes.index) == good)
-    vet_took = (run.get("vet") or {}).get("duration")
+    vet_took = (run.get("vet") or {}).get("duration_s")
     t1 = time.time()
     rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(work / "job")], env=env,
                          capture_output=True, text=True, timeout=600)
@@ -222,7 +194,12 @@ def main() -> None:
     args = ap.parse_args()
     from hpcml.testing.localslurm import LocalSlurm
     rows: list[dict] = []
-    with tempfile.TemporaryDirectory(prefix="hpcml-bench-scale-") as tmp:
+    shutil.rmtree(WORK, ignore_errors=True)       # kept after a run, to read what went wrong
+    WORK.mkdir(parents=True)
+    for node in range(1, max(int(x) for x in args.nodes.split(",")) + 1):
+        (DISK / f"n{node}").mkdir(parents=True, exist_ok=True)
+    if True:
+        tmp = str(WORK)
         cost = per_node_cost(Path(tmp))
         print(json.dumps({"per_node_cost": cost}), flush=True)
         for n in (int(x) for x in args.nodes.split(",")):

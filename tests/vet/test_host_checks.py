@@ -153,3 +153,48 @@ def test_clock_skew_judged_against_the_allocation():
     ClockCheck.compare(ClockCheck.Params(max_skew=0.5), results, reports)
     assert results["n3"].outcome is Outcome.FAIL and results["n3"].value == pytest.approx(2.98)
     assert results["n1"].outcome is Outcome.PASS and results["n2"].outcome is Outcome.PASS
+
+
+def test_mount_probe_blocked_is_cut_at_its_timeout():
+    import threading
+    import time
+
+    from hpcml.vet.checks.mounts import join_running
+    blocked = threading.Event()
+    t = threading.Thread(target=blocked.wait, daemon=True)  # not runnable, like a hung stat()
+    t.start()
+    start = time.monotonic()
+    join_running(t, 0.3)
+    assert t.is_alive() and time.monotonic() - start < 2
+    blocked.set()
+
+
+def test_mount_probe_starved_of_cpu_is_waited_for():
+    """A probe that needs 0.3 s of CPU on a CPU shared with three busy processes (~1.2 s of
+    wall time): not cut at a 0.6 s probe timeout, since most of its wait was for a CPU."""
+    import subprocess
+    import sys
+    import threading
+    import time
+
+    from hpcml.vet.checks.mounts import join_running
+
+    def work():
+        os.sched_setaffinity(0, {0})
+        end = time.thread_time() + 0.3
+        while time.thread_time() < end:
+            pass
+    spin = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    try:
+        time.sleep(0.2)
+        t = threading.Thread(target=work, daemon=True)
+        start = time.monotonic()
+        t.start()
+        join_running(t, 0.6)
+        took = time.monotonic() - start
+    finally:
+        for p in busy:
+            p.kill()
+            p.wait()
+    assert not t.is_alive() and took > 0.6

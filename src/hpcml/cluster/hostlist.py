@@ -8,8 +8,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ClusterShell.NodeSet import NodeSet, NodeSetParseError
-
 from hpcml.errors import UsageError
 
 
@@ -17,6 +15,7 @@ def expand(hostlist: str) -> list[str]:
     """``"n[1-3],gpu7"`` -> ``["n1", "n2", "n3", "gpu7"]`` in Slurm's order."""
     if not hostlist or not hostlist.strip():
         return []
+    from ClusterShell.NodeSet import NodeSet, NodeSetParseError  # ~50 ms: when a list is read
     try:
         return list(NodeSet(hostlist.strip()))
     except NodeSetParseError as exc:
@@ -28,4 +27,5 @@ def fold(nodes: Iterable[str]) -> str:
     names = [n for n in nodes if n]
     if not names:
         return ""
+    from ClusterShell.NodeSet import NodeSet
     return str(NodeSet.fromlist(names))

@@ -383,11 +383,24 @@ class LocalSlurm:
             f"Prolog={self.prolog_dir}/prolog.sh", "PrologFlags=Alloc",
             "SlurmctldTimeout=10", "SlurmdTimeout=15", "KillWait=2", "Waittime=0",
             "InactiveLimit=0", "MinJobAge=300",
+            *self._scale_lines(),
             *self._node_lines(host),
         ]
         if self.extra_conf.strip():
             lines += ["# extra_conf", self.extra_conf.strip()]
         return "\n".join(lines) + "\n"
+
+    @property
+    def munge_threads(self) -> int:
+        return min(64, max(2, self.nodes // 8))
+
+    def _scale_lines(self) -> list[str]:
+        """Beyond 64 virtual nodes on one host, a step launch keeps the host's CPUs busy for
+        tens of seconds, and Slurm's 10 s MessageTimeout fails node messages ("Socket timed
+        out on send/recv operation") that a real node of its own would answer at once."""
+        if self.nodes <= 64 or "MessageTimeout" in self.extra_conf:
+            return []
+        return ["MessageTimeout=60"]
 
     def _node_lines(self, host: str) -> list[str]:
         """One line per virtual node, each slurmd on its own port, and one partition."""
@@ -466,13 +479,32 @@ class LocalSlurm:
         self._run_daemon("munged", [
             find_binary("munged") or "munged", f"--socket={self.munge_socket}",
             f"--key-file={self.munge_key}", f"--pid-file={self.run_dir}/munged.pid",
-            f"--log-file={self.log_dir}/munged.log", f"--seed-file={munge_dir}/munged.seed"])
+            f"--log-file={self.log_dir}/munged.log", f"--seed-file={munge_dir}/munged.seed",
+            # one munged serves every virtual node's slurmd and slurmstepd here (a real
+            # cluster has one per node): with its default 2 threads, a 256-node step launch
+            # fails with "Munge encode failed: Resource temporarily unavailable"
+            f"--num-threads={self.munge_threads}"])
         self._wait_for(lambda: _answers(str(self.munge_socket)), "munged", deadline)
+        self._favour("munged")
+
+    def _favour(self, daemon: str) -> None:
+        """Beyond 64 virtual nodes, raise a shared daemon's CPU priority (root only): while
+        hundreds of tasks start on two cores it must still drain its socket's backlog (256
+        for munged), or credentials fail with EAGAIN; each real node has its own."""
+        if self.nodes <= 64 or os.geteuid() != 0:
+            return
+        try:
+            pid = int((self.run_dir / f"{daemon}.pid").read_text().split()[0])
+            for task in os.listdir(f"/proc/{pid}/task"):   # every thread: setpriority is per thread
+                os.setpriority(os.PRIO_PROCESS, int(task), -10)
+        except (OSError, ValueError, IndexError) as exc:
+            log.warning("could not raise %s's priority: %s", daemon, exc)
 
     def _start_slurmctld(self, deadline: float) -> None:
         self._run_daemon("slurmctld", [find_binary("slurmctld") or "slurmctld",
                                        "-f", str(self.conf)])
         self._wait_for(lambda: _answers(("127.0.0.1", self.ctld_port)), "slurmctld", deadline)
+        self._favour("slurmctld")
 
     def _run_daemon(self, name: str, argv: list[str]) -> None:
         """Run a daemon that detaches itself; its early output goes to ``log/NAME.out``."""
