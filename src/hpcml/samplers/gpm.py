@@ -50,7 +50,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
-from hpcml.samplers.nvml import nvml_library, read_device, shutdown
+from hpcml.samplers.nvml import NoDriver, nvml_library, read_device, shutdown
 
 MIB = 1024 * 1024
 PERCENT = 0.01
@@ -241,6 +241,8 @@ def open_sampler(gpus: Sequence[str], interval: float,
         nv = nvml_library(env)
     except ImportError as exc:
         raise SamplerUnavailable(f"nvidia-ml-py is not installed ({exc})") from exc
+    except NoDriver as exc:
+        raise SamplerUnavailable(str(exc)) from exc
     try:
         sampler = GpmSampler(list(gpus), nv)
     except SamplerUnavailable:
