@@ -22,7 +22,8 @@ def __getattr__(name: str):
 
 
 #: command words -> the module of their Typer-free fast path
-FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"))
+FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"),
+              (("vet",), "hpcml.vet.fastvet"))
 #: top-level commands that a component's app holds (``hpcml run``, ``hpcml report``)
 TOP_LEVEL = {"run": "run", "report": "run"}
 
@@ -89,7 +90,8 @@ def _exit(code: Any) -> None:
 
 def _fast_path(argv: list[str]) -> tuple[Any, list[str]]:
     """The module that runs this command line without Typer, if any, and its arguments: ``hpcml env run``
-    (every container start) and ``hpcml scan FILE`` (CI loops, a scan before each load).
+    (every container start), ``hpcml scan FILE`` (CI loops, a scan before each load) and ``hpcml vet
+    PROTOCOL`` (every job's start).
     Each has ``wants(args)``, ``main(args)``, ``PROG`` and ``FLAGS``; --help goes to Typer."""
     for words, module in FAST_PATHS:
         if argv[:len(words)] == list(words):

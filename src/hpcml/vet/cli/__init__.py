@@ -15,8 +15,6 @@ import typer
 from hpcml.cli_support import DefaultCommandGroup
 from hpcml.vet.cli import handle, prolog, serve  # one module per command
 
-DEFAULT_PROTOCOL = Path(__file__).parents[1] / "protocols" / "cpu.yaml"
-
 app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
                        "Example: [bold]hpcml vet examples/vet/cpu.yaml --min-nodes 1[/]\n\n"
@@ -62,59 +60,11 @@ def run(
     if prolog:  # exits
         from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
         run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json)
-    from hpcml.vet import report
-    from hpcml.vet.session import vet_job
-    run_, paths = vet_job(protocol or DEFAULT_PROTOCOL, min_nodes=min_nodes, deadline=deadline, nodes=nodes, out=out,
-                          exclude_file=exclude_file, good_file=good_file, workdir=workdir, venv_root=venv_root,
-                          local=local)
-    if report_to:
-        _send(report.to_json(run_), report_to, report_token_file)
-    if as_json:
-        print(report.dumps(report.to_json(run_)))
-    else:
-        _print_human(run_, paths)
-    from hpcml.vet.isolate import interrupted
-    if interrupted():
-        print(f"hpcml vet: interrupted: checks that were running were stopped; what was known is in {paths['report']}",
-              file=sys.stderr)
-        raise typer.Exit(130)
-    raise typer.Exit(run_.verdict.exit_code)
-
-
-def _send(data: dict, url: str, token_file: Optional[Path]) -> None:
-    """Opt-in reporting never changes the verdict: a failure is one warning line."""
-    from hpcml.vet.fleet.collector.client import send
-    from hpcml.vet.fleet.collector.server import read_tokens
-    try:
-        tokens = read_tokens(token_file)
-    except OSError as exc:
-        print(f"hpcml vet: warning: report not sent to {url}: token file: {exc}", file=sys.stderr)
-        return
-    send(data, url, tokens[0] if tokens else "")
-
-
-def _print_human(run_, paths) -> None:
-    from rich.console import Console
-
-    from hpcml.vet import report
-    console = Console(stderr=False, soft_wrap=not sys.stdout.isatty())
-    if sys.stdout.isatty():
-        console.print(report.table(run_))
-    else:                                   # a batch log: lines, not a table wrapped at 80 columns
-        for line in report.log_lines(run_):
-            print(line)
-    for line in report.problems(run_):
-        console.print(f"  {line}", highlight=False, markup=False)
-    from hpcml.vet.engine import NOTHING_CHECKED
-    for note in run_.notes:
-        if NOTHING_CHECKED in note:
-            console.print(f"  [bold yellow]warning:[/] {note}", highlight=False)
-        else:
-            console.print(f"  note: {note}", highlight=False)
-    v = run_.verdict
-    colour = {"continue": "green", "shrink": "yellow", "abort": "bold red"}[v.decision.value]
-    console.print(f"verdict: [{colour}]{v.decision.value}[/] ({len(v.good)} good, {len(v.bad)} bad, "
-                  f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {paths['exclude']}")
+    from hpcml.vet.fastvet import execute
+    raise typer.Exit(execute(protocol, min_nodes=min_nodes, deadline=deadline, nodes=nodes, out=out,
+                             exclude_file=exclude_file, good_file=good_file, workdir=workdir,
+                             venv_root=venv_root, local=local, as_json=as_json, report_to=report_to,
+                             report_token_file=report_token_file))
 
 
 app.command("serve")(serve.serve)
