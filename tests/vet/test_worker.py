@@ -123,3 +123,15 @@ def test_host_checks_worker_loads_no_pydantic_psutil_or_clustershell(tmp_path):
     assert outcomes == dict.fromkeys(["m", "l", "d", "mo", "e", "c"], "pass"), reports
     modules = [ln for ln in out.stderr.splitlines() if ln.startswith("MODULES")]
     assert modules == ["MODULES "], out.stderr
+
+
+def test_inline_check_that_raises_is_its_error_not_the_workers(monkeypatch):
+    """memory runs in the worker itself (no fork): what it raises still ends as its error."""
+    from hpcml.vet.checks import memory
+
+    def broken():
+        raise RuntimeError("meminfo unreadable")
+    monkeypatch.setattr(memory, "available_total", broken)
+    ev = _ev("  - {name: m, type: memory}\n")[0]
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.ERROR and r.message == "check raised RuntimeError: meminfo unreadable"

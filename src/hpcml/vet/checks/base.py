@@ -70,6 +70,10 @@ class Check(Generic[P]):
     default_timeout: ClassVar[float] = 10.0
     #: measurements (throughput) run alone, after the light checks that run side by side
     exclusive: ClassVar[bool] = False
+    #: run in the worker itself, not a forked child: only for checks that read a few
+    #: values from the kernel or the environment and cannot block or crash (a fork costs
+    #: each node a few ms of CPU per check)
+    inline: ClassVar[bool] = False
     #: modules the worker imports before forking the check (shared by every child)
     warm_imports: ClassVar[tuple[str, ...]] = ()
     #: the parameters' model, which validates the protocol's fields: the type argument of

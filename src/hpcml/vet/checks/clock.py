@@ -21,6 +21,7 @@ if TYPE_CHECKING:
 
 class ClockCheck(Check["ClockParams"]):
     default_timeout = 2.0
+    inline = True          # reads the kernel's or the process's values: no fork
 
     def run(self) -> CheckReport:
         return passed(None, threshold=f"|skew| <= {self.params.max_skew:g} s", unit="s",

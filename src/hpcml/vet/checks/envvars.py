@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the string type argument below
 
 class EnvCheck(Check["EnvParams"]):
     default_timeout = 2.0
+    inline = True          # reads the kernel's or the process's values: no fork
 
     def run(self) -> CheckReport:
         problems = []

@@ -13,6 +13,7 @@ if TYPE_CHECKING:  # the string type argument below
 
 class LoadCheck(Check["LoadParams"]):
     default_timeout = 5.0
+    inline = True          # reads the kernel's or the process's values: no fork
 
     def run(self) -> CheckReport:
         load1, _, _ = os.getloadavg()

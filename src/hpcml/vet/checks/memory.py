@@ -26,6 +26,7 @@ def available_total() -> tuple[int, int]:
 
 class MemoryCheck(Check["MemoryParams"]):
     default_timeout = 5.0
+    inline = True          # reads the kernel's or the process's values: no fork
 
     def run(self) -> CheckReport:
         available, total = available_total()
