@@ -9,7 +9,7 @@ end a command that raised an ``HpcmlError`` through :func:`report`.
 from __future__ import annotations
 
 import sys
-from typing import Any
+from types import ModuleType
 
 from hpcml.cli_report import report
 
@@ -39,7 +39,7 @@ def components() -> tuple[str, ...]:
 def main() -> None:
     """The ``hpcml`` program; Ctrl-C anywhere (even while it starts) is one line and exit 130,
     never a traceback."""
-    code: Any = 0
+    code: str | int | None = 0
     try:
         _main()
     except KeyboardInterrupt:
@@ -55,7 +55,7 @@ def main() -> None:
 NATIVE_POOLS = ("pyarrow", "duckdb")
 
 
-def _exit(code: Any) -> None:
+def _exit(code: str | int | None) -> None:
     """End the program with ``code`` once its work is done.
 
     With Arrow loaded, a finished command can still die of SIGABRT in the C++ static
@@ -88,7 +88,7 @@ def _exit(code: Any) -> None:
     os._exit(code & 0xFF)
 
 
-def _fast_path(argv: list[str]) -> tuple[Any, list[str]]:
+def _fast_path(argv: list[str]) -> tuple[ModuleType | None, list[str]]:
     """The module that runs this command line without Typer, if any, and its arguments: ``hpcml env run``
     (every container start), ``hpcml scan FILE`` (CI loops, a scan before each load) and ``hpcml vet
     PROTOCOL`` (every job's start).
