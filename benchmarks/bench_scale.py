@@ -44,6 +44,10 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+import scale_parts  # noqa: E402 - beside this file
+from scale_parts import wait_job  # noqa: E402
+
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER_ROOT = Path("/tmp/hpcml-slurm-scale")
 CTLD_PORT, FIRST_SLURMD_PORT = 9017, 9021
@@ -92,18 +96,6 @@ def job_env(cluster, work: Path, site: Path) -> dict[str, str]:
     return env
 
 
-def wait_job(job: str, env: dict[str, str], timeout: float) -> None:
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        try:   # the controller answers slowly while hundreds of virtual nodes start a step
-            q = subprocess.run(["squeue", "-h", "-j", job], env=env, capture_output=True, text=True, timeout=60)
-        except subprocess.TimeoutExpired:
-            continue
-        if q.returncode == 0 and not q.stdout.strip():
-            return
-        time.sleep(2)
-    subprocess.run(["scancel", job], env=env, timeout=30)
-    raise TimeoutError(f"job {job} still running after {timeout} s")
 
 
 def vet_and_launch(cluster, work: Path, n: int, bad_fraction: float, scale: float) -> dict:
@@ -223,8 +215,6 @@ def main() -> None:
 
 
 def extras(cluster, work: Path, n: int) -> dict:
-    sys.path.insert(0, str(Path(__file__).parent))
-    import scale_parts
     out: dict = {}
     for name, call in (("farm", lambda: scale_parts.farm_case(cluster, work / "farm", n)),
                        ("collector", lambda: scale_parts.collector_case(

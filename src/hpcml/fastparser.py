@@ -9,6 +9,11 @@ import sys
 
 
 class FastParser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs) -> None:
+        # Typer (click) takes no abbreviated long options: the fast path must not either
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str):
         print(f"{self.prog}: error: {message} (see: {self.prog} --help)", file=sys.stderr)
         raise SystemExit(2)

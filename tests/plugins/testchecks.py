@@ -78,3 +78,40 @@ class Value(Check):
 
 class NotACheck:
     pass
+
+
+from hpcml.vet.checks.memory import MemoryCheck  # noqa: E402 - the built-ins come after the test ones
+
+
+class SlowMemory(MemoryCheck):
+    """A site's subclass of an inline built-in whose own run prints and then hangs: it must
+    not inherit running in the worker (no timeout there, and its print would be in the
+    worker's report stream)."""
+
+    type_name = "test-slow-memory"
+
+    def run(self) -> CheckReport:
+        print("a site check's chatter")
+        time.sleep(3600)
+        return super().run()
+
+
+class ChattyMemory(MemoryCheck):
+    """Inline by its own choice, and prints: what it prints must not reach stdout."""
+
+    type_name = "test-chatty-memory"
+    inline = True
+
+    def run(self) -> CheckReport:
+        print("a site check's chatter")
+        return super().run()
+
+
+class MissingModel(Check["NoSuchParams"]):
+    """Names a parameters' model its params_module does not have: a protocol using it is
+    bad input, one line, not a traceback."""
+
+    type_name = "test-missing-model"
+
+    def run(self) -> CheckReport:
+        return passed(0)

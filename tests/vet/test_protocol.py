@@ -108,6 +108,11 @@ def test_plugin_type_loads():
     assert p.evals[0].params["seconds"] == 1.0
 
 
+def test_plugin_whose_params_model_is_missing_is_one_line_on_its_type():
+    e = _err("name: x\nevals:\n  - {name: m, type: tests.plugins.testchecks.MissingModel}\n")
+    assert e.key == "evals[0].type" and "NoSuchParams" in str(e) and "\n" not in str(e)
+
+
 def test_unset_variable_is_caught_before_the_run(tmp_path):
     """Issue 19: `vet validate` said valid, then every node failed on '${SCRATCH}'."""
     p = load(EXAMPLES / "gpu-training.yaml")

@@ -135,3 +135,22 @@ def test_inline_check_that_raises_is_its_error_not_the_workers(monkeypatch):
     ev = _ev("  - {name: m, type: memory}\n")[0]
     r = run_check(ev, CTX, time.time() + 30)
     assert r.outcome is Outcome.ERROR and r.message == "check raised RuntimeError: meminfo unreadable"
+
+
+def test_subclass_of_an_inline_check_with_its_own_run_forks_and_times_out(capfd):
+    """A site's subclass of memory whose run hangs: forked with its timeout, like any check,
+    and its print never reaches the worker's stdout (the report stream)."""
+    ev = _ev("  - {name: s, type: tests.plugins.testchecks.SlowMemory, timeout: 0.5}\n")[0]
+    start = time.time()
+    r = run_check(ev, CTX, time.time() + 30)
+    assert r.outcome is Outcome.ERROR and r.message == "timed out after 0.5 s", r.message
+    assert time.time() - start < 10
+    assert "chatter" not in capfd.readouterr().out
+
+
+def test_inline_check_that_prints_keeps_stdout_clean(capfd):
+    ev = _ev("  - {name: c, type: tests.plugins.testchecks.ChattyMemory}\n")[0]
+    r = run_check(ev, CTX, time.time() + 30)
+    out, err = capfd.readouterr()
+    assert r.outcome is Outcome.PASS, r.message
+    assert "chatter" not in out and "chatter" in err

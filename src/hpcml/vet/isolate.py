@@ -15,6 +15,7 @@ import json
 import os
 import select
 import signal
+import sys
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -68,6 +69,7 @@ def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
     os.setpgid(0, 0)
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
     os.dup2(2, 1)  # a check's prints must not break the worker's result lines on stdout
+    sys.stdout = sys.stderr  # ... whatever object sys.stdout was
     try:
         payload: dict[str, Any] = {"ok": fn()}
     except BaseException as exc:  # everything a check raises becomes an error outcome

@@ -138,7 +138,12 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     except (LookupError, ValueError) as exc:
         raise ld.error((*path, "type"), str(exc)) from None
     try:
-        params = cls.Params(**fields)
+        model = cls.Params
+    except (ImportError, AttributeError) as exc:   # a plugin naming a model it lacks
+        raise ld.error((*path, "type"), f"{type_name}: its parameters' model "
+                       f"{cls.params_module}.{cls.params_name} cannot be loaded: {exc}") from None
+    try:
+        params = model(**fields)
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])

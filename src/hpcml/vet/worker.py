@@ -1,7 +1,8 @@
 """The per-node side of a vetting run: ``python -m hpcml.vet.worker``.
 
 srun starts one worker per node. It imports the checks named in ``HPCML_VET_PRELOAD``,
-then reads the resolved protocol (one JSON line) from stdin, runs each check in a forked child under its own timeout,
+then reads the resolved protocol (one JSON line) from stdin, runs each check in a forked child under its own timeout
+(the few marked ``inline``, which only read kernel values, in the worker itself),
 stops before the run's deadline, and prints its report on
 stdout (``hpcml.vet.wire``), which srun carries back to the launcher. No coordinator, no port, no shared
 filesystem needed for node checks. It imports only what the checks it runs need.
@@ -9,6 +10,7 @@ filesystem needed for node checks. It imports only what the checks it runs need.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import os
@@ -53,7 +55,11 @@ def _run_inline(ev: dict[str, Any], ctx_fields: dict[str, Any]) -> Any:
     if interrupted():
         return Interrupted("interrupted before it started")
     try:
-        return _run_one(ev, ctx_fields)
+        # the worker's stdout carries its report: what a check prints goes to stderr
+        with contextlib.redirect_stdout(sys.stderr):
+            return _run_one(ev, ctx_fields)
+    except KeyboardInterrupt:
+        return Interrupted("interrupted while it ran")
     except Exception as exc:  # noqa: BLE001 - as the forked child reports it
         text = str(exc).strip()
         return ChildFailed(type(exc).__name__, text.splitlines()[0] if text else "")

@@ -56,7 +56,8 @@ class _DeferredParams:
 
     def __get__(self, obj: object, owner: type[Check[Any]]) -> type[BaseModel]:
         model = getattr(importlib.import_module(owner.params_module), owner.params_name)
-        owner.Params = model
+        if owner is not Check:   # Check's own NoParams must not become every subclass's
+            owner.Params = model
         return model
 
 
@@ -88,16 +89,26 @@ class Check(Generic[P]):
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         super().__init_subclass__(**kwargs)
+        # a subclass with its own run is not known to be harmless: it forks, unless it says
+        if "run" in cls.__dict__ and "inline" not in cls.__dict__:
+            cls.inline = False
         if "Params" in cls.__dict__:
             return
-        for base in getattr(cls, "__orig_bases__", ()):
+        deferred = "params_name" in cls.__dict__ or "params_module" in cls.__dict__
+        # only this class's own bases: inherited __orig_bases__ are the parent's business
+        for base in cls.__dict__.get("__orig_bases__", ()):
             args = get_args(base)
             if get_origin(base) is not Check or not args:
                 continue
             if isinstance(args[0], ForwardRef):
-                cls.params_name = args[0].__forward_arg__
+                if "params_name" not in cls.__dict__:
+                    cls.params_name = args[0].__forward_arg__
+                deferred = True
             elif isinstance(args[0], type):
                 cls.Params = args[0]
+                return
+        if deferred:   # resolved from this class's own params_module/params_name
+            cls.Params = _DeferredParams()  # type: ignore[assignment]
 
     @classmethod
     def worker_params(cls, values: dict[str, Any]) -> Any:
@@ -138,3 +149,12 @@ def judge(ok: bool, value, *, threshold: str, unit: str | None = None, message: 
     """PASS or FAIL with the same value, threshold and unit either way."""
     return CheckReport(Outcome.PASS if ok else Outcome.FAIL, value, threshold, unit,
                        message, details)
+
+
+def __getattr__(name: str) -> object:
+    """``NoParams``, where site plugins written before it moved import it: loaded (with
+    pydantic) only when asked for."""
+    if name == "NoParams":
+        from hpcml.vet.checks.params import NoParams
+        return NoParams
+    raise AttributeError(f"module 'hpcml.vet.checks.base' has no attribute {name!r}")
