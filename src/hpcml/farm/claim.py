@@ -390,7 +390,16 @@ class View:
                 dead = now - first >= lease
             else:
                 dead = is_dead(owner)
-            if dead and bury(tid, st.claimed, owner):
+            if not dead:
+                continue
+            # ended since this view last read the ends (a worker that finished and exited
+            # looks dead): no sweep of /proc for it, which costs a read of every process's
+            # environment (seconds per attempt with thousands of processes on a host)
+            ended = load_end(f"{self.path}/{ENDS}/{tid}.{st.claimed}")
+            if ended is not None:
+                st.ends.setdefault(st.claimed, ended)
+                continue
+            if bury(tid, st.claimed, owner):
                 rec = {"outcome": LOST, "end": time.time(), "node": owner.get("node"),
                        "worker": owner.get("worker"), "reason": "its worker died"}
                 finish(self.path, tid, st.claimed, rec)

@@ -32,7 +32,7 @@ class FileScan:
     def events(self, events: list[Event], member: str = "") -> None:
         for ev in events:
             if ev.kind == "global":
-                verdict, why = self.policy.classify(ev.module, ev.name)
+                verdict, why = self.policy.judge(ev.module, ev.name)
                 name = f"{ev.module}.{ev.name}"
             else:
                 verdict, why = _EVENT_VERDICT[ev.kind]

@@ -93,11 +93,19 @@ def advice(results: list[FileResult], shown: int = 8) -> list[str]:
     """What to do about ``unknown`` files: the site-policy lines that would allow exactly
     their globals (only lines the policy parser accepts), what no policy can allow (a
     callable built at load time), and why a whole pickled model has them."""
-    from hpcml.scan.policy import is_name
+    from hpcml.scan.policy import is_name, not_advised
     unknown = {f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN}
-    names = sorted(n for n in unknown if is_name(n))
-    built = sorted(unknown - set(names))
+    named = sorted(n for n in unknown if is_name(n))
+    built = sorted(unknown - set(named))
+    refused = {n: why for n in named if (why := not_advised(n))}
+    names = [n for n in named if n not in refused]
     out = []
+    if refused:
+        shown_refused = sorted(refused)[:shown]
+        out.append("Do not allow " + "; ".join(f"{n} ({refused[n]})" for n in shown_refused)
+                   + (f"; and {len(refused) - shown} more" if len(refused) > shown else "")
+                   + ": a pickle that calls them can do what those modules do. No trusted "
+                   "checkpoint needs them; ask for a state_dict or safetensors.")
     if names:
         listed = "\n".join(f"  - {n}" for n in names[:shown]) + \
             (f"\n  # ... and {len(names) - shown} more" if len(names) > shown else "")

@@ -493,12 +493,22 @@ class LocalSlurm:
         for munged), or credentials fail with EAGAIN; each real node has its own."""
         if self.nodes <= 64 or os.geteuid() != 0:
             return
-        try:
-            pid = int((self.run_dir / f"{daemon}.pid").read_text().split()[0])
-            for task in os.listdir(f"/proc/{pid}/task"):   # every thread: setpriority is per thread
-                os.setpriority(os.PRIO_PROCESS, int(task), -10)
-        except (OSError, ValueError, IndexError) as exc:
-            log.warning("could not raise %s's priority: %s", daemon, exc)
+        # the daemon answers before it rewrites its PID file (a stale one names the last
+        # cluster's daemon): wait a little for a PID whose command is this daemon
+        pid_file = self.run_dir / f"{daemon}.pid"
+        problem: Exception | None = None
+        for _ in range(25):
+            try:
+                pid = int(pid_file.read_text().split()[0])
+                if daemon.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    for task in os.listdir(f"/proc/{pid}/task"):   # setpriority is per thread
+                        os.setpriority(os.PRIO_PROCESS, int(task), -10)
+                    return
+                problem = ProcessLookupError(f"PID {pid} in {pid_file} is not {daemon}")
+            except (OSError, ValueError, IndexError) as exc:
+                problem = exc
+            time.sleep(0.2)
+        log.warning("could not raise %s's priority: %s", daemon, problem)
 
     def _start_slurmctld(self, deadline: float) -> None:
         self._run_daemon("slurmctld", [find_binary("slurmctld") or "slurmctld",

@@ -8,16 +8,25 @@ or extension. The only members skipped unread are PyTorch's tensor storages
 
 from __future__ import annotations
 
+import io
 import re
+import struct
+import tempfile
 import zipfile
+import zlib
 from collections.abc import Callable
-from typing import BinaryIO, cast
+from typing import Any, BinaryIO, cast
 
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat
 
 _STORAGE = re.compile(r"(^|/)data/\d+$")
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
+#: general-purpose flag bits Python's zipfile refuses and torch's reader (miniz) ignores
+TRICK_FLAGS = {0x1: "the 'encrypted' flag", 0x20: "the 'patched data' flag (0x20)",
+               0x40: "the 'strong encryption' flag (0x40)"}
+#: members up to this size are read whole (CRC checked before the scan); larger ones stream
+WHOLE = 64 * 2**20
 
 
 def looks_like(head: bytes) -> bool:
@@ -52,18 +61,136 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             if torch_zip and _STORAGE.search(info.filename):
                 storages += 1
                 continue
-            if info.flag_bits & 0x1:
-                fs.error("encrypted member: cannot be scanned", where)
-                continue
-            try:
-                with zf.open(info) as mf:
-                    # typeshed types a member as IO[bytes]; the scanner's callback takes BinaryIO
-                    scan_member(fs, cast(BinaryIO, mf), info.file_size, where, info.filename, depth + 1)
-            except (zipfile.BadZipFile, OSError, EOFError, NotImplementedError,
-                    RuntimeError, ValueError) as exc:
-                fs.error(f"cannot read member: {exc}", where)
+            tricks = [why for bit, why in TRICK_FLAGS.items() if info.flag_bits & bit]
+            if not tricks:
+                try:
+                    with zf.open(info) as mf:
+                        if info.file_size <= WHOLE:   # a bad CRC shows before the scan starts
+                            mf = io.BytesIO(mf.read())
+                        # typeshed types a member as IO[bytes]; the callback takes BinaryIO
+                        scan_member(fs, cast(BinaryIO, mf), info.file_size, where, info.filename,
+                                    depth + 1)
+                    continue
+                except (zipfile.BadZipFile, NotImplementedError, RuntimeError) as exc:
+                    tricks = [f"Python's zipfile refuses it ({exc})"]
+                except (OSError, EOFError, ValueError) as exc:
+                    fs.error(f"cannot read member: {exc}", where)
+                    continue
+            _scan_as_torch(fs, fh, info, where, depth, tricks, scan_member)
         if storages:
             fs.note(f"{storages} tensor storages (raw bytes, never unpickled)")
+
+
+def _scan_as_torch(fs: FileScan, fh: BinaryIO, info: zipfile.ZipInfo, where: str, depth: int,
+                   tricks: list[str], scan_member: Callable[[FileScan, BinaryIO, int, str, str, int], None]) -> None:
+    """A member Python's zipfile will not read, read the way torch's reader (miniz) does:
+    where the central directory points, ignoring the CRC and the local header's name, which
+    torch.load does too (torch 2.13 refuses the encryption and patch flag bits; other
+    readers and versions need not), so the scan judges the pickle inside. Only a member
+    whose bytes are not what they claim (encrypted, really) stays an error."""
+    try:
+        data = member_as_torch_reads(fh, info)
+    except (OSError, ValueError, EOFError, NotImplementedError, zlib.error) as exc:
+        fs.error(f"cannot read member: {exc}", where)
+        return
+    with data:
+        head = data.read(8)
+        data.seek(0)
+        crc_ok = _crc_matches(data, info)
+        if info.flag_bits & 0x1 and crc_ok is False and not _content(head):
+            fs.error("encrypted member: cannot be scanned", where)
+            return
+        if crc_ok is False:
+            tricks.append("a CRC that does not match its bytes")
+        fs.note(f"{where}: scanned despite {' and '.join(tricks)}, a zip trick: Python's zipfile "
+                "(and scanners built on it) refuses the member; torch.load ignores a CRC and the "
+                "local header's name")
+        scan_member(fs, data, info.file_size, where, info.filename, depth + 1)
+
+
+def member_as_torch_reads(fh: BinaryIO, info: zipfile.ZipInfo) -> BinaryIO:
+    """The member's bytes as miniz extracts them: from the local header the central
+    directory names (its own name and extra fields skipped), stored or deflated; flags,
+    CRC and the local header's name are not looked at."""
+    fh.seek(info.header_offset)
+    head = fh.read(30)
+    if len(head) < 30 or head[:4] != b"PK\x03\x04":
+        raise ValueError("no local header where the central directory points")
+    name_len, extra_len = struct.unpack_from("<HH", head, 26)
+    start = info.header_offset + 30 + name_len + extra_len
+    if info.compress_type == zipfile.ZIP_STORED:
+        fh.seek(start)
+        return io.BytesIO(_read_exactly(fh, info.compress_size)) if info.compress_size <= WHOLE \
+            else cast(BinaryIO, _Window(fh, start, info.compress_size))
+    if info.compress_type != zipfile.ZIP_DEFLATED:
+        raise NotImplementedError(f"compression method {info.compress_type}, which torch cannot read either")
+    out = tempfile.SpooledTemporaryFile(max_size=WHOLE)
+    inflate = zlib.decompressobj(-15)
+    fh.seek(start)
+    left, made = info.compress_size, 0
+    while left and made <= info.file_size:
+        chunk = fh.read(min(left, 1 << 20))
+        if not chunk:
+            raise EOFError("the archive ends inside the member")
+        left -= len(chunk)
+        part = inflate.decompress(chunk, info.file_size + 1 - made)   # no zip bomb
+        made += len(part)
+        out.write(part)
+    out.seek(0)
+    return cast(BinaryIO, out)
+
+
+def _read_exactly(fh: BinaryIO, n: int) -> bytes:
+    data = fh.read(n)
+    if len(data) < n:
+        raise EOFError("the archive ends inside the member")
+    return data
+
+
+def _crc_matches(data: BinaryIO, info: zipfile.ZipInfo) -> bool | None:
+    """Whether the member's bytes have the CRC it states; None when too large to check."""
+    if info.file_size > WHOLE:
+        return None
+    crc = zlib.crc32(data.read())
+    data.seek(0)
+    return crc == info.CRC
+
+
+def _content(head: bytes) -> bool:
+    """Whether bytes start like something a loader reads: a pickle's PROTO, a zip, a .npy."""
+    return (len(head) > 1 and head[0] == 0x80 and 0 < head[1] <= 5) or looks_like(head) \
+        or head.startswith(b"\x93NUMPY")
+
+
+class _Window(io.RawIOBase):
+    """A seekable read-only view of ``size`` bytes of ``fh`` from ``start`` (a large
+    stored member, scanned in place)."""
+
+    def __init__(self, fh: BinaryIO, start: int, size: int) -> None:
+        self._fh, self._start, self._size, self._pos = fh, start, size, 0
+
+    def readable(self) -> bool:
+        return True
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = io.SEEK_SET) -> int:
+        base = {io.SEEK_SET: 0, io.SEEK_CUR: self._pos, io.SEEK_END: self._size}[whence]
+        self._pos = max(0, base + offset)
+        return self._pos
+
+    def tell(self) -> int:
+        return self._pos
+
+    def readinto(self, buf: Any) -> int:   # io's writable buffer
+        n = max(0, min(len(buf), self._size - self._pos))
+        if not n:
+            return 0
+        self._fh.seek(self._start + self._pos)
+        got = self._fh.readinto(memoryview(buf)[:n])  # type: ignore[attr-defined]
+        self._pos += got or 0
+        return got or 0
 
 
 def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,

@@ -70,6 +70,8 @@ class Policy:
     dangerous_modules: set[str] = field(default_factory=set)
     block_unknown: bool = True
     sources: list[str] = field(default_factory=list)
+    #: read an unknown global's source to tell a gadget (dangerous) from an unknown
+    analyse_sources: bool = True
 
     def extend(self, spec: PolicyFile, source: str) -> None:
         for n in spec.safe:
@@ -114,6 +116,43 @@ class Policy:
         if "." in name and self._under(module, self.safe_modules | {d.rsplit('.', 1)[0] for d in self.safe_exact}):
             return Verdict.UNKNOWN, "an attribute chain inside an allowlisted module"
         return Verdict.UNKNOWN, "not on the allowlist"
+
+
+    def judge(self, module: str, name: str) -> tuple[Verdict, str]:
+        """``classify``, then, for a name the lists leave unknown, what its source can
+        reach (``hpcml.scan.gadgets``): the lists stay first, the analysis only turns
+        unknown into dangerous."""
+        verdict, why = self.classify(module, name)
+        if verdict is Verdict.UNKNOWN and self.analyse_sources:
+            from hpcml.scan.gadgets import reach
+            found = reach(module, name)
+            if found is not None:
+                return Verdict.DANGEROUS, str(found)
+        return verdict, why
+
+
+#: the standard library's process, network, debugging and interpreter modules: advice
+#: never offers to allow a name from them, whatever the analysis found
+NOT_ADVISED = frozenset("""
+    os posix nt subprocess pty tty signal sys platform sysconfig site shutil tempfile
+    socket ssl select selectors http urllib ftplib smtplib smtpd imaplib poplib nntplib
+    telnetlib xmlrpc socketserver asyncio asyncore asynchat multiprocessing concurrent
+    threading mailcap webbrowser cgi cgitb wsgiref pdb bdb trace tracemalloc faulthandler
+    cProfile profile pstats timeit code codeop idlelib pydoc doctest unittest importlib
+    pkgutil runpy zipimport ctypes marshal pickle shelve gc inspect builtins io
+    logging ensurepip venv distutils""".split())
+
+
+def not_advised(dotted: str) -> str | None:
+    """Why advice must not offer to allow ``dotted``; None when it may."""
+    parts = dotted.split(".")
+    if any(p.startswith("_") and not _is_dunder(p) for p in parts) or any(
+            _is_dunder(p) and p != "__main__" for p in parts):
+        return "a private name (a leading underscore): internals, which no checkpoint needs"
+    if parts[0] in NOT_ADVISED:
+        return (f"from {parts[0]}, a standard-library module that runs processes, talks to "
+                "the network, writes files or debugs the interpreter")
+    return None
 
 
 def _load_file(path: Path | str, text: str) -> PolicyFile:
