@@ -194,3 +194,53 @@ def test_a_hostile_source_costs_bounded_work(tmp_path):
     (lib / "big.py").write_text("x = 1\n" * 800_000)
     a = Analyser(paths=[str(lib)])
     assert a.reach("deep", "f") is None and a.reach("loop", "a") is None and a.reach("big", "x") is None
+
+
+def test_another_name_for_a_listed_global_is_that_global():
+    """tarfile.bltn_open is builtins.open; dataclasses.FunctionType is types.FunctionType."""
+    from hpcml.scan.policy import default_policy
+    policy = default_policy()
+    for module, name, target in [("tarfile", "bltn_open", "builtins.open"),
+                                 ("dataclasses", "FunctionType", "types.FunctionType"),
+                                 ("pathlib", "attrgetter", "operator.attrgetter")]:
+        verdict, why = policy.judge(module, name)
+        assert verdict.value == "dangerous" and why.endswith(target), (module, name, why)
+
+
+def test_a_method_of_an_instance_built_in_the_function_is_followed():
+    """logging.config.dictConfig: dictConfigClass(config).configure() reaches __import__."""
+    r = Analyser().reach("logging.config", "dictConfig")
+    assert r is not None and "logging.config.DictConfigurator.configure" in r.path
+
+
+def test_benign_torch_names_are_not_called_dangerous():
+    """Defined-but-not-run code under a module's top-level if/try (a Windows-only ctypes
+    call in torch/__init__) and torch.nn internals are not what a load runs."""
+    from hpcml.scan.policy import default_policy
+    policy = default_policy()
+    for module, name in [("torch", "float8_e8m0fnu"), ("torch", "Generator"),
+                         ("torch.nn.modules.linear", "Linear"), ("torch.nn.modules.conv", "Conv2d")]:
+        assert policy.judge(module, name)[0].value == "unknown", (module, name)
+
+
+def test_hostile_names_never_break_the_scan(tmp_path):
+    """A 300-character module name (too long for the filesystem) is unknown, and the rest of
+    the pickle is still scanned: the os.system after it is found."""
+    from tests.scan.payloads import global_ as g
+    pkl = tmp_path / "long.pkl"
+    pkl.write_bytes(assemble(2, call(g("a" * 300, "b")), b"0", call(g("os", "system"), unicode("id"))))
+    rc, report = _scan(pkl)
+    names = {f["name"]: f["verdict"] for f in report["files"][0]["findings"]}
+    assert rc == 6 and names[f"{'a' * 300}.b"] == "unknown" and "dangerous" in names.values(), names
+
+
+def test_a_name_built_to_look_like_advice_is_printed_escaped(tmp_path):
+    """A global whose name holds newlines cannot print a fake ``safe:`` block."""
+    from tests.scan.payloads import STACK_GLOBAL, short_binunicode
+    evil = "numpy.y\nsafe:\n  - os.system"
+    pkl = tmp_path / "inject.pkl"
+    pkl.write_bytes(assemble(4, short_binunicode("numpy"), short_binunicode(evil), STACK_GLOBAL))
+    out = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(pkl)], capture_output=True,
+                         text=True, timeout=120)
+    assert "  - os.system" not in out.stdout.splitlines(), out.stdout
+    assert "\\n" in out.stdout

@@ -25,6 +25,8 @@ from __future__ import annotations
 import ast
 import builtins
 import sys
+import time
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -56,7 +58,8 @@ PRIMITIVES: dict[str, str] = {
                      "builtins.breakpoint"], "eval"),
     **dict.fromkeys(["builtins.__import__", "importlib.import_module", "importlib.reload",
                      "importlib.__import__", "pkgutil.resolve_name", "runpy.run_path",
-                     "runpy.run_module"], "import"),
+                     "runpy.run_module", "importlib.util.spec_from_file_location",
+                     "importlib.util.module_from_spec", "importlib.util.spec_from_loader"], "import"),
     **dict.fromkeys([
         "pickle.load", "pickle.loads", "pickle.Unpickler", "_pickle.load", "_pickle.loads",
         "_pickle.Unpickler", "marshal.load", "marshal.loads", "shelve.open",
@@ -69,22 +72,30 @@ PRIMITIVE_MODULES: dict[str, str] = {
     "os.spawn": "process", "urllib.request": "network", "requests": "network",
     "httpx": "network", "aiohttp": "network", "ctypes": "ctypes", "_ctypes": "ctypes",
     "cffi": "ctypes", "code": "eval", "codeop": "eval", "pdb": "eval", "bdb": "eval",
-    "importlib.util": "import",
 }
 #: what each kind of primitive means, for the report
 MEANS = {"process": "runs a process", "network": "opens a network connection",
          "file-write": "writes or removes files", "eval": "evaluates code",
          "ctypes": "calls native code (ctypes)", "import": "imports modules by name",
-         "pickle": "loads another pickle"}
+         "pickle": "loads another pickle", "listed": "is another name for a dangerous global"}
 #: the worst first, when a function reaches several
-SEVERITY = ("process", "eval", "ctypes", "import", "pickle", "network", "file-write")
+SEVERITY = ("listed", "process", "eval", "ctypes", "import", "pickle", "network", "file-write")
 #: what unpickling a class, or calling or dropping its instance, runs
 CLASS_ENTRY = ("__new__", "__init__", "__setstate__", "__call__", "__setitem__", "append",
-               "extend", "__del__")
+               "extend", "__getattr__", "__setattr__", "__hash__", "__eq__", "__del__")
 _WRITE_MODES = frozenset("wax+")
 MAX_SOURCE = 4 * 2**20      # bytes of one module's source read at most
 MAX_DEPTH = 6               # function calls followed from the named global
 MAX_FUNCTIONS = 400         # function bodies read for one global, in all
+#: the standard library's introspection and data-structure modules: a call into them is
+#: not followed (their own eval/exec, as in ``inspect`` or ``namedtuple``, is not reachable
+#: with a pickle's arguments, and following them would make every nn.Module dangerous)
+NOT_FOLLOWED = frozenset("""inspect typing typing_extensions abc enum dataclasses functools
+    collections warnings weakref copy re sre_compile sre_parse textwrap traceback linecache
+    ast string numbers operator contextlib types reprlib pprint""".split())
+MAX_PACKAGES = 2            # top-level packages a path may cross into (torch -> its callee's)
+MAX_SECONDS = 2.0           # analysis time for one global; beyond, it stays unknown
+MAX_NAME = 200              # characters of a module name looked up at all
 
 
 @dataclass(frozen=True)
@@ -119,10 +130,13 @@ def _writes(dotted: str, call: ast.Call) -> bool:
     if dotted == "os.open":
         flags = call.args[1] if len(call.args) > 1 else next(
             (k.value for k in call.keywords if k.arg == "flags"), None)
-        names = {n.attr if isinstance(n, ast.Attribute) else getattr(n, "id", "")
-                 for n in ast.walk(flags)} if flags is not None else set()
-        return flags is None or bool(names & {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC",
-                                              "O_APPEND"}) or not names
+        if flags is None:
+            return True
+        names = {n.attr if isinstance(n, ast.Attribute) else n.id
+                 for n in ast.walk(flags) if isinstance(n, (ast.Attribute, ast.Name))} - {"os"}
+        if any(not n.startswith("O_") for n in names):
+            return True                                 # flags computed at run time
+        return bool(names & {"O_WRONLY", "O_RDWR", "O_CREAT", "O_TRUNC", "O_APPEND"})
     mode = call.args[1] if len(call.args) > 1 else next(
         (k.value for k in call.keywords if k.arg == "mode"), None)
     if mode is None:
@@ -136,9 +150,17 @@ def find_source(module: str, paths: list[str] | None = None) -> Path | None:
     """The ``.py`` file Python would import ``module`` from, found without importing
     anything: each ``sys.path`` directory (``''``: the current one), packages as directories."""
     parts = module.split(".")
-    if not all(p.isidentifier() for p in parts) or module in sys.builtin_module_names:
+    if len(module) > MAX_NAME or not all(p.isidentifier() for p in parts) \
+            or module in sys.builtin_module_names:
         return None
-    for entry in paths if paths is not None else sys.path:
+    try:
+        return _search(parts, paths if paths is not None else sys.path)
+    except (OSError, ValueError):                       # a name too long for the filesystem
+        return None
+
+
+def _search(parts: list[str], paths: list[str]) -> Path | None:
+    for entry in paths:
         root = Path(entry or ".")
         if not root.is_dir():
             continue
@@ -185,6 +207,21 @@ def _imports_of(nodes: list[ast.stmt] | list[ast.AST], package: str) -> dict[str
     return out
 
 
+def _top_level(node: ast.AST) -> list[ast.Call]:
+    """The calls importing the module runs: its statements, not the bodies of the functions,
+    classes and lambdas it defines (under an ``if`` or a ``try`` too)."""
+    out: list[ast.Call] = []
+    todo = [node]
+    while todo:
+        n = todo.pop()
+        if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef, ast.Lambda)):
+            continue
+        if isinstance(n, ast.Call):
+            out.append(n)
+        todo.extend(ast.iter_child_nodes(n))
+    return out
+
+
 def _is_main_guard(node: ast.stmt) -> bool:
     """``if __name__ == "__main__":``, which importing does not run."""
     return isinstance(node, ast.If) and isinstance(node.test, ast.Compare) \
@@ -194,10 +231,15 @@ def _is_main_guard(node: ast.stmt) -> bool:
 class Analyser:
     """Reads sources once per process; ``reach(module, name)`` answers from a cache."""
 
-    def __init__(self, paths: list[str] | None = None) -> None:
+    def __init__(self, paths: list[str] | None = None,
+                 listed: Callable[[str], bool] | None = None) -> None:
         self._paths = paths
+        #: whether a dotted name is on the policy's dangerous list: a global that is
+        #: another name for one (``tarfile.bltn_open`` is ``builtins.open``) is that global
+        self._listed = listed or (lambda dotted: False)
         self._modules: dict[str, _Module | None] = {}
         self._answers: dict[str, Reach | None] = {}
+        self._class_binds: dict[int, dict[str, ast.expr]] = {}
 
     # ---------------------------------------------------------------- modules
     def module(self, name: str) -> _Module | None:
@@ -222,9 +264,7 @@ class Analyser:
                 if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))}
         assigns = {t.id: n.value for n in top if isinstance(n, ast.Assign)
                    for t in n.targets if isinstance(t, ast.Name)}
-        calls = [c for n in tree.body if not _is_main_guard(n) and not isinstance(
-                     n, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef))
-                 for c in ast.walk(n) if isinstance(c, ast.Call)]
+        calls = [c for n in tree.body if not _is_main_guard(n) for c in _top_level(n)]
         mod = _Module(name, package, _imports_of(top, package), defs, assigns, calls)
         self._modules[name] = mod
         return mod
@@ -243,17 +283,22 @@ class Analyser:
         dotted = f"{module}.{name}"
         if dotted not in self._answers:
             self._budget = MAX_FUNCTIONS
+            self._deadline = time.monotonic() + MAX_SECONDS
             self._seen: set[str] = set()
-            self._answers[dotted] = self._target(dotted, (dotted,), 0)
+            try:
+                self._answers[dotted] = self._target(dotted, (dotted,), 0, alias=True)
+            except (RecursionError, MemoryError, ValueError, OSError):
+                self._answers[dotted] = None     # a source too hostile to follow: unknown
         return self._answers[dotted]
 
     def _target(self, dotted: str, path: tuple[str, ...], depth: int,
-                call: ast.Call | None = None) -> Reach | None:
+                call: ast.Call | None = None, alias: bool = False) -> Reach | None:
         """What calling (or, for a class, instantiating) ``dotted`` can reach."""
         kind = _primitive(dotted, call)
         if kind and depth:
             return Reach(kind, path if path[-1] == dotted else (*path, dotted))
-        if depth > MAX_DEPTH or dotted in self._seen or self._budget <= 0:
+        if depth > MAX_DEPTH or dotted in self._seen or self._budget <= 0 \
+                or time.monotonic() > self._deadline:
             return None
         self._seen.add(dotted)
         where = self._locate(dotted)
@@ -261,7 +306,7 @@ class Analyser:
             found = self._on_import(where[0])
             if found:
                 return found
-        found = self._in_module(*where, path, depth) if where else None
+        found = self._in_module(*where, path, depth, alias) if where else None
         if kind:   # the named global is a primitive itself: its own source may say how
             return found if found and found.kind == kind else Reach(kind, path)
         return found
@@ -278,16 +323,20 @@ class Analyser:
         return None
 
     def _in_module(self, mod: _Module, attrs: list[str], path: tuple[str, ...],
-                   depth: int) -> Reach | None:
+                   depth: int, alias: bool = False) -> Reach | None:
+        """``alias``: ``path`` so far is the named global and the names it re-exports (the
+        same object): one on the dangerous list makes the global that list's."""
         head = attrs[0]
+        bound = None
         if head in mod.imports:        # a re-export: the global is what the module imported
-            target = ".".join([mod.imports[head], *attrs[1:]])
-            return self._target(target, (*path, target), depth + 1)
-        if head in mod.assigns and isinstance(mod.assigns[head], (ast.Name, ast.Attribute)):
+            bound = mod.imports[head]
+        elif head in mod.assigns and isinstance(mod.assigns[head], (ast.Name, ast.Attribute)):
             bound = self._resolve(mod.assigns[head], mod, None, {})
-            if bound:
-                bound = ".".join([bound, *attrs[1:]])
-                return self._target(bound, (*path, bound), depth + 1)
+        if bound:
+            bound = ".".join([bound, *attrs[1:]])
+            if alias and (self._listed(bound) or self._listed(bound.rpartition(".")[0] + ".*")):
+                return Reach("listed", (*path, bound))
+            return self._target(bound, (*path, bound), depth + 1, alias=alias)
         node = mod.defs.get(head)
         if node is None:
             return None
@@ -350,9 +399,9 @@ class Analyser:
                 calls.append(n)
             elif isinstance(n, (ast.Name, ast.Attribute)) and isinstance(n.ctx, ast.Load):
                 refs.append(n)
-            elif isinstance(n, ast.Assign) and len(n.targets) == 1 \
-                    and isinstance(n.targets[0], ast.Name) and isinstance(n.value, (ast.Name, ast.Attribute)):
-                aliases[n.targets[0].id] = n.value
+            elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
+                    and isinstance(n.value, (ast.Name, ast.Attribute, ast.Call)):
+                aliases[n.targets[0].id] = n.value   # a call: an instance, whose methods count
         scope = _Scope(mod, cls, local_imports, aliases)
         # a reference that is not a call still hands a primitive to whoever calls it
         callees = {id(c.func) for c in calls}
@@ -360,15 +409,20 @@ class Analyser:
             if id(ref) in callees:
                 continue
             dotted = self._resolve(ref, mod, scope, aliases)
-            if dotted and PRIMITIVES.get(dotted) in ("process", "eval"):
-                return Reach(PRIMITIVES[dotted], (*path, dotted))
+            kind = _primitive(dotted, None) if dotted and dotted in PRIMITIVES else None
+            if dotted and kind:
+                return Reach(kind, (*path, dotted))
         # what this body calls directly first, the worst of it; then what its callees reach
         targets = [(c, d) for c in calls if (d := self._resolve(c.func, mod, scope, aliases))]
         direct = [(SEVERITY.index(k), k, d) for c, d in targets if (k := _primitive(d, c))]
         if direct:
             _, kind, dotted = min(direct)
             return Reach(kind, (*path, dotted))
+        roots = {p.split(".")[0] for p in path}
         for c, dotted in targets:
+            root = dotted.split(".")[0]
+            if root in NOT_FOLLOWED or (root not in roots and len(roots) >= MAX_PACKAGES):
+                continue
             r = self._target(dotted, (*path, dotted), depth, c)
             if r:
                 return r
@@ -389,7 +443,7 @@ class Analyser:
                 return imports[n]
             if n in mod.defs:
                 return f"{mod.name}.{n}"
-            if n in mod.assigns and isinstance(mod.assigns[n], (ast.Name, ast.Attribute)):
+            if n in mod.assigns and isinstance(mod.assigns[n], (ast.Name, ast.Attribute, ast.Call)):
                 return self._resolve(mod.assigns[n], mod, None, {}, hops + 1)
             if hasattr(builtins, n):
                 return f"builtins.{n}"
@@ -407,6 +461,8 @@ class Analyser:
                 return None
             owner = self._resolve(value, mod, scope, aliases, hops + 1)
             return f"{owner}.{expr.attr}" if owner else None
+        if isinstance(expr, ast.Call):   # X(...).m: the instance's method is the class's
+            return self._resolve(expr.func, mod, scope, aliases, hops + 1)
         return None
 
     def _self_attr(self, scope: _Scope, attr: str, hops: int) -> str | None:
@@ -418,19 +474,30 @@ class Analyser:
         if found is not None:
             owner, ocls, fn = found
             return f"{owner.name}.{ocls.name}.{fn.name}"
-        for n in ast.walk(cls):
-            value = None
-            if isinstance(n, ast.Assign):
+        value = self._binds(cls).get(attr)
+        if value is None:
+            return None
+        return self._resolve(value, mod, _Scope(mod, None, scope.imports, {}), {}, hops + 1)
+
+    def _binds(self, cls: ast.ClassDef) -> dict[str, ast.expr]:
+        """What a class body or its methods bind to a name (``x = ...``, ``self.x = ...``),
+        indexed once per class: the first binding that is not ``self``'s own attribute."""
+        key = id(cls)
+        if key not in self._class_binds:
+            out: dict[str, ast.expr] = {}
+            for n in ast.walk(cls):
+                if not isinstance(n, ast.Assign) or not isinstance(n.value, (ast.Name, ast.Attribute, ast.Call)):
+                    continue
+                v = n.value
+                if isinstance(v, ast.Attribute) and isinstance(v.value, ast.Name) and v.value.id == "self":
+                    continue
                 for t in n.targets:
-                    if (isinstance(t, ast.Name) and t.id == attr) or (
-                            isinstance(t, ast.Attribute) and t.attr == attr
-                            and isinstance(t.value, ast.Name) and t.value.id == "self"):
-                        value = n.value
-            if isinstance(value, (ast.Name, ast.Attribute)) and not (
-                    isinstance(value, ast.Attribute) and isinstance(value.value, ast.Name)
-                    and value.value.id == "self"):
-                return self._resolve(value, mod, _Scope(mod, None, scope.imports, {}), {}, hops + 1)
-        return None
+                    if isinstance(t, ast.Name):
+                        out.setdefault(t.id, v)
+                    elif isinstance(t, ast.Attribute) and isinstance(t.value, ast.Name) and t.value.id == "self":
+                        out.setdefault(t.attr, v)
+            self._class_binds[key] = out
+        return self._class_binds[key]
 
 
 @dataclass
@@ -441,13 +508,13 @@ class _Scope:
     aliases: dict[str, ast.expr]
 
 
-_shared: Analyser | None = None
+_shared: dict[int, Analyser] = {}
 
 
-def reach(module: str, name: str) -> Reach | None:
+def reach(module: str, name: str, listed: Callable[[str], bool] | None = None) -> Reach | None:
     """What ``module.name`` can reach when a pickle calls it; None when nothing found (or no
-    source to read). One analyser per process, so each module is parsed once."""
-    global _shared
-    if _shared is None:
-        _shared = Analyser()
-    return _shared.reach(module, name)
+    source to read). One analyser per process and policy, so each module is parsed once."""
+    key = id(getattr(listed, "__self__", listed))
+    if key not in _shared:
+        _shared[key] = Analyser(listed=listed)
+    return _shared[key].reach(module, name)

@@ -89,6 +89,13 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
+def printable(name: str, limit: int = 120) -> str:
+    """A name from a file as printed: escapes instead of newlines and control characters
+    (a pickle could otherwise print a fake ``safe:`` block), cut to ``limit``."""
+    text = name if name.isprintable() else ascii(name)[1:-1]
+    return text if len(text) <= limit else text[:limit] + "..."
+
+
 def advice(results: list[FileResult], shown: int = 8) -> list[str]:
     """What to do about ``unknown`` files: the site-policy lines that would allow exactly
     their globals (only lines the policy parser accepts), what no policy can allow (a
@@ -115,7 +122,7 @@ def advice(results: list[FileResult], shown: int = 8) -> list[str]:
                 "(or HPCML_SCAN_POLICY):",
                 f"safe:\n{listed}"]
     if built:
-        out.append(f"No policy can allow what is not a named global ({'; '.join(built[:3])}): the pickle builds "
+        out.append(f"No policy can allow what is not a named global ({'; '.join(map(printable, built[:3]))}): the pickle builds "
                    "what it calls while it loads, which no checkpoint needs. Do not load these files; ask for a "
                    "state_dict or safetensors.")
     if names:
@@ -126,6 +133,7 @@ def advice(results: list[FileResult], shown: int = 8) -> list[str]:
 
 def table(results: list[FileResult], *, show_all: bool = False):
     """Rich table: every file that is not safe, and safe ones too when few or asked for."""
+    from rich.markup import escape
     from rich.table import Table
     t = Table(title="hpcml scan", show_lines=False)
     for col in ("verdict", "file", "format", "what"):
@@ -136,15 +144,17 @@ def table(results: list[FileResult], *, show_all: bool = False):
         if r.verdict is Verdict.SAFE and fold:
             continue
         bad = [f for f in r.findings if f.verdict is not Verdict.SAFE]
-        lines = [f"{f.name} [dim]({f.why}; {f.location or 'top'})[/]" for f in bad[:4]]
+        # names, reasons, members and errors come from the file: never markup
+        lines = [f"{escape(printable(f.name))} [dim]({escape(f.why)}; {escape(str(f.location or 'top'))})[/]"
+                 for f in bad[:4]]
         if len(bad) > 4:
             lines.append(f"... and {len(bad) - 4} more")
-        lines += r.errors[:3]
+        lines += [escape(e) for e in r.errors[:3]]
         if not lines:
             lines = [("not a model file" if not r.scanned else
                       f"{len(r.findings)} allowlisted globals" if r.findings else "no imports")]
         style = _STYLE[r.verdict] if r.scanned else "dim"
-        t.add_row(f"[{style}]{r.verdict.value if r.scanned else 'skipped'}[/]", r.path, r.format,
+        t.add_row(f"[{style}]{r.verdict.value if r.scanned else 'skipped'}[/]", escape(r.path), r.format,
                   "\n".join(lines))
     if fold and quiet:
         skipped = sum(not r.scanned for r in quiet)

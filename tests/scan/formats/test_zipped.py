@@ -159,3 +159,40 @@ def test_benign_torch_numpy_and_joblib_files_still_pass(tmp_path):
     assert out.returncode == 0, out.stdout
     assert sorted(Path(f["path"]).name for f in files if f["verdict"] == "safe") == \
         ["arrays.npz", "model.joblib", "objects.npy", "state.pt"]
+
+
+def test_a_central_directory_python_and_torch_place_differently_is_an_error(tmp_path):
+    """Two central directories in one file: Python's zipfile shifts offsets by the bytes it
+    takes for prepended data, torch's reader does not, so each sees other members. The scan
+    cannot judge what torch would load: an error, never safe."""
+    def zipped(payload: bytes) -> bytes:
+        b = io.BytesIO()
+        with zipfile.ZipFile(b, "w", zipfile.ZIP_STORED) as z:
+            z.writestr("archive/data.pkl", payload)
+            z.writestr("archive/version", b"3\n")
+        return b.getvalue()
+
+    def split(zb: bytes) -> tuple[bytes, bytes]:
+        e = zb.rfind(b"PK\x05\x06")
+        _, size_cd, off_cd = struct.unpack_from("<HII", zb, e + 10)
+        return zb[:off_cd], zb[off_cd:off_cd + size_cd]
+
+    import pickle
+    evil_loc, evil_cd = split(zipped(os_system_call(tmp_path / "ran")))
+    good_loc, good_cd = split(zipped(pickle.dumps({"w": [1.0]}, protocol=2)))
+    head = evil_loc + evil_cd
+    base = len(head)
+    shift = base + len(good_loc) - len(evil_loc)          # where Python will think the CD moved
+    cd, i = bytearray(good_cd), 0
+    while i < len(cd):                                     # good members, placed for Python
+        n, x, c = struct.unpack_from("<HHH", cd, i + 28)
+        rel = struct.unpack_from("<I", cd, i + 42)[0]
+        struct.pack_into("<I", cd, i + 42, base + rel - shift)
+        i += 46 + n + x + c
+    eocd = struct.pack("<4s4H2LH", b"PK\x05\x06", 0, 0, 2, 2, len(good_cd), len(evil_loc), 0)
+    path = tmp_path / "two-views.pt"
+    path.write_bytes(head + good_loc + bytes(cd) + eocd)
+    assert pickle.loads(zipfile.ZipFile(path).read("archive/data.pkl")) == {"w": [1.0]}
+    rc, res = _scan(path)
+    assert rc == 7 and res["verdict"] == "error", res
+    assert any("central directory" in e for e in res["errors"]), res

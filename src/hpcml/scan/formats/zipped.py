@@ -27,6 +27,9 @@ TRICK_FLAGS = {0x1: "the 'encrypted' flag", 0x20: "the 'patched data' flag (0x20
                0x40: "the 'strong encryption' flag (0x40)"}
 #: members up to this size are read whole (CRC checked before the scan); larger ones stream
 WHOLE = 64 * 2**20
+#: the most a re-read deflated member is inflated to (on disk beyond WHOLE): a larger claim
+#: is an error, not a disk filled by a zip bomb
+MAX_INFLATE = 2**30
 
 
 def looks_like(head: bytes) -> bool:
@@ -42,6 +45,11 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
         fs.error(f"not a readable zip archive: {exc}", member)
         return
     with zf:
+        shift = _prepended(zf, fh)
+        if shift:      # Python adds the shift to every offset; torch's reader (miniz) does not
+            fs.error(f"the central directory is {shift} bytes from where the archive says: Python's "
+                     "zipfile and torch.load would read different members (a scanner bypass)", member)
+            return
         infos = zf.infolist()
         names = [i.filename for i in infos]
         torch_zip = any(n.endswith("/data.pkl") or n == "data.pkl" for n in names)
@@ -79,6 +87,18 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             _scan_as_torch(fs, fh, info, where, depth, tricks, scan_member)
         if storages:
             fs.note(f"{storages} tensor storages (raw bytes, never unpickled)")
+
+
+def _prepended(zf: zipfile.ZipFile, fh: BinaryIO) -> int:
+    """How far the central directory lies from the offset the end record states: bytes
+    prepended to the archive, by Python's reckoning (it shifts every member by that much)."""
+    try:
+        end = zipfile._EndRecData(fh)  # type: ignore[attr-defined] # the stated offset, unshifted
+    except (OSError, AttributeError, struct.error):
+        return 0
+    if not end:
+        return 0
+    return int(zf.start_dir) - int(end[zipfile._ECD_OFFSET])  # type: ignore[attr-defined]
 
 
 def _scan_as_torch(fs: FileScan, fh: BinaryIO, info: zipfile.ZipInfo, where: str, depth: int,
@@ -128,6 +148,9 @@ def member_as_torch_reads(fh: BinaryIO, info: zipfile.ZipInfo) -> BinaryIO:
     inflate = zlib.decompressobj(-15)
     fh.seek(start)
     left, made = info.compress_size, 0
+    if info.file_size > MAX_INFLATE:
+        raise ValueError(f"it claims {info.file_size} bytes inflated, more than the "
+                         f"{MAX_INFLATE >> 30} GiB the scan inflates")
     while left and made <= info.file_size:
         chunk = fh.read(min(left, 1 << 20))
         if not chunk:

@@ -119,6 +119,13 @@ class Policy:
         return Verdict.UNKNOWN, "not on the allowlist"
 
 
+    def is_dangerous(self, dotted: str) -> bool:
+        """Whether a dotted name (``mod.name`` or ``mod.*``) is dangerous by the lists."""
+        module, _, name = dotted.rpartition(".")
+        if name == "*":
+            return self._under(module, self.dangerous_modules) is not None
+        return bool(module) and self.classify(module, name)[0] is Verdict.DANGEROUS
+
     def judge(self, module: str, name: str) -> tuple[Verdict, str]:
         """``classify``, then, for a name the lists leave unknown, what its source can
         reach (``hpcml.scan.gadgets``): the lists stay first, the analysis only turns
@@ -126,7 +133,10 @@ class Policy:
         verdict, why = self.classify(module, name)
         if verdict is Verdict.UNKNOWN and self.analyse_sources:
             from hpcml.scan.gadgets import reach
-            found = reach(module, name)
+            try:
+                found = reach(module, name, self.is_dangerous)
+            except Exception:  # noqa: BLE001 - the analysis may only add a finding, never lose the scan
+                found = None
             if found is not None:
                 return Verdict.DANGEROUS, str(found)
         return verdict, why
@@ -141,7 +151,9 @@ NOT_ADVISED = frozenset("""
     threading mailcap webbrowser cgi cgitb wsgiref pdb bdb trace tracemalloc faulthandler
     cProfile profile pstats timeit code codeop idlelib pydoc doctest unittest importlib
     pkgutil runpy zipimport ctypes marshal pickle shelve gc inspect builtins io
-    logging ensurepip venv distutils""".split())
+    logging ensurepip venv distutils tarfile zipfile gzip bz2 lzma dbm sqlite3 tokenize
+    lib2to3 tkinter turtle dataclasses contextlib functools operator types copyreg
+    pathlib glob fileinput mmap""".split())
 
 
 def not_advised(dotted: str) -> str | None:
@@ -179,11 +191,15 @@ def builtin_lists(text: str) -> dict[str, Any]:
             data[key].append(line[4:].strip())
         elif not line[0].isspace() and line.endswith(":"):
             key = line[:-1]
+            if key in data:
+                raise ValueError(f"default.yaml:{n}: {key} a second time")
             data[key] = []
         elif not line[0].isspace() and ": " in line:
             name, value = line.split(": ", 1)
             if value not in ("true", "false"):
                 raise ValueError(f"default.yaml:{n}: not a boolean: {value!r}")
+            if name in data:
+                raise ValueError(f"default.yaml:{n}: {name} a second time")
             data[name], key = value == "true", None
         else:
             raise ValueError(f"default.yaml:{n}: not a shape the built-in reader knows: {raw!r}")
