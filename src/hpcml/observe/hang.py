@@ -21,10 +21,15 @@ The rules, per process group, in this order (the first that applies is the findi
    theirs (``last_started_collective`` behind the others'; only when the dumps track start
    times): their GPU stream is stuck before it.
 3. **mismatch**: at a sequence number every member still records, ranks issued a different
-   operation, or different sizes. Sizes are not compared for all_to_all / all_to_all_single
-   (they differ by rank legitimately, as in mixture-of-experts routing), as PyTorch's own
-   analyser does. The culprits are the ranks outside the majority (more than half of the
-   members); without a majority no culprit is named and the finding says so.
+   operation, or different sizes or dtypes (``_shape``: what PyTorch's analyser compares).
+   A coalesced collective (member entries sharing the number, closed by a ``*coalesced``
+   record) is compared as a whole, and one left unclosed on a rank differs. The culprits
+   are the ranks outside the majority (more than half of the members); without a majority
+   no culprit is named and the finding says so.
+
+Point-to-point entries have their own numbering: sends are paired with receives per group
+and direction in issue order (``_p2p_findings``), and a rank waiting on a peer that never
+enqueued its side names that peer.
 
 Members without a dump are listed as missing, never a group's culprits: their state is unknown. Culprits
 are sorted, each with its evidence (enqueued / started / completed against the group's).
@@ -160,15 +165,36 @@ def _groups(dumps: dict[int, dict]) -> dict[str, tuple[str, list[int]]]:
     return out
 
 
-def _collectives(entries: list[dict]) -> dict[str, dict[int, dict]]:
-    """pg name -> seq -> entry, collectives only (p2p have their own numbering)."""
-    out: dict[str, dict[int, dict]] = {}
+def _seq(e: dict, key: str = "collective_seq_id") -> int | None:
+    """A sequence number as torch writes it (an int; PyTorch's own test fixtures write str)."""
+    v = e.get(key)
+    try:
+        return int(v) if v is not None and not isinstance(v, bool) else None
+    except (TypeError, ValueError):
+        return None
+
+
+def _pg_of(e: dict) -> str:
+    pg = e.get("process_group") or (str(e.get("pg_id")), "")
+    return str(pg[0]) if isinstance(pg, (tuple, list)) and pg else str(pg)
+
+
+def _collectives(entries: list[dict]) -> dict[str, dict[int, list[dict]]]:
+    """pg name -> seq -> the entries of that collective, in record order (p2p have their
+    own numbering). One entry, except a coalesced collective: its member operations share
+    the sequence number and a ``*coalesced`` record closes them (NCCL's slow path for
+    ``_coalescing_manager`` broadcasts, FSDP's gathers and reduce-scatters)."""
+    out: dict[str, dict[int, list[dict]]] = {}
     for e in entries:
-        if not isinstance(e, dict) or e.get("is_p2p") or e.get("collective_seq_id") is None:
+        if not isinstance(e, dict) or e.get("is_p2p") or (seq := _seq(e)) is None:
             continue
-        pg = e.get("process_group") or (str(e.get("pg_id")), "")
-        out.setdefault(str(pg[0]), {})[int(e["collective_seq_id"])] = e
+        out.setdefault(_pg_of(e), {}).setdefault(seq, []).append(e)
     return out
+
+
+def _closes(e: dict) -> bool:
+    """The record that ends a coalesced group: ``nccl:coalesced``, ``ALLGATHER_coalesced``..."""
+    return _op(e).endswith("coalesced") and _op(e) not in ("allreduce_coalesced",)
 
 
 def _labels_from_entries(entries: list[dict]) -> dict[str, str]:
@@ -234,12 +260,38 @@ def _op(entry: dict) -> str:
 
 
 def _shape(entry: dict) -> tuple:
-    """What must agree across ranks at one sequence number: the operation, its dtypes and,
-    except for all_to_all, its sizes."""
-    dtypes = repr(entry.get("input_dtypes"))
-    if _op(entry) in SIZE_UNDECIDABLE:
-        return (entry.get("profiling_name"), dtypes, "(sizes differ by rank legitimately)")
-    return (entry.get("profiling_name"), dtypes, repr(entry.get("input_sizes")))
+    """What must agree across ranks for one operation, as PyTorch's analyser compares it:
+    its name (the backend prefix, nccl, gloo, xccl, ..., is not compared), its dtypes and
+    sizes, except what differs by rank legitimately: every size of an all_to_all, a
+    scatter's inputs and a gather's outputs (only the root's hold data), a broadcast's or a
+    scatter's input dtypes."""
+    op = _op(entry)
+    undecidable = op in SIZE_UNDECIDABLE
+    ins = "-" if undecidable or op == "scatter" else repr(entry.get("input_sizes"))
+    outs = "-" if undecidable or op == "gather" else repr(entry.get("output_sizes"))
+    in_dt = "-" if op in ("scatter", "broadcast") else repr(entry.get("input_dtypes"))
+    out_dt = "-" if op == "gather" else repr(entry.get("output_dtypes"))
+    sizes = "(sizes differ by rank legitimately)" if undecidable else f"{ins} -> {outs}"
+    return (op, f"{in_dt} -> {out_dt}", sizes)
+
+
+def _unit_shape(unit: list[dict]) -> tuple:
+    """What must agree across ranks at one sequence number: every operation of a coalesced
+    group, in order, and whether the group was closed (an unclosed one is incomplete)."""
+    if len(unit) == 1:
+        return _shape(unit[0])
+    closed = _closes(unit[-1])
+    members = tuple(_shape(e) for e in unit if not _closes(e))
+    return ("coalesced" if closed else "coalesced, incomplete (no closing record)",
+            repr([m[1] for m in members]), repr([(m[0], m[2]) for m in members]))
+
+
+def _unit_text(unit: list[dict]) -> str:
+    if len(unit) == 1:
+        return f"{unit[0].get('profiling_name')} {unit[0].get('input_sizes')}"
+    ops = [f"{_op(e)} {e.get('input_sizes')}" for e in unit if not _closes(e)]
+    close = _op(unit[-1]) if _closes(unit[-1]) else "no closing record"
+    return f"coalesced group [{', '.join(ops)}] ({close})"
 
 
 def _evidence_text(ranks: list[int], evidence: dict[int, dict], group: dict) -> str:
@@ -253,7 +305,7 @@ class _Group:
     """One process group across the dumps."""
 
     def __init__(self, pg: str, label: str, members: list[int], dumps: dict[int, dict],
-                 per_rank: dict[int, dict[str, dict[int, dict]]], statuses: dict[int, dict[str, dict]],
+                 per_rank: dict[int, dict[str, dict[int, list[dict]]]], statuses: dict[int, dict[str, dict]],
                  pending_only: bool) -> None:
         self.pg, self.label = pg, label
         self.members = members
@@ -271,15 +323,15 @@ class _Group:
         self.furthest: dict[str, int | None] = {
             k: max((v for p in self.progress.values() if (v := p[k]) is not None), default=None) for k in PROGRESS}
 
-    def entry(self, seq: int) -> dict | None:
+    def entry(self, seq: int) -> list[dict] | None:
         for r in self.dumped:
             if seq in self.seqs[r]:
                 return self.seqs[r][seq]
         return None
 
     def _describe(self, seq: int) -> str:
-        e = self.entry(seq)
-        return f"{e.get('profiling_name')} {e.get('input_sizes')}" if e else f"collective #{seq}"
+        unit = self.entry(seq)
+        return _unit_text(unit) if unit else f"collective #{seq}"
 
     def behind(self, key: str) -> Finding | None:
         top = self.furthest[key]
@@ -313,7 +365,7 @@ class _Group:
                 continue
             groups: dict[tuple, list[int]] = {}
             for r in holders:
-                groups.setdefault(_shape(self.seqs[r][seq]), []).append(r)
+                groups.setdefault(_unit_shape(self.seqs[r][seq]), []).append(r)
             if len(groups) < 2:
                 continue
             ranked = sorted(groups.values(), key=len, reverse=True)
@@ -338,12 +390,75 @@ class _Group:
         for r in self.dumped:
             seqs, p = self.seqs[r], self.progress[r]
             top = p["enqueued"]
-            if any(e.get("state") in PENDING for e in seqs.values()):
+            if any(e.get("state") in PENDING for unit in seqs.values() for e in unit):
                 out.add(r)
-            elif top is not None and top >= 0 and seqs.get(top, {}).get("state") is None \
+            elif top is not None and top >= 0 and (seqs.get(top) or [{}])[-1].get("state") is None \
                     and (p["completed"] is None or p["completed"] < top):
                 out.add(r)
         return out
+
+
+_P2P = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
+
+
+def _p2p_ops(dump: dict, rank: int, groups: dict[str, tuple[str, list[int]]]
+             ) -> list[tuple[str, str, int, dict]]:
+    """The rank's point-to-point entries as (pg, "send"/"recv", peer's global rank, entry).
+    torch writes ``send 0->1`` / ``recv 1<-0`` in the group's local ranks: the i-th of its
+    sorted global ranks, as PyTorch's analyser maps them."""
+    out = []
+    for e in dump.get("entries") or []:
+        if not isinstance(e, dict) or not e.get("is_p2p"):
+            continue
+        m = _P2P.match(_op(e).strip())
+        pg = _pg_of(e)
+        members = groups.get(pg, ("", []))[1]
+        if not m or not members:
+            continue
+        kind, b = m.group(1), int(m.group(4))
+        if b >= len(members):          # send me->peer, recv me<-peer: the peer is b
+            continue
+        out.append((pg, kind, members[b], e))
+    return out
+
+
+def _p2p_findings(dumps: dict[int, dict], groups: dict[str, tuple[str, list[int]]],
+                  pending_only: bool) -> list[Finding]:
+    """Sends paired with receives, per group and direction, in the order each rank issued
+    them. A rank waiting in a receive (or a send) that its peer never enqueued names the
+    peer; paired operations whose sizes differ are a mismatch. Only when both dumps hold
+    every p2p entry they made (full dumps whose ring buffer did not wrap): with pending
+    entries only, or lost old ones, the n-th send cannot be told from the n-th receive."""
+    if pending_only:
+        return []
+    wrapped = {r for r, d in dumps.items()
+               if any(isinstance(e, dict) and e.get("record_id") not in (None, 0) for e in d["entries"][:1])}
+    ops = {r: _p2p_ops(d, r, groups) for r, d in dumps.items()}
+    out: list[Finding] = []
+    for me, mine in sorted(ops.items()):
+        for pg, kind, peer, e in mine:
+            if e.get("state") not in PENDING or peer not in dumps or {me, peer} & wrapped:
+                continue
+            other = "recv" if kind == "send" else "send"
+            mine_same = [x for p, k, q, x in mine if (p, k, q) == (pg, kind, peer)]
+            theirs = [x for p, k, q, x in ops[peer] if (p, k, q) == (pg, other, me)]
+            n = next(i for i, x in enumerate(mine_same) if x is e)
+            label = groups.get(pg, (pg, []))[0]
+            verb = "a receive from" if kind == "recv" else "a send to"
+            if n >= len(theirs):
+                never = "the send" if kind == "recv" else "the receive"
+                out.append(Finding(label, _seq(e, "p2p_seq_id") or 0, "p2p-unmatched", [peer],
+                                   f"rank {me} waits in {verb} rank {peer} ({_op(e)}, its #{n + 1} "
+                                   f"towards rank {peer}); rank {peer} never enqueued {never}", [me]))
+                continue
+            mine_size = e.get("input_sizes" if kind == "send" else "output_sizes")
+            x = theirs[n]
+            their_size = x.get("output_sizes" if kind == "send" else "input_sizes")
+            if kind == "send" and mine_size != their_size:
+                out.append(Finding(label, _seq(e, "p2p_seq_id") or 0, "mismatch", [],
+                                   f"rank {me} sends {mine_size} to rank {peer}, which receives "
+                                   f"{their_size}: no culprit can be named", sorted({me, peer})))
+    return out
 
 
 def _attribute(groups: list[tuple[Finding | None, set[int], list[int]]]
@@ -477,6 +592,9 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         if found is not None:
             findings.append(found)
         waiting.append((found, g.pending(), [r for r in members if r not in dumps]))
+    for found in _p2p_findings(dumps, groups, pending_only):
+        findings.append(found)
+        waiting.append((found, set(found.entered), []))
     roots, blocked, cycles = _attribute(waiting)
     return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
                       roots=roots, blocked=blocked, cycles=cycles)
