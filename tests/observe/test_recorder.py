@@ -138,3 +138,16 @@ def test_ctrl_c_once_the_command_runs_is_its_exit_in_the_store(tmp_path):
     meta = json.loads((tmp_path / "d" / "rank-00000.json").read_text())
     assert meta["exit_code"] == 130
     assert not [c for c in psutil.process_iter(["cmdline"]) if c.info["cmdline"] == ["sleep", "31.7"]]
+
+
+def test_the_jobs_declared_parallelism_is_kept_for_the_report(tmp_path):
+    """HPCML_PARALLELISM in the job's environment goes to job.json (the report's advice on a
+    speed split uses it); anything else is not recorded."""
+    p = _record(tmp_path, sys.executable, "-c", "pass",
+                env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "HPCML_PARALLELISM": "data"})
+    assert p.wait(timeout=120) == 0
+    assert json.loads((tmp_path / "job" / "job.json").read_text())["parallelism"] == "data"
+    p = _record(tmp_path / "x", sys.executable, "-c", "pass",
+                env={"SLURM_PROCID": "0", "SLURM_NTASKS": "1", "HPCML_PARALLELISM": "$(rm -rf /)"})
+    assert p.wait(timeout=120) == 0
+    assert "parallelism" not in json.loads((tmp_path / "x" / "job" / "job.json").read_text())

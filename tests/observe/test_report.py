@@ -186,15 +186,61 @@ def test_a_short_real_stall_in_a_fast_job_is_still_found(tmp_path):
     assert any(f.kind == "job_stall" for f in r.findings)
 
 
-def test_bimodal_job_is_said_not_advised_away(tmp_path):
+def test_bimodal_job_is_named_with_its_cost_and_both_readings(tmp_path):
+    """Issue 37: a speed split is not harmless. In synchronous data parallelism it sets the
+    job's pace: the report says what it costs, names the slow group's nodes and gives the
+    advice for both readings when the job does not say which it is."""
     d = make_job(tmp_path / "obs", 16, 300, slow_ranks={r: 2.0 for r in range(8, 16)} | {3: 1.4}, seed=5)
     r = build(read_job(d), limits=JUDGE)
-    assert r.bimodal == {"fast_ranks": list(range(8)), "slow_ranks": list(range(8, 16)), "ratio": r.bimodal["ratio"]}
-    assert 1.8 < r.bimodal["ratio"] < 2.2
+    b = r.bimodal
+    assert (b["fast_ranks"], b["slow_ranks"]) == (list(range(8)), list(range(8, 16)))
+    assert 1.8 < b["ratio"] < 2.2 and b["slow_nodes"] == ["n3", "n4"]
+    assert 0.4 < b["time_lost_share"] < 0.6 and b["slow_step_s"] > 1.8 * b["fast_step_s"]
+    assert b["lost_hours"] > 0 and b["lost_hours_unit"] == "GPU-hours"
+    f = r.findings[0]
+    assert f.kind == "bimodal" and "n3, n4" in f.message and "% of the job's time" in f.message
+    assert "not stragglers to exclude" not in f.advice
+    assert "srun --exclude=n3,n4" in f.advice and "rebalance" in f.advice and "--parallelism" in f.advice
     kinds = [f.kind for f in r.findings]
-    assert kinds[0] == "bimodal" and "not stragglers to exclude" in r.findings[0].advice
     assert [s["rank"] for s in r.stragglers] == [3]               # within the fast group
     assert "transient_straggler" not in kinds
+
+
+@pytest.mark.parametrize("parallelism,says,not_says", [("data", "exclude them", "rebalance"),
+                                                        ("roles", "rebalance", "exclude")])
+def test_bimodal_advice_follows_the_jobs_parallelism(tmp_path, parallelism, says, not_says):
+    d = make_job(tmp_path / "obs", 8, 200, slow_ranks={r: 3.0 for r in range(4, 8)}, seed=7)
+    f = build(read_job(d), limits=JUDGE, parallelism=parallelism).findings[0]
+    assert f.kind == "bimodal" and says in f.advice and not_says not in f.advice
+
+
+@pytest.mark.parametrize("n,slow,ratio", [(10, 5, 3.9), (12, 3, 1.6), (16, 12, 2.5), (20, 6, 5.0)])
+@pytest.mark.parametrize("transient", [False, True])
+def test_splits_of_any_size_and_ratio_are_named_and_a_transient_straggler_still_found(tmp_path, n, slow, ratio,
+                                                                                        transient):
+    """The production trace's shape (10 workers, 5 at 3.9x) and others; a rank slow for 40
+    steps inside each group is still found as transient."""
+    slow_ranks = {r: ratio for r in range(n - slow, n)}
+    hiccups = {}
+    if transient:
+        for rank in (0, n - 1):                          # one in the fast group, one in the slow
+            hiccups |= {(rank, s): 3.0 for s in range(120, 160)}
+    d = make_job(tmp_path / "obs", n, 300, ranks_per_node=2, slow_ranks=slow_ranks, hiccups=hiccups, seed=n)
+    r = build(read_job(d), limits=JUDGE)
+    assert r.bimodal is not None and r.bimodal["slow_ranks"] == list(range(n - slow, n))
+    expect_share = 1 - 1 / ratio
+    assert abs(r.bimodal["time_lost_share"] - expect_share) < 0.08, r.bimodal
+    assert r.findings[0].kind == "bimodal"
+    found = {t["rank"] for t in r.transient_stragglers}
+    assert found >= ({0, n - 1} if transient else set()), r.transient_stragglers
+    if not transient:
+        assert not found & {0, n - 1}
+
+
+def test_report_parallelism_flag_is_checked(tmp_path):
+    d = make_job(tmp_path / "obs", 4, 50, seed=1)
+    bad = _cli(str(d), "--parallelism", "pipeline-ish")
+    assert bad.returncode == 2 and "--parallelism" in bad.stderr and bad.stderr.count("\n") == 1
 
 
 def test_report_options_reach_the_analysis(tmp_path):

@@ -117,6 +117,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     started = time.time()
     job_meta = {"schema": JOB_SCHEMA, "job_id": task.job_id, "nodes": task.nodes, "ntasks": task.ntasks,
                 "command": cmd, "start": started, "interval": interval}
+    if (parallelism := os.environ.get("HPCML_PARALLELISM")) in ("data", "roles"):
+        job_meta["parallelism"] = parallelism     # how ranks share the work: the report's advice
     if task.rank == 0:
         write_json(out / JOB_META, job_meta)
     rank_meta_path = out / RANK_META.format(rank=task.rank)

@@ -242,6 +242,66 @@ def _stragglers(scoring, limits: Limits, plots: dict[str, Any]) -> tuple[list, l
     return stragglers, one_off, transient, bimodal, check
 
 
+#: what a job says of how its ranks share the work (``--parallelism``, or the job's meta)
+PARALLELISM = ("data", "roles")
+
+
+def _split_cost(bimodal: dict[str, Any], sg, rank_ids, meta_ranks: dict[str, dict],
+                start: float | None, end: float | None, parallelism: str | None) -> None:
+    """What a speed split costs, added to ``bimodal``: each group's median step time, the
+    slow group's nodes, and, since a synchronous job runs at its slowest ranks' pace, the
+    share of the job's time and the GPU-hours (rank-hours where the GPUs are not known)
+    the split took."""
+    per_rank = np.asarray(rank_ids)[sg.ridx]
+    med = {}
+    for side in ("fast", "slow"):
+        keep = np.isin(per_rank, bimodal[f"{side}_ranks"])
+        med[side] = float(np.median(sg.value[keep])) if keep.any() else None
+    nodes = sorted({n for r in bimodal["slow_ranks"] if (n := (meta_ranks.get(str(r)) or {}).get("node"))},
+                   key=natural_key)
+    fast, slow = med["fast"], med["slow"]
+    lost = 1 - fast / slow if fast and slow and slow > fast else None
+    ranks = len(bimodal["fast_ranks"]) + len(bimodal["slow_ranks"])
+    gpus = [len((meta_ranks.get(str(r)) or {}).get("gpus") or []) for r in
+            [*bimodal["fast_ranks"], *bimodal["slow_ranks"]]]
+    per_rank_gpus = sum(gpus) / len(gpus) if gpus and all(gpus) else None
+    wall = (end - start) if start is not None and end is not None else None
+    hours = wall * lost * ranks * (per_rank_gpus or 1) / 3600 if wall and lost is not None else None
+    bimodal.update({"fast_step_s": _r(fast, 6), "slow_step_s": _r(slow, 6), "slow_nodes": nodes,
+                    "time_lost_share": _r(lost, 4), "lost_hours": _r(hours, 3),
+                    "lost_hours_unit": "GPU-hours" if per_rank_gpus else "rank-hours",
+                    "parallelism": parallelism if parallelism in PARALLELISM else None})
+
+
+def _split_finding(b: dict[str, Any]) -> Finding:
+    slow, fast = b["slow_ranks"], b["fast_ranks"]
+    nodes = b.get("slow_nodes") or []
+    where = f" on {', '.join(nodes[:6])}{' ...' if len(nodes) > 6 else ''}" if nodes else ""
+    cost = ""
+    if b.get("fast_step_s") and b.get("slow_step_s") and b.get("time_lost_share") is not None:
+        cost = (f": at the fast group's pace a step would take {b['fast_step_s']:.3g} s instead of "
+                f"{b['slow_step_s']:.3g} s, {b['time_lost_share'] * 100:.0f}% of the job's time")
+        if b.get("lost_hours") is not None:
+            cost += f" (~{b['lost_hours']:.3g} {b['lost_hours_unit']})"
+    message = (f"two speed groups: {len(slow)} ranks ({_ranks_text(slow)}){where} take "
+               f"{b['ratio']:.2f}x the step time of the other {len(fast)}{cost}")
+    exclude = f"srun --exclude={','.join(nodes)}" if nodes else "srun --exclude=NODES"
+    same = (f"every rank does the same work, so the slow group sets the job's pace: check its "
+            f"nodes with hpcml vet, or exclude them ({exclude})")
+    roles = "the ranks have different roles: rebalance the work (layers per pipeline stage, shards per server)"
+    if b.get("parallelism") == "data":
+        advice = same[0].upper() + same[1:]
+    elif b.get("parallelism") == "roles":
+        advice = roles[0].upper() + roles[1:]
+    else:
+        dp = same.replace("every rank does", "every rank does (data parallelism)", 1)
+        pp = roles.replace("the ranks have", "ranks have", 1).replace(
+            "roles:", "roles (pipeline stages, parameter servers):", 1)
+        advice = (f"If {dp}; if {pp}. Say which with --parallelism data|roles. Each group was "
+                  "checked for stragglers on its own")
+    return Finding("bimodal", message, advice)
+
+
 def _problems(job, meta_ranks: dict[str, dict], groups: dict) -> tuple[dict, dict, dict[str, float]]:
     """(damaged rank files, ranks that exited non-zero, the recorder's own problem counters)."""
     damaged = {int(r): why for r, why in sorted(job.problems.items())}
@@ -283,7 +343,7 @@ def _throughput(groups: dict, cells: dict, rate, width: float, plots: dict[str, 
 
 
 def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS,
-          limits: Limits = Limits()) -> Report:
+          limits: Limits = Limits(), parallelism: str | None = None) -> Report:
     """The report for one job store: ``hpcml.observe.series.read_series`` (what the CLI
     reads: a thousand ranks in a fraction of the memory) or ``hpcml.observe.store.read_job``."""
     meta = job.meta
@@ -384,6 +444,9 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
+    if bimodal is not None and sg is not None:
+        _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end,
+                    parallelism or meta.get("parallelism"))
 
     # Sections: total time and share of the step section.
     sections: dict[str, dict[str, float | None]] = {}
@@ -521,12 +584,7 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
                            f"read rank {r}'s stderr first; exit {ec} "
                            + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program")))
     if bimodal:
-        slow, fast = bimodal["slow_ranks"], bimodal["fast_ranks"]
-        out.append(Finding("bimodal", f"two speed groups: {len(slow)} ranks ({_ranks_text(slow)}) take "
-                           f"{bimodal['ratio']:.2f}x the step time of the other {len(fast)}",
-                           "ranks with different roles (pipeline stages, data vs model workers) or mixed "
-                           "hardware; not stragglers to exclude. Each group was checked for stragglers "
-                           "on its own"))
+        out.append(_split_finding(bimodal))
     for s in stragglers[:2]:
         node = s["node"] or "its node"
         gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""

@@ -97,6 +97,8 @@ def report_cmd(
     min_stall: float = typer.Option(2.0, help="A job-wide stall lasts at least this many seconds (and 5 median steps)."),
     min_straggler_steps: int = typer.Option(30, help="No straggler verdict from fewer steps (every rank's)."),
     min_straggler_s: float = typer.Option(60.0, help="No straggler verdict from fewer seconds of steps."),
+    parallelism: str = typer.Option("", help="How the ranks share the work, for the advice on a speed split: "
+                                    "'data' (every rank the same work) or 'roles' (pipeline stages, servers)."),
 ) -> None:
     """The job report: throughput, stragglers, stalls, lost ranks, and what to do about them.
 
@@ -122,9 +124,11 @@ def report_cmd(
                        ("min_straggler_s", min_straggler_s)):
         if not value > 0:
             raise UsageError(f"must be above {1 if key == 'stall_ratio' else 0}", key=key)
-    rep = build(read_series(job_dir), limits=Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window,
-                                                 min_stall_s=min_stall, min_straggler_steps=min_straggler_steps,
-                                                 min_straggler_s=min_straggler_s))
+    if parallelism not in ("", "data", "roles"):
+        raise UsageError(f"expected 'data' or 'roles', got {parallelism!r}", key="--parallelism")
+    limits = Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window, min_stall_s=min_stall,
+                    min_straggler_steps=min_straggler_steps, min_straggler_s=min_straggler_s)
+    rep = build(read_series(job_dir), parallelism=parallelism or None, limits=limits)
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))
