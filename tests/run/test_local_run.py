@@ -82,6 +82,13 @@ def test_html_report_renders_with_every_section(trained, tmp_path):
     assert_not_blank(pixels)
     for section in SECTIONS:
         assert f"id=\"{section}\"" in dom or f"id='{section}'" in dom, section
+    # one page (issue 37): one title and one findings list, the observe page's sections
+    # inside it rather than its whole page with its own title, job table and findings
+    import re
+    assert len(re.findall(r"<h1[ >]", dom)) == 1, re.findall(r"<h1[^<]*", dom)
+    assert len(re.findall(r">Findings</h[1-6]>", dom)) == 1
+    assert "<h2>Over time</h2>" not in dom and "<h3>Over time</h3>" in dom
+    assert dom.count("<!DOCTYPE") <= 1 and dom.count("<body") == 1
 
 
 def test_every_task_gets_the_rendezvous(tmp_path):

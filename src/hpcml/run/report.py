@@ -12,15 +12,16 @@ A Slurm job that was requeued ran as several attempts in one job directory
 time between two attempts is shown as the requeue it was, not as a stall of the job (one
 store per attempt, so no stall can span it). The score is the last attempt's.
 
-The HTML page holds a section per part; the observe and score sections are those
-components' own pages, embedded.
+The HTML page is one page: one title, one findings list (every component's, as the
+terminal summary has them), then a section per part; the observe and score sections hold
+those components' sections (``embedded``), without their own titles, job tables and
+findings.
 """
 
 from __future__ import annotations
 
 import html
 import json
-import re
 from pathlib import Path
 from typing import Any
 
@@ -391,12 +392,6 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
 
 # -- HTML -----------------------------------------------------------------------------------------
 
-def _body(page: str) -> str:
-    """A component's page without its document head: its sections, for embedding."""
-    m = re.search(r"<body[^>]*>(.*)</body>", page, re.S)
-    return m.group(1) if m else page
-
-
 def render(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import CSS, table
     e = html.escape
@@ -468,17 +463,18 @@ def render(rep: dict[str, Any]) -> str:
     from hpcml.observe.html import render as observe_page
     for a, obs in zip(rep["attempts"], parts.get("attempts") or []):    # a requeued job's earlier attempts
         out.append(f"<h3>attempt {a['attempt']}</h3>")
-        out.append(_body(observe_page(obs)) if obs is not None else f"<p class='muted'>{e(str(a['observe_missing']))}</p>")
+        out.append(observe_page(obs, embedded=True) if obs is not None
+                   else f"<p class='muted'>{e(str(a['observe_missing']))}</p>")
     if rep["attempts"]:
         out.append(f"<h3>attempt {rep['job'].get('attempt') or 0}</h3>")
     if parts.get("observe") is not None:
-        out.append(_body(observe_page(parts["observe"])))
+        out.append(observe_page(parts["observe"], embedded=True))
     else:
         out.append(f"<p class='muted'>{e(str(rep.get('observe_missing')))}</p>")
     out.append("</section><section id='run-score'><h2>GPU saturation</h2>")
     if parts.get("score") is not None:
         from hpcml.score.html import render as score_page
-        out.append(_body(score_page(parts["score"])))
+        out.append(score_page(parts["score"], embedded=True))
     else:
         out.append(f"<p class='muted'>no GPU score: {e(str(rep.get('score_missing')))}</p>")
     out.append("</section></body></html>")
