@@ -107,10 +107,11 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
                bands: Sequence[tuple[np.ndarray, np.ndarray, str]] = (),
                spans: Sequence[tuple[float, float]] = (), unit: str = "",
                ylim: tuple[float, float] | None = None, span_fill: str = "#f4b0a0",
-               span_label: str = "stall") -> str:
+               span_label: str = "stall", startup: float = 0.0) -> str:
     """Lines (label, y, colour) over time ``t`` (seconds), optional bands (lo, hi, colour)
     and shaded time spans (stalls). ``ylim``: a y range the axis always covers (e.g. 0-1
-    for ratios) instead of one fitted to the data."""
+    for ratios) instead of one fitted to the data. ``startup``: seconds before the first
+    step, shaded grey and labelled, so an empty start reads as start-up."""
     ys = [np.asarray(y, float) for _, y, _ in lines] + [np.asarray(b, float) for lo, hi, _ in bands for b in (lo, hi)]
     finite = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
     if not len(finite) or not len(t):
@@ -137,6 +138,12 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
          (f"<text x='{ML}' y='15' style='font-size:13px;font-weight:600'>{html.escape(title)}"
           f"{' (' + html.escape(unit) + ')' if unit else ''}</text>"),
          f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='#fafafa' stroke='#ccc'/>"]
+    if startup > 0:
+        xs = min(pw, startup / tmax * pw)
+        s.append(f"<rect class='startup' x='{ML}' y='{MT}' width='{xs:.1f}' height='{ph}' fill='#d8d8d8' "
+                 f"opacity='0.7'><title>start-up: {fmt_duration(startup)} before the first step</title></rect>"
+                 + (f"<text x='{ML + 4}' y='{MT + 12}' style='font-size:10px;fill:#666'>start-up</text>"
+                    if xs > 40 else ""))
     for a, b in spans:
         xa, xb = ML + a / tmax * pw, ML + b / tmax * pw
         s.append(f"<rect x='{xa:.1f}' y='{MT}' width='{max(1.0, xb - xa):.1f}' height='{ph}' fill='{span_fill}' "

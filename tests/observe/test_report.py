@@ -334,3 +334,13 @@ def test_a_rank_that_failed_before_the_job_was_restarted_is_still_reported(tmp_p
     assert r.failed_ranks == {}
     found = [f for f in r.findings if f.kind == "earlier_failure"]
     assert len(found) == 1 and "run 1, rank 1: 1" in found[0].message, r.findings
+
+
+def test_charts_shade_the_start_up_before_the_first_step(tmp_path):
+    """Issue 37: the seconds before the first step read as start-up, not as an empty chart."""
+    from hpcml.observe import html as report_html
+    d = make_job(tmp_path / "obs", 4, 100, seed=3)              # the recorder starts 1 s before step 0
+    r = build(read_job(d))
+    assert 0.5 < r.plots["startup_s"] < 1.5
+    page = report_html.render(r)
+    assert "class='startup'" in page and "before the first step" in page

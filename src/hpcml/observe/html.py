@@ -24,7 +24,7 @@ from hpcml.observe.report import Report
 
 MAX_NODE_LINES = 12
 
-def _node_chart(t, entry: dict, title: str, spans) -> str:
+def _node_chart(t, entry: dict, title: str, spans, startup: float = 0.0) -> str:
     nodes, m = entry["nodes"], np.asarray(entry["values"], float)
     m = np.vstack([bridge_gaps(row) for row in m]) if len(m) else m       # samples sparser than buckets
     keep = np.isfinite(m).any(axis=1)
@@ -33,13 +33,13 @@ def _node_chart(t, entry: dict, title: str, spans) -> str:
         return ""
     if len(nodes) <= MAX_NODE_LINES:
         lines = [(n, m[i], PALETTE[i % len(PALETTE)]) for i, n in enumerate(nodes)]
-        return line_chart(t, title=title, lines=lines, spans=spans)
+        return line_chart(t, title=title, lines=lines, spans=spans, startup=startup)
     import warnings
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", RuntimeWarning)
         p10, p50, p90 = np.nanpercentile(m, [10, 50, 90], axis=0)
         mn = np.nanmin(m, axis=0)
-    return line_chart(t, title=f"{title} — {len(nodes)} nodes", spans=spans,
+    return line_chart(t, title=f"{title} — {len(nodes)} nodes", spans=spans, startup=startup,
                       lines=[("median node", p50, PALETTE[0]), ("min node", mn, PALETTE[3])],
                       bands=[(p10, p90, PALETTE[0])])
 
@@ -51,6 +51,7 @@ def render(rep: Report, embedded: bool = False) -> str:
     t = np.asarray(p.get("t", []), float)
     t_end = float(t[-1] + p.get("bucket_s", 1) / 2) if len(t) else 1.0
     spans = [(s["start_s"], s["end_s"]) for s in rep.stalls]
+    startup = float(p.get("startup_s") or 0.0)
     e = html.escape
     out = ["<div class='hpcml-observe'>"] if embedded else [
         "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
@@ -108,22 +109,22 @@ def render(rep: Report, embedded: bool = False) -> str:
     out.append(f"<h2>Over time</h2><p class='muted'>Buckets of {p.get('bucket_s', 0):.3g} s; "
                "lines are medians across ranks, bands p10–p90; red spans are job-wide stalls.</p>")
     if p.get("throughput"):
-        out.append(line_chart(t, title="Throughput", unit=p["throughput"]["name"], spans=spans,
+        out.append(line_chart(t, title="Throughput", unit=p["throughput"]["name"], spans=spans, startup=startup,
                               lines=[("median rank", p["throughput"]["values"], PALETTE[0])]))
     if p.get("heatmap"):
         hm = p["heatmap"]
         grp = f" (groups of {hm['group']} ranks, slowest shown)" if hm["group"] > 1 else ""
         out.append(heatmap(hm, t_end, title=f"Step time per rank × time{grp}"))
     for sr in p.get("series", []):
-        out.append(line_chart(t, title=f"{sr['kind']} {sr['name']}", spans=spans,
+        out.append(line_chart(t, title=f"{sr['kind']} {sr['name']}", spans=spans, startup=startup,
                               lines=[("median", sr["median"], PALETTE[0])],
                               bands=[(sr["p10"], sr["p90"], PALETTE[0])]))
     if p.get("gpu"):
         out.append("<h2>GPUs per node</h2><p class='muted'>Mean over each node's GPUs.</p>")
-        out += [_node_chart(t, g, f"gpu {g['name']}", spans) for g in p["gpu"]]
+        out += [_node_chart(t, g, f"gpu {g['name']}", spans, startup) for g in p["gpu"]]
     if p.get("host"):
         out.append("<h2>Host per node</h2><p class='muted'>Mean over each node's samples.</p>")
-        out += [_node_chart(t, g, f"host {g['name']}", spans) for g in p["host"]]
+        out += [_node_chart(t, g, f"host {g['name']}", spans, startup) for g in p["host"]]
     if embedded:
         out.append("</div>")
         return "\n".join(out).replace("<h2>", "<h3>").replace("</h2>", "</h3>")

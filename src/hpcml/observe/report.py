@@ -246,12 +246,14 @@ def _stragglers(scoring, limits: Limits, plots: dict[str, Any]) -> tuple[list, l
 PARALLELISM = ("data", "roles")
 
 
-def _split_cost(bimodal: dict[str, Any], sg, rank_ids, meta_ranks: dict[str, dict],
+def _split_cost(bimodal: dict[str, Any] | None, sg, rank_ids, meta_ranks: dict[str, dict],
                 start: float | None, end: float | None, parallelism: str | None) -> None:
     """What a speed split costs, added to ``bimodal``: each group's median step time, the
     slow group's nodes, and, since a synchronous job runs at its slowest ranks' pace, the
     share of the job's time and the GPU-hours (rank-hours where the GPUs are not known)
     the split took."""
+    if bimodal is None or sg is None:
+        return
     per_rank = np.asarray(rank_ids)[sg.ridx]
     med = {}
     for side in ("fast", "slow"):
@@ -412,6 +414,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     centers = (np.arange(nb) + 0.5) * width
     plots: dict[str, Any] = {"t": centers, "bucket_s": width, "t0": t0_us / 1e6 if t0_us else None,
                              "series": [], "gpu": [], "host": [], "heatmap": None, "throughput": None}
+    # before the first step began: start-up, shaded on the charts
+    plots["startup_s"] = _r(max(0.0, float(np.min(sg.x - sg.value))), 3) if sg is not None else None
 
     restarts = _restarts(meta_ranks, groups, t0_us, max(limits.min_stall_s, 3 * interval))
 
@@ -444,9 +448,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
-    if bimodal is not None and sg is not None:
-        _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end,
-                    parallelism or meta.get("parallelism"))
+    _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
 
     # Sections: total time and share of the step section.
     sections: dict[str, dict[str, float | None]] = {}
