@@ -402,7 +402,7 @@ class Analyser:
             elif isinstance(n, ast.Assign) and len(n.targets) == 1 and isinstance(n.targets[0], ast.Name) \
                     and isinstance(n.value, (ast.Name, ast.Attribute, ast.Call)):
                 aliases[n.targets[0].id] = n.value   # a call: an instance, whose methods count
-        scope = _Scope(mod, cls, local_imports, aliases)
+        scope = _Scope(mod, cls, local_imports)
         # a reference that is not a call still hands a primitive to whoever calls it
         callees = {id(c.func) for c in calls}
         for ref in refs:
@@ -477,7 +477,7 @@ class Analyser:
         value = self._binds(cls).get(attr)
         if value is None:
             return None
-        return self._resolve(value, mod, _Scope(mod, None, scope.imports, {}), {}, hops + 1)
+        return self._resolve(value, mod, _Scope(mod, None, scope.imports), {}, hops + 1)
 
     def _binds(self, cls: ast.ClassDef) -> dict[str, ast.expr]:
         """What a class body or its methods bind to a name (``x = ...``, ``self.x = ...``),
@@ -505,7 +505,6 @@ class _Scope:
     mod: _Module
     cls: ast.ClassDef | None
     imports: dict[str, str]
-    aliases: dict[str, ast.expr]
 
 
 _shared: dict[int, Analyser] = {}
