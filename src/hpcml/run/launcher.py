@@ -83,6 +83,7 @@ class Options:
     spare_nodes: int = 0                      # good nodes kept idle for those attempts
     revet: str | None = None                  # the suspects' vetting protocol: default --vet's; "none"
     on_straggler: str = "report"              # restart: a straggler the watch names is a fault
+    collector: str | None = None              # hpcml vet serve's URL: the job's summary goes there (run.summary)
 
 
 def hang_seconds(value: str) -> float | None:
@@ -118,6 +119,8 @@ def _check(opts: Options, allocation) -> None:
     if opts.kill_grace < 0:
         raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
     hang_seconds(opts.hang_timeout)
+    from hpcml.run.summary import collector_url
+    opts.collector = collector_url(opts.collector)
     if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
         raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
     _check_restarts(opts, allocation)
@@ -178,6 +181,7 @@ def run(opts: Options) -> int:
 
     from hpcml.cluster.allocation import current
     from hpcml.farm.taskenv import current as farm_task
+    from hpcml.run.summary import who
     allocation = current()
     task = farm_task()
     in_farm = task is not None                      # a farm task has one slot: its ranks run here
@@ -201,7 +205,8 @@ def run(opts: Options) -> int:
                                     "job_id": allocation.job_id, "attempt": attempt, "restart_count": restart,
                                     "started": time.time(),
                                     "allocation": list(allocation.nodes), "excluded": {}, "vet": None,
-                                    "env": None, "launcher": launcher(),
+                                    "env": None, "launcher": launcher(), "who": who(),
+                                    "run_id": (previous or {}).get("run_id") or os.urandom(8).hex(),
                                     # the farm's end of this attempt tells other hosts the launcher is gone
                                     "farm_task": {**asdict(task), "farm": str(task.farm.absolute())} if task else None}
             if previous is not None:              # this Slurm job, requeued: a new attempt in its directory
@@ -236,8 +241,7 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
             info.update(ended=time.time(), exit_code=ABORTED, aborted=True)
             write_own(d, info)
             print(f"hpcml run: aborted before the command started; see {d}", file=sys.stderr)
-            if opts.report:
-                _report(d)
+            _report(d, opts)
             return ABORTED
         nodes = [n for n in nodes if n in set(v.good)]
     if opts.max_restarts and slurm:
@@ -252,8 +256,8 @@ def _run(opts: Options, d: Path, slurm: bool, allocation, environment: dict | No
         if exporter is not None:
             exporter.close()
     print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
-    if opts.report and not info.get("superseded"):
-        _report(d)
+    if not info.get("superseded"):
+        _report(d, opts)
     return code
 
 
@@ -341,13 +345,19 @@ def _next_attempt(d: Path, info: dict, restart: dict) -> dict:
     return nxt
 
 
-def _report(d: Path) -> None:
-    """The job's report (``hpcml report``), printed and written to JOBDIR/report.html."""
+def _report(d: Path, opts: Options) -> None:
+    """The job's report (``hpcml report``), printed and written to JOBDIR/report.html, and
+    its summary spooled and sent to the collector (``hpcml.run.summary``)."""
+    if not opts.report and not opts.collector:
+        return
     from hpcml.run.report import build, summary, write
+    from hpcml.run.summary import deliver
     rep = build(d)
-    path = write(rep, d / "report.html")
-    print("\n".join(summary(rep)))
-    print(f"html: {path}")
+    if opts.report:
+        path = write(rep, d / "report.html")
+        print("\n".join(summary(rep)))
+        print(f"html: {path}")
+    deliver(d, rep, opts.collector)
 
 
 def _srun(opts: Options, d: Path, nodes: list[str], allocation, task: list[str], info: dict, exporter: Any,

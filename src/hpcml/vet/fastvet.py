@@ -20,7 +20,7 @@ FLAGS = {"min_nodes": "--min-nodes", "deadline": "--deadline", "nodes": "--nodes
          "exclude_file": "--exclude-file", "good_file": "--good-file", "workdir": "--workdir",
          "venv_root": "--venv-root", "report_to": "--report-to", "report_token_file": "--report-token-file"}
 #: the group's other commands, which only Typer runs
-OTHERS = {"setup", "validate", "checks", "serve", "handle", "rules", "prolog-script"}
+OTHERS = {"setup", "validate", "checks", "serve", "handle", "rules", "prolog-script", "fleet-report"}
 DEFAULT_PROTOCOL = Path(__file__).parent / "protocols" / "cpu.yaml"
 
 

@@ -64,7 +64,8 @@ def node_report(node="n1", job="100", t=None, verdict="good", outcomes=("pass", 
 
 
 def stored(server) -> dict:
-    return server.store.count()
+    """Rows of the vetting tables (the job tables: test_jobs.py)."""
+    return {k: v for k, v in server.store.count().items() if k in ("reports", "results")}
 
 
 def test_store_and_query(collector):

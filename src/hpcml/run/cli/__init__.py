@@ -13,6 +13,7 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import Group
+from hpcml.errors import UsageError
 
 app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
 
@@ -57,6 +58,9 @@ def run_cmd(
                                         "it may return (default: the --vet protocol; none: it stays out)."),
     on_straggler: str = typer.Option("report", "--on-straggler", help="report: name a straggler; restart: also "
                                      "restart the job without its node (with --max-restarts)."),
+    collector: Optional[str] = typer.Option(None, "--collector", help="Send the job's summary to this collector "
+                                            "(hpcml vet serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
+                                            "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -83,7 +87,7 @@ def run_cmd(
                      gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
                      gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
                      prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, max_restarts=max_restarts,
-                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler))
+                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler, collector=collector))
     raise typer.Exit(rc)
 
 
@@ -92,20 +96,48 @@ def report_cmd(
     job_dir: Path = typer.Argument(..., help="A job directory written by hpcml run."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: JOB_DIR/report.html)."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
+    send: bool = typer.Option(False, "--send", help="Send the job's summaries that are not sent yet to the collector "
+                              "(--collector or $HPCML_COLLECTOR); each is stored once however often it is sent."),
+    collector: Optional[str] = typer.Option(None, "--collector", help="The collector's URL for --send."),
 ) -> None:
     """One report for the whole job: vetting, environment, throughput, stragglers, stalls,
     GPU saturation, how it ended, and the findings ranked with advice.
 
         hpcml report hpcml-run-$SLURM_JOB_ID
+        hpcml report hpcml-run-$SLURM_JOB_ID --send --collector http://collector:8787
+
+    Exit codes: 0 done, 1 --send left summaries unsent (the collector is down), 2 bad input.
     """
     import json
 
     from hpcml.cli_support import write_report
     from hpcml.run.report import build, summary, to_json, write
+    from hpcml.run.summary import collector_url
+    url = collector_url(collector)
+    if send and url is None:
+        raise UsageError("--send needs the collector's URL: --collector URL or $HPCML_COLLECTOR", key="--send")
     rep = build(job_dir)
     path = write_report(write, rep, html_out or Path(job_dir) / "report.html")
+    if url is not None:              # on every report when $HPCML_COLLECTOR names one
+        _send(job_dir, rep, url, strict=send)
     if as_json:
         print(json.dumps(to_json(rep), indent=2, default=str))
         return
     print("\n".join(summary(rep)))
     print(f"html: {path}")
+
+
+def _send(job_dir: Path, rep: dict, url: str, strict: bool) -> None:
+    """Spool this attempt's summary if it is not there, send every unsent one; with
+    ``--send`` (``strict``) a summary left unsent is exit 1."""
+    import sys
+
+    from hpcml.run.summary import SPOOL, build, send_pending, spool
+    attempt = int(rep["job"].get("attempt") or 0)
+    if not (Path(job_dir) / SPOOL / f"attempt-{attempt}.json").exists():
+        spool(job_dir, build(job_dir, rep))
+    sent, left = send_pending(job_dir, url, timeout=30 if strict else 3)
+    if strict:
+        print(f"summaries: {sent} sent, {left} left unsent", file=sys.stderr)
+        if left:
+            raise typer.Exit(1)

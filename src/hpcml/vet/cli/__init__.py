@@ -1,7 +1,7 @@
 """``hpcml vet``: parse arguments, call the engine, render. No vetting logic here.
 
 The group and ``run``, ``setup``, ``validate``, ``checks`` live here; ``handle`` (and
-``rules``), ``prolog`` (``--prolog``, ``prolog-script``) and ``serve`` have a module each.
+``rules``), ``prolog`` (``--prolog``, ``prolog-script``), ``serve`` and ``fleet-report`` have a module each.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import DefaultCommandGroup
-from hpcml.vet.cli import handle, prolog, serve  # one module per command
+from hpcml.vet.cli import fleet, handle, prolog, serve  # one module per command
 
 app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
@@ -69,6 +69,7 @@ def run(
 
 app.command("serve")(serve.serve)
 app.command("handle")(handle.handle)
+app.command("fleet-report")(fleet.fleet_report)
 app.command("rules")(handle.validate_rules)
 app.command("prolog-script")(prolog.prolog_script)
 

@@ -147,9 +147,14 @@ def _fires(rule: Rule, results: list[Result], now: datetime,
     """The check of ``rule`` with the most matching results in the window, if enough."""
     start = now - timedelta(seconds=rule.window)
     groups: dict[str, list[Result]] = {}
-    for r in results:
+    jobs: set[str | None] = set()
+    for r in sorted(results, key=lambda r: r.time):
         if start <= r.time <= now and (after is None or r.time > after) \
                 and rule.match.matches(r.check, r.type, r.outcome):
+            if rule.match.job is not None:              # a job that named the node twice counts once
+                if r.job in jobs:
+                    continue
+                jobs.add(r.job)
             groups.setdefault(r.check, []).append(r)
     best = max(groups.items(), key=lambda kv: len(kv[1]), default=None)
     return best if best and len(best[1]) >= rule.count else None
@@ -218,8 +223,8 @@ def plan(catalog: Catalog, results: Iterable[Result], nodes: Mapping[str, NodeSt
         if not hit:
             continue
         rule, check, hits = hit
-        kind = hits[0].type
-        outcome = "/".join(sorted({r.outcome for r in hits}))
+        kind = "/".join(sorted({r.type for r in hits}))
+        outcome = kind if rule.match.job is not None else "/".join(sorted({r.outcome for r in hits}))
         act = Action(node, "drain", rule.render_reason(node=node, check=check, type=kind,
                                                       outcome=outcome, count=len(hits)),
                      rule.name, check, _evidence(rule, hits))

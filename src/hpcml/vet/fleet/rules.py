@@ -15,10 +15,11 @@ from fnmatch import fnmatchcase
 from pathlib import Path
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, validation_problem
 from hpcml.unit_fields import Fraction, Seconds
+from hpcml.vet.fleet.sources import JOB_CHECK
 
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
 REASON_PREFIX = "hpcml:"
@@ -29,8 +30,8 @@ PLACEHOLDERS = {"rule": "r", "node": "n1", "check": "c", "type": "t", "outcome":
 
 def fmt_window(seconds: float) -> str:
     """Seconds back to the short form people write in the file ("24 h", "30 min")."""
-    for unit, scale in (("h", 3600), ("min", 60)):
-        if seconds >= scale and seconds % scale == 0:
+    for unit, scale in (("d", 86400), ("h", 3600), ("min", 60)):
+        if seconds >= scale * (2 if unit == "d" else 1) and seconds % scale == 0:   # 24 h stays 24 h
             return f"{seconds / scale:g} {unit}"
     return f"{seconds:g} s"
 
@@ -40,18 +41,27 @@ class _Strict(BaseModel):
 
 
 class Match(_Strict):
-    """Which results count: check name and type are shell globs."""
+    """Which results count: check name and type are shell globs. With ``job`` the rule
+    counts jobs instead: those whose summary named the node in one of these roles
+    (``hpcml run`` summaries in the collector), each job once."""
 
     check: str = "*"
     type: str = "*"
     outcome: list[Literal["pass", "warn", "fail", "error", "skipped"]] = ["fail", "error"]
+    job: list[Literal["straggler", "culprit", "lost", "excluded"]] | None = None
 
-    @field_validator("outcome", mode="before")
+    @field_validator("outcome", "job", mode="before")
     @classmethod
     def _one_or_many(cls, v):
+        if v == []:
+            raise ValueError("name at least one")
         return [v] if isinstance(v, str) else v
 
     def matches(self, check: str, type_: str, outcome: str) -> bool:
+        if (check == JOB_CHECK) != (self.job is not None):   # job rules count jobs, the others results
+            return False
+        if self.job is not None:
+            return type_ in self.job
         return (outcome in self.outcome and fnmatchcase(check, self.check)
                 and fnmatchcase(type_, self.type))
 
@@ -69,6 +79,13 @@ class Rule(_Strict):
     action: Literal["drain"] = "drain"
     reason: str = "hpcml: {check} {outcome} {count}x in {window}"
     resume_after: ResumeAfter | None = None
+
+    @model_validator(mode="after")
+    def _job_rules_stay(self) -> Rule:
+        if self.match.job is not None and self.resume_after is not None:
+            raise ValueError("resume_after: a rule on job outcomes has no check that can pass again; "
+                             "leave it out (an operator resumes the node after repairing it)")
+        return self
 
     @field_validator("reason")
     @classmethod

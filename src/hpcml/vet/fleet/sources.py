@@ -2,7 +2,9 @@
 
 The handler needs only "every result since T", so it depends on this small read
 interface rather than on a store: ``JsonDirSource`` reads the report.json files that
-``hpcml vet`` leaves behind, ``StoreSource`` adapts the results collector's store.
+``hpcml vet`` leaves behind, ``StoreSource`` adapts the results collector's store, and with it
+the job summaries' node events (a straggler or hang culprit named by a job), as results of
+the check ``job`` whose type is the role.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from hpcml.errors import UsageError
 from hpcml.schemas import check
 from hpcml.vet.model import REPORT_SCHEMA
 
+JOB_CHECK = "job"            # rules.JOB_CHECK: a job summary named the node (type: the role)
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
 
 
@@ -111,5 +114,8 @@ class StoreSource:
                 yield Result(node=row["node"], check=row["name"], type=row["type"] or "",
                              outcome=row["outcome"], time=_utc(row["time"]),
                              job=str(job) if job is not None else None)
+            for ev in store.job_events_since(since.timestamp()):     # hpcml run's job summaries
+                yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
+                             time=_utc(ev["time"]), job=ev["job"])
         finally:
             store.close()

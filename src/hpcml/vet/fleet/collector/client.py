@@ -1,4 +1,5 @@
-"""Send a vetting report to a collector; used by ``hpcml vet run --report-to URL``.
+"""Send to a collector: a vetting report (``hpcml vet run --report-to URL``), a job summary
+(``hpcml run --collector URL``).
 
 Reporting is a side effect of vetting and must never change its outcome: every failure
 becomes one warning line on stderr and a returned string, never an exception. The
@@ -21,9 +22,9 @@ import orjson
 PIECE = 512 * 1024  # bytes per request when a report must be split (collector limit: 1 MiB)
 
 
-def _endpoint(url: str) -> str:
+def _endpoint(url: str, path: str = "/v1/reports") -> str:
     url = url.rstrip("/")
-    return url if url.endswith("/v1/reports") else url + "/v1/reports"
+    return url if url.endswith(path) else url + path
 
 
 def _pieces(report: Any, body: bytes) -> list[bytes]:
@@ -53,6 +54,33 @@ def _post(endpoint: str, body: bytes, token: str, timeout: float) -> dict:
         return json.loads(resp.read() or b"{}")
 
 
+def _why(exc: Exception) -> str:
+    """One line for a failed POST: the collector's own reason where it gave one."""
+    if isinstance(exc, urllib.error.HTTPError):
+        try:
+            reason = json.loads(exc.read()).get("error", "")
+        except Exception:
+            reason = ""
+        return f"HTTP {exc.code}{': ' + reason if reason else ''}"
+    if isinstance(exc, urllib.error.URLError):
+        return str(exc.reason)
+    return f"{type(exc).__name__}: {exc}"
+
+
+def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> str | None:
+    """POST one JSON document to the collector at ``url`` + ``path``; None when it was
+    taken (stored now or before), else why not, in one line. Never raises."""
+    if not token:
+        return "no token ($HPCML_COLLECTOR_TOKEN or $HPCML_VET_TOKEN)"
+    if timeout <= 0:
+        return "timed out"
+    try:
+        _post(_endpoint(url, path), orjson.dumps(doc, default=str), token.strip(), timeout)
+        return None
+    except Exception as exc:  # never fail the job that sends
+        return _why(exc)
+
+
 def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> str | None:
     """POST a report (dict from ``report.to_json``, or JSON text/bytes) to the collector at URL.
 
@@ -80,13 +108,5 @@ def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> s
                 return warn(f"timed out after {timeout:g} s")
             _post(endpoint, piece, token.strip(), left)
         return None
-    except urllib.error.HTTPError as exc:
-        try:
-            reason = json.loads(exc.read()).get("error", "")
-        except Exception:
-            reason = ""
-        return warn(f"HTTP {exc.code}{': ' + reason if reason else ''}")
-    except urllib.error.URLError as exc:
-        return warn(str(exc.reason))
     except Exception as exc:  # never fail the vetting run
-        return warn(f"{type(exc).__name__}: {exc}")
+        return warn(_why(exc))

@@ -58,6 +58,12 @@ class PostgresStore(SqlStore):
             for stmt in filter(str.strip, DDL.split(";")):
                 conn.execute(stmt)
 
+    def _transaction(self, conn):
+        return conn.transaction()
+
+    def _lock_schema(self, conn) -> None:
+        conn.execute("SELECT pg_advisory_xact_lock(8787)")
+
     def _insert(self, conn, reports: Sequence[NodeReport], received: float) -> list[int]:
         with conn.transaction():
             cur = conn.execute("SELECT nextval('reports_id_seq') FROM generate_series(1, %s)",

@@ -30,6 +30,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 
 import orjson
 
+from hpcml.vet.fleet.collector.jobschema import parse_jobs
 from hpcml.vet.fleet.collector.schema import Invalid, parse
 from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
 
@@ -160,8 +161,9 @@ class Handler(BaseHTTPRequestHandler):
         self._guard(self._get)
 
     def _post(self) -> None:
-        if urlsplit(self.path).path.rstrip("/") != "/v1/reports":
-            return self._error(404, "not found; POST /v1/reports", close=True)
+        kind = urlsplit(self.path).path.rstrip("/")
+        if kind not in ("/v1/reports", "/v1/jobs"):
+            return self._error(404, "not found; POST /v1/reports or /v1/jobs", close=True)
         if not self._authorised(write=True):
             return
         if self.headers.get("Transfer-Encoding"):
@@ -180,10 +182,14 @@ class Handler(BaseHTTPRequestHandler):
             self.close_connection = True
             return
         try:
-            reports = parse(body)
+            items = parse(body) if kind == "/v1/reports" else parse_jobs(body)
         except Invalid as exc:
             return self._error(400, str(exc)[:500])
-        ids = self.server.writer.add(reports)
+        if kind == "/v1/jobs":                 # idempotent: a summary sent again is not stored again
+            stored = self.server.job_writer.add(items)
+            return self._send(201 if any(stored) else 200,
+                              {"stored": sum(stored), "duplicates": len(stored) - sum(stored)})
+        ids = self.server.writer.add(items)
         self._send(201, {"ids": ids, "stored": len(ids)})
 
     def _get(self) -> None:
@@ -205,10 +211,14 @@ class Handler(BaseHTTPRequestHandler):
                 limit = _int(query, "limit", 20, 1000)
                 return self._send(200, {"node": parts[2], "reports": store.history(parts[2], limit)})
             if len(parts) == 3 and parts[:2] == ["v1", "jobs"]:
-                reps = store.job(parts[2])
-                if not reps:
-                    return self._error(404, f"no reports for job {parts[2]!r}")
-                return self._send(200, {"job_id": parts[2], "reports": reps})
+                reps, summaries = store.job(parts[2]), store.job_summaries(parts[2])
+                if not reps and not summaries:
+                    return self._error(404, f"no reports or summaries for job {parts[2]!r}")
+                return self._send(200, {"job_id": parts[2], "reports": reps, "summaries": summaries})
+            if parts == ["v1", "fleet"]:
+                from hpcml.vet.fleet.centre import build
+                since = parse_since(query.get("since", ["30d"])[-1])
+                return self._send(200, build(store, since, top=_int(query, "top", 20, 10_000)))
         except ValueError as exc:
             return self._error(400, str(exc))
         self._error(404, "not found")
@@ -226,6 +236,7 @@ class CollectorServer(ThreadingHTTPServer):
         super().__init__(addr, Handler)
         self.store, self.tokens, self.max_body, self.verbose = store, tokens, max_body, verbose
         self.writer = BatchWriter(store)
+        self.job_writer = BatchWriter(store, write=store.add_jobs)
 
     @property
     def url(self) -> str:
@@ -245,6 +256,7 @@ class CollectorServer(ThreadingHTTPServer):
         self.shutdown()
         self.server_close()
         self.writer.close()
+        self.job_writer.close()
         self.store.close()
 
 

@@ -8,7 +8,8 @@ loses at most the last transactions, never corrupts). Ids are assigned by the wr
 from __future__ import annotations
 
 import sqlite3
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpcml.vet.fleet.collector.schema import NodeReport
@@ -67,9 +68,18 @@ class SqliteStore(SqlStore):
     def _create(self, conn) -> None:
         conn.executescript(DDL)
 
-    def _insert(self, conn, reports: Sequence[NodeReport], received: float) -> list[int]:
-        conn.execute("BEGIN IMMEDIATE")
+    @contextmanager
+    def _transaction(self, conn) -> Iterator[None]:
+        conn.execute("BEGIN IMMEDIATE")         # the write lock now: no upgrade deadlock later
         try:
+            yield
+            conn.execute("COMMIT")
+        except BaseException:
+            conn.execute("ROLLBACK")
+            raise
+
+    def _insert(self, conn, reports: Sequence[NodeReport], received: float) -> list[int]:
+        with self._transaction(conn):
             (last,), = conn.execute("SELECT COALESCE(MAX(id), 0) FROM reports").fetchall()
             ids = list(range(last + 1, last + 1 + len(reports)))
             reps, res = report_rows(reports, ids, received)
@@ -77,8 +87,4 @@ class SqliteStore(SqlStore):
                              f"({','.join('?' * len(REPORT_COLS))})", reps)
             conn.executemany(f"INSERT INTO results ({','.join(RESULT_COLS)}) VALUES "
                              f"({','.join('?' * len(RESULT_COLS))})", res)
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
         return ids

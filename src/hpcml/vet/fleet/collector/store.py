@@ -26,12 +26,20 @@ from typing import Any
 
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
+from hpcml.vet.fleet.collector.jobschema import JobSummary
+from hpcml.vet.fleet.collector.jobstore import JOBS_DDL, JobQueries
 from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
 REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received")
 RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
                "value_text", "unit", "message", "duration")
+
+
+#: the store's schema: 1 the vetting tables (no version row), 2 the job tables
+SCHEMA_VERSION = 2
+#: the DDL that takes a database from the version before to this one
+MIGRATIONS = {2: JOBS_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):
@@ -51,14 +59,20 @@ def report_rows(reports: Sequence[NodeReport], ids: Sequence[int], received: flo
     return reps, res
 
 
-class Store(ABC):
-    """The collector's storage; every method is safe to call from many threads."""
+class Store(JobQueries, ABC):
+    """The collector's storage; every method is safe to call from many threads. The job
+    summaries' reads are SQL over ``_all`` (``JobQueries``)."""
 
     url: str
 
     @abstractmethod
     def add(self, reports: Sequence[NodeReport]) -> list[int]:
         """Store the reports in one transaction; their ids in order."""
+
+    @abstractmethod
+    def add_jobs(self, summaries: Sequence[JobSummary]) -> list[bool]:
+        """Store job summaries in one transaction; for each, True if stored now, False if
+        that (cluster, job, attempt) was stored before (sent twice)."""
 
     @abstractmethod
     def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
@@ -113,6 +127,7 @@ class SqlStore(Store):
         self._closed = False
         self._writer = self._connect(write=True)
         self._create(self._writer)
+        self._migrate(self._writer)
 
     # --- backend hooks
     @abstractmethod
@@ -123,6 +138,33 @@ class SqlStore(Store):
 
     def _alive(self, conn) -> bool:
         return True
+
+    @abstractmethod
+    def _transaction(self, conn) -> Any:
+        """A context manager: one write transaction on ``conn``, rolled back on error."""
+
+    def _migrate(self, conn) -> None:
+        """Bring an older database up to ``SCHEMA_VERSION`` in one transaction, under the
+        creators' lock; a newer one is refused rather than misread or altered."""
+        p = self.P
+        with self._transaction(conn):
+            self._lock_schema(conn)
+            conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
+            row = conn.execute(f"SELECT value FROM meta WHERE key = {p}", ("schema_version",)).fetchone()
+            version = int(row[0]) if row else 1
+            if version > SCHEMA_VERSION:
+                raise StoreError(f"the database has schema version {version}, written by a newer hpcml; "
+                                 f"this one knows up to {SCHEMA_VERSION}")
+            for v in range(version + 1, SCHEMA_VERSION + 1):
+                for stmt in filter(str.strip, MIGRATIONS[v].split(";")):
+                    conn.execute(stmt)
+            if version != SCHEMA_VERSION:
+                conn.execute(f"DELETE FROM meta WHERE key = {p}", ("schema_version",))
+                conn.execute(f"INSERT INTO meta (key, value) VALUES ({p}, {p})",
+                             ("schema_version", str(SCHEMA_VERSION)))
+
+    def _lock_schema(self, conn) -> None:
+        """Inside ``_migrate``'s transaction: one migrating collector at a time."""
 
     @abstractmethod
     def _insert(self, conn, reports: Sequence[NodeReport], received: float) -> list[int]: ...
@@ -160,6 +202,15 @@ class SqlStore(Store):
             if not self._alive(self._writer):
                 self._writer = self._connect(write=True)
             return self._insert(self._writer, reports, time.time())
+
+    def add_jobs(self, summaries: Sequence[JobSummary]) -> list[bool]:
+        if not summaries:
+            return []
+        with self._wlock:
+            if not self._alive(self._writer):
+                self._writer = self._connect(write=True)
+            with self._transaction(self._writer):
+                return self._insert_jobs(self._writer, summaries, time.time())
 
     def _with_results(self, reports: list[dict], rows: list[tuple]) -> list[dict]:
         by_id = {r["id"]: r for r in reports}
@@ -207,9 +258,7 @@ class SqlStore(Store):
         return [dict(zip(("node", "job", "time", "name", "type", "outcome"), r)) for r in rows]
 
     def count(self) -> dict[str, int]:
-        (reports,), = self._all("SELECT COUNT(*) FROM reports")
-        (results,), = self._all("SELECT COUNT(*) FROM results")
-        return {"reports": reports, "results": results}
+        return {t: self._all(f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("reports", "results", "jobs", "job_nodes")}
 
     def close(self) -> None:
         self._closed = True
@@ -229,14 +278,16 @@ class BatchWriter:
     fail the others that happened to share its transaction.
     """
 
-    def __init__(self, store: Store, max_reports: int = 5000) -> None:
+    def __init__(self, store: Store, max_reports: int = 5000,
+                 write: Callable[[list], list] | None = None) -> None:
         self.store = store
         self.max_reports = max_reports
+        self._add = write or store.add       # one writer per kind: reports, or job summaries
         self._q: queue.SimpleQueue = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._loop, name="collector-writer", daemon=True)
         self._thread.start()
 
-    def add(self, reports: Sequence[NodeReport], timeout: float = 60) -> list[int]:
+    def add(self, reports: Sequence[Any], timeout: float = 60) -> list:
         fut: Future = Future()
         self._q.put((reports, fut))
         try:
@@ -268,9 +319,9 @@ class BatchWriter:
             if stop:
                 return
 
-    def _write(self, batch: list[tuple[Sequence[NodeReport], Future]]) -> None:
+    def _write(self, batch: list[tuple[Sequence[Any], Future]]) -> None:
         try:
-            ids = self.store.add([r for reps, _ in batch for r in reps])
+            ids = self._add([r for reps, _ in batch for r in reps])
         except Exception as exc:
             if len(batch) == 1:
                 batch[0][1].set_exception(exc)

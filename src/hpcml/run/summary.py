@@ -1,0 +1,210 @@
+"""A job's compact summary for the centre (``hpcml.job.summary/1``), spooled and sent.
+
+The report (``hpcml.run.report``) is for the researcher; the summary is the few numbers
+the centre joins across jobs: who ran, where, which nodes the job named (excluded by
+vetting, stragglers, hang culprits, lost), the GPU score and what bound it, throughput,
+duration, exit code, attempts, and the time and GPU-hours its faults cost.
+
+Delivery: the summary is written to ``JOBDIR/summary/attempt-N.json`` first (atomically),
+then sent to the collector (``--collector`` or ``$HPCML_COLLECTOR``) with a short overall
+timeout; a collector that is down costs the job at most that timeout and one warning line,
+and the summary waits in the spool for ``hpcml report JOBDIR --send``. A sent summary is
+marked by ``attempt-N.sent``. Exactly once: the collector stores a (cluster, job,
+attempt) once however often it arrives, so a crash between the send and the mark, or two
+senders at once, cost nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+from urllib.parse import urlsplit
+
+import orjson
+
+from hpcml.errors import UsageError
+from hpcml.files import load_json_bounded, write_atomic
+from hpcml.run.jobdir import read_run
+from hpcml.schemas import tag
+
+SCHEMA = tag("job.summary", 1)
+SPOOL = "summary"
+URL_ENV = "HPCML_COLLECTOR"
+TOKEN_ENVS = ("HPCML_COLLECTOR_TOKEN", "HPCML_VET_TOKEN")
+SEND_TIMEOUT = 3.0                   # seconds, for every summary together
+MAX_SUMMARY = 16 << 20
+
+
+def collector_url(value: str | None, key: str = "--collector") -> str | None:
+    """The collector's base URL (``--collector``, else ``$HPCML_COLLECTOR``), or None.
+    Anything but http(s)://HOST... is bad input (exit 2)."""
+    url = value if value is not None else os.environ.get(URL_ENV) or None
+    if url is None:
+        return None
+    parts = urlsplit(url.strip())
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}",
+                         key=key if value is not None else URL_ENV)
+    return url.strip().rstrip("/")
+
+
+def who(env: os._Environ | dict = os.environ) -> dict[str, str | None]:
+    """The job's owner and where it ran, from Slurm's environment (kept in run.json, so that
+    a summary built later outside the job says the same)."""
+    user = env.get("SLURM_JOB_USER") or env.get("USER")
+    if not user:
+        try:
+            import pwd
+            user = pwd.getpwuid(os.getuid()).pw_name
+        except (KeyError, ImportError):
+            user = None
+    return {"user": user, "account": env.get("SLURM_JOB_ACCOUNT"), "partition": env.get("SLURM_JOB_PARTITION"),
+            "cluster": env.get("SLURM_CLUSTER_NAME") or ""}
+
+
+def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Every node the job names, per role, once per (node, attempt)."""
+    out: dict[str, dict[tuple, dict[str, Any]]] = {"excluded": {}, "stragglers": {}, "culprits": {}, "lost": {}}
+
+    def add(role: str, node: Any, attempt: int, rank: Any = None, detail: str = "") -> None:
+        if isinstance(node, str) and node:
+            out[role].setdefault((node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
+                                                   "attempt": attempt, "detail": detail[:1000]})
+
+    for node, reasons in (rep.get("excluded") or {}).items():
+        add("excluded", node, 0, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
+    observes = [(int(a.get("attempt") or 0), a.get("observe")) for a in rep.get("attempts") or []]
+    observes.append((int(rep["job"].get("attempt") or 0), rep.get("observe")))
+    for n, obs in observes:
+        for s in (obs or {}).get("stragglers") or []:
+            add("stragglers", s.get("node"), n, s.get("rank"), f"chronic straggler, score {s.get('score')}")
+    for rec in records:
+        n = int(rec.get("attempt") or 0)
+        for s in rec.get("stragglers") or []:
+            add("stragglers", s.get("node"), n, s.get("rank"), f"named by the live watch from step {s.get('since_step')}")
+        verdict = (rec.get("hang") or {}).get("verdict") or {}
+        for c in verdict.get("culprits") or []:
+            add("culprits", c.get("node"), n, c.get("rank"), f"hang culprit: {c.get('why') or ''}".strip())
+        for node in rec.get("lost_nodes") or {}:
+            add("lost", node, n, detail="lost during the attempt")
+        for node, reasons in (rec.get("excluded") or {}).items():
+            add("excluded", node, n, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
+    return {k: list(v.values()) for k, v in out.items()}
+
+
+def _outcome(rep: dict[str, Any], run: dict[str, Any]) -> str:
+    end = rep["ending"]
+    if run.get("aborted"):
+        return "aborted"
+    if end.get("requeued"):
+        return "requeued"
+    if run.get("ended") is None:
+        return "running"
+    if (run.get("hang") or {}).get("verdict") and (run.get("hang") or {}).get("action") in ("stop", "ended"):
+        return "hung"
+    return "completed" if end.get("exit_code") == 0 else "failed"
+
+
+def _gpus(rep: dict[str, Any]) -> int:
+    score = rep.get("score") or {}
+    if isinstance(score.get("gpus"), int):
+        return score["gpus"]
+    return 0
+
+
+def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The summary of the job in ``d`` as it stands (its report, built if not given)."""
+    from hpcml.run.report import build as build_report
+    d = Path(d)
+    rep = build_report(d) if rep is None else rep
+    run = read_run(d)
+    records = [*(run.get("attempts") or []), run]
+    job = rep["job"]
+    owner = run.get("who") or {}
+    attempt = int(job.get("attempt") or 0)
+    run_id = run.get("run_id") or f"{socket.gethostname()}:{d.resolve()}"
+    job_id = str(job["job_id"]) if job.get("job_id") else f"local-{run_id}"
+    started = float(job.get("started") or run.get("started") or time.time())
+    duration = job.get("duration_s")
+    nodes = list(job.get("nodes") or job.get("allocation") or [])
+    gpus = _gpus(rep)
+    hours = (duration or 0.0) / 3600
+    recovery = rep.get("recovery") or {}
+    lost_s = recovery.get("time_lost_s")
+    score = rep.get("score") or {}
+    tp = (rep.get("observe") or {}).get("throughput") or {}
+    events = _events(rep, records)
+    return {
+        "schema": SCHEMA, "cluster": owner.get("cluster") or "", "job_id": job_id, "attempt": attempt,
+        "user": owner.get("user"), "account": owner.get("account"), "partition": owner.get("partition"),
+        "started": started, "ended": job.get("ended"), "duration_s": duration,
+        "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
+        "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), "gpus": gpus, **events,
+        "gpu": {"score": score.get("score"), "bound": score.get("bound")},
+        "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
+        "attempts": len(records), "time_lost_s": lost_s,
+        "node_hours": round(hours * len(nodes), 4), "gpu_hours": round(hours * gpus, 4),
+        "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None else None,
+    }
+
+
+def spool(d: str | Path, summary: dict[str, Any]) -> Path:
+    """Write the summary into the job's spool (replacing this attempt's unsent one)."""
+    folder = Path(d) / SPOOL
+    folder.mkdir(exist_ok=True)
+    path = folder / f"attempt-{int(summary['attempt'])}.json"
+    write_atomic(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    return path
+
+
+def pending(d: str | Path) -> list[Path]:
+    """Spooled summaries not yet marked sent, oldest attempt first."""
+    folder = Path(d) / SPOOL
+    if not folder.is_dir():
+        return []
+    files = [p for p in folder.glob("attempt-*.json") if not p.with_suffix(".sent").exists()]
+    return sorted(files, key=lambda p: int(p.stem.split("-", 1)[1]) if p.stem.split("-", 1)[1].isdigit() else -1)
+
+
+def _token() -> str | None:
+    return next((os.environ[k].strip() for k in TOKEN_ENVS if os.environ.get(k, "").strip()), None)
+
+
+def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=None) -> tuple[int, int]:
+    """POST every unsent summary of ``d`` to ``url`` within ``timeout`` seconds in all;
+    (sent, left). Never raises: a failure is one line through ``say`` (stderr)."""
+    from hpcml.vet.fleet.collector.client import post
+    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    files = pending(d)
+    token = _token()
+    sent = 0
+    deadline = time.monotonic() + timeout
+    for path in files:
+        try:
+            body = load_json_bounded(path, MAX_SUMMARY)
+        except (OSError, ValueError) as exc:
+            say(f"hpcml: summary {path} not sent: cannot read it ({exc})")
+            continue
+        why = post(url, "/v1/jobs", body, token, deadline - time.monotonic())
+        if why is not None:
+            say(f"hpcml: summary not sent to {url}: {why}; kept in {path.parent} "
+                f"(send later: hpcml report {d} --send)")
+            break
+        write_atomic(path.with_suffix(".sent"), orjson.dumps({"url": url, "time": time.time()}))
+        sent += 1
+    return sent, len(files) - sent
+
+
+def deliver(d: str | Path, rep: dict[str, Any], url: str | None) -> None:
+    """At the end of ``hpcml run``: spool this attempt's summary and send what waits."""
+    try:
+        spool(d, build(d, rep))
+    except OSError as exc:              # a full disk: the job's result stands, the summary is lost
+        print(f"hpcml run: summary not written: {exc.strerror or exc}", file=sys.stderr)
+        return
+    if url:
+        send_pending(d, url)

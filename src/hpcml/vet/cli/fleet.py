@@ -1,0 +1,52 @@
+"""``hpcml vet fleet-report``: arguments in, the centre's report (``hpcml.vet.fleet.centre``) out."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Optional
+
+import typer
+
+from hpcml.errors import UsageError
+
+
+def fleet_report(
+    db: str = typer.Option(..., "--db", help="The collector's store: sqlite:///PATH or postgresql://USER@HOST/DB."),
+    since: str = typer.Option("30d", "--since", help="The window, back from now: 7d, 24h, 90 min."),
+    top: int = typer.Option(20, "--top", min=1, max=10_000, help="Nodes and owners listed."),
+    html_out: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one offline HTML page."),
+    as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+) -> None:
+    """The centre's view over every job and vetting result the collector holds: the nodes that
+    hurt the most jobs beside their vetting history, the lowest GPU scores per user and
+    account, and the GPU-hours lost to faults.
+
+        hpcml vet fleet-report --db postgresql://hpcml@dbhost/vet --since 30d --html centre.html
+
+    Exit codes: 0 done, 1 the database cannot be read, 2 bad option.
+    """
+    from hpcml.files import write_atomic
+    from hpcml.vet.fleet.centre import build, lines, render_html
+    from hpcml.vet.fleet.collector.server import parse_since
+    from hpcml.vet.fleet.collector.store import open_store
+    try:
+        window = parse_since(since)
+    except ValueError:
+        raise UsageError(f"expected a duration such as 30d or 24h, found {since!r}", key="--since") from None
+    store = open_store(db)
+    try:
+        rep = build(store, window, top=top)
+    finally:
+        store.close()
+    if html_out is not None:
+        try:
+            write_atomic(html_out, render_html(rep))
+        except OSError as exc:
+            raise UsageError(f"cannot write: {exc.strerror}", file=str(html_out)) from None
+    if as_json:
+        print(json.dumps(rep, indent=2))
+        return
+    print("\n".join(lines(rep)))
+    if html_out is not None:
+        print(f"html: {html_out}")

@@ -1,0 +1,125 @@
+"""The centre's report (``hpcml vet fleet-report``): what every job's summary and every
+vetting result say together, over a time window.
+
+- the nodes that hurt the most jobs (excluded by vetting, stragglers, hang culprits, lost),
+  each beside its vetting history: a node that passes vetting but keeps slowing or hanging
+  jobs is the one vetting misses, and the one to drain;
+- per user and account, the GPU-hours, the mean GPU saturation score and the lowest
+  scoring jobs, owners with the most idle GPU-hours (GPU-hours × (1 − score)) first;
+- the GPU-hours and time the faults cost, in all and per account.
+
+Everything is one SQL aggregate per part (``collector.jobstore``), so 100,000 jobs and
+10,000 nodes take seconds, not minutes.
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+from hpcml.schemas import tag
+from hpcml.vet.fleet.collector.store import Store
+from hpcml.words import plural
+
+SCHEMA = tag("vet.fleet", 1)
+
+
+def build(store: Store, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None
+          ) -> dict[str, Any]:
+    """The report over the last ``since_s`` seconds."""
+    now = time.time() if now is None else now
+    since = now - since_s
+    nodes = store.node_harm(since, top)
+    vet = store.vet_history([n["node"] for n in nodes], since)
+    for n in nodes:
+        n["vet"] = vet.get(n["node"])
+    return {"schema": SCHEMA, "generated": now, "since": since, "window_s": since_s,
+            "totals": store.job_totals(since), "nodes": nodes,
+            "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top]}
+
+
+def _when(t: float | None) -> str:
+    return time.strftime("%Y-%m-%d %H:%M", time.gmtime(t)) if t else "–"
+
+
+def _score(v: float | None) -> str:
+    return "–" if v is None else f"{v:.2f}"
+
+
+def vet_line(v: dict[str, Any] | None) -> str:
+    """A node's vetting history in a few words."""
+    if not v or not v["reports"]:
+        return "not vetted in the window"
+    text = f"vetted {v['reports']}x, {v['bad']} bad"
+    if v["failing_checks"]:
+        text += " (" + ", ".join(f"{c['check']} {c['count']}x" for c in v["failing_checks"][:3]) + ")"
+    if v["bad"] == 0:
+        text += ": vetting never caught it"
+    return text
+
+
+def lines(rep: dict[str, Any]) -> list[str]:
+    """The terminal report."""
+    t = rep["totals"]
+    days = rep["window_s"] / 86400
+    out = [f"centre report: {plural(t['jobs'], 'job')} since {_when(rep['since'])} UTC ({days:g} days)",
+           f"  {t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
+           f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
+           f"{t['failed']:,} failed, {t['hung']:,} hung", "", "nodes that hurt the most jobs:"]
+    if not rep["nodes"]:
+        out.append("  none: no job named a node in the window")
+    for n in rep["nodes"]:
+        roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "lost", "excluded") if n[k])
+        out.append(f"  {n['node']}: {plural(n['jobs'], 'job')} ({roles}); last {_when(n['last'])}; {vet_line(n['vet'])}")
+    out += ["", "lowest GPU scores, by user and account:"]
+    if not rep["owners"]:
+        out.append("  none: no job in the window has a GPU score")
+    for o in rep["owners"]:
+        worst = ", ".join(f"{j['job']} {_score(j['score'])}" + (f" {j['bound']}-bound" if j["bound"] else "")
+                          for j in o["lowest"])
+        out.append(f"  {o['user'] or '?'} / {o['account'] or '?'}: {o['jobs']} jobs, {o['gpu_hours']:,.1f} GPU-h, "
+                   f"mean score {_score(o['mean_score'])}, {o['idle_gpu_hours']:,.1f} GPU-h idle; lowest: {worst}")
+    lost = [a for a in rep["accounts"] if a["gpu_hours_lost"] or a["time_lost_s"]]
+    if lost:
+        out += ["", "time lost to faults, by account:"]
+        out += [f"  {a['account'] or '?'}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
+                f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
+    return out
+
+
+def render_html(rep: dict[str, Any]) -> str:
+    """One offline page: no script, no external resource; every value escaped."""
+    import html
+
+    from hpcml.htmlkit import CSS, table
+    t = rep["totals"]
+    e = html.escape
+    nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["lost"], n["excluded"], _when(n["last"]),
+              vet_line(n["vet"])] for n in rep["nodes"]]
+    owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], f"{o['gpu_hours']:,.1f}", _score(o["mean_score"]),
+               f"{o['idle_gpu_hours']:,.1f}",
+               "; ".join(f"{j['job']} {_score(j['score'])}" + (f" ({j['bound']}-bound)" if j["bound"] else "")
+                         for j in o["lowest"])] for o in rep["owners"]]
+    accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", f"{a['gpu_hours_lost']:,.1f}",
+                 f"{a['time_lost_s'] / 3600:,.2f}"] for a in rep["accounts"]]
+    parts = [
+        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
+        f"<title>hpcml centre report since {e(_when(rep['since']))}</title><style>{CSS}</style></head><body>",
+        f"<h1>Centre report: {t['jobs']:,} jobs since {e(_when(rep['since']))} UTC</h1>",
+        f"<p id='totals'>{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
+        f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
+        f"{t['failed']:,} failed, {t['hung']:,} hung.</p>",
+        "<h2>Nodes that hurt the most jobs</h2>",
+        "<p>Jobs that named the node as a straggler, a hang culprit, lost, or excluded by vetting, beside the "
+        "node's own vetting history: a node vetting never caught is the one to drain or test harder.</p>",
+        "<div id='nodes'>" + (table(["node", "jobs", "straggler", "culprit", "lost", "excluded", "last", "vetting"],
+                                    nodes) if nodes else "<p>No job named a node in the window.</p>") + "</div>",
+        "<h2>Lowest GPU scores by user and account</h2>",
+        "<div id='owners'>" + (table(["user", "account", "jobs", "GPU-h", "mean score", "idle GPU-h", "lowest jobs"],
+                                     owners) if owners else "<p>No job in the window has a GPU score.</p>") + "</div>",
+        "<h2>Time lost to faults by account</h2>",
+        "<div id='accounts'>" + (table(["account", "jobs", "GPU-h", "GPU-h lost", "hours lost"], accounts)
+                                 if accounts else "<p>No jobs in the window.</p>") + "</div>",
+        "</body></html>",
+    ]
+    return "\n".join(parts)

@@ -1,0 +1,124 @@
+"""What the collector accepts at ``POST /v1/jobs``: job summaries (``hpcml.job.summary/1``).
+
+``hpcml run`` writes one per attempt (``hpcml.run.summary``); this is the collector's side
+of that contract, validated with pydantic so that a refusal names the field in one line,
+with every string and list bounded so that one summary cannot bloat the store. A summary
+of an unknown schema major is refused, never half read.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal, Optional
+
+import orjson
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+
+from hpcml.errors import UsageError
+from hpcml.schemas import check, tag
+from hpcml.vet.fleet.collector.schema import Invalid, Text, _reason
+
+SUMMARY_SCHEMA = tag("job.summary", 1)
+MAX_SUMMARIES = 10_000             # per request
+MAX_NODES = 100_000                # per job
+ROLES = ("excluded", "straggler", "culprit", "lost")
+OUTCOMES = ("completed", "failed", "hung", "aborted", "requeued", "running")
+
+Name = Annotated[Text, Field(min_length=1, max_length=255)]
+Short = Annotated[Text, Field(max_length=255)]
+Reason = Annotated[Text, Field(max_length=1024)]
+Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+
+
+class NodeEvent(BaseModel):
+    """A node the job names: excluded by vetting, a straggler, a hang culprit, or lost."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    node: Name
+    rank: Optional[int] = Field(default=None, ge=0)
+    attempt: int = Field(default=0, ge=0)
+    detail: Reason = ""
+
+
+class Gpu(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    score: Optional[Annotated[float, Field(ge=0, le=1)]] = None
+    bound: Optional[Short] = None
+
+
+class Throughput(BaseModel):
+    model_config = ConfigDict(extra="ignore")
+
+    median: Number
+    unit: Short = ""
+
+
+class JobSummary(BaseModel):
+    """One attempt's summary; ``(cluster, job_id, attempt)`` is its identity."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    schema_: str = Field(alias="schema")        # checked by parse_jobs before the fields
+    cluster: Short = ""
+    job_id: Name
+    attempt: int = Field(ge=0, le=1_000_000)
+    user: Optional[Short] = None
+    account: Optional[Short] = None
+    partition: Optional[Short] = None
+    started: Number
+    ended: Optional[Number] = None
+    duration_s: Optional[Number] = None
+    exit_code: Optional[int] = Field(default=None, ge=-1024, le=1024)
+    outcome: Literal["completed", "failed", "hung", "aborted", "requeued", "running"]
+    nodes: list[Name] = Field(default_factory=list, max_length=MAX_NODES)
+    ntasks: int = Field(default=0, ge=0)
+    gpus: int = Field(default=0, ge=0)
+    excluded: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
+    stragglers: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
+    culprits: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
+    lost: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
+    gpu: Gpu = Gpu()
+    throughput: Optional[Throughput] = None
+    attempts: int = Field(default=1, ge=1)
+    time_lost_s: Optional[Number] = None
+    node_hours: Number = 0.0
+    gpu_hours: Number = 0.0
+    gpu_hours_lost: Optional[Number] = None
+
+    @property
+    def time(self) -> float:
+        """When the job's outcome is dated: its end, else its start."""
+        return self.ended if self.ended is not None else self.started
+
+    def events(self) -> list[tuple[str, NodeEvent]]:
+        """(role, event) for every node the job names."""
+        return [(role, e) for role in ROLES for e in getattr(self, "stragglers" if role == "straggler" else
+                                                               "culprits" if role == "culprit" else role)]
+
+
+_MANY = TypeAdapter(list[JobSummary])
+
+
+def parse_jobs(body: bytes) -> list[JobSummary]:
+    """Body (one summary or a list) -> summaries, or ``Invalid`` naming the field."""
+    try:
+        data = orjson.loads(body)
+    except orjson.JSONDecodeError as exc:
+        raise Invalid(f"invalid JSON: {exc}") from None
+    items = data if isinstance(data, list) else [data]
+    if len(items) > MAX_SUMMARIES:
+        raise Invalid(f"body: more than {MAX_SUMMARIES} job summaries in one request")
+    if not all(isinstance(i, dict) for i in items):
+        raise Invalid("body: expected a job summary object or a list of them")
+    for i, item in enumerate(items):              # another kind or major: refused before its fields
+        try:
+            check(item, SUMMARY_SCHEMA, "body")
+        except UsageError as exc:
+            raise Invalid(f"{'' if isinstance(data, dict) else f'{i}.'}schema: {exc.problem}") from None
+    try:
+        return _MANY.validate_python(items)
+    except ValidationError as exc:
+        reason = _reason(exc)
+        return_reason = reason[2:] if isinstance(data, dict) and reason.startswith("0.") else reason
+        raise Invalid(return_reason) from None

@@ -1,0 +1,195 @@
+"""Job summaries in the collector's store, and the queries of the centre's report.
+
+Two tables beside the vetting ones: ``jobs`` (one row per job attempt, keyed by cluster,
+job id and attempt, so that a summary sent twice is stored once) and ``job_nodes`` (one
+row per node a job names: excluded, straggler, hang culprit, lost), which is what lets one
+query rank the nodes that hurt many jobs. The column types are written so that SQLite
+(type affinity) and PostgreSQL read the same DDL. A job that Slurm requeued sends one
+summary per attempt, each covering the attempts before it: totals use each job's latest
+attempt, node counts count distinct jobs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import orjson
+
+from hpcml.vet.fleet.collector.jobschema import JobSummary
+
+#: schema version 2: the job tables (version 1, the vetting tables, had no version row)
+JOBS_DDL = """
+CREATE TABLE IF NOT EXISTS jobs (
+  cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL,
+  user_name TEXT, account TEXT, partition_name TEXT, started DOUBLE PRECISION NOT NULL,
+  ended DOUBLE PRECISION, time DOUBLE PRECISION NOT NULL, duration_s DOUBLE PRECISION,
+  exit_code INTEGER, outcome TEXT NOT NULL, nodes INTEGER NOT NULL, gpus INTEGER NOT NULL,
+  node_hours DOUBLE PRECISION NOT NULL, gpu_hours DOUBLE PRECISION NOT NULL,
+  time_lost_s DOUBLE PRECISION, gpu_hours_lost DOUBLE PRECISION, gpu_score DOUBLE PRECISION,
+  bound TEXT, throughput DOUBLE PRECISION, throughput_unit TEXT, attempts INTEGER NOT NULL,
+  received DOUBLE PRECISION NOT NULL, body TEXT NOT NULL,
+  PRIMARY KEY (cluster, job, attempt));
+CREATE INDEX IF NOT EXISTS jobs_time ON jobs (time);
+CREATE TABLE IF NOT EXISTS job_nodes (
+  cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL, node TEXT NOT NULL,
+  role TEXT NOT NULL, rank INTEGER, detail TEXT NOT NULL, time DOUBLE PRECISION NOT NULL);
+CREATE INDEX IF NOT EXISTS job_nodes_time ON job_nodes (time);
+CREATE INDEX IF NOT EXISTS job_nodes_node_time ON job_nodes (node, time)
+"""
+JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
+            "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
+            "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
+            "attempts", "received", "body")
+NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time")
+#: each job's latest attempt since a time (one row per job)
+LATEST = ("SELECT * FROM jobs j WHERE j.time >= ? AND NOT EXISTS (SELECT 1 FROM jobs k WHERE "
+          "k.cluster = j.cluster AND k.job = j.job AND k.attempt > j.attempt)")
+
+
+def job_row(s: JobSummary, received: float) -> tuple:
+    tp = s.throughput
+    return (s.cluster, s.job_id, s.attempt, s.user, s.account, s.partition, s.started, s.ended, s.time,
+            s.duration_s, s.exit_code, s.outcome, len(s.nodes), s.gpus, s.node_hours, s.gpu_hours,
+            s.time_lost_s, s.gpu_hours_lost, s.gpu.score, s.gpu.bound, tp.median if tp else None,
+            tp.unit if tp else None, s.attempts, received,
+            orjson.dumps(s.model_dump(by_alias=True, exclude_none=True)).decode())
+
+
+def node_rows(s: JobSummary) -> list[tuple]:
+    return [(s.cluster, s.job_id, s.attempt, e.node, role, e.rank, e.detail, s.time) for role, e in s.events()]
+
+
+class JobQueries:
+    """The job-side SQL of every store (``Store`` derives from it): a backend brings
+    ``_all`` (run a query) and ``P`` (its placeholder)."""
+
+    P = "?"
+
+    def _all(self, sql: str, args: Sequence = ()) -> list[tuple]:  # pragma: no cover - SqlStore's
+        raise NotImplementedError
+
+    def _insert_jobs(self, conn, summaries: Sequence[JobSummary], received: float) -> list[bool]:
+        """Insert each summary unless its (cluster, job, attempt) is stored already; inside
+        the caller's transaction. True for each one stored now."""
+        p = self.P
+        sql = (f"INSERT INTO jobs ({','.join(JOB_COLS)}) VALUES ({','.join([p] * len(JOB_COLS))}) "
+               "ON CONFLICT (cluster, job, attempt) DO NOTHING")
+        stored, nodes = [], []
+        seen: set[tuple] = set()
+        for s in summaries:
+            key = (s.cluster, s.job_id, s.attempt)
+            if key in seen:                       # twice in one batch: the first counts
+                stored.append(False)
+                continue
+            seen.add(key)
+            cur = conn.execute(sql, job_row(s, received))
+            new = cur.rowcount == 1
+            stored.append(new)
+            if new:
+                nodes += node_rows(s)
+        if nodes:
+            cur = conn.cursor()
+            try:
+                cur.executemany(f"INSERT INTO job_nodes ({','.join(NODE_COLS)}) VALUES "
+                                f"({','.join([p] * len(NODE_COLS))})", nodes)
+            finally:
+                cur.close()
+        return stored
+
+    # --- reads
+
+    def job_summaries(self, job_id: str) -> list[dict[str, Any]]:
+        """Every stored attempt's summary of a job (any cluster), oldest attempt first."""
+        return [orjson.loads(b) for (b,) in self._all(
+            "SELECT body FROM jobs WHERE job = ? ORDER BY cluster, attempt", (job_id,))]
+
+    def job_events_since(self, since: float) -> list[dict[str, Any]]:
+        """Every (node, job, role) a job named since ``since``, once per job, oldest first:
+        what the node handler's job rules count."""
+        rows = self._all("SELECT node, cluster, job, role, MIN(time) FROM job_nodes WHERE time >= ? "
+                         "GROUP BY node, cluster, job, role ORDER BY MIN(time)", (since,))
+        return [{"node": n, "job": f"{c}:{j}" if c else j, "role": r, "time": t} for n, c, j, r, t in rows]
+
+    def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """Nodes ranked by the distinct jobs that named them, with the count per role."""
+        rows = self._all(
+            "SELECT node, role, COUNT(*), MAX(t) FROM (SELECT node, role, cluster, job, MAX(time) AS t "
+            "FROM job_nodes WHERE time >= ? GROUP BY node, role, cluster, job) x GROUP BY node, role",
+            (since,))
+        jobs = dict(self._all(
+            "SELECT node, COUNT(*) FROM (SELECT DISTINCT node, cluster, job FROM job_nodes WHERE time >= ?) y "
+            "GROUP BY node", (since,)))
+        out: dict[str, dict[str, Any]] = {}
+        for node, role, n, last in rows:
+            d = out.setdefault(node, {"node": node, "jobs": jobs.get(node, 0), "last": last,
+                                      **{r: 0 for r in ("excluded", "straggler", "culprit", "lost")}})
+            d[role] = n
+            d["last"] = max(d["last"], last)
+        ranked = sorted(out.values(), key=lambda d: (-d["jobs"], -(d["straggler"] + d["culprit"] + d["lost"]),
+                                                    d["node"]))
+        return ranked[:limit]
+
+    def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:
+        """Per node: vetting reports since ``since``, how many bad, the last bad one's
+        failing checks and when the node last passed."""
+        out: dict[str, dict[str, Any]] = {n: {"reports": 0, "bad": 0, "last_bad": None, "last_good": None,
+                                              "failing_checks": []} for n in nodes}
+        for i in range(0, len(nodes), 500):
+            part = list(nodes[i:i + 500])
+            marks = ",".join("?" * len(part))
+            for node, verdict, n, last in self._all(
+                    f"SELECT node, verdict, COUNT(*), MAX(time) FROM reports WHERE time >= ? AND node IN ({marks}) "
+                    "GROUP BY node, verdict", (since, *part)):
+                d = out[node]
+                d["reports"] += n
+                if verdict == "bad":
+                    d["bad"], d["last_bad"] = n, last
+                else:
+                    d["last_good"] = last
+            for node, name, n in self._all(
+                    f"SELECT node, name, COUNT(*) FROM results WHERE time >= ? AND node IN ({marks}) "
+                    "AND outcome IN ('fail', 'error') GROUP BY node, name", (since, *part)):
+                out[node]["failing_checks"].append({"check": name, "count": n})
+        for d in out.values():
+            d["failing_checks"].sort(key=lambda c: (-c["count"], c["check"]))
+            del d["failing_checks"][5:]
+        return out
+
+    def job_totals(self, since: float) -> dict[str, Any]:
+        (n, gpu_h, node_h, lost_h, lost_s, failed, hung), = self._all(
+            "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0), "
+            "COALESCE(SUM(gpu_hours_lost), 0), COALESCE(SUM(time_lost_s), 0), "
+            "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
+            f"COALESCE(SUM(CASE WHEN outcome = 'hung' THEN 1 ELSE 0 END), 0) FROM ({LATEST}) t", (since,))
+        return {"jobs": n, "gpu_hours": gpu_h, "node_hours": node_h, "gpu_hours_lost": lost_h,
+                "time_lost_s": lost_s, "failed": failed, "hung": hung}
+
+    def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
+        """Per (user, account): jobs, GPU-hours, mean GPU score, and the lowest-scoring jobs;
+        owners ordered by their GPU-hours at the lowest scores first."""
+        rows = self._all(
+            "SELECT user_name, account, COUNT(*), SUM(gpu_hours), AVG(gpu_score), "
+            "SUM(gpu_hours * (1 - gpu_score)), COALESCE(SUM(gpu_hours_lost), 0) "
+            f"FROM ({LATEST}) t WHERE gpu_score IS NOT NULL GROUP BY user_name, account", (since,))
+        owners_ = sorted(rows, key=lambda r: -(r[5] or 0))[:owners]
+        worst = self._all(
+            "SELECT user_name, account, cluster, job, attempt, gpu_score, bound, gpu_hours, ended FROM ("
+            "SELECT t.*, ROW_NUMBER() OVER (PARTITION BY user_name, account ORDER BY gpu_score, job) AS rn "
+            f"FROM ({LATEST}) t WHERE gpu_score IS NOT NULL) w WHERE rn <= ? ORDER BY gpu_score",
+            (since, per_owner))
+        by_owner: dict[tuple, list[dict[str, Any]]] = {}
+        for user, account, cluster, job, attempt, score, bound, gpu_h, ended in worst:
+            by_owner.setdefault((user, account), []).append(
+                {"job": job, "cluster": cluster, "attempt": attempt, "score": score, "bound": bound,
+                 "gpu_hours": gpu_h, "ended": ended})
+        return [{"user": u, "account": a, "jobs": n, "gpu_hours": gh, "mean_score": ms,
+                 "idle_gpu_hours": idle, "gpu_hours_lost": lost, "lowest": by_owner.get((u, a), [])}
+                for u, a, n, gh, ms, idle, lost in owners_]
+
+    def lost_by_account(self, since: float) -> list[dict[str, Any]]:
+        rows = self._all(
+            "SELECT account, COUNT(*), SUM(gpu_hours), COALESCE(SUM(gpu_hours_lost), 0), "
+            f"COALESCE(SUM(time_lost_s), 0) FROM ({LATEST}) t GROUP BY account", (since,))
+        return sorted(({"account": a, "jobs": n, "gpu_hours": gh, "gpu_hours_lost": lh, "time_lost_s": ls}
+                       for a, n, gh, lh, ls in rows), key=lambda d: (-d["gpu_hours_lost"], -d["gpu_hours"]))
