@@ -44,6 +44,15 @@ def _reflow(paragraphs: list[str], markup_mode: Any) -> str:
 typer.rich_utils._fix_linebreaks = _reflow
 
 
+def _click_usage_error() -> type[Exception]:
+    """The usage error of the click that Typer runs on (its own copy from 0.29, click before)."""
+    import importlib
+    try:
+        return importlib.import_module("typer._click.exceptions").UsageError
+    except ImportError:
+        return importlib.import_module("click.exceptions").UsageError
+
+
 class Group(typer.core.TyperGroup):
     """The class of every hpcml command group, and the one place a command's error ends it.
 
@@ -57,6 +66,14 @@ class Group(typer.core.TyperGroup):
     def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
+        except _click_usage_error() as exc:      # a bad flag value: one line, exit 2, as for our own errors
+            err: Any = exc                       # click's UsageError: ctx, format_message()
+            where = err.ctx
+            if where is None or where.resilient_parsing:
+                raise
+            message = " ".join(err.format_message().split())
+            print(f"{' '.join(command_words(where))}: error: {message}", file=sys.stderr)
+            raise typer.Exit(2) from None
         except HpcmlError as exc:
             from hpcml.cli_report import report
             name = ctx.invoked_subcommand

@@ -12,7 +12,7 @@ from hpcml.errors import SlurmError, UsageError
 from hpcml.vet.fleet import handler
 from hpcml.vet.fleet.handler import NodeState, Refused
 from hpcml.vet.fleet.rules import DEFAULT_RULES, load, loads
-from hpcml.vet.fleet.sources import JsonDirSource, Result
+from hpcml.vet.fleet.sources import JOB_CHECK, JsonDirSource, Result
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 RULES = """\
@@ -422,3 +422,82 @@ def test_store_source_reads_the_collectors_sqlite_store(tmp_path):
     store.close()
     got = list(StoreSource(url).results_since(NOW - timedelta(hours=1)))
     assert got == [Result("n1", "gpu", "gpu", "error", NOW, "7")]
+
+
+# --- job outcomes (hpcml run's summaries in the collector) --------------------------------
+
+JOB_RULES = """\
+name: jobs
+max_drain_fraction: 50%
+rules:
+  - name: hurts-jobs
+    match: {job: [straggler, culprit]}
+    count: 3
+    window: 7 d
+    reason: "hpcml: straggler or hang culprit in {count} jobs in {window}"
+  - name: any-failure
+    match: {check: "*"}
+    count: 2
+    window: 7 d
+"""
+
+
+def job_event(node, role, days_ago, job):
+    return Result(node, JOB_CHECK, role, "fail", NOW - timedelta(days=days_ago), job)
+
+
+def test_a_node_named_in_three_jobs_in_a_week_is_drained_and_each_job_counts_once():
+    events = [job_event("n1", "straggler", 1, "a"), job_event("n1", "culprit", 2, "b"),
+              job_event("n1", "straggler", 6, "c"),
+              job_event("n2", "straggler", 1, "a"), job_event("n2", "culprit", 1, "a"),   # one job, twice
+              job_event("n2", "straggler", 2, "b"), job_event("n2", "straggler", 9, "c"),  # out of the week
+              job_event("n3", "excluded", 1, "a"), job_event("n3", "lost", 2, "b"),        # other roles
+              job_event("n3", "excluded", 3, "c")]
+    p = handler.plan(cat(JOB_RULES), events, nodes(), {}, NOW)
+    assert [(a.node, a.action, a.rule) for a in p.actions] == [("n1", "drain", "hurts-jobs")]
+    a = p.actions[0]
+    assert a.reason == "hpcml: straggler or hang culprit in 3 jobs in 7 d"
+    assert a.evidence["jobs"] == ["a", "b", "c"] and a.evidence["results"] == 3
+
+
+def test_vetting_rules_do_not_count_job_events_and_job_rules_do_not_count_results():
+    only_jobs = [job_event("n1", "straggler", d, str(d)) for d in (1, 2)]
+    assert handler.plan(cat(JOB_RULES), only_jobs, nodes(), {}, NOW).actions == []    # 'any-failure' ignores them
+    # a site's check whose type happens to be a role is a vetting result, never a job
+    results = [res("n1", "fail", h, check="job", type_="straggler", job=str(h)) for h in (1, 2, 3)]
+    assert [a.rule for a in handler.plan(cat(JOB_RULES), results, nodes(), {}, NOW).actions] == ["any-failure"]
+
+
+def test_a_job_rule_cannot_resume_by_passes():
+    text = JOB_RULES.replace('    reason: "hpcml: straggler', "    resume_after: {passes: 1}\n    reason: \"hpcml: straggler")
+    with pytest.raises(UsageError, match="resume_after: a rule on job outcomes"):
+        loads(text, "r.yaml")
+    with pytest.raises(UsageError, match="job"):
+        loads(JOB_RULES.replace("[straggler, culprit]", "[slowpoke]"), "r.yaml")
+
+
+def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path):
+    """Summaries in a real store, read by the handler's StoreSource, through the default rules."""
+    import time as _time
+
+    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.vet.fleet.sources import StoreSource
+    from tests.vet.fleet.jobdocs import event, summary
+    url = f"sqlite:///{tmp_path}/c.db"
+    store = open_store(url)
+    now = _time.time()
+    store.add_jobs([JobSummary.model_validate(summary(str(j), ended=now - 3600 * j, nodes=["n1", "n2"],
+                                                      stragglers=[event("n2", 1)] if j < 3 else [],
+                                                      culprits=[event("n2", 0)] if j == 3 else []))
+                    for j in range(5)])
+    store.close()
+    results = list(StoreSource(url).results_since(datetime.now(timezone.utc) - timedelta(days=8)))
+    assert {(r.node, r.type) for r in results} == {("n2", "straggler"), ("n2", "culprit")}
+    p = handler.plan(load(DEFAULT_RULES), results, nodes(), {}, datetime.now(timezone.utc))
+    assert [(a.node, a.action, a.rule) for a in p.actions] == [("n2", "drain", "hurts-jobs")]
+    assert a_reason_names_jobs(p.actions[0].reason)
+
+
+def a_reason_names_jobs(reason: str) -> bool:
+    return reason.startswith("hpcml:") and "4 jobs in 7 d" in reason

@@ -4,7 +4,7 @@ The handler needs only "every result since T", so it depends on this small read
 interface rather than on a store: ``JsonDirSource`` reads the report.json files that
 ``hpcml vet`` leaves behind, ``StoreSource`` adapts the results collector's store, and with it
 the job summaries' node events (a straggler or hang culprit named by a job), as results of
-the check ``job`` whose type is the role.
+the check ``@job`` whose type is the role.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from hpcml.errors import UsageError
 from hpcml.schemas import check
 from hpcml.vet.model import REPORT_SCHEMA
 
-JOB_CHECK = "job"            # rules.JOB_CHECK: a job summary named the node (type: the role)
+JOB_CHECK = "@job"           # the check of a job summary's node event (type: the role); no protocol check is named so
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
 
 

@@ -1,0 +1,191 @@
+"""``hpcml run --collector``: each job's summary reaches a real collector (``hpcml vet serve``
+in its own process, SQLite) exactly once, whatever happens to the collector or the sender.
+
+"Exactly once" is counted in the collector's database after the faults: rows of ``jobs``
+per (job, attempt). The job itself is a real local ``hpcml run``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import random
+import signal
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from hpcml.ports import free_port
+from tests.run.test_watch import TASK, hpcml
+
+TOKEN = "summary-token-0123456789"
+TRAIN = """
+import os, time
+from hpcml import observe
+for i in range(12):
+    with observe.section("step"):
+        time.sleep(0.02)
+    observe.log(step=i, tokens_per_s=500.0)
+"""
+
+
+class Collector:
+    """``hpcml vet serve`` on a free loopback port, its store a SQLite file."""
+
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.db = root / "centre.db"
+        self.port = port or free_port("127.0.0.1")
+        self.url = f"http://127.0.0.1:{self.port}"
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> Collector:
+        env = {**os.environ, "HPCML_VET_TOKEN": TOKEN}
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", f"sqlite:///{self.db}",
+                                      "--port", str(self.port)], env=env, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert "listening on" in line, line
+        return self
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+            self.proc.wait(30)
+
+    def rows(self) -> list[tuple]:
+        if not self.db.exists():
+            return []
+        with sqlite3.connect(self.db) as conn:
+            return conn.execute("SELECT job, attempt, outcome, body FROM jobs ORDER BY job, attempt").fetchall()
+
+
+@pytest.fixture
+def collector(tmp_path):
+    c = Collector(tmp_path)
+    try:
+        yield c
+    finally:
+        c.stop()
+
+
+def run_job(tmp_path: Path, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+    (tmp_path / "train.py").write_text(TRAIN)
+    return hpcml("run", "--ntasks", "2", "--dir", "job", "--interval", "0.2", *args, "--", "python", "train.py",
+                 cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN, **(env or {})})
+
+
+def test_a_finished_job_is_summarised_into_the_collector(tmp_path, collector):
+    collector.start()
+    p = run_job(tmp_path, "--collector", collector.url, env={"SLURM_JOB_ACCOUNT": "a-proj", "USER": "alice"})
+    assert p.returncode == 0, p.stderr
+    assert "summary not sent" not in p.stderr
+    (job, attempt, outcome, body), = collector.rows()
+    doc = json.loads(body)
+    jsonschema.validate(doc, schemas.load("job.summary"), cls=jsonschema.Draft202012Validator)
+    assert job.startswith("local-") and attempt == 0 and outcome == "completed"
+    assert doc["user"] == "alice" and doc["exit_code"] == 0 and doc["ntasks"] == 2 and doc["attempts"] == 1
+    assert doc["throughput"] == {"median": 500.0, "unit": "tokens_per_s"} and doc["duration_s"] > 0
+    spooled = json.loads((tmp_path / "job" / "summary" / "attempt-0.json").read_text())
+    assert spooled["job_id"] == job and (tmp_path / "job" / "summary" / "attempt-0.sent").exists()
+
+
+def test_a_collector_that_is_down_neither_fails_the_job_nor_loses_the_summary(tmp_path, collector):
+    """Nothing listens at the URL: the job exits 0 with one warning; the summary waits in the
+    spool; ``hpcml report --send`` delivers it once the collector is up, and sending it
+    again (markers removed, as after a crash between the send and the mark) stores nothing."""
+    p = run_job(tmp_path, "--collector", collector.url)
+    assert p.returncode == 0, p.stderr
+    warned = [line for line in p.stderr.splitlines() if "summary not sent" in line]
+    assert len(warned) == 1 and "hpcml report" in warned[0] and "--send" in warned[0], p.stderr
+    spool = tmp_path / "job" / "summary"
+    assert (spool / "attempt-0.json").exists() and not (spool / "attempt-0.sent").exists()
+    collector.start()
+    sent = hpcml("report", "job", "--send", "--collector", collector.url, cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
+    assert sent.returncode == 0 and "1 sent, 0 left" in sent.stderr, sent.stderr
+    (spool / "attempt-0.sent").unlink()
+    again = hpcml("report", "job", "--send", "--collector", collector.url, cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
+    assert again.returncode == 0, again.stderr
+    assert len(collector.rows()) == 1
+
+
+def test_send_killed_at_random_moments_stores_each_summary_once(tmp_path, collector):
+    """kill -9 of ``hpcml report --send`` at random moments, many times, four attempts'
+    summaries waiting: afterwards every attempt is stored exactly once."""
+    p = run_job(tmp_path)
+    assert p.returncode == 0, p.stderr
+    spool = tmp_path / "job" / "summary"
+    first = json.loads((spool / "attempt-0.json").read_text())
+    for n in (1, 2, 3):                       # later attempts of the same job, as a requeue leaves them
+        (spool / f"attempt-{n}.json").write_text(json.dumps({**first, "attempt": n}))
+    collector.start()
+    env = {**os.environ, "HPCML_VET_TOKEN": TOKEN, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    rng = random.Random(38)
+    for _ in range(12):
+        sender = subprocess.Popen([sys.executable, "-m", "hpcml", "report", "job", "--send", "--collector",
+                                   collector.url], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL)
+        time.sleep(rng.uniform(0.2, 2.5))
+        sender.kill()
+        sender.wait()
+        for marker in spool.glob("*.sent"):   # as if every kill came before the marks
+            if rng.random() < 0.5:
+                marker.unlink()
+    last = hpcml("report", "job", "--send", "--collector", collector.url, cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
+    assert last.returncode == 0, last.stderr
+    rows = collector.rows()
+    assert [(r[0], r[1]) for r in rows] == [(first["job_id"], n) for n in range(4)]
+    assert not list(spool.glob(".*.tmp")), "a killed sender left a temporary file"
+
+
+def test_two_senders_at_once_store_each_summary_once(tmp_path, collector):
+    p = run_job(tmp_path)
+    assert p.returncode == 0, p.stderr
+    collector.start()
+    env = {**os.environ, "HPCML_VET_TOKEN": TOKEN, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    senders = [subprocess.Popen([sys.executable, "-m", "hpcml", "report", "job", "--send", "--collector",
+                                 collector.url], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                                stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for s in senders:
+        _, err = s.communicate(timeout=120)
+        assert s.returncode == 0, err
+    assert len(collector.rows()) == 1
+
+
+@pytest.mark.parametrize("args, key", [
+    (("run", "--collector", "ftp://centre:21", "--", "true"), "--collector"),
+    (("run", "--collector", "centre:8787", "--", "true"), "--collector"),
+    (("report", "job", "--send"), "--send"),
+])
+def test_a_collector_url_that_is_not_http_is_one_line_exit_2(tmp_path, args, key):
+    p = hpcml(*args, cwd=tmp_path, env={"HPCML_COLLECTOR": ""})
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and key in lines[0] and "Traceback" not in p.stderr, p.stderr
+    assert not (tmp_path / "job").exists() or args[0] == "report"
+
+
+@pytest.mark.torch
+def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector):
+    """A real 2-rank DDP job whose rank 1 hangs in its collective: the summary names the
+    culprit rank and its node, the outcome is hung, and the fleet report ranks that node."""
+    collector.start()
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "2s", "--kill-grace", "3",
+              "--collector", collector.url, "--", "python", TASK, cwd=tmp_path,
+              env={"FAULT": "collective", "HPCML_VET_TOKEN": TOKEN})
+    assert p.returncode == 5, p.stderr
+    (_, _, outcome, body), = collector.rows()
+    doc = json.loads(body)
+    assert outcome == "hung" and doc["exit_code"] == 5
+    (culprit,) = doc["culprits"]
+    assert culprit["rank"] == 1 and culprit["node"] == doc["nodes"][0]
+    rep = hpcml("vet", "fleet-report", "--db", f"sqlite:///{collector.db}", "--since", "1d", "--json", cwd=tmp_path)
+    assert rep.returncode == 0, rep.stderr
+    fleet = json.loads(rep.stdout)
+    assert fleet["nodes"][0]["node"] == culprit["node"] and fleet["nodes"][0]["culprit"] == 1
+    assert fleet["totals"]["hung"] == 1

@@ -1,0 +1,34 @@
+"""Job summaries shaped exactly as ``hpcml.run.summary.build`` writes them, for the
+collector's and the centre report's tests and benchmark."""
+
+from __future__ import annotations
+
+import time
+from typing import Any
+
+
+def event(node: str, rank: int | None = None, attempt: int = 0, detail: str = "") -> dict[str, Any]:
+    return {"node": node, "rank": rank, "attempt": attempt, "detail": detail}
+
+
+def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user: str | None = "alice",
+            account: str | None = "a1", ended: float | None = None, hours: float = 1.0, gpus_per_node: int = 4,
+            score: float | None = 0.5, bound: str | None = "memory", outcome: str = "completed",
+            stragglers: list[dict] | None = None, culprits: list[dict] | None = None,
+            excluded: list[dict] | None = None, lost: list[dict] | None = None,
+            time_lost_s: float | None = None, cluster: str = "alps") -> dict[str, Any]:
+    nodes = nodes or ["nid001", "nid002"]
+    ended = time.time() - 60 if ended is None else ended
+    gpus = gpus_per_node * len(nodes)
+    return {
+        "schema": "hpcml.job.summary/1", "cluster": cluster, "job_id": job, "attempt": attempt,
+        "user": user, "account": account, "partition": "normal", "started": ended - hours * 3600,
+        "ended": ended, "duration_s": hours * 3600, "exit_code": 5 if outcome == "hung" else 0 if outcome == "completed"
+        else 1, "outcome": outcome, "nodes": nodes, "ntasks": gpus, "gpus": gpus if score is not None else 0,
+        "excluded": excluded or [], "stragglers": stragglers or [], "culprits": culprits or [], "lost": lost or [],
+        "gpu": {"score": score, "bound": bound if score is not None else None},
+        "throughput": {"median": 1234.5, "unit": "samples/s"}, "attempts": attempt + 1,
+        "time_lost_s": time_lost_s, "node_hours": hours * len(nodes),
+        "gpu_hours": hours * gpus if score is not None else 0.0,
+        "gpu_hours_lost": (time_lost_s / 3600 * gpus) if time_lost_s is not None and score is not None else None,
+    }

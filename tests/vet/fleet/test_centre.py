@@ -1,0 +1,116 @@
+"""``hpcml vet fleet-report``: job summaries and vetting results joined, on SQLite and on
+PostgreSQL; terminal, ``--json`` (checked against its schema) and the HTML page in Chromium."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from hpcml.vet.fleet.centre import build
+from hpcml.vet.fleet.collector.jobschema import JobSummary
+from hpcml.vet.fleet.collector.schema import NodeReport
+from hpcml.vet.fleet.collector.store import open_store
+from tests.observe.browser import render
+from tests.vet.fleet.jobdocs import event, summary
+
+DAY = 86400.0
+HOSTILE = "<img src=x onerror=alert(1)>"
+
+
+def vet(node: str, t: float, bad: bool) -> NodeReport:
+    return NodeReport.model_validate({
+        "job_id": "v", "node": node, "time": t, "protocol": "gpu", "verdict": "bad" if bad else "good",
+        "results": [{"name": "gemm", "type": "compute", "outcome": "fail" if bad else "pass"},
+                    {"name": "ecc", "type": "gpu", "outcome": "pass"}]})
+
+
+@pytest.fixture
+def centre(db_url):
+    """Five jobs this week, one 40 days ago; nid007 slows or hangs three of them yet passes
+    vetting, nid003 is excluded by vetting twice, job 12 was requeued (two attempts)."""
+    now = time.time()
+    docs = [
+        summary("10", ended=now - 1 * DAY, score=0.2, stragglers=[event("nid007", 3)]),
+        summary("11", ended=now - 2 * DAY, score=0.9, culprits=[event("nid007", 1)],
+                excluded=[event("nid003", detail="gemm")], outcome="hung", time_lost_s=1800),
+        summary("12", 0, ended=now - 3 * DAY, score=0.6, stragglers=[event("nid007", 2)], outcome="requeued"),
+        summary("12", 1, ended=now - 3 * DAY + 600, score=0.6, stragglers=[event("nid007", 2, attempt=0)],
+                excluded=[event("nid003", detail="gemm")], hours=2.0),
+        summary("13", ended=now - 4 * DAY, user=HOSTILE, account="b2", score=0.8, hours=3.0),
+        summary("14", ended=now - 40 * DAY, stragglers=[event("nid009", 0)], culprits=[event("nid009", 0)]),
+    ]
+    store = open_store(db_url)
+    store.add_jobs([JobSummary.model_validate(d) for d in docs])
+    store.add([vet("nid007", now - d * DAY, False) for d in (1, 2, 3, 4)]
+              + [vet("nid003", now - d * DAY, True) for d in (2, 3)])
+    try:
+        yield store
+    finally:
+        store.close()
+
+
+def test_nodes_that_hurt_jobs_come_first_beside_their_vetting(centre):
+    rep = build(centre, 30 * DAY)
+    jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+    first, second = rep["nodes"][:2]
+    # job 12's two attempts name nid007 twice: one job
+    assert (first["node"], first["jobs"], first["straggler"], first["culprit"]) == ("nid007", 3, 2, 1)
+    assert first["vet"]["reports"] == 4 and first["vet"]["bad"] == 0
+    assert (second["node"], second["jobs"], second["excluded"]) == ("nid003", 2, 2)
+    assert second["vet"]["bad"] == 2 and second["vet"]["failing_checks"] == [{"check": "gemm", "count": 2}]
+    assert "nid009" not in {n["node"] for n in rep["nodes"]}           # 40 days ago
+    assert build(centre, 60 * DAY)["nodes"][0]["node"] in ("nid007", "nid009")
+
+
+def test_totals_count_each_job_once_at_its_latest_attempt(centre):
+    t = build(centre, 30 * DAY)["totals"]
+    # jobs 10, 11, 12 (attempt 1: 2 h), 13 (3 h); 2 nodes x 4 GPUs each
+    assert t["jobs"] == 4 and t["hung"] == 1
+    assert t["gpu_hours"] == pytest.approx(8 * (1 + 1 + 2 + 3))
+    assert t["gpu_hours_lost"] == pytest.approx(0.5 * 8) and t["time_lost_s"] == pytest.approx(1800)
+
+
+def test_lowest_scores_per_owner(centre):
+    owners = build(centre, 30 * DAY, per_owner=2)["owners"]
+    alice = next(o for o in owners if o["user"] == "alice")
+    assert alice["jobs"] == 3 and [j["job"] for j in alice["lowest"]] == ["10", "12"]
+    assert alice["lowest"][0]["score"] == pytest.approx(0.2) and alice["lowest"][0]["bound"] == "memory"
+    assert alice["mean_score"] == pytest.approx((0.2 + 0.9 + 0.6) / 3)
+    # alice leaves 8*(0.8 + 0.1) + 16*0.4 = 13.6 GPU-h idle, the hostile user 24*0.2 = 4.8: alice first
+    assert owners[0]["user"] == "alice" and owners[1]["user"] == HOSTILE
+
+
+def test_the_command_terminal_json_and_html(centre, db_url, tmp_path):
+    base = [sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", db_url, "--since", "30d"]
+    text = subprocess.run(base + ["--html", str(tmp_path / "centre.html")], capture_output=True, text=True,
+                          timeout=120)
+    assert text.returncode == 0, text.stderr
+    assert "nid007: 3 jobs (straggler 2, culprit 1)" in text.stdout and "vetting never caught it" in text.stdout
+    doc = json.loads(subprocess.run(base + ["--json"], capture_output=True, text=True, timeout=120).stdout)
+    jsonschema.validate(doc, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+    page = (tmp_path / "centre.html").read_text()
+    assert "<script" not in page and "http" not in page.split("</title>", 1)[1]   # offline, nothing to fetch
+    pixels, dom = render(tmp_path / "centre.html", tmp_path)
+    assert "nid007" in dom and "vetting never caught it" in dom and "32.0 GPU-hours" not in dom
+    assert HOSTILE not in dom and "&lt;img src=x" in dom                  # shown, never run
+    assert pixels.std() > 10                                               # something was drawn
+
+
+@pytest.mark.parametrize("args, key", [(["--since", "soon"], "--since"), (["--top", "0"], "--top")])
+def test_bad_options_are_one_line_exit_2(tmp_path, args, key):
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db",
+                        f"sqlite:///{tmp_path}/c.db", *args], capture_output=True, text=True, timeout=60)
+    assert p.returncode == 2 and key in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
+
+
+def test_an_empty_store_says_so(tmp_path):
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", f"sqlite:///{tmp_path}/c.db"],
+                       capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert "0 jobs" in p.stdout and "no job named a node" in p.stdout

@@ -1,0 +1,164 @@
+"""Job summaries in a real collector (``POST /v1/jobs``), on SQLite and on PostgreSQL: stored
+once per (cluster, job, attempt), refused whole when bad, and older databases migrated."""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import textwrap
+
+import jsonschema
+import pytest
+
+from hpcml import schemas
+from hpcml.vet.fleet.collector.store import SCHEMA_VERSION, StoreError, open_store
+from tests.vet.fleet.conftest import READ_TOKEN, TOKEN
+from tests.vet.fleet.jobdocs import event, summary
+from tests.vet.fleet.test_collector import call
+
+
+def jobs_stored(server) -> tuple[int, int]:
+    n = server.store.count()
+    return n["jobs"], n["job_nodes"]
+
+
+def test_the_fixture_is_what_hpcml_run_writes():
+    doc = summary("1", stragglers=[event("nid001", 3)])
+    jsonschema.validate(doc, schemas.load("job.summary"), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_summary_is_stored_once_however_often_it_is_sent(collector):
+    one = summary("100", stragglers=[event("nid002", 5)], culprits=[event("nid001", 0)])
+    code, answer = call(collector, "POST", "/v1/jobs", one)
+    assert (code, answer) == (201, {"stored": 1, "duplicates": 0})
+    code, answer = call(collector, "POST", "/v1/jobs", one)
+    assert (code, answer) == (200, {"stored": 0, "duplicates": 1})
+    batch = [one, summary("100", 1), summary("101"), summary("101")]
+    code, answer = call(collector, "POST", "/v1/jobs", batch)
+    assert (code, answer) == (201, {"stored": 2, "duplicates": 2})
+    assert jobs_stored(collector) == (3, 2)
+    code, job = call(collector, "GET", "/v1/jobs/100", token=READ_TOKEN)
+    assert code == 200 and [s["attempt"] for s in job["summaries"]] == [0, 1]
+    assert job["summaries"][0]["culprits"] == [{"node": "nid001", "rank": 0, "attempt": 0, "detail": ""}]
+    assert call(collector, "POST", "/v1/jobs", summary("102"), token=READ_TOKEN)[0] == 401
+
+
+def test_the_same_job_id_on_two_clusters_is_two_jobs(collector):
+    call(collector, "POST", "/v1/jobs", [summary("7", cluster="alps"), summary("7", cluster="eiger")])
+    assert jobs_stored(collector)[0] == 2
+
+
+GOOD = summary("200")
+
+
+@pytest.mark.parametrize("body, words", [
+    ({**GOOD, "schema": "hpcml.job.summary/2"}, "schema: written by a newer hpcml"),
+    ({**GOOD, "schema": "hpcml.vet/1"}, "schema: not an hpcml.job.summary document"),
+    ({k: v for k, v in GOOD.items() if k != "schema"}, "schema: no schema tag"),
+    ({k: v for k, v in GOOD.items() if k != "job_id"}, "job_id: Field required"),
+    ({**GOOD, "outcome": "exploded"}, "outcome:"),
+    ({**GOOD, "gpu_hours": -1}, "gpu_hours:"),
+    ({**GOOD, "gpu": {"score": 1.5}}, "gpu.score:"),
+    ({**GOOD, "nodes": ["n" * 256]}, "nodes.0:"),
+    ({**GOOD, "stragglers": [{"node": "nid\x00001"}]}, "stragglers.0.node:"),
+    ([GOOD, {**GOOD, "attempt": -1}], "1.attempt:"),
+    (42, "body: expected a job summary"),
+    (b"{not json", "invalid JSON"),
+])
+def test_a_bad_summary_is_refused_whole_and_nothing_is_stored(collector, body, words):
+    code, answer = call(collector, "POST", "/v1/jobs", body)
+    assert code == 400 and words in answer["error"], answer
+    assert "\n" not in answer["error"]
+    assert jobs_stored(collector) == (0, 0)
+    assert call(collector, "GET", "/healthz", token=None)[0] == 200
+
+
+def test_oversized_and_unauthorised_summaries(collector):
+    big = summary("300", nodes=[f"nid{i:06d}" for i in range(20_000)])
+    assert call(collector, "POST", "/v1/jobs", big)[0] == 413          # the fixture's limit: 64 KiB
+    assert call(collector, "POST", "/v1/jobs", GOOD, token="wrong-token")[0] == 401
+    assert call(collector, "POST", "/v1/jobs", GOOD, token=None)[0] == 401
+    assert jobs_stored(collector) == (0, 0)
+    assert call(collector, "POST", "/v1/jobs", GOOD)[0] == 201
+
+
+SENDER = textwrap.dedent("""
+    import json, sys
+    from hpcml.vet.fleet.collector.client import post
+    docs = json.load(sys.stdin)
+    for i in range(0, len(docs), 20):
+        why = post(sys.argv[1], "/v1/jobs", docs[i:i + 20], sys.argv[2], 30)
+        assert why is None, why
+""")
+
+
+def test_two_processes_sending_the_same_summaries_at_once_store_each_once(collector):
+    docs = [summary(str(1000 + i), stragglers=[event(f"nid{i % 7:03d}", i % 4)]) for i in range(300)]
+    procs = [subprocess.Popen([sys.executable, "-c", SENDER, collector.url, TOKEN], stdin=subprocess.PIPE,
+                              stderr=subprocess.PIPE, text=True) for _ in range(2)]
+    for p in procs:
+        assert p.stdin is not None
+        p.stdin.write(json.dumps(docs if p is procs[0] else docs[::-1]))
+        p.stdin.close()
+    for p in procs:
+        assert p.wait(120) == 0, p.stderr.read() if p.stderr else ""
+    assert jobs_stored(collector) == (300, 300)
+
+
+def _version_1(url: str) -> None:
+    """A database as the collector before job summaries left it: the vetting tables, one
+    report in them, no version row."""
+    if url.startswith("sqlite"):
+        from hpcml.vet.fleet.collector.sqlite import DDL, path_of
+        with sqlite3.connect(path_of(url)) as conn:
+            conn.executescript(DDL)
+            conn.execute("INSERT INTO reports VALUES (1, 'j1', 'nid001', 1.0, 'cpu', 'bad', 2.0)")
+            conn.execute("INSERT INTO results VALUES (1, 0, 'nid001', 'j1', 1.0, 'mem', 'memory', 'fail', "
+                         "1.0, NULL, 'GB', 'low', 0.1)")
+        return
+    import psycopg
+
+    from hpcml.vet.fleet.collector.postgres import DDL as PG_DDL
+    with psycopg.connect(url, autocommit=True) as conn:
+        for stmt in filter(str.strip, PG_DDL.split(";")):
+            conn.execute(stmt)
+        conn.execute("INSERT INTO reports (job, node, time, protocol, verdict, received) "
+                     "VALUES ('j1', 'nid001', 1.0, 'cpu', 'bad', 2.0)")
+        conn.execute("INSERT INTO results VALUES (1, 0, 'nid001', 'j1', 1.0, 'mem', 'memory', 'fail', "
+                     "1.0, NULL, 'GB', 'low', 0.1)")
+
+
+def _set_version(url: str, version: int) -> None:
+    if url.startswith("sqlite"):
+        from hpcml.vet.fleet.collector.sqlite import path_of
+        with sqlite3.connect(path_of(url)) as conn:
+            conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
+        return
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE meta SET value = %s WHERE key = 'schema_version'", (str(version),))
+
+
+def test_a_version_1_database_is_migrated_with_its_results_kept(db_url):
+    _version_1(db_url)
+    store = open_store(db_url)
+    try:
+        assert store.count() == {"reports": 1, "results": 1, "jobs": 0, "job_nodes": 0}
+        assert store.history("nid001")[0]["results"][0]["name"] == "mem"
+        assert store.failing(0.0)[0]["node"] == "nid001"
+        (version,), = store._all("SELECT value FROM meta WHERE key = 'schema_version'")
+        assert int(version) == SCHEMA_VERSION
+        from hpcml.vet.fleet.collector.jobschema import JobSummary
+        assert store.add_jobs([JobSummary.model_validate(summary("9"))]) == [True]
+    finally:
+        store.close()
+    again = open_store(db_url)                 # opening a migrated database changes nothing
+    try:
+        assert again.count() == {"reports": 1, "results": 1, "jobs": 1, "job_nodes": 0}
+    finally:
+        again.close()
+    _set_version(db_url, SCHEMA_VERSION + 1)
+    with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, written by a newer hpcml"):
+        open_store(db_url)
