@@ -74,6 +74,12 @@ def test_totals_count_each_job_once_at_its_latest_attempt(centre):
     assert t["jobs"] == 4 and t["hung"] == 1
     assert t["gpu_hours"] == pytest.approx(8 * (1 + 1 + 2 + 3))
     assert t["gpu_hours_lost"] == pytest.approx(0.5 * 8) and t["time_lost_s"] == pytest.approx(1800)
+    # a requeued job whose attempt 1 arrives before its attempt 0 still counts at attempt 1
+    now = time.time()
+    centre.add_jobs([JobSummary.model_validate(summary("15", 1, ended=now - DAY, hours=5.0))])
+    centre.add_jobs([JobSummary.model_validate(summary("15", 0, ended=now - DAY - 3600, outcome="requeued"))])
+    t = build(centre, 30 * DAY)["totals"]
+    assert t["jobs"] == 5 and t["gpu_hours"] == pytest.approx(8 * (1 + 1 + 2 + 3 + 5))
 
 
 def test_lowest_scores_per_owner(centre):

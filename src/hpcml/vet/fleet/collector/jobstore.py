@@ -28,9 +28,9 @@ CREATE TABLE IF NOT EXISTS jobs (
   node_hours DOUBLE PRECISION NOT NULL, gpu_hours DOUBLE PRECISION NOT NULL,
   time_lost_s DOUBLE PRECISION, gpu_hours_lost DOUBLE PRECISION, gpu_score DOUBLE PRECISION,
   bound TEXT, throughput DOUBLE PRECISION, throughput_unit TEXT, attempts INTEGER NOT NULL,
-  received DOUBLE PRECISION NOT NULL, body TEXT NOT NULL,
+  received DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, latest INTEGER NOT NULL DEFAULT 1,
   PRIMARY KEY (cluster, job, attempt));
-CREATE INDEX IF NOT EXISTS jobs_time ON jobs (time);
+CREATE INDEX IF NOT EXISTS jobs_latest_time ON jobs (latest, time);
 CREATE TABLE IF NOT EXISTS job_nodes (
   cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL, node TEXT NOT NULL,
   role TEXT NOT NULL, rank INTEGER, detail TEXT NOT NULL, time DOUBLE PRECISION NOT NULL);
@@ -42,9 +42,8 @@ JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name
             "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
             "attempts", "received", "body")
 NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time")
-#: each job's latest attempt since a time (one row per job)
-LATEST = ("SELECT * FROM jobs j WHERE j.time >= ? AND NOT EXISTS (SELECT 1 FROM jobs k WHERE "
-          "k.cluster = j.cluster AND k.job = j.job AND k.attempt > j.attempt)")
+#: each job's latest attempt since a time (one row per job; ``latest`` is kept by the insert)
+LATEST = "SELECT * FROM jobs WHERE latest = 1 AND time >= ?"
 
 
 def job_row(s: JobSummary, received: float) -> tuple:
@@ -75,27 +74,45 @@ class JobQueries:
         p = self.P
         sql = (f"INSERT INTO jobs ({','.join(JOB_COLS)}) VALUES ({','.join([p] * len(JOB_COLS))}) "
                "ON CONFLICT (cluster, job, attempt) DO NOTHING")
-        stored, nodes = [], []
-        seen: set[tuple] = set()
-        for s in summaries:
-            key = (s.cluster, s.job_id, s.attempt)
-            if key in seen:                       # twice in one batch: the first counts
-                stored.append(False)
-                continue
-            seen.add(key)
-            cur = conn.execute(sql, job_row(s, received))
-            new = cur.rowcount == 1
-            stored.append(new)
-            if new:
-                nodes += node_rows(s)
-        if nodes:
-            cur = conn.cursor()
-            try:
+        first: dict[tuple, int] = {}
+        for i, s in enumerate(summaries):          # twice in one batch: the first counts
+            first.setdefault((s.cluster, s.job_id, s.attempt), i)
+        todo = sorted(first.values())
+        new = self._insert_new(conn, sql, [job_row(summaries[i], received) for i in todo])
+        stored = [False] * len(summaries)
+        for i, ok in zip(todo, new):
+            stored[i] = ok
+        kept = [s for s, ok in zip(summaries, stored) if ok]
+        cur = conn.cursor()
+        try:
+            if kept:
                 cur.executemany(f"INSERT INTO job_nodes ({','.join(NODE_COLS)}) VALUES "
-                                f"({','.join([p] * len(NODE_COLS))})", nodes)
-            finally:
-                cur.close()
+                                f"({','.join([p] * len(NODE_COLS))})", [r for s in kept for r in node_rows(s)])
+                # only a job's highest attempt is its latest, whichever arrived last
+                cur.executemany(f"UPDATE jobs SET latest = 0 WHERE cluster = {p} AND job = {p} AND latest = 1 AND "
+                                f"attempt < (SELECT MAX(attempt) FROM jobs WHERE cluster = {p} AND job = {p})",
+                                sorted({(s.cluster, s.job_id, s.cluster, s.job_id) for s in kept if s.attempt > 0}
+                                       | self._late_first_attempts(conn, kept)))
+        finally:
+            cur.close()
         return stored
+
+    def _insert_new(self, conn, sql: str, rows: list[tuple]) -> list[bool]:
+        """Run the insert for each row; True where a row was added (a backend may batch it)."""
+        return [conn.execute(sql, row).rowcount == 1 for row in rows]
+
+    def _late_first_attempts(self, conn, kept: Sequence[JobSummary]) -> set[tuple]:
+        """Jobs whose attempt 0 arrived after a later attempt (rare): their keys for the update."""
+        keys = sorted({(s.cluster, s.job_id) for s in kept if s.attempt == 0})
+        out: set[tuple] = set()
+        p = self.P
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            rows = conn.execute(f"SELECT DISTINCT cluster, job FROM jobs WHERE attempt > 0 AND (cluster, job) IN "
+                                f"(VALUES {','.join([f'({p}, {p})'] * len(part))})",
+                                [v for k in part for v in k]).fetchall()
+            out |= {(c, j, c, j) for c, j in rows}
+        return out
 
     # --- reads
 

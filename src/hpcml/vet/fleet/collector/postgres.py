@@ -58,6 +58,19 @@ class PostgresStore(SqlStore):
             for stmt in filter(str.strip, DDL.split(";")):
                 conn.execute(stmt)
 
+    def _insert_new(self, conn, sql: str, rows: list[tuple]) -> list[bool]:
+        """One pipelined ``executemany`` instead of a round trip per summary."""
+        if not rows:
+            return []
+        out = []
+        with conn.cursor() as cur:
+            cur.executemany(sql + " RETURNING 1", rows, returning=True)
+            while True:
+                out.append(cur.fetchone() is not None)
+                if not cur.nextset():
+                    break
+        return out
+
     def _transaction(self, conn):
         return conn.transaction()
 
