@@ -21,3 +21,10 @@ def ranges(numbers: list[int] | set[int]) -> str:
             out += [f"{start}-{r}"] if r - start >= 2 else [str(q) for q in range(start, r + 1)]
             start = None
     return ", ".join(out)
+
+
+def printable(name: str, limit: int = 120) -> str:
+    """A name from a file or a peer as printed: escapes instead of newlines and control
+    characters (no fake lines, no terminal escape sequences), cut to ``limit``."""
+    text = name if name.isprintable() else ascii(name)[1:-1]
+    return text if len(text) <= limit else text[:limit] + "..."

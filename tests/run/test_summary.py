@@ -160,6 +160,8 @@ def test_two_senders_at_once_store_each_summary_once(tmp_path, collector):
 @pytest.mark.parametrize("args, key", [
     (("run", "--collector", "ftp://centre:21", "--", "true"), "--collector"),
     (("run", "--collector", "centre:8787", "--", "true"), "--collector"),
+    (("run", "--collector", "http://[::1", "--", "true"), "--collector"),
+    (("run", "--collector", "http://centre:99999", "--", "true"), "--collector"),
     (("report", "job", "--send"), "--send"),
 ])
 def test_a_collector_url_that_is_not_http_is_one_line_exit_2(tmp_path, args, key):
@@ -189,3 +191,54 @@ def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector)
     fleet = json.loads(rep.stdout)
     assert fleet["nodes"][0]["node"] == culprit["node"] and fleet["nodes"][0]["culprit"] == 1
     assert fleet["totals"]["hung"] == 1
+
+
+def test_a_report_while_the_job_runs_sends_nothing_and_the_end_sends_the_final_summary(tmp_path, collector):
+    """A summary is stored once, so only an ended attempt's is ever sent: a report taken
+    while the job runs (``$HPCML_COLLECTOR`` exported) sends nothing."""
+    collector.start()
+    (tmp_path / "slow.py").write_text("import time\ntime.sleep(8)\n")
+    env = {**os.environ, "HPCML_VET_TOKEN": TOKEN, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
+    env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
+    job = subprocess.Popen([sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", "job", "--collector",
+                            collector.url, "--", "python", "slow.py"], cwd=tmp_path, env=env,
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.time() + 60
+        while not (tmp_path / "job" / "run.json").exists() and time.time() < deadline:
+            time.sleep(0.2)
+        during = hpcml("report", "job", cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN, "HPCML_COLLECTOR": collector.url})
+        assert during.returncode == 0, during.stderr
+        assert "still running" in during.stderr and collector.rows() == []
+    finally:
+        _, err = job.communicate(timeout=120)
+    assert job.returncode == 0, err
+    (_, _, outcome, body), = collector.rows()
+    assert outcome == "completed" and json.loads(body)["exit_code"] == 0
+
+
+def test_overwrite_sends_the_new_jobs_summary(tmp_path, collector):
+    collector.start()
+    assert run_job(tmp_path, "--collector", collector.url).returncode == 0
+    (tmp_path / "train.py").write_text("import sys\nsys.exit(3)\n")
+    again = hpcml("run", "--ntasks", "1", "--dir", "job", "--overwrite", "--collector", collector.url, "--",
+                  "python", "train.py", cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
+    assert again.returncode == 3, again.stderr
+    assert sorted(r[2] for r in collector.rows()) == ["completed", "failed"]
+
+
+def test_a_refused_summary_is_set_aside_and_does_not_hold_back_the_others(tmp_path, collector):
+    p = run_job(tmp_path)
+    assert p.returncode == 0, p.stderr
+    spool = tmp_path / "job" / "summary"
+    first = json.loads((spool / "attempt-0.json").read_text())
+    (spool / "attempt-0.json").write_text(json.dumps({**first, "gpu": {"score": 1.2}}))     # the collector refuses it
+    (spool / "attempt-1.json").write_text(json.dumps({**first, "attempt": 1}))
+    (spool / "attempt-2.json").symlink_to("/etc/passwd")                                    # never read
+    (spool / "attempt-x.json").write_text(json.dumps({**first, "attempt": 9}))              # not a spool name
+    collector.start()
+    sent = hpcml("report", "job", "--send", "--collector", collector.url, cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
+    assert sent.returncode == 0, sent.stderr
+    assert "attempt-0.json refused" in sent.stderr and "gpu.score" in sent.stderr
+    assert [r[1] for r in collector.rows()] == [1]
+    assert (spool / "attempt-0.refused").exists() and (spool / "attempt-1.sent").exists()

@@ -48,7 +48,7 @@ from hpcml.schemas import tag
 SCHEMA = tag("run", 1)
 RUN_JSON = "run.json"
 #: what a job leaves in its directory, removed by --overwrite (nothing else is touched)
-OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html", MARKER, "attempts")
+OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html", MARKER, "attempts", "summary")
 
 
 def default_dir(job_id: str | None) -> Path:

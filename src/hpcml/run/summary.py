@@ -16,8 +16,8 @@ senders at once, cost nothing.
 
 from __future__ import annotations
 
+import hashlib
 import os
-import socket
 import sys
 import time
 from pathlib import Path
@@ -29,26 +29,30 @@ import orjson
 from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded, write_atomic
 from hpcml.run.jobdir import read_run
-from hpcml.schemas import tag
+from hpcml.schemas import check, tag
 
 SCHEMA = tag("job.summary", 1)
 SPOOL = "summary"
 URL_ENV = "HPCML_COLLECTOR"
 TOKEN_ENVS = ("HPCML_COLLECTOR_TOKEN", "HPCML_VET_TOKEN")
 SEND_TIMEOUT = 3.0                   # seconds, for every summary together
-MAX_SUMMARY = 16 << 20
+MAX_SUMMARY = 1 << 20                 # the collector's default body limit
 
 
 def collector_url(value: str | None, key: str = "--collector") -> str | None:
     """The collector's base URL (``--collector``, else ``$HPCML_COLLECTOR``), or None.
-    Anything but http(s)://HOST... is bad input (exit 2)."""
+    Anything but http(s)://HOST[:PORT] is bad input (exit 2)."""
     url = value if value is not None else os.environ.get(URL_ENV) or None
     if url is None:
         return None
-    parts = urlsplit(url.strip())
-    if parts.scheme not in ("http", "https") or not parts.hostname:
-        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}",
-                         key=key if value is not None else URL_ENV)
+    named = key if value is not None else URL_ENV
+    try:
+        parts = urlsplit(url.strip())
+        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0  # port: ValueError
+    except ValueError:
+        ok = False
+    if not ok:
+        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}", key=named)
     return url.strip().rstrip("/")
 
 
@@ -124,13 +128,13 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
     run = read_run(d)
     records = [*(run.get("attempts") or []), run]
     job = rep["job"]
-    owner = run.get("who") or {}
+    owner = run.get("who") or who()           # a job directory from before summaries: this environment's
     attempt = int(job.get("attempt") or 0)
-    run_id = run.get("run_id") or f"{socket.gethostname()}:{d.resolve()}"
+    run_id = run.get("run_id") or hashlib.sha256(f"{run.get('started')}:{d.resolve()}".encode()).hexdigest()[:16]
     job_id = str(job["job_id"]) if job.get("job_id") else f"local-{run_id}"
     started = float(job.get("started") or run.get("started") or time.time())
     duration = job.get("duration_s")
-    nodes = list(job.get("nodes") or job.get("allocation") or [])
+    nodes = list(job.get("allocation") or job.get("nodes") or [])     # every node the job held
     gpus = _gpus(rep)
     hours = (duration or 0.0) / 3600
     recovery = rep.get("recovery") or {}
@@ -152,22 +156,33 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def spool(d: str | Path, summary: dict[str, Any]) -> Path:
-    """Write the summary into the job's spool (replacing this attempt's unsent one)."""
+def spool(d: str | Path, summary: dict[str, Any]) -> Path | None:
+    """Write an ended attempt's summary into the job's spool (replacing this attempt's
+    unsent one); None, and nothing written, while the attempt still runs: a summary is
+    sent once, so it must be the final one."""
+    if summary["outcome"] == "running" or summary.get("ended") is None:
+        return None
     folder = Path(d) / SPOOL
     folder.mkdir(exist_ok=True)
     path = folder / f"attempt-{int(summary['attempt'])}.json"
     write_atomic(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    path.with_suffix(".sent").unlink(missing_ok=True)       # a new summary was never sent
     return path
 
 
+def _number(path: Path) -> int | None:
+    tail = path.name.removeprefix("attempt-").removesuffix(".json")
+    return int(tail) if tail.isdigit() and path.name.startswith("attempt-") else None
+
+
 def pending(d: str | Path) -> list[Path]:
-    """Spooled summaries not yet marked sent, oldest attempt first."""
+    """Spooled summaries neither sent nor refused, oldest attempt first."""
     folder = Path(d) / SPOOL
-    if not folder.is_dir():
+    if not folder.is_dir() or folder.is_symlink():
         return []
-    files = [p for p in folder.glob("attempt-*.json") if not p.with_suffix(".sent").exists()]
-    return sorted(files, key=lambda p: int(p.stem.split("-", 1)[1]) if p.stem.split("-", 1)[1].isdigit() else -1)
+    files = [p for p in folder.glob("attempt-*.json") if _number(p) is not None and not p.is_symlink()
+             and not p.with_suffix(".sent").exists() and not p.with_suffix(".refused").exists()]
+    return sorted(files, key=lambda p: _number(p) or 0)
 
 
 def _token() -> str | None:
@@ -175,28 +190,48 @@ def _token() -> str | None:
 
 
 def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=None) -> tuple[int, int]:
-    """POST every unsent summary of ``d`` to ``url`` within ``timeout`` seconds in all;
-    (sent, left). Never raises: a failure is one line through ``say`` (stderr)."""
+    """POST every waiting summary of ``d`` to ``url`` within ``timeout`` seconds in all;
+    (sent, left). A summary the collector refuses for good (400, 413) is set aside as
+    ``attempt-N.refused`` with the reason, so it does not hold back the others; a collector
+    that is down or refuses the token stops the round. Never raises: a failure is one
+    line through ``say`` (stderr)."""
     from hpcml.vet.fleet.collector.client import post
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     files = pending(d)
     token = _token()
-    sent = 0
+    sent = refused = 0
     deadline = time.monotonic() + timeout
     for path in files:
         try:
-            body = load_json_bounded(path, MAX_SUMMARY)
-        except (OSError, ValueError) as exc:
-            say(f"hpcml: summary {path} not sent: cannot read it ({exc})")
+            body = load_json_bounded(path, MAX_SUMMARY, follow_symlinks=False)
+            check(body, SCHEMA, str(path))
+            failure = post(url, "/v1/jobs", body, token, deadline - time.monotonic())
+        except (OSError, ValueError, UsageError) as exc:
+            failure = None
+            why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc)
+            say(f"hpcml: summary {path} not sent: not a summary this hpcml reads ({why})")
+            _set_aside(path, why)
+            refused += 1
             continue
-        why = post(url, "/v1/jobs", body, token, deadline - time.monotonic())
-        if why is not None:
-            say(f"hpcml: summary not sent to {url}: {why}; kept in {path.parent} "
+        if failure is None:
+            write_atomic(path.with_suffix(".sent"), orjson.dumps({"url": url, "time": time.time()}))
+            sent += 1
+        elif failure.final:
+            say(f"hpcml: summary {path} refused by {url}: {failure.why}; set aside as {path.with_suffix('.refused').name}")
+            _set_aside(path, failure.why)
+            refused += 1
+        else:
+            say(f"hpcml: summary not sent to {url}: {failure.why}; kept in {path.parent} "
                 f"(send later: hpcml report {d} --send)")
             break
-        write_atomic(path.with_suffix(".sent"), orjson.dumps({"url": url, "time": time.time()}))
-        sent += 1
-    return sent, len(files) - sent
+    return sent, len(files) - sent - refused
+
+
+def _set_aside(path: Path, why: str) -> None:
+    try:
+        write_atomic(path.with_suffix(".refused"), orjson.dumps({"why": why, "time": time.time()}))
+    except OSError:
+        pass
 
 
 def deliver(d: str | Path, rep: dict[str, Any], url: str | None) -> None:

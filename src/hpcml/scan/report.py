@@ -9,7 +9,7 @@ from typing import Any
 from hpcml import __version__
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.schemas import tag
-from hpcml.words import plural
+from hpcml.words import plural, printable
 
 SCHEMA = tag("scan", 1)
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
@@ -87,13 +87,6 @@ def to_sarif(results: list[FileResult]) -> dict[str, Any]:
 
 def write_json(data: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
-
-
-def printable(name: str, limit: int = 120) -> str:
-    """A name from a file as printed: escapes instead of newlines and control characters
-    (a pickle could otherwise print a fake ``safe:`` block), cut to ``limit``."""
-    text = name if name.isprintable() else ascii(name)[1:-1]
-    return text if len(text) <= limit else text[:limit] + "..."
 
 
 def advice(results: list[FileResult], shown: int = 8) -> list[str]:

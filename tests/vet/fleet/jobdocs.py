@@ -17,7 +17,10 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
             stragglers: list[dict] | None = None, culprits: list[dict] | None = None,
             excluded: list[dict] | None = None, lost: list[dict] | None = None,
             time_lost_s: float | None = None, cluster: str = "alps") -> dict[str, Any]:
-    nodes = nodes or ["nid001", "nid002"]
+    nodes = list(nodes or ["nid001", "nid002"])
+    for e in (stragglers or []) + (culprits or []) + (excluded or []) + (lost or []):
+        if e["node"] not in nodes:             # a job names only nodes it held
+            nodes.append(e["node"])
     ended = time.time() - 60 if ended is None else ended
     gpus = gpus_per_node * len(nodes)
     return {

@@ -70,16 +70,16 @@ def test_nodes_that_hurt_jobs_come_first_beside_their_vetting(centre):
 
 def test_totals_count_each_job_once_at_its_latest_attempt(centre):
     t = build(centre, 30 * DAY)["totals"]
-    # jobs 10, 11, 12 (attempt 1: 2 h), 13 (3 h); 2 nodes x 4 GPUs each
+    # 4 GPUs a node; job 10: 3 nodes x 1 h, 11: 4 nodes x 1 h, 12 (attempt 1): 4 nodes x 2 h, 13: 2 nodes x 3 h
     assert t["jobs"] == 4 and t["hung"] == 1
-    assert t["gpu_hours"] == pytest.approx(8 * (1 + 1 + 2 + 3))
-    assert t["gpu_hours_lost"] == pytest.approx(0.5 * 8) and t["time_lost_s"] == pytest.approx(1800)
+    assert t["gpu_hours"] == pytest.approx(4 * (3 + 4 + 8 + 6))
+    assert t["gpu_hours_lost"] == pytest.approx(0.5 * 16) and t["time_lost_s"] == pytest.approx(1800)
     # a requeued job whose attempt 1 arrives before its attempt 0 still counts at attempt 1
     now = time.time()
     centre.add_jobs([JobSummary.model_validate(summary("15", 1, ended=now - DAY, hours=5.0))])
     centre.add_jobs([JobSummary.model_validate(summary("15", 0, ended=now - DAY - 3600, outcome="requeued"))])
     t = build(centre, 30 * DAY)["totals"]
-    assert t["jobs"] == 5 and t["gpu_hours"] == pytest.approx(8 * (1 + 1 + 2 + 3 + 5))
+    assert t["jobs"] == 5 and t["gpu_hours"] == pytest.approx(4 * (3 + 4 + 8 + 6) + 8 * 5)
 
 
 def test_lowest_scores_per_owner(centre):
@@ -88,7 +88,7 @@ def test_lowest_scores_per_owner(centre):
     assert alice["jobs"] == 3 and [j["job"] for j in alice["lowest"]] == ["10", "12"]
     assert alice["lowest"][0]["score"] == pytest.approx(0.2) and alice["lowest"][0]["bound"] == "memory"
     assert alice["mean_score"] == pytest.approx((0.2 + 0.9 + 0.6) / 3)
-    # alice leaves 8*(0.8 + 0.1) + 16*0.4 = 13.6 GPU-h idle, the hostile user 24*0.2 = 4.8: alice first
+    # alice leaves 12*0.8 + 16*0.1 + 32*0.4 = 24 GPU-h idle, the hostile user 24*0.2 = 4.8: alice first
     assert owners[0]["user"] == "alice" and owners[1]["user"] == HOSTILE
 
 
@@ -115,8 +115,12 @@ def test_bad_options_are_one_line_exit_2(tmp_path, args, key):
     assert p.returncode == 2 and key in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
-def test_an_empty_store_says_so(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", f"sqlite:///{tmp_path}/c.db"],
-                       capture_output=True, text=True, timeout=60)
+def test_an_empty_store_says_so_and_a_missing_one_is_bad_input(tmp_path):
+    cmd = [sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", f"sqlite:///{tmp_path}/c.db"]
+    missing = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert missing.returncode == 2 and "c.db: no such database file" in missing.stderr, missing.stderr
+    assert not (tmp_path / "c.db").exists()                   # a mistyped path creates nothing
+    open_store(f"sqlite:///{tmp_path}/c.db").close()
+    p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "0 jobs" in p.stdout and "no job named a node" in p.stdout

@@ -64,6 +64,14 @@ GOOD = summary("200")
     ({**GOOD, "nodes": ["n" * 256]}, "nodes.0:"),
     ({**GOOD, "stragglers": [{"node": "nid\x00001"}]}, "stragglers.0.node:"),
     ([GOOD, {**GOOD, "attempt": -1}], "1.attempt:"),
+    ({**GOOD, "gpus": 2**63}, "gpus:"),
+    ({**GOOD, "stragglers": [{"node": "nid001", "rank": 2**40}]}, "stragglers.0.rank:"),
+    ({**GOOD, "gpu_hours": 1e308}, "gpu_hours:"),
+    ({**GOOD, "started": 1e15, "ended": 1e15 + 1}, "more than a day in the future"),
+    ({**GOOD, "ended": GOOD["started"] - 1}, "is before started"),
+    ({**GOOD, "culprits": [{"node": "elsewhere"}]}, "culprit: node 'elsewhere' is not one of the job's nodes"),
+    ({**GOOD, "user": "eve\x1b[2J"}, "user: Value error, control characters"),
+    ({**GOOD, "nodes": ["nid001\nfake line"]}, "nodes.0: Value error, control characters"),
     (42, "body: expected a job summary"),
     (b"{not json", "invalid JSON"),
 ])
@@ -162,3 +170,71 @@ def test_a_version_1_database_is_migrated_with_its_results_kept(db_url):
     _set_version(db_url, SCHEMA_VERSION + 1)
     with pytest.raises(StoreError, match=f"schema version {SCHEMA_VERSION + 1}, written by a newer hpcml"):
         open_store(db_url)
+
+
+def test_a_job_token_may_only_send_summaries(db_url):
+    from hpcml.vet.fleet.collector.server import Tokens, start
+    job_token = "job-token-0123456789abcdef"
+    server = start(open_store(db_url), Tokens([TOKEN], [READ_TOKEN], [job_token]))
+    try:
+        assert call(server, "POST", "/v1/jobs", summary("1"), token=job_token)[0] == 201
+        assert call(server, "POST", "/v1/reports", {"node": "n1", "time": 1, "verdict": "bad"}, token=job_token)[0] == 401
+        assert call(server, "GET", "/v1/jobs/1", token=job_token)[0] == 401
+        assert call(server, "GET", "/v1/fleet?since=1d", token=READ_TOKEN)[0] == 200
+        assert call(server, "POST", "/v1/jobs", summary("2"), token=READ_TOKEN)[0] == 401
+        assert jobs_stored(server)[0] == 1
+    finally:
+        server.close()
+
+
+def test_two_collectors_writing_attempts_of_the_same_jobs_keep_one_latest_each(db_url):
+    """Two stores on one database (two collectors), attempts 0 and 1 of each job written at
+    the same moment from two threads: each job is counted once, at attempt 1."""
+    import threading
+
+    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    stores = [open_store(db_url), open_store(db_url)]
+    try:
+        barrier = threading.Barrier(2)
+
+        def write(store, attempt: int) -> None:
+            for j in range(60):
+                barrier.wait(30)
+                store.add_jobs([JobSummary.model_validate(summary(f"c{j}", attempt, hours=1.0 + attempt))])
+
+        threads = [threading.Thread(target=write, args=(stores[a], a)) for a in (0, 1)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        rows = stores[0]._all("SELECT job, attempt FROM jobs WHERE latest = 1 ORDER BY job")
+        assert sorted(rows) == sorted((f"c{j}", 1) for j in range(60))
+    finally:
+        for st in stores:
+            st.close()
+
+
+OPENER = textwrap.dedent("""
+    import sys
+    from hpcml.vet.fleet.collector.store import open_store
+    open_store(sys.argv[1]).close()
+""")
+
+
+def test_two_collectors_opening_a_new_database_at_once_both_start(tmp_path):
+    for trial in range(8):
+        url = f"sqlite:///{tmp_path}/race{trial}.db"
+        procs = [subprocess.Popen([sys.executable, "-c", OPENER, url], stderr=subprocess.PIPE, text=True)
+                 for _ in range(2)]
+        for p in procs:
+            _, err = p.communicate(timeout=120)
+            assert p.returncode == 0, err
+
+
+def test_a_damaged_version_row_is_one_line(tmp_path):
+    url = f"sqlite:///{tmp_path}/c.db"
+    open_store(url).close()
+    with sqlite3.connect(tmp_path / "c.db") as conn:
+        conn.execute("UPDATE meta SET value = 'two' WHERE key = 'schema_version'")
+    with pytest.raises(StoreError, match="schema version is 'two', not a number"):
+        open_store(url)

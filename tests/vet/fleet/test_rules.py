@@ -431,7 +431,7 @@ name: jobs
 max_drain_fraction: 50%
 rules:
   - name: hurts-jobs
-    match: {job: [straggler, culprit]}
+    match: {job: [straggler, culprit], users: 2}
     count: 3
     window: 7 d
     reason: "hpcml: straggler or hang culprit in {count} jobs in {window}"
@@ -442,8 +442,9 @@ rules:
 """
 
 
-def job_event(node, role, days_ago, job):
-    return Result(node, JOB_CHECK, role, "fail", NOW - timedelta(days=days_ago), job)
+def job_event(node, role, days_ago, job, user=None):
+    return Result(node, JOB_CHECK, role, "fail", NOW - timedelta(days=days_ago), job, from_job=True,
+                  user=user or f"user-of-{job}")
 
 
 def test_a_node_named_in_three_jobs_in_a_week_is_drained_and_each_job_counts_once():
@@ -463,9 +464,22 @@ def test_a_node_named_in_three_jobs_in_a_week_is_drained_and_each_job_counts_onc
 def test_vetting_rules_do_not_count_job_events_and_job_rules_do_not_count_results():
     only_jobs = [job_event("n1", "straggler", d, str(d)) for d in (1, 2)]
     assert handler.plan(cat(JOB_RULES), only_jobs, nodes(), {}, NOW).actions == []    # 'any-failure' ignores them
-    # a site's check whose type happens to be a role is a vetting result, never a job
-    results = [res("n1", "fail", h, check="job", type_="straggler", job=str(h)) for h in (1, 2, 3)]
+    # a site's check named like a job event, whose type is a role, is a vetting result, never a job
+    results = [res("n1", "fail", h, check=JOB_CHECK, type_="straggler", job=str(h)) for h in (1, 2, 3)]
     assert [a.rule for a in handler.plan(cat(JOB_RULES), results, nodes(), {}, NOW).actions] == ["any-failure"]
+
+
+def test_one_user_alone_never_drains_a_node_through_a_job_rule():
+    """Summaries are what their sender says: three jobs of one user name n1 (a fabricated
+    summary, or that user's own bug); with ``users: 2`` nothing happens until a second
+    user's job names it too."""
+    mine = [job_event("n1", "culprit", d, f"j{d}", user="mallory") for d in (1, 2, 3)]
+    assert handler.plan(cat(JOB_RULES), mine, nodes(), {}, NOW).actions == []
+    theirs = mine + [job_event("n1", "straggler", 1, "k1", user="alice")]
+    (a,) = handler.plan(cat(JOB_RULES), theirs, nodes(), {}, NOW).actions
+    assert (a.node, a.action, a.evidence["users"]) == ("n1", "drain", 2)
+    with pytest.raises(UsageError, match="match.users: only a rule on job outcomes"):
+        loads(RULES.replace("match: {type: gpu}", "match: {type: gpu, users: 2}"), "r.yaml")
 
 
 def test_a_job_rule_cannot_resume_by_passes():
@@ -488,12 +502,13 @@ def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path
     store = open_store(url)
     now = _time.time()
     store.add_jobs([JobSummary.model_validate(summary(str(j), ended=now - 3600 * j, nodes=["n1", "n2"],
+                                                      user=f"u{j % 2}",
                                                       stragglers=[event("n2", 1)] if j < 3 else [],
                                                       culprits=[event("n2", 0)] if j == 3 else []))
                     for j in range(5)])
     store.close()
     results = list(StoreSource(url).results_since(datetime.now(timezone.utc) - timedelta(days=8)))
-    assert {(r.node, r.type) for r in results} == {("n2", "straggler"), ("n2", "culprit")}
+    assert {(r.node, r.type, r.from_job) for r in results} == {("n2", "straggler", True), ("n2", "culprit", True)}
     p = handler.plan(load(DEFAULT_RULES), results, nodes(), {}, datetime.now(timezone.utc))
     assert [(a.node, a.action, a.rule) for a in p.actions] == [("n2", "drain", "hurts-jobs")]
     assert a_reason_names_jobs(p.actions[0].reason)

@@ -128,14 +128,19 @@ def report_cmd(
 
 
 def _send(job_dir: Path, rep: dict, url: str, strict: bool) -> None:
-    """Spool this attempt's summary if it is not there, send every unsent one; with
+    """Spool this attempt's summary if it is not there (only once it has ended: a summary
+    is stored once, so it must be the final one) and send every waiting one; with
     ``--send`` (``strict``) a summary left unsent is exit 1."""
     import sys
 
     from hpcml.run.summary import SPOOL, build, send_pending, spool
     attempt = int(rep["job"].get("attempt") or 0)
-    if not (Path(job_dir) / SPOOL / f"attempt-{attempt}.json").exists():
-        spool(job_dir, build(job_dir, rep))
+    try:
+        if not (Path(job_dir) / SPOOL / f"attempt-{attempt}.json").exists() and spool(job_dir, build(job_dir, rep)) is None:
+            print(f"hpcml report: attempt {attempt} is still running: its summary is sent when it ends",
+                  file=sys.stderr)
+    except OSError as exc:                # someone else's job directory, a file where the spool goes
+        print(f"hpcml report: summary not written in {job_dir}: {exc.strerror or exc}", file=sys.stderr)
     sent, left = send_pending(job_dir, url, timeout=30 if strict else 3)
     if strict:
         print(f"summaries: {sent} sent, {left} left unsent", file=sys.stderr)

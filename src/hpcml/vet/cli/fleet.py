@@ -34,6 +34,10 @@ def fleet_report(
         window = parse_since(since)
     except ValueError:
         raise UsageError(f"expected a duration such as 30d or 24h, found {since!r}", key="--since") from None
+    if db.startswith("sqlite:"):                 # a report reads: a mistyped path is not a new, empty store
+        from hpcml.vet.fleet.collector.sqlite import path_of
+        if not Path(path_of(db)).is_file():
+            raise UsageError("no such database file", file=path_of(db))
     store = open_store(db)
     try:
         rep = build(store, window, top=top)

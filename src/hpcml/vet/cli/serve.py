@@ -26,6 +26,8 @@ def serve(
     token_file: Optional[Path] = typer.Option(None, help="Tokens that may send and read, one per "
                                               "line (default: $HPCML_VET_TOKEN)."),
     read_token_file: Optional[Path] = typer.Option(None, help="Extra tokens that may only read."),
+    job_token_file: Optional[Path] = typer.Option(None, help="Extra tokens that may only send job summaries "
+                                                  "(POST /v1/jobs): the one to give every user's hpcml run."),
     max_body: str = typer.Option("1 MiB", help="Largest request body accepted (413 above)."),
     verbose: bool = typer.Option(False, "--verbose", help="Log every request to stderr."),
 ) -> None:
@@ -35,7 +37,8 @@ def serve(
 
         HPCML_VET_TOKEN=$(openssl rand -hex 24) hpcml vet serve --db sqlite:///vet.db
 
-    Then `hpcml vet run --report-to http://127.0.0.1:8787` sends each run's report, and
+    Then `hpcml vet run --report-to http://127.0.0.1:8787` sends each run's report,
+    `hpcml run --collector http://127.0.0.1:8787` each job's summary, and
     `curl -H "Authorization: Bearer $HPCML_VET_TOKEN" 127.0.0.1:8787/v1/nodes/failing?since=7d`
     lists the nodes failing most. Exit codes: 0 stopped by a signal, 1 database or port
     error, 2 bad option (no token, unreadable token file).
@@ -45,7 +48,8 @@ def serve(
     limit = parse_size(max_body, "--max-body")
     try:
         tokens = Tokens(read_tokens(token_file),
-                        read_tokens(read_token_file, None) if read_token_file else ())
+                        read_tokens(read_token_file, None) if read_token_file else (),
+                        read_tokens(job_token_file, None) if job_token_file else ())
     except OSError as exc:
         raise UsageError(f"cannot read the token file: {exc.strerror}", key="--token-file") from None
     except ValueError:

@@ -19,7 +19,7 @@ from typing import Any
 
 from hpcml.schemas import tag
 from hpcml.vet.fleet.collector.store import Store
-from hpcml.words import plural
+from hpcml.words import plural, printable
 
 SCHEMA = tag("vet.fleet", 1)
 
@@ -52,7 +52,7 @@ def vet_line(v: dict[str, Any] | None) -> str:
         return "not vetted in the window"
     text = f"vetted {v['reports']}x, {v['bad']} bad"
     if v["failing_checks"]:
-        text += " (" + ", ".join(f"{c['check']} {c['count']}x" for c in v["failing_checks"][:3]) + ")"
+        text += " (" + ", ".join(f"{printable(c['check'], 60)} {c['count']}x" for c in v["failing_checks"][:3]) + ")"
     if v["bad"] == 0:
         text += ": vetting never caught it"
     return text
@@ -70,19 +70,19 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out.append("  none: no job named a node in the window")
     for n in rep["nodes"]:
         roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "lost", "excluded") if n[k])
-        out.append(f"  {n['node']}: {plural(n['jobs'], 'job')} ({roles}); last {_when(n['last'])}; {vet_line(n['vet'])}")
+        out.append(f"  {printable(n['node'])}: {plural(n['jobs'], 'job')} ({roles}); last {_when(n['last'])}; {vet_line(n['vet'])}")
     out += ["", "lowest GPU scores, by user and account:"]
     if not rep["owners"]:
         out.append("  none: no job in the window has a GPU score")
     for o in rep["owners"]:
-        worst = ", ".join(f"{j['job']} {_score(j['score'])}" + (f" {j['bound']}-bound" if j["bound"] else "")
-                          for j in o["lowest"])
-        out.append(f"  {o['user'] or '?'} / {o['account'] or '?'}: {o['jobs']} jobs, {o['gpu_hours']:,.1f} GPU-h, "
+        worst = ", ".join(f"{printable(j['job'])} {_score(j['score'])}"
+                          + (f" {printable(j['bound'])}-bound" if j["bound"] else "") for j in o["lowest"])
+        out.append(f"  {printable(o['user'] or '?')} / {printable(o['account'] or '?')}: {o['jobs']} jobs, {o['gpu_hours']:,.1f} GPU-h, "
                    f"mean score {_score(o['mean_score'])}, {o['idle_gpu_hours']:,.1f} GPU-h idle; lowest: {worst}")
     lost = [a for a in rep["accounts"] if a["gpu_hours_lost"] or a["time_lost_s"]]
     if lost:
         out += ["", "time lost to faults, by account:"]
-        out += [f"  {a['account'] or '?'}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
+        out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
                 f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
     return out
 

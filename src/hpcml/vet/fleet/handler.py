@@ -150,13 +150,15 @@ def _fires(rule: Rule, results: list[Result], now: datetime,
     jobs: set[str | None] = set()
     for r in sorted(results, key=lambda r: r.time):
         if start <= r.time <= now and (after is None or r.time > after) \
-                and rule.match.matches(r.check, r.type, r.outcome):
+                and rule.match.matches(r.check, r.type, r.outcome, r.from_job):
             if rule.match.job is not None:              # a job that named the node twice counts once
                 if r.job in jobs:
                     continue
                 jobs.add(r.job)
             groups.setdefault(r.check, []).append(r)
     best = max(groups.items(), key=lambda kv: len(kv[1]), default=None)
+    if best and rule.match.job is not None and len({r.user for r in best[1]}) < rule.match.users:
+        return None
     return best if best and len(best[1]) >= rule.count else None
 
 
@@ -165,7 +167,8 @@ def _evidence(rule: Rule, hits: list[Result]) -> dict:
     return {"results": len(hits), "count": rule.count, "window": fmt_window(rule.window),
             "window_seconds": rule.window, "outcomes": sorted({r.outcome for r in hits}),
             "first": min(r.time for r in hits).isoformat(),
-            "last": max(r.time for r in hits).isoformat(), "jobs": jobs[:10]}
+            "last": max(r.time for r in hits).isoformat(), "jobs": jobs[:10],
+            **({"users": len({r.user for r in hits})} if rule.match.job is not None else {})}
 
 
 def _first_firing(catalog: Catalog, results: list[Result], now: datetime,

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 from fnmatch import fnmatchcase
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError, field_validator, model_validator
 
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, validation_problem
 from hpcml.unit_fields import Fraction, Seconds
-from hpcml.vet.fleet.sources import JOB_CHECK
 
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
 REASON_PREFIX = "hpcml:"
@@ -49,6 +48,9 @@ class Match(_Strict):
     type: str = "*"
     outcome: list[Literal["pass", "warn", "fail", "error", "skipped"]] = ["fail", "error"]
     job: list[Literal["straggler", "culprit", "lost", "excluded"]] | None = None
+    #: with ``job``: the counted jobs must be of at least this many users (a summary is what
+    #: its sender says: one user, or one user's buggy code, cannot drain a node alone)
+    users: Annotated[int, Field(ge=1)] = 1
 
     @field_validator("outcome", "job", mode="before")
     @classmethod
@@ -57,8 +59,8 @@ class Match(_Strict):
             raise ValueError("name at least one")
         return [v] if isinstance(v, str) else v
 
-    def matches(self, check: str, type_: str, outcome: str) -> bool:
-        if (check == JOB_CHECK) != (self.job is not None):   # job rules count jobs, the others results
+    def matches(self, check: str, type_: str, outcome: str, from_job: bool = False) -> bool:
+        if from_job != (self.job is not None):   # job rules count jobs, the others results
             return False
         if self.job is not None:
             return type_ in self.job
@@ -82,6 +84,8 @@ class Rule(_Strict):
 
     @model_validator(mode="after")
     def _job_rules_stay(self) -> Rule:
+        if self.match.job is None and self.match.users != 1:
+            raise ValueError("match.users: only a rule on job outcomes (match.job) counts users")
         if self.match.job is not None and self.resume_after is not None:
             raise ValueError("resume_after: a rule on job outcomes has no check that can pass again; "
                              "leave it out (an operator resumes the node after repairing it)")

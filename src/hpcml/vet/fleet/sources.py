@@ -20,7 +20,7 @@ from hpcml.errors import UsageError
 from hpcml.schemas import check
 from hpcml.vet.model import REPORT_SCHEMA
 
-JOB_CHECK = "@job"           # the check of a job summary's node event (type: the role); no protocol check is named so
+JOB_CHECK = "@job"           # the name a job summary's node event goes by (type: the role); ``from_job`` tells it
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
 
 
@@ -34,6 +34,8 @@ class Result:
     outcome: str
     time: datetime
     job: str | None = None
+    from_job: bool = False        # a job summary's node event (check JOB_CHECK, type: the role)
+    user: str | None = None       # whose job it was (job events only)
 
 
 class ResultSource(Protocol):
@@ -116,6 +118,6 @@ class StoreSource:
                              job=str(job) if job is not None else None)
             for ev in store.job_events_since(since.timestamp()):     # hpcml run's job summaries
                 yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
-                             time=_utc(ev["time"]), job=ev["job"])
+                             time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"])
         finally:
             store.close()

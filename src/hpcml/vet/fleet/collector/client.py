@@ -12,9 +12,11 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
+from dataclasses import dataclass
 from typing import Any
 
 import orjson
@@ -67,18 +69,46 @@ def _why(exc: Exception) -> str:
     return f"{type(exc).__name__}: {exc}"
 
 
-def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> str | None:
+@dataclass(frozen=True)
+class Refusal:
+    """Why a POST did not land: ``status`` is the HTTP status (None: no answer). ``final``:
+    the collector refused this document for good (sending it again gets the same answer)."""
+
+    why: str
+    status: int | None = None
+
+    @property
+    def final(self) -> bool:
+        return self.status is not None and 400 <= self.status < 500 and self.status not in (401, 403, 408, 429)
+
+
+def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> Refusal | None:
     """POST one JSON document to the collector at ``url`` + ``path``; None when it was
-    taken (stored now or before), else why not, in one line. Never raises."""
+    taken (stored now or before). Never raises, and never takes longer than ``timeout``
+    in all (a collector that answers a byte at a time is given up on, not waited for)."""
     if not token:
-        return "no token ($HPCML_COLLECTOR_TOKEN or $HPCML_VET_TOKEN)"
+        return Refusal("no token ($HPCML_COLLECTOR_TOKEN or $HPCML_VET_TOKEN)")
     if timeout <= 0:
-        return "timed out"
+        return Refusal("timed out")
     try:
-        _post(_endpoint(url, path), orjson.dumps(doc, default=str), token.strip(), timeout)
-        return None
-    except Exception as exc:  # never fail the job that sends
-        return _why(exc)
+        body = orjson.dumps(doc, default=str)
+    except (TypeError, orjson.JSONEncodeError) as exc:
+        return Refusal(f"not JSON: {exc}", 400)
+    out: list[Refusal | None] = []
+
+    def attempt() -> None:
+        try:
+            _post(_endpoint(url, path), body, token.strip(), timeout)
+            out.append(None)
+        except urllib.error.HTTPError as exc:
+            out.append(Refusal(_why(exc), exc.code))
+        except Exception as exc:  # never fail the job that sends
+            out.append(Refusal(_why(exc)))
+
+    worker = threading.Thread(target=attempt, name="hpcml-collector-post", daemon=True)
+    worker.start()
+    worker.join(timeout)
+    return out[0] if out else Refusal(f"no answer within {timeout:.1f} s")
 
 
 def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> str | None:

@@ -8,10 +8,11 @@ of an unknown schema major is refused, never half read.
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal, Optional
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError, model_validator
 
 from hpcml.errors import UsageError
 from hpcml.schemas import check, tag
@@ -23,10 +24,24 @@ MAX_NODES = 100_000                # per job
 ROLES = ("excluded", "straggler", "culprit", "lost")
 OUTCOMES = ("completed", "failed", "hung", "aborted", "requeued", "running")
 
-Name = Annotated[Text, Field(min_length=1, max_length=255)]
-Short = Annotated[Text, Field(max_length=255)]
+BIG = 2**31 - 1                    # PostgreSQL's INTEGER
+LOTS = 1e12                        # hours, seconds, throughput: anything above is not a job's
+FUTURE_S = 86400                   # a job may end up to a day ahead of the collector's clock
+
+
+def _plain(text: str) -> str:
+    """Names are printed in terminals and pages: no control characters at all."""
+    if not text.isprintable():
+        raise ValueError("control characters not allowed")
+    return text
+
+
+Name = Annotated[Text, AfterValidator(_plain), Field(min_length=1, max_length=255)]
+Short = Annotated[Text, AfterValidator(_plain), Field(max_length=255)]
 Reason = Annotated[Text, Field(max_length=1024)]
-Number = Annotated[float, Field(ge=0, allow_inf_nan=False)]
+Number = Annotated[float, Field(ge=0, le=LOTS, allow_inf_nan=False)]
+Count = Annotated[int, Field(ge=0, le=BIG)]
+Time = Annotated[float, Field(ge=0, allow_inf_nan=False)]
 
 
 class NodeEvent(BaseModel):
@@ -35,8 +50,8 @@ class NodeEvent(BaseModel):
     model_config = ConfigDict(extra="ignore")
 
     node: Name
-    rank: Optional[int] = Field(default=None, ge=0)
-    attempt: int = Field(default=0, ge=0)
+    rank: Optional[Count] = None
+    attempt: int = Field(default=0, ge=0, le=1_000_000)
     detail: Reason = ""
 
 
@@ -66,25 +81,37 @@ class JobSummary(BaseModel):
     user: Optional[Short] = None
     account: Optional[Short] = None
     partition: Optional[Short] = None
-    started: Number
-    ended: Optional[Number] = None
+    started: Time
+    ended: Optional[Time] = None
     duration_s: Optional[Number] = None
     exit_code: Optional[int] = Field(default=None, ge=-1024, le=1024)
     outcome: Literal["completed", "failed", "hung", "aborted", "requeued", "running"]
     nodes: list[Name] = Field(default_factory=list, max_length=MAX_NODES)
-    ntasks: int = Field(default=0, ge=0)
-    gpus: int = Field(default=0, ge=0)
+    ntasks: Count = 0
+    gpus: Count = 0
     excluded: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     stragglers: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     culprits: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     lost: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     gpu: Gpu = Gpu()
     throughput: Optional[Throughput] = None
-    attempts: int = Field(default=1, ge=1)
+    attempts: int = Field(default=1, ge=1, le=1_000_000)
     time_lost_s: Optional[Number] = None
     node_hours: Number = 0.0
     gpu_hours: Number = 0.0
     gpu_hours_lost: Optional[Number] = None
+
+    @model_validator(mode="after")
+    def _consistent(self) -> JobSummary:
+        if self.ended is not None and self.ended < self.started:
+            raise ValueError(f"ended: {self.ended} is before started ({self.started})")
+        if max(self.started, self.ended or 0) > time.time() + FUTURE_S:
+            raise ValueError("started/ended: more than a day in the future")
+        held = set(self.nodes)
+        for role, e in self.events():
+            if e.node not in held:          # a summary names only nodes its job held
+                raise ValueError(f"{role}: node {e.node!r} is not one of the job's nodes")
+        return self
 
     @property
     def time(self) -> float:

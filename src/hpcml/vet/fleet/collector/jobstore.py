@@ -78,6 +78,7 @@ class JobQueries:
         for i, s in enumerate(summaries):          # twice in one batch: the first counts
             first.setdefault((s.cluster, s.job_id, s.attempt), i)
         todo = sorted(first.values())
+        self._lock_jobs(conn, sorted({(s.cluster, s.job_id) for s in summaries}))
         new = self._insert_new(conn, sql, [job_row(summaries[i], received) for i in todo])
         stored = [False] * len(summaries)
         for i, ok in zip(todo, new):
@@ -96,6 +97,10 @@ class JobQueries:
         finally:
             cur.close()
         return stored
+
+    def _lock_jobs(self, conn, keys: list[tuple[str, str]]) -> None:
+        """Inside the transaction: no other writer adds an attempt of these jobs until it
+        ends (SQLite's BEGIN IMMEDIATE already holds the one write lock)."""
 
     def _insert_new(self, conn, sql: str, rows: list[tuple]) -> list[bool]:
         """Run the insert for each row; True where a row was added (a backend may batch it)."""
@@ -124,9 +129,11 @@ class JobQueries:
     def job_events_since(self, since: float) -> list[dict[str, Any]]:
         """Every (node, job, role) a job named since ``since``, once per job, oldest first:
         what the node handler's job rules count."""
-        rows = self._all("SELECT node, cluster, job, role, MIN(time) FROM job_nodes WHERE time >= ? "
-                         "GROUP BY node, cluster, job, role ORDER BY MIN(time)", (since,))
-        return [{"node": n, "job": f"{c}:{j}" if c else j, "role": r, "time": t} for n, c, j, r, t in rows]
+        rows = self._all("SELECT n.node, n.cluster, n.job, n.role, MIN(n.time), MAX(j.user_name) FROM job_nodes n "
+                         "JOIN jobs j ON j.cluster = n.cluster AND j.job = n.job AND j.attempt = n.attempt "
+                         "WHERE n.time >= ? GROUP BY n.node, n.cluster, n.job, n.role ORDER BY MIN(n.time)", (since,))
+        return [{"node": n, "job": f"{c}:{j}" if c else j, "role": r, "time": t, "user": u}
+                for n, c, j, r, t, u in rows]
 
     def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Nodes ranked by the distinct jobs that named them, with the count per role."""

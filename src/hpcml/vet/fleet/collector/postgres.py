@@ -58,6 +58,13 @@ class PostgresStore(SqlStore):
             for stmt in filter(str.strip, DDL.split(";")):
                 conn.execute(stmt)
 
+    def _lock_jobs(self, conn, keys: list[tuple[str, str]]) -> None:
+        """Two collectors on one database: each job's attempts are written one transaction
+        at a time, or both could see no later attempt and keep two ``latest`` rows.
+        Locks taken in sorted order, so two batches never deadlock."""
+        with conn.cursor() as cur:
+            cur.executemany("SELECT pg_advisory_xact_lock(8788, hashtext(%s))", [(f"{c}\x1f{j}",) for c, j in keys])
+
     def _insert_new(self, conn, sql: str, rows: list[tuple]) -> list[bool]:
         """One pipelined ``executemany`` instead of a round trip per summary."""
         if not rows:

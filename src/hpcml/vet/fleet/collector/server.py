@@ -42,21 +42,25 @@ _SCALE = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 60480
 
 
 class Tokens:
-    """Write tokens (POST and GET) and optional read-only tokens (GET only)."""
+    """Write tokens (POST and GET), optional read-only tokens (GET only) and optional job
+    tokens (only ``POST /v1/jobs``: what every user's ``hpcml run`` needs, and nothing more;
+    it can neither send vetting results nor read anything)."""
 
-    def __init__(self, write: Iterable[str], read: Iterable[str] = ()) -> None:
+    def __init__(self, write: Iterable[str], read: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
         self.write = [t.encode() for t in write if t]
         self.read = [t.encode() for t in read if t]
+        self.jobs = [t.encode() for t in jobs if t]
         if not self.write:
             raise ValueError("no token: the collector refuses to run without one")
 
-    def allows(self, header: str | None, write: bool) -> bool:
+    def allows(self, header: str | None, write: bool, jobs: bool = False) -> bool:
+        """``write``: a POST; ``jobs``: a POST of job summaries, which job tokens may make."""
         scheme, _, value = (header or "").partition(" ")
         if scheme.lower() != "bearer" or not value.strip():
             return False
         given = value.strip().encode()
         ok = False
-        for t in self.write if write else self.write + self.read:
+        for t in (self.write + self.jobs if jobs else self.write) if write else self.write + self.read:
             ok |= hmac.compare_digest(given, t)  # no early exit: same time for every token
         return ok
 
@@ -133,8 +137,8 @@ class Handler(BaseHTTPRequestHandler):
         except OSError:
             pass
 
-    def _authorised(self, write: bool) -> bool:
-        if self.server.tokens.allows(self.headers.get("Authorization"), write):
+    def _authorised(self, write: bool, jobs: bool = False) -> bool:
+        if self.server.tokens.allows(self.headers.get("Authorization"), write, jobs):
             return True
         self._error(401, "missing or invalid token", close=True,
                     **{"WWW-Authenticate": 'Bearer realm="hpcml-vet"'})
@@ -164,7 +168,7 @@ class Handler(BaseHTTPRequestHandler):
         kind = urlsplit(self.path).path.rstrip("/")
         if kind not in ("/v1/reports", "/v1/jobs"):
             return self._error(404, "not found; POST /v1/reports or /v1/jobs", close=True)
-        if not self._authorised(write=True):
+        if not self._authorised(write=True, jobs=kind == "/v1/jobs"):
             return
         if self.headers.get("Transfer-Encoding"):
             return self._error(411, "send Content-Length, not a chunked body", close=True)

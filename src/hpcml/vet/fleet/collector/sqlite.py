@@ -8,6 +8,7 @@ loses at most the last transactions, never corrupts). Ids are assigned by the wr
 from __future__ import annotations
 
 import sqlite3
+import time
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
@@ -57,13 +58,27 @@ class SqliteStore(SqlStore):
                 Path(self.path).parent.mkdir(parents=True, exist_ok=True)
             conn = sqlite3.connect(self.path, isolation_level=None, check_same_thread=False,
                                    timeout=30)
-            conn.execute("PRAGMA journal_mode=WAL")
+            self._wal(conn)
             conn.execute("PRAGMA synchronous=NORMAL")
             if not write:
                 conn.execute("PRAGMA query_only=ON")
         except (sqlite3.Error, OSError) as exc:
             raise StoreError(f"cannot open {self.path}: {exc}") from None
         return conn
+
+    @staticmethod
+    def _wal(conn, wait: float = 30.0) -> None:
+        """Switch to WAL. Two processes opening a new database at once race for it, and the
+        busy timeout does not cover this switch: retry it while the other one holds the lock."""
+        deadline = time.monotonic() + wait
+        while True:
+            try:
+                conn.execute("PRAGMA journal_mode=WAL")
+                return
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
 
     def _create(self, conn) -> None:
         conn.executescript(DDL)

@@ -151,7 +151,11 @@ class SqlStore(Store):
             self._lock_schema(conn)
             conn.execute("CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)")
             row = conn.execute(f"SELECT value FROM meta WHERE key = {p}", ("schema_version",)).fetchone()
-            version = int(row[0]) if row else 1
+            try:
+                version = int(row[0]) if row else 1
+            except ValueError:
+                raise StoreError(f"the database's schema version is {row[0]!r}, not a number: "
+                                 "not a collector database hpcml can read") from None
             if version > SCHEMA_VERSION:
                 raise StoreError(f"the database has schema version {version}, written by a newer hpcml; "
                                  f"this one knows up to {SCHEMA_VERSION}")
