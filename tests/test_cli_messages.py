@@ -34,3 +34,13 @@ def test_counted_nouns_agree(tmp_path):
     (tmp_path / "p.yaml").write_text("name: one\nevals:\n  - {name: mem, type: memory, min_available_fraction: 1%}\n")
     out = _hpcml("vet", "p.yaml", cwd=tmp_path)
     assert out.stdout.startswith("hpcml vet: one: 1 node, 1 check\n"), out.stdout + out.stderr
+
+
+def test_usage_errors_of_the_command_line_itself_are_one_line_exit_2():
+    """Typer's usage lines and error box become the house's one line (hpcml.cli_support)."""
+    for args, words in ((["vet", "serve", "--port", "99999"], "hpcml vet serve: error: Invalid value for '--port'"),
+                        (["--bogus"], "error: No such option: --bogus"),
+                        (["vet", "fleet-report", "--db"], "error: Option '--db' requires an argument"),
+                        (["report"], "hpcml report: error: Missing argument")):
+        out = _hpcml(*args)
+        assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)

@@ -44,13 +44,18 @@ def _reflow(paragraphs: list[str], markup_mode: Any) -> str:
 typer.rich_utils._fix_linebreaks = _reflow
 
 
-def _click_usage_error() -> type[Exception]:
-    """The usage error of the click that Typer runs on (its own copy from 0.29, click before)."""
-    import importlib
-    try:
-        return importlib.import_module("typer._click.exceptions").UsageError
-    except ImportError:
-        return importlib.import_module("click.exceptions").UsageError
+def _one_line_error(self: Any) -> None:
+    """A usage error (a bad or missing flag value, an unknown option) as every hpcml error
+    is worded: ``hpcml vet serve: error: ...`` on one line, instead of Typer's usage lines
+    and box (Typer exits 2 after it)."""
+    if self.__class__.__name__ == "NoArgsIsHelpError":        # Typer's own rule: help is shown
+        return
+    ctx = getattr(self, "ctx", None)
+    where = ctx.command_path if ctx is not None else "hpcml"
+    print(f"{where}: error: {' '.join(self.format_message().split())}", file=sys.stderr)
+
+
+typer.rich_utils.rich_format_error = _one_line_error
 
 
 class Group(typer.core.TyperGroup):
@@ -66,14 +71,6 @@ class Group(typer.core.TyperGroup):
     def invoke(self, ctx: Context) -> Any:
         try:
             return super().invoke(ctx)
-        except _click_usage_error() as exc:      # a bad flag value: one line, exit 2, as for our own errors
-            err: Any = exc                       # click's UsageError: ctx, format_message()
-            where = err.ctx
-            if where is None or where.resilient_parsing:
-                raise
-            message = " ".join(err.format_message().split())
-            print(f"{' '.join(command_words(where))}: error: {message}", file=sys.stderr)
-            raise typer.Exit(2) from None
         except HpcmlError as exc:
             from hpcml.cli_report import report
             name = ctx.invoked_subcommand
