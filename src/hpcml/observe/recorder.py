@@ -34,6 +34,7 @@ from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
+    from hpcml.observe.remotewrite import Config as RemoteConfig
 
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)        # Slurm signals a task's INT to the task alone
 MIN_INTERVAL = 0.1
@@ -66,7 +67,7 @@ def default_dir(task: Task) -> Path:
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
-                     exporter=None, sink=None, progress: Progress | None = None) -> None:
+                     exporter=None, sink=None, progress: Progress | None = None, remote=None) -> None:
     """Move the wrapped process's batches into the rank file until it closes the pipe."""
     import pyarrow as pa
     with os.fdopen(read_fd, "rb") as pipe:
@@ -81,6 +82,8 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
                         progress.update_batch(batch)
                 if sink is not None:          # a queue put: the MLflow thread does the sending
                     sink.update_batch(batch)
+                if remote is not None:        # an append: the remote-write thread sends
+                    remote.update_batch(batch)
                 stats["app_batches"] += 1
         except (pa.ArrowInvalid, OSError, StopIteration):
             pass        # the process never logged, or died mid-batch: keep what arrived
@@ -89,29 +92,60 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
            prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None,
-           exec_via: Sequence[str] = ()) -> int:
+           exec_via: Sequence[str] = (), remote_write: str | None = None, remote_write_job_label: bool | None = None,
+           remote_write_max_series: int | None = None) -> int:
     """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``. ``mlflow``: the URL of an
     MLflow tracking server; rank 0's metrics go to a run there (``hpcml.observe.mlflow_rest``).
     ``exec_via``: a step that sets the process up and execs ``cmd`` (``hpcml.run.rankexec``);
-    what is recorded as the command stays ``cmd``, what the user asked for."""
+    what is recorded as the command stays ``cmd``, what the user asked for. ``remote_write``: the
+    URL of a Prometheus remote-write receiver (else ``HPCML_REMOTE_WRITE``; ``hpcml.observe.remotewrite``)."""
     from hpcml.samplers.choose import for_task
     if not cmd:
         raise UsageError("no command to record, e.g. ['python', 'train.py']", key="cmd")
     if interval < MIN_INTERVAL:
         raise UsageError(f"must be at least {MIN_INTERVAL} s, got {interval}", key="interval")
+    remote = None
+    if remote_write or os.environ.get("HPCML_REMOTE_WRITE"):
+        from hpcml.observe.remotewrite import config
+        remote = config(remote_write, job_label=remote_write_job_label, max_series=remote_write_max_series)
     task = Task.from_env()
     gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
     try:
         return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow,
-                       list(exec_via))
+                       list(exec_via), remote)
     finally:
         gpu.close()
 
 
+def _warn(line: str) -> None:
+    print(f"hpcml observe record: warning: {line}", file=sys.stderr, flush=True)
+
+
+class _NoRemote:
+    """Remote write off: hooks that do nothing."""
+
+    def update(self, rows) -> None:
+        pass
+
+    def update_batch(self, batch) -> None:
+        pass
+
+    def close(self) -> dict:
+        return {}
+
+
+def _remote(cfg: RemoteConfig | None, task: Task, gpu_meta: dict, interval: float):
+    if cfg is None:
+        return _NoRemote()
+    from hpcml.observe.remotewrite import for_task
+    return for_task(cfg, task, gpu_meta, interval, _warn)
+
+
 def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: float,
             prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None,
-            exec_via: list[str] | None = None) -> int:
+            exec_via: list[str] | None = None, remote_cfg: RemoteConfig | None = None) -> int:
+    remote = _remote(remote_cfg, task, gpu.meta, interval)    # the series budget: checked before anything is written
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -151,7 +185,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             print(f"hpcml observe record: MLflow: {problem}", file=sys.stderr)
         sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
                           run_name=run.name, tags=run.tags, params=run.params,
-                          warn=lambda line: print(f"hpcml observe record: warning: {line}", file=sys.stderr, flush=True))
+                          warn=_warn)
     lock = threading.Lock()
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()
@@ -163,6 +197,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         os.close(write_fd)
         if exporter is not None:
             exporter.close()
+        remote.close()
         raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
     os.close(write_fd)
     # forward Slurm's signals from the moment the command runs (before the store's imports)
@@ -170,7 +205,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     stack.enter_context(forwarding(lambda: (child,), FORWARDED))
     writer = RankWriter.create(out, task.rank)
     progress, beat, responder = Progress(), BeatWriter(out, task.rank, task.node), Responder(out, task.rank, child.pid)
-    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress),
+    copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress, remote),
                               daemon=True)
     copier.start()
 
@@ -196,6 +231,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                 if exporter is not None:
                     exporter.update(rows)
                 beat.write(progress, pid=child.pid, snapshot=responder.handled)
+            remote.update(rows)
             responder.poll()
     finally:
         stack.close()
@@ -208,6 +244,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         beat.close()
         if exporter is not None:
             exporter.close()
+        rank_meta.update(remote.close())
     code = rc if rc >= 0 else 128 - rc           # killed by signal n: 128 + n, as a shell says
     if sink is not None:
         sink.close("FINISHED" if code == 0 else "FAILED")

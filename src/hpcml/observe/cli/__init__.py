@@ -27,14 +27,25 @@ def record_cmd(
     prometheus_addr: str = typer.Option("127.0.0.1", help="Address to serve them on (default loopback)."),
     mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
                                                                "(e.g. from hpcml service up mlflow), from a background thread."),
+    remote_write: Optional[str] = typer.Option(None, "--remote-write", help="Push node and rank series to this Prometheus "
+                                               "remote-write URL (VictoriaMetrics, Prometheus); default $HPCML_REMOTE_WRITE, "
+                                               "bearer token from $HPCML_REMOTE_WRITE_TOKEN."),
+    remote_write_no_job_label: bool = typer.Option(False, "--remote-write-no-job-label", help="Leave out the slurm_job label (the "
+                                                   "next job continues the node and rank series; $HPCML_REMOTE_WRITE_NO_JOB_LABEL=1)."),
+    remote_write_max_series: Optional[int] = typer.Option(None, "--remote-write-max-series", help="Refuse to start when the "
+                                                          "job would write more series (default 30000; $HPCML_REMOTE_WRITE_MAX_SERIES)."),
 ) -> None:
     """Run CMD as this task and record it; exits with CMD's exit code.
 
         srun hpcml observe record --dir $SCRATCH/obs-$SLURM_JOB_ID -- python train.py
+
+        srun hpcml observe record --remote-write http://vm:8428/api/v1/write -- python train.py
     """
     from hpcml.observe.recorder import record
     rc = record(cmd, out, interval, gpu_sampler=not no_gpu, prometheus_port=prometheus_port,
-                prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics, mlflow=mlflow)
+                prometheus_addr=prometheus_addr, gpu_metrics=gpu_metrics, mlflow=mlflow, remote_write=remote_write,
+                remote_write_job_label=False if remote_write_no_job_label else None,
+                remote_write_max_series=remote_write_max_series)
     raise typer.Exit(rc)
 
 
