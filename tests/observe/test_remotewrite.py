@@ -381,3 +381,24 @@ def test_bad_settings_are_one_line_and_exit_2(tmp_path, args, env, flag):
     assert p.returncode == 2, err
     assert err.count("\n") == 1 and err.startswith("hpcml observe record: error:") and f"flag '{flag}'" in err, err
     assert not (tmp_path / "done-4242-0").exists() and not (tmp_path / "job4242").exists()
+
+
+def test_hpcml_run_passes_remote_write_to_every_rank(prometheus, tmp_path):
+    """``hpcml run --remote-write URL``: a real local run of 2 ranks; both ranks' step times
+    and the node's host series reach Prometheus; a bad URL is refused before anything runs."""
+    script = tmp_path / "train.py"
+    script.write_text(TRAIN)
+    url = f"http://127.0.0.1:{prometheus}/api/v1/write"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_REMOTE_WRITE"))}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--dir", "job", "--interval", "0.5",
+                        "--no-report", "--remote-write", url, "--", "python", str(script), "40", str(tmp_path / "done")],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    run_id = json.loads((tmp_path / "job" / "run.json").read_text())["job_id"] or "local"
+    step = _poll(prometheus, f'hpcml_step_seconds{{slurm_job="{run_id}"}}', 2)
+    assert sorted(r["metric"]["rank"] for r in step) == ["0", "1"]
+    assert len(_poll(prometheus, f'hpcml_host_cpu_percent{{slurm_job="{run_id}"}}', 1)) == 1   # one writer per node
+    bad = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", "job2", "--remote-write",
+                          "ftp://x", "--", "true"], cwd=tmp_path, env=env, capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "flag '--remote-write'" in bad.stderr and not (tmp_path / "job2").exists()

@@ -84,6 +84,7 @@ class Options:
     revet: str | None = None                  # the suspects' vetting protocol: default --vet's; "none"
     on_straggler: str = "report"              # restart: a straggler the watch names is a fault
     collector: str | None = None              # hpcml vet serve's URL: the job's summary goes there (run.summary)
+    remote_write: str | None = None           # a Prometheus remote-write URL: every rank's recorder pushes there
 
 
 def hang_seconds(value: str) -> float | None:
@@ -121,6 +122,10 @@ def _check(opts: Options, allocation) -> None:
     hang_seconds(opts.hang_timeout)
     from hpcml.run.summary import collector_url
     opts.collector = collector_url(opts.collector)
+    if opts.remote_write is not None:          # checked now (URL, the remote extra), then passed to every rank
+        from hpcml.observe.remotewrite import ENV_URL, config
+        config(opts.remote_write)
+        os.environ[ENV_URL] = opts.remote_write
     if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
         raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
     _check_restarts(opts, allocation)

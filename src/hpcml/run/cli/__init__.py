@@ -61,6 +61,9 @@ def run_cmd(
     collector: Optional[str] = typer.Option(None, "--collector", help="Send the job's summary to this collector "
                                             "(hpcml vet serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
                                             "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send."),
+    remote_write: Optional[str] = typer.Option(None, "--remote-write", help="Every rank pushes its node and rank "
+                                               "series to this Prometheus remote-write URL (VictoriaMetrics, "
+                                               "Prometheus; default $HPCML_REMOTE_WRITE)."),
 ) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
@@ -87,7 +90,8 @@ def run_cmd(
                      gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
                      gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
                      prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, max_restarts=max_restarts,
-                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler, collector=collector))
+                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler, collector=collector,
+                     remote_write=remote_write))
     raise typer.Exit(rc)
 
 
