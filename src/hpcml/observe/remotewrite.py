@@ -60,6 +60,7 @@ from typing import Any
 
 from hpcml import __version__
 from hpcml.errors import UsageError
+from hpcml.urls import is_http_url
 
 ENV_URL, ENV_TOKEN = "HPCML_REMOTE_WRITE", "HPCML_REMOTE_WRITE_TOKEN"
 ENV_NO_JOB_LABEL, ENV_MAX_SERIES = "HPCML_REMOTE_WRITE_NO_JOB_LABEL", "HPCML_REMOTE_WRITE_MAX_SERIES"
@@ -142,12 +143,7 @@ def config(url: str | None = None, *, job_label: bool | None = None, max_series:
     url = url if url is not None else env.get(ENV_URL, "")
     if not url:
         return None
-    parts = urllib.parse.urlsplit(url)
-    try:
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_http_url(url):
         raise UsageError(f"expected the http(s) URL of a remote-write receiver (e.g. "
                          f"http://vm:8428/api/v1/write), got {url!r}", key="remote_write")
     if job_label is None:

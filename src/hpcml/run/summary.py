@@ -22,7 +22,6 @@ import sys
 import time
 from pathlib import Path
 from typing import Any
-from urllib.parse import urlsplit
 
 import orjson
 
@@ -30,6 +29,7 @@ from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded, write_atomic
 from hpcml.run.jobdir import read_run
 from hpcml.schemas import check, tag
+from hpcml.urls import is_http_url
 
 SCHEMA = tag("job.summary", 1)
 SPOOL = "summary"
@@ -46,12 +46,7 @@ def collector_url(value: str | None, key: str = "--collector") -> str | None:
     if url is None:
         return None
     named = key if value is not None else URL_ENV
-    try:
-        parts = urlsplit(url.strip())
-        ok = parts.scheme in ("http", "https") and bool(parts.hostname) and (parts.port or 1) > 0  # port: ValueError
-    except ValueError:
-        ok = False
-    if not ok:
+    if not is_http_url(url):
         raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}", key=named)
     return url.strip().rstrip("/")
 
@@ -71,7 +66,8 @@ def who(env: os._Environ | dict = os.environ) -> dict[str, str | None]:
 
 
 def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Every node the job names, per role, once per (node, attempt)."""
+    """Every node the job names, per role, once per (node, attempt); ``records`` are run.json's
+    attempts and the current one (its vetting exclusions included)."""
     out: dict[str, dict[tuple, dict[str, Any]]] = {"excluded": {}, "stragglers": {}, "culprits": {}, "lost": {}}
 
     def add(role: str, node: Any, attempt: int, rank: Any = None, detail: str = "") -> None:
@@ -79,8 +75,6 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
             out[role].setdefault((node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
                                                    "attempt": attempt, "detail": detail[:1000]})
 
-    for node, reasons in (rep.get("excluded") or {}).items():
-        add("excluded", node, 0, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
     observes = [(int(a.get("attempt") or 0), a.get("observe")) for a in rep.get("attempts") or []]
     observes.append((int(rep["job"].get("attempt") or 0), rep.get("observe")))
     for n, obs in observes:
@@ -114,10 +108,8 @@ def _outcome(rep: dict[str, Any], run: dict[str, Any]) -> str:
 
 
 def _gpus(rep: dict[str, Any]) -> int:
-    score = rep.get("score") or {}
-    if isinstance(score.get("gpus"), int):
-        return score["gpus"]
-    return 0
+    gpus = (rep.get("score") or {}).get("gpus")
+    return gpus if isinstance(gpus, int) else 0
 
 
 def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:

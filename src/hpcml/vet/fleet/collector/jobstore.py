@@ -107,7 +107,8 @@ class JobQueries:
         return [conn.execute(sql, row).rowcount == 1 for row in rows]
 
     def _late_first_attempts(self, conn, kept: Sequence[JobSummary]) -> set[tuple]:
-        """Jobs whose attempt 0 arrived after a later attempt (rare): their keys for the update."""
+        """Jobs whose attempt 0 arrived after a later attempt (rare): their keys for the update.
+        One query per 500 jobs; updating every stored job instead halves PostgreSQL's ingest."""
         keys = sorted({(s.cluster, s.job_id) for s in kept if s.attempt == 0})
         out: set[tuple] = set()
         p = self.P

@@ -199,22 +199,25 @@ class SqlStore(Store):
             finally:
                 cur.close()
 
-    def add(self, reports: Sequence[NodeReport]) -> list[int]:
-        if not reports:
-            return []
+    @contextmanager
+    def _writing(self) -> Iterator[Any]:
+        """The one writer connection, held, reconnected if the server dropped it."""
         with self._wlock:
             if not self._alive(self._writer):
                 self._writer = self._connect(write=True)
-            return self._insert(self._writer, reports, time.time())
+            yield self._writer
+
+    def add(self, reports: Sequence[NodeReport]) -> list[int]:
+        if not reports:
+            return []
+        with self._writing() as conn:
+            return self._insert(conn, reports, time.time())
 
     def add_jobs(self, summaries: Sequence[JobSummary]) -> list[bool]:
         if not summaries:
             return []
-        with self._wlock:
-            if not self._alive(self._writer):
-                self._writer = self._connect(write=True)
-            with self._transaction(self._writer):
-                return self._insert_jobs(self._writer, summaries, time.time())
+        with self._writing() as conn, self._transaction(conn):
+            return self._insert_jobs(conn, summaries, time.time())
 
     def _with_results(self, reports: list[dict], rows: list[tuple]) -> list[dict]:
         by_id = {r["id"]: r for r in reports}
