@@ -13,6 +13,7 @@ from __future__ import annotations
 import importlib
 import os
 import shutil
+from pathlib import Path
 from types import ModuleType
 from typing import NoReturn
 
@@ -50,3 +51,18 @@ def tool(command: str, what: str | None = None) -> str:
 def root(why: str) -> None:
     if os.geteuid() != 0:
         missing("root", f"not root: {why}")
+
+
+def shared_testdata(*parts: str) -> Path:
+    """``../shared/testdata/<parts>`` beside the checkout (real files from other producers,
+    ``../shared/testdata/README.md``), or skip the whole calling module in one visible line.
+
+    The one exception to the rule above, by that README's rule: a user's clone has no
+    ``../shared`` and must still pass; every machine that has it runs the tests.
+    """
+    base = Path(__file__).resolve().parents[1] / ".." / "shared" / "testdata"
+    path = base.joinpath(*parts)
+    if not path.exists():
+        pytest.skip(f"no {path} (real files from other producers: a checkout beside ../shared has them)",
+                    allow_module_level=True)
+    return path

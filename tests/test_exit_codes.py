@@ -30,7 +30,7 @@ def hpcml(*args, cwd: Path) -> subprocess.CompletedProcess:
 
 
 def test_the_table_lists_every_code():
-    assert sorted(table()) == [0, 1, 2, 3, 4, 5, 6, 7]
+    assert sorted(table()) == [0, 1, 2, 3, 4, 5, 6, 7, 8]
 
 
 PROBES = [
@@ -50,6 +50,8 @@ PROBES = [
      {"evil.pkl": b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."}, ["scan", "evil.pkl"]),
     ("scan of a file that cannot be parsed", 7, "could not be read or parsed",
      {"broken.pkl": b"\x80\x04\x95garbage"}, ["scan", "broken.pkl"]),
+    ("scan of a GGUF model (a format hpcml does not read)", 8, "does not read",
+     {"m.gguf": b"GGUF\x03\x00\x00\x00" + bytes(16)}, ["scan", "m.gguf"]),
     ("vet continue", 0, "continue", {"p.yaml": "name: x\nevals:\n  - {name: m, type: memory, min_available_fraction: 1%}\n"},
      ["vet", "run", "p.yaml", "--local", "--out", "o"]),
 ]

@@ -44,6 +44,29 @@ def test_api_without_recorder_writes_its_rank_file(tmp_path):
     assert set(t["rank"]) == {3}
 
 
+def test_rows_of_a_short_program_survive_pandas_imported_at_exit(tmp_path):
+    """A program that ends within a flush interval has its rows converted by the exit
+    handler, and pyarrow's first conversion imports pandas where it is installed; pandas 3
+    and pyarrow.pandas_compat import concurrent.futures.thread, whose import raises at
+    interpreter shutdown (a threading exit hook). Here a stand-in pandas does that import,
+    then is missing: every row must still reach the store."""
+    fake = tmp_path / "site"
+    (fake / "pandas").mkdir(parents=True)
+    (fake / "pandas" / "__init__.py").write_text(
+        "import concurrent.futures.thread  # noqa: F401\nraise ImportError('a stand-in')\n")
+    code = """
+        from hpcml import observe
+        for i in range(3):
+            observe.log(step=i, loss=1.0)
+    """
+    path = os.pathsep.join(d for d in (str(fake), os.environ.get("PYTHONPATH")) if d)
+    p = _run(code, {"HPCML_OBSERVE_DIR": str(tmp_path / "job"), "PYTHONPATH": path}, stderr=subprocess.PIPE)
+    assert p.wait(timeout=60) == 0, p.stderr.read()
+    t = read_job(tmp_path / "job").table.to_pydict()
+    assert [s for n, s in zip(t["name"], t["step"]) if n == "loss"] == [0, 1, 2]
+    assert "problem" not in t["kind"]
+
+
 def test_kill_9_leaves_everything_up_to_the_last_flush(tmp_path):
     code = """
         import time

@@ -21,6 +21,19 @@ from tests.scan.programs import random_program
 ROWS = [{"a": i, "b": str(i), "c": [i, i + 1], "f": i / 3} for i in range(60_000)]   # > 1 MiB pickled
 
 
+def _plain(rows, protocol: int = 2) -> bytes:
+    """Plain data the fast path may prove: no memo (pickle's fast mode) and no 0x95 byte
+    anywhere (one could be a FRAME, which only the walker reads as every CPython reader does)."""
+    rows = [r for r in rows if b"\x95" not in pickle.dumps(r, protocol=protocol)]
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=protocol)
+    pickler.fast = True
+    pickler.dump(rows)
+    data = buf.getvalue()
+    assert b"\x95" not in data
+    return data
+
+
 def _walks(monkeypatch) -> list[int]:
     """Count the walker's runs (the fast path must leave plain data to itself)."""
     calls: list[int] = []
@@ -53,11 +66,20 @@ def test_random_programs_proven_only_when_the_walker_sees_no_code():
 
 def test_plain_data_is_proven_without_the_walker(tmp_path, monkeypatch):
     path = tmp_path / "rows.pkl"
-    path.write_bytes(pickle.dumps(ROWS, protocol=4) + pickle.dumps(ROWS[:10], protocol=2))
+    path.write_bytes(_plain(ROWS, 3) + _plain(ROWS[:10] * 2000, 2))
     walked = _walks(monkeypatch)
     res = scan_file(path)
     assert res.verdict is Verdict.SAFE and walked == []
     assert res.notes == ["2 pickles in one stream; every one was scanned"]
+
+
+def test_a_stream_with_frames_is_walked_not_proven(tmp_path, monkeypatch):
+    """CPython's readers read a frame an opcode crosses differently (tests/scan/test_frames.py):
+    one C reading proves only itself, so protocol 4+ streams take the walker."""
+    path = tmp_path / "rows.pkl"
+    path.write_bytes(pickle.dumps(ROWS, protocol=4))
+    walked = _walks(monkeypatch)
+    assert scan_file(path).verdict is Verdict.SAFE and walked == [0]
 
 
 @pytest.mark.parametrize("protocol", [0, 2, 4, 5])
@@ -95,7 +117,7 @@ def test_a_child_that_crashes_or_runs_out_of_memory_falls_back_to_the_walker(tmp
         assert fastload.plain_data_ends(fh, 0, deep.stat().st_size) is None
     assert scan_file(deep).verdict is Verdict.SAFE
     rows = tmp_path / "rows.pkl"
-    rows.write_bytes(pickle.dumps(ROWS, protocol=4))
+    rows.write_bytes(_plain(ROWS))
     # The cap counts address space the child adds; heap this long test process has freed
     # but still maps is reusable under it, so the capped load runs in a fresh interpreter.
     probe = (

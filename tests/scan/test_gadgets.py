@@ -25,8 +25,9 @@ STDLIB = {
     "file-write": ("logging", "FileHandler", ["/tmp/hpcml-gadget-written"], "builtins.open"),
     "import": ("logging.config", "fileConfig", ["/tmp/hpcml-gadget.ini"], "builtins.__import__"),
     "eval": ("rlcompleter", "Completer.attr_matches", ["__import__('os').system('id')"], "builtins.eval"),
-    "pickle": ("torch.storage", "_load_from_bytes", ["not a pickle"], "torch.load"),
 }
+# torch.storage._load_from_bytes, this family's example before, is now allowlisted with its
+# argument checked (bytes in the file are scanned as a torch file): tests/scan/test_argchecks.py
 #: a site library the test writes, for the family the standard library has no unlisted gadget of
 SITE_LIB = '''
 import ctypes
@@ -144,7 +145,7 @@ def test_a_re_export_is_what_it_re_exports(tmp_path):
 def test_private_and_process_family_names_are_never_advised(tmp_path):
     """Names left unknown by the analysis are still not offered when private or from the
     standard library's process/network/debugging modules; a user's own class still is."""
-    private = _gadget_pickle(tmp_path / "private.pkl", "_pyrepl.pager", "pipe_pager", ["x", "sh"])
+    private = _gadget_pickle(tmp_path / "private.pkl", "_strptime", "_strptime_datetime", ["x", "y"])
     family = _gadget_pickle(tmp_path / "family.pkl", "logging.handlers", "SocketHandler", ["h", "1"])
     user = tmp_path / "user.pkl"
     user.write_bytes(pickle.dumps(Harmless(), protocol=4))
@@ -154,7 +155,7 @@ def test_private_and_process_family_names_are_never_advised(tmp_path):
     offered = [ln[4:] for ln in out.stdout.splitlines() if ln.startswith("  - ")]
     assert offered == [f"{__name__}.Harmless"], out.stdout
     text = " ".join(out.stdout.split())
-    assert "Do not allow _pyrepl.pager.pipe_pager (a private name" in text, out.stdout
+    assert "Do not allow _strptime._strptime_datetime (a private name" in text, out.stdout
     assert "logging.handlers.SocketHandler (from logging" in text, out.stdout
 
 
@@ -220,7 +221,7 @@ def test_benign_torch_names_are_not_called_dangerous():
     policy = default_policy()
     for module, name in [("torch", "float8_e8m0fnu"), ("torch", "Generator"),
                          ("torch.nn.modules.linear", "Linear"), ("torch.nn.modules.conv", "Conv2d")]:
-        assert policy.judge(module, name)[0].value == "unknown", (module, name)
+        assert policy.judge(module, name)[0].value != "dangerous", (module, name)
 
 
 def test_hostile_names_never_break_the_scan(tmp_path):
@@ -244,3 +245,17 @@ def test_a_name_built_to_look_like_advice_is_printed_escaped(tmp_path):
                          text=True, timeout=120)
     assert "  - os.system" not in out.stdout.splitlines(), out.stdout
     assert "\\n" in out.stdout
+
+
+def test_a_function_that_reaches_yamls_unsafe_loaders_is_dangerous(tmp_path):
+    """Parse, then construct arbitrary objects (YAML's unsafe loaders, jsonpickle, hydra's
+    instantiate) is as good as another pickle load: a gadget no list names finds it."""
+    lib = tmp_path / "lib"
+    lib.mkdir()
+    (lib / "cfgload.py").write_text("import yaml\n\ndef read_config(text):\n"
+                                    "    return yaml.load(text, Loader=yaml.UnsafeLoader)\n\n"
+                                    "def read_safely(text):\n    return yaml.safe_load(text)\n")
+    a = Analyser(paths=[str(lib)])
+    found = a.reach("cfgload", "read_config")
+    assert found is not None and found.path[-1].startswith("yaml.")
+    assert a.reach("cfgload", "read_safely") is None

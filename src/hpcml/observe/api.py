@@ -139,6 +139,12 @@ def _close() -> None:
 
 
 def _start() -> None:
+    # The first batch is converted by the exit handler when the program ends within a flush
+    # interval, and pyarrow's first conversion imports pandas where it is installed; pandas
+    # (3.x) and pyarrow.pandas_compat import concurrent.futures.thread, whose import
+    # registers a threading exit hook and raises at interpreter shutdown: every row was
+    # lost. Imported now (a few ms, once), it is already there at exit.
+    import concurrent.futures.thread  # noqa: F401
     with _lock:
         if _state["thread"] is not None:
             return

@@ -11,6 +11,8 @@ _EVENT_VERDICT = {
     "unresolved": (Verdict.UNKNOWN, "the global's name is computed at load time"),
     "call": (Verdict.UNKNOWN, "calls something that is not a named global"),
     "mutate": (Verdict.DANGEROUS, "changes attributes or items of an imported global"),
+    "argument": (Verdict.UNKNOWN, ""),              # hpcml.scan.argchecks: the event says why
+    "argument-dangerous": (Verdict.DANGEROUS, ""),
 }
 
 
@@ -21,6 +23,7 @@ class FileScan:
         self.policy = policy
         self.result = FileResult(path=path, format="unrecognised", verdict=Verdict.SAFE, size=size)
         self._by_key: dict[tuple, Finding] = {}
+        policy.start_file()             # the source analysis's per-file budget
 
     def set_format(self, fmt: str) -> None:
         current = self.result.format
@@ -36,16 +39,27 @@ class FileScan:
                 name = f"{ev.module}.{ev.name}"
             else:
                 verdict, why = _EVENT_VERDICT[ev.kind]
+                why = why or ev.detail
                 name = f"{ev.module}.{ev.name}" if ev.module else ev.detail
-            key = (name, verdict, member)
-            found = self._by_key.get(key)
-            if found:
-                found.count += 1
-                continue
-            finding = Finding(verdict=verdict, name=name, why=why,
-                              location=Location(member, ev.offset), opcode=ev.opcode)
-            self._by_key[key] = finding
-            self.result.findings.append(finding)
+            self.add(verdict, name, why, member, ev.offset, ev.opcode, ev.count)
+
+    def add(self, verdict: Verdict, name: str, why: str, member: str = "", offset: int | None = None,
+            opcode: str = "", count: int = 1) -> None:
+        """One finding (a global, or in another format the construct: ``opcode`` names it);
+        the same name again under the same member only counts."""
+        key = (name, verdict, member)
+        found = self._by_key.get(key)
+        if found:
+            found.count += count
+            return
+        finding = Finding(verdict=verdict, name=name, why=why, location=Location(member, offset), opcode=opcode,
+                          count=count)
+        self._by_key[key] = finding
+        self.result.findings.append(finding)
+
+    def not_scanned(self, what: str, why: str, member: str = "") -> None:
+        """Content recognised but not read (HDF5 weights, a GGUF's tensors): never ``safe``."""
+        self.add(Verdict.NOT_SCANNED, what, why, member, opcode="not read")
 
     def error(self, problem: str, member: str = "") -> None:
         self.result.errors.append(f"{member}: {problem}" if member else problem)
@@ -55,6 +69,9 @@ class FileScan:
 
     def finish(self) -> FileResult:
         res = self.result
+        note = self.policy.analysis_note()
+        if note:
+            res.notes.append(note)
         verdicts = [f.verdict for f in res.findings]
         if res.errors:
             verdicts.append(Verdict.ERROR)

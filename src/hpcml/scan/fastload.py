@@ -27,9 +27,10 @@ Why nothing can run (the security argument):
 
 Anything not proven here (a global, a persistent id, a bytes value that looks like a
 nested pickle, a legacy-torch magic number, a malformed or truncated stream, trailing
-bytes) gets the full walk, which reports offsets, calls and notes. So this path can only
-ever answer "plain data, N pickles ending at these offsets"; it never decides a verdict
-that names code.
+bytes, a 0x95 byte that may be a protocol 4 FRAME: CPython's readers read a frame that an
+opcode crosses differently, and one reading proves only itself) gets the full walk,
+which reports offsets, calls and notes. So this path can only ever answer "plain data,
+N pickles ending at these offsets"; it never decides a verdict that names code.
 """
 
 from __future__ import annotations
@@ -47,7 +48,10 @@ from typing import BinaryIO
 
 MIN_SIZE = 1 << 20               # below this the walker is as fast as a fork
 MAX_SIZE = 256 << 20             # above this the object graph would not fit the memory cap
-DEFAULT_MEMORY = 2 << 30         # bytes of address space the child may add
+DEFAULT_MEMORY = 192 << 20       # bytes of address space the child may add
+#: the objects a plain-data pickle becomes, per byte of it (1M small dicts: 14x), plus the
+#: child's copy of the bytes: a stream that would not fit the budget is walked at once
+GRAPH_FACTOR = 17
 PREFIX = 4096                    # bytes parsed in this process to see an early global
 TIMEOUT = 120.0                  # seconds before the child is killed and the walker takes over
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
@@ -116,24 +120,28 @@ def memory_budget() -> int:
         return DEFAULT_MEMORY
 
 
-def _load_all(data: bytes) -> list[int] | None:
-    """The end offset of every pickle in ``data`` if all are plain data and end exactly at
-    its end; None otherwise. Runs in the child."""
-    bio = io.BytesIO(data)
+def _ends(stream, size: int) -> list[int] | None:
     ends: list[int] = []
-    while bio.tell() < len(data):
+    while stream.tell() < size:
         try:
-            value = _DataOnly(bio).load()
+            value = _DataOnly(stream).load()
         except Exception:  # noqa: BLE001 - refused, malformed or truncated: not proven
             return None
         if not ends and type(value) is int and value == TORCH_LEGACY_MAGIC:
             return None
-        ends.append(bio.tell())
+        ends.append(stream.tell())
         del value
     return ends
 
 
-def _child(data: bytes, budget: int, wfd: int) -> None:
+def _load_all(data: bytes) -> list[int] | None:
+    """The end offset of every pickle in ``data`` if all are plain data and end exactly at
+    its end; None otherwise. Runs in the child."""
+    return _ends(io.BytesIO(data), len(data))
+
+
+def _child(source: BinaryIO | bytes, start: int, size: int, budget: int, wfd: int) -> None:
+    ok, out = False, b""
     try:
         gc.disable()                # no cycle can need collecting before os._exit
         faulthandler.disable()      # a crash here means "not proven", not a dump on stderr
@@ -143,9 +151,13 @@ def _child(data: bytes, budget: int, wfd: int) -> None:
         limit = mapped + budget
         if hard == resource.RLIM_INFINITY or limit < hard:
             resource.setrlimit(resource.RLIMIT_AS, (limit, hard))
-        ends = _load_all(data)
-        out = b"" if ends is None else struct.pack(f"<{len(ends)}Q", *ends)
-        os.write(wfd, struct.pack("<bI", ends is not None, len(out)) + out)
+        # the child reads the bytes (pread: the parent's file position does not move), so the
+        # scanning process never holds them
+        data = source if isinstance(source, bytes) else os.pread(source.fileno(), size, start)
+        if len(data) == size and not _may_nest(data) and b"\x95" not in data:
+            ends = _load_all(data)
+            ok, out = ends is not None, b"" if ends is None else struct.pack(f"<{len(ends)}Q", *ends)
+        os.write(wfd, struct.pack("<bI", ok, len(out)) + out)
     finally:
         os._exit(0)
 
@@ -154,15 +166,17 @@ def plain_data_ends(fh: BinaryIO, start: int, end: int) -> list[int] | None:
     """Absolute end offsets of the pickles in ``fh[start:end]`` when the stream is proven to
     be plain data only; None when it must be walked (or this path does not apply)."""
     size = end - start
-    if not (MIN_SIZE <= size <= MAX_SIZE) or not hasattr(os, "fork"):
+    budget = memory_budget()
+    if not (MIN_SIZE <= size <= MAX_SIZE) or size * GRAPH_FACTOR > budget or not hasattr(os, "fork"):
         return None
     fh.seek(start)
-    if _names_early(fh.read(PREFIX)):
+    head = fh.read(PREFIX)
+    if b"\x95" in head or _names_early(head):     # a FRAME (see above) or a global: walked
         return None
-    fh.seek(start)
-    data = fh.read(size)
-    if len(data) != size or _may_nest(data):
-        return None
+    source: BinaryIO | bytes = fh
+    if type(fh) is not io.BufferedReader:     # a member of an archive, a decompressed stream:
+        fh.seek(start)                        # its offsets are not the file's, read here
+        source = fh.read(size)
     rfd, wfd = os.pipe()
     try:
         pid = os.fork()
@@ -172,9 +186,9 @@ def plain_data_ends(fh: BinaryIO, start: int, end: int) -> list[int] | None:
         return None
     if pid == 0:                                    # pragma: no cover - the child
         os.close(rfd)
-        _child(data, memory_budget(), wfd)
+        _child(source, start, size, budget, wfd)
     os.close(wfd)
-    del data
+    del source
     try:
         reply = _read_reply(rfd, pid)
     finally:

@@ -22,7 +22,7 @@ from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import map_py2
 from hpcml.scan.policy import Policy, default_policy
 
-_EXIT = {Verdict.DANGEROUS: 6, Verdict.UNKNOWN: 5, Verdict.ERROR: 7}
+_EXIT = {Verdict.DANGEROUS: 6, Verdict.UNKNOWN: 5, Verdict.ERROR: 7, Verdict.NOT_SCANNED: 8}
 
 
 class UnsafeFileError(HpcmlError):
@@ -33,6 +33,9 @@ class UnsafeFileError(HpcmlError):
         self.exit_code = _EXIT.get(result.verdict, 1)
         bad = [f"{f.name} ({f.why})" for f in result.findings if f.verdict is not Verdict.SAFE]
         why = "; ".join(bad[:3] + result.errors[:2]) or "no reason recorded"
+        if result.verdict is Verdict.NOT_SCANNED:
+            why += (f". hpcml does not read {result.format} files, so it cannot say they are safe: "
+                    "load one with its own library only if you trust where it came from")
         super().__init__(f"{result.path}: refused to load ({result.verdict.value}): {why}")
 
 
@@ -50,10 +53,36 @@ class RestrictedUnpickler(pickle.Unpickler):
         verdict, why = self._policy.classify(mod, nm)
         if verdict is not Verdict.SAFE:
             raise pickle.UnpicklingError(f"blocked global {mod}.{nm}: {why}")
+        if (mod, nm) == ("torch.storage", "_load_from_bytes"):
+            return _restricted_load_from_bytes(self._policy)
+        if (mod, nm) == ("pyarrow.lib", "_restore_array"):
+            return _validated_arrow_array
         return super().find_class(module, name)
 
     # No persistent_load: the C unpickler then refuses persistent ids, and torch.load can
     # still assign its own on the instance.
+
+
+def _restricted_load_from_bytes(policy: Policy) -> Any:
+    """``torch.storage._load_from_bytes`` (a tensor pickled with plain pickle carries its
+    storage as a torch file in bytes) with the same lock on the inner load: torch's own
+    runs ``torch.load(weights_only=False)`` with the unrestricted pickle module."""
+    def load_from_bytes(b: bytes) -> Any:
+        import torch
+        return torch.load(io.BytesIO(b), weights_only=False, pickle_module=restricted_pickle_module(policy))
+    return load_from_bytes
+
+
+def _validated_arrow_array(data: Any) -> Any:
+    """pyarrow's ``_restore_array`` trusts the offsets in its buffers (an offset past the
+    data reads out of bounds later): the array is validated in full before it is returned."""
+    from pyarrow.lib import _restore_array
+    array = _restore_array(data)
+    try:
+        array.validate(full=True)
+    except Exception as exc:  # noqa: BLE001 - pyarrow.ArrowInvalid and kin
+        raise pickle.UnpicklingError(f"blocked an invalid pyarrow array: {exc}") from None
+    return array
 
 
 def restricted_pickle_module(policy: Policy) -> types.ModuleType:
@@ -95,10 +124,38 @@ def _load_npz(path: Path, policy: Policy) -> dict[str, Any]:
     return out
 
 
+class _RestrictedNumpy:
+    """numpy as joblib's unpickler sees it (``unpickler.np``): the ``np.load(allow_pickle=True)``
+    of the file an old ``NDArrayWrapper`` names goes through the same lock, and only inside
+    the pickle's directory."""
+
+    def __init__(self, policy: Policy, dirname: str) -> None:
+        import numpy
+        self._np, self._policy, self._dir = numpy, policy, os.path.realpath(dirname)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._np, name)
+
+    def load(self, file: str, mmap_mode: Any = None, allow_pickle: bool = False, **kwargs: Any) -> Any:
+        target = os.path.realpath(file)
+        if os.path.commonpath([self._dir, target]) != self._dir:
+            raise pickle.UnpicklingError(f"blocked: the pickle opens {file}, outside its directory")
+        from hpcml.scan.formats import npy
+        with open(target, "rb") as fh:
+            size = os.fstat(fh.fileno()).st_size
+            if npy.read_header(fh, 0, size).has_object:
+                return _load_npy(fh, size, self._policy)
+        return self._np.load(target, mmap_mode=mmap_mode, allow_pickle=False)
+
+
 def _load_joblib(path: Path, policy: Policy) -> Any:
     import joblib.numpy_pickle as jnp
 
     class Restricted(jnp.NumpyUnpickler):
+        def __init__(self, filename: str, *args: Any, **kwargs: Any) -> None:
+            super().__init__(filename, *args, **kwargs)
+            self.np = _RestrictedNumpy(policy, self._dirname or ".")
+
         def find_class(self, module: str, name: str) -> Any:
             verdict, why = policy.classify(*map_py2(module, name))
             if verdict is not Verdict.SAFE:

@@ -1,7 +1,9 @@
 """What a scan produces: per file a verdict, the globals behind it and where they are.
 
 Verdicts are ordered: a file is as bad as its worst finding, and ``error`` (could not
-be read or parsed to the end) is never ``safe``.
+be read or parsed to the end) is never ``safe``; nor is ``not-scanned`` (a format hpcml
+recognises but does not read: HDF5, ONNX, GGUF, a TF SavedModel), which is the least bad
+verdict that is not ``safe``.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from dataclasses import dataclass, field
 
 class Verdict(str, enum.Enum):
     SAFE = "safe"
+    NOT_SCANNED = "not-scanned"
     ERROR = "error"
     UNKNOWN = "unknown"
     DANGEROUS = "dangerous"
@@ -25,7 +28,7 @@ class Verdict(str, enum.Enum):
         return max(verdicts, key=lambda v: v.rank, default=Verdict.SAFE)
 
 
-_RANK = {Verdict.SAFE: 0, Verdict.ERROR: 1, Verdict.UNKNOWN: 2, Verdict.DANGEROUS: 3}
+_RANK = {Verdict.SAFE: 0, Verdict.NOT_SCANNED: 1, Verdict.ERROR: 2, Verdict.UNKNOWN: 3, Verdict.DANGEROUS: 4}
 
 
 @dataclass(frozen=True)
@@ -44,13 +47,15 @@ class Location:
 
 @dataclass
 class Finding:
-    """One global (or an import-like effect) that loading the file would trigger."""
+    """One global (or an import-like effect) that loading the file would trigger; in a
+    format that is not a pickle, a construct that runs code on load (a Keras Lambda layer,
+    a TF PyFunc op) or content hpcml does not read (``not-scanned``)."""
 
     verdict: Verdict
     name: str                      # "os.system", or a description for non-global effects
     why: str                       # which policy rule or construct decided the verdict
     location: Location
-    opcode: str = ""               # GLOBAL, STACK_GLOBAL, INST, EXT1, ...
+    opcode: str = ""               # GLOBAL, STACK_GLOBAL, INST, EXT1, ...; the construct elsewhere
     count: int = 1                 # how many times the same name appears in this stream
 
 

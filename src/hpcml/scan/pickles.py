@@ -7,12 +7,20 @@ second pickle after a harmless first one; so every pickle in the stream is walke
 
 from __future__ import annotations
 
-from typing import BinaryIO
+import base64
+import binascii
+import codecs
+import io
+import os
+import re
+import tempfile
+from typing import BinaryIO, cast
 
 from hpcml.scan import fastload
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import joblib as joblib_format
-from hpcml.scan.picklewalk import PickleWalker, WalkResult
+from hpcml.scan.model import Verdict
+from hpcml.scan.picklewalk import PickleWalker, WalkResult, looks_like_pickle
 
 TORCH_LEGACY_MAGIC = 0x1950A86A20F9469CFC6C
 TORCH_LEGACY_PICKLES = 5        # magic, protocol, sys info, the data, the storage keys
@@ -22,12 +30,128 @@ MAX_DEPTH = 3
 
 def walk_one(fh: BinaryIO, start: int, end: int) -> WalkResult:
     """One pickle; re-walked with container tracking if it turns out to be joblib's."""
-    hooks = frozenset({joblib_format.WRAPPER})
+    hooks = joblib_format.HOOKS
     try:
         return PickleWalker(fh, start, end, on_build=joblib_format.on_build, build_hooks=hooks).walk()
     except joblib_format.NeedTracking:
         return PickleWalker(fh, start, end, track_containers=True,
                             on_build=joblib_format.on_build, build_hooks=hooks).walk()
+
+
+def _latin1_of_utf8(fh: BinaryIO, off: int, length: int) -> BinaryIO:
+    """The bytes ``_codecs.encode(text, 'latin1')`` makes of UTF-8 text in the file (how
+    protocols 0-2 write bytes), decoded in chunks into a spooled file: memory stays bounded."""
+    out = tempfile.SpooledTemporaryFile(max_size=64 << 20)
+    decode = codecs.getincrementaldecoder("utf-8")("surrogatepass").decode
+    fh.seek(off)
+    left = length
+    while left > 0:
+        chunk = fh.read(min(left, 1 << 20))
+        if not chunk:
+            raise ValueError("the text ends before its length")
+        left -= len(chunk)
+        out.write(decode(chunk, final=left == 0).encode("latin-1"))
+    out.seek(0)
+    return cast(BinaryIO, out)
+
+
+def _scan_inner(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int) -> None:
+    """Scan content the load reaches from this file (bytes it loads, a file it opens) by
+    content, as part of this file's verdict; the file's own format stays what it is."""
+    from hpcml.scan.scanner import scan_content  # scanner imports this module
+    fmt = fs.result.format
+    try:
+        scan_content(fs, fh, size, member, name, depth)
+    finally:
+        fs.result.format = fmt
+
+
+def _scan_loaded(fs: FileScan, fh: BinaryIO, loaded: list[tuple[int, int, str | bytes | None]], member: str,
+                 depth: int) -> None:
+    """Bytes the load hands to ``torch.load`` (``torch.storage._load_from_bytes``: how a
+    tensor pickled with plain pickle or joblib carries its storage) are a torch file of
+    their own, scanned as one: benign inside, safe; dangerous inside, dangerous."""
+    from hpcml.scan.formats.zipped import Window
+    for off, length, how in loaded[:MAX_NESTED]:
+        inner = f"{member} torch.load@{off}" if member else f"torch.load@{off}"
+        if depth >= MAX_DEPTH:
+            fs.error(f"torch files nested more than {MAX_DEPTH} deep", inner)
+            continue
+        try:
+            if how is None:
+                view: BinaryIO = cast(BinaryIO, Window(fh, off, length))
+            elif how == "utf-8":
+                view = _latin1_of_utf8(fh, off, length)
+            else:
+                view = io.BytesIO(cast(bytes, how))
+            size = view.seek(0, io.SEEK_END)
+            view.seek(0)
+            _scan_inner(fs, view, size, inner, "storage.pt", depth + 1)
+        except (ValueError, UnicodeError) as exc:       # the load would fail on it too
+            fs.error(f"bytes torch.load would read cannot be rebuilt: {exc}", inner)
+    if len(loaded) > MAX_NESTED:
+        fs.error(f"{len(loaded) - MAX_NESTED} more torch files loaded from bytes were not scanned", member)
+
+
+def _scan_opened(fs: FileScan, opened: list[tuple[str, int]], member: str, depth: int) -> None:
+    """Files the load opens (joblib's old ``NDArrayWrapper``: ``np.load(dirname/filename,
+    allow_pickle=True)``) are part of its verdict: each must lie in the pickle's own
+    directory (no absolute path, no ``..``, no symlink out of it) and is scanned here."""
+    for name, off in opened[:MAX_NESTED]:
+        what = f"joblib.numpy_pickle_compat.NDArrayWrapper opens {name!r}"
+        if member or not fs.result.path:
+            fs.add(Verdict.DANGEROUS, what, "a file named inside an archive member: joblib would open it "
+                                            "on the disk, outside what was scanned", member, off, "BUILD")
+            continue
+        base = os.path.realpath(os.path.dirname(os.path.abspath(fs.result.path)))
+        target = os.path.realpath(os.path.join(base, name))
+        if os.path.isabs(name) or ".." in name.replace("\\", "/").split("/") or \
+                os.path.commonpath([base, target]) != base or target == base:
+            fs.add(Verdict.DANGEROUS, what, "a file outside the pickle's directory: np.load(allow_pickle=True) "
+                                            "of something that was not scanned", member, off, "BUILD")
+            continue
+        inner = f"{os.path.basename(target)} (opened by the load)"
+        if depth >= MAX_DEPTH:
+            fs.error("files opened by files nested too deep", inner)
+            continue
+        try:
+            with open(target, "rb") as fh:
+                size = os.fstat(fh.fileno()).st_size
+                _scan_inner(fs, fh, size, inner, os.path.basename(target), depth + 1)
+        except OSError as exc:
+            fs.error(f"cannot read the file the load opens: {exc.strerror or exc}", inner)
+
+
+ENCODED_SCAN_MAX = 16 << 20     # bytes of a stream searched for pickles encoded as text
+_ENCODED = re.compile(rb"gA[JNSW][A-Za-z0-9+/]{13,}={0,2}|80 ?0[2-5] ?(?:[0-9a-fA-F]{2} ?){6,}")
+
+
+def _note_encoded(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str) -> None:
+    """Pickles carried as base64 or hex text: nothing in this file decodes them (that would
+    take a global, judged on its own), so they do not change its verdict; but whoever
+    decodes and loads them later runs what they import, which the note names."""
+    if end - start > ENCODED_SCAN_MAX:
+        return
+    fh.seek(start)
+    data = fh.read(end - start)
+    notes = 0
+    for m in _ENCODED.finditer(data):
+        text = m.group().replace(b" ", b"")
+        try:
+            raw = base64.b64decode(text + b"=" * (-len(text) % 4)) if text[:1] == b"g" else bytes.fromhex(text.decode())
+        except (ValueError, binascii.Error):
+            continue
+        if not looks_like_pickle(raw[:3]):
+            continue
+        res = PickleWalker(io.BytesIO(raw), 0, len(raw)).walk()
+        names = sorted({f"{ev.module}.{ev.name}" for ev in res.events if ev.kind == "global"})
+        kind = "base64" if text[:1] == b"g" else "hex"
+        where = f"{member}@{start + m.start()}" if member else f"offset {start + m.start()}"
+        fs.note(f"a pickle encoded as {kind} text at {where} (not loaded by this file); it imports "
+                + (", ".join(names[:5]) if names else "nothing"))
+        notes += 1
+        if notes >= 8:
+            break
 
 
 def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = "", *,
@@ -46,15 +170,21 @@ def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = 
     while offset < end:
         res = walk_one(fh, offset, end)
         fs.events(res.events, member)
+        _scan_loaded(fs, fh, res.loaded, member, depth)
+        _scan_opened(fs, res.opened, member, depth)
+        loaded = {entry[0] for entry in res.loaded}
         for off, length in res.nested[:MAX_NESTED]:
-            if depth < MAX_DEPTH:
+            if depth < MAX_DEPTH and off not in loaded:
                 inner = f"{member} nested@{off}" if member else f"nested@{off}"
                 scan_stream(fs, fh, off, off + length, inner, required=False, depth=depth + 1)
         if len(res.nested) > MAX_NESTED:
             fs.note(f"{len(res.nested) - MAX_NESTED} more embedded pickles were not followed")
-        if any(ev.module == "joblib.numpy_pickle" for ev in res.events):
+        if any(ev.module in ("joblib.numpy_pickle", "joblib.numpy_pickle_compat") for ev in res.events):
             fs.set_format("joblib")
-        if res.error:
+        if res.error and res.stopped:       # read to STOP, but not as every unpickler reads it
+            fs.error(f"pickle #{count + 1} at offset {offset} is malformed: {res.error}" if count
+                     else f"not a valid pickle: {res.error}", member)
+        elif res.error:
             if count == 0 and (required or res.events):
                 fs.error(f"not a valid pickle: {res.error}", member)
             elif count and res.events:
@@ -77,4 +207,6 @@ def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = 
             break
     if count > 1 and not legacy:
         fs.note(f"{count} pickles in one stream; every one was scanned")
+    if depth == 0:
+        _note_encoded(fs, fh, start, offset, member)
     return True

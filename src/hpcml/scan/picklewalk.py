@@ -18,19 +18,28 @@ blocks). Only memo *presence* costs one byte per key.
 from __future__ import annotations
 
 import codecs
+import os
 import struct
 from dataclasses import dataclass, field
 from typing import BinaryIO
 
 from hpcml.errors import HpcmlError
+from hpcml.scan import argchecks
+from hpcml.scan.model import Verdict
 
-CHUNK = 1 << 20
+CHUNK = 1 << 18                 # bytes read at a time (and how often the memory guard looks)
+WALK_MEMORY = 128 << 20         # resident memory a walk may add before it stops (fails closed)
+MAX_EVENTS = 1 << 17            # distinct imports and calls one pickle may name (~300 B each)
+MAX_LISTED = 1 << 12            # embedded pickles and loaded byte strings remembered
+MAX_TUPLE = 1 << 16             # a longer TUPLE is opaque (no call's arguments or name is one)
 MAX_TRACKED_STR = 4096          # longer strings cannot be module or attribute names we care about
 MEMO_BUDGET = 1 << 22           # weight units kept in the memo (~ bytes of tracked values)
 MAX_LINE = 1 << 16              # protocol-0 argument lines longer than this are skipped
 TRACKED_KEYS = 1 << 20          # memo keys whose presence and kind are kept (1 byte each)
 SPARSE_KEYS = 1 << 16           # out-of-sequence keys past TRACKED_KEYS kept exactly
 NESTED_MIN = 8                  # shortest bytes payload checked for an embedded pickle
+NO_FRAME = 1 << 63              # the frame end outside any FRAME
+_FACTORIES = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
 
 
 class Opaque:
@@ -51,6 +60,27 @@ class Unknown:
         self.why = why
 
 
+class BigInt(Opaque):
+    """An integer of more than 64 bytes written in the file: converting, hashing or taking
+    the gcd of it costs time that grows faster than the file (argchecks refuses it)."""
+
+    __slots__ = ("nbytes",)
+
+    def __init__(self, nbytes: int) -> None:
+        self.nbytes = nbytes
+
+
+class LongText(Unknown):
+    """A str longer than ``MAX_TRACKED_STR``, written in the file as UTF-8 (BINUNICODE,
+    BINUNICODE8): where it is, so a call that turns it into bytes to load can be scanned."""
+
+    __slots__ = ("offset", "length")
+
+    def __init__(self, offset: int, length: int) -> None:
+        super().__init__("a string longer than 4 KiB")
+        self.offset, self.length = offset, length
+
+
 OPAQUE = Opaque()
 LONG_STR = Unknown("a string longer than 4 KiB")
 EVICTED = Unknown("a memo value dropped after the memo budget was spent")
@@ -67,6 +97,16 @@ class Ref:
 
     def __init__(self, module: str, name: str) -> None:
         self.module, self.name, self.dotted = module, name, f"{module}.{name}"
+
+
+class Blob:
+    """Bytes written in the file (BINBYTES, SHORT_BINBYTES, BINBYTES8, BYTEARRAY8): where they
+    are, so that a call that loads them (``torch.storage._load_from_bytes``) is scanned."""
+
+    __slots__ = ("offset", "length")
+
+    def __init__(self, offset: int, length: int) -> None:
+        self.offset, self.length = offset, length
 
 
 class Call:
@@ -97,6 +137,7 @@ class Event:
     offset: int        # absolute offset of the opcode in the file
     opcode: str
     detail: str = ""
+    count: int = 1     # how many times the same event occurs in the pickle (the first is kept)
 
 
 @dataclass
@@ -106,6 +147,10 @@ class WalkResult:
     protocol: int = 0
     events: list[Event] = field(default_factory=list)
     nested: list[tuple[int, int]] = field(default_factory=list)   # (offset, length) of bytes that look like pickles
+    #: bytes a call loads as a torch file: (offset, length, how) with how None for bytes in
+    #: the file, "utf-8" for text in the file encoded to latin-1, or the bytes themselves
+    loaded: list[tuple[int, int, str | bytes | None]] = field(default_factory=list)
+    opened: list[tuple[str, int]] = field(default_factory=list)   # (file name, offset) of files the load opens (joblib's NDArrayWrapper)
     error: str | None = None
     stopped: bool = False           # reached STOP
     value: object = None            # the model of the top-level object (for format helpers)
@@ -149,6 +194,7 @@ class _Reader:
 
     def __init__(self, fh: BinaryIO, start: int, end: int) -> None:
         self.fh, self.end = fh, end
+        self.rss0 = _resident()
         self.base = start            # absolute offset of buf[0]
         self.buf = b""
         self.pos = 0
@@ -162,6 +208,9 @@ class _Reader:
         self.base += self.pos
         want = max(CHUNK, need) - have
         want = min(want, self.end - (self.base + have))
+        if self.rss0 and _resident() - self.rss0 > WALK_MEMORY:
+            raise PickleError(f"following the pickle's structure took more than {WALK_MEMORY >> 20} MiB "
+                              "(a stack, nesting or calls built to exhaust the scanner): not scanned to the end")
         extra = self.fh.read(want) if want > 0 else b""
         self.buf = self.buf[self.pos:] + extra
         self.pos = 0
@@ -182,6 +231,18 @@ class _Reader:
         """Continue at an absolute offset (after someone else read the file)."""
         self.fh.seek(offset)
         self.base, self.buf, self.pos = offset, b"", 0
+
+
+def _resident() -> int:
+    """This process's resident memory in bytes (0 where /proc is not there)."""
+    try:
+        with open("/proc/self/statm", "rb") as fh:
+            return int(fh.read().split()[1]) * _PAGE
+    except (OSError, ValueError, IndexError):
+        return 0
+
+
+_PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
 def looks_like_pickle(head: bytes) -> bool:
@@ -211,6 +272,19 @@ _U8 = struct.Struct("<Q").unpack_from
 _U2 = struct.Struct("<H").unpack_from
 
 
+def _c_int(line: bytes) -> int:
+    """Protocol-0 INT as the C unpickler reads it: ``strtol(s, &end, 0)`` (0x10, 010 octal),
+    then ``PyLong_FromString(s, NULL, 0)`` for what overflows a long."""
+    text = line.strip()
+    try:
+        return int(text, 0)
+    except ValueError:
+        digits = text.lstrip(b"+-")
+        if len(digits) > 1 and digits[:1] == b"0" and digits.isdigit():      # strtol's octal
+            return int(text[:len(text) - len(digits)] + b"0o" + digits[1:], 0)
+        raise
+
+
 def opname(op: int) -> str:
     return _OPNAMES.get(op, f"0x{op:02x}")
 
@@ -230,6 +304,7 @@ class PickleWalker:
         self.on_build = on_build        # on_build(walker, obj, state) after BUILD of an object
         self.build_hooks = build_hooks  # whose class is one of these dotted names
         self.result = WalkResult(start=start)
+        self._events: dict[tuple[str, str, str, str], Event] = {}
         self.memo: dict[int, object] = {}
         self.present = bytearray()      # 1 byte per memo key below TRACKED_KEYS
         self.sparse: dict[int, int] = {}
@@ -240,6 +315,8 @@ class PickleWalker:
         self.memo_len = 0               # distinct keys, as CPython counts them
         self.budget = MEMO_BUDGET
         self.proto = 0
+        self.soft_error = ""            # the load reads on, but not as every unpickler does
+        self.checking = False           # a name whose arguments are checked was imported
 
     # -- memo -------------------------------------------------------------------------
     # ``present[key]`` says what the memo holds for the first TRACKED_KEYS keys: 0 nothing,
@@ -316,11 +393,46 @@ class PickleWalker:
         raise PickleError(f"memo key {key} read before it was set (offset {offset})")
 
     # -- events -----------------------------------------------------------------------
+    def _event(self, kind: str, module: str, name: str, offset: int, op: str, detail: str = "") -> None:
+        """One event, or one more of an event already seen (its first offset is kept)."""
+        key = (kind, module, name, detail)
+        ev = self._events.get(key)
+        if ev is not None:
+            ev.count += 1
+            return
+        if len(self._events) >= MAX_EVENTS:
+            raise PickleError(f"more than {MAX_EVENTS:,} distinct imports and calls in one pickle "
+                              "(built to exhaust the scanner): not scanned to the end")
+        ev = self._events[key] = Event(kind, module, name, offset, op, detail)
+        self.result.events.append(ev)
+
     def _global(self, module: str, name: str, offset: int, op: str) -> Ref:
         if self.proto < 3:
             module, name = map_py2(module, name)
-        self.result.events.append(Event("global", module, name, offset, op))
-        return Ref(module, name)
+        self._event("global", module, name, offset, op)
+        ref = Ref(module, name)
+        if ref.dotted in argchecks.CHECKS:
+            self.checking = True
+        return ref
+
+    def _check_call(self, func, args, offset: int, op: str, kwargs: object = None) -> None:
+        """A call of a named global once a checked name is in the stream (``argchecks``)."""
+        if type(func) is not Ref:
+            return
+        for verdict, why in argchecks.judge(func.dotted, args, kwargs=kwargs):
+            kind = "argument-dangerous" if verdict is Verdict.DANGEROUS else "argument"
+            self._event(kind, func.module, func.name, offset, op, why)
+        if func.dotted == "torch.storage._load_from_bytes" and type(args) is tuple and len(args) == 1 \
+                and len(self.result.loaded) < MAX_LISTED:
+            data = args[0]
+            if type(data) is Blob:
+                self.result.loaded.append((data.offset, data.length, None))
+            elif type(data) is Call and type(data.args) is tuple and data.args:    # _codecs.encode(text, 'latin1')
+                text = data.args[0]
+                if type(text) is LongText:
+                    self.result.loaded.append((text.offset, text.length, "utf-8"))
+                elif type(text) is str:
+                    self.result.loaded.append((offset, len(text), text.encode("latin-1", "replace")))
 
     def _call(self, func, offset: int, op: str) -> None:
         """A call of something that is not a global we resolved: block it."""
@@ -329,22 +441,23 @@ class PickleWalker:
         what = "the result of a call" if type(func) is Call else "a value built at load time"
         if type(func) is Persistent:
             what = "a persistent-load result"
-        self.result.events.append(Event("call", "", "", offset, op,
-                                        f"calls {what}, not a named global"))
+        self._event("call", "", "", offset, op,
+                                        f"calls {what}, not a named global")
 
     def _mutate(self, target, offset: int, op: str) -> None:
         """BUILD, SETITEM(S), APPEND(S) or ADDITEMS applied to a global changes that global."""
         if type(target) is Ref:
-            self.result.events.append(Event("mutate", target.module, target.name, offset, op,
-                                            "changes attributes or items of an imported global"))
+            self._event("mutate", target.module, target.name, offset, op,
+                                            "changes attributes or items of an imported global")
         elif type(target) is Persistent:
-            self.result.events.append(Event("call", "", "", offset, op,
-                                            "changes a persistent-load result"))
+            self._event("call", "", "", offset, op,
+                                            "changes a persistent-load result")
 
     def _nested_check(self, offset: int, length: int) -> None:
         """Remember bytes arguments that start like a pickle: someone may load them."""
         r = self.r
-        if length >= NESTED_MIN and r.fill(3) and looks_like_pickle(r.buf[r.pos:r.pos + 3]):
+        if length >= NESTED_MIN and len(self.result.nested) < MAX_LISTED and r.fill(3) \
+                and looks_like_pickle(r.buf[r.pos:r.pos + 3]):
             self.result.nested.append((offset, length))
 
     # -- the walk ---------------------------------------------------------------------
@@ -357,8 +470,27 @@ class PickleWalker:
         except (IndexError, ValueError, struct.error, UnicodeDecodeError, OverflowError,
                 RecursionError, MemoryError, TypeError) as exc:
             res.error = f"malformed at offset {self.r.base + self.r.pos}: {exc}"
+        if self.soft_error:
+            res.error = self.soft_error + (f"; then {res.error}" if res.error else "")
         res.protocol = self.proto
         return res
+
+    @staticmethod
+    def _built_class(obj: Call) -> str:
+        """The class an object was built of: the called global, or the class handed to
+        ``copyreg._reconstructor``/``__newobj__`` (protocols 0-2 build instances that way)."""
+        func, args = obj.func, obj.args
+        if type(func) is Ref and func.dotted in _FACTORIES and type(args) is tuple and args \
+                and type(args[0]) is Ref:
+            return args[0].dotted
+        return func.dotted if type(func) is Ref else ""
+
+    def _straddle(self, fend: int) -> None:
+        """An opcode crossed a frame's end: ``pickle.loads`` reads on linearly (as this walk
+        does, so what it imports is still reported), but the verdict can no longer be safe."""
+        self.soft_error = self.soft_error or (
+            f"an opcode straddles the end of a FRAME at offset {fend}: pickle.py refuses it, and the C "
+            "unpickler reading a file drops the rest of the frame and reads other bytes than pickle.loads")
 
     def _underflow(self, op: int):
         raise PickleError(f"stack underflow at {opname(op)} (offset {self.r.base + self.r.pos - 1})")
@@ -388,6 +520,10 @@ class PickleWalker:
         OP = OPAQUE
         I4 = _I4
         buf, pos = r.buf, r.pos
+        # ``fend``: the absolute end of the current FRAME (NO_FRAME outside one). ``limit``
+        # stops the fast path before the end of the buffer and before ``fend``, so every
+        # opcode starting at or after the frame's end passes the boundary check below.
+        fend = NO_FRAME
         limit = len(buf) - 9
         memo_len = self.memo_len
         # True while keys are exactly 0..memo_len-1 (see _memo_put): MEMOIZE appends.
@@ -398,10 +534,14 @@ class PickleWalker:
         while True:
             if pos > limit:
                 r.pos = pos
+                if r.base + pos >= fend:
+                    if r.base + pos > fend:
+                        self._straddle(fend)
+                    fend = NO_FRAME
                 if not r.fill(9) and not r.fill(1):
                     raise PickleError("truncated: the stream ended before STOP")
                 buf, pos = r.buf, r.pos
-                limit = len(buf) - 9
+                limit = min(len(buf) - 9, fend - r.base - 1)
             op = buf[pos]
             pos += 1
             # The frequent opcodes first, in the order an object-heavy pickle uses them.
@@ -431,7 +571,7 @@ class PickleWalker:
                 stack.append(v)
                 # pickle.dumps always follows these with MEMOIZE and often with MARK:
                 # do those here and save two trips round the loop (same effect).
-                if seq and buf[pos] == 0x94:
+                if seq and pos <= limit and buf[pos] == 0x94:
                     kind = 1 if v is OP else self._memo_kind(v, memo_len)
                     if memo_len < tracked:
                         present.append(kind)
@@ -439,7 +579,7 @@ class PickleWalker:
                             small[memo_len] = v if kind == 3 else _PUSHED[kind]
                     memo_len += 1
                     pos += 1
-                    if buf[pos] == 0x28:
+                    if pos <= limit and buf[pos] == 0x28:
                         metastack.append(stack)
                         stack = []
                         pos += 1
@@ -455,15 +595,15 @@ class PickleWalker:
                         self.memo_len = memo_len
                         stack = self._rare(op, stack, metastack)
                         buf, pos = r.buf, r.pos
-                        limit = len(buf) - 9
+                        limit = min(len(buf) - 9, fend - r.base - 1)
                         continue
                     pos += 4
-                if pos + n > limit + 9:         # past the end of the buffer
+                if pos + n > len(buf):          # past the end of the buffer
                     r.pos = pos
                     if not r.fill(n):
                         raise PickleError("truncated in a SHORT_BINUNICODE argument")
                     buf, pos = r.buf, r.pos
-                    limit = len(buf) - 9
+                    limit = min(len(buf) - 9, fend - r.base - 1)
                 v = buf[pos:pos + n].decode("utf-8", "surrogatepass")
                 stack.append(v)
                 pos += n
@@ -545,10 +685,20 @@ class PickleWalker:
                 stack.append(t)
                 continue
             if op == 0x95:                                  # FRAME
+                if fend != NO_FRAME:
+                    self.soft_error = self.soft_error or (
+                        f"a FRAME at offset {r.base + pos - 1} inside the frame that ends at offset {fend}: "
+                        "pickle.py refuses it, and the C unpickler reading a file reads other bytes than pickle.loads")
                 size = _U8(buf, pos)[0]
-                if r.base + pos + 8 + size > r.end:
-                    raise PickleError(f"truncated: a FRAME of {size} bytes runs past the end")
                 pos += 8
+                fend = r.base + pos + size
+                if fend > r.end:
+                    # The C unpickler refuses this; pickle.py reads the short frame and goes on:
+                    # walk on as it does, so what it would import is still reported.
+                    self.soft_error = self.soft_error or (
+                        f"truncated: a FRAME of {size} bytes at offset {r.base + pos - 9} runs past the end")
+                    fend = NO_FRAME
+                limit = min(len(buf) - 9, fend - r.base - 1)
                 continue
             if op == 0x6A:                                  # LONG_BINGET
                 key = U4(buf, pos)[0]
@@ -574,6 +724,8 @@ class PickleWalker:
                     self._underflow(op)
                 if type(func) is not Ref:
                     self._call(func, r.base + pos - 1, opname(op))
+                elif self.checking:
+                    self._check_call(func, args, r.base + pos - 1, opname(op))
                 stack.append(Call(func, args))
                 continue
             if op == 0x62:                                  # BUILD
@@ -586,11 +738,18 @@ class PickleWalker:
                 if type(obj) is Call:
                     obj.state = state
                     func = obj.func
-                    if type(func) is Ref and func.dotted in self.build_hooks:
+                    if type(func) is Ref and (func.dotted in self.build_hooks or func.dotted in _FACTORIES
+                                              and self.build_hooks and self._built_class(obj) in self.build_hooks):
                         r.pos = pos
+                        if fend != NO_FRAME:
+                            # joblib commits the frame after the wrapper and reads the array
+                            # bytes from the file itself: a frame not ended here reads elsewhere
+                            if r.base + pos != fend:
+                                self._straddle(fend)
+                            fend = NO_FRAME
                         self.on_build(self, obj, state)
                         buf, pos = r.buf, r.pos
-                        limit = len(buf) - 9
+                        limit = min(len(buf) - 9, fend - r.base - 1)
                 else:
                     self._mutate(obj, r.base + pos - 1, "BUILD")
                 continue
@@ -602,7 +761,7 @@ class PickleWalker:
             memo_len = self.memo_len
             seq = self.seq
             buf, pos = r.buf, r.pos
-            limit = len(buf) - 9
+            limit = min(len(buf) - 9, fend - r.base - 1)
 
     def _fill_container(self, op: int, target, items: list) -> None:
         """APPENDS/SETITEMS on something we track: a global (blocked) or a bounded container."""
@@ -654,7 +813,9 @@ class PickleWalker:
             if not text:
                 self._nested_check(start, n)
             r.skip(n)
-            return LONG_STR if text else OPAQUE
+            if text:
+                return LongText(start, n) if op in (0x58, 0x8D) else LONG_STR
+            return OPAQUE
 
         if op == 0x2E:                                      # STOP
             self.result.value = pop()
@@ -686,13 +847,14 @@ class PickleWalker:
                 stack.append(int.from_bytes(arg(n), "little", signed=True))
             else:
                 payload(n, text=False)
-                stack.append(OPAQUE)
+                stack.append(BigInt(n))
+                self.checking = True        # what it is handed to is checked (argchecks)
         elif op == 0x49:                                    # INT
             line = self._readline(op)
-            stack.append(True if line == b"01" else False if line == b"00" else int(line))
-        elif op == 0x4C:                                    # LONG
+            stack.append(True if line == b"01" else False if line == b"00" else _c_int(line))
+        elif op == 0x4C:                                    # LONG: PyLong_FromString(s, NULL, 0)
             line = self._readline(op)
-            stack.append(int(line[:-1] if line.endswith(b"L") else line))
+            stack.append(int(line[:-1] if line.endswith(b"L") else line, 0))
         elif op == 0x46:                                    # FLOAT
             float(self._readline(op))
             stack.append(OPAQUE)
@@ -710,15 +872,17 @@ class PickleWalker:
             stack.append(payload(_I4(arg(4))[0], text=True))
         elif op in (0x43, 0x42, 0x8E, 0x96):                # SHORT_BINBYTES, BINBYTES, BINBYTES8, BYTEARRAY8
             n = {0x43: lambda: arg(1)[0], 0x42: lambda: _U4(arg(4))[0]}.get(op, lambda: _U8(arg(8))[0])()
+            at = r.base + r.pos
             payload(n, text=False)
-            stack.append(OPAQUE)
+            stack.append(Blob(at, n))
         elif op == 0x97:                                    # NEXT_BUFFER: out-of-band, empty without buffers
             raise PickleError("NEXT_BUFFER without out-of-band buffers (pickle.load would fail)")
         elif op == 0x98:                                    # READONLY_BUFFER
             pop()
             stack.append(OPAQUE)
         elif op == 0x74:                                    # TUPLE
-            stack = self._replace_mark(stack, metastack, op, lambda items: tuple(items))
+            stack = self._replace_mark(stack, metastack, op,
+                                       lambda items: tuple(items) if len(items) <= MAX_TUPLE else OPAQUE)
         elif op == 0x6C:                                    # LIST
             stack = self._replace_mark(stack, metastack, op,
                                        lambda items: list(items[:64]) if self.track else OPAQUE)
@@ -772,25 +936,31 @@ class PickleWalker:
             gname = self._readline(op).decode("ascii")
             ref = self._global(module, gname, here, name)
             args = tuple(pop_mark())
+            if self.checking:
+                self._check_call(ref, args, here, name)
             stack.append(Call(ref, args))
         elif op == 0x6F:                                    # OBJ
             items = pop_mark()
             if not items:
                 self._underflow(op)
             self._call(items[0], here, name)
+            if self.checking:
+                self._check_call(items[0], tuple(items[1:]), here, name)
             stack.append(Call(items[0], tuple(items[1:])))
         elif op in (0x82, 0x83, 0x84):                      # EXT1, EXT2, EXT4
             code = {0x82: lambda: arg(1)[0], 0x83: lambda: _U2(arg(2))[0]}.get(op, lambda: _U4(arg(4))[0])()
             if code <= 0:
                 raise PickleError(f"{name} has a non-positive extension code at offset {here}")
-            self.result.events.append(Event("ext", "copyreg", f"extension {code}", here, name,
-                                            "imports whatever the loading process registered"))
+            self._event("ext", "copyreg", f"extension {code}", here, name,
+                                            "imports whatever the loading process registered")
             stack.append(Call(OPAQUE, ()))
         elif op == 0x92:                                    # NEWOBJ_EX
-            pop()                                           # its kwargs
+            kwargs = pop()
             args = pop()
             func = pop()
             self._call(func, here, name)
+            if self.checking:
+                self._check_call(func, args, here, name, kwargs)
             stack.append(Call(func, args))
         elif op == 0x50:                                    # PERSID
             stack.append(Persistent(self._readline(op).decode("ascii")))
@@ -831,9 +1001,9 @@ class PickleWalker:
         if type(module) is str and type(gname) is str:
             return self._global(module, gname, here, "STACK_GLOBAL")
         for v in (module, gname):
-            if type(v) in (Unknown, Call, Persistent):
+            if type(v) in (Unknown, LongText, Call, Persistent):
                 why = v.why if type(v) is Unknown else "the result of a call"
-                self.result.events.append(Event("unresolved", "", "", here, "STACK_GLOBAL",
-                                                f"global name comes from {why}"))
+                self._event("unresolved", "", "", here, "STACK_GLOBAL",
+                                                f"global name comes from {why}")
                 return Call(OPAQUE, ())
         raise PickleError(f"STACK_GLOBAL requires str (offset {here})")

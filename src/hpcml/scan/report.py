@@ -14,12 +14,14 @@ from hpcml.words import plural, printable
 SCHEMA = tag("scan", 1)
 SARIF_SCHEMA = "https://json.schemastore.org/sarif-2.1.0.json"
 _STYLE = {Verdict.SAFE: "green", Verdict.UNKNOWN: "bold yellow", Verdict.DANGEROUS: "bold red",
-          Verdict.ERROR: "bold magenta"}
+          Verdict.ERROR: "bold magenta", Verdict.NOT_SCANNED: "bold cyan"}
 #: SARIF rule per verdict: id, short text, level
 _RULES = {
     Verdict.DANGEROUS: ("HPCML-SCAN-DANGEROUS", "Loading the file runs a known code-execution gadget", "error"),
     Verdict.UNKNOWN: ("HPCML-SCAN-UNKNOWN", "Loading the file imports or calls something not on the allowlist", "error"),
     Verdict.ERROR: ("HPCML-SCAN-ERROR", "The file could not be read or parsed to the end", "warning"),
+    Verdict.NOT_SCANNED: ("HPCML-SCAN-NOT-SCANNED", "The file is in a format hpcml recognises but does not read: "
+                          "not checked, so never safe", "warning"),
 }
 FULL_TABLE_FILES = 40
 
@@ -92,7 +94,8 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
 def advice(results: list[FileResult], shown: int = 8) -> list[str]:
     """What to do about ``unknown`` files: the site-policy lines that would allow exactly
     their globals (only lines the policy parser accepts), what no policy can allow (a
-    callable built at load time), and why a whole pickled model has them."""
+    callable built at load time), and why a whole pickled model has them; and which formats
+    were recognised but not read (``not-scanned``)."""
     from hpcml.scan.policy import is_name, not_advised
     unknown = {f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN}
     named = sorted(n for n in unknown if is_name(n))
@@ -121,6 +124,11 @@ def advice(results: list[FileResult], shown: int = 8) -> list[str]:
     if names:
         out.append("A model saved whole (torch.save(model)) imports its own classes: save model.state_dict() "
                    "instead and load it into code you wrote; safetensors holds tensors only.")
+    unread = sorted({r.format for r in results if r.verdict is Verdict.NOT_SCANNED})
+    if unread:
+        out.append(f"Not scanned ({', '.join(unread)}): hpcml recognises these formats but does not read them, "
+                   "so it cannot call them safe. Load them only if you trust where they came from, or ask "
+                   "for safetensors.")
     return out
 
 
@@ -138,7 +146,7 @@ def table(results: list[FileResult], *, show_all: bool = False):
             continue
         bad = [f for f in r.findings if f.verdict is not Verdict.SAFE]
         # names, reasons, members and errors come from the file: never markup
-        lines = [f"{escape(printable(f.name))} [dim]({escape(f.why)}; {escape(str(f.location or 'top'))})[/]"
+        lines = [f"{escape(printable(f.name))} [dim]({escape(f.why)}; {escape(str(f.location) or 'top')})[/]"
                  for f in bad[:4]]
         if len(bad) > 4:
             lines.append(f"... and {len(bad) - 4} more")

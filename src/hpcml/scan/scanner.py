@@ -8,6 +8,7 @@ within a file, memory stays bounded because every format reads in chunks.
 from __future__ import annotations
 
 import os
+import re
 import stat
 from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
@@ -28,6 +29,32 @@ PICKLE_SUFFIXES = {".pkl", ".pickle", ".pck", ".pt", ".pth", ".bin", ".ckpt", ".
 def _pickle_name(name: str) -> bool:
     lower = name.lower()
     return any(lower.endswith(s) for s in PICKLE_SUFFIXES) or lower.endswith("data.pkl")
+
+
+_TEXT_CONTROLS = frozenset(range(32)) - {9, 10, 12, 13}
+_IDENTIFIER = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
+
+
+def _accidental_text(fh: BinaryIO, size: int, head: bytes) -> bool:
+    """Text (source, requirements, configs) that protocol 0 reads a few opcodes of, by
+    accident: UTF-8 without control characters, the walk fails before its STOP, and
+    nothing it met could have imported code: a "global" whose module or name is not a
+    dotted identifier (``import setuptools`` reads as INST of module "mport setuptools")
+    cannot be imported, and without an import no unpickler runs anything. A real
+    protocol-0 pickle parses to its STOP, or imports a real name before it fails."""
+    try:
+        head.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        if exc.start < len(head) - 4:           # not a character cut by the 512-byte head
+            return False
+    if any(b in _TEXT_CONTROLS for b in head):
+        return False
+    res = pickles.walk_one(fh, 0, size)
+    fh.seek(0)
+    if res.stopped or not res.error:
+        return False
+    return all(ev.kind == "global" and not (_IDENTIFIER.fullmatch(ev.module) and _IDENTIFIER.fullmatch(ev.name))
+               for ev in res.events)
 
 
 def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int) -> None:
@@ -57,6 +84,10 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
     # Protocol 0 and 1 pickles have no header: a text file may be one. Walk it; a file
     # that does not parse and imports nothing is simply not a pickle.
     required = _pickle_name(name)
+    if not required and _accidental_text(fh, size, head):
+        if not member:
+            fs.result.scanned = False
+        return
     if pickles.scan_stream(fs, fh, 0, size, member, required=required):
         fs.set_format("pickle")
     elif not member and not fs.result.errors:
@@ -128,7 +159,8 @@ def scan_paths(paths: Iterable[str | os.PathLike], policy: Policy | None = None,
 
 
 def exit_code(results: list[FileResult], policy: Policy) -> int:
-    """0 safe, 5 unknown (blocked by the allowlist), 6 dangerous, 7 error (could not decide)."""
+    """0 safe, 5 unknown (blocked by the allowlist), 6 dangerous, 7 error (could not decide),
+    8 not scanned (a format hpcml recognises but does not read), in that order."""
     worst = Verdict.worst(r.verdict for r in results)
     if worst is Verdict.DANGEROUS:
         return 6
@@ -136,4 +168,6 @@ def exit_code(results: list[FileResult], policy: Policy) -> int:
         return 5
     if any(r.verdict is Verdict.ERROR for r in results):
         return 7
+    if any(r.verdict is Verdict.NOT_SCANNED for r in results):
+        return 8
     return 0

@@ -19,7 +19,8 @@ app = typer.Typer(name="scan", cls=_ScanGroup, no_args_is_help=True, rich_markup
                   help="Scan model files and requirements without executing them.\n\n"
                        "Example: [bold]hpcml scan checkpoints/ --sarif scan.sarif[/]\n\n"
                        "Exit codes: 0 safe, 5 unknown globals (blocked), 6 dangerous, "
-                       "7 unreadable or malformed, 2 bad input.")
+                       "7 unreadable or malformed, 8 not scanned (a format hpcml does not read), "
+                       "2 bad input.")
 
 
 @app.command("files")
@@ -32,7 +33,8 @@ def files(
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel processes (default: CPUs)."),
     show_all: bool = typer.Option(False, "--all", help="List safe files too when there are many."),
 ) -> None:
-    """Scan PATHS: every pickle, PyTorch, numpy, joblib and safetensors file, by content.
+    """Scan PATHS: every pickle, PyTorch, numpy, joblib and safetensors file, by content
+    (Keras, ONNX, GGUF and TF SavedModel files are judged for code on load, never called safe).
 
         hpcml scan model.pt                 # one file
         hpcml scan ckpts/ --json > r.json   # a directory, for a script

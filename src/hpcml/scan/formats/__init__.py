@@ -3,7 +3,9 @@
 Each module declares a ``FORMAT``: how to recognise the format from the first 512 bytes
 (``looks_like(head, size, name)``) and how to scan it. ``FORMATS`` lists them in the
 order they are tried; the first that recognises a file scans it, and a file none
-recognises is walked as a pickle (hpcml.scan.scanner). A site package adds a format
+recognises is walked as a pickle (hpcml.scan.scanner). Formats hpcml recognises but does
+not read (HDF5, GGUF, ONNX, TF SavedModel) judge what they can (what runs code on load)
+and add a ``not-scanned`` finding for the rest (``FileScan.not_scanned``). A site package adds a format
 through the ``hpcml.scan_formats`` entry-point group (a ``ScanFormat``); plug-ins are
 tried after the built-ins. A format recognised by what lies beside a file rather than by
 its content (hpcml.ckpt's shards, by their index) sets ``claims``; it is asked first, and it
@@ -64,4 +66,9 @@ FORMATS: Registry[ScanFormat] = Registry("scan format", "hpcml.scan_formats", {
     "safetensors": f"{__name__}.safetensors:FORMAT",
     "7z": f"{__name__}.sevenzip:FORMAT",
     "compressed": f"{__name__}.joblib:FORMAT",          # gzip, bz2, xz, lzma, lz4, zlib streams
+    # recognised, judged for what runs code on load, never "safe": hpcml does not read them
+    "hdf5": f"{__name__}.hdf5:FORMAT",                  # Keras .h5 (its model config judged)
+    "gguf": f"{__name__}.gguf:FORMAT",                  # its chat templates judged
+    "onnx": f"{__name__}.onnx:FORMAT",                  # external-data paths, custom domains
+    "tf-savedmodel": f"{__name__}.savedmodel:FORMAT",   # by name: saved_model.pb, keras_metadata.pb
 })

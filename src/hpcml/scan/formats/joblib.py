@@ -18,12 +18,18 @@ import zlib
 from typing import TYPE_CHECKING, BinaryIO
 
 from hpcml.scan.formats import ScanContent, ScanFormat
-from hpcml.scan.picklewalk import Call, PickleError, PickleWalker, Ref, looks_like_pickle
+from hpcml.scan.picklewalk import Call, Event, PickleError, PickleWalker, Ref, looks_like_pickle
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
 
 WRAPPER = "joblib.numpy_pickle.NumpyArrayWrapper"
+#: joblib < 0.10 kept each array in a file of its own beside the pickle, named in this wrapper
+FILE_WRAPPER = "joblib.numpy_pickle_compat.NDArrayWrapper"
+HOOKS = frozenset({WRAPPER, FILE_WRAPPER})
+#: a tracked dict keeps its first 64 items: one that may hold more is not read whole
+FULLY_TRACKED = 60
+UNREADABLE = object()
 _DESCR = re.compile(r"^[<>|=]?([a-zA-Z]+)(\d+)$")
 
 
@@ -48,9 +54,41 @@ def _dtype(dtype) -> tuple[int, bool]:
     return elsize, has_object
 
 
+def _opened_file(walker: PickleWalker, obj: Call, state) -> None:
+    """``NDArrayWrapper.read`` runs ``np.load(join(dirname, filename), allow_pickle=True)``:
+    the file it names is part of what the load runs (``pickles`` scans it)."""
+    if not walker.track:
+        raise NeedTracking
+    parts = state if type(state) is tuple and len(state) == 2 else (state,)     # (__dict__, slots)
+    name: object = None
+    for part in parts:
+        if part is None or part == {}:
+            continue
+        if type(part) is not dict or len(part) >= FULLY_TRACKED:   # built at load time, or not followed whole
+            name = UNREADABLE
+            break
+        name = part.get("filename", name)
+    if name is None and type(obj.func) is Ref and obj.func.dotted == FILE_WRAPPER and type(obj.args) is tuple \
+            and obj.args:
+        name = obj.args[0]                              # NDArrayWrapper(filename, subclass): __init__ set it
+    here = walker.r.base + walker.r.pos - 1
+    if type(name) is not str:
+        walker.result.events.append(Event(
+            "argument-dangerous", "joblib.numpy_pickle_compat", "NDArrayWrapper", here, "BUILD",
+            "opens a file whose name hpcml cannot read from the pickle (np.load with allow_pickle=True)"))
+        return
+    walker.result.opened.append((name, here))
+
+
 def on_build(walker: PickleWalker, obj, state) -> None:
-    """After BUILD of a wrapper: skip its array bytes, or walk its nested object pickle."""
-    if type(obj) is not Call or type(obj.func) is not Ref or obj.func.dotted != WRAPPER:
+    """After BUILD of a wrapper: skip its array bytes, or walk its nested object pickle;
+    for the old file wrapper, name the file it opens."""
+    if type(obj) is not Call:
+        return
+    if walker._built_class(obj) == FILE_WRAPPER:
+        _opened_file(walker, obj, state)
+        return
+    if type(obj.func) is not Ref or obj.func.dotted != WRAPPER:
         return
     if not walker.track:
         raise NeedTracking

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from typing import Any, BinaryIO, cast
 
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import ScanContent, ScanFormat
+from hpcml.scan.formats import ScanContent, ScanFormat, keras
 
 _STORAGE = re.compile(r"(^|/)data/\d+$")
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
@@ -53,8 +53,11 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
         infos = zf.infolist()
         names = [i.filename for i in infos]
         torch_zip = any(n.endswith("/data.pkl") or n == "data.pkl" for n in names)
+        keras_zip = keras.scan_archive(fs, zf, member)      # a Keras 3 .keras: config.json judged
         if torch_zip:
             fs.set_format("pytorch-zip")
+        elif keras_zip:
+            fs.set_format("keras")
         elif names and all(n.endswith(".npy") for n in names):
             fs.set_format("numpy-npz")
         else:
@@ -141,7 +144,7 @@ def member_as_torch_reads(fh: BinaryIO, info: zipfile.ZipInfo) -> BinaryIO:
     if info.compress_type == zipfile.ZIP_STORED:
         fh.seek(start)
         return io.BytesIO(_read_exactly(fh, info.compress_size)) if info.compress_size <= WHOLE \
-            else cast(BinaryIO, _Window(fh, start, info.compress_size))
+            else cast(BinaryIO, Window(fh, start, info.compress_size))
     if info.compress_type != zipfile.ZIP_DEFLATED:
         raise NotImplementedError(f"compression method {info.compress_type}, which torch cannot read either")
     out = tempfile.SpooledTemporaryFile(max_size=WHOLE)
@@ -185,7 +188,7 @@ def _content(head: bytes) -> bool:
         or head.startswith(b"\x93NUMPY")
 
 
-class _Window(io.RawIOBase):
+class Window(io.RawIOBase):
     """A seekable read-only view of ``size`` bytes of ``fh`` from ``start`` (a large
     stored member, scanned in place)."""
 

@@ -9,6 +9,7 @@ cannot make a dangerous global safe.
 from __future__ import annotations
 
 import importlib.resources
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -17,6 +18,7 @@ from hpcml.errors import UsageError
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.scan.model import Verdict
 
+MAX_JUDGED = 1 << 16          # names whose verdict ``Policy.judge`` keeps
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ0123456789_.*")
 
 
@@ -73,8 +75,18 @@ class Policy:
     sources: list[str] = field(default_factory=list)
     #: read an unknown global's source to tell a gadget (dangerous) from an unknown
     analyse_sources: bool = True
+    #: what ``judge`` answered, per name (cleared by ``extend``); and, for the current file
+    #: only, the names its analysis budget left unread
+    _judged: dict[tuple[str, str], tuple[Verdict, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
+    _spent: dict[tuple[str, str], tuple[Verdict, str]] = field(
+        default_factory=dict, init=False, repr=False, compare=False)
 
     def extend(self, spec: PolicyFile, source: str) -> None:
+        self._judged.clear()                # new lists: the answers (and analyses) start again
+        gadgets = sys.modules.get("hpcml.scan.gadgets")
+        if gadgets is not None:
+            gadgets.forget(self.is_dangerous)
         for n in spec.safe:
             (self.safe_modules.add(n[:-2]) if n.endswith(".*") else self.safe_exact.add(n))
         for n in spec.dangerous:
@@ -100,6 +112,9 @@ class Policy:
         root = self._under(dotted, self.dangerous_modules)
         if root:
             return Verdict.DANGEROUS, f"module {root} is on the dangerous list"
+        owner = self._under(dotted, self.dangerous_exact)
+        if owner:                       # an attribute of a dangerous global (builtins.eval.__call__)
+            return Verdict.DANGEROUS, f"an attribute of {owner}, which is on the dangerous list"
         # A dotted name is an attribute chain: any tail of it may be a dangerous global
         # the module happens to import (mypkg + "os.system").
         nparts = name.split(".")
@@ -112,8 +127,13 @@ class Policy:
             return Verdict.SAFE, "allowlisted"
         if any(_is_dunder(p) for p in name.split(".")):
             return Verdict.DANGEROUS, "reaches a dunder attribute (an attribute-chain escape)"
-        if "." not in name and self._under(module, self.safe_modules):
-            return Verdict.SAFE, f"module {self._under(module, self.safe_modules)}.* is allowlisted"
+        if any(p.startswith("_") for p in nparts[:-1]):
+            return Verdict.DANGEROUS, ("its attribute chain passes through a private attribute "
+                                       "(what a module imported for itself: another module)")
+        root = self._under(module, self.safe_modules)
+        if "." not in name and root and not any(
+                p.startswith("_") for p in dotted[len(root) + 1:].split(".")):
+            return Verdict.SAFE, f"module {root}.* is allowlisted"
         if "." in name and self._under(module, self.safe_modules | {d.rsplit('.', 1)[0] for d in self.safe_exact}):
             return Verdict.UNKNOWN, "an attribute chain inside an allowlisted module"
         return Verdict.UNKNOWN, "not on the allowlist"
@@ -129,17 +149,53 @@ class Policy:
     def judge(self, module: str, name: str) -> tuple[Verdict, str]:
         """``classify``, then, for a name the lists leave unknown, what its source can
         reach (``hpcml.scan.gadgets``): the lists stay first, the analysis only turns
-        unknown into dangerous."""
+        unknown into dangerous. Answers are kept (a pickle may name one global millions of
+        times); a name the file's analysis budget left unread is kept for the file only."""
+        key = (module, name)
+        hit = self._judged.get(key) or self._spent.get(key)
+        if hit is not None:
+            return hit
         verdict, why = self.classify(module, name)
+        kept = self._judged
         if verdict is Verdict.UNKNOWN and self.analyse_sources:
-            from hpcml.scan.gadgets import reach
+            from hpcml.scan import gadgets
+            found = None
             try:
-                found = reach(module, name, self.is_dangerous)
+                found = gadgets.reach(module, name, self.is_dangerous)
+            except gadgets.Spent as exc:
+                why, kept = f"{why}; {exc}", self._spent
             except Exception:  # noqa: BLE001 - the analysis may only add a finding, never lose the scan
-                found = None
+                pass
             if found is not None:
-                return Verdict.DANGEROUS, str(found)
+                verdict, why = Verdict.DANGEROUS, str(found)
+        if len(kept) >= MAX_JUDGED:
+            kept.clear()
+        kept[key] = verdict, why
         return verdict, why
+
+    def start_file(self) -> None:
+        """A file's scan begins: the source analysis's per-file budget starts again."""
+        self._spent.clear()
+        gadgets = sys.modules.get("hpcml.scan.gadgets")       # not imported for nothing
+        analyser = gadgets.analyser(self.is_dangerous, create=False) if gadgets else None
+        if analyser is not None:
+            analyser.start_file()
+
+    def analysis_note(self) -> str | None:
+        """What the file's analysis budget left unread, for the file's notes."""
+        if not self._spent:
+            return None
+        from hpcml.scan.gadgets import FILE_PARSES, FILE_SECONDS
+        return (f"{len(self._spent)} unknown global names were not analysed: this file's source "
+                f"analysis stopped at its budget ({FILE_PARSES} module parses, {FILE_SECONDS:g} s); "
+                "they stay unknown")
+
+    def __getstate__(self) -> dict[str, Any]:
+        """Sent to the scan's worker processes without what this one judged."""
+        return {k: v for k, v in self.__dict__.items() if k not in ("_judged", "_spent")}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state, _judged={}, _spent={})
 
 
 #: the standard library's process, network, debugging and interpreter modules: advice
@@ -192,24 +248,31 @@ def builtin_lists(text: str) -> dict[str, Any]:
         elif not line[0].isspace() and line.endswith(":"):
             key = line[:-1]
             if key in data:
-                raise ValueError(f"default.yaml:{n}: {key} a second time")
+                raise ValueError(f"line {n}: {key} a second time")
             data[key] = []
         elif not line[0].isspace() and ": " in line:
             name, value = line.split(": ", 1)
             if value not in ("true", "false"):
-                raise ValueError(f"default.yaml:{n}: not a boolean: {value!r}")
+                raise ValueError(f"line {n}: not a boolean: {value!r}")
             if name in data:
-                raise ValueError(f"default.yaml:{n}: {name} a second time")
+                raise ValueError(f"line {n}: {name} a second time")
             data[name], key = value == "true", None
         else:
-            raise ValueError(f"default.yaml:{n}: not a shape the built-in reader knows: {raw!r}")
+            raise ValueError(f"line {n}: not a shape the built-in reader knows: {raw!r}")
     return data
 
 
+#: the built-in policy: the standard library, numpy, torch and joblib, then one file per
+#: library whose everyday objects need names of their own
+BUILTIN_FILES = ("default.yaml", "pandas.yaml", "scikit-learn.yaml")
+
+
 def default_policy() -> Policy:
-    text = importlib.resources.files("hpcml.scan.policy").joinpath("default.yaml").read_text()
     policy = Policy()
-    policy.extend(PolicyFile.parse(builtin_lists(text), ConfigLoader("default.yaml", {})), "built-in")
+    for name in BUILTIN_FILES:
+        text = importlib.resources.files("hpcml.scan.policy").joinpath(name).read_text()
+        policy.extend(PolicyFile.parse(builtin_lists(text), ConfigLoader(name, {})), "built-in")
+    policy.sources[:] = ["built-in"]
     return policy
 
 
