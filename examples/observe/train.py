@@ -9,8 +9,11 @@ makes one rank SIGKILL its recorder mid-run (to show the store survives it).
 from __future__ import annotations
 
 import argparse
+import fcntl
 import os
 import signal
+import struct
+import termios
 import time
 
 import numpy as np
@@ -47,7 +50,24 @@ def main() -> None:
         observe.log(step=step, loss=loss, samples_per_s=args.batch / max(time.perf_counter() - t0, 1e-9))
         if rank == args.kill_recorder_rank and step == args.kill_at:
             observe.flush()
+            _drained()
             os.kill(os.getppid(), signal.SIGKILL)       # the recorder dies as if OOM-killed
+
+
+def _drained(limit_s: float = 60.0) -> None:
+    """Wait until the recorder has read what this rank wrote into its pipe, so the kill
+    lands after a known step (on a loaded machine the recorder can lag the loop by seconds;
+    the kill then cut a random, sometimes tiny, part of the run)."""
+    fd = os.environ.get("HPCML_OBSERVE_FD", "")
+    if not fd.isdigit():
+        return
+    deadline = time.monotonic() + limit_s
+    while time.monotonic() < deadline:
+        unread = struct.unpack("i", fcntl.ioctl(int(fd), termios.FIONREAD, b"\0\0\0\0"))[0]
+        if unread == 0:
+            break
+        time.sleep(0.02)
+    time.sleep(0.2)             # the batch read last is written to the rank file right after
 
 
 if __name__ == "__main__":
