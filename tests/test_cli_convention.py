@@ -141,7 +141,7 @@ def test_only_the_cli_layer_reports_errors():
     modules = _library_modules()
     trees = {p: ast.parse(s) for p, s in modules.items()}
     errors = _error_classes({p: ast.parse(p.read_text(encoding="utf-8")) for p in SRC.rglob("*.py")})
-    assert {"UsageError", "SlurmError", "Refused", "StoreError", "CorruptShardError"} <= errors
+    assert {"UsageError", "SlurmError", "StoreError", "CorruptShardError"} <= errors
     bad = [f"{p.relative_to(SRC)}:{line}" for p, s in modules.items()
            for line in handlers_that_report(s, errors)]
     assert bad == [], f"library code reporting an HpcmlError itself (raise it instead): {bad}"
@@ -172,7 +172,6 @@ def test_no_library_module_names_a_flag_as_an_error_key():
 @pytest.mark.parametrize("module, name, code", [
     ("hpcml.vet.fleet.collector.schema", "Invalid", 2),
     ("hpcml.vet.fleet.collector.store", "StoreError", 1),
-    ("hpcml.vet.fleet.handler", "Refused", 2),
     ("hpcml.vet.registry", "UnknownCheck", 2),
     ("hpcml.vet.checks.base", "MissingDependency", 1),
     ("hpcml.data.stage", "TargetUnavailable", 1),

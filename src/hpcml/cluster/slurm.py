@@ -79,6 +79,16 @@ def scontrol_show(kind: str, name: str | None = None, *,
     return records
 
 
+def show_config(*, timeout: float = 10.0) -> dict[str, str]:
+    """``scontrol show config`` as a dict (``ClusterName``, ``AuthInfo``, ...)."""
+    out: dict[str, str] = {}
+    for line in run(["scontrol", "show", "config"], timeout=timeout).stdout.splitlines():
+        key, sep, value = line.partition("=")
+        if sep and key.strip() and " " not in key.strip():
+            out[key.strip()] = value.strip()
+    return out
+
+
 def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **fields: str) -> None:
     argv = ["scontrol", "update", f"nodename={fold(nodes)}"]
     argv += [f"{k}={v}" for k, v in fields.items()]
@@ -87,10 +97,10 @@ def scontrol_update_node(nodes: Sequence[str], *, timeout: float = 10.0, **field
 
 def sacct(job_id: str, fields: Sequence[str] = ("JobID", "JobName", "State", "ExitCode",
                                                  "Elapsed", "NodeList"), *,
-          jobcomp: bool = False, timeout: float = 20.0) -> list[dict[str, str]]:
+          jobcomp: bool = False, timeout: float = 20.0, extra: Sequence[str] = ()) -> list[dict[str, str]]:
     """Accounting rows of one job: from slurmdbd, or with ``jobcomp`` from the job
     completion file (``sacct -c``) on clusters without a database."""
-    argv = ["sacct", "-j", str(job_id), "-P", "-n", "-o", ",".join(fields)] + (["-c"] if jobcomp else [])
+    argv = ["sacct", "-j", str(job_id), "-P", "-n", "-o", ",".join(fields), *extra] + (["-c"] if jobcomp else [])
     proc = run(argv, timeout=timeout)
     reader = csv.reader(io.StringIO(proc.stdout), delimiter="|")
     return [dict(zip(fields, row)) for row in reader if row]

@@ -20,6 +20,7 @@ import hashlib
 import os
 import sys
 import time
+from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,10 @@ import orjson
 
 from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded, write_atomic
-from hpcml.run.jobdir import read_run
+from hpcml.run.jobdir import read_run, restart_of
 from hpcml.schemas import check, tag
 from hpcml.urls import is_http_url
+from hpcml.words import printable
 
 SCHEMA = tag("job.summary", 1)
 SPOOL = "summary"
@@ -68,13 +70,15 @@ def who(env: os._Environ | dict = os.environ) -> dict[str, str | None]:
 def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Every node the job names, per role, once per (node, attempt); ``records`` are run.json's
     attempts and the current one (its vetting exclusions included)."""
-    out: dict[str, dict[tuple, dict[str, Any]]] = {"excluded": {}, "stragglers": {}, "culprits": {}, "lost": {}}
+    out: dict[str, dict[tuple, dict[str, Any]]] = {"excluded": {}, "stragglers": {}, "culprits": {}, "lost": {},
+                                                   "crashed": {}}
 
     def add(role: str, node: Any, attempt: int, rank: Any = None, detail: str = "") -> None:
         if isinstance(node, str) and node:
             out[role].setdefault((node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
-                                                   "attempt": attempt, "detail": detail[:1000]})
+                                                   "attempt": attempt, "detail": printable(detail, 1000)})
 
+    lost_anywhere = {n for rec in records for n in rec.get("lost_nodes") or {}}
     observes = [(int(a.get("attempt") or 0), a.get("observe")) for a in rep.get("attempts") or []]
     observes.append((int(rep["job"].get("attempt") or 0), rep.get("observe")))
     for n, obs in observes:
@@ -87,11 +91,43 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
         verdict = (rec.get("hang") or {}).get("verdict") or {}
         for c in verdict.get("culprits") or []:
             add("culprits", c.get("node"), n, c.get("rank"), f"hang culprit: {c.get('why') or ''}".strip())
-        for node in rec.get("lost_nodes") or {}:
+        lost = set(rec.get("lost_nodes") or {})
+        for node in lost:
             add("lost", node, n, detail="lost during the attempt")
+        failure = rec.get("first_failure") or {}
+        if failure.get("node") and not verdict and not rec.get("requeued") and not rec.get("stopped_at"):
+            add("crashed", failure["node"], n, failure.get("rank"), f"rank {failure.get('rank')} exited "
+                f"{failure.get('exit_code')}")
         for node, reasons in (rec.get("excluded") or {}).items():
-            add("excluded", node, n, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
+            if node not in lost and node not in lost_anywhere:      # a lost node is lost, not excluded too
+                add("excluded", node, n, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
     return {k: list(v.values()) for k, v in out.items()}
+
+
+def _vetting(d: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What ``hpcml run --vet`` found on each node (the start's vetting and each restart's
+    again-N), for the centre's vetting history."""
+    from hpcml.run.jobdir import vet_dir
+    out: list[dict[str, Any]] = []
+    reports = [(0, vet_dir(d) / "report.json")] + sorted(
+        (int(p.name.removeprefix("again-")), p / "report.json") for p in vet_dir(d).glob("again-*")
+        if p.name.removeprefix("again-").isdigit())
+    for attempt, path in reports:
+        try:
+            rep = load_json_bounded(path, 64 << 20, follow_symlinks=False)
+            when = float(datetime.fromisoformat(rep["started_at"]).timestamp()) \
+                if isinstance(rep.get("started_at"), str) else float(rep["started_at"])
+        except (OSError, ValueError, KeyError, TypeError):
+            continue
+        for node, nrep in (rep.get("nodes") or {}).items():
+            if not isinstance(nrep, dict) or not isinstance(node, str):
+                continue
+            failing = sorted({printable(str(r.get("check")), 255) for r in nrep.get("results") or []
+                              if isinstance(r, dict) and r.get("outcome") in ("fail", "error")})
+            bad = bool(failing) or not nrep.get("reachable", True)
+            out.append({"node": node, "attempt": attempt, "time": when, "verdict": "bad" if bad else "good",
+                        "failing": failing[:64]})
+    return out
 
 
 def _outcome(rep: dict[str, Any], run: dict[str, Any]) -> str:
@@ -134,12 +170,15 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
     score = rep.get("score") or {}
     tp = (rep.get("observe") or {}).get("throughput") or {}
     events = _events(rep, records)
+    hangs = sum(1 for rec in records if (rec.get("hang") or {}).get("verdict"))
     return {
         "schema": SCHEMA, "cluster": owner.get("cluster") or "", "job_id": job_id, "attempt": attempt,
+        **({"requeues": restart_of(run)} if job.get("job_id") else {}),
         "user": owner.get("user"), "account": owner.get("account"), "partition": owner.get("partition"),
         "started": started, "ended": job.get("ended"), "duration_s": duration,
         "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
         "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), "gpus": gpus, **events,
+        "vetting": [v for v in _vetting(d, records) if v["node"] in set(nodes)], "hangs": hangs,
         "gpu": {"score": score.get("score"), "bound": score.get("bound")},
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
         "attempts": len(records), "time_lost_s": lost_s,
@@ -188,6 +227,7 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     that is down or refuses the token stops the round. Never raises: a failure is one
     line through ``say`` (stderr)."""
     from hpcml.vet.fleet.collector.client import post
+    from hpcml.vet.fleet.collector.proof import credential
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
     files = pending(d)
     token = _token()
@@ -197,7 +237,10 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
         try:
             body = load_json_bounded(path, MAX_SUMMARY, follow_symlinks=False)
             check(body, SCHEMA, str(path))
-            failure = post(url, "/v1/jobs", body, token, deadline - time.monotonic())
+            body.pop("auth", None)
+            auth = credential(body)          # made now: a credential lives minutes, a spool days
+            failure = post(url, "/v1/jobs", {**body, "auth": auth} if auth else body, token,
+                           deadline - time.monotonic())
         except (OSError, ValueError, UsageError) as exc:
             failure = None
             why = getattr(exc, "problem", None) or getattr(exc, "strerror", None) or str(exc)
@@ -208,7 +251,7 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
         if failure is None:
             write_atomic(path.with_suffix(".sent"), orjson.dumps({"url": url, "time": time.time()}))
             sent += 1
-        elif failure.final:
+        elif failure.final or failure.status == 403:     # 403: the cluster denies what it says
             say(f"hpcml: summary {path} refused by {url}: {failure.why}; set aside as {path.with_suffix('.refused').name}")
             _set_aside(path, failure.why)
             refused += 1

@@ -16,9 +16,10 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
             score: float | None = 0.5, bound: str | None = "memory", outcome: str = "completed",
             stragglers: list[dict] | None = None, culprits: list[dict] | None = None,
             excluded: list[dict] | None = None, lost: list[dict] | None = None,
-            time_lost_s: float | None = None, cluster: str = "alps") -> dict[str, Any]:
+            time_lost_s: float | None = None, cluster: str = "alps", crashed: list[dict] | None = None,
+            vetting: list[dict] | None = None, hangs: int = 0, requeues: int | None = None) -> dict[str, Any]:
     nodes = list(nodes or ["nid001", "nid002"])
-    for e in (stragglers or []) + (culprits or []) + (excluded or []) + (lost or []):
+    for e in (stragglers or []) + (culprits or []) + (excluded or []) + (lost or []) + (crashed or []):
         if e["node"] not in nodes:             # a job names only nodes it held
             nodes.append(e["node"])
     ended = time.time() - 60 if ended is None else ended
@@ -28,10 +29,22 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
         "user": user, "account": account, "partition": "normal", "started": ended - hours * 3600,
         "ended": ended, "duration_s": hours * 3600, "exit_code": 5 if outcome == "hung" else 0 if outcome == "completed"
         else 1, "outcome": outcome, "nodes": nodes, "ntasks": gpus, "gpus": gpus if score is not None else 0,
+        **({"requeues": requeues} if requeues is not None else {}),
         "excluded": excluded or [], "stragglers": stragglers or [], "culprits": culprits or [], "lost": lost or [],
+        "crashed": crashed or [], "vetting": vetting or [], "hangs": hangs,
         "gpu": {"score": score, "bound": bound if score is not None else None},
         "throughput": {"median": 1234.5, "unit": "samples/s"}, "attempts": attempt + 1,
         "time_lost_s": time_lost_s, "node_hours": hours * len(nodes),
         "gpu_hours": hours * gpus if score is not None else 0.0,
         "gpu_hours_lost": (time_lost_s / 3600 * gpus) if time_lost_s is not None and score is not None else None,
     }
+
+
+def proven(doc: dict[str, Any], uid: int | None = None):
+    """A summary as the collector stores it once MUNGE proved its user (and Slurm its job):
+    for tests that write the store directly, without the HTTP path that proves senders."""
+    from hpcml.vet.fleet.collector.jobschema import JobSummary, Proven
+    user = doc.get("user")
+    return JobSummary.model_validate(doc).proven(
+        Proven(how="munge", user=user, uid=uid if uid is not None else 1000 + sum(map(ord, user or "")),
+               verified=True))

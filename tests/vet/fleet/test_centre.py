@@ -13,11 +13,10 @@ import pytest
 
 from hpcml import schemas
 from hpcml.vet.fleet.centre import build
-from hpcml.vet.fleet.collector.jobschema import JobSummary
 from hpcml.vet.fleet.collector.schema import NodeReport
 from hpcml.vet.fleet.collector.store import open_store
 from tests.observe.browser import render
-from tests.vet.fleet.jobdocs import event, summary
+from tests.vet.fleet.jobdocs import event, proven, summary
 
 DAY = 86400.0
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -46,7 +45,7 @@ def centre(db_url):
         summary("14", ended=now - 40 * DAY, stragglers=[event("nid009", 0)], culprits=[event("nid009", 0)]),
     ]
     store = open_store(db_url)
-    store.add_jobs([JobSummary.model_validate(d) for d in docs])
+    store.add_jobs([proven(d) for d in docs])
     store.add([vet("nid007", now - d * DAY, False) for d in (1, 2, 3, 4)]
               + [vet("nid003", now - d * DAY, True) for d in (2, 3)])
     try:
@@ -76,8 +75,8 @@ def test_totals_count_each_job_once_at_its_latest_attempt(centre):
     assert t["gpu_hours_lost"] == pytest.approx(0.5 * 16) and t["time_lost_s"] == pytest.approx(1800)
     # a requeued job whose attempt 1 arrives before its attempt 0 still counts at attempt 1
     now = time.time()
-    centre.add_jobs([JobSummary.model_validate(summary("15", 1, ended=now - DAY, hours=5.0))])
-    centre.add_jobs([JobSummary.model_validate(summary("15", 0, ended=now - DAY - 3600, outcome="requeued"))])
+    centre.add_jobs([proven(summary("15", 1, ended=now - DAY, hours=5.0))])
+    centre.add_jobs([proven(summary("15", 0, ended=now - DAY - 3600, outcome="requeued"))])
     t = build(centre, 30 * DAY)["totals"]
     assert t["jobs"] == 5 and t["gpu_hours"] == pytest.approx(4 * (3 + 4 + 8 + 6) + 8 * 5)
 

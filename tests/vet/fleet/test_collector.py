@@ -186,8 +186,12 @@ def test_size_limits(collector):
     assert raw(collector, head).startswith(b"HTTP/1.1 413")
     no_length = f"POST /v1/reports HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {TOKEN}\r\n\r\n"
     assert raw(collector, no_length.encode()).startswith(b"HTTP/1.1 411")
+    # a chunked body is read (bounded by the same limit) and judged like any other
     chunked = no_length.replace("\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n")
-    assert raw(collector, chunked.encode()).startswith(b"HTTP/1.1 411")
+    assert raw(collector, chunked.encode()).startswith(b"HTTP/1.1 400")
+    big_chunks = no_length.replace("\r\n\r\n", "\r\nTransfer-Encoding: chunked\r\n\r\n") + \
+        "10000\r\n" + "x" * 65536 + "\r\n0\r\n\r\n"
+    assert raw(collector, big_chunks.encode()).startswith(b"HTTP/1.1 413")
     assert stored(collector)["reports"] == 0
 
 

@@ -15,7 +15,7 @@ import pytest
 from hpcml import schemas
 from hpcml.vet.fleet.collector.store import SCHEMA_VERSION, StoreError, open_store
 from tests.vet.fleet.conftest import READ_TOKEN, TOKEN
-from tests.vet.fleet.jobdocs import event, summary
+from tests.vet.fleet.jobdocs import event, proven, summary
 from tests.vet.fleet.test_collector import call
 
 
@@ -32,12 +32,12 @@ def test_the_fixture_is_what_hpcml_run_writes():
 def test_a_summary_is_stored_once_however_often_it_is_sent(collector):
     one = summary("100", stragglers=[event("nid002", 5)], culprits=[event("nid001", 0)])
     code, answer = call(collector, "POST", "/v1/jobs", one)
-    assert (code, answer) == (201, {"stored": 1, "duplicates": 0})
+    assert (code, answer) == (201, {"stored": 1, "duplicates": 0, "unverified": 0})   # the operator's token
     code, answer = call(collector, "POST", "/v1/jobs", one)
-    assert (code, answer) == (200, {"stored": 0, "duplicates": 1})
+    assert (code, answer) == (200, {"stored": 0, "duplicates": 1, "unverified": 0})
     batch = [one, summary("100", 1), summary("101"), summary("101")]
     code, answer = call(collector, "POST", "/v1/jobs", batch)
-    assert (code, answer) == (201, {"stored": 2, "duplicates": 2})
+    assert (code, answer) == (201, {"stored": 2, "duplicates": 2, "unverified": 0})
     assert jobs_stored(collector) == (3, 2)
     code, job = call(collector, "GET", "/v1/jobs/100", token=READ_TOKEN)
     assert code == 200 and [s["attempt"] for s in job["summaries"]] == [0, 1]
@@ -158,8 +158,7 @@ def test_a_version_1_database_is_migrated_with_its_results_kept(db_url):
         assert store.failing(0.0)[0]["node"] == "nid001"
         (version,), = store._all("SELECT value FROM meta WHERE key = 'schema_version'")
         assert int(version) == SCHEMA_VERSION
-        from hpcml.vet.fleet.collector.jobschema import JobSummary
-        assert store.add_jobs([JobSummary.model_validate(summary("9"))]) == [True]
+        assert store.add_jobs([proven(summary("9"))]) == [True]
     finally:
         store.close()
     again = open_store(db_url)                 # opening a migrated database changes nothing
@@ -192,7 +191,6 @@ def test_two_collectors_writing_attempts_of_the_same_jobs_keep_one_latest_each(d
     the same moment from two threads: each job is counted once, at attempt 1."""
     import threading
 
-    from hpcml.vet.fleet.collector.jobschema import JobSummary
     stores = [open_store(db_url), open_store(db_url)]
     try:
         barrier = threading.Barrier(2)
@@ -200,7 +198,7 @@ def test_two_collectors_writing_attempts_of_the_same_jobs_keep_one_latest_each(d
         def write(store, attempt: int) -> None:
             for j in range(60):
                 barrier.wait(30)
-                store.add_jobs([JobSummary.model_validate(summary(f"c{j}", attempt, hours=1.0 + attempt))])
+                store.add_jobs([proven(summary(f"c{j}", attempt, hours=1.0 + attempt))])
 
         threads = [threading.Thread(target=write, args=(stores[a], a)) for a in (0, 1)]
         for t in threads:

@@ -10,7 +10,7 @@ import pytest
 
 from hpcml.errors import SlurmError, UsageError
 from hpcml.vet.fleet import handler
-from hpcml.vet.fleet.handler import NodeState, Refused
+from hpcml.vet.fleet.handler import NodeState
 from hpcml.vet.fleet.rules import DEFAULT_RULES, load, loads
 from hpcml.vet.fleet.sources import JOB_CHECK, JsonDirSource, Result
 
@@ -198,27 +198,47 @@ def test_no_record_or_no_resume_policy_holds():
     assert p.actions[0].action == "hold" and "no resume_after" in p.actions[0].note
 
 
-# --- the guard ----------------------------------------------------------------------------
+# --- the caps -----------------------------------------------------------------------------
 
 def _drains(n):
     return [res(f"n{i}", "fail", h) for i in range(1, n + 1) for h in (1, 2, 3)]
 
 
-def test_guard_max_fraction():
-    c = cat()  # 50% of 4 nodes: 2 drains at once
-    handler.guard(c, handler.plan(c, _drains(2), nodes(4), {}, NOW))
-    with pytest.raises(Refused) as info:
-        handler.guard(c, handler.plan(c, _drains(3), nodes(4), {}, NOW))
-    assert "max_drain_fraction 50% of 4 nodes allows 2" in str(info.value)
-    assert info.value.exit_code == 2 and "\n" not in str(info.value)
+def _capped(c, results, st, recent=frozenset()):
+    p = handler.plan(c, results, st, {}, NOW)
+    handler.cap(c, p, set(recent))
+    return p
 
 
-def test_guard_min_nodes_kept_counts_nodes_already_out():
+def test_cap_keeps_what_max_drain_fraction_allows_and_defers_the_rest():
+    c = cat()  # 50% of 4 nodes: 2 drains in 24 h
+    assert [a.action for a in _capped(c, _drains(2), nodes(4)).actions] == ["drain", "drain"]
+    p = _capped(c, _drains(3), nodes(4))
+    assert [(a.node, a.action) for a in p.actions] == [("n1", "drain"), ("n2", "drain"), ("n3", "defer")]
+    deferred = p.of("defer")[0]
+    assert deferred.status == "deferred" and "max_drain_fraction 50% of 4 nodes allows 2" in deferred.note
+    assert "\n" not in deferred.note
+    # two drained earlier in the window: nothing more now
+    assert [a.action for a in _capped(c, _drains(1), nodes(4), {"n3", "n4"}).actions] == ["defer"]
+
+
+def test_cap_min_nodes_kept_counts_nodes_already_out():
     c = cat()
     st = nodes(4, n3=("IDLE+DRAIN", "admin: x"), n4=("DOWN", "dead"))
-    handler.guard(c, handler.plan(c, _drains(1), st, {}, NOW))  # leaves n2 up
-    with pytest.raises(Refused, match="leave 0 of 4 nodes up, below min_nodes_kept 1"):
-        handler.guard(c, handler.plan(c, _drains(2), st, {}, NOW))
+    assert [a.action for a in _capped(c, _drains(1), st).actions] == ["drain"]  # leaves n2 up
+    p = _capped(c, _drains(2), st)
+    assert [(a.node, a.action) for a in p.actions] == [("n1", "drain"), ("n2", "defer")]
+    assert "min_nodes_kept 1" in p.of("defer")[0].note
+
+
+def test_weak_evidence_cannot_block_strong():
+    """Over the cap, a node's own failing checks go before what jobs said of other nodes,
+    and the catalog's order ranks rules (a site lists its critical ones first)."""
+    c = cat(JOB_RULES.replace("50%", "25%"))         # 1 drain of 4 nodes
+    jobs = [job_event("n1", "culprit", d, f"j{d}", user=u) for d, u in ((1, "a"), (2, "b"), (3, "a"))]
+    failing = [res("n4", "fail", h) for h in (1, 2)]
+    p = _capped(c, jobs + failing, nodes(4))
+    assert {(a.node, a.action) for a in p.actions} == {("n4", "drain"), ("n1", "defer")}
 
 
 # --- the whole run with fakes -------------------------------------------------------------
@@ -283,13 +303,33 @@ def test_dry_run_changes_nothing_but_audits(tmp_path):
     assert handler.history(audit.read_text().splitlines()) == {}  # dry runs are no history
 
 
-def test_refused_run_does_nothing_and_says_so(tmp_path):
+def test_deferred_drains_are_done_up_to_the_cap_and_audited(tmp_path):
     fake, audit = FakeSlurm(nodes(4)), tmp_path / "audit.jsonl"
-    with pytest.raises(Refused):
-        handler.handle(cat(), ListSource(_drains(3)), now=NOW, audit_path=audit,
+    p = handler.handle(cat(), ListSource(_drains(3)), now=NOW, audit_path=audit,
                        states=fake.states, update=fake.update)
-    assert fake.calls == []
-    assert [e["action"] for e in _audit(audit)] == ["refuse"]
+    assert [c[0] for c in fake.calls] == [["n1"], ["n2"]]
+    assert sorted((e["node"], e["action"], e["status"]) for e in _audit(audit)) == \
+        [("n1", "drain", "done"), ("n2", "drain", "done"), ("n3", "defer", "deferred")]
+    assert [a.node for a in p.of("defer")] == ["n3"]
+
+
+def test_the_cap_holds_over_its_window_across_handler_runs(tmp_path):
+    """Three handler runs an hour apart, each with new failing nodes: the cap counts the
+    drains of the earlier runs (from the audit log), even of nodes resumed since."""
+    fake, audit = FakeSlurm(nodes(10)), tmp_path / "audit.jsonl"
+    c = cat(RULES.replace("50%", "20%"))                  # 2 of 10 nodes in 24 h
+    kw = dict(audit_path=audit, states=fake.states, update=fake.update)
+    for hour, node in enumerate(("n1", "n2", "n3")):
+        when = NOW + timedelta(hours=hour)
+        fails = [Result(node, "gpu", "gpu", "fail", when - timedelta(minutes=m)) for m in (1, 2, 3)]
+        handler.handle(c, ListSource(fails), now=when, **kw)
+        fake.st[node] = NodeState(node, "IDLE") if node == "n1" else fake.st[node]   # n1 repaired by hand
+    assert [c_[0] for c_ in fake.calls] == [["n1"], ["n2"]]
+    assert [(e["node"], e["action"]) for e in _audit(audit)][-1] == ("n3", "defer")
+    later = NOW + timedelta(hours=26)                      # the window has moved on
+    fails = [Result("n3", "gpu", "gpu", "fail", later - timedelta(minutes=m)) for m in (1, 2, 3)]
+    handler.handle(c, ListSource(fails), now=later, **kw)
+    assert fake.calls[-1][0] == ["n3"]
 
 
 def test_node_drained_by_someone_between_plan_and_act_is_skipped(tmp_path):
@@ -494,21 +534,26 @@ def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path
     """Summaries in a real store, read by the handler's StoreSource, through the default rules."""
     import time as _time
 
-    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.jobschema import JobSummary, Proven
     from hpcml.vet.fleet.collector.store import open_store
     from hpcml.vet.fleet.sources import StoreSource
     from tests.vet.fleet.jobdocs import event, summary
     url = f"sqlite:///{tmp_path}/c.db"
     store = open_store(url)
     now = _time.time()
-    store.add_jobs([JobSummary.model_validate(summary(str(j), ended=now - 3600 * j, nodes=["n1", "n2"],
-                                                      user=f"u{j % 2}",
-                                                      stragglers=[event("n2", 1)] if j < 3 else [],
-                                                      culprits=[event("n2", 0)] if j == 3 else []))
-                    for j in range(5)])
+    docs = [JobSummary.model_validate(summary(str(j), ended=now - 3600 * j, nodes=["n1", "n2"],
+                                              user=f"u{j % 2}", stragglers=[event("n2", 1)] if j < 3 else [],
+                                              culprits=[event("n2", 0)] if j == 3 else [event("n1", 0)] if j == 5
+                                              else [], excluded=[event("n1", 0)]))
+            for j in range(6)]
+    for j, d in enumerate(docs[:5]):      # what the collector proved of each sender
+        d.proven(Proven(how="munge", user=f"u{j % 2}", uid=1000 + j % 2, verified=True))
+    store.add_jobs(docs)                  # job 5 names n1 a culprit, unproven: it never counts
     store.close()
     results = list(StoreSource(url).results_since(datetime.now(timezone.utc) - timedelta(days=8)))
-    assert {(r.node, r.type, r.from_job) for r in results} == {("n2", "straggler", True), ("n2", "culprit", True)}
+    assert {(r.node, r.type, r.from_job) for r in results} == {("n2", "straggler", True), ("n2", "culprit", True),
+                                                               ("n1", "excluded", True)}
+    assert {r.user for r in results} == {"uid:1000", "uid:1001"}
     p = handler.plan(load(DEFAULT_RULES), results, nodes(), {}, datetime.now(timezone.utc))
     assert [(a.node, a.action, a.rule) for a in p.actions] == [("n2", "drain", "hurts-jobs")]
     assert a_reason_names_jobs(p.actions[0].reason)

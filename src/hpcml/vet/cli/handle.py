@@ -14,7 +14,7 @@ from hpcml.errors import UsageError
 # Not imported from hpcml.vet.fleet.rules: that pulls pydantic into every `hpcml vet` start.
 DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
 
-_STYLE = {"drain": "bold red", "resume": "green", "hold": "yellow", "skip": "dim"}
+_STYLE = {"drain": "bold red", "resume": "green", "hold": "yellow", "skip": "dim", "defer": "magenta"}
 
 
 def handle(
@@ -36,9 +36,11 @@ def handle(
 
         hpcml vet handle --results /shared/vet-reports --audit /var/log/hpcml-vet-audit.jsonl --dry-run
 
-    Exit codes: 0 nothing to do or every action applied; 1 Slurm could not be read or an
-    scontrol update failed; 2 bad rules or input, or refused by the guard (more drains
-    than max_drain_fraction / min_nodes_kept allow), nothing changed.
+    Drains beyond max_drain_fraction (over the rolling drain_window, 24 h by default, from
+    the audit log) or min_nodes_kept are deferred, strongest evidence first: listed as
+    "defer" and audited. Exit codes: 0 nothing to do or every action applied (deferred
+    ones included); 1 Slurm could not be read or an scontrol update failed; 2 bad rules
+    or input.
     """
     from hpcml.vet.fleet import handler
     from hpcml.vet.fleet import rules as rules_mod

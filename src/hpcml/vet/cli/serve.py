@@ -27,7 +27,16 @@ def serve(
                                               "line (default: $HPCML_VET_TOKEN)."),
     read_token_file: Optional[Path] = typer.Option(None, help="Extra tokens that may only read."),
     job_token_file: Optional[Path] = typer.Option(None, help="Extra tokens that may only send job summaries "
-                                                  "(POST /v1/jobs): the one to give every user's hpcml run."),
+                                                  "(POST /v1/jobs): the one to give every user's hpcml run. "
+                                                  "A line USER:TOKEN is that user's token and proves the user "
+                                                  "(sites without MUNGE)."),
+    slurm_check: str = typer.Option("auto", help="Check each user-sent summary's job against Slurm's records "
+                                    "(scontrol, sacct): on, off, or auto (on where scontrol is installed)."),
+    cluster: Optional[str] = typer.Option(None, help="The Slurm cluster whose jobs this collector checks "
+                                          "(default: Slurm's ClusterName); summaries of others are refused."),
+    munge_socket: Optional[str] = typer.Option(None, help="munged's socket for decoding credentials "
+                                               "(default: $HPCML_MUNGE_SOCKET, else Slurm's AuthInfo, "
+                                               "else munged's own)."),
     max_body: str = typer.Option("1 MiB", help="Largest request body accepted (413 above)."),
     verbose: bool = typer.Option(False, "--verbose", help="Log every request to stderr."),
 ) -> None:
@@ -46,6 +55,7 @@ def serve(
     from hpcml.vet.fleet.collector.server import CollectorServer, Tokens, read_tokens
     from hpcml.vet.fleet.collector.store import open_store
     limit = parse_size(max_body, "--max-body")
+    verifier = _verifier(slurm_check, cluster, munge_socket)
     try:
         tokens = Tokens(read_tokens(token_file),
                         read_tokens(read_token_file, None) if read_token_file else (),
@@ -60,7 +70,7 @@ def serve(
               "anyone who can reach this host can try tokens", file=sys.stderr)
     store = open_store(db)              # a StoreError (exit 1) names the database's problem
     try:
-        server = CollectorServer((bind, port), store, tokens, limit, verbose)
+        server = CollectorServer((bind, port), store, tokens, limit, verbose, verifier)
     except OSError as exc:
         store.close()
         raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
@@ -71,3 +81,27 @@ def serve(
         while not stop.wait(1):  # wake up now and then: signals reach the main thread
             pass
     server.close()
+
+
+def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
+    """The proof of senders: Slurm's records where asked for (or found), MUNGE's socket."""
+    from hpcml.cluster import jobrecord, munge, slurm
+    from hpcml.vet.fleet.collector.proof import Verifier
+    if slurm_check not in ("auto", "on", "off"):
+        raise UsageError(f"expected auto, on or off, found {slurm_check!r}", key="--slurm-check")
+    use = slurm_check == "on" or (slurm_check == "auto" and slurm.available("scontrol"))
+    if slurm_check == "on" and not slurm.available("scontrol"):
+        raise UsageError("scontrol is not installed: Slurm's records cannot be read here", key="--slurm-check")
+    if use and cluster is None:
+        cluster = _cluster_name()
+    return Verifier(munge_socket=munge.socket_path(munge_socket), slurm=jobrecord.lookup if use else None,
+                    cluster=cluster)
+
+
+def _cluster_name() -> str | None:
+    from hpcml.cluster import slurm
+    from hpcml.errors import SlurmError
+    try:
+        return slurm.show_config().get("ClusterName") or None
+    except SlurmError:
+        return None

@@ -4,8 +4,12 @@ and resumes, applied with ``scontrol update`` and recorded in an audit log.
 Safety comes first, because a wrong rule could empty a cluster:
 - only nodes whose Slurm reason starts with ``hpcml:`` are ours; a node drained or down
   for any other reason is never touched;
-- the whole run is refused (nothing done) when its drains would exceed the catalog's
-  ``max_drain_fraction`` of the cluster or leave fewer than ``min_nodes_kept`` nodes up;
+- drains are capped: at most ``max_drain_fraction`` of the cluster drained within the
+  rolling ``drain_window`` (24 h by default, counted from the audit log over every handler
+  run), and never fewer than ``min_nodes_kept`` nodes left up. When a plan asks for more,
+  the strongest evidence goes first (a node's own failing checks, a critical Xid, in the
+  catalog's rule order, before what jobs said of it) and the rest are deferred, each
+  reported and audited, never silently dropped: weak evidence cannot block strong;
 - each node's state is read again just before it is changed;
 - the audit log is locked for the run, so two handlers never act at once, and it is the
   handler's memory: the drain record says which check must pass again, and results
@@ -28,8 +32,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from hpcml.cluster import slurm
-from hpcml.cluster.hostlist import fold
-from hpcml.errors import HpcmlError, SlurmError, UsageError
+from hpcml.errors import SlurmError, UsageError
 from hpcml.schemas import tag
 from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
 from hpcml.vet.fleet.sources import Result, ResultSource
@@ -38,12 +41,6 @@ DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
 PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml vet handle --json`
 _UNAVAILABLE = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
                 "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
-
-
-class Refused(HpcmlError):
-    """The guard stopped the run: nothing was changed."""
-
-    exit_code = 2
 
 
 @dataclass
@@ -81,13 +78,13 @@ class Action:
     """What the handler decided for one node. Only drain and resume change anything."""
 
     node: str
-    action: str                  # drain | resume | hold | skip
+    action: str                  # drain | resume | hold | skip | defer (over a cap)
     reason: str = ""
     rule: str | None = None
     check: str | None = None
     evidence: dict = field(default_factory=dict)
     note: str = ""
-    status: str = "planned"      # planned | done | failed | dry-run
+    status: str = "planned"      # planned | done | failed | dry-run | deferred
     scontrol: str | None = None  # "ok" or the error
 
     def to_dict(self) -> dict:
@@ -124,20 +121,35 @@ class Record:
     check: str | None = None
 
 
-def history(lines: Iterable[str]) -> dict[str, Record]:
-    """Node -> the last drain or resume the handler really applied."""
-    last: dict[str, Record] = {}
+def _applied(lines: Iterable[str]) -> Iterator[tuple[str, Record]]:
+    """(node, record) of every drain or resume the handler really applied."""
     for line in lines:
         try:
             e = json.loads(line)
             if e.get("dry_run") or e.get("status") != "done" or e.get("action") not in ("drain", "resume"):
                 continue
             rec = Record(e["action"], datetime.fromisoformat(e["time"]), e.get("rule"), e.get("check"))
+            node = e["node"]
+            if not isinstance(node, str):
+                continue
         except (ValueError, KeyError, TypeError, AttributeError):
             continue  # a torn or foreign line must not stop the handler
-        if e["node"] not in last or rec.time >= last[e["node"]].time:
-            last[e["node"]] = rec
+        yield node, rec
+
+
+def history(lines: Iterable[str]) -> dict[str, Record]:
+    """Node -> the last drain or resume the handler really applied."""
+    last: dict[str, Record] = {}
+    for node, rec in _applied(lines):
+        if node not in last or rec.time >= last[node].time:
+            last[node] = rec
     return last
+
+
+def drained_since(lines: Iterable[str], since: datetime) -> set[str]:
+    """Nodes the handler drained at or after ``since`` (resumed since or not: the cap is on
+    how much of the cluster one bad rule or bad input can take in a window)."""
+    return {node for node, rec in _applied(lines) if rec.action == "drain" and rec.time >= since}
 
 
 # --- planning -----------------------------------------------------------------------------
@@ -157,8 +169,8 @@ def _fires(rule: Rule, results: list[Result], now: datetime,
                 jobs.add(r.job)
             groups.setdefault(r.check, []).append(r)
     best = max(groups.items(), key=lambda kv: len(kv[1]), default=None)
-    if best and rule.match.job is not None and len({r.user for r in best[1]}) < rule.match.users:
-        return None
+    if best and rule.match.job is not None and len({r.user for r in best[1] if r.user}) < rule.match.users:
+        return None            # people, not claims: a job whose owner nothing proved never counts
     return best if best and len(best[1]) >= rule.count else None
 
 
@@ -168,7 +180,7 @@ def _evidence(rule: Rule, hits: list[Result]) -> dict:
             "window_seconds": rule.window, "outcomes": sorted({r.outcome for r in hits}),
             "first": min(r.time for r in hits).isoformat(),
             "last": max(r.time for r in hits).isoformat(), "jobs": jobs[:10],
-            **({"users": len({r.user for r in hits})} if rule.match.job is not None else {})}
+            **({"users": len({r.user for r in hits if r.user})} if rule.match.job is not None else {})}
 
 
 def _first_firing(catalog: Catalog, results: list[Result], now: datetime,
@@ -240,21 +252,34 @@ def plan(catalog: Catalog, results: Iterable[Result], nodes: Mapping[str, NodeSt
     return Plan(actions, len(nodes), sum(s.available for s in nodes.values()), now)
 
 
-def guard(catalog: Catalog, p: Plan) -> None:
-    """Refuse the whole run when its drains would take too much of the cluster at once."""
-    drains = p.of("drain")
+def strength(catalog: Catalog, a: Action) -> tuple:
+    """Sort key, strongest evidence first: a node's own failing checks before what jobs
+    said of it, then the catalog's rule order (a site lists its critical rules first), then
+    more results before fewer."""
+    rule = catalog.rule(a.rule or "")
+    index = catalog.rules.index(rule) if rule is not None else len(catalog.rules)
+    job = rule is not None and rule.match.job is not None
+    return (job, index, -int(a.evidence.get("results", 0)), a.node)
+
+
+def cap(catalog: Catalog, p: Plan, recent: set[str]) -> None:
+    """Keep the strongest drains the caps allow and defer the rest (action ``defer``, with
+    why): ``max_drain_fraction`` of the cluster over ``drain_window`` (``recent``: nodes
+    drained within it, from the audit log), and ``min_nodes_kept`` nodes up."""
+    drains = sorted(p.of("drain"), key=lambda a: strength(catalog, a))
     if not drains:
         return
-    names = fold([a.node for a in drains])
     allowed = math.floor(catalog.max_drain_fraction * p.total_nodes + 1e-9)
-    if len(drains) > allowed:
-        raise Refused(f"refused: {len(drains)} drains planned ({names}) but max_drain_fraction "
-                      f"{catalog.max_drain_fraction:.0%} of {p.total_nodes} nodes allows {allowed}; "
-                      "nothing done")
-    left = p.available_nodes - len(drains)
-    if left < catalog.min_nodes_kept:
-        raise Refused(f"refused: draining {names} would leave {left} of {p.total_nodes} nodes up, "
-                      f"below min_nodes_kept {catalog.min_nodes_kept}; nothing done")
+    budget = max(0, allowed - len(recent - {a.node for a in drains}))
+    keep_up = max(0, p.available_nodes - catalog.min_nodes_kept)
+    n = min(budget, keep_up)
+    if budget <= keep_up:
+        why = (f"max_drain_fraction {catalog.max_drain_fraction:.0%} of {p.total_nodes} nodes allows {allowed} "
+               f"drains in {fmt_window(catalog.drain_window)}; {len(recent)} done in it, {n} stronger planned now")
+    else:
+        why = f"min_nodes_kept {catalog.min_nodes_kept}: {p.available_nodes} nodes up, {n} stronger drains planned now"
+    for a in drains[n:]:
+        a.action, a.status, a.note = "defer", "deferred", f"deferred: {why}; drain it by hand if it must go"
 
 
 # --- acting -------------------------------------------------------------------------------
@@ -327,25 +352,21 @@ def handle(catalog: Catalog, source: ResultSource, *, audit_path: Path = DEFAULT
            dry_run: bool = False, now: datetime | None = None,
            states: Callable[..., Mapping[str, NodeState]] | None = None,
            update: Callable[..., None] | None = None) -> Plan:
-    """One handler run. Raises ``Refused`` (exit 2) with nothing changed when the guard
-    says no; the refusal is in the audit log too."""
+    """One handler run: plan, cap (deferred drains audited too), apply."""
     now = now or datetime.now(timezone.utc)
     states = states or read_node_states
     update = update or slurm.scontrol_update_node
     with audit_log(Path(audit_path)) as audit:
-        last = history(audit)
+        lines = audit.readlines()
+        last = history(lines)
+        recent = drained_since(lines, now - timedelta(seconds=catalog.drain_window))
         nodes = states()
         since = now - timedelta(seconds=catalog.longest_window)
         drained_at = [last[n].time for n, s in nodes.items() if s.ours and n in last]
         since = min([since, *drained_at])
         p = plan(catalog, source.results_since(since), nodes, last, now)
-        try:
-            guard(catalog, p)
-        except Refused as exc:
-            refusal = Action(",".join(a.node for a in p.of("drain")), "refuse", note=str(exc),
-                             status="refused")
-            audit.write(json.dumps(_entry(refusal, now, dry_run=dry_run, rules=catalog.source,
-                                          before=None)) + "\n")
-            raise
+        cap(catalog, p, recent)
+        for a in p.of("defer"):           # reported and audited, not silently dropped
+            audit.write(json.dumps(_entry(a, now, dry_run=dry_run, rules=catalog.source, before=None)) + "\n")
         apply(p, audit, dry_run=dry_run, rules=catalog.source, states=states, update=update)
     return p

@@ -114,6 +114,8 @@ class Catalog(_Strict):
     name: str = Field(min_length=1)
     description: str = ""
     max_drain_fraction: Fraction = Field(0.1, ge=0, le=1)
+    #: the rolling window ``max_drain_fraction`` holds over, across handler runs
+    drain_window: Seconds = Field(86400.0, gt=0)
     min_nodes_kept: int = Field(0, ge=0)
     rules: list[Rule] = Field(min_length=1)
     _source: str = PrivateAttr("<rules>")

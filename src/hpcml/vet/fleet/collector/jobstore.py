@@ -16,7 +16,7 @@ from typing import Any
 
 import orjson
 
-from hpcml.vet.fleet.collector.jobschema import JobSummary
+from hpcml.vet.fleet.collector.jobschema import ROLES, JobSummary
 
 #: schema version 2: the job tables (version 1, the vetting tables, had no version row)
 JOBS_DDL = """
@@ -37,26 +37,53 @@ CREATE TABLE IF NOT EXISTS job_nodes (
 CREATE INDEX IF NOT EXISTS job_nodes_time ON job_nodes (time);
 CREATE INDEX IF NOT EXISTS job_nodes_node_time ON job_nodes (node, time)
 """
+#: schema version 3: who proved a summary (``proof``: munge, token, operator, none), the
+#: proven uid, whether it counts (``verified``), hangs over the attempts, and the vetting
+#: ``hpcml run --vet`` did in the job. Rows of version 2 were never proven: unverified.
+PROOF_DDL = """
+ALTER TABLE jobs ADD COLUMN uid INTEGER;
+ALTER TABLE jobs ADD COLUMN proof TEXT NOT NULL DEFAULT 'none';
+ALTER TABLE jobs ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE jobs ADD COLUMN hangs INTEGER NOT NULL DEFAULT 0;
+ALTER TABLE job_nodes ADD COLUMN verified INTEGER NOT NULL DEFAULT 0;
+UPDATE jobs SET latest = 0;
+CREATE TABLE IF NOT EXISTS job_vetting (
+  cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL, node TEXT NOT NULL,
+  time DOUBLE PRECISION NOT NULL, verdict TEXT NOT NULL, failing TEXT NOT NULL,
+  verified INTEGER NOT NULL);
+CREATE INDEX IF NOT EXISTS job_vetting_node_time ON job_vetting (node, time)
+"""
 JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
             "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
             "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
-            "attempts", "received", "body")
-NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time")
-#: each job's latest attempt since a time (one row per job; ``latest`` is kept by the insert)
-LATEST = "SELECT * FROM jobs WHERE latest = 1 AND time >= ?"
+            "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest")
+NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time", "verified")
+VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing", "verified")
+#: each job's latest verified attempt since a time (one row per job; ``latest`` is kept by
+#: the insert, among verified summaries only: an unverified one never counts nor shadows)
+LATEST = "SELECT * FROM jobs WHERE latest = 1 AND verified = 1 AND time >= ?"
 
 
 def job_row(s: JobSummary, received: float) -> tuple:
-    tp = s.throughput
-    return (s.cluster, s.job_id, s.attempt, s.user, s.account, s.partition, s.started, s.ended, s.time,
+    tp, pr = s.throughput, s.proof
+    user = pr.user if pr.verified and pr.user else s.user       # a proven user replaces the claimed one
+    return (s.cluster, s.job_id, s.attempt, user, s.account, s.partition, s.started, s.ended, s.time,
             s.duration_s, s.exit_code, s.outcome, len(s.nodes), s.gpus, s.node_hours, s.gpu_hours,
             s.time_lost_s, s.gpu_hours_lost, s.gpu.score, s.gpu.bound, tp.median if tp else None,
             tp.unit if tp else None, s.attempts, received,
-            orjson.dumps(s.model_dump(by_alias=True, exclude_none=True)).decode())
+            orjson.dumps(s.model_dump(by_alias=True, exclude_none=True)).decode(),
+            pr.uid, pr.how, int(pr.verified), max(s.hangs, int(s.outcome == "hung")), int(pr.verified))
 
 
 def node_rows(s: JobSummary) -> list[tuple]:
-    return [(s.cluster, s.job_id, s.attempt, e.node, role, e.rank, e.detail, s.time) for role, e in s.events()]
+    v = int(s.proof.verified)
+    return [(s.cluster, s.job_id, s.attempt, e.node, role, e.rank, e.detail, s.time, v) for role, e in s.events()]
+
+
+def vetting_rows(s: JobSummary) -> list[tuple]:
+    v = int(s.proof.verified)
+    return [(s.cluster, s.job_id, v_.attempt, v_.node, v_.time, v_.verdict, ",".join(v_.failing), v)
+            for v_ in s.vetting]
 
 
 class JobQueries:
@@ -79,6 +106,12 @@ class JobQueries:
             first.setdefault((s.cluster, s.job_id, s.attempt), i)
         todo = sorted(first.values())
         self._lock_jobs(conn, sorted({(s.cluster, s.job_id) for s in summaries}))
+        proven = [(summaries[i].cluster, summaries[i].job_id, summaries[i].attempt) for i in todo
+                  if summaries[i].proof.verified]
+        if proven:             # a job's verified summary replaces an unverified one of its key
+            for table in ("jobs", "job_nodes", "job_vetting"):
+                conn.cursor().executemany(f"DELETE FROM {table} WHERE cluster = {p} AND job = {p} AND attempt = {p} "
+                                          "AND verified = 0", proven)
         new = self._insert_new(conn, sql, [job_row(summaries[i], received) for i in todo])
         stored = [False] * len(summaries)
         for i, ok in zip(todo, new):
@@ -89,11 +122,17 @@ class JobQueries:
             if kept:
                 cur.executemany(f"INSERT INTO job_nodes ({','.join(NODE_COLS)}) VALUES "
                                 f"({','.join([p] * len(NODE_COLS))})", [r for s in kept for r in node_rows(s)])
-                # only a job's highest attempt is its latest, whichever arrived last
+                vetting = [r for s in kept for r in vetting_rows(s)]
+                if vetting:
+                    cur.executemany(f"INSERT INTO job_vetting ({','.join(VETTING_COLS)}) VALUES "
+                                    f"({','.join([p] * len(VETTING_COLS))})", vetting)
+                # only a job's highest verified attempt is its latest, whichever arrived last
+                counted = [s for s in kept if s.proof.verified]
                 cur.executemany(f"UPDATE jobs SET latest = 0 WHERE cluster = {p} AND job = {p} AND latest = 1 AND "
-                                f"attempt < (SELECT MAX(attempt) FROM jobs WHERE cluster = {p} AND job = {p})",
-                                sorted({(s.cluster, s.job_id, s.cluster, s.job_id) for s in kept if s.attempt > 0}
-                                       | self._late_first_attempts(conn, kept)))
+                                f"attempt < (SELECT MAX(attempt) FROM jobs WHERE cluster = {p} AND job = {p} "
+                                "AND verified = 1)",
+                                sorted({(s.cluster, s.job_id, s.cluster, s.job_id) for s in counted if s.attempt > 0}
+                                       | self._late_first_attempts(conn, counted)))
         finally:
             cur.close()
         return stored
@@ -114,7 +153,8 @@ class JobQueries:
         p = self.P
         for i in range(0, len(keys), 500):
             part = keys[i:i + 500]
-            rows = conn.execute(f"SELECT DISTINCT cluster, job FROM jobs WHERE attempt > 0 AND (cluster, job) IN "
+            rows = conn.execute(f"SELECT DISTINCT cluster, job FROM jobs WHERE attempt > 0 AND verified = 1 "
+                                "AND (cluster, job) IN "
                                 f"(VALUES {','.join([f'({p}, {p})'] * len(part))})",
                                 [v for k in part for v in k]).fetchall()
             out |= {(c, j, c, j) for c, j in rows}
@@ -128,30 +168,34 @@ class JobQueries:
             "SELECT body FROM jobs WHERE job = ? ORDER BY cluster, attempt", (job_id,))]
 
     def job_events_since(self, since: float) -> list[dict[str, Any]]:
-        """Every (node, job, role) a job named since ``since``, once per job, oldest first:
-        what the node handler's job rules count."""
-        rows = self._all("SELECT n.node, n.cluster, n.job, n.role, MIN(n.time), MAX(j.user_name) FROM job_nodes n "
-                         "JOIN jobs j ON j.cluster = n.cluster AND j.job = n.job AND j.attempt = n.attempt "
-                         "WHERE n.time >= ? GROUP BY n.node, n.cluster, n.job, n.role ORDER BY MIN(n.time)", (since,))
-        return [{"node": n, "job": f"{c}:{j}" if c else j, "role": r, "time": t, "user": u}
-                for n, c, j, r, t, u in rows]
+        """Every (node, job, role) a verified job named since ``since``, once per job, oldest
+        first, with its proven owner (uid, else the user a token or the operator gave):
+        what the node handler's job rules count. Unverified summaries never count."""
+        rows = self._all("SELECT n.node, n.cluster, n.job, n.role, MIN(n.time), MAX(j.uid), MAX(j.user_name) "
+                         "FROM job_nodes n JOIN jobs j ON j.cluster = n.cluster AND j.job = n.job "
+                         "AND j.attempt = n.attempt WHERE n.time >= ? AND n.verified = 1 AND j.verified = 1 "
+                         "GROUP BY n.node, n.cluster, n.job, n.role ORDER BY MIN(n.time)", (since,))
+        return [{"node": n, "job": f"{c}:{j}" if c else j, "role": r, "time": t,
+                 "user": f"uid:{uid}" if uid is not None else (f"user:{u}" if u else None)}
+                for n, c, j, r, t, uid, u in rows]
 
     def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Nodes ranked by the distinct jobs that named them, with the count per role."""
         rows = self._all(
             "SELECT node, role, COUNT(*), MAX(t) FROM (SELECT node, role, cluster, job, MAX(time) AS t "
-            "FROM job_nodes WHERE time >= ? GROUP BY node, role, cluster, job) x GROUP BY node, role",
+            "FROM job_nodes WHERE time >= ? AND verified = 1 GROUP BY node, role, cluster, job) x GROUP BY node, role",
             (since,))
         jobs = dict(self._all(
-            "SELECT node, COUNT(*) FROM (SELECT DISTINCT node, cluster, job FROM job_nodes WHERE time >= ?) y "
-            "GROUP BY node", (since,)))
+            "SELECT node, COUNT(*) FROM (SELECT DISTINCT node, cluster, job FROM job_nodes WHERE time >= ? "
+            "AND verified = 1) y GROUP BY node", (since,)))
         out: dict[str, dict[str, Any]] = {}
         for node, role, n, last in rows:
             d = out.setdefault(node, {"node": node, "jobs": jobs.get(node, 0), "last": last,
-                                      **{r: 0 for r in ("excluded", "straggler", "culprit", "lost")}})
+                                      **{r: 0 for r in ROLES}})
             d[role] = n
             d["last"] = max(d["last"], last)
-        ranked = sorted(out.values(), key=lambda d: (-d["jobs"], -(d["straggler"] + d["culprit"] + d["lost"]),
+        ranked = sorted(out.values(), key=lambda d: (-d["jobs"], -(d["straggler"] + d["culprit"] + d["lost"]
+                                                                   + d["crashed"]),
                                                     d["node"]))
         return ranked[:limit]
 
@@ -176,19 +220,42 @@ class JobQueries:
                     f"SELECT node, name, COUNT(*) FROM results WHERE time >= ? AND node IN ({marks}) "
                     "AND outcome IN ('fail', 'error') GROUP BY node, name", (since, *part)):
                 out[node]["failing_checks"].append({"check": name, "count": n})
+            self._job_vetting(out, part, since)
         for d in out.values():
             d["failing_checks"].sort(key=lambda c: (-c["count"], c["check"]))
             del d["failing_checks"][5:]
         return out
+
+    def _job_vetting(self, out: dict[str, dict[str, Any]], part: list[str], since: float) -> None:
+        """Add the vetting that verified jobs' ``hpcml run --vet`` did to ``vet_history``."""
+        marks = ",".join("?" * len(part))
+        failing: dict[tuple[str, str], int] = {}
+        for node, verdict, t, checks in self._all(
+                f"SELECT node, verdict, time, failing FROM job_vetting WHERE time >= ? AND node IN ({marks}) "
+                "AND verified = 1", (since, *part)):
+            d = out[node]
+            d["reports"] += 1
+            key = "last_bad" if verdict == "bad" else "last_good"
+            d["bad"] += verdict == "bad"
+            d[key] = t if d[key] is None else max(d[key], t)
+            for c in filter(None, checks.split(",")):
+                failing[(node, c)] = failing.get((node, c), 0) + 1
+        for (node, c), n in failing.items():
+            listed = next((f for f in out[node]["failing_checks"] if f["check"] == c), None)
+            if listed:
+                listed["count"] += n
+            else:
+                out[node]["failing_checks"].append({"check": c, "count": n})
 
     def job_totals(self, since: float) -> dict[str, Any]:
         (n, gpu_h, node_h, lost_h, lost_s, failed, hung), = self._all(
             "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0), "
             "COALESCE(SUM(gpu_hours_lost), 0), COALESCE(SUM(time_lost_s), 0), "
             "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN outcome = 'hung' THEN 1 ELSE 0 END), 0) FROM ({LATEST}) t", (since,))
+            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0) FROM ({LATEST}) t", (since,))
+        (unverified,), = self._all("SELECT COUNT(*) FROM jobs WHERE verified = 0 AND time >= ?", (since,))
         return {"jobs": n, "gpu_hours": gpu_h, "node_hours": node_h, "gpu_hours_lost": lost_h,
-                "time_lost_s": lost_s, "failed": failed, "hung": hung}
+                "time_lost_s": lost_s, "failed": failed, "hung": hung, "unverified": unverified}
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
         """Per (user, account): jobs, GPU-hours, mean GPU score, and the lowest-scoring jobs;

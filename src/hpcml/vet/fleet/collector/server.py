@@ -1,16 +1,22 @@
-"""The collector's HTTP endpoints, on the standard library's ``ThreadingHTTPServer``.
+"""The collector's HTTP endpoints: a WSGI application served by waitress.
 
-Why the standard library: measured on 2 cores with the load generator on the same host
-(benchmarks/bench_collector.py) it takes ~2,000 reports/s on SQLite and ~1,400/s on
-PostgreSQL, above the 1,000/s goal, and no ASGI/WSGI server (uvicorn, gunicorn) is a
-dependency of hpcml; Werkzeug/Flask in the environment would only add a layer over the
-same model. HTTP/1.1 keep-alive, one thread per connection.
+Why waitress and not the standard library's ``ThreadingHTTPServer``: that server gives
+each connection a thread for as long as it is open, with a per-read timeout only, so 600
+idle half-sent requests starved ``/healthz`` and 800 unfinished 1 MiB bodies held 840 MB.
+Waitress (Pylons, pure Python) reads every connection asynchronously and hands only
+complete requests to a fixed pool of threads; a body above ``inbuf_overflow`` waits in a
+temporary file, not in memory; a malformed Content-Length is a 400 and a body above the
+limit a 413 before it is read. What waitress lacks, one overall deadline per request
+(headers and body together, against a client that sends a byte every few seconds), and
+room for new clients when every connection slot is held by an idle one, is added here in
+its maintenance pass (``_Server.maintenance``).
 
 Security: every endpoint but ``/healthz`` needs ``Authorization: Bearer TOKEN`` (compared
-with ``hmac.compare_digest``); a read-only token opens the GET endpoints only. The size is
-checked from Content-Length before a byte of the body is read; a refused request closes
-its connection so its body is never read. No request can crash the service: a failure in
-a handler is a 500 for that request only.
+with ``hmac.compare_digest`` against every token); a read-only token opens the GET
+endpoints only, a job token only ``POST /v1/jobs``. Who sent a job summary is proven by
+``proof.Verifier`` (MUNGE, a user's token, Slurm's records), never read from it. No request
+can crash the service: a failure in a handler is a 500 for that request only, and 503
+while the database (or munged, or Slurm) cannot be reached.
 """
 
 from __future__ import annotations
@@ -18,51 +24,78 @@ from __future__ import annotations
 import hmac
 import os
 import re
-import socket
 import sys
 import threading
 import time
 from collections.abc import Iterable
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from dataclasses import dataclass
+from http import HTTPStatus
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, unquote, urlsplit
+from urllib.parse import parse_qs, unquote
 
 import orjson
 
-from hpcml.vet.fleet.collector.jobschema import parse_jobs
+from hpcml.vet.fleet.collector.jobschema import parse_job_items
+from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Verifier
 from hpcml.vet.fleet.collector.schema import Invalid, parse
 from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
 
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY = 1 << 20
 TOKEN_ENV = "HPCML_VET_TOKEN"
+THREADS = 8                   # requests handled at once; the rest wait, read, in waitress
+CONNECTIONS = 1000            # open connections (poll, not select: no 1,024 descriptor cap)
+REQUEST_DEADLINE = 10.0       # seconds from a request's first byte to its last
+IDLE_TIMEOUT = 30             # seconds an idle keep-alive connection is kept
+IN_MEMORY = 16 * 1024         # bytes of a body kept in memory; the rest in a temporary file
 _DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d|w)?\s*$")
 _SCALE = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
+@dataclass(frozen=True)
+class Grant:
+    role: str                  # write | read | job
+    user: str | None = None    # a user's job token ("user:token" in --job-token-file)
+
+
 class Tokens:
-    """Write tokens (POST and GET), optional read-only tokens (GET only) and optional job
-    tokens (only ``POST /v1/jobs``: what every user's ``hpcml run`` needs, and nothing more;
-    it can neither send vetting results nor read anything)."""
+    """Write tokens (POST and GET: the operator's), optional read-only tokens (GET only) and
+    optional job tokens (only ``POST /v1/jobs``: what every user's ``hpcml run`` needs, and
+    nothing more). A job token written ``user:token`` is that user's and proves the user
+    where MUNGE cannot (a site without it); a bare one proves no one."""
 
     def __init__(self, write: Iterable[str], read: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
-        self.write = [t.encode() for t in write if t]
-        self.read = [t.encode() for t in read if t]
-        self.jobs = [t.encode() for t in jobs if t]
-        if not self.write:
+        self.grants: list[tuple[bytes, Grant]] = [(t.encode(), Grant("write")) for t in write if t]
+        if not self.grants:
             raise ValueError("no token: the collector refuses to run without one")
+        self.grants += [(t.encode(), Grant("read")) for t in read if t]
+        for line in jobs:
+            user, sep, token = line.rpartition(":")
+            if line:
+                self.grants.append(((token if sep and user else line).encode(),
+                                    Grant("job", user.strip() if sep and user.strip() else None)))
+
+    def grant(self, header: str | None) -> Grant | None:
+        """The grant of ``Authorization: Bearer TOKEN``, or None; the same time for every token."""
+        scheme, _, value = (header or "").partition(" ")
+        if scheme.lower() != "bearer" or not value.strip():
+            return None
+        given = value.strip().encode()
+        found = None
+        for token, g in self.grants:
+            if hmac.compare_digest(given, token):   # no early exit
+                found = g
+        return found
 
     def allows(self, header: str | None, write: bool, jobs: bool = False) -> bool:
         """``write``: a POST; ``jobs``: a POST of job summaries, which job tokens may make."""
-        scheme, _, value = (header or "").partition(" ")
-        if scheme.lower() != "bearer" or not value.strip():
+        g = self.grant(header)
+        if g is None:
             return False
-        given = value.strip().encode()
-        ok = False
-        for t in (self.write + self.jobs if jobs else self.write) if write else self.write + self.read:
-            ok |= hmac.compare_digest(given, t)  # no early exit: same time for every token
-        return ok
+        if write:
+            return g.role == "write" or (jobs and g.role == "job")
+        return g.role in ("write", "read")
 
 
 def read_tokens(path: Path | None, env_var: str | None = TOKEN_ENV) -> list[str]:
@@ -89,185 +122,251 @@ def _int(query: dict, key: str, default: int, top: int) -> int:
     return int(raw)
 
 
-class Handler(BaseHTTPRequestHandler):
-    protocol_version = "HTTP/1.1"
-    server_version = "hpcml-vet-collector"
-    sys_version = ""
-    timeout = 60  # an idle keep-alive connection is dropped after this
-    disable_nagle_algorithm = True
-    server: CollectorServer
-    _headers_buffer: list[bytes]  # BaseHTTPRequestHandler's, filled by send_header
+def _transient(exc: BaseException) -> bool:
+    """The database is down or busy (any backend's OperationalError or InterfaceError,
+    psycopg's AdminShutdown among them): 503, try again."""
+    return isinstance(exc, (StoreError, Unavailable)) or any(
+        c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__)
 
-    def log_message(self, format: str, *args: Any) -> None:
-        if self.server.verbose:
-            super().log_message(format, *args)
 
-    def _send(self, code: int, body: Any, close: bool = False, headers: dict | None = None) -> None:
-        data = orjson.dumps(body)
-        self.send_response(code)
-        self.send_header("Content-Type", "application/json")
-        self.send_header("Content-Length", str(len(data)))
-        for k, v in (headers or {}).items():
-            self.send_header(k, v)
-        if close:
-            self.send_header("Connection", "close")
-            self.close_connection = True
-        # head and body in one write: two small writes meet delayed ACKs (40 ms a request)
-        self._headers_buffer.append(b"\r\n" + data)
-        self.flush_headers()
+class _Reply(Exception):
+    def __init__(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
+        self.code, self.body, self.headers = code, body, headers or {}
 
-    def _error(self, code: int, reason: str, close: bool = False, **headers: str) -> None:
-        self._refused = close
-        self._send(code, {"error": reason}, close=close, headers=headers)
 
-    def finish(self) -> None:
-        super().finish()
-        if getattr(self, "_refused", False):
-            self._linger()
+def _error(code: int, reason: str, **headers: str) -> _Reply:
+    return _Reply(code, {"error": reason}, headers)
 
-    def _linger(self) -> None:
-        """Read (and drop) what the client still sends, briefly, before closing: closing
-        with unread data resets the connection and the client may lose our answer."""
+
+class App:
+    """The collector as a WSGI application (any WSGI server can run it; ``start`` uses waitress)."""
+
+    def __init__(self, store: Store, tokens: Tokens, max_body: int = DEFAULT_MAX_BODY,
+                 verifier: Verifier | None = None, verbose: bool = False) -> None:
+        self.store, self.tokens, self.max_body, self.verbose = store, tokens, max_body, verbose
+        self.verifier = verifier or Verifier(slurm=None)
+        self.writer = BatchWriter(store)
+        self.job_writer = BatchWriter(store, write=store.add_jobs)
+
+    def log(self, line: str) -> None:
+        print(f"hpcml vet serve: {line}", file=sys.stderr, flush=True)
+
+    def __call__(self, environ: dict, start_response) -> list[bytes]:
+        method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
         try:
-            self.connection.shutdown(socket.SHUT_WR)
-            self.connection.settimeout(1)
-            left = self.server.max_body
-            while left > 0 and (chunk := self.connection.recv(65536)):
-                left -= len(chunk)
-        except OSError:
-            pass
+            if method == "POST":
+                reply = self._post(environ, path)
+            elif method in ("GET", "HEAD"):
+                reply = self._get(environ, path)
+            else:
+                reply = _error(405, f"method {method[:20]!r} not allowed", Allow="GET, POST")
+        except _Reply as r:
+            reply = r
+        except Exception as exc:  # a bug or an outage: this request only
+            self.log(f"{method} {path[:200]}: {type(exc).__name__}: {exc}")
+            reply = _error(503 if _transient(exc) else 500, f"internal error: {type(exc).__name__}")
+        data = orjson.dumps(reply.body)
+        status = f"{reply.code} {HTTPStatus(reply.code).phrase}"
+        start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
+                                *reply.headers.items()])
+        if self.verbose:
+            self.log(f"{environ.get('REMOTE_ADDR')} {method} {path[:200]} {reply.code}")
+        return [data]
 
-    def _authorised(self, write: bool, jobs: bool = False) -> bool:
-        if self.server.tokens.allows(self.headers.get("Authorization"), write, jobs):
-            return True
-        self._error(401, "missing or invalid token", close=True,
-                    **{"WWW-Authenticate": 'Bearer realm="hpcml-vet"'})
-        return False
+    def _grant(self, environ: dict, write: bool, jobs: bool = False) -> Grant:
+        g = self.tokens.grant(environ.get("HTTP_AUTHORIZATION"))
+        if g is not None and self.tokens.allows(environ.get("HTTP_AUTHORIZATION"), write, jobs):
+            return g
+        raise _error(401, "missing or invalid token", **{"WWW-Authenticate": 'Bearer realm="hpcml-vet"'})
 
-    def _guard(self, fn) -> None:
-        try:
-            fn()
-        except (BrokenPipeError, ConnectionResetError, TimeoutError):
-            self.close_connection = True
-        except Exception as exc:  # a bug or a database outage: this request only
-            self.server.log(f"{self.command} {self.path}: {type(exc).__name__}: {exc}")
-            db_down = isinstance(exc, StoreError) or type(exc).__name__ == "OperationalError"
-            try:
-                self._error(503 if db_down else 500, f"internal error: {type(exc).__name__}",
-                            close=True)
-            except OSError:
-                self.close_connection = True
-
-    def do_POST(self) -> None:
-        self._guard(self._post)
-
-    def do_GET(self) -> None:
-        self._guard(self._get)
-
-    def _post(self) -> None:
-        kind = urlsplit(self.path).path.rstrip("/")
-        if kind not in ("/v1/reports", "/v1/jobs"):
-            return self._error(404, "not found; POST /v1/reports or /v1/jobs", close=True)
-        if not self._authorised(write=True, jobs=kind == "/v1/jobs"):
-            return
-        if self.headers.get("Transfer-Encoding"):
-            return self._error(411, "send Content-Length, not a chunked body", close=True)
-        length = self.headers.get("Content-Length")
-        if length is None:
-            return self._error(411, "Content-Length required", close=True)
-        if not length.strip().isdigit():
-            return self._error(400, f"Content-Length: not a number: {length[:40]!r}", close=True)
+    def _body(self, environ: dict) -> bytes:
+        length = str(environ.get("CONTENT_LENGTH") or "")   # a chunked body: waitress counted it, bounded
+        if not length:
+            raise _error(411, "Content-Length required")
+        if not length.isdigit() or not length.isascii():
+            raise _error(400, f"Content-Length: not a number: {length[:40]!r}")
         n = int(length)
-        if n > self.server.max_body:
-            return self._error(413, f"body of {n} bytes is above the limit of "
-                               f"{self.server.max_body} bytes", close=True)
-        body = self.rfile.read(n)
+        if n > self.max_body:
+            raise _error(413, f"body of {n} bytes is above the limit of {self.max_body} bytes")
+        body = environ["wsgi.input"].read(n)
         if len(body) < n:
-            self.close_connection = True
-            return
-        try:
-            items = parse(body) if kind == "/v1/reports" else parse_jobs(body)
-        except Invalid as exc:
-            return self._error(400, str(exc)[:500])
-        if kind == "/v1/jobs":                 # idempotent: a summary sent again is not stored again
-            stored = self.server.job_writer.add(items)
-            return self._send(201 if any(stored) else 200,
-                              {"stored": sum(stored), "duplicates": len(stored) - sum(stored)})
-        ids = self.server.writer.add(items)
-        self._send(201, {"ids": ids, "stored": len(ids)})
+            raise _error(400, "body shorter than its Content-Length")
+        return body
 
-    def _get(self) -> None:
-        url = urlsplit(self.path)
-        path, query = url.path, parse_qs(url.query)
+    def _post(self, environ: dict, path: str) -> _Reply:
+        kind = path.rstrip("/")
+        if kind not in ("/v1/reports", "/v1/jobs"):
+            raise _error(404, "not found; POST /v1/reports or /v1/jobs")
+        g = self._grant(environ, write=True, jobs=kind == "/v1/jobs")
+        body = self._body(environ)
+        try:
+            if kind == "/v1/reports":
+                ids = self.writer.add(parse(body))
+                return _Reply(201, {"ids": ids, "stored": len(ids)})
+            raw, summaries = parse_job_items(body)
+        except Invalid as exc:
+            raise _error(400, str(exc)[:500]) from None
+        try:
+            self.verifier.verify(raw, summaries, Sender(operator=g.role == "write", user=g.user))
+        except Forbidden as exc:
+            raise _error(403, str(exc)[:500]) from None
+        stored = self.job_writer.add(summaries)   # idempotent: a summary sent again is not stored again
+        unverified = sum(not s.proof.verified for s in summaries)
+        return _Reply(201 if any(stored) else 200, {"stored": sum(stored), "duplicates": len(stored) - sum(stored),
+                                                    "unverified": unverified})
+
+    def _get(self, environ: dict, path: str) -> _Reply:
+        query = parse_qs(environ.get("QUERY_STRING", ""))
         if path == "/healthz":
-            return self._send(200, {"status": "ok"})
-        if not self._authorised(write=False):
-            return
-        store = self.server.store
+            return _Reply(200, {"status": "ok"})
+        self._grant(environ, write=False)
+        store = self.store
         parts = [unquote(p) for p in path.strip("/").split("/")]
         try:
             if parts == ["v1", "nodes", "failing"]:
                 since = parse_since(query.get("since", ["24h"])[-1])
                 limit = _int(query, "limit", 20, 10_000)
-                return self._send(200, {"since": time.time() - since,
-                                        "nodes": store.failing(time.time() - since, limit)})
+                return _Reply(200, {"since": time.time() - since, "nodes": store.failing(time.time() - since, limit)})
             if len(parts) == 4 and parts[:2] == ["v1", "nodes"] and parts[3] == "history":
                 limit = _int(query, "limit", 20, 1000)
-                return self._send(200, {"node": parts[2], "reports": store.history(parts[2], limit)})
+                return _Reply(200, {"node": parts[2], "reports": store.history(parts[2], limit)})
             if len(parts) == 3 and parts[:2] == ["v1", "jobs"]:
                 reps, summaries = store.job(parts[2]), store.job_summaries(parts[2])
                 if not reps and not summaries:
-                    return self._error(404, f"no reports or summaries for job {parts[2]!r}")
-                return self._send(200, {"job_id": parts[2], "reports": reps, "summaries": summaries})
+                    raise _error(404, f"no reports or summaries for job {parts[2]!r}")
+                return _Reply(200, {"job_id": parts[2], "reports": reps, "summaries": summaries})
             if parts == ["v1", "fleet"]:
                 from hpcml.vet.fleet.centre import build
                 since = parse_since(query.get("since", ["30d"])[-1])
-                return self._send(200, build(store, since, top=_int(query, "top", 20, 10_000)))
+                return _Reply(200, build(store, since, top=_int(query, "top", 20, 10_000)))
         except ValueError as exc:
-            return self._error(400, str(exc))
-        self._error(404, "not found")
+            raise _error(400, str(exc)) from None
+        raise _error(404, "not found")
+
+    def close(self) -> None:
+        self.writer.close()
+        self.job_writer.close()
 
 
-class CollectorServer(ThreadingHTTPServer):
-    daemon_threads = True
-    allow_reuse_address = True
-    request_queue_size = 128
+def _server_class():
+    """Waitress's TCP server with the two limits it lacks (imported late: the collector
+    extra's dependency, and only the service needs it)."""
+    from waitress.channel import HTTPChannel
+    from waitress.server import TcpWSGIServer
+    from waitress.task import ErrorTask
 
-    def __init__(self, addr: tuple[str, int], store: Store, tokens: Tokens,
-                 max_body: int = DEFAULT_MAX_BODY, verbose: bool = False) -> None:
-        if ":" in addr[0]:
-            self.address_family = socket.AF_INET6
-        super().__init__(addr, Handler)
-        self.store, self.tokens, self.max_body, self.verbose = store, tokens, max_body, verbose
-        self.writer = BatchWriter(store)
-        self.job_writer = BatchWriter(store, write=store.add_jobs)
+    class JsonErrorTask(ErrorTask):
+        """Waitress's own refusals (a malformed request, a body over the limit) as one JSON
+        line like every other answer of the collector."""
+
+        def execute(self):               # unannotated: waitress's stubs do not know request.error
+            e = self.request.error
+            why = (f"body above the limit of {self.channel.server.adj.max_request_body_size - 1} bytes"
+                   if e.code == 413 else f"{e.reason}: {e.body}")
+            body = orjson.dumps({"error": why})
+            self.status = f"{e.code} {e.reason}"
+            self.response_headers.append(("Content-Type", "application/json"))
+            self.set_close_on_finish()
+            self.content_length = len(body)
+            self.write(body)
+
+    class Channel(HTTPChannel):
+        began: float | None = None          # when the request being read sent its first byte
+        error_task_class = JsonErrorTask
+
+        def received(self, data: bytes) -> bool:
+            if self.request is None and self.began is None:
+                self.began = time.monotonic()
+            try:
+                return super().received(data)
+            finally:
+                if self.request is None:
+                    self.began = None
+
+    class Server(TcpWSGIServer):
+        channel_class = Channel
+        deadline = REQUEST_DEADLINE
+
+        def maintenance(self, now):      # unannotated: waitress's stubs type active_channels wrong
+            super().maintenance(now)
+            mono = time.monotonic()
+            channels = list(self.active_channels.values())
+            for ch in channels:       # a request still being read past its deadline: dropped
+                if getattr(ch, "began", None) is not None and mono - ch.began > self.deadline and not ch.requests:
+                    ch.will_close = True
+            if len(channels) >= self.adj.connection_limit * 0.9:   # full: idle connections make room
+                idle = [ch for ch in channels if getattr(ch, "began", None) is None and not ch.requests
+                        and not ch.total_outbufs_len]
+                for ch in sorted(idle, key=lambda c: c.last_activity)[:max(1, len(idle) // 2)]:
+                    ch.will_close = True
+
+    return Server
+
+
+class CollectorServer:
+    """The collector on waitress, serving from ``serve_forever`` until ``close``."""
+
+    def __init__(self, addr: tuple[str, int], store: Store, tokens: Tokens, max_body: int = DEFAULT_MAX_BODY,
+                 verbose: bool = False, verifier: Verifier | None = None, threads: int = THREADS,
+                 connections: int = CONNECTIONS, deadline: float = REQUEST_DEADLINE) -> None:
+        from waitress.adjustments import Adjustments
+        self.app = App(store, tokens, max_body, verifier, verbose)
+        self.store, self.tokens, self.max_body = store, tokens, max_body
+        adj = Adjustments(host=addr[0], port=addr[1], threads=threads, connection_limit=connections,
+                          channel_timeout=IDLE_TIMEOUT, cleanup_interval=1, inbuf_overflow=IN_MEMORY,
+                          max_request_body_size=max_body + 1, max_request_header_size=64 * 1024,
+                          asyncore_use_poll=True, ident="hpcml-vet-collector", expose_tracebacks=False,
+                          log_socket_errors=False, clear_untrusted_proxy_headers=True)
+        cls = _server_class()
+        self._server = cls(self.app, adj=adj)
+        self._server.deadline = deadline
+        self._done = threading.Event()
+        self._running = False
+
+    @property
+    def server_address(self) -> tuple[str, int]:
+        host, port = self._server.socket.getsockname()[:2]
+        return host, port
 
     @property
     def url(self) -> str:
-        host, port = self.server_address[:2]
-        assert isinstance(host, str)  # getsockname() of an AF_INET(6) socket
+        host, port = self.server_address
         return f"http://{'[' + host + ']' if ':' in host else host}:{port}"
 
-    def log(self, line: str) -> None:
-        print(f"hpcml vet serve: {line}", file=sys.stderr, flush=True)
-
-    def handle_error(self, request, client_address) -> None:
-        exc = sys.exc_info()[1]
-        self.log(f"{client_address[0]}: {type(exc).__name__}: {exc}")
+    def serve_forever(self) -> None:
+        self._running = True
+        try:
+            self._server.run()
+        except (OSError, ValueError):   # closed under the loop
+            pass
+        finally:
+            self._done.set()
 
     def close(self) -> None:
-        """Stop serving (if serving), finish pending writes, close the database."""
-        self.shutdown()
-        self.server_close()
-        self.writer.close()
-        self.job_writer.close()
+        """Stop serving, finish pending writes, close the database."""
+        srv = self._server
+
+        def stop() -> None:             # in the loop's own thread (waitress's trigger runs it there)
+            for d in list(srv._map.values()):
+                try:
+                    d.close()
+                except OSError:
+                    pass
+
+        if self._running:
+            srv.trigger.pull_trigger(stop)
+            self._done.wait(10)
+        else:
+            stop()
+        srv.task_dispatcher.shutdown()
+        self.app.close()
         self.store.close()
 
 
 def start(store: Store, tokens: Tokens, bind: str = "127.0.0.1", port: int = 0,
-          max_body: int = DEFAULT_MAX_BODY, verbose: bool = False) -> CollectorServer:
+          max_body: int = DEFAULT_MAX_BODY, verbose: bool = False, verifier: Verifier | None = None,
+          **kw: Any) -> CollectorServer:
     """A collector serving from a background thread; ``close()`` stops it."""
-    server = CollectorServer((bind, port), store, tokens, max_body, verbose)
-    threading.Thread(target=server.serve_forever, args=(0.1,), name="collector",
-                     daemon=True).start()
+    server = CollectorServer((bind, port), store, tokens, max_body, verbose, verifier, **kw)
+    threading.Thread(target=server.serve_forever, name="collector", daemon=True).start()
     return server

@@ -27,7 +27,7 @@ from typing import Any
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
 from hpcml.vet.fleet.collector.jobschema import JobSummary
-from hpcml.vet.fleet.collector.jobstore import JOBS_DDL, JobQueries
+from hpcml.vet.fleet.collector.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
 from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
@@ -36,10 +36,11 @@ RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outco
                "value_text", "unit", "message", "duration")
 
 
-#: the store's schema: 1 the vetting tables (no version row), 2 the job tables
-SCHEMA_VERSION = 2
+#: the store's schema: 1 the vetting tables (no version row), 2 the job tables, 3 who
+#: proved each summary and the jobs' own vetting
+SCHEMA_VERSION = 3
 #: the DDL that takes a database from the version before to this one
-MIGRATIONS = {2: JOBS_DDL}
+MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):

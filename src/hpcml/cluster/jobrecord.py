@@ -1,0 +1,116 @@
+"""A job as Slurm itself records it: owner, nodes, state, restarts, start and end.
+
+What a job's own files say about it is the sender's word; this is the cluster's. Read from
+``scontrol show job`` while slurmctld still holds the job (running, and ``MinJobAge``
+after it ended), else from accounting (``sacct`` over slurmdbd), else from the job
+completion log (``sacct -c``, the ``jobcomp/filetxt`` plugin of clusters without a
+database). Every requeue of a job is a restart: ``Restarts=`` in scontrol, one record per
+run in the completion log, ``sacct --duplicates`` in accounting.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+from datetime import datetime
+
+from hpcml.cluster import slurm
+from hpcml.cluster.hostlist import expand
+from hpcml.errors import SlurmError
+
+_JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
+_OWNER = re.compile(r"^(?P<name>[^()]*)(?:\((?P<uid>[0-9]+)\))?$")
+_SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "UID", "NodeList", "Start", "End", "State")
+_COMP_FIELDS = ("JobID", "User", "UID", "NodeList", "Start", "End", "State")
+
+
+@dataclass(frozen=True)
+class JobRecord:
+    job_id: str
+    user: str
+    uid: int | None
+    nodes: frozenset[str]       # every node the job ran on, over all its runs where known
+    state: str
+    restarts: int
+    start: float | None
+    end: float | None
+    source: str                 # scontrol | sacct | jobcomp
+
+
+def is_job_id(value: str) -> bool:
+    """A Slurm job id (``123``, an array task ``123_4``): what Slurm can be asked about."""
+    return bool(_JOB_ID.match(value))
+
+
+def _time(value: str | None) -> float | None:
+    if not value or value in ("Unknown", "None", "(null)", "N/A"):
+        return None
+    try:
+        return datetime.fromisoformat(value).timestamp()     # Slurm prints local time
+    except ValueError:
+        return None
+
+
+def _owner(value: str, uid: str = "") -> tuple[str, int | None]:
+    m = _OWNER.match(value.strip())
+    name, num = (m.group("name"), m.group("uid")) if m else (value, None)
+    num = num or (uid if uid.strip().isdigit() else None)
+    return name.strip(), int(num) if num is not None else None
+
+
+def _nodes(value: str | None) -> set[str]:
+    if not value or value in ("(null)", "None assigned", "Unknown"):
+        return set()
+    try:
+        return set(expand(value))
+    except ValueError:
+        return set()
+
+
+def _from_scontrol(job_id: str, timeout: float) -> JobRecord | None:
+    try:
+        recs = slurm.scontrol_show("job", job_id, timeout=timeout)
+    except SlurmError as exc:
+        if "invalid job id" in str(exc).lower():
+            return None
+        raise
+    rec = next((r for r in recs if r.get("JobId") == job_id.split("_")[0] or r.get("JobId") == job_id
+                or f"{r.get('ArrayJobId')}_{r.get('ArrayTaskId')}" == job_id), None)
+    if rec is None:
+        return None
+    user, uid = _owner(rec.get("UserId", ""))
+    restarts = rec.get("Restarts", "0")
+    return JobRecord(job_id, user, uid, frozenset(_nodes(rec.get("NodeList"))),
+                     rec.get("JobState", "").split()[0] if rec.get("JobState") else "",
+                     int(restarts) if restarts.isdigit() else 0, _time(rec.get("StartTime")),
+                     _time(rec.get("EndTime")), "scontrol")
+
+
+def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
+    try:
+        rows = slurm.sacct(job_id, _SACCT_FIELDS, timeout=timeout, extra=("--duplicates",))
+        source, key = "sacct", "JobIDRaw"
+    except SlurmError as exc:
+        if "accounting storage is disabled" not in str(exc).lower():
+            raise
+        rows = slurm.sacct(job_id, _COMP_FIELDS, jobcomp=True, timeout=timeout)
+        source, key = "jobcomp", "JobID"
+    runs = [r for r in rows if r.get(key) == job_id or r.get("JobID") == job_id]
+    if not runs:
+        return None
+    last = runs[-1]
+    user, uid = _owner(last.get("User", ""), last.get("UID", ""))
+    nodes: set[str] = set()
+    for r in runs:
+        nodes |= _nodes(r.get("NodeList"))
+    return JobRecord(job_id, user, uid, frozenset(nodes), last.get("State", "").split()[0] if last.get("State") else "",
+                     len(runs) - 1, _time(runs[0].get("Start")), _time(last.get("End")), source)
+
+
+def lookup(job_id: str, *, timeout: float = 10.0) -> JobRecord | None:
+    """Slurm's record of ``job_id``; None when Slurm has none. ``SlurmError`` when Slurm
+    cannot be asked (not installed, controller down): the caller cannot tell, and must
+    not take that for "no such job"."""
+    if not is_job_id(job_id):
+        return None
+    return _from_scontrol(job_id, timeout) or _from_sacct(job_id, timeout)
