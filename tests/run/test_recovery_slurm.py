@@ -95,6 +95,15 @@ def test_a_hung_rank_is_replaced_by_a_spare_and_training_ends_bitwise(cluster, e
     assert {s for r, s in done[1] if r == 1} == set(range(resumed + 1, 50))
     assert {s for r, s in done[0] if r == 1} == set(range(30))
     assert gone(str(RESUMABLE)) == []
+    # the centre's summary: the hang the restart recovered still counts, its culprit named
+    summary = _summary(tmp_path, 1)
+    assert summary["outcome"] == "completed" and summary["hangs"] == 1
+    assert [(c["node"], c["attempt"]) for c in summary["culprits"]] == [("n2", 0)]
+    assert summary["crashed"] == [] and summary["lost"] == []
+
+
+def _summary(tmp: Path, attempt: int) -> dict:
+    return json.loads((tmp / "job" / "summary" / f"attempt-{attempt}.json").read_text())
 
 
 def test_a_crashing_node_that_fails_vetting_again_is_left_out_and_the_job_shrinks(cluster, env, tmp_path):
@@ -111,6 +120,9 @@ def test_a_crashing_node_that_fails_vetting_again_is_left_out_and_the_job_shrink
     done = steps_done(tmp_path / "job.done")
     assert {s for r, s in done[1]} == set(range(resumed + 1, 50)) and {r for r, _ in done[1]} == {0}
     assert gone(str(RESUMABLE)) == []
+    summary = _summary(tmp_path, 1)        # crashed there, then excluded by vetting: both, distinct
+    assert [(c["node"], c["attempt"]) for c in summary["crashed"]] == [("n2", 0)]
+    assert [e["node"] for e in summary["excluded"]] == ["n2"] and summary["hangs"] == 0
 
 
 def test_a_node_whose_slurmd_dies_is_left_out_and_the_job_goes_on(cluster, env, tmp_path):
@@ -134,3 +146,6 @@ def test_a_node_whose_slurmd_dies_is_left_out_and_the_job_goes_on(cluster, env, 
     resumed = restart["resumed"]["step"]
     steps = steps_done(done)
     assert {s for r, s in steps[1] if r == 1} == set(range(resumed + 1, 400))
+    summary = _summary(tmp_path, 1)        # lost, not also excluded, nor crashed
+    assert [e["node"] for e in summary["lost"]] == ["n2"]
+    assert summary["excluded"] == [] and summary["crashed"] == []

@@ -25,6 +25,7 @@ from hpcml.ports import free_port
 from tests.run.test_watch import TASK, hpcml
 
 TOKEN = "summary-token-0123456789"
+ROOT = Path(__file__).parents[2]
 TRAIN = """
 import os, time
 from hpcml import observe
@@ -178,18 +179,23 @@ def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector)
     culprit rank and its node, the outcome is hung, and the fleet report ranks that node."""
     collector.start()
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "2s", "--kill-grace", "3",
+              "--vet", str(ROOT / "examples" / "vet" / "cpu.yaml"),
               "--collector", collector.url, "--", "python", TASK, cwd=tmp_path,
               env={"FAULT": "collective", "HPCML_VET_TOKEN": TOKEN})
     assert p.returncode == 5, p.stderr
     (_, _, outcome, body), = collector.rows()
     doc = json.loads(body)
-    assert outcome == "hung" and doc["exit_code"] == 5
+    assert outcome == "hung" and doc["exit_code"] == 5 and doc["hangs"] == 1
     (culprit,) = doc["culprits"]
     assert culprit["rank"] == 1 and culprit["node"] == doc["nodes"][0]
+    assert doc["crashed"] == [] and doc["lost"] == []        # ranks hpcml stopped did not crash
+    (vetted,) = doc["vetting"]                                 # what --vet found reached the centre
+    assert vetted["node"] == culprit["node"] and vetted["verdict"] == "good"
     rep = hpcml("vet", "fleet-report", "--db", f"sqlite:///{collector.db}", "--since", "1d", "--json", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     fleet = json.loads(rep.stdout)
     assert fleet["nodes"][0]["node"] == culprit["node"] and fleet["nodes"][0]["culprit"] == 1
+    assert fleet["nodes"][0]["vet"]["reports"] == 1 and fleet["nodes"][0]["vet"]["bad"] == 0
     assert fleet["totals"]["hung"] == 1
 
 

@@ -74,8 +74,8 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
                                                    "crashed": {}}
 
     def add(role: str, node: Any, attempt: int, rank: Any = None, detail: str = "") -> None:
-        if isinstance(node, str) and node:
-            out[role].setdefault((node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
+        if isinstance(node, str) and node:     # an exclusion carries over to later attempts: once, at its first
+            out[role].setdefault((node,) if role == "excluded" else (node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
                                                    "attempt": attempt, "detail": printable(detail, 1000)})
 
     lost_anywhere = {n for rec in records for n in rec.get("lost_nodes") or {}}

@@ -58,10 +58,18 @@ class PgCluster:
         data = self.root / "data"
         self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
                   "--no-sync")
+        return self.start_again()
+
+    def start_again(self) -> PgCluster:
+        """Start the server of an initialised cluster (after ``halt``)."""
         opts = f"-p {self.port} -k {self.root} -c listen_addresses=127.0.0.1"
-        self._run("pg_ctl", "-D", str(data), "-o", opts, "-l", str(self.root / "log"), "-w",
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-o", opts, "-l", str(self.root / "log"), "-w",
                   "-t", "60", "start")
         return self
+
+    def halt(self) -> None:
+        """Stop the server, keeping its data (an outage, not the end)."""
+        self._run("pg_ctl", "-D", str(self.root / "data"), "-m", "fast", "-w", "stop")
 
     def url(self, db: str = "postgres") -> str:
         return f"postgresql://postgres@127.0.0.1:{self.port}/{db}"

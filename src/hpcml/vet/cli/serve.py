@@ -38,6 +38,11 @@ def serve(
                                                "(default: $HPCML_MUNGE_SOCKET, else Slurm's AuthInfo, "
                                                "else munged's own)."),
     max_body: str = typer.Option("1 MiB", help="Largest request body accepted (413 above)."),
+    threads: int = typer.Option(8, min=1, max=256, help="Requests handled at once (the rest wait, read)."),
+    max_connections: int = typer.Option(1000, min=1, max=100_000, help="Open connections at most; idle "
+                                        "ones are closed first when it fills up."),
+    request_deadline: float = typer.Option(10.0, min=0.5, max=3600, help="Seconds from a request's first "
+                                           "byte to its last; a slower one is dropped."),
     verbose: bool = typer.Option(False, "--verbose", help="Log every request to stderr."),
 ) -> None:
     """Collect vetting reports over HTTP and answer queries about nodes and jobs.
@@ -52,8 +57,12 @@ def serve(
     lists the nodes failing most. Exit codes: 0 stopped by a signal, 1 database or port
     error, 2 bad option (no token, unreadable token file).
     """
+    import importlib.util
+
     from hpcml.vet.fleet.collector.server import CollectorServer, Tokens, read_tokens
     from hpcml.vet.fleet.collector.store import open_store
+    if importlib.util.find_spec("waitress") is None:
+        raise UsageError("the collector is served by waitress: pip install 'hpcml[collector]'", key="serve")
     limit = parse_size(max_body, "--max-body")
     verifier = _verifier(slurm_check, cluster, munge_socket)
     try:
@@ -70,7 +79,8 @@ def serve(
               "anyone who can reach this host can try tokens", file=sys.stderr)
     store = open_store(db)              # a StoreError (exit 1) names the database's problem
     try:
-        server = CollectorServer((bind, port), store, tokens, limit, verbose, verifier)
+        server = CollectorServer((bind, port), store, tokens, limit, verbose, verifier, threads=threads,
+                                 connections=max_connections, deadline=request_deadline)
     except OSError as exc:
         store.close()
         raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None

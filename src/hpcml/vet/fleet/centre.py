@@ -65,11 +65,11 @@ def lines(rep: dict[str, Any]) -> list[str]:
     out = [f"centre report: {plural(t['jobs'], 'job')} since {_when(rep['since'])} UTC ({days:g} days)",
            f"  {t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
            f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
-           f"{t['failed']:,} failed, {t['hung']:,} hung", "", "nodes that hurt the most jobs:"]
+           f"{t['failed']:,} failed, {t['hung']:,} hung", *_unverified(t), "", "nodes that hurt the most jobs:"]
     if not rep["nodes"]:
         out.append("  none: no job named a node in the window")
     for n in rep["nodes"]:
-        roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "lost", "excluded") if n[k])
+        roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "crashed", "lost", "excluded") if n[k])
         out.append(f"  {printable(n['node'])}: {plural(n['jobs'], 'job')} ({roles}); last {_when(n['last'])}; {vet_line(n['vet'])}")
     out += ["", "lowest GPU scores, by user and account:"]
     if not rep["owners"]:
@@ -87,6 +87,11 @@ def lines(rep: dict[str, Any]) -> list[str]:
     return out
 
 
+def _unverified(t: dict[str, Any]) -> list[str]:
+    n = t.get("unverified") or 0
+    return [f"  {plural(n, 'summary', 'summaries')} whose sender nothing proved: shown per job, counted nowhere"] if n else []
+
+
 def render_html(rep: dict[str, Any]) -> str:
     """One offline page: no script, no external resource; every value escaped."""
     import html
@@ -94,7 +99,7 @@ def render_html(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import CSS, table
     t = rep["totals"]
     e = html.escape
-    nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["lost"], n["excluded"], _when(n["last"]),
+    nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["crashed"], n["lost"], n["excluded"], _when(n["last"]),
               vet_line(n["vet"])] for n in rep["nodes"]]
     owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], f"{o['gpu_hours']:,.1f}", _score(o["mean_score"]),
                f"{o['idle_gpu_hours']:,.1f}",
@@ -109,10 +114,13 @@ def render_html(rep: dict[str, Any]) -> str:
         f"<p id='totals'>{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
         f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
         f"{t['failed']:,} failed, {t['hung']:,} hung.</p>",
+        *[f"<p id='unverified'>{e(line.strip())}.</p>" for line in _unverified(t)],
         "<h2>Nodes that hurt the most jobs</h2>",
-        "<p>Jobs that named the node as a straggler, a hang culprit, lost, or excluded by vetting, beside the "
+        "<p>Jobs that named the node as a straggler, a hang culprit, the node of a crashed rank, lost, or excluded "
+        "by vetting (verified summaries only), beside the "
         "node's own vetting history: a node vetting never caught is the one to drain or test harder.</p>",
-        "<div id='nodes'>" + (table(["node", "jobs", "straggler", "culprit", "lost", "excluded", "last", "vetting"],
+        "<div id='nodes'>" + (table(["node", "jobs", "straggler", "culprit", "crashed", "lost", "excluded", "last",
+                                     "vetting"],
                                     nodes) if nodes else "<p>No job named a node in the window.</p>") + "</div>",
         "<h2>Lowest GPU scores by user and account</h2>",
         "<div id='owners'>" + (table(["user", "account", "jobs", "GPU-h", "mean score", "idle GPU-h", "lowest jobs"],

@@ -47,7 +47,7 @@ class Match(_Strict):
     check: str = "*"
     type: str = "*"
     outcome: list[Literal["pass", "warn", "fail", "error", "skipped"]] = ["fail", "error"]
-    job: list[Literal["straggler", "culprit", "lost", "excluded"]] | None = None
+    job: list[Literal["straggler", "culprit", "lost", "excluded", "crashed"]] | None = None
     #: with ``job``: the counted jobs must be of at least this many users (a summary is what
     #: its sender says: one user, or one user's buggy code, cannot drain a node alone)
     users: Annotated[int, Field(ge=1)] = 1
