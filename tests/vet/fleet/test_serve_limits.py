@@ -87,7 +87,7 @@ def _closed_by_server(s: socket.socket, within: float) -> bool:
             data = s.recv(65536)
             if not data:
                 return True
-    except (TimeoutError, socket.timeout):
+    except TimeoutError:
         return False
     except OSError:
         return True
