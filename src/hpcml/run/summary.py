@@ -75,8 +75,9 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
 
     def add(role: str, node: Any, attempt: int, rank: Any = None, detail: str = "") -> None:
         if isinstance(node, str) and node:     # an exclusion carries over to later attempts: once, at its first
-            out[role].setdefault((node,) if role == "excluded" else (node, attempt), {"node": node, "rank": rank if isinstance(rank, int) else None,
-                                                   "attempt": attempt, "detail": printable(detail, 1000)})
+            key = (node,) if role == "excluded" else (node, attempt)
+            out[role].setdefault(key, {"node": node, "rank": rank if isinstance(rank, int) else None,
+                                       "attempt": attempt, "detail": printable(detail, 1000)})
 
     lost_anywhere = {n for rec in records for n in rec.get("lost_nodes") or {}}
     observes = [(int(a.get("attempt") or 0), a.get("observe")) for a in rep.get("attempts") or []]
