@@ -25,6 +25,7 @@ from hpcml.ports import free_port
 from tests.run.test_watch import TASK, hpcml
 
 TOKEN = "summary-token-0123456789"
+TRUSTED = "trusted-token-0123456789"          # the centre's own tools: summaries taken as sent
 ROOT = Path(__file__).parents[2]
 TRAIN = """
 import os, time
@@ -47,8 +48,11 @@ class Collector:
 
     def start(self) -> Collector:
         env = {**os.environ, "HPCML_VET_TOKEN": TOKEN}
+        trusted = self.db.with_name("trusted-tokens")
+        trusted.write_text(TRUSTED + "\n")
         self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", f"sqlite:///{self.db}",
-                                      "--port", str(self.port)], env=env, stdout=subprocess.PIPE, text=True)
+                                      "--port", str(self.port), "--trusted-token-file", str(trusted)],
+                                     env=env, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
         line = self.proc.stdout.readline()
         assert "listening on" in line, line
@@ -176,12 +180,14 @@ def test_a_collector_url_that_is_not_http_is_one_line_exit_2(tmp_path, args, key
 @pytest.mark.torch
 def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector):
     """A real 2-rank DDP job whose rank 1 hangs in its collective: the summary names the
-    culprit rank and its node, the outcome is hung, and the fleet report ranks that node."""
+    culprit rank and its node, the outcome is hung, and the fleet report ranks that node. The
+    job runs outside Slurm, so nothing can prove it: it is sent with a trusted token (the
+    proof of real Slurm jobs: tests/vet/fleet/test_proof_slurm.py)."""
     collector.start()
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "2s", "--kill-grace", "3",
               "--vet", str(ROOT / "examples" / "vet" / "cpu.yaml"),
               "--collector", collector.url, "--", "python", TASK, cwd=tmp_path,
-              env={"FAULT": "collective", "HPCML_VET_TOKEN": TOKEN})
+              env={"FAULT": "collective", "HPCML_COLLECTOR_TOKEN": TRUSTED})
     assert p.returncode == 5, p.stderr
     (_, _, outcome, body), = collector.rows()
     doc = json.loads(body)

@@ -26,7 +26,7 @@ _COMP_FIELDS = ("JobID", "User", "UID", "NodeList", "Start", "End", "State")
 
 @dataclass(frozen=True)
 class JobRecord:
-    job_id: str
+    job_id: str                 # Slurm's own id (an array task's JobId, not ARRAY_TASK)
     user: str
     uid: int | None
     nodes: frozenset[str]       # every node the job ran on, over all its runs where known
@@ -80,7 +80,7 @@ def _from_scontrol(job_id: str, timeout: float) -> JobRecord | None:
         return None
     user, uid = _owner(rec.get("UserId", ""))
     restarts = rec.get("Restarts", "0")
-    return JobRecord(job_id, user, uid, frozenset(_nodes(rec.get("NodeList"))),
+    return JobRecord(rec.get("JobId") or job_id, user, uid, frozenset(_nodes(rec.get("NodeList"))),
                      rec.get("JobState", "").split()[0] if rec.get("JobState") else "",
                      int(restarts) if restarts.isdigit() else 0, _time(rec.get("StartTime")),
                      _time(rec.get("EndTime")), "scontrol")
@@ -103,7 +103,8 @@ def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
     nodes: set[str] = set()
     for r in runs:
         nodes |= _nodes(r.get("NodeList"))
-    return JobRecord(job_id, user, uid, frozenset(nodes), last.get("State", "").split()[0] if last.get("State") else "",
+    raw = last.get("JobIDRaw") or last.get("JobID") or job_id
+    return JobRecord(raw, user, uid, frozenset(nodes), last.get("State", "").split()[0] if last.get("State") else "",
                      len(runs) - 1, _time(runs[0].get("Start")), _time(last.get("End")), source)
 
 

@@ -32,12 +32,12 @@ def test_the_fixture_is_what_hpcml_run_writes():
 def test_a_summary_is_stored_once_however_often_it_is_sent(collector):
     one = summary("100", stragglers=[event("nid002", 5)], culprits=[event("nid001", 0)])
     code, answer = call(collector, "POST", "/v1/jobs", one)
-    assert (code, answer) == (201, {"stored": 1, "duplicates": 0, "unverified": 0})   # the operator's token
+    assert (code, answer) == (201, {"stored": 1, "duplicates": 0, "unverified": 1})   # the write token proves no one
     code, answer = call(collector, "POST", "/v1/jobs", one)
-    assert (code, answer) == (200, {"stored": 0, "duplicates": 1, "unverified": 0})
+    assert (code, answer) == (200, {"stored": 0, "duplicates": 1, "unverified": 1})
     batch = [one, summary("100", 1), summary("101"), summary("101")]
     code, answer = call(collector, "POST", "/v1/jobs", batch)
-    assert (code, answer) == (201, {"stored": 2, "duplicates": 2, "unverified": 0})
+    assert (code, answer) == (201, {"stored": 2, "duplicates": 2, "unverified": 4})
     assert jobs_stored(collector) == (3, 2)
     code, job = call(collector, "GET", "/v1/jobs/100", token=READ_TOKEN)
     assert code == 200 and [s["attempt"] for s in job["summaries"]] == [0, 1]
@@ -236,3 +236,63 @@ def test_a_damaged_version_row_is_one_line(tmp_path):
         conn.execute("UPDATE meta SET value = 'two' WHERE key = 'schema_version'")
     with pytest.raises(StoreError, match="schema version is 'two', not a number"):
         open_store(url)
+
+
+# --- who sent it: the store's side (the real MUNGE and Slurm: test_proof_slurm.py) ----------
+
+def test_a_verified_summary_wins_over_an_unverified_one_in_the_same_batch_or_later(db_url):
+    """However they arrive, a key's verified summary is the one stored and counted; the
+    unverified one never shadows it, and GET /v1/jobs says which is which."""
+    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.server import Tokens, start
+    store = open_store(db_url)
+    forged = summary("7", user="mallory", culprits=[event("nid001", 0)])
+    real = summary("7", user="alice", stragglers=[event("nid002", 1)])
+    assert store.add_jobs([JobSummary.model_validate(forged), proven(real)]) == [False, True]
+    store.add_jobs([JobSummary.model_validate(summary("8", user="mallory"))])
+    assert store.add_jobs([proven(summary("8", user="bob"))]) == [True]
+    rows = store._all("SELECT job, user_name, verified FROM jobs ORDER BY job")
+    assert rows == [("7", "alice", 1), ("8", "bob", 1)]
+    assert {(e["node"], e["role"]) for e in store.job_events_since(0)} == {("nid002", "straggler")}
+    server = start(store, Tokens([TOKEN], [READ_TOKEN]))
+    try:
+        (doc,) = call(server, "GET", "/v1/jobs/7")[1]["summaries"]
+        assert doc["proof"] == {"how": "munge", "verified": True, "user": "alice"}
+    finally:
+        server.close()
+        server.close()                                   # twice: harmless
+
+
+def test_vetting_repeated_by_later_attempts_counts_once(db_url):
+    store = open_store(db_url)
+    try:
+        vetted = [{"node": "nid001", "attempt": 0, "time": __import__("time").time() - 7200, "verdict": "bad",
+                   "failing": ["gpu-burn"]}]
+        store.add_jobs([proven(summary("9", a, hours=1.0 + a, vetting=vetted)) for a in range(3)])
+        v = store.vet_history(["nid001"], 0)["nid001"]
+        assert (v["reports"], v["bad"], v["failing_checks"]) == (1, 1, [{"check": "gpu-burn", "count": 1}])
+    finally:
+        store.close()
+
+
+def test_job_token_lines():
+    from hpcml.vet.fleet.collector.server import Tokens
+    t = Tokens([TOKEN], jobs=["alice:s3cret:with:colons", "bare-token-0123"])
+    assert t.grant("Bearer s3cret:with:colons").user == "alice"
+    assert t.grant("Bearer bare-token-0123").user is None and t.grant("Bearer colons") is None
+    with pytest.raises(ValueError, match="USER:TOKEN"):
+        Tokens([TOKEN], jobs=["not a user:tok"])
+
+
+def test_one_person_proven_two_ways_counts_once():
+    """MUNGE proves a uid, a user token a name: both become the same uid."""
+    import os
+    import pwd
+
+    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.proof import Sender, Verifier
+    me = pwd.getpwuid(os.getuid()).pw_name
+    s = JobSummary.model_validate(summary("1"))
+    proof = Verifier(slurm=None).prove({}, s, Sender(user=me))
+    assert (proof.how, proof.uid, proof.verified) == ("token", os.getuid(), True)
+    assert Verifier(slurm=None).prove({}, s, Sender()).verified is False

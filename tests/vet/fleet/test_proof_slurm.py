@@ -225,13 +225,14 @@ def test_forged_summaries_are_refused_or_count_for_nothing_and_real_hangs_drain(
     assert code == 403 and "no record" in answer["error"], answer
     # an attempt out of range, requeues Slurm never made, a node the job never ran on
     for bad, words in (({"attempt": 1_000_000}, "attempt"), ({"requeues": 3, "attempt": 3}, "requeued"),
-                       ({"nodes": ["n1", "n2", "n9"]}, "did not run on")):
+                       ({"nodes": ["n1", "n2", "n9"]}, "did not run on"),
+                       ({"cluster": "", "attempt": 4}, "cluster"), ({"cluster": "other", "attempt": 4}, "cluster")):
         code, answer = collector.post(signed({**forged, **bad}, alice, sock, env_a))
         assert code in (400, 403) and words in answer["error"], (bad, answer)
     # a credential replayed, and one lifted onto another summary
     again = signed({**forged, "attempt": 2}, alice, sock, env_a)
     assert collector.post(again)[0] == 201
-    assert collector.post(again) == (403, {"error": "auth.munge: Replayed credential"})
+    assert collector.post(again) == (401, {"error": "auth.munge: Replayed credential"})   # resent with a new one
     vouched = signed({**forged, "attempt": 3}, alice, sock, env_a)["auth"]
     lifted = {**forged, "attempt": 3, "culprits": [event("n1", 0)], "auth": vouched}
     code, answer = collector.post(lifted)

@@ -561,3 +561,14 @@ def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path
 
 def a_reason_names_jobs(reason: str) -> bool:
     return reason.startswith("hpcml:") and "4 jobs in 7 d" in reason
+
+
+def test_a_naive_time_in_the_audit_log_is_utc_not_a_crash(tmp_path):
+    audit = tmp_path / "audit.jsonl"
+    audit.write_text(json.dumps({"time": (NOW - timedelta(hours=1)).replace(tzinfo=None).isoformat(), "node": "n1",
+                                 "action": "drain", "status": "done", "dry_run": False}) + "\n")
+    fake = FakeSlurm(nodes(4))
+    p = handler.handle(cat(), ListSource(_drains(3)[3:]), now=NOW, audit_path=audit, states=fake.states,
+                       update=fake.update)
+    assert [(a.node, a.action) for a in p.actions] == [("n2", "drain"), ("n3", "defer")]   # n1's drain counts
+    assert handler.drained_since(audit.read_text().splitlines(), NOW - timedelta(hours=2)) == {"n1", "n2"}

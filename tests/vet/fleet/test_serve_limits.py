@@ -22,12 +22,17 @@ from tests.vet.fleet.conftest import TOKEN
 from tests.vet.fleet.jobdocs import event, summary
 from tests.vet.fleet.pgcluster import PgCluster
 
+TRUSTED = "trusted-token-0123456789abcdef"   # the centre's own tool: its summaries count as sent
+
 
 class Serve:
     """``hpcml vet serve`` in its own process."""
 
-    def __init__(self, db: str, *args: str) -> None:
+    def __init__(self, db: str, *args: str, trusted: Path | None = None) -> None:
         self.port = free_port("127.0.0.1")
+        if trusted is not None:
+            trusted.write_text(TRUSTED + "\n")
+            args = (*args, "--trusted-token-file", str(trusted))
         self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", db, "--port",
                                       str(self.port), *args], env={**os.environ, "HPCML_VET_TOKEN": TOKEN},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -35,10 +40,10 @@ class Serve:
         line = self.proc.stdout.readline()
         assert "listening on" in line, line
 
-    def call(self, method: str, path: str, body=None, timeout: float = 10) -> tuple[int, dict]:
+    def call(self, method: str, path: str, body=None, timeout: float = 10, token: str = TOKEN) -> tuple[int, dict]:
         conn = http.client.HTTPConnection("127.0.0.1", self.port, timeout=timeout)
         data = body if isinstance(body, bytes) or body is None else json.dumps(body).encode()
-        conn.request(method, path, body=data, headers={"Authorization": f"Bearer {TOKEN}"})
+        conn.request(method, path, body=data, headers={"Authorization": f"Bearer {token}"})
         resp = conn.getresponse()
         out = resp.read()
         conn.close()
@@ -61,7 +66,7 @@ def serve(tmp_path):
     started: list[Serve] = []
 
     def make(db: str | None = None, *args: str) -> Serve:
-        s = Serve(db or f"sqlite:///{tmp_path}/c.db", *args)
+        s = Serve(db or f"sqlite:///{tmp_path}/c.db", *args, trusted=tmp_path / f"trusted-{len(started)}")
         started.append(s)
         return s
     try:
@@ -110,6 +115,41 @@ def test_six_hundred_half_sent_requests_neither_starve_healthz_nor_outlive_the_d
             time.sleep(0.5)
         assert all(_closed_by_server(s, 10) for s in socks[:50] + socks[-50:])
     finally:
+        for s in socks:
+            s.close()
+
+
+def test_one_client_holding_every_connection_with_slow_bytes_cannot_keep_healthz_out(serve):
+    """Three times --max-connections, each trickling header bytes (the backlog full too):
+    when the slots fill up the oldest slow requests are dropped, so /healthz gets in long
+    before the request deadline would free them."""
+    srv = serve(None, "--max-connections", "100", "--request-deadline", "30")
+    socks: list[socket.socket] = []
+    stop = threading.Event()
+
+    def trickle() -> None:
+        while not stop.is_set():
+            for s in list(socks):
+                try:
+                    s.send(b"X")
+                except OSError:
+                    pass
+            stop.wait(0.5)
+    for _ in range(300):
+        try:
+            s = socket.create_connection(("127.0.0.1", srv.port), timeout=2)
+            s.setblocking(False)
+            s.send(b"POST /v1/jobs HTTP/1.1\r\nX-Slow: ")
+            socks.append(s)
+        except OSError:
+            break
+    t = threading.Thread(target=trickle)
+    t.start()
+    try:
+        assert srv.call("GET", "/healthz", timeout=25)[0] == 200      # bounded: 30 s would be the deadline
+    finally:
+        stop.set()
+        t.join(10)
         for s in socks:
             s.close()
 
@@ -195,7 +235,8 @@ def test_several_collector_processes_on_one_postgresql(serve, pg_cluster):
 
     def send(srv: Serve, attempt: int, jobs: range) -> None:
         for j in jobs:
-            assert srv.call("POST", "/v1/jobs", summary(f"m{j}", attempt, hours=1.0 + attempt))[0] in (200, 201)
+            assert srv.call("POST", "/v1/jobs", summary(f"m{j}", attempt, hours=1.0 + attempt),
+                            token=TRUSTED)[0] in (200, 201)
     threads = [threading.Thread(target=send, args=(srv, att, range(40)))
                for srv in (a, b) for att in (0, 1)]
     for t in threads:

@@ -30,6 +30,8 @@ def serve(
                                                   "(POST /v1/jobs): the one to give every user's hpcml run. "
                                                   "A line USER:TOKEN is that user's token and proves the user "
                                                   "(sites without MUNGE)."),
+    trusted_token_file: Optional[Path] = typer.Option(None, help="Tokens whose job summaries are taken as they "
+                                                      "are (the centre's own tools, an import); never a user's."),
     slurm_check: str = typer.Option("auto", help="Check each user-sent summary's job against Slurm's records "
                                     "(scontrol, sacct): on, off, or auto (on where scontrol is installed)."),
     cluster: Optional[str] = typer.Option(None, help="The Slurm cluster whose jobs this collector checks "
@@ -59,21 +61,21 @@ def serve(
     """
     import importlib.util
 
-    from hpcml.vet.fleet.collector.server import CollectorServer, Tokens, read_tokens
+    from hpcml.vet.fleet.collector.server import CollectorServer, Tokens
     from hpcml.vet.fleet.collector.store import open_store
     if importlib.util.find_spec("waitress") is None:
         raise UsageError("the collector is served by waitress: pip install 'hpcml[collector]'", key="serve")
     limit = parse_size(max_body, "--max-body")
     verifier = _verifier(slurm_check, cluster, munge_socket)
-    try:
-        tokens = Tokens(read_tokens(token_file),
-                        read_tokens(read_token_file, None) if read_token_file else (),
-                        read_tokens(job_token_file, None) if job_token_file else ())
-    except OSError as exc:
-        raise UsageError(f"cannot read the token file: {exc.strerror}", key="--token-file") from None
-    except ValueError:
+    write = _tokens(token_file, "--token-file", env=True)
+    if not write:
         raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
-                         "does not run without one", key="--token-file") from None
+                         "does not run without one", key="--token-file")
+    try:
+        tokens = Tokens(write, _tokens(read_token_file, "--read-token-file"), _tokens(job_token_file, "--job-token-file"),
+                        _tokens(trusted_token_file, "--trusted-token-file"))
+    except ValueError as exc:
+        raise UsageError(str(exc), key="--job-token-file") from None
     if bind in ("0.0.0.0", "::", ""):
         print(f"hpcml vet serve: warning: listening on every interface ({bind or '*'}); "
               "anyone who can reach this host can try tokens", file=sys.stderr)
@@ -93,6 +95,16 @@ def serve(
     server.close()
 
 
+def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:
+    from hpcml.vet.fleet.collector.server import read_tokens
+    if path is None and not env:
+        return []
+    try:
+        return read_tokens(path) if env else read_tokens(path, None)
+    except OSError as exc:
+        raise UsageError(f"cannot read the token file: {exc.strerror}", key=key) from None
+
+
 def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
     """The proof of senders: Slurm's records where asked for (or found), MUNGE's socket."""
     from hpcml.cluster import jobrecord, munge, slurm
@@ -104,6 +116,10 @@ def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
         raise UsageError("scontrol is not installed: Slurm's records cannot be read here", key="--slurm-check")
     if use and cluster is None:
         cluster = _cluster_name()
+    if not use:
+        print("hpcml vet serve: warning: no Slurm checks (" + ("--slurm-check off" if slurm_check == "off" else
+              "scontrol is not installed here") + "): a user's summary counts on the user's proof alone, "
+              "for whatever job it names", file=sys.stderr)
     return Verifier(munge_socket=munge.socket_path(munge_socket), slurm=jobrecord.lookup if use else None,
                     cluster=cluster)
 

@@ -128,7 +128,9 @@ def _applied(lines: Iterable[str]) -> Iterator[tuple[str, Record]]:
             e = json.loads(line)
             if e.get("dry_run") or e.get("status") != "done" or e.get("action") not in ("drain", "resume"):
                 continue
-            rec = Record(e["action"], datetime.fromisoformat(e["time"]), e.get("rule"), e.get("check"))
+            when = datetime.fromisoformat(e["time"])
+            rec = Record(e["action"], when if when.tzinfo else when.replace(tzinfo=timezone.utc),
+                         e.get("rule"), e.get("check"))
             node = e["node"]
             if not isinstance(node, str):
                 continue

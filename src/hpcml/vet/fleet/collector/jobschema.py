@@ -89,7 +89,7 @@ class Proven(BaseModel):
     """What the collector proved about a summary's sender (``proof.Verifier``); never read
     from the summary itself."""
 
-    how: Literal["munge", "token", "operator", "none"] = "none"
+    how: Literal["munge", "token", "trusted", "none"] = "none"
     user: Optional[str] = None
     uid: Optional[int] = None
     verified: bool = False
@@ -150,9 +150,12 @@ class JobSummary(BaseModel):
         for role, e in self.events():
             if e.node not in held:          # a summary names only nodes its job held
                 raise ValueError(f"{role}: node {e.node!r} is not one of the job's nodes")
+        until = (self.ended if self.ended is not None else time.time()) + 600
         for v in self.vetting:
             if v.node not in held:
                 raise ValueError(f"vetting: node {v.node!r} is not one of the job's nodes")
+            if not self.started - 86400 <= v.time <= until:
+                raise ValueError(f"vetting: node {v.node!r} vetted at {v.time:.0f}, outside the job's time")
         self._plausible()
         return self
 

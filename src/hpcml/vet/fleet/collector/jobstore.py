@@ -37,7 +37,7 @@ CREATE TABLE IF NOT EXISTS job_nodes (
 CREATE INDEX IF NOT EXISTS job_nodes_time ON job_nodes (time);
 CREATE INDEX IF NOT EXISTS job_nodes_node_time ON job_nodes (node, time)
 """
-#: schema version 3: who proved a summary (``proof``: munge, token, operator, none), the
+#: schema version 3: who proved a summary (``proof``: munge, token, trusted, none), the
 #: proven uid, whether it counts (``verified``), hangs over the attempts, and the vetting
 #: ``hpcml run --vet`` did in the job. Rows of version 2 were never proven: unverified.
 PROOF_DDL = """
@@ -51,7 +51,8 @@ CREATE TABLE IF NOT EXISTS job_vetting (
   cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL, node TEXT NOT NULL,
   time DOUBLE PRECISION NOT NULL, verdict TEXT NOT NULL, failing TEXT NOT NULL,
   verified INTEGER NOT NULL);
-CREATE INDEX IF NOT EXISTS job_vetting_node_time ON job_vetting (node, time)
+CREATE INDEX IF NOT EXISTS job_vetting_node_time ON job_vetting (node, time);
+CREATE UNIQUE INDEX IF NOT EXISTS job_vetting_once ON job_vetting (cluster, job, node, time, verdict)
 """
 JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
             "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
@@ -102,16 +103,20 @@ class JobQueries:
         sql = (f"INSERT INTO jobs ({','.join(JOB_COLS)}) VALUES ({','.join([p] * len(JOB_COLS))}) "
                "ON CONFLICT (cluster, job, attempt) DO NOTHING")
         first: dict[tuple, int] = {}
-        for i, s in enumerate(summaries):          # twice in one batch: the first counts
-            first.setdefault((s.cluster, s.job_id, s.attempt), i)
+        for i, s in enumerate(summaries):          # twice in one batch: the first verified one, else the first
+            key = (s.cluster, s.job_id, s.attempt)
+            if key not in first or (s.proof.verified and not summaries[first[key]].proof.verified):
+                first[key] = i
         todo = sorted(first.values())
         self._lock_jobs(conn, sorted({(s.cluster, s.job_id) for s in summaries}))
         proven = [(summaries[i].cluster, summaries[i].job_id, summaries[i].attempt) for i in todo
                   if summaries[i].proof.verified]
         if proven:             # a job's verified summary replaces an unverified one of its key
-            for table in ("jobs", "job_nodes", "job_vetting"):
+            for table in ("jobs", "job_nodes"):
                 conn.cursor().executemany(f"DELETE FROM {table} WHERE cluster = {p} AND job = {p} AND attempt = {p} "
                                           "AND verified = 0", proven)
+            conn.cursor().executemany(f"DELETE FROM job_vetting WHERE cluster = {p} AND job = {p} AND verified = 0",
+                                      sorted({k[:2] for k in proven}))
         new = self._insert_new(conn, sql, [job_row(summaries[i], received) for i in todo])
         stored = [False] * len(summaries)
         for i, ok in zip(todo, new):
@@ -123,9 +128,9 @@ class JobQueries:
                 cur.executemany(f"INSERT INTO job_nodes ({','.join(NODE_COLS)}) VALUES "
                                 f"({','.join([p] * len(NODE_COLS))})", [r for s in kept for r in node_rows(s)])
                 vetting = [r for s in kept for r in vetting_rows(s)]
-                if vetting:
+                if vetting:        # each attempt's summary repeats the vetting before it: stored once
                     cur.executemany(f"INSERT INTO job_vetting ({','.join(VETTING_COLS)}) VALUES "
-                                    f"({','.join([p] * len(VETTING_COLS))})", vetting)
+                                    f"({','.join([p] * len(VETTING_COLS))}) ON CONFLICT DO NOTHING", vetting)
                 # only a job's highest verified attempt is its latest, whichever arrived last
                 counted = [s for s in kept if s.proof.verified]
                 cur.executemany(f"UPDATE jobs SET latest = 0 WHERE cluster = {p} AND job = {p} AND latest = 1 AND "
@@ -163,9 +168,11 @@ class JobQueries:
     # --- reads
 
     def job_summaries(self, job_id: str) -> list[dict[str, Any]]:
-        """Every stored attempt's summary of a job (any cluster), oldest attempt first."""
-        return [orjson.loads(b) for (b,) in self._all(
-            "SELECT body FROM jobs WHERE job = ? ORDER BY cluster, attempt", (job_id,))]
+        """Every stored attempt's summary of a job (any cluster), oldest attempt first, each
+        with what the collector proved of its sender (``proof``), which the body never says."""
+        return [{**orjson.loads(b), "proof": {"how": how, "verified": bool(v), "user": u if v else None}}
+                for b, how, v, u in self._all("SELECT body, proof, verified, user_name FROM jobs WHERE job = ? "
+                                              "ORDER BY cluster, attempt", (job_id,))]
 
     def job_events_since(self, since: float) -> list[dict[str, Any]]:
         """Every (node, job, role) a verified job named since ``since``, once per job, oldest

@@ -10,7 +10,9 @@ is what it can prove:
   and refuses a replayed, expired or forged credential; a digest that differs means the
   credential vouches for another summary.
 - **A user token** (``--job-token-file`` line ``user:token``): for sites without MUNGE.
-- **The operator's token** (``--token-file``): the centre's own services; trusted.
+- **A trusted token** (``--trusted-token-file``): the centre's own tools (an import); its
+  summaries are taken as they are. The write token (``--token-file``, which job scripts
+  need for ``hpcml vet --report-to``) proves no one.
 
 A user-proven summary of a Slurm job is then checked against Slurm's own records
 (``hpcml.cluster.jobrecord``): the job exists, belongs to that uid, ran on every node the
@@ -23,6 +25,7 @@ the job's verified summary replaces it.
 from __future__ import annotations
 
 import hashlib
+import math
 import pwd
 import threading
 import time
@@ -40,6 +43,8 @@ from hpcml.vet.fleet.collector.jobschema import JobSummary, Proven
 AUTH_KEY = "auth"
 MAX_RESTARTS_IN_ALLOCATION = 1000     # attempts a job may add inside one allocation (--max-restarts)
 SLACK_S = 300.0                       # clocks of the job's node, slurmctld and the collector differ
+ASK_SLURM_AT_ONCE = 4                 # Slurm lookups in flight; the other request threads stay free
+ASK_WAIT_S = 2.0
 
 
 class Forbidden(Exception):
@@ -48,6 +53,10 @@ class Forbidden(Exception):
 
 class Unavailable(Exception):
     """munged or Slurm cannot be asked now: 503, the sender keeps the summary and retries."""
+
+
+class Unproven(Exception):
+    """A credential someone else used first (a replay): 401, the sender makes a new one."""
 
 
 def digest(item: Mapping[str, Any]) -> bytes:
@@ -72,22 +81,22 @@ def credential(summary: Mapping[str, Any], socket: str | None = None) -> dict[st
 class Sender:
     """What the request's token says about who sent it."""
 
-    operator: bool = False
+    trusted: bool = False          # a trusted token: the centre's own tools
     user: str | None = None        # a user token's user
 
 
 @dataclass(frozen=True)
 class Proof:
-    how: Literal["munge", "token", "operator", "none"]
+    how: Literal["munge", "token", "trusted", "none"]
     user: str | None = None
     uid: int | None = None
     job: str = "unchecked"         # slurm (Slurm's records agree) | unchecked | not-a-slurm-job
 
     @property
     def verified(self) -> bool:
-        """Counts in rules and per-user totals: the operator's, or a proven user's job that
+        """Counts in rules and per-user totals: a trusted token's, or a proven user's job that
         Slurm's records confirm (or any proven user's where the site turned Slurm checks off)."""
-        return self.how == "operator" or (self.how in ("munge", "token") and self.job in ("slurm", "unchecked"))
+        return self.how == "trusted" or (self.how in ("munge", "token") and self.job in ("slurm", "unchecked"))
 
     def stored(self) -> Proven:
         return Proven(how=self.how, user=self.user, uid=self.uid, verified=self.verified)
@@ -98,6 +107,15 @@ def _name(uid: int) -> str:
         return pwd.getpwuid(uid).pw_name
     except KeyError:
         return f"uid {uid}"
+
+
+def _uid(user: str) -> int | None:
+    """A user name's uid on this host (as Slurm's hosts share users), so that one person
+    proven by MUNGE and by a token counts once."""
+    try:
+        return pwd.getpwnam(user).pw_uid
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 class Verifier:
@@ -115,6 +133,7 @@ class Verifier:
         self.munge_socket, self.slurm, self.cluster, self.ttl = munge_socket, slurm, cluster, ttl
         self._cache: dict[str, tuple[float, JobRecord | None]] = {}
         self._lock = threading.Lock()
+        self._asking = threading.BoundedSemaphore(ASK_SLURM_AT_ONCE)
 
     def verify(self, items: Sequence[Mapping[str, Any]], summaries: Sequence[JobSummary], sender: Sender) -> None:
         """Prove every summary of a request (``items``: as received) and attach the proof;
@@ -124,8 +143,6 @@ class Verifier:
 
     def prove(self, item: Mapping[str, Any], s: JobSummary, sender: Sender) -> Proof:
         """The proof for one summary (``item``: as received, ``s``: validated)."""
-        if sender.operator:
-            return Proof("operator", s.user)
         auth = item.get(AUTH_KEY)
         cred = auth.get("munge") if isinstance(auth, dict) else None
         if cred is not None:
@@ -134,25 +151,33 @@ class Verifier:
             except munge.MungeError as exc:
                 if exc.transient:
                     raise Unavailable(f"munged cannot decode credentials now: {exc}") from None
+                if exc.replayed:       # someone used it first: the sender makes a new one and tries again
+                    raise Unproven(f"auth.munge: {exc}") from None
                 raise Forbidden(f"auth.munge: {exc}") from None
             if dec.payload != digest(item):
                 raise Forbidden("auth.munge: the credential vouches for another summary (digest differs)")
             return self._job(Proof("munge", _name(dec.uid), dec.uid), s)
         if sender.user is not None:
-            return self._job(Proof("token", sender.user), s)
+            return self._job(Proof("token", sender.user, _uid(sender.user)), s)
+        if sender.trusted:
+            return Proof("trusted", s.user, _uid(s.user) if s.user else None)
         return Proof("none")
 
-    def _record(self, job_id: str) -> JobRecord | None:
+    def _record(self, job_id: str, fresh: bool = False) -> JobRecord | None:
         assert self.slurm is not None
         now = time.monotonic()
         with self._lock:
             hit = self._cache.get(job_id)
-        if hit and now - hit[0] < self.ttl:
+        if hit and now - hit[0] < self.ttl and not fresh:
             return hit[1]
+        if not self._asking.acquire(timeout=ASK_WAIT_S):   # the pool is not Slurm's to fill
+            raise Unavailable("too many Slurm lookups at once; try again")
         try:
             rec = self.slurm(job_id)
         except SlurmError as exc:
             raise Unavailable(f"Slurm cannot be asked about job {job_id} now: {exc}") from None
+        finally:
+            self._asking.release()
         with self._lock:
             if len(self._cache) > 10_000:
                 self._cache.clear()
@@ -164,9 +189,17 @@ class Verifier:
             return proof
         if not jobrecord.is_job_id(s.job_id):
             return Proof(proof.how, proof.user, proof.uid, "not-a-slurm-job")
-        if self.cluster and s.cluster and s.cluster != self.cluster:
-            raise Forbidden(f"cluster: {s.cluster!r} is not {self.cluster!r}, the cluster this collector checks")
-        rec = self._record(s.job_id)
+        if s.cluster != (self.cluster or ""):    # one job, one key: no second copy under another cluster name
+            raise Forbidden(f"cluster: {s.cluster!r} is not {self.cluster or ''!r}, the cluster this collector checks")
+        try:
+            rec = self._checked(proof, s, self._record(s.job_id))
+        except Forbidden:           # a requeue since the cached answer: ask Slurm again before refusing
+            rec = self._checked(proof, s, self._record(s.job_id, fresh=True))
+        s.job_id = rec.job_id       # an array task's two names (123_4, 127): Slurm's own id
+        return Proof(proof.how, rec.user or proof.user, proof.uid if proof.uid is not None else rec.uid, "slurm")
+
+    def _checked(self, proof: Proof, s: JobSummary, rec: JobRecord | None) -> JobRecord:
+        """``rec`` when it confirms what ``s`` says of its job, else ``Forbidden``."""
         if rec is None:
             raise Forbidden(f"job_id: Slurm has no record of job {s.job_id}")
         if proof.uid is not None and rec.uid is not None:
@@ -186,6 +219,7 @@ class Verifier:
         first_start = rec.start if rec.source != "scontrol" or rec.restarts == 0 else None   # scontrol: this run's
         if first_start is not None and s.started < first_start - SLACK_S:
             raise Forbidden(f"started: before Slurm started job {s.job_id}")
-        if rec.end is not None and s.ended is not None and s.ended > rec.end + SLACK_S:
+        ended_by = min(rec.end or math.inf, time.time())       # a running job's EndTime is its time limit
+        if s.ended is not None and s.ended > ended_by + SLACK_S:
             raise Forbidden(f"ended: after Slurm ended job {s.job_id}")
-        return Proof(proof.how, rec.user or proof.user, proof.uid if proof.uid is not None else rec.uid, "slurm")
+        return rec

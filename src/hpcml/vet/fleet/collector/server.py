@@ -37,7 +37,7 @@ from urllib.parse import parse_qs, unquote
 import orjson
 
 from hpcml.vet.fleet.collector.jobschema import parse_job_items
-from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Verifier
+from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
 from hpcml.vet.fleet.collector.schema import Invalid, parse
 from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
 
@@ -55,26 +55,37 @@ _SCALE = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 60480
 
 @dataclass(frozen=True)
 class Grant:
-    role: str                  # write | read | job
+    role: str                  # write | read | job | trusted
     user: str | None = None    # a user's job token ("user:token" in --job-token-file)
 
 
-class Tokens:
-    """Write tokens (POST and GET: the operator's), optional read-only tokens (GET only) and
-    optional job tokens (only ``POST /v1/jobs``: what every user's ``hpcml run`` needs, and
-    nothing more). A job token written ``user:token`` is that user's and proves the user
-    where MUNGE cannot (a site without it); a bare one proves no one."""
+_USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")    # a POSIX user name (useradd's rule, relaxed)
 
-    def __init__(self, write: Iterable[str], read: Iterable[str] = (), jobs: Iterable[str] = ()) -> None:
+
+class Tokens:
+    """Write tokens (POST and GET: vetting reports, queries), optional read-only tokens (GET
+    only), job tokens (only ``POST /v1/jobs``: what every user's ``hpcml run`` needs, and
+    nothing more) and trusted tokens (the write token's rights, and its job summaries are
+    taken as they are: the centre's own tools). A job token line ``user:token`` is that
+    user's token and proves the user where MUNGE cannot (a site without it); a line without
+    a colon proves no one. A colon makes a line a user's token: the name is what precedes
+    the first one and must be a user name."""
+
+    def __init__(self, write: Iterable[str], read: Iterable[str] = (), jobs: Iterable[str] = (),
+                 trusted: Iterable[str] = ()) -> None:
         self.grants: list[tuple[bytes, Grant]] = [(t.encode(), Grant("write")) for t in write if t]
         if not self.grants:
             raise ValueError("no token: the collector refuses to run without one")
         self.grants += [(t.encode(), Grant("read")) for t in read if t]
+        self.grants += [(t.encode(), Grant("trusted")) for t in trusted if t]
         for line in jobs:
-            user, sep, token = line.rpartition(":")
-            if line:
-                self.grants.append(((token if sep and user else line).encode(),
-                                    Grant("job", user.strip() if sep and user.strip() else None)))
+            user, sep, token = line.partition(":")
+            if not sep:
+                self.grants.append((line.encode(), Grant("job")))
+            elif _USER.match(user.strip()) and token.strip():
+                self.grants.append((token.strip().encode(), Grant("job", user.strip())))
+            else:
+                raise ValueError(f"a job token line with a colon must be USER:TOKEN, found {user[:40]!r} before it")
 
     def grant(self, header: str | None) -> Grant | None:
         """The grant of ``Authorization: Bearer TOKEN``, or None; the same time for every token."""
@@ -94,8 +105,8 @@ class Tokens:
         if g is None:
             return False
         if write:
-            return g.role == "write" or (jobs and g.role == "job")
-        return g.role in ("write", "read")
+            return g.role in ("write", "trusted") or (jobs and g.role == "job")
+        return g.role in ("write", "read", "trusted")
 
 
 def read_tokens(path: Path | None, env_var: str | None = TOKEN_ENV) -> list[str]:
@@ -207,9 +218,11 @@ class App:
         except Invalid as exc:
             raise _error(400, str(exc)[:500]) from None
         try:
-            self.verifier.verify(raw, summaries, Sender(operator=g.role == "write", user=g.user))
+            self.verifier.verify(raw, summaries, Sender(trusted=g.role == "trusted", user=g.user))
         except Forbidden as exc:
             raise _error(403, str(exc)[:500]) from None
+        except Unproven as exc:
+            raise _error(401, str(exc)[:500]) from None
         stored = self.job_writer.add(summaries)   # idempotent: a summary sent again is not stored again
         unverified = sum(not s.proof.verified for s in summaries)
         return _Reply(201 if any(stored) else 200, {"stored": sum(stored), "duplicates": len(stored) - sum(stored),
@@ -294,10 +307,15 @@ def _server_class():
             for ch in channels:       # a request still being read past its deadline: dropped
                 if getattr(ch, "began", None) is not None and mono - ch.began > self.deadline and not ch.requests:
                     ch.will_close = True
-            if len(channels) >= self.adj.connection_limit * 0.9:   # full: idle connections make room
+            if len(channels) >= self.adj.connection_limit * 0.9:
+                # full: make room: idle connections and requests still arriving after a second
+                # go (one client holding every slot with slow bytes loses them within seconds,
+                # not at the deadline; what waits in the listen backlog then gets in)
                 idle = [ch for ch in channels if getattr(ch, "began", None) is None and not ch.requests
                         and not ch.total_outbufs_len]
-                for ch in sorted(idle, key=lambda c: c.last_activity)[:max(1, len(idle) // 2)]:
+                slow = [ch for ch in channels if getattr(ch, "began", None) is not None and not ch.requests
+                        and mono - ch.began > 1.0]
+                for ch in idle + slow:
                     ch.will_close = True
 
     return Server
@@ -321,7 +339,7 @@ class CollectorServer:
         self._server = cls(self.app, adj=adj)
         self._server.deadline = deadline
         self._done = threading.Event()
-        self._running = False
+        self._running = self._closed = False
 
     @property
     def server_address(self) -> tuple[str, int]:
@@ -343,7 +361,10 @@ class CollectorServer:
             self._done.set()
 
     def close(self) -> None:
-        """Stop serving, finish pending writes, close the database."""
+        """Stop serving, finish pending writes, close the database (once)."""
+        if self._closed:
+            return
+        self._closed = True
         srv = self._server
 
         def stop() -> None:             # in the loop's own thread (waitress's trigger runs it there)
