@@ -34,8 +34,10 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
-from benchmarks.bench_collector import TOKEN, serve  # noqa: E402
-from tests.vet.fleet.jobdocs import event, summary  # noqa: E402
+from benchmarks.bench_collector import serve  # noqa: E402
+from tests.vet.fleet.jobdocs import event, proven, summary  # noqa: E402
+
+TRUSTED = "bench-trusted-" + os.urandom(8).hex()   # summaries taken as sent, as a centre's import would
 
 DAY = 86400.0
 
@@ -46,13 +48,14 @@ def make(rng: random.Random, i: int, nodes: int, now: float, prefix: str = "") -
     first = rng.randrange(nodes)
     names = [f"nid{(first + k) % nodes:06d}" for k in range(n)]
     pick = rng.random()
-    return summary(f"{prefix}{i}", ended=now - rng.uniform(0, 30 * DAY), nodes=names, hours=rng.uniform(0.1, 24),
+    hours = rng.uniform(0.1, 24)
+    return summary(f"{prefix}{i}", ended=now - rng.uniform(0, 30 * DAY), nodes=names, hours=hours,
                    user=f"u{rng.randrange(500)}", account=f"a{rng.randrange(60)}", score=round(rng.random(), 3),
                    stragglers=[event(rng.choice(names), 0)] if pick < 0.1 else [],
                    culprits=[event(rng.choice(names), 1)] if 0.1 <= pick < 0.12 else [],
                    excluded=[event(rng.choice(names), detail="gemm")] if 0.12 <= pick < 0.17 else [],
                    outcome="hung" if 0.1 <= pick < 0.12 else "completed",
-                   time_lost_s=rng.uniform(60, 3600) if pick < 0.12 else None)
+                   time_lost_s=rng.uniform(60, min(3600, hours * 3600)) if pick < 0.12 else None)   # no more than it ran
 
 
 def _poster(args) -> tuple[int, int, list[float], float, float]:
@@ -96,7 +99,7 @@ def ingest(port: int, n: int, seconds: float, procs: int = 2, threads: int = 4) 
     with ctx.Pool(procs) as pool:
         pool.map(abs, range(procs))
         t0 = time.perf_counter()
-        out = pool.map(_poster, [(port, n // procs, seconds, s + int(time.time()), threads, TOKEN)
+        out = pool.map(_poster, [(port, n // procs, seconds, s + int(time.time()), threads, TRUSTED)
                                   for s in range(procs)])
         wall = time.perf_counter() - t0
     ok, bad = sum(o[0] for o in out), sum(o[1] for o in out)
@@ -111,7 +114,6 @@ def ingest(port: int, n: int, seconds: float, procs: int = 2, threads: int = 4) 
 
 
 def fill(url: str, jobs: int, nodes: int, jsonl: Path) -> dict:
-    from hpcml.vet.fleet.collector.jobschema import JobSummary
     from hpcml.vet.fleet.collector.schema import NodeReport
     from hpcml.vet.fleet.collector.store import open_store
     store = open_store(url)
@@ -121,7 +123,7 @@ def fill(url: str, jobs: int, nodes: int, jsonl: Path) -> dict:
     with jsonl.open("w") as out:
         for start in range(0, jobs, 5000):
             docs = [make(rng, i, nodes, now, "f") for i in range(start, min(jobs, start + 5000))]
-            store.add_jobs([JobSummary.model_validate(d) for d in docs])
+            store.add_jobs([proven(d) for d in docs])        # as if MUNGE and Slurm proved each
             out.writelines(json.dumps(d) + "\n" for d in docs)
     checks = ["gpu-count", "ecc", "gemm", "nccl", "disk"]
     for start in range(0, nodes * 3, 5000):                 # every node vetted 3 times in the window
@@ -172,7 +174,9 @@ def duckdb_ranking(jsonl: Path) -> dict:
 
 def bench(name: str, new_db, work: Path, args) -> dict:
     """``new_db(label)``: the URL of a new, empty database of this backend."""
-    proc, port = serve(new_db("ingest"), work)
+    (work / "trusted").write_text(TRUSTED + "\n")
+    proc, port = serve(new_db("ingest"), work, "--trusted-token-file", str(work / "trusted"),
+                       "--threads", str(args.threads))
     try:
         print(f"[{name}] posting {args.summaries} job summaries...", flush=True)
         posted = ingest(port, args.summaries, args.seconds)
@@ -193,6 +197,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--nodes", type=int, default=10_000)
+    ap.add_argument("--threads", type=int, default=16, help="hpcml vet serve --threads")
     ap.add_argument("--backends", default="sqlite,postgres")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-centre-"))

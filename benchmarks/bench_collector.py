@@ -154,8 +154,8 @@ def queries(port: int, n: int = 100) -> dict:
             "failing_24h_ms_median": round(1000 * statistics.median(failing), 2)}
 
 
-def serve(url: str, cwd: Path) -> tuple[subprocess.Popen, int]:
-    proc = subprocess.Popen([sys.executable, "-c", SERVE, "--db", url, "--port", "0"],
+def serve(url: str, cwd: Path, *extra: str) -> tuple[subprocess.Popen, int]:
+    proc = subprocess.Popen([sys.executable, "-c", SERVE, "--db", url, "--port", "0", *extra],
                             cwd=cwd, env={**os.environ, "HPCML_VET_TOKEN": TOKEN},
                             stdout=subprocess.PIPE, text=True)
     line = proc.stdout.readline()
@@ -166,7 +166,7 @@ def serve(url: str, cwd: Path) -> tuple[subprocess.Popen, int]:
 
 
 def bench(name: str, url: str, work: Path, args) -> dict:
-    proc, port = serve(url, work)
+    proc, port = serve(url, work, "--threads", str(args.threads))
     try:
         print(f"[{name}] posting {args.reports} reports...", flush=True)
         empty = load(port, args.reports, args.seconds)
@@ -187,6 +187,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--fill", type=int, default=1_000_000)
     ap.add_argument("--backends", default="sqlite,postgres")
+    ap.add_argument("--threads", type=int, default=16, help="hpcml vet serve --threads")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-collector-"))
     out: dict = {"goals": {"reports_per_s": 1000, "history_ms_at_1M": 50},

@@ -108,10 +108,19 @@ def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
                      len(runs) - 1, _time(runs[0].get("Start")), _time(last.get("End")), source)
 
 
-def lookup(job_id: str, *, timeout: float = 10.0) -> JobRecord | None:
+SOURCES = ("scontrol", "sacct")
+
+
+def lookup(job_id: str, *, timeout: float = 10.0, via: tuple[str, ...] = SOURCES) -> JobRecord | None:
     """Slurm's record of ``job_id``; None when Slurm has none. ``SlurmError`` when Slurm
     cannot be asked (not installed, controller down): the caller cannot tell, and must
-    not take that for "no such job"."""
+    not take that for "no such job". ``via``: which of Slurm's records to read, in order
+    (``sacct`` is accounting, else the job completion log)."""
     if not is_job_id(job_id):
         return None
-    return _from_scontrol(job_id, timeout) or _from_sacct(job_id, timeout)
+    readers = {"scontrol": _from_scontrol, "sacct": _from_sacct}
+    for name in via:
+        rec = readers[name](job_id, timeout)
+        if rec is not None:
+            return rec
+    return None

@@ -40,7 +40,7 @@ def serve(
                                                "(default: $HPCML_MUNGE_SOCKET, else Slurm's AuthInfo, "
                                                "else munged's own)."),
     max_body: str = typer.Option("1 MiB", help="Largest request body accepted (413 above)."),
-    threads: int = typer.Option(8, min=1, max=256, help="Requests handled at once (the rest wait, read)."),
+    threads: int = typer.Option(16, min=1, max=256, help="Requests handled at once (the rest wait, read)."),
     max_connections: int = typer.Option(1000, min=1, max=100_000, help="Open connections at most; idle "
                                         "ones are closed first when it fills up."),
     request_deadline: float = typer.Option(10.0, min=0.5, max=3600, help="Seconds from a request's first "

@@ -111,12 +111,13 @@ class JobQueries:
         self._lock_jobs(conn, sorted({(s.cluster, s.job_id) for s in summaries}))
         proven = [(summaries[i].cluster, summaries[i].job_id, summaries[i].attempt) for i in todo
                   if summaries[i].proof.verified]
-        if proven:             # a job's verified summary replaces an unverified one of its key
+        shadowed = self._unverified(conn, proven)
+        if shadowed:           # a job's verified summary replaces an unverified one of its key (rare)
             for table in ("jobs", "job_nodes"):
                 conn.cursor().executemany(f"DELETE FROM {table} WHERE cluster = {p} AND job = {p} AND attempt = {p} "
-                                          "AND verified = 0", proven)
+                                          "AND verified = 0", shadowed)
             conn.cursor().executemany(f"DELETE FROM job_vetting WHERE cluster = {p} AND job = {p} AND verified = 0",
-                                      sorted({k[:2] for k in proven}))
+                                      sorted({k[:2] for k in shadowed}))
         new = self._insert_new(conn, sql, [job_row(summaries[i], received) for i in todo])
         stored = [False] * len(summaries)
         for i, ok in zip(todo, new):
@@ -141,6 +142,17 @@ class JobQueries:
         finally:
             cur.close()
         return stored
+
+    def _unverified(self, conn, keys: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
+        """Which of these (cluster, job, attempt) hold an unverified row: one query per 500."""
+        out: list[tuple[str, str, int]] = []
+        p = self.P
+        for i in range(0, len(keys), 500):
+            part = keys[i:i + 500]
+            out += [tuple(r) for r in conn.execute(
+                f"SELECT cluster, job, attempt FROM jobs WHERE verified = 0 AND (cluster, job, attempt) IN "
+                f"(VALUES {','.join([f'({p}, {p}, {p})'] * len(part))})", [v for k in part for v in k]).fetchall()]
+        return out
 
     def _lock_jobs(self, conn, keys: list[tuple[str, str]]) -> None:
         """Inside the transaction: no other writer adds an attempt of these jobs until it

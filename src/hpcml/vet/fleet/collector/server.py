@@ -44,7 +44,7 @@ from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY = 1 << 20
 TOKEN_ENV = "HPCML_VET_TOKEN"
-THREADS = 8                   # requests handled at once; the rest wait, read, in waitress
+THREADS = 16                  # requests handled at once (they share commits); the rest wait, read
 CONNECTIONS = 1000            # open connections (poll, not select: no 1,024 descriptor cap)
 REQUEST_DEADLINE = 10.0       # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 30             # seconds an idle keep-alive connection is kept
@@ -335,6 +335,8 @@ class CollectorServer:
                           max_request_body_size=max_body + 1, max_request_header_size=64 * 1024,
                           asyncore_use_poll=True, ident="hpcml-vet-collector", expose_tracebacks=False,
                           log_socket_errors=False, clear_untrusted_proxy_headers=True)
+        import logging
+        logging.getLogger("waitress.queue").setLevel(logging.ERROR)   # "Task queue depth is 1": load, not news
         cls = _server_class()
         self._server = cls(self.app, adj=adj)
         self._server.deadline = deadline
