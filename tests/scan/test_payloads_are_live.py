@@ -21,14 +21,82 @@ from tests.scan import payloads
 
 HERE = Path(__file__).resolve().parent
 
-# The victim: import the corpus module (stdlib only at import time) and run one loader.
-VICTIM = (
-    "import sys, pathlib\n"
-    "sys.path.insert(0, sys.argv[1])\n"
-    "import payloads\n"
-    "result = payloads.ALL_CASES[sys.argv[2]].load(pathlib.Path(sys.argv[3]))\n"
-    "print('loaded', type(result).__name__)\n"
-)
+# The victim: a clean interpreter that has imported the loaders' libraries (torch, numpy,
+# joblib, safetensors: 1-2 s each time) once, and forks a child per case. Each case runs in
+# a fresh fork of that clean parent, never of a process a payload ran in, with its output in
+# files and its exit code (an uncaught exception prints its traceback and exits 1, as a new
+# interpreter would). One interpreter per case cost 30 s of the suite for the same verdicts.
+VICTIM = r"""
+import importlib, json, os, pathlib, sys, traceback
+sys.path.insert(0, sys.argv[1])
+import payloads
+for lib in ("numpy", "torch", "joblib", "safetensors", "safetensors.numpy", "safetensors.torch"):
+    try:
+        importlib.import_module(lib)
+    except ImportError:
+        pass
+print("ready", flush=True)
+for line in sys.stdin:
+    name, path, cwd, out, err = json.loads(line)
+    pid = os.fork()
+    if pid == 0:
+        os.chdir(cwd)
+        fo, fe = os.open(out, os.O_WRONLY | os.O_CREAT, 0o600), os.open(err, os.O_WRONLY | os.O_CREAT, 0o600)
+        os.dup2(fo, 1)
+        os.dup2(fe, 2)
+        code = 0
+        try:
+            result = payloads.ALL_CASES[name].load(pathlib.Path(path))
+            print("loaded", type(result).__name__)
+        except SystemExit as exc:
+            code = exc.code if isinstance(exc.code, int) else 1
+        except BaseException:
+            traceback.print_exc()
+            code = 1
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
+    _, status = os.waitpid(pid, 0)
+    print(json.dumps(os.waitstatus_to_exitcode(status)), flush=True)
+"""
+
+
+class Victim:
+    """The fork server above, one per test module."""
+
+    def __init__(self) -> None:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
+        self.proc = subprocess.Popen([sys.executable, "-c", VICTIM, str(HERE)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, text=True, env=env)
+        assert self.proc.stdout is not None and self.proc.stdout.readline().strip() == "ready"
+
+    def load(self, case: payloads.Case, path: Path, cwd: Path) -> subprocess.CompletedProcess:
+        import json
+        out, err = cwd / "victim.out", cwd / "victim.err"
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write(json.dumps([case.name, str(path), str(cwd), str(out), str(err)]) + "\n")
+        self.proc.stdin.flush()
+        import select
+        if not select.select([self.proc.stdout], [], [], 60)[0]:     # a loader that never returns
+            self.proc.kill()
+            raise AssertionError(f"{case.name}: the victim did not return within 60 s")
+        rc = int(self.proc.stdout.readline())
+        return subprocess.CompletedProcess([case.name], rc, out.read_text(errors="replace"),
+                                           err.read_text(errors="replace"))
+
+    def close(self) -> None:
+        if self.proc.stdin is not None:
+            self.proc.stdin.close()
+        self.proc.wait(30)
+
+
+@pytest.fixture(scope="module")
+def victim():
+    v = Victim()
+    try:
+        yield v
+    finally:
+        v.close()
 
 
 def _params(cases: list[payloads.Case]) -> list:
@@ -43,19 +111,6 @@ def _require(case: payloads.Case) -> None:
         needs.module(module)
 
 
-def _victim(case: payloads.Case, path: Path, cwd: Path) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("TORCH_FORCE_")}
-    return subprocess.run(
-        [sys.executable, "-c", VICTIM, str(HERE), case.name, str(path)],
-        check=False,
-        cwd=cwd,
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-
-
 def _build(case: payloads.Case, tmp_path: Path) -> tuple[Path, Path]:
     out_dir = tmp_path / "corpus"
     out_dir.mkdir()
@@ -67,10 +122,10 @@ def _build(case: payloads.Case, tmp_path: Path) -> tuple[Path, Path]:
 
 
 @pytest.mark.parametrize("case", _params(payloads.MALICIOUS))
-def test_malicious_case_fires(case: payloads.Case, tmp_path: Path) -> None:
+def test_malicious_case_fires(case: payloads.Case, tmp_path: Path, victim: Victim) -> None:
     _require(case)
     path, marker = _build(case, tmp_path)
-    proc = _victim(case, path, tmp_path)
+    proc = victim.load(case, path, tmp_path)
     detail = f"rc={proc.returncode}\nstdout:\n{proc.stdout}\nstderr:\n{proc.stderr}"
     assert marker.exists(), f"{case.name}: loading did not create the marker\n{detail}"
     assert marker.stat().st_size == 0
@@ -83,20 +138,20 @@ def test_malicious_case_fires(case: payloads.Case, tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case", _params(payloads.BENIGN))
-def test_benign_case_loads(case: payloads.Case, tmp_path: Path) -> None:
+def test_benign_case_loads(case: payloads.Case, tmp_path: Path, victim: Victim) -> None:
     _require(case)
     path, marker = _build(case, tmp_path)
-    proc = _victim(case, path, tmp_path)
+    proc = victim.load(case, path, tmp_path)
     assert proc.returncode == 0, f"{case.name}: {proc.stderr}"
     assert proc.stdout.startswith("loaded ")
     assert not marker.exists()
 
 
 @pytest.mark.parametrize("case", _params(payloads.MALFORMED))
-def test_malformed_case_fails_to_load(case: payloads.Case, tmp_path: Path) -> None:
+def test_malformed_case_fails_to_load(case: payloads.Case, tmp_path: Path, victim: Victim) -> None:
     _require(case)
     path, marker = _build(case, tmp_path)
-    proc = _victim(case, path, tmp_path)
+    proc = victim.load(case, path, tmp_path)
     assert proc.returncode != 0, f"{case.name}: loader accepted a malformed file: {proc.stdout}"
     assert "Traceback" in proc.stderr
     assert not marker.exists()
