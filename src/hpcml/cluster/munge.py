@@ -94,10 +94,14 @@ def slurm_socket() -> str | None:
     from hpcml.cluster import slurm
     from hpcml.errors import SlurmError
     try:
-        auth = slurm.show_config().get("AuthInfo", "")
+        return config_socket(slurm.show_config())
     except SlurmError:
         return None
-    for part in auth.split(","):
+
+
+def config_socket(config: dict[str, str]) -> str | None:
+    """The ``socket=`` of ``AuthInfo`` in Slurm's config (``slurm.show_config``), if any."""
+    for part in config.get("AuthInfo", "").split(","):
         k, _, v = part.strip().partition("=")
         if k == "socket" and v:
             return v

@@ -20,7 +20,6 @@ import hashlib
 import os
 import sys
 import time
-from datetime import datetime
 from pathlib import Path
 from typing import Any
 
@@ -100,15 +99,17 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
             add("crashed", failure["node"], n, failure.get("rank"), f"rank {failure.get('rank')} exited "
                 f"{failure.get('exit_code')}")
         for node, reasons in (rec.get("excluded") or {}).items():
-            if node not in lost and node not in lost_anywhere:      # a lost node is lost, not excluded too
+            if node not in lost_anywhere:      # a lost node is lost, not excluded too
                 add("excluded", node, n, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
     return {k: list(v.values()) for k, v in out.items()}
 
 
-def _vetting(d: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What ``hpcml run --vet`` found on each node (the start's vetting and each restart's
-    again-N), for the centre's vetting history."""
+def _vetting(d: Path, nodes: list[str]) -> list[dict[str, Any]]:
+    """What ``hpcml run --vet`` found on each of ``nodes`` (the start's vetting and each
+    restart's again-N), for the centre's vetting history."""
     from hpcml.run.jobdir import vet_dir
+    from hpcml.vet.fleet.sources import UNREACHABLE, results_of_report
+    held = set(nodes)
     out: list[dict[str, Any]] = []
     reports = [(0, vet_dir(d) / "report.json")] + sorted(
         (int(p.name.removeprefix("again-")), p / "report.json") for p in vet_dir(d).glob("again-*")
@@ -116,18 +117,17 @@ def _vetting(d: Path, records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     for attempt, path in reports:
         try:
             rep = load_json_bounded(path, 64 << 20, follow_symlinks=False)
-            when = float(datetime.fromisoformat(rep["started_at"]).timestamp()) \
-                if isinstance(rep.get("started_at"), str) else float(rep["started_at"])
-        except (OSError, ValueError, KeyError, TypeError):
+            results = list(results_of_report(rep))
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
-        for node, nrep in (rep.get("nodes") or {}).items():
-            if not isinstance(nrep, dict) or not isinstance(node, str):
-                continue
-            failing = sorted({printable(str(r.get("check")), 255) for r in nrep.get("results") or []
-                              if isinstance(r, dict) and r.get("outcome") in ("fail", "error")})
-            bad = bool(failing) or not nrep.get("reachable", True)
-            out.append({"node": node, "attempt": attempt, "time": when, "verdict": "bad" if bad else "good",
-                        "failing": failing[:64]})
+        bad: dict[str, set[str]] = {n: set() for n in rep.get("nodes") or {} if n in held}
+        for r in results:
+            if r.node in bad and r.outcome in ("fail", "error"):
+                bad[r.node].add(r.check)
+        when = results[0].time.timestamp() if results else None
+        out += [{"node": n, "attempt": attempt, "time": when, "verdict": "bad" if checks else "good",
+                 "failing": sorted(printable(c, 255) for c in checks - {UNREACHABLE})[:64]}
+                for n, checks in bad.items() if when is not None]
     return out
 
 
@@ -179,7 +179,7 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
         "started": started, "ended": job.get("ended"), "duration_s": duration,
         "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
         "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), "gpus": gpus, **events,
-        "vetting": [v for v in _vetting(d, records) if v["node"] in set(nodes)], "hangs": hangs,
+        "vetting": _vetting(d, nodes), "hangs": hangs,
         "gpu": {"score": score.get("score"), "bound": score.get("bound")},
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
         "attempts": len(records), "time_lost_s": lost_s,

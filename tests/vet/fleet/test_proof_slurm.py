@@ -35,6 +35,7 @@ from hpcml.vet.fleet.collector.proof import digest
 from tests import needs
 from tests.slurmjobs import wait
 from tests.vet.fleet.jobdocs import event, summary
+from tests.vet.fleet.test_rules import JOB_RULES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 ROOT = Path(__file__).parents[3]
@@ -43,16 +44,6 @@ OPERATOR = "operator-token-0123456789abcdef"
 JOB_TOKEN = "job-token-0123456789abcdef"
 USERS = ("hpcmlalice", "hpcmlbob")
 USER_PY = "/usr/bin/python3"
-RULES = """\
-name: proof-test
-max_drain_fraction: 50%
-rules:
-  - name: hurts-jobs
-    match: {job: [straggler, culprit], users: 2}
-    count: 3
-    window: 7 d
-    reason: "hpcml: named by {count} jobs in {window}"
-"""
 
 
 def _user(name: str) -> None:
@@ -171,7 +162,7 @@ def signed(doc: dict, user: str, socket: str, env: dict[str, str]) -> dict:
 
 
 def _handle(shared: Path, collector: Collector, env: dict[str, str], *extra: str) -> dict:
-    (shared / "rules.yaml").write_text(RULES)
+    (shared / "rules.yaml").write_text(JOB_RULES)          # hurts-jobs: 3 jobs of 2 users in 7 d
     p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{collector.db}",
                         "--rules", str(shared / "rules.yaml"), "--audit", str(shared / "audit.jsonl"), "--json",
                         *extra], env=env, capture_output=True, text=True, timeout=60)

@@ -5,6 +5,7 @@ Arguments only; the service is ``hpcml.vet.fleet.collector.server``. Registered 
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
 import threading
@@ -114,20 +115,21 @@ def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
     use = slurm_check == "on" or (slurm_check == "auto" and slurm.available("scontrol"))
     if slurm_check == "on" and not slurm.available("scontrol"):
         raise UsageError("scontrol is not installed: Slurm's records cannot be read here", key="--slurm-check")
+    config = _slurm_config() if use or munge_socket is None else {}      # one scontrol for both
     if use and cluster is None:
-        cluster = _cluster_name()
+        cluster = config.get("ClusterName") or None
     if not use:
         print("hpcml vet serve: warning: no Slurm checks (" + ("--slurm-check off" if slurm_check == "off" else
               "scontrol is not installed here") + "): a user's summary counts on the user's proof alone, "
               "for whatever job it names", file=sys.stderr)
-    return Verifier(munge_socket=munge.socket_path(munge_socket), slurm=jobrecord.lookup if use else None,
-                    cluster=cluster)
+    socket = munge_socket or os.environ.get(munge.SOCKET_ENV) or munge.config_socket(config)
+    return Verifier(munge_socket=socket, slurm=jobrecord.lookup if use else None, cluster=cluster)
 
 
-def _cluster_name() -> str | None:
+def _slurm_config() -> dict[str, str]:
     from hpcml.cluster import slurm
     from hpcml.errors import SlurmError
     try:
-        return slurm.show_config().get("ClusterName") or None
+        return slurm.show_config()
     except SlurmError:
-        return None
+        return {}

@@ -21,7 +21,10 @@ from hpcml.vet.fleet.collector.schema import Invalid, Text, _reason
 SUMMARY_SCHEMA = tag("job.summary", 1)
 MAX_SUMMARIES = 10_000             # per request
 MAX_NODES = 100_000                # per job
-ROLES = ("excluded", "straggler", "culprit", "lost", "crashed")
+#: the roles a job names a node in, each with the summary's list of them
+FIELDS = {"excluded": "excluded", "straggler": "stragglers", "culprit": "culprits", "lost": "lost",
+          "crashed": "crashed"}
+ROLES = tuple(FIELDS)
 GPUS_PER_NODE = 64                 # above this a summary's GPU count is not a job's
 OUTCOMES = ("completed", "failed", "hung", "aborted", "requeued", "running")
 
@@ -109,7 +112,7 @@ class JobSummary(BaseModel):
         self._proof = proof
         return self
 
-    schema_: str = Field(alias="schema")        # checked by parse_jobs before the fields
+    schema_: str = Field(alias="schema")        # checked by parse_job_items before the fields
     cluster: Short = ""
     job_id: Name
     attempt: int = Field(ge=0, le=1_000_000)
@@ -182,25 +185,15 @@ class JobSummary(BaseModel):
 
     def events(self) -> list[tuple[str, NodeEvent]]:
         """(role, event) for every node the job names."""
-        return [(role, e) for role in ROLES for e in getattr(self, FIELDS[role])]
-
-
-#: the summary's list of each role
-FIELDS = {"excluded": "excluded", "straggler": "stragglers", "culprit": "culprits", "lost": "lost",
-          "crashed": "crashed"}
+        return [(role, e) for role, name in FIELDS.items() for e in getattr(self, name)]
 
 
 _MANY = TypeAdapter(list[JobSummary])
 
 
-def parse_jobs(body: bytes) -> list[JobSummary]:
-    """Body (one summary or a list) -> summaries, or ``Invalid`` naming the field."""
-    return parse_job_items(body)[1]
-
-
 def parse_job_items(body: bytes) -> tuple[list[dict], list[JobSummary]]:
-    """Body -> (the summaries as received, validated), or ``Invalid`` naming the field.
-    The received form is what a MUNGE credential's digest covers."""
+    """Body (one summary or a list) -> (the summaries as received, validated), or
+    ``Invalid`` naming the field. The received form is what a MUNGE credential's digest covers."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:

@@ -143,15 +143,21 @@ class JobQueries:
             cur.close()
         return stored
 
-    def _unverified(self, conn, keys: list[tuple[str, str, int]]) -> list[tuple[str, str, int]]:
-        """Which of these (cluster, job, attempt) hold an unverified row: one query per 500."""
-        out: list[tuple[str, str, int]] = []
+    def _unverified(self, conn, keys: list[tuple[str, str, int]]) -> list[tuple]:
+        """Which of these (cluster, job, attempt) hold an unverified row."""
+        return self._matching(conn, "SELECT cluster, job, attempt FROM jobs WHERE verified = 0 AND "
+                                    "(cluster, job, attempt)", keys)
+
+    def _matching(self, conn, select: str, keys: Sequence[tuple]) -> list[tuple]:
+        """``select`` (ending in the key's columns) ``IN`` a VALUES list of ``keys``: one query
+        per 500 keys."""
+        out: list[tuple] = []
         p = self.P
         for i in range(0, len(keys), 500):
             part = keys[i:i + 500]
-            out += [tuple(r) for r in conn.execute(
-                f"SELECT cluster, job, attempt FROM jobs WHERE verified = 0 AND (cluster, job, attempt) IN "
-                f"(VALUES {','.join([f'({p}, {p}, {p})'] * len(part))})", [v for k in part for v in k]).fetchall()]
+            row = "(" + ", ".join([p] * len(part[0])) + ")"
+            out += [tuple(r) for r in conn.execute(f"{select} IN (VALUES {','.join([row] * len(part))})",
+                                                    [v for k in part for v in k]).fetchall()]
         return out
 
     def _lock_jobs(self, conn, keys: list[tuple[str, str]]) -> None:
@@ -166,16 +172,9 @@ class JobQueries:
         """Jobs whose attempt 0 arrived after a later attempt (rare): their keys for the update.
         One query per 500 jobs; updating every stored job instead halves PostgreSQL's ingest."""
         keys = sorted({(s.cluster, s.job_id) for s in kept if s.attempt == 0})
-        out: set[tuple] = set()
-        p = self.P
-        for i in range(0, len(keys), 500):
-            part = keys[i:i + 500]
-            rows = conn.execute(f"SELECT DISTINCT cluster, job FROM jobs WHERE attempt > 0 AND verified = 1 "
-                                "AND (cluster, job) IN "
-                                f"(VALUES {','.join([f'({p}, {p})'] * len(part))})",
-                                [v for k in part for v in k]).fetchall()
-            out |= {(c, j, c, j) for c, j in rows}
-        return out
+        rows = self._matching(conn, "SELECT DISTINCT cluster, job FROM jobs WHERE attempt > 0 AND verified = 1 "
+                                    "AND (cluster, job)", keys)
+        return {(c, j, c, j) for c, j in rows}
 
     # --- reads
 

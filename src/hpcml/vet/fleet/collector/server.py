@@ -58,6 +58,12 @@ class Grant:
     role: str                  # write | read | job | trusted
     user: str | None = None    # a user's job token ("user:token" in --job-token-file)
 
+    def may(self, write: bool, jobs: bool = False) -> bool:
+        """``write``: a POST; ``jobs``: a POST of job summaries, which job tokens may make."""
+        if write:
+            return self.role in ("write", "trusted") or (jobs and self.role == "job")
+        return self.role in ("write", "read", "trusted")
+
 
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")    # a POSIX user name (useradd's rule, relaxed)
 
@@ -100,13 +106,8 @@ class Tokens:
         return found
 
     def allows(self, header: str | None, write: bool, jobs: bool = False) -> bool:
-        """``write``: a POST; ``jobs``: a POST of job summaries, which job tokens may make."""
         g = self.grant(header)
-        if g is None:
-            return False
-        if write:
-            return g.role in ("write", "trusted") or (jobs and g.role == "job")
-        return g.role in ("write", "read", "trusted")
+        return g is not None and g.may(write, jobs)
 
 
 def read_tokens(path: Path | None, env_var: str | None = TOKEN_ENV) -> list[str]:
@@ -186,7 +187,7 @@ class App:
 
     def _grant(self, environ: dict, write: bool, jobs: bool = False) -> Grant:
         g = self.tokens.grant(environ.get("HTTP_AUTHORIZATION"))
-        if g is not None and self.tokens.allows(environ.get("HTTP_AUTHORIZATION"), write, jobs):
+        if g is not None and g.may(write, jobs):
             return g
         raise _error(401, "missing or invalid token", **{"WWW-Authenticate": 'Bearer realm="hpcml-vet"'})
 
