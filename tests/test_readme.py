@@ -1,9 +1,10 @@
-"""The README's job scripts, taken from the README itself and run on the local 2-node cluster.
+"""The documented job scripts, taken from the documentation itself and run on the local 2-node cluster.
 
-Each ``#!/bin/bash`` block of README.md is found by the command it is about and submitted as
-it is, except for what a 2-node cluster of virtual nodes without GPUs cannot have. These
-substitutions are the only changes, made on the text, so the front door cannot drift from
-the code:
+The documentation is README.md and the pages under docs/ (each component's detail lives on
+its page). Each ``#!/bin/bash`` block there is found by the command it is about and
+submitted as it is, except for what a 2-node cluster of virtual nodes without GPUs cannot
+have. These substitutions are the only changes, made on the text, so the documentation
+cannot drift from the code:
 
 - ``#SBATCH`` lines are dropped: the test submits 2 nodes, 1 task per node;
 - the GPU protocol becomes the CPU one (``examples/vet/cpu.yaml``), ``--min-nodes`` 1, and
@@ -30,20 +31,28 @@ from tests.slurmjobs import run_job
 ROOT = Path(__file__).resolve().parents[1]
 pytestmark = pytest.mark.slurm
 
+
 TRAIN = """import os, sys
 print("train rank", os.environ.get("SLURM_PROCID"), "of", os.environ.get("SLURM_NTASKS"), "data", sys.argv[1:], flush=True)
 """
 
 
+def documentation() -> list[tuple[str, str]]:
+    """(name, text) of README.md and of every page under docs/."""
+    pages = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
+    return [(str(p.relative_to(ROOT)), p.read_text()) for p in pages]
+
+
 def scripts() -> dict[str, str]:
-    """The README's job scripts, by the first hpcml command in them."""
-    text = (ROOT / "README.md").read_text()
-    out = {}
-    for block in re.findall(r"```bash\n(.*?)```", text, re.S):
-        if block.startswith("#!/bin/bash"):
-            m = re.search(r"^(?:srun )?(hpcml \w+)", block, re.M)
-            assert m, block
-            out[m.group(1)] = block
+    """The documented job scripts, by the first hpcml command in them. A script shown in two
+    places (README.md and its component's page) must be the same in both."""
+    out: dict[str, str] = {}
+    for name, text in documentation():
+        for block in re.findall(r"```bash\n(.*?)```", text, re.S):
+            if block.startswith("#!/bin/bash"):
+                m = re.search(r"^(?:srun )?(hpcml \w+)", block, re.M)
+                assert m, f"{name}: {block}"
+                assert out.setdefault(m.group(1), block) == block, f"{name}: another {m.group(1)} job script"
     return out
 
 
@@ -72,7 +81,7 @@ def site(tmp_path):
     return tmp_path
 
 
-def test_readme_has_the_job_scripts_this_test_runs():
+def test_the_documentation_has_the_job_scripts_this_test_runs():
     assert {"hpcml run", "hpcml vet", "hpcml data", "hpcml env"} <= set(scripts())
 
 
@@ -115,12 +124,11 @@ def test_run_job_script_vets_trains_and_reports(env, site):
     assert (jobdir / "report.html").is_file() and "html:" in out
 
 
-# -- every hpcml command line in the README names commands and options that exist ----------------
+# -- every hpcml command line of the documentation names commands and options that exist ---------
 
 def _command_lines() -> list[str]:
-    text = (ROOT / "README.md").read_text()
     out = []
-    for block in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S):
+    for block in (b for _, text in documentation() for b in re.findall(r"```(?:bash|sh)\n(.*?)```", text, re.S)):
         for raw in block.splitlines():
             line = raw.split(" #", 1)[0].strip()
             for part in re.split(r"\s*(?:;|&&|\|\||\|)\s*", line):
@@ -130,9 +138,9 @@ def _command_lines() -> list[str]:
     return out
 
 
-def test_readme_command_lines_name_real_commands_and_options():
-    """Each `hpcml ...` line of a README code block: its sub-commands exist and every --option
-    it uses is one of that command's (parsed, not run)."""
+def test_documented_command_lines_name_real_commands_and_options():
+    """Each `hpcml ...` line of a code block of README.md or docs/: its sub-commands exist and
+    every --option it uses is one of that command's (parsed, not run)."""
     import shlex
 
     import typer
