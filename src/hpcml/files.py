@@ -102,12 +102,14 @@ def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bo
         os.close(fd)
 
 
-def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True) -> Any:
+def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,
+                      loads: Any = None) -> Any:
     """``read_bounded`` + ``json.loads``: ValueError for anything that is not such a JSON
-    file, nesting too deep for the parser ('[' * 100000) included; OSError as above."""
+    file, nesting too deep for the parser ('[' * 100000) included; OSError as above.
+    ``loads``: a faster parser (orjson) for files read often."""
     data = read_bounded(path, max_bytes, follow_symlinks=follow_symlinks)
     try:
-        return json.loads(data)
+        return (loads or json.loads)(data)
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

@@ -22,7 +22,8 @@ import ctypes
 import os
 import signal
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator, Sequence
+from pathlib import Path
 from typing import Any
 
 PR_SET_PDEATHSIG = 1
@@ -187,3 +188,131 @@ def stop_descendants(grace: float, poll: float = 0.05, rounds: int = 20) -> bool
         killed = kill_descendants(signal.SIGKILL) > 0 or killed
         time.sleep(poll)
     return killed
+
+
+# -- kill loops: every loop that kills and waits or reaps is here (tests/test_helpers.py) ----------
+
+def kill_orphans_while_alive(keep: set[int], rounds: int = 50, poll: float = 0.02) -> None:
+    """``kill_orphans`` again while any of them or theirs lived (what is re-parented here
+    meanwhile comes next round); the caller reaps them."""
+    for _ in range(rounds):
+        if not kill_orphans(keep)[1]:
+            return
+        time.sleep(poll)
+
+
+def kill_and_reap_descendants(rounds: int = 200) -> None:
+    """SIGKILL every descendant and reap them until this (subreaper) process has no child
+    left: a descendant forked meanwhile re-parents here and is caught in the next round."""
+    for _ in range(rounds):
+        kill_descendants(signal.SIGKILL)
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0] > 0:
+                pass
+        except ChildProcessError:
+            return
+        time.sleep(0.01)
+
+
+def kill_children_and_reap(rounds: int = 100) -> None:
+    """SIGKILL every child of this process, with its group when it leads one, and reap them;
+    their own orphans (re-parented here, a subreaper) come next round."""
+    for _ in range(rounds):
+        kids = children()
+        if not kids:
+            return
+        for pid in kids:
+            try:
+                if os.getpgid(pid) != pid or not signal_group(pid, signal.SIGKILL):
+                    os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        for pid in kids:
+            try:
+                os.waitpid(pid, 0)
+            except ChildProcessError:
+                pass
+
+
+def kill_until_gone(find: Callable[[], list[int]], timeout: float, poll: float = 0.02) -> bool:
+    """SIGKILL what ``find()`` lists (processes not our children: nothing to reap) until it
+    lists none; True then, False at ``timeout`` seconds. A process another user owns is not
+    ours to signal and is left out from then on."""
+    deadline = time.monotonic() + timeout
+    foreign: set[int] = set()
+    while True:
+        left = [p for p in find() if p not in foreign]
+        if not left:
+            return True
+        if time.monotonic() > deadline:
+            return False
+        for pid in left:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            except PermissionError:
+                foreign.add(pid)
+        time.sleep(poll)
+
+
+def stop_processes(procs: Sequence[Any], timeout: float = 5.0) -> None:
+    """``multiprocessing`` processes ended: TERM to each alive, then each joined, SIGKILLed
+    and joined again if still alive after ``timeout`` seconds."""
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    for p in procs:
+        p.join(timeout=timeout)
+        if p.is_alive():
+            p.kill()
+            p.join()
+
+
+# -- /proc: who a process is (tests/test_helpers.py) ---------------------------------------------
+
+def children() -> list[int]:
+    """This process's children: /proc/self/task/TID/children is one small read (psutil
+    scans every process; it is the fallback where the kernel lacks that file)."""
+    try:
+        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as f:
+            return [int(p) for p in f.read().split()]
+    except OSError:
+        import psutil
+        return [c.pid for c in psutil.Process().children()]
+
+
+def session_and_state(pid: int | str) -> tuple[int, str] | None:
+    """(session id, state letter) of a process, from /proc/PID/stat; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read().rsplit(b")", 1)[1].split()
+    except (OSError, IndexError):
+        return None
+    return int(fields[3]), fields[0].decode()
+
+
+def environ(pid: int | str) -> bytes:
+    """A process's environment as the kernel keeps it (``VAR=value`` each ended by NUL);
+    empty when gone or not ours to read."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            return f.read()
+    except OSError:
+        return b""
+
+
+def command_line(pid: int | str) -> bytes:
+    """A process's command line as the kernel keeps it (each argument ended by NUL);
+    OSError when it is gone or not ours to read."""
+    return Path(f"/proc/{pid}/cmdline").read_bytes()
+
+
+def command_lines() -> Iterator[tuple[int, list[str]]]:
+    """(pid, argv) of every process whose command line this one can read."""
+    for cmd in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            argv = [a for a in cmd.read_bytes().decode(errors="replace").split("\0") if a]
+        except OSError:
+            continue
+        yield int(cmd.parent.name), argv

@@ -141,6 +141,12 @@ def node_states(nodes: str | None = None, *, timeout: float = 10.0) -> dict[str,
 
 #: node state flags that mean the node is gone from its jobs' point of view
 LOST = ("DOWN", "FAIL", "NOT_RESPONDING", "POWERED_DOWN", "POWER_DOWN")
+#: node state flags of a drain: asked for (DRAIN), jobs still running (DRAINING), done (DRAINED)
+DRAINED = frozenset({"DRAIN", "DRAINED", "DRAINING"})
+#: node state flags under which a node, drained or not, takes no job now: down, failing, in
+#: maintenance, rebooting, powered down or on its way there, or not yet part of the cluster
+UNAVAILABLE = frozenset({"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
+                         "POWERED_DOWN", "POWERING_DOWN", "FUTURE"})
 
 
 def node_lost(state: str) -> bool:

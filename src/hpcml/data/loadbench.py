@@ -33,6 +33,7 @@ import numpy as np
 
 from hpcml.data.pagecache import Mount, backing_files, drop_caches, evict, mount_of
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.proctree import stop_processes
 from hpcml.schemas import tag
 
 KINDS = ("shards", "files")
@@ -406,14 +407,7 @@ def run_workers(jobs: Sequence[Callable[[Progress], WorkerStats]],
                 raise WorkerError(f"loader worker {w} failed: {text}")
         seconds = time.perf_counter() - t0
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join()
+        stop_processes(procs, timeout=5)
         q.close()
         q.cancel_join_thread()
     return [done[w] for w in range(len(procs))], seconds

@@ -13,7 +13,6 @@ keeps every finished shard whose fingerprint still matches and rewrites the othe
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import re
 import tarfile
@@ -28,6 +27,7 @@ from hpcml.data.index import BLOCK, index_name, read_index_doc, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.data.sources import Listing, SourceFile, list_files, sample_key
 from hpcml.errors import UsageError
+from hpcml.files import JSON_MAX, load_json_bounded
 
 DEFAULT_SHARD_BYTES = 256 * 10**6
 FLUSH = 8 << 20
@@ -199,7 +199,7 @@ def _refuse_foreign(src: Path, dst: Path) -> None:
     if not (dst / MANIFEST).is_file():
         return
     try:
-        old = json.loads((dst / MANIFEST).read_text(encoding="utf-8"))
+        old = load_json_bounded(dst / MANIFEST, JSON_MAX)
     except (OSError, ValueError):
         return                                   # unreadable: the reader will say so; a rerun may fix it
     source = old.get("source") if isinstance(old, dict) else None

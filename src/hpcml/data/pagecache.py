@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Iterable, Sequence
 
 from hpcml.errors import UsageError
+from hpcml.proctree import command_lines
 
 
 @dataclass(frozen=True)
@@ -53,14 +54,10 @@ def backing_files(m: Mount) -> list[str]:
         except OSError:
             pass
     elif m.fstype.startswith("fuse") and "squash" in m.fstype + m.device:
-        for cmd in Path("/proc").glob("[0-9]*/cmdline"):
-            try:
-                argv = [a for a in cmd.read_bytes().decode(errors="replace").split("\0") if a]
-            except OSError:
-                continue
+        for pid, argv in command_lines():
             if len(argv) < 3 or "squashfuse" not in Path(argv[0]).name:
                 continue
-            cwd = Path(f"/proc/{cmd.parent.name}/cwd")
+            cwd = Path(f"/proc/{pid}/cwd")
             real = [os.path.realpath(cwd / a) for a in argv]
             if m.point in real[2:]:
                 out.append(real[real.index(m.point, 2) - 1])

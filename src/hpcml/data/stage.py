@@ -48,7 +48,7 @@ from hpcml.data.manifest import (
     manifest_path,
 )
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.files import write_atomic
+from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 
 CHUNK = 8 << 20
 THREADS = 4
@@ -339,8 +339,8 @@ def _free(dst: Path, keep: int | None) -> tuple[int, int]:
 
 def _read_stamp(path: Path, dataset: str) -> dict:
     try:
-        doc = orjson.loads(path.read_bytes())
-    except (OSError, orjson.JSONDecodeError):
+        doc = load_json_bounded(path, JSON_MAX, loads=orjson.loads)
+    except (OSError, ValueError):
         return {"dataset": dataset, "files": {}, "runs": []}
     if not isinstance(doc, dict) or doc.get("dataset") != dataset or not isinstance(doc.get("files"), dict):
         return {"dataset": dataset, "files": {}, "runs": []}

@@ -28,7 +28,7 @@ from hpcml.cluster import allocation, slurm
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm import store
 from hpcml.farm.worker import DONE, NODE_RETIRED, launch_argv
-from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans
+from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans_while_alive
 
 RESPAWNS_PER_SLOT = 3
 
@@ -141,26 +141,16 @@ def run_node(path: Path, slots: int, gpus: tuple[str, ...], overrides: dict[str,
         procs.pop(pid).returncode = os.waitstatus_to_exitcode(status)
         code = os.waitstatus_to_exitcode(status)
         if code < 0:
-            _kill_orphans(set(children))
+            kill_orphans_while_alive(set(children))    # a guard killed alone: its worker, its task
             if respawns[i] < RESPAWNS_PER_SLOT:   # killed: a new worker takes the slot
                 respawns[i] += 1
                 spawn(i)
                 continue
         results.append(code)
-    _kill_orphans(set())                   # nothing adopted outlives the agent
+    kill_orphans_while_alive(set())        # nothing adopted outlives the agent
     os.close(report_w)
     with os.fdopen(report, "rb") as f:
         lines = f.read().decode(errors="replace").splitlines()
     if lines:
         raise HpcmlError(lines[0])
     return DONE if all(c == DONE for c in results) else (NODE_RETIRED if NODE_RETIRED in results else 1)
-
-
-def _kill_orphans(workers: set[int], rounds: int = 50) -> None:
-    """SIGKILL what a guard killed on its own left, re-parented here (its worker first, then
-    the task's processes), each with its whole tree (``proctree.kill_orphans``); again while
-    any lived, for what is re-parented meanwhile; the main loop reaps them."""
-    for _ in range(rounds):
-        if not kill_orphans(workers)[1]:
-            return
-        time.sleep(0.02)

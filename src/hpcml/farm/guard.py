@@ -24,11 +24,18 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import time
 from collections.abc import Callable
 from pathlib import Path
 
-from hpcml.proctree import become_subreaper, die_with_parent, kill_descendants, start_time
+from hpcml.proctree import (
+    become_subreaper,
+    die_with_parent,
+    environ,
+    kill_and_reap_descendants,
+    kill_until_gone,
+    session_and_state,
+    start_time,
+)
 
 _STOPS = (signal.SIGTERM, signal.SIGHUP)
 
@@ -89,21 +96,8 @@ def _guard(worker: int) -> int:
         _STOPPING[0] = True                    # in the try: a signal until here is caught
     except _Stopped:
         pass
-    kill_all()
+    kill_and_reap_descendants()               # a descendant forked meanwhile: caught next round
     return code
-
-
-def kill_all(rounds: int = 200) -> None:
-    """SIGKILL every descendant and reap them until this (subreaper) process has no child
-    left: a descendant forked meanwhile re-parents here and is caught in the next round."""
-    for _ in range(rounds):
-        kill_descendants(signal.SIGKILL)
-        try:
-            while os.waitpid(-1, os.WNOHANG)[0] > 0:
-                pass
-        except ChildProcessError:
-            return
-        time.sleep(0.01)
 
 
 def exit_like(code: int) -> int:
@@ -118,24 +112,6 @@ def exit_like(code: int) -> int:
 
 
 # -- proving a lost attempt gone on this host ------------------------------------------------
-
-def _stat(pid: str) -> tuple[int, str] | None:
-    """(session id, state) of a process, from /proc/PID/stat."""
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except (OSError, IndexError):
-        return None
-    return int(fields[3]), fields[0].decode()
-
-
-def _environ(pid: str) -> bytes:
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            return f.read()
-    except OSError:
-        return b""
-
 
 def members(session: int | None, since: float | None, marker: list[bytes]) -> list[int]:
     """Live processes of ``session`` (unless that id now belongs to a newer process: the
@@ -152,13 +128,13 @@ def members(session: int | None, since: float | None, marker: list[bytes]) -> li
     for entry in os.listdir("/proc"):
         if not entry.isdigit() or int(entry) == me:
             continue
-        st = _stat(entry)
+        st = session_and_state(entry)
         if st is None or st[1] in ("Z", "X"):
             continue
         if st[0] == session:
             out.append(int(entry))
             continue
-        env = _environ(entry).split(b"\0")
+        env = environ(entry).split(b"\0")
         if marker and all(m in env for m in marker):
             out.append(int(entry))
     return out
@@ -166,22 +142,7 @@ def members(session: int | None, since: float | None, marker: list[bytes]) -> li
 
 def sweep(session: int | None, since: float | None, marker: list[bytes], timeout: float = 10.0) -> bool:
     """Kill what is left of a lost attempt on this host; True once nothing is (proven gone)."""
-    deadline = time.monotonic() + timeout
-    foreign: set[int] = set()                  # not ours to signal: another user's
-    while True:
-        left = [p for p in members(session, since, marker) if p not in foreign]
-        if not left:
-            return True
-        if time.monotonic() > deadline:
-            return False
-        for pid in left:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            except PermissionError:
-                foreign.add(pid)
-        time.sleep(0.02)
+    return kill_until_gone(lambda: members(session, since, marker), timeout)
 
 
 def attempt_marker(farm: Path, tid: int, attempt: int) -> list[bytes]:

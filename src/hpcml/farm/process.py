@@ -18,7 +18,7 @@ import signal
 import subprocess
 import time
 
-from hpcml.proctree import signal_group
+from hpcml.proctree import kill_children_and_reap
 
 _PLAIN = re.compile(r"^[A-Za-z0-9_./:,+@%=-][A-Za-z0-9_./:,+@%= -]*$")
 _SHELL_WORDS = {"cd", "exit", "export", "source", ".", "exec", "set", "unset", "ulimit", "umask", "eval"}
@@ -100,33 +100,8 @@ class SigchldPipe:
         return _Waiter()
 
 
-def _children() -> list[int]:
-    """This process's children: /proc/self/task/TID/children is one small read (psutil
-    scans every process; it is the fallback where the kernel lacks that file)."""
-    try:
-        with open(f"/proc/self/task/{os.getpid()}/children", "rb") as f:
-            return [int(p) for p in f.read().split()]
-    except OSError:
-        import psutil
-        return [c.pid for c in psutil.Process().children()]
-
-
-def kill_leftovers(rounds: int = 100) -> None:
+def kill_leftovers() -> None:
     """After a task ended (and was reaped): SIGKILL every child of this worker, which as a
     subreaper adopts what the task daemonised (``setsid``, a double fork), with its group,
-    and reap them; their own orphans come next round."""
-    for _ in range(rounds):
-        kids = _children()
-        if not kids:
-            return
-        for pid in kids:
-            try:
-                if os.getpgid(pid) != pid or not signal_group(pid, signal.SIGKILL):
-                    os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-        for pid in kids:
-            try:
-                os.waitpid(pid, 0)
-            except ChildProcessError:
-                pass
+    and reap them, round after round (``proctree.kill_children_and_reap``)."""
+    kill_children_and_reap()

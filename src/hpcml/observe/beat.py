@@ -27,6 +27,7 @@ from collections import deque
 from pathlib import Path
 from typing import Any
 
+from hpcml.files import load_json_bounded
 from hpcml.schemas import tag
 
 SCHEMA = tag("observe.beat", 1)
@@ -149,8 +150,7 @@ def read_beats(observe: Path, previous: dict[int, dict] | None = None) -> dict[i
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
         try:
-            with open(entry.path, "rb") as f:
-                doc = orjson.loads(f.read(SIZE + 1).rstrip())
+            doc = load_json_bounded(entry.path, SIZE, loads=orjson.loads)    # a record is SIZE bytes
         except (OSError, ValueError):
             continue
         if _valid(doc):

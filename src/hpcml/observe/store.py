@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from hpcml.errors import UsageError
-from hpcml.files import write_atomic
+from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
 from hpcml.schemas import check, tag
 
@@ -169,16 +169,16 @@ def read_meta(path: str | os.PathLike) -> tuple[Path, dict[str, Any], list[Path]
     meta: dict[str, Any] = {}
     if meta_path.exists():
         try:
-            meta = json.loads(meta_path.read_text())
-        except (OSError, json.JSONDecodeError) as exc:
+            meta = load_json_bounded(meta_path, JSON_MAX)
+        except (OSError, ValueError) as exc:
             raise UsageError(f"job metadata is not valid JSON: {exc}", file=str(meta_path)) from None
         check(meta, JOB_SCHEMA, str(meta_path), untagged=True)   # untagged: recorded before tags
     for f in sorted(p.glob("rank-*.json")):
         try:
-            rank_meta = json.loads(f.read_text())
+            rank_meta = load_json_bounded(f, JSON_MAX)
             check(rank_meta, RANK_SCHEMA, str(f), untagged=True)
             meta.setdefault("ranks", {})[str(rank_meta["rank"])] = rank_meta
-        except (OSError, json.JSONDecodeError, KeyError):
+        except (OSError, ValueError, KeyError):
             continue
     return p, meta, files
 

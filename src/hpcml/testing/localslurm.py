@@ -31,6 +31,7 @@ import psutil
 from hpcml.cluster import slurm
 from hpcml.errors import SlurmError
 from hpcml.ports import port_free
+from hpcml.proctree import command_line
 
 log = logging.getLogger(__name__)
 
@@ -500,7 +501,7 @@ class LocalSlurm:
         for _ in range(25):
             try:
                 pid = int(pid_file.read_text().split()[0])
-                if daemon.encode() in Path(f"/proc/{pid}/cmdline").read_bytes():
+                if daemon.encode() in command_line(pid):
                     for task in os.listdir(f"/proc/{pid}/task"):   # setpriority is per thread
                         os.setpriority(os.PRIO_PROCESS, int(task), -10)
                     return

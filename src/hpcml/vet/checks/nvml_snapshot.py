@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
+from hpcml.files import JSON_MAX, load_json_bounded
 from hpcml.vet.checks.base import MissingDependency
 
 #: NVML's clocks event (throttle) reason bits, as documented for
@@ -124,8 +125,7 @@ class GpuSnapshot:
 
 
 def load_snapshot(path: str) -> GpuSnapshot:
-    with open(path, encoding="utf-8") as f:
-        return GpuSnapshot.from_dict(json.load(f))
+    return GpuSnapshot.from_dict(load_json_bounded(path, JSON_MAX))
 
 
 def _wanted(ids: Sequence[str] | None) -> set[str] | None:

@@ -39,8 +39,6 @@ from hpcml.vet.fleet.sources import Result, ResultSource
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
 PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml vet handle --json`
-_UNAVAILABLE = {"DOWN", "FAIL", "FAILING", "MAINT", "REBOOT_REQUESTED", "REBOOT_ISSUED",
-                "POWERED_DOWN", "POWERING_DOWN", "FUTURE"}
 
 
 @dataclass
@@ -55,7 +53,7 @@ class NodeState:
 
     @property
     def drained(self) -> bool:
-        return bool(self.flags & {"DRAIN", "DRAINED", "DRAINING"})
+        return bool(self.flags & slurm.DRAINED)
 
     @property
     def ours(self) -> bool:
@@ -63,7 +61,7 @@ class NodeState:
 
     @property
     def available(self) -> bool:
-        return not self.drained and not (self.flags & _UNAVAILABLE)
+        return not self.drained and not (self.flags & slurm.UNAVAILABLE)
 
 
 def read_node_states(nodes: str | None = None) -> dict[str, NodeState]:

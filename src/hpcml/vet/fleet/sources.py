@@ -9,7 +9,6 @@ the check ``@job`` whose type is the role.
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,6 +16,7 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcml.errors import UsageError
+from hpcml.files import JSON_MAX, load_json_bounded
 from hpcml.schemas import check
 from hpcml.vet.model import REPORT_SCHEMA
 
@@ -85,7 +85,7 @@ class JsonDirSource:
     def results_since(self, since: datetime) -> Iterator[Result]:
         for path in self.files():
             try:
-                data = json.loads(path.read_text(encoding="utf-8"))
+                data = load_json_bounded(path, JSON_MAX)
                 check(data, REPORT_SCHEMA, str(path))   # a newer hpcml's report is refused, not misread
                 results = list(results_of_report(data))
             except (OSError, ValueError, KeyError, TypeError) as exc:
