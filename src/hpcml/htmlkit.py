@@ -15,19 +15,12 @@ from __future__ import annotations
 
 import base64
 import html
-import re
 import struct
 import zlib
 from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
-
-
-def natural_key(s: str) -> list:
-    """Sort key that puts ``nid2`` before ``nid10``."""
-    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
-
 
 W, H = 1100, 210                     # chart size in px
 ML, MR, MT, MB = 70, 130, 26, 28     # margins: left (y labels), right (legend), top, bottom

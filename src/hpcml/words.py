@@ -1,7 +1,10 @@
 """Counted nouns in messages ("1 node", "2 nodes"): a researcher reads the line, and
-"1 nodes" or "node(s)" reads as careless. No imports, so the fast paths (scan) may use it."""
+"1 nodes" or "node(s)" reads as careless; names sorted and printed as a reader expects them.
+Only the standard library's ``re``, so the fast paths (scan) may use it."""
 
 from __future__ import annotations
+
+import re
 
 
 def plural(n: int, word: str, words: str | None = None) -> str:
@@ -28,3 +31,8 @@ def printable(name: str, limit: int = 120) -> str:
     characters (no fake lines, no terminal escape sequences), cut to ``limit``."""
     text = name if name.isprintable() else ascii(name)[1:-1]
     return text if len(text) <= limit else text[:limit] + "..."
+
+
+def natural_key(s: str) -> list:
+    """Sort key that puts ``nid2`` before ``nid10`` (node, rank and file names)."""
+    return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]

@@ -61,11 +61,10 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from hpcml.errors import UsageError
-from hpcml.htmlkit import natural_key
 from hpcml.scan.loader import RestrictedUnpickler
 from hpcml.scan.policy import Policy
 from hpcml.schemas import tag
-from hpcml.words import ranges
+from hpcml.words import natural_key, ranges
 
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 MAX_DUMP_BYTES = 1 << 30

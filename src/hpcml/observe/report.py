@@ -34,9 +34,9 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.htmlkit import natural_key
 from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, score_groups
 from hpcml.schemas import tag
+from hpcml.words import natural_key
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256

@@ -16,11 +16,11 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.htmlkit import natural_key
 from hpcml.observe.report import group_rows
 from hpcml.schemas import tag
 from hpcml.score.model import PIPES, JobScore, score_columns
 from hpcml.score.recording import Recording
+from hpcml.words import natural_key
 
 MAX_BUCKETS = 600
 MAX_HEATMAP_ROWS = 256
