@@ -23,16 +23,21 @@ def wants(argv: list[str]) -> bool:
     return not {"--help", "-h"} & set(head)
 
 
+def parser() -> FastParser:
+    """The options of ``hpcml.env.cli.run`` (tests/test_fastpaths.py compares them)."""
+    p = FastParser(prog=PROG, add_help=False)
+    p.add_argument("--runtime", "-r", default="auto")
+    p.add_argument("--verbose", "-v", action="store_true")
+    p.add_argument("--site")
+    p.add_argument("--lenient", action="store_true")
+    p.add_argument("edf")
+    p.add_argument("command", nargs=argparse.REMAINDER)
+    return p
+
+
 def main(argv: list[str]) -> int:
-    parser = FastParser(prog=PROG, add_help=False)
-    parser.add_argument("--runtime", "-r", default="auto")
-    parser.add_argument("--verbose", "-v", action="store_true")
-    parser.add_argument("--site")
-    parser.add_argument("--lenient", action="store_true")
-    parser.add_argument("edf")
-    parser.add_argument("command", nargs=argparse.REMAINDER)
     try:
-        args = parser.parse_args(argv)
+        args = parser().parse_args(argv)
     except SystemExit:
         return 2
     command = args.command[1:] if args.command[:1] == ["--"] else args.command

@@ -25,21 +25,28 @@ def wants(argv: list[str]) -> bool:
     return argv[0] != "requirements"
 
 
+def parser() -> FastParser:
+    """The options of ``hpcml.scan.cli.files`` (tests/test_fastpaths.py compares them)."""
+    p = FastParser(prog=PROG, add_help=False)
+    p.add_argument("paths", nargs="+", type=Path)
+    p.add_argument("--policy", action="append", type=Path, default=None)
+    p.add_argument("--json", dest="as_json", action="store_true")
+    p.add_argument("--sarif", type=Path)
+    p.add_argument("--jobs", "-j", type=int)
+    p.add_argument("--all", dest="show_all", action="store_true")
+    return p
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["files"]:
         argv = argv[1:]
-    parser = FastParser(prog=PROG, add_help=False)
-    parser.add_argument("paths", nargs="+", type=Path)
-    parser.add_argument("--policy", action="append", type=Path, default=None)
-    parser.add_argument("--json", dest="as_json", action="store_true")
-    parser.add_argument("--sarif", type=Path)
-    parser.add_argument("--jobs", "-j", type=int)
-    parser.add_argument("--all", dest="show_all", action="store_true")
-    args = parser.parse_args(argv)
+    fast = parser()
+    args = fast.parse_args(argv)
     if args.jobs is not None and args.jobs < 1:
-        parser.error(f"--jobs must be at least 1, got {args.jobs}")
-    policy = args.policy if args.policy is not None else \
-        [Path(p) for p in [os.environ.get("HPCML_SCAN_POLICY", "")] if p]
+        fast.error(f"--jobs must be at least 1, got {args.jobs}")
+    # no --policy: $HPCML_SCAN_POLICY, a list split at os.pathsep, as Typer splits a path list
+    env = os.environ.get("HPCML_SCAN_POLICY", "")
+    policy = args.policy if args.policy is not None else [Path(p) for p in env.split(os.pathsep)] if env else []
     from hpcml.scan.command import scan_files
     return scan_files(args.paths, policy=policy, as_json=args.as_json, sarif=args.sarif, jobs=args.jobs,
                       show_all=args.show_all)

@@ -21,12 +21,14 @@ FLAGS = {"min_nodes": "--min-nodes", "deadline": "--deadline", "nodes": "--nodes
          "venv_root": "--venv-root", "report_to": "--report-to", "report_token_file": "--report-token-file"}
 #: the group's other commands, which only Typer runs
 OTHERS = {"setup", "validate", "checks", "serve", "handle", "rules", "prolog-script", "fleet-report"}
+#: options only Typer takes: --prolog and what it alone reads (without --prolog Typer ignores them)
+TYPER_ONLY = {"--help", "-h", "--prolog", "--budget", "--drain", "--overrun-ok"}
 DEFAULT_PROTOCOL = Path(__file__).parent / "protocols" / "cpu.yaml"
 
 
 def wants(argv: list[str]) -> bool:
     """Whether this command line is one the fast path takes: a plain vetting run."""
-    if not argv or {"--help", "-h", "--prolog"} & set(argv):
+    if not argv or TYPER_ONLY & {a.split("=", 1)[0] for a in argv}:
         return False
     return argv[0] not in OTHERS
 
@@ -42,21 +44,27 @@ def _positive(text: str) -> int:
     return value
 
 
+def parser() -> FastParser:
+    """The options of ``hpcml.vet.cli.run`` but its --prolog ones (tests/test_fastpaths.py
+    compares them)."""
+    p = FastParser(prog=PROG, add_help=False)
+    p.add_argument("protocol", nargs="?", type=Path)
+    p.add_argument("--min-nodes", type=_positive)
+    p.add_argument("--deadline")
+    p.add_argument("--nodes")
+    for flag in ("--out", "--exclude-file", "--good-file", "--workdir", "--report-token-file"):
+        p.add_argument(flag, type=Path)
+    p.add_argument("--venv-root", type=Path, default=os.environ.get("HPCML_VET_VENV_ROOT") or None)
+    p.add_argument("--local", action="store_true")
+    p.add_argument("--json", dest="as_json", action="store_true")
+    p.add_argument("--report-to", default=os.environ.get("HPCML_VET_REPORT_TO") or None)
+    return p
+
+
 def main(argv: list[str]) -> int:
     if argv[:1] == ["run"]:
         argv = argv[1:]
-    parser = FastParser(prog=PROG, add_help=False)
-    parser.add_argument("protocol", nargs="?", type=Path)
-    parser.add_argument("--min-nodes", type=_positive)
-    parser.add_argument("--deadline")
-    parser.add_argument("--nodes")
-    for flag in ("--out", "--exclude-file", "--good-file", "--workdir", "--report-token-file"):
-        parser.add_argument(flag, type=Path)
-    parser.add_argument("--venv-root", type=Path, default=os.environ.get("HPCML_VET_VENV_ROOT") or None)
-    parser.add_argument("--local", action="store_true")
-    parser.add_argument("--json", dest="as_json", action="store_true")
-    parser.add_argument("--report-to", default=os.environ.get("HPCML_VET_REPORT_TO") or None)
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     return execute(**vars(args))
 
 
