@@ -1,5 +1,6 @@
 """HTML and SVG pieces every offline report shares: number and time formats, line charts
-with bands, heatmaps as inline PNG, tables, the page's CSS.
+with bands, heatmaps as inline PNG, and the one Jinja2 environment that renders the pages
+(``templates/``: the base page with its CSS, each report's page, the shared tables).
 
 Why hand-written SVG instead of a plotting library: a report must open offline on a login
 node or a laptop years later, from a mail attachment or a shared folder. A plotting
@@ -9,18 +10,30 @@ charts with a band and heatmaps, which are ~150 lines of SVG here and render in 
 browser, with native ``<title>`` tooltips. A heatmap (up to 256 rows x 1000 buckets)
 is an inline PNG inside the SVG, encoded with ``zlib`` (a 256k-rect SVG would be tens of
 MB; the PNG is a few hundred kB).
+
+Escaping: the pages are templates with autoescape on, so a node name, a command or an
+error text is escaped by Jinja2, once. The charts are built here as ``Markup`` with
+``Markup.format``, which escapes every value it is given (MarkupSafe, Jinja2's own
+escaping), and are the only markup the templates take as it is.
 """
 
 from __future__ import annotations
 
 import base64
-import html
+import functools
 import struct
 import zlib
 from collections.abc import Sequence
-from typing import Any
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
+from markupsafe import Markup
+
+if TYPE_CHECKING:
+    import jinja2
+
+TEMPLATES = Path(__file__).with_name("templates")
 
 W, H = 1100, 210                     # chart size in px
 ML, MR, MT, MB = 70, 130, 26, 28     # margins: left (y labels), right (legend), top, bottom
@@ -28,14 +41,27 @@ PALETTE = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
            "#7f7f7f", "#bcbd22", "#17becf", "#393b79", "#ad494a")
 VIRIDIS = np.array([(68, 1, 84), (59, 82, 139), (33, 145, 140), (94, 201, 98), (253, 231, 37)], float)
 
-CSS = """
-body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;margin:24px;color:#222;background:#fff}
-h1{font-size:22px;margin:0 0 4px} h2{font-size:17px;margin:28px 0 8px;border-bottom:1px solid #ddd}
-table{border-collapse:collapse;font-size:13px;margin:6px 0} td,th{border:1px solid #ddd;padding:3px 8px;text-align:left}
-th{background:#f3f3f3} .muted{color:#777;font-size:12px} .finding{margin:6px 0}
-.finding b{color:#b03000} .advice{color:#205080} svg{display:block;margin:4px 0 14px}
-svg text{font-size:11px;fill:#333} .kv td:first-child{font-weight:600}
-"""
+
+# ------------------------------------------------------------------------- the pages
+
+@functools.cache
+def environment() -> jinja2.Environment:
+    """The reports' one environment: autoescaped, and strict (a misspelt name is an error,
+    not an empty cell). Jinja2 is imported on first use, so the terminal paths that only
+    format numbers here do not load it."""
+    import jinja2
+    return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+
+
+def render(template: str, **context: Any) -> str:
+    """``templates/<template>`` rendered with ``context``."""
+    return environment().get_template(template).render(**context)
+
+
+def no_data(title: str) -> Markup:
+    """What a chart without a value says instead."""
+    return Markup("<p class='muted'>{}: no data</p>").format(title)
 
 
 # ------------------------------------------------------------------------- SVG helpers
@@ -100,7 +126,7 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
                bands: Sequence[tuple[np.ndarray, np.ndarray, str]] = (),
                spans: Sequence[tuple[float, float]] = (), unit: str = "",
                ylim: tuple[float, float] | None = None, span_fill: str = "#f4b0a0",
-               span_label: str = "stall", startup: float = 0.0) -> str:
+               span_label: str = "stall", startup: float = 0.0) -> Markup:
     """Lines (label, y, colour) over time ``t`` (seconds), optional bands (lo, hi, colour)
     and shaded time spans (stalls). ``ylim``: a y range the axis always covers (e.g. 0-1
     for ratios) instead of one fitted to the data. ``startup``: seconds before the first
@@ -108,7 +134,7 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
     ys = [np.asarray(y, float) for _, y, _ in lines] + [np.asarray(b, float) for lo, hi, _ in bands for b in (lo, hi)]
     finite = np.concatenate([y[np.isfinite(y)] for y in ys]) if ys else np.array([])
     if not len(finite) or not len(t):
-        return f"<p class='muted'>{html.escape(title)}: no data</p>"
+        return no_data(title)
     y0, y1 = float(finite.min()), float(finite.max())
     if ylim is not None:
         y0, y1 = min(y0, ylim[0]), max(y1, ylim[1])
@@ -127,9 +153,8 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
     def Y(v):
         return MT + ph - (np.asarray(v, float) - y0) / (y1 - y0) * ph
     s = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{H}' viewBox='0 0 {W} {H}' role='img'>",
-         f"<title>{html.escape(title)}</title>",
-         (f"<text x='{ML}' y='15' style='font-size:13px;font-weight:600'>{html.escape(title)}"
-          f"{' (' + html.escape(unit) + ')' if unit else ''}</text>"),
+         Markup("<title>{}</title><text x='{}' y='15' style='font-size:13px;font-weight:600'>{}{}</text>").format(
+             title, ML, title, f" ({unit})" if unit else ""),
          f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='#fafafa' stroke='#ccc'/>"]
     if startup > 0:
         xs = min(pw, startup / tmax * pw)
@@ -139,8 +164,9 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
                     if xs > 40 else ""))
     for a, b in spans:
         xa, xb = ML + a / tmax * pw, ML + b / tmax * pw
-        s.append(f"<rect x='{xa:.1f}' y='{MT}' width='{max(1.0, xb - xa):.1f}' height='{ph}' fill='{span_fill}' "
-                 f"opacity='0.6'><title>{html.escape(span_label)} {fmt_duration(a)}–{fmt_duration(b)}</title></rect>")
+        s.append(Markup("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}' opacity='0.6'><title>{} {}–{}"
+                        "</title></rect>").format(xa, MT, max(1.0, xb - xa), ph, span_fill, span_label,
+                                                  fmt_duration(a), fmt_duration(b)))
     for v in ticks:
         yy = float(Y(v))
         s.append(f"<line x1='{ML}' x2='{ML + pw}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e4e4e4'/>"
@@ -159,14 +185,14 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
                   [f"{x:.1f},{y:.1f}" for x, y in zip(X[sl][::-1], Y(lo[sl][::-1]))]
             s.append(f"<polygon points='{' '.join(pts)}' fill='{color}' opacity='0.25'/>")
     for i, (label, y, color) in enumerate(lines):
-        s.append(f"<path d='{_path(X, Y(y))}' fill='none' stroke='{color}' stroke-width='1.4'>"
-                 f"<title>{html.escape(label)}</title></path>")
+        s.append(Markup("<path d='{}' fill='none' stroke='{}' stroke-width='1.4'><title>{}</title></path>").format(
+            _path(X, Y(y)), color, label))
         ly = MT + 12 + 14 * i
         if ly < H - MB:
-            s.append(f"<rect x='{W - MR + 8}' y='{ly - 8}' width='10' height='10' fill='{color}'/>"
-                     f"<text x='{W - MR + 22}' y='{ly + 1}'>{html.escape(label[:16])}</text>")
+            s.append(Markup("<rect x='{}' y='{}' width='10' height='10' fill='{}'/><text x='{}' y='{}'>{}</text>").format(
+                W - MR + 8, ly - 8, color, W - MR + 22, ly + 1, label[:16]))
     s.append("</svg>")
-    return "".join(s)
+    return Markup("".join(s))
 
 
 def _png(rgb: np.ndarray) -> bytes:
@@ -190,12 +216,12 @@ def _colormap(v: np.ndarray, lo: float, hi: float) -> np.ndarray:
 
 
 def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float, float] | None = None,
-            unit: str = "s", legend: str = "grey: no step") -> str:
+            unit: str = "s", legend: str = "grey: no step") -> Markup:
     """Rows x time buckets as an inline PNG. ``scale``: a fixed colour range (lo, hi);
     by default the 2nd-98th percentile of the values."""
     v = np.asarray(hm["values"], float)
     if not np.isfinite(v).any():
-        return f"<p class='muted'>{html.escape(title)}: no data</p>"
+        return no_data(title)
     lo, hi = scale if scale is not None else np.nanpercentile(v, [2, 98])
     rows = v.shape[0]
     ph = int(min(700, max(120, rows * 3)))
@@ -203,14 +229,14 @@ def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float,
     h = MT + ph + MB
     png = base64.b64encode(_png(_colormap(v, lo, hi))).decode()
     s = [f"<svg xmlns='http://www.w3.org/2000/svg' width='{W}' height='{h}' viewBox='0 0 {W} {h}' role='img'>",
-         f"<text x='{ML}' y='15' style='font-size:13px;font-weight:600'>{html.escape(title)}</text>",
+         Markup("<text x='{}' y='15' style='font-size:13px;font-weight:600'>{}</text>").format(ML, title),
          (f"<image x='{ML}' y='{MT}' width='{pw}' height='{ph}' preserveAspectRatio='none' "
           f"style='image-rendering:pixelated' href='data:image/png;base64,{png}'/>"),
          f"<rect x='{ML}' y='{MT}' width='{pw}' height='{ph}' fill='none' stroke='#999'/>"]
     labels = hm["labels"]
     for k in range(0, rows, max(1, rows // 10)):
         y = MT + (k + 0.5) * ph / rows
-        s.append(f"<text x='{ML - 6}' y='{y + 4:.1f}' text-anchor='end'>{html.escape(labels[k])}</text>")
+        s.append(Markup("<text x='{}' y='{:.1f}' text-anchor='end'>{}</text>").format(ML - 6, y + 4, labels[k]))
     for tv in _ticks(0, t_end, 8):
         x = ML + tv / t_end * pw
         if x <= ML + pw + 0.5:
@@ -218,16 +244,9 @@ def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float,
     for k in range(5):                                   # colour bar
         f = k / 4
         c = VIRIDIS[k].astype(int)
-        s.append(f"<rect x='{W - MR + 10}' y='{MT + (4 - k) * 22}' width='14' height='22' "
-                 f"fill='rgb({c[0]},{c[1]},{c[2]})'/><text x='{W - MR + 30}' y='{MT + (4 - k) * 22 + 15}'>"
-                 f"{fmt_number(lo + f * (hi - lo))}{' ' + html.escape(unit) if unit else ''}</text>")
-    s.append(f"<text x='{W - MR + 10}' y='{MT + 128}'>{html.escape(legend)}</text></svg>")
-    return "".join(s)
-
-
-# ------------------------------------------------------------------------- the page
-
-def table(head: list[str], rows: list[list[Any]]) -> str:
-    th = "".join(f"<th>{html.escape(h)}</th>" for h in head)
-    body = "".join("<tr>" + "".join(f"<td>{html.escape(str(c))}</td>" for c in r) + "</tr>" for r in rows)
-    return f"<table><tr>{th}</tr>{body}</table>"
+        s.append(Markup("<rect x='{}' y='{}' width='14' height='22' fill='rgb({},{},{})'/><text x='{}' y='{}'>{}{}"
+                        "</text>").format(W - MR + 10, MT + (4 - k) * 22, c[0], c[1], c[2], W - MR + 30,
+                                          MT + (4 - k) * 22 + 15, fmt_number(lo + f * (hi - lo)),
+                                          f" {unit}" if unit else ""))
+    s.append(Markup("<text x='{}' y='{}'>{}</text></svg>").format(W - MR + 10, MT + 128, legend))
+    return Markup("".join(s))

@@ -20,7 +20,6 @@ findings.
 
 from __future__ import annotations
 
-import html
 import json
 from pathlib import Path
 from typing import Any
@@ -392,93 +391,72 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
 
 # -- HTML -----------------------------------------------------------------------------------------
 
-def render(rep: dict[str, Any]) -> str:
-    from hpcml.htmlkit import CSS, table
-    e = html.escape
+def _job_rows(rep: dict[str, Any]) -> list[list[Any]]:
     job, end = rep["job"], rep["ending"]
     never = "– (the command never started)" if end.get("aborted") else "–"
-    out = ["<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-           f"<title>hpcml run report {e(str(job.get('job_id') or 'local'))}</title><style>{CSS}</style></head><body>",
-           f"<h1>hpcml run: job {e(str(job.get('job_id') or 'local'))}</h1><div class='muted'>{e(rep['path'])}</div>",
-           "<section id='run-job'><h2>Job</h2>",
-           table(["", ""], [["command", " ".join(job.get("command") or [])], ["mode", job.get("mode")],
-                            ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
-                            ["rendezvous", job.get("master") or never],
-                            ["launch", " ".join(map(str, job.get("launch") or [])) or never],
-                            ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
-                            ["exit code", end["exit_code"]]]
-                 + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])),
-           "</section><section id='run-findings'><h2>Findings</h2>"]
-    if rep["findings"]:
-        out += [f"<div class='finding'><b>[{e(f['source'])}] {e(f['message'])}</b>"
-                + (f"<br><span class='advice'>→ {e(f['advice'])}</span>" if f["advice"] else "") + "</div>"
-                for f in rep["findings"]]
-    else:
-        out.append("<p>No findings.</p>")
-    out.append("</section><section id='run-vet'><h2>Vetting</h2>")
-    vet = rep["vet"]
-    if vet:
-        out.append(f"<p>{e(str(vet.get('protocol') or ''))}: <b>{e(vet['decision'])}</b>, {len(vet['good'])} good, "
-                   f"{len(vet['bad'])} bad, {vet.get('duration_s')} s</p>")
-        rows = [[n, "bad" if end.get("aborted") else "excluded", "; ".join(rep["excluded"].get(n, []))]
-                for n in vet["bad"]]
-        rows += [[n, "good", ""] for n in vet["good"]]
-        out.append(table(["node", "verdict", "reasons"], rows))
-    else:
-        out.append("<p class='muted'>not vetted (no --vet)</p>")
-    out.append("</section><section id='run-env'><h2>Environment</h2>")
-    env = rep["env"]
-    out.append(f"<pre>{e(json.dumps(env, indent=2, default=str))}</pre>" if env
-               else "<p class='muted'>the host's environment (no --env)</p>")
-    out.append("</section><section id='run-ending'><h2>How it ended</h2>")
-    if rep["attempts"]:
-        out.append("<p>" + ("Restarted by hpcml run" if rep.get("recovery") else "A requeued Slurm job")
-                   + ", in " + str(len(rep["attempts"]) + 1) + " attempts:</p><ul>"
-                   + "".join(f"<li>{e(line)}</li>" for line in _attempt_lines(rep)) + "</ul>")
+    return [["command", " ".join(job.get("command") or [])], ["mode", job.get("mode")],
+            ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
+            ["rendezvous", job.get("master") or never], ["launch", " ".join(map(str, job.get("launch") or [])) or never],
+            ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
+            ["exit code", end["exit_code"]]] + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])
+
+
+def _vet_rows(rep: dict[str, Any]) -> list[list[Any]]:
+    vet, aborted = rep["vet"], rep["ending"].get("aborted")
+    return [[n, "bad" if aborted else "excluded", "; ".join(rep["excluded"].get(n, []))] for n in vet["bad"]] \
+        + [[n, "good", ""] for n in vet["good"]]
+
+
+def _ended(rep: dict[str, Any]) -> dict[str, Any]:
+    """How it ended, for the page: one ``kind`` and what that kind shows."""
+    end = rep["ending"]
     first = end["first_failure"]
-    hang = (rep.get("watch") or {}).get("hang") or {}
     if stopped_hung(rep):
-        out.append(f"<p>the watch found the job hung and stopped it: exit code {HANG} (see below).</p>")
-    elif end.get("requeued"):
-        out.append(f"<p>{e(requeue.describe(end['requeued']))}: not a failure; Slurm runs the job again.</p>")
-    elif first:
-        out.append(f"<p>rank {first['rank']} on {e(str(first.get('node')))} failed first, exit code "
-                   f"{first['exit_code']} ({first.get('failed_ranks')} rank(s) failed in all). Its stderr ends:</p>"
-                   f"<pre>{e(chr(10).join(first['stderr_tail']))}</pre>")
-    elif end.get("aborted"):
-        out.append("<p>aborted by vetting before the command started.</p>")
-    elif unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:
-        out.append(f"<p>{e(unended[0]['message'])}.</p>")
-    else:
-        out.append(f"<p>every rank ended with exit code 0; the run's exit code is {end['exit_code']}.</p>")
-    out.append("</section><section id='run-watch'><h2>While it ran</h2>")
-    events = timeline_lines(rep)
-    out.append("<ul>" + "".join(f"<li>{e(line)}</li>" for line in events) + "</ul>" if events
-               else "<p class='muted'>the watch saw no crash, hang or straggler</p>")
-    for c in (hang.get("verdict") or {}).get("culprits") or []:
-        out.append(f"<p>culprit: rank {c['rank']} on {e(str(c.get('node')))}: <code>{e(str(c.get('where')))}</code> "
-                   f"({e(c['why'])})</p>")
-    out.append("</section><section id='run-observe'><h2>Throughput, stragglers, stalls</h2>")
+        return {"kind": "hung", "exit_code": HANG}
+    if end.get("requeued"):
+        return {"kind": "requeued", "what": requeue.describe(end["requeued"])}
+    if first:
+        return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node")), "exit_code": first["exit_code"],
+                "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
+    if end.get("aborted"):
+        return {"kind": "aborted"}
+    if unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:
+        return {"kind": "unended", "message": unended[0]["message"]}
+    return {"kind": "ok", "exit_code": end["exit_code"]}
+
+
+def _parts_views(rep: dict[str, Any]) -> dict[str, Any]:
+    """The observe sections of each attempt and the score's, as their own pages show them."""
+    from hpcml.observe.html import view as observe_view
+    from hpcml.score.html import view as score_view
     parts = rep.get("_parts") or {}
-    from hpcml.observe.html import render as observe_page
-    for a, obs in zip(rep["attempts"], parts.get("attempts") or []):    # a requeued job's earlier attempts
-        out.append(f"<h3>attempt {a['attempt']}</h3>")
-        out.append(observe_page(obs, embedded=True) if obs is not None
-                   else f"<p class='muted'>{e(str(a['observe_missing']))}</p>")
-    if rep["attempts"]:
-        out.append(f"<h3>attempt {rep['job'].get('attempt') or 0}</h3>")
-    if parts.get("observe") is not None:
-        out.append(observe_page(parts["observe"], embedded=True))
-    else:
-        out.append(f"<p class='muted'>{e(str(rep.get('observe_missing')))}</p>")
-    out.append("</section><section id='run-score'><h2>GPU saturation</h2>")
-    if parts.get("score") is not None:
-        from hpcml.score.html import render as score_page
-        out.append(score_page(parts["score"], embedded=True))
-    else:
-        out.append(f"<p class='muted'>no GPU score: {e(str(rep.get('score_missing')))}</p>")
-    out.append("</section></body></html>")
-    return "".join(out)
+    observes = [{"heading": f"attempt {a['attempt']}", "view": observe_view(obs) if obs is not None else None,
+                 "missing": str(a["observe_missing"])}
+                for a, obs in zip(rep["attempts"], parts.get("attempts") or [])]      # a requeued job's earlier attempts
+    observes.append({"heading": f"attempt {rep['job'].get('attempt') or 0}" if rep["attempts"] else None,
+                     "view": observe_view(parts["observe"]) if parts.get("observe") is not None else None,
+                     "missing": str(rep.get("observe_missing"))})
+    return {"observes": observes, "score": score_view(parts["score"]) if parts.get("score") is not None else None,
+            "score_missing": str(rep.get("score_missing"))}
+
+
+def render(rep: dict[str, Any]) -> str:
+    from hpcml.htmlkit import render as render_page
+    vet, env = rep["vet"], rep["env"]
+    return render_page(
+        "run.html.j2", job_id=str(rep["job"].get("job_id") or "local"), path=rep["path"], job=_job_rows(rep),
+        findings=[(f"[{f['source']}] {f['message']}", f["advice"]) for f in rep["findings"]],
+        vet=None if not vet else {"protocol": str(vet.get("protocol") or ""), "decision": vet["decision"],
+                                  "good": len(vet["good"]), "bad": len(vet["bad"]), "duration_s": vet.get("duration_s"),
+                                  "rows": _vet_rows(rep)},
+        env=json.dumps(env, indent=2, default=str) if env else None,
+        attempts=None if not rep["attempts"] else {
+            "how": "Restarted by hpcml run" if rep.get("recovery") else "A requeued Slurm job",
+            "count": len(rep["attempts"]) + 1, "lines": _attempt_lines(rep)},
+        ended=_ended(rep), events=timeline_lines(rep),
+        culprits=[{"rank": c["rank"], "node": str(c.get("node")), "where": str(c.get("where")), "why": c["why"]}
+                  for c in (((rep.get("watch") or {}).get("hang") or {}).get("verdict") or {}).get("culprits") or []],
+        **_parts_views(rep))
 
 
 def write(rep: dict[str, Any], path: str | Path) -> Path:

@@ -4,12 +4,12 @@ Same rules as observe's job report, whose SVG helpers it reuses (``hpcml.observe
 inline SVG and one inline PNG (the GPU x time heatmap), no JavaScript, no network, so the
 file opens offline years later. Missing values (None) are gaps in lines and bands and grey
 in the heatmap, never 0. The formulas are the scorer's own docstring, read at render
-time, so the page cannot drift from the code.
+time, so the page cannot drift from the code. The page is ``templates/score.html.j2``, its
+sections ``templates/score_parts.html.j2``, which ``hpcml run``'s report embeds.
 """
 
 from __future__ import annotations
 
-import html
 import math
 import re
 import textwrap
@@ -18,10 +18,11 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from markupsafe import Markup
 
 from hpcml.files import write_atomic
-from hpcml.htmlkit import CSS as _OBSERVE_CSS
-from hpcml.htmlkit import PALETTE, fmt_duration, fmt_number, heatmap, line_chart, table
+from hpcml.htmlkit import PALETTE, fmt_duration, fmt_number, heatmap, line_chart, no_data
+from hpcml.htmlkit import render as render_page
 from hpcml.score import model
 from hpcml.score.report import PLOTTED_FIELDS
 
@@ -50,15 +51,6 @@ FIELD_INFO: dict[str, tuple[str, str, tuple[float, float] | None]] = {
     "fb_used": ("framebuffer used", "MiB", None),
 }
 
-CSS = _OBSERVE_CSS + """
-.headline{display:flex;gap:36px;align-items:center;margin:14px 0}
-.score{font-size:46px;font-weight:700;line-height:1} .bound{font-size:16px;color:#444}
-.banner{background:#fff3cd;border:1px solid #e0c060;padding:10px 14px;margin:12px 0;font-size:15px}
-.top{background:#fdecea;border-left:4px solid #b03000;padding:8px 12px;font-size:15px;margin:8px 0}
-.notes li{color:#7a5a00} .doc{max-width:900px;font-size:14px;line-height:1.45} code{font-size:13px}
-.metric p.muted{margin:4px 0 10px}
-"""
-
 
 # ------------------------------------------------------------------------- small pieces
 
@@ -71,15 +63,17 @@ def _arr(values: list | None) -> np.ndarray:
     return np.array([np.nan if x is None else x for x in (values or [])], float)
 
 
-def _inline(text: str) -> str:
-    return re.sub(r"``(.+?)``", r"<code>\1</code>", html.escape(text))
+def _inline(text: str) -> list[tuple[str, bool]]:
+    """(text, is code) runs of a line: ````code```` marks code."""
+    return [(run, i % 2 == 1) for i, run in enumerate(re.split(r"``(.+?)``", text)) if run]
 
 
-def doc_html(doc: str | None) -> str:
-    """A docstring as HTML: blank-line paragraphs, ``- `` bullet lists, ````code````."""
+def doc_blocks(doc: str | None) -> list[tuple[str, list[list[tuple[str, bool]]]]] | None:
+    """A docstring as ("p" or "ul", its lines as :func:`_inline` runs): blank-line paragraphs,
+    ``- `` bullet lists; the template writes the markup. None: no docstring (``-OO``)."""
     if not doc:
-        return "<p class='muted'>(the formulas are unavailable: Python ran with -OO)</p>"
-    out = []
+        return None
+    out: list[tuple[str, list[list[tuple[str, bool]]]]] = []
     for block in re.split(r"\n\s*\n", textwrap.dedent(doc).strip()):
         lines = block.strip().splitlines()
         if lines[0].startswith("- "):
@@ -89,13 +83,13 @@ def doc_html(doc: str | None) -> str:
                     items.append(line[2:].strip())
                 else:
                     items[-1] += " " + line.strip()
-            out.append("<ul>" + "".join(f"<li>{_inline(i)}</li>" for i in items) + "</ul>")
+            out.append(("ul", [_inline(i) for i in items]))
         else:
-            out.append(f"<p>{_inline(' '.join(x.strip() for x in lines))}</p>")
-    return "".join(out)
+            out.append(("p", [_inline(" ".join(x.strip() for x in lines))]))
+    return out
 
 
-def breakdown_chart(breakdown: dict[str, float | None], bound: str | None) -> str:
+def breakdown_chart(breakdown: dict[str, float | None], bound: str | None) -> Markup:
     """Compute / memory / interconnect as horizontal bars on a fixed 0-1 scale."""
     w, lw, bw, row = 560, 110, 340, 26
     h = 16 + row * len(PARTS) + 18
@@ -119,7 +113,7 @@ def breakdown_chart(breakdown: dict[str, float | None], bound: str | None) -> st
                  f"<text x='{lw + bw + 8}' y='{y + 15}' style='font-size:13px;{weight}'>{v:.2f}"
                  f"{'  ← bound' if part == bound else ''}</text>")
     s.append("</svg>")
-    return "".join(s)
+    return Markup("".join(s))       # numbers and the fixed PARTS only
 
 
 def _centres(t: list, t_end: float) -> np.ndarray:
@@ -146,16 +140,15 @@ def _outside(rep: dict, t_end: float) -> list[tuple[float, float]]:
 
 
 def _metric_chart(t: np.ndarray, name: str, m: dict | None, spans, *, title: str | None = None,
-                  unit: str = "", ylim=None, colour: str = PALETTE[0]) -> str:
+                  unit: str = "", ylim=None, colour: str = PALETTE[0]) -> tuple[str, Markup]:
+    """(the metric's name, its chart or its "no data" line)."""
     title = title or name
     if not m or not len(t):
-        return f"<div class='metric' data-metric='{html.escape(name)}'><p class='muted'>{html.escape(title)}: " \
-               "no data</p></div>"
+        return name, no_data(title)
     mean, lo, hi = _arr(m.get("mean")), _arr(m.get("min")), _arr(m.get("max"))
-    chart = line_chart(t, title=title, unit=unit, ylim=ylim, spans=spans, span_fill=OUTSIDE,
-                       span_label="outside the scored span", lines=[("mean of GPUs", mean, colour)],
-                       bands=[(lo, hi, colour)])
-    return f"<div class='metric' data-metric='{html.escape(name)}'>{chart}</div>"
+    return name, line_chart(t, title=title, unit=unit, ylim=ylim, spans=spans, span_fill=OUTSIDE,
+                            span_label="outside the scored span", lines=[("mean of GPUs", mean, colour)],
+                            bands=[(lo, hi, colour)])
 
 
 def _start(rep: dict) -> str:
@@ -183,49 +176,8 @@ def _gpu_rows(per_gpu: list[dict]) -> list[list[str]]:
 
 # ------------------------------------------------------------------------- the page
 
-def render(report: dict, embedded: bool = False) -> str:
-    """The whole page as a string; ``embedded``: its sections only, for a page that has its
-    own title and one findings list (``hpcml run``'s report)."""
-    rep = report
-    e = html.escape
-    meta = rep.get("meta") or {}
-    job = meta.get("job_id") or meta.get("job")
-    source = str(rep.get("source") or "")
-    name = f"job {job}" if job else source or "recording"
-    temporal = bool(rep.get("temporal_only"))
-    score = None if temporal else rep.get("score")
-    bound = None if temporal else rep.get("bound")
-    series = rep.get("series") or {}
-    metrics = series.get("metrics") or {}
-    dt = rep.get("interval_s") or 1.0
-    t_end = float((rep.get("duration_s") or 0.0) + dt)
-    t = _centres(series.get("t") or [], t_end)
-    spans = _outside(rep, t_end)
-
-    out = ["<div class='hpcml-score'>"] if embedded else [
-           "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-           f"<title>hpcml score {e(name)}</title><style>{CSS}</style></head><body>",
-           "<div id='hpcml-score'>", f"<h1>GPU saturation score: {e(name)}</h1>"]
-    out += [f"<div class='muted'>source {e(source)} · {rep.get('gpus', 0)} GPUs on {rep.get('nodes', 0)} nodes · "
-           f"start {e(_start(rep))} · duration {fmt_duration(rep.get('duration_s') or 0)} · "
-           f"sample interval {fmt_number(rep.get('interval_s'))} s</div>"]
-    if temporal:
-        out.append("<div class='banner' id='temporal-only'><b>Temporal utilisation only — no saturation score.</b> "
-                   "NVML says when a kernel ran, not how much of the GPU it used; record with DCGM (a host "
-                   "engine on the node) for a score.</div>")
-
-    # headline
-    if score is None:
-        head = "<div class='score' id='score'>–</div><div class='bound' id='bound'>no score"
-        head += " (temporal utilisation only)" if temporal else " (no profiling fields in the scored span)"
-        head += "</div>"
-    else:
-        head = (f"<div><div class='score' id='score'>{score:.2f}</div><div class='muted'>median over GPUs, "
-                f"0-1</div></div><div class='bound' id='bound'>"
-                + (f"<b>{e(bound)}</b>-bound" if bound else "bound unknown") + "</div>")
-    out.append(f"<div class='headline'>{head}</div>")
-    if not temporal:
-        out.append(breakdown_chart(rep.get("breakdown") or {}, bound))
+def _facts(rep: dict, meta: dict) -> list[tuple[str, str]]:
+    """gssr, imbalance, the scored span, energy and the recording's own metadata."""
     imb = rep.get("imbalance") or {}
     span = rep.get("span_s")
     kv = [("gssr (for comparison)", f"{_num(rep.get('gssr'))} — gssr's documented formula computed on the same "
@@ -236,69 +188,67 @@ def render(report: dict, embedded: bool = False) -> str:
            if span else "none: no active span found")]
     if rep.get("energy_wh") is not None:
         kv.append(("energy", f"{rep['energy_wh']:,.1f} Wh on {rep.get('energy_gpus')} GPUs (whole recording)"))
-    kv += [(str(k), str(v)) for k, v in meta.items() if isinstance(v, (str, int, float)) and k not in ("job_id", "job")]
-    out.append("<table class='kv'>" + "".join(f"<tr><td>{e(k)}</td><td>{e(v)}</td></tr>" for k, v in kv)
-               + "</table>")
+    return kv + [(str(k), str(v)) for k, v in meta.items() if isinstance(v, (str, int, float)) and k not in ("job_id", "job")]
 
-    # findings and notes
-    findings = [f for f in rep.get("findings") or [] if not (temporal and f.startswith(TEMPORAL))]
-    if not embedded:
-        out.append("<h2>Findings</h2>")
-        if findings:
-            out.append(f"<div class='top finding' id='top-finding'>{e(findings[0])}</div>")
-            if len(findings) > 1:
-                out.append("<ul>" + "".join(f"<li class='finding'>{e(f)}</li>" for f in findings[1:]) + "</ul>")
-        else:
-            out.append("<p>Nothing stands out.</p>")
-    if rep.get("notes"):
-        out.append("<h2>Notes</h2><ul class='notes'>" + "".join(f"<li>{e(str(n))}</li>" for n in rep["notes"])
-                   + "</ul>")
 
-    # over time
-    out.append("<h2>Over time</h2><p class='muted'>Per time bucket, each GPU's mean; lines are the mean across "
-               "GPUs, bands its min–max. Grey: outside the scored span. Gaps: no GPU reported.</p>")
+def _over_time(rep: dict, temporal: bool) -> dict[str, Any]:
+    """The charts: score and contributions (not for temporal-only), the heatmap, each metric."""
+    series = rep.get("series") or {}
+    metrics = series.get("metrics") or {}
+    dt = rep.get("interval_s") or 1.0
+    t_end = float((rep.get("duration_s") or 0.0) + dt)
+    t = _centres(series.get("t") or [], t_end)
+    spans = _outside(rep, t_end)
+    out: dict[str, Any] = {"score_chart": None, "contrib": None}
     if not temporal:
-        out.append(_metric_chart(t, "score", metrics.get("score"), spans, title="score", ylim=(0, 1)))
+        out["score_chart"] = _metric_chart(t, "score", metrics.get("score"), spans, title="score", ylim=(0, 1))
         contrib = [(p, _arr((metrics.get(p) or {}).get("mean")), COLOURS[p]) for p in PARTS]
         contrib = [(p if np.isfinite(y).any() else f"{p} (no data)", y, c) for p, y, c in contrib if len(y) == len(t)]
-        chart = line_chart(t, title="contributions: compute, memory, interconnect (mean of GPUs)", lines=contrib,
-                           ylim=(0, 1), spans=spans, span_fill=OUTSIDE, span_label="outside the scored span") \
-            if contrib and len(t) else "<p class='muted'>contributions: no data</p>"
-        out.append(f"<div class='contrib'>{chart}</div>")
+        out["contrib"] = line_chart(t, title="contributions: compute, memory, interconnect (mean of GPUs)", lines=contrib,
+                                    ylim=(0, 1), spans=spans, span_fill=OUTSIDE, span_label="outside the scored span") \
+            if contrib and len(t) else no_data("contributions")
     hm = rep.get("heatmap") or {"values": [], "labels": [], "group": 1}
     grp = ""
     if hm.get("group", 1) > 1:                 # "a … b" labels do not fit the margin: first GPU of each group
         grp = f" (groups of {hm['group']} GPUs from the one named, lowest shown)"
         hm = dict(hm, labels=[str(x).split(" … ")[0] for x in hm.get("labels", [])])
-    out.append("<div class='heatmap'>" + heatmap(hm, t_end, title=f"score per GPU × time{grp}", scale=(0.0, 1.0),
-                                                 unit="", legend="grey: no sample") + "</div>")
-
-    out.append("<h2>Metrics</h2><p class='muted'>DCGM fields, same reduction. Ratios on 0–1.</p>")
+    out["heatmap"] = heatmap(hm, t_end, title=f"score per GPU × time{grp}", scale=(0.0, 1.0), unit="",
+                             legend="grey: no sample")
+    out["metrics"] = []
     for field in list(PLOTTED_FIELDS) + sorted(set(metrics) - set(PLOTTED_FIELDS) - {"score", *PARTS}):
         desc, unit, ylim = FIELD_INFO.get(field, (field, "", None))
-        out.append(_metric_chart(t, field, metrics.get(field), spans, title=f"{field} — {desc}"
-                                 if desc != field else field, unit=unit, ylim=ylim))
+        out["metrics"].append(_metric_chart(t, field, metrics.get(field), spans, title=f"{field} — {desc}"
+                                            if desc != field else field, unit=unit, ylim=ylim))
+    return out
 
-    # tables
-    per_node = rep.get("per_node") or []
-    out.append("<h2>Nodes</h2>" + table(["node", "GPUs", "mean score", "lowest GPU score"],
-                                         [[n.get("node"), n.get("gpus"), _num(n.get("score")), _num(n.get("min"))]
-                                          for n in per_node]))
+
+def view(report: dict) -> dict[str, Any]:
+    """What the templates show of the score report: its values (escaped there) and charts."""
+    rep = report
+    meta = rep.get("meta") or {}
+    job = meta.get("job_id") or meta.get("job")
+    source = str(rep.get("source") or "")
+    temporal = bool(rep.get("temporal_only"))
+    score = None if temporal else rep.get("score")
+    bound = None if temporal else rep.get("bound")
     rows = _gpu_rows(rep.get("per_gpu") or [])
-    hidden = len(rows) - MAX_GPU_ROWS
-    out.append("<h2>GPUs</h2><p class='muted'>Lowest score first; medians over the scored span.</p>"
-               + table(["GPU", "score", "bound", "compute", "memory", "interconnect", "gssr", "SM active",
-                         "coverage", "samples", "model"], rows[:MAX_GPU_ROWS]).replace("<table>", "<table id='gpus'>", 1))
-    if hidden > 0:
-        out.append(f"<p class='muted' id='gpus-hidden'>{hidden} more GPUs not shown (higher scores).</p>")
+    return {"name": f"job {job}" if job else source or "recording", "source": source, "gpus": rep.get("gpus", 0),
+            "nodes": rep.get("nodes", 0), "start": _start(rep), "duration": fmt_duration(rep.get("duration_s") or 0),
+            "interval": fmt_number(rep.get("interval_s")), "temporal": temporal,
+            "score": None if score is None else f"{score:.2f}", "bound": bound,
+            "breakdown": None if temporal else breakdown_chart(rep.get("breakdown") or {}, bound),
+            "facts": _facts(rep, meta),
+            "findings": [f for f in rep.get("findings") or [] if not (temporal and f.startswith(TEMPORAL))],
+            "notes": [str(n) for n in rep.get("notes") or []], **_over_time(rep, temporal),
+            "per_node": [[n.get("node"), n.get("gpus"), _num(n.get("score")), _num(n.get("min"))]
+                         for n in rep.get("per_node") or []],
+            "per_gpu": rows[:MAX_GPU_ROWS], "hidden": len(rows) - MAX_GPU_ROWS, "doc": doc_blocks(model.__doc__),
+            "schema": rep.get("schema", rep.get("version", "?"))}
 
-    out.append(f"<h2>How the score is computed</h2><div class='doc'>{doc_html(model.__doc__)}</div>")
-    if embedded:
-        out.append("</div>")
-        return "\n".join(out).replace("<h2>", "<h3>").replace("</h2>", "</h3>")
-    out.append(f"<p class='muted'>Generated by hpcml score (report {rep.get('schema', rep.get('version', '?'))}).</p>"
-               "</div></body></html>")
-    return "\n".join(out)
+
+def render(report: dict) -> str:
+    """The whole page as a string."""
+    return render_page("score.html.j2", v=view(report))
 
 
 def write(report: dict, path: str | Path) -> Path:

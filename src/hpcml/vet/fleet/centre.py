@@ -93,12 +93,9 @@ def _unverified(t: dict[str, Any]) -> list[str]:
 
 
 def render_html(rep: dict[str, Any]) -> str:
-    """One offline page: no script, no external resource; every value escaped."""
-    import html
-
-    from hpcml.htmlkit import CSS, table
-    t = rep["totals"]
-    e = html.escape
+    """One offline page (``templates/centre.html.j2``): no script, no external resource; every
+    value escaped by the template."""
+    from hpcml.htmlkit import render
     nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["crashed"], n["lost"], n["excluded"], _when(n["last"]),
               vet_line(n["vet"])] for n in rep["nodes"]]
     owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], f"{o['gpu_hours']:,.1f}", _score(o["mean_score"]),
@@ -107,27 +104,8 @@ def render_html(rep: dict[str, Any]) -> str:
                          for j in o["lowest"])] for o in rep["owners"]]
     accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", f"{a['gpu_hours_lost']:,.1f}",
                  f"{a['time_lost_s'] / 3600:,.2f}"] for a in rep["accounts"]]
-    parts = [
-        "<!DOCTYPE html><html lang='en'><head><meta charset='utf-8'>",
-        f"<title>hpcml centre report since {e(_when(rep['since']))}</title><style>{CSS}</style></head><body>",
-        f"<h1>Centre report: {t['jobs']:,} jobs since {e(_when(rep['since']))} UTC</h1>",
-        f"<p id='totals'>{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
-        f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
-        f"{t['failed']:,} failed, {t['hung']:,} hung.</p>",
-        *[f"<p id='unverified'>{e(line.strip())}.</p>" for line in _unverified(t)],
-        "<h2>Nodes that hurt the most jobs</h2>",
-        "<p>Jobs that named the node as a straggler, a hang culprit, the node of a crashed rank, lost, or excluded "
-        "by vetting (verified summaries only), beside the "
-        "node's own vetting history: a node vetting never caught is the one to drain or test harder.</p>",
-        "<div id='nodes'>" + (table(["node", "jobs", "straggler", "culprit", "crashed", "lost", "excluded", "last",
-                                     "vetting"],
-                                    nodes) if nodes else "<p>No job named a node in the window.</p>") + "</div>",
-        "<h2>Lowest GPU scores by user and account</h2>",
-        "<div id='owners'>" + (table(["user", "account", "jobs", "GPU-h", "mean score", "idle GPU-h", "lowest jobs"],
-                                     owners) if owners else "<p>No job in the window has a GPU score.</p>") + "</div>",
-        "<h2>Time lost to faults by account</h2>",
-        "<div id='accounts'>" + (table(["account", "jobs", "GPU-h", "GPU-h lost", "hours lost"], accounts)
-                                 if accounts else "<p>No jobs in the window.</p>") + "</div>",
-        "</body></html>",
-    ]
-    return "\n".join(parts)
+    t = rep["totals"]
+    totals = (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost {t['gpu_hours_lost']:,.1f} "
+              f"GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); {t['failed']:,} failed, {t['hung']:,} hung")
+    return render("centre.html.j2", since=_when(rep["since"]), jobs=f"{t['jobs']:,}", totals=totals,
+                  unverified=[line.strip() for line in _unverified(t)], nodes=nodes, owners=owners, accounts=accounts)
