@@ -62,7 +62,6 @@ def test_stop_group_terms_waits_then_kills_what_ignored_it():
     import signal
     import subprocess
     import sys
-    import time
 
     import psutil
 
@@ -71,16 +70,15 @@ def test_stop_group_terms_waits_then_kills_what_ignored_it():
               "subprocess.Popen([sys.executable, '-c', 'import signal, time; signal.signal(signal.SIGTERM, "
               "signal.SIG_IGN); print(1, flush=True); time.sleep(300)'])\n"
               "time.sleep(300)\n")
-    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True)
-    deadline = time.monotonic() + 60
-    while len(psutil.Process(leader.pid).children()) < 1 and time.monotonic() < deadline:
-        time.sleep(0.02)
+    leader = subprocess.Popen([sys.executable, "-c", script], start_new_session=True, stdout=subprocess.PIPE, text=True)
+    assert leader.stdout is not None and leader.stdout.readline() == "1\n"     # the child ignores TERM now
     child = psutil.Process(leader.pid).children()[0]
     assert stop_group(leader.pid, 5.0, lambda: leader.poll() is not None) is True
     child.wait(timeout=30)
     assert not [p for p in psutil.process_iter() if _pgid(p.pid) == leader.pid]
     assert stop_group(leader.pid, 1.0, lambda: True) is True      # a group already gone: nothing to do
     assert leader.returncode == -signal.SIGTERM and os.getpgid(0) != leader.pid
+    leader.stdout.close()
 
 
 def _pgid(pid: int) -> int | None:

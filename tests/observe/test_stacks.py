@@ -25,10 +25,15 @@ def test_the_main_threads_stack_of_a_stuck_program():
     p = subprocess.Popen([sys.executable, "-c", PROGRAM], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "ready\n"
-        time.sleep(0.2)
-        got = dump(p.pid)
-        assert "error" not in got, got
-        frames = main_thread(got)
+        # "ready" comes just before stuck() is called: read again until the main thread is in it
+        # (a bound, not a guessed delay); a dump that never shows stuck() fails below
+        deadline = time.monotonic() + 30
+        while True:
+            got = dump(p.pid)
+            assert "error" not in got, got
+            frames = main_thread(got)
+            if frames[:1] and frames[0]["name"] == "stuck" or time.monotonic() > deadline:
+                break
         assert [(f["name"], f["line"]) for f in frames] == [("stuck", 6), ("<module>", 9)]
         assert len(got["threads"]) == 2
     finally:

@@ -297,6 +297,7 @@ import json, os, sys, time
 from pathlib import Path
 from hpcml.samplers.claim import claim_gpus
 go = Path(sys.argv[1])
+print("ready", flush=True)
 while not go.exists():
     time.sleep(0.001)
 c = claim_gpus(sys.argv[3].split(","))
@@ -315,7 +316,7 @@ def test_two_processes_claiming_overlapping_gpus_never_share_one(tmp_path):
     sets = [[str(i) for i in range(0, 12)], [str(i) for i in range(4, 16)]]
     procs = [subprocess.Popen([sys.executable, str(script), str(go), str(done), ",".join(s)], env=env,
                               stdout=subprocess.PIPE, text=True) for s in sets]
-    time.sleep(0.5)
+    assert [p.stdout.readline() for p in procs] == ["ready\n"] * 2    # both wait for the go
     go.touch()                                               # both start claiming at once
     got = [json.loads(p.stdout.readline()) for p in procs]
     done.touch()

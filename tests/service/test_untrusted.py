@@ -153,24 +153,39 @@ def test_two_ups_at_once_leave_one_server_that_down_stops(tmp_path):
     assert _servers(directory) == []
 
 
+#: a process of ours that is not the service: it says which signals reach it, and answers each
+#: line it reads; a signal sent before a line is written is handled before that line's answer
+VICTIM = ("import signal, sys\n"
+          "for s in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):\n"
+          "    signal.signal(s, lambda n, f: print('signal', n, flush=True))\n"
+          "print('ready', flush=True)\n"
+          "for line in sys.stdin:\n"
+          "    print('read', line.strip(), flush=True)\n")
+
+
 def test_down_never_signals_a_process_that_is_not_the_service(tmp_path, venv):
     """``service.json`` pointing at another process of ours (a reused pid, an edited file),
-    even with that process's start time copied in: ``down`` leaves it alone."""
+    even with that process's start time copied in: ``down`` leaves it alone. Whether it was
+    signalled is asked of the victim after ``down`` has ended (a line it must answer before
+    anything else), not guessed from a delay."""
     env = _env(tmp_path)
     out = hpcml(["service", "up", str(_blueprint(tmp_path))], env)
     assert out.returncode == 0, out.stderr
     directory = tmp_path / "state" / "web"
     path = directory / "service.json"
     real = json.loads(path.read_text())
-    victim = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "hpcml-test-victim-7f3a"],
-                              start_new_session=True)
+    victim = subprocess.Popen([sys.executable, "-c", VICTIM, "hpcml-test-victim-7f3a"], start_new_session=True,
+                              stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    assert victim.stdin is not None and victim.stdout is not None and victim.stdout.readline() == "ready\n"
     try:
         for started in (real["pid_started"], psutil.Process(victim.pid).create_time()):
             path.write_text(json.dumps({**real, "pid": victim.pid, "pgid": victim.pid, "pid_started": started}))
             out = hpcml(["service", "down", "web"], env)
             assert out.returncode == 0 and "nothing signalled" in out.stderr, (out.stdout, out.stderr)
-            time.sleep(0.5)                                 # a TERM sent would have landed by now
-            assert victim.poll() is None, "down signalled a process that is not the service"
+            victim.stdin.write(f"after down {started}\n")
+            victim.stdin.flush()
+            assert victim.stdout.readline() == f"read after down {started}\n", \
+                "down signalled a process that is not the service (or killed it)"
         path.write_text(json.dumps(real))
         out = hpcml(["service", "down", "web"], env)
         assert out.returncode == 0 and "web: stopped" in out.stdout, out.stderr

@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.farm.farmtools import wait_for
+
 ROOT = Path(__file__).parents[2]
 CPU = ROOT / "examples" / "vet" / "cpu.yaml"
 
@@ -118,34 +120,49 @@ def test_setup_builds_a_cached_venv_once(tmp_path):
 
 def test_ctrl_c_stops_every_check_writes_the_report_and_says_so(tmp_path):
     """Issue 19: Ctrl-C left the forked check running at full CPU, with no report and no word.
-    The checks run in their own process groups, so the terminal's SIGINT reaches only hpcml."""
+    The checks run in their own process groups, so the terminal's SIGINT reaches only hpcml.
+    The SIGINT is sent once the hanging check says it runs (its pid in a file), never after a
+    guessed delay: a check not started yet would pass this test without being stopped."""
     import signal
-    import time
 
     import psutil
     root = Path(__file__).resolve().parents[2]
+    started = tmp_path / "started"
     (tmp_path / "p.yaml").write_text(
         "name: slow\nevals:\n  - {name: quick, type: memory, min_available_fraction: 1%}\n"
-        "  - {name: stuck, type: tests.plugins.testchecks.Hang, seconds: 60, timeout: 120 s}\n")
+        f"  - {{name: stuck, type: tests.plugins.handshake.HangOnceStarted, started: '{started}', seconds: 60,"
+        " timeout: 120 s}\n")
     out = tmp_path / "out"
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PYTHONPATH"] = str(root)
     p = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "run", "p.yaml", "--local", "--out", str(out)],
                          cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    time.sleep(3)
-    children = [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
-    assert children, "the hanging check should be running in a child"
-    p.send_signal(signal.SIGINT)
-    stdout, stderr = p.communicate(timeout=60)
+    try:
+        wait_for(lambda: started.exists() or p.poll() is not None, 120, "the hanging check to start")
+        assert started.exists(), p.communicate(timeout=60)
+        check = int(started.read_text())
+        assert check in [c.pid for c in psutil.Process(p.pid).children(recursive=True)]
+        p.send_signal(signal.SIGINT)
+        stdout, stderr = p.communicate(timeout=60)
+    finally:
+        p.kill()
     assert p.returncode == 130, (stdout, stderr)
     assert "interrupted" in stderr and "Traceback" not in stderr
-    time.sleep(0.2)
-    assert not [pid for pid in children if psutil.pid_exists(pid) and psutil.Process(pid).status() != "zombie"]
+    # killed before hpcml exited: gone once the kernel has finished with it (reaped, or a zombie)
+    wait_for(lambda: not _running(check), 30, f"the check (pid {check}) to end")
     rep = json.loads((out / "report.json").read_text())
     results = {r["check"]: r for r in rep["nodes"][next(iter(rep["nodes"]))]["results"]}
     assert results["stuck"]["outcome"] == "error" and "interrupted" in results["stuck"]["message"]
     assert results["quick"]["outcome"] == "pass"
     assert any("interrupted" in n for n in rep["notes"])
+
+
+def _running(pid: int) -> bool:
+    import psutil
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
 
 
 def _vet_local(tmp_path, protocol: str, *extra):

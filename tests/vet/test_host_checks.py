@@ -184,10 +184,10 @@ def test_mount_probe_starved_of_cpu_is_waited_for():
         end = time.thread_time() + 0.3
         while time.thread_time() < end:
             pass
-    spin = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
-    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    spin = "import os; os.sched_setaffinity(0, {0}); print('pinned', flush=True)\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     try:
-        time.sleep(0.2)
+        assert [p.stdout.readline() for p in busy] == ["pinned\n"] * 3       # all three on CPU 0 now
         t = threading.Thread(target=work, daemon=True)
         start = time.monotonic()
         t.start()

@@ -38,10 +38,10 @@ def test_check_starved_of_cpu_is_told_apart_from_a_hang():
     closed), but the message and details say it waited for a CPU."""
     import subprocess
     import sys
-    spin = "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"
-    busy = [subprocess.Popen([sys.executable, "-c", spin]) for _ in range(3)]
+    spin = "import os; os.sched_setaffinity(0, {0}); print('pinned', flush=True)\nwhile True: pass"
+    busy = [subprocess.Popen([sys.executable, "-c", spin], stdout=subprocess.PIPE, text=True) for _ in range(3)]
     try:
-        time.sleep(0.2)
+        assert [p.stdout.readline() for p in busy] == ["pinned\n"] * 3       # all three on CPU 0 now
         ev = _ev("  - {name: s, type: tests.plugins.testchecks.Spin, timeout: 1.5}\n")[0]
         r = run_check(ev, CTX, time.time() + 30)
     finally:
