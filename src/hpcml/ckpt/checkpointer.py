@@ -40,9 +40,9 @@ from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
+from hpcml.cluster import taskenv
 from hpcml.cluster.ranks import initialised_dist, ranks, restart_count
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.farm import taskenv
 from hpcml.files import fsync_dir
 from hpcml.units import parse_rate
 

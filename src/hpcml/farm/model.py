@@ -21,6 +21,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from hpcml.cluster.taskenv import OBSERVE as OBSERVE  # a task is told these two (taskenv)
+from hpcml.cluster.taskenv import RUNS as RUNS
 from hpcml.schemas import tag
 
 FARM_SCHEMA = tag("farm", 1)
@@ -33,9 +35,8 @@ RESULTS_SCHEMA = tag("farm.results", 1)
 
 FARM_FILE = "farm.json"
 TASKS_FILE = "tasks.jsonl"
-CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES = "claims", "ends", "logs", "observe", "workers", "nodes"
+CLAIMS, ENDS, LOGS, WORKERS, NODES = "claims", "ends", "logs", "workers", "nodes"
 SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
-RUNS = "runs"                      # not made by create: an older farm has none
 
 #: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended;
 #: "damaged": never written, what a reader makes of an end or claim file that is not a record

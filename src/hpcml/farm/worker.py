@@ -35,6 +35,7 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
+from hpcml.cluster.taskenv import attempt_environment, task_environment
 from hpcml.farm import guard
 from hpcml.farm.claim import View, finish, load_end, try_claim
 from hpcml.farm.lease import Liveness, identity
@@ -42,7 +43,6 @@ from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OK, 
 from hpcml.farm.nodes import retire
 from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
-from hpcml.farm.taskenv import attempt_environment, task_environment
 from hpcml.files import write_atomic
 from hpcml.proctree import die_with_parent, signal_group, start_time
 

@@ -24,9 +24,9 @@ from pathlib import Path
 
 from hpcml.cluster.ranks import restart_count
 from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
+from hpcml.cluster.taskenv import FarmTask
+from hpcml.cluster.taskenv import current as farm_task
 from hpcml.farm.model import RUNS, TASKS_FILE
-from hpcml.farm.taskenv import FarmTask
-from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import load_json_bounded, read_bounded
 from hpcml.observe.store import RANK_META
 

@@ -14,11 +14,11 @@ import os
 from pathlib import Path
 from typing import Any
 
+from hpcml.cluster.taskenv import run_dirs
 from hpcml.errors import UsageError
 from hpcml.farm.lease import Liveness
 from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
 from hpcml.farm.status import open_view, task_state
-from hpcml.farm.taskenv import run_dirs
 
 
 def last_metrics(directory: str) -> dict[str, float]:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from hpcml.cluster.allocation import current, task_gpus
-from hpcml.farm.taskenv import attempt_environment, task_environment
-from hpcml.farm.taskenv import current as farm_task
+from hpcml.cluster.taskenv import attempt_environment, task_environment
+from hpcml.cluster.taskenv import current as farm_task
 from hpcml.observe.recorder import Task
 
 
