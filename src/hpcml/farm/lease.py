@@ -1,7 +1,8 @@
 """Is a worker alive? Its file ``workers/WID`` says who it is; its mtime is its heartbeat.
 
 Checks, most certain first (see claim.py for why this makes claiming safe):
-same host (hostname, boot id and pid namespace) -> the pid with the same process start time;
+same host (hostname, boot id and pid namespace) -> the pid with the same process start time,
+another boot -> dead (``hpcml.owner.local_liveness``);
 another Slurm allocation -> that job still running (``scontrol show job``);
 otherwise the lease: the heartbeat's mtime must change within ``lease`` seconds of the
 observer's own monotonic clock, so clocks of different hosts are never compared.
@@ -11,35 +12,19 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import time
 from pathlib import Path
 from typing import Any
 
 from hpcml.farm.model import WORKER_SCHEMA, WORKERS
-from hpcml.proctree import start_time
-
-
-def boot_id() -> str:
-    try:
-        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()
-    except OSError:
-        return ""
-
-
-def pid_namespace() -> int:
-    """The inode of this process's pid namespace: pids are comparable only within one."""
-    try:
-        return os.stat("/proc/self/ns/pid").st_ino
-    except OSError:
-        return 0
+from hpcml.owner import Liveness as Life
+from hpcml.owner import Owner, job_liveness, local_liveness
 
 
 def identity(wid: str, node: str, job: str | None, gpus: tuple[str, ...]) -> dict[str, Any]:
-    """What a worker writes about itself."""
-    return {"schema": WORKER_SCHEMA, "worker": wid, "node": node, "host": socket.gethostname(),
-            "boot_id": boot_id(), "pidns": pid_namespace(), "pid": os.getpid(), "pid_start": start_time(os.getpid()),
-            "job": job, "gpus": list(gpus), "started": time.time()}
+    """What a worker writes about itself (``started``: when it began work)."""
+    return {"schema": WORKER_SCHEMA, "worker": wid, "node": node, **Owner.me().to_json(), "job": job,
+            "gpus": list(gpus), "started": time.time()}
 
 
 class Liveness:
@@ -47,7 +32,8 @@ class Liveness:
 
     def __init__(self, farm: Path, lease: float, job: str | None, window: float = 5.0):
         self.farm, self.lease, self.job, self.window = farm, lease, job, window
-        self.host, self.boot, self.pidns = socket.gethostname(), boot_id(), pid_namespace()
+        self.me = Owner.me()
+        self.boot, self.pidns = self.me.boot_id, self.me.pidns
         self._workers: dict[str, dict[str, Any]] = {}
         self._beats: dict[str, tuple[int, float]] = {}      # wid -> (mtime_ns, first seen at)
         self._jobs: dict[str, tuple[bool, float]] = {}
@@ -79,12 +65,8 @@ class Liveness:
 
     def _local(self, info: dict[str, Any]) -> bool | None:
         """Dead or not, for a worker on this host (its pid and start time); None elsewhere."""
-        if info.get("host") == self.host and info.get("boot_id") == self.boot and info.get("pid") \
-                and info.get("pidns", self.pidns) == self.pidns:
-            start = start_time(int(info["pid"]))
-            return start is None or (info.get("pid_start") is not None
-                                     and abs(start - float(info["pid_start"])) > 1.0)
-        return None
+        verdict = local_liveness(Owner.from_json(info), me=self.me)
+        return None if verdict is Life.UNKNOWN else verdict is Life.DEAD
 
     def seems_dead(self, wid: str) -> bool:
         """A snapshot for display (``farm status``): no file, its Slurm job over (as
@@ -115,13 +97,11 @@ class Liveness:
         return self._workers[wid]
 
     def _job_alive(self, job: str) -> bool:
-        """The job holds its allocation (``slurm.job_state``); True where Slurm cannot be
-        asked: the lease decides then."""
-        from hpcml.cluster import slurm
+        """The job holds its allocation (``hpcml.owner.job_liveness``); True where Slurm
+        cannot be asked: the lease decides then."""
         cached = self._jobs.get(job)
         if cached and time.monotonic() - cached[1] < self.window:
             return cached[0]
-        state = slurm.job_state(job)
-        alive = state is None or state in slurm.ALIVE
+        alive = job_liveness(job) is not Life.DEAD
         self._jobs[job] = (alive, time.monotonic())
         return alive

@@ -30,7 +30,6 @@ import fcntl
 import json
 import os
 import shutil
-import socket
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -42,7 +41,7 @@ from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import ENDS
 from hpcml.farm.taskenv import current as farm_task
 from hpcml.files import read_json, write_atomic
-from hpcml.proctree import start_time
+from hpcml.owner import LAUNCHER, Liveness, Owner, job_liveness, local_liveness
 from hpcml.schemas import tag
 
 SCHEMA = tag("run", 1)
@@ -118,39 +117,30 @@ def write_own(d: Path, data: dict[str, Any]) -> bool:
 
 def launcher() -> dict[str, Any]:
     """Who writes run.json: enough to tell later whether that process still runs."""
-    return {"pid": os.getpid(), "host": socket.gethostname(), "created": start_time(os.getpid())}
+    return Owner.me().to_json(LAUNCHER)
 
 
 def launcher_alive(run: dict[str, Any]) -> bool | None:
-    """Whether the run's ``hpcml run`` still runs: on this host by its pid and start time;
-    from another host (a login node beside the job's compute node) by its Slurm job's
-    state; None when neither can tell (another host, no Slurm to ask).
+    """Whether the run's ``hpcml run`` still runs: on this host by its pid and start time
+    (``hpcml.owner.local_liveness``: gone after a reboot); from another host (a login node
+    beside the job's compute node) by its Slurm job's state; None when neither can tell
+    (another host, no Slurm to ask).
 
     A ``local`` run inside a job (a farm task's) is not the job: a running job says nothing
     of it, an ended one that it is gone. A farm task's run is gone once the farm ended its
     attempt (``ends/ID.A``: the farm kills an attempt's whole process tree before that)."""
-    who = run.get("launcher") or {}
-    if who.get("host") == socket.gethostname() and who.get("pid"):
-        return _pid_alive(who)
+    here = local_liveness(Owner.from_json(run.get("launcher"), LAUNCHER))
+    if here is not Liveness.UNKNOWN:
+        return here is Liveness.ALIVE
     task = run.get("farm_task") if isinstance(run.get("farm_task"), dict) else {}
     if task and os.path.lexists(f"{task.get('farm')}/{ENDS}/{task.get('id')}.{task.get('attempt')}"):
         return False
     if not run.get("job_id"):
         return None
-    from hpcml.cluster import slurm
-    state = slurm.job_state(str(run["job_id"]))
-    if state is None or state not in slurm.ALIVE:
-        return None if state is None else False
+    job = job_liveness(str(run["job_id"]))
+    if job is not Liveness.ALIVE:
+        return None if job is Liveness.UNKNOWN else False
     return True if run.get("mode") != "local" or task else None     # a farm attempt not ended: it runs
-
-
-def _pid_alive(who: dict[str, Any]) -> bool:
-    """The launcher on this host still runs: its pid, with the start time it recorded."""
-    try:
-        started = start_time(int(who["pid"]))
-        return started is not None and abs(started - float(who["created"])) < 1.0
-    except (KeyError, TypeError, ValueError):
-        return False
 
 
 def restart_of(record: dict[str, Any]) -> int:
@@ -163,13 +153,12 @@ def is_requeue(prev: dict[str, Any], job_id: str | None, restart: int) -> bool:
     """The previous job in a directory is this Slurm job before Slurm requeued it: the same
     job id, a restart count above the one it recorded, and its launcher gone (on another
     host Slurm's requeue ended it; on this one its pid tells)."""
-    who = prev.get("launcher") or {}
     try:
         recorded = restart_of(prev)
     except (TypeError, ValueError):
         return False
     return bool(job_id) and str(prev.get("job_id")) == job_id and restart > recorded \
-        and not (who.get("host") == socket.gethostname() and _pid_alive(who))
+        and local_liveness(Owner.from_json(prev.get("launcher"), LAUNCHER)) is not Liveness.ALIVE
 
 
 def _make(d: Path) -> None:

@@ -2,33 +2,37 @@
 
 Several tasks per node often see the same GPU list (SLURM_STEP_GPUS / SLURM_JOB_GPUS list
 the node's GPUs for every task), and one task per GPU sees its own. Either way a task
-claims each of its GPUs by creating a file with ``O_CREAT | O_EXCL`` (atomic on a local
-file system) in a node-local directory: ``$SLURM_TMPDIR``, else ``/dev/shm``, else the
-temporary directory. The name holds the job id, the step id and the GPU (UUID or index),
-so steps and jobs never collide. The task samples only the GPUs it claimed and removes its
-claims when it stops.
+claims each of its GPUs with a file (``hpcml.owner.claim``: created whole, or not at all)
+in a node-local directory: ``$SLURM_TMPDIR``, else ``/dev/shm``, else the temporary
+directory. The name holds the job id, the step id and the GPU (UUID or index), so steps and
+jobs never collide. The task samples only the GPUs it claimed and removes its claims when
+it stops.
 
 A claim left by a task that died (its process is gone) is taken over: the file holds the
-owner's pid and process start time, and the take-over happens under a lock file, where the
-stale claim is checked again before it is removed and the new one created with
-``O_EXCL`` again, so two tasks never both win a GPU.
+owner's pid and process start time (``PID TICKS``: clock ticks since boot, as every hpcml
+version writes and reads it), and the take-over happens under a lock file (``LOCK``), where
+``hpcml.owner.claim`` checks the stale claim again before it replaces it, so two tasks never
+both win a GPU.
 """
 
 from __future__ import annotations
 
 import errno
-import fcntl
 import os
 import re
+import socket
 import tempfile
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Mapping, Sequence
 
+from hpcml.owner import PROC, Contended, Liveness, Owner, claim, liveness, read_record
+
 PREFIX = "hpcml-gpu-claim"
-LOCK = f"{PREFIX}.lock"
-EMPTY_GRACE_S = 5.0        # an empty claim older than this: its creator died mid-write
+LOCK = f"{PREFIX}.lock"    # held while a stale claim is taken over: any number of tasks race for it
+EMPTY_GRACE_S = 5.0        # an empty claim older than this: its creator (an older hpcml) died mid-write
 
 
 def claim_dir(env: Mapping[str, str] | None = None) -> Path:
@@ -58,28 +62,30 @@ def _safe(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9_.-]", "_", text)[:120]
 
 
-def _start_time(pid: int) -> str:
-    """The process's start time (clock ticks since boot), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat", encoding="ascii", errors="replace") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return ""
+def _token() -> str:
+    """``PID TICKS`` of this process (TICKS empty where it cannot be read)."""
+    pid = os.getpid()
+    ticks = PROC.start_ticks(pid)
+    return f"{pid} {'' if ticks is None else ticks}"
 
 
-def _owner_alive(content: str) -> bool:
+def _owner(content: bytes) -> Owner | None:
+    """The task a claim names, on this node; None for one half-written or foreign."""
     try:
-        pid_text, _, start = content.strip().partition(" ")
-        pid = int(pid_text)
+        pid_text, _, ticks = content.decode().strip().partition(" ")
+        return Owner(socket.gethostname(), int(pid_text), PROC.time_of(int(ticks)) if ticks else None)
     except ValueError:
-        return False                 # half-written or foreign: not ours to honour
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True                  # exists, another user's
-    return not start or _start_time(pid) in ("", start)
+        return None
+
+
+def _free(path: Path) -> Callable[[bytes | None], bool]:
+    """Whether the claim at ``path`` may be taken: its task is gone (or it names none)."""
+    def free(content: bytes | None) -> bool:
+        if content == b"":
+            return _age(path) >= EMPTY_GRACE_S       # an older hpcml's, being written right now
+        owner = _owner(content) if content is not None else None
+        return owner is None or liveness(owner) is Liveness.DEAD
+    return free
 
 
 def _age(path: Path) -> float:
@@ -87,15 +93,6 @@ def _age(path: Path) -> float:
         return time.time() - path.stat().st_mtime
     except OSError:
         return 0.0
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text()
-    except FileNotFoundError:
-        return None
-    except OSError:
-        return ""
 
 
 @dataclass
@@ -111,7 +108,7 @@ class GpuClaims:
     def release(self) -> None:
         """Remove this task's claims (only files that are still ours)."""
         for path in self.paths.values():
-            if _read(path) == self.token:
+            if read_record(path) == self.token.encode():
                 try:
                     path.unlink()
                 except FileNotFoundError:
@@ -125,50 +122,19 @@ class GpuClaims:
         self.release()
 
 
-def _create(path: Path, token: str) -> bool:
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, token.encode())
-    finally:
-        os.close(fd)
-    return True
-
-
-def _take_over(directory: Path, path: Path, token: str) -> bool:
-    """Replace a claim whose owner is gone; False if it is alive (or someone beat us)."""
-    lock_fd = os.open(directory / LOCK, os.O_CREAT | os.O_RDWR, 0o666)
-    try:
-        fcntl.flock(lock_fd, fcntl.LOCK_EX)
-        content = _read(path)
-        if content is None:
-            return _create(path, token)
-        if content == "" and _age(path) < EMPTY_GRACE_S:
-            return False            # being written right now by its creator
-        if content and _owner_alive(content):
-            return False
-        try:
-            path.unlink()
-        except FileNotFoundError:
-            pass
-        return _create(path, token)
-    finally:
-        os.close(lock_fd)
-
-
 def claim_gpus(gpus: Sequence[str], env: Mapping[str, str] | None = None,
                directory: str | os.PathLike | None = None) -> GpuClaims:
     """Claim each of ``gpus`` (indices or UUIDs) for this task on this node."""
     d = Path(directory) if directory is not None else claim_dir(env)
-    token = f"{os.getpid()} {_start_time(os.getpid())}"
+    token = _token()
     claims = GpuClaims(directory=d, token=token)
     where = scope(env)
     for gpu in dict.fromkeys(str(g) for g in gpus):
         path = d / f"{PREFIX}-{_safe(where)}-{_safe(gpu)}"
         try:
-            won = _create(path, token) or _take_over(d, path, token)
+            won = claim(path, token.encode(), _free(path), lock=d / LOCK)
+        except Contended:
+            won = False
         except OSError as exc:
             if exc.errno in (errno.EACCES, errno.EROFS, errno.ENOSPC):
                 won = True           # cannot coordinate here: record rather than lose data
