@@ -73,10 +73,7 @@ EXEMPT = {
 #: offenders in files being rewritten by others right now: (file, rule) -> what to do.
 #: Remove an entry once its file is fixed (the test fails until you do).
 PENDING = {
-    ("hpcml/run/report.py", "json-file"): "json.loads(p.read_text()) of a run's report files: files.read_json",
     ("hpcml/farm/lease.py", "json-file"): "json.loads(path.read_text()) of a worker's record: files.load_json_bounded",
-    ("hpcml/vet/fleet/collector/server.py", "duration-regex"): "_DURATION (s|m|min|h|d|w): units.parse_seconds "
-                                                                "(units has no 'w' yet)",
 }
 
 

@@ -154,6 +154,20 @@ def kill_orphans(keep: set[int]) -> tuple[list, bool]:
     return orphans, live
 
 
+def reap_orphans(keep: set[int], rounds: int = 100) -> None:
+    """``kill_orphans`` until none is left, each reaped: for a subreaper none of whose own
+    children (``keep``) is left to reap them through its Popen."""
+    for _ in range(rounds):
+        orphans, _ = kill_orphans(keep)
+        if not orphans:
+            return
+        for child in orphans:
+            try:
+                os.waitpid(child.pid, 0)
+            except ChildProcessError:
+                pass
+
+
 def _living_descendants() -> list:
     import psutil
 

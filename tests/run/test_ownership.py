@@ -20,6 +20,7 @@ import psutil
 import pytest
 
 from hpcml.errors import UsageError
+from hpcml.jobmodel import RunRecord
 from hpcml.run import jobdir
 from tests import needs
 
@@ -241,14 +242,14 @@ def test_the_same_slurm_job_requeued_continues_in_its_directory(tmp_path):
     d = tmp_path / "job"
     d.mkdir()
     gone = {"pid": 2 ** 22 + 1, "host": "elsewhere", "created": 1.0}
-    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "attempt": 1, "started": 1.0,
-                         "ended": 2.0, "launcher": gone})
-    assert jobdir.prepare(d, overwrite=False, job_id="77", restart=2)["job_id"] == "77"
+    jobdir.write_run(d, RunRecord(command=["x"], mode="slurm", job_id="77", attempt=1, started=1.0, ended=2.0,
+                                  launcher=gone))
+    assert jobdir.prepare(d, overwrite=False, job_id="77", restart=2).job_id == "77"
     for job_id, restart in (("77", 0), ("77", 1), ("78", 2), (None, 0)):
         with pytest.raises(UsageError, match="already holds a job"):
             jobdir.prepare(d, overwrite=False, job_id=job_id, restart=restart)
-    jobdir.write_run(d, {"command": ["x"], "mode": "slurm", "job_id": "77", "attempt": 1, "started": 1.0,
-                         "launcher": jobdir.launcher()})          # its launcher still runs, here
+    jobdir.write_run(d, RunRecord(command=["x"], mode="slurm", job_id="77", attempt=1, started=1.0,
+                                  launcher=jobdir.launcher()))          # its launcher still runs, here
     with pytest.raises(UsageError, match="holds a running job"):
         jobdir.prepare(d, overwrite=False, job_id="77", restart=2)
 
@@ -311,33 +312,58 @@ def test_two_overwrites_at_once_one_runs_and_keeps_its_files(tmp_path):
 
 def test_an_overwrite_waits_for_one_that_is_replacing_the_directory(tmp_path):
     """Deterministic form of the race above: a first overwrite (here the job directory's own
-    protocol in a real process, held for 2 s between removing the old job and claiming
-    run.json) and ``hpcml run --overwrite`` started inside that window. The second must
-    wait and then find the first's running job; without the lock it found no run.json,
-    claimed the directory and ran, and the first's claim failed."""
+    protocol in a real process) holds the directory between removing the old job and
+    claiming run.json, until the test lets it go; ``hpcml run --overwrite`` is started in
+    that window, and the first claims only once the kernel shows the second blocked on the
+    directory's lock (/proc/locks). The second must then find the first's running job;
+    without the lock it found no run.json, claimed the directory and ran, and the first's
+    claim failed."""
     marks = tmp_path / "marks"
     task = ["sh", "-c", f"echo ran >> {marks}"]
     assert hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--", *task, cwd=tmp_path).returncode == 0
     first = subprocess.Popen([PY, "-c", f"""
 import sys, time
 from pathlib import Path
+from hpcml.jobmodel import RunRecord
 from hpcml.run import jobdir
 d = Path({str(tmp_path / 'job')!r})
 with jobdir.claiming(d):
     assert jobdir.prepare(d, overwrite=True, job_id=None, restart=0) is None
     print("removed", flush=True)
-    time.sleep(2)
-    jobdir.write_run(d, {{"command": ["first"], "ended": None, "launcher": jobdir.launcher()}}, exclusive=True)
+    sys.stdin.readline()                           # the test's go: the second waits on the lock now
+    jobdir.write_run(d, RunRecord(command=["first"], mode="local", started=time.time(), ended=None,
+                                  launcher=jobdir.launcher()), exclusive=True)
 print("claimed", flush=True)
-time.sleep(60)
-"""], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+sys.stdin.readline()
+"""], stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=_env())
+    second = None
     try:
         assert first.stdout.readline() == "removed\n", first.stderr.read()
-        second = hpcml("run", "--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+        second = start("--ntasks", 1, "--dir", "job", "--no-report", "--overwrite", "--", *task, cwd=tmp_path)
+        _blocked_on_lock(tmp_path / "job", second.pid)
+        first.stdin.write("go\n")
+        first.stdin.flush()
         assert first.stdout.readline() == "claimed\n", first.stderr.read()
-        assert second.returncode == 2 and "running job" in second.stderr, second.stderr
+        rc, err = second.wait(timeout=WAIT), second.communicate()[1]
+        assert rc == 2 and "running job" in err, err
         assert json.loads((tmp_path / "job" / "run.json").read_text())["command"] == ["first"]
         assert lines(marks, "ran") == 1
     finally:
-        first.kill()
-        first.wait()
+        for p in (first, second):
+            if p is not None and p.poll() is None:
+                p.kill()
+                p.wait()
+
+
+def _blocked_on_lock(d: Path, pid: int, bound: float = 120.0) -> None:
+    """Wait until process ``pid`` waits for a flock on directory ``d`` (a ``->`` line of
+    /proc/locks naming its pid and the directory's inode), within ``bound`` seconds."""
+    inode = d.stat().st_ino
+    deadline = time.monotonic() + bound
+    while time.monotonic() < deadline:
+        for line in Path("/proc/locks").read_text().splitlines():
+            f = line.split()
+            if "->" in f and "FLOCK" in f and str(pid) in f and any(x.endswith(f":{inode}") for x in f):
+                return
+        time.sleep(0.05)
+    pytest.fail(f"hpcml run (pid {pid}) never waited for the lock on {d}")

@@ -19,11 +19,27 @@ import pytest
 from hpcml import schemas
 from hpcml.cluster import requeue
 from hpcml.errors import UsageError
+from hpcml.jobmodel import RunRecord
 from hpcml.observe.store import read_meta
-from hpcml.run import jobdir, launcher
+from hpcml.run import ending, jobdir
 from hpcml.testing.synthetic_job import make_job
 
 GONE = {"pid": 2 ** 22 + 1, "host": "n1", "created": 1.0}
+
+
+def write(d, doc: dict, exclusive: bool = False) -> None:
+    """run.json as the launcher writes it: through its model."""
+    jobdir.write_run(d, RunRecord.model_validate(doc), exclusive)
+
+
+def concluded(d, prev: dict, restart: int) -> dict:
+    """The next attempt's record of ``prev`` (``ending.conclude``), as run.json holds it."""
+    return ending.conclude(d, RunRecord.model_validate(prev), restart).to_json()
+
+
+def finished(d, info: dict, rc: int) -> int:
+    """The launcher's end of the attempt ``info`` (``ending.finish``): its exit code."""
+    return ending.finish(d, RunRecord.model_validate(info), rc)[0]
 
 
 def _valid(doc: dict, name: str) -> dict:
@@ -35,7 +51,7 @@ def _attempt0(d, monkeypatch) -> None:
     store = make_job(jobdir.observe_dir(d), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
     killed = json.loads((store / "rank-00001.json").read_text()) | {"exit_code": 143}
     (store / "rank-00001.json").write_text(json.dumps(killed))
-    jobdir.write_run(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0,
+    write(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0,
                          "started": killed["start"], "launcher": GONE, "ntasks": 2})
     for k, v in {"HPCML_RUN_DIR": str(d), "SLURM_JOB_ID": "77", "SLURM_RESTART_COUNT": "0"}.items():
         monkeypatch.setenv(k, v)
@@ -48,12 +64,12 @@ def test_the_next_attempt_records_the_killed_one_as_requeued_and_the_report_says
     _attempt0(d, monkeypatch)
     prev = json.loads((d / "run.json").read_text())
     assert jobdir.is_requeue(prev, "77", 1)
-    earlier = launcher._concluded(d, prev, 1)
+    earlier = concluded(d, prev, 1)
     assert earlier["requeued"]["step"] == 50 and earlier["exit_code"] == 0 and earlier["first_failure"] is None
     assert earlier["end_recorded_by_next_attempt"] and earlier["ended"] > earlier["started"]
     make_job(jobdir.observe_dir(d, 1), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
     later = earlier["ended"] + 600
-    jobdir.write_run(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 1,
+    write(d, {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 1,
                          "started": later, "ended": later + 10, "exit_code": 0, "first_failure": None,
                          "requeued": None, "launcher": GONE, "ntasks": 2, "attempts": [earlier]})
     _valid(json.loads((d / "run.json").read_text()), "run")
@@ -91,7 +107,7 @@ def test_a_requeue_the_launcher_did_not_see_is_recorded_by_the_next_attempt(tmp_
     requeue.withdraw(d / requeue.MARKER)
     prev = json.loads((d / "run.json").read_text()) | {"ended": 5.0, "exit_code": 143, "requeued": None,
                                                         "first_failure": {"rank": 1, "exit_code": 143}}
-    earlier = launcher._concluded(d, prev, 1)
+    earlier = concluded(d, prev, 1)
     assert earlier["requeued"] == {"by": "slurm", "restart_count": 1}, earlier
     assert earlier["exit_code"] == 0 and earlier["first_failure"] is None and earlier["ended"] == 5.0
     assert requeue.describe(earlier["requeued"]) == "requeued by Slurm (restart count now 1)"
@@ -107,7 +123,7 @@ def test_an_attempt_that_ended_on_its_own_keeps_its_exit_when_the_job_is_requeue
         prev = {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0, "started": 1.0,
                 "ended": 2.0, "first_failure": None, "requeued": None, "launcher": GONE, **own}
         assert jobdir.is_requeue(prev, "77", 1)
-        earlier = launcher._concluded(d, prev, 1)
+        earlier = concluded(d, prev, 1)
         assert earlier["exit_code"] == own["exit_code"] and earlier["ended"] == 2.0, earlier
 
 
@@ -119,11 +135,11 @@ def test_a_launcher_slurm_could_not_reach_does_not_overwrite_the_next_attempts_r
     d.mkdir()
     info = {"command": ["python", "train.py"], "mode": "slurm", "job_id": "77", "attempt": 0, "started": 1.0,
             "launcher": jobdir.launcher()}
-    jobdir.write_run(d, info, exclusive=True)
+    write(d, info, exclusive=True)
     prev = json.loads((d / "run.json").read_text()) | {"launcher": GONE}        # as seen from the other host
     assert jobdir.is_requeue(prev, "77", 1)
-    jobdir.write_run(d, {**info, "attempt": 1, "launcher": GONE, "attempts": [launcher._concluded(d, prev, 1)]})
-    assert launcher._finish(d, dict(info), 0) == 0
+    write(d, {**info, "attempt": 1, "launcher": GONE, "attempts": [concluded(d, prev, 1)]})
+    assert finished(d, dict(info), 0) == 0
     run = json.loads((d / "run.json").read_text())
     assert run["attempt"] == 1 and run["attempts"][0]["attempt"] == 0 and "ended" not in run, run
 
@@ -141,12 +157,12 @@ def test_a_rank_that_failed_in_an_attempt_that_was_requeued_is_still_a_failure(t
         meta = json.loads((store / f"rank-{rank:05d}.json").read_text()) | {"exit_code": code}
         (store / f"rank-{rank:05d}.json").write_text(json.dumps(meta))
     info = json.loads((d / "run.json").read_text())
-    assert launcher._finish(d, info, 1) == 1
+    assert finished(d, info, 1) == 1
     prev = json.loads((d / "run.json").read_text())
     make_job(jobdir.observe_dir(d, 1), n_ranks=2, n_steps=50, ranks_per_node=1, gpu=False, job_id="77")
-    jobdir.write_run(d, {**info, "attempt": 1, "started": prev["ended"] + 60, "ended": prev["ended"] + 70,
+    write(d, {**info, "attempt": 1, "started": prev["ended"] + 60, "ended": prev["ended"] + 70,
                          "exit_code": 0, "first_failure": None, "requeued": None,
-                         "attempts": [launcher._concluded(d, prev, 1)]})
+                         "attempts": [concluded(d, prev, 1)]})
     for k in ("HPCML_RUN_DIR", "SLURM_JOB_ID", "SLURM_RESTART_COUNT"):
         monkeypatch.delenv(k)
     lines = summary(build(d))

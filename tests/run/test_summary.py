@@ -244,13 +244,14 @@ def test_a_refused_summary_is_set_aside_and_does_not_hold_back_the_others(tmp_pa
     assert p.returncode == 0, p.stderr
     spool = tmp_path / "job" / "summary"
     first = json.loads((spool / "attempt-0.json").read_text())
-    (spool / "attempt-0.json").write_text(json.dumps({**first, "gpu": {"score": 1.2}}))     # the collector refuses it
+    # a score no GPU has: the model the collector validates with refuses it, here before it is sent
+    (spool / "attempt-0.json").write_text(json.dumps({**first, "gpu": {"score": 1.2}}))
     (spool / "attempt-1.json").write_text(json.dumps({**first, "attempt": 1}))
     (spool / "attempt-2.json").symlink_to("/etc/passwd")                                    # never read
     (spool / "attempt-x.json").write_text(json.dumps({**first, "attempt": 9}))              # not a spool name
     collector.start()
     sent = hpcml("report", "job", "--send", "--collector", collector.url, cwd=tmp_path, env={"HPCML_VET_TOKEN": TOKEN})
     assert sent.returncode == 0, sent.stderr
-    assert "attempt-0.json refused" in sent.stderr and "gpu.score" in sent.stderr
+    assert "attempt-0.json not sent" in sent.stderr and "gpu.score" in sent.stderr, sent.stderr
     assert [r[1] for r in collector.rows()] == [1]
     assert (spool / "attempt-0.refused").exists() and (spool / "attempt-1.sent").exists()

@@ -178,3 +178,16 @@ def job_state(job_id: str, *, timeout: float = 10.0) -> str | None:
     except SlurmError as exc:
         return "" if "invalid job id" in str(exc).lower() else None
     return recs[0].get("JobState", "").split()[0] if recs and recs[0].get("JobState") else ""
+
+
+def free_port_on(node: str, python: str, *, timeout: float = 60.0) -> int:
+    """A TCP port free now on ``node`` of the current allocation (one ``srun --overlap``
+    step running ``python -c FREE_PORT``): the rendezvous port for rank 0 there. A step
+    that fails or answers nothing is a ``SlurmError``: a port free on the caller's node
+    says nothing of ``node``'s."""
+    from hpcml.ports import FREE_PORT
+    proc = run(["srun", "-N1", "-n1", "-w", node, "--overlap", python, "-c", FREE_PORT], timeout=timeout)
+    text = proc.stdout.strip()
+    if not text.isdigit() or not 0 < int(text) < 65536:
+        raise SlurmError(f"srun on {node}: no free port in its answer ({text[:80]!r})")
+    return int(text)

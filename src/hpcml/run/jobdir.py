@@ -27,7 +27,6 @@ between two attempts as a requeue, not as a stall of the job.
 from __future__ import annotations
 
 import fcntl
-import json
 import os
 import shutil
 import time
@@ -36,15 +35,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from hpcml import jobmodel
 from hpcml.cluster.requeue import MARKER
+from hpcml.cluster.taskenv import current as farm_task
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import ENDS
-from hpcml.farm.taskenv import current as farm_task
-from hpcml.files import read_json, write_atomic
+from hpcml.files import load_json_bounded, write_atomic
+from hpcml.jobmodel import MAX_RUN_JSON, RunRecord, dumps
 from hpcml.owner import LAUNCHER, Liveness, Owner, job_liveness, local_liveness
-from hpcml.schemas import tag
 
-SCHEMA = tag("run", 1)
+SCHEMA = jobmodel.RUN_SCHEMA
 RUN_JSON = "run.json"
 #: what a job leaves in its directory, removed by --overwrite (nothing else is touched)
 OWNED = (RUN_JSON, "vet", "env.json", "observe", "logs", "report.html", MARKER, "attempts", "summary")
@@ -94,24 +94,31 @@ def log_path(d: Path, rank: int, stream: str) -> Path:
     return d / "logs" / f"rank-{rank:05d}.{stream}"
 
 
-def write_run(d: Path, data: dict[str, Any], exclusive: bool = False) -> None:
+def write_run(d: Path, record: RunRecord, exclusive: bool = False) -> None:
     """``exclusive``: the launch's first write, which claims the directory (of two runs
     started on it at once, one gets FileExistsError)."""
-    write_atomic(d / RUN_JSON, json.dumps({"schema": SCHEMA, **data}, indent=2, default=str) + "\n", exclusive)
+    write_atomic(d / RUN_JSON, dumps(record), exclusive)
 
 
-def write_own(d: Path, data: dict[str, Any]) -> bool:
-    """Rewrite run.json only while it is still this launcher's (``data["launcher"]``):
+def _holder(d: Path) -> tuple[bool, Any]:
+    """Who holds run.json now (its ``launcher``), read as anyone could have written it;
+    (False, None) when there is no record to hold it."""
+    try:
+        now = load_json_bounded(d / RUN_JSON, MAX_RUN_JSON)
+    except (OSError, ValueError):
+        return False, None
+    return (True, now.get("launcher")) if isinstance(now, dict) else (False, None)
+
+
+def write_own(d: Path, record: RunRecord) -> bool:
+    """Rewrite run.json only while it is still this launcher's (``record.launcher``):
     Slurm may requeue a job whose old launcher it could not reach (a node cut off), and the
     next attempt, on another host, has taken the directory; the old one must not then
     overwrite the new attempt's record. False: not written."""
-    try:
-        now = json.loads((d / RUN_JSON).read_text())
-    except (OSError, ValueError):
-        now = None
-    if isinstance(now, dict) and now.get("launcher") != data.get("launcher"):
+    held, holder = _holder(d)
+    if held and holder != (record.launcher.to_json() if record.launcher is not None else None):
         return False
-    write_run(d, data)
+    write_run(d, record)
     return True
 
 
@@ -188,7 +195,7 @@ def claiming(d: Path) -> Iterator[None]:
         os.close(fd)
 
 
-def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> dict[str, Any] | None:
+def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> RunRecord | None:
     """Make ``d`` ready for a new job. A directory that holds a job is refused (its data
     would mix with the new run's), unless ``overwrite`` (never while that job runs) or it is
     this Slurm job, requeued (``is_requeue``): then its run.json is returned and the run
@@ -198,11 +205,12 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
     if not (d / RUN_JSON).exists():
         return None
     try:
-        prev = json.loads((d / RUN_JSON).read_text())
+        prev = load_json_bounded(d / RUN_JSON, MAX_RUN_JSON)
     except (OSError, ValueError):
         prev = {}
+    prev = prev if isinstance(prev, dict) else {}
     if is_requeue(prev, job_id, restart):
-        return prev
+        return read_run(d)
     if prev.get("ended") is None:
         alive = launcher_alive(prev)
         who = prev.get("launcher") or {}
@@ -229,11 +237,11 @@ def prepare(d: Path, *, overwrite: bool, job_id: str | None, restart: int) -> di
     return None
 
 
-def read_run(d: Path) -> dict[str, Any]:
+def read_run(d: Path) -> RunRecord:
     p = Path(d) / RUN_JSON
     if not os.path.lexists(p):
         raise UsageError("not an hpcml run job directory (no run.json)", file=str(d))
-    return read_json(p, SCHEMA)             # a FIFO or a directory there: "unreadable", not a hang
+    return jobmodel.read_run(p)             # a FIFO or a directory there: "unreadable", not a hang
 
 
 def tail(path: Path, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:

@@ -31,69 +31,56 @@ from __future__ import annotations
 import sys
 import time
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml.jobmodel import Attempt, Fault, Restart, Resumed, ResumeSplit, Revet
 from hpcml.words import plural
 
 ON_STRAGGLER = ("report", "restart")
 RECURRENCES = 2          # the same fault at the same step this many times again: the job ends
 
 
-@dataclass
-class Fault:
-    """What ended an attempt."""
-
-    kind: str                    # crash, hang, straggler, node
-    what: str
-    nodes: list[str]             # the suspects
-    step: int | None             # the furthest step a rank completed (a crash: the crashed rank's)
-    began: float | None          # as far as the data shows
-    detected: float | None
-
-    def to_json(self) -> dict[str, Any]:
-        return asdict(self)
-
-
-def fault_of(info: dict[str, Any]) -> Fault | None:
+def fault_of(rec: Attempt) -> Fault | None:
     """The fault that ended an attempt, from its record; None when it ended well or was
     stopped from outside (TERM or INT: Ctrl-C, scancel, the time limit; a requeue). An attempt
     the launcher stopped (``stopped_at``: a hang, a straggler, a lost node) did not end well
     even when its ranks exited 0 (a script that checkpoints on TERM and leaves)."""
-    if (info.get("exit_code") == 0 and not info.get("stopped_at")) or info.get("requeued") or info.get("aborted"):
+    if (rec.exit_code == 0 and not rec.stopped_at) or rec.requeued or rec.aborted:
         return None
-    if any(s in ("SIGTERM", "SIGINT") for s in info.get("signals_forwarded") or ()):
+    if any(s in ("SIGTERM", "SIGINT") for s in rec.signals_forwarded or ()):
         return None
-    step = info.get("furthest_step")
-    lost = info.get("lost_nodes") or {}
+    step = rec.furthest_step
+    lost = rec.lost_nodes or {}
     if lost:
-        first = min(lost.values(), key=lambda v: v.get("seen") or 0)
-        return Fault("node", f"Slurm lost {plural(len(lost), 'node')}: "
-                     + ", ".join(f"{n} ({v.get('state')})" for n, v in lost.items()),
-                     sorted(lost), step, first.get("seen"), first.get("seen"))
-    events = info.get("timeline") or []
-    hang = info.get("hang") or {}
-    if hang.get("action") == "stop":
-        culprits = (hang.get("verdict") or {}).get("culprits") or []
-        nodes = sorted({c["node"] for c in culprits if c.get("node")})
-        what = next((e["what"] for e in events if e.get("kind") == "hang"), "hang")
-        return Fault("hang", what, nodes, step, hang.get("began"), hang.get("detected"))
-    stop = info.get("stopped_for")
-    if stop:
-        return Fault("straggler", stop["what"], [stop["node"]] if stop.get("node") else [], step,
-                     stop.get("began"), stop.get("detected"))
-    crash = next((e for e in events if e.get("kind") == "crash"), None)
+        first = min(lost.values(), key=lambda v: v.seen or 0)
+        return Fault(kind="node", what=f"Slurm lost {plural(len(lost), 'node')}: "
+                     + ", ".join(f"{n} ({v.state})" for n, v in lost.items()),
+                     nodes=sorted(lost), step=step, began=first.seen, detected=first.seen)
+    events = rec.timeline or []
+    hang = rec.hang
+    if hang is not None and hang.action == "stop":
+        culprits = hang.verdict.culprits if hang.verdict is not None else []
+        nodes = sorted({c.node for c in culprits if c.node})
+        what = next((e.what for e in events if e.kind == "hang"), "hang")
+        return Fault(kind="hang", what=what, nodes=nodes, step=step, began=hang.began, detected=hang.detected)
+    stop = rec.stopped_for
+    if stop is not None:
+        return Fault(kind="straggler", what=stop.what, nodes=[stop.node] if stop.node else [], step=step,
+                     began=stop.began, detected=stop.detected)
+    crash = next((e for e in events if e.kind == "crash"), None)
     if crash is not None:
-        what = crash["what"] + (f": {crash['stderr']}" if crash.get("stderr") else "")
-        return Fault("crash", what, [crash["node"]] if crash.get("node") else [],
-                     crash["step"] if crash.get("step") is not None else step, crash.get("began"), crash.get("detected"))
-    first = info.get("first_failure")
-    if first:
-        return Fault("crash", f"rank {first.get('rank')} exited {first.get('exit_code')}",
-                     [first["node"]] if first.get("node") else [], step, first.get("end"), first.get("end"))
-    return Fault("crash", f"the launch exited {info.get('exit_code')}", [], step, info.get("ended"),
-                 info.get("ended"))
+        return Fault(kind="crash", what=crash.what + (f": {crash.stderr}" if crash.stderr else ""),
+                     nodes=[crash.node] if crash.node else [], step=crash.step if crash.step is not None else step,
+                     began=crash.began, detected=crash.detected)
+    first_failure = rec.first_failure
+    if first_failure is not None:
+        return Fault(kind="crash", what=f"rank {first_failure.rank} exited {first_failure.exit_code}",
+                     nodes=[first_failure.node] if first_failure.node else [], step=step, began=first_failure.end,
+                     detected=first_failure.end)
+    return Fault(kind="crash", what=f"the launch exited {rec.exit_code}", nodes=[], step=step, began=rec.ended,
+                 detected=rec.ended)
 
 
 @dataclass
@@ -152,13 +139,13 @@ class Recovery:
             return False
         return not self.slurm or bool(self.pool.spare) or len(self.pool.active) - 1 >= self.min_nodes
 
-    def after(self, info: dict[str, Any], vet_out: Path, allocation: Any) -> dict[str, Any] | None:
+    def after(self, rec: Attempt, vet_out: Path, allocation: Any) -> Restart | None:
         """The ``restart`` record of an attempt that ended in a fault (``action``: restart
         with the next ``nodes``, or stop with ``why``); None when it did not fault."""
-        fault = fault_of(info)
+        fault = fault_of(rec)
         if fault is None:
             return None
-        record: dict[str, Any] = {"fault": fault.to_json(), "decided": None}
+        record = Restart(fault=fault, decided=None)
         self._recurrence(fault)
         if not self.left:
             return self._stop(record, f"no restart left (--max-restarts {self.max_restarts})")
@@ -168,17 +155,17 @@ class Recovery:
                               "(on other nodes each time where there were any): a fault of the script, not of the "
                               "nodes; not restarting again")
         if self.slurm:
-            record["suspects"] = self._suspects(fault, record, vet_out, allocation)
+            record.suspects = self._suspects(fault, record, vet_out, allocation)
         if self.interrupted:
             return self._stop(record, "interrupted (SIGINT) while vetting again")
         nodes = self.pool.fill(self.want) if self.slurm else list(self.pool.active)
-        record["excluded"] = {n: self.pool.out[n] for n in record.get("suspects", []) if n in self.pool.out}
+        record.excluded = {n: self.pool.out[n] for n in record.suspects or [] if n in self.pool.out}
         if len(nodes) < self.min_nodes:
             return self._stop(record, f"{plural(len(nodes), 'good node')} left, fewer than --min-nodes "
                               f"{self.min_nodes}")
         self.restarts += 1
-        record.update(action="restart", nodes=nodes, spares=list(self.pool.spare), restart=self.restarts,
-                      decided=time.time())
+        record.action, record.nodes, record.spares = "restart", nodes, list(self.pool.spare)
+        record.restart, record.decided = self.restarts, time.time()
         return record
 
     def _recurrence(self, fault: Fault) -> None:
@@ -189,11 +176,11 @@ class Recovery:
             self.recurrences = self.recurrences + 1 if same else 0
         self.history.append((fault.kind, fault.step))
 
-    def _stop(self, record: dict[str, Any], why: str) -> dict[str, Any]:
-        record.update(action="stop", why=why, decided=time.time())
+    def _stop(self, record: Restart, why: str) -> Restart:
+        record.action, record.why, record.decided = "stop", why, time.time()
         return record
 
-    def _suspects(self, fault: Fault, record: dict[str, Any], vet_out: Path, allocation: Any) -> list[str]:
+    def _suspects(self, fault: Fault, record: Restart, vet_out: Path, allocation: Any) -> list[str]:
         """Take the suspects out; vet again those that may return (not lost, not named before)."""
         suspects = [n for n in fault.nodes if n in self.pool.active or n in self.pool.spare]
         again: list[str] = []
@@ -211,10 +198,10 @@ class Recovery:
                 self.pool.remove([n])
                 again.append(n)
         if again:
-            record["revet"] = self._revet(again, vet_out, allocation, cause)
+            record.revet = self._revet(again, vet_out, allocation, cause)
         return suspects
 
-    def _revet(self, nodes: list[str], out: Path, allocation: Any, cause: str) -> dict[str, Any]:
+    def _revet(self, nodes: list[str], out: Path, allocation: Any, cause: str) -> Revet:
         from hpcml.cluster.hostlist import fold
         from hpcml.errors import HpcmlError
         from hpcml.vet.isolate import interrupted
@@ -238,7 +225,7 @@ class Recovery:
         said = ([f"{', '.join(passed)} passed (back as a spare)"] if passed else []) \
             + ([f"{', '.join(failed)} failed (out)"] if failed else [])
         print(f"hpcml run: vetted again in {took:.1f} s: {'; '.join(said)}", file=sys.stderr, flush=True)
-        return {"nodes": nodes, "passed": passed, "began": began, "duration_s": round(took, 3), "dir": str(out)}
+        return Revet(nodes=nodes, passed=passed, began=began, duration_s=round(took, 3), dir=str(out))
 
 
 def _nth(n: int) -> str:
@@ -279,53 +266,53 @@ class LostNodes:
         return bool(new)
 
 
-def describe(restart: dict[str, Any]) -> str:
-    """One line for the report and the log: the fault, what was done, how it resumed.
+def describe(restart: Restart | dict[str, Any]) -> str:
+    """One line for the report and the log: the fault, what was done, how it resumed (a
+    report's ``restart`` is its JSON form).
 
     ``hang (culprit ranks 1 ...) on n2, detected 5 s after it began; n2 out; restarted on
     n1, n3; resumed from step 20 (9 steps lost), 13 s from the fault to the first step``"""
-    fault = restart.get("fault") or {}
-    parts = [f"{fault.get('kind')}: {fault.get('what')}" + (f" on {', '.join(fault['nodes'])}" if fault.get("nodes")
-                                                            else "")]
-    began, detected = fault.get("began"), fault.get("detected")
-    if isinstance(began, (int, float)) and isinstance(detected, (int, float)) and detected > began:
+    if isinstance(restart, dict):
+        restart = Restart.model_validate(restart)
+    fault = restart.fault
+    parts = [f"{fault.kind}: {fault.what}" + (f" on {', '.join(fault.nodes)}" if fault.nodes else "")]
+    began, detected = fault.began, fault.detected
+    if began is not None and detected is not None and detected > began:
         parts.append(f"detected {detected - began:.0f} s after it began")
-    revet = restart.get("revet") or {}
-    if revet.get("passed"):
-        parts.append(f"{', '.join(revet['passed'])} passed vetting again")
-    out = sorted(restart.get("excluded") or {})
+    if restart.revet is not None and restart.revet.passed:
+        parts.append(f"{', '.join(restart.revet.passed)} passed vetting again")
+    out = sorted(restart.excluded or {})
     if out:
         parts.append(f"{', '.join(out)} out")
-    if restart.get("action") != "restart":
-        return "; ".join(parts + [f"not restarted: {restart.get('why')}"])
-    parts.append("restarted" + (f" on {', '.join(restart['nodes'])}" if restart.get("nodes") else ""))
-    res = restart.get("resumed") or {}
-    if res:
-        lost = f" ({plural(res['steps_lost'], 'step')} lost)" if isinstance(res.get("steps_lost"), int) else ""
-        parts.append((f"resumed from step {res['step']:,}{lost}" if res.get("step") is not None
+    if restart.action != "restart":
+        return "; ".join(parts + [f"not restarted: {restart.why}"])
+    parts.append("restarted" + (f" on {', '.join(restart.nodes)}" if restart.nodes else ""))
+    res = restart.resumed
+    if res is not None:
+        lost = f" ({plural(res.steps_lost, 'step')} lost)" if res.steps_lost is not None else ""
+        parts.append((f"resumed from step {res.step:,}{lost}" if res.step is not None
                       else "resumed without an hpcml.ckpt checkpoint (steps lost unknown)")
-                     + (f", {res['time_to_resume_s']:.0f} s from the fault to the first step"
-                        if res.get("time_to_resume_s") is not None else ""))
+                     + (f", {res.time_to_resume_s:.0f} s from the fault to the first step"
+                        if res.time_to_resume_s is not None else ""))
     return "; ".join(parts)
 
 
-def time_lost(records: list[dict[str, Any]], step_s: float | None) -> dict[str, Any] | None:
+def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | None:
     """What the faults cost the job: the time from each fault to the next attempt's first
     step, and the steps done again (at ``step_s`` seconds each, when known)."""
-    restarts = [r["restart"] for r in records if isinstance(r.get("restart"), dict)]
+    restarts = [r.restart for r in records if r.restart is not None]
     if not restarts:
         return None
-    waits = [(r.get("resumed") or {}).get("time_to_resume_s") for r in restarts]
-    steps = [(r.get("resumed") or {}).get("steps_lost") for r in restarts]
-    known = [w for w in waits if isinstance(w, (int, float))]
+    waits = [r.resumed.time_to_resume_s for r in restarts if r.resumed is not None]
+    known = [w for w in waits if w is not None]
     waited = round(sum(known), 3) if known else None          # None: no next attempt reached a step
-    redone = sum(s for s in steps if isinstance(s, int))
+    redone = sum(r.resumed.steps_lost or 0 for r in restarts if r.resumed is not None)
     total = None if waited is None else round(waited + (redone * step_s if step_s else 0.0), 3)
-    return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.get("action") == "restart"),
+    return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.action == "restart"),
             "time_to_resume_s": waited, "steps_lost": redone, "time_lost_s": total, "step_s": step_s}
 
 
-def resume_of(d: Path, prev: dict[str, Any], nxt: dict[str, Any]) -> dict[str, Any]:
+def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     """How attempt ``nxt`` resumed the training ``prev`` left after its fault: the step its
     checkpoint held (``requeue.note_resumed``), the steps lost (the last step seen minus that
     one), and the time from the fault to ``nxt``'s first step, split into detection, stop,
@@ -334,26 +321,28 @@ def resume_of(d: Path, prev: dict[str, Any], nxt: dict[str, Any]) -> dict[str, A
     from hpcml.cluster import requeue
     from hpcml.observe.beat import read_beats
     from hpcml.run.jobdir import attempt_dir, observe_dir, rank_meta
-    restart, n = prev.get("restart") or {}, int(nxt.get("attempt") or 0)
-    fault = restart.get("fault") or {}
+    restart, n = prev.restart, nxt.attempt
+    fault = restart.fault if restart is not None else None
     note = requeue.resumed(attempt_dir(d, n))
     step = note["step"] if note else None
-    first = nxt.get("first_step_at")
+    first = nxt.first_step_at
     if first is None:                                  # the launcher did not write it: the ranks' records
         firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}).values()
                   if isinstance(b.get("first"), (int, float))]
         first = min(firsts, default=None)
     starts = [m["start"] for m in rank_meta(d, n) if isinstance(m.get("start"), (int, float))]
-    began = fault.get("began") or fault.get("detected")
-    furthest = prev.get("furthest_step")
+    began = (fault.began or fault.detected) if fault is not None else None
+    detected = fault.detected if fault is not None else None
+    furthest = prev.furthest_step
 
     def gap(a: Any, b: Any) -> float | None:
         return round(b - a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
-    return {"step": step, "checkpoint": note["checkpoint"] if note else None, "first_step_at": first,
-            "steps_lost": furthest - step if step is not None and isinstance(furthest, int) else None,
-            "time_to_resume_s": gap(began, first),
-            "split_s": {"detection": gap(began, fault.get("detected")),
-                        "stop": gap(fault.get("detected"), prev.get("ended")),
-                        "revet": (restart.get("revet") or {}).get("duration_s") or 0.0,
-                        "relaunch": gap(restart.get("decided"), max(starts, default=None)),
-                        "startup": gap(max(starts, default=None), first)}}
+    return Resumed(step=step, checkpoint=note["checkpoint"] if note else None, first_step_at=first,
+                   steps_lost=furthest - step if step is not None and furthest is not None else None,
+                   time_to_resume_s=gap(began, first),
+                   split_s=ResumeSplit(detection=gap(began, detected), stop=gap(detected, prev.ended),
+                                       revet=(restart.revet.duration_s if restart is not None and restart.revet
+                                              else 0.0),
+                                       relaunch=gap(restart.decided if restart is not None else None,
+                                                    max(starts, default=None)),
+                                       startup=gap(max(starts, default=None), first)))

@@ -26,9 +26,11 @@ from typing import Any
 
 from hpcml.cluster import requeue
 from hpcml.errors import HpcmlError, UsageError
+from hpcml.files import load_json_bounded
+from hpcml.jobmodel import Attempt, Restart, RunRecord
 from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
-from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, restart_of, tail, vet_dir
+from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.run.recovery import describe, resume_of, time_lost
 from hpcml.run.watch import HANG
@@ -42,17 +44,16 @@ UNENDED = ("launcher_killed", "running")         # _unended's kinds
 NEVER_STARTED = (NOT_EXECUTABLE, NOT_FOUND)      # a shell's codes for a command that cannot start
 
 
-def _vet(d: Path, run: dict) -> dict | None:
-    info = run.get("vet")
-    if not info:
+def _vet(d: Path, run: RunRecord) -> dict | None:
+    if run.vet is None:
         return None
-    out = dict(info)
+    out = run.vet.to_json()
     p = vet_dir(d) / "report.json"
     if p.is_file():
         try:
-            rep = json.loads(p.read_text())
+            rep = load_json_bounded(p, 64 << 20)
             out["protocol"] = (rep.get("protocol") or {}).get("name")
-        except (OSError, ValueError):
+        except (OSError, ValueError, AttributeError):
             pass
     return out
 
@@ -62,7 +63,7 @@ def _env(d: Path) -> dict | None:
     if not p.is_file():
         return None
     try:
-        return json.loads(p.read_text())
+        return load_json_bounded(p, 16 << 20)
     except (OSError, ValueError) as exc:
         return {"error": f"unreadable env.json: {exc}"}
 
@@ -93,27 +94,26 @@ def _score(d: Path, attempt: int = 0) -> tuple[dict | None, str | None]:
         return None, str(exc)
 
 
-def _ending(d: Path, run: dict) -> dict:
-    first = run.get("first_failure")
-    requeued = run.get("requeued")
-    if requeued is None and run.get("ended") is None:     # its launcher killed by the requeue itself
-        attempt = int(run.get("attempt") or 0)
-        requeued = requeue.find(attempt_dir(d, attempt), run.get("job_id"), restart_of(run), ask_slurm=True)
-    out: dict[str, Any] = {"exit_code": run.get("exit_code"), "aborted": bool(run.get("aborted")),
-                           "launcher_killed": run.get("ended") is None and not requeued and launcher_alive(run) is False,
+def _ending(d: Path, run: Attempt) -> dict:
+    first = run.first_failure
+    requeued = run.requeued.to_json() if run.requeued is not None else None
+    if requeued is None and run.ended is None:     # its launcher killed by the requeue itself
+        requeued = requeue.find(attempt_dir(d, run.attempt), run.job_id, run.restart_of, ask_slurm=True)
+    out: dict[str, Any] = {"exit_code": run.exit_code, "aborted": bool(run.aborted),
+                           "launcher_killed": run.ended is None and not requeued and launcher_alive(run.to_json()) is False,
                            "requeued": requeued, "first_failure": None}
-    if first:
-        r = first.get("rank")
-        out["first_failure"] = {**first, "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES) if r is not None
-                                else []}
+    if first is not None:
+        r = first.rank
+        out["first_failure"] = {**first.to_json(), "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES)
+                                if r is not None else []}
     return out
 
 
-def _unended(run: dict) -> dict[str, str]:
+def _unended(run: RunRecord) -> dict[str, str]:
     """A run.json with no end: its launcher was killed (SIGKILL, the node's OOM killer), or
     it still runs; the ranks die with it (``hpcml.run.launcher``)."""
-    who, alive = run.get("launcher") or {}, launcher_alive(run)
-    name = f"hpcml run (pid {who.get('pid')} on {who.get('host')})"
+    who, alive = run.launcher, launcher_alive(run.to_json())
+    name = f"hpcml run (pid {who.pid if who else None} on {who.host if who else None})"
     if alive:
         return {"source": "run", "kind": "running", "message": f"the job is still running: {name}",
                 "advice": "run hpcml report again when it has ended"}
@@ -124,25 +124,25 @@ def _unended(run: dict) -> dict[str, str]:
                       "(the node's OOM killer in dmesg, a kill -9, the end of the allocation)"}
 
 
-def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], list[dict], list[dict[str, str]]]:
+def _earlier(d: Path, records: list[Attempt], current: Attempt) -> tuple[list[dict], list[dict], list[dict[str, str]]]:
     """The attempts before this one: their summaries, their observe reports, their findings
     (each named by its attempt) and the requeue between each and the next."""
     out, parts, findings = [], [], []
     for i, rec in enumerate(records):
-        n = int(rec.get("attempt") or 0)
+        n = rec.attempt
         nxt = records[i + 1] if i + 1 < len(records) else current
-        gap = round(nxt["started"] - rec["ended"], 1) if rec.get("ended") and nxt.get("started") else None
+        gap = round(nxt.started - rec.ended, 1) if rec.ended and nxt.started else None
         ending = _ending(d, rec)
         obs, why = _observe(d, n, bool(ending["requeued"]))
-        restart = rec.get("restart") if isinstance(rec.get("restart"), dict) else None
-        if restart and restart.get("action") == "restart" and not restart.get("resumed"):
-            restart = {**restart, "resumed": resume_of(d, rec, nxt)}      # its launcher did not live to say
-        out.append({"attempt": n, "started": rec.get("started"), "ended": rec.get("ended"),
-                    "exit_code": rec.get("exit_code"), "requeued": ending["requeued"],
-                    "first_failure": ending["first_failure"], "signals_forwarded": rec.get("signals_forwarded", []),
+        restart = rec.restart
+        if restart is not None and restart.action == "restart" and restart.resumed is None:
+            restart = restart.model_copy(update={"resumed": resume_of(d, rec, nxt)})   # its launcher did not live to say
+        out.append({"attempt": n, "started": rec.started, "ended": rec.ended,
+                    "exit_code": rec.exit_code, "requeued": ending["requeued"],
+                    "first_failure": ending["first_failure"], "signals_forwarded": rec.signals_forwarded or [],
                     "observe": obs.to_dict() if obs is not None else None, "observe_missing": why,
-                    "requeue_gap_s": None if restart else gap, "nodes": rec.get("nodes"), "restart": restart,
-                    "timeline": rec.get("timeline") or []})
+                    "requeue_gap_s": None if restart else gap, "nodes": rec.nodes,
+                    "restart": _restart_json(restart), "timeline": [e.to_json() for e in rec.timeline or []]})
         parts.append(obs)
         if restart:                                   # hpcml run restarted it inside the allocation
             findings.append({"source": "run", "kind": "restarted", "message": f"attempt {n}: {describe(restart)}",
@@ -150,10 +150,10 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
             continue
         what = requeue.describe(ending["requeued"]) if ending["requeued"] else "ended and Slurm ran the job again"
         findings.append({"source": "run", "kind": "requeued",
-                         "message": f"attempt {n} {what}; attempt {nxt.get('attempt')} started "
+                         "message": f"attempt {n} {what}; attempt {nxt.attempt} started "
                                     + (f"{gap:.0f} s later" if gap is not None else "after it"),
-                         "advice": (f"attempt {n} ended with exit code {rec['exit_code']} before the requeue; "
-                                    if rec.get("exit_code") else "a requeue, not a failure: ")
+                         "advice": (f"attempt {n} ended with exit code {rec.exit_code} before the requeue; "
+                                    if rec.exit_code else "a requeue, not a failure: ")
                                    + "the time between them was spent in Slurm's queue, not stalled"})
         findings += _run_findings(d, ending, f"attempt {n}: ")
         findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
@@ -161,18 +161,28 @@ def _earlier(d: Path, records: list[dict], current: dict) -> tuple[list[dict], l
     return out, parts, findings
 
 
-def _resume_advice(restart: dict) -> str:
-    split = (restart.get("resumed") or {}).get("split_s") or {}
+def _restart_json(restart: Restart | None) -> dict[str, Any] | None:
+    """A restart as the report shows it: every field, its resumption with its split."""
+    if restart is None:
+        return None
+    out = restart.to_json()
+    if restart.resumed is not None:
+        out["resumed"] = restart.resumed.model_dump(mode="json")
+    return out
+
+
+def _resume_advice(restart: Restart) -> str:
+    split = restart.resumed.split_s.model_dump() if restart.resumed is not None else {}
     took = ", ".join(f"{k} {v:.1f} s" for k, v in split.items() if isinstance(v, (int, float)))
     return (f"from the fault to the first step: {took}" if took else "the next attempt did not reach a step") \
         + "; the excluded nodes' reasons are in run.json (excluded)"
 
 
-def _recovery(run: dict, obs: dict | None) -> dict | None:
+def _recovery(run: RunRecord, obs: dict | None) -> dict | None:
     """Every fault and restart of an in-job recovering run, and the time they cost."""
     tp = ((obs or {}).get("throughput")) or {}
     step_s = 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
-    return time_lost([*(run.get("attempts") or []), run], step_s)
+    return time_lost(run.records(), step_s)
 
 
 def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str]]:
@@ -186,10 +196,11 @@ def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
 
-def _watch(run: dict) -> dict[str, Any]:
+def _watch(run: Attempt) -> dict[str, Any]:
     """What the live watch saw (``hpcml.run.watch``): its timeline, the hang, the stragglers."""
-    return {"timeline": list(run.get("timeline") or []), "hang": run.get("hang"),
-            "stragglers": list(run.get("stragglers") or [])}
+    return {"timeline": [e.to_json() for e in run.timeline or []],
+            "hang": run.hang.to_json() if run.hang is not None else None,
+            "stragglers": [s.to_json() for s in run.stragglers or []]}
 
 
 def stopped_hung(rep_or_watch: dict[str, Any]) -> bool:
@@ -225,12 +236,12 @@ def build(d: str | Path) -> dict[str, Any]:
     d = Path(d)
     run = read_run(d)
     vet = _vet(d, run)
-    aborted = bool(run.get("aborted"))
-    attempt = int(run.get("attempt") or 0)
+    aborted = bool(run.aborted)
+    attempt = run.attempt
     ending = _ending(d, run)
     obs, obs_why = (None, "the command never started") if aborted else _observe(d, attempt, bool(ending["requeued"]))
     score, score_why = (None, "the command never started") if aborted else _score(d, attempt)
-    earlier, earlier_obs, earlier_findings = _earlier(d, list(run.get("attempts") or []), run)
+    earlier, earlier_obs, earlier_findings = _earlier(d, list(run.attempts or []), run)
     findings: list[dict[str, str]] = []
     if aborted:
         findings.append({"source": "vet", "kind": "aborted", "message": "vetting aborted the run before the command "
@@ -240,20 +251,20 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append({"source": "run", "kind": "requeued",
                          "message": f"attempt {attempt} {requeue.describe(ending['requeued'])}",
                          "advice": "a requeue, not a failure: the job continues in this directory as its next attempt"})
-    elif run.get("ended") is None:
+    elif run.ended is None:
         findings.append(_unended(run))
     first = ending["first_failure"]
     watch = _watch(run)
-    if isinstance(run.get("restart"), dict):           # the last fault, not restarted
+    if run.restart is not None:           # the last fault, not restarted
         findings.append({"source": "run", "kind": "not_restarted", "message": f"attempt {attempt}: "
-                         f"{describe(run['restart'])}", "advice": "see the attempts in the report; fix what the "
+                         f"{describe(run.restart)}", "advice": "see the attempts in the report; fix what the "
                          "culprit's log says before resubmitting"})
     findings += _watch_findings(watch, d, attempt)
     if not stopped_hung(watch):                                 # the ranks the watch stopped did not fail
         findings += _run_findings(d, ending)
     findings += earlier_findings
     if vet and vet.get("bad"):
-        reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted((run.get("excluded") or {}).items()))
+        reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted(run.excluded.items()))
         findings.append({"source": "vet", "kind": "excluded_nodes",
                          "message": f"vetting {'found' if aborted else 'excluded'} {plural(len(vet['bad']), 'bad node')}: {reasons}",
                          "advice": ("the command never started" if aborted else "the job ran without them")
@@ -268,17 +279,17 @@ def build(d: str | Path) -> dict[str, Any]:
     if mlflow and mlflow["dropped"]:
         findings.append({"source": "mlflow", "kind": "mlflow_dropped", "message": f"MLflow: {mlflow['line']}",
                          "advice": mlflow.get("unreachable") or "the server refused some batches: see its log"})
-    started, ended = (earlier[0]["started"] if earlier else run.get("started")), run.get("ended")
+    started, ended = (earlier[0]["started"] if earlier else run.started), run.ended
     obs_dict = obs.to_dict() if obs is not None else None
     return {
         "schema": SCHEMA,
         "path": str(d),
-        "job": {k: run.get(k) for k in ("command", "mode", "job_id", "allocation", "nodes", "ntasks",
-                                        "ntasks_per_node", "master", "launch", "ended", "attempt")}
+        "job": {k: getattr(run, k) for k in ("command", "mode", "job_id", "allocation", "nodes", "ntasks",
+                                             "ntasks_per_node", "master", "launch", "ended", "attempt")}
         | {"started": started, "duration_s": round(ended - started, 3) if started and ended else None},
         "attempts": earlier,
         "vet": vet,
-        "excluded": run.get("excluded") or {},
+        "excluded": run.excluded,
         "env": _env(d),
         "ending": ending,
         "observe": obs_dict,

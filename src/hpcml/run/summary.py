@@ -24,15 +24,16 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+from pydantic import ValidationError
 
 from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded, write_atomic
-from hpcml.run.jobdir import read_run, restart_of
-from hpcml.schemas import check, tag
+from hpcml.jobmodel import SUMMARY_SCHEMA as SCHEMA
+from hpcml.jobmodel import Attempt, JobSummary, RunRecord, dumps, reason, validate
+from hpcml.run.jobdir import read_run
 from hpcml.urls import is_http_url
 from hpcml.words import printable
 
-SCHEMA = tag("job.summary", 1)
 SPOOL = "summary"
 URL_ENV = "HPCML_COLLECTOR"
 TOKEN_ENVS = ("HPCML_COLLECTOR_TOKEN", "HPCML_VET_TOKEN")
@@ -66,7 +67,7 @@ def who(env: os._Environ | dict = os.environ) -> dict[str, str | None]:
             "cluster": env.get("SLURM_CLUSTER_NAME") or ""}
 
 
-def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+def _events(rep: dict[str, Any], records: list[Attempt]) -> dict[str, list[dict[str, Any]]]:
     """Every node the job names, per role, once per (node, attempt); ``records`` are run.json's
     attempts and the current one (its vetting exclusions included)."""
     out: dict[str, dict[tuple, dict[str, Any]]] = {"excluded": {}, "stragglers": {}, "culprits": {}, "lost": {},
@@ -78,27 +79,25 @@ def _events(rep: dict[str, Any], records: list[dict[str, Any]]) -> dict[str, lis
             out[role].setdefault(key, {"node": node, "rank": rank if isinstance(rank, int) else None,
                                        "attempt": attempt, "detail": printable(detail, 1000)})
 
-    lost_anywhere = {n for rec in records for n in rec.get("lost_nodes") or {}}
+    lost_anywhere = {n for rec in records for n in rec.lost_nodes or {}}
     observes = [(int(a.get("attempt") or 0), a.get("observe")) for a in rep.get("attempts") or []]
     observes.append((int(rep["job"].get("attempt") or 0), rep.get("observe")))
     for n, obs in observes:
         for s in (obs or {}).get("stragglers") or []:
             add("stragglers", s.get("node"), n, s.get("rank"), f"chronic straggler, score {s.get('score')}")
     for rec in records:
-        n = int(rec.get("attempt") or 0)
-        for s in rec.get("stragglers") or []:
-            add("stragglers", s.get("node"), n, s.get("rank"), f"named by the live watch from step {s.get('since_step')}")
-        verdict = (rec.get("hang") or {}).get("verdict") or {}
-        for c in verdict.get("culprits") or []:
-            add("culprits", c.get("node"), n, c.get("rank"), f"hang culprit: {c.get('why') or ''}".strip())
-        lost = set(rec.get("lost_nodes") or {})
-        for node in lost:
+        n = rec.attempt
+        for st in rec.stragglers or []:
+            add("stragglers", st.node, n, st.rank, f"named by the live watch from step {st.since_step}")
+        verdict = rec.hang.verdict if rec.hang is not None else None
+        for c in verdict.culprits if verdict is not None else []:
+            add("culprits", c.node, n, c.rank, f"hang culprit: {c.why or ''}".strip())
+        for node in set(rec.lost_nodes or {}):
             add("lost", node, n, detail="lost during the attempt")
-        failure = rec.get("first_failure") or {}
-        if failure.get("node") and not verdict and not rec.get("requeued") and not rec.get("stopped_at"):
-            add("crashed", failure["node"], n, failure.get("rank"), f"rank {failure.get('rank')} exited "
-                f"{failure.get('exit_code')}")
-        for node, reasons in (rec.get("excluded") or {}).items():
+        failure = rec.first_failure
+        if failure is not None and failure.node and verdict is None and not rec.requeued and not rec.stopped_at:
+            add("crashed", failure.node, n, failure.rank, f"rank {failure.rank} exited {failure.exit_code}")
+        for node, reasons in rec.excluded.items():
             if node not in lost_anywhere:      # a lost node is lost, not excluded too
                 add("excluded", node, n, detail=", ".join(map(str, reasons or []))[:1000] or "failed vetting")
     return {k: list(v.values()) for k, v in out.items()}
@@ -131,15 +130,15 @@ def _vetting(d: Path, nodes: list[str]) -> list[dict[str, Any]]:
     return out
 
 
-def _outcome(rep: dict[str, Any], run: dict[str, Any]) -> str:
+def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
     end = rep["ending"]
-    if run.get("aborted"):
+    if run.aborted:
         return "aborted"
     if end.get("requeued"):
         return "requeued"
-    if run.get("ended") is None:
+    if run.ended is None:
         return "running"
-    if (run.get("hang") or {}).get("verdict") and (run.get("hang") or {}).get("action") in ("stop", "ended"):
+    if run.hang is not None and run.hang.verdict is not None and run.hang.action in ("stop", "ended"):
         return "hung"
     return "completed" if end.get("exit_code") == 0 else "failed"
 
@@ -149,19 +148,24 @@ def _gpus(rep: dict[str, Any]) -> int:
     return gpus if isinstance(gpus, int) else 0
 
 
-def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
-    """The summary of the job in ``d`` as it stands (its report, built if not given)."""
+def build(d: str | Path, rep: dict[str, Any] | None = None) -> JobSummary:
+    """The summary of the job in ``d`` as it stands (its report, built if not given),
+    validated by the model the collector validates it with: a summary this builder makes
+    is one the collector takes (``UsageError`` naming the field otherwise)."""
+    return validate(JobSummary, _document(Path(d), rep), SCHEMA, f"{d}/summary")
+
+
+def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
     from hpcml.run.report import build as build_report
-    d = Path(d)
     rep = build_report(d) if rep is None else rep
     run = read_run(d)
-    records = [*(run.get("attempts") or []), run]
+    records = run.records()
     job = rep["job"]
-    owner = run.get("who") or who()           # a job directory from before summaries: this environment's
+    owner = run.who.to_json() if run.who is not None else who()   # a job directory from before summaries
     attempt = int(job.get("attempt") or 0)
-    run_id = run.get("run_id") or hashlib.sha256(f"{run.get('started')}:{d.resolve()}".encode()).hexdigest()[:16]
+    run_id = run.run_id or hashlib.sha256(f"{run.started}:{d.resolve()}".encode()).hexdigest()[:16]
     job_id = str(job["job_id"]) if job.get("job_id") else f"local-{run_id}"
-    started = float(job.get("started") or run.get("started") or time.time())
+    started = float(job.get("started") or run.started or time.time())
     duration = job.get("duration_s")
     nodes = list(job.get("allocation") or job.get("nodes") or [])     # every node the job held
     gpus = _gpus(rep)
@@ -171,10 +175,10 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
     score = rep.get("score") or {}
     tp = (rep.get("observe") or {}).get("throughput") or {}
     events = _events(rep, records)
-    hangs = sum(1 for rec in records if (rec.get("hang") or {}).get("verdict"))
+    hangs = sum(1 for rec in records if rec.hang is not None and rec.hang.verdict is not None)
     return {
         "schema": SCHEMA, "cluster": owner.get("cluster") or "", "job_id": job_id, "attempt": attempt,
-        **({"requeues": restart_of(run)} if job.get("job_id") else {}),
+        **({"requeues": run.restart_of} if job.get("job_id") else {}),
         "user": owner.get("user"), "account": owner.get("account"), "partition": owner.get("partition"),
         "started": started, "ended": job.get("ended"), "duration_s": duration,
         "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
@@ -188,16 +192,16 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> dict[str, Any]:
     }
 
 
-def spool(d: str | Path, summary: dict[str, Any]) -> Path | None:
+def spool(d: str | Path, summary: JobSummary) -> Path | None:
     """Write an ended attempt's summary into the job's spool (replacing this attempt's
     unsent one); None, and nothing written, while the attempt still runs: a summary is
     sent once, so it must be the final one."""
-    if summary["outcome"] == "running" or summary.get("ended") is None:
+    if summary.outcome == "running" or summary.ended is None:
         return None
     folder = Path(d) / SPOOL
     folder.mkdir(exist_ok=True)
-    path = folder / f"attempt-{int(summary['attempt'])}.json"
-    write_atomic(path, orjson.dumps(summary, option=orjson.OPT_INDENT_2) + b"\n")
+    path = folder / f"attempt-{summary.attempt}.json"
+    write_atomic(path, dumps(summary))
     path.with_suffix(".sent").unlink(missing_ok=True)       # a new summary was never sent
     return path
 
@@ -237,8 +241,9 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     for path in files:
         try:
             body = load_json_bounded(path, MAX_SUMMARY, follow_symlinks=False)
-            check(body, SCHEMA, str(path))
-            body.pop("auth", None)
+            if isinstance(body, dict):
+                body.pop("auth", None)           # a credential is made at each send, never kept
+            body = validate(JobSummary, body, SCHEMA, str(path)).to_json()
             auth = credential(body)          # made now: a credential lives minutes, a spool days
             failure = post(url, "/v1/jobs", {**body, "auth": auth} if auth else body, token,
                            deadline - time.monotonic())
@@ -273,7 +278,12 @@ def _set_aside(path: Path, why: str) -> None:
 def deliver(d: str | Path, rep: dict[str, Any], url: str | None) -> None:
     """At the end of ``hpcml run``: spool this attempt's summary and send what waits."""
     try:
-        spool(d, build(d, rep))
+        summary = JobSummary.model_validate(_document(Path(d), rep))
+    except ValidationError as exc:      # a summary no collector would take: said, never spooled
+        print(f"hpcml run: summary not written: {reason(exc)}", file=sys.stderr)
+        return
+    try:
+        spool(d, summary)
     except OSError as exc:              # a full disk: the job's result stands, the summary is lost
         print(f"hpcml run: summary not written: {exc.strerror or exc}", file=sys.stderr)
         return

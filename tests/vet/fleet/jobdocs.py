@@ -1,5 +1,6 @@
 """Job summaries shaped exactly as ``hpcml.run.summary.build`` writes them, for the
-collector's and the centre report's tests and benchmark."""
+collector's and the centre report's tests and benchmark (hostile ones too, so not validated
+here); ``test_jobs`` checks the shape against the summary of a real job's directory."""
 
 from __future__ import annotations
 
@@ -43,7 +44,8 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
 def proven(doc: dict[str, Any], uid: int | None = None):
     """A summary as the collector stores it once MUNGE proved its user (and Slurm its job):
     for tests that write the store directly, without the HTTP path that proves senders."""
-    from hpcml.vet.fleet.collector.jobschema import JobSummary, Proven
+    from hpcml.vet.fleet.collector.jobschema import Proven
+    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
     user = doc.get("user")
     return JobSummary.model_validate(doc).proven(
         Proven(how="munge", user=user, uid=uid if uid is not None else 1000 + sum(map(ord, user or "")),

@@ -24,9 +24,21 @@ def jobs_stored(server) -> tuple[int, int]:
     return n["jobs"], n["job_nodes"]
 
 
-def test_the_fixture_is_what_hpcml_run_writes():
+def test_the_fixture_is_what_hpcml_run_writes(tmp_path):
+    """The fixture has the keys, in the order, of the summary ``hpcml.run.summary.build``
+    makes of a real job's directory, and both satisfy the schema file."""
+    import subprocess
+    import sys
+
+    from hpcml.run.summary import build
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", "job", "--no-report", "--",
+                        sys.executable, "-c", "pass"], cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    real = build(tmp_path / "job").to_json()
     doc = summary("1", stragglers=[event("nid001", 3)])
-    jsonschema.validate(doc, schemas.load("job.summary"), cls=jsonschema.Draft202012Validator)
+    assert list(doc) == [k for k in real if k != "requeues"], (list(doc), list(real))    # requeues: Slurm jobs only
+    for d in (doc, real):
+        jsonschema.validate(d, schemas.load("job.summary"), cls=jsonschema.Draft202012Validator)
 
 
 def test_a_summary_is_stored_once_however_often_it_is_sent(collector):
@@ -243,7 +255,7 @@ def test_a_damaged_version_row_is_one_line(tmp_path):
 def test_a_verified_summary_wins_over_an_unverified_one_in_the_same_batch_or_later(db_url):
     """However they arrive, a key's verified summary is the one stored and counted; the
     unverified one never shadows it, and GET /v1/jobs says which is which."""
-    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
     from hpcml.vet.fleet.collector.server import Tokens, start
     store = open_store(db_url)
     forged = summary("7", user="mallory", culprits=[event("nid001", 0)])
@@ -289,7 +301,7 @@ def test_one_person_proven_two_ways_counts_once():
     import os
     import pwd
 
-    from hpcml.vet.fleet.collector.jobschema import JobSummary
+    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
     from hpcml.vet.fleet.collector.proof import Sender, Verifier
     me = pwd.getpwuid(os.getuid()).pw_name
     s = JobSummary.model_validate(summary("1"))

@@ -16,7 +16,8 @@ from typing import Any
 
 import orjson
 
-from hpcml.vet.fleet.collector.jobschema import ROLES, JobSummary
+from hpcml.vet.fleet.collector.jobschema import ROLES
+from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
 
 #: schema version 2: the job tables (version 1, the vetting tables, had no version row)
 JOBS_DDL = """

@@ -9,24 +9,15 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Optional, Union
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
 from hpcml.errors import UsageError
+from hpcml.jobmodel import Text, reason
 
 Outcome = Literal["pass", "warn", "fail", "error", "skipped"]
 BAD_OUTCOMES = ("fail", "error")
 MAX_RESULTS = 10_000
 MAX_REPORTS = 100_000
-
-
-def _no_nul(text: str) -> str:
-    # PostgreSQL's text cannot hold NUL; refuse it for every backend alike
-    if "\x00" in text:
-        raise ValueError("NUL character not allowed")
-    return text
-
-
-Text = Annotated[str, AfterValidator(_no_nul)]
 
 
 class CheckResult(BaseModel):
@@ -60,14 +51,6 @@ _MANY = TypeAdapter(list[NodeReport])
 
 class Invalid(UsageError, ValueError):
     """A refused report (bad input, exit 2); ``str()`` is the one-line reason sent back with the 400."""
-
-
-def _reason(exc: ValidationError, prefix: str = "") -> str:
-    err = exc.errors(include_url=False)[0]
-    loc = ".".join(str(p) for p in err["loc"])
-    more = exc.error_count() - 1
-    tail = f" (and {more} more)" if more else ""
-    return f"{prefix}{loc or 'body'}: {err['msg']}{tail}"
 
 
 def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
@@ -124,4 +107,4 @@ def parse(body: bytes) -> list[NodeReport]:
             return _MANY.validate_python(data)
         return [_ONE.validate_python(data)]
     except ValidationError as exc:
-        raise Invalid(_reason(exc)) from None
+        raise Invalid(reason(exc)) from None

@@ -49,8 +49,6 @@ CONNECTIONS = 1000            # open connections (poll, not select: no 1,024 des
 REQUEST_DEADLINE = 10.0       # seconds from a request's first byte to its last
 IDLE_TIMEOUT = 30             # seconds an idle keep-alive connection is kept
 IN_MEMORY = 16 * 1024         # bytes of a body kept in memory; the rest in a temporary file
-_DURATION = re.compile(r"^\s*([0-9]*\.?[0-9]+)\s*(s|m|min|h|d|w)?\s*$")
-_SCALE = {None: 1, "s": 1, "m": 60, "min": 60, "h": 3600, "d": 86400, "w": 604800}
 
 
 @dataclass(frozen=True)
@@ -121,10 +119,11 @@ def read_tokens(path: Path | None, env_var: str | None = TOKEN_ENV) -> list[str]
 
 def parse_since(value: str) -> float:
     """``24h``, ``7d``, ``90 min``, ``3600`` -> seconds back from now."""
-    m = _DURATION.match(value)
-    if not m:
-        raise ValueError(f"since: expected a duration such as 24h or 7d, found {value!r}")
-    return float(m.group(1)) * _SCALE[m.group(2)]
+    from hpcml.units import parse_seconds
+    try:
+        return parse_seconds(value)
+    except ValueError:
+        raise ValueError(f"since: expected a duration such as 24h or 7d, found {value!r}") from None
 
 
 def _int(query: dict, key: str, default: int, top: int) -> int:

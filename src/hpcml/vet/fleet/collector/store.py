@@ -26,7 +26,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
-from hpcml.vet.fleet.collector.jobschema import JobSummary
+from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
 from hpcml.vet.fleet.collector.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
 from hpcml.vet.fleet.collector.schema import NodeReport
 

@@ -1,0 +1,162 @@
+"""One attempt of ``hpcml run``: start the ranks through a backend, then one loop for every
+backend: forward signals, poll the watch and the backend, stop the attempt when the watch
+or a lost node says so, and SIGKILL what still runs ``--kill-grace`` seconds after the
+first TERM or INT (or after a rank failed).
+
+Why one loop: srun's and the local wrappers' loops were two copies of spawn, forward,
+poll, stop and kill that drifted; here a backend (``hpcml.run.backends``) says only how
+its ranks start, whether they still run and how the rest are killed.
+"""
+
+from __future__ import annotations
+
+import signal
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hpcml.jobmodel import RunRecord
+from hpcml.run.backends import STOPPING, Backend, Target
+from hpcml.run.config import Config
+from hpcml.run.jobdir import write_own
+from hpcml.run.watch import Watch
+from hpcml.signals import SLURM_SIGNALS, forwarding
+from hpcml.words import plural
+
+FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
+POLL = 0.05
+
+
+@dataclass
+class Control:
+    """The attempt's stop state: when the kill grace began counting (monotonic), the
+    signals forwarded so far."""
+
+    cfg: Config
+    record: RunRecord
+    backend: Backend
+    seen: list[int] = field(default_factory=list)
+    stop_at: float | None = None
+
+    def stop(self) -> None:
+        """hpcml run stops the attempt itself (a hang, a straggler, a lost node): TERM now,
+        the kill grace counts from here, and run.json says it was stopped, not failed."""
+        for t in self.backend.targets():
+            t.send_signal(signal.SIGTERM)
+        self.failed()
+        if self.record.stopped_at is None:
+            self.record.stopped_at = time.time()
+
+    def failed(self) -> None:
+        """A rank failed (the backend stopped the others): SIGKILL after the grace."""
+        if self.stop_at is None:
+            self.stop_at = time.monotonic()
+
+    def grace_over(self) -> bool:
+        """True once, ``--kill-grace`` seconds after the first TERM or INT (or ``failed``):
+        time for SIGKILL; run.json says it came to that."""
+        if self.stop_at is None:
+            if not any(s in STOPPING for s in self.seen):
+                return False
+            self.stop_at = time.monotonic()
+        if self.record.killed_after_grace or time.monotonic() - self.stop_at < self.cfg.kill_grace:
+            return False
+        self.record.killed_after_grace = True
+        return True
+
+
+def task_command(cfg: Config, d: Path, attempt: int) -> list[str]:
+    """What every rank runs: ``python -m hpcml.run.task`` around the user's command."""
+    task = [sys.executable, "-m", "hpcml.run.task", str(d.resolve()), "--interval", str(cfg.interval),
+            "--kill-grace", str(cfg.kill_grace), "--gpu-metrics", cfg.gpu_metrics]
+    if cfg.env:
+        task += ["--env", cfg.env]
+    if cfg.mlflow:
+        task += ["--mlflow", cfg.mlflow]
+    if attempt:
+        task += ["--attempt", str(attempt)]
+    return [*task, "--", *cfg.cmd]
+
+
+def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pending: list[int],
+                exporter: Any = None, can_replace: Any = None) -> int:
+    """One launch of the command: every rank, until they all ended; the launch's exit code.
+    ``pending``: signals that came while no attempt ran, forwarded as soon as one does."""
+    plan = backend.plan(task_command(cfg, d, record.attempt), record)
+    record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node
+    record.master, record.launch = plan.master, list(plan.launch)
+    write_own(d, record)
+    where = f"{plan.ntasks} tasks on {_fold(plan.nodes)}" if backend.mode == "slurm" else \
+        plural(plan.ntasks, "local task")
+    print(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}", file=sys.stderr)
+    backend.start(plan)
+    watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
+                  on_straggler=cfg.on_straggler, can_replace=can_replace)
+    ctl = Control(cfg, record, backend)
+    with forwarding(backend.targets, FORWARDED) as seen:
+        ctl.seen = seen
+        _replay(pending, seen, backend.targets())
+        _prefetch_report(cfg)
+        while backend.poll(ctl.failed):
+            _tick(ctl, watch)
+            time.sleep(POLL)
+        rc = backend.returncode()
+    backend.close(record)
+    if seen:
+        record.signals_forwarded = [signal.Signals(s).name for s in seen]
+    watch.finish()                       # the crashes the last scan missed, and what the watch saw
+    for key, value in watch.to_json().items():
+        setattr(record, key, value)
+    return rc
+
+
+def _tick(ctl: Control, watch: Watch) -> None:
+    lost = ctl.backend.lost() if ctl.stop_at is None else {}
+    if lost:
+        for n, v in lost.items():
+            watch.stopping("node", f"node {n} lost ({v.state})", v.seen, node=n)
+        ctl.stop()                                  # the step's tasks, then srun after the grace
+    if watch.poll() == "stop":
+        ctl.stop()
+    if ctl.grace_over():
+        ctl.backend.kill()
+    elif ctl.record.killed_after_grace and ctl.stop_at is not None:
+        ctl.backend.overdue(time.monotonic() - ctl.stop_at, ctl.cfg.kill_grace)
+
+
+def _fold(nodes: list[str]) -> str:
+    from hpcml.cluster.hostlist import fold
+    return fold(nodes)
+
+
+def _replay(pending: list[int], seen: list[int], targets: list[Target]) -> None:
+    """Signals that came while the attempt was being launched (``--max-restarts``' handler
+    noted them; none ran yet to forward them to): forwarded now, as if just received."""
+    for sig in pending:
+        seen.append(sig)
+        for t in targets:
+            t.send_signal(sig)
+    pending.clear()
+
+
+def _prefetch_report(cfg: Config) -> None:
+    """While the tasks run, import what the report needs (pyarrow, numpy, the builders):
+    the launcher is idle then, and the report at the end costs only its own work."""
+    if not cfg.report:
+        return
+
+    def load() -> None:
+        try:
+            import hpcml.observe.html  # noqa: F401
+            import hpcml.observe.report  # noqa: F401
+            import hpcml.observe.store  # noqa: F401
+            import hpcml.run.report  # noqa: F401
+            import hpcml.score.html  # noqa: F401
+            import hpcml.score.importers.store  # noqa: F401
+            import hpcml.score.report  # noqa: F401
+        except Exception:  # noqa: BLE001 - the report will say what is missing
+            pass
+    import threading
+    threading.Thread(target=load, daemon=True).start()

@@ -1,0 +1,312 @@
+"""How ``hpcml run`` starts an attempt's ranks: one ``Backend`` per way (srun, local).
+
+The shape is torch elastic's agent (``_start``/``_monitor``/``_stop`` hooks under one loop)
+and submitit's one executor contract per backend: a backend knows how to plan the ranks
+(how many, where, the rendezvous), start them, tell whether they still run, and kill what is
+left after the grace period; the loop that forwards signals, polls the watch, stops an
+attempt and counts the grace is ``hpcml.run.attempt``'s, once for every backend.
+
+A new backend (flux, a container launcher) is a class with these methods, built as
+``Backend(settings, nodes, allocation, watch_lost)``, and its line in ``BACKENDS``; the
+launcher picks one by the run's mode (``hpcml.run.launcher.Job._backend``).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from hpcml.errors import HpcmlError, SlurmError
+from hpcml.jobmodel import LostNode, RunRecord
+from hpcml.ports import free_port
+from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
+from hpcml.run.task import STOP
+
+STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
+
+
+class Target(Protocol):
+    """What a signal is forwarded to."""
+
+    def poll(self) -> int | None: ...
+
+    def send_signal(self, sig: int) -> None: ...
+
+
+@dataclass(frozen=True)
+class Plan:
+    """Where and how an attempt's ranks run: what run.json records before they start."""
+
+    nodes: list[str]
+    ntasks: int
+    ntasks_per_node: int
+    master: str                        # MASTER_ADDR:MASTER_PORT
+    launch: list[str]                  # the srun command line (local: the task command)
+    env: Mapping[str, str] = field(repr=False, default_factory=dict)
+
+
+class Backend(Protocol):
+    """One way to run the ranks. ``start`` returns once they were started; ``poll`` is
+    called every ``POLL`` seconds until it says they all ended."""
+
+    mode: str
+
+    def plan(self, task: list[str], record: RunRecord) -> Plan: ...
+
+    def start(self, plan: Plan) -> None: ...
+
+    def targets(self) -> list[Target]: ...
+
+    def lost(self) -> dict[str, LostNode]:
+        """Nodes found lost by this call (checked at the backend's own pace)."""
+        ...
+
+    def poll(self, failed: Any) -> bool:
+        """True while ranks run; ``failed()`` when one failed (the rest get TERM here)."""
+        ...
+
+    def kill(self) -> None:
+        """The grace period is over: SIGKILL what still runs."""
+        ...
+
+    def overdue(self, since_kill: float, grace: float) -> None: ...
+
+    def returncode(self) -> int: ...
+
+    def close(self, record: RunRecord) -> None: ...
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the backends need of the validated options (``hpcml.run.config.Config``)."""
+
+    ntasks: int | None
+    ntasks_per_node: int | None
+    gpus_per_task: int | None
+    env: Mapping[str, str]                 # added to the ranks' environment (--remote-write's URL)
+
+
+# -------------------------------------------------------------------------------- srun
+
+class SrunStep:
+    """srun as a signal target. srun ends its step with SIGKILL at once when it gets TERM
+    (INT: twice), leaving the ranks no time to stop; so TERM and INT go to the step's tasks
+    through ``scancel --signal``, as the time limit's TERM does, and srun gets TERM only as
+    the SIGKILL after the grace period. The rest srun passes on itself."""
+
+    def __init__(self, proc: subprocess.Popen, job_id: str, name: str) -> None:
+        self.proc, self.job_id, self.name = proc, job_id, name
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if sig in STOPPING:
+            from hpcml.cluster.slurm import signal_step, step_id
+            try:
+                step = step_id(self.job_id, self.name)
+                if step:
+                    signal_step(step, sig)
+                    return
+            except SlurmError:
+                pass
+            sig = signal.SIGTERM                        # no step yet: srun ends what it started
+        self.proc.send_signal(sig)
+
+
+class Srun:
+    """One ``srun --kill-on-bad-exit`` step over the attempt's nodes, rank 0 on the first."""
+
+    mode = "slurm"
+
+    def __init__(self, settings: Settings, nodes: list[str], allocation: Any, watch_lost: bool = False) -> None:
+        from hpcml.run.recovery import LostNodes
+        self.settings, self.nodes, self.allocation = settings, nodes, allocation
+        self._lost = LostNodes(nodes) if watch_lost else None
+        self.proc: subprocess.Popen | None = None
+        self.step: SrunStep | None = None
+
+    def plan(self, task: list[str], record: RunRecord) -> Plan:
+        from hpcml.cluster.hostlist import fold
+        from hpcml.cluster.slurm import free_port_on
+        from hpcml.run.rendezvous import node_address
+        per_node = self.settings.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
+        gpus_per_task = self.settings.gpus_per_task
+        if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
+            per_node = int(os.environ["SLURM_GPUS_ON_NODE"])        # one task per GPU, each bound to its GPU
+            gpus_per_task = gpus_per_task or 1
+        per_node = per_node or 1
+        fits = per_node * len(self.nodes)               # fewer after a shrink than the --ntasks asked for
+        ntasks = min(self.settings.ntasks or fits, fits)
+        master = self.nodes[0]                          # srun gives rank 0 the first node of the list
+        try:
+            port = free_port() if master == self.allocation.node else free_port_on(master, sys.executable)
+        except SlurmError as exc:
+            raise HpcmlError(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
+        addr = node_address(master)
+        gpus = [f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []
+        self.name = f"hpcml-run-{os.getpid()}" + (f"-{record.attempt}" if record.attempt else "")
+        argv = ["srun", f"--job-name={self.name}", f"--nodes={len(self.nodes)}", f"--nodelist={fold(self.nodes)}",
+                f"--ntasks={ntasks}", f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
+        env = {**os.environ, **self.settings.env, "MASTER_ADDR": addr, "MASTER_PORT": str(port),
+               "TORCHELASTIC_RUN_ID": f"hpcml-run-{self.allocation.job_id}",
+               "TORCHELASTIC_RESTART_COUNT": str(record.attempt)}
+        return Plan(self.nodes, ntasks, per_node, f"{addr}:{port}", argv, env)
+
+    def start(self, plan: Plan) -> None:
+        # its own session: a terminal's Ctrl-C reaches srun once, through the launcher; TERM
+        # when the launcher dies (even by SIGKILL), on which srun kills its step
+        self.proc = subprocess.Popen(plan.launch, env=dict(plan.env), start_new_session=True,
+                                     preexec_fn=lambda: die_with_parent(signal.SIGTERM))
+        self.step = SrunStep(self.proc, str(self.allocation.job_id), self.name)
+
+    def targets(self) -> list[Target]:
+        return [self.step] if self.step is not None else []
+
+    def lost(self) -> dict[str, LostNode]:
+        if self._lost is None or not self._lost.poll():
+            return {}
+        return {n: LostNode.model_validate(v) for n, v in self._lost.lost.items()}
+
+    def poll(self, failed: Any) -> bool:
+        assert self.proc is not None
+        return self.proc.poll() is None
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.send_signal(signal.SIGTERM)           # srun: SIGKILL to every process of its step
+
+    def overdue(self, since_kill: float, grace: float) -> None:
+        from hpcml.run.recovery import LOST_WAIT
+        if since_kill > grace + LOST_WAIT and self.proc is not None:
+            self.proc.kill()                            # srun waits for a lost node's tasks: it is not coming back
+
+    def returncode(self) -> int:
+        assert self.proc is not None and self.proc.returncode is not None
+        return self.proc.returncode
+
+    def close(self, record: RunRecord) -> None:
+        if self._lost is None:
+            return
+        if self.returncode() != 0 and not self._lost.lost:
+            self._lost.poll(now=True)                   # srun ended first (its step's node failed)
+        if self._lost.lost:
+            record.lost_nodes = {n: LostNode.model_validate(v) for n, v in self._lost.lost.items()}
+
+
+# ------------------------------------------------------------------------------- local
+
+class Wrapper:
+    """A local task wrapper as a signal target. INT goes to its rank's process group, as a
+    terminal's Ctrl-C would (a bash rank's foreground child included); the rest to the
+    wrapper, whose recorder passes them on to the rank alone (TERM to a rank's DataLoader
+    workers would break the checkpoint it is about to take)."""
+
+    def __init__(self, proc: subprocess.Popen) -> None:
+        self.proc = proc
+
+    def poll(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        if sig == signal.SIGINT and any(signal_group(g, sig) for g in self._rank_groups()):
+            return
+        self.proc.send_signal(sig)              # INT before the rank started: the wrapper stops
+
+    def _rank_groups(self) -> list[int]:
+        import psutil
+        try:
+            children = psutil.Process(self.proc.pid).children()
+            return [c.pid for c in children if os.getpgid(c.pid) == c.pid]    # hpcml.run.rankexec's group
+        except (psutil.Error, OSError):
+            return []
+
+
+class Local:
+    """``--ntasks`` wrappers on this machine, the rest stopped when one fails, as srun's
+    ``--kill-on-bad-exit`` would. Each wrapper gets ``task.STOP`` when the launcher dies
+    (even by SIGKILL) and kills its rank and everything the rank started."""
+
+    mode = "local"
+
+    def __init__(self, settings: Settings, nodes: list[str], allocation: Any, watch_lost: bool = False) -> None:
+        self.settings, self.node = settings, nodes[0]
+        self.procs: list[subprocess.Popen] = []
+        self.running: list[subprocess.Popen] = []
+        self.rc = 0
+
+    def plan(self, task: list[str], record: RunRecord) -> Plan:
+        from hpcml.cluster.taskenv import FARM_JOB
+        n = self.settings.ntasks or _gpus_here() or 1
+        port = free_port("127.0.0.1")
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        if env.get(FARM_JOB):                   # ranks see no job: still the farm task (taskenv.current)
+            env[FARM_JOB] = ""
+        env.update(self.settings.env)
+        env.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port), WORLD_SIZE=str(n), LOCAL_WORLD_SIZE=str(n),
+                   TORCHELASTIC_RUN_ID=f"hpcml-run-{os.getpid()}", TORCHELASTIC_RESTART_COUNT=str(record.attempt))
+        self.task = task
+        return Plan([self.node], n, n, f"127.0.0.1:{port}", [f"{n} x", *task], env)
+
+    def start(self, plan: Plan) -> None:
+        # a wrapper killed on its own (kill -9, a crash) leaves what its rank started: a
+        # subreaper, we adopt it and kill it (kill_orphans)
+        become_subreaper()
+        # each wrapper: its own session (Ctrl-C reaches it once, forwarded), STOP when we die
+        self.procs = [subprocess.Popen(self.task, env={**plan.env, "RANK": str(r), "LOCAL_RANK": str(r)},
+                                       start_new_session=True, preexec_fn=lambda: die_with_parent(STOP))
+                      for r in range(plan.ntasks)]
+        self.running = list(self.procs)
+
+    def targets(self) -> list[Target]:
+        return [Wrapper(p) for p in self.running]
+
+    def lost(self) -> dict[str, LostNode]:
+        return {}                                 # one node: the launcher's own
+
+    def poll(self, failed: Any) -> bool:
+        for p in list(self.running):
+            code = p.poll()
+            if code is None:
+                continue
+            self.running.remove(p)
+            if code < 0:                          # killed: what its rank started is ours now
+                kill_orphans({q.pid for q in self.running})
+            if code != 0 and self.rc == 0:
+                self.rc = code
+                for other in self.running:        # as srun --kill-on-bad-exit does
+                    other.send_signal(signal.SIGTERM)
+                failed()                          # and SIGKILL after the grace period
+        return bool(self.running)
+
+    def kill(self) -> None:
+        for p in self.running:
+            p.send_signal(STOP)
+
+    def overdue(self, since_kill: float, grace: float) -> None:
+        pass                                      # a wrapper kills its rank's whole tree on STOP
+
+    def returncode(self) -> int:
+        return self.rc
+
+    def close(self, record: RunRecord) -> None:
+        reap_orphans(set())                       # every wrapper has ended: nothing may be left
+
+
+def _gpus_here() -> int:
+    """The GPUs bound to this process (CUDA_VISIBLE_DEVICES, Slurm's binding: a farm task's
+    slot), else NVML's count: NVML ignores CUDA_VISIBLE_DEVICES and sees the whole node."""
+    from hpcml.cluster.allocation import task_gpus
+    from hpcml.samplers.nvml import visible_gpus
+    if os.environ.get("CUDA_VISIBLE_DEVICES") == "":       # set empty: CUDA sees no GPU
+        return 0
+    return len(task_gpus(os.environ)) or len(visible_gpus()[0])
+
+
+#: the run's mode -> how its ranks start
+BACKENDS: dict[str, type[Srun] | type[Local]] = {"slurm": Srun, "local": Local}

@@ -1,0 +1,148 @@
+"""``hpcml run``'s options, validated once into a frozen ``Config``.
+
+Why frozen: the launcher, its backends and the recovery read the options for the whole job;
+none may change them on the way (the old launcher rewrote ``--gpus-per-task`` inside the
+srun path and put ``--remote-write`` into its own environment). Every default lives in
+``Options``; ``Config.of`` checks them against the allocation and derives what is parsed
+(the hang timeout in seconds, the collector's URL, the ranks' extra environment).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from types import MappingProxyType
+from typing import Any
+
+from hpcml.errors import UsageError
+
+
+@dataclass(frozen=True)
+class Options:
+    """The command line of ``hpcml run`` (every default once, here)."""
+
+    cmd: list[str]
+    job_dir: Path | None = None
+    vet: Path | None = None
+    min_nodes: int | None = None
+    ntasks: int | None = None                 # local mode: tasks; Slurm: total (default: per node x nodes)
+    ntasks_per_node: int | None = None
+    env: str | None = None
+    interval: float = 1.0
+    report: bool = True                       # write report.html and print the summary at the end
+    gpus_per_task: int | None = None
+    mlflow: str | None = None                 # an MLflow tracking server's URL: rank 0's metrics go there
+    kill_grace: float = 10.0                  # seconds from TERM/INT to SIGKILL of what still runs
+    overwrite: bool = False                   # replace a finished job in job_dir
+    gpu_metrics: str = "auto"                 # the ranks' GPU sampler: auto, none or a registered name
+    hang_timeout: str = "auto"                # seconds without a completed step on any rank; auto or off
+    on_hang: str = "stop"                     # stop: end the job and exit HANG; report: name and go on
+    prometheus_port: int | None = None        # the watch's verdicts served here (hpcml.run.watchexport)
+    prometheus_addr: str = "127.0.0.1"
+    max_restarts: int = 0                     # attempts after a fault, inside the allocation (hpcml.run.recovery)
+    spare_nodes: int = 0                      # good nodes kept idle for those attempts
+    revet: str | None = None                  # the suspects' vetting protocol: default --vet's; "none"
+    on_straggler: str = "report"              # restart: a straggler the watch names is a fault
+    collector: str | None = None              # hpcml vet serve's URL: the job's summary goes there (run.summary)
+    remote_write: str | None = None           # a Prometheus remote-write URL: every rank's recorder pushes there
+
+
+@dataclass(frozen=True)
+class Config(Options):
+    """``Options`` checked: ``hang_s`` parsed (None: auto), the collector's URL normalised
+    (``--collector`` or ``$HPCML_COLLECTOR``), ``rank_env`` what every rank's environment
+    gets besides the launcher's."""
+
+    hang_s: float | None = None
+    rank_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
+
+    @classmethod
+    def of(cls, opts: Options, nodes: int) -> Config:
+        """Validate ``opts`` for an allocation of ``nodes`` nodes: bad input is one
+        ``UsageError`` naming the option (exit 2), before anything starts."""
+        _check(opts, nodes)
+        _check_restarts(opts, nodes)
+        from hpcml.run.summary import collector_url
+        rank_env: dict[str, str] = {}
+        if opts.remote_write is not None:          # checked now (URL, the remote extra), then passed to every rank
+            from hpcml.observe.remotewrite import ENV_URL, config
+            config(opts.remote_write)
+            rank_env[ENV_URL] = opts.remote_write
+        values: dict[str, Any] = asdict(opts)
+        values.update(collector=collector_url(opts.collector), hang_s=hang_seconds(opts.hang_timeout),
+                      rank_env=MappingProxyType(rank_env))
+        return cls(**values)
+
+    @property
+    def revet_protocol(self) -> Path | None:
+        """The suspects' protocol: ``--revet``, else ``--vet``'s; None with ``--revet none``."""
+        return None if self.revet == "none" else Path(self.revet) if self.revet else self.vet
+
+
+def hang_seconds(value: str) -> float | None:
+    """``--hang-timeout``: None for auto; ``inf`` for off; else positive seconds."""
+    from hpcml.units import parse_seconds
+    text = str(value).strip().lower()
+    if text == "auto":
+        return None
+    if text == "off":
+        return float("inf")
+    try:
+        seconds = parse_seconds(text)
+    except (UsageError, ValueError) as exc:
+        raise UsageError(f"{value!r} is not auto, off or a duration such as '300 s' ({exc})",
+                         key="hang_timeout") from None
+    if not seconds > 0:
+        raise UsageError(f"must be more than 0 s (or off), got {value!r}", key="hang_timeout")
+    return seconds
+
+
+def _check(opts: Options, nodes: int) -> None:
+    from hpcml.run.watch import ON_HANG
+    if not opts.cmd:
+        raise UsageError("no command to run: hpcml run [options] -- python train.py", key="cmd")
+    if opts.min_nodes is not None and opts.min_nodes > nodes:
+        raise UsageError(f"{opts.min_nodes} is more than the allocation's {nodes} nodes", key="min_nodes")
+    for key in ("ntasks", "ntasks_per_node", "min_nodes", "gpus_per_task"):
+        v = getattr(opts, key)
+        if v is not None and v < 1:
+            raise UsageError(f"must be at least 1, got {v}", key=key)
+    if opts.interval < 0.1:
+        raise UsageError(f"must be at least 0.1 s, got {opts.interval}", key="interval")
+    if opts.kill_grace < 0:
+        raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
+    hang_seconds(opts.hang_timeout)
+    if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
+        raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
+    if opts.on_hang not in ON_HANG:
+        raise UsageError(f"'{opts.on_hang}' is not one of {', '.join(ON_HANG)}", key="on_hang")
+    from hpcml.samplers.choose import modes
+    if opts.gpu_metrics not in modes():           # the registry's names, a site's plug-ins too
+        raise UsageError(f"'{opts.gpu_metrics}' is not one of {', '.join(modes())}", key="gpu_metrics")
+    if opts.vet is not None:
+        from hpcml.vet.protocol import load
+        load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
+
+
+def _check_restarts(opts: Options, nodes: int) -> None:
+    from hpcml.run.recovery import ON_STRAGGLER
+    if opts.max_restarts < 0:
+        raise UsageError(f"must be at least 0, got {opts.max_restarts}", key="max_restarts")
+    if opts.spare_nodes < 0:
+        raise UsageError(f"must be at least 0, got {opts.spare_nodes}", key="spare_nodes")
+    if opts.spare_nodes and opts.spare_nodes >= nodes:
+        raise UsageError(f"{opts.spare_nodes} spares leave no node of the allocation's {nodes} "
+                         "to run on", key="spare_nodes")
+    for key, given in (("spare_nodes", opts.spare_nodes), ("revet", opts.revet),
+                       ("on_straggler", opts.on_straggler == "restart")):
+        if given and not opts.max_restarts:
+            raise UsageError("acts on restarts: give --max-restarts too", key=key)
+    if opts.min_nodes and opts.spare_nodes and opts.spare_nodes > nodes - opts.min_nodes:
+        raise UsageError(f"{opts.spare_nodes} spares leave fewer than --min-nodes {opts.min_nodes} of the "
+                         f"allocation's {nodes} nodes to run on", key="spare_nodes")
+    if opts.on_straggler not in ON_STRAGGLER:
+        raise UsageError(f"'{opts.on_straggler}' is not one of {', '.join(ON_STRAGGLER)}", key="on_straggler")
+    if opts.revet not in (None, "none"):
+        from hpcml.vet.protocol import load
+        load(Path(opts.revet)).unset_variables()

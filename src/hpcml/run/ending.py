@@ -1,0 +1,88 @@
+"""How an attempt ended, from what its ranks left in the job directory.
+
+The exit code of ``hpcml run`` is the first failing rank's (by when its command ended),
+else the launch's, else 0; an attempt Slurm requeued did not fail by the ranks the requeue
+stopped. ``conclude`` completes, for the next attempt, the record of one whose launcher
+the requeue killed before it could write its end.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+from hpcml.cluster import requeue
+from hpcml.jobmodel import Attempt, FirstFailure, Requeued, RunRecord
+from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, tail, write_own
+from hpcml.run.watch import HANG
+
+
+def first_failure(d: Path, attempt: int = 0, requeued: bool = False) -> FirstFailure | None:
+    """The rank that failed first (by when its command ended), from the recorder's metadata.
+    ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail."""
+    failed = []
+    for m in rank_meta(d, attempt):
+        ec = m.get("exit_code")
+        if isinstance(ec, int) and ec != 0 and not (requeued and ec in requeue.KILLED_BY_REQUEUE):
+            failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
+    if not failed:
+        return None
+    end, rank, ec, node = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
+    return FirstFailure(rank=rank, exit_code=ec, node=node, end=None if end == float("inf") else end,
+                        failed_ranks=len(failed))
+
+
+def requeued(d: Path, record: Attempt, ask_slurm: bool) -> Requeued | None:
+    found = requeue.find(attempt_dir(d, record.attempt), record.job_id, record.restart_of, ask_slurm)
+    return None if found is None else Requeued.model_validate(found)
+
+
+def conclude(d: Path, prev: RunRecord, restart: int) -> Attempt:
+    """The previous attempt's record, completed where its launcher did not get to (Slurm's
+    requeue kills it ``KillWait`` seconds after TERM): requeued it was, since this attempt
+    runs under a higher restart count."""
+    done = prev.as_attempt()
+    if done.requeued is not None:
+        return done
+    done.requeued = requeued(d, done, ask_slurm=False) or Requeued(by="slurm", restart_count=restart)
+    # its launcher's own ending stands unless the requeue's 143/137 made it: a vet abort (4)
+    # or an srun that could not launch (no rank recorded) was the attempt's own exit
+    if done.ended is None or done.exit_code in requeue.KILLED_BY_REQUEUE:
+        first = first_failure(d, done.attempt, requeued=True)   # the ranks the requeue stopped did not fail
+        done.exit_code = first.exit_code if first else 0
+        done.first_failure = first
+    if done.ended is None:
+        ends = [m["end"] for m in rank_meta(d, done.attempt) if isinstance(m.get("end"), (int, float))]
+        done.ended = max(ends, default=None)
+        done.end_recorded_by_next_attempt = True
+    return done
+
+
+def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
+    """Write the attempt's end: (its exit code, whether run.json took it). The exit code is
+    the first failing rank's; in an attempt that was requeued the ranks the requeue stopped
+    are not failures, and with none other it is 0. Not taken: a later attempt of this Slurm
+    job holds the directory (Slurm requeued it while this launcher still ran)."""
+    asked = record.mode == "slurm" and (rc != 0 or "SIGTERM" in (record.signals_forwarded or ()))
+    again = requeued(d, record, ask_slurm=asked)
+    first = first_failure(d, record.attempt, requeued=again is not None)
+    code = first.exit_code if first else (0 if again else rc)
+    if record.hang is not None and record.hang.action == "stop":
+        code = HANG                                       # the watch stopped a hung job
+    record.ended, record.exit_code, record.first_failure = time.time(), code, first
+    record.launcher_exit_code, record.requeued = rc, again
+    taken = write_own(d, record)
+    if not taken:
+        print(f"hpcml run: {d} now holds a later attempt of this job (Slurm requeued it while this launcher still "
+              "ran); this attempt's end is not written there", file=sys.stderr)
+    if again:
+        print(f"hpcml run: attempt {record.attempt} {requeue.describe(again.to_json())}; Slurm runs the job "
+              f"again, as the next attempt in {d}", file=sys.stderr)
+    if first and code != HANG and not record.stopped_at:     # the ranks it stopped did not fail
+        err = log_path(d, int(first.rank or 0), "err")
+        print(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}); see {err}", file=sys.stderr)
+        last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")
+        if last:
+            print(f"  {last.strip()}", file=sys.stderr)          # the cause, e.g. a command that cannot start
+    return code, taken

@@ -1,0 +1,68 @@
+"""The launcher's backends (hpcml.run.backends): what each plans before its ranks start.
+
+The rendezvous probe asks rank 0's node for a free port through ``cluster.slurm``; its
+failure must be an error, never a port that is free on the launcher's node instead. Slurm
+cannot be made to fail a step on demand, so ``srun`` here is a script on PATH that fails as
+a lost node's step does (said where it is used); the probe's success path runs on the local
+cluster in test_run_slurm and test_recovery_slurm.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from types import MappingProxyType
+
+import pytest
+
+from hpcml.errors import HpcmlError
+from hpcml.jobmodel import RunRecord
+from hpcml.run.backends import BACKENDS, Local, Settings, Srun
+
+SETTINGS = Settings(ntasks=None, ntasks_per_node=2, gpus_per_task=None, env=MappingProxyType({"HPCML_X": "1"}))
+
+
+@dataclass
+class Allocation:
+    node: str = "login"
+    job_id: str = "42"
+
+
+def record(mode: str = "slurm") -> RunRecord:
+    return RunRecord(command=["python", "t.py"], mode=mode, started=0.0, attempt=1)
+
+
+def fake_srun(tmp_path, monkeypatch, script: str) -> None:
+    """A stand-in for srun (see the module docstring)."""
+    bin_ = tmp_path / "bin"
+    bin_.mkdir()
+    (bin_ / "srun").write_text("#!/bin/sh\n" + script)
+    (bin_ / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_}{os.pathsep}{os.environ['PATH']}")
+
+
+@pytest.mark.parametrize("script", ["echo 'srun: error: Nodes n2 are down' >&2; exit 1", "echo ''"])
+def test_a_failed_rendezvous_probe_is_an_error_not_the_launchers_port(tmp_path, monkeypatch, script):
+    fake_srun(tmp_path, monkeypatch, script)
+    with pytest.raises(HpcmlError, match="no rendezvous port on n2, rank 0's node"):
+        Srun(SETTINGS, ["n2", "n3"], Allocation()).plan(["task"], record())
+
+
+def test_srun_plans_rank_0_on_the_first_node_with_its_port(tmp_path, monkeypatch):
+    fake_srun(tmp_path, monkeypatch, "echo 29500")
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    plan = Srun(SETTINGS, ["n2", "n3"], Allocation()).plan(["task", "--", "python", "t.py"], record())
+    assert plan.master.endswith(":29500") and (plan.ntasks, plan.ntasks_per_node) == (4, 2)
+    assert plan.launch[0] == "srun" and "--nodelist=n[2-3]" in plan.launch and plan.launch[-3:] == ["--", "python", "t.py"]
+    assert plan.env["HPCML_X"] == "1" and plan.env["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_local_plans_its_tasks_here_without_slurms_environment(monkeypatch):
+    monkeypatch.setenv("SLURM_JOB_ID", "7")
+    plan = Local(Settings(3, None, None, MappingProxyType({})), ["here"], None).plan(["task"], record("local"))
+    assert plan.nodes == ["here"] and plan.ntasks == 3 and plan.master.startswith("127.0.0.1:")
+    assert "SLURM_JOB_ID" not in plan.env and plan.env["WORLD_SIZE"] == "3"
+
+
+def test_every_mode_has_a_backend():
+    assert set(BACKENDS) == {"slurm", "local"}
