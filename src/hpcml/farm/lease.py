@@ -10,13 +10,13 @@ observer's own monotonic clock, so clocks of different hosts are never compared.
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 from typing import Any
 
 from hpcml.farm.model import WORKER_SCHEMA, WORKERS
+from hpcml.files import load_json_bounded
 from hpcml.owner import Liveness as Life
 from hpcml.owner import Owner, job_liveness, local_liveness
 
@@ -91,7 +91,7 @@ class Liveness:
     def _worker(self, wid: str, path: Path) -> dict[str, Any] | None:
         if wid not in self._workers:
             try:
-                self._workers[wid] = json.loads(path.read_text())
+                self._workers[wid] = load_json_bounded(path, 1 << 20)
             except (OSError, ValueError):
                 return None
         return self._workers[wid]
