@@ -2,16 +2,23 @@
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from hpcml.errors import SlurmError
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 from tests import needs
+
+if TYPE_CHECKING:
+    from tests.vet.fleet.pgcluster import PgCluster
+
+_DB_SEQ = itertools.count()
 
 # A suite started in the background of a non-interactive shell (``./scripts/test &``)
 # inherits SIGINT ignored, and every process it starts would too (an ignored signal stays
@@ -51,6 +58,30 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
             yield cluster
         finally:
             cluster.stop()
+
+
+@pytest.fixture(scope="session")
+def pg_cluster() -> Iterator[PgCluster]:
+    """One private PostgreSQL cluster for the run (the collector's and the centre's tests)."""
+    from tests.vet.fleet.pgcluster import PgCluster, PgUnavailable
+    needs.module("psycopg")
+    try:
+        cluster = PgCluster().start()
+    except PgUnavailable as exc:
+        needs.missing("postgresql", f"PostgreSQL cannot run here: {exc}")
+    try:
+        yield cluster
+    finally:
+        cluster.stop()
+
+
+@pytest.fixture(params=["sqlite", "postgres"])
+def db_url(request, tmp_path) -> str:
+    """A fresh store URL: SQLite, then a new database of ``pg_cluster``."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/vet.db"
+    cluster = request.getfixturevalue("pg_cluster")
+    return cluster.create_db(f"t{next(_DB_SEQ)}")
 
 
 @pytest.fixture

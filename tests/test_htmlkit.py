@@ -15,6 +15,7 @@ import pytest
 from markupsafe import escape
 
 from hpcml import htmlkit
+from hpcml.centre import report as centre
 from hpcml.files import load_toml
 from hpcml.htmlkit import _path, bridge_gaps
 from hpcml.observe import html as observe_html
@@ -26,7 +27,6 @@ from hpcml.score import html as score_html
 from hpcml.score.recording import Recording
 from hpcml.score.report import build as score_build
 from hpcml.testing.synthetic_job import make_job
-from hpcml.vet.fleet import centre
 from tests.score import synth
 
 SCRIPT = "<script>alert(1)</script>"

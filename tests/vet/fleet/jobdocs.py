@@ -44,8 +44,8 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
 def proven(doc: dict[str, Any], uid: int | None = None):
     """A summary as the collector stores it once MUNGE proved its user (and Slurm its job):
     for tests that write the store directly, without the HTTP path that proves senders."""
-    from hpcml.vet.fleet.collector.jobschema import Proven
-    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
+    from hpcml.centre.summaries import Proven
+    from hpcml.centre.summaries import Received as JobSummary
     user = doc.get("user")
     return JobSummary.model_validate(doc).proven(
         Proven(how="munge", user=user, uid=uid if uid is not None else 1000 + sum(map(ord, user or "")),

@@ -255,7 +255,7 @@ def test_a_damaged_version_row_is_one_line(tmp_path):
 def test_a_verified_summary_wins_over_an_unverified_one_in_the_same_batch_or_later(db_url):
     """However they arrive, a key's verified summary is the one stored and counted; the
     unverified one never shadows it, and GET /v1/jobs says which is which."""
-    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
+    from hpcml.centre.summaries import Received as JobSummary
     from hpcml.vet.fleet.collector.server import Tokens, start
     store = open_store(db_url)
     forged = summary("7", user="mallory", culprits=[event("nid001", 0)])
@@ -301,7 +301,7 @@ def test_one_person_proven_two_ways_counts_once():
     import os
     import pwd
 
-    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
+    from hpcml.centre.summaries import Received as JobSummary
     from hpcml.vet.fleet.collector.proof import Sender, Verifier
     me = pwd.getpwuid(os.getuid()).pw_name
     s = JobSummary.model_validate(summary("1"))

@@ -534,8 +534,8 @@ def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path
     """Summaries in a real store, read by the handler's StoreSource, through the default rules."""
     import time as _time
 
-    from hpcml.vet.fleet.collector.jobschema import Proven
-    from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
+    from hpcml.centre.summaries import Proven
+    from hpcml.centre.summaries import Received as JobSummary
     from hpcml.vet.fleet.collector.store import open_store
     from hpcml.vet.fleet.sources import StoreSource
     from tests.vet.fleet.jobdocs import event, summary

@@ -1,4 +1,4 @@
-"""``hpcml vet fleet-report``: arguments in, the centre's report (``hpcml.vet.fleet.centre``) out."""
+"""``hpcml vet fleet-report``: arguments in, the centre's report (``hpcml.centre.report``) out."""
 
 from __future__ import annotations
 
@@ -26,8 +26,8 @@ def fleet_report(
 
     Exit codes: 0 done, 1 the database cannot be read, 2 bad option.
     """
+    from hpcml.centre.report import build, lines, render_html
     from hpcml.files import write_atomic
-    from hpcml.vet.fleet.centre import build, lines, render_html
     from hpcml.vet.fleet.collector.server import parse_since
     from hpcml.vet.fleet.collector.store import open_store
     try:

@@ -35,11 +35,11 @@ from typing import Any, Literal
 
 import orjson
 
+from hpcml.centre.summaries import Proven
+from hpcml.centre.summaries import Received as JobSummary
 from hpcml.cluster import jobrecord, munge
 from hpcml.cluster.jobrecord import JobRecord
 from hpcml.errors import SlurmError
-from hpcml.vet.fleet.collector.jobschema import Proven
-from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
 
 AUTH_KEY = "auth"
 MAX_RESTARTS_IN_ALLOCATION = 1000     # attempts a job may add inside one allocation (--max-restarts)

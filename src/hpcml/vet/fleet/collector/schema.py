@@ -11,6 +11,7 @@ from typing import Annotated, Any, Literal, Optional, Union
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
 
+from hpcml.centre.summaries import Invalid
 from hpcml.errors import UsageError
 from hpcml.jobmodel import Text, reason
 
@@ -49,10 +50,6 @@ _ONE = TypeAdapter(NodeReport)
 _MANY = TypeAdapter(list[NodeReport])
 
 
-class Invalid(UsageError, ValueError):
-    """A refused report (bad input, exit 2); ``str()`` is the one-line reason sent back with the 400."""
-
-
 def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node."""
     from hpcml.cluster.hostlist import expand
@@ -82,7 +79,6 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
 
 def _check_tag(data: dict[str, Any]) -> None:
     """A whole report of another kind or of a newer hpcml (``hpcml.vet/2``) is refused."""
-    from hpcml.errors import UsageError
     from hpcml.schemas import check
     from hpcml.vet.model import REPORT_SCHEMA
     try:

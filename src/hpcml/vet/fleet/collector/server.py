@@ -36,7 +36,7 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
-from hpcml.vet.fleet.collector.jobschema import parse_job_items
+from hpcml.centre.summaries import parse_job_items
 from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
 from hpcml.vet.fleet.collector.schema import Invalid, parse
 from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
@@ -249,7 +249,7 @@ class App:
                     raise _error(404, f"no reports or summaries for job {parts[2]!r}")
                 return _Reply(200, {"job_id": parts[2], "reports": reps, "summaries": summaries})
             if parts == ["v1", "fleet"]:
-                from hpcml.vet.fleet.centre import build
+                from hpcml.centre.report import build
                 since = parse_since(query.get("since", ["30d"])[-1])
                 return _Reply(200, build(store, since, top=_int(query, "top", 20, 10_000)))
         except ValueError as exc:

@@ -24,10 +24,10 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from hpcml.centre.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
+from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
-from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
-from hpcml.vet.fleet.collector.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
 from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"

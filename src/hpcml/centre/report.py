@@ -8,23 +8,38 @@ vetting result say together, over a time window.
   scoring jobs, owners with the most idle GPU-hours (GPU-hours × (1 − score)) first;
 - the GPU-hours and time the faults cost, in all and per account.
 
-Everything is one SQL aggregate per part (``collector.jobstore``), so 100,000 jobs and
+Everything is one SQL aggregate per part (``centre.jobstore``), so 100,000 jobs and
 10,000 nodes take seconds, not minutes.
 """
 
 from __future__ import annotations
 
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, Protocol
 
 from hpcml.schemas import tag
-from hpcml.vet.fleet.collector.store import Store
 from hpcml.words import plural, printable
 
 SCHEMA = tag("vet.fleet", 1)
 
 
-def build(store: Store, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None
+class Facts(Protocol):
+    """What the report asks of the collector's store (``vet.fleet.collector.store.Store``):
+    one SQL aggregate per part, over jobs (``centre.jobstore``) and vetting results."""
+
+    def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]: ...
+
+    def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]: ...
+
+    def job_totals(self, since: float) -> dict[str, Any]: ...
+
+    def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]: ...
+
+    def lost_by_account(self, since: float) -> list[dict[str, Any]]: ...
+
+
+def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None
           ) -> dict[str, Any]:
     """The report over the last ``since_s`` seconds."""
     now = time.time() if now is None else now

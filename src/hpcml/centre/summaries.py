@@ -29,7 +29,6 @@ from hpcml.jobmodel import (
     reason,
 )
 from hpcml.schemas import check
-from hpcml.vet.fleet.collector.schema import Invalid
 
 MAX_SUMMARIES = 10_000             # per request
 FIELDS = ROLE_FIELDS
@@ -37,6 +36,11 @@ ROLES = tuple(FIELDS)
 
 __all__ = ["FIELDS", "GPUS_PER_NODE", "MAX_NODES", "OUTCOMES", "ROLES", "SUMMARY_SCHEMA", "NodeEvent", "NodeVetting",
            "Proven", "Received", "parse_job_items"]
+
+
+class Invalid(UsageError, ValueError):
+    """A refused document (bad input, exit 2); ``str()`` is the one-line reason the
+    collector sends back with the 400."""
 
 
 class Proven(BaseModel):

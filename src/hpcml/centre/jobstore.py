@@ -16,8 +16,8 @@ from typing import Any
 
 import orjson
 
-from hpcml.vet.fleet.collector.jobschema import ROLES
-from hpcml.vet.fleet.collector.jobschema import Received as JobSummary
+from hpcml.centre.summaries import ROLES
+from hpcml.centre.summaries import Received as JobSummary
 
 #: schema version 2: the job tables (version 1, the vetting tables, had no version row)
 JOBS_DDL = """

@@ -12,7 +12,7 @@ import jsonschema
 import pytest
 
 from hpcml import schemas
-from hpcml.vet.fleet.centre import build
+from hpcml.centre.report import build
 from hpcml.vet.fleet.collector.schema import NodeReport
 from hpcml.vet.fleet.collector.store import open_store
 from tests.observe.browser import render
