@@ -376,11 +376,14 @@ class CollectorServer:
                 except OSError:
                     pass
 
-        if self._running:
+        try:
+            if not self._running or self._done.is_set():
+                raise OSError("the loop is not running")
             srv.trigger.pull_trigger(stop)
-            self._done.wait(10)
-        else:
+        except OSError:                 # not running, or it closed its trigger on its way out
             stop()
+        else:
+            self._done.wait(10)
         srv.task_dispatcher.shutdown()
         self.app.close()
         self.store.close()
