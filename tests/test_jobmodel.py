@@ -89,3 +89,21 @@ def test_assignment_is_checked():
         rec.ntasks = 0
     rec.hang = {"began": 1.0, "detected": 2.0, "timeout": 1.0, "ranks": 2}      # the watch's dict becomes the model
     assert rec.hang.timeout == 1.0
+
+
+def test_what_the_launcher_may_hold_is_written_and_read_back(tmp_path):
+    """A non-UTF-8 argument (a surrogate escape, as Python gives such bytes) and an infinite
+    straggler score are written as hpcml always wrote them and read back unchanged; a key
+    an older hpcml wrote (``superseded``) is dropped on reading, not refused."""
+    import os
+
+    from hpcml.files import write_atomic
+    rec = RunRecord.model_validate(_run(command=["/bin/echo", os.fsdecode(b"caf\xe9")]))
+    rec.stragglers = [{"rank": 1, "score": float("inf"), "since_step": 3, "detected": 2.0}]
+    p = tmp_path / "run.json"
+    write_atomic(p, jobmodel.dumps(rec))
+    back = jobmodel.read_run(p)
+    assert back.command == rec.command and back.stragglers is not None and back.stragglers[0].score == float("inf")
+    doc = json.loads(p.read_text())
+    p.write_text(json.dumps({**doc, "superseded": True, "attempts": [{"command": ["x"], "mode": "local", "started": 0.0, "superseded": True}]}))
+    assert jobmodel.read_run(p).attempts is not None

@@ -21,6 +21,7 @@ collector both use it without importing each other.
 
 from __future__ import annotations
 
+import json
 import time
 import types
 import typing
@@ -35,7 +36,9 @@ from hpcml.schemas import check, parse, tag
 
 RUN_SCHEMA = tag("run", 1)
 SUMMARY_SCHEMA = tag("job.summary", 1)
-MAX_RUN_JSON = 64 << 20          # a run.json of many attempts, each with its timeline
+MAX_RUN_JSON = 256 << 20         # a run.json of many attempts, each with its timeline (files.JSON_MAX)
+#: keys older hpcml versions wrote into run.json and this one no longer does: dropped on reading
+LEGACY_RUN_KEYS = frozenset({"superseded"})
 FaultKind = Literal["crash", "hang", "straggler", "node"]
 
 
@@ -56,8 +59,9 @@ class Model(BaseModel):
 
     def to_json(self) -> dict[str, Any]:
         """The fields set (None included): the document as its writer made it; a document's
-        schema tag first, always."""
-        out = self.model_dump(mode="json", exclude_unset=True, by_alias=True)
+        schema tag first, always. Python values (an infinite score stays ``inf``, which
+        ``dumps`` writes as the standard library's JSON does)."""
+        out = self.model_dump(exclude_unset=True, by_alias=True)
         tagged = getattr(self, "schema_", None)
         return {"schema": tagged, **{k: v for k, v in out.items() if k != "schema"}} if tagged else out
 
@@ -531,13 +535,29 @@ def validate(model: type[M], doc: Any, expected: str, source: str) -> M:
 
 
 def read_run(path: Path) -> RunRecord:
-    """run.json, bounded and validated (a FIFO or a directory there: unreadable, not a hang)."""
+    """run.json, bounded and validated (a FIFO or a directory there: unreadable, not a hang);
+    the keys of ``LEGACY_RUN_KEYS`` an older hpcml wrote are dropped, any other unknown key
+    is refused."""
     from hpcml.files import read_json
-    return validate(RunRecord, read_json(path, RUN_SCHEMA, max_bytes=MAX_RUN_JSON), RUN_SCHEMA, str(path))
+    doc = read_json(path, RUN_SCHEMA, max_bytes=MAX_RUN_JSON)
+    if isinstance(doc, dict):
+        doc = _without_legacy(doc)
+    return validate(RunRecord, doc, RUN_SCHEMA, str(path))
+
+
+def _without_legacy(doc: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in doc.items() if k not in LEGACY_RUN_KEYS}
+    if isinstance(out.get("attempts"), list):
+        out["attempts"] = [_without_legacy(a) if isinstance(a, dict) else a for a in out["attempts"]]
+    return out
 
 
 def dumps(record: Model) -> bytes:
-    return orjson.dumps(record.to_json(), option=orjson.OPT_INDENT_2) + b"\n"
+    """The document as hpcml has always written it (the standard library's JSON, indented):
+    a non-UTF-8 argument or path (a surrogate escape) is written escaped, an infinite score
+    as ``Infinity``, and both read back; orjson refuses the first and writes the second as
+    null."""
+    return (json.dumps(record.to_json(), indent=2) + "\n").encode()
 
 
 def write_schemas(folder: Path | None = None) -> list[Path]:

@@ -66,3 +66,16 @@ def test_local_plans_its_tasks_here_without_slurms_environment(monkeypatch):
 
 def test_every_mode_has_a_backend():
     assert set(BACKENDS) == {"slurm", "local"}
+
+
+def test_an_attempt_whose_rendezvous_fails_ends_with_1_and_says_why(tmp_path, monkeypatch, capsys):
+    """srun stands in for a step on a lost node (module docstring): the attempt is not
+    started, and the launcher goes on to record its end (``ending.finish``)."""
+    from hpcml.run.attempt import run_attempt
+    from hpcml.run.config import Config, Options
+    fake_srun(tmp_path, monkeypatch, "echo 'srun: error: Nodes n2 are down' >&2; exit 1")
+    rec = record()
+    cfg = Config.of(Options(cmd=["python", "t.py"]), nodes=2)
+    assert run_attempt(cfg, tmp_path, rec, Srun(SETTINGS, ["n2", "n3"], Allocation()), []) == 1
+    assert "attempt 1 not started: no rendezvous port on n2" in capsys.readouterr().err
+    assert rec.launch is None

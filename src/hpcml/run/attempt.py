@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml.errors import HpcmlError
 from hpcml.jobmodel import RunRecord
 from hpcml.run.backends import STOPPING, Backend, Target
 from hpcml.run.config import Config
@@ -84,7 +85,11 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
                 exporter: Any = None, can_replace: Any = None) -> int:
     """One launch of the command: every rank, until they all ended; the launch's exit code.
     ``pending``: signals that came while no attempt ran, forwarded as soon as one does."""
-    plan = backend.plan(task_command(cfg, d, record.attempt), record)
+    try:
+        plan = backend.plan(task_command(cfg, d, record.attempt), record)
+    except HpcmlError as exc:                      # no rendezvous on rank 0's node: the attempt cannot start
+        print(f"hpcml run: attempt {record.attempt} not started: {exc}", file=sys.stderr)
+        return 1
     record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node
     record.master, record.launch = plan.master, list(plan.launch)
     write_own(d, record)
@@ -113,8 +118,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
 
 
 def _tick(ctl: Control, watch: Watch) -> None:
-    lost = ctl.backend.lost() if ctl.stop_at is None else {}
-    if lost:
+    lost = ctl.backend.lost()                      # asked while the attempt stops too: every lost node is known
+    if lost and ctl.stop_at is None:
         for n, v in lost.items():
             watch.stopping("node", f"node {n} lost ({v.state})", v.seen, node=n)
         ctl.stop()                                  # the step's tasks, then srun after the grace

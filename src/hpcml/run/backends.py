@@ -193,7 +193,7 @@ class Srun:
     def close(self, record: RunRecord) -> None:
         if self._lost is None:
             return
-        if self.returncode() != 0 and not self._lost.lost:
+        if self.returncode() != 0:
             self._lost.poll(now=True)                   # srun ended first (its step's node failed)
         if self._lost.lost:
             record.lost_nodes = {n: LostNode.model_validate(v) for n, v in self._lost.lost.items()}

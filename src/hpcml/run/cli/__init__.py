@@ -145,6 +145,8 @@ def _send(job_dir: Path, rep: dict, url: str, strict: bool) -> None:
                   file=sys.stderr)
     except OSError as exc:                # someone else's job directory, a file where the spool goes
         print(f"hpcml report: summary not written in {job_dir}: {exc.strerror or exc}", file=sys.stderr)
+    except UsageError as exc:             # a summary no collector would take: the report stands
+        print(f"hpcml report: summary not written: {exc}", file=sys.stderr)
     sent, left = send_pending(job_dir, url, timeout=30 if strict else 3)
     if strict:
         print(f"summaries: {sent} sent, {left} left unsent", file=sys.stderr)
