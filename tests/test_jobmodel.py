@@ -105,5 +105,6 @@ def test_what_the_launcher_may_hold_is_written_and_read_back(tmp_path):
     back = jobmodel.read_run(p)
     assert back.command == rec.command and back.stragglers is not None and back.stragglers[0].score == float("inf")
     doc = json.loads(p.read_text())
-    p.write_text(json.dumps({**doc, "superseded": True, "attempts": [{"command": ["x"], "mode": "local", "started": 0.0, "superseded": True}]}))
+    earlier = {"command": ["x"], "mode": "local", "started": 0.0, "superseded": True}
+    p.write_text(json.dumps({**doc, "superseded": True, "attempts": [earlier]}))
     assert jobmodel.read_run(p).attempts is not None
