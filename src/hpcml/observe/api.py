@@ -5,6 +5,11 @@ returns; a daemon thread turns the list into an Arrow batch every flush interval
 writes it: to the recorder's pipe when ``hpcml observe record`` started this process
 (``HPCML_OBSERVE_FD``), else to this rank's own file in the job directory. Any error is
 counted (``problems()``) and reported in the store, never raised into the caller.
+
+A program logs its own steps once it gives ``log`` or ``section`` a step number or records
+a section named ``step``; until then ``hpcml run``'s optimizer hooks
+(``hpcml.observe.optimsteps``) record each optimizer step here as that section would, and
+from then on they record nothing, so that no step is counted twice.
 """
 
 from __future__ import annotations
@@ -15,13 +20,14 @@ import threading
 import time
 from typing import Any
 
+STEP = "step"                   # the section whose times are step times (hpcml.observe.beat, the report)
 FLUSH_SECONDS = float(os.environ.get("HPCML_OBSERVE_FLUSH", "1.0") or 1.0)
 MAX_BUFFERED = 2_000_000        # rows kept while the writer is stuck; newer rows are dropped
 
 _buf: list[tuple] = []
 _lock = threading.Lock()
 _state: dict[str, Any] = {"thread": None, "writer": None, "step": None, "errors": 0,
-                          "dropped": 0, "write_errors": 0, "reported": (0, 0, 0)}
+                          "dropped": 0, "write_errors": 0, "reported": (0, 0, 0), "own": False}
 _time_ns = time.time_ns
 _perf_ns = time.perf_counter_ns
 
@@ -38,6 +44,7 @@ def log(step: int | None = None, **metrics: float) -> None:
         ts = _time_ns()
         if step is not None:
             _state["step"] = step
+            _state["own"] = True
         append = _buf.append
         for name, value in metrics.items():
             append((ts, "metric", name, float(value), step, None))
@@ -66,12 +73,43 @@ class section:
     def __exit__(self, *exc: object) -> None:
         try:
             t1 = _perf_ns()
+            if self.step is not None or self.name == STEP:
+                _state["own"] = True
             step = _state["step"] if self.step is None else self.step
             _buf.append((_time_ns(), "section", self.name, (t1 - self.t0) / 1e9, step, None))
             if _state["thread"] is None:
                 _start()
         except Exception:  # noqa: BLE001
             _state["errors"] += 1
+
+
+def own_steps() -> bool:
+    """Whether the program logs its own steps (a step number given, or a ``step`` section)."""
+    return _state["own"]
+
+
+def optimizer_step(step: int, seconds: float, end_ns: int) -> bool:
+    """One optimizer step seen by ``hpcml.observe.optimsteps``, recorded as
+    ``section("step", step=step)`` around it would be (``end_ns``: epoch ns of its end).
+    Nothing, and False, once the program logs its own steps; later sections without a step
+    number are labelled with this one."""
+    try:
+        if _state["own"]:
+            return False
+        _state["step"] = step
+        _buf.append((end_ns, "section", STEP, seconds, step, None))
+        if _state["thread"] is None:
+            _start()
+        return True
+    except Exception:  # noqa: BLE001 - inside optimizer.step(): never raise
+        _state["errors"] += 1
+        return False
+
+
+def start() -> None:
+    """The writer thread, and with it the exit handler that writes what is left."""
+    if _state["thread"] is None:
+        _start()
 
 
 def problems() -> dict[str, int]:

@@ -1,2 +1,3 @@
 """A directory ``hpcml run`` puts first on each rank's PYTHONPATH: its ``sitecustomize``
-adds the Flight Recorder dump on request (``hpcml.run.inject.sitecustomize``)."""
+adds the Flight Recorder dump on request and makes every optimizer step a step
+(``hpcml.run.inject.sitecustomize``)."""

@@ -11,6 +11,16 @@ armed by ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` before 2.5, 
 process that did not initialise ``torch.distributed`` has nothing to dump. A rank whose GIL
 is held (a C call that does not release it) cannot dump; py-spy's stack still locates it.
 
+Every optimizer step a step (``hpcml.observe.optimsteps``): a ``sys.meta_path`` finder that
+finds nothing itself waits for ``torch.optim``'s first import, and once it has run registers
+torch's global optimizer step hooks, so a process that never imports torch pays one string
+comparison per import and no torch. Only in the rank's main process: the first process of
+the rank to import ``torch.optim`` with the recorder's pipe as it was given (checked at
+start: a subprocess or spawned DataLoader worker whose parent closed the pipe may have its
+number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
+which then count nothing); a forked child stops counting (``os.register_at_fork``).
+``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off.
+
 The site's own ``sitecustomize``, if any, is loaded first, as ddtrace-run's bootstrap does.
 """
 
@@ -20,15 +30,24 @@ import importlib.machinery
 import importlib.util
 import json
 import os
+import stat
 import sys
 import threading
 import time
+
+TYPE_CHECKING = False                # typing is not imported at every process's start (~5 ms)
+if TYPE_CHECKING:
+    from collections.abc import Callable
+    from typing import Any
 
 ENV = "HPCML_RUN_SNAPSHOT_DIR"      # the attempt's observe store
 # The request file and the dump directory are hpcml.observe.snapshot's REQUEST (under the
 # store's beat/) and FLIGHT_RECORDER, written out here: this file runs in every Python
 # process of a rank and imports nothing of hpcml.
 POLL = 1.0
+PIPE = "HPCML_OBSERVE_FD"           # the recorder's pipe (hpcml.observe.recorder)
+STEPS = "HPCML_RUN_OPTIMIZER_STEPS"  # "0": optimizer steps are not counted
+CLAIM = "HPCML_RUN_STEPS_PID"       # the process whose optimizer steps are the rank's
 
 
 def _chain() -> None:
@@ -84,7 +103,97 @@ def _watch(observe: str) -> None:
             continue
 
 
+def _pipe() -> tuple[int, int, int] | None:
+    """The recorder's pipe as this process has it: (fd, device, inode), or None."""
+    fd = os.environ.get(PIPE, "")
+    if not fd.isdigit():
+        return None
+    try:
+        st = os.fstat(int(fd))
+    except OSError:
+        return None
+    return (int(fd), st.st_dev, st.st_ino) if stat.S_ISFIFO(st.st_mode) else None
+
+
+class _Then:
+    """A loader that runs ``then`` after the module it loads (where the loader's own
+    ``exec_module`` cannot be replaced); everything else is the loader's."""
+
+    def __init__(self, loader: Any, then: Callable[[], None]) -> None:
+        self._loader, self._then = loader, then
+
+    def create_module(self, spec: Any) -> Any:
+        return self._loader.create_module(spec)
+
+    def exec_module(self, module: Any) -> None:
+        self._loader.exec_module(module)
+        self._then()
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("_"):                     # ours not set yet (a copy): not the loader's
+            raise AttributeError(name)
+        return getattr(self._loader, name)
+
+
+class _OnImport:
+    """A ``sys.meta_path`` finder that finds nothing itself: when ``name`` is first imported
+    it leaves ``sys.meta_path``, lets the other finders find it, and has ``then`` called
+    once the module has run."""
+
+    def __init__(self, name: str, then: Callable[[], None]) -> None:
+        self.name, self.then = name, then
+
+    def find_spec(self, fullname: str, path: Any = None, target: Any = None) -> Any:
+        if fullname != self.name:
+            return None
+        try:
+            sys.meta_path.remove(self)
+        except ValueError:
+            pass
+        for finder in sys.meta_path:
+            find = getattr(finder, "find_spec", None)
+            spec = find(fullname, path, target) if find is not None else None
+            if spec is not None:
+                break
+        else:
+            return None
+        loader, then = spec.loader, self.then
+        if loader is None or not hasattr(loader, "exec_module"):
+            return spec
+        run = loader.exec_module
+
+        def exec_module(module: Any) -> None:
+            try:
+                del loader.exec_module               # the loader's own again, for any later module
+            except AttributeError:
+                pass
+            run(module)
+            then()
+        try:
+            loader.exec_module = exec_module         # a file's loader is made for this module alone
+        except (AttributeError, TypeError):
+            spec.loader = _Then(loader, then)
+        return spec
+
+
+def _count_steps(pipe: tuple[int, int, int] | None) -> None:
+    """``torch.optim`` has just run: this process's optimizer steps become the rank's steps,
+    if no other process of the rank claimed them and it still has the recorder's pipe."""
+    try:
+        if pipe is None or os.environ.get(CLAIM, str(os.getpid())) != str(os.getpid()) or _pipe() != pipe:
+            return
+        os.environ[CLAIM] = str(os.getpid())
+        from hpcml.observe import optimsteps
+        optimsteps.install()
+    except Exception as exc:  # noqa: BLE001 - an interpreter without hpcml: the program runs as without us
+        print(f"hpcml run: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 if __name__ == "sitecustomize":
     _chain()
     if os.environ.get(ENV):
         threading.Thread(target=_watch, args=(os.environ[ENV],), name="hpcml-flight-recorder", daemon=True).start()
+        pipe = _pipe()
+        if (pipe is not None and os.environ.get(STEPS) != "0"
+                and os.environ.get(CLAIM, str(os.getpid())) == str(os.getpid())):
+            sys.meta_path.insert(0, _OnImport("torch.optim", lambda: _count_steps(pipe)))

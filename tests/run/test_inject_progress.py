@@ -1,0 +1,156 @@
+"""Progress without a script change: ``hpcml run``'s sitecustomize (``hpcml.run.inject``)
+makes every optimizer step of an unchanged script a step (``hpcml.observe.optimsteps``).
+
+Real ``hpcml run`` in local mode, 2 ranks of a plain DDP loop over gloo that never imports
+hpcml (tests/run/scripts/raw_ddp.py), real recorders, store, report and watch. The rules
+themselves (nesting, several optimizers, a forked child): tests/observe/test_optimsteps.py.
+"""
+
+from __future__ import annotations
+
+import importlib.machinery
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcml.observe.beat import read_beats
+from hpcml.observe.store import read_job
+from hpcml.run.inject import sitecustomize as site
+from hpcml.run.watch import HANG
+
+SCRIPT = Path(__file__).with_name("scripts") / "raw_ddp.py"
+
+
+def hpcml(*args, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
+    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    full["PATH"] = f"{Path(sys.executable).parent}:{full.get('PATH', '')}"
+    full.update(env or {})
+    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=full, timeout=timeout)
+
+
+def step_sections(job: Path) -> dict[int, list[int]]:
+    """Each rank's ``step`` section rows in the store: their step numbers, in order."""
+    t = read_job(job / "observe").table.to_pydict()
+    out: dict[int, list[int]] = {}
+    for rank, kind, name, step in zip(t["rank"], t["kind"], t["name"], t["step"]):
+        if kind == "section" and name == "step":
+            out.setdefault(rank, []).append(step)
+    return out
+
+
+@pytest.mark.torch
+def test_every_optimizer_step_of_a_plain_ddp_script_is_a_step(tmp_path):
+    """8 optimizer steps of 3 micro-batches each, a second optimizer stepping every iteration,
+    a DataLoader worker and a subprocess (which has the recorder's pipe) stepping their own:
+    8 steps per rank, in the heartbeat, the store and the report, each as long as its iteration."""
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--", "python", SCRIPT, cwd=tmp_path,
+              env={"STEPS": "8", "ACCUM": "3", "STEP_S": "0.1"})
+    assert p.returncode == 0, p.stderr
+    job = tmp_path / "job"
+    assert step_sections(job) == {0: list(range(1, 9)), 1: list(range(1, 9))}
+    beats = read_beats(job / "observe")
+    assert [(b["step"], b["steps"], b["recent_steps"]) for _, b in sorted(beats.items())] == [(8, 8, list(range(1, 9)))] * 2
+    assert all(min(b["recent_s"][1:]) >= 0.1 for b in beats.values())      # the iteration, not step() alone
+    run = json.loads((job / "run.json").read_text())
+    assert run["furthest_step"] == 8 and run["exit_code"] == 0
+    rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)["observe"]
+    assert rep["straggler_check"]["steps"] == 8 and rep["sections"]["step"]["total_s"] >= 2 * 7 * 0.1
+    assert rep["throughput"]["source"] == "section" and rep["throughput"]["median"] > 0
+
+
+@pytest.mark.torch
+def test_a_rank_stuck_after_3_steps_of_a_plain_script_is_stopped_and_named(tmp_path):
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "3s", "--kill-grace", "3",
+              "--", "python", SCRIPT, cwd=tmp_path, env={"STEPS": "8", "STUCK_RANK": "1", "STUCK_AFTER": "3"})
+    assert p.returncode == HANG, p.stderr
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    hang = run["hang"]
+    assert run["exit_code"] == HANG and hang["action"] == "stop" and run["furthest_step"] == 3
+    assert [c["rank"] for c in hang["verdict"]["culprits"]] == [1] and hang["verdict"]["blocked"] == [0]
+    line = next(i for i, t in enumerate(SCRIPT.read_text().splitlines(), 1) if t.endswith("# culprit"))
+    assert hang["verdict"]["culprits"][0]["where"] == f"{SCRIPT}:{line} in main"
+    assert [e["kind"] for e in run["timeline"]] == ["hang"]
+
+
+@pytest.mark.torch
+def test_a_script_that_logs_its_own_steps_keeps_them(tmp_path):
+    p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--", "python", SCRIPT, cwd=tmp_path,
+              env={"STEPS": "5", "OWN": "1"})
+    assert p.returncode == 0, p.stderr
+    assert step_sections(tmp_path / "job") == {0: list(range(1000, 1005)), 1: list(range(1000, 1005))}
+
+
+def test_a_rank_that_never_imports_torch_pays_no_torch_import(tmp_path):
+    code = ("import sys\nprint(sorted(m for m in sys.modules if m.split('.')[0] == 'torch'))\n"
+            "print([type(f).__name__ for f in sys.meta_path])\n")
+    p = hpcml("run", "--ntasks", "1", "--dir", "job", "--no-report", "--", "python", "-c", code, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    loaded, finders = (tmp_path / "job" / "logs" / "rank-00000.out").read_text().splitlines()[:2]
+    assert loaded == "[]" and finders.startswith("['_OnImport'")       # waiting for torch.optim, importing nothing
+
+
+@pytest.fixture
+def importable(tmp_path, monkeypatch):
+    """A package ``waitpkg`` with a module ``waitpkg.optim``, importable from tmp_path."""
+    (tmp_path / "waitpkg").mkdir()
+    (tmp_path / "waitpkg" / "__init__.py").write_text("")
+    (tmp_path / "waitpkg" / "optim.py").write_text("RAN = True\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    yield
+    for name in ("waitpkg.optim", "waitpkg"):
+        sys.modules.pop(name, None)
+
+
+def test_the_finder_calls_back_once_the_module_ran_and_leaves(importable):
+    calls = []
+    finder = site._OnImport("waitpkg.optim", lambda: calls.append(sys.modules["waitpkg.optim"].RAN))
+    sys.meta_path.insert(0, finder)
+    try:
+        import waitpkg  # noqa: F401
+        assert calls == [] and finder in sys.meta_path
+        import waitpkg.optim
+        assert calls == [True] and finder not in sys.meta_path
+        assert "exec_module" not in vars(waitpkg.optim.__spec__.loader)        # the loader's own again
+        assert waitpkg.optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
+    finally:
+        if finder in sys.meta_path:
+            sys.meta_path.remove(finder)
+
+
+def test_a_loader_that_cannot_be_patched_is_wrapped(importable):
+    class Slotted:                                         # no __dict__: exec_module cannot be replaced
+        __slots__ = ("inner",)
+
+        def __init__(self, inner) -> None:
+            self.inner = inner
+
+        def create_module(self, spec):
+            return None
+
+        def exec_module(self, module) -> None:
+            self.inner.exec_module(module)
+
+        def get_source(self, name: str) -> str:
+            return self.inner.get_source(name)
+
+    class Finder:
+        def find_spec(self, name, path=None, target=None):
+            spec = importlib.machinery.PathFinder.find_spec(name, path, target)
+            if spec is not None and name == "waitpkg.optim":
+                spec.loader = Slotted(spec.loader)
+            return spec
+    calls = []
+    other = Finder()
+    sys.meta_path.insert(0, other)
+    sys.meta_path.insert(0, site._OnImport("waitpkg.optim", lambda: calls.append(1)))
+    try:
+        import waitpkg.optim
+        assert calls == [1] and waitpkg.optim.RAN and isinstance(waitpkg.optim.__spec__.loader, site._Then)
+        assert waitpkg.optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
+    finally:
+        sys.meta_path.remove(other)
