@@ -184,6 +184,16 @@ class Event(Model):
     step: Optional[int] = None
 
 
+class IgnoredBeat(Model):
+    """Heartbeats the live watch did not take (``hpcml.observe.beat.Trust``): for a rank the
+    attempt did not start, or not signed by the rank's recorder; said once each."""
+
+    rank: int
+    why: str
+    file: str
+    seen: float
+
+
 class Straggler(Model):
     """A rank the watch named a chronic straggler: times slower than the step median, from
     ``since_step``."""
@@ -294,6 +304,7 @@ class Attempt(Model):
     signals_forwarded: Optional[list[Annotated[str, Field(pattern=r"^SIG[A-Z0-9]+$")]]] = None
     killed_after_grace: Optional[bool] = None    # ranks still ran --kill-grace seconds after TERM/INT
     stopped_at: Optional[float] = None           # hpcml run stopped the attempt itself
+    signalled_at: Optional[float] = None         # hpcml run got TERM or INT (passed on): its ranks were stopped
     stopped_for: Optional[StoppedFor] = None
     lost_nodes: Optional[dict[str, LostNode]] = None
     requeued: Optional[Requeued] = None
@@ -301,6 +312,7 @@ class Attempt(Model):
     timeline: Optional[list[Event]] = None
     stragglers: Optional[list[Straggler]] = None
     hang: Optional[Hang] = None
+    ignored_beats: Optional[list[IgnoredBeat]] = None
     furthest_step: Optional[int] = None          # the highest step any rank reported
     first_step_at: Optional[float] = None        # when the attempt's first step completed
     end_recorded_by_next_attempt: Optional[bool] = None    # its launcher was killed (a requeue) before it could

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import time
 
 import pytest
@@ -104,3 +105,67 @@ def test_the_gap_between_progresses_is_kept_for_a_job_that_logs_every_k_steps():
         p.update([100.0 * i], ["metric"], ["loss"], [1.0], [100 * i])     # every 100 steps, 1 s each
     doc = p.to_json()
     assert doc["gap_s"] == 100.0 and doc["recent_s"] == [1.0] * 4
+
+
+@pytest.fixture
+def signed():
+    """BeatWriters made inside sign with the key given; the process's key is unset after."""
+    from hpcml.observe import beat
+    yield beat.sign_with
+    beat.sign_with(None)
+
+
+def _writer(tmp_path, rank: int, secret: bytes | None, signed) -> BeatWriter:
+    from hpcml.observe.beat import rank_key
+    signed(rank_key(secret, rank) if secret else None)
+    return BeatWriter(tmp_path, rank, "n1")
+
+
+def test_the_launcher_takes_only_records_its_ranks_recorders_signed(tmp_path, signed):
+    """A record for a rank the attempt did not start, one not signed, one signed with another
+    rank's key or changed after signing: each refused (the last good one kept) and named."""
+    from hpcml.observe.beat import Trust
+    secret = b"s" * 32
+    p = Progress()
+    p.update([1.0], ["metric"], ["loss"], [1.0], [7])
+    for r in (0, 1):
+        _writer(tmp_path, r, secret, signed).write(p, now=100.0)
+    trust = Trust(2, secret)
+    good = read_beats(tmp_path, {}, trust)
+    assert sorted(good) == [0, 1] and good[1]["sig"] and trust.refused == {}
+    forged = {"schema": "hpcml.observe.beat/1", "rank": 5, "step": 10**12, "progress": 200.0, "beat": 200.0, "exit": 3}
+    beat_path(tmp_path, 5).write_text(json.dumps(forged))
+    beat_path(tmp_path, 7).write_text(json.dumps({**forged, "rank": 1}))                    # not signed
+    _writer(tmp_path, 0, secret, signed).write(p, now=200.0)                               # rank 0's key ...
+    beat_path(tmp_path, 8).write_bytes(beat_path(tmp_path, 0).read_bytes().replace(b'"rank":0', b'"rank":1'))
+    text = beat_path(tmp_path, 1).read_bytes()
+    beat_path(tmp_path, 9).write_bytes(text.replace(b'"step":7', b'"step":8'))           # changed after signing
+    seen = read_beats(tmp_path, good, trust)
+    assert seen[1] == good[1] and 5 not in seen and seen[0]["beat"] == 200.0      # none of them passed for rank 1
+    assert set(trust.refused) == {(5, "not a rank of this attempt"), (1, "not signed by the rank's recorder")}
+    assert trust.refused[5, "not a rank of this attempt"] == "rank-00005.json"       # each named once, by a file
+
+
+def test_an_older_record_put_back_keeps_the_newer_one(tmp_path, signed):
+    from hpcml.observe.beat import Trust
+    secret = b"k" * 32
+    p = Progress()
+    w = _writer(tmp_path, 0, secret, signed)
+    w.write(p, now=100.0)
+    old = beat_path(tmp_path, 0).read_bytes()
+    w.write(p, now=101.0)
+    trust = Trust(1, secret)
+    new = read_beats(tmp_path, {}, trust)
+    beat_path(tmp_path, 0).write_bytes(old)                       # a copy taken earlier, put back
+    assert read_beats(tmp_path, new, trust) == new and new[0]["beat"] == 101.0 and trust.refused == {}
+
+
+def test_a_signed_record_never_grows_past_its_size(tmp_path, signed):
+    from hpcml.observe.beat import Trust
+    p = Progress()
+    p.update([0.0], ["metric"], ["loss"], [1.0], [0])
+    for i in range(1, RECENT + 1):
+        p.update([i * 1.123456789], ["metric"], ["loss"], [1.0], [10**15 + i])
+    _writer(tmp_path, 0, b"x" * 32, signed).write(p)
+    assert beat_path(tmp_path, 0).stat().st_size == SIZE
+    assert read_beats(tmp_path, {}, Trust(1, b"x" * 32))[0]["step"] == 10**15 + RECENT

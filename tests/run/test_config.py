@@ -37,3 +37,23 @@ def test_bad_input_names_its_option(change, key):
     with pytest.raises(UsageError) as err:
         Config.of(Options(**{"cmd": ["true"], **change}), nodes=2)
     assert err.value.key == key
+
+
+@pytest.mark.parametrize("nodes,local,more,ok", [
+    (1, True, {}, False),                              # local tasks: one node
+    (4, True, {"spare_nodes": 1}, False),
+    (2, False, {}, False),                             # every node runs, no spare: none to leave out
+    (2, False, {"min_nodes": 2}, False),
+    (1, False, {}, False),
+    (2, False, {"min_nodes": 1}, True),
+    (2, False, {"spare_nodes": 1}, True),
+])
+def test_on_straggler_restart_needs_a_node_to_leave_out(nodes, local, more, ok):
+    opts = Options(cmd=["true"], max_restarts=1, on_straggler="restart", **more)
+    if ok:
+        assert Config.of(opts, nodes=nodes, local=local).on_straggler == "restart"
+        return
+    with pytest.raises(UsageError, match="restart needs a node to leave the straggler's out") as err:
+        Config.of(opts, nodes=nodes, local=local)
+    assert err.value.key == "on_straggler"
+    assert Config.of(dataclasses.replace(opts, on_straggler="report"), nodes=nodes, local=local)   # report is fine

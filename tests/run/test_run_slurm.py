@@ -129,6 +129,7 @@ exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
     wait(job, env, timeout=360)
     out = (tmp_path / "job.out").read_text()
     assert "start 0" in out and "start 1" in out, out             # the first attempt's batch log survived
+    assert "crash:" not in out, out                               # the requeue's TERM stopped the ranks
     logs = [(tmp_path / "job" / "logs" / f"rank-{r:05d}.out").read_text() for r in range(2)]
     split = [log.partition("--- hpcml run: attempt 1, ") for log in logs]
     assert all(sep for _, sep, _ in split), logs                  # one log per rank, both attempts in it

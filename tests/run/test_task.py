@@ -34,3 +34,33 @@ def test_a_value_the_user_set_in_either_name_is_kept(tmp_path):
     for name in ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE"):
         env = task.flight_recorder_env({name: "0"}, tmp_path)
         assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
+
+
+def test_the_heartbeat_key_comes_through_a_pipe_it_closes(tmp_path):
+    """Local tasks: the rank's key in a pipe, read and closed before the rank starts."""
+    import os
+
+    import pytest
+
+    from hpcml.observe.beat import rank_key
+    read, write = os.pipe()
+    os.write(write, rank_key(b"s" * 32, 3).hex().encode())
+    os.close(write)
+    assert task.beat_key({"--beat-fd": str(read)}, 3) == rank_key(b"s" * 32, 3)
+    with pytest.raises(OSError):
+        os.fstat(read)                                   # closed: the rank does not inherit it
+
+
+def test_under_srun_the_key_is_derived_and_removed_from_the_environment(monkeypatch):
+    import os
+
+    import pytest
+
+    from hpcml.errors import UsageError
+    from hpcml.observe.beat import rank_key
+    monkeypatch.setenv(task.ENV_BEAT_KEY, (b"t" * 32).hex())
+    assert task.beat_key({}, 2) == rank_key(b"t" * 32, 2) and task.ENV_BEAT_KEY not in os.environ
+    assert task.beat_key({}, 2) is None                  # a wrapper started by hand: nothing to sign with
+    monkeypatch.setenv(task.ENV_BEAT_KEY, "not hex")
+    with pytest.raises(UsageError, match="no heartbeat key from the launcher"):
+        task.beat_key({}, 2)

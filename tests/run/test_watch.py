@@ -15,6 +15,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import jsonschema
 import psutil
@@ -299,18 +300,25 @@ def test_a_job_that_logs_every_100_steps_or_on_rank_0_only_gets_a_timeout_that_f
     assert watch.hang is not None
 
 
-def _hung_watch(tmp_path, on_hang="stop"):
+def _two_ranks(tmp_path, at: float, exits=(None, None), **watch: Any):
+    """Two ranks at step 5 since t, their records written at t + ``at`` (with ``exits``),
+    one scan then: (the watch, the ranks' progress, their writers, t + ``at``)."""
     d = tmp_path / "job"
     progress = {0: Progress(), 1: Progress()}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in progress}
-    watch = Watch(d, 0, 2, period=1.0, timeout=10.0, on_hang=on_hang)
+    w = Watch(d, 0, 2, period=1.0, **watch)
     t = 1_800_000_000.0
     for r, p in progress.items():
         p.update([t], ["metric"], ["loss"], [1.0], [5])
-        writers[r].write(p, now=t + 20)
-    watch.poll(t + 20)
+        writers[r].write(p, now=t + at, exit=exits[r])
+    w.poll(t + at)
+    return w, progress, writers, t + at
+
+
+def _hung_watch(tmp_path, on_hang="stop"):
+    watch, progress, writers, t = _two_ranks(tmp_path, 20, timeout=10.0, on_hang=on_hang)
     assert watch.hang is not None
-    return watch, progress, writers, t + 20
+    return watch, progress, writers, t
 
 
 def test_a_job_that_ends_while_its_stacks_are_taken_is_not_a_stopped_hang(tmp_path):
@@ -332,3 +340,87 @@ def test_ranks_that_exit_after_the_watch_stopped_the_job_are_not_crashes(tmp_pat
         w.write(progress[r], now=t + 26, exit=1)
     watch.finish()
     assert [e["kind"] for e in watch.timeline] == ["hang"] and watch.crashed_codes == {}
+
+
+# -- whose records, and what ended a rank ---------------------------------------------------
+
+def test_a_rank_whose_record_stops_changing_does_not_hide_a_hang(tmp_path):
+    """Rank 1's record replaced by a file that is not its (its recorder now writes to a file
+    no one reads): its last record stays, but from then on it is idle by the launcher's
+    clock, so the hang of both ranks is still found."""
+    from hpcml.observe.beat import beat_path, rank_key, sign_with
+    d, secret = tmp_path / "job", b"z" * 32
+    progress = {0: Progress(), 1: Progress()}
+    writers = {}
+    for r in progress:
+        sign_with(rank_key(secret, r))
+        writers[r] = BeatWriter(d / "observe", r, f"n{r}")
+    sign_with(None)
+    watch = Watch(d, 0, 2, period=1.0, timeout=30.0, secret=secret)
+    t = 1_800_000_000.0
+    for r, p in progress.items():
+        p.update([t], ["metric"], ["loss"], [1.0], [5])
+        writers[r].write(p, now=t)
+    watch.poll(t)
+    forged = beat_path(d / "observe", 1).read_text().replace('"step":5', '"step":6')
+    tmp = beat_path(d / "observe", 1).with_suffix(".new")
+    tmp.write_text(forged)
+    tmp.replace(beat_path(d / "observe", 1))
+    for k in range(1, 40):                            # nothing moves; rank 0 keeps beating
+        writers[0].write(progress[0], now=t + k)
+        writers[1].write(progress[1], now=t + k)      # into the replaced file: unseen
+        watch.poll(t + k)
+        if watch.hang is not None:
+            break
+    assert watch.hang is not None and 30 <= watch.hang["detected"] - t <= 34, watch.hang
+    assert [(i["rank"], i["why"]) for i in watch.ignored] == [(1, "not signed by the rank's recorder")]
+    assert watch.beats[1]["step"] == 5
+
+
+def _ended_by_term(tmp_path, signals=(), job_id=None):
+    """Rank 1 ended 143 (TERM); then ``signals`` reached hpcml run, before the next scan."""
+    watch, _, _, t = _two_ranks(tmp_path, 0, (None, 143), timeout=60.0, job_id=job_id)
+    assert watch.timeline == []                      # held for one scan: a TERM may be on its way
+    watch.signals.extend(signals)
+    watch.poll(t + 1)
+    return watch
+
+
+def test_a_rank_ended_by_a_term_that_reached_hpcml_run_too_is_not_a_crash(tmp_path):
+    """scancel, the time limit, a requeue: each node's slurmd signals its own steps, and a
+    rank may die of the TERM before hpcml run's own comes; it is not a crash for that."""
+    import signal as sig
+    assert _ended_by_term(tmp_path, [sig.SIGTERM]).timeline == []
+    alone = _ended_by_term(tmp_path / "alone")                         # no TERM came: a crash after all
+    assert [(e["kind"], e["rank"], e["exit_code"]) for e in alone.timeline] == [("crash", 1, 143)]
+
+
+def test_a_rank_the_requeue_ended_is_not_a_crash(tmp_path, monkeypatch):
+    """``hpcml ckpt`` notes the requeue before it asks Slurm for it: the 143 that follows
+    is the requeue's."""
+    from hpcml.cluster import requeue
+    monkeypatch.setenv(requeue.ENV_DIR, str(tmp_path / "job"))
+    monkeypatch.setenv("SLURM_JOB_ID", "77")
+    monkeypatch.delenv("SLURM_RESTART_COUNT", raising=False)
+    (tmp_path / "job").mkdir()
+    assert requeue.note(70, "SIGUSR1", tmp_path / "ckpt") is not None
+    assert _ended_by_term(tmp_path, job_id="77").timeline == []
+
+
+def test_records_for_ranks_the_job_does_not_have_are_said_once_each_and_then_no_more(tmp_path, capsys):
+    """However many a program writes, and however often: one line each, up to a bound."""
+    from hpcml.observe.beat import beat_path
+    from hpcml.run.watch import IGNORED_SAID
+    d = tmp_path / "job"
+    beat_path(d / "observe", 0).parent.mkdir(parents=True)
+    watch = Watch(d, 0, 2, period=1.0)
+    t = 1_800_000_000.0
+    for k in range(3):
+        for r in range(2, IGNORED_SAID + 12):
+            beat_path(d / "observe", r).write_text(json.dumps({"schema": "hpcml.observe.beat/1", "rank": r,
+                                                               "progress": t + k, "beat": t + k, "exit": 3}))
+        watch.poll(t + k)
+    err = capsys.readouterr().err.splitlines()
+    assert len([line for line in err if "ignoring heartbeats for rank" in line]) == IGNORED_SAID == len(watch.ignored)
+    assert len([line for line in err if "ignoring more heartbeats" in line]) == 1 and len(err) == IGNORED_SAID + 1
+    assert watch.beats == {} and watch.timeline == [] and watch.to_json()["ignored_beats"] == watch.ignored

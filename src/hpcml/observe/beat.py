@@ -15,10 +15,20 @@ A reader that catches a record being written (a torn read) sees JSON that does n
 and keeps the previous one. Progress is a new step number (``observe.log(step=…)``, or a
 section with a step) or a section that ended; step times come from a section named
 ``step`` when the program has one, else from the time between step numbers.
+
+Whose record it is: the job directory is the user's program's too, and a record it writes
+(a copied file, a test that fakes a rank, a script gone wrong) must not pass for a rank's.
+``hpcml run`` gives each task wrapper a key for its rank (``rank_key`` of a secret made
+anew for each attempt), which the wrapper sets with ``sign_with`` before its recorder
+starts; every record that process writes ends in ``"sig"``, an HMAC of the bytes before it.
+``Trust`` is the launcher's side: a record counts only for a rank the attempt started, only
+with that rank's signature, and only when it is not older than the last one taken.
 """
 
 from __future__ import annotations
 
+import hashlib
+import hmac
 import json
 import math
 import os
@@ -36,6 +46,26 @@ RECENT = 128                   # step times kept: what the live straggler model 
 BEATS = "beat"                 # the directory in an observe store
 STEP_SECTION = "step"
 LIMIT = 1 << 62                # integers beyond this are not a rank's (and would not fit numpy's int64)
+SIG = b',"sig":"'              # a signed record ends in SIG, 64 hex digits, '"}'
+SIG_BYTES = len(SIG) + 64 + 2
+_key: bytes | None = None      # this process's rank key (``sign_with``): what its writers sign with
+
+
+def rank_key(secret: bytes, rank: int) -> bytes:
+    """The key of one rank, from the attempt's secret: a wrapper that holds its own rank's
+    key cannot sign for another rank."""
+    return hmac.new(secret, f"hpcml beat rank {rank}".encode(), hashlib.sha256).digest()
+
+
+def sign_with(key: bytes | None) -> None:
+    """Sign every record this process writes from now on with ``key`` (the task wrapper,
+    before its recorder starts: the recorder makes its writer itself)."""
+    global _key
+    _key = key
+
+
+def _signature(key: bytes, body: bytes) -> bytes:
+    return hmac.new(key, body, hashlib.sha256).hexdigest().encode()
 
 
 def beat_dir(observe: Path) -> Path:
@@ -117,16 +147,20 @@ class BeatWriter:
         self.path = beat_path(observe, rank)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         self.fixed: dict[str, Any] = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
+        self.key = _key
 
     def write(self, progress: Progress, now: float | None = None, **extra: Any) -> None:
         """``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
         doc = {**self.fixed, **progress.to_json(), **extra, "beat": time.time() if now is None else now}
+        room = SIZE - (SIG_BYTES if self.key is not None else 0)
         data = json.dumps(doc, separators=(",", ":")).encode()
-        while len(data) > SIZE and doc["recent_steps"]:      # never past the record: drop the oldest
+        while len(data) > room and doc["recent_steps"]:      # never past the record: drop the oldest
             half = len(doc["recent_steps"]) // 2
             doc["recent_steps"], doc["recent_s"] = doc["recent_steps"][half:], doc["recent_s"][half:]
             data = json.dumps(doc, separators=(",", ":")).encode()
+        if self.key is not None:
+            data = data[:-1] + SIG + _signature(self.key, data) + b'"}'
         try:
             os.pwrite(self.fd, data.ljust(SIZE), 0)
         except OSError:
@@ -136,10 +170,40 @@ class BeatWriter:
         os.close(self.fd)
 
 
-def read_beats(observe: Path, previous: dict[int, dict] | None = None) -> dict[int, dict]:
-    """Every rank's last record; a torn or unreadable one keeps ``previous``'s. orjson, not
-    json: at 1,024 ranks the parse is most of a scan (about 8x less time)."""
-    import orjson
+class Trust:
+    """Which records the launcher takes: those of a rank below ``world`` (the ranks it
+    started), signed with that rank's key when it has the attempt's ``secret``, and not
+    older (``beat``) than the rank's record it took last (an old copy put back). ``refused``:
+    each record refused, by (rank, why), with its file: the watch says each once."""
+
+    def __init__(self, world: int, secret: bytes | None = None) -> None:
+        self.world, self.secret = world, secret
+        self.refused: dict[tuple[int, str], str] = {}
+        self._keys: dict[int, bytes] = {}
+
+    def why_not(self, doc: dict, raw: bytes) -> str | None:
+        """None when ``doc`` (read as ``raw``) is its rank's; else why it is not."""
+        rank = doc["rank"]
+        if rank >= self.world:
+            return "not a rank of this attempt"
+        if self.secret is None:
+            return None
+        key = self._keys.get(rank)
+        if key is None:
+            key = self._keys[rank] = rank_key(self.secret, rank)
+        data = raw.rstrip()
+        cut = data.rfind(SIG)
+        if cut < 0 or len(data) - cut != SIG_BYTES or not data.endswith(b'"}'):
+            return "not signed by the rank's recorder"
+        if not hmac.compare_digest(data[cut + len(SIG):-2], _signature(key, data[:cut] + b"}")):
+            return "not signed by the rank's recorder"
+        return None
+
+
+def read_beats(observe: Path, previous: dict[int, dict] | None = None, trust: Trust | None = None) -> dict[int, dict]:
+    """Every rank's last record; a torn or unreadable one keeps ``previous``'s, and so does
+    one ``trust`` refuses. orjson, not json: at 1,024 ranks the parse is most of a scan
+    (about 8x less time)."""
     out = dict(previous or {})
     try:
         entries = list(os.scandir(beat_dir(observe)))
@@ -150,12 +214,28 @@ def read_beats(observe: Path, previous: dict[int, dict] | None = None) -> dict[i
         if not (name.startswith("rank-") and name.endswith(".json")):
             continue
         try:
-            doc = load_json_bounded(entry.path, SIZE, loads=orjson.loads)    # a record is SIZE bytes
+            doc, raw = load_json_bounded(entry.path, SIZE, loads=_parsed)    # a record is SIZE bytes
         except (OSError, ValueError):
             continue
-        if _valid(doc):
-            out[doc["rank"]] = doc
+        if not _valid(doc):
+            continue
+        if trust is not None:
+            why = trust.why_not(doc, raw)
+            if why is not None:
+                trust.refused.setdefault((doc["rank"], why), name)
+                continue
+            last = out.get(doc["rank"])
+            if last is not None and _number(last.get("beat")) and _number(doc.get("beat")) \
+                    and doc["beat"] < last["beat"]:
+                continue
+        out[doc["rank"]] = doc
     return out
+
+
+def _parsed(data: bytes) -> tuple[Any, bytes]:
+    """The record and its bytes: the signature is over the bytes as written."""
+    import orjson
+    return orjson.loads(data), data
 
 
 def _number(v: Any) -> bool:
@@ -188,4 +268,6 @@ def _valid(doc: Any) -> bool:
         return False
     if any(b <= a for a, b in zip(steps, steps[1:])):
         return False                                   # ascending, as the recorder writes them
+    if doc.get("sig") is not None and not isinstance(doc["sig"], str):
+        return False
     return doc.get("node") is None or isinstance(doc["node"], str)

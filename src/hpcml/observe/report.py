@@ -554,6 +554,16 @@ def _heatmap(m: np.ndarray, rank_ids: np.ndarray, max_rows: int) -> dict[str, An
     return group_rows(m, [str(int(r)) for r in rank_ids], max_rows)
 
 
+def failed_finding(failed: dict[int, int]) -> Finding:
+    """The finding for the ranks that exited non-zero (rank -> exit code; not empty).
+    ``hpcml report`` of an ``hpcml run`` job makes it again over the ranks that failed,
+    without those the run stopped (``hpcml.run.ending.failed_ranks``)."""
+    r, ec = next(iter(sorted(failed.items())))
+    return Finding("failed_rank", f"{len(failed)} rank(s) exited non-zero (rank {r}: {ec})",
+                   f"read rank {r}'s stderr first; exit {ec} "
+                   + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
+
+
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
               degrading, meta_ranks, bimodal=None, restarts=()) -> list[Finding]:
     out: list[Finding] = []
@@ -581,10 +591,7 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(Finding("missing_rank", f"rank{'s' if len(missing) > 1 else ''} {shown} left no data",
                            f"check {where}: the task was killed or never started recording"))
     if failed:
-        r, ec = next(iter(sorted(failed.items())))
-        out.append(Finding("failed_rank", f"{len(failed)} rank(s) exited non-zero (rank {r}: {ec})",
-                           f"read rank {r}'s stderr first; exit {ec} "
-                           + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program")))
+        out.append(failed_finding(failed))
     if bimodal:
         out.append(_split_finding(bimodal))
     for s in stragglers[:2]:

@@ -40,15 +40,32 @@ class Control:
     backend: Backend
     seen: list[int] = field(default_factory=list)
     stop_at: float | None = None
+    signalled_at: float | None = None          # the first TERM or INT from outside (run.json's, at the end)
 
     def stop(self) -> None:
         """hpcml run stops the attempt itself (a hang, a straggler, a lost node): TERM now,
-        the kill grace counts from here, and run.json says it was stopped, not failed."""
+        the kill grace counts from here, and run.json says it was stopped, not failed (from
+        before the first TERM: a rank that ends from then on was stopped)."""
+        if self.record.stopped_at is None:
+            self.record.stopped_at = time.time()
         for t in self.backend.targets():
             t.send_signal(signal.SIGTERM)
         self.failed()
-        if self.record.stopped_at is None:
-            self.record.stopped_at = time.time()
+
+    def note_signals(self) -> None:
+        """Note when the first TERM or INT came from outside (Ctrl-C, scancel, Slurm's
+        requeue), before it is passed on: the ranks that end from then on were stopped, not
+        failed (``hpcml.run.ending``). Wraps the handlers ``forwarding`` just installed;
+        leaving it puts back the ones before. A plain attribute: a handler may run while the
+        record is being assigned to."""
+        def noting(passed_on: Any) -> Any:
+            def handler(sig: int, frame: Any) -> None:
+                if self.signalled_at is None:
+                    self.signalled_at = time.time()
+                passed_on(sig, frame)
+            return handler
+        for sig in STOPPING:
+            signal.signal(sig, noting(signal.getsignal(sig)))
 
     def failed(self) -> None:
         """A rank failed (the backend stopped the others): SIGKILL after the grace."""
@@ -98,10 +115,14 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     print(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}", file=sys.stderr)
     backend.start(plan)
     watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
-                  on_straggler=cfg.on_straggler, can_replace=can_replace)
+                  on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
+                  job_id=record.job_id, restart_of=record.restart_of)
     ctl = Control(cfg, record, backend)
     with forwarding(backend.targets, FORWARDED) as seen:
-        ctl.seen = seen
+        ctl.seen = watch.signals = seen              # the ranks that end after a TERM or INT did not crash
+        ctl.note_signals()
+        if any(s in STOPPING for s in pending):
+            ctl.signalled_at = time.time()
         _replay(pending, seen, backend.targets())
         _prefetch_report(cfg)
         while backend.poll(ctl.failed):
@@ -111,6 +132,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     backend.close(record)
     if seen:
         record.signals_forwarded = [signal.Signals(s).name for s in seen]
+    if ctl.signalled_at is not None:
+        record.signalled_at = ctl.signalled_at
     watch.finish()                       # the crashes the last scan missed, and what the watch saw
     for key, value in watch.to_json().items():
         setattr(record, key, value)

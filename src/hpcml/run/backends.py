@@ -9,6 +9,10 @@ attempt and counts the grace is ``hpcml.run.attempt``'s, once for every backend.
 A new backend (flux, a container launcher) is a class with these methods, built as
 ``Backend(settings, nodes, allocation, watch_lost)``, and its line in ``BACKENDS``; the
 launcher picks one by the run's mode (``hpcml.run.launcher.Job._backend``).
+
+Each plan has a fresh ``secret``: ``start`` gives every task wrapper its rank's heartbeat key
+(``hpcml.observe.beat.rank_key``) where the rank's program does not inherit it, so the watch
+believes only records its ranks' recorders signed (``hpcml.run.task.beat_key``).
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from hpcml.errors import HpcmlError, SlurmError
 from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
-from hpcml.run.task import STOP
+from hpcml.run.task import ENV_BEAT_KEY, STOP
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
 
@@ -48,6 +52,7 @@ class Plan:
     master: str                        # MASTER_ADDR:MASTER_PORT
     launch: list[str]                  # the srun command line (local: the task command)
     env: Mapping[str, str] = field(repr=False, default_factory=dict)
+    secret: bytes = field(repr=False, default_factory=lambda: os.urandom(32))   # the attempt's heartbeat secret
 
 
 class Backend(Protocol):
@@ -160,8 +165,11 @@ class Srun:
 
     def start(self, plan: Plan) -> None:
         # its own session: a terminal's Ctrl-C reaches srun once, through the launcher; TERM
-        # when the launcher dies (even by SIGKILL), on which srun kills its step
-        self.proc = subprocess.Popen(plan.launch, env=dict(plan.env), start_new_session=True,
+        # when the launcher dies (even by SIGKILL), on which srun kills its step. The secret
+        # reaches the wrappers in their environment (srun has no other way to each task);
+        # each removes it before its rank starts
+        env = {**plan.env, ENV_BEAT_KEY: plan.secret.hex()}
+        self.proc = subprocess.Popen(plan.launch, env=env, start_new_session=True,
                                      preexec_fn=lambda: die_with_parent(signal.SIGTERM))
         self.step = SrunStep(self.proc, str(self.allocation.job_id), self.name)
 
@@ -258,10 +266,26 @@ class Local:
         # subreaper, we adopt it and kill it (kill_orphans)
         become_subreaper()
         # each wrapper: its own session (Ctrl-C reaches it once, forwarded), STOP when we die
-        self.procs = [subprocess.Popen(self.task, env={**plan.env, "RANK": str(r), "LOCAL_RANK": str(r)},
-                                       start_new_session=True, preexec_fn=lambda: die_with_parent(STOP))
-                      for r in range(plan.ntasks)]
+        self.procs = [self._wrapper(plan, r) for r in range(plan.ntasks)]
         self.running = list(self.procs)
+
+    def _wrapper(self, plan: Plan, rank: int) -> subprocess.Popen:
+        """Rank ``rank``'s wrapper, its heartbeat key in a pipe it reads and closes before
+        its rank starts (``--beat-fd``): not in its environment or command line."""
+        from hpcml.observe.beat import rank_key
+        read, write = os.pipe()
+        try:
+            os.write(write, rank_key(plan.secret, rank).hex().encode())     # 64 bytes: never blocks
+        finally:
+            os.close(write)
+        try:
+            cut = self.task.index("--")
+            cmd = [*self.task[:cut], "--beat-fd", str(read), *self.task[cut:]]
+            return subprocess.Popen(cmd, env={**plan.env, "RANK": str(rank), "LOCAL_RANK": str(rank)},
+                                    start_new_session=True, preexec_fn=lambda: die_with_parent(STOP),
+                                    pass_fds=(read,))
+        finally:
+            os.close(read)
 
     def targets(self) -> list[Target]:
         return [Wrapper(p) for p in self.running]

@@ -16,6 +16,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hpcml.errors import UsageError
+from hpcml.words import plural
 
 
 @dataclass(frozen=True)
@@ -58,11 +59,12 @@ class Config(Options):
     rank_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
-    def of(cls, opts: Options, nodes: int) -> Config:
-        """Validate ``opts`` for an allocation of ``nodes`` nodes: bad input is one
-        ``UsageError`` naming the option (exit 2), before anything starts."""
+    def of(cls, opts: Options, nodes: int, local: bool = False) -> Config:
+        """Validate ``opts`` for an allocation of ``nodes`` nodes (``local``: tasks on this
+        machine, not srun): bad input is one ``UsageError`` naming the option (exit 2),
+        before anything starts."""
         _check(opts, nodes)
-        _check_restarts(opts, nodes)
+        _check_restarts(opts, nodes, local)
         from hpcml.run.summary import collector_url
         rank_env: dict[str, str] = {}
         if opts.remote_write is not None:          # checked now (URL, the remote extra), then passed to every rank
@@ -125,7 +127,7 @@ def _check(opts: Options, nodes: int) -> None:
         load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
 
 
-def _check_restarts(opts: Options, nodes: int) -> None:
+def _check_restarts(opts: Options, nodes: int, local: bool = False) -> None:
     from hpcml.run.recovery import ON_STRAGGLER
     if opts.max_restarts < 0:
         raise UsageError(f"must be at least 0, got {opts.max_restarts}", key="max_restarts")
@@ -143,6 +145,23 @@ def _check_restarts(opts: Options, nodes: int) -> None:
                          f"allocation's {nodes} nodes to run on", key="spare_nodes")
     if opts.on_straggler not in ON_STRAGGLER:
         raise UsageError(f"'{opts.on_straggler}' is not one of {', '.join(ON_STRAGGLER)}", key="on_straggler")
+    _check_straggler_restart(opts, nodes, local)
     if opts.revet not in (None, "none"):
         from hpcml.vet.protocol import load
         load(Path(opts.revet)).unset_variables()
+
+
+def _check_straggler_restart(opts: Options, nodes: int, local: bool) -> None:
+    """``--on-straggler restart`` restarts without the straggler's node: with no node to leave
+    out it would stop a healthy job to run it again on the same nodes, as slow. Local tasks
+    run on one node; under Slurm a restart needs a spare or ``--min-nodes`` below the nodes
+    the job runs on (by default all of them: ``hpcml.run.recovery.Recovery.can_replace``)."""
+    if opts.on_straggler != "restart" or not opts.max_restarts:
+        return
+    if local:
+        raise UsageError("restart needs a node to leave the straggler's out, and local tasks run on one node "
+                         "(this machine): use --on-straggler report", key="on_straggler")
+    if not opts.spare_nodes and (opts.min_nodes or nodes) >= nodes:
+        floor = f"--min-nodes {opts.min_nodes} is" if opts.min_nodes else "no --min-nodes below"
+        raise UsageError(f"restart needs a node to leave the straggler's out: no --spare-nodes, and {floor} the "
+                         f"allocation's {plural(nodes, 'node')}", key="on_straggler")

@@ -4,6 +4,11 @@ The exit code of ``hpcml run`` is the first failing rank's (by when its command 
 else the launch's, else 0; an attempt Slurm requeued did not fail by the ranks the requeue
 stopped. ``conclude`` completes, for the next attempt, the record of one whose launcher
 the requeue killed before it could write its end.
+
+A rank that ended once the attempt was being stopped (``stop_began``: hpcml run stopped it
+for a hang, a straggler or a lost node, or got TERM or INT from outside and passed it on)
+was stopped, not failed: it gives the exit code as before (Ctrl-C's 130), but it is not the
+attempt's ``first_failure``, and the report does not list it as a failed rank.
 """
 
 from __future__ import annotations
@@ -14,18 +19,41 @@ from pathlib import Path
 
 from hpcml.cluster import requeue
 from hpcml.jobmodel import Attempt, FirstFailure, Requeued, RunRecord
-from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, tail, write_own
+from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, write_own
+from hpcml.run.ranklog import last_own_line
 from hpcml.run.watch import HANG
 
 
-def first_failure(d: Path, attempt: int = 0, requeued: bool = False) -> FirstFailure | None:
-    """The rank that failed first (by when its command ended), from the recorder's metadata.
-    ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail."""
+def stop_began(record: Attempt) -> float | None:
+    """When the attempt began to be stopped (hpcml run's own stop, or the first TERM or INT
+    it got from outside), by the launcher's clock; None when it was not."""
+    return min((t for t in (record.stopped_at, record.signalled_at) if t is not None), default=None)
+
+
+def failed_ranks(d: Path, attempt: int = 0, requeued: bool = False, stopped: float | None = None) -> dict[int, int]:
+    """Rank -> exit code of the ranks that failed: ended non-zero, but not by Slurm's
+    requeue (``requeued``: its TERM, its SIGKILL) nor once the attempt was being stopped
+    (``stopped``, ``stop_began``: the recorder notes a rank's end after its command ended)."""
+    return {int(r): ec for r, ec, _, _ in _failures(d, attempt, requeued, stopped) if r is not None}
+
+
+def _failures(d: Path, attempt: int, requeued: bool, stopped: float | None) -> list[tuple]:
     failed = []
     for m in rank_meta(d, attempt):
-        ec = m.get("exit_code")
-        if isinstance(ec, int) and ec != 0 and not (requeued and ec in requeue.KILLED_BY_REQUEUE):
-            failed.append((m.get("end") or float("inf"), m.get("rank"), ec, m.get("node")))
+        ec, end = m.get("exit_code"), m.get("end")
+        if not isinstance(ec, int) or ec == 0 or (requeued and ec in requeue.KILLED_BY_REQUEUE):
+            continue
+        if stopped is not None and isinstance(end, (int, float)) and end >= stopped:
+            continue
+        failed.append((m.get("rank"), ec, end or float("inf"), m.get("node")))
+    return failed
+
+
+def first_failure(d: Path, attempt: int = 0, requeued: bool = False, stopped: float | None = None) -> FirstFailure | None:
+    """The rank that failed first (by when its command ended), from the recorder's metadata.
+    ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail;
+    ``stopped``: nor did those that ended once the attempt was being stopped (``stop_began``)."""
+    failed = [(end, rank, ec, node) for rank, ec, end, node in _failures(d, attempt, requeued, stopped)]
     if not failed:
         return None
     end, rank, ec, node = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
@@ -51,7 +79,7 @@ def conclude(d: Path, prev: RunRecord, restart: int) -> Attempt:
     if done.ended is None or done.exit_code in requeue.KILLED_BY_REQUEUE:
         first = first_failure(d, done.attempt, requeued=True)   # the ranks the requeue stopped did not fail
         done.exit_code = first.exit_code if first else 0
-        done.first_failure = first
+        done.first_failure = first_failure(d, done.attempt, requeued=True, stopped=stop_began(done))
     if done.ended is None:
         ends = [m["end"] for m in rank_meta(d, done.attempt) if isinstance(m.get("end"), (int, float))]
         done.ended = max(ends, default=None)
@@ -66,8 +94,9 @@ def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
     job holds the directory (Slurm requeued it while this launcher still ran)."""
     asked = record.mode == "slurm" and (rc != 0 or "SIGTERM" in (record.signals_forwarded or ()))
     again = requeued(d, record, ask_slurm=asked)
-    first = first_failure(d, record.attempt, requeued=again is not None)
-    code = first.exit_code if first else (0 if again else rc)
+    ended = first_failure(d, record.attempt, requeued=again is not None)      # the exit code: stopped ranks too
+    first = first_failure(d, record.attempt, requeued=again is not None, stopped=stop_began(record))
+    code = ended.exit_code if ended else (0 if again else rc)
     if record.hang is not None and record.hang.action == "stop":
         code = HANG                                       # the watch stopped a hung job
     record.ended, record.exit_code, record.first_failure = time.time(), code, first
@@ -82,7 +111,7 @@ def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
     if first and code != HANG and not record.stopped_at:     # the ranks it stopped did not fail
         err = log_path(d, int(first.rank or 0), "err")
         print(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}); see {err}", file=sys.stderr)
-        last = next((line for line in reversed(tail(err, 5)) if line.strip()), "")
+        last = last_own_line(err, record.attempt)
         if last:
-            print(f"  {last.strip()}", file=sys.stderr)          # the cause, e.g. a command that cannot start
+            print(f"  {last}", file=sys.stderr)          # the cause, e.g. a command that cannot start
     return code, taken

@@ -69,7 +69,7 @@ def run(opts: Options) -> int:
     if not slurm:                                   # a farm task's run keeps its Slurm job id
         job = allocation.job_id if in_farm else None
         allocation = replace(current({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}), job_id=job)
-    cfg = Config.of(opts, len(allocation.nodes))
+    cfg = Config.of(opts, len(allocation.nodes), local=not slurm)
     environment = _environment(cfg)                      # an EDF that does not validate: exit 2 now
     d = Path(cfg.job_dir) if cfg.job_dir else default_dir(allocation.job_id if slurm else None)
     restart = restart_count() if slurm else 0

@@ -32,6 +32,7 @@ from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
+from hpcml.run.ranklog import own_lines
 from hpcml.run.recovery import describe, resume_of, time_lost
 from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
@@ -68,17 +69,23 @@ def _env(d: Path) -> dict | None:
         return {"error": f"unreadable env.json: {exc}"}
 
 
-def _observe(d: Path, attempt: int = 0, requeued: bool = False) -> tuple[Any, str | None]:
-    """The attempt's observe report. Requeued: the ranks Slurm's requeue stopped (143, 137)
-    did not fail, so observe's "exited non-zero ... OOM kill or timeout?" is left out."""
-    from hpcml.observe.report import build
+def _observe(d: Path, run: Attempt, requeued: bool = False) -> tuple[Any, str | None]:
+    """The attempt's observe report, whose failed ranks are those that failed: not those
+    Slurm's requeue ended (143, 137), nor those that ended once the run was being stopped
+    (Ctrl-C, a TERM to hpcml run, its own stop for a hang, a straggler, a lost node:
+    ``ending.failed_ranks``); its "exited non-zero" finding says only those."""
+    from hpcml.observe.report import build, failed_finding
     from hpcml.observe.series import read_series
+    from hpcml.run.ending import failed_ranks, stop_began
     try:
-        obs = build(read_series(observe_dir(d, attempt)))
+        obs = build(read_series(observe_dir(d, run.attempt)))
     except HpcmlError as exc:
         return None, str(exc)
-    if requeued and all(ec in requeue.KILLED_BY_REQUEUE for ec in obs.failed_ranks.values()):
-        obs.findings = [f for f in obs.findings if f.kind != "failed_rank"]
+    if obs.failed_ranks:
+        failed = failed_ranks(d, run.attempt, requeued, stop_began(run))
+        obs.failed_ranks = {r: ec for r, ec in obs.failed_ranks.items() if r in failed}
+        obs.findings = [failed_finding(obs.failed_ranks) if f.kind == "failed_rank" else f for f in obs.findings
+                        if f.kind != "failed_rank" or obs.failed_ranks]
     return obs, None
 
 
@@ -101,12 +108,20 @@ def _ending(d: Path, run: Attempt) -> dict:
         requeued = requeue.find(attempt_dir(d, run.attempt), run.job_id, run.restart_of, ask_slurm=True)
     out: dict[str, Any] = {"exit_code": run.exit_code, "aborted": bool(run.aborted),
                            "launcher_killed": run.ended is None and not requeued and launcher_alive(run.to_json()) is False,
-                           "requeued": requeued, "first_failure": None}
+                           "requeued": requeued, "first_failure": None, "interrupted": _interrupted(run)}
     if first is not None:
         r = first.rank
         out["first_failure"] = {**first.to_json(), "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES)
                                 if r is not None else []}
     return out
+
+
+def _interrupted(run: Attempt) -> str | None:
+    """The TERM or INT that hpcml run got from outside and passed on to its ranks (Ctrl-C,
+    kill, scancel, the time limit), if one stopped the attempt."""
+    if run.signalled_at is None:
+        return None
+    return next((s for s in run.signals_forwarded or () if s in ("SIGTERM", "SIGINT")), "SIGTERM")
 
 
 def _unended(run: RunRecord) -> dict[str, str]:
@@ -133,7 +148,7 @@ def _earlier(d: Path, records: list[Attempt], current: Attempt) -> tuple[list[di
         nxt = records[i + 1] if i + 1 < len(records) else current
         gap = round(nxt.started - rec.ended, 1) if rec.ended and nxt.started else None
         ending = _ending(d, rec)
-        obs, why = _observe(d, n, bool(ending["requeued"]))
+        obs, why = _observe(d, rec, bool(ending["requeued"]))
         restart = rec.restart
         if restart is not None and restart.action == "restart" and restart.resumed is None:
             restart = restart.model_copy(update={"resumed": resume_of(d, rec, nxt)})   # its launcher did not live to say
@@ -155,7 +170,7 @@ def _earlier(d: Path, records: list[Attempt], current: Attempt) -> tuple[list[di
                          "advice": (f"attempt {n} ended with exit code {rec.exit_code} before the requeue; "
                                     if rec.exit_code else "a requeue, not a failure: ")
                                    + "the time between them was spent in Slurm's queue, not stalled"})
-        findings += _run_findings(d, ending, f"attempt {n}: ")
+        findings += _run_findings(d, ending, n, f"attempt {n}: ")
         findings += [{"source": "observe", "kind": f.kind, "message": f"attempt {n}: {f.message}", "advice": f.advice}
                      for f in (obs.findings if obs is not None else []) if f.kind != "failed_rank"]
     return out, parts, findings
@@ -185,14 +200,22 @@ def _recovery(run: RunRecord, obs: dict | None) -> dict | None:
     return time_lost(run.records(), step_s)
 
 
-def _run_findings(d: Path, ending: dict, prefix: str = "") -> list[dict[str, str]]:
+def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list[dict[str, str]]:
+    """How the attempt ended when a rank failed (quoting the rank's own last line, not
+    hpcml's: ``hpcml.run.ranklog``), or when hpcml run got TERM or INT and stopped it."""
     first = ending["first_failure"]
     if not first:
-        return []
-    last = next((line for line in reversed(first["stderr_tail"]) if line.strip()), "")
+        sig = ending.get("interrupted")
+        if not sig or ending.get("requeued"):
+            return []
+        return [{"source": "run", "kind": "interrupted",
+                 "message": f"{prefix}hpcml run got {sig} and stopped its ranks: exit code {ending['exit_code']}, "
+                            "no rank failed",
+                 "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
+    last = next((line.strip() for line in reversed(own_lines(first["stderr_tail"], attempt)) if line.strip()), "")
     return [{"source": "run", "kind": "failed_rank",
              "message": f"{prefix}rank {first['rank']} on {first.get('node')} failed first with exit code "
-                        f"{first['exit_code']}" + (f": {last.strip()}" if last else ""),
+                        f"{first['exit_code']}" + (f": {last}" if last else ""),
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
 
@@ -200,7 +223,8 @@ def _watch(run: Attempt) -> dict[str, Any]:
     """What the live watch saw (``hpcml.run.watch``): its timeline, the hang, the stragglers."""
     return {"timeline": [e.to_json() for e in run.timeline or []],
             "hang": run.hang.to_json() if run.hang is not None else None,
-            "stragglers": [s.to_json() for s in run.stragglers or []]}
+            "stragglers": [s.to_json() for s in run.stragglers or []],
+            "ignored_beats": [i.to_json() for i in run.ignored_beats or []]}
 
 
 def stopped_hung(rep_or_watch: dict[str, Any]) -> bool:
@@ -224,6 +248,11 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int) -> list[dict[s
                                f"the watch {what}",
                     "advice": f"the culprit's stack is in {observe_dir(d, attempt) / STACKS}; the other ranks waited "
                               "for it"})
+    for i in watch.get("ignored_beats") or []:
+        out.append({"source": "run", "kind": "ignored_heartbeat",
+                    "message": f"the watch ignored heartbeats for rank {i['rank']} ({i['file']}): {i['why']}",
+                    "advice": "something other than the rank's recorder wrote in the job directory's observe/beat "
+                              "(the job's own program?): the watch judged the ranks by their own records only"})
     for s in watch["stragglers"]:
         out.append({"source": "run", "kind": "live_straggler",
                     "message": f"rank {s['rank']} on {s.get('node')} was {s['score']:.1f}x slower than the others "
@@ -239,7 +268,7 @@ def build(d: str | Path) -> dict[str, Any]:
     aborted = bool(run.aborted)
     attempt = run.attempt
     ending = _ending(d, run)
-    obs, obs_why = (None, "the command never started") if aborted else _observe(d, attempt, bool(ending["requeued"]))
+    obs, obs_why = (None, "the command never started") if aborted else _observe(d, run, bool(ending["requeued"]))
     score, score_why = (None, "the command never started") if aborted else _score(d, attempt)
     earlier, earlier_obs, earlier_findings = _earlier(d, list(run.attempts or []), run)
     findings: list[dict[str, str]] = []
@@ -261,7 +290,7 @@ def build(d: str | Path) -> dict[str, Any]:
                          "culprit's log says before resubmitting"})
     findings += _watch_findings(watch, d, attempt)
     if not stopped_hung(watch):                                 # the ranks the watch stopped did not fail
-        findings += _run_findings(d, ending)
+        findings += _run_findings(d, ending, attempt)
     findings += earlier_findings
     if vet and vet.get("bad"):
         reasons = "; ".join(f"{n}: {', '.join(r) or 'failed'}" for n, r in sorted(run.excluded.items()))
@@ -429,6 +458,9 @@ def _ended(rep: dict[str, Any]) -> dict[str, Any]:
     if first:
         return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node")), "exit_code": first["exit_code"],
                 "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
+    if end.get("interrupted"):               # the page's one-line ending
+        return {"kind": "unended", "message": f"hpcml run got {end['interrupted']} and stopped its ranks: exit code "
+                                              f"{end['exit_code']}, no rank failed"}
     if end.get("aborted"):
         return {"kind": "aborted"}
     if unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:

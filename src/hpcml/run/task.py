@@ -11,6 +11,11 @@ It owns what it started (``hpcml.proctree``): it is a child subreaper, so a rank
 orphaned children stay its descendants; ``STOP`` (the launcher's parent-death signal, and
 its escalation after ``--kill-grace``) kills every descendant at once; and when the rank
 ends, whatever it left running gets SIGTERM, then SIGKILL after the grace period.
+
+Its recorder signs the rank's heartbeats (``hpcml.observe.beat``) with the key of its rank,
+which the launcher gives this wrapper and no one it starts: locally through a pipe
+(``--beat-fd FD``, read and closed before the rank starts), under srun as the attempt's
+secret in ``HPCML_RUN_BEAT_KEY``, removed from the environment before the rank starts.
 """
 
 from __future__ import annotations
@@ -25,6 +30,7 @@ from pathlib import Path
 
 from hpcml.cluster.ranks import ranks
 from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
+from hpcml.errors import UsageError
 from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
@@ -34,6 +40,7 @@ from hpcml.signals import install
 STOP = signal.SIGRTMIN + 1
 IGNORED = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP)
 FR_ENTRIES = 2000            # collectives the Flight Recorder keeps per rank (torch's own default when armed)
+ENV_BEAT_KEY = "HPCML_RUN_BEAT_KEY"    # srun's tasks: the attempt's secret, hex (local tasks: --beat-fd)
 
 
 def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]:
@@ -67,15 +74,33 @@ def _fr_variable() -> str:
 
 
 def _redirect(d: Path, rank: int, attempt: int) -> None:
+    from hpcml.run.ranklog import header
     logs = d / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for fd, stream in ((1, "out"), (2, "err")):
         f = os.open(log_path(d, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if attempt:                         # where the requeued job's lines begin
-            os.write(f, f"--- hpcml run: attempt {attempt}, {time.strftime('%Y-%m-%d %H:%M:%S')} ---\n"
-                     .encode())
+            os.write(f, header(attempt).encode())
         os.dup2(f, fd)
         os.close(f)
+
+
+def beat_key(opts: Mapping[str, str], rank: int) -> bytes | None:
+    """This rank's heartbeat key, taken where the launcher put it so that the rank does not
+    inherit it: read from ``--beat-fd`` (then closed), or derived from the secret in
+    ``HPCML_RUN_BEAT_KEY`` (then removed from this process's environment). None: no key
+    (a wrapper started by hand); its records are then refused by a launcher that has one."""
+    from hpcml.observe.beat import rank_key
+    secret = os.environ.pop(ENV_BEAT_KEY, None)
+    fd = opts.get("--beat-fd")
+    try:
+        if fd is not None:
+            with os.fdopen(int(fd), "rb") as f:
+                return bytes.fromhex(f.read(256).decode())
+        return rank_key(bytes.fromhex(secret), rank) if secret else None
+    except (ValueError, OSError) as exc:
+        raise UsageError(f"no heartbeat key from the launcher ({exc})", key="--beat-fd" if fd else ENV_BEAT_KEY) \
+            from None
 
 
 def _stop(*_) -> None:
@@ -94,16 +119,18 @@ def _stop(*_) -> None:
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
         print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
-              "[--attempt N] -- CMD...", file=sys.stderr)
+              "[--attempt N] [--beat-fd FD] -- CMD...", file=sys.stderr)
         return 2
     head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     d = Path(head[0])
     opts = dict(zip(head[1::2], head[2::2]))
     attempt = int(opts.get("--attempt", "0"))
     os.environ.update(task_env(os.environ))
+    rank = ranks(dist=False).rank
+    from hpcml.observe.beat import sign_with
+    sign_with(beat_key(opts, rank))                  # before anything is started: no child inherits it
     os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
     os.environ.update(flight_recorder_env(os.environ, observe_dir(d, attempt)))
-    rank = ranks(dist=False).rank
     _redirect(d, rank, attempt)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)

@@ -8,8 +8,11 @@ what their recorder already did (and, for the Flight Recorder, one ``stat`` a se
 Python process: ``hpcml.run.inject``).
 
 * **Crash**: a rank whose recorder wrote an exit code other than 0 is named at once, with
-  the last line of its stderr. Stopping the others is the launcher's (as srun's
-  ``--kill-on-bad-exit``), within ``--kill-grace``.
+  the last line of its stderr that the rank wrote (``hpcml.run.ranklog``). Stopping the
+  others is the launcher's (as srun's ``--kill-on-bad-exit``), within ``--kill-grace``.
+  A rank that ends once the job is being stopped (a crash named, a hang or straggler stop,
+  a lost node, a TERM or INT that ``hpcml run`` got and passed on: Ctrl-C, scancel, a
+  requeue) was stopped, whatever its exit code: not a crash.
 * **Hang**: no rank has completed a step (or a section) for ``--hang-timeout`` seconds:
   by default the larger of 10 x the median time between two progresses and 120 s (a job
   that logs every 100 steps waits 100 steps between them), never before the first
@@ -20,22 +23,34 @@ Python process: ``hpcml.run.inject``).
   per culprit goes to the job log, the verdict into run.json, and ``--on-hang stop`` stops
   the job, which then exits ``HANG``.
 
+Only the ranks' own records count (``hpcml.observe.beat.Trust``): a record for a rank the
+attempt did not start, or one its rank's recorder did not sign with the key the launcher
+gave it (``secret``), is ignored and said once (run.json's ``ignored_beats``); so is an
+older record put back over a newer one. A rank whose record stops changing (its file
+replaced or removed) is idle for the hang from then on, by the launcher's clock: a program
+that writes in the job directory can neither fake progress nor a crash, nor hide a hang.
+What this protects against is an accident or a confused script; a program that sets out to
+forge a record must first take its wrapper's key (see ``hpcml.run.task``).
+
 Every event goes into run.json's ``timeline`` (when it began as far as the data shows, when
 it was detected, what was named, what was done) for the report.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.observe.beat import read_beats
+from hpcml.cluster import requeue
+from hpcml.observe.beat import Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.run.culprits import Verdict, name
-from hpcml.run.jobdir import log_path, observe_dir, tail
+from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
+from hpcml.run.ranklog import last_own_line
 from hpcml.run.steptimes import StepTimes
 from hpcml.words import ranges
 
@@ -47,6 +62,9 @@ FR_GRACE = 2.0                # after the last stack, for the Flight Recorder du
 ON_HANG = ("stop", "report")
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings (the model's cost, at 1,024 ranks)
 STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
+STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
+IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
+SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it
 
 
 def period_for(world: int) -> float:
@@ -78,11 +96,21 @@ class Watch:
     on_straggler: str = "report"                 # restart: a straggler stops the job (hpcml.run.recovery)
     can_replace: Any = None                      # node -> whether a restart without it is possible now
     stopped_for: dict[str, Any] | None = None    # the straggler the job was stopped for
+    secret: bytes | None = None                  # the attempt's: each rank's records are signed with its key
+    interval: float = 1.0                        # seconds between two records of a rank (--interval)
+    signals: list[int] = field(default_factory=list)    # what hpcml run got and passed on, in order
+    job_id: str | None = None                    # with restart_of: this attempt's requeue marker (cluster.requeue)
+    restart_of: int = 0
+    ignored: list[dict[str, Any]] = field(default_factory=list)    # records not taken, each said once
 
     def __post_init__(self) -> None:
         self.observe = observe_dir(self.d, self.attempt)
         self.period = self.period or period_for(self.world)
         self._steps = StepTimes(self.world)
+        self._trust = Trust(self.world, self.secret)
+        self._changed: dict[int, tuple[Any, float]] = {}     # rank -> (its record's beat, when we saw it change)
+        self._held: dict[int, float] = {}                    # rank -> when its exit by TERM or INT was seen
+        self._said: set[tuple[int, str]] = set()             # the refusals said
 
     # -- the launcher calls these ----------------------------------------------------------
 
@@ -92,7 +120,7 @@ class Watch:
         if now < self._next:
             return None
         self._next = now + (self.period or 1.0)
-        self.beats = read_beats(self.observe, self.beats)
+        self._read(now)
         for rank, b in self.beats.items():
             self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0)
         self._crashes(now)
@@ -114,8 +142,8 @@ class Watch:
 
     def finish(self) -> None:
         """The job ended: name the crashes the last scan did not see."""
-        self.beats = read_beats(self.observe, self.beats)
-        self._crashes(time.time())
+        self._read(time.time())
+        self._crashes(time.time(), final=True)
         if self._collect is not None:                  # the job ended while the stacks came: name from what came
             self._conclude(time.time(), ended=True)
 
@@ -124,7 +152,8 @@ class Watch:
         firsts = [b["first"] for b in self.beats.values() if isinstance(b.get("first"), (int, float))]
         return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values()),
                 "furthest_step": max(steps, default=None), "first_step_at": min(firsts, default=None),
-                **({"stopped_for": self.stopped_for} if self.stopped_for else {})}
+                **({"stopped_for": self.stopped_for} if self.stopped_for else {}),
+                **({"ignored_beats": self.ignored} if self.ignored else {})}
 
     def _straggler_stop(self) -> bool:
         """``--on-straggler restart``: the first straggler named stops the job (once)."""
@@ -142,27 +171,79 @@ class Watch:
 
     # -- what it looks for -----------------------------------------------------------------
 
+    def _read(self, now: float) -> None:
+        """The ranks' records that ``Trust`` takes; a record refused is said once, and when
+        each rank's record last changed is noted (``_idle``)."""
+        self.beats = read_beats(self.observe, self.beats, self._trust)
+        for (rank, why), file in self._trust.refused.items():
+            if (rank, why) in self._said or len(self._said) > IGNORED_SAID:
+                continue
+            self._said.add((rank, why))
+            if len(self._said) > IGNORED_SAID:
+                self._say("ignoring more heartbeats that are not this attempt's ranks' (not said one by one)")
+                continue
+            self.ignored.append({"rank": rank, "why": why, "file": file, "seen": now})
+            started = f"ranks 0-{self.world - 1}" if self.world > 1 else "rank 0"
+            self._say(f"ignoring heartbeats for rank {rank} in {file}: {why} (this attempt started {started})")
+        for rank, b in self.beats.items():
+            if self._changed.get(rank, (None,))[0] != b.get("beat"):
+                self._changed[rank] = (b.get("beat"), now)
+
+    def _idle(self, rank: int, b: dict, now: float) -> float:
+        """Seconds since the rank's last progress, on its own clock; or, when its record
+        stopped changing (its file replaced, its recorder gone), since then on ours, less
+        the time a record may take to come."""
+        own = (b["beat"] if b.get("beat") is not None else now) - b["progress"]
+        unchanged = now - self._changed.get(rank, (None, now))[1] - (self.interval + 2 * (self.period or 1.0))
+        return max(own, unchanged)
+
+    def _signalled(self) -> bool:
+        return any(s in STOPPING for s in self.signals)
+
+    def _hold(self, ended: list[tuple[int, int]], now: float) -> bool:
+        """Whether to wait before naming crashes: a rank ended by TERM or INT (143, 130) may
+        have got it from Slurm in the same moment as hpcml run (scancel, the time limit, a
+        requeue: each node's slurmd signals its own steps), and that rank, seen before the
+        launcher's own signal, would be named a crash. One scan's wait (at most ``period``
+        seconds, only for such exits) lets the launcher's signal come first."""
+        held = [r for r, code in ended if code in SIGNALLED]
+        for r in held:
+            self._held.setdefault(r, now)
+        return any(now - self._held[r] < (self.period or 1.0) for r in held)
+
+    def _requeued(self, code: int) -> bool:
+        """A rank that Slurm's requeue ended, once ``hpcml ckpt`` noted that it asked for one
+        (it writes the marker before ``scontrol requeue``)."""
+        if code not in requeue.KILLED_BY_REQUEUE:
+            return False
+        return requeue.find(attempt_dir(self.d, self.attempt), self.job_id, self.restart_of, ask_slurm=False) \
+            is not None
+
     def _event(self, kind: str, what: str, began: float | None, detected: float, **extra: Any) -> None:
         self.timeline.append({"kind": kind, "began": began, "detected": detected, "what": what, **extra})
 
     def _say(self, line: str) -> None:
         print(f"hpcml run: {line}", file=sys.stderr, flush=True)
 
-    def _crashes(self, now: float) -> None:
+    def _crashes(self, now: float, final: bool = False) -> None:
         """Ranks that exited non-zero, in the order they ended. Once the job is being stopped
-        (a crash named, a hang stopped), the ranks that end were stopped, not crashed, whatever
-        code their TERM handler chose."""
+        (a crash named, a hang stopped, TERM or INT passed on, Slurm's requeue asked for by
+        ``hpcml ckpt``), the ranks that end were stopped, not crashed, whatever code their TERM
+        handler chose. ``final``: the attempt ended, nothing more will come (``_hold``)."""
         ended = sorted(((b.get("beat") or 0.0, r, b) for r, b in self.beats.items()
                         if b.get("exit") and isinstance(b["exit"], int) and r not in self._crashed),
                        key=lambda e: (e[0], e[1]))
+        if not final and self._hold([(r, b["exit"]) for _, r, b in ended], now):
+            return
         for _, rank, b in ended:
             code = b["exit"]
             self._crashed.add(rank)
-            if self._stopping or (self.hang or {}).get("action") == "stop":
+            if self._stopping or (self.hang or {}).get("action") == "stop" or self._signalled() \
+                    or self._requeued(code):
                 continue                  # stopped by us: TERM's 143, or what its handler chose to exit with
             self._stopping = True
             self.crashed_codes[rank] = code
-            last = next((ln.strip() for ln in reversed(tail(log_path(self.d, rank, "err"), 20)) if ln.strip()), "")
+            last = last_own_line(log_path(self.d, rank, "err"), self.attempt)
             step = f" after step {b['step']}" if b.get("step") is not None else ""
             self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
             self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
@@ -213,10 +294,10 @@ class Watch:
 
     def _hang(self, now: float) -> None:
         """Each rank's idle time is its record's ``beat`` minus its ``progress``, both taken by
-        its own node's clock, so a node whose clock is off does not make a hang (or hide one)."""
+        its own node's clock, so a node whose clock is off does not make a hang (or hide one);
+        a record that stopped changing does not hide one either (``_idle``)."""
         alive = {r: b for r, b in self.beats.items() if b.get("exit") is None}
-        idle = [(b["beat"] if b.get("beat") is not None else now) - b["progress"]
-                for b in alive.values() if b.get("progress") is not None]
+        idle = [self._idle(r, b, now) for r, b in alive.items() if b.get("progress") is not None]
         if not alive or not idle:
             return                               # never before the first step ends
         quiet, limit = min(idle), self.hang_timeout()
