@@ -14,8 +14,9 @@ import textwrap
 import pytest
 
 from hpcml.observe.store import read_job
+from tests import needs
 
-torch = pytest.importorskip("torch")
+torch = needs.module("torch")
 
 from hpcml.observe import optimsteps  # noqa: E402
 

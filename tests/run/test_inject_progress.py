@@ -8,6 +8,7 @@ themselves (nesting, several optimizers, a forked child): tests/observe/test_opt
 
 from __future__ import annotations
 
+import importlib
 import importlib.machinery
 import json
 import os
@@ -23,6 +24,7 @@ from hpcml.run.inject import sitecustomize as site
 from hpcml.run.watch import HANG
 
 SCRIPT = Path(__file__).with_name("scripts") / "raw_ddp.py"
+PKG = "waitpkg"              # made in tmp_path by a test, imported by name
 
 
 def hpcml(*args, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
@@ -63,18 +65,25 @@ def test_every_optimizer_step_of_a_plain_ddp_script_is_a_step(tmp_path):
     assert rep["throughput"]["source"] == "section" and rep["throughput"]["median"] > 0
 
 
-@pytest.mark.torch
-def test_a_rank_stuck_after_3_steps_of_a_plain_script_is_stopped_and_named(tmp_path):
+def stuck_rank_1_stopped_and_named(tmp_path: Path, script: Path, **env: str) -> None:
+    """``hpcml run`` of ``script`` with rank 1 stuck after 3 steps: stopped (exit HANG), rank 1
+    named on the script's ``# culprit`` line, rank 0 blocked behind it; run.json says so."""
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "3s", "--kill-grace", "3",
-              "--", "python", SCRIPT, cwd=tmp_path, env={"STEPS": "8", "STUCK_RANK": "1", "STUCK_AFTER": "3"})
+              "--", "python", script, cwd=tmp_path, env={"STEPS": "8", "STUCK_RANK": "1", "STUCK_AFTER": "3", **env})
     assert p.returncode == HANG, p.stderr
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     hang = run["hang"]
     assert run["exit_code"] == HANG and hang["action"] == "stop" and run["furthest_step"] == 3
     assert [c["rank"] for c in hang["verdict"]["culprits"]] == [1] and hang["verdict"]["blocked"] == [0]
-    line = next(i for i, t in enumerate(SCRIPT.read_text().splitlines(), 1) if t.endswith("# culprit"))
-    assert hang["verdict"]["culprits"][0]["where"] == f"{SCRIPT}:{line} in main"
+    line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# culprit"))
+    assert hang["verdict"]["culprits"][0]["where"].startswith(f"{script}:{line} in ")
     assert [e["kind"] for e in run["timeline"]] == ["hang"]
+
+
+@pytest.mark.torch
+def test_a_rank_stuck_after_3_steps_of_a_plain_script_is_stopped_and_named(tmp_path):
+    stuck_rank_1_stopped_and_named(tmp_path, SCRIPT)
+    assert step_sections(tmp_path / "job") == {0: [1, 2, 3], 1: [1, 2, 3]}
 
 
 @pytest.mark.torch
@@ -111,12 +120,12 @@ def test_the_finder_calls_back_once_the_module_ran_and_leaves(importable):
     finder = site._OnImport("waitpkg.optim", lambda: calls.append(sys.modules["waitpkg.optim"].RAN))
     sys.meta_path.insert(0, finder)
     try:
-        import waitpkg  # noqa: F401
+        importlib.import_module(PKG)
         assert calls == [] and finder in sys.meta_path
-        import waitpkg.optim
+        optim = importlib.import_module(f"{PKG}.optim")
         assert calls == [True] and finder not in sys.meta_path
-        assert "exec_module" not in vars(waitpkg.optim.__spec__.loader)        # the loader's own again
-        assert waitpkg.optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
+        assert "exec_module" not in vars(optim.__spec__.loader)        # the loader's own again
+        assert optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
     finally:
         if finder in sys.meta_path:
             sys.meta_path.remove(finder)
@@ -149,8 +158,8 @@ def test_a_loader_that_cannot_be_patched_is_wrapped(importable):
     sys.meta_path.insert(0, other)
     sys.meta_path.insert(0, site._OnImport("waitpkg.optim", lambda: calls.append(1)))
     try:
-        import waitpkg.optim
-        assert calls == [1] and waitpkg.optim.RAN and isinstance(waitpkg.optim.__spec__.loader, site._Then)
-        assert waitpkg.optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
+        optim = importlib.import_module(f"{PKG}.optim")
+        assert calls == [1] and optim.RAN and isinstance(optim.__spec__.loader, site._Then)
+        assert optim.__spec__.loader.get_source("waitpkg.optim") == "RAN = True\n"
     finally:
         sys.meta_path.remove(other)

@@ -1,0 +1,26 @@
+"""The frameworks users run, unchanged, under ``hpcml run``: HF transformers' ``Trainer`` on a
+tiny GPT-2 built from a config and Lightning on a tiny ``LightningModule``, 2 ranks over gloo
+(tests/run/scripts/). Their optimizer steps are the ranks' steps (``hpcml.observe.optimsteps``),
+so one rank stuck after 3 steps of 2 micro-batches each is stopped and named, and the store
+has those 3 steps per rank. One run per framework proves both: a framework's start-up
+(~8 s of imports per rank on 2 cores) is most of a test's time."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import needs
+from tests.run.test_inject_progress import step_sections, stuck_rank_1_stopped_and_named
+
+SCRIPTS = {"transformers": "hf_trainer.py", "lightning": "lightning_ddp.py"}
+
+
+@pytest.mark.torch
+@pytest.mark.parametrize("framework", sorted(SCRIPTS))
+def test_a_stuck_rank_of_an_unchanged_framework_script_is_stopped_and_named_and_its_steps_counted(tmp_path, framework):
+    needs.module(framework)
+    script = Path(__file__).with_name("scripts") / SCRIPTS[framework]
+    stuck_rank_1_stopped_and_named(tmp_path, script, ACCUM="2", OMP_NUM_THREADS="1")
+    assert step_sections(tmp_path / "job") == {0: [1, 2, 3], 1: [1, 2, 3]}     # optimizer steps, not micro-batches
