@@ -15,9 +15,8 @@ from types import MappingProxyType
 
 import pytest
 
-from hpcml.errors import HpcmlError
 from hpcml.jobmodel import RunRecord
-from hpcml.run.backends import BACKENDS, Local, Settings, Srun
+from hpcml.run.backends import BACKENDS, Local, NoRendezvous, Settings, Srun
 
 SETTINGS = Settings(ntasks=None, ntasks_per_node=2, gpus_per_task=None, env=MappingProxyType({"HPCML_X": "1"}))
 
@@ -44,7 +43,7 @@ def fake_srun(tmp_path, monkeypatch, script: str) -> None:
 @pytest.mark.parametrize("script", ["echo 'srun: error: Nodes n2 are down' >&2; exit 1", "echo ''"])
 def test_a_failed_rendezvous_probe_is_an_error_not_the_launchers_port(tmp_path, monkeypatch, script):
     fake_srun(tmp_path, monkeypatch, script)
-    with pytest.raises(HpcmlError, match="no rendezvous port on n2, rank 0's node"):
+    with pytest.raises(NoRendezvous, match="no rendezvous port on n2, rank 0's node"):
         Srun(SETTINGS, ["n2", "n3"], Allocation()).plan(["task"], record())
 
 

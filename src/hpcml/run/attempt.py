@@ -17,9 +17,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.errors import HpcmlError
 from hpcml.jobmodel import RunRecord
-from hpcml.run.backends import STOPPING, Backend, Target
+from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
 from hpcml.run.jobdir import write_own
 from hpcml.run.watch import Watch
@@ -104,7 +103,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     ``pending``: signals that came while no attempt ran, forwarded as soon as one does."""
     try:
         plan = backend.plan(task_command(cfg, d, record.attempt), record)
-    except HpcmlError as exc:                      # no rendezvous on rank 0's node: the attempt cannot start
+    except NoRendezvous as exc:                    # no rendezvous on rank 0's node: the attempt cannot start
         print(f"hpcml run: attempt {record.attempt} not started: {exc}", file=sys.stderr)
         return 1
     record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node

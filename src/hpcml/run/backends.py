@@ -25,7 +25,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from hpcml.errors import HpcmlError, SlurmError
+from hpcml.errors import SlurmError
 from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
@@ -40,6 +40,11 @@ class Target(Protocol):
     def poll(self) -> int | None: ...
 
     def send_signal(self, sig: int) -> None: ...
+
+
+class NoRendezvous(Exception):
+    """Rank 0's node gave no free port: the attempt cannot start (not bad input, and not
+    hpcml's end: the launcher records the attempt's end and goes on)."""
 
 
 @dataclass(frozen=True)
@@ -152,7 +157,7 @@ class Srun:
         try:
             port = free_port() if master == self.allocation.node else free_port_on(master, sys.executable)
         except SlurmError as exc:
-            raise HpcmlError(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
+            raise NoRendezvous(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
         addr = node_address(master)
         gpus = [f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []
         self.name = f"hpcml-run-{os.getpid()}" + (f"-{record.attempt}" if record.attempt else "")

@@ -99,7 +99,7 @@ def beat_key(opts: Mapping[str, str], rank: int) -> bytes | None:
                 return bytes.fromhex(f.read(256).decode())
         return rank_key(bytes.fromhex(secret), rank) if secret else None
     except (ValueError, OSError) as exc:
-        raise UsageError(f"no heartbeat key from the launcher ({exc})", key="--beat-fd" if fd else ENV_BEAT_KEY) \
+        raise UsageError(f"no heartbeat key from the launcher ({exc})", key="beat_fd" if fd else ENV_BEAT_KEY) \
             from None
 
 
