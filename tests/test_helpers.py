@@ -44,6 +44,7 @@ an entry that no longer offends fails too, so the list only shrinks.
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from collections.abc import Iterator
 from pathlib import Path
@@ -352,14 +353,16 @@ def check_source(source: str, file: str = "hpcml/x.py") -> list[Hit]:
     return sorted({Hit(file, rule, line, what) for rule, find in RULES.items() for line, what in find(tree, names)})
 
 
-def offences() -> list[Hit]:
-    """The hits in src/hpcml outside each rule's owners and the exemptions."""
+@functools.cache
+def offences() -> tuple[Hit, ...]:
+    """The hits in src/hpcml outside each rule's owners and the exemptions (read once per
+    run: both tests below ask)."""
     out = []
     for path in sorted(SRC.rglob("*.py")):
         file = path.relative_to(SRC.parent).as_posix()
         out += [h for h in check_source(path.read_text(encoding="utf-8"), file)
                 if file not in OWNERS[h.rule] and (file, h.rule) not in EXEMPT]
-    return out
+    return tuple(out)
 
 
 # -- the tree ----------------------------------------------------------------------------------

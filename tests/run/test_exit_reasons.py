@@ -108,7 +108,7 @@ def report(cwd: Path) -> tuple[dict, str]:
 
 def test_a_forged_heartbeat_neither_hides_the_hang_nor_makes_a_crash(tmp_path):
     (tmp_path / "forge.py").write_text(FORGER)
-    p = hpcml("run", "--ntasks", 2, "--dir", "job", "--no-report", "--hang-timeout", "20s", "--kill-grace", 2,
+    p = hpcml("run", "--ntasks", 2, "--dir", "job", "--no-report", "--hang-timeout", "5s", "--kill-grace", 2,
               "--", sys.executable, "forge.py", cwd=tmp_path)
     assert p.returncode == HANG, p.stderr
     said = [line for line in p.stderr.splitlines() if "ignoring heartbeats" in line]
