@@ -11,8 +11,6 @@ from __future__ import annotations
 import importlib
 import importlib.machinery
 import json
-import os
-import subprocess
 import sys
 from pathlib import Path
 
@@ -22,17 +20,10 @@ from hpcml.observe.beat import read_beats
 from hpcml.observe.store import read_job
 from hpcml.run.inject import sitecustomize as site
 from hpcml.run.watch import HANG
+from tests.run.test_watch import hpcml
 
 SCRIPT = Path(__file__).with_name("scripts") / "raw_ddp.py"
 PKG = "waitpkg"              # made in tmp_path by a test, imported by name
-
-
-def hpcml(*args, cwd: Path, env: dict | None = None, timeout: int = 120) -> subprocess.CompletedProcess:
-    full = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    full["PATH"] = f"{Path(sys.executable).parent}:{full.get('PATH', '')}"
-    full.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True, text=True,
-                          cwd=cwd, env=full, timeout=timeout)
 
 
 def step_sections(job: Path) -> dict[int, list[int]]:

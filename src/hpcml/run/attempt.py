@@ -109,7 +109,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node
     record.master, record.launch = plan.master, list(plan.launch)
     write_own(d, record)
-    where = f"{plan.ntasks} tasks on {_fold(plan.nodes)}" if backend.mode == "slurm" else \
+    from hpcml.cluster.hostlist import fold
+    where = f"{plan.ntasks} tasks on {fold(plan.nodes)}" if backend.mode == "slurm" else \
         plural(plan.ntasks, "local task")
     print(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}", file=sys.stderr)
     backend.start(plan)
@@ -151,11 +152,6 @@ def _tick(ctl: Control, watch: Watch) -> None:
         ctl.backend.kill()
     elif ctl.record.killed_after_grace and ctl.stop_at is not None:
         ctl.backend.overdue(time.monotonic() - ctl.stop_at, ctl.cfg.kill_grace)
-
-
-def _fold(nodes: list[str]) -> str:
-    from hpcml.cluster.hostlist import fold
-    return fold(nodes)
 
 
 def _replay(pending: list[int], seen: list[int], targets: list[Target]) -> None:

@@ -73,7 +73,8 @@ class Backend(Protocol):
     def targets(self) -> list[Target]: ...
 
     def lost(self) -> dict[str, LostNode]:
-        """Nodes found lost by this call (checked at the backend's own pace)."""
+        """Every node lost so far when this call found a new one, else nothing (checked at
+        the backend's own pace)."""
         ...
 
     def poll(self, failed: Any) -> bool:
@@ -184,6 +185,10 @@ class Srun:
     def lost(self) -> dict[str, LostNode]:
         if self._lost is None or not self._lost.poll():
             return {}
+        return self._lost_nodes()
+
+    def _lost_nodes(self) -> dict[str, LostNode]:
+        assert self._lost is not None
         return {n: LostNode.model_validate(v) for n, v in self._lost.lost.items()}
 
     def poll(self, failed: Any) -> bool:
@@ -209,7 +214,7 @@ class Srun:
         if self.returncode() != 0:
             self._lost.poll(now=True)                   # srun ended first (its step's node failed)
         if self._lost.lost:
-            record.lost_nodes = {n: LostNode.model_validate(v) for n, v in self._lost.lost.items()}
+            record.lost_nodes = self._lost_nodes()
 
 
 # ------------------------------------------------------------------------------- local

@@ -376,14 +376,14 @@ class CollectorServer:
                 except OSError:
                     pass
 
-        try:
-            if not self._running or self._done.is_set():
-                raise OSError("the loop is not running")
-            srv.trigger.pull_trigger(stop)
-        except OSError:                 # not running, or it closed its trigger on its way out
+        if not self._running or self._done.is_set():
             stop()
         else:
-            self._done.wait(10)
+            try:
+                srv.trigger.pull_trigger(stop)
+                self._done.wait(10)
+            except OSError:             # the loop closed its trigger on its way out
+                stop()
         srv.task_dispatcher.shutdown()
         self.app.close()
         self.store.close()
