@@ -314,6 +314,7 @@ class Attempt(Model):
     hang: Optional[Hang] = None
     ignored_beats: Optional[list[IgnoredBeat]] = None
     furthest_step: Optional[int] = None          # the highest step any rank reported
+    straggler_window_s: Optional[float] = Field(default=None, gt=0, allow_inf_nan=False)  # --straggler-window
     first_step_at: Optional[float] = None        # when the attempt's first step completed
     end_recorded_by_next_attempt: Optional[bool] = None    # its launcher was killed (a requeue) before it could
 

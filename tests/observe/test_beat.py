@@ -169,3 +169,22 @@ def test_a_signed_record_never_grows_past_its_size(tmp_path, signed):
     _writer(tmp_path, 0, b"x" * 32, signed).write(p)
     assert beat_path(tmp_path, 0).stat().st_size == SIZE
     assert read_beats(tmp_path, {}, Trust(1, b"x" * 32))[0]["step"] == 10**15 + RECENT
+
+
+def test_each_steps_wait_in_collectives_rides_beside_its_time_and_is_checked(tmp_path):
+    """A ``collective_wait`` section is no progress and no step time: its value goes to
+    ``recent_wait``, aligned with ``recent_steps`` (0 where a step has none); a record whose
+    waits are not one non-negative number per recent step is refused."""
+    p = Progress()
+    p.update([1.0, 1.0, 2.0, 3.0, 3.0], ["section"] * 5, ["step", "collective_wait", "step", "step", "collective_wait"],
+             [0.4, 0.1, 0.5, 0.6, 0.3], [1, 1, 2, 3, 3])
+    assert (p.step, p.steps, list(p.recent)) == (3, 3, [(1, 0.4), (2, 0.5), (3, 0.6)])
+    w = BeatWriter(tmp_path, 0, "n1")
+    w.write(p)
+    good = read_beats(tmp_path)
+    assert good[0]["recent_wait"] == [0.1, 0.0, 0.3]
+    doc = beat_path(tmp_path, 0).read_text().rstrip()
+    for bad in ('[0.1, 0.0]', '[0.1, -1, 0.3]', '"x"', '[0.1, null, 0.3]'):
+        beat_path(tmp_path, 0).write_text(doc.replace("[0.1,0.0,0.3]", bad))
+        assert read_beats(tmp_path, good) == good, bad
+    w.close()

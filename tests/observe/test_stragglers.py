@@ -202,3 +202,44 @@ def test_a_six_second_hpcml_run_with_a_slightly_slower_rank_gets_no_straggler_ve
     assert check["judged"] is False and check["steps"] == 40 and check["seconds"] < check["min_seconds"]
     asked = hpcml("observe", "report", "job/observe", "--json", "--min-straggler-s", "1")
     assert [s["rank"] for s in asked["stragglers"]] == [1] and asked["straggler_check"]["judged"] is True
+
+
+def test_the_baseline_is_the_median_of_the_other_ranks():
+    """Checked against the definition on random matrices of 2 to 9 ranks, ties included."""
+    from hpcml.observe.stragglers import others_median
+    rng = np.random.default_rng(3)
+    for n in range(2, 10):
+        for trial in range(40):
+            m = rng.integers(0, 3, (n, 6)).astype(float) if trial % 2 else rng.random((n, 6))
+            expected = [[np.median(np.delete(m[:, j], i)) for j in range(6)] for i in range(n)]
+            assert np.allclose(others_median(m), expected), (n, m)
+
+
+def test_a_rank_twice_as_slow_as_the_only_other_reads_2x():
+    t = _job(n_ranks=2, n_steps=200)
+    t[1] *= 2.0
+    scores = score_ranks(*_flat(t))
+    assert scores[0].rank == 1 and scores[0].chronic and 1.9 < scores[0].score < 2.1
+    assert 0.45 < scores[1].score < 0.55 and not scores[1].chronic
+
+
+def test_in_a_synchronous_job_the_rank_the_others_wait_for_is_named_from_its_compute():
+    """Every rank's step is as long as the slowest's (they wait for it in the all-reduce):
+    step times name no one; step less wait (``compute_times``) names rank 2, about 2x."""
+    from hpcml.observe.stragglers import compute_times
+    compute = _job(n_ranks=4, n_steps=200)
+    compute[2] *= 2.0
+    step = np.broadcast_to(compute.max(axis=0) + 0.01, compute.shape)       # all wait for the slowest
+    wait = step - compute
+    r, s, v = _flat(step)
+    assert not any(x.chronic for x in score_ranks(r, s, v))
+    busy = compute_times(r, s, v, *_flat(wait))
+    scores = score_ranks(r, s, busy, elapsed=v)
+    assert [x.rank for x in scores if x.chronic] == [2] and 1.9 < scores[0].score < 2.1
+    assert scores[0].seconds == np.median(step.sum(axis=1).astype(np.float32))    # evidence: the steps' own time
+
+
+def test_compute_is_the_step_less_its_own_wait_and_never_nothing():
+    from hpcml.observe.stragglers import compute_times
+    got = compute_times([0, 0, 1, 1], [1, 2, 1, 2], [1.0, 1.0, 1.0, 1.0], [1, 0, 1], [1, 2, 2], [0.25, 0.5, 7.0])
+    assert list(got) == [1.0, 0.5, 0.75, 0.001]        # rank 0 step 1 had none; a wait past its step leaves 1/1000

@@ -56,25 +56,42 @@ def test_every_optimizer_step_of_a_plain_ddp_script_is_a_step(tmp_path):
     assert rep["throughput"]["source"] == "section" and rep["throughput"]["median"] > 0
 
 
-def stuck_rank_1_stopped_and_named(tmp_path: Path, script: Path, **env: str) -> None:
-    """``hpcml run`` of ``script`` with rank 1 stuck after 3 steps: stopped (exit HANG), rank 1
-    named on the script's ``# culprit`` line, rank 0 blocked behind it; run.json says so."""
+STUCK_AFTER = 45              # steps of 0.1 s compute (0.2 s on the slow rank): 30 judged, 5 s of them
+
+
+def slow_then_stuck_rank_1_named(tmp_path: Path, script: Path, **env: str) -> None:
+    """``hpcml run`` of ``script``, 2 ranks over gloo, rank 1 computing twice as long as rank 0
+    (a slow node: its data or its forward, before DDP's all-reduce, where rank 0 then waits)
+    and then stuck after ``STUCK_AFTER`` steps. Live, rank 1 is named a straggler about 2x
+    before the hang; the hang is stopped (exit HANG), rank 1 named on the script's ``#
+    culprit`` line, rank 0 blocked behind it; run.json and the end report say both, the
+    report's factor measured on compute (the step less its wait in collectives)."""
+    from hpcml.run.report import build
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "3s", "--kill-grace", "3",
-              "--", "python", script, cwd=tmp_path, env={"STEPS": "8", "STUCK_RANK": "1", "STUCK_AFTER": "3", **env})
+              "--straggler-window", "5s", "--", "python", script, cwd=tmp_path,
+              env={"STEPS": "1000", "STUCK_RANK": "1", "STUCK_AFTER": str(STUCK_AFTER), "SLOW_RANK": "1",
+                   "STEP_S": "0.1", **env})
     assert p.returncode == HANG, p.stderr
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     hang = run["hang"]
-    assert run["exit_code"] == HANG and hang["action"] == "stop" and run["furthest_step"] == 3
+    assert run["exit_code"] == HANG and hang["action"] == "stop" and run["furthest_step"] == STUCK_AFTER
     assert [c["rank"] for c in hang["verdict"]["culprits"]] == [1] and hang["verdict"]["blocked"] == [0]
     line = next(i for i, t in enumerate(script.read_text().splitlines(), 1) if t.endswith("# culprit"))
     assert hang["verdict"]["culprits"][0]["where"].startswith(f"{script}:{line} in ")
-    assert [e["kind"] for e in run["timeline"]] == ["hang"]
+    assert [e["kind"] for e in run["timeline"]] == ["straggler", "hang"], p.stderr
+    live = run["stragglers"]
+    assert [s["rank"] for s in live] == [1] and 1.6 <= live[0]["score"] <= 2.3, live
+    assert "hpcml run: straggler: rank 1 on " in p.stderr
+    rep = build(tmp_path / "job")["observe"]
+    assert rep["straggler_check"]["measure"] == "compute" and rep["straggler_check"]["judged"], rep["straggler_check"]
+    assert [s["rank"] for s in rep["stragglers"]] == [1] and 1.6 <= rep["stragglers"][0]["score"] <= 2.3
 
 
 @pytest.mark.torch
-def test_a_rank_stuck_after_3_steps_of_a_plain_script_is_stopped_and_named(tmp_path):
-    stuck_rank_1_stopped_and_named(tmp_path, SCRIPT)
-    assert step_sections(tmp_path / "job") == {0: [1, 2, 3], 1: [1, 2, 3]}
+def test_a_slow_then_stuck_rank_of_a_plain_script_is_named_straggler_then_culprit(tmp_path):
+    slow_then_stuck_rank_1_named(tmp_path, SCRIPT)
+    steps = list(range(1, STUCK_AFTER + 1))
+    assert step_sections(tmp_path / "job") == {0: steps, 1: steps}
 
 
 @pytest.mark.torch

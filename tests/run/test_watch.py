@@ -278,6 +278,55 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text
 
 
+def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float):
+    """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
+    ``sync`` every rank's step lasts as long as the slowest's and the others wait the
+    difference in collectives (a ``collective_wait`` per step), else each rank's step is its
+    own compute. Scanned every second of virtual time; (watch, seconds from onset to named)."""
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(ranks)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(ranks)}
+    watch = Watch(d, 0, ranks, period=1.0, straggler_window=window)
+    t, onset, named = 1_800_000_000.0, None, None
+    for step in range(steps):
+        compute = [step_s * (2.0 if r == slow_rank and step >= 100 else 1.0) * (1 + 0.02 * ((step * 7 + r * 3) % 5))
+                   for r in range(ranks)]
+        longest = max(compute) + 0.001
+        t += longest if sync else step_s
+        if step == 100:
+            onset = t
+        for r, p in progress.items():
+            if sync:
+                p.update([t, t], ["section", "section"], ["step", "collective_wait"], [longest, longest - compute[r]],
+                         [step, step])
+            else:
+                p.update([t], ["section"], ["step"], [compute[r]], [step])
+        if step % max(1, int(1 / step_s)) == 0:
+            for r, w in writers.items():
+                w.write(progress[r], now=t)
+            watch.poll(t)
+            if watch.stragglers and named is None:
+                named = t
+    return watch, None if named is None else named - onset
+
+
+def test_in_a_synchronous_2_rank_job_the_rank_the_other_waits_for_is_named_about_2x(tmp_path):
+    """DDP's case: both ranks' steps equal (the all-reduce waits for the slower); from the
+    waits the slow rank is named within two minutes of its onset (the default 60 s window),
+    against the other rank alone (2x, not the 1.33x a median of two gives)."""
+    watch, after = _sync_job(tmp_path, 2, 0.5, 400, 1, sync=True, window=60.0)
+    assert list(watch.stragglers) == [1] and 1.8 < watch.stragglers[1]["score"] < 2.2, watch.stragglers
+    assert after is not None and after <= 120 and 95 <= watch.stragglers[1]["since_step"] <= 110
+
+
+def test_fast_steps_that_do_not_synchronise_are_judged_within_the_ring(tmp_path):
+    """10 ms steps: a 60 s window is 6,000 steps, more than the 2,048 each rank's ring keeps;
+    the model judges the ring instead (20 s of steps) and names the rank within 2 minutes."""
+    watch, after = _sync_job(tmp_path, 4, 0.01, 9000, 2, sync=False, window=60.0)
+    assert list(watch.stragglers) == [2] and 1.8 < watch.stragglers[2]["score"] < 2.2, watch.stragglers
+    assert after is not None and after <= 120
+
+
 def test_a_job_that_logs_every_100_steps_or_on_rank_0_only_gets_a_timeout_that_fits(tmp_path):
     """0.5 s steps, a step logged every 100 (50 s apart), by rank 0 only: the default timeout
     is 10 x the 50 s between two logs, not 10 x the 0.5 s step (a false hang at 120 s)."""

@@ -21,13 +21,15 @@ import time
 from typing import Any
 
 STEP = "step"                   # the section whose times are step times (hpcml.observe.beat, the report)
+WAIT = "collective_wait"        # of each step, the seconds the rank waited in collectives (observe.collectives)
 FLUSH_SECONDS = float(os.environ.get("HPCML_OBSERVE_FLUSH", "1.0") or 1.0)
 MAX_BUFFERED = 2_000_000        # rows kept while the writer is stuck; newer rows are dropped
 
 _buf: list[tuple] = []
 _lock = threading.Lock()
 _state: dict[str, Any] = {"thread": None, "writer": None, "step": None, "errors": 0,
-                          "dropped": 0, "write_errors": 0, "reported": (0, 0, 0), "own": False}
+                          "dropped": 0, "write_errors": 0, "reported": (0, 0, 0), "own": False,
+                          "waits": None}
 _time_ns = time.time_ns
 _perf_ns = time.perf_counter_ns
 
@@ -76,7 +78,10 @@ class section:
             if self.step is not None or self.name == STEP:
                 _state["own"] = True
             step = _state["step"] if self.step is None else self.step
-            _buf.append((_time_ns(), "section", self.name, (t1 - self.t0) / 1e9, step, None))
+            end = _time_ns()
+            _buf.append((end, "section", self.name, (t1 - self.t0) / 1e9, step, None))
+            if self.name == STEP and _state["waits"] is not None:
+                _buf.append((end, "section", WAIT, _state["waits"](end - (t1 - self.t0), end), step, None))
             if _state["thread"] is None:
                 _start()
         except Exception:  # noqa: BLE001
@@ -98,12 +103,21 @@ def optimizer_step(step: int, seconds: float, end_ns: int) -> bool:
             return False
         _state["step"] = step
         _buf.append((end_ns, "section", STEP, seconds, step, None))
+        if _state["waits"] is not None:
+            _buf.append((end_ns, "section", WAIT, _state["waits"](end_ns - int(seconds * 1e9), end_ns), step, None))
         if _state["thread"] is None:
             _start()
         return True
     except Exception:  # noqa: BLE001 - inside optimizer.step(): never raise
         _state["errors"] += 1
         return False
+
+
+def waits_from(take: Any) -> None:
+    """``take(since_ns, until_ns)``: the seconds this rank waited in collectives between two
+    epoch times (``hpcml.observe.collectives``); each step is then followed by a ``WAIT``
+    section of its own waits, which the straggler model subtracts from the step's time."""
+    _state["waits"] = take
 
 
 def start() -> None:

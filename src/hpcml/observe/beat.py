@@ -45,6 +45,7 @@ SIZE = 4096                    # bytes of one record: 128 recent steps fit with 
 RECENT = 128                   # step times kept: what the live straggler model looks at
 BEATS = "beat"                 # the directory in an observe store
 STEP_SECTION = "step"
+WAIT_SECTION = "collective_wait"   # a step's time in collectives (hpcml.observe.api.WAIT)
 LIMIT = 1 << 62                # integers beyond this are not a rank's (and would not fit numpy's int64)
 SIG = b',"sig":"'              # a signed record ends in SIG, 64 hex digits, '"}'
 SIG_BYTES = len(SIG) + 64 + 2
@@ -85,6 +86,7 @@ class Progress:
         self.progress: float | None = None    # epoch seconds of the last progress
         self.first: float | None = None       # of the first step completed
         self.recent: deque[tuple[int, float]] = deque(maxlen=RECENT)   # (step, seconds)
+        self.waits: deque[tuple[int, float]] = deque(maxlen=RECENT)    # (step, seconds in collectives)
         self.gaps: deque[float] = deque(maxlen=RECENT)  # seconds between two progresses: what a hang waits past
         self.restarts = 0                     # times the step numbering started again
         self._timed = False                   # a "step" section exists: its durations are the step times
@@ -100,11 +102,16 @@ class Progress:
         for t, kind, name, value, step in zip(ts, kinds, names, values, steps):
             if kind not in ("metric", "section"):
                 continue
+            if name == WAIT_SECTION and kind == "section":    # of the step just recorded: no progress
+                if value is not None and math.isfinite(value):
+                    self.waits.append((int(step) if step is not None else self.steps, max(0.0, float(value))))
+                continue
             late = step is not None and self.step is not None and self.step // 2 < int(step) < self.step
             if step is not None and not late and (self.step is None or int(step) != self.step):
                 step = int(step)
                 if self.step is not None and step < self.step:
                     self.recent.clear()
+                    self.waits.clear()
                     self.restarts += 1
                 elif self.step is not None and not self._timed and self._at is not None:
                     self.recent.append((step, (t - self._at) / (step - self.step)))
@@ -133,10 +140,16 @@ class Progress:
                     [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
 
     def to_json(self) -> dict[str, Any]:
+        """``recent_wait``, beside ``recent_s`` and only when waits were measured: each recent
+        step's seconds in collectives (0 for a step without one)."""
         gaps = sorted(self.gaps)
-        return {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
-                "first": self.first, "gap_s": round(gaps[len(gaps) // 2], 6) if gaps else None,
-                "recent_steps": [s for s, _ in self.recent], "recent_s": [round(v, 6) for _, v in self.recent]}
+        doc = {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
+               "first": self.first, "gap_s": round(gaps[len(gaps) // 2], 6) if gaps else None,
+               "recent_steps": [s for s, _ in self.recent], "recent_s": [round(v, 6) for _, v in self.recent]}
+        if self.waits:
+            waits = dict(self.waits)
+            doc["recent_wait"] = [round(waits.get(s, 0.0), 6) for s, _ in self.recent]
+        return doc
 
 
 class BeatWriter:
@@ -157,7 +170,9 @@ class BeatWriter:
         data = json.dumps(doc, separators=(",", ":")).encode()
         while len(data) > room and doc["recent_steps"]:      # never past the record: drop the oldest
             half = len(doc["recent_steps"]) // 2
-            doc["recent_steps"], doc["recent_s"] = doc["recent_steps"][half:], doc["recent_s"][half:]
+            for key in ("recent_steps", "recent_s", "recent_wait"):
+                if key in doc:
+                    doc[key] = doc[key][half:]
             data = json.dumps(doc, separators=(",", ":")).encode()
         if self.key is not None:
             data = data[:-1] + SIG + _signature(self.key, data) + b'"}'
@@ -268,6 +283,10 @@ def _valid(doc: Any) -> bool:
         return False
     if any(b <= a for a, b in zip(steps, steps[1:])):
         return False                                   # ascending, as the recorder writes them
+    waits = doc.get("recent_wait")
+    if waits is not None and (not isinstance(waits, list) or len(waits) != len(steps)
+                              or not all(_number(x) and math.isfinite(x) and x >= 0 for x in waits)):
+        return False
     if doc.get("sig") is not None and not isinstance(doc["sig"], str):
         return False
     return doc.get("node") is None or isinstance(doc["node"], str)

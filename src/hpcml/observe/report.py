@@ -19,9 +19,11 @@ most ``MAX_BUCKETS`` equal buckets over the job's span.
   store again was not running between its runs: from the last row before the ranks'
   recorders started again (``rank-NNNNN.json``'s ``start`` and ``earlier``) to that start,
   reported as ``restarts``, never as a stall.
-- Stragglers: ``hpcml.observe.stragglers.score_groups`` on the ``step`` section, with the
-  thresholds of ``Limits``; a job of two speed groups is reported as bimodal and each group
-  is scored on its own. Below ``Limits.min_straggler_steps`` steps or
+- Stragglers: ``hpcml.observe.stragglers.score_groups`` on each step's compute (the ``step``
+  section less the ``collective_wait`` section of the same rank and step, where the rank's
+  waits in collectives were measured: ``straggler_check.measure``), with the thresholds of
+  ``Limits``; a job of two speed groups is reported as bimodal and each group is scored on
+  its own. Below ``Limits.min_straggler_steps`` steps or
   ``min_straggler_s`` seconds of steps there is no straggler verdict (``straggler_check``).
 """
 
@@ -34,7 +36,8 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, score_groups
+from hpcml.observe.api import WAIT
+from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
 from hpcml.words import natural_key
 
@@ -386,7 +389,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         x = np.subtract(s.ts_us, t0_us or 0).astype(np.float32)
         x *= np.float32(1e-6)
         g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value)
-        if kind == "section" and name == "step":
+        if kind == "section" and name in ("step", WAIT):
             g.rank, g.step = s.rank, s.step
             ok = g.step >= 0
             if not ok.all():
@@ -396,11 +399,12 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     sg = groups.get(("section", "step"))
     if sg is not None and not len(sg.x):
         sg = None
-    scoring = None
+    scoring, wg = None, groups.get(("section", WAIT))
     if sg is not None:      # numpy's partitions release the GIL: score while the rest is built
         from concurrent.futures import ThreadPoolExecutor
+        busy = sg.value if wg is None else compute_times(sg.rank, sg.step, sg.value, wg.rank, wg.step, wg.value)
         pool = ThreadPoolExecutor(1)
-        scoring = pool.submit(score_groups, sg.rank, sg.step, sg.value, meta_ranks=meta_ranks,
+        scoring = pool.submit(score_groups, sg.rank, sg.step, busy, elapsed=sg.value, meta_ranks=meta_ranks,
                               chronic=limits.chronic, stall=limits.stall_ratio, window=limits.window,
                               min_steps=limits.min_straggler_steps, min_seconds=limits.min_straggler_s)
         pool.shutdown(wait=False)
@@ -448,6 +452,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
+    if check is not None:
+        check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
     _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
 
     # Sections: total time and share of the step section.

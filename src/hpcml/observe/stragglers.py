@@ -1,8 +1,16 @@
 """Straggler detection from per-rank step (or section) times.
 
-Each step's time on each rank is divided by that step's median over all ranks, so a job
-that slows down as a whole (a checkpoint, a busy filesystem) moves no rank's score. Per
-rank, over the steps every rank reported:
+Each step's time on each rank is divided by that step's median over the *other* ranks (a
+leave-one-out baseline: in a job of two ranks, a rank twice as slow as the other reads 2x,
+where the median of both would read 1.33x), so a job that slows down as a whole (a
+checkpoint, a busy filesystem) moves no rank's score.
+
+The time scored is the rank's compute: its step time less the time it waited in
+collectives (``compute_times``; the waits come from ``hpcml.observe.collectives``). In a
+synchronous job every rank's step takes as long as the slowest's, and only the split says
+who the others wait for: the straggler computes most and waits least. Where no wait was
+measured the step time is scored (ranks that do not synchronise, or NCCL). Per rank, over
+the steps every rank reported:
 
 - ``score``: the median of those ratios. A *chronic* straggler has a score above
   ``1 + chronic`` and is slower than ``1 + chronic`` in most of its steps.
@@ -61,6 +69,7 @@ class RankScore:
     confidence: float
     chronic: bool
     judged: bool = True                  # enough steps and seconds for a verdict
+    level: float = 0.0                   # the rank's median time per step (what two speed groups compare)
     seconds: float = 0.0                 # of the steps judged, on the median rank
     stalls: list[tuple[int, float]] = field(default_factory=list)   # (step, ratio)
     episodes: list[tuple[int, int, float]] = field(default_factory=list)  # (first, last step, median ratio)
@@ -105,39 +114,81 @@ def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
     return rank_ids, step_ids[complete], m[:, complete] if not complete.all() else m
 
 
+def compute_times(ranks, steps, step_s, wait_ranks, wait_steps, wait_s) -> np.ndarray:
+    """Each (rank, step)'s step time less the time it waited in collectives then (the
+    ``collective_wait`` row of the same rank and step; none: 0). At least a thousandth of
+    the step: a wait measured across a step's edge never makes a step free."""
+    ranks, steps, step_s = np.asarray(ranks, np.int64), np.asarray(steps, np.int64), np.asarray(step_s, float)
+    wait_ranks, wait_steps = np.asarray(wait_ranks, np.int64), np.asarray(wait_steps, np.int64)
+    if not len(wait_ranks) or not len(ranks):
+        return step_s
+    width = int(max(steps.max(), wait_steps.max())) + 1
+    key, wkey = ranks * width + steps, wait_ranks * width + wait_steps
+    order = np.argsort(wkey, kind="stable")
+    wkey, wait = wkey[order], np.asarray(wait_s, float)[order]
+    at = np.minimum(np.searchsorted(wkey, key), len(wkey) - 1)
+    waited = np.where(wkey[at] == key, wait[at], 0.0)
+    waited = np.where(np.isfinite(waited) & (waited > 0), waited, 0.0)
+    return np.maximum(step_s - waited, 1e-3 * step_s)
+
+
+def others_median(m: np.ndarray) -> np.ndarray:
+    """For each cell of a ranks x steps matrix, the median of the step's other ranks: from
+    the column's two or three middle values (``np.partition``, as a median costs), not a
+    sort per rank."""
+    n = m.shape[0]
+    if n < 2:
+        return m
+    if n % 2 == 0:                       # n-1 others, odd: one middle value
+        lo, hi = n // 2 - 1, n // 2
+        part = np.partition(m, (lo, hi), axis=0)
+        a, b = part[lo], part[hi]
+        return np.where(m <= a, b, a)    # a rank in the lower half leaves the upper middle
+    mid = (n - 1) // 2                   # n-1 others, even: the mean of two middle values
+    part = np.partition(m, (mid - 1, mid, mid + 1), axis=0)
+    a, b, c = part[mid - 1], part[mid], part[mid + 1]
+    return np.where(m > b, (a + b) / 2, np.where(m < b, (b + c) / 2, (a + c) / 2))
+
+
 def evidence(m: np.ndarray) -> tuple[int, float]:
     """(steps every rank reported, seconds of them on the median rank) of a step matrix."""
     return m.shape[1], float(np.median(np.nansum(m, axis=1))) if m.size else 0.0
 
 
-def score_ranks(ranks, steps, values, *, meta_ranks: dict | None = None, chronic: float = CHRONIC,
+def score_ranks(ranks, steps, values, *, elapsed=None, meta_ranks: dict | None = None, chronic: float = CHRONIC,
                 stall: float = 3.0, window: int = 10, min_steps: int = MIN_STEPS,
                 min_seconds: float = MIN_SECONDS) -> list[RankScore]:
-    """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows.
+    """Scores for every rank, worst first. Inputs are parallel arrays of one section's rows;
+    ``elapsed``: the rows' step times when ``values`` are compute times (``compute_times``),
+    for the seconds of evidence.
 
     Whole-matrix numpy operations (ranks x steps), so 1,024 ranks x 10,000 steps take
     about a second; Python loops only over the few ranks that have episodes or stalls.
     """
-    rank_ids, step_ids, m = step_matrix(np.asarray(ranks), np.asarray(steps), np.asarray(values, float))
-    return score_matrix(rank_ids, step_ids, m, meta_ranks=meta_ranks, chronic=chronic, stall=stall, window=window,
-                        min_steps=min_steps, min_seconds=min_seconds)
+    ranks, steps = np.asarray(ranks), np.asarray(steps)
+    rank_ids, step_ids, m = step_matrix(ranks, steps, np.asarray(values, float))
+    wall = None if elapsed is None else step_matrix(ranks, steps, np.asarray(elapsed, float))[2]
+    return score_matrix(rank_ids, step_ids, m, elapsed=wall, meta_ranks=meta_ranks, chronic=chronic, stall=stall,
+                        window=window, min_steps=min_steps, min_seconds=min_seconds)
 
 
-def score_matrix(rank_ids, step_ids, m, *, meta_ranks: dict | None = None, chronic: float = CHRONIC,
+def score_matrix(rank_ids, step_ids, m, *, elapsed=None, meta_ranks: dict | None = None, chronic: float = CHRONIC,
                  stall: float = 3.0, window: int = 10, min_steps: int = MIN_STEPS,
                  min_seconds: float = MIN_SECONDS) -> list[RankScore]:
     """``score_ranks`` on a ready ranks x steps matrix of times (every cell present): what
-    the live watch holds already, without flattening it to rows and back."""
+    the live watch holds already, without flattening it to rows and back. ``elapsed``: the
+    step times of the same cells when ``m`` holds compute times."""
     if m.shape[1] == 0 or len(rank_ids) < 2:
         return []
     limit = 1 + chronic
-    ratio = m / np.median(m, axis=0, keepdims=True)
+    ratio = m / others_median(m)
     n = m.shape[1]
     q = max(1, n // 4)
     score = np.median(ratio, axis=1)
+    level = np.median(m, axis=1)
     slow = np.mean(ratio > limit, axis=1)
     trend = np.median(ratio[:, -q:], axis=1) / np.median(ratio[:, :q], axis=1)
-    n_judged, seconds = evidence(m)
+    n_judged, seconds = evidence(m if elapsed is None else elapsed)
     judged = n_judged >= min_steps and seconds >= min_seconds
     chronic_rank = (score > limit) & (slow >= 0.5) & judged
     # episodes: windows where more than half the steps are slow against the others and
@@ -158,13 +209,15 @@ def score_matrix(rank_ids, step_ids, m, *, meta_ranks: dict | None = None, chron
                              steps=n, score=float(score[i]), slow_fraction=float(slow[i]),
                              trend=float(trend[i]),
                              confidence=round(float(slow[i]) * min(1.0, n / MIN_STEPS), 3),
-                             chronic=is_chronic, judged=judged, seconds=seconds, stalls=stalls, episodes=episodes))
+                             chronic=is_chronic, judged=judged, seconds=seconds, stalls=stalls, episodes=episodes,
+                             level=float(level[i])))
     return sorted(out, key=lambda s: -s.score)
 
 
 def bimodal(scores: list[RankScore]) -> tuple[list[int], list[int], float] | None:
-    """``(fast ranks, slow ranks, slow/fast median score)`` when the job runs as two speed
-    groups, else None."""
+    """``(fast ranks, slow ranks, slow/fast median time per step)`` when the job runs as two
+    speed groups, else None. The ratio is of the ranks' own times, not of their scores: a
+    score is against the other ranks' median, which for half the ranks is the other group."""
     ranked = sorted(scores, key=lambda s: s.score)
     n = len(ranked)
     if n < 4:
@@ -178,7 +231,9 @@ def bimodal(scores: list[RankScore]) -> tuple[list[int], list[int], float] | Non
             best, cut = gap, k
     if cut is None:
         return None
-    ratio = float(np.median(v[cut:]) / np.median(v[:cut]))
+    levels = np.array([s.level for s in ranked])
+    ratio = float(np.median(levels[cut:]) / np.median(levels[:cut])) if levels.min() > 0 else \
+        float(np.median(v[cut:]) / np.median(v[:cut]))
     if best < 1.05 or ratio < BIMODAL_GAP:
         return None
     return sorted(s.rank for s in ranked[:cut]), sorted(s.rank for s in ranked[cut:]), ratio
@@ -188,12 +243,14 @@ def score_groups(ranks, steps, values, **kw) -> tuple[list[RankScore], tuple[lis
     """``score_ranks``, and for a bimodal job each group scored on its own (a straggler of
     the slow group is then still found); returns the scores and the groups (or None)."""
     ranks, steps, values = np.asarray(ranks), np.asarray(steps), np.asarray(values, float)
-    scores = score_ranks(ranks, steps, values, **kw)
+    elapsed = kw.pop("elapsed", None)
+    scores = score_ranks(ranks, steps, values, elapsed=elapsed, **kw)
     groups = bimodal(scores) if scores and scores[0].judged else None
     if groups is None:
         return scores, None
     out: list[RankScore] = []
     for members in groups[:2]:
         keep = np.isin(ranks, members)
-        out += score_ranks(ranks[keep], steps[keep], values[keep], **kw)
+        out += score_ranks(ranks[keep], steps[keep], values[keep],
+                           elapsed=None if elapsed is None else np.asarray(elapsed, float)[keep], **kw)
     return sorted(out, key=lambda s: -s.score), groups

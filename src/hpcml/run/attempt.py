@@ -116,7 +116,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     backend.start(plan)
     watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
                   on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
-                  job_id=record.job_id, restart_of=record.restart_of)
+                  job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
     ctl = Control(cfg, record, backend)
     with forwarding(backend.targets, FORWARDED) as seen:
         ctl.seen = watch.signals = seen              # the ranks that end after a TERM or INT did not crash

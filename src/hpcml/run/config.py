@@ -47,6 +47,7 @@ class Options:
     on_straggler: str = "report"              # restart: a straggler the watch names is a fault
     collector: str | None = None              # hpcml vet serve's URL: the job's summary goes there (run.summary)
     remote_write: str | None = None           # a Prometheus remote-write URL: every rank's recorder pushes there
+    straggler_window: str = "60s"             # seconds of steps the straggler model judges, live and at the end
 
 
 @dataclass(frozen=True)
@@ -56,6 +57,7 @@ class Config(Options):
     gets besides the launcher's."""
 
     hang_s: float | None = None
+    straggler_s: float = 60.0
     rank_env: Mapping[str, str] = field(default_factory=lambda: MappingProxyType({}))
 
     @classmethod
@@ -73,6 +75,7 @@ class Config(Options):
             rank_env[ENV_URL] = opts.remote_write
         values: dict[str, Any] = asdict(opts)
         values.update(collector=collector_url(opts.collector), hang_s=hang_seconds(opts.hang_timeout),
+                      straggler_s=straggler_seconds(opts.straggler_window),
                       rank_env=MappingProxyType(rank_env))
         return cls(**values)
 
@@ -100,6 +103,20 @@ def hang_seconds(value: str) -> float | None:
     return seconds
 
 
+def straggler_seconds(value: str) -> float:
+    """``--straggler-window``: a duration of at least 1 s. Why a window and a floor in one:
+    the model judges the last window of steps, and gives no verdict from less (a few seconds
+    of a job are its start-up; NVRx reports every 60 s by default, too)."""
+    from hpcml.units import parse_seconds
+    try:
+        seconds = parse_seconds(str(value).strip())
+    except (UsageError, ValueError) as exc:
+        raise UsageError(f"{value!r} is not a duration such as '60 s' ({exc})", key="straggler_window") from None
+    if not 1 <= seconds < float("inf"):
+        raise UsageError(f"must be at least 1 s, got {value!r}", key="straggler_window")
+    return seconds
+
+
 def _check(opts: Options, nodes: int) -> None:
     from hpcml.run.watch import ON_HANG
     if not opts.cmd:
@@ -115,6 +132,7 @@ def _check(opts: Options, nodes: int) -> None:
     if opts.kill_grace < 0:
         raise UsageError(f"must be at least 0 s, got {opts.kill_grace}", key="kill_grace")
     hang_seconds(opts.hang_timeout)
+    straggler_seconds(opts.straggler_window)
     if opts.prometheus_port is not None and not 0 < opts.prometheus_port < 65536:
         raise UsageError(f"must be a port number (1-65535), got {opts.prometheus_port}", key="prometheus_port")
     if opts.on_hang not in ON_HANG:

@@ -81,6 +81,7 @@ def run(opts: Options) -> int:
                 command=list(cfg.cmd), mode="slurm" if slurm else "local", job_id=allocation.job_id,
                 attempt=restart if previous is None else max(restart, previous.attempt + 1), restart_count=restart,
                 started=time.time(), allocation=list(allocation.nodes), excluded={}, vet=None, env=None,
+                straggler_window_s=cfg.straggler_s,
                 launcher=Launcher.model_validate(launcher()), who=Who.model_validate(who()),
                 run_id=(previous.run_id if previous is not None else None) or os.urandom(8).hex(),
                 # the farm's end of this attempt tells other hosts the launcher is gone

@@ -74,11 +74,12 @@ def _observe(d: Path, run: Attempt, requeued: bool = False) -> tuple[Any, str | 
     Slurm's requeue ended (143, 137), nor those that ended once the run was being stopped
     (Ctrl-C, a TERM to hpcml run, its own stop for a hang, a straggler, a lost node:
     ``ending.failed_ranks``); its "exited non-zero" finding says only those."""
-    from hpcml.observe.report import build, failed_finding
+    from hpcml.observe.report import Limits, build, failed_finding
     from hpcml.observe.series import read_series
     from hpcml.run.ending import failed_ranks, stop_began
+    limits = Limits() if run.straggler_window_s is None else Limits(min_straggler_s=run.straggler_window_s)
     try:
-        obs = build(read_series(observe_dir(d, run.attempt)))
+        obs = build(read_series(observe_dir(d, run.attempt)), limits=limits)
     except HpcmlError as exc:
         return None, str(exc)
     if obs.failed_ranks:

@@ -1,8 +1,10 @@
 """Every rank's recent step times, held for the live straggler model.
 
-A ring of ``SIZE`` steps per rank in two numpy arrays (time, step id), so that adding a
-heartbeat's steps and cutting a ranks x steps window are array operations: at 1,024 ranks
-a dict per rank and a Python loop per step made each scoring ~200 ms of the launcher's CPU.
+A ring of ``SIZE`` steps per rank in numpy arrays (step time, compute time, step id), so
+that adding a heartbeat's steps and cutting a ranks x steps window are array operations: at
+1,024 ranks a dict per rank and a Python loop per step made each scoring ~200 ms of the
+launcher's CPU. Compute is the step less its time in collectives (``recent_wait``; the
+straggler model scores it, ``hpcml.observe.stragglers``); without waits, the step time.
 """
 
 from __future__ import annotations
@@ -18,11 +20,13 @@ class StepTimes:
     def __init__(self, world: int, size: int = SIZE) -> None:
         self.size = size
         self.times = np.zeros((world, size), np.float32)
+        self.busy = np.zeros((world, size), np.float32)
         self.ids = np.full((world, size), -1, np.int64)
         self.last = np.full(world, -1, np.int64)
         self.restarts = np.zeros(world, np.int64)
 
-    def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0) -> None:
+    def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0,
+            waits: list[float] | None = None) -> None:
         """A heartbeat's recent steps (ascending); what is not newer than the rank's last step
         is known already and skipped before any array is made. ``restarts`` above the last
         seen: the rank's step numbering started again, so its row does too."""
@@ -39,13 +43,17 @@ class StepTimes:
         first = bisect.bisect_right(steps, last)
         n = min(len(steps), len(times))
         s = np.asarray(steps[first:n], np.int64)
-        self.times[rank, s % self.size] = times[first:n]
+        t = np.asarray(times[first:n], np.float32)
+        self.times[rank, s % self.size] = t
+        if waits is not None and len(waits) >= n:
+            t = np.maximum(t - np.asarray(waits[first:n], np.float32), np.float32(1e-3) * t)
+        self.busy[rank, s % self.size] = t
         self.ids[rank, s % self.size] = s
         self.last[rank] = steps[n - 1]
 
-    def window(self, keep: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    def window(self, keep: int, busy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ranks, steps, times[rank, step]) of the last ``keep`` steps every reporting rank
-        has, ending at the latest step they all reached."""
+        has, ending at the latest step they all reached; ``busy``: compute times."""
         ranks = np.flatnonzero(self.last >= 0)
         if len(ranks) < 2:
             return ranks, np.zeros(0, np.int64), np.zeros((len(ranks), 0), np.float32)
@@ -54,7 +62,7 @@ class StepTimes:
         idx = steps % self.size
         have = (self.ids[np.ix_(ranks, idx)] == steps).all(axis=0)
         steps = steps[have]
-        return ranks, steps, self.times[np.ix_(ranks, steps % self.size)]
+        return ranks, steps, (self.busy if busy else self.times)[np.ix_(ranks, steps % self.size)]
 
     def median_step(self) -> float | None:
         ranks, steps, m = self.window(64)

@@ -48,6 +48,7 @@ from typing import Any
 from hpcml.cluster import requeue
 from hpcml.observe.beat import Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
+from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.culprits import Verdict, name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import last_own_line
@@ -60,7 +61,8 @@ AUTO_STEPS = 10.0             # ... and at least this many median step times
 COLLECT = 30.0                # seconds to wait for the ranks' snapshots
 FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
 ON_HANG = ("stop", "report")
-STRAGGLER_EVERY = 20.0        # seconds between straggler scorings (the model's cost, at 1,024 ranks)
+STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the model's cost, at 1,024 ranks) ...
+STRAGGLER_SCORINGS = 3        # ... and at least this many per window
 STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
@@ -102,6 +104,7 @@ class Watch:
     job_id: str | None = None                    # with restart_of: this attempt's requeue marker (cluster.requeue)
     restart_of: int = 0
     ignored: list[dict[str, Any]] = field(default_factory=list)    # records not taken, each said once
+    straggler_window: float = MIN_SECONDS        # seconds of steps the straggler model judges (--straggler-window)
 
     def __post_init__(self) -> None:
         self.observe = observe_dir(self.d, self.attempt)
@@ -122,7 +125,8 @@ class Watch:
         self._next = now + (self.period or 1.0)
         self._read(now)
         for rank, b in self.beats.items():
-            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0)
+            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0,
+                            b.get("recent_wait"))
         self._crashes(now)
         self._stragglers(now)
         action = "stop" if self._straggler_stop() else None
@@ -250,28 +254,39 @@ class Watch:
                         exit_code=code, stderr=last, step=b.get("step"))
 
     def _stragglers(self, now: float) -> None:
-        """The end-of-job report's model (``observe.stragglers.score_ranks`` on the ``step``
-        times, its chronic threshold) over the last minute or so of steps every rank reported:
-        a rank that turns chronic is named once, with the step its slowness began."""
+        """The end-of-job report's model (``observe.stragglers.score_matrix`` on the ranks'
+        compute times, its chronic threshold) over the last ``straggler_window`` seconds of
+        steps every rank reported, or the whole ring once it is full and holds less (2,048
+        steps: a job of 10 ms steps is judged on its last 20 s): a rank that turns
+        chronic is named once, with the step its slowness began. Scored every third of the
+        window (at most every ``STRAGGLER_EVERY`` s), so a straggler is named within about
+        1.3 windows of its onset (80 s at the default 60 s)."""
         if now < self._next_scoring:
             return
-        self._next_scoring = now + STRAGGLER_EVERY
+        self._next_scoring = now + min(STRAGGLER_EVERY, max(1.0, self.straggler_window / STRAGGLER_SCORINGS))
         import numpy as np
 
-        from hpcml.observe.stragglers import CHRONIC, MIN_SECONDS, MIN_STEPS, score_matrix
+        from hpcml.observe.stragglers import CHRONIC, MIN_STEPS, others_median, score_matrix
         median = self._steps.median_step()
         if not median or median <= 0:
             return
-        ranks, window, m = self._steps.window(max(MIN_STEPS, int(1.1 * MIN_SECONDS / median) + 1))
+        wanted = max(MIN_STEPS, int(1.1 * self.straggler_window / median) + 1)
+        keep = min(self._steps.size, wanted)
+        ranks, window, m = self._steps.window(keep, busy=True)
         if len(window) < MIN_STEPS:
             return
-        scores = score_matrix(ranks, window, m,
-                              meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks})
+        elapsed = self._steps.window(keep)[2]
+        # the window holds more steps than the ring: the ring's are the evidence (fast steps,
+        # and some missing where a record holds fewer than came between two reads)
+        ring = wanted > keep and int(window[-1] - window[0]) + 1 >= 0.9 * keep
+        scores = score_matrix(ranks, window, m, elapsed=elapsed,
+                              meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks},
+                              min_seconds=0.0 if ring else self.straggler_window)
         self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
         new = [sc for sc in scores if sc.chronic and sc.rank not in self.stragglers]
         if not new:
             return
-        ratio = m / np.median(m, axis=0, keepdims=True)          # only when a rank is to be named
+        ratio = m / others_median(m)                         # only when a rank is to be named
         row = {int(r): i for i, r in enumerate(ranks)}
         for sc in new:
             slow = ratio[row[sc.rank]] > 1 + CHRONIC

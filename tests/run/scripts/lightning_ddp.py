@@ -2,12 +2,14 @@
 processes started by ``hpcml run``), as a user runs it: no hpcml in it
 (tests/run/test_inject_frameworks.py).
 
-STEPS optimizer steps (``max_steps``) of ACCUM micro-batches each; STUCK_RANK blocks forever
-once it completed STUCK_AFTER steps (the line ends in ``# culprit``).
+STEPS optimizer steps (``max_steps``) of ACCUM micro-batches each, each step's compute taking
+STEP_S seconds, SLOW times as long on SLOW_RANK (a slow node); STUCK_RANK blocks forever once
+it completed STUCK_AFTER steps (the line ends in ``# culprit``).
 """
 
 import os
 import threading
+import time
 
 import lightning.pytorch as pl
 import torch
@@ -16,6 +18,8 @@ STEPS = int(os.environ.get("STEPS", "6"))
 ACCUM = int(os.environ.get("ACCUM", "2"))
 STUCK_RANK = int(os.environ.get("STUCK_RANK", "-1"))
 STUCK_AFTER = int(os.environ.get("STUCK_AFTER", "3"))
+STEP_S = float(os.environ.get("STEP_S", "0"))
+SLOW = float(os.environ.get("SLOW", "2")) if os.environ["RANK"] == os.environ.get("SLOW_RANK") else 1.0
 
 
 class Tiny(pl.LightningModule):
@@ -24,6 +28,7 @@ class Tiny(pl.LightningModule):
         self.net = torch.nn.Linear(4, 1)
 
     def training_step(self, batch, batch_idx):
+        time.sleep(STEP_S * SLOW / ACCUM)
         return self.net(batch[0]).pow(2).mean()
 
     def configure_optimizers(self):

@@ -5,7 +5,7 @@ STEPS optimizer steps of ACCUM micro-batches each; beside the model's optimizer 
 steps every iteration (a GAN's two: not twice the steps); STEP_S seconds of compute each.
 Steps that are not the rank's: a DataLoader worker (forked) and a subprocess that inherits
 every descriptor each step an optimizer of their own.
-STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
+SLOW_RANK computes SLOW times as long. STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
 the script logs its own steps through hpcml.observe, numbered from 1000.
 """
 
@@ -25,6 +25,8 @@ STUCK_RANK = int(os.environ.get("STUCK_RANK", "-1"))
 STUCK_AFTER = int(os.environ.get("STUCK_AFTER", "3"))
 OWN = os.environ.get("OWN") == "1"
 STEP_S = float(os.environ.get("STEP_S", "0"))       # the compute of an iteration
+SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))  # computes SLOW times as long: a slow node
+SLOW = float(os.environ.get("SLOW", "2"))
 ELSEWHERE = "import torch\np = torch.zeros(1, requires_grad=True)\no = torch.optim.SGD([p], lr=0.1)\nfor _ in range(5):\n    o.step()\n"
 
 
@@ -55,10 +57,10 @@ def main() -> None:
     for step in range(STEPS):
         if rank == STUCK_RANK and step == STUCK_AFTER:
             threading.Event().wait()  # culprit
+        time.sleep(STEP_S * (SLOW if rank == SLOW_RANK else 1))
         for _ in range(ACCUM):
             x = next(loader)
             model(x).sum().backward()
-        time.sleep(STEP_S)
         if OWN:
             with observe.section("step", step=1000 + step):
                 opt.step()

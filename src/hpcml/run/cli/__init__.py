@@ -58,6 +58,9 @@ def run_cmd(
                                         "it may return (default: the --vet protocol; none: it stays out)."),
     on_straggler: str = typer.Option("report", "--on-straggler", help="report: name a straggler; restart: also "
                                      "restart the job without its node (with --max-restarts)."),
+    straggler_window: str = typer.Option("60s", "--straggler-window", help="The straggler model judges the last "
+                                         "this long of steps while the job runs, and no verdict comes from less "
+                                         "(live or in the report); e.g. '5 min'."),
     collector: Optional[str] = typer.Option(None, "--collector", help="Send the job's summary to this collector "
                                             "(hpcml vet serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
                                             "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send."),
@@ -91,7 +94,7 @@ def run_cmd(
                      gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
                      prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, max_restarts=max_restarts,
                      spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler, collector=collector,
-                     remote_write=remote_write))
+                     remote_write=remote_write, straggler_window=straggler_window))
     raise typer.Exit(rc)
 
 

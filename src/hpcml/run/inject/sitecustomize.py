@@ -19,7 +19,8 @@ the rank to import ``torch.optim`` with the recorder's pipe as it was given (che
 start: a subprocess or spawned DataLoader worker whose parent closed the pipe may have its
 number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
 which then count nothing); a forked child stops counting (``os.register_at_fork``).
-``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off.
+``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. The same process's time waiting in collectives
+is measured from then on (``hpcml.observe.collectives``; ``HPCML_RUN_COLLECTIVE_WAIT=0``: not).
 
 The site's own ``sitecustomize``, if any, is loaded first, as ddtrace-run's bootstrap does.
 """
@@ -48,6 +49,7 @@ POLL = 1.0
 PIPE = "HPCML_OBSERVE_FD"           # the recorder's pipe (hpcml.observe.recorder)
 STEPS = "HPCML_RUN_OPTIMIZER_STEPS"  # "0": optimizer steps are not counted
 CLAIM = "HPCML_RUN_STEPS_PID"       # the process whose optimizer steps are the rank's
+WAITS = "HPCML_RUN_COLLECTIVE_WAIT"  # "0": the time in collectives is not measured
 
 
 def _chain() -> None:
@@ -187,6 +189,14 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
         optimsteps.install()
     except Exception as exc:  # noqa: BLE001 - an interpreter without hpcml: the program runs as without us
         print(f"hpcml run: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
+        return
+    if os.environ.get(WAITS) == "0":
+        return
+    try:
+        from hpcml.observe import collectives
+        collectives.install()
+    except Exception as exc:  # noqa: BLE001
+        print(f"hpcml run: time in collectives is not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
 if __name__ == "sitecustomize":
