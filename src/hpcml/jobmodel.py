@@ -352,7 +352,7 @@ FUTURE_S = 86400                   # a job may end up to a day ahead of the read
 #: the roles a job names a node in, each with the summary's list of them
 ROLE_FIELDS = {"excluded": "excluded", "straggler": "stragglers", "culprit": "culprits", "lost": "lost",
                "crashed": "crashed"}
-OUTCOMES = ("completed", "failed", "hung", "aborted", "requeued", "running")
+OUTCOMES = ("completed", "failed", "hung", "aborted", "requeued", "interrupted", "running")
 
 
 def _plain(text: str) -> str:
@@ -419,7 +419,7 @@ class JobSummary(Model):
     ended: Optional[Time] = None
     duration_s: Optional[Number] = None
     exit_code: Optional[Annotated[int, Field(ge=-1024, le=1024)]] = None
-    outcome: Literal["completed", "failed", "hung", "aborted", "requeued", "running"]
+    outcome: Literal["completed", "failed", "hung", "aborted", "requeued", "interrupted", "running"]
     nodes: list[Name] = Field(default_factory=list, max_length=MAX_NODES)
     ntasks: Count = 0
     gpus: Count = 0

@@ -163,6 +163,8 @@ def test_a_run_stopped_from_outside_has_no_crash_and_no_failed_or_lost_rank(tmp_
     assert obs["failed_ranks"] == {} and obs["missing_ranks"] == [] and obs["damaged_ranks"] == {}
     assert rep["ending"]["first_failure"] is None and rep["ending"]["interrupted"] == sig.name
     assert "Lost and damaged ranks" not in page and "failed first" not in page and "no rank failed" in page
+    from hpcml.run.summary import build
+    assert build(tmp_path / "job").outcome == "interrupted"          # what the centre counts: not a failed job
 
 
 def test_a_crash_quotes_what_the_rank_wrote_in_that_attempt_never_hpcmls_header(tmp_path):

@@ -194,3 +194,27 @@ def test_resume_is_read_from_the_job_directory_when_the_launcher_did_not_write_i
     got = resume_of(tmp_path, prev, rec({"attempt": 1}))
     assert got.step == 20 and got.steps_lost == 9 and got.split_s.detection == 1.0
     assert got.first_step_at is None and got.time_to_resume_s is None      # no step yet: unknown, not 0
+
+
+def test_the_ranks_first_step_is_taken_only_from_ranks_the_attempt_started_and_after_it_started(tmp_path):
+    """Without the launcher's record the first step comes from the ranks' heartbeats, which
+    the user's program could have written: one for a rank the attempt did not start, or one
+    dated before the attempt began, says nothing about when it resumed."""
+    from hpcml.observe.beat import BeatWriter, Progress
+    from hpcml.run.jobdir import observe_dir
+    from hpcml.run.recovery import resume_of
+    prev = rec({"furthest_step": 29, "ended": 12.0,
+                "restart": {"action": "restart", "decided": 12.5,
+                            "fault": {"kind": "crash", "what": "rank 1 exited 3", "nodes": [], "began": 10.0,
+                                      "detected": 11.0}}})
+    for rank, first in ((0, 40.0), (1, 41.0), (7, 14.0)):      # rank 7: not one of the 2 started
+        p = Progress()
+        p.update([first], ["metric"], ["loss"], [1.0], [1])
+        BeatWriter(observe_dir(tmp_path, 1), rank, "n1").write(p)
+    got = resume_of(tmp_path, prev, rec({"attempt": 1, "ntasks": 2, "started": 30.0}))
+    assert got.first_step_at == 40.0 and got.time_to_resume_s == 30.0
+    early = Progress()
+    early.update([20.0], ["metric"], ["loss"], [1.0], [1])                  # before the attempt started
+    BeatWriter(observe_dir(tmp_path, 1), 1, "n1").write(early)
+    BeatWriter(observe_dir(tmp_path, 1), 0, "n1").write(early)
+    assert resume_of(tmp_path, prev, rec({"attempt": 1, "ntasks": 2, "started": 30.0})).first_step_at is None

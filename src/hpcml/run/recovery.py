@@ -319,16 +319,17 @@ def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     vetting again, relaunch and the script's own start-up. Read from the job directory, so
     the report can say it for an attempt whose launcher did not live to write it."""
     from hpcml.cluster import requeue
-    from hpcml.observe.beat import read_beats
+    from hpcml.observe.beat import Trust, read_beats
     from hpcml.run.jobdir import attempt_dir, observe_dir, rank_meta
     restart, n = prev.restart, nxt.attempt
     fault = restart.fault if restart is not None else None
     note = requeue.resumed(attempt_dir(d, n))
     step = note["step"] if note else None
     first = nxt.first_step_at
-    if first is None:                                  # the launcher did not write it: the ranks' records
-        firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}).values()
-                  if isinstance(b.get("first"), (int, float))]
+    if first is None and nxt.ntasks:                   # the launcher did not write it: the ranks' records,
+        # of the ranks it started and not before it started (its key died with it: unsigned)
+        firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}, Trust(nxt.ntasks)).values()
+                  if isinstance(b.get("first"), (int, float)) and b["first"] >= nxt.started]
         first = min(firsts, default=None)
     starts = [m["start"] for m in rank_meta(d, n) if isinstance(m.get("start"), (int, float))]
     began = (fault.began or fault.detected) if fault is not None else None

@@ -140,7 +140,10 @@ def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
         return "running"
     if run.hang is not None and run.hang.verdict is not None and run.hang.action in ("stop", "ended"):
         return "hung"
-    return "completed" if end.get("exit_code") == 0 else "failed"
+    if end.get("exit_code") == 0:
+        return "completed"
+    # a Ctrl-C, scancel or the time limit (a TERM or INT to hpcml run, passed on) is not the job's failure
+    return "interrupted" if end.get("interrupted") else "failed"
 
 
 def _gpus(rep: dict[str, Any]) -> int:
