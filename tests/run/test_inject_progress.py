@@ -85,6 +85,7 @@ def slow_then_stuck_rank_1_named(tmp_path: Path, script: Path, **env: str) -> No
     rep = build(tmp_path / "job")["observe"]
     assert rep["straggler_check"]["measure"] == "compute" and rep["straggler_check"]["judged"], rep["straggler_check"]
     assert [s["rank"] for s in rep["stragglers"]] == [1] and 1.6 <= rep["stragglers"][0]["score"] <= 2.3
+    assert rep["throughput"]["source"] == "section" and rep["throughput"]["median"] > 0     # steps/s of its steps
 
 
 @pytest.mark.torch
