@@ -243,3 +243,17 @@ def test_compute_is_the_step_less_its_own_wait_and_never_nothing():
     from hpcml.observe.stragglers import compute_times
     got = compute_times([0, 0, 1, 1], [1, 2, 1, 2], [1.0, 1.0, 1.0, 1.0], [1, 0, 1], [1, 2, 2], [0.25, 0.5, 7.0])
     assert list(got) == [1.0, 0.5, 0.75, 0.001]        # rank 0 step 1 had none; a wait past its step leaves 1/1000
+
+
+def test_a_step_number_logged_twice_pairs_its_last_time_with_its_last_wait():
+    """Steps numbered per epoch: the matrix keeps each (rank, step)'s last row, and so does
+    its wait, so the rank slow in the last epoch is the one named."""
+    from hpcml.observe.stragglers import compute_times
+    ranks, steps, step_s, waits = [], [], [], []
+    for slow in (1, 0):                                 # epoch 0: rank 1 computes longer; epoch 1: rank 0
+        for i in range(60):
+            for r in (0, 1):
+                ranks.append(r), steps.append(i), step_s.append(2.0), waits.append(0.0 if r == slow else 1.0)
+    busy = compute_times(ranks, steps, step_s, ranks, steps, waits)
+    scores = score_ranks(ranks, steps, busy, elapsed=step_s, min_seconds=0)
+    assert [(s.rank, s.chronic) for s in scores] == [(0, True), (1, False)] and scores[0].score == 2.0

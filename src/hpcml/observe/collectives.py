@@ -9,27 +9,30 @@ outside them ("compute": forward, backward, data, the optimizer), and the stragg
 (``hpcml.observe.stragglers``) scores the compute. Every time is a duration on the rank's
 own clock (``perf_counter``): no clock is compared across nodes.
 
-What is timed (``install``, from ``hpcml run``'s sitecustomize in the rank's main process):
+What is timed (``install``, from ``hpcml run``'s sitecustomize in the rank's main process),
+always in the main thread (a background thread's receive is not the step's wait), and
+never changing what DDP computes (no communication hook: DDP's own all-reduce, its
+division, Join, its pickling and ``torch.compile`` stay as they are):
 
-* DDP's bucketed all-reduce: a communication hook (``register_comm_hook``, DDP's public
-  API) registered when a ``DistributedDataParallel`` is built. It runs the all-reduce as
-  DDP's default does (``default_hooks.allreduce_hook``: average over the group) or the hook
-  the script registers later (which then runs inside ours: DDP takes one hook, and the
-  script's call must not fail). Per backward, the wait is from the moment this rank's last
-  bucket was ready (its backward computed) to the moment the all-reduces of every bucket
-  completed: the time it waited for the others (plus the transfer itself).
+* DDP's bucketed all-reduce: DDP launches each bucket's all-reduce as its gradients are
+  accumulated and, at the end of ``backward()``, waits for them all. So for a backward of
+  a DDP model's parameters (each gets a post-accumulate-grad hook, torch's public API, that
+  notes the time), the wait runs from the last gradient accumulated to ``backward()``'s
+  return: the time the rank waited for the others (plus the last buckets' transfer).
 * A blocking call of a ``torch.distributed`` collective or point-to-point receive made
   through the ``torch.distributed`` namespace (``dist.all_reduce(t)``, ``dist.barrier()``,
   ``dist.recv``...): its duration. One launched with ``async_op=True`` is not timed (its
-  wait is wherever the script waits on the work).
+  wait is wherever the script waits on the work), nor one inside ``torch.compile``'s trace.
+
+Waits are kept as intervals, so one inside another (a blocking call in a script's own
+communication hook, inside backward's wait) counts once.
 
 Not measured, so the step time is scored as it was: collectives on a GPU (NCCL's work is
-queued on a stream; the CPU does not wait inside the call), compiled autograd, and DDP's
-own collectives outside the hook (the bucket rebuild's broadcast in the second iteration's
-forward, the buffers' broadcast with ``broadcast_buffers``). Each wait
-is kept as (end, seconds) on the epoch clock, so a step takes only the part of a wait that
-falls inside it (a barrier at start-up is no step's). ``HPCML_RUN_COLLECTIVE_WAIT=0`` turns
-it off.
+queued on a stream; the CPU does not wait inside the call), and DDP's own collectives
+outside backward (the bucket rebuild's broadcast in the second iteration's forward, the
+buffers' broadcast with ``broadcast_buffers``). Each wait is kept as epoch times, so a step
+takes only the part of a wait that falls inside it (a barrier at start-up is no step's).
+``HPCML_RUN_COLLECTIVE_WAIT=0`` turns it off.
 """
 
 from __future__ import annotations
@@ -54,32 +57,39 @@ _PERF = time.perf_counter_ns
 
 
 class Waits:
-    """The waits not yet taken by a step: (end epoch ns, seconds), appended from any thread
-    (gloo's completes the all-reduce's futures on its own)."""
+    """The waits not yet taken by a step: (start, end) epoch ns."""
 
     def __init__(self) -> None:
         self.q: deque[tuple[int, int]] = deque(maxlen=KEPT)
 
     def add(self, end_ns: int, wait_ns: int) -> None:
         if wait_ns > 0:
-            self.q.append((end_ns, wait_ns))
+            self.q.append((end_ns - wait_ns, end_ns))
 
     def take(self, since_ns: int, until_ns: int) -> float:
-        """Seconds of waiting between ``since_ns`` and ``until_ns`` (epoch ns): what was
-        waited before then is dropped, what ends later stays for the next step."""
-        total, later = 0, []
+        """Seconds of waiting between ``since_ns`` and ``until_ns`` (epoch ns), overlaps
+        counted once: what was waited before then is dropped, what ends later stays for the
+        next step."""
+        spans, later = [], []
         while self.q:
-            end, wait = self.q.popleft()
+            start, end = self.q.popleft()
             if end > until_ns:
-                later.append((end, wait))
+                later.append((start, end))
             elif end > since_ns:
-                total += min(wait, end - since_ns)
+                spans.append((max(start, since_ns), end))
         self.q.extendleft(reversed(later))
+        total, reach = 0, since_ns
+        for start, end in sorted(spans):
+            if end > reach:
+                total += end - max(start, reach)
+                reach = end
         return total / 1e9
 
 
 WAITS = Waits()
 _inside = threading.local()          # a timed call inside another (all_gather_object's all_gather)
+_MAIN = threading.main_thread().ident    # the thread whose waits are the steps'
+_is_compiling: Any = None                # torch.compiler.is_compiling, from the first timed call on
 
 
 def timed(fn: Any, waits: Waits = WAITS) -> Any:
@@ -92,8 +102,10 @@ def timed(fn: Any, waits: Waits = WAITS) -> Any:
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
+        if _compiling():                 # first: torch.compile traces nothing else of ours
+            return fn(*args, **kwargs)
         if kwargs.get("async_op") or (at is not None and len(args) > at and args[at]) \
-                or getattr(_inside, "on", False):
+                or getattr(_inside, "on", False) or threading.get_ident() != _MAIN:
             return fn(*args, **kwargs)
         _inside.on = True
         t0 = _PERF()
@@ -106,83 +118,59 @@ def timed(fn: Any, waits: Waits = WAITS) -> Any:
     return call
 
 
-class Hook:
-    """DDP's communication hook, timing each backward's wait (see the module's docstring).
-    ``user``: the (hook, state) the script registered, run in place of the default."""
-
-    def __init__(self, process_group: Any, waits: Waits = WAITS) -> None:
-        self.process_group, self.waits = process_group, waits
-        self.user: tuple[Any, Any] | None = None
-        self.lock = threading.Lock()
-        self.pending = 0                 # buckets launched whose all-reduce has not completed
-        self.ready = 0                   # perf ns: when this backward's last bucket was ready
-        self.done = 0                    # perf ns: the latest completion of this backward's buckets
-
-    def __call__(self, state: Any, bucket: Any) -> Any:
-        now = _PERF()
-        if self.user is not None:
-            fut = self.user[0](self.user[1], bucket)
-        else:
-            from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
-            fut = allreduce_hook(self.process_group, bucket)
-        with self.lock:
-            self.pending += 1
-            if bucket.is_last():
-                self.ready = now
-        return fut.then(self._completed)
-
-    def _completed(self, fut: Any) -> Any:
-        value = fut.value()              # an all-reduce that failed raises here, as DDP's own would
-        now = _PERF()
-        with self.lock:
-            self.pending -= 1
-            self.done = max(self.done, now)
-            if self.pending == 0 and self.ready:
-                self.waits.add(_NS(), self.done - self.ready)
-                self.ready = self.done = 0
-        return value
+def _compiling() -> bool:
+    """Inside torch.compile's trace: the call is traced as it is, untimed. torch.compiler is
+    looked up at the first call: ``install`` runs while torch is still being imported."""
+    global _is_compiling
+    if _is_compiling is None:
+        import torch.compiler
+        _is_compiling = torch.compiler.is_compiling
+    return bool(_is_compiling())
 
 
-def _ddp(cls: Any, waits: Waits) -> None:
-    """Our hook into every DDP built from now on; the script's own hook runs inside it."""
-    init, register, builtin = cls.__init__, cls.register_comm_hook, cls._register_builtin_comm_hook
+class Backward:
+    """DDP's wait at the end of backward (see the module's docstring): ``ready`` is each DDP
+    parameter's post-accumulate-grad hook, ``timed`` wraps ``torch.autograd.backward``."""
+
+    def __init__(self, waits: Waits = WAITS) -> None:
+        self.waits = waits
+        self.last = 0                        # perf ns: the last DDP gradient accumulated
+
+    def ready(self, param: Any) -> None:
+        self.last = _PERF()
+
+    def timed(self, fn: Any) -> Any:
+        @functools.wraps(fn)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            if threading.get_ident() != _MAIN:
+                return fn(*args, **kwargs)
+            t0 = _PERF()
+            self.last = 0
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                if self.last >= t0:          # a DDP model's gradients came in this backward
+                    self.waits.add(_NS(), _PERF() - self.last)
+        backward.__hpcml_timed__ = True      # type: ignore[attr-defined]
+        return backward
+
+
+def _ddp(cls: Any, clock: Backward) -> None:
+    """Every DDP built from now on notes when each of its gradients is accumulated."""
+    init = cls.__init__
 
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
-            hook = Hook(self.process_group, waits)
-            # a lambda: DDP checks a hook's annotations, and this module's are strings
-            register(self, None, lambda state, bucket: hook(state, bucket))
-            self._hpcml_hook = hook
-        except Exception:  # noqa: BLE001, S110 - a DDP we cannot hook trains as without us
+            for param in self.module.parameters():
+                if param.requires_grad:
+                    param.register_post_accumulate_grad_hook(clock.ready)
+        except Exception:  # noqa: BLE001, S110 - a DDP we cannot time trains as without us
             pass
 
-    @functools.wraps(register)
-    def register_comm_hook(self: Any, state: object, hook: Any) -> None:
-        ours = getattr(self, "_hpcml_hook", None)
-        if ours is None or ours.user is not None:
-            return register(self, state, hook)               # DDP's own answer (one hook only)
-        self._check_comm_hook(hook)
-        ours.user = (hook, state)
-        return None
-
-    @functools.wraps(builtin)
-    def _register_builtin_comm_hook(self: Any, comm_hook_type: Any) -> None:
-        ours = getattr(self, "_hpcml_hook", None)
-        if ours is None or ours.user is not None:
-            return builtin(self, comm_hook_type)
-        from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
-        hooks = {"ALLREDUCE": default_hooks.allreduce_hook, "FP16_COMPRESS": default_hooks.fp16_compress_hook}
-        name = getattr(comm_hook_type, "name", str(comm_hook_type)).rsplit(".", 1)[-1]
-        if name not in hooks:
-            return builtin(self, comm_hook_type)
-        ours.user = (hooks[name], self.process_group)
-        return None
-
     __init__.__hpcml_timed__ = True       # type: ignore[attr-defined]
-    cls.__init__, cls.register_comm_hook = __init__, register_comm_hook
-    cls._register_builtin_comm_hook = _register_builtin_comm_hook
+    cls.__init__ = __init__
 
 
 def install(waits: Waits = WAITS) -> bool:
@@ -195,8 +183,11 @@ def install(waits: Waits = WAITS) -> bool:
         fn = getattr(dist, name, None)
         if fn is not None and not getattr(fn, "__hpcml_timed__", False):
             setattr(dist, name, timed(fn, waits))
+    import torch.autograd
     from torch.nn.parallel import DistributedDataParallel
     if not getattr(DistributedDataParallel.__init__, "__hpcml_timed__", False):
-        _ddp(DistributedDataParallel, waits)
+        clock = Backward(waits)
+        torch.autograd.backward = clock.timed(torch.autograd.backward)
+        _ddp(DistributedDataParallel, clock)
     api.waits_from(waits.take)
     return True

@@ -126,7 +126,8 @@ def compute_times(ranks, steps, step_s, wait_ranks, wait_steps, wait_s) -> np.nd
     key, wkey = ranks * width + steps, wait_ranks * width + wait_steps
     order = np.argsort(wkey, kind="stable")
     wkey, wait = wkey[order], np.asarray(wait_s, float)[order]
-    at = np.minimum(np.searchsorted(wkey, key), len(wkey) - 1)
+    # a (rank, step) logged twice (steps numbered per epoch): the last row, as step_matrix keeps
+    at = np.maximum(np.searchsorted(wkey, key, side="right") - 1, 0)
     waited = np.where(wkey[at] == key, wait[at], 0.0)
     waited = np.where(np.isfinite(waited) & (waited > 0), waited, 0.0)
     return np.maximum(step_s - waited, 1e-3 * step_s)
