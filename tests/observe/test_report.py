@@ -374,3 +374,43 @@ def test_charts_shade_the_start_up_before_the_first_step(tmp_path):
     assert 0.5 < r.plots["startup_s"] < 1.5
     page = report_html.render(r)
     assert "class='startup'" in page and "before the first step" in page
+
+
+def _hung_at_the_end(path: Path, steps: int, hang_s: float) -> Path:
+    """A job whose last step never completes: ``steps`` steps, then ``hang_s`` seconds of its
+    recorders' samples and no step (the step rows of the step that took them removed), every
+    rank stopped by TERM (143) as hpcml run stops a hang."""
+    import pyarrow as pa
+    import pyarrow.ipc
+    d = make_job(path, 4, steps + 1, stalls=[(steps, hang_s)], seed=3)
+    for f in sorted(d.glob("rank-*.arrows")):
+        with pa.ipc.open_stream(f.read_bytes()) as r:
+            t = r.read_all()
+        keep = pa.compute.or_kleene(pa.compute.is_null(t["step"]), pa.compute.less(t["step"], steps))
+        t = t.filter(pa.compute.fill_null(keep, True))
+        with pa.ipc.new_stream(str(f), t.schema) as w:
+            w.write_table(t)
+        meta = f.with_suffix(".json")
+        meta.write_text(json.dumps({**json.loads(meta.read_text()), "exit_code": 143}))
+    return d
+
+
+def test_a_job_that_trained_20_s_then_hung_60_s_has_a_hang_finding(tmp_path):
+    """Most of the job's time hung: the step rate's median over the job is 0, and the stall is
+    judged against the rate while steps came. The hang is the job_hang finding, first of the
+    stalls and not counted as one."""
+    rep = build(read_job(_hung_at_the_end(tmp_path / "obs", 200, 60.0)), limits=JUDGE)
+    hang = [s for s in rep.stalls if s["kind"] == "hang"]
+    assert len(hang) == 1 and 18 <= hang[0]["start_s"] <= 26 and hang[0]["duration_s"] >= 50, rep.stalls
+    kinds = [f.kind for f in rep.findings]
+    assert "job_hang" in kinds and "job_stall" not in kinds, rep.findings
+
+
+def test_a_90_s_evaluation_pause_is_a_pause_and_a_clean_end_is_no_hang(tmp_path):
+    """90 s without a step in a job of 25 s of steps that then goes on and exits 0: a pause,
+    not a hang, and its teardown after the last step no stall at all."""
+    d = make_job(tmp_path / "obs", 4, 250, stalls=[(120, 90.0)], seed=4)
+    rep = build(read_job(d), limits=JUDGE)
+    assert [s["kind"] for s in rep.stalls] == ["pause"] and rep.stalls[0]["duration_s"] >= 80, rep.stalls
+    f = next(f for f in rep.findings if f.kind == "job_stall")
+    assert "a pause" in f.message and "job_hang" not in [x.kind for x in rep.findings]

@@ -190,7 +190,9 @@ def _job_span(meta: dict, meta_ranks: dict[str, dict], series: dict) -> tuple[in
 
 def _stalls(rate, edges, med: float, min_stall: float) -> list[dict[str, Any]]:
     """Runs of buckets whose step rate is below STALL_FRACTION of the median, merged, that
-    last at least ``min_stall`` seconds."""
+    last at least ``min_stall`` seconds. Each has a ``kind``: ``hang`` when it runs to the
+    end of the job's data (its steps stopped and never came back), ``pause`` when most of it
+    had no step at all but steps came again (an evaluation, a checkpoint), else ``slowdown``."""
     stalls: list[dict[str, Any]] = []
     nb = len(rate)
     low = np.nan_to_num(rate, nan=np.inf) < STALL_FRACTION * med
@@ -204,12 +206,31 @@ def _stalls(rate, edges, med: float, min_stall: float) -> list[dict[str, Any]]:
             j += 1
         if edges[j + 1] - edges[i] >= min_stall:
             low_rate = float(np.nanmin(np.where(np.isfinite(rate[i:j + 1]), rate[i:j + 1], 0.0)))
-            stalls.append({"start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
+            zero = ~(np.nan_to_num(rate[i:j + 1]) > 0)      # no step completed in the bucket
+            runs = np.diff(np.flatnonzero(np.concatenate([[True], ~zero, [True]]))) - 1
+            stopped = runs.max(initial=0) * 2 >= len(zero)   # most of it without a step (edges are partial)
+            kind = "hang" if j == nb - 1 and zero[-1] and stopped else "pause" if stopped else "slowdown"
+            stalls.append({"kind": kind, "start_s": _r(edges[i], 2), "end_s": _r(edges[j + 1], 2),
                            "duration_s": _r(edges[j + 1] - edges[i], 2),
                            "step_rate": _r(low_rate, 4), "median_step_rate": _r(med, 4),
                            "ratio": _r(low_rate / med, 3)})
         i = j + 1
     return stalls
+
+
+def _unfinished_until(last: np.ndarray, groups: dict, meta_ranks: dict[str, dict], rank_ids) -> np.ndarray:
+    """Each rank's active span ends with its last step, unless it did not finish (no exit
+    code, or not 0: stopped in a hang, killed): then with its last row of any kind, its
+    recorder's samples through a hang, so that the time with no step is a stall, not an end.
+    A rank that exited 0 ended with its last step (what follows is its teardown)."""
+    unfinished = np.array([(meta_ranks.get(str(int(r))) or {}).get("exit_code") != 0 for r in rank_ids], bool)
+    if not unfinished.any():
+        return last
+    out = last.copy()
+    for g in groups.values():
+        if len(g.x):
+            np.maximum.at(out, g.ridx, np.where(unfinished[g.ridx], g.x, -np.inf))
+    return out
 
 
 def _stragglers(scoring, limits: Limits, plots: dict[str, Any]) -> tuple[list, list, list, Any, Any]:
@@ -428,6 +449,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     stalls: list[dict[str, Any]] = []
     if sg is not None:
         first, last = _rank_extent(sg.ridx, sg.x - np.fmax(sg.value, 0), sg.x, nr)
+        last = _unfinished_until(last, groups, meta_ranks, rank_ids)
         edges = np.arange(nb + 1) * width
         lo = np.maximum(first[:, None], edges[None, :-1])
         hi = np.minimum(last[:, None], edges[None, 1:])
@@ -437,7 +459,9 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
             rate = np.where(active > 0.5 * width, done / active, np.nan)
         for gap in restarts:                                        # not running: no rate, no stall
             rate[(edges[:-1] >= gap["start_s"] - width) & (edges[1:] <= gap["end_s"] + width)] = np.nan
-        med = float(np.nanmedian(rate)) if np.isfinite(rate).any() else float("nan")
+        # the rate while steps came: a job that spent most of its time hung has a median of 0
+        running = rate[np.isfinite(rate) & (rate > 0)]
+        med = float(np.median(running)) if len(running) else float("nan")
         step_s = float(np.nanmedian(sg.value)) if len(sg.value) else 0.0
         min_stall = max(limits.min_stall_s, limits.min_stall_steps * (step_s if np.isfinite(step_s) else 0.0))
         if np.isfinite(med) and med > 0:
@@ -610,10 +634,21 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
     if len(stragglers) > 2:
         out.append(Finding("chronic_straggler", f"{len(stragglers) - 2} more chronic stragglers",
                            "see the straggler table; several on one node point at the node"))
+    hung = [s for s in stalls if s.get("kind") == "hang"]
+    if hung:
+        h = hung[0]
+        out.append(Finding("job_hang", f"the steps stopped at +{h['start_s']:.0f} s and never came back: the last "
+                           f"{h['duration_s']:.0f} s of the job made no progress",
+                           "a hang: hpcml run --hang-timeout stops it and names the culprit ranks and lines "
+                           "(hpcml observe hang on Flight Recorder dumps does too)"))
+        stalls = [s for s in stalls if s.get("kind") != "hang"]
     if stalls:
         total = sum(s["duration_s"] or 0 for s in stalls)
         worst = min(stalls, key=lambda s: s["ratio"] if s["ratio"] is not None else 0)
-        out.append(Finding("job_stall", f"{len(stalls)} job-wide stall(s), {total:.0f} s in all; worst at "
+        pauses = sum(s.get("kind") == "pause" for s in stalls)
+        out.append(Finding("job_stall", f"{len(stalls)} job-wide stall(s)"
+                           + (f" ({pauses} with no step at all: a pause)" if pauses else "")
+                           + f", {total:.0f} s in all; worst at "
                            f"+{worst['start_s']:.0f} s ({(worst['ratio'] or 0) * 100:.0f}% of median step rate)",
                            "every rank slowed at once: look at checkpoints, the filesystem or the "
                            "network at those times"))

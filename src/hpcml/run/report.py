@@ -301,8 +301,9 @@ def build(d: str | Path) -> dict[str, Any]:
                          + "; drain or repair them (hpcml vet shows each check)"})
     if obs is not None:                  # what the run's own findings already say better is left out
         said = {"failed_rank"} | ({"missing_rank"} if first and first["exit_code"] in NEVER_STARTED else set())
+        hung = {"job_hang"} if watch.get("hang") else set()       # the watch's own hang finding says more
         findings += [{"source": "observe", "kind": f.kind, "message": f.message, "advice": f.advice}
-                     for f in obs.findings if not (first and f.kind in said)]
+                     for f in obs.findings if not (first and f.kind in said) and f.kind not in hung]
     if score is not None:
         findings += [{"source": "score", "kind": "score", "message": f, "advice": ""} for f in score["findings"]]
     mlflow = None if aborted else outcome(observe_dir(d, attempt))
