@@ -134,6 +134,8 @@ def test_kill_9_of_hpcml_run_takes_every_rank_and_its_children_along(tmp_path):
     rep = json.loads(hpcml("report", "job-1", "--json", cwd=tmp_path).stdout)
     assert rep["ending"]["launcher_killed"] is True
     assert rep["findings"][0]["kind"] == "launcher_killed" and "was killed" in rep["findings"][0]["message"]
+    text = hpcml("report", "job-1", cwd=tmp_path).stdout              # for people: no "None" anywhere
+    assert "None" not in text and "no exit code (hpcml run was killed" in text, text
 
 
 def test_kill_9_of_one_task_wrapper_takes_its_ranks_children_along(tmp_path):

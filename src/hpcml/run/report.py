@@ -168,7 +168,7 @@ def _earlier(d: Path, records: list[Attempt], current: Attempt) -> tuple[list[di
         findings.append({"source": "run", "kind": "requeued",
                          "message": f"attempt {n} {what}; attempt {nxt.attempt} started "
                                     + (f"{gap:.0f} s later" if gap is not None else "after it"),
-                         "advice": (f"attempt {n} ended with exit code {rec.exit_code} before the requeue; "
+                         "advice": (f"attempt {n} ended with {_exit(rec.exit_code)} before the requeue; "
                                     if rec.exit_code else "a requeue, not a failure: ")
                                    + "the time between them was spent in Slurm's queue, not stalled"})
         findings += _run_findings(d, ending, n, f"attempt {n}: ")
@@ -210,7 +210,7 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
         if not sig or ending.get("requeued"):
             return []
         return [{"source": "run", "kind": "interrupted",
-                 "message": f"{prefix}hpcml run got {sig} and stopped its ranks: exit code {ending['exit_code']}, "
+                 "message": f"{prefix}hpcml run got {sig} and stopped its ranks: {_exit(ending['exit_code'])}, "
                             "no rank failed",
                  "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
     last = next((line.strip() for line in reversed(own_lines(first["stderr_tail"], attempt)) if line.strip()), "")
@@ -348,10 +348,15 @@ def _placed(job: dict[str, Any], end: dict[str, Any]) -> str:
     return f"{plural(int(job.get('ntasks') or 0), 'task')} on {', '.join(job.get('nodes') or []) or '–'}"
 
 
+def _exit(code: Any) -> str:
+    """"exit code N", or why there is none: never "None" for a person to read."""
+    return f"exit code {code}" if code is not None else "no exit code (hpcml run was killed before it recorded one)"
+
+
 def summary(rep: dict[str, Any]) -> list[str]:
     job, end = rep["job"], rep["ending"]
     lines = [f"job {job.get('job_id') or 'local'} ({job.get('mode')}): {' '.join(job.get('command') or [])}",
-             f"  {_placed(job, end)}, exit code {end['exit_code']}"
+             f"  {_placed(job, end)}, {_exit(end['exit_code'])}"
              + (f", {job['duration_s']:.1f} s" if job.get("duration_s") is not None else "")]
     lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
@@ -412,15 +417,15 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
         if a.get("restart"):
             out.append(f"attempt {a['attempt']} on {', '.join(a.get('nodes') or []) or '?'}: {describe(a['restart'])}")
             continue
-        how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with exit code {a['exit_code']}"
+        how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with {_exit(a['exit_code'])}"
         if a["requeued"] and a["exit_code"]:            # a rank failed for real, and the job was requeued
             how += f", exit code {a['exit_code']}"
         gap = f"; requeue gap {a['requeue_gap_s']:.0f} s" if a.get("requeue_gap_s") is not None else ""
         out.append(f"attempt {a['attempt']}: {how}{gap}")
     end = rep["ending"]
-    how = requeue.describe(end["requeued"]) if end.get("requeued") else f"exit code {end['exit_code']}"
+    how = requeue.describe(end["requeued"]) if end.get("requeued") else f"{_exit(end['exit_code'])}"
     if end.get("requeued") and end.get("exit_code"):
-        how += f", exit code {end['exit_code']}"
+        how += f", {_exit(end['exit_code'])}"
     out.append(f"attempt {rep['job'].get('attempt') or 0} (this one) on {', '.join(rep['job'].get('nodes') or [])}: "
                f"{how}")
     lost = rep.get("recovery")
@@ -461,8 +466,8 @@ def _ended(rep: dict[str, Any]) -> dict[str, Any]:
         return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node")), "exit_code": first["exit_code"],
                 "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
     if end.get("interrupted"):               # the page's one-line ending
-        return {"kind": "unended", "message": f"hpcml run got {end['interrupted']} and stopped its ranks: exit code "
-                                              f"{end['exit_code']}, no rank failed"}
+        return {"kind": "unended", "message": f"hpcml run got {end['interrupted']} and stopped its ranks: "
+                                              f"{_exit(end['exit_code'])}, no rank failed"}
     if end.get("aborted"):
         return {"kind": "aborted"}
     if unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:
