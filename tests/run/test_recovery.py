@@ -33,6 +33,20 @@ def hung(nodes: list[str], step: int) -> Attempt:
                 "timeline": [{"kind": "hang", "what": "culprit ranks 0", "detected": 60.0}]})
 
 
+def test_the_faults_node_is_never_read_as_the_blocked_ranks():
+    """The culprit (rank 1) is on n2, the rank blocked behind it on n1: the line names n2
+    next to the fault, never after "blocked behind them" as if rank 0 were there."""
+    a = rec({"exit_code": 5, "furthest_step": 9,
+             "hang": {"began": 50.0, "detected": 60.0, "timeout": 10.0, "ranks": 2, "action": "stop",
+                      "verdict": {"method": "stacks", "blocked": [0],
+                                  "culprits": [{"rank": 1, "node": "n2", "why": "stuck"}]}},
+             "timeline": [{"kind": "hang", "what": "culprit ranks 1 (stacks); ranks 0 blocked behind them",
+                           "detected": 60.0}]})
+    line = describe(policy(["n1", "n2", "n3"], spares=1).after(a, Path("x"), None))
+    assert line.startswith("hang on n2: culprit ranks 1 (stacks); ranks 0 blocked behind them;"), line
+    assert "behind them on" not in line
+
+
 def policy(good: list[str], spares: int = 0, restarts: int = 3, min_nodes: int | None = None,
            revet: Path | None = None) -> Recovery:
     pool = Pool.start(good, spares)
@@ -137,7 +151,7 @@ def test_describe_and_time_lost():
     r = policy(["n1", "n2", "n3"], spares=1).after(hung(["n2"], 30), Path("x"), None)
     r.resumed = {"step": 20, "steps_lost": 10, "time_to_resume_s": 14.0}
     line = describe(r)
-    assert "hang: culprit ranks 0 on n2" in line and "detected 10 s after it began" in line
+    assert line.startswith("hang on n2: culprit ranks 0;") and "detected 10 s after it began" in line
     assert "n2 out" in line and "restarted on n1, n3" in line and "resumed from step 20 (10 steps lost)" in line
     lost = time_lost([rec({"restart": r}), rec({})], step_s=0.5)
     assert lost["time_lost_s"] == 19.0 and lost["steps_lost"] == 10 and lost["restarts"] == 1

@@ -270,12 +270,14 @@ def describe(restart: Restart | dict[str, Any]) -> str:
     """One line for the report and the log: the fault, what was done, how it resumed (a
     report's ``restart`` is its JSON form).
 
-    ``hang (culprit ranks 1 ...) on n2, detected 5 s after it began; n2 out; restarted on
-    n1, n3; resumed from step 20 (9 steps lost), 13 s from the fault to the first step``"""
+    ``hang on n2: culprit ranks 1 ...; detected 5 s after it began; n2 out; restarted on
+    n1, n3; resumed from step 20 (9 steps lost), 13 s from the fault to the first step``
+    (the fault's nodes next to its kind: after "ranks 0 blocked behind them" they would read
+    as the blocked ranks' nodes)"""
     if isinstance(restart, dict):
         restart = Restart.model_validate(restart)
     fault = restart.fault
-    parts = [f"{fault.kind}: {fault.what}" + (f" on {', '.join(fault.nodes)}" if fault.nodes else "")]
+    parts = [f"{fault.kind}" + (f" on {', '.join(fault.nodes)}" if fault.nodes else "") + f": {fault.what}"]
     began, detected = fault.began, fault.detected
     if began is not None and detected is not None and detected > began:
         parts.append(f"detected {detected - began:.0f} s after it began")
