@@ -16,7 +16,8 @@ The rules, per process group, in this order (the first that applies is the findi
 1. **never entered**: ranks whose last enqueued collective is behind the group's furthest
    rank are stuck before the collective the others wait in. Progress comes from
    ``pg_status``, else from the highest sequence number in the entries; a member with
-   neither, in a dump of pending collectives only, has nothing pending and so is behind.
+   neither, in a dump of pending collectives only, has nothing pending and so is behind
+   (only when some member has a collective pending there: else all may be done with it).
 2. **never started**: every member enqueued the same collective, but some never started
    theirs (``last_started_collective`` behind the others'; only when the dumps track start
    times): their GPU stream is stuck before it.
@@ -27,9 +28,18 @@ The rules, per process group, in this order (the first that applies is the findi
    are the ranks outside the majority (more than half of the members); without a majority
    no culprit is named and the finding says so.
 
-Point-to-point entries have their own numbering: sends are paired with receives per group
-and direction in issue order (``_p2p_findings``), and a rank waiting on a peer that never
-enqueued its side names that peer.
+Point-to-point entries (``is_p2p``, or named ``send a->b`` / ``recv b<-a``) have their own
+numbering (``p2p_seq_id``, per rank and group) and are never compared as collectives: how
+many a rank posts depends on its pipeline stage (the first and last stages post fewer). On a
+group that carries them, pg_status is not read either, as torch sets it from whichever
+operation came last, a send's or receive's own number included; the collective progress
+there comes from the collective entries and the ``collective_seq_id`` stamped on each p2p
+entry. Sends are paired with receives per group and peer in each rank's own issue order
+(``_p2p_findings``), and a rank waiting on a peer that never enqueued its side names that
+peer: the waiting rank waits, the peer is late.
+
+Each finding lists the ranks that wait (``waiting``) apart from those they wait for
+(``late``); ``culprits`` keeps its meaning (the ranks to look at first in that group).
 
 Members without a dump are listed as missing, never a group's culprits: their state is unknown. Culprits
 are sorted, each with its evidence (enqueued / started / completed against the group's).
@@ -84,6 +94,8 @@ class Finding:
     entered: list[int] = field(default_factory=list)
     evidence: dict[int, dict[str, int | None]] = field(default_factory=dict)   # rank -> its progress
     group: dict[str, int | None] = field(default_factory=dict)                 # the furthest member's
+    waiting: list[int] = field(default_factory=list)   # ranks that wait in it for others (not at fault here)
+    late: list[int] = field(default_factory=list)      # ranks the waiting ones wait for (behind, or never posted)
 
 
 @dataclass
@@ -185,10 +197,35 @@ def _collectives(entries: list[dict]) -> dict[str, dict[int, list[dict]]]:
     ``_coalescing_manager`` broadcasts, FSDP's gathers and reduce-scatters)."""
     out: dict[str, dict[int, list[dict]]] = {}
     for e in entries:
-        if not isinstance(e, dict) or e.get("is_p2p") or (seq := _seq(e)) is None:
+        if not isinstance(e, dict) or _is_p2p(e) or (seq := _seq(e)) is None:
             continue
         out.setdefault(_pg_of(e), {}).setdefault(seq, []).append(e)
     return out
+
+
+def _is_p2p(e: dict) -> bool:
+    """A point-to-point entry: ``is_p2p`` (torch >= 2.5), else its name (``nccl:send 0->1``,
+    ``nccl:recv 1<-0``), which every torch version writes."""
+    return bool(e.get("is_p2p")) or _P2P.match(_op(e).strip()) is not None
+
+
+def _p2p_levels(entries: list[dict]) -> dict[str, int]:
+    """pg name -> the highest ``collective_seq_id`` a point-to-point entry of the rank
+    records there. torch stamps a p2p entry with the group's collective counter at the
+    time (its last enqueued collective) next to its own ``p2p_seq_id``: a lower bound on
+    the rank's collective progress in that group, never a p2p count."""
+    out: dict[str, int] = {}
+    for e in entries:
+        if isinstance(e, dict) and _is_p2p(e) and (seq := _seq(e)) is not None:
+            pg = _pg_of(e)
+            out[pg] = max(seq, out.get(pg, seq))
+    return out
+
+
+def _p2p_groups(dumps: dict[int, dict]) -> set[str]:
+    """The groups that carry point-to-point traffic in any dump (pipeline-parallel groups,
+    and the default group where a job sends on it)."""
+    return {_pg_of(e) for d in dumps.values() for e in d["entries"] if isinstance(e, dict) and _is_p2p(e)}
 
 
 def _closes(e: dict) -> bool:
@@ -305,18 +342,28 @@ class _Group:
 
     def __init__(self, pg: str, label: str, members: list[int], dumps: dict[int, dict],
                  per_rank: dict[int, dict[str, dict[int, list[dict]]]], statuses: dict[int, dict[str, dict]],
-                 pending_only: bool) -> None:
+                 pending_only: bool, p2p_levels: dict[int, dict[str, int]] | None = None,
+                 carries_p2p: bool = False) -> None:
         self.pg, self.label = pg, label
         self.members = members
         self.dumped = [r for r in members if r in dumps]
         self.seqs = {r: per_rank[r].get(pg, {}) for r in self.dumped}
+        self.carries_p2p = carries_p2p
         self.progress: dict[int, dict[str, int | None]] = {}
+        # On a group that carries point-to-point traffic, pg_status says nothing about the
+        # collectives: torch sets last_enqueued/started/completed from whichever operation
+        # came last, a send's or receive's own p2p_seq_id included, and how many of those a
+        # rank posts depends on its pipeline stage (the first and last post fewer). Only the
+        # entries' collective_seq_id count there.
+        anyone_waits = any(self.seqs[r] for r in self.dumped)
         for r in self.dumped:
-            p = dict(statuses[r].get(pg) or dict.fromkeys(PROGRESS))
+            p = dict.fromkeys(PROGRESS) if carries_p2p else dict(statuses[r].get(pg) or dict.fromkeys(PROGRESS))
             top = max(self.seqs[r]) if self.seqs[r] else None
+            if carries_p2p and (level := (p2p_levels or {}).get(r, {}).get(pg)) is not None:
+                top = level if top is None else max(top, level)
             if top is not None and (p["enqueued"] is None or top > p["enqueued"]):
                 p["enqueued"] = top
-            if p["enqueued"] is None and pending_only and not self.seqs[r]:
+            if p["enqueued"] is None and pending_only and not self.seqs[r] and anyone_waits:
                 p["enqueued"] = -1           # nothing pending: it never enqueued what the others wait in
             self.progress[r] = p
         self.furthest: dict[str, int | None] = {
@@ -349,9 +396,10 @@ class _Group:
         what = "never entered it (stuck before it)" if key == "enqueued" else \
             "enqueued it but never started it (their GPU stream is stuck before it)"
         kind = "never-entered" if key == "enqueued" else "never-started"
-        detail = (f"{self._describe(seq)}: ranks {lagging} {what}; "
+        detail = (f"{self._describe(seq)}: late: ranks {lagging} {what}; waiting: ranks {ahead}; "
                   f"{_evidence_text(lagging, evidence, self.furthest)}")
-        return Finding(self.label, seq, kind, lagging, detail, ahead, evidence, dict(self.furthest))
+        return Finding(self.label, seq, kind, lagging, detail, ahead, evidence, dict(self.furthest),
+                       waiting=list(ahead), late=list(lagging))
 
     def mismatch(self) -> Finding | None:
         holders = [r for r in self.dumped if self.seqs[r]]
@@ -391,7 +439,8 @@ class _Group:
             top = p["enqueued"]
             if any(e.get("state") in PENDING for unit in seqs.values() for e in unit):
                 out.add(r)
-            elif top is not None and top >= 0 and (seqs.get(top) or [{}])[-1].get("state") is None \
+            elif top is not None and top >= 0 and not self.carries_p2p \
+                    and (seqs.get(top) or [{}])[-1].get("state") is None \
                     and (p["completed"] is None or p["completed"] < top):
                 out.add(r)
         return out
@@ -402,12 +451,13 @@ _P2P = re.compile(r"^(send|recv)\s+(\d+)\s*(->|<-)\s*(\d+)$")
 
 def _p2p_ops(dump: dict, rank: int, groups: dict[str, tuple[str, list[int]]]
              ) -> list[tuple[str, str, int, dict]]:
-    """The rank's point-to-point entries as (pg, "send"/"recv", peer's global rank, entry).
+    """The rank's point-to-point entries as (pg, "send"/"recv", peer's global rank, entry),
+    in the order the rank issued them (its own ``p2p_seq_id`` per group, else record order).
     torch writes ``send 0->1`` / ``recv 1<-0`` in the group's local ranks: the i-th of its
     sorted global ranks, as PyTorch's analyser maps them."""
     out = []
-    for e in dump.get("entries") or []:
-        if not isinstance(e, dict) or not e.get("is_p2p"):
+    for i, e in enumerate(dump.get("entries") or []):
+        if not isinstance(e, dict) or not _is_p2p(e):
             continue
         m = _P2P.match(_op(e).strip())
         pg = _pg_of(e)
@@ -417,23 +467,57 @@ def _p2p_ops(dump: dict, rank: int, groups: dict[str, tuple[str, list[int]]]
         kind, b = m.group(1), int(m.group(4))
         if b >= len(members):          # send me->peer, recv me<-peer: the peer is b
             continue
-        out.append((pg, kind, members[b], e))
-    return out
+        out.append((i, pg, kind, members[b], e))
+    out.sort(key=lambda x: (x[1], _seq(x[4], "p2p_seq_id") is None, _seq(x[4], "p2p_seq_id") or 0, x[0]))
+    return [(pg, kind, peer, e) for _, pg, kind, peer, e in out]
+
+
+def _p2p_unmatched(label: str, me: int, kind: str, peer: int, e: dict, n: int) -> Finding:
+    verb = "a receive from" if kind == "recv" else "a send to"
+    never = "the send" if kind == "recv" else "the receive"
+    return Finding(label, _seq(e, "p2p_seq_id") or 0, "p2p-unmatched", [peer],
+                   f"rank {me} waits in {verb} rank {peer} ({_op(e)}, its #{n + 1} towards rank {peer}, "
+                   f"p2p_seq_id {_seq(e, 'p2p_seq_id')}); rank {peer} never enqueued {never}; "
+                   f"waiting: rank {me}; late: rank {peer}", [me], waiting=[me], late=[peer])
 
 
 def _p2p_findings(dumps: dict[int, dict], groups: dict[str, tuple[str, list[int]]],
                   pending_only: bool) -> list[Finding]:
-    """Sends paired with receives, per group and direction, in the order each rank issued
-    them. A rank waiting in a receive (or a send) that its peer never enqueued names the
-    peer; paired operations whose sizes differ are a mismatch. Only when both dumps hold
-    every p2p entry they made (full dumps whose ring buffer did not wrap): with pending
-    entries only, or lost old ones, the n-th send cannot be told from the n-th receive."""
-    if pending_only:
-        return []
-    wrapped = {r for r, d in dumps.items()
-               if any(isinstance(e, dict) and e.get("record_id") not in (None, 0) for e in d["entries"][:1])}
+    """Sends paired with receives, per group and peer, in the order each rank issued them
+    (each rank's own ``p2p_seq_id``: the numbers of two ranks are never compared, as a
+    pipeline stage posts as many as its place in the pipeline makes it). A rank waiting in
+    a receive (or a send) that its peer never enqueued names the peer; paired operations
+    whose sizes differ are a mismatch.
+
+    Full dumps: only when both hold every p2p entry they made (the ring buffer did not
+    wrap), the n-th send paired with the n-th receive. Dumps of pending operations only
+    (``onlyActive``): what completed is gone on both sides, so only the first pending
+    operation of a rank towards a peer is judged: it waits on nothing of its own before it
+    on that pair, and it cannot complete without the peer's side, so a peer with no pending
+    matching operation never posted it (sizes are not compared there: counts of completed
+    eager sends may differ)."""
     ops = {r: _p2p_ops(d, r, groups) for r, d in dumps.items()}
     out: list[Finding] = []
+    if pending_only:
+        for me, mine in sorted(ops.items()):
+            order = {id(e): i for i, e in enumerate(dumps[me]["entries"])}
+            first_coll: dict[str, int] = {}      # pg -> the first pending collective's place
+            for i, x in enumerate(dumps[me]["entries"]):
+                if isinstance(x, dict) and not _is_p2p(x) and x.get("state") in PENDING:
+                    first_coll.setdefault(_pg_of(x), i)
+            seen: set[tuple[str, int]] = set()
+            for pg, kind, peer, e in mine:
+                if (pg, peer) in seen or e.get("state") not in PENDING or peer not in dumps or peer == me:
+                    continue
+                if order[id(e)] > first_coll.get(pg, len(order)):
+                    continue                      # behind a collective of its own on that group: waits there first
+                seen.add((pg, peer))              # the first pending one towards this peer only
+                other = "recv" if kind == "send" else "send"
+                if not any((p, k, q) == (pg, other, me) and x.get("state") in PENDING for p, k, q, x in ops[peer]):
+                    out.append(_p2p_unmatched(groups.get(pg, (pg, []))[0], me, kind, peer, e, 0))
+        return out
+    wrapped = {r for r, d in dumps.items()
+               if any(isinstance(e, dict) and e.get("record_id") not in (None, 0) for e in d["entries"][:1])}
     for me, mine in sorted(ops.items()):
         for pg, kind, peer, e in mine:
             if e.get("state") not in PENDING or peer not in dumps or {me, peer} & wrapped:
@@ -443,12 +527,8 @@ def _p2p_findings(dumps: dict[int, dict], groups: dict[str, tuple[str, list[int]
             theirs = [x for p, k, q, x in ops[peer] if (p, k, q) == (pg, other, me)]
             n = next(i for i, x in enumerate(mine_same) if x is e)
             label = groups.get(pg, (pg, []))[0]
-            verb = "a receive from" if kind == "recv" else "a send to"
             if n >= len(theirs):
-                never = "the send" if kind == "recv" else "the receive"
-                out.append(Finding(label, _seq(e, "p2p_seq_id") or 0, "p2p-unmatched", [peer],
-                                   f"rank {me} waits in {verb} rank {peer} ({_op(e)}, its #{n + 1} "
-                                   f"towards rank {peer}); rank {peer} never enqueued {never}", [me]))
+                out.append(_p2p_unmatched(label, me, kind, peer, e, n))
                 continue
             mine_size = e.get("input_sizes" if kind == "send" else "output_sizes")
             x = theirs[n]
@@ -580,12 +660,14 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     missing = sorted(world - set(dumps))
     pending_only = _pending_only(dumps)
     statuses = {r: _statuses(dump, r) for r, dump in dumps.items()}
+    p2p_levels = {r: _p2p_levels(dump["entries"]) for r, dump in dumps.items()}
+    p2p_groups = _p2p_groups(dumps)
     findings: list[Finding] = []
     waiting: list[tuple[Finding | None, set[int], list[int]]] = []
     last_seq: dict[str, dict[int, int]] = {}
     for pg in sorted(groups, key=natural_key):
         label, members = groups[pg]
-        g = _Group(pg, label, members, dumps, per_rank, statuses, pending_only)
+        g = _Group(pg, label, members, dumps, per_rank, statuses, pending_only, p2p_levels, pg in p2p_groups)
         last_seq[label] = {r: p["enqueued"] for r, p in g.progress.items() if p["enqueued"] is not None}
         found = g.finding()
         if found is not None:
