@@ -80,8 +80,8 @@ class section:
             step = _state["step"] if self.step is None else self.step
             end = _time_ns()
             _buf.append((end, "section", self.name, (t1 - self.t0) / 1e9, step, None))
-            if self.name == STEP and _state["waits"] is not None:
-                _buf.append((end, "section", WAIT, _state["waits"](end - (t1 - self.t0), end), step, None))
+            if self.name == STEP:
+                _wait_row(end - (t1 - self.t0), end, step)
             if _state["thread"] is None:
                 _start()
         except Exception:  # noqa: BLE001
@@ -103,8 +103,7 @@ def optimizer_step(step: int, seconds: float, end_ns: int) -> bool:
             return False
         _state["step"] = step
         _buf.append((end_ns, "section", STEP, seconds, step, None))
-        if _state["waits"] is not None:
-            _buf.append((end_ns, "section", WAIT, _state["waits"](end_ns - int(seconds * 1e9), end_ns), step, None))
+        _wait_row(end_ns - int(seconds * 1e9), end_ns, step)
         if _state["thread"] is None:
             _start()
         return True
@@ -118,6 +117,12 @@ def waits_from(take: Any) -> None:
     epoch times (``hpcml.observe.collectives``); each step is then followed by a ``WAIT``
     section of its own waits, which the straggler model subtracts from the step's time."""
     _state["waits"] = take
+
+
+def _wait_row(start_ns: int, end_ns: int, step: int | None) -> None:
+    """After a step's row, its waits in collectives (when something measures them)."""
+    if _state["waits"] is not None:
+        _buf.append((end_ns, "section", WAIT, _state["waits"](start_ns, end_ns), step, None))
 
 
 def start() -> None:

@@ -13,6 +13,8 @@ import bisect
 
 import numpy as np
 
+from hpcml.observe.stragglers import less_wait
+
 SIZE = 2048                 # steps kept per rank: the window the model scores fits inside
 
 
@@ -46,7 +48,7 @@ class StepTimes:
         t = np.asarray(times[first:n], np.float32)
         self.times[rank, s % self.size] = t
         if waits is not None and len(waits) >= n:
-            t = np.maximum(t - np.asarray(waits[first:n], np.float32), np.float32(1e-3) * t)
+            t = less_wait(t, np.asarray(waits[first:n], np.float32))
         self.busy[rank, s % self.size] = t
         self.ids[rank, s % self.size] = s
         self.last[rank] = steps[n - 1]
