@@ -224,14 +224,14 @@ def test_full_dumps_with_completed_entries_still_work(tmp_path):
     assert [(f.kind, f.seq, f.culprits) for f in rep.findings] == [("never-entered", 38, [6])]
 
 
-def test_cli_prints_culprits_sorted_with_evidence(tmp_path):
+def test_cli_prints_late_and_waiting_ranks_with_evidence(tmp_path):
     ranks = fr.job()
     _pending_world_collectives(ranks, stuck=(14, 9), level=45264)
     fr.write(tmp_path, ranks, prefix="_dump_")
     out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(tmp_path)],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0, out.stderr
-    assert "never-entered: culprits [9, 14]: nccl:all_reduce" in out.stdout
+    assert "never-entered: nccl:all_reduce" in out.stdout and "late: ranks 9, 14 never entered it" in out.stdout and "culprits" not in out.stdout.split("\n", 1)[1]
     assert "group's furthest 45267/45265/45264" in out.stdout
 
 

@@ -396,7 +396,7 @@ class _Group:
         what = "never entered it (stuck before it)" if key == "enqueued" else \
             "enqueued it but never started it (their GPU stream is stuck before it)"
         kind = "never-entered" if key == "enqueued" else "never-started"
-        detail = (f"{self._describe(seq)}: late: ranks {lagging} {what}; waiting: ranks {ahead}; "
+        detail = (f"{self._describe(seq)}: late: {_rank_list(lagging)} {what}; waiting: {_rank_list(ahead)}; "
                   f"{_evidence_text(lagging, evidence, self.furthest)}")
         return Finding(self.label, seq, kind, lagging, detail, ahead, evidence, dict(self.furthest),
                        waiting=list(ahead), late=list(lagging))
@@ -416,12 +416,12 @@ class _Group:
             if len(groups) < 2:
                 continue
             ranked = sorted(groups.values(), key=len, reverse=True)
-            text = "; ".join(f"ranks {rs}: {shape[0]} {shape[2]}" for shape, rs in
+            text = "; ".join(f"{_rank_list(rs)}: {shape[0]} {shape[2]}" for shape, rs in
                              sorted(groups.items(), key=lambda kv: -len(kv[1])))
             if len(ranked[0]) * 2 > len(holders):
                 culprits = sorted(r for rs in ranked[1:] for r in rs)
                 return Finding(self.label, seq, "mismatch", culprits,
-                               f"ranks {culprits} differ from the majority: {text}", sorted(holders))
+                               f"{_rank_list(culprits)} differ from the majority: {text}", sorted(holders))
             return Finding(self.label, seq, "mismatch", [],
                            f"no majority, so no culprit can be named: {text}", sorted(holders))
         return None

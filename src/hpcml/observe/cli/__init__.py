@@ -88,9 +88,8 @@ def hang_cmd(
     if rep.missing:
         print(f"no dump from ranks {rep.missing}: look at them first (they may have died)")
     for f in rep.findings:
-        who = f"culprits {f.culprits}" if f.culprits else "no culprit named"
         what = 'point-to-point' if f.kind.startswith('p2p') else 'collective'
-        print(f"process group {f.pg}, {what} #{f.seq}: {f.kind}: {who}: {f.detail}")
+        print(f"process group {f.pg}, {what} #{f.seq}: {f.kind}: {f.detail}")
     if rep.roots:
         print(rep.summary())
     if not rep.findings and not rep.missing:
