@@ -58,3 +58,13 @@ def test_a_stack_with_a_hostile_path_names_the_rank_without_a_traceback():
     bad = stack(("/x/a\x00b", 3, "f"), ("/home/u/train.py", 9, "main"))
     v = name(beats({0: 29, 1: 29}), {0: WAITING, 1: bad})
     assert [c.rank for c in v.culprits] == [1] and v.culprits[0].where == "/home/u/train.py:9 in main"
+
+
+def test_a_rank_still_running_after_the_others_ended_well_is_the_culprit():
+    """Rank 1 hangs outside any collective after rank 0 finished with exit 0: nobody waits
+    for it, and it is the one to look at (before, 'no rank waits in a collective')."""
+    v = name(beats({1: 5}), {1: SLEEPING}, done=(0,))
+    assert v.method == "progress" and [c.rank for c in v.culprits] == [1] and v.blocked == []
+    assert "after rank 0 ended with exit 0" in v.culprits[0].why
+    assert name(beats({1: 5}), {1: WAITING}, done=(0,)).culprits == []      # waits for a rank that left: not named
+    assert name(beats({1: 5}), {1: SLEEPING}).culprits == []                # alone, no evidence against it

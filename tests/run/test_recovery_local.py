@@ -13,8 +13,11 @@ import subprocess
 import sys
 from pathlib import Path
 
+import jsonschema
 import psutil
 import pytest
+
+from hpcml import schemas
 
 ROOT = Path(__file__).resolve().parents[2]
 RESUMABLE = ROOT / "tests" / "run" / "resumable_ddp.py"
@@ -93,9 +96,6 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     assert restart["resumed"]["steps_lost"] == run["attempts"][0]["furthest_step"] - resumed
     assert restart["fault"]["kind"] == "crash" and run["attempt"] == 1 and run["exit_code"] == 0
     assert "restarted" in p.stdout and "resumed from step" in p.stdout        # the report
-    import jsonschema
-
-    from hpcml import schemas
     jsonschema.validate(run, schemas.load("run"), cls=jsonschema.Draft202012Validator)
     rep = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--json"], cwd=tmp_path, capture_output=True,
                          text=True, timeout=120)
@@ -130,6 +130,48 @@ def test_max_restarts_0_is_the_single_attempt_it_always_was(tmp_path):
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     assert run["attempt"] == 0 and "attempts" not in run and "restart" not in run
     assert not (tmp_path / "job" / "attempts").exists()
+
+
+# rank 1 hangs at step 5 of the first attempt only: the watch stops it, the restart completes
+HANGS_ONCE = """\
+import os, time
+from hpcml import observe
+rank, attempt = int(os.environ["RANK"]), os.environ.get("HPCML_RUN_ATTEMPT")
+for step in range(10):
+    while step == 5 and rank == 1 and attempt == "0":
+        time.sleep(0.5)
+    observe.log(step=step, loss=1.0)
+    time.sleep(0.1)
+"""
+
+
+def test_while_it_ran_tells_every_attempt_and_no_section_contradicts_another(tmp_path):
+    """Attempt 0 hangs and is restarted; attempt 1 ends well. Terminal, JSON and HTML all
+    name attempt 0's hang and its culprit; none says the watch saw no hang; all agree with
+    run.json."""
+    (tmp_path / "hangs.py").write_text(HANGS_ONCE)
+    p = hpcml(["--ntasks", "2", "--max-restarts", "1", "--dir", "job", "--no-report", "--hang-timeout", "3s",
+               "--kill-grace", "2", "--", sys.executable, "hangs.py"], tmp_path)
+    assert p.returncode == 0, p.stderr
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["attempt"] == 1 and run["attempts"][0]["hang"]["action"] == "stop"
+    culprit = run["attempts"][0]["hang"]["verdict"]["culprits"][0]
+    assert culprit["rank"] == 1
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--json"], cwd=tmp_path, capture_output=True,
+                         text=True, timeout=120)
+    doc = json.loads(rep.stdout)
+    jsonschema.validate(doc, schemas.load("run.report"), cls=jsonschema.Draft202012Validator)
+    assert doc["attempts"][0]["watch"]["hang"] == run["attempts"][0]["hang"]
+    hung = [f["message"] for f in doc["findings"] if f["kind"] == "hang"]
+    assert len(hung) == 1 and hung[0].startswith("attempt 0: the job hung") and f"rank 1 on {culprit['node']}" in hung[0]
+    term = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--html", "page.html"], cwd=tmp_path,
+                          capture_output=True, text=True, timeout=120)
+    assert term.returncode == 0, term.stderr
+    assert any(ln.strip().startswith("attempt 0: hang:") for ln in term.stdout.splitlines()), term.stdout
+    page = (tmp_path / "page.html").read_text()
+    watch = page[page.index("id='run-watch'"):page.index("id='run-observe'")]
+    assert "attempt 0: hang:" in watch and "attempt 0: culprit: rank 1" in watch, watch
+    assert "saw no" not in page and "None" not in watch
 
 
 @pytest.mark.parametrize("args,needle", [

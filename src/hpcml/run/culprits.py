@@ -79,8 +79,13 @@ def in_collective(stack: dict[str, Any] | None) -> bool | None:
     return any(any(m in str(f.get("file") or "") for m in COLLECTIVE_FILES) for f in frames)
 
 
-def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None) -> Verdict:
-    """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came."""
+def _ranks(ranks: list[int]) -> str:
+    return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
+
+
+def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> Verdict:
+    """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came;
+    ``done``: the ranks that already ended with exit 0 (not in ``beats``)."""
     def culprit(rank: int, why: str) -> Culprit:
         return Culprit(rank, (beats.get(rank) or {}).get("node"), stack_line(stacks.get(rank)), why)
 
@@ -101,6 +106,11 @@ def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None) -> Ver
         behind = sorted(r for r, s in steps.items() if s < top)
         return Verdict("progress", [culprit(r, f"behind: last step {steps[r][1]}, others at {top[1]}")
                                     for r in behind], sorted(r for r in steps if r not in behind))
+    running = sorted(r for r, b in beats.items() if b.get("exit") is None)
+    if done and running and not any(in_collective(stacks.get(r)) for r in running):
+        # the others ended their work well: nobody waits for these ranks, they are stuck on their own
+        return Verdict("progress", [culprit(r, f"still running, stepless, after {_ranks(list(done))} ended with exit 0")
+                                    for r in running], [])
     waiting = {r: in_collective(stacks.get(r)) for r, b in beats.items() if b.get("exit") is None}
     outside = sorted(r for r, w in waiting.items() if w is False)
     inside = sorted(r for r, w in waiting.items() if w)

@@ -158,8 +158,10 @@ def _earlier(d: Path, records: list[Attempt], current: Attempt) -> tuple[list[di
                     "first_failure": ending["first_failure"], "signals_forwarded": rec.signals_forwarded or [],
                     "observe": obs.to_dict() if obs is not None else None, "observe_missing": why,
                     "requeue_gap_s": None if restart else gap, "nodes": rec.nodes,
-                    "restart": _restart_json(restart), "timeline": [e.to_json() for e in rec.timeline or []]})
+                    "restart": _restart_json(restart), "timeline": [e.to_json() for e in rec.timeline or []],
+                    "watch": _watch(rec)})
         parts.append(obs)
+        findings += _watch_findings(_watch(rec), d, n, f"attempt {n}: ")
         if restart:                                   # hpcml run restarted it inside the allocation
             findings.append({"source": "run", "kind": "restarted", "message": f"attempt {n}: {describe(restart)}",
                              "advice": _resume_advice(restart)})
@@ -215,7 +217,7 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
                  "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
     last = next((line.strip() for line in reversed(own_lines(first["stderr_tail"], attempt)) if line.strip()), "")
     return [{"source": "run", "kind": "failed_rank",
-             "message": f"{prefix}rank {first['rank']} on {first.get('node')} failed first with exit code "
+             "message": f"{prefix}rank {first['rank']} on {first.get('node') or 'an unknown node'} failed first with exit code "
                         f"{first['exit_code']}" + (f": {last}" if last else ""),
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
@@ -234,7 +236,9 @@ def stopped_hung(rep_or_watch: dict[str, Any]) -> bool:
     return ((watch or {}).get("hang") or {}).get("action") == "stop"
 
 
-def _watch_findings(watch: dict[str, Any], d: Path, attempt: int) -> list[dict[str, str]]:
+def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = "") -> list[dict[str, str]]:
+    """What the live watch saw in one attempt, as findings (``prefix`` names the attempt
+    when the job had several)."""
     out = []
     hang = watch["hang"]
     if hang:
@@ -259,7 +263,7 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int) -> list[dict[s
                     "message": f"rank {s['rank']} on {s.get('node')} was {s['score']:.1f}x slower than the others "
                                f"from step {s['since_step']:,} (named while the job ran)",
                     "advice": "vet that node (hpcml vet) or exclude it next time"})
-    return out
+    return [{**f, "message": prefix + f["message"]} for f in out]
 
 
 def build(d: str | Path) -> dict[str, Any]:
@@ -289,7 +293,7 @@ def build(d: str | Path) -> dict[str, Any]:
         findings.append({"source": "run", "kind": "not_restarted", "message": f"attempt {attempt}: "
                          f"{describe(run.restart)}", "advice": "see the attempts in the report; fix what the "
                          "culprit's log says before resubmitting"})
-    findings += _watch_findings(watch, d, attempt)
+    findings += _watch_findings(watch, d, attempt, f"attempt {attempt}: " if earlier else "")
     if not stopped_hung(watch):                                 # the ranks the watch stopped did not fail
         findings += _run_findings(d, ending, attempt)
     findings += earlier_findings
@@ -394,18 +398,36 @@ def summary(rep: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _watches(rep: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
+    """Each attempt's live watch, oldest first, with the prefix that names its attempt (none
+    for a job of one attempt): "While it ran" is the whole job's, never the last attempt's alone."""
+    earlier = rep.get("attempts") or []
+    out = [(f"attempt {a['attempt']}: ", a.get("watch") or {"timeline": a.get("timeline") or []}) for a in earlier]
+    return out + [(f"attempt {rep['job'].get('attempt') or 0}: " if earlier else "", rep.get("watch") or {})]
+
+
 def timeline_lines(rep: dict[str, Any]) -> list[str]:
-    """The live watch's events, as seconds from the job's start: began, detected, named, done."""
-    watch, t0 = rep.get("watch") or {}, rep["job"].get("started") or 0.0
+    """The live watch's events of every attempt, as seconds from the job's start: began,
+    detected, named, done."""
+    t0 = rep["job"].get("started") or 0.0
 
     def at(t: Any) -> str:
-        return f"{t - t0:.0f} s" if isinstance(t, (int, float)) else "?"
+        return f"{t - t0:.0f} s" if isinstance(t, (int, float)) else "unknown"
     out = []
-    for ev in watch.get("timeline") or []:
-        line = f"{ev['kind']}: {ev['what']} (began {at(ev.get('began'))}, detected {at(ev['detected'])}"
-        line += f", named {at(ev['named'])}" if ev.get("named") else ""
-        out.append(line + (f", {ev['action']}" if ev.get("action") else "") + ")")
+    for prefix, watch in _watches(rep):
+        for ev in watch.get("timeline") or []:
+            line = f"{prefix}{ev['kind']}: {ev['what']} (began {at(ev.get('began'))}, detected {at(ev['detected'])}"
+            line += f", named {at(ev['named'])}" if ev.get("named") else ""
+            out.append(line + (f", {ev['action']}" if ev.get("action") else "") + ")")
     return out
+
+
+def _culprits(rep: dict[str, Any]) -> list[dict[str, str]]:
+    """The hang culprits the watch named, in every attempt."""
+    return [{"attempt": prefix, "rank": c["rank"], "node": str(c.get("node") or "an unknown node"),
+             "where": str(c.get("where") or "an unknown line"), "why": c["why"]}
+            for prefix, watch in _watches(rep)
+            for c in ((watch.get("hang") or {}).get("verdict") or {}).get("culprits") or []]
 
 
 def _attempt_lines(rep: dict[str, Any]) -> list[str]:
@@ -415,7 +437,7 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
     out = []
     for a in rep["attempts"]:
         if a.get("restart"):
-            out.append(f"attempt {a['attempt']} on {', '.join(a.get('nodes') or []) or '?'}: {describe(a['restart'])}")
+            out.append(f"attempt {a['attempt']} on {', '.join(a.get('nodes') or []) or 'unknown nodes'}: {describe(a['restart'])}")
             continue
         how = requeue.describe(a["requeued"]) if a["requeued"] else f"ended with {_exit(a['exit_code'])}"
         if a["requeued"] and a["exit_code"]:            # a rank failed for real, and the job was requeued
@@ -463,7 +485,8 @@ def _ended(rep: dict[str, Any]) -> dict[str, Any]:
     if end.get("requeued"):
         return {"kind": "requeued", "what": requeue.describe(end["requeued"])}
     if first:
-        return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node")), "exit_code": first["exit_code"],
+        return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node") or "an unknown node"),
+                "exit_code": first["exit_code"],
                 "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
     if end.get("interrupted"):               # the page's one-line ending
         return {"kind": "unended", "message": f"hpcml run got {end['interrupted']} and stopped its ranks: "
@@ -490,6 +513,18 @@ def _parts_views(rep: dict[str, Any]) -> dict[str, Any]:
             "score_missing": str(rep.get("score_missing"))}
 
 
+#: findings of a fault in some attempt: with one, "the watch saw nothing" would contradict the page
+FAULTS = frozenset({"failed_rank", "hang", "restarted", "not_restarted", "live_straggler", "job_hang"})
+
+
+def _quiet(rep: dict[str, Any]) -> str:
+    """What "While it ran" says when the watch recorded no event: that nothing went wrong
+    only where no section of the report says something did."""
+    if any(f["kind"] in FAULTS for f in rep["findings"]):
+        return "the watch recorded no event; the faults are under Findings and How it ended"
+    return "the watch saw no crash, hang or straggler"
+
+
 def render(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import render as render_page
     vet, env = rep["vet"], rep["env"]
@@ -503,9 +538,8 @@ def render(rep: dict[str, Any]) -> str:
         attempts=None if not rep["attempts"] else {
             "how": "Restarted by hpcml run" if rep.get("recovery") else "A requeued Slurm job",
             "count": len(rep["attempts"]) + 1, "lines": _attempt_lines(rep)},
-        ended=_ended(rep), events=timeline_lines(rep),
-        culprits=[{"rank": c["rank"], "node": str(c.get("node")), "where": str(c.get("where")), "why": c["why"]}
-                  for c in (((rep.get("watch") or {}).get("hang") or {}).get("verdict") or {}).get("culprits") or []],
+        ended=_ended(rep), events=timeline_lines(rep), quiet=_quiet(rep),
+        culprits=_culprits(rep),
         **_parts_views(rep))
 
 

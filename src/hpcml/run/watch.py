@@ -346,7 +346,8 @@ class Watch:
                 return None
         self._collect, self._fr_until = None, None
         stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
-        verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder())
+        done = tuple(sorted(r for r, b in self.beats.items() if b.get("exit") == 0 and r not in alive))
+        verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
         action = "ended" if ended else self.on_hang
         self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=action)
