@@ -190,3 +190,45 @@ def test_templates_are_package_data():
     patterns = load_toml(pyproject.read_text(), str(pyproject))["tool"]["setuptools"]["package-data"]["hpcml"]
     names = [f"templates/{p.name}" for p in htmlkit.TEMPLATES.iterdir()]
     assert names and all(any(fnmatch(n, pat) for pat in patterns) for n in names), (names, patterns)
+
+
+def _outside(chart: dict) -> list[str]:
+    """Data marks outside the plot area or beyond the labelled gridlines: an axis that does
+    not contain its data."""
+    px, py, pw, ph = chart["plot"]
+    top, bottom = min(chart["grid"]), max(chart["grid"])
+    bad = []
+    for x, y, w, h in chart["marks"]:
+        if x < px - 0.5 or x + w > px + pw + 0.5 or y < py - 0.5 or y + h > py + ph + 0.5:
+            bad.append(f"{chart['title']}: mark {x, y, w, h} leaves the plot {px, py, pw, ph}")
+        elif y < top - 0.5 or y + h > bottom + 0.5:
+            bad.append(f"{chart['title']}: mark spans y {y:.1f}-{y + h:.1f}, gridlines only {top:.1f}-{bottom:.1f}")
+    return bad
+
+
+def test_chart_axes_contain_their_data_in_chromium(tmp_path):
+    """Rendered by Chromium, every line and band of a chart lies inside its plot area and
+    between its lowest and highest labelled gridline: spikes, negative values, a constant
+    series, values near 1e15, a lone point between gaps, and a real observe report's page
+    (a straggler, a stall, a hang at the end) with its throughput and series charts."""
+    from tests.observe.browser import chart_boxes
+    nan = np.nan
+    t = np.arange(60) * 0.5
+    cases = {"spike": np.r_[np.ones(59), 1e6], "negative": np.linspace(-5, 3, 60), "constant": np.full(60, 4906.5),
+             "huge": np.linspace(1e15, 1.0000001e15, 60), "lone": np.r_[[nan] * 30, [3.0], [nan] * 29],
+             "odd": np.linspace(0.013, 4907.3, 60), "ratio": np.linspace(0.2, 1.3, 60)}
+    charts = [htmlkit.line_chart(t, title=k, lines=[(k, y, "#000")], ylim=(0, 1) if k == "ratio" else None,
+                                 bands=[(y * 0.9, y * 1.1, "#00f")] if k == "odd" else ())
+              for k, y in cases.items()]
+    page = tmp_path / "charts.html"
+    page.write_text("<!doctype html><html><body>" + "".join(map(str, charts)) + "</body></html>")
+    got = chart_boxes(page, tmp_path)
+    assert [c["title"] for c in got] == list(cases)
+    assert all(c["marks"] for c in got)
+    assert [b for c in got for b in _outside(c)] == []
+    job = make_job(tmp_path / "obs", 8, 300, slow_ranks={3: 1.5}, stalls=[(150, 6.0)], seed=5)
+    real = tmp_path / "report.html"
+    observe_html.write(observe_build(read_job(job), limits=Limits(min_straggler_s=10)), real)
+    got = chart_boxes(real, tmp_path)
+    assert any(c["title"] == "Throughput" for c in got), [c["title"] for c in got]
+    assert [b for c in got for b in _outside(c)] == []

@@ -92,6 +92,20 @@ def _ticks(lo: float, hi: float, n: int = 5) -> list[float]:
     return list(np.arange(np.ceil(lo / step) * step, hi + step * 1e-9, step))
 
 
+def _axis(lo: float, hi: float, n: int = 5) -> tuple[float, float, list[float]]:
+    """A y-axis that contains its data: the range widened to whole tick steps on both sides,
+    so the lowest and highest gridlines are labelled and bracket every value (a line above
+    the top label reads as off the scale)."""
+    ticks = _ticks(lo, hi, n)
+    if len(ticks) < 2:
+        return lo, hi if hi > lo else lo + 1, ticks
+    step = ticks[1] - ticks[0]
+    a, b = float(np.floor(lo / step + 1e-9) * step), float(np.ceil(hi / step - 1e-9) * step)
+    if b <= a:
+        b = a + step
+    return a, b, [float(v) for v in np.arange(a, b + step * 1e-6, step)]
+
+
 def bridge_gaps(y: np.ndarray) -> np.ndarray:
     """A sampled series on a finer time grid (host samples every second, buckets of 0.1 s)
     is mostly NaN between its points, and a line through it would be all moves and no
@@ -111,14 +125,20 @@ def bridge_gaps(y: np.ndarray) -> np.ndarray:
 
 
 def _path(xs: np.ndarray, ys: np.ndarray) -> str:
-    """An SVG path through the finite points; NaN breaks the line."""
-    out, pen = [], False
+    """An SVG path through the finite points; NaN breaks the line, and a point alone between
+    two gaps is a dot (a zero-length stroke with round caps), not nothing."""
+    out: list[str] = []
+    run = 0
     for x, y in zip(xs, ys):
         if np.isfinite(y):
-            out.append(f"{'L' if pen else 'M'}{x:.1f},{y:.1f}")
-            pen = True
+            out.append(f"{'L' if run else 'M'}{x:.1f},{y:.1f}")
+            run += 1
         else:
-            pen = False
+            if run == 1:
+                out.append("h0.01")
+            run = 0
+    if run == 1:
+        out.append("h0.01")
     return "".join(out)
 
 
@@ -143,10 +163,7 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
         y0, y1 = y0 - pad, y1 + pad
     if ylim is None and y0 > 0 and y0 < 0.3 * y1:
         y0 = 0.0
-    ticks = _ticks(y0, y1)
-    y0, y1 = min(y0, ticks[0]) if ticks else y0, max(y1, ticks[-1]) if ticks else y1
-    if y1 <= y0:
-        y1 = y0 + 1
+    y0, y1, ticks = _axis(y0, y1)
     tmax = float(t[-1] + (t[1] - t[0]) / 2 if len(t) > 1 else t[-1] + 1)
     pw, ph = W - ML - MR, H - MT - MB
     X = ML + np.asarray(t) / tmax * pw
@@ -185,7 +202,7 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
                   [f"{x:.1f},{y:.1f}" for x, y in zip(X[sl][::-1], Y(lo[sl][::-1]))]
             s.append(f"<polygon points='{' '.join(pts)}' fill='{color}' opacity='0.25'/>")
     for i, (label, y, color) in enumerate(lines):
-        s.append(Markup("<path d='{}' fill='none' stroke='{}' stroke-width='1.4'><title>{}</title></path>").format(
+        s.append(Markup("<path d='{}' fill='none' stroke='{}' stroke-width='1.4' stroke-linecap='round'><title>{}</title></path>").format(
             _path(X, Y(y)), color, label))
         ly = MT + 12 + 14 * i
         if ly < H - MB:
