@@ -44,3 +44,35 @@ def test_results_table_has_params_and_last_logged_values(tmp_path):
     table = hpcml("farm", "results", farm, "--sort", "loss")
     assert table.returncode == 0 and "loss" in table.stdout and "0.1" in table.stdout
     assert hpcml("farm", "status", farm).returncode == 0
+
+
+RANKS = """
+import os, time
+from hpcml import observe
+rank = int(os.environ["RANK"])
+if rank == 1:
+    time.sleep(0.5)                         # rank 1 writes last: its value must not win
+    observe.log(step=1, val_loss=0.75)      # logged by rank 1 alone
+observe.log(step=1, loss=2.4173 if rank == 0 else 2.301)
+observe.flush()
+"""
+
+
+def test_a_task_of_several_ranks_shows_rank_0s_value_and_says_so(tmp_path):
+    """A task that is an ``hpcml run`` of 2 ranks: the row shows rank 0's last loss (2.4173),
+    not rank 1's written later (2.301); a metric only rank 1 logged says it is rank 1's; the
+    JSON names the rule and the table says it."""
+    (tmp_path / "ranks.py").write_text(RANKS)
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} -m hpcml run --ntasks 2 --no-report -- "
+                                     f"{sys.executable} {tmp_path}/ranks.py\n")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    p = hpcml("farm", "run", farm, "--slots", "1")
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(hpcml("farm", "results", farm, "--json").stdout)
+    jsonschema.validate(doc, schemas.load("farm.results"), cls=jsonschema.Draft202012Validator)
+    row = doc["rows"][0]
+    assert row["metrics"] == {"loss": 2.4173, "val_loss": 0.75} and row["metric_ranks"] == {"loss": 0, "val_loss": 1}
+    assert doc["metric_rule"].startswith("rank 0's last logged value")
+    table = hpcml("farm", "results", farm).stdout
+    assert "2.417" in table and "2.301" not in table and "0.75 (rank 1)" in table and "rank 0's last" in table, table

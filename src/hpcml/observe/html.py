@@ -24,6 +24,7 @@ from markupsafe import Markup
 from hpcml.files import write_atomic
 from hpcml.htmlkit import PALETTE, bridge_gaps, fmt_duration, fmt_number, heatmap, line_chart
 from hpcml.htmlkit import render as render_page
+from hpcml.observe.progress import line as progress_line
 from hpcml.observe.report import Report
 
 MAX_NODE_LINES = 12
@@ -49,11 +50,13 @@ def _node_chart(t, entry: dict, title: str, spans, startup: float = 0.0) -> Mark
 
 
 def _facts(rep: Report) -> list[tuple[str, str]]:
-    """The job in a few lines: ranks, nodes, duration, rows, throughput."""
+    """The job in a few lines, led by what it did (steps, samples, last metric values), then
+    ranks, nodes, duration, rows, throughput."""
     dur = fmt_duration(rep.duration_s) if rep.duration_s is not None else "–"
     nodes = ", ".join(rep.nodes[:20]) + (f" … ({len(rep.nodes)})" if len(rep.nodes) > 20 else "")
     tp = rep.throughput
-    kv = [("ranks", f"{rep.ranks_with_data} with data of {rep.ranks_expected}"),
+    kv = [("did", progress_line(rep.progress)),
+          ("ranks", f"{rep.ranks_with_data} with data of {rep.ranks_expected}"),
           ("nodes", nodes or "–"), ("duration", dur), ("rows", f"{rep.rows:,}")]
     if tp:
         def num(v):

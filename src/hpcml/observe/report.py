@@ -37,6 +37,7 @@ from typing import Any
 import numpy as np
 
 from hpcml.observe.api import WAIT
+from hpcml.observe.progress import summarise
 from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
 from hpcml.words import natural_key
@@ -98,6 +99,7 @@ class Report:
     plots: dict[str, Any] = field(default_factory=dict, repr=False)
     restarts: list[dict[str, Any]] = field(default_factory=list)   # spans between two runs (requeued)
     straggler_check: dict[str, Any] | None = None    # judged, steps, seconds and the minimums
+    progress: dict[str, Any] | None = None           # what the job did: steps, samples, last metrics (observe.progress)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -521,7 +523,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check)
+                  straggler_check=check, progress=summarise(series))
 
 
 def _restarts(meta_ranks: dict[str, dict], groups: dict, t0_us: int | None, min_gap: float) -> list[dict[str, Any]]:

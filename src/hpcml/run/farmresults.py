@@ -19,25 +19,25 @@ from hpcml.errors import UsageError
 from hpcml.farm.lease import Liveness
 from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
 from hpcml.farm.status import open_view, task_state
+from hpcml.observe.progress import RULE, Last, last_values
 
 
-def last_metrics(directory: str) -> dict[str, float]:
-    """The last value (by time) of each user metric in one attempt's observe directory."""
+def last_metrics(directory: str) -> dict[str, Last]:
+    """The last value of each user metric in one attempt's observe directory, rank 0's
+    (``hpcml.observe.progress.RULE``): each rank logs its own loss, and the one whose value
+    is shown is said, never whichever rank wrote last."""
     if not os.path.isdir(directory):
         return {}
+    from hpcml.observe.series import from_table
     from hpcml.observe.store import read_job
     try:
         table = read_job(directory).table
     except UsageError:
         return {}
-    out: dict[str, tuple[Any, float]] = {}
-    for ts, kind, name, value in zip(*(table.column(c).to_pylist() for c in ("ts", "kind", "name", "value"))):
-        if kind == "metric" and value is not None and (name not in out or ts >= out[name][0]):
-            out[name] = (ts, value)
-    return {k: v for k, (_, v) in sorted(out.items())}
+    return last_values(from_table(table))
 
 
-def attempt_metrics(farm: Path, name: str) -> dict[str, float]:
+def attempt_metrics(farm: Path, name: str) -> dict[str, Last]:
     """An attempt's metrics: what its own ``observe.log`` wrote (observe/ID.A), then what
     the ranks of each ``hpcml run`` in it logged (runs/ID.A[-N]/observe, those runs' stores)."""
     from hpcml.run.jobdir import observe_dir
@@ -58,11 +58,12 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
         end = st.latest_end() or {}
         attempt = st.claimed if st.claimed in st.ends else max(st.ends, default=0)
         seconds = (float(end["end"]) - float(end["start"])) if end.get("start") is not None else None
+        last = attempt_metrics(farm.path, f"{tid}.{attempt}") if attempt else {}
         rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings, alive),
                      "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
                      "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
-                     "metrics": attempt_metrics(farm.path, f"{tid}.{attempt}") if attempt else {},
-                     "command": task.command})
+                     "metrics": {k: v.value for k, v in last.items()},
+                     "metric_ranks": {k: v.rank for k, v in last.items()}, "command": task.command})
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
     metrics = sorted({k for r in rows for k in r["metrics"]})
     if sort:
@@ -77,7 +78,8 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
         have = [r for r in rows if value(r) is not None]
         have.sort(key=lambda r: (isinstance(value(r), str), value(r)), reverse=reverse)
         rows = have + [r for r in rows if value(r) is None]
-    return {"schema": RESULTS_SCHEMA, "farm": str(farm.path), "params": params, "metrics": metrics, "rows": rows}
+    return {"schema": RESULTS_SCHEMA, "farm": str(farm.path), "params": params, "metrics": metrics,
+            "metric_rule": RULE, "rows": rows}
 
 
 def to_csv(doc: dict[str, Any]) -> str:

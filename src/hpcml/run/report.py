@@ -362,6 +362,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
     lines = [f"job {job.get('job_id') or 'local'} ({job.get('mode')}): {' '.join(job.get('command') or [])}",
              f"  {_placed(job, end)}, {_exit(end['exit_code'])}"
              + (f", {job['duration_s']:.1f} s" if job.get("duration_s") is not None else "")]
+    lines += [f"  {what}: {did}" for what, did in _did(rep)]
     lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
     if vet:
@@ -404,6 +405,19 @@ def _watches(rep: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
     earlier = rep.get("attempts") or []
     out = [(f"attempt {a['attempt']}: ", a.get("watch") or {"timeline": a.get("timeline") or []}) for a in earlier]
     return out + [(f"attempt {rep['job'].get('attempt') or 0}: " if earlier else "", rep.get("watch") or {})]
+
+
+def _did(rep: dict[str, Any]) -> list[tuple[str, str]]:
+    """What the job did, from each attempt's observe store: steps, samples, the last value of
+    each logged metric (rank 0's: ``hpcml.observe.progress``), first in every report."""
+    from hpcml.observe.progress import line
+    if rep["ending"].get("aborted"):
+        return []
+    attempts = [(a["attempt"], a.get("observe")) for a in rep.get("attempts") or []]
+    attempts.append((rep["job"].get("attempt") or 0, rep.get("observe")))
+    return [(f"did (attempt {n})" if len(attempts) > 1 else "did",
+             line((obs or {}).get("progress")) if obs is not None else "no observe store")
+            for n, obs in attempts]
 
 
 def timeline_lines(rep: dict[str, Any]) -> list[str]:
@@ -463,11 +477,13 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
 def _job_rows(rep: dict[str, Any]) -> list[list[Any]]:
     job, end = rep["job"], rep["ending"]
     never = "– (the command never started)" if end.get("aborted") else "–"
-    return [["command", " ".join(job.get("command") or [])], ["mode", job.get("mode")],
-            ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
-            ["rendezvous", job.get("master") or never], ["launch", " ".join(map(str, job.get("launch") or [])) or never],
-            ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
-            ["exit code", end["exit_code"]]] + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])
+    code = end["exit_code"] if end["exit_code"] is not None else "none (hpcml run was killed before it recorded one)"
+    return [[what, did] for what, did in _did(rep)] + [
+        ["command", " ".join(job.get("command") or [])], ["mode", job.get("mode") or "–"],
+        ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
+        ["rendezvous", job.get("master") or never], ["launch", " ".join(map(str, job.get("launch") or [])) or never],
+        ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
+        ["exit code", code]] + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])
 
 
 def _vet_rows(rep: dict[str, Any]) -> list[list[Any]]:

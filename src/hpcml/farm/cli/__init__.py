@@ -257,7 +257,8 @@ def results_command(
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks")
+    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks",
+              caption=f"metrics: {doc['metric_rule']}" if doc["metrics"] else None)
     command = not doc["params"]                  # a task file: the command says which task it is
     for col in ("id", "state", *doc["params"], *doc["metrics"], "s"):
         t.add_column(col, justify="right")
@@ -265,7 +266,8 @@ def results_command(
         t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:
         t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
-                  *(_fmt(r["metrics"].get(m)) for m in doc["metrics"]),
+                  *(_fmt(r["metrics"].get(m)) + (f" (rank {r['metric_ranks'][m]})" if r["metric_ranks"].get(m) else "")
+                    for m in doc["metrics"]),
                   "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))
     Console().print(t)
 

@@ -150,9 +150,11 @@ def _print_report(rep, html_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
     con = Console()
-    dur = f"{rep.duration_s:.0f} s" if rep.duration_s is not None else "?"
+    from hpcml.observe.progress import line as progress_line
+    dur = f"{rep.duration_s:.0f} s" if rep.duration_s is not None else "unknown duration"
     con.print(f"[bold]Job {rep.job_id}[/]: {rep.ranks_with_data}/{rep.ranks_expected} ranks with data, "
               f"{len(rep.nodes)} nodes, {dur}, {rep.rows:,} rows")
+    con.print(f"did: {progress_line(rep.progress)}", highlight=False)
     tp = rep.throughput
     if tp:
         vals = [v for v in tp["series"] if v is not None]
