@@ -36,3 +36,8 @@ def printable(name: str, limit: int = 120) -> str:
 def natural_key(s: str) -> list:
     """Sort key that puts ``nid2`` before ``nid10`` (node, rank and file names)."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]
+
+
+def node_name(name: object) -> str:
+    """A node's name for a sentence: "an unknown node" where no record named it, never "None"."""
+    return str(name) if name else "an unknown node"

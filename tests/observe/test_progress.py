@@ -50,3 +50,14 @@ def test_a_counter_is_the_count_and_no_rank_0_data_says_whose_values():
                                                         "how": "the last consumed_samples logged by rank 1"}
     assert line(p) == "2 steps (rank 1); 512 consumed_samples; last consumed_samples 512, loss 0.5 (rank 1)"
     assert summarise({}) is None and line(None) == "no steps and no metric logged"
+
+
+def test_a_script_that_times_no_step_is_counted_by_the_steps_it_logged():
+    """``observe.log(step=i, ...)`` only (no step section): the distinct step numbers of each
+    rank, and a rate is no sample count without step times."""
+    loss = metric([(0, t, 1.0) for t in range(10)] + [(1, t, 1.0) for t in range(5)])
+    loss.step = np.r_[np.arange(10), np.arange(5)].astype(np.int32)
+    rate = metric([(0, 3, 100.0)])
+    rate.step = np.array([3], np.int32)
+    p = summarise({("metric", "loss"): loss, ("metric", "samples_per_s"): rate})
+    assert (p["steps"]["count"], p["steps"]["fewest"], p["steps"]["most"]) == (10, 5, 10) and p["samples"] is None

@@ -70,6 +70,8 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
             out["steps"] = {"rank": step_rank, "count": int(counts[list(ranks).index(step_rank)]),
                             "fewest": int(counts.min()), "most": int(counts.max()), "ranks": len(ranks),
                             "seconds": float(np.nansum(steps.value[mine]))}
+    if out["steps"] is None:
+        out["steps"] = _logged_steps(series, prefer)
     counter = next((name for name in COUNTERS if name in metrics), None)
     if counter is not None:
         last = metrics[counter]
@@ -77,13 +79,29 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
                           "how": f"the last {counter} logged by rank {last.rank}"}
     elif out["steps"] is not None:
         rate = next((name for name in RATES if ("metric", name) in series), None)
-        total = _integrate(series[("metric", rate)], steps, step_rank) if rate and step_rank is not None else None
+        total = _integrate(series[("metric", rate)], steps, step_rank) \
+            if rate and steps is not None and step_rank is not None else None
         if rate is not None and total is not None:
             out["samples"] = {"value": total, "unit": rate.split("_per_")[0], "rank": step_rank, "estimate": True,
                               "how": f"about: each {rate} rank {step_rank} logged times the step it followed"}
     if out["steps"] is None and not metrics:
         return None
     return out
+
+
+def _logged_steps(series: Mapping[tuple[str, str], Any], prefer: int) -> dict[str, Any] | None:
+    """Steps from the step numbers a script gave ``observe.log`` (no step section: it timed
+    none, and no optimizer hook ran): the distinct numbers each rank logged."""
+    pairs = [np.unique(np.stack([s.rank[s.step >= 0].astype(np.int64), s.step[s.step >= 0].astype(np.int64)]), axis=1)
+             for (kind, _), s in series.items() if kind == "metric" and getattr(s, "step", None) is not None]
+    pairs = [p for p in pairs if p.size]
+    if not pairs:
+        return None
+    both = np.unique(np.concatenate(pairs, axis=1), axis=1)
+    ranks, counts = np.unique(both[0], return_counts=True)
+    rank = prefer if prefer in ranks else int(ranks[0])
+    return {"rank": rank, "count": int(counts[list(ranks).index(rank)]), "fewest": int(counts.min()),
+            "most": int(counts.max()), "ranks": len(ranks), "seconds": None}
 
 
 def _integrate(rate: Any, steps: Any, rank: int) -> float | None:

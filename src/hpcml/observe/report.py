@@ -40,7 +40,7 @@ from hpcml.observe.api import WAIT
 from hpcml.observe.progress import summarise
 from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
-from hpcml.words import natural_key
+from hpcml.words import natural_key, node_name
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256
@@ -670,14 +670,14 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
             "rows were lost: check disk space and HPCML_OBSERVE_FLUSH"))
     if transient:
         e = transient[0]
-        out.append(Finding("transient_straggler", f"rank {e['rank']} on {e['node']} was {e['ratio']:.2f}x the "
+        out.append(Finding("transient_straggler", f"rank {e['rank']} on {node_name(e['node'])} was {e['ratio']:.2f}x the "
                            f"others from step {e['first_step']} to {e['last_step']}"
                            + (f" (+{len(transient) - 1} more episodes)" if len(transient) > 1 else ""),
                            "a slowdown that came and went: look at that node's host/GPU charts then "
                            "(thermal throttling, a noisy neighbour)"))
     if degrading:
         d = degrading[0]
-        out.append(Finding("degrading_rank", f"rank {d['rank']} on {d['node']} got {d['trend']:.2f}x slower "
+        out.append(Finding("degrading_rank", f"rank {d['rank']} on {node_name(d['node'])} got {d['trend']:.2f}x slower "
                            "over the job", "watch the node's temperature and clocks; vet it before reuse"))
     if one_off:
         o = one_off[0]

@@ -28,7 +28,7 @@ RANKS_PER_SPLIT = 16
 @dataclass
 class Series:
     """One (kind, name)'s rows over the job: rank, microseconds since the epoch, value, and
-    the step number (sections only; -1 where the row has none)."""
+    the step number (sections and user metrics, int32 for these; -1 where the row has none)."""
 
     rank: np.ndarray
     ts_us: np.ndarray
@@ -77,7 +77,8 @@ def split(t) -> dict[Key, tuple]:
         idx = order[bounds[code]:bounds[code + 1]]
         kind = kinds_l[code // nn]
         out[(kind, names_l[code % nn])] = (rank[idx], ts[idx], value[idx],
-                                           step[idx] if kind == "section" else None)
+                                           step[idx] if kind == "section" else
+                                           step[idx].astype(np.int32) if kind == "metric" else None)
     return out
 
 

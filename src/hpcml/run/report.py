@@ -37,7 +37,7 @@ from hpcml.run.recovery import describe, resume_of, time_lost
 from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
-from hpcml.words import plural
+from hpcml.words import node_name, plural
 
 SCHEMA = tag("run.report", 1)
 TAIL_LINES = 20
@@ -217,7 +217,7 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
                  "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
     last = next((line.strip() for line in reversed(own_lines(first["stderr_tail"], attempt)) if line.strip()), "")
     return [{"source": "run", "kind": "failed_rank",
-             "message": f"{prefix}rank {first['rank']} on {first.get('node') or 'an unknown node'} failed first with exit code "
+             "message": f"{prefix}rank {first['rank']} on {node_name(first.get('node'))} failed first with exit code "
                         f"{first['exit_code']}" + (f": {last}" if last else ""),
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
@@ -244,7 +244,7 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
     if hang:
         verdict = hang.get("verdict") or {}
         culprits = verdict.get("culprits") or []
-        named = "; ".join(f"rank {c['rank']} on {c.get('node')} at {c.get('where') or 'an unknown line'}"
+        named = "; ".join(f"rank {c['rank']} on {node_name(c.get('node'))} at {c.get('where') or 'an unknown line'}"
                           for c in culprits[:4]) or f"no culprit named ({verdict.get('note') or 'no verdict'})"
         what = {"stop": f"stopped the job (exit {HANG})", "report": "let it run (--on-hang report)",
                 "ended": "found the job ended by itself"}.get(hang.get("action"), "named it")
@@ -260,7 +260,7 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
                               "(the job's own program?): the watch judged the ranks by their own records only"})
     for s in watch["stragglers"]:
         out.append({"source": "run", "kind": "live_straggler",
-                    "message": f"rank {s['rank']} on {s.get('node')} was {s['score']:.1f}x slower than the others "
+                    "message": f"rank {s['rank']} on {node_name(s.get('node'))} was {s['score']:.1f}x slower than the others "
                                f"from step {s['since_step']:,} (named while the job ran)",
                     "advice": "vet that node (hpcml vet) or exclude it next time"})
     return [{**f, "message": prefix + f["message"]} for f in out]
@@ -438,7 +438,7 @@ def timeline_lines(rep: dict[str, Any]) -> list[str]:
 
 def _culprits(rep: dict[str, Any]) -> list[dict[str, str]]:
     """The hang culprits the watch named, in every attempt."""
-    return [{"attempt": prefix, "rank": c["rank"], "node": str(c.get("node") or "an unknown node"),
+    return [{"attempt": prefix, "rank": c["rank"], "node": node_name(c.get("node")),
              "where": str(c.get("where") or "an unknown line"), "why": c["why"]}
             for prefix, watch in _watches(rep)
             for c in ((watch.get("hang") or {}).get("verdict") or {}).get("culprits") or []]
@@ -501,7 +501,7 @@ def _ended(rep: dict[str, Any]) -> dict[str, Any]:
     if end.get("requeued"):
         return {"kind": "requeued", "what": requeue.describe(end["requeued"])}
     if first:
-        return {"kind": "failed", "rank": first["rank"], "node": str(first.get("node") or "an unknown node"),
+        return {"kind": "failed", "rank": first["rank"], "node": node_name(first.get("node")),
                 "exit_code": first["exit_code"],
                 "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
     if end.get("interrupted"):               # the page's one-line ending

@@ -53,7 +53,7 @@ from hpcml.run.culprits import Verdict, name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import last_own_line
 from hpcml.run.steptimes import StepTimes
-from hpcml.words import ranges
+from hpcml.words import node_name, ranges
 
 HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job
 AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
@@ -170,7 +170,7 @@ class Watch:
                             f"{first['since_step']:,}", "node": first.get("node"), "rank": first["rank"],
                             "began": None, "detected": first["detected"]}
         self._stopping = True
-        self._say(f"straggler: stopping the job to restart without {first.get('node')} (--on-straggler restart)")
+        self._say(f"straggler: stopping the job to restart without {node_name(first.get('node'))} (--on-straggler restart)")
         return True
 
     # -- what it looks for -----------------------------------------------------------------
@@ -249,7 +249,7 @@ class Watch:
             self.crashed_codes[rank] = code
             last = last_own_line(log_path(self.d, rank, "err"), self.attempt)
             step = f" after step {b['step']}" if b.get("step") is not None else ""
-            self._say(f"crash: rank {rank} on {b.get('node')} exited {code}{step}" + (f": {last}" if last else ""))
+            self._say(f"crash: rank {rank} on {node_name(b.get('node'))} exited {code}{step}" + (f": {last}" if last else ""))
             self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
                         exit_code=code, stderr=last, step=b.get("step"))
 
