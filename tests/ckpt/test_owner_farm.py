@@ -60,7 +60,7 @@ def test_a_second_task_of_the_same_allocation_is_refused_not_resumed(tmp_path):
     p = hpcml("farm", "run", farm, "--slots", "2", "--node-failures", "0")
     out = {t: (farm / "logs" / f"{t}.1.out").read_text() for t in (0, 1)}
     assert out[0] == "resumed at None\n", out[0] + (farm / "logs" / "0.1.err").read_text()
-    assert out[1].startswith("refused: ") and "in use by another job" in out[1], out[1]
+    assert out[1].startswith("refused: ") and "belongs to task 0 of the farm" in out[1], out[1]
     assert out[1].count("\n") == 1
     rec = ends(farm)
     assert rec[(0, 1)]["outcome"] == "ok" and rec[(1, 1)]["exit_code"] == 2 and p.returncode == 1

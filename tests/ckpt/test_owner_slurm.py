@@ -68,9 +68,11 @@ touch {tmp_path}/died; sleep 300
         monkeypatch.setenv("HPCML_FARM_DIR", str(farm))
         monkeypatch.setenv("HPCML_FARM_TASK_ID", "1")
         monkeypatch.setenv("HPCML_FARM_ATTEMPT", "1")
-        with pytest.raises(UsageError, match=f"Slurm job {job}\\) that still runs"):
+        with pytest.raises(UsageError, match="belongs to task 0 of the farm .*this is task 1"):
             Checkpointer(ck)                     # task 1 before the farm ended task 0's attempt: refused
         assert claim.finish(farm, 0, 1, {"outcome": "failed", "exit_code": 9})
+        with pytest.raises(UsageError, match="belongs to task 0 of the farm"):
+            Checkpointer(ck)                     # and after: task 0's state is not task 1's
         monkeypatch.setenv("HPCML_FARM_TASK_ID", "0")
         monkeypatch.setenv("HPCML_FARM_ATTEMPT", "2")
         with Checkpointer(ck) as c:

@@ -16,6 +16,8 @@ Slurm job: every task of one farm allocation shares that job (same id, same rest
 and a retry may run in another allocation while the failed attempt's one still runs. Its
 attempt ended when the farm wrote ``ends/ID.A``, or when a later attempt of the task started
 (the farm reruns a task only once the earlier attempt's process tree is gone: ``farm.claim``).
+Another task of the same farm is refused even after that task ended: its checkpoints hold
+another task's state (a sweep's lr 0.5 run resumed by its lr 0.05 one).
 
 Claiming is lock-free and safe on NFS and Lustre (``hpcml.owner.claim``: a record linked
 into place whole; a stale one renamed away, which only one of two racing claimants can do).
@@ -117,6 +119,13 @@ def claim(root: Path, token: str, *, take_over: bool = False, mode: int = layout
         owner = _parse(raw)
         if owner is None or same(owner, mine):
             return True                             # absent, garbage, or this job's own
+        theirs, ours = _task(owner), _task(mine)
+        if theirs is not None and ours is not None and theirs[0] == ours[0] and theirs[1] != ours[1] \
+                and not take_over:                  # ended or not: its state is not this task's
+            raise UsageError(f"belongs to task {theirs[1]} of the farm {ours[0]}, and this is task {ours[1]}: a "
+                             "task that resumed it would go on from another task's state; give each task its own "
+                             "directory (a relative path: tasks run in FARM/tasks/ID; or {task_dir}/ckpt)",
+                             file=str(root))
         alive = running(owner, mine)
         if alive is not False and not take_over:
             how = "still runs" if alive else "may still run (it cannot be checked from here)"

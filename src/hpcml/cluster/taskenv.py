@@ -55,6 +55,10 @@ FARM_DIR, TASK_ID, ATTEMPT, OBSERVE_DIR = "HPCML_FARM_DIR", "HPCML_FARM_TASK_ID"
 #: environment by default) carries the farm's variables but another SLURM_JOB_ID, and is
 #: not a farm task
 FARM_JOB = "HPCML_FARM_JOB_ID"
+#: the task's own directory (tasks/ID, its working directory by default) and the directory
+#: ``hpcml farm run`` was started in (where tasks ran before they had their own)
+TASK_DIR, WORKDIR = "HPCML_FARM_TASK_DIR", "HPCML_FARM_WORKDIR"
+TASK_DIRS = "tasks"
 
 
 def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dict[str, str]:
@@ -62,6 +66,7 @@ def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dic
     out = {k: v for k, v in env.items() if k not in STEP_TASK and k not in LAUNCHER and not k.startswith(PREFIXES)}
     out[FARM_DIR] = str(farm.absolute())
     out[FARM_JOB] = env.get("SLURM_JOB_ID", "")
+    out[WORKDIR] = os.getcwd()
     if gpu is not None:
         for k in STEP_GPUS:
             out.pop(k, None)
@@ -70,11 +75,13 @@ def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dic
 
 
 def attempt_environment(base: dict[str, str], tid: int, attempt: int) -> dict[str, str]:
-    """One attempt's: its ids and its observe directory (observe/ID.A)."""
+    """One attempt's: its ids, its observe directory (observe/ID.A) and the task's own
+    directory (tasks/ID, shared by its attempts: a retry resumes the task's own files)."""
     env = base.copy()
     env[TASK_ID] = str(tid)
     env[ATTEMPT] = str(attempt)
     env[OBSERVE_DIR] = f"{base[FARM_DIR]}/{OBSERVE}/{tid}.{attempt}"
+    env[TASK_DIR] = f"{base[FARM_DIR]}/{TASK_DIRS}/{tid}"
     return env
 
 

@@ -12,6 +12,8 @@ A farm directory holds::
                          the attempt's next runs: ID.A-1/, ID.A-2/...)
     workers/WID          one file per worker: who it is; its mtime is the worker's heartbeat
     nodes/NODE.bad       a node where tasks kept failing: no worker takes tasks there
+    tasks/ID/            the task's own directory, its working directory unless task_dirs is
+                         false ({task_dir} in a command, HPCML_FARM_TASK_DIR), with params.json
 
 Claims and ends are immutable once they exist, so a reader may cache them forever.
 """
@@ -23,6 +25,7 @@ from typing import Any
 
 from hpcml.cluster.taskenv import OBSERVE as OBSERVE  # a task is told these two (taskenv)
 from hpcml.cluster.taskenv import RUNS as RUNS
+from hpcml.cluster.taskenv import TASK_DIRS as TASK_DIRS
 from hpcml.schemas import tag
 
 FARM_SCHEMA = tag("farm", 1)
@@ -36,6 +39,8 @@ RESULTS_SCHEMA = tag("farm.results", 1)
 FARM_FILE = "farm.json"
 TASKS_FILE = "tasks.jsonl"
 CLAIMS, ENDS, LOGS, WORKERS, NODES = "claims", "ends", "logs", "workers", "nodes"
+#: the task's parameters, in its own directory (tasks/ID/params.json)
+PARAMS = "params.json"
 SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
 
 #: outcomes of an attempt; "lost": its worker died (or lost its lease) before it ended;
@@ -55,6 +60,7 @@ class Settings:
     time_limit: float | None = None  # seconds an attempt may run before it is stopped ("timeout")
     lease: float = 60.0              # a worker whose heartbeat stood still this long is dead
     node_failures: int = 5           # consecutive failures of different tasks that retire a node (0: never)
+    task_dirs: bool = True           # each task runs in tasks/ID (its own relative paths); False: farm run's directory
 
     @property
     def heartbeat(self) -> float:
@@ -62,7 +68,7 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         return {"retries": self.retries, "backoff": self.backoff, "time_limit": self.time_limit,
-                "lease": self.lease, "node_failures": self.node_failures}
+                "lease": self.lease, "node_failures": self.node_failures, "task_dirs": self.task_dirs}
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,7 @@ lines and lines starting with ``#`` are skipped). A sweep file is YAML::
                opt: {choice: [adam, sgd]}, layers: {randint: [2, 8]}}
     retries: 2
     time_limit: 2 h
+    task_dirs: true          # the default: each task runs in SWEEP/tasks/ID ({task_dir})
 
 The parameter sets are the product of the three parts (a part left out is one empty set).
 Several stages with dependencies (pre-process -> train xN -> evaluate) go under ``tasks:``,
@@ -41,7 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpcml.errors import UsageError
 from hpcml.farm.model import Settings, TaskSpec
-from hpcml.farm.template import TemplateError, fill
+from hpcml.farm.template import REFS, TemplateError, fill
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.units import parse_seconds
 
@@ -110,7 +111,7 @@ class Stage(BaseModel):
 
 
 STAGE_KEYS = tuple(Stage.model_fields)
-SETTING_KEYS = ("retries", "backoff", "time_limit")
+SETTING_KEYS = ("retries", "backoff", "time_limit", "task_dirs")
 
 
 # A task file is generated, not written by hand: one line per task, 100k tasks of a few
@@ -170,6 +171,11 @@ def _settings(data: dict, where: ConfigLoader) -> dict[str, Any]:
     for key in ("backoff", "time_limit"):
         if key in data:
             out[key] = where.convert((key,), data[key], parse_seconds)
+    if "task_dirs" in data:
+        if not isinstance(data["task_dirs"], bool):
+            raise where.error(("task_dirs",), f"expected true (each task in its own directory, the default) or "
+                                              f"false (every task in farm run's directory), found {data['task_dirs']!r}")
+        out["task_dirs"] = data["task_dirs"]
     Settings(**out)   # validates types
     return out
 
@@ -238,7 +244,7 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
     sections = _sections(stage)
     used = _fields(stage.command, path, where)
     for name in used:
-        if name not in sections:
+        if name not in sections and name not in REFS:
             known = ", ".join(sections) or "none"
             raise where.error((*path, "command"), f"the template names parameter '{name}', which is not "
                                                   f"defined (parameters: {known})")
@@ -279,3 +285,26 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
         seen[same] = values
         specs.append(TaskSpec(command=command, params=values, group=stage.group, after=tuple(stage.after)))
     return specs
+
+
+def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[str]:
+    """Words of the commands that are relative paths to files here (``train.py``,
+    ``configs/a.yaml``): a task runs in its own directory, where they are not. A warning,
+    not an error: ``ckpt`` from an earlier run here is meant to become the task's own."""
+    import shlex
+    found: dict[str, None] = {}
+    for spec in specs:
+        try:
+            words = shlex.split(spec.command)
+        except ValueError:
+            continue
+        for w in words:
+            if w and not w.startswith(("/", "-", "$", "~")) and "=" not in w and (here / w).is_file():
+                found[w] = None
+    if not found:
+        return []
+    names = list(found)
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return [f"{', '.join(names[:shown])}{more}: relative to {here}, but each task runs in its own directory "
+            f"(FARM/tasks/ID): write {{workdir}}/{names[0]} in the command (the directory farm run starts in), "
+            "an absolute path, or create the farm with --shared-dir (task_dirs: false)"]

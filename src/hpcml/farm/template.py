@@ -69,14 +69,28 @@ class _Shell:
                     self.quote = self.outer.pop()[0]
 
 
+#: placeholders every command may use, known only when the attempt runs: each is inserted
+#: as a reference to the variable the worker sets ("$HPCML_FARM_TASK_DIR"), one word
+REFS = {"task_dir": "HPCML_FARM_TASK_DIR", "workdir": "HPCML_FARM_WORKDIR"}
+
+
 def fill(template: str, values: Mapping[str, Any], raw: Collection[str] = ()) -> str:
-    """``template.format(**values)`` with every value not in ``raw`` one inert shell word."""
+    """``template.format(**values)`` with every value not in ``raw`` one inert shell word;
+    ``{task_dir}`` and ``{workdir}`` (``REFS``) become the attempt's variables."""
     out: list[str] = []
     sh = _Shell()
     for literal, name, spec, conversion in _FORMATTER.parse(template):
         out.append(literal)
         sh.feed(literal)
         if name is None:
+            continue
+        if name in REFS and name not in values:
+            if spec or conversion:
+                raise TemplateError(f"'{{{name}}}' takes no format: it is a directory known when the task runs")
+            if any(level[2] == "`" for level in sh.outer) or sh.escaped:
+                raise TemplateError(f"'{{{name}}}' is inside backquotes or after a backslash: use it as a word")
+            ref = f'"${REFS[name]}"'
+            out.append(f"{sh.quote[-1]}{ref}{sh.quote}" if sh.quote else ref)
             continue
         obj, _ = _FORMATTER.get_field(name, (), values)
         obj = _FORMATTER.convert_field(obj, conversion)

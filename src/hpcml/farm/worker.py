@@ -35,11 +35,11 @@ import uuid
 from dataclasses import dataclass
 from typing import Any
 
-from hpcml.cluster.taskenv import attempt_environment, task_environment
+from hpcml.cluster.taskenv import TASK_DIR, attempt_environment, task_environment
 from hpcml.farm import guard
 from hpcml.farm.claim import View, finish, load_end, try_claim
 from hpcml.farm.lease import Liveness, identity
-from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OK, TIMEOUT, WORKERS, Settings
+from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OK, PARAMS, TASK_SCHEMA, TIMEOUT, WORKERS, Settings, Task
 from hpcml.farm.nodes import retire
 from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
@@ -207,7 +207,9 @@ class Worker:
         env = attempt_environment(self.env, tid, attempt)
         start = time.time()
         self._current = f"{self.path}/{ENDS}/{name}"
-        code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}")
+        cwd = self._task_dir(task, env[TASK_DIR])
+        code, timed_out = self._execute(argv_of(task.command), env, f"{self.path}/{LOGS}/{name}",
+                                        cwd if self.settings.task_dirs else None)
         self._current = None
         end = time.time()
         outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
@@ -226,17 +228,26 @@ class Worker:
         st.ends[attempt] = record
         return self._count_failure(tid, outcome)
 
-    def _execute(self, argv: list[str], env: dict[str, str], log: str) -> tuple[int, bool]:
+    def _task_dir(self, task: Task, path: str) -> str:
+        """The task's own directory, made on its first attempt with its parameters beside
+        it (params.json), so its relative paths (a checkpoint, outputs) are its own."""
+        os.makedirs(path, exist_ok=True)
+        params = os.path.join(path, PARAMS)
+        if not os.path.exists(params):
+            write_atomic(params, json.dumps({"schema": TASK_SCHEMA, **task.to_json()}, indent=1, default=str) + "\n")
+        return path
+
+    def _execute(self, argv: list[str], env: dict[str, str], log: str, cwd: str | None = None) -> tuple[int, bool]:
         out = os.open(log + ".out", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         err = os.open(log + ".err", os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
             group = _own_group() if self.prefix else {"preexec_fn": _own_group_dying_with_parent}
             try:
                 proc = subprocess.Popen(self.prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
-                                        env=env, **group)
+                                        env=env, cwd=cwd, **group)
             except (FileNotFoundError, PermissionError) as exc:
                 if argv[0] != "/bin/sh":
-                    return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log)
+                    return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log, cwd)
                 os.write(err, f"hpcml farm: cannot start: {exc}\n".encode())
                 return 127, False
         finally:

@@ -13,7 +13,7 @@ import typer
 from hpcml.cli_support import Group
 
 app = typer.Typer(name="farm", cls=Group, no_args_is_help=True, rich_markup_mode="rich",
-                  help="Many similar tasks in one or several allocations, each run exactly once.\n\n"
+                  help="Many similar tasks in one or several allocations, each in its own directory, none lost.\n\n"
                        "Example: [bold]hpcml farm create sweep/ sweep.yaml && hpcml farm run sweep/[/]\n\n"
                        "Exit codes: 0 done, 1 tasks failed (or nodes retired), 2 bad input.")
 
@@ -44,9 +44,16 @@ def create(
     retries: int | None = RETRIES,
     backoff: str | None = BACKOFF,
     time_limit: str | None = TIME_LIMIT,
+    shared_dir: bool = typer.Option(False, "--shared-dir", help="Run every task in the directory hpcml farm run "
+                                    "starts in, not in its own SWEEP/tasks/ID (task_dirs: false in a sweep file)."),
     as_json: bool = typer.Option(False, "--json", help="Print what was added as JSON."),
 ) -> None:
     """Make a farm directory with one record per task; run again to append, never renumber.
+
+    Each task runs in its own directory, FARM/tasks/ID (made on its first attempt, with
+    params.json), so relative paths in its command (--ckpt ckpt, outputs) are its own and
+    a retry finds them; {task_dir} and {workdir} (the directory farm run starts in) may be
+    used in a command, e.g. python {workdir}/train.py. --shared-dir keeps the old way.
 
     A task file has one shell command per line (blank lines and # comments skipped),
     run as written. A sweep file (YAML) has a command template and parameters: lists
@@ -67,6 +74,10 @@ def create(
     else:
         specs, settings = sweep.parse_task_file(source), {}
     settings.update(_settings(retries, backoff, time_limit))
+    if shared_dir:
+        settings["task_dirs"] = False
+    for line in sweep.relative_paths(specs, Path.cwd()) if settings.get("task_dirs", True) else []:
+        print(f"hpcml farm: warning: {line}", file=sys.stderr)
     res = store.create(farm, specs, settings)
     if as_json:
         from hpcml.schemas import tag
