@@ -155,6 +155,12 @@ CONFIG_MAX = 256 << 10
 # shared env: mapping) a few times: hundreds of nodes. The classic bomb (8 levels x 10
 # aliases) adds 10^8 and every walk of the result (validation, rendering) pays for them.
 YAML_ALIAS_NODES_MAX = 10_000
+# Characters of scalar text that aliases may add to a YAML document. The node count alone
+# lets 9,000 aliases of one 150 KB string through (186 KB on disk, 1.35 GB once expanded:
+# every walk of the result, validation and rendering included, pays for each copy; render
+# ran for more than 300 s). 2 MiB is 8 times the largest file accepted (CONFIG_MAX) and
+# hundreds of times what a config reuses (a shared env: block, a config file's text).
+YAML_ALIAS_TEXT_MAX = 2 << 20
 
 
 def _too_big(max_bytes: int) -> str:
@@ -175,36 +181,51 @@ def yaml_error(exc: Exception, source: str):
     return UsageError(f"not valid YAML: {problem}", file=source, line=mark.line + 1 if mark else None)
 
 
-def _bounded_yaml(text: str, source: str, max_bytes: int, max_alias_nodes: int):
+def _bounded_yaml(text: str, source: str, max_bytes: int, max_alias_nodes: int,
+                  max_alias_text: int = YAML_ALIAS_TEXT_MAX):
     """``(data, node)`` of one YAML document, composed once with PyYAML's safe loader while
-    counting the nodes each alias adds (the size of the node it names, its own aliases
-    included), so a bomb is refused after a few hundred events instead of after 10 GB. A
-    recursive alias (``&a [*a]``) is refused too: no config needs one and walking it never ends."""
+    measuring what each alias adds: the nodes and the characters of scalar text of the node
+    it names, its own aliases expanded (computed once per node as it is composed, so the
+    walk is linear in the document). A bomb, deep (aliases of aliases) or wide (thousands of
+    aliases of one long string), is refused at the alias that crosses a bound, before any
+    Python object is constructed. A recursive alias (``&a [*a]``) is refused too: no config
+    needs one and walking it never ends."""
     import yaml
     _refuse_big(text, source, max_bytes)
 
+    def size(n: int) -> str:
+        return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n >> 10} KiB" if n >= 1 << 10 else f"{n} characters"
+
     class Loader(yaml.SafeLoader):
-        sizes: dict[int, int]
-        added = 0
+        sizes: dict[int, tuple[int, int]]       # id(node) -> (nodes, characters), aliases expanded
+        added = added_text = 0
 
         def compose_node(self, parent, index):
             if not self.check_event(yaml.AliasEvent):
                 node = super().compose_node(parent, index)
-                kids = [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) \
-                    else node.value if isinstance(node, yaml.SequenceNode) else ()
-                self.sizes[id(node)] = 1 + sum(self.sizes[id(k)] for k in kids)
+                if isinstance(node, yaml.ScalarNode):
+                    self.sizes[id(node)] = (1, len(node.value))
+                    return node
+                kids = [n for kv in node.value for n in kv] if isinstance(node, yaml.MappingNode) else node.value
+                self.sizes[id(node)] = (1 + sum(self.sizes[id(k)][0] for k in kids),
+                                        sum(self.sizes[id(k)][1] for k in kids))
                 return node
             event = self.peek_event()
             node = super().compose_node(parent, index)
-            size = self.sizes.get(id(node))
+            named = self.sizes.get(id(node))
             line = event.start_mark.line + 1
-            if size is None:
+            if named is None:
                 raise UsageError(f"alias *{event.anchor} is inside the node it names (a recursive alias)",
                                  file=source, line=line)
-            self.added += size
+            self.added += named[0]
+            self.added_text += named[1]
             if self.added > max_alias_nodes:
                 raise UsageError(f"aliases expand to more than {max_alias_nodes} nodes (a YAML bomb?); "
                                  "write the repeated blocks out or use fewer aliases", file=source, line=line)
+            if self.added_text > max_alias_text:
+                raise UsageError(f"aliases expand to more than {size(max_alias_text)} of text (a YAML bomb?: "
+                                 f"*{event.anchor} alone is {size(named[1])}); write the repeated text out "
+                                 "or use fewer aliases", file=source, line=line)
             return node
 
     loader = Loader(text)
@@ -221,16 +242,17 @@ def _bounded_yaml(text: str, source: str, max_bytes: int, max_alias_nodes: int):
 
 
 def load_yaml(text: str, source: str, *, max_bytes: int = CONFIG_MAX,
-              max_alias_nodes: int = YAML_ALIAS_NODES_MAX):
+              max_alias_nodes: int = YAML_ALIAS_NODES_MAX, max_alias_text: int = YAML_ALIAS_TEXT_MAX):
     """The one YAML loader for user files: ``yaml.safe_load`` bounded in size and alias
-    expansion; any problem is a one-line UsageError naming ``source`` (and the line)."""
-    return _bounded_yaml(text, source, max_bytes, max_alias_nodes)[0]
+    expansion (nodes and text); any problem is a one-line UsageError naming ``source`` (and
+    the line)."""
+    return _bounded_yaml(text, source, max_bytes, max_alias_nodes, max_alias_text)[0]
 
 
 def load_yaml_with_nodes(text: str, source: str, *, max_bytes: int = CONFIG_MAX,
-                         max_alias_nodes: int = YAML_ALIAS_NODES_MAX):
+                         max_alias_nodes: int = YAML_ALIAS_NODES_MAX, max_alias_text: int = YAML_ALIAS_TEXT_MAX):
     """``(data, node)``: ``load_yaml``'s document and its node tree (for line numbers in errors)."""
-    return _bounded_yaml(text, source, max_bytes, max_alias_nodes)
+    return _bounded_yaml(text, source, max_bytes, max_alias_nodes, max_alias_text)
 
 
 def load_toml(text: str, source: str, *, max_bytes: int = CONFIG_MAX) -> dict[str, Any]:

@@ -9,7 +9,8 @@ and ``options`` may hold placeholders that each place fills in its own way::
     ${port.NAME}         the port called NAME: a free one locally, the declared one in a pod
     ${volumes.NAME}      the volume's directory: under the state directory, or its mount path
     ${files.NAME}        the directory holding the files of ``files[NAME]`` (a ConfigMap in a pod)
-    ${options.NAME}      an option (defaults in the blueprint, ``--set NAME=VALUE`` overrides)
+    ${options.NAME}      an option (defaults in the blueprint, ``--set NAME=VALUE`` overrides);
+                         an option may use the options above it
     ${services.DEP.NAME} the URL of port NAME of the service DEP this one depends on
 
 Secrets are referenced (a Kubernetes Secret's name and key, or locally an environment
@@ -25,13 +26,19 @@ from typing import Any, Literal, Optional
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from hpcml.errors import UsageError
-from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key, validation_problem
+from hpcml.files import ConfigLoader, key_text, line_map, load_yaml_with_nodes, read_config, unknown_key, validation_problem
 from hpcml.unit_fields import Bytes, Seconds
 
 _DNS = re.compile(r"^[a-z]([-a-z0-9]{0,50}[a-z0-9])?$")
 _CPU = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(m?)\s*$")
 PLACEHOLDER = re.compile(r"\$\{([a-z_]+)(?:\.([A-Za-z0-9_-]+))?(?:\.([A-Za-z0-9_-]+))?\}")
 GPU_RESOURCE = {"nvidia": "nvidia.com/gpu", "amd": "amd.com/gpu"}
+# The most text a blueprint's strings (options, command, env, files) may come to once their
+# ${options.NAME} placeholders are filled: an option may hold text that a string uses many
+# times, and an option may use the options above it, so 186 KB of YAML could ask for GBs
+# (every place, render included, fills all of them). A real blueprint's come to a few KiB;
+# 4 MiB leaves room for the 2 MiB that YAML aliases may add (hpcml.files).
+EXPANDED_MAX = 4 << 20
 
 
 def _dns_name(value: str) -> str:
@@ -199,7 +206,36 @@ class Blueprint(_Strict):
                 problem = self._placeholder_problem(m)
                 if problem:
                     raise _KeyError(key, problem)
+        found = self._expansion_problem()
+        if found:
+            raise _KeyError(*found)
         return self
+
+    def _expansion_problem(self) -> tuple[tuple, str] | None:
+        """(key, problem) when filling the ``${options.NAME}`` placeholders would need an option
+        below the one that uses it (or itself), or would make the strings longer than
+        ``EXPANDED_MAX``. Counted, never built: one pass over the strings, each option's filled
+        length computed once (other placeholders are counted at their own length: a host, a
+        port, a path or a URL, never a copy of other text)."""
+        filled: dict[str, int] = {}            # option -> its length once filled
+        total = 0
+        for key, text in sorted(self.templates(), key=lambda kt: kt[0][0] != "options"):   # options first
+            n = len(text)
+            for m in PLACEHOLDER.finditer(text):
+                if m.group(1) != "options":
+                    continue
+                if m.group(2) not in filled:   # validated: a known option, so one not filled yet
+                    return key, f"{m.group(0)}: an option can use only the options above it"
+                n += filled[m.group(2)] - len(m.group(0))
+            if key[0] == "options":
+                filled[key[1]] = n
+            total += n
+            if total > EXPANDED_MAX:
+                big = max(filled, key=lambda k: filled[k], default=None)
+                return key, (f"with its placeholders filled, the blueprint's strings come to more than "
+                             f"{_size(EXPANDED_MAX)}" + (f" (${{options.{big}}} is {_size(filled[big])})" if big else "")
+                             + "; no service needs that much: write the text out or use fewer placeholders")
+        return None
 
     def templates(self) -> list[tuple[tuple, str]]:
         """(key path, text) of every string that may hold placeholders."""
@@ -236,7 +272,25 @@ class Blueprint(_Strict):
                                                                          f"'{key}'", 1)
                            if self.options else f"{self.name} has no options")
                 raise UsageError(f"{key}={overrides[key]}: {problem}", key="set")
-        return self.model_copy(update={"options": {**self.options, **overrides}})
+        # model_copy does not validate again: the placeholders of the values set, and what
+        # filling them costs, are checked here (the blueprint alone passed: the values are the cause)
+        copy = self.model_copy(update={"options": {**self.options, **overrides}})
+        for key, value in overrides.items():
+            for m in PLACEHOLDER.finditer(value):
+                bad = copy._placeholder_problem(m)
+                if bad:
+                    raise UsageError(f"{key}: {bad}", key="set")
+        found = copy._expansion_problem()
+        if found:
+            where, why = found
+            name = where[1] if where[0] == "options" and where[1] in overrides else None
+            raise UsageError(f"{name}: {why}" if name else
+                             f"{key_text(where)} with {', '.join(overrides)} set so: {why}", key="set")
+        return copy
+
+
+def _size(n: int) -> str:
+    return f"{n / (1 << 20):g} MiB" if n >= 1 << 20 else f"{n / (1 << 10):.0f} KiB" if n >= 1 << 10 else f"{n} characters"
 
 
 class _KeyError(ValueError):

@@ -45,7 +45,7 @@ def expand(bp: Blueprint, place: Place) -> Expanded:
             return place.services[a][b]
         return PLACEHOLDER.sub(one, text)
 
-    for key, value in bp.options.items():        # options may use every placeholder but options
+    for key, value in bp.options.items():        # an option may use the options above it (validated)
         options[key] = sub(value)
     return Expanded(command=[sub(c) for c in bp.command], env={k: sub(v) for k, v in bp.env.items()},
                     files={f.name: {n: sub(t) for n, t in f.content.items()} for f in bp.files})

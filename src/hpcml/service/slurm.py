@@ -23,6 +23,7 @@ from hpcml.errors import HpcmlError
 from hpcml.files import write_atomic
 from hpcml.service import state as st
 from hpcml.service.blueprint import Blueprint
+from hpcml.service.envs import build_note, is_built
 
 
 class ServiceJobFailed(HpcmlError):
@@ -64,6 +65,10 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
     directory = st.instance_dir(name, root)
     with st.starting(directory):
         refuse_running(st.read(directory))
+        if backend in ("auto", "process") and bp.python is not None and not is_built(bp.name, bp.python.packages):
+            print(f"hpcml service: {build_note(bp.name, bp.python.packages, 'the service job first builds')} "
+                  f"(up waits {wait:g} s: hpcml service status {name} tells when it is ready)",
+                  file=sys.stderr, flush=True)
         path = directory / "job.sh"
         write_atomic(path, script(bp, ref, name, root, options=options, backend=backend))
         argv = sbatch_argv(bp, name, directory, time_limit=time_limit, partition=partition, nodelist=nodelist,

@@ -47,7 +47,8 @@ def up(
         hpcml service up mlflow --slurm --time 8:00:00
 
     State (volumes, log, service.json) lives under --state-dir/NAME. The venv of a Python
-    service is built once and cached (~/.cache/hpcml/service-envs).
+    service is built once (minutes, about 1 GB) and cached in $HPCML_CACHE_DIR/service-envs
+    (default ~/.cache/hpcml/service-envs; $HPCML_SERVICE_ENVS names the directory itself).
 
     Exit codes: 0 ready, 1 the service failed or did not become healthy, 2 bad blueprint or option.
     """
