@@ -34,7 +34,7 @@ def test_a_task_on_a_cray_step_is_an_mpi_singleton(tmp_path: Path):
             "PALS_RANKID": "1", "PALS_LOCAL_RANKID": "0", "PALS_NODEID": "1", "PALS_APID": "42.0",
             "PALS_APINFO": "/var/spool/slurmd/mpi_cray_shasta/42.0/apinfo", "PALS_SPOOL_DIR": "/var/spool/x"}
     env = task_environment(step, tmp_path, None)
-    assert sorted(env) == ["HPCML_FARM_DIR", "HPCML_FARM_JOB_ID", "SLURM_JOB_ID", "SLURM_STEP_ID"]
+    assert sorted(env) == ["HPCML_FARM_DIR", "HPCML_FARM_JOB_ID", "HPCML_FARM_WORKDIR", "SLURM_JOB_ID", "SLURM_STEP_ID"]
 
 
 def test_a_job_a_task_submits_is_not_a_farm_task(tmp_path: Path):
