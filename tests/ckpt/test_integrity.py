@@ -16,7 +16,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from hpcml.ckpt import Checkpointer, CheckpointError, layout
+from hpcml.ckpt import Checkpointer, CheckpointError, PerRank, layout
 from hpcml.errors import UsageError
 
 TASK = Path(__file__).with_name("task.py")
@@ -120,18 +120,24 @@ def test_a_manifest_with_a_bad_key_is_a_corrupt_checkpoint_not_a_traceback(tmp_p
     assert _load(ck) == 1                                   # the corrupt one did not count: 1 stays
 
 
-def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_space_back(small_disk):
+@pytest.mark.parametrize("per_rank", [False, True], ids=["sharded", "replicated-with-per-rank-values"])
+def test_a_save_that_fills_the_disk_fails_loudly_loses_nothing_and_gives_the_space_back(small_disk, per_rank):
+    """Nothing of the failed save stays: no temporary file, no shard, and no partial
+    directory holding only its attempt mark. Per rank: rank 0's shard is written, the
+    per-rank file after it fills the disk, and both go."""
     ck = small_disk / "ck"
-    c = Checkpointer(ck, keep=1, max_write_rate=None)
-    c.save({"w": np.full(6 << 17, 1), "step": 1}, 1)             # 6 MB
+    c = Checkpointer(ck, keep=1, max_write_rate=None, replicated=per_rank)
+    wrap = PerRank if per_rank else np.asarray
+    c.save({"w": wrap(np.full(6 << 17, 1)), "step": 1}, 1)             # 6 MB
     c.wait()
     filler = small_disk / "filler"
     free = shutil.disk_usage(small_disk).free
     filler.write_bytes(b"\0" * (free - (3 << 20)))                # 3 MB left
-    c.save({"w": np.full(6 << 17, 2), "step": 2}, 2)
+    c.save({"w": wrap(np.full(6 << 17, 2)), "step": 2}, 2)
     with pytest.raises(CheckpointError, match="No space left"):
         c.wait()
     assert not list(ck.rglob("*.tmp"))
+    assert sorted(p.name for p in ck.iterdir() if p.name != ".owner") == ["step-00000001"]
     assert shutil.disk_usage(small_disk).free >= (3 << 20) - (256 << 10)      # the failed shard gave it back
     _step_1_loads_and_step_3_saves_once_there_is_room(c, ck, filler)
 
@@ -224,7 +230,7 @@ def test_a_commit_that_fills_the_disk_gives_back_the_shard_it_wrote(small_disk):
     with pytest.raises(CheckpointError, match="No space left"):
         c.wait()
     assert shutil.disk_usage(small_disk).free >= shard - (64 << 10)
-    assert not list(ck.glob(".partial-*/rank-*")) and not list(ck.rglob("*.tmp"))
+    assert not list(ck.glob(".partial-*")) and not list(ck.rglob("*.tmp"))
     _step_1_loads_and_step_3_saves_once_there_is_room(c, ck, filler)
 
 

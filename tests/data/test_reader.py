@@ -106,6 +106,39 @@ def test_state_of_another_seed_or_world_is_refused(shards, change, key):
         other.load_state_dict(ds.state_dict())
 
 
+@pytest.mark.parametrize("world", [1, 3])
+def test_a_state_at_an_epoch_boundary_resumes_on_another_world_size(shards, world):
+    """Nothing of the epoch delivered, or all of it: the position means the same on any
+    number of ranks (the epoch's start, or its end), so the new ranks read their own slices."""
+    done = [_ds(shards, seed=4, rank=r, world_size=2) for r in (0, 1)]
+    for ds in done:
+        _keys(ds)                                    # epoch 0 to its end
+    fresh = [_ds(shards, seed=4, rank=r, world_size=world) for r in range(world)]
+    for ds in fresh:
+        ds.set_epoch(1)
+    for r in range(world):
+        ds = _ds(shards, seed=4, rank=r, world_size=world)
+        ds.load_state_dict(done[r % 2].state_dict())
+        assert (ds.epoch, ds.position) == (0, len(ds))
+        assert _keys(ds) == _keys(fresh[r])          # epoch 1, this rank's slice at the new size
+        start = _ds(shards, seed=4, rank=r % 2, world_size=2)
+        start.set_epoch(3)
+        ds.load_state_dict(start.state_dict())
+        assert (ds.epoch, ds.position) == (3, 0)
+
+
+def test_a_mid_epoch_state_on_another_world_size_is_refused_in_one_line(shards):
+    ds = _ds(shards, seed=4, rank=1, world_size=2)
+    it = iter(ds)
+    for _ in range(10):
+        next(it)
+    with pytest.raises(ResumeStateError) as caught:
+        _ds(shards, seed=4, rank=0, world_size=3).load_state_dict(ds.state_dict())
+    msg = str(caught.value)
+    assert caught.value.key == "world_size" and msg.splitlines() == [msg]
+    assert "state has 2, this reader 3" in msg and "mid-epoch (epoch 0, sample 10 of 251 of rank 1)" in msg
+
+
 def test_state_of_another_dataset_is_refused(shards, tmp_path):
     _src, other = make_shards(tmp_path, samples=50, target=100_000, seed=7)
     state = _ds(shards).state_dict()

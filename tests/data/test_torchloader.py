@@ -67,13 +67,59 @@ def test_resume_with_workers_is_exact(shards, stop):
     assert head + _batches(resumed) == full
 
 
-def test_resume_with_other_workers_is_refused(shards):
-    first = _loader(shards, workers=2)
+@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize("change,key", [({"batch": 5}, "batch_size"), ({"workers": "other"}, "workers")])
+def test_resume_mid_epoch_with_other_workers_or_batch_size_is_refused(shards, workers, change, key):
+    """Without workers as with them: a batch size of 5 after a state taken at batch 8
+    would skip by whole batches of 5 (24 delivered, 20 skipped: 4 samples twice). Refused
+    at load_state_dict, and by the dataset when the loader's check is passed by."""
+    first = _loader(shards, workers=workers, batch=8)
     _batches(first, stop=3)
-    other = _loader(shards, workers=1)
-    other.load_state_dict(first.state_dict())
-    with pytest.raises(ResumeStateError, match="workers"):
+    state = first.state_dict()
+    other_workers = (2 if workers == 0 else 0) if change.get("workers") else workers
+    other = _loader(shards, workers=other_workers, batch=change.get("batch", 8))
+    with pytest.raises(ResumeStateError) as caught:
+        other.load_state_dict(state)
+    assert caught.value.key == key and "state was taken with" in str(caught.value)
+    assert str(caught.value).splitlines() == [str(caught.value)]
+    other.ds.load_state_dict(state)
+    with pytest.raises(ResumeStateError) as again:
         _batches(other)
+    assert str(again.value) == str(caught.value)
+
+
+def test_another_batch_size_at_an_epochs_end_is_not_refused(shards):
+    """A finished epoch holds no position to continue: the next one is planned afresh."""
+    first = _loader(shards, workers=0, batch=8)
+    _batches(first)
+    other = _loader(shards, workers=2, batch=5)
+    other.load_state_dict(first.state_dict())
+    fresh = _loader(shards, workers=2, batch=5)
+    fresh.set_epoch(1)
+    assert _batches(other) == _batches(fresh)
+
+
+def test_a_state_taken_at_an_epochs_end_resumes_with_the_loops_epoch(shards):
+    """The loop resumes at the state's epoch (``loader.epoch``) and calls ``set_epoch`` with
+    it: that epoch is finished, so it yields nothing more, and the next ``set_epoch`` starts
+    the next one: the uninterrupted run's epochs, not one epoch ahead of the loop's count."""
+    whole = _loader(shards)
+    want = []
+    for epoch in range(3):
+        whole.set_epoch(epoch)
+        want.append(_batches(whole))
+    first = _loader(shards)
+    _batches(first)                                  # epoch 0, to its end
+    again = _loader(shards)
+    again.load_state_dict(first.state_dict())
+    got = []
+    for epoch in range(again.epoch, 3):
+        again.set_epoch(epoch)
+        got.append(_batches(again))
+    assert got == [[], want[1], want[2]]
+    plain = _loader(shards)                          # no set_epoch after the resume: the next epoch
+    plain.load_state_dict(first.state_dict())
+    assert _batches(plain) == want[1]
 
 
 def test_next_epoch_reshuffles(shards):

@@ -11,14 +11,15 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpcml.ckpt.checkpointer import Checkpointer
+    from hpcml.ckpt.flatten import PerRank
     from hpcml.ckpt.layout import CheckpointError
     from hpcml.ckpt.offline import load
     from hpcml.ckpt.prune import Pruned, prune
 
 _WHERE = {"Checkpointer": "checkpointer", "CheckpointError": "layout", "load": "offline",
-          "Pruned": "prune", "prune": "prune"}
+          "PerRank": "flatten", "Pruned": "prune", "prune": "prune"}
 
-__all__ = ["CheckpointError", "Checkpointer", "Pruned", "load", "prune"]
+__all__ = ["CheckpointError", "Checkpointer", "PerRank", "Pruned", "load", "prune"]
 
 
 def __getattr__(name: str) -> Any:

@@ -20,6 +20,7 @@ and its own shard's checksum.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import shutil
@@ -35,7 +36,7 @@ import numpy as np
 
 from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
-from hpcml.ckpt.flatten import describe, flatten
+from hpcml.ckpt.flatten import Leaf, PerRank, describe, flatten
 from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
@@ -139,6 +140,7 @@ class Checkpointer:
         self._error: BaseException | None = None
         self._closing = False
         self._committed: int | None = None      # the step rank 0 last renamed into place
+        self._per_rank = False                  # the save under way has per-rank values
         self.stop_signal: str | None = None     # the signal's name; "peer" when another rank had it
         self.stopping = False
         self.stop_lead = stop_lead               # steps between the first signal and the final save
@@ -257,40 +259,55 @@ class Checkpointer:
     # -- save ---------------------------------------------------------------------------
     def save(self, state: Any, step: int) -> None:
         """Snapshot ``state`` and write it in the background (the previous save is waited for
-        first: its host buffer is reused)."""
+        first: its host buffer is reused). Replicated: rank 0 writes the state once, and
+        each rank its own values (``PerRank``, data-loader states) beside it."""
         self.wait()
         if self.read_only:
             raise UsageError("opened read_only: it loads, it does not save", file=str(self.dir))
-        if self.replicated and self.rank != 0:
-            return
         t0 = time.perf_counter()
-        skeleton, leaves = flatten(state)
-        size = place(leaves)
-        host = self._buffer(size, any(getattr(f.value, "is_cuda", False) for f in leaves))
+        own: list[PerRank] | None = [] if self.replicated else None
+        parts: list[tuple[str, Any, list[Leaf]]] = []
+        if self.replicated and self.rank != 0:
+            flatten(state, own, leaves_too=False)      # only this rank's own values
+        else:
+            parts.append(("rank", *flatten(state, own)))
+        if own:
+            parts.append(("own", *flatten([p.value for p in own])))
+        if not parts:
+            return
+        sizes = [place(leaves) for _kind, _skeleton, leaves in parts]
+        host = self._buffer(sum(sizes), any(getattr(f.value, "is_cuda", False) for p in parts for f in p[2]))
         cuda = False
-        for f in leaves:
-            dst = host[f.offset:f.offset + f.nbytes]
-            if f.kind == "torch":
-                import torch
-                t = f.value
-                cuda = cuda or t.is_cuda
-                if f.nbytes:
-                    torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8), non_blocking=t.is_cuda)
-            elif f.kind == "numpy":
-                dst[:] = np.ascontiguousarray(f.value).reshape(-1).view(np.uint8)
-            else:
-                dst[:] = np.frombuffer(f.value, dtype=np.uint8)
+        base = 0
+        writes = []
+        for (kind, skeleton, leaves), size in zip(parts, sizes):
+            for f in leaves:
+                dst = host[base + f.offset:base + f.offset + f.nbytes]
+                if f.kind == "torch":
+                    import torch
+                    t = f.value
+                    cuda = cuda or t.is_cuda
+                    if f.nbytes:
+                        torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8), non_blocking=t.is_cuda)
+                elif f.kind == "numpy":
+                    dst[:] = np.ascontiguousarray(f.value).reshape(-1).view(np.uint8)
+                else:
+                    dst[:] = np.frombuffer(f.value, dtype=np.uint8)
+            doc = {"schema": layout.SHARD_TAG, "step": step, "rank": self.rank, "world_size": self.world,
+                   "replicated": self.replicated, "token": self.token, "size": size,
+                   "skeleton": skeleton, "entries": describe(leaves)}
+            if kind == "own":
+                doc["part"] = "own"
+            writes.append((*layout.shard_names(self.rank, kind), host[base:base + size].data, doc))
+            base += size
         if cuda:
             import torch
             torch.cuda.synchronize()
-        doc = {"schema": layout.SHARD_TAG, "step": step, "rank": self.rank, "world_size": self.world,
-               "replicated": self.replicated, "token": self.token, "size": size,
-               "skeleton": skeleton, "entries": describe(leaves)}
         self.last_blocking_s = time.perf_counter() - t0
-        view = host[:size].data
         self._error = None
         self._committed = None
-        self._thread = threading.Thread(target=self._background, args=(step, view, doc, time.monotonic()),
+        self._per_rank = bool(own)
+        self._thread = threading.Thread(target=self._background, args=(step, writes, time.monotonic()),
                                         name=f"hpcml-ckpt-{step}", daemon=True)
         self._thread.start()
 
@@ -304,76 +321,102 @@ class Checkpointer:
                 self._host = np.empty(cap, dtype=np.uint8)
         return self._host
 
-    def _background(self, step: int, view: memoryview, doc: dict[str, Any], started: float) -> None:
+    def _background(self, step: int, writes: list[tuple[str, str, memoryview, dict[str, Any]]],
+                    started: float) -> None:
         try:
             try:
-                self._write(step, view, doc)
+                self._write(step, writes)
             except FileNotFoundError:            # a dead attempt's partial at this step, pruned
-                self._write(step, view, doc)     # under us by rank 0: once more, in a new one
+                self._write(step, writes)        # under us by rank 0: once more, in a new one
             self.last_durable_s = time.monotonic() - started
         except BaseException as exc:  # noqa: BLE001 - re-raised by wait() in the training thread
             self._error = exc
-            bin_name, json_name = layout.shard_names(self.rank)
-            for d in (self.dir / layout.partial_name(step), self.local / layout.step_name(step) if self.local else None):
-                if d is not None:                # a full disk: give back what this rank's attempt took
-                    for name in (bin_name + ".tmp", json_name + ".tmp", layout.MANIFEST + ".tmp"):
-                        (d / name).unlink(missing_ok=True)
-            partial = self.dir / layout.partial_name(step)
-            if self._committed != step and not partial.is_symlink() \
-                    and (partial / layout.attempt_mark(self.token)).exists():
-                for name in (bin_name, json_name):   # this attempt's shard, complete but never to be
-                    (partial / name).unlink(missing_ok=True)   # committed (the manifest did not fit)
+            self._give_back(step, [name for bin_name, json_name, _v, _d in writes for name in (bin_name, json_name)])
 
-    def _write(self, step: int, view: memoryview, doc: dict[str, Any]) -> None:
-        bin_name, json_name = layout.shard_names(self.rank)
+    def _give_back(self, step: int, names: list[str]) -> None:
+        """After a failed save (a full disk): remove what this rank's attempt wrote: its
+        temporary files, its files of a step that will not be committed (the manifest did
+        not fit), and the directories that then hold nothing but this attempt's mark, so
+        that a failed save leaves nothing behind."""
+        partial = self.dir / layout.partial_name(step)
+        local = self.local / layout.step_name(step) if self.local else None
+        for d in (partial, local):
+            if d is not None:
+                for name in [*names, layout.MANIFEST]:
+                    (d / (name + ".tmp")).unlink(missing_ok=True)
+        mark = layout.attempt_mark(self.token)
+        if self._committed == step or partial.is_symlink() or not (partial / mark).exists():
+            return
+        for name in names:                       # complete but never to be committed
+            (partial / name).unlink(missing_ok=True)
+        if local is not None:
+            for name in names:
+                (local / name).unlink(missing_ok=True)
+            with contextlib.suppress(OSError):
+                local.rmdir()                    # only if nothing else is in it
+        with contextlib.suppress(OSError):
+            if [p.name for p in partial.iterdir()] == [mark]:     # other ranks' files stay
+                (partial / mark).unlink()
+                partial.rmdir()
+
+    def _write(self, step: int, writes: list[tuple[str, str, memoryview, dict[str, Any]]]) -> None:
         partial = self.dir / layout.partial_name(step)
         layout.make_dir(partial, self.mode)
         os.close(layout.create(partial / layout.attempt_mark(self.token), self.mode))
         stop = lambda: self._closing  # noqa: E731
         mode = self.mode
-        if self.local is not None:
-            local = self.local / layout.step_name(step)
-            layout.make_dir(local, mode)
-            doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop, mode=mode)
-            os.replace(local / (bin_name + ".tmp"), local / bin_name)
-            layout.write_json_durably(local / json_name, doc, mode)      # the same document as the shared one
-            if copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate,
-                          should_stop=stop, mode=mode) != doc["crc32"]:
-                raise CheckpointError(f"{local / bin_name}: changed while it was drained to {partial}")
-        else:
-            doc["crc32"] = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop,
-                                       mode=mode)
-        os.replace(partial / (bin_name + ".tmp"), partial / bin_name)
-        layout.write_json_durably(partial / json_name, doc, mode)
+        for bin_name, json_name, view, doc in writes:
+            if self.local is not None:
+                local = self.local / layout.step_name(step)
+                layout.make_dir(local, mode)
+                doc["crc32"] = write_paced(str(local / (bin_name + ".tmp")), view, None, should_stop=stop, mode=mode)
+                os.replace(local / (bin_name + ".tmp"), local / bin_name)
+                layout.write_json_durably(local / json_name, doc, mode)      # the same document as the shared one
+                if copy_paced(str(local / bin_name), str(partial / (bin_name + ".tmp")), self.rate,
+                              should_stop=stop, mode=mode) != doc["crc32"]:
+                    raise CheckpointError(f"{local / bin_name}: changed while it was drained to {partial}")
+            else:
+                doc["crc32"] = write_paced(str(partial / (bin_name + ".tmp")), view, self.rate, should_stop=stop,
+                                           mode=mode)
+            os.replace(partial / (bin_name + ".tmp"), partial / bin_name)
+            layout.write_json_durably(partial / json_name, doc, mode)
         if self.rank == 0:
             self._commit(step, partial)
 
     def _commit(self, step: int, partial: Path) -> None:
-        ranks = [0] if self.replicated else list(range(self.world))
+        """Wait for every rank's files of this attempt (a replicated state: rank 0's shard,
+        and each rank's own values when it has any), write the manifest, rename."""
+        wanted = [("rank", r) for r in ([0] if self.replicated else range(self.world))]
+        if self._per_rank:
+            wanted += [("own", r) for r in range(self.world)]
         deadline = time.monotonic() + self.commit_timeout
-        records: dict[str, dict[str, Any]] = {}
-        while len(records) < len(ranks):
-            for r in ranks:
-                if str(r) in records:
+        records: dict[tuple[str, int], dict[str, Any]] = {}
+        while len(records) < len(wanted):
+            for kind, r in wanted:
+                if (kind, r) in records:
                     continue
-                bin_name, json_name = layout.shard_names(r)
+                bin_name, json_name = layout.shard_names(r, kind)
                 try:
                     shard = layout.read_json(partial / json_name, layout.SHARD_TAG)
                 except UsageError:
                     continue
                 if shard.get("token") != self.token or shard.get("step") != step:
                     continue                     # left by a crashed attempt at this step
-                records[str(r)] = {"size": shard["size"], "crc32": shard["crc32"],
-                                   "json_size": (partial / json_name).stat().st_size,
-                                   "json_crc32": layout.file_crc(partial / json_name)}
-            if len(records) < len(ranks):
+                records[(kind, r)] = {"size": shard["size"], "crc32": shard["crc32"],
+                                      "json_size": (partial / json_name).stat().st_size,
+                                      "json_crc32": layout.file_crc(partial / json_name)}
+            if len(records) < len(wanted):
                 if time.monotonic() > deadline or self._closing:
-                    raise CheckpointError(f"{partial}: ranks {sorted(set(map(str, ranks)) - set(records))} "
-                                          f"did not report within {self.commit_timeout:g} s; not committed")
+                    late = sorted({r for w in wanted if w not in records for r in w[1:]})
+                    raise CheckpointError(f"{partial}: ranks {late} did not report within "
+                                          f"{self.commit_timeout:g} s; not committed")
                 time.sleep(0.05)
         committed_at = time.time()
         manifest = {"schema": layout.TAG, "step": step, "world_size": self.world, "replicated": self.replicated,
-                    "token": self.token, "committed_at": committed_at, "ranks": records}
+                    "token": self.token, "committed_at": committed_at,
+                    "ranks": {str(r): rec for (kind, r), rec in records.items() if kind == "rank"}}
+        if self._per_rank:
+            manifest["per_rank"] = {str(r): rec for (kind, r), rec in records.items() if kind == "own"}
         layout.write_json_durably(partial / layout.MANIFEST, manifest, self.mode)
         owner.check(self.dir, self.token)    # taken over meanwhile: the new owner's directory now
         final = self.dir / layout.step_name(step)
@@ -475,50 +518,69 @@ class Checkpointer:
     def _load_newest(self, map_location: Any) -> tuple[bool, tuple[Any, int | None]]:
         """One pass, newest first: (True, result), or (False, _) when a candidate vanished."""
         for found in reversed([f for f in layout.scan(self.dir) if f.committed]):
-            ok, why, source = self._usable(found)
+            ok, why, sources = self._usable(found)
             if not self._agree(ok):
                 if not self._agree(found.path.exists()):        # pruned under us: scan again
                     return False, (None, None)
                 why = why or "another rank's shard is missing or corrupt"
             elif ok:
-                assert source is not None and found.manifest is not None
+                assert found.manifest is not None
+                refused: UsageError | None = None
                 try:
-                    state = self._read(source, found, map_location)
+                    state = self._read(sources, found, map_location)
+                except offline.ResizeRefused as exc:
+                    refused = exc
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (initialised_dist() is not None and self.world > 1):
                         raise
                     return False, (None, None)                  # pruned between verify and read
-                if len(found.manifest["ranks"]) == 1:       # its one shard's crc32 checked: verified
+                if "per_rank" in found.manifest and found.manifest["world_size"] != self.world:
+                    refused = self._agree_refusal(refused)      # every rank stops, none waits in a collective
+                if refused is not None:
+                    raise refused
+                if len(layout.shards(found.manifest)) == 1:    # its one shard's crc32 checked: verified
                     self._checked[(found.manifest["token"], float(found.manifest["committed_at"]))] = []
                 return True, (state, found.step)
             self.skipped.append(f"{found.path}: {why}")
             print(f"hpcml ckpt: skipped {found.path}: {why}", file=sys.stderr)
         return True, (None, None)
 
-    def _usable(self, found: layout.Found) -> tuple[bool, str, Path | None]:
+    def _usable(self, found: layout.Found) -> tuple[bool, str, dict[tuple[str, int], Path]]:
+        """Whether this rank can load ``found``: every file's size, and the crc32 of the
+        files it reads (its shard, or rank 0's of a replicated one, and its own values);
+        each read from this node's copy when that one is intact. At another world size a
+        replicated checkpoint's own values are those of rank ``rank % saved``."""
         if found.problems or not found.manifest:
-            return False, "; ".join(found.problems) or "no manifest", None
+            return False, "; ".join(found.problems) or "no manifest", {}
         man = found.manifest
         if not man["replicated"] and man["world_size"] != self.world:
             raise UsageError(f"a checkpoint of world size {man['world_size']}; this job has {self.world} ranks "
                              "(a sharded checkpoint loads on the same world size)", file=str(found.path / layout.MANIFEST),
                              key="world_size")
-        mine = 0 if man["replicated"] else self.rank
-        rec = man["ranks"].get(str(mine))
-        if rec is None:
-            return False, f"no shard for rank {mine}", None
-        for other, r in man["ranks"].items():        # every shard's size: cheap, the same answer on every rank
-            problems = [] if int(other) == mine else layout.verify_shard(found.path, int(other), r, checksums=False)
+        mine = [("rank", 0 if man["replicated"] else self.rank)]
+        if "per_rank" in man:
+            mine.append(("own", self.rank % man["world_size"]))
+        records = {(kind, r): rec for kind, r, rec in layout.shards(man)}
+        for kind, r in mine:
+            if (kind, r) not in records:
+                return False, f"no {'shard' if kind == 'rank' else 'per-rank values'} for rank {r}", {}
+        for (kind, r), rec in records.items():      # every file's size: cheap, the same answer on every rank
+            problems = [] if (kind, r) in mine else layout.verify_shard(found.path, r, rec, checksums=False, kind=kind)
             if problems:
-                return False, problems[0], None
-        if self.local is not None:                   # this node's copy first, if it is intact
-            local = self.local / layout.step_name(found.step)
-            if (local / layout.shard_names(mine)[0]).exists() and not layout.verify_shard(local, mine, rec):
-                return True, "", local
-        problems = layout.verify_shard(found.path, mine, rec)
-        if problems:
-            return False, problems[0], None
-        return True, "", found.path
+                return False, problems[0], {}
+        sources = {}
+        for kind, r in mine:
+            rec = records[(kind, r)]
+            if self.local is not None:               # this node's copy first, if it is intact
+                local = self.local / layout.step_name(found.step)
+                if (local / layout.shard_names(r, kind)[0]).exists() and not layout.verify_shard(local, r, rec, kind=kind):
+                    sources[(kind, r)] = local
+                    continue
+            problems = layout.verify_shard(found.path, r, rec, kind=kind)
+            if problems:
+                return False, problems[0], {}
+            sources[(kind, r)] = found.path
+        return True, "", sources
 
     def _agree(self, ok: bool) -> bool:
         d = initialised_dist()
@@ -529,9 +591,30 @@ class Checkpointer:
         d.all_reduce(flag, op=d.ReduceOp.MIN)
         return bool(flag.item())
 
-    def _read(self, directory: Path, found: layout.Found, map_location: Any) -> Any:
-        assert found.manifest is not None
-        return offline.read_state(directory, 0 if found.manifest["replicated"] else self.rank, map_location)
+    def _agree_refusal(self, refused: UsageError | None) -> UsageError | None:
+        """Under torch.distributed: a refusal on any rank is every rank's (the first one's
+        message), so that no rank goes on into a collective that the others never reach."""
+        d = initialised_dist()
+        if d is None or self.world == 1:
+            return refused
+        said: list[Any] = [None] * self.world
+        d.all_gather_object(said, str(refused) if refused is not None else None)
+        first = next((m for m in said if m), None)
+        if refused is None and first is not None:
+            return offline.ResizeRefused(first)
+        return refused
+
+    def _read(self, sources: dict[tuple[str, int], Path], found: layout.Found, map_location: Any) -> Any:
+        man = found.manifest
+        assert man is not None
+        (_, shard), directory = next((k, v) for k, v in sources.items() if k[0] == "rank")
+        own = next(((r, d) for (kind, r), d in sources.items() if kind == "own"), None)
+
+        def values(slots: list[dict[str, Any]]) -> list[Any]:
+            assert own is not None
+            mine = offline.read_own(own[1], own[0], map_location)
+            return offline.resolve_own(mine, slots, man["world_size"], self.world, str(found.path / layout.MANIFEST))
+        return offline.read_state(directory, shard, map_location, own=values if own is not None else None)
 
     def load(self, step: int | None = None, *, rank: int | None = None, map_location: Any = "cpu") -> tuple[Any, int]:
         """``(state, step)`` of one committed checkpoint (default: the newest), read by this

@@ -6,6 +6,8 @@
         manifest.json              hpcml.ckpt/1: step, world size, every rank's shard + checksums
         rank-00000.bin             the rank's tensors and arrays, 4 KiB aligned, never pickled
         rank-00000.json            hpcml.ckpt.shard/1: the state's structure, entry offsets, crc32
+        own-00000.bin, .json       a replicated state's per-rank values (``PerRank``, data-loader
+                                   states), one pair per rank; listed under ``per_rank``
     DIR/.partial-step-00000100/    being written; never read by ``load_latest``
         .attempt-TOKEN             which save attempts wrote here (a partial without the live
                                    owner's mark is a dead attempt's: ``prune`` removes it)
@@ -33,6 +35,7 @@ import os
 import re
 import stat
 import zlib
+from collections.abc import Collection
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -65,8 +68,16 @@ def partial_name(step: int) -> str:
     return f".partial-{step_name(step)}"
 
 
-def shard_names(rank: int) -> tuple[str, str]:
-    return f"rank-{rank:05d}.bin", f"rank-{rank:05d}.json"
+def shard_names(rank: int, kind: str = "rank") -> tuple[str, str]:
+    """The files of ``rank``'s shard (``kind="rank"``) or of its per-rank values in a
+    replicated checkpoint (``kind="own"``)."""
+    return f"{kind}-{rank:05d}.bin", f"{kind}-{rank:05d}.json"
+
+
+def shards(manifest: dict[str, Any]) -> list[tuple[str, int, dict[str, Any]]]:
+    """Every file pair a manifest lists: ``(kind, rank, record)``, the ranks' shards first."""
+    return [("rank", int(k), rec) for k, rec in manifest["ranks"].items()] + \
+        [("own", int(k), rec) for k, rec in manifest.get("per_rank", {}).items()]
 
 
 def attempt_mark(token: str) -> str:
@@ -139,7 +150,7 @@ class Found:
     def size(self) -> int:
         if not self.manifest:
             return 0
-        return sum(r["size"] for r in self.manifest["ranks"].values())
+        return sum(rec["size"] for _kind, _rank, rec in shards(self.manifest))
 
 
 def is_checkpoint_dir(root: Path) -> bool:
@@ -166,12 +177,16 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
             return f"key '{key}': missing"
         if not ok(doc[key]):
             return f"key '{key}': expected {want}, found {doc[key]!r}"
-    for rank, rec in doc["ranks"].items():
-        if not _RANK.fullmatch(rank) or not isinstance(rec, dict):     # not isdigit(): '²' is one
-            return f"key 'ranks.{rank}': expected a rank number with its shard's record"
-        for key in _RANK_KEYS:
-            if not _is_int(rec.get(key)):
-                return f"key 'ranks.{rank}.{key}': expected an integer, found {rec.get(key)!r}"
+    per_rank = doc.get("per_rank")
+    if "per_rank" in doc and not (isinstance(per_rank, dict) and doc["replicated"]):
+        return f"key 'per_rank': expected an object of ranks in a replicated checkpoint, found {per_rank!r}"
+    for section in ("ranks", "per_rank") if per_rank else ("ranks",):
+        for rank, rec in doc[section].items():
+            if not _RANK.fullmatch(rank) or not isinstance(rec, dict):     # not isdigit(): '²' is one
+                return f"key '{section}.{rank}': expected a rank number with its shard's record"
+            for key in _RANK_KEYS:
+                if not _is_int(rec.get(key)):
+                    return f"key '{section}.{rank}.{key}': expected an integer, found {rec.get(key)!r}"
     # the ranks a commit lists: every one of world_size (rank 0 alone when replicated); a
     # world_size that the ranks do not cover passed verify and was kept by prune, then load
     # refused it ("world size 2; this job has 1 ranks") with the good older one pruned
@@ -179,6 +194,10 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
     if len(doc["ranks"]) != n or set(doc["ranks"]) != {str(r) for r in range(n)}:
         return (f"key 'ranks': expected the shards of ranks 0 to {n - 1} (world_size {doc['world_size']}"
                 f"{', replicated' if doc['replicated'] else ''}), found ranks {sorted(doc['ranks'])[:8]}")
+    w = doc["world_size"]
+    if per_rank is not None and set(per_rank) != {str(r) for r in range(w)}:
+        return (f"key 'per_rank': expected the per-rank values of ranks 0 to {w - 1} (world_size {w}), "
+                f"found ranks {sorted(per_rank)[:8]}")
     return None
 
 
@@ -237,22 +256,25 @@ def restore_replaced(root: Path) -> None:
             os.rename(f.path, root / step_name(f.step))
 
 
-def verify(found: Found, ranks: list[int] | None = None, *, checksums: bool = True) -> list[str]:
+def verify(found: Found, ranks: list[int] | None = None, *, checksums: bool = True,
+           files: Collection[tuple[str, int]] | None = None, but: Collection[tuple[str, int]] = ()) -> list[str]:
     """Problems with a committed checkpoint's files (sizes always; crc32 when ``checksums``);
-    empty when it is good. ``ranks``: only these ranks' shards."""
+    empty when it is good. ``ranks``: only these ranks' files; ``files``: only these
+    ``(kind, rank)`` (``shards``); ``but``: not these."""
     if found.problems or not found.manifest:
         return found.problems or ["no manifest"]
     problems = []
-    for key, rec in found.manifest["ranks"].items():
-        rank = int(key)
-        if ranks is not None and rank not in ranks:
+    for kind, rank, rec in shards(found.manifest):
+        if ranks is not None and rank not in ranks or files is not None and (kind, rank) not in files \
+                or (kind, rank) in but:
             continue
-        problems += verify_shard(found.path, rank, rec, checksums=checksums)
+        problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind)
     return problems
 
 
-def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: bool = True) -> list[str]:
-    bin_name, json_name = shard_names(rank)
+def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: bool = True,
+                 kind: str = "rank") -> list[str]:
+    bin_name, json_name = shard_names(rank, kind)
     problems = []
     for name, size_key, crc_key in ((bin_name, "size", "crc32"), (json_name, "json_size", "json_crc32")):
         path = directory / name

@@ -7,17 +7,24 @@ export or a look at rank 3's optimizer state comes afterwards, in one process, s
 the step and the shard. The checks are the resume path's: the manifest key by key, every
 shard's size, the chosen shard's crc32, pickled leaves through the scan's restricted loader.
 Shards are not merged: how a sharded state splits (FSDP, ZeRO, the user's own) is the
-training code's, and a shard records none of it.
+training code's, and a shard records none of it. A replicated checkpoint's per-rank values
+(``own-NNNNN``) are the named rank's, rank 0's when none is named.
+
+``resolve_own`` is what the resume path does at another world size than the one that saved:
+a data-loader state taken at an epoch boundary carries over (the loader reshards it), a
+``PerRank(..., on_resize="none")`` loads as None, anything else is refused in one line,
+at load, instead of a state that breaks the training code on every restart.
 """
 
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from hpcml.ckpt import layout
-from hpcml.ckpt.flatten import unflatten
+from hpcml.ckpt.flatten import is_data_state, own_slots, unflatten
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.errors import HpcmlError, UsageError
 
@@ -67,18 +74,66 @@ def shard_of(found: layout.Found, rank: int | None) -> int:
     return rank
 
 
-def check(found: layout.Found, rank: int) -> None:
-    """The resume path's checks: every shard's size, then ``rank``'s shard's crc32."""
+def own_of(found: layout.Found, rank: int | None) -> int | None:
+    """Whose per-rank values come with a replicated checkpoint (``rank``'s, rank 0's when
+    none is named); None when it has none."""
     assert found.manifest is not None
-    problems = layout.verify(found, [r for r in map(int, found.manifest["ranks"]) if r != rank], checksums=False)
-    problems = problems or layout.verify(found, [rank])
+    return None if "per_rank" not in found.manifest else rank or 0
+
+
+def check(found: layout.Found, rank: int, own: int | None = None) -> None:
+    """The resume path's checks: every file's size, then the crc32 of ``rank``'s shard
+    (and of ``own``'s per-rank values)."""
+    assert found.manifest is not None
+    mine = [("rank", rank)] + ([("own", own)] if own is not None else [])
+    problems = layout.verify(found, but=mine, checksums=False) or layout.verify(found, files=mine)
     if problems:
         raise CheckpointError(problems[0])
 
 
-def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None) -> Any:
-    """Rebuild one shard's state from its index and bytes (checked by the caller)."""
-    bin_name, json_name = layout.shard_names(rank)
+def read_own(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None) -> list[Any]:
+    """The per-rank values that ``rank`` saved beside a replicated state, in order."""
+    values = read_state(directory, rank, map_location, policy, kind="own")
+    if not isinstance(values, list):
+        raise CheckpointError(f"{directory / layout.shard_names(rank, 'own')[1]}: not a list of per-rank values")
+    return values
+
+
+def resolve_own(values: list[Any], slots: list[dict[str, Any]], saved: int, world: int, source: str) -> list[Any]:
+    """The per-rank values as a rank of a ``world``-rank job gets them from a checkpoint that
+    ``saved`` ranks wrote (each its own; see the module's docstring at another world size)."""
+    if saved == world:
+        return values
+    out = list(values)
+    for slot in slots:
+        i, where = slot["__own"], slot.get("at") or "state"
+        if not 0 <= i < len(values):
+            continue                                   # unflatten names it
+        head = f"saved by {saved} ranks, this job has {world}: "
+        if is_data_state(values[i]):
+            from hpcml.data.reader import resize_problem
+            problem = resize_problem(values[i])
+            if problem:
+                raise ResizeRefused(head + problem + f"; resume on {saved} ranks, or from a checkpoint "
+                                    "taken at an epoch's end", file=source, key=where)
+        elif slot.get("resize") == "none":
+            out[i] = None
+        else:
+            raise ResizeRefused(head + "a per-rank value (PerRank) has no owner among other ranks; resume on "
+                                f"{saved} ranks, or save it as PerRank(..., on_resize='none') to load None",
+                                file=source, key=where)
+    return out
+
+
+class ResizeRefused(UsageError):
+    """A replicated checkpoint's per-rank values that do not carry over to this world size."""
+
+
+def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None, *,
+               kind: str = "rank", own: Callable[[list[dict[str, Any]]], list[Any]] | None = None) -> Any:
+    """Rebuild one shard's state from its index and bytes (checked by the caller). ``own``
+    gives the per-rank values of the state's ``{"__own": i}`` places (``own_slots``)."""
+    bin_name, json_name = layout.shard_names(rank, kind)
     shard = layout.read_json(directory / json_name, layout.SHARD_TAG)
     with open(directory / bin_name, "rb", buffering=0) as fh:
         size = os.fstat(fh.fileno()).st_size
@@ -90,8 +145,9 @@ def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: An
     if got != size:
         raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {size}")
     try:
+        values = own(own_slots(shard["skeleton"])) if own is not None else None
         return unflatten(shard["skeleton"], shard["entries"], memoryview(buf), source=str(directory / bin_name),
-                         map_location=map_location, policy=policy)
+                         map_location=map_location, policy=policy, own=values)
     except HpcmlError:
         raise
     except Exception as exc:  # noqa: BLE001 - a structure that does not match its bytes, a refused global
@@ -106,5 +162,13 @@ def load(path: str | os.PathLike, step: int | None = None, *, rank: int | None =
     policy for pickled leaves (default: the built-in one)."""
     found = find(path, step)
     shard = shard_of(found, rank)
-    check(found, shard)
-    return read_state(found.path, shard, map_location, policy), found.step
+    own = own_of(found, rank)
+    check(found, shard, own)
+    return read(found, shard, own, map_location, policy), found.step
+
+
+def read(found: layout.Found, shard: int, own: int | None, map_location: Any = "cpu", policy: Any = None) -> Any:
+    """The state of ``shard`` with ``own``'s per-rank values in place (checked by the caller)."""
+    def values(_slots: list[dict[str, Any]]) -> list[Any]:
+        return read_own(found.path, own, map_location, policy) if own is not None else []
+    return read_state(found.path, shard, map_location, policy, own=values if own is not None else None)

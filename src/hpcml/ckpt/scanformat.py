@@ -35,13 +35,14 @@ if TYPE_CHECKING:
     from hpcml.scan.policy import Policy
 
 NAME = "hpcml-ckpt"
-_SHARD = re.compile(r"^rank-(\d{5,})\.bin$")
+_SHARD = re.compile(r"^(?:rank|own)-(\d{5,})\.bin$")     # own-: a replicated state's per-rank values
 _KINDS = ("torch", "numpy", "bytes", "pickle")
 
 
 def index_of(path: Path) -> tuple[Path, Any] | None:
     """``(index path, index document)`` when ``path`` is an hpcml shard: named
-    ``rank-NNNNN.bin`` with a ``rank-NNNNN.json`` beside it that carries the shard tag."""
+    ``rank-NNNNN.bin`` (or ``own-NNNNN.bin``) with its ``.json`` beside it that carries the
+    shard tag."""
     if not _SHARD.match(path.name):
         return None
     from hpcml.files import load_json_bounded
@@ -150,13 +151,15 @@ def load(path: Path, claim: Any, policy: Policy, map_location: Any, rank: int | 
     if path.is_dir():
         found = offline.find(path)
     else:
-        found, rank = offline.find(path.parent), int(path.stem.removeprefix("rank-"))
+        found, rank = offline.find(path.parent), int(path.stem.split("-", 1)[1])
     shard = offline.shard_of(found, rank)
-    result = scan_file(found.path / layout.shard_names(shard)[0], policy)
-    if result.verdict is not Verdict.SAFE:
-        raise UnsafeFileError(result)
-    offline.check(found, shard)
-    return offline.read_state(found.path, shard, map_location, policy)
+    own = offline.own_of(found, rank)
+    for kind, r in [("rank", shard)] + ([("own", own)] if own is not None else []):
+        result = scan_file(found.path / layout.shard_names(r, kind)[0], policy)
+        if result.verdict is not Verdict.SAFE:
+            raise UnsafeFileError(result)
+    offline.check(found, shard, own)
+    return offline.read(found, shard, own, map_location, policy)
 
 
 FORMAT = ScanFormat(looks_like=lambda head, size, name: False, scan=lambda *args: None,

@@ -42,6 +42,20 @@ class ResumeStateError(UsageError, ValueError):
     """A resume state that belongs to another dataset, seed or layout."""
 
 
+def resize_problem(state: dict, samples: int | None = None) -> str | None:
+    """Why ``state`` cannot resume at another world size, or None: only a state at an epoch
+    boundary can (nothing of the epoch delivered, or all of it). Mid-epoch, the samples a
+    rank has delivered are scattered over the new ranks' slices, so no position of theirs
+    says what is left. ``samples``: the rank's samples per epoch (default: the state's)."""
+    position = state.get("position", 0)
+    n = samples if samples is not None else state.get("samples")
+    if position == 0 or type(n) is int and position >= n:
+        return None
+    of = f" of {n}" if type(n) is int else ""
+    return (f"the data loader's state is mid-epoch (epoch {state.get('epoch')}, sample {position}{of} of rank "
+            f"{state.get('rank')}), and a position within an epoch does not carry over to another world size")
+
+
 def _env_rank() -> tuple[int, int]:
     who = ranks()
     return who.rank, who.world_size
@@ -144,6 +158,7 @@ class ShardDataset:
         self.epoch = 0
         self.position = 0               # samples of this epoch already delivered on this rank
         self._workers, self._batch = 1, 1
+        self._resumed = self._hold = False   # set_epoch(the state's epoch) right after a resume
         self.skipped = 0                # samples skipped as corrupt (on_corrupt="skip")
         self.reads = self.read_bytes = 0   # read calls and bytes of this process (for benchmarks)
         self._counts = [s.samples for s in self.manifest.shards]
@@ -154,8 +169,14 @@ class ShardDataset:
         return order.per_rank(sum(self._counts), self.world_size, self.layout.drop_last)
 
     def set_epoch(self, epoch: int) -> None:
+        """Start ``epoch`` (its first sample), or keep the position when it is the current
+        one. Right after ``load_state_dict`` of a state taken at the end of that epoch, the
+        epoch stays finished (the next iteration yields nothing) instead of rolling on to the
+        next epoch: the training loop's epoch number and the data's stay the same."""
         if epoch != self.epoch:
             self.epoch, self.position = epoch, 0
+        elif self._resumed:
+            self._hold = True
 
     def plan(self, workers: int = 1, batch: int = 1) -> order.RankPlan:
         return order.rank_plan(self._counts, self._sizes, self.layout, self.epoch, self.rank,
@@ -163,12 +184,14 @@ class ShardDataset:
 
     def state_dict(self) -> dict:
         return {"schema": STATE_SCHEMA, "dataset": self.manifest.dataset, "epoch": self.epoch,
-                "position": self.position, "rank": self.rank, "world_size": self.world_size,
-                "workers": self._workers, "batch_size": self._batch,
+                "position": self.position, "samples": len(self), "rank": self.rank,
+                "world_size": self.world_size, "workers": self._workers, "batch_size": self._batch,
                 "layout": dict(self.layout.__dict__)}
 
     def load_state_dict(self, state: dict) -> None:
-        """Resume exactly where ``state`` was taken; refuse a state of another run."""
+        """Resume exactly where ``state`` was taken; refuse a state of another run. A state
+        of another world size resumes only at an epoch boundary (``resize_problem``): the
+        epoch it was in, at its start or finished."""
         legacy = isinstance(state, dict) and "schema" not in state and state.get("format") == LEGACY_STATE_FORMAT
         if not legacy:
             try:
@@ -179,23 +202,45 @@ class ShardDataset:
         if state.get("dataset") != mine["dataset"]:
             raise ResumeStateError(f"state is of dataset {state.get('dataset')}, this is {mine['dataset']}",
                                    key="dataset")
-        for key in ("rank", "world_size", "layout"):
+        resized = state.get("world_size") != mine["world_size"] and type(state.get("world_size")) is int \
+            and state["world_size"] >= 1
+        if resized:
+            old = order.per_rank(sum(self._counts), state["world_size"], self.layout.drop_last)
+            problem = resize_problem(state, old)
+            if problem:
+                raise ResumeStateError(f"state has {state['world_size']}, this reader {mine['world_size']}: {problem}",
+                                       key="world_size")
+        for key in ("layout",) if resized else ("rank", "world_size", "layout"):
             if state.get(key) != mine[key]:
                 raise ResumeStateError(f"state has {state.get(key)!r}, this reader {mine[key]!r}: the order "
                                        "would differ", key=key)
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        if resized and self.position:
+            self.position = len(self)            # the epoch was finished: finished here too
         self._workers, self._batch = int(state.get("workers", 1)), int(state.get("batch_size", 1))
+        self._resumed, self._hold = True, False
+
+    def resume_problem(self, workers: int, batch: int) -> ResumeStateError | None:
+        """Mid-epoch, the loader must deal batches as when the state was taken: the plan
+        (which worker reads which batch) and the position's batch count depend on both."""
+        workers, batch = max(1, workers), max(1, batch)
+        if not 0 < self.position < len(self) or (self._workers, self._batch) == (workers, batch):
+            return None
+        return ResumeStateError(f"state was taken with {self._workers} workers and batch size {self._batch}, this "
+                                f"loader has {workers} and {batch}; resume mid-epoch with the same",
+                                key="workers" if self._workers != workers else "batch_size")
 
     def begin(self, workers: int, batch: int) -> None:
         """Start an iteration: after a finished epoch the next one begins (a new order
         even without ``set_epoch``); mid-epoch, the loader must deal batches as when the
         state was taken."""
         workers, batch = max(1, workers), max(1, batch)
-        if self.position >= len(self) > 0:
+        if self.position >= len(self) > 0 and not self._hold:
             self.epoch, self.position = self.epoch + 1, 0
-        if self.position and (self._workers > 1 or workers > 1) and (self._workers, self._batch) != (workers, batch):
-            raise ResumeStateError(f"state was taken with {self._workers} workers and batch size "
-                                   f"{self._batch}; resume with the same", key="workers")
+        self._resumed = self._hold = False
+        problem = self.resume_problem(workers, batch)
+        if problem is not None:
+            raise problem
         self._workers, self._batch = workers, batch
 
     # -- reading --------------------------------------------------------------------------

@@ -43,7 +43,7 @@ class ShardLoader:
 
         loader = ShardLoader(ShardDataset("/scratch/ds", seed=1), batch_size=64, num_workers=4)
         loader.load_state_dict(ckpt["data"])          # optional: resume mid-epoch
-        for epoch in range(start, epochs):
+        for epoch in range(loader.epoch, epochs):
             loader.set_epoch(epoch)
             for batch in loader: ...                  # ckpt["data"] = loader.state_dict()
 
@@ -67,6 +67,11 @@ class ShardLoader:
         n = len(self.ds)
         return -(-n // self.batch_size) if n else 0
 
+    @property
+    def epoch(self) -> int:
+        """The epoch it reads (after ``load_state_dict``: the state's, where a loop resumes)."""
+        return self.ds.epoch
+
     def set_epoch(self, epoch: int) -> None:
         self.ds.set_epoch(epoch)
 
@@ -74,14 +79,25 @@ class ShardLoader:
         return self.ds.state_dict()
 
     def load_state_dict(self, state: dict) -> None:
+        """Resume where ``state`` was taken; mid-epoch with the same workers and batch size
+        (refused here, at once, otherwise)."""
         self.ds.load_state_dict(state)
+        problem = self.ds.resume_problem(self.num_workers, self.batch_size)
+        if problem is not None:
+            raise problem
 
     def __iter__(self) -> Iterator[Any]:
         ds, batch = self.ds, self.batch_size
         ds.begin(self.num_workers, batch)
         n = len(ds)
-        loader = DataLoader(ShardIterable(ds, batch), batch_size=batch, num_workers=self.num_workers,
-                            **self.kwargs)
+        kwargs = dict(self.kwargs)
+        if "generator" not in kwargs:
+            # DataLoader draws its workers' base seed from the global RNG at every iter():
+            # a resume mid-epoch would draw once more than the run it continues and shift
+            # the training's own random stream. The order is planned; no draw is needed.
+            import torch
+            kwargs["generator"] = torch.Generator()
+        loader = DataLoader(ShardIterable(ds, batch), batch_size=batch, num_workers=self.num_workers, **kwargs)
         for item in loader:
             ds.position = min(ds.position + batch, n)
             yield item
