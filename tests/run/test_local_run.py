@@ -106,6 +106,23 @@ def test_every_task_gets_the_rendezvous(tmp_path):
     assert meta["command"] == [sys.executable, "-c", probe]
 
 
+def test_the_ranks_one_helper_process_loads_only_what_recording_needs(tmp_path):
+    """Each rank has one helper process (the task wrapper, which records in-process) and it
+    pays for no library it does not use: pyarrow would import pandas at its first array
+    (0.4 s, 50 MB per rank) and the run.json model pydantic (0.2 s). The rank reads its
+    parent's mapped files after the recorder has written its first rows."""
+    probe = ("import os, time; time.sleep(2.5); p = os.getppid(); "
+             "print(open(f'/proc/{p}/cmdline').read().split(chr(0))[1:3]); "
+             "print(sorted({os.path.basename(os.readlink(f'/proc/{p}/map_files/' + m)).split('.')[0] "
+             "for m in os.listdir(f'/proc/{p}/map_files')}))")
+    p = hpcml("run", "--ntasks", "1", "--dir", "job", "--no-report", "--", sys.executable, "-c", probe, cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    cmdline, libs = (tmp_path / "job" / "logs" / "rank-00000.out").read_text().splitlines()[-2:]
+    assert cmdline == "['-m', 'hpcml.run.task']"                         # the parent is the wrapper
+    assert "lib" in libs and "_psutil_linux" in libs                      # it records: pyarrow, psutil
+    assert "_pydantic_core" not in libs and "hashtable" not in libs and "groupby" not in libs, libs  # pandas' own
+
+
 @pytest.mark.torch
 def test_a_crashing_rank_gives_its_exit_code_and_its_stderr(tmp_path):
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--", "python", EXAMPLE, "--data", tmp_path / "data",

@@ -43,6 +43,9 @@ from hpcml.farm.model import ENDS
 from hpcml.files import load_json_bounded, write_atomic
 from hpcml.jobmodel import MAX_RUN_JSON, RunRecord, dumps
 from hpcml.owner import LAUNCHER, Liveness, Owner, job_liveness, local_liveness
+from hpcml.run.jobpaths import attempt_dir as attempt_dir  # re-exported: callers import them here
+from hpcml.run.jobpaths import log_path as log_path
+from hpcml.run.jobpaths import observe_dir as observe_dir
 
 SCHEMA = jobmodel.RUN_SCHEMA
 RUN_JSON = "run.json"
@@ -66,15 +69,6 @@ def default_dir(job_id: str | None) -> Path:
     raise UsageError("every default job directory name is taken; give one", key="dir")
 
 
-def attempt_dir(d: Path, attempt: int = 0) -> Path:
-    """Where attempt ``attempt`` keeps its observe store and requeue marker."""
-    return d if attempt == 0 else d / "attempts" / str(attempt)
-
-
-def observe_dir(d: Path, attempt: int = 0) -> Path:
-    return attempt_dir(d, attempt) / "observe"
-
-
 def rank_meta(d: Path, attempt: int = 0) -> list[dict[str, Any]]:
     """Each rank's metadata in the attempt's observe store (start, end, exit code, node);
     empty when no task got as far as recording."""
@@ -88,10 +82,6 @@ def rank_meta(d: Path, attempt: int = 0) -> list[dict[str, Any]]:
 
 def vet_dir(d: Path) -> Path:
     return d / "vet"
-
-
-def log_path(d: Path, rank: int, stream: str) -> Path:
-    return d / "logs" / f"rank-{rank:05d}.{stream}"
 
 
 def write_run(d: Path, record: RunRecord, exclusive: bool = False) -> None:

@@ -32,7 +32,7 @@ from hpcml.cluster.ranks import ranks
 from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.errors import UsageError
 from hpcml.proctree import become_subreaper, stop_descendants
-from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
+from hpcml.run.jobpaths import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
 from hpcml.signals import install
 
