@@ -305,6 +305,9 @@ def test_annotations_merge_by_key(site):
     ("/x.sqsh:/data:sqsh", Mount("/x.sqsh", "/data", ("sqsh",))),
     ("/a:/b:ro+private+nosuid+rbind", Mount("/a", "/b", ("ro", "private", "nosuid", "rbind"))),
     ("./d:/d", Mount("/cwd/d", "/d")),
+    ("/capstor", Mount("/capstor", "/capstor")),                    # pyxis's short form
+    ("./d", Mount("/cwd/d", "/cwd/d")),
+    ("/a:/b:unbindable+ro", Mount("/a", "/b", ("unbindable", "ro"))),
 ])
 def test_parse_mount(spec, want):
     m = parse_mount(spec, "/cwd")
@@ -312,7 +315,7 @@ def test_parse_mount(spec, want):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("/a", "no destination"),
+    ("a", "must be absolute"),
     ("/a:b", "absolute"),
     (":/b", "empty source"),
     ("/a:", "empty destination"),
@@ -328,7 +331,8 @@ def test_parse_mount_errors(spec, words):
 
 
 @pytest.mark.parametrize("spec, words", [
-    ("/a", "no destination"), ("/a:rel", "absolute"), (":/b", "empty source"), ("/a:/b:ro+bogus", "'bogus'"),
+    ("rel", "must be absolute"), ("/a:rel", "absolute"), (":/b", "empty source"), ("/a:/b:ro+bogus", "'bogus'"),
+    ("/a:/b:remount", "'remount'"),
 ])
 def test_bad_mount_in_edf_names_file_key_line(site, spec, words):
     site.write(site.work / "t.toml", f'image = "i"\nmounts = [\n  "/ok:/ok",\n  "{spec}",\n]\n')
@@ -362,9 +366,17 @@ def test_self_cycle(site):
 
 
 def test_undefined_variable_names_it_and_the_key(site):
-    site.write(site.work / "t.toml", 'image = "i"\n[env]\nOK = "1"\nOUT = "${MISSING}/x"\n')
+    site.write(site.work / "t.toml", 'image = "i"\nworkdir = "${MISSING}/x"\n')
     err = site.error("./t.toml")
-    assert "MISSING" in str(err) and err.key == "env.OUT" and err.line == 4
+    assert "MISSING" in str(err) and err.key == "workdir" and err.line == 2
+
+
+def test_undefined_variable_in_env_warns_the_image_may_define_it(site):
+    """[env] resolves against the container's environment: only the start can tell."""
+    site.write(site.work / "t.toml", 'image = "i"\n[env]\nOK = "1"\nOUT = "${MISSING}/x"\n')
+    r = site.load("./t.toml")
+    assert r.env.env_template == {"OUT": "${MISSING}/x"} and r.env.env["OUT"] == "${MISSING}/x"
+    assert len(r.warnings) == 1 and "t.toml:4: key 'env.OUT': MISSING is not set here" in r.warnings[0]
 
 
 def test_undefined_variable_in_base_environment(site):
@@ -490,3 +502,71 @@ def test_devices_accumulate_without_duplicates(site):
     e = site.load("./t.toml").env
     assert e.devices == ["nvidia.com/gpu=all", "/dev/gdrdrv"]
     assert e.origin["devices[0]"] == str(b) and e.origin["devices[1]"] == str(t)
+
+
+# ---------------------------------------------------------------- CSCS conformance, by class
+
+def test_mount_added_by_two_bases_with_different_flags_is_mounted_once(site):
+    """The later mount at a destination covers the earlier: mount it alone, where it comes."""
+    a = site.write(site.edf / "a.toml", 'image = "i"\nmounts = ["/capstor", "/x:/x"]\n')
+    b = site.write(site.edf / "b.toml", 'mounts = ["/capstor/:/capstor:ro+unbindable", "/y:/y"]\n')
+    site.write(site.work / "t.toml", 'base_environment = ["a", "b"]\nmounts = ["/x:/x"]\n')
+    e = site.load("./t.toml").env
+    assert [m.spec() for m in e.mounts] == ["/capstor/:/capstor:ro+unbindable", "/y:/y", "/x:/x"]
+    assert [e.origin[f"mounts[{i}]"] for i in range(3)] == [str(b), str(b), str(site.work / "t.toml")]
+    assert "mounts[3]" not in e.origin and str(a) in map(str, e.chain)
+
+
+def test_env_values_with_variables_are_kept_for_the_container(site):
+    site.write(site.work / "t.toml", '''image = "i"
+[env]
+PATH = "${PATH}:/custom/bin"
+LIT = "$${HOME} costs $$5"
+DEF = "${NOPE:-fallback}"
+PLAIN = "x"
+''')
+    r = site.load("./t.toml", environ=dict(site.environ, PATH="/login/bin"))
+    e = r.env
+    assert e.env == {"PATH": "/login/bin:/custom/bin", "LIT": "${HOME} costs $5", "DEF": "fallback", "PLAIN": "x"}
+    assert e.env_template == {"PATH": "${PATH}:/custom/bin", "DEF": "${NOPE:-fallback}"}   # escaped $: literal
+    assert r.warnings == []
+
+
+def test_env_later_literal_replaces_a_template(site):
+    site.write(site.edf / "b.toml", 'image = "i"\n[env]\nP = "${HOME}/x"\n')
+    site.write(site.work / "t.toml", 'base_environment = "b"\n[env]\nP = "fixed"\n')
+    e = site.load("./t.toml").env
+    assert e.env["P"] == "fixed" and e.env_template == {}
+
+
+def test_env_bad_substitution_is_still_an_error(site):
+    site.write(site.work / "t.toml", 'image = "i"\n[env]\nX = "${A:?no}"\n')
+    err = site.error("./t.toml")
+    assert err.key == "env.X" and "bad substitution" in str(err)
+
+
+def test_engines_defaults_and_limits(site):
+    site.write(site.work / "t.toml", 'image = "nvcr.io/nvidia/pytorch:25.01-py3"\nmounts = ["/a:/a"]\n')
+    assert site.load("./t.toml").env.entrypoint is False                       # CSCS CE (pyxis)
+    assert site.load("./t.toml", engine="sarus-suite").env.entrypoint is True  # sarusctl render
+    env = dict(site.environ, HPCML_EDF_ENGINE="sarus-suite")
+    assert site.load("./t.toml", environ=env).env.entrypoint is True
+    site.write(site.work / "off.toml", 'base_environment = "./t.toml"\nentrypoint = false\n')
+    assert site.load("./off.toml", engine="sarus-suite").env.entrypoint is False
+    site.write(site.work / "short.toml", 'image = "i"\nmounts = ["/capstor"]\n')
+    err = site.error("./short.toml", engine="sarus-suite")
+    assert err.key == "mounts[0]" and "Sarus Suite needs SRC:DST" in str(err)
+    site.write(site.work / "path.toml", 'image = "/img/x.sqsh"\n')
+    err = site.error("./path.toml", engine="sarus-suite")
+    assert err.key == "image" and "registry references only" in str(err)
+    assert site.error("./t.toml", engine="docker").key == "engine"
+
+
+def test_show_prints_the_engine_default_and_env_template(site, monkeypatch):
+    site.write(site.work / "t.toml", 'image = "i"\n[env]\nP = "${HOME}/bin"\n')
+    monkeypatch.chdir(site.work)
+    monkeypatch.setenv("HOME", site.environ["HOME"])
+    out = CliRunner().invoke(env_app, ["show", "./t.toml", "--json", "--engine", "sarus-suite"])
+    doc = json.loads(out.output)
+    assert doc["entrypoint"] is True and doc["env_template"] == {"P": "${HOME}/bin"}
+    assert doc["env"]["P"] == site.environ["HOME"] + "/bin"

@@ -3,11 +3,14 @@ needs to be installed)."""
 
 from __future__ import annotations
 
+import shutil
+import subprocess
+
 import pytest
 
 from hpcml.env.model import STARTUP, USER_SITE, VENV, Environment, Mount
 from hpcml.env.runtimes import PREFERENCE, RUNTIMES, auto, get
-from hpcml.env.runtimes.base import image_kind, oci_reference, wrap_command
+from hpcml.env.runtimes.base import enroot_reference, image_kind, oci_reference, wrap_command
 from hpcml.errors import UsageError
 
 CMD = ["python", "train.py", "--lr", "1e-3"]
@@ -181,3 +184,79 @@ def test_edf_image_reference_to_oci():
     assert oci_reference("localhost/hpcml-test:1") == "localhost/hpcml-test:1"
     assert render("podman", Environment(image="nvcr.io#nvidia/pytorch:25.01-py3")).argv[-len(CMD) - 1] == \
         "nvcr.io/nvidia/pytorch:25.01-py3"
+
+
+# ---------------------------------------------------------------- [env] resolved in the container, image syntax
+
+def _wrapper(argv: list[str]) -> list[str]:
+    i = argv.index("/bin/sh")
+    return argv[i:]
+
+
+def _run_in(argv: list[str], container_env: dict[str, str]) -> subprocess.CompletedProcess:
+    """The in-container wrapper run by a real sh, with ``container_env`` standing for the
+    environment the runtime gives the container."""
+    printenv = shutil.which("env") or "/usr/bin/env"
+    return subprocess.run(_wrapper(argv)[:4] + [printenv], env=container_env, capture_output=True, text=True)
+
+
+def templated() -> Environment:
+    return Environment(image="/images/rootfs", env={"PATH": "/login/bin:/custom/bin", "LIT": "$5", "GONE": None,
+                                                    "MY_NODE": "${VAR_FROM_HOST}"},
+                       env_template={"PATH": "${PATH}:/custom/bin", "MY_NODE": "${VAR_FROM_HOST}"})
+
+
+def test_env_template_uses_the_image_path_not_the_login_nodes():
+    launch = render("bubblewrap", templated(), command=["env"])
+    assert "--setenv" not in launch.argv and "--unsetenv" not in launch.argv   # all set in the container
+    done = _run_in(launch.argv, {"PATH": "/image/bin", "VAR_FROM_HOST": "nid1", "GONE": "x"})
+    got = dict(line.split("=", 1) for line in done.stdout.splitlines())
+    assert done.returncode == 0, done.stderr
+    assert got["PATH"] == "/image/bin:/custom/bin" and got["MY_NODE"] == "nid1" and got["LIT"] == "$5"
+    assert "GONE" not in got and got[NOUSER] == "1" and not any(k.startswith("_hpcml") for k in got)
+
+
+def test_env_template_undefined_everywhere_fails_the_start():
+    launch = render("enroot", Environment(image="/i.sqsh", env={"A": "${NOPE}"}, env_template={"A": "${NOPE}"}))
+    done = _run_in(launch.argv, {"PATH": "/bin:/usr/bin"})
+    assert done.returncode != 0 and "NOPE: undefined on the host and in the image" in done.stderr
+
+
+def test_env_template_podman_falls_back_to_the_host_value():
+    """podman passes no host variables: the host's value stands in where the image has none."""
+    launch = render("podman", templated(), command=["env"], environ={"VAR_FROM_HOST": "nid7", "PATH": "/login/bin"})
+    assert not any(a.startswith(("PATH=", "MY_NODE=")) for a in launch.argv)
+    got = dict(line.split("=", 1) for line in _run_in(launch.argv, {"PATH": "/image/bin"}).stdout.splitlines())
+    assert got["PATH"] == "/image/bin:/custom/bin" and got["MY_NODE"] == "nid7"
+    assert "VAR_FROM_HOST" not in got                    # the fallback does not leak into the command
+
+
+def test_env_template_runs_before_startup_lines():
+    env = templated()
+    env.annotations[STARTUP] = 'echo "$PATH"'
+    script = _wrapper(render("bubblewrap", env).argv)[2]
+    assert script.index("export PATH") < script.index('echo "$PATH"')
+
+
+@pytest.mark.parametrize("image, enroot_ref, oci", [
+    ("nvcr.io/nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io/nvidia/pytorch:25.01-py3"),
+    ("host:5000/ns/img:tag", "host:5000#ns/img:tag", "host:5000/ns/img:tag"),
+    ("localhost/img", "localhost#img", "localhost/img"),
+    ("alice@quay.io/org/img", "alice@quay.io#org/img", "alice@quay.io/org/img"),
+    ("nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io#nvidia/pytorch:25.01-py3", "nvcr.io/nvidia/pytorch:25.01-py3"),
+    ("library/ubuntu:24.04", "library/ubuntu:24.04", "docker.io/library/ubuntu:24.04"),
+    ("ubuntu:18.04", "ubuntu:18.04", "docker.io/ubuntu:18.04"),
+])
+def test_image_reference_in_each_runtimes_syntax(image, enroot_ref, oci):
+    assert enroot_reference(image) == enroot_ref and oci_reference(image) == oci
+    env = Environment(image=image)
+    assert render("enroot", env).prepare[0][-1] == "docker://" + enroot_ref
+    assert render("pyxis", env).argv[1] == "--container-image=" + enroot_ref
+    assert oci in render("podman", env).argv
+
+
+def test_pyxis_passes_mount_flags_as_written():
+    env = Environment(image="ubuntu:18.04", mounts=[Mount("/tmp", "/mnt", ("unbindable", "ro"))])
+    assert render("pyxis", env).argv[2] == "--container-mounts=/tmp:/mnt:unbindable+ro"
+    podman = render("podman", env).argv
+    assert podman[podman.index("-v") + 1] == "/tmp:/mnt:unbindable,ro"

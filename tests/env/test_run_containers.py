@@ -223,3 +223,13 @@ def test_podman_failing_to_start_the_container_is_exit_1_not_125(tmp_path):
                        capture_output=True, text=True, timeout=300, env={**os.environ, "CONTAINERS_REGISTRIES_CONF": "/dev/null"})
     assert p.returncode == 1, (p.returncode, p.stderr[-500:])
     assert "podman could not start the container" in p.stderr
+
+
+def test_podman_env_template_resolves_against_the_image_then_the_host(podman_image, monkeypatch, capfd):
+    """CSCS: ``${VAR}`` in [env] is the container's value (the image's over the host's)."""
+    monkeypatch.setenv("IMAGE_VAR", "from-host")
+    monkeypatch.setenv("HPCML_HOST_ONLY", "host-only")
+    env = Environment(image=podman_image, env={"A": "", "B": ""},
+                      env_template={"A": "${IMAGE_VAR}:x", "B": "${HPCML_HOST_ONLY}:y"})
+    assert run(env, ["/bin/sh", "-c", 'echo "A=$A B=$B leak=${HPCML_HOST_ONLY-none}"'], "podman") == 0
+    assert capfd.readouterr().out.strip().splitlines()[-1] == "A=from-image:x B=host-only:y leak=none"

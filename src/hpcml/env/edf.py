@@ -2,13 +2,25 @@
 
 Rules follow the CSCS EDF reference (see notes/containers.md (a)): bases applied in order,
 parents first, at most 10 levels; scalars override, ``mounts``/``env``/``devices`` accumulate,
-annotations merge key by key; every string is expanded against the *caller's* environment;
-``./`` paths are relative to the caller's directory, not the EDF's. Choices where the
-reference is silent: a base reached twice (diamond) is applied once, at its first place;
-an ``[env]`` value written as ``""`` unsets the variable, while one that only *expands* to
-``""`` sets it empty; duplicate devices are dropped. An unknown top-level key is an error
-naming the nearest valid key (``lenient``: a warning, returned in ``Resolved.warnings``, a
-list the CLI prints; nothing goes through ``warnings``).
+annotations merge key by key; ``./`` paths are relative to the caller's directory, not the
+EDF's. Strings are expanded against the *caller's* environment, except ``[env]`` values
+that reference variables: CSCS resolves those against the container's (the image's
+variables over the host's), so they are kept as written (``Environment.env_template``) and
+expanded by the in-container wrapper; an undefined one is a warning here and an error at
+start when the image does not define it either. A mount ``PATH`` alone is pyxis's short
+form, ``PATH:PATH``. A mount whose destination a later mount (a later base, or this file)
+also takes is dropped: the later one would cover it, so the launch does not mount both.
+
+Choices where the reference is silent: a base reached twice (diamond) is applied once, at
+its first place; an ``[env]`` value written as ``""`` unsets the variable, while one that
+only *expands* to ``""`` sets it empty; duplicate devices are dropped. An unknown top-level
+key is an error naming the nearest valid key (``lenient``: a warning, returned in
+``Resolved.warnings``, a list the CLI prints; nothing goes through ``warnings``).
+
+``engine`` says whose defaults and limits apply: ``ce`` (the production Container Engine,
+pyxis-based: no entrypoint by default, short-form mounts and image paths allowed) or
+``sarus-suite`` (its successor on podman: ``sarusctl render`` runs the entrypoint by
+default, and mount destinations and registry images are required).
 
 Types are checked explicitly rather than with pydantic: the error must carry file, key
 and line, and it is one short line per case.
@@ -23,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.env.expand import ExpansionError, expand
+from hpcml.env.expand import ExpansionError, expand, to_shell
 from hpcml.env.model import Environment
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
@@ -31,6 +43,8 @@ from hpcml.files import load_toml, read_config, unknown_key
 from hpcml.schemas import tag
 
 MAX_DEPTH = 10
+#: engine -> entrypoint default (CSCS's EDF reference; Sarus Suite's ``sarusctl render``)
+ENGINES = {"ce": False, "sarus-suite": True}
 KNOWN_KEYS = ("base_environment", "image", "workdir", "entrypoint", "writable", "mounts",
               "devices", "env", "annotations")
 
@@ -47,7 +61,8 @@ class Resolved:
                 "writable": e.writable,
                 "mounts": [{"source": m.source, "target": m.target, "flags": list(m.flags)}
                            for m in e.mounts],
-                "devices": list(e.devices), "env": dict(e.env), "annotations": dict(e.annotations),
+                "devices": list(e.devices), "env": dict(e.env), "env_template": dict(e.env_template),
+                "annotations": dict(e.annotations),
                 "origin": dict(e.origin), "warnings": list(self.warnings)}
 
 
@@ -224,7 +239,8 @@ def _unknown_keys(f: _File, warnings: list[str], lenient: bool) -> None:
         warnings.append(f"{f.path}{':' + str(line) if line else ''}: key '{key}': {problem}, ignored")
 
 
-def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warnings: list[str]) -> None:
+def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warnings: list[str],
+           mount_origins: list[str], engine: str) -> None:
     data, src = f.data, str(f.path)
     if "image" in data:
         e.image = resolve_path(_string(f, "image", data["image"], environ), cwd)
@@ -239,14 +255,7 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
             setattr(e, key, data[key])
             e.origin[key] = src
     if "mounts" in data:
-        for i, raw in enumerate(_strings(f, "mounts", data["mounts"])):
-            key = f"mounts[{i}]"
-            try:
-                mount = parse_mount(_string(f, key, raw, environ), cwd)
-            except MountError as exc:
-                raise f.error(str(exc), key, raw) from None
-            e.origin[f"mounts[{len(e.mounts)}]"] = src
-            e.mounts.append(mount)
+        _mounts(f, e, environ, cwd, mount_origins, engine)
     if "devices" in data:
         for i, raw in enumerate(_strings(f, "devices", data["devices"])):
             device = _string(f, f"devices[{i}]", raw, environ)
@@ -260,7 +269,8 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
             key = f"env.{name}"
             if not name or "=" in name or "\0" in name:
                 raise f.error(f"not a valid variable name: {name!r}", key)
-            e.env[name] = None if raw == "" else _string(f, key, raw, environ)
+            e.env_template.pop(name, None)
+            e.env[name] = None if raw == "" else _env_value(f, key, raw, environ, e, warnings)
             e.origin[key] = src
     if "annotations" in data:
         if not isinstance(data["annotations"], dict):
@@ -279,17 +289,61 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
             e.origin[key] = src
 
 
+def _mounts(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, origins: list[str],
+            engine: str) -> None:
+    """Append this file's mounts; an earlier mount at the same destination is dropped, since
+    the later one covers it (``origins`` runs parallel to ``e.mounts``)."""
+    for i, raw in enumerate(_strings(f, "mounts", f.data["mounts"])):
+        key = f"mounts[{i}]"
+        try:
+            mount = parse_mount(_string(f, key, raw, environ), cwd, short_form=engine == "ce")
+        except MountError as exc:
+            raise f.error(str(exc), key, raw) from None
+        target = os.path.normpath(mount.target)
+        for j in reversed(range(len(e.mounts))):
+            if os.path.normpath(e.mounts[j].target) == target:
+                del e.mounts[j], origins[j]
+        origins.append(str(f.path))
+        e.mounts.append(mount)
+
+
+def _env_value(f: _File, key: str, raw: Any, environ: Mapping[str, str], e: Environment,
+               warnings: list[str]) -> str:
+    """The host-only preview of an ``[env]`` value; one that references variables is also
+    kept as written, for the container's environment to resolve (module docstring)."""
+    if not isinstance(raw, str):
+        raise f.error(f"expected a string, found {_kind(raw)}", key)
+    try:
+        _, names = to_shell(raw)
+        preview = expand(raw, environ, keep_undefined=True)
+    except ExpansionError as exc:
+        raise f.error(str(exc), key, raw) from None
+    if names:
+        e.env_template[key.removeprefix("env.")] = raw
+        try:
+            expand(raw, environ)
+        except ExpansionError as exc:
+            line = f.line_of(key, raw)
+            warnings.append(f"{f.path}{':' + str(line) if line else ''}: key '{key}': {exc.variable} is not "
+                            "set here; the image must define it, or the container start fails")
+    return preview
+
+
 # ---------------------------------------------------------------- public entry
 
 def load(name_or_path: str | os.PathLike[str], *, environ: Mapping[str, str] | None = None,
          cwd: str | os.PathLike[str] | None = None, require_image: bool = True,
-         lenient: bool | None = None) -> Resolved:
+         lenient: bool | None = None, engine: str | None = None) -> Resolved:
     """Find, parse, inherit, expand and validate an EDF; any bad input is a ``UsageError``.
 
     ``environ`` (default ``os.environ``) feeds expansion, EDF_PATH and HOME; ``cwd``
-    (default the process's) anchors ``./`` paths.
+    (default the process's) anchors ``./`` paths; ``engine`` (default
+    ``$HPCML_EDF_ENGINE``, else ``ce``) is one of ``ENGINES``.
     """
     environ = os.environ if environ is None else environ
+    engine = engine or environ.get("HPCML_EDF_ENGINE") or "ce"
+    if engine not in ENGINES:
+        raise UsageError(f"unknown EDF engine {engine!r}; known: {', '.join(ENGINES)}", key="engine")
     cwd = os.getcwd() if cwd is None else os.fspath(cwd)
     name = os.fspath(name_or_path)
     if is_relative_path(name) or "/" in name:
@@ -301,9 +355,16 @@ def load(name_or_path: str | os.PathLike[str], *, environ: Mapping[str, str] | N
     warnings: list[str] = []
     if lenient is None:
         lenient = environ.get("HPCML_EDF_LENIENT", "") not in ("", "0")
+    mount_origins: list[str] = []
     for f in order:
         _unknown_keys(f, warnings, lenient)
-        _apply(f, e, environ, cwd, warnings)
+        _apply(f, e, environ, cwd, warnings, mount_origins, engine)
+    e.origin.update({f"mounts[{i}]": src for i, src in enumerate(mount_origins)})
+    if "entrypoint" not in e.origin:
+        e.entrypoint = ENGINES[engine]
+    if engine == "sarus-suite" and (e.image.startswith("/") or is_relative_path(e.image)):
+        raise UsageError(f"Sarus Suite runs registry references only, not the path {e.image!r}",
+                         file=str(e.origin.get("image", top)), key="image")
     if require_image and not e.image:
         raise UsageError("no image: set 'image' in this file or in a base environment",
                          file=str(top), key="image")

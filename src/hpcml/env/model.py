@@ -34,7 +34,8 @@ class Mount:
 
 @dataclass
 class Environment:
-    """Defaults follow the CSCS Container Engine (Pyxis-based): no entrypoint, writable."""
+    """Defaults follow the CSCS Container Engine (Pyxis-based): no entrypoint, writable
+    (``edf.load(engine="sarus-suite")`` sets Sarus Suite's entrypoint default instead)."""
 
     file: Path | None = None                       # the EDF this was resolved from
     image: str = ""                                # registry ref, a .sqsh file or a rootfs directory
@@ -44,6 +45,9 @@ class Environment:
     mounts: list[Mount] = field(default_factory=list)
     devices: list[str] = field(default_factory=list)
     env: dict[str, str | None] = field(default_factory=dict)     # None: unset in the container
+    # [env] values that reference variables, as written: the container's environment (image
+    # over host) resolves them at start; ``env`` holds the host-only preview
+    env_template: dict[str, str] = field(default_factory=dict)
     annotations: dict[str, str] = field(default_factory=dict)    # flattened dotted keys
     origin: dict[str, str] = field(default_factory=dict)         # "image", "env.X", "mounts[2]" -> EDF path
     chain: list[Path] = field(default_factory=list)              # base environments first, this file last

@@ -1,8 +1,12 @@
-"""EDF mount specs ``SRC:DST[:FLAGS]`` into ``Mount``.
+"""EDF mount specs ``SRC:DST[:FLAGS]`` (or pyxis's short form ``PATH``: the same path
+inside) into ``Mount``.
 
-The accepted flags are the ones enroot and Pyxis accept (an EDF goes to them unchanged
-at CSCS), so a spec that validates here also mounts there. Written by hand: the syntax is
-a split on ``:`` and ``+``, and the checks are what makes the error messages useful.
+The accepted flags are the mount options enroot's fstab parser knows (``enroot-mount.c``;
+pyxis turns ``+`` into ``,`` and hands them over, as CSCS's CE does), plus CSCS's
+``sqsh``, so a spec that validates here also mounts there. Options that are not about
+a bind mount (``remount``, ``x-move``, ``x-detach``, fstab's ``auto``/``user``...) are
+refused. Written by hand: the syntax is a split on ``:`` and ``+``, and the checks are
+what makes the error messages useful.
 """
 
 from __future__ import annotations
@@ -12,8 +16,12 @@ import os
 from hpcml.env.model import Mount
 from hpcml.errors import UsageError
 
-FLAGS = frozenset({"ro", "rw", "private", "rprivate", "shared", "rshared", "slave", "rslave",
-                   "nosuid", "nodev", "noexec", "bind", "rbind", "recursive", "sqsh"})
+FLAGS = frozenset({
+    "ro", "rw", "bind", "rbind", "recursive", "sqsh", "nofail", "silent", "loud",
+    "private", "rprivate", "shared", "rshared", "slave", "rslave", "unbindable", "runbindable",
+    "nosuid", "suid", "nodev", "dev", "noexec", "exec", "sync", "async", "dirsync", "mand", "nomand",
+    "atime", "noatime", "diratime", "nodiratime", "relatime", "norelatime", "strictatime", "nostrictatime",
+    "lazytime", "nolazytime", "iversion", "noiversion", "x-create=auto", "x-create=dir", "x-create=file"})
 
 
 class MountError(UsageError, ValueError):
@@ -30,11 +38,20 @@ def resolve_path(text: str, cwd: str) -> str:
     return os.path.normpath(os.path.join(cwd, text)) if is_relative_path(text) else text
 
 
-def parse_mount(spec: str, cwd: str) -> Mount:
-    """One expanded spec; ``./`` sources are made absolute against ``cwd``."""
+def parse_mount(spec: str, cwd: str, *, short_form: bool = True) -> Mount:
+    """One expanded spec; ``./`` sources are made absolute against ``cwd``. ``short_form``
+    (pyxis, CSCS's CE) lets ``PATH`` alone mean ``PATH:PATH``; Sarus Suite refuses it."""
     parts = spec.split(":")
+    if len(parts) == 1 and spec:
+        if not short_form:
+            raise MountError(f"no destination in {spec!r}: Sarus Suite needs SRC:DST "
+                             "(the CE's short form PATH means PATH:PATH)")
+        if not (spec.startswith("/") or is_relative_path(spec)):
+            raise MountError(f"a path alone must be absolute or start with ./ or ../, found {spec!r}")
+        path = resolve_path(spec, cwd)
+        return Mount(source=path, target=path)
     if len(parts) < 2:
-        raise MountError(f"expected SRC:DST[:FLAGS], found {spec!r} (no destination)")
+        raise MountError(f"expected SRC:DST[:FLAGS] or PATH, found {spec!r}")
     if len(parts) > 3:
         raise MountError(f"expected SRC:DST[:FLAGS], found {spec!r} (too many ':')")
     src, dst = parts[0], parts[1]

@@ -68,6 +68,7 @@ class Plan:
     cleanup: list[list[str]] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
     launch_environ: dict[str, str | None] = field(default_factory=dict)
+    exports: list[str] = field(default_factory=list)    # for wrap_command: [env] set in the container
 
 
 class Runtime:
@@ -80,6 +81,7 @@ class Runtime:
     executable = ""
     refuses: Mapping[str, str] = {}
     squashfuse_mounts = True    # False: the runtime mounts EDF sqsh files itself (pyxis)
+    inherits_host_env = True    # False: the container sees only the image's variables (podman)
 
     def available(self) -> bool:
         return shutil.which(self.executable) is not None
@@ -93,6 +95,9 @@ class Runtime:
         mounts, prepare, cleanup = squashfs_mounts(env, where) if self.squashfuse_mounts else (list(env.mounts), [], [])
         plan = Plan(env, kind, where, os.environ if environ is None else environ, mounts, container_env(env),
                     prepare, cleanup)
+        if env.env_template:
+            plan.exports = export_lines(env, plan.variables, plan.environ, host_fallback=not self.inherits_host_env)
+            plan.variables = {}
         argv = self.argv(plan, command)
         return Launch(self.name, argv, environ=plan.launch_environ, prepare=plan.prepare, cleanup=plan.cleanup,
                       notes=plan.notes)
@@ -133,11 +138,12 @@ def container_env(env: Environment) -> dict[str, str | None]:
 
 
 def wrap_command(env: Environment, command: list[str], *, workdir: str | None = None,
-                 unset: list[str] | tuple[str, ...] = ()) -> list[str]:
+                 unset: list[str] | tuple[str, ...] = (), exports: list[str] | tuple[str, ...] = ()) -> list[str]:
     """The command, wrapped in ``/bin/sh -c`` when something must happen inside the
-    container first: unset variables and change directory (for runtimes that cannot),
-    run the ``com.hpcml.startup`` lines, activate ``com.hpcml.venv``. Unchanged otherwise."""
-    steps: list[str] = []
+    container first: set ``[env]`` (``Plan.exports``), unset variables and change directory
+    (for runtimes that cannot), run the ``com.hpcml.startup`` lines, activate
+    ``com.hpcml.venv``. Unchanged otherwise."""
+    steps: list[str] = list(exports)
     if unset:
         steps.append("unset " + " ".join(shlex.quote(n) for n in unset))
     if workdir:
@@ -149,6 +155,31 @@ def wrap_command(env: Environment, command: list[str], *, workdir: str | None = 
         return list(command)
     script = "set -e\n" + "\n".join(steps) + '\nexec "$@"'
     return ["/bin/sh", "-c", script, "sh", *command]
+
+
+def export_lines(env: Environment, variables: Mapping[str, str | None], host: Mapping[str, str], *,
+                 host_fallback: bool) -> list[str]:
+    """Shell lines that set ``variables`` inside the container, for an EDF whose ``[env]``
+    references variables: only there is the environment CSCS resolves them against (the
+    image's over the host's), so the runtime sets none of them and ``wrap_command`` runs
+    these first. Every value is computed before any is exported, since ``[env]`` entries
+    cannot see each other. ``host_fallback`` (a runtime that passes no host variables)
+    first gives each referenced variable the image lacks its host value, as a shell
+    variable that does not reach the command."""
+    from hpcml.env.expand import to_shell
+    lines: list[str] = []
+    if host_fallback:
+        referenced = dict.fromkeys(n for raw in env.env_template.values() for n in to_shell(raw)[1])
+        lines += [f'[ -n "${{{n}+x}}" ] || {n}={shlex.quote(host[n])}' for n in referenced if n in host]
+    sets: list[str] = []
+    for i, (name, value) in enumerate(variables.items()):
+        if value is None:
+            sets.append(f"unset {name}")
+            continue
+        word = to_shell(env.env_template[name])[0] if name in env.env_template else None
+        lines.append(f"_hpcml_env{i}=" + (f'"{word}"' if word is not None else shlex.quote(value)))
+        sets.append(f'export {name}="$_hpcml_env{i}"; unset _hpcml_env{i}')
+    return lines + sets
 
 
 def squashfs_mounts(env: Environment, scratch: str) -> tuple[list[Mount], list[list[str]], list[list[str]]]:
@@ -181,13 +212,33 @@ def annotations_note(env: Environment, runtime: str) -> list[str]:
     return [f"annotations ignored by {runtime} (no OCI hooks): {', '.join(other)}"] if other else []
 
 
+def registry_of(ref: str) -> str | None:
+    """The registry of a slash-form reference (``nvcr.io/nvidia/pytorch:25.01-py3``,
+    ``host:5000/ns/img:tag``), as Docker decides it: a first component with a ``.`` or a
+    ``:`` (a port), or ``localhost``; None for a Docker Hub name or an EDF ``#`` form."""
+    if "#" in ref or "/" not in ref:
+        return None
+    first = ref.split("/", 1)[0].rsplit("@", 1)[-1]
+    return first if ("." in first or ":" in first or first == "localhost") else None
+
+
+def enroot_reference(ref: str) -> str:
+    """A reference in enroot's (and pyxis's) syntax ``[USER@][REGISTRY#]IMAGE[:TAG]``: CSCS
+    EDFs also write the registry Docker's way (``ghcr.io/org/img:tag``), which enroot would
+    look up on Docker Hub, so the first ``/`` after a registry becomes ``#``."""
+    registry = registry_of(ref)
+    if registry is None:
+        return ref
+    head, _, image = ref.partition("/")
+    return f"{head}#{image}"
+
+
 def oci_reference(ref: str) -> str:
     """EDF's ``[USER@][REGISTRY#]IMAGE[:TAG]`` as an OCI reference (``REGISTRY/IMAGE[:TAG]``,
     Docker Hub when no registry, as in EDF); the user is dropped (credentials live elsewhere)."""
     if "#" in ref:
         registry, image = ref.split("#", 1)
         return registry.rsplit("@", 1)[-1] + "/" + image
-    first = ref.split("/", 1)[0]
-    if "/" in ref and ("." in first or ":" in first or first == "localhost"):
+    if registry_of(ref) is not None:
         return ref
     return "docker.io/" + ref

@@ -42,7 +42,7 @@ class Bubblewrap(Runtime):
             argv += ["--unsetenv", key] if value is None else ["--setenv", key, value]
         argv += ["--die-with-parent", "--unshare-pid", *env.options.get(self.name, [])]
         plan.notes += entrypoint_note(env, "bubblewrap") + annotations_note(env, "bubblewrap")
-        return argv + wrap_command(env, command)
+        return argv + wrap_command(env, command, exports=plan.exports)
 
     @staticmethod
     def _mount_image(plan: Plan) -> str:

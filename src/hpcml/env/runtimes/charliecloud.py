@@ -39,4 +39,5 @@ class Charliecloud(Runtime):
         if env.devices:
             notes.append("devices ignored: ch-run shows the host's /dev")
         notes += entrypoint_note(env, "charliecloud") + annotations_note(env, "charliecloud")
-        return argv + [*env.options.get(self.name, []), env.image, "--", *wrap_command(env, command)]
+        return argv + [*env.options.get(self.name, []), env.image, "--",
+                       *wrap_command(env, command, exports=plan.exports)]

@@ -10,7 +10,7 @@ import os
 import re
 from collections.abc import Mapping
 
-from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, entrypoint_note, wrap_command
+from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, enroot_reference, entrypoint_note, wrap_command
 
 
 def image_store(environ: Mapping[str, str]) -> str:
@@ -21,8 +21,9 @@ def image_store(environ: Mapping[str, str]) -> str:
 
 
 def docker_uri(ref: str) -> str:
-    """EDF's ``[USER@][REGISTRY#]IMAGE[:TAG]`` is enroot's own syntax after ``docker://``."""
-    return "docker://" + ref
+    """EDF's ``[USER@][REGISTRY#]IMAGE[:TAG]`` is enroot's own syntax after ``docker://``; a
+    registry written Docker's way (``nvcr.io/nvidia/pytorch``) gets its ``#``."""
+    return "docker://" + enroot_reference(ref)
 
 
 class Enroot(Runtime):
@@ -55,4 +56,4 @@ class Enroot(Runtime):
         unset = [k for k, v in plan.variables.items() if v is None]
         notes += entrypoint_note(env, "enroot start with a command") + annotations_note(env, "enroot")
         return argv + [*env.options.get(self.name, []), image,
-                       *wrap_command(env, command, workdir=env.workdir, unset=unset)]
+                       *wrap_command(env, command, workdir=env.workdir, unset=unset, exports=plan.exports)]

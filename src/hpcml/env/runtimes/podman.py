@@ -16,7 +16,8 @@ from hpcml.env.runtimes.base import Plan, Runtime, oci_reference, wrap_command
 FORWARD_PREFIXES = ("SLURM_", "SLURMD_", "PMI_", "PMIX_", "OMPI_")
 FORWARD_NAMES = ("CUDA_VISIBLE_DEVICES", "NVIDIA_VISIBLE_DEVICES", "ROCR_VISIBLE_DEVICES",
                  "RANK", "LOCAL_RANK", "WORLD_SIZE", "LOCAL_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT")
-MOUNT_OPTIONS = {"ro", "rw", "private", "rprivate", "shared", "rshared", "slave", "rslave", "z", "Z"}
+MOUNT_OPTIONS = {"ro", "rw", "private", "rprivate", "shared", "rshared", "slave", "rslave", "unbindable",
+                 "runbindable", "bind", "rbind", "nosuid", "suid", "nodev", "dev", "noexec", "exec", "z", "Z"}
 
 
 def forwarded(environ: Mapping[str, str]) -> list[str]:
@@ -27,6 +28,7 @@ def forwarded(environ: Mapping[str, str]) -> list[str]:
 class Podman(Runtime):
     name = "podman"
     executable = "podman"
+    inherits_host_env = False
 
     refuses = {"squashfs": "podman cannot run a SquashFS image ({image}); use enroot, charliecloud or bubblewrap"}
 
@@ -59,4 +61,4 @@ class Podman(Runtime):
         argv += ["--rootfs", env.image] if plan.kind == "dir" else [oci_reference(env.image)]
         if plan.kind == "dir" and env.writable:
             notes.append("writable root filesystem directory: changes are made to the directory itself and persist")
-        return argv + wrap_command(env, command)
+        return argv + wrap_command(env, command, exports=plan.exports)

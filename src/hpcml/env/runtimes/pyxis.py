@@ -1,11 +1,12 @@
 """pyxis: ``srun --container-*``; launches a Slurm step, so use it from a batch script,
 not inside ``srun``. ``[env]`` values are exported in srun's environment and named in
 ``--container-env``, which makes them win over the image's, as in EDF; variables to
-unset are dropped from srun's environment and unset by the in-container wrapper."""
+unset are dropped from srun's environment and unset by the in-container wrapper. The
+image goes in enroot's syntax (``REGISTRY#IMAGE``), which pyxis passes to enroot."""
 
 from __future__ import annotations
 
-from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, wrap_command
+from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, enroot_reference, wrap_command
 
 
 class Pyxis(Runtime):
@@ -20,7 +21,8 @@ class Pyxis(Runtime):
 
     def argv(self, plan: Plan, command: list[str]) -> list[str]:
         env, notes = plan.env, plan.notes
-        argv = ["srun", f"--container-image={env.image}"]
+        image = enroot_reference(env.image) if plan.kind == "ref" else env.image
+        argv = ["srun", f"--container-image={image}"]
         if env.mounts:
             argv.append("--container-mounts=" + ",".join(m.spec() for m in env.mounts))
             if any(m.squashfs for m in env.mounts):
@@ -37,4 +39,5 @@ class Pyxis(Runtime):
         unset = [k for k, v in plan.variables.items() if v is None]
         plan.launch_environ = dict(plan.variables)
         notes += annotations_note(env, "pyxis")
-        return argv + [*env.options.get(self.name, []), *wrap_command(env, command, unset=unset)]
+        return argv + [*env.options.get(self.name, []),
+                       *wrap_command(env, command, unset=unset, exports=plan.exports)]
