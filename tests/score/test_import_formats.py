@@ -74,6 +74,33 @@ def test_dmon_whitespace_layout_and_non_gpu_rows(tmp_path):
     assert any("Switch (1)" in n for n in rec.notes)
 
 
+def test_dmon_old_header_units_id_and_mig_rows(tmp_path):
+    """DCGM's user guide prints ``# Entity`` (a space) and the units line ``Id``, rows
+    indented; GPU-I rows are instances of their own, each with its ticks."""
+    f = tmp_path / "guide.txt"
+    f.write_text("# Entity  GRACT  TENSO\n      Id\n    GPU 0  0.000  0.000\n  GPU-I 0  0.534  0.516\n"
+                 "  GPU-CI 0  N/A  N/A\n    GPU 0  0.845  0.816\n  GPU-I 0  0.986  0.953\n")
+    assert importers.detect(f) == "dmon"
+    rec = dmon.load(f, node="n")
+    assert {k[1]: len(g) for k, g in rec.gpus.items()} == {"0": 2, "GPU-I0": 2, "GPU-CI0": 1}
+    assert rec.gpus[("n", "GPU-I0")].mig == {"gpu_i_id": "0"} and rec.gpus[("n", "GPU-CI0")].mig == {"gpu_ci_id": "0"}
+    assert rec.gpus[("n", "0")].mig is None
+    assert np.allclose(rec.gpus[("n", "GPU-I0")].values["pipe_tensor_active"], [0.516, 0.953])
+
+
+def test_dmon_interleaved_elided_and_annotated(tmp_path):
+    """``-i 7,0`` rows interleave, an entity may miss a tick, a ``...`` elides rows (noted)."""
+    f = tmp_path / "h800.txt"
+    f.write_text("#Entity   NVLTX      NVLRX\nID\nGPU 7     N/A        N/A\nGPU 0     N/A        N/A\n"
+                 "GPU 7     10         20\n...\nGPU 7     30         40\nGPU 0     50         60\n")
+    rec = dmon.load(f, node="n")
+    assert rec.gpus[("n", "7")].t.tolist() == [0.0, 1.0, 2.0] and rec.gpus[("n", "0")].t.tolist() == [0.0, 2.0]
+    assert any("left out at line 6" in n for n in rec.notes)
+    f.write_text("#Entity   NVLTX      NVLRX\nID\nGPU 6     38735656050(36.07GB/s)      38739460219\n")
+    with pytest.raises(UsageError, match=r":3: value .* has a note glued on"):
+        dmon.load(f)
+
+
 @pytest.mark.parametrize("text, words", [
     ("GPU 0  0.5\n", "no '#Entity' header"),
     ("#Entity  SMACT\nID\nGPU 0  0.5\nhello there\nGPU 0  0.6\n", r":4: not a dmon row"),
@@ -233,12 +260,13 @@ def test_detect_every_format(tmp_path):
     prom = _write(tmp_path / "scrape.txt", "# HELP DCGM_FI_PROF_SM_ACTIVE x\n# TYPE DCGM_FI_PROF_SM_ACTIVE gauge\n"
                   'DCGM_FI_PROF_SM_ACTIVE{gpu="0"} 0.5\n')
     bare = _write(tmp_path / "bare.prom", 'DCGM_FI_PROF_SM_ACTIVE{gpu="0"} 0.5\n')
+    smi = _write(tmp_path / "smi.txt", "# gpu    sm   mem\n# Idx     %     %\n    0    97    41\n")
     dmon_copy = _write(tmp_path / "dmon.log", "\n\n" + (DATA / "dmon_two_gpus.txt").read_text())
     gssr_file = tmp_path / "renamed.json"                     # content, not the name, tells
     shutil.copy(GSSR_STEP / "unlabeled_job_777_step_0_proc_0.json", gssr_file)
     expected = {store: "store", GSSR_DIR: "gssr-json", gssr_file: "gssr-json", GSSR_SQLITE: "gssr-sqlite",
                 tmp_path / "rec": "gssr-record", record: "gssr-record", dmon_copy: "dmon",
-                DATA / "dmon_mig.txt": "dmon", prom: "exporter", bare: "exporter"}
+                DATA / "dmon_mig.txt": "dmon", prom: "exporter", bare: "exporter", smi: "nvidia-smi-dmon"}
     assert {p: importers.detect(p) for p in expected} == expected
     assert set(importers.FORMATS) == set(expected.values())
 
@@ -246,7 +274,7 @@ def test_detect_every_format(tmp_path):
 def test_detect_and_load_refuse(tmp_path):
     junk = _write(tmp_path / "notes.txt", "hello\n")
     with pytest.raises(UsageError, match=r"notes\.txt: cannot tell the recording format of this file; "
-                                         r"formats known: store, gssr-json, gssr-sqlite, gssr-record, dmon, exporter$"
+                                         r"formats known: store, gssr-json, gssr-sqlite, gssr-record, dmon, nvidia-smi-dmon, exporter$"
                        ) as err:
         importers.detect(junk)
     assert "\n" not in str(err.value)

@@ -53,6 +53,36 @@ def test_sample_timestamps_are_used_when_present(tmp_path):
     assert g.t == [1700000000.0, 1700000001.0] and g.values["sm_active"] == [0.5, 0.6]
 
 
+def test_mig_series_blank_sentinels_label_spellings_and_elision(tmp_path):
+    """dcgm-exporter as it writes a MIG GPU (the instance's series carry GPU_I_ID and
+    GPU_I_PROFILE), DCGM's blank sentinels, ``hostname`` in lower case, a space after a comma."""
+    whole = 'gpu="0", UUID="GPU-a", device="nvidia0", modelName="NVIDIA A100-SXM4-40GB", hostname="gpu-17"'
+    mig = whole + ', GPU_I_PROFILE="3g.20gb", GPU_I_ID="2"'
+    scrape = (f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{whole}}} 0.40\nDCGM_FI_DEV_FB_USED{{{whole}}} 2147483634\n"
+              f"DCGM_FI_DEV_POWER_USAGE{{{whole}}} 140737488355330\n"
+              f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{mig}}} 0.80\nDCGM_FI_DEV_FB_USED{{{mig}}} 9223372036854775792\n")
+    f = tmp_path / "mig.prom"
+    f.write_text(scrape + "...\n" + scrape.replace("0.40", "0.42"))
+    rec = exporter.load(f)
+    assert sorted(rec.gpus) == [("gpu-17", "0"), ("gpu-17", "0/gi2")]
+    gpu, inst = rec.gpus[("gpu-17", "0")], rec.gpus[("gpu-17", "0/gi2")]
+    assert gpu.t == [0.0, 1.0] and inst.t == [0.0, 1.0]               # two scrapes, each with both entities
+    assert gpu.values["pipe_tensor_active"] == [0.40, 0.42] and inst.values["pipe_tensor_active"] == [0.80, 0.80]
+    assert inst.mig == {"gpu_i_id": "2", "gpu_i_profile": "3g.20gb", "parent": "0"} and gpu.mig is None
+    for g in (gpu, inst):                                               # INT32, FP64 and INT64 blanks
+        assert all(math.isnan(v) for v in g.values["fb_used"])
+    assert all(math.isnan(v) for v in gpu.values["power_usage"])
+    assert any("line 6" in n and "'...'" in n for n in rec.notes)
+
+
+def test_bad_line_is_named(tmp_path):
+    f = tmp_path / "bad.prom"
+    f.write_text('DCGM_FI_PROF_SM_ACTIVE{gpu="0"} 0.5\nDCGM_FI_PROF_SM_ACTIVE{gpu="0" 0.6\n')
+    with pytest.raises(UsageError, match=r"bad\.prom:2: not Prometheus exposition text") as err:
+        exporter.load(f)
+    assert "\n" not in str(err.value)
+
+
 @pytest.mark.parametrize("text, words", [
     ("hello world\n", "not"),
     ("# HELP x y\nnode_cpu_seconds_total 5\n", "no DCGM_FI_"),
@@ -103,3 +133,9 @@ def test_gssr_record_bad_input(tmp_path):
         gssr_record.load(tmp_path / "x")
     with pytest.raises(UsageError, match="no gssr-record"):
         gssr_record.load(tmp_path / "empty")
+    _gssr_csv(tmp_path / "n0" / "proc_0.csv", [])                 # gssr's -n 0 / -g 0: a header only
+    with pytest.raises(UsageError, match=r"proc_0\.csv:1: a header and no samples"):
+        gssr_record.load(tmp_path / "n0")
+    _gssr_csv(tmp_path / "n0" / "proc_1.csv", [(1700000000, 0, ("0.5", "0.5", "0.5"))])
+    rec = gssr_record.load(tmp_path / "n0")                        # one empty rank among others: noted
+    assert list(rec.gpus) == [("proc1", "0")] and any("no samples" in n for n in rec.notes)

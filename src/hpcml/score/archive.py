@@ -1,8 +1,8 @@
 """Write an imported recording as an hpcml job directory (the observe store's format).
 
 One rank file per node, rows of kind ``gpu`` with the recording's own timestamps, and the
-rank metadata the store importer reads back (node, GPU models, which sampler, whether the
-data can give a saturation score), so an imported gssr or dmon recording is kept, merged
+rank metadata the store importer reads back (node, GPU models, MIG instances' ids, which
+sampler, whether the data can give a saturation score), so an imported gssr or dmon recording is kept, merged
 and scored exactly like one recorded here.
 """
 
@@ -55,13 +55,15 @@ def write_store(rec: Recording, out: Path) -> int:
                "note": "imported"}
     for rank, node in enumerate(nodes):
         keys = sorted(k for k in rec.gpus if k[0] == node)
-        ids = {}
+        ids, mig = {}, {}
         writer = RankWriter.create(out, rank)
         try:
             for pos, key in enumerate(keys):
                 g = rec.gpus[key]
                 gpu = int(key[1]) if key[1].isdigit() and int(key[1]) < 2 ** 15 else pos
                 ids[str(gpu)] = key[1]
+                if g.mig:
+                    mig[str(gpu)] = g.mig
                 # frozen above: asarray returns t and the columns as they are, as arrays
                 batch = _batch(rank, gpu, np.asarray(g.t), {k: np.asarray(v) for k, v in g.values.items()})
                 written += batch.num_rows
@@ -72,7 +74,7 @@ def write_store(rec: Recording, out: Path) -> int:
         write_json(out / RANK_META.format(rank=rank), {
             "schema": RANK_SCHEMA, "rank": rank, "node": node, "gpus": list(ids.values()), "gpu_ids": ids,
             "gpu_models": {i: rec.gpus[(node, orig)].model for i, orig in ids.items() if rec.gpus[(node, orig)].model},
-            "gpu_sampler": sampler})
+            "gpu_sampler": sampler, **({"gpu_mig": mig} if mig else {})})
     write_json(out / JOB_META, {"schema": JOB_SCHEMA, "job_id": rec.meta.get("job_id", "imported"),
                                 "ntasks": len(nodes), "nodes": ",".join(nodes), "imported_from": rec.source,
                                 "notes": rec.notes})

@@ -46,6 +46,7 @@ FIELD_INFO: dict[str, tuple[str, str, tuple[float, float] | None]] = {
     "nvlink_tx_bytes": ("NVLink transmit", "B/s", None),
     "nvlink_rx_bytes": ("NVLink receive", "B/s", None),
     "gpu_util": ("GPU utilisation (NVML, temporal)", "%", (0.0, 100.0)),
+    "mem_util": ("memory controller utilisation (NVML, temporal)", "%", (0.0, 100.0)),
     "power_usage": ("power", "W", None),
     "sm_clock": ("SM clock", "MHz", None),
     "fb_used": ("framebuffer used", "MiB", None),
@@ -186,6 +187,16 @@ def _facts(rep: dict, meta: dict) -> list[tuple[str, str]]:
                         f"{_num(imb.get('nodes'))} across node means"),
           ("scored span", f"{fmt_duration(span[0])}–{fmt_duration(span[1])} (warm-up and tail left out; grey in the charts)"
            if span else "none: no active span found")]
+    util = rep.get("utilisation") or {}
+    if rep.get("temporal_only") and util.get("gpu") is not None:
+        kv.append(("utilisation", f"{_num(util.get('gpu'))} of the time a kernel ran, {_num(util.get('memory'))} "
+                                  "the memory controller was busy (medians over GPUs; shares of time, no "
+                                  "compute / memory / interconnect split)"))
+    inst = rep.get("instances")
+    if inst:
+        kv.append(("MIG instances", f"{inst['count']} scored apart from their GPUs: score {_num(inst.get('score'))}"
+                                    f" ({inst['bound'] + '-bound' if inst.get('bound') else 'bound unknown'}); "
+                   + "; ".join(f"{g['gpu']} {_num(g.get('score'))}" for g in inst["per_instance"][:16])))
     if rep.get("energy_wh") is not None:
         kv.append(("energy", f"{rep['energy_wh']:,.1f} Wh on {rep.get('energy_gpus')} GPUs (whole recording)"))
     return kv + [(str(k), str(v)) for k, v in meta.items() if isinstance(v, (str, int, float)) and k not in ("job_id", "job")]

@@ -13,7 +13,8 @@ Per sample and GPU, from DCGM's profiling ratios (missing values stay NaN, never
 The run is trimmed to its active span: from the first to the last sample at which the
 mean activity over GPUs reaches half its median over the samples where it is above 0.05
 (warm-up, data loading before the first step and the tail are left out). Activity is the
-larger of SM activity and NVML's utilisation: a kernel that sits resident doing nothing
+largest of SM activity, graphics-engine activity and NVML's utilisation (whichever were
+recorded: DCGM's MIG examples carry only the engine's): a kernel that sits resident doing nothing
 (a spin, a collective waiting for a peer) is still the job on the GPU, and must be
 scored, low, rather than trimmed away. Summaries
 are medians over the trimmed span; imbalance is the coefficient of variation of the
@@ -128,15 +129,15 @@ def _median(x: np.ndarray) -> float:
     return float(np.median(x)) if len(x) else float("nan")
 
 
-ACTIVITY = ("sm_active", "gpu_util")
+ACTIVITY = ("sm_active", "gr_engine_active", "gpu_util")
 BUSY_UTIL = 0.8          # NVML utilisation at which a GPU counts as "busy" to the user
 IDLE_SM = 0.1            # SM activity below which the SMs did almost nothing
 
 
 def _activity(cols: dict[str, np.ndarray], n: int) -> np.ndarray:
-    """What the trimming rule watches: the larger of SM activity and NVML's utilisation
-    (either alone when the other is not recorded)."""
-    found = [np.asarray(cols["sm_active"], float)] if "sm_active" in cols else []
+    """What the trimming rule watches: the largest of SM activity, graphics-engine activity
+    and NVML's utilisation (those recorded)."""
+    found = [np.asarray(cols[k], float) for k in ("sm_active", "gr_engine_active") if k in cols]
     if "gpu_util" in cols:
         found.append(np.asarray(cols["gpu_util"], float) / 100.0)
     return _nanmax(*found) if found else np.full(n, np.nan)

@@ -22,6 +22,20 @@ from numpy.typing import ArrayLike
 VALUE_DTYPE = np.float32
 
 
+# DCGM's "no value" sentinels (dcgm_structs.h): *_BLANK, then +1 NOT_FOUND, +2
+# NOT_SUPPORTED, +3 NOT_PERMISSIONED. Exporters print them as numbers (dcgm-exporter's
+# 9223372036854775794 is INT64 NOT_SUPPORTED); as float64 every INT64 one rounds to 2**63.
+DCGM_INT32_BLANK = 0x7FFFFFF0
+DCGM_INT64_BLANK = 0x7FFFFFFFFFFFFFF0
+DCGM_FP64_BLANK = 140737488355328.0
+_BLANKS = frozenset({DCGM_INT32_BLANK + k for k in range(4)} | {DCGM_FP64_BLANK + k for k in range(4)})
+
+
+def dcgm_blank(v: float) -> bool:
+    """True for a DCGM sentinel printed as a number: a missing value, not data."""
+    return v in _BLANKS or v >= float(DCGM_INT64_BLANK)
+
+
 def text_value(text: str) -> float:
     """A value read from text: N/A, blanks, strings and non-finite numbers are missing (NaN),
     never 0."""
@@ -34,11 +48,15 @@ def text_value(text: str) -> float:
 
 @dataclass
 class GpuSeries:
+    """One GPU, or one MIG instance of a GPU: an entity of its own (``mig`` says which: e.g.
+    ``{"gpu_i_id": "13", "gpu_i_profile": "1g.5gb", "parent": "0"}``), never folded into
+    its parent, whose figures already include every instance's work."""
     node: str
     index: str
     model: str | None = None
     t: list[float] | np.ndarray = field(default_factory=list)     # seconds (absolute or from start)
     values: dict[str, list[float] | np.ndarray] = field(default_factory=dict)
+    mig: dict[str, str] | None = None                              # None: a whole GPU
 
     @property
     def key(self) -> tuple[str, str]:
@@ -103,6 +121,13 @@ class Recording:
         elif model and not self.gpus[key].model:
             self.gpus[key].model = model
         return self.gpus[key]
+
+    def instance(self, node: str, index: str, mig: Mapping[str, str | None], model: str | None = None) -> GpuSeries:
+        """A MIG instance's series (``index`` names it apart from its parent's); ids that the
+        source does not give (None) are left out."""
+        g = self.gpu(node, index, model)
+        g.mig = {k: v for k, v in mig.items() if v is not None}
+        return g
 
     def freeze(self) -> Recording:
         for g in self.gpus.values():

@@ -6,6 +6,12 @@ run: per bucket, each GPU's mean, then the mean, min and max of those across GPU
 band). The heatmap holds each GPU's bucket means of the score; above ``max_rows`` GPUs,
 consecutive GPUs are grouped and the group's *lowest* value is shown, so a lagging GPU
 stays visible.
+
+MIG instances are scored apart: a parent GPU's fields already hold its instances' work,
+so the job's figures are the whole GPUs' (the instances' when only they were recorded),
+and ``instances`` holds the instances' own score, parts and per-instance rows. Temporal
+recordings (NVML, nvidia-smi dmon) get ``utilisation``: the median share of time a kernel
+ran and the memory controller was busy, the only figures they allow.
 """
 
 from __future__ import annotations
@@ -27,7 +33,7 @@ MAX_HEATMAP_ROWS = 256
 PARTS = ("score", "compute", "memory", "interconnect")
 PLOTTED_FIELDS = ("sm_active", "sm_occupancy") + PIPES + (
     "dram_active", "pcie_tx_bytes", "pcie_rx_bytes", "nvlink_tx_bytes", "nvlink_rx_bytes",
-    "gpu_util", "power_usage", "sm_clock", "fb_used")
+    "gpu_util", "mem_util", "power_usage", "sm_clock", "fb_used")
 SCHEMA = tag("score.report", 1)   # was the integer "version": 1 before tags
 
 
@@ -84,10 +90,37 @@ def _heatmap(rows: list[np.ndarray], labels: list[str], max_rows: int) -> dict[s
     return {**hm, "values": [_list(r, 3) for r in hm["values"]]}
 
 
+def _split(rec: Recording) -> tuple[list[tuple[str, str]], list[tuple[str, str]]]:
+    """(what the job's figures are over, the MIG instances scored apart from it)."""
+    keys = sorted(rec.gpus, key=lambda k: (natural_key(k[0]), natural_key(k[1])))
+    whole = [k for k in keys if not rec.gpus[k].mig]
+    inst = [k for k in keys if rec.gpus[k].mig]
+    return (whole, inst) if whole else (inst, [])
+
+
+def _instances(rec: Recording, keys: list[tuple[str, str]], grid) -> dict[str, Any] | None:
+    if not keys:
+        return None
+    job = score_columns(keys, lambda k, names=None: rec.on_grid(rec.gpus[k], grid, names), grid.n,
+                        {k: g.model for k, g in rec.gpus.items() if g.model})
+    rows = [dict(_gpu_dict(g), mig=rec.gpus[k].mig) for k, g in zip(keys, job.gpus)]
+    return {"count": len(keys), "score": _r(job.score), "bound": job.bound,
+            "breakdown": {k: _r(v) for k, v in job.breakdown.items()}, "per_instance": rows}
+
+
+def _utilisation(per_gpu: list[dict[str, Any]]) -> dict[str, Any]:
+    """Median over GPUs of NVML's temporal figures, as shares 0-1 (None: not recorded)."""
+    out: dict[str, Any] = {}
+    for key, name in (("gpu", "gpu_util"), ("memory", "mem_util")):
+        v = np.array([g["medians"].get(name) for g in per_gpu if g["medians"].get(name) is not None], float)
+        out[key] = _r(float(np.median(v)) / 100.0) if len(v) else None
+    return out
+
+
 def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_ROWS) -> dict[str, Any]:
     """Score ``rec`` and gather the evidence the terminal, JSON and HTML reports show."""
     grid = rec.grid()
-    keys = sorted(rec.gpus, key=lambda k: (natural_key(k[0]), natural_key(k[1])))
+    keys, apart = _split(rec)
     series = _Series(grid.n, buckets)
     present = _Series(grid.n, buckets)          # 1 where a GPU has any value: the gaps
     heat: list[np.ndarray] = []
@@ -116,6 +149,8 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     dt = grid.dt
     span_s = [job.span[0] * dt, max(job.span[1] - 1, job.span[0]) * dt] if job.span[1] > job.span[0] else None
     notes = list(rec.notes)
+    if keys and rec.gpus[keys[0]].mig:
+        notes.append("only MIG instances were recorded: the figures are the instances', not whole GPUs'")
     missing = _gaps(present, span=job.span, n=grid.n)
     if missing:
         notes.append(missing)
@@ -125,6 +160,7 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
                            "of the GPU it used; record with DCGM (a host engine on the node) or, on Hopper and "
                            "newer GPUs, NVML GPM (--gpu-metrics auto) for a score.")
     nodes = sorted({k[0] for k in keys}, key=natural_key)
+    per_gpu = [dict(_gpu_dict(g), mig=rec.gpus[k].mig) for k, g in zip(keys, job.gpus)]
     return {
         "schema": SCHEMA,
         "source": rec.source,
@@ -144,7 +180,9 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
         "energy_gpus": energy_mj[1],
         "imbalance": {"gpus": _r(job.imbalance_gpus), "nodes": _r(job.imbalance_nodes)},
         "findings": findings,
-        "per_gpu": [_gpu_dict(g) for g in job.gpus],
+        "per_gpu": per_gpu,
+        "instances": _instances(rec, apart, grid),
+        "utilisation": _utilisation(per_gpu),
         "per_node": _per_node(job),
         "series": {"t": _list(series.starts * dt, 3), "metrics": series.result()},
         "heatmap": _heatmap(heat, [g.gpu for g in job.gpus], max_rows),

@@ -23,6 +23,22 @@ def _bar(v: float | None) -> str:
     return f"{v:4.2f} [green]{'█' * full}[/][dim]{'░' * (BAR - full)}[/]"
 
 
+def _instances(con: Console, inst: dict[str, Any] | None, shown: int = 8) -> None:
+    """MIG instances, apart from the GPUs that hold them (whose figures include theirs)."""
+    if not inst:
+        return
+    score = "no data" if inst["score"] is None else f"{inst['score']:.2f}" + (
+        f" ({inst['bound']}-bound)" if inst["bound"] else "")
+    con.print(f"  {'MIG':<13}{_n(inst['count'], 'instance')} scored apart from their GPUs: {score}", highlight=False)
+    for g in inst["per_instance"][:shown]:
+        mig = g.get("mig") or {}
+        what = ", ".join(f"{k} {v}" for k, v in mig.items() if k != "parent")
+        value = "no data" if g["score"] is None else f"{g['score']:.2f}"
+        con.print(f"    {g['gpu']} ({what}): {value}", highlight=False)
+    if inst["count"] > shown:
+        con.print(f"    … and {inst['count'] - shown} more", highlight=False)
+
+
 def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console | None = None) -> None:
     con = console or Console()
     span = rep.get("span_s")
@@ -36,7 +52,15 @@ def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console 
         con.print(f"[bold]GPU saturation score: no data[/] — {where}")
     else:
         con.print(f"[bold]GPU saturation score {rep['score']:.2f}[/] ({rep['bound']}-bound) — {where}")
-    if not rep["temporal_only"]:
+    if rep["temporal_only"]:
+        util = rep.get("utilisation") or {}
+        con.print(f"  {'utilisation':<13}{_bar(util.get('gpu'))} [dim](share of time a kernel ran)[/]", highlight=False)
+        if util.get("memory") is not None:
+            con.print(f"  {'memory util':<13}{_bar(util['memory'])} [dim](share of time the memory controller "
+                      "was busy)[/]", highlight=False)
+        con.print("  [dim]no compute / memory / interconnect split: these are shares of time, not of the GPU[/]",
+                  highlight=False)
+    else:
         for part in ("compute", "memory", "interconnect"):
             con.print(f"  {part:<13}{_bar(rep['breakdown'][part])}", highlight=False)
         if rep["gssr"] is not None:
@@ -48,6 +72,7 @@ def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console 
         con.print(f"  {'imbalance':<13}CoV {imb['gpus']:.2f} across GPUs{nodes}", highlight=False)
     if rep.get("energy_wh") is not None:
         con.print(f"  {'energy':<13}{rep['energy_wh']:,.1f} Wh on {rep['energy_gpus']} GPUs", highlight=False)
+    _instances(con, rep.get("instances"))
     for i, f in enumerate(rep["findings"]):
         con.print(f"[bold cyan]→ {f}[/]" if i == 0 else f"  • {f}", highlight=False)
     for n in rep["notes"]:

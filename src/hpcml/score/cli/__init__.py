@@ -15,7 +15,9 @@ app = typer.Typer(name="score", cls=Group, no_args_is_help=True, rich_markup_mod
                        "explained.\n\nExample: [bold]srun hpcml score record -- python train.py[/] "
                        "then [bold]hpcml score report hpcml-observe-$SLURM_JOB_ID[/]")
 
-FORMAT_HELP = "Input format (default: detected from content): store, gssr-json, gssr-sqlite, gssr-record, dmon, exporter."
+INTERVAL_HELP = "Sampling interval in s, for formats without timestamps (dcgmi dmon, nvidia-smi dmon without -o DT)."
+FORMAT_HELP = ("Input format (default: detected from content): store, gssr-json, gssr-sqlite, gssr-record, dmon "
+               "(dcgmi dmon), nvidia-smi-dmon, exporter.")
 
 
 @app.command("record", context_settings={"allow_interspersed_args": False})
@@ -56,7 +58,7 @@ def report_cmd(
     html_out: Optional[Path] = typer.Option(None, "--html", help="HTML file (default: PATH/score.html, or PATH.score.html for a file)."),
     no_html: bool = typer.Option(False, "--no-html", help="Do not write the HTML report."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON instead of text."),
-    interval: Optional[float] = typer.Option(None, help="Sampling interval in s, for formats without timestamps (dmon)."),
+    interval: Optional[float] = typer.Option(None, help=INTERVAL_HELP),
 ) -> None:
     """Score a recording and say what bounds it and what to do about it.
 
@@ -87,11 +89,11 @@ def report_cmd(
 
 @app.command("import")
 def import_cmd(
-    path: Path = typer.Argument(..., help="Another tool's recording: dcgmi dmon text, a dcgm-exporter "
-                                   "scrape series, gssr JSON/SQLite, gssr-record CSV."),
+    path: Path = typer.Argument(..., help="Another tool's recording: dcgmi dmon or nvidia-smi dmon text, a "
+                                   "dcgm-exporter scrape series, gssr JSON/SQLite, gssr-record CSV."),
     out: Path = typer.Option(..., "--dir", help="Job directory to write (must not exist or be empty)."),
     fmt: Optional[str] = typer.Option(None, "--format", help=FORMAT_HELP),
-    interval: Optional[float] = typer.Option(None, help="Sampling interval in s, for formats without timestamps (dmon)."),
+    interval: Optional[float] = typer.Option(None, help=INTERVAL_HELP),
 ) -> None:
     """Convert a recording into an hpcml job directory, so it is kept and scored like one recorded here.
 
@@ -100,7 +102,9 @@ def import_cmd(
     from hpcml.score.archive import write_store
     rec = _load(path, fmt, interval)
     n = write_store(rec, out)
-    print(f"{out}: {len(rec.gpus)} GPUs on {len({k[0] for k in rec.gpus})} nodes, {n:,} values")
+    inst = sum(1 for g in rec.gpus.values() if g.mig)
+    mig = f" and {inst} MIG instance{'s' if inst != 1 else ''}" if inst else ""
+    print(f"{out}: {len(rec.gpus) - inst} GPUs{mig} on {len({k[0] for k in rec.gpus})} nodes, {n:,} values")
 
 
 @app.command("selftest")

@@ -11,6 +11,7 @@ out). Such a format is chosen by name (``fmt``); ``detect`` knows only the built
 from __future__ import annotations
 
 import inspect
+import re
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -25,6 +26,7 @@ FORMATS: Registry[Callable[..., Recording]] = Registry("recording format", "hpcm
     "gssr-sqlite": f"{__name__}.gssr_json:load_sqlite",  # gssr analyze --export x.sqlite3
     "gssr-record": f"{__name__}.gssr_record:load",      # gssr-record proc_<rank>.csv
     "dmon": f"{__name__}.dmon:load",                    # dcgmi dmon text output
+    "nvidia-smi-dmon": f"{__name__}.smi_dmon:load",     # nvidia-smi dmon text output (utilisation only)
     "exporter": f"{__name__}.exporter:load",            # dcgm-exporter /metrics scrapes
 })
 _HEAD = 64 * 1024
@@ -89,8 +91,11 @@ def _detect_file(p: Path) -> str | None:
     if head.lstrip().startswith(b"timestamp,gpuId"):
         return "gssr-record"
     text = head.decode("utf-8", errors="replace")
-    if text.lstrip().startswith("#Entity"):
-        return "dmon"
+    first = text.lstrip().split("\n", 1)[0]
+    if re.match(r"#\s*Entity\b", first) or re.match(r"(GPU|GPU-I|GPU-CI)\s+\d+\s", first):
+        return "dmon"                 # dcgmi dmon's header, or its rows (refused there with the reason)
+    if re.match(r"#\s*(gpu|Date|Time)\b", first):
+        return "nvidia-smi-dmon"
     if "# TYPE DCGM_FI_" in text or any(line.startswith("DCGM_FI_") for line in text.splitlines()):
         return "exporter"
     return None

@@ -34,6 +34,7 @@ def load(path: str | Path) -> Recording:
     if not files or not files[0].exists():
         raise UsageError("no gssr-record proc_<rank>.csv files here", file=str(p))
     rec = Recording(source=f"gssr-record:{p}")
+    empty: list[Path] = []                  # a header only: gssr-record ran 0 intervals or saw 0 GPUs
     for f in files:
         m = _PROC.search(f.name)
         node = f"proc{m.group(1)}" if m else f.stem
@@ -50,6 +51,7 @@ def load(path: str | Path) -> Recording:
                         columns[f"{name}_avg"] = ENERGY_WINDOW if fid == 156 else BY_ID[fid].name
                 if not columns:
                     raise UsageError("no DCGM_FI_*_avg columns", file=str(f))
+                line = 1
                 for line, row in enumerate(reader, start=2):
                     try:
                         t = float(row["timestamp"])
@@ -59,7 +61,14 @@ def load(path: str | Path) -> Recording:
                     g = rec.gpu(node, str(row["gpuId"]).strip())
                     for col, name in columns.items():
                         g.add(t, name, text_value(row.get(col) or ""))
+                if line == 1:
+                    empty.append(f)
         except (OSError, UnicodeDecodeError, csv.Error) as exc:
             raise UsageError(f"cannot read: {exc}", file=str(f)) from None
+    if not rec.gpus and empty:
+        raise UsageError("a header and no samples (gssr-record ran 0 intervals or saw 0 GPUs): nothing to import",
+                         file=str(empty[0]), line=1)
+    if empty:
+        rec.notes.append(f"{len(empty)} file(s) with a header and no samples: {', '.join(str(e) for e in empty[:5])}")
     rec.notes.append("gssr-record writes 0 for values above 2e9: PCIe/NVLink rates above 2 GB/s read as 0")
     return rec

@@ -2,7 +2,7 @@
 
 The rows of kind ``gpu`` of every rank become one series per (node, GPU): the node from
 the rank's metadata, the GPU's model from ``gpu_models`` when the sampler stored it, the
-index from ``gpu_ids`` when the writer renumbered GPUs. NVML's row names are mapped to the
+index from ``gpu_ids`` when the writer renumbered GPUs, a MIG instance's ids from ``gpu_mig``. NVML's row names are mapped to the
 scorer's (``util_gpu_percent`` -> ``gpu_util`` ...). Timestamps are seconds since 1970.
 
 DCGM stamps each field value itself, so the values of one GPU from one update cycle can
@@ -28,7 +28,7 @@ from hpcml.samplers import NONE_VISIBLE, UNAVAILABLE, NoGpuSamples
 from hpcml.samplers.fields import BY_ID, PROFILING_IDS
 from hpcml.score.recording import VALUE_DTYPE, Recording
 
-NVML_NAMES = {"util_gpu_percent": "gpu_util", "power_w": "power_usage", "sm_clock_mhz": "sm_clock",
+NVML_NAMES = {"util_gpu_percent": "gpu_util", "util_mem_percent": "mem_util", "power_w": "power_usage", "sm_clock_mhz": "sm_clock",
               "mem_clock_mhz": "mem_clock", "clocks_event_reasons": "clocks_event_reasons",
               "energy_mj": "total_energy_consumption"}
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
@@ -167,7 +167,9 @@ def load(job_dir: str | Path) -> Recording:
             rec.notes.append(f"GPU {node}:{index} was recorded by ranks {sorted(o[1] for o in found)}; "
                              f"kept rank {r}'s samples")
         model = (_rank_meta(meta, r).get("gpu_models") or {}).get(str(g))
-        rec.gpu(node, index, model).set_columns(t, values)
+        mig = (_rank_meta(meta, r).get("gpu_mig") or {}).get(str(g))   # an imported MIG instance
+        entity = rec.instance(node, index, mig, model) if isinstance(mig, dict) else rec.gpu(node, index, model)
+        entity.set_columns(t, values)
 
     # What the data can show, from each contributing rank's sampler label.
     temporal: dict[str, list[int]] = {}
