@@ -3,9 +3,15 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from hpcml.testing.localslurm import LocalSlurm
 
 
 def submit(script: str, workdir: Path, env: dict[str, str], nodes: int = 2,
@@ -35,3 +41,16 @@ def run_job(script: str, workdir: Path, env: dict[str, str], timeout: float = 12
             tasks_per_node: int = 1) -> str:
     wait(submit(script, workdir, env, tasks_per_node=tasks_per_node), env, timeout)
     return (workdir / "job.out").read_text()
+
+
+@contextmanager
+def own_cluster(name: str, offset: int, **options: Any) -> Iterator[LocalSlurm]:
+    """A started LocalSlurm on a root and ports of its own (the suite's, suffixed and shifted)."""
+    port = int(os.environ.get("HPCML_SLURM_PORT", "6917")) + offset
+    root = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + f"-{name}")
+    cluster = LocalSlurm(root, ctld_port=port, first_slurmd_port=port + 4, **options)
+    cluster.start()
+    try:
+        yield cluster
+    finally:
+        cluster.stop()

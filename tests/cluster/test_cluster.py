@@ -6,7 +6,7 @@ from hpcml.errors import UsageError
 
 
 def test_hostlist_roundtrip():
-    assert expand("n[1-3],gpu[007-008]") == ["gpu007", "gpu008", "n1", "n2", "n3"]
+    assert expand("n[1-3],gpu[007-008]") == ["n1", "n2", "n3", "gpu007", "gpu008"]     # Slurm's order
     assert fold(["n1", "n2", "n3", "n5"]) == "n[1-3,5]"
     assert fold([]) == "" and expand("") == []
 

@@ -25,6 +25,7 @@ SETTINGS = Settings(ntasks=None, ntasks_per_node=2, gpus_per_task=None, env=Mapp
 class Allocation:
     node: str = "login"
     job_id: str = "42"
+    nodes: tuple[str, ...] = ("n1", "n2", "n3")
 
 
 def record(mode: str = "slurm") -> RunRecord:
@@ -54,6 +55,17 @@ def test_srun_plans_rank_0_on_the_first_node_with_its_port(tmp_path, monkeypatch
     assert plan.master.endswith(":29500") and (plan.ntasks, plan.ntasks_per_node) == (4, 2)
     assert plan.launch[0] == "srun" and "--nodelist=n[2-3]" in plan.launch and plan.launch[-3:] == ["--", "python", "t.py"]
     assert plan.env["HPCML_X"] == "1" and plan.env["TORCHELASTIC_RESTART_COUNT"] == "1"
+
+
+def test_rank_0s_node_is_the_first_in_the_jobs_order_not_the_pools(tmp_path, monkeypatch):
+    """srun numbers a step's nodes in the job's order (SLURM_JOB_NODELIST's) whatever order
+    --nodelist has: a spare put back last (n1 here) can be rank 0's node."""
+    fake_srun(tmp_path, monkeypatch, 'echo "$4" >> ' + str(tmp_path / "asked") + "; echo 29500")
+    monkeypatch.delenv("SLURM_GPUS_ON_NODE", raising=False)
+    job = Allocation(nodes=("n3", "n1", "n2"))                 # slurm.conf (or topology) order
+    plan = Srun(SETTINGS, ["n2", "n1"], job).plan(["task"], record())
+    assert plan.nodes == ["n1", "n2"] and (tmp_path / "asked").read_text().split() == ["n1"]
+    assert plan.env["MASTER_ADDR"] == "n1" and "--nodelist=n[1-2]" in plan.launch
 
 
 def test_local_plans_its_tasks_here_without_slurms_environment(monkeypatch):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from hpcml.cluster.ranks import slurm_ranks
@@ -36,6 +36,14 @@ class Allocation:
     @property
     def node_index(self) -> int:
         return self.nodes.index(self.node) if self.node in self.nodes else 0
+
+
+def step_order(nodes: Iterable[str], job_nodes: Sequence[str]) -> list[str]:
+    """``nodes`` in the job's order (SLURM_JOB_NODELIST's, slurmctld's node order): srun
+    numbers a step's nodes in it whatever order ``--nodelist`` gives, so the first is rank
+    0's. Nodes the job does not list keep their order, after the others."""
+    index = {n: i for i, n in enumerate(job_nodes)}
+    return sorted(nodes, key=lambda n: index.get(n, len(index)))
 
 
 def tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
@@ -88,7 +96,7 @@ def current(env: Mapping[str, str] | None = None) -> Allocation:
         return Allocation(job_id=None, nodes=(node,), tasks_per_node=(1,), node=node,
                           gpus=task_gpus(env))
     who = slurm_ranks(env)
-    from hpcml.cluster.hostlist import expand  # ClusterShell: not for this_node() on a node
+    from hpcml.cluster.hostlist import expand  # Slurm's order: srun numbers nodes in it
     nodes = tuple(expand(env.get("SLURM_JOB_NODELIST") or env.get("SLURM_NODELIST") or node))
     tpn = tasks_per_node(env.get("SLURM_TASKS_PER_NODE")
                           or env.get("SLURM_JOB_CPUS_PER_NODE"), len(nodes))

@@ -143,6 +143,7 @@ class Srun:
         self.step: SrunStep | None = None
 
     def plan(self, task: list[str], record: RunRecord) -> Plan:
+        from hpcml.cluster.allocation import step_order
         from hpcml.cluster.hostlist import fold
         from hpcml.cluster.slurm import free_port_on
         from hpcml.run.rendezvous import node_address
@@ -154,7 +155,8 @@ class Srun:
         per_node = per_node or 1
         fits = per_node * len(self.nodes)               # fewer after a shrink than the --ntasks asked for
         ntasks = min(self.settings.ntasks or fits, fits)
-        master = self.nodes[0]                          # srun gives rank 0 the first node of the list
+        nodes = step_order(self.nodes, self.allocation.nodes)   # a spare put back last may come first here
+        master = nodes[0]                               # srun gives rank 0 the first in the job's order
         try:
             port = free_port() if master == self.allocation.node else free_port_on(master, sys.executable)
         except SlurmError as exc:
@@ -162,12 +164,12 @@ class Srun:
         addr = node_address(master)
         gpus = [f"--gpus-per-task={gpus_per_task}"] if gpus_per_task else []
         self.name = f"hpcml-run-{os.getpid()}" + (f"-{record.attempt}" if record.attempt else "")
-        argv = ["srun", f"--job-name={self.name}", f"--nodes={len(self.nodes)}", f"--nodelist={fold(self.nodes)}",
+        argv = ["srun", f"--job-name={self.name}", f"--nodes={len(nodes)}", f"--nodelist={fold(nodes)}",
                 f"--ntasks={ntasks}", f"--ntasks-per-node={per_node}", *gpus, "--kill-on-bad-exit=1", *task]
         env = {**os.environ, **self.settings.env, "MASTER_ADDR": addr, "MASTER_PORT": str(port),
                "TORCHELASTIC_RUN_ID": f"hpcml-run-{self.allocation.job_id}",
                "TORCHELASTIC_RESTART_COUNT": str(record.attempt)}
-        return Plan(self.nodes, ntasks, per_node, f"{addr}:{port}", argv, env)
+        return Plan(nodes, ntasks, per_node, f"{addr}:{port}", argv, env)
 
     def start(self, plan: Plan) -> None:
         # its own session: a terminal's Ctrl-C reaches srun once, through the launcher; TERM

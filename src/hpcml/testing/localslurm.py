@@ -29,6 +29,7 @@ from pathlib import Path
 import psutil
 
 from hpcml.cluster import slurm
+from hpcml.cluster.hostlist import expand, fold
 from hpcml.errors import SlurmError
 from hpcml.ports import port_free
 from hpcml.proctree import command_line
@@ -214,12 +215,18 @@ def _answers(address: str | tuple[str, int]) -> bool:
 # --- the cluster -------------------------------------------------------------------------
 
 class LocalSlurm:
-    """N virtual Slurm nodes (``n1``..``nN``) and a controller, all on this host."""
+    """N virtual Slurm nodes (``n1``..``nN``) and a controller, all on this host.
+
+    ``node_names``: the nodes' names in slurm.conf's order instead (their number then), for a
+    cluster that does not list its nodes alphabetically: Slurm's node order is that file's.
+    """
 
     def __init__(self, root: Path = DEFAULT_ROOT, nodes: int = 2, cpus_per_node: int = 2,
                  extra_conf: str = "", ctld_port: int = DEFAULT_CTLD_PORT,
                  first_slurmd_port: int = DEFAULT_FIRST_SLURMD_PORT,
-                 memory_mb: int = 2000) -> None:
+                 memory_mb: int = 2000, node_names: Sequence[str] = ()) -> None:
+        self._names = list(node_names) or [f"n{i}" for i in range(1, nodes + 1)]
+        nodes = len(self._names)
         if nodes < 1 or cpus_per_node < 1:
             raise ValueError("nodes and cpus_per_node must be at least 1")
         self.root = Path(root).absolute()
@@ -243,7 +250,7 @@ class LocalSlurm:
 
     @property
     def node_names(self) -> list[str]:
-        return [f"n{i}" for i in range(1, self.nodes + 1)]
+        return list(self._names)
 
     @property
     def ports(self) -> list[int]:
@@ -350,7 +357,7 @@ class LocalSlurm:
                 return
             time.sleep(0.1)
         raise SlurmError(f"nodes not idle after {timeout:g} s: {states or 'no answer'}; "
-                         f"slurmd log: {self._log_tail('slurmd-n1')}")
+                         f"slurmd log: {self._log_tail(f'slurmd-{self.node_names[0]}')}")
 
     def render_conf(self) -> str:
         """The whole slurm.conf of this cluster (based on notes/infra.md, section 2)."""
@@ -408,7 +415,7 @@ class LocalSlurm:
         lines = [f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
                  f"CPUs={self.cpus_per_node} RealMemory={self.memory_mb} State=UNKNOWN"
                  for name, port in zip(self.node_names, self.ports[1:], strict=True)]
-        return lines + [f"PartitionName=debug Nodes=n[1-{self.nodes}] Default=YES "
+        return lines + [f"PartitionName=debug Nodes={fold(self.node_names)} Default=YES "
                         "MaxTime=INFINITE State=UP"]
 
     def __enter__(self) -> LocalSlurm:
@@ -465,7 +472,7 @@ class LocalSlurm:
             key.write(os.urandom(1024))
 
     def _ensure_hosts(self) -> None:
-        """Make ``n1``..``nN`` resolve to 127.0.0.1: other tools connect to node names."""
+        """Make the node names resolve to 127.0.0.1: other tools connect to them."""
         missing = [n for n in self.node_names if not _resolves(n)]
         if not missing:
             return
@@ -685,6 +692,8 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--ctld-port", type=int, default=DEFAULT_CTLD_PORT)
     parser.add_argument("--first-slurmd-port", type=int, default=DEFAULT_FIRST_SLURMD_PORT)
     parser.add_argument("--extra-conf", default="", help="lines appended to slurm.conf")
+    parser.add_argument("--node-names", default="", help="the nodes in slurm.conf's order, a hostlist "
+                        "(n[4,1-3]): instead of --nodes' n1..nN")
     parser.add_argument("--timeout", type=float, default=60.0, help="start: seconds to wait")
     return parser
 
@@ -693,7 +702,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     cluster = LocalSlurm(args.root, args.nodes, args.cpus_per_node, args.extra_conf,
-                         args.ctld_port, args.first_slurmd_port)
+                         args.ctld_port, args.first_slurmd_port, node_names=expand(args.node_names))
     try:
         if args.action == "start":
             cluster.install()

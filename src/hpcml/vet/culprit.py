@@ -208,16 +208,16 @@ def _conclude(res: Search, stopped: str) -> str:
     from hpcml.cluster.hostlist import fold
     took = f"{res.rounds} rounds, {res.tests} tests, {res.seconds:.1f} s"
     if res.fabric_wide:
-        return (f"every group of {fold(res.unresolved)} was slow: a fabric-wide problem or "
+        return (f"every group of {fold(res.unresolved, sort=True)} was slow: a fabric-wide problem or "
                 f"too many bad nodes; no known-good node to compare with, nobody blamed ({took})")
     if not res.log:
         return f"no search: {stopped or 'fewer than two nodes'}"
     parts = []
     if res.culprits:
-        parts.append(f"culprit{'s' if len(res.culprits) > 1 else ''} {fold(res.culprits)}")
+        parts.append(f"culprit{'s' if len(res.culprits) > 1 else ''} {fold(res.culprits, sort=True)}")
     else:
         parts.append("no group below the threshold: the slowdown is not explained by "
                      "single nodes" if not res.unresolved else "no culprit confirmed")
     if res.unresolved:
-        parts.append(f"unresolved {fold(res.unresolved)} ({stopped or 'not isolated'})")
+        parts.append(f"unresolved {fold(res.unresolved, sort=True)} ({stopped or 'not isolated'})")
     return "; ".join(parts) + f" ({took})"

@@ -122,7 +122,7 @@ def find_culprits(evals: list[EvalSpec], nodes: list[str], reports: dict[str, No
                              min_relative=ev.min_relative, rounds=ev.params.get("culprit_rounds"),
                              deadline_at=deadline_at, clock=time.time)
         _mark(res, results)
-        notes.append(f"culprit search for '{ev.name}' over {fold(searched)}: {res.conclusion}")
+        notes.append(f"culprit search for '{ev.name}' over {fold(searched, sort=True)}: {res.conclusion}")
     return notes
 
 
@@ -138,7 +138,7 @@ def _mark(res: culprit.Search, results: dict) -> None:
             # the allocation-wide result was the culprits' doing; this node passed its groups
             r.outcome = Outcome.PASS
             r.message = (f"cleared: passed its group tests; the allocation-wide result was "
-                         f"held back by {fold(res.culprits)} ({took}); {r.message}")
+                         f"held back by {fold(res.culprits, sort=True)} ({took}); {r.message}")
 
 
 if __name__ == "__main__":

@@ -69,7 +69,7 @@ def _starved(reports: dict[str, NodeReport]) -> list[str]:
     hit = {n: checks for n, checks in hit.items() if checks}
     if not hit:
         return []
-    return [f"{sum(map(len, hit.values()))} checks on {len(hit)} nodes ({fold(sorted(hit))}) timed out "
+    return [f"{sum(map(len, hit.values()))} checks on {len(hit)} nodes ({fold(hit, sort=True)}) timed out "
             "waiting for a CPU, not while running: the nodes' CPUs were oversubscribed (many virtual "
             "nodes on one host, or another job's processes); they count as errors. On a test cluster, "
             "raise the checks' timeouts and the deadline (README: vetting many virtual nodes)"]
@@ -178,7 +178,7 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
                 message="not run: the node already failed") for e in alloc_evals]
         if len(good) < len(nodes):
             notes.append(f"allocation checks ran on the {len(good)} good nodes only "
-                         f"({fold(good) or 'none'})")
+                         f"({fold(good, sort=True) or 'none'})")
     if isolate.interrupted():
         notes.append(INTERRUPTED_NOTE)
     notes += _nothing_checked(nodes, reports) + _starved(reports)

@@ -112,12 +112,13 @@ class Verdict:
     def exit_code(self) -> int:
         return EXIT_CODES[self.decision]
 
+    # sets: srun orders a step's nodes itself (slurm.conf's order), whatever order it is given
     @cached_property
     def good_hostlist(self) -> str:
         from hpcml.cluster.hostlist import fold
-        return fold(self.good)
+        return fold(self.good, sort=True)
 
     @cached_property
     def bad_hostlist(self) -> str:
         from hpcml.cluster.hostlist import fold
-        return fold(self.bad)
+        return fold(self.bad, sort=True)

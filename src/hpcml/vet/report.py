@@ -109,7 +109,7 @@ def table(run: VetRun):
         t.add_row(node, *[_cell(by_name[c]) if c in by_name else "" for c in checks],
                   "[bold red]bad[/]" if node in bad else "[green]good[/]")
     if hidden:
-        t.add_row(f"{fold(hidden)} ({len(hidden)})", *(["[green]pass[/]"] * len(checks)),
+        t.add_row(f"{fold(hidden, sort=True)} ({len(hidden)})", *(["[green]pass[/]"] * len(checks)),
                   "[green]good[/]")
     return t
 
