@@ -27,6 +27,7 @@ from pathlib import Path
 import numpy as np
 
 from hpcml.data.sources import examine, identity, sample_key, walk
+from hpcml.data.wdsindex import is_shard_name
 from hpcml.errors import UsageError
 from hpcml.schemas import tag
 from hpcml.units import fmt_bytes
@@ -77,6 +78,11 @@ class ScanResult:
     ungroupable_count: int = 0       # no extension or a dot-file: WebDataset cannot group it
     ungroupable: list[str] = field(default_factory=list)   # paths, first `listed_limit`
     unreadable: list[Problem] = field(default_factory=list)  # all of them
+    shards: int = 0                  # WebDataset tar shards (.tar, .tar.gz, .tgz, ...) among the files
+    shard_bytes: int = 0
+    compressed_shards: int = 0       # by name: .tar.gz, .tgz, .tar.bz2, .tar.xz
+    indexed: bool = False            # a manifest.json at the root: hpcml reads the shards as they are
+    mds_files: int = 0               # MosaicML streaming shards (.mds, .mds.zstd, ...)
     seconds: float = 0.0
     files_per_s: float = 0.0
     jobs: int = 1
@@ -155,6 +161,10 @@ class _Dir:
     ungroupable: list[str] = field(default_factory=list)
     unreadable: list[Problem] = field(default_factory=list)
     subdirs: list[Path] = field(default_factory=list)
+    shards: int = 0
+    shard_bytes: int = 0
+    compressed_shards: int = 0
+    mds_files: int = 0
 
 
 def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
@@ -177,6 +187,12 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
             continue
         assert isinstance(st, os.stat_result)
         out.sizes.append(st.st_size)
+        if is_shard_name(e.name):
+            out.shards += 1
+            out.shard_bytes += st.st_size
+            out.compressed_shards += not e.name.lower().endswith(".tar")
+        elif ".mds" in e.name.lower():
+            out.mds_files += 1
         key = sample_key(e.name)
         if key is None:
             out.ungroupable.append(e.path)
@@ -228,10 +244,15 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
         room = listed_limit - len(res.ungroupable)
         res.ungroupable.extend(d.ungroupable[:max(0, room)])
         res.unreadable.extend(d.unreadable)
+        res.shards += d.shards
+        res.shard_bytes += d.shard_bytes
+        res.compressed_shards += d.compressed_shards
+        res.mds_files += d.mds_files
         res.files += len(d.sizes)
         res.bytes += sum(d.sizes)
         if on_progress:
             on_progress(res.files, res.bytes)
+    res.indexed = (root / "manifest.json").is_file()
     res.seconds = time.perf_counter() - start
     res.files_per_s = res.files / res.seconds if res.seconds > 0 else 0.0
     res.file_sizes = np.frombuffer(sizes, dtype=np.int64).copy() if sizes else np.zeros(0, np.int64)
@@ -293,9 +314,34 @@ def _n(count: int, noun: str) -> str:
     return f"{count:,} {noun}{'' if count == 1 else 's'}"
 
 
+SHARDED = 0.9                # of the bytes in tar shards: the dataset is shards already
+
+
+def sharded(scan: ScanResult) -> bool:
+    """Mostly WebDataset tar shards (hpcml's or anyone's): read as they are, never repacked."""
+    return scan.shards > 0 and scan.shard_bytes >= SHARDED * scan.bytes
+
+
+def _already(scan: ScanResult) -> str | None:
+    """Why not to pack a dataset that is in a shard format already, or None."""
+    if sharded(scan):
+        what = f"{_n(scan.shards, 'WebDataset tar shard')} hold {fmt_bytes(scan.shard_bytes)}"
+        if scan.indexed:
+            return f"Read as is: {what}, indexed (manifest.json): ShardDataset, stage and bench read them."
+        return (f"Read as is: {what}; do not repack them: 'hpcml data index {scan.root}' (--out DIR when it is "
+                "read-only) writes the index ShardDataset, stage and bench need, without rewriting a shard.")
+    if scan.mds_files:
+        return (f"Do not pack: {_n(scan.mds_files, 'MosaicML streaming (MDS) shard')} - a shard format already, "
+                "read by mosaicml-streaming's StreamingDataset; hpcml reads WebDataset tar shards, not MDS.")
+    return None
+
+
 def _pack(scan: ScanResult, small: int, many: int) -> tuple[bool, str]:
     if scan.files == 0:
         return False, "no readable files: nothing to pack"
+    already = _already(scan)
+    if already:
+        return False, already
     median = scan.sizes.percentiles["p50"]
     why = []
     if median < small:
@@ -369,9 +415,12 @@ def recommend(scan: ScanResult, res: Resources, *, readers: int = 64,
     pack, pack_reason = _pack(scan, small_file, many_files)
     shard, shard_reason = _shard(scan, max(1, readers), shard_bytes)
     stage = scan.tar_bytes if pack else scan.bytes
-    placement, target, place_reason = place(stage, res, pack=pack, root=scan.root, ram_fraction=ram_fraction,
+    placement, target, place_reason = place(stage, res, pack=pack or sharded(scan), root=scan.root, ram_fraction=ram_fraction,
                                             disk_fraction=disk_fraction)
     notes = []
+    if sharded(scan) and scan.compressed_shards:
+        notes.append(f"{_n(scan.compressed_shards, 'shard')} compressed (.tar.gz, .tgz, ...): hpcml reads each whole, "
+                     "decompressed from its start, as one block; decompress them once for block reads.")
     if pack and scan.ungroupable_count:
         n = scan.ungroupable_count
         has = "file has no extension or starts" if n == 1 else "files have no extension or start"

@@ -39,8 +39,13 @@ def index_name(shard_name: str) -> str:
 
 
 def write_index(path: Path, shard: str, rows: list[list], fingerprint: str, sha256: str,
-                size: int) -> None:
-    doc = {"shard": shard, "fingerprint": fingerprint, "sha256": sha256, "bytes": size, "samples": rows}
+                size: int, *, compression: str = "", tar_bytes: int | None = None) -> None:
+    """``compression`` and ``tar_bytes`` for a compressed shard (``hpcml data index``): its
+    offsets are in the decompressed tar."""
+    doc: dict = {"shard": shard, "fingerprint": fingerprint, "sha256": sha256, "bytes": size}
+    if compression:
+        doc |= {"compression": compression, "tar_bytes": tar_bytes}
+    doc["samples"] = rows
     write_atomic(path, orjson.dumps(doc).decode())
 
 

@@ -6,6 +6,10 @@ A shard set is a directory::
     shard-000000.tar         WebDataset tar: the files of a sample are adjacent members
     shard-000000.idx.json    per sample: key, byte span in the tar, and each member's data
 
+``hpcml data index`` writes the same manifest and indexes for WebDataset shards made
+elsewhere (``hpcml.data.wdsindex``): their tars stay where they are, named by absolute path
+when the index lies elsewhere, and a compressed one says so (``compression``).
+
 The dataset id is a hash of the shards' checksums, so two packs of the same files into the
 same shards have the same id and any change of content changes it; a reader's resume state
 carries it so that a state from another dataset is refused.
@@ -30,11 +34,12 @@ MANIFEST = "manifest.json"
 
 
 class ShardEntry(BaseModel):
-    name: str                 # file name of the tar, relative to the manifest's directory
-    index: str                # file name of its index
+    name: str                 # the tar: a file name beside the manifest, or an absolute path
+    index: str                # file name of its index, beside the manifest
     bytes: int
     sha256: str
     samples: int
+    compression: str = ""     # gzip, bz2 or xz: a shard indexed as it was found (hpcml data index)
 
 
 class Manifest(BaseModel):
@@ -71,8 +76,7 @@ def manifest_path(path: str | os.PathLike) -> Path:
 def load_manifest(path: str | os.PathLike) -> Manifest:
     """Read and validate a manifest; any problem is a one-line UsageError naming the file."""
     p = manifest_path(path)
-    raw = _from_legacy(read_json(p, None, missing="no manifest here: not a shard set made by 'hpcml data pack'",
-                                 loads=orjson.loads))
+    raw = _from_legacy(read_json(p, None, missing=_missing(p), loads=orjson.loads))
     check(raw, SCHEMA, str(p))
     try:
         return Manifest.model_validate(raw)
@@ -80,6 +84,14 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
         raise UsageError(f"{err['msg']} (found {err.get('input')!r})", file=str(p), key=key) from None
+
+
+def _missing(p: Path) -> str:
+    """The words for a directory without a manifest: WebDataset shards say how to index them."""
+    from hpcml.data.wdsindex import hint
+    found = hint(p.parent) if p.name == MANIFEST else None
+    return f"no manifest here: {found}" if found else \
+        "no manifest here: not a shard set made by 'hpcml data pack' or indexed by 'hpcml data index'"
 
 
 def _from_legacy(raw):

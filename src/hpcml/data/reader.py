@@ -64,8 +64,10 @@ def _env_rank() -> tuple[int, int]:
 class _Shards:
     """Open files and loaded indexes of one process, a bounded number of each."""
 
-    def __init__(self, root: Path, names: list[str], index_names: list[str], keep: int = 64) -> None:
+    def __init__(self, root: Path, names: list[str], index_names: list[str], keep: int = 64,
+                 compression: list[str] | None = None) -> None:
         self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
+        self.compression = compression or [""] * len(names)
         self.fds: OrderedDict[int, int] = OrderedDict()
         self.indexes: OrderedDict[int, ShardIndex] = OrderedDict()
         self.reads = self.read_bytes = 0
@@ -96,6 +98,8 @@ class _Shards:
         """Tell the kernel which blocks come next, so it queues them all at once (a deep
         queue from a few threads) instead of one readahead window per ``pread``."""
         for s, lo, hi in pieces:
+            if self.compression[s]:
+                continue                   # offsets are in the decompressed tar
             idx = self.index(s)
             start = int(idx.starts[lo])
             os.posix_fadvise(self.fd(s), start, int(idx.ends[hi - 1]) - start, os.POSIX_FADV_WILLNEED)
@@ -107,10 +111,30 @@ class _Shards:
         idx = self.index(s)
         start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
         buf = self._take(end - start)
+        if self.compression[s]:
+            return start, self._inflate(s, start, memoryview(buf)[:end - start]), buf
         got = os.preadv(self.fd(s), [memoryview(buf)[:end - start]], start)
         self.reads += 1
         self.read_bytes += got
         return start, memoryview(buf)[:got], buf
+
+    def _inflate(self, s: int, start: int, into: memoryview) -> memoryview:
+        """Bytes ``start`` on of a compressed shard's tar: decompressed from the shard's
+        beginning (no compression webdataset uses allows a seek), kept only from ``start``,
+        stopped at the piece's end. A compressed shard is one block (``ShardDataset``)."""
+        from hpcml.data.wdsindex import open_decompressed
+        path = self.path(s)
+        try:
+            with open(path, "rb") as raw, open_decompressed(raw, self.compression[s]) as fh:
+                fh.seek(start)
+                got = 0
+                while got < len(into) and (n := fh.readinto(into[got:])):
+                    got += n
+        except (OSError, EOFError, ValueError) as exc:
+            raise CorruptShardError(path, start, f"cannot decompress ({self.compression[s]}): {exc}") from None
+        self.reads += 1
+        self.read_bytes += got
+        return into[:got]
 
     def _take(self, n: int) -> bytearray:
         with self.lock:
@@ -162,7 +186,9 @@ class ShardDataset:
         self.skipped = 0                # samples skipped as corrupt (on_corrupt="skip")
         self.reads = self.read_bytes = 0   # read calls and bytes of this process (for benchmarks)
         self._counts = [s.samples for s in self.manifest.shards]
-        self._sizes = [s.bytes for s in self.manifest.shards]
+        # a compressed shard is read whole (decompressed from its start), so it is one block:
+        # a size of 0 makes order.blocks keep all its samples together
+        self._sizes = [0 if s.compression else s.bytes for s in self.manifest.shards]
 
     # -- plan and state -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -273,7 +299,8 @@ class ShardDataset:
         if not windows:
             return
         shards = _Shards(self.root, [s.name for s in self.manifest.shards],
-                         [s.index for s in self.manifest.shards])
+                         [s.index for s in self.manifest.shards],
+                         compression=[s.compression for s in self.manifest.shards])
         pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads))
         try:
             # Hints run two windows ahead, reads one: the kernel's queue never drains

@@ -108,6 +108,7 @@ class _File:
     sha256: str | None              # the manifest's, for shards; None for indexes
     action: str = "copy"            # copy | check | skip
     src_stat: tuple[int, int] | None = None
+    src: str = ""                   # where it is read, when not ``name`` beside the manifest
 
 
 @dataclass
@@ -226,7 +227,11 @@ def _files(m: Manifest, src: Path) -> list[_File]:
     mpath = src / MANIFEST
     out = []
     for i, s in enumerate(m.shards):
-        out.append(_File(_plain_name(s.name, f"shards.{i}.name", mpath), s.bytes, s.sha256))
+        if os.path.isabs(s.name):       # indexed elsewhere (hpcml data index --out): copied beside the manifest
+            out.append(_File(_plain_name(Path(s.name).name, f"shards.{i}.name", mpath), s.bytes, s.sha256,
+                             src=s.name))
+        else:
+            out.append(_File(_plain_name(s.name, f"shards.{i}.name", mpath), s.bytes, s.sha256))
         idx = _plain_name(s.index, f"shards.{i}.index", mpath)
         try:
             st = (src / idx).stat()
@@ -234,6 +239,15 @@ def _files(m: Manifest, src: Path) -> list[_File]:
             raise UsageError(f"shard index unreadable: {exc.strerror}", file=str(src / idx)) from None
         out.append(_File(idx, st.st_size, None, src_stat=(st.st_size, st.st_mtime_ns)))
     return out
+
+
+def _staged_manifest(m: Manifest, srcdir: Path) -> bytes:
+    """The copy's manifest: the source's bytes, or, where it names shards elsewhere by
+    their path, the same manifest naming their copies beside it (same dataset id)."""
+    if not any(os.path.isabs(s.name) for s in m.shards):
+        return (srcdir / MANIFEST).read_bytes()
+    local = m.model_copy(update={"shards": [s.model_copy(update={"name": Path(s.name).name}) for s in m.shards]})
+    return orjson.dumps(local.model_dump(by_alias=True), option=orjson.OPT_INDENT_2)
 
 
 def _plan(files: list[_File], dst: Path, stamp: dict, verify: bool) -> None:
@@ -277,7 +291,7 @@ def _entry(path: Path, sha: str, f: _File) -> dict:
 
 
 def _copy(run: _Run, f: _File) -> None:
-    src, dst = run.src / f.name, run.dst / f.name
+    src, dst = Path(f.src) if f.src else run.src / f.name, run.dst / f.name
     tmp = run.dst / f".{f.name}.{run.tag}.part"
     h, buf, n_total = hashlib.sha256(), bytearray(CHUNK), 0
     try:
@@ -389,7 +403,7 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
     srcdir = source_dir(src)
     ds = m.dataset or dataset_id(m.shards)
     files = _files(m, srcdir)
-    manifest_bytes = (srcdir / MANIFEST).read_bytes()
+    manifest_bytes = _staged_manifest(m, srcdir)
     res = StageResult(node=this_node(env), src=str(srcdir), path=str(srcdir), target=None, dataset=ds,
                       staged=False, bytes_total=sum(f.bytes for f in files) + len(manifest_bytes),
                       job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),

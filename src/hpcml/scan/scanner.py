@@ -23,7 +23,7 @@ from hpcml.scan.policy import Policy, default_policy
 
 MAX_ARCHIVE_DEPTH = 4
 PICKLE_SUFFIXES = {".pkl", ".pickle", ".pck", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".dat",
-                   ".npy", ".model", ".sav", ".p", ".pkl.gz", ".pt.gz"}
+                   ".npy", ".model", ".sav", ".p", ".pkl.gz", ".pt.gz", ".pyd"}   # .pyd: webdataset's pickle field
 
 
 def _pickle_name(name: str) -> bool:

@@ -74,6 +74,12 @@ def _render(report) -> None:
                   f"max {fmt_bytes(s.sizes.max)}")
         t.add_row("percentiles", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in p.items()))
     t.add_row("samples", f"{s.samples:,} (WebDataset keys), largest {fmt_bytes(s.largest_sample_bytes)}")
+    if s.shards:
+        comp = f", {s.compressed_shards:,} compressed" if s.compressed_shards else ""
+        t.add_row("shards", f"{s.shards:,} WebDataset tar shards{comp}, {fmt_bytes(s.shard_bytes)}; "
+                  f"{'indexed (manifest.json)' if s.indexed else 'no index yet (hpcml data index)'}")
+    if s.mds_files:
+        t.add_row("MDS", f"{s.mds_files:,} MosaicML streaming shards (hpcml does not read MDS)")
     t.add_row("extensions", ", ".join(f"{e or '(none)'} {n:,}" for e, n in s.extensions) or "-")
     t.add_row("scan", f"{s.seconds:.2f} s, {s.files_per_s:,.0f} files/s, {s.jobs} threads")
     con.print(t)

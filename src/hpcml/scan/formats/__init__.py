@@ -71,4 +71,5 @@ FORMATS: Registry[ScanFormat] = Registry("scan format", "hpcml.scan_formats", {
     "gguf": f"{__name__}.gguf:FORMAT",                  # its chat templates judged
     "onnx": f"{__name__}.onnx:FORMAT",                  # external-data paths, custom domains
     "tf-savedmodel": f"{__name__}.savedmodel:FORMAT",   # by name: saved_model.pb, keras_metadata.pb
+    "mds": f"{__name__}.mds:FORMAT",                    # MosaicML streaming, by its index.json: encodings judged
 })

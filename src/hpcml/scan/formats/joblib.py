@@ -206,6 +206,9 @@ def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: 
         return
     kind, opener = found
     try:
+        if _holds_tar(opener, fh):          # a .tar.gz / .tgz: WebDataset shards are often these
+            _scan_tar(fs, opener(fh), kind, member, depth, scan_content)
+            return
         stream = opener(fh)
         fs.set_format(f"{kind}-compressed")
         pickles.scan_stream(fs, stream, 0, END_UNKNOWN, member)
@@ -213,6 +216,28 @@ def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: 
         fs.error(f"cannot decompress the {kind} stream: {exc}", member)
     except Exception as exc:  # noqa: BLE001 - decompressors raise their own types (lz4, zlib.error)
         fs.error(f"cannot decompress the {kind} stream: {exc}", member)
+
+
+def _holds_tar(opener, fh: BinaryIO) -> bool:
+    """Whether the decompressed stream starts with a tar header (reads 512 bytes of it)."""
+    from hpcml.scan.formats.tarred import looks_like
+    try:
+        head = opener(fh).read(512)
+    except Exception:  # noqa: BLE001 - decompressors raise their own types; the pickle path reports it
+        head = b""
+    fh.seek(0)
+    return looks_like(head)
+
+
+def _scan_tar(fs: FileScan, stream: BinaryIO, kind: str, member: str, depth: int,
+              scan_content: ScanContent) -> None:
+    from hpcml.scan.formats.tarred import scan_tar
+    from hpcml.scan.scanner import MAX_ARCHIVE_DEPTH
+    if depth >= MAX_ARCHIVE_DEPTH:
+        fs.error(f"archives nested more than {MAX_ARCHIVE_DEPTH} deep", member)
+        return
+    fs.set_format(f"tar ({kind}-compressed)")
+    scan_tar(fs, stream, member, depth, scan_content, stream=True)
 
 
 FORMAT = ScanFormat(_looks_compressed, _scan)
