@@ -1,7 +1,9 @@
 """`hpcml run`'s live watch: time from fault to detection and to culprit named, and what
-the watch costs the launcher at 1,024 ranks; NVRx's straggler detector beside it.
+the watch costs the launcher at 1,024 ranks and at Alps's 10,752; NVRx's straggler detector
+beside it.
 
     python benchmarks/bench_watch.py [--runs 3] [--ranks 1024] [--seconds 60]
+    python benchmarks/bench_watch.py --alps [--writers 2] [--hang-timeout 60]
 
 1. Faults: tests/run/faulty_ddp.py on 2 local ranks (torch CPU, gloo), rank 1 going wrong at
    step 30: stuck before its all_reduce, in the data loader, in a C call holding the GIL,
@@ -15,8 +17,15 @@ the watch costs the launcher at 1,024 ranks; NVRx's straggler detector beside it
    (this process: ``time.process_time``) over the wall time, in % of one core. One rank is
    made 1.5x slower half way: when it is named is the live straggler's detection time.
 3. NVRx (nvidia-resiliency-ext 0.4.1, the newest on PyPI for Python 3.11) is tried on CPU.
+4. ``--alps`` (only this part): Alps's size, 10,752 ranks (2,688 nodes n0000-n2687 x 4
+   GPUs), their heartbeats written by ``--writers`` processes (each round's lag measured),
+   the watch polled as in 2 with ``--hang-timeout`` (60 s): rank 3584 1.5x slower from 60 s
+   in, and 120 s later a hang (rank 4711 completes no step after S, the others none after
+   S + 1; every recorder still beating, none answering the snapshot request, which synthetic
+   writers cannot: naming is then by progress alone). Detection and naming are measured
+   from when the timeout ran out; CPU, peak RSS and the slowest scan of the polling process.
 
-Writes benchmarks/results/watch.json.
+Writes benchmarks/results/watch.json (``--alps`` adds its ``alps`` key, keeping the rest).
 """
 
 from __future__ import annotations
@@ -31,6 +40,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 TASK = ROOT / "tests" / "run" / "faulty_ddp.py"
@@ -115,6 +125,137 @@ def launcher_cost(ranks: int, seconds: float) -> dict:
             "straggler_named_after_onset_s": round(named_at - onset, 1) if named_at else None}
 
 
+STEPS_PER_S = 10                    # each synthetic rank's pace
+ALPS_RANKS, ALPS_HUNG = 10_752, 4711
+
+
+def _step_time(r: int, step: int, slow: bool) -> float:
+    return 0.1 * (1.5 if slow else 1.0) * (1 + 0.01 * ((step + r) % 7))
+
+
+def _alps_writer(observe: str, ranks: list[int], t0: float, onset: float, hang_at: float, stop: Any,
+                 slow_rank: int, hung_rank: int, out: str) -> None:
+    """One writer of many: its ranks' heartbeats rewritten once a second, byte for byte what
+    ``BeatWriter.write`` makes (checked once per kind of rank), but serialised once per kind
+    (the step times repeat every 7 ranks) so that 10,752 records a second fit on 2 cores.
+    Step k ends at t0 + k/10 on every rank; from ``hang_at`` on, ``hung_rank`` completes no
+    step after S and the others none after S + 1 (they wait in the next collective), while
+    every record keeps being rewritten (recorders alive, not answering snapshots)."""
+    from hpcml.observe.beat import SIZE, BeatWriter, Progress
+    hang_step = int((hang_at - t0) * STEPS_PER_S)
+    kinds = {r: ("slow" if r == slow_rank else "hung" if r == hung_rank else r % 7) for r in ranks}
+    progress = {k: Progress() for k in set(kinds.values())}
+    done = dict.fromkeys(progress, -1)                 # the last step each kind completed
+    like = {k: r for r, k in kinds.items()}            # one rank of each kind
+    writers = {r: BeatWriter(Path(observe), r, f"n{r // 4:04d}") for r in ranks}
+    heads = {r: json.dumps(w.fixed, separators=(",", ":")).encode()[:-1] + b"," for r, w in writers.items()}
+    checked, lags, oldest = False, [], 0.0
+    due = t0
+    while not stop.is_set():
+        now = time.time()
+        last = int((now - t0) * STEPS_PER_S)
+        for k, p in progress.items():
+            r = like[k]
+            cap = last if now < hang_at else min(last, hang_step if k == "hung" else hang_step + 1)
+            steps = range(done[k] + 1, cap + 1)
+            if steps:
+                p.update([t0 + s / STEPS_PER_S for s in steps], ["section"] * len(steps), ["step"] * len(steps),
+                         [_step_time(r, s, k == "slow" and t0 + s / STEPS_PER_S >= onset) for s in steps], list(steps))
+                done[k] = cap
+        bodies = {k: json.dumps(p.to_json(), separators=(",", ":")).encode()[1:-1] for k, p in progress.items()}
+        for r, w in writers.items():
+            beat = time.time()
+            data = heads[r] + bodies[kinds[r]] + b',"beat":' + repr(beat).encode() + b"}"
+            if len(data) > SIZE or not checked and like[kinds[r]] == r:
+                w.write(progress[kinds[r]], now=beat)            # the real writer, to compare with
+                if len(data) <= SIZE and os.pread(w.fd, SIZE, 0) != data.ljust(SIZE):
+                    raise SystemExit(f"rank {r}: the synthetic record differs from BeatWriter.write's")
+                continue
+            os.pwrite(w.fd, data.ljust(SIZE), 0)
+        checked = True
+        end = time.time()
+        lags.append(end - due)                     # how long after its due time the round's last record went out
+        oldest = max(oldest, end - now)
+        due += 1.0
+        time.sleep(max(0.0, due - time.time()))
+    Path(out).write_text(json.dumps({"ranks": len(ranks), "rounds": len(lags), "lag_max_s": round(max(lags), 3),
+                                     "lag_p99_s": round(sorted(lags)[int(0.99 * (len(lags) - 1))], 3),
+                                     "rounds_late": sum(lag > 1.0 for lag in lags),
+                                     "cpu_s": round(time.process_time(), 1)}))
+
+
+def _rss_mb() -> float:
+    return int(Path("/proc/self/statm").read_text().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
+
+
+def alps(ranks: int, writers: int, hang_timeout: float, before: float, straggler_for: float, hung_rank: int) -> dict:
+    """Alps's size (2,688 nodes x 4 GPUs): the straggler from ``before`` s into the watch, the
+    hang ``straggler_for`` s later, the watch polled as ``hpcml run`` polls it until the
+    hang's culprit is named (or the timeout + 120 s passed)."""
+    import resource
+
+    from hpcml.run.watch import COLLECT, Watch, period_for
+    work = Path(tempfile.mkdtemp(prefix="hpcml-bench-alps-"))
+    (work / "writers").mkdir()
+    slow_rank = ranks // 3
+    load0 = os.getloadavg()
+    t0 = time.time() + 10                          # the writers have started
+    onset, hang_at = t0 + 10 + before, t0 + 10 + before + straggler_for
+    stop_at = hang_at + hang_timeout + 150
+    stop = multiprocessing.Event()
+    procs = [multiprocessing.Process(target=_alps_writer, args=(
+        str(work / "observe"), list(range(i, ranks, writers)), t0, onset, hang_at, stop, slow_rank, hung_rank,
+        str(work / "writers" / f"{i}.json"))) for i in range(writers)]
+    for p in procs:
+        p.start()
+    time.sleep(max(0.0, t0 + 10 - time.time()))    # every record is out
+    watch = Watch(work, 0, ranks, timeout=hang_timeout, on_hang="report")
+    rss0, peak0 = _rss_mb(), resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    cpu0, wall0 = time.process_time(), time.time()
+    scans, slowest_cpu, slowest_wall, stale, rss = 0, 0.0, 0.0, 0.0, []
+    straggler_at = detected = named = None
+    while time.time() < stop_at - 5 and named is None:
+        c, w = time.process_time(), time.time()
+        before_next = watch._next
+        watch.poll()
+        if watch._next != before_next:
+            scans += 1
+            slowest_cpu, slowest_wall = max(slowest_cpu, time.process_time() - c), max(slowest_wall, time.time() - w)
+            if watch.hang is None:
+                stale = max(stale, w - min(b["beat"] for b in watch.beats.values()))
+            rss.append(_rss_mb())
+        if watch.stragglers and straggler_at is None:
+            straggler_at = time.time()
+        if watch.hang and detected is None:
+            detected = time.time()
+        if watch.hang and watch.hang.get("named") and named is None:
+            named = time.time()
+        time.sleep(0.05)
+    cpu, wall = time.process_time() - cpu0, time.time() - wall0
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    stop.set()
+    for p in procs:
+        p.join()
+    stats = [json.loads(f.read_text()) for f in sorted((work / "writers").glob("*.json"))]
+    expires = t0 + (int((hang_at - t0) * STEPS_PER_S) + 1) / STEPS_PER_S + hang_timeout   # the others' last step + timeout
+    verdict = (watch.hang or {}).get("verdict") or {}
+    return {"ranks": ranks, "nodes": ranks // 4, "period_s": period_for(ranks), "scans": scans,
+            "seconds": round(wall, 1), "load_before": [round(x, 2) for x in load0],
+            "load_after": [round(x, 2) for x in os.getloadavg()],
+            "writers": writers, "writer_stats": stats, "oldest_beat_seen_s": round(stale, 2),
+            "launcher_cpu_percent_of_one_core": round(100 * cpu / wall, 2),
+            "slowest_scan_cpu_ms": round(1000 * slowest_cpu, 1), "slowest_scan_wall_ms": round(1000 * slowest_wall, 1),
+            "rss_mb_first_scan": round(rss[0], 1) if rss else None, "rss_mb_last_scan": round(rss[-1], 1) if rss else None,
+            "rss_mb_at_watch_start": round(rss0, 1), "peak_rss_mb_before": round(peak0, 1), "peak_rss_mb": round(peak, 1),
+            "straggler_expected": slow_rank, "straggler_named": sorted(watch.stragglers),
+            "straggler_named_after_onset_s": round(straggler_at - onset, 1) if straggler_at else None,
+            "hang_timeout_s": hang_timeout, "hung_rank": hung_rank, "collect_s": COLLECT,
+            "hang_detected_after_timeout_s": round(detected - expires, 1) if detected else None,
+            "hang_named_after_timeout_s": round(named - expires, 1) if named else None,
+            "culprits": [c["rank"] for c in verdict.get("culprits", [])], "method": verdict.get("method"),
+            "blocked": len(verdict.get("blocked", [])), "stacks": (watch.hang or {}).get("stacks")}
+
+
 def nvrx_on_cpu() -> dict:
     """NVRx's straggler Detector on this CPU-only machine."""
     probe = ("import nvidia_resiliency_ext.straggler as s\n"
@@ -134,9 +275,21 @@ def nvrx_on_cpu() -> dict:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=3)
-    ap.add_argument("--ranks", type=int, default=1024)
+    ap.add_argument("--ranks", type=int, default=None, help="1,024; 10,752 with --alps")
     ap.add_argument("--seconds", type=float, default=90.0)
+    ap.add_argument("--alps", action="store_true", help="only the watch at Alps's size (part 4)")
+    ap.add_argument("--writers", type=int, default=2, help="--alps: processes writing the heartbeats")
+    ap.add_argument("--hang-timeout", type=float, default=60.0, help="--alps: the watch's explicit timeout (s)")
     args = ap.parse_args()
+    out = ROOT / "benchmarks" / "results" / "watch.json"
+    if args.alps:
+        a = alps(args.ranks or ALPS_RANKS, args.writers, args.hang_timeout, 60.0, 120.0,
+                 min(ALPS_HUNG, (args.ranks or ALPS_RANKS) - 1))
+        print(json.dumps(a, indent=2))
+        doc = json.loads(out.read_text()) if out.exists() else {}
+        out.write_text(json.dumps({**doc, "alps": a}, indent=2) + "\n")
+        print(f"wrote {out}")
+        return
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-faults-"))
     faults = {f: [fault_run(f, work, i) for i in range(args.runs)] for f in ("collective", "loader", "gil", "exit")}
     summary = {}
@@ -148,16 +301,17 @@ def main() -> None:
         print(f"{f:11s} detected {summary[f]['detected_s_median']:6.2f} s  named {summary[f]['named_s_median']:6.2f} s"
               f"  (after the last step; timeout {HANG_TIMEOUT:g} s for hangs)  culprit right {summary[f]['right_culprit']}"
               f"/{len(rs)}  by {summary[f]['method']}  exit {summary[f]['exit_codes']}")
-    cost = launcher_cost(args.ranks, args.seconds)
+    cost = launcher_cost(args.ranks or 1024, args.seconds)
     print(f"launcher: {cost['ranks']} ranks, scan every {cost['period_s']} s: "
           f"{cost['launcher_cpu_percent_of_one_core']} % of one core (slowest scan {cost['slowest_scan_cpu_ms']} ms); "
           f"straggler rank {cost['straggler_expected']} named {cost['straggler_named']} "
           f"{cost['straggler_named_after_onset_s']} s after its onset")
     nvrx = nvrx_on_cpu()
     print(f"NVRx straggler Detector on CPU: {'runs' if nvrx['runs'] else 'cannot run: ' + nvrx['why']}")
-    out = ROOT / "benchmarks" / "results" / "watch.json"
+    old = json.loads(out.read_text()) if out.exists() else {}
     out.write_text(json.dumps({"faults": faults, "summary": summary, "launcher": cost, "nvrx": nvrx,
-                               "hang_timeout_s": HANG_TIMEOUT}, indent=2) + "\n")
+                               "hang_timeout_s": HANG_TIMEOUT, **({"alps": old["alps"]} if "alps" in old else {})},
+                              indent=2) + "\n")
     print(f"wrote {out}")
 
 

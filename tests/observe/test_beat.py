@@ -66,7 +66,8 @@ def test_a_record_never_grows_past_its_size(tmp_path):
     '"step": "x"', '"recent_steps": [1, "a"], "recent_s": [0.1, 0.2]', '"recent_steps": [2, 1], "recent_s": [0.1, 0.2]',
     '"recent_steps": [1], "recent_s": []', '"progress": "soon"', '"exit": 1.5', '"rank": -1', '"node": 7',
     '"rank": true', '"recent_s": {"a": 1}', '"recent_steps": [1, 9223372036854775807], "recent_s": [0.1, 0.2]',
-    '"restarts": 9223372036854775807', '"gap_s": "long"',
+    '"restarts": 9223372036854775807', '"gap_s": "long"', '"recent_steps": [true], "recent_s": [0.1]',
+    '"recent_steps": [1, 1], "recent_s": [0.1, 0.2]', '"recent_s": [false]', '"recent_wait": [-0.5]',
 ])
 def test_a_record_of_the_wrong_shape_keeps_the_last_good_one(tmp_path, bad):
     """The job directory is the user's too: whatever a program writes there, the launcher

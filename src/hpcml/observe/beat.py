@@ -31,9 +31,11 @@ import hashlib
 import hmac
 import json
 import math
+import operator
 import os
 import time
 from collections import deque
+from itertools import islice
 from pathlib import Path
 from typing import Any
 
@@ -257,6 +259,16 @@ def _number(v: Any) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
+_INT, _NUMBERS = {int}, {int, float}          # exact types: bool is not a number here
+
+
+def _finite(xs: list) -> bool:
+    """Numbers, all finite. Here and for the steps, whole-list passes in C (``map``, ``set``):
+    at 10,752 ranks the per-element generators were half of a scan's CPU (bench_watch.py
+    --alps: 0.5-0.65 s, now 0.14 s)."""
+    return set(map(type, xs)) <= _NUMBERS and all(map(math.isfinite, xs))
+
+
 def _valid(doc: Any) -> bool:
     """A record of the right shape: anything in the job directory may have been written by
     the user's program, and the launcher must not fall over on it (a record that is not
@@ -277,15 +289,14 @@ def _valid(doc: Any) -> bool:
     steps, times = doc.get("recent_steps", []), doc.get("recent_s", [])
     if not isinstance(steps, list) or not isinstance(times, list) or len(steps) != len(times):
         return False
-    if not all(isinstance(x, int) and not isinstance(x, bool) and 0 <= x < LIMIT for x in steps):
-        return False
-    if not all(_number(x) and math.isfinite(x) for x in times):
-        return False
-    if any(b <= a for a, b in zip(steps, steps[1:])):
+    if steps and not (set(map(type, steps)) <= _INT and all(map(operator.lt, steps, islice(steps, 1, None)))
+                      and 0 <= steps[0] and steps[-1] < LIMIT):
         return False                                   # ascending, as the recorder writes them
+    if not _finite(times):
+        return False
     waits = doc.get("recent_wait")
-    if waits is not None and (not isinstance(waits, list) or len(waits) != len(steps)
-                              or not all(_number(x) and math.isfinite(x) and x >= 0 for x in waits)):
+    if waits is not None and (not isinstance(waits, list) or len(waits) != len(steps) or not _finite(waits)
+                              or (waits and min(waits) < 0)):
         return False
     if doc.get("sig") is not None and not isinstance(doc["sig"], str):
         return False

@@ -3,7 +3,8 @@
 The launcher reads the ranks' heartbeats (``hpcml.observe.beat``: one small record per rank
 that its recorder rewrites once per interval) every ``period`` seconds: 1 s for a few
 ranks, up to 5 s at 1,024: ~30 ms of reads per scan there, and the straggler model every
-20 s, under 1 % of a core (benchmarks/bench_watch.py). The ranks do nothing for it beyond
+20 s, under 1 % of a core; at Alps's 10,752 ranks ~0.7 s a scan, 18 % of a core on a busy
+2-core VM, 0.57 GB resident (benchmarks/bench_watch.py). The ranks do nothing for it beyond
 what their recorder already did (and, for the Flight Recorder, one ``stat`` a second per
 Python process: ``hpcml.run.inject``).
 
@@ -18,8 +19,11 @@ Python process: ``hpcml.run.inject``).
   that logs every 100 steps waits 100 steps between them), never before the first
   step ends, so a job's start-up, a long evaluation or a checkpoint that fits under it is
   not a hang; a phase longer than that wants an explicit timeout (``off`` disables). Then
-  every rank's recorder is asked for a snapshot (its Python stack through py-spy); within
-  ``COLLECT`` seconds the answers that came are analysed (``hpcml.run.culprits``), one line
+  every rank's recorder is asked for a snapshot (its Python stack through py-spy); once all
+  have answered, or after ``COLLECT`` seconds less two scan periods (one for the detection,
+  one for the last read: the verdict is out within ``COLLECT`` s of the timeout at 10,752
+  ranks' 5 s scans as at 2 ranks' 1 s, however many recorders never answer), the answers
+  that came are analysed (``hpcml.run.culprits``), one line
   per culprit goes to the job log, the verdict into run.json, and ``--on-hang stop`` stops
   the job, which then exits ``HANG``.
 
@@ -58,7 +62,8 @@ from hpcml.words import node_name, ranges
 HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job
 AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
 AUTO_STEPS = 10.0             # ... and at least this many median step times
-COLLECT = 30.0                # seconds to wait for the ranks' snapshots
+COLLECT = 30.0                # the verdict is out within this many seconds of the hang timeout: ...
+COLLECT_LEAST = 10.0          # ... the snapshots waited for this less two scan periods, at least this
 FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
 ON_HANG = ("stop", "report")
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the model's cost, at 1,024 ranks) ...
@@ -134,6 +139,8 @@ class Watch:
             action = self._conclude(now)
         elif self.hang is None:
             self._hang(now)
+        if self._collect is not None:                # conclude on time, not a scan period late
+            self._next = min(self._next, self._collect[1], self._fr_until or self._next)
         if self.exporter is not None:
             self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
         return action
@@ -329,7 +336,9 @@ class Watch:
             except OSError:
                 pass                                  # not a file (the user's): analysis refuses it
         request(self.observe, ident)
-        self._collect = (ident, now + COLLECT)
+        # one period for the detection's lateness, one for the concluding read's own time (over
+        # a second at 10,752 ranks on a busy host): out within COLLECT s of the timeout
+        self._collect = (ident, now + max(COLLECT_LEAST, COLLECT - 2 * (self.period or 1.0)))
 
     def _conclude(self, now: float, ended: bool = False) -> str | None:
         """``ended``: the job ended by itself before the verdict; nothing is stopped."""
