@@ -6,7 +6,13 @@ Starts the local 2-node cluster (hpcml.testing.localslurm) and, inside one 2-nod
 allocation, alternates run after run: `srun -N2 python train.py` alone, and `hpcml run
 --vet examples/vet/cpu.yaml -- python train.py`, which ends by printing the job's report
 and writing report.html (the report included). train.py is examples/observe/train.py (100 steps,
-numpy; ~2.5 s). Prints the medians and hpcml's added wall time; writes
+numpy; ~2.5 s). Prints the medians and hpcml's added wall time, and where hpcml's time
+goes in each run (``parts``, from the run's own records: the vet report's start and
+duration, each rank's recorder start and end, the run's end): the launcher's start-up
+(interpreter, imports, the job directory), vetting, launch (rendezvous probe, the srun step,
+each task wrapper's start-up until it starts the rank; the latest rank counts), the ranks'
+own run, and the tail (the last rank's end to hpcml's exit: the recorders' close and the
+report). Warm caches: one warm-up run of each command before the timed ones. Writes
 benchmarks/results/run.json.
 """
 
@@ -32,6 +38,17 @@ def _timed(argv: list[str], env: dict, cwd: Path, timeout: float = 300) -> tuple
     return time.perf_counter() - start, rc
 
 
+def parts(d: Path, began: float, exited: float) -> dict[str, float]:
+    """Where one ``hpcml run``'s wall time went, from its own records (wall-clock times)."""
+    vet = json.loads((d / "vet" / "report.json").read_text()) if (d / "vet" / "report.json").exists() else None
+    ranks = [json.loads(p.read_text()) for p in sorted((d / "observe").glob("rank-*.json"))]
+    vet_start = float(vet["started_at"]) if vet else json.loads((d / "run.json").read_text())["started"]
+    vet_end = vet_start + (float(vet["duration"]) if vet else 0.0)
+    first, last = max(r["start"] for r in ranks), max(r["end"] for r in ranks)
+    return {"start-up": vet_start - began, "vetting": vet_end - vet_start, "launch": first - vet_end,
+            "ranks": last - first, "tail (report)": exited - last}
+
+
 def inner(runs: int) -> dict:
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-run-"))
     env = dict(os.environ)
@@ -40,10 +57,16 @@ def inner(runs: int) -> dict:
     def plain() -> tuple[float, int]:
         return _timed(["srun", "-N2", "--ntasks-per-node=1", *TRAIN], env, work)
 
+    split: list[dict[str, float]] = []
+
     def wrapped(i: int) -> tuple[float, int]:
-        d = str(work / f"run{i}")           # hpcml run prints the report and writes report.html itself
-        return _timed([*hpcml, "run", "--vet", str(ROOT / "examples/vet/cpu.yaml"), "--dir", d, "--", *TRAIN],
-                      env, work)
+        d = work / f"run{i}"                # hpcml run prints the report and writes report.html itself
+        began = time.time()
+        out = _timed([*hpcml, "run", "--vet", str(ROOT / "examples/vet/cpu.yaml"), "--dir", str(d), "--", *TRAIN],
+                     env, work)
+        if i >= 0 and out[1] == 0:
+            split.append(parts(d, began, time.time()))
+        return out
 
     plain(), wrapped(-1)                                    # warm-up: page cache, slurmd's first step
     times: dict[str, list[float]] = {"srun python train.py": [], "hpcml run (report incl.)": []}
@@ -53,7 +76,7 @@ def inner(runs: int) -> dict:
             t, rc = fn()
             times[name].append(t)
             codes[name].append(rc)
-    return {"times": times, "codes": codes}
+    return {"times": times, "codes": codes, "parts": split}
 
 
 def main() -> None:
@@ -82,9 +105,12 @@ def main() -> None:
     added = hp["median"] - base["median"]
     print(f"hpcml run (report included) adds {added:.3f} s in the median (ratio {hp['median'] / base['median']:.2f}); "
           f"worst run adds {hp['max'] - base['median']:.3f} s")
+    split = {k: statistics.median(p[k] for p in data["parts"]) for k in (data["parts"] or [{}])[0]}
+    print("where hpcml run's time goes (medians, s): " + ", ".join(f"{k} {v:.3f}" for k, v in split.items()))
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
-    (results / "run.json").write_text(json.dumps({"summary": summary, "raw": data, "added_median_s": added}, indent=1))
+    (results / "run.json").write_text(json.dumps({"summary": summary, "raw": data, "added_median_s": added,
+                                                  "parts_median_s": split}, indent=1))
 
 
 if __name__ == "__main__":
