@@ -16,6 +16,7 @@ import jsonschema
 import pytest
 
 from hpcml import schemas
+from hpcml.observe.beat import beat_path
 from tests.observe.browser import assert_not_blank, render
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -110,8 +111,13 @@ def test_the_ranks_one_helper_process_loads_only_what_recording_needs(tmp_path):
     """Each rank has one helper process (the task wrapper, which records in-process) and it
     pays for no library it does not use: pyarrow would import pandas at its first array
     (0.4 s, 50 MB per rank) and the run.json model pydantic (0.2 s). The rank reads its
-    parent's mapped files after the recorder has written its first rows."""
-    probe = ("import os, time; time.sleep(2.5); p = os.getppid(); "
+    parent's mapped files once the recorder has written its first rows (its heartbeat follows
+    them: a handshake, not a sleep, so a loaded machine cannot read the maps too early)."""
+    beat = beat_path(Path("OBSERVE"), 0).relative_to("OBSERVE")
+    probe = ("import os, time; b = os.path.join(os.environ['HPCML_OBSERVE_DIR'], " + repr(str(beat)) + "); "
+             "t = time.time() + 120\n"
+             "while time.time() < t and not (os.path.exists(b) and os.path.getsize(b)): time.sleep(0.1)\n"
+             "p = os.getppid(); "
              "print(open(f'/proc/{p}/cmdline').read().split(chr(0))[1:3]); "
              "print(sorted({os.path.basename(os.readlink(f'/proc/{p}/map_files/' + m)).split('.')[0] "
              "for m in os.listdir(f'/proc/{p}/map_files')}))")
