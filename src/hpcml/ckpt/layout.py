@@ -256,17 +256,16 @@ def restore_replaced(root: Path) -> None:
             os.rename(f.path, root / step_name(f.step))
 
 
-def verify(found: Found, ranks: list[int] | None = None, *, checksums: bool = True,
+def verify(found: Found, *, checksums: bool = True,
            files: Collection[tuple[str, int]] | None = None, but: Collection[tuple[str, int]] = ()) -> list[str]:
     """Problems with a committed checkpoint's files (sizes always; crc32 when ``checksums``);
-    empty when it is good. ``ranks``: only these ranks' files; ``files``: only these
-    ``(kind, rank)`` (``shards``); ``but``: not these."""
+    empty when it is good. ``files``: only these ``(kind, rank)`` (``shards``); ``but``:
+    not these."""
     if found.problems or not found.manifest:
         return found.problems or ["no manifest"]
     problems = []
     for kind, rank, rec in shards(found.manifest):
-        if ranks is not None and rank not in ranks or files is not None and (kind, rank) not in files \
-                or (kind, rank) in but:
+        if files is not None and (kind, rank) not in files or (kind, rank) in but:
             continue
         problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind)
     return problems

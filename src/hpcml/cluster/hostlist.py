@@ -25,6 +25,7 @@ import re
 from collections.abc import Iterable, Iterator
 
 from hpcml.errors import UsageError
+from hpcml.words import natural_key
 
 MAX_RANGE = 65536            # Slurm's MAX_RANGE: hosts in one lo-hi range
 MAX_HOSTS = 1 << 20          # hpcml's: hosts from one expression (n[1-65536][1-65536] is 4e9)
@@ -163,5 +164,4 @@ def _natural(name: str) -> tuple[tuple[str | int, ...], int, int, int]:
     then by width of the number (``n9``, ``n10``, ``n09``: 09 is another host than 9), then value."""
     m = _NUMBERED.fullmatch(name)
     prefix, digits = (name, "") if m is None else (m.group(1), m.group(2))
-    chunks = tuple(int(c) if i % 2 else c for i, c in enumerate(re.split(r"([0-9]+)", prefix)))
-    return chunks, int(m is not None), len(digits), int(digits or 0)
+    return tuple(natural_key(prefix)), int(m is not None), len(digits), int(digits or 0)

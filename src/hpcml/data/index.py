@@ -34,8 +34,22 @@ class ShardIndex:
         return len(self.keys)
 
 
+#: tar shards as WebDataset names them, plain or compressed (hpcml data index reads all of them)
+SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
+
+
 def index_name(shard_name: str) -> str:
-    return shard_name.removesuffix(".tar") + ".idx.json"
+    """The index beside a shard: its name without the tar suffix (any case), ``.idx.json``."""
+    lower = shard_name.lower()
+    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
+        if lower.endswith(suffix):
+            return shard_name[:-len(suffix)] + ".idx.json"
+    return shard_name + ".idx.json"
+
+
+def padded(n: int) -> int:
+    """A member's size rounded up to whole tar blocks."""
+    return -(-n // BLOCK) * BLOCK
 
 
 def write_index(path: Path, shard: str, rows: list[list], fingerprint: str, sha256: str,

@@ -23,7 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
-from hpcml.data.index import BLOCK, index_name, read_index_doc, write_index
+from hpcml.data.index import BLOCK, index_name, padded, read_index_doc, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.data.sources import Listing, SourceFile, list_files, sample_key
 from hpcml.errors import UsageError
@@ -63,10 +63,6 @@ class PackResult:
     skipped: list[dict] = field(default_factory=list)
 
 
-def _padded(n: int) -> int:
-    return -(-n // BLOCK) * BLOCK
-
-
 def group_samples(listing: Listing) -> tuple[list[tuple[str, list[tuple[str, SourceFile]]]], list[dict]]:
     """Files grouped into samples by WebDataset's rule, in key order; ungroupable files listed."""
     samples: dict[str, list[tuple[str, SourceFile]]] = {}
@@ -86,7 +82,7 @@ def plan_shards(samples, target_bytes: int) -> list[ShardPlan]:
     cur: list = []
     size = 0
     for key, members in samples:
-        s = sum(BLOCK + _padded(f.size) for _e, f in members)
+        s = sum(BLOCK + padded(f.size) for _e, f in members)
         if cur and size + s > target_bytes:
             shards.append(ShardPlan(len(shards), cur, size))
             cur, size = [], 0
@@ -141,8 +137,8 @@ def write_shard(root: Path, dst: Path, plan: ShardPlan, advance: Callable[[int],
                     buf += hdr
                     fields.append([ext, pos + len(hdr), f.size])
                     buf += data
-                    buf += bytes(_padded(f.size) - f.size)
-                    pos += len(hdr) + _padded(f.size)
+                    buf += bytes(padded(f.size) - f.size)
+                    pos += len(hdr) + padded(f.size)
                 rows.append([key, start, pos, fields])
                 if len(buf) >= FLUSH:
                     flush()

@@ -33,12 +33,11 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from hpcml.data.index import write_index
+from hpcml.data.index import SHARD_SUFFIXES, index_name, padded, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded
 
-SHARD_SUFFIXES = (".tar", ".tar.gz", ".tgz", ".tar.bz2", ".tbz2", ".tar.xz", ".txz")
 COMPRESSION = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 SKIP_META = re.compile(r"__[^/]*__($|/)")
 KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")
@@ -164,10 +163,6 @@ class ShardScan:
     split_keys: int = 0                               # keys whose members are not adjacent
 
 
-def _pad(n: int) -> int:
-    return -(-n // 512) * 512
-
-
 def index_shard(path: Path) -> ShardScan:
     """One read of ``path``: its sha256 and its samples by webdataset's rules."""
     try:
@@ -188,7 +183,7 @@ def index_shard(path: Path) -> ShardScan:
             tf = tarfile.open(fileobj=src, mode="r|*")    # type: ignore[call-overload]
             for info in tf:
                 tf.members = []                          # stream mode: keep no member list
-                end = info.offset_data + _pad(info.size)
+                end = info.offset_data + padded(info.size)
                 name = info.name
                 kv = base_plus_ext(name) if info.isreg() and not is_meta(name) else None
                 if kv is None:
@@ -260,7 +255,7 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
     entries = []
     for s in scans:
         name = s.path.name if s.path.parent == dst else str(s.path)
-        idx = _index_name(s.path.name)
+        idx = index_name(s.path.name)
         try:
             write_index(dst / idx, name, s.rows, "", s.sha256, s.bytes, compression=s.compression,
                         tar_bytes=s.tar_bytes)
@@ -281,14 +276,6 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
         raise UsageError(f"cannot write the manifest: {exc.strerror}", file=str(dst / MANIFEST)) from None
     return IndexResult(manifest, dst, sum(len(s.skipped) for s in scans), sum(s.split_keys for s in scans),
                        sum(bool(s.compression) for s in scans))
-
-
-def _index_name(shard_file: str) -> str:
-    lower = shard_file.lower()
-    for suffix in sorted(SHARD_SUFFIXES, key=len, reverse=True):
-        if lower.endswith(suffix):
-            return shard_file[:-len(suffix)] + ".idx.json"
-    return shard_file + ".idx.json"
 
 
 def hint(directory: Path) -> str | None:
