@@ -8,7 +8,7 @@ import threading
 
 import pytest
 
-from hpcml.files import load_json_bounded, read_bounded, write_atomic
+from hpcml.files import load_json_bounded, read_bounded, remove_dead_temps, write_atomic
 
 
 def test_a_small_regular_file_is_read(tmp_path):
@@ -226,3 +226,21 @@ def test_every_record_reader_says_one_thing_per_fault(tmp_path, command, name, f
                        env={k: v for k, v in os.environ.items() if not k.startswith("SLURM_")})
     assert p.returncode == 2, (p.returncode, p.stderr)
     assert len(p.stderr.strip().splitlines()) == 1 and words in p.stderr and name in p.stderr, p.stderr
+
+
+def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path):
+    """kill -9 between write_atomic's create and rename leaves ``.NAME.PID.TID.HEX.tmp``:
+    a dead writer's (its pid gone here) or an old one goes, a live writer's young one and
+    anything not named so stay."""
+    import subprocess
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    dead_tmp = tmp_path / f".attempt-0.sent.{dead.pid}.1.ab12cd34.tmp"
+    live_tmp = tmp_path / f".attempt-1.sent.{os.getpid()}.1.ab12cd34.tmp"
+    old_tmp = tmp_path / f".attempt-2.sent.{os.getpid()}.1.ab12cd34.tmp"
+    other = tmp_path / ".notes.tmp"
+    for p in (dead_tmp, live_tmp, old_tmp, other):
+        p.write_text("x")
+    os.utime(old_tmp, (1, 1))
+    assert remove_dead_temps(tmp_path) == 2
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live_tmp.name, other.name])

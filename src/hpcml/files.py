@@ -10,6 +10,7 @@ import os
 import stat
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -52,6 +53,31 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
             fsync_dir(path.parent)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) -> int:
+    """Remove ``write_atomic``'s temporary files in ``directory`` that a killed writer left
+    (kill -9 between its create and its rename): those whose writer (the pid in the name)
+    is not alive on this host, or that are older than ``older_than`` seconds (a write takes
+    milliseconds; a writer on another host sharing the directory is alive here by chance
+    at most). Returns how many went."""
+    gone, now = 0, time.time()
+    for tmp in Path(directory).glob(".*.tmp"):
+        parts = tmp.name.rsplit(".", 4)              # .NAME . PID . TID . HEX . tmp
+        if len(parts) != 5 or not parts[1].isdigit():
+            continue
+        try:
+            old = now - tmp.lstat().st_mtime > older_than
+            if not old:
+                os.kill(int(parts[1]), 0)
+                continue
+        except ProcessLookupError:
+            pass
+        except OSError:                              # vanished, or alive and not ours (EPERM)
+            continue
+        tmp.unlink(missing_ok=True)
+        gone += 1
+    return gone
 
 
 def fsync_dir(path: str | os.PathLike) -> None:

@@ -27,7 +27,7 @@ import orjson
 from pydantic import ValidationError
 
 from hpcml.errors import UsageError
-from hpcml.files import load_json_bounded, write_atomic
+from hpcml.files import load_json_bounded, remove_dead_temps, write_atomic
 from hpcml.jobmodel import SUMMARY_SCHEMA as SCHEMA
 from hpcml.jobmodel import Attempt, JobSummary, RunRecord, dumps, reason, validate
 from hpcml.run.jobdir import read_run
@@ -237,6 +237,8 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     from hpcml.vet.fleet.collector.client import post
     from hpcml.vet.fleet.collector.proof import credential
     say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    if (Path(d) / SPOOL).is_dir():
+        remove_dead_temps(Path(d) / SPOOL)        # a sender killed mid-mark left its temporary file
     files = pending(d)
     token = _token()
     sent = refused = 0
