@@ -46,6 +46,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).parent))
 import scale_parts  # noqa: E402 - beside this file
+from measure import compile_sources  # noqa: E402 - beside this file
 from scale_parts import wait_job  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -184,6 +185,7 @@ def main() -> None:
     ap.add_argument("--bad-fraction", type=float, default=0.02)
     ap.add_argument("--no-extras", action="store_true", help="only the vet-and-launch case")
     args = ap.parse_args()
+    print(compile_sources())
     from hpcml.testing.localslurm import LocalSlurm
     rows: list[dict] = []
     shutil.rmtree(WORK, ignore_errors=True)       # kept after a run, to read what went wrong

@@ -23,6 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from bench_scan import WORK, _venv_tool  # noqa: E402
+from measure import compile_sources  # noqa: E402 - beside this file
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -37,6 +38,7 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=21)
     args = ap.parse_args()
+    print(compile_sources())
     WORK.mkdir(parents=True, exist_ok=True)
     tiny = WORK / "tiny.pkl"
     tiny.write_bytes(pickle.dumps({"a": 1}, protocol=4))

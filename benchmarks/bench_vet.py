@@ -23,6 +23,9 @@ import tempfile
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).parent))
+from measure import compile_sources  # noqa: E402 - beside this file
+
 ROOT = Path(__file__).resolve().parents[1]
 WORK = ROOT / "benchmarks" / ".work"
 VETNODE_VENV = WORK / "vetnode-venv"
@@ -111,6 +114,7 @@ def main() -> None:
     if args.inner:
         print(json.dumps(inner(args.runs, args.vetnode, args.ctld_port)))
         return
+    print(compile_sources())
     from hpcml.testing.localslurm import LocalSlurm
     WORK.mkdir(parents=True, exist_ok=True)
     vetnode = _vetnode()

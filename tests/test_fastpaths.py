@@ -30,6 +30,7 @@ from typer.testing import CliRunner
 
 from hpcml.cli_support import flags_of
 from hpcml.env import fastrun
+from hpcml.run import fastrun as runfast
 from hpcml.scan import fastscan
 from hpcml.vet import fastvet
 
@@ -41,6 +42,11 @@ def _scan(monkeypatch, seen: list) -> None:
 
 def _vet(monkeypatch, seen: list) -> None:
     monkeypatch.setattr(fastvet, "execute", lambda protocol, **kw: seen.append({"protocol": protocol, **kw}) or 0)
+
+
+def _run(monkeypatch, seen: list) -> None:
+    import hpcml.run.launcher as launcher
+    monkeypatch.setattr(launcher, "run", lambda opts: seen.append(vars(opts)) or 0)
 
 
 def _env(monkeypatch, seen: list) -> None:
@@ -89,6 +95,11 @@ def _env_app():
     return app
 
 
+def _run_app():
+    from hpcml.run.cli import app
+    return app
+
+
 def _vet_app():
     from hpcml.vet.cli import app
     return app
@@ -99,6 +110,7 @@ PATHS = [
     FastPath("env run", fastrun, _env_app, ["run"], _env, lambda opts: [*opts, "e.toml", "--", "python", "-c", "x"]),
     FastPath("vet", fastvet, _vet_app, ["run"], _vet, lambda opts: [*opts, "p.yaml"],
              typer_only={"--prolog", "--budget", "--drain", "--overrun-ok"}),
+    FastPath("run", runfast, _run_app, ["run"], _run, lambda opts: [*opts, "--", "python", "-c", "x"]),
 ]
 BY_NAME = {fp.name: fp for fp in PATHS}
 

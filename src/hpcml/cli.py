@@ -23,7 +23,7 @@ def __getattr__(name: str):
 
 #: command words -> the module of their Typer-free fast path
 FAST_PATHS = ((("env", "run"), "hpcml.env.fastrun"), (("scan",), "hpcml.scan.fastscan"),
-              (("vet",), "hpcml.vet.fastvet"))
+              (("vet",), "hpcml.vet.fastvet"), (("run",), "hpcml.run.fastrun"))
 #: top-level commands that a component's app holds (``hpcml run``, ``hpcml report``)
 TOP_LEVEL = {"run": "run", "report": "run"}
 
@@ -90,8 +90,8 @@ def _exit(code: str | int | None) -> None:
 
 def _fast_path(argv: list[str]) -> tuple[ModuleType | None, list[str]]:
     """The module that runs this command line without Typer, if any, and its arguments: ``hpcml env run``
-    (every container start), ``hpcml scan FILE`` (CI loops, a scan before each load) and ``hpcml vet
-    PROTOCOL`` (every job's start).
+    (every container start), ``hpcml scan FILE`` (CI loops, a scan before each load), ``hpcml vet
+    PROTOCOL`` and ``hpcml run`` (every job's start).
     Each has ``wants(args)``, ``main(args)``, ``PROG`` and ``FLAGS``; --help goes to Typer."""
     for words, module in FAST_PATHS:
         if argv[:len(words)] == list(words):

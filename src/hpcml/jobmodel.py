@@ -55,7 +55,7 @@ Text = Annotated[str, AfterValidator(_no_nul)]
 class Model(BaseModel):
     """Closed, and checked on assignment: the launcher fills a record field by field."""
 
-    model_config = ConfigDict(extra="forbid", validate_assignment=True)
+    model_config = ConfigDict(extra="forbid", validate_assignment=True, defer_build=True)
 
     def to_json(self) -> dict[str, Any]:
         """The fields set (None included): the document as its writer made it; a document's

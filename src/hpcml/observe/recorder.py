@@ -21,8 +21,9 @@ from collections.abc import Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
+from hpcml.arrowprobe import skip_pandas
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
@@ -89,22 +90,6 @@ def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, sta
             pass        # the process never logged, or died mid-batch: keep what arrived
 
 
-def _without_pandas() -> None:
-    """pyarrow imports pandas, when it is installed, at the first array it builds (to ask
-    whether the input is a pandas object): 0.4 s of CPU and 50 MB in every rank's recorder,
-    which never has pandas objects. The recorder is a process of its own (the rank is its
-    child), so it can tell pyarrow pandas is not there: a finder that refuses it (pyarrow's
-    Cython import takes a None in sys.modules for the module itself)."""
-    if "pandas" not in sys.modules and not any(isinstance(f, _NoPandas) for f in sys.meta_path):
-        sys.meta_path.insert(0, _NoPandas())
-
-
-class _NoPandas:
-    def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
-            raise ModuleNotFoundError("hpcml's recorder does without pandas", name=name)
-
-
 def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
            prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None,
@@ -117,7 +102,6 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
     what is recorded as the command stays ``cmd``, what the user asked for. ``remote_write``: the
     URL of a Prometheus remote-write receiver (else ``HPCML_REMOTE_WRITE``; ``hpcml.observe.remotewrite``)."""
     from hpcml.samplers.choose import for_task
-    _without_pandas()
     if not cmd:
         raise UsageError("no command to record, e.g. ['python', 'train.py']", key="cmd")
     if interval < MIN_INTERVAL:
@@ -220,6 +204,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     # forward Slurm's signals from the moment the command runs (before the store's imports)
     stack = ExitStack()
     stack.enter_context(forwarding(lambda: (child,), FORWARDED))
+    skip_pandas()                       # before the store's first array (hpcml.arrowprobe)
     writer = RankWriter.create(out, task.rank)
     progress, beat, responder = Progress(), BeatWriter(out, task.rank, task.node), Responder(out, task.rank, child.pid)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress, remote),

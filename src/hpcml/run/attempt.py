@@ -13,17 +13,20 @@ from __future__ import annotations
 import signal
 import sys
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from hpcml.jobmodel import RunRecord
 from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
 from hpcml.run.jobdir import write_own
-from hpcml.run.watch import Watch
 from hpcml.signals import SLURM_SIGNALS, forwarding
 from hpcml.words import plural
+
+if TYPE_CHECKING:
+    from hpcml.run.watch import Watch
 
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
 POLL = 0.05
@@ -114,6 +117,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
         plural(plan.ntasks, "local task")
     print(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}", file=sys.stderr)
     backend.start(plan)
+    from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
     watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
                   on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
                   job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
@@ -164,22 +168,37 @@ def _replay(pending: list[int], seen: list[int], targets: list[Target]) -> None:
     pending.clear()
 
 
+def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
+    """Import ``modules`` in a background thread while the launcher waits (for the vetting
+    workers, for the ranks), then call ``then``: the step that needs them does not pay for
+    them on the job's critical path. A failure is left for that step to meet and say."""
+    def load() -> None:
+        import importlib
+        try:
+            for module in modules:
+                importlib.import_module(module)
+            if then is not None:
+                then()
+        except Exception:  # noqa: BLE001 - the step that needs it says what is missing
+            return
+    import threading
+    threading.Thread(target=load, name="hpcml-prefetch", daemon=True).start()
+
+
 def _prefetch_report(cfg: Config) -> None:
     """While the tasks run, import what the report needs (pyarrow, numpy, the builders):
     the launcher is idle then, and the report at the end costs only its own work."""
-    if not cfg.report:
-        return
+    if cfg.report:
+        prefetch("pyarrow", "pyarrow.compute", "jinja2", "hpcml.observe.html", "hpcml.observe.report",
+                 "hpcml.observe.store", "hpcml.run.report", "hpcml.score.html", "hpcml.score.importers.store",
+                 "hpcml.score.report", then=_warm_report)
 
-    def load() -> None:
-        try:
-            import hpcml.observe.html  # noqa: F401
-            import hpcml.observe.report  # noqa: F401
-            import hpcml.observe.store  # noqa: F401
-            import hpcml.run.report  # noqa: F401
-            import hpcml.score.html  # noqa: F401
-            import hpcml.score.importers.store  # noqa: F401
-            import hpcml.score.report  # noqa: F401
-        except Exception:  # noqa: BLE001 - the report will say what is missing
-            pass
-    import threading
-    threading.Thread(target=load, daemon=True).start()
+
+def _warm_report() -> None:
+    """The report's first-use costs, paid while the ranks run: pyarrow's pandas probe
+    (``hpcml.arrowprobe``) and the page's templates, compiled into the one environment."""
+    from hpcml.arrowprobe import skip_pandas
+    from hpcml.htmlkit import warm
+    from hpcml.run.report import TEMPLATE
+    skip_pandas()
+    warm(TEMPLATE)

@@ -18,6 +18,9 @@ from typing import Any
 from hpcml.errors import UsageError
 from hpcml.words import plural
 
+HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job (hpcml.run.watch)
+ON_HANG = ("stop", "report")  # what --on-hang takes
+
 
 @dataclass(frozen=True)
 class Options:
@@ -118,7 +121,6 @@ def straggler_seconds(value: str) -> float:
 
 
 def _check(opts: Options, nodes: int) -> None:
-    from hpcml.run.watch import ON_HANG
     if not opts.cmd:
         raise UsageError("no command to run: hpcml run [options] -- python train.py", key="cmd")
     if opts.min_nodes is not None and opts.min_nodes > nodes:

@@ -19,9 +19,9 @@ from pathlib import Path
 
 from hpcml.cluster import requeue
 from hpcml.jobmodel import Attempt, FirstFailure, Requeued, RunRecord
+from hpcml.run.config import HANG
 from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, write_own
 from hpcml.run.ranklog import last_own_line
-from hpcml.run.watch import HANG
 
 
 def stop_began(record: Attempt) -> float | None:

@@ -31,7 +31,7 @@ from typing import Any
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.jobmodel import FarmTaskRef, Launcher, RunRecord, Vetting, Who
-from hpcml.run.attempt import FORWARDED, run_attempt
+from hpcml.run.attempt import FORWARDED, prefetch, run_attempt
 from hpcml.run.backends import BACKENDS, STOPPING, Backend, Settings
 from hpcml.run.config import Config, Options
 from hpcml.run.ending import conclude, finish
@@ -106,6 +106,7 @@ class Job:
 
     def run(self, environment: dict | None) -> int:
         cfg, d, record = self.cfg, self.d, self.record
+        prefetch("hpcml.run.watch")                   # numpy and the straggler model, while vetting runs
         if environment is not None:
             import json
             (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")

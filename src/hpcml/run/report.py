@@ -41,6 +41,7 @@ from hpcml.words import node_name, plural
 
 SCHEMA = tag("run.report", 1)
 TAIL_LINES = 20
+TEMPLATE = "run.html.j2"                        # the page (hpcml.htmlkit; warmed while the ranks run)
 UNENDED = ("launcher_killed", "running")         # _unended's kinds
 NEVER_STARTED = (NOT_EXECUTABLE, NOT_FOUND)      # a shell's codes for a command that cannot start
 
@@ -545,7 +546,7 @@ def render(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import render as render_page
     vet, env = rep["vet"], rep["env"]
     return render_page(
-        "run.html.j2", job_id=str(rep["job"].get("job_id") or "local"), path=rep["path"], job=_job_rows(rep),
+        TEMPLATE, job_id=str(rep["job"].get("job_id") or "local"), path=rep["path"], job=_job_rows(rep),
         findings=[(f"[{f['source']}] {f['message']}", f["advice"]) for f in rep["findings"]],
         vet=None if not vet else {"protocol": str(vet.get("protocol") or ""), "decision": vet["decision"],
                                   "good": len(vet["good"]), "bad": len(vet["bad"]), "duration_s": vet.get("duration_s"),

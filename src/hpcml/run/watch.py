@@ -53,19 +53,19 @@ from hpcml.cluster import requeue
 from hpcml.observe.beat import Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stragglers import MIN_SECONDS
+from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
+from hpcml.run.config import ON_HANG as ON_HANG
 from hpcml.run.culprits import Verdict, name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import last_own_line
 from hpcml.run.steptimes import StepTimes
 from hpcml.words import node_name, ranges
 
-HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job
 AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
 AUTO_STEPS = 10.0             # ... and at least this many median step times
 COLLECT = 30.0                # the verdict is out within this many seconds of the hang timeout: ...
 COLLECT_LEAST = 10.0          # ... the snapshots waited for this less two scan periods, at least this
 FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
-ON_HANG = ("stop", "report")
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the model's cost, at 1,024 ranks) ...
 STRAGGLER_SCORINGS = 3        # ... and at least this many per window
 STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on

@@ -87,14 +87,15 @@ def run_cmd(
     4 vetting aborted, 2 bad input (a --dir that holds a job), 1 the job directory cannot
     be written.
     """
-    from hpcml.run.launcher import Options, run
-    rc = run(Options(cmd=list(cmd or []), job_dir=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
-                     ntasks_per_node=ntasks_per_node, env=env, interval=interval, report=not no_report,
-                     gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
-                     gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
-                     prometheus_port=prometheus_port, prometheus_addr=prometheus_addr, max_restarts=max_restarts,
-                     spare_nodes=spare_nodes, revet=revet, on_straggler=on_straggler, collector=collector,
-                     remote_write=remote_write, straggler_window=straggler_window))
+    from hpcml.run import fastrun
+    rc = fastrun.execute(list(cmd or []), out=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
+                         ntasks_per_node=ntasks_per_node, env=env, interval=interval, no_report=no_report,
+                         gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
+                         gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
+                         prometheus_port=prometheus_port, prometheus_addr=prometheus_addr,
+                         max_restarts=max_restarts, spare_nodes=spare_nodes, revet=revet,
+                         on_straggler=on_straggler, collector=collector, remote_write=remote_write,
+                         straggler_window=straggler_window)
     raise typer.Exit(rc)
 
 
