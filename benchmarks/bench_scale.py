@@ -154,6 +154,17 @@ def _cpu_ms(cmd: list[str], env: dict[str, str], stdin: str = "", runs: int = 5)
     return round(sorted(times)[len(times) // 2], 1)
 
 
+def _wrapper_rss_mb(cmd: list[str], env: dict[str, str]) -> float:
+    """Resident memory of a rank's one helper process (the task wrapper, which records in
+    process) while its rank runs, 2 s after its start: VmRSS from /proc."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.0)
+    status = Path(f"/proc/{proc.pid}/status").read_text()
+    proc.wait(timeout=60)
+    kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+    return round(kib / 1024, 1)
+
+
 def per_node_cost(work: Path) -> dict:
     """CPU of what hpcml starts on every node, measured apart on this host."""
     from hpcml.vet import protocol as proto_mod
@@ -174,6 +185,7 @@ def per_node_cost(work: Path) -> dict:
     out = {"python_floor_ms": bare,
            "vet_worker_ms": _cpu_ms(_worker_command(sys.executable), worker, spec),
            "task_wrapper_and_recorder_start_ms": _cpu_ms(task + [str(work / "cost" / "t1"), "--", "true"], task_env)}
+    out["task_wrapper_rss_mb"] = _wrapper_rss_mb(task + [str(work / "cost" / "t3"), "--", "sleep", "4"], task_env)
     sampling = _cpu_ms(task + [str(work / "cost" / "t2"), "--", "sleep", "10"], task_env, runs=1)
     out["recorder_sampling_pct_of_core"] = round((sampling - out["task_wrapper_and_recorder_start_ms"]) / 10_000 * 100, 2)
     return out
