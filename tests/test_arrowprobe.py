@@ -35,3 +35,12 @@ def test_without_the_probe_pyarrow_loads_pandas():
     script = SCRIPT.replace("skip_pandas()", "pass")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
     assert out.stdout.splitlines()[0] == "loaded after arrays: True", out.stderr
+
+
+def test_a_ranks_first_logged_batch_loads_no_pandas():
+    """What a rank that logs through hpcml.observe builds: its rows as one Arrow batch."""
+    script = ("import sys\nfrom hpcml.observe.schema import to_batch\n"
+              "b = to_batch([(1_000_000, 'metric', 'loss', 0.5, 3, None)], rank=0)\n"
+              "print(b.num_rows, 'pandas' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.stdout.split() == ["1", "False"], out.stderr
