@@ -35,15 +35,24 @@ _LOADED = False
 
 
 def libc() -> Any:
-    """libc through ctypes (None where it cannot be loaded)."""
+    """libc through ctypes (None where it cannot be loaded), with ``prctl`` resolved.
+
+    Loaded when this module is imported, never first in a forked child: ``die_with_parent``
+    runs as a ``preexec_fn`` between fork and exec, and a ``dlopen`` or ``dlsym`` there
+    deadlocks on the loader's lock when another thread of the parent held it at the fork
+    (the launcher imports numpy in a thread while it starts srun)."""
     global _LIBC, _LOADED
     if not _LOADED:
         _LOADED = True
         try:
             _LIBC = ctypes.CDLL(None, use_errno=True)
-        except OSError:
+            _LIBC.prctl                     # noqa: B018 - ctypes caches the symbol on first access
+        except (OSError, AttributeError):
             _LIBC = None
     return _LIBC
+
+
+libc()
 
 
 def die_with_parent(sig: int = signal.SIGKILL) -> None:
