@@ -37,10 +37,54 @@ def test_without_the_probe_pyarrow_loads_pandas():
     assert out.stdout.splitlines()[0] == "loaded after arrays: True", out.stderr
 
 
-def test_a_ranks_first_logged_batch_loads_no_pandas():
-    """What a rank that logs through hpcml.observe builds: its rows as one Arrow batch."""
-    script = ("import sys\nfrom hpcml.observe.schema import to_batch\n"
-              "b = to_batch([(1_000_000, 'metric', 'loss', 0.5, 3, None)], rank=0)\n"
-              "print(b.num_rows, 'pandas' in sys.modules)")
+def test_a_ranks_logged_batches_leave_its_pyarrow_converting_pandas_objects_as_before():
+    """A training script that logs through hpcml.observe and builds Arrow arrays from pandas
+    objects later: NaN is null and a categorical a dictionary, as without hpcml (the probe
+    is answered only in hpcml's own processes)."""
+    script = ("import math\nfrom hpcml.observe.schema import to_batch\nimport pyarrow as pa\n"
+              "to_batch([(1_000_000, 'metric', 'loss', 0.5, 3, None)], rank=0)\nimport pandas as pd\n"
+              "print(pa.array(pd.Series([1.0, math.nan])).null_count, "
+              "pa.types.is_dictionary(pa.array(pd.Series(['a', 'b'], dtype='category')).type))")
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
-    assert out.stdout.split() == ["1", "False"], out.stderr
+    assert out.stdout.split() == ["1", "True"], out.stderr
+
+
+def test_another_threads_import_of_pandas_in_that_moment_goes_on():
+    """A user's thread still looking for pandas (a slow file system) when hpcml's thread
+    answers the probe: the finder refuses pandas to hpcml's thread only, so the user's
+    import completes (a finder refusing every thread broke it: "pandas.compat not built")."""
+    out = subprocess.run([sys.executable, "-c", RACE], capture_output=True, text=True, timeout=120)
+    assert out.stdout.strip() == "pandas", out.stdout + out.stderr
+
+
+RACE = """import sys, threading, time
+import pyarrow as pa
+from hpcml import arrowprobe
+in_import, go = threading.Event(), threading.Event()
+class Slow:
+    def find_spec(self, name, path=None, target=None):
+        if name == "pandas" and threading.current_thread() is not threading.main_thread() and not go.is_set():
+            in_import.set()
+            go.wait(10)
+        return None
+sys.meta_path.insert(0, Slow())
+result = {}
+def user():
+    try:
+        import pandas
+        result["ok"] = pandas.__name__
+    except ImportError as exc:
+        result["ok"] = f"failed: {exc}"
+t = threading.Thread(target=user)
+t.start()
+in_import.wait(10)
+real = pa.array
+def array(*a, **k):
+    go.set()
+    time.sleep(0.5)
+    return real(*a, **k)
+pa.array = array
+arrowprobe.skip_pandas()
+t.join(30)
+print(result.get("ok"))
+"""

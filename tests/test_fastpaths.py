@@ -234,3 +234,10 @@ def test_the_check_sees_a_drift(monkeypatch):
     monkeypatch.setattr(fastrun, "parser", drifted)
     (_, typer_got), (_, fast_got) = run_both(fp, fp.line([]), monkeypatch)
     assert typer_got[0]["runtime"] == "auto" and fast_got[0]["runtime"] == "podman"
+
+
+@pytest.mark.parametrize("argv", [["-1"], ["--interval", "5", "-x", "train.py"]])
+def test_a_command_that_starts_like_an_option_is_refused_by_both(argv, monkeypatch):
+    """argparse would take ``-1`` for the training command; Typer says "No such option"."""
+    (typer_code, typer_got), (fast_code, fast_got) = run_both(BY_NAME["run"], argv, monkeypatch)
+    assert (typer_code, typer_got) == (fast_code, fast_got) == (2, [])

@@ -8,6 +8,11 @@ tries the import once per process and remembers the answer; a finder that refuse
 for the length of one tiny array gives it "no" (a ``None`` in ``sys.modules`` does not:
 pyarrow's Cython import looks past it). The finder is gone afterwards: anything else in
 the process may still import pandas.
+
+Only for hpcml's own processes (the recorder, the launcher's report, ``hpcml report``, ``hpcml
+observe report``), never in a library function a training script calls: once pyarrow has
+been told "no pandas", ``pa.array`` of a pandas object made later converts it as a plain
+sequence (NaN stays NaN, a categorical becomes strings, ``pa.record_batch(df)`` fails).
 """
 
 from __future__ import annotations
@@ -21,8 +26,14 @@ _done = False
 
 
 class _NoPandas:
+    """Refuses pandas to the thread that made it only: another thread's import of pandas in
+    that moment goes on (pyarrow then waits for it on the module's lock, and finds it)."""
+
+    def __init__(self) -> None:
+        self.thread = threading.get_ident()
+
     def find_spec(self, name: str, path: Any = None, target: Any = None) -> None:
-        if name == "pandas" or name.startswith("pandas."):
+        if (name == "pandas" or name.startswith("pandas.")) and threading.get_ident() == self.thread:
             raise ModuleNotFoundError("hpcml gives pyarrow no pandas objects", name=name)
 
 

@@ -24,13 +24,8 @@ def arrow_schema():
 
 
 def to_batch(rows: list[tuple], rank: int):
-    """Rows are (ts_ns, kind, name, value, step, gpu) tuples, as the buffers hold them.
-    The first batch, in a rank that logs or in its recorder, loads no pandas
-    (``hpcml.arrowprobe``)."""
+    """Rows are (ts_ns, kind, name, value, step, gpu) tuples, as the buffers hold them."""
     import pyarrow as pa
-
-    from hpcml.arrowprobe import skip_pandas
-    skip_pandas()
     ts, kind, name, value, step, gpu = zip(*rows)
     return pa.record_batch([
         pa.array([t // 1000 for t in ts], pa.timestamp("us", tz="UTC")),

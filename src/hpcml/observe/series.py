@@ -105,9 +105,6 @@ def read_series(path: str | os.PathLike) -> JobSeries:
     """A job directory as series; not a job directory is bad input (exit 2). Damaged rank
     files are read up to the cut and named in ``problems``, as ``read_job`` does."""
     from concurrent.futures import ThreadPoolExecutor
-
-    from hpcml.arrowprobe import skip_pandas
-    skip_pandas()                            # pyarrow's pandas probe: 0.3 s at the end of every job
     p, meta, files = read_meta(path)
     by_rank = files_by_rank(files)
     ranks = sorted(by_rank)

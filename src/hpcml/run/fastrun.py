@@ -57,11 +57,14 @@ def parser() -> FastParser:
 
 
 def main(argv: list[str]) -> int:
+    p = parser()
     try:
-        args = vars(parser().parse_args(argv))
+        args = vars(p.parse_args(argv))
+        cmd = args.pop("cmd")
+        if cmd and cmd[0] not in ("--", "-") and cmd[0].startswith("-"):
+            p.error(f"No such option: {cmd[0]}")        # argparse takes "-1" for the command
     except SystemExit:
         return 2
-    cmd = args.pop("cmd")
     return execute(cmd[1:] if cmd[:1] == ["--"] else cmd, **args)
 
 

@@ -260,8 +260,10 @@ def _report(d: Path, cfg: Config) -> None:
     its summary spooled and sent to the collector (``hpcml.run.summary``)."""
     if not cfg.report and not cfg.collector:
         return
+    from hpcml.arrowprobe import skip_pandas
     from hpcml.run.report import build, summary, write
     from hpcml.run.summary import deliver
+    skip_pandas()                     # done while the ranks ran, unless the report was not prefetched
     rep = build(d)
     if cfg.report:
         path = write(rep, d / "report.html")

@@ -118,12 +118,14 @@ def report_cmd(
     """
     import json
 
+    from hpcml.arrowprobe import skip_pandas
     from hpcml.cli_support import write_report
     from hpcml.run.report import build, summary, to_json, write
     from hpcml.run.summary import collector_url
     url = collector_url(collector)
     if send and url is None:
         raise UsageError("--send needs the collector's URL: --collector URL or $HPCML_COLLECTOR", key="--send")
+    skip_pandas()                           # hpcml's own process: 0.3 s saved (hpcml.arrowprobe)
     rep = build(job_dir)
     path = write_report(write, rep, html_out or Path(job_dir) / "report.html")
     if url is not None:              # on every report when $HPCML_COLLECTOR names one
