@@ -7,6 +7,7 @@ per (job, attempt). The job itself is a real local ``hpcml run``.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -135,7 +136,8 @@ def test_send_killed_at_random_moments_stores_each_summary_once(tmp_path, collec
         sender = subprocess.Popen([sys.executable, "-m", "hpcml", "report", "job", "--send", "--collector",
                                    collector.url], cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                                   stderr=subprocess.DEVNULL)
-        time.sleep(rng.uniform(0.2, 2.5))
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            sender.wait(rng.uniform(0.2, 2.5))  # killed at that moment, unless it ended before
         sender.kill()
         sender.wait()
         for marker in spool.glob("*.sent"):   # as if every kill came before the marks
@@ -209,7 +211,9 @@ def test_a_report_while_the_job_runs_sends_nothing_and_the_end_sends_the_final_s
     """A summary is stored once, so only an ended attempt's is ever sent: a report taken
     while the job runs (``$HPCML_COLLECTOR`` exported) sends nothing."""
     collector.start()
-    (tmp_path / "slow.py").write_text("import time\ntime.sleep(8)\n")
+    go = tmp_path / "go"                       # the task ends once the report below is taken
+    (tmp_path / "slow.py").write_text(f"import os, time\nfor _ in range(1200):\n    if os.path.exists({str(go)!r}):\n"
+                                      "        break\n    time.sleep(0.05)\n")
     env = {**os.environ, "HPCML_VET_TOKEN": TOKEN, "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}"}
     env = {k: v for k, v in env.items() if not k.startswith("SLURM_")}
     job = subprocess.Popen([sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", "job", "--collector",
@@ -223,6 +227,7 @@ def test_a_report_while_the_job_runs_sends_nothing_and_the_end_sends_the_final_s
         assert during.returncode == 0, during.stderr
         assert "still running" in during.stderr and collector.rows() == []
     finally:
+        go.touch()
         _, err = job.communicate(timeout=120)
     assert job.returncode == 0, err
     (_, _, outcome, body), = collector.rows()

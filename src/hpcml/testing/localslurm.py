@@ -382,7 +382,12 @@ class LocalSlurm:
             f"PlugStackConfig={r}/etc/plugstack.conf",
             "ProctrackType=proctrack/linuxproc", "TaskPlugin=task/none", "MpiDefault=none",
             "ReturnToService=2", "SlurmdParameters=config_overrides",
-            "SchedulerType=sched/backfill", "SchedulerParameters=batch_sched_delay=0",
+            # a pending job that no event starts (a requeued one once its cred_expire delay
+            # is over, the first job after slurmctld starts) waits for the next backfill or
+            # periodic main pass: by default every 30 s (bf_interval) and 60 s (sched_interval),
+            # so a requeue test waited 11 to 41 s for its second attempt; once a second here
+            "SchedulerType=sched/backfill",
+            "SchedulerParameters=batch_sched_delay=0,bf_interval=1,sched_interval=1",
             "SelectType=select/cons_tres", "SelectTypeParameters=CR_Core",
             "JobAcctGatherType=jobacct_gather/linux", "JobAcctGatherFrequency=5",
             "AccountingStorageType=accounting_storage/none",
