@@ -2,6 +2,7 @@
 
     python benchmarks/bench_data.py                     # 100,000 files of 4-100 KB (about 5.2 GB)
     python benchmarks/bench_data.py --files 20000 --workers 1,2,4 --rounds 1
+    python benchmarks/bench_data.py --files 20000 --loaders hpcml,webdataset --out /tmp/d.json
 
 Every loader runs in torch's DataLoader with the same workers and batch size and no
 decoding; each worker sums sample bytes, so only counts cross the process boundary:
@@ -138,6 +139,8 @@ def main() -> None:
     ap.add_argument("--workers", default="1,2", help="Loader worker counts, comma-separated.")
     ap.add_argument("--batch", type=int, default=64)
     ap.add_argument("--rounds", type=int, default=3, help="Every pass this often, in rotating order; medians.")
+    ap.add_argument("--loaders", default="hpcml,webdataset,loose",
+                    help="Which loaders to run, comma-separated (while iterating: hpcml,webdataset).")
     ap.add_argument("--out", type=Path, default=HERE / "results" / "data.json")
     args = ap.parse_args()
 
@@ -186,16 +189,17 @@ def main() -> None:
         return lambda: DataLoader(ds, sampler=RandomSampler(ds, generator=torch.Generator().manual_seed(1))
                                   if shuffle else None, batch_size=B, num_workers=W, collate_fn=count_batch)
 
+    chosen = set(args.loaders.split(","))
     passes = [("ceiling", None, shards)]
     for W in counts:
-        passes += [
+        passes += [p for p in [
             (f"hpcml shards, sequential, {W}w", hpcml_loader(False, W), shards),
             (f"hpcml shards, shuffled, {W}w", hpcml_loader(True, W), shards),
             (f"webdataset, sequential, {W}w", wds_loader(False, W), shards),
             (f"webdataset, shuffled, {W}w", wds_loader(True, W), shards),
             (f"loose files, directory order, {W}w", loose_loader(False, W), loose),
             (f"loose files, shuffled, {W}w", loose_loader(True, W), loose),
-        ]
+        ] if p[0].split()[0].rstrip(",") in chosen]
     runs: dict[str, list[dict]] = {name: [] for name, _m, _p in passes}
     keys = {}
     for rnd in range(args.rounds):
@@ -223,7 +227,8 @@ def main() -> None:
     shard_of = np.repeat(np.arange(len(m.shards)), [s.samples for s in m.shards])
     W0 = counts[-1]
     q = {name: quality.measure(np.array([pos[k] for k in keys[f"{name}, {W0}w"]]), shard_of, B)
-         for name in ("hpcml shards, shuffled", "webdataset, shuffled", "loose files, shuffled")}
+         for name in ("hpcml shards, shuffled", "webdataset, shuffled", "loose files, shuffled")
+         if f"{name}, {W0}w" in keys}
     q["uniform permutation"] = quality.uniform(shard_of, len(packed_keys), B)
     print(f"shuffle quality ({W0} workers, batch {B}, {len(m.shards)} shards):")
     for name, v in q.items():
@@ -235,15 +240,16 @@ def main() -> None:
     print("ratios (MB/s):")
     for W in counts:
         def r(a: str, b: str, W: int = W) -> float:
-            return mbs[a if a == "ceiling" else f"{a}, {W}w"] / mbs[b if b == "ceiling" else f"{b}, {W}w"]
-        ratios[f"{W} workers"] = mine = {
+            a, b = (x if x == "ceiling" else f"{x}, {W}w" for x in (a, b))
+            return mbs[a] / mbs[b] if a in mbs and b in mbs else float("nan")
+        ratios[f"{W} workers"] = mine = {k: v for k, v in {
             "hpcml shuffled / hpcml sequential": r("hpcml shards, shuffled", "hpcml shards, sequential"),
             "hpcml shuffled / ceiling": r("hpcml shards, shuffled", "ceiling"),
             "hpcml shuffled / loose files shuffled": r("hpcml shards, shuffled", "loose files, shuffled"),
             "hpcml shuffled / webdataset shuffled": r("hpcml shards, shuffled", "webdataset, shuffled"),
             "hpcml sequential / webdataset sequential": r("hpcml shards, sequential", "webdataset, sequential"),
             "loose files shuffled / ceiling": r("loose files, shuffled", "ceiling"),
-        }
+        }.items() if v == v}          # nan: a loader left out by --loaders
         for k, v in mine.items():
             print(f"  {W} workers: {k:<44} {v:5.2f}")
     args.out.parent.mkdir(parents=True, exist_ok=True)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import threading
+
 import numpy as np
 import pytest
 
@@ -181,6 +183,20 @@ def test_overwritten_header_is_caught_or_skipped_and_counted(shards, tmp_path):
     with pytest.warns(UserWarning, match="skipping"):
         keys = _keys(ds)
     assert ds.skipped == 1 and len(keys) == 502 and idx.keys[3] not in keys
+
+
+def test_a_stream_left_early_closes_at_once(shards):
+    """Leaving an epoch mid-window cancels the queued reads; the hint that waits for them
+    must give up too, or closing the stream hangs (it did with futures.wait)."""
+    ds = _ds(shards, block_bytes=20_000, window=2, read_threads=1)
+    for _ in range(3):
+        it = iter(ds)
+        next(it)
+        closer = threading.Thread(target=it.close)
+        closer.start()
+        closer.join(20)
+        assert not closer.is_alive()
+    assert len(_keys(ds)) == 503 - 3            # and the rest of the epoch reads normally
 
 
 def test_decode_runs_per_sample(shards):

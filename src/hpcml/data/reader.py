@@ -3,8 +3,9 @@
 
 It reads whole blocks (``block_bytes``, default 4 MiB) with one ``pread`` each, several
 blocks at once from a small thread pool, one window ahead of what it yields, and slices
-samples out of memory; it never issues a system call per sample. The order is planned by
-``hpcml.data.order``; the resume state is the rank's position in that plan.
+samples out of memory; it never issues a system call per sample. A hint thread queues the
+window after that with the kernel once the reads before it are done. The order is planned
+by ``hpcml.data.order``; the resume state is the rank's position in that plan.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ import os
 import threading
 import warnings
 from collections import OrderedDict
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import CancelledError, Future, ThreadPoolExecutor
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -73,30 +74,58 @@ class _Shards:
         self.reads = self.read_bytes = 0
         self.free: list[bytearray] = []
         self.lock = threading.Lock()
+        # the hint thread, the readers and the yielding thread share the two caches
+        self.open_lock, self.load_lock = threading.Lock(), threading.Lock()
 
     def path(self, s: int) -> Path:
         return self.root / self.names[s]
 
     def index(self, s: int) -> ShardIndex:
-        if s not in self.indexes:
-            self.indexes[s] = load_index(self.root / self.index_names[s])
-            if len(self.indexes) > self.keep:
-                self.indexes.popitem(last=False)
-        return self.indexes[s]
+        """The shard's index, loaded once: at a window's start the hint thread and the
+        readers ask for the same ones, and parsing holds the GIL, so loads go one at a time
+        (unguarded, a worker parsed some indexes two or three times before its first read)."""
+        with self.open_lock:
+            if s in self.indexes:
+                self.indexes.move_to_end(s)
+                return self.indexes[s]
+        with self.load_lock:
+            with self.open_lock:
+                if s in self.indexes:          # loaded while this thread waited
+                    return self.indexes[s]
+            idx = load_index(self.root / self.index_names[s])
+            with self.open_lock:
+                self.indexes[s] = idx
+                if len(self.indexes) > self.keep:
+                    self.indexes.popitem(last=False)
+            return idx
 
     def fd(self, s: int) -> int:
-        if s not in self.fds:
+        """The shard's descriptor; the least recently used is closed first, and ``keep``
+        exceeds the shards that reads and hints in flight use (two windows), so none is
+        closed under a ``pread``."""
+        with self.open_lock:
+            if s in self.fds:
+                self.fds.move_to_end(s)
+                return self.fds[s]
             try:
-                self.fds[s] = os.open(self.path(s), os.O_RDONLY)
+                self.fds[s] = fd = os.open(self.path(s), os.O_RDONLY)
             except OSError as exc:
                 raise CorruptShardError(self.path(s), 0, f"cannot open: {exc.strerror}") from None
             if len(self.fds) > self.keep:
                 os.close(self.fds.popitem(last=False)[1])
-        return self.fds[s]
+            return fd
 
-    def advise(self, pieces: list[order.Piece]) -> None:
+    def advise(self, pieces: list[order.Piece], after: list[Future] | None = None) -> None:
         """Tell the kernel which blocks come next, so it queues them all at once (a deep
-        queue from a few threads) instead of one readahead window per ``pread``."""
+        queue from a few threads) instead of one readahead window per ``pread``. First wait
+        for the reads ``after``: hinted beside them, these blocks delayed them (the disk
+        serves what is queued in its own order), so the first window came late."""
+        for f in after or []:
+            try:                           # not futures.wait: a cancel does not wake it
+                if f.exception() is not None:
+                    return                 # the yielding thread raises it
+            except CancelledError:
+                return                     # the stream is closing
         for s, lo, hi in pieces:
             if self.compression[s]:
                 continue                   # offsets are in the decompressed tar
@@ -299,26 +328,35 @@ class ShardDataset:
         if not windows:
             return
         shards = _Shards(self.root, [s.name for s in self.manifest.shards],
-                         [s.index for s in self.manifest.shards],
+                         [s.index for s in self.manifest.shards], keep=max(64, 4 * self.layout.window),
                          compression=[s.compression for s in self.manifest.shards])
         pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads))
+        hints = ThreadPoolExecutor(max_workers=1)
         try:
-            # Hints run two windows ahead, reads one: the kernel's queue never drains
-            # at a window's end (that tail cost a tenth of the throughput).
-            for w in windows[:2]:
-                shards.advise(w.pieces)
+            # Reads run one window ahead of what is yielded, hints two: the kernel's queue
+            # never drains at a window's end (that tail cost a tenth of the throughput).
+            # Each hint waits for the reads of the window before it, so the disk delivers
+            # windows in the order they are yielded, and runs on its own thread: queueing
+            # 128 MiB (page-cache allocation) held the yielding thread ~25 ms a window.
+            hints.submit(shards.advise, windows[0].pieces)
             pending = [pool.submit(shards.read, p) for p in windows[0].pieces]
+            if len(windows) > 1:
+                hints.submit(shards.advise, windows[1].pieces, pending)
             for i, win in enumerate(windows):
                 bufs = [f.result() for f in pending]
                 nxt = windows[i + 1].pieces if i + 1 < len(windows) else []
-                if i + 2 < len(windows):
-                    shards.advise(windows[i + 2].pieces)
                 pending = [pool.submit(shards.read, p) for p in nxt]
+                if i + 2 < len(windows):
+                    hints.submit(shards.advise, windows[i + 2].pieces, pending)
+                if not nxt:      # nothing left to read: the spare buffers go now, not at
+                    shards.free.clear()          # the stream's end, where the last batch waits
                 yield from self._window_samples(shards, win, bufs, skip)
-                shards.give([b for _start, _view, b in bufs])
+                if nxt:
+                    shards.give([b for _start, _view, b in bufs])
                 skip = 0
         finally:
             pool.shutdown(wait=True, cancel_futures=True)
+            hints.shutdown(wait=True, cancel_futures=True)
             shards.close()
             self.reads += shards.reads
             self.read_bytes += shards.read_bytes
