@@ -211,3 +211,38 @@ def test_a_bad_setting_is_a_usage_error_naming_it(shards, kw, key):
     with pytest.raises(UsageError) as caught:
         _ds(shards, **kw)
     assert caught.value.key == key and caught.value.exit_code == 2
+
+
+
+@pytest.mark.filterwarnings("error::pytest.PytestUnraisableExceptionWarning")   # an error its finally raised
+def test_a_stream_closed_on_one_of_its_own_threads_does_not_wait_for_itself(shards, monkeypatch):
+    """An unfinished stream is closed by the garbage collector in whichever thread it runs;
+    once that was the stream's own hint thread, loading an index under the lock its readers
+    wait for, and closing joined them (and itself): the suite's process hung at exit. Here
+    the stream's hint thread closes the suspended stream while holding that lock, as the
+    collector did."""
+    from hpcml.data import reader
+
+    suspended, closed = threading.Event(), threading.Event()
+    seen: dict = {}
+    real = reader._Shards.advise
+
+    def advise(self, pieces, wait=()):
+        if "first" not in seen:
+            seen["first"] = threading.get_ident()
+            suspended.wait(60)
+            try:
+                with self.load_lock:
+                    seen["it"].close()        # the generator's finally, on its own hint thread
+            except BaseException as exc:  # noqa: BLE001 - what closing raised is the finding
+                seen["error"] = exc
+            closed.set()
+            return None
+        return real(self, pieces, wait)
+
+    monkeypatch.setattr(reader._Shards, "advise", advise)
+    seen["it"] = iter(_ds(shards))
+    next(seen["it"])
+    suspended.set()
+    assert closed.wait(60), "closing a stream on its own hint thread hung"
+    assert "error" not in seen, seen.get("error")

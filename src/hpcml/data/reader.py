@@ -330,8 +330,9 @@ class ShardDataset:
         shards = _Shards(self.root, [s.name for s in self.manifest.shards],
                          [s.index for s in self.manifest.shards], keep=max(64, 4 * self.layout.window),
                          compression=[s.compression for s in self.manifest.shards])
-        pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads))
-        hints = ThreadPoolExecutor(max_workers=1)
+        own: set[int] = set()                   # the idents of this stream's own threads
+        pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads), initializer=lambda: own.add(threading.get_ident()))
+        hints = ThreadPoolExecutor(max_workers=1, initializer=lambda: own.add(threading.get_ident()))
         try:
             # Reads run one window ahead of what is yielded, hints two: the kernel's queue
             # never drains at a window's end (that tail cost a tenth of the throughput).
@@ -355,11 +356,19 @@ class ShardDataset:
                     shards.give([b for _start, _view, b in bufs])
                 skip = 0
         finally:
-            pool.shutdown(wait=True, cancel_futures=True)
-            hints.shutdown(wait=True, cancel_futures=True)
-            shards.close()
-            self.reads += shards.reads
-            self.read_bytes += shards.read_bytes
+            def close() -> None:
+                pool.shutdown(wait=True, cancel_futures=True)
+                hints.shutdown(wait=True, cancel_futures=True)
+                shards.close()
+                self.reads += shards.reads
+                self.read_bytes += shards.read_bytes
+            # A stream left unfinished is closed by the garbage collector, in whichever thread
+            # it runs: in one of this stream's own (loading an index, under the lock the
+            # others wait for) joining them would wait for ever, so it is closed beside it.
+            if threading.get_ident() in own:
+                threading.Thread(target=close, name="hpcml-reader-close", daemon=True).start()
+            else:
+                close()
 
     def _window_samples(self, shards: _Shards, win: order.Window, bufs, skip: int) -> Iterator[Any]:
         counts = np.array([hi - lo for _s, lo, hi in win.pieces])
