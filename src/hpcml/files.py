@@ -5,6 +5,7 @@ from colleagues and catalogues, with errors that name the file, the key and the 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import stat
@@ -15,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcml import scratch
 from hpcml.errors import UsageError
 
 if TYPE_CHECKING:
@@ -23,26 +25,41 @@ if TYPE_CHECKING:
 
 def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = False, *,
                  mode: int | None = None, durable: bool = False) -> None:
-    """Write through a temporary file and rename it, so a reader never sees half a file
+    """Write a file whole and then give it its name, so a reader never sees half a file
     (several processes, or threads, may write the same file or their own in one shared
-    directory: each has its own temporary name). ``exclusive``: only if ``path`` does not
-    exist yet (FileExistsError otherwise: of two processes that race for it, one wins).
-    ``mode``: exactly these permissions (fchmod; the umask only narrows a plain create).
-    ``durable``: fsync the file and its directory before returning (a commit record that
-    must survive a node crash). A failed write (a full disk) leaves no temporary file."""
+    directory). ``exclusive``: only if ``path`` does not exist yet (FileExistsError
+    otherwise: of two processes that race for it, one wins). ``mode``: exactly these
+    permissions (fchmod; the umask only narrows a plain create). ``durable``: fsync the file
+    and its directory before returning (a commit record that must survive a node crash).
+
+    The file is written nameless (``scratch.anonymous``, O_TMPFILE) and linked into place,
+    so a writer killed with SIGKILL leaves nothing; a replace goes through a temporary name
+    for the microseconds between that link and the rename. Where the filesystem has no
+    O_TMPFILE (NFS) the whole write goes through the temporary name, which
+    ``remove_dead_temps`` sweeps once its writer is dead. A failed write (a full disk)
+    leaves no temporary file."""
     path = Path(path)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.{os.urandom(4).hex()}.tmp")
+    tmp = _temp_name(path)
+    _sweep_once(path.parent)
     payload = data.encode("utf-8") if isinstance(data, str) else data
-    try:
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666 if mode is None else mode)
+    create = 0o666 if mode is None else mode
+    fd = scratch.anonymous(path.parent, create, to_publish=True)
+    if fd is not None:
         try:
-            if mode is not None:
-                os.fchmod(fd, mode)
-            view = memoryview(payload)
-            while view:
-                view = view[os.write(fd, view):]
-            if durable:
-                os.fsync(fd)
+            _fill(fd, payload, mode, durable)
+            if exclusive:
+                scratch.place_new(fd, path, tmp, mode=create, durable=durable)
+            else:
+                scratch.replace_with(fd, path, tmp, mode=create, durable=durable)
+        finally:
+            os.close(fd)
+        if durable:
+            fsync_dir(path.parent)
+        return
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, create)
+        try:
+            _fill(fd, payload, mode, durable)
         finally:
             os.close(fd)
         if exclusive:
@@ -55,28 +72,74 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
         tmp.unlink(missing_ok=True)
 
 
+def _fill(fd: int, payload: bytes, mode: int | None, durable: bool) -> None:
+    if mode is not None:
+        os.fchmod(fd, mode)
+    view = memoryview(payload)
+    while view:
+        view = view[os.write(fd, view):]
+    if durable:
+        os.fsync(fd)
+
+
+def _temp_name(path: Path) -> Path:
+    """``write_atomic``'s temporary name for ``path``: ``.NAME.@HOST.PID.TID.RANDOM.tmp``,
+    which says who wrote it (``remove_dead_temps``)."""
+    return path.with_name(f".{path.name}.@{scratch.host_tag()}.{os.getpid()}.{threading.get_ident()}."
+                          f"{os.urandom(4).hex()}.tmp")
+
+
+#: directories this process has swept of dead writers' temporary files (once each)
+_SWEPT: set[str] = set()
+_SWEPT_LOCK = threading.Lock()
+
+
+def _sweep_once(directory: Path) -> None:
+    """``remove_dead_temps`` the first time this process writes into ``directory``: what a
+    writer killed there left is gone once the same tool writes there again."""
+    key = os.fspath(directory)
+    with _SWEPT_LOCK:
+        if key in _SWEPT:
+            return
+        _SWEPT.add(key)
+    remove_dead_temps(directory)
+
+
 def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) -> int:
-    """Remove ``write_atomic``'s temporary files in ``directory`` that a killed writer left
-    (kill -9 between its create and its rename): those whose writer (the pid in the name)
-    is not alive on this host, or that are older than ``older_than`` seconds (a write takes
-    milliseconds; a writer on another host sharing the directory is alive here by chance
-    at most). Returns how many went."""
-    gone, now = 0, time.time()
-    for tmp in Path(directory).glob(".*.tmp"):
-        parts = tmp.name.rsplit(".", 4)              # .NAME . PID . TID . HEX . tmp
-        if len(parts) != 5 or not parts[1].isdigit():
-            continue
+    """Remove ``write_atomic``'s temporary files in ``directory`` that a writer killed
+    between its write and its rename left. One made on this host goes when its writer (the
+    pid in the name) is not alive, or when it is older than ``older_than`` seconds (a write
+    takes milliseconds); one made on another host sharing the directory only when older
+    than that (its pid means nothing here). Names without a host (hpcml before 0.1's
+    nameless writes) count as this host's. Returns how many went."""
+    gone, now, here = 0, time.time(), scratch.host_tag()
+    try:
+        entries = [e for e in os.scandir(os.fspath(directory)) if e.name.startswith(".") and e.name.endswith(".tmp")]
+    except OSError:
+        return 0
+    for entry in entries:
+        parts = entry.name.rsplit(".", 5)            # .NAME . @HOST . PID . TID . HEX . tmp
+        if len(parts) == 6 and parts[1].startswith("@") and parts[2].isdigit() and parts[3].isdigit():
+            host, pid = parts[1][1:], int(parts[2])
+        else:
+            parts = entry.name.rsplit(".", 4)        # .NAME . PID . TID . HEX . tmp
+            if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():
+                continue
+            host, pid = here, int(parts[1])
         try:
-            old = now - tmp.lstat().st_mtime > older_than
+            old = now - entry.stat(follow_symlinks=False).st_mtime > older_than
             if not old:
-                os.kill(int(parts[1]), 0)
+                if host != here:
+                    continue
+                os.kill(pid, 0)
                 continue
         except ProcessLookupError:
             pass
         except OSError:                              # vanished, or alive and not ours (EPERM)
             continue
-        tmp.unlink(missing_ok=True)
-        gone += 1
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(entry.path)
+            gone += 1
     return gone
 
 

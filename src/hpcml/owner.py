@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from hpcml import scratch
 from hpcml.files import read_bounded
 
 #: an owner record is a few hundred bytes: anything larger is not one
@@ -253,32 +254,82 @@ def claim(path: Path, record: bytes, free: Callable[[bytes | None], bool], *, mo
     its place is never removed (IsADirectoryError); ``Contended`` after ``tries`` changes."""
     who = f"{socket.gethostname()}.{os.getpid()}"
     tmp, stale = path.with_name(f"{path.name}.{who}.tmp"), path.with_name(f"{path.name}.stale-{who}")
+    _remove_dead_claimants(path)
     try:
+        # nameless where the filesystem allows (a claimant killed here leaves nothing),
+        # else under the temporary name (NFS), removed however this ends but by SIGKILL
+        fd = scratch.anonymous(path.parent, mode, to_publish=True)
+        if fd is not None:
+            try:
+                _fill(fd, record, mode)
+                return _place(fd, None, path, stale, free, lock, tries)
+            except scratch.NotPublished:
+                pass
+            finally:
+                os.close(fd)
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
         try:
-            os.fchmod(fd, mode)                         # exactly: the umask only narrows
-            view = memoryview(record)
-            while view:
-                view = view[os.write(fd, view):]
+            _fill(fd, record, mode)
         finally:
             os.close(fd)
-        if _link(tmp, path):
-            return True
-        with _holding(lock):
-            for _ in range(tries):
-                held = read_record(path)
-                if held is None and path.is_dir() and not path.is_symlink():
-                    raise IsADirectoryError(errno.EISDIR, "a directory, not a claim", str(path))
-                if not free(held):
-                    return False
-                with contextlib.suppress(FileNotFoundError):
-                    os.rename(path, stale)              # one of two racing claimants wins this
-                    if read_record(stale) != held:      # not the record judged: put it back
-                        with contextlib.suppress(FileExistsError):
-                            os.link(stale, path)
-                    os.unlink(stale)
-                if _link(tmp, path):
-                    return True
-            raise Contended(f"{path}: its record keeps changing")
+        return _place(-1, tmp, path, stale, free, lock, tries)
     finally:
         tmp.unlink(missing_ok=True)
+
+
+def _remove_dead_claimants(path: Path) -> None:
+    """What claimants of ``path`` on this host left when killed with SIGKILL mid-claim: the
+    record renamed away (``NAME.stale-HOST.PID``, between that rename and its unlink) and,
+    on a filesystem without O_TMPFILE, the record being written (``NAME.HOST.PID.tmp``).
+    Another host's are left alone: its pids mean nothing here."""
+    host, proc = socket.gethostname(), Proc()
+    try:
+        siblings = [p for p in path.parent.iterdir() if p.name.startswith(path.name + ".")]
+    except OSError:
+        return
+    for p in siblings:
+        rest = p.name[len(path.name) + 1:]
+        who = rest[len("stale-"):] if rest.startswith("stale-") else rest[:-len(".tmp")] if rest.endswith(".tmp") else ""
+        claimant, _, pid = who.rpartition(".")
+        if claimant == host and pid.isdigit() and int(pid) != os.getpid() and proc.start_ticks(int(pid)) is None:
+            with contextlib.suppress(FileNotFoundError):
+                p.unlink()
+
+
+def _fill(fd: int, record: bytes, mode: int) -> None:
+    os.fchmod(fd, mode)                                 # exactly: the umask only narrows
+    view = memoryview(record)
+    while view:
+        view = view[os.write(fd, view):]
+
+
+def _place(fd: int, tmp: Path | None, path: Path, stale: Path, free: Callable[[bytes | None], bool],
+           lock: Path | None, tries: int) -> bool:
+    """``claim``'s race, with the record written: in ``tmp``, or nameless in ``fd``."""
+    def put() -> bool:
+        if tmp is not None:
+            return _link(tmp, path)
+        try:
+            scratch.publish(fd, path)
+            return True
+        except FileExistsError:
+            return False
+
+    if put():
+        return True
+    with _holding(lock):
+        for _ in range(tries):
+            held = read_record(path)
+            if held is None and path.is_dir() and not path.is_symlink():
+                raise IsADirectoryError(errno.EISDIR, "a directory, not a claim", str(path))
+            if not free(held):
+                return False
+            with contextlib.suppress(FileNotFoundError):
+                os.rename(path, stale)              # one of two racing claimants wins this
+                if read_record(stale) != held:      # not the record judged: put it back
+                    with contextlib.suppress(FileExistsError):
+                        os.link(stale, path)
+                os.unlink(stale)
+            if put():
+                return True
+        raise Contended(f"{path}: its record keeps changing")

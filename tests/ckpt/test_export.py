@@ -47,3 +47,27 @@ def test_export_refuses_a_reserved_name_and_bytes_that_do_not_fit_the_shape(tmp_
     _forge_index(step, lambda doc: doc.update(size=1 << 50))                     # a petabyte: not allocated
     with pytest.raises(CheckpointError, match="key 'size'"):
         load(tmp_path / "b")
+
+
+def test_an_export_killed_at_random_leaves_the_old_file_or_the_new_one_and_nothing_else(tmp_path):
+    """Issue 61: ``hpcml ckpt export`` killed with SIGKILL at random moments (40 times) while
+    it writes a 24 MB model over an earlier export: the file is whole, nothing half-written
+    is left, and the next export leaves nothing else."""
+    from tests.killloop import kill_loop, left
+
+    with Checkpointer(tmp_path / "ck") as c:
+        c.save({"w": np.arange(6 << 20, dtype=np.float32)}, 1)
+    out = tmp_path / "out" / "m.safetensors"
+    out.parent.mkdir()
+    export(tmp_path / "ck", out)
+    whole = out.read_bytes()
+
+    tmp = out.with_name(out.name + ".tmp")
+
+    def after():                                      # a temporary file only ever whole: killed
+        assert set(left(out.parent)) <= {"m.safetensors", "m.safetensors.tmp"}     # between link and rename
+        assert out.read_bytes() == whole and (not tmp.exists() or tmp.read_bytes() == whole)
+    k = kill_loop(lambda i: export(tmp_path / "ck", out), after=after)
+    assert k.killed == 40 and k.done > 0, k
+    export(tmp_path / "ck", out)                      # the next export removes it
+    assert left(out.parent) == ["m.safetensors"] and out.read_bytes() == whole

@@ -263,3 +263,17 @@ def test_cli_worker_failure_exit_1(data, monkeypatch):
 def test_cli_contradicting_cache_options(data):
     out = _cli(str(data[0]), "--warm", "--drop-caches")
     assert out.exit_code == 2 and "--drop-caches" in out.stderr
+
+
+def test_the_ceiling_file_killed_at_random_leaves_nothing(tmp_path):
+    """Issue 61: the ceiling's temporary file (up to 1 GB) must not outlive a bench killed
+    with SIGKILL; 40 kills at random moments while it is written, read and closed."""
+    from tests.killloop import kill_loop, left
+
+    def work(i):
+        fd = lb._write_temp(tmp_path, 4 << 20)
+        lb.read_sequential([lb.scratch.fd_path(fd)], 4 << 20, threads=2)
+        os.close(fd)
+    k = kill_loop(work)
+    assert k.killed == 40 and k.done > 0, k
+    assert left(tmp_path) == []

@@ -11,7 +11,7 @@ import tarfile
 import pytest
 from typer.testing import CliRunner
 
-from hpcml.data.index import header_problem, load_index
+from hpcml.data.index import header_problem, index_name, load_index
 from hpcml.data.manifest import load_manifest
 from hpcml.data.pack import pack
 from hpcml.data.reader import ShardDataset
@@ -166,3 +166,38 @@ def test_packing_another_source_into_a_dataset_is_refused_unless_overwrite(tmp_p
     r = runner.invoke(app, ["data", "pack", str(b), str(dst), "--overwrite"])
     assert r.exit_code == 0, r.output
     assert load_manifest(dst).samples == 20
+
+
+def test_a_pack_killed_at_random_leaves_no_partial_shard(tmp_path):
+    """Issue 61: 40 packs killed with SIGKILL at random moments, each into a directory of
+    its own, then packed there again: no ``.part`` shard anywhere, and every shard under its own name is whole (its
+    size is the one its index records)."""
+    from tests.killloop import kill_loop
+
+    src = tmp_path / "raw"
+    for i in range(120):
+        (src / f"c{i % 3}").mkdir(parents=True, exist_ok=True)
+        (src / f"c{i % 3}" / f"s{i:04d}.bin").write_bytes(os.urandom(20_000))
+    out = tmp_path / "out"
+
+    def work(i):
+        pack(src, out / f"{os.getpid()}-{i}", target_bytes=300_000, jobs=1)
+    k = kill_loop(work)
+    assert k.killed == 40 and k.done > 0, k
+    for part in out.rglob(".*.part"):                 # only ever a whole shard, killed between its
+        doc = json.loads((part.parent / index_name(part.name[1:-5])).read_text())    # link and rename
+        assert part.stat().st_size == doc["bytes"], part
+    for to in out.iterdir():                          # the next pack there
+        pack(src, to, target_bytes=300_000, jobs=1)
+    whole = 0
+    for p in out.rglob("*"):
+        assert not p.name.endswith(".part"), p
+    for idx in out.rglob("*.json"):
+        doc = json.loads(idx.read_text())
+        if idx.name == "manifest.json" or not isinstance(doc, dict) or "shard" not in doc:
+            continue
+        tar = idx.parent / doc["shard"]
+        if tar.is_file():
+            assert tar.stat().st_size == doc["bytes"], tar
+            whole += 1
+    assert whole > 0

@@ -247,3 +247,25 @@ def test_default_copy_goes_to_ram_as_the_doctor_advises_and_cleanup_removes_only
     assert st.cleanup(env) == [str(tmp_path / "ram" / "hpcml-data-5")]
     assert not (tmp_path / "ram" / "hpcml-data-5").exists() and Path(mine.path, "manifest.json").is_file()
     assert st.cleanup(env) == []
+
+
+def test_a_stage_killed_at_random_leaves_no_partial_copy(packed, tmp_path):
+    """Issue 61: 40 stages killed with SIGKILL at random moments, each into a directory of
+    its own, then staged there again: no ``.part`` copy anywhere, and every shard under its
+    own name is whole."""
+    from tests.killloop import kill_loop
+
+    def work(i):
+        st.stage(packed, str(tmp_path / f"to-{os.getpid()}-{i}"), env={})
+    k = kill_loop(work)
+    assert k.killed == 40 and k.done > 0, k
+    sizes = {n: (packed / n).stat().st_size for n in _names(packed)}
+    for part in tmp_path.rglob(".*.part"):            # only ever a whole copy, killed between its
+        name = part.name[1:].rsplit(".", 3)[0]        # link and its rename: .NAME.HOST.PID.part
+        assert part.stat().st_size == sizes[name], part
+    for to in tmp_path.iterdir():                     # the next stage there removes it
+        st.stage(packed, str(to), env={})
+    for p in tmp_path.rglob("*"):
+        assert not p.name.endswith(".part"), p
+        if p.name in sizes:
+            assert p.stat().st_size == sizes[p.name], p

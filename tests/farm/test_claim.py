@@ -51,3 +51,25 @@ def test_create_on_a_full_disk_is_one_line_leaves_nothing_and_the_next_create_wo
     p = hpcml("farm", "create", farm, tasks)
     assert p.returncode == 0, p.stderr
     assert len((farm / "tasks.jsonl").read_text().splitlines()) == 300
+
+
+def test_an_end_record_killed_at_random_is_whole_or_absent(tmp_path):
+    """Issue 61: a worker killed with SIGKILL while it writes a task's end record (40 kills
+    at random moments) leaves no temporary file in ends/, and every end there is whole."""
+    from hpcml.farm import claim
+    from hpcml.farm.model import ENDS
+    from tests.killloop import kill_loop, left
+
+    (tmp_path / ENDS).mkdir()
+    pad = "x" * 4_000_000                              # a long record: the kill lands mid-write
+
+    def work(i):
+        claim.finish(tmp_path, os.getpid(), i + 1, {"outcome": "ok", "note": pad})
+    def after():
+        assert not [n for n in left(tmp_path / ENDS) if n.startswith(".")]
+    k = kill_loop(work, after=after)
+    assert k.killed == 40 and k.done > 0, k
+    names = left(tmp_path / ENDS)
+    assert names and all(not n.startswith(".") for n in names), names
+    for n in names:
+        assert json.loads((tmp_path / ENDS / n).read_text())["note"] == pad

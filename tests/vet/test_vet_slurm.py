@@ -163,14 +163,24 @@ def test_collective_allreduce_across_the_allocation(env, tmp_path):
 
 
 def test_bad_protocol_in_an_allocation_is_one_line_exit_2_and_runs_nothing(env, tmp_path):
-    """The workers start while the protocol is validated; on bad input they get no spec."""
-    (tmp_path / "p.yaml").write_text(
-        "name: bad\nevals:\n  - name: d\n    type: disk\n    path: /tmp\n    min_free: lots\n")
-    p = _alloc(f"{sys.executable} -m hpcml vet p.yaml --out vet; echo rc=$?", env, tmp_path)
-    assert "rc=2" in p.stdout
-    errors = [line for line in p.stderr.splitlines() if not line.startswith("salloc:")]
-    assert len(errors) == 1 and "p.yaml:6: key 'evals[0].min_free'" in errors[0], p.stderr
-    assert not (tmp_path / "vet").exists() and not list(Path("/tmp").glob(".hpcml-vet-*"))
+    """The workers start while the protocol is validated; on bad input they get no spec.
+    "Nothing ran" is seen by what a check would have done: the TCP check's connection to a
+    socket of this test's own (hermetic: nothing else on the machine can fail this, issue 61)."""
+    import socket
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        probe.listen(8)
+        probe.setblocking(False)
+        (tmp_path / "p.yaml").write_text(
+            f"name: bad\nevals:\n  - {{name: probe, type: tcp, host: 127.0.0.1, port: {probe.getsockname()[1]}}}\n"
+            f"  - name: d\n    type: disk\n    path: {tmp_path}\n    min_free: lots\n")
+        p = _alloc(f"{sys.executable} -m hpcml vet p.yaml --out vet; echo rc=$?", env, tmp_path)
+        assert "rc=2" in p.stdout
+        errors = [line for line in p.stderr.splitlines() if not line.startswith("salloc:")]
+        assert len(errors) == 1 and "p.yaml:7: key 'evals[1].min_free'" in errors[0], p.stderr
+        assert not (tmp_path / "vet").exists()
+        with pytest.raises(BlockingIOError):
+            probe.accept()                             # no check connected: none ran
 
 
 def test_kill_9_of_the_launcher_ends_the_workers_step(env, tmp_path):

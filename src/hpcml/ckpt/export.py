@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml import schemas
+from hpcml import schemas, scratch
 from hpcml.ckpt import layout, offline
 from hpcml.ckpt.flatten import leaf_paths
 from hpcml.errors import UsageError
@@ -127,25 +127,44 @@ def _check_bytes(e: dict[str, Any], name: str, dtype: str, size: int, source: Pa
 
 
 def _write(out: Path, header: bytes, order: list[dict[str, Any]], source: Path) -> None:
-    """Header and tensors under a temporary name, fsync, rename: a half export is never seen."""
+    """Header and tensors into a nameless file (``scratch``: an export killed half-way
+    leaves no half model on the disk), fsync, linked in under a temporary name and renamed
+    over ``out``: a half export is never seen. Where the filesystem has no nameless files
+    (NFS), written under the temporary name, which the next export removes."""
     tmp = out.with_name(out.name + ".tmp")
     tmp.unlink(missing_ok=True)                 # a crashed export's, or a link planted there: never written through
+    fd = scratch.anonymous(out.parent, layout.FILE_MODE, to_publish=True)
     try:
-        with os.fdopen(layout.create(tmp, flags=os.O_EXCL), "wb") as dst, open(source, "rb") as src:
-            dst.write(len(header).to_bytes(8, "little") + header)
-            for e in order:
-                src.seek(e["offset"])
-                left = e["nbytes"]
-                while left:
-                    chunk = src.read(min(left, _CHUNK))
-                    if not chunk:
-                        raise layout.CheckpointError(f"{source}: ends inside a tensor")
-                    dst.write(chunk)
-                    left -= len(chunk)
-            dst.flush()
-            os.fsync(dst.fileno())
-        os.replace(tmp, out)
-    except BaseException:
-        tmp.unlink(missing_ok=True)
-        raise
+        if fd is not None:
+            os.fchmod(fd, layout.FILE_MODE)
+            _fill(fd, header, order, source)
+            scratch.replace_with(fd, out, tmp, mode=layout.FILE_MODE, durable=True)
+        else:
+            try:
+                fd = layout.create(tmp, flags=os.O_EXCL)
+                _fill(fd, header, order, source)
+                os.replace(tmp, out)
+            except BaseException:
+                tmp.unlink(missing_ok=True)
+                raise
+    finally:
+        if fd is not None:
+            os.close(fd)
     fsync_dir(out.parent)
+
+
+def _fill(fd: int, header: bytes, order: list[dict[str, Any]], source: Path) -> None:
+    """Header and tensors from ``source`` into ``fd``, fsynced."""
+    with os.fdopen(fd, "wb", closefd=False) as dst, open(source, "rb") as src:
+        dst.write(len(header).to_bytes(8, "little") + header)
+        for e in order:
+            src.seek(e["offset"])
+            left = e["nbytes"]
+            while left:
+                chunk = src.read(min(left, _CHUNK))
+                if not chunk:
+                    raise layout.CheckpointError(f"{source}: ends inside a tensor")
+                dst.write(chunk)
+                left -= len(chunk)
+        dst.flush()
+        os.fsync(dst.fileno())

@@ -22,7 +22,6 @@ import functools
 import multiprocessing
 import os
 import queue as queue_mod
-import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
@@ -31,6 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from hpcml import scratch
 from hpcml.data.pagecache import Mount, backing_files, drop_caches, evict, mount_of
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.proctree import stop_processes
@@ -42,7 +42,7 @@ CACHE_MODES = ("cold", "warm", "drop")
 READ_SIZE = 16 << 20
 CEILING_THREADS = 4
 CEILING_BYTES = 1 << 30
-TEMP_PREFIX = ".hpcml-bench-ceiling-"
+TEMP_PREFIX = ".hpcml-bench-ceiling"
 REPORT_EVERY = 0.1          # seconds between a worker's progress messages
 GRACE = 1.0                 # seconds to wait for the last message of a worker that exited
 
@@ -177,23 +177,25 @@ def read_sequential(paths: Sequence[str], max_bytes: int, read_size: int = READ_
         raise UsageError(f"cannot read for the ceiling: {exc.strerror}", file=exc.filename) from None
 
 
-def _write_temp(directory: Path, size: int) -> Path:
-    """Random (incompressible) bytes, fsynced so that eviction can drop them."""
-    fd, name = tempfile.mkstemp(prefix=TEMP_PREFIX, suffix=".tmp", dir=directory)
+def _write_temp(directory: Path, size: int) -> int:
+    """Random (incompressible) bytes, fsynced so that eviction can drop them, in a file
+    nothing outlives (``scratch``: a benchmark killed mid-write leaves no 1 GB behind).
+    Its descriptor: read it through ``scratch.fd_path``; closing it is deleting it."""
+    fd = scratch.scratch(directory, TEMP_PREFIX)
     rng = np.random.default_rng()
     try:
         left = size
         while left > 0:
             n = min(READ_SIZE, left)
-            os.write(fd, rng.bytes(n))
+            view = memoryview(rng.bytes(n))
+            while view:
+                view = view[os.write(fd, view):]
             left -= n
         os.fsync(fd)
     except BaseException:
         os.close(fd)
-        os.unlink(name)
         raise
-    os.close(fd)
-    return Path(name)
+    return fd
 
 
 def measure_ceiling(target: Target, *, cache: str = "cold", max_bytes: int = CEILING_BYTES,
@@ -211,16 +213,17 @@ def measure_ceiling(target: Target, *, cache: str = "cold", max_bytes: int = CEI
         return Ceiling("shards", f"the shard files, {len(paths)} shards", got, secs, reads, threads=threads)
     if temp_dir is not None:
         try:
-            tmp = _write_temp(Path(temp_dir), size)
+            fd = _write_temp(Path(temp_dir), size)
         except OSError as exc:
             raise UsageError(f"cannot write the ceiling's temporary file: {exc.strerror}",
                              file=str(temp_dir), key="ceiling_dir") from None
         try:
+            tmp = scratch.fd_path(fd)
             if cache != "warm":
-                evict([str(tmp)])
-            got, reads, secs = read_sequential([str(tmp)], size, threads=threads)
+                evict([tmp])
+            got, reads, secs = read_sequential([tmp], size, threads=threads)
         finally:
-            tmp.unlink(missing_ok=True)
+            os.close(fd)
         return Ceiling("temp-file", f"a {size:,}-byte temporary file written to {temp_dir} "
                        "(fsynced, evicted, read, deleted)", got, secs, reads, threads=threads)
     image = next((b for b in target.backing if not b.startswith("/dev/")), None)

@@ -23,6 +23,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import Callable
 
+from hpcml import scratch
 from hpcml.data.index import BLOCK, index_name, padded, read_index_doc, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.data.sources import Listing, SourceFile, list_files, sample_key
@@ -122,7 +123,11 @@ def write_shard(root: Path, dst: Path, plan: ShardPlan, advance: Callable[[int],
     part = dst / f".{plan.name}.part"
     sha = hashlib.sha256()
     rows, buf, pos = [], bytearray(), 0
-    with open(part, "wb") as out:
+    # nameless (``scratch``): a pack killed mid-shard leaves no partial shard behind;
+    # where the filesystem cannot, under ``part``, which the next pack of this shard rewrites
+    part.unlink(missing_ok=True)                  # a killed pack's (between its link and its rename)
+    nameless = scratch.anonymous(dst, 0o644, to_publish=True)
+    with (os.fdopen(nameless, "wb", closefd=False) if nameless is not None else open(part, "wb")) as out:
         def flush() -> None:
             out.write(buf)
             sha.update(buf)
@@ -147,11 +152,20 @@ def write_shard(root: Path, dst: Path, plan: ShardPlan, advance: Callable[[int],
             flush()
         except BaseException:
             out.close()
+            if nameless is not None:
+                os.close(nameless)
             part.unlink(missing_ok=True)
             raise
     digest = sha.hexdigest()
-    write_index(dst / index_name(plan.name), plan.name, rows, plan.fingerprint(), digest, pos)
-    os.replace(part, dst / plan.name)
+    try:
+        write_index(dst / index_name(plan.name), plan.name, rows, plan.fingerprint(), digest, pos)
+        if nameless is not None:
+            scratch.replace_with(nameless, dst / plan.name, part, mode=0o644)
+        else:
+            os.replace(part, dst / plan.name)
+    finally:
+        if nameless is not None:
+            os.close(nameless)
     return ShardEntry(name=plan.name, index=index_name(plan.name), bytes=pos, sha256=digest, samples=len(rows))
 
 

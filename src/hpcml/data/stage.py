@@ -39,6 +39,7 @@ from typing import Callable, Mapping
 
 import orjson
 
+from hpcml import scratch
 from hpcml.cluster.allocation import this_node
 from hpcml.data.manifest import (
     MANIFEST,
@@ -298,8 +299,12 @@ def _copy(run: _Run, f: _File) -> None:
         fi = open(src, "rb", buffering=0)
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", file=str(src)) from None
+    # nameless (``scratch``): a stage killed mid-copy leaves no partial shard on the node's
+    # disk; where the filesystem cannot, under ``tmp``, which the next stage here removes
+    nameless = scratch.anonymous(run.dst, 0o644, to_publish=True)
     try:
-        with fi, open(tmp, "wb", buffering=0) as fo:
+        with fi, (os.fdopen(nameless, "wb", buffering=0, closefd=False) if nameless is not None
+                  else open(tmp, "wb", buffering=0)) as fo:
             while True:
                 try:
                     n = fi.readinto(buf)
@@ -312,17 +317,23 @@ def _copy(run: _Run, f: _File) -> None:
                 fo.write(view)
                 n_total += n
                 run.advance(n)
+        sha = h.hexdigest()
+        if f.sha256 is not None and (sha != f.sha256 or n_total != f.bytes):
+            with run.lock:
+                run.bad.append(f"{src}: sha256 {sha[:12]}... ({n_total} bytes), {MANIFEST} says "
+                               f"{f.sha256[:12]}... ({f.bytes} bytes)")
+            tmp.unlink(missing_ok=True)
+            return
+        if nameless is not None:
+            scratch.replace_with(nameless, dst, tmp, mode=0o644)
+        else:
+            os.replace(tmp, dst)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
-    sha = h.hexdigest()
-    if f.sha256 is not None and (sha != f.sha256 or n_total != f.bytes):
-        tmp.unlink(missing_ok=True)
-        with run.lock:
-            run.bad.append(f"{src}: sha256 {sha[:12]}... ({n_total} bytes), {MANIFEST} says "
-                           f"{f.sha256[:12]}... ({f.bytes} bytes)")
-        return
-    os.replace(tmp, dst)
+    finally:
+        if nameless is not None:
+            os.close(nameless)
     with run.lock:
         run.stamp[f.name] = _entry(dst, sha, f)
         run.copied += 1

@@ -1,8 +1,9 @@
 """Claiming tasks exactly once on a shared filesystem, without locks or a server.
 
 How it works. Attempt A of task ID belongs to whoever creates ``claims/ID.A`` with
-``open(O_CREAT|O_EXCL)``; how it ended is ``ends/ID.A``, made by writing a private temp
-file and ``link()``-ing it to that name. Both calls either create the name or fail with
+``open(O_CREAT|O_EXCL)``; how it ended is ``ends/ID.A``, made by writing a private file
+(nameless, O_TMPFILE, where the filesystem has it: a worker killed mid-write leaves
+nothing; a private temp name elsewhere) and ``link()``-ing it to that name. Both calls either create the name or fail with
 EEXIST, atomically, on a local filesystem and on NFSv3+/Lustre/GPFS/BeeGFS alike: the
 server (or the metadata server) decides, not a client-side lock, which is why this works
 where SQLite's fcntl locking does not. (Over NFS a retransmitted link() may report
@@ -90,6 +91,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml import scratch
 from hpcml.farm.model import CLAIMS, DAMAGED, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, OUTCOMES, TIMEOUT, Settings, Task
 from hpcml.farm.store import Farm, reload_tasks, tasks_signature
 from hpcml.files import load_json_bounded
@@ -133,15 +135,27 @@ def try_claim(farm: Path, tid: int, attempt: int, doc: dict[str, Any]) -> bool:
 
 
 def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
-    """Put ends/TID.ATTEMPT in place with ``record`` (complete, or not at all: a temp file
-    linked to that name, removed however it ends); False if an end for this attempt exists
+    """Put ends/TID.ATTEMPT in place with ``record`` (complete, or not at all: a nameless
+    file linked to that name, or on NFS a temp file, removed however it ends but by
+    SIGKILL); False if an end for this attempt exists
     already (e.g. it was declared lost)."""
     path = f"{farm}/{ENDS}/{tid}.{attempt}"
+    doc = {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record}
+    fd = scratch.anonymous(f"{farm}/{ENDS}", 0o644, to_publish=True)
     tmp = f"{farm}/{ENDS}/.{tid}.{attempt}.{os.getpid()}"
+    if fd is not None:                             # nameless: a worker killed here leaves nothing
+        try:
+            _write(fd, doc, path)
+            scratch.place_new(fd, path, tmp, mode=0o644)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            os.close(fd)
     try:
         fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
         try:
-            _write(fd, {"schema": END_SCHEMA, "id": tid, "attempt": attempt, **record}, path)
+            _write(fd, doc, path)
         finally:
             os.close(fd)
         try:

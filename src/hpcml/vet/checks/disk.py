@@ -7,11 +7,16 @@ import os
 import time
 from typing import TYPE_CHECKING
 
+from hpcml import scratch
 from hpcml.units import fmt_bytes, fmt_rate
 from hpcml.vet.checks.base import Check, CheckReport, judge
 
 if TYPE_CHECKING:  # the string type argument below
     from hpcml.vet.checks.params import DiskParams  # noqa: F401
+
+#: where the filesystem has no O_TMPFILE, the write test's file is named
+#: ``.hpcml-vet-HOST-PID-RANDOM`` for the microseconds before it is unlinked
+SCRATCH_PREFIX = ".hpcml-vet"
 
 
 class DiskCheck(Check["DiskParams"]):
@@ -35,22 +40,29 @@ class DiskCheck(Check["DiskParams"]):
 
     @staticmethod
     def _write_read(path: str, size: int, problems: list[str]) -> float | None:
+        """Write, fsync, drop from the page cache, read back, through one descriptor of a
+        file that has no name (``scratch``): a check killed at its timeout leaves nothing
+        on the node's disk."""
         data = os.urandom(min(size, 1 << 20)) * max(1, size // (1 << 20))
         try:
-            name = os.path.join(path, f".hpcml-vet-{os.getpid()}-{os.urandom(4).hex()}")
-            fd = os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+            fd = scratch.scratch(path, SCRATCH_PREFIX)
         except OSError as exc:
             problems.append(f"{path}: cannot create a file: {exc.strerror}")
             return None
         try:
             start = time.perf_counter()
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view):]
+            os.fsync(fd)
             elapsed = time.perf_counter() - start
-            with open(name, "rb") as f:
-                back = f.read()
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)    # read back from the disk, not the cache
+            back = bytearray()
+            while len(back) < len(data):
+                chunk = os.pread(fd, len(data) - len(back), len(back))
+                if not chunk:
+                    break
+                back += chunk
             if back != data:
                 problems.append(f"{path}: data read back differs from data written")
             return len(data) / max(elapsed, 1e-9)
@@ -58,7 +70,4 @@ class DiskCheck(Check["DiskParams"]):
             problems.append(f"{path}: write/read failed: {exc.strerror}")
             return None
         finally:
-            try:
-                os.unlink(name)
-            except OSError:
-                pass
+            os.close(fd)
