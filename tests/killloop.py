@@ -17,6 +17,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+#: the kills spread over at least this long, so that on a loaded machine (a child's first
+#: piece of work late by milliseconds) some children still finish pieces before their kill
+MIN_SPAN_S = 0.05
+
 
 @dataclass
 class Kills:
@@ -29,7 +33,7 @@ def kill_loop(work: Callable[[int], None], *, times: int = 40, seed: int = 61,
               after: Callable[[], None] | None = None) -> Kills:
     """Time ``work(-1)`` here, then fork ``times`` children, each calling ``work(0)``,
     ``work(1)``, ... until it is killed with SIGKILL after a uniform random delay of up to
-    three pieces of work; ``after()`` looks at what each kill left, before the next child
+    three pieces of work (at least ``MIN_SPAN_S``); ``after()`` looks at what each kill left, before the next child
     starts (a child's work may clear what the one before it left). A child whose work
     raises exits 3 (not counted as killed)."""
     t0 = time.perf_counter()
@@ -53,7 +57,7 @@ def kill_loop(work: Callable[[int], None], *, times: int = 40, seed: int = 61,
                 os._exit(3)
         os.close(w)
         os.read(r, 1)
-        time.sleep(rng.uniform(0, 3 * one))
+        time.sleep(rng.uniform(0, max(3 * one, MIN_SPAN_S)))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
         while chunk := os.read(r, 4096):
