@@ -229,18 +229,26 @@ def test_every_record_reader_says_one_thing_per_fault(tmp_path, command, name, f
 
 
 def test_a_killed_writers_temporary_file_is_removed_and_a_live_ones_kept(tmp_path):
-    """kill -9 between write_atomic's create and rename leaves ``.NAME.PID.TID.HEX.tmp``:
-    a dead writer's (its pid gone here) or an old one goes, a live writer's young one and
-    anything not named so stay."""
+    """kill -9 between write_atomic's link and rename (or, without O_TMPFILE, mid-write)
+    leaves ``.NAME.@HOST.PID.TID.HEX.tmp``: this host's dead writer's (its pid gone) or an
+    old one goes; a live writer's young one, another host's young one, an older hpcml's
+    young one (no host in its name) and anything not named so stay."""
     import subprocess
     dead = subprocess.Popen(["true"])
     dead.wait()
-    dead_tmp = tmp_path / f".attempt-0.sent.{dead.pid}.1.ab12cd34.tmp"
-    live_tmp = tmp_path / f".attempt-1.sent.{os.getpid()}.1.ab12cd34.tmp"
-    old_tmp = tmp_path / f".attempt-2.sent.{os.getpid()}.1.ab12cd34.tmp"
+    from hpcml.scratch import host_tag
+    here = host_tag()
+    dead_tmp = tmp_path / f".attempt-0.sent.@{here}.{dead.pid}.1.ab12cd34.tmp"
+    live_tmp = tmp_path / f".attempt-1.sent.@{here}.{os.getpid()}.1.ab12cd34.tmp"
+    old_tmp = tmp_path / f".attempt-2.sent.@{here}.{os.getpid()}.1.ab12cd34.tmp"
+    other_host = tmp_path / f".attempt-3.sent.@elsewhere.{dead.pid}.1.ab12cd34.tmp"     # its pid means nothing here
+    older_hpcml = tmp_path / f".attempt-4.sent.{dead.pid}.1.ab12cd34.tmp"              # no host: by age only
+    older_hpcml_old = tmp_path / f".attempt-5.sent.{dead.pid}.1.ab12cd34.tmp"
     other = tmp_path / ".notes.tmp"
-    for p in (dead_tmp, live_tmp, old_tmp, other):
+    for p in (dead_tmp, live_tmp, old_tmp, other_host, older_hpcml, older_hpcml_old, other):
         p.write_text("x")
     os.utime(old_tmp, (1, 1))
-    assert remove_dead_temps(tmp_path) == 2
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([live_tmp.name, other.name])
+    os.utime(older_hpcml_old, (1, 1))
+    assert remove_dead_temps(tmp_path) == 3
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(
+        p.name for p in (live_tmp, other_host, older_hpcml, other))

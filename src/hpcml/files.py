@@ -110,8 +110,8 @@ def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) ->
     between its write and its rename left. One made on this host goes when its writer (the
     pid in the name) is not alive, or when it is older than ``older_than`` seconds (a write
     takes milliseconds); one made on another host sharing the directory only when older
-    than that (its pid means nothing here). Names without a host (hpcml before 0.1's
-    nameless writes) count as this host's. Returns how many went."""
+    than that (its pid means nothing here), as does one named without a host (an older
+    hpcml's, written from any host). Returns how many went."""
     gone, now, here = 0, time.time(), scratch.host_tag()
     try:
         entries = [e for e in os.scandir(os.fspath(directory)) if e.name.startswith(".") and e.name.endswith(".tmp")]
@@ -122,10 +122,10 @@ def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) ->
         if len(parts) == 6 and parts[1].startswith("@") and parts[2].isdigit() and parts[3].isdigit():
             host, pid = parts[1][1:], int(parts[2])
         else:
-            parts = entry.name.rsplit(".", 4)        # .NAME . PID . TID . HEX . tmp
-            if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():
+            parts = entry.name.rsplit(".", 4)        # .NAME . PID . TID . HEX . tmp: an older hpcml's,
+            if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():    # of any host
                 continue
-            host, pid = here, int(parts[1])
+            host, pid = "", int(parts[1])
         try:
             old = now - entry.stat(follow_symlinks=False).st_mtime > older_than
             if not old:
