@@ -48,9 +48,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
         try:
             _fill(fd, payload, mode, durable)
             if exclusive:
-                scratch.place_new(fd, path, tmp, mode=create, durable=durable)
+                scratch.place_new(fd, path, tmp, mode=create, durable=durable, exact=mode is not None)
             else:
-                scratch.replace_with(fd, path, tmp, mode=create, durable=durable)
+                scratch.replace_with(fd, path, tmp, mode=create, durable=durable, exact=mode is not None)
         finally:
             os.close(fd)
         if durable:
@@ -95,23 +95,35 @@ _SWEPT_LOCK = threading.Lock()
 
 
 def _sweep_once(directory: Path) -> None:
-    """``remove_dead_temps`` the first time this process writes into ``directory``: what a
-    writer killed there left is gone once the same tool writes there again."""
+    """The first time this process writes into ``directory`` (once: a directory of 10,000
+    shards is listed once, not once a file): remove the temporary files that a writer
+    killed between its link and its rename left there, so what a kill left is gone once
+    the same tool writes there again. Only names exactly of ``_temp_name``'s form: a
+    user's ``.notes.1.2.ab.tmp`` beside them is not ours."""
     key = os.fspath(directory)
     with _SWEPT_LOCK:
         if key in _SWEPT:
             return
         _SWEPT.add(key)
-    remove_dead_temps(directory)
+    remove_dead_temps(directory, strict=True)
 
 
-def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) -> int:
+#: another host's temporary file is removed only when older than this: its pid means nothing
+#: here, and no write_atomic lasts a day
+OTHER_HOST_S = 86400.0
+
+
+def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0, *, strict: bool = False) -> int:
     """Remove ``write_atomic``'s temporary files in ``directory`` that a writer killed
     between its write and its rename left. One made on this host goes when its writer (the
     pid in the name) is not alive, or when it is older than ``older_than`` seconds (a write
     takes milliseconds); one made on another host sharing the directory only when older
     than that (its pid means nothing here), as does one named without a host (an older
-    hpcml's, written from any host). Returns how many went."""
+    hpcml's, written from any host). ``strict``: only names exactly of ``_temp_name``'s
+    form, this host's by their writer's pid alone and another host's after ``OTHER_HOST_S``
+    (what ``write_atomic`` sweeps: the directory may be the user's, and the age of a live
+    writer's file proves nothing). Another user's file, a link or a directory is never removed. Returns
+    how many went."""
     gone, now, here = 0, time.time(), scratch.host_tag()
     try:
         entries = [e for e in os.scandir(os.fspath(directory)) if e.name.startswith(".") and e.name.endswith(".tmp")]
@@ -121,23 +133,28 @@ def remove_dead_temps(directory: str | os.PathLike, older_than: float = 60.0) ->
         parts = entry.name.rsplit(".", 5)            # .NAME . @HOST . PID . TID . HEX . tmp
         if len(parts) == 6 and parts[1].startswith("@") and parts[2].isdigit() and parts[3].isdigit():
             host, pid = parts[1][1:], int(parts[2])
+            if strict and (len(parts[4]) != 8 or not all(c in "0123456789abcdef" for c in parts[4])):
+                continue
+        elif strict:
+            continue
         else:
             parts = entry.name.rsplit(".", 4)        # .NAME . PID . TID . HEX . tmp: an older hpcml's,
             if len(parts) != 5 or not parts[1].isdigit() or not parts[2].isdigit():    # of any host
                 continue
             host, pid = "", int(parts[1])
-        try:
-            old = now - entry.stat(follow_symlinks=False).st_mtime > older_than
-            if not old:
-                if host != here:
-                    continue
-                os.kill(pid, 0)
-                continue
-        except ProcessLookupError:
-            pass
-        except OSError:                              # vanished, or alive and not ours (EPERM)
+        if not scratch.removable(entry):
             continue
-        with contextlib.suppress(FileNotFoundError):
+        try:
+            age = now - entry.stat(follow_symlinks=False).st_mtime
+        except OSError:
+            continue
+        if host == here:
+            dead = scratch.dead_here(pid, now - age) or (not strict and age > older_than)
+        else:
+            dead = age > (OTHER_HOST_S if strict else older_than)
+        if not dead:
+            continue
+        with contextlib.suppress(OSError):           # gone meanwhile, or not ours to remove
             os.unlink(entry.path)
             gone += 1
     return gone

@@ -267,7 +267,8 @@ def claim(path: Path, record: bytes, free: Callable[[bytes | None], bool], *, mo
                 pass
             finally:
                 os.close(fd)
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, mode)
+        tmp.unlink(missing_ok=True)                     # a killed claimant's of this pid, or a planted link
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
             _fill(fd, record, mode)
         finally:

@@ -126,7 +126,7 @@ def write_shard(root: Path, dst: Path, plan: ShardPlan, advance: Callable[[int],
     # nameless (``scratch``): a pack killed mid-shard leaves no partial shard behind;
     # where the filesystem cannot, under ``part``, which the next pack of this shard rewrites
     part.unlink(missing_ok=True)                  # a killed pack's (between its link and its rename)
-    nameless = scratch.anonymous(dst, 0o644, to_publish=True)
+    nameless = scratch.anonymous(dst, 0o666, to_publish=True)   # as open(): the umask narrows
     with (os.fdopen(nameless, "wb", closefd=False) if nameless is not None else open(part, "wb")) as out:
         def flush() -> None:
             out.write(buf)
@@ -160,7 +160,7 @@ def write_shard(root: Path, dst: Path, plan: ShardPlan, advance: Callable[[int],
     try:
         write_index(dst / index_name(plan.name), plan.name, rows, plan.fingerprint(), digest, pos)
         if nameless is not None:
-            scratch.replace_with(nameless, dst / plan.name, part, mode=0o644)
+            scratch.replace_with(nameless, dst / plan.name, part, mode=0o666, exact=False)
         else:
             os.replace(part, dst / plan.name)
     finally:

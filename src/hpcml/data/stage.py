@@ -301,7 +301,7 @@ def _copy(run: _Run, f: _File) -> None:
         raise UsageError(f"cannot read: {exc.strerror}", file=str(src)) from None
     # nameless (``scratch``): a stage killed mid-copy leaves no partial shard on the node's
     # disk; where the filesystem cannot, under ``tmp``, which the next stage here removes
-    nameless = scratch.anonymous(run.dst, 0o644, to_publish=True)
+    nameless = scratch.anonymous(run.dst, 0o666, to_publish=True)   # as open(): the umask narrows
     try:
         with fi, (os.fdopen(nameless, "wb", buffering=0, closefd=False) if nameless is not None
                   else open(tmp, "wb", buffering=0)) as fo:
@@ -325,7 +325,7 @@ def _copy(run: _Run, f: _File) -> None:
             tmp.unlink(missing_ok=True)
             return
         if nameless is not None:
-            scratch.replace_with(nameless, dst, tmp, mode=0o644)
+            scratch.replace_with(nameless, dst, tmp, mode=0o666, exact=False)
         else:
             os.replace(tmp, dst)
     except BaseException:

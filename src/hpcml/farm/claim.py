@@ -146,14 +146,16 @@ def finish(farm: Path, tid: int, attempt: int, record: dict[str, Any]) -> bool:
     if fd is not None:                             # nameless: a worker killed here leaves nothing
         try:
             _write(fd, doc, path)
-            scratch.place_new(fd, path, tmp, mode=0o644)
+            scratch.place_new(fd, path, tmp, mode=0o644, exact=False)
             return True
         except FileExistsError:
             return False
         finally:
             os.close(fd)
     try:
-        fd = os.open(tmp, os.O_CREAT | os.O_TRUNC | os.O_WRONLY, 0o644)
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)                         # a killed worker's of this pid, or a planted link
+        fd = os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_WRONLY, 0o644)
         try:
             _write(fd, doc, path)
         finally:
