@@ -143,7 +143,7 @@ def _note_encoded(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str)
             continue
         if not looks_like_pickle(raw[:3]):
             continue
-        res = PickleWalker(io.BytesIO(raw), 0, len(raw)).walk()
+        res = walk_one(io.BytesIO(raw), 0, len(raw))
         names = sorted({f"{ev.module}.{ev.name}" for ev in res.events if ev.kind == "global"})
         kind = "base64" if text[:1] == b"g" else "hex"
         where = f"{member}@{start + m.start()}" if member else f"offset {start + m.start()}"

@@ -33,6 +33,8 @@ MAX_EVENTS = 1 << 17            # distinct imports and calls one pickle may name
 MAX_LISTED = 1 << 12            # embedded pickles and loaded byte strings remembered
 MAX_TUPLE = 1 << 16             # a longer TUPLE is opaque (no call's arguments or name is one)
 MAX_TRACKED_STR = 4096          # longer strings cannot be module or attribute names we care about
+#: memo keys a pickle may name beyond its own length (1 MiB of the unpickler's memo table)
+MEMO_SLACK = 1 << 16
 MEMO_BUDGET = 1 << 22           # weight units kept in the memo (~ bytes of tracked values)
 MAX_LINE = 1 << 16              # protocol-0 argument lines longer than this are skipped
 TRACKED_KEYS = 1 << 20          # memo keys whose presence and kind are kept (1 byte each)
@@ -154,6 +156,11 @@ class WalkResult:
     error: str | None = None
     stopped: bool = False           # reached STOP
     value: object = None            # the model of the top-level object (for format helpers)
+
+
+class NeedTracking(Exception):
+    """An object's state is not in the walk's model (dicts, lists and sets are opaque unless
+    tracked): walk this pickle again with containers tracked (``pickles.walk_one``)."""
 
 
 class PickleError(HpcmlError):
@@ -326,6 +333,14 @@ class PickleWalker:
     # present, and keys past TRACKED_KEYS cost nothing: their value is whatever
     # ``self.memo`` kept, else BEYOND (might be a str, so a global named by it blocks).
     def _memo_put(self, key: int, value) -> None:
+        if key > self.r.end - self.result.start + MEMO_SLACK:
+            # CPython's unpickler sizes its memo to twice the largest key (16 bytes a key,
+            # zeroed): a 14-byte pickle naming key 2**32 makes it allocate 64 GiB. A pickler
+            # numbers its memo from 0, one key per object it wrote: a key past the bytes
+            # of the pickle was never written by one. (A plain-data stream that fastload
+            # proves never reaches here: its child's address space is capped instead.)
+            raise PickleError(f"memo key {key:,} in a pickle of {self.r.end - self.result.start:,} bytes: "
+                              f"no pickler writes it, and the unpickler would allocate {16 * key:,} bytes for it")
         kind = self._memo_kind(value, key)
         if key < 256:
             self.small[key] = value if kind == 3 else _PUSHED[kind]
@@ -414,6 +429,16 @@ class PickleWalker:
         if ref.dotted in argchecks.CHECKS:
             self.checking = True
         return ref
+
+    def _dtype_state(self, obj: Call, state, offset: int) -> None:
+        """BUILD of ``numpy.dtype(...)``: its state is what numpy will believe (``dtypes``)."""
+        from hpcml.scan import dtypes
+        args = obj.args
+        problem = dtypes.state_problem(args[0] if type(args) is tuple and args else None, state, self.track)
+        if problem is not None:
+            verdict, why = problem
+            self._event("argument-dangerous" if verdict is Verdict.DANGEROUS else "argument", "numpy", "dtype",
+                        offset, "BUILD", why)
 
     def _check_call(self, func, args, offset: int, op: str, kwargs: object = None) -> None:
         """A call of a named global once a checked name is in the stream (``argchecks``)."""
@@ -623,7 +648,7 @@ class PickleWalker:
                     pos += 1
                 continue
             if op == 0x4A:                                  # BININT
-                stack.append(I4(buf, pos)[0] if track else OP)     # only shapes need it
+                stack.append(I4(buf, pos)[0])                   # shapes and dtype states need it
                 pos += 4
                 continue
             if op == 0x88 or op == 0x89:                    # NEWTRUE, NEWFALSE
@@ -738,6 +763,8 @@ class PickleWalker:
                 if type(obj) is Call:
                     obj.state = state
                     func = obj.func
+                    if type(func) is Ref and func.dotted == "numpy.dtype":
+                        self._dtype_state(obj, state, r.base + pos - 1)
                     if type(func) is Ref and (func.dotted in self.build_hooks or func.dotted in _FACTORIES
                                               and self.build_hooks and self._built_class(obj) in self.build_hooks):
                         r.pos = pos

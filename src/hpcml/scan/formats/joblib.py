@@ -17,8 +17,9 @@ import re
 import zlib
 from typing import TYPE_CHECKING, BinaryIO
 
+from hpcml.scan import dtypes
 from hpcml.scan.formats import ScanContent, ScanFormat
-from hpcml.scan.picklewalk import Call, Event, PickleError, PickleWalker, Ref, looks_like_pickle
+from hpcml.scan.picklewalk import Call, Event, NeedTracking, PickleError, PickleWalker, Ref, looks_like_pickle
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
@@ -33,19 +34,18 @@ UNREADABLE = object()
 _DESCR = re.compile(r"^[<>|=]?([a-zA-Z]+)(\d+)$")
 
 
-class NeedTracking(Exception):
-    """A wrapper's state was not tracked: walk this pickle again with containers tracked."""
-
-
 def _dtype(dtype) -> tuple[int, bool]:
-    """(itemsize, has objects) from a pickled ``numpy.dtype(descr, False, True)`` + state."""
+    """(itemsize, has objects) of a pickled ``numpy.dtype(descr, False, True)`` + state, as
+    numpy and then joblib compute them: the state was checked at its BUILD to be one numpy
+    writes for the description (``scan.dtypes``), so its flags and size are numpy's own."""
     if type(dtype) is not Call or type(dtype.func) is not Ref or dtype.func.dotted != "numpy.dtype" \
             or not dtype.args or type(dtype.args[0]) is not str:
         raise PickleError("joblib array wrapper: its dtype is not a numpy.dtype(...) call")
     descr, state = dtype.args[0], dtype.state
-    flags = state[7] if type(state) is tuple and len(state) > 7 and type(state[7]) is int else 0
+    has_object = dtypes.has_object(dtype)
+    if has_object is None:
+        raise PickleError(f"joblib array wrapper: cannot read dtype '{descr}'")
     elsize = state[5] if type(state) is tuple and len(state) > 5 and type(state[5]) is int else -1
-    has_object = descr.startswith("O") or bool(flags & 1)
     if elsize <= 0:
         m = _DESCR.match(descr)
         if not m:
@@ -101,7 +101,7 @@ def on_build(walker: PickleWalker, obj, state) -> None:
     r = walker.r
     here = r.base + r.pos
     if has_object:
-        inner = PickleWalker(r.fh, here, r.end, on_build=on_build,
+        inner = PickleWalker(r.fh, here, r.end, on_build=on_build, track_containers=walker.track,
                              build_hooks=walker.build_hooks).walk()
         walker.result.events.extend(inner.events)
         walker.result.nested.extend(inner.nested)

@@ -1,0 +1,137 @@
+"""A pickled numpy dtype read as numpy reads it: ``numpy.dtype(descr, align, copy)`` then
+BUILD with a state tuple ``(version, byteorder, subarray, names, fields, elsize,
+alignment, flags[, metadata])``, which ``dtype.__setstate__`` takes as given.
+
+Why: the name ``numpy.dtype`` is harmless, its state is not. numpy believes the state's
+flags and sizes: an object dtype whose flags say "no objects" makes numpy read pointers as
+bytes (joblib then skips a nested pickle the scan never saw), a plain dtype whose flags say
+"holds objects" makes numpy dereference eight bytes of the file (SIGSEGV at an address the
+file chose). So a state is accepted only where it is one numpy itself writes for that
+description: compared field by field with ``numpy.dtype(descr).__reduce__()`` for plain
+types (in each byte order), and for structured and subarray types checked against the
+component dtypes the pickle built (each checked at its own BUILD before).
+"""
+
+from __future__ import annotations
+
+import functools
+from typing import Any
+
+from hpcml.scan.model import Verdict
+
+#: state versions numpy writes today, and their lengths (4 adds metadata: datetimes, dtype(metadata=))
+_LENGTHS = {3: 8, 4: 9}
+#: flag bits of a dtype (numpy's ndarraytypes.h)
+ITEM_HASOBJECT = 0x01
+ALIGNED_STRUCT = 0x80
+#: what numpy writes for a structured dtype: NEEDS_PYAPI, plus REFCOUNT|LIST_PICKLE|NEEDS_INIT
+#: where a field holds objects, plus ALIGNED_STRUCT for align=True
+_STRUCT_FLAGS = {False: 0x10, True: 0x1B}
+
+Problem = tuple[Verdict, str]
+
+
+@functools.lru_cache(maxsize=1024)
+def _canonical(descr: str) -> frozenset[tuple] | None:
+    """``(byteorder, subarray, names, fields, elsize, alignment, flags)`` as numpy writes
+    them for ``numpy.dtype(descr)`` in each byte order it can have; None where numpy makes
+    no plain dtype of this text (it raises at load, or it is a structured one's 'V' size)."""
+    import numpy as np
+    try:
+        d = np.dtype(descr)
+    except (TypeError, ValueError, SyntaxError):
+        return None
+    if d.names is not None or d.subdtype is not None:
+        return None
+    out = set()
+    for x in (d, d.newbyteorder("<"), d.newbyteorder(">")):
+        state = x.__reduce__()[2]
+        out.add(tuple(state[1:8]))
+    return frozenset(out)
+
+
+def flags_of(dtype: Any) -> int | None:
+    """The flags of a pickled dtype (a walk ``Call`` of ``numpy.dtype``): its state's, which
+    its BUILD checked, else what numpy gives its description; None where it is not one."""
+    from hpcml.scan.picklewalk import Call, Ref
+    if type(dtype) is not Call or type(dtype.func) is not Ref or dtype.func.dotted != "numpy.dtype":
+        return None
+    state = dtype.state
+    if type(state) is tuple and len(state) >= 8 and type(state[7]) is int:
+        return state[7]
+    args = dtype.args
+    if type(args) is tuple and args and type(args[0]) is str:
+        canon = _canonical(args[0])
+        if canon:
+            return int(next(iter(canon))[6])
+    return None
+
+
+def has_object(dtype: Any) -> bool | None:
+    """Whether a pickled dtype holds objects, as its checked state says; None where it is not one."""
+    flags = flags_of(dtype)
+    return None if flags is None else bool(flags & ITEM_HASOBJECT)
+
+
+def _literal(v: Any) -> bool:
+    """Data written in the file (bytes as protocols 0-2 write them, ``_codecs.encode(text,
+    'latin1')``, included): a datetime's unit ``(None, (b'ns', 1, 1, 1))``, a dict."""
+    from hpcml.scan import argchecks
+    if type(v) is tuple:
+        return all(_literal(x) for x in v)
+    return argchecks._latin1_text(v) or not argchecks.built_at_load(v)
+
+
+def state_problem(descr: object, state: object, tracked: bool) -> Problem | None:
+    """What is wrong with BUILD of ``numpy.dtype(descr, ...)`` with ``state``: None where it
+    is a state numpy writes. Raises ``picklewalk.NeedTracking`` for a structured state whose fields the
+    walk did not follow (``tracked`` False)."""
+    if type(descr) is not str:
+        return (Verdict.UNKNOWN, "numpy.dtype of a description that is not text written in the file")
+    if type(state) is not tuple or len(state) < 8 or type(state[0]) is not int \
+            or _LENGTHS.get(state[0]) != len(state):
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}') with a state of a form numpy does not write "
+                                   "(numpy trusts a dtype's state: sizes and flags it never checks)")
+    byteorder, subarray, names, fields, elsize, alignment, flags = state[1:8]
+    if len(state) == 9 and not _literal(state[8]):
+        return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}') with metadata built at load time")
+    if type(flags) is not int or type(elsize) is not int or type(alignment) is not int:
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): sizes or flags that are not numbers written in the file")
+    if subarray is None and names is None and fields is None:
+        canon = _canonical(descr)
+        if canon is None or (byteorder, None, None, None, elsize, alignment, flags) not in canon:
+            return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}') with a state numpy never writes for it "
+                                       f"(byte order {byteorder!r}, element size {elsize}, alignment {alignment}, "
+                                       f"flags {flags}): numpy would read objects as bytes or bytes as pointers")
+        return None
+    if subarray is not None:
+        if names is not None or fields is not None or type(subarray) is not tuple or len(subarray) != 2:
+            return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): a subarray state numpy never writes")
+        base = flags_of(subarray[0])
+        if base is None:
+            return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): a subarray whose base hpcml cannot read")
+        if flags != base:
+            return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): subarray flags {flags}, its base's {base} "
+                                       "(numpy writes the base's): numpy would read objects as bytes or bytes as pointers")
+        return None
+    if type(names) is not tuple or not all(type(n) is str for n in names):
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): field names numpy never writes")
+    if type(fields) is not dict:
+        if not tracked:
+            from hpcml.scan.picklewalk import NeedTracking
+            raise NeedTracking
+        return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): fields hpcml could not read")
+    objects = False
+    for name in names:
+        field = fields.get(name)
+        if type(field) is not tuple or len(field) not in (2, 3):
+            return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} that hpcml cannot read")
+        part = has_object(field[0])
+        if part is None:
+            return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} whose type hpcml cannot read")
+        objects = objects or part
+    if flags & ~ALIGNED_STRUCT != _STRUCT_FLAGS[objects]:
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): flags {flags} of a structured type whose fields "
+                                   f"{'hold' if objects else 'hold no'} objects (numpy writes "
+                                   f"{_STRUCT_FLAGS[objects]}): numpy would read objects as bytes or bytes as pointers")
+    return None
