@@ -91,3 +91,51 @@ def test_a_2_rank_checkpoint_loads_by_rank_and_exports_in_one_process(written, m
         load(ck, rank=1)
     out = _hpcml("ckpt", "export", ck, "--rank", "1", "--to", written / "bad.safetensors")
     assert out.returncode == 1 and "checksum mismatch" in out.stderr and not (written / "bad.safetensors").exists()
+
+
+def _forge_leaf(step_dir: Path, pickled: bytes) -> None:
+    """Replace the shard's one pickled leaf by ``pickled`` (the same length), and put the
+    shard's new checksum in the manifest: a checkpoint whose sizes and checksums are right."""
+    import json
+
+    from hpcml.ckpt import layout
+    idx = json.loads((step_dir / "rank-00000.json").read_text())
+    e = next(x for x in idx["entries"] if x["kind"] == "pickle")
+    assert e["nbytes"] == len(pickled), (e["nbytes"], len(pickled))
+    shard = step_dir / "rank-00000.bin"
+    data = bytearray(shard.read_bytes())
+    data[e["offset"]:e["offset"] + e["nbytes"]] = pickled
+    shard.write_bytes(bytes(data))
+    man = json.loads((step_dir / "manifest.json").read_text())
+    man["ranks"]["0"]["crc32"] = layout.file_crc(shard)
+    (step_dir / "manifest.json").write_text(json.dumps(man))
+
+
+#: Fraction("1e30000000000000"): an allowlisted constructor that never returns (issue 62)
+NEVER_RETURNS = b"\x80\x04\x8c\x09fractions\x8c\x08Fraction\x93\x8c\x101e30000000000000\x85R."
+
+
+def test_a_refused_pickled_leaf_is_not_loaded_verify_says_so_and_the_step_before_loads(tmp_path, capsys):
+    """The load-time lock enforces the scan's argument checks, not only names: the newest
+    checkpoint's leaf is refused in one line naming checkpoint, shard and leaf, the one
+    before it loads, and ``verify`` calls the newest bad."""
+    from fractions import Fraction
+
+    import numpy as np
+
+    from hpcml.ckpt import Checkpointer, layout
+    ck = tmp_path / "ck"
+    with Checkpointer(ck) as c:
+        c.save({"w": np.ones(3), "hp": {"lr": Fraction(1, 3)}}, 1)
+        c.save({"w": np.ones(3) * 2, "hp": {"lr": Fraction(1, 3)}}, 2)
+    _forge_leaf(ck / "step-00000002", NEVER_RETURNS)
+    c = Checkpointer(ck, read_only=True)
+    state, step = c.load_latest()
+    assert step == 1 and state["hp"]["lr"] == Fraction(1, 3) and float(state["w"][0]) == 1.0
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "step-00000002" in err[0] and "rank-00000.bin" in err[0] and "hp.lr" in err[0], err
+    assert "Fraction" in err[0] and "trying the checkpoint before it" in err[0]
+    found = {f.step: f for f in layout.scan(ck)}
+    problems = layout.verify(found[2])
+    assert len(problems) == 1 and "hp.lr" in problems[0] and "refused" in problems[0], problems
+    assert layout.verify(found[1]) == []

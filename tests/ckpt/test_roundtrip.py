@@ -13,7 +13,7 @@ import sys
 import numpy as np
 import pytest
 
-from hpcml.ckpt import Checkpointer, layout
+from hpcml.ckpt import Checkpointer, layout, load
 from hpcml.errors import HpcmlError, UsageError
 from tests import needs
 
@@ -155,8 +155,11 @@ def test_a_malicious_pickle_inside_is_refused_not_run(tmp_path):
                              json_size=(d / "rank-00000.json").stat().st_size,
                              json_crc32=layout.file_crc(d / "rank-00000.json"))
     (d / "manifest.json").write_text(json.dumps(man))
+    c = Checkpointer(tmp_path / "ck")
+    assert c.load_latest() == (None, None)                      # refused like a corrupt one: not loaded
+    assert len(c.skipped) == 1 and "obj" in c.skipped[0] and "posix.system" in c.skipped[0], c.skipped
     with pytest.raises(HpcmlError):
-        Checkpointer(tmp_path / "ck").load_latest()
+        load(tmp_path / "ck")                                    # loading that step itself: refused
     assert not marker.exists()
 
 

@@ -36,7 +36,7 @@ import numpy as np
 
 from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
-from hpcml.ckpt.flatten import Leaf, PerRank, describe, flatten
+from hpcml.ckpt.flatten import Leaf, PerRank, RefusedLeaf, describe, flatten
 from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
@@ -526,14 +526,22 @@ class Checkpointer:
             elif ok:
                 assert found.manifest is not None
                 refused: UsageError | None = None
+                leaf: RefusedLeaf | None = None
                 try:
                     state = self._read(sources, found, map_location)
                 except offline.ResizeRefused as exc:
                     refused = exc
+                except RefusedLeaf as exc:          # never loaded: the one before it is tried
+                    leaf = exc
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (initialised_dist() is not None and self.world > 1):
                         raise
                     return False, (None, None)                  # pruned between verify and read
+                if not self._agree(leaf is None):     # every rank falls back together
+                    why = str(leaf) if leaf else "another rank's pickled leaf was refused"
+                    self.skipped.append(f"{found.path}: {why}")
+                    print(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it", file=sys.stderr)
+                    continue
                 if "per_rank" in found.manifest and found.manifest["world_size"] != self.world:
                     refused = self._agree_refusal(refused)      # every rank stops, none waits in a collective
                 if refused is not None:
@@ -542,7 +550,7 @@ class Checkpointer:
                     self._checked[(found.manifest["token"], float(found.manifest["committed_at"]))] = []
                 return True, (state, found.step)
             self.skipped.append(f"{found.path}: {why}")
-            print(f"hpcml ckpt: skipped {found.path}: {why}", file=sys.stderr)
+            print(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it", file=sys.stderr)
         return True, (None, None)
 
     def _usable(self, found: layout.Found) -> tuple[bool, str, dict[tuple[str, int], Path]]:

@@ -241,6 +241,11 @@ class CorruptShard(HpcmlError):
     """A shard whose structure does not match its bytes."""
 
 
+class RefusedLeaf(CorruptShard):
+    """A pickled leaf the scan's policy refuses to load (a global, or an argument: the same
+    judgement as ``hpcml scan``): the checkpoint is not loaded."""
+
+
 def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, source: str,
               map_location: Any = "cpu", policy: Any = None, own: list[Any] | None = None) -> Any:
     """Rebuild the state; tensors are copies (the buffer may be reused). ``own``: the
@@ -261,7 +266,11 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, 
         if e["kind"] == "bytes":
             out: Any = bytes(raw)
         elif e["kind"] == "pickle":
-            out = _safe_unpickle(bytes(raw), policy)
+            try:
+                out = _safe_unpickle(bytes(raw), policy)
+            except pickle.UnpicklingError as exc:
+                name = leaf_paths(skeleton).get(i, f"#{i}")
+                raise RefusedLeaf(f"{source}: pickled leaf {name}: {exc}") from None
         elif e["kind"] == "numpy":
             out = np.frombuffer(raw, dtype=np.dtype(e["dtype"])).reshape(e["shape"]).copy()
         else:

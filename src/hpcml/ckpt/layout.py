@@ -294,4 +294,41 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
                 problems.append(f"{path}: checksum mismatch (corrupt)")
         except OSError as exc:                         # removed by a prune meanwhile, unreadable
             problems.append(f"{path}: unreadable ({exc.strerror})")
+    if checksums and not problems:
+        problems += refused_leaves(directory / bin_name, directory / json_name)
     return problems
+
+
+def refused_leaves(shard: Path, index: Path) -> list[str]:
+    """The pickled leaves of a shard that loading would refuse, judged as ``hpcml scan`` and
+    the load judge them (the same walk, policy and argument checks): a checkpoint whose
+    sizes and checksums are right can still hold a leaf that never loads
+    (``Fraction('1e30000000')``), and is not a good checkpoint."""
+    from hpcml.ckpt.flatten import leaf_paths
+    from hpcml.scan import pickles
+    from hpcml.scan.context import FileScan
+    from hpcml.scan.model import Verdict
+    from hpcml.scan.policy import default_policy
+    try:
+        doc = read_json(index, SHARD_TAG)
+    except (CheckpointError, UsageError) as exc:
+        return [f"{index}: {exc}"]
+    entries = doc.get("entries") if isinstance(doc, dict) else None
+    pickled = [(i, e) for i, e in enumerate(entries or []) if isinstance(e, dict) and e.get("kind") == "pickle"]
+    if not pickled:
+        return []
+    names = leaf_paths(doc.get("skeleton"))
+    fs = FileScan(str(shard), default_policy(), 0)
+    try:
+        with open(shard, "rb") as fh:
+            for i, e in pickled:
+                off, n = e.get("offset"), e.get("nbytes")
+                if type(off) is not int or type(n) is not int:
+                    return [f"{index}: leaf #{i}: no offset and size"]
+                pickles.scan_stream(fs, fh, off, off + n, f"leaf {names.get(i, f'#{i}')}")
+    except OSError as exc:
+        return [f"{shard}: unreadable ({exc.strerror})"]
+    res = fs.finish()
+    out = [f"{shard}: {f.location.member}: refused at load: {f.name} ({f.why})"
+           for f in res.findings if f.verdict is not Verdict.SAFE]
+    return out + [f"{shard}: {e}" for e in res.errors]

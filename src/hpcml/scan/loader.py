@@ -15,7 +15,7 @@ import pickle
 import sys
 import types
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, BinaryIO, cast
 
 from hpcml.errors import HpcmlError
 from hpcml.scan.model import FileResult, Verdict
@@ -39,12 +39,64 @@ class UnsafeFileError(HpcmlError):
         super().__init__(f"{result.path}: refused to load ({result.verdict.value}): {why}")
 
 
+#: the largest pickle (its opcodes, up to STOP: not the array or storage bytes some formats
+#: put after it) ``RestrictedUnpickler`` holds in memory to load exactly what it judged
+MAX_PICKLE_BYTES = 1 << 30
+
+
 class RestrictedUnpickler(pickle.Unpickler):
-    """``pickle.Unpickler`` whose ``find_class`` only returns globals the policy allows."""
+    """``pickle.Unpickler`` that loads only what the scan's policy finds safe, judged on
+    the bytes it then loads: ``load`` first walks the pickle at the file's position with the
+    scanner's walker (the same globals, argument checks, dtype states and memo bounds as
+    ``hpcml scan``), refuses with ``UnpicklingError`` unless it is safe, and then unpickles
+    exactly those bytes (held in memory: a file changed after the walk changes nothing).
+    ``find_class`` still only returns globals the policy allows, a second lock.
+
+    Every place hpcml unpickles goes through it: ``safe_load`` and torch's loads under it,
+    a checkpoint's pickled leaves, Flight Recorder dumps."""
 
     def __init__(self, file: IO[bytes], *, policy: Policy | None = None, **kwargs: Any) -> None:
         super().__init__(file, **kwargs)
         self._policy = policy or default_policy()
+        self._file, self._kwargs = file, kwargs
+
+    def load(self) -> Any:
+        data, after = self._judged()
+        inner = _Loader(io.BytesIO(data), self, **self._kwargs)
+        obj = inner.load()
+        if after is not None:
+            self._file.seek(after)          # where the unpickler would have left the file
+        return obj
+
+    def _judged(self) -> tuple[bytes, int | None]:
+        """The bytes of the pickle at the file's position, once the walk finds them safe;
+        and the offset just after its STOP (None for a stream that cannot seek)."""
+        from hpcml.scan.context import FileScan
+        from hpcml.scan.pickles import walk_one
+        f = self._file
+        try:
+            start = f.tell()
+            end = f.seek(0, io.SEEK_END)
+            f.seek(start)
+            src: IO[bytes] = f
+        except (AttributeError, OSError, ValueError):         # a pipe: read what is there, bounded
+            head = f.read(MAX_PICKLE_BYTES + 1)
+            if len(head) > MAX_PICKLE_BYTES:
+                raise pickle.UnpicklingError(f"refused: a pickle stream larger than {MAX_PICKLE_BYTES >> 20} MiB") from None
+            src, start, end = io.BytesIO(head), 0, len(head)
+        res = walk_one(cast(BinaryIO, src), start, end)
+        if res.error or not res.stopped:
+            raise pickle.UnpicklingError(f"refused: {res.error or 'the pickle has no STOP'}")
+        if res.end - start > MAX_PICKLE_BYTES:
+            raise pickle.UnpicklingError(f"refused: a pickle larger than {MAX_PICKLE_BYTES >> 20} MiB")
+        fs = FileScan("<pickle>", self._policy, res.end - start)
+        fs.events(res.events)
+        bad = [f for f in fs.finish().findings if f.verdict is not Verdict.SAFE]
+        if bad:
+            raise pickle.UnpicklingError("refused: " + "; ".join(f"{f.name} ({f.why})" for f in bad[:3]))
+        src.seek(start)
+        data = src.read(res.end - start)
+        return data, (res.end if src is f else None)
 
     def find_class(self, module: str, name: str) -> Any:
         # The C unpickler hides its protocol; mapping Python 2 names always is harmless,
@@ -61,6 +113,21 @@ class RestrictedUnpickler(pickle.Unpickler):
 
     # No persistent_load: the C unpickler then refuses persistent ids, and torch.load can
     # still assign its own on the instance.
+
+
+class _Loader(pickle.Unpickler):
+    """The unpickler that reads the judged bytes, with its outer unpickler's ``find_class``
+    (a subclass's too, torch's) and ``persistent_load`` (torch assigns one on the instance)."""
+
+    def __init__(self, data: IO[bytes], outer: RestrictedUnpickler, **kwargs: Any) -> None:
+        super().__init__(data, **kwargs)
+        self._outer = outer
+        persistent = getattr(outer, "persistent_load", None)
+        if persistent is not None:
+            self.persistent_load = persistent   # type: ignore[method-assign]
+
+    def find_class(self, module: str, name: str) -> Any:
+        return self._outer.find_class(module, name)
 
 
 def _restricted_load_from_bytes(policy: Policy) -> Any:
