@@ -45,3 +45,16 @@ def test_every_printed_policy_line_parses_and_built_names_are_not_offered(tmp_pa
     ok = subprocess.run([sys.executable, "-m", "hpcml", "scan", "--policy", str(policy), str(user)],
                         capture_output=True, text=True, timeout=120)
     assert ok.returncode == 0, ok.stdout
+
+
+def test_a_call_refused_by_its_argument_check_is_said_not_offered_for_the_allowlist(tmp_path):
+    """fractions.Fraction is allowlisted; Fraction('1e30000000') is refused by its argument
+    check. The advice says which check refused it, and never offers to allow the name."""
+    p = tmp_path / "frac.pkl"
+    p.write_bytes(b"\x80\x04\x8c\x09fractions\x8c\x08Fraction\x93\x8c\x071e3.5/2\x85R.")      # not 'n', 'n/d'
+    out = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(p)], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 5, (out.stdout, out.stderr)
+    assert "  - fractions.Fraction" not in out.stdout, out.stdout
+    flat = " ".join(out.stdout.split())
+    assert "Allowed already, but a call was refused by its argument check" in flat, out.stdout
+    assert "fractions.Fraction: Fraction given text" in flat, out.stdout

@@ -41,6 +41,6 @@ def scan_files(paths: list[Path], *, policy: list[Path], as_json: bool, sarif: P
     else:
         from rich.console import Console
         Console().print(report.table(results, show_all=show_all))
-        for line in report.advice(results):
+        for line in report.advice(results, policy=pol):
             print(line)
     return code

@@ -91,18 +91,31 @@ def write_json(data: dict[str, Any], path: str | Path) -> None:
     Path(path).write_text(json.dumps(data, indent=2) + "\n")
 
 
-def advice(results: list[FileResult], shown: int = 8) -> list[str]:
+def advice(results: list[FileResult], shown: int = 8, policy: Any = None) -> list[str]:
     """What to do about ``unknown`` files: the site-policy lines that would allow exactly
-    their globals (only lines the policy parser accepts), what no policy can allow (a
-    callable built at load time), and why a whole pickled model has them; and which formats
-    were recognised but not read (``not-scanned``)."""
-    from hpcml.scan.policy import is_name, not_advised
+    their globals (only lines the policy parser accepts, never one ``policy`` allows
+    already), which calls of allowed names an argument check refused and why, what no
+    policy can allow (a callable built at load time), and why a whole pickled model has
+    them; and which formats were recognised but not read (``not-scanned``)."""
+    from hpcml.scan.policy import default_policy, is_name, not_advised
+    policy = policy or default_policy()
     unknown = {f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN}
     named = sorted(n for n in unknown if is_name(n))
     built = sorted(unknown - set(named))
+    allowed = {n for n in named if policy.classify(*n.rsplit(".", 1))[0] is Verdict.SAFE}
+    checked: dict[str, str] = {}
+    for r in results:
+        for f in r.findings:
+            if f.name in allowed and f.verdict is not Verdict.SAFE:
+                checked.setdefault(f.name, f.why)
+    named = [n for n in named if n not in allowed]
     refused = {n: why for n in named if (why := not_advised(n))}
     names = [n for n in named if n not in refused]
     out = []
+    if checked:
+        out.append("Allowed already, but a call was refused by its argument check (allowing the name changes "
+                   "nothing): " + "; ".join(f"{n}: {checked[n]}" for n in sorted(checked)[:shown])
+                   + (f"; and {len(checked) - shown} more" if len(checked) > shown else ""))
     if refused:
         shown_refused = sorted(refused)[:shown]
         out.append("Do not allow " + "; ".join(f"{n} ({refused[n]})" for n in shown_refused)
