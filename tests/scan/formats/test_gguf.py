@@ -64,11 +64,13 @@ def test_gguf_without_template_is_not_scanned(tmp_path):
     assert result.notes == ["GGUF v3, 2 tensors"]
 
 
-def test_chat_template_is_named_as_code_on_load(tmp_path):
+def test_a_chat_template_is_judged_by_its_syntax_tree(tmp_path):
+    """ChatML uses only the conversation, loops and filters: no finding, a note says it was
+    parsed (the file stays not-scanned for its tensor data)."""
     result = _scan(tmp_path, gguf([*BASE, ("tokenizer.chat_template", 8, CHATML)]))
     assert result.verdict is Verdict.NOT_SCANNED
-    template = next(f for f in result.findings if f.name == "GGUF tokenizer.chat_template")
-    assert "Jinja2" in template.why and "CVE-2024-34359" in template.why
+    assert names(result, Verdict.NOT_SCANNED) == ["GGUF tensor data"]
+    assert any("tokenizer.chat_template" in n and "Jinja2's parser" in n for n in result.notes), result.notes
 
 
 @pytest.mark.parametrize("key", ["tokenizer.chat_template", "tokenizer.chat_template.tool_use"])

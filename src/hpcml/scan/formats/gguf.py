@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, BinaryIO
 from hpcml.scan.formats import ScanContent, ScanFormat
 from hpcml.scan.formats.bounded import ByteReader, Truncated
 from hpcml.scan.model import Verdict
+from hpcml.scan.templates import judge as templates_judge
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
@@ -161,16 +162,21 @@ def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: 
         return
     fs.note(f"{member + ': ' if member else ''}GGUF v{version}, {n_tensors} tensors")
     for key, text in templates:
-        escape = SANDBOX_ESCAPE.search(text or "")
-        if escape:
-            fs.add(Verdict.DANGEROUS, f"GGUF {key}", f"a Jinja2 chat template that reaches for {escape.group()!r}, "
-                   "a sandbox escape: a chat loader that renders it outside a sandbox runs code "
-                   "(llama-cpp-python before 0.2.72, CVE-2024-34359)", member, None, "chat template")
+        if text is None:
+            fs.not_scanned(f"GGUF {key}", "a Jinja2 template a chat loader renders on load: code when rendered "
+                           f"outside a sandbox (llama-cpp-python before 0.2.72, CVE-2024-34359); longer than the "
+                           f"{MAX_TEMPLATE >> 20} MiB hpcml reads", member)
             continue
-        judged = (f"longer than the {MAX_TEMPLATE >> 20} MiB hpcml reads" if text is None else
-                  "hpcml found no sandbox escape in it but does not prove it harmless")
-        fs.not_scanned(f"GGUF {key}", "a Jinja2 template a chat loader renders on load: code when rendered "
-                       f"outside a sandbox (llama-cpp-python before 0.2.72, CVE-2024-34359); {judged}", member)
+        problem = templates_judge(text)
+        if problem is None:
+            fs.note(f"{member + ': ' if member else ''}GGUF {key}: a chat template that uses only the "
+                    "conversation, loops, tests and filters (parsed with Jinja2's parser)")
+        elif problem[0] is Verdict.DANGEROUS:
+            fs.add(Verdict.DANGEROUS, f"GGUF {key}", f"a Jinja2 chat template that {problem[1]}: a sandbox "
+                   "escape, code when a chat loader renders it outside a sandbox (llama-cpp-python before 0.2.72, "
+                   "CVE-2024-34359)", member, None, "chat template")
+        else:
+            fs.error(f"GGUF {key}: {problem[1]}", member)
     fs.not_scanned("GGUF tensor data", "hpcml read the metadata and the tensor table, not the tensor data",
                    member)
 
