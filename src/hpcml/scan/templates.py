@@ -51,22 +51,23 @@ def judge(text: str) -> Problem | None:
     except RecursionError:
         return (Verdict.ERROR, "a template nested too deeply for Jinja2's parser")
     called = {id(n.node) for n in tree.find_all(nodes.Call)}
-    for node in tree.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends)):
-        return (Verdict.DANGEROUS, f"{type(node).__name__.lower()} of another template: a loader's files, not the chat")
-    for node in tree.find_all(nodes.Name):
-        if node.name in _INTERNAL_NAMES and (node.name not in _CALLABLE_ONLY or id(node) not in called):
-            return (Verdict.DANGEROUS, f"reaches for Jinja2's own {node.name!r} (a way into the interpreter)")
-    for node in tree.find_all(nodes.Getattr):
-        if node.attr.startswith("_") or node.attr in _INTERPRETER_ATTRS:
-            return (Verdict.DANGEROUS, f"reads the interpreter's attribute {node.attr!r}")
-        if node.attr in _FORMATTERS and id(node) in called:
-            return (Verdict.DANGEROUS, f"calls str.{node.attr}, whose format string can read attributes")
-    for node in tree.find_all(nodes.Getitem):
-        problem = _key_problem(node.arg)
+    loads = next(iter(tree.find_all((nodes.Include, nodes.Import, nodes.FromImport, nodes.Extends))), None)
+    if loads is not None:
+        return (Verdict.DANGEROUS, f"{type(loads).__name__.lower()} of another template: a loader's files, not the chat")
+    for name in tree.find_all(nodes.Name):
+        if name.name in _INTERNAL_NAMES and (name.name not in _CALLABLE_ONLY or id(name) not in called):
+            return (Verdict.DANGEROUS, f"reaches for Jinja2's own {name.name!r} (a way into the interpreter)")
+    for attr in tree.find_all(nodes.Getattr):
+        if attr.attr.startswith("_") or attr.attr in _INTERPRETER_ATTRS:
+            return (Verdict.DANGEROUS, f"reads the interpreter's attribute {attr.attr!r}")
+        if attr.attr in _FORMATTERS and id(attr) in called:
+            return (Verdict.DANGEROUS, f"calls str.{attr.attr}, whose format string can read attributes")
+    for item in tree.find_all(nodes.Getitem):
+        problem = _key_problem(item.arg)
         if problem:
             return (Verdict.DANGEROUS, problem)
-    for node in tree.find_all(nodes.Filter):
-        problem = _filter_problem(node)
+    for filt in tree.find_all(nodes.Filter):
+        problem = _filter_problem(filt)
         if problem:
             return (Verdict.DANGEROUS, problem)
     return None
