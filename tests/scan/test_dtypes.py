@@ -103,6 +103,28 @@ def test_a_structured_or_subarray_state_with_other_flags_is_dangerous(tmp_path):
         assert res.verdict is Verdict.DANGEROUS, [f.why for f in res.findings]
 
 
+def test_a_structured_or_subarray_item_smaller_than_its_fields_is_dangerous(tmp_path):
+    """Found by the differential harness (tests/scan/differential.py): the structured dtype
+    [('a', '<f4'), ('b', 'O')] with its item size cut from 12 to 4 bytes was safe and its
+    load died of SIGSEGV. Fields past the item, object fields overlapping others, and a
+    subarray whose size is not its items' are dangerous."""
+    f4 = _Dtype("f4", (3, "<", None, None, None, -1, -1, 0))
+    obj = _Dtype("O8", (3, "|", None, None, None, -1, -1, 63))
+    cases = {
+        "cut": _Dtype("V12", (3, "|", None, ("a", "b"), {"a": (f4, 0), "b": (obj, 4)}, 4, 1, 27)),
+        "overlap": _Dtype("V12", (3, "|", None, ("a", "b"), {"a": (f4, 4), "b": (obj, 4)}, 12, 1, 27)),
+        "subarray": _Dtype("V24", (3, "|", (f4, (2, 3)), None, None, 96, 4, 0)),
+    }
+    good = _Dtype("V12", (3, "|", None, ("a", "b"), {"a": (f4, 0), "b": (obj, 4)}, 12, 1, 27))
+    res, _ = _verdict(tmp_path, pickle.dumps(_Scalar(good, b"\0" * 12), protocol=4))
+    assert res.verdict is Verdict.SAFE, [f.why for f in res.findings]
+    for case, dt in cases.items():
+        res, p = _verdict(tmp_path, pickle.dumps(_Scalar(dt, b"\0" * 12), protocol=4))
+        assert res.verdict is Verdict.DANGEROUS, (case, [f.why for f in res.findings])
+        with pytest.raises(UnsafeFileError):
+            safe_load(p)
+
+
 def test_a_joblib_object_array_whose_dtype_says_no_objects_is_dangerous(tmp_path):
     """joblib computes "holds objects" from the dtype numpy built: with the flags cleared,
     an older scan skipped the nested pickle as raw bytes and said safe."""
@@ -139,3 +161,22 @@ def test_a_memo_numbered_as_picklers_number_it_is_safe(tmp_path):
     for protocol in range(6):
         res, _ = _verdict(tmp_path, pickle.dumps(obj, protocol=protocol))
         assert res.verdict is Verdict.SAFE
+
+
+@pytest.mark.parametrize("n", [2, 64, 65, 1000])
+def test_an_object_array_is_safe_as_numpy_writes_it_and_dangerous_with_a_longer_shape(n, tmp_path):
+    """Found by the differential harness: numpy copies an object array's items from its
+    pickled list as many times as the shape says; a shape edited from (2,) to (6,) made the
+    load die of SIGSEGV. The list is counted past the 64 items the walk keeps."""
+    a = np.array([f"s{i}" for i in range(n)], dtype=object)
+    data = pickle.dumps(a, protocol=2)
+    res, p = _verdict(tmp_path, data)
+    assert res.verdict is Verdict.SAFE, [f.why for f in res.findings]
+    assert list(safe_load(p)) == list(a)
+    shape = b"K" + bytes([n]) + b"\x85" if n < 256 else b"M" + n.to_bytes(2, "little") + b"\x85"
+    assert data.count(shape) == 1
+    bigger = b"K\xff\x85" if n < 256 else b"M" + (n + 7).to_bytes(2, "little") + b"\x85"
+    res, p = _verdict(tmp_path, data.replace(shape, bigger))
+    assert res.verdict is Verdict.DANGEROUS and any("object array" in f.why for f in res.findings), res.findings
+    with pytest.raises(UnsafeFileError):
+        safe_load(p)

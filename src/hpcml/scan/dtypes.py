@@ -29,6 +29,8 @@ ALIGNED_STRUCT = 0x80
 _STRUCT_FLAGS = {False: 0x10, True: 0x1B}
 
 Problem = tuple[Verdict, str]
+#: fields of one structured dtype checked against each other (a record of this many is not a model's)
+MAX_FIELDS = 4096
 
 
 @functools.lru_cache(maxsize=1024)
@@ -64,6 +66,25 @@ def flags_of(dtype: Any) -> int | None:
         canon = _canonical(args[0])
         if canon:
             return int(next(iter(canon))[6])
+    return None
+
+
+def itemsize_of(dtype: Any) -> int | None:
+    """The bytes one item of a pickled dtype takes: its checked state's size, else what
+    numpy gives its description; None where it is not one."""
+    from hpcml.scan.picklewalk import Call
+    if type(dtype) is not Call or flags_of(dtype) is None:
+        return None
+    state = dtype.state
+    if type(state) is tuple and len(state) >= 8 and type(state[5]) is int and state[5] > 0:
+        return state[5]
+    args = dtype.args
+    if type(args) is tuple and args and type(args[0]) is str:
+        import numpy as np
+        try:
+            return int(np.dtype(args[0]).itemsize)
+        except (TypeError, ValueError, SyntaxError):
+            return None
     return None
 
 
@@ -107,13 +128,33 @@ def state_problem(descr: object, state: object, tracked: bool) -> Problem | None
     if subarray is not None:
         if names is not None or fields is not None or type(subarray) is not tuple or len(subarray) != 2:
             return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): a subarray state numpy never writes")
-        base = flags_of(subarray[0])
-        if base is None:
-            return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): a subarray whose base hpcml cannot read")
-        if flags != base:
-            return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): subarray flags {flags}, its base's {base} "
-                                       "(numpy writes the base's): numpy would read objects as bytes or bytes as pointers")
-        return None
+        return _subarray_problem(descr, subarray, elsize, flags)
+    return _struct_problem(descr, names, fields, elsize, alignment, flags, tracked)
+
+
+def _subarray_problem(descr: str, subarray: tuple, elsize: int, flags: int) -> Problem | None:
+    base = flags_of(subarray[0])
+    if base is None:
+        return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): a subarray whose base hpcml cannot read")
+    if flags != base:
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): subarray flags {flags}, its base's {base} "
+                                   "(numpy writes the base's): numpy would read objects as bytes or bytes as pointers")
+    shape, size = subarray[1], itemsize_of(subarray[0])
+    if type(shape) is int:
+        shape = (shape,)
+    if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape) or size is None:
+        return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): a subarray shape hpcml cannot read")
+    count = 1
+    for n in shape:
+        count *= n
+    if elsize != size * count:
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): {elsize} bytes for {count} items of {size} "
+                                   "(numpy would read past each item)")
+    return None
+
+
+def _struct_problem(descr: str, names: Any, fields: Any, elsize: int, alignment: int, flags: int,
+                    tracked: bool) -> Problem | None:
     if type(names) is not tuple or not all(type(n) is str for n in names):
         return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): field names numpy never writes")
     if type(fields) is not dict:
@@ -121,17 +162,62 @@ def state_problem(descr: object, state: object, tracked: bool) -> Problem | None
             from hpcml.scan.picklewalk import NeedTracking
             raise NeedTracking
         return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): fields hpcml could not read")
+    if len(names) > MAX_FIELDS:
+        return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): more than {MAX_FIELDS} fields, which hpcml does not check")
     objects = False
+    spans: list[tuple[int, int, bool, str]] = []
     for name in names:
         field = fields.get(name)
         if type(field) is not tuple or len(field) not in (2, 3):
             return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} that hpcml cannot read")
-        part = has_object(field[0])
-        if part is None:
+        part, size, offset = has_object(field[0]), itemsize_of(field[0]), field[1]
+        if part is None or size is None or type(offset) is not int:
             return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} whose type hpcml cannot read")
+        if offset < 0 or offset + size > elsize:
+            return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} at bytes {offset}-{offset + size} "
+                                       f"of a {elsize}-byte item (numpy would read and write past it)")
+        spans.append((offset, offset + size, part, name))
         objects = objects or part
+    for a in spans:                                      # objects overlapping anything: bytes read as pointers
+        for b in spans:
+            if a is not b and (a[2] or b[2]) and a[0] < b[1] and b[0] < a[1]:
+                return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): fields {a[3][:40]!r} and {b[3][:40]!r} "
+                                           "overlap and one holds objects (numpy refuses to make such a type)")
+    if alignment < 1 or alignment > 64:
+        return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): alignment {alignment} numpy never writes")
     if flags & ~ALIGNED_STRUCT != _STRUCT_FLAGS[objects]:
         return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): flags {flags} of a structured type whose fields "
                                    f"{'hold' if objects else 'hold no'} objects (numpy writes "
                                    f"{_STRUCT_FLAGS[objects]}): numpy would read objects as bytes or bytes as pointers")
+    return None
+
+
+def array_problem(state: object, walker: Any) -> Problem | None:
+    """BUILD of an array ``_reconstruct`` made: ``(version, shape, dtype, is_fortran,
+    data)``. numpy copies an object array's items from ``data`` as many times as the shape
+    says, without counting the list: a shape larger than the list reads past it (SIGSEGV,
+    found by the differential harness). Raises ``picklewalk.NeedTracking`` when the list
+    is not followed (untracked)."""
+    from hpcml.scan.picklewalk import NeedTracking
+    if type(state) is not tuple or len(state) not in (4, 5):
+        return None                                     # numpy refuses other forms itself
+    shape, dtype, data = state[-4], state[-3], state[-1]
+    objects = has_object(dtype)
+    if not objects:
+        return None                                     # bytes: numpy checks their length itself
+    if type(shape) is int:
+        shape = (shape,)
+    if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape):
+        return (Verdict.UNKNOWN, "an object array whose shape hpcml cannot read")
+    count = 1
+    for n in shape:
+        count *= n
+    if type(data) is not list:
+        if not walker.track:
+            raise NeedTracking
+        return (Verdict.UNKNOWN, "an object array whose items hpcml cannot count")
+    have = walker.length(data)
+    if have != count:
+        return (Verdict.DANGEROUS, f"an object array of shape {shape} ({count} items) built from a list of {have}: "
+                                   "numpy reads past the list (a crash, or objects from memory the file chose)")
     return None

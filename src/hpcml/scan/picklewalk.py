@@ -158,6 +158,10 @@ class WalkResult:
     value: object = None            # the model of the top-level object (for format helpers)
 
 
+#: numpy's array constructor in pickles; BUILD then sets (version, shape, dtype, fortran, data)
+_RECONSTRUCT = frozenset({"numpy.core.multiarray._reconstruct", "numpy._core.multiarray._reconstruct"})
+
+
 class NeedTracking(Exception):
     """An object's state is not in the walk's model (dicts, lists and sets are opaque unless
     tracked): walk this pickle again with containers tracked (``pickles.walk_one``)."""
@@ -324,6 +328,8 @@ class PickleWalker:
         self.proto = 0
         self.soft_error = ""            # the load reads on, but not as every unpickler does
         self.checking = False           # a name whose arguments are checked was imported
+        #: tracked lists' real lengths (they keep their first 64 items): id -> (list, length)
+        self.lengths: dict[int, tuple[list, int]] = {}
 
     # -- memo -------------------------------------------------------------------------
     # ``present[key]`` says what the memo holds for the first TRACKED_KEYS keys: 0 nothing,
@@ -431,10 +437,14 @@ class PickleWalker:
         return ref
 
     def _dtype_state(self, obj: Call, state, offset: int) -> None:
-        """BUILD of ``numpy.dtype(...)``: its state is what numpy will believe (``dtypes``)."""
+        """BUILD of ``numpy.dtype(...)`` or of an array ``_reconstruct`` made: its state is
+        what numpy will believe (``dtypes``)."""
         from hpcml.scan import dtypes
         args = obj.args
-        problem = dtypes.state_problem(args[0] if type(args) is tuple and args else None, state, self.track)
+        if type(obj.func) is Ref and obj.func.dotted in _RECONSTRUCT:
+            problem = dtypes.array_problem(state, self)
+        else:
+            problem = dtypes.state_problem(args[0] if type(args) is tuple and args else None, state, self.track)
         if problem is not None:
             verdict, why = problem
             self._event("argument-dangerous" if verdict is Verdict.DANGEROUS else "argument", "numpy", "dtype",
@@ -763,7 +773,7 @@ class PickleWalker:
                 if type(obj) is Call:
                     obj.state = state
                     func = obj.func
-                    if type(func) is Ref and func.dotted == "numpy.dtype":
+                    if type(func) is Ref and (func.dotted == "numpy.dtype" or func.dotted in _RECONSTRUCT):
                         self._dtype_state(obj, state, r.base + pos - 1)
                     if type(func) is Ref and (func.dotted in self.build_hooks or func.dotted in _FACTORIES
                                               and self.build_hooks and self._built_class(obj) in self.build_hooks):
@@ -790,6 +800,14 @@ class PickleWalker:
             buf, pos = r.buf, r.pos
             limit = min(len(buf) - 9, fend - r.base - 1)
 
+    def _make_list(self, items: list):
+        if not self.track:
+            return OPAQUE
+        lst = list(items[:64])
+        if len(items) > 64:
+            self.lengths[id(lst)] = (lst, len(items))
+        return lst
+
     def _fill_container(self, op: int, target, items: list) -> None:
         """APPENDS/SETITEMS on something we track: a global (blocked) or a bounded container."""
         if op == 0x75 and len(items) % 2:
@@ -797,10 +815,24 @@ class PickleWalker:
         t = type(target)
         if t is dict and len(target) < 64:
             self._setitems(target, items)
-        elif t is list and len(target) < 64:
-            target.extend(items[:64 - len(target)])
+        elif t is list:
+            self._count(target, len(items))
+            if len(target) < 64:
+                target.extend(items[:64 - len(target)])
         else:
             self._mutate(target, self.r.base + self.r.pos - 1, opname(op))
+
+    def _count(self, lst: list, added: int) -> None:
+        """A tracked list grew by ``added`` items (kept or not). Only lists past the 64 kept
+        are recorded: their items are not all there to count."""
+        n = self.length(lst) + added
+        if n > 64:
+            self.lengths[id(lst)] = (lst, n)
+
+    def length(self, lst: list) -> int:
+        """How many items a tracked list holds at load time."""
+        got = self.lengths.get(id(lst))
+        return got[1] if got is not None and got[0] is lst else len(lst)
 
     # -- everything else: correctness over speed -------------------------------------
     def _rare(self, op: int, stack: list, metastack: list[list]):  # noqa: C901
@@ -911,8 +943,7 @@ class PickleWalker:
             stack = self._replace_mark(stack, metastack, op,
                                        lambda items: tuple(items) if len(items) <= MAX_TUPLE else OPAQUE)
         elif op == 0x6C:                                    # LIST
-            stack = self._replace_mark(stack, metastack, op,
-                                       lambda items: list(items[:64]) if self.track else OPAQUE)
+            stack = self._replace_mark(stack, metastack, op, self._make_list)
         elif op == 0x64:                                    # DICT
             stack = self._replace_mark(stack, metastack, op, self._make_dict)
         elif op == 0x8F:                                    # EMPTY_SET
@@ -929,8 +960,10 @@ class PickleWalker:
             if not stack:
                 self._underflow(op)
             lst = stack[-1]
-            if self.track and type(lst) is list and len(lst) < 64:
-                lst.append(v)
+            if self.track and type(lst) is list:
+                self._count(lst, 1)
+                if len(lst) < 64:
+                    lst.append(v)
             self._mutate(lst, here, name)
         elif op == 0x73:                                    # SETITEM
             v = pop()

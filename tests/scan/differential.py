@@ -1,0 +1,249 @@
+"""A differential harness for the scanner (issue 62 item 2): mutate pickles made by their
+real producers, scan each input, and load every input the scan calls ``safe`` with the real
+unpickler (CPython's C ``pickle.Unpickler``; joblib's for joblib files) in a forked child
+with its address space and time capped, instrumented to record every ``find_class`` and
+``persistent_load``. An input the scan calls safe whose load imports a global the scan did
+not report, dies by a signal, runs out of memory or time, is a failure, kept as a
+regression file. (A persistent id is refused by pickle's and joblib's unpicklers, as here:
+recorded, not a failure; torch's loader, which answers them, is judged by the scan of its
+zip layout.)
+
+The child never runs what it records: its ``find_class`` returns only what the scan's
+policy allows and refuses the rest after recording it (a mutation that spells ``os.system``
+is a finding, not an execution). Mutation strategies after Cisco's pickle-fuzzer and
+fickling's bypass tests (read, not copied): byte flips, opcode swaps, memo indices pushed
+far out, numpy dtype flags, truncation, splices of two seeds, duplicated and dropped spans.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import os
+import pickle
+import random
+import resource
+import signal
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from fractions import Fraction
+from pathlib import Path
+
+#: the memory and time a load may take before it counts as a failure
+CHILD_MEMORY = 512 << 20
+CHILD_SECONDS = 5.0
+
+#: opcodes a mutation may put in place of another (every opcode pickle protocol 5 has)
+OPCODES = bytes(sorted(set(b"()012FGIJKLMNPQRSTUVXabcdeghijlopqrstu}~") | set(range(0x80, 0x99))))
+
+
+def seeds() -> list[tuple[str, bytes]]:
+    """Pickles as their producers write them: pickle (every protocol), numpy, joblib."""
+    import joblib
+    import numpy as np
+    objs = {
+        "plain": {"a": [1, 2.5, "x", b"y", None, True], "t": (1, (2, 3)), "s": {1, 2}, "f": frozenset({3})},
+        "nested": [{"k": i, "v": [str(i)] * 3} for i in range(40)],
+        "stdlib": [OrderedDict(a=1), Fraction(1, 3), bytearray(b"ab"), complex(1, 2)],
+        "numpy": [np.arange(6, dtype="f8").reshape(2, 3), np.dtype("U10"), np.float32(1.5), np.array(["a", 1], dtype=object),
+                  np.zeros(2, dtype=[("a", "<f4"), ("b", "O")]), np.datetime64("2026-11-26", "ns")],
+    }
+    out = []
+    for name, obj in objs.items():
+        for proto in range(6):
+            out.append((f"{name}-p{proto}", pickle.dumps(obj, protocol=proto)))
+    for name in ("numpy", "plain"):
+        buf = io.BytesIO()
+        joblib.dump(objs[name], buf)
+        out.append((f"{name}.joblib", buf.getvalue()))
+    return out
+
+
+def mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
+    """One mutation of ``data`` (``other``: a second seed, for splices)."""
+    b = bytearray(data)
+    kind = rng.randrange(9)
+    if not b:
+        return bytes(b)
+    i = rng.randrange(len(b))
+    if kind == 0:                                        # a flipped byte
+        b[i] ^= 1 << rng.randrange(8)
+    elif kind == 1:                                      # an opcode in place of a byte
+        b[i] = rng.choice(OPCODES)
+    elif kind == 2:                                      # a memo index far out
+        at = [j for j, c in enumerate(b) if c in (0x71, 0x68, 0x72, 0x6A)] or [i]
+        j = rng.choice(at)
+        if b[j] in (0x72, 0x6A) and j + 5 <= len(b):
+            b[j + 1:j + 5] = rng.choice([0xFFFFFFFF, 0x7FFFFFFF, 1 << 20, 300]).to_bytes(4, "little")
+        elif j + 2 <= len(b):
+            b[j + 1] = rng.randrange(256)
+    elif kind == 3:                                      # a dtype's flags
+        j = b.find(b"J\xff\xff\xff\xffJ\xff\xff\xff\xffK")
+        if j >= 0 and j + 12 <= len(b):
+            b[j + 11] = rng.choice([0, 1, 16, 27, 63, 255])
+    elif kind == 4:                                      # truncated
+        del b[i:]
+    elif kind == 5:                                      # a span of another seed spliced in
+        k = rng.randrange(len(other)) if other else 0
+        b[i:i] = other[k:k + rng.randrange(1, 64)]
+    elif kind == 6:                                      # a span duplicated
+        n = rng.randrange(1, 32)
+        b[i:i] = b[i:i + n]
+    elif kind == 7:                                      # a span dropped
+        del b[i:i + rng.randrange(1, 16)]
+    else:                                                # a byte inserted
+        b.insert(i, rng.randrange(256))
+    return bytes(b)
+
+
+def _child_load(path: str, joblib_file: bool, out_fd: int) -> None:
+    """In the forked child: load with the real unpickler, recording names; report as JSON."""
+    from hpcml.scan.model import Verdict
+    from hpcml.scan.picklewalk import map_py2
+    from hpcml.scan.policy import default_policy
+    policy = default_policy()
+    seen: list[str] = []
+    status = "ok"
+
+    def allowed(module: str, name: str) -> bool:
+        mod, nm = map_py2(module, name)
+        seen.append(f"{mod}.{nm}")
+        return policy.classify(mod, nm)[0] is Verdict.SAFE
+
+    try:
+        resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY + _mapped(), resource.RLIM_INFINITY))
+        signal.alarm(int(CHILD_SECONDS))
+        if joblib_file:
+            import joblib.numpy_pickle as jnp
+
+            class JobUnpickler(jnp.NumpyUnpickler):
+                def find_class(self, module, name):
+                    if not allowed(module, name):
+                        raise pickle.UnpicklingError("refused")
+                    return super().find_class(module, name)
+
+                def persistent_load(self, pid):
+                    seen.append("<persistent>")
+                    raise pickle.UnpicklingError("refused")
+
+            jnp.NumpyUnpickler = JobUnpickler
+            jnp.load(path)
+        else:
+            class Recording(pickle.Unpickler):
+                def find_class(self, module, name):
+                    if not allowed(module, name):
+                        raise pickle.UnpicklingError("refused")
+                    return super().find_class(module, name)
+
+                def persistent_load(self, pid):
+                    seen.append("<persistent>")
+                    raise pickle.UnpicklingError("refused")
+
+            with open(path, "rb") as fh:
+                Recording(fh).load()
+    except MemoryError:
+        status = "memory"
+    except BaseException as exc:  # noqa: BLE001 - a load that fails cleanly is what a loader does
+        status = f"raised {type(exc).__name__}"
+    os.write(out_fd, json.dumps({"status": status, "seen": seen}).encode())
+    os._exit(0)
+
+
+def _mapped() -> int:
+    try:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[0]) * os.sysconf("SC_PAGE_SIZE")
+    except OSError:
+        return 0
+
+
+def real_load(path: Path, joblib_file: bool) -> dict:
+    """What the real load of ``path`` did, in a forked child: status (ok, raised X, memory,
+    signal N, timeout) and the globals it asked for."""
+    r, w = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        os.close(r)
+        try:
+            _child_load(str(path), joblib_file, w)
+        finally:
+            os._exit(3)
+    os.close(w)
+    deadline = time.monotonic() + CHILD_SECONDS + 5
+    status = None
+    while time.monotonic() < deadline:
+        done, st = os.waitpid(pid, os.WNOHANG)
+        if done:
+            status = st
+            break
+        time.sleep(0.005)
+    if status is None:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(r)
+        return {"status": "timeout", "seen": []}
+    chunks = []
+    while chunk := os.read(r, 65536):
+        chunks.append(chunk)
+    os.close(r)
+    if os.WIFSIGNALED(status):
+        sig = os.WTERMSIG(status)
+        return {"status": "timeout" if sig == signal.SIGALRM else f"signal {sig}", "seen": []}
+    try:
+        return json.loads(b"".join(chunks) or b'{"status": "no report", "seen": []}')
+    except ValueError:
+        return {"status": "no report", "seen": []}
+
+
+@dataclass
+class Campaign:
+    ran: int = 0
+    safe: int = 0
+    seconds: float = 0.0
+    failures: list[tuple[str, str]] = field(default_factory=list)     # (kept file, why)
+
+    @property
+    def per_second(self) -> float:
+        return self.ran / self.seconds if self.seconds else 0.0
+
+
+def run(work: Path, *, seconds: float = float("inf"), inputs: int | None = None, seed: int = 62,
+        keep: Path | None = None) -> Campaign:
+    """Mutate and judge for about ``seconds``, or exactly ``inputs`` inputs (the same ones
+    for one seed on every machine); failures are written to ``keep`` (else ``work``)."""
+    from hpcml.scan.model import Verdict
+    from hpcml.scan.scanner import scan_file
+    rng = random.Random(seed)
+    corpus = seeds()
+    keep = keep or work
+    work.mkdir(parents=True, exist_ok=True)
+    keep.mkdir(parents=True, exist_ok=True)
+    c = Campaign()
+    start = time.monotonic()
+    while time.monotonic() - start < seconds and (inputs is None or c.ran < inputs):
+        name, data = rng.choice(corpus)
+        for _ in range(rng.randrange(1, 4)):
+            data = mutate(rng, data, rng.choice(corpus)[1])
+        is_joblib = name.endswith(".joblib")
+        path = work / ("input.joblib" if is_joblib else "input.pkl")
+        path.write_bytes(data)
+        res = scan_file(path)
+        c.ran += 1
+        if res.verdict is not Verdict.SAFE:
+            continue
+        c.safe += 1
+        reported = {f.name for f in res.findings}
+        got = real_load(path, is_joblib)
+        extra = sorted(set(got["seen"]) - reported - {"<persistent>"})
+        why = None
+        if got["status"] in ("timeout", "memory", "no report") or got["status"].startswith("signal"):
+            why = f"the scan said safe; the real load: {got['status']}"
+        elif extra:
+            why = f"the scan said safe; the real load asked for {extra}"
+        if why:
+            kept = keep / f"fail-{c.ran:06d}-{name}{path.suffix}"
+            kept.write_bytes(data)
+            c.failures.append((str(kept), why))
+    c.seconds = time.monotonic() - start
+    return c

@@ -1,0 +1,19 @@
+"""The differential harness (tests/scan/differential.py) on 1,500 inputs (the same on every
+machine: a count, not a time, bounds it; about 10 s here): mutated
+pickles, numpy and joblib files; every one the scan calls safe is loaded by the real
+unpickler in a capped, forked child, and none may import more than the scan reported, die
+by a signal, or run out of memory or time. Longer runs: benchmarks/bench_scan_fuzz.py."""
+
+from __future__ import annotations
+
+import warnings
+
+from tests.scan.differential import run
+
+
+def test_nothing_the_scan_calls_safe_does_more_when_really_loaded(tmp_path):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")        # numpy's datetime pickles warn about event data
+        c = run(tmp_path / "work", inputs=1500, seed=20261126, keep=tmp_path / "failures")
+    assert c.ran == 1500 and c.safe > 50, (c.ran, c.safe)           # the harness reached the loader
+    assert not c.failures, c.failures
