@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+import psutil  # noqa: F401 - imported here, so that a forked child judging a leftover's maker does not pay its import
+
 #: the kills spread over at least this long, so that on a loaded machine (a child's first
 #: piece of work late by milliseconds) some children still finish pieces before their kill
 MIN_SPAN_S = 0.05

@@ -184,37 +184,12 @@ def fd_path(fd: int) -> str:
     return f"/proc/self/fd/{fd}"
 
 
-def _boot_time() -> float | None:
-    try:
-        with open("/proc/stat", "rb") as f:
-            for line in f:
-                if line.startswith(b"btime "):
-                    return float(line.split()[1])
-    except (OSError, ValueError):
-        pass
-    return None
-
-
 def dead_here(pid: int, mtime: float) -> bool:
     """Whether the process ``pid`` of this host that made a file at ``mtime`` is gone: no such
-    pid, a zombie, or one started after the file was made (the pid was reused). Read from
-    procfs (field 22 of /proc/PID/stat), not psutil, whose import (~20 ms) a killed and
-    restarted child would pay before its first write."""
-    try:
-        with open(f"/proc/{int(pid)}/stat", "rb") as f:
-            fields = f.read().rsplit(b")", 1)[1].split()
-    except FileNotFoundError:
-        return True
-    except (OSError, IndexError):
-        return False                                    # not ours to see: alive
-    if fields[0] in (b"Z", b"X"):
-        return True
-    boot = _boot_time()
-    try:
-        started = boot + int(fields[19]) / os.sysconf("SC_CLK_TCK") if boot is not None else None
-    except (ValueError, IndexError, OSError):
-        started = None
-    return started is not None and started > mtime + 1.0
+    pid, a zombie, or one started after the file was made (the pid was reused)."""
+    from hpcml.proctree import start_time
+    started = start_time(pid)
+    return started is None or started > mtime + 1.0
 
 
 def removable(entry: os.DirEntry) -> bool:
