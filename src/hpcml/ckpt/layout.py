@@ -304,11 +304,6 @@ def refused_leaves(shard: Path, index: Path) -> list[str]:
     the load judge them (the same walk, policy and argument checks): a checkpoint whose
     sizes and checksums are right can still hold a leaf that never loads
     (``Fraction('1e30000000')``), and is not a good checkpoint."""
-    from hpcml.ckpt.flatten import leaf_paths
-    from hpcml.scan import pickles
-    from hpcml.scan.context import FileScan
-    from hpcml.scan.model import Verdict
-    from hpcml.scan.policy import default_policy
     try:
         doc = read_json(index, SHARD_TAG)
     except (CheckpointError, UsageError) as exc:
@@ -316,7 +311,12 @@ def refused_leaves(shard: Path, index: Path) -> list[str]:
     entries = doc.get("entries") if isinstance(doc, dict) else None
     pickled = [(i, e) for i, e in enumerate(entries or []) if isinstance(e, dict) and e.get("kind") == "pickle"]
     if not pickled:
-        return []
+        return []                       # tensors and arrays only: the scanner is not even imported
+    from hpcml.ckpt.flatten import leaf_paths
+    from hpcml.scan import pickles
+    from hpcml.scan.context import FileScan
+    from hpcml.scan.model import Verdict
+    from hpcml.scan.policy import default_policy
     names = leaf_paths(doc.get("skeleton"))
     fs = FileScan(str(shard), default_policy(), 0)
     try:
