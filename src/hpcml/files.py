@@ -46,7 +46,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
     fd = scratch.anonymous(path.parent, create, to_publish=True)
     if fd is not None:
         try:
-            _fill(fd, payload, mode, durable)
+            fill(fd, payload, mode, durable)
             if exclusive:
                 scratch.place_new(fd, path, tmp, mode=create, durable=durable, exact=mode is not None)
             else:
@@ -59,7 +59,7 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, create)
         try:
-            _fill(fd, payload, mode, durable)
+            fill(fd, payload, mode, durable)
         finally:
             os.close(fd)
         if exclusive:
@@ -72,7 +72,9 @@ def write_atomic(path: str | os.PathLike, data: str | bytes, exclusive: bool = F
         tmp.unlink(missing_ok=True)
 
 
-def _fill(fd: int, payload: bytes, mode: int | None, durable: bool) -> None:
+def fill(fd: int, payload: bytes, mode: int | None = None, durable: bool = False) -> None:
+    """All of ``payload`` into ``fd`` (``os.write`` may write less); ``mode`` exactly (fchmod:
+    the umask only narrows a create); fsynced when ``durable``."""
     if mode is not None:
         os.fchmod(fd, mode)
     view = memoryview(payload)

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml import scratch
-from hpcml.files import read_bounded
+from hpcml.files import fill, read_bounded
 
 #: an owner record is a few hundred bytes: anything larger is not one
 RECORD_MAX = 1 << 20
@@ -261,7 +261,7 @@ def claim(path: Path, record: bytes, free: Callable[[bytes | None], bool], *, mo
         fd = scratch.anonymous(path.parent, mode, to_publish=True)
         if fd is not None:
             try:
-                _fill(fd, record, mode)
+                fill(fd, record, mode)
                 return _place(fd, None, path, stale, free, lock, tries)
             except scratch.NotPublished:
                 pass
@@ -270,7 +270,7 @@ def claim(path: Path, record: bytes, free: Callable[[bytes | None], bool], *, mo
         tmp.unlink(missing_ok=True)                     # a killed claimant's of this pid, or a planted link
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, mode)
         try:
-            _fill(fd, record, mode)
+            fill(fd, record, mode)
         finally:
             os.close(fd)
         return _place(-1, tmp, path, stale, free, lock, tries)
@@ -295,13 +295,6 @@ def _remove_dead_claimants(path: Path) -> None:
         if claimant == host and pid.isdigit() and int(pid) != os.getpid() and proc.start_ticks(int(pid)) is None:
             with contextlib.suppress(FileNotFoundError):
                 p.unlink()
-
-
-def _fill(fd: int, record: bytes, mode: int) -> None:
-    os.fchmod(fd, mode)                                 # exactly: the umask only narrows
-    view = memoryview(record)
-    while view:
-        view = view[os.write(fd, view):]
 
 
 def _place(fd: int, tmp: Path | None, path: Path, stale: Path, free: Callable[[bytes | None], bool],

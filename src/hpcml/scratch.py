@@ -27,7 +27,6 @@ import os
 import socket
 import stat
 import time
-from pathlib import Path
 
 #: errors of an open(O_TMPFILE) that mean "not on this filesystem or kernel", not "cannot write"
 _UNSUPPORTED = {errno.EOPNOTSUPP, errno.EISDIR, errno.EINVAL, errno.ENOSYS}
@@ -231,7 +230,3 @@ def sweep(directory: str | os.PathLike, prefix: str, *, stale_s: float = STALE_S
             pass
     return gone
 
-
-def leftovers(directory: str | os.PathLike, prefix: str) -> list[Path]:
-    """The named scratch files of ``prefix`` in ``directory`` (for tests and ``doctor``s)."""
-    return sorted(p for p in Path(directory).glob(f"{prefix}-*") if p.is_file())

@@ -114,34 +114,25 @@ def _child_load(path: str, joblib_file: bool, out_fd: int) -> None:
     try:
         resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY + _mapped(), resource.RLIM_INFINITY))
         signal.alarm(int(CHILD_SECONDS))
+        class Recording:
+            """find_class and persistent_load of the real unpickler it is mixed into, recorded."""
+
+            def find_class(self, module, name):
+                if not allowed(module, name):
+                    raise pickle.UnpicklingError("refused")
+                return super().find_class(module, name)  # type: ignore[misc]
+
+            def persistent_load(self, pid):
+                seen.append("<persistent>")
+                raise pickle.UnpicklingError("refused")
+
         if joblib_file:
             import joblib.numpy_pickle as jnp
-
-            class JobUnpickler(jnp.NumpyUnpickler):
-                def find_class(self, module, name):
-                    if not allowed(module, name):
-                        raise pickle.UnpicklingError("refused")
-                    return super().find_class(module, name)
-
-                def persistent_load(self, pid):
-                    seen.append("<persistent>")
-                    raise pickle.UnpicklingError("refused")
-
-            jnp.NumpyUnpickler = JobUnpickler
+            jnp.NumpyUnpickler = type("JobUnpickler", (Recording, jnp.NumpyUnpickler), {})
             jnp.load(path)
         else:
-            class Recording(pickle.Unpickler):
-                def find_class(self, module, name):
-                    if not allowed(module, name):
-                        raise pickle.UnpicklingError("refused")
-                    return super().find_class(module, name)
-
-                def persistent_load(self, pid):
-                    seen.append("<persistent>")
-                    raise pickle.UnpicklingError("refused")
-
             with open(path, "rb") as fh:
-                Recording(fh).load()
+                type("PickleUnpickler", (Recording, pickle.Unpickler), {})(fh).load()
     except MemoryError:
         status = "memory"
     except BaseException as exc:  # noqa: BLE001 - a load that fails cleanly is what a loader does

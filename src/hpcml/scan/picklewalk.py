@@ -436,7 +436,7 @@ class PickleWalker:
             self.checking = True
         return ref
 
-    def _dtype_state(self, obj: Call, state, offset: int) -> None:
+    def _numpy_state(self, obj: Call, state, offset: int) -> None:
         """BUILD of ``numpy.dtype(...)`` or of an array ``_reconstruct`` made: its state is
         what numpy will believe (``dtypes``)."""
         from hpcml.scan import dtypes
@@ -774,7 +774,7 @@ class PickleWalker:
                     obj.state = state
                     func = obj.func
                     if type(func) is Ref and (func.dotted == "numpy.dtype" or func.dotted in _RECONSTRUCT):
-                        self._dtype_state(obj, state, r.base + pos - 1)
+                        self._numpy_state(obj, state, r.base + pos - 1)
                     if type(func) is Ref and (func.dotted in self.build_hooks or func.dotted in _FACTORIES
                                               and self.build_hooks and self._built_class(obj) in self.build_hooks):
                         r.pos = pos
