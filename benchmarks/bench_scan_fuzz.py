@@ -1,19 +1,32 @@
 """The scanner's differential harness for longer than the suite runs it (issue 62 item 2):
-``python benchmarks/bench_scan_fuzz.py --seconds 600 --seed 1 --keep DIR``. Prints inputs
-run, inputs the scan called safe (each then loaded by the real unpickler in a capped child),
-inputs per second, and every failure kept in DIR (a regression file to add to the tests)."""
+``python benchmarks/bench_scan_fuzz.py --seconds 600 --seed 1 --keep DIR [--joblib 1.2.0]``.
+Prints inputs run, inputs the scan called safe (each then loaded by the real loader in a
+capped child), inputs per second, the same per kind of file, and every failure kept in DIR
+(a regression file to add to the tests).
+
+``--joblib VERSION`` runs it with that joblib (the oldest hpcml allows is 1.2.0), installed
+once from PyPI into ``benchmarks/.work/joblib-VERSION`` and put first on the path, so it
+writes the joblib seeds and reads every joblib input."""
 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import tempfile
 import warnings
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from tests.scan.differential import run  # noqa: E402
+
+def _joblib(version: str) -> None:
+    target = ROOT / "benchmarks" / ".work" / f"joblib-{version}"
+    if not (target / "joblib").is_dir():
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(target),
+                        f"joblib=={version}"], check=True)
+    sys.path.insert(0, str(target))
 
 
 def main() -> int:
@@ -21,12 +34,21 @@ def main() -> int:
     ap.add_argument("--seconds", type=float, default=120)
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--keep", type=Path, default=None, help="where failures are kept (default: a temporary folder)")
+    ap.add_argument("--joblib", default=None, metavar="VERSION", help="run with this joblib (e.g. 1.2.0)")
     a = ap.parse_args()
+    if a.joblib:
+        _joblib(a.joblib)
+    import joblib
+
+    from tests.scan.differential import run
+    print(f"joblib {joblib.__version__} from {Path(joblib.__file__).parent}")
     with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
         warnings.simplefilter("ignore")
         c = run(Path(tmp), seconds=a.seconds, seed=a.seed, keep=a.keep or Path(tmp) / "failures")
         print(f"inputs {c.ran:,}, called safe and loaded {c.safe:,}, {c.per_second:.1f} inputs/s, "
               f"{len(c.failures)} failures")
+        for kind, (ran, safe) in sorted(c.by_kind.items()):
+            print(f"  {kind}: {ran:,} inputs, {safe:,} called safe and loaded")
         for kept, why in c.failures:
             print(f"  {kept}: {why}")
     return 1 if c.failures else 0

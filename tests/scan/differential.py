@@ -1,12 +1,19 @@
-"""A differential harness for the scanner (issue 62 item 2): mutate pickles made by their
+"""A differential harness for the scanner (issue 62 item 2): mutate files made by their
 real producers, scan each input, and load every input the scan calls ``safe`` with the real
-unpickler (CPython's C ``pickle.Unpickler``; joblib's for joblib files) in a forked child
-with its address space and time capped, instrumented to record every ``find_class`` and
-``persistent_load``. An input the scan calls safe whose load imports a global the scan did
-not report, dies by a signal, runs out of memory or time, is a failure, kept as a
-regression file. (A persistent id is refused by pickle's and joblib's unpicklers, as here:
-recorded, not a failure; torch's loader, which answers them, is judged by the scan of its
-zip layout.)
+loader in a forked child with its address space and time capped, instrumented to record
+every ``find_class`` and ``persistent_load``. An input the scan calls safe whose load
+imports a global the scan did not report, dies by a signal, runs out of memory or time, is
+a failure, kept as a regression file.
+
+Kinds of input and their real loaders: a pickle (CPython's C ``pickle.Unpickler``), a
+joblib file (joblib's ``NumpyUnpickler``), a torch zip (``torch.load(weights_only=False)``
+with the recording unpickler as its pickle module; torch answers the persistent ids), an
+``.npz`` (``numpy.load(allow_pickle=True)``, every member read) and a WebDataset tar
+(``tarfile`` and ``pickle.loads`` of each ``.pyd``/``.pickle`` member, as WebDataset's
+default decoder does). Archives are mutated in two ways: a member's pickle mutated and the
+archive written again (valid CRCs, so the mutation reaches the loader), or the archive's
+own bytes. A persistent id that pickle's or joblib's unpickler is handed is recorded and
+refused, as those loaders do: not a failure.
 
 The child never runs what it records: its ``find_class`` returns only what the scan's
 policy allows and refuses the rest after recording it (a mutation that spells ``os.system``
@@ -38,8 +45,53 @@ CHILD_SECONDS = 5.0
 OPCODES = bytes(sorted(set(b"()012FGIJKLMNPQRSTUVXabcdeghijlopqrstu}~") | set(range(0x80, 0x99))))
 
 
-def seeds() -> list[tuple[str, bytes]]:
-    """Pickles as their producers write them: pickle (every protocol), numpy, joblib."""
+#: how often each kind of file is drawn (the rest 1): plain pickles have the most shapes
+KIND_WEIGHT = {"pickle": 3}
+
+
+@dataclass
+class Seed:
+    """A file as its producer wrote it: ``kind`` names the loader; ``members`` its pickles
+    by archive member ("" for a file that is one pickle stream)."""
+
+    name: str
+    kind: str
+    members: dict[str, bytes]
+
+    @property
+    def suffix(self) -> str:
+        return {"joblib": ".joblib", "torch": ".pt", "npz": ".npz", "tar": ".tar"}.get(self.kind, ".pkl")
+
+
+def build(kind: str, members: dict[str, bytes]) -> bytes:
+    """The file of ``kind`` holding ``members`` (archives written again with valid CRCs)."""
+    if kind in ("pickle", "joblib"):
+        return members[""]
+    buf = io.BytesIO()
+    if kind == "tar":
+        import tarfile
+        with tarfile.open(fileobj=buf, mode="w", format=tarfile.USTAR_FORMAT) as tf:
+            for name, data in members.items():
+                info = tarfile.TarInfo(name)
+                info.size, info.mtime = len(data), 1764115200
+                tf.addfile(info, io.BytesIO(data))
+        return buf.getvalue()
+    import zipfile
+    with zipfile.ZipFile(buf, "w", zipfile.ZIP_STORED) as zf:
+        for name, data in members.items():
+            zf.writestr(name, data)
+    return buf.getvalue()
+
+
+def _zip_members(data: bytes) -> dict[str, bytes]:
+    import zipfile
+    with zipfile.ZipFile(io.BytesIO(data)) as zf:
+        return {i.filename: zf.read(i) for i in zf.infolist()}
+
+
+def seeds() -> list[Seed]:
+    """Files as their producers write them: pickle (every protocol), numpy (``.npz`` by
+    ``numpy.savez``), joblib, ``torch.save``'s zip, a WebDataset tar of pickled fields."""
     import joblib
     import numpy as np
     objs = {
@@ -52,11 +104,24 @@ def seeds() -> list[tuple[str, bytes]]:
     out = []
     for name, obj in objs.items():
         for proto in range(6):
-            out.append((f"{name}-p{proto}", pickle.dumps(obj, protocol=proto)))
+            out.append(Seed(f"{name}-p{proto}", "pickle", {"": pickle.dumps(obj, protocol=proto)}))
     for name in ("numpy", "plain"):
         buf = io.BytesIO()
         joblib.dump(objs[name], buf)
-        out.append((f"{name}.joblib", buf.getvalue()))
+        out.append(Seed(f"{name}.joblib", "joblib", {"": buf.getvalue()}))
+    buf = io.BytesIO()
+    np.savez(buf, a=np.arange(3), o=np.array([{"k": 1}, "s", None], dtype=object))
+    out.append(Seed("arrays.npz", "npz", _zip_members(buf.getvalue())))
+    out.append(Seed("shard.tar", "tar", {f"{k:06d}.{f}": pickle.dumps(v, protocol=4) for k in range(2)
+                                          for f, v in (("pyd", objs["plain"]), ("pickle", objs["stdlib"]))}))
+    try:
+        import torch
+    except ImportError:
+        return out
+    buf = io.BytesIO()
+    torch.save({"w": torch.arange(6.0).reshape(2, 3), "b": torch.zeros(2, dtype=torch.int64), "step": 3,
+                "opt": {"lr": 0.1, "betas": (0.9, 0.99)}}, buf)
+    out.append(Seed("state.pt", "torch", _zip_members(buf.getvalue())))
     return out
 
 
@@ -97,8 +162,8 @@ def mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
     return bytes(b)
 
 
-def _child_load(path: str, joblib_file: bool, out_fd: int) -> None:
-    """In the forked child: load with the real unpickler, recording names; report as JSON."""
+def _child_load(path: str, kind: str, out_fd: int) -> None:
+    """In the forked child: load with the real loader, recording names; report as JSON."""
     from hpcml.scan.model import Verdict
     from hpcml.scan.picklewalk import map_py2
     from hpcml.scan.policy import default_policy
@@ -114,6 +179,7 @@ def _child_load(path: str, joblib_file: bool, out_fd: int) -> None:
     try:
         resource.setrlimit(resource.RLIMIT_AS, (CHILD_MEMORY + _mapped(), resource.RLIM_INFINITY))
         signal.alarm(int(CHILD_SECONDS))
+
         class Recording:
             """find_class and persistent_load of the real unpickler it is mixed into, recorded."""
 
@@ -126,19 +192,55 @@ def _child_load(path: str, joblib_file: bool, out_fd: int) -> None:
                 seen.append("<persistent>")
                 raise pickle.UnpicklingError("refused")
 
-        if joblib_file:
-            import joblib.numpy_pickle as jnp
-            jnp.NumpyUnpickler = type("JobUnpickler", (Recording, jnp.NumpyUnpickler), {})
-            jnp.load(path)
-        else:
-            with open(path, "rb") as fh:
-                type("PickleUnpickler", (Recording, pickle.Unpickler), {})(fh).load()
+        unpickler = type("PickleUnpickler", (Recording, pickle.Unpickler), {})
+        _LOADERS[kind](path, unpickler, Recording)
     except MemoryError:
         status = "memory"
     except BaseException as exc:  # noqa: BLE001 - a load that fails cleanly is what a loader does
         status = f"raised {type(exc).__name__}"
     os.write(out_fd, json.dumps({"status": status, "seen": seen}).encode())
     os._exit(0)
+
+
+def _load_pickle(path: str, unpickler: type, recording: type) -> None:
+    with open(path, "rb") as fh:
+        unpickler(fh).load()
+
+
+def _load_joblib(path: str, unpickler: type, recording: type) -> None:
+    import joblib.numpy_pickle as jnp
+    jnp.NumpyUnpickler = type("JobUnpickler", (recording, jnp.NumpyUnpickler), {})
+    jnp.load(path)
+
+
+def _load_torch(path: str, unpickler: type, recording: type) -> None:
+    import types
+
+    import torch
+    module = types.SimpleNamespace(Unpickler=unpickler, load=lambda fh, **kw: unpickler(fh, **kw).load(),
+                                   __name__="recording_pickle")
+    torch.load(path, weights_only=False, pickle_module=module)
+
+
+def _load_npz(path: str, unpickler: type, recording: type) -> None:
+    import numpy as np
+    pickle.load = lambda fh, **kw: unpickler(fh, **kw).load()   # numpy.lib.format calls pickle.load
+    with np.load(path, allow_pickle=True) as npz:
+        for key in npz.files:
+            npz[key]
+
+
+def _load_tar(path: str, unpickler: type, recording: type) -> None:
+    import tarfile
+    with tarfile.open(path) as tf:
+        for member in tf:
+            if member.isfile() and member.name.rsplit(".", 1)[-1] in ("pyd", "pickle"):
+                data = tf.extractfile(member).read()          # type: ignore[union-attr]
+                unpickler(io.BytesIO(data)).load()
+
+
+_LOADERS = {"pickle": _load_pickle, "joblib": _load_joblib, "torch": _load_torch, "npz": _load_npz,
+            "tar": _load_tar}
 
 
 def _mapped() -> int:
@@ -149,7 +251,7 @@ def _mapped() -> int:
         return 0
 
 
-def real_load(path: Path, joblib_file: bool) -> dict:
+def real_load(path: Path, kind: str) -> dict:
     """What the real load of ``path`` did, in a forked child: status (ok, raised X, memory,
     signal N, timeout) and the globals it asked for."""
     r, w = os.pipe()
@@ -157,7 +259,7 @@ def real_load(path: Path, joblib_file: bool) -> dict:
     if pid == 0:
         os.close(r)
         try:
-            _child_load(str(path), joblib_file, w)
+            _child_load(str(path), kind, w)
         finally:
             os._exit(3)
     os.close(w)
@@ -187,12 +289,30 @@ def real_load(path: Path, joblib_file: bool) -> dict:
         return {"status": "no report", "seen": []}
 
 
+def _mutated(rng: random.Random, seed_: Seed, corpus: list[Seed]) -> bytes:
+    """One to three mutations: of the file's bytes, or (an archive, mostly) of one member's
+    pickle, the archive then written again."""
+    others = [m for s in corpus for m in s.members.values() if m]
+    pickles_ = [k for k in seed_.members if k == "" or k.endswith((".pkl", ".pyd", ".pickle", ".npy"))]
+    if seed_.kind in ("pickle", "joblib") or rng.random() < 0.2:
+        data = build(seed_.kind, seed_.members)
+        for _ in range(rng.randrange(1, 4)):
+            data = mutate(rng, data, rng.choice(others))
+        return data
+    members = dict(seed_.members)
+    key = rng.choice(pickles_)
+    for _ in range(rng.randrange(1, 4)):
+        members[key] = mutate(rng, members[key], rng.choice(others))
+    return build(seed_.kind, members)
+
+
 @dataclass
 class Campaign:
     ran: int = 0
     safe: int = 0
     seconds: float = 0.0
     failures: list[tuple[str, str]] = field(default_factory=list)     # (kept file, why)
+    by_kind: dict[str, list[int]] = field(default_factory=dict)      # kind: [ran, safe]
 
     @property
     def per_second(self) -> float:
@@ -207,25 +327,29 @@ def run(work: Path, *, seconds: float = float("inf"), inputs: int | None = None,
     from hpcml.scan.scanner import scan_file
     rng = random.Random(seed)
     corpus = seeds()
+    kinds = sorted({s.kind for s in corpus})
+    weights = [KIND_WEIGHT.get(k, 1) for k in kinds]
     keep = keep or work
     work.mkdir(parents=True, exist_ok=True)
     keep.mkdir(parents=True, exist_ok=True)
     c = Campaign()
     start = time.monotonic()
     while time.monotonic() - start < seconds and (inputs is None or c.ran < inputs):
-        name, data = rng.choice(corpus)
-        for _ in range(rng.randrange(1, 4)):
-            data = mutate(rng, data, rng.choice(corpus)[1])
-        is_joblib = name.endswith(".joblib")
-        path = work / ("input.joblib" if is_joblib else "input.pkl")
+        kind = rng.choices(kinds, weights)[0]
+        seed_ = rng.choice([s for s in corpus if s.kind == kind])
+        data = _mutated(rng, seed_, corpus)
+        path = work / ("input" + seed_.suffix)
         path.write_bytes(data)
         res = scan_file(path)
         c.ran += 1
+        counts = c.by_kind.setdefault(seed_.kind, [0, 0])
+        counts[0] += 1
         if res.verdict is not Verdict.SAFE:
             continue
         c.safe += 1
+        counts[1] += 1
         reported = {f.name for f in res.findings}
-        got = real_load(path, is_joblib)
+        got = real_load(path, seed_.kind)
         extra = sorted(set(got["seen"]) - reported - {"<persistent>"})
         why = None
         if got["status"] in ("timeout", "memory", "no report") or got["status"].startswith("signal"):
@@ -233,7 +357,7 @@ def run(work: Path, *, seconds: float = float("inf"), inputs: int | None = None,
         elif extra:
             why = f"the scan said safe; the real load asked for {extra}"
         if why:
-            kept = keep / f"fail-{c.ran:06d}-{name}{path.suffix}"
+            kept = keep / f"fail-{c.ran:06d}-{seed_.name}{path.suffix}"
             kept.write_bytes(data)
             c.failures.append((str(kept), why))
     c.seconds = time.monotonic() - start

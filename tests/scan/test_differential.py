@@ -1,6 +1,6 @@
 """The differential harness (tests/scan/differential.py) on 1,500 inputs (the same on every
 machine: a count, not a time, bounds it; about 10 s here): mutated
-pickles, numpy and joblib files; every one the scan calls safe is loaded by the real
+pickles, numpy, joblib, npz, WebDataset tar and torch zip files; every one the scan calls safe is loaded by the real
 unpickler in a capped, forked child, and none may import more than the scan reported, die
 by a signal, or run out of memory or time. Longer runs: benchmarks/bench_scan_fuzz.py."""
 
@@ -16,4 +16,6 @@ def test_nothing_the_scan_calls_safe_does_more_when_really_loaded(tmp_path):
         warnings.simplefilter("ignore")        # numpy's datetime pickles warn about event data
         c = run(tmp_path / "work", inputs=1500, seed=20261126, keep=tmp_path / "failures")
     assert c.ran == 1500 and c.safe > 50, (c.ran, c.safe)           # the harness reached the loader
+    assert all(safe >= 5 for _, safe in c.by_kind.values()), c.by_kind  # through every kind's loader
+    assert set(c.by_kind) == {"pickle", "joblib", "npz", "tar", "torch"}, c.by_kind
     assert not c.failures, c.failures

@@ -215,13 +215,39 @@ class _RestrictedNumpy:
         return self._np.load(target, mmap_mode=mmap_mode, allow_pickle=False)
 
 
-def _load_joblib(path: Path, policy: Policy) -> Any:
+def _private_copy(path: Path) -> BinaryIO:
+    """The file's bytes as they are now, in a file only this process can open (nameless in
+    the temp directory, ``hpcml.scratch``): what is scanned and then loaded, so a file
+    rewritten in place or replaced after the scan changes nothing. joblib needs it because
+    its unpickler reads array bytes from the file between pickle opcodes (no walk of the
+    pickle alone can judge them) and its own ``load`` reopens by path."""
+    import shutil
+    import tempfile
+
+    from hpcml import scratch
+    copy = open(scratch.scratch(tempfile.gettempdir(), ".hpcml-load"), "w+b")
+    try:
+        with open(path, "rb") as src:
+            shutil.copyfileobj(src, copy, 1 << 20)
+        copy.seek(0)
+    except BaseException:
+        copy.close()
+        raise
+    return cast(BinaryIO, copy)
+
+
+def _load_joblib(fh: BinaryIO, dirname: str, policy: Policy) -> Any:
+    """joblib's own load of the open file ``fh`` (never reopened by path), with the
+    policy's lock on every global; an old joblib's companion files come only from ``dirname``.
+    joblib < 0.10's compressed format (``ZF``) is never handed to joblib's unrestricted
+    compatibility unpickler: given a file object, joblib refuses it."""
     import joblib.numpy_pickle as jnp
 
     class Restricted(jnp.NumpyUnpickler):
         def __init__(self, filename: str, *args: Any, **kwargs: Any) -> None:
             super().__init__(filename, *args, **kwargs)
-            self.np = _RestrictedNumpy(policy, self._dirname or ".")
+            self._dirname = dirname
+            self.np = _RestrictedNumpy(policy, dirname)
 
         def find_class(self, module: str, name: str) -> Any:
             verdict, why = policy.classify(*map_py2(module, name))
@@ -229,12 +255,27 @@ def _load_joblib(path: Path, policy: Policy) -> Any:
                 raise pickle.UnpicklingError(f"blocked global {module}.{name}: {why}")
             return super().find_class(module, name)
 
+    if fh.read(2) == b"ZF":
+        raise pickle.UnpicklingError("not loaded: joblib < 0.10's compressed format (ZF), which only "
+                                     "joblib's unrestricted compatibility reader reads")
+    fh.seek(0)
     saved = jnp.NumpyUnpickler
     jnp.NumpyUnpickler = Restricted     # joblib builds its unpickler from this module global
     try:
-        return jnp.load(path)
+        return jnp.load(fh)
     finally:
         jnp.NumpyUnpickler = saved
+
+
+def _load_joblib_file(path: Path, policy: Policy) -> Any:
+    """Scan a private copy of the file and load that copy if it is safe."""
+    from hpcml.scan.scanner import scan_handle
+    with _private_copy(path) as copy:
+        result = scan_handle(copy, path, policy)
+        if result.verdict is not Verdict.SAFE or not result.scanned:
+            raise UnsafeFileError(result)
+        copy.seek(0)
+        return _load_joblib(copy, os.path.dirname(os.path.abspath(path)) or ".", policy)
 
 
 def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framework: str = "numpy",
@@ -268,7 +309,7 @@ def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framewor
         from safetensors.numpy import load_file as np_load_file
         return np_load_file(p)
     if fmt.startswith("joblib") or fmt.endswith("-compressed"):
-        return _load_joblib(p, policy)
+        return _load_joblib_file(p, policy)
     if fmt == "numpy-npz":
         return _load_npz(p, policy)
     with open(p, "rb") as fh:

@@ -103,23 +103,34 @@ def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResu
         if not stat.S_ISREG(st.st_mode):
             fs.error("not a regular file (a device, FIFO or socket is never read)")
             return fs.finish()
-        fs.result.size = st.st_size
         fh = open(p, "rb")
     except OSError as exc:
         fs.error(f"cannot read: {exc.strerror or exc}")
         return fs.finish()
     with fh:
-        try:
-            claim = claimed(p)
-            if claim is not None and claim[0].scan_claimed is not None:   # by what lies beside it
-                claim[0].scan_claimed(fs, fh, st.st_size, claim[1])
-            else:
-                scan_content(fs, fh, st.st_size, "", p.name, 0)
-        except OSError as exc:
-            fs.error(f"read failed: {exc.strerror or exc}")
-        except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict
-            fs.error(f"internal error while scanning ({type(exc).__name__}: {exc}); "
-                      "please report it")
+        return _scan_open(fs, fh, p, claimed(p))
+
+
+def scan_handle(fh: BinaryIO, path: str | os.PathLike, policy: Policy | None = None) -> FileResult:
+    """Scan the bytes of an open file (``safe_load``'s private copy, which it then loads),
+    named ``path`` in the result and recognised by its content and that name alone."""
+    return _scan_open(FileScan(os.fspath(path), policy or default_policy(), 0), fh, Path(path), None)
+
+
+def _scan_open(fs: FileScan, fh: BinaryIO, p: Path, claim: tuple | None) -> FileResult:
+    try:
+        size = os.fstat(fh.fileno()).st_size
+        fs.result.size = size
+        fh.seek(0)
+        if claim is not None and claim[0].scan_claimed is not None:   # by what lies beside it
+            claim[0].scan_claimed(fs, fh, size, claim[1])
+        else:
+            scan_content(fs, fh, size, "", p.name, 0)
+    except OSError as exc:
+        fs.error(f"read failed: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict
+        fs.error(f"internal error while scanning ({type(exc).__name__}: {exc}); "
+                  "please report it")
     return fs.finish()
 
 

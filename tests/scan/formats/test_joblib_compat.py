@@ -100,7 +100,8 @@ def test_a_file_swapped_after_the_scan_is_still_refused_at_load(tmp_path):
     np.save(tmp_path / "m.pkl_01.npy", np.array([_Evil(marker)], dtype=object), allow_pickle=True)
     with warnings.catch_warnings(), pytest.raises(pickle.UnpicklingError, match="posix.system"):
         warnings.simplefilter("ignore", DeprecationWarning)
-        _load_joblib(path, default_policy())
+        with open(path, "rb") as fh:
+            _load_joblib(fh, str(tmp_path), default_policy())
     assert not marker.exists()
 
 

@@ -1,0 +1,128 @@
+"""safe_load loads the bytes it judged: a joblib file changed between the scan and the load
+(rewritten in place, or replaced by a rename, as another writer of a shared directory can)
+is never loaded as changed.
+
+The change is made at the one moment that matters by wrapping the scanner's entry points
+(a stand-in for a writer racing the load: a real race could not be timed in a test). The
+hostile variant is one a name-only lock lets through: ``fractions.Fraction`` is allowlisted,
+and only the argument check refuses ``Fraction('1e50')`` (in the wild ``'1e30000000'``,
+which hangs the load).
+"""
+
+from __future__ import annotations
+
+import io
+import os
+from fractions import Fraction
+from pathlib import Path
+
+import joblib
+import numpy as np
+import pytest
+
+from hpcml.scan import scanner
+from hpcml.scan.loader import UnsafeFileError, safe_load
+from hpcml.scan.model import Verdict
+
+
+class _Text:
+    """Pickles as ``Fraction(text)`` (how Python < 3.12 pickled every Fraction)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+
+    def __reduce__(self):
+        return (Fraction, (self.text,))
+
+
+def _dump(text: str) -> bytes:
+    buf = io.BytesIO()
+    joblib.dump({"x": _Text(text), "a": np.arange(4)}, buf)
+    return buf.getvalue()
+
+
+def _files(tmp_path: Path) -> tuple[Path, bytes, bytes]:
+    good, bad = _dump("1/3"), _dump("1e50")
+    path = tmp_path / "model.joblib"
+    path.write_bytes(good)
+    return path, good, bad
+
+
+def _change(path: Path, data: bytes, how: str) -> None:
+    if how == "in place":
+        with open(path, "r+b") as fh:
+            fh.write(data)
+            fh.truncate()
+    else:
+        tmp = path.with_name("swap.tmp")
+        tmp.write_bytes(data)
+        os.replace(tmp, path)
+
+
+def test_the_hostile_variant_is_refused_when_loaded_directly(tmp_path):
+    path, _, bad = _files(tmp_path)
+    path.write_bytes(bad)
+    assert scanner.scan_file(path).verdict is not Verdict.SAFE
+    with pytest.raises(UnsafeFileError, match="Fraction"):
+        safe_load(path)
+
+
+@pytest.mark.parametrize("how", ["in place", "renamed"])
+def test_a_file_changed_after_the_copy_was_judged_loads_as_judged(how, tmp_path, monkeypatch):
+    path, _, bad = _files(tmp_path)
+    real = scanner.scan_handle
+
+    def scan_then_change(fh, p, policy=None):
+        result = real(fh, p, policy)
+        _change(path, bad, how)
+        return result
+    monkeypatch.setattr(scanner, "scan_handle", scan_then_change)
+    loaded = safe_load(path)
+    assert loaded["x"] == Fraction(1, 3) and list(loaded["a"]) == [0, 1, 2, 3]
+    assert path.read_bytes() == bad                      # the writer did change it
+
+
+@pytest.mark.parametrize("how", ["in place", "renamed"])
+def test_a_file_changed_after_the_first_scan_is_judged_again(how, tmp_path, monkeypatch):
+    path, _, bad = _files(tmp_path)
+    real = scanner.scan_file
+
+    def scan_then_change(p, policy=None):
+        result = real(p, policy)
+        _change(path, bad, how)
+        return result
+    monkeypatch.setattr(scanner, "scan_file", scan_then_change)
+    with pytest.raises(UnsafeFileError, match="Fraction"):
+        safe_load(path)
+
+
+def test_the_private_copy_leaves_nothing_in_the_temp_directory(tmp_path, monkeypatch):
+    path, _, _ = _files(tmp_path)
+    tmp = tmp_path / "tmp"
+    tmp.mkdir()
+    monkeypatch.setenv("TMPDIR", str(tmp))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    assert safe_load(path)["x"] == Fraction(1, 3)
+    assert list(tmp.iterdir()) == []
+
+
+def test_an_old_compressed_joblib_format_is_never_handed_to_joblibs_unrestricted_reader(tmp_path):
+    """joblib < 0.10 wrote ``ZF`` + a hex length + zlib: joblib.load given a path runs its
+    compatibility unpickler, which has no lock. Not scanned as a pickle, so never loaded."""
+    import pickle
+    import warnings
+
+    from joblib.numpy_pickle_compat import write_zfile  # the old format's own writer
+    path = tmp_path / "old.pkl"
+    with open(path, "wb") as fh:
+        write_zfile(fh, pickle.dumps({"x": 1}, protocol=2))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        assert joblib.load(path) == {"x": 1}             # joblib still reads it, unrestricted
+    with pytest.raises(UnsafeFileError):
+        safe_load(path)
+    from hpcml.scan.loader import _load_joblib
+    from hpcml.scan.policy import default_policy
+    with open(path, "rb") as fh, pytest.raises(pickle.UnpicklingError, match="compressed format"):
+        _load_joblib(fh, str(tmp_path), default_policy())   # the load itself refuses it too
