@@ -289,6 +289,28 @@ def real_load(path: Path, kind: str) -> dict:
         return {"status": "no report", "seen": []}
 
 
+def peer_seeds(root: Path, max_bytes: int = 2 << 20) -> list[Seed]:
+    """Every file of other scanners' corpora under ``root`` (``../shared/testdata``, read in
+    place) that is one pickle stream or a torch zip, benign and malicious alike: a mutant of
+    a malicious file that the scan calls safe must not import what the original did (the
+    recording unpickler refuses it, so nothing runs)."""
+    import zipfile
+    out = []
+    for path in sorted(p for p in root.rglob("*") if p.is_file() and p.stat().st_size <= max_bytes):
+        data = path.read_bytes()
+        name = f"peer-{path.relative_to(root)}".replace("/", "_")
+        if data[:2] == b"PK":
+            try:
+                members = _zip_members(data)
+            except (zipfile.BadZipFile, OSError, ValueError, NotImplementedError, RuntimeError):
+                continue
+            if any(k.endswith("data.pkl") for k in members):
+                out.append(Seed(name, "torch", members))
+        elif data[:1] == b"\x80" and data[1:2] in (b"\x02", b"\x03", b"\x04", b"\x05"):
+            out.append(Seed(name, "pickle", {"": data}))
+    return out
+
+
 def _mutated(rng: random.Random, seed_: Seed, corpus: list[Seed]) -> bytes:
     """One to three mutations: of the file's bytes, or (an archive, mostly) of one member's
     pickle, the archive then written again."""
@@ -320,13 +342,14 @@ class Campaign:
 
 
 def run(work: Path, *, seconds: float = float("inf"), inputs: int | None = None, seed: int = 62,
-        keep: Path | None = None) -> Campaign:
+        keep: Path | None = None, extra: list[Seed] | None = None) -> Campaign:
     """Mutate and judge for about ``seconds``, or exactly ``inputs`` inputs (the same ones
-    for one seed on every machine); failures are written to ``keep`` (else ``work``)."""
+    for one seed on every machine); failures are written to ``keep`` (else ``work``);
+    ``extra``: more seeds (``peer_seeds``)."""
     from hpcml.scan.model import Verdict
     from hpcml.scan.scanner import scan_file
     rng = random.Random(seed)
-    corpus = seeds()
+    corpus = seeds() + (extra or [])
     kinds = sorted({s.kind for s in corpus})
     weights = [KIND_WEIGHT.get(k, 1) for k in kinds]
     keep = keep or work
