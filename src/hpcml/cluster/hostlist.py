@@ -80,17 +80,28 @@ def _values(hostlist: str, inner: str) -> list[str]:
     return out
 
 
-def _expand_token(hostlist: str, token: str, room: int) -> list[str]:
+def _count(hostlist: str, inner: str) -> int:
+    """How many values ``_values`` would make of a bracket group, without making them."""
+    n = 0
+    for part in inner.split(","):
+        m = _RANGE.fullmatch(part)
+        if not m:
+            raise _bad(hostlist, f"'{part}' in [{inner}] is not a number or a range lo-hi")
+        n += max(int(m.group(2) if m.group(2) is not None else m.group(1)) - int(m.group(1)) + 1, 1)
+    return n
+
+
+def _expand_token(hostlist: str, token: str, room: int, limit: int = MAX_HOSTS) -> list[str]:
     """One name; with bracket groups g1..gn, Slurm's order: gn fastest, then g1, g2 ... gn-1."""
     pieces = re.split(r"\[([^\]]*)\]", token)       # literal, group, literal, ..., literal
     if len(pieces) == 1:
         return [token]
-    lits, groups = pieces[0::2], [_values(hostlist, g) for g in pieces[1::2]]
     total = 1
-    for g in groups:
-        total *= len(g)
+    for g in pieces[1::2]:
+        total *= _count(hostlist, g)      # counted before anything is made
     if total > room:
-        raise _bad(hostlist, f"more than {MAX_HOSTS} hosts")
+        raise _bad(hostlist, f"more than {limit} hosts")
+    lits, groups = pieces[0::2], [_values(hostlist, g) for g in pieces[1::2]]
     last, out = groups[-1], list[str]()
 
     def push(k: int, tail: str) -> None:           # groups[0..k-1] still to choose; tail follows lits[k]
@@ -104,11 +115,16 @@ def _expand_token(hostlist: str, token: str, room: int) -> list[str]:
     return out
 
 
-def expand(hostlist: str) -> list[str]:
-    """``"n[1-3],gpu7"`` -> ``["n1", "n2", "n3", "gpu7"]``: Slurm's order, duplicates kept."""
+def expand(hostlist: str, limit: int = MAX_HOSTS) -> list[str]:
+    """``"n[1-3],gpu7"`` -> ``["n1", "n2", "n3", "gpu7"]``: Slurm's order, duplicates kept.
+    More than ``limit`` hosts (at most ``MAX_HOSTS``) is refused before they are made."""
+    limit = min(limit, MAX_HOSTS)
     hosts: list[str] = []
     for token in _tokens(hostlist or ""):
-        hosts += _expand_token(hostlist, token, MAX_HOSTS - len(hosts))
+        room = limit - len(hosts)
+        if room <= 0:
+            raise _bad(hostlist, f"more than {limit} hosts")
+        hosts += _expand_token(hostlist, token, room, limit)
     return hosts
 
 

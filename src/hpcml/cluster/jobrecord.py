@@ -20,6 +20,7 @@ from hpcml.errors import SlurmError
 
 _JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
 _OWNER = re.compile(r"^(?P<name>[^()]*)(?:\((?P<uid>[0-9]+)\))?$")
+_NOT_FOUND = re.compile(r"\bjob \S+ not found")        # scontrol: "Job 123_0 not found"
 _SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "UID", "NodeList", "Start", "End", "State")
 _COMP_FIELDS = ("JobID", "User", "UID", "NodeList", "Start", "End", "State")
 
@@ -71,7 +72,7 @@ def _from_scontrol(job_id: str, timeout: float) -> JobRecord | None:
     try:
         recs = slurm.scontrol_show("job", job_id, timeout=timeout)
     except SlurmError as exc:
-        if "invalid job id" in str(exc).lower():
+        if _no_such_job(exc):
             return None
         raise
     rec = next((r for r in recs if r.get("JobId") == job_id.split("_")[0] or r.get("JobId") == job_id
@@ -86,14 +87,28 @@ def _from_scontrol(job_id: str, timeout: float) -> JobRecord | None:
                      _time(rec.get("EndTime")), "scontrol")
 
 
+def _no_such_job(exc: SlurmError) -> bool:
+    """Slurm's answer that the id names no job it knows (an array task of a job that is not
+    an array, an id past its records): a fact about the job, not an outage."""
+    text = str(exc).lower()
+    return "invalid job id" in text or "invalid jobid" in text or bool(_NOT_FOUND.search(text))
+
+
 def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
     try:
         rows = slurm.sacct(job_id, _SACCT_FIELDS, timeout=timeout, extra=("--duplicates",))
         source, key = "sacct", "JobIDRaw"
     except SlurmError as exc:
+        if _no_such_job(exc):
+            return None
         if "accounting storage is disabled" not in str(exc).lower():
             raise
-        rows = slurm.sacct(job_id, _COMP_FIELDS, jobcomp=True, timeout=timeout)
+        try:
+            rows = slurm.sacct(job_id, _COMP_FIELDS, jobcomp=True, timeout=timeout)
+        except SlurmError as exc2:
+            if _no_such_job(exc2):
+                return None
+            raise
         source, key = "jobcomp", "JobID"
     runs = [r for r in rows if r.get(key) == job_id or r.get("JobID") == job_id]
     if not runs:

@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 SOCKET_ENV = "HPCML_MUNGE_SOCKET"
-_OPT_TTL, _OPT_ENCODE_TIME, _OPT_SOCKET = 4, 6, 8          # munge_opt_t (munge.h)
+_OPT_TTL, _OPT_ADDR4, _OPT_ENCODE_TIME, _OPT_SOCKET = 4, 5, 6, 8   # munge_opt_t (munge.h)
 _EMUNGE_SOCKET, _EMUNGE_TIMEOUT = 6, 7                      # munge_err_t: munged unreachable
 _EMUNGE_CRED_REPLAYED = 17
 MAX_CREDENTIAL = 4096             # a credential carrying a 32-byte digest is ~200 characters
@@ -54,6 +54,7 @@ class Decoded:
     payload: bytes
     encoded_at: int          # seconds since the epoch, munged's clock where it was made
     ttl: int
+    addr: str = ""           # IPv4 address of the host whose munged made it (MUNGE_OPT_ADDR4)
 
 
 @lru_cache(maxsize=1)
@@ -139,6 +140,14 @@ class _Ctx:
         self.lib.munge_ctx_get(ctypes.c_void_p(self.ptr), ctypes.c_int(opt), ctypes.byref(value))
         return int(value.value)
 
+    def get_addr4(self) -> str:
+        """The origin address munged put in the credential (a ``struct in_addr``)."""
+        value = ctypes.create_string_buffer(4)
+        if self.lib.munge_ctx_get(ctypes.c_void_p(self.ptr), ctypes.c_int(_OPT_ADDR4), value):
+            return ""
+        import socket
+        return socket.inet_ntoa(value.raw)
+
     def close(self) -> None:
         if self.ptr:
             self.lib.munge_ctx_destroy(ctypes.c_void_p(self.ptr))
@@ -182,6 +191,6 @@ def decode(credential: str, socket: str | None = None) -> Decoded:
         if err:
             raise ctx.error(err)
         return Decoded(uid.value, gid.value, payload, ctx.get_int(_OPT_ENCODE_TIME, ctypes.c_long),
-                       ctx.get_int(_OPT_TTL, ctypes.c_int))
+                       ctx.get_int(_OPT_TTL, ctypes.c_int), ctx.get_addr4())
     finally:
         ctx.close()

@@ -183,13 +183,16 @@ def test_a_version_1_database_is_migrated_with_its_results_kept(db_url):
         open_store(db_url)
 
 
-def test_a_job_token_may_only_send_summaries(db_url):
+def test_a_job_token_may_only_send_summaries_and_reports(db_url):
+    """A job token sends (what it sends is proven, not believed: a report it alone backs is
+    stored unverified) and reads nothing."""
     from hpcml.vet.fleet.collector.server import Tokens, start
     job_token = "job-token-0123456789abcdef"
     server = start(open_store(db_url), Tokens([TOKEN], [READ_TOKEN], [job_token]))
     try:
         assert call(server, "POST", "/v1/jobs", summary("1"), token=job_token)[0] == 201
-        assert call(server, "POST", "/v1/reports", {"node": "n1", "time": 1, "verdict": "bad"}, token=job_token)[0] == 401
+        code, body = call(server, "POST", "/v1/reports", {"node": "n1", "time": 1, "verdict": "bad"}, token=job_token)
+        assert (code, body["unverified"]) == (201, 1)
         assert call(server, "GET", "/v1/jobs/1", token=job_token)[0] == 401
         assert call(server, "GET", "/v1/fleet?since=1d", token=READ_TOKEN)[0] == 200
         assert call(server, "POST", "/v1/jobs", summary("2"), token=READ_TOKEN)[0] == 401

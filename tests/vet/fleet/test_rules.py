@@ -458,10 +458,12 @@ def test_store_source_reads_the_collectors_sqlite_store(tmp_path):
     body = [{"job_id": "7", "node": "n1", "time": t, "verdict": "bad",
              "results": [{"name": "gpu", "type": "gpu", "outcome": outcome}]}
             for t, outcome in ((old, "fail"), (new, "error"))]
-    store.add(parse(json.dumps(body).encode()))
+    reports = parse(json.dumps(body).encode())
+    reports[1].proven("node", "root")
+    store.add(reports)
     store.close()
     got = list(StoreSource(url).results_since(NOW - timedelta(hours=1)))
-    assert got == [Result("n1", "gpu", "gpu", "error", NOW, "7")]
+    assert got == [Result("n1", "gpu", "gpu", "error", NOW, "7", evidence="node")]
 
 
 # --- job outcomes (hpcml run's summaries in the collector) --------------------------------
@@ -484,7 +486,7 @@ rules:
 
 def job_event(node, role, days_ago, job, user=None):
     return Result(node, JOB_CHECK, role, "fail", NOW - timedelta(days=days_ago), job, from_job=True,
-                  user=user or f"user-of-{job}")
+                  user=user or f"user-of-{job}", evidence="job")
 
 
 def test_a_node_named_in_three_jobs_in_a_week_is_drained_and_each_job_counts_once():
@@ -518,8 +520,46 @@ def test_one_user_alone_never_drains_a_node_through_a_job_rule():
     theirs = mine + [job_event("n1", "straggler", 1, "k1", user="alice")]
     (a,) = handler.plan(cat(JOB_RULES), theirs, nodes(), {}, NOW).actions
     assert (a.node, a.action, a.evidence["users"]) == ("n1", "drain", 2)
-    with pytest.raises(UsageError, match="match.users: only a rule on job outcomes"):
-        loads(RULES.replace("match: {type: gpu}", "match: {type: gpu, users: 2}"), "r.yaml")
+
+
+def _evidenced(node, outcome, hours_ago, evidence, user=None, job="1", check="gpu"):
+    return Result(node, check, "gpu", outcome, NOW - timedelta(hours=hours_ago), job, user=user, evidence=evidence)
+
+
+def test_reports_only_a_token_backs_never_drain_and_never_spend_the_budget():
+    """Three failures of n1 whose reports only the write token backed (any user can send
+    them): nothing is planned, so nothing is drained and no drain is deferred for them."""
+    forged = [_evidenced("n1", "fail", h, "none") for h in (1, 2, 3)]
+    assert handler.plan(cat(RULES), forged, nodes(), {}, NOW).actions == []
+    real = [_evidenced("n2", "fail", h, "node") for h in (1, 2, 3)]
+    (a,) = handler.plan(cat(RULES), forged + real, nodes(), {}, NOW).actions
+    assert (a.node, a.action, a.evidence["strength"]) == ("n2", "drain", "node")
+
+
+def test_users_reports_count_by_people_and_only_where_the_rule_says_so():
+    """A user's proven report of their own job is job evidence: a check rule takes it only
+    with ``match.users``, from that many users (one user's reports never drain alone)."""
+    mallory = [_evidenced("n1", "fail", h, "job", user="mallory", job=f"j{h}") for h in (1, 2, 3)]
+    assert handler.plan(cat(RULES), mallory, nodes(), {}, NOW).actions == []
+    two = RULES.replace("match: {type: gpu}", "match: {type: gpu, users: 2}")
+    assert handler.plan(loads(two, "r.yaml"), mallory, nodes(), {}, NOW).actions == []
+    both = mallory + [_evidenced("n1", "fail", 1, "job", user="alice", job="k1")]
+    (a,) = handler.plan(loads(two, "r.yaml"), both, nodes(), {}, NOW).actions
+    assert (a.node, a.action, a.evidence["strength"]) == ("n1", "drain", "job")
+
+
+def test_a_resume_needs_evidence_as_strong_as_the_drain():
+    """n1 was drained on its own checks (node evidence): passes from token-only or users'
+    reports do not resume it; the node's own passes do."""
+    when = NOW - timedelta(hours=5)
+    last = {"n1": handler.Record("drain", when, "gpu-failing", "gpu", "node")}
+    drained = nodes(n1=("DRAIN", "hpcml: gpu fail 3x in 24 h"))
+    weak = [_evidenced("n1", "pass", h, ev, user="mallory") for h in (1, 2, 3) for ev in ("none", "job")]
+    (a,) = handler.plan(cat(RULES), weak, drained, last, NOW).actions
+    assert a.action == "hold", a
+    strong = weak + [_evidenced("n1", "pass", h, "node") for h in (0.5, 0.4, 0.3)]
+    (a,) = handler.plan(cat(RULES), strong, drained, last, NOW).actions
+    assert a.action == "resume", a
 
 
 def test_a_job_rule_cannot_resume_by_passes():

@@ -249,3 +249,57 @@ def test_several_collector_processes_on_one_postgresql(serve, pg_cluster):
     assert len(rows) == 80 and {(j, att) for j, att, _ in rows} == {(f"m{j}", att) for j in range(40) for att in (0, 1)}
     assert sorted(j for j, att, latest in rows if latest) == sorted(f"m{j}" for j in range(40))
     assert all(att == 1 for _, att, latest in rows if latest)
+
+
+def _hostile_reports() -> list[bytes]:
+    """Small requests that would cost much if expanded or held: a 341-byte vet report whose
+    verdict names 16 x 65,536 hosts; a 1 MiB list of the smallest node reports; one node
+    report with 10,000 results (the per-report cap)."""
+    bomb = json.dumps({"schema": "hpcml.vet/1", "started_at": time.time(), "job_id": "1",
+                       "nodes": {"n1": {"node": "n1", "results": []}},
+                       "verdict": {"bad": ",".join(f"h{i}x[1-65536]" for i in range(16))}}).encode()
+    tiny = b'{"node":"n","time":1,"verdict":"bad"}'
+    many = b"[" + b",".join([tiny] * ((1 << 20) // (len(tiny) + 1) - 1)) + b"]"
+    result = b'{"name":"x","outcome":"fail"}'
+    wide = (b'{"node":"n","time":1,"verdict":"bad","results":[' + b",".join([result] * 10_000) + b"]}")
+    return [bomb, many, wide]
+
+
+def test_thirty_two_hostile_reports_at_once_neither_grow_memory_nor_starve_healthz(serve):
+    """Memory for the requests in flight is bounded before anything is expanded: 32
+    concurrent hostile reports (each shape above, again and again) leave the collector less
+    than 64 MB larger, and /healthz answers each probe within its 1 s timeout throughout."""
+    srv = serve()
+    for _ in range(3):                       # warm: the first of each shape loads its code
+        for body in _hostile_reports():
+            srv.call("POST", "/v1/reports", body, timeout=60)
+    before = srv.rss_mb()
+    bodies = _hostile_reports()
+    codes: list[int] = []
+    stop = threading.Event()
+
+    def flood(i: int) -> None:
+        while not stop.is_set():
+            codes.append(srv.call("POST", "/v1/reports", bodies[i % len(bodies)], timeout=60)[0])
+
+    workers = [threading.Thread(target=flood, args=(i,), daemon=True) for i in range(32)]
+    for w in workers:
+        w.start()
+    peak, late = before, []
+    try:
+        for _ in range(20):
+            t0 = time.monotonic()
+            try:
+                srv.call("GET", "/healthz", timeout=1.0)
+            except (TimeoutError, OSError) as exc:
+                late.append(f"{type(exc).__name__} after {time.monotonic() - t0:.2f} s")
+            peak = max(peak, srv.rss_mb())
+            time.sleep(0.25)
+    finally:
+        stop.set()
+        for w in workers:
+            w.join(120)
+    assert not late, late
+    assert peak - before < 64, (before, peak)
+    assert codes and set(codes) <= {201, 400}, sorted(set(codes))
+    assert 400 in codes                      # the bomb is refused, not expanded

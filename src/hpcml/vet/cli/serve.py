@@ -109,7 +109,7 @@ def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:
 def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
     """The proof of senders: Slurm's records where asked for (or found), MUNGE's socket."""
     from hpcml.cluster import jobrecord, munge, slurm
-    from hpcml.vet.fleet.collector.proof import Verifier
+    from hpcml.vet.fleet.collector.proof import Verifier, slurm_uid
     if slurm_check not in ("auto", "on", "off"):
         raise UsageError(f"expected auto, on or off, found {slurm_check!r}", key="--slurm-check")
     use = slurm_check == "on" or (slurm_check == "auto" and slurm.available("scontrol"))
@@ -123,7 +123,8 @@ def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
               "scontrol is not installed here") + "): a user's summary counts on the user's proof alone, "
               "for whatever job it names", file=sys.stderr)
     socket = munge_socket or os.environ.get(munge.SOCKET_ENV) or munge.config_socket(config)
-    return Verifier(munge_socket=socket, slurm=jobrecord.lookup if use else None, cluster=cluster)
+    return Verifier(munge_socket=socket, slurm=jobrecord.lookup if use else None, cluster=cluster,
+                    slurm_user=slurm_uid(config))
 
 
 def _slurm_config() -> dict[str, str]:

@@ -117,6 +117,7 @@ class Record:
     time: datetime
     rule: str | None = None
     check: str | None = None
+    strength: str = "node"       # of the evidence a drain rested on: a resume needs as strong
 
 
 def _applied(lines: Iterable[str]) -> Iterator[tuple[str, Record]]:
@@ -127,8 +128,10 @@ def _applied(lines: Iterable[str]) -> Iterator[tuple[str, Record]]:
             if e.get("dry_run") or e.get("status") != "done" or e.get("action") not in ("drain", "resume"):
                 continue
             when = datetime.fromisoformat(e["time"])
+            ev = e.get("evidence")
+            strength = ev.get("strength") if isinstance(ev, dict) else None
             rec = Record(e["action"], when if when.tzinfo else when.replace(tzinfo=timezone.utc),
-                         e.get("rule"), e.get("check"))
+                         e.get("rule"), e.get("check"), strength if strength in STRENGTH else "node")
             node = e["node"]
             if not isinstance(node, str):
                 continue
@@ -154,29 +157,46 @@ def drained_since(lines: Iterable[str], since: datetime) -> set[str]:
 
 # --- planning -----------------------------------------------------------------------------
 
+#: evidence strengths (``collector.proof``), weakest first; ``none`` is never acted on
+STRENGTH = ("none", "job", "node")
+
+
+def _counted(rule: Rule, hits: list[Result]) -> list[Result]:
+    """What of one check's matching results ``rule`` may count: people, not claims. A job
+    rule counts proven jobs of at least ``match.users`` users; a check rule counts the
+    node's own evidence, and users' reports of their jobs only with ``match.users``, from
+    at least that many users."""
+    users = {r.user for r in hits if r.user and r.evidence == "job"}
+    if rule.match.job is not None:
+        return hits if len(users) >= (rule.match.users or 1) else []
+    if rule.match.users is None or len(users) < rule.match.users:
+        return [r for r in hits if r.evidence == "node"]
+    return hits
+
+
 def _fires(rule: Rule, results: list[Result], now: datetime,
            after: datetime | None) -> tuple[str, list[Result]] | None:
-    """The check of ``rule`` with the most matching results in the window, if enough."""
+    """The check of ``rule`` with the most countable matching results in the window, if enough."""
     start = now - timedelta(seconds=rule.window)
     groups: dict[str, list[Result]] = {}
     jobs: set[str | None] = set()
     for r in sorted(results, key=lambda r: r.time):
-        if start <= r.time <= now and (after is None or r.time > after) \
+        if r.evidence != "none" and start <= r.time <= now and (after is None or r.time > after) \
                 and rule.match.matches(r.check, r.type, r.outcome, r.from_job):
             if rule.match.job is not None:              # a job that named the node twice counts once
                 if r.job in jobs:
                     continue
                 jobs.add(r.job)
             groups.setdefault(r.check, []).append(r)
-    best = max(groups.items(), key=lambda kv: len(kv[1]), default=None)
-    if best and rule.match.job is not None and len({r.user for r in best[1] if r.user}) < rule.match.users:
-        return None            # people, not claims: a job whose owner nothing proved never counts
+    counted = {check: _counted(rule, hits) for check, hits in groups.items()}
+    best = max(counted.items(), key=lambda kv: len(kv[1]), default=None)
     return best if best and len(best[1]) >= rule.count else None
 
 
 def _evidence(rule: Rule, hits: list[Result]) -> dict:
     jobs = sorted({r.job for r in hits if r.job})
-    return {"results": len(hits), "count": rule.count, "window": fmt_window(rule.window),
+    return {"strength": max((r.evidence for r in hits), key=STRENGTH.index),
+            "results": len(hits), "count": rule.count, "window": fmt_window(rule.window),
             "window_seconds": rule.window, "outcomes": sorted({r.outcome for r in hits}),
             "first": min(r.time for r in hits).isoformat(),
             "last": max(r.time for r in hits).isoformat(), "jobs": jobs[:10],
@@ -203,7 +223,10 @@ def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Resu
         why = "is not in the catalog" if rule is None else "has no resume_after"
         return Action(node, "hold", rule=rec.rule, check=rec.check,
                       note=f"rule '{rec.rule}' {why}; resume it by hand")
-    since = [r for r in results if r.time > rec.time]
+    # a pass counts only as evidence as strong as the drain's: a token, or a user's own
+    # report, cannot undo what the node's own checks drained
+    floor = STRENGTH.index(rec.strength)
+    since = [r for r in results if r.time > rec.time and STRENGTH.index(r.evidence) >= max(floor, 1)]
     passes = 0
     for r in sorted((r for r in since if r.check == rec.check), key=lambda r: r.time):
         passes = passes + 1 if r.outcome == "pass" else 0

@@ -48,9 +48,12 @@ class Match(_Strict):
     type: str = "*"
     outcome: list[Literal["pass", "warn", "fail", "error", "skipped"]] = ["fail", "error"]
     job: list[Literal["straggler", "culprit", "lost", "excluded", "crashed"]] | None = None
-    #: with ``job``: the counted jobs must be of at least this many users (a summary is what
-    #: its sender says: one user, or one user's buggy code, cannot drain a node alone)
-    users: Annotated[int, Field(ge=1)] = 1
+    #: with ``job``: the counted jobs must be of at least this many users (default 1: one
+    #: user, or one user's buggy code, should not drain a node alone: set 2 or more). On a
+    #: check rule: users' own vetting reports of their jobs count too, from at least this
+    #: many users; without it only the node's own evidence counts (root's or SlurmUser's
+    #: report made on the node, a trusted token)
+    users: Annotated[int, Field(ge=1)] | None = None
 
     @field_validator("outcome", "job", mode="before")
     @classmethod
@@ -84,8 +87,6 @@ class Rule(_Strict):
 
     @model_validator(mode="after")
     def _job_rules_stay(self) -> Rule:
-        if self.match.job is None and self.match.users != 1:
-            raise ValueError("match.users: only a rule on job outcomes (match.job) counts users")
         if self.match.job is not None and self.resume_after is not None:
             raise ValueError("resume_after: a rule on job outcomes has no check that can pass again; "
                              "leave it out (an operator resumes the node after repairing it)")

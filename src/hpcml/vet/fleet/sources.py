@@ -35,7 +35,11 @@ class Result:
     time: datetime
     job: str | None = None
     from_job: bool = False        # a job summary's node event (check JOB_CHECK, type: the role)
-    user: str | None = None       # whose job it was (job events only)
+    user: str | None = None       # whose job it was (job events, users' vetting reports)
+    #: how strong it is (``collector.proof``): node (root's or SlurmUser's on the node, a
+    #: trusted token, or report files the operator points at), job (a proven user's report
+    #: of their own job: counted by people), none (a token only: never acted on)
+    evidence: str = "node"
 
 
 class ResultSource(Protocol):
@@ -115,9 +119,12 @@ class StoreSource:
                 job = row["job"]
                 yield Result(node=row["node"], check=row["name"], type=row["type"] or "",
                              outcome=row["outcome"], time=_utc(row["time"]),
-                             job=str(job) if job is not None else None)
+                             job=str(job) if job is not None else None,
+                             user=row["sender"] if row["evidence"] == "job" else None,
+                             evidence=row["evidence"])
             for ev in store.job_events_since(since.timestamp()):     # hpcml run's job summaries
                 yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
-                             time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"])
+                             time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"],
+                             evidence="job")
         finally:
             store.close()

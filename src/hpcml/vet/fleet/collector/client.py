@@ -29,15 +29,27 @@ def _endpoint(url: str, path: str = "/v1/reports") -> str:
     return url if url.endswith(path) else url + path
 
 
+def _signed(doc: dict[str, Any]) -> dict[str, Any]:
+    """``doc`` with a MUNGE credential of this process's uid over it (``auth.munge``), which
+    is what lets the collector count it as evidence: root's or SlurmUser's on the node it is
+    about (a prolog) as the node's, a user's as their job's. Unchanged without MUNGE."""
+    from hpcml.vet.fleet.collector.proof import AUTH_KEY, credential
+    plain = orjson.loads(orjson.dumps({k: v for k, v in doc.items() if k != AUTH_KEY}, default=str))
+    auth = credential(plain)
+    return {**plain, AUTH_KEY: auth} if auth else plain
+
+
 def _pieces(report: Any, body: bytes) -> list[bytes]:
-    if len(body) <= PIECE or not (isinstance(report, dict) and "nodes" in report):
+    if not (isinstance(report, dict) and "nodes" in report):
         return [body]
+    if len(body) <= PIECE:
+        return [orjson.dumps(_signed(report), default=str)]
     from hpcml.vet.fleet.collector.schema import split_vet_report
     out: list[bytes] = []
     chunk: list[bytes] = []
     size = 2
     for node in split_vet_report(report):
-        one = orjson.dumps(node, default=str)
+        one = orjson.dumps(_signed(node), default=str)
         if chunk and size + len(one) + 1 > PIECE:
             out.append(b"[" + b",".join(chunk) + b"]")
             chunk, size = [], 2

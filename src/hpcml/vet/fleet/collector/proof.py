@@ -1,5 +1,5 @@
-"""Who sent a job summary, and whether the job is theirs: proven by the cluster, never
-taken from the summary.
+"""Who sent a job summary or a vetting report, and whether the job or node is theirs:
+proven by the cluster, never taken from what was sent.
 
 A summary's ``user`` field is what its sender says. What the collector stores as the user
 is what it can prove:
@@ -20,6 +20,19 @@ summary names, and was not requeued fewer times than the summary says. A summary
 fails is refused (403) and can never shadow the job's own. A summary nothing proves is
 stored as unverified: it is shown, but never counts in a rule or a per-user total, and
 the job's verified summary replaces it.
+
+Vetting reports climb the same ladder (``prove_report``), and their proof is the strength
+of their evidence, which decides what the node handler may do with them:
+
+- ``node``: a MUNGE credential made by root or by SlurmUser (a prolog, a health check)
+  on the very node the report is about (the credential's origin address is one of the
+  node's addresses as Slurm knows them, ``NodeAddr``), or a trusted token. Drains and
+  resumes by the catalogue's check rules.
+- ``job``: a user's report (``hpcml vet``, ``hpcml run --vet``), proven by the user's MUNGE
+  credential or user token, of a job Slurm says is theirs, on nodes it held, at a time it
+  ran. Counted by people: a rule takes it only with ``match.users``, from that many users.
+- ``none``: only the shared write token backs it. Stored and shown, never drains, resumes
+  or spends the drain budget.
 """
 
 from __future__ import annotations
@@ -131,19 +144,66 @@ def _uid(user: str) -> int | None:
     return uid
 
 
+Evidence = Literal["node", "job", "none"]
+
+
+@dataclass(frozen=True)
+class ReportProof:
+    """How strong a vetting report is as evidence about its nodes, and who proved it."""
+
+    evidence: Evidence
+    sender: str | None = None       # the proven user (job evidence) or root/SlurmUser (node)
+
+
+def node_addresses(node: str, timeout: float = 10.0) -> frozenset[str] | None:
+    """The IPv4 addresses of ``node`` as Slurm knows it (``NodeAddr``, resolved); None when
+    Slurm has no such node. ``SlurmError`` when Slurm cannot be asked."""
+    import socket
+
+    from hpcml.cluster import slurm
+    try:
+        recs = slurm.scontrol_show("node", node, timeout=timeout)
+    except SlurmError as exc:
+        if "not found" in str(exc).lower() or "invalid node name" in str(exc).lower():
+            return None
+        raise
+    rec = next((r for r in recs if r.get("NodeName") == node), None)
+    if rec is None:
+        return None
+    addr = rec.get("NodeAddr") or node
+    try:
+        infos = socket.getaddrinfo(addr, None, socket.AF_INET)
+    except OSError:
+        return frozenset({addr})
+    return frozenset(str(i[4][0]) for i in infos)
+
+
+def slurm_uid(config: Mapping[str, str]) -> int | None:
+    """SlurmUser's uid from ``scontrol show config`` (``SlurmUser = slurm(64030)``)."""
+    value = config.get("SlurmUser", "")
+    _, _, rest = value.partition("(")
+    return int(rest.rstrip(")")) if rest.rstrip(")").isdigit() else None
+
+
 class Verifier:
-    """Proves the sender of each summary and checks its job against Slurm.
+    """Proves the sender of each summary and report and checks its job against Slurm.
 
     ``slurm``: look a job up (``jobrecord.lookup``; None: no Slurm checks, a site whose
     collector cannot reach Slurm, so no user-sent summary is verified). ``cluster``: the
     Slurm cluster this collector checks (its ClusterName); a summary of another is refused.
-    Lookups are cached for ``ttl`` seconds: one job's attempts arrive together.
+    ``slurm_user``: SlurmUser's uid (root's counts always): its reports, and root's, are
+    node evidence when made on the node they are about (``addresses``: a node's addresses
+    as Slurm knows them). Lookups are cached for ``ttl`` seconds: one job's attempts
+    arrive together.
     """
 
     def __init__(self, *, munge_socket: str | None = None,
                  slurm: Callable[[str], JobRecord | None] | None = jobrecord.lookup,
-                 cluster: str | None = None, ttl: float = 10.0) -> None:
+                 cluster: str | None = None, ttl: float = 10.0, slurm_user: int | None = None,
+                 addresses: Callable[[str], frozenset[str] | None] | None = node_addresses) -> None:
         self.munge_socket, self.slurm, self.cluster, self.ttl = munge_socket, slurm, cluster, ttl
+        self.slurm_user, self.addresses = slurm_user, addresses
+        self._addr_cache: dict[str, tuple[float, frozenset[str] | None]] = {}
         self._cache: dict[str, tuple[float, JobRecord | None]] = {}
         self._lock = threading.Lock()
         self._asking = threading.BoundedSemaphore(ASK_SLURM_AT_ONCE)
@@ -159,16 +219,7 @@ class Verifier:
         auth = item.get(AUTH_KEY)
         cred = auth.get("munge") if isinstance(auth, dict) else None
         if cred is not None:
-            try:
-                dec = munge.decode(cred, self.munge_socket)
-            except munge.MungeError as exc:
-                if exc.transient:
-                    raise Unavailable(f"munged cannot decode credentials now: {exc}") from None
-                if exc.replayed:       # someone used it first: the sender makes a new one and tries again
-                    raise Unproven(f"auth.munge: {exc}") from None
-                raise Forbidden(f"auth.munge: {exc}") from None
-            if dec.payload != digest(item):
-                raise Forbidden("auth.munge: the credential vouches for another summary (digest differs)")
+            dec = self._decode(cred, item)
             return self._job(Proof("munge", _name(dec.uid), dec.uid), s)
         if sender.user is not None:
             return self._job(Proof("token", sender.user, _uid(sender.user)), s)
@@ -236,3 +287,101 @@ class Verifier:
         if s.ended is not None and s.ended > ended_by + SLACK_S:
             raise Forbidden(f"ended: after Slurm ended job {s.job_id}")
         return rec
+
+    # --- vetting reports ----------------------------------------------------------------
+
+    def prove_report(self, item: Mapping[str, Any], reports: Sequence[Any], sender: Sender) -> ReportProof:
+        """The evidence of one document of node reports (``item``: as received, its ``auth``
+        over the rest; ``reports``: its validated ``NodeReport``s). ``Forbidden`` for a claim
+        the cluster denies, ``Unavailable`` when munged or Slurm cannot be asked."""
+        now = time.time()
+        for r in reports:
+            if r.time > now + SLACK_S:
+                raise Forbidden(f"time: {r.time:.0f} is ahead of the collector's clock ({now:.0f})")
+        auth = item.get(AUTH_KEY)
+        cred = auth.get("munge") if isinstance(auth, dict) else None
+        if cred is not None:
+            dec = self._decode(cred, item, "report")
+            name = _name(dec.uid)
+            if dec.uid == 0 or (self.slurm_user is not None and dec.uid == self.slurm_user):
+                self._on_its_node(name, dec.addr, reports)
+                return ReportProof("node", name)
+            self._users_job(dec.uid, name, reports)
+            return ReportProof("job", name)
+        if sender.trusted:
+            return ReportProof("node", "trusted token")
+        if sender.user is not None:
+            self._users_job(_uid(sender.user), sender.user, reports)
+            return ReportProof("job", sender.user)
+        return ReportProof("none")
+
+    def _decode(self, cred: Any, item: Mapping[str, Any], what: str = "summary") -> munge.Decoded:
+        try:
+            dec = munge.decode(cred, self.munge_socket)
+        except munge.MungeError as exc:
+            if exc.transient:
+                raise Unavailable(f"munged cannot decode credentials now: {exc}") from None
+            if exc.replayed:
+                raise Unproven(f"auth.munge: {exc}") from None
+            raise Forbidden(f"auth.munge: {exc}") from None
+        if dec.payload != digest(item):
+            raise Forbidden(f"auth.munge: the credential vouches for another {what} (digest differs)")
+        return dec
+
+    def _addresses(self, node: str) -> frozenset[str] | None:
+        assert self.addresses is not None
+        now = time.monotonic()
+        with self._lock:
+            hit = self._addr_cache.get(node)
+        if hit and now - hit[0] < 60:
+            return hit[1]
+        if not self._asking.acquire(timeout=ASK_WAIT_S):
+            raise Unavailable("too many Slurm lookups at once; try again")
+        try:
+            addrs = self.addresses(node)
+        except SlurmError as exc:
+            raise Unavailable(f"Slurm cannot be asked about node {node} now: {exc}") from None
+        finally:
+            self._asking.release()
+        with self._lock:
+            if len(self._addr_cache) > 100_000:
+                self._addr_cache.clear()
+            self._addr_cache[node] = (now, addrs)
+        return addrs
+
+    def _on_its_node(self, name: str, addr: str, reports: Sequence[Any]) -> None:
+        """Root's or SlurmUser's report is about the node it was made on, or refused."""
+        if self.addresses is None or self.slurm is None:       # no Slurm: the site trusts MUNGE alone
+            return
+        for node in sorted({r.node for r in reports}):
+            addrs = self._addresses(node)
+            if addrs is None:
+                raise Forbidden(f"node: Slurm has no node {node!r}")
+            if addr not in addrs:
+                raise Forbidden(f"node: {name}'s credential was made on {addr or 'an unknown address'}, "
+                                f"not on {node} ({', '.join(sorted(addrs)) or 'no address'})")
+
+    def _users_job(self, uid: int | None, user: str, reports: Sequence[Any]) -> None:
+        """A user's report is of a job of theirs, on its nodes, while it ran; else refused."""
+        if self.slurm is None:
+            return
+        jobs = {r.job_id for r in reports}
+        if len(jobs) != 1 or not next(iter(jobs)):
+            raise Forbidden("job_id: a user's report names the one Slurm job it vetted")
+        job_id = str(next(iter(jobs)))
+        if not jobrecord.is_job_id(job_id):
+            raise Forbidden(f"job_id: {job_id[:40]!r} is not a Slurm job id")
+        rec = self._record(job_id)
+        if rec is None:
+            raise Forbidden(f"job_id: Slurm has no record of job {job_id}")
+        mine = rec.uid == uid if uid is not None and rec.uid is not None else rec.user == user
+        if not mine:
+            raise Forbidden(f"job_id: job {job_id} belongs to {rec.user}, not to the sender ({user})")
+        outside = sorted({r.node for r in reports} - rec.nodes) if rec.nodes else sorted({r.node for r in reports})
+        if outside:
+            raise Forbidden(f"node: job {job_id} did not run on {', '.join(outside[:5])} (Slurm's {rec.source})")
+        start = rec.start if rec.source != "scontrol" or rec.restarts == 0 else None
+        ended_by = min(rec.end or math.inf, time.time())
+        for r in reports:
+            if (start is not None and r.time < start - SLACK_S) or r.time > ended_by + SLACK_S:
+                raise Forbidden(f"time: job {job_id} was not running at {r.time:.0f}")

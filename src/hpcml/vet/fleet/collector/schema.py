@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Annotated, Any, Literal, Optional, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
 
 from hpcml.centre.summaries import Invalid
 from hpcml.errors import UsageError
@@ -18,7 +18,10 @@ from hpcml.jobmodel import Text, reason
 Outcome = Literal["pass", "warn", "fail", "error", "skipped"]
 BAD_OUTCOMES = ("fail", "error")
 MAX_RESULTS = 10_000
-MAX_REPORTS = 100_000
+#: node reports, and check results, in one request: what its memory is bounded by (the
+#: client sends a large vet report in 512 KiB pieces, well under both)
+MAX_REPORTS = 10_000
+MAX_RESULTS_PER_REQUEST = 20_000
 
 
 class CheckResult(BaseModel):
@@ -44,6 +47,21 @@ class NodeReport(BaseModel):
     protocol: Text = Field(default="", max_length=255)
     verdict: Literal["good", "bad"]
     results: list[CheckResult] = Field(default_factory=list, max_length=MAX_RESULTS)
+    # what the collector proved of it (``proof.prove_report``), never read from the body
+    _evidence: str = PrivateAttr("none")
+    _sender: Optional[str] = PrivateAttr(None)
+
+    def proven(self, evidence: str, sender: str | None) -> None:
+        self._evidence, self._sender = evidence, sender
+
+    @property
+    def evidence(self) -> str:
+        """node | job | none: what the node handler may do with it."""
+        return self._evidence
+
+    @property
+    def sender(self) -> str | None:
+        return self._sender
 
 
 _ONE = TypeAdapter(NodeReport)
@@ -57,9 +75,15 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     nodes = data.get("nodes")
     if not isinstance(nodes, dict) or not isinstance(verdict, dict):
         raise Invalid("nodes: expected an object of node reports (and verdict an object)")
-    try:
-        bad = set(expand(verdict.get("bad") or "")) | set(verdict.get("reasons") or {})
-    except Exception as exc:  # a hostlist that does not parse
+    if len(nodes) > MAX_REPORTS:
+        raise Invalid(f"nodes: more than {MAX_REPORTS} nodes in one report")
+    _count_results(list(nodes.values()))
+    reasons = verdict.get("reasons") or {}
+    if not isinstance(reasons, dict) or len(reasons) > len(nodes):
+        raise Invalid("verdict.reasons: expected an object naming at most the report's nodes")
+    try:      # bounded before it is expanded: a verdict names at most the report's nodes
+        bad = set(expand(str(verdict.get("bad") or ""), limit=max(len(nodes), 1))) | set(reasons)
+    except Exception as exc:  # a hostlist that does not parse, or names more
         raise Invalid(f"verdict.bad: {exc}") from None
     protocol = data.get("protocol")
     name = protocol.get("name", "") if isinstance(protocol, dict) else ""
@@ -77,6 +101,13 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     return out
 
 
+def _count_results(items: list[Any]) -> None:
+    """Refuse a request holding more check results than one may, before they are validated."""
+    n = sum(len(r) for i in items if isinstance(i, dict) and isinstance(r := i.get("results"), list))
+    if n > MAX_RESULTS_PER_REQUEST:
+        raise Invalid(f"results: {n} check results in one request, more than {MAX_RESULTS_PER_REQUEST}")
+
+
 def _check_tag(data: dict[str, Any]) -> None:
     """A whole report of another kind or of a newer hpcml (``hpcml.vet/2``) is refused."""
     from hpcml.schemas import check
@@ -89,6 +120,13 @@ def _check_tag(data: dict[str, Any]) -> None:
 
 def parse(body: bytes) -> list[NodeReport]:
     """Body -> node reports, or ``Invalid`` with a reason naming the field."""
+    return [r for _, reps in documents(body) for r in reps]
+
+
+def documents(body: bytes) -> list[tuple[dict[str, Any], list[NodeReport]]]:
+    """Body -> its documents, each as received (what its ``auth`` vouches for) with its
+    node reports: a whole vet report, one node report, or a list of node reports (each its
+    own document). ``Invalid`` with a reason naming the field."""
     try:
         data = orjson.loads(body)
     except orjson.JSONDecodeError as exc:
@@ -96,11 +134,15 @@ def parse(body: bytes) -> list[NodeReport]:
     try:
         if isinstance(data, dict) and "nodes" in data and "schema" in data:
             _check_tag(data)
-            return _MANY.validate_python(split_vet_report(data))
+            return [(data, _MANY.validate_python(split_vet_report(data)))]
         if isinstance(data, list):
             if len(data) > MAX_REPORTS:
                 raise Invalid(f"body: more than {MAX_REPORTS} reports in one request")
-            return _MANY.validate_python(data)
-        return [_ONE.validate_python(data)]
+            _count_results(data)
+            reps = _MANY.validate_python(data)
+            return [(item, [r]) for item, r in zip(data, reps)]
+        if not isinstance(data, dict):
+            raise Invalid("body: expected a report, a list of node reports or a vet report")
+        return [(data, [_ONE.validate_python(data)])]
     except ValidationError as exc:
         raise Invalid(reason(exc)) from None

@@ -31,16 +31,21 @@ from hpcml.registry import Registry, UnknownName
 from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
-REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received")
+REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received", "evidence", "sender")
 RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
                "value_text", "unit", "message", "duration")
 
 
 #: the store's schema: 1 the vetting tables (no version row), 2 the job tables, 3 who
-#: proved each summary and the jobs' own vetting
-SCHEMA_VERSION = 3
+#: proved each summary and the jobs' own vetting, 4 each report's evidence and sender
+SCHEMA_VERSION = 4
+#: a report stored before version 4 was believed on the write token alone: unverified now
+EVIDENCE_DDL = """
+ALTER TABLE reports ADD COLUMN evidence TEXT NOT NULL DEFAULT 'none';
+ALTER TABLE reports ADD COLUMN sender TEXT
+"""
 #: the DDL that takes a database from the version before to this one
-MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL}
+MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):
@@ -52,7 +57,7 @@ def report_rows(reports: Sequence[NodeReport], ids: Sequence[int], received: flo
     """Node reports -> rows for ``reports`` and ``results`` (column order as above)."""
     reps, res = [], []
     for rid, r in zip(ids, reports):
-        reps.append((rid, r.job_id, r.node, r.time, r.protocol, r.verdict, received))
+        reps.append((rid, r.job_id, r.node, r.time, r.protocol, r.verdict, received, r.evidence, r.sender))
         for seq, c in enumerate(r.results):
             num, text = (c.value, None) if isinstance(c.value, float) else (None, c.value)
             res.append((rid, seq, r.node, r.job_id, r.time, c.name, c.type, c.outcome, num, text,
@@ -108,9 +113,9 @@ def _result(row: tuple) -> dict[str, Any]:
 
 
 def _report(row: tuple) -> dict[str, Any]:
-    rid, job, node, t, protocol, verdict, received = row
+    rid, job, node, t, protocol, verdict, received, evidence, sender = row
     return {"id": rid, "job_id": job, "node": node, "time": t, "protocol": protocol,
-            "verdict": verdict, "received": received, "results": []}
+            "verdict": verdict, "received": received, "evidence": evidence, "sender": sender, "results": []}
 
 
 class SqlStore(Store):
@@ -261,9 +266,10 @@ class SqlStore(Store):
         return self._with_results(reps, rows)
 
     def results_since(self, since: float) -> list[dict[str, Any]]:
-        rows = self._all("SELECT node, job, time, name, type, outcome FROM results WHERE time >= ? "
-                         "ORDER BY time, report_id, seq", (since,))
-        return [dict(zip(("node", "job", "time", "name", "type", "outcome"), r)) for r in rows]
+        rows = self._all("SELECT r.node, r.job, r.time, r.name, r.type, r.outcome, p.evidence, p.sender "
+                         "FROM results r JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
+                         "ORDER BY r.time, r.report_id, r.seq", (since,))
+        return [dict(zip(("node", "job", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
 
     def count(self) -> dict[str, int]:
         return {t: self._all(f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("reports", "results", "jobs", "job_nodes")}

@@ -1,0 +1,171 @@
+"""Vetting reports are proven like job summaries: real users, real MUNGE, real Slurm.
+
+A real collector (``hpcml vet serve`` with Slurm's config) and the local cluster's own
+munged. Reports are sent the ways they come in: with the shared write token alone (what
+every job script holds), signed by a real user (``runuser`` + the ``munge`` command) about
+a real job of theirs (an ``sbatch`` job holding n1) and about nodes and jobs that are not
+theirs, and signed by root on the node (the prolog's uid). Nothing a token or a user sends
+may drain or resume a node; root's report of a failing node drains it, and only root's
+passes resume it.
+
+One limit of a one-host cluster: every virtual node's address is 127.0.0.1, so "made on
+the node it is about" cannot fail here; ``tests/vet/fleet/test_report_proof.py`` tests that
+refusal with another node address.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hpcml.vet.fleet.collector.proof import AUTH_KEY, credential
+from tests.slurmjobs import wait
+from tests.vet.fleet.jobdocs import summary
+from tests.vet.fleet.test_proof_slurm import (  # noqa: F401 - fixtures
+    OPERATOR,
+    _drained,
+    _user_env,
+    collector,
+    shared,
+    signed,
+    undrain,
+    users,
+)
+
+pytestmark = [pytest.mark.slurm]
+
+CHECK_RULES = """\
+name: checks
+max_drain_fraction: 100%
+rules:
+  - name: xid
+    match: {check: xid}
+    count: 1
+    window: 1 h
+    reason: "hpcml: {check} failed on {node}"
+    resume_after: {passes: 2}
+"""
+
+
+def report(node: str, outcome: str, job: str | None = None, at: float | None = None) -> dict:
+    return {"job_id": job, "node": node, "time": at if at is not None else time.time(),
+            "verdict": "bad" if outcome == "fail" else "good",
+            "results": [{"name": "xid", "type": "gpu", "outcome": outcome}]}
+
+
+def post(url: str, doc, path: str = "/v1/reports", token: str = OPERATOR) -> tuple[int, dict]:
+    req = urllib.request.Request(url + path, data=json.dumps(doc).encode(), method="POST",
+                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status, json.loads(r.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def get(url: str, path: str) -> int:
+    req = urllib.request.Request(url + path, headers={"Authorization": f"Bearer {OPERATOR}"})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as r:
+            return r.status
+    except urllib.error.HTTPError as exc:
+        return exc.code
+
+
+def handle(work: Path, db: Path, env: dict[str, str], *extra: str) -> list[tuple[str, str, str]]:
+    (work / "check-rules.yaml").write_text(CHECK_RULES)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{db}",
+                        "--rules", str(work / "check-rules.yaml"), "--audit", str(work / "audit.jsonl"),
+                        "--json", *extra], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [(a["node"], a["action"], a["status"]) for a in json.loads(p.stdout)["actions"]]
+
+
+def as_root(doc: dict, socket: str) -> dict:
+    auth = credential(doc, socket)
+    assert auth is not None
+    return {**doc, AUTH_KEY: auth}
+
+
+def test_only_the_nodes_own_evidence_drains_and_resumes(users, shared, collector, slurm_cluster,  # noqa: F811
+                                                        slurm_env, undrain):  # noqa: F811 - the fixtures above
+    alice, _ = users
+    sock = str(slurm_cluster.munge_socket)
+    env_a = _user_env(shared, alice, slurm_env)
+    url = collector.url
+
+    # the write token alone: stored, unverified, never acted on
+    for _ in range(3):
+        code, answer = post(url, report("n2", "fail"))
+        assert (code, answer["unverified"]) == (201, 1), answer
+    assert handle(shared, collector.db, slurm_env, "--dry-run") == []
+
+    # a user's signed report: of no job, of a job Slurm never saw
+    code, answer = post(url, signed(report("n2", "fail"), alice, sock, env_a))
+    assert code == 403 and "job_id" in answer["error"], answer
+    code, answer = post(url, signed(report("n2", "fail", job="999999"), alice, sock, env_a))
+    assert code == 403 and "no record" in answer["error"], answer
+
+    # alice's real job on n1: her report of it is job evidence, which this rule does not count
+    out = subprocess.run(["runuser", "-u", alice, "--", "sbatch", "--parsable", "--nodelist=n1", "--nodes=1",
+                          f"--chdir={shared}", "--output=/dev/null", "--wrap", "sleep 120"],
+                         env=env_a, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    job = out.stdout.strip().split(";")[0]
+    try:
+        deadline = time.monotonic() + 60
+        while "JobState=RUNNING" not in subprocess.run(["scontrol", "show", "-o", "job", job], env=slurm_env,
+                                                       capture_output=True, text=True).stdout:
+            assert time.monotonic() < deadline, "alice's job did not start"
+            time.sleep(0.5)
+        time.sleep(1)
+        code, answer = post(url, signed(report("n1", "fail", job=job), alice, sock, env_a))
+        assert (code, answer["unverified"]) == (201, 0), answer
+        code, answer = post(url, signed(report("n2", "fail", job=job), alice, sock, env_a))
+        assert code == 403 and "did not run on n2" in answer["error"], answer
+        code, answer = post(url, signed(report("n1", "fail", job=job, at=time.time() + 3600), alice, sock, env_a))
+        assert code == 403 and "ahead" in answer["error"], answer
+        assert handle(shared, collector.db, slurm_env, "--dry-run") == []
+
+        # a summary of an array task of a job that is no array: Slurm says no such job (403,
+        # set aside), not "unavailable" (503, retried for ever)
+        code, answer = post(url, signed(summary(f"{job}_0", nodes=["n1"], user=alice, cluster="hpcmllocal"),
+                                        alice, sock, env_a), path="/v1/jobs")
+        assert code == 403, answer
+    finally:
+        subprocess.run(["scancel", job], env=slurm_env, capture_output=True, timeout=30)
+        wait(job, slurm_env, timeout=60)
+
+    # root on the node (the prolog's uid): node evidence, which drains
+    mine = as_root(report("n2", "fail"), sock)
+    assert post(url, mine)[0] == 201
+    assert post(url, mine) == (401, {"error": "auth.munge: Replayed credential"})
+    lifted = {**report("n1", "fail"), AUTH_KEY: as_root(report("n1", "pass"), sock)[AUTH_KEY]}
+    code, answer = post(url, lifted)
+    assert code == 403 and "another report" in answer["error"], answer
+    assert handle(shared, collector.db, slurm_env) == [("n2", "drain", "done")]
+    assert _drained("n2", slurm_env) and not _drained("n1", slurm_env)
+
+    # passes the token backs, or a user, do not resume it; root's do
+    for _ in range(3):
+        assert post(url, report("n2", "pass"))[0] == 201
+    assert handle(shared, collector.db, slurm_env) == [("n2", "hold", "planned")]
+    assert _drained("n2", slurm_env)
+    for _ in range(2):
+        assert post(url, as_root(report("n2", "pass"), sock))[0] == 201
+    assert handle(shared, collector.db, slurm_env) == [("n2", "resume", "done")]
+    assert not _drained("n2", slurm_env)
+
+    with sqlite3.connect(collector.db) as conn:
+        kinds = conn.execute("SELECT evidence, sender, COUNT(*) FROM reports GROUP BY evidence, sender "
+                             "ORDER BY evidence").fetchall()
+    assert kinds == [("job", alice, 1), ("node", "root", 3), ("none", None, 6)], kinds
+    assert get(url, "/v1/nodes/%00/history") == 400
