@@ -56,6 +56,15 @@ class PrologResult:
     def exit_code(self) -> int:
         return EXIT_BAD if self.bad else EXIT_OK
 
+    def node_report(self, protocol: str, started: float) -> dict[str, Any]:
+        """This run as the collector's node report (``collector.schema.NodeReport``)."""
+        return {"job_id": self.job_id, "node": self.node, "time": started, "protocol": protocol,
+                "verdict": "bad" if self.bad else "good",
+                "results": [{"name": r.check, "type": r.type, "outcome": r.outcome.value,
+                             "value": r.value if isinstance(r.value, (int, float, str)) else None,
+                             "unit": r.unit, "message": (r.message or "")[:4096], "duration": r.duration}
+                            for r in self.results]}
+
     def to_json(self) -> dict[str, Any]:
         return {"schema": tag("vet.prolog", 1), "node": self.node,
                 "job_id": self.job_id, "healthy": not self.bad,

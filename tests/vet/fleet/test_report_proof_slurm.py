@@ -169,3 +169,58 @@ def test_only_the_nodes_own_evidence_drains_and_resumes(users, shared, collector
                              "ORDER BY evidence").fetchall()
     assert kinds == [("job", alice, 1), ("node", "root", 3), ("none", None, 6)], kinds
     assert get(url, "/v1/nodes/%00/history") == 400
+
+
+PROLOG_PROTOCOL = """\
+name: prolog-evidence
+evals:
+  - name: on-n1
+    type: env
+    expected: {SLURMD_NODENAME: n1}
+"""
+PROLOG_RULES = CHECK_RULES.replace("match: {check: xid}", "match: {check: on-n1}")
+
+
+def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_drains_it(
+        shared, collector, slurm_cluster, slurm_env, undrain):  # noqa: F811 - the fixtures above
+    """slurmd runs the cluster's prolog as root on each node of a new job: ``hpcml vet
+    --prolog --report-to`` there signs its result with root's credential. n2 fails the
+    protocol's check (only n1 is n1); its report is stored as node evidence and the handler
+    drains n2, not n1. The prolog exits 0 here, as under ``HealthCheckProgram`` (whose exit
+    code Slurm ignores), so that the drain is the handler's and not Slurm's own."""
+    slurm_cluster.wait_idle(20)
+    proto, tokens = shared / "prolog.yaml", shared / "op-token"
+    proto.write_text(PROLOG_PROTOCOL)
+    tokens.write_text(OPERATOR + "\n")
+    err = slurm_cluster.prolog_dir / "report.err"
+    err.unlink(missing_ok=True)
+    marker = slurm_cluster.prolog_dir / "enabled"
+    marker.write_text(f"export HPCML_MUNGE_SOCKET={slurm_cluster.munge_socket} SLURM_CONF={slurm_env['SLURM_CONF']}\n"
+                      f"{sys.executable} -m hpcml vet --prolog --budget 5 {proto} --report-to {collector.url} "
+                      f"--report-token-file {tokens} >/dev/null 2>>{err}\nexit 0\n")
+    job = ""
+    try:
+        job = subprocess.run(["sbatch", "--parsable", "-N2", "--output=/dev/null", f"--chdir={shared}",
+                              "--wrap", "true"], env=slurm_env, capture_output=True, text=True,
+                             timeout=60).stdout.strip()
+        assert job, "sbatch failed"
+        deadline = time.monotonic() + 60
+        rows: list = []
+        while len(rows) < 2:
+            assert time.monotonic() < deadline, (rows, err.read_text() if err.exists() else "")
+            time.sleep(0.5)
+            with sqlite3.connect(collector.db) as conn:
+                rows = conn.execute("SELECT node, verdict, evidence, sender, job FROM reports "
+                                    "ORDER BY node").fetchall()
+        assert rows == [("n1", "good", "node", "root", job), ("n2", "bad", "node", "root", job)], rows
+    finally:
+        marker.unlink(missing_ok=True)
+        if job:
+            wait(job, slurm_env, timeout=60)
+    (shared / "check-rules.yaml").write_text(PROLOG_RULES)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{collector.db}",
+                        "--rules", str(shared / "check-rules.yaml"), "--audit", str(shared / "audit.jsonl"),
+                        "--json"], env=slurm_env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    assert [(a["node"], a["action"], a["status"]) for a in json.loads(p.stdout)["actions"]] == [("n2", "drain", "done")]
+    assert _drained("n2", slurm_env) and not _drained("n1", slurm_env)

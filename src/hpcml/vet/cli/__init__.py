@@ -59,7 +59,8 @@ def run(
     """
     if prolog:  # exits
         from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
-        run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json)
+        run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json,
+                       report_to=report_to, report_token_file=report_token_file)
     from hpcml.vet.fastvet import execute
     raise typer.Exit(execute(protocol, min_nodes=min_nodes, deadline=deadline, nodes=nodes, out=out,
                              exclude_file=exclude_file, good_file=good_file, workdir=workdir,

@@ -23,7 +23,8 @@ ME = "hpcml vet --prolog"
 
 
 def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, drain: bool = False,
-                   overrun_ok: bool = False, as_json: bool = False) -> NoReturn:
+                   overrun_ok: bool = False, as_json: bool = False, report_to: Optional[str] = None,
+                   report_token_file: Optional[Path] = None) -> NoReturn:
     """Vet this node with the fast checks of PROTOCOL (default: the built-in prolog one);
     print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input.
 
@@ -51,6 +52,8 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
         raise typer.Exit(exc.exit_code) from None
     result = prolog.run_prolog(proto, budget=limit, started=started, overrun_ok=overrun_ok,
                                drain=drain)
+    if report_to:
+        _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit)
     for line in result.bad:
         print(f"{ME}: {result.node}: {line}", file=sys.stderr)
     for note in result.notes:
@@ -64,6 +67,26 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
               f"{result.duration:.2f} s (budget {limit:g} s)")
     sys.stdout.flush()
     raise typer.Exit(result.exit_code)
+
+
+#: seconds a prolog may spend sending past its budget: Slurm's BatchStartTimeout is 10 s
+SEND_S = 2.0
+
+
+def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float) -> None:
+    """Send this node's result to the collector. Made by root or SlurmUser on this node, its
+    MUNGE credential makes it the node's own evidence (``collector.proof``). A failure is a
+    warning: the prolog's verdict is its exit code, never the collector's."""
+    import time
+
+    from hpcml.vet.fleet.collector.client import send
+    from hpcml.vet.fleet.collector.server import read_tokens
+    try:
+        tokens = read_tokens(token_file)
+    except OSError as exc:
+        print(f"{ME}: warning: report not sent to {url}: token file: {exc.strerror}", file=sys.stderr)
+        return
+    send(doc, url, tokens[0] if tokens else "", timeout=max(0.5, min(SEND_S, budget_end + SEND_S - time.time())))
 
 
 def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain: bool = True,

@@ -40,9 +40,11 @@ def _signed(doc: dict[str, Any]) -> dict[str, Any]:
 
 
 def _pieces(report: Any, body: bytes) -> list[bytes]:
-    if not (isinstance(report, dict) and "nodes" in report):
+    """The requests a report goes in, each document signed: a whole vet report over 512 KiB
+    is sent as lists of node reports."""
+    if not isinstance(report, dict):
         return [body]
-    if len(body) <= PIECE:
+    if "nodes" not in report or len(body) <= PIECE:
         return [orjson.dumps(_signed(report), default=str)]
     from hpcml.vet.fleet.collector.schema import split_vet_report
     out: list[bytes] = []
