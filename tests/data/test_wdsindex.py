@@ -7,9 +7,12 @@ from __future__ import annotations
 import gzip
 import io
 import os
+import subprocess
+import sys
 import tarfile
 from pathlib import Path
 
+import orjson
 import pytest
 
 from hpcml.data import ShardDataset
@@ -17,6 +20,7 @@ from hpcml.data.doctor import detect_resources, diagnose
 from hpcml.data.stage import stage
 from hpcml.data.wdsindex import base_plus_ext, expand_braces, index_shards, shard_paths
 from hpcml.errors import UsageError
+from tests.hostile_tars import B_SIZE, HUGE, MEMBERS, gnu_size_tar, pax_size_tar
 
 
 def write_tar(path: Path, members: list[tuple[str, bytes]], mode: str = "w", fmt=tarfile.USTAR_FORMAT) -> Path:
@@ -172,3 +176,40 @@ def test_gzip_member_bytes_are_kept_as_written(tmp_path):
     write_tar(src / "g.tar", [("0.txt.gz", gzip.compress(b"hello\n"))])
     index_shards([str(src)])
     assert gzip.decompress(hpcml_samples(src)[0]["txt.gz"]) == b"hello\n"
+
+
+def _index_cli(*args: str) -> subprocess.CompletedProcess:
+    """``hpcml data index`` as a user runs it, bounded: a hang fails the test, never the run."""
+    return subprocess.run([sys.executable, "-m", "hpcml", "data", "index", *args], capture_output=True,
+                          text=True, timeout=60)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])
+@pytest.mark.parametrize("build", [pax_size_tar, gnu_size_tar], ids=["pax size", "gnu base-256 size"])
+def test_a_member_claiming_10_20_bytes_is_one_line_exit_2(tmp_path, build, gz):
+    """A 10 KB shard whose header claims 10**20 bytes: tarfile's stream skip would spin for ever."""
+    raw = build(HUGE)
+    shard = tmp_path / ("s.tar.gz" if gz else "s.tar")
+    shard.write_bytes(gzip.compress(raw) if gz else raw)
+    r = _index_cli(str(shard), "--out", str(tmp_path / "i"))
+    assert r.returncode == 2, r.stderr
+    assert r.stdout == "" and len(r.stderr.strip().splitlines()) == 1
+    line = r.stderr.strip()
+    assert str(shard) in line and "member 'b.txt' claims 100,000,000,000,000,000,000 bytes" in line
+    assert not (tmp_path / "i" / "manifest.json").exists()
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])
+@pytest.mark.parametrize("build", [pax_size_tar, gnu_size_tar], ids=["pax size", "gnu base-256 size"])
+def test_honest_pax_and_base256_sizes_still_index(tmp_path, build, gz):
+    src = tmp_path / "s"
+    src.mkdir()
+    raw = build(B_SIZE)
+    (src / ("s.tar.gz" if gz else "s.tar")).write_bytes(gzip.compress(raw) if gz else raw)
+    r = index_shards([str(src)])
+    assert r.manifest.samples == 2
+    with tarfile.open(fileobj=io.BytesIO(raw)) as tf:     # where tarfile itself finds each member
+        where = {m.name.split(".")[0]: (m.offset_data, m.size) for m in tf}
+    rows = orjson.loads(next(src.glob("*.idx.json")).read_bytes())["samples"]
+    assert [(row[0], row[3]) for row in rows] == [("a", [["txt", *where["a"]]]), ("b", [["txt", *where["b"]]])]
+    assert hpcml_samples(src) == [{"__key__": name.split(".")[0], "txt": data} for name, data in MEMBERS]

@@ -266,6 +266,21 @@ def test_env_empty_string_unsets(site):
     assert e.origin["env.GONE"] == str(site.work / "t.toml")
 
 
+@pytest.mark.parametrize("name", ["C;touch X;D", "1A", "A-B", "A.B", "A B", "", "É"])
+def test_env_names_must_be_posix_variable_names(site, name):
+    """Issue 63: any other name is shell code in an ``export`` line; in a base environment too."""
+    site.write(site.edf / "b.toml", f'image = "i"\n\n[env]\nOK = "1"\n"{name}" = "v"\n')
+    site.write(site.work / "t.toml", 'base_environment = "b"\n')
+    err = site.error("./t.toml")
+    assert err.file == str(site.edf / "b.toml") and err.key == f"env.{name}" and "not a variable name" in str(err)
+    assert err.line == (5 if name else None) and "\n" not in str(err)
+
+
+def test_env_names_of_every_posix_form_are_kept(site):
+    site.write(site.work / "t.toml", 'image = "i"\n[env]\n_ = "1"\n_a1 = "2"\nlower = "3"\nZ9_ = "4"\n')
+    assert site.load("./t.toml").env.env == {"_": "1", "_a1": "2", "lower": "3", "Z9_": "4"}
+
+
 # ---------------------------------------------------------------- annotations
 
 def test_annotations_dotted_equals_table(site):

@@ -121,6 +121,9 @@ def test_edf_mount_target_wins_over_hook(site):
 
 @pytest.mark.parametrize("text, key, words", [
     ("hooks: {com.hooks.cxi: {env: [1]}}", "hooks.com.hooks.cxi.env", "found a list"),
+    ("hooks: {com.hooks.cxi: {env: {'C;touch x;D': v}}}", "hooks.com.hooks.cxi.env", "not a variable name"),
+    ("hooks: {com.hooks.x: {variants: {a: {env: {\"A\\nB\": v}}}}}", "hooks.com.hooks.x.variants.a.env",
+     "not a variable name"),
     ("hooks: {com.hooks.cxi: {mounts: ['/a:b']}}", "hooks.com.hooks.cxi.mounts", "absolute"),
     ("hooks: {com.hooks.cxi: {mounts: ['a:/b']}}", "hooks.com.hooks.cxi.mounts", "must be absolute"),
     ("hooks: {com.hooks.cxi: {mountz: []}}", "hooks.com.hooks.cxi.mountz", "unknown key"),

@@ -260,3 +260,123 @@ def test_pyxis_passes_mount_flags_as_written():
     assert render("pyxis", env).argv[2] == "--container-mounts=/tmp:/mnt:unbindable+ro"
     podman = render("podman", env).argv
     assert podman[podman.index("-v") + 1] == "/tmp:/mnt:unbindable,ro"
+
+
+# ---------------------------------------------------------------- hostile [env] names and values
+
+PRINTER = """#!/bin/sh
+# stands in for srun: records its argv and environment, runs nothing
+for a in "$@"; do printf '%s\\0' "$a"; done > "$HPCML_TEST_OUT.argv"
+env -0 > "$HPCML_TEST_OUT.env"
+"""
+
+
+def hostile(mark) -> list[str]:
+    """Values (and names) that run ``touch MARK`` wherever a shell meets them unquoted, in a
+    word of their own or before ``=...`` (as a name in ``export NAME=...``)."""
+    m = str(mark)
+    return [f"C;touch {m};D", f"C$(touch {m})D", f"C`touch {m}`D", f"C\ntouch {m}\nD", f"C'; touch {m}; 'D",
+            f'C"; touch {m}; "D', f"C && touch {m};D"]
+
+
+def paste(lines: list[str], tmp_path) -> tuple[list[str], dict[str, str]]:
+    """Run the printed launch as a person pasting it would, with ``srun`` a printer on PATH:
+    what srun was given (argv, environment). ``bash -n`` must accept the lines first."""
+    script = "\n".join(lines) + "\n"
+    assert subprocess.run(["bash", "-n"], input=script, text=True, capture_output=True).returncode == 0
+    fake = tmp_path / "bin"
+    fake.mkdir(exist_ok=True)
+    (fake / "srun").write_text(PRINTER)
+    (fake / "srun").chmod(0o755)
+    out = tmp_path / "srun"
+    subprocess.run(["bash"], input=script, text=True, capture_output=True, cwd=tmp_path, timeout=30,
+                   env={"PATH": f"{fake}:/usr/bin:/bin", "HPCML_TEST_OUT": str(out)})
+    argv = (tmp_path / "srun.argv").read_bytes().decode().split("\0")[:-1]
+    env = dict(item.split("=", 1) for item in (tmp_path / "srun.env").read_bytes().decode().split("\0")[:-1])
+    return argv, env
+
+
+def test_pyxis_launch_quotes_hostile_names_and_values(tmp_path):
+    """Names the EDF would refuse, built by hand: the printed lines still run nothing hidden."""
+    mark = tmp_path / "marker"
+    values = {f"V{i}": v for i, v in enumerate(hostile(mark))}
+    names = {name: "v" for name in hostile(mark)} | {f"U;touch {mark};W": None}
+    launch = render("pyxis", Environment(image="ubuntu:24.04", env=values | names), command=["echo", "$(x)"])
+    argv, got = paste(launch.lines(), tmp_path)
+    assert not mark.exists()
+    assert argv == launch.argv[1:]
+    assert {k: got[k] for k in values} == values
+
+
+def test_container_script_quotes_hostile_names(tmp_path):
+    """``hpcml env run``'s script in the container: a hand-built name is never shell code."""
+    mark = tmp_path / "marker"
+    names = {name: "${HOME}" for name in hostile(mark)}
+    env = Environment(image="ubuntu:24.04", env=dict(names) | {f"GONE;touch {mark};W": None},
+                      env_template=names)
+    script = _wrapper(render("pyxis", env).argv)[2]
+    assert subprocess.run(["bash", "-n", "-c", script], capture_output=True).returncode == 0
+    subprocess.run(["/bin/sh", "-c", script, "sh", "true"], env={"HOME": "/h", "PATH": "/usr/bin:/bin"},
+                   capture_output=True, cwd=tmp_path, timeout=30)
+    assert not mark.exists()
+
+
+def test_container_script_sets_hostile_values_exactly(tmp_path):
+    mark = tmp_path / "marker"
+    raw = {f"V{i}": v + "${HOME}" for i, v in enumerate(hostile(mark)) if "$(" not in v}   # $(...) is refused
+    launch = render("pyxis", Environment(image="ubuntu:24.04", env=dict(raw), env_template=raw), command=["true"])
+    done = subprocess.run([*_wrapper(launch.argv)[:4], shutil.which("env") or "/usr/bin/env", "-0"],
+                          env={"HOME": "/h", "PATH": "/usr/bin:/bin"}, capture_output=True, timeout=30)
+    assert done.returncode == 0 and not mark.exists()
+    got = dict(item.split("=", 1) for item in done.stdout.decode().split("\0")[:-1])
+    assert {k: got[k] for k in raw} == {k: v.replace("${HOME}", "/h") for k, v in raw.items()}
+
+
+@pytest.fixture
+def env_cli(tmp_path, monkeypatch):
+    from typer.testing import CliRunner
+
+    from hpcml.env.cli import app as env_app
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.delenv("EDF_PATH", raising=False)
+    return lambda *args: CliRunner().invoke(env_app, list(args), env={"COLUMNS": "400"})
+
+
+def toml_string(value: str) -> str:
+    """A TOML basic string: JSON's escapes are TOML's."""
+    import json
+    return json.dumps(value)
+
+
+def test_cli_render_of_hostile_values_pastes_safely(tmp_path, env_cli):
+    mark = tmp_path / "marker"
+    values = {f"V{i}": v for i, v in enumerate(hostile(mark)) if "$(" not in v}
+    body = "".join(f"{k} = {toml_string(v)}\n" for k, v in values.items())
+    (tmp_path / "h.toml").write_text(f'image = "ubuntu:24.04"\n[env]\n{body}')
+    r = env_cli("render", "-r", "pyxis", "./h.toml", "--", "echo", "`touch x`")
+    assert r.exit_code == 0, r.output
+    argv, got = paste(r.stdout.splitlines(), tmp_path)
+    assert not mark.exists() and not (tmp_path / "x").exists()
+    assert {k: got[k] for k in values} == values and argv[-2:] == ["echo", "`touch x`"]
+
+
+@pytest.mark.parametrize("i", range(7))
+def test_cli_refuses_a_hostile_env_name_in_one_line(tmp_path, env_cli, i):
+    mark = tmp_path / "marker"
+    name = hostile(mark)[i]
+    (tmp_path / "h.toml").write_text(f'image = "ubuntu:24.04"\n[env]\nOK = "1"\n{toml_string(name)} = "v"\n')
+    for command in ("render", "validate"):
+        r = env_cli(command, *(["-r", "pyxis"] if command == "render" else []), "./h.toml",
+                    *(["--", "true"] if command == "render" else []))
+        assert r.exit_code == 2 and r.stdout == "" and r.stderr.count("\n") == 1, r.output
+        shown = repr(name)[1:-1]
+        line = ":4" if "\n" not in name and '"' not in name else ""       # an escaped key: no line found
+        assert f"h.toml{line}: key 'env.{shown}': not a variable name" in r.stderr
+    assert not mark.exists()
+
+
+def test_cli_refuses_command_substitution_in_a_value(tmp_path, env_cli):
+    mark = tmp_path / "marker"
+    (tmp_path / "h.toml").write_text(f'image = "ubuntu:24.04"\n[env]\nA = "$(touch {mark})"\n')
+    r = env_cli("render", "-r", "pyxis", "./h.toml", "--", "true")
+    assert r.exit_code == 2 and r.stdout == "" and "key 'env.A'" in r.stderr and not mark.exists()

@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import gzip
 import io
 import pickle
 import tarfile
 import zipfile
 
+import pytest
+
 from hpcml.scan.model import Verdict
 from hpcml.scan.scanner import scan_file
+from tests.hostile_tars import B_SIZE, HUGE, gnu_size_tar, huge_extended_header, pax_size_tar
 
 EVIL = b"\x80\x04\x8c\x02os\x8c\x06system\x93\x8c\x04true\x85R."
 
@@ -91,3 +95,31 @@ def test_archives_nested_too_deep_are_an_error(tmp_path):
     res = scan_file(path)
     assert res.verdict is not Verdict.SAFE
     assert any("nested more than" in e for e in res.errors)
+
+
+@pytest.mark.parametrize("gz", [False, True], ids=["plain", "gzipped"])
+@pytest.mark.parametrize("build", [pax_size_tar, gnu_size_tar], ids=["pax size", "gnu base-256 size"])
+def test_a_member_claiming_10_20_bytes_is_an_error_naming_it(tmp_path, build, gz):
+    """Plain: tarfile would raise a ValueError past 2**63 (an internal error); gzipped, its
+    stream skip would spin for ever. Both are an error naming the member, at once."""
+    raw = build(HUGE)
+    shard = tmp_path / ("s.tar.gz" if gz else "s.tar")
+    shard.write_bytes(gzip.compress(raw) if gz else raw)
+    res = scan_file(shard)
+    assert res.verdict is Verdict.ERROR
+    assert "member 'b.txt' claims 100,000,000,000,000,000,000 bytes" in res.errors[0], res.errors
+
+
+@pytest.mark.parametrize("fmt", [tarfile.PAX_FORMAT, tarfile.GNU_FORMAT], ids=["pax x", "gnu L"])
+def test_an_extended_header_claiming_10_20_bytes_is_an_error(tmp_path, fmt):
+    shard = tmp_path / "s.tar"
+    shard.write_bytes(huge_extended_header(fmt))
+    res = scan_file(shard)
+    assert res.verdict is Verdict.ERROR and "extended header" in res.errors[0], res.errors
+
+
+@pytest.mark.parametrize("build", [pax_size_tar, gnu_size_tar], ids=["pax size", "gnu base-256 size"])
+def test_honest_pax_and_base256_sizes_scan_clean(tmp_path, build):
+    shard = tmp_path / "s.tar"
+    shard.write_bytes(build(B_SIZE))
+    assert scan_file(shard).verdict is Verdict.SAFE

@@ -1,7 +1,8 @@
 """The API server's field formats, checked offline: each object hpcml renders with a name,
 key, image, env name or mount path that Kubernetes would refuse (and that its OpenAPI
 schema lets through) is refused by ``validate`` in one line naming the object, the field
-and the rule, exit 2; from a blueprint file, ``service render`` refuses it the same way."""
+and the rule, exit 2; from a blueprint file, ``service render`` refuses it by the same rule,
+naming the blueprint's file and key."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ from pathlib import Path
 
 import pytest
 
+from hpcml.errors import UsageError
 from hpcml.service import catalogue, k8s, k8sformat, render, validate
 from tests import needs
 
@@ -82,18 +84,20 @@ def test_what_the_api_server_accepts_passes(rule, value):
 
 
 @pytest.mark.parametrize("old, new, field", [
-    ("prometheus.yml: |", "../../etc/passwd: |", "ConfigMap/prometheus-config: data key"),
-    ("image: docker.io/prom/prometheus:v2.53.0", 'image: "docker.io/prom/prometheus:v2.53.0\\nX"', ".image"),
-    ("options:", 'env: {"A\\nB": "1"}\noptions:', ".env[0].name"),
-    ("mount: /prometheus,", "mount: /cfg/../..,", ".mountPath"),
+    ("prometheus.yml: |", "../../etc/passwd: |", "key 'files[0].content'"),
+    ("image: docker.io/prom/prometheus:v2.53.0", 'image: "docker.io/prom/prometheus:v2.53.0\\nX"', "key 'image'"),
+    ("options:", 'env: {"A\\nB": "1"}\noptions:', "key 'env.A\\nB'"),
+    ("mount: /prometheus,", "mount: /cfg/../..,", "key 'volumes[0].mount'"),
 ])
 def test_a_blueprint_file_with_such_a_field_is_not_rendered(tmp_path, old, new, field):
+    """Refused by the same rule before any manifest is built, named as the blueprint's key
+    (``hpcml.service.checks``, which ``validate`` and ``up`` run too)."""
     assert old in PROMETHEUS
     bad = tmp_path / "bad.yaml"
     bad.write_text(PROMETHEUS.replace(old, new, 1))
-    with pytest.raises(validate.InvalidManifest, match="Kubernetes API server rule") as exc:
+    with pytest.raises(UsageError) as exc:
         render.render(str(bad), k8s.Target("vision"))
-    assert field in str(exc.value) and "\n" not in str(exc.value)
+    assert str(exc.value).startswith(f"{bad}: {field}: ") and "\n" not in str(exc.value)
     if "passwd" not in new:
         return
     out = subprocess.run([sys.executable, "-m", "hpcml", "service", "render", str(bad), "--team", "vision",

@@ -81,6 +81,14 @@ def load_index(path: Path) -> ShardIndex:
         raise UsageError("malformed sample row", file=str(path), key="samples") from None
 
 
+def size_field(field: bytes) -> int:
+    """A ustar size field: octal, or GNU base-256 (first byte 0x80, then big-endian), which
+    GNU tar and tarfile write for a member of 8 GiB or more. ValueError for anything else."""
+    if field[:1] == b"\x80":
+        return int.from_bytes(field[1:], "big")
+    return int(field.split(b"\0", 1)[0].strip() or b"0", 8)
+
+
 def header_problem(buf: bytes | memoryview, pos: int, size: int) -> str | None:
     """Why the 512-byte tar header at ``buf[pos:]`` does not announce ``size`` bytes, or None.
 
@@ -98,7 +106,7 @@ def header_problem(buf: bytes | memoryview, pos: int, size: int) -> str | None:
         return "no tar header"
     try:
         stored = int(hdr[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
-        found = int(hdr[124:136].split(b"\0", 1)[0].strip() or b"0", 8)
+        found = size_field(hdr[124:136])
     except ValueError:
         return "garbled tar header"
     if stored != sum(hdr[:148]) + 256 + sum(hdr[156:]):

@@ -3,7 +3,9 @@ them as they are: ``hpcml data index SPEC [--out DIR]``.
 
 The shards are only read, never rewritten: one pass per shard computes its sha256 (what
 staging verifies copies against) and walks its tar headers with ``tarfile`` in stream
-mode (``r|*``, as webdataset reads, so gzip, bzip2 and xz shards work too). Members are
+mode (``r|*`` as webdataset reads, so gzip, bzip2 and xz shards work too), each member's
+size checked against what the shard holds (``hpcml.tarbounds``: a header claiming 10**20
+bytes is one line naming the member, not a walk that never ends). Members are
 grouped into samples by webdataset's own rules (``tariterators.tar_file_iterator`` and
 ``group_by_keys``), so a sample here is the sample ``webdataset.WebDataset`` yields:
 
@@ -37,6 +39,7 @@ from hpcml.data.index import SHARD_SUFFIXES, index_name, padded, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded
+from hpcml.tarbounds import checked_members, open_tar
 
 COMPRESSION = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
 SKIP_META = re.compile(r"__[^/]*__($|/)")
@@ -180,9 +183,9 @@ def index_shard(path: Path) -> ShardScan:
         split = 0
         cur: list | None = None
         try:
-            tf = tarfile.open(fileobj=src, mode="r|*")    # type: ignore[call-overload]
-            for info in tf:
-                tf.members = []                          # stream mode: keep no member list
+            tf = open_tar(src, "r|*" if comp else "r|")      # type: ignore[arg-type]
+            for info in checked_members(tf, room=None if comp else os.fstat(fh.fileno()).st_size):
+                tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
                 end = info.offset_data + padded(info.size)
                 name = info.name
                 kv = base_plus_ext(name) if info.isreg() and not is_meta(name) else None

@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.env.expand import ExpansionError, expand, to_shell
+from hpcml.env.expand import ExpansionError, expand, is_variable_name, to_shell
 from hpcml.env.model import Environment
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
@@ -267,8 +267,7 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
             raise f.error(f"expected a table, found {_kind(data['env'])}", "env")
         for name, raw in data["env"].items():
             key = f"env.{name}"
-            if not name or "=" in name or "\0" in name:
-                raise f.error(f"not a valid variable name: {name!r}", key)
+            _check_name(f, name)
             e.env_template.pop(name, None)
             e.env[name] = None if raw == "" else _env_value(f, key, raw, environ, e, warnings)
             e.origin[key] = src
@@ -287,6 +286,15 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
                 value = _string(f, key, raw, environ)
             e.annotations[name] = value
             e.origin[key] = src
+
+
+def _check_name(f: _File, name: str) -> None:
+    """An ``[env]`` name must be a POSIX variable name: any other (``C;touch X;D``) would be
+    shell code in the ``export`` lines of ``hpcml env render`` and in the container's script."""
+    if not is_variable_name(name):
+        shown = repr(name)[1:-1]                     # a newline in the name stays on one line
+        raise UsageError("not a variable name (letters, digits and _, not starting with a digit)",
+                         file=str(f.path), key=f"env.{shown}", line=f.line_of(f"env.{name}"))
 
 
 def _mounts(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, origins: list[str],

@@ -24,6 +24,12 @@ from hpcml.errors import UsageError
 _NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 
 
+def is_variable_name(name: str) -> bool:
+    """A POSIX shell variable name: the only ``[env]`` names a shell line can set, so the
+    only ones hpcml writes into the launch it prints and the script it runs in the container."""
+    return _NAME.fullmatch(name) is not None
+
+
 class ExpansionError(UsageError, ValueError):
     """An expansion that cannot be done (bad input, exit 2); ``variable`` names the culprit
     when there is one."""

@@ -28,6 +28,7 @@ from pathlib import Path
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
+from hpcml.env.expand import is_variable_name
 from hpcml.env.model import Mount
 from hpcml.env.mounts import MountError, parse_mount
 from hpcml.errors import UsageError
@@ -54,6 +55,15 @@ class _Additions(BaseModel):
     mounts: list[str] = []
     devices: list[str] = []
     options: dict[str, list[str]] = {}    # runtime name -> extra argv for that runtime
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, env: dict[str, str]) -> dict[str, str]:
+        for name in env:
+            if not is_variable_name(name):
+                raise ValueError(f"{name!r} is not a variable name (letters, digits and _, not starting "
+                                 "with a digit)")
+        return env
 
     @field_validator("mounts")
     @classmethod

@@ -32,7 +32,7 @@ from hpcml.proctree import start_time, stop_group
 from hpcml.service import state as st
 from hpcml.service.backends import choose
 from hpcml.service.blueprint import Blueprint
-from hpcml.service.k8sformat import configmap_key
+from hpcml.service.checks import check_file_key
 from hpcml.service.placeholders import Place, expand
 
 
@@ -103,9 +103,7 @@ def _identify(s: st.ServiceState) -> None:
 def _file_target(bp: Blueprint, directory: Path, i: int, name: str, key: str) -> Path:
     """Where the file ``key`` of ``files[i]`` goes: a file name (a ConfigMap key's rule, as in
     Kubernetes), never a path such as ``../../x`` or ``/tmp/x``; refused before anything runs."""
-    problem = configmap_key(key)
-    if problem:
-        raise UsageError(f"{key!r} is {problem}", file=bp.source or None, key=f"files[{i}].content")
+    check_file_key(bp, i, key)
     return _under(directory, "files", name, key)
 
 

@@ -1,4 +1,4 @@
-"""A blueprint and the services it depends on, loaded and put in start order."""
+"""A blueprint and the services it depends on, loaded, checked and put in start order."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ from pathlib import Path
 from hpcml.errors import UsageError
 from hpcml.service import catalogue
 from hpcml.service.blueprint import Blueprint, load
+from hpcml.service.checks import check
 
 
 def _find_dep(name: str, beside: Path) -> Path:
@@ -17,7 +18,8 @@ def _find_dep(name: str, beside: Path) -> Path:
 def with_dependencies(ref: str, options: dict[str, str] | None = None) -> list[Blueprint]:
     """The blueprint ``ref`` (a name or a file) last, its dependencies before it (deepest
     first); a missing dependency or a cycle is exit 2 naming ``depends_on``. ``options``
-    (``--set``) apply to ``ref`` itself."""
+    (``--set``) apply to ``ref`` itself. Every command taking a blueprint (validate, up,
+    render) loads it here, so each runs the same checks (``checks.check``)."""
     order: list[Blueprint] = []
     seen: dict[str, Blueprint] = {}
 
@@ -40,4 +42,5 @@ def with_dependencies(ref: str, options: dict[str, str] | None = None) -> list[B
     visit(catalogue.find(ref), ())
     if options:
         order[-1] = order[-1].with_options(options)
+    check(order)
     return order

@@ -38,10 +38,12 @@ class Launch:
     notes: list[str] = field(default_factory=list)
 
     def lines(self) -> list[str]:
-        """As shell lines a person could paste: prepare, exports, the launch, cleanup."""
+        """As shell lines a person could paste: prepare, exports, the launch, cleanup. Every
+        word is quoted, names too: pasting runs only what the launch says."""
         out = [shlex.join(cmd) for cmd in self.prepare]
         for key, value in self.environ.items():
-            out.append(f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}")
+            name = shlex.quote(key)
+            out.append(f"unset {name}" if value is None else f"export {name}={shlex.quote(value)}")
         out.append(shlex.join(self.argv))
         out += [shlex.join(cmd) for cmd in self.cleanup]
         return out
@@ -174,11 +176,11 @@ def export_lines(env: Environment, variables: Mapping[str, str | None], host: Ma
     sets: list[str] = []
     for i, (name, value) in enumerate(variables.items()):
         if value is None:
-            sets.append(f"unset {name}")
+            sets.append(f"unset {shlex.quote(name)}")
             continue
         word = to_shell(env.env_template[name])[0] if name in env.env_template else None
         lines.append(f"_hpcml_env{i}=" + (f'"{word}"' if word is not None else shlex.quote(value)))
-        sets.append(f'export {name}="$_hpcml_env{i}"; unset _hpcml_env{i}')
+        sets.append(f'export {shlex.quote(name)}="$_hpcml_env{i}"; unset _hpcml_env{i}')
     return lines + sets
 
 

@@ -9,7 +9,9 @@ A member whose bytes do not fit its field (a ``.jpg`` that is no image) and a fi
 known decoder are recognised by content, like zip members. A plain tar is read with
 seeks, each member bounded to its byte range; a compressed one (``.tar.gz``, by
 ``hpcml.scan.formats.joblib``) is read as a stream, each member spooled (to disk past
-``SPOOL_BYTES``), since a compressed stream cannot seek back.
+``SPOOL_BYTES``), since a compressed stream cannot seek back. Either way a member's size
+is checked against what the archive holds (``hpcml.tarbounds``), so a header claiming
+10**20 bytes is an error naming the member, not a hang.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from typing import BinaryIO, cast
 
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat
+from hpcml.tarbounds import checked_members, file_room, open_tar
 
 SPOOL_BYTES = 64 << 20
 KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")     # webdataset's base_plus_ext
@@ -88,14 +91,14 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
              stream: bool = False) -> None:
     """Scan each regular member; ``stream``: ``fh`` cannot seek back (a decompressed tar)."""
     try:
-        tf = tarfile.open(fileobj=fh, mode="r|" if stream else "r:")
+        tf = open_tar(fh, "r|" if stream else "r:")
     except (tarfile.TarError, OSError, EOFError) as exc:
         fs.error(f"not a readable tar archive: {exc}", member)
         return
     fs.set_format("tar")
     as_data: Counter[str] = Counter()
     try:
-        for info in tf:
+        for info in checked_members(tf, room=None if stream else file_room(fh)):
             if stream:
                 tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
             if not info.isfile():
@@ -134,8 +137,11 @@ def _spooled(fs: FileScan, body: BinaryIO, info: tarfile.TarInfo, where: str, de
     """A member of a streamed tar, copied where it can seek (memory, or a temporary file
     past ``SPOOL_BYTES``): the scanners read heads and seek back."""
     with tempfile.SpooledTemporaryFile(max_size=SPOOL_BYTES) as spool:
-        while chunk := body.read(1 << 20):
-            spool.write(chunk)
+        try:
+            while chunk := body.read(1 << 20):
+                spool.write(chunk)
+        except tarfile.ReadError as exc:         # the stream ends before the size its header claims
+            raise tarfile.ReadError(f"member {info.name!r} claims {info.size:,} bytes: {exc}") from None
         spool.seek(0)
         _member(fs, cast(BinaryIO, spool), info, where, depth, scan_member, as_data)
 
