@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 from types import ModuleType
 
+from hpcml import version
 from hpcml.cli_report import report
 
 
@@ -98,16 +99,6 @@ def _fast_path(argv: list[str]) -> tuple[ModuleType | None, list[str]]:
             fast, args = __import__(module, fromlist=["main"]), argv[len(words):]
             return (fast if fast.wants(args) else None), args
     return None, argv
-
-
-def version() -> str:
-    """The installed distribution's version (what pip reports), else the source tree's."""
-    from importlib import metadata
-    try:
-        return metadata.version("hpcml")
-    except metadata.PackageNotFoundError:
-        from hpcml import __version__
-        return __version__
 
 
 def _main() -> None:

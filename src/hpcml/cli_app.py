@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import typer
 
+from hpcml import version as installed_version
 from hpcml.ckpt.cli import app as ckpt_app
 from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
@@ -37,8 +38,7 @@ app.registered_commands += run_app.registered_commands        # hpcml run, hpcml
 
 def _print_version(value: bool) -> None:
     if value:
-        from hpcml.cli import version
-        print(f"hpcml {version()}")
+        print(f"hpcml {installed_version()}")
         raise typer.Exit()
 
 
@@ -51,5 +51,4 @@ def _root(_version: bool = typer.Option(False, "--version", "-V", is_eager=True,
 @app.command()
 def version() -> None:
     """Print hpcml's version (as hpcml --version)."""
-    from hpcml.cli import version
-    print(f"hpcml {version()}")
+    print(f"hpcml {installed_version()}")

@@ -318,7 +318,8 @@ def refused_leaves(shard: Path, index: Path) -> list[str]:
     from hpcml.scan.model import Verdict
     from hpcml.scan.policy import default_policy
     names = leaf_paths(doc.get("skeleton"))
-    fs = FileScan(str(shard), default_policy(), 0)
+    from hpcml.scan.scanner import scan_content
+    fs = FileScan(str(shard), default_policy(), 0, scan_content)
     try:
         with open(shard, "rb") as fh:
             for i, e in pickled:

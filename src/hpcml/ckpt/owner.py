@@ -148,7 +148,7 @@ def check(root: Path, token: str) -> None:
     """Refuse to commit after another job took the directory over (fencing)."""
     owner = read(root)
     if owner is not None and owner.get("token") != token:
-        from hpcml.ckpt.checkpointer import CheckpointError
+        from hpcml.ckpt.layout import CheckpointError
         raise CheckpointError(f"{root}: taken over by another job ({describe(owner)}); this job's checkpoint "
                               "was not committed")
 

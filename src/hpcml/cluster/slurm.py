@@ -12,6 +12,7 @@ import io
 import shutil
 import signal
 import subprocess
+import time
 from collections.abc import Mapping, Sequence
 
 from hpcml.cluster.hostlist import fold
@@ -179,6 +180,14 @@ def job_state(job_id: str, *, timeout: float = 10.0) -> str | None:
         return "" if "invalid job id" in str(exc).lower() else None
     return recs[0].get("JobState", "").split()[0] if recs and recs[0].get("JobState") else ""
 
+
+
+def cancel(job_id: str, wait: float = 60.0) -> None:
+    """scancel the job and wait until it no longer holds its allocation (or Slurm cannot say)."""
+    run(["scancel", job_id], timeout=15)
+    deadline = time.monotonic() + wait
+    while job_state(job_id) in ALIVE and time.monotonic() < deadline:
+        time.sleep(0.3)
 
 def free_port_on(node: str, python: str, *, timeout: float = 60.0) -> int:
     """A TCP port free now on ``node`` of the current allocation (one ``srun --overlap``

@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcml.data.manifest import is_shard_name
 from hpcml.data.sources import examine, identity, sample_key, walk
-from hpcml.data.wdsindex import is_shard_name
 from hpcml.errors import UsageError
 from hpcml.schemas import tag
 from hpcml.units import fmt_bytes

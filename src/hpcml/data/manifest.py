@@ -24,8 +24,9 @@ from pathlib import Path
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hpcml.data.index import SHARD_SUFFIXES
 from hpcml.errors import UsageError
-from hpcml.files import read_json, write_atomic
+from hpcml.files import JSON_MAX, load_json_bounded, read_json, write_atomic
 from hpcml.schemas import check, tag
 
 SCHEMA = tag("data.manifest", 1)
@@ -86,9 +87,36 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
         raise UsageError(f"{err['msg']} (found {err.get('input')!r})", file=str(p), key=key) from None
 
 
+def is_shard_name(name: str) -> bool:
+    return name.lower().endswith(SHARD_SUFFIXES)
+
+
+def hint(directory: Path) -> str | None:
+    """What to say about a directory without a manifest: WebDataset shards to index, an
+    MDS dataset hpcml does not read, or None."""
+    try:
+        names = [e.name for e in os.scandir(directory)]
+    except OSError:
+        return None
+    if any(is_shard_name(n) for n in names):
+        return (f"WebDataset shards without an index: run 'hpcml data index {directory}' (add --out DIR "
+                "when this directory is read-only); the shards are read as they are")
+    if "index.json" in names and (any(".mds" in n for n in names) or _mds_index(directory / "index.json")):
+        return "a MosaicML streaming (MDS) dataset: hpcml reads WebDataset tar shards, not MDS"
+    return None
+
+
+def _mds_index(path: Path) -> bool:
+    try:
+        doc = load_json_bounded(path, JSON_MAX)
+    except (OSError, ValueError):
+        return False
+    return isinstance(doc, dict) and isinstance(doc.get("shards"), list) and any(
+        isinstance(s, dict) and s.get("format") == "mds" for s in doc["shards"])
+
+
 def _missing(p: Path) -> str:
     """The words for a directory without a manifest: WebDataset shards say how to index them."""
-    from hpcml.data.wdsindex import hint
     found = hint(p.parent) if p.name == MANIFEST else None
     return f"no manifest here: {found}" if found else \
         "no manifest here: not a shard set made by 'hpcml data pack' or indexed by 'hpcml data index'"

@@ -35,8 +35,8 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
-from hpcml.data.index import SHARD_SUFFIXES, index_name, padded, write_index
-from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, write_manifest
+from hpcml.data.index import index_name, padded, write_index
+from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, is_shard_name, write_manifest
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded
 from hpcml.tarbounds import checked_members, open_tar
@@ -59,10 +59,6 @@ def base_plus_ext(name: str) -> tuple[str, str] | None:
 def is_meta(name: str) -> bool:
     """Members webdataset skips as metadata before grouping."""
     return ("/" not in name and name.startswith("__") and name.endswith("__")) or bool(SKIP_META.match(name))
-
-
-def is_shard_name(name: str) -> bool:
-    return name.lower().endswith(SHARD_SUFFIXES)
 
 
 def compression_of(head: bytes) -> str:
@@ -279,27 +275,3 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
         raise UsageError(f"cannot write the manifest: {exc.strerror}", file=str(dst / MANIFEST)) from None
     return IndexResult(manifest, dst, sum(len(s.skipped) for s in scans), sum(s.split_keys for s in scans),
                        sum(bool(s.compression) for s in scans))
-
-
-def hint(directory: Path) -> str | None:
-    """What to say about a directory without a manifest: WebDataset shards to index, an
-    MDS dataset hpcml does not read, or None."""
-    try:
-        names = [e.name for e in os.scandir(directory)]
-    except OSError:
-        return None
-    if any(is_shard_name(n) for n in names):
-        return (f"WebDataset shards without an index: run 'hpcml data index {directory}' (add --out DIR "
-                "when this directory is read-only); the shards are read as they are")
-    if "index.json" in names and (any(".mds" in n for n in names) or _mds_index(directory / "index.json")):
-        return "a MosaicML streaming (MDS) dataset: hpcml reads WebDataset tar shards, not MDS"
-    return None
-
-
-def _mds_index(path: Path) -> bool:
-    try:
-        doc = load_json_bounded(path, JSON_MAX)
-    except (OSError, ValueError):
-        return False
-    return isinstance(doc, dict) and isinstance(doc.get("shards"), list) and any(
-        isinstance(s, dict) and s.get("format") == "mds" for s in doc["shards"])

@@ -16,7 +16,23 @@ from types import MappingProxyType
 from typing import Any
 
 from hpcml.errors import UsageError
+from hpcml.urls import is_http_url
 from hpcml.words import plural
+
+URL_ENV = "HPCML_COLLECTOR"
+
+
+def collector_url(value: str | None, key: str = "--collector") -> str | None:
+    """The collector's base URL (``--collector``, else ``$HPCML_COLLECTOR``), or None.
+    Anything but http(s)://HOST[:PORT] is bad input (exit 2)."""
+    import os
+    url = value if value is not None else os.environ.get(URL_ENV) or None
+    if url is None:
+        return None
+    named = key if value is not None else URL_ENV
+    if not is_http_url(url):
+        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}", key=named)
+    return url.strip().rstrip("/")
 
 HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job (hpcml.run.watch)
 ON_HANG = ("stop", "report")  # what --on-hang takes
@@ -70,7 +86,6 @@ class Config(Options):
         before anything starts."""
         _check(opts, nodes)
         _check_restarts(opts, nodes, local)
-        from hpcml.run.summary import collector_url
         rank_env: dict[str, str] = {}
         if opts.remote_write is not None:          # checked now (URL, the remote extra), then passed to every rank
             from hpcml.observe.remotewrite import ENV_URL, config

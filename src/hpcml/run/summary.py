@@ -31,26 +31,12 @@ from hpcml.files import load_json_bounded, remove_dead_temps, write_atomic
 from hpcml.jobmodel import SUMMARY_SCHEMA as SCHEMA
 from hpcml.jobmodel import Attempt, JobSummary, RunRecord, dumps, reason, validate
 from hpcml.run.jobdir import read_run
-from hpcml.urls import is_http_url
 from hpcml.words import printable
 
 SPOOL = "summary"
-URL_ENV = "HPCML_COLLECTOR"
 TOKEN_ENVS = ("HPCML_COLLECTOR_TOKEN", "HPCML_VET_TOKEN")
 SEND_TIMEOUT = 3.0                   # seconds, for every summary together
 MAX_SUMMARY = 1 << 20                 # the collector's default body limit
-
-
-def collector_url(value: str | None, key: str = "--collector") -> str | None:
-    """The collector's base URL (``--collector``, else ``$HPCML_COLLECTOR``), or None.
-    Anything but http(s)://HOST[:PORT] is bad input (exit 2)."""
-    url = value if value is not None else os.environ.get(URL_ENV) or None
-    if url is None:
-        return None
-    named = key if value is not None else URL_ENV
-    if not is_http_url(url):
-        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}", key=named)
-    return url.strip().rstrip("/")
 
 
 def who(env: os._Environ | dict = os.environ) -> dict[str, str | None]:

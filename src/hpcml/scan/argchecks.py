@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterator
-from typing import Any
 
 from hpcml.scan.model import Verdict
+from hpcml.scan.walkvalues import BigInt, Blob, Call, LongText, Persistent, Ref, Unknown
 
 #: a problem with a call: its verdict and why
 Problem = tuple[Verdict, str]
@@ -36,27 +36,17 @@ _ENCODERS = frozenset({"_codecs.encode", "codecs.encode"})
 _LATIN1 = frozenset({"latin1", "latin-1", "iso-8859-1", "iso8859-1"})
 
 
-_PW: Any = None
 
 
-def _walk_types() -> Any:
-    """``picklewalk``, which imports this module: bound on first use (the walk calls the
-    checks millions of times on an object-heavy pickle, so not an import per call)."""
-    global _PW
-    if _PW is None:
-        from hpcml.scan import picklewalk
-        _PW = picklewalk
-    return _PW
 
 
 def built_at_load(v: object) -> bool:
     """Whether ``v`` is (or holds, inside a tuple) an object the load builds or names, or a
     value the walk lost track of: anything but data written literally in the file."""
-    pw = _walk_types()
     t = type(v)
     if t is tuple:
         return any(built_at_load(x) for x in v)  # type: ignore[attr-defined]
-    return t in (pw.Call, pw.Ref, pw.Persistent, pw.Unknown)
+    return t in (Call, Ref, Persistent, Unknown)
 
 
 def _literal_args(what: str) -> Callable[[tuple], Problem | None]:
@@ -70,9 +60,8 @@ def _literal_args(what: str) -> Callable[[tuple], Problem | None]:
 
 def _sized(args: tuple) -> Problem | None:
     """bytes/bytearray: from bytes or (str, encoding); an int would be a size to allocate."""
-    pw = _walk_types()
     first = args[0] if args else None
-    if not args or type(first) in (pw.Blob, str) or _latin1_text(first):   # protocol 2: bytearray(_codecs.encode(s, 'latin1'))
+    if not args or type(first) in (Blob, str) or _latin1_text(first):   # protocol 2: bytearray(_codecs.encode(s, 'latin1'))
         return None
     return (Verdict.UNKNOWN, "bytes/bytearray given something other than bytes or text "
                              "(an int is a size to allocate: bytes(10**12))")
@@ -95,20 +84,18 @@ def _fraction(args: tuple) -> Problem | None:
 def _latin1_text(v: object) -> bool:
     """``_codecs.encode(text, 'latin1')`` of text written in the file: how protocols 0-2
     write bytes. Every character must be below 256 (the load fails otherwise)."""
-    pw = _walk_types()
-    if not (isinstance(v, pw.Call) and isinstance(v.func, pw.Ref) and v.func.dotted in _ENCODERS):
+    if not (isinstance(v, Call) and isinstance(v.func, Ref) and v.func.dotted in _ENCODERS):
         return False
     a = v.args
     if type(a) is not tuple or len(a) != 2 or a[1] not in _LATIN1:
         return False
-    return type(a[0]) is pw.LongText or (type(a[0]) is str and all(ord(c) < 256 for c in a[0]))
+    return type(a[0]) is LongText or (type(a[0]) is str and all(ord(c) < 256 for c in a[0]))
 
 
 def _latin1_encode(args: tuple) -> Problem | None:
     """Pickle writes bytes as ``_codecs.encode(text, 'latin1')``; other codecs (punycode is
     quadratic) are not what a pickler writes."""
-    pw = _walk_types()
-    if len(args) == 2 and args[1] in _LATIN1 and (type(args[0]) in (str, pw.LongText)):
+    if len(args) == 2 and args[1] in _LATIN1 and (type(args[0]) in (str, LongText)):
         return None
     return (Verdict.UNKNOWN, "encode with anything but text and 'latin1' (what pickle writes)")
 
@@ -119,8 +106,7 @@ def _never_called(args: tuple) -> Problem | None:
 
 
 def _load_from_bytes(args: tuple) -> Problem | None:
-    pw = _walk_types()
-    if len(args) == 1 and (type(args[0]) is pw.Blob or _latin1_text(args[0])):
+    if len(args) == 1 and (type(args[0]) is Blob or _latin1_text(args[0])):
         return None                     # the bytes are scanned as a torch file (pickles.py)
     return (Verdict.DANGEROUS, "torch.load of something other than bytes written in the file "
                                "(text, or an object built at load time): hpcml cannot scan what it loads")
@@ -137,8 +123,7 @@ def _no_tz_path(args: tuple) -> Problem | None:
 
 
 def _literal_tz(v: object) -> bool:
-    pw = _walk_types()
-    return isinstance(v, pw.Call) and isinstance(v.func, pw.Ref) and v.func.dotted in _TZ_CLASSES \
+    return isinstance(v, Call) and isinstance(v.func, Ref) and v.func.dotted in _TZ_CLASSES \
         and type(v.args) is tuple and not any(type(a) is str and a.startswith("dateutil/") for a in v.args)
 
 
@@ -150,19 +135,17 @@ _ARROW_PARTS = frozenset({"pyarrow.lib.type_for_alias", "pyarrow.lib.py_buffer"}
 
 
 def _pandas_index_class(args: tuple) -> Problem | None:
-    pw = _walk_types()
     cls = args[0] if args else None
-    if isinstance(cls, pw.Ref) and cls.dotted in _PANDAS_INDEXES:
+    if isinstance(cls, Ref) and cls.dotted in _PANDAS_INDEXES:
         return None
     return (Verdict.UNKNOWN, "pandas builds an index of a class that is not one of pandas' own")
 
 
 def _arrow_literal(v: object) -> bool:
-    pw = _walk_types()
     if type(v) is tuple:
         return all(_arrow_literal(x) for x in v)
-    if isinstance(v, pw.Call):
-        return isinstance(v.func, pw.Ref) and v.func.dotted in _ARROW_PARTS and _arrow_literal(v.args)
+    if isinstance(v, Call):
+        return isinstance(v.func, Ref) and v.func.dotted in _ARROW_PARTS and _arrow_literal(v.args)
     return not built_at_load(v)
 
 
@@ -181,9 +164,8 @@ _SKLEARN_NEWOBJ = frozenset({"sklearn.metrics._dist_metrics.EuclideanDistance64"
 
 def _sklearn_class(args: tuple) -> Problem | None:
     """scikit-learn's Cython ``newObj(cls)``: ``cls.__new__(cls)`` of its own tree or metric."""
-    pw = _walk_types()
     cls = args[0] if len(args) == 1 else None
-    if isinstance(cls, pw.Ref) and (cls.dotted in _SKLEARN_NEWOBJ or cls.dotted.startswith("sklearn.metrics._dist_metrics.")):
+    if isinstance(cls, Ref) and (cls.dotted in _SKLEARN_NEWOBJ or cls.dotted.startswith("sklearn.metrics._dist_metrics.")):
         return None
     return (Verdict.UNKNOWN, "scikit-learn's newObj of a class that is not its own tree or metric")
 
@@ -271,8 +253,7 @@ CALLERS: dict[str, Callable[[tuple], list[tuple[object, tuple | None]]]] = {
 
 
 def _refs(args: object) -> Iterator[object]:
-    pw = _walk_types()
-    if type(args) is pw.Ref:
+    if type(args) is Ref:
         yield args
     elif type(args) is tuple:
         for a in args:
@@ -280,8 +261,7 @@ def _refs(args: object) -> Iterator[object]:
 
 
 def _big_ints(v: object) -> Iterator[int]:
-    pw = _walk_types()
-    if isinstance(v, pw.BigInt):
+    if isinstance(v, BigInt):
         yield v.nbytes
     elif type(v) is tuple:
         for x in v:
@@ -291,7 +271,6 @@ def _big_ints(v: object) -> Iterator[int]:
 def judge(dotted: str, args: object, depth: int = 0, kwargs: object = None) -> list[Problem]:
     """The problems of calling ``dotted`` with ``args`` (and NEWOBJ_EX's ``kwargs``), as the
     walk modelled them."""
-    pw = _walk_types()
     big = max(_big_ints(args), default=0)
     if big:
         return [(Verdict.UNKNOWN, f"{dotted} is handed an integer of {big} bytes: converting, hashing or "
@@ -307,7 +286,7 @@ def judge(dotted: str, args: object, depth: int = 0, kwargs: object = None) -> l
     caller = CALLERS.get(dotted)
     if caller is not None:
         for callee, cargs in caller(args):
-            if isinstance(callee, pw.Ref):
+            if isinstance(callee, Ref):
                 handled.add(id(callee))
                 name = callee.dotted
                 if cargs is None:

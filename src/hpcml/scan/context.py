@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from hpcml.scan.model import FileResult, Finding, Location, Verdict
 from hpcml.scan.picklewalk import Event
 from hpcml.scan.policy import Policy
@@ -19,8 +21,11 @@ _EVENT_VERDICT = {
 class FileScan:
     """Collects what the format handlers find in one file (and its members)."""
 
-    def __init__(self, path: str, policy: Policy, size: int) -> None:
+    def __init__(self, path: str, policy: Policy, size: int, nested: Callable[..., None] | None = None) -> None:
+        """``nested``: how content the load reaches from this file is scanned (the scanner's
+        ``scan_content``; given, not imported, as the scanner imports the pickle walk)."""
         self.policy = policy
+        self.nested = nested
         self.result = FileResult(path=path, format="unrecognised", verdict=Verdict.SAFE, size=size)
         self._by_key: dict[tuple, Finding] = {}
         policy.start_file()             # the source analysis's per-file budget

@@ -55,7 +55,7 @@ def _canonical(descr: str) -> frozenset[tuple] | None:
 def flags_of(dtype: Any) -> int | None:
     """The flags of a pickled dtype (a walk ``Call`` of ``numpy.dtype``): its state's, which
     its BUILD checked, else what numpy gives its description; None where it is not one."""
-    from hpcml.scan.picklewalk import Call, Ref
+    from hpcml.scan.walkvalues import Call, Ref
     if type(dtype) is not Call or type(dtype.func) is not Ref or dtype.func.dotted != "numpy.dtype":
         return None
     state = dtype.state
@@ -72,7 +72,7 @@ def flags_of(dtype: Any) -> int | None:
 def itemsize_of(dtype: Any) -> int | None:
     """The bytes one item of a pickled dtype takes: its checked state's size, else what
     numpy gives its description; None where it is not one."""
-    from hpcml.scan.picklewalk import Call
+    from hpcml.scan.walkvalues import Call
     if type(dtype) is not Call or flags_of(dtype) is None:
         return None
     state = dtype.state
@@ -159,7 +159,7 @@ def _struct_problem(descr: str, names: Any, fields: Any, elsize: int, alignment:
         return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): field names numpy never writes")
     if type(fields) is not dict:
         if not tracked:
-            from hpcml.scan.picklewalk import NeedTracking
+            from hpcml.scan.walkvalues import NeedTracking
             raise NeedTracking
         return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): fields hpcml could not read")
     if len(names) > MAX_FIELDS:
@@ -198,7 +198,7 @@ def array_problem(state: object, walker: Any) -> Problem | None:
     says, without counting the list: a shape larger than the list reads past it (SIGSEGV,
     found by the differential harness). Raises ``picklewalk.NeedTracking`` when the list
     is not followed (untracked)."""
-    from hpcml.scan.picklewalk import NeedTracking
+    from hpcml.scan.walkvalues import NeedTracking
     if type(state) is not tuple or len(state) not in (4, 5):
         return None                                     # numpy refuses other forms itself
     shape, dtype, data = state[-4], state[-3], state[-1]

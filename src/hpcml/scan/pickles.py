@@ -17,8 +17,8 @@ import tempfile
 from typing import BinaryIO, cast
 
 from hpcml.scan import fastload
+from hpcml.scan import joblibwalk as joblib_format
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import joblib as joblib_format
 from hpcml.scan.model import Verdict
 from hpcml.scan.picklewalk import PickleWalker, WalkResult, looks_like_pickle
 
@@ -58,10 +58,12 @@ def _latin1_of_utf8(fh: BinaryIO, off: int, length: int) -> BinaryIO:
 def _scan_inner(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int) -> None:
     """Scan content the load reaches from this file (bytes it loads, a file it opens) by
     content, as part of this file's verdict; the file's own format stays what it is."""
-    from hpcml.scan.scanner import scan_content  # scanner imports this module
+    if fs.nested is None:                   # fail closed: never called safe unread
+        fs.error("content the load reaches from this file was not scanned here", member)
+        return
     fmt = fs.result.format
     try:
-        scan_content(fs, fh, size, member, name, depth)
+        fs.nested(fs, fh, size, member, name, depth)
     finally:
         fs.result.format = fmt
 

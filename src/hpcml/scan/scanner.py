@@ -16,12 +16,11 @@ from typing import BinaryIO
 
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import FORMATS, claimed
+from hpcml.scan.formats import FORMATS, MAX_ARCHIVE_DEPTH, claimed
 from hpcml.scan.model import FileResult, Verdict
 from hpcml.scan.picklewalk import looks_like_pickle
 from hpcml.scan.policy import Policy, default_policy
 
-MAX_ARCHIVE_DEPTH = 4
 PICKLE_SUFFIXES = {".pkl", ".pickle", ".pck", ".pt", ".pth", ".bin", ".ckpt", ".joblib", ".dat",
                    ".npy", ".model", ".sav", ".p", ".pkl.gz", ".pt.gz", ".pyd"}   # .pyd: webdataset's pickle field
 
@@ -97,7 +96,7 @@ def scan_content(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, 
 def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResult:
     policy = policy or default_policy()
     p = Path(path)
-    fs = FileScan(str(p), policy, 0)
+    fs = FileScan(str(p), policy, 0, scan_content)
     try:
         st = p.stat()
         if not stat.S_ISREG(st.st_mode):
@@ -114,7 +113,7 @@ def scan_file(path: str | os.PathLike, policy: Policy | None = None) -> FileResu
 def scan_handle(fh: BinaryIO, path: str | os.PathLike, policy: Policy | None = None) -> FileResult:
     """Scan the bytes of an open file (``safe_load``'s private copy, which it then loads),
     named ``path`` in the result and recognised by its content and that name alone."""
-    return _scan_open(FileScan(os.fspath(path), policy or default_policy(), 0), fh, Path(path), None)
+    return _scan_open(FileScan(os.fspath(path), policy or default_policy(), 0, scan_content), fh, Path(path), None)
 
 
 def _scan_open(fs: FileScan, fh: BinaryIO, p: Path, claim: tuple | None) -> FileResult:

@@ -123,7 +123,7 @@ def down(name: str, root: str | os.PathLike[str] | None = None) -> tuple[st.Serv
     its pid is still the service; otherwise nothing is, and the second value says why."""
     s = find(name, root)
     if s.mode == "slurm" and s.job_id:
-        from hpcml.service.slurm import cancel
+        from hpcml.cluster.slurm import cancel
         cancel(s.job_id)
         s = find(name, root)
         s.stopped, s.ready = True, False

@@ -103,14 +103,6 @@ def _wait(directory: Path, name: str, job_id: str, wait: float) -> st.ServiceSta
     return s
 
 
-def cancel(job_id: str, wait: float = 60.0) -> None:
-    """scancel the job and wait until it no longer holds its allocation (or Slurm cannot say)."""
-    slurm.run(["scancel", job_id], timeout=15)
-    deadline = time.monotonic() + wait
-    while slurm.job_state(job_id) in slurm.ALIVE and time.monotonic() < deadline:
-        time.sleep(0.3)
-
-
 def tunnel(s: st.ServiceState, login: str | None = None) -> str:
     """How to reach the service from a laptop: an SSH tunnel to the node's loopback."""
     login = login or os.environ.get("HPCML_LOGIN_HOST") or socket.getfqdn()

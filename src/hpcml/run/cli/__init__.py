@@ -120,8 +120,8 @@ def report_cmd(
 
     from hpcml.arrowprobe import skip_pandas
     from hpcml.cli_support import write_report
+    from hpcml.run.config import collector_url
     from hpcml.run.report import build, summary, to_json, write
-    from hpcml.run.summary import collector_url
     url = collector_url(collector)
     if send and url is None:
         raise UsageError("--send needs the collector's URL: --collector URL or $HPCML_COLLECTOR", key="--send")

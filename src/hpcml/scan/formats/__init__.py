@@ -27,6 +27,8 @@ if TYPE_CHECKING:
     from hpcml.scan.policy import Policy
 
 #: scans an archive member by content: (fs, fh, size, member, name, depth)
+#: archives inside archives are followed this deep, then the file is an error
+MAX_ARCHIVE_DEPTH = 4
 ScanContent = Callable[["FileScan", BinaryIO, int, str, str, int], None]
 
 
