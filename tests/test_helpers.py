@@ -522,3 +522,35 @@ def test_an_owner_may_do_its_job_and_a_pending_entry_is_listed_by_file_and_rule(
     source = "import json\ndef f(p):\n    return json.loads(p.read_text())"
     assert [h.rule for h in check_source(source, "hpcml/files.py") if "hpcml/files.py" not in OWNERS[h.rule]] == []
     assert all(rule in OWNERS and file.startswith("hpcml/") and why for (file, rule), why in PENDING.items())
+
+
+# --- messages: library code logs --------------------------------------------------------
+
+#: where writing to stderr is the job: the command lines, the Typer-free fast paths, the
+#: code injected into a user's process (it imports nothing of hpcml), the rank wrapper's
+#: own entry (an exec failure before anything else runs) and the test cluster's script
+STDERR_WRITERS = ("/cli/", "hpcml/cli", "hpcml/__main__.py", "/fast", "hpcml/fastparser.py", "/inject/",
+                  "hpcml/run/rankexec.py", "hpcml/testing/")
+
+
+def _stderr_prints(tree: ast.AST) -> list[int]:
+    return [n.lineno for n in ast.walk(tree) if isinstance(n, ast.Call) and isinstance(n.func, ast.Name)
+            and n.func.id == "print" and any(k.arg == "file" and ast.unparse(k.value) == "sys.stderr"
+                                             for k in n.keywords)]
+
+
+def test_library_code_logs_instead_of_printing_to_stderr():
+    """A message for the person running hpcml goes through ``hpcml.logs`` (CONTRIBUTING):
+    the same text on stderr, and an application can send it elsewhere."""
+    found = []
+    for path in sorted(SRC.rglob("*.py")):
+        rel = str(path.relative_to(SRC.parent))
+        if any(w in rel for w in STDERR_WRITERS):
+            continue
+        found += [f"{rel}:{line}" for line in _stderr_prints(ast.parse(path.read_text()))]
+    assert not found, "print(..., file=sys.stderr) in library code: use hpcml.logs.get(__name__)\n" + "\n".join(found)
+
+
+def test_a_stderr_print_is_caught():
+    assert _stderr_prints(ast.parse("import sys\ndef f():\n    print('x', file=sys.stderr)\n")) == [3]
+    assert _stderr_prints(ast.parse("print('x')\n")) == []

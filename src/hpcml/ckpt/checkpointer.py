@@ -25,7 +25,6 @@ import hashlib
 import os
 import shutil
 import signal
-import sys
 import threading
 import time
 import uuid
@@ -34,6 +33,7 @@ from typing import Any, Callable
 
 import numpy as np
 
+from hpcml import logs
 from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
 from hpcml.ckpt.flatten import Leaf, PerRank, RefusedLeaf, describe, flatten
@@ -46,6 +46,8 @@ from hpcml.cluster.ranks import initialised_dist, ranks, restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import fsync_dir
 from hpcml.units import parse_rate
+
+log = logs.get(__name__)
 
 
 def _rank_world(rank: int | None, world_size: int | None) -> tuple[int, int]:
@@ -245,7 +247,7 @@ class Checkpointer:
     def _requeue(self) -> None:
         job = os.environ.get("SLURM_JOB_ID")
         if not job:
-            print("hpcml ckpt: requeue asked but not in a Slurm job", file=sys.stderr)
+            log.warning("hpcml ckpt: requeue asked but not in a Slurm job")
             return
         from hpcml.cluster import requeue, slurm
         # under hpcml run: the run's record and report say "requeued", not "rank failed (143)"
@@ -488,7 +490,7 @@ class Checkpointer:
         for line in done.skipped:
             if line not in self._reported:
                 self._reported.add(line)
-                print(f"hpcml ckpt: prune skipped {line}", file=sys.stderr)
+                log.warning(f"hpcml ckpt: prune skipped {line}")
         return done
 
     def _verified(self, found: layout.Found) -> list[str]:
@@ -540,7 +542,7 @@ class Checkpointer:
                 if not self._agree(leaf is None):     # every rank falls back together
                     why = str(leaf) if leaf else "another rank's pickled leaf was refused"
                     self.skipped.append(f"{found.path}: {why}")
-                    print(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it", file=sys.stderr)
+                    log.warning(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it")
                     continue
                 if "per_rank" in found.manifest and found.manifest["world_size"] != self.world:
                     refused = self._agree_refusal(refused)      # every rank stops, none waits in a collective
@@ -550,7 +552,7 @@ class Checkpointer:
                     self._checked[(found.manifest["token"], float(found.manifest["committed_at"]))] = []
                 return True, (state, found.step)
             self.skipped.append(f"{found.path}: {why}")
-            print(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it", file=sys.stderr)
+            log.warning(f"hpcml ckpt: skipped {found.path}: {why}; trying the checkpoint before it")
         return True, (None, None)
 
     def _usable(self, found: layout.Found) -> tuple[bool, str, dict[tuple[str, int], Path]]:

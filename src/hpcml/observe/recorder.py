@@ -14,7 +14,6 @@ import os
 import signal
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Sequence
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from hpcml import logs
 from hpcml.arrowprobe import skip_pandas
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
@@ -36,6 +36,8 @@ from hpcml.signals import SLURM_SIGNALS, forwarding
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
     from hpcml.observe.remotewrite import Config as RemoteConfig
+
+log = logs.get(__name__)
 
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)        # Slurm signals a task's INT to the task alone
 MIN_INTERVAL = 0.1
@@ -120,7 +122,7 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
 
 
 def _warn(line: str) -> None:
-    print(f"hpcml observe record: warning: {line}", file=sys.stderr, flush=True)
+    log.warning(f"hpcml observe record: warning: {line}")
 
 
 class _NoRemote:
@@ -183,7 +185,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
         from hpcml.observe.mlflow_run import describe
         run = describe(cmd, out, task.job_id, task.nodes, os.environ)
         for problem in run.problems:           # the run is still made, without the task's params
-            print(f"hpcml observe record: MLflow: {problem}", file=sys.stderr)
+            log.info(f"hpcml observe record: MLflow: {problem}")
         sink = MlflowSink(mlflow, experiment=os.environ.get("MLFLOW_EXPERIMENT_NAME", "hpcml"),
                           run_name=run.name, tags=run.tags, params=run.params,
                           warn=_warn)

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from hpcml import logs
 from hpcml.jobmodel import RunRecord
 from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
@@ -27,6 +28,8 @@ from hpcml.words import plural
 
 if TYPE_CHECKING:
     from hpcml.run.watch import Watch
+
+log = logs.get(__name__)
 
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
 POLL = 0.05
@@ -107,7 +110,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     try:
         plan = backend.plan(task_command(cfg, d, record.attempt), record)
     except NoRendezvous as exc:                    # no rendezvous on rank 0's node: the attempt cannot start
-        print(f"hpcml run: attempt {record.attempt} not started: {exc}", file=sys.stderr)
+        log.info(f"hpcml run: attempt {record.attempt} not started: {exc}")
         return 1
     record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node
     record.master, record.launch = plan.master, list(plan.launch)
@@ -115,7 +118,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     from hpcml.cluster.hostlist import fold
     where = f"{plan.ntasks} tasks on {fold(plan.nodes)}" if backend.mode == "slurm" else \
         plural(plan.ntasks, "local task")
-    print(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}", file=sys.stderr)
+    log.info(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}")
     backend.start(plan)
     from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
     watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,

@@ -13,15 +13,17 @@ attempt's ``first_failure``, and the report does not list it as a failed rank.
 
 from __future__ import annotations
 
-import sys
 import time
 from pathlib import Path
 
+from hpcml import logs
 from hpcml.cluster import requeue
 from hpcml.jobmodel import Attempt, FirstFailure, Requeued, RunRecord
 from hpcml.run.config import HANG
 from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, write_own
 from hpcml.run.ranklog import last_own_line
+
+log = logs.get(__name__)
 
 
 def stop_began(record: Attempt) -> float | None:
@@ -103,15 +105,15 @@ def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
     record.launcher_exit_code, record.requeued = rc, again
     taken = write_own(d, record)
     if not taken:
-        print(f"hpcml run: {d} now holds a later attempt of this job (Slurm requeued it while this launcher still "
-              "ran); this attempt's end is not written there", file=sys.stderr)
+        log.info(f"hpcml run: {d} now holds a later attempt of this job (Slurm requeued it while this launcher still "
+              "ran); this attempt's end is not written there")
     if again:
-        print(f"hpcml run: attempt {record.attempt} {requeue.describe(again.to_json())}; Slurm runs the job "
-              f"again, as the next attempt in {d}", file=sys.stderr)
+        log.info(f"hpcml run: attempt {record.attempt} {requeue.describe(again.to_json())}; Slurm runs the job "
+              f"again, as the next attempt in {d}")
     if first and code != HANG and not record.stopped_at:     # the ranks it stopped did not fail
         err = log_path(d, int(first.rank or 0), "err")
-        print(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}); see {err}", file=sys.stderr)
+        log.warning(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}); see {err}")
         last = last_own_line(err, record.attempt)
         if last:
-            print(f"  {last}", file=sys.stderr)          # the cause, e.g. a command that cannot start
+            log.info(f"  {last}")          # the cause, e.g. a command that cannot start
     return code, taken

@@ -22,12 +22,12 @@ from __future__ import annotations
 
 import os
 import signal
-import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from hpcml import logs
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.jobmodel import FarmTaskRef, Launcher, RunRecord, Vetting, Who
@@ -40,6 +40,8 @@ from hpcml.run.recovery import Pool, Recovery, resume_of
 from hpcml.schemas import tag
 from hpcml.signals import handling
 from hpcml.words import plural
+
+log = logs.get(__name__)
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
 STOPPED = 1          # hpcml run stopped an attempt (a straggler, a lost node) and could not restart it
@@ -128,7 +130,7 @@ class Job:
         finally:
             if exporter is not None:
                 exporter.close()
-        print(f"hpcml run: done (exit {code}); job directory {d}", file=sys.stderr)
+        log.info(f"hpcml run: done (exit {code}); job directory {d}")
         if not self.superseded:
             _report(d, cfg)
         return code
@@ -144,13 +146,13 @@ class Job:
         record.vet = Vetting(decision=v.decision.value, good=list(v.good), bad=list(v.bad), reasons=dict(v.reasons),
                              duration_s=round(run_.duration, 3))
         record.excluded = {n: list(v.reasons.get(n, [])) for n in v.bad}
-        print(f"hpcml run: vet {v.decision.value}: {len(v.good)} good, {len(v.bad)} bad"
-              + (f" ({', '.join(v.bad)})" if v.bad else ""), file=sys.stderr)
+        log.info(f"hpcml run: vet {v.decision.value}: {len(v.good)} good, {len(v.bad)} bad"
+              + (f" ({', '.join(v.bad)})" if v.bad else ""))
         if v.decision.value != "abort":
             return list(v.good)
         record.ended, record.exit_code, record.aborted = time.time(), ABORTED, True
         write_own(d, record)
-        print(f"hpcml run: aborted before the command started; see {d}", file=sys.stderr)
+        log.warning(f"hpcml run: aborted before the command started; see {d}")
         _report(d, cfg)
         return None
 
@@ -159,9 +161,8 @@ class Job:
         while True:
             backend = self._backend(recovery.pool.active if recovery else nodes, recovery)
             if recovery is not None and recovery.restarts:
-                print(f"hpcml run: attempt {self.record.attempt} (restart {recovery.restarts} of "
-                      f"{recovery.max_restarts})" + (f" on {', '.join(recovery.pool.active)}" if self.slurm else ""),
-                      file=sys.stderr)
+                log.info(f"hpcml run: attempt {self.record.attempt} (restart {recovery.restarts} of "
+                      f"{recovery.max_restarts})" + (f" on {', '.join(recovery.pool.active)}" if self.slurm else ""))
             rc = run_attempt(self.cfg, self.d, self.record, backend, between, exporter,
                              recovery.can_replace if recovery is not None else None)
             code, taken = finish(self.d, self.record, rc)
@@ -181,7 +182,7 @@ class Job:
                 code = rec.exit_code = STOPPED       # its ranks left on TERM with 0: the job did not end well
             written = write_own(self.d, rec)
             if restart.action != "restart":
-                print(f"hpcml run: not restarting: {restart.why}", file=sys.stderr)
+                log.warning(f"hpcml run: not restarting: {restart.why}")
                 return code
             if not written:                              # a later attempt of this Slurm job holds the directory
                 return code
@@ -203,8 +204,7 @@ class Job:
         if not out or len(nodes) - len(out) < least:
             return nodes
         self.record.excluded = {**self.record.excluded, **out}
-        print(f"hpcml run: {', '.join(sorted(out))} stay out (excluded by an earlier attempt's restart)",
-              file=sys.stderr)
+        log.info(f"hpcml run: {', '.join(sorted(out))} stay out (excluded by an earlier attempt's restart)")
         return [n for n in nodes if n not in out]
 
     def _recovery(self, good: list[str]) -> Recovery | None:
@@ -214,8 +214,8 @@ class Job:
             return None
         spares = max(0, min(cfg.spare_nodes, len(good) - max(1, cfg.min_nodes or 1))) if self.slurm else 0
         if spares < cfg.spare_nodes and self.slurm:
-            print(f"hpcml run: {plural(len(good), 'good node')}: {plural(spares, 'spare')} kept, not "
-                  f"{cfg.spare_nodes}", file=sys.stderr)
+            log.info(f"hpcml run: {plural(len(good), 'good node')}: {plural(spares, 'spare')} kept, not "
+                  f"{cfg.spare_nodes}")
         pool = Pool.start(good, spares) if self.slurm else Pool(good[:1], [])     # local tasks: restarted in place
         return Recovery(pool, cfg.max_restarts, want=len(pool.active), min_nodes=cfg.min_nodes or len(pool.active),
                         revet=cfg.revet_protocol, slurm=self.slurm)
@@ -229,8 +229,8 @@ class Job:
         try:
             return WatchExporter(cfg.prometheus_port, cfg.prometheus_addr, str(self.record.job_id or "local"))
         except OSError as exc:
-            print(f"hpcml run: --prometheus-port {cfg.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
-                  "without the endpoint", file=sys.stderr)
+            log.warning(f"hpcml run: --prometheus-port {cfg.prometheus_port}: cannot serve ({exc.strerror}); the job runs "
+                  "without the endpoint")
             return None
 
     def _resumed(self) -> None:

@@ -28,15 +28,17 @@ shows every attempt from those.
 
 from __future__ import annotations
 
-import sys
 import time
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml import logs
 from hpcml.jobmodel import Attempt, Fault, Restart, Resumed, ResumeSplit, Revet
 from hpcml.words import plural
+
+log = logs.get(__name__)
 
 ON_STRAGGLER = ("report", "restart")
 RECURRENCES = 2          # the same fault at the same step this many times again: the job ends
@@ -207,7 +209,7 @@ class Recovery:
         from hpcml.vet.isolate import interrupted
         from hpcml.vet.session import vet_job
         began = time.time()
-        print(f"hpcml run: vetting {fold(nodes)} again ({self.revet})", file=sys.stderr, flush=True)
+        log.info(f"hpcml run: vetting {fold(nodes)} again ({self.revet})")
         try:
             run_, _ = vet_job(self.revet, min_nodes=1, nodes=fold(nodes), out=out, allocation=allocation)  # type: ignore[arg-type]
             good, reasons = set(run_.verdict.good), run_.verdict.reasons
@@ -224,7 +226,7 @@ class Recovery:
         took = time.time() - began
         said = ([f"{', '.join(passed)} passed (back as a spare)"] if passed else []) \
             + ([f"{', '.join(failed)} failed (out)"] if failed else [])
-        print(f"hpcml run: vetted again in {took:.1f} s: {'; '.join(said)}", file=sys.stderr, flush=True)
+        log.info(f"hpcml run: vetted again in {took:.1f} s: {'; '.join(said)}")
         return Revet(nodes=nodes, passed=passed, began=began, duration_s=round(took, 3), dir=str(out))
 
 
@@ -261,7 +263,7 @@ class LostNodes:
         new = {n: {"state": st, "seen": time.time()} for n, st in states.items()
                if n in self.nodes and n not in self.lost and node_lost(st)}
         for n, v in new.items():
-            print(f"hpcml run: node {n} lost ({v['state']}); stopping the attempt", file=sys.stderr, flush=True)
+            log.warning(f"hpcml run: node {n} lost ({v['state']}); stopping the attempt")
         self.lost.update(new)
         return bool(new)
 

@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -26,12 +25,15 @@ from typing import Any
 import orjson
 from pydantic import ValidationError
 
+from hpcml import logs
 from hpcml.errors import UsageError
 from hpcml.files import load_json_bounded, remove_dead_temps, write_atomic
 from hpcml.jobmodel import SUMMARY_SCHEMA as SCHEMA
 from hpcml.jobmodel import Attempt, JobSummary, RunRecord, dumps, reason, validate
 from hpcml.run.jobdir import read_run
 from hpcml.words import printable
+
+log = logs.get(__name__)
 
 SPOOL = "summary"
 TOKEN_ENVS = ("HPCML_COLLECTOR_TOKEN", "HPCML_VET_TOKEN")
@@ -222,7 +224,7 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     line through ``say`` (stderr)."""
     from hpcml.vet.fleet.collector.client import post
     from hpcml.vet.fleet.collector.proof import credential
-    say = say or (lambda line: print(line, file=sys.stderr, flush=True))
+    say = say or (lambda line: log.info(line))
     if (Path(d) / SPOOL).is_dir():
         remove_dead_temps(Path(d) / SPOOL)        # a sender killed mid-mark left its temporary file
     files = pending(d)
@@ -271,12 +273,12 @@ def deliver(d: str | Path, rep: dict[str, Any], url: str | None) -> None:
     try:
         summary = JobSummary.model_validate(_document(Path(d), rep))
     except ValidationError as exc:      # a summary no collector would take: said, never spooled
-        print(f"hpcml run: summary not written: {reason(exc)}", file=sys.stderr)
+        log.info(f"hpcml run: summary not written: {reason(exc)}")
         return
     try:
         spool(d, summary)
     except OSError as exc:              # a full disk: the job's result stands, the summary is lost
-        print(f"hpcml run: summary not written: {exc.strerror or exc}", file=sys.stderr)
+        log.info(f"hpcml run: summary not written: {exc.strerror or exc}")
         return
     if url:
         send_pending(d, url)

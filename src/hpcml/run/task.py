@@ -28,6 +28,7 @@ import time
 from collections.abc import Mapping
 from pathlib import Path
 
+from hpcml import logs
 from hpcml.cluster.ranks import ranks
 from hpcml.cluster.requeue import ENV_ATTEMPT, ENV_DIR
 from hpcml.errors import UsageError
@@ -35,6 +36,8 @@ from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobpaths import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
 from hpcml.signals import install
+
+log = logs.get(__name__)
 
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
 STOP = signal.SIGRTMIN + 1
@@ -118,8 +121,8 @@ def _stop(*_) -> None:
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
-        print("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
-              "[--attempt N] [--beat-fd FD] -- CMD...", file=sys.stderr)
+        log.info("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
+              "[--attempt N] [--beat-fd FD] -- CMD...")
         return 2
     head, cmd = argv[:argv.index("--")], argv[argv.index("--") + 1:]
     d = Path(head[0])
@@ -157,5 +160,5 @@ if __name__ == "__main__":
     try:
         sys.exit(main(sys.argv[1:]))
     except HpcmlError as exc:             # into this rank's log, one line
-        print(f"hpcml run: rank {os.environ.get('RANK', '?')}: error: {exc}", file=sys.stderr)
+        log.info(f"hpcml run: rank {os.environ.get('RANK', '?')}: error: {exc}")
         sys.exit(exc.exit_code)

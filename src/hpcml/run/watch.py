@@ -43,12 +43,12 @@ it was detected, what was named, what was done) for the report.
 from __future__ import annotations
 
 import signal
-import sys
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml import logs
 from hpcml.cluster import requeue
 from hpcml.observe.beat import Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
@@ -60,6 +60,8 @@ from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import last_own_line
 from hpcml.run.steptimes import StepTimes
 from hpcml.words import node_name, ranges
+
+log = logs.get(__name__)
 
 AUTO_FLOOR = 120.0            # the default hang timeout is never below this (s)
 AUTO_STEPS = 10.0             # ... and at least this many median step times
@@ -234,7 +236,7 @@ class Watch:
         self.timeline.append({"kind": kind, "began": began, "detected": detected, "what": what, **extra})
 
     def _say(self, line: str) -> None:
-        print(f"hpcml run: {line}", file=sys.stderr, flush=True)
+        log.info(f"hpcml run: {line}")
 
     def _crashes(self, now: float, final: bool = False) -> None:
         """Ranks that exited non-zero, in the order they ended. Once the job is being stopped

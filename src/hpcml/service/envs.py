@@ -27,7 +27,10 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from hpcml import logs
 from hpcml.errors import HpcmlError, UsageError
+
+log = logs.get(__name__)
 
 #: what the bundled MLflow blueprint's first build took (mlflow 3.17, Python 3.12), quoted
 #: before every first build as the order of magnitude to expect
@@ -103,7 +106,7 @@ def build_note(name: str, packages: Sequence[str], doing: str = "building") -> s
 
 
 def _say(line: str) -> None:
-    print(f"hpcml service: {line}", file=sys.stderr, flush=True)
+    log.info(f"hpcml service: {line}")
 
 
 def ensure_env(name: str, packages: Sequence[str], *, log: Path | None = None, timeout: float = 1800,

@@ -18,12 +18,15 @@ import sys
 import time
 from pathlib import Path
 
+from hpcml import logs
 from hpcml.cluster import slurm
 from hpcml.errors import HpcmlError
 from hpcml.files import write_atomic
 from hpcml.service import state as st
 from hpcml.service.blueprint import Blueprint
 from hpcml.service.envs import build_note, is_built
+
+log = logs.get(__name__)
 
 
 class ServiceJobFailed(HpcmlError):
@@ -66,9 +69,8 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
     with st.starting(directory):
         refuse_running(st.read(directory))
         if backend in ("auto", "process") and bp.python is not None and not is_built(bp.name, bp.python.packages):
-            print(f"hpcml service: {build_note(bp.name, bp.python.packages, 'the service job first builds')} "
-                  f"(up waits {wait:g} s: hpcml service status {name} tells when it is ready)",
-                  file=sys.stderr, flush=True)
+            log.info(f"hpcml service: {build_note(bp.name, bp.python.packages, 'the service job first builds')} "
+                  f"(up waits {wait:g} s: hpcml service status {name} tells when it is ready)")
         path = directory / "job.sh"
         write_atomic(path, script(bp, ref, name, root, options=options, backend=backend))
         argv = sbatch_argv(bp, name, directory, time_limit=time_limit, partition=partition, nodelist=nodelist,

@@ -6,11 +6,13 @@ the protocol runs on every node, and report.json, bad-nodes and good-nodes are w
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 from typing import Any
 
+from hpcml import logs
 from hpcml.errors import UsageError
+
+log = logs.get(__name__)
 
 
 def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | None = None, nodes: str | None = None,
@@ -41,9 +43,9 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
         out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
         python = setup.python_of(proto, venv_root)
         if venv_root and proto.requirements() and python is None:
-            print(f"hpcml vet: requirements not set up in {venv_root}: run "
+            log.info(f"hpcml vet: requirements not set up in {venv_root}: run "
                   f"`hpcml vet setup {protocol} --venv-root {venv_root}`; checks that need "
-                  "them will end in error", file=sys.stderr)
+                  "them will end in error")
         run_ = engine.vet(proto, allocation, nodes=subset, min_nodes=min_nodes, deadline=limit,
                           workdir=str(workdir or out_dir / "work"),
                           use_srun=False if local else None, python=python, started=early)

@@ -11,7 +11,6 @@ one overall timeout.
 from __future__ import annotations
 
 import json
-import sys
 import threading
 import time
 import urllib.error
@@ -20,6 +19,10 @@ from dataclasses import dataclass
 from typing import Any
 
 import orjson
+
+from hpcml import logs
+
+log = logs.get(__name__)
 
 PIECE = 512 * 1024  # bytes per request when a report must be split (collector limit: 1 MiB)
 
@@ -132,7 +135,7 @@ def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> s
     """
     def warn(why: str) -> str:
         line = f"hpcml vet: warning: report not sent to {url}: {why}"
-        print(line, file=sys.stderr, flush=True)
+        log.info(line)
         return line
 
     try:

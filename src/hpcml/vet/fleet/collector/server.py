@@ -25,7 +25,6 @@ from __future__ import annotations
 import hmac
 import os
 import re
-import sys
 import threading
 import time
 from collections.abc import Iterable, Iterator
@@ -38,10 +37,13 @@ from urllib.parse import parse_qs, unquote
 
 import orjson
 
+from hpcml import logs
 from hpcml.centre.summaries import parse_job_items
 from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
 from hpcml.vet.fleet.collector.schema import Invalid, documents
 from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
+
+log = logs.get(__name__)
 
 DEFAULT_PORT = 8787
 DEFAULT_MAX_BODY = 1 << 20
@@ -180,7 +182,7 @@ class App:
         self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
 
     def log(self, line: str) -> None:
-        print(f"hpcml vet serve: {line}", file=sys.stderr, flush=True)
+        log.info(f"hpcml vet serve: {line}")
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
