@@ -128,6 +128,16 @@ def _checkout_files() -> set[str] | None:
 _BEFORE: set[str] | None = None
 
 
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """A test that uses the local cluster is a ``slurm`` test, marked or not: ``-m "not
+    slurm"`` (a side run beside a whole suite) must never start a second cluster on the
+    same root and ports, whose teardown stops the suite's. Runs before ``-m`` deselects."""
+    for item in items:
+        if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
+            item.add_marker(pytest.mark.slurm)
+
+
 def pytest_sessionstart(session: pytest.Session) -> None:
     global _BEFORE
     _BEFORE = _checkout_files()
