@@ -163,8 +163,9 @@ def test_on_straggler_restart_stops_the_job_once_for_the_first_straggler(tmp_pat
     from hpcml.run.watch import Watch
     w = Watch(tmp_path, 0, 4, on_straggler="restart")
     assert w._straggler_stop() is False                       # nobody named yet
-    w.stragglers = {2: {"rank": 2, "node": "n2", "score": 1.8, "since_step": 410, "detected": 5.0},
-                    3: {"rank": 3, "node": "n3", "score": 1.5, "since_step": 500, "detected": 9.0}}
+    from hpcml.jobmodel import Straggler
+    w.stragglers = {2: Straggler(rank=2, node="n2", score=1.8, since_step=410, detected=5.0),
+                    3: Straggler(rank=3, node="n3", score=1.5, since_step=500, detected=9.0)}
     assert w._straggler_stop() is True and w._straggler_stop() is False
     f = fault_of(rec({"exit_code": 0, "stopped_at": 6.0, **w.to_json()}))      # ranks that leave on TERM with 0
     assert (f.kind, f.nodes, f.what) == ("straggler", ["n2"], "rank 2 1.8x slower since step 410")

@@ -164,8 +164,8 @@ def test_a_90_s_pause_on_every_rank_of_a_10_minute_job_is_not_a_hang(tmp_path):
         watch.poll(last + k)
         if watch.hang is not None:
             break
-    assert watch.hang is not None and watch.hang["detected"] - last == AUTO_FLOOR
-    assert watch.hang["began"] == last
+    assert watch.hang is not None and watch.hang.detected - last == AUTO_FLOOR
+    assert watch.hang.began == last
     assert (observe / "beat" / REQUEST).is_file()          # every rank asked for its stack
 
 
@@ -212,7 +212,7 @@ def test_a_node_whose_clock_is_off_neither_makes_nor_hides_a_hang(tmp_path):
         for r, w in writers.items():
             w.write(progress[r], now=t + k + skew[r])
         watch.poll(t + k)
-    assert watch.hang is not None and watch.hang["detected"] - t == 60
+    assert watch.hang is not None and watch.hang.detected - t == 60
 
 
 @pytest.mark.slurm
@@ -264,15 +264,15 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert list(watch.stragglers) == [5], watch.stragglers
     s = watch.stragglers[5]
     assert named_at is not None and onset_t is not None and named_at - onset_t <= 60
-    assert 395 <= s["since_step"] <= 410 and 1.6 < s["score"] < 2.0 and s["node"] == "n5"
-    assert [e["kind"] for e in watch.timeline] == ["straggler"]
+    assert 395 <= s.since_step <= 410 and 1.6 < s.score < 2.0 and s.node == "n5"
+    assert [e.kind for e in watch.timeline] == ["straggler"]
     import urllib.request
     try:
         text = urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
     finally:
         watch.exporter.close()
     assert 'hpcml_run_straggler{node="n5",rank="5",slurm_job="77"} 1.0' in text
-    assert f'hpcml_run_straggler_since_step{{node="n5",rank="5",slurm_job="77"}} {float(s["since_step"])}' in text
+    assert f'hpcml_run_straggler_since_step{{node="n5",rank="5",slurm_job="77"}} {float(s.since_step)}' in text
     assert 'hpcml_run_straggler{node="n4"' not in text and 'hpcml_run_hang{slurm_job="77"} 0.0' in text
     assert 'hpcml_run_step{slurm_job="77"} 690.0' in text
     assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text
@@ -315,15 +315,15 @@ def test_in_a_synchronous_2_rank_job_the_rank_the_other_waits_for_is_named_about
     waits the slow rank is named within two minutes of its onset (the default 60 s window),
     against the other rank alone (2x, not the 1.33x a median of two gives)."""
     watch, after = _sync_job(tmp_path, 2, 0.5, 400, 1, sync=True, window=60.0)
-    assert list(watch.stragglers) == [1] and 1.8 < watch.stragglers[1]["score"] < 2.2, watch.stragglers
-    assert after is not None and after <= 120 and 95 <= watch.stragglers[1]["since_step"] <= 110
+    assert list(watch.stragglers) == [1] and 1.8 < watch.stragglers[1].score < 2.2, watch.stragglers
+    assert after is not None and after <= 120 and 95 <= watch.stragglers[1].since_step <= 110
 
 
 def test_fast_steps_that_do_not_synchronise_are_judged_within_the_ring(tmp_path):
     """10 ms steps: a 60 s window is 6,000 steps, more than the 2,048 each rank's ring keeps;
     the model judges the ring instead (20 s of steps) and names the rank within 2 minutes."""
     watch, after = _sync_job(tmp_path, 4, 0.01, 9000, 2, sync=False, window=60.0)
-    assert list(watch.stragglers) == [2] and 1.8 < watch.stragglers[2]["score"] < 2.2, watch.stragglers
+    assert list(watch.stragglers) == [2] and 1.8 < watch.stragglers[2].score < 2.2, watch.stragglers
     assert after is not None and after <= 120
 
 
@@ -375,7 +375,7 @@ def test_a_job_that_ends_while_its_stacks_are_taken_is_not_a_stopped_hang(tmp_pa
     for r, w in writers.items():
         w.write(progress[r], now=t + 1, exit=0)
     watch.finish()
-    assert watch.hang["action"] == "ended" and watch.timeline[-1]["action"] == "ended"
+    assert watch.hang.action == "ended" and watch.timeline[-1].action == "ended"
     valid({"schema": "hpcml.run/1", "command": ["x"], "mode": "local", "started": t, **watch.to_json()})
 
 
@@ -388,7 +388,7 @@ def test_ranks_that_exit_after_the_watch_stopped_the_job_are_not_crashes(tmp_pat
     for r, w in writers.items():
         w.write(progress[r], now=t + 26, exit=1)
     watch.finish()
-    assert [e["kind"] for e in watch.timeline] == ["hang"] and watch.crashed_codes == {}
+    assert [e.kind for e in watch.timeline] == ["hang"] and watch.crashed_codes == {}
 
 
 # -- whose records, and what ended a rank ---------------------------------------------------
@@ -421,8 +421,8 @@ def test_a_rank_whose_record_stops_changing_does_not_hide_a_hang(tmp_path):
         watch.poll(t + k)
         if watch.hang is not None:
             break
-    assert watch.hang is not None and 30 <= watch.hang["detected"] - t <= 34, watch.hang
-    assert [(i["rank"], i["why"]) for i in watch.ignored] == [(1, "not signed by the rank's recorder")]
+    assert watch.hang is not None and 30 <= watch.hang.detected - t <= 34, watch.hang
+    assert [(i.rank, i.why) for i in watch.ignored] == [(1, "not signed by the rank's recorder")]
     assert watch.beats[1]["step"] == 5
 
 
@@ -441,7 +441,7 @@ def test_a_rank_ended_by_a_term_that_reached_hpcml_run_too_is_not_a_crash(tmp_pa
     import signal as sig
     assert _ended_by_term(tmp_path, [sig.SIGTERM]).timeline == []
     alone = _ended_by_term(tmp_path / "alone")                         # no TERM came: a crash after all
-    assert [(e["kind"], e["rank"], e["exit_code"]) for e in alone.timeline] == [("crash", 1, 143)]
+    assert [(e.kind, e.rank, e.exit_code) for e in alone.timeline] == [("crash", 1, 143)]
 
 
 def test_a_rank_the_requeue_ended_is_not_a_crash(tmp_path, monkeypatch):
@@ -472,4 +472,4 @@ def test_records_for_ranks_the_job_does_not_have_are_said_once_each_and_then_no_
     err = capsys.readouterr().err.splitlines()
     assert len([line for line in err if "ignoring heartbeats for rank" in line]) == IGNORED_SAID == len(watch.ignored)
     assert len([line for line in err if "ignoring more heartbeats" in line]) == 1 and len(err) == IGNORED_SAID + 1
-    assert watch.beats == {} and watch.timeline == [] and watch.to_json()["ignored_beats"] == watch.ignored
+    assert watch.beats == {} and watch.timeline == [] and watch.to_json()["ignored_beats"] == [i.to_json() for i in watch.ignored]

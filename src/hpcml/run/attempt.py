@@ -142,7 +142,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     if ctl.signalled_at is not None:
         record.signalled_at = ctl.signalled_at
     watch.finish()                       # the crashes the last scan missed, and what the watch saw
-    for key, value in watch.to_json().items():
+    for key, value in watch.fields().items():
         setattr(record, key, value)
     return rc
 

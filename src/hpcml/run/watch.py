@@ -50,6 +50,7 @@ from typing import Any
 
 from hpcml import logs
 from hpcml.cluster import requeue
+from hpcml.jobmodel import Event, FaultKind, Hang, HangVerdict, IgnoredBeat, StoppedFor, Straggler
 from hpcml.observe.beat import Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stragglers import MIN_SECONDS
@@ -89,13 +90,13 @@ class Watch:
     timeout: float | None = None          # None: auto; inf: off (``--hang-timeout off``)
     on_hang: str = "stop"
     period: float | None = None
-    timeline: list[dict[str, Any]] = field(default_factory=list)
-    hang: dict[str, Any] | None = None
+    timeline: list[Event] = field(default_factory=list)
+    hang: Hang | None = None
     beats: dict[int, dict] = field(default_factory=dict)
     _next: float = 0.0
     _crashed: set[int] = field(default_factory=set)
     _stopping: bool = False
-    stragglers: dict[int, dict[str, Any]] = field(default_factory=dict)
+    stragglers: dict[int, Straggler] = field(default_factory=dict)
     _next_scoring: float = 0.0
     exporter: Any = None                         # a WatchExporter (--prometheus-port), or None
     scores: dict[int, float] = field(default_factory=dict)
@@ -104,13 +105,13 @@ class Watch:
     _fr_until: float | None = None
     on_straggler: str = "report"                 # restart: a straggler stops the job (hpcml.run.recovery)
     can_replace: Any = None                      # node -> whether a restart without it is possible now
-    stopped_for: dict[str, Any] | None = None    # the straggler the job was stopped for
+    stopped_for: StoppedFor | None = None        # the straggler the job was stopped for
     secret: bytes | None = None                  # the attempt's: each rank's records are signed with its key
     interval: float = 1.0                        # seconds between two records of a rank (--interval)
     signals: list[int] = field(default_factory=list)    # what hpcml run got and passed on, in order
     job_id: str | None = None                    # with restart_of: this attempt's requeue marker (cluster.requeue)
     restart_of: int = 0
-    ignored: list[dict[str, Any]] = field(default_factory=list)    # records not taken, each said once
+    ignored: list[IgnoredBeat] = field(default_factory=list)       # records not taken, each said once
     straggler_window: float = MIN_SECONDS        # seconds of steps the straggler model judges (--straggler-window)
 
     def __post_init__(self) -> None:
@@ -147,7 +148,7 @@ class Watch:
             self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
         return action
 
-    def stopping(self, kind: str, what: str, began: float | None, **extra: Any) -> None:
+    def stopping(self, kind: FaultKind, what: str, began: float | None, **extra: Any) -> None:
         """The launcher stops the job for a reason of its own (a node lost): into the timeline;
         the ranks that end from now on were stopped, not crashed."""
         self._stopping = True
@@ -160,7 +161,8 @@ class Watch:
         if self._collect is not None:                  # the job ended while the stacks came: name from what came
             self._conclude(time.time(), ended=True)
 
-    def to_json(self) -> dict[str, Any]:
+    def fields(self) -> dict[str, Any]:
+        """What the watch saw, as the attempt's record fields (``RunRecord``): the models themselves."""
         steps = [b["step"] for b in self.beats.values() if isinstance(b.get("step"), int)]
         firsts = [b["first"] for b in self.beats.values() if isinstance(b.get("first"), (int, float))]
         return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values()),
@@ -168,18 +170,23 @@ class Watch:
                 **({"stopped_for": self.stopped_for} if self.stopped_for else {}),
                 **({"ignored_beats": self.ignored} if self.ignored else {})}
 
+    def to_json(self) -> dict[str, Any]:
+        """``fields`` as run.json has them."""
+        def plain(v: Any) -> Any:
+            return v.to_json() if hasattr(v, "to_json") else [plain(x) for x in v] if isinstance(v, list) else v
+        return {k: plain(v) for k, v in self.fields().items()}
+
     def _straggler_stop(self) -> bool:
         """``--on-straggler restart``: the first straggler named stops the job (once)."""
         if self.on_straggler != "restart" or self.stopped_for or not self.stragglers or self._stopping:
             return False
-        first = min(self.stragglers.values(), key=lambda s: s["detected"])
-        if self.can_replace is not None and not self.can_replace(first.get("node")):
+        first = min(self.stragglers.values(), key=lambda s: s.detected)
+        if self.can_replace is not None and not self.can_replace(first.node):
             return False                         # no spare, --min-nodes, no restart left: it runs on, slower
-        self.stopped_for = {"what": f"rank {first['rank']} {first['score']:.1f}x slower since step "
-                            f"{first['since_step']:,}", "node": first.get("node"), "rank": first["rank"],
-                            "began": None, "detected": first["detected"]}
+        self.stopped_for = StoppedFor(what=f"rank {first.rank} {first.score:.1f}x slower since step {first.since_step:,}",
+                                      node=first.node, rank=first.rank, began=None, detected=first.detected)
         self._stopping = True
-        self._say(f"straggler: stopping the job to restart without {node_name(first.get('node'))} (--on-straggler restart)")
+        self._say(f"straggler: stopping the job to restart without {node_name(first.node)} (--on-straggler restart)")
         return True
 
     # -- what it looks for -----------------------------------------------------------------
@@ -195,7 +202,7 @@ class Watch:
             if len(self._said) > IGNORED_SAID:
                 self._say("ignoring more heartbeats that are not this attempt's ranks' (not said one by one)")
                 continue
-            self.ignored.append({"rank": rank, "why": why, "file": file, "seen": now})
+            self.ignored.append(IgnoredBeat(rank=rank, why=why, file=str(file), seen=now))
             started = f"ranks 0-{self.world - 1}" if self.world > 1 else "rank 0"
             self._say(f"ignoring heartbeats for rank {rank} in {file}: {why} (this attempt started {started})")
         for rank, b in self.beats.items():
@@ -232,8 +239,8 @@ class Watch:
         return requeue.find(attempt_dir(self.d, self.attempt), self.job_id, self.restart_of, ask_slurm=False) \
             is not None
 
-    def _event(self, kind: str, what: str, began: float | None, detected: float, **extra: Any) -> None:
-        self.timeline.append({"kind": kind, "began": began, "detected": detected, "what": what, **extra})
+    def _event(self, kind: FaultKind, what: str, began: float | None, detected: float, **extra: Any) -> None:
+        self.timeline.append(Event(kind=kind, began=began, detected=detected, what=what, **extra))
 
     def _say(self, line: str) -> None:
         log.info(f"hpcml run: {line}")
@@ -251,7 +258,7 @@ class Watch:
         for _, rank, b in ended:
             code = b["exit"]
             self._crashed.add(rank)
-            if self._stopping or (self.hang or {}).get("action") == "stop" or self._signalled() \
+            if self._stopping or (self.hang is not None and self.hang.action == "stop") or self._signalled() \
                     or self._requeued(code):
                 continue                  # stopped by us: TERM's 143, or what its handler chose to exit with
             self._stopping = True
@@ -301,8 +308,8 @@ class Watch:
             slow = ratio[row[sc.rank]] > 1 + CHRONIC
             tail_share = np.cumsum(slow[::-1])[::-1] / np.arange(len(slow), 0, -1)
             onset = int(window[next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)])
-            self.stragglers[sc.rank] = {"rank": sc.rank, "node": sc.node, "score": round(sc.score, 3),
-                                        "since_step": onset, "detected": now}
+            self.stragglers[sc.rank] = Straggler(rank=sc.rank, node=sc.node, score=round(sc.score, 3),
+                                                 since_step=onset, detected=now)
             self._say(f"straggler: rank {sc.rank} on {sc.node} {sc.score:.1f}x slower since step {onset:,}")
             self._event("straggler", f"rank {sc.rank} {sc.score:.1f}x slower since step {onset:,}", None, now,
                         rank=sc.rank, node=sc.node, score=round(sc.score, 3), since_step=onset)
@@ -330,7 +337,7 @@ class Watch:
         steps = [b["step"] for b in alive.values() if b.get("step") is not None]
         self._say(f"hang: no rank completed a step for {quiet:.0f} s (timeout {limit:.0f} s; furthest step "
                   f"{max(steps) if steps else 'none'}); taking every rank's stack")
-        self.hang = {"began": now - quiet, "detected": now, "timeout": limit, "ranks": len(alive)}
+        self.hang = Hang(began=now - quiet, detected=now, timeout=limit, ranks=len(alive))
         ident = int(now * 1000)
         for old in (self.observe / FLIGHT_RECORDER).glob("rank-*"):    # what is there after this is fresh
             try:
@@ -361,8 +368,10 @@ class Watch:
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
         action = "ended" if ended else self.on_hang
-        self.hang.update(verdict=verdict.to_json(), stacks=len(stacks), named=now, action=action)
-        self._event("hang", self._summary(verdict), self.hang["began"], self.hang["detected"], named=now,
+        self.hang.verdict = HangVerdict.model_validate(verdict.to_json())
+        self.hang.stacks, self.hang.named = len(stacks), now
+        self.hang.action = "ended" if ended else "stop" if self.on_hang == "stop" else "report"
+        self._event("hang", self._summary(verdict), self.hang.began, self.hang.detected, named=now,
                     action=action, culprits=[c.rank for c in verdict.culprits])
         if action == "stop":
             self._say(f"hang: stopping the job (--on-hang stop); it exits {HANG}")

@@ -8,7 +8,10 @@ crashed. One endpoint, served by the launcher; labels ``slurm_job``, ``rank`` an
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from hpcml.jobmodel import Straggler
 
 
 class WatchExporter:
@@ -31,7 +34,7 @@ class WatchExporter:
         self.hang.labels(job).set(0)
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
 
-    def update(self, beats: dict[int, dict], scores: dict[int, float], stragglers: dict[int, dict[str, Any]],
+    def update(self, beats: dict[int, dict], scores: dict[int, float], stragglers: dict[int, Straggler],
                crashed: dict[int, int], hung: bool) -> None:
         steps = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
         if steps:
@@ -41,7 +44,7 @@ class WatchExporter:
             self.score.labels(self.job, str(rank), node.get(rank, "")).set(score)
         for rank, s in stragglers.items():
             self.straggler.labels(self.job, str(rank), node.get(rank, "")).set(1)
-            self.since.labels(self.job, str(rank), node.get(rank, "")).set(s["since_step"])
+            self.since.labels(self.job, str(rank), node.get(rank, "")).set(s.since_step)
         for rank, code in crashed.items():
             self.crashed.labels(self.job, str(rank), node.get(rank, "")).set(code)
         self.hang.labels(self.job).set(1 if hung else 0)
