@@ -21,38 +21,15 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from dataclasses import dataclass, field
 from typing import Any
 
+from hpcml.jobmodel import Culprit, HangVerdict
 from hpcml.observe.stacks import main_thread
 from hpcml.words import ranges
 
 COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
 _LIBRARY_DIRS = tuple({os.path.realpath(p) + os.sep for p in
                        (sysconfig.get_path("stdlib"), sysconfig.get_path("purelib"), sysconfig.get_path("platlib"))})
-
-
-@dataclass
-class Culprit:
-    rank: int
-    node: str | None
-    where: str | None            # "file:line in function", or None without a stack
-    why: str
-
-    def to_json(self) -> dict[str, Any]:
-        return {"rank": self.rank, "node": self.node, "where": self.where, "why": self.why}
-
-
-@dataclass
-class Verdict:
-    method: str                  # "flight-recorder", "progress", "stacks" or "none"
-    culprits: list[Culprit]
-    blocked: list[int] = field(default_factory=list)     # ranks that wait for the culprits
-    note: str = ""
-
-    def to_json(self) -> dict[str, Any]:
-        return {"method": self.method, "culprits": [c.to_json() for c in self.culprits],
-                "blocked": self.blocked, "note": self.note}
 
 
 def _library(path: str) -> bool:
@@ -83,11 +60,11 @@ def _ranks(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
-def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> Verdict:
+def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> HangVerdict:
     """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came;
     ``done``: the ranks that already ended with exit 0 (not in ``beats``)."""
     def culprit(rank: int, why: str) -> Culprit:
-        return Culprit(rank, (beats.get(rank) or {}).get("node"), stack_line(stacks.get(rank)), why)
+        return Culprit(rank=rank, node=(beats.get(rank) or {}).get("node"), where=stack_line(stacks.get(rank)), why=why)
 
     ranks = sorted(beats)
     roots = list(getattr(fr, "roots", None) or []) if fr is not None else []
@@ -96,30 +73,32 @@ def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: 
     if roots:
         blocked = sorted(r for r in ranks if r not in roots)
         details = {r: f.detail for f in fr.findings for r in f.culprits}
-        return Verdict("flight-recorder", [culprit(r, details.get(r, "root of the hang (Flight Recorder)"))
-                                           for r in roots], blocked)
+        return HangVerdict(method="flight-recorder", culprits=[
+            culprit(r, details.get(r, "root of the hang (Flight Recorder)")) for r in roots], blocked=blocked, note="")
     # (restarts of the step numbering, step): a per-epoch count compares by epoch first
     steps = {r: (b.get("restarts") or 0, b["step"]) for r, b in beats.items()
              if b.get("exit") is None and b.get("step") is not None}
     if steps and min(steps.values()) < max(steps.values()):   # ranks that log no step are not judged here
         top = max(steps.values())
         behind = sorted(r for r, s in steps.items() if s < top)
-        return Verdict("progress", [culprit(r, f"behind: last step {steps[r][1]}, others at {top[1]}")
-                                    for r in behind], sorted(r for r in steps if r not in behind))
+        return HangVerdict(method="progress", culprits=[
+            culprit(r, f"behind: last step {steps[r][1]}, others at {top[1]}") for r in behind],
+            blocked=sorted(r for r in steps if r not in behind), note="")
     running = sorted(r for r, b in beats.items() if b.get("exit") is None)
     if done and running and not any(in_collective(stacks.get(r)) for r in running):
         # the others ended their work well: nobody waits for these ranks, they are stuck on their own
-        return Verdict("progress", [culprit(r, f"still running, stepless, after {_ranks(list(done))} ended with exit 0")
-                                    for r in running], [])
+        return HangVerdict(method="progress", culprits=[
+            culprit(r, f"still running, stepless, after {_ranks(list(done))} ended with exit 0") for r in running],
+            blocked=[], note="")
     waiting = {r: in_collective(stacks.get(r)) for r, b in beats.items() if b.get("exit") is None}
     outside = sorted(r for r, w in waiting.items() if w is False)
     inside = sorted(r for r, w in waiting.items() if w)
     if outside and inside:
-        return Verdict("stacks", [culprit(r, "not in a collective while the others wait in one") for r in outside],
-                       inside)
+        return HangVerdict(method="stacks", culprits=[
+            culprit(r, "not in a collective while the others wait in one") for r in outside], blocked=inside, note="")
     missing = sorted(r for r, w in waiting.items() if w is None)
     note = ("every rank waits in a collective: a network or GPU fault, or a mismatch the Flight Recorder would show"
             if inside and not outside else "no rank waits in a collective" if outside else "no stack could be read")
     if missing:
         note += f"; no stack from ranks {ranges(missing)}"
-    return Verdict("none", [], [], note)
+    return HangVerdict(method="none", culprits=[], blocked=[], note=note)

@@ -56,7 +56,7 @@ from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
-from hpcml.run.culprits import Verdict, name
+from hpcml.run.culprits import name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import last_own_line
 from hpcml.run.steptimes import StepTimes
@@ -368,7 +368,7 @@ class Watch:
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
         action = "ended" if ended else self.on_hang
-        self.hang.verdict = HangVerdict.model_validate(verdict.to_json())
+        self.hang.verdict = verdict
         self.hang.stacks, self.hang.named = len(stacks), now
         self.hang.action = "ended" if ended else "stop" if self.on_hang == "stop" else "report"
         self._event("hang", self._summary(verdict), self.hang.began, self.hang.detected, named=now,
@@ -389,13 +389,13 @@ class Watch:
         except Exception:  # noqa: BLE001 - dumps are hostile input: fall back to the stacks
             return None
 
-    def _summary(self, verdict: Verdict) -> str:
+    def _summary(self, verdict: HangVerdict) -> str:
         if not verdict.culprits:
             return f"no culprit named: {verdict.note}"
         return (f"culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
                 + (f"; ranks {ranges(verdict.blocked)} blocked behind them" if verdict.blocked else ""))
 
-    def _report(self, verdict: Verdict, stacks: dict, alive: list[int]) -> None:
+    def _report(self, verdict: HangVerdict, stacks: dict, alive: list[int]) -> None:
         for c in verdict.culprits:
             self._say(f"hang: culprit rank {c.rank} on {c.node}: {c.where or 'no stack'} ({c.why})")
         if verdict.blocked:
