@@ -278,7 +278,7 @@ class Attempt(Model):
     one under its ``attempts``."""
 
     command: list[str]
-    mode: Literal["slurm", "local"]
+    mode: Annotated[str, Field(min_length=1, max_length=64)]   # the backend's name (hpcml.run.backends)
     started: float
     job_id: Optional[str] = None
     attempt: int = Field(default=0, ge=0)

@@ -90,3 +90,37 @@ def test_an_attempt_whose_rendezvous_fails_ends_with_1_and_says_why(tmp_path, mo
     assert run_attempt(cfg, tmp_path, rec, Srun(SETTINGS, ["n2", "n3"], Allocation()), []) == 1
     assert "attempt 1 not started: no rendezvous port on n2" in capsys.readouterr().err
     assert rec.launch is None
+
+
+def _site_run(tmp_path, backend: str, *cmd: str):
+    import subprocess
+    import sys
+
+    from hpcml.testing import siteplugin
+    site = siteplugin.install(tmp_path / "site")
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env.update(PYTHONPATH=os.pathsep.join(filter(None, [str(site), env.get("PYTHONPATH")])), HPCML_RUN_BACKEND=backend)
+    return subprocess.run([sys.executable, "-m", "hpcml", "run", "--dir", str(tmp_path / "job"), "--no-report",
+                           "--ntasks", "2", "--", *cmd], env=env, capture_output=True, text=True, timeout=120)
+
+
+def test_a_backend_installed_as_a_site_package_runs_the_job_when_named(tmp_path):
+    """CONTRIBUTING's recipe, followed exactly: one class in a site package, one entry point
+    in ``hpcml.run_backends``; named by ``HPCML_RUN_BACKEND``, it runs the ranks (each
+    appends to a file), says where in its own words, and is the run's mode."""
+    import sys
+
+    from hpcml.run.jobdir import read_run
+    out = tmp_path / "ran"
+    p = _site_run(tmp_path, "site-local", sys.executable, "-c", f"open({str(out)!r}, 'a').write('x')")
+    assert p.returncode == 0, p.stderr
+    assert out.read_text() == "xx"
+    assert "hpcml run: 2 site tasks here, rendezvous" in p.stderr, p.stderr
+    assert read_run(tmp_path / "job").mode == "site-local"
+
+
+def test_an_unknown_backend_name_is_one_line_exit_2(tmp_path):
+    p = _site_run(tmp_path, "flux-nope", "true")
+    assert p.returncode == 2, p.stderr
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and "HPCML_RUN_BACKEND" in lines[0] and "flux-nope" in lines[0], p.stderr

@@ -24,7 +24,6 @@ from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
 from hpcml.run.jobdir import write_own
 from hpcml.signals import SLURM_SIGNALS, forwarding
-from hpcml.words import plural
 
 if TYPE_CHECKING:
     from hpcml.run.watch import Watch
@@ -115,9 +114,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     record.nodes, record.ntasks, record.ntasks_per_node = list(plan.nodes), plan.ntasks, plan.ntasks_per_node
     record.master, record.launch = plan.master, list(plan.launch)
     write_own(d, record)
-    from hpcml.cluster.hostlist import fold
-    where = f"{plan.ntasks} tasks on {fold(plan.nodes)}" if backend.mode == "slurm" else \
-        plural(plan.ntasks, "local task")
+    where = backend.where(plan)
     log.info(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}")
     backend.start(plan)
     from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)

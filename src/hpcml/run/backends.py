@@ -6,9 +6,12 @@ and submitit's one executor contract per backend: a backend knows how to plan th
 left after the grace period; the loop that forwards signals, polls the watch, stops an
 attempt and counts the grace is ``hpcml.run.attempt``'s, once for every backend.
 
-A new backend (flux, a container launcher) is a class with these methods, built as
-``Backend(settings, nodes, allocation, watch_lost)``, and its line in ``BACKENDS``; the
-launcher picks one by the run's mode (``hpcml.run.launcher.Job._backend``).
+A new backend (flux, mpirun, a container launcher) is one class with these methods and
+class attributes, built as ``Backend(settings, nodes, allocation, watch_lost)``, found
+through the registry (``BACKENDS``; a site package adds one with an entry point in the
+``hpcml.run_backends`` group). The run's mode is the backend's name: ``$HPCML_RUN_BACKEND``
+names one, else the first built-in that ``applies`` (``choose``). Nothing outside the
+backends asks which one runs: the launcher asks ``spans_nodes``.
 
 Each plan has a fresh ``secret``: ``start`` gives every task wrapper its rank's heartbeat key
 (``hpcml.observe.beat.rank_key``) where the rank's program does not inherit it, so the watch
@@ -23,12 +26,13 @@ import subprocess
 import sys
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any, Protocol
+from typing import Any, ClassVar, Protocol
 
 from hpcml.errors import SlurmError
 from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
 from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
+from hpcml.registry import Registry
 from hpcml.run.task import ENV_BEAT_KEY, STOP
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
@@ -64,7 +68,21 @@ class Backend(Protocol):
     """One way to run the ranks. ``start`` returns once they were started; ``poll`` is
     called every ``POLL`` seconds until it says they all ended."""
 
-    mode: str
+    mode: ClassVar[str]
+    #: the ranks run across the allocation's nodes, which the scheduler gave and may requeue:
+    #: vetting covers them, spare nodes and restarts elsewhere are possible (else: this host)
+    spans_nodes: ClassVar[bool]
+
+    def __init__(self, settings: Settings, nodes: list[str], allocation: Any, watch_lost: bool = False) -> None: ...
+
+    @classmethod
+    def applies(cls, allocation: Any, in_farm: bool) -> bool:
+        """Whether this backend is the one for ``allocation`` when none is named."""
+        ...
+
+    def where(self, plan: Plan) -> str:
+        """The ranks' place, for the start line: "4 tasks on n[1-2]"."""
+        ...
 
     def plan(self, task: list[str], record: RunRecord) -> Plan: ...
 
@@ -133,7 +151,17 @@ class SrunStep:
 class Srun:
     """One ``srun --kill-on-bad-exit`` step over the attempt's nodes, rank 0 on the first."""
 
-    mode = "slurm"
+    mode: ClassVar[str] = "slurm"
+    spans_nodes: ClassVar[bool] = True
+
+    @classmethod
+    def applies(cls, allocation: Any, in_farm: bool) -> bool:
+        """Inside an allocation, not inside one of its steps (and not a farm task's slot)."""
+        return bool(allocation.job_id) and allocation.step_id is None and not in_farm
+
+    def where(self, plan: Plan) -> str:
+        from hpcml.cluster.hostlist import fold
+        return f"{plan.ntasks} tasks on {fold(plan.nodes)}"
 
     def __init__(self, settings: Settings, nodes: list[str], allocation: Any, watch_lost: bool = False) -> None:
         from hpcml.run.recovery import LostNodes
@@ -252,7 +280,16 @@ class Local:
     ``--kill-on-bad-exit`` would. Each wrapper gets ``task.STOP`` when the launcher dies
     (even by SIGKILL) and kills its rank and everything the rank started."""
 
-    mode = "local"
+    mode: ClassVar[str] = "local"
+    spans_nodes: ClassVar[bool] = False
+
+    @classmethod
+    def applies(cls, allocation: Any, in_farm: bool) -> bool:
+        return True                               # anywhere: this host
+
+    def where(self, plan: Plan) -> str:
+        from hpcml.words import plural
+        return plural(plan.ntasks, "local task")
 
     def __init__(self, settings: Settings, nodes: list[str], allocation: Any, watch_lost: bool = False) -> None:
         self.settings, self.node = settings, nodes[0]
@@ -344,5 +381,26 @@ def _gpus_here() -> int:
     return len(task_gpus(os.environ)) or len(visible_gpus()[0])
 
 
-#: the run's mode -> how its ranks start
-BACKENDS: dict[str, type[Srun] | type[Local]] = {"slurm": Srun, "local": Local}
+#: the run's mode -> how its ranks start; the built-ins in the order ``choose`` tries them
+BACKENDS: Registry[type[Backend]] = Registry(
+    "run backend", "hpcml.run_backends",
+    {"slurm": "hpcml.run.backends:Srun", "local": "hpcml.run.backends:Local"},
+    hint="a site's backend is installed with an entry point in the hpcml.run_backends group")
+BACKEND_ENV = "HPCML_RUN_BACKEND"
+
+
+def choose(allocation: Any, in_farm: bool) -> type[Backend]:
+    """The backend of this run: ``$HPCML_RUN_BACKEND`` when set (a site's, by its name; an
+    unknown name is bad input), ``local`` with ``$HPCML_RUN_LOCAL``, else the first built-in
+    that applies."""
+    from hpcml.errors import UsageError
+    from hpcml.registry import UnknownName
+    named = os.environ.get(BACKEND_ENV, "").strip()
+    if named:
+        try:
+            return BACKENDS.get(named)
+        except UnknownName as exc:
+            raise UsageError(str(exc), key=BACKEND_ENV) from None
+    if os.environ.get("HPCML_RUN_LOCAL"):
+        return BACKENDS.get("local")
+    return next(cls for cls in (BACKENDS.get("slurm"), BACKENDS.get("local")) if cls.applies(allocation, in_farm))

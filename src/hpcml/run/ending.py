@@ -89,12 +89,23 @@ def conclude(d: Path, prev: RunRecord, restart: int) -> Attempt:
     return done
 
 
+def _scheduled(mode: str) -> bool:
+    """Whether the run's backend ran across the allocation's nodes, which the scheduler may
+    have requeued (then Slurm is asked)."""
+    from hpcml.registry import UnknownName
+    from hpcml.run.backends import BACKENDS
+    try:
+        return BACKENDS.get(mode).spans_nodes
+    except UnknownName:              # a site's backend no longer installed: ask, to be safe
+        return True
+
+
 def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
     """Write the attempt's end: (its exit code, whether run.json took it). The exit code is
     the first failing rank's; in an attempt that was requeued the ranks the requeue stopped
     are not failures, and with none other it is 0. Not taken: a later attempt of this Slurm
     job holds the directory (Slurm requeued it while this launcher still ran)."""
-    asked = record.mode == "slurm" and (rc != 0 or "SIGTERM" in (record.signals_forwarded or ()))
+    asked = _scheduled(record.mode) and (rc != 0 or "SIGTERM" in (record.signals_forwarded or ()))
     again = requeued(d, record, ask_slurm=asked)
     ended = first_failure(d, record.attempt, requeued=again is not None)      # the exit code: stopped ranks too
     first = first_failure(d, record.attempt, requeued=again is not None, stopped=stop_began(record))

@@ -32,7 +32,7 @@ from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.jobmodel import FarmTaskRef, Launcher, RunRecord, Vetting, Who
 from hpcml.run.attempt import FORWARDED, prefetch, run_attempt
-from hpcml.run.backends import BACKENDS, STOPPING, Backend, Settings
+from hpcml.run.backends import STOPPING, Backend, Settings, choose
 from hpcml.run.config import Config, Options
 from hpcml.run.ending import conclude, finish
 from hpcml.run.jobdir import claiming, default_dir, launcher, prepare, vet_dir, write_own, write_run
@@ -66,8 +66,8 @@ def run(opts: Options) -> int:
     allocation = current()
     task = farm_task()
     in_farm = task is not None                      # a farm task has one slot: its ranks run here
-    slurm = bool(allocation.job_id) and allocation.step_id is None and not os.environ.get("HPCML_RUN_LOCAL") \
-        and not in_farm
+    kind = choose(allocation, in_farm)
+    slurm = kind.spans_nodes                        # across the allocation's nodes (srun), else this host
     if not slurm:                                   # a farm task's run keeps its Slurm job id
         job = allocation.job_id if in_farm else None
         allocation = replace(current({k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}), job_id=job)
@@ -80,7 +80,7 @@ def run(opts: Options) -> int:
             previous = prepare(d, overwrite=cfg.overwrite, job_id=allocation.job_id if slurm else None,
                                restart=restart)
             record = RunRecord(
-                command=list(cfg.cmd), mode="slurm" if slurm else "local", job_id=allocation.job_id,
+                command=list(cfg.cmd), mode=kind.mode, job_id=allocation.job_id,
                 attempt=restart if previous is None else max(restart, previous.attempt + 1), restart_count=restart,
                 started=time.time(), allocation=list(allocation.nodes), excluded={}, vet=None, env=None,
                 straggler_window_s=cfg.straggler_s,
@@ -94,7 +94,7 @@ def run(opts: Options) -> int:
                 write_run(d, record, exclusive=previous is None)   # claims d: of two runs at once, one stops here
             except FileExistsError:
                 raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
-        return Job(cfg, d, slurm, allocation, record).run(environment)
+        return Job(cfg, d, kind, allocation, record).run(environment)
     except OSError as exc:                        # a full disk, a read-only or vanished job directory
         raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
@@ -102,8 +102,9 @@ def run(opts: Options) -> int:
 class Job:
     """The job in one directory: vetting, then attempt after attempt into ``record``."""
 
-    def __init__(self, cfg: Config, d: Path, slurm: bool, allocation: Any, record: RunRecord) -> None:
-        self.cfg, self.d, self.slurm, self.allocation, self.record = cfg, d, slurm, allocation, record
+    def __init__(self, cfg: Config, d: Path, kind: type[Backend], allocation: Any, record: RunRecord) -> None:
+        self.cfg, self.d, self.kind, self.allocation, self.record = cfg, d, kind, allocation, record
+        self.slurm = kind.spans_nodes          # across the allocation's nodes: vetting, spares, restarts elsewhere
         self.superseded = False              # a later attempt of this Slurm job took the directory
 
     def run(self, environment: dict | None) -> int:
@@ -193,8 +194,7 @@ class Job:
         cfg = self.cfg
         settings = Settings(cfg.ntasks, cfg.ntasks_per_node, cfg.gpus_per_task, cfg.rank_env)
         nodes = nodes if self.slurm else self.record.allocation[:1]          # local: this host
-        return BACKENDS[self.record.mode](settings, nodes, self.allocation,
-                                          watch_lost=recovery is not None and recovery.left)
+        return self.kind(settings, nodes, self.allocation, watch_lost=recovery is not None and recovery.left)
 
     def _still_out(self, nodes: list[str], least: int) -> list[str]:
         """A requeued job's restarts excluded nodes in its earlier attempts: they stay out (while
