@@ -31,7 +31,7 @@ class _Stderr(logging.Handler):
 
 def _configure() -> logging.Logger:
     root = logging.getLogger(ROOT)
-    if not any(isinstance(h, _Stderr) for h in root.handlers) and not getattr(root, "_hpcml_configured", False):
+    if not getattr(root, "_hpcml_configured", False):
         handler = _Stderr()
         handler.setFormatter(logging.Formatter("%(message)s"))
         root.addHandler(handler)

@@ -96,14 +96,8 @@ def execute(protocol: Path | None, *, min_nodes: int | None = None, deadline: st
 
 def _send(data: dict, url: str, token_file: Path | None) -> None:
     """Opt-in reporting never changes the verdict: a failure is one warning line."""
-    from hpcml.vet.fleet.collector.client import send
-    from hpcml.vet.fleet.collector.server import read_tokens
-    try:
-        tokens = read_tokens(token_file)
-    except OSError as exc:
-        print(f"hpcml vet: warning: report not sent to {url}: token file: {exc}", file=sys.stderr)
-        return
-    send(data, url, tokens[0] if tokens else "")
+    from hpcml.vet.fleet.collector.client import send_with_token_file
+    send_with_token_file(data, url, token_file)
 
 
 def _print_human(run_, paths) -> None:

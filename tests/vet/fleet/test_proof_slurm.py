@@ -84,8 +84,8 @@ class Collector:
         line = self.proc.stdout.readline()
         assert "listening on" in line, line + self.proc.stderr.read() if self.proc.stderr else line
 
-    def post(self, doc, token: str = JOB_TOKEN) -> tuple[int, dict]:
-        req = urllib.request.Request(self.url + "/v1/jobs", data=json.dumps(doc).encode(), method="POST",
+    def post(self, doc, token: str = JOB_TOKEN, path: str = "/v1/jobs") -> tuple[int, dict]:
+        req = urllib.request.Request(self.url + path, data=json.dumps(doc).encode(), method="POST",
                                      headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
         try:
             with urllib.request.urlopen(req, timeout=30) as r:

@@ -61,14 +61,9 @@ def report(node: str, outcome: str, job: str | None = None, at: float | None = N
             "results": [{"name": "xid", "type": "gpu", "outcome": outcome}]}
 
 
-def post(url: str, doc, path: str = "/v1/reports", token: str = OPERATOR) -> tuple[int, dict]:
-    req = urllib.request.Request(url + path, data=json.dumps(doc).encode(), method="POST",
-                                 headers={"Authorization": f"Bearer {token}", "Content-Type": "application/json"})
-    try:
-        with urllib.request.urlopen(req, timeout=30) as r:
-            return r.status, json.loads(r.read())
-    except urllib.error.HTTPError as exc:
-        return exc.code, json.loads(exc.read() or b"{}")
+def post(c, doc) -> tuple[int, dict]:
+    """A report to the collector, with the write token every job script holds."""
+    return c.post(doc, token=OPERATOR, path="/v1/reports")
 
 
 def get(url: str, path: str) -> int:
@@ -104,14 +99,14 @@ def test_only_the_nodes_own_evidence_drains_and_resumes(users, shared, collector
 
     # the write token alone: stored, unverified, never acted on
     for _ in range(3):
-        code, answer = post(url, report("n2", "fail"))
+        code, answer = post(collector, report("n2", "fail"))
         assert (code, answer["unverified"]) == (201, 1), answer
     assert handle(shared, collector.db, slurm_env, "--dry-run") == []
 
     # a user's signed report: of no job, of a job Slurm never saw
-    code, answer = post(url, signed(report("n2", "fail"), alice, sock, env_a))
+    code, answer = post(collector, signed(report("n2", "fail"), alice, sock, env_a))
     assert code == 403 and "job_id" in answer["error"], answer
-    code, answer = post(url, signed(report("n2", "fail", job="999999"), alice, sock, env_a))
+    code, answer = post(collector, signed(report("n2", "fail", job="999999"), alice, sock, env_a))
     assert code == 403 and "no record" in answer["error"], answer
 
     # alice's real job on n1: her report of it is job evidence, which this rule does not count
@@ -127,18 +122,18 @@ def test_only_the_nodes_own_evidence_drains_and_resumes(users, shared, collector
             assert time.monotonic() < deadline, "alice's job did not start"
             time.sleep(0.5)
         time.sleep(1)
-        code, answer = post(url, signed(report("n1", "fail", job=job), alice, sock, env_a))
+        code, answer = post(collector, signed(report("n1", "fail", job=job), alice, sock, env_a))
         assert (code, answer["unverified"]) == (201, 0), answer
-        code, answer = post(url, signed(report("n2", "fail", job=job), alice, sock, env_a))
+        code, answer = post(collector, signed(report("n2", "fail", job=job), alice, sock, env_a))
         assert code == 403 and "did not run on n2" in answer["error"], answer
-        code, answer = post(url, signed(report("n1", "fail", job=job, at=time.time() + 3600), alice, sock, env_a))
+        code, answer = post(collector, signed(report("n1", "fail", job=job, at=time.time() + 3600), alice, sock, env_a))
         assert code == 403 and "ahead" in answer["error"], answer
         assert handle(shared, collector.db, slurm_env, "--dry-run") == []
 
         # a summary of an array task of a job that is no array: Slurm says no such job (403,
         # set aside), not "unavailable" (503, retried for ever)
-        code, answer = post(url, signed(summary(f"{job}_0", nodes=["n1"], user=alice, cluster="hpcmllocal"),
-                                        alice, sock, env_a), path="/v1/jobs")
+        code, answer = collector.post(signed(summary(f"{job}_0", nodes=["n1"], user=alice, cluster="hpcmllocal"),
+                                             alice, sock, env_a))
         assert code == 403, answer
     finally:
         subprocess.run(["scancel", job], env=slurm_env, capture_output=True, timeout=30)
@@ -146,21 +141,21 @@ def test_only_the_nodes_own_evidence_drains_and_resumes(users, shared, collector
 
     # root on the node (the prolog's uid): node evidence, which drains
     mine = as_root(report("n2", "fail"), sock)
-    assert post(url, mine)[0] == 201
-    assert post(url, mine) == (401, {"error": "auth.munge: Replayed credential"})
+    assert post(collector, mine)[0] == 201
+    assert post(collector, mine) == (401, {"error": "auth.munge: Replayed credential"})
     lifted = {**report("n1", "fail"), AUTH_KEY: as_root(report("n1", "pass"), sock)[AUTH_KEY]}
-    code, answer = post(url, lifted)
+    code, answer = post(collector, lifted)
     assert code == 403 and "another report" in answer["error"], answer
     assert handle(shared, collector.db, slurm_env) == [("n2", "drain", "done")]
     assert _drained("n2", slurm_env) and not _drained("n1", slurm_env)
 
     # passes the token backs, or a user, do not resume it; root's do
     for _ in range(3):
-        assert post(url, report("n2", "pass"))[0] == 201
+        assert post(collector, report("n2", "pass"))[0] == 201
     assert handle(shared, collector.db, slurm_env) == [("n2", "hold", "planned")]
     assert _drained("n2", slurm_env)
     for _ in range(2):
-        assert post(url, as_root(report("n2", "pass"), sock))[0] == 201
+        assert post(collector, as_root(report("n2", "pass"), sock))[0] == 201
     assert handle(shared, collector.db, slurm_env) == [("n2", "resume", "done")]
     assert not _drained("n2", slurm_env)
 

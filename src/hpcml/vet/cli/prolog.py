@@ -79,14 +79,8 @@ def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float) 
     warning: the prolog's verdict is its exit code, never the collector's."""
     import time
 
-    from hpcml.vet.fleet.collector.client import send
-    from hpcml.vet.fleet.collector.server import read_tokens
-    try:
-        tokens = read_tokens(token_file)
-    except OSError as exc:
-        print(f"{ME}: warning: report not sent to {url}: token file: {exc.strerror}", file=sys.stderr)
-        return
-    send(doc, url, tokens[0] if tokens else "", timeout=max(0.5, min(SEND_S, budget_end + SEND_S - time.time())))
+    from hpcml.vet.fleet.collector.client import send_with_token_file
+    send_with_token_file(doc, url, token_file, timeout=max(0.5, min(SEND_S, budget_end + SEND_S - time.time())))
 
 
 def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain: bool = True,

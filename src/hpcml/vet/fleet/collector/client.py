@@ -16,6 +16,7 @@ import time
 import urllib.error
 import urllib.request
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import orjson
@@ -128,6 +129,19 @@ def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> Re
     return out[0] if out else Refusal(f"no answer within {timeout:.1f} s")
 
 
+def send_with_token_file(report_json: Any, url: str, token_file: Path | None, timeout: float = 5) -> str | None:
+    """``send`` with the token read from ``token_file`` (else ``$HPCML_VET_TOKEN``): what
+    ``hpcml vet --report-to`` and its prolog mode do. A file that cannot be read is a warning."""
+    from hpcml.vet.fleet.collector.server import read_tokens
+    try:
+        tokens = read_tokens(token_file)
+    except OSError as exc:
+        line = f"hpcml vet: warning: report not sent to {url}: token file: {exc.strerror or exc}"
+        log.warning(line)
+        return line
+    return send(report_json, url, tokens[0] if tokens else "", timeout)
+
+
 def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> str | None:
     """POST a report (dict from ``report.to_json``, or JSON text/bytes) to the collector at URL.
 
@@ -135,7 +149,7 @@ def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> s
     """
     def warn(why: str) -> str:
         line = f"hpcml vet: warning: report not sent to {url}: {why}"
-        log.info(line)
+        log.warning(line)
         return line
 
     try:

@@ -185,6 +185,21 @@ def slurm_uid(config: Mapping[str, str]) -> int | None:
     return int(rest.rstrip(")")) if rest.rstrip(")").isdigit() else None
 
 
+def _theirs(rec: JobRecord | None, job_id: str, uid: int | None, user: str | None, nodes: set[str],
+            key: str) -> JobRecord:
+    """Slurm's record of ``job_id`` when it is the sender's job and held ``nodes``, else
+    ``Forbidden`` (``key``: the field the refusal names)."""
+    if rec is None:
+        raise Forbidden(f"job_id: Slurm has no record of job {job_id}")
+    mine = rec.uid == uid if uid is not None and rec.uid is not None else rec.user == user
+    if not mine:
+        raise Forbidden(f"job_id: job {job_id} belongs to {rec.user}, not to the sender ({user})")
+    outside = sorted(nodes - rec.nodes) if rec.nodes else sorted(nodes)
+    if outside:
+        raise Forbidden(f"{key}: job {job_id} did not run on {', '.join(outside[:5])} (Slurm's {rec.source})")
+    return rec
+
+
 class Verifier:
     """Proves the sender of each summary and report and checks its job against Slurm.
 
@@ -227,26 +242,32 @@ class Verifier:
             return Proof("trusted", s.user, _uid(s.user) if s.user else None)
         return Proof("none")
 
-    def _record(self, job_id: str, fresh: bool = False) -> JobRecord | None:
-        assert self.slurm is not None
+    def _ask(self, cache: dict[str, tuple[float, Any]], key: str, ask: Callable[[str], Any], what: str,
+             ttl: float, fresh: bool = False) -> Any:
+        """Slurm's answer about ``key`` (a job, a node), kept ``ttl`` seconds; at most
+        ``ASK_SLURM_AT_ONCE`` asks in flight (the request pool is not Slurm's to fill)."""
         now = time.monotonic()
         with self._lock:
-            hit = self._cache.get(job_id)
-        if hit and now - hit[0] < self.ttl and not fresh:
+            hit = cache.get(key)
+        if hit and now - hit[0] < ttl and not fresh:
             return hit[1]
-        if not self._asking.acquire(timeout=ASK_WAIT_S):   # the pool is not Slurm's to fill
+        if not self._asking.acquire(timeout=ASK_WAIT_S):
             raise Unavailable("too many Slurm lookups at once; try again")
         try:
-            rec = self.slurm(job_id)
+            answer = ask(key)
         except SlurmError as exc:
-            raise Unavailable(f"Slurm cannot be asked about job {job_id} now: {exc}") from None
+            raise Unavailable(f"Slurm cannot be asked about {what} {key} now: {exc}") from None
         finally:
             self._asking.release()
         with self._lock:
-            if len(self._cache) > 10_000:
-                self._cache.clear()
-            self._cache[job_id] = (now, rec)
-        return rec
+            if len(cache) > 10_000:
+                cache.clear()
+            cache[key] = (now, answer)
+        return answer
+
+    def _record(self, job_id: str, fresh: bool = False) -> JobRecord | None:
+        assert self.slurm is not None
+        return self._ask(self._cache, job_id, self.slurm, "job", self.ttl, fresh)
 
     def _job(self, proof: Proof, s: JobSummary) -> Proof:
         if self.slurm is None:
@@ -264,17 +285,7 @@ class Verifier:
 
     def _checked(self, proof: Proof, s: JobSummary, rec: JobRecord | None) -> JobRecord:
         """``rec`` when it confirms what ``s`` says of its job, else ``Forbidden``."""
-        if rec is None:
-            raise Forbidden(f"job_id: Slurm has no record of job {s.job_id}")
-        if proof.uid is not None and rec.uid is not None:
-            mine = rec.uid == proof.uid
-        else:
-            mine = rec.user == proof.user
-        if not mine:
-            raise Forbidden(f"job_id: job {s.job_id} belongs to {rec.user}, not to the sender ({proof.user})")
-        outside = sorted(set(s.nodes) - rec.nodes) if rec.nodes else sorted(s.nodes)
-        if outside:
-            raise Forbidden(f"nodes: job {s.job_id} did not run on {', '.join(outside[:5])} (Slurm's {rec.source})")
+        rec = _theirs(rec, s.job_id, proof.uid, proof.user, set(s.nodes), "nodes")
         if s.requeues is not None and s.requeues > rec.restarts:
             raise Forbidden(f"requeues: job {s.job_id} was requeued {rec.restarts} times, not {s.requeues}")
         if s.attempt > rec.restarts + MAX_RESTARTS_IN_ALLOCATION:
@@ -330,24 +341,7 @@ class Verifier:
 
     def _addresses(self, node: str) -> frozenset[str] | None:
         assert self.addresses is not None
-        now = time.monotonic()
-        with self._lock:
-            hit = self._addr_cache.get(node)
-        if hit and now - hit[0] < 60:
-            return hit[1]
-        if not self._asking.acquire(timeout=ASK_WAIT_S):
-            raise Unavailable("too many Slurm lookups at once; try again")
-        try:
-            addrs = self.addresses(node)
-        except SlurmError as exc:
-            raise Unavailable(f"Slurm cannot be asked about node {node} now: {exc}") from None
-        finally:
-            self._asking.release()
-        with self._lock:
-            if len(self._addr_cache) > 100_000:
-                self._addr_cache.clear()
-            self._addr_cache[node] = (now, addrs)
-        return addrs
+        return self._ask(self._addr_cache, node, self.addresses, "node", 60.0)
 
     def _on_its_node(self, name: str, addr: str, reports: Sequence[Any]) -> None:
         """Root's or SlurmUser's report is about the node it was made on, or refused."""
@@ -372,14 +366,7 @@ class Verifier:
         if not jobrecord.is_job_id(job_id):
             raise Forbidden(f"job_id: {job_id[:40]!r} is not a Slurm job id")
         rec = self._record(job_id)
-        if rec is None:
-            raise Forbidden(f"job_id: Slurm has no record of job {job_id}")
-        mine = rec.uid == uid if uid is not None and rec.uid is not None else rec.user == user
-        if not mine:
-            raise Forbidden(f"job_id: job {job_id} belongs to {rec.user}, not to the sender ({user})")
-        outside = sorted({r.node for r in reports} - rec.nodes) if rec.nodes else sorted({r.node for r in reports})
-        if outside:
-            raise Forbidden(f"node: job {job_id} did not run on {', '.join(outside[:5])} (Slurm's {rec.source})")
+        rec = _theirs(rec, job_id, uid, user, {r.node for r in reports}, "node")
         start = rec.start if rec.source != "scontrol" or rec.restarts == 0 else None
         ended_by = min(rec.end or math.inf, time.time())
         for r in reports:
