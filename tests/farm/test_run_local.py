@@ -271,6 +271,8 @@ def test_a_worker_fenced_off_by_a_false_suspicion_stops_its_copy(tmp_path):
     farm = _farm(tmp_path, [side_task(side, before=f'test "$HPCML_FARM_ATTEMPT" -ge 2 || {{ echo $$ > {pid}; sleep 2; }}; ')])
     run = start("farm", "run", farm, "--slots", "1", "--lease", "0.6 s")
     wait_for(lambda: (farm / "claims" / "0.1").exists(), what="attempt 1 claimed")
+    # the copy runs before the suspicion comes (a loaded machine started it after the claim)
+    wait_for(lambda: pid.exists() and pid.read_text().strip() != "", what="attempt 1's copy running")
     (farm / "ends" / "0.1").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 1,
                                                    "outcome": "lost", "end": time.time(), "reason": "test"}))
     run.communicate(timeout=60)
