@@ -23,7 +23,7 @@ import re
 from collections.abc import Callable, Iterator
 
 from hpcml.scan.model import Verdict
-from hpcml.scan.walkvalues import BigInt, Blob, Call, LongText, Persistent, Ref, Unknown
+from hpcml.scan.walkvalues import BigInt, Blob, Call, LongText, Nested, Persistent, Ref, Unknown
 
 #: a problem with a call: its verdict and why
 Problem = tuple[Verdict, str]
@@ -46,7 +46,7 @@ def built_at_load(v: object) -> bool:
     t = type(v)
     if t is tuple:
         return any(built_at_load(x) for x in v)  # type: ignore[attr-defined]
-    return t in (Call, Ref, Persistent, Unknown)
+    return t in (Call, Ref, Persistent, Unknown, Nested)
 
 
 def _literal_args(what: str) -> Callable[[tuple], Problem | None]:

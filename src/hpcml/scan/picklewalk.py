@@ -30,6 +30,7 @@ from hpcml.scan.walkvalues import (  # noqa: F401 - the walk's names, kept impor
     EVICTED,
     LONG_STR,
     LOST,
+    MAX_TUPLE_DEPTH,
     MISSING,
     OPAQUE,
     BigInt,
@@ -38,6 +39,7 @@ from hpcml.scan.walkvalues import (  # noqa: F401 - the walk's names, kept impor
     Event,
     LongText,
     NeedTracking,
+    Nested,
     Opaque,
     Persistent,
     PickleError,
@@ -60,6 +62,7 @@ TRACKED_KEYS = 1 << 20          # memo keys whose presence and kind are kept (1 
 SPARSE_KEYS = 1 << 16           # out-of-sequence keys past TRACKED_KEYS kept exactly
 NESTED_MIN = 8                  # shortest bytes payload checked for an embedded pickle
 NO_FRAME = 1 << 63              # the frame end outside any FRAME
+DEPTH_CACHE = 1 << 16           # tuple elements the depth cache may hold alive before it starts again
 _FACTORIES = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
 
 
@@ -68,6 +71,9 @@ _RECONSTRUCT = frozenset({"numpy.core.multiarray._reconstruct", "numpy._core.mul
 
 
 
+
+#: element types that can make a tuple deeper than one level (see _tuple_depth)
+_DEEPER = frozenset({tuple, Call, Nested, Persistent})
 
 _COMPAT = None
 
@@ -225,6 +231,9 @@ class PickleWalker:
         self.checking = False           # a name whose arguments are checked was imported
         #: tracked lists' real lengths (they keep their first 64 items): id -> (list, length)
         self.lengths: dict[int, tuple[list, int]] = {}
+        #: tuples and calls of depth >= 2 seen lately: id -> (the object, kept alive; depth)
+        self._depths: dict[int, tuple[object, int]] = {}
+        self._depth_items = 0
 
     # -- memo -------------------------------------------------------------------------
     # ``present[key]`` says what the memo holds for the first TRACKED_KEYS keys: 0 nothing,
@@ -283,8 +292,21 @@ class PickleWalker:
             return 3
         cost = 64 + len(value) if t is str else 256
         if self.budget < cost:
-            memo.pop(key, None)
-            return 2
+            # a dropped tuple keeps its depth (presence code 3 + depth): see _tuple_depth
+            depth = 0
+            if t is tuple:
+                depth = 1
+                for e in value:
+                    if type(e) in _DEEPER:
+                        depth = self._tuple_depth(value)
+                        break
+            elif t is Call or t is Nested:
+                depth = self._tuple_depth(value)
+            if depth > 1 and key >= TRACKED_KEYS:
+                memo[key] = _PUSHED[3 + depth]      # past the presence table (BEYOND counts 1)
+            else:
+                memo.pop(key, None)
+            return 3 + depth if depth else 2
         self.budget -= cost
         memo[key] = value
         return 3
@@ -306,7 +328,75 @@ class PickleWalker:
             return self.memo[key]
         if kind == 2:
             return EVICTED
+        if kind > 3:
+            return _PUSHED[kind]
         raise PickleError(f"memo key {key} read before it was set (offset {offset})")
+
+    # -- tuple depth ------------------------------------------------------------------
+    def _tuple_depth(self, root) -> int:
+        """How many tuples deep ``root`` (a tuple, a call's result, a dropped tuple) may be
+        at load time; a PickleError past MAX_TUPLE_DEPTH.
+
+        The real load hashes every dict key and set member, and CPython hashes a tuple by
+        recursing in C once per level with no limit: a few bytes a level (TUPLE1 after
+        TUPLE1, or each level a GET of the last) make a dict key whose load dies of SIGSEGV.
+        No pickler writes one (pickle.dumps recurses per level too). A call's result counts
+        one level over its arguments (a namedtuple holds them); a value the walk does not
+        hold counts as its presence code says. Iterative, each object visited once, depths
+        of 2 and more cached while the objects are alive."""
+        t = type(root)
+        if t is Nested:
+            return root.depth
+        if t is not tuple and t is not Call:
+            return 0
+        cache = self._depths
+        done: dict[int, int] = {}
+        work = [(root, 1)]
+        while work:
+            v, level = work[-1]
+            if level > MAX_TUPLE_DEPTH:
+                self._too_deep()
+            if id(v) in done:
+                work.pop()
+                continue
+            best, pending = 1, False
+            for e in ((v.args,) if type(v) is Call else v):
+                te = type(e)
+                if te is tuple or te is Call:
+                    d = done.get(id(e))
+                    if d is None:
+                        hit = cache.get(id(e))
+                        if hit is None or hit[0] is not e:
+                            work.append((e, level + 1))
+                            pending = True
+                            continue
+                        d = hit[1]
+                elif te is Nested:
+                    d = e.depth
+                elif te is Persistent:
+                    d = 1                   # whatever persistent_load returns: one level
+                else:
+                    continue
+                if d >= best:
+                    best = d + 1
+            if pending:
+                continue
+            work.pop()
+            if best > MAX_TUPLE_DEPTH:
+                self._too_deep()
+            done[id(v)] = best
+            if best > 1:
+                if self._depth_items > DEPTH_CACHE:
+                    cache.clear()
+                    self._depth_items = 0
+                cache[id(v)] = (v, best)
+                self._depth_items += len(v) if type(v) is tuple else 1
+        return done[id(root)]
+
+    def _too_deep(self) -> None:
+        raise PickleError(f"a tuple nested more than {MAX_TUPLE_DEPTH} deep (or built of a memo value the walk "
+                          "lost): no pickler writes one, and hashing it as a dict key or set member "
+                          "overflows the C stack of the real load (SIGSEGV)")
 
     # -- events -----------------------------------------------------------------------
     def _event(self, kind: str, module: str, name: str, offset: int, op: str, detail: str = "") -> None:
@@ -612,6 +702,10 @@ class PickleWalker:
                     self._underflow(op)
                 t = tuple(stack[-k:])
                 del stack[-k:]
+                for e in t:
+                    if type(e) in _DEEPER:
+                        self._tuple_depth(t)        # a PickleError past MAX_TUPLE_DEPTH
+                        break
                 stack.append(t)
                 continue
             if op == 0x95:                                  # FRAME
@@ -835,8 +929,7 @@ class PickleWalker:
             pop()
             stack.append(OPAQUE)
         elif op == 0x74:                                    # TUPLE
-            stack = self._replace_mark(stack, metastack, op,
-                                       lambda items: tuple(items) if len(items) <= MAX_TUPLE else OPAQUE)
+            stack = self._replace_mark(stack, metastack, op, self._make_tuple)
         elif op == 0x6C:                                    # LIST
             stack = self._replace_mark(stack, metastack, op, self._make_list)
         elif op == 0x64:                                    # DICT
@@ -933,6 +1026,15 @@ class PickleWalker:
         stack.append(build(items))
         return stack
 
+    def _make_tuple(self, items: list):
+        """TUPLE: a tuple of depth checked; one longer than MAX_TUPLE is opaque, or kept as
+        its depth if it holds tuples."""
+        t = tuple(items)
+        depth = self._tuple_depth(t) if any(type(e) in _DEEPER for e in t) else 1
+        if len(t) <= MAX_TUPLE:
+            return t
+        return _PUSHED[3 + depth] if depth > 1 else OPAQUE
+
     def _make_dict(self, items: list):
         if len(items) % 2:
             raise PickleError("odd number of items for DICT")
@@ -956,8 +1058,8 @@ class PickleWalker:
         if type(module) is str and type(gname) is str:
             return self._global(module, gname, here, "STACK_GLOBAL")
         for v in (module, gname):
-            if type(v) in (Unknown, LongText, Call, Persistent):
-                why = v.why if type(v) is Unknown else "the result of a call"
+            if type(v) in (Unknown, LongText, Nested, Call, Persistent):
+                why = v.why if isinstance(v, Unknown) else "the result of a call"
                 self._event("unresolved", "", "", here, "STACK_GLOBAL",
                                                 f"global name comes from {why}")
                 return Call(OPAQUE, ())

@@ -48,13 +48,33 @@ class LongText(Unknown):
         self.offset, self.length = offset, length
 
 
+class Nested(Unknown):
+    """A tuple (or what may be one) ``depth`` tuples deep that the walk no longer holds (its
+    memo value was dropped, or it is longer than the walk keeps): kept as its depth, so a
+    tuple built of it still counts it. Hashing a tuple recurses in C once per level, with
+    no limit: the real load of a dict keyed by a tuple nested ~10^5 deep dies of SIGSEGV."""
+
+    __slots__ = ("depth",)
+
+    def __init__(self, depth: int, why: str = "") -> None:
+        super().__init__(why or f"a tuple nested {depth} deep, no longer held")
+        self.depth = depth
+
+
+#: a tuple nested deeper is malformed (``picklewalk``): pickle.dumps recurses once per level
+#: and stops at the interpreter's recursion limit (1,000); the C stack overflows at ~10^5
+MAX_TUPLE_DEPTH = 250
+
 OPAQUE = Opaque()
 LONG_STR = Unknown("a string longer than 4 KiB")
-EVICTED = Unknown("a memo value dropped after the memo budget was spent")
-BEYOND = Unknown("a memo value past the first 1M entries, which is not kept")
-LOST = Unknown("a memo entry after the memo numbering became too large to follow")
+EVICTED = Unknown("a memo value dropped after the memo budget was spent (not a tuple)")
+#: might be a str, or a tuple one level deep (a deeper one past the table is kept as its depth)
+BEYOND = Nested(1, "a memo value past the first 1M entries, which is not kept")
+LOST = Nested(MAX_TUPLE_DEPTH, "a memo entry after the memo numbering became too large to follow")
 MISSING = Unknown("a memo key that was never set")
-_PUSHED = (None, OPAQUE, EVICTED)        # what a presence code 1 or 2 reads back as
+#: what a presence code reads back as: 1 opaque, 2 dropped (not a tuple), 3 kept (in the
+#: memo), 3 + d: a dropped tuple of depth d (1 .. MAX_TUPLE_DEPTH)
+_PUSHED = (None, OPAQUE, EVICTED, None) + tuple(Nested(d) for d in range(1, MAX_TUPLE_DEPTH + 1))
 
 
 class Ref:
