@@ -19,7 +19,8 @@ The child never runs what it records: its ``find_class`` returns only what the s
 policy allows and refuses the rest after recording it (a mutation that spells ``os.system``
 is a finding, not an execution). Mutation strategies after Cisco's pickle-fuzzer and
 fickling's bypass tests (read, not copied): byte flips, opcode swaps, memo indices pushed
-far out, numpy dtype flags, truncation, splices of two seeds, duplicated and dropped spans.
+far out, numpy dtype flags, truncation, splices of two seeds, duplicated and dropped spans,
+short spans repeated up to 300,000 times (a tuple nested too deep to hash was found so).
 """
 
 from __future__ import annotations
@@ -95,7 +96,8 @@ def seeds() -> list[Seed]:
     import joblib
     import numpy as np
     objs = {
-        "plain": {"a": [1, 2.5, "x", b"y", None, True], "t": (1, (2, 3)), "s": {1, 2}, "f": frozenset({3})},
+        "plain": {"a": [1, 2.5, "x", b"y", None, True], "t": (1, (2, 3)), "s": {1, 2}, "f": frozenset({3}),
+                  (1, ((2,),)): {((3,), 4)}},
         "nested": [{"k": i, "v": [str(i)] * 3} for i in range(40)],
         "stdlib": [OrderedDict(a=1), Fraction(1, 3), bytearray(b"ab"), complex(1, 2)],
         "numpy": [np.arange(6, dtype="f8").reshape(2, 3), np.dtype("U10"), np.float32(1.5), np.array(["a", 1], dtype=object),
@@ -128,7 +130,7 @@ def seeds() -> list[Seed]:
 def mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
     """One mutation of ``data`` (``other``: a second seed, for splices)."""
     b = bytearray(data)
-    kind = rng.randrange(9)
+    kind = rng.randrange(10)
     if not b:
         return bytes(b)
     i = rng.randrange(len(b))
@@ -157,8 +159,11 @@ def mutate(rng: random.Random, data: bytes, other: bytes) -> bytes:
         b[i:i] = b[i:i + n]
     elif kind == 7:                                      # a span dropped
         del b[i:i + rng.randrange(1, 16)]
-    else:                                                # a byte inserted
+    elif kind == 8:                                      # a byte inserted
         b.insert(i, rng.randrange(256))
+    else:                                                # a short span repeated (TUPLE1 after TUPLE1 ...)
+        n = rng.randrange(1, 4)
+        b[i:i] = b[i:i + n] * rng.choice([300, 30_000, 300_000])
     return bytes(b)
 
 
