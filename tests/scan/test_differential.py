@@ -6,9 +6,15 @@ by a signal, or run out of memory or time. Longer runs: benchmarks/bench_scan_fu
 
 from __future__ import annotations
 
+import gzip
 import warnings
+from pathlib import Path
 
-from tests.scan.differential import run
+import pytest
+
+from hpcml.scan.model import Verdict
+from hpcml.scan.scanner import scan_file
+from tests.scan.differential import real_load, run
 
 
 def test_nothing_the_scan_calls_safe_does_more_when_really_loaded(tmp_path):
@@ -19,3 +25,20 @@ def test_nothing_the_scan_calls_safe_does_more_when_really_loaded(tmp_path):
     assert all(safe >= 5 for _, safe in c.by_kind.values()), c.by_kind  # through every kind's loader
     assert set(c.by_kind) == {"pickle", "joblib", "npz", "tar", "torch"}, c.by_kind
     assert not c.failures, c.failures
+
+
+REGRESSIONS = Path(__file__).resolve().parents[1] / "fixtures" / "scan_regressions"
+
+
+@pytest.mark.parametrize("name", sorted(p.name for p in REGRESSIONS.glob("*.gz")))
+def test_what_the_harness_found_stays_found(name, tmp_path):
+    """Inputs the harness kept as failures (gzipped; ``fail-N-SEED.KIND``): each is one the
+    scan once called safe whose real load died. The real load still dies (the file is the
+    class, not a stale one), and the scan no longer calls it safe."""
+    stem = name[:-3]
+    kind = stem.rsplit(".", 1)[1]
+    path = tmp_path / stem
+    path.write_bytes(gzip.decompress((REGRESSIONS / name).read_bytes()))
+    assert real_load(path, kind)["status"].startswith("signal"), name
+    res = scan_file(path)
+    assert res.verdict is not Verdict.SAFE, (res.verdict, res.errors)
