@@ -46,7 +46,7 @@ typer.rich_utils._fix_linebreaks = _reflow
 
 def _one_line_error(self: Any) -> None:
     """A usage error (a bad or missing flag value, an unknown option) as every hpcml error
-    is worded: ``hpcml vet serve: error: ...`` on one line, instead of Typer's usage lines
+    is worded: ``hpcml centre serve: error: ...`` on one line, instead of Typer's usage lines
     and box (Typer exits 2 after it)."""
     if self.__class__.__name__ == "NoArgsIsHelpError":        # Typer's own rule: help is shown
         return

@@ -2,9 +2,10 @@
 
 Why frozen: the launcher, its backends and the recovery read the options for the whole job;
 none may change them on the way (the old launcher rewrote ``--gpus-per-task`` inside the
-srun path and put ``--remote-write`` into its own environment). Every default lives in
-``Options``; ``Config.of`` checks them against the allocation and derives what is parsed
-(the hang timeout in seconds, the collector's URL, the ranks' extra environment).
+srun path and put ``--remote-write`` into its own environment). Every option is declared
+once, in ``Options`` (its default, option string and help; both parsers are built from it);
+``Config.of`` checks them against the allocation and derives what is parsed (the hang
+timeout in seconds, the collector's URL, the ranks' extra environment).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from types import MappingProxyType
 from typing import Any
 
 from hpcml.errors import UsageError
+from hpcml.optspec import argument, option
 from hpcml.urls import is_http_url
 from hpcml.words import plural
 
@@ -31,7 +33,7 @@ def collector_url(value: str | None, key: str = "--collector") -> str | None:
         return None
     named = key if value is not None else URL_ENV
     if not is_http_url(url):
-        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml vet serve, found {url!r}", key=named)
+        raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml centre serve, found {url!r}", key=named)
     return url.strip().rstrip("/")
 
 HANG = 5                      # `hpcml run`'s exit code when it stopped a hung job (hpcml.run.watch)
@@ -40,33 +42,59 @@ ON_HANG = ("stop", "report")  # what --on-hang takes
 
 @dataclass(frozen=True)
 class Options:
-    """The command line of ``hpcml run`` (every default once, here)."""
+    """The command line of ``hpcml run``: every option declared once, here (its type, default,
+    option string and help), and both of its parsers built from it (``hpcml.optspec``: the
+    Typer command in ``hpcml.run.cli``, the fast path's argparse in ``hpcml.run.fastrun``).
+    The order is --help's."""
 
-    cmd: list[str]
-    job_dir: Path | None = None
-    vet: Path | None = None
-    min_nodes: int | None = None
-    ntasks: int | None = None                 # local mode: tasks; Slurm: total (default: per node x nodes)
-    ntasks_per_node: int | None = None
-    env: str | None = None
-    interval: float = 1.0
-    report: bool = True                       # write report.html and print the summary at the end
-    gpus_per_task: int | None = None
-    mlflow: str | None = None                 # an MLflow tracking server's URL: rank 0's metrics go there
-    kill_grace: float = 10.0                  # seconds from TERM/INT to SIGKILL of what still runs
-    overwrite: bool = False                   # replace a finished job in job_dir
-    gpu_metrics: str = "auto"                 # the ranks' GPU sampler: auto, none or a registered name
-    hang_timeout: str = "auto"                # seconds without a completed step on any rank; auto or off
-    on_hang: str = "stop"                     # stop: end the job and exit HANG; report: name and go on
-    prometheus_port: int | None = None        # the watch's verdicts served here (hpcml.run.watchexport)
-    prometheus_addr: str = "127.0.0.1"
-    max_restarts: int = 0                     # attempts after a fault, inside the allocation (hpcml.run.recovery)
-    spare_nodes: int = 0                      # good nodes kept idle for those attempts
-    revet: str | None = None                  # the suspects' vetting protocol: default --vet's; "none"
-    on_straggler: str = "report"              # restart: a straggler the watch names is a fault
-    collector: str | None = None              # hpcml vet serve's URL: the job's summary goes there (run.summary)
-    remote_write: str | None = None           # a Prometheus remote-write URL: every rank's recorder pushes there
-    straggler_window: str = "60s"             # seconds of steps the straggler model judges, live and at the end
+    cmd: list[str] = argument(rest=True, help="The training command, after --.")
+    job_dir: Path | None = option("--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID, "
+                                  "without Slurm a new ./hpcml-run-local-DATE-TIME-PID).")
+    vet: Path | None = option("--vet", help="Vet the nodes with this protocol first "
+                              "(abort: exit 4; shrink: run on the good ones).")
+    min_nodes: int | None = option("--min-nodes", help="With --vet: fewer good nodes than this aborts.")
+    ntasks: int | None = option("--ntasks", help="Tasks in all (local default: visible GPUs, else 1).")
+    ntasks_per_node: int | None = option("--ntasks-per-node", help="Tasks per node under Slurm "
+                                         "(default: the allocation's, else GPUs per node, else 1).")
+    env: str | None = option("--env", help="Run every task in this EDF's container (hpcml env run).")
+    gpus_per_task: int | None = option("--gpus-per-task", help="GPUs bound to each task by srun "
+                                       "(default: 1 when tasks are one per GPU).")
+    interval: float = option("--interval", default=1.0, help="Seconds between host/GPU samples.")
+    gpu_metrics: str = option("--gpu-metrics", default="auto", help="The ranks' GPU sampler: auto (DCGM, else NVML "
+                              "GPM, else NVML), dcgm, gpm, nvml, a site's (hpcml.samplers), or none.")
+    report: bool = option("--no-report", default=True,       # write report.html and print the summary at the end
+                          help="Do not print the report or write report.html at the end.")
+    mlflow: str | None = option("--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
+                                "(hpcml service up mlflow), from a background thread.")
+    kill_grace: float = option("--kill-grace", default=10.0, help="Seconds between TERM (or INT) and SIGKILL of "
+                               "every rank and what it started.")
+    overwrite: bool = option("--overwrite", default=False, help="Replace the finished job that --dir holds "
+                             "(without it such a directory is refused).")
+    hang_timeout: str = option("--hang-timeout", default="auto", help="A hang: no rank completed a step for this "
+                               "long, e.g. '10 min' (auto: 10 x the median step time, at least 120 s; off).")
+    on_hang: str = option("--on-hang", default="stop", help="stop: name the culprits, stop the job, exit 5; "
+                          "report: name them and let the job go on.")
+    prometheus_port: int | None = option("--prometheus-port", help="Serve the watch's verdicts "
+                                         "(stragglers, hang, crashes, furthest step) for Prometheus here.")
+    prometheus_addr: str = option("--prometheus-addr", default="127.0.0.1", help="Address for --prometheus-port.")
+    max_restarts: int = option("--max-restarts", default=0, help="After a crash, a hang, a lost node (or a straggler "
+                               "with --on-straggler restart): exclude the culprit's node and run again, up to "
+                               "this many times, inside the allocation (0: never).")
+    spare_nodes: int = option("--spare-nodes", default=0, help="Good nodes kept idle to replace excluded ones "
+                              "(with --max-restarts).")
+    revet: str | None = option("--revet", help="Vet a suspect node again with this protocol before "
+                               "it may return (default: the --vet protocol; none: it stays out).")
+    on_straggler: str = option("--on-straggler", default="report", help="report: name a straggler; restart: also "
+                               "restart the job without its node (with --max-restarts).")
+    straggler_window: str = option("--straggler-window", default="60s", help="The straggler model judges the last "
+                                   "this long of steps while the job runs, and no verdict comes from less "
+                                   "(live or in the report); e.g. '5 min'.")
+    collector: str | None = option("--collector", help="Send the job's summary to this collector "
+                                   "(hpcml centre serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
+                                   "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send.")
+    remote_write: str | None = option("--remote-write", help="Every rank pushes its node and rank "
+                                      "series to this Prometheus remote-write URL (VictoriaMetrics, "
+                                      "Prometheus; default $HPCML_REMOTE_WRITE).")
 
 
 @dataclass(frozen=True)

@@ -1,21 +1,32 @@
 """``hpcml env render`` and ``hpcml env run``: resolve an EDF, then print or run the
-launch. Command functions only; ``hpcml.env.cli`` registers them on the ``env`` group."""
+launch. Command functions only; ``hpcml.env.cli`` registers them on the ``env`` group.
+Their options are declared in ``hpcml.env.fastrun`` (``EnvRun``, and what render shares
+with it), once for both of run's parsers."""
 
 from __future__ import annotations
 
 import json
 import sys
-from typing import Optional
+from dataclasses import dataclass
 
 import typer
 
-RUNTIME_HELP = "bubblewrap, charliecloud, enroot, podman, pyxis, or auto (an installed one that runs the image)."
+from hpcml.env import fastrun
+from hpcml.env.fastrun import COMMAND, EDF, LENIENT, RUNTIME, SITE, EnvRun
+from hpcml.optspec import option, typer_command
 
 
-SITE_HELP = "Site hooks file (default: $HPCML_ENV_SITE, else the packaged example)."
+@dataclass
+class EnvRender:
+    """The command line of ``hpcml env render`` (in --help's order)."""
 
-
-LENIENT_HELP = "An unknown EDF key only warns (default: an error naming the nearest key; HPCML_EDF_LENIENT=1)."
+    edf: str = EDF.field()
+    command: list[str] = COMMAND.field()
+    runtime: str = RUNTIME.field()
+    site: str | None = SITE.field()
+    as_json: bool = option("--json", default=False,
+                           help="Print a JSON object (argv, environ, prepare, cleanup, notes).")
+    lenient: bool = LENIENT.field()
 
 
 def load_environment(command: str, edf: str, site: str | None = None, require_image: bool = True,
@@ -28,14 +39,8 @@ def load_environment(command: str, edf: str, site: str | None = None, require_im
     return env
 
 
-def render(
-    edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
-    command: list[str] = typer.Argument(None, help="The command to run in the container (after --)."),
-    runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
-    site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
-    as_json: bool = typer.Option(False, "--json", help="Print a JSON object (argv, environ, prepare, cleanup, notes)."),
-    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
-) -> None:
+@typer_command(EnvRender)
+def render(args: EnvRender) -> None:
     """Print the exact launch of COMMAND in the EDF's environment for one runtime, without running it.
 
         hpcml env render --runtime pyxis ./pytorch.toml -- python train.py
@@ -46,9 +51,9 @@ def render(
     EDF, unknown runtime or no command.
     """
     from hpcml.env.run import render as render_launch
-    env = load_environment("hpcml env render", edf, site, lenient=lenient)
-    launch = render_launch(env, list(command or []), runtime)
-    if as_json:
+    env = load_environment("hpcml env render", args.edf, args.site, lenient=args.lenient)
+    launch = render_launch(env, args.command, args.runtime)
+    if args.as_json:
         print(json.dumps(launch.to_json(), indent=2))
         return
     for note in launch.notes:
@@ -56,14 +61,8 @@ def render(
     print("\n".join(launch.lines()))
 
 
-def run(
-    edf: str = typer.Argument(..., help="EDF: a NAME on EDF_PATH (or ~/.edf), ./path.toml or /abs/path.toml."),
-    command: list[str] = typer.Argument(None, help="The command to run in the container (after --)."),
-    runtime: str = typer.Option("auto", "--runtime", "-r", help=RUNTIME_HELP),
-    site: Optional[str] = typer.Option(None, "--site", help=SITE_HELP),
-    verbose: bool = typer.Option(False, "--verbose", "-v", help="Print the launch and its notes to stderr first."),
-    lenient: bool = typer.Option(False, "--lenient", help=LENIENT_HELP),
-) -> None:
+@typer_command(EnvRun)
+def run(args: EnvRun) -> None:
     """Run COMMAND in the EDF's environment and exit with its exit code.
 
     (Without --help this command takes a fast path that skips this CLI framework: see
@@ -76,7 +75,4 @@ def run(
     the command's (128+N if killed by signal N), 1 the runtime could not prepare the
     image, 2 bad EDF, unknown or uninstalled runtime, or no command.
     """
-    from hpcml.env.fastrun import main as run_main
-    argv = ["--runtime", runtime, *(["--site", site] if site else []), *(["--verbose"] if verbose else []),
-            *(["--lenient"] if lenient else []), edf, "--", *(command or [])]
-    raise typer.Exit(run_main(argv))
+    raise typer.Exit(fastrun.execute(args))

@@ -14,60 +14,15 @@ import typer
 
 from hpcml.cli_support import Group
 from hpcml.errors import UsageError
+from hpcml.optspec import typer_command
+from hpcml.run.config import Options
 
 app = typer.Typer(cls=Group, add_completion=False, rich_markup_mode="rich")
 
 
 @app.command("run", context_settings={"allow_interspersed_args": False})
-def run_cmd(
-    cmd: list[str] = typer.Argument(None, help="The training command, after --."),
-    out: Optional[Path] = typer.Option(None, "--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID, "
-                                     "without Slurm a new ./hpcml-run-local-DATE-TIME-PID)."),
-    vet: Optional[Path] = typer.Option(None, "--vet", help="Vet the nodes with this protocol first "
-                                       "(abort: exit 4; shrink: run on the good ones)."),
-    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", help="With --vet: fewer good nodes than this aborts."),
-    ntasks: Optional[int] = typer.Option(None, "--ntasks", help="Tasks in all (local default: visible GPUs, else 1)."),
-    ntasks_per_node: Optional[int] = typer.Option(None, "--ntasks-per-node", help="Tasks per node under Slurm "
-                                                  "(default: the allocation's, else GPUs per node, else 1)."),
-    env: Optional[str] = typer.Option(None, "--env", help="Run every task in this EDF's container (hpcml env run)."),
-    gpus_per_task: Optional[int] = typer.Option(None, "--gpus-per-task", help="GPUs bound to each task by srun "
-                                                "(default: 1 when tasks are one per GPU)."),
-    interval: float = typer.Option(1.0, help="Seconds between host/GPU samples."),
-    gpu_metrics: str = typer.Option("auto", "--gpu-metrics", help="The ranks' GPU sampler: auto (DCGM, else NVML "
-                                    "GPM, else NVML), dcgm, gpm, nvml, a site's (hpcml.samplers), or none."),
-    no_report: bool = typer.Option(False, "--no-report", help="Do not print the report or write report.html at the end."),
-    mlflow: Optional[str] = typer.Option(None, "--mlflow", help="Send rank 0's metrics to this MLflow tracking server "
-                                                               "(hpcml service up mlflow), from a background thread."),
-    kill_grace: float = typer.Option(10.0, "--kill-grace", help="Seconds between TERM (or INT) and SIGKILL of "
-                                     "every rank and what it started."),
-    overwrite: bool = typer.Option(False, "--overwrite", help="Replace the finished job that --dir holds "
-                                   "(without it such a directory is refused)."),
-    hang_timeout: str = typer.Option("auto", "--hang-timeout", help="A hang: no rank completed a step for this long, "
-                                     "e.g. '10 min' (auto: 10 x the median step time, at least 120 s; off)."),
-    on_hang: str = typer.Option("stop", "--on-hang", help="stop: name the culprits, stop the job, exit 5; "
-                                "report: name them and let the job go on."),
-    prometheus_port: Optional[int] = typer.Option(None, "--prometheus-port", help="Serve the watch's verdicts "
-                                                  "(stragglers, hang, crashes, furthest step) for Prometheus here."),
-    prometheus_addr: str = typer.Option("127.0.0.1", "--prometheus-addr", help="Address for --prometheus-port."),
-    max_restarts: int = typer.Option(0, "--max-restarts", help="After a crash, a hang, a lost node (or a straggler "
-                                     "with --on-straggler restart): exclude the culprit's node and run again, up to "
-                                     "this many times, inside the allocation (0: never)."),
-    spare_nodes: int = typer.Option(0, "--spare-nodes", help="Good nodes kept idle to replace excluded ones "
-                                    "(with --max-restarts)."),
-    revet: Optional[str] = typer.Option(None, "--revet", help="Vet a suspect node again with this protocol before "
-                                        "it may return (default: the --vet protocol; none: it stays out)."),
-    on_straggler: str = typer.Option("report", "--on-straggler", help="report: name a straggler; restart: also "
-                                     "restart the job without its node (with --max-restarts)."),
-    straggler_window: str = typer.Option("60s", "--straggler-window", help="The straggler model judges the last "
-                                         "this long of steps while the job runs, and no verdict comes from less "
-                                         "(live or in the report); e.g. '5 min'."),
-    collector: Optional[str] = typer.Option(None, "--collector", help="Send the job's summary to this collector "
-                                            "(hpcml vet serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
-                                            "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send."),
-    remote_write: Optional[str] = typer.Option(None, "--remote-write", help="Every rank pushes its node and rank "
-                                               "series to this Prometheus remote-write URL (VictoriaMetrics, "
-                                               "Prometheus; default $HPCML_REMOTE_WRITE)."),
-) -> None:
+@typer_command(Options)           # its parameters: the fields of Options, declared there once
+def run_cmd(opts: Options) -> None:
     """Vet, launch, record and report a training job; exits with the first failing rank's code.
 
         sbatch -N2 --wrap "hpcml run --vet examples/vet/cpu.yaml -- python train.py"
@@ -88,15 +43,7 @@ def run_cmd(
     be written.
     """
     from hpcml.run import fastrun
-    rc = fastrun.execute(list(cmd or []), out=out, vet=vet, min_nodes=min_nodes, ntasks=ntasks,
-                         ntasks_per_node=ntasks_per_node, env=env, interval=interval, no_report=no_report,
-                         gpus_per_task=gpus_per_task, mlflow=mlflow, kill_grace=kill_grace, overwrite=overwrite,
-                         gpu_metrics=gpu_metrics, hang_timeout=hang_timeout, on_hang=on_hang,
-                         prometheus_port=prometheus_port, prometheus_addr=prometheus_addr,
-                         max_restarts=max_restarts, spare_nodes=spare_nodes, revet=revet,
-                         on_straggler=on_straggler, collector=collector, remote_write=remote_write,
-                         straggler_window=straggler_window)
-    raise typer.Exit(rc)
+    raise typer.Exit(fastrun.execute(opts))
 
 
 @app.command("report")

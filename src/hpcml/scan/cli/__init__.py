@@ -9,6 +9,8 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import DefaultCommandGroup
+from hpcml.optspec import typer_command
+from hpcml.scan import fastscan
 
 
 class _ScanGroup(DefaultCommandGroup):
@@ -24,15 +26,8 @@ app = typer.Typer(name="scan", cls=_ScanGroup, no_args_is_help=True, rich_markup
 
 
 @app.command("files")
-def files(
-    paths: list[Path] = typer.Argument(..., help="Files or directories (recursive)."),
-    policy: list[Path] = typer.Option([], "--policy", envvar="HPCML_SCAN_POLICY",
-                                      help="Site policy YAML extending the built-in allowlist (repeatable)."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
-    sarif: Optional[Path] = typer.Option(None, help="Also write a SARIF 2.1.0 log here (for CI)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", min=1, help="Parallel processes (default: CPUs)."),
-    show_all: bool = typer.Option(False, "--all", help="List safe files too when there are many."),
-) -> None:
+@typer_command(fastscan.Files)    # its parameters: the fields of fastscan.Files, declared there once
+def files(args: fastscan.Files) -> None:
     """Scan PATHS: every pickle, PyTorch, numpy, joblib and safetensors file, by content
     (Keras, ONNX, GGUF and TF SavedModel files are judged for code on load, never called safe).
 
@@ -40,8 +35,7 @@ def files(
         hpcml scan ckpts/ --json > r.json   # a directory, for a script
         hpcml scan . --policy site.yaml --sarif scan.sarif
     """
-    from hpcml.scan.command import scan_files
-    raise typer.Exit(scan_files(paths, policy=policy, as_json=as_json, sarif=sarif, jobs=jobs, show_all=show_all))
+    raise typer.Exit(fastscan.execute(args))
 
 
 @app.command("requirements")
