@@ -21,22 +21,16 @@ import pytest
 
 from hpcml.errors import UsageError
 from hpcml.registry import PluginError, Registry, UnknownName
+from hpcml.testing import siteplugin
 
-ENTRY_POINTS = """\
-[hpcml.checks]
-ib_port = fake_site_checks:IbPortCheck
-memory = fake_site_checks:IbPortCheck
-broken = fake_site_missing:Nope
-
-[hpcml.runtimes]
-hostrun = fake_site_runtime:HostRun
-
-[hpcml.scan_formats]
-magic = fake_site_scan:FORMAT
-
-[hpcml.samplers]
-fakegpu = fake_site_sampler:open_sampler
-"""
+ENTRY_POINTS = {
+    "hpcml.checks": {"ib_port": "fake_site_checks:IbPortCheck",
+                     "memory": "fake_site_checks:IbPortCheck",
+                     "broken": "fake_site_missing:Nope"},
+    "hpcml.runtimes": {"hostrun": "fake_site_runtime:HostRun"},
+    "hpcml.scan_formats": {"magic": "fake_site_scan:FORMAT"},
+    "hpcml.samplers": {"fakegpu": "fake_site_sampler:open_sampler"},
+}
 
 MODULES = {
     "fake_site_checks": '''
@@ -93,24 +87,18 @@ MODULES = {
 
 
 def _registries() -> list[Registry]:
+    from hpcml.centre.collector.store import STORES
     from hpcml.env.runtimes import RUNTIMES
     from hpcml.samplers.choose import SAMPLERS
     from hpcml.scan.formats import FORMATS as SCAN_FORMATS
     from hpcml.score.importers import FORMATS as IMPORTERS
-    from hpcml.vet.fleet.collector.store import STORES
     from hpcml.vet.registry import CHECKS
     return [CHECKS, RUNTIMES, SCAN_FORMATS, IMPORTERS, SAMPLERS, STORES]
 
 
 def make_site(root: Path) -> Path:
-    site = root / "site"
-    info = site / "fake_site-0.1.dist-info"
-    info.mkdir(parents=True)
-    (info / "METADATA").write_text("Metadata-Version: 2.1\nName: fake-site\nVersion: 0.1\n")
-    (info / "entry_points.txt").write_text(ENTRY_POINTS)
-    for name, code in MODULES.items():
-        (site / f"{name}.py").write_text(textwrap.dedent(code).lstrip())
-    return site
+    return siteplugin.write_distribution(root / "site", "fake-site", "0.1", ENTRY_POINTS,
+                                         {f"{name}.py": textwrap.dedent(code).lstrip() for name, code in MODULES.items()})
 
 
 @pytest.fixture

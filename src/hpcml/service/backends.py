@@ -2,7 +2,8 @@
 (``python.packages``) or in a container through ``hpcml env``'s runtimes (``image``).
 
 A site adds a backend through the entry-point group ``hpcml.service_backends`` (an object
-with ``name``, ``usable(bp)``, ``prepare(bp, log)`` and ``launch(bp, expanded, place_dirs)``).
+with ``name``, ``usable(bp)``, ``prepare(bp, log)`` and ``launch(bp, expanded, mounts)``; an
+instance, not a class).
 """
 
 from __future__ import annotations

@@ -1,7 +1,10 @@
-"""A site package with an ``hpcml.checks`` and an ``hpcml.run_backends`` entry point, laid out
-on disk the way pip installs one (a ``*.dist-info`` with ``entry_points.txt`` beside the
-package), for the tests and benchmarks that use the documented plug-in paths rather than a
-hook inside hpcml (CONTRIBUTING's recipes).
+"""Site packages laid out on disk the way pip installs one (a ``*.dist-info`` with
+``entry_points.txt`` beside the package), for the tests and benchmarks that use the
+documented plug-in paths rather than a hook inside hpcml (CONTRIBUTING's recipes).
+
+``write_distribution`` writes any such package (tests/test_contributing.py builds one from
+each of CONTRIBUTING's recipes, tests/test_registry.py its fake site); ``install`` writes
+the one below, with an ``hpcml.checks`` and an ``hpcml.run_backends`` entry point.
 
 Its launcher backend, ``site-local``, runs the ranks on this host as ``local`` does and
 says so in its own words; it runs only when named (``HPCML_RUN_BACKEND=site-local``).
@@ -13,6 +16,7 @@ worker runs it without importing pydantic, as a site's own check should.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 
 CHECK = '''"""A site's check: fails on the nodes listed in a file."""
@@ -70,16 +74,30 @@ TYPE = "marked-bad"
 BACKEND = "site-local"
 
 
+def write_distribution(site: Path, name: str, version: str, entry_points: Mapping[str, Mapping[str, str]],
+                       files: Mapping[str, str]) -> Path:
+    """Install the distribution ``name`` ``version`` into the directory ``site`` as pip would
+    (put ``site`` on sys.path or PYTHONPATH): ``files`` (paths relative to ``site`` -> text)
+    and ``NAME-VERSION.dist-info`` with METADATA and ``entry_points.txt`` (group -> entry
+    name -> ``"module:attr"``, what ``[project.entry-points."GROUP"]`` declares). Returns ``site``."""
+    for rel, text in files.items():
+        path = site / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text)
+    dist = site / f"{name.replace('-', '_')}-{version}.dist-info"
+    dist.mkdir(parents=True, exist_ok=True)
+    (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
+    (dist / "entry_points.txt").write_text("\n".join(
+        f"[{group}]\n" + "".join(f"{ep} = {target}\n" for ep, target in eps.items())
+        for group, eps in entry_points.items()))
+    return site
+
+
 def install(site: Path) -> Path:
     """Write the package into ``site`` (put it on PYTHONPATH); returns ``site``."""
-    pkg = site / "hpcml_sitecheck"
-    pkg.mkdir(parents=True, exist_ok=True)
-    (pkg / "__init__.py").write_text(CHECK)
-    (pkg / "params.py").write_text(PARAMS)
-    (pkg / "backend.py").write_text(BACKEND_MODULE)
-    dist = site / "hpcml_sitecheck-1.0.dist-info"
-    dist.mkdir(exist_ok=True)
-    (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: hpcml-sitecheck\nVersion: 1.0\n")
-    (dist / "entry_points.txt").write_text(f"[hpcml.checks]\n{TYPE} = hpcml_sitecheck:MarkedBad\n\n"
-                                           f"[hpcml.run_backends]\n{BACKEND} = hpcml_sitecheck.backend:SiteLocal\n")
-    return site
+    return write_distribution(
+        site, "hpcml-sitecheck", "1.0",
+        {"hpcml.checks": {TYPE: "hpcml_sitecheck:MarkedBad"},
+         "hpcml.run_backends": {BACKEND: "hpcml_sitecheck.backend:SiteLocal"}},
+        {"hpcml_sitecheck/__init__.py": CHECK, "hpcml_sitecheck/params.py": PARAMS,
+         "hpcml_sitecheck/backend.py": BACKEND_MODULE})
