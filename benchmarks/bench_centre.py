@@ -3,12 +3,12 @@
     python benchmarks/bench_centre.py [--summaries 6000] [--jobs 100000] [--nodes 10000]
 
 For each backend (SQLite, and PostgreSQL from Debian's packages with default settings, fsync
-on), `hpcml vet serve` runs as its own process on loopback; a load generator (2 processes x
+on), `hpcml centre serve` runs as its own process on loopback; a load generator (2 processes x
 4 threads, one keep-alive connection each) POSTs one job summary per request, as
 `hpcml run --collector` does at the end of each job -> summaries/s (goal >= 1,000 on
 PostgreSQL). Then the store is filled to --jobs summaries over --nodes nodes (one job in
 ten names a straggler, one in fifty a hang culprit, one in twenty an excluded node; every
-node vetted every few days) and `hpcml vet fleet-report --since 30d --json` is timed as a
+node vetted every few days) and `hpcml centre report --since 30d --json` is timed as a
 command (start-up included; goal < 10 s).
 
 Side by side: the same node ranking (distinct jobs per node and role in the window) by
@@ -35,7 +35,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 from benchmarks.bench_collector import serve  # noqa: E402
-from tests.vet.fleet.jobdocs import event, proven, summary  # noqa: E402
+from tests.centre.jobdocs import event, proven, summary  # noqa: E402
 
 TRUSTED = "bench-trusted-" + os.urandom(8).hex()   # summaries taken as sent, as a centre's import would
 
@@ -114,8 +114,8 @@ def ingest(port: int, n: int, seconds: float, procs: int = 2, threads: int = 4) 
 
 
 def fill(url: str, jobs: int, nodes: int, jsonl: Path) -> dict:
-    from hpcml.vet.fleet.collector.schema import NodeReport
-    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.centre.collector.schema import NodeReport
+    from hpcml.centre.collector.store import open_store
     store = open_store(url)
     rng = random.Random(7)
     now = time.time()
@@ -141,7 +141,7 @@ def report(url: str) -> dict:
     times = []
     for _ in range(3):
         t0 = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", url, "--since", "30d",
+        p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", url, "--since", "30d",
                             "--json"], capture_output=True, text=True, timeout=600)
         times.append(time.perf_counter() - t0)
         if p.returncode != 0:
@@ -197,7 +197,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=60)
     ap.add_argument("--jobs", type=int, default=100_000)
     ap.add_argument("--nodes", type=int, default=10_000)
-    ap.add_argument("--threads", type=int, default=16, help="hpcml vet serve --threads")
+    ap.add_argument("--threads", type=int, default=16, help="hpcml centre serve --threads")
     ap.add_argument("--backends", default="sqlite,postgres")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-centre-"))
@@ -207,7 +207,7 @@ def main() -> None:
         if name == "sqlite":
             out["backends"][name] = bench(name, lambda label: f"sqlite:///{work}/{label}.db", work, args)
         else:
-            from tests.vet.fleet.pgcluster import PgCluster
+            from tests.centre.pgcluster import PgCluster
             pg = PgCluster().start()
             try:
                 out["backends"][name] = bench(name, pg.create_db, work, args)

@@ -1,14 +1,14 @@
-"""The vetting results collector (`hpcml vet serve`) under load, on SQLite and PostgreSQL.
+"""The vetting results collector (`hpcml centre serve`) under load, on SQLite and PostgreSQL.
 
     python benchmarks/bench_collector.py [--reports 6000] [--seconds 30] [--fill 1000000]
 
-For each backend: starts `hpcml vet serve` as its own process on loopback (port 0); a load
+For each backend: starts `hpcml centre serve` as its own process on loopback (port 0); a load
 generator (2 processes x 4 threads, one keep-alive connection each) posts node reports of
 10 checks, bounded by count and time -> reports/s. Then fills the store to --fill results
 directly through the store (bulk, for speed), and times GET /v1/nodes/{node}/history
 (100 queries over random nodes, median and p99) and GET /v1/nodes/failing, and measures the
 posting rate again on the full store. PostgreSQL is a private cluster from Debian's
-packages (tests/vet/fleet/pgcluster.py), default settings (fsync on).
+packages (tests/centre/pgcluster.py), default settings (fsync on).
 Goals: >= 1,000 reports/s; history < 50 ms at 1,000,000 results. Prints a table and
 writes benchmarks/results/collector.json.
 """
@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 TOKEN = "bench-token-" + os.urandom(8).hex()
 NODES = 1000
 CHECKS = ["gpu-count", "xid", "ecc", "pcie", "nvlink", "nic", "memory", "disk", "gemm", "nccl"]
-SERVE = "import sys; from hpcml.vet.cli import app; app(['serve', *sys.argv[1:]])"
+SERVE = "import sys; from hpcml.centre.cli import app; app(['serve', *sys.argv[1:]])"
 
 
 def node_report(rng: random.Random, t: float, job: str) -> dict:
@@ -106,8 +106,8 @@ def load(port: int, reports: int, seconds: float, procs: int = 2, threads: int =
 
 
 def fill(url: str, target: int) -> dict:
-    from hpcml.vet.fleet.collector.schema import NodeReport
-    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.centre.collector.schema import NodeReport
+    from hpcml.centre.collector.store import open_store
     store = open_store(url)
     have = store.count()["results"]
     rng = random.Random(1)
@@ -187,7 +187,7 @@ def main() -> None:
     ap.add_argument("--seconds", type=float, default=30)
     ap.add_argument("--fill", type=int, default=1_000_000)
     ap.add_argument("--backends", default="sqlite,postgres")
-    ap.add_argument("--threads", type=int, default=16, help="hpcml vet serve --threads")
+    ap.add_argument("--threads", type=int, default=16, help="hpcml centre serve --threads")
     args = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="hpcml-bench-collector-"))
     out: dict = {"goals": {"reports_per_s": 1000, "history_ms_at_1M": 50},
@@ -196,7 +196,7 @@ def main() -> None:
         if name == "sqlite":
             out["backends"][name] = bench(name, f"sqlite:///{work}/bench.db", work, args)
         else:
-            from tests.vet.fleet.pgcluster import PgCluster
+            from tests.centre.pgcluster import PgCluster
             pg = PgCluster().start()
             try:
                 out["backends"][name] = bench(name, pg.create_db("bench"), work, args)

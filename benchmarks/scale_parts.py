@@ -10,7 +10,7 @@ timing (two cores shared by N virtual nodes measure the sharing as much as the t
   script around it (queueing left out). Correct: every task wrote its id exactly once to
   one O_APPEND file -- counted in that file, not in hpcml's own records -- which is the
   farm's promise (never lost, never run twice) when N agents claim from one directory.
-- ``collector_case``: ``hpcml vet serve`` (SQLite) taking N node reports, one POST each
+- ``collector_case``: ``hpcml centre serve`` (SQLite) taking N node reports, one POST each
   as N nodes' ``hpcml vet --report-to`` would send them. Measured: seconds from the first
   POST to the last answer (each 201 is a committed write). Correct: every POST stored and
   GET /v1/jobs/{job} lists exactly the N nodes.
@@ -135,7 +135,7 @@ def synthetic_vet_reports(n_nodes: int, seed: int = 0) -> list[dict]:
 
 def _node_reports(reports: list[dict]) -> list[dict]:
     """Node reports as given, a whole ``hpcml vet`` report (vet/report.json) split per node."""
-    from hpcml.vet.fleet.collector.schema import split_vet_report
+    from hpcml.centre.collector.schema import split_vet_report
     out: list[dict] = []
     for r in reports:
         out.extend(split_vet_report(r) if "nodes" in r and "schema" in r else [r])
@@ -144,7 +144,7 @@ def _node_reports(reports: list[dict]) -> list[dict]:
 
 def _serve(db: str, cwd: Path, token: str) -> tuple[subprocess.Popen, int]:
     with open(cwd / "serve.err", "w") as err:
-        proc = subprocess.Popen([*HPCML, "vet", "serve", "--db", db, "--port", "0"], cwd=cwd,
+        proc = subprocess.Popen([*HPCML, "centre", "serve", "--db", db, "--port", "0"], cwd=cwd,
                                 env={**os.environ, "HPCML_VET_TOKEN": token}, stdout=subprocess.PIPE, stderr=err,
                                 text=True)
     line = proc.stdout.readline()
@@ -171,7 +171,7 @@ def _request(conn: http.client.HTTPConnection, method: str, path: str, token: st
 
 
 def collector_case(work: Path, reports: list[dict]) -> dict:
-    """``hpcml vet serve`` on a fresh SQLite store takes ``reports`` (node reports, or whole
+    """``hpcml centre serve`` on a fresh SQLite store takes ``reports`` (node reports, or whole
     vet reports split per node), one POST each over one keep-alive connection."""
     work.mkdir(parents=True, exist_ok=True)
     nodes = _node_reports(reports)

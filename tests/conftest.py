@@ -16,7 +16,7 @@ from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 from tests import needs
 
 if TYPE_CHECKING:
-    from tests.vet.fleet.pgcluster import PgCluster
+    from tests.centre.pgcluster import PgCluster
 
 _DB_SEQ = itertools.count()
 
@@ -63,7 +63,7 @@ def slurm_cluster() -> Iterator[LocalSlurm]:
 @pytest.fixture(scope="session")
 def pg_cluster() -> Iterator[PgCluster]:
     """One private PostgreSQL cluster for the run (the collector's and the centre's tests)."""
-    from tests.vet.fleet.pgcluster import PgCluster, PgUnavailable
+    from tests.centre.pgcluster import PgCluster, PgUnavailable
     needs.module("psycopg")
     try:
         cluster = PgCluster().start()

@@ -41,6 +41,8 @@ def test_usage_errors_of_the_command_line_itself_are_one_line_exit_2():
     for args, words in ((["vet", "serve", "--port", "99999"], "hpcml vet serve: error: Invalid value for '--port'"),
                         (["--bogus"], "error: No such option: --bogus"),
                         (["vet", "fleet-report", "--db"], "error: Option '--db' requires an argument"),
+                        (["centre", "serve", "--port", "99999"], "hpcml centre serve: error: Invalid value for '--port'"),
+                        (["centre", "report", "--db"], "error: Option '--db' requires an argument"),
                         (["report"], "hpcml report: error: Missing argument")):
         out = _hpcml(*args)
         assert out.returncode == 2 and words in out.stderr and out.stderr.count("\n") == 1, (args, out.stderr)

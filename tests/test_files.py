@@ -65,7 +65,7 @@ _READERS = {
     "blueprint": ("b.yaml", "from hpcml.service.blueprint import load; load(p)"),
     "sweep": ("s.yaml", "from hpcml.farm.sweep import parse_sweep; parse_sweep(p)"),
     "protocol": ("p.yaml", "from hpcml.vet.protocol import load; load(p)"),
-    "rules": ("r.yaml", "from hpcml.vet.fleet.rules import load; load(p)"),
+    "rules": ("r.yaml", "from hpcml.centre.rules import load; load(p)"),
     "policy": ("pol.yaml", "from hpcml.scan.policy import load_policy; load_policy(p)"),
     "site": ("site.yaml", "from hpcml.env.site import load_site; load_site(p)"),
     "edf": ("e.toml", "from hpcml.env.edf import load; load(p, require_image=False)"),
@@ -79,7 +79,7 @@ _PROBE = """
 import json, resource, sys
 resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 p = sys.argv[1]
-import hpcml.service.blueprint, hpcml.farm.sweep, hpcml.vet.protocol, hpcml.vet.fleet.rules
+import hpcml.service.blueprint, hpcml.farm.sweep, hpcml.vet.protocol, hpcml.centre.rules
 import hpcml.scan.policy, hpcml.env.site, hpcml.env.edf, hpcml.scan.requirements
 from hpcml.errors import UsageError
 before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss

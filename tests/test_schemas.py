@@ -162,8 +162,8 @@ def test_vet_report(tmp_path):
 
 
 def test_vet_report_readers_refuse_a_newer_one(tmp_path):
-    from hpcml.vet.fleet.collector.schema import Invalid, parse
-    from hpcml.vet.fleet.sources import JsonDirSource
+    from hpcml.centre.collector.schema import Invalid, parse
+    from hpcml.centre.sources import JsonDirSource
     (tmp_path / "report.json").write_text(json.dumps({"schema": "hpcml.vet/2", "started_at": 0, "nodes": {}}))
     with pytest.raises(UsageError, match=r"report.json: key 'schema': written by a newer hpcml"):
         list(JsonDirSource([tmp_path]).results_since(datetime.now(timezone.utc)))

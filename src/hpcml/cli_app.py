@@ -10,6 +10,7 @@ from __future__ import annotations
 import typer
 
 from hpcml import version as installed_version
+from hpcml.centre.cli import app as centre_app
 from hpcml.ckpt.cli import app as ckpt_app
 from hpcml.cli_support import Group
 from hpcml.data.cli import app as data_app
@@ -33,6 +34,7 @@ app.add_typer(env_app, name="env")
 app.add_typer(ckpt_app, name="ckpt")
 app.add_typer(service_app, name="service")
 app.add_typer(farm_app, name="farm")
+app.add_typer(centre_app, name="centre")
 app.registered_commands += run_app.registered_commands        # hpcml run, hpcml report: top level
 
 

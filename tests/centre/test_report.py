@@ -1,4 +1,4 @@
-"""``hpcml vet fleet-report``: job summaries and vetting results joined, on SQLite and on
+"""``hpcml centre report``: job summaries and vetting results joined, on SQLite and on
 PostgreSQL; terminal, ``--json`` (checked against its schema) and the HTML page in Chromium."""
 
 from __future__ import annotations
@@ -12,11 +12,11 @@ import jsonschema
 import pytest
 
 from hpcml import schemas
+from hpcml.centre.collector.schema import NodeReport
+from hpcml.centre.collector.store import open_store
 from hpcml.centre.report import build
-from hpcml.vet.fleet.collector.schema import NodeReport
-from hpcml.vet.fleet.collector.store import open_store
+from tests.centre.jobdocs import event, proven, summary
 from tests.observe.browser import render
-from tests.vet.fleet.jobdocs import event, proven, summary
 
 DAY = 86400.0
 HOSTILE = "<img src=x onerror=alert(1)>"
@@ -92,7 +92,7 @@ def test_lowest_scores_per_owner(centre):
 
 
 def test_the_command_terminal_json_and_html(centre, db_url, tmp_path):
-    base = [sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", db_url, "--since", "30d"]
+    base = [sys.executable, "-m", "hpcml", "centre", "report", "--db", db_url, "--since", "30d"]
     text = subprocess.run(base + ["--html", str(tmp_path / "centre.html")], capture_output=True, text=True,
                           timeout=120)
     assert text.returncode == 0, text.stderr
@@ -109,13 +109,13 @@ def test_the_command_terminal_json_and_html(centre, db_url, tmp_path):
 
 @pytest.mark.parametrize("args, key", [(["--since", "soon"], "--since"), (["--top", "0"], "--top")])
 def test_bad_options_are_one_line_exit_2(tmp_path, args, key):
-    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db",
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db",
                         f"sqlite:///{tmp_path}/c.db", *args], capture_output=True, text=True, timeout=60)
     assert p.returncode == 2 and key in p.stderr and len(p.stderr.strip().splitlines()) == 1, p.stderr
 
 
 def test_an_empty_store_says_so_and_a_missing_one_is_bad_input(tmp_path):
-    cmd = [sys.executable, "-m", "hpcml", "vet", "fleet-report", "--db", f"sqlite:///{tmp_path}/c.db"]
+    cmd = [sys.executable, "-m", "hpcml", "centre", "report", "--db", f"sqlite:///{tmp_path}/c.db"]
     missing = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert missing.returncode == 2 and "c.db: no such database file" in missing.stderr, missing.stderr
     assert not (tmp_path / "c.db").exists()                   # a mistyped path creates nothing

@@ -1,4 +1,4 @@
-"""``hpcml run --collector``: each job's summary reaches a real collector (``hpcml vet serve``
+"""``hpcml run --collector``: each job's summary reaches a real collector (``hpcml centre serve``
 in its own process, SQLite) exactly once, whatever happens to the collector or the sender.
 
 "Exactly once" is counted in the collector's database after the faults: rows of ``jobs``
@@ -39,7 +39,7 @@ for i in range(12):
 
 
 class Collector:
-    """``hpcml vet serve`` on a free loopback port, its store a SQLite file."""
+    """``hpcml centre serve`` on a free loopback port, its store a SQLite file."""
 
     def __init__(self, root: Path, port: int | None = None) -> None:
         self.db = root / "centre.db"
@@ -51,7 +51,7 @@ class Collector:
         env = {**os.environ, "HPCML_VET_TOKEN": TOKEN}
         trusted = self.db.with_name("trusted-tokens")
         trusted.write_text(TRUSTED + "\n")
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", f"sqlite:///{self.db}",
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "centre", "serve", "--db", f"sqlite:///{self.db}",
                                       "--port", str(self.port), "--trusted-token-file", str(trusted)],
                                      env=env, stdout=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -184,7 +184,7 @@ def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector)
     """A real 2-rank DDP job whose rank 1 hangs in its collective: the summary names the
     culprit rank and its node, the outcome is hung, and the fleet report ranks that node. The
     job runs outside Slurm, so nothing can prove it: it is sent with a trusted token (the
-    proof of real Slurm jobs: tests/vet/fleet/test_proof_slurm.py)."""
+    proof of real Slurm jobs: tests/centre/collector/test_proof_slurm.py)."""
     collector.start()
     p = hpcml("run", "--ntasks", "2", "--dir", "job", "--no-report", "--hang-timeout", "2s", "--kill-grace", "3",
               "--vet", str(ROOT / "examples" / "vet" / "cpu.yaml"),
@@ -199,7 +199,7 @@ def test_a_hang_culprit_reaches_the_collector_with_its_node(tmp_path, collector)
     assert doc["crashed"] == [] and doc["lost"] == []        # ranks hpcml stopped did not crash
     (vetted,) = doc["vetting"]                                 # what --vet found reached the centre
     assert vetted["node"] == culprit["node"] and vetted["verdict"] == "good"
-    rep = hpcml("vet", "fleet-report", "--db", f"sqlite:///{collector.db}", "--since", "1d", "--json", cwd=tmp_path)
+    rep = hpcml("centre", "report", "--db", f"sqlite:///{collector.db}", "--since", "1d", "--json", cwd=tmp_path)
     assert rep.returncode == 0, rep.stderr
     fleet = json.loads(rep.stdout)
     assert fleet["nodes"][0]["node"] == culprit["node"] and fleet["nodes"][0]["culprit"] == 1

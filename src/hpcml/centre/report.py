@@ -1,5 +1,5 @@
-"""The centre's report (``hpcml vet fleet-report``): what every job's summary and every
-vetting result say together, over a time window.
+"""The centre's report (``hpcml centre report``, alias ``hpcml vet fleet-report``): what every
+job's summary and every vetting result say together, over a time window.
 
 - the nodes that hurt the most jobs (excluded by vetting, stragglers, hang culprits, lost),
   each beside its vetting history: a node that passes vetting but keeps slowing or hanging
@@ -21,11 +21,11 @@ from typing import Any, Protocol
 from hpcml.schemas import tag
 from hpcml.words import plural, printable
 
-SCHEMA = tag("vet.fleet", 1)
+SCHEMA = tag("vet.fleet", 1)    # kept from when it was vet's: readers of the JSON know this tag
 
 
 class Facts(Protocol):
-    """What the report asks of the collector's store (``vet.fleet.collector.store.Store``):
+    """What the report asks of the collector's store (``centre.collector.store.Store``):
     one SQL aggregate per part, over jobs (``centre.jobstore``) and vetting results."""
 
     def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]: ...

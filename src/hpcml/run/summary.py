@@ -94,8 +94,8 @@ def _events(rep: dict[str, Any], records: list[Attempt]) -> dict[str, list[dict[
 def _vetting(d: Path, nodes: list[str]) -> list[dict[str, Any]]:
     """What ``hpcml run --vet`` found on each of ``nodes`` (the start's vetting and each
     restart's again-N), for the centre's vetting history."""
+    from hpcml.centre.sources import UNREACHABLE, results_of_report
     from hpcml.run.jobdir import vet_dir
-    from hpcml.vet.fleet.sources import UNREACHABLE, results_of_report
     held = set(nodes)
     out: list[dict[str, Any]] = []
     reports = [(0, vet_dir(d) / "report.json")] + sorted(
@@ -222,8 +222,8 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     ``attempt-N.refused`` with the reason, so it does not hold back the others; a collector
     that is down or refuses the token stops the round. Never raises: a failure is one
     line through ``say`` (stderr)."""
-    from hpcml.vet.fleet.collector.client import post
-    from hpcml.vet.fleet.collector.proof import credential
+    from hpcml.centre.client import post
+    from hpcml.centre.collector.proof import credential
     say = say or (lambda line: log.info(line))
     if (Path(d) / SPOOL).is_dir():
         remove_dead_temps(Path(d) / SPOOL)        # a sender killed mid-mark left its temporary file

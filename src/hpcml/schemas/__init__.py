@@ -23,6 +23,13 @@ def tag(name: str, major: int) -> str:
     return f"hpcml.{name.removeprefix('hpcml.')}/{major}"
 
 
+#: the tag of ``hpcml vet``'s report.json (``vet.report.to_json``). Here, below both its writer
+#: and its readers (the centre's collector and handler: ``centre.collector.schema``,
+#: ``centre.sources``): ``vet`` sends through ``centre.client``, so the centre may not import
+#: ``vet`` for it. Kept without a part: deployed collectors accept only ``hpcml.vet/`` tags.
+VET_REPORT = tag("vet", 1)
+
+
 def parse(value: Any) -> tuple[str, int] | None:
     """``"hpcml.data.manifest/1"`` -> ``("hpcml.data.manifest", 1)``; None if not a tag."""
     m = _TAG.match(value) if isinstance(value, str) else None

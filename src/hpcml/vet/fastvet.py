@@ -96,7 +96,7 @@ def execute(protocol: Path | None, *, min_nodes: int | None = None, deadline: st
 
 def _send(data: dict, url: str, token_file: Path | None) -> None:
     """Opt-in reporting never changes the verdict: a failure is one warning line."""
-    from hpcml.vet.fleet.collector.client import send_with_token_file
+    from hpcml.centre.client import send_with_token_file
     send_with_token_file(data, url, token_file)
 
 

@@ -11,8 +11,6 @@ from enum import Enum
 from functools import cached_property
 from typing import Any
 
-from hpcml.schemas import tag
-
 
 class Outcome(str, Enum):
     """What a check found. ``error`` means the check itself broke; never a pass."""
@@ -31,10 +29,6 @@ class Decision(str, Enum):
 
 
 EXIT_CODES = {Decision.CONTINUE: 0, Decision.SHRINK: 3, Decision.ABORT: 4}
-#: the tag of a whole run's report.json (``report.to_json``); here, so that its readers (the
-#: collector, the handler) need not import the engine. Kept without a part: deployed
-#: collectors accept only ``hpcml.vet/`` tags.
-REPORT_SCHEMA = tag("vet", 1)
 
 
 @dataclass

@@ -14,9 +14,9 @@ from typing import Any
 
 from hpcml.cluster.hostlist import fold
 from hpcml.files import write_atomic
+from hpcml.schemas import VET_REPORT as SCHEMA
 from hpcml.units import fmt_bytes
 from hpcml.vet.engine import VetRun
-from hpcml.vet.model import REPORT_SCHEMA as SCHEMA
 from hpcml.vet.model import Outcome
 from hpcml.words import plural
 

@@ -1,19 +1,24 @@
 """``hpcml vet``: parse arguments, call the engine, render. No vetting logic here.
 
-The group and ``run``, ``setup``, ``validate``, ``checks`` live here; ``handle`` (and
-``rules``), ``prolog`` (``--prolog``, ``prolog-script``), ``serve`` and ``fleet-report`` have a module each.
+The group and ``run``, ``setup``, ``validate``, ``checks`` live here; ``prolog`` (``--prolog``,
+``prolog-script``) has a module of its own. ``serve``, ``handle``, ``rules`` and ``fleet-report``
+are aliases of ``hpcml centre serve | handle | rules | report`` (``hpcml.centre.cli``): the same
+callbacks, so the same options and behaviour, with help that says so.
 """
 
 from __future__ import annotations
 
+import inspect
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from typing import Optional
 
 import typer
 
+from hpcml.centre.cli import handle, report, serve  # the centre's commands, aliased below
 from hpcml.cli_support import DefaultCommandGroup
-from hpcml.vet.cli import fleet, handle, prolog, serve  # one module per command
+from hpcml.vet.cli import prolog  # one module per command
 
 app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
@@ -44,7 +49,7 @@ def run(
     drain: bool = typer.Option(False, "--drain", help="With --prolog: drain a bad node, reason naming the check."),
     overrun_ok: bool = typer.Option(False, "--overrun-ok", help="With --prolog: a check cut at the budget does not fail the node."),
     report_to: Optional[str] = typer.Option(None, "--report-to", envvar="HPCML_VET_REPORT_TO",
-                                            help="Also send the results to a collector (`hpcml vet serve`), "
+                                            help="Also send the results to a collector (`hpcml centre serve`), "
                                                  "opt-in; token from $HPCML_VET_TOKEN or --report-token-file."),
     report_token_file: Optional[Path] = typer.Option(None, "--report-token-file",
                                                      help="File holding the collector token."),
@@ -68,10 +73,15 @@ def run(
                              report_token_file=report_token_file))
 
 
-app.command("serve")(serve.serve)
-app.command("handle")(handle.handle)
-app.command("fleet-report")(fleet.fleet_report)
-app.command("rules")(handle.validate_rules)
+def _alias(name: str, centre: str, callback: Callable[..., None]) -> None:
+    """``hpcml vet NAME``: ``hpcml centre CENTRE``'s own callback, its help first saying whose alias it is."""
+    app.command(name, help=f"Alias of [bold]hpcml centre {centre}[/]. {inspect.getdoc(callback)}")(callback)
+
+
+_alias("serve", "serve", serve.serve)
+_alias("handle", "handle", handle.handle)
+_alias("fleet-report", "report", report.report)
+_alias("rules", "rules", handle.validate_rules)
 app.command("prolog-script")(prolog.prolog_script)
 
 

@@ -79,7 +79,7 @@ def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float) 
     warning: the prolog's verdict is its exit code, never the collector's."""
     import time
 
-    from hpcml.vet.fleet.collector.client import send_with_token_file
+    from hpcml.centre.client import send_with_token_file
     send_with_token_file(doc, url, token_file, timeout=max(0.5, min(SEND_S, budget_end + SEND_S - time.time())))
 
 

@@ -1,4 +1,5 @@
-"""``hpcml vet fleet-report``: arguments in, the centre's report (``hpcml.centre.report``) out."""
+"""``hpcml centre report`` (alias ``hpcml vet fleet-report``): arguments in, the centre's report
+(``hpcml.centre.report``) out."""
 
 from __future__ import annotations
 
@@ -11,31 +12,32 @@ import typer
 from hpcml.errors import UsageError
 
 
-def fleet_report(
+def report(
     db: str = typer.Option(..., "--db", help="The collector's store: sqlite:///PATH or postgresql://USER@HOST/DB."),
     since: str = typer.Option("30d", "--since", help="The window, back from now: 7d, 24h, 90 min."),
     top: int = typer.Option(20, "--top", min=1, max=10_000, help="Nodes and owners listed."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one offline HTML page."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
 ) -> None:
-    """The centre's view over every job and vetting result the collector holds: the nodes that
-    hurt the most jobs beside their vetting history, the lowest GPU scores per user and
-    account, and the GPU-hours lost to faults.
+    """The centre's view over every job and vetting result the collector holds.
 
-        hpcml vet fleet-report --db postgresql://hpcml@dbhost/vet --since 30d --html centre.html
+    The nodes that hurt the most jobs beside their vetting history, the lowest GPU scores
+    per user and account, and the GPU-hours lost to faults:
+
+        hpcml centre report --db postgresql://hpcml@dbhost/vet --since 30d --html centre.html
 
     Exit codes: 0 done, 1 the database cannot be read, 2 bad option.
     """
+    from hpcml.centre.collector.server import parse_since
+    from hpcml.centre.collector.store import open_store
     from hpcml.centre.report import build, lines, render_html
     from hpcml.files import write_atomic
-    from hpcml.vet.fleet.collector.server import parse_since
-    from hpcml.vet.fleet.collector.store import open_store
     try:
         window = parse_since(since)
     except ValueError:
         raise UsageError(f"expected a duration such as 30d or 24h, found {since!r}", key="--since") from None
     if db.startswith("sqlite:"):                 # a report reads: a mistyped path is not a new, empty store
-        from hpcml.vet.fleet.collector.sqlite import path_of
+        from hpcml.centre.collector.sqlite import path_of
         if not Path(path_of(db)).is_file():
             raise UsageError("no such database file", file=path_of(db))
     store = open_store(db)

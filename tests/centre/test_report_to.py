@@ -8,7 +8,7 @@ import subprocess
 import sys
 import urllib.request
 
-from tests.vet.fleet.conftest import READ_TOKEN, TOKEN
+from tests.centre.conftest import READ_TOKEN, TOKEN
 
 
 def _vet(tmp_path, *extra, env_token=TOKEN):

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from hpcml.vet.fleet.collector.schema import NodeReport
-from hpcml.vet.fleet.collector.store import REPORT_COLS, RESULT_COLS, SqlStore, StoreError, report_rows
+from hpcml.centre.collector.schema import NodeReport
+from hpcml.centre.collector.store import REPORT_COLS, RESULT_COLS, SqlStore, StoreError, report_rows
 
 DDL = """
 CREATE TABLE IF NOT EXISTS reports (

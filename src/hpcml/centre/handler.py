@@ -31,14 +31,14 @@ from datetime import datetime, timedelta, timezone
 from pathlib import Path
 from typing import IO, Iterator
 
+from hpcml.centre.rules import REASON_PREFIX, Catalog, Rule, fmt_window
+from hpcml.centre.sources import Result, ResultSource
 from hpcml.cluster import slurm
 from hpcml.errors import SlurmError, UsageError
 from hpcml.schemas import tag
-from hpcml.vet.fleet.rules import REASON_PREFIX, Catalog, Rule, fmt_window
-from hpcml.vet.fleet.sources import Result, ResultSource
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
-PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml vet handle --json`
+PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml centre handle --json`; the tag kept from when it was `hpcml vet handle`
 
 
 @dataclass
@@ -318,7 +318,7 @@ def audit_log(path: Path) -> Iterator[IO[str]]:
         try:
             fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            raise UsageError("another hpcml vet handle holds the audit log", file=str(path)) from None
+            raise UsageError("another hpcml centre handle holds the audit log", file=str(path)) from None
         f.seek(0)
         yield f
 

@@ -11,8 +11,8 @@ READ_TOKEN = "read-token-0123456789abcdef"
 
 @pytest.fixture
 def collector(db_url):
-    from hpcml.vet.fleet.collector.server import Tokens, start
-    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.centre.collector.server import Tokens, start
+    from hpcml.centre.collector.store import open_store
     server = start(open_store(db_url), Tokens([TOKEN], [READ_TOKEN]), max_body=64 * 1024)
     try:
         yield server

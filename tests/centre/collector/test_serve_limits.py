@@ -1,4 +1,4 @@
-"""``hpcml vet serve`` cannot be starved: slow and idle connections, floods of unfinished
+"""``hpcml centre serve`` cannot be starved: slow and idle connections, floods of unfinished
 bodies, malformed headers, a database that goes away, and several collector processes on
 one PostgreSQL. Each collector is a real process; its memory is read from /proc."""
 
@@ -18,22 +18,22 @@ from pathlib import Path
 import pytest
 
 from hpcml.ports import free_port
-from tests.vet.fleet.conftest import TOKEN
-from tests.vet.fleet.jobdocs import event, summary
-from tests.vet.fleet.pgcluster import PgCluster
+from tests.centre.conftest import TOKEN
+from tests.centre.jobdocs import event, summary
+from tests.centre.pgcluster import PgCluster
 
 TRUSTED = "trusted-token-0123456789abcdef"   # the centre's own tool: its summaries count as sent
 
 
 class Serve:
-    """``hpcml vet serve`` in its own process."""
+    """``hpcml centre serve`` in its own process."""
 
     def __init__(self, db: str, *args: str, trusted: Path | None = None) -> None:
         self.port = free_port("127.0.0.1")
         if trusted is not None:
             trusted.write_text(TRUSTED + "\n")
             args = (*args, "--trusted-token-file", str(trusted))
-        self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", db, "--port",
+        self.proc = subprocess.Popen([sys.executable, "-m", "hpcml", "centre", "serve", "--db", db, "--port",
                                       str(self.port), *args], env={**os.environ, "HPCML_VET_TOKEN": TOKEN},
                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None

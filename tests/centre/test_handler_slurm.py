@@ -1,4 +1,4 @@
-"""`hpcml vet handle` against the real local cluster (n1, n2): repeated failures drain n1,
+"""`hpcml centre handle` against the real local cluster (n1, n2): repeated failures drain n1,
 an admin's drain of n2 is never touched, a recheck resumes n1, --dry-run changes nothing.
 
 Every node drained here is resumed in the fixture's teardown: the cluster is shared.
@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from hpcml.vet.cli import app as vet_app
+from hpcml.centre.cli import app as centre_app
 
 pytestmark = pytest.mark.slurm
 
@@ -74,7 +74,7 @@ def _write_report(root: Path, name: str, outcomes: dict[str, str]) -> None:
 
 
 def _run(*args):
-    return CliRunner().invoke(vet_app, ["handle", *args])
+    return CliRunner().invoke(centre_app, ["handle", *args])
 
 
 def test_failures_drain_recheck_resumes_foreign_drain_left_alone(nodes, tmp_path):

@@ -1,4 +1,4 @@
-"""hpcml vet serve: a real collector over HTTP on SQLite and on PostgreSQL, and its client."""
+"""hpcml centre serve: a real collector over HTTP on SQLite and on PostgreSQL, and its client."""
 
 from __future__ import annotations
 
@@ -14,9 +14,9 @@ import time
 
 import pytest
 
-from hpcml.vet.fleet.collector import client
-from hpcml.vet.fleet.collector.client import send
-from tests.vet.fleet.conftest import READ_TOKEN, TOKEN
+from hpcml.centre import client
+from hpcml.centre.client import send
+from tests.centre.conftest import READ_TOKEN, TOKEN
 
 
 def call(server, method: str, path: str, body=None, token: str | None = TOKEN,
@@ -255,7 +255,7 @@ def test_send_to_dead_url_warns(capsys):
     assert len(err) == 3 and all(line.startswith("hpcml vet: warning:") for line in err)
 
 
-SERVE = "import sys; from hpcml.vet.cli import app; app(['serve', *sys.argv[1:]])"
+SERVE = "import sys; from hpcml.centre.cli import app; app(['serve', *sys.argv[1:]])"
 
 
 def test_serve_command(tmp_path):
@@ -263,7 +263,7 @@ def test_serve_command(tmp_path):
     tokens.write_text(f"# writers\n{TOKEN}\n")
     env = {k: v for k, v in os.environ.items() if k != "HPCML_VET_TOKEN"}
     # --slurm-check off: what is proven of the report depends on whether this host runs
-    # Slurm and munged now (tests/vet/fleet/test_report_proof*.py test that); here the command
+    # Slurm and munged now (tests/centre/collector/test_report_proof*.py test that); here the command
     proc = subprocess.Popen([sys.executable, "-c", SERVE, "--db", f"sqlite:///{tmp_path}/v.db",
                              "--port", "0", "--token-file", str(tokens), "--slurm-check", "off"], cwd=tmp_path, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
@@ -292,13 +292,13 @@ def test_serve_command(tmp_path):
         assert proc.stdout.readline().startswith("listening on http://0.0.0.0:")
         proc.send_signal(signal.SIGINT)
         assert proc.wait(timeout=15) == 0
-        assert "warning" in proc.stderr.read()
+        assert "hpcml centre serve: warning: listening on every interface" in proc.stderr.read()
     finally:
         proc.kill()
 
 
 def test_bad_database_url():
-    from hpcml.vet.fleet.collector.store import StoreError, open_store
+    from hpcml.centre.collector.store import StoreError, open_store
     for url in ("mysql://x/y", "sqlite:///", "sqlite:///:memory:"):
         with pytest.raises(StoreError):
             open_store(url)

@@ -38,10 +38,10 @@ from urllib.parse import parse_qs, unquote
 import orjson
 
 from hpcml import logs
+from hpcml.centre.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
+from hpcml.centre.collector.schema import Invalid, documents
+from hpcml.centre.collector.store import BatchWriter, Store, StoreError
 from hpcml.centre.summaries import parse_job_items
-from hpcml.vet.fleet.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
-from hpcml.vet.fleet.collector.schema import Invalid, documents
-from hpcml.vet.fleet.collector.store import BatchWriter, Store, StoreError
 
 log = logs.get(__name__)
 
@@ -182,7 +182,7 @@ class App:
         self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
 
     def log(self, line: str) -> None:
-        log.info(f"hpcml vet serve: {line}")
+        log.info(f"hpcml centre serve: {line}")
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")

@@ -1,7 +1,7 @@
 """Who sent a job summary is proven by the cluster: real users, real MUNGE, real Slurm.
 
 Two real Unix users (made here with ``useradd``) run real ``hpcml run --collector`` jobs
-on the local cluster; a real collector (``hpcml vet serve`` with Slurm's config) decodes
+on the local cluster; a real collector (``hpcml centre serve`` with Slurm's config) decodes
 their MUNGE credentials with the cluster's own munged and checks each job with
 slurmctld's records. Forged summaries are made the way an attacker with a job token
 would: credentials from the ``munge`` command run as the other user, claims about jobs
@@ -30,12 +30,12 @@ from pathlib import Path
 
 import pytest
 
+from hpcml.centre.collector.proof import digest
 from hpcml.ports import free_port
-from hpcml.vet.fleet.collector.proof import digest
 from tests import needs
+from tests.centre.jobdocs import event, summary
+from tests.centre.test_rules import JOB_RULES
 from tests.slurmjobs import wait
-from tests.vet.fleet.jobdocs import event, summary
-from tests.vet.fleet.test_rules import JOB_RULES
 
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
 ROOT = Path(__file__).parents[3]
@@ -77,7 +77,7 @@ class Collector:
         self.url = f"http://127.0.0.1:{self.port}"
         (root / "job-tokens").write_text(f"# every user's hpcml run\n{JOB_TOKEN}\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hpcml", "vet", "serve", "--db", f"sqlite:///{self.db}", "--port", str(self.port),
+            [sys.executable, "-m", "hpcml", "centre", "serve", "--db", f"sqlite:///{self.db}", "--port", str(self.port),
              "--job-token-file", str(root / "job-tokens"), "--slurm-check", "on"],
             env={**env, "HPCML_VET_TOKEN": OPERATOR}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
@@ -163,7 +163,7 @@ def signed(doc: dict, user: str, socket: str, env: dict[str, str]) -> dict:
 
 def _handle(shared: Path, collector: Collector, env: dict[str, str], *extra: str) -> dict:
     (shared / "rules.yaml").write_text(JOB_RULES)          # hurts-jobs: 3 jobs of 2 users in 7 d
-    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{collector.db}",
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
                         "--rules", str(shared / "rules.yaml"), "--audit", str(shared / "audit.jsonl"), "--json",
                         *extra], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -252,7 +252,7 @@ def test_a_user_token_proves_its_user_where_munge_is_not_used(users, shared, slu
     alice, bob = users
     (shared / "job-tokens").write_text(f"{alice}:alice-token-0123456789\n{bob}:bob-token-0123456789\n")
     port = free_port("127.0.0.1")
-    proc = subprocess.Popen([sys.executable, "-m", "hpcml", "vet", "serve", "--db", f"sqlite:///{shared}/t.db",
+    proc = subprocess.Popen([sys.executable, "-m", "hpcml", "centre", "serve", "--db", f"sqlite:///{shared}/t.db",
                              "--port", str(port), "--job-token-file", str(shared / "job-tokens")],
                             env={**slurm_env, "HPCML_VET_TOKEN": OPERATOR}, stdout=subprocess.PIPE, text=True)
     try:

@@ -13,10 +13,10 @@ import jsonschema
 import pytest
 
 from hpcml import schemas
-from hpcml.vet.fleet.collector.store import SCHEMA_VERSION, StoreError, open_store
-from tests.vet.fleet.conftest import READ_TOKEN, TOKEN
-from tests.vet.fleet.jobdocs import event, proven, summary
-from tests.vet.fleet.test_collector import call
+from hpcml.centre.collector.store import SCHEMA_VERSION, StoreError, open_store
+from tests.centre.collector.test_collector import call
+from tests.centre.conftest import READ_TOKEN, TOKEN
+from tests.centre.jobdocs import event, proven, summary
 
 
 def jobs_stored(server) -> tuple[int, int]:
@@ -106,7 +106,7 @@ def test_oversized_and_unauthorised_summaries(collector):
 
 SENDER = textwrap.dedent("""
     import json, sys
-    from hpcml.vet.fleet.collector.client import post
+    from hpcml.centre.client import post
     docs = json.load(sys.stdin)
     for i in range(0, len(docs), 20):
         why = post(sys.argv[1], "/v1/jobs", docs[i:i + 20], sys.argv[2], 30)
@@ -131,7 +131,7 @@ def _version_1(url: str) -> None:
     """A database as the collector before job summaries left it: the vetting tables, one
     report in them, no version row."""
     if url.startswith("sqlite"):
-        from hpcml.vet.fleet.collector.sqlite import DDL, path_of
+        from hpcml.centre.collector.sqlite import DDL, path_of
         with sqlite3.connect(path_of(url)) as conn:
             conn.executescript(DDL)
             conn.execute("INSERT INTO reports VALUES (1, 'j1', 'nid001', 1.0, 'cpu', 'bad', 2.0)")
@@ -140,7 +140,7 @@ def _version_1(url: str) -> None:
         return
     import psycopg
 
-    from hpcml.vet.fleet.collector.postgres import DDL as PG_DDL
+    from hpcml.centre.collector.postgres import DDL as PG_DDL
     with psycopg.connect(url, autocommit=True) as conn:
         for stmt in filter(str.strip, PG_DDL.split(";")):
             conn.execute(stmt)
@@ -152,7 +152,7 @@ def _version_1(url: str) -> None:
 
 def _set_version(url: str, version: int) -> None:
     if url.startswith("sqlite"):
-        from hpcml.vet.fleet.collector.sqlite import path_of
+        from hpcml.centre.collector.sqlite import path_of
         with sqlite3.connect(path_of(url)) as conn:
             conn.execute("UPDATE meta SET value = ? WHERE key = 'schema_version'", (str(version),))
         return
@@ -186,7 +186,7 @@ def test_a_version_1_database_is_migrated_with_its_results_kept(db_url):
 def test_a_job_token_may_only_send_summaries_and_reports(db_url):
     """A job token sends (what it sends is proven, not believed: a report it alone backs is
     stored unverified) and reads nothing."""
-    from hpcml.vet.fleet.collector.server import Tokens, start
+    from hpcml.centre.collector.server import Tokens, start
     job_token = "job-token-0123456789abcdef"
     server = start(open_store(db_url), Tokens([TOKEN], [READ_TOKEN], [job_token]))
     try:
@@ -229,7 +229,7 @@ def test_two_collectors_writing_attempts_of_the_same_jobs_keep_one_latest_each(d
 
 OPENER = textwrap.dedent("""
     import sys
-    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.centre.collector.store import open_store
     open_store(sys.argv[1]).close()
 """)
 
@@ -258,8 +258,8 @@ def test_a_damaged_version_row_is_one_line(tmp_path):
 def test_a_verified_summary_wins_over_an_unverified_one_in_the_same_batch_or_later(db_url):
     """However they arrive, a key's verified summary is the one stored and counted; the
     unverified one never shadows it, and GET /v1/jobs says which is which."""
+    from hpcml.centre.collector.server import Tokens, start
     from hpcml.centre.summaries import Received as JobSummary
-    from hpcml.vet.fleet.collector.server import Tokens, start
     store = open_store(db_url)
     forged = summary("7", user="mallory", culprits=[event("nid001", 0)])
     real = summary("7", user="alice", stragglers=[event("nid002", 1)])
@@ -291,7 +291,7 @@ def test_vetting_repeated_by_later_attempts_counts_once(db_url):
 
 
 def test_job_token_lines():
-    from hpcml.vet.fleet.collector.server import Tokens
+    from hpcml.centre.collector.server import Tokens
     t = Tokens([TOKEN], jobs=["alice:s3cret:with:colons", "bare-token-0123"])
     assert t.grant("Bearer s3cret:with:colons").user == "alice"
     assert t.grant("Bearer bare-token-0123").user is None and t.grant("Bearer colons") is None
@@ -304,8 +304,8 @@ def test_one_person_proven_two_ways_counts_once():
     import os
     import pwd
 
+    from hpcml.centre.collector.proof import Sender, Verifier
     from hpcml.centre.summaries import Received as JobSummary
-    from hpcml.vet.fleet.collector.proof import Sender, Verifier
     me = pwd.getpwuid(os.getuid()).pw_name
     s = JobSummary.model_validate(summary("1"))
     proof = Verifier(slurm=None).prove({}, s, Sender(user=me))

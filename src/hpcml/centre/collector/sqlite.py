@@ -13,8 +13,8 @@ from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
-from hpcml.vet.fleet.collector.schema import NodeReport
-from hpcml.vet.fleet.collector.store import REPORT_COLS, RESULT_COLS, SqlStore, StoreError, report_rows
+from hpcml.centre.collector.schema import NodeReport
+from hpcml.centre.collector.store import REPORT_COLS, RESULT_COLS, SqlStore, StoreError, report_rows
 
 DDL = """
 CREATE TABLE IF NOT EXISTS reports (

@@ -37,7 +37,7 @@ def _signed(doc: dict[str, Any]) -> dict[str, Any]:
     """``doc`` with a MUNGE credential of this process's uid over it (``auth.munge``), which
     is what lets the collector count it as evidence: root's or SlurmUser's on the node it is
     about (a prolog) as the node's, a user's as their job's. Unchanged without MUNGE."""
-    from hpcml.vet.fleet.collector.proof import AUTH_KEY, credential
+    from hpcml.centre.collector.proof import AUTH_KEY, credential
     plain = orjson.loads(orjson.dumps({k: v for k, v in doc.items() if k != AUTH_KEY}, default=str))
     auth = credential(plain)
     return {**plain, AUTH_KEY: auth} if auth else plain
@@ -50,7 +50,7 @@ def _pieces(report: Any, body: bytes) -> list[bytes]:
         return [body]
     if "nodes" not in report or len(body) <= PIECE:
         return [orjson.dumps(_signed(report), default=str)]
-    from hpcml.vet.fleet.collector.schema import split_vet_report
+    from hpcml.centre.collector.schema import split_vet_report
     out: list[bytes] = []
     chunk: list[bytes] = []
     size = 2
@@ -132,7 +132,7 @@ def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> Re
 def send_with_token_file(report_json: Any, url: str, token_file: Path | None, timeout: float = 5) -> str | None:
     """``send`` with the token read from ``token_file`` (else ``$HPCML_VET_TOKEN``): what
     ``hpcml vet --report-to`` and its prolog mode do. A file that cannot be read is a warning."""
-    from hpcml.vet.fleet.collector.server import read_tokens
+    from hpcml.centre.collector.server import read_tokens
     try:
         tokens = read_tokens(token_file)
     except OSError as exc:

@@ -17,8 +17,7 @@ from typing import Protocol
 
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded
-from hpcml.schemas import check
-from hpcml.vet.model import REPORT_SCHEMA
+from hpcml.schemas import VET_REPORT, check
 
 JOB_CHECK = "@job"           # the name a job summary's node event goes by (type: the role); ``from_job`` tells it
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
@@ -90,7 +89,7 @@ class JsonDirSource:
         for path in self.files():
             try:
                 data = load_json_bounded(path, JSON_MAX)
-                check(data, REPORT_SCHEMA, str(path))   # a newer hpcml's report is refused, not misread
+                check(data, VET_REPORT, str(path))   # a newer hpcml's report is refused, not misread
                 results = list(results_of_report(data))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
@@ -106,7 +105,7 @@ class StoreSource:
 
     def results_since(self, since: datetime) -> Iterator[Result]:
         try:
-            from hpcml.vet.fleet.collector.store import StoreError, open_store
+            from hpcml.centre.collector.store import StoreError, open_store
         except ImportError:
             raise UsageError("the results collector is not available in this version",
                              key="db") from None

@@ -17,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcml.vet.fleet.collector.proof import AUTH_KEY, Forbidden, Sender, Unavailable, Verifier, credential
-from hpcml.vet.fleet.collector.schema import NodeReport
+from hpcml.centre.collector.proof import AUTH_KEY, Forbidden, Sender, Unavailable, Verifier, credential
+from hpcml.centre.collector.schema import NodeReport
 from tests import needs
 
 

@@ -110,10 +110,9 @@ def _count_results(items: list[Any]) -> None:
 
 def _check_tag(data: dict[str, Any]) -> None:
     """A whole report of another kind or of a newer hpcml (``hpcml.vet/2``) is refused."""
-    from hpcml.schemas import check
-    from hpcml.vet.model import REPORT_SCHEMA
+    from hpcml.schemas import VET_REPORT, check
     try:
-        check(data, REPORT_SCHEMA, "body")
+        check(data, VET_REPORT, "body")
     except UsageError as exc:
         raise Invalid(f"schema: {exc.problem}") from None
 

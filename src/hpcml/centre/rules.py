@@ -20,7 +20,7 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, ValidationError,
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, validation_problem
 from hpcml.unit_fields import Fraction, Seconds
 
-DEFAULT_RULES = Path(__file__).parents[1] / "protocols" / "rules-default.yaml"
+DEFAULT_RULES = Path(__file__).parent / "data" / "rules-default.yaml"
 REASON_PREFIX = "hpcml:"
 OUTCOMES = ("pass", "warn", "fail", "error", "skipped")
 PLACEHOLDERS = {"rule": "r", "node": "n1", "check": "c", "type": "t", "outcome": "fail",

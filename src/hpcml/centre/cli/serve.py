@@ -1,6 +1,7 @@
-"""``hpcml vet serve``: run the results collector until SIGTERM or SIGINT.
+"""``hpcml centre serve`` (alias ``hpcml vet serve``): run the results collector until SIGTERM or SIGINT.
 
-Arguments only; the service is ``hpcml.vet.fleet.collector.server``. Registered in ``cli/__init__.py``.
+Arguments only; the service is ``hpcml.centre.collector.server``. Registered in ``cli/__init__.py``
+(and, as the alias, in ``hpcml.vet.cli``).
 """
 
 from __future__ import annotations
@@ -14,12 +15,13 @@ from typing import Optional
 
 import typer
 
-from hpcml.cli_support import parse_size
+from hpcml.cli_support import command_words, parse_size
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.signals import handling
 
 
 def serve(
+    ctx: typer.Context,
     db: str = typer.Option("sqlite:///./hpcml-vet.db", "--db",
                            help="sqlite:///PATH or postgresql://USER@HOST/DB."),
     bind: str = typer.Option("127.0.0.1", help="Address to listen on (0.0.0.0: every interface)."),
@@ -52,7 +54,7 @@ def serve(
 
     Example:
 
-        HPCML_VET_TOKEN=$(openssl rand -hex 24) hpcml vet serve --db sqlite:///vet.db
+        HPCML_VET_TOKEN=$(openssl rand -hex 24) hpcml centre serve --db sqlite:///vet.db
 
     Then `hpcml vet run --report-to http://127.0.0.1:8787` sends each run's report,
     `hpcml run --collector http://127.0.0.1:8787` each job's summary, and
@@ -62,12 +64,13 @@ def serve(
     """
     import importlib.util
 
-    from hpcml.vet.fleet.collector.server import CollectorServer, Tokens
-    from hpcml.vet.fleet.collector.store import open_store
+    from hpcml.centre.collector.server import CollectorServer, Tokens
+    from hpcml.centre.collector.store import open_store
     if importlib.util.find_spec("waitress") is None:
         raise UsageError("the collector is served by waitress: pip install 'hpcml[collector]'", key="serve")
+    name = " ".join(command_words(ctx))    # hpcml centre serve, or its alias hpcml vet serve
     limit = parse_size(max_body, "--max-body")
-    verifier = _verifier(slurm_check, cluster, munge_socket)
+    verifier = _verifier(name, slurm_check, cluster, munge_socket)
     write = _tokens(token_file, "--token-file", env=True)
     if not write:
         raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
@@ -78,7 +81,7 @@ def serve(
     except ValueError as exc:
         raise UsageError(str(exc), key="--job-token-file") from None
     if bind in ("0.0.0.0", "::", ""):
-        print(f"hpcml vet serve: warning: listening on every interface ({bind or '*'}); "
+        print(f"{name}: warning: listening on every interface ({bind or '*'}); "
               "anyone who can reach this host can try tokens", file=sys.stderr)
     store = open_store(db)              # a StoreError (exit 1) names the database's problem
     try:
@@ -97,7 +100,7 @@ def serve(
 
 
 def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:
-    from hpcml.vet.fleet.collector.server import read_tokens
+    from hpcml.centre.collector.server import read_tokens
     if path is None and not env:
         return []
     try:
@@ -106,10 +109,10 @@ def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:
         raise UsageError(f"cannot read the token file: {exc.strerror}", key=key) from None
 
 
-def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
+def _verifier(name: str, slurm_check: str, cluster: str | None, munge_socket: str | None):
     """The proof of senders: Slurm's records where asked for (or found), MUNGE's socket."""
+    from hpcml.centre.collector.proof import Verifier, slurm_uid
     from hpcml.cluster import jobrecord, munge, slurm
-    from hpcml.vet.fleet.collector.proof import Verifier, slurm_uid
     if slurm_check not in ("auto", "on", "off"):
         raise UsageError(f"expected auto, on or off, found {slurm_check!r}", key="--slurm-check")
     use = slurm_check == "on" or (slurm_check == "auto" and slurm.available("scontrol"))
@@ -119,7 +122,7 @@ def _verifier(slurm_check: str, cluster: str | None, munge_socket: str | None):
     if use and cluster is None:
         cluster = config.get("ClusterName") or None
     if not use:
-        print("hpcml vet serve: warning: no Slurm checks (" + ("--slurm-check off" if slurm_check == "off" else
+        print(f"{name}: warning: no Slurm checks (" + ("--slurm-check off" if slurm_check == "off" else
               "scontrol is not installed here") + "): a user's summary counts on the user's proof alone, "
               "for whatever job it names", file=sys.stderr)
     socket = munge_socket or os.environ.get(munge.SOCKET_ENV) or munge.config_socket(config)

@@ -24,11 +24,11 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
+from hpcml.centre.collector.schema import NodeReport
 from hpcml.centre.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
-from hpcml.vet.fleet.collector.schema import NodeReport
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
 REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received", "evidence", "sender")
@@ -351,9 +351,9 @@ class BatchWriter:
 
 #: URL scheme -> the Store class, built with the URL
 STORES: Registry[Callable[[str], Store]] = Registry("database URL scheme", "hpcml.stores", {
-    "sqlite": "hpcml.vet.fleet.collector.sqlite:SqliteStore",
-    "postgresql": "hpcml.vet.fleet.collector.postgres:PostgresStore",
-    "postgres": "hpcml.vet.fleet.collector.postgres:PostgresStore",
+    "sqlite": "hpcml.centre.collector.sqlite:SqliteStore",
+    "postgresql": "hpcml.centre.collector.postgres:PostgresStore",
+    "postgres": "hpcml.centre.collector.postgres:PostgresStore",
 })
 
 

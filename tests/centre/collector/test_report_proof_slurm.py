@@ -1,6 +1,6 @@
 """Vetting reports are proven like job summaries: real users, real MUNGE, real Slurm.
 
-A real collector (``hpcml vet serve`` with Slurm's config) and the local cluster's own
+A real collector (``hpcml centre serve`` with Slurm's config) and the local cluster's own
 munged. Reports are sent the ways they come in: with the shared write token alone (what
 every job script holds), signed by a real user (``runuser`` + the ``munge`` command) about
 a real job of theirs (an ``sbatch`` job holding n1) and about nodes and jobs that are not
@@ -9,7 +9,7 @@ may drain or resume a node; root's report of a failing node drains it, and only 
 passes resume it.
 
 One limit of a one-host cluster: every virtual node's address is 127.0.0.1, so "made on
-the node it is about" cannot fail here; ``tests/vet/fleet/test_report_proof.py`` tests that
+the node it is about" cannot fail here; ``tests/centre/collector/test_report_proof.py`` tests that
 refusal with another node address.
 """
 
@@ -26,10 +26,8 @@ from pathlib import Path
 
 import pytest
 
-from hpcml.vet.fleet.collector.proof import AUTH_KEY, credential
-from tests.slurmjobs import wait
-from tests.vet.fleet.jobdocs import summary
-from tests.vet.fleet.test_proof_slurm import (  # noqa: F401 - fixtures
+from hpcml.centre.collector.proof import AUTH_KEY, credential
+from tests.centre.collector.test_proof_slurm import (  # noqa: F401 - fixtures
     OPERATOR,
     _drained,
     _user_env,
@@ -39,6 +37,8 @@ from tests.vet.fleet.test_proof_slurm import (  # noqa: F401 - fixtures
     undrain,
     users,
 )
+from tests.centre.jobdocs import summary
+from tests.slurmjobs import wait
 
 pytestmark = [pytest.mark.slurm]
 
@@ -77,7 +77,7 @@ def get(url: str, path: str) -> int:
 
 def handle(work: Path, db: Path, env: dict[str, str], *extra: str) -> list[tuple[str, str, str]]:
     (work / "check-rules.yaml").write_text(CHECK_RULES)
-    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{db}",
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{db}",
                         "--rules", str(work / "check-rules.yaml"), "--audit", str(work / "audit.jsonl"),
                         "--json", *extra], env=env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
@@ -213,7 +213,7 @@ def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_
         if job:
             wait(job, slurm_env, timeout=60)
     (shared / "check-rules.yaml").write_text(PROLOG_RULES)
-    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "handle", "--db", f"sqlite:///{collector.db}",
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
                         "--rules", str(shared / "check-rules.yaml"), "--audit", str(shared / "audit.jsonl"),
                         "--json"], env=slurm_env, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr

@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
+from hpcml.centre import handler
+from hpcml.centre.handler import NodeState
+from hpcml.centre.rules import DEFAULT_RULES, load, loads
+from hpcml.centre.sources import JOB_CHECK, JsonDirSource, Result
 from hpcml.errors import SlurmError, UsageError
-from hpcml.vet.fleet import handler
-from hpcml.vet.fleet.handler import NodeState
-from hpcml.vet.fleet.rules import DEFAULT_RULES, load, loads
-from hpcml.vet.fleet.sources import JOB_CHECK, JsonDirSource, Result
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 RULES = """\
@@ -361,7 +361,7 @@ def test_scontrol_failure_is_recorded(tmp_path):
 
 def test_audit_log_is_locked_against_a_second_handler(tmp_path):
     with handler.audit_log(tmp_path / "a"):
-        with pytest.raises(UsageError, match="another hpcml vet handle"):
+        with pytest.raises(UsageError, match="another hpcml centre handle"):
             with handler.audit_log(tmp_path / "a"):
                 pass
 
@@ -406,7 +406,7 @@ def test_json_dir_source_bad_files(tmp_path, content, problem):
 # --- command line -------------------------------------------------------------------------
 
 def _app():
-    from hpcml.vet.cli import app  # `rules` is the command that validates a catalog
+    from hpcml.centre.cli import app  # `rules` is the command that validates a catalog
     return app
 
 
@@ -439,7 +439,7 @@ def test_cli_human_table_and_dry_run(tmp_path, monkeypatch):
             "--audit", str(tmp_path / "audit.jsonl")]
     out = CliRunner().invoke(_app(), args + ["--dry-run"])
     assert out.exit_code == 0, out.output
-    assert "dry run" in out.output and "drain" in out.output and "someone else" in out.output
+    assert "hpcml centre handle (dry run)" in out.output and "drain" in out.output and "someone else" in out.output
     assert fake.calls == []
     out = CliRunner().invoke(_app(), args)
     assert out.exit_code == 0 and fake.st["n1"].ours and fake.st["n2"].reason.startswith("admin: x")
@@ -449,9 +449,9 @@ def test_store_source_reads_the_collectors_sqlite_store(tmp_path):
     """Reports stored by the collector come back as the handler's results, by time."""
     import json
 
-    from hpcml.vet.fleet.collector.schema import parse
-    from hpcml.vet.fleet.collector.store import open_store
-    from hpcml.vet.fleet.sources import StoreSource
+    from hpcml.centre.collector.schema import parse
+    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.sources import StoreSource
     url = f"sqlite:///{tmp_path / 'c.db'}"
     store = open_store(url)
     old, new = (NOW - timedelta(hours=3)).timestamp(), NOW.timestamp()
@@ -574,11 +574,11 @@ def test_the_default_catalog_drains_on_job_summaries_from_the_collector(tmp_path
     """Summaries in a real store, read by the handler's StoreSource, through the default rules."""
     import time as _time
 
+    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.sources import StoreSource
     from hpcml.centre.summaries import Proven
     from hpcml.centre.summaries import Received as JobSummary
-    from hpcml.vet.fleet.collector.store import open_store
-    from hpcml.vet.fleet.sources import StoreSource
-    from tests.vet.fleet.jobdocs import event, summary
+    from tests.centre.jobdocs import event, summary
     url = f"sqlite:///{tmp_path}/c.db"
     store = open_store(url)
     now = _time.time()
