@@ -222,7 +222,7 @@ def alps(ranks: int, writers: int, hang_timeout: float, before: float, straggler
             scans += 1
             slowest_cpu, slowest_wall = max(slowest_cpu, time.process_time() - c), max(slowest_wall, time.time() - w)
             if watch.hang is None:
-                stale = max(stale, w - min(b["beat"] for b in watch.beats.values()))
+                stale = max(stale, w - min(b.beat for b in watch.beats.values()))
             rss.append(_rss_mb())
         if watch.stragglers and straggler_at is None:
             straggler_at = time.time()

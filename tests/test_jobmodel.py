@@ -16,7 +16,7 @@ from hpcml.errors import UsageError
 from hpcml.jobmodel import JobSummary, RunRecord
 
 
-@pytest.mark.parametrize("name", ["run", "job.summary"])
+@pytest.mark.parametrize("name", ["run", "job.summary", "observe.beat"])
 def test_the_schema_files_are_generated_from_the_models(name):
     """A field added to a model without ``python -m hpcml.jobmodel --write-schemas`` fails."""
     assert schemas.load(name) == jobmodel.generated()[name]

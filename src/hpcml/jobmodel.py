@@ -574,7 +574,7 @@ def dumps(record: Model) -> bytes:
 
 
 def write_schemas(folder: Path | None = None) -> list[Path]:
-    """The JSON Schemas of run.json and the job summary, generated from the models."""
+    """The JSON Schemas of run.json, the job summary and the heartbeat, generated from the models."""
     from hpcml.files import write_atomic
     folder = folder or Path(__file__).parent / "schemas"
     out = []
@@ -586,7 +586,7 @@ def write_schemas(folder: Path | None = None) -> list[Path]:
 
 
 def generated() -> dict[str, dict[str, Any]]:
-    """``{"run": schema, "job.summary": schema}``: closed (``additionalProperties: false``)."""
+    """``{"run": ..., "job.summary": ..., "observe.beat": ...}``: closed (``additionalProperties: false``)."""
     run = RunRecord.model_json_schema(by_alias=True, mode="serialization")
     run.update({"$schema": "https://json-schema.org/draft/2020-12/schema",
                 "title": "hpcml run job record (run.json of an hpcml run job directory)"})
@@ -595,7 +595,24 @@ def generated() -> dict[str, dict[str, Any]]:
                     "title": "A job attempt's summary for the centre (JOBDIR/summary/attempt-N.json, POST /v1/jobs)"})
     for schema in (run, summary):                 # every writer writes its tag, first
         schema["required"] = ["schema", *[r for r in schema.get("required", []) if r != "schema"]]
-    return {"run": run, "job.summary": summary}
+    return {"run": run, "job.summary": summary, "observe.beat": _beat_schema()}
+
+
+def _beat_schema() -> dict[str, Any]:
+    """A rank's heartbeat record (``hpcml.observe.beat.Beat``, a dataclass: the recorder
+    imports no pydantic) in its envelope: the tag first, the HMAC ``sig`` last when signed."""
+    import re
+
+    from pydantic import TypeAdapter
+
+    from hpcml.observe.beat import SCHEMA, Beat
+    schema = TypeAdapter(Beat).json_schema(mode="serialization")
+    tag = {"type": "string", "pattern": "^" + re.escape(SCHEMA) + "$"}      # read_beats takes it exactly
+    schema["properties"] = {"schema": tag, **schema["properties"], "sig": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+    schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "additionalProperties": False,
+                   "title": "A rank's heartbeat (OBSERVE/beat/rank-NNNNN.json, rewritten in place, 4096 bytes)",
+                   "required": ["schema", *schema.get("required", [])]})
+    return schema
 
 
 if __name__ == "__main__":                    # python -m hpcml.jobmodel --write-schemas

@@ -42,7 +42,7 @@ def test_records_round_trip_and_a_torn_one_keeps_the_last_good(tmp_path):
     w = BeatWriter(tmp_path, 3, "n7")
     w.write(p, pid=42)
     first = read_beats(tmp_path)
-    assert first[3]["step"] == RECENT * 3 - 1 and first[3]["node"] == "n7" and first[3]["pid"] == 42
+    assert first[3].step == RECENT * 3 - 1 and first[3].node == "n7" and first[3].pid == 42
     assert beat_path(tmp_path, 3).stat().st_size == SIZE
     beat_path(tmp_path, 3).write_bytes(b'{"schema": "hpcml.observe.beat/1", "rank": 3, "st')   # caught mid-write
     assert read_beats(tmp_path, first) == first and read_beats(tmp_path) == {}
@@ -57,8 +57,8 @@ def test_a_record_never_grows_past_its_size(tmp_path):
     w = BeatWriter(tmp_path, 0, "n" * 1000)
     w.write(p)
     doc = read_beats(tmp_path)[0]
-    assert beat_path(tmp_path, 0).stat().st_size == SIZE and doc["step"] == 10**15 + RECENT
-    assert 0 < len(doc["recent_steps"]) == len(doc["recent_s"]) < RECENT
+    assert beat_path(tmp_path, 0).stat().st_size == SIZE and doc.step == 10**15 + RECENT
+    assert 0 < len(doc.recent_steps) == len(doc.recent_s) < RECENT
     w.close()
 
 
@@ -96,7 +96,7 @@ def test_a_step_numbering_that_restarts_each_epoch_is_still_progress(tmp_path):
     assert [s for s, _ in p.recent] == [1, 2, 3, 4]
     w = BeatWriter(tmp_path, 0, "n1")
     w.write(p)
-    assert read_beats(tmp_path)[0]["restarts"] == 2
+    assert read_beats(tmp_path)[0].restarts == 2
     w.close()
 
 
@@ -133,7 +133,7 @@ def test_the_launcher_takes_only_records_its_ranks_recorders_signed(tmp_path, si
         _writer(tmp_path, r, secret, signed).write(p, now=100.0)
     trust = Trust(2, secret)
     good = read_beats(tmp_path, {}, trust)
-    assert sorted(good) == [0, 1] and good[1]["sig"] and trust.refused == {}
+    assert sorted(good) == [0, 1] and b',"sig":"' in beat_path(tmp_path, 1).read_bytes() and trust.refused == {}
     forged = {"schema": "hpcml.observe.beat/1", "rank": 5, "step": 10**12, "progress": 200.0, "beat": 200.0, "exit": 3}
     beat_path(tmp_path, 5).write_text(json.dumps(forged))
     beat_path(tmp_path, 7).write_text(json.dumps({**forged, "rank": 1}))                    # not signed
@@ -142,7 +142,7 @@ def test_the_launcher_takes_only_records_its_ranks_recorders_signed(tmp_path, si
     text = beat_path(tmp_path, 1).read_bytes()
     beat_path(tmp_path, 9).write_bytes(text.replace(b'"step":7', b'"step":8'))           # changed after signing
     seen = read_beats(tmp_path, good, trust)
-    assert seen[1] == good[1] and 5 not in seen and seen[0]["beat"] == 200.0      # none of them passed for rank 1
+    assert seen[1] == good[1] and 5 not in seen and seen[0].beat == 200.0      # none of them passed for rank 1
     assert set(trust.refused) == {(5, "not a rank of this attempt"), (1, "not signed by the rank's recorder")}
     assert trust.refused[5, "not a rank of this attempt"] == "rank-00005.json"       # each named once, by a file
 
@@ -158,7 +158,7 @@ def test_an_older_record_put_back_keeps_the_newer_one(tmp_path, signed):
     trust = Trust(1, secret)
     new = read_beats(tmp_path, {}, trust)
     beat_path(tmp_path, 0).write_bytes(old)                       # a copy taken earlier, put back
-    assert read_beats(tmp_path, new, trust) == new and new[0]["beat"] == 101.0 and trust.refused == {}
+    assert read_beats(tmp_path, new, trust) == new and new[0].beat == 101.0 and trust.refused == {}
 
 
 def test_a_signed_record_never_grows_past_its_size(tmp_path, signed):
@@ -169,7 +169,7 @@ def test_a_signed_record_never_grows_past_its_size(tmp_path, signed):
         p.update([i * 1.123456789], ["metric"], ["loss"], [1.0], [10**15 + i])
     _writer(tmp_path, 0, b"x" * 32, signed).write(p)
     assert beat_path(tmp_path, 0).stat().st_size == SIZE
-    assert read_beats(tmp_path, {}, Trust(1, b"x" * 32))[0]["step"] == 10**15 + RECENT
+    assert read_beats(tmp_path, {}, Trust(1, b"x" * 32))[0].step == 10**15 + RECENT
 
 
 def test_each_steps_wait_in_collectives_rides_beside_its_time_and_is_checked(tmp_path):
@@ -183,9 +183,27 @@ def test_each_steps_wait_in_collectives_rides_beside_its_time_and_is_checked(tmp
     w = BeatWriter(tmp_path, 0, "n1")
     w.write(p)
     good = read_beats(tmp_path)
-    assert good[0]["recent_wait"] == [0.1, 0.0, 0.3]
+    assert good[0].recent_wait == [0.1, 0.0, 0.3]
     doc = beat_path(tmp_path, 0).read_text().rstrip()
     for bad in ('[0.1, 0.0]', '[0.1, -1, 0.3]', '"x"', '[0.1, null, 0.3]'):
         beat_path(tmp_path, 0).write_text(doc.replace("[0.1,0.0,0.3]", bad))
         assert read_beats(tmp_path, good) == good, bad
     w.close()
+
+
+def test_a_written_record_is_what_its_generated_schema_says(tmp_path, signed):
+    """The record on disk, signed, with every field the recorder writes, validates against
+    observe.beat.schema.json (generated from ``Beat``) and reads back as that ``Beat``."""
+    import jsonschema
+
+    from hpcml import schemas
+    from hpcml.observe.beat import Beat, Trust
+    p = Progress()
+    p.update([1.0, 1.0, 2.0], ["section"] * 3, ["step", "collective_wait", "step"], [0.4, 0.1, 0.5], [1, 1, 2])
+    _writer(tmp_path, 0, b"k" * 32, signed).write(p, now=5.0, pid=42, snapshot=1, exit=0)
+    doc = json.loads(beat_path(tmp_path, 0).read_bytes())
+    jsonschema.validate(doc, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)
+    beat = read_beats(tmp_path, {}, Trust(1, b"k" * 32))[0]
+    assert isinstance(beat, Beat) and (beat.step, beat.pid, beat.exit, beat.recent_wait) == (2, 42, 0, [0.1, 0.0])
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate({**doc, "extra": 1}, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sysconfig
 
+from hpcml.observe.beat import Beat
 from hpcml.run.culprits import in_collective, name, stack_line
 
 LIB = sysconfig.get_path("purelib")
@@ -20,8 +21,8 @@ LOADING = stack(("/home/u/data.py", 12, "__getitem__"), (f"{LIB}/torch/utils/dat
                 ("/home/u/train.py", 30, "main"))
 
 
-def beats(steps: dict[int, int | None]) -> dict[int, dict]:
-    return {r: {"rank": r, "node": f"n{r // 4}", "step": s, "exit": None} for r, s in steps.items()}
+def beats(steps: dict[int, int | None]) -> dict[int, Beat]:
+    return {r: Beat(rank=r, node=f"n{r // 4}", step=s) for r, s in steps.items()}
 
 
 def test_the_main_threads_own_innermost_line_is_named():

@@ -47,8 +47,8 @@ def test_every_optimizer_step_of_a_plain_ddp_script_is_a_step(tmp_path):
     job = tmp_path / "job"
     assert step_sections(job) == {0: list(range(1, 9)), 1: list(range(1, 9))}
     beats = read_beats(job / "observe")
-    assert [(b["step"], b["steps"], b["recent_steps"]) for _, b in sorted(beats.items())] == [(8, 8, list(range(1, 9)))] * 2
-    assert all(min(b["recent_s"][1:]) >= 0.1 for b in beats.values())      # the iteration, not step() alone
+    assert [(b.step, b.steps, b.recent_steps) for _, b in sorted(beats.items())] == [(8, 8, list(range(1, 9)))] * 2
+    assert all(min(b.recent_s[1:]) >= 0.1 for b in beats.values())      # the iteration, not step() alone
     run = json.loads((job / "run.json").read_text())
     assert run["furthest_step"] == 8 and run["exit_code"] == 0
     rep = json.loads(hpcml("report", "job", "--json", cwd=tmp_path).stdout)["observe"]

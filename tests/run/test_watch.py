@@ -423,7 +423,7 @@ def test_a_rank_whose_record_stops_changing_does_not_hide_a_hang(tmp_path):
             break
     assert watch.hang is not None and 30 <= watch.hang.detected - t <= 34, watch.hang
     assert [(i.rank, i.why) for i in watch.ignored] == [(1, "not signed by the rank's recorder")]
-    assert watch.beats[1]["step"] == 5
+    assert watch.beats[1].step == 5
 
 
 def _ended_by_term(tmp_path, signals=(), job_id=None):

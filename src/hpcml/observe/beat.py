@@ -35,6 +35,7 @@ import operator
 import os
 import time
 from collections import deque
+from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
 from typing import Any
@@ -77,6 +78,37 @@ def beat_dir(observe: Path) -> Path:
 
 def beat_path(observe: Path, rank: int) -> Path:
     return beat_dir(observe) / f"rank-{rank:05d}.json"
+
+
+@dataclass(slots=True)
+class Beat:
+    """One rank's record as the launcher took it: the typed form of what ``BeatWriter``
+    writes (``read_beats`` builds it from a record ``_valid`` passed; the schema,
+    ``observe.beat.schema.json``, is generated from this class). A dataclass, not a pydantic
+    model (and not frozen, whose __init__ costs a setattr call a field): the watch reads 10,752
+    of them a scan, and the recorder imports no pydantic. Nothing changes one once read."""
+
+    rank: int
+    node: str | None = None
+    recorder: int | None = None      # the recorder's pid
+    pid: int | None = None           # the rank's (the recorder's child)
+    step: int | None = None          # the highest step number seen
+    steps: int = 0                   # steps completed
+    restarts: int = 0                # times the step numbering started again
+    progress: float | None = None    # epoch seconds of the last progress (this node's clock)
+    first: float | None = None       # of the first step completed
+    gap_s: float | None = None       # median seconds between two progresses
+    recent_steps: list[int] = field(default_factory=list)
+    recent_s: list[float] = field(default_factory=list)
+    recent_wait: list[float] | None = None   # each recent step's seconds in collectives, when measured
+    beat: float | None = None        # when the record was written (this node's clock)
+    exit: int | None = None          # the rank's exit code, once it ended (128 + signal)
+    snapshot: int | None = None      # the last snapshot request the recorder answered
+
+    @classmethod
+    def of(cls, doc: dict[str, Any]) -> Beat:
+        """From a record ``_valid`` accepted (the envelope, ``schema`` and ``sig``, left out)."""
+        return cls(**{k: v for k, v in doc.items() if v is not None and k in _FIELDS})
 
 
 class Progress:
@@ -217,7 +249,7 @@ class Trust:
         return None
 
 
-def read_beats(observe: Path, previous: dict[int, dict] | None = None, trust: Trust | None = None) -> dict[int, dict]:
+def read_beats(observe: Path, previous: dict[int, Beat] | None = None, trust: Trust | None = None) -> dict[int, Beat]:
     """Every rank's last record; a torn or unreadable one keeps ``previous``'s, and so does
     one ``trust`` refuses. orjson, not json: at 1,024 ranks the parse is most of a scan
     (about 8x less time)."""
@@ -242,11 +274,14 @@ def read_beats(observe: Path, previous: dict[int, dict] | None = None, trust: Tr
                 trust.refused.setdefault((doc["rank"], why), name)
                 continue
             last = out.get(doc["rank"])
-            if last is not None and _number(last.get("beat")) and _number(doc.get("beat")) \
-                    and doc["beat"] < last["beat"]:
+            if last is not None and last.beat is not None and _number(doc.get("beat")) \
+                    and doc["beat"] < last.beat:
                 continue
-        out[doc["rank"]] = doc
+        out[doc["rank"]] = Beat.of(doc)
     return out
+
+
+_FIELDS = frozenset(Beat.__dataclass_fields__)
 
 
 def _parsed(data: bytes) -> tuple[Any, bytes]:
@@ -277,13 +312,13 @@ def _valid(doc: Any) -> bool:
         return False
     if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
         return False
-    for key in ("step", "steps", "restarts", "exit", "snapshot", "pid"):
+    for key in ("step", "steps", "restarts", "exit", "snapshot", "pid", "recorder"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
     for key in ("progress", "first", "beat", "gap_s"):
         if doc.get(key) is not None and not _number(doc[key]):
             return False
-    for key in ("rank", "step", "steps", "restarts", "exit", "snapshot", "pid"):
+    for key in ("rank", "step", "steps", "restarts", "exit", "snapshot", "pid", "recorder"):
         if isinstance(doc.get(key), int) and not -LIMIT < doc[key] < LIMIT:
             return False
     steps, times = doc.get("recent_steps", []), doc.get("recent_s", [])

@@ -24,6 +24,7 @@ import sysconfig
 from typing import Any
 
 from hpcml.jobmodel import Culprit, HangVerdict
+from hpcml.observe.beat import Beat
 from hpcml.observe.stacks import main_thread
 from hpcml.words import ranges
 
@@ -60,11 +61,11 @@ def _ranks(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
-def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> HangVerdict:
+def name(beats: dict[int, Beat], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> HangVerdict:
     """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came;
     ``done``: the ranks that already ended with exit 0 (not in ``beats``)."""
     def culprit(rank: int, why: str) -> Culprit:
-        return Culprit(rank=rank, node=(beats.get(rank) or {}).get("node"), where=stack_line(stacks.get(rank)), why=why)
+        return Culprit(rank=rank, node=b.node if (b := beats.get(rank)) else None, where=stack_line(stacks.get(rank)), why=why)
 
     ranks = sorted(beats)
     roots = list(getattr(fr, "roots", None) or []) if fr is not None else []
@@ -76,21 +77,20 @@ def name(beats: dict[int, dict], stacks: dict[int, dict], fr: Any = None, done: 
         return HangVerdict(method="flight-recorder", culprits=[
             culprit(r, details.get(r, "root of the hang (Flight Recorder)")) for r in roots], blocked=blocked, note="")
     # (restarts of the step numbering, step): a per-epoch count compares by epoch first
-    steps = {r: (b.get("restarts") or 0, b["step"]) for r, b in beats.items()
-             if b.get("exit") is None and b.get("step") is not None}
+    steps = {r: (b.restarts, b.step) for r, b in beats.items() if b.exit is None and b.step is not None}
     if steps and min(steps.values()) < max(steps.values()):   # ranks that log no step are not judged here
         top = max(steps.values())
         behind = sorted(r for r, s in steps.items() if s < top)
         return HangVerdict(method="progress", culprits=[
             culprit(r, f"behind: last step {steps[r][1]}, others at {top[1]}") for r in behind],
             blocked=sorted(r for r in steps if r not in behind), note="")
-    running = sorted(r for r, b in beats.items() if b.get("exit") is None)
+    running = sorted(r for r, b in beats.items() if b.exit is None)
     if done and running and not any(in_collective(stacks.get(r)) for r in running):
         # the others ended their work well: nobody waits for these ranks, they are stuck on their own
         return HangVerdict(method="progress", culprits=[
             culprit(r, f"still running, stepless, after {_ranks(list(done))} ended with exit 0") for r in running],
             blocked=[], note="")
-    waiting = {r: in_collective(stacks.get(r)) for r, b in beats.items() if b.get("exit") is None}
+    waiting = {r: in_collective(stacks.get(r)) for r, b in beats.items() if b.exit is None}
     outside = sorted(r for r, w in waiting.items() if w is False)
     inside = sorted(r for r, w in waiting.items() if w)
     if outside and inside:

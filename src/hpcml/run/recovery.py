@@ -332,8 +332,8 @@ def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     first = nxt.first_step_at
     if first is None and nxt.ntasks:                   # the launcher did not write it: the ranks' records,
         # of the ranks it started and not before it started (its key died with it: unsigned)
-        firsts = [b["first"] for b in read_beats(observe_dir(d, n), {}, Trust(nxt.ntasks)).values()
-                  if isinstance(b.get("first"), (int, float)) and b["first"] >= nxt.started]
+        firsts = [b.first for b in read_beats(observe_dir(d, n), {}, Trust(nxt.ntasks)).values()
+                  if b.first is not None and b.first >= nxt.started]
         first = min(firsts, default=None)
     starts = [m["start"] for m in rank_meta(d, n) if isinstance(m.get("start"), (int, float))]
     began = (fault.began or fault.detected) if fault is not None else None

@@ -51,7 +51,7 @@ from typing import Any
 from hpcml import logs
 from hpcml.cluster import requeue
 from hpcml.jobmodel import Event, FaultKind, Hang, HangVerdict, IgnoredBeat, StoppedFor, Straggler
-from hpcml.observe.beat import Trust, read_beats
+from hpcml.observe.beat import Beat, Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
@@ -92,7 +92,7 @@ class Watch:
     period: float | None = None
     timeline: list[Event] = field(default_factory=list)
     hang: Hang | None = None
-    beats: dict[int, dict] = field(default_factory=dict)
+    beats: dict[int, Beat] = field(default_factory=dict)
     _next: float = 0.0
     _crashed: set[int] = field(default_factory=set)
     _stopping: bool = False
@@ -133,8 +133,7 @@ class Watch:
         self._next = now + (self.period or 1.0)
         self._read(now)
         for rank, b in self.beats.items():
-            self._steps.add(rank, b.get("recent_steps") or [], b.get("recent_s") or [], b.get("restarts") or 0,
-                            b.get("recent_wait"))
+            self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
         self._crashes(now)
         self._stragglers(now)
         action = "stop" if self._straggler_stop() else None
@@ -163,8 +162,8 @@ class Watch:
 
     def fields(self) -> dict[str, Any]:
         """What the watch saw, as the attempt's record fields (``RunRecord``): the models themselves."""
-        steps = [b["step"] for b in self.beats.values() if isinstance(b.get("step"), int)]
-        firsts = [b["first"] for b in self.beats.values() if isinstance(b.get("first"), (int, float))]
+        steps = [b.step for b in self.beats.values() if b.step is not None]
+        firsts = [b.first for b in self.beats.values() if b.first is not None]
         return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values()),
                 "furthest_step": max(steps, default=None), "first_step_at": min(firsts, default=None),
                 **({"stopped_for": self.stopped_for} if self.stopped_for else {}),
@@ -206,14 +205,14 @@ class Watch:
             started = f"ranks 0-{self.world - 1}" if self.world > 1 else "rank 0"
             self._say(f"ignoring heartbeats for rank {rank} in {file}: {why} (this attempt started {started})")
         for rank, b in self.beats.items():
-            if self._changed.get(rank, (None,))[0] != b.get("beat"):
-                self._changed[rank] = (b.get("beat"), now)
+            if self._changed.get(rank, (None,))[0] != b.beat:
+                self._changed[rank] = (b.beat, now)
 
-    def _idle(self, rank: int, b: dict, now: float) -> float:
+    def _idle(self, rank: int, b: Beat, now: float) -> float:
         """Seconds since the rank's last progress, on its own clock; or, when its record
         stopped changing (its file replaced, its recorder gone), since then on ours, less
         the time a record may take to come."""
-        own = (b["beat"] if b.get("beat") is not None else now) - b["progress"]
+        own = (b.beat if b.beat is not None else now) - (b.progress or 0.0)
         unchanged = now - self._changed.get(rank, (None, now))[1] - (self.interval + 2 * (self.period or 1.0))
         return max(own, unchanged)
 
@@ -250,13 +249,12 @@ class Watch:
         (a crash named, a hang stopped, TERM or INT passed on, Slurm's requeue asked for by
         ``hpcml ckpt``), the ranks that end were stopped, not crashed, whatever code their TERM
         handler chose. ``final``: the attempt ended, nothing more will come (``_hold``)."""
-        ended = sorted(((b.get("beat") or 0.0, r, b) for r, b in self.beats.items()
-                        if b.get("exit") and isinstance(b["exit"], int) and r not in self._crashed),
+        ended = sorted(((b.beat or 0.0, r, b.exit, b) for r, b in self.beats.items()
+                        if b.exit and r not in self._crashed),
                        key=lambda e: (e[0], e[1]))
-        if not final and self._hold([(r, b["exit"]) for _, r, b in ended], now):
+        if not final and self._hold([(r, code) for _, r, code, _ in ended], now):
             return
-        for _, rank, b in ended:
-            code = b["exit"]
+        for _, rank, code, b in ended:
             self._crashed.add(rank)
             if self._stopping or (self.hang is not None and self.hang.action == "stop") or self._signalled() \
                     or self._requeued(code):
@@ -264,10 +262,10 @@ class Watch:
             self._stopping = True
             self.crashed_codes[rank] = code
             last = last_own_line(log_path(self.d, rank, "err"), self.attempt)
-            step = f" after step {b['step']}" if b.get("step") is not None else ""
-            self._say(f"crash: rank {rank} on {node_name(b.get('node'))} exited {code}{step}" + (f": {last}" if last else ""))
-            self._event("crash", f"rank {rank} exited {code}", b.get("beat"), now, rank=rank, node=b.get("node"),
-                        exit_code=code, stderr=last, step=b.get("step"))
+            step = f" after step {b.step}" if b.step is not None else ""
+            self._say(f"crash: rank {rank} on {node_name(b.node)} exited {code}{step}" + (f": {last}" if last else ""))
+            self._event("crash", f"rank {rank} exited {code}", b.beat, now, rank=rank, node=b.node,
+                        exit_code=code, stderr=last, step=b.step)
 
     def _stragglers(self, now: float) -> None:
         """The end-of-job report's model (``observe.stragglers.score_matrix`` on the ranks'
@@ -296,7 +294,7 @@ class Watch:
         # and some missing where a record holds fewer than came between two reads)
         ring = wanted > keep and int(window[-1] - window[0]) + 1 >= 0.9 * keep
         scores = score_matrix(ranks, window, m, elapsed=elapsed,
-                              meta_ranks={str(r): {"node": self.beats.get(int(r), {}).get("node")} for r in ranks},
+                              meta_ranks={str(r): {"node": b.node if (b := self.beats.get(int(r))) else None} for r in ranks},
                               min_seconds=0.0 if ring else self.straggler_window)
         self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
         new = [sc for sc in scores if sc.chronic and sc.rank not in self.stragglers]
@@ -319,7 +317,7 @@ class Watch:
             return self.timeout
         # the time between two progresses each rank saw (a job that logs every 100 steps
         # waits 100 steps between them), else the step time; ranks that log nothing don't count
-        gaps = sorted(b["gap_s"] for b in self.beats.values() if b.get("gap_s"))
+        gaps = sorted(b.gap_s for b in self.beats.values() if b.gap_s)
         median = gaps[len(gaps) // 2] if gaps else self._steps.median_step()
         return max(AUTO_FLOOR, AUTO_STEPS * median) if median and median > 0 else AUTO_FLOOR
 
@@ -327,14 +325,14 @@ class Watch:
         """Each rank's idle time is its record's ``beat`` minus its ``progress``, both taken by
         its own node's clock, so a node whose clock is off does not make a hang (or hide one);
         a record that stopped changing does not hide one either (``_idle``)."""
-        alive = {r: b for r, b in self.beats.items() if b.get("exit") is None}
-        idle = [self._idle(r, b, now) for r, b in alive.items() if b.get("progress") is not None]
+        alive = {r: b for r, b in self.beats.items() if b.exit is None}
+        idle = [self._idle(r, b, now) for r, b in alive.items() if b.progress is not None]
         if not alive or not idle:
             return                               # never before the first step ends
         quiet, limit = min(idle), self.hang_timeout()
         if quiet < limit:
             return
-        steps = [b["step"] for b in alive.values() if b.get("step") is not None]
+        steps = [b.step for b in alive.values() if b.step is not None]
         self._say(f"hang: no rank completed a step for {quiet:.0f} s (timeout {limit:.0f} s; furthest step "
                   f"{max(steps) if steps else 'none'}); taking every rank's stack")
         self.hang = Hang(began=now - quiet, detected=now, timeout=limit, ranks=len(alive))
@@ -353,9 +351,9 @@ class Watch:
         """``ended``: the job ended by itself before the verdict; nothing is stopped."""
         assert self._collect is not None and self.hang is not None
         ident, give_up = self._collect
-        alive = [r for r, b in self.beats.items() if b.get("exit") is None or ended]
+        alive = [r for r, b in self.beats.items() if b.exit is None or ended]
         if not ended:
-            answered = [r for r in alive if (self.beats[r].get("snapshot") or 0) >= ident]
+            answered = [r for r in alive if (self.beats[r].snapshot or 0) >= ident]
             if len(answered) < len(alive) and now < give_up:
                 return None
             if self._fr_until is None:
@@ -364,7 +362,7 @@ class Watch:
                 return None
         self._collect, self._fr_until = None, None
         stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
-        done = tuple(sorted(r for r, b in self.beats.items() if b.get("exit") == 0 and r not in alive))
+        done = tuple(sorted(r for r, b in self.beats.items() if b.exit == 0 and r not in alive))
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
         action = "ended" if ended else self.on_hang

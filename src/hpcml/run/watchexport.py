@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from hpcml.jobmodel import Straggler
+    from hpcml.observe.beat import Beat
 
 
 class WatchExporter:
@@ -34,12 +35,12 @@ class WatchExporter:
         self.hang.labels(job).set(0)
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
 
-    def update(self, beats: dict[int, dict], scores: dict[int, float], stragglers: dict[int, Straggler],
+    def update(self, beats: dict[int, Beat], scores: dict[int, float], stragglers: dict[int, Straggler],
                crashed: dict[int, int], hung: bool) -> None:
-        steps = [b["step"] for b in beats.values() if isinstance(b.get("step"), int)]
+        steps = [b.step for b in beats.values() if b.step is not None]
         if steps:
             self.step.labels(self.job).set(max(steps))
-        node = {r: str(b.get("node")) for r, b in beats.items()}
+        node = {r: str(b.node) for r, b in beats.items()}
         for rank, score in scores.items():
             self.score.labels(self.job, str(rank), node.get(rank, "")).set(score)
         for rank, s in stragglers.items():
