@@ -1,13 +1,14 @@
 """The Typer-free fast paths (``hpcml.cli.FAST_PATHS``) and their Typer commands.
 
-``hpcml run``, ``hpcml scan`` and ``hpcml env run`` declare their options once, as the
-fields of a dataclass (``hpcml.run.config.Options``, ``hpcml.scan.fastscan.Files``,
-``hpcml.env.fastrun.EnvRun``), and ``hpcml.optspec`` builds both parsers from it: there
-is no second copy to keep alike. What is left to prove, for each:
+``hpcml run``, ``hpcml scan``, ``hpcml env run`` and ``hpcml vet`` declare their options
+once, as the fields of a dataclass (``hpcml.run.config.Options``, ``hpcml.scan.fastscan.Files``,
+``hpcml.env.fastrun.EnvRun``, ``hpcml.vet.fastvet.VetRun``), and ``hpcml.optspec`` builds both
+parsers from it: there is no second copy to keep alike. What is left to prove, for each:
 
 * both are built from the declaration: the Typer command's parameters are its fields,
   option for option (strings, help, default, environment variable, minimum, flag,
-  repeatable, argument), the fast parser is ``optspec.fast_parser`` of it, and an error
+  repeatable, argument), the fast parser is ``optspec.fast_parser`` of it (without the
+  ``typer_only`` options: vet's --prolog ones, which ``wants`` sends to Typer), and an error
   names the same option on both paths (``FLAGS``);
 * they parse alike: every command line below, made from the declaration, reaches the
   command (``execute``, which both call) with the same values, or is refused by both with
@@ -18,22 +19,18 @@ is no second copy to keep alike. What is left to prove, for each:
 * ``optspec`` itself: a declaration with every kind it knows parses alike through both,
   and a default changed in a declaration changes both parsers.
 
-``hpcml vet`` (``hpcml.vet.fastvet``) still declares its options twice, in Typer and in
-argparse: for it alone this test still compares the two copies (option strings, flags,
-``FLAGS``, and the same command lines, made from the Typer command's parameters). Reading
-those parameters uses Typer's internals, which is one reason typer is pinned in
-pyproject.toml.
+Reading the Typer command's parameters uses Typer's internals, which is one reason typer is
+pinned in pyproject.toml.
 """
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import os
 import subprocess
 import sys
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, NamedTuple
 
@@ -51,6 +48,7 @@ from hpcml.run.config import Options
 from hpcml.scan import fastscan
 from hpcml.scan.fastscan import Files
 from hpcml.vet import fastvet
+from hpcml.vet.fastvet import VetRun
 
 
 def _execute(fast: Any) -> Callable[[Any, list], None]:
@@ -58,10 +56,6 @@ def _execute(fast: Any) -> Callable[[Any, list], None]:
     def record(monkeypatch, seen: list) -> None:
         monkeypatch.setattr(fast, "execute", lambda args: seen.append(dataclasses.asdict(args)) or 0)
     return record
-
-
-def _vet(monkeypatch, seen: list) -> None:
-    monkeypatch.setattr(fastvet, "execute", lambda protocol, **kw: seen.append({"protocol": protocol, **kw}) or 0)
 
 
 @dataclass
@@ -72,15 +66,10 @@ class FastPath:
     words: list[str]                           # the Typer command under its app
     record: Callable[[Any, list], None]        # stands in for what the command calls
     line: Callable[[list[str]], list[str]]     # a whole command line around some options
-    decl: type | None = None                   # the one declaration; None: two copies (vet)
-    typer_only: set[str] = field(default_factory=set)
+    decl: type                                 # the one declaration
 
     def command(self) -> Any:
         return typer.main.get_command(self.app()).commands[self.words[-1]]
-
-    def options(self) -> list[Any]:
-        return [p for p in self.command().params if p.param_type_name == "option"
-                and not set(p.opts) & self.typer_only]
 
 
 def _scan_app():
@@ -109,11 +98,10 @@ PATHS = [
              lambda opts: [*opts, "e.toml", "--", "python", "-c", "x"], EnvRun),
     FastPath("run", runfast, _run_app, ["run"], _execute(runfast), lambda opts: [*opts, "--", "python", "-c", "x"],
              Options),
-    FastPath("vet", fastvet, _vet_app, ["run"], _vet, lambda opts: [*opts, "p.yaml"],
-             typer_only={"--prolog", "--budget", "--drain", "--overrun-ok"}),
+    FastPath("vet", fastvet, _vet_app, ["run"], _execute(fastvet), lambda opts: [*opts, "p.yaml"], VetRun),
 ]
 BY_NAME = {fp.name: fp for fp in PATHS}
-DECLARED = [fp.name for fp in PATHS if fp.decl is not None]
+DECLARED = [fp.name for fp in PATHS]
 
 
 class Spec(NamedTuple):
@@ -127,16 +115,13 @@ class Spec(NamedTuple):
 
 
 def declared_specs(decl: type) -> list[Spec]:
+    """The options both parsers take (a ``typer_only`` one never reaches the fast path)."""
     return [Spec(list(p.opt.flags), p.kind is bool, p.many, p.opt.envvar, p.opt.min)
-            for p in optspec.params(decl) if p.opt.flags]
+            for p in optspec.params(decl) if p.opt.flags and not p.opt.typer_only]
 
 
 def specs(fp: FastPath) -> list[Spec]:
-    """The options: from the declaration, or (vet) from the Typer command."""
-    if fp.decl is not None:
-        return declared_specs(fp.decl)
-    return [Spec([*p.opts, *p.secondary_opts], bool(p.is_flag), bool(p.multiple), p.envvar, p.min)
-            for p in fp.options()]
+    return declared_specs(fp.decl)
 
 
 def _plain(value: Any) -> Any:
@@ -211,17 +196,16 @@ def test_a_command_line_reaches_the_command_the_same_way_through_both(name, argv
     assert typer_code in (0, 2) and (typer_code == 0) == bool(typer_got)
 
 
-# --- run, scan, env run: one declaration -------------------------------------------------
+# --- each declaration ---------------------------------------------------------------------
 
 @pytest.mark.parametrize("name", DECLARED)
 def test_without_options_the_command_gets_the_declared_defaults(name, monkeypatch):
     fp = BY_NAME[name]
-    assert fp.decl is not None
     _environment(monkeypatch, {s.envvar for s in specs(fp) if s.envvar}, {})
     (_, got), _ = run_both(fp, fp.line([]), monkeypatch)
     defaults = {f.name: f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
-                for f in dataclasses.fields(fp.decl) if f.default is not dataclasses.MISSING
-                or f.default_factory is not dataclasses.MISSING}
+                for f in dataclasses.fields(fp.decl) if f.metadata[optspec.KEY].flags      # the line gives arguments
+                and (f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING)}
     assert defaults and got[0].items() >= defaults.items()
 
 
@@ -229,7 +213,6 @@ def test_without_options_the_command_gets_the_declared_defaults(name, monkeypatc
 def test_the_typer_command_is_built_from_the_declaration(name):
     """Each field is the Typer parameter it declares, and the command has no other."""
     fp = BY_NAME[name]
-    assert fp.decl is not None
     command = fp.command()
     by_name = {p.name: p for p in command.params}
     declared = optspec.params(fp.decl)
@@ -238,7 +221,9 @@ def test_the_typer_command_is_built_from_the_declaration(name):
         p, opt = by_name[prm.typer_name], prm.opt
         assert p.help == opt.help, prm.name
         if not opt.flags:
-            assert (p.param_type_name, p.nargs == -1, p.required) == ("argument", prm.many, not opt.rest), prm.name
+            assert (p.param_type_name, p.nargs == -1, p.required) == \
+                ("argument", prm.many, not opt.rest and opt.default is ...), prm.name
+            assert opt.rest or opt.default is ... or p.default == opt.default, prm.name
             continue
         assert (p.param_type_name, [*p.opts, *p.secondary_opts]) == ("option", list(opt.flags)), prm.name
         assert (bool(p.is_flag), bool(p.multiple), p.envvar, p.min) == (prm.kind is bool, prm.many, opt.envvar,
@@ -249,12 +234,13 @@ def test_the_typer_command_is_built_from_the_declaration(name):
 @pytest.mark.parametrize("name", DECLARED)
 def test_the_fast_parser_and_the_error_names_come_from_the_declaration(name):
     fp = BY_NAME[name]
-    assert fp.decl is not None
     made = optspec.fast_parser(fp.fast.PROG, fp.decl)
     shape = [(a.dest, a.option_strings, a.nargs, a.type, type(a)) for a in made._actions]
     assert [(a.dest, a.option_strings, a.nargs, a.type, type(a)) for a in fp.fast.parser()._actions] == shape
     assert {o for a in made._actions for o in a.option_strings} == \
-        {o for prm in optspec.params(fp.decl) for o in prm.opt.flags}
+        {o for prm in optspec.params(fp.decl) if not prm.opt.typer_only for o in prm.opt.flags}
+    typer_options = {o for p in fp.command().params if p.param_type_name == "option" for o in p.opts}
+    assert typer_options - {o for a in made._actions for o in a.option_strings} == optspec.typer_only(fp.decl)
     assert fp.fast.FLAGS == optspec.flags(fp.decl) == flags_of(fp.command())
 
 
@@ -263,7 +249,6 @@ def test_a_rest_argument_is_a_command_that_takes_no_options_after_it():
     interspersed arguments off, so every command with one is registered so."""
     for name in DECLARED:
         fp = BY_NAME[name]
-        assert fp.decl is not None
         if any(p.opt.rest for p in optspec.params(fp.decl)):
             assert fp.command().context_settings.get("allow_interspersed_args") is False, name
 
@@ -273,9 +258,11 @@ def test_the_fast_paths_start_without_typer_or_pydantic():
     code = ("import sys\n"
             "from hpcml import optspec\n"
             "from hpcml.run import fastrun as r\nfrom hpcml.scan import fastscan as s\nfrom hpcml.env import fastrun as e\n"
+            "from hpcml.vet import fastvet as v\n"
             "optspec.parse(r.parser(), r.Options, ['--ntasks', '2', '--', 'true'])\n"
             "optspec.parse(s.parser(), s.Files, ['a.pt'])\n"
             "optspec.parse(e.parser(), e.EnvRun, ['e.toml', '--', 'true'])\n"
+            "optspec.parse(v.parser(), v.VetRun, ['p.yaml', '--min-nodes', '2'])\n"
             "print(sorted(m for m in sys.modules if m.split('.')[0] in ('typer', 'pydantic', 'rich', 'click')))\n")
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert (p.returncode, p.stdout.strip()) == (0, "[]"), p.stderr
@@ -364,52 +351,12 @@ def test_an_error_names_what_the_user_typed():
     assert optspec.flags(demo) == flags_of(typer.main.get_command(_demo_app(demo, seen)).commands["go"])
 
 
-# --- vet: two copies, still compared ----------------------------------------------------------
-
-def test_the_vet_fast_parser_declares_what_the_typer_command_declares():
-    fp = BY_NAME["vet"]
-    actions = fp.fast.parser()._actions
-    typer_options = {p.name: p for p in fp.options()}
-    fast_options = {a.dest: a for a in actions if a.option_strings}
-    assert {o for p in typer_options.values() for o in [*p.opts, *p.secondary_opts]} == \
-        {o for a in fast_options.values() for o in a.option_strings}
-    assert set(fast_options) == set(typer_options)
-    for dest, p in typer_options.items():
-        a = fast_options[dest]
-        assert (isinstance(a, argparse._StoreTrueAction), isinstance(a, argparse._AppendAction)) == \
-            (bool(p.is_flag), bool(p.multiple)), dest
-    variadic = ("+", "*", argparse.REMAINDER)
-    assert [(p.name, p.nargs == -1, bool(p.required)) for p in fp.command().params if p.param_type_name == "argument"] \
-        == [(a.dest, a.nargs in variadic, a.nargs not in ("?", "*", argparse.REMAINDER))
-            for a in actions if not a.option_strings]
-
-
-def test_a_vet_error_names_the_option_the_typer_command_would():
-    """``FLAGS``: the settings an error of the fast path may name, as the user typed them."""
-    typer_flags = flags_of(BY_NAME["vet"].command())
-    assert {k: typer_flags.get(k) for k in fastvet.FLAGS} == fastvet.FLAGS
-
-
-def test_the_vet_check_sees_a_drift(monkeypatch):
-    """The comparison itself: a fast parser whose default differs from Typer's is caught."""
-    fp = BY_NAME["vet"]
-    original = fastvet.parser
-
-    def drifted() -> argparse.ArgumentParser:
-        p = original()
-        p.set_defaults(deadline="5 min")
-        return p
-
-    monkeypatch.setattr(fastvet, "parser", drifted)
-    (_, typer_got), (_, fast_got) = run_both(fp, fp.line([]), monkeypatch)
-    assert typer_got[0]["deadline"] is None and fast_got[0]["deadline"] == "5 min"
-
-
 # --- all four ---------------------------------------------------------------------------------
 
 def test_what_only_typer_takes_goes_to_typer():
-    """vet's --prolog options, and --help everywhere, are never parsed by a fast path."""
-    for flag in BY_NAME["vet"].typer_only:
+    """vet's --prolog options (``typer_only``), and --help everywhere, are never parsed by a fast path."""
+    assert optspec.typer_only(VetRun) == {"--prolog", "--budget", "--drain", "--overrun-ok"}
+    for flag in optspec.typer_only(VetRun):
         assert not fastvet.wants(["p.yaml", flag]) and not fastvet.wants(["p.yaml", f"{flag}=5 s"])
     for fp in PATHS:
         assert not fp.fast.wants(fp.line(["--help"]))

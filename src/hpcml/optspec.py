@@ -1,8 +1,8 @@
 """A command's options declared once, as the fields of a dataclass, and both of its parsers
 built from that one declaration.
 
-The commands with a Typer-free fast path (``hpcml run``, ``hpcml scan``, ``hpcml env run``:
-``hpcml.cli.FAST_PATHS``) are parsed by Typer (``--help``, and the command when it is
+The commands with a Typer-free fast path (``hpcml run``, ``hpcml scan``, ``hpcml env run``,
+``hpcml vet``: ``hpcml.cli.FAST_PATHS``) are parsed by Typer (``--help``, and the command when it is
 called through the app) and by argparse (``hpcml.fastparser``, every ordinary start).
 Each field says everything either parser needs: its type (the field's annotation), its
 default (the field's), and in its metadata an ``Opt``: option strings, help text, an
@@ -53,8 +53,9 @@ T = TypeVar("T")
 class Opt(NamedTuple):
     """One option (``flags``: its option strings, long first) or positional argument (no
     flags) of a command. ``default``: ``...`` for an argument, whose dataclass field is
-    required (a ``rest`` one too: both parsers give it ``[]`` when absent). A NamedTuple,
-    not a dataclass: it is made on every fast path's start, and costs a tenth."""
+    required (a ``rest`` one too: both parsers give it ``[]`` when absent), or its value when
+    it is left out (an optional argument). A NamedTuple, not a dataclass: it is made on every
+    fast path's start, and costs a tenth."""
 
     flags: tuple[str, ...]
     help: str
@@ -62,6 +63,8 @@ class Opt(NamedTuple):
     envvar: str | None = None        # the value when the option is not given (empty: not set)
     min: int | None = None           # the smallest value it takes
     rest: bool = False               # an argument: the rest of the command line
+    typer_only: bool = False         # only the Typer command takes it (the fast path's wants() sends it there)
+    convert: Any = None              # the fast parser's converter, in place of the type's (its own messages)
 
     def field(self) -> Any:
         """A dataclass field declaring this option (``runtime: str = RUNTIME.field()``)."""
@@ -73,15 +76,18 @@ class Opt(NamedTuple):
         return field(default=self.default, metadata=meta)
 
 
-def option(*flags: str, help: str, default: Any = None, envvar: str | None = None, min: int | None = None) -> Any:
-    """A dataclass field that is an option (``default``: None, or what the type needs)."""
-    return Opt(flags, help, default, envvar, min).field()
+def option(*flags: str, help: str, default: Any = None, envvar: str | None = None, min: int | None = None,
+           typer_only: bool = False, convert: Any = None) -> Any:
+    """A dataclass field that is an option (``default``: None, or what the type needs).
+    ``typer_only``: an option the fast parser does not take (the fast path's ``wants`` sends a
+    command line with it to Typer); ``convert``: the fast parser's converter of its value."""
+    return Opt(flags, help, default, envvar, min, typer_only=typer_only, convert=convert).field()
 
 
-def argument(*, help: str, rest: bool = False) -> Any:
-    """A dataclass field that is a positional argument: required, or with ``rest`` the rest
-    of the command line (the command a launcher runs)."""
-    return Opt((), help, rest=rest).field()
+def argument(*, help: str, rest: bool = False, default: Any = ...) -> Any:
+    """A dataclass field that is a positional argument: required, with ``default`` one that
+    may be left out, or with ``rest`` the rest of the command line (the command a launcher runs)."""
+    return Opt((), help, default, rest=rest).field()
 
 
 class Param(NamedTuple):
@@ -142,7 +148,8 @@ def flags(decl: type) -> dict[str, str]:
     each option's Typer parameter (its field's name but for an inverted flag's) and its long
     options' names -> its first long option; an argument -> its name in --help (``cmd`` ->
     ``CMD``). What ``hpcml.cli_support.flags_of`` reads from the Typer command, so an error
-    reads the same on both paths. Read without evaluating the annotations."""
+    reads the same on both paths: a ``typer_only`` option's too, which the Typer command has.
+    Read without evaluating the annotations."""
     out: dict[str, str] = {}
     for f in fields(decl):
         opt = f.metadata.get(KEY)
@@ -157,20 +164,31 @@ def flags(decl: type) -> dict[str, str]:
     return out
 
 
+def typer_only(decl: type) -> set[str]:
+    """The option strings of ``decl``'s ``typer_only`` options, which only Typer parses (a
+    fast path's ``wants`` sends a command line with one of them to Typer)."""
+    return {o for f in fields(decl) if (opt := f.metadata.get(KEY)) is not None and opt.typer_only
+            for o in opt.flags}
+
+
 # --- the fast path: argparse ---------------------------------------------------------------
 
 def fast_parser(prog: str, decl: type) -> FastParser:
     """``decl``'s options and arguments for argparse, each under its Typer parameter's name.
     An option not given is left out of the result (``parse`` then fills in its environment
-    variable, the dataclass its default)."""
+    variable, the dataclass its default). A ``typer_only`` option is not there: the
+    dataclass's default holds."""
     import argparse
 
     from hpcml.fastparser import FastParser
     p = FastParser(prog=prog, add_help=False)
     for prm in params(decl):
-        convert: Any = None if prm.kind is str else prm.kind
+        if prm.opt.typer_only:
+            continue
+        convert: Any = prm.opt.convert or (None if prm.kind is str else prm.kind)
         if not prm.opt.flags:
-            nargs = argparse.REMAINDER if prm.opt.rest else "+" if prm.many else None
+            nargs = (argparse.REMAINDER if prm.opt.rest else "+" if prm.many
+                     else None if prm.opt.default is ... else "?")
             p.add_argument(prm.name, nargs=nargs, type=convert)
         elif prm.kind is bool:             # --no-report: no_report=True, which parse() makes report=False
             p.add_argument(*prm.opt.flags, dest=prm.typer_name, default=argparse.SUPPRESS, action="store_true")
@@ -192,6 +210,8 @@ def parse(parser: FastParser, decl: type, argv: list[str]) -> dict[str, Any]:
     first = True                               # no positional argument before this field
     for prm in params(decl):
         opt = prm.opt
+        if opt.typer_only:
+            continue
         if prm.inverted and values.pop(prm.typer_name, False):
             values[prm.name] = False
         if opt.rest:
@@ -235,7 +255,7 @@ def typer_command(decl: type[T]) -> Callable[[Callable[[T], Any]], Callable[...,
         opt = prm.opt
         info: Any
         if not opt.flags:
-            info = typer.Argument(None if opt.rest else ..., help=opt.help)
+            info = typer.Argument(None if opt.rest else opt.default, help=opt.help)
         else:
             default = False if prm.inverted else list(opt.default) if prm.many else opt.default
             info = typer.Option(default, *opt.flags, help=opt.help, envvar=opt.envvar, min=opt.min)

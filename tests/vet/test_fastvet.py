@@ -1,3 +1,4 @@
+import dataclasses
 import subprocess
 import sys
 
@@ -18,12 +19,13 @@ def test_fast_path_takes_every_option_of_the_typer_command(monkeypatch):
     run = typer.main.get_command(app).commands["run"]  # type: ignore[attr-defined]
     typer_flags = {opt for p in run.params for opt in p.opts if opt.startswith("--")} - PROLOG_ONLY
     seen = {}
-    monkeypatch.setattr(fastvet, "execute", lambda protocol, **kw: seen.update(kw) or 0)
+    monkeypatch.setattr(fastvet, "execute", lambda args: seen.update(dataclasses.asdict(args)) or 0)
     argv = ["p.yaml"]
     for flag in sorted(typer_flags):
         argv += [flag] if flag in ("--local", "--json") else [flag, "1"]
     assert fastvet.main(argv) == 0
-    given = {"--json" if k == "as_json" else "--" + k.replace("_", "-") for k, v in seen.items() if v}
+    given = {"--json" if k == "as_json" else "--" + k.replace("_", "-") for k, v in seen.items()
+             if v and k != "protocol"}
     assert given == typer_flags
 
 

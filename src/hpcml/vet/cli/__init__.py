@@ -12,13 +12,15 @@ import inspect
 import sys
 from collections.abc import Callable
 from pathlib import Path
-from typing import Optional
 
 import typer
 
 from hpcml.centre.cli import handle, report, serve  # the centre's commands, aliased below
 from hpcml.cli_support import DefaultCommandGroup
+from hpcml.optspec import typer_command
+from hpcml.vet import fastvet
 from hpcml.vet.cli import prolog  # one module per command
+from hpcml.vet.fastvet import VetRun
 
 app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, rich_markup_mode="rich",
                   help="Vet the nodes of this allocation before the application runs.\n\n"
@@ -28,32 +30,8 @@ app = typer.Typer(name="vet", cls=DefaultCommandGroup, no_args_is_help=True, ric
 
 
 @app.command("run")
-def run(
-    protocol: Optional[Path] = typer.Argument(None, help="Protocol YAML (hpcml or vetnode format); "
-                                              "default: the built-in CPU protocol."),
-    min_nodes: Optional[int] = typer.Option(None, "--min-nodes", min=1,
-                                            help="Good nodes needed to continue (default: protocol, else all)."),
-    deadline: Optional[str] = typer.Option(None, help="Whole-run deadline, e.g. '90 s' (default: protocol, else 300 s)."),
-    nodes: Optional[str] = typer.Option(None, help="Vet only these nodes of the allocation (hostlist)."),
-    out: Optional[Path] = typer.Option(None, help="Output directory (default: ./hpcml-vet-<jobid>)."),
-    exclude_file: Optional[Path] = typer.Option(None, help="Where to write the bad nodes (default: OUT/bad-nodes)."),
-    good_file: Optional[Path] = typer.Option(None, help="Where to write the good nodes (default: OUT/good-nodes)."),
-    workdir: Optional[Path] = typer.Option(None, help="Directory shared by all nodes, for collectives (default: OUT/work)."),
-    venv_root: Optional[Path] = typer.Option(None, envvar="HPCML_VET_VENV_ROOT",
-                                             help="Where `hpcml vet setup` put the checks' requirements."),
-    local: bool = typer.Option(False, "--local", help="Vet only this node, without srun."),
-    as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of the table."),
-    prolog: bool = typer.Option(False, "--prolog", help="Slurm Prolog/HealthCheckProgram mode: only "
-                                "this node's fast checks, within --budget; exit 1 if bad."),
-    budget: Optional[str] = typer.Option(None, help="With --prolog: time for the whole run (default 5 s)."),
-    drain: bool = typer.Option(False, "--drain", help="With --prolog: drain a bad node, reason naming the check."),
-    overrun_ok: bool = typer.Option(False, "--overrun-ok", help="With --prolog: a check cut at the budget does not fail the node."),
-    report_to: Optional[str] = typer.Option(None, "--report-to", envvar="HPCML_VET_REPORT_TO",
-                                            help="Also send the results to a collector (`hpcml centre serve`), "
-                                                 "opt-in; token from $HPCML_VET_TOKEN or --report-token-file."),
-    report_token_file: Optional[Path] = typer.Option(None, "--report-token-file",
-                                                     help="File holding the collector token."),
-) -> None:
+@typer_command(VetRun)
+def run(args: VetRun) -> None:
     """Run PROTOCOL on every node of the allocation and decide: continue, shrink or abort.
 
     In a job script:
@@ -62,15 +40,11 @@ def run(
         [ $rc -eq 4 ] && exit 1
         srun --exclude=$(cat hpcml-vet-$SLURM_JOB_ID/bad-nodes) python train.py
     """
-    if prolog:  # exits
+    if args.prolog:  # exits
         from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
-        run_prolog_cli(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok, as_json=as_json,
-                       report_to=report_to, report_token_file=report_token_file)
-    from hpcml.vet.fastvet import execute
-    raise typer.Exit(execute(protocol, min_nodes=min_nodes, deadline=deadline, nodes=nodes, out=out,
-                             exclude_file=exclude_file, good_file=good_file, workdir=workdir,
-                             venv_root=venv_root, local=local, as_json=as_json, report_to=report_to,
-                             report_token_file=report_token_file))
+        run_prolog_cli(args.protocol, budget=args.budget, drain=args.drain, overrun_ok=args.overrun_ok,
+                       as_json=args.as_json, report_to=args.report_to, report_token_file=args.report_token_file)
+    raise typer.Exit(fastvet.execute(args))
 
 
 def _alias(name: str, centre: str, callback: Callable[..., None]) -> None:
