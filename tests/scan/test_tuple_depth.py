@@ -8,6 +8,7 @@ holds the values; benign nesting is made by ``pickle.dumps``."""
 
 from __future__ import annotations
 
+import io
 import pickle
 import subprocess
 import sys
@@ -116,3 +117,12 @@ def test_what_pickle_writes_nested_is_safe_and_loads(protocol, tmp_path):
     res = scan_file(p)
     assert res.verdict is Verdict.SAFE, (res.errors, [f.why for f in res.findings])
     assert safe_load(p) == obj
+
+
+def test_every_loader_refuses_it_as_the_scan_does():
+    """The checkpoint's leaves, ckpt verify and Flight Recorder dumps unpickle through
+    RestrictedUnpickler, which walks the bytes first with the same walker: refused, not run."""
+    from hpcml.scan.loader import RestrictedUnpickler
+    for data in (_inline(LEVELS), _through_memo(LEVELS)):
+        with pytest.raises(pickle.UnpicklingError, match=f"nested more than {MAX_TUPLE_DEPTH} deep"):
+            RestrictedUnpickler(io.BytesIO(data)).load()
