@@ -293,15 +293,7 @@ class PickleWalker:
         cost = 64 + len(value) if t is str else 256
         if self.budget < cost:
             # a dropped tuple keeps its depth (presence code 3 + depth): see _tuple_depth
-            depth = 0
-            if t is tuple:
-                depth = 1
-                for e in value:
-                    if type(e) in _DEEPER:
-                        depth = self._tuple_depth(value)
-                        break
-            elif t is Call or t is Nested:
-                depth = self._tuple_depth(value)
+            depth = self._depth_of(value) if t is tuple or t is Call or t is Nested else 0
             if depth > 1 and key >= TRACKED_KEYS:
                 memo[key] = _PUSHED[3 + depth]      # past the presence table (BEYOND counts 1)
             else:
@@ -392,6 +384,12 @@ class PickleWalker:
                 cache[id(v)] = (v, best)
                 self._depth_items += len(v) if type(v) is tuple else 1
         return done[id(root)]
+
+    def _depth_of(self, v) -> int:
+        """``_tuple_depth``, without its walk for a tuple of no nestable item (depth 1)."""
+        if type(v) is tuple and not any(type(e) in _DEEPER for e in v):
+            return 1
+        return self._tuple_depth(v)
 
     def _too_deep(self) -> None:
         raise PickleError(f"a tuple nested more than {MAX_TUPLE_DEPTH} deep (or built of a memo value the walk "
@@ -1030,7 +1028,7 @@ class PickleWalker:
         """TUPLE: a tuple of depth checked; one longer than MAX_TUPLE is opaque, or kept as
         its depth if it holds tuples."""
         t = tuple(items)
-        depth = self._tuple_depth(t) if any(type(e) in _DEEPER for e in t) else 1
+        depth = self._depth_of(t)
         if len(t) <= MAX_TUPLE:
             return t
         return _PUSHED[3 + depth] if depth > 1 else OPAQUE
