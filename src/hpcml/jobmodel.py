@@ -296,6 +296,8 @@ class Attempt(Model):
     ntasks_per_node: Optional[int] = Field(default=None, ge=1)
     master: Optional[str] = None                 # MASTER_ADDR:MASTER_PORT given to every task
     launch: Optional[list[str]] = None           # the srun command line (local mode: the task command)
+    rank_launcher: Optional[str] = None          # each task ran this launcher (hpcml.run.launchers) ...
+    world: Optional[int] = Field(default=None, ge=1)   # ... whose workers were the ranks: tasks x workers
     ended: Optional[float] = None
     exit_code: Optional[int] = None
     launcher_exit_code: Optional[int] = None

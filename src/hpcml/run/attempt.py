@@ -23,6 +23,7 @@ from hpcml.jobmodel import RunRecord
 from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
 from hpcml.run.jobdir import write_own
+from hpcml.run.launchers import recognise
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
@@ -102,6 +103,26 @@ def task_command(cfg: Config, d: Path, attempt: int) -> list[str]:
     return [*task, "--", *cfg.cmd]
 
 
+def _world(cmd: list[str], ntasks: int, record: RunRecord) -> int:
+    """The ranks the watch expects: one per task, or each task's launcher's workers
+    (``hpcml.run.launchers``), which is said once, with the rendezvous hpcml leaves to it,
+    and recorded (run.json's ``launcher`` and ``world``)."""
+    launch = recognise(cmd)
+    if launch is None:
+        return ntasks
+    if launch.workers is None:
+        log.info(f"hpcml run: {launch.name}: the number of workers per task is not a number on the command line: "
+                 "each task is watched as one rank (its workers are not)")
+        return ntasks
+    world = ntasks * launch.workers
+    record.rank_launcher, record.world = launch.name, world
+    given = sorted(launch.rendezvous_env({"WORLD_SIZE": "n", "RANK": "r", "MASTER_ADDR": "a", "MASTER_PORT": "p"}))
+    log.info(f"hpcml run: {launch.name} in each of {ntasks} task(s) starts {launch.workers} workers: {world} ranks "
+             "watched" + (f"; hpcml sets {', '.join(given)} where the launch line leaves them (logs/launcher-*.err)"
+                          if given else ""))
+    return world
+
+
 def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pending: list[int],
                 exporter: Any = None, can_replace: Any = None) -> int:
     """One launch of the command: every rank, until they all ended; the launch's exit code.
@@ -116,9 +137,12 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     write_own(d, record)
     where = backend.where(plan)
     log.info(f"hpcml run: {where}, rendezvous {plan.master}, job directory {d}")
+    world = _world(cfg.cmd, plan.ntasks, record)
+    if record.rank_launcher:
+        write_own(d, record)
     backend.start(plan)
     from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
-    watch = Watch(d, record.attempt, plan.ntasks, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
+    watch = Watch(d, record.attempt, world, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
                   on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
                   job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
     ctl = Control(cfg, record, backend)

@@ -320,11 +320,17 @@ class Local:
 
     def _wrapper(self, plan: Plan, rank: int) -> subprocess.Popen:
         """Rank ``rank``'s wrapper, its heartbeat key in a pipe it reads and closes before
-        its rank starts (``--beat-fd``): not in its environment or command line."""
+        its rank starts (``--beat-fd``): not in its environment or command line. A task that
+        runs a launcher gets the attempt's secret instead (marked ``s:``): its workers' ranks
+        are the launcher's to give (``hpcml.run.workerkeys``), as under srun."""
         from hpcml.observe.beat import rank_key
+        from hpcml.run.launchers import recognise
         read, write = os.pipe()
+        launch = recognise(self.task[self.task.index("--") + 1:])
+        material = ("s:" + plan.secret.hex() if launch is not None and launch.workers is not None
+                    else rank_key(plan.secret, rank).hex())
         try:
-            os.write(write, rank_key(plan.secret, rank).hex().encode())     # 64 bytes: never blocks
+            os.write(write, material.encode())     # at most 66 bytes: never blocks
         finally:
             os.close(write)
         try:

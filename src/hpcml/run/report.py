@@ -321,7 +321,8 @@ def build(d: str | Path) -> dict[str, Any]:
         "schema": SCHEMA,
         "path": str(d),
         "job": {k: getattr(run, k) for k in ("command", "mode", "job_id", "allocation", "nodes", "ntasks",
-                                             "ntasks_per_node", "master", "launch", "ended", "attempt")}
+                                             "ntasks_per_node", "master", "launch", "rank_launcher", "world", "ended",
+                                             "attempt")}
         | {"started": started, "duration_s": round(ended - started, 3) if started and ended else None},
         "attempts": earlier,
         "vet": vet,
@@ -350,7 +351,8 @@ def _placed(job: dict[str, Any], end: dict[str, Any]) -> str:
     """Where the command ran, or that it never started (a vet abort has no tasks or nodes)."""
     if end.get("aborted"):
         return "not started (vetting aborted the run)"
-    return f"{plural(int(job.get('ntasks') or 0), 'task')} on {', '.join(job.get('nodes') or []) or '–'}"
+    ranks = f" ({job['rank_launcher']}: {plural(int(job['world']), 'rank')})" if job.get("rank_launcher") and job.get("world") else ""
+    return f"{plural(int(job.get('ntasks') or 0), 'task')}{ranks} on {', '.join(job.get('nodes') or []) or '–'}"
 
 
 def _exit(code: Any) -> str:
@@ -481,7 +483,9 @@ def _job_rows(rep: dict[str, Any]) -> list[list[Any]]:
     code = end["exit_code"] if end["exit_code"] is not None else "none (hpcml run was killed before it recorded one)"
     return [[what, did] for what, did in _did(rep)] + [
         ["command", " ".join(job.get("command") or [])], ["mode", job.get("mode") or "–"],
-        ["tasks", job.get("ntasks") or never], ["nodes", ", ".join(job.get("nodes") or []) or never],
+        ["tasks", job.get("ntasks") or never],
+        *([["ranks", f"{job['world']} ({job['rank_launcher']}'s workers)"]] if job.get("rank_launcher") and job.get("world") else []),
+        ["nodes", ", ".join(job.get("nodes") or []) or never],
         ["rendezvous", job.get("master") or never], ["launch", " ".join(map(str, job.get("launch") or [])) or never],
         ["duration", f"{job['duration_s']:.1f} s" if job.get("duration_s") is not None else "–"],
         ["exit code", code]] + ([["mlflow", rep["mlflow"]["line"]]] if rep.get("mlflow") else [])

@@ -27,6 +27,7 @@ import threading
 import time
 from collections.abc import Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from hpcml import logs
 from hpcml.cluster.ranks import ranks
@@ -35,6 +36,9 @@ from hpcml.errors import UsageError
 from hpcml.proctree import become_subreaper, stop_descendants
 from hpcml.run.jobpaths import attempt_dir, log_path, observe_dir
 from hpcml.run.rendezvous import task_env
+
+if TYPE_CHECKING:
+    from hpcml.run.launchers import Launch
 from hpcml.signals import install
 
 log = logs.get(__name__)
@@ -76,34 +80,47 @@ def _fr_variable() -> str:
     return "TORCH_NCCL_TRACE_BUFFER_SIZE" if m and (int(m[1]), int(m[2])) < (2, 5) else "TORCH_FR_BUFFER_SIZE"
 
 
-def _redirect(d: Path, rank: int, attempt: int) -> None:
+def _redirect(d: Path, rank: int, attempt: int, name: str = "rank") -> None:
+    """stdout and stderr into ``logs/rank-NNNNN`` (``name`` launcher: the launcher's own)."""
     from hpcml.run.ranklog import header
     logs = d / "logs"
     logs.mkdir(parents=True, exist_ok=True)
     for fd, stream in ((1, "out"), (2, "err")):
-        f = os.open(log_path(d, rank, stream), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        path = log_path(d, rank, stream) if name == "rank" else logs / f"{name}-{rank:05d}.{stream}"
+        f = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
         if attempt:                         # where the requeued job's lines begin
             os.write(f, header(attempt).encode())
         os.dup2(f, fd)
         os.close(f)
 
 
-def beat_key(opts: Mapping[str, str], rank: int) -> bytes | None:
-    """This rank's heartbeat key, taken where the launcher put it so that the rank does not
-    inherit it: read from ``--beat-fd`` (then closed), or derived from the secret in
-    ``HPCML_RUN_BEAT_KEY`` (then removed from this process's environment). None: no key
+def beat_material(opts: Mapping[str, str]) -> tuple[str, bytes] | None:
+    """What the launcher gave this wrapper to sign with, taken where it put it so that the
+    rank does not inherit it: ("key", its rank's key) or ("secret", the attempt's secret),
+    read from ``--beat-fd`` (then closed; a secret is marked ``s:``), or the secret in
+    ``HPCML_RUN_BEAT_KEY`` (then removed from this process's environment). None: nothing
     (a wrapper started by hand); its records are then refused by a launcher that has one."""
-    from hpcml.observe.beat import rank_key
     secret = os.environ.pop(ENV_BEAT_KEY, None)
     fd = opts.get("--beat-fd")
     try:
         if fd is not None:
             with os.fdopen(int(fd), "rb") as f:
-                return bytes.fromhex(f.read(256).decode())
-        return rank_key(bytes.fromhex(secret), rank) if secret else None
+                text = f.read(256).decode()
+            return ("secret", bytes.fromhex(text[2:])) if text.startswith("s:") else ("key", bytes.fromhex(text))
+        return ("secret", bytes.fromhex(secret)) if secret else None
     except (ValueError, OSError) as exc:
         raise UsageError(f"no heartbeat key from the launcher ({exc})", key="beat_fd" if fd else ENV_BEAT_KEY) \
             from None
+
+
+def beat_key(opts: Mapping[str, str], rank: int) -> bytes | None:
+    """This rank's heartbeat key (``beat_material``)."""
+    from hpcml.observe.beat import rank_key
+    got = beat_material(opts)
+    if got is None:
+        return None
+    kind, value = got
+    return rank_key(value, rank) if kind == "secret" else value
 
 
 def _stop(*_) -> None:
@@ -130,6 +147,10 @@ def main(argv: list[str]) -> int:
     attempt = int(opts.get("--attempt", "0"))
     os.environ.update(task_env(os.environ))
     rank = ranks(dist=False).rank
+    from hpcml.run.launchers import recognise
+    launch = recognise(cmd)
+    if launch is not None and launch.workers is not None:
+        return _launcher(cmd, launch, d, opts, attempt, rank)
     from hpcml.observe.beat import sign_with
     sign_with(beat_key(opts, rank))                  # before anything is started: no child inherits it
     os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
@@ -153,6 +174,57 @@ def main(argv: list[str]) -> int:
                       exec_via=[sys.executable, "-m", "hpcml.run.rankexec"])
     finally:
         stop_descendants(float(opts.get("--kill-grace", "10")))         # what the rank left running
+
+
+def _launcher(cmd: list[str], launch: Launch, d: Path, opts: Mapping[str, str], attempt: int, rank: int) -> int:
+    """The task's command is a launcher (``hpcml.run.launchers``): it runs here without a
+    recorder of its own (its workers are the ranks, ``hpcml.run.worker``), its output in
+    ``logs/launcher-NNNNN``; this wrapper hands its workers their heartbeat keys
+    (``hpcml.run.workerkeys``) and sets the rendezvous its launch line leaves open."""
+    import subprocess
+
+    from hpcml.observe.beat import rank_key
+    from hpcml.observe.recorder import FORWARDED
+    from hpcml.run.launchers import ENV_LAUNCHER, ENV_WRAPPED, identity
+    from hpcml.run.worker import ENV_WORKER, settings
+    from hpcml.run.workerkeys import ENV_SOCKET, KeyServer
+    from hpcml.signals import forwarding
+    world = ranks(dist=False).world_size * (launch.workers or 1)
+    got = beat_material(opts)
+    server = None
+    if got is not None:
+        kind, value = got
+        if kind == "secret":
+            server = KeyServer(lambda r: rank_key(value, r), world)
+        else:
+            log.info(f"hpcml run: task {rank}: the launcher gave a rank's key, not the attempt's secret: "
+                     "the workers' records will be refused")
+    os.environ.update({ENV_DIR: str(attempt_dir(d, attempt)), ENV_ATTEMPT: str(attempt)})
+    os.environ.update(flight_recorder_env(os.environ, observe_dir(d, attempt)))
+    given = launch.rendezvous_env(os.environ)
+    os.environ.update({**given, ENV_LAUNCHER: launch.name, ENV_WRAPPED: identity(os.environ),
+                       ENV_WORKER: settings(d, attempt, opts.get("--interval", "1.0"),
+                                            opts.get("--gpu-metrics", "auto"), opts.get("--kill-grace", "10")),
+                       **({ENV_SOCKET: server.name} if server else {})})
+    _redirect(d, rank, attempt, name="launcher")
+    print(f"hpcml run: task {rank}: {launch.name} starts {launch.workers} workers here, ranks of {world}"
+          + ("; set " + " ".join(f"{k}={v}" for k, v in sorted(given.items())) if given else ""),
+          file=sys.stderr, flush=True)
+    if opts.get("--env"):
+        cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
+    become_subreaper()
+    install((STOP,), _stop)
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    try:
+        child = subprocess.Popen([sys.executable, "-m", "hpcml.run.rankexec", *cmd])
+        with forwarding(lambda: (child,), FORWARDED):
+            rc = child.wait()
+        return rc if rc >= 0 else 128 - rc
+    finally:
+        stop_descendants(float(opts.get("--kill-grace", "10")))
+        if server is not None:
+            server.close()
 
 
 if __name__ == "__main__":

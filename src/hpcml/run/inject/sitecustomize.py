@@ -50,6 +50,10 @@ PIPE = "HPCML_OBSERVE_FD"           # the recorder's pipe (hpcml.observe.recorde
 STEPS = "HPCML_RUN_OPTIMIZER_STEPS"  # "0": optimizer steps are not counted
 CLAIM = "HPCML_RUN_STEPS_PID"       # the process whose optimizer steps are the rank's
 WAITS = "HPCML_RUN_COLLECTIVE_WAIT"  # "0": the time in collectives is not measured
+# hpcml.run.launchers' ENV_LAUNCHER, ENV_WRAPPED and IDENTITY, written out (tests/run/test_launchers.py)
+LAUNCHER = "HPCML_RUN_LAUNCHER"
+WRAPPED = "HPCML_RUN_WRAPPED"
+IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
 def _chain() -> None:
@@ -224,8 +228,30 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
         print(f"hpcml run: time in collectives is not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _become_worker() -> None:
+    """A launcher's worker (the task runs torchrun or ``accelerate launch``, and this
+    process's rank variables are not those of the process hpcml wraps): exec
+    ``hpcml.run.worker`` in its place, with this command line, so that it is watched as a
+    rank (same pid: the launcher's handle stays right). Not for a process that
+    ``multiprocessing`` spawned (its descriptors are passed by number), nor where hpcml is
+    not importable (a container without it): those run as they are."""
+    if not os.environ.get(LAUNCHER) or WRAPPED not in os.environ or "--multiprocessing-fork" in sys.orig_argv:
+        return
+    if not (os.environ.get("RANK", "").isdigit() and os.environ.get("WORLD_SIZE", "").isdigit()):
+        return
+    me = "|".join(os.environ.get(k, "") for k in IDENTITY)
+    if me == os.environ[WRAPPED] or importlib.util.find_spec("hpcml") is None:
+        return
+    os.environ[WRAPPED] = me                          # the wrapper and the worker it starts: this rank
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(sys.executable, [sys.executable, "-m", "hpcml.run.worker", "--", sys.executable, *sys.orig_argv[1:]])
+
+
 if __name__ == "sitecustomize":
     _chain()
+    if os.environ.get(LAUNCHER):
+        _become_worker()
     if os.environ.get(ENV):
         threading.Thread(target=_watch, args=(os.environ[ENV],), name="hpcml-flight-recorder", daemon=True).start()
         pipe = _pipe()

@@ -1,0 +1,121 @@
+"""The launchers users put in front of their script, recognised on the command line:
+``torchrun`` (or ``python -m torch.distributed.run``) and ``accelerate launch``.
+
+Such a launcher, started once per ``hpcml run`` task, starts the workers that train: each
+is a rank of the job (its ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are the launcher's), and
+``hpcml run`` watches each as a rank it started itself (``hpcml.run.worker``). Here: which
+launcher a command is, how many workers each task's launcher starts (the watch's world is
+the tasks times that), and the rendezvous variables the launch line leaves to hpcml.
+
+torchrun reads every option from ``PET_<OPTION>`` when the line does not give it (its
+``env`` argparse action), so hpcml sets ``PET_NNODES``, ``PET_NODE_RANK``,
+``PET_MASTER_ADDR`` and ``PET_MASTER_PORT`` from its own rendezvous (a free port on rank
+0's node, not torchrun's fixed 29500 that two jobs on one node fight over) and leaves
+alone what the line or the user's environment sets. A ``--standalone`` line makes its own.
+``accelerate launch`` is given nothing: its rendezvous comes from its config and options.
+
+Why by hand, not argparse with the launchers' own parsers: importing torchrun's parser
+imports torch (seconds), and the launch line is only read here, never rewritten.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+#: what the task wrapper tells the ranks' sitecustomize: the launcher's name
+ENV_LAUNCHER = "HPCML_RUN_LAUNCHER"
+#: the ranks' variables of the process hpcml already watches (``hpcml.run.inject``): a
+#: Python process whose own differ was started by the launcher, and is a worker to wrap
+ENV_WRAPPED = "HPCML_RUN_WRAPPED"
+#: what tells two processes of the same rank apart from a new worker: the launcher's own
+#: rank variables and its restart count (a worker restarted by torchrun is a new rank process)
+IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
+
+_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
+_ACCELERATE_FLAGS = {"--cpu", "--multi_gpu", "--tpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm",
+                     "--debug", "-m", "--module", "--no_python", "-q", "--quiet", "--same_network",
+                     "--dynamo_use_fullgraph", "--dynamo_use_dynamic", "--rdzv_conf", "--fsdp_use_orig_params"}
+
+
+@dataclass(frozen=True)
+class Launch:
+    """A recognised launch line: ``name``, the workers per task (None when the line leaves
+    it to the host, as ``--nproc-per-node auto``), and the launcher options it gives."""
+
+    name: str
+    workers: int | None
+    options: Mapping[str, str] = field(default_factory=dict)
+
+    @property
+    def standalone(self) -> bool:
+        return "standalone" in self.options
+
+    def rendezvous_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """What the task sets for its launcher (torchrun only): the ``PET_*`` of each
+        rendezvous option neither the line nor ``env`` gives."""
+        if self.name != "torchrun" or self.standalone:
+            return {}
+        given = {k.replace("-", "_") for k in self.options}
+        want = {"nnodes": env.get("WORLD_SIZE"), "node_rank": env.get("RANK"),
+                "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT")}
+        if {"rdzv_endpoint", "rdzv_backend"} & given:       # the user's own rendezvous: its node ranks
+            want = {"nnodes": want["nnodes"]}
+        return {f"PET_{k.upper()}": v for k, v in want.items()
+                if v is not None and k not in given and f"PET_{k.upper()}" not in env}
+
+
+def _options(args: list[str], flags: set[str]) -> dict[str, str]:
+    """The launcher's ``--option value`` / ``--option=value`` / flags, up to the script."""
+    out: dict[str, str] = {}
+    i = 0
+    while i < len(args):
+        a = args[i]
+        if not a.startswith("-") or a == "--":
+            break
+        if "=" in a:
+            k, v = a.split("=", 1)
+            out[k.lstrip("-")] = v
+        elif a in flags:
+            out[a.lstrip("-")] = ""
+            if a in ("-m", "--module"):        # the module to run is the script
+                break
+        elif i + 1 < len(args):
+            out[a.lstrip("-")] = args[i + 1]
+            i += 1
+        i += 1
+    return out
+
+
+def _whole(v: str | None) -> int | None:
+    return int(v) if v is not None and v.strip().isdigit() and int(v) > 0 else None
+
+
+def _get(options: Mapping[str, str], *names: str) -> str | None:
+    return next((options[n] for n in names if n in options), None)
+
+
+def recognise(cmd: list[str]) -> Launch | None:
+    """The launcher ``cmd`` starts, or None for a plain program (one rank per task)."""
+    if not cmd:
+        return None
+    head = os.path.basename(cmd[0])
+    if head == "torchrun":
+        rest = cmd[1:]
+    elif head.startswith("python") and cmd[1:3] in (["-m", "torch.distributed.run"],):
+        rest = cmd[3:]
+    elif head == "accelerate" and cmd[1:2] == ["launch"]:
+        opts = _options(cmd[2:], _ACCELERATE_FLAGS)
+        total, machines = _whole(_get(opts, "num_processes")), _whole(_get(opts, "num_machines")) or 1
+        return Launch("accelerate", total // machines if total and total % machines == 0 else None, opts)
+    else:
+        return None
+    opts = _options(rest, _TORCHRUN_FLAGS)
+    return Launch("torchrun", _whole(_get(opts, "nproc-per-node", "nproc_per_node")) or
+                  (1 if _get(opts, "nproc-per-node", "nproc_per_node") is None else None), opts)
+
+
+def identity(env: Mapping[str, str]) -> str:
+    """The rank variables that tell a launcher's worker from the process hpcml wraps."""
+    return "|".join(env.get(k, "") for k in IDENTITY)
