@@ -24,6 +24,7 @@ from hpcml.run.workerkeys import KeyServer, ask
     (["python3", "-m", "torch.distributed.run", "--nproc-per-node", "8", "-m", "pkg.train"], "torchrun", 8),
     (["accelerate", "launch", "--multi_gpu", "--num_processes", "8", "--num_machines", "2", "t.py"], "accelerate", 4),
     (["accelerate", "launch", "t.py"], "accelerate", None),                        # its config file's
+    (["accelerate", "launch", "--cpu", "--num_processes", "2", "t.py"], "accelerate", None),   # one process
 ])
 def test_a_launch_line_is_recognised_with_its_workers_per_task(cmd, name, workers):
     launch = recognise(cmd)

@@ -23,6 +23,7 @@ import pytest
 
 from hpcml.observe.beat import read_beats
 from hpcml.run.watch import HANG
+from tests import needs
 from tests.run.test_inject_progress import SCRIPT, step_sections
 from tests.run.test_watch import hpcml
 
@@ -43,22 +44,32 @@ def _scripts() -> list[psutil.Process]:
     return out
 
 
-def test_each_worker_is_a_rank_its_steps_counted_in_its_own_log_store_and_beat(tmp_path):
-    p = hpcml("run", "--dir", "job", "--", *TORCHRUN, SCRIPT, cwd=tmp_path,
+ACCELERATE = [str(Path(sys.executable).parent / "accelerate"), "launch", "--multi_gpu", "--num_processes", "2",
+              "--num_machines", "1", "--mixed_precision", "no", "--dynamo_backend", "no"]
+
+
+@pytest.mark.parametrize("launcher", ["torchrun", "accelerate"])
+def test_each_worker_is_a_rank_its_steps_counted_in_its_own_log_store_and_beat(tmp_path, launcher):
+    """accelerate on a machine without GPUs: ``--multi_gpu`` still starts torch's elastic
+    agent with 2 gloo workers (accelerate 1.15)."""
+    if launcher == "accelerate":
+        needs.module("accelerate")
+    line = TORCHRUN if launcher == "torchrun" else ACCELERATE
+    p = hpcml("run", "--dir", "job", "--", *line, SCRIPT, cwd=tmp_path,
               env={"STEPS": "6", "ACCUM": "2", "STEP_S": "0.05"})
     assert p.returncode == 0, p.stderr
     job = tmp_path / "job"
-    assert "torchrun in each of 1 task(s) starts 2 workers: 2 ranks watched" in p.stderr
+    assert f"{launcher} in each of 1 task(s) starts 2 workers: 2 ranks watched" in p.stderr
     for rank in (0, 1):                                   # the script's own word, in each worker's log
         assert f"rank {rank}: 6 optimizer steps" in (job / "logs" / f"rank-{rank:05d}.out").read_text()
     assert step_sections(job) == {0: list(range(1, 7)), 1: list(range(1, 7))}
     beats = read_beats(job / "observe")
     assert sorted(beats) == [0, 1] and all((b.step, b.exit) == (6, 0) for b in beats.values())
     run = json.loads((job / "run.json").read_text())
-    assert (run["rank_launcher"], run["world"], run["ntasks"], run["furthest_step"]) == ("torchrun", 2, 1, 6)
+    assert (run["rank_launcher"], run["world"], run["ntasks"], run["furthest_step"]) == (launcher, 2, 1, 6)
     assert "ignored_beats" not in run                     # every record signed with its rank's key
-    assert "1 task (torchrun: 2 ranks) on" in p.stdout
-    assert "hpcml run: task 0: torchrun starts 2 workers here" in (job / "logs" / "launcher-00000.err").read_text()
+    assert f"1 task ({launcher}: 2 ranks) on" in p.stdout
+    assert f"hpcml run: task 0: {launcher} starts 2 workers here" in (job / "logs" / "launcher-00000.err").read_text()
 
 
 def test_a_stuck_worker_is_named_at_the_timeout_and_the_job_stopped(tmp_path):

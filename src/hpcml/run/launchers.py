@@ -1,5 +1,5 @@
 """The launchers users put in front of their script, recognised on the command line:
-``torchrun`` (or ``python -m torch.distributed.run``) and ``accelerate launch``.
+``torchrun`` (or ``python -m torch.distributed.run``) and ``accelerate launch --multi_gpu``.
 
 Such a launcher, started once per ``hpcml run`` task, starts the workers that train: each
 is a rank of the job (its ``RANK``/``WORLD_SIZE``/``LOCAL_RANK`` are the launcher's), and
@@ -108,7 +108,10 @@ def recognise(cmd: list[str]) -> Launch | None:
     elif head == "accelerate" and cmd[1:2] == ["launch"]:
         opts = _options(cmd[2:], _ACCELERATE_FLAGS)
         total, machines = _whole(_get(opts, "num_processes")), _whole(_get(opts, "num_machines")) or 1
-        return Launch("accelerate", total // machines if total and total % machines == 0 else None, opts)
+        # only --multi_gpu starts torch's elastic agent with num_processes workers: --cpu
+        # runs one process (measured: accelerate 1.15), the others leave it to the config file
+        many = total is not None and "multi_gpu" in opts and total % machines == 0
+        return Launch("accelerate", total // machines if many and total else None, opts)
     else:
         return None
     opts = _options(rest, _TORCHRUN_FLAGS)
