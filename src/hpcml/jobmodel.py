@@ -117,6 +117,7 @@ class FirstFailure(Model):
     node: Optional[str] = None
     end: Optional[float] = None
     failed_ranks: int = 1
+    signal: Optional[Annotated[str, Field(pattern=r"^SIG[A-Z0-9+]+$")]] = None   # what killed it, as the recorder saw
 
 
 class Requeued(Model):

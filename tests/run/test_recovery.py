@@ -156,6 +156,23 @@ def test_describe_and_time_lost():
     lost = time_lost([rec({"restart": r}), rec({})], step_s=0.5)
     assert lost["time_lost_s"] == 19.0 and lost["steps_lost"] == 10 and lost["restarts"] == 1
     assert time_lost([rec({})], 1.0) is None
+
+
+def test_steps_done_again_without_a_checkpoint_step_are_unknown_not_0():
+    """A restart whose next attempt resumed without an hpcml.ckpt checkpoint (nanoGPT's own
+    ckpt.pt): the steps done again are unknown, and so is the cost; the report says so and
+    what would measure it, never "0 steps done again"."""
+    from hpcml.run.report import _attempt_lines
+    r = policy(["n1", "n2", "n3"], spares=1).after(hung(["n2"], 30), Path("x"), None)
+    r.resumed = {"step": None, "steps_lost": None, "time_to_resume_s": 14.0}
+    lost = time_lost([rec({"restart": r}), rec({})], step_s=0.5)
+    assert lost["steps_lost"] is None and lost["time_lost_s"] is None and lost["time_to_resume_s"] == 14.0
+    assert lost["steps_lost_unknown"].startswith("unknown: ")
+    lines = _attempt_lines({"attempts": [{"attempt": 0, "nodes": ["n1", "n2"], "restart": r}], "ending": {"exit_code": 0},
+                            "job": {"nodes": ["n1", "n3"], "attempt": 1}, "recovery": lost})
+    assert lines[-1].startswith("faults cost at least the time to resume: 14 s from faults to resumed steps, "
+                                "steps done again: unknown: "), lines
+    assert not any("0 steps" in line for line in lines)
     assert recovery.RECURRENCES == 2
 
 

@@ -21,7 +21,7 @@ from hpcml.cluster import requeue
 from hpcml.jobmodel import Attempt, FirstFailure, Requeued, RunRecord
 from hpcml.run.config import HANG
 from hpcml.run.jobdir import attempt_dir, log_path, rank_meta, write_own
-from hpcml.run.ranklog import last_own_line
+from hpcml.run.ranklog import failure_line
 
 log = logs.get(__name__)
 
@@ -36,7 +36,7 @@ def failed_ranks(d: Path, attempt: int = 0, requeued: bool = False, stopped: flo
     """Rank -> exit code of the ranks that failed: ended non-zero, but not by Slurm's
     requeue (``requeued``: its TERM, its SIGKILL) nor once the attempt was being stopped
     (``stopped``, ``stop_began``: the recorder notes a rank's end after its command ended)."""
-    return {int(r): ec for r, ec, _, _ in _failures(d, attempt, requeued, stopped) if r is not None}
+    return {int(r): ec for r, ec, _, _, _ in _failures(d, attempt, requeued, stopped) if r is not None}
 
 
 def _failures(d: Path, attempt: int, requeued: bool, stopped: float | None) -> list[tuple]:
@@ -47,7 +47,7 @@ def _failures(d: Path, attempt: int, requeued: bool, stopped: float | None) -> l
             continue
         if stopped is not None and isinstance(end, (int, float)) and end >= stopped:
             continue
-        failed.append((m.get("rank"), ec, end or float("inf"), m.get("node")))
+        failed.append((m.get("rank"), ec, end or float("inf"), m.get("node"), signal_name(m.get("signal"))))
     return failed
 
 
@@ -55,12 +55,24 @@ def first_failure(d: Path, attempt: int = 0, requeued: bool = False, stopped: fl
     """The rank that failed first (by when its command ended), from the recorder's metadata.
     ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail;
     ``stopped``: nor did those that ended once the attempt was being stopped (``stop_began``)."""
-    failed = [(end, rank, ec, node) for rank, ec, end, node in _failures(d, attempt, requeued, stopped)]
+    failed = [(end, rank, ec, node, sig) for rank, ec, end, node, sig in _failures(d, attempt, requeued, stopped)]
     if not failed:
         return None
-    end, rank, ec, node = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
+    end, rank, ec, node, sig = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
     return FirstFailure(rank=rank, exit_code=ec, node=node, end=None if end == float("inf") else end,
-                        failed_ranks=len(failed))
+                        failed_ranks=len(failed), signal=sig)
+
+
+def signal_name(number: object) -> str | None:
+    """SIGKILL for 9: the signal that ended a rank's command (the recorder's ``signal``),
+    by its name; None when none did (an exit code of 137 the program chose is not one)."""
+    import signal
+    if not isinstance(number, int) or isinstance(number, bool):
+        return None
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return f"SIG{number}" if 0 < number < 128 else None
 
 
 def requeued(d: Path, record: Attempt, ask_slurm: bool) -> Requeued | None:
@@ -123,8 +135,9 @@ def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
               f"again, as the next attempt in {d}")
     if first and code != HANG and not record.stopped_at:     # the ranks it stopped did not fail
         err = log_path(d, int(first.rank or 0), "err")
-        log.warning(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}); see {err}")
-        last = last_own_line(err, record.attempt)
+        killed = f", killed by {first.signal}" if first.signal else ""
+        log.warning(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}{killed}); see {err}")
+        last = failure_line(err, record.attempt, None if first.signal else first.exit_code)
         if last:
             log.info(f"  {last}")          # the cause, e.g. a command that cannot start
     return code, taken

@@ -301,6 +301,11 @@ def describe(restart: Restart | dict[str, Any]) -> str:
     return "; ".join(parts)
 
 
+#: what the report says for steps done again that it could not count, and what would count them
+UNKNOWN_REDONE = ("unknown: the script resumed without an hpcml.ckpt checkpoint, so the step it resumed at "
+                  "is not known (hpcml.ckpt, or the script logging its own step through hpcml.observe, measures it)")
+
+
 def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | None:
     """What the faults cost the job: the time from each fault to the next attempt's first
     step, and the steps done again (at ``step_s`` seconds each, when known)."""
@@ -310,10 +315,14 @@ def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | 
     waits = [r.resumed.time_to_resume_s for r in restarts if r.resumed is not None]
     known = [w for w in waits if w is not None]
     waited = round(sum(known), 3) if known else None          # None: no next attempt reached a step
-    redone = sum(r.resumed.steps_lost or 0 for r in restarts if r.resumed is not None)
-    total = None if waited is None else round(waited + (redone * step_s if step_s else 0.0), 3)
+    # unknown is not 0: one resume without its step (no hpcml.ckpt checkpoint) leaves the sum unknown
+    lost = [r.resumed.steps_lost if r.resumed is not None else None for r in restarts if r.action == "restart"]
+    redone = sum(s for s in lost if s is not None) if lost and None not in lost else None
+    total = (round(waited + redone * step_s, 3) if waited is not None and redone is not None and step_s
+             else waited if redone == 0 else None)
     return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.action == "restart"),
-            "time_to_resume_s": waited, "steps_lost": redone, "time_lost_s": total, "step_s": step_s}
+            "time_to_resume_s": waited, "steps_lost": redone, "time_lost_s": total, "step_s": step_s,
+            **({"steps_lost_unknown": UNKNOWN_REDONE} if lost and redone is None else {})}
 
 
 def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:

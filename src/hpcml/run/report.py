@@ -32,7 +32,7 @@ from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
-from hpcml.run.ranklog import own_lines
+from hpcml.run.ranklog import failure_of, own_lines
 from hpcml.run.recovery import describe, resume_of, time_lost
 from hpcml.run.watch import HANG
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
@@ -216,10 +216,12 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
                  "message": f"{prefix}hpcml run got {sig} and stopped its ranks: {_exit(ending['exit_code'])}, "
                             "no rank failed",
                  "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
-    last = next((line.strip() for line in reversed(own_lines(first["stderr_tail"], attempt)) if line.strip()), "")
+    last = failure_of(own_lines(first["stderr_tail"], attempt),
+                      chose=not first.get("signal") and 0 < int(first.get("exit_code") or 0) <= 128)
     return [{"source": "run", "kind": "failed_rank",
              "message": f"{prefix}rank {first['rank']} on {node_name(first.get('node'))} failed first with exit code "
-                        f"{first['exit_code']}" + (f": {last}" if last else ""),
+                        f"{first['exit_code']}" + (f" (killed by {first['signal']})" if first.get("signal") else "")
+                        + (f": {last}" if last else ""),
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
 
@@ -468,10 +470,13 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
     out.append(f"attempt {rep['job'].get('attempt') or 0} (this one) on {', '.join(rep['job'].get('nodes') or [])}: "
                f"{how}")
     lost = rep.get("recovery")
-    if lost and lost.get("time_lost_s") is not None:
-        out.append(f"faults cost {lost['time_lost_s']:.0f} s: {lost['time_to_resume_s']:.0f} s from faults to "
-                   f"resumed steps, {plural(lost['steps_lost'], 'step')} done again"
-                   + (f" ({lost['steps_lost'] * lost['step_s']:.0f} s)" if lost.get("step_s") else ""))
+    if lost and lost.get("time_to_resume_s") is not None:
+        redone = (f"steps done again: {lost['steps_lost_unknown']}" if lost.get("steps_lost_unknown")
+                  else f"{plural(lost['steps_lost'], 'step')} done again"
+                  + (f" ({lost['steps_lost'] * lost['step_s']:.0f} s)" if lost.get("step_s") else ""))
+        cost = f"faults cost {lost['time_lost_s']:.0f} s: " if lost.get("time_lost_s") is not None else \
+            "faults cost at least the time to resume: "
+        out.append(f"{cost}{lost['time_to_resume_s']:.0f} s from faults to resumed steps, {redone}")
     return out
 
 

@@ -58,7 +58,7 @@ from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the w
 from hpcml.run.config import ON_HANG as ON_HANG
 from hpcml.run.culprits import name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
-from hpcml.run.ranklog import last_own_line
+from hpcml.run.ranklog import failure_line
 from hpcml.run.steptimes import StepTimes
 from hpcml.words import node_name, ranges
 
@@ -261,7 +261,7 @@ class Watch:
                 continue                  # stopped by us: TERM's 143, or what its handler chose to exit with
             self._stopping = True
             self.crashed_codes[rank] = code
-            last = last_own_line(log_path(self.d, rank, "err"), self.attempt)
+            last = failure_line(log_path(self.d, rank, "err"), self.attempt, code)
             step = f" after step {b.step}" if b.step is not None else ""
             self._say(f"crash: rank {rank} on {node_name(b.node)} exited {code}{step}" + (f": {last}" if last else ""))
             self._event("crash", f"rank {rank} exited {code}", b.beat, now, rank=rank, node=b.node,
