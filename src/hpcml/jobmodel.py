@@ -437,6 +437,9 @@ class JobSummary(Model):
     throughput: Optional[Throughput] = None
     attempts: int = Field(default=1, ge=1, le=1_000_000)
     time_lost_s: Optional[Number] = None
+    ettr: Optional[float] = Field(default=None, ge=0, le=1)     # productive / whole (hpcml.run.ledger)
+    ettr_bound: Optional[Literal["at most"]] = None              # a part that would lower it was not measured
+    productive_s: Optional[Number] = None
     node_hours: Number = 0.0
     gpu_hours: Number = 0.0
     gpu_hours_lost: Optional[Number] = None

@@ -35,7 +35,8 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
         "crashed": crashed or [], "vetting": vetting or [], "hangs": hangs,
         "gpu": {"score": score, "bound": bound if score is not None else None},
         "throughput": {"median": 1234.5, "unit": "samples/s"}, "attempts": attempt + 1,
-        "time_lost_s": time_lost_s, "node_hours": hours * len(nodes),
+        "time_lost_s": time_lost_s, "ettr": None, "ettr_bound": None, "productive_s": None,
+        "node_hours": hours * len(nodes),
         "gpu_hours": hours * gpus if score is not None else 0.0,
         "gpu_hours_lost": (time_lost_s / 3600 * gpus) if time_lost_s is not None and score is not None else None,
     }

@@ -81,7 +81,7 @@ def reference(tmp_path_factory) -> Path:
 @pytest.mark.torch
 def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(tmp_path, reference):
     p = hpcml(["--ntasks", "2", "--max-restarts", "2", "--dir", "job", "--", sys.executable, str(RESUMABLE)],
-              tmp_path, training(tmp_path, "job", FAULT="crash", FAULT_RANK="1"))
+              tmp_path, training(tmp_path, "job", FAULT="crash", FAULT_RANK="1", STEP_S="0.1"))
     assert p.returncode == 0, p.stderr
     assert "crash: rank 1" in p.stderr and "attempt 1 (restart 1 of 2)" in p.stderr
     assert same_weights(reference, tmp_path / "job.pt")
@@ -104,6 +104,37 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     assert doc["recovery"]["restarts"] == 1 and doc["recovery"]["steps_lost"] == restart["resumed"]["steps_lost"]
     assert [f["kind"] for f in doc["findings"]].count("restarted") == 1
     assert no_process_left(str(RESUMABLE)) == []
+    ledger_matches_the_scripts_own(doc["ledger"], tmp_path / "job.done", run)
+
+
+def ledger_matches_the_scripts_own(ledger: dict, done: Path, run: dict) -> None:
+    """The report's time ledger against the script's own step ledger (each step a rank
+    completed, with its time): the parts add up to hpcml run's whole time, each attempt's
+    productive time is its first to its last step less the steps done again, and those are
+    the steps the script redid after its restart, at the median step time."""
+    times: dict[int, list[tuple[int, int, float]]] = {}
+    for line in done.read_text().splitlines():
+        a, r, s, t = line.split()[:4]
+        times.setdefault(int(a), []).append((int(r), int(s), float(t)))
+    whole = run["ended"] - run["attempts"][0]["started"]
+    assert abs(ledger["total_s"] - whole) < 0.01
+    parts = ledger["parts"]
+    assert abs(sum(p["seconds"] for p in parts if p["seconds"] is not None) - ledger["total_s"]) < 0.01
+    assert sum(p["seconds"] for p in parts if p["part"] == "other") < 1.0        # nearly every second placed
+    step_s = None
+    for attempt, rows in times.items():
+        ts = [t for _, _, t in rows]
+        span = max(ts) - min(ts)
+        redone = sum(p["seconds"] or 0 for p in parts if p["part"] == "redone" and p["attempt"] == attempt)
+        productive = sum(p["seconds"] for p in parts if p["part"] == "productive" and p["attempt"] == attempt)
+        assert abs(productive - (span - redone)) <= 0.5 + 0.05 * span, (attempt, productive, span, redone)
+        if attempt == 1:
+            before = max(s for _, s, _ in times[0])
+            again = sorted(t for r, s, t in rows if r == 0 and s <= before)    # the steps rank 0 did twice
+            step_s = (max(ts) - min(ts)) / max(1, len({s for _, s, _ in rows}) - 1)
+            assert abs(redone - len(again) * step_s) <= 1.0 + 0.5 * len(again) * step_s, (redone, len(again), step_s)
+    assert 0 < ledger["ettr"] <= 1 and ledger["ettr"] == round(sum(
+        p["seconds"] for p in parts if p["part"] == "productive") / ledger["total_s"], 4)
 
 
 def test_a_bug_at_the_same_step_stops_after_two_restarts(tmp_path):

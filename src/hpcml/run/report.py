@@ -197,11 +197,21 @@ def _resume_advice(restart: Restart) -> str:
         + "; the excluded nodes' reasons are in run.json (excluded)"
 
 
+def _step_s(obs: dict | None) -> float | None:
+    """The median seconds a step took, from the observe report's throughput."""
+    tp = ((obs or {}).get("throughput")) or {}
+    return 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
+
+
 def _recovery(run: RunRecord, obs: dict | None) -> dict | None:
     """Every fault and restart of an in-job recovering run, and the time they cost."""
-    tp = ((obs or {}).get("throughput")) or {}
-    step_s = 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
-    return time_lost(run.records(), step_s)
+    return time_lost(run.records(), _step_s(obs))
+
+
+def _ledger(d: Path, run: RunRecord, obs: dict | None) -> dict | None:
+    from hpcml.run import ledger
+    got = ledger.build(d, run, _step_s(obs))
+    return None if got is None else {**got.to_json(), "line": ledger.line(got)}
 
 
 def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list[dict[str, str]]:
@@ -338,6 +348,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "mlflow": mlflow,
         "watch": watch,
         "recovery": _recovery(run, obs_dict),
+        "ledger": None if aborted else _ledger(d, run, obs_dict),
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
@@ -367,6 +378,8 @@ def summary(rep: dict[str, Any]) -> list[str]:
     lines = [f"job {job.get('job_id') or 'local'} ({job.get('mode')}): {' '.join(job.get('command') or [])}",
              f"  {_placed(job, end)}, {_exit(end['exit_code'])}"
              + (f", {job['duration_s']:.1f} s" if job.get("duration_s") is not None else "")]
+    if rep.get("ledger"):
+        lines.append(f"  {rep['ledger']['line']}")
     lines += [f"  {what}: {did}" for what, did in _did(rep)]
     lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
@@ -486,7 +499,8 @@ def _job_rows(rep: dict[str, Any]) -> list[list[Any]]:
     job, end = rep["job"], rep["ending"]
     never = "– (the command never started)" if end.get("aborted") else "–"
     code = end["exit_code"] if end["exit_code"] is not None else "none (hpcml run was killed before it recorded one)"
-    return [[what, did] for what, did in _did(rep)] + [
+    time = [["time", rep["ledger"]["line"].removeprefix("time: ")]] if rep.get("ledger") else []
+    return time + [[what, did] for what, did in _did(rep)] + [
         ["command", " ".join(job.get("command") or [])], ["mode", job.get("mode") or "–"],
         ["tasks", job.get("ntasks") or never],
         *([["ranks", f"{job['world']} ({job['rank_launcher']}'s workers)"]] if job.get("rank_launcher") and job.get("world") else []),

@@ -178,6 +178,8 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         "gpu": {"score": score.get("score"), "bound": score.get("bound")},
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
         "attempts": len(records), "time_lost_s": lost_s,
+        **({"ettr": led["ettr"], "ettr_bound": led.get("ettr_bound"), "productive_s": led["productive_s"]}
+           if (led := rep.get("ledger")) else {}),
         "node_hours": round(hours * len(nodes), 4), "gpu_hours": round(hours * gpus, 4),
         "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None else None,
     }

@@ -1,0 +1,157 @@
+"""Where the job's time went: every second from ``hpcml run``'s start to its end, in parts
+that add up to the whole, and the job's effective training time ratio.
+
+ETTR, as Meta's study of its research clusters defines it (Kokolis et al., "Revisiting
+Reliability in Large-Scale Machine Learning Research Clusters", arXiv:2410.21680, 2024):
+the productive training time over the wall-clock time the job held its resources. Here
+the whole is from the first attempt's start (vetting included) to the last one's end, and
+productive is the time from each attempt's first completed step to its last, less the steps
+it did again after a restart. Each part is read from what the job recorded (run.json's
+times, each rank's metadata and last heartbeat); a part that was not measured is said to
+be unknown, never counted as 0, and the ratio is then a bound.
+
+Parts, per attempt, in time order: ``vetting``; ``launch`` (hpcml's start, srun, the
+ranks' wrappers); ``startup`` (the ranks' start until the first step ended: imports, data,
+model, a checkpoint load); ``productive``; ``redone`` (steps done again after the last
+restart: the steps lost times the median step time); then how the attempt ended: ``tail``
+(the last step to the end of a job that ended by itself), or ``detection`` (from the last
+sign of life, the last step or the fault's start, to hpcml noticing) and ``stopping`` (to the
+attempt's end); between attempts, ``relaunch`` (re-vetting the suspects and starting
+again). ``other`` closes the sum (clock steps, a part the data does not bound); checkpoint
+blocking is not split out of the steps (the Checkpointer does not report it yet).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Literal, Optional
+
+from pydantic import Field
+
+from hpcml.jobmodel import Attempt, Model, RunRecord
+
+Part = Literal["vetting", "launch", "startup", "productive", "redone", "tail", "detection", "stopping", "relaunch",
+               "other"]
+CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
+
+
+class LedgerPart(Model):
+    part: Part
+    attempt: int = Field(ge=0)
+    seconds: Optional[float] = None          # None: not measured (the note says why)
+    note: str = ""
+
+
+class Ledger(Model):
+    """The job's seconds, part by part (``parts`` add up to ``total_s`` where each is known)."""
+
+    total_s: float
+    parts: list[LedgerPart]
+    productive_s: float
+    ettr: Optional[float] = None
+    ettr_bound: Optional[Literal["at most"]] = None    # a part that would lower it was not measured
+    definition: str = CITATION
+
+    def by_part(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.parts:
+            if p.seconds is not None:
+                out[p.part] = round(out.get(p.part, 0.0) + p.seconds, 3)
+        return out
+
+
+def _span(a: float | None, b: float | None) -> float | None:
+    return max(0.0, b - a) if a is not None and b is not None else None
+
+
+def _attempt_times(d: Path, rec: Attempt) -> tuple[float | None, float | None]:
+    """(the ranks' start, the last sign of progress) of attempt ``rec``: the earliest rank
+    start in its store's metadata, the latest step or section end in its ranks' heartbeats."""
+    from hpcml.observe.beat import read_beats
+    from hpcml.run.jobdir import observe_dir, rank_meta
+    starts = [m["start"] for m in rank_meta(d, rec.attempt) if isinstance(m.get("start"), (int, float))]
+    beats = read_beats(observe_dir(d, rec.attempt))
+    last = [b.progress for b in beats.values() if b.progress is not None and b.progress >= rec.started]
+    return min(starts, default=None), max(last, default=None)
+
+
+def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
+    """The ledger of the job in ``d`` (None while it has not ended: the whole is not known)."""
+    records = run.records()
+    if run.ended is None or not records:
+        return None
+    parts: list[LedgerPart] = []
+    productive, unknown = 0.0, False
+    prev: Attempt | None = None
+    for rec in records:
+        n = rec.attempt
+        if prev is not None and prev.ended is not None:
+            revet = prev.restart.revet.duration_s if prev.restart and prev.restart.revet else None
+            parts.append(LedgerPart(part="relaunch", attempt=n, seconds=_span(prev.ended, rec.started),
+                                    note=f"re-vetting {revet:.0f} s of it" if revet else ""))
+        end = rec.ended if rec.ended is not None else max(
+            t for t in (rec.started, rec.first_step_at) if t is not None)
+        vet = min(rec.vet.duration_s or 0.0, end - rec.started) if rec.vet and rec.vet.duration_s else 0.0
+        if vet:
+            parts.append(LedgerPart(part="vetting", attempt=n, seconds=round(vet, 3)))
+        ranks, last = _attempt_times(d, rec)
+        # the ranks' start not recorded (no store): hpcml's launch is counted as start-up
+        launched = min(max(ranks, rec.started + vet), end) if ranks is not None else rec.started + vet
+        if ranks is not None:
+            parts.append(LedgerPart(part="launch", attempt=n, seconds=_span(rec.started + vet, launched)))
+        first = rec.first_step_at
+        if first is None or last is None or first > end:
+            parts.append(LedgerPart(part="startup", attempt=n, seconds=_span(launched, end),
+                                    note="no step completed"))
+            prev = rec
+            continue
+        first = max(first, launched)
+        hang_began = rec.hang.began if rec.hang is not None else None
+        fault = rec.restart.fault if rec.restart is not None else None
+        stop = min(t for t in (last, hang_began, fault.began if fault else None, end) if t is not None)
+        stop = max(stop, first)
+        parts.append(LedgerPart(part="startup", attempt=n, seconds=_span(launched, first)))
+        steps = _span(first, stop) or 0.0
+        redone_s: float | None = 0.0
+        lost: int | None = None
+        if prev is not None and prev.restart is not None and prev.restart.action == "restart":
+            lost = prev.restart.resumed.steps_lost if prev.restart.resumed is not None else None
+            redone_s = None if lost is None or step_s is None else min(steps, max(0, lost) * step_s)
+        if redone_s is None:
+            unknown = True
+            parts.append(LedgerPart(part="redone", attempt=n, seconds=None,
+                                    note="steps done again after the restart: not measured (no hpcml.ckpt step to "
+                                         "resume from, or no step time); counted as productive"))
+        elif redone_s:
+            parts.append(LedgerPart(part="redone", attempt=n, seconds=round(redone_s, 3),
+                                    note=f"{lost} steps x {step_s:.3g} s" if step_s else ""))
+        done = round(steps - (redone_s or 0.0), 3)
+        productive += done
+        parts.append(LedgerPart(part="productive", attempt=n, seconds=done))
+        detected = rec.hang.detected if rec.hang is not None else fault.detected if fault is not None else None
+        if detected is not None and detected >= stop:
+            parts.append(LedgerPart(part="detection", attempt=n, seconds=_span(stop, min(detected, end)),
+                                    note="from the last sign of life to hpcml noticing"))
+            parts.append(LedgerPart(part="stopping", attempt=n, seconds=_span(min(detected, end), end)))
+        else:
+            parts.append(LedgerPart(part="tail", attempt=n, seconds=_span(stop, end),
+                                    note="the last step to the attempt's end"))
+        prev = rec
+    total = round(max(0.0, run.ended - records[0].started), 3)
+    known = sum(p.seconds for p in parts if p.seconds is not None)
+    if abs(total - known) > 0.001:
+        parts.append(LedgerPart(part="other", attempt=run.attempt, seconds=round(total - known, 3),
+                                note="what the recorded times do not place"))
+    ettr = round(productive / total, 4) if total > 0 else None
+    return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3), ettr=ettr,
+                  ettr_bound="at most" if unknown and ettr is not None else None)
+
+
+def line(ledger: Ledger) -> str:
+    """The report's first line about time: "time: 98 s, 71% training (ETTR 0.71): ..."."""
+    ratio = "" if ledger.ettr is None else \
+        f", {'at most ' if ledger.ettr_bound else ''}{ledger.ettr * 100:.0f}% training (ETTR {ledger.ettr:.2f})"
+    parts = ", ".join(f"{name} {s:.0f} s" for name, s in ledger.by_part().items() if name != "productive" and s >= 0.5)
+    unknown = [p.part for p in ledger.parts if p.seconds is None]
+    return (f"time: {ledger.total_s:.0f} s{ratio}" + (f"; {parts}" if parts else "")
+            + (f"; not measured: {', '.join(dict.fromkeys(unknown))}" if unknown else ""))

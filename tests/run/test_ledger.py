@@ -1,0 +1,62 @@
+"""The time ledger (``hpcml.run.ledger``) on records made as the launcher makes them, with
+heartbeats written by the recorder's own writer. Its agreement with a real run's own step
+ledger: tests/run/test_recovery_local.py (``ledger_matches_the_scripts_own``)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from hpcml.jobmodel import Fault, Restart, Resumed, RunRecord
+from hpcml.observe.beat import BeatWriter, Progress
+from hpcml.run import ledger
+from hpcml.run.jobdir import observe_dir
+
+T0 = 1_800_000_000.0
+
+
+def _beats(d: Path, attempt: int, steps: list[float]) -> None:
+    """Rank 0's record after completing a step at each of ``steps`` (epoch seconds)."""
+    p = Progress()
+    p.update(steps, ["metric"] * len(steps), ["loss"] * len(steps), [1.0] * len(steps), list(range(1, len(steps) + 1)))
+    w = BeatWriter(observe_dir(d, attempt), 0, "n1")
+    w.write(p, now=steps[-1])
+    w.close()
+
+
+def _job(d: Path, lost: int | None) -> RunRecord:
+    """Attempt 0: started T0, steps 10..50 s, crashed at 52 s, ended 60 s; restarted at
+    70 s (steps 80..120 s), ended 125 s. Its resume's steps lost: ``lost``."""
+    _beats(d, 0, [T0 + t for t in range(10, 51)])
+    _beats(d, 1, [T0 + t for t in range(80, 121)])
+    restart = Restart(fault=Fault(kind="crash", what="rank 0 exited 1", nodes=["n1"], began=T0 + 52,
+                                  detected=T0 + 53), action="restart",
+                      resumed=Resumed(step=None if lost is None else 40 - lost, steps_lost=lost))
+    first = RunRecord(command=["x"], mode="local", started=T0, ended=T0 + 60, first_step_at=T0 + 10, restart=restart)
+    return RunRecord(command=["x"], mode="local", started=T0 + 70, ended=T0 + 125, attempt=1,
+                     first_step_at=T0 + 80, attempts=[first.as_attempt()])
+
+
+def test_the_parts_add_up_and_steps_done_again_come_off_the_productive_time(tmp_path):
+    got = ledger.build(tmp_path, _job(tmp_path, lost=5), step_s=1.0)
+    assert got is not None and got.total_s == 125.0
+    parts = got.by_part()
+    assert sum(parts.values()) == 125.0 and "other" not in parts
+    # attempt 0: startup 10, productive 40 (10..50), detection 3 (50..53: from the last step), stopping 7;
+    # relaunch 10; attempt 1: startup 10, 5 steps redone, productive 35, tail 5
+    assert parts == {"startup": 20.0, "productive": 75.0, "detection": 3.0, "stopping": 7.0,
+                     "relaunch": 10.0, "redone": 5.0, "tail": 5.0}
+    assert got.ettr == round(75 / 125, 4) and got.ettr_bound is None
+    assert ledger.line(got).startswith("time: 125 s, 60% training (ETTR 0.60); ")
+
+
+def test_steps_done_again_that_were_not_measured_make_the_ratio_a_bound_not_a_zero(tmp_path):
+    got = ledger.build(tmp_path, _job(tmp_path, lost=None), step_s=1.0)
+    assert got is not None and got.ettr_bound == "at most"
+    redone = [p for p in got.parts if p.part == "redone"]
+    assert [(p.seconds, p.note.startswith("steps done again after the restart: not measured")) for p in redone] == \
+        [(None, True)]
+    assert "at most 64% training" in ledger.line(got) and "not measured: redone" in ledger.line(got)
+
+
+def test_a_job_still_running_has_no_ledger(tmp_path):
+    assert ledger.build(tmp_path, RunRecord(command=["x"], mode="local", started=T0), step_s=None) is None
