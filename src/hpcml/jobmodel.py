@@ -118,6 +118,7 @@ class FirstFailure(Model):
     end: Optional[float] = None
     failed_ranks: int = 1
     signal: Optional[Annotated[str, Field(pattern=r"^SIG[A-Z0-9+]+$")]] = None   # what killed it, as the recorder saw
+    oom_killer: Optional[bool] = None     # its cgroup's OOM-kill count rose as SIGKILL came (hpcml.observe.oom)
 
 
 class Requeued(Model):

@@ -197,3 +197,39 @@ def test_on_straggler_restart_with_no_node_to_leave_out_is_one_line_exit_2(tmp_p
     lines = [line for line in p.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("hpcml run: error: flag '--on-straggler': restart needs a node")
     assert not (tmp_path / "ran").exists() and not (tmp_path / "job").exists()
+
+
+def _memory_cgroup(tmp_name: str, limit: int) -> Path:
+    """A memory cgroup of its own under this process's (v2: memory.max; v1: memory.limit_in_bytes)."""
+    for line in Path("/proc/self/cgroup").read_text().splitlines():
+        _, controllers, path = line.split(":", 2)
+        if controllers == "" and (Path("/sys/fs/cgroup") / "cgroup.controllers").exists():
+            cg = Path("/sys/fs/cgroup") / path.lstrip("/") / tmp_name
+            cg.mkdir()
+            (cg / "memory.max").write_text(str(limit))
+            return cg
+        if "memory" in controllers.split(","):
+            cg = Path("/sys/fs/cgroup/memory") / path.lstrip("/") / tmp_name
+            cg.mkdir()
+            (cg / "memory.limit_in_bytes").write_text(str(limit))
+            return cg
+    pytest.fail("no memory cgroup to make: the OOM test needs cgroup v1 or v2 writable (CI runs as root)")
+
+
+def test_a_rank_the_kernels_oom_killer_killed_is_told_so(tmp_path):
+    """hpcml run in a real memory cgroup of 600 MB; the rank allocates 2 GB and the kernel's
+    OOM killer kills it: SIGKILL, named as the OOM killer's from the cgroup's own count."""
+    cg = _memory_cgroup(f"hpcml-oom-{os.getpid()}", 600 << 20)
+    try:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+        p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", "job", "--", sys.executable,
+                            "-c", "import time; x = bytearray(2 << 30); time.sleep(5)"], cwd=tmp_path, env=env,
+                           capture_output=True, text=True, timeout=240,
+                           preexec_fn=lambda: (cg / "cgroup.procs").write_text(str(os.getpid())))
+    finally:
+        cg.rmdir()
+    assert p.returncode == 128 + signal.SIGKILL, p.stderr
+    first = run_json(tmp_path / "job")["first_failure"]
+    assert (first["signal"], first["oom_killer"]) == ("SIGKILL", True)
+    assert "killed by SIGKILL from the kernel's OOM killer" in p.stderr
+    assert "(killed by SIGKILL from the kernel's OOM killer: its cgroup's oom_kill count rose)" in p.stdout

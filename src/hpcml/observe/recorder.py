@@ -28,6 +28,7 @@ from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
 from hpcml.observe.beat import BeatWriter, Progress
+from hpcml.observe.oom import oom_kills
 from hpcml.observe.snapshot import Responder
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.samplers.host import HostSampler
@@ -193,6 +194,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     stats = {"app_batches": 0}
     read_fd, write_fd = os.pipe()
     env = dict(os.environ, HPCML_OBSERVE_FD=str(write_fd), HPCML_OBSERVE_DIR=str(out))
+    ooms = oom_kills(os.getpid())              # the rank's cgroup is this process's: its OOM kills so far
     try:        # the command starts first: the store's imports (pyarrow) overlap its start-up
         child = subprocess.Popen([*(exec_via or []), *cmd], env=env, pass_fds=(write_fd,))
     except OSError as exc:
@@ -258,6 +260,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     rank_meta.update(end=time.time(), exit_code=code, app_batches=stats["app_batches"])
     if rc < 0:
         rank_meta["signal"] = -rc
+        if rc == -signal.SIGKILL and ooms is not None and (now := oom_kills(os.getpid())) is not None and now > ooms:
+            rank_meta["oom_kill"] = True       # the kernel's OOM killer killed a process of its cgroup meanwhile
     write_json(rank_meta_path, rank_meta)
     if task.rank == 0:
         write_json(out / JOB_META, {**job_meta, "end": time.time()})

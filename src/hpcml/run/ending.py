@@ -36,7 +36,7 @@ def failed_ranks(d: Path, attempt: int = 0, requeued: bool = False, stopped: flo
     """Rank -> exit code of the ranks that failed: ended non-zero, but not by Slurm's
     requeue (``requeued``: its TERM, its SIGKILL) nor once the attempt was being stopped
     (``stopped``, ``stop_began``: the recorder notes a rank's end after its command ended)."""
-    return {int(r): ec for r, ec, _, _, _ in _failures(d, attempt, requeued, stopped) if r is not None}
+    return {int(f[0]): f[1] for f in _failures(d, attempt, requeued, stopped) if f[0] is not None}
 
 
 def _failures(d: Path, attempt: int, requeued: bool, stopped: float | None) -> list[tuple]:
@@ -47,7 +47,8 @@ def _failures(d: Path, attempt: int, requeued: bool, stopped: float | None) -> l
             continue
         if stopped is not None and isinstance(end, (int, float)) and end >= stopped:
             continue
-        failed.append((m.get("rank"), ec, end or float("inf"), m.get("node"), signal_name(m.get("signal"))))
+        failed.append((m.get("rank"), ec, end or float("inf"), m.get("node"), signal_name(m.get("signal")),
+                       m.get("oom_kill") is True or None))
     return failed
 
 
@@ -55,12 +56,13 @@ def first_failure(d: Path, attempt: int = 0, requeued: bool = False, stopped: fl
     """The rank that failed first (by when its command ended), from the recorder's metadata.
     ``requeued``: the ranks that Slurm's requeue ended (TERM, SIGKILL) did not fail;
     ``stopped``: nor did those that ended once the attempt was being stopped (``stop_began``)."""
-    failed = [(end, rank, ec, node, sig) for rank, ec, end, node, sig in _failures(d, attempt, requeued, stopped)]
+    failed = [(end, rank, ec, node, sig, oom) for rank, ec, end, node, sig, oom in _failures(d, attempt, requeued,
+                                                                                             stopped)]
     if not failed:
         return None
-    end, rank, ec, node, sig = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
+    end, rank, ec, node, sig, oom = min(failed, key=lambda f: (f[0], f[1] if f[1] is not None else 0))
     return FirstFailure(rank=rank, exit_code=ec, node=node, end=None if end == float("inf") else end,
-                        failed_ranks=len(failed), signal=sig)
+                        failed_ranks=len(failed), signal=sig, oom_killer=oom)
 
 
 def signal_name(number: object) -> str | None:
@@ -135,7 +137,8 @@ def finish(d: Path, record: RunRecord, rc: int) -> tuple[int, bool]:
               f"again, as the next attempt in {d}")
     if first and code != HANG and not record.stopped_at:     # the ranks it stopped did not fail
         err = log_path(d, int(first.rank or 0), "err")
-        killed = f", killed by {first.signal}" if first.signal else ""
+        killed = f", killed by {first.signal}" + (" from the kernel's OOM killer" if first.oom_killer else "") \
+            if first.signal else ""
         log.warning(f"hpcml run: rank {first.rank} failed first (exit {first.exit_code}{killed}); see {err}")
         last = failure_line(err, record.attempt, None if first.signal else first.exit_code)
         if last:

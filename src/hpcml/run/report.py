@@ -230,7 +230,9 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
                       chose=not first.get("signal") and 0 < int(first.get("exit_code") or 0) <= 128)
     return [{"source": "run", "kind": "failed_rank",
              "message": f"{prefix}rank {first['rank']} on {node_name(first.get('node'))} failed first with exit code "
-                        f"{first['exit_code']}" + (f" (killed by {first['signal']})" if first.get("signal") else "")
+                        f"{first['exit_code']}" + (f" (killed by {first['signal']}" + (
+                            " from the kernel's OOM killer: its cgroup's oom_kill count rose" if first.get("oom_killer")
+                            else "") + ")" if first.get("signal") else "")
                         + (f": {last}" if last else ""),
              "advice": f"read {log_path(d, int(first['rank']), 'err')}"}]
 
