@@ -60,3 +60,18 @@ def test_steps_done_again_that_were_not_measured_make_the_ratio_a_bound_not_a_ze
 
 def test_a_job_still_running_has_no_ledger(tmp_path):
     assert ledger.build(tmp_path, RunRecord(command=["x"], mode="local", started=T0), step_s=None) is None
+
+
+def test_the_incident_that_ended_an_attempt_comes_first_with_what_it_cost(tmp_path):
+    """The lost-node job of issue 66: three straggler findings came before the restart that
+    cost the attempt. Now the restart leads, priced from the ledger (attempt 0's detection
+    and stopping, attempt 1's relaunch, start-up and steps done again: 3+7+10+10+5 s)."""
+    from hpcml.run.report import _by_cost
+    got = ledger.build(tmp_path, _job(tmp_path, lost=5), step_s=1.0)
+    assert got is not None
+    findings = [{"source": "observe", "kind": "live_straggler", "message": f"rank {r} slower", "advice": ""}
+                for r in (1, 2, 3)]
+    findings.append({"source": "run", "kind": "restarted", "message": "attempt 0: lost node n2; restarted", "advice": ""})
+    out = _by_cost(findings, got.to_json(), current=1)
+    assert [f["kind"] for f in out] == ["restarted", "live_straggler", "live_straggler", "live_straggler"]
+    assert out[0]["cost_s"] == 35.0 and all("cost_s" not in f for f in out[1:])     # unpriced: no number, not 0

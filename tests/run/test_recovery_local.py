@@ -204,7 +204,7 @@ def test_while_it_ran_tells_every_attempt_and_no_section_contradicts_another(tmp
     assert "attempt 0: hang:" in watch and "attempt 0: culprit: rank 1" in watch, watch
     assert "saw no" not in page
     assert "None" not in page and "None" not in term.stdout                  # no Python for people to read
-    assert term.stdout.splitlines()[2:4] == ["  did (attempt 0): 10 steps (rank 0; ranks did 5-10); last loss 1 (rank 0)",
+    assert term.stdout.splitlines()[3:5] == ["  did (attempt 0): 10 steps (rank 0; ranks did 5-10); last loss 1 (rank 0)",
                                              "  did (attempt 1): 10 steps (rank 0); last loss 1 (rank 0)"], term.stdout
 
 

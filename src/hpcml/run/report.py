@@ -21,6 +21,7 @@ findings.
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 from typing import Any
 
@@ -214,6 +215,41 @@ def _ledger(d: Path, run: RunRecord, obs: dict | None) -> dict | None:
     return None if got is None else {**got.to_json(), "line": ledger.line(got)}
 
 
+#: findings of an incident that ended an attempt: first in the report, whatever else cost more
+ENDED_BY = ("restarted", "not_restarted", "hang", "failed_rank", "interrupted", "requeued", "aborted", "unended",
+            "launcher_killed", "running")
+_ATTEMPT = re.compile(r"^attempt (\d+)[: ]")
+
+
+def _by_cost(findings: list[dict[str, Any]], led: dict | None, current: int) -> list[dict[str, Any]]:
+    """Findings in the order of what they cost: the incidents that ended an attempt first
+    (oldest first), then the others by their ``cost_s``, the seconds of the job the ledger
+    puts on them (an ended attempt: its detection and stopping, and the next attempt's
+    relaunch, start-up and steps done again); a finding the ledger cannot price keeps its
+    place after those it can, with no ``cost_s`` (unknown, not 0)."""
+    spent: dict[tuple[int, str], float] = {}
+    for part in (led or {}).get("parts", []):
+        if part["seconds"] is not None:
+            key = (part["attempt"], part["part"])
+            spent[key] = spent.get(key, 0.0) + part["seconds"]
+
+    def cost(f: dict[str, Any]) -> float | None:
+        if f["kind"] not in ENDED_BY or not led:
+            return None
+        m = _ATTEMPT.match(f["message"])
+        n = int(m[1]) if m else current
+        own = spent.get((n, "detection"), 0.0) + spent.get((n, "stopping"), 0.0)
+        after = sum(spent.get((n + 1, k), 0.0) for k in ("relaunch", "startup", "redone")) if n < current else 0.0
+        return round(own + after, 3)
+
+    priced = [({**f, "cost_s": c} if (c := cost(f)) is not None else f) for f in findings]
+    ended = [f for f in priced if f["kind"] in ENDED_BY]
+    ended.sort(key=lambda f: int(m[1]) if (m := _ATTEMPT.match(f["message"])) else current)
+    rest = [f for f in priced if f["kind"] not in ENDED_BY]
+    rest.sort(key=lambda f: -f["cost_s"] if f.get("cost_s") is not None else 0.0)
+    return ended + rest
+
+
 def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list[dict[str, str]]:
     """How the attempt ended when a rank failed (quoting the rank's own last line, not
     hpcml's: ``hpcml.run.ranklog``), or when hpcml run got TERM or INT and stopped it."""
@@ -331,6 +367,8 @@ def build(d: str | Path) -> dict[str, Any]:
                          "advice": mlflow.get("unreachable") or "the server refused some batches: see its log"})
     started, ended = (earlier[0]["started"] if earlier else run.started), run.ended
     obs_dict = obs.to_dict() if obs is not None else None
+    led = None if aborted else _ledger(d, run, obs_dict)
+    findings = _by_cost(findings, led, attempt)
     return {
         "schema": SCHEMA,
         "path": str(d),
@@ -350,7 +388,7 @@ def build(d: str | Path) -> dict[str, Any]:
         "mlflow": mlflow,
         "watch": watch,
         "recovery": _recovery(run, obs_dict),
-        "ledger": None if aborted else _ledger(d, run, obs_dict),
+        "ledger": led,
         "findings": findings,
         "_parts": {"observe": obs, "score": score, "attempts": earlier_obs},
     }
@@ -413,7 +451,8 @@ def summary(rep: dict[str, Any]) -> list[str]:
         lines.append(f"  first failure: rank {first['rank']} exit {first['exit_code']}")
         lines += [f"    | {line}" for line in first["stderr_tail"][-5:]]
     for f in rep["findings"][:8]:
-        lines.append(f"→ [{f['source']}] {f['message']}" + (f"  ({f['advice']})" if f["advice"] else ""))
+        cost = f" [cost {f['cost_s']:.0f} s]" if f.get("cost_s") is not None else ""
+        lines.append(f"→ [{f['source']}] {f['message']}{cost}" + (f"  ({f['advice']})" if f["advice"] else ""))
     if not rep["findings"]:
         lines.append("→ no findings")
     return lines
