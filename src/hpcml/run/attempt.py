@@ -171,8 +171,9 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
 def _tick(ctl: Control, watch: Watch) -> None:
     lost = ctl.backend.lost()                      # asked while the attempt stops too: every lost node is known
     if lost and ctl.stop_at is None:
-        for n, v in lost.items():
-            watch.stopping("node", f"node {n} lost ({v.state})", v.seen, node=n)
+        for n, v in lost.items():            # began: the node's last sign of life, its ranks' last record
+            last = max((b.beat for b in watch.beats.values() if b.node == n and b.beat is not None), default=None)
+            watch.stopping("node", f"node {n} lost ({v.state})", min(v.seen, last) if last else v.seen, node=n)
         ctl.stop()                                  # the step's tasks, then srun after the grace
     if watch.poll() == "stop":
         ctl.stop()

@@ -57,9 +57,12 @@ def fault_of(rec: Attempt) -> Fault | None:
     lost = rec.lost_nodes or {}
     if lost:
         first = min(lost.values(), key=lambda v: v.seen or 0)
+        # when it began: the node's last sign of life (its ranks' last record, in the watch's
+        # event), not when Slurm marked it; detected: when Slurm's state said so
+        signs = [e.began for e in rec.timeline or [] if e.kind == "node" and e.node in lost and e.began is not None]
         return Fault(kind="node", what=f"Slurm lost {plural(len(lost), 'node')}: "
                      + ", ".join(f"{n} ({v.state})" for n, v in lost.items()),
-                     nodes=sorted(lost), step=step, began=first.seen, detected=first.seen)
+                     nodes=sorted(lost), step=step, began=min(signs, default=first.seen), detected=first.seen)
     events = rec.timeline or []
     hang = rec.hang
     if hang is not None and hang.action == "stop":
