@@ -50,6 +50,8 @@ MAX_FINDINGS = 5
 THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "images_per_s",
                       "throughput")
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
+READ_TOTALS = ("proc_read_bytes", "proc_read_chars")
+COLD_SHARE = 0.3              # of a job's bytes read, from the disk: the reads were cold (imports read warm)
 SCHEMA = tag("observe.report", 1)
 
 
@@ -501,7 +503,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     nidx_of_rank = np.array([node_names.index(nd) for nd in rank_nodes], np.int64) if rank_nodes else None
     for kind in ("gpu", "host"):
         for (k, nm), g in sorted(groups.items()):
-            if k == kind:
+            if k == kind and nm not in READ_TOTALS:          # running totals, read by _reads, not charted
                 assert nidx_of_rank is not None  # these rows have ranks, so rank_nodes is not empty
                 # mean per node and bucket: over the node's GPUs, or its ranks' host samples
                 m, _ = _cells(nidx_of_rank[g.ridx], g.bucket, g.value, len(node_names), nb)
@@ -510,6 +512,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     damaged, failed, rec_problems = _problems(job, meta_ranks, groups)
 
     findings = _findings(missing=list(job.missing), damaged=damaged, failed=failed, restarts=restarts,
+                         reads=_reads(groups, nr),
                          stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
@@ -596,8 +599,37 @@ def failed_finding(failed: dict[int, int]) -> Finding:
                    + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
 
 
+def _reads(groups: dict, nr: int) -> tuple[float, float] | None:
+    """(bytes read from storage, bytes read in all) by every rank's processes: each rank's
+    last total (``hpcml.samplers.host``), summed; None when not recorded."""
+    got = []
+    for name in READ_TOTALS:
+        g = groups.get(("host", name))
+        if g is None or not len(g.value):
+            return None
+        per = np.zeros(max(nr, 1))
+        np.maximum.at(per, g.ridx, g.value)
+        got.append(float(per.sum()))
+    return got[0], got[1]
+
+
+def cold_or_warm(reads: tuple[float, float] | None) -> str:
+    """Whether the job's reads came from the disk (cold: a first run) or the page cache."""
+    if reads is None:
+        return "whether its reads were cold or warm is unknown (no /proc/PID/io counts)"
+    disk, total = reads
+    if total <= 0 and disk <= 0:
+        return "its processes read nothing through read calls (memory-mapped reads are not counted)"
+    share = min(1.0, disk / total) if total > 0 else 1.0
+    mb = f"{max(disk, total) / 2**20:,.0f} MB"
+    if share >= COLD_SHARE:
+        return (f"its reads were cold: {share * 100:.0f}% of the {mb} read came from the disk, not the page "
+                "cache (a first run; a second one may not be data-bound: judge it warm)")
+    return f"its reads were warm: {100 - share * 100:.0f}% of the {mb} read came from the page cache"
+
+
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
-              degrading, meta_ranks, bimodal=None, restarts=()) -> list[Finding]:
+              degrading, meta_ranks, bimodal=None, restarts=(), reads=None) -> list[Finding]:
     out: list[Finding] = []
     if restarts:
         total = sum(r["duration_s"] for r in restarts)
@@ -657,8 +689,12 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
     for name in DATA_SECTIONS:
         sh = (sections.get(name) or {}).get("share_of_step")
         if sh is not None and sh > DATALOAD_SHARE:
-            out.append(Finding("data_bound", f"section '{name}' is {sh * 100:.0f}% of the step time",
-                               "data loading bounds the step: more workers, pack the dataset (hpcml data)"))
+            out.append(Finding("data_bound", f"section '{name}' is {sh * 100:.0f}% of the step time; "
+                               + cold_or_warm(reads),
+                               "data loading bounds the step: more workers, pack the dataset (hpcml data)"
+                               if reads is None or reads[1] <= 0 or reads[0] / reads[1] < COLD_SHARE else
+                               "read cold: run again before packing (the page cache now holds the data), or stage "
+                               "it to node-local storage (hpcml data stage) if every run reads it cold"))
             break
     if damaged:
         r, why = next(iter(damaged.items()))

@@ -3,6 +3,13 @@
 Node-wide figures (CPU, memory, disk and network I/O) are the same for every rank of a
 node, so only local rank 0 records them; each rank records its own process tree.
 Rates are differences between successive samples, so the first sample has none.
+
+Each rank's reads, cold or warm: ``proc_read_chars`` (bytes its processes read through
+read calls, the page cache's hits included) and ``proc_read_bytes`` (bytes the kernel
+fetched from storage for them: Linux's ``/proc/PID/io``), each the total since the rank
+started, over every process of its tree that has run (a DataLoader worker that ended keeps
+its count). Their ratio says whether a data-bound step read from the disk (a first, cold
+run) or the page cache (``hpcml.observe.report``'s data finding).
 """
 
 from __future__ import annotations
@@ -20,6 +27,7 @@ class HostSampler:
         self.node_wide = node_wide
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
+        self._io: dict[int, tuple[int, int]] = {}        # pid -> its last (read_chars, read_bytes)
         self._refreshed = 0.0
         psutil.cpu_percent(None)
 
@@ -38,14 +46,25 @@ class HostSampler:
     def sample(self, ts: int) -> list[tuple]:
         rows: list[tuple] = []
         cpu = rss = 0.0
+        io_read = True
         for p in self._tree():
             try:
                 cpu += p.cpu_percent(None)
                 rss += p.memory_info().rss
             except psutil.Error:
                 continue
+            try:
+                io = p.io_counters()
+                self._io[p.pid] = (int(getattr(io, "read_chars", 0)), int(io.read_bytes))
+            except psutil.NoSuchProcess:
+                continue                            # ended since the tree was listed: its last count stays
+            except (psutil.Error, AttributeError, NotImplementedError):
+                io_read = False                     # not ours to read, or no /proc/PID/io here
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
                  (ts, "host", "proc_rss_bytes", rss, None, None)]
+        if io_read and self._io:
+            rows += [(ts, "host", "proc_read_chars", float(sum(c for c, _ in self._io.values())), None, None),
+                     (ts, "host", "proc_read_bytes", float(sum(b for _, b in self._io.values())), None, None)]
         if not self.node_wide:
             return rows
         mem = psutil.virtual_memory()
