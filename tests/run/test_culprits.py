@@ -2,17 +2,28 @@
 
 from __future__ import annotations
 
+import json
 import sysconfig
+from pathlib import Path
 
 from hpcml.observe.beat import Beat
+from hpcml.observe.hang import Finding, HangReport
+from hpcml.observe.stacks import Stack
 from hpcml.run.culprits import in_collective, name, stack_line
 
 LIB = sysconfig.get_path("purelib")
+PYSPY = Path(__file__).parents[1] / "fixtures" / "pyspy"
 
 
-def stack(*frames: tuple[str, int, str]) -> dict:
-    return {"threads": [{"main": False, "frames": [{"name": "_loop", "file": f"{LIB}/x.py", "line": 1}]},
-                        {"main": True, "frames": [{"name": n, "file": f, "line": ln} for f, ln, n in frames]}]}
+def stack(*frames: tuple[str, int, str]) -> Stack:
+    return Stack.of({"threads": [{"main": False, "frames": [{"name": "_loop", "file": f"{LIB}/x.py", "line": 1}]},
+                                 {"main": True, "frames": [{"name": n, "file": f, "line": ln} for f, ln, n in frames]}]})
+
+
+def real(name: str) -> Stack:
+    """A real py-spy dump (tests/fixtures/pyspy) as the rank's stack file has it."""
+    raw = json.loads((PYSPY / f"pyspy-0.4.3-{name}.json").read_text())
+    return Stack.of(json.loads(json.dumps(Stack.of_py_spy(raw, raw[0]["pid"]).to_json())))
 
 
 WAITING = stack((f"{LIB}/torch/distributed/distributed_c10d.py", 2800, "all_reduce"), ("/home/u/train.py", 40, "main"))
@@ -28,7 +39,29 @@ def beats(steps: dict[int, int | None]) -> dict[int, Beat]:
 def test_the_main_threads_own_innermost_line_is_named():
     assert stack_line(LOADING) == "/home/u/data.py:12 in __getitem__"
     assert stack_line(WAITING) == "/home/u/train.py:40 in main"
-    assert in_collective(WAITING) and in_collective(LOADING) is False and in_collective({}) is None
+    assert in_collective(WAITING) and in_collective(LOADING) is False and in_collective(Stack.of({})) is None
+    assert in_collective(None) is None and stack_line(None) is None
+
+
+def test_real_py_spy_stacks_name_the_rank_and_its_own_line():
+    """py-spy's own dumps: the rank in the user's data loader is the culprit, on the line it is
+    stuck on (not its heartbeat thread's, which py-spy lists first); the one in all_reduce waits."""
+    waiting, loading = real("waiting"), real("loading")
+    assert stack_line(waiting) == "/tmp/job/home/u/train.py:22 in main" and in_collective(waiting)
+    assert stack_line(loading) == "/tmp/job/home/u/data.py:8 in Shards.__getitem__" and in_collective(loading) is False
+    v = name(beats({0: 2, 1: 2, 2: 2}), {0: waiting, 1: loading, 2: waiting})
+    assert v.method == "stacks" and v.blocked == [0, 2]
+    assert [(c.rank, c.where) for c in v.culprits] == [(1, "/tmp/job/home/u/data.py:8 in Shards.__getitem__")]
+
+
+def test_the_flight_recorders_roots_come_first_with_their_finding():
+    found = Finding(pg="0 (default_pg)", seq=7, kind="never-entered", culprits=[2], detail="never entered all_reduce #7")
+    fr = HangReport(dumps={}, refused={}, missing=[], findings=[found], last_seq={}, roots=[2])
+    v = name(beats({0: 9, 1: 9, 2: 9}), {0: WAITING, 1: WAITING, 2: WAITING}, fr)
+    assert v.method == "flight-recorder" and v.blocked == [0, 1]
+    assert [(c.rank, c.why, c.where) for c in v.culprits] == [(2, "never entered all_reduce #7", "/home/u/train.py:40 in main")]
+    v = name(beats({0: 9, 1: 9, 2: 9}), {}, HangReport(dumps={}, refused={}, missing=[], findings=[found], last_seq={}))
+    assert [c.rank for c in v.culprits] == [2]                  # no roots: the findings' culprits
 
 
 def test_ranks_behind_in_steps_are_the_culprits():

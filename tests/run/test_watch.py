@@ -379,6 +379,27 @@ def test_a_job_that_ends_while_its_stacks_are_taken_is_not_a_stopped_hang(tmp_pa
     valid({"schema": "hpcml.run/1", "command": ["x"], "mode": "local", "started": t, **watch.to_json()})
 
 
+def test_what_the_watch_saw_goes_onto_the_record_as_its_models_and_into_run_json_unchanged(tmp_path):
+    from hpcml.jobmodel import RunRecord
+    watch, progress, writers, t = _hung_watch(tmp_path)
+    for r, w in writers.items():
+        w.write(progress[r], now=t + 1, exit=0)
+    watch.finish()
+    watch.stopping("node", "node n9 lost (DOWN)", t - 1, node="n9")
+    seen = watch.fields()
+    assert seen.hang is watch.hang and seen.timeline == watch.timeline and seen.furthest_step == 5
+    assert seen.first_step_at == t - 20 and seen.stopped_for is None and seen.ignored_beats == []
+    assert (watch.timeline[-1].kind, watch.timeline[-1].node, watch.timeline[-1].action) == ("node", "n9", "stop")
+    record = RunRecord(command=["x"], mode="local", started=t)
+    seen.into(record)
+    doc = record.to_json()
+    assert "stopped_for" not in doc and "ignored_beats" not in doc          # fields only when there is one
+    # run.json's fields, in the order they always had
+    assert json.dumps(watch.to_json()) == json.dumps({
+        "timeline": [e.to_json() for e in watch.timeline], "hang": watch.hang.to_json(), "stragglers": [],
+        "furthest_step": 5, "first_step_at": t - 20}) == json.dumps({k: doc[k] for k in watch.to_json()})
+
+
 def test_ranks_that_exit_after_the_watch_stopped_the_job_are_not_crashes(tmp_path):
     """A rank's TERM handler may save and exit 1: after a stop, that is not a crash."""
     watch, progress, writers, t = _hung_watch(tmp_path)

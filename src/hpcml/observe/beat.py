@@ -35,10 +35,11 @@ import operator
 import os
 import time
 from collections import deque
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from itertools import islice
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 from hpcml.files import load_json_bounded
 from hpcml.schemas import tag
@@ -106,9 +107,35 @@ class Beat:
     snapshot: int | None = None      # the last snapshot request the recorder answered
 
     @classmethod
-    def of(cls, doc: dict[str, Any]) -> Beat:
+    def of(cls, doc: Mapping[str, Any]) -> Beat:
         """From a record ``_valid`` accepted (the envelope, ``schema`` and ``sig``, left out)."""
         return cls(**{k: v for k, v in doc.items() if v is not None and k in _FIELDS})
+
+
+class _Fixed(TypedDict):
+    """What opens every record of one writer."""
+
+    schema: str
+    rank: int
+    node: str
+    recorder: int
+
+
+class _ProgressDoc(TypedDict):
+    step: int | None
+    steps: int
+    restarts: int
+    progress: float | None
+    first: float | None
+    gap_s: float | None
+    recent_steps: list[int]
+    recent_s: list[float]
+
+
+class ProgressDoc(_ProgressDoc, total=False):
+    """``Progress.to_json``: a record's progress fields, in the order written."""
+
+    recent_wait: list[float]
 
 
 class Progress:
@@ -126,8 +153,8 @@ class Progress:
         self._timed = False                   # a "step" section exists: its durations are the step times
         self._at: float | None = None         # when ``step`` was first seen
 
-    def update(self, ts: list[float], kinds: list[str], names: list[str], values: list[Any],
-               steps: list[Any]) -> None:
+    def update(self, ts: list[float], kinds: list[str], names: list[str], values: list[float | None],
+               steps: list[int | None]) -> None:
         """Rows in the order logged: epoch seconds, kind, name, value, step (or None). A step
         number at most half the last one is a numbering that restarted (a per-epoch count):
         still progress, and the recent times start again so that they stay ascending
@@ -173,13 +200,14 @@ class Progress:
         self.update(ts, [kinds[i] for i in keep], [cols["name"][i] for i in keep],
                     [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> ProgressDoc:
         """``recent_wait``, beside ``recent_s`` and only when waits were measured: each recent
         step's seconds in collectives (0 for a step without one)."""
         gaps = sorted(self.gaps)
-        doc = {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
-               "first": self.first, "gap_s": round(gaps[len(gaps) // 2], 6) if gaps else None,
-               "recent_steps": [s for s, _ in self.recent], "recent_s": [round(v, 6) for _, v in self.recent]}
+        doc: ProgressDoc = {"step": self.step, "steps": self.steps, "restarts": self.restarts, "progress": self.progress,
+                            "first": self.first, "gap_s": round(gaps[len(gaps) // 2], 6) if gaps else None,
+                            "recent_steps": [s for s, _ in self.recent],
+                            "recent_s": [round(v, 6) for _, v in self.recent]}
         if self.waits:
             waits = dict(self.waits)
             doc["recent_wait"] = [round(waits.get(s, 0.0), 6) for s, _ in self.recent]
@@ -193,21 +221,26 @@ class BeatWriter:
         beat_dir(observe).mkdir(parents=True, exist_ok=True)
         self.path = beat_path(observe, rank)
         self.fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
-        self.fixed: dict[str, Any] = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
+        self.fixed: _Fixed = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
         self.key = _key
 
-    def write(self, progress: Progress, now: float | None = None, **extra: Any) -> None:
-        """``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
+    def write(self, progress: Progress, now: float | None = None, **extra: int | None) -> None:
+        """``extra``: the record's ``pid``, ``snapshot``, ``exit``, each written only when given.
+        ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
-        doc = {**self.fixed, **progress.to_json(), **extra, "beat": time.time() if now is None else now}
+        body, beat = progress.to_json(), time.time() if now is None else now
         room = SIZE - (SIG_BYTES if self.key is not None else 0)
-        data = json.dumps(doc, separators=(",", ":")).encode()
-        while len(data) > room and doc["recent_steps"]:      # never past the record: drop the oldest
-            half = len(doc["recent_steps"]) // 2
-            for key in ("recent_steps", "recent_s", "recent_wait"):
-                if key in doc:
-                    doc[key] = doc[key][half:]
-            data = json.dumps(doc, separators=(",", ":")).encode()
+
+        def encode() -> bytes:
+            return json.dumps({**self.fixed, **body, **extra, "beat": beat}, separators=(",", ":")).encode()
+
+        data = encode()
+        while len(data) > room and body["recent_steps"]:      # never past the record: drop the oldest
+            half = len(body["recent_steps"]) // 2
+            body["recent_steps"], body["recent_s"] = body["recent_steps"][half:], body["recent_s"][half:]
+            if "recent_wait" in body:
+                body["recent_wait"] = body["recent_wait"][half:]
+            data = encode()
         if self.key is not None:
             data = data[:-1] + SIG + _signature(self.key, data) + b'"}'
         try:
@@ -284,13 +317,13 @@ def read_beats(observe: Path, previous: dict[int, Beat] | None = None, trust: Tr
 _FIELDS = frozenset(Beat.__dataclass_fields__)
 
 
-def _parsed(data: bytes) -> tuple[Any, bytes]:
+def _parsed(data: bytes) -> tuple[object, bytes]:
     """The record and its bytes: the signature is over the bytes as written."""
     import orjson
     return orjson.loads(data), data
 
 
-def _number(v: Any) -> bool:
+def _number(v: object) -> bool:
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -304,7 +337,7 @@ def _finite(xs: list) -> bool:
     return set(map(type, xs)) <= _NUMBERS and all(map(math.isfinite, xs))
 
 
-def _valid(doc: Any) -> bool:
+def _valid(doc: object) -> bool:
     """A record of the right shape: anything in the job directory may have been written by
     the user's program, and the launcher must not fall over on it (a record that is not
     valid keeps the rank's previous one)."""

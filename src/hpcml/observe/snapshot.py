@@ -14,11 +14,12 @@ import json
 import os
 import threading
 import time
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 from hpcml.files import read_json, write_atomic
 from hpcml.observe.beat import beat_dir
+from hpcml.observe.stacks import Stack
 from hpcml.schemas import tag
 
 REQUEST = "snapshot.json"
@@ -26,6 +27,7 @@ STACKS = "stacks"
 FLIGHT_RECORDER = "flight-recorder"      # where the ranks dump it (hpcml.run.inject writes these names itself)
 SCHEMA = tag("observe.stack", 1)
 REQUEST_SCHEMA = tag("observe.snapshot", 1)
+MAX_STACK_BYTES = 64 << 20               # of one stack file: py-spy's bounded stack fits many times over
 
 
 def stack_path(observe: Path, rank: int) -> Path:
@@ -39,16 +41,34 @@ def request(observe: Path, ident: int) -> None:
                                                           "at": time.time()}).encode(), exclusive=False)
 
 
-def read_stacks(observe: Path) -> dict[int, dict[str, Any]]:
-    out: dict[int, dict[str, Any]] = {}
+@dataclass(frozen=True, slots=True)
+class RankStack:
+    """A rank's stack file: which snapshot request it answers (``snapshot``), when it was
+    taken (``at``) and the stack (``hpcml.observe.stacks.Stack``)."""
+
+    rank: int
+    snapshot: int | None
+    at: float | None
+    stack: Stack
+
+
+def read_stacks(observe: Path) -> dict[int, RankStack]:
+    """Every rank's stack file, parsed (``Stack.of``); a file that is not one is left out."""
+    out: dict[int, RankStack] = {}
     d = Path(observe) / STACKS
     for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
         try:
-            doc = read_json(p, SCHEMA)
+            doc = read_json(p, SCHEMA, max_bytes=MAX_STACK_BYTES)
         except Exception:  # noqa: BLE001 - a half-written or hostile file: that rank has no stack
             continue
-        if isinstance(doc, dict) and isinstance(doc.get("rank"), int):
-            out[doc["rank"]] = doc
+        if not isinstance(doc, dict):
+            continue
+        rank, ident, at = doc.get("rank"), doc.get("snapshot"), doc.get("at")
+        if isinstance(rank, int) and not isinstance(rank, bool):
+            out[rank] = RankStack(rank=rank, snapshot=ident if isinstance(ident, int) and not isinstance(ident, bool)
+                                  else None,
+                                  at=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
+                                  stack=Stack.of(doc))
     return out
 
 
@@ -81,7 +101,7 @@ class Responder:
     def _take(self, ident: int) -> None:
         from hpcml.observe.stacks import dump
         stack = dump(self.pid)
-        doc = {"schema": SCHEMA, "rank": self.rank, "snapshot": ident, "at": time.time(), **stack}
+        doc = {"schema": SCHEMA, "rank": self.rank, "snapshot": ident, "at": time.time(), **stack.to_json()}
         try:
             (self.observe / STACKS).mkdir(parents=True, exist_ok=True)
             write_atomic(stack_path(self.observe, self.rank), json.dumps(doc).encode(), exclusive=False)

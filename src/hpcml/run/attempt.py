@@ -28,6 +28,7 @@ from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
     from hpcml.run.watch import Watch
+    from hpcml.run.watchexport import WatchExporter
 
 log = logs.get(__name__)
 
@@ -124,7 +125,7 @@ def _world(cmd: list[str], ntasks: int, record: RunRecord) -> int:
 
 
 def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pending: list[int],
-                exporter: Any = None, can_replace: Any = None) -> int:
+                exporter: WatchExporter | None = None, can_replace: Callable[[str | None], bool] | None = None) -> int:
     """One launch of the command: every rank, until they all ended; the launch's exit code.
     ``pending``: signals that came while no attempt ran, forwarded as soon as one does."""
     try:
@@ -163,8 +164,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     if ctl.signalled_at is not None:
         record.signalled_at = ctl.signalled_at
     watch.finish()                       # the crashes the last scan missed, and what the watch saw
-    for key, value in watch.fields().items():
-        setattr(record, key, value)
+    watch.fields().into(record)
     return rc
 
 

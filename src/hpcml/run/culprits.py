@@ -21,12 +21,16 @@ from __future__ import annotations
 
 import os
 import sysconfig
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from hpcml.jobmodel import Culprit, HangVerdict
 from hpcml.observe.beat import Beat
-from hpcml.observe.stacks import main_thread
+from hpcml.observe.stacks import Stack
 from hpcml.words import ranges
+
+if TYPE_CHECKING:
+    from hpcml.observe.hang import HangReport
 
 COLLECTIVE_FILES = ("torch/distributed/", "torch/nn/parallel/distributed.py")
 _LIBRARY_DIRS = tuple({os.path.realpath(p) + os.sep for p in
@@ -40,38 +44,39 @@ def _library(path: str) -> bool:
         return True
 
 
-def stack_line(stack: dict[str, Any] | None) -> str | None:
+def stack_line(stack: Stack | None) -> str | None:
     """The user's line the main thread is on: innermost frame outside libraries."""
-    frames = main_thread(stack or {})
+    frames = stack.main_thread() if stack is not None else ()
     if not frames:
         return None
-    own = next((f for f in frames if f.get("file") and not _library(str(f["file"]))), frames[0])
-    return f"{own.get('file')}:{own.get('line')} in {own.get('name')}"
+    own = next((f for f in frames if f.file and not _library(f.file)), frames[0])
+    return f"{own.file}:{own.line} in {own.name}"
 
 
-def in_collective(stack: dict[str, Any] | None) -> bool | None:
+def in_collective(stack: Stack | None) -> bool | None:
     """Whether the main thread waits inside torch.distributed; None without a stack."""
-    frames = main_thread(stack or {})
+    frames = stack.main_thread() if stack is not None else ()
     if not frames:
         return None
-    return any(any(m in str(f.get("file") or "") for m in COLLECTIVE_FILES) for f in frames)
+    return any(any(m in (f.file or "") for m in COLLECTIVE_FILES) for f in frames)
 
 
 def _ranks(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
-def name(beats: dict[int, Beat], stacks: dict[int, dict], fr: Any = None, done: tuple[int, ...] = ()) -> HangVerdict:
+def name(beats: Mapping[int, Beat], stacks: Mapping[int, Stack], fr: HangReport | None = None,
+         done: tuple[int, ...] = ()) -> HangVerdict:
     """The culprits of a hang; ``fr`` is ``hpcml.observe.hang.analyse``'s report, if dumps came;
     ``done``: the ranks that already ended with exit 0 (not in ``beats``)."""
     def culprit(rank: int, why: str) -> Culprit:
         return Culprit(rank=rank, node=b.node if (b := beats.get(rank)) else None, where=stack_line(stacks.get(rank)), why=why)
 
     ranks = sorted(beats)
-    roots = list(getattr(fr, "roots", None) or []) if fr is not None else []
+    roots = list(fr.roots) if fr is not None else []
     if fr is not None and not roots:
-        roots = sorted({r for f in getattr(fr, "findings", []) for r in f.culprits})
-    if roots:
+        roots = sorted({r for f in fr.findings for r in f.culprits})
+    if fr is not None and roots:
         blocked = sorted(r for r in ranks if r not in roots)
         details = {r: f.detail for f in fr.findings for r in f.culprits}
         return HangVerdict(method="flight-recorder", culprits=[

@@ -44,15 +44,17 @@ from __future__ import annotations
 
 import signal
 import time
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Literal
 
 from hpcml import logs
 from hpcml.cluster import requeue
-from hpcml.jobmodel import Event, FaultKind, Hang, HangVerdict, IgnoredBeat, StoppedFor, Straggler
+from hpcml.jobmodel import Attempt, Event, FaultKind, Hang, HangVerdict, IgnoredBeat, StoppedFor, Straggler
 from hpcml.observe.beat import Beat, Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
+from hpcml.observe.stacks import Stack
 from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
@@ -61,6 +63,10 @@ from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import failure_line
 from hpcml.run.steptimes import StepTimes
 from hpcml.words import node_name, ranges
+
+if TYPE_CHECKING:
+    from hpcml.observe.hang import HangReport
+    from hpcml.run.watchexport import WatchExporter
 
 log = logs.get(__name__)
 
@@ -82,6 +88,38 @@ def period_for(world: int) -> float:
     return min(5.0, max(1.0, world / 200))
 
 
+@dataclass(frozen=True, slots=True)
+class Seen:
+    """What the watch saw, as the attempt's record fields (``RunRecord``): the models
+    themselves. ``stopped_for`` and ``ignored_beats`` are fields of the record only when
+    there is one (``into``, ``to_json``)."""
+
+    timeline: list[Event]
+    hang: Hang | None
+    stragglers: list[Straggler]
+    furthest_step: int | None
+    first_step_at: float | None
+    stopped_for: StoppedFor | None = None
+    ignored_beats: list[IgnoredBeat] = field(default_factory=list)
+
+    def into(self, record: Attempt) -> None:
+        """Set them on the attempt's record."""
+        record.timeline, record.hang, record.stragglers = self.timeline, self.hang, self.stragglers
+        record.furthest_step, record.first_step_at = self.furthest_step, self.first_step_at
+        if self.stopped_for:
+            record.stopped_for = self.stopped_for
+        if self.ignored_beats:
+            record.ignored_beats = self.ignored_beats
+
+    def to_json(self) -> dict[str, object]:
+        """As run.json has them."""
+        return {"timeline": [e.to_json() for e in self.timeline], "hang": self.hang.to_json() if self.hang else None,
+                "stragglers": [s.to_json() for s in self.stragglers], "furthest_step": self.furthest_step,
+                "first_step_at": self.first_step_at,
+                **({"stopped_for": self.stopped_for.to_json()} if self.stopped_for else {}),
+                **({"ignored_beats": [i.to_json() for i in self.ignored_beats]} if self.ignored_beats else {})}
+
+
 @dataclass
 class Watch:
     d: Path
@@ -98,13 +136,13 @@ class Watch:
     _stopping: bool = False
     stragglers: dict[int, Straggler] = field(default_factory=dict)
     _next_scoring: float = 0.0
-    exporter: Any = None                         # a WatchExporter (--prometheus-port), or None
+    exporter: WatchExporter | None = None        # --prometheus-port
     scores: dict[int, float] = field(default_factory=dict)
     crashed_codes: dict[int, int] = field(default_factory=dict)
     _collect: tuple[int, float] | None = None    # (snapshot id, give up at)
     _fr_until: float | None = None
     on_straggler: str = "report"                 # restart: a straggler stops the job (hpcml.run.recovery)
-    can_replace: Any = None                      # node -> whether a restart without it is possible now
+    can_replace: Callable[[str | None], bool] | None = None   # node -> whether a restart without it is possible now
     stopped_for: StoppedFor | None = None        # the straggler the job was stopped for
     secret: bytes | None = None                  # the attempt's: each rank's records are signed with its key
     interval: float = 1.0                        # seconds between two records of a rank (--interval)
@@ -119,7 +157,7 @@ class Watch:
         self.period = self.period or period_for(self.world)
         self._steps = StepTimes(self.world)
         self._trust = Trust(self.world, self.secret)
-        self._changed: dict[int, tuple[Any, float]] = {}     # rank -> (its record's beat, when we saw it change)
+        self._changed: dict[int, tuple[float | None, float]] = {}   # rank -> (its record's beat, when we saw it change)
         self._held: dict[int, float] = {}                    # rank -> when its exit by TERM or INT was seen
         self._said: set[tuple[int, str]] = set()             # the refusals said
 
@@ -147,11 +185,11 @@ class Watch:
             self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
         return action
 
-    def stopping(self, kind: FaultKind, what: str, began: float | None, **extra: Any) -> None:
-        """The launcher stops the job for a reason of its own (a node lost): into the timeline;
-        the ranks that end from now on were stopped, not crashed."""
+    def stopping(self, kind: FaultKind, what: str, began: float | None, node: str) -> None:
+        """The launcher stops the job for a reason of its own (a node lost, ``node``): into the
+        timeline; the ranks that end from now on were stopped, not crashed."""
         self._stopping = True
-        self._event(kind, what, began, time.time(), action="stop", **extra)
+        self.timeline.append(Event(kind=kind, began=began, detected=time.time(), what=what, action="stop", node=node))
 
     def finish(self) -> None:
         """The job ended: name the crashes the last scan did not see."""
@@ -160,20 +198,17 @@ class Watch:
         if self._collect is not None:                  # the job ended while the stacks came: name from what came
             self._conclude(time.time(), ended=True)
 
-    def fields(self) -> dict[str, Any]:
-        """What the watch saw, as the attempt's record fields (``RunRecord``): the models themselves."""
+    def fields(self) -> Seen:
+        """What the watch saw, as the attempt's record fields (``RunRecord``)."""
         steps = [b.step for b in self.beats.values() if b.step is not None]
         firsts = [b.first for b in self.beats.values() if b.first is not None]
-        return {"timeline": self.timeline, "hang": self.hang, "stragglers": list(self.stragglers.values()),
-                "furthest_step": max(steps, default=None), "first_step_at": min(firsts, default=None),
-                **({"stopped_for": self.stopped_for} if self.stopped_for else {}),
-                **({"ignored_beats": self.ignored} if self.ignored else {})}
+        return Seen(timeline=self.timeline, hang=self.hang, stragglers=list(self.stragglers.values()),
+                    furthest_step=max(steps, default=None), first_step_at=min(firsts, default=None),
+                    stopped_for=self.stopped_for, ignored_beats=self.ignored)
 
-    def to_json(self) -> dict[str, Any]:
+    def to_json(self) -> dict[str, object]:
         """``fields`` as run.json has them."""
-        def plain(v: Any) -> Any:
-            return v.to_json() if hasattr(v, "to_json") else [plain(x) for x in v] if isinstance(v, list) else v
-        return {k: plain(v) for k, v in self.fields().items()}
+        return self.fields().to_json()
 
     def _straggler_stop(self) -> bool:
         """``--on-straggler restart``: the first straggler named stops the job (once)."""
@@ -238,9 +273,6 @@ class Watch:
         return requeue.find(attempt_dir(self.d, self.attempt), self.job_id, self.restart_of, ask_slurm=False) \
             is not None
 
-    def _event(self, kind: FaultKind, what: str, began: float | None, detected: float, **extra: Any) -> None:
-        self.timeline.append(Event(kind=kind, began=began, detected=detected, what=what, **extra))
-
     def _say(self, line: str) -> None:
         log.info(f"hpcml run: {line}")
 
@@ -264,8 +296,8 @@ class Watch:
             last = failure_line(log_path(self.d, rank, "err"), self.attempt, code)
             step = f" after step {b.step}" if b.step is not None else ""
             self._say(f"crash: rank {rank} on {node_name(b.node)} exited {code}{step}" + (f": {last}" if last else ""))
-            self._event("crash", f"rank {rank} exited {code}", b.beat, now, rank=rank, node=b.node,
-                        exit_code=code, stderr=last, step=b.step)
+            self.timeline.append(Event(kind="crash", what=f"rank {rank} exited {code}", began=b.beat, detected=now,
+                                       rank=rank, node=b.node, exit_code=code, stderr=last, step=b.step))
 
     def _stragglers(self, now: float) -> None:
         """The end-of-job report's model (``observe.stragglers.score_matrix`` on the ranks'
@@ -309,8 +341,9 @@ class Watch:
             self.stragglers[sc.rank] = Straggler(rank=sc.rank, node=sc.node, score=round(sc.score, 3),
                                                  since_step=onset, detected=now)
             self._say(f"straggler: rank {sc.rank} on {sc.node} {sc.score:.1f}x slower since step {onset:,}")
-            self._event("straggler", f"rank {sc.rank} {sc.score:.1f}x slower since step {onset:,}", None, now,
-                        rank=sc.rank, node=sc.node, score=round(sc.score, 3), since_step=onset)
+            self.timeline.append(Event(kind="straggler", what=f"rank {sc.rank} {sc.score:.1f}x slower since step "
+                                       f"{onset:,}", began=None, detected=now, rank=sc.rank, node=sc.node,
+                                       score=round(sc.score, 3), since_step=onset))
 
     def hang_timeout(self) -> float:
         if self.timeout is not None:
@@ -361,22 +394,23 @@ class Watch:
             if now < self._fr_until and now < give_up:
                 return None
         self._collect, self._fr_until = None, None
-        stacks = {r: s for r, s in read_stacks(self.observe).items() if s.get("snapshot") == ident}
+        stacks = {r: s.stack for r, s in read_stacks(self.observe).items() if s.snapshot == ident}
         done = tuple(sorted(r for r, b in self.beats.items() if b.exit == 0 and r not in alive))
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
-        action = "ended" if ended else self.on_hang
+        action: Literal["stop", "report", "ended"] = "ended" if ended else "stop" if self.on_hang == "stop" else "report"
         self.hang.verdict = verdict
         self.hang.stacks, self.hang.named = len(stacks), now
-        self.hang.action = "ended" if ended else "stop" if self.on_hang == "stop" else "report"
-        self._event("hang", self._summary(verdict), self.hang.began, self.hang.detected, named=now,
-                    action=action, culprits=[c.rank for c in verdict.culprits])
+        self.hang.action = action
+        self.timeline.append(Event(kind="hang", what=self._summary(verdict), began=self.hang.began,
+                                   detected=self.hang.detected, named=now, action=action,
+                                   culprits=[c.rank for c in verdict.culprits]))
         if action == "stop":
             self._say(f"hang: stopping the job (--on-hang stop); it exits {HANG}")
             return "stop"
         return None
 
-    def _flight_recorder(self) -> Any:
+    def _flight_recorder(self) -> HangReport | None:
         """The hang analysis of the Flight Recorder dumps in the store, if any were written."""
         fr = self.observe / FLIGHT_RECORDER
         if not fr.is_dir() or not any(fr.glob("rank-*")):    # emptied when the hang was detected
@@ -393,7 +427,7 @@ class Watch:
         return (f"culprit ranks {ranges([c.rank for c in verdict.culprits])} ({verdict.method})"
                 + (f"; ranks {ranges(verdict.blocked)} blocked behind them" if verdict.blocked else ""))
 
-    def _report(self, verdict: HangVerdict, stacks: dict, alive: list[int]) -> None:
+    def _report(self, verdict: HangVerdict, stacks: Mapping[int, Stack], alive: list[int]) -> None:
         for c in verdict.culprits:
             self._say(f"hang: culprit rank {c.rank} on {c.node}: {c.where or 'no stack'} ({c.why})")
         if verdict.blocked:
