@@ -16,7 +16,7 @@ from hpcml.errors import UsageError
 from hpcml.jobmodel import JobSummary, RunRecord
 
 
-@pytest.mark.parametrize("name", ["run", "job.summary", "observe.beat"])
+@pytest.mark.parametrize("name", ["run", "job.summary", "observe.beat", "vet"])
 def test_the_schema_files_are_generated_from_the_models(name):
     """A field added to a model without ``python -m hpcml.jobmodel --write-schemas`` fails."""
     assert schemas.load(name) == jobmodel.generated()[name]
@@ -31,7 +31,7 @@ def _closed(schema: dict) -> list[str]:
     return open_
 
 
-@pytest.mark.parametrize("name", ["run", "job.summary"])
+@pytest.mark.parametrize("name", ["run", "job.summary", "vet"])
 def test_every_object_in_the_schemas_is_closed(name):
     assert _closed(schemas.load(name)) == []
 

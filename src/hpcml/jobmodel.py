@@ -1,8 +1,9 @@
-"""The job as a typed model: run.json (``hpcml.run/1``) and the centre's job summary
-(``hpcml.job.summary/1``), defined once.
+"""The job as a typed model: run.json (``hpcml.run/1``), the centre's job summary
+(``hpcml.job.summary/1``) and the vetting report (``hpcml.vet/1``), defined once.
 
 Why one module: the launcher writes run.json, the watch, recovery, report and summary read
-it, and the collector receives the summary built from it. Four hand-kept definitions (a
+it, and the collector receives the summary built from it; ``hpcml vet`` writes report.json,
+which ``hpcml run``'s summary, the node handler and the collector read. Four hand-kept definitions (a
 dict here, a pydantic model there, a JSON Schema, a test fixture) drift; a field renamed in
 one was silently dropped by another. Here each document is a pydantic model, closed
 (``extra="forbid"``), and its JSON Schema under ``hpcml/schemas`` is generated from it
@@ -13,10 +14,12 @@ Compatibility: a minor (``/1.N``) may only add keys (``hpcml.schemas``). A docum
 newer minor than this hpcml's is read with the keys it does not know dropped; of its own
 minor or older, an unknown key is refused in one line naming it. Models are written with
 ``exclude_unset``: a key is in the file when the writer set it (None included), as it was
-when run.json was a dict.
+when run.json was a dict. The vet report is the exception: its writer builds it by hand
+from ``hpcml.vet.model``'s dataclasses (see ``VetDocument``), and tests hold the two to
+one set of fields.
 
-A top-level module (pydantic and ``hpcml.schemas`` only), so that ``run`` and the
-collector both use it without importing each other.
+A top-level module (pydantic and ``hpcml.schemas`` only), so that ``run``, ``vet`` and the
+collector all use it without importing each other.
 """
 
 from __future__ import annotations
@@ -29,10 +32,10 @@ from pathlib import Path
 from typing import Annotated, Any, Literal, Optional, TypeVar, Union
 
 import orjson
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, JsonValue, ValidationError, model_validator
 
 from hpcml.errors import UsageError
-from hpcml.schemas import check, parse, tag
+from hpcml.schemas import VET_REPORT, check, parse, tag
 
 RUN_SCHEMA = tag("run", 1)
 SUMMARY_SCHEMA = tag("job.summary", 1)
@@ -492,6 +495,102 @@ class JobSummary(Model):
         return [(role, e) for role, name in ROLE_FIELDS.items() for e in getattr(self, name)]
 
 
+# ------------------------------------------------------------------------- vet report
+
+#: what a check found (``hpcml.vet.model.Outcome``'s values: ``vet`` is above this module)
+VetOutcome = Literal["pass", "warn", "fail", "error", "skipped"]
+VET_OUTCOMES: tuple[str, ...] = typing.get_args(VetOutcome)
+
+
+class VetDocument(Model):
+    """A part of ``hpcml vet``'s report. Built by hand from ``hpcml.vet.model``'s
+    dataclasses (the worker on every node imports no pydantic, and 100k results are
+    written in a fraction of a second), whose fields these models name: every key is
+    written, so every key is required in the schema; a reader takes a missing one at its
+    default, the dataclass's."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_serialization_defaults_required=True)
+
+
+class VetCheck(VetDocument):
+    """One eval of the protocol, as it was run (``hpcml.vet.protocol.EvalSpec``)."""
+
+    name: str
+    type: str
+    scope: Literal["node", "allocation"]
+    timeout: float
+    severity: Literal["fail", "warn"]
+    count_errors: bool = True
+    params: dict[str, JsonValue] = {}
+    min_relative: Optional[float] = None
+    max_relative: Optional[float] = None
+
+
+class VetProtocol(VetDocument):
+    """The protocol the nodes were vetted by (``hpcml.vet.protocol.Protocol``)."""
+
+    name: str
+    source: str
+    vetnode: bool = False
+    checks: list[VetCheck]
+
+
+class VetResult(VetDocument):
+    """One check on one node (``hpcml.vet.model.CheckResult``)."""
+
+    node: str
+    check: str
+    type: str
+    outcome: VetOutcome
+    value: Union[float, int, str, bool, None] = None
+    threshold: Optional[str] = None
+    unit: Optional[str] = None
+    duration: float = Field(default=0.0, ge=0)
+    message: str = ""
+    details: dict[str, JsonValue] = {}
+
+
+class VetNode(VetDocument):
+    """Every result of one node (``hpcml.vet.model.NodeReport``); ``reachable`` is false
+    when no result came back in time."""
+
+    node: str
+    reachable: bool = True
+    message: str = ""
+    sent_at: Optional[float] = None
+    results: list[VetResult] = []
+
+
+class VetVerdict(VetDocument):
+    """The decision over every node (``hpcml.vet.model.Verdict``), the nodes as hostlists."""
+
+    decision: Literal["continue", "shrink", "abort"]
+    exit_code: Literal[0, 3, 4]
+    min_nodes: int = Field(ge=0)
+    good: str = Field(description="Slurm hostlist")
+    bad: str = Field(description="Slurm hostlist, for srun --exclude")
+    good_count: int = Field(ge=0)
+    bad_count: int = Field(ge=0)
+    reasons: dict[str, list[str]] = {}
+
+
+class VetReport(VetDocument):
+    """``hpcml vet``'s report.json (``hpcml.vet.report.to_json``): the protocol, every
+    node's check results and the verdict."""
+
+    schema_: str = Field(default=VET_REPORT, alias="schema", pattern=r"^hpcml\.vet/1(\.[0-9]+)?$")
+    protocol: VetProtocol
+    job_id: Optional[str]
+    launcher: str
+    started_at: float = Field(description="seconds since the epoch")
+    duration: float = Field(ge=0)
+    nodes: dict[str, VetNode]
+    verdict: VetVerdict
+    notes: list[str] = []
+
+    model_config = ConfigDict(populate_by_name=True)
+
+
 # ------------------------------------------------------------------ reading and writing
 
 M = TypeVar("M", bound=BaseModel)
@@ -581,7 +680,8 @@ def dumps(record: Model) -> bytes:
 
 
 def write_schemas(folder: Path | None = None) -> list[Path]:
-    """The JSON Schemas of run.json, the job summary and the heartbeat, generated from the models."""
+    """The JSON Schemas of run.json, the job summary, the heartbeat and the vet report,
+    generated from the models."""
     from hpcml.files import write_atomic
     folder = folder or Path(__file__).parent / "schemas"
     out = []
@@ -593,16 +693,22 @@ def write_schemas(folder: Path | None = None) -> list[Path]:
 
 
 def generated() -> dict[str, dict[str, Any]]:
-    """``{"run": ..., "job.summary": ..., "observe.beat": ...}``: closed (``additionalProperties: false``)."""
+    """``{"run": ..., "job.summary": ..., "observe.beat": ..., "vet": ...}``: closed
+    (``additionalProperties: false``)."""
     run = RunRecord.model_json_schema(by_alias=True, mode="serialization")
     run.update({"$schema": "https://json-schema.org/draft/2020-12/schema",
                 "title": "hpcml run job record (run.json of an hpcml run job directory)"})
     summary = JobSummary.model_json_schema(by_alias=True, mode="serialization")
     summary.update({"$schema": "https://json-schema.org/draft/2020-12/schema",
                     "title": "A job attempt's summary for the centre (JOBDIR/summary/attempt-N.json, POST /v1/jobs)"})
-    for schema in (run, summary):                 # every writer writes its tag, first
+    vet = VetReport.model_json_schema(by_alias=True, mode="serialization")
+    vet.update({"$schema": "https://json-schema.org/draft/2020-12/schema",
+                "title": "hpcml vet report (report.json, `hpcml vet run --json`)",
+                "description": "One vetting run: the protocol, every node's check results and the verdict. "
+                               "Written by hpcml.vet.report.to_json."})
+    for schema in (run, summary, vet):            # every writer writes its tag, first
         schema["required"] = ["schema", *[r for r in schema.get("required", []) if r != "schema"]]
-    return {"run": run, "job.summary": summary, "observe.beat": _beat_schema()}
+    return {"run": run, "job.summary": summary, "observe.beat": _beat_schema(), "vet": vet}
 
 
 def _beat_schema() -> dict[str, Any]:

@@ -15,6 +15,7 @@ import pytest
 from typer.testing import CliRunner
 
 from hpcml.centre.cli import app as centre_app
+from tests.vet.reports import vet_report
 
 pytestmark = pytest.mark.slurm
 
@@ -66,11 +67,8 @@ def nodes(slurm_cluster, slurm_env):
 def _write_report(root: Path, name: str, outcomes: dict[str, str]) -> None:
     d = root / name
     d.mkdir(parents=True)
-    nodes = {n: {"node": n, "reachable": True,
-                 "results": [{"node": n, "check": "gpu", "type": "gpu", "outcome": o}]}
-             for n, o in outcomes.items()}
-    (d / "report.json").write_text(json.dumps({"schema": "hpcml.vet/1", "started_at": time.time(),
-                                               "job_id": name, "nodes": nodes}))
+    report = vet_report({n: [("gpu", "gpu", o)] for n, o in outcomes.items()}, started_at=time.time(), job_id=name)
+    (d / "report.json").write_text(json.dumps(report))
 
 
 def _run(*args):

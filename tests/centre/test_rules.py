@@ -13,6 +13,7 @@ from hpcml.centre.handler import NodeState
 from hpcml.centre.rules import DEFAULT_RULES, load, loads
 from hpcml.centre.sources import JOB_CHECK, JsonDirSource, Result
 from hpcml.errors import SlurmError, UsageError
+from tests.vet.reports import vet_report
 
 NOW = datetime(2025, 6, 1, 12, 0, tzinfo=timezone.utc)
 RULES = """\
@@ -369,11 +370,7 @@ def test_audit_log_is_locked_against_a_second_handler(tmp_path):
 # --- report files -------------------------------------------------------------------------
 
 def _report(started_at, node_results, job="42"):
-    return {"schema": "hpcml.vet/1", "started_at": started_at, "job_id": job,
-            "nodes": {n: {"node": n, "reachable": rs is not None,
-                          "results": [{"node": n, "check": c, "type": t, "outcome": o}
-                                      for c, t, o in (rs or [])]}
-                      for n, rs in node_results.items()}}
+    return vet_report(node_results, started_at=started_at, job_id=job)
 
 
 def test_json_dir_source_reads_reports(tmp_path):
@@ -393,7 +390,7 @@ def test_json_dir_source_reads_reports(tmp_path):
                                              ('{"schema": "x"}', "not an hpcml.vet document"),
                                              ('{"nodes": {}}', "no schema tag"),
                                              ('{"schema": "hpcml.vet/2"}', r"newer hpcml \(schema hpcml.vet/2\)"),
-                                             ('{"schema": "hpcml.vet/1"}', "missing key")])
+                                             ('{"schema": "hpcml.vet/1"}', "protocol: Field required")])
 def test_json_dir_source_bad_files(tmp_path, content, problem):
     (tmp_path / "report.json").write_text(content)
     with pytest.raises(UsageError, match=problem) as info:

@@ -2,7 +2,8 @@
 
 The handler needs only "every result since T", so it depends on this small read
 interface rather than on a store: ``JsonDirSource`` reads the report.json files that
-``hpcml vet`` leaves behind, ``StoreSource`` adapts the results collector's store, and with it
+``hpcml vet`` leaves behind (validated with the model their writer's document is defined by,
+``hpcml.jobmodel.VetReport``), ``StoreSource`` adapts the results collector's store, and with it
 the job summaries' node events (a straggler or hang culprit named by a job), as results of
 the check ``@job`` whose type is the role.
 """
@@ -17,7 +18,8 @@ from typing import Protocol
 
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded
-from hpcml.schemas import VET_REPORT, check
+from hpcml.jobmodel import VetReport, validate
+from hpcml.schemas import VET_REPORT
 
 JOB_CHECK = "@job"           # the name a job summary's node event goes by (type: the role); ``from_job`` tells it
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
@@ -89,7 +91,8 @@ class JsonDirSource:
         for path in self.files():
             try:
                 data = load_json_bounded(path, JSON_MAX)
-                check(data, VET_REPORT, str(path))   # a newer hpcml's report is refused, not misread
+                # a newer hpcml's report is refused, not misread; a bad field named in one line
+                validate(VetReport, data, VET_REPORT, str(path))
                 results = list(results_of_report(data))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)

@@ -1,15 +1,22 @@
 """The data of a vetting run: outcomes, per-check results, node reports, the verdict.
 
 Plain dataclasses with ``to_dict`` / ``from_dict`` so results cross srun's stdout as JSON
-and the worker on each node needs no heavy imports.
+and the worker on each node needs no heavy imports (no pydantic). The report's document is
+defined once, in ``hpcml.jobmodel`` (``VetReport``: its ``VetResult`` and ``VetNode`` are
+what ``to_dict`` writes); ``tests/vet/test_report_model.py`` holds the fields here to it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from enum import Enum
 from functools import cached_property
-from typing import Any
+from typing import Any, Union
+
+#: a JSON value: what a check's ``details`` hold (they cross srun's stdout as JSON). Read-only
+#: containers, so that a ``list[str]`` or ``dict[str, float]`` is one (``list`` is invariant)
+Json = Union[str, int, float, bool, None, Sequence["Json"], Mapping[str, "Json"]]
 
 
 class Outcome(str, Enum):
@@ -40,7 +47,7 @@ class CheckReport:
     threshold: str | None = None
     unit: str | None = None
     message: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Json] = field(default_factory=dict)
 
 
 @dataclass
@@ -56,9 +63,9 @@ class CheckResult:
     unit: str | None = None
     duration: float = 0.0
     message: str = ""
-    details: dict[str, Any] = field(default_factory=dict)
+    details: dict[str, Json] = field(default_factory=dict)
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Json]:
         # by hand, not dataclasses.asdict: that deep-copies and is 10x slower at 100k results
         return {"node": self.node, "check": self.check, "type": self.type,
                 "outcome": self.outcome.value, "value": self.value, "threshold": self.threshold,
@@ -83,7 +90,7 @@ class NodeReport:
     sent_at: float | None = None
     received_at: float | None = None
 
-    def to_dict(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Json]:
         return {"node": self.node, "reachable": self.reachable, "message": self.message,
                 "sent_at": self.sent_at, "results": [r.to_dict() for r in self.results]}
 

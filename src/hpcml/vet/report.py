@@ -10,14 +10,13 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
 
 from hpcml.cluster.hostlist import fold
 from hpcml.files import write_atomic
 from hpcml.schemas import VET_REPORT as SCHEMA
 from hpcml.units import fmt_bytes
 from hpcml.vet.engine import VetRun
-from hpcml.vet.model import Outcome
+from hpcml.vet.model import Json, Outcome
 from hpcml.words import plural
 
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
@@ -26,7 +25,10 @@ _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red
 FULL_TABLE_NODES = 32
 
 
-def to_json(run: VetRun) -> dict[str, Any]:
+def to_json(run: VetRun) -> dict[str, Json]:
+    """The report's document, ``hpcml.jobmodel.VetReport``: built by hand, not through the
+    model (10k nodes in a fraction of a second, no pydantic); ``tests/vet/test_report_model.py``
+    holds the two to one set of keys."""
     v = run.verdict
     p = run.protocol
     return {
@@ -49,7 +51,7 @@ def to_json(run: VetRun) -> dict[str, Any]:
     }
 
 
-def dumps(data: dict[str, Any]) -> str:
+def dumps(data: dict[str, Json]) -> str:
     """Compact JSON: the C encoder only runs without ``indent`` (5x faster at 10k nodes)."""
     return json.dumps(data, separators=(",", ":"), default=str)
 

@@ -135,10 +135,11 @@ def run_checks(evals: list[dict[str, Any]], ctx_fields: dict[str, Any],
             report = CheckReport(Outcome.ERROR, message="not run: the run's deadline was reached")
         if report.outcome is Outcome.FAIL and ev.get("severity") == "warn":
             report.outcome = Outcome.WARN
+        ran = report.details.pop("_duration", took)      # the forked child's own timing
         results.append(CheckResult(
             node=ctx_fields["node"], check=ev["name"], type=ev["type"], outcome=report.outcome,
             value=report.value, threshold=report.threshold, unit=report.unit,
-            duration=report.details.pop("_duration", took), message=report.message,
+            duration=ran if isinstance(ran, (int, float)) else took, message=report.message,
             details=report.details))
     return results
 

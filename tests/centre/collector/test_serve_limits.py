@@ -21,6 +21,7 @@ from hpcml.ports import free_port
 from tests.centre.conftest import TOKEN
 from tests.centre.jobdocs import event, summary
 from tests.centre.pgcluster import PgCluster
+from tests.vet.reports import vet_report
 
 TRUSTED = "trusted-token-0123456789abcdef"   # the centre's own tool: its summaries count as sent
 
@@ -252,12 +253,12 @@ def test_several_collector_processes_on_one_postgresql(serve, pg_cluster):
 
 
 def _hostile_reports() -> list[bytes]:
-    """Small requests that would cost much if expanded or held: a 341-byte vet report whose
-    verdict names 16 x 65,536 hosts; a 1 MiB list of the smallest node reports; one node
-    report with 10,000 results (the per-report cap)."""
-    bomb = json.dumps({"schema": "hpcml.vet/1", "started_at": time.time(), "job_id": "1",
-                       "nodes": {"n1": {"node": "n1", "results": []}},
-                       "verdict": {"bad": ",".join(f"h{i}x[1-65536]" for i in range(16))}}).encode()
+    """Small requests that would cost much if expanded or held: a valid vet report of 656 bytes
+    whose verdict names 16 x 65,536 hosts; a 1 MiB list of the smallest node reports; one
+    node report with 10,000 results (the per-report cap)."""
+    report = vet_report({"n1": []}, job_id="1")
+    report["verdict"]["bad"] = ",".join(f"h{i}x[1-65536]" for i in range(16))
+    bomb = json.dumps(report).encode()
     tiny = b'{"node":"n","time":1,"verdict":"bad"}'
     many = b"[" + b",".join([tiny] * ((1 << 20) // (len(tiny) + 1) - 1)) + b"]"
     result = b'{"name":"x","outcome":"fail"}'

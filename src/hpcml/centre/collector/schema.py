@@ -2,6 +2,13 @@
 
 Validated with pydantic so a refusal names the field (``results.3.outcome: ...``) in one
 line. Sizes are bounded per field so one report cannot bloat the store.
+
+A whole vet report is validated with the model its writer's document is defined by
+(``hpcml.jobmodel.VetReport``, closed: an unknown or wrong-typed key is refused, naming it),
+then split into node reports. Every ``hpcml.vet/1`` writer wrote the same keys; one of a
+newer minor (``/1.N``) is read without the keys it added, a newer major refused. The node
+reports (the prolog's, and a large report's pieces, whose results keep every key of the
+vet report's) are the collector's own format: keys they do not name are ignored.
 """
 
 from __future__ import annotations
@@ -13,9 +20,9 @@ from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, Val
 
 from hpcml.centre.summaries import Invalid
 from hpcml.errors import UsageError
-from hpcml.jobmodel import Text, reason
+from hpcml.jobmodel import Text, VetOutcome, VetReport, known, newer_minor, reason
 
-Outcome = Literal["pass", "warn", "fail", "error", "skipped"]
+Outcome = VetOutcome
 BAD_OUTCOMES = ("fail", "error")
 MAX_RESULTS = 10_000
 #: node reports, and check results, in one request: what its memory is bounded by (the
@@ -68,9 +75,9 @@ _ONE = TypeAdapter(NodeReport)
 _MANY = TypeAdapter(list[NodeReport])
 
 
-def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node."""
-    from hpcml.cluster.hostlist import expand
+def _bounded(data: dict[str, object]) -> dict[str, object]:
+    """A whole report's nodes, refused before anything is validated or expanded when there
+    are more of them, or of their results, than one request may hold."""
     verdict = data.get("verdict") or {}
     nodes = data.get("nodes")
     if not isinstance(nodes, dict) or not isinstance(verdict, dict):
@@ -78,6 +85,14 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     if len(nodes) > MAX_REPORTS:
         raise Invalid(f"nodes: more than {MAX_REPORTS} nodes in one report")
     _count_results(list(nodes.values()))
+    return nodes
+
+
+def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
+    """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node."""
+    from hpcml.cluster.hostlist import expand
+    nodes = _bounded(data)
+    verdict = data.get("verdict") or {}
     reasons = verdict.get("reasons") or {}
     if not isinstance(reasons, dict) or len(reasons) > len(nodes):
         raise Invalid("verdict.reasons: expected an object naming at most the report's nodes")
@@ -117,6 +132,16 @@ def _check_tag(data: dict[str, Any]) -> None:
         raise Invalid(f"schema: {exc.problem}") from None
 
 
+def vet_report(data: dict[str, object]) -> VetReport:
+    """A whole vet report, as its writer defines it: tag, bounds, then every field
+    (``ValidationError``); its ``auth`` is the request's, read by ``proof``, not the report's."""
+    from hpcml.schemas import VET_REPORT
+    _check_tag(data)
+    _bounded(data)
+    bare = {k: v for k, v in data.items() if k != "auth"}
+    return VetReport.model_validate(known(VetReport, bare) if newer_minor(bare, VET_REPORT) else bare)
+
+
 def parse(body: bytes) -> list[NodeReport]:
     """Body -> node reports, or ``Invalid`` with a reason naming the field."""
     return [r for _, reps in documents(body) for r in reps]
@@ -132,7 +157,7 @@ def documents(body: bytes) -> list[tuple[dict[str, Any], list[NodeReport]]]:
         raise Invalid(f"invalid JSON: {exc}") from None
     try:
         if isinstance(data, dict) and "nodes" in data and "schema" in data:
-            _check_tag(data)
+            vet_report(data)
             return [(data, _MANY.validate_python(split_vet_report(data)))]
         if isinstance(data, list):
             if len(data) > MAX_REPORTS:

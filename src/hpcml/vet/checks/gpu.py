@@ -24,7 +24,6 @@ from __future__ import annotations
 
 import os
 import re
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, field_validator
 
@@ -40,7 +39,7 @@ from hpcml.vet.checks.nvml_snapshot import (
     reason_names,
     select,
 )
-from hpcml.vet.model import CheckReport, Outcome
+from hpcml.vet.model import CheckReport, Json, Outcome
 
 REPLAY_ENV = "HPCML_VET_NVML_REPLAY"
 
@@ -105,8 +104,8 @@ class GpuCheck(Check[GpuParams]):
         required = p.required or self.ctx.require_gpus
         snap, source = self.snapshot()
         snap, missing = select(snap, list(self.ctx.gpus) or None)
-        details: dict[str, Any] = {"source": source, "driver_version": snap.driver_version,
-                                   "errors": snap.errors, "hidden": snap.hidden}
+        details: dict[str, Json] = {"source": source, "driver_version": snap.driver_version,
+                                    "errors": snap.errors, "hidden": snap.hidden}
         if not snap.driver_loaded or (not snap.gpus and not snap.errors and not missing):
             why = "NVIDIA driver not loaded" if not snap.driver_loaded else "NVML sees none"
             if required:

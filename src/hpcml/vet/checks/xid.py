@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict
 from hpcml import unit_fields
 from hpcml.vet.checks.base import Check
 from hpcml.vet.checks.nvml_snapshot import driver_present
-from hpcml.vet.model import CheckReport, Outcome
+from hpcml.vet.model import CheckReport, Json, Outcome
 
 CRITICAL_XIDS = [48, 63, 64, 74, 79, 92, 94, 95, 119, 154]
 
@@ -169,9 +169,9 @@ class XidCheck(Check[XidParams]):
         bad = [e for e in events if (e.kind == "Xid" and e.code in p.critical)
                or (e.kind == "SXid" and e.fatal and p.fail_on_fatal_sxid)]
         other = [e for e in events if e not in bad] if p.warn_on_other else []
-        details = {"source": source, "window": p.window, "older_ignored": old,
-                   "untimed": sum(e.time is None for e in events),
-                   "events": [asdict(e) for e in events]}
+        details: dict[str, Json] = {"source": source, "window": p.window, "older_ignored": old,
+                                    "untimed": sum(e.time is None for e in events),
+                                    "events": [asdict(e) for e in events]}
         span = "" if p.window is None else f" in the last {_span(p.window)}"
         if not bad and not other:
             driver = "" if driver_present() else " (NVIDIA driver not loaded)"
