@@ -108,5 +108,7 @@ def test_a_worker_killed_with_sigkill_is_named_with_its_exit(tmp_path):
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     crash = next(e for e in run["timeline"] if e["kind"] == "crash")
     assert (crash["rank"], crash["exit_code"]) == (1, 128 + signal.SIGKILL), err
+    assert crash["what"] == "rank 1 exited 137 (killed by SIGKILL)" and "(killed by SIGKILL)" in err
+    assert run["first_failure"]["signal"] == "SIGKILL"
     assert run["first_failure"]["rank"] == 1 and proc.returncode != 0
     assert not _scripts()

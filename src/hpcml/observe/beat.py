@@ -104,6 +104,7 @@ class Beat:
     recent_wait: list[float] | None = None   # each recent step's seconds in collectives, when measured
     beat: float | None = None        # when the record was written (this node's clock)
     exit: int | None = None          # the rank's exit code, once it ended (128 + signal)
+    signal: int | None = None        # the signal that ended it, when one did (not an exit(137) it chose)
     snapshot: int | None = None      # the last snapshot request the recorder answered
 
     @classmethod
@@ -345,13 +346,13 @@ def _valid(doc: object) -> bool:
         return False
     if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
         return False
-    for key in ("step", "steps", "restarts", "exit", "snapshot", "pid", "recorder"):
+    for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
     for key in ("progress", "first", "beat", "gap_s"):
         if doc.get(key) is not None and not _number(doc[key]):
             return False
-    for key in ("rank", "step", "steps", "restarts", "exit", "snapshot", "pid", "recorder"):
+    for key in ("rank", "step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
         if isinstance(doc.get(key), int) and not -LIMIT < doc[key] < LIMIT:
             return False
     steps, times = doc.get("recent_steps", []), doc.get("recent_s", [])

@@ -246,7 +246,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
             writer.close()
             rc_now = child.poll()
             beat.write(progress, pid=child.pid, snapshot=responder.handled,
-                       exit=None if rc_now is None else (rc_now if rc_now >= 0 else 128 - rc_now))
+                       exit=None if rc_now is None else (rc_now if rc_now >= 0 else 128 - rc_now),
+                       **({"signal": -rc_now} if rc_now is not None and rc_now < 0 else {}))
         beat.close()
         if exporter is not None:
             exporter.close()

@@ -59,6 +59,7 @@ from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
 from hpcml.run.culprits import name
+from hpcml.run.ending import signal_name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import failure_line
 from hpcml.run.steptimes import StepTimes
@@ -293,10 +294,11 @@ class Watch:
                 continue                  # stopped by us: TERM's 143, or what its handler chose to exit with
             self._stopping = True
             self.crashed_codes[rank] = code
-            last = failure_line(log_path(self.d, rank, "err"), self.attempt, code)
+            last = failure_line(log_path(self.d, rank, "err"), self.attempt, None if b.signal else code)
             step = f" after step {b.step}" if b.step is not None else ""
-            self._say(f"crash: rank {rank} on {node_name(b.node)} exited {code}{step}" + (f": {last}" if last else ""))
-            self.timeline.append(Event(kind="crash", what=f"rank {rank} exited {code}", began=b.beat, detected=now,
+            how = f"exited {code}" + (f" (killed by {signal_name(b.signal)})" if b.signal else "")
+            self._say(f"crash: rank {rank} on {node_name(b.node)} {how}{step}" + (f": {last}" if last else ""))
+            self.timeline.append(Event(kind="crash", what=f"rank {rank} {how}", began=b.beat, detected=now,
                                        rank=rank, node=b.node, exit_code=code, stderr=last, step=b.step))
 
     def _stragglers(self, now: float) -> None:
