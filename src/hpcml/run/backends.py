@@ -46,6 +46,14 @@ class Target(Protocol):
     def send_signal(self, sig: int) -> None: ...
 
 
+def _launches(task: list[str]) -> bool:
+    """Whether the task command runs a launcher whose workers are the ranks
+    (``hpcml.run.launchers``): one task per node then, not one per GPU."""
+    from hpcml.run.launchers import recognise
+    launch = recognise(task[task.index("--") + 1:] if "--" in task else task)
+    return launch is not None and launch.workers is not None
+
+
 class NoRendezvous(Exception):
     """Rank 0's node gave no free port: the attempt cannot start (not bad input, and not
     hpcml's end: the launcher records the attempt's end and goes on)."""
@@ -177,6 +185,8 @@ class Srun:
         from hpcml.run.rendezvous import node_address
         per_node = self.settings.ntasks_per_node or int(os.environ.get("SLURM_NTASKS_PER_NODE", "0") or 0)
         gpus_per_task = self.settings.gpus_per_task
+        if not per_node and _launches(task):
+            per_node = 1                                # a launcher per node starts the GPUs' workers itself
         if not per_node and int(os.environ.get("SLURM_GPUS_ON_NODE", "0") or 0):
             per_node = int(os.environ["SLURM_GPUS_ON_NODE"])        # one task per GPU, each bound to its GPU
             gpus_per_task = gpus_per_task or 1
@@ -299,7 +309,7 @@ class Local:
 
     def plan(self, task: list[str], record: RunRecord) -> Plan:
         from hpcml.cluster.taskenv import FARM_JOB
-        n = self.settings.ntasks or _gpus_here() or 1
+        n = self.settings.ntasks or (1 if _launches(task) else _gpus_here()) or 1
         port = free_port("127.0.0.1")
         env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         if env.get(FARM_JOB):                   # ranks see no job: still the farm task (taskenv.current)
@@ -324,11 +334,8 @@ class Local:
         runs a launcher gets the attempt's secret instead (marked ``s:``): its workers' ranks
         are the launcher's to give (``hpcml.run.workerkeys``), as under srun."""
         from hpcml.observe.beat import rank_key
-        from hpcml.run.launchers import recognise
         read, write = os.pipe()
-        launch = recognise(self.task[self.task.index("--") + 1:])
-        material = ("s:" + plan.secret.hex() if launch is not None and launch.workers is not None
-                    else rank_key(plan.secret, rank).hex())
+        material = "s:" + plan.secret.hex() if _launches(self.task) else rank_key(plan.secret, rank).hex()
         try:
             os.write(write, material.encode())     # at most 66 bytes: never blocks
         finally:

@@ -29,14 +29,22 @@ ENV_LAUNCHER = "HPCML_RUN_LAUNCHER"
 #: the ranks' variables of the process hpcml already watches (``hpcml.run.inject``): a
 #: Python process whose own differ was started by the launcher, and is a worker to wrap
 ENV_WRAPPED = "HPCML_RUN_WRAPPED"
+#: set in a wrapped worker, inherited by all its processes: none of them is a new worker
+ENV_IN_RANK = "HPCML_RUN_IN_RANK"
 #: what tells two processes of the same rank apart from a new worker: the launcher's own
 #: rank variables and its restart count (a worker restarted by torchrun is a new rank process)
 IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
-_TORCHRUN_FLAGS = {"--standalone", "--no-python", "--no_python", "-m", "--module", "--run-path", "--run_path"}
-_ACCELERATE_FLAGS = {"--cpu", "--multi_gpu", "--tpu", "--use_deepspeed", "--use_fsdp", "--use_megatron_lm",
-                     "--debug", "-m", "--module", "--no_python", "-q", "--quiet", "--same_network",
-                     "--dynamo_use_fullgraph", "--dynamo_use_dynamic", "--rdzv_conf", "--fsdp_use_orig_params"}
+# the options that take no value, read from torch 2.13's torchrun and accelerate 1.15's launch
+# parsers (their argparse actions with nargs 0; both spellings); any other option takes one
+_TORCHRUN_FLAGS = {"-h", "--help", "-m", "--module", "--no-python", "--no_python", "--run-path", "--run_path",
+                   "--standalone", "--virtual-local-rank", "--virtual_local_rank"}
+_ACCELERATE_FLAGS = {"-h", "--help", "-m", "--module", "-q", "--quiet", "--cpu", "--debug", "--tpu"} | {
+    spelling for name in ("downcast_bf16", "dynamo_use_dynamic", "dynamo_use_fullgraph",
+                          "dynamo_use_regional_compilation", "enable_cpu_affinity", "fp8_use_autocast_during_eval",
+                          "multi_gpu", "no_python", "no_tpu_cluster", "same_network", "tpu_cluster", "tpu_use_sudo",
+                          "use_deepspeed", "use_fsdp", "use_megatron_lm", "use_parallelism_config")
+    for spelling in (f"--{name}", f"--{name.replace('_', '-')}")}
 
 
 @dataclass(frozen=True)
@@ -57,7 +65,7 @@ class Launch:
         rendezvous option neither the line nor ``env`` gives."""
         if self.name != "torchrun" or self.standalone:
             return {}
-        given = {k.replace("-", "_") for k in self.options}
+        given = set(self.options)
         want = {"nnodes": env.get("WORLD_SIZE"), "node_rank": env.get("RANK"),
                 "master_addr": env.get("MASTER_ADDR"), "master_port": env.get("MASTER_PORT")}
         if {"rdzv_endpoint", "rdzv_backend"} & given:       # the user's own rendezvous: its node ranks
@@ -67,7 +75,8 @@ class Launch:
 
 
 def _options(args: list[str], flags: set[str]) -> dict[str, str]:
-    """The launcher's ``--option value`` / ``--option=value`` / flags, up to the script."""
+    """The launcher's ``--option value`` / ``--option=value`` / flags, up to the script;
+    keys without their dashes, ``-`` read as ``_`` (both launchers take both spellings)."""
     out: dict[str, str] = {}
     i = 0
     while i < len(args):
@@ -76,13 +85,13 @@ def _options(args: list[str], flags: set[str]) -> dict[str, str]:
             break
         if "=" in a:
             k, v = a.split("=", 1)
-            out[k.lstrip("-")] = v
+            out[k.lstrip("-").replace("-", "_")] = v
         elif a in flags:
-            out[a.lstrip("-")] = ""
+            out[a.lstrip("-").replace("-", "_")] = ""
             if a in ("-m", "--module"):        # the module to run is the script
                 break
         elif i + 1 < len(args):
-            out[a.lstrip("-")] = args[i + 1]
+            out[a.lstrip("-").replace("-", "_")] = args[i + 1]
             i += 1
         i += 1
     return out
@@ -96,8 +105,12 @@ def _get(options: Mapping[str, str], *names: str) -> str | None:
     return next((options[n] for n in names if n in options), None)
 
 
-def recognise(cmd: list[str]) -> Launch | None:
-    """The launcher ``cmd`` starts, or None for a plain program (one rank per task)."""
+def recognise(cmd: list[str], env: Mapping[str, str] | None = None) -> Launch | None:
+    """The launcher ``cmd`` starts, or None for a plain program (one rank per task).
+    ``workers`` is None (watched as one rank per task) where hpcml cannot know it or cannot
+    wrap them: a count the host decides (``auto``), workers that are not Python processes
+    (``--no-python``)."""
+    env = os.environ if env is None else env
     if not cmd:
         return None
     head = os.path.basename(cmd[0])
@@ -107,16 +120,20 @@ def recognise(cmd: list[str]) -> Launch | None:
         rest = cmd[3:]
     elif head == "accelerate" and cmd[1:2] == ["launch"]:
         opts = _options(cmd[2:], _ACCELERATE_FLAGS)
-        total, machines = _whole(_get(opts, "num_processes")), _whole(_get(opts, "num_machines")) or 1
+        total = _whole(_get(opts, "num_processes"))
+        machines = _whole(_get(opts, "num_machines")) or 1
         # only --multi_gpu starts torch's elastic agent with num_processes workers: --cpu
         # runs one process (measured: accelerate 1.15), the others leave it to the config file
-        many = total is not None and "multi_gpu" in opts and total % machines == 0
+        many = total is not None and "multi_gpu" in opts and "no_python" not in opts and total % machines == 0
         return Launch("accelerate", total // machines if many and total else None, opts)
     else:
         return None
     opts = _options(rest, _TORCHRUN_FLAGS)
-    return Launch("torchrun", _whole(_get(opts, "nproc-per-node", "nproc_per_node")) or
-                  (1 if _get(opts, "nproc-per-node", "nproc_per_node") is None else None), opts)
+    given = _get(opts, "nproc_per_node", "nproc_per") or env.get("PET_NPROC_PER_NODE")
+    workers = 1 if given is None else _whole(given)                  # torchrun's default: 1
+    if "no_python" in opts:
+        workers = None                                               # not Python: nothing to wrap
+    return Launch("torchrun", workers, opts)
 
 
 def identity(env: Mapping[str, str]) -> str:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 from hpcml import logs
 from hpcml.cluster.ranks import ranks
-from hpcml.proctree import die_with_parent, stop_descendants
+from hpcml.proctree import become_subreaper, die_with_parent, stop_descendants
 from hpcml.run.jobpaths import log_path, observe_dir
 from hpcml.run.launchers import ENV_WRAPPED, identity
 from hpcml.run.workerkeys import ENV_SOCKET, ask
@@ -53,6 +53,7 @@ def main(argv: list[str]) -> int:
     d, attempt = Path(cfg["dir"]), int(cfg["attempt"])
     rank = ranks(dist=False).rank
     die_with_parent(signal.SIGTERM)             # the launcher gone: stop the worker (forwarded)
+    become_subreaper()                          # the worker's orphans stay ours: stopped with it below
     from hpcml.observe.beat import sign_with
     key = ask(os.environ.get(ENV_SOCKET, ""))
     if key is None:

@@ -100,6 +100,11 @@ class KeyServer:
             log.info(f"hpcml run: worker key refused to pid {pid}: RANK {rank} is not a rank of the launcher's "
                      f"{self.world}")
             return b""
+        holder = self.given.get(rank)
+        if holder is not None and holder != pid and os.path.exists(f"/proc/{holder}"):
+            log.info(f"hpcml run: worker key refused to pid {pid}: rank {rank}'s key is held by pid {holder}, "
+                     "which still runs")         # one rank, one live worker (a restarted one comes after)
+            return b""
         self.given[rank] = pid
         return self.key(rank).hex().encode()
 

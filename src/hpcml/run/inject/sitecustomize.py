@@ -53,6 +53,7 @@ WAITS = "HPCML_RUN_COLLECTIVE_WAIT"  # "0": the time in collectives is not measu
 # hpcml.run.launchers' ENV_LAUNCHER, ENV_WRAPPED and IDENTITY, written out (tests/run/test_launchers.py)
 LAUNCHER = "HPCML_RUN_LAUNCHER"
 WRAPPED = "HPCML_RUN_WRAPPED"
+IN_RANK = "HPCML_RUN_IN_RANK"         # set in a wrapped worker: its own children are never ranks
 IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
@@ -232,26 +233,35 @@ def _become_worker() -> None:
     """A launcher's worker (the task runs torchrun or ``accelerate launch``, and this
     process's rank variables are not those of the process hpcml wraps): exec
     ``hpcml.run.worker`` in its place, with this command line, so that it is watched as a
-    rank (same pid: the launcher's handle stays right). Not for a process that
-    ``multiprocessing`` spawned (its descriptors are passed by number), nor where hpcml is
-    not importable (a container without it): those run as they are."""
-    if not os.environ.get(LAUNCHER) or WRAPPED not in os.environ or "--multiprocessing-fork" in sys.orig_argv:
+    rank (same pid: the launcher's handle stays right). Only the launcher's own children:
+    a process below a wrapped worker (its evaluation subprocess, a nested launcher, a
+    forkserver) is part of that rank (``IN_RANK``). Not for a process that ``multiprocessing``
+    starts (its descriptors are passed by number), nor where ``hpcml.run.worker`` is not
+    importable (a container without hpcml, an older one): those run as they are."""
+    argv = getattr(sys, "orig_argv", None)            # Python 3.10+
+    if (not os.environ.get(LAUNCHER) or WRAPPED not in os.environ or os.environ.get(IN_RANK) or not argv
+            or not sys.executable or "--multiprocessing-fork" in argv
+            or any(a.startswith("from multiprocessing.") for a in argv[1:])):   # spawn, forkserver, its tracker
         return
     if not (os.environ.get("RANK", "").isdigit() and os.environ.get("WORLD_SIZE", "").isdigit()):
         return
     me = "|".join(os.environ.get(k, "") for k in IDENTITY)
-    if me == os.environ[WRAPPED] or importlib.util.find_spec("hpcml") is None:
+    if me == os.environ[WRAPPED] or importlib.util.find_spec("hpcml.run.worker") is None:
         return
     os.environ[WRAPPED] = me                          # the wrapper and the worker it starts: this rank
+    os.environ[IN_RANK] = "1"
     sys.stdout.flush()
     sys.stderr.flush()
-    os.execv(sys.executable, [sys.executable, "-m", "hpcml.run.worker", "--", sys.executable, *sys.orig_argv[1:]])
+    os.execv(sys.executable, [sys.executable, "-m", "hpcml.run.worker", "--", sys.executable, *argv[1:]])
 
 
 if __name__ == "sitecustomize":
     _chain()
     if os.environ.get(LAUNCHER):
-        _become_worker()
+        try:
+            _become_worker()
+        except Exception as exc:  # noqa: BLE001 - never in the way of the program: it runs unwatched
+            print(f"hpcml run: this worker is not watched as a rank: {type(exc).__name__}: {exc}", file=sys.stderr)
     if os.environ.get(ENV):
         threading.Thread(target=_watch, args=(os.environ[ENV],), name="hpcml-flight-recorder", daemon=True).start()
         pipe = _pipe()
