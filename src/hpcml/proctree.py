@@ -315,6 +315,28 @@ def session_and_state(pid: int | str) -> tuple[int, str] | None:
     return int(fields[3]), fields[0].decode()
 
 
+def parent_of(pid: int | str) -> int | None:
+    """A process's parent pid, from /proc/PID/stat; None when gone."""
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as f:
+            fields = f.read(4096).rsplit(b")", 1)[1].split()     # the name may hold spaces and ')'
+    except (OSError, IndexError):
+        return None
+    return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+
+
+def descends_from(pid: int, ancestor: int, depth: int = 64) -> bool:
+    """Whether ``ancestor`` is among ``pid``'s parents (at most ``depth`` up)."""
+    for _ in range(depth):
+        parent = parent_of(pid)
+        if parent is None or parent <= 1:
+            return False
+        if parent == ancestor:
+            return True
+        pid = parent
+    return False
+
+
 def environ(pid: int | str) -> bytes:
     """A process's environment as the kernel keeps it (``VAR=value`` each ended by NUL);
     empty when gone or not ours to read."""

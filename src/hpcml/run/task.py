@@ -41,7 +41,7 @@ if TYPE_CHECKING:
     from hpcml.run.launchers import Launch
 from hpcml.signals import install
 
-log = logs.get(__name__)
+log = logs.get("hpcml.run.task")           # not __name__: run as __main__ (python -m), its logger is hpcml's
 
 #: "kill your rank now": not a signal Slurm or the recorder forwards, so it means only this
 STOP = signal.SIGRTMIN + 1
@@ -207,9 +207,8 @@ def _launcher(cmd: list[str], launch: Launch, d: Path, opts: Mapping[str, str], 
                                             opts.get("--gpu-metrics", "auto"), opts.get("--kill-grace", "10")),
                        **({ENV_SOCKET: server.name} if server else {})})
     _redirect(d, rank, attempt, name="launcher")
-    print(f"hpcml run: task {rank}: {launch.name} starts {launch.workers} workers here, ranks of {world}"
-          + ("; set " + " ".join(f"{k}={v}" for k, v in sorted(given.items())) if given else ""),
-          file=sys.stderr, flush=True)
+    log.info(f"hpcml run: task {rank}: {launch.name} starts {launch.workers} workers here, ranks of {world}"
+             + ("; set " + " ".join(f"{k}={v}" for k, v in sorted(given.items())) if given else ""))
     if opts.get("--env"):
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
     become_subreaper()

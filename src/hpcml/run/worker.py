@@ -29,7 +29,7 @@ from hpcml.run.jobpaths import log_path, observe_dir
 from hpcml.run.launchers import ENV_WRAPPED, identity
 from hpcml.run.workerkeys import ENV_SOCKET, ask
 
-log = logs.get(__name__)
+log = logs.get("hpcml.run.worker")         # not __name__: run as __main__ (python -m), its logger is hpcml's
 
 ENV_WORKER = "HPCML_RUN_WORKER"     # the task's settings for its workers' recorders (JSON, no secret)
 

@@ -22,44 +22,18 @@ import threading
 from collections.abc import Callable
 
 from hpcml import logs
+from hpcml.proctree import descends_from, environ
 
 log = logs.get(__name__)
 
 ENV_SOCKET = "HPCML_RUN_WORKER_KEYS"       # the abstract socket's name, without the leading NUL
 _CRED = struct.Struct("3i")                # struct ucred: pid, uid, gid
-MAX_DEPTH = 64                             # parents walked from the peer up to the wrapper
-
-
-def _parent(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as f:
-            stat = f.read(4096)
-    except OSError:
-        return None
-    fields = stat[stat.rfind(b")") + 2:].split()       # the name may hold spaces and ')'
-    return int(fields[1]) if len(fields) > 1 else None
-
-
-def descends_from(pid: int, ancestor: int) -> bool:
-    for _ in range(MAX_DEPTH):
-        parent = _parent(pid)
-        if parent is None or parent <= 1:
-            return False
-        if parent == ancestor:
-            return True
-        pid = parent
-    return False
 
 
 def started_rank(pid: int) -> int | None:
     """``RANK`` as process ``pid`` was started with (its environment at exec, not what it
     set since)."""
-    try:
-        with open(f"/proc/{pid}/environ", "rb") as f:
-            env = f.read(1 << 20)
-    except OSError:
-        return None
-    for item in env.split(b"\0"):
+    for item in environ(pid)[:1 << 20].split(b"\0"):
         if item.startswith(b"RANK="):
             value = item[5:]
             return int(value) if value.isdigit() else None
