@@ -20,31 +20,16 @@ import pytest
 
 from hpcml.testing.localslurm import LocalSlurm
 from tests.run.test_recovery_local import RESUMABLE, steps_done, training
-from tests.run.test_recovery_slurm import exports, gone, sbatch
+from tests.run.test_recovery_slurm import env, exports, gone, recovery_cluster, sbatch
 from tests.slurmjobs import wait
 
-ROOT = Path(__file__).resolve().parents[2]
 pytestmark = [pytest.mark.slurm, pytest.mark.torch]
+__all__ = ["env"]          # the recovery tests' fixture, for this cluster
 
 
 @pytest.fixture(scope="module")
 def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
-    port = int(os.environ.get("HPCML_SLURM_PORT", "6917")) + 120
-    root = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + "-launchers")
-    c = LocalSlurm(root, nodes=3, ctld_port=port, first_slurmd_port=port + 4,
-                   extra_conf="SlurmdTimeout=5\nMessageTimeout=5")
-    c.start()
-    try:
-        yield c
-    finally:
-        c.stop()
-
-
-@pytest.fixture
-def env(cluster) -> dict[str, str]:
-    base = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    return {**cluster.client_env(base), "PYTHONPATH": str(ROOT),
-            "PATH": f"{Path(sys.executable).parent}:{base['PATH']}"}
+    yield from recovery_cluster(120, "-launchers")
 
 
 def test_a_lost_node_under_torchrun_is_replaced_and_every_worker_resumes(cluster, env, tmp_path):

@@ -31,13 +31,12 @@ __all__ = ["reference"]          # the fault-free run's weights, a fixture share
 ONLY_N1 = "name: only-n1\nevals:\n  - {name: on-n1, type: env, expected: {SLURMD_NODENAME: n1}}\n"
 
 
-@pytest.fixture(scope="module")
-def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
-    """Its own root and ports (the suite's cluster's, shifted); SlurmdTimeout and
-    MessageTimeout of 5 s so a lost node is declared within ~8 s (~20 s with the 10 s
+def recovery_cluster(shift: int, suffix: str) -> Iterator[LocalSlurm]:
+    """A 3-node cluster of its own: root and ports the suite's cluster's, shifted; SlurmdTimeout
+    and MessageTimeout of 5 s so a lost node is declared within ~8 s (~20 s with the 10 s
     default MessageTimeout: the controller's ping of a dead slurmd waits that long)."""
-    port = int(os.environ.get("HPCML_SLURM_PORT", "6917")) + 80
-    root = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + "-recovery")
+    port = int(os.environ.get("HPCML_SLURM_PORT", "6917")) + shift
+    root = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + suffix)
     c = LocalSlurm(root, nodes=3, ctld_port=port, first_slurmd_port=port + 4,
                    extra_conf="SlurmdTimeout=5\nMessageTimeout=5")
     c.start()
@@ -45,6 +44,11 @@ def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
         yield c
     finally:
         c.stop()
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
+    yield from recovery_cluster(80, "-recovery")
 
 
 @pytest.fixture

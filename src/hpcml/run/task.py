@@ -136,6 +136,21 @@ def _stop(*_) -> None:
         threading.Thread(target=reaper, name="hpcml-stop", daemon=True).start()
 
 
+def _owning(cmd: list[str], opts: Mapping[str, str]) -> list[str]:
+    """This wrapper owns what it starts: a subreaper, ``STOP`` kills every descendant, and
+    TERM, INT and HUP are ignored outside the forwarding (which restores them when the
+    command ends), so a late TERM cannot cut the last sweep short (``hpcml.run.rankexec``
+    sets them back to default for the command). The command, in the EDF's container when
+    ``--env`` gives one."""
+    if opts.get("--env"):
+        cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
+    become_subreaper()
+    install((STOP,), _stop)
+    for sig in IGNORED:
+        signal.signal(sig, signal.SIG_IGN)
+    return cmd
+
+
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv.index("--") < 1:
         log.info("usage: python -m hpcml.run.task JOBDIR [--env EDF] [--interval S] [--mlflow URL] [--kill-grace S] "
@@ -158,14 +173,7 @@ def main(argv: list[str]) -> int:
     _redirect(d, rank, attempt)
     sys.stdout = os.fdopen(1, "w", buffering=1, closefd=False)
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
-    if opts.get("--env"):
-        cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
-    become_subreaper()
-    install((STOP,), _stop)
-    # ignored outside the recorder's forwarding (which restores this when the rank ends), so a
-    # late TERM cannot cut the last sweep short; hpcml.run.rankexec sets them back to default
-    for sig in IGNORED:
-        signal.signal(sig, signal.SIG_IGN)
+    cmd = _owning(cmd, opts)
     from hpcml.observe.recorder import record
     try:
         return record(cmd, observe_dir(d, attempt),
@@ -209,12 +217,7 @@ def _launcher(cmd: list[str], launch: Launch, d: Path, opts: Mapping[str, str], 
     _redirect(d, rank, attempt, name="launcher")
     log.info(f"hpcml run: task {rank}: {launch.name} starts {launch.workers} workers here, ranks of {world}"
              + ("; set " + " ".join(f"{k}={v}" for k, v in sorted(given.items())) if given else ""))
-    if opts.get("--env"):
-        cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
-    become_subreaper()
-    install((STOP,), _stop)
-    for sig in IGNORED:
-        signal.signal(sig, signal.SIG_IGN)
+    cmd = _owning(cmd, opts)
     try:
         child = subprocess.Popen([sys.executable, "-m", "hpcml.run.rankexec", *cmd])
         with forwarding(lambda: (child,), FORWARDED):
