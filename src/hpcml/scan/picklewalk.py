@@ -22,7 +22,7 @@ import os
 import struct
 from typing import BinaryIO
 
-from hpcml.scan import argchecks
+from hpcml.scan import argchecks, shapes
 from hpcml.scan.model import Verdict
 from hpcml.scan.walkvalues import (  # noqa: F401 - the walk's names, kept importable from here
     _PUSHED,
@@ -63,6 +63,7 @@ SPARSE_KEYS = 1 << 16           # out-of-sequence keys past TRACKED_KEYS kept ex
 NESTED_MIN = 8                  # shortest bytes payload checked for an embedded pickle
 NO_FRAME = 1 << 63              # the frame end outside any FRAME
 DEPTH_CACHE = 1 << 16           # tuple elements the depth cache may hold alive before it starts again
+FAST_FORWARD = True             # match runs of same-shaped plain items in C (``shapes``); False: every opcode here
 _FACTORIES = frozenset({"copyreg._reconstructor", "copyreg.__newobj__", "copyreg.__newobj_ex__"})
 
 
@@ -210,9 +211,17 @@ class PickleWalker:
     """
 
     def __init__(self, fh: BinaryIO, start: int, end: int, *, track_containers: bool = False,
-                 on_build=None, build_hooks: frozenset[str] = frozenset()) -> None:
+                 on_build=None, build_hooks: frozenset[str] = frozenset(), fast: bool = True) -> None:
         self.r = _Reader(fh, start, end)
         self.track = track_containers
+        # runs of same-shaped plain items matched in C (``shapes``); off where values are kept
+        self.fast = fast and FAST_FORWARD and not track_containers
+        self.ff_wait = 0                # MARKs to let pass before trying again
+        self.ff_fails = 0
+        self.ff_spent = 0.0             # seconds spent compiling shapes
+        self.ff_items = 0               # items applied by ``shapes``
+        self.ff_shape = None            # the last shape ``shapes`` matched
+        self.tracked_keys = TRACKED_KEYS
         self.on_build = on_build        # on_build(walker, obj, state) after BUILD of an object
         self.build_hooks = build_hooks  # whose class is one of these dotted names
         self.result = WalkResult(start=start)
@@ -491,6 +500,10 @@ class PickleWalker:
         if self.soft_error:
             res.error = self.soft_error + (f"; then {res.error}" if res.error else "")
         res.protocol = self.proto
+        if self.ff_items and (res.error or res.events or res.nested or res.loaded or res.opened):
+            # not plain data: every finding and error comes from a walk that read every value
+            return PickleWalker(self.r.fh, res.start, self.r.end, track_containers=self.track,
+                                on_build=self.on_build, build_hooks=self.build_hooks, fast=False).walk()
         return res
 
     @staticmethod
@@ -549,6 +562,8 @@ class PickleWalker:
         tracked = TRACKED_KEYS
         small = self.small
         U4 = _U4
+        fast = self.fast
+        ffn = 0                         # MARKs until the next try of ``shapes.fast_forward``
         while True:
             if pos > limit:
                 r.pos = pos
@@ -601,6 +616,16 @@ class PickleWalker:
                         metastack.append(stack)
                         stack = []
                         pos += 1
+                        if fast and seq:
+                            ffn -= 1
+                            if ffn <= 0:
+                                r.pos = pos
+                                self.memo_len = memo_len
+                                fend = shapes.fast_forward(self, stack, fend)
+                                ffn = self.ff_wait
+                                memo_len = self.memo_len
+                                buf, pos = r.buf, r.pos
+                                limit = min(len(buf) - 9, fend - r.base - 1)
                 continue
             if op == 0x8C or op == 0x58:                    # SHORT_BINUNICODE, BINUNICODE
                 if op == 0x8C:
@@ -680,6 +705,16 @@ class PickleWalker:
             if op == 0x28:                                  # MARK
                 metastack.append(stack)
                 stack = []
+                if fast and seq:
+                    ffn -= 1
+                    if ffn <= 0:
+                        r.pos = pos
+                        self.memo_len = memo_len
+                        fend = shapes.fast_forward(self, stack, fend)
+                        ffn = self.ff_wait
+                        memo_len = self.memo_len
+                        buf, pos = r.buf, r.pos
+                        limit = min(len(buf) - 9, fend - r.base - 1)
                 continue
             if op == 0x47:                                  # BINFLOAT
                 stack.append(OP)
