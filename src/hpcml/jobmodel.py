@@ -332,11 +332,58 @@ class Attempt(Model):
         return self.restart_count if self.restart_count is not None else self.attempt
 
 
+LedgerPartName = Literal["vetting", "launch", "startup", "productive", "redone", "tail", "detection", "stopping",
+                         "relaunch", "idle", "other"]
+LEDGER_CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
+
+
+class LedgerPart(Model):
+    """Seconds of the job (``seconds``, one after another) and node-seconds of its allocation
+    (``node_s``: the seconds times the nodes they held); ``idle`` runs beside the others:
+    nodes of the allocation no rank ran on (spares, excluded) while the attempt ran."""
+
+    part: LedgerPartName
+    attempt: int = Field(ge=0)
+    seconds: Optional[float] = None          # None: not measured (the note says why)
+    node_s: Optional[float] = None
+    note: str = ""
+
+
+class Ledger(Model):
+    """The job's seconds, part by part (``parts`` add up to ``total_s``, and their ``node_s``
+    to ``node_s``, where each is known): ``hpcml.run.ledger``."""
+
+    total_s: float
+    parts: list[LedgerPart]
+    productive_s: float
+    ettr: Optional[float] = None
+    ettr_bound: Optional[Literal["at most"]] = None    # a part that would lower it was not measured
+    node_s: Optional[float] = None                      # the allocation's nodes x the job's seconds
+    productive_node_s: Optional[float] = None
+    definition: str = LEDGER_CITATION
+
+    def by_part(self) -> dict[str, float]:
+        out: dict[str, float] = {}
+        for p in self.parts:
+            if p.seconds is not None:
+                out[p.part] = round(out.get(p.part, 0.0) + p.seconds, 3)
+        return out
+
+    def lost(self) -> list[tuple[str, float]]:
+        """Node-seconds that did not train, by part, the largest first."""
+        out: dict[str, float] = {}
+        for p in self.parts:
+            if p.part != "productive" and p.node_s:
+                out[p.part] = round(out.get(p.part, 0.0) + p.node_s, 3)
+        return sorted(out.items(), key=lambda kv: -kv[1])
+
+
 class RunRecord(Attempt):
     """run.json: the current attempt, with the earlier ones (oldest first) under ``attempts``."""
 
     schema_: str = Field(default=RUN_SCHEMA, alias="schema", pattern=r"^hpcml\.run/1(\.[0-9]+)?$")
     attempts: Optional[list[Attempt]] = None
+    ledger: Optional[Ledger] = None              # where the job's time went, written when it ended
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
@@ -346,7 +393,8 @@ class RunRecord(Attempt):
 
     def as_attempt(self) -> Attempt:
         """This record as an earlier attempt of the next one's."""
-        return Attempt.model_validate({k: v for k, v in self.to_json().items() if k not in ("schema", "attempts")})
+        return Attempt.model_validate({k: v for k, v in self.to_json().items()
+                                       if k not in ("schema", "attempts", "ledger")})
 
 
 # ------------------------------------------------------------------------- job summary

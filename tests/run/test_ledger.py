@@ -75,3 +75,21 @@ def test_the_incident_that_ended_an_attempt_comes_first_with_what_it_cost(tmp_pa
     out = _by_cost(findings, got.to_json(), current=1)
     assert [f["kind"] for f in out] == ["restarted", "live_straggler", "live_straggler", "live_straggler"]
     assert out[0]["cost_s"] == 35.0 and all("cost_s" not in f for f in out[1:])     # unpriced: no number, not 0
+
+
+def test_spare_and_excluded_nodes_are_the_allocation_time_no_rank_used(tmp_path):
+    """4 nodes held, 1 excluded by vetting, 1 spare, the ranks on 2: the idle part is 2 nodes
+    for as long as the ranks ran, and the node-seconds of the parts add up to the allocation's."""
+    _beats(tmp_path, 0, [T0 + t for t in range(10, 51)])
+    alloc = ["n1", "n2", "n3", "n4"]
+    rec = RunRecord(command=["x"], mode="slurm", started=T0, ended=T0 + 60, first_step_at=T0 + 10,
+                    allocation=alloc, nodes=["n1", "n2"], excluded={"n4": ["gpu: xid 79"]})
+    got = ledger.build(tmp_path, rec, step_s=1.0)
+    assert got is not None
+    idle = [p for p in got.parts if p.part == "idle"]
+    assert [(p.seconds, p.node_s) for p in idle] == [(0.0, 2 * 60.0)]
+    assert "1 spare, 1 excluded" in idle[0].note
+    assert got.node_s == 4 * 60.0 and got.productive_node_s == 2 * 40.0
+    assert sum(p.node_s or 0 for p in got.parts) == got.node_s
+    assert "idle nodes 120 node-s" in ledger.line(got)
+    assert got.lost()[0] == ("idle", 120.0)

@@ -105,6 +105,10 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     assert [f["kind"] for f in doc["findings"]].count("restarted") == 1
     assert no_process_left(str(RESUMABLE)) == []
     ledger_matches_the_scripts_own(doc["ledger"], tmp_path / "job.done", run)
+    # run.json keeps the ledger the job's own report printed (hpcml run's, at its end)
+    kept = run["ledger"]
+    assert kept["total_s"] == doc["ledger"]["total_s"] and kept["parts"] == doc["ledger"]["parts"]
+    ledger_matches_the_scripts_own(kept, tmp_path / "job.done", run)
 
 
 def ledger_matches_the_scripts_own(ledger: dict, done: Path, run: dict) -> None:

@@ -35,7 +35,7 @@ from hpcml.run.attempt import FORWARDED, prefetch, run_attempt
 from hpcml.run.backends import STOPPING, Backend, Settings, choose
 from hpcml.run.config import Config, Options
 from hpcml.run.ending import conclude, finish
-from hpcml.run.jobdir import claiming, default_dir, launcher, prepare, vet_dir, write_own, write_run
+from hpcml.run.jobdir import claiming, default_dir, launcher, prepare, read_run, vet_dir, write_own, write_run
 from hpcml.run.recovery import Pool, Recovery, resume_of
 from hpcml.schemas import tag
 from hpcml.signals import handling
@@ -255,16 +255,31 @@ def _next_attempt(rec: RunRecord) -> RunRecord:
     return nxt
 
 
+def _record_ledger(d: Path, rep: dict | None) -> None:
+    """run.json's ``ledger``: the report's, or (no report) one without the step time the
+    observe report gives (steps done again are then unknown, and said so)."""
+    from hpcml.jobmodel import Ledger
+    from hpcml.run import ledger
+    run = read_run(d)
+    got = rep.get("ledger") if rep else None
+    led = Ledger.model_validate({k: v for k, v in got.items() if k != "line"}) if got else ledger.build(d, run, None)
+    if led is not None:
+        run.ledger = led
+        write_own(d, run)
+
+
 def _report(d: Path, cfg: Config) -> None:
     """The job's report (``hpcml report``), printed and written to JOBDIR/report.html, and
     its summary spooled and sent to the collector (``hpcml.run.summary``)."""
     if not cfg.report and not cfg.collector:
+        _record_ledger(d, None)
         return
     from hpcml.arrowprobe import skip_pandas
     from hpcml.run.report import build, summary, write
     from hpcml.run.summary import deliver
     skip_pandas()                     # done while the ranks ran, unless the report was not prefetched
     rep = build(d)
+    _record_ledger(d, rep)
     if cfg.report:
         path = write(rep, d / "report.html")
         print("\n".join(summary(rep)))

@@ -19,46 +19,21 @@ sign of life, the last step or the fault's start, to hpcml noticing) and ``stopp
 attempt's end); between attempts, ``relaunch`` (re-vetting the suspects and starting
 again). ``other`` closes the sum (clock steps, a part the data does not bound); checkpoint
 blocking is not split out of the steps (the Checkpointer does not report it yet).
+
+The allocation's time is node-seconds: each part's seconds times the nodes it held (the
+whole allocation while vetting and relaunching; the ranks' nodes otherwise), plus ``idle``:
+the allocation's other nodes (``--spare-nodes``, nodes vetting excluded) while the ranks
+ran. Multiplied by the GPUs per node, that is the GPU time each part cost.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Literal, Optional
 
-from pydantic import Field
+from hpcml.jobmodel import LEDGER_CITATION as CITATION
+from hpcml.jobmodel import Attempt, Ledger, LedgerPart, RunRecord
 
-from hpcml.jobmodel import Attempt, Model, RunRecord
-
-Part = Literal["vetting", "launch", "startup", "productive", "redone", "tail", "detection", "stopping", "relaunch",
-               "other"]
-CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
-
-
-class LedgerPart(Model):
-    part: Part
-    attempt: int = Field(ge=0)
-    seconds: Optional[float] = None          # None: not measured (the note says why)
-    note: str = ""
-
-
-class Ledger(Model):
-    """The job's seconds, part by part (``parts`` add up to ``total_s`` where each is known)."""
-
-    total_s: float
-    parts: list[LedgerPart]
-    productive_s: float
-    ettr: Optional[float] = None
-    ettr_bound: Optional[Literal["at most"]] = None    # a part that would lower it was not measured
-    definition: str = CITATION
-
-    def by_part(self) -> dict[str, float]:
-        out: dict[str, float] = {}
-        for p in self.parts:
-            if p.seconds is not None:
-                out[p.part] = round(out.get(p.part, 0.0) + p.seconds, 3)
-        return out
-
+__all__ = ["CITATION", "Ledger", "LedgerPart", "build", "line"]
 
 def _span(a: float | None, b: float | None) -> float | None:
     return max(0.0, b - a) if a is not None and b is not None else None
@@ -142,9 +117,45 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
     if abs(total - known) > 0.001:
         parts.append(LedgerPart(part="other", attempt=run.attempt, seconds=round(total - known, 3),
                                 note="what the recorded times do not place"))
+    node_s = _node_seconds(parts, records)
     ettr = round(productive / total, 4) if total > 0 else None
     return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3), ettr=ettr,
-                  ettr_bound="at most" if unknown and ettr is not None else None)
+                  ettr_bound="at most" if unknown and ettr is not None else None,
+                  node_s=node_s, productive_node_s=round(sum(p.node_s or 0.0 for p in parts if p.part == "productive"), 3))
+
+
+#: parts during which the whole allocation is busy (or held for the job as a whole)
+_WHOLE = frozenset({"vetting", "relaunch", "other"})
+
+
+def _node_seconds(parts: list[LedgerPart], records: list[Attempt]) -> float:
+    """Give every part its node-seconds, add each attempt's ``idle`` part (nodes of the
+    allocation no rank ran on: the spares and the excluded, while the ranks ran), and
+    return the sum: the allocation's node-seconds."""
+    by_no = {rec.attempt: rec for rec in records}
+    width: dict[int, tuple[int, int]] = {}
+    for rec in records:
+        held = len(set(rec.allocation))
+        used = len(rec.nodes) if rec.nodes else max(held, 1)
+        width[rec.attempt] = (max(held, used), used)
+    ran: dict[int, float] = {}
+    for p in parts:
+        alloc, used = width.get(p.attempt, (1, 1))
+        if p.seconds is not None:
+            p.node_s = round(p.seconds * (alloc if p.part in _WHOLE else used), 3)
+            if p.part not in _WHOLE:
+                ran[p.attempt] = ran.get(p.attempt, 0.0) + p.seconds
+    for n, seconds in ran.items():
+        alloc, used = width[n]
+        if alloc > used and seconds > 0:
+            rec = by_no[n]
+            excluded = len(set(rec.excluded) & set(rec.allocation))
+            spares = alloc - used - excluded
+            why = ", ".join(x for x in (f"{spares} spare" if spares > 0 else "",
+                                        f"{excluded} excluded" if excluded > 0 else "") if x)
+            parts.append(LedgerPart(part="idle", attempt=n, seconds=0.0, node_s=round((alloc - used) * seconds, 3),
+                                    note=f"{alloc - used} of {alloc} nodes held while no rank ran on them ({why})"))
+    return round(sum(p.node_s or 0.0 for p in parts), 3)
 
 
 def line(ledger: Ledger) -> str:
@@ -152,6 +163,9 @@ def line(ledger: Ledger) -> str:
     ratio = "" if ledger.ettr is None else \
         f", {'at most ' if ledger.ettr_bound else ''}{ledger.ettr * 100:.0f}% training (ETTR {ledger.ettr:.2f})"
     parts = ", ".join(f"{name} {s:.0f} s" for name, s in ledger.by_part().items() if name != "productive" and s >= 0.5)
+    idle = sum(p.node_s or 0.0 for p in ledger.parts if p.part == "idle")
+    if idle >= 0.5:
+        parts += (", " if parts else "") + f"idle nodes {idle:.0f} node-s"
     unknown = [p.part for p in ledger.parts if p.seconds is None]
     return (f"time: {ledger.total_s:.0f} s{ratio}" + (f"; {parts}" if parts else "")
             + (f"; not measured: {', '.join(dict.fromkeys(unknown))}" if unknown else ""))
