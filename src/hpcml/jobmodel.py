@@ -495,6 +495,11 @@ class JobSummary(Model):
     node_hours: Number = 0.0
     gpu_hours: Number = 0.0
     gpu_hours_lost: Optional[Number] = None
+    #: the ledger's (hpcml.run.ledger) node time that did not train, and the GPU time of it
+    #: (the job's GPUs per node), with the part that cost the most: the centre ranks by these
+    node_hours_not_training: Optional[Number] = None
+    gpu_hours_not_training: Optional[Number] = None
+    not_training_why: Optional[LedgerPartName] = None
 
     model_config = ConfigDict(extra="forbid", validate_assignment=False, populate_by_name=True)
 
@@ -528,7 +533,7 @@ class JobSummary(Model):
             raise ValueError(f"duration_s: {self.duration_s:g} s is longer than the job ran")
         if self.node_hours > slack * max(len(self.nodes), 1):
             raise ValueError(f"node_hours: {self.node_hours:g} for {len(self.nodes)} nodes over {span_h:.3g} h")
-        for key in ("gpu_hours", "gpu_hours_lost"):
+        for key in ("gpu_hours", "gpu_hours_lost", "gpu_hours_not_training"):
             value = getattr(self, key)
             if value is not None and value > slack * max(self.gpus, 0):
                 raise ValueError(f"{key}: {value:g} for {self.gpus} GPUs over {span_h:.3g} h")

@@ -18,7 +18,10 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
             stragglers: list[dict] | None = None, culprits: list[dict] | None = None,
             excluded: list[dict] | None = None, lost: list[dict] | None = None,
             time_lost_s: float | None = None, cluster: str = "alps", crashed: list[dict] | None = None,
-            vetting: list[dict] | None = None, hangs: int = 0, requeues: int | None = None) -> dict[str, Any]:
+            vetting: list[dict] | None = None, hangs: int = 0, requeues: int | None = None,
+            ettr: float | None = None, why: str | None = None) -> dict[str, Any]:
+    """A summary as ``hpcml.run.summary`` writes it; ``ettr``: the share of the allocation's
+    node time that trained (its ledger), the rest not training, mostly ``why``."""
     nodes = list(nodes or ["nid001", "nid002"])
     for e in (stragglers or []) + (culprits or []) + (excluded or []) + (lost or []) + (crashed or []):
         if e["node"] not in nodes:             # a job names only nodes it held
@@ -39,6 +42,10 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
         "node_hours": hours * len(nodes),
         "gpu_hours": hours * gpus if score is not None else 0.0,
         "gpu_hours_lost": (time_lost_s / 3600 * gpus) if time_lost_s is not None and score is not None else None,
+        **({"ettr": ettr, "node_hours_not_training": round(hours * len(nodes) * (1 - ettr), 4),
+            "gpu_hours_not_training": round(hours * gpus * (1 - ettr), 4) if score is not None else None,
+            "not_training_why": why} if ettr is not None else
+           {"node_hours_not_training": None, "gpu_hours_not_training": None, "not_training_why": None}),
     }
 
 

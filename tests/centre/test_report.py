@@ -14,7 +14,7 @@ import pytest
 from hpcml import schemas
 from hpcml.centre.collector.schema import NodeReport
 from hpcml.centre.collector.store import open_store
-from hpcml.centre.report import build
+from hpcml.centre.report import build, lines
 from tests.centre.jobdocs import event, proven, summary
 from tests.observe.browser import render
 
@@ -123,3 +123,36 @@ def test_an_empty_store_says_so_and_a_missing_one_is_bad_input(tmp_path):
     p = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
     assert p.returncode == 0, p.stderr
     assert "0 jobs" in p.stdout and "no job named a node" in p.stdout
+
+
+def test_jobs_users_and_nodes_rank_by_the_time_their_allocations_did_not_train(db_url):
+    """Ledgers of four jobs: the centre names who lost the most GPU-hours and to what; a job
+    without GPUs ranks by node-hours; a node named as a hang's culprit carries its job's time."""
+    now = time.time()
+    docs = [
+        summary("20", ended=now - DAY, user="alice", hours=10.0, ettr=0.9, why="startup"),     # 2 nodes: 8 GPU-h
+        summary("21", ended=now - DAY, user="bob", hours=10.0, ettr=0.5, why="idle",            # 40 GPU-h
+                culprits=[event("nid050", 1)]),
+        summary("22", ended=now - DAY, user="bob", hours=2.0, ettr=0.0, why="detection"),       # 16 GPU-h
+        summary("23", ended=now - DAY, user="carol", hours=100.0, ettr=0.5, why="vetting", score=None),   # no GPUs
+    ]
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(d) for d in docs])
+        rep = build(store, 30 * DAY)
+        jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+        nt = rep["not_training"]
+        assert [(j["job"], j["why"]) for j in nt["jobs"]] == [("21", "idle"), ("22", "detection"), ("20", "startup"),
+                                                              ("23", "vetting")]
+        assert nt["jobs"][0]["gpu_hours_not_training"] == pytest.approx(0.5 * 10 * 12)   # 3 nodes x 4 GPUs
+        assert nt["jobs"][-1]["gpu_hours_not_training"] is None and nt["jobs"][-1]["node_hours_not_training"] == 100
+        bob = nt["users"][0]
+        assert (bob["user"], bob["jobs"], bob["why"]) == ("bob", 2, "idle")
+        assert bob["gpu_hours_not_training"] == pytest.approx(60 + 16)
+        assert [(n["node"], n["roles"]) for n in nt["nodes"]] == [("nid050", {"culprit": 1})]
+        text = "\n".join(lines(rep))
+        assert "job 21 (bob): 60.00 GPU-h, most of it idle" in text
+        assert "user carol: 100.00 node-h over 1 job, most of it vetting" in text
+        assert "node nid050: 60.00 GPU-h in jobs that named it culprit 1x" in text
+    finally:
+        store.close()

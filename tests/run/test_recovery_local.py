@@ -109,6 +109,16 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     kept = run["ledger"]
     assert kept["total_s"] == doc["ledger"]["total_s"] and kept["parts"] == doc["ledger"]["parts"]
     ledger_matches_the_scripts_own(kept, tmp_path / "job.done", run)
+    assert sum(p["node_s"] for p in kept["parts"]) == pytest.approx(kept["node_s"], abs=0.01)
+    # the summary the centre ranks by: the ledger's node time that did not train, and its largest part
+    from hpcml.run.summary import build as summary_of
+    got = summary_of(tmp_path / "job").to_json()
+    assert got["node_hours_not_training"] == round((kept["node_s"] - kept["productive_node_s"]) / 3600, 4)
+    unproductive: dict = {}
+    for p_ in kept["parts"]:
+        if p_["part"] != "productive":
+            unproductive[p_["part"]] = unproductive.get(p_["part"], 0) + p_["node_s"]
+    assert got["not_training_why"] == max(unproductive, key=unproductive.get)
 
 
 def ledger_matches_the_scripts_own(ledger: dict, done: Path, run: dict) -> None:

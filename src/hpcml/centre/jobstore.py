@@ -55,10 +55,17 @@ CREATE TABLE IF NOT EXISTS job_vetting (
 CREATE INDEX IF NOT EXISTS job_vetting_node_time ON job_vetting (node, time);
 CREATE UNIQUE INDEX IF NOT EXISTS job_vetting_once ON job_vetting (cluster, job, node, time, verdict)
 """
+#: schema version 5: the job's time that did not train, from its ledger (older rows: unknown)
+LEDGER_DDL = """
+ALTER TABLE jobs ADD COLUMN node_hours_not_training DOUBLE PRECISION;
+ALTER TABLE jobs ADD COLUMN gpu_hours_not_training DOUBLE PRECISION;
+ALTER TABLE jobs ADD COLUMN not_training_why TEXT
+"""
 JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
             "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
             "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
-            "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest")
+            "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest",
+            "node_hours_not_training", "gpu_hours_not_training", "not_training_why")
 NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time", "verified")
 VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing", "verified")
 #: each job's latest verified attempt since a time (one row per job; ``latest`` is kept by
@@ -74,7 +81,8 @@ def job_row(s: JobSummary, received: float) -> tuple:
             s.time_lost_s, s.gpu_hours_lost, s.gpu.score, s.gpu.bound, tp.median if tp else None,
             tp.unit if tp else None, s.attempts, received,
             orjson.dumps(s.model_dump(by_alias=True, exclude_none=True)).decode(),
-            pr.uid, pr.how, int(pr.verified), max(s.hangs, int(s.outcome == "hung")), int(pr.verified))
+            pr.uid, pr.how, int(pr.verified), max(s.hangs, int(s.outcome == "hung")), int(pr.verified),
+            s.node_hours_not_training, s.gpu_hours_not_training, s.not_training_why)
 
 
 def node_rows(s: JobSummary) -> list[tuple]:
@@ -304,3 +312,61 @@ class JobQueries:
             f"COALESCE(SUM(time_lost_s), 0) FROM ({LATEST}) t GROUP BY account", (since,))
         return sorted(({"account": a, "jobs": n, "gpu_hours": gh, "gpu_hours_lost": lh, "time_lost_s": ls}
                        for a, n, gh, lh, ls in rows), key=lambda d: (-d["gpu_hours_lost"], -d["gpu_hours"]))
+
+    # -- where the jobs' time went (their ledgers) ---------------------------------------
+    # GPU-hours when the jobs said how many GPUs they had, node-hours always: a CPU job's
+    # lost time still ranks. "why": the ledger part that cost the job the most.
+
+    def not_training_jobs(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """The jobs whose allocation trained least, most GPU-hours (then node-hours) first."""
+        rows = self._all(
+            "SELECT cluster, job, attempt, user_name, account, gpu_hours, node_hours, gpu_hours_not_training, "
+            f"node_hours_not_training, not_training_why FROM ({LATEST}) t WHERE node_hours_not_training > 0 "
+            "ORDER BY COALESCE(gpu_hours_not_training, 0) DESC, node_hours_not_training DESC, job LIMIT ?",
+            (since, limit))
+        return [{"cluster": c, "job": j, "attempt": a, "user": u, "account": acc, "gpu_hours": gh, "node_hours": nh,
+                 "gpu_hours_not_training": gl, "node_hours_not_training": nl, "why": why}
+                for c, j, a, u, acc, gh, nh, gl, nl, why in rows]
+
+    def not_training_by_user(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """Per user: the hours their jobs did not train, and the part that cost them most."""
+        rows = self._all(
+            "SELECT user_name, not_training_why, COUNT(*), COALESCE(SUM(gpu_hours_not_training), 0), "
+            f"SUM(node_hours_not_training), SUM(gpu_hours), SUM(node_hours) FROM ({LATEST}) t "
+            "WHERE node_hours_not_training IS NOT NULL GROUP BY user_name, not_training_why", (since,))
+        out: dict[Any, dict[str, Any]] = {}
+        for user, why, n, gl, nl, gh, nh in rows:
+            d = out.setdefault(user, {"user": user, "jobs": 0, "gpu_hours_not_training": 0.0,
+                                      "node_hours_not_training": 0.0, "gpu_hours": 0.0, "node_hours": 0.0, "why": {}})
+            d["jobs"] += n
+            d["gpu_hours_not_training"] += gl
+            d["node_hours_not_training"] += nl or 0.0
+            d["gpu_hours"] += gh or 0.0
+            d["node_hours"] += nh or 0.0
+            if why:
+                d["why"][why] = d["why"].get(why, 0.0) + (gl if gl else nl or 0.0)
+        for d in out.values():
+            d["why"] = max(d["why"], key=d["why"].get) if d["why"] else None
+        ranked = sorted(out.values(), key=lambda d: (-d["gpu_hours_not_training"], -d["node_hours_not_training"],
+                                                     str(d["user"])))
+        return ranked[:limit]
+
+    def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """Per node: the hours lost by the jobs that named it as the cause of a fault (hang
+        culprit, lost, crashed rank), and in which roles."""
+        rows = self._all(
+            "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
+            "COALESCE(SUM(t.node_hours_not_training), 0) FROM (SELECT DISTINCT node, role, cluster, job, attempt "
+            "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost', 'crashed')) n "
+            f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
+            "GROUP BY n.node, n.role", (since,))
+        out: dict[str, dict[str, Any]] = {}
+        for node, role, n, gl, nl in rows:
+            d = out.setdefault(node, {"node": node, "gpu_hours_not_training": 0.0, "node_hours_not_training": 0.0,
+                                      "roles": {}})
+            d["roles"][role] = n
+            d["gpu_hours_not_training"] += gl
+            d["node_hours_not_training"] += nl
+        ranked = sorted(out.values(), key=lambda d: (-d["gpu_hours_not_training"], -d["node_hours_not_training"],
+                                                     d["node"]))
+        return ranked[:limit]

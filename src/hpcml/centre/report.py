@@ -6,7 +6,11 @@ job's summary and every vetting result say together, over a time window.
   jobs is the one vetting misses, and the one to drain;
 - per user and account, the GPU-hours, the mean GPU saturation score and the lowest
   scoring jobs, owners with the most idle GPU-hours (GPU-hours × (1 − score)) first;
-- the GPU-hours and time the faults cost, in all and per account.
+- the GPU-hours and time the faults cost, in all and per account;
+- where the allocations' time went (each job's ledger, ``hpcml.run.ledger``): the jobs and
+  users whose allocations trained least, in GPU-hours (node-hours for jobs without GPUs)
+  and the part that cost most (start-up, vetting, a hang's detection, idle spares, ...),
+  and the nodes named as the cause of faults, by the time their jobs did not train.
 
 Everything is one SQL aggregate per part (``centre.jobstore``), so 100,000 jobs and
 10,000 nodes take seconds, not minutes.
@@ -38,6 +42,12 @@ class Facts(Protocol):
 
     def lost_by_account(self, since: float) -> list[dict[str, Any]]: ...
 
+    def not_training_jobs(self, since: float, limit: int) -> list[dict[str, Any]]: ...
+
+    def not_training_by_user(self, since: float, limit: int) -> list[dict[str, Any]]: ...
+
+    def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]: ...
+
 
 def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None
           ) -> dict[str, Any]:
@@ -50,7 +60,30 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
         n["vet"] = vet.get(n["node"])
     return {"schema": SCHEMA, "generated": now, "since": since, "window_s": since_s,
             "totals": store.job_totals(since), "nodes": nodes,
-            "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top]}
+            "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top],
+            "not_training": {"jobs": store.not_training_jobs(since, top), "users": store.not_training_by_user(since, top),
+                             "nodes": store.not_training_by_node(since, top)}}
+
+
+def _hours(d: dict[str, Any]) -> str:
+    """Time that did not train, in GPU-hours where the GPUs are known, else node-hours."""
+    if d.get("gpu_hours_not_training"):
+        return f"{d['gpu_hours_not_training']:,.2f} GPU-h"
+    return f"{d['node_hours_not_training']:,.2f} node-h"
+
+
+def not_training_lines(nt: dict[str, Any]) -> list[str]:
+    """The jobs, users and nodes whose allocations trained least, and why."""
+    if not nt or not (nt["jobs"] or nt["users"]):
+        return ["", "time that did not train: no job in the window has a ledger"]
+    out = ["", "time that did not train (each job's ledger: allocation less productive steps), most first:"]
+    out += [f"  job {printable(j['job'])} ({printable(j['user'] or '?')}): {_hours(j)}, most of it "
+            f"{printable(j['why'] or '?')}" for j in nt["jobs"][:10]]
+    out += [f"  user {printable(u['user'] or '?')}: {_hours(u)} over {plural(u['jobs'], 'job')}, most of it "
+            f"{printable(u['why'] or '?')}" for u in nt["users"][:10]]
+    out += [f"  node {printable(n['node'])}: {_hours(n)} in jobs that named it "
+            + ", ".join(f"{r} {c}x" for r, c in sorted(n["roles"].items())) for n in nt["nodes"][:10]]
+    return out
 
 
 def _when(t: float | None) -> str:
@@ -99,7 +132,7 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out += ["", "time lost to faults, by account:"]
         out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
                 f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
-    return out
+    return out + not_training_lines(rep.get("not_training") or {})
 
 
 def _unverified(t: dict[str, Any]) -> list[str]:
@@ -122,5 +155,11 @@ def render_html(rep: dict[str, Any]) -> str:
     t = rep["totals"]
     totals = (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost {t['gpu_hours_lost']:,.1f} "
               f"GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); {t['failed']:,} failed, {t['hung']:,} hung")
+    nt = rep.get("not_training") or {"jobs": [], "users": [], "nodes": []}
+    nt_jobs = [[j["job"], j["user"] or "?", _hours(j), j["why"] or "?"] for j in nt["jobs"]]
+    nt_users = [[u["user"] or "?", u["jobs"], _hours(u), u["why"] or "?"] for u in nt["users"]]
+    nt_nodes = [[n["node"], _hours(n), ", ".join(f"{r} {c}x" for r, c in sorted(n["roles"].items()))]
+                for n in nt["nodes"]]
     return render("centre.html.j2", since=_when(rep["since"]), jobs=f"{t['jobs']:,}", totals=totals,
-                  unverified=[line.strip() for line in _unverified(t)], nodes=nodes, owners=owners, accounts=accounts)
+                  unverified=[line.strip() for line in _unverified(t)], nodes=nodes, owners=owners, accounts=accounts,
+                  nt_jobs=nt_jobs, nt_users=nt_users, nt_nodes=nt_nodes)

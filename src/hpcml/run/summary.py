@@ -182,7 +182,22 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
            if (led := rep.get("ledger")) else {}),
         "node_hours": round(hours * len(nodes), 4), "gpu_hours": round(hours * gpus, 4),
         "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None else None,
+        **_not_training(rep.get("ledger"), gpus, len(nodes)),
     }
+
+
+def _not_training(led: dict[str, Any] | None, gpus: int, nodes: int) -> dict[str, Any]:
+    """The ledger's node time that did not train (its node-seconds less the productive ones),
+    in node-hours and, at the job's GPUs per node, GPU-hours; and the part that cost most."""
+    if not led or led.get("node_s") is None or led.get("productive_node_s") is None:
+        return {}
+    from hpcml.jobmodel import Ledger
+    ledger = Ledger.model_validate({k: v for k, v in led.items() if k != "line"})
+    hours = max(0.0, (ledger.node_s or 0.0) - (ledger.productive_node_s or 0.0)) / 3600
+    lost = ledger.lost()
+    return {"node_hours_not_training": round(hours, 4),
+            "gpu_hours_not_training": round(hours * gpus / nodes, 4) if gpus and nodes else None,
+            "not_training_why": lost[0][0] if lost else None}
 
 
 def spool(d: str | Path, summary: JobSummary) -> Path | None:

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hpcml.centre.collector.schema import NodeReport
-from hpcml.centre.jobstore import JOBS_DDL, PROOF_DDL, JobQueries
+from hpcml.centre.jobstore import JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
@@ -37,15 +37,16 @@ RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outco
 
 
 #: the store's schema: 1 the vetting tables (no version row), 2 the job tables, 3 who
-#: proved each summary and the jobs' own vetting, 4 each report's evidence and sender
-SCHEMA_VERSION = 4
+#: proved each summary and the jobs' own vetting, 4 each report's evidence and sender, 5 the
+#: time each job did not train (its ledger)
+SCHEMA_VERSION = 5
 #: a report stored before version 4 was believed on the write token alone: unverified now
 EVIDENCE_DDL = """
 ALTER TABLE reports ADD COLUMN evidence TEXT NOT NULL DEFAULT 'none';
 ALTER TABLE reports ADD COLUMN sender TEXT
 """
 #: the DDL that takes a database from the version before to this one
-MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL}
+MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL, 5: LEDGER_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):
