@@ -332,8 +332,8 @@ class Attempt(Model):
         return self.restart_count if self.restart_count is not None else self.attempt
 
 
-LedgerPartName = Literal["vetting", "launch", "startup", "productive", "redone", "tail", "detection", "stopping",
-                         "relaunch", "idle", "other"]
+LedgerPartName = Literal["vetting", "launch", "startup", "productive", "checkpoint", "redone", "tail", "detection",
+                         "stopping", "relaunch", "idle", "other"]
 LEDGER_CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
 
 

@@ -263,6 +263,13 @@ class Checkpointer:
         """Snapshot ``state`` and write it in the background (the previous save is waited for
         first: its host buffer is reused). Replicated: rank 0 writes the state once, and
         each rank its own values (``PerRank``, data-loader states) beside it."""
+        entered = time.perf_counter()
+        try:
+            self._save(state, step)
+        finally:
+            _record_blocking(time.perf_counter() - entered)
+
+    def _save(self, state: Any, step: int) -> None:
         self.wait()
         if self.read_only:
             raise UsageError("opened read_only: it loads, it does not save", file=str(self.dir))
@@ -637,3 +644,11 @@ class Checkpointer:
             if found.manifest and found.manifest["world_size"] == self.world:
                 rank = self.rank
         return offline.load(self.dir, step, rank=rank, map_location=map_location)
+
+
+def _record_blocking(seconds: float) -> None:
+    """Under ``hpcml run``: the seconds a save held the training loop (waiting for the last
+    write, then the snapshot), as the ``checkpoint`` section its time ledger splits out."""
+    from hpcml.observe import api
+    if api.under_run():
+        api.blocked(api.CHECKPOINT, seconds)

@@ -22,6 +22,7 @@ from typing import Any
 
 STEP = "step"                   # the section whose times are step times (hpcml.observe.beat, the report)
 WAIT = "collective_wait"        # of each step, the seconds the rank waited in collectives (observe.collectives)
+CHECKPOINT = "checkpoint"       # time a save blocked the training loop (hpcml.ckpt, the script's torch.save): the ledger's
 FLUSH_SECONDS = float(os.environ.get("HPCML_OBSERVE_FLUSH", "1.0") or 1.0)
 MAX_BUFFERED = 2_000_000        # rows kept while the writer is stuck; newer rows are dropped
 
@@ -86,6 +87,23 @@ class section:
                 _start()
         except Exception:  # noqa: BLE001
             _state["errors"] += 1
+
+
+def under_run() -> bool:
+    """Whether ``hpcml run``'s recorder takes this process's rows (it set the pipe): parts
+    of hpcml that record on their own (the Checkpointer's blocking) do so only then, never
+    starting a store of their own in a program that did not ask for one."""
+    return bool(os.environ.get("HPCML_OBSERVE_FD"))
+
+
+def blocked(name: str, seconds: float) -> None:
+    """A section of ``seconds`` that ended now (measured by the caller); never raises."""
+    try:
+        _buf.append((_time_ns(), "section", name, seconds, _state["step"], None))
+        if _state["thread"] is None:
+            _start()
+    except Exception:  # noqa: BLE001
+        _state["errors"] += 1
 
 
 def own_steps() -> bool:

@@ -17,8 +17,10 @@ restart: the steps lost times the median step time); then how the attempt ended:
 (the last step to the end of a job that ended by itself), or ``detection`` (from the last
 sign of life, the last step or the fault's start, to hpcml noticing) and ``stopping`` (to the
 attempt's end); between attempts, ``relaunch`` (re-vetting the suspects and starting
-again). ``other`` closes the sum (clock steps, a part the data does not bound); checkpoint
-blocking is not split out of the steps (the Checkpointer does not report it yet).
+again). ``other`` closes the sum (clock steps, a part the data does not bound).
+``checkpoint``: the saves that held the loop between the first and the last step, taken out
+of ``productive`` (hpcml.ckpt's blocking, the script's torch.save and DCP saves:
+``hpcml.observe.saves``).
 
 The allocation's time is node-seconds: each part's seconds times the nodes it held (the
 whole allocation while vetting and relaunching; the ranks' nodes otherwise), plus ``idle``:
@@ -48,6 +50,31 @@ def _attempt_times(d: Path, rec: Attempt) -> tuple[float | None, float | None]:
     beats = read_beats(observe_dir(d, rec.attempt))
     last = [b.progress for b in beats.values() if b.progress is not None and b.progress >= rec.started]
     return min(starts, default=None), max(last, default=None)
+
+
+def _checkpoint_s(d: Path, attempt: int, first: float, stop: float) -> float | None:
+    """The seconds saves held attempt ``attempt``'s training between its first and last step:
+    the ``checkpoint`` sections (hpcml.ckpt, the script's torch.save and DCP saves) of the
+    rank that spent the longest in them (a synchronous job waits for its slowest saver)."""
+    import pyarrow.compute as pc
+
+    from hpcml.observe.api import CHECKPOINT
+    from hpcml.observe.store import iter_ranks
+    from hpcml.run.jobdir import observe_dir
+    files = sorted(observe_dir(d, attempt).glob("rank-*.arrows"))
+    best: float | None = None
+    lo, hi = int(first * 1e6), int(stop * 1e6)
+    for data in iter_ranks(files):
+        total = 0.0
+        for b in data.batches:
+            ts = pc.cast(b.column("ts"), "int64")
+            keep = pc.and_(pc.and_(pc.equal(b.column("kind"), "section"), pc.equal(b.column("name"), CHECKPOINT)),
+                           pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
+            got = pc.sum(pc.filter(b.column("value"), keep)).as_py()
+            total += got or 0.0
+        if total:
+            best = max(best or 0.0, total)
+    return best
 
 
 def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
@@ -100,7 +127,12 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         elif redone_s:
             parts.append(LedgerPart(part="redone", attempt=n, seconds=round(redone_s, 3),
                                     note=f"{lost} steps x {step_s:.3g} s" if step_s else ""))
-        done = round(steps - (redone_s or 0.0), 3)
+        saving = _checkpoint_s(d, n, first, stop)
+        if saving:
+            saving = min(saving, max(0.0, steps - (redone_s or 0.0)))
+            parts.append(LedgerPart(part="checkpoint", attempt=n, seconds=round(saving, 3),
+                                    note="saves that held the training loop (the rank that was held longest)"))
+        done = round(steps - (redone_s or 0.0) - (saving or 0.0), 3)
         productive += done
         parts.append(LedgerPart(part="productive", attempt=n, seconds=done))
         detected = rec.hang.detected if rec.hang is not None else fault.detected if fault is not None else None

@@ -220,6 +220,13 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
     except Exception as exc:  # noqa: BLE001 - an interpreter without hpcml: the program runs as without us
         print(f"hpcml run: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
+    try:
+        from hpcml.observe import saves
+        saves.install()
+        if saves.DCP not in sys.modules:
+            sys.meta_path.insert(0, _OnImport(saves.DCP, saves.wrap_dcp))
+    except Exception as exc:  # noqa: BLE001
+        print(f"hpcml run: checkpoint saves are not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
     if os.environ.get(WAITS) == "0":
         return
     try:
