@@ -62,6 +62,7 @@ class Steps:
                  start: Callable[[], None] = api.start) -> None:
         self.record, self.own, self.start = record, own, start
         self.n = 0
+        self.base = 0                    # the step the framework resumed at (resume_at)
         self.pacer: Callable[[], Any] | None = None      # the optimizer whose steps count
         self.others: dict[int, int] = {}                 # the others' steps since its last (by id)
         self.active: list[FrameType] = []                # the torch wrappers of the step() calls under way
@@ -134,14 +135,18 @@ class Steps:
             return
         if self.held is not None:
             held, self.held = self.held, None
-            self.record(*held)
-        if not self.record(*step):
+            self._record(held)
+        if not self._record(step):
             self._stop()
+
+    def _record(self, step: tuple[int, float, int]) -> bool:
+        """Recorded as the framework numbers it: after its resume step (``resume_at``)."""
+        return self.record(step[0] + self.base, step[1], step[2])
 
     def _exit(self) -> None:
         if self.held is not None and not self.off and not self.own():
             held, self.held = self.held, None
-            self.record(*held)
+            self._record(held)
 
     def _stop(self) -> None:
         """The program logs its own steps, or this is a forked child: nothing more. The hooks
@@ -149,11 +154,24 @@ class Steps:
         self.off, self.held = True, None
 
 
+_installed: list[Steps] = []
+
+
+def resume_at(step: int) -> None:
+    """The framework resumed its training at ``step`` (HF Trainer's, Lightning's global
+    step: ``hpcml.observe.resumes``): this process's next optimizer step is ``step + 1``, so
+    the ranks' steps are the framework's and a restart's lost steps can be counted."""
+    for steps in _installed:
+        if steps.n == 0:
+            steps.base = step
+
+
 def install(steps: Steps | None = None) -> Steps:
     """Register ``steps`` (a new ``Steps``) as torch's global optimizer step hooks; a forked
     child (a DataLoader worker) removes them."""
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
     steps = steps or Steps()
+    _installed.append(steps)
     steps.handles = [register_optimizer_step_pre_hook(steps.pre), register_optimizer_step_post_hook(steps.post)]
     os.register_at_fork(after_in_child=steps._stop)
     return steps

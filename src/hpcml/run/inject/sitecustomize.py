@@ -27,6 +27,7 @@ The site's own ``sitecustomize``, if any, is loaded first, as ddtrace-run's boot
 
 from __future__ import annotations
 
+import functools
 import importlib.machinery
 import importlib.util
 import json
@@ -227,6 +228,16 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
             sys.meta_path.insert(0, _OnImport(saves.DCP, saves.wrap_dcp))
     except Exception as exc:  # noqa: BLE001
         print(f"hpcml run: checkpoint saves are not timed: {type(exc).__name__}: {exc}", file=sys.stderr)
+    try:
+        from hpcml.observe import resumes
+        for name, hook in ((resumes.HF, resumes.hook_transformers),
+                           *((m, functools.partial(resumes.hook_lightning, m)) for m in resumes.LIGHTNING)):
+            if name in sys.modules:
+                hook()
+            else:
+                sys.meta_path.insert(0, _OnImport(name, hook))
+    except Exception as exc:  # noqa: BLE001
+        print(f"hpcml run: a framework's resume step is not read: {type(exc).__name__}: {exc}", file=sys.stderr)
     if os.environ.get(WAITS) == "0":
         return
     try:
