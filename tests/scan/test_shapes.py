@@ -157,3 +157,53 @@ def test_object_heavy_files_are_matched_and_safe(tmp_path, rows) -> None:
         _, items = _walk(path.read_bytes(), True)
         assert items >= len(rows) * 0.99
         assert scan_file(path).verdict.value == "safe"
+
+
+# -- regressions from an adversarial pass (files made by hand, as an attacker writes them) --
+
+def _fast_only(data: bytes) -> str | None:
+    """The fast walk's own verdict, without the walk again that an error triggers."""
+    w = PickleWalker(io.BytesIO(data), 0, len(data), fast=True)
+    try:
+        w._run()
+    except picklewalk.PickleError as exc:
+        return str(exc)
+    return None
+
+
+def test_a_memo_key_overwritten_between_batches_is_read_again_not_from_the_learned_shape() -> None:
+    """Each batch's items wrap memo key 0 in 90 TUPLE1s; a BINPUT 0 after the batch puts the
+    batch's tuple there: the next batch's items are 91 levels deeper. A shape learned on the
+    first batch must not be reused with its old depth (the real load hashes a tuple ~900
+    deep as a dict key: SIGSEGV)."""
+    item = b"h\x00" + b"\x85" * 90
+    data = b"\x80\x02K\x01q\x00" + (b"(" + item * 5 + b"tq\x000") * 10 + b"}h\x00Ns."
+    assert _fast_only(data) is not None and "tuple nested more than" in _fast_only(data)
+    fast, items = _walk(data, True)
+    assert fast.error and "tuple nested more than" in fast.error
+
+
+def test_a_shape_from_an_earlier_file_brings_only_its_pattern() -> None:
+    """The same item shape in two pickles, whose memo key 0 holds an int in one and a tuple
+    100 deep in the other: the second is judged on its own values (cached patterns only)."""
+    item = b"h\x00\x85\x94"
+    benign = b"\x80\x02K\x01\x94(" + item * 6 + b"t0N."
+    deep = (b"\x80\x02K\x01" + b"\x85" * 100 + b"\x94(" + item * 6 + b"t0" + b"}j" + struct.pack("<I", 6)
+            + b"\x85" * 200 + b"Ns.")
+    assert _walk(benign, True)[0].error is None
+    assert _fast_only(deep) is not None
+    assert _walk(deep, True)[0].error == _walk(deep, False)[0].error is not None
+
+
+@pytest.mark.parametrize("tail", [b"", b"\x85\x94r\x00\x00\x00\x00"])
+def test_binput_keys_of_items_that_memoize_too_are_checked(tail: bytes) -> None:
+    """Items with a MEMOIZE and a LONG_BINPUT each: one key far out (the unpickler would
+    allocate 64 GiB), or (``tail``) every later item writing key 0 again."""
+    keys = [1, 3, 5, 7, 0xFFFFFFF0, 11]
+    data = b"\x80\x04](" + b"".join(b"K\x01\x94r" + struct.pack("<I", k) for k in keys) + b"e."
+    assert _fast_only(data) is not None and "memo key" in _fast_only(data)
+    if tail:
+        items = b"h\x00\x85\x94r" + struct.pack("<I", 2) + b"h\x00\x85\x94r" + struct.pack("<I", 4)
+        data = b"\x80\x04K\x01\x94(" + items + (b"h\x00" + tail) * 3000 + b"t}h\x00Ns."
+        assert _fast_only(data) is not None
+    assert _walk(data, True)[0].error == _walk(data, False)[0].error is not None

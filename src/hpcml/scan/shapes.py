@@ -45,7 +45,8 @@ MIN_RUN = 2                     # items a pattern must match for the try to coun
 MAX_RELEARN = 16                # new shapes one batch may switch to
 PROBE = 3                       # values after a unit modelled to see that none of them takes it apart
 MAX_ODD = 8                     # items of no run one batch may take by the model
-_CACHE: dict[tuple, _Shape] = {}
+#: compiled patterns by shape (the patterns only: what a unit does is learned from each file)
+_CACHE: dict[tuple, tuple[re.Pattern, re.Pattern]] = {}
 _CACHE_MAX = 256
 
 _U4 = struct.Struct("<I").unpack_from
@@ -90,6 +91,7 @@ class _Unit:
     fend: int
     size: int = 0               # bytes of every item of ``key`` (0: strings make it vary)
     put_at: tuple = ()          # where each BINPUT/LONG_BINPUT opcode is in such an item
+    gets: tuple = ()            # (key, category, depth) of each memo read, when it was learned
 
 
 def _generic(key: tuple) -> tuple:
@@ -179,6 +181,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
     kinds = bytearray()
     puts = []
     put_at: list[int] = []
+    gets: list[tuple] = []
     framed = False
     p = pos
     tokens = 0
@@ -244,6 +247,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                 return None
             stack.append(e)
             key.append((op, k))
+            gets.append((k, e[0], e[1]))
             p = q
         elif op == 0x94 or op == 0x71 or op == 0x72:        # MEMOIZE, BINPUT, LONG_BINPUT
             if not stack or stack[-1] is _MARK:
@@ -329,12 +333,12 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                     continue
             size = 0 if framed or "S" in key or "U" in key or _LONG_TEXT in key else p - pos
             return _Unit(p, tuple(key), tuple(_placeholder(e) for e in stack), bytes(kinds), "".join(puts), fend,
-                         size, tuple(put_at))
+                         size, tuple(put_at), tuple(gets))
         if not stack:
             return None
 
 
-def _compile(unit: _Unit) -> _Shape:
+def _compile(unit: _Unit) -> tuple[re.Pattern, re.Pattern]:
     body, plain = [], []                # with a group per BINPUT key, and without any group
     for t in unit.key:
         if t == "A":
@@ -360,10 +364,14 @@ def _compile(unit: _Unit) -> _Shape:
         body.append(grouped)
     one = b"".join(plain)
     star = re.compile((b"(?:(?>" + one + b"))*+") if _POSSESSIVE else (b"(?:" + one + b")*"))
-    keyed = unit.puts and "M" not in unit.puts
     # findall of a pattern with one empty group returns the shared empty bytes per item
-    each = re.compile(b"".join(body) if keyed else b"()" + one)
-    return _Shape(star, each, unit)
+    each = re.compile(b"".join(body) if _keyed(unit) else b"()" + one)
+    return star, each
+
+
+def _keyed(unit: _Unit) -> bool:
+    """Whether the unit writes memo keys of its own (BINPUT, LONG_BINPUT): each is checked."""
+    return "q" in unit.puts or "r" in unit.puts
 
 
 def _shape(w, unit: _Unit) -> _Shape | None:
@@ -376,38 +384,56 @@ def _shape(w, unit: _Unit) -> _Shape | None:
             _CACHE.clear()
         got = _CACHE[unit.key] = _compile(unit)
         w.ff_spent += time.perf_counter() - t0
-    return got
+    return _Shape(*got, unit)
+
+
+def _current(w, unit: _Unit) -> bool:
+    """Whether every memo key the unit reads still holds what it held when it was learned (a
+    BINPUT between two batches may have put something else there)."""
+    for k, cat, depth in unit.gets:
+        e = _entry_of(w, k, 0)
+        if e is None or e[0] != cat or e[1] != depth:
+            return False
+    return True
 
 
 def _keys_ok(buf: bytes, pos: int, q: int, shape: _Shape, first: int, count: int) -> bool:
-    """Whether the BINPUT/LONG_BINPUT keys of ``count`` matched items are the next ones in
-    sequence from ``first``, as a pickler writes them (the unpickler sizes its memo by the
-    largest key: any other key could make it allocate what the file never held)."""
+    """Whether the BINPUT/LONG_BINPUT keys of ``count`` matched items are the ones a pickler
+    writes: each the memo's length at that point, as MEMOIZE would number it (the unpickler
+    sizes its memo by the largest key: any other key could make it allocate what the file
+    never held, or put a new value under a key an item reads)."""
     unit = shape.unit
     m = len(unit.kinds)
     last = first + count * m
-    if unit.puts == "q" * m and last > 256:
+    where = [j for j, c in enumerate(unit.puts) if c != "M"]      # the q/r writes, in item order
+    wide = [unit.puts[j] == "r" for j in where]
+    if any(wide) and not _LITTLE:
         return False
-    if unit.puts != "q" * m and (unit.puts != "r" * m or not _LITTLE):
-        return False
-    wide = unit.puts[0] == "r"
+
+    def expect(j: int, is_wide: bool) -> bytes | None:
+        keys = range(first + j, last, m)
+        if is_wide:
+            return array("I", keys).tobytes()
+        return bytes(keys) if not keys or keys[-1] < 256 else None
+
     if unit.size:                       # fixed-size items: every key is a strided slice of the bytes
-        for j, at in enumerate(unit.put_at):
-            want = range(first + j, last, m)
-            if not wide:
-                if buf[pos + at + 1:q:unit.size] != bytes(want):
-                    return False
-                continue
-            expect = array("I", want).tobytes()
-            for b in range(4):
-                if buf[pos + at + 1 + b:q:unit.size] != expect[b::4]:
+        for j, at, is_wide in zip(where, unit.put_at, wide):
+            want = expect(j, is_wide)
+            if want is None:
+                return False
+            for b in range(4 if is_wide else 1):
+                if buf[pos + at + 1 + b:q:unit.size] != (want[b::4] if is_wide else want):
                     return False
         return True
     found = shape.each.findall(buf, pos, q)
-    keys = found if m == 1 else [a for t in found for a in t]
-    if len(keys) != count * m:
+    if len(found) != count:
         return False
-    return b"".join(keys) == (bytes(range(first, last)) if not wide else array("I", range(first, last)).tobytes())
+    for t, (j, is_wide) in enumerate(zip(where, wide)):
+        want = expect(j, is_wide)
+        got = b"".join(found) if len(where) == 1 else b"".join([item[t] for item in found])
+        if want is None or got != want:
+            return False
+    return True
 
 
 def _apply(w, stack: list, unit: _Unit, count: int) -> bool:
@@ -434,23 +460,17 @@ def _apply(w, stack: list, unit: _Unit, count: int) -> bool:
 
 def _run(w, stack: list, shape: _Shape, buf: bytes, pos: int, stop: int) -> int:
     """Apply the items of ``shape`` from ``pos``; the offset after the last (``pos``: none,
-    or their memo keys are not the pickler's)."""
+    the memo keys it reads hold other values now, or its memo keys are not the pickler's)."""
+    unit = shape.unit
+    if unit.gets and not _current(w, unit):
+        return pos
     got = shape.star.match(buf, pos, stop)        # a starred pattern always matches, maybe nothing
     q = got.end() if got is not None else pos
     if q == pos:
         return pos
-    unit = shape.unit
-    if unit.size:
-        count = (q - pos) // unit.size
-    elif "M" in unit.puts or not unit.puts:
-        count = len(shape.each.findall(buf, pos, q))
-    else:
-        count = -1
-    if unit.puts and "M" not in unit.puts:
-        if count < 0:
-            count = len(shape.each.findall(buf, pos, q))
-        if not _keys_ok(buf, pos, q, shape, w.memo_len, count):
-            return pos
+    count = (q - pos) // unit.size if unit.size else len(shape.each.findall(buf, pos, q))
+    if _keyed(unit) and not _keys_ok(buf, pos, q, shape, w.memo_len, count):
+        return pos
     return q if _apply(w, stack, unit, count) else pos
 
 
