@@ -512,6 +512,8 @@ def fast_forward(w, stack: list, fend: int) -> int:
     while w.seq:
         r.fill(2 * MAX_UNIT)
         buf, pos = r.buf, r.pos
+        if shape is not None and shape.unit.gets and not _current(w, shape.unit):
+            shape = None                        # what it reads changed: learn it again, as it is now
         if shape is not None:
             stop = min(len(buf), fend - r.base)
             before = w.ff_items
