@@ -312,6 +312,8 @@ class Attempt(Model):
     killed_after_grace: Optional[bool] = None    # ranks still ran --kill-grace seconds after TERM/INT
     stopped_at: Optional[float] = None           # hpcml run stopped the attempt itself
     signalled_at: Optional[float] = None         # hpcml run got TERM or INT (passed on): its ranks were stopped
+    slurm_state: Optional[Annotated[str, Field(pattern=r"^[A-Z_]{1,32}$")]] = None   # Slurm's job state then:
+    # TIMEOUT (the time limit), CANCELLED (scancel), PREEMPTED, NODE_FAIL, DEADLINE, ... (hpcml.run.slurmend)
     stopped_for: Optional[StoppedFor] = None
     lost_nodes: Optional[dict[str, LostNode]] = None
     requeued: Optional[Requeued] = None

@@ -163,6 +163,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
         record.signals_forwarded = [signal.Signals(s).name for s in seen]
     if ctl.signalled_at is not None:
         record.signalled_at = ctl.signalled_at
+        from hpcml.run import slurmend
+        record.slurm_state = slurmend.state(record.job_id)
     watch.finish()                       # the crashes the last scan missed, and what the watch saw
     watch.fields().into(record)
     return rc

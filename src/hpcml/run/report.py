@@ -31,6 +31,7 @@ from hpcml.files import load_json_bounded
 from hpcml.jobmodel import Attempt, Restart, RunRecord
 from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
+from hpcml.run import slurmend
 from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir, read_run, tail, vet_dir
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.run.ranklog import failure_of, own_lines
@@ -111,7 +112,8 @@ def _ending(d: Path, run: Attempt) -> dict:
         requeued = requeue.find(attempt_dir(d, run.attempt), run.job_id, run.restart_of, ask_slurm=True)
     out: dict[str, Any] = {"exit_code": run.exit_code, "aborted": bool(run.aborted),
                            "launcher_killed": run.ended is None and not requeued and launcher_alive(run.to_json()) is False,
-                           "requeued": requeued, "first_failure": None, "interrupted": _interrupted(run)}
+                           "requeued": requeued, "first_failure": None, "interrupted": _interrupted(run),
+                           "slurm_state": run.slurm_state}
     if first is not None:
         r = first.rank
         out["first_failure"] = {**first.to_json(), "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES)
@@ -258,10 +260,12 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
         sig = ending.get("interrupted")
         if not sig or ending.get("requeued"):
             return []
+        why = slurmend.told(ending.get("slurm_state"))
         return [{"source": "run", "kind": "interrupted",
-                 "message": f"{prefix}hpcml run got {sig} and stopped its ranks: {_exit(ending['exit_code'])}, "
-                            "no rank failed",
-                 "advice": "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
+                 "message": f"{prefix}hpcml run got {sig}" + (f" ({why})" if why else "")
+                            + f" and stopped its ranks: {_exit(ending['exit_code'])}, no rank failed",
+                 "advice": f"{why}: not a failure of the job" if why else
+                           "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
     last = failure_of(own_lines(first["stderr_tail"], attempt),
                       chose=not first.get("signal") and 0 < int(first.get("exit_code") or 0) <= 128)
     return [{"source": "run", "kind": "failed_rank",

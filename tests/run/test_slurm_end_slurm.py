@@ -1,0 +1,75 @@
+"""Why Slurm stopped a job, in the record and the report: ``hpcml run`` in a batch job on the
+local cluster, stopped by ``scancel`` and by the job's time limit (``--time=1``, a minute:
+slurmctld checks limits every 30 s, so the TERM comes 60 to 90 s in). Each time hpcml run gets TERM,
+asks Slurm for the job's state (CANCELLED, TIMEOUT), keeps it in run.json and says it."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.slurmjobs import submit, wait
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = [pytest.mark.slurm]
+SLEEPER = "import time\nfor _ in range(600):\n    time.sleep(1)\n"
+
+
+@pytest.fixture
+def env(slurm_env):
+    return {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}"}
+
+
+def _job(tmp_path: Path, env: dict, limit: str = "") -> str:
+    (tmp_path / "sleeper.py").write_text(SLEEPER)
+    script = f"""#!/bin/bash
+{f'#SBATCH --time={limit}' if limit else ''}
+exec hpcml run --no-report --dir job -- python {tmp_path}/sleeper.py
+"""
+    return submit(script, tmp_path, env, nodes=1)
+
+
+def _ended(tmp_path: Path) -> dict:
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["ended"] is not None and run["signalled_at"] is not None, run
+    return run
+
+
+def _report(tmp_path: Path, env: dict) -> dict:
+    p = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job"), "--json"],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)
+
+
+def _started(tmp_path: Path) -> None:
+    end = time.monotonic() + 60
+    while time.monotonic() < end and not (tmp_path / "job" / "run.json").exists():
+        time.sleep(0.2)
+    time.sleep(2)
+
+
+def test_scancel_is_told_as_a_cancel(env, tmp_path):
+    job = _job(tmp_path, env)
+    _started(tmp_path)
+    subprocess.run(["scancel", job], env=env, check=True, timeout=30)
+    wait(job, env, timeout=120)
+    assert _ended(tmp_path)["slurm_state"] == "CANCELLED"
+    rep = _report(tmp_path, env)
+    assert rep["ending"]["slurm_state"] == "CANCELLED"
+    told = [f for f in rep["findings"] if f["kind"] == "interrupted"]
+    assert told and "scancel" in told[0]["message"], rep["findings"]
+
+
+def test_the_time_limit_is_told_as_the_time_limit(env, tmp_path):
+    job = _job(tmp_path, env, limit="1")
+    wait(job, env, timeout=150)
+    assert _ended(tmp_path)["slurm_state"] == "TIMEOUT"
+    rep = _report(tmp_path, env)
+    told = [f for f in rep["findings"] if f["kind"] == "interrupted"]
+    assert told and "Slurm's time limit" in told[0]["message"] and "not a failure" in told[0]["advice"], told
