@@ -19,8 +19,6 @@ log = logging.getLogger(__name__)
 WHY = {"TIMEOUT": "Slurm's time limit", "CANCELLED": "scancel (the job was cancelled)",
        "PREEMPTED": "preemption by another job", "NODE_FAIL": "a node failure", "DEADLINE": "the job's deadline",
        "OUT_OF_MEMORY": "the job's memory limit", "REQUEUED": "a requeue"}
-#: states that say nothing about why (still running, or ending for a reason not given here)
-QUIET = frozenset({"RUNNING", "COMPLETING", "CONFIGURING", "PENDING", "SUSPENDED", "SIGNALING", "STAGE_OUT"})
 
 
 #: Slurm's ``Reason`` while the job completes -> the state it ends in
@@ -44,7 +42,8 @@ def state(job_id: str | None, timeout: float = 5.0) -> str | None:
     reason = (recs[0].get("Reason") or "").split()[0] if recs[0].get("Reason") else ""
     if got == "COMPLETING":
         return REASONS.get(reason) or ("PREEMPTED" if "reempt" in reason else None)
-    return got if got and got not in QUIET and got.replace("_", "").isalpha() and got.isupper() else None
+    # a job that still runs (``slurm.ALIVE``) was not stopped by Slurm: a TERM from someone else
+    return got if got and got not in slurm.ALIVE and got.replace("_", "").isalpha() and got.isupper() else None
 
 
 def told(state_: str | None) -> str | None:
