@@ -207,3 +207,14 @@ def test_binput_keys_of_items_that_memoize_too_are_checked(tail: bytes) -> None:
         data = b"\x80\x04K\x01\x94(" + items + (b"h\x00" + tail) * 3000 + b"t}h\x00Ns."
         assert _fast_only(data) is not None
     assert _walk(data, True)[0].error == _walk(data, False)[0].error is not None
+
+
+def test_a_batch_the_walk_could_not_hold_is_left_to_the_walk() -> None:
+    """One batch of 40,000 tuple chains 94 deep (3.8 MB): the walk holds every tuple of a
+    batch and stops at its memory bound; the fast path holds one placeholder per item, so it
+    hands such a batch back to the walk (whose bound then decides) instead of calling it clean."""
+    data = b"\x80\x04]\x94(" + (b"K\x05" + b"\x85" * 94) * 40_000 + b"e."
+    got = _fast_only(data)
+    assert got is not None and "would hold about" in got
+    small = b"\x80\x04]\x94(" + (b"K\x05" + b"\x85" * 94) * 500 + b"e."
+    assert _fast_only(small) is None and _walk(small, True)[1] >= 490

@@ -221,6 +221,7 @@ class PickleWalker:
         self.ff_spent = 0.0             # seconds spent compiling shapes
         self.ff_items = 0               # items applied by ``shapes``
         self.ff_shape = None            # the last shape ``shapes`` matched
+        self.ff_held: tuple = (None, 0)  # (the stack level, bytes its items would hold in this walk)
         self.tracked_keys = TRACKED_KEYS
         self.on_build = on_build        # on_build(walker, obj, state) after BUILD of an object
         self.build_hooks = build_hooks  # whose class is one of these dotted names

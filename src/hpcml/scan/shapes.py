@@ -67,6 +67,11 @@ _POSSESSIVE = sys.version_info >= (3, 11)
 _LITTLE = sys.byteorder == "little" and array("I").itemsize == 4
 
 
+_OBJ, _INT = 64, 32              # bytes a str or tuple (plus its length), an int, costs the walk, at most
+#: what the items of one batch may be estimated to hold before the walk itself decides: the
+#: walk keeps every tuple, string and number of a batch (placeholders here), and stops at
+#: its memory bound (``picklewalk.WALK_MEMORY``, 128 MiB) with an error
+HELD_MAX = 64 << 20
 _LONG_TEXT = "X"                # a key token no pattern has: a unit holding it is taken by the model only
 
 
@@ -92,6 +97,7 @@ class _Unit:
     size: int = 0               # bytes of every item of ``key`` (0: strings make it vary)
     put_at: tuple = ()          # where each BINPUT/LONG_BINPUT opcode is in such an item
     gets: tuple = ()            # (key, category, depth) of each memo read, when it was learned
+    held: int = 0               # bytes of the objects the walk would hold for one item (an upper estimate)
 
 
 def _generic(key: tuple) -> tuple:
@@ -182,6 +188,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
     puts = []
     put_at: list[int] = []
     gets: list[tuple] = []
+    held = 0                            # bytes of objects the walk would hold for it (see _apply)
     framed = False
     p = pos
     tokens = 0
@@ -208,6 +215,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                 return None
             stack.append(("A", 0, OPAQUE))
             key.append(op)
+            held += _INT
         elif op == 0x8A:                                    # LONG1
             if p + 1 >= stop or buf[p + 1] > 8:
                 return None
@@ -216,6 +224,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
             if p > stop:
                 return None
             stack.append(("A", 0, OPAQUE))
+            held += _INT
         elif op == 0x8C or op == 0x58:                      # SHORT_BINUNICODE, BINUNICODE
             head = 2 if op == 0x8C else 5
             if p + head > stop:
@@ -235,6 +244,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                 key.append(_LONG_TEXT)                      # taken by the model, never matched
             p = q
             stack.append(("S", 0, EVICTED))
+            held += _OBJ + n
         elif op == 0x68 or op == 0x6A:                      # BINGET, LONG_BINGET
             q = p + (2 if op == 0x68 else 5)
             if q > stop:
@@ -294,6 +304,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                     if depth > MAX_TUPLE_DEPTH:
                         return None
                     stack.append(("T", depth, None))
+                    held += _OBJ + 8 * len(items)
                 else:
                     need = "L" if op == 0x65 else "D"
                     if not stack or stack[-1] is _MARK or stack[-1][0] != need or op == 0x75 and len(items) % 2:
@@ -316,6 +327,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                     return None
                 del stack[-k:]
                 stack.append(("T", depth, None))
+                held += _OBJ + 8 * k
         else:
             return None
         if not marks and p >= min_end and len(stack) >= want:
@@ -333,7 +345,7 @@ def _learn(w, buf: bytes, pos: int, fend: int, want: int, memo_base: int,  # noq
                     continue
             size = 0 if framed or "S" in key or "U" in key or _LONG_TEXT in key else p - pos
             return _Unit(p, tuple(key), tuple(_placeholder(e) for e in stack), bytes(kinds), "".join(puts), fend,
-                         size, tuple(put_at), tuple(gets))
+                         size, tuple(put_at), tuple(gets), held)
         if not stack:
             return None
 
@@ -453,6 +465,12 @@ def _apply(w, stack: list, unit: _Unit, count: int) -> bool:
         for k in range(first, min(last, 256)):
             small[k] = _PUSHED[unit.kinds[(k - first) % m]]
         w.memo_len = last
+    level, held = w.ff_held
+    held = (held if level is stack else 0) + unit.held * count
+    if held > HELD_MAX:
+        # the walk would hold this batch's objects, and may pass its memory bound: it decides
+        raise PickleError(f"a batch of items that would hold about {held >> 20} MiB in the walk")
+    w.ff_held = (stack, held)
     stack.extend(unit.pushed * count)
     w.ff_items += count
     return True
