@@ -42,6 +42,7 @@ from hpcml.schemas import tag
 from hpcml.words import node_name, plural
 
 SCHEMA = tag("run.report", 1)
+STOP_SIGNALS = ("SIGTERM", "SIGKILL", "SIGINT")   # what Slurm sends the steps of a job it ends
 TAIL_LINES = 20
 TEMPLATE = "run.html.j2"                        # the page (hpcml.htmlkit; warmed while the ranks run)
 UNENDED = ("launcher_killed", "running")         # _unended's kinds
@@ -266,6 +267,14 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
                             + f" and stopped its ranks: {_exit(ending['exit_code'])}, no rank failed",
                  "advice": f"{why}: not a failure of the job" if why else
                            "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
+    why = slurmend.told(ending.get("slurm_state"))
+    if why and (first.get("signal") in STOP_SIGNALS or first.get("exit_code") in (130, 137, 143)):
+        # Slurm signalled the ranks itself as it ended the job (they may end before hpcml run
+        # noted its own TERM): its doing, not the rank's failure
+        return [{"source": "run", "kind": "interrupted",
+                 "message": f"{prefix}Slurm ended the job ({why}): rank {first['rank']} ended with exit code "
+                            f"{first['exit_code']}" + (f" ({first['signal']})" if first.get("signal") else ""),
+                 "advice": f"{why}: not a failure of the job"}]
     last = failure_of(own_lines(first["stderr_tail"], attempt),
                       chose=not first.get("signal") and 0 < int(first.get("exit_code") or 0) <= 128)
     return [{"source": "run", "kind": "failed_rank",
