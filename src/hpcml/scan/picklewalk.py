@@ -620,13 +620,7 @@ class PickleWalker:
                         if fast and seq:
                             ffn -= 1
                             if ffn <= 0:
-                                r.pos = pos
-                                self.memo_len = memo_len
-                                fend = shapes.fast_forward(self, stack, fend)
-                                ffn = self.ff_wait
-                                memo_len = self.memo_len
-                                buf, pos = r.buf, r.pos
-                                limit = min(len(buf) - 9, fend - r.base - 1)
+                                fend, ffn, memo_len, buf, pos, limit = self._fast_forward(stack, fend, pos, memo_len)
                 continue
             if op == 0x8C or op == 0x58:                    # SHORT_BINUNICODE, BINUNICODE
                 if op == 0x8C:
@@ -709,13 +703,7 @@ class PickleWalker:
                 if fast and seq:
                     ffn -= 1
                     if ffn <= 0:
-                        r.pos = pos
-                        self.memo_len = memo_len
-                        fend = shapes.fast_forward(self, stack, fend)
-                        ffn = self.ff_wait
-                        memo_len = self.memo_len
-                        buf, pos = r.buf, r.pos
-                        limit = min(len(buf) - 9, fend - r.base - 1)
+                        fend, ffn, memo_len, buf, pos, limit = self._fast_forward(stack, fend, pos, memo_len)
                 continue
             if op == 0x47:                                  # BINFLOAT
                 stack.append(OP)
@@ -822,6 +810,16 @@ class PickleWalker:
             seq = self.seq
             buf, pos = r.buf, r.pos
             limit = min(len(buf) - 9, fend - r.base - 1)
+
+    def _fast_forward(self, stack: list, fend: int, pos: int, memo_len: int):
+        """``shapes.fast_forward`` from just after a MARK, with the hot loop's locals synced
+        both ways: (frame end, MARKs to skip, memo_len, buf, pos, limit) to go on with."""
+        r = self.r
+        r.pos = pos
+        self.memo_len = memo_len
+        fend = shapes.fast_forward(self, stack, fend)
+        buf = r.buf
+        return fend, self.ff_wait, self.memo_len, buf, r.pos, min(len(buf) - 9, fend - r.base - 1)
 
     def _make_list(self, items: list):
         if not self.track:
