@@ -539,6 +539,10 @@ class JobSummary(Model):
             value = getattr(self, key)
             if value is not None and value > slack * max(self.gpus, 0):
                 raise ValueError(f"{key}: {value:g} for {self.gpus} GPUs over {span_h:.3g} h")
+        for key in ("node_hours", "node_hours_not_training"):
+            value = getattr(self, key)
+            if value is not None and value > slack * max(len(self.nodes), 1):
+                raise ValueError(f"{key}: {value:g} for {len(self.nodes)} nodes over {span_h:.3g} h")
 
     @property
     def time(self) -> float:

@@ -79,6 +79,8 @@ GOOD = summary("200")
     ({**GOOD, "gpus": 2**63}, "gpus:"),
     ({**GOOD, "stragglers": [{"node": "nid001", "rank": 2**40}]}, "stragglers.0.rank:"),
     ({**GOOD, "gpu_hours": 1e308}, "gpu_hours:"),
+    ({**GOOD, "node_hours_not_training": 1e11}, "node_hours_not_training: 1e+11 for"),    # would own the ranking
+    ({**GOOD, "not_training_why": "aliens"}, "not_training_why:"),
     ({**GOOD, "started": 1e15, "ended": 1e15 + 1}, "more than a day in the future"),
     ({**GOOD, "ended": GOOD["started"] - 1}, "is before started"),
     ({**GOOD, "culprits": [{"node": "elsewhere"}]}, "culprit: node 'elsewhere' is not one of the job's nodes"),
