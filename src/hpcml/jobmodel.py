@@ -250,11 +250,13 @@ class ResumeSplit(Model):
 
 
 class Resumed(Model):
-    """How the next attempt resumed: its ``hpcml.ckpt`` checkpoint's step, the steps lost,
-    the time from the fault to its first step and how that time split."""
+    """How the next attempt resumed: its checkpoint's step (``hpcml.ckpt``, HF Trainer's or
+    Lightning's global step), or the step the script printed (``--step-pattern``), the steps
+    lost, the time from the fault to its first step and how that time split."""
 
     step: Optional[int] = None
     checkpoint: Optional[str] = None
+    printed_step: Optional[int] = None     # --step-pattern: the script's own number of the attempt's first step
     first_step_at: Optional[float] = None
     steps_lost: Optional[int] = None
     time_to_resume_s: Optional[float] = None
@@ -334,8 +336,8 @@ class Attempt(Model):
         return self.restart_count if self.restart_count is not None else self.attempt
 
 
-LedgerPartName = Literal["vetting", "launch", "startup", "productive", "checkpoint", "redone", "tail", "detection",
-                         "stopping", "relaunch", "idle", "other"]
+LedgerPartName = Literal["vetting", "launch", "startup", "productive", "checkpoint", "stalls", "redone", "tail",
+                         "detection", "stopping", "relaunch", "idle", "other"]
 LEDGER_CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
 
 

@@ -32,7 +32,10 @@ def test_the_config_is_frozen_and_the_options_and_environment_untouched(monkeypa
 @pytest.mark.parametrize("change,key", [({"cmd": []}, "cmd"), ({"min_nodes": 3}, "min_nodes"),
                                         ({"ntasks": 0}, "ntasks"), ({"hang_timeout": "soon"}, "hang_timeout"),
                                         ({"spare_nodes": 1}, "spare_nodes"), ({"on_hang": "pray"}, "on_hang"),
-                                        ({"max_restarts": 1, "spare_nodes": 2}, "spare_nodes")])
+                                        ({"max_restarts": 1, "spare_nodes": 2}, "spare_nodes"),
+                                        ({"step_pattern": "iter (\\d+"}, "step_pattern"),
+                                        ({"step_pattern": "iter \\d+"}, "step_pattern"),
+                                        ({"step_pattern": "(iter) (\\d+)"}, "step_pattern")])
 def test_bad_input_names_its_option(change, key):
     with pytest.raises(UsageError) as err:
         Config.of(Options(**{"cmd": ["true"], **change}), nodes=2)

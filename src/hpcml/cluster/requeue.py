@@ -122,6 +122,39 @@ def note_resumed(step: int | None, checkpoint: str | os.PathLike) -> None:
         pass                             # the training matters more than its note
 
 
+PRINTED = "printed-step.json"
+
+
+def note_printed(step: int, steps_done: int) -> None:
+    """Record in the attempt's directory the first step rank 0 printed (``--step-pattern``,
+    ``hpcml.observe.printedsteps``) and the optimizer steps it had done by then. Nothing
+    outside ``hpcml run``."""
+    where = os.environ.get(ENV_DIR)
+    if not where:
+        return
+    doc = {"schema": tag("run.printed_step", 1), "step": step, "steps_done": steps_done,
+           "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time()}
+    try:
+        write_atomic(Path(where) / PRINTED, json.dumps(doc) + "\n")
+    except OSError:
+        pass
+
+
+def printed_origin(attempt_dir: Path) -> int | None:
+    """The attempt's origin in the script's own step numbering: the first step rank 0
+    printed less the optimizer steps it had done by then (``note_printed``), or None."""
+    try:
+        doc = load_json_bounded(attempt_dir / PRINTED, 1 << 16)
+    except (OSError, ValueError):
+        return None
+    if not isinstance(doc, dict) or doc.get("schema") != tag("run.printed_step", 1):
+        return None
+    step, done = doc.get("step"), doc.get("steps_done")
+    if type(step) is not int or type(done) is not int or not (0 <= step < 1 << 62 and 0 <= done < 1 << 62):
+        return None
+    return step - done
+
+
 def resumed(attempt_dir: Path) -> dict[str, Any] | None:
     """What ``note_resumed`` wrote there (step, checkpoint, time), if anything."""
     try:

@@ -89,6 +89,9 @@ class Options:
     straggler_window: str = option("--straggler-window", default="60s", help="The straggler model judges the last "
                                    "this long of steps while the job runs, and no verdict comes from less "
                                    "(live or in the report); e.g. '5 min'.")
+    step_pattern: str | None = option("--step-pattern", help="A regular expression with one group around the step "
+                                      "number rank 0 prints, e.g. 'iter (\\d+):' (nanoGPT): after a restart, the "
+                                      "step the script resumed at and the steps it did again are read from it.")
     collector: str | None = option("--collector", help="Send the job's summary to this collector "
                                    "(hpcml centre serve; default $HPCML_COLLECTOR; token $HPCML_COLLECTOR_TOKEN "
                                    "or $HPCML_VET_TOKEN). Down: kept in JOBDIR/summary for hpcml report --send.")
@@ -119,6 +122,13 @@ class Config(Options):
             from hpcml.observe.remotewrite import ENV_URL, config
             config(opts.remote_write)
             rank_env[ENV_URL] = opts.remote_write
+        if opts.step_pattern is not None:          # checked now, then read by rank 0 (hpcml.observe.printedsteps)
+            from hpcml.observe.printedsteps import ENV, compile_pattern
+            try:
+                compile_pattern(opts.step_pattern)
+            except ValueError as exc:
+                raise UsageError(f"{opts.step_pattern!r} {exc}", key="step_pattern") from None
+            rank_env[ENV] = opts.step_pattern
         values: dict[str, Any] = asdict(opts)
         values.update(collector=collector_url(opts.collector), hang_s=hang_seconds(opts.hang_timeout),
                       straggler_s=straggler_seconds(opts.straggler_window),

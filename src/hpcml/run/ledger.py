@@ -20,7 +20,9 @@ attempt's end); between attempts, ``relaunch`` (re-vetting the suspects and star
 again). ``other`` closes the sum (clock steps, a part the data does not bound).
 ``checkpoint``: the saves that held the loop between the first and the last step, taken out
 of ``productive`` (hpcml.ckpt's blocking, the script's torch.save and DCP saves:
-``hpcml.observe.saves``).
+``hpcml.observe.saves``); ``stalls``: gaps between the job's steps of several median steps
+(a pause short of the hang timeout, an evaluation), less one median step and the saves in
+them, taken out of ``productive`` too.
 
 The allocation's time is node-seconds: each part's seconds times the nodes it held (the
 whole allocation while vetting and relaunching; the ranks' nodes otherwise), plus ``idle``:
@@ -30,6 +32,7 @@ ran. Multiplied by the GPUs per node, that is the GPU time each part cost.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hpcml.jobmodel import LEDGER_CITATION as CITATION
@@ -52,29 +55,102 @@ def _attempt_times(d: Path, rec: Attempt) -> tuple[float | None, float | None]:
     return min(starts, default=None), max(last, default=None)
 
 
-def _checkpoint_s(d: Path, attempt: int, first: float, stop: float) -> float | None:
-    """The seconds saves held attempt ``attempt``'s training between its first and last step:
-    the ``checkpoint`` sections (hpcml.ckpt, the script's torch.save and DCP saves) of the
-    rank that spent the longest in them (a synchronous job waits for its slowest saver)."""
+#: a gap between two of the job's steps this many median steps long ...
+STALL_STEPS = 3.0
+#: ... and this many seconds over the median is a stall or a pause (a short hiccup of a fast job is not)
+STALL_MIN_S = 1.0
+
+
+@dataclass
+class _Loop:
+    """What held attempt's training loop between its first and last step: saves
+    (``checkpoint_s``) and the gaps no step ended in (``stalled_s``, ``stalls``)."""
+
+    checkpoint_s: float | None = None
+    step_s: float | None = None        # the median gap between the job's steps
+    stalled_s: float = 0.0
+    stalls: int = 0
+    longest_s: float = 0.0
+
+
+def _loop(d: Path, attempt: int, first: float, stop: float) -> _Loop:
+    """Read attempt ``attempt``'s store once, rank by rank, for its loop's holds.
+
+    ``checkpoint_s``: the ``checkpoint`` sections (hpcml.ckpt, the script's torch.save and
+    DCP saves) of the rank that spent the longest in them (a synchronous job waits for its
+    slowest saver). Stalls: each step ends when its last rank ends it (the job's pace); a gap
+    between two such ends of over ``STALL_STEPS`` median gaps and ``STALL_MIN_S`` seconds
+    more than one is a stall (a pause short of the hang timeout, an evaluation, a
+    synchronous data refill): it costs its length less one median step, less the saves that
+    ended inside it (they are ``checkpoint``'s)."""
+    import numpy as np
     import pyarrow.compute as pc
 
-    from hpcml.observe.api import CHECKPOINT
+    from hpcml.observe.api import CHECKPOINT, STEP
     from hpcml.observe.store import iter_ranks
     from hpcml.run.jobdir import observe_dir
     files = sorted(observe_dir(d, attempt).glob("rank-*.arrows"))
-    best: float | None = None
+    out = _Loop()
     lo, hi = int(first * 1e6), int(stop * 1e6)
+    ids: list[np.ndarray] = []
+    ends: list[np.ndarray] = []
+    saves: list[tuple[np.ndarray, np.ndarray]] = []
     for data in iter_ranks(files):
         total = 0.0
+        r_ids: list[np.ndarray] = []
+        r_ends: list[np.ndarray] = []
+        r_save: list[tuple[np.ndarray, np.ndarray]] = []
         for b in data.batches:
             ts = pc.cast(b.column("ts"), "int64")
-            keep = pc.and_(pc.and_(pc.equal(b.column("kind"), "section"), pc.equal(b.column("name"), CHECKPOINT)),
-                           pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
-            got = pc.sum(pc.filter(b.column("value"), keep)).as_py()
-            total += got or 0.0
+            section = pc.and_(pc.equal(b.column("kind"), "section"),
+                              pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
+            keep = pc.and_(section, pc.equal(b.column("name"), CHECKPOINT))
+            got = pc.filter(b.column("value"), keep)
+            if len(got):
+                total += pc.sum(got).as_py() or 0.0
+                r_save.append((pc.filter(ts, keep).to_numpy(zero_copy_only=False),
+                               got.to_numpy(zero_copy_only=False).astype(float)))
+            keep = pc.and_(section, pc.equal(b.column("name"), STEP))
+            r_ends.append(pc.filter(ts, keep).to_numpy(zero_copy_only=False))
+            r_ids.append(pc.filter(pc.fill_null(pc.cast(b.column("step"), "int64"), -1), keep)
+                         .to_numpy(zero_copy_only=False))
         if total:
-            best = max(best or 0.0, total)
-    return best
+            out.checkpoint_s = max(out.checkpoint_s or 0.0, total)
+            saves.extend(r_save)
+        if r_ends:
+            e, i = np.concatenate(r_ends), np.concatenate(r_ids)
+            if len(e) and (i < 0).any():            # steps without a number: this rank's own order
+                order = np.argsort(e, kind="stable")
+                e, i = e[order], np.arange(1, len(e) + 1)
+            ends.append(e)
+            ids.append(i)
+    if not ends or not sum(len(e) for e in ends):
+        return out
+    e, i = np.concatenate(ends), np.concatenate(ids)
+    order = np.lexsort((e, i))
+    e, i = e[order], i[order]
+    last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1]     # each step's last end: its gating rank's
+    paced = np.sort(e[last]) / 1e6
+    gaps = np.diff(paced)
+    if len(gaps) < 2:
+        return out
+    med = float(np.median(gaps))
+    out.step_s = med
+    stalled = np.flatnonzero((gaps > STALL_STEPS * med) & (gaps > med + STALL_MIN_S))
+    if not len(stalled):
+        return out
+    held = np.zeros(len(gaps))
+    if saves:                                      # saves inside a gap are the checkpoint part's
+        at = np.concatenate([t for t, _ in saves]) / 1e6
+        took = np.concatenate([v for _, v in saves])
+        where = np.searchsorted(paced, at, side="left") - 1
+        ok = (where >= 0) & (where < len(gaps))
+        np.maximum.at(held, where[ok], took[ok])
+    cost = np.maximum(0.0, gaps[stalled] - med - held[stalled])
+    out.stalled_s = round(float(cost.sum()), 3)
+    out.stalls = int((cost > 0).sum())
+    out.longest_s = round(float(gaps[stalled].max()), 3)
+    return out
 
 
 def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
@@ -114,25 +190,34 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         stop = max(stop, first)
         parts.append(LedgerPart(part="startup", attempt=n, seconds=_span(launched, first)))
         steps = _span(first, stop) or 0.0
+        loop = _loop(d, n, first, stop)
+        pace = loop.step_s or step_s           # this attempt's own pace, else the job's
         redone_s: float | None = 0.0
         lost: int | None = None
         if prev is not None and prev.restart is not None and prev.restart.action == "restart":
             lost = prev.restart.resumed.steps_lost if prev.restart.resumed is not None else None
-            redone_s = None if lost is None or step_s is None else min(steps, max(0, lost) * step_s)
+            redone_s = None if lost is None or pace is None else min(steps, max(0, lost) * pace)
         if redone_s is None:
             unknown = True
             parts.append(LedgerPart(part="redone", attempt=n, seconds=None,
-                                    note="steps done again after the restart: not measured (no hpcml.ckpt step to "
-                                         "resume from, or no step time); counted as productive"))
+                                    note="steps done again after the restart: not measured (no checkpoint step or "
+                                         "--step-pattern to read the resume step from, or no step time); "
+                                         "counted as productive"))
         elif redone_s:
             parts.append(LedgerPart(part="redone", attempt=n, seconds=round(redone_s, 3),
-                                    note=f"{lost} steps x {step_s:.3g} s" if step_s else ""))
-        saving = _checkpoint_s(d, n, first, stop)
+                                    note=f"{lost} steps x {pace:.3g} s" if pace else ""))
+        saving = loop.checkpoint_s
         if saving:
             saving = min(saving, max(0.0, steps - (redone_s or 0.0)))
             parts.append(LedgerPart(part="checkpoint", attempt=n, seconds=round(saving, 3),
                                     note="saves that held the training loop (the rank that was held longest)"))
-        done = round(steps - (redone_s or 0.0) - (saving or 0.0), 3)
+        stalled = min(loop.stalled_s, max(0.0, steps - (redone_s or 0.0) - (saving or 0.0)))
+        if stalled:
+            parts.append(LedgerPart(part="stalls", attempt=n, seconds=round(stalled, 3),
+                                    note=f"{loop.stalls} gap(s) between steps of over {STALL_STEPS:g} median steps "
+                                         f"(an evaluation, a pause short of the hang timeout), the longest "
+                                         f"{loop.longest_s:.1f} s, each less one median step and its saves"))
+        done = round(steps - (redone_s or 0.0) - (saving or 0.0) - stalled, 3)
         productive += done
         parts.append(LedgerPart(part="productive", attempt=n, seconds=done))
         detected = rec.hang.detected if rec.hang is not None else fault.detected if fault is not None else None

@@ -298,15 +298,17 @@ def describe(restart: Restart | dict[str, Any]) -> str:
     if res is not None:
         lost = f" ({plural(res.steps_lost, 'step')} lost)" if res.steps_lost is not None else ""
         parts.append((f"resumed from step {res.step:,}{lost}" if res.step is not None
-                      else "resumed without an hpcml.ckpt checkpoint (steps lost unknown)")
+                      else f"resumed at the script's step {res.printed_step:,}{lost}" if res.printed_step is not None
+                      else "resumed without a checkpoint step hpcml could read (steps lost unknown)")
                      + (f", {res.time_to_resume_s:.0f} s from the fault to the first step"
                         if res.time_to_resume_s is not None else ""))
     return "; ".join(parts)
 
 
 #: what the report says for steps done again that it could not count, and what would count them
-UNKNOWN_REDONE = ("unknown: the script resumed without an hpcml.ckpt checkpoint, so the step it resumed at "
-                  "is not known (hpcml.ckpt, or the script logging its own step through hpcml.observe, measures it)")
+UNKNOWN_REDONE = ("unknown: the step the script resumed at is not known (hpcml.ckpt, HF Trainer or Lightning "
+                  "measure it; a script that prints its step measures it with hpcml run --step-pattern, "
+                  "e.g. --step-pattern 'iter (\\d+):' for nanoGPT)")
 
 
 def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | None:
@@ -330,10 +332,13 @@ def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | 
 
 def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     """How attempt ``nxt`` resumed the training ``prev`` left after its fault: the step its
-    checkpoint held (``requeue.note_resumed``), the steps lost (the last step seen minus that
-    one), and the time from the fault to ``nxt``'s first step, split into detection, stop,
-    vetting again, relaunch and the script's own start-up. Read from the job directory, so
-    the report can say it for an attempt whose launcher did not live to write it."""
+    checkpoint held (``requeue.note_resumed``) and the steps lost (the last step seen minus
+    that one; without a checkpoint's step, from what rank 0 printed, ``--step-pattern``:
+    ``prev``'s origin in the script's numbering plus the steps it did, less ``nxt``'s origin,
+    each origin the first step the attempt printed less the optimizer steps before it), and
+    the time from the fault to ``nxt``'s first step, split into detection, stop, vetting
+    again, relaunch and the script's own start-up. Read from the job directory, so the
+    report can say it for an attempt whose launcher did not live to write it."""
     from hpcml.cluster import requeue
     from hpcml.observe.beat import Trust, read_beats
     from hpcml.run.jobdir import attempt_dir, observe_dir, rank_meta
@@ -341,6 +346,14 @@ def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     fault = restart.fault if restart is not None else None
     note = requeue.resumed(attempt_dir(d, n))
     step = note["step"] if note else None
+    furthest = prev.furthest_step
+    lost = furthest - step if step is not None and furthest is not None else None
+    printed = None
+    if step is None:                                  # the script's printed steps (--step-pattern)
+        now, then = requeue.printed_origin(attempt_dir(d, n)), requeue.printed_origin(attempt_dir(d, prev.attempt))
+        printed = now + 1 if now is not None else None
+        if now is not None and then is not None and furthest is not None and then + furthest >= now:
+            lost = then + furthest - now
     first = nxt.first_step_at
     if first is None and nxt.ntasks:                   # the launcher did not write it: the ranks' records,
         # of the ranks it started and not before it started (its key died with it: unsigned)
@@ -350,12 +363,11 @@ def resume_of(d: Path, prev: Attempt, nxt: Attempt) -> Resumed:
     starts = [m["start"] for m in rank_meta(d, n) if isinstance(m.get("start"), (int, float))]
     began = (fault.began or fault.detected) if fault is not None else None
     detected = fault.detected if fault is not None else None
-    furthest = prev.furthest_step
 
     def gap(a: Any, b: Any) -> float | None:
         return round(b - a, 3) if isinstance(a, (int, float)) and isinstance(b, (int, float)) else None
     return Resumed(step=step, checkpoint=note["checkpoint"] if note else None, first_step_at=first,
-                   steps_lost=furthest - step if step is not None and furthest is not None else None,
+                   printed_step=printed, steps_lost=lost,
                    time_to_resume_s=gap(began, first),
                    split_s=ResumeSplit(detection=gap(began, detected), stop=gap(detected, prev.ended),
                                        revet=(restart.revet.duration_s if restart is not None and restart.revet

@@ -19,7 +19,8 @@ the rank to import ``torch.optim`` with the recorder's pipe as it was given (che
 start: a subprocess or spawned DataLoader worker whose parent closed the pipe may have its
 number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
 which then count nothing); a forked child stops counting (``os.register_at_fork``).
-``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. The same process's time waiting in collectives
+``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. With ``--step-pattern``, rank 0's main process
+also reads the first step it prints (``hpcml.observe.printedsteps``). The same process's time waiting in collectives
 is measured from then on (``hpcml.observe.collectives``; ``HPCML_RUN_COLLECTIVE_WAIT=0``: not).
 
 The site's own ``sitecustomize``, if any, is loaded first, as ddtrace-run's bootstrap does.
@@ -51,6 +52,7 @@ PIPE = "HPCML_OBSERVE_FD"           # the recorder's pipe (hpcml.observe.recorde
 STEPS = "HPCML_RUN_OPTIMIZER_STEPS"  # "0": optimizer steps are not counted
 CLAIM = "HPCML_RUN_STEPS_PID"       # the process whose optimizer steps are the rank's
 WAITS = "HPCML_RUN_COLLECTIVE_WAIT"  # "0": the time in collectives is not measured
+STEP_PATTERN = "HPCML_RUN_STEP_PATTERN"  # hpcml.observe.printedsteps' ENV: rank 0's printed step (--step-pattern)
 # hpcml.run.launchers' ENV_LAUNCHER, ENV_WRAPPED and IDENTITY, written out (tests/run/test_launchers.py)
 LAUNCHER = "HPCML_RUN_LAUNCHER"
 WRAPPED = "HPCML_RUN_WRAPPED"
@@ -217,10 +219,18 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
             return
         os.environ[CLAIM] = str(os.getpid())
         from hpcml.observe import optimsteps
-        optimsteps.install()
+        counted = optimsteps.install()
     except Exception as exc:  # noqa: BLE001 - an interpreter without hpcml: the program runs as without us
         print(f"hpcml run: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
         return
+    if os.environ.get(STEP_PATTERN) and os.environ.get("RANK", "0") == "0":
+        try:
+            from hpcml.cluster.requeue import note_printed
+            from hpcml.observe import printedsteps
+            printedsteps.install(printedsteps.compile_pattern(os.environ[STEP_PATTERN]), lambda: counted.n,
+                                 note_printed)
+        except Exception as exc:  # noqa: BLE001
+            print(f"hpcml run: the printed step is not read: {type(exc).__name__}: {exc}", file=sys.stderr)
     try:
         from hpcml.observe import saves
         saves.install()
