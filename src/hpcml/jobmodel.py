@@ -201,12 +201,14 @@ class IgnoredBeat(Model):
 
 class Straggler(Model):
     """A rank the watch named a chronic straggler: times slower than the step median, from
-    ``since_step``."""
+    ``since_step`` (the change point of its ratios to the others, ``stragglers.onset``)."""
 
     rank: int
     node: Optional[str] = None
     score: float
     since_step: int
+    since_before: bool = False            # slow from the judged window's first step: it began there or earlier
+    confidence: Optional[float] = None    # the model's, when it was named (RankScore.confidence)
     detected: float
 
 

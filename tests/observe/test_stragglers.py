@@ -257,3 +257,17 @@ def test_a_step_number_logged_twice_pairs_its_last_time_with_its_last_wait():
     busy = compute_times(ranks, steps, step_s, ranks, steps, waits)
     scores = score_ranks(ranks, steps, busy, elapsed=step_s, min_seconds=0)
     assert [(s.rank, s.chronic) for s in scores] == [(0, True), (1, False)] and scores[0].score == 2.0
+
+
+def test_the_onset_is_the_change_point_not_the_first_slow_step():
+    """A rank 2x slower from step 31 of 60, with noise that makes some early steps slow too:
+    the onset is 31's index; a rank slow all along has none (it began there or earlier); a
+    rank that is only noisy has none."""
+    from hpcml.observe.stragglers import onset
+    rng = np.random.default_rng(7)
+    ratio = np.r_[rng.uniform(0.85, 1.25, 30), rng.uniform(1.8, 2.2, 30)]
+    ratio[[2, 5, 11]] = 1.6                                 # early hiccups: slow steps before the onset
+    assert onset(ratio) == 30
+    assert onset(rng.uniform(1.8, 2.2, 60)) is None
+    assert onset(rng.uniform(0.8, 1.2, 60)) is None
+    assert onset(np.r_[rng.uniform(1.8, 2.2, 30), rng.uniform(0.9, 1.1, 30)]) is None   # it got better

@@ -278,7 +278,8 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text
 
 
-def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float):
+def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
+              everyone: bool = False):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
@@ -289,8 +290,8 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
     watch = Watch(d, 0, ranks, period=1.0, straggler_window=window)
     t, onset, named = 1_800_000_000.0, None, None
     for step in range(steps):
-        compute = [step_s * (2.0 if r == slow_rank and step >= 100 else 1.0) * (1 + 0.02 * ((step * 7 + r * 3) % 5))
-                   for r in range(ranks)]
+        compute = [step_s * (2.0 if (r == slow_rank or everyone) and step >= 100 else 1.0)
+                   * (1 + 0.02 * ((step * 7 + r * 3) % 5)) for r in range(ranks)]
         longest = max(compute) + 0.001
         t += longest if sync else step_s
         if step == 100:
@@ -316,7 +317,25 @@ def test_in_a_synchronous_2_rank_job_the_rank_the_other_waits_for_is_named_about
     against the other rank alone (2x, not the 1.33x a median of two gives)."""
     watch, after = _sync_job(tmp_path, 2, 0.5, 400, 1, sync=True, window=60.0)
     assert list(watch.stragglers) == [1] and 1.8 < watch.stragglers[1].score < 2.2, watch.stragglers
-    assert after is not None and after <= 120 and 95 <= watch.stragglers[1].since_step <= 110
+    st = watch.stragglers[1]
+    assert after is not None and after <= 60 and st.since_step == 100 and not st.since_before
+    assert st.confidence is not None and 0.5 <= st.confidence <= 1.0
+
+
+def test_a_job_that_slows_down_as_a_whole_has_no_straggler(tmp_path):
+    """Every rank 2x slower from step 100 (the host, the filesystem, the job itself): the
+    leave-one-out score moves no rank, and no onset is a straggler's."""
+    watch, after = _sync_job(tmp_path, 4, 0.5, 400, -1, sync=True, window=60.0, everyone=True)
+    assert watch.stragglers == {} and after is None
+    assert all(0.9 < v < 1.1 for v in watch.scores.values()), watch.scores
+
+
+def test_slow_steps_of_10_s_are_named_on_enough_steps_with_their_onset(tmp_path):
+    """10 s steps: a 60 s window is six samples, too few; the model waits for its 30 steps
+    of evidence and names the rank with the step its slowness began."""
+    watch, after = _sync_job(tmp_path, 2, 10.0, 200, 1, sync=True, window=60.0)
+    assert list(watch.stragglers) == [1] and watch.stragglers[1].since_step == 100
+    assert after is not None and after <= 20 * 20.0          # within 20 of its (2x) steps
 
 
 def test_fast_steps_that_do_not_synchronise_are_judged_within_the_ring(tmp_path):

@@ -221,6 +221,43 @@ def score_matrix(rank_ids, step_ids, m, *, elapsed=None, meta_ranks: dict | None
     return sorted(out, key=lambda s: -s.score)
 
 
+ONSET_FIT = 0.5     # a two-level fit must leave at most this share of a one-level fit's squared error
+
+
+def onset(ratio: np.ndarray, limit: float = 1 + CHRONIC) -> int | None:
+    """The index where one rank's slowness began in its row of ratios to the other ranks:
+    the split of the row's log-ratios into a before and an after that two levels fit best
+    (least squares: a change point, not the first slow step, which noise puts anywhere),
+    where the after is slow (median above ``limit``), the before is not, and the split
+    explains the row (``ONSET_FIT``). None: no such split, the rank was slow from the row's
+    first step (its slowness began there or earlier)."""
+    got = int(onsets(np.asarray(ratio, float)[None, :], limit)[0])
+    return None if got < 0 else got
+
+
+def onsets(ratio: np.ndarray, limit: float = 1 + CHRONIC) -> np.ndarray:
+    """``onset`` of each row of a ranks x steps matrix of ratios (-1: none): the fits in one
+    pass, the medians only for rows whose two-level fit explains them."""
+    r, n = ratio.shape
+    out = np.full(r, -1, np.int64)
+    if n < 4 or r == 0:
+        return out
+    x = np.log(np.maximum(ratio.astype(float), 1e-6))
+    c, c2 = np.cumsum(x, axis=1), np.cumsum(x * x, axis=1)
+    k = np.arange(1, n)
+    left = c2[:, :-1] - c[:, :-1] ** 2 / k
+    rs, rq = c[:, -1:] - c[:, :-1], c2[:, -1:] - c2[:, :-1]
+    sse = left + rq - rs ** 2 / (n - k)
+    whole = c2[:, -1] - c[:, -1] ** 2 / n
+    best = np.argmin(sse, axis=1)
+    fits = (whole > 0) & (sse[np.arange(r), best] <= ONSET_FIT * whole)
+    for i in np.flatnonzero(fits):
+        b = int(best[i]) + 1
+        if np.median(ratio[i, b:]) > limit and np.median(ratio[i, :b]) <= limit:
+            out[i] = b
+    return out
+
+
 def bimodal(scores: list[RankScore]) -> tuple[list[int], list[int], float] | None:
     """``(fast ranks, slow ranks, slow/fast median time per step)`` when the job runs as two
     speed groups, else None. The ratio is of the ranks' own times, not of their scores: a

@@ -325,7 +325,8 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
     for s in watch["stragglers"]:
         out.append({"source": "run", "kind": "live_straggler",
                     "message": f"rank {s['rank']} on {node_name(s.get('node'))} was {s['score']:.1f}x slower than the others "
-                               f"from step {s['since_step']:,} (named while the job ran)",
+                               f"from step {s['since_step']:,}{' or earlier' if s.get('since_before') else ''} (named while the job ran"
+                               + (f", confidence {s['confidence']:.2f})" if s.get("confidence") is not None else ")"),
                     "advice": "vet that node (hpcml vet) or exclude it next time"})
     return [{**f, "message": prefix + f["message"]} for f in out]
 

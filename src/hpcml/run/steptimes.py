@@ -25,6 +25,7 @@ class StepTimes:
         self.busy = np.zeros((world, size), np.float32)
         self.ids = np.full((world, size), -1, np.int64)
         self.last = np.full(world, -1, np.int64)
+        self.first = np.full(world, -1, np.int64)       # each rank's first step (in its current numbering)
         self.restarts = np.zeros(world, np.int64)
 
     def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0,
@@ -35,7 +36,7 @@ class StepTimes:
         if not 0 <= rank < len(self.last):
             return
         if restarts != self.restarts[rank]:
-            self.restarts[rank], self.last[rank] = restarts, -1
+            self.restarts[rank], self.last[rank], self.first[rank] = restarts, -1, -1
             self.ids[rank] = -1
         if not steps:
             return
@@ -51,6 +52,8 @@ class StepTimes:
             t = less_wait(t, np.asarray(waits[first:n], np.float32))
         self.busy[rank, s % self.size] = t
         self.ids[rank, s % self.size] = s
+        if self.first[rank] < 0 and len(s):
+            self.first[rank] = int(s[0])
         self.last[rank] = steps[n - 1]
 
     def window(self, keep: int, busy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -69,3 +72,8 @@ class StepTimes:
     def median_step(self) -> float | None:
         ranks, steps, m = self.window(64)
         return float(np.median(m)) if m.size else None
+
+    def first_step(self) -> int:
+        """The earliest first step of the reporting ranks (-1: none yet)."""
+        seen = self.first[self.first >= 0]
+        return int(seen.min()) if len(seen) else -1

@@ -47,7 +47,7 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 from hpcml import logs
 from hpcml.cluster import requeue
@@ -78,7 +78,8 @@ COLLECT_LEAST = 10.0          # ... the snapshots waited for this less two scan 
 FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the model's cost, at 1,024 ranks) ...
 STRAGGLER_SCORINGS = 3        # ... and at least this many per window
-STRAGGLER_ONSET = 0.8         # share of slow steps from the onset on
+EARLY_STEPS = 10              # a slowness that began inside the window is named after this many steps ...
+EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the window
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
 SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it
@@ -88,6 +89,12 @@ def period_for(world: int) -> float:
     """Seconds between scans: 1 s up to 200 ranks, 5 s from 1,000."""
     return min(5.0, max(1.0, world / 200))
 
+
+
+
+def straggler_since(st: Straggler) -> str:
+    """"since step 31", or "since step 120 or earlier" when the judged window began slow."""
+    return f"since step {st.since_step:,}" + (" or earlier" if st.since_before else "")
 
 @dataclass(frozen=True, slots=True)
 class Seen:
@@ -218,7 +225,7 @@ class Watch:
         first = min(self.stragglers.values(), key=lambda s: s.detected)
         if self.can_replace is not None and not self.can_replace(first.node):
             return False                         # no spare, --min-nodes, no restart left: it runs on, slower
-        self.stopped_for = StoppedFor(what=f"rank {first.rank} {first.score:.1f}x slower since step {first.since_step:,}",
+        self.stopped_for = StoppedFor(what=f"rank {first.rank} {first.score:.1f}x slower {straggler_since(first)}",
                                       node=first.node, rank=first.rank, began=None, detected=first.detected)
         self._stopping = True
         self._say(f"straggler: stopping the job to restart without {node_name(first.node)} (--on-straggler restart)")
@@ -306,15 +313,17 @@ class Watch:
         compute times, its chronic threshold) over the last ``straggler_window`` seconds of
         steps every rank reported, or the whole ring once it is full and holds less (2,048
         steps: a job of 10 ms steps is judged on its last 20 s): a rank that turns
-        chronic is named once, with the step its slowness began. Scored every third of the
-        window (at most every ``STRAGGLER_EVERY`` s), so a straggler is named within about
-        1.3 windows of its onset (80 s at the default 60 s)."""
+        chronic is named once. Scored every third of the window (at most every
+        ``STRAGGLER_EVERY`` s).
+
+        A rank whose slowness began inside the window is named before it fills the window
+        once the evidence is there (``_turned_slow``). Each is named with the step its
+        slowness began: the change point of its ratios over the ring (``stragglers.onset``),
+        which sees further back than a window that is slow from its first step."""
         if now < self._next_scoring:
             return
         self._next_scoring = now + min(STRAGGLER_EVERY, max(1.0, self.straggler_window / STRAGGLER_SCORINGS))
-        import numpy as np
-
-        from hpcml.observe.stragglers import CHRONIC, MIN_STEPS, others_median, score_matrix
+        from hpcml.observe.stragglers import MIN_STEPS, score_matrix
         median = self._steps.median_step()
         if not median or median <= 0:
             return
@@ -331,21 +340,56 @@ class Watch:
                               meta_ranks={str(r): {"node": b.node if (b := self.beats.get(int(r))) else None} for r in ranks},
                               min_seconds=0.0 if ring else self.straggler_window)
         self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
-        new = [sc for sc in scores if sc.chronic and sc.rank not in self.stragglers]
-        if not new:
+        if not scores or not scores[0].judged:
             return
-        ratio = m / others_median(m)                         # only when a rank is to be named
+        new = {sc.rank: (sc.score, sc.confidence) for sc in scores if sc.chronic and sc.rank not in self.stragglers}
+        ranks, steps, ratio, onsets, took = self._onsets()
         row = {int(r): i for i, r in enumerate(ranks)}
-        for sc in new:
-            slow = ratio[row[sc.rank]] > 1 + CHRONIC
-            tail_share = np.cumsum(slow[::-1])[::-1] / np.arange(len(slow), 0, -1)
-            onset = int(window[next((i for i in range(len(slow)) if slow[i] and tail_share[i] >= STRAGGLER_ONSET), 0)])
-            self.stragglers[sc.rank] = Straggler(rank=sc.rank, node=sc.node, score=round(sc.score, 3),
-                                                 since_step=onset, detected=now)
-            self._say(f"straggler: rank {sc.rank} on {sc.node} {sc.score:.1f}x slower since step {onset:,}")
-            self.timeline.append(Event(kind="straggler", what=f"rank {sc.rank} {sc.score:.1f}x slower since step "
-                                       f"{onset:,}", began=None, detected=now, rank=sc.rank, node=sc.node,
-                                       score=round(sc.score, 3), since_step=onset))
+        new.update((r, got) for r, got in self._turned_slow(ranks, ratio, onsets, took).items()
+                   if r not in self.stragglers and r not in new)
+        node = {sc.rank: sc.node for sc in scores}
+        for rank, (score, confidence) in sorted(new.items()):
+            i = row.get(rank)
+            at = int(onsets[i]) if i is not None and onsets[i] >= 0 else None
+            first = int(steps[0]) if len(steps) else int(window[0])
+            # slow from the stretch's first step: since then, or earlier (unless that is the job's first step)
+            st = Straggler(rank=rank, node=node.get(rank), score=round(score, 3),
+                           since_step=int(steps[at]) if at is not None else first,
+                           since_before=at is None and first > self._steps.first_step(),
+                           confidence=confidence, detected=now)
+            self.stragglers[rank] = st
+            what = f"rank {rank} {score:.1f}x slower {straggler_since(st)}"
+            self._say(f"straggler: rank {rank} on {st.node} {score:.1f}x slower {straggler_since(st)} "
+                      f"(confidence {confidence:.2f})")
+            self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=rank,
+                                       node=st.node, score=round(score, 3), since_step=st.since_step))
+
+    def _onsets(self) -> tuple[Any, Any, Any, Any, Any]:
+        """(ranks, steps, ratio to the others, each rank's onset index or -1, the step times)
+        over the whole ring of steps every rank reported."""
+        from hpcml.observe.stragglers import CHRONIC, onsets, others_median
+        ranks, steps, m = self._steps.window(self._steps.size, busy=True)
+        ratio = m / others_median(m)
+        return ranks, steps, ratio, onsets(ratio, 1 + CHRONIC), self._steps.window(self._steps.size)[2]
+
+    def _turned_slow(self, ranks: Any, ratio: Any, at: Any, took: Any) -> dict[int, tuple[float, float]]:
+        """Ranks whose slowness began inside the window and has lasted ``EARLY_STEPS`` steps
+        and a third of the window since, slow in ``EARLY_SHARE`` of those steps: rank ->
+        (its median ratio since, the share of its slow steps since, scaled down below
+        ``MIN_STEPS`` steps as the model's confidence is)."""
+        import numpy as np
+
+        from hpcml.observe.stragglers import CHRONIC, MIN_STEPS
+        out: dict[int, tuple[float, float]] = {}
+        for i in np.flatnonzero(at >= 0):
+            since = ratio[i, int(at[i]):]
+            seconds = float(np.median(took[:, int(at[i]):].sum(axis=1)))
+            if len(since) < EARLY_STEPS or seconds < self.straggler_window / 3:
+                continue
+            share = float(np.mean(since > 1 + CHRONIC))
+            if share >= EARLY_SHARE:
+                out[int(ranks[i])] = (float(np.median(since)), round(share * min(1.0, len(since) / MIN_STEPS), 3))
+        return out
 
     def hang_timeout(self) -> float:
         if self.timeout is not None:
