@@ -48,3 +48,31 @@ def test_kill_until_gone_gives_up_at_its_timeout_on_what_will_not_go():
         assert not proctree.kill_until_gone(lambda: [proc.pid], timeout=0.1)   # a zombie stays listed
     finally:
         proc.wait()
+
+
+def test_a_process_that_shares_its_cpu_with_a_spinner_waits_for_it():
+    """Two busy processes on one CPU: each waits on the run queue about half the time
+    (``cpu_wait``, the scheduler's run delay); a sleeping one does not wait."""
+    import time
+
+    from hpcml.proctree import cpu_wait
+    cpu = min(os.sched_getaffinity(0))
+    spin = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(2)]
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    try:
+        for p in spin:
+            os.sched_setaffinity(p.pid, {cpu})
+        time.sleep(0.5)
+        before = [cpu_wait(p.pid) for p in spin]
+        slept = cpu_wait(sleeper.pid)
+        time.sleep(2.0)
+        after = [cpu_wait(p.pid) for p in spin]
+        assert all(b is not None and a is not None for a, b in zip(after, before))
+        waited = [a - b for a, b in zip(after, before)]
+        assert all(w >= 0.5 for w in waited), waited          # about 1 s each of the 2
+        assert cpu_wait(sleeper.pid) - slept < 0.1
+    finally:
+        for p in [*spin, sleeper]:
+            p.kill()
+            p.wait()
+    assert cpu_wait(spin[0].pid) is None                       # gone

@@ -43,6 +43,8 @@ MAX_RUN_JSON = 256 << 20         # a run.json of many attempts, each with its ti
 #: keys older hpcml versions wrote into run.json and this one no longer does: dropped on reading
 LEGACY_RUN_KEYS = frozenset({"superseded"})
 FaultKind = Literal["crash", "hang", "straggler", "node"]
+#: what the live watch's timeline holds: the faults, and a rank slowed by its node's CPUs (not its fault)
+EventKind = Literal["crash", "hang", "straggler", "node", "contention"]
 
 
 def _no_nul(text: str) -> str:
@@ -173,7 +175,7 @@ class Event(Model):
     """What the live watch saw, in order: a crash, a hang, a straggler, a lost node, with
     when it began (as far as the data shows), when it was detected and named, what was done."""
 
-    kind: FaultKind
+    kind: EventKind
     began: Optional[float] = None
     detected: float
     what: str
@@ -210,6 +212,8 @@ class Straggler(Model):
     since_before: bool = False            # slow from the judged window's first step: it began there or earlier
     confidence: Optional[float] = None    # the model's, when it was named (RankScore.confidence)
     detected: float
+    cpu_wait: Optional[float] = None      # seconds its threads waited for a CPU, per second, while slow
+    steal: Optional[float] = None         # the share of its node's CPU time stolen by the hypervisor then
 
 
 class StoppedFor(Model):
@@ -324,6 +328,7 @@ class Attempt(Model):
     restart: Optional[Restart] = None
     timeline: Optional[list[Event]] = None
     stragglers: Optional[list[Straggler]] = None
+    contended: Optional[list[Straggler]] = None   # slow while waiting for its node's CPUs: named as contention
     hang: Optional[Hang] = None
     ignored_beats: Optional[list[IgnoredBeat]] = None
     furthest_step: Optional[int] = None          # the highest step any rank reported

@@ -305,6 +305,26 @@ def children() -> list[int]:
         return [c.pid for c in psutil.Process().children()]
 
 
+def cpu_wait(pid: int) -> float | None:
+    """Seconds the threads of process ``pid`` have waited on a run queue for a CPU, summed
+    (``/proc/PID/task/*/schedstat``, its second field: the scheduler's run delay); None
+    when gone, or without schedstats. A thread that ended takes its count with it."""
+    total, seen = 0, False
+    try:
+        tasks = os.listdir(f"/proc/{pid}/task")
+    except OSError:
+        return None
+    for tid in tasks:
+        try:
+            with open(f"/proc/{pid}/task/{tid}/schedstat", "rb") as f:
+                fields = f.read(256).split()
+        except OSError:
+            continue
+        if len(fields) >= 2 and fields[1].isdigit():
+            total, seen = total + int(fields[1]), True
+    return total / 1e9 if seen else None
+
+
 def session_and_state(pid: int | str) -> tuple[int, str] | None:
     """(session id, state letter) of a process, from /proc/PID/stat; None when gone."""
     try:

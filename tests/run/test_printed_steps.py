@@ -104,3 +104,42 @@ def test_a_pause_short_of_the_hang_timeout_is_the_ledger_s_stall(tmp_path):
     span = paced[-1] - paced[0]
     assert abs(by["productive"] + by["stalls"] + by.get("checkpoint", 0.0) - span) <= 0.5, (by, span)
     assert abs(sum(by.values()) - run["ledger"]["total_s"]) <= 0.01
+
+
+def _pin(pid: int, cpu: int) -> None:
+    """Every thread of ``pid`` onto ``cpu`` (threads started later inherit the main one's)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), {cpu})
+        except OSError:
+            pass
+
+
+@pytest.mark.torch
+def test_a_rank_whose_cpu_another_process_takes_is_contended_not_a_straggler(tmp_path):
+    """Each rank pinned to a CPU of its own; from iteration 60 a process outside the job
+    spins on rank 1's CPU, so rank 1's compute (a busy loop) takes about twice as long: it is
+    named as contention (its threads waited for a CPU), never as a straggler. (When the
+    machine is loaded from the start, the test's own load, rank 1 may be named before the
+    spinner starts: still as contention.)"""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs to give each rank its own")      # this machine and CI have 2
+    p, ledger, pids = _start(tmp_path, "--straggler-window", "10 s", ITERS="400", EVAL="1000", STEP_S="0",
+                             BUSY_S="0.05")
+    _when(ledger, p, lambda row: row[2] == 5)
+    for rank, cpu in ((0, 0), (1, 1)):
+        _pin(int((pids / f"rank-{rank}").read_text()), cpu)
+    _when(ledger, p, lambda row: row[2] == 60)
+    hog = subprocess.Popen([sys.executable, "-c", "while True: pass"])
+    try:
+        os.sched_setaffinity(hog.pid, {1})
+        _, err = p.communicate(timeout=300)
+    finally:
+        hog.kill()
+        hog.wait()
+    assert p.returncode == 0, err[-3000:]
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert not run.get("stragglers"), run.get("stragglers")
+    contended = {c["rank"]: c for c in run.get("contended") or []}
+    assert 1 in contended and contended[1]["cpu_wait"] >= 0.2, (contended, err[-3000:])
+    assert "contention: rank 1" in err

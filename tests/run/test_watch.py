@@ -279,19 +279,24 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
 
 
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
-              everyone: bool = False):
+              everyone: bool = False, waiting: bool = False):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
-    own compute. Scanned every second of virtual time; (watch, seconds from onset to named)."""
+    own compute. ``waiting``: the slow rank's extra time is spent waiting for a CPU (its
+    threads' run delay, as its recorder reports it). Scanned every second of virtual time;
+    (watch, seconds from onset to named)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(ranks)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(ranks)}
     watch = Watch(d, 0, ranks, period=1.0, straggler_window=window)
     t, onset, named = 1_800_000_000.0, None, None
+    waited = [0.0] * ranks
     for step in range(steps):
         compute = [step_s * (2.0 if (r == slow_rank or everyone) and step >= 100 else 1.0)
                    * (1 + 0.02 * ((step * 7 + r * 3) % 5)) for r in range(ranks)]
+        if waiting and step >= 100:
+            waited[slow_rank] += compute[slow_rank] / 2
         longest = max(compute) + 0.001
         t += longest if sync else step_s
         if step == 100:
@@ -304,9 +309,9 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
                 p.update([t], ["section"], ["step"], [compute[r]], [step])
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
-                w.write(progress[r], now=t)
+                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0)
             watch.poll(t)
-            if watch.stragglers and named is None:
+            if (watch.stragglers or watch.contended) and named is None:
                 named = t
     return watch, None if named is None else named - onset
 
@@ -320,6 +325,19 @@ def test_in_a_synchronous_2_rank_job_the_rank_the_other_waits_for_is_named_about
     st = watch.stragglers[1]
     assert after is not None and after <= 60 and st.since_step == 100 and not st.since_before
     assert st.confidence is not None and 0.5 <= st.confidence <= 1.0
+
+
+def test_a_rank_slowed_by_waiting_for_its_node_s_cpus_is_named_as_contention_not_a_straggler(tmp_path):
+    """The slow rank's extra time is run-queue wait (another process on its node): it is
+    named as contention, with its wait, and is no straggler (a restart would not act)."""
+    watch, after = _sync_job(tmp_path, 2, 0.5, 400, 1, sync=True, window=60.0, waiting=True)
+    assert watch.stragglers == {} and list(watch.contended) == [1], (watch.stragglers, watch.contended)
+    c = watch.contended[1]
+    assert c.since_step == 100 and c.cpu_wait is not None and 0.4 <= c.cpu_wait <= 0.6 and after <= 60
+    assert [e.kind for e in watch.timeline] == ["contention"]
+    assert "waited for a CPU" in watch.timeline[0].what
+    seen = watch.fields()
+    assert [s.rank for s in seen.contended] == [1] and seen.stragglers == []
 
 
 def test_a_job_that_slows_down_as_a_whole_has_no_straggler(tmp_path):

@@ -106,6 +106,8 @@ class Beat:
     exit: int | None = None          # the rank's exit code, once it ended (128 + signal)
     signal: int | None = None        # the signal that ended it, when one did (not an exit(137) it chose)
     snapshot: int | None = None      # the last snapshot request the recorder answered
+    cpu_wait_s: float | None = None  # seconds the rank's threads waited for a CPU, since it started (run delay)
+    steal_s: float | None = None     # seconds stolen from the node's CPUs by its hypervisor, per CPU, since boot
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Beat:
@@ -225,8 +227,9 @@ class BeatWriter:
         self.fixed: _Fixed = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
         self.key = _key
 
-    def write(self, progress: Progress, now: float | None = None, **extra: int | None) -> None:
-        """``extra``: the record's ``pid``, ``snapshot``, ``exit``, each written only when given.
+    def write(self, progress: Progress, now: float | None = None, **extra: float | None) -> None:
+        """``extra``: the record's ``pid``, ``snapshot``, ``exit``, ``cpu_wait_s``, ``steal_s``,
+        each written only when given.
         ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
         body, beat = progress.to_json(), time.time() if now is None else now
@@ -349,8 +352,8 @@ def _valid(doc: object) -> bool:
     for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
-    for key in ("progress", "first", "beat", "gap_s"):
-        if doc.get(key) is not None and not _number(doc[key]):
+    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s"):
+        if doc.get(key) is not None and not (_number(doc[key]) and math.isfinite(doc[key])):
             return False
     for key in ("rank", "step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
         if isinstance(doc.get(key), int) and not -LIMIT < doc[key] < LIMIT:

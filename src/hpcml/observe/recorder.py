@@ -70,6 +70,21 @@ def default_dir(task: Task) -> Path:
     return Path(f"hpcml-observe-{task.job_id}")
 
 
+def _contention(pid: int) -> dict[str, float | None]:
+    """What the watch needs to tell a rank slowed by its node's CPUs from a slow rank: the
+    seconds its threads waited for a CPU (``proctree.cpu_wait``) and the node's stolen
+    seconds per CPU (psutil's ``steal``: a virtual machine's hypervisor), both cumulative."""
+    import psutil
+
+    from hpcml.proctree import cpu_wait
+    try:
+        steal = getattr(psutil.cpu_times(), "steal", None)
+        steal = None if steal is None else steal / (psutil.cpu_count() or 1)     # per CPU: a share of time
+    except (OSError, psutil.Error):
+        steal = None
+    return {"cpu_wait_s": cpu_wait(pid), "steal_s": steal}
+
+
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
                      exporter=None, sink=None, progress: Progress | None = None, remote=None) -> None:
     """Move the wrapped process's batches into the rank file until it closes the pipe."""
@@ -232,11 +247,12 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                     rows += s.sample(ts)
                 except Exception:  # noqa: BLE001 - one bad read must not stop recording
                     rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
+            contention = _contention(child.pid)
             with lock:
                 writer.write_rows(rows)
                 if exporter is not None:
                     exporter.update(rows)
-                beat.write(progress, pid=child.pid, snapshot=responder.handled)
+                beat.write(progress, pid=child.pid, snapshot=responder.handled, **contention)
             remote.update(rows)
             responder.poll()
     finally:

@@ -28,7 +28,7 @@ from typing import Any
 from hpcml.cluster import requeue
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import load_json_bounded
-from hpcml.jobmodel import Attempt, Restart, RunRecord
+from hpcml.jobmodel import Attempt, Restart, RunRecord, Straggler
 from hpcml.observe.mlflow_run import outcome
 from hpcml.observe.snapshot import STACKS
 from hpcml.run import slurmend
@@ -36,7 +36,7 @@ from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir,
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.run.ranklog import failure_of, own_lines
 from hpcml.run.recovery import describe, resume_of, time_lost
-from hpcml.run.watch import HANG
+from hpcml.run.watch import HANG, contention
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
 from hpcml.words import node_name, plural
@@ -291,6 +291,7 @@ def _watch(run: Attempt) -> dict[str, Any]:
     return {"timeline": [e.to_json() for e in run.timeline or []],
             "hang": run.hang.to_json() if run.hang is not None else None,
             "stragglers": [s.to_json() for s in run.stragglers or []],
+            "contended": [s.to_json() for s in run.contended or []],
             "ignored_beats": [i.to_json() for i in run.ignored_beats or []]}
 
 
@@ -328,6 +329,16 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
                                f"from step {s['since_step']:,}{' or earlier' if s.get('since_before') else ''} (named while the job ran"
                                + (f", confidence {s['confidence']:.2f})" if s.get("confidence") is not None else ")"),
                     "advice": "vet that node (hpcml vet) or exclude it next time"})
+    for s in watch.get("contended") or []:
+        st = Straggler.model_validate(s)
+        out.append({"source": "run", "kind": "contention",
+                    "message": f"rank {st.rank} on {node_name(st.node)} was {st.score:.1f}x slower than the others "
+                               f"from step {st.since_step:,}{' or earlier' if st.since_before else ''} while "
+                               f"{contention(st)}: its node's CPUs were oversubscribed, not the rank slow "
+                               "(named while the job ran)",
+                    "advice": "look for processes outside the job on that node (another job, a daemon; "
+                              "CPU steal: the hypervisor), or fewer threads per rank (OMP_NUM_THREADS, "
+                              "DataLoader workers) than the cores it has"})
     return [{**f, "message": prefix + f["message"]} for f in out]
 
 

@@ -58,6 +58,7 @@ from hpcml.observe.stacks import Stack
 from hpcml.observe.stragglers import MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
+from hpcml.run.cpuwaits import CpuWaits
 from hpcml.run.culprits import name
 from hpcml.run.ending import signal_name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
@@ -80,6 +81,8 @@ STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the 
 STRAGGLER_SCORINGS = 3        # ... and at least this many per window
 EARLY_STEPS = 10              # a slowness that began inside the window is named after this many steps ...
 EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the window
+CONTENDED = 0.2               # a slow rank's threads waited for a CPU this many s per s (or its node's CPUs were
+                              # stolen this share of the time): contention, not a straggler
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
 SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it
@@ -90,6 +93,13 @@ def period_for(world: int) -> float:
     return min(5.0, max(1.0, world / 200))
 
 
+
+
+def contention(st: Straggler) -> str:
+    """"its threads waited for a CPU 0.45 s per second; CPU steal 0%"."""
+    parts = [f"its threads waited for a CPU {st.cpu_wait:.2f} s per second" if st.cpu_wait is not None else "",
+             f"{st.steal * 100:.0f}% of its node's CPU time was stolen by the hypervisor" if st.steal else ""]
+    return "; ".join(p for p in parts if p)
 
 
 def straggler_since(st: Straggler) -> str:
@@ -109,6 +119,7 @@ class Seen:
     first_step_at: float | None
     stopped_for: StoppedFor | None = None
     ignored_beats: list[IgnoredBeat] = field(default_factory=list)
+    contended: list[Straggler] = field(default_factory=list)
 
     def into(self, record: Attempt) -> None:
         """Set them on the attempt's record."""
@@ -118,6 +129,8 @@ class Seen:
             record.stopped_for = self.stopped_for
         if self.ignored_beats:
             record.ignored_beats = self.ignored_beats
+        if self.contended:
+            record.contended = self.contended
 
     def to_json(self) -> dict[str, object]:
         """As run.json has them."""
@@ -125,7 +138,8 @@ class Seen:
                 "stragglers": [s.to_json() for s in self.stragglers], "furthest_step": self.furthest_step,
                 "first_step_at": self.first_step_at,
                 **({"stopped_for": self.stopped_for.to_json()} if self.stopped_for else {}),
-                **({"ignored_beats": [i.to_json() for i in self.ignored_beats]} if self.ignored_beats else {})}
+                **({"ignored_beats": [i.to_json() for i in self.ignored_beats]} if self.ignored_beats else {}),
+                **({"contended": [c.to_json() for c in self.contended]} if self.contended else {})}
 
 
 @dataclass
@@ -143,6 +157,7 @@ class Watch:
     _crashed: set[int] = field(default_factory=set)
     _stopping: bool = False
     stragglers: dict[int, Straggler] = field(default_factory=dict)
+    contended: dict[int, Straggler] = field(default_factory=dict)   # slow ranks that waited for their node's CPUs
     _next_scoring: float = 0.0
     exporter: WatchExporter | None = None        # --prometheus-port
     scores: dict[int, float] = field(default_factory=dict)
@@ -164,6 +179,7 @@ class Watch:
         self.observe = observe_dir(self.d, self.attempt)
         self.period = self.period or period_for(self.world)
         self._steps = StepTimes(self.world)
+        self._cpu = CpuWaits(self.world)
         self._trust = Trust(self.world, self.secret)
         self._changed: dict[int, tuple[float | None, float]] = {}   # rank -> (its record's beat, when we saw it change)
         self._held: dict[int, float] = {}                    # rank -> when its exit by TERM or INT was seen
@@ -180,6 +196,8 @@ class Watch:
         self._read(now)
         for rank, b in self.beats.items():
             self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
+            if b.cpu_wait_s is not None:
+                self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s)
         self._crashes(now)
         self._stragglers(now)
         action = "stop" if self._straggler_stop() else None
@@ -212,7 +230,7 @@ class Watch:
         firsts = [b.first for b in self.beats.values() if b.first is not None]
         return Seen(timeline=self.timeline, hang=self.hang, stragglers=list(self.stragglers.values()),
                     furthest_step=max(steps, default=None), first_step_at=min(firsts, default=None),
-                    stopped_for=self.stopped_for, ignored_beats=self.ignored)
+                    stopped_for=self.stopped_for, ignored_beats=self.ignored, contended=list(self.contended.values()))
 
     def to_json(self) -> dict[str, object]:
         """``fields`` as run.json has them."""
@@ -323,6 +341,8 @@ class Watch:
         if now < self._next_scoring:
             return
         self._next_scoring = now + min(STRAGGLER_EVERY, max(1.0, self.straggler_window / STRAGGLER_SCORINGS))
+        import numpy as np
+
         from hpcml.observe.stragglers import MIN_STEPS, score_matrix
         median = self._steps.median_step()
         if not median or median <= 0:
@@ -342,27 +362,44 @@ class Watch:
         self.scores = {sc.rank: round(sc.score, 4) for sc in scores}
         if not scores or not scores[0].judged:
             return
-        new = {sc.rank: (sc.score, sc.confidence) for sc in scores if sc.chronic and sc.rank not in self.stragglers}
+        named = self.stragglers.keys() | self.contended.keys()
+        new = {sc.rank: (sc.score, sc.confidence) for sc in scores if sc.chronic and sc.rank not in named}
         ranks, steps, ratio, onsets, took = self._onsets()
         row = {int(r): i for i, r in enumerate(ranks)}
         new.update((r, got) for r, got in self._turned_slow(ranks, ratio, onsets, took).items()
-                   if r not in self.stragglers and r not in new)
+                   if r not in named and r not in new)
         node = {sc.rank: sc.node for sc in scores}
         for rank, (score, confidence) in sorted(new.items()):
             i = row.get(rank)
             at = int(onsets[i]) if i is not None and onsets[i] >= 0 else None
             first = int(steps[0]) if len(steps) else int(window[0])
             # slow from the stretch's first step: since then, or earlier (unless that is the job's first step)
+            slow_s = float(np.median(took[:, at:].sum(axis=1))) if at is not None else self.straggler_window
+            wait, steal = self._cpu.shares(rank, min(slow_s, self.straggler_window))
             st = Straggler(rank=rank, node=node.get(rank), score=round(score, 3),
                            since_step=int(steps[at]) if at is not None else first,
                            since_before=at is None and first > self._steps.first_step(),
-                           confidence=confidence, detected=now)
+                           confidence=confidence, detected=now, cpu_wait=wait, steal=steal)
+            if (wait or 0.0) >= CONTENDED or (steal or 0.0) >= CONTENDED:
+                self._contended(st, now)
+                continue
             self.stragglers[rank] = st
             what = f"rank {rank} {score:.1f}x slower {straggler_since(st)}"
             self._say(f"straggler: rank {rank} on {st.node} {score:.1f}x slower {straggler_since(st)} "
                       f"(confidence {confidence:.2f})")
             self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=rank,
                                        node=st.node, score=round(score, 3), since_step=st.since_step))
+
+    def _contended(self, st: Straggler, now: float) -> None:
+        """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen) as
+        long as ``CONTENDED`` of the time: the node's CPUs are oversubscribed, by something
+        outside the job or by more threads than cores; named as that, not as a straggler
+        (``--on-straggler restart`` does not act on it)."""
+        self.contended[st.rank] = st
+        what = f"rank {st.rank} {st.score:.1f}x slower {straggler_since(st)} while {contention(st)}"
+        self._say(f"contention: {what.replace(f'rank {st.rank}', f'rank {st.rank} on {st.node}', 1)}")
+        self.timeline.append(Event(kind="contention", what=what, began=None, detected=now, rank=st.rank,
+                                   node=st.node, score=st.score, since_step=st.since_step))
 
     def _onsets(self) -> tuple[Any, Any, Any, Any, Any]:
         """(ranks, steps, ratio to the others, each rank's onset index or -1, the step times)

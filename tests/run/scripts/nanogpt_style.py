@@ -7,7 +7,8 @@ at the saved ``iter_num``, which it then does again. Every LOG iterations rank 0
 
 Each iteration is appended to LEDGER after its optimizer step (attempt, rank, iter_num,
 epoch seconds: O_APPEND, the script's own ledger); each rank writes its pid to
-PIDS/rank-R so that a test can stop or kill it from outside. On the first attempt rank
+PIDS/rank-R so that a test can stop, kill or pin it from outside. BUSY_S: CPU seconds of
+compute per iteration (a busy loop: it takes longer where the CPU is shared). On the first attempt rank
 HOLD_RANK sleeps HOLD_S seconds after iteration HOLD_AT (a rank that stops answering).
 """
 
@@ -23,6 +24,7 @@ ITERS = int(os.environ.get("ITERS", "20"))
 EVAL = int(os.environ.get("EVAL", "5"))
 LOG = int(os.environ.get("LOG", "1"))
 STEP_S = float(os.environ.get("STEP_S", "0.1"))
+BUSY_S = float(os.environ.get("BUSY_S", "0"))     # CPU seconds of compute per iteration (a busy loop)
 HOLD_RANK = int(os.environ.get("HOLD_RANK", "-1"))
 HOLD_AT = int(os.environ.get("HOLD_AT", "-1"))
 HOLD_S = float(os.environ.get("HOLD_S", "0"))
@@ -58,6 +60,9 @@ def main() -> None:
                 torch.save({"model": model.module.state_dict(), "optimizer": optimizer.state_dict(),
                             "iter_num": iter_num}, ckpt_path)
         time.sleep(STEP_S)                             # the forward and backward of a real model
+        until = time.thread_time() + BUSY_S
+        while time.thread_time() < until:              # ... or its CPU work: slower on a busy CPU
+            pass
         loss = model(x).pow(2).mean()
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
