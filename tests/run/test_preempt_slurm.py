@@ -49,7 +49,7 @@ def test_a_preempted_job_is_told_as_a_preemption(env, tmp_path):
     while time.monotonic() < end and not (low / "job" / "run.json").exists():
         time.sleep(0.2)
     time.sleep(2)
-    taker = submit("#!/bin/bash\nsleep 2\n", high, env, nodes=1, extra=("-p", "high"))
+    taker = submit("#!/bin/bash\nsleep 2\n", high, env, nodes=1, extra=("-p", "high", "--exclusive"))
     wait(job, env, timeout=120)
     wait(taker, env, timeout=120)
     run = json.loads((low / "job" / "run.json").read_text())

@@ -143,3 +143,9 @@ def test_a_rank_whose_cpu_another_process_takes_is_contended_not_a_straggler(tmp
     contended = {c["rank"]: c for c in run.get("contended") or []}
     assert 1 in contended and contended[1]["cpu_wait"] >= 0.2, (contended, err[-3000:])
     assert "contention: rank 1" in err
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job"), "--json"],
+                         capture_output=True, text=True, timeout=120, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert rep.returncode == 0, rep.stderr
+    findings = json.loads(rep.stdout)["findings"]
+    assert any(f["kind"] == "contention" and "rank 1 " in f["message"] for f in findings), findings
+    assert not [f for f in findings if f["kind"] in ("chronic_straggler", "live_straggler")], findings

@@ -38,7 +38,7 @@ import numpy as np
 
 from hpcml.observe.api import WAIT
 from hpcml.observe.progress import summarise
-from hpcml.observe.stragglers import MIN_SECONDS, MIN_STEPS, compute_times, score_groups
+from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
 from hpcml.words import natural_key, node_name
 
@@ -220,6 +220,24 @@ def _stalls(rate, edges, med: float, min_stall: float) -> list[dict[str, Any]]:
                            "ratio": _r(low_rate / med, 3)})
         i = j + 1
     return stalls
+
+
+def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
+    """Each straggler's seconds of waiting for a CPU per second of the job (``cpu_wait``:
+    its last ``proc_cpu_wait_s`` less its first over the time between), and ``contended``
+    when that reaches ``CONTENDED``: its node's CPUs were oversubscribed, the rank not slow."""
+    if g is None or not stragglers:
+        return
+    for s in stragglers:
+        hit = np.flatnonzero(np.asarray(rank_ids)[g.ridx] == s["rank"])
+        if len(hit) < 2:
+            continue
+        x, v = g.x[hit], g.value[hit]
+        first, last = int(np.argmin(x)), int(np.argmax(x))
+        span = float(x[last] - x[first])
+        if span > 0:
+            s["cpu_wait"] = _r(max(0.0, float(v[last] - v[first])) / span)
+            s["contended"] = s["cpu_wait"] is not None and s["cpu_wait"] >= CONTENDED
 
 
 def _unfinished_until(last: np.ndarray, groups: dict, meta_ranks: dict[str, dict], rank_ids) -> np.ndarray:
@@ -480,6 +498,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
 
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
+    _cpu_waits(stragglers, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     if check is not None:
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
     _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
@@ -658,6 +677,15 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(failed_finding(failed))
     if bimodal:
         out.append(_split_finding(bimodal))
+    for s in [s for s in stragglers if s.get("contended")][:2]:
+        node = s["node"] or "its node"
+        out.append(Finding("contention",
+                           f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its threads "
+                           f"waited for a CPU {s['cpu_wait']:.2f} s per second: its node's CPUs were "
+                           "oversubscribed, not the rank slow",
+                           "look for processes outside the job on that node (another job, a daemon), or give each "
+                           "rank fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores"))
+    stragglers = [s for s in stragglers if not s.get("contended")]
     for s in stragglers[:2]:
         node = s["node"] or "its node"
         gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""

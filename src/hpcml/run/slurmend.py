@@ -3,8 +3,10 @@
 
 While the steps are being signalled the job shows ``JobState=COMPLETING``, and the reason
 is in ``Reason``: ``TimeLimit`` at the time limit, none after ``scancel`` (seen on Slurm
-23.02: ``JobState=COMPLETING Reason=TimeLimit`` and ``Reason=None``). A job still RUNNING
-was not stopped by Slurm (a TERM from someone else): no reason is given then."""
+23.02: ``JobState=COMPLETING Reason=TimeLimit`` and ``Reason=None``). A preempted job shows
+``Reason=None`` too, with a ``PreemptTime`` (``None`` for every other job; seen on 23.02 with
+``PreemptMode=CANCEL``). A job still RUNNING was not stopped by Slurm (a TERM from someone
+else): no reason is given then."""
 
 from __future__ import annotations
 
@@ -41,6 +43,9 @@ def state(job_id: str | None, timeout: float = 5.0) -> str | None:
     got = (recs[0].get("JobState") or "").split()[0] if recs[0].get("JobState") else ""
     reason = (recs[0].get("Reason") or "").split()[0] if recs[0].get("Reason") else ""
     if got == "COMPLETING":
+        preempted = (recs[0].get("PreemptTime") or "None").split()[0] not in ("None", "Unknown", "")
+        if reason == "None" and preempted:
+            return "PREEMPTED"
         return REASONS.get(reason) or ("PREEMPTED" if "reempt" in reason else None)
     # a job that still runs (``slurm.ALIVE``) was not stopped by Slurm: a TERM from someone else
     return got if got and got not in slurm.ALIVE and got.replace("_", "").isalpha() and got.isupper() else None

@@ -55,7 +55,7 @@ from hpcml.jobmodel import Attempt, Event, FaultKind, Hang, HangVerdict, Ignored
 from hpcml.observe.beat import Beat, Trust, read_beats
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stacks import Stack
-from hpcml.observe.stragglers import MIN_SECONDS
+from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
 from hpcml.run.cpuwaits import CpuWaits
@@ -81,8 +81,6 @@ STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the 
 STRAGGLER_SCORINGS = 3        # ... and at least this many per window
 EARLY_STEPS = 10              # a slowness that began inside the window is named after this many steps ...
 EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the window
-CONTENDED = 0.2               # a slow rank's threads waited for a CPU this many s per s (or its node's CPUs were
-                              # stolen this share of the time): contention, not a straggler
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
 SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it

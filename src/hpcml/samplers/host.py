@@ -10,6 +10,10 @@ fetched from storage for them: Linux's ``/proc/PID/io``), each the total since t
 started, over every process of its tree that has run (a DataLoader worker that ended keeps
 its count). Their ratio says whether a data-bound step read from the disk (a first, cold
 run) or the page cache (``hpcml.observe.report``'s data finding).
+
+``proc_cpu_wait_s``: the seconds the rank's threads waited for a CPU (their run delay),
+since it started: a slow rank that waited is contended, not a straggler (the report's and the
+watch's ``CONTENDED``).
 """
 
 from __future__ import annotations
@@ -17,6 +21,8 @@ from __future__ import annotations
 import time
 
 import psutil
+
+from hpcml.proctree import cpu_wait
 
 TREE_REFRESH_S = 2.0    # walking /proc for the process tree is most of a sample's cost
 
@@ -62,6 +68,9 @@ class HostSampler:
                 io_read = False                     # not ours to read, or no /proc/PID/io here
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
                  (ts, "host", "proc_rss_bytes", rss, None, None)]
+        waited = cpu_wait(self.proc.pid)
+        if waited is not None:                      # the rank's threads' run delay, cumulative: contention
+            rows.append((ts, "host", "proc_cpu_wait_s", waited, None, None))
         if io_read and self._io:
             rows += [(ts, "host", "proc_read_chars", float(sum(c for c, _ in self._io.values())), None, None),
                      (ts, "host", "proc_read_bytes", float(sum(b for _, b in self._io.values())), None, None)]
