@@ -203,6 +203,16 @@ def _collectives(entries: list[dict]) -> dict[str, dict[int, list[dict]]]:
     return out
 
 
+def collectives_of(entries: list[dict]) -> dict[str, dict[int, list[dict]]]:
+    """``_collectives``: pg name -> seq -> that collective's entries (``hpcml.observe.arrivals``)."""
+    return _collectives(entries)
+
+
+def groups_of(dumps: dict[int, dict]) -> dict[str, tuple[str, list[int]]]:
+    """``_groups``: pg name -> (label, member ranks) (``hpcml.observe.arrivals``)."""
+    return _groups(dumps)
+
+
 def _is_p2p(e: dict) -> bool:
     """A point-to-point entry: ``is_p2p`` (torch >= 2.5), else its name (``nccl:send 0->1``,
     ``nccl:recv 1<-0``), which every torch version writes."""

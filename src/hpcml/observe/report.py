@@ -30,8 +30,11 @@ most ``MAX_BUCKETS`` equal buckets over the job's span.
 from __future__ import annotations
 
 import itertools
+import logging
+import pickle
 import warnings
 from dataclasses import asdict, dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -41,6 +44,10 @@ from hpcml.observe.progress import summarise
 from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
 from hpcml.words import natural_key, node_name
+
+log = logging.getLogger(__name__)
+LIVE_FR = "flight-recorder-live"     # hpcml run's sitecustomize LIVE: each rank's periodic dump
+MAX_FR_DUMPS = 4096                  # ranks' dumps read for the arrivals, at most
 
 MAX_BUCKETS = 1000
 MAX_HEATMAP_ROWS = 256
@@ -101,6 +108,7 @@ class Report:
     plots: dict[str, Any] = field(default_factory=dict, repr=False)
     restarts: list[dict[str, Any]] = field(default_factory=list)   # spans between two runs (requeued)
     straggler_check: dict[str, Any] | None = None    # judged, steps, seconds and the minimums
+    arrivals: dict[str, Any] | None = None   # who arrived last at each collective (hpcml.observe.arrivals)
     progress: dict[str, Any] | None = None           # what the job did: steps, samples, last metrics (observe.progress)
 
     def to_dict(self) -> dict[str, Any]:
@@ -536,6 +544,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
                          meta_ranks=meta_ranks)
+    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers)
+    findings += more
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
@@ -545,7 +555,42 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check, progress=summarise(series))
+                  straggler_check=check, progress=summarise(series), arrivals=arrived)
+
+
+def _arrivals(observe: Path, meta_ranks: dict[str, dict],
+              stragglers: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Finding]]:
+    """Who arrived last at each collective, from each rank's latest periodic Flight Recorder
+    dump (``flight-recorder-live``: ``hpcml run``'s ranks write one every 30 s): the five
+    latest ranks, and a ``collective_straggler`` finding when the arrivals name one that the
+    step times did not (``hpcml.observe.arrivals``; on GPUs the only measure NCCL leaves)."""
+    from hpcml.observe.arrivals import arrivals, straggler
+    from hpcml.observe.hang import load_dump
+    live = observe / LIVE_FR
+    if not live.is_dir():
+        return None, []
+    dumps: dict[int, dict] = {}
+    for f in sorted(live.glob("rank-*"))[:MAX_FR_DUMPS]:
+        try:
+            dumps[int(f.name.removeprefix("rank-"))] = load_dump(f)
+        except (OSError, ValueError, pickle.UnpicklingError) as exc:
+            log.debug("hpcml: flight recorder dump %s not read: %s", f, exc)
+    scores = arrivals(dumps)
+    if not scores:
+        return None, []
+    top = straggler(scores)
+    out: dict[str, Any] = {"measure": scores[0].measure, "ranks": [a.to_json() for a in scores[:5]],
+                           "straggler": top.rank if top is not None else None}
+    more: list[Finding] = []
+    if top is not None and top.rank not in {s["rank"] for s in stragglers}:
+        node = (meta_ranks.get(str(top.rank)) or {}).get("node") or "its node"
+        more.append(Finding(
+            "collective_straggler",
+            f"rank {top.rank} on {node} started {top.last_share * 100:.0f}% of {top.collectives} collectives last, "
+            f"{top.late_s * 1000:.1f} ms after the others (median; the Flight Recorder's {top.measure} times), "
+            f"the last most often in {top.stability * 3:.0f} of the job's thirds: the rank the others wait for",
+            f"vet {node} (hpcml vet) or exclude it (srun --exclude={node})"))
+    return out, more
 
 
 def _restarts(meta_ranks: dict[str, dict], groups: dict, t0_us: int | None, min_gap: float) -> list[dict[str, Any]]:

@@ -10,6 +10,9 @@ armed by ``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` before 2.5, 
 ``stat``) and writes ``<observe>/flight-recorder/rank-NNNNN``. It never imports torch: a
 process that did not initialise ``torch.distributed`` has nothing to dump. A rank whose GIL
 is held (a C call that does not release it) cannot dump; py-spy's stack still locates it.
+Every ``HPCML_RUN_FR_EVERY`` seconds (30; 0: never) the same thread also dumps the recorder
+into ``<observe>/flight-recorder-live/rank-NNNNN``, replacing its last: who arrived last at
+each collective (``hpcml.observe.arrivals``), the straggler measure NCCL leaves no other.
 
 Every optimizer step a step (``hpcml.observe.optimsteps``): a ``sys.meta_path`` finder that
 finds nothing itself waits for ``torch.optim``'s first import, and once it has run registers
@@ -20,8 +23,9 @@ start: a subprocess or spawned DataLoader worker whose parent closed the pipe ma
 number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
 which then count nothing); a forked child stops counting (``os.register_at_fork``).
 ``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. With ``--step-pattern``, rank 0's main process
-also reads the first step it prints (``hpcml.observe.printedsteps``). The same process's time waiting in collectives
-is measured from then on (``hpcml.observe.collectives``; ``HPCML_RUN_COLLECTIVE_WAIT=0``: not).
+also reads the first step it prints (``hpcml.observe.printedsteps``). The same process's
+time waiting in collectives is measured from then on (``hpcml.observe.collectives``;
+``HPCML_RUN_COLLECTIVE_WAIT=0``: not).
 
 The site's own ``sitecustomize``, if any, is loaded first, as ddtrace-run's bootstrap does.
 """
@@ -52,6 +56,8 @@ PIPE = "HPCML_OBSERVE_FD"           # the recorder's pipe (hpcml.observe.recorde
 STEPS = "HPCML_RUN_OPTIMIZER_STEPS"  # "0": optimizer steps are not counted
 CLAIM = "HPCML_RUN_STEPS_PID"       # the process whose optimizer steps are the rank's
 WAITS = "HPCML_RUN_COLLECTIVE_WAIT"  # "0": the time in collectives is not measured
+FR_EVERY = "HPCML_RUN_FR_EVERY"      # seconds between two Flight Recorder dumps into LIVE (0: none)
+LIVE = "flight-recorder-live"       # hpcml.observe.arrivals reads each rank's latest dump there
 STEP_PATTERN = "HPCML_RUN_STEP_PATTERN"  # hpcml.observe.printedsteps' ENV: rank 0's printed step (--step-pattern)
 # hpcml.run.launchers' ENV_LAUNCHER, ENV_WRAPPED and IDENTITY, written out (tests/run/test_launchers.py)
 LAUNCHER = "HPCML_RUN_LAUNCHER"
@@ -75,7 +81,7 @@ def _chain() -> None:
     sys.modules["sitecustomize"] = module          # `import sitecustomize` finds the site's, as without us
 
 
-def _dump(observe: str, ident: int) -> None:
+def _dump(observe: str, ident: int, into: str = "flight-recorder") -> None:
     dist = sys.modules.get("torch.distributed")
     if dist is None or not dist.is_available() or not dist.is_initialized():
         return
@@ -90,7 +96,7 @@ def _dump(observe: str, ident: int) -> None:
         return
     data = merge_dumps(blobs)
     rank = dist.get_rank()
-    out = os.path.join(observe, "flight-recorder")
+    out = os.path.join(observe, into)
     os.makedirs(out, exist_ok=True)
     tmp = os.path.join(out, f".rank-{rank:05d}.{os.getpid()}.tmp")
     with open(tmp, "wb") as f:
@@ -121,11 +127,27 @@ def merge_dumps(blobs: list[bytes]) -> bytes:
     return pickle.dumps(out)
 
 
+def _every() -> float:
+    """``HPCML_RUN_FR_EVERY``: seconds between two dumps into ``LIVE`` (0: none)."""
+    try:
+        return max(0.0, float(os.environ.get(FR_EVERY, "30")))
+    except ValueError:
+        return 30.0
+
+
 def _watch(observe: str) -> None:
     request = os.path.join(observe, "beat", "snapshot.json")
     seen = None
+    every = _every()
+    due = time.monotonic() + every
     while True:
         time.sleep(POLL)
+        if every and time.monotonic() >= due:        # who arrives last at each collective (hpcml.observe.arrivals)
+            due = time.monotonic() + every
+            try:
+                _dump(observe, 0, LIVE)
+            except Exception:  # noqa: BLE001, S110 - never into the training loop
+                pass
         try:
             mtime = os.stat(request).st_mtime
             if mtime == seen:

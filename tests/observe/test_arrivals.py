@@ -1,0 +1,116 @@
+"""Who arrives last at each collective (``hpcml.observe.arrivals``): NCCL dumps built in the
+Flight Recorder's documented format (``torch/csrc/distributed/c10d/FlightRecorder``: each
+entry's ``time_created_ns``, and with ``TORCH_NCCL_ENABLE_TIMING=1``
+``time_discovered_started_ns`` and ``duration_ms``), written as the pickles torch writes and
+read back through the same loader; the NVRx hang dumps (no straggler in a hang: the culprit
+never enqueued); and a real gloo job under ``hpcml run``, whose ranks dump every 2 s."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from hpcml.observe.arrivals import arrivals, straggler
+from hpcml.observe.hang import load_dump
+
+ROOT = Path(__file__).resolve().parents[2]
+NVRX = ROOT.parent / "shared" / "testdata" / "fr_nvrx"
+
+
+def _dump(rank: int, world: int, starts_ns: list[int], took_ms: list[float] | None) -> dict:
+    entries = []
+    for seq, t in enumerate(starts_ns, 1):
+        e = {"record_id": seq, "pg_id": 0, "process_group": ("0", "default_pg"), "thread_name": "pt_main_thread",
+             "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
+             "profiling_name": "nccl:all_reduce", "time_created_ns": t - 200_000, "input_sizes": [[1024]],
+             "input_dtypes": ["Float"], "output_sizes": [[1024]], "output_dtypes": ["Float"], "state": "completed",
+             "time_discovered_started_ns": t if took_ms is not None else None,
+             "time_discovered_completed_ns": t + int(took_ms[seq - 1] * 1e6) if took_ms is not None else None,
+             "duration_ms": took_ms[seq - 1] if took_ms is not None else None, "retired": True,
+             "timeout_ms": 600000, "is_p2p": False}
+        entries.append(e)
+    return {"version": "2.10", "pg_config": {"0": {"name": "0", "desc": "default_pg",
+                                                   "ranks": str(list(range(world)))}},
+            "pg_status": {"0": {"last_enqueued_collective": len(starts_ns), "last_started_collective": len(starts_ns),
+                                "last_completed_collective": len(starts_ns)}},
+            "entries": entries}
+
+
+def _written(tmp_path: Path, dumps: dict[int, dict]) -> dict[int, dict]:
+    out = {}
+    for r, d in dumps.items():
+        f = tmp_path / f"rank-{r:05d}"
+        f.write_bytes(pickle.dumps(d))
+        out[r] = load_dump(f)
+    return out
+
+
+def test_the_rank_whose_kernels_start_last_and_run_shortest_is_named(tmp_path):
+    """4 ranks, 200 timed all-reduces; rank 2's kernel starts 5 ms after the others', which
+    wait for it inside theirs (5 ms longer)."""
+    rng = np.random.default_rng(3)
+    base = 1_800_000_000_000_000_000 + np.arange(200) * 50_000_000
+    dumps = {}
+    for r in range(4):
+        jitter = rng.integers(0, 300_000, 200)
+        late = 5_000_000 if r == 2 else 0
+        took = [1.0 + (0.0 if r == 2 else 5.0) + float(j) / 1e6 for j in jitter]
+        dumps[r] = _dump(r, 4, [int(b + late + j) for b, j in zip(base, jitter)], took)
+    scores = arrivals(_written(tmp_path, dumps))
+    top = straggler(scores)
+    assert top is not None and top.rank == 2 and top.measure == "kernel start"
+    assert top.last_share == 1.0 and 0.004 < top.late_s < 0.006 and top.stability == 1.0
+    assert top.busy_s is not None and top.busy_s < min(a.busy_s for a in scores if a.rank != 2)
+
+
+def test_no_straggler_from_jitter_alone_nor_from_a_pair_that_takes_turns(tmp_path):
+    rng = np.random.default_rng(5)
+    base = 1_800_000_000_000_000_000 + np.arange(300) * 20_000_000
+    even = {r: _dump(r, 4, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None)
+            for r in range(4)}
+    scores = arrivals(_written(tmp_path, even))
+    assert scores[0].measure == "enqueue" and straggler(scores) is None
+    pair = {r: _dump(r, 2, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None)
+            for r in range(2)}
+    assert straggler(arrivals(_written(tmp_path, pair))) is None        # each last about half the time
+    late = {0: pair[0], 1: _dump(1, 2, [int(b + 3_000_000) for b in base], None)}
+    got = straggler(arrivals(_written(tmp_path, late)))
+    assert got is not None and got.rank == 1 and got.measure == "enqueue"
+
+
+@pytest.mark.parametrize("case", ["gpu_error_1st", "lock_gil_1st", "gpu_error_2nd", "lock_gil_2nd"])
+def test_a_hang_s_dumps_name_no_straggler(case):
+    """The NVRx faults hang (the culprit never enqueued the collective the others wait in):
+    among the collectives every member recorded, none is a straggler's."""
+    where = NVRX / case
+    if not where.is_dir():
+        pytest.skip("../shared/testdata/fr_nvrx is not on this machine")
+    dumps = {int(p.name.rsplit("_", 1)[1]): load_dump(p) for p in where.glob("_dump_*")}
+    assert straggler(arrivals(dumps)) is None
+
+
+@pytest.mark.torch
+def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(tmp_path):
+    """2 ranks of plain DDP over gloo under ``hpcml run``, rank 1 computing 3x as long; the
+    ranks dump their Flight Recorder every 2 s, and the report names rank 1 by its arrivals."""
+    script = ROOT / "tests" / "run" / "scripts" / "raw_ddp.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HPCML_RUN_FR_EVERY": "2",
+           "STEPS": "120", "ACCUM": "1", "STEP_S": "0.03", "SLOW_RANK": "1", "SLOW": "3"}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "2", "--dir", "job", "--no-report", "--",
+                        sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert list((tmp_path / "job").glob("**/flight-recorder-live/rank-*")), "no periodic dump"
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job"), "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    arrived = doc["observe"]["arrivals"]
+    assert arrived is not None and arrived["measure"] == "enqueue" and arrived["straggler"] == 1, arrived
