@@ -213,6 +213,9 @@ class Straggler(Model):
     confidence: Optional[float] = None    # the model's, when it was named (RankScore.confidence)
     detected: float
     cpu_wait: Optional[float] = None      # seconds its threads waited for a CPU, per second, while slow
+    # what named it: compute (its steps less its waits in collectives), step times, or the Flight
+    # Recorder's arrivals (who started each collective last: hpcml.observe.arrivals)
+    measure: Optional[Literal["compute", "step", "arrivals"]] = None
     steal: Optional[float] = None         # the share of its node's CPU time stolen by the hypervisor then
 
 

@@ -531,3 +531,38 @@ def test_records_for_ranks_the_job_does_not_have_are_said_once_each_and_then_no_
     assert len([line for line in err if "ignoring heartbeats for rank" in line]) == IGNORED_SAID == len(watch.ignored)
     assert len([line for line in err if "ignoring more heartbeats" in line]) == 1 and len(err) == IGNORED_SAID + 1
     assert watch.beats == {} and watch.timeline == [] and watch.to_json()["ignored_beats"] == [i.to_json() for i in watch.ignored]
+
+
+def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_the_straggler(tmp_path):
+    """An NCCL job: no rank's record has waits in collectives, and its step times are even
+    (the all-reduce evens them). The ranks' periodic Flight Recorder dumps (built in the
+    recorder's format, with timing) show rank 2 starting every collective 5 ms late: the watch
+    names it, by that measure, once."""
+    import pickle
+
+    import numpy as np
+
+    from tests.observe.test_arrivals import _dump
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(4)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(4)}
+    watch = Watch(d, 0, 4, period=1.0)
+    t = 1_800_000_000.0
+    for step in range(20):
+        t += 0.5
+        for r, p in progress.items():
+            p.update([t], ["section"], ["step"], [0.5], [step])
+            writers[r].write(p, now=t)
+        watch.poll(t)
+    assert watch.stragglers == {}
+    live = d / "observe" / "flight-recorder-live"
+    live.mkdir(parents=True)
+    base = 1_800_000_000_000_000_000 + np.arange(100) * 50_000_000
+    for r in range(4):
+        dump = _dump(r, 4, [int(b + (5_000_000 if r == 2 else 0) + r * 1000) for b in base],
+                     [1.0 if r == 2 else 6.0] * 100)
+        (live / f"rank-{r:05d}").write_bytes(pickle.dumps(dump))
+    watch.poll(t + 20)
+    assert list(watch.stragglers) == [2] and watch.stragglers[2].measure == "arrivals", watch.stragglers
+    watch.poll(t + 40)
+    assert [e.kind for e in watch.timeline] == ["straggler"] and "Flight Recorder" in watch.timeline[0].what

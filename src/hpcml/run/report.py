@@ -218,6 +218,11 @@ def _ledger(d: Path, run: RunRecord, obs: dict | None) -> dict | None:
     return None if got is None else {**got.to_json(), "line": ledger.line(got)}
 
 
+#: how a live straggler was measured, as a finding says it
+MEASURES = {"compute": "its compute (its steps less its waits in collectives)", "step": "its step times",
+            "arrivals": "the Flight Recorder's arrivals"}
+
+
 #: findings of an incident that ended an attempt: first in the report, whatever else cost more
 ENDED_BY = ("restarted", "not_restarted", "hang", "failed_rank", "interrupted", "requeued", "aborted", "unended",
             "launcher_killed", "running")
@@ -325,9 +330,13 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
                               "(the job's own program?): the watch judged the ranks by their own records only"})
     for s in watch["stragglers"]:
         out.append({"source": "run", "kind": "live_straggler",
-                    "message": f"rank {s['rank']} on {node_name(s.get('node'))} was {s['score']:.1f}x slower than the others "
-                               f"from step {s['since_step']:,}{' or earlier' if s.get('since_before') else ''} (named while the job ran"
-                               + (f", confidence {s['confidence']:.2f})" if s.get("confidence") is not None else ")"),
+                    "message": f"rank {s['rank']} on {node_name(s.get('node'))} was " + (
+                        "the last to start most collectives (the Flight Recorder's arrivals) "
+                        if s.get("measure") == "arrivals" else
+                        f"{s['score']:.1f}x slower than the others from step {s['since_step']:,}"
+                        f"{' or earlier' if s.get('since_before') else ''} ")
+                    + f"(named while the job ran, by {MEASURES.get(s.get('measure'), 'its step times')}"
+                    + (f", confidence {s['confidence']:.2f})" if s.get("confidence") is not None else ")"),
                     "advice": "vet that node (hpcml vet) or exclude it next time"})
     for s in watch.get("contended") or []:
         st = Straggler.model_validate(s)

@@ -79,6 +79,7 @@ COLLECT_LEAST = 10.0          # ... the snapshots waited for this less two scan 
 FR_GRACE = 2.0                # after the last stack, for the Flight Recorder dumps (written within ~1 s)
 STRAGGLER_EVERY = 20.0        # seconds between straggler scorings at most (the model's cost, at 1,024 ranks) ...
 STRAGGLER_SCORINGS = 3        # ... and at least this many per window
+ARRIVALS_EVERY = 10.0         # seconds between two looks at the ranks' periodic Flight Recorder dumps
 EARLY_STEPS = 10              # a slowness that began inside the window is named after this many steps ...
 EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the window
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
@@ -98,6 +99,14 @@ def contention(st: Straggler) -> str:
     parts = [f"its threads waited for a CPU {st.cpu_wait:.2f} s per second" if st.cpu_wait is not None else "",
              f"{st.steal * 100:.0f}% of its node's CPU time was stolen by the hypervisor" if st.steal else ""]
     return "; ".join(p for p in parts if p)
+
+
+def slower(st: Straggler) -> str:
+    """"1.8x slower since step 31", or, named by the Flight Recorder's arrivals (no step
+    ratio measured it), "the last to start most collectives"."""
+    if st.measure == "arrivals":
+        return "the last to start most collectives (Flight Recorder arrivals)"
+    return f"{st.score:.1f}x slower {straggler_since(st)}"
 
 
 def straggler_since(st: Straggler) -> str:
@@ -178,6 +187,9 @@ class Watch:
         self.period = self.period or period_for(self.world)
         self._steps = StepTimes(self.world)
         self._cpu = CpuWaits(self.world)
+        self._waits_seen = False                             # some rank measured its waits in collectives
+        self._fr_read: dict[str, float] = {}                 # periodic dump -> its mtime when last read
+        self._next_arrivals = 0.0
         self._trust = Trust(self.world, self.secret)
         self._changed: dict[int, tuple[float | None, float]] = {}   # rank -> (its record's beat, when we saw it change)
         self._held: dict[int, float] = {}                    # rank -> when its exit by TERM or INT was seen
@@ -194,10 +206,12 @@ class Watch:
         self._read(now)
         for rank, b in self.beats.items():
             self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
+            self._waits_seen = self._waits_seen or bool(b.recent_wait)
             if b.cpu_wait_s is not None:
                 self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s)
         self._crashes(now)
         self._stragglers(now)
+        self._arrivals(now)
         action = "stop" if self._straggler_stop() else None
         if self._collect is not None:
             action = self._conclude(now)
@@ -241,7 +255,7 @@ class Watch:
         first = min(self.stragglers.values(), key=lambda s: s.detected)
         if self.can_replace is not None and not self.can_replace(first.node):
             return False                         # no spare, --min-nodes, no restart left: it runs on, slower
-        self.stopped_for = StoppedFor(what=f"rank {first.rank} {first.score:.1f}x slower {straggler_since(first)}",
+        self.stopped_for = StoppedFor(what=f"rank {first.rank} {slower(first)}",
                                       node=first.node, rank=first.rank, began=None, detected=first.detected)
         self._stopping = True
         self._say(f"straggler: stopping the job to restart without {node_name(first.node)} (--on-straggler restart)")
@@ -381,12 +395,51 @@ class Watch:
             if (wait or 0.0) >= CONTENDED or (steal or 0.0) >= CONTENDED:
                 self._contended(st, now)
                 continue
+            st.measure = "compute" if self._waits_seen else "step"
             self.stragglers[rank] = st
             what = f"rank {rank} {score:.1f}x slower {straggler_since(st)}"
             self._say(f"straggler: rank {rank} on {st.node} {score:.1f}x slower {straggler_since(st)} "
                       f"(confidence {confidence:.2f})")
             self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=rank,
                                        node=st.node, score=round(score, 3), since_step=st.since_step))
+
+    def _arrivals(self, now: float) -> None:
+        """Where no rank measures its waits in collectives (NCCL: a CPU-side timer sees none),
+        who starts each collective last, from the ranks' latest periodic Flight Recorder
+        dumps (``hpcml.observe.arrivals``), read when one changed: a rank the arrivals name is
+        a straggler by that measure."""
+        if self._waits_seen or now < self._next_arrivals:
+            return
+        self._next_arrivals = now + ARRIVALS_EVERY
+        from hpcml.observe.arrivals import arrivals, straggler
+        from hpcml.observe.hang import load_dump
+        live = self.observe / "flight-recorder-live"
+        try:
+            files = {str(f): f.stat().st_mtime for f in live.glob("rank-*")}
+        except OSError:
+            return
+        if not files or files == self._fr_read:
+            return
+        self._fr_read = files
+        dumps: dict[int, dict] = {}
+        for f in files:
+            try:
+                dumps[int(Path(f).name.removeprefix("rank-"))] = load_dump(f)
+            except Exception as exc:  # noqa: BLE001 - a dump written by the job's own program: not read
+                log.debug("hpcml run: %s not read: %s", f, exc)
+        top = straggler(arrivals(dumps), self.world)
+        if top is None or top.rank in self.stragglers or top.rank in self.contended:
+            return
+        b = self.beats.get(top.rank)
+        st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
+                       since_step=b.step if b is not None and b.step is not None else 0, since_before=True,
+                       confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")
+        self.stragglers[top.rank] = st
+        what = (f"rank {top.rank} started {top.last_share * 100:.0f}% of {top.collectives} collectives last, "
+                f"{top.late_s * 1000:.1f} ms after the others (Flight Recorder, {top.measure})")
+        self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)}")
+        self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
+                                   node=st.node, since_step=st.since_step))
 
     def _contended(self, st: Straggler, now: float) -> None:
         """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen) as
