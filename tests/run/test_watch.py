@@ -566,3 +566,29 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
     assert list(watch.stragglers) == [2] and watch.stragglers[2].measure == "arrivals", watch.stragglers
     watch.poll(t + 40)
     assert [e.kind for e in watch.timeline] == ["straggler"] and "Flight Recorder" in watch.timeline[0].what
+
+
+def test_a_node_whose_every_rank_is_slow_is_named_as_the_node(tmp_path):
+    """8 ranks on 4 nodes (two each); both ranks of n1 compute 2x from step 100: one line
+    names the node and its ranks, not two stragglers; each rank is still recorded."""
+    d = tmp_path / "job"
+    node_of = {r: f"n{r // 2}" for r in range(8)}
+    progress = {r: Progress() for r in range(8)}
+    writers = {r: BeatWriter(d / "observe", r, node_of[r]) for r in range(8)}
+    watch = Watch(d, 0, 8, period=1.0)
+    t = 1_800_000_000.0
+    for step in range(400):
+        compute = [0.5 * (2.0 if node_of[r] == "n1" and step >= 100 else 1.0) * (1 + 0.02 * ((step * 7 + r * 3) % 5))
+                   for r in range(8)]
+        longest = max(compute) + 0.001
+        t += longest
+        for r, p in progress.items():
+            p.update([t, t], ["section", "section"], ["step", "collective_wait"], [longest, longest - compute[r]],
+                     [step, step])
+        if step % 2 == 0:
+            for r, w in writers.items():
+                w.write(progress[r], now=t)
+            watch.poll(t)
+    assert sorted(watch.stragglers) == [2, 3], watch.stragglers
+    assert len(watch.timeline) == 1 and watch.timeline[0].what.startswith("node n1: all 2 of its ranks "), \
+        watch.timeline

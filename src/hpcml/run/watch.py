@@ -381,6 +381,7 @@ class Watch:
         new.update((r, got) for r, got in self._turned_slow(ranks, ratio, onsets, took).items()
                    if r not in named and r not in new)
         node = {sc.rank: sc.node for sc in scores}
+        slow_now = set(self.stragglers) | set(new)
         for rank, (score, confidence) in sorted(new.items()):
             i = row.get(rank)
             at = int(onsets[i]) if i is not None and onsets[i] >= 0 else None
@@ -397,11 +398,25 @@ class Watch:
                 continue
             st.measure = "compute" if self._waits_seen else "step"
             self.stragglers[rank] = st
-            what = f"rank {rank} {score:.1f}x slower {straggler_since(st)}"
-            self._say(f"straggler: rank {rank} on {st.node} {score:.1f}x slower {straggler_since(st)} "
-                      f"(confidence {confidence:.2f})")
+            whole = self._whole_node(st.node, slow_now)
+            if whole is not None and whole != rank:
+                continue                                    # said once, for the node, with its first rank
+            who = f"node {st.node}: all {len(self._node_ranks(st.node))} of its ranks" if whole is not None \
+                else f"rank {rank}"
+            what = f"{who} {score:.1f}x slower {straggler_since(st)}"
+            self._say(f"straggler: {who}{'' if whole is not None else f' on {st.node}'} {score:.1f}x slower "
+                      f"{straggler_since(st)} (confidence {confidence:.2f})")
             self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=rank,
                                        node=st.node, score=round(score, 3), since_step=st.since_step))
+
+    def _node_ranks(self, node: str | None) -> list[int]:
+        return sorted(r for r, b in self.beats.items() if node is not None and b.node == node)
+
+    def _whole_node(self, node: str | None, slow: set[int]) -> int | None:
+        """The first rank of ``node`` when every rank it holds (two or more) is among the
+        ``slow``: the node is slow, not a rank, and is named once as such; else None."""
+        ranks = self._node_ranks(node)
+        return ranks[0] if len(ranks) >= 2 and all(r in slow for r in ranks) else None
 
     def _arrivals(self, now: float) -> None:
         """Where no rank measures its waits in collectives (NCCL: a CPU-side timer sees none),
