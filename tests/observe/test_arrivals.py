@@ -114,3 +114,29 @@ def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(
     doc = json.loads(rep.stdout)
     arrived = doc["observe"]["arrivals"]
     assert arrived is not None and arrived["measure"] == "enqueue" and arrived["straggler"] == 1, arrived
+
+
+def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
+    """The H100 recording (``tests/fixtures/gpu/fr/nccl_trace.pickle``: torch's NCCL recorder
+    with ``TORCH_NCCL_ENABLE_TIMING=1``, world size 1, three groups) as four ranks of the same
+    groups: the others' copies as recorded, rank 3's kernels started 2 ms later and ran 2 ms
+    shorter (the others waited for it in theirs). Every field as torch wrote it."""
+    import copy
+    real = load_dump(ROOT / "tests" / "fixtures" / "gpu" / "fr" / "nccl_trace.pickle")
+    assert any(e.get("time_discovered_started_ns") for e in real["entries"])
+    dumps = {}
+    for r in range(4):
+        d = copy.deepcopy(real)
+        for pg in d["pg_config"].values():
+            pg["ranks"] = "[0, 1, 2, 3]"
+        for i, e in enumerate(d["entries"]):
+            if e.get("time_discovered_started_ns") is None:
+                continue
+            jitter = (i * 7919 + r * 104729) % 200_000            # up to 0.2 ms between the copies
+            e["time_discovered_started_ns"] += jitter + (2_000_000 if r == 3 else 0)
+            e["duration_ms"] = float(e["duration_ms"]) + (0.0 if r == 3 else 2.0)
+        dumps[r] = d
+    scores = arrivals(_written(tmp_path, dumps))
+    top = straggler(scores)
+    assert top is not None and top.rank == 3 and top.measure == "kernel start", [a.to_json() for a in scores]
+    assert 0.0018 < top.late_s < 0.0022 and top.busy_s is not None and top.busy_s < 0.001
