@@ -90,6 +90,10 @@ def test_gpu_rows_from_a_recorded_nvml_replay(tmp_path):
     gpu_rows = [(n, v, g) for k, n, v, g in zip(t["kind"], t["name"], t["value"], t["gpu"]) if k == "gpu"]
     assert gpu_rows and {g for _, _, g in gpu_rows} == {1}
     assert {v for n, v, _ in gpu_rows if n == "util_gpu_percent"} <= {40.0, 41.0, 42.0}
+    meta = read_job(tmp_path / "job").meta["ranks"]["0"]
+    # the sampler opened after the command started: its open is off the rank's start, and said
+    assert meta["command_started"] <= meta["gpu_sampler_opened"] and meta["gpu_sampler_open_s"] >= 0
+    assert meta["gpu_sampler"]["kind"] == "nvml", meta["gpu_sampler"]
 
 
 @pytest.mark.parametrize("args, words", [

@@ -16,7 +16,7 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +37,7 @@ from hpcml.signals import SLURM_SIGNALS, forwarding
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
     from hpcml.observe.remotewrite import Config as RemoteConfig
+    from hpcml.samplers.choose import TaskGpus
 
 log = logs.get(__name__)
 
@@ -129,12 +130,43 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         from hpcml.observe.remotewrite import config
         remote = config(remote_write, job_label=remote_write_job_label, max_series=remote_write_max_series)
     task = Task.from_env()
-    gpu = for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval)
+    gpu = _Gpus(lambda: for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval))
+    if remote is not None:
+        gpu.open()                  # the remote-write series budget counts the GPUs before anything starts
     try:
         return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow,
                        list(exec_via), remote)
     finally:
         gpu.close()
+
+
+class _Gpus:
+    """The task's GPU sampler, opened when first wanted: after the command has started, so
+    that its open (NVML, GPM, a DCGM connection: 158 ms on an H100 with GPM,
+    tests/fixtures/gpu/table.txt) is off the rank's start; ``open_s`` is what it took."""
+
+    def __init__(self, opener: Callable[[], TaskGpus]) -> None:
+        self._opener = opener
+        self.got: TaskGpus | None = None
+        self.open_s: float | None = None
+        self.opened_at: float | None = None
+
+    def open(self) -> TaskGpus:
+        if self.got is None:
+            t = time.perf_counter()
+            self.got = self._opener()
+            self.open_s, self.opened_at = round(time.perf_counter() - t, 4), time.time()
+        return self.got
+
+    @property
+    def meta(self) -> dict:
+        """What the rank's metadata says of it, with when it opened and what that took."""
+        got = self.open()
+        return {**got.meta, "gpu_sampler_open_s": self.open_s, "gpu_sampler_opened": self.opened_at}
+
+    def close(self) -> None:
+        if self.got is not None:
+            self.got.close()
 
 
 def _warn(line: str) -> None:
@@ -161,10 +193,21 @@ def _remote(cfg: RemoteConfig | None, task: Task, gpu_meta: dict, interval: floa
     return for_task(cfg, task, gpu_meta, interval, _warn)
 
 
-def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: float,
+def _gpu_sampler(gpu: _Gpus, rank_meta: dict, path: Path, started: float) -> list:
+    """The GPU sampler, opened now if not before (the command running: off its start), and
+    the rank's metadata rewritten with what it is, when it opened and what that took."""
+    if "gpu_sampler" not in rank_meta:
+        rank_meta.update(gpu.meta, command_started=started)
+        write_json(path, rank_meta)
+    sampler = gpu.open().sampler
+    return [sampler] if sampler is not None else []
+
+
+def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interval: float,
             prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None,
             exec_via: list[str] | None = None, remote_cfg: RemoteConfig | None = None) -> int:
-    remote = _remote(remote_cfg, task, gpu.meta, interval)    # the series budget: checked before anything is written
+    # the series budget: checked before anything is written (the GPUs opened already, for it)
+    remote = _remote(remote_cfg, task, gpu.meta if remote_cfg is not None else {}, interval)
     out = Path(job_dir) if job_dir else default_dir(task)
     out.mkdir(parents=True, exist_ok=True)
     started = time.time()
@@ -177,7 +220,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     rank_meta_path = out / RANK_META.format(rank=task.rank)
     rank_meta = {"schema": RANK_SCHEMA, "rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
-                 "start": started, **gpu.meta}
+                 "start": started, **(gpu.meta if gpu.got is not None else {})}
     if earlier := earlier_runs(rank_meta_path):       # the same store again: a requeued job
         rank_meta["earlier"] = earlier
     write_json(rank_meta_path, rank_meta)
@@ -212,6 +255,7 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
     ooms = oom_kills(os.getpid())              # the rank's cgroup is this process's: its OOM kills so far
     try:        # the command starts first: the store's imports (pyarrow) overlap its start-up
         child = subprocess.Popen([*(exec_via or []), *cmd], env=env, pass_fds=(write_fd,))
+        started_cmd = time.time()
     except OSError as exc:
         os.close(read_fd)
         os.close(write_fd)
@@ -230,9 +274,8 @@ def _record(cmd: list[str], task: Task, gpu, job_dir: Path | None, interval: flo
                               daemon=True)
     copier.start()
 
-    samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0)]
-    if gpu.sampler is not None:
-        samplers.append(gpu.sampler)
+    samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0), *_gpu_sampler(gpu, rank_meta, rank_meta_path,
+                                                                                       started_cmd)]
     try:
         while True:
             try:
