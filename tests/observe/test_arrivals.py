@@ -140,3 +140,29 @@ def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
     top = straggler(scores)
     assert top is not None and top.rank == 3 and top.measure == "kernel start", [a.to_json() for a in scores]
     assert 0.0018 < top.late_s < 0.0022 and top.busy_s is not None and top.busy_s < 0.001
+
+
+def test_the_rank_s_sitecustomize_writes_where_the_arrivals_read():
+    from hpcml.observe import arrivals as mod
+    from hpcml.run.inject import sitecustomize
+    assert sitecustomize.LIVE == mod.LIVE
+
+
+def test_hostile_dumps_are_refused_or_ignored_never_a_crash(tmp_path):
+    """A FIFO is not waited on; numbers past what torch writes (inf, 10**400), a ranks text
+    that is not a list, nesting: no arrivals from them, no exception out of ``arrivals``."""
+    from hpcml.observe.arrivals import reduce
+    fifo = tmp_path / "rank-00001"
+    os.mkfifo(fifo)
+    with pytest.raises(ValueError):
+        load_dump(fifo)
+    base = 1_800_000_000_000_000_000 + np.arange(20) * 50_000_000
+    good = _dump(0, 2, [int(b) for b in base], None)
+    bad = _dump(1, 2, [int(b) for b in base], None)
+    for i, e in enumerate(bad["entries"]):
+        e["time_created_ns"] = [float("inf"), 10 ** 400, -5, "x", None][i % 5]
+    bad["pg_config"]["0"]["ranks"] = "-" * 200_000 + "1"
+    assert arrivals({0: good, 1: bad}) == [] and arrivals({0: reduce(good), 1: reduce(bad)}) == []
+    bad["pg_config"]["0"]["ranks"] = "[0, 1]"
+    bad["entries"][0]["process_group"] = [[[[["0"]]]]]
+    assert straggler(arrivals({0: good, 1: bad})) is None

@@ -58,3 +58,19 @@ def test_a_stream_that_fails_in_the_watch_still_writes(monkeypatch):
 
 def test_the_rank_s_sitecustomize_names_the_variable_hpcml_run_sets():
     assert sitecustomize.STEP_PATTERN == printedsteps.ENV
+
+
+def test_a_long_line_written_in_pieces_keeps_its_start_and_a_copy_does_not_recurse(monkeypatch):
+    import copy
+    out = io.StringIO()
+    monkeypatch.setattr(sys, "stdout", out)
+    monkeypatch.setattr(sys, "stderr", io.StringIO())
+    noted: list[tuple[int, int]] = []
+    printedsteps.install(printedsteps.compile_pattern(r"^iter (\d+):"), lambda: 1, lambda s, n: noted.append((s, n)))
+    watched = sys.stdout
+    copy.copy(watched)
+    sys.stdout.write("iter 7: ")
+    for _ in range(10):
+        sys.stdout.write("x" * 1000)                  # the line goes on past what is matched
+    sys.stdout.write("\n")
+    assert noted == [(7, 1)]

@@ -93,3 +93,32 @@ def test_spare_and_excluded_nodes_are_the_allocation_time_no_rank_used(tmp_path)
     assert sum(p.node_s or 0 for p in got.parts) == got.node_s
     assert "idle nodes 120 node-s" in ledger.line(got)
     assert got.lost()[0] == ("idle", 120.0)
+
+
+def _store(d: Path, rank: int, rows: list[tuple]) -> None:
+    from hpcml.observe.store import RankWriter
+    observe_dir(d, 0).mkdir(parents=True, exist_ok=True)
+    w = RankWriter.create(observe_dir(d, 0), rank)
+    w.write_rows(rows)
+    w.close()
+
+
+def test_saves_in_one_stall_count_once_and_a_nan_save_is_none(tmp_path):
+    """Rank 0 steps each second from 10 s to 49 s, then none until 150 s, saving twice in
+    between (40 s each), then steps to 199 s; rank 1's store has a NaN save (damaged or
+    forged). The stall is the gap less one step less the 80 s of saves; the parts add up."""
+    ns = 1_000_000_000
+    steps = [t for t in range(10, 50)] + [t for t in range(150, 200)]
+    rows = [(int((T0 + t) * ns), "section", "step", 1.0, k + 1, None) for k, t in enumerate(steps)]
+    rows += [(int((T0 + 90) * ns), "section", "checkpoint", 40.0, 40, None),
+             (int((T0 + 140) * ns), "section", "checkpoint", 40.0, 40, None)]
+    _store(tmp_path, 0, rows)
+    _store(tmp_path, 1, [(int((T0 + 60) * ns), "section", "checkpoint", float("nan"), 40, None)])
+    _beats(tmp_path, 0, [T0 + t for t in steps])
+    run = RunRecord(command=["x"], mode="local", started=T0, ended=T0 + 200, first_step_at=T0 + 10)
+    got = ledger.build(tmp_path, run, step_s=1.0)
+    assert got is not None
+    parts = got.by_part()
+    # the gap: the step at 49 s to the one at 150 s, 101 s, less one step, less the two saves
+    assert parts["checkpoint"] == 80.0 and parts["stalls"] == 101.0 - 1.0 - 80.0, parts
+    assert parts["productive"] == 189.0 - 80.0 - 20.0 and abs(sum(parts.values()) - 200.0) < 1e-6, parts

@@ -27,6 +27,7 @@ numbers of them).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,10 @@ LATE_FACTOR = 5.0      # late by this many times the other ranks' median latenes
 MIN_LATE_S = 1e-3      # ... and at least this long
 MIN_COLLECTIVES = 10   # no verdict from fewer collectives
 RECENT = 2000          # the newest collectives of each group judged
+LIVE = "flight-recorder-live"    # <observe>/LIVE/rank-NNNNN: each rank's periodic dump (hpcml run's sitecustomize)
+LIVE_DUMP_MAX = 64 << 20         # bytes of one periodic dump read, at most (2,000 entries without stacks: ~1 MB)
+NS_MAX = 2.0 ** 63     # an epoch time in ns torch can write
+MS_MAX = 1e9           # a collective's duration_ms, at most (11 days)
 
 
 @dataclass
@@ -58,58 +63,85 @@ class RankArrival:
                 "stability": round(self.stability, 3), "measure": self.measure}
 
 
-def _start(e: dict) -> tuple[int | None, int | None, float | None]:
-    """(enqueue ns, kernel start ns, duration s) of one entry, each None where absent."""
-    def num(v: Any) -> Any:
-        return v if isinstance(v, (int, float)) and not isinstance(v, bool) and v == v else None
-    created, started, took = num(e.get("time_created_ns")), num(e.get("time_discovered_started_ns")), num(e.get("duration_ms"))
-    return (int(created) if created is not None else None, int(started) if started is not None else None,
-            took / 1000.0 if took is not None else None)
+def _num(v: Any, limit: float) -> float | None:
+    """A finite number in [0, limit) as written (ints of any size, floats), else None."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return None
+    try:
+        f = float(v)
+    except OverflowError:
+        return None
+    return f if math.isfinite(f) and 0 <= f < limit else None
+
+
+def reduce(dump: dict) -> dict[str, Any]:
+    """What the arrivals need of one dump: its groups' config and, per group and collective,
+    (enqueue s, kernel start s or None, seconds it ran or None); the rest of the dump (its
+    stacks, sizes) is dropped, so the watch keeps every rank's at little cost."""
+    times: dict[str, dict[int, tuple[float, float | None, float | None]]] = {}
+    for pg, seqs in collectives_of([e for e in dump.get("entries") or [] if isinstance(e, dict)]).items():
+        for seq, entries in seqs.items():
+            e = entries[0]
+            created = _num(e.get("time_created_ns"), NS_MAX)
+            if created is None:
+                continue
+            started, took = _num(e.get("time_discovered_started_ns"), NS_MAX), _num(e.get("duration_ms"), MS_MAX)
+            times.setdefault(pg, {})[seq] = (created / 1e9, None if started is None else started / 1e9,
+                                             None if took is None else took / 1000.0)
+    config = dump.get("pg_config")
+    return {"pg_config": config if isinstance(config, dict) else {}, "times": times}
 
 
 def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     """Every rank's arrival figures over the collectives all members of their group
-    recorded in ``dumps`` (rank -> Flight Recorder dump, ``hang.load_dump``)."""
-    groups = groups_of(dumps)
-    per_rank = {r: collectives_of([e for e in d.get("entries") or [] if isinstance(e, dict)]) for r, d in dumps.items()}
-    rows: list[tuple[list[int], np.ndarray, np.ndarray | None, bool]] = []    # members, starts, busy, kernel
+    recorded in ``dumps`` (rank -> Flight Recorder dump, ``hang.load_dump``, or its
+    ``reduce``). Each group is a members x collectives matrix: the leave-one-out medians in
+    one pass (``stragglers.others_median``), no loop over ranks and collectives."""
+    from hpcml.observe.stragglers import others_median
+    reduced = {r: d if "times" in d else reduce(d) for r, d in dumps.items()}
+    groups = groups_of({r: {"pg_config": d["pg_config"]} for r, d in reduced.items()})
+    late: dict[int, list[np.ndarray]] = {}
+    last: dict[int, list[np.ndarray]] = {}
+    busy: dict[int, list[np.ndarray]] = {}
+    leaders: list[tuple[float, int]] = []           # (when, the last rank) of every collective judged
+    kernel_all = True
     for pg, (_, members) in groups.items():
-        if len(members) < 2 or any(m not in per_rank for m in members):
+        if len(members) < 2 or any(m not in reduced for m in members):
             continue
-        common = set.intersection(*(set(per_rank[m].get(pg, {})) for m in members))
-        for seq in sorted(common)[-RECENT:]:
-            got = [_start(per_rank[m][pg][seq][0]) for m in members]
-            kernel = all(g[1] is not None for g in got)
-            starts = [g[1] if kernel else g[0] for g in got]
-            if any(s is None for s in starts):
-                continue
-            took = [g[2] for g in got]
-            timed = [b for b in took if b is not None]
-            rows.append((members, np.asarray(starts, np.float64) / 1e9,
-                         np.asarray(timed, np.float64) if kernel and len(timed) == len(took) else None, kernel))
-    if not rows:
+        rows = [reduced[m]["times"].get(pg, {}) for m in members]
+        common = sorted(set.intersection(*(set(r) for r in rows)))[-RECENT:]
+        if not common:
+            continue
+        got = np.array([[rows[i][q] for q in common] for i in range(len(members))], dtype=object)
+        created = np.array([[c[0] for c in row] for row in got], np.float64)
+        started = np.array([[np.nan if c[1] is None else c[1] for c in row] for row in got], np.float64)
+        took = np.array([[np.nan if c[2] is None else c[2] for c in row] for row in got], np.float64)
+        kernel = ~np.isnan(started).any(axis=0)
+        kernel_all = kernel_all and bool(kernel.all())
+        t = np.where(kernel, started, created)
+        lateness = t - others_median(t)
+        top = t.max(axis=0)
+        alone = (t == top).sum(axis=0) == 1
+        for i, m in enumerate(members):
+            late.setdefault(m, []).append(lateness[i])
+            last.setdefault(m, []).append((t[i] == top) & alone)
+            if kernel.any() and not np.isnan(took[i, kernel]).any():
+                busy.setdefault(m, []).append(took[i, kernel])
+        leaders += list(zip(top.tolist(), [members[j] for j in np.argmax(t, axis=0)]))
+    if not late:
         return []
-    late: dict[int, list[float]] = {}
-    last: dict[int, list[bool]] = {}
-    busy: dict[int, list[float]] = {}
-    kernel_all = all(k for *_, k in rows)
-    leaders: list[int] = []
-    for members, t, b, _ in rows:
-        n = len(members)
-        srt = np.sort(t)
-        for i, r in enumerate(members):
-            others = np.delete(t, i)
-            late.setdefault(r, []).append(float(t[i] - np.median(others)))
-            last.setdefault(r, []).append(bool(t[i] == srt[-1] and (n < 2 or srt[-1] > srt[-2])))
-            if b is not None:
-                busy.setdefault(r, []).append(float(b[i]))
-        leaders.append(members[int(np.argmax(t))])
-    thirds = [leaders[k * len(leaders) // 3:(k + 1) * len(leaders) // 3] for k in range(3)]
+    leaders.sort()
+    order = [r for _, r in leaders]
+    thirds = [order[k * len(order) // 3:(k + 1) * len(order) // 3] for k in range(3)]
     most = [max(set(th), key=th.count) if th else None for th in thirds]
-    out = [RankArrival(rank=r, collectives=len(v), last_share=float(np.mean(last[r])), late_s=float(np.median(v)),
-                       busy_s=float(np.median(busy[r])) if r in busy else None,
-                       stability=sum(m == r for m in most) / 3, measure="kernel start" if kernel_all else "enqueue")
-           for r, v in late.items()]
+    out = []
+    for r, parts in late.items():
+        v = np.concatenate(parts)
+        out.append(RankArrival(rank=r, collectives=len(v), last_share=float(np.mean(np.concatenate(last[r]))),
+                               late_s=float(np.median(v)),
+                               busy_s=float(np.median(np.concatenate(busy[r]))) if r in busy else None,
+                               stability=sum(m == r for m in most) / 3,
+                               measure="kernel start" if kernel_all else "enqueue"))
     return sorted(out, key=lambda a: (-a.last_share, -a.late_s))
 
 

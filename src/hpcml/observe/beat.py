@@ -355,6 +355,9 @@ def _valid(doc: object) -> bool:
     for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s"):
         if doc.get(key) is not None and not (_number(doc[key]) and math.isfinite(doc[key])):
             return False
+    for key in ("cpu_wait_s", "steal_s"):                 # cumulative seconds: never negative, never past LIMIT
+        if doc.get(key) is not None and not 0 <= doc[key] < LIMIT:
+            return False
     for key in ("rank", "step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
         if isinstance(doc.get(key), int) and not -LIMIT < doc[key] < LIMIT:
             return False

@@ -62,7 +62,6 @@ is refused and reported, never executed.
 
 from __future__ import annotations
 
-import ast
 import os
 import pickle
 import re
@@ -78,6 +77,7 @@ from hpcml.words import natural_key, ranges
 
 _RANK_SUFFIX = re.compile(r"(\d+)$")
 MAX_DUMP_BYTES = 1 << 30
+MAX_RANKS_TEXT = 1 << 23         # pg_config's ranks as text: 8 MiB holds a million ranks
 #: operations whose per-rank sizes legitimately differ: sizes are undecidable there
 SIZE_UNDECIDABLE = frozenset({"all_to_all", "alltoall", "all_to_all_single", "alltoall_base", "all_to_allv"})
 PENDING = ("scheduled", "started")
@@ -129,26 +129,36 @@ def _rank_list(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
-def load_dump(path: str | os.PathLike) -> dict[str, Any]:
-    """One Flight Recorder dump; anything that imports a global is refused."""
-    p = Path(path)
-    if p.stat().st_size > MAX_DUMP_BYTES:
-        raise pickle.UnpicklingError(f"larger than {MAX_DUMP_BYTES >> 20} MiB")
-    with open(p, "rb") as fh:
-        data = RestrictedUnpickler(fh, policy=Policy(block_unknown=True)).load()
+def load_dump(path: str | os.PathLike, max_bytes: int = MAX_DUMP_BYTES) -> dict[str, Any]:
+    """One Flight Recorder dump; anything that imports a global is refused. Read as a file
+    the job's own program may have replaced (``files.read_bounded``: a FIFO is not waited on,
+    a device not read, at most ``max_bytes``): ValueError or OSError then."""
+    import io
+
+    from hpcml.files import read_bounded
+    raw = read_bounded(path, max_bytes)
+    data = RestrictedUnpickler(io.BytesIO(raw), policy=Policy(block_unknown=True)).load()
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise pickle.UnpicklingError("not a Flight Recorder dump (no 'entries' list)")
     return data
 
 
 def _ranks(value: Any) -> list[int] | None:
-    """pg_config's ``ranks``: a string such as "[0, 1, 2]" (or a list)."""
-    try:
-        parsed = ast.literal_eval(value) if isinstance(value, str) else value
-    except (ValueError, SyntaxError):
-        return None
-    if isinstance(parsed, (list, tuple)) and all(isinstance(r, int) for r in parsed):
-        return [int(r) for r in parsed]
+    """pg_config's ``ranks``: a string such as "[0, 1, 2]" (or a list). Read by hand, not by
+    ``ast.literal_eval``: the dump may be hostile, and a crafted literal costs the parser
+    memory and recursion it cannot bound."""
+    if isinstance(value, str):
+        text = value.strip()
+        if len(text) > MAX_RANKS_TEXT or not (text.startswith("[") and text.endswith("]")):
+            return None
+        items = [x.strip() for x in text[1:-1].split(",")]
+        if items == [""]:
+            return []
+        if not all(x.isascii() and x.isdigit() and len(x) < 10 for x in items):
+            return None
+        return [int(x) for x in items]
+    if isinstance(value, (list, tuple)) and all(type(r) is int for r in value):
+        return [int(r) for r in value]
     return None
 
 
@@ -181,7 +191,7 @@ def _seq(e: dict, key: str = "collective_seq_id") -> int | None:
     v = e.get(key)
     try:
         return int(v) if v is not None and not isinstance(v, bool) else None
-    except (TypeError, ValueError):
+    except (TypeError, ValueError, OverflowError):
         return None
 
 

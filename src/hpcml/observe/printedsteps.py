@@ -71,14 +71,16 @@ class _Watched:
             self.write(line)
 
     def _look(self, text: str) -> None:
-        *lines, self._tail = (self._tail + text).split("\n")
-        self._tail = self._tail[-LINE_MAX:]
+        *lines, tail = (self._tail + text[:LINE_MAX + 1] if "\n" not in text else self._tail + text).split("\n")
+        self._tail = tail[:LINE_MAX]                 # a line's first LINE_MAX characters: what step_of reads
         for line in lines:
             if self._seen is not None and self._seen(line):
                 self._seen = None
                 self._tail = ""
 
     def __getattr__(self, name: str) -> Any:
+        if name == "_stream":                        # a copy made without __init__ (copy.copy): no recursion
+            raise AttributeError(name)
         return getattr(self._stream, name)
 
 

@@ -130,9 +130,12 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         from hpcml.observe.remotewrite import config
         remote = config(remote_write, job_label=remote_write_job_label, max_series=remote_write_max_series)
     task = Task.from_env()
-    gpu = _Gpus(lambda: for_task(gpu_metrics if gpu_sampler else "none", task.gpus, interval))
-    if remote is not None:
-        gpu.open()                  # the remote-write series budget counts the GPUs before anything starts
+    mode = gpu_metrics if gpu_sampler else "none"
+    gpu = _Gpus(lambda: for_task(mode, task.gpus, interval))
+    if remote is not None or mode not in ("auto", "none"):
+        # the remote-write series budget counts the GPUs before anything starts, and a sampler
+        # asked for by name that is not there is exit 2 before the command starts, not after
+        gpu.open()
     try:
         return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow,
                        list(exec_via), remote)
@@ -197,7 +200,14 @@ def _gpu_sampler(gpu: _Gpus, rank_meta: dict, path: Path, started: float) -> lis
     """The GPU sampler, opened now if not before (the command running: off its start), and
     the rank's metadata rewritten with what it is, when it opened and what that took."""
     if "gpu_sampler" not in rank_meta:
-        rank_meta.update(gpu.meta, command_started=started)
+        try:
+            rank_meta.update(gpu.meta, command_started=started)
+        except Exception as exc:  # noqa: BLE001 - the command runs: it goes on without GPU rows
+            _warn(f"no GPU sampling: {type(exc).__name__}: {exc}")
+            rank_meta.update(gpu_sampler={"kind": "none", "saturation": False, "note": f"could not open: {exc}"},
+                             command_started=started)
+            write_json(path, rank_meta)
+            return []
         write_json(path, rank_meta)
     sampler = gpu.open().sampler
     return [sampler] if sampler is not None else []

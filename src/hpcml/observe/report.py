@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import itertools
 import logging
-import pickle
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -46,7 +45,6 @@ from hpcml.schemas import tag
 from hpcml.words import natural_key, node_name
 
 log = logging.getLogger(__name__)
-LIVE_FR = "flight-recorder-live"     # hpcml run's sitecustomize LIVE: each rank's periodic dump
 MAX_FR_DUMPS = 4096                  # ranks' dumps read for the arrivals, at most
 
 MAX_BUCKETS = 1000
@@ -564,18 +562,24 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict],
     dump (``flight-recorder-live``: ``hpcml run``'s ranks write one every 30 s): the five
     latest ranks, and a ``collective_straggler`` finding when the arrivals name one that the
     step times did not (``hpcml.observe.arrivals``; on GPUs the only measure NCCL leaves)."""
-    from hpcml.observe.arrivals import arrivals, straggler
+    from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
     from hpcml.observe.hang import load_dump
-    live = observe / LIVE_FR
+    live = observe / LIVE
     if not live.is_dir():
         return None, []
     dumps: dict[int, dict] = {}
     for f in sorted(live.glob("rank-*"))[:MAX_FR_DUMPS]:
+        if not f.name.removeprefix("rank-").isdigit():
+            continue
         try:
-            dumps[int(f.name.removeprefix("rank-"))] = load_dump(f)
-        except (OSError, ValueError, pickle.UnpicklingError) as exc:
+            dumps[int(f.name.removeprefix("rank-"))] = reduce(load_dump(f, LIVE_DUMP_MAX))
+        except Exception as exc:  # noqa: BLE001 - a file the job's own program may have written: not read
             log.debug("hpcml: flight recorder dump %s not read: %s", f, exc)
-    scores = arrivals(dumps)
+    try:
+        scores = arrivals(dumps)
+    except Exception as exc:  # noqa: BLE001 - hostile dumps: no arrivals, the report still comes
+        log.debug("hpcml: the arrivals were not judged: %s", exc)
+        return None, []
     if not scores:
         return None, []
     top = straggler(scores)

@@ -32,8 +32,13 @@ class CpuWaits:
         if t is None or wait is None or not 0 <= rank < len(self.n):
             return
         n = int(self.n[rank])
-        if n and t < self.t[rank, (n - 1) % self.t.shape[1]] + EVERY:
-            return
+        if n:
+            last = (n - 1) % self.t.shape[1]
+            if t < self.t[rank, last] or wait < self.wait[rank, last]:
+                self.n[rank], n = 0, 0                # a clock or a count that went back: start again
+                self.t[rank], self.wait[rank], self.steal[rank] = np.nan, np.nan, np.nan
+            elif t < self.t[rank, last] + EVERY:
+                return
         i = n % self.t.shape[1]
         self.t[rank, i], self.wait[rank, i] = t, wait
         self.steal[rank, i] = np.nan if steal is None else steal

@@ -59,6 +59,7 @@ def _attempt_times(d: Path, rec: Attempt) -> tuple[float | None, float | None]:
 STALL_STEPS = 3.0
 #: ... and this many seconds over the median is a stall or a pause (a short hiccup of a fast job is not)
 STALL_MIN_S = 1.0
+DENSE_STEPS = 1 << 22          # step numbers below this are merged in an array indexed by them
 
 
 @dataclass
@@ -92,45 +93,59 @@ def _loop(d: Path, attempt: int, first: float, stop: float) -> _Loop:
     files = sorted(observe_dir(d, attempt).glob("rank-*.arrows"))
     out = _Loop()
     lo, hi = int(first * 1e6), int(stop * 1e6)
-    ids: list[np.ndarray] = []
-    ends: list[np.ndarray] = []
-    saves: list[tuple[np.ndarray, np.ndarray]] = []
+    paced_ids, paced_ends = np.zeros(0, np.int64), np.zeros(0, np.int64)   # each step's latest end so far
+    dense = np.zeros(0, np.int64)                                           # ... by step number, where small
+    saves: list[tuple[np.ndarray, np.ndarray]] = []                         # per saving rank: (end us, seconds)
     for data in iter_ranks(files):
-        total = 0.0
         r_ids: list[np.ndarray] = []
         r_ends: list[np.ndarray] = []
-        r_save: list[tuple[np.ndarray, np.ndarray]] = []
+        r_at: list[np.ndarray] = []
+        r_took: list[np.ndarray] = []
         for b in data.batches:
             ts = pc.cast(b.column("ts"), "int64")
             section = pc.and_(pc.equal(b.column("kind"), "section"),
                               pc.and_(pc.greater_equal(ts, lo), pc.less_equal(ts, hi)))
             keep = pc.and_(section, pc.equal(b.column("name"), CHECKPOINT))
-            got = pc.filter(b.column("value"), keep)
+            got = pc.filter(b.column("value"), keep).to_numpy(zero_copy_only=False).astype(float)
             if len(got):
-                total += pc.sum(got).as_py() or 0.0
-                r_save.append((pc.filter(ts, keep).to_numpy(zero_copy_only=False),
-                               got.to_numpy(zero_copy_only=False).astype(float)))
+                r_at.append(pc.filter(ts, keep).to_numpy(zero_copy_only=False))
+                r_took.append(got)
             keep = pc.and_(section, pc.equal(b.column("name"), STEP))
             r_ends.append(pc.filter(ts, keep).to_numpy(zero_copy_only=False))
             r_ids.append(pc.filter(pc.fill_null(pc.cast(b.column("step"), "int64"), -1), keep)
                          .to_numpy(zero_copy_only=False))
-        if total:
-            out.checkpoint_s = max(out.checkpoint_s or 0.0, total)
-            saves.extend(r_save)
+        if r_took:
+            at, took = np.concatenate(r_at), np.concatenate(r_took)
+            ok = np.isfinite(took) & (took > 0)               # a damaged or forged value is no save
+            if ok.any():
+                out.checkpoint_s = max(out.checkpoint_s or 0.0, float(took[ok].sum()))
+                saves.append((at[ok], took[ok]))
         if r_ends:
             e, i = np.concatenate(r_ends), np.concatenate(r_ids)
             if len(e) and (i < 0).any():            # steps without a number: this rank's own order
                 order = np.argsort(e, kind="stable")
                 e, i = e[order], np.arange(1, len(e) + 1)
-            ends.append(e)
-            ids.append(i)
-    if not ends or not sum(len(e) for e in ends):
+            # merged into each step's latest end as each rank is read: memory of one rank's steps
+            if len(i) and i.min() >= 0 and i.max() < DENSE_STEPS:      # step numbers: one array indexed by them
+                if len(dense) <= i.max():
+                    dense = np.concatenate([dense, np.full(int(i.max()) + 1 - len(dense), -1, np.int64)])
+                np.maximum.at(dense, i, e)
+            elif len(i):
+                i, e = np.concatenate([paced_ids, i]), np.concatenate([paced_ends, e])
+                order = np.lexsort((e, i))
+                i, e = i[order], e[order]
+                last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1]
+                paced_ids, paced_ends = i[last], e[last]
+    if len(dense):                                    # the dense steps' ends, with any sparse ones
+        have = np.flatnonzero(dense >= 0)
+        i, e = np.concatenate([paced_ids, have]), np.concatenate([paced_ends, dense[have]])
+        order = np.lexsort((e, i))
+        i, e = i[order], e[order]
+        last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1] if len(i) else np.zeros(0, np.int64)
+        paced_ends = e[last]
+    if not len(paced_ends):
         return out
-    e, i = np.concatenate(ends), np.concatenate(ids)
-    order = np.lexsort((e, i))
-    e, i = e[order], i[order]
-    last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1]     # each step's last end: its gating rank's
-    paced = np.sort(e[last]) / 1e6
+    paced = np.sort(paced_ends) / 1e6                 # each step ends when its last rank ends it
     gaps = np.diff(paced)
     if len(gaps) < 2:
         return out
@@ -139,13 +154,13 @@ def _loop(d: Path, attempt: int, first: float, stop: float) -> _Loop:
     stalled = np.flatnonzero((gaps > STALL_STEPS * med) & (gaps > med + STALL_MIN_S))
     if not len(stalled):
         return out
-    held = np.zeros(len(gaps))
-    if saves:                                      # saves inside a gap are the checkpoint part's
-        at = np.concatenate([t for t, _ in saves]) / 1e6
-        took = np.concatenate([v for _, v in saves])
-        where = np.searchsorted(paced, at, side="left") - 1
+    held = np.zeros(len(gaps))                     # saves inside a gap are the checkpoint part's:
+    for at, took in saves:                         # each rank's, summed per gap; the rank held longest
+        where = np.searchsorted(paced, at / 1e6, side="left") - 1
         ok = (where >= 0) & (where < len(gaps))
-        np.maximum.at(held, where[ok], took[ok])
+        mine = np.zeros(len(gaps))
+        np.add.at(mine, where[ok], took[ok])
+        held = np.maximum(held, mine)
     cost = np.maximum(0.0, gaps[stalled] - med - held[stalled])
     out.stalled_s = round(float(cost.sum()), 3)
     out.stalls = int((cost > 0).sum())
@@ -212,7 +227,7 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
             parts.append(LedgerPart(part="checkpoint", attempt=n, seconds=round(saving, 3),
                                     note="saves that held the training loop (the rank that was held longest)"))
         stalled = min(loop.stalled_s, max(0.0, steps - (redone_s or 0.0) - (saving or 0.0)))
-        if stalled:
+        if stalled > 0:
             parts.append(LedgerPart(part="stalls", attempt=n, seconds=round(stalled, 3),
                                     note=f"{loop.stalls} gap(s) between steps of over {STALL_STEPS:g} median steps "
                                          f"(an evaluation, a pause short of the hang timeout), the longest "

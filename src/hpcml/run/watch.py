@@ -188,7 +188,7 @@ class Watch:
         self._steps = StepTimes(self.world)
         self._cpu = CpuWaits(self.world)
         self._waits_seen = False                             # some rank measured its waits in collectives
-        self._fr_read: dict[str, float] = {}                 # periodic dump -> its mtime when last read
+        self._fr_read: dict[str, tuple[Any, Any]] = {}       # periodic dump -> ((mtime, size), its reduce or None)
         self._next_arrivals = 0.0
         self._trust = Trust(self.world, self.secret)
         self._changed: dict[int, tuple[float | None, float]] = {}   # rank -> (its record's beat, when we saw it change)
@@ -353,9 +353,8 @@ class Watch:
         if now < self._next_scoring:
             return
         self._next_scoring = now + min(STRAGGLER_EVERY, max(1.0, self.straggler_window / STRAGGLER_SCORINGS))
-        import numpy as np
 
-        from hpcml.observe.stragglers import MIN_STEPS, score_matrix
+        from hpcml.observe.stragglers import CHRONIC, MIN_STEPS, score_matrix
         median = self._steps.median_step()
         if not median or median <= 0:
             return
@@ -376,18 +375,22 @@ class Watch:
             return
         named = self.stragglers.keys() | self.contended.keys()
         new = {sc.rank: (sc.score, sc.confidence) for sc in scores if sc.chronic and sc.rank not in named}
-        ranks, steps, ratio, onsets, took = self._onsets()
+        # a rank that turned slow shows in the window's last steps (its trend) before it is chronic;
+        # the ring's change points (a ranks x 2,048 pass) only when some rank does
+        if not new and not any(sc.trend > 1 + CHRONIC and sc.rank not in named for sc in scores):
+            return
+        ranks, steps, ratio, onsets, took = self._onsets()       # took: seconds from each step on
         row = {int(r): i for i, r in enumerate(ranks)}
         new.update((r, got) for r, got in self._turned_slow(ranks, ratio, onsets, took).items()
                    if r not in named and r not in new)
         node = {sc.rank: sc.node for sc in scores}
-        slow_now = set(self.stragglers) | set(new)
+        named_now: list[Straggler] = []
         for rank, (score, confidence) in sorted(new.items()):
             i = row.get(rank)
             at = int(onsets[i]) if i is not None and onsets[i] >= 0 else None
             first = int(steps[0]) if len(steps) else int(window[0])
             # slow from the stretch's first step: since then, or earlier (unless that is the job's first step)
-            slow_s = float(np.median(took[:, at:].sum(axis=1))) if at is not None else self.straggler_window
+            slow_s = float(took[at]) if at is not None else self.straggler_window
             wait, steal = self._cpu.shares(rank, min(slow_s, self.straggler_window))
             st = Straggler(rank=rank, node=node.get(rank), score=round(score, 3),
                            since_step=int(steps[at]) if at is not None else first,
@@ -398,25 +401,29 @@ class Watch:
                 continue
             st.measure = "compute" if self._waits_seen else "step"
             self.stragglers[rank] = st
-            whole = self._whole_node(st.node, slow_now)
-            if whole is not None and whole != rank:
-                continue                                    # said once, for the node, with its first rank
-            who = f"node {st.node}: all {len(self._node_ranks(st.node))} of its ranks" if whole is not None \
-                else f"rank {rank}"
-            what = f"{who} {score:.1f}x slower {straggler_since(st)}"
-            self._say(f"straggler: {who}{'' if whole is not None else f' on {st.node}'} {score:.1f}x slower "
-                      f"{straggler_since(st)} (confidence {confidence:.2f})")
-            self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=rank,
-                                       node=st.node, score=round(score, 3), since_step=st.since_step))
+            named_now.append(st)
+        said: set[str] = set()
+        for st in named_now:
+            whole = self._whole_node(st.node)
+            if whole and st.node in said:
+                continue                                    # said once for the node, with its first rank now
+            if whole:
+                said.add(str(st.node))
+            who = f"node {st.node}: all {len(self._node_ranks(st.node))} of its ranks" if whole else f"rank {st.rank}"
+            what = f"{who} {st.score:.1f}x slower {straggler_since(st)}"
+            self._say(f"straggler: {who}{'' if whole else f' on {st.node}'} {st.score:.1f}x slower "
+                      f"{straggler_since(st)} (confidence {st.confidence or 0.0:.2f})")
+            self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=st.rank,
+                                       node=st.node, score=st.score, since_step=st.since_step))
 
     def _node_ranks(self, node: str | None) -> list[int]:
         return sorted(r for r, b in self.beats.items() if node is not None and b.node == node)
 
-    def _whole_node(self, node: str | None, slow: set[int]) -> int | None:
-        """The first rank of ``node`` when every rank it holds (two or more) is among the
-        ``slow``: the node is slow, not a rank, and is named once as such; else None."""
+    def _whole_node(self, node: str | None) -> bool:
+        """Whether every rank ``node`` holds (two or more) is a straggler now: the node is
+        slow, not a rank, and the ranks named in one scoring are said once, as the node."""
         ranks = self._node_ranks(node)
-        return ranks[0] if len(ranks) >= 2 and all(r in slow for r in ranks) else None
+        return len(ranks) >= 2 and all(r in self.stragglers for r in ranks)
 
     def _arrivals(self, now: float) -> None:
         """Where no rank measures its waits in collectives (NCCL: a CPU-side timer sees none),
@@ -426,23 +433,32 @@ class Watch:
         if self._waits_seen or now < self._next_arrivals:
             return
         self._next_arrivals = now + ARRIVALS_EVERY
-        from hpcml.observe.arrivals import arrivals, straggler
+        from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
         from hpcml.observe.hang import load_dump
-        live = self.observe / "flight-recorder-live"
-        try:
-            files = {str(f): f.stat().st_mtime for f in live.glob("rank-*")}
-        except OSError:
-            return
-        if not files or files == self._fr_read:
-            return
-        self._fr_read = files
-        dumps: dict[int, dict] = {}
-        for f in files:
+        live = self.observe / LIVE
+        files: dict[str, tuple[float, int]] = {}
+        for rank in range(self.world):                   # the ranks' own names only: nothing else is read
             try:
-                dumps[int(Path(f).name.removeprefix("rank-"))] = load_dump(f)
-            except Exception as exc:  # noqa: BLE001 - a dump written by the job's own program: not read
+                seen = (live / f"rank-{rank:05d}").stat()
+            except OSError:
+                continue
+            files[str(live / f"rank-{rank:05d}")] = (seen.st_mtime, seen.st_size)
+        changed = [f for f, seen in files.items() if self._fr_read.get(f, (None, None))[0] != seen]
+        if not changed:
+            return
+        for f in changed:                                # only the dumps that changed, kept reduced
+            try:
+                self._fr_read[f] = (files[f], reduce(load_dump(f, LIVE_DUMP_MAX)))
+            except Exception as exc:  # noqa: BLE001 - a file the job's own program wrote: not read, never fatal
+                self._fr_read[f] = (files[f], None)
                 log.debug("hpcml run: %s not read: %s", f, exc)
-        top = straggler(arrivals(dumps), self.world)
+        dumps = {int(Path(f).name.removeprefix("rank-")): d for f, (_, d) in self._fr_read.items()
+                 if d is not None and f in files}
+        try:
+            top = straggler(arrivals(dumps), self.world)
+        except Exception as exc:  # noqa: BLE001 - hostile dumps must not stop the watch
+            log.debug("hpcml run: the arrivals were not judged: %s", exc)
+            return
         if top is None or top.rank in self.stragglers or top.rank in self.contended:
             return
         b = self.beats.get(top.rank)
@@ -468,12 +484,17 @@ class Watch:
                                    node=st.node, score=st.score, since_step=st.since_step))
 
     def _onsets(self) -> tuple[Any, Any, Any, Any, Any]:
-        """(ranks, steps, ratio to the others, each rank's onset index or -1, the step times)
-        over the whole ring of steps every rank reported."""
+        """(ranks, steps, ratio to the others, each rank's onset index or -1, the seconds of
+        steps from each step on, on the median rank) over the whole ring of steps every rank
+        reported."""
+        import numpy as np
+
         from hpcml.observe.stragglers import CHRONIC, onsets, others_median
         ranks, steps, m = self._steps.window(self._steps.size, busy=True)
         ratio = m / others_median(m)
-        return ranks, steps, ratio, onsets(ratio, 1 + CHRONIC), self._steps.window(self._steps.size)[2]
+        took = self._steps.window(self._steps.size)[2]
+        since = np.median(np.cumsum(took[:, ::-1], axis=1)[:, ::-1], axis=0) if took.size else np.zeros(0)
+        return ranks, steps, ratio, onsets(ratio, 1 + CHRONIC), since
 
     def _turned_slow(self, ranks: Any, ratio: Any, at: Any, took: Any) -> dict[int, tuple[float, float]]:
         """Ranks whose slowness began inside the window and has lasted ``EARLY_STEPS`` steps
@@ -486,7 +507,7 @@ class Watch:
         out: dict[int, tuple[float, float]] = {}
         for i in np.flatnonzero(at >= 0):
             since = ratio[i, int(at[i]):]
-            seconds = float(np.median(took[:, int(at[i]):].sum(axis=1)))
+            seconds = float(took[int(at[i])])
             if len(since) < EARLY_STEPS or seconds < self.straggler_window / 3:
                 continue
             share = float(np.mean(since > 1 + CHRONIC))
