@@ -166,3 +166,14 @@ def test_hostile_dumps_are_refused_or_ignored_never_a_crash(tmp_path):
     bad["pg_config"]["0"]["ranks"] = "[0, 1]"
     bad["entries"][0]["process_group"] = [[[[["0"]]]]]
     assert straggler(arrivals({0: good, 1: bad})) is None
+
+
+def test_a_rank_late_by_less_than_the_chronic_share_of_a_step_is_no_straggler(tmp_path):
+    """Rank 1 starts every collective 3 ms late: with 0.5 s steps that is 0.6% of a step, not
+    a straggler by the step model's measure either; with 20 ms steps it is 15%, one."""
+    base = 1_800_000_000_000_000_000 + np.arange(200) * 20_000_000
+    dumps = {0: _dump(0, 2, [int(b) for b in base], None), 1: _dump(1, 2, [int(b + 3_000_000) for b in base], None)}
+    scores = arrivals(_written(tmp_path, dumps))
+    assert straggler(scores, step_s=0.5) is None
+    got = straggler(scores, step_s=0.02)
+    assert got is not None and got.rank == 1

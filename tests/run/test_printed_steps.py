@@ -124,7 +124,7 @@ def test_a_rank_whose_cpu_another_process_takes_is_contended_not_a_straggler(tmp
     spinner starts: still as contention.)"""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs to give each rank its own")      # this machine and CI have 2
-    p, ledger, pids = _start(tmp_path, "--straggler-window", "10 s", ITERS="400", EVAL="1000", STEP_S="0",
+    p, ledger, pids = _start(tmp_path, "--straggler-window", "10 s", ITERS="250", EVAL="1000", STEP_S="0",
                              BUSY_S="0.05")
     _when(ledger, p, lambda row: row[2] == 5)
     for rank, cpu in ((0, 0), (1, 1)):

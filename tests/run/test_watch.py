@@ -536,8 +536,8 @@ def test_records_for_ranks_the_job_does_not_have_are_said_once_each_and_then_no_
 def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_the_straggler(tmp_path):
     """An NCCL job: no rank's record has waits in collectives, and its step times are even
     (the all-reduce evens them). The ranks' periodic Flight Recorder dumps (built in the
-    recorder's format, with timing) show rank 2 starting every collective 5 ms late: the watch
-    names it, by that measure, once."""
+    recorder's format, with timing) show rank 2 starting every collective 100 ms late (a fifth
+    of its 0.5 s steps): the watch names it, by that measure, once."""
     import pickle
 
     import numpy as np
@@ -559,7 +559,7 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
     live.mkdir(parents=True)
     base = 1_800_000_000_000_000_000 + np.arange(100) * 50_000_000
     for r in range(4):
-        dump = _dump(r, 4, [int(b + (5_000_000 if r == 2 else 0) + r * 1000) for b in base],
+        dump = _dump(r, 4, [int(b + (100_000_000 if r == 2 else 0) + r * 1000) for b in base],
                      [1.0 if r == 2 else 6.0] * 100)
         (live / f"rank-{r:05d}").write_bytes(pickle.dumps(dump))
     watch.poll(t + 20)

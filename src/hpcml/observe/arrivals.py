@@ -16,8 +16,12 @@ times). Per rank: how many such collectives (``collectives``), the share it star
 and ``stability``: the share of the judged collectives' thirds (oldest to newest) in which
 it was the rank last most often. A straggler (``straggler``) is last in at least
 ``RECURRENCE`` of them (more in a small group: two ranks are each last half the time by
-chance) and late by ``LATE_FACTOR`` times the others' typical lateness, and at least
-``MIN_LATE_S``.
+chance) and late by ``LATE_FACTOR`` times the others' typical lateness, at least
+``MIN_LATE_S``, and, where the step time is known, more than the straggler model's chronic
+share of a step (``stragglers.CHRONIC``).
+
+Members come from each dump's ``pg_config``; a group it does not name (gloo's generic recorder
+writes a placeholder there) has as members the ranks whose dumps have its entries.
 
 The start used is the kernel's where every member's entry has it (``measure``: ``kernel
 start``), else the enqueue (``enqueue``: gloo, or NCCL without timing). Point-to-point
@@ -34,6 +38,7 @@ from typing import Any
 import numpy as np
 
 from hpcml.observe.hang import collectives_of, groups_of
+from hpcml.observe.stragglers import CHRONIC, others_median
 
 RECURRENCE = 0.5       # last at this share of the judged collectives, at least ...
 SMALL_GROUP = 1.5      # ... and at this many times the share chance gives (1 / members): 0.75 with 2 ranks
@@ -97,9 +102,12 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     recorded in ``dumps`` (rank -> Flight Recorder dump, ``hang.load_dump``, or its
     ``reduce``). Each group is a members x collectives matrix: the leave-one-out medians in
     one pass (``stragglers.others_median``), no loop over ranks and collectives."""
-    from hpcml.observe.stragglers import others_median
     reduced = {r: d if "times" in d else reduce(d) for r, d in dumps.items()}
     groups = groups_of({r: {"pg_config": d["pg_config"]} for r, d in reduced.items()})
+    # gloo's generic recorder names no group in its pg_config (a placeholder, name ""): a group
+    # only its entries name is judged over the ranks whose dumps have it
+    for pg in sorted({pg for d in reduced.values() for pg in d["times"]} - set(groups)):
+        groups[pg] = (pg, sorted(r for r, d in reduced.items() if pg in d["times"]))
     late: dict[int, list[np.ndarray]] = {}
     last: dict[int, list[np.ndarray]] = {}
     busy: dict[int, list[np.ndarray]] = {}
@@ -145,8 +153,11 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     return sorted(out, key=lambda a: (-a.last_share, -a.late_s))
 
 
-def straggler(scores: list[RankArrival], members: int | None = None) -> RankArrival | None:
-    """The rank the others waited for, if the arrivals name one (the rules above)."""
+def straggler(scores: list[RankArrival], members: int | None = None,
+              step_s: float | None = None) -> RankArrival | None:
+    """The rank the others waited for, if the arrivals name one (the rules above); with the
+    job's median ``step_s``, only if it is late by more than the straggler model's chronic
+    share of a step too (a rank 5% slower is not a straggler by either measure)."""
     if len(scores) < 2:
         return None
     n = members or len(scores)
@@ -155,6 +166,7 @@ def straggler(scores: list[RankArrival], members: int | None = None) -> RankArri
     typical = float(np.median(others)) if others else 0.0
     if top.collectives < MIN_COLLECTIVES or top.last_share < max(RECURRENCE, min(1.0, SMALL_GROUP / n)):
         return None
-    if top.late_s < max(MIN_LATE_S, LATE_FACTOR * typical):
+    floor = CHRONIC * step_s if step_s is not None and step_s > 0 and math.isfinite(step_s) else 0.0
+    if top.late_s < max(MIN_LATE_S, LATE_FACTOR * typical, floor):
         return None
     return top

@@ -542,7 +542,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
                          meta_ranks=meta_ranks)
-    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers)
+    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput))
     findings += more
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
@@ -556,8 +556,14 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   straggler_check=check, progress=summarise(series), arrivals=arrived)
 
 
-def _arrivals(observe: Path, meta_ranks: dict[str, dict],
-              stragglers: list[dict[str, Any]]) -> tuple[dict[str, Any] | None, list[Finding]]:
+def step_time(throughput: dict[str, Any] | None) -> float | None:
+    """The median seconds of a step, where the throughput is in steps."""
+    tp = throughput or {}
+    return 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
+
+
+def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[str, Any]],
+              step_s: float | None = None) -> tuple[dict[str, Any] | None, list[Finding]]:
     """Who arrived last at each collective, from each rank's latest periodic Flight Recorder
     dump (``flight-recorder-live``: ``hpcml run``'s ranks write one every 30 s): the five
     latest ranks, and a ``collective_straggler`` finding when the arrivals name one that the
@@ -582,7 +588,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict],
         return None, []
     if not scores:
         return None, []
-    top = straggler(scores)
+    top = straggler(scores, step_s=step_s)
     out: dict[str, Any] = {"measure": scores[0].measure, "ranks": [a.to_json() for a in scores[:5]],
                            "straggler": top.rank if top is not None else None}
     more: list[Finding] = []

@@ -203,8 +203,8 @@ def _resume_advice(restart: Restart) -> str:
 
 def _step_s(obs: dict | None) -> float | None:
     """The median seconds a step took, from the observe report's throughput."""
-    tp = ((obs or {}).get("throughput")) or {}
-    return 1.0 / tp["median"] if str(tp.get("unit", "")).startswith("steps/s") and tp.get("median") else None
+    from hpcml.observe.report import step_time
+    return step_time((obs or {}).get("throughput"))
 
 
 def _recovery(run: RunRecord, obs: dict | None) -> dict | None:

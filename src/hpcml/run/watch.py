@@ -455,7 +455,7 @@ class Watch:
         dumps = {int(Path(f).name.removeprefix("rank-")): d for f, (_, d) in self._fr_read.items()
                  if d is not None and f in files}
         try:
-            top = straggler(arrivals(dumps), self.world)
+            top = straggler(arrivals(dumps), self.world, self._steps.median_step())
         except Exception as exc:  # noqa: BLE001 - hostile dumps must not stop the watch
             log.debug("hpcml run: the arrivals were not judged: %s", exc)
             return
