@@ -35,7 +35,9 @@ def kill_loop(work: Callable[[int], None], *, times: int = 40, seed: int = 61,
               after: Callable[[], None] | None = None) -> Kills:
     """Time ``work(-1)`` here, then fork ``times`` children, each calling ``work(0)``,
     ``work(1)``, ... until it is killed with SIGKILL after a uniform random delay of up to
-    three pieces of work (at least ``MIN_SPAN_S``); ``after()`` looks at what each kill left, before the next child
+    three pieces of work (at least ``MIN_SPAN_S``; 25% more after each child while none has
+    finished a piece: on a loaded machine a child's pieces can take several times the
+    parent's); ``after()`` looks at what each kill left, before the next child
     starts (a child's work may clear what the one before it left). A child whose work
     raises exits 3 (not counted as killed)."""
     t0 = time.perf_counter()
@@ -43,6 +45,7 @@ def kill_loop(work: Callable[[int], None], *, times: int = 40, seed: int = 61,
     one = time.perf_counter() - t0
     rng = random.Random(seed)
     killed = done = 0
+    span = max(3 * one, MIN_SPAN_S)
     for _ in range(times):
         r, w = os.pipe()
         pid = os.fork()
@@ -59,11 +62,15 @@ def kill_loop(work: Callable[[int], None], *, times: int = 40, seed: int = 61,
                 os._exit(3)
         os.close(w)
         os.read(r, 1)
-        time.sleep(rng.uniform(0, max(3 * one, MIN_SPAN_S)))
+        time.sleep(rng.uniform(0, span))
         os.kill(pid, signal.SIGKILL)
         _, status = os.waitpid(pid, 0)
+        finished = 0
         while chunk := os.read(r, 4096):
-            done += len(chunk)
+            finished += len(chunk)
+        done += finished
+        if not done:            # no child has finished a piece yet (a loaded machine, a slow fork):
+            span *= 1.25        # the kills spread wider, still at random, so some land after work
         os.close(r)
         if os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGKILL:
             killed += 1
