@@ -111,15 +111,31 @@ def note_resumed(step: int | None, checkpoint: str | os.PathLike) -> None:
     """Record in the attempt's directory that this attempt resumed from ``step``
     (``Checkpointer.load_latest`` on rank 0): the run's record says how many steps a restart
     lost. Nothing outside ``hpcml run``."""
+    _note(RESUMED, "run.resumed", step=step, checkpoint=str(checkpoint))
+
+
+def _note(name: str, schema: str, **fields: Any) -> None:
+    """Write ``fields`` as note ``name`` in the attempt's directory (``HPCML_RUN_DIR``), with
+    its schema tag, the attempt and the time; nothing outside ``hpcml run``, and a write that
+    fails is dropped (the training matters more than its note)."""
     where = os.environ.get(ENV_DIR)
     if not where:
         return
-    doc = {"schema": tag("run.resumed", 1), "step": step, "checkpoint": str(checkpoint),
-           "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time()}
+    doc = {"schema": tag(schema, 1), **fields, "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time()}
     try:
-        write_atomic(Path(where) / RESUMED, json.dumps(doc) + "\n")
+        write_atomic(Path(where) / name, json.dumps(doc) + "\n")
     except OSError:
-        pass                             # the training matters more than its note
+        pass
+
+
+def _read_note(attempt_dir: Path, name: str, schema: str) -> dict[str, Any] | None:
+    """Note ``name`` of ``attempt_dir`` if it is one (bounded, its schema tag), else None:
+    the attempt's directory is the job's own program's to write in too."""
+    try:
+        doc = load_json_bounded(attempt_dir / name, 1 << 16)
+    except (OSError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) and doc.get("schema") == tag(schema, 1) else None
 
 
 PRINTED = "printed-step.json"
@@ -129,25 +145,14 @@ def note_printed(step: int, steps_done: int) -> None:
     """Record in the attempt's directory the first step rank 0 printed (``--step-pattern``,
     ``hpcml.observe.printedsteps``) and the optimizer steps it had done by then. Nothing
     outside ``hpcml run``."""
-    where = os.environ.get(ENV_DIR)
-    if not where:
-        return
-    doc = {"schema": tag("run.printed_step", 1), "step": step, "steps_done": steps_done,
-           "attempt": _int(os.environ.get(ENV_ATTEMPT)), "time": time.time()}
-    try:
-        write_atomic(Path(where) / PRINTED, json.dumps(doc) + "\n")
-    except OSError:
-        pass
+    _note(PRINTED, "run.printed_step", step=step, steps_done=steps_done)
 
 
 def printed_origin(attempt_dir: Path) -> int | None:
     """The attempt's origin in the script's own step numbering: the first step rank 0
     printed less the optimizer steps it had done by then (``note_printed``), or None."""
-    try:
-        doc = load_json_bounded(attempt_dir / PRINTED, 1 << 16)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") != tag("run.printed_step", 1):
+    doc = _read_note(attempt_dir, PRINTED, "run.printed_step")
+    if doc is None:
         return None
     step, done = doc.get("step"), doc.get("steps_done")
     if type(step) is not int or type(done) is not int or not (0 <= step < 1 << 62 and 0 <= done < 1 << 62):
@@ -157,11 +162,8 @@ def printed_origin(attempt_dir: Path) -> int | None:
 
 def resumed(attempt_dir: Path) -> dict[str, Any] | None:
     """What ``note_resumed`` wrote there (step, checkpoint, time), if anything."""
-    try:
-        doc = load_json_bounded(attempt_dir / RESUMED, 1 << 16)
-    except (OSError, ValueError):
-        return None
-    if not isinstance(doc, dict) or doc.get("schema") != tag("run.resumed", 1):
+    doc = _read_note(attempt_dir, RESUMED, "run.resumed")
+    if doc is None:
         return None
     step = doc.get("step")
     return {"step": step if isinstance(step, int) and not isinstance(step, bool) else None,

@@ -71,7 +71,7 @@ class _Watched:
             self.write(line)
 
     def _look(self, text: str) -> None:
-        *lines, tail = (self._tail + text[:LINE_MAX + 1] if "\n" not in text else self._tail + text).split("\n")
+        *lines, tail = (self._tail + text).split("\n")
         self._tail = tail[:LINE_MAX]                 # a line's first LINE_MAX characters: what step_of reads
         for line in lines:
             if self._seen is not None and self._seen(line):

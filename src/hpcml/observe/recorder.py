@@ -71,19 +71,18 @@ def default_dir(task: Task) -> Path:
     return Path(f"hpcml-observe-{task.job_id}")
 
 
-def _contention(pid: int) -> dict[str, float | None]:
+def _contention(host: HostSampler) -> dict[str, float | None]:
     """What the watch needs to tell a rank slowed by its node's CPUs from a slow rank: the
-    seconds its threads waited for a CPU (``proctree.cpu_wait``) and the node's stolen
-    seconds per CPU (psutil's ``steal``: a virtual machine's hypervisor), both cumulative."""
+    seconds its threads waited for a CPU (the host sampler's last ``proc_cpu_wait_s``, read
+    once a sample) and the node's stolen seconds per CPU (psutil's ``steal``: a virtual
+    machine's hypervisor), both cumulative."""
     import psutil
-
-    from hpcml.proctree import cpu_wait
     try:
         steal = getattr(psutil.cpu_times(), "steal", None)
         steal = None if steal is None else steal / (psutil.cpu_count() or 1)     # per CPU: a share of time
     except (OSError, psutil.Error):
         steal = None
-    return {"cpu_wait_s": cpu_wait(pid), "steal_s": steal}
+    return {"cpu_wait_s": host.waited, "steal_s": steal}
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
@@ -284,8 +283,8 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
                               daemon=True)
     copier.start()
 
-    samplers = [HostSampler(child.pid, node_wide=task.local_rank == 0), *_gpu_sampler(gpu, rank_meta, rank_meta_path,
-                                                                                       started_cmd)]
+    host = HostSampler(child.pid, node_wide=task.local_rank == 0)
+    samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
     try:
         while True:
             try:
@@ -300,7 +299,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
                     rows += s.sample(ts)
                 except Exception:  # noqa: BLE001 - one bad read must not stop recording
                     rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
-            contention = _contention(child.pid)
+            contention = _contention(host)
             with lock:
                 writer.write_rows(rows)
                 if exporter is not None:

@@ -34,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from hpcml.jobmodel import LEDGER_CITATION as CITATION
 from hpcml.jobmodel import Attempt, Ledger, LedgerPart, RunRecord
@@ -72,6 +73,17 @@ class _Loop:
     stalled_s: float = 0.0
     stalls: int = 0
     longest_s: float = 0.0
+
+
+def _latest(ids: Any, ends: Any) -> tuple[Any, Any]:
+    """(each step id once, its latest end) of parallel arrays of step ids and ends."""
+    import numpy as np
+    if not len(ids):
+        return ids, ends
+    order = np.lexsort((ends, ids))
+    ids, ends = ids[order], ends[order]
+    last = np.r_[np.flatnonzero(ids[1:] != ids[:-1]), len(ids) - 1]
+    return ids[last], ends[last]
 
 
 def _loop(d: Path, attempt: int, first: float, stop: float) -> _Loop:
@@ -131,18 +143,10 @@ def _loop(d: Path, attempt: int, first: float, stop: float) -> _Loop:
                     dense = np.concatenate([dense, np.full(int(i.max()) + 1 - len(dense), -1, np.int64)])
                 np.maximum.at(dense, i, e)
             elif len(i):
-                i, e = np.concatenate([paced_ids, i]), np.concatenate([paced_ends, e])
-                order = np.lexsort((e, i))
-                i, e = i[order], e[order]
-                last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1]
-                paced_ids, paced_ends = i[last], e[last]
+                paced_ids, paced_ends = _latest(np.concatenate([paced_ids, i]), np.concatenate([paced_ends, e]))
     if len(dense):                                    # the dense steps' ends, with any sparse ones
         have = np.flatnonzero(dense >= 0)
-        i, e = np.concatenate([paced_ids, have]), np.concatenate([paced_ends, dense[have]])
-        order = np.lexsort((e, i))
-        i, e = i[order], e[order]
-        last = np.r_[np.flatnonzero(i[1:] != i[:-1]), len(i) - 1] if len(i) else np.zeros(0, np.int64)
-        paced_ends = e[last]
+        paced_ids, paced_ends = _latest(np.concatenate([paced_ids, have]), np.concatenate([paced_ends, dense[have]]))
     if not len(paced_ends):
         return out
     paced = np.sort(paced_ends) / 1e6                 # each step ends when its last rank ends it

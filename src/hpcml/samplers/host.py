@@ -31,6 +31,7 @@ class HostSampler:
     def __init__(self, pid: int, node_wide: bool) -> None:
         self.proc = psutil.Process(pid)
         self.node_wide = node_wide
+        self.waited: float | None = None     # the last sample's proc_cpu_wait_s (the recorder's heartbeat has it)
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
         self._io: dict[int, tuple[int, int]] = {}        # pid -> its last (read_chars, read_bytes)
@@ -68,7 +69,7 @@ class HostSampler:
                 io_read = False                     # not ours to read, or no /proc/PID/io here
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
                  (ts, "host", "proc_rss_bytes", rss, None, None)]
-        waited = cpu_wait(self.proc.pid)
+        self.waited = waited = cpu_wait(self.proc.pid)
         if waited is not None:                      # the rank's threads' run delay, cumulative: contention
             rows.append((ts, "host", "proc_cpu_wait_s", waited, None, None))
         if io_read and self._io:
