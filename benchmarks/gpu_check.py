@@ -1,7 +1,7 @@
-r"""GPU truth on one lent GPU (issue 67, item 5): one invocation, under 6 minutes, every part
+r"""GPU truth on one lent GPU (issue 67, item 5): one invocation, under 8 minutes, every part
 in its own process with its own time limit, each failure recorded beside the others.
 
-    python3 benchmarks/gpu_check.py --out DIR [--archive DIR.tar.gz] [--budget 330]
+    python3 benchmarks/gpu_check.py --out DIR [--archive DIR.tar.gz] [--budget 420]
     python3 benchmarks/gpu_check.py --cpu-rehearsal --out /tmp/gpucheck --archive /tmp/gpucheck.tar.gz
 
 Parts (the table at the end has one row each; ``DIR/gpu_check.json``, tagged
@@ -35,7 +35,11 @@ Parts (the table at the end has one row each; ``DIR/gpu_check.json``, tagged
   script using CUDA and DDP over NCCL, unchanged (hpcml counts its optimizer steps); the job
   directory's run.json, the report as text, JSON and HTML, the summary for the centre, the
   rank's logs and recorder metadata, the Flight Recorder dump hpcml's own code takes in the
-  rank, and the script's CUDA-event step times beside hpcml's.
+  rank, its latest periodic dump (every 5 s here) read as the arrivals read it, and the
+  script's CUDA-event step times beside hpcml's.
+- ``cost``: what hpcml run costs a GPU rank: the same script under torchrun, hpcml run, hpcml
+  run without NCCL timing and without a GPU sampler, interleaved twice: launch to first step,
+  the median step, and when the rank's sampler opened and what that took.
 
 Every child runs in a process group of its own, killed (with every descendant) at its limit:
 the parts share ``--budget`` seconds, each one capped, so a hang in one cannot eat the others'
@@ -50,7 +54,7 @@ says it needs a GPU.
 On the lent GPU: the device tool's ``run`` from the repository root with ``carry: [".whl"]``
 (typer 0.29, pydantic, pydantic-core, annotated-types, typing-inspection, typing-extensions,
 rich, annotated-doc, orjson and py-spy as cp312 manylinux wheels; the image has torch and
-the rest) and ``timeout_s`` 470; DIR outside $OUT, which brings back at most 8 files (here
+the rest) and ``timeout_s`` 520; DIR outside $OUT, which brings back at most 8 files (here
 four: the archive, the JSON, the table and the log). One line:
 
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
@@ -454,8 +458,11 @@ TRAIN = '''"""A small training job for gpu_check.py's ``hpcml run`` part: DDP ov
 its optimizer steps), each step timed with CUDA events into --out/train_steps.jsonl. At the
 end the Flight Recorder is dumped the way hpcml's own sitecustomize does it for the watch
 (``hpcml.run.inject.sitecustomize._dump``), and the entry counts of both recorders go into
---out/train_fr.json."""
-import argparse, json, os, pickle, time
+--out/train_fr.json; when it started, when its first step ended and its steps' median times
+go into --out/train_timing.json (the cost part compares launchers and settings by them)."""
+import time
+T0 = time.time()                       # before torch's import: the launcher's cost is after it
+import argparse, json, os, pickle, statistics
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
@@ -476,8 +483,9 @@ model = torch.nn.Sequential(*[m for _ in range(4) for m in (torch.nn.Linear(widt
 model = DDP(model, device_ids=[dev.index] if cuda else None)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
 x = torch.randn(batch, width, device=dev)
-events, t_end, step = [], time.time() + args.seconds, 0
+events, walls, t_end, step, first_end = [], [], time.time() + args.seconds, 0, None
 while time.time() < t_end or step < 20:
+    walls.append(time.perf_counter())
     if cuda:
         a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         a.record()
@@ -494,6 +502,9 @@ while time.time() < t_end or step < 20:
         b = time.perf_counter()
     events.append((a, b))
     step += 1
+    if step == 1:
+        loss.item()                    # the first step done: what a launcher's start costs ends here
+        first_end = time.time()
     if step % 10 == 0:
         loss.item()                    # keeps the CPU at most 10 steps ahead
 if cuda:
@@ -502,6 +513,14 @@ with open(os.path.join(args.out, "train_steps.jsonl"), "w") as f:
     for i, (a, b) in enumerate(events, 1):
         ms = a.elapsed_time(b) if cuda else (b - a) * 1000
         f.write(json.dumps({"step": i, "cuda_ms" if cuda else "wall_ms": round(ms, 4)}) + "\\n")
+ms = [a.elapsed_time(b) if cuda else (b - a) * 1000 for a, b in events][5:]
+wall = [(b - a) * 1000 for a, b in zip(walls[5:], walls[6:])]
+with open(os.path.join(args.out, "train_timing.json"), "w") as f:
+    json.dump({"t0": T0, "first_step_end": first_end, "steps": step,
+               "step_ms_median": round(statistics.median(ms), 4) if ms else None,
+               "wall_ms_median": round(statistics.median(wall), 4) if wall else None,
+               "env": {k: os.environ.get(k) for k in ("TORCH_NCCL_ENABLE_TIMING", "TORCH_FR_BUFFER_SIZE",
+                                                     "HPCML_RUN_FR_EVERY")}}, f)
 fr = {"steps": step}
 c10d = torch._C._distributed_c10d
 for name in ("_dump_fr_trace", "_dump_nccl_trace"):
@@ -534,10 +553,12 @@ def part_run(ctx: Ctx, limit: float) -> dict[str, Any]:
     script.write_text(TRAIN)
     cmd = [sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--dir", str(job), "--",
            sys.executable, str(script), "--seconds", "8" if ctx.cpu else "20", "--out", str(d)]
-    r = run_cmd(cmd + (["--cpu"] if ctx.cpu else []), timeout=limit - 20, log=d / "report.txt", env=ctx.env, cwd=ctx.tmp)
+    env = {**ctx.env, "HPCML_RUN_FR_EVERY": "5"}      # the live dumps the arrivals read, often enough to see some
+    r = run_cmd(cmd + (["--cpu"] if ctx.cpu else []), timeout=limit - 20, log=d / "report.txt", env=env, cwd=ctx.tmp)
     res: dict[str, Any] = {"rc": r["rc"], "timed_out": r["timed_out"], "seconds_run": r["seconds"], "files": {}}
     copies = {"run.json": "run.json", "logs/rank-00000.out": "rank-00000.out", "logs/rank-00000.err": "rank-00000.err",
-              "observe/flight-recorder/rank-00000": "fr-rank-00000.pickle"}
+              "observe/flight-recorder/rank-00000": "fr-rank-00000.pickle",
+              "observe/flight-recorder-live/rank-00000": "fr-live-rank-00000.pickle"}
     for p in sorted((job / "observe").glob("*.json")):
         copies[f"observe/{p.name}"] = f"observe-{p.name}"
     for p in sorted((job / "observe").glob("rank-*.arrows")):       # the store: GPU rows while it trained
@@ -565,7 +586,9 @@ def part_run(ctx: Ctx, limit: float) -> dict[str, Any]:
             res["hpcml_fr_dump"] = {"read": how, **{k: v for k, v in fr_stats(doc).items() if k != "durations_ms"}}
         except Exception as exc:  # noqa: BLE001
             res["hpcml_fr_dump"] = {"error": f"{type(exc).__name__}: {exc}"}
-    for name in ("train_fr.json",):
+    if (d / "fr-live-rank-00000.pickle").is_file():
+        res["live_dump"] = live_dump_stats(d / "fr-live-rank-00000.pickle")
+    for name in ("train_fr.json", "train_timing.json"):
         if (d / name).is_file():
             res[name] = json.loads((d / name).read_text())
     if (d / "train_steps.jsonl").is_file():
@@ -578,13 +601,41 @@ def part_run(ctx: Ctx, limit: float) -> dict[str, Any]:
     res["key"] = (f"exit {r['rc']}; {key.get('hpcml_steps')} steps counted ({res.get('script_steps')} run), "
                   f"mean {step_ms} ms (script's median {res.get('script_step_ms_median')} ms), "
                   f"collective wait {key.get('collective_wait_share')}; GPU score {key.get('gpu_score')} "
-                  f"{key.get('gpu_bound') or ''}; sampler {key.get('gpu_sampler')}")
+                  f"{key.get('gpu_bound') or ''}; sampler {key.get('gpu_sampler')}; "
+                  f"live dump {(res.get('live_dump') or {}).get('collectives')} collectives, "
+                  f"{(res.get('live_dump') or {}).get('timed')} timed")
     res["status"] = "ok" if r["rc"] == 0 and (d / "run.json").is_file() and (d / "report.json").is_file() else "failed"
     if r["rc"] != 0:
         res["error"] = _failure(r, "hpcml run")
     elif res["status"] != "ok":
         res["error"] = res.get("report_json_error") or "no run.json or report.json"
     return res
+
+
+def live_dump_stats(path: Path) -> dict[str, Any]:
+    """A rank's periodic dump as ``hpcml.observe.arrivals`` reads it: its collectives, how many
+    carry the kernel's duration (``TORCH_NCCL_ENABLE_TIMING``, set by hpcml run), and the
+    arrivals of the same dump read as two ranks whose second arrives 1 ms later in each: the
+    measure it judged them by and the rank it names."""
+    try:
+        from hpcml.observe.arrivals import arrivals, reduce, straggler
+        from hpcml.observe.hang import load_dump
+        red = reduce(load_dump(path))
+        times = [t for seqs in red["times"].values() for t in seqs.values()]
+        out: dict[str, Any] = {"groups": len(red["times"]), "collectives": len(times),
+                               "timed": sum(t[1] is not None for t in times)}
+        # rank 1 enqueues 1 ms later, so rank 0 waits 1 ms longer in each collective
+        waited = {pg: {q: (c, None if took is None else took + 0.001) for q, (c, took) in seqs.items()}
+                  for pg, seqs in red["times"].items()}
+        late = {pg: {q: (c + 0.001, took) for q, (c, took) in seqs.items()} for pg, seqs in red["times"].items()}
+        config = {k: {**v, "ranks": "[0, 1]"} for k, v in red["pg_config"].items() if isinstance(v, dict)}
+        scores = arrivals({0: {"pg_config": config, "times": waited}, 1: {"pg_config": config, "times": late}})
+        top = straggler(scores)
+        out.update(measure=scores[0].measure if scores else None, named=top.rank if top else None,
+                   late_ms=round(top.late_s * 1000, 3) if top else None)
+        return out
+    except Exception as exc:  # noqa: BLE001 - recorded beside the rest
+        return {"error": f"{type(exc).__name__}: {exc}"}
 
 
 def _run_key(d: Path) -> dict[str, Any]:
@@ -615,11 +666,94 @@ def _run_key(d: Path) -> dict[str, Any]:
     return out
 
 
+# --- part cost -------------------------------------------------------------------------
+
+# (name, launcher, extra environment, extra hpcml run flags): what hpcml run costs a GPU rank
+# beside torchrun, and what its NCCL timing and its GPU sampler each cost
+COSTS: list[tuple[str, str, dict[str, str], list[str]]] = [
+    ("torchrun", "torchrun", {}, []),
+    ("hpcml", "hpcml", {"HPCML_RUN_FR_EVERY": "5"}, []),
+    ("hpcml-no-timing", "hpcml", {"HPCML_RUN_FR_EVERY": "5", "TORCH_NCCL_ENABLE_TIMING": "0"}, []),
+    ("hpcml-no-sampler", "hpcml", {"HPCML_RUN_FR_EVERY": "5"}, ["--gpu-metrics", "none"]),
+]
+
+
+def part_cost(ctx: Ctx, limit: float, reps: int = 2, seconds: float = 8.0) -> dict[str, Any]:
+    """The training script of part run, ``seconds`` long, under each of ``COSTS``, interleaved
+    ``reps`` times: the time from the launch to its first step's end, its median step (CUDA
+    events, and the CPU's wall time between steps), and for hpcml run when the rank's GPU
+    sampler opened (after the command started) and what the open took."""
+    d = ctx.out / "cost"
+    d.mkdir(parents=True, exist_ok=True)
+    script = d / "train_gpu.py"
+    script.write_text(TRAIN)
+    deadline = time.monotonic() + limit - 5
+    rows: list[dict[str, Any]] = []
+    for rep in range(reps):
+        for name, launcher, extra, flags in COSTS:
+            left = deadline - time.monotonic()
+            if left < seconds + 15:
+                rows.append({"config": name, "rep": rep, "skipped": "out of time"})
+                continue
+            out = ctx.tmp / f"cost-{name}-{rep}"
+            out.mkdir(parents=True, exist_ok=True)
+            train = [sys.executable, str(script), "--seconds", str(seconds), "--out", str(out)] + (["--cpu"] if ctx.cpu else [])
+            if launcher == "torchrun":
+                cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "1", *train[1:]]
+            else:
+                cmd = [sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--no-report", "--dir", str(out / "job"),
+                       *flags, "--", *train]
+            launched = time.time()
+            r = run_cmd(cmd, timeout=min(left, seconds + 90), log=d / f"{name}-{rep}.log", env={**ctx.env, **extra}, cwd=out)
+            row: dict[str, Any] = {"config": name, "rep": rep, "rc": r["rc"], "seconds": r["seconds"]}
+            try:
+                t = json.loads((out / "train_timing.json").read_text())
+                row.update(to_script_s=round(t["t0"] - launched, 3),
+                           to_first_step_s=round(t["first_step_end"] - launched, 3) if t.get("first_step_end") else None,
+                           steps=t["steps"], step_ms=t["step_ms_median"], wall_ms=t["wall_ms_median"], env=t.get("env"))
+            except (OSError, ValueError, KeyError, TypeError) as exc:
+                row["error"] = f"no train_timing.json: {exc}; " + _failure(r, name)
+            meta = out / "job" / "observe" / "rank-00000.json"
+            if meta.is_file():
+                try:
+                    m = json.loads(meta.read_text())
+                    opened, started = m.get("gpu_sampler_opened"), m.get("command_started")
+                    row.update(sampler=(m.get("gpu_sampler") or {}).get("kind"), sampler_open_s=m.get("gpu_sampler_open_s"),
+                               sampler_opened_after_command_s=round(opened - started, 3)
+                               if isinstance(opened, (int, float)) and isinstance(started, (int, float)) else None)
+                except (OSError, ValueError):
+                    pass
+            rows.append(row)
+            print(f"gpu_check: cost {name} #{rep}: {row}", flush=True)
+    (d / "cost.json").write_text(json.dumps(rows, indent=1))
+    by: dict[str, dict[str, Any]] = {}
+    for name, *_ in COSTS:
+        got = [x for x in rows if x["config"] == name and x.get("rc") == 0 and "error" not in x]
+        by[name] = {k: median([x[k] for x in got if isinstance(x.get(k), (int, float))])
+                    for k in ("to_script_s", "to_first_step_s", "step_ms", "wall_ms", "sampler_open_s",
+                              "sampler_opened_after_command_s")}
+        by[name]["runs"] = len(got)
+    res: dict[str, Any] = {"rows": rows, "by_config": by, "seconds_each": seconds, "reps": reps}
+
+    def f(name: str, k: str, unit: str = "") -> str:
+        v = by.get(name, {}).get(k)
+        return "?" if v is None else f"{v:.3g}{unit}"
+    res["key"] = (f"first step {f('torchrun', 'to_first_step_s', ' s')} torchrun, {f('hpcml', 'to_first_step_s', ' s')} hpcml; "
+                  f"step {f('torchrun', 'step_ms')}/{f('hpcml', 'step_ms')}/{f('hpcml-no-timing', 'step_ms')}/"
+                  f"{f('hpcml-no-sampler', 'step_ms')} ms (torchrun/hpcml/no timing/no sampler); "
+                  f"sampler open {f('hpcml', 'sampler_open_s', ' s')} at +{f('hpcml', 'sampler_opened_after_command_s', ' s')}")
+    res["status"] = "ok" if all(v["runs"] == reps for v in by.values()) else "failed"
+    if res["status"] != "ok":
+        res["error"] = "; ".join(f"{x['config']}#{x['rep']}: {x.get('error') or x.get('skipped') or 'exit ' + str(x.get('rc'))}"
+                                 for x in rows if x.get("rc") != 0 or "error" in x or "skipped" in x)[:600]
+    return res
+
+
 # --- the parent's main -----------------------------------------------------------------
 
 PARTS: list[tuple[str, Callable[[Ctx, float], dict[str, Any]], float]] = [
     ("env", part_env, 45), ("fr", part_fr, 110), ("steps", part_steps, 100), ("sampler", part_sampler, 80),
-    ("selftest", part_selftest, 130), ("run", part_run, 150)]
+    ("selftest", part_selftest, 130), ("run", part_run, 150), ("cost", part_cost, 240)]
 
 README = """# gpu_check.py's recording ({mode}, {date})
 
@@ -647,7 +781,14 @@ Written by `benchmarks/gpu_check.py` (issue 67 item 5); everything measured is i
   `rank-00000.out` and `.err`, `observe-*.json` (the recorder's metadata),
   `observe-rank-00000.arrows` (the rank's observe store: host, GPU and step rows),
   `fr-rank-00000.pickle` (the dump hpcml's sitecustomize code wrote in the rank),
-  `train_steps.jsonl` (the script's own step times), `train_fr.json`.
+  `train_steps.jsonl` (the script's own step times), `train_fr.json`, `train_timing.json`,
+  `fr-live-rank-00000.pickle` (the rank's latest periodic dump, every 5 s here: what the
+  arrivals read while a job runs).
+- `cost/`: the same script 8 s long under torchrun, hpcml run, hpcml run without NCCL timing
+  (`TORCH_NCCL_ENABLE_TIMING=0`) and without a GPU sampler (`--gpu-metrics none`), twice each,
+  interleaved: `cost.json` (per run: launch to the script's start and to its first step's end,
+  median step in CUDA ms and wall ms, when the sampler opened and what that took) and each
+  run's log.
 """
 
 
@@ -681,7 +822,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, required=True, help="Where everything recorded goes (made empty first).")
     ap.add_argument("--archive", type=Path, help="Tar DIR into this .tar.gz at the end, whatever failed.")
     ap.add_argument("--cpu-rehearsal", action="store_true", help="No GPU: gloo, perf_counter, the sampler replayed.")
-    ap.add_argument("--budget", type=float, default=330.0, help="Seconds all parts share (each also capped).")
+    ap.add_argument("--budget", type=float, default=420.0, help="Seconds all parts share (each also capped).")
     ap.add_argument("--parts", default=",".join(p[0] for p in PARTS), help="Which parts, comma-separated.")
     ap.add_argument("--child", help=argparse.SUPPRESS)
     ap.add_argument("--mode", help=argparse.SUPPRESS)

@@ -1,7 +1,7 @@
 """Who arrives last at each collective (``hpcml.observe.arrivals``): NCCL dumps built in the
 Flight Recorder's documented format (``torch/csrc/distributed/c10d/FlightRecorder``: each
-entry's ``time_created_ns``, and with ``TORCH_NCCL_ENABLE_TIMING=1``
-``time_discovered_started_ns`` and ``duration_ms``), written as the pickles torch writes and
+entry's ``time_created_ns``, and with ``TORCH_NCCL_ENABLE_TIMING=1`` ``duration_ms`` from the
+CUDA events and ``time_discovered_started_ns``, when the watchdog's 100 ms poll noticed it), written as the pickles torch writes and
 read back through the same loader; the NVRx hang dumps (no straggler in a hang: the culprit
 never enqueued); and a real gloo job under ``hpcml run``, whose ranks dump every 2 s."""
 
@@ -24,6 +24,16 @@ ROOT = Path(__file__).resolve().parents[2]
 NVRX = ROOT.parent / "shared" / "testdata" / "fr_nvrx"
 
 
+POLL_NS = 100_000_000     # ProcessGroupNCCL's watchdog looks at its work every 100 ms
+
+
+def _discovered(t_ns: int, rank: int) -> int:
+    """When the rank's watchdog noticed a kernel that started at ``t_ns``: its next poll (each
+    rank's watchdog has its own phase), as torch writes ``time_discovered_started_ns``."""
+    phase = (rank * 37_000_000) % POLL_NS
+    return t_ns + (phase - t_ns) % POLL_NS
+
+
 def _dump(rank: int, world: int, starts_ns: list[int], took_ms: list[float] | None) -> dict:
     entries = []
     for seq, t in enumerate(starts_ns, 1):
@@ -31,8 +41,9 @@ def _dump(rank: int, world: int, starts_ns: list[int], took_ms: list[float] | No
              "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
              "profiling_name": "nccl:all_reduce", "time_created_ns": t - 200_000, "input_sizes": [[1024]],
              "input_dtypes": ["Float"], "output_sizes": [[1024]], "output_dtypes": ["Float"], "state": "completed",
-             "time_discovered_started_ns": t if took_ms is not None else None,
-             "time_discovered_completed_ns": t + int(took_ms[seq - 1] * 1e6) if took_ms is not None else None,
+             "time_discovered_started_ns": _discovered(t, rank) if took_ms is not None else None,
+             "time_discovered_completed_ns": (_discovered(t + int(took_ms[seq - 1] * 1e6), rank)
+                                              if took_ms is not None else None),
              "duration_ms": took_ms[seq - 1] if took_ms is not None else None, "retired": True,
              "timeout_ms": 600000, "is_p2p": False}
         entries.append(e)
@@ -54,7 +65,8 @@ def _written(tmp_path: Path, dumps: dict[int, dict]) -> dict[int, dict]:
 
 def test_the_rank_whose_kernels_start_last_and_run_shortest_is_named(tmp_path):
     """4 ranks, 200 timed all-reduces; rank 2's kernel starts 5 ms after the others', which
-    wait for it inside theirs (5 ms longer)."""
+    wait for it inside theirs (5 ms longer). The watchdogs noticed the starts on polls 100 ms
+    apart, each rank's at its own phase: those times name no one and are not used."""
     rng = np.random.default_rng(3)
     base = 1_800_000_000_000_000_000 + np.arange(200) * 50_000_000
     dumps = {}
@@ -65,7 +77,7 @@ def test_the_rank_whose_kernels_start_last_and_run_shortest_is_named(tmp_path):
         dumps[r] = _dump(r, 4, [int(b + late + j) for b, j in zip(base, jitter)], took)
     scores = arrivals(_written(tmp_path, dumps))
     top = straggler(scores)
-    assert top is not None and top.rank == 2 and top.measure == "kernel start"
+    assert top is not None and top.rank == 2 and top.measure == "kernel duration"
     assert top.last_share == 1.0 and 0.004 < top.late_s < 0.006 and top.stability == 1.0
     assert top.busy_s is not None and top.busy_s < min(a.busy_s for a in scores if a.rank != 2)
 
@@ -119,8 +131,8 @@ def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(
 def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
     """The H100 recording (``tests/fixtures/gpu/fr/nccl_trace.pickle``: torch's NCCL recorder
     with ``TORCH_NCCL_ENABLE_TIMING=1``, world size 1, three groups) as four ranks of the same
-    groups: the others' copies as recorded, rank 3's kernels started 2 ms later and ran 2 ms
-    shorter (the others waited for it in theirs). Every field as torch wrote it."""
+    groups: the others' copies as recorded, rank 3's kernels started 2 ms later and so ran 2 ms
+    shorter (the others waited for it in theirs). Every other field as torch wrote it."""
     import copy
     real = load_dump(ROOT / "tests" / "fixtures" / "gpu" / "fr" / "nccl_trace.pickle")
     assert any(e.get("time_discovered_started_ns") for e in real["entries"])
@@ -132,13 +144,12 @@ def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
         for i, e in enumerate(d["entries"]):
             if e.get("time_discovered_started_ns") is None:
                 continue
-            jitter = (i * 7919 + r * 104729) % 200_000            # up to 0.2 ms between the copies
-            e["time_discovered_started_ns"] += jitter + (2_000_000 if r == 3 else 0)
-            e["duration_ms"] = float(e["duration_ms"]) + (0.0 if r == 3 else 2.0)
+            jitter = (i * 7919 + r * 104729) % 200_000 / 1e6     # up to 0.2 ms between the copies
+            e["duration_ms"] = float(e["duration_ms"]) + jitter + (0.0 if r == 3 else 2.0)
         dumps[r] = d
     scores = arrivals(_written(tmp_path, dumps))
     top = straggler(scores)
-    assert top is not None and top.rank == 3 and top.measure == "kernel start", [a.to_json() for a in scores]
+    assert top is not None and top.rank == 3 and top.measure == "kernel duration", [a.to_json() for a in scores]
     assert 0.0018 < top.late_s < 0.0022 and top.busy_s is not None and top.busy_s < 0.001
 
 
@@ -177,3 +188,30 @@ def test_a_rank_late_by_less_than_the_chronic_share_of_a_step_is_no_straggler(tm
     assert straggler(scores, step_s=0.5) is None
     got = straggler(scores, step_s=0.02)
     assert got is not None and got.rank == 1
+
+
+def test_a_live_dump_s_newest_untimed_collectives_and_skewed_clocks_do_not_mislead(tmp_path):
+    """The periodic dump is taken while the job runs: the newest collectives have no
+    ``duration_ms`` yet (the watchdog fills it in once it sees the kernel end). Rank 1's host
+    clock is 50 ms ahead, so by enqueue it would look last every time; rank 3 arrives 4 ms late
+    and runs 4 ms shorter. The durations name rank 3, judged over the timed collectives only."""
+    rng = np.random.default_rng(11)
+    base = 1_800_000_000_000_000_000 + np.arange(150) * 40_000_000
+    dumps = {}
+    for r in range(4):
+        jitter = rng.integers(0, 200_000, 150)
+        skew = 50_000_000 if r == 1 else 0
+        took = [0.5 + (0.0 if r == 3 else 4.0) + float(j) / 1e6 for j in jitter]
+        d = _dump(r, 4, [int(b + skew + j + (4_000_000 if r == 3 else 0)) for b, j in zip(base, jitter)], took)
+        for e in d["entries"][-(3 + r):]:                 # each rank's watchdog behind by a few
+            e["duration_ms"] = e["time_discovered_started_ns"] = e["time_discovered_completed_ns"] = None
+            e["state"] = "started"
+        dumps[r] = d
+    scores = arrivals(_written(tmp_path, dumps))
+    top = straggler(scores)
+    assert top is not None and top.rank == 3 and top.measure == "kernel duration", [a.to_json() for a in scores]
+    assert top.collectives == 150 - 6 and 0.0035 < top.late_s < 0.0045
+    untimed = {r: _dump(r, 4, [int(e["time_created_ns"]) + 200_000 for e in d["entries"]], None)
+               for r, d in dumps.items()}
+    blind = straggler(arrivals(_written(tmp_path, untimed)))
+    assert blind is not None and blind.rank == 1          # the enqueue measure sees the skewed clock

@@ -36,6 +36,12 @@ def test_a_value_the_user_set_in_either_name_is_kept(tmp_path):
         assert "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env
 
 
+def test_nccl_timing_is_armed_unless_the_user_chose(tmp_path):
+    """Each collective's ``duration_ms`` is the arrival measure NCCL leaves (hpcml.observe.arrivals)."""
+    assert task.flight_recorder_env({}, tmp_path)["TORCH_NCCL_ENABLE_TIMING"] == "1"
+    assert "TORCH_NCCL_ENABLE_TIMING" not in task.flight_recorder_env({"TORCH_NCCL_ENABLE_TIMING": "0"}, tmp_path)
+
+
 def test_the_heartbeat_key_comes_through_a_pipe_it_closes(tmp_path):
     """Local tasks: the rank's key in a pipe, read and closed before the rank starts."""
     import os

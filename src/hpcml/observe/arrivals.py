@@ -3,28 +3,39 @@
 Why: in a synchronous job every rank waits in the collective for the slowest, so its step
 times name no one. On CPU (gloo) hpcml times each rank's wait around the collectives
 (``hpcml.observe.collectives``); on GPUs NCCL only queues the collective on a stream, so a
-CPU-side timer measures no wait at all. The Flight Recorder keeps, per rank and per
+CPU-side timer measures no wait at all.
+The Flight Recorder keeps, per rank and per
 collective (process group, ``collective_seq_id``), when the rank issued it
-(``time_created_ns``) and, with ``TORCH_NCCL_ENABLE_TIMING=1``, when its kernel started on the
-GPU (``time_discovered_started_ns``) and how long it ran (``duration_ms``): the last rank to
-start a collective is the one the others waited for, and it waits least.
+(``time_created_ns``) and, with ``TORCH_NCCL_ENABLE_TIMING=1`` (``hpcml run`` sets it), how
+long it ran on the GPU (``duration_ms``, CUDA events recorded on the NCCL stream around the
+kernel: the start event fires once the stream has the inputs, so it is the rank's arrival,
+and the end once every member has arrived and the data moved).
 
-Per collective every member of its group recorded, each rank's lateness is its start less
-the median start of the others (leave-one-out, as ``hpcml.observe.stragglers`` scores step
-times). Per rank: how many such collectives (``collectives``), the share it started last
-(``last_share``: the recurrence), its median lateness, its median time in them when timed,
-and ``stability``: the share of the judged collectives' thirds (oldest to newest) in which
-it was the rank last most often. A straggler (``straggler``) is last in at least
-``RECURRENCE`` of them (more in a small group: two ranks are each last half the time by
-chance) and late by ``LATE_FACTOR`` times the others' typical lateness, at least
-``MIN_LATE_S``, and, where the step time is known, more than the straggler model's chronic
-share of a step (``stragglers.CHRONIC``).
+Two measures, the better one where every member's entry allows it:
+
+- ``kernel duration`` (NCCL with timing): a collective ends on every member at about the same
+  moment, so a rank that arrives later by d runs d shorter; its arrival relative to the
+  others is minus its duration. No clock is compared between hosts, and the CUDA events are
+  exact. (``time_discovered_started_ns`` is not the kernel's start but when the watchdog
+  thread noticed it, on a poll every 100 ms or so; it is not used.)
+- ``enqueue`` (gloo, whose collectives run on the CPU as issued; NCCL without timing): when
+  the rank issued it, from each host's clock.
+
+Per collective every member of its group recorded, each rank's lateness is its arrival less
+the median arrival of the others (leave-one-out, as ``hpcml.observe.stragglers`` scores step
+times). Per rank: how many such collectives (``collectives``), the share it arrived last
+(``last_share``: the recurrence), its median lateness, its median time in them when timed
+(``busy_s``: the straggler waits least), and ``stability``: the share of the judged
+collectives' thirds (oldest to newest) in which it was the rank last most often. A
+straggler (``straggler``) is last in at least ``RECURRENCE`` of them (more in a small group:
+two ranks are each last half the time by chance) and late by ``LATE_FACTOR`` times the
+others' typical lateness, at least ``MIN_LATE_S``, and, where the step time is known, more
+than the straggler model's chronic share of a step (``stragglers.CHRONIC``).
 
 Members come from each dump's ``pg_config``; a group it does not name (gloo's generic recorder
 writes a placeholder there) has as members the ranks whose dumps have its entries.
 
-The start used is the kernel's where every member's entry has it (``measure``: ``kernel
-start``), else the enqueue (``enqueue``: gloo, or NCCL without timing). Point-to-point
+Point-to-point
 entries have their own numbering and are not scored (a pipeline's stages post different
 numbers of them).
 """
@@ -57,7 +68,7 @@ class RankArrival:
     rank: int
     collectives: int
     last_share: float
-    late_s: float                      # median seconds after the others' median start
+    late_s: float                      # median seconds after the others' median arrival
     busy_s: float | None = None        # median seconds its collectives ran (NCCL timing); None: not timed
     stability: float = 0.0
     measure: str = "enqueue"
@@ -81,18 +92,17 @@ def _num(v: Any, limit: float) -> float | None:
 
 def reduce(dump: dict) -> dict[str, Any]:
     """What the arrivals need of one dump: its groups' config and, per group and collective,
-    (enqueue s, kernel start s or None, seconds it ran or None); the rest of the dump (its
-    stacks, sizes) is dropped, so the watch keeps every rank's at little cost."""
-    times: dict[str, dict[int, tuple[float, float | None, float | None]]] = {}
+    (enqueue s, seconds it ran on the GPU or None); the rest of the dump (its stacks, sizes) is
+    dropped, so the watch keeps every rank's at little cost."""
+    times: dict[str, dict[int, tuple[float, float | None]]] = {}
     for pg, seqs in collectives_of([e for e in dump.get("entries") or [] if isinstance(e, dict)]).items():
         for seq, entries in seqs.items():
             e = entries[0]
             created = _num(e.get("time_created_ns"), NS_MAX)
             if created is None:
                 continue
-            started, took = _num(e.get("time_discovered_started_ns"), NS_MAX), _num(e.get("duration_ms"), MS_MAX)
-            times.setdefault(pg, {})[seq] = (created / 1e9, None if started is None else started / 1e9,
-                                             None if took is None else took / 1000.0)
+            took = _num(e.get("duration_ms"), MS_MAX)
+            times.setdefault(pg, {})[seq] = (created / 1e9, None if took is None else took / 1000.0)
     config = dump.get("pg_config")
     return {"pg_config": config if isinstance(config, dict) else {}, "times": times}
 
@@ -112,7 +122,7 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     last: dict[int, list[np.ndarray]] = {}
     busy: dict[int, list[np.ndarray]] = {}
     leaders: list[tuple[float, int]] = []           # (when, the last rank) of every collective judged
-    kernel_all = True
+    used: set[str] = set()                          # the measures the judged groups used
     for pg, (_, members) in groups.items():
         if len(members) < 2 or any(m not in reduced for m in members):
             continue
@@ -122,20 +132,27 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
             continue
         got = np.array([[rows[i][q] for q in common] for i in range(len(members))], dtype=object)
         created = np.array([[c[0] for c in row] for row in got], np.float64)
-        started = np.array([[np.nan if c[1] is None else c[1] for c in row] for row in got], np.float64)
-        took = np.array([[np.nan if c[2] is None else c[2] for c in row] for row in got], np.float64)
-        kernel = ~np.isnan(started).any(axis=0)
-        kernel_all = kernel_all and bool(kernel.all())
-        t = np.where(kernel, started, created)
+        took = np.array([[np.nan if c[1] is None else c[1] for c in row] for row in got], np.float64)
+        timed = ~np.isnan(took).any(axis=0)
+        if timed.any():
+            # NCCL with timing: the collectives every member timed (the watchdog fills a duration
+            # in once it sees the kernel end: the newest few have none yet); arrival is minus the
+            # duration, as all members end together
+            created, took = created[:, timed], took[:, timed]
+            t = -took
+            used.add("kernel duration")
+        else:
+            t = created
+            used.add("enqueue")
         lateness = t - others_median(t)
         top = t.max(axis=0)
         alone = (t == top).sum(axis=0) == 1
         for i, m in enumerate(members):
             late.setdefault(m, []).append(lateness[i])
             last.setdefault(m, []).append((t[i] == top) & alone)
-            if kernel.any() and not np.isnan(took[i, kernel]).any():
-                busy.setdefault(m, []).append(took[i, kernel])
-        leaders += list(zip(top.tolist(), [members[j] for j in np.argmax(t, axis=0)]))
+            if timed.any():
+                busy.setdefault(m, []).append(took[i])
+        leaders += list(zip(created.max(axis=0).tolist(), [members[j] for j in np.argmax(t, axis=0)]))
     if not late:
         return []
     leaders.sort()
@@ -149,7 +166,7 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
                                late_s=float(np.median(v)),
                                busy_s=float(np.median(np.concatenate(busy[r]))) if r in busy else None,
                                stability=sum(m == r for m in most) / 3,
-                               measure="kernel start" if kernel_all else "enqueue"))
+                               measure=" and ".join(sorted(used))))
     return sorted(out, key=lambda a: (-a.last_share, -a.late_s))
 
 

@@ -596,7 +596,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
         node = (meta_ranks.get(str(top.rank)) or {}).get("node") or "its node"
         more.append(Finding(
             "collective_straggler",
-            f"rank {top.rank} on {node} started {top.last_share * 100:.0f}% of {top.collectives} collectives last, "
+            f"rank {top.rank} on {node} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
             f"{top.late_s * 1000:.1f} ms after the others (median; the Flight Recorder's {top.measure} times), "
             f"the last most often in {top.stability * 3:.0f} of the job's thirds: the rank the others wait for",
             f"vet {node} (hpcml vet) or exclude it (srun --exclude={node})"))

@@ -53,8 +53,10 @@ ENV_BEAT_KEY = "HPCML_RUN_BEAT_KEY"    # srun's tasks: the attempt's secret, hex
 def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]:
     """What arms PyTorch's Flight Recorder in the rank and lets the watch ask for its dump:
     the ring buffer's size (``TORCH_FR_BUFFER_SIZE``; ``TORCH_NCCL_TRACE_BUFFER_SIZE`` for
-    torch before 2.5; a value the user set in either is kept, 0 turns it off) and hpcml's
-    ``sitecustomize`` first on PYTHONPATH (``hpcml.run.inject``)."""
+    torch before 2.5; a value the user set in either is kept, 0 turns it off), NCCL's
+    per-collective CUDA events (``TORCH_NCCL_ENABLE_TIMING=1`` unless set: the recorder's
+    ``duration_ms``, the only measure of a rank's arrival NCCL leaves, ``hpcml.observe.arrivals``)
+    and hpcml's ``sitecustomize`` first on PYTHONPATH (``hpcml.run.inject``)."""
     from hpcml.run.inject import sitecustomize
     here = os.path.dirname(os.path.abspath(sitecustomize.__file__))
     path = env.get("PYTHONPATH", "")
@@ -62,6 +64,8 @@ def flight_recorder_env(env: Mapping[str, str], observe: Path) -> dict[str, str]
            "PYTHONPATH": here + (os.pathsep + path if path else "")}
     if "TORCH_FR_BUFFER_SIZE" not in env and "TORCH_NCCL_TRACE_BUFFER_SIZE" not in env:
         out[_fr_variable()] = str(FR_ENTRIES)
+    if "TORCH_NCCL_ENABLE_TIMING" not in env:
+        out["TORCH_NCCL_ENABLE_TIMING"] = "1"
     return out
 
 

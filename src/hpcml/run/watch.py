@@ -466,7 +466,7 @@ class Watch:
                        since_step=b.step if b is not None and b.step is not None else 0, since_before=True,
                        confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")
         self.stragglers[top.rank] = st
-        what = (f"rank {top.rank} started {top.last_share * 100:.0f}% of {top.collectives} collectives last, "
+        what = (f"rank {top.rank} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
                 f"{top.late_s * 1000:.1f} ms after the others (Flight Recorder, {top.measure})")
         self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)}")
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
