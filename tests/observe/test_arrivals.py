@@ -215,3 +215,32 @@ def test_a_live_dump_s_newest_untimed_collectives_and_skewed_clocks_do_not_misle
                for r, d in dumps.items()}
     blind = straggler(arrivals(_written(tmp_path, untimed)))
     assert blind is not None and blind.rank == 1          # the enqueue measure sees the skewed clock
+
+
+def test_a_real_live_dump_of_an_hpcml_run_on_a_gpu_read_as_four_ranks(tmp_path):
+    """The H200 recording's periodic dump (``tests/fixtures/gpu-h200/run/fr-live-rank-00000.pickle``:
+    what an ``hpcml run`` rank's sitecustomize wrote while DDP over NCCL trained, with the
+    ``TORCH_NCCL_ENABLE_TIMING=1`` hpcml run sets; 2,000 all-reduces, the newest 45 not yet
+    timed). Its ``time_discovered_started_ns`` fall on the watchdog's polls (a few dozen
+    distinct milliseconds for 1,955 kernels), which is why the arrivals read the durations.
+    As four ranks whose rank 2 arrives 3 ms late at each (the others' kernels 3 ms longer):
+    rank 2 is named, by the kernel durations, over the timed collectives only."""
+    import copy
+    real = load_dump(ROOT / "tests" / "fixtures" / "gpu-h200" / "run" / "fr-live-rank-00000.pickle")
+    timed = [e for e in real["entries"] if e.get("duration_ms") is not None]
+    assert len(real["entries"]) == 2000 and len(timed) == 1955
+    polls = {int(e["time_discovered_started_ns"]) // 1_000_000 for e in timed}
+    assert len(polls) < len(timed) / 10
+    dumps = {}
+    for r in range(4):
+        d = copy.deepcopy(real)
+        d["pg_config"]["0"]["ranks"] = "[0, 1, 2, 3]"
+        for i, e in enumerate(d["entries"]):
+            if e.get("duration_ms") is not None:
+                jitter = ((i * 7919 + r * 104729) % 300) / 1000.0      # up to 0.3 ms between the copies
+                e["duration_ms"] = float(e["duration_ms"]) + jitter + (0.0 if r == 2 else 3.0)
+        dumps[r] = d
+    scores = arrivals(_written(tmp_path, dumps))
+    top = straggler(scores)
+    assert top is not None and top.rank == 2 and top.measure == "kernel duration", [a.to_json() for a in scores]
+    assert top.collectives == 1955 and 0.0027 < top.late_s < 0.0033 and top.stability == 1.0
