@@ -414,3 +414,21 @@ def test_a_90_s_evaluation_pause_is_a_pause_and_a_clean_end_is_no_hang(tmp_path)
     assert [s["kind"] for s in rep.stalls] == ["pause"] and rep.stalls[0]["duration_s"] >= 80, rep.stalls
     f = next(f for f in rep.findings if f.kind == "job_stall")
     assert "a pause" in f.message and "job_hang" not in [x.kind for x in rep.findings]
+
+
+def test_a_straggler_whose_gpu_is_held_back_for_heat_is_contention_and_a_power_cap_for_all_excuses_none(tmp_path):
+    """Every GPU at its power cap half the time; rank 5 (1.5x slow) also reports hardware
+    thermal slowdown on every sample: a ``contention`` finding naming its GPU and the reasons,
+    no chronic straggler. The same job without the heat names rank 5 a straggler."""
+    hot = build(read_job(make_job(tmp_path / "hot", 16, 300, slow_ranks={5: 1.5}, power_capped=True,
+                                  clock_reasons={5: 0x40}, seed=4)), limits=JUDGE)
+    c = [f for f in hot.findings if f.kind == "contention"]
+    assert len(c) == 1 and "rank 5" in c[0].message and "hw_thermal_slowdown" in c[0].message, hot.findings
+    assert "GPU" in c[0].message and "cooling" in c[0].advice
+    assert not any(f.kind == "chronic_straggler" for f in hot.findings)
+    s5 = next(s for s in hot.stragglers if s["rank"] == 5)
+    assert 0.4 <= s5["gpu_throttled"] <= 0.6 and s5["gpu_throttle"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    capped = build(read_job(make_job(tmp_path / "capped", 16, 300, slow_ranks={5: 1.5}, power_capped=True, seed=4)),
+                   limits=JUDGE)
+    assert not any(f.kind == "contention" for f in capped.findings)
+    assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in capped.findings), capped.findings

@@ -279,24 +279,33 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
 
 
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
-              everyone: bool = False, waiting: bool = False):
+              everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
     own compute. ``waiting``: the slow rank's extra time is spent waiting for a CPU (its
-    threads' run delay, as its recorder reports it). Scanned every second of virtual time;
-    (watch, seconds from onset to named)."""
+    threads' run delay, as its recorder reports it). ``hot``: the slow rank's GPU has its
+    clocks held back for heat (hardware thermal slowdown) from then on; ``capped``: every
+    rank's GPU reaches its power cap every other step (as busy GPUs do). Scanned every second of
+    virtual time; (watch, seconds from onset to named)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(ranks)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(ranks)}
     watch = Watch(d, 0, ranks, period=1.0, straggler_window=window)
     t, onset, named = 1_800_000_000.0, None, None
     waited = [0.0] * ranks
+    held = [0.0] * ranks
+    reasons = [0x4 if capped else 0] * ranks
     for step in range(steps):
         compute = [step_s * (2.0 if (r == slow_rank or everyone) and step >= 100 else 1.0)
                    * (1 + 0.02 * ((step * 7 + r * 3) % 5)) for r in range(ranks)]
         if waiting and step >= 100:
             waited[slow_rank] += compute[slow_rank] / 2
+        for r in range(ranks):           # at the power cap every other step; held back for heat every step
+            if (capped and step % 2) or (hot and r == slow_rank and step >= 100):
+                held[r] += max(compute) + 0.001 if sync else step_s
+        if hot and step >= 100:
+            reasons[slow_rank] |= 0x40
         longest = max(compute) + 0.001
         t += longest if sync else step_s
         if step == 100:
@@ -309,7 +318,8 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
                 p.update([t], ["section"], ["step"], [compute[r]], [step])
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
-                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0)
+                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0, gpu_throttled_s=held[r],
+                        gpu_throttle=reasons[r] or None)
             watch.poll(t)
             if (watch.stragglers or watch.contended) and named is None:
                 named = t
@@ -338,6 +348,24 @@ def test_a_rank_slowed_by_waiting_for_its_node_s_cpus_is_named_as_contention_not
     assert "waited for a CPU" in watch.timeline[0].what
     seen = watch.fields()
     assert [s.rank for s in seen.contended] == [1] and seen.stragglers == []
+
+
+def test_a_rank_whose_gpu_is_held_back_for_heat_is_named_as_contention_with_the_reason(tmp_path):
+    """Every GPU at its power cap half the time (excuses no one), and from step 100 the slow
+    rank's GPU also held back by hardware thermal slowdown all the time: named as contention, the GPU's
+    share beyond the others' and its reasons said, no straggler. The same job with the power
+    cap alone names the slow rank a straggler."""
+    watch, after = _sync_job(tmp_path, 4, 0.5, 400, 1, sync=True, window=60.0, hot=True, capped=True)
+    assert watch.stragglers == {} and list(watch.contended) == [1], (watch.stragglers, watch.contended)
+    c = watch.contended[1]
+    assert c.gpu_throttled is not None and 0.3 <= c.gpu_throttled <= 1.0, c
+    assert c.since_step == 100 and after is not None and after <= 60
+    assert c.gpu_throttle == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert [e.kind for e in watch.timeline] == ["contention"]
+    assert "its GPU's clocks were held back" in watch.timeline[0].what
+    assert "power or cooling" in watch.timeline[0].what
+    capped, _ = _sync_job(tmp_path / "capped", 4, 0.5, 400, 1, sync=True, window=60.0, capped=True)
+    assert list(capped.stragglers) == [1] and capped.contended == {}, (capped.stragglers, capped.contended)
 
 
 def test_a_job_that_slows_down_as_a_whole_has_no_straggler(tmp_path):
@@ -560,7 +588,7 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
     base = 1_800_000_000_000_000_000 + np.arange(100) * 50_000_000
     for r in range(4):
         dump = _dump(r, 4, [int(b + (100_000_000 if r == 2 else 0) + r * 1000) for b in base],
-                     [1.0 if r == 2 else 6.0] * 100)
+                     [1.0 if r == 2 else 101.0] * 100)        # the others wait the 100 ms in theirs
         (live / f"rank-{r:05d}").write_bytes(pickle.dumps(dump))
     watch.poll(t + 20)
     assert list(watch.stragglers) == [2] and watch.stragglers[2].measure == "arrivals", watch.stragglers

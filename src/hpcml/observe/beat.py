@@ -42,6 +42,7 @@ from pathlib import Path
 from typing import Any, TypedDict
 
 from hpcml.files import load_json_bounded
+from hpcml.samplers.clockreasons import MASK_MAX
 from hpcml.schemas import tag
 
 SCHEMA = tag("observe.beat", 1)
@@ -108,6 +109,8 @@ class Beat:
     snapshot: int | None = None      # the last snapshot request the recorder answered
     cpu_wait_s: float | None = None  # seconds the rank's threads waited for a CPU, since it started (run delay)
     steal_s: float | None = None     # seconds stolen from the node's CPUs by its hypervisor, per CPU, since boot
+    gpu_throttled_s: float | None = None  # seconds its GPUs' clocks were held back (power, heat), since it started
+    gpu_throttle: int | None = None  # the slowdown reasons seen since it started (NVML's mask, hpcml.samplers.clockreasons)
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Beat:
@@ -227,9 +230,9 @@ class BeatWriter:
         self.fixed: _Fixed = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
         self.key = _key
 
-    def write(self, progress: Progress, now: float | None = None, **extra: float | None) -> None:
+    def write(self, progress: Progress, now: float | None = None, **extra: float | int | None) -> None:
         """``extra``: the record's ``pid``, ``snapshot``, ``exit``, ``cpu_wait_s``, ``steal_s``,
-        each written only when given.
+        ``gpu_throttled_s``, ``gpu_throttle``, each written only when given.
         ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
         body, beat = progress.to_json(), time.time() if now is None else now
@@ -349,13 +352,15 @@ def _valid(doc: object) -> bool:
         return False
     if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
         return False
-    for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):
+    for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder", "gpu_throttle"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
-    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s"):
+    if doc.get("gpu_throttle") is not None and not 0 <= doc["gpu_throttle"] < MASK_MAX:
+        return False
+    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s", "gpu_throttled_s"):
         if doc.get(key) is not None and not (_number(doc[key]) and math.isfinite(doc[key])):
             return False
-    for key in ("cpu_wait_s", "steal_s"):                 # cumulative seconds: never negative, never past LIMIT
+    for key in ("cpu_wait_s", "steal_s", "gpu_throttled_s"):   # cumulative seconds: never negative, never past LIMIT
         if doc.get(key) is not None and not 0 <= doc[key] < LIMIT:
             return False
     for key in ("rank", "step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):

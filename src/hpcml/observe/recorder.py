@@ -31,6 +31,7 @@ from hpcml.observe.beat import BeatWriter, Progress
 from hpcml.observe.oom import oom_kills
 from hpcml.observe.snapshot import Responder
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
+from hpcml.samplers.clockreasons import slowdown
 from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
@@ -83,6 +84,33 @@ def _contention(host: HostSampler) -> dict[str, float | None]:
     except (OSError, psutil.Error):
         steal = None
     return {"cpu_wait_s": host.waited, "steal_s": steal}
+
+
+class _Throttle:
+    """The seconds any of the rank's GPUs had its clocks held back for power or heat (a
+    slowdown reason in the sampler's ``clocks_event_reasons``; each sample that shows one
+    counts the time since the one before), and which reasons were seen: cumulative, for
+    the heartbeat, so that the watch tells a rank slowed by its GPU's surroundings from a
+    slow rank. None while no sampler reads the reasons (no GPU, or a sampler without them)."""
+
+    def __init__(self) -> None:
+        self.seconds: float | None = None
+        self.mask = 0
+        self._last: int | None = None
+
+    def add(self, ts: int, rows: list[tuple]) -> None:
+        masks = [slowdown(r[3]) for r in rows if r[1] == "gpu" and r[2] == "clocks_event_reasons"]
+        if masks:
+            held = 0
+            for m in masks:
+                held |= m
+            self.seconds = (self.seconds or 0.0) + (max(0, ts - self._last) / 1e9 if held and self._last else 0.0)
+            self.mask |= held
+        self._last = ts
+
+    def beat(self) -> dict[str, float | int | None]:
+        return {"gpu_throttled_s": None if self.seconds is None else round(self.seconds, 3),
+                "gpu_throttle": self.mask or None}
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
@@ -285,6 +313,8 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
 
     host = HostSampler(child.pid, node_wide=task.local_rank == 0)
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
+    throttle = _Throttle()
+    contention: dict[str, float | int | None] = {}
     try:
         while True:
             try:
@@ -299,7 +329,8 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
                     rows += s.sample(ts)
                 except Exception:  # noqa: BLE001 - one bad read must not stop recording
                     rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
-            contention = _contention(host)
+            throttle.add(ts, rows)
+            contention = {**_contention(host), **throttle.beat()}
             with lock:
                 writer.write_rows(rows)
                 if exporter is not None:
@@ -315,7 +346,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
             rc_now = child.poll()
             beat.write(progress, pid=child.pid, snapshot=responder.handled,
                        exit=None if rc_now is None else (rc_now if rc_now >= 0 else 128 - rc_now),
-                       **({"signal": -rc_now} if rc_now is not None and rc_now < 0 else {}))
+                       **({"signal": -rc_now} if rc_now is not None and rc_now < 0 else {}), **contention)
         beat.close()
         if exporter is not None:
             exporter.close()

@@ -246,6 +246,33 @@ def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
             s["contended"] = s["cpu_wait"] is not None and s["cpu_wait"] >= CONTENDED
 
 
+def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
+    """Each straggler's share of its GPU samples whose clocks were held back for power or heat
+    (a slowdown reason in ``clocks_event_reasons``), beyond the other ranks' median share
+    (``gpu_throttled``: every GPU of a busy job at its power cap excuses no rank), the reasons
+    seen (``gpu_throttle``), and ``contended`` when that reaches ``CONTENDED``: the GPU's power
+    or cooling slowed the rank, not the rank itself."""
+    if g is None or not stragglers or not len(g.value):
+        return
+    from hpcml.samplers.clockreasons import SLOWDOWN, reason_names
+    ids = np.asarray(rank_ids)[g.ridx]
+    vals = np.asarray(g.value, np.float64)
+    ok = np.isfinite(vals) & (vals >= 0) & (vals < 2.0 ** 63) & (vals == np.floor(vals))
+    masks = np.where(ok, vals, 0).astype(np.uint64) & np.uint64(SLOWDOWN)
+    held = masks != 0
+    share = {int(r): float(np.mean(held[ids == r])) for r in np.unique(ids[ok])}
+    for s in stragglers:
+        mine = share.get(s["rank"])
+        if mine is None:
+            continue
+        others = [v for r, v in share.items() if r != s["rank"]]
+        s["gpu_throttled"] = _r(max(0.0, mine - (float(np.median(others)) if others else 0.0)), 3)
+        seen = int(np.bitwise_or.reduce(masks[ids == s["rank"]])) if mine else 0
+        s["gpu_throttle"] = reason_names(seen) or None
+        if (s["gpu_throttled"] or 0.0) >= CONTENDED:
+            s["contended"] = True
+
+
 def _unfinished_until(last: np.ndarray, groups: dict, meta_ranks: dict[str, dict], rank_ids) -> np.ndarray:
     """Each rank's active span ends with its last step, unless it did not finish (no exit
     code, or not 0: stopped in a hang, killed): then with its last row of any kind, its
@@ -505,6 +532,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
     _cpu_waits(stragglers, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
+    _gpu_throttles(stragglers, groups.get(("gpu", "clocks_event_reasons")), rank_ids)
     if check is not None:
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
     _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
@@ -734,6 +762,15 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(_split_finding(bimodal))
     for s in [s for s in stragglers if s.get("contended")][:2]:
         node = s["node"] or "its node"
+        if (s.get("gpu_throttled") or 0.0) >= CONTENDED and (s.get("cpu_wait") or 0.0) < CONTENDED:
+            why = f" ({', '.join(s['gpu_throttle'])})" if s.get("gpu_throttle") else ""
+            out.append(Finding("contention",
+                               f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its GPU's clocks "
+                               f"were held back{why} in {s['gpu_throttled'] * 100:.0f}% more of its samples than the "
+                               "other ranks' GPUs: its GPU's power or cooling slowed it, not the rank",
+                               f"check that GPU's cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER "
+                               f"on {node}) and vet the node (hpcml vet)"))
+            continue
         out.append(Finding("contention",
                            f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its threads "
                            f"waited for a CPU {s['cpu_wait']:.2f} s per second: its node's CPUs were "

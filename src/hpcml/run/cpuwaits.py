@@ -1,11 +1,13 @@
-"""Each rank's time waiting for a CPU, as its recorder reports it, kept for the live watch.
+"""Each rank's time waiting for a CPU, and its GPUs' time held back, as its recorder reports
+them, kept for the live watch.
 
 Why: a rank on a node whose CPUs something else keeps busy (another job's processes, a
 daemon, a virtual machine's neighbours) computes as slowly as a slow node's, and the
 straggler model cannot tell them apart from step times. The kernel can: the rank's threads
 wait on a run queue (their scheduler run delay, ``proctree.cpu_wait``) and a virtual
-machine's CPUs are stolen (``steal``). The watch names such a rank as contended, not as a
-straggler (``hpcml.run.watch``).
+machine's CPUs are stolen (``steal``); a GPU whose clocks its power or heat hold back says so
+(NVML's clocks event reasons: ``gpu_throttled``). The watch names such a rank as contended,
+not as a straggler (``hpcml.run.watch``).
 
 A ring of ``SIZE`` samples per rank, at least ``EVERY`` seconds apart, in numpy arrays: at
 10,752 ranks a deque of tuples per rank would hold ~100 MB.
@@ -24,9 +26,11 @@ class CpuWaits:
         self.t = np.full((world, size), np.nan)
         self.wait = np.full((world, size), np.nan)
         self.steal = np.full((world, size), np.nan)
+        self.throttled = np.full((world, size), np.nan)
         self.n = np.zeros(world, np.int64)            # samples kept so far (the next slot is n % size)
 
-    def add(self, rank: int, t: float | None, wait: float | None, steal: float | None) -> None:
+    def add(self, rank: int, t: float | None, wait: float | None, steal: float | None,
+            throttled: float | None = None) -> None:
         """A heartbeat's cumulative figures at ``t`` (its beat time); kept when ``EVERY``
         seconds newer than the last kept."""
         if t is None or wait is None or not 0 <= rank < len(self.n):
@@ -36,28 +40,33 @@ class CpuWaits:
             last = (n - 1) % self.t.shape[1]
             if t < self.t[rank, last] or wait < self.wait[rank, last]:
                 self.n[rank], n = 0, 0                # a clock or a count that went back: start again
-                self.t[rank], self.wait[rank], self.steal[rank] = np.nan, np.nan, np.nan
+                self.t[rank], self.wait[rank], self.steal[rank], self.throttled[rank] = np.nan, np.nan, np.nan, np.nan
             elif t < self.t[rank, last] + EVERY:
                 return
         i = n % self.t.shape[1]
         self.t[rank, i], self.wait[rank, i] = t, wait
         self.steal[rank, i] = np.nan if steal is None else steal
+        self.throttled[rank, i] = np.nan if throttled is None else throttled
         self.n[rank] = n + 1
 
-    def shares(self, rank: int, seconds: float) -> tuple[float | None, float | None]:
+    def shares(self, rank: int, seconds: float) -> tuple[float | None, float | None, float | None]:
         """(the share of the last ``seconds`` of the rank's time its threads waited for a CPU,
-        the share of its node's CPU time stolen then); None where it was not measured over at
-        least half of that time."""
+        the share of its node's CPU time stolen then, the share its GPUs' clocks were held
+        back then); None where it was not measured over at least half of that time."""
         if not 0 <= rank < len(self.n) or self.n[rank] < 2:
-            return None, None
-        t, wait, steal = self.t[rank], self.wait[rank], self.steal[rank]
+            return None, None, None
+        t = self.t[rank]
         last = int(np.nanargmax(t))
         since = t[last] - seconds
         ok = np.flatnonzero(t >= since - EVERY)
         first = int(ok[np.argmin(t[ok])])
         span = t[last] - t[first]
         if span < seconds / 2 or span <= 0:
-            return None, None
-        w = (wait[last] - wait[first]) / span
-        s = (steal[last] - steal[first]) / span if np.isfinite(steal[last]) and np.isfinite(steal[first]) else None
-        return (round(float(w), 3) if w >= 0 else None), (round(float(s), 3) if s is not None and s >= 0 else None)
+            return None, None, None
+
+        def share(v: np.ndarray) -> float | None:
+            if not (np.isfinite(v[last]) and np.isfinite(v[first])):
+                return None
+            x = (v[last] - v[first]) / span
+            return round(float(x), 3) if x >= 0 else None
+        return share(self.wait[rank]), share(self.steal[rank]), share(self.throttled[rank])

@@ -95,10 +95,21 @@ def period_for(world: int) -> float:
 
 
 def contention(st: Straggler) -> str:
-    """"its threads waited for a CPU 0.45 s per second; CPU steal 0%"."""
+    """"its threads waited for a CPU 0.45 s per second; CPU steal 0%; its GPU's clocks were held
+    back 64% of the time (hw_thermal_slowdown)": each measure that held the rank back."""
+    reasons = f" ({', '.join(st.gpu_throttle)})" if st.gpu_throttle else ""
     parts = [f"its threads waited for a CPU {st.cpu_wait:.2f} s per second" if st.cpu_wait is not None else "",
-             f"{st.steal * 100:.0f}% of its node's CPU time was stolen by the hypervisor" if st.steal else ""]
+             f"{st.steal * 100:.0f}% of its node's CPU time was stolen by the hypervisor" if st.steal else "",
+             f"its GPU's clocks were held back {st.gpu_throttled * 100:.0f}% of the time{reasons}"
+             if st.gpu_throttled else ""]
     return "; ".join(p for p in parts if p)
+
+
+def held_back_by(st: Straggler) -> str:
+    """What a contended rank's slowness came from, for the end of its line."""
+    if (st.gpu_throttled or 0.0) >= CONTENDED and (st.cpu_wait or 0.0) < CONTENDED and (st.steal or 0.0) < CONTENDED:
+        return "its GPU's power or cooling held it back, not the rank slow"
+    return "its node's CPUs were oversubscribed, not the rank slow"
 
 
 def slower(st: Straggler) -> str:
@@ -208,7 +219,7 @@ class Watch:
             self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
             self._waits_seen = self._waits_seen or bool(b.recent_wait)
             if b.cpu_wait_s is not None:
-                self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s)
+                self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s, b.gpu_throttled_s)
         self._crashes(now)
         self._stragglers(now)
         self._arrivals(now)
@@ -391,12 +402,11 @@ class Watch:
             first = int(steps[0]) if len(steps) else int(window[0])
             # slow from the stretch's first step: since then, or earlier (unless that is the job's first step)
             slow_s = float(took[at]) if at is not None else self.straggler_window
-            wait, steal = self._cpu.shares(rank, min(slow_s, self.straggler_window))
             st = Straggler(rank=rank, node=node.get(rank), score=round(score, 3),
                            since_step=int(steps[at]) if at is not None else first,
                            since_before=at is None and first > self._steps.first_step(),
-                           confidence=confidence, detected=now, cpu_wait=wait, steal=steal)
-            if (wait or 0.0) >= CONTENDED or (steal or 0.0) >= CONTENDED:
+                           confidence=confidence, detected=now)
+            if self._held_back(st, min(slow_s, self.straggler_window)):
                 self._contended(st, now)
                 continue
             st.measure = "compute" if self._waits_seen else "step"
@@ -465,6 +475,9 @@ class Watch:
         st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
                        since_step=b.step if b is not None and b.step is not None else 0, since_before=True,
                        confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")
+        if self._held_back(st, self.straggler_window):
+            self._contended(st, now)
+            return
         self.stragglers[top.rank] = st
         what = (f"rank {top.rank} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
                 f"{top.late_s * 1000:.1f} ms after the others (Flight Recorder, {top.measure})")
@@ -472,13 +485,33 @@ class Watch:
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
                                    node=st.node, since_step=st.since_step))
 
+    def _held_back(self, st: Straggler, seconds: float) -> bool:
+        """Fills in what held the rank back over its last ``seconds`` (its threads' wait for a
+        CPU, its node's CPU steal, its GPUs' throttled clocks beyond the other ranks' typical
+        share, and why); whether any reached ``CONTENDED``: then it is contention, not a
+        straggler. (Every GPU of a busy job at its power cap is no rank's excuse: the others'
+        median share is taken off.)"""
+        import numpy as np
+
+        from hpcml.samplers.clockreasons import reason_names
+        st.cpu_wait, st.steal, st.gpu_throttled = self._cpu.shares(st.rank, seconds)
+        if st.gpu_throttled:
+            others = [g for r in self.beats if r != st.rank
+                      and (g := self._cpu.shares(r, seconds)[2]) is not None]
+            st.gpu_throttled = round(max(0.0, st.gpu_throttled - (float(np.median(others)) if others else 0.0)), 3)
+        b = self.beats.get(st.rank)
+        if st.gpu_throttled and b is not None and b.gpu_throttle:
+            st.gpu_throttle = reason_names(b.gpu_throttle)
+        return any((x or 0.0) >= CONTENDED for x in (st.cpu_wait, st.steal, st.gpu_throttled))
+
     def _contended(self, st: Straggler, now: float) -> None:
-        """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen) as
-        long as ``CONTENDED`` of the time: the node's CPUs are oversubscribed, by something
-        outside the job or by more threads than cores; named as that, not as a straggler
+        """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen, or
+        whose GPU's clocks were held back) as long as ``CONTENDED`` of the time: the node's
+        CPUs are oversubscribed, by something outside the job or by more threads than cores,
+        or the GPU's power or cooling slows it; named as that, not as a straggler
         (``--on-straggler restart`` does not act on it)."""
         self.contended[st.rank] = st
-        what = f"rank {st.rank} {st.score:.1f}x slower {straggler_since(st)} while {contention(st)}"
+        what = f"rank {st.rank} {slower(st)} while {contention(st)}: {held_back_by(st)}"
         self._say(f"contention: {what.replace(f'rank {st.rank}', f'rank {st.rank} on {st.node}', 1)}")
         self.timeline.append(Event(kind="contention", what=what, began=None, detected=now, rank=st.rank,
                                    node=st.node, score=st.score, since_step=st.since_step))

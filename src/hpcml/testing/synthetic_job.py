@@ -43,13 +43,17 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
              missing: list[int] | tuple = (), truncated: list[int] | tuple = (),
              dataload_share: float | None = 0.1, throughput_metric: str | None = "tokens_per_s",
              tokens_per_step: float = 8192.0, host: bool = True, gpu: bool = True,
-             sample_s: float = 1.0, seed: int = 0, job_id: str = "synthetic") -> Path:
+             sample_s: float = 1.0, seed: int = 0, job_id: str = "synthetic",
+             clock_reasons: dict[int, int] | None = None, power_capped: bool = False) -> Path:
     """Write a job directory and return its path.
 
     ``slow_ranks``: rank -> factor on its compute time (a chronic straggler);
     ``stalls``: (step, seconds) added to that step on every rank (a job-wide stall);
     ``hiccups``: (rank, step) -> factor on one step of one rank (a one-off stall);
-    ``missing``: ranks that leave no file; ``truncated``: ranks whose file is cut mid-batch.
+    ``missing``: ranks that leave no file; ``truncated``: ranks whose file is cut mid-batch;
+    ``clock_reasons``: rank -> NVML clocks event reasons its GPU reports on every sample;
+    ``power_capped``: every GPU reports its power cap (0x4) on every other sample, as busy
+    GPUs do (OR'ed with its ``clock_reasons``).
     """
     import pyarrow as pa
     out = Path(path)
@@ -97,6 +101,11 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
                               ("power_w", 3 * busy + 100 + rng.normal(0, 5, m)),
                               ("mem_used_bytes", np.full(m, 30e9 + local * 1e9))):
                 batches.append(_batch(pa, samples_us, r, "gpu", name, val, gpu=local))
+            if clock_reasons is not None or power_capped:
+                mask = np.full(m, (clock_reasons or {}).get(r, 0), np.int64) | np.where(
+                    power_capped & (np.arange(m) % 2 == 1), 0x4, 0)
+                batches.append(_batch(pa, samples_us, r, "gpu", "clocks_event_reasons", mask.astype(np.float64),
+                                      gpu=local))
         if host:
             batches.append(_batch(pa, samples_us, r, "host", "proc_rss_bytes",
                                   np.linspace(4e9, 6e9, m)))

@@ -28,15 +28,14 @@ import re
 from pydantic import BaseModel, ConfigDict, field_validator
 
 from hpcml import unit_fields, units
+from hpcml.samplers.clockreasons import CLOCK_REASONS, reason_names
 from hpcml.vet.checks.base import Check, MissingDependency
 from hpcml.vet.checks.nvml_snapshot import (
-    CLOCK_REASONS,
     GpuInfo,
     GpuSnapshot,
     driver_present,
     load_snapshot,
     read_snapshot,
-    reason_names,
     select,
 )
 from hpcml.vet.model import CheckReport, Json, Outcome

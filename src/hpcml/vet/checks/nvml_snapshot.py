@@ -25,30 +25,6 @@ from typing import Any
 from hpcml.files import JSON_MAX, load_json_bounded
 from hpcml.vet.checks.base import MissingDependency
 
-#: NVML's clocks event (throttle) reason bits, as documented for
-#: nvmlDeviceGetCurrentClocksEventReasons; names are ours, in snake case.
-CLOCK_REASONS = {
-    "gpu_idle": 0x1,
-    "applications_clocks_setting": 0x2,
-    "sw_power_cap": 0x4,
-    "hw_slowdown": 0x8,
-    "sync_boost": 0x10,
-    "sw_thermal_slowdown": 0x20,
-    "hw_thermal_slowdown": 0x40,
-    "hw_power_brake_slowdown": 0x80,
-    "display_clock_setting": 0x100,
-}
-
-
-def reason_names(mask: int | None) -> list[str]:
-    """Names of the bits set in a clocks event reasons mask; unknown bits as hex."""
-    if not mask:
-        return []
-    names = [n for n, bit in CLOCK_REASONS.items() if mask & bit]
-    rest = mask & ~sum(CLOCK_REASONS.values())
-    names += [hex(1 << b) for b in range(64) if rest >> b & 1]
-    return names
-
 
 class NvmlLibraryMissing(MissingDependency):
     """pynvml is installed but libnvidia-ml.so.1 (part of the NVIDIA driver) is not."""
