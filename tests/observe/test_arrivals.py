@@ -128,6 +128,38 @@ def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(
     assert arrived is not None and arrived["measure"] == "enqueue" and arrived["straggler"] == 1, arrived
 
 
+@pytest.mark.torch
+def test_a_4_rank_gloo_job_whose_rank_reads_its_input_slowly_is_named_by_both_measures(tmp_path):
+    """4 ranks of plain DDP over gloo under ``hpcml run``; rank 2's DataLoader worker takes 3x
+    the step's compute to produce each step's batches (its main process waits for them, no
+    CPU busy). The report names rank 2 by its arrivals at the collectives (gloo: enqueue) and
+    by its compute (its steps less its waits in collectives), and calls it no contention."""
+    script = ROOT / "tests" / "run" / "scripts" / "raw_ddp.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HPCML_RUN_FR_EVERY": "2",
+           "STEPS": "100", "ACCUM": "1", "STEP_S": "0.04", "SLOW_RANK": "2", "SLOW": "3", "SLOW_IN": "input"}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "4", "--dir", "job", "--no-report", "--",
+                        sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job"), "--json"], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    arrived = doc["observe"]["arrivals"]
+    assert arrived is not None and arrived["measure"] == "enqueue" and arrived["straggler"] == 2, arrived
+    assert not any(f["kind"] == "contention" for f in doc["findings"]), doc["findings"]
+    # the step model judges 60 s of steps by default; this job is ~10 s
+    obs = next((tmp_path / "job").glob("**/observe"))
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", str(obs), "--json",
+                          "--min-straggler-s", "5"], env=env, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    assert doc["straggler_check"]["measure"] == "compute", doc["straggler_check"]
+    assert [s["rank"] for s in doc["stragglers"]] == [2], doc["straggler_check"]
+    assert doc["arrivals"]["straggler"] == 2 and not any(f["kind"] == "contention" for f in doc["findings"]), (
+        doc["findings"], doc["stragglers"])
+
+
 def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
     """The H100 recording (``tests/fixtures/gpu/fr/nccl_trace.pickle``: torch's NCCL recorder
     with ``TORCH_NCCL_ENABLE_TIMING=1``, world size 1, three groups) as four ranks of the same

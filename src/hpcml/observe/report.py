@@ -231,19 +231,29 @@ def _stalls(rate, edges, med: float, min_stall: float) -> list[dict[str, Any]]:
 def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
     """Each straggler's seconds of waiting for a CPU per second of the job (``cpu_wait``:
     its last ``proc_cpu_wait_s`` less its first over the time between), and ``contended``
-    when that reaches ``CONTENDED``: its node's CPUs were oversubscribed, the rank not slow."""
-    if g is None or not stragglers:
+    when that exceeds the other ranks' median by ``CONTENDED``: its node's CPUs were
+    oversubscribed, the rank not slow. (Ranks that all wait alike, a job with more threads
+    than its nodes' cores, excuse none of them: that wait is not what sets one apart.)"""
+    if g is None or not stragglers or not len(g.value):
         return
+    ranks = np.asarray(rank_ids)[g.ridx]
+    order = np.lexsort((g.x, ranks))
+    r, x, v = ranks[order], np.asarray(g.x, np.float64)[order], np.asarray(g.value, np.float64)[order]
+    ids, first = np.unique(r, return_index=True)
+    last = np.r_[first[1:], len(r)] - 1
+    span = x[last] - x[first]
+    ok = span > 0
+    rate = {int(i): max(0.0, float(w)) for i, w, good in zip(ids, (v[last] - v[first]) / np.where(ok, span, 1), ok)
+            if good and np.isfinite(w)}
     for s in stragglers:
-        hit = np.flatnonzero(np.asarray(rank_ids)[g.ridx] == s["rank"])
-        if len(hit) < 2:
+        mine = rate.get(s["rank"])
+        if mine is None:
             continue
-        x, v = g.x[hit], g.value[hit]
-        first, last = int(np.argmin(x)), int(np.argmax(x))
-        span = float(x[last] - x[first])
-        if span > 0:
-            s["cpu_wait"] = _r(max(0.0, float(v[last] - v[first])) / span)
-            s["contended"] = s["cpu_wait"] is not None and s["cpu_wait"] >= CONTENDED
+        others = [w for i, w in rate.items() if i != s["rank"]]
+        typical = float(np.median(others)) if others else 0.0
+        s["cpu_wait"] = _r(mine)
+        s["cpu_wait_others"] = _r(typical)
+        s["contended"] = s["cpu_wait"] is not None and mine - typical >= CONTENDED
 
 
 def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
@@ -773,8 +783,8 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
             continue
         out.append(Finding("contention",
                            f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its threads "
-                           f"waited for a CPU {s['cpu_wait']:.2f} s per second: its node's CPUs were "
-                           "oversubscribed, not the rank slow",
+                           f"waited for a CPU {s['cpu_wait']:.2f} s per second (the other ranks' "
+                           f"{s.get('cpu_wait_others') or 0.0:.2f}): its node's CPUs were oversubscribed, not the rank slow",
                            "look for processes outside the job on that node (another job, a daemon), or give each "
                            "rank fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores"))
     stragglers = [s for s in stragglers if not s.get("contended")]

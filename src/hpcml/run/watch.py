@@ -107,7 +107,7 @@ def contention(st: Straggler) -> str:
 
 def held_back_by(st: Straggler) -> str:
     """What a contended rank's slowness came from, for the end of its line."""
-    if (st.gpu_throttled or 0.0) >= CONTENDED and (st.cpu_wait or 0.0) < CONTENDED and (st.steal or 0.0) < CONTENDED:
+    if (st.gpu_throttled or 0.0) >= CONTENDED and (st.steal or 0.0) < CONTENDED:
         return "its GPU's power or cooling held it back, not the rank slow"
     return "its node's CPUs were oversubscribed, not the rank slow"
 
@@ -488,21 +488,26 @@ class Watch:
     def _held_back(self, st: Straggler, seconds: float) -> bool:
         """Fills in what held the rank back over its last ``seconds`` (its threads' wait for a
         CPU, its node's CPU steal, its GPUs' throttled clocks beyond the other ranks' typical
-        share, and why); whether any reached ``CONTENDED``: then it is contention, not a
-        straggler. (Every GPU of a busy job at its power cap is no rank's excuse: the others'
-        median share is taken off.)"""
+        share, and why); whether its wait or its throttling beyond the other ranks' median, or
+        its steal, reached ``CONTENDED``: then it is contention, not a straggler. (What every
+        rank has alike, more threads than cores, every busy GPU at its power cap, sets no rank
+        apart.)"""
         import numpy as np
 
         from hpcml.samplers.clockreasons import reason_names
         st.cpu_wait, st.steal, st.gpu_throttled = self._cpu.shares(st.rank, seconds)
-        if st.gpu_throttled:
-            others = [g for r in self.beats if r != st.rank
-                      and (g := self._cpu.shares(r, seconds)[2]) is not None]
-            st.gpu_throttled = round(max(0.0, st.gpu_throttled - (float(np.median(others)) if others else 0.0)), 3)
+        beyond = [0.0, 0.0]                 # its CPU wait and GPU throttling beyond the others' median
+        if st.cpu_wait or st.gpu_throttled:
+            others = [self._cpu.shares(r, seconds) for r in self.beats if r != st.rank]
+            for k, (mine, i) in enumerate(((st.cpu_wait, 0), (st.gpu_throttled, 2))):
+                theirs = [o[i] for o in others if o[i] is not None]
+                beyond[k] = max(0.0, (mine or 0.0) - (float(np.median(theirs)) if theirs else 0.0))
+        if st.gpu_throttled is not None:
+            st.gpu_throttled = round(beyond[1], 3)
         b = self.beats.get(st.rank)
         if st.gpu_throttled and b is not None and b.gpu_throttle:
             st.gpu_throttle = reason_names(b.gpu_throttle)
-        return any((x or 0.0) >= CONTENDED for x in (st.cpu_wait, st.steal, st.gpu_throttled))
+        return any(x >= CONTENDED for x in (beyond[0], st.steal or 0.0, beyond[1]))
 
     def _contended(self, st: Straggler, now: float) -> None:
         """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen, or

@@ -5,7 +5,8 @@ STEPS optimizer steps of ACCUM micro-batches each; beside the model's optimizer 
 steps every iteration (a GAN's two: not twice the steps); STEP_S seconds of compute each.
 Steps that are not the rank's: a DataLoader worker (forked) and a subprocess that inherits
 every descriptor each step an optimizer of their own.
-SLOW_RANK computes SLOW times as long. STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
+SLOW_RANK computes SLOW times as long (SLOW_IN=input: its DataLoader worker takes the extra
+time to produce the batches, its main process waits for them). STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
 the script logs its own steps through hpcml.observe, numbered from 1000.
 """
 
@@ -27,6 +28,7 @@ OWN = os.environ.get("OWN") == "1"
 STEP_S = float(os.environ.get("STEP_S", "0"))       # the compute of an iteration
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))  # computes SLOW times as long: a slow node
 SLOW = float(os.environ.get("SLOW", "2"))
+SLOW_IN = os.environ.get("SLOW_IN", "compute")     # or "input": the slow rank's data loading is slow
 ELSEWHERE = "import torch\np = torch.zeros(1, requires_grad=True)\no = torch.optim.SGD([p], lr=0.1)\nfor _ in range(5):\n    o.step()\n"
 
 
@@ -36,7 +38,12 @@ class Data(torch.utils.data.Dataset):
     def __len__(self) -> int:
         return 1 << 20
 
+    def __init__(self, late_s: float = 0.0) -> None:
+        self.late_s = late_s                          # each item's extra time to read (a slow input)
+
     def __getitem__(self, i: int):
+        if self.late_s:
+            time.sleep(self.late_s)
         p = torch.zeros(1, requires_grad=True)
         torch.optim.SGD([p], lr=0.1).step()
         return torch.full((4,), float(i % 7))
@@ -51,13 +58,15 @@ def main() -> None:
     other = torch.nn.Linear(4, 1)                     # a GAN's second network, not synchronised
     opt = torch.optim.SGD(model.parameters(), lr=0.01)
     opt_other = torch.optim.Adam(other.parameters(), lr=0.01)
-    loader = iter(torch.utils.data.DataLoader(Data(), batch_size=2, num_workers=1))
+    slow_input = rank == SLOW_RANK and SLOW_IN == "input"
+    late = STEP_S * (SLOW - 1) / (ACCUM * 2) if slow_input else 0.0          # 2 items a micro-batch
+    loader = iter(torch.utils.data.DataLoader(Data(late), batch_size=2, num_workers=1))
     if OWN:
         from hpcml import observe
     for step in range(STEPS):
         if rank == STUCK_RANK and step == STUCK_AFTER:
             threading.Event().wait()  # culprit
-        time.sleep(STEP_S * (SLOW if rank == SLOW_RANK else 1))
+        time.sleep(STEP_S * (SLOW if rank == SLOW_RANK and not slow_input else 1))
         for _ in range(ACCUM):
             x = next(loader)
             model(x).sum().backward()
