@@ -5,7 +5,8 @@ STEPS optimizer steps of ACCUM micro-batches each; beside the model's optimizer 
 steps every iteration (a GAN's two: not twice the steps); STEP_S seconds of compute each.
 Steps that are not the rank's: a DataLoader worker (forked) and a subprocess that inherits
 every descriptor each step an optimizer of their own.
-SLOW_RANK computes SLOW times as long (SLOW_IN=input: its DataLoader worker takes the extra
+WORK loop turns of pure CPU work an iteration besides (a rank whose CPU is shared takes
+longer). SLOW_RANK computes SLOW times as long (SLOW_IN=input: its DataLoader worker takes the extra
 time to produce the batches, its main process waits for them). STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
 the script logs its own steps through hpcml.observe, numbered from 1000.
 """
@@ -29,6 +30,7 @@ STEP_S = float(os.environ.get("STEP_S", "0"))       # the compute of an iteratio
 SLOW_RANK = int(os.environ.get("SLOW_RANK", "-1"))  # computes SLOW times as long: a slow node
 SLOW = float(os.environ.get("SLOW", "2"))
 SLOW_IN = os.environ.get("SLOW_IN", "compute")     # or "input": the slow rank's data loading is slow
+WORK = int(os.environ.get("WORK", "0"))            # a fixed amount of CPU work an iteration (loop turns), slowed by a busy CPU
 ELSEWHERE = "import torch\np = torch.zeros(1, requires_grad=True)\no = torch.optim.SGD([p], lr=0.1)\nfor _ in range(5):\n    o.step()\n"
 
 
@@ -67,6 +69,9 @@ def main() -> None:
         if rank == STUCK_RANK and step == STUCK_AFTER:
             threading.Event().wait()  # culprit
         time.sleep(STEP_S * (SLOW if rank == SLOW_RANK and not slow_input else 1))
+        busy = 0
+        for i in range(WORK):                         # the CPU's work: as long as the CPU is shared
+            busy += i
         for _ in range(ACCUM):
             x = next(loader)
             model(x).sum().backward()
