@@ -256,6 +256,53 @@ def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
         s["contended"] = s["cpu_wait"] is not None and mine - typical >= CONTENDED
 
 
+def _contended_spans(transient: list[dict[str, Any]], degrading: list[dict[str, Any]], sg: Any, gw: Any,
+                     rank_ids: Any) -> None:
+    """Marks ``contended`` the transient episodes (over their own steps' time) and the
+    degrading ranks (over the job) whose rank waited for a CPU ``CONTENDED`` s per second
+    or more beyond the other ranks' median then (``cpu_wait``, ``cpu_wait_others``): a
+    slowdown that came with a crowded CPU is contention, not the rank's. Every rank's
+    cumulative ``proc_cpu_wait_s`` is interpolated at a span's ends in one sorted search."""
+    if gw is None or sg is None or not len(gw.value):
+        return
+    nr = len(rank_ids)
+    x = np.asarray(gw.x, np.float64)
+    order = np.lexsort((x, gw.ridx))
+    ridx, x, v = np.asarray(gw.ridx)[order], x[order], np.asarray(gw.value, np.float64)[order]
+    scale = float(x.max() - min(0.0, x.min())) + 2.0
+    key = ridx * scale + (x - min(0.0, x.min()))
+
+    def at(t: float) -> np.ndarray:
+        """Each rank's cumulative wait at ``t`` (NaN outside its samples)."""
+        want = np.arange(nr) * scale + (t - min(0.0, x.min()))
+        hi = np.clip(np.searchsorted(key, want), 1, len(key) - 1)
+        lo = hi - 1
+        ok = (ridx[lo] == np.arange(nr)) & (ridx[hi] == np.arange(nr)) & (x[lo] <= t) & (t <= x[hi])
+        with np.errstate(invalid="ignore", divide="ignore"):
+            f = np.where(x[hi] > x[lo], (t - x[lo]) / (x[hi] - x[lo]), 0.0)
+        return np.where(ok, v[lo] + f * (v[hi] - v[lo]), np.nan)
+    row = {int(r): i for i, r in enumerate(rank_ids)}
+
+    def judge(d: dict[str, Any], t0: float, t1: float) -> None:
+        i = row.get(int(d["rank"]))
+        if i is None or t1 <= t0:
+            return
+        rates = (at(t1) - at(t0)) / (t1 - t0)
+        others = np.delete(rates, i)
+        others = others[np.isfinite(others)]
+        if not np.isfinite(rates[i]) or not len(others):
+            return
+        typical = float(np.median(others))
+        d.update(cpu_wait=_r(float(rates[i])), cpu_wait_others=_r(typical),
+                 contended=bool(rates[i] - typical >= CONTENDED))
+    for e in transient[:20]:
+        sel = (sg.rank == e["rank"]) & (sg.step >= e["first_step"]) & (sg.step <= e["last_step"])
+        if sel.any():
+            judge(e, float((sg.x[sel] - sg.value[sel]).min()), float(sg.x[sel].max()))
+    for d in degrading[:10]:
+        judge(d, float(sg.x.min()), float(sg.x.max()))
+
+
 def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
     """Each straggler's share of its GPU samples whose clocks were held back for power or heat
     (a slowdown reason in ``clocks_event_reasons``), beyond the other ranks' median share
@@ -543,6 +590,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
     _cpu_waits(stragglers, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     _gpu_throttles(stragglers, groups.get(("gpu", "clocks_event_reasons")), rank_ids)
+    _contended_spans(transient, plots.get("degrading", []), sg, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     if check is not None:
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
     _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
@@ -834,6 +882,18 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(Finding("recorder_problem", "the recorder reported " + ", ".join(
             f"{k}={v:g}" for k, v in sorted(rec_problems.items())),
             "rows were lost: check disk space and HPCML_OBSERVE_FLUSH"))
+    crowded = [d for d in transient + degrading if d.get("contended")]
+    if crowded:
+        d = crowded[0]
+        span = (f"from step {d['first_step']} to {d['last_step']}" if "first_step" in d else
+                "as it got slower over the job")
+        out.append(Finding("contention", f"rank {d['rank']} on {node_name(d['node'])} slowed {span} while its threads "
+                           f"waited for a CPU {d['cpu_wait']:.2f} s per second (the other ranks' "
+                           f"{d['cpu_wait_others']:.2f})" + (f" (+{len(crowded) - 1} more)" if len(crowded) > 1 else "")
+                           + ": its node's CPUs were crowded then, not the rank slow",
+                           "look for processes outside the job on that node at those times"))
+    transient = [e for e in transient if not e.get("contended")]
+    degrading = [d for d in degrading if not d.get("contended")]
     if transient:
         e = transient[0]
         out.append(Finding("transient_straggler", f"rank {e['rank']} on {node_name(e['node'])} was {e['ratio']:.2f}x the "

@@ -6,9 +6,10 @@ steps every iteration (a GAN's two: not twice the steps); STEP_S seconds of comp
 Steps that are not the rank's: a DataLoader worker (forked) and a subprocess that inherits
 every descriptor each step an optimizer of their own.
 WORK loop turns of pure CPU work an iteration besides (a rank whose CPU is shared takes
-longer). SLOW_RANK computes SLOW times as long (SLOW_IN=input: its DataLoader worker takes the extra
-time to produce the batches, its main process waits for them). STUCK_RANK blocks forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1:
-the script logs its own steps through hpcml.observe, numbered from 1000.
+longer). SLOW_RANK computes SLOW times as long (SLOW_IN=input: its DataLoader worker takes
+the extra time to produce the batches, its main process waits for them). STUCK_RANK blocks
+forever after STUCK_AFTER steps (the line ends in ``# culprit``). OWN=1: the script logs its
+own steps through hpcml.observe, numbered from 1000.
 """
 
 import os
