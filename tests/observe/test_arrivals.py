@@ -160,6 +160,67 @@ def test_a_4_rank_gloo_job_whose_rank_reads_its_input_slowly_is_named_by_both_me
         doc["findings"], doc["stragglers"])
 
 
+@pytest.mark.torch
+def test_a_pipeline_s_slow_stage_is_named_by_its_measured_waits_not_the_stage_it_holds_up(tmp_path):
+    """4 ranks of a 2-stage pipeline, 2 replicas (``pipeline_ddp.py``: send/recv between the
+    stages, each stage's gradients all-reduced with its peer of the other replica); rank 3
+    (stage 1 of replica 1) computes 3x. Rank 2, its stage 0, waits for its gradients and so
+    reaches its own all-reduce late: the arrivals alone would blame it. The report names rank
+    3, by the compute its hooks measured (they time ``dist.recv``), and no finding names rank 2."""
+    script = ROOT / "tests" / "run" / "scripts" / "pipeline_ddp.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HPCML_RUN_FR_EVERY": "2",
+           "STEPS": "100", "STEP_S": "0.02", "SLOW_RANK": "3", "SLOW": "3"}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "4", "--dir", "job", "--no-report", "--",
+                        sys.executable, str(script)], cwd=tmp_path, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    obs = next((tmp_path / "job").glob("**/observe"))
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", str(obs), "--json",
+                          "--min-straggler-s", "5"], env=env, capture_output=True, text=True, timeout=300)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    assert doc["straggler_check"]["measure"] == "compute"
+    assert [s["rank"] for s in doc["stragglers"]] == [3], (doc["stragglers"], doc["arrivals"])
+    assert doc["arrivals"]["straggler"] in (None, 3), doc["arrivals"]
+    named = [f["message"] for f in doc["findings"] if "straggler" in f["kind"]]
+    assert named and not any("rank 2 " in m for m in named), doc["findings"]
+
+
+def _p2p(rank: int, peer: int, kind: str, seq: int, t_ns: int, took_ms: float) -> dict:
+    """A point-to-point entry as NCCL's recorder writes one (``nccl:recv 1<-0``: local ranks
+    of the default group, here the global ones)."""
+    name = f"nccl:send {rank}->{peer}" if kind == "send" else f"nccl:recv {rank}<-{peer}"
+    return {"record_id": 10_000 + seq, "pg_id": 0, "process_group": ("0", "default_pg"), "thread_name": "pt_main_thread",
+            "thread_id": "1", "collective_seq_id": 0, "p2p_seq_id": seq, "op_id": seq, "profiling_name": name,
+            "time_created_ns": t_ns, "input_sizes": [[1024]], "input_dtypes": ["Float"], "output_sizes": [[1024]],
+            "output_dtypes": ["Float"], "state": "completed", "time_discovered_started_ns": t_ns,
+            "time_discovered_completed_ns": t_ns + int(took_ms * 1e6), "duration_ms": took_ms, "retired": True,
+            "timeout_ms": 600000, "is_p2p": True}
+
+
+def test_a_pipeline_stage_that_waits_in_receives_is_not_blamed_for_passing_the_lateness_on(tmp_path):
+    """NCCL dumps (with timing) of a 2-rank data-parallel group {0, 2} whose rank 2 reaches
+    every all-reduce 30 ms late: by the collectives alone it is the straggler. But each step
+    it also spent 30 ms in a receive from its next stage (rank 3, the slow one) while rank
+    0's receives took 1 ms: it waited for a neighbour, passing the lateness on, so the
+    arrivals name no one. The same dumps without the long receives name rank 2."""
+    base = 1_800_000_000_000_000_000 + np.arange(120) * 100_000_000
+    dumps, plain = {}, {}
+    for r in (0, 2):
+        d = _dump(r, 4, [int(b + (30_000_000 if r == 2 else 0)) for b in base], [31.0 if r == 0 else 1.0] * 120)
+        d["pg_config"] = {"0": {"name": "0", "desc": "default_pg", "ranks": "[0, 2]"}}
+        plain[r] = json.loads(json.dumps(d))
+        d["entries"] += [_p2p(r, r + 1, "recv", k + 1, int(b - 40_000_000), 30.0 if r == 2 else 1.0)
+                         for k, b in enumerate(base)]
+        dumps[r] = d
+    blamed = straggler(arrivals(_written(tmp_path, plain)))
+    assert blamed is not None and blamed.rank == 2
+    scores = arrivals(_written(tmp_path, dumps))
+    top = next(a for a in scores if a.rank == 2)
+    assert top.recv_share is not None and top.recv_share > 0.25 and top.group_size == 2, top
+    assert straggler(scores) is None, [a.to_json() for a in scores]
+
+
 def test_a_real_nccl_recording_with_timing_read_as_four_ranks(tmp_path):
     """The H100 recording (``tests/fixtures/gpu/fr/nccl_trace.pickle``: torch's NCCL recorder
     with ``TORCH_NCCL_ENABLE_TIMING=1``, world size 1, three groups) as four ranks of the same

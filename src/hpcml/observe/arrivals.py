@@ -37,7 +37,16 @@ writes a placeholder there) has as members the ranks whose dumps have its entrie
 
 Point-to-point
 entries have their own numbering and are not scored (a pipeline's stages post different
-numbers of them).
+numbers of them). But in a pipeline a rank that waits for a slow neighbour's activations or
+gradients reaches its collectives late too, passing the lateness on: so the timed receives
+(``recv`` entries with ``duration_ms``) are summed per rank (``recv_share``: the share of
+its dump's time it spent receiving), and a candidate that received for longer than the
+others' median by the chronic share is a victim, not the straggler: no rank is named. (gloo's
+recorder keeps no point-to-point entries; ``hpcml run``'s hooks time its ``dist.recv``.)
+
+The chance a rank of a group of ``m`` is last is 1/m; the recurrence asked of a rank is set
+by the groups it was judged in (``group_size``: the median of their member counts), not by
+the job's size: in a pipeline of 2-stage replicas every data-parallel group has 2 members.
 """
 
 from __future__ import annotations
@@ -48,7 +57,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.observe.hang import collectives_of, groups_of
+from hpcml.observe.hang import collectives_of, groups_of, p2p_receive
 from hpcml.observe.stragglers import CHRONIC, others_median
 
 RECURRENCE = 0.5       # last at this share of the judged collectives, at least ...
@@ -72,11 +81,14 @@ class RankArrival:
     busy_s: float | None = None        # median seconds its collectives ran (NCCL timing); None: not timed
     stability: float = 0.0
     measure: str = "enqueue"
+    group_size: int = 2                # the median member count of the groups it was judged in
+    recv_share: float | None = None    # the share of its dump's span spent in timed p2p receives (NCCL)
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "collectives": self.collectives, "last_share": round(self.last_share, 3),
                 "late_s": round(self.late_s, 6), "busy_s": None if self.busy_s is None else round(self.busy_s, 6),
-                "stability": round(self.stability, 3), "measure": self.measure}
+                "stability": round(self.stability, 3), "measure": self.measure, "group_size": self.group_size,
+                "recv_share": None if self.recv_share is None else round(self.recv_share, 4)}
 
 
 def _num(v: Any, limit: float) -> float | None:
@@ -104,7 +116,18 @@ def reduce(dump: dict) -> dict[str, Any]:
             took = _num(e.get("duration_ms"), MS_MAX)
             times.setdefault(pg, {})[seq] = (created / 1e9, None if took is None else took / 1000.0)
     config = dump.get("pg_config")
-    return {"pg_config": config if isinstance(config, dict) else {}, "times": times}
+    return {"pg_config": config if isinstance(config, dict) else {}, "times": times, "recv": _receives(dump)}
+
+
+def _receives(dump: dict) -> tuple[float, float] | None:
+    """(seconds in timed point-to-point receives, the seconds the dump's entries span), or
+    None where the dump has no timed receive."""
+    entries = [e for e in dump.get("entries") or [] if isinstance(e, dict)]
+    took = [t for e in entries if p2p_receive(e) and (t := _num(e.get("duration_ms"), MS_MAX)) is not None]
+    created = [c for e in entries if (c := _num(e.get("time_created_ns"), NS_MAX)) is not None]
+    if not took or len(created) < 2:
+        return None
+    return sum(took) / 1000.0, (max(created) - min(created)) / 1e9
 
 
 def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
@@ -118,6 +141,7 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     # only its entries name is judged over the ranks whose dumps have it
     for pg in sorted({pg for d in reduced.values() for pg in d["times"]} - set(groups)):
         groups[pg] = (pg, sorted(r for r, d in reduced.items() if pg in d["times"]))
+    sizes: dict[int, list[int]] = {}
     late: dict[int, list[np.ndarray]] = {}
     last: dict[int, list[np.ndarray]] = {}
     busy: dict[int, list[np.ndarray]] = {}
@@ -148,6 +172,7 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
         top = t.max(axis=0)
         alone = (t == top).sum(axis=0) == 1
         for i, m in enumerate(members):
+            sizes.setdefault(m, []).append(len(members))
             late.setdefault(m, []).append(lateness[i])
             last.setdefault(m, []).append((t[i] == top) & alone)
             if timed.any():
@@ -162,11 +187,13 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     out = []
     for r, parts in late.items():
         v = np.concatenate(parts)
+        recv = reduced[r].get("recv")
         out.append(RankArrival(rank=r, collectives=len(v), last_share=float(np.mean(np.concatenate(last[r]))),
                                late_s=float(np.median(v)),
                                busy_s=float(np.median(np.concatenate(busy[r]))) if r in busy else None,
                                stability=sum(m == r for m in most) / 3,
-                               measure=" and ".join(sorted(used))))
+                               measure=" and ".join(sorted(used)), group_size=int(np.median(sizes[r])),
+                               recv_share=recv[0] / recv[1] if recv and recv[1] > 0 else None))
     return sorted(out, key=lambda a: (-a.last_share, -a.late_s))
 
 
@@ -177,8 +204,8 @@ def straggler(scores: list[RankArrival], members: int | None = None,
     share of a step too (a rank 5% slower is not a straggler by either measure)."""
     if len(scores) < 2:
         return None
-    n = members or len(scores)
     top = scores[0]
+    n = min(members or top.group_size, top.group_size)
     others = [max(0.0, a.late_s) for a in scores[1:]]    # how late the others are (of two, one never is)
     typical = float(np.median(others)) if others else 0.0
     if top.collectives < MIN_COLLECTIVES or top.last_share < max(RECURRENCE, min(1.0, SMALL_GROUP / n)):
@@ -186,4 +213,7 @@ def straggler(scores: list[RankArrival], members: int | None = None,
     floor = CHRONIC * step_s if step_s is not None and step_s > 0 and math.isfinite(step_s) else 0.0
     if top.late_s < max(MIN_LATE_S, LATE_FACTOR * typical, floor):
         return None
+    received = [a.recv_share for a in scores[1:] if a.recv_share is not None]
+    if top.recv_share is not None and received and top.recv_share > float(np.median(received)) + CHRONIC:
+        return None               # it waited for a neighbour's data: a pipeline passing the lateness on
     return top

@@ -218,6 +218,12 @@ def collectives_of(entries: list[dict]) -> dict[str, dict[int, list[dict]]]:
     return _collectives(entries)
 
 
+def p2p_receive(e: dict) -> bool:
+    """A point-to-point receive (``nccl:recv 1<-0``): the entry a pipeline stage waits in for
+    its neighbour (``hpcml.observe.arrivals``)."""
+    return isinstance(e, dict) and _is_p2p(e) and _op(e).strip().startswith("recv")
+
+
 def groups_of(dumps: dict[int, dict]) -> dict[str, tuple[str, list[int]]]:
     """``_groups``: pg name -> (label, member ranks) (``hpcml.observe.arrivals``)."""
     return _groups(dumps)

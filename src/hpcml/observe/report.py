@@ -628,7 +628,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
                          meta_ranks=meta_ranks)
-    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput))
+    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
+                              waits_measured=check is not None and check.get("measure") == "compute")
     findings += more
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
@@ -649,11 +650,15 @@ def step_time(throughput: dict[str, Any] | None) -> float | None:
 
 
 def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[str, Any]],
-              step_s: float | None = None) -> tuple[dict[str, Any] | None, list[Finding]]:
+              step_s: float | None = None, waits_measured: bool = False) -> tuple[dict[str, Any] | None, list[Finding]]:
     """Who arrived last at each collective, from each rank's latest periodic Flight Recorder
     dump (``flight-recorder-live``: ``hpcml run``'s ranks write one every 30 s): the five
     latest ranks, and a ``collective_straggler`` finding when the arrivals name one that the
-    step times did not (``hpcml.observe.arrivals``; on GPUs the only measure NCCL leaves)."""
+    step times did not (``hpcml.observe.arrivals``; on GPUs the only measure NCCL leaves).
+    Where each rank's waits were measured (``waits_measured``: hooks timed every blocking
+    collective and receive, the better measure on CPU) and named stragglers, an arrivals
+    verdict that differs is not a finding: lateness at a collective can be passed on (a
+    pipeline stage waiting for its neighbour), a measured wait is the rank's own."""
     from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
     from hpcml.observe.hang import load_dump
     live = observe / LIVE
@@ -678,7 +683,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
     out: dict[str, Any] = {"measure": scores[0].measure, "ranks": [a.to_json() for a in scores[:5]],
                            "straggler": top.rank if top is not None else None}
     more: list[Finding] = []
-    if top is not None and top.rank not in {s["rank"] for s in stragglers}:
+    if top is not None and not (waits_measured and stragglers) and top.rank not in {s["rank"] for s in stragglers}:
         node = (meta_ranks.get(str(top.rank)) or {}).get("node") or "its node"
         more.append(Finding(
             "collective_straggler",

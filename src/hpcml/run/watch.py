@@ -500,7 +500,7 @@ class Watch:
         if st.cpu_wait or st.gpu_throttled:
             others = [self._cpu.shares(r, seconds) for r in self.beats if r != st.rank]
             for k, (mine, i) in enumerate(((st.cpu_wait, 0), (st.gpu_throttled, 2))):
-                theirs = [o[i] for o in others if o[i] is not None]
+                theirs = [x for o in others if (x := o[i]) is not None]
                 beyond[k] = max(0.0, (mine or 0.0) - (float(np.median(theirs)) if theirs else 0.0))
         if st.gpu_throttled is not None:
             st.gpu_throttled = round(beyond[1], 3)
