@@ -85,6 +85,27 @@ def test_kill_9_of_the_farms_group_at_random_moments_leaves_no_task_running(tmp_
     assert any(e["outcome"] == "lost" for e in ends(farm).values())
 
 
+def test_a_task_whose_attempts_are_lost_again_and_again_is_never_failed_for_good(tmp_path):
+    """kill -9 of the farm's process group while its one task runs, 5 times (each attempt
+    lost: the farm killed, nothing the task did); then the farm runs the task to "ok" with
+    --retries 0: lost attempts never count against its retries."""
+    side = tmp_path / "side"
+    marker, script = _script(tmp_path, f"sleep 30\necho $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n")
+    farm = _farm(tmp_path, f"sh {script}", 1)
+    for k in range(5):
+        run = _start_in_own_group("farm", "run", farm, "--slots", "1", "--retries", "0")
+        wait_for(lambda: bool(_marked(marker)), 60, "the task running")
+        os.killpg(run.pid, signal.SIGKILL)
+        run.wait(timeout=30)
+        wait_for(lambda: not _farm_processes(farm), 60, "the farm's workers and guards gone")
+    (tmp_path / marker / "task.sh").write_text(f"echo $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n")
+    p = hpcml("farm", "run", farm, "--slots", "1", "--retries", "0")
+    assert p.returncode == 0, p.stderr
+    rec = ends(farm)
+    assert [e["outcome"] for _, e in sorted(rec.items())] == ["lost"] * 5 + ["ok"], rec
+    assert side_lines(side) == [(0, 6)]
+
+
 def test_what_a_task_daemonises_is_killed_at_the_attempts_end(tmp_path):
     marker, daemon = _script(tmp_path, "sleep 987\n")
     cmds = [f"setsid sh {daemon} & true", f"nohup sh {daemon} >/dev/null 2>&1 &",

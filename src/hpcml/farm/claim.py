@@ -92,7 +92,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml import scratch
-from hpcml.farm.model import CLAIMS, DAMAGED, END_SCHEMA, ENDS, FAILED, LOST, LOST_ALLOWANCE, NODES, OK, OUTCOMES, TIMEOUT, Settings, Task
+from hpcml.farm.model import CLAIMS, DAMAGED, END_SCHEMA, ENDS, FAILED, LOST, NODES, OK, OUTCOMES, TIMEOUT, Settings, Task
 from hpcml.farm.store import Farm, reload_tasks, tasks_signature
 from hpcml.files import load_json_bounded
 
@@ -272,18 +272,17 @@ class TaskState:
     def failures(self) -> int:
         return sum(1 for e in self.ends.values() if e.get("outcome") in (FAILED, TIMEOUT))
 
-    def losses(self) -> int:
-        return sum(1 for e in self.ends.values() if e.get("outcome") in (LOST, DAMAGED))
-
     def gave_up(self, settings: Settings, recorded: bool = False) -> bool:
-        """Failed for good: retries spent (or too many lost attempts). ``recorded``: count
-        the retries the last end was written under (``farm run --retries`` overrides the
-        farm's setting), as a reader that did not run it must."""
+        """Failed for good: retries spent by attempts that failed or timed out. A lost or
+        damaged attempt (its worker, the farm or the allocation killed: nothing the task did)
+        never counts, however often. ``recorded``: count the retries the last end was written
+        under (``farm run --retries`` overrides the farm's setting), as a reader that did not
+        run it must."""
         retries = settings.retries
         end = self.latest_end() or {}
         if recorded and isinstance(end.get("retries"), int):
             retries = end["retries"]
-        return not self.ok and not self.running and (self.failures() > retries or self.losses() > LOST_ALLOWANCE)
+        return not self.ok and not self.running and self.failures() > retries
 
     def retry_at(self, settings: Settings) -> float:
         """Wall time after which the next attempt may start (backoff after a failure)."""

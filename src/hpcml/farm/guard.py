@@ -15,6 +15,13 @@ cost per task):
   subreaper, so what a finished task left behind is its child and is killed at the end
   of each attempt (``process.kill_leftovers``).
 
+When the guard is stopped (its parent died: ``kill -9`` of the farm's process group), it
+first asks the worker to stop (``STOP``, SIGUSR1) and gives it ``STOP_GRACE`` seconds: the
+worker kills a task still running (that attempt is lost, no end is written) but records the
+end of a task that had already exited, which it, the process that waits on the task, alone
+knows. Only then is everything killed. So a task that finished is not rerun merely because
+the farm was killed in the milliseconds between its exit and its end record.
+
 What only the guard cannot cover is a guard killed on its own with SIGKILL (and its
 worker with it): then ``sweep`` proves the attempt gone before it is rerun on that host.
 """
@@ -24,6 +31,7 @@ from __future__ import annotations
 import os
 import signal
 import sys
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -38,6 +46,8 @@ from hpcml.proctree import (
 )
 
 _STOPS = (signal.SIGTERM, signal.SIGHUP)
+STOP = signal.SIGUSR1                          # guard -> worker: record what has ended, start nothing, exit
+STOP_GRACE = 5.0                               # seconds the worker has for that before it is killed
 
 
 class _Stopped(Exception):
@@ -95,9 +105,28 @@ def _guard(worker: int) -> int:
                 break
         _STOPPING[0] = True                    # in the try: a signal until here is caught
     except _Stopped:
-        pass
+        _let_finish(worker)
     kill_and_reap_descendants()               # a descendant forked meanwhile: caught next round
     return code
+
+
+def _let_finish(worker: int) -> None:
+    """Ask the worker to stop (``STOP``) and wait for it, ``STOP_GRACE`` seconds at most,
+    reaping the orphans that come to this subreaper meanwhile."""
+    try:
+        os.kill(worker, STOP)
+    except ProcessLookupError:
+        return
+    deadline = time.monotonic() + STOP_GRACE
+    while time.monotonic() < deadline:
+        try:
+            got, _ = os.waitpid(-1, os.WNOHANG)
+        except ChildProcessError:
+            return
+        if got == worker:
+            return
+        if got == 0:
+            time.sleep(0.005)
 
 
 def exit_like(code: int) -> int:

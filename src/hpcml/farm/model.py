@@ -47,8 +47,6 @@ SUBDIRS = (CLAIMS, ENDS, LOGS, OBSERVE, WORKERS, NODES)
 #: "damaged": never written, what a reader makes of an end or claim file that is not a record
 OK, FAILED, TIMEOUT, LOST, DAMAGED = "ok", "failed", "timeout", "lost", "damaged"
 OUTCOMES = (OK, FAILED, TIMEOUT, LOST)
-#: attempts lost with their worker that are not counted as failures, before the task fails
-LOST_ALLOWANCE = 3
 
 
 @dataclass(frozen=True)

@@ -96,6 +96,8 @@ class Worker:
         self._next_beat = 0.0
         self._sigchld: SigchldPipe | None = None
         self._current: str | None = None         # the end record the running attempt will have
+        self._task: subprocess.Popen | None = None  # the running attempt's process
+        self.stopping = False                    # the guard asked this worker to stop (guard.STOP)
         self.ran = 0
         session = os.getsid(0)
         self.tree = {"boot": self.alive.boot, "pidns": self.alive.pidns, "session": session,
@@ -112,6 +114,15 @@ class Worker:
             return True
         return False
 
+    def _on_stop(self, *_: object) -> None:
+        """The guard is stopping (the farm was killed): start nothing more, and kill the
+        running task (its attempt is lost: no end), unless it has already exited, whose
+        end ``_run`` then records before this worker exits (guard.py)."""
+        self.stopping = True
+        task = self._task
+        if task is not None and task.returncode is None:
+            signal_group(task.pid, signal.SIGKILL)
+
     def node_retired(self) -> bool:
         return (self.path / NODES / f"{self.cfg.node}.bad").exists()
 
@@ -119,6 +130,7 @@ class Worker:
     def run(self, report: int | None = None) -> int:
         """The loop; a full (or read-only) farm disk ends it with one line, written to the
         ``report`` fd (the agent shows it once for all its workers) or stderr, and DISK."""
+        before = signal.signal(guard.STOP, self._on_stop)
         try:
             write_atomic(self._beat_file, json.dumps(identity(self.wid, self.cfg.node, self.cfg.job,
                                                               (self.cfg.gpu,) if self.cfg.gpu else ())))
@@ -130,6 +142,7 @@ class Worker:
             os.write(report if report is not None else 2, line)
             return DISK
         finally:
+            signal.signal(guard.STOP, before)
             self._beat_file.unlink(missing_ok=True)
 
     def _loop(self) -> int:
@@ -140,6 +153,8 @@ class Worker:
         # growing with N keeps the metadata load of idle workers flat as farms grow
         max_poll = max(self.cfg.max_poll, len(view.order) / 10_000)
         while True:
+            if self.stopping:
+                return DONE
             if self.node_retired():
                 return NODE_RETIRED
             picked = None
@@ -202,6 +217,8 @@ class Worker:
     # -- one attempt ----------------------------------------------------------------------
     def _run(self, tid: int, attempt: int) -> bool:
         """Run one claimed attempt; False when this node should take no more tasks."""
+        if self.stopping:
+            return True                        # claimed, never started: lost, rerun later
         task = self.view.tasks[tid]
         name = f"{tid}.{attempt}"
         env = attempt_environment(self.env, tid, attempt)
@@ -212,6 +229,8 @@ class Worker:
                                         cwd if self.settings.task_dirs else None)
         self._current = None
         end = time.time()
+        if self.stopping and code == -signal.SIGKILL and not timed_out:
+            return True                        # killed by the stop, not ended: lost, rerun later
         outcome = OK if code == 0 else (TIMEOUT if timed_out else FAILED)
         record = {"outcome": outcome, "exit_code": code if code >= 0 else None,
                   "signal": -code if code < 0 else None, "start": start, "end": end,
@@ -245,6 +264,7 @@ class Worker:
             try:
                 proc = subprocess.Popen(self.prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         env=env, cwd=cwd, **group)
+                self._task = proc
             except (FileNotFoundError, PermissionError) as exc:
                 if argv[0] != "/bin/sh":
                     return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log, cwd)
@@ -259,6 +279,7 @@ class Worker:
             if proc.returncode is None:
                 signal_group(proc.pid, signal.SIGKILL)
                 proc.wait()
+            self._task = None
             kill_leftovers()
 
     def _wait_for(self, proc: subprocess.Popen) -> tuple[int, bool]:
@@ -274,6 +295,8 @@ class Worker:
                 until = min(t for t in (self._next_beat, deadline, kill_at) if t is not None)
                 if exited.wait(max(0, int((until - now) * 1000) + 1)):
                     break
+                if self.stopping:                  # a stop before the task was known to _on_stop
+                    signal_group(proc.pid, signal.SIGKILL)
                 now = time.monotonic()
                 if self.beat(now) and self._current and os.path.exists(self._current):
                     # fenced: another worker judged us dead and declared this attempt lost
