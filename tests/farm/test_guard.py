@@ -92,7 +92,7 @@ def test_a_task_whose_attempts_are_lost_again_and_again_is_never_failed_for_good
     side = tmp_path / "side"
     marker, script = _script(tmp_path, f"sleep 30\necho $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n")
     farm = _farm(tmp_path, f"sh {script}", 1)
-    for k in range(5):
+    for _ in range(5):
         run = _start_in_own_group("farm", "run", farm, "--slots", "1", "--retries", "0")
         wait_for(lambda: bool(_marked(marker)), 60, "the task running")
         os.killpg(run.pid, signal.SIGKILL)

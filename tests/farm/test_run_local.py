@@ -8,6 +8,7 @@ import json
 import os
 import signal
 import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -213,17 +214,54 @@ def test_a_claim_whose_worker_stopped_beating_is_taken_over_after_the_lease(tmp_
     assert sorted(side_lines(side)) == [(0, 2), (1, 1)]
 
 
-def test_a_node_where_tasks_keep_failing_is_retired(tmp_path):
+def test_a_command_that_fails_on_the_only_node_that_vets_good_retires_nothing(tmp_path):
+    """10 tasks of ``exit 1`` on one node: 3 in a row fail, nothing ran them elsewhere, and
+    ``hpcml vet --prolog`` finds this machine good: the tasks' failure, said once; the node
+    keeps working, every task runs and fails."""
     farm = _farm(tmp_path, ["exit 1"] * 10, retries=0)
     p = hpcml("farm", "run", farm, "--slots", "1", "--node-failures", "3")
     assert p.returncode == 1
+    assert not list((farm / "nodes").glob("*.bad"))
+    assert len(ends(farm)) == 10 and all(e["outcome"] == "failed" for e in ends(farm).values())
+    assert p.stderr.count("the tasks' failure, not the node's") == 1, p.stderr
+
+
+def _two_nodes(farm: Path, *args: str) -> dict[str, subprocess.CompletedProcess]:
+    """``farm run`` as two nodes at once (SLURMD_NODENAME names the node, as on a
+    multiple-slurmd host): "bad" and "good"; their outputs."""
+    runs = {n: start("farm", "run", farm, "--slots", "1", *args, extra={"SLURMD_NODENAME": n}) for n in ("bad", "good")}
+    out = {}
+    for n, r in runs.items():
+        stdout, stderr = r.communicate(timeout=300)
+        out[n] = subprocess.CompletedProcess(r.args, r.returncode, stdout, stderr)
+    return out
+
+
+def test_a_node_where_tasks_fail_that_pass_on_another_is_retired_with_its_evidence(tmp_path):
+    """20 tasks that fail on node "bad" only (``test $SLURMD_NODENAME != bad``), run by two
+    nodes at once with --retries 5: "bad" is retired once tasks that failed there passed on
+    "good", the reason says so, and every task ends ok (on "good")."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='sleep 0.2; test "$SLURMD_NODENAME" != bad && ')] * 20,
+                 retries=5, backoff=0.1)
+    _two_nodes(farm, "--node-failures", "3")
     bad = list((farm / "nodes").glob("*.bad"))
+    assert [b.name for b in bad] == ["bad.bad"], bad
     retired = json.loads(bad[0].read_text())
-    assert len(bad) == 1 and "3 different tasks failed in a row" in retired["reason"]
-    assert retired["vet"]["exit_code"] in (0, 1) and retired["vet"]["report"]["schema"].startswith("hpcml.vet")
-    assert len(ends(farm)) == 3                          # no task taken on the node after that
-    st = json.loads(hpcml("farm", "status", farm, "--json").stdout)
-    assert st["bad_nodes"] == [bad[0].name.removesuffix(".bad")] and "retired nodes" in p.stderr
+    assert "passed on another node" in retired["reason"], retired
+    rec = ends(farm)
+    ok = {tid for (tid, _), e in rec.items() if e["outcome"] == "ok"}
+    assert ok == set(range(20)) and all(e["node"] == "good" for e in rec.values() if e["outcome"] == "ok")
+
+
+def test_a_command_that_fails_the_same_way_on_every_node_retires_none(tmp_path):
+    """12 tasks of ``exit 3`` on two nodes at once: tasks fail with the same code on both,
+    the command's fault: no node is retired, every task fails for good."""
+    farm = _farm(tmp_path, ["sleep 0.1; exit 3"] * 12, retries=1, backoff=0.1)
+    out = _two_nodes(farm, "--node-failures", "2")
+    assert not list((farm / "nodes").glob("*.bad")), [(n, o.stderr[-500:]) for n, o in out.items()]
+    rec = ends(farm)
+    assert {tid for tid, _ in rec} == set(range(12)) and all(e["outcome"] == "failed" for e in rec.values())
 
 
 @pytest.mark.parametrize("shell", [False, True])

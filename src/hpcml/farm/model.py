@@ -57,7 +57,7 @@ class Settings:
     backoff: float = 1.0             # seconds before retry 1; doubles for each further retry
     time_limit: float | None = None  # seconds an attempt may run before it is stopped ("timeout")
     lease: float = 60.0              # a worker whose heartbeat stood still this long is dead
-    node_failures: int = 5           # consecutive failures of different tasks that retire a node (0: never)
+    node_failures: int = 5           # different tasks failing in a row on a node, not elsewhere: node or code (0: never)
     task_dirs: bool = True           # each task runs in tasks/ID (its own relative paths); False: farm run's directory
 
     @property

@@ -17,16 +17,19 @@ from hpcml.schemas import tag
 NODE_SCHEMA = tag("farm.node", 1)
 
 
-def retire(farm: Path, node: str, worker: str, reason: str) -> None:
+def retire(farm: Path, node: str, worker: str, reason: str, vet: dict[str, Any] | None = None) -> None:
+    """``vet``: the node's verdict when the caller has it already (else it is taken now)."""
     doc = {"schema": NODE_SCHEMA, "node": node, "worker": worker, "time": time.time(), "reason": reason,
-           "vet": vet_this_node()}
+           "vet": vet if vet is not None else vet_this_node()}
     write_atomic(Path(farm) / NODES / f"{node}.bad", json.dumps(doc) + "\n")
 
 
 def vet_this_node(timeout: float = 60.0) -> dict[str, Any]:
     """``hpcml vet --prolog --json`` on a node being retired: its exit code (1: the node is
     bad) and verdict go into nodes/NODE.bad, so the operator sees whether the node or the
-    tasks are to blame. Nothing is drained: that is the operator's call."""
+    tasks are to blame, and decide, where no other node ran the failed tasks, whether to retire
+    it at all. With ``HPCML_VET_REPORT_TO`` set (inherited), ``hpcml vet`` also sends the
+    results to the centre's collector. Nothing is drained: that is the operator's call."""
     try:
         p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--json"], capture_output=True,
                            text=True, timeout=timeout, stdin=subprocess.DEVNULL)

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import errno
 import json
+import logging
 import os
 import shlex
 import shutil
@@ -40,11 +41,13 @@ from hpcml.farm import guard
 from hpcml.farm.claim import View, finish, load_end, try_claim
 from hpcml.farm.lease import Liveness, identity
 from hpcml.farm.model import CLAIM_SCHEMA, ENDS, FAILED, LOGS, LOST, NODES, OK, PARAMS, TASK_SCHEMA, TIMEOUT, WORKERS, Settings, Task
-from hpcml.farm.nodes import retire
+from hpcml.farm.nodes import retire, vet_this_node
 from hpcml.farm.process import ExitWaiter, PidfdWaiter, SigchldPipe, argv_of, kill_leftovers
 from hpcml.farm.store import Farm, load
 from hpcml.files import write_atomic
 from hpcml.proctree import die_with_parent, signal_group, start_time
+
+log = logging.getLogger(__name__)
 
 #: exit codes of a worker
 DONE, NODE_RETIRED, DISK = 0, 3, 4
@@ -92,6 +95,7 @@ class Worker:
         setpriv = shutil.which("setpriv")
         self.prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
         self.fails_in_a_row: list[int] = []
+        self._said_code = False                  # "the tasks' failure, not the node's" said once
         self._beat_file = self.path / WORKERS / self.wid
         self._next_beat = 0.0
         self._sigchld: SigchldPipe | None = None
@@ -323,19 +327,55 @@ class Worker:
             return self._sigchld.waiter(proc)
 
     def _count_failure(self, tid: int, outcome: str) -> bool:
-        """A node where different tasks keep failing in a row is retired; False then."""
+        """Node or code: a task that failed here counts against this node unless it also
+        failed the same way (exit code or signal) on another node: then the command is at
+        fault, on every node. When ``node_failures`` different tasks in a row failed here
+        and not elsewhere, the node is retired if one of them passed on another node (the
+        same command works elsewhere), or, where nothing ran them elsewhere, if ``hpcml vet
+        --prolog`` finds the node bad; a node that vets good keeps working (the tasks'
+        failure, said once) and its count starts again. False once retired."""
         if outcome == OK:
             self.fails_in_a_row.clear()
             return True
         if tid not in self.fails_in_a_row:
             self.fails_in_a_row.append(tid)
         limit = self.settings.node_failures
-        if limit and len(self.fails_in_a_row) >= limit:
-            retire(self.path, self.cfg.node, self.wid,
-                   f"{len(self.fails_in_a_row)} different tasks failed in a row here "
-                   f"(last: {', '.join(map(str, self.fails_in_a_row[-5:]))})")
-            return False
-        return True
+        if not limit or len(self.fails_in_a_row) < limit:
+            return True
+        self.view.refresh()
+        kinds = {t: self._blame(t) for t in self.fails_in_a_row}
+        self.fails_in_a_row = [t for t in self.fails_in_a_row if kinds[t] != "code"]
+        if len(self.fails_in_a_row) < limit:
+            return True
+        mine = self.fails_in_a_row[-limit:]
+        elsewhere = [t for t in mine if kinds[t] == "node"]
+        verdict = vet_this_node()
+        if not elsewhere and verdict.get("exit_code") != 1:
+            if not self._said_code:
+                self._said_code = True
+                log.warning("hpcml farm: %d different tasks failed in a row on %s, which vets good and where "
+                            "nothing ran them elsewhere: the tasks' failure, not the node's; it keeps working",
+                            len(mine), self.cfg.node)
+            self.fails_in_a_row.clear()
+            return True
+        why = (f"{len(mine)} different tasks failed in a row here (last: {', '.join(map(str, mine[-5:]))})"
+               + (f"; {len(elsewhere)} of them passed on another node ({', '.join(map(str, elsewhere[:5]))})"
+                  if elsewhere else "; hpcml vet --prolog finds the node bad"))
+        retire(self.path, self.cfg.node, self.wid, why, verdict)
+        return False
+
+    def _blame(self, tid: int) -> str:
+        """"code": the task also failed on another node with this node's exit code or signal;
+        "node": it passed on another node; else "unknown"."""
+        ends = list(self.view.state(tid).ends.values())
+        here = [(e.get("exit_code"), e.get("signal")) for e in ends
+                if e.get("node") == self.cfg.node and e.get("outcome") in (FAILED, TIMEOUT)]
+        other = [e for e in ends if e.get("node") != self.cfg.node]
+        if any(e.get("outcome") in (FAILED, TIMEOUT) and (e.get("exit_code"), e.get("signal")) in here for e in other):
+            return "code"
+        if any(e.get("outcome") == OK for e in other):
+            return "node"
+        return "unknown"
 
 
 def main(argv: list[str]) -> int:

@@ -101,7 +101,9 @@ def run(
     lease: str | None = typer.Option(None, "--lease", help="A worker silent this long is dead and its task "
                                      "rerun (default 60 s)."),
     node_failures: int | None = typer.Option(None, "--node-failures", min=0, help="Different tasks failing in a "
-                                             "row that retire a node (default 5; 0: never)."),
+                                             "row on a node, and not the same way elsewhere, that retire it "
+                                             "if one passed on another node or the node vets bad (default 5; "
+                                             "0: never)."),
 ) -> None:
     """Run every task not done yet, one worker per slot, until all are done or failed for good.
 
