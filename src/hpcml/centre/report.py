@@ -48,10 +48,17 @@ class Facts(Protocol):
 
     def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]: ...
 
+    def results_since(self, since: float) -> list[dict[str, Any]]: ...
 
-def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None
+    def job_events_since(self, since: float) -> list[dict[str, Any]]: ...
+
+
+def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None,
+          drains: list[dict[str, Any]] | None = None, declared: dict[str, dict[str, Any]] | None = None
           ) -> dict[str, Any]:
-    """The report over the last ``since_s`` seconds."""
+    """The report over the last ``since_s`` seconds; ``drains`` (the handler's audit log,
+    ``precision.drains_from_audit``) and ``declared`` (each rule's ``Rule.evidence``) add the
+    rules' precision to the checks'."""
     now = time.time() if now is None else now
     since = now - since_s
     nodes = store.node_harm(since, top)
@@ -62,7 +69,18 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
             "totals": store.job_totals(since), "nodes": nodes,
             "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top],
             "not_training": {"jobs": store.not_training_jobs(since, top), "users": store.not_training_by_user(since, top),
-                             "nodes": store.not_training_by_node(since, top)}}
+                             "nodes": store.not_training_by_node(since, top)},
+            "verdicts": verdicts(store, since, now, drains, declared)}
+
+
+def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]] | None,
+             declared: dict[str, dict[str, Any]] | None) -> dict[str, Any]:
+    """How often each check and rule was right (``centre.precision``), from the results and
+    proven job outcomes of the window and one horizon before it."""
+    from hpcml.centre.precision import HORIZON, Evidence, checks, rules
+    ev = Evidence(store.results_since(since - HORIZON), store.job_events_since(since - HORIZON))
+    return {"horizon_s": HORIZON, "checks": checks(ev, since, now),
+            "rules": rules(ev, drains or [], since, now, declared) if drains is not None else None}
 
 
 def _hours(d: dict[str, Any]) -> str:
@@ -132,7 +150,46 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out += ["", "time lost to faults, by account:"]
         out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
                 f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
-    return out + not_training_lines(rep.get("not_training") or {})
+    return out + not_training_lines(rep.get("not_training") or {}) + verdict_lines(rep.get("verdicts") or {})
+
+
+def _ratio(v: float | None, ci: list | None) -> str:
+    if v is None:
+        return "–"
+    lo, hi = ci or (None, None)
+    return f"{v:.2f}" + (f" [{lo:.2f}-{hi:.2f}]" if lo is not None and hi is not None else "")
+
+
+def _lead(s: float | None) -> str:
+    return "–" if s is None else f"{s / 3600:,.1f} h"
+
+
+def verdict_rows(rows: list[dict[str, Any]], key: str) -> list[list[str]]:
+    """One row per check or rule: flags, confirmed, refuted, pending, precision, recall, lead."""
+    return [[printable(r[key], 60), str(r["flags"]), str(r["confirmed"]), str(r["refuted"]), str(r["pending"]),
+             _ratio(r["precision"], r["precision_ci"]), f"{r['caught']}/{r['bad_nodes']}",
+             _ratio(r["recall"], r["recall_ci"]), _lead(r["lead_s_median"])] for r in rows]
+
+
+def verdict_lines(v: dict[str, Any]) -> list[str]:
+    """How often each check and rule was right, and the rules below their floor."""
+    if not v:
+        return []
+    days = v["horizon_s"] / 86400
+    out = ["", f"how often each verdict was right (confirmed: a proven job or another kind of check saw the node "
+               f"fail within {days:g} days; precision [95% interval]; recall: bad nodes caught before the first "
+               "job they hurt; lead: median time before it):"]
+    flagged = [r for r in v["checks"] if r["flags"]]
+    if not flagged:
+        out.append("  no check flagged a node in the window")
+    for row in verdict_rows(flagged, "check"):
+        out.append(f"  check {row[0]}: {row[1]} flags, {row[2]} confirmed, {row[3]} refuted, {row[4]} pending; "
+                   f"precision {row[5]}; caught {row[6]} bad nodes, recall {row[7]}; lead {row[8]}")
+    for r, row in zip(v.get("rules") or [], verdict_rows(v.get("rules") or [], "rule")):
+        floor = f"; BELOW ITS FLOOR {r['floor']:.2f}: not to be trusted" if r["below_floor"] else ""
+        out.append(f"  rule {row[0]}: {row[1]} drains, {row[2]} confirmed, {row[3]} refuted, {row[4]} pending; "
+                   f"precision {row[5]}{floor}; caught {row[6]} bad nodes, recall {row[7]}; lead {row[8]}")
+    return out
 
 
 def _unverified(t: dict[str, Any]) -> list[str]:
@@ -160,6 +217,15 @@ def render_html(rep: dict[str, Any]) -> str:
     nt_users = [[u["user"] or "?", u["jobs"], _hours(u), u["why"] or "?"] for u in nt["users"]]
     nt_nodes = [[n["node"], _hours(n), ", ".join(f"{r} {c}x" for r, c in sorted(n["roles"].items()))]
                 for n in nt["nodes"]]
+    v = rep.get("verdicts") or {"horizon_s": 0, "checks": [], "rules": None}
+    checks = verdict_rows([r for r in v["checks"] if r["flags"]], "check")
+    rules = None if v.get("rules") is None else [
+        row + [("BELOW " if r["below_floor"] else "") + (f"{r['floor']:.2f}" if r["floor"] is not None else "–")]
+        for r, row in zip(v["rules"], verdict_rows(v["rules"], "rule"))]
+    note = (f"A flag is confirmed when a proven job or another kind of check saw the node fail within "
+            f"{v['horizon_s'] / 86400:g} days of it, refuted when nothing did, pending while that time runs; "
+            "recall counts the bad nodes (named by a proven job) a check flagged before the first job they hurt.")
     return render("centre.html.j2", since=_when(rep["since"]), jobs=f"{t['jobs']:,}", totals=totals,
                   unverified=[line.strip() for line in _unverified(t)], nodes=nodes, owners=owners, accounts=accounts,
-                  nt_jobs=nt_jobs, nt_users=nt_users, nt_nodes=nt_nodes)
+                  nt_jobs=nt_jobs, nt_users=nt_users, nt_nodes=nt_nodes, checks=checks, rules=rules,
+                  verdict_note=note)

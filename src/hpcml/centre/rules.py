@@ -84,6 +84,17 @@ class Rule(_Strict):
     action: Literal["drain"] = "drain"
     reason: str = "hpcml: {check} {outcome} {count}x in {window}"
     resume_after: ResumeAfter | None = None
+    #: the precision below which the centre report calls the rule untrusted (its drains
+    #: measured against what else saw the node fail, ``hpcml.centre.precision``)
+    min_precision: Fraction | None = None
+
+    @property
+    def evidence(self) -> dict:
+        """What ``centre.precision.rules`` needs of it: the check type it counts (its own
+        evidence confirms nothing), whether it counts jobs, its floor."""
+        typ = self.match.type
+        return {"type": None if any(c in typ for c in "*?[") else typ, "jobs": self.match.job is not None,
+                "floor": self.min_precision}
 
     @model_validator(mode="after")
     def _job_rules_stay(self) -> Rule:

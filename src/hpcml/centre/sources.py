@@ -117,16 +117,22 @@ class StoreSource:
         except (StoreError, ValueError) as exc:
             raise UsageError(f"cannot open the results store: {exc}", key="db") from None
         try:
-            for row in store.results_since(since.timestamp()):
-                job = row["job"]
-                yield Result(node=row["node"], check=row["name"], type=row["type"] or "",
-                             outcome=row["outcome"], time=_utc(row["time"]),
-                             job=str(job) if job is not None else None,
-                             user=row["sender"] if row["evidence"] == "job" else None,
-                             evidence=row["evidence"])
-            for ev in store.job_events_since(since.timestamp()):     # hpcml run's job summaries
-                yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
-                             time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"],
-                             evidence="job")
+            yield from collector_results(store, since.timestamp())
         finally:
             store.close()
+
+
+def collector_results(store, since: float) -> Iterator[Result]:
+    """An open collector store's results and job summaries' node events since ``since``
+    (epoch seconds), as the handler counts them."""
+    for row in store.results_since(since):
+        job = row["job"]
+        yield Result(node=row["node"], check=row["name"], type=row["type"] or "",
+                     outcome=row["outcome"], time=_utc(row["time"]),
+                     job=str(job) if job is not None else None,
+                     user=row["sender"] if row["evidence"] == "job" else None,
+                     evidence=row["evidence"])
+    for ev in store.job_events_since(since):     # hpcml run's job summaries
+        yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
+                     time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"],
+                     evidence="job")

@@ -18,6 +18,10 @@ def report(
     top: int = typer.Option(20, "--top", min=1, max=10_000, help="Nodes and owners listed."),
     html_out: Optional[Path] = typer.Option(None, "--html", help="Also write the report as one offline HTML page."),
     as_json: bool = typer.Option(False, "--json", help="Print the report as JSON."),
+    audit: Optional[Path] = typer.Option(None, "--audit", help="The node handler's audit log (hpcml centre handle "
+                                         "--audit): each rule's drains measured too."),
+    rules: Optional[Path] = typer.Option(None, "--rules", help="With --audit: the rules catalog the handler ran "
+                                         "(default: hpcml's), for each rule's evidence and min_precision."),
 ) -> None:
     """The centre's view over every job and vetting result the collector holds.
 
@@ -25,6 +29,9 @@ def report(
     per user and account, and the GPU-hours lost to faults:
 
         hpcml centre report --db postgresql://hpcml@dbhost/vet --since 30d --html centre.html
+
+    How often each check's and, with --audit, each rule's verdict was right (precision,
+    recall, lead; hpcml.centre.precision); a rule below its min_precision is called out.
 
     Exit codes: 0 done, 1 the database cannot be read, 2 bad option.
     """
@@ -40,9 +47,10 @@ def report(
         from hpcml.centre.collector.sqlite import path_of
         if not Path(path_of(db)).is_file():
             raise UsageError("no such database file", file=path_of(db))
+    drains, declared = _handled(audit, rules)
     store = open_store(db)
     try:
-        rep = build(store, window, top=top)
+        rep = build(store, window, top=top, drains=drains, declared=declared)
     finally:
         store.close()
     if html_out is not None:
@@ -56,3 +64,20 @@ def report(
     print("\n".join(lines(rep)))
     if html_out is not None:
         print(f"html: {html_out}")
+
+
+def _handled(audit: Path | None, rules: Path | None) -> tuple[list | None, dict | None]:
+    """The handler's applied drains and each rule's declared evidence (None without --audit)."""
+    if audit is None:
+        if rules is not None:
+            raise UsageError("needs --audit (the handler's log of what the rules did)", key="--rules")
+        return None, None
+    from hpcml.centre import rules as rules_mod
+    from hpcml.centre.precision import drains_from_audit
+    try:
+        with open(audit, encoding="utf-8", errors="replace") as f:
+            drains = drains_from_audit(f)
+    except OSError as exc:
+        raise UsageError(f"cannot read: {exc.strerror}", file=str(audit)) from None
+    catalog = rules_mod.load(rules or rules_mod.DEFAULT_RULES)
+    return drains, {r.name: r.evidence for r in catalog.rules}

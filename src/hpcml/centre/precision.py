@@ -1,0 +1,176 @@
+"""How often each check's and each rule's "this node is bad" was right: precision, recall
+and time to catch, from what the collector holds (vetting results, proven job outcomes) and
+what the node handler did (its audit log).
+
+Why: no tool of the field publishes how often its verdicts are right, and a rule nobody
+measured drains nodes on faith. The collector holds both sides, so the centre measures its
+own, with the evidence each figure rests on.
+
+A flag is a check's ``fail`` or ``error`` on a node (a drain, for a rule). It is:
+
+- **confirmed** when something independent of it saw the node fail within ``HORIZON`` of it
+  (before or after): a proven job that named the node (culprit, crashed rank, straggler:
+  ``HARM_ROLES``), or a check of another type failing there (a lying check does not confirm
+  itself, nor do its siblings of the same type);
+- **refuted** when ``HORIZON`` has passed and nothing independent saw the node fail;
+- **pending** while the horizon is still open and nothing confirmed it (not counted).
+
+Precision is confirmed / (confirmed + refuted), with a Wilson 95% interval. A node is
+**bad** when a proven job named it in the window; a check **caught** it when it flagged it
+within ``HORIZON`` before the first job it hurt (recall: caught / bad), and its **lead** is
+how long before. The figures are only as good as that proxy: a node drained at once, before
+any job or other check could see it, is refuted though it was bad (the simulated fleet,
+``hpcml.testing.fleet``, measures that bias against the truth).
+"""
+
+from __future__ import annotations
+
+import math
+from bisect import bisect_left, bisect_right
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from typing import Any
+
+HORIZON = 7 * 86400.0
+HARM_ROLES = ("culprit", "crashed", "straggler")
+FLAGS = ("fail", "error")
+MIN_DECIDED = 5            # a floor is judged from at least this many decided flags
+
+
+def wilson(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]:
+    """The Wilson score interval of ``k`` successes in ``n`` (None, None without any)."""
+    if n <= 0:
+        return None, None
+    p = k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
+
+
+def _within(times: Sequence[float], lo: float, hi: float) -> bool:
+    return bisect_right(times, hi) > bisect_left(times, lo)
+
+
+class Evidence:
+    """Per node, when proven jobs named it and when each type of check failed there."""
+
+    def __init__(self, results: Iterable[Mapping[str, Any]], harms: Iterable[Mapping[str, Any]]) -> None:
+        self.harm: dict[str, list[float]] = defaultdict(list)
+        for h in harms:
+            if h.get("role") in HARM_ROLES and isinstance(h.get("time"), (int, float)):
+                self.harm[str(h["node"])].append(float(h["time"]))
+        self.fails: dict[tuple[str, str], list[float]] = defaultdict(list)      # (node, type) -> times
+        self.results: list[Mapping[str, Any]] = []
+        for r in results:
+            if not isinstance(r.get("time"), (int, float)):
+                continue
+            self.results.append(r)
+            if r.get("outcome") in FLAGS:
+                self.fails[(str(r["node"]), str(r.get("type") or ""))].append(float(r["time"]))
+        for v in (*self.harm.values(), *self.fails.values()):
+            v.sort()
+        self.types_of: dict[str, set[str]] = defaultdict(set)
+        for node, typ in self.fails:
+            self.types_of[node].add(typ)
+
+    def seen_bad(self, node: str, t: float, horizon: float, not_type: str | None = None, jobs: bool = True) -> bool:
+        """Whether a proven job (``jobs``), or a failing check of a type other than
+        ``not_type``, saw ``node`` fail within ``horizon`` of ``t``."""
+        if jobs and _within(self.harm.get(node, ()), t - horizon, t + horizon):
+            return True
+        return any(_within(self.fails[(node, typ)], t - horizon, t + horizon)
+                   for typ in self.types_of.get(node, ()) if typ != not_type)
+
+    def bad_nodes(self, since: float) -> dict[str, float]:
+        """Node -> the first time a proven job named it, since ``since``."""
+        out = {}
+        for node, times in self.harm.items():
+            i = bisect_left(times, since)
+            if i < len(times):
+                out[node] = times[i]
+        return out
+
+
+def _figures(decided: dict[str, int], pending: int, caught: list[float], bad: int) -> dict[str, Any]:
+    n = decided["confirmed"] + decided["refuted"]
+    lo, hi = wilson(decided["confirmed"], n)
+    rlo, rhi = wilson(len(caught), bad)
+    lead = sorted(caught)
+    return {"flags": n + pending, "confirmed": decided["confirmed"], "refuted": decided["refuted"], "pending": pending,
+            "precision": round(decided["confirmed"] / n, 4) if n else None, "precision_ci": [lo, hi],
+            "bad_nodes": bad, "caught": len(caught), "recall": round(len(caught) / bad, 4) if bad else None,
+            "recall_ci": [rlo, rhi], "lead_s_median": lead[len(lead) // 2] if lead else None}
+
+
+def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> list[dict[str, Any]]:
+    """Precision, recall and lead of every check (by name) that ran since ``since``."""
+    by_check: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
+    for r in ev.results:
+        if r["time"] >= since:
+            by_check[str(r.get("name") or "?")].append(r)
+    bad = ev.bad_nodes(since)
+    out = []
+    for name, rs in sorted(by_check.items()):
+        decided = {"confirmed": 0, "refuted": 0}
+        pending = 0
+        first_flag: dict[str, float] = {}
+        typ = str(rs[0].get("type") or "")
+        for r in rs:
+            if r.get("outcome") not in FLAGS:
+                continue
+            node, t = str(r["node"]), float(r["time"])
+            first_flag.setdefault(node, t)
+            if ev.seen_bad(node, t, horizon, not_type=typ):
+                decided["confirmed"] += 1
+            elif t + horizon <= now:
+                decided["refuted"] += 1
+            else:
+                pending += 1
+        caught = [h - first_flag[n] for n, h in bad.items()
+                  if n in first_flag and h - horizon <= first_flag[n] <= h]
+        out.append({"check": name, "type": typ, "results": len(rs), **_figures(decided, pending, caught, len(bad))})
+    return out
+
+
+def rules(ev: Evidence, drains: Iterable[Mapping[str, Any]], since: float, now: float,
+          declared: Mapping[str, Mapping[str, Any]] | None = None, horizon: float = HORIZON) -> list[dict[str, Any]]:
+    """Precision, recall and lead of every rule that drained a node since ``since`` (the
+    handler's applied drains: node, rule, time), each against its declared floor.
+    ``declared``: rule -> {"type": the check type it counts (its evidence is no confirmation),
+    "jobs": whether it counts jobs (then only checks confirm it), "floor": its min_precision}."""
+    by_rule: dict[str, list[tuple[str, float]]] = defaultdict(list)
+    for d in drains:
+        if d.get("time") is not None and d["time"] >= since:
+            by_rule[str(d.get("rule") or "?")].append((str(d["node"]), float(d["time"])))
+    bad = ev.bad_nodes(since)
+    out = []
+    for rule, hits in sorted(by_rule.items()):
+        decided = {"confirmed": 0, "refuted": 0}
+        pending = 0
+        first: dict[str, float] = {}
+        info = (declared or {}).get(rule) or {}
+        for node, t in hits:
+            first.setdefault(node, t)
+            if ev.seen_bad(node, t, horizon, not_type=info.get("type"), jobs=not info.get("jobs")):
+                decided["confirmed"] += 1
+            elif t + horizon <= now:
+                decided["refuted"] += 1
+            else:
+                pending += 1
+        caught = [h - first[n] for n, h in bad.items() if n in first and h - horizon <= first[n] <= h]
+        row = {"rule": rule, "drains": len(hits), **_figures(decided, pending, caught, len(bad))}
+        floor = info.get("floor")
+        row["floor"] = floor
+        n = decided["confirmed"] + decided["refuted"]
+        row["below_floor"] = bool(floor is not None and n >= MIN_DECIDED and row["precision"] is not None
+                                  and row["precision"] < floor)
+        out.append(row)
+    return out
+
+
+def drains_from_audit(lines: Iterable[str]) -> list[dict[str, Any]]:
+    """The drains the handler really applied (``hpcml centre handle``'s audit log)."""
+    from hpcml.centre.handler import _applied
+    return [{"node": node, "rule": rec.rule, "time": rec.time.timestamp()}
+            for node, rec in _applied(lines) if rec.action == "drain"]

@@ -1,0 +1,161 @@
+"""A simulated fleet with known truth, fed through the collector's store, to measure the
+centre's own verdicts against (``hpcml.centre.precision``; issue 68).
+
+Weeks of a cluster: every node vetted once a day by a protocol of five checks (the node's
+own evidence, as a prolog or health check sends it: proven ``node``), and jobs of many users
+on random sets of nodes, each summarised as ``hpcml run`` does, proven by MUNGE (``Proven``
+as the collector records it; the HTTP and MUNGE layers are tested elsewhere, so the store is
+written directly here: thousands of days of results in seconds). The node handler's real
+``plan`` runs twice a day (after the vetting, after the jobs) over what the collector holds,
+with the default rules, and its drains are applied to the simulation (a drained node takes no jobs, is still vetted, and is resumed when
+the handler says so), as ``hpcml centre handle`` would with Slurm.
+
+A share of the nodes is bad, from a random day on, of one kind each:
+
+- ``dead``: its GPU count and Xid checks fail at every vetting, every job on it crashes;
+- ``intermittent``: GPU count fails at 30% of vettings, 30% of its jobs crash on it;
+- ``slow``: the GEMM check fails at 70% of vettings, 80% of its jobs name it a straggler;
+- ``liar``: a healthy node whose PCIe link check fails at half its vettings (the check is
+  wrong, the node is fine: its jobs run well).
+
+Every check also fails on a healthy node at ``NOISE`` of vettings. ``Truth`` says which
+node was bad from when, so every figure the centre computes can be checked.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from datetime import datetime, timezone
+from typing import Any
+
+DAY = 86400.0
+CHECKS = (("gpu-count", "gpu"), ("xid", "xid"), ("gemm", "compute"), ("pcie-link", "gpu"), ("disk", "disk"))
+KINDS = ("dead", "intermittent", "slow", "liar")
+NOISE = 0.002
+
+
+@dataclass
+class Truth:
+    nodes: list[str]
+    kind: dict[str, str] = field(default_factory=dict)      # bad (or lied-about) node -> its kind
+    since: dict[str, float] = field(default_factory=dict)   # -> from when
+    flags: list[tuple[str, str, float, bool]] = field(default_factory=list)   # (check, node, time, node truly bad)
+    drains: list[dict[str, Any]] = field(default_factory=list)   # the handler's applied drains (node, rule, time)
+
+    def bad(self, node: str, t: float) -> bool:
+        """Whether ``node`` was really bad at ``t`` (a liar never is)."""
+        k = self.kind.get(node)
+        return k is not None and k != "liar" and t >= self.since[node]
+
+    def precision(self, check: str) -> float | None:
+        mine = [b for c, _, _, b in self.flags if c == check]
+        return sum(mine) / len(mine) if mine else None
+
+    def rule_precision(self, rule: str) -> float | None:
+        mine = [self.bad(d["node"], d["time"]) for d in self.drains if d["rule"] == rule]
+        return sum(mine) / len(mine) if mine else None
+
+
+def _fails(kind: str | None, bad_now: bool, check: str, rng: random.Random) -> bool:
+    p = NOISE
+    if bad_now and kind == "dead" and check in ("gpu-count", "xid"):
+        p = 1.0
+    elif bad_now and kind == "intermittent" and check == "gpu-count":
+        p = 0.3
+    elif bad_now and kind == "slow" and check == "gemm":
+        p = 0.7
+    elif kind == "liar" and check == "pcie-link":
+        p = 0.5
+    return rng.random() < p
+
+
+def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float = 0.04, jobs_per_day: int = 150,
+             users: int = 20, seed: int = 0, end: float, handle: bool = True) -> Truth:
+    """Write ``days`` of the fleet ending at ``end`` into ``store`` (``add``, ``add_jobs``);
+    with ``handle``, the node handler's default rules drain and resume nodes once a day."""
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    from hpcml.centre.summaries import Proven, Received
+    rng = random.Random(seed)
+    names = [f"nid{i:05d}" for i in range(nodes)]
+    truth = Truth(names)
+    start = end - days * DAY
+    n_bad = max(len(KINDS), round(nodes * bad_share))
+    for i, node in enumerate(rng.sample(names, n_bad)):
+        truth.kind[node] = KINDS[i % len(KINDS)]
+        truth.since[node] = start + rng.uniform(0.0, 0.6) * days * DAY
+    drained: set[str] = set()
+    catalog, history = (_handler() if handle else (None, {}))
+    job_no = 0
+    for day in range(days):
+        t0 = start + day * DAY
+        reports = []
+        for node in names:
+            t = t0 + rng.uniform(0, 3600)
+            kind, bad_now = truth.kind.get(node), truth.bad(node, t)
+            results = []
+            for check, typ in CHECKS:
+                failed = _fails(kind, bad_now, check, rng)
+                results.append(CheckResult(name=check, type=typ, outcome="fail" if failed else "pass"))
+                if failed:
+                    truth.flags.append((check, node, t, truth.bad(node, t)))
+            rep = NodeReport(node=node, time=t, protocol="fleet-sim", job_id=None,
+                             verdict="bad" if any(r.outcome == "fail" for r in results) else "good", results=results)
+            rep.proven("node", "root")
+            reports.append(rep)
+        store.add(reports)
+        if catalog is not None:                 # a handler runs every few minutes: right after the vetting ...
+            _handle_day(store, catalog, history, truth, names, drained, t0 + 3660)
+        summaries = []
+        up = [n for n in names if n not in drained]
+        for _ in range(jobs_per_day):
+            job_no += 1
+            t = t0 + rng.uniform(3600, DAY - 7200)
+            held = rng.sample(up, min(len(up), rng.choice((1, 2, 4, 8))))
+            roles: dict[str, list[dict[str, Any]]] = {"crashed": [], "stragglers": []}
+            for node in held:
+                kind, bad_now = truth.kind.get(node), truth.bad(node, t)
+                if bad_now and (kind == "dead" or (kind == "intermittent" and rng.random() < 0.3)):
+                    roles["crashed"].append({"node": node, "detail": "simulated crash"})
+                elif bad_now and kind == "slow" and rng.random() < 0.8:
+                    roles["stragglers"].append({"node": node, "detail": "simulated straggler"})
+            user = f"u{rng.randrange(users)}"
+            s = Received.model_validate({
+                "job_id": str(job_no), "attempt": 1, "user": user, "account": "sim", "started": t, "ended": t + 3600,
+                "duration_s": 3600, "exit_code": 1 if roles["crashed"] else 0,
+                "outcome": "failed" if roles["crashed"] else "completed", "nodes": held, "gpus": 4 * len(held),
+                "node_hours": float(len(held)), "gpu_hours": 4.0 * len(held), **roles})
+            s.proven(Proven(how="munge", user=user, uid=1000 + int(user[1:]), verified=True))
+            summaries.append(s)
+        store.add_jobs(summaries)
+        if catalog is not None:                 # ... and after the day's jobs
+            _handle_day(store, catalog, history, truth, names, drained, t0 + DAY - 60)
+    return truth
+
+
+def _handler() -> tuple[Any, dict]:
+    from hpcml.centre.rules import DEFAULT_RULES, load
+    return load(DEFAULT_RULES), {}
+
+
+def _handle_day(store: Any, catalog: Any, history: dict, truth: Truth, names: Sequence[str], drained: set[str],
+                now: float) -> None:
+    """The handler's ``plan`` over what the collector holds, as ``hpcml centre handle`` runs
+    it once a day; its drains and resumes applied to the simulated Slurm."""
+    from hpcml.centre.handler import NodeState, Record, plan
+    from hpcml.centre.sources import collector_results
+    when = datetime.fromtimestamp(now, timezone.utc)
+    results = list(collector_results(store, now - 8 * DAY))
+    states = {n: NodeState(n, "DRAIN" if n in drained else "IDLE",
+                           (history[n].rule and f"hpcml: {history[n].rule}") if n in drained and n in history else "")
+              for n in names}
+    p = plan(catalog, results, states, history, when)
+    for a in p.actions:
+        if a.action == "drain" and a.node not in drained:
+            drained.add(a.node)
+            history[a.node] = Record("drain", when, a.rule, a.check, (a.evidence or {}).get("strength") or "node")
+            truth.drains.append({"node": a.node, "rule": a.rule, "time": now})
+        elif a.action == "resume" and a.node in drained:
+            drained.discard(a.node)
+            history[a.node] = Record("resume", when, a.rule, a.check)
