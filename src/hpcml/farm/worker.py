@@ -96,6 +96,7 @@ class Worker:
         self.prefix = [setpriv, "--pdeathsig", "KILL", "--"] if setpriv else []
         self.fails_in_a_row: list[int] = []
         self._said_code = False                  # "the tasks' failure, not the node's" said once
+        self._vetted_at = 0                      # the streak's length when this node last vetted good
         self._beat_file = self.path / WORKERS / self.wid
         self._next_beat = 0.0
         self._sigchld: SigchldPipe | None = None
@@ -329,13 +330,14 @@ class Worker:
     def _count_failure(self, tid: int, outcome: str) -> bool:
         """Node or code: a task that failed here counts against this node unless it also
         failed the same way (exit code or signal) on another node: then the command is at
-        fault, on every node. When ``node_failures`` different tasks in a row failed here
-        and not elsewhere, the node is retired if one of them passed on another node (the
+        fault, on every node. Once ``node_failures`` different tasks in a row failed here and
+        not elsewhere, the node is retired as soon as one of them passed on another node (the
         same command works elsewhere), or, where nothing ran them elsewhere, if ``hpcml vet
         --prolog`` finds the node bad; a node that vets good keeps working (the tasks'
-        failure, said once) and its count starts again. False once retired."""
+        failure, said once) and is vetted again after as many failures more. False once retired."""
         if outcome == OK:
             self.fails_in_a_row.clear()
+            self._vetted_at = 0
             return True
         if tid not in self.fails_in_a_row:
             self.fails_in_a_row.append(tid)
@@ -347,16 +349,18 @@ class Worker:
         self.fails_in_a_row = [t for t in self.fails_in_a_row if kinds[t] != "code"]
         if len(self.fails_in_a_row) < limit:
             return True
-        mine = self.fails_in_a_row[-limit:]
+        mine = self.fails_in_a_row
         elsewhere = [t for t in mine if kinds[t] == "node"]
+        if not elsewhere and len(mine) - self._vetted_at < limit:
+            return True                          # vetted good: wait for evidence (or as many failures again)
         verdict = vet_this_node()
         if not elsewhere and verdict.get("exit_code") != 1:
+            self._vetted_at = len(mine)
             if not self._said_code:
                 self._said_code = True
                 log.warning("hpcml farm: %d different tasks failed in a row on %s, which vets good and where "
                             "nothing ran them elsewhere: the tasks' failure, not the node's; it keeps working",
                             len(mine), self.cfg.node)
-            self.fails_in_a_row.clear()
             return True
         why = (f"{len(mine)} different tasks failed in a row here (last: {', '.join(map(str, mine[-5:]))})"
                + (f"; {len(elsewhere)} of them passed on another node ({', '.join(map(str, elsewhere[:5]))})"
