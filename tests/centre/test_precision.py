@@ -53,11 +53,27 @@ def test_a_flag_is_confirmed_only_by_independent_evidence():
     assert (got["pcie"]["confirmed"], got["pcie"]["refuted"]) == (0, 1)
     drains = [{"node": "n1", "rule": "slow", "time": t + DAY}, {"node": "n3", "rule": "slow", "time": t},
               {"node": "n3", "rule": "slow", "time": t + 20 * DAY}]
-    r = rules(ev, drains, now - 60 * DAY, now, {"slow": {"type": "compute", "jobs": False, "floor": 0.9}})[0]
+    r = rules(ev, drains, now - 60 * DAY, now,
+              {"slow": {"matches": lambda typ, check: typ == "compute", "jobs": False, "floor": 0.9}})[0]
     # n1: a job named it; n3 at first: its gpu checks failing (another type than the rule's);
     # n3 again 20 days on: nothing within the horizon
     assert (r["confirmed"], r["refuted"], r["pending"]) == (2, 1, 0) and r["floor"] == 0.9
     assert r["below_floor"] is False                 # 3 decided: too few to call it
+
+
+def test_a_bad_node_is_caught_by_any_flag_in_the_horizon_before_its_first_hurt_job():
+    """A flag 20 days before the harm (outside the horizon) and another a day before it:
+    caught, lead one day; a rule's own kind of evidence never confirms its drain."""
+    now, h = 100 * DAY, 60 * DAY
+    results = [{"node": "n1", "name": "gemm", "type": "compute", "outcome": "fail", "time": h - 20 * DAY},
+               {"node": "n1", "name": "gemm", "type": "compute", "outcome": "fail", "time": h - DAY},
+               {"node": "n2", "name": "gemm", "type": "compute", "outcome": "fail", "time": h}]
+    ev = Evidence(results, [{"node": "n1", "role": "crashed", "time": h}])
+    gemm = checks(ev, 0.0, now)[0]
+    assert gemm["caught"] == 1 and gemm["lead_s_median"] == DAY
+    r = rules(ev, [{"node": "n2", "rule": "slow", "time": h + 60}], 0.0, now,
+              {"slow": {"matches": lambda typ, check: check.startswith("gemm"), "jobs": False, "floor": None}})[0]
+    assert (r["confirmed"], r["refuted"]) == (0, 1)      # its gemm fails are the rule's own evidence
 
 
 def test_a_simulated_fleet_s_figures_follow_the_truth(tmp_path):

@@ -432,3 +432,32 @@ def test_a_straggler_whose_gpu_is_held_back_for_heat_is_contention_and_a_power_c
                    limits=JUDGE)
     assert not any(f.kind == "contention" for f in capped.findings)
     assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in capped.findings), capped.findings
+
+
+def test_the_rank_the_arrivals_name_whose_gpu_is_held_back_is_contention(tmp_path):
+    """An NCCL-like job: step times even, each rank's periodic Flight Recorder dump (with
+    timing) shows rank 2 arriving 30 ms late at every all-reduce, and rank 2's GPU reports
+    hardware thermal slowdown on every sample: a contention finding naming its GPU, no
+    collective_straggler. Without the heat the arrivals name rank 2 a straggler."""
+    import pickle
+
+    from hpcml.observe.arrivals import LIVE
+    from tests.observe.test_arrivals import _dump
+
+    def job(name: str, reasons: dict[int, int] | None):
+        d = make_job(tmp_path / name, 4, 300, ranks_per_node=1, clock_reasons=reasons, seed=6)
+        live = d / LIVE
+        live.mkdir()
+        base = 1_800_000_000_000_000_000 + np.arange(200) * 100_000_000
+        for r in range(4):
+            took = [1.0 if r == 2 else 31.0] * 200                     # the others wait 30 ms for rank 2
+            (live / f"rank-{r:05d}").write_bytes(pickle.dumps(_dump(r, 4, [int(b) for b in base], took)))
+        return build(read_job(d), limits=JUDGE)
+
+    hot = job("hot", {2: 0x40})
+    kinds = [f.kind for f in hot.findings]
+    assert "collective_straggler" not in kinds and "contention" in kinds, hot.findings
+    c = next(f for f in hot.findings if f.kind == "contention")
+    assert "rank 2" in c.message and "hw_thermal_slowdown" in c.message and hot.arrivals["contended"] is True
+    cool = job("cool", None)
+    assert any(f.kind == "collective_straggler" and "rank 2" in f.message for f in cool.findings), cool.findings

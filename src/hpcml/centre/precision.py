@@ -28,7 +28,7 @@ from __future__ import annotations
 import math
 from bisect import bisect_left, bisect_right
 from collections import defaultdict
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 HORIZON = 7 * 86400.0
@@ -60,27 +60,35 @@ class Evidence:
         for h in harms:
             if h.get("role") in HARM_ROLES and isinstance(h.get("time"), (int, float)):
                 self.harm[str(h["node"])].append(float(h["time"]))
-        self.fails: dict[tuple[str, str], list[float]] = defaultdict(list)      # (node, type) -> times
+        self.fails: dict[tuple[str, str, str], list[float]] = defaultdict(list)   # (node, type, check) -> times
         self.results: list[Mapping[str, Any]] = []
         for r in results:
-            if not isinstance(r.get("time"), (int, float)):
-                continue
+            if not isinstance(r.get("time"), (int, float)) or r.get("evidence") == "none":
+                continue                    # a report nothing proved counts nowhere, as in the handler
             self.results.append(r)
             if r.get("outcome") in FLAGS:
-                self.fails[(str(r["node"]), str(r.get("type") or ""))].append(float(r["time"]))
+                self.fails[(str(r["node"]), str(r.get("type") or ""), str(r.get("name") or "?"))].append(float(r["time"]))
         for v in (*self.harm.values(), *self.fails.values()):
             v.sort()
-        self.types_of: dict[str, set[str]] = defaultdict(set)
-        for node, typ in self.fails:
-            self.types_of[node].add(typ)
+        self.kinds_of: dict[str, set[tuple[str, str]]] = defaultdict(set)       # node -> (type, check) failing there
+        for node, typ, check in self.fails:
+            self.kinds_of[node].add((typ, check))
 
-    def seen_bad(self, node: str, t: float, horizon: float, not_type: str | None = None, jobs: bool = True) -> bool:
-        """Whether a proven job (``jobs``), or a failing check of a type other than
-        ``not_type``, saw ``node`` fail within ``horizon`` of ``t``."""
+    def seen_bad(self, node: str, t: float, horizon: float, own: Callable[[str, str], bool] | None = None,
+                 jobs: bool = True) -> bool:
+        """Whether a proven job (``jobs``), or a failing check that is not ``own`` (type,
+        check -> whether it is the flag's own kind of evidence), saw ``node`` fail within
+        ``horizon`` of ``t``."""
         if jobs and _within(self.harm.get(node, ()), t - horizon, t + horizon):
             return True
-        return any(_within(self.fails[(node, typ)], t - horizon, t + horizon)
-                   for typ in self.types_of.get(node, ()) if typ != not_type)
+        return any(_within(self.fails[(node, typ, check)], t - horizon, t + horizon)
+                   for typ, check in self.kinds_of.get(node, ()) if own is None or not own(typ, check))
+
+    def flagged_within(self, node: str, own: Callable[[str, str], bool], lo: float, hi: float) -> float | None:
+        """The earliest time in [lo, hi] a failing check of kind ``own`` flagged ``node``."""
+        times = sorted(t for typ, check in self.kinds_of.get(node, ()) if own(typ, check)
+                       for t in self.fails[(node, typ, check)] if lo <= t <= hi)
+        return times[0] if times else None
 
     def bad_nodes(self, since: float) -> dict[str, float]:
         """Node -> the first time a proven job named it, since ``since``."""
@@ -114,21 +122,24 @@ def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> 
     for name, rs in sorted(by_check.items()):
         decided = {"confirmed": 0, "refuted": 0}
         pending = 0
-        first_flag: dict[str, float] = {}
         typ = str(rs[0].get("type") or "")
+
+        def same(t_: str, _c: str, typ: str = typ) -> bool:
+            return t_ == typ                   # a check of its own type is no independent witness
         for r in rs:
-            if r.get("outcome") not in FLAGS:
+            if r.get("outcome") not in FLAGS or r.get("evidence") == "none":
                 continue
             node, t = str(r["node"]), float(r["time"])
-            first_flag.setdefault(node, t)
-            if ev.seen_bad(node, t, horizon, not_type=typ):
+            if ev.seen_bad(node, t, horizon, own=same):
                 decided["confirmed"] += 1
             elif t + horizon <= now:
                 decided["refuted"] += 1
             else:
                 pending += 1
-        caught = [h - first_flag[n] for n, h in bad.items()
-                  if n in first_flag and h - horizon <= first_flag[n] <= h]
+
+        def this(_t: str, c: str, name: str = name) -> bool:
+            return c == name
+        caught = [h - f for n, h in bad.items() if (f := ev.flagged_within(n, this, h - horizon, h)) is not None]
         out.append({"check": name, "type": typ, "results": len(rs), **_figures(decided, pending, caught, len(bad))})
     return out
 
@@ -137,8 +148,9 @@ def rules(ev: Evidence, drains: Iterable[Mapping[str, Any]], since: float, now: 
           declared: Mapping[str, Mapping[str, Any]] | None = None, horizon: float = HORIZON) -> list[dict[str, Any]]:
     """Precision, recall and lead of every rule that drained a node since ``since`` (the
     handler's applied drains: node, rule, time), each against its declared floor.
-    ``declared``: rule -> {"type": the check type it counts (its evidence is no confirmation),
-    "jobs": whether it counts jobs (then only checks confirm it), "floor": its min_precision}."""
+    ``declared``: rule -> {"matches": (type, check) -> whether the rule counts such results
+    (its own evidence confirms nothing), "jobs": whether it counts jobs (then only checks
+    confirm it), "floor": its min_precision} (``Rule.evidence``)."""
     by_rule: dict[str, list[tuple[str, float]]] = defaultdict(list)
     for d in drains:
         if d.get("time") is not None and d["time"] >= since:
@@ -148,17 +160,19 @@ def rules(ev: Evidence, drains: Iterable[Mapping[str, Any]], since: float, now: 
     for rule, hits in sorted(by_rule.items()):
         decided = {"confirmed": 0, "refuted": 0}
         pending = 0
-        first: dict[str, float] = {}
         info = (declared or {}).get(rule) or {}
+        own = info.get("matches")
+        drained: dict[str, list[float]] = defaultdict(list)
         for node, t in hits:
-            first.setdefault(node, t)
-            if ev.seen_bad(node, t, horizon, not_type=info.get("type"), jobs=not info.get("jobs")):
+            drained[node].append(t)
+            if ev.seen_bad(node, t, horizon, own=own, jobs=not info.get("jobs")):
                 decided["confirmed"] += 1
             elif t + horizon <= now:
                 decided["refuted"] += 1
             else:
                 pending += 1
-        caught = [h - first[n] for n, h in bad.items() if n in first and h - horizon <= first[n] <= h]
+        caught = [h - min(ts) for n, h in bad.items()
+                  if (ts := [t for t in drained.get(n, ()) if h - horizon <= t <= h])]
         row = {"rule": rule, "drains": len(hits), **_figures(decided, pending, caught, len(bad))}
         floor = info.get("floor")
         row["floor"] = floor

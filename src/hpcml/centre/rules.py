@@ -90,11 +90,14 @@ class Rule(_Strict):
 
     @property
     def evidence(self) -> dict:
-        """What ``centre.precision.rules`` needs of it: the check type it counts (its own
-        evidence confirms nothing), whether it counts jobs, its floor."""
-        typ = self.match.type
-        return {"type": None if any(c in typ for c in "*?[") else typ, "jobs": self.match.job is not None,
-                "floor": self.min_precision}
+        """What ``centre.precision.rules`` needs of it: which results it counts (its own
+        evidence confirms nothing: any check its globs match, whatever the outcome), whether it
+        counts jobs, its floor."""
+        match = self.match
+
+        def matches(typ: str, check: str) -> bool:
+            return match.job is None and fnmatchcase(check, match.check) and fnmatchcase(typ, match.type)
+        return {"matches": matches, "jobs": match.job is not None, "floor": self.min_precision}
 
     @model_validator(mode="after")
     def _job_rules_stay(self) -> Rule:

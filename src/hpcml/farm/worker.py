@@ -270,6 +270,8 @@ class Worker:
                 proc = subprocess.Popen(self.prefix + argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err,
                                         env=env, cwd=cwd, **group)
                 self._task = proc
+                if self.stopping:                 # stopped between the check in _run and now
+                    signal_group(proc.pid, signal.SIGKILL)
             except (FileNotFoundError, PermissionError) as exc:
                 if argv[0] != "/bin/sh":
                     return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log, cwd)

@@ -41,7 +41,8 @@ numbers of them). But in a pipeline a rank that waits for a slow neighbour's act
 gradients reaches its collectives late too, passing the lateness on: so the timed receives
 (``recv`` entries with ``duration_ms``) are summed per rank (``recv_share``: the share of
 its dump's time it spent receiving), and a candidate that received for longer than the
-others' median by the chronic share is a victim, not the straggler: no rank is named. (gloo's
+others' median by the chronic share is a victim, not the straggler: the next latest rank is
+judged instead (``CANDIDATES``). (gloo's
 recorder keeps no point-to-point entries; ``hpcml run``'s hooks time its ``dist.recv``.)
 
 The chance a rank of a group of ``m`` is last is 1/m; the recurrence asked of a rank is set
@@ -65,6 +66,7 @@ SMALL_GROUP = 1.5      # ... and at this many times the share chance gives (1 / 
 LATE_FACTOR = 5.0      # late by this many times the other ranks' median lateness (0 where early) ...
 MIN_LATE_S = 1e-3      # ... and at least this long
 MIN_COLLECTIVES = 10   # no verdict from fewer collectives
+CANDIDATES = 3         # the latest ranks judged in turn when one was a pipeline's victim
 RECENT = 2000          # the newest collectives of each group judged
 LIVE = "flight-recorder-live"    # <observe>/LIVE/rank-NNNNN: each rank's periodic dump (hpcml run's sitecustomize)
 LIVE_DUMP_MAX = 64 << 20         # bytes of one periodic dump read, at most (2,000 entries without stacks: ~1 MB)
@@ -201,19 +203,23 @@ def straggler(scores: list[RankArrival], members: int | None = None,
               step_s: float | None = None) -> RankArrival | None:
     """The rank the others waited for, if the arrivals name one (the rules above); with the
     job's median ``step_s``, only if it is late by more than the straggler model's chronic
-    share of a step too (a rank 5% slower is not a straggler by either measure)."""
+    share of a step too (a rank 5% slower is not a straggler by either measure). A candidate
+    that waited in receives for a neighbour (a pipeline victim) is passed over for the next
+    latest, up to ``CANDIDATES``."""
     if len(scores) < 2:
         return None
-    top = scores[0]
-    n = min(members or top.group_size, top.group_size)
-    others = [max(0.0, a.late_s) for a in scores[1:]]    # how late the others are (of two, one never is)
-    typical = float(np.median(others)) if others else 0.0
-    if top.collectives < MIN_COLLECTIVES or top.last_share < max(RECURRENCE, min(1.0, SMALL_GROUP / n)):
-        return None
     floor = CHRONIC * step_s if step_s is not None and step_s > 0 and math.isfinite(step_s) else 0.0
-    if top.late_s < max(MIN_LATE_S, LATE_FACTOR * typical, floor):
-        return None
-    received = [a.recv_share for a in scores[1:] if a.recv_share is not None]
-    if top.recv_share is not None and received and top.recv_share > float(np.median(received)) + CHRONIC:
-        return None               # it waited for a neighbour's data: a pipeline passing the lateness on
-    return top
+    for k, top in enumerate(scores[:CANDIDATES]):
+        rest = scores[:k] + scores[k + 1:]
+        n = min(members or top.group_size, top.group_size)
+        others = [max(0.0, a.late_s) for a in rest]       # how late the others are (of two, one never is)
+        typical = float(np.median(others)) if others else 0.0
+        if top.collectives < MIN_COLLECTIVES or top.last_share < max(RECURRENCE, min(1.0, SMALL_GROUP / n)):
+            return None
+        if top.late_s < max(MIN_LATE_S, LATE_FACTOR * typical, floor):
+            return None
+        received = [a.recv_share for a in rest if a.recv_share is not None]
+        if top.recv_share is not None and received and top.recv_share > float(np.median(received)) + CHRONIC:
+            continue              # it waited for a neighbour's data: a pipeline passing the lateness on
+        return top
+    return None

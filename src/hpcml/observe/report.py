@@ -262,39 +262,43 @@ def _contended_spans(transient: list[dict[str, Any]], degrading: list[dict[str, 
     degrading ranks (over the job) whose rank waited for a CPU ``CONTENDED`` s per second
     or more beyond the other ranks' median then (``cpu_wait``, ``cpu_wait_others``): a
     slowdown that came with a crowded CPU is contention, not the rank's. Every rank's
-    cumulative ``proc_cpu_wait_s`` is interpolated at a span's ends in one sorted search."""
+    cumulative ``proc_cpu_wait_s`` is interpolated at a span's ends (one pass over the ranks
+    per span: at most 30 spans)."""
     if gw is None or sg is None or not len(gw.value):
         return
     nr = len(rank_ids)
-    x = np.asarray(gw.x, np.float64)
-    order = np.lexsort((x, gw.ridx))
-    ridx, x, v = np.asarray(gw.ridx)[order], x[order], np.asarray(gw.value, np.float64)[order]
-    scale = float(x.max() - min(0.0, x.min())) + 2.0
-    key = ridx * scale + (x - min(0.0, x.min()))
-
-    def at(t: float) -> np.ndarray:
-        """Each rank's cumulative wait at ``t`` (NaN outside its samples)."""
-        want = np.arange(nr) * scale + (t - min(0.0, x.min()))
-        hi = np.clip(np.searchsorted(key, want), 1, len(key) - 1)
-        lo = hi - 1
-        ok = (ridx[lo] == np.arange(nr)) & (ridx[hi] == np.arange(nr)) & (x[lo] <= t) & (t <= x[hi])
-        with np.errstate(invalid="ignore", divide="ignore"):
-            f = np.where(x[hi] > x[lo], (t - x[lo]) / (x[hi] - x[lo]), 0.0)
-        return np.where(ok, v[lo] + f * (v[hi] - v[lo]), np.nan)
+    order = np.lexsort((np.asarray(gw.x, np.float64), gw.ridx))
+    ridx = np.asarray(gw.ridx)[order]
+    x, v = np.asarray(gw.x, np.float64)[order], np.asarray(gw.value, np.float64)[order]
+    first = np.searchsorted(ridx, np.arange(nr), side="left")       # each rank's samples: first..last
+    last = np.searchsorted(ridx, np.arange(nr), side="right") - 1
+    have = last > first                                             # two samples at least
     row = {int(r): i for i, r in enumerate(rank_ids)}
+
+    def rates(t0: float, t1: float) -> np.ndarray:
+        """Each rank's waiting seconds per second over [t0, t1], clamped to its own samples
+        (a rank's last sample may come before the job's last step ends); NaN where its
+        samples cover less than half of the span."""
+        out = np.full(nr, np.nan)
+        for i in np.flatnonzero(have):
+            xs, vs = x[first[i]:last[i] + 1], v[first[i]:last[i] + 1]
+            a, b = max(t0, xs[0]), min(t1, xs[-1])
+            if b > a and b - a >= (t1 - t0) / 2:
+                out[i] = (np.interp(b, xs, vs) - np.interp(a, xs, vs)) / (b - a)
+        return out
 
     def judge(d: dict[str, Any], t0: float, t1: float) -> None:
         i = row.get(int(d["rank"]))
         if i is None or t1 <= t0:
             return
-        rates = (at(t1) - at(t0)) / (t1 - t0)
-        others = np.delete(rates, i)
+        r = rates(t0, t1)
+        others = np.delete(r, i)
         others = others[np.isfinite(others)]
-        if not np.isfinite(rates[i]) or not len(others):
+        if not np.isfinite(r[i]) or not len(others):
             return
         typical = float(np.median(others))
-        d.update(cpu_wait=_r(float(rates[i])), cpu_wait_others=_r(typical),
-                 contended=bool(rates[i] - typical >= CONTENDED))
+        d.update(cpu_wait=_r(float(r[i])), cpu_wait_others=_r(typical),
+                 contended=bool(r[i] - typical >= CONTENDED))
     for e in transient[:20]:
         sel = (sg.rank == e["rank"]) & (sg.step >= e["first_step"]) & (sg.step <= e["last_step"])
         if sel.any():
@@ -317,7 +321,10 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> N
     ok = np.isfinite(vals) & (vals >= 0) & (vals < 2.0 ** 63) & (vals == np.floor(vals))
     masks = np.where(ok, vals, 0).astype(np.uint64) & np.uint64(SLOWDOWN)
     held = masks != 0
-    share = {int(r): float(np.mean(held[ids == r])) for r in np.unique(ids[ok])}
+    rows = np.asarray(g.ridx)[ok]
+    n = np.bincount(rows, minlength=len(rank_ids))
+    k = np.bincount(rows, weights=held[ok].astype(np.float64), minlength=len(rank_ids))
+    share = {int(rank_ids[i]): float(k[i] / n[i]) for i in np.flatnonzero(n)}
     for s in stragglers:
         mine = share.get(s["rank"])
         if mine is None:
@@ -630,7 +637,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          meta_ranks=meta_ranks)
     arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
                               waits_measured=check is not None and check.get("measure") == "compute")
-    findings += more
+    findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids)
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
@@ -692,6 +699,42 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
             f"the last most often in {top.stability * 3:.0f} of the job's thirds: the rank the others wait for",
             f"vet {node} (hpcml vet) or exclude it (srun --exclude={node})"))
     return out, more
+
+
+def _held_back_arrival(arrived: dict[str, Any] | None, more: list[Finding], meta_ranks: dict[str, dict],
+                       groups: dict, rank_ids: Any) -> list[Finding]:
+    """The arrivals' findings, told as contention where the rank they name was held back by
+    its node's CPUs or its GPU's power or heat (as the straggler model's ranks are)."""
+    if not more or arrived is None or arrived.get("straggler") is None:
+        return more
+    rank = arrived["straggler"]
+    probe = [{"rank": rank, "node": (meta_ranks.get(str(rank)) or {}).get("node"), "score": 1.0}]
+    _cpu_waits(probe, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
+    _gpu_throttles(probe, groups.get(("gpu", "clocks_event_reasons")), rank_ids)
+    if not probe[0].get("contended"):
+        return more
+    arrived["contended"] = True
+    return [_arrival_contention(probe[0], f) for f in more]
+
+
+def _arrival_contention(s: dict[str, Any], f: Finding) -> Finding:
+    """A ``collective_straggler`` finding whose rank was held back from outside, told as
+    contention: its GPU's power or heat, or its node's CPUs."""
+    if f.kind != "collective_straggler":
+        return f
+    node = s.get("node") or "its node"
+    if (s.get("gpu_throttled") or 0.0) >= CONTENDED:
+        why = f" ({', '.join(s['gpu_throttle'])})" if s.get("gpu_throttle") else ""
+        return Finding("contention", f"rank {s['rank']} on {node} arrived last at most collectives while its GPU's "
+                       f"clocks were held back{why} in {s['gpu_throttled'] * 100:.0f}% more of its samples than the "
+                       "other ranks' GPUs: its GPU's power or cooling slowed it, not the rank",
+                       f"check that GPU's cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER on {node}) "
+                       "and vet the node (hpcml vet)")
+    return Finding("contention", f"rank {s['rank']} on {node} arrived last at most collectives while its threads "
+                   f"waited for a CPU {s.get('cpu_wait') or 0.0:.2f} s per second (the other ranks' "
+                   f"{s.get('cpu_wait_others') or 0.0:.2f}): its node's CPUs were oversubscribed, not the rank slow",
+                   "look for processes outside the job on that node (another job, a daemon), or give each rank "
+                   "fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores")
 
 
 def _restarts(meta_ranks: dict[str, dict], groups: dict, t0_us: int | None, min_gap: float) -> list[dict[str, Any]]:
@@ -825,7 +868,8 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(_split_finding(bimodal))
     for s in [s for s in stragglers if s.get("contended")][:2]:
         node = s["node"] or "its node"
-        if (s.get("gpu_throttled") or 0.0) >= CONTENDED and (s.get("cpu_wait") or 0.0) < CONTENDED:
+        if (s.get("gpu_throttled") or 0.0) >= CONTENDED and \
+                (s.get("cpu_wait") or 0.0) - (s.get("cpu_wait_others") or 0.0) < CONTENDED:
             why = f" ({', '.join(s['gpu_throttle'])})" if s.get("gpu_throttle") else ""
             out.append(Finding("contention",
                                f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its GPU's clocks "

@@ -33,18 +33,20 @@ class CpuWaits:
             throttled: float | None = None) -> None:
         """A heartbeat's cumulative figures at ``t`` (its beat time); kept when ``EVERY``
         seconds newer than the last kept."""
-        if t is None or wait is None or not 0 <= rank < len(self.n):
+        if t is None or (wait is None and throttled is None) or not 0 <= rank < len(self.n):
             return
         n = int(self.n[rank])
         if n:
             last = (n - 1) % self.t.shape[1]
-            if t < self.t[rank, last] or wait < self.wait[rank, last]:
+            went_back = any(x is not None and x < kept for x, kept in
+                            ((wait, self.wait[rank, last]), (throttled, self.throttled[rank, last])))  # NaN: never
+            if t < self.t[rank, last] or went_back:
                 self.n[rank], n = 0, 0                # a clock or a count that went back: start again
                 self.t[rank], self.wait[rank], self.steal[rank], self.throttled[rank] = np.nan, np.nan, np.nan, np.nan
             elif t < self.t[rank, last] + EVERY:
                 return
         i = n % self.t.shape[1]
-        self.t[rank, i], self.wait[rank, i] = t, wait
+        self.t[rank, i], self.wait[rank, i] = t, np.nan if wait is None else wait
         self.steal[rank, i] = np.nan if steal is None else steal
         self.throttled[rank, i] = np.nan if throttled is None else throttled
         self.n[rank] = n + 1

@@ -218,7 +218,7 @@ class Watch:
         for rank, b in self.beats.items():
             self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
             self._waits_seen = self._waits_seen or bool(b.recent_wait)
-            if b.cpu_wait_s is not None:
+            if b.cpu_wait_s is not None or b.gpu_throttled_s is not None:
                 self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s, b.gpu_throttled_s)
         self._crashes(now)
         self._stragglers(now)
