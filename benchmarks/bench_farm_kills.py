@@ -82,8 +82,9 @@ def main() -> None:
     rng = random.Random(a.seed)
     work = Path(tempfile.mkdtemp(prefix="farm-kills-"))
     farm, side = work / "farm", work / "side"
-    # enough tasks that the farm never runs dry while it is killed
-    n = max(200, int(a.kills * 1.5 / a.task_s * a.slots))
+    # enough tasks that the farm never runs dry while it is killed (a kill comes within 2
+    # task lengths of the first claim: a few tasks end per kill), few enough to finish fast
+    n = max(200, a.kills * 2)
     script = work / "task.sh"
     script.write_text(f"sleep {a.task_s}\necho $HPCML_FARM_TASK_ID $HPCML_FARM_ATTEMPT >> {side}\n")
     (work / "tasks.txt").write_text(f"sh {script}\n" * n)
