@@ -406,7 +406,10 @@ class Watch:
                            since_step=int(steps[at]) if at is not None else first,
                            since_before=at is None and first > self._steps.first_step(),
                            confidence=confidence, detected=now)
-            if self._held_back(st, min(slow_s, self.straggler_window)):
+            judged_s = min(slow_s, self.straggler_window)
+            if self._unmeasured(rank, judged_s):
+                continue                  # its CPU wait not measured over that time yet: judged next scan
+            if self._held_back(st, judged_s):
                 self._contended(st, now)
                 continue
             st.measure = "compute" if self._waits_seen else "step"
@@ -484,6 +487,12 @@ class Watch:
         self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)}")
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
                                    node=st.node, since_step=st.since_step))
+
+    def _unmeasured(self, rank: int, seconds: float) -> bool:
+        """Whether the rank reports its CPU wait but the ring does not cover ``seconds`` of it
+        yet (a job's first seconds): naming it a straggler then could be a contended rank's."""
+        b = self.beats.get(rank)
+        return b is not None and b.cpu_wait_s is not None and self._cpu.shares(rank, seconds)[0] is None
 
     def _held_back(self, st: Straggler, seconds: float) -> bool:
         """Fills in what held the rank back over its last ``seconds`` (its threads' wait for a
