@@ -54,11 +54,13 @@ class Facts(Protocol):
 
 
 def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None,
-          drains: list[dict[str, Any]] | None = None, declared: dict[str, dict[str, Any]] | None = None
-          ) -> dict[str, Any]:
+          drains: list[dict[str, Any]] | None = None, declared: dict[str, dict[str, Any]] | None = None,
+          with_verdicts: bool = True) -> dict[str, Any]:
     """The report over the last ``since_s`` seconds; ``drains`` (the handler's audit log,
     ``precision.drains_from_audit``) and ``declared`` (each rule's ``Rule.evidence``) add the
-    rules' precision to the checks'."""
+    rules' precision to the checks'. ``with_verdicts=False`` (the collector's ``GET /v1/fleet``):
+    no verdicts (null), whose every result of the window is read into memory: the command's,
+    not a request's, work."""
     now = time.time() if now is None else now
     since = now - since_s
     nodes = store.node_harm(since, top)
@@ -70,7 +72,7 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
             "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top],
             "not_training": {"jobs": store.not_training_jobs(since, top), "users": store.not_training_by_user(since, top),
                              "nodes": store.not_training_by_node(since, top)},
-            "verdicts": verdicts(store, since, now, drains, declared)}
+            "verdicts": verdicts(store, since, now, drains, declared) if with_verdicts else None}
 
 
 def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]] | None,
@@ -217,8 +219,8 @@ def render_html(rep: dict[str, Any]) -> str:
     nt_users = [[u["user"] or "?", u["jobs"], _hours(u), u["why"] or "?"] for u in nt["users"]]
     nt_nodes = [[n["node"], _hours(n), ", ".join(f"{r} {c}x" for r, c in sorted(n["roles"].items()))]
                 for n in nt["nodes"]]
-    v = rep.get("verdicts") or {"horizon_s": 0, "checks": [], "rules": None}
-    checks = verdict_rows([r for r in v["checks"] if r["flags"]], "check")
+    v = rep.get("verdicts") or {"horizon_s": 0, "checks": None, "rules": None}
+    checks = None if v["checks"] is None else verdict_rows([r for r in v["checks"] if r["flags"]], "check")
     rules = None if v.get("rules") is None else [
         row + [("BELOW " if r["below_floor"] else "") + (f"{r['floor']:.2f}" if r["floor"] is not None else "–")]
         for r, row in zip(v["rules"], verdict_rows(v["rules"], "rule"))]

@@ -250,10 +250,10 @@ def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
         if mine is None:
             continue
         others = [w for i, w in rate.items() if i != s["rank"]]
-        typical = float(np.median(others)) if others else 0.0
+        typical = float(np.median(others)) if others else None       # no other rank measured: unknown
         s["cpu_wait"] = _r(mine)
-        s["cpu_wait_others"] = _r(typical)
-        s["contended"] = s["cpu_wait"] is not None and mine - typical >= CONTENDED
+        s["cpu_wait_others"] = _r(typical) if typical is not None else None
+        s["contended"] = s["cpu_wait"] is not None and mine - (typical or 0.0) >= CONTENDED
 
 
 def _contended_spans(transient: list[dict[str, Any]], degrading: list[dict[str, Any]], sg: Any, gw: Any,
@@ -305,6 +305,12 @@ def _contended_spans(transient: list[dict[str, Any]], degrading: list[dict[str, 
             judge(e, float((sg.x[sel] - sg.value[sel]).min()), float(sg.x[sel].max()))
     for d in degrading[:10]:
         judge(d, float(sg.x.min()), float(sg.x.max()))
+
+
+def _others(s: dict[str, Any]) -> str:
+    """The other ranks' median CPU wait, as said in a finding: unknown where none was measured."""
+    v = s.get("cpu_wait_others")
+    return "unknown" if v is None else f"{v:.2f}"
 
 
 def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
@@ -732,7 +738,7 @@ def _arrival_contention(s: dict[str, Any], f: Finding) -> Finding:
                        "and vet the node (hpcml vet)")
     return Finding("contention", f"rank {s['rank']} on {node} arrived last at most collectives while its threads "
                    f"waited for a CPU {s.get('cpu_wait') or 0.0:.2f} s per second (the other ranks' "
-                   f"{s.get('cpu_wait_others') or 0.0:.2f}): its node's CPUs were oversubscribed, not the rank slow",
+                   f"{_others(s)}): its node's CPUs were oversubscribed, not the rank slow",
                    "look for processes outside the job on that node (another job, a daemon), or give each rank "
                    "fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores")
 
@@ -881,7 +887,7 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
         out.append(Finding("contention",
                            f"rank {s['rank']} on {node} is {s['score']:.2f}x the step median while its threads "
                            f"waited for a CPU {s['cpu_wait']:.2f} s per second (the other ranks' "
-                           f"{s.get('cpu_wait_others') or 0.0:.2f}): its node's CPUs were oversubscribed, not the rank slow",
+                           f"{_others(s)}): its node's CPUs were oversubscribed, not the rank slow",
                            "look for processes outside the job on that node (another job, a daemon), or give each "
                            "rank fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores"))
     stragglers = [s for s in stragglers if not s.get("contended")]

@@ -294,7 +294,7 @@ class App:
             if parts == ["v1", "fleet"]:
                 from hpcml.centre.report import build
                 since = parse_since(query.get("since", ["30d"])[-1])
-                return _Reply(200, build(store, since, top=_int(query, "top", 20, 10_000)))
+                return _Reply(200, build(store, since, top=_int(query, "top", 20, 10_000), with_verdicts=False))
         except ValueError as exc:
             raise _error(400, str(exc)) from None
         raise _error(404, "not found")
