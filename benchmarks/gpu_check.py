@@ -561,6 +561,9 @@ def part_run(ctx: Ctx, limit: float) -> dict[str, Any]:
               "observe/flight-recorder-live/rank-00000": "fr-live-rank-00000.pickle"}
     for p in sorted((job / "observe").glob("*.json")):
         copies[f"observe/{p.name}"] = f"observe-{p.name}"
+    for p in sorted((job / "observe" / "beat").glob("*")):         # the heartbeat: GPU throttling as NVML said it
+        if p.is_file() and p.stat().st_size <= 1 << 20:
+            copies[f"observe/beat/{p.name}"] = f"beat-{p.name}"
     for p in sorted((job / "observe").glob("rank-*.arrows")):       # the store: GPU rows while it trained
         if p.stat().st_size <= MAX_STORE:
             copies[f"observe/{p.name}"] = f"observe-{p.name}"
@@ -595,6 +598,13 @@ def part_run(ctx: Ctx, limit: float) -> dict[str, Any]:
         lines = [json.loads(x) for x in (d / "train_steps.jsonl").read_text().splitlines()]
         res["script_steps"] = len(lines)
         res["script_step_ms_median"] = median([x.get("cuda_ms", x.get("wall_ms")) for x in lines[5:]])
+    for p in sorted(d.glob("beat-*")):
+        try:
+            doc = json.loads(p.read_bytes().rstrip(b" \x00"))
+            res.setdefault("beats", {})[p.name] = {k: doc.get(k) for k in (
+                "rank", "gpu_throttled_s", "gpu_throttle", "cpu_wait_s", "steal_s", "exit")}
+        except ValueError as exc:
+            res.setdefault("beats", {})[p.name] = {"error": str(exc)}
     key = _run_key(d)
     res.update(key)
     step_ms = round(key["hpcml_step_s"] * 1000, 3) if key.get("hpcml_step_s") is not None else None

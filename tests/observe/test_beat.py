@@ -207,3 +207,24 @@ def test_a_written_record_is_what_its_generated_schema_says(tmp_path, signed):
     assert isinstance(beat, Beat) and (beat.step, beat.pid, beat.exit, beat.recent_wait) == (2, 42, 0, [0.1, 0.0])
     with pytest.raises(jsonschema.ValidationError):
         jsonschema.validate({**doc, "extra": 1}, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)
+
+
+def test_a_real_h200_heartbeat_reads_with_the_seconds_nvml_held_the_clocks_back(tmp_path):
+    """The record a rank's recorder wrote on a lent H200 (gpu_check.py's ``run`` part, 20 s of
+    a small DDP model, tests/fixtures/gpu-h200/run-throttle): NVML's clocks event reasons said
+    software power cap for 19.2 s of the 19.7 s it stepped; nvidia-smi's own counter on that
+    machine afterwards said 19.9 s. The watch reads both fields from the real record."""
+    from pathlib import Path
+
+    from hpcml.samplers.clockreasons import reason_names
+    fixture = Path(__file__).parents[1] / "fixtures" / "gpu-h200" / "run-throttle"
+    dest = beat_path(tmp_path, 0)
+    dest.parent.mkdir(parents=True)
+    dest.write_bytes((fixture / "beat-rank-00000.json").read_bytes())
+    beat = read_beats(tmp_path)[0]
+    assert beat.steps == 2056 and beat.gpu_throttled_s == pytest.approx(19.21)
+    assert reason_names(beat.gpu_throttle) == ["sw_power_cap"]
+    stepped = beat.progress - beat.first
+    assert 0.9 < beat.gpu_throttled_s / stepped <= 1.0
+    smi = (fixture / "nvidia-smi-performance.txt").read_text()
+    assert "SW Power Capping                               : 19870607 us" in smi

@@ -218,7 +218,7 @@ class PickleWalker:
         self.fast = fast and FAST_FORWARD and not track_containers
         self.ff_wait = 0                # MARKs to let pass before trying again
         self.ff_fails = 0
-        self.ff_spent = 0.0             # seconds spent compiling shapes
+        self.ff_spent = 0               # pattern bytes compiled for shapes
         self.ff_items = 0               # items applied by ``shapes``
         self.ff_shape = None            # the last shape ``shapes`` matched
         self.ff_held: tuple = (None, 0)  # (the stack level, bytes its items would hold in this walk)

@@ -31,7 +31,6 @@ from __future__ import annotations
 import re
 import struct
 import sys
-import time
 from array import array
 from dataclasses import dataclass, replace
 
@@ -39,7 +38,9 @@ from hpcml.scan.walkvalues import _PUSHED, EVICTED, MAX_TUPLE_DEPTH, OPAQUE, Nes
 
 MAX_TOKENS = 96                 # opcodes in one learned unit (one item, or a key and its value)
 MAX_UNIT = MAX_TOKENS * 260 + 16   # bytes one unit can span (a short string is 257, a FRAME 9)
-COMPILE_BUDGET = 0.5            # seconds one walk may spend compiling shapes before it stops trying
+#: pattern bytes one walk may compile before it stops trying new shapes: a count, not a
+#: clock, so a scan decides alike on a busy machine (compiling costs ~1.4 us a byte: ~0.5 s)
+COMPILE_BUDGET = 384 << 10
 MAX_WAIT = 1 << 12              # MARKs skipped after repeated failures (doubling from 1)
 MIN_RUN = 2                     # items a pattern must match for the try to count as a success
 MAX_RELEARN = 16                # new shapes one batch may switch to
@@ -391,11 +392,10 @@ def _shape(w, unit: _Unit) -> _Shape | None:
     if got is None:
         if w.ff_spent > COMPILE_BUDGET:
             return None
-        t0 = time.perf_counter()
         if len(_CACHE) >= _CACHE_MAX:
             _CACHE.clear()
         got = _CACHE[unit.key] = _compile(unit)
-        w.ff_spent += time.perf_counter() - t0
+        w.ff_spent += len(got[0].pattern) + len(got[1].pattern)
     return _Shape(*got, unit)
 
 
