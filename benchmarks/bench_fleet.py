@@ -6,9 +6,11 @@ truth, as the centre report computes them beside what was true (issue 68).
 ``hpcml.testing.fleet.simulate`` writes the fleet's vetting results and proven job
 summaries into a collector store (SQLite) while the node handler's real ``plan`` drains and
 resumes nodes with the default rules twice a day; then ``hpcml.centre.report.build`` over
-the whole window with the handler's drains. Per check and rule: the report's precision
+the whole window with the handler's drains; the jobs keep off the centre's avoid list
+(``hpcml.centre.plan``), read at each day's end. Per check and rule: the report's precision
 (with its 95% interval) and recall, and the truth's (a flag or drain is right when the node
-was really bad then; a bad node is caught when flagged before the first job it hurt). Writes
+was really bad then; a bad node is caught when flagged before the first job it hurt), and
+the avoid list's precision against the truth (each day a node is on it). Writes
 benchmarks/results/fleet.json and prints one table.
 """
 
@@ -42,7 +44,8 @@ def main() -> None:
     end = time.time() - 3600
     t0 = time.perf_counter()
     try:
-        truth = simulate(store, nodes=a.nodes, days=a.days, bad_share=a.bad, jobs_per_day=a.jobs, end=end, seed=a.seed)
+        truth = simulate(store, nodes=a.nodes, days=a.days, bad_share=a.bad, jobs_per_day=a.jobs, end=end, seed=a.seed,
+                         avoid=True)
         sim_s = time.perf_counter() - t0
         catalog = load(DEFAULT_RULES)
         t1 = time.perf_counter()
@@ -67,7 +70,10 @@ def main() -> None:
            "jobs_per_day": a.jobs, "seed": a.seed, "kinds": {k: list(truth.kind.values()).count(k)
                                                              for k in sorted(set(truth.kind.values()))},
            "bad_nodes": len(bad_nodes), "drains": len(truth.drains), "simulate_s": round(sim_s, 1),
-           "report_s": round(report_s, 2), "rows": rows}
+           "report_s": round(report_s, 2), "rows": rows,
+           "avoid": {"entries": len(truth.avoids), "nodes": len({n for n, *_ in truth.avoids}),
+                     "bad_nodes_avoided": len({n for n, *_ in truth.avoids} & bad_nodes),
+                     "truth_precision": truth.avoid_precision()}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
     a.out.write_text(json.dumps(doc, indent=1) + "\n")
 
@@ -83,6 +89,9 @@ def main() -> None:
         below = " (below its floor)" if r.get("below_floor") else ""
         print(f"| {r['what']} | {r['flags']} | {f(r['precision'])}{ci}{below} | {f(r['truth_precision'])} | "
               f"{f(r['recall'])} ({r['caught']}/{r['bad_nodes']}) |")
+    av = doc["avoid"]
+    print(f"avoid list: {av['entries']} node-days on it, {av['nodes']} nodes ({av['bad_nodes_avoided']} of "
+          f"{len(bad_nodes)} bad ones); precision against the truth {f(av['truth_precision'])}")
 
 
 if __name__ == "__main__":

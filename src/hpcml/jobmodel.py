@@ -104,6 +104,39 @@ class FarmTaskRef(Model):
     attempt: int
 
 
+class VetTier(Model):
+    """One way ``--vet auto`` could vet, priced: the checks, their seconds, the share of bad
+    nodes they catch, and GPU-hours (node-hours without GPUs) it costs and saves."""
+
+    name: str                               # none | quick (the prolog's fast checks) | full
+    checks: list[str] = []
+    seconds: float = 0.0
+    catch: float = 0.0
+    catch_source: str = ""
+    cost_h: float = 0.0
+    saved_h: float = 0.0
+    net_h: float = 0.0
+
+
+class VetAuto(Model):
+    """``--vet auto``'s model and its numbers (``hpcml.vet.autoplan``): each figure with
+    where it came from (the collector's measurement, or a documented default)."""
+
+    protocol: str
+    nodes: int
+    gpus_per_node: int                      # 0: costs in node-hours
+    hours: float                            # the job's time left when it vetted
+    hours_source: str
+    rate_per_node_day: float                # jobs hurt by a node, per node-day held
+    rate_source: str
+    loss_h: float                           # wall hours one hurt costs the whole job
+    loss_source: str
+    expected_hurts: float
+    unit: str                               # GPU-h | node-h
+    tiers: list[VetTier] = []
+    chosen: str
+
+
 class Vetting(Model):
     """``--vet``: the decision and each node's verdict."""
 
@@ -112,6 +145,8 @@ class Vetting(Model):
     bad: list[str] = []
     reasons: dict[str, list[str]] = {}
     duration_s: Optional[float] = None
+    auto: Optional[VetAuto] = None          # --vet auto: how much vetting the job was worth
+    avoided: list[str] = []                 # on the centre's avoid list: excluded, whatever they passed
 
 
 class FirstFailure(Model):

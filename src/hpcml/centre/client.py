@@ -171,3 +171,27 @@ def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> s
         return None
     except Exception as exc:  # never fail the vetting run
         return warn(_why(exc))
+
+
+MAX_PLAN = 8 << 20              # bytes of a plan read from a collector (an avoid list of 10,000s of nodes)
+
+
+def fetch_plan(url: str, token: str | None, timeout: float = 5.0) -> tuple[Any, str | None]:
+    """``GET /v1/plan`` (``hpcml.centre.plan.Plan``): (the plan, None), or (None, one line why
+    not). Like every send, a collector that is down, slow or wrong never fails the job: the
+    launcher then uses its documented defaults and says so."""
+    from hpcml.centre.plan import Plan
+    from hpcml.errors import UsageError
+    endpoint = _endpoint(url, "/v1/plan")
+    req = urllib.request.Request(endpoint, method="GET", headers={
+        "Authorization": f"Bearer {token or ''}", "User-Agent": "hpcml-run"})
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            body = resp.read(MAX_PLAN + 1)
+        if len(body) > MAX_PLAN:
+            return None, f"{endpoint}: answer above {MAX_PLAN} bytes"
+        return Plan.from_doc(orjson.loads(body), endpoint), None
+    except (OSError, ValueError, urllib.error.URLError) as exc:
+        return None, f"{endpoint}: {_why(exc)}"
+    except UsageError as exc:
+        return None, str(exc)

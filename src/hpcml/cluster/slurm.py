@@ -80,6 +80,43 @@ def scontrol_show(kind: str, name: str | None = None, *,
     return records
 
 
+def time_left(job_id: str | None) -> float | None:
+    """Seconds the Slurm job has left (its TimeLimit less its RunTime), None if unknown."""
+    if not job_id:
+        return None
+    try:
+        rec = next(iter(scontrol_show("job", job_id)), None)
+    except (OSError, SlurmError):
+        return None
+    if rec is None:
+        return None
+    limit, ran = parse_slurm_time(rec.get("TimeLimit", "")), parse_slurm_time(rec.get("RunTime", "0"))
+    return None if limit is None else max(0.0, limit - (ran or 0.0))
+
+
+def parse_slurm_time(text: str) -> float | None:
+    """Slurm's time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``,
+    sbatch(1)) in seconds; None for UNLIMITED, INVALID or anything else."""
+    text = text.strip()
+    days, with_days = 0, "-" in text
+    if with_days:
+        d, _, text = text.partition("-")
+        if not d.isdigit():
+            return None
+        days = int(d)
+    parts = text.split(":")
+    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+        return None
+    nums = [int(p) for p in parts]
+    if with_days:                           # days-hours[:minutes[:seconds]]
+        h, m, s = (nums + [0, 0])[:3]
+    elif len(nums) == 3:
+        h, m, s = nums
+    else:                                   # minutes[:seconds]
+        h, m, s = 0, nums[0], nums[1] if len(nums) == 2 else 0
+    return float(days * 86400 + h * 3600 + m * 60 + s)
+
+
 def show_config(*, timeout: float = 10.0) -> dict[str, str]:
     """``scontrol show config`` as a dict (``ClusterName``, ``AuthInfo``, ...)."""
     out: dict[str, str] = {}

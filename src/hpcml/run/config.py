@@ -51,7 +51,8 @@ class Options:
     job_dir: Path | None = option("--dir", help="Job directory (default: ./hpcml-run-$SLURM_JOB_ID, "
                                   "without Slurm a new ./hpcml-run-local-DATE-TIME-PID).")
     vet: Path | None = option("--vet", help="Vet the nodes with this protocol first "
-                              "(abort: exit 4; shrink: run on the good ones).")
+                              "(abort: exit 4; shrink: run on the good ones); auto[:PROTOCOL]: as much of it "
+                              "as the job is worth (its nodes, time left, the centre's failure rates).")
     min_nodes: int | None = option("--min-nodes", help="With --vet: fewer good nodes than this aborts.")
     ntasks: int | None = option("--ntasks", help="Tasks in all (local default: visible GPUs, else 1).")
     ntasks_per_node: int | None = option("--ntasks-per-node", help="Tasks per node under Slurm "
@@ -138,7 +139,36 @@ class Config(Options):
     @property
     def revet_protocol(self) -> Path | None:
         """The suspects' protocol: ``--revet``, else ``--vet``'s; None with ``--revet none``."""
-        return None if self.revet == "none" else Path(self.revet) if self.revet else self.vet
+        return None if self.revet == "none" else Path(self.revet) if self.revet else self.vet_protocol
+
+    @property
+    def vet_auto(self) -> bool:
+        """``--vet auto[:PROTOCOL]``: the vetting sized to the job (``hpcml.vet.autoplan``)."""
+        return self.vet is not None and _auto(self.vet) is not False
+
+    @property
+    def vet_protocol(self) -> Path | None:
+        """The protocol file ``--vet`` names (auto's: the one given, else the built-in)."""
+        return vet_protocol(self.vet)
+
+
+def _auto(vet: Path) -> Path | None | bool:
+    """False: not auto; None: auto with the built-in protocol; a Path: auto with that one."""
+    from hpcml.vet.autoplan import split
+    try:
+        return split(str(vet))
+    except ValueError:
+        return False
+
+
+def vet_protocol(vet: Path | None) -> Path | None:
+    if vet is None:
+        return None
+    auto = _auto(vet)
+    if auto is False:
+        return vet
+    from hpcml.vet.autoplan import builtin_protocol
+    return auto if isinstance(auto, Path) else builtin_protocol()
 
 
 def hang_seconds(value: str) -> float | None:
@@ -195,9 +225,10 @@ def _check(opts: Options, nodes: int) -> None:
     from hpcml.samplers.choose import modes
     if opts.gpu_metrics not in modes():           # the registry's names, a site's plug-ins too
         raise UsageError(f"'{opts.gpu_metrics}' is not one of {', '.join(modes())}", key="gpu_metrics")
-    if opts.vet is not None:
+    protocol = vet_protocol(opts.vet)
+    if protocol is not None:
         from hpcml.vet.protocol import load
-        load(opts.vet).unset_variables()                  # a protocol that does not validate: exit 2 now
+        load(protocol).unset_variables()                  # a protocol that does not validate: exit 2 now
 
 
 def _check_restarts(opts: Options, nodes: int, local: bool = False) -> None:

@@ -137,25 +137,89 @@ class Job:
         return code
 
     def _vet(self) -> list[str] | None:
-        """``--vet``: the good nodes; None when vetting said abort (the command never starts)."""
+        """``--vet``: the good nodes; None when vetting said abort (the command never starts).
+        ``--vet auto`` runs the tier its model chose (none: every node is good); with a
+        collector, the centre's avoid list then takes its nodes out, while enough remain."""
         from hpcml.vet.session import vet_job
         cfg, d, record = self.cfg, self.d, self.record
-        assert cfg.vet is not None
-        run_, _ = vet_job(cfg.vet, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,
-                          allocation=self.allocation)
-        v = run_.verdict
-        record.vet = Vetting(decision=v.decision.value, good=list(v.good), bad=list(v.bad), reasons=dict(v.reasons),
-                             duration_s=round(run_.duration, 3))
-        record.excluded = {n: list(v.reasons.get(n, [])) for n in v.bad}
-        log.info(f"hpcml run: vet {v.decision.value}: {len(v.good)} good, {len(v.bad)} bad"
-              + (f" ({', '.join(v.bad)})" if v.bad else ""))
-        if v.decision.value != "abort":
-            return list(v.good)
-        record.ended, record.exit_code, record.aborted = time.time(), ABORTED, True
-        write_own(d, record)
-        log.warning(f"hpcml run: aborted before the command started; see {d}")
-        _report(d, cfg)
-        return None
+        protocol = cfg.vet_protocol
+        assert protocol is not None
+        plan, why = self._plan()
+        auto, only = self._auto(protocol, plan, why) if cfg.vet_auto else (None, None)
+        if auto is not None and auto.chosen == "none":
+            nodes = list(self.allocation.nodes)
+            record.vet = Vetting(decision="skipped", good=nodes, auto=auto, duration_s=0.0)
+            good = nodes
+        else:
+            run_, _ = vet_job(protocol, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,
+                              allocation=self.allocation, only=only)
+            v = run_.verdict
+            record.vet = Vetting(decision=v.decision.value, good=list(v.good), bad=list(v.bad),
+                                 reasons=dict(v.reasons), duration_s=round(run_.duration, 3), auto=auto)
+            record.excluded = {n: list(v.reasons.get(n, [])) for n in v.bad}
+            log.info(f"hpcml run: vet {v.decision.value}: {len(v.good)} good, {len(v.bad)} bad"
+                     + (f" ({', '.join(v.bad)})" if v.bad else ""))
+            if v.decision.value == "abort":
+                record.ended, record.exit_code, record.aborted = time.time(), ABORTED, True
+                write_own(d, record)
+                log.warning(f"hpcml run: aborted before the command started; see {d}")
+                _report(d, cfg)
+                return None
+            good = list(v.good)
+        return self._avoid(good, plan) if plan is not None else good
+
+    def _plan(self) -> tuple[Any, str | None]:
+        """The centre's plan (``GET /v1/plan``) when a collector is set: (plan, None), or
+        (None, why not). Never fails the job: a collector down means the defaults."""
+        if self.cfg.collector is None:
+            return None, "no collector (--collector or $HPCML_COLLECTOR)"
+        from hpcml.centre.client import fetch_plan
+        from hpcml.run.summary import collector_token
+        plan, why = fetch_plan(self.cfg.collector, collector_token())
+        if why is not None:
+            log.warning(f"hpcml run: the centre's plan: {why}; vetting without it")
+        return plan, why
+
+    def _auto(self, protocol: Path, plan: Any, why: str | None) -> tuple[Any, list[str] | None]:
+        """``--vet auto``: its model over this allocation (``hpcml.vet.autoplan``), logged."""
+        from hpcml.cluster.slurm import time_left
+        from hpcml.vet import autoplan
+        from hpcml.vet.protocol import load
+        alloc = self.allocation
+        auto = autoplan.decide(load(protocol), nodes=len(alloc.nodes),
+                               gpus=autoplan.gpus_per_node(visible=len(alloc.gpus)),
+                               seconds_left=time_left(alloc.job_id) if self.slurm else None,
+                               restarts=bool(self.cfg.max_restarts), plan=plan, why_no_plan=why)
+        for line in autoplan.lines(auto):
+            log.info(f"hpcml run: {line}")
+        tier = next(t for t in auto.tiers if t.name == auto.chosen)
+        return auto, (tier.checks if tier.name != "none" else None)
+
+    def _avoid(self, good: list[str], plan: Any) -> list[str]:
+        """Take the centre's avoided nodes out of ``good``, each with why, while at least
+        ``--min-nodes`` (else 1) remain: the list is advice, a job it would stop keeps them."""
+        record = self.record
+        listed = {a.node: a for a in plan.avoid}
+        hit = [n for n in good if n in listed]
+        if not hit:
+            return good
+        least = self.cfg.min_nodes or 1
+        room = max(0, len(good) - least)
+        out, kept = hit[:room], hit[room:]
+        days = plan.avoid_window_s / 86400
+        whys = {n: [f"avoided: named by proven jobs of {listed[n].users} users ({plural(listed[n].jobs, 'job')}: "
+                    f"{', '.join(listed[n].job_ids)}) in the last {days:g} d (the centre's avoid list)"] for n in out}
+        record.excluded = {**record.excluded, **whys}
+        for n in out:
+            log.info(f"hpcml run: {n} {whys[n][0]}")
+        if kept:
+            log.warning(f"hpcml run: kept {', '.join(kept)} though the centre's avoid list names them: "
+                        f"without them fewer than {least} nodes would remain")
+        if record.vet is not None:
+            record.vet = record.vet.model_copy(update={"avoided": out, "good": [n for n in good if n not in out],
+                                                       "bad": [*record.vet.bad, *out],
+                                                       "reasons": {**record.vet.reasons, **whys}})
+        return [n for n in good if n not in out]
 
     def _attempts(self, nodes: list[str], recovery: Recovery | None, exporter: Any, between: list[int]) -> int:
         """Attempt after attempt, while ``recovery`` restarts: the last attempt's code."""

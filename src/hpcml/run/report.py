@@ -462,6 +462,12 @@ def summary(rep: dict[str, Any]) -> list[str]:
         lines.append(f"  vet: {vet['decision']}, {len(vet['good'])} good, {len(vet['bad'])} bad"
                      + (f" ({'' if end.get('aborted') else 'excluded '}{', '.join(vet['bad'])})"
                         if vet["bad"] else ""))
+        if vet.get("auto"):
+            from hpcml.jobmodel import VetAuto
+            from hpcml.vet.autoplan import lines as auto_lines
+            lines += [f"    {line}" for line in auto_lines(VetAuto.model_validate(vet["auto"]))]
+        for node in vet.get("avoided") or []:
+            lines.append(f"    {node}: {'; '.join((vet.get('reasons') or {}).get(node) or ['avoided'])}")
     if rep["env"]:
         lines.append(f"  environment: {rep['env'].get('edf')}")
     obs = rep["observe"]

@@ -229,7 +229,8 @@ def pending(d: str | Path) -> list[Path]:
     return sorted(files, key=lambda p: _number(p) or 0)
 
 
-def _token() -> str | None:
+def collector_token() -> str | None:
+    """The collector token of this environment (``TOKEN_ENVS``, in order)."""
     return next((os.environ[k].strip() for k in TOKEN_ENVS if os.environ.get(k, "").strip()), None)
 
 
@@ -245,7 +246,7 @@ def send_pending(d: str | Path, url: str, timeout: float = SEND_TIMEOUT, say=Non
     if (Path(d) / SPOOL).is_dir():
         remove_dead_temps(Path(d) / SPOOL)        # a sender killed mid-mark left its temporary file
     files = pending(d)
-    token = _token()
+    token = collector_token()
     sent = refused = 0
     deadline = time.monotonic() + timeout
     for path in files:

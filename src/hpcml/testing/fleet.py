@@ -43,6 +43,8 @@ class Truth:
     since: dict[str, float] = field(default_factory=dict)   # -> from when
     flags: list[tuple[str, str, float, bool]] = field(default_factory=list)   # (check, node, time, node truly bad)
     drains: list[dict[str, Any]] = field(default_factory=list)   # the handler's applied drains (node, rule, time)
+    jobs: list[tuple[float, int, bool]] = field(default_factory=list)   # (start, nodes held, a bad node hurt it)
+    avoids: list[tuple[str, float, bool]] = field(default_factory=list)  # (node, day's end, truly bad): the avoid list
 
     def bad(self, node: str, t: float) -> bool:
         """Whether ``node`` was really bad at ``t`` (a liar never is)."""
@@ -52,6 +54,16 @@ class Truth:
     def precision(self, check: str) -> float | None:
         mine = [b for c, _, _, b in self.flags if c == check]
         return sum(mine) / len(mine) if mine else None
+
+    def avoid_precision(self) -> float | None:
+        """The share of the avoid list's daily entries that named a really bad node."""
+        return sum(b for *_, b in self.avoids) / len(self.avoids) if self.avoids else None
+
+    def rate(self, since: float) -> float | None:
+        """Jobs hurt per node-day held, of the jobs that started since ``since``."""
+        mine = [(n, hurt) for t, n, hurt in self.jobs if t >= since]
+        held = sum(n for n, _ in mine) / 24          # each job holds its nodes one hour
+        return sum(h for _, h in mine) / held if held else None
 
     def rule_precision(self, rule: str) -> float | None:
         mine = [self.bad(d["node"], d["time"]) for d in self.drains if d["rule"] == rule]
@@ -72,9 +84,11 @@ def _fails(kind: str | None, bad_now: bool, check: str, rng: random.Random) -> b
 
 
 def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float = 0.04, jobs_per_day: int = 150,
-             users: int = 20, seed: int = 0, end: float, handle: bool = True) -> Truth:
+             users: int = 20, seed: int = 0, end: float, handle: bool = True, avoid: bool = False) -> Truth:
     """Write ``days`` of the fleet ending at ``end`` into ``store`` (``add``, ``add_jobs``);
-    with ``handle``, the node handler's default rules drain and resume nodes once a day."""
+    with ``handle``, the node handler's default rules drain and resume nodes once a day; with
+    ``avoid``, the centre's avoid list (``hpcml.centre.plan.avoid_list``) is read at each
+    day's end and the next day's jobs keep off its nodes, as ``hpcml run`` does."""
     from hpcml.centre.collector.schema import CheckResult, NodeReport
     from hpcml.centre.summaries import Proven, Received
     rng = random.Random(seed)
@@ -86,6 +100,7 @@ def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float =
         truth.kind[node] = KINDS[i % len(KINDS)]
         truth.since[node] = start + rng.uniform(0.0, 0.6) * days * DAY
     drained: set[str] = set()
+    avoided: set[str] = set()
     catalog, history = (_handler() if handle else (None, {}))
     job_no = 0
     for day in range(days):
@@ -108,7 +123,7 @@ def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float =
         if catalog is not None:                 # a handler runs every few minutes: right after the vetting ...
             _handle_day(store, catalog, history, truth, names, drained, t0 + 3660)
         summaries = []
-        up = [n for n in names if n not in drained]
+        up = [n for n in names if n not in drained and n not in avoided]
         for _ in range(jobs_per_day):
             job_no += 1
             t = t0 + rng.uniform(3600, DAY - 7200)
@@ -128,9 +143,15 @@ def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float =
                 "node_hours": float(len(held)), "gpu_hours": 4.0 * len(held), **roles})
             s.proven(Proven(how="munge", user=user, uid=1000 + int(user[1:]), verified=True))
             summaries.append(s)
+            truth.jobs.append((t, len(held), bool(roles["crashed"] or roles["stragglers"])))
         store.add_jobs(summaries)
         if catalog is not None:                 # ... and after the day's jobs
             _handle_day(store, catalog, history, truth, names, drained, t0 + DAY - 60)
+        if avoid:
+            from hpcml.centre.plan import AVOID_WINDOW, avoid_list
+            now = t0 + DAY - 30
+            avoided = {a.node for a in avoid_list(store.job_events_since(now - AVOID_WINDOW), now)}
+            truth.avoids += [(n, now, truth.bad(n, now)) for n in sorted(avoided)]
     return truth
 
 

@@ -6,6 +6,7 @@ the protocol runs on every node, and report.json, bad-nodes and good-nodes are w
 
 from __future__ import annotations
 
+from collections.abc import Collection
 from pathlib import Path
 from typing import Any
 
@@ -18,8 +19,9 @@ log = logs.get(__name__)
 def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | None = None, nodes: str | None = None,
             out: Path | None = None, exclude_file: Path | None = None, good_file: Path | None = None,
             workdir: Path | None = None, venv_root: Path | None = None, local: bool = False,
-            allocation: Any = None) -> tuple[Any, dict[str, Path]]:
-    """``(VetRun, output paths)``; bad input raises a UsageError (one line, exit 2)."""
+            allocation: Any = None, only: Collection[str] | None = None) -> tuple[Any, dict[str, Path]]:
+    """``(VetRun, output paths)``; bad input raises a UsageError (one line, exit 2).
+    ``only``: the protocol's checks to run (``--vet auto``'s tier), by name."""
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
     from hpcml.vet import launch
@@ -36,6 +38,9 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
         from hpcml.vet.protocol import load
         proto = load(protocol)
         proto.unset_variables()
+        if only is not None:
+            from dataclasses import replace
+            proto = replace(proto, evals=[e for e in proto.evals if e.name in only])
         try:
             limit = parse_seconds(deadline) if deadline is not None else None
         except ValueError as exc:

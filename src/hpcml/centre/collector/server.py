@@ -65,10 +65,11 @@ class Grant:
     user: str | None = None    # a user's job token ("user:token" in --job-token-file)
 
     def may(self, write: bool, jobs: bool = False) -> bool:
-        """``write``: a POST; ``jobs``: a POST of summaries or reports, which job tokens may make."""
+        """``write``: a POST; ``jobs``: what job tokens may do too (POST summaries or reports,
+        GET the plan their launcher vets by)."""
         if write:
             return self.role in ("write", "trusted") or (jobs and self.role == "job")
-        return self.role in ("write", "read", "trusted")
+        return self.role in ("write", "read", "trusted") or (jobs and self.role == "job")
 
 
 _USER = re.compile(r"^[A-Za-z_][A-Za-z0-9_.-]{0,63}$")    # a POSIX user name (useradd's rule, relaxed)
@@ -180,6 +181,8 @@ class App:
         self.writer = BatchWriter(store)
         self.job_writer = BatchWriter(store, write=store.add_jobs)
         self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
+        self._plan_lock = threading.Lock()
+        self._plan_doc: tuple[float, dict[str, Any]] | None = None
 
     def log(self, line: str) -> None:
         log.info(f"hpcml centre serve: {line}")
@@ -273,6 +276,9 @@ class App:
         query = parse_qs(environ.get("QUERY_STRING", ""))
         if path == "/healthz":
             return _Reply(200, {"status": "ok"})
+        if path.rstrip("/") == "/v1/plan":               # every job's launcher asks: job tokens may read it
+            self._grant(environ, write=False, jobs=True)
+            return _Reply(200, self._plan())
         self._grant(environ, write=False)
         store = self.store
         parts = [unquote(p) for p in path.strip("/").split("/")]
@@ -298,6 +304,17 @@ class App:
         except ValueError as exc:
             raise _error(400, str(exc)) from None
         raise _error(404, "not found")
+
+    def _plan(self) -> dict[str, Any]:
+        """The centre's plan (``hpcml.centre.plan``), computed at most once every ``TTL``
+        seconds: it reads a month of results, the operator's kind of work, and every job
+        start asks for it."""
+        from hpcml.centre.plan import TTL, build
+        with self._plan_lock:
+            now = time.time()
+            if self._plan_doc is None or now - self._plan_doc[0] >= TTL:
+                self._plan_doc = (now, build(self.store, now).to_json())
+            return self._plan_doc[1]
 
     def close(self) -> None:
         self.writer.close()

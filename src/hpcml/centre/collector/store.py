@@ -99,6 +99,11 @@ class Store(JobQueries, ABC):
         handler's rules are evaluated on."""
 
     @abstractmethod
+    def check_durations(self, since: float) -> list[dict[str, Any]]:
+        """Per check (name, type) since ``since``: how many results and their mean duration
+        in seconds: what ``hpcml run --vet auto`` prices a check at."""
+
+    @abstractmethod
     def count(self) -> dict[str, int]:
         """Rows in ``reports`` and ``results``."""
 
@@ -271,6 +276,11 @@ class SqlStore(Store):
                          "FROM results r JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
                          "ORDER BY r.time, r.report_id, r.seq", (since,))
         return [dict(zip(("node", "job", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
+
+    def check_durations(self, since: float) -> list[dict[str, Any]]:
+        rows = self._all("SELECT name, type, COUNT(*), AVG(duration) FROM results WHERE time >= ? "
+                         "GROUP BY name, type ORDER BY name, type", (since,))
+        return [{"name": n, "type": t, "runs": c, "mean_s": float(m or 0.0)} for n, t, c, m in rows]
 
     def count(self) -> dict[str, int]:
         return {t: self._all(f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("reports", "results", "jobs", "job_nodes")}

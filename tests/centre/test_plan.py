@@ -1,0 +1,139 @@
+"""The centre's plan for the next jobs (``hpcml.centre.plan``, ``GET /v1/plan``): the fleet's
+failure rate, each check's cost and recall, the avoid list. Measured on a simulated fleet
+with known truth (``hpcml.testing.fleet``, written through the collector's store), and
+served by a real ``hpcml centre serve`` to a job token."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from hpcml.centre.collector.store import open_store
+from hpcml.centre.plan import SCHEMA, Plan, avoid_list, build
+from hpcml.ports import free_port
+from hpcml.testing.fleet import simulate
+
+DAY = 86400.0
+JOB_TOKEN = "job-token-0123456789abcdef"
+WRITE_TOKEN = "write-token-0123456789abcdef"
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """200 nodes, 21 days, 8 bad ones and 2 lied about; jobs keep off the avoid list."""
+    root = tmp_path_factory.mktemp("fleet")
+    store = open_store(f"sqlite:///{root}/centre.db")
+    end = time.time() - 3600
+    truth = simulate(store, nodes=200, days=21, bad_share=0.04, jobs_per_day=150, end=end, seed=3, avoid=True)
+    try:
+        yield store, truth, end, root
+    finally:
+        store.close()
+
+
+def test_the_rate_is_the_jobs_a_node_hurt_per_node_day_as_the_simulation_counted_them(fleet):
+    store, truth, end, _ = fleet
+    plan = build(store, now=end, window=14 * DAY)
+    assert plan.hurt_jobs > 0 and plan.rate_per_node_day is not None
+    assert plan.rate_per_node_day == pytest.approx(truth.rate(end - 14 * DAY), rel=0.01)
+    by_name = {c.name: c for c in plan.checks}
+    assert set(by_name) == {"gpu-count", "xid", "gemm", "pcie-link", "disk"}
+    assert by_name["gpu-count"].runs == 200 * 14 or abs(by_name["gpu-count"].runs - 200 * 14) <= 200
+    # the dead nodes fail gpu-count at every vetting: it caught some bad node before its first job
+    assert by_name["gpu-count"].recall and by_name["gpu-count"].recall > 0
+    assert by_name["pcie-link"].recall is not None and by_name["pcie-link"].recall < by_name["gpu-count"].recall
+
+
+def test_the_avoid_list_names_bad_nodes_only_never_one_users_or_a_liar(fleet):
+    """Measured against the truth, day by day over three weeks: every node the list named
+    was really bad then (the liars' jobs run well; noise fails no job)."""
+    store, truth, end, _ = fleet
+    assert truth.avoids, "the avoid list never named a node"
+    assert truth.avoid_precision() == 1.0
+    liars = {n for n, k in truth.kind.items() if k == "liar"}
+    assert not liars & {n for n, *_ in truth.avoids}
+    # one user's jobs alone never put a node on it
+    events = [{"node": "n9", "job": f"j{i}", "role": "culprit", "time": end - i, "user": "uid:1000"} for i in range(5)]
+    assert avoid_list(events, end) == []
+    events.append({"node": "n9", "job": "j9", "role": "straggler", "time": end - 9, "user": "uid:1001"})
+    (only,) = avoid_list(events, end)
+    assert only.node == "n9" and only.users == 2 and only.jobs == 6 and only.job_ids[0] == "j0"
+    # older than the window: off the list
+    assert avoid_list(events, end + 8 * DAY) == []
+
+
+def test_the_plan_round_trips_and_a_wrong_document_is_refused(fleet):
+    store, _, end, _ = fleet
+    doc = build(store, now=end).to_json()
+    assert doc["schema"] == SCHEMA and list(doc)[0] == "schema"
+    again = Plan.from_doc(json.loads(json.dumps(doc)), "x")
+    assert again.avoid == build(store, now=end).avoid
+    from hpcml.errors import UsageError
+    with pytest.raises(UsageError, match="schema"):
+        Plan.from_doc({**doc, "schema": "hpcml.centre.plan/2"}, "x")
+    with pytest.raises(UsageError, match="hurt_jobs"):
+        Plan.from_doc({**doc, "hurt_jobs": "many"}, "x")
+
+
+def _get(url: str, token: str | None) -> tuple[int, dict]:
+    req = urllib.request.Request(url, headers={"Authorization": f"Bearer {token}"} if token else {})
+    try:
+        with urllib.request.urlopen(req, timeout=30) as resp:
+            return resp.status, json.loads(resp.read())
+    except urllib.error.HTTPError as exc:
+        return exc.code, json.loads(exc.read() or b"{}")
+
+
+def test_a_job_token_reads_the_plan_and_nothing_else_from_a_real_collector(fleet, tmp_path):
+    """What every job's launcher needs is the plan; the fleet's other answers (users' scores,
+    nodes' histories) stay behind a read token."""
+    _, _, _, root = fleet
+    jobs = tmp_path / "job-tokens"
+    jobs.write_text(JOB_TOKEN + "\n")
+    port = free_port("127.0.0.1")
+    proc = subprocess.Popen([sys.executable, "-m", "hpcml", "centre", "serve", "--db", f"sqlite:///{root}/centre.db",
+                             "--port", str(port), "--job-token-file", str(jobs)],
+                            env={**os.environ, "HPCML_VET_TOKEN": WRITE_TOKEN}, stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout is not None and "listening on" in proc.stdout.readline()
+        base = f"http://127.0.0.1:{port}"
+        code, doc = _get(f"{base}/v1/plan", JOB_TOKEN)
+        assert code == 200 and doc["schema"] == SCHEMA and doc["avoid"] and doc["rate_per_node_day"] > 0
+        assert _get(f"{base}/v1/plan", None)[0] == 401
+        assert _get(f"{base}/v1/plan", "not-a-token")[0] == 401
+        assert _get(f"{base}/v1/fleet", JOB_TOKEN)[0] == 401
+        assert _get(f"{base}/v1/nodes/nid00001/history", JOB_TOKEN)[0] == 401
+        assert _get(f"{base}/v1/plan", WRITE_TOKEN)[0] == 200
+        from hpcml.centre.client import fetch_plan
+        plan, why = fetch_plan(base, JOB_TOKEN)
+        assert why is None and plan is not None and [a.node for a in plan.avoid] == [a["node"] for a in doc["avoid"]]
+        plan, why = fetch_plan(base, "wrong")
+        assert plan is None and why is not None and "401" in why
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(30)
+
+
+def test_a_collector_that_is_not_there_gives_no_plan_and_says_why():
+    from hpcml.centre.client import fetch_plan
+    port = free_port("127.0.0.1")
+    plan, why = fetch_plan(f"http://127.0.0.1:{port}", JOB_TOKEN, timeout=2)
+    assert plan is None and why is not None and f"127.0.0.1:{port}/v1/plan" in why
+
+
+def test_the_plan_of_an_empty_centre_has_no_rate(tmp_path: Path):
+    store = open_store(f"sqlite:///{tmp_path}/empty.db")
+    try:
+        plan = build(store)
+    finally:
+        store.close()
+    assert plan.rate_per_node_day is None and plan.hurt_jobs == 0 and plan.avoid == [] and plan.checks == []

@@ -1,0 +1,51 @@
+"""The centre's avoid list on the real 2-node local cluster (n1, n2): n2 was named a hang
+culprit by proven jobs of two users, so the next ``hpcml run --vet auto --collector`` takes
+it out, says why, and the command runs on n1; with ``--time`` the model prices vetting by
+the time Slurm gives the job."""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from hpcml.centre.collector.store import open_store
+from tests.run.test_summary import TOKEN, Collector
+from tests.run.test_vet_auto import _hurt
+from tests.slurmjobs import submit, wait
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slurm
+
+
+def test_an_avoided_node_is_left_out_and_the_job_runs_on_the_other(slurm_env, tmp_path):
+    env = {**slurm_env, "PYTHONPATH": str(ROOT), "PATH": f"{Path(sys.executable).parent}:{slurm_env['PATH']}",
+           "HPCML_VET_TOKEN": TOKEN}
+    c = Collector(tmp_path)
+    store = open_store(f"sqlite:///{c.db}")
+    try:
+        _hurt(store, "n2", ["alice", "bob"], time.time())
+    finally:
+        store.close()
+    c.start()
+    try:
+        job = submit(f"""#!/bin/bash
+hpcml run --vet auto --collector {c.url} --min-nodes 1 --no-report --hang-timeout off --dir job -- \\
+  python -c "import os; print('ran on', os.environ['SLURMD_NODENAME'])"
+echo "run-rc=$?"
+""", tmp_path, env, nodes=2, extra=("--time=30",))
+        wait(job, env, timeout=240)
+    finally:
+        c.stop()
+    out = (tmp_path / "job.out").read_text()
+    assert "run-rc=0" in out, out
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["nodes"] == ["n1"] and run["vet"]["avoided"] == ["n2"], run
+    why = run["excluded"]["n2"][0]
+    assert why.startswith("avoided: named by proven jobs of 2 users") and "100" in why and "101" in why
+    auto = run["vet"]["auto"]
+    assert auto["nodes"] == 2 and auto["hours_source"].startswith("Slurm") and 0.4 < auto["hours"] <= 0.5
+    assert "ran on n1" in (tmp_path / "job" / "logs" / "rank-00000.out").read_text()
