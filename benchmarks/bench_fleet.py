@@ -1,13 +1,13 @@
 """The default rules' and the checks' precision and recall on a simulated fleet with known
 truth, as the centre report computes them beside what was true (issue 68).
 
-    python benchmarks/bench_fleet.py [--nodes 1000] [--days 28] [--bad 0.02] [--jobs 600] [--seed 1]
+    python benchmarks/bench_fleet.py [--nodes 1000] [--days 28] [--bad 0.02] [--jobs 600] [--seed 1] [--avoid]
 
 ``hpcml.testing.fleet.simulate`` writes the fleet's vetting results and proven job
 summaries into a collector store (SQLite) while the node handler's real ``plan`` drains and
 resumes nodes with the default rules twice a day; then ``hpcml.centre.report.build`` over
-the whole window with the handler's drains; the jobs keep off the centre's avoid list
-(``hpcml.centre.plan``), read at each day's end. Per check and rule: the report's precision
+the whole window with the handler's drains; with ``--avoid`` the jobs keep off the centre's
+avoid list (``hpcml.centre.plan``), read at each day's end. Per check and rule: the report's precision
 (with its 95% interval) and recall, and the truth's (a flag or drain is right when the node
 was really bad then; a bad node is caught when flagged before the first job it hurt), and
 the avoid list's precision against the truth (each day a node is on it). Writes
@@ -37,6 +37,7 @@ def main() -> None:
     ap.add_argument("--bad", type=float, default=0.02)
     ap.add_argument("--jobs", type=int, default=600, help="jobs a day")
     ap.add_argument("--seed", type=int, default=1)
+    ap.add_argument("--avoid", action="store_true", help="The jobs keep off the centre's avoid list (read daily).")
     ap.add_argument("--out", type=Path, default=ROOT / "benchmarks" / "results" / "fleet.json")
     a = ap.parse_args()
     work = Path(tempfile.mkdtemp(prefix="fleet-"))
@@ -45,7 +46,7 @@ def main() -> None:
     t0 = time.perf_counter()
     try:
         truth = simulate(store, nodes=a.nodes, days=a.days, bad_share=a.bad, jobs_per_day=a.jobs, end=end, seed=a.seed,
-                         avoid=True)
+                         avoid=a.avoid)
         sim_s = time.perf_counter() - t0
         catalog = load(DEFAULT_RULES)
         t1 = time.perf_counter()
@@ -71,7 +72,7 @@ def main() -> None:
                                                              for k in sorted(set(truth.kind.values()))},
            "bad_nodes": len(bad_nodes), "drains": len(truth.drains), "simulate_s": round(sim_s, 1),
            "report_s": round(report_s, 2), "rows": rows,
-           "avoid": {"entries": len(truth.avoids), "nodes": len({n for n, *_ in truth.avoids}),
+           "avoid": None if not a.avoid else {"entries": len(truth.avoids), "nodes": len({n for n, *_ in truth.avoids}),
                      "bad_nodes_avoided": len({n for n, *_ in truth.avoids} & bad_nodes),
                      "truth_precision": truth.avoid_precision()}}
     a.out.parent.mkdir(parents=True, exist_ok=True)
@@ -90,8 +91,9 @@ def main() -> None:
         print(f"| {r['what']} | {r['flags']} | {f(r['precision'])}{ci}{below} | {f(r['truth_precision'])} | "
               f"{f(r['recall'])} ({r['caught']}/{r['bad_nodes']}) |")
     av = doc["avoid"]
-    print(f"avoid list: {av['entries']} node-days on it, {av['nodes']} nodes ({av['bad_nodes_avoided']} of "
-          f"{len(bad_nodes)} bad ones); precision against the truth {f(av['truth_precision'])}")
+    if av is not None:
+        print(f"avoid list: {av['entries']} node-days on it, {av['nodes']} nodes ({av['bad_nodes_avoided']} of "
+              f"{len(bad_nodes)} bad ones); precision against the truth {f(av['truth_precision'])}")
 
 
 if __name__ == "__main__":

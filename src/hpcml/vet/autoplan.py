@@ -6,12 +6,14 @@ allocation and the time left (a bad node left in hurts the whole job). The model
 three tiers of the protocol, none, ``quick`` (the checks a prolog runs, ``prolog.select_fast``)
 and ``full``, and takes the one that saves most, in GPU-hours (node-hours without GPUs):
 
-- expected hurts = ``rate`` (jobs hurt by a node per node-day held) x nodes x days left;
-- one hurt costs the whole job ``loss`` wall hours: with ``--max-restarts``, the detection,
-  the restart and the work since the last checkpoint (``RECOVERY_LOSS_H``); without, half
-  the time left (a fault at a uniform moment; nothing saved before it is assumed lost);
-- a tier saves ``catch`` x hurts x loss x nodes x GPUs and costs its checks' seconds x nodes
-  x GPUs, plus the launcher's own ``OVERHEAD_S``.
+- expected hurts E = ``rate`` (jobs hurt by a node per node-day held) x nodes x days left;
+- the wall hours they cost the whole job: with ``--max-restarts`` each costs the detection,
+  the restart and the work since the last checkpoint (``RECOVERY_LOSS_H``), E x that, at
+  most the time left; without, the first ends the job (it comes with probability 1 - e^-E),
+  losing half the time left (a fault at a uniform moment, nothing saved before it);
+- a tier that catches a share c of bad nodes saves what E costs less what (1 - c) E costs,
+  x nodes x GPUs, and costs its checks' seconds x nodes x GPUs, plus the launcher's own
+  ``OVERHEAD_S``.
 
 Every figure comes from the collector where it measured it (``GET /v1/plan``: the rate,
 each check's mean duration and recall) and otherwise from the defaults below, each named in
@@ -20,6 +22,7 @@ the job's report with its source: none is passed off as measured.
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -92,6 +95,13 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
         loss, loss_source = hours / 2, "half the time left (no --max-restarts)"
     hurts = rate * nodes * hours / 24
     width = nodes * max(gpus, 1)
+
+    def lost(expected: float) -> float:
+        """Wall hours the job expects to lose to ``expected`` hurts: with restarts each
+        costs ``loss`` (at most the whole time left); without, the first one ends the job
+        (Poisson: it comes with probability 1 - e^-expected), losing half the time left."""
+        return min(expected * loss, hours) if restarts else -math.expm1(-expected) * hours / 2
+
     fast, _ = select_fast(proto)
     tiers = [VetTier(name="none", catch_source="")]
     for name, evals in (("quick", fast), ("full", proto.evals)):
@@ -102,7 +112,7 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
                                 for e in evals)
         catch, source = _catch(name, names, measured)
         cost = width * secs / 3600
-        saved = catch * hurts * loss * width
+        saved = (lost(hurts) - lost((1 - catch) * hurts)) * width
         tiers.append(VetTier(name=name, checks=names, seconds=round(secs, 2), catch=round(catch, 4),
                              catch_source=source, cost_h=round(cost, 4), saved_h=round(saved, 4),
                              net_h=round(saved - cost, 4)))
@@ -128,7 +138,7 @@ def lines(auto: VetAuto) -> list[str]:
     width = plural(auto.nodes, "node") + (f" x {plural(auto.gpus_per_node, 'GPU')}" if auto.gpus_per_node else "")
     out = [f"vet auto: {auto.chosen} ({width}, {auto.hours:.1f} h left; "
            f"{auto.expected_hurts:.3g} expected hurts at {auto.rate_per_node_day:.4g} a node-day, "
-           f"{auto.loss_h:.2f} h lost each)",
+           f"{auto.loss_h:.2f} h lost to a hurt)",
            f"  rate: {auto.rate_source}; time: {auto.hours_source}; loss: {auto.loss_source}"]
     for t in auto.tiers:
         if t.name == "none":
