@@ -135,6 +135,7 @@ class VetAuto(Model):
     unit: str                               # GPU-h | node-h
     tiers: list[VetTier] = []
     chosen: str
+    note: str = ""                          # why the choice is not the model's best, when it is not
 
 
 class Vetting(Model):
@@ -146,7 +147,7 @@ class Vetting(Model):
     reasons: dict[str, list[str]] = {}
     duration_s: Optional[float] = None
     auto: Optional[VetAuto] = None          # --vet auto: how much vetting the job was worth
-    avoided: list[str] = []                 # on the centre's avoid list: excluded, whatever they passed
+    avoided: list[str] = []                 # on the centre's avoid list: left out (advice: not bad, not excluded)
 
 
 class FirstFailure(Model):

@@ -44,13 +44,17 @@ def test_the_rate_is_the_jobs_a_node_hurt_per_node_day_as_the_simulation_counted
     store, truth, end, _ = fleet
     plan = build(store, now=end, window=14 * DAY)
     assert plan.hurt_jobs > 0 and plan.rate_per_node_day is not None
-    assert plan.rate_per_node_day == pytest.approx(truth.rate(end - 14 * DAY), rel=0.01)
+    # a crashed rank is not evidence about its node (any user's bug crashes one): stragglers only here
+    assert plan.rate_per_node_day == pytest.approx(truth.rate(end - 14 * DAY, ("stragglers",)), rel=0.01)
+    assert plan.rate_per_node_day < truth.rate(end - 14 * DAY)
     by_name = {c.name: c for c in plan.checks}
     assert set(by_name) == {"gpu-count", "xid", "gemm", "pcie-link", "disk"}
     assert by_name["gpu-count"].runs == 200 * 14 or abs(by_name["gpu-count"].runs - 200 * 14) <= 200
-    # the dead nodes fail gpu-count at every vetting: it caught some bad node before its first job
-    assert by_name["gpu-count"].recall and by_name["gpu-count"].recall > 0
-    assert by_name["pcie-link"].recall is not None and by_name["pcie-link"].recall < by_name["gpu-count"].recall
+    # the jobs name slow nodes (stragglers): GEMM, failing at 70% of their vettings, flagged
+    # them before the first job they hurt; the GPU count check never fails on a slow node
+    slow = {n for n, k in truth.kind.items() if k == "slow"}
+    assert 0 < by_name["gemm"].bad_nodes <= len(slow) and by_name["gemm"].recall and by_name["gemm"].recall > 0.3
+    assert by_name["gpu-count"].recall == 0.0 and by_name["gpu-count"].bad_nodes == by_name["gemm"].bad_nodes
 
 
 def test_the_avoid_list_names_bad_nodes_only_never_one_users_or_a_liar(fleet):
@@ -65,8 +69,11 @@ def test_the_avoid_list_names_bad_nodes_only_never_one_users_or_a_liar(fleet):
     events = [{"node": "n9", "job": f"j{i}", "role": "culprit", "time": end - i, "user": "uid:1000"} for i in range(5)]
     assert avoid_list(events, end) == []
     events.append({"node": "n9", "job": "j9", "role": "straggler", "time": end - 9, "user": "uid:1001"})
+    # crashed ranks of many users' code on one node are no evidence about the node
+    events += [{"node": "n1", "job": f"c{i}", "role": "crashed", "time": end - i, "user": f"uid:{1100 + i}"}
+               for i in range(5)]
     (only,) = avoid_list(events, end)
-    assert only.node == "n9" and only.users == 2 and only.jobs == 6 and only.job_ids[0] == "j0"
+    assert only.node == "n9" and only.users == 2 and only.jobs == 6 and only.roles == {"culprit": 5, "straggler": 1}
     # older than the window: off the list
     assert avoid_list(events, end + 8 * DAY) == []
 
@@ -107,7 +114,7 @@ def test_a_job_token_reads_the_plan_and_nothing_else_from_a_real_collector(fleet
         assert proc.stdout is not None and "listening on" in proc.stdout.readline()
         base = f"http://127.0.0.1:{port}"
         code, doc = _get(f"{base}/v1/plan", JOB_TOKEN)
-        assert code == 200 and doc["schema"] == SCHEMA and doc["avoid"] and doc["rate_per_node_day"] > 0
+        assert code == 200 and doc["schema"] == SCHEMA and doc["rate_per_node_day"] > 0 and len(doc["checks"]) == 5
         assert _get(f"{base}/v1/plan", None)[0] == 401
         assert _get(f"{base}/v1/plan", "not-a-token")[0] == 401
         assert _get(f"{base}/v1/fleet", JOB_TOKEN)[0] == 401
@@ -137,3 +144,74 @@ def test_the_plan_of_an_empty_centre_has_no_rate(tmp_path: Path):
     finally:
         store.close()
     assert plan.rate_per_node_day is None and plan.hurt_jobs == 0 and plan.avoid == [] and plan.checks == []
+
+
+def test_unproven_reports_price_nothing_and_no_duration_counts_past_a_day(tmp_path: Path):
+    """A job token's POST is stored unproven: it must not make checks look dear (or the plan
+    not serialisable) for every job; a proven absurd duration counts as a day."""
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    now = time.time()
+    try:
+        reps = []
+        for i, (evidence, duration) in enumerate((("none", 1e308), ("none", 1e308), ("node", 2.0), ("node", 1e9))):
+            rep = NodeReport(node=f"n{i}", time=now - 60, protocol="p", job_id=None, verdict="good",
+                             results=[CheckResult(name="gemm", type="compute", outcome="pass", duration=duration),
+                                      CheckResult(name="skip", type="compute", outcome="skipped", duration=duration)])
+            rep.proven(evidence, "root")
+            reps.append(rep)
+        store.add(reps)
+        (gemm,) = build(store, now=now).checks
+        assert gemm.name == "gemm" and gemm.runs == 2 and gemm.mean_s == (2.0 + 86400) / 2
+        assert json.loads(json.dumps(build(store, now=now).to_json(), allow_nan=False))
+    finally:
+        store.close()
+
+
+def test_the_collector_serves_its_last_good_plan_when_a_rebuild_fails(tmp_path: Path, monkeypatch):
+    from hpcml.centre import plan as plan_mod
+    from hpcml.centre.collector.server import App, Tokens
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    try:
+        app = App(store, Tokens([WRITE_TOKEN]))
+        first = app._plan()
+        assert first["schema"] == SCHEMA
+        monkeypatch.setattr(plan_mod, "TTL", 0.0)
+
+        def broken(*_a, **_k):
+            raise RuntimeError("database down")
+        monkeypatch.setattr(plan_mod, "build", broken)
+        assert app._plan() is first                       # the last good plan, not a 500
+        fresh = App(store, Tokens([WRITE_TOKEN]))
+        with pytest.raises(RuntimeError):                 # no plan ever built: the error is the answer
+            fresh._plan()
+    finally:
+        store.close()
+
+
+def test_a_broken_answer_is_one_line_and_never_a_traceback():
+    """A server that is not HTTP, one that sends a torn body, one that never finishes."""
+    import socket
+    import threading
+
+    from hpcml.centre.client import fetch_plan
+    answers = [b"garbage\r\n\r\n",
+               b"HTTP/1.1 200 OK\r\nContent-Length: 100\r\n\r\n{\"schema\"",
+               b"HTTP/1.1 200 OK\r\nContent-Type: application/json\r\n\r\n" + b" " * 10]
+    for answer in answers:
+        srv = socket.create_server(("127.0.0.1", 0))
+        port = srv.getsockname()[1]
+
+        def serve(srv=srv, answer=answer) -> None:
+            conn, _ = srv.accept()
+            conn.recv(65536)
+            conn.sendall(answer)
+            if answer.endswith(b" "):
+                time.sleep(3)                         # holds the connection past the deadline
+            conn.close()
+        t = threading.Thread(target=serve, daemon=True)
+        t.start()
+        plan, why = fetch_plan(f"http://127.0.0.1:{port}", JOB_TOKEN, timeout=1)
+        assert plan is None and why and "\n" not in why and f"127.0.0.1:{port}/v1/plan" in why, why
+        t.join(10)
+        srv.close()

@@ -44,8 +44,10 @@ echo "run-rc=$?"
     assert "run-rc=0" in out, out
     run = json.loads((tmp_path / "job" / "run.json").read_text())
     assert run["nodes"] == ["n1"] and run["vet"]["avoided"] == ["n2"], run
-    why = run["excluded"]["n2"][0]
-    assert why.startswith("avoided: named by proven jobs of 2 users") and "100" in why and "101" in why
+    why = run["vet"]["reasons"]["n2"][0]
+    assert why.startswith("avoided: named a hang culprit or straggler by proven jobs of 2 users (2 jobs)")
+    # advice, not a verdict: not bad, not excluded, so the centre counts this job against no node
+    assert "n2" not in run["vet"]["bad"] and "n2" not in run.get("excluded", {})
     auto = run["vet"]["auto"]
     assert auto["nodes"] == 2 and auto["hours_source"].startswith("Slurm") and 0.4 < auto["hours"] <= 0.5
     assert "ran on n1" in (tmp_path / "job" / "logs" / "rank-00000.out").read_text()

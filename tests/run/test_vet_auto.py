@@ -45,7 +45,7 @@ def test_vet_auto_without_a_centre_uses_named_defaults_and_reports_its_model(tmp
 
 def test_vet_auto_reads_the_centres_plan_and_keeps_an_avoided_node_it_cannot_spare(tmp_path):
     """This host is on the avoid list (jobs of two proven users named it); a local job has no
-    other node, so it keeps it and says so, and prices its vetting by the centre's rate."""
+    other node, so it keeps it and says so; the plan's rate rests on too few jobs to use."""
     c = Collector(tmp_path)
     store = open_store(f"sqlite:///{c.db}")
     try:
@@ -60,7 +60,8 @@ def test_vet_auto_reads_the_centres_plan_and_keeps_an_avoided_node_it_cannot_spa
         c.stop()
     assert p.returncode == 0, p.stderr
     run = valid(json.loads((tmp_path / "job" / "run.json").read_text()))
-    assert run["vet"]["auto"]["rate_source"].startswith("collector: 2 jobs hurt by a node")
+    # the plan was read; two jobs' 0.2 node-days are too few to measure a rate on: the default
+    assert "(the collector held 0.2 node-days of jobs)" in run["vet"]["auto"]["rate_source"]
     assert run["vet"]["avoided"] == [] and run["nodes"] == [this_node()]
     assert f"kept {this_node()} though the centre's avoid list names them" in p.stderr
 

@@ -178,20 +178,26 @@ MAX_PLAN = 8 << 20              # bytes of a plan read from a collector (an avoi
 
 def fetch_plan(url: str, token: str | None, timeout: float = 5.0) -> tuple[Any, str | None]:
     """``GET /v1/plan`` (``hpcml.centre.plan.Plan``): (the plan, None), or (None, one line why
-    not). Like every send, a collector that is down, slow or wrong never fails the job: the
-    launcher then uses its documented defaults and says so."""
+    not), within ``timeout`` seconds in all. Like every send, a collector that is down, slow
+    or wrong never fails the job: the launcher then uses its documented defaults and says so."""
     from hpcml.centre.plan import Plan
     from hpcml.errors import UsageError
     endpoint = _endpoint(url, "/v1/plan")
     req = urllib.request.Request(endpoint, method="GET", headers={
         "Authorization": f"Bearer {token or ''}", "User-Agent": "hpcml-run"})
+    deadline = time.monotonic() + timeout
     try:
+        chunks, size = [], 0
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            body = resp.read(MAX_PLAN + 1)
-        if len(body) > MAX_PLAN:
-            return None, f"{endpoint}: answer above {MAX_PLAN} bytes"
-        return Plan.from_doc(orjson.loads(body), endpoint), None
-    except (OSError, ValueError, urllib.error.URLError) as exc:
-        return None, f"{endpoint}: {_why(exc)}"
+            while chunk := resp.read(1 << 16):
+                size += len(chunk)
+                if size > MAX_PLAN:
+                    return None, f"{endpoint}: answer above {MAX_PLAN} bytes"
+                if time.monotonic() > deadline:
+                    return None, f"{endpoint}: no whole answer within {timeout:g} s"
+                chunks.append(chunk)
+        return Plan.from_doc(orjson.loads(b"".join(chunks)), endpoint), None
     except UsageError as exc:
         return None, str(exc)
+    except Exception as exc:          # noqa: BLE001 - a broken answer (bad status line, torn body) too
+        return None, f"{endpoint}: {' '.join(_why(exc).split())[:300]}"   # what a server sent: one line

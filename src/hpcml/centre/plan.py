@@ -2,20 +2,23 @@
 what each check costs and catches, and the nodes to avoid (``GET /v1/plan``; issue 68).
 
 Why one document: ``hpcml run --vet auto`` sizes its vetting to the job from these figures
-(``hpcml.vet.autoplan``), and every ``hpcml run`` with a collector excludes the nodes on the
-avoid list. Both are the centre's measurements, so the collector computes them once every
-``TTL`` seconds, not per job start.
+(``hpcml.vet.autoplan``), and every ``hpcml run --vet`` with a collector leaves out the
+nodes on the avoid list. Both are the centre's measurements, so the collector computes them
+at most once every ``TTL`` seconds, not per job start.
 
-- **The rate** is jobs hurt by a node (a proven job naming it culprit, crashed rank or
-  straggler) per node-day the jobs held: what a job of N nodes for D days can expect,
-  ``rate * N * D`` hurts, measured on the same jobs.
-- **A check's recall** is ``hpcml.centre.precision``'s: of the nodes proven jobs named in
-  the window, the share the check flagged before the first job it hurt.
+A node **hurt** a job when a proven job named it its hang culprit or a straggler
+(``NODE_ROLES``): evidence about the node. A crashed rank is not counted: any user's bug
+crashes a rank, on whatever node it ran.
+
+- **The rate** is jobs a node hurt per node-day the window's verified jobs held: what a job of
+  N nodes for D days can expect, ``rate * N * D`` hurts, measured on the same jobs.
+- **A check's recall** is the share of the bad nodes it ran on (within ``HORIZON`` before the
+  first job a node hurt) that it flagged there: read from those few nodes' results only.
 - **The avoid list**: nodes proven jobs of at least ``AVOID_USERS`` different proven users
   named in the last ``AVOID_WINDOW`` (one user, or one user's code, never puts a node on
-  it). A node leaves it when its last such job is older than the window: jobs that avoid
-  it cannot name it again, so an operator who repaired it sooner resumes it by hand and
-  drains nothing; the list is advice to the next jobs, not a drain.
+  it). A node leaves it when its last such job is older than the window: jobs that avoid it
+  cannot name it again. It is advice to the next jobs, not a drain. No job ids: a job token
+  reads it, and a site may hide jobs from other users (Slurm's ``PrivateData=jobs``).
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import Any, Optional
 
 from pydantic import Field
 
+from hpcml.centre.precision import HORIZON
 from hpcml.jobmodel import Model, validate
 from hpcml.schemas import tag
 
@@ -34,8 +38,7 @@ WINDOW = 30 * 86400.0           # the rate's, the durations' and the recall's wi
 AVOID_WINDOW = 7 * 86400.0
 AVOID_USERS = 2
 TTL = 600.0                     # seconds the collector keeps a computed plan
-HARM_ROLES = ("culprit", "crashed", "straggler")
-MAX_AVOID_JOBS = 5              # job ids named per avoided node
+NODE_ROLES = ("culprit", "straggler")
 
 
 class CheckFacts(Model):
@@ -43,22 +46,21 @@ class CheckFacts(Model):
 
     name: str
     type: str
-    runs: int
-    mean_s: float
-    recall: Optional[float] = None      # caught / bad nodes (None: no bad node in the window)
-    caught: int = 0
-    bad_nodes: int = 0
+    runs: int = Field(ge=0)
+    mean_s: float = Field(ge=0, le=86400)
+    recall: Optional[float] = Field(default=None, ge=0, le=1)   # caught / bad_nodes (None: it ran on none)
+    caught: int = Field(default=0, ge=0)
+    bad_nodes: int = Field(default=0, ge=0)     # bad nodes it ran on before the first job they hurt
 
 
 class AvoidNode(Model):
     """A node proven jobs of several users named in the avoid window."""
 
     node: str
-    users: int
-    jobs: int
+    users: int = Field(ge=0)
+    jobs: int = Field(ge=0)
     roles: dict[str, int] = {}
     last: float
-    job_ids: list[str] = []
 
 
 class Plan(Model):
@@ -67,9 +69,9 @@ class Plan(Model):
     schema_: str = Field(default=SCHEMA, alias="schema", pattern=r"^hpcml\.centre\.plan/1(\.[0-9]+)?$")
     generated: float
     window_s: float
-    node_days: float                    # what the window's verified jobs held
-    hurt_jobs: int                      # of them, those a node hurt (culprit, crashed, straggler)
-    rate_per_node_day: Optional[float] = None
+    node_days: float = Field(ge=0)      # what the window's verified jobs held
+    hurt_jobs: int = Field(ge=0)        # of them, those a node hurt (culprit, straggler)
+    rate_per_node_day: Optional[float] = Field(default=None, ge=0)
     checks: list[CheckFacts] = []
     avoid_window_s: float = AVOID_WINDOW
     avoid_users: int = AVOID_USERS
@@ -83,43 +85,61 @@ class Plan(Model):
 
 def avoid_list(events: list[dict[str, Any]], now: float, window: float = AVOID_WINDOW,
                users: int = AVOID_USERS) -> list[AvoidNode]:
-    """The nodes proven jobs of ``users`` distinct proven users named since ``now - window``
-    (``events``: ``job_events_since``'s rows), most users first."""
+    """The nodes proven jobs of ``users`` distinct proven users named (``NODE_ROLES``) since
+    ``now - window`` (``events``: ``job_events_since``'s rows), worst first."""
     since = now - window
-    by_node: dict[str, dict[str, Any]] = defaultdict(lambda: {"users": set(), "jobs": {}, "roles": defaultdict(int),
+    by_node: dict[str, dict[str, Any]] = defaultdict(lambda: {"users": set(), "jobs": set(), "roles": defaultdict(int),
                                                             "last": 0.0})
     for e in events:
-        if e.get("role") not in HARM_ROLES or not isinstance(e.get("time"), (int, float)) or e["time"] < since:
+        if e.get("role") not in NODE_ROLES or not isinstance(e.get("time"), (int, float)) or e["time"] < since:
             continue
         d = by_node[str(e["node"])]
         if e.get("user"):
             d["users"].add(e["user"])
-        if e["job"] not in d["jobs"]:
-            d["jobs"][e["job"]] = e["time"]
+        d["jobs"].add(e["job"])
         d["roles"][e["role"]] += 1
         d["last"] = max(d["last"], float(e["time"]))
-    out = [AvoidNode(node=n, users=len(d["users"]), jobs=len(d["jobs"]), roles=dict(d["roles"]), last=d["last"],
-                     job_ids=sorted(d["jobs"], key=lambda j: -d["jobs"][j])[:MAX_AVOID_JOBS])
+    out = [AvoidNode(node=n, users=len(d["users"]), jobs=len(d["jobs"]), roles=dict(d["roles"]), last=d["last"])
            for n, d in by_node.items() if len(d["users"]) >= users]
     return sorted(out, key=lambda a: (-a.users, -a.jobs, a.node))
 
 
+def recall(store: Any, events: list[dict[str, Any]], since: float, horizon: float = HORIZON) -> dict[str, dict[str, int]]:
+    """Per check: the bad nodes (named by a proven job since ``since``) it ran on within
+    ``horizon`` before the first job they hurt, and of them those it flagged (fail, error)
+    there. Only the bad nodes' results are read (proven reports only)."""
+    first: dict[str, float] = {}
+    for e in events:
+        if e.get("role") in NODE_ROLES and isinstance(e.get("time"), (int, float)) and e["time"] >= since:
+            node = str(e["node"])
+            first[node] = min(first.get(node, e["time"]), e["time"])
+    ran: dict[str, set[str]] = defaultdict(set)
+    caught: dict[str, set[str]] = defaultdict(set)
+    for r in store.results_of(sorted(first), since - horizon):
+        node, t = str(r["node"]), r["time"]
+        if r.get("evidence") == "none" or r.get("outcome") == "skipped" or not first[node] - horizon <= t <= first[node]:
+            continue
+        ran[r["name"]].add(node)
+        if r.get("outcome") in ("fail", "error"):
+            caught[r["name"]].add(node)
+    return {name: {"ran": len(nodes), "caught": len(caught[name])} for name, nodes in ran.items()}
+
+
 def build(store: Any, now: float | None = None, window: float = WINDOW) -> Plan:
     """The plan from what the collector holds (``store``: the collector's ``Store``)."""
-    from hpcml.centre.precision import HORIZON, Evidence, checks
     now = time.time() if now is None else now
     since = now - window
     totals = store.job_totals(since)
-    events = store.job_events_since(min(since, now - AVOID_WINDOW) - HORIZON)
-    hurt = {e["job"] for e in events if e.get("role") in HARM_ROLES and e["time"] >= since}
+    events = store.job_events_since(min(since, now - AVOID_WINDOW))
+    hurt = {e["job"] for e in events if e.get("role") in NODE_ROLES and e["time"] >= since}
     node_days = float(totals.get("node_hours") or 0.0) / 24.0
-    ev = Evidence(store.results_since(since - HORIZON), events)
-    recall = {c["check"]: c for c in checks(ev, since, now)}
+    measured = recall(store, events, since)
     facts = []
     for d in store.check_durations(since):
-        r = recall.get(d["name"]) or {}
-        facts.append(CheckFacts(name=d["name"], type=d["type"], runs=d["runs"], mean_s=round(d["mean_s"], 3),
-                                recall=r.get("recall"), caught=r.get("caught") or 0, bad_nodes=r.get("bad_nodes") or 0))
+        r = measured.get(d["name"]) or {"ran": 0, "caught": 0}
+        facts.append(CheckFacts(name=d["name"], type=d["type"], runs=d["runs"], mean_s=round(min(d["mean_s"], 86400), 3),
+                                recall=round(r["caught"] / r["ran"], 4) if r["ran"] else None, caught=r["caught"],
+                                bad_nodes=r["ran"]))
     return Plan(generated=now, window_s=window, node_days=round(node_days, 3), hurt_jobs=len(hurt),
                 rate_per_node_day=(len(hurt) / node_days) if node_days > 0 else None, checks=facts,
                 avoid_window_s=AVOID_WINDOW, avoid_users=AVOID_USERS, avoid=avoid_list(events, now))

@@ -96,16 +96,16 @@ def time_left(job_id: str | None) -> float | None:
 
 def parse_slurm_time(text: str) -> float | None:
     """Slurm's time (``MM``, ``MM:SS``, ``HH:MM:SS``, ``D-HH``, ``D-HH:MM``, ``D-HH:MM:SS``,
-    sbatch(1)) in seconds; None for UNLIMITED, INVALID or anything else."""
+    sbatch(1)) in seconds; None for 0 and UNLIMITED (no limit), INVALID or anything else."""
     text = text.strip()
     days, with_days = 0, "-" in text
     if with_days:
         d, _, text = text.partition("-")
-        if not d.isdigit():
+        if not (d.isascii() and d.isdigit()):
             return None
         days = int(d)
     parts = text.split(":")
-    if not 1 <= len(parts) <= 3 or not all(p.isdigit() for p in parts):
+    if not 1 <= len(parts) <= 3 or not all(p.isascii() and p.isdigit() for p in parts):
         return None
     nums = [int(p) for p in parts]
     if with_days:                           # days-hours[:minutes[:seconds]]
@@ -114,7 +114,8 @@ def parse_slurm_time(text: str) -> float | None:
         h, m, s = nums
     else:                                   # minutes[:seconds]
         h, m, s = 0, nums[0], nums[1] if len(nums) == 2 else 0
-    return float(days * 86400 + h * 3600 + m * 60 + s)
+    total = float(days * 86400 + h * 3600 + m * 60 + s)
+    return total or None                    # --time=0: no limit (sbatch(1))
 
 
 def show_config(*, timeout: float = 10.0) -> dict[str, str]:

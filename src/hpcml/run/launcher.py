@@ -166,7 +166,11 @@ class Job:
                 _report(d, cfg)
                 return None
             good = list(v.good)
-        return self._avoid(good, plan) if plan is not None else good
+        if plan is None:
+            return good
+        from hpcml.vet.protocol import load
+        least = cfg.min_nodes or load(protocol).min_nodes or len(self.allocation.nodes)
+        return self._avoid(good, plan, least)
 
     def _plan(self) -> tuple[Any, str | None]:
         """The centre's plan (``GET /v1/plan``) when a collector is set: (plan, None), or
@@ -192,32 +196,35 @@ class Job:
                                restarts=bool(self.cfg.max_restarts), plan=plan, why_no_plan=why)
         for line in autoplan.lines(auto):
             log.info(f"hpcml run: {line}")
+        if auto.gpus_per_node and protocol == autoplan.builtin_protocol():
+            log.warning("hpcml run: --vet auto prices the built-in CPU protocol, which checks no GPU: name a GPU "
+                        "protocol with --vet auto:PROTOCOL")
         tier = next(t for t in auto.tiers if t.name == auto.chosen)
         return auto, (tier.checks if tier.name != "none" else None)
 
-    def _avoid(self, good: list[str], plan: Any) -> list[str]:
-        """Take the centre's avoided nodes out of ``good``, each with why, while at least
-        ``--min-nodes`` (else 1) remain: the list is advice, a job it would stop keeps them."""
+    def _avoid(self, good: list[str], plan: Any, least: int) -> list[str]:
+        """Take the centre's avoided nodes out of ``good``, worst first, each with why, while
+        ``least`` remain (vetting's own minimum): the list is advice, and a job it would
+        stop keeps the nodes. They are not "bad" nor "excluded": vetting did not fail them,
+        and the centre must not count this job as evidence against them."""
         record = self.record
+        order = {a.node: i for i, a in enumerate(plan.avoid)}
         listed = {a.node: a for a in plan.avoid}
-        hit = [n for n in good if n in listed]
+        hit = sorted((n for n in good if n in listed), key=order.__getitem__)
         if not hit:
             return good
-        least = self.cfg.min_nodes or 1
         room = max(0, len(good) - least)
         out, kept = hit[:room], hit[room:]
         days = plan.avoid_window_s / 86400
-        whys = {n: [f"avoided: named by proven jobs of {listed[n].users} users ({plural(listed[n].jobs, 'job')}: "
-                    f"{', '.join(listed[n].job_ids)}) in the last {days:g} d (the centre's avoid list)"] for n in out}
-        record.excluded = {**record.excluded, **whys}
+        whys = {n: [f"avoided: named a hang culprit or straggler by proven jobs of {listed[n].users} users "
+                    f"({plural(listed[n].jobs, 'job')}) in the last {days:g} d (the centre's avoid list)"] for n in out}
         for n in out:
             log.info(f"hpcml run: {n} {whys[n][0]}")
         if kept:
-            log.warning(f"hpcml run: kept {', '.join(kept)} though the centre's avoid list names them: "
-                        f"without them fewer than {least} nodes would remain")
+            log.warning(f"hpcml run: kept {', '.join(kept)} though the centre's avoid list names them: without "
+                        f"them fewer than {least} nodes would remain (--min-nodes, else the protocol's, else all)")
         if record.vet is not None:
             record.vet = record.vet.model_copy(update={"avoided": out, "good": [n for n in good if n not in out],
-                                                       "bad": [*record.vet.bad, *out],
                                                        "reasons": {**record.vet.reasons, **whys}})
         return [n for n in good if n not in out]
 

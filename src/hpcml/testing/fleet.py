@@ -43,7 +43,7 @@ class Truth:
     since: dict[str, float] = field(default_factory=dict)   # -> from when
     flags: list[tuple[str, str, float, bool]] = field(default_factory=list)   # (check, node, time, node truly bad)
     drains: list[dict[str, Any]] = field(default_factory=list)   # the handler's applied drains (node, rule, time)
-    jobs: list[tuple[float, int, bool]] = field(default_factory=list)   # (start, nodes held, a bad node hurt it)
+    jobs: list[tuple[float, int, frozenset]] = field(default_factory=list)   # (start, nodes held, roles it named)
     avoids: list[tuple[str, float, bool]] = field(default_factory=list)  # (node, day's end, truly bad): the avoid list
 
     def bad(self, node: str, t: float) -> bool:
@@ -59,9 +59,10 @@ class Truth:
         """The share of the avoid list's daily entries that named a really bad node."""
         return sum(b for *_, b in self.avoids) / len(self.avoids) if self.avoids else None
 
-    def rate(self, since: float) -> float | None:
-        """Jobs hurt per node-day held, of the jobs that started since ``since``."""
-        mine = [(n, hurt) for t, n, hurt in self.jobs if t >= since]
+    def rate(self, since: float, roles: Sequence[str] = ("crashed", "stragglers")) -> float | None:
+        """Jobs a bad node hurt (as ``roles`` named it) per node-day held, of the jobs that
+        started since ``since``."""
+        mine = [(n, bool(named & set(roles))) for t, n, named in self.jobs if t >= since]
         held = sum(n for n, _ in mine) / 24          # each job holds its nodes one hour
         return sum(h for _, h in mine) / held if held else None
 
@@ -143,7 +144,7 @@ def simulate(store: Any, *, nodes: int = 200, days: int = 21, bad_share: float =
                 "node_hours": float(len(held)), "gpu_hours": 4.0 * len(held), **roles})
             s.proven(Proven(how="munge", user=user, uid=1000 + int(user[1:]), verified=True))
             summaries.append(s)
-            truth.jobs.append((t, len(held), bool(roles["crashed"] or roles["stragglers"])))
+            truth.jobs.append((t, len(held), frozenset(k for k, v in roles.items() if v)))
         store.add_jobs(summaries)
         if catalog is not None:                 # ... and after the day's jobs
             _handle_day(store, catalog, history, truth, names, drained, t0 + DAY - 60)

@@ -11,9 +11,10 @@ and ``full``, and takes the one that saves most, in GPU-hours (node-hours withou
   the restart and the work since the last checkpoint (``RECOVERY_LOSS_H``), E x that, at
   most the time left; without, the first ends the job (it comes with probability 1 - e^-E),
   losing half the time left (a fault at a uniform moment, nothing saved before it);
-- a tier that catches a share c of bad nodes saves what E costs less what (1 - c) E costs,
-  x nodes x GPUs, and costs its checks' seconds x nodes x GPUs, plus the launcher's own
-  ``OVERHEAD_S``.
+- vetting can prevent only the hurts of nodes already bad when the job starts: those of its
+  first ``START_H`` hours (assumed), E0; a tier that catches a share c of bad nodes saves what
+  E costs less what E - c E0 costs, x nodes x GPUs, and costs its checks' seconds x nodes x
+  GPUs, plus the launcher's own ``OVERHEAD_S``.
 
 Every figure comes from the collector where it measured it (``GET /v1/plan``: the rate,
 each check's mean duration and recall) and otherwise from the defaults below, each named in
@@ -53,6 +54,11 @@ RECOVERY_LOSS_H = 0.5
 DEFAULT_HOURS = 24.0
 AUTO = "auto"
 MIN_BAD_NODES = 3               # a recall measured on fewer bad nodes is not used
+MIN_NODE_DAYS = 100.0           # a rate measured on fewer node-days of jobs is not used
+MIN_HURTS = 3                   # under this many hurts the rate is the rule of three's bound
+#: hours within which a node bad when the job starts hurts it (assumed): vetting at the start
+#: can prevent those hurts only, not those of nodes that fail later
+START_H = 24.0
 
 
 def gpus_per_node(env: Mapping[str, str] | None = None, visible: int = 0) -> int:
@@ -64,14 +70,33 @@ def gpus_per_node(env: Mapping[str, str] | None = None, visible: int = 0) -> int
 
 def _catch(name: str, checks: list[str], measured: Mapping[str, Any]) -> tuple[float, str]:
     """The share of bad nodes a tier catches: the best recall the collector measured among
-    its checks (a lower bound: together they may catch more), else the default."""
-    best = None
+    its checks on at least ``MIN_BAD_NODES`` bad nodes (a lower bound: together they may catch
+    more); a check it did not measure counts at the default."""
+    best: tuple[float, str] | None = None
+    unmeasured = False
     for c in checks:
         f = measured.get(c)
-        if f is not None and f.recall is not None and f.bad_nodes >= MIN_BAD_NODES:
-            if best is None or f.recall > best[0]:
-                best = (f.recall, f"collector: {c} caught {f.caught} of {f.bad_nodes} bad nodes")
-    return best if best is not None else (DEFAULT_CATCH[name], DEFAULT_CATCH_SOURCE)
+        if f is None or f.recall is None or f.bad_nodes < MIN_BAD_NODES:
+            unmeasured = True
+        elif best is None or f.recall > best[0]:
+            best = (f.recall, f"collector: {c} caught {f.caught} of the {f.bad_nodes} bad nodes it ran on")
+    if unmeasured and (best is None or DEFAULT_CATCH[name] > best[0]):
+        return DEFAULT_CATCH[name], DEFAULT_CATCH_SOURCE
+    assert best is not None
+    return best
+
+
+def _rate(plan: Any, why_no_plan: str | None) -> tuple[float, str]:
+    """The centre's rate where it held enough jobs to measure one (``MIN_NODE_DAYS``; under
+    ``MIN_HURTS`` hurts, the rule of three's 95% upper bound, 3 / node-days), else the default."""
+    if plan is not None and plan.node_days >= MIN_NODE_DAYS:
+        where = f"{plan.node_days:,.1f} node-days over {plan.window_s / 86400:.0f} d"
+        if plan.hurt_jobs >= MIN_HURTS:
+            return plan.hurt_jobs / plan.node_days, f"collector: {plan.hurt_jobs} jobs hurt by a node in {where}"
+        return 3 / plan.node_days, f"collector: {plan.hurt_jobs} jobs hurt by a node in {where} (rule of three: at most)"
+    if plan is not None:
+        return DEFAULT_RATE, DEFAULT_RATE_SOURCE + f" (the collector held {plan.node_days:,.1f} node-days of jobs)"
+    return DEFAULT_RATE, DEFAULT_RATE_SOURCE + (f" (no plan: {why_no_plan})" if why_no_plan else "")
 
 
 def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None, restarts: bool,
@@ -79,14 +104,7 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
     """The tier that saves most for this job (ties: the cheaper), with every number."""
     from hpcml.vet.prolog import select_fast
     measured = {c.name: c for c in plan.checks} if plan is not None else {}
-    if plan is not None and plan.rate_per_node_day is not None:
-        rate = plan.rate_per_node_day
-        rate_source = (f"collector: {plan.hurt_jobs} jobs hurt by a node in {plan.node_days:,.1f} node-days "
-                       f"over {plan.window_s / 86400:.0f} d")
-    else:
-        rate = DEFAULT_RATE
-        rate_source = DEFAULT_RATE_SOURCE + (f" (no plan: {why_no_plan})" if why_no_plan else
-                                             " (the collector held no jobs)" if plan is not None else "")
+    rate, rate_source = _rate(plan, why_no_plan)
     hours = DEFAULT_HOURS if seconds_left is None else seconds_left / 3600
     hours_source = "default (no time limit known)" if seconds_left is None else "Slurm: TimeLimit less RunTime"
     if restarts:
@@ -94,6 +112,7 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
     else:
         loss, loss_source = hours / 2, "half the time left (no --max-restarts)"
     hurts = rate * nodes * hours / 24
+    at_start = rate * nodes * min(hours, START_H) / 24      # what vetting can prevent: nodes bad already
     width = nodes * max(gpus, 1)
 
     def lost(expected: float) -> float:
@@ -104,23 +123,32 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
 
     fast, _ = select_fast(proto)
     tiers = [VetTier(name="none", catch_source="")]
+    floor = 0.0
     for name, evals in (("quick", fast), ("full", proto.evals)):
-        if not evals or (name == "full" and len(evals) == len(fast)):
-            continue
+        if not evals or (name == "quick" and len(evals) == len(proto.evals)):
+            continue                                # a protocol of fast checks only: it is its own full tier
         names = [e.name for e in evals]
         secs = OVERHEAD_S + sum(measured[e.name].mean_s if e.name in measured else min(e.timeout, DEFAULT_CHECK_S)
                                 for e in evals)
         catch, source = _catch(name, names, measured)
+        if catch < floor:                           # full runs every quick check: it catches at least as much
+            catch, source = floor, "at least the quick tier's"
+        floor = catch
         cost = width * secs / 3600
-        saved = (lost(hurts) - lost((1 - catch) * hurts)) * width
+        saved = (lost(hurts) - lost(hurts - catch * at_start)) * width
         tiers.append(VetTier(name=name, checks=names, seconds=round(secs, 2), catch=round(catch, 4),
                              catch_source=source, cost_h=round(cost, 4), saved_h=round(saved, 4),
                              net_h=round(saved - cost, 4)))
     best = max(tiers, key=lambda t: (t.net_h, -t.cost_h))
+    note = ""
+    if not restarts and hurts >= 1 and len(tiers) > 1:
+        best = tiers[-1]                # beyond the model: a job that expects to be hurt takes every check
+        note = (f"expects {hurts:.3g} hurts and has no --max-restarts: it is unlikely to finish; every check "
+                "runs, and --max-restarts would let it recover in its allocation")
     return VetAuto(protocol=proto.name, nodes=nodes, gpus_per_node=gpus, hours=round(hours, 3),
                    hours_source=hours_source, rate_per_node_day=round(rate, 6), rate_source=rate_source,
                    loss_h=round(loss, 3), loss_source=loss_source, expected_hurts=round(hurts, 5),
-                   unit="GPU-h" if gpus else "node-h", tiers=tiers, chosen=best.name)
+                   unit="GPU-h" if gpus else "node-h", tiers=tiers, chosen=best.name, note=note)
 
 
 def chosen_protocol(proto: Protocol, auto: VetAuto) -> Protocol | None:
@@ -140,6 +168,8 @@ def lines(auto: VetAuto) -> list[str]:
            f"{auto.expected_hurts:.3g} expected hurts at {auto.rate_per_node_day:.4g} a node-day, "
            f"{auto.loss_h:.2f} h lost to a hurt)",
            f"  rate: {auto.rate_source}; time: {auto.hours_source}; loss: {auto.loss_source}"]
+    if auto.note:
+        out.append(f"  note: {auto.note}")
     for t in auto.tiers:
         if t.name == "none":
             continue

@@ -57,6 +57,7 @@ IN_MEMORY = 16 * 1024         # bytes of a body kept in memory; the rest in a te
 #: 1 MiB body of the smallest reports is ~12 MB of objects, so memory stays bounded
 #: however many arrive together (the others wait, their bodies in temporary files)
 LARGE_AT_ONCE = 1
+PLAN_RETRY = 60.0             # seconds before a plan that failed to build is tried again
 
 
 @dataclass(frozen=True)
@@ -181,7 +182,7 @@ class App:
         self.writer = BatchWriter(store)
         self.job_writer = BatchWriter(store, write=store.add_jobs)
         self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
-        self._plan_lock = threading.Lock()
+        self._plan_build = threading.Lock()
         self._plan_doc: tuple[float, dict[str, Any]] | None = None
 
     def log(self, line: str) -> None:
@@ -306,15 +307,32 @@ class App:
         raise _error(404, "not found")
 
     def _plan(self) -> dict[str, Any]:
-        """The centre's plan (``hpcml.centre.plan``), computed at most once every ``TTL``
-        seconds: it reads a month of results, the operator's kind of work, and every job
-        start asks for it."""
+        """The centre's plan (``hpcml.centre.plan``), rebuilt at most once every ``TTL``
+        seconds by one request at a time: while it builds, and when a build fails (the
+        database down), the others get the last good plan; only the first ever waits."""
         from hpcml.centre.plan import TTL, build
-        with self._plan_lock:
+        held = self._plan_doc
+        if held is not None and time.time() - held[0] < TTL:
+            return held[1]
+        if not self._plan_build.acquire(blocking=held is None):
+            return held[1] if held is not None else {}       # unreachable: without a plan it waits
+        try:
+            held = self._plan_doc                     # built meanwhile by the request it waited for
+            if held is not None and time.time() - held[0] < TTL:
+                return held[1]
             now = time.time()
-            if self._plan_doc is None or now - self._plan_doc[0] >= TTL:
+            try:
                 self._plan_doc = (now, build(self.store, now).to_json())
+            except Exception as exc:                  # noqa: BLE001 - the last good plan stands
+                if held is None:
+                    raise
+                log.warning(f"hpcml centre serve: the plan was not rebuilt ({type(exc).__name__}: {exc}); "
+                            f"serving the last good one for {PLAN_RETRY:g} s more")
+                self._plan_doc = (time.time() - TTL + PLAN_RETRY, held[1])
+                return held[1]
             return self._plan_doc[1]
+        finally:
+            self._plan_build.release()
 
     def close(self) -> None:
         self.writer.close()

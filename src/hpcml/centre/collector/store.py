@@ -31,6 +31,7 @@ from hpcml.errors import HpcmlError
 from hpcml.registry import Registry, UnknownName
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
+MAX_CHECKS = 500                # checks a plan prices (the most run)
 REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received", "evidence", "sender")
 RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
                "value_text", "unit", "message", "duration")
@@ -99,9 +100,14 @@ class Store(JobQueries, ABC):
         handler's rules are evaluated on."""
 
     @abstractmethod
-    def check_durations(self, since: float) -> list[dict[str, Any]]:
-        """Per check (name, type) since ``since``: how many results and their mean duration
-        in seconds: what ``hpcml run --vet auto`` prices a check at."""
+    def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
+        """Per check (name, type) of proven reports since ``since``: how many results and
+        their mean duration in seconds: what ``hpcml run --vet auto`` prices a check at."""
+
+    @abstractmethod
+    def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
+        """Every check result of ``nodes`` since ``since`` (node, time, name, type, outcome,
+        evidence): the few bad nodes' histories a check's recall is measured on."""
 
     @abstractmethod
     def count(self) -> dict[str, int]:
@@ -277,10 +283,24 @@ class SqlStore(Store):
                          "ORDER BY r.time, r.report_id, r.seq", (since,))
         return [dict(zip(("node", "job", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
 
-    def check_durations(self, since: float) -> list[dict[str, Any]]:
-        rows = self._all("SELECT name, type, COUNT(*), AVG(duration) FROM results WHERE time >= ? "
-                         "GROUP BY name, type ORDER BY name, type", (since,))
+    def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
+        # proven reports only (a job token's unproven POST prices nothing), each duration at
+        # most a day (an absurd one cannot make every check look dear), the most run first
+        rows = self._all("SELECT r.name, r.type, COUNT(*), AVG(CASE WHEN r.duration > 86400 THEN 86400 "
+                         "ELSE r.duration END) FROM results r JOIN reports p ON p.id = r.report_id "
+                         "WHERE r.time >= ? AND p.evidence <> 'none' AND r.outcome <> 'skipped' "
+                         "GROUP BY r.name, r.type ORDER BY COUNT(*) DESC, r.name, r.type LIMIT ?", (since, limit))
         return [{"name": n, "type": t, "runs": c, "mean_s": float(m or 0.0)} for n, t, c, m in rows]
+
+    def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
+        out: list[dict[str, Any]] = []
+        for i in range(0, len(nodes), 500):
+            part = list(nodes[i:i + 500])
+            rows = self._all("SELECT r.node, r.time, r.name, r.type, r.outcome, p.evidence FROM results r "
+                             "JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
+                             f"AND r.node IN ({','.join('?' * len(part))})", (since, *part))
+            out += [dict(zip(("node", "time", "name", "type", "outcome", "evidence"), r)) for r in rows]
+        return out
 
     def count(self) -> dict[str, int]:
         return {t: self._all(f"SELECT COUNT(*) FROM {t}")[0][0] for t in ("reports", "results", "jobs", "job_nodes")}
