@@ -50,4 +50,14 @@ echo "run-rc=$?"
     assert "n2" not in run["vet"]["bad"] and "n2" not in run.get("excluded", {})
     auto = run["vet"]["auto"]
     assert auto["nodes"] == 2 and auto["hours_source"].startswith("Slurm") and 0.4 < auto["hours"] <= 0.5
+    assert auto["chosen"] == "none" and run["vet"]["decision"] == "skipped"     # 2 nodes for half an hour
     assert "ran on n1" in (tmp_path / "job" / "logs" / "rank-00000.out").read_text()
+    import subprocess
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job"), "--json"],
+                         capture_output=True, text=True, env=env, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    avoided = next(f for f in json.loads(rep.stdout)["findings"] if f["kind"] == "avoided_nodes")
+    assert "left out 1 node: n2: avoided" in avoided["message"]
+    text = subprocess.run([sys.executable, "-m", "hpcml", "report", str(tmp_path / "job")],
+                          capture_output=True, text=True, env=env, timeout=120).stdout
+    assert "vet: skipped, 1 good, 0 bad" in text and "vet auto: none (2 nodes" in text

@@ -148,7 +148,8 @@ class Job:
         auto, only = self._auto(protocol, plan, why) if cfg.vet_auto else (None, None)
         if auto is not None and auto.chosen == "none":
             nodes = list(self.allocation.nodes)
-            record.vet = Vetting(decision="skipped", good=nodes, auto=auto, duration_s=0.0)
+            record.vet = Vetting(decision="skipped", good=nodes, bad=[], reasons={}, auto=auto, duration_s=0.0)
+            log.info(f"hpcml run: vet skipped: --vet auto chose no checks for {plural(len(nodes), 'node')}")
             good = nodes
         else:
             run_, _ = vet_job(protocol, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,

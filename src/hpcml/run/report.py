@@ -389,6 +389,12 @@ def build(d: str | Path) -> dict[str, Any]:
                          "message": f"vetting {'found' if aborted else 'excluded'} {plural(len(vet['bad']), 'bad node')}: {reasons}",
                          "advice": ("the command never started" if aborted else "the job ran without them")
                          + "; drain or repair them (hpcml vet shows each check)"})
+    if vet and vet.get("avoided"):
+        why = "; ".join(f"{n}: {', '.join((vet.get('reasons') or {}).get(n) or ['avoided'])}" for n in vet["avoided"])
+        findings.append({"source": "vet", "kind": "avoided_nodes",
+                         "message": f"the centre's avoid list left out {plural(len(vet['avoided']), 'node')}: {why}",
+                         "advice": "the job ran without them; an operator who repaired one resumes it, and it leaves "
+                                   "the list 7 days after the last job that named it"})
     if obs is not None:                  # what the run's own findings already say better is left out
         said = {"failed_rank"} | ({"missing_rank"} if first and first["exit_code"] in NEVER_STARTED else set())
         hung = {"job_hang"} if watch.get("hang") else set()       # the watch's own hang finding says more
@@ -459,15 +465,13 @@ def summary(rep: dict[str, Any]) -> list[str]:
     lines += [f"  {line}" for line in _attempt_lines(rep)]
     vet = rep["vet"]
     if vet:
-        lines.append(f"  vet: {vet['decision']}, {len(vet['good'])} good, {len(vet['bad'])} bad"
-                     + (f" ({'' if end.get('aborted') else 'excluded '}{', '.join(vet['bad'])})"
-                        if vet["bad"] else ""))
+        bad = vet.get("bad") or []
+        lines.append(f"  vet: {vet['decision']}, {len(vet.get('good') or [])} good, {len(bad)} bad"
+                     + (f" ({'' if end.get('aborted') else 'excluded '}{', '.join(bad)})" if bad else ""))
         if vet.get("auto"):
             from hpcml.jobmodel import VetAuto
             from hpcml.vet.autoplan import lines as auto_lines
             lines += [f"    {line}" for line in auto_lines(VetAuto.model_validate(vet["auto"]))]
-        for node in vet.get("avoided") or []:
-            lines.append(f"    {node}: {'; '.join((vet.get('reasons') or {}).get(node) or ['avoided'])}")
     if rep["env"]:
         lines.append(f"  environment: {rep['env'].get('edf')}")
     obs = rep["observe"]
@@ -594,8 +598,10 @@ def _job_rows(rep: dict[str, Any]) -> list[list[Any]]:
 
 def _vet_rows(rep: dict[str, Any]) -> list[list[Any]]:
     vet, aborted = rep["vet"], rep["ending"].get("aborted")
-    return [[n, "bad" if aborted else "excluded", "; ".join(rep["excluded"].get(n, []))] for n in vet["bad"]] \
-        + [[n, "good", ""] for n in vet["good"]]
+    reasons = vet.get("reasons") or {}
+    return [[n, "bad" if aborted else "excluded", "; ".join(rep["excluded"].get(n, []))] for n in vet.get("bad") or []] \
+        + [[n, "avoided", "; ".join(reasons.get(n, []))] for n in vet.get("avoided") or []] \
+        + [[n, "good", ""] for n in vet.get("good") or []]
 
 
 def _ended(rep: dict[str, Any]) -> dict[str, Any]:
@@ -654,7 +660,8 @@ def render(rep: dict[str, Any]) -> str:
         TEMPLATE, job_id=str(rep["job"].get("job_id") or "local"), path=rep["path"], job=_job_rows(rep),
         findings=[(f"[{f['source']}] {f['message']}", f["advice"]) for f in rep["findings"]],
         vet=None if not vet else {"protocol": str(vet.get("protocol") or ""), "decision": vet["decision"],
-                                  "good": len(vet["good"]), "bad": len(vet["bad"]), "duration_s": vet.get("duration_s"),
+                                  "good": len(vet.get("good") or []), "bad": len(vet.get("bad") or []),
+                                  "duration_s": vet.get("duration_s"),
                                   "rows": _vet_rows(rep)},
         env=json.dumps(env, indent=2, default=str) if env else None,
         attempts=None if not rep["attempts"] else {
