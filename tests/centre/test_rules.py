@@ -193,10 +193,40 @@ def test_a_failure_after_passes_restarts_the_count():
 
 def test_no_record_or_no_resume_policy_holds():
     p = handler.plan(cat(), [], _ours(), {}, NOW)
-    assert p.actions[0].action == "hold" and "no drain record" in p.actions[0].note
+    assert p.actions[0].action == "hold" and "neither the audit log nor the collector has its drain" in p.actions[0].note
     last = {"n1": handler.Record("drain", NOW - timedelta(minutes=30), "disk", "tmp-disk")}
     p = handler.plan(cat(), [res("n1", "pass", 0.1, check="tmp-disk", type_="disk")], _ours(), last, NOW)
     assert p.actions[0].action == "hold" and "no resume_after" in p.actions[0].note
+
+
+def _prolog_drain(hours_ago: float, failed=("scratch",)) -> list:
+    """A prolog's report that drained n1: its failing checks and its own drain result, one time."""
+    at = NOW - timedelta(hours=hours_ago)
+    return [Result("n1", c, "mounts", "fail", at, None) for c in failed] + \
+        [Result("n1", "memory", "memory", "pass", at, None), Result("n1", "hpcml-drain", "drain", "fail", at, None)]
+
+
+def test_a_node_the_prolog_drained_is_resumed_once_its_failed_checks_pass_twice():
+    """No audit record (the prolog drained it, not the handler): its report in the collector
+    says which checks failed; the health check on the drained node reports them passing."""
+    st = _ours()
+    drained = _prolog_drain(3)
+    once = [res("n1", "pass", 2, check="scratch", type_="mounts")]
+    p = handler.plan(cat(), drained + once, st, {}, NOW)
+    assert (p.actions[0].action, p.actions[0].rule) == ("hold", "prolog") and "scratch: 1/2" in p.actions[0].note
+    twice = once + [res("n1", "pass", 1, check="scratch", type_="mounts")]
+    (a,) = handler.plan(cat(), drained + twice, st, {}, NOW).actions
+    assert a.action == "resume" and a.reason.startswith("hpcml: scratch passed 2x after the prolog's drain")
+    assert a.evidence["drained_by"] == "prolog" and a.evidence["passes"] == {"scratch": 2}
+    # passed, then failed again (the prolog drained it again): the count starts over
+    again = twice + _prolog_drain(0.5)
+    assert handler.plan(cat(), again, st, {}, NOW).actions[0].action == "hold"
+    # passes only a token backs (evidence none) do not resume what the node's own evidence drained
+    weak = [Result("n1", "scratch", "mounts", "pass", NOW - timedelta(hours=h), None, evidence="none") for h in (2, 1)]
+    assert handler.plan(cat(), drained + weak, st, {}, NOW).actions[0].action == "hold"
+    # a person's drain is never touched, whatever passed
+    person = nodes(n1=("IDLE+DRAIN", "admin: new DIMMs"))
+    assert all(a.node != "n1" or a.action == "skip" for a in handler.plan(cat(), drained + twice, person, {}, NOW).actions)
 
 
 # --- the caps -----------------------------------------------------------------------------

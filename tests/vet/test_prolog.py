@@ -184,3 +184,96 @@ def test_prolog_script_command():
     assert out.exit_code == 0, out.output
     assert "--drain" in out.stdout and str(PROLOG_PROTOCOL) in out.stdout and "exec " in out.stdout
     assert CliRunner().invoke(app, ["prolog-script", "--budget", "later"]).exit_code == 2
+
+
+# --- its report, its drain (issue 69) ----------------------------------------------------------
+
+def test_a_drain_that_fails_is_exit_3_with_a_line_an_operator_sees(tmp_path):
+    """scontrol cannot reach the controller (no slurm.conf here): the node is bad and was not
+    drained; that is said on stderr and stdout (slurmd logs a failed prolog's stdout), exit 3,
+    and the report carries it for the collector."""
+    proto = proto_file(tmp_path, "  - {name: need-x, type: env, expected: {HPCML_PROLOG_X: '1'}}\n")
+    p = hpcml("vet", "--prolog", "--drain", proto, env={"SLURMD_NODENAME": "nx", "SLURM_CONF": str(tmp_path / "none")})
+    assert p.returncode == 3, (p.stdout, p.stderr)
+    line = "hpcml vet --prolog: error: nx is bad and was not drained: cannot set the drain reason"
+    assert line in p.stderr and line in p.stdout
+    res = prolog.PrologResult(node="nx", results=[], bad=["x"], duration=0.1, budget=5, drain_failed="why")
+    (drain,) = [r for r in res.node_report("t", 0.0)["results"] if r["type"] == "drain"]
+    assert drain["outcome"] == "error" and "drain failed: why" in drain["message"] and res.exit_code == 3
+    ok = prolog.PrologResult(node="nx", results=[], bad=["x"], duration=0.1, budget=5, drained="hpcml: x")
+    (drain,) = ok.node_report("t", 0.0)["results"]
+    assert (drain["name"], drain["outcome"], drain["message"], ok.exit_code) == ("hpcml-drain", "fail", "hpcml: x", 1)
+
+
+def test_a_report_the_collector_did_not_take_waits_and_goes_with_the_next_run(tmp_path):
+    """The collector is down for the first run: its report waits in the spool (root's own
+    directory); the second run, with the collector up, sends it and its own: two reports
+    stored, the spool empty."""
+    from tests.run.test_summary import TOKEN, Collector
+    spool = tmp_path / "spool"
+    c = Collector(tmp_path)
+    proto = proto_file(tmp_path, "  - {name: need-x, type: env, expected: {HPCML_PROLOG_X: '1'}}\n")
+    args = ("vet", "--prolog", proto, "--report-to", c.url, "--report-spool", spool)
+    env = {"SLURMD_NODENAME": "nx", "HPCML_VET_TOKEN": TOKEN}
+    first = hpcml(*args, env=env)
+    assert first.returncode == 1 and "kept in" in first.stderr, first.stderr
+    assert len(list(spool.glob("*.json"))) == 1 and (spool.stat().st_mode & 0o777) == 0o700
+    c.start()
+    try:
+        second = hpcml(*args, env={**env, "HPCML_PROLOG_X": "1"})
+    finally:
+        c.stop()
+    assert second.returncode == 0 and "1 earlier report sent, 0 still waiting" in second.stderr, second.stderr
+    assert list(spool.glob("*.json")) == []
+    import sqlite3
+    with sqlite3.connect(c.db) as conn:
+        rows = conn.execute("SELECT node, verdict FROM reports ORDER BY time").fetchall()
+    assert rows == [("nx", "bad"), ("nx", "good")]
+
+
+def test_a_spool_someone_else_can_write_is_not_used(tmp_path):
+    from hpcml.centre.spool import Spool
+    open_dir = tmp_path / "open"
+    open_dir.mkdir(mode=0o777)
+    open_dir.chmod(0o777)
+    assert Spool(open_dir).put({"node": "n1"}) is None and Spool(open_dir).pending() == []
+    link = tmp_path / "link"
+    link.symlink_to(tmp_path)
+    assert Spool(link).put({"node": "n1"}) is None
+
+
+def test_the_spool_sends_oldest_first_drops_what_is_refused_for_good_and_stops_on_a_failure(tmp_path, monkeypatch):
+    from hpcml.centre import spool as spool_mod
+    from hpcml.centre.client import Refusal
+    monkeypatch.setattr(spool_mod, "MAX_FILES", 3)
+    s = spool_mod.Spool(tmp_path / "s")
+    for i in range(5):
+        s.put({"n": i})
+    assert [spool_mod.orjson.loads(p.read_bytes())["n"] for p in s.pending()] == [2, 3, 4]     # the oldest went
+    answers = {2: None, 3: Refusal("bad field", 400), 4: Refusal("down")}
+    seen = []
+
+    def send(doc, _timeout):
+        seen.append(doc["n"])
+        return answers[doc["n"]]
+    assert s.flush(send, time.monotonic() + 5) == (1, 1)
+    assert seen == [2, 3, 4] and [spool_mod.orjson.loads(p.read_bytes())["n"] for p in s.pending()] == [4]
+
+
+def test_prolog_script_sends_its_reports_and_says_what_slurm_conf_needs(tmp_path):
+    from typer.testing import CliRunner
+
+    from hpcml.vet.cli import app
+    token = tmp_path / "token"
+    token.write_text("t\n")
+    out = CliRunner().invoke(app, ["prolog-script", "--report-to", "http://centre:8787", "--report-token-file",
+                                   str(token), "--report-spool", str(tmp_path / "sp")])
+    assert out.exit_code == 0, out.output
+    command = out.stdout.splitlines()[-1]
+    assert "--report-to http://centre:8787" in command and f"--report-token-file {token}" in command
+    assert "--report-spool" in command and "timeout -k 1 9 " in command            # 5 s + 2 s + the send's 2 s
+    for line in ("HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail", "scontrol release"):
+        assert line in out.stdout
+    bad = CliRunner().invoke(app, ["prolog-script", "--report-to", "centre:8787"])
+    assert bad.exit_code == 2 and "--report-to" in bad.output
+    assert CliRunner().invoke(app, ["prolog-script", "--report-spool", "/x"]).exit_code == 2

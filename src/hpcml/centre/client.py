@@ -129,6 +129,26 @@ def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> Re
     return out[0] if out else Refusal(f"no answer within {timeout:.1f} s")
 
 
+def read_token(token_file: Path | None) -> tuple[str | None, str | None]:
+    """The collector token from ``token_file`` (else ``$HPCML_VET_TOKEN``): (token, None) or
+    (None, why not)."""
+    from hpcml.centre.collector.server import read_tokens
+    try:
+        tokens = read_tokens(token_file)
+    except OSError as exc:
+        return None, f"token file: {exc.strerror or exc}"
+    return (tokens[0], None) if tokens and tokens[0] else (None, "no token ($HPCML_VET_TOKEN or --report-token-file)")
+
+
+def post_report(doc: dict[str, Any], url: str, token: str | None, timeout: float) -> Refusal | None:
+    """One node report, signed now (``_signed``: MUNGE where there is one), to ``/v1/reports``."""
+    try:
+        signed = _signed(doc)
+    except Exception as exc:  # noqa: BLE001 - a report that cannot even be signed is not sent
+        return Refusal(_why(exc))
+    return post(url, "/v1/reports", signed, token, timeout)
+
+
 def send_with_token_file(report_json: Any, url: str, token_file: Path | None, timeout: float = 5) -> str | None:
     """``send`` with the token read from ``token_file`` (else ``$HPCML_VET_TOKEN``): what
     ``hpcml vet --report-to`` and its prolog mode do. A file that cannot be read is a warning."""

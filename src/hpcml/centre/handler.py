@@ -35,7 +35,7 @@ from hpcml.centre.rules import REASON_PREFIX, Catalog, Rule, fmt_window
 from hpcml.centre.sources import Result, ResultSource
 from hpcml.cluster import slurm
 from hpcml.errors import SlurmError, UsageError
-from hpcml.schemas import tag
+from hpcml.schemas import DRAIN_TYPE, tag
 
 DEFAULT_AUDIT = Path("hpcml-vet-audit.jsonl")
 PLAN_SCHEMA = tag("vet.handle", 1)   # `hpcml centre handle --json`; the tag kept from when it was `hpcml vet handle`
@@ -157,6 +157,8 @@ def drained_since(lines: Iterable[str], since: datetime) -> set[str]:
 
 # --- planning -----------------------------------------------------------------------------
 
+#: passes in a row of each check a prolog drained on, before the handler resumes the node
+PROLOG_PASSES = 2
 #: evidence strengths (``collector.proof``), weakest first; ``none`` is never acted on
 STRENGTH = ("none", "job", "node")
 
@@ -216,8 +218,7 @@ def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Resu
              now: datetime) -> Action:
     """A node we drained: resume it once the drain's check passed often enough since."""
     if rec is None or rec.action != "drain":
-        return Action(node, "hold", note="drained by hpcml but the audit log has no drain "
-                      "record for it; resume it by hand")
+        return _recheck_prolog(node, results, now, catalog)
     rule = catalog.rule(rec.rule or "")
     if rule is None or rule.resume_after is None:
         why = "is not in the catalog" if rule is None else "has no resume_after"
@@ -242,6 +243,42 @@ def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Resu
                       note=f"rule '{again[0].name}' still fires on {again[1]} since the drain")
     return Action(node, "resume", reason=f"{REASON_PREFIX} {rec.check} passed {passes}x after the drain",
                   rule=rule.name, check=rec.check, evidence=evidence)
+
+
+def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Catalog) -> Action:
+    """A node drained with hpcml's reason that this handler did not drain: the prolog's or
+    health check's own drain (``vet --prolog --drain --report-to``), which its report records
+    as a ``DRAIN_TYPE`` result. Resume it once every check that failed in that run passed
+    ``PROLOG_PASSES`` times in a row since, in the node's own evidence (the health check
+    runs on drained nodes with ``HealthCheckNodeState=ANY``), and no rule fires since."""
+    drains = [r for r in results if r.type == DRAIN_TYPE and r.outcome == "fail" and r.evidence == "node"]
+    if not drains:
+        return Action(node, "hold", note="drained by hpcml but neither the audit log nor the collector has its drain "
+                      "(a prolog without --report-to?); resume it by hand")
+    last = max(drains, key=lambda r: r.time)
+    failed = sorted({r.check for r in results if r.time == last.time and r.type != DRAIN_TYPE
+                     and r.outcome in ("fail", "error") and r.evidence == "node"})
+    since = sorted((r for r in results if r.time > last.time and r.evidence == "node"), key=lambda r: r.time)
+    passes = {}
+    for check in failed:
+        n = 0
+        for r in since:
+            if r.check == check:
+                n = n + 1 if r.outcome == "pass" else 0
+        passes[check] = n
+    evidence = {"drained_at": last.time.isoformat(), "drained_by": "prolog", "checks": failed, "passes": passes,
+                "needed": PROLOG_PASSES}
+    short = [c for c in failed if passes[c] < PROLOG_PASSES]
+    if not failed or short:
+        why = (f"{', '.join(f'{c}: {passes[c]}/{PROLOG_PASSES}' for c in short)} passes since the prolog drained it"
+               if failed else "the prolog's drain names no check")
+        return Action(node, "hold", rule="prolog", check=",".join(failed) or None, evidence=evidence, note=why)
+    again = _first_firing(catalog, since, now, last.time)
+    if again:
+        return Action(node, "hold", rule="prolog", check=",".join(failed), evidence=evidence,
+                      note=f"rule '{again[0].name}' still fires on {again[1]} since the prolog's drain")
+    return Action(node, "resume", reason=f"{REASON_PREFIX} {', '.join(failed)} passed {PROLOG_PASSES}x after the "
+                  "prolog's drain", rule="prolog", check=",".join(failed), evidence=evidence)
 
 
 def plan(catalog: Catalog, results: Iterable[Result], nodes: Mapping[str, NodeState],

@@ -28,6 +28,9 @@ def tag(name: str, major: int) -> str:
 #: ``centre.sources``): ``vet`` sends through ``centre.client``, so the centre may not import
 #: ``vet`` for it. Kept without a part: deployed collectors accept only ``hpcml.vet/`` tags.
 VET_REPORT = tag("vet", 1)
+#: the result a prolog's or health check's node report records its own drain as (``vet.prolog``
+#: writes it, ``centre.handler`` resumes the node it names): a check name and a type no check has
+DRAIN_CHECK, DRAIN_TYPE = "hpcml-drain", "drain"
 
 
 def parse(value: Any) -> tuple[str, int] | None:

@@ -70,6 +70,9 @@ class VetRun:
                                    help="Also send the results to a collector (`hpcml centre serve`), "
                                         "opt-in; token from $HPCML_VET_TOKEN or --report-token-file.")
     report_token_file: Path | None = option("--report-token-file", help="File holding the collector token.")
+    report_spool: Path | None = option("--report-spool", typer_only=True,
+                                       help="With --prolog --report-to: reports the collector did not take wait "
+                                            "here for the next run (default /var/tmp/hpcml-report-spool).")
 
 
 #: settings an error may name -> the option the user typed

@@ -24,7 +24,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from hpcml.schemas import tag
+from hpcml.schemas import DRAIN_CHECK, DRAIN_TYPE, tag
 from hpcml.vet import registry, verdict
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
 from hpcml.vet.protocol import EvalSpec, Protocol
@@ -37,7 +37,7 @@ RESERVE = 0.3
 OVERRUN = "did not finish within the prolog budget"
 #: where scontrol lives when the prolog's PATH is minimal
 SBIN_PATH = "/usr/bin:/usr/local/bin:/bin:/opt/slurm/bin"
-EXIT_OK, EXIT_BAD = 0, 1
+EXIT_OK, EXIT_BAD, EXIT_DRAIN_FAILED = 0, 1, 3
 
 
 @dataclass
@@ -49,28 +49,32 @@ class PrologResult:
     budget: float
     skipped: list[str] = field(default_factory=list)   # checks not fast enough for a prolog
     drained: str | None = None        # the reason set with scontrol, if any
+    drain_failed: str | None = None   # why scontrol could not drain a bad node (--drain)
     job_id: str | None = None         # none under HealthCheckProgram
     notes: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
-        return EXIT_BAD if self.bad else EXIT_OK
+        return EXIT_DRAIN_FAILED if self.drain_failed else EXIT_BAD if self.bad else EXIT_OK
 
     def node_report(self, protocol: str, started: float) -> dict[str, Any]:
         """This run as the collector's node report (``collector.schema.NodeReport``)."""
+        results = [{"name": r.check, "type": r.type, "outcome": r.outcome.value,
+                    "value": r.value if isinstance(r.value, (int, float, str)) else None,
+                    "unit": r.unit, "message": (r.message or "")[:4096], "duration": r.duration}
+                   for r in self.results]
+        if self.drained or self.drain_failed:     # its own drain, for the handler and the centre report
+            results.append({"name": DRAIN_CHECK, "type": DRAIN_TYPE, "outcome": "fail" if self.drained else "error",
+                            "message": (self.drained or f"drain failed: {self.drain_failed}")[:4096]})
         return {"job_id": self.job_id, "node": self.node, "time": started, "protocol": protocol,
-                "verdict": "bad" if self.bad else "good",
-                "results": [{"name": r.check, "type": r.type, "outcome": r.outcome.value,
-                             "value": r.value if isinstance(r.value, (int, float, str)) else None,
-                             "unit": r.unit, "message": (r.message or "")[:4096], "duration": r.duration}
-                            for r in self.results]}
+                "verdict": "bad" if self.bad else "good", "results": results}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": tag("vet.prolog", 1), "node": self.node,
                 "job_id": self.job_id, "healthy": not self.bad,
                 "exit_code": self.exit_code, "duration": round(self.duration, 3),
                 "budget": self.budget, "bad": self.bad, "skipped": self.skipped,
-                "drained": self.drained, "notes": self.notes,
+                "drained": self.drained, "drain_failed": self.drain_failed, "notes": self.notes,
                 "results": [r.to_dict() for r in self.results]}
 
 
@@ -130,9 +134,7 @@ def run_prolog(protocol: Protocol, *, budget: float = DEFAULT_BUDGET, started: f
     if not fast:
         out.notes.append(f"protocol '{protocol.name}' has no fast checks: nothing vetted")
     if out.bad and drain:
-        out.drained, note = drain_node(out.node, out.bad, timeout=max(0.5, t0 + budget - time.time()))
-        if note:
-            out.notes.append(note)
+        out.drained, out.drain_failed = drain_node(out.node, out.bad, timeout=max(0.5, t0 + budget - time.time()))
     out.duration = time.time() - t0
     return out
 

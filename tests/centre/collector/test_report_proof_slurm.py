@@ -28,6 +28,7 @@ import pytest
 
 from hpcml.centre.collector.proof import AUTH_KEY, credential
 from tests.centre.collector.test_proof_slurm import (  # noqa: F401 - fixtures
+    JOB_TOKEN,
     OPERATOR,
     _drained,
     _user_env,
@@ -176,13 +177,9 @@ evals:
 PROLOG_RULES = CHECK_RULES.replace("match: {check: xid}", "match: {check: on-n1}")
 
 
-def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_drains_it(
-        shared, collector, slurm_cluster, slurm_env, undrain):  # noqa: F811 - the fixtures above
-    """slurmd runs the cluster's prolog as root on each node of a new job: ``hpcml vet
-    --prolog --report-to`` there signs its result with root's credential. n2 fails the
-    protocol's check (only n1 is n1); its report is stored as node evidence and the handler
-    drains n2, not n1. The prolog exits 0 here, as under ``HealthCheckProgram`` (whose exit
-    code Slurm ignores), so that the drain is the handler's and not Slurm's own."""
+def _prolog_round(shared: Path, collector, slurm_cluster, slurm_env) -> str:  # noqa: F811 - the fixture's type
+    """One 2-node job under the cluster's prolog, ``hpcml vet --prolog --report-to`` as root
+    on each node: n1 passes, n2 fails (only n1 is n1). Its job id, once both reports are in."""
     slurm_cluster.wait_idle(20)
     proto, tokens = shared / "prolog.yaml", shared / "op-token"
     proto.write_text(PROLOG_PROTOCOL)
@@ -212,6 +209,17 @@ def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_
         marker.unlink(missing_ok=True)
         if job:
             wait(job, slurm_env, timeout=60)
+    return job
+
+
+def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_drains_it(
+        shared, collector, slurm_cluster, slurm_env, undrain):  # noqa: F811 - the fixtures above
+    """slurmd runs the cluster's prolog as root on each node of a new job: ``hpcml vet
+    --prolog --report-to`` there signs its result with root's credential. n2 fails the
+    protocol's check (only n1 is n1); its report is stored as node evidence and the handler
+    drains n2, not n1. The prolog exits 0 here, as under ``HealthCheckProgram`` (whose exit
+    code Slurm ignores), so that the drain is the handler's and not Slurm's own."""
+    _prolog_round(shared, collector, slurm_cluster, slurm_env)
     (shared / "check-rules.yaml").write_text(PROLOG_RULES)
     p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
                         "--rules", str(shared / "check-rules.yaml"), "--audit", str(shared / "audit.jsonl"),
@@ -219,3 +227,45 @@ def test_a_real_prologs_failure_reaches_the_collector_as_the_nodes_evidence_and_
     assert p.returncode == 0, p.stderr
     assert [(a["node"], a["action"], a["status"]) for a in json.loads(p.stdout)["actions"]] == [("n2", "drain", "done")]
     assert _drained("n2", slurm_env) and not _drained("n1", slurm_env)
+
+
+def test_the_fault_the_prolog_found_is_drained_confirmed_by_jobs_and_avoided(
+        shared, collector, slurm_cluster, slurm_env, undrain):  # noqa: F811 - the fixtures above
+    """Issue 68 end to end: n2 fails the prolog's check (node evidence, root's MUNGE), the
+    handler's rule drains it, and proven jobs of two users named it a hang culprit. The
+    centre report counts the check's flag and the rule's drain as confirmed (precision 1 of
+    1), and the plan every job reads puts n2 on the avoid list. The two jobs' summaries are
+    written into the collector's store as the collector stores proven ones (their MUNGE
+    proof against Slurm's records is tested in test_proof_slurm.py)."""
+    from hpcml.centre.collector.store import open_store
+    from tests.run.test_vet_auto import _hurt
+    _prolog_round(shared, collector, slurm_cluster, slurm_env)
+    assert handle_rules(shared, collector.db, slurm_env, PROLOG_RULES) == [("n2", "drain", "done")]
+    store = open_store(f"sqlite:///{collector.db}")
+    try:
+        _hurt(store, "n2", ["alice", "bob"], time.time())
+    finally:
+        store.close()
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", f"sqlite:///{collector.db}",
+                        "--since", "30d", "--audit", str(shared / "audit.jsonl"), "--rules",
+                        str(shared / "check-rules.yaml"), "--json"], env=slurm_env, capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    verdicts = json.loads(p.stdout)["verdicts"]
+    (check,) = [c for c in verdicts["checks"] if c["check"] == "on-n1"]
+    assert (check["flags"], check["confirmed"], check["refuted"], check["precision"]) == (1, 1, 0, 1.0), check
+    (rule,) = verdicts["rules"]
+    assert (rule["drains"], rule["confirmed"], rule["precision"]) == (1, 1, 1.0), rule
+    req = urllib.request.Request(collector.url + "/v1/plan", headers={"Authorization": f"Bearer {JOB_TOKEN}"})
+    with urllib.request.urlopen(req, timeout=30) as r:
+        plan = json.loads(r.read())
+    assert [(a["node"], a["users"], a["jobs"]) for a in plan["avoid"]] == [("n2", 2, 2)], plan["avoid"]
+
+
+def handle_rules(work: Path, db: Path, env: dict[str, str], rules: str) -> list[tuple[str, str, str]]:
+    (work / "check-rules.yaml").write_text(rules)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{db}",
+                        "--rules", str(work / "check-rules.yaml"), "--audit", str(work / "audit.jsonl"),
+                        "--json"], env=env, capture_output=True, text=True, timeout=60)
+    assert p.returncode == 0, p.stderr
+    return [(a["node"], a["action"], a["status"]) for a in json.loads(p.stdout)["actions"]]

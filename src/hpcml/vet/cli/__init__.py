@@ -43,7 +43,8 @@ def run(args: VetRun) -> None:
     if args.prolog:  # exits
         from hpcml.vet.cli.prolog import run_prolog_cli  # `prolog` is the flag here
         run_prolog_cli(args.protocol, budget=args.budget, drain=args.drain, overrun_ok=args.overrun_ok,
-                       as_json=args.as_json, report_to=args.report_to, report_token_file=args.report_token_file)
+                       as_json=args.as_json, report_to=args.report_to, report_token_file=args.report_token_file,
+                       report_spool=args.report_spool)
     raise typer.Exit(fastvet.execute(args))
 
 

@@ -1,7 +1,8 @@
 """``hpcml vet --prolog`` and ``hpcml vet prolog-script``: the CLI side of ``vet.prolog``.
 
 Exit codes in prolog mode: 0 healthy; 1 a check failed or errored (or did not finish in the
-budget, unless ``--overrun-ok``); 2 bad input (protocol, budget). Any non-zero exit makes
+budget, unless ``--overrun-ok``); 2 bad input (protocol, budget); 3 bad, and ``--drain``
+could not drain the node (scontrol failed: named on stderr and stdout, and in the report). Any non-zero exit makes
 Slurm drain the node and requeue the job, so a broken protocol drains nodes too: fail
 closed, with ``--drain`` naming the cause in the node's reason.
 """
@@ -24,7 +25,7 @@ ME = "hpcml vet --prolog"
 
 def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, drain: bool = False,
                    overrun_ok: bool = False, as_json: bool = False, report_to: Optional[str] = None,
-                   report_token_file: Optional[Path] = None) -> NoReturn:
+                   report_token_file: Optional[Path] = None, report_spool: Optional[Path] = None) -> NoReturn:
     """Vet this node with the fast checks of PROTOCOL (default: the built-in prolog one);
     print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input.
 
@@ -53,9 +54,14 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
     result = prolog.run_prolog(proto, budget=limit, started=started, overrun_ok=overrun_ok,
                                drain=drain)
     if report_to:
-        _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit)
+        _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit, report_spool)
     for line in result.bad:
         print(f"{ME}: {result.node}: {line}", file=sys.stderr)
+    if result.drain_failed:                 # the operator must see it: stderr, stdout (slurmd's log), exit 3
+        failed = f"{ME}: error: {result.node} is bad and was not drained: {result.drain_failed}"
+        print(failed, file=sys.stderr)
+        if not as_json:
+            print(failed)
     for note in result.notes:
         print(f"{ME}: note: {note}", file=sys.stderr)
     if as_json:
@@ -73,19 +79,41 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
 SEND_S = 2.0
 
 
-def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float) -> None:
-    """Send this node's result to the collector. Made by root or SlurmUser on this node, its
-    MUNGE credential makes it the node's own evidence (``collector.proof``). A failure is a
-    warning: the prolog's verdict is its exit code, never the collector's."""
+def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float, spool_dir: Optional[Path]) -> None:
+    """Send this node's result to the collector, after what earlier runs could not send
+    (``centre.spool``, oldest first). Made by root or SlurmUser on this node, its MUNGE
+    credential makes it the node's own evidence (``collector.proof``). Within the budget's
+    end plus ``SEND_S``; what is not taken (the collector down, slow, no token) waits in the
+    spool for the next run. A failure is a warning: the prolog's verdict is its exit code,
+    never the collector's."""
     import time
 
-    from hpcml.centre.client import send_with_token_file
-    send_with_token_file(doc, url, token_file, timeout=max(0.5, min(SEND_S, budget_end + SEND_S - time.time())))
+    from hpcml.centre.client import post_report, read_token
+    from hpcml.centre.spool import DEFAULT_DIR, Spool
+    spool = Spool(spool_dir or DEFAULT_DIR)
+    deadline = time.monotonic() + max(0.5, min(SEND_S, budget_end + SEND_S - time.time()))
+    token, why = read_token(token_file)
+
+    def send(d: dict, timeout: float):
+        return post_report(d, url, token, timeout)
+    refused = send(doc, deadline - time.monotonic()) if token else None
+    if token is None or (refused is not None and not refused.final):
+        kept = spool.put(doc)
+        print(f"{ME}: warning: report not sent to {url}: {why or refused.why}"   # type: ignore[union-attr]
+              + (f"; kept in {kept.parent} for the next run" if kept else ""), file=sys.stderr)
+        return
+    if refused is not None:
+        print(f"{ME}: warning: report refused by {url}: {refused.why}", file=sys.stderr)
+    sent, left = spool.flush(send, deadline)
+    if sent or left:
+        print(f"{ME}: note: {sent} earlier report{'s' if sent != 1 else ''} sent, {left} still waiting in "
+              f"{spool.folder}", file=sys.stderr)
 
 
 def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain: bool = True,
                   overrun_ok: bool = False, log: Optional[Path] = None,
-                  python: Optional[str] = None) -> str:
+                  python: Optional[str] = None, report_to: Optional[str] = None,
+                  report_token_file: Optional[Path] = None, report_spool: Optional[Path] = None) -> str:
     """A POSIX sh wrapper for ``Prolog=`` / ``HealthCheckProgram=``. Slurm gives the prolog a
     minimal PATH, so it names the interpreter (and ``timeout``) by absolute path."""
     from hpcml.units import parse_seconds
@@ -94,11 +122,15 @@ def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain
     args += ["--drain"] if drain else []
     args += ["--overrun-ok"] if overrun_ok else []
     args += ["--json"] if log else []
+    if report_to:
+        args += ["--report-to", report_to]
+        args += ["--report-token-file", str(Path(report_token_file).absolute())] if report_token_file else []
+        args += ["--report-spool", str(Path(report_spool).absolute())] if report_spool else []
     if protocol is not None:
         args.append(str(Path(protocol).absolute()))
     guard = shutil.which("timeout")
     if guard:  # a hard stop in case the interpreter itself hangs (e.g. on a dead filesystem)
-        hard = parse_seconds(budget) + 2
+        hard = parse_seconds(budget) + 2 + (SEND_S if report_to else 0)
         args = [guard, "-k", "1", f"{hard:g}", *args]
     command = " ".join(shlex.quote(a) for a in args)
     if log:
@@ -110,9 +142,14 @@ def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain
         "# Written by `hpcml vet prolog-script`. In slurm.conf:",
         "#   Prolog=/etc/slurm/prolog.sh",
         "#   PrologFlags=Alloc                          # vet every node at allocation",
-        "#   HealthCheckProgram=/etc/slurm/prolog.sh    # optional, with HealthCheckInterval=",
-        "# Exit 0: healthy. Non-zero: a check failed; Slurm drains the node and requeues the",
-        "# job (for HealthCheckProgram, --drain drains it: Slurm ignores that exit code).",
+        "#   HealthCheckProgram=/etc/slurm/prolog.sh    # rechecks, with HealthCheckInterval=60",
+        "#   HealthCheckNodeState=ANY                   # on drained nodes too: a node that passes again",
+        "#                                              # is resumed by `hpcml centre handle` (--report-to)",
+        "#   SchedulerParameters=nohold_on_prolog_fail  # requeue the job that met a bad node without",
+        "#                                              # holding it (else: held, `scontrol release JOBID`)",
+        "# Exit 0: healthy. 1: a check failed; Slurm drains the node and requeues the job (for",
+        "# HealthCheckProgram, --drain drains it: Slurm ignores that exit code). 3: bad, and the",
+        "# drain failed (the line says why; SLURM_CONF must be set where slurm.conf is not the default).",
         f"exec {command}",
         ""])
 
@@ -126,6 +163,12 @@ def prolog_script(
     overrun_ok: bool = typer.Option(False, "--overrun-ok",
                                     help="A check that does not finish in the budget does not fail the node."),
     log: Optional[Path] = typer.Option(None, help="Append each run's JSON record and messages to this file."),
+    report_to: Optional[str] = typer.Option(None, "--report-to", help="Send each run's result to this collector "
+                                            "(signed by root's MUNGE: the node's own evidence)."),
+    report_token_file: Optional[Path] = typer.Option(None, "--report-token-file",
+                                                     help="With --report-to: file holding the collector token."),
+    report_spool: Optional[Path] = typer.Option(None, "--report-spool", help="With --report-to: where results the "
+                                                "collector did not take wait (default /var/tmp/hpcml-report-spool)."),
 ) -> None:
     """Print a prolog wrapper script that calls this Python by absolute path.
 
@@ -139,5 +182,15 @@ def prolog_script(
         raise UsageError(str(exc), key="--budget") from None
     if protocol is not None and not Path(protocol).is_file():
         raise UsageError("file not found", file=str(protocol))
+    if report_to is not None:
+        from hpcml.urls import is_http_url
+        if not is_http_url(report_to):
+            raise UsageError(f"expected an http(s)://HOST[:PORT] URL of hpcml centre serve, found {report_to!r}",
+                             key="--report-to")
+    elif report_token_file is not None or report_spool is not None:
+        raise UsageError("goes with --report-to", key="--report-token-file" if report_token_file else "--report-spool")
+    if report_token_file is not None and not Path(report_token_file).is_file():
+        raise UsageError("file not found", file=str(report_token_file))
     sys.stdout.write(render_script(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok,
-                                   log=log))
+                                   log=log, report_to=report_to, report_token_file=report_token_file,
+                                   report_spool=report_spool))
