@@ -46,3 +46,28 @@ def get(name: str) -> logging.Logger:
     """The logger of module ``name`` (``__name__``), under ``hpcml``'s configured one."""
     _configure()
     return logging.getLogger(name)
+
+
+class _Json(logging.Formatter):
+    """One JSON object a line: time (ISO 8601, UTC), level, logger, message."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        import json
+        from datetime import datetime, timezone
+        return json.dumps({"time": datetime.fromtimestamp(record.created, timezone.utc).isoformat(timespec="milliseconds"),
+                           "level": record.levelname.lower(), "logger": record.name, "message": record.getMessage()})
+
+
+def for_service(json_lines: bool = False) -> None:
+    """A long-running service's log lines (``hpcml centre serve``): each with its time (UTC)
+    and level, or one JSON object a line for a log shipper. A command's lines stay bare."""
+    import time
+    root = _configure()
+    for handler in root.handlers:
+        if isinstance(handler, _Stderr):
+            if json_lines:
+                handler.setFormatter(_Json())
+            else:
+                fmt = logging.Formatter("%(asctime)s %(levelname)s %(message)s", "%Y-%m-%dT%H:%M:%SZ")
+                fmt.converter = time.gmtime
+                handler.setFormatter(fmt)

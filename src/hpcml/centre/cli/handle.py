@@ -10,7 +10,7 @@ from typing import Optional
 import typer
 
 from hpcml.cli_support import command_words
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 
 # Not imported from hpcml.centre.rules: that pulls pydantic into every `hpcml vet` and `hpcml centre` start.
 DEFAULT_RULES = Path(__file__).parents[1] / "data" / "rules-default.yaml"
@@ -30,6 +30,8 @@ def handle(
                                help="Audit log (JSON lines, appended); also the handler's memory "
                                "of its own drains, so keep one per cluster."),
     as_json: bool = typer.Option(False, "--json", help="Print the plan and outcomes as JSON."),
+    textfile: Optional[Path] = typer.Option(None, "--textfile", help="Also write this run's figures for "
+                                            "node_exporter's textfile collector (a .prom file, replaced whole)."),
 ) -> None:
     """Drain nodes that keep failing checks and resume the ones it drained once they pass.
 
@@ -51,7 +53,14 @@ def handle(
         raise UsageError("give either --results DIR... or --db URL")
     catalog = rules_mod.load(rules)
     source = JsonDirSource(results) if results else StoreSource(str(db))
-    plan = handler.handle(catalog, source, audit_path=audit, dry_run=dry_run)
+    try:
+        plan = handler.handle(catalog, source, audit_path=audit, dry_run=dry_run)
+    except HpcmlError:
+        if textfile is not None:
+            _textfile(textfile, None, dry_run)     # the run failed: node_exporter says so
+        raise
+    if textfile is not None:
+        _textfile(textfile, plan, dry_run)
     if as_json:
         print(json.dumps({**plan.to_json(), "dry_run": dry_run, "rules": catalog.source,
                           "audit": str(audit)}, indent=2))
@@ -91,3 +100,41 @@ def validate_rules(file: Path = typer.Argument(..., help="Rules catalog to check
     print(f"{file}: valid rules catalog '{catalog.name}' with {len(catalog.rules)} rules "
           f"(max_drain_fraction {catalog.max_drain_fraction:.0%}, min_nodes_kept "
           f"{catalog.min_nodes_kept}): " + ", ".join(r.name for r in catalog.rules))
+
+
+def _textfile(path: Path, plan, dry_run: bool) -> None:
+    """The run's figures as Prometheus text for node_exporter's textfile collector: whether
+    it worked, actions by kind and status, the nodes it holds drained, when it ran; written
+    to a temporary file and renamed, as the collector requires (it never reads half a file)."""
+    from prometheus_client import CollectorRegistry, Gauge
+    reg = CollectorRegistry()
+    Gauge("hpcml_handler_up", "1 when the last run read Slurm and its results and acted, 0 when it failed.",
+          registry=reg).set(int(plan is not None))
+    Gauge("hpcml_handler_dry_run", "1 when the last run only planned.", registry=reg).set(int(dry_run))
+    Gauge("hpcml_handler_last_run_timestamp_seconds", "When the handler last ran.", registry=reg).set_to_current_time()
+    if plan is None:
+        _write_textfile(path, reg)
+        return
+    acts = Gauge("hpcml_handler_actions", "Actions of the handler's last run, by action and status.",
+                 ["action", "status"], registry=reg)
+    counts: dict[tuple[str, str], int] = {}
+    for a in plan.actions:
+        key = (a.action, a.status or "planned")
+        counts[key] = counts.get(key, 0) + 1
+    for (action, status), n in counts.items():
+        acts.labels(action, status).set(n)
+    Gauge("hpcml_handler_held_nodes", "Nodes hpcml drained and still holds (hold actions).",
+          registry=reg).set(sum(a.action == "hold" for a in plan.actions))
+    nodes = Gauge("hpcml_handler_nodes", "Nodes of the cluster, and those available, at the last run.", ["kind"],
+                  registry=reg)
+    nodes.labels("total").set(plan.total_nodes)
+    nodes.labels("available").set(plan.available_nodes)
+    _write_textfile(path, reg)
+
+
+def _write_textfile(path: Path, reg) -> None:
+    from prometheus_client import write_to_textfile
+    try:
+        write_to_textfile(str(path), reg)
+    except OSError as exc:
+        raise UsageError(f"cannot write the textfile: {exc.strerror or exc}", key="--textfile") from None

@@ -49,6 +49,8 @@ def serve(
     request_deadline: float = typer.Option(10.0, min=0.5, max=3600, help="Seconds from a request's first "
                                            "byte to its last; a slower one is dropped."),
     verbose: bool = typer.Option(False, "--verbose", help="Log every request to stderr."),
+    log_json: bool = typer.Option(False, "--log-json", help="Log one JSON object a line (time, level, logger, "
+                                  "message) instead of timestamped text."),
 ) -> None:
     """Collect vetting reports over HTTP and answer queries about nodes and jobs.
 
@@ -59,27 +61,22 @@ def serve(
     Then `hpcml vet run --report-to http://127.0.0.1:8787` sends each run's report,
     `hpcml run --collector http://127.0.0.1:8787` each job's summary, and
     `curl -H "Authorization: Bearer $HPCML_VET_TOKEN" 127.0.0.1:8787/v1/nodes/failing?since=7d`
-    lists the nodes failing most. Exit codes: 0 stopped by a signal, 1 database or port
-    error, 2 bad option (no token, unreadable token file).
+    lists the nodes failing most. The token files are read again when they change or on
+    SIGHUP (a file that no longer reads keeps the tokens in force). Exit codes: 0 stopped by
+    a signal, 1 database or port error, 2 bad option (no token, unreadable token file).
     """
     import importlib.util
 
-    from hpcml.centre.collector.server import CollectorServer, Tokens
+    from hpcml.centre.collector.server import CollectorServer
     from hpcml.centre.collector.store import open_store
     if importlib.util.find_spec("waitress") is None:
         raise UsageError("the collector is served by waitress: pip install 'hpcml[collector]'", key="serve")
     name = " ".join(command_words(ctx))    # hpcml centre serve, or its alias hpcml vet serve
     limit = parse_size(max_body, "--max-body")
     verifier = _verifier(name, slurm_check, cluster, munge_socket)
-    write = _tokens(token_file, "--token-file", env=True)
-    if not write:
-        raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
-                         "does not run without one", key="--token-file")
-    try:
-        tokens = Tokens(write, _tokens(read_token_file, "--read-token-file"), _tokens(job_token_file, "--job-token-file"),
-                        _tokens(trusted_token_file, "--trusted-token-file"))
-    except ValueError as exc:
-        raise UsageError(str(exc), key="--job-token-file") from None
+    files = (token_file, read_token_file, job_token_file, trusted_token_file)
+    tokens = _load_tokens(*files)
+    _password_warning(name, db)
     if bind in ("0.0.0.0", "::", ""):
         print(f"{name}: warning: listening on every interface ({bind or '*'}); "
               "anyone who can reach this host can try tokens", file=sys.stderr)
@@ -90,13 +87,69 @@ def serve(
     except OSError as exc:
         store.close()
         raise HpcmlError(f"cannot listen on {bind}:{port}: {exc.strerror}") from None
-    stop = threading.Event()
-    with handling((signal.SIGTERM, signal.SIGINT), lambda *_: stop.set()):
+    from hpcml import logs
+    logs.for_service(log_json)
+    stop, hup = threading.Event(), threading.Event()
+    seen = _mtimes(files)
+    with handling((signal.SIGTERM, signal.SIGINT), lambda *_: stop.set()), handling((signal.SIGHUP,), lambda *_: hup.set()):
         threading.Thread(target=server.serve_forever, name="collector", daemon=True).start()
         print(f"listening on {server.url}", flush=True)
         while not stop.wait(1):  # wake up now and then: signals reach the main thread
-            pass
+            now = _mtimes(files)
+            if hup.is_set() or now != seen:
+                hup.clear()
+                seen = now
+                _reload(server, files)
     server.close()
+
+
+def _load_tokens(token_file, read_token_file, job_token_file, trusted_token_file):
+    from hpcml.centre.collector.server import Tokens
+    write = _tokens(token_file, "--token-file", env=True)
+    if not write:
+        raise UsageError("no token: give --token-file or set $HPCML_VET_TOKEN; the collector "
+                         "does not run without one", key="--token-file")
+    try:
+        return Tokens(write, _tokens(read_token_file, "--read-token-file"), _tokens(job_token_file, "--job-token-file"),
+                      _tokens(trusted_token_file, "--trusted-token-file"))
+    except ValueError as exc:
+        raise UsageError(str(exc), key="--job-token-file") from None
+
+
+def _mtimes(files) -> tuple:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f) if f is not None else None
+        except OSError:
+            st = None
+        out.append((st.st_mtime_ns, st.st_size, st.st_ino) if st else None)
+    return tuple(out)
+
+
+def _reload(server, files) -> None:
+    """The token files again: a token added works at once, one removed no longer does."""
+    from hpcml import logs
+    log = logs.get(__name__)
+    try:
+        server.app.tokens = server.tokens = _load_tokens(*files)
+    except UsageError as exc:
+        log.warning(f"hpcml centre serve: token files not reloaded ({exc}); the tokens in force stay")
+        return
+    log.info(f"hpcml centre serve: token files reloaded ({len(server.app.tokens.grants)} tokens)")
+
+
+def _password_warning(name: str, db: str) -> None:
+    """A password inside --db is in every ``ps`` listing: say so, and what to use instead."""
+    from urllib.parse import urlsplit
+    if db.startswith(("postgresql://", "postgres://")):
+        try:
+            has = urlsplit(db).password is not None
+        except ValueError:
+            has = False
+        if has:
+            print(f"{name}: warning: the database password in --db is visible to every user in ps; "
+                  "leave it out and set PGPASSFILE (or PGPASSWORD in the service's environment)", file=sys.stderr)
 
 
 def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:

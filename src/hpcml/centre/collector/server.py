@@ -172,6 +172,55 @@ def _proof_refusals() -> Iterator[None]:
         raise _error(401, str(exc)[:500]) from None
 
 
+_ROUTES = {"/healthz", "/readyz", "/metrics", "/v1/plan", "/v1/reports", "/v1/jobs", "/v1/fleet", "/v1/nodes/failing"}
+
+
+def route(path: str) -> str:
+    """A request's route for the metrics' labels: a fixed set, whatever paths clients send."""
+    p = path.rstrip("/") or "/"
+    if p in _ROUTES:
+        return p
+    if p.startswith("/v1/nodes/") and p.endswith("/history"):
+        return "/v1/nodes/NODE/history"
+    if p.startswith("/v1/jobs/"):
+        return "/v1/jobs/JOB"
+    return "other"
+
+
+class Metrics:
+    """The collector's Prometheus metrics (``GET /metrics``, no token: counts only), in a
+    registry of its own: requests by route, method and status with their latency, documents
+    stored, duplicate, unverified by kind, database errors."""
+
+    def __init__(self) -> None:
+        from prometheus_client import CollectorRegistry, Counter, Histogram
+        self.registry = CollectorRegistry()
+        self.requests = Counter("hpcml_collector_requests", "Requests answered, by route, method and status.",
+                                ["route", "method", "status"], registry=self.registry)
+        self.latency = Histogram("hpcml_collector_request_seconds", "Seconds to answer a request, by route.",
+                                 ["route"], registry=self.registry,
+                                 buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10))
+        self.stored = Counter("hpcml_collector_documents", "Documents received, by kind (report, summary) and "
+                              "what became of them (stored, duplicate, unverified).", ["kind", "result"],
+                              registry=self.registry)
+        self.database_errors = Counter("hpcml_collector_database_errors", "Requests the database failed (503).",
+                                       registry=self.registry)
+
+    def request(self, route_: str, method: str, status: int, seconds: float) -> None:
+        method = method if method in ("GET", "HEAD", "POST") else "other"
+        self.requests.labels(route_, method, str(status)).inc()
+        self.latency.labels(route_).observe(seconds)
+
+    def documents(self, kind: str, **counts: int) -> None:
+        for result, n in counts.items():
+            if n:
+                self.stored.labels(kind, result).inc(n)
+
+    def exposition(self) -> tuple[bytes, str]:
+        from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST
+
+
 class App:
     """The collector as a WSGI application (any WSGI server can run it; ``start`` uses waitress)."""
 
@@ -182,6 +231,7 @@ class App:
         self.writer = BatchWriter(store)
         self.job_writer = BatchWriter(store, write=store.add_jobs)
         self._large = threading.BoundedSemaphore(LARGE_AT_ONCE)
+        self.metrics = Metrics()
         self._plan_build = threading.Lock()
         self._plan_doc: tuple[float, dict[str, Any]] | None = None
 
@@ -190,6 +240,12 @@ class App:
 
     def __call__(self, environ: dict, start_response) -> list[bytes]:
         method, path = environ.get("REQUEST_METHOD", ""), environ.get("PATH_INFO", "")
+        began = time.monotonic()
+        if path == "/metrics" and method in ("GET", "HEAD"):
+            data, ctype = self.metrics.exposition()
+            start_response("200 OK", [("Content-Type", ctype), ("Content-Length", str(len(data)))])
+            self.metrics.request("/metrics", method, 200, time.monotonic() - began)
+            return [data]
         try:
             if method == "POST":
                 reply = self._post(environ, path)
@@ -201,8 +257,12 @@ class App:
             reply = r
         except Exception as exc:  # a bug or an outage: this request only
             self.log(f"{method} {path[:200]}: {type(exc).__name__}: {exc}")
-            reply = _error(503 if _transient(exc) else 500, f"internal error: {type(exc).__name__}")
+            transient = _transient(exc)
+            if transient:
+                self.metrics.database_errors.inc()
+            reply = _error(503 if transient else 500, f"internal error: {type(exc).__name__}")
         data = orjson.dumps(reply.body)
+        self.metrics.request(route(path), method, reply.code, time.monotonic() - began)
         status = f"{reply.code} {HTTPStatus(reply.code).phrase}"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
                                 *reply.headers.items()])
@@ -257,6 +317,8 @@ class App:
             self.verifier.verify(raw, summaries, sender)
         stored = self.job_writer.add(summaries)   # idempotent: a summary sent again is not stored again
         unverified = sum(not s.proof.verified for s in summaries)
+        self.metrics.documents("summary", stored=sum(stored), duplicate=len(stored) - sum(stored),
+                               unverified=unverified)
         return _Reply(201 if any(stored) else 200, {"stored": sum(stored), "duplicates": len(stored) - sum(stored),
                                                     "unverified": unverified})
 
@@ -270,13 +332,23 @@ class App:
                 r.proven(proof.evidence, proof.sender)
             reports += reps
         ids = self.writer.add(reports)
+        self.metrics.documents("report", stored=len(ids), unverified=sum(r.evidence == "none" for r in reports))
         return _Reply(201, {"ids": ids, "stored": len(ids),
                             "unverified": sum(r.evidence == "none" for r in reports)})
 
     def _get(self, environ: dict, path: str) -> _Reply:
         query = parse_qs(environ.get("QUERY_STRING", ""))
-        if path == "/healthz":
+        if path == "/healthz":                          # the process answers
             return _Reply(200, {"status": "ok"})
+        if path == "/readyz":                           # and can do its work: the database answers
+            try:
+                self.store.ping()
+            except Exception as exc:                    # noqa: BLE001 - any failure is "not ready", said
+                self.metrics.database_errors.inc()
+                why = f"database: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}"
+                log.warning(f"hpcml centre serve: not ready: {why}")
+                raise _error(503, why) from None
+            return _Reply(200, {"status": "ready"})
         if path.rstrip("/") == "/v1/plan":               # every job's launcher asks: job tokens may read it
             self._grant(environ, write=False, jobs=True)
             return _Reply(200, self._plan())

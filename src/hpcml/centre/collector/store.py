@@ -100,6 +100,10 @@ class Store(JobQueries, ABC):
         handler's rules are evaluated on."""
 
     @abstractmethod
+    def ping(self) -> None:
+        """Raise unless the database answers now (``GET /readyz``)."""
+
+    @abstractmethod
     def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
         """Per check (name, type) of proven reports since ``since``: how many results and
         their mean duration in seconds: what ``hpcml run --vet auto`` prices a check at."""
@@ -282,6 +286,9 @@ class SqlStore(Store):
                          "FROM results r JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
                          "ORDER BY r.time, r.report_id, r.seq", (since,))
         return [dict(zip(("node", "job", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
+
+    def ping(self) -> None:
+        self._all("SELECT 1")
 
     def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
         # proven reports only (a job token's unproven POST prices nothing), each duration at

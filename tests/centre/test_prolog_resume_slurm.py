@@ -1,0 +1,127 @@
+"""A node the health check drained comes back with no person (issue 69).
+
+A local cluster of its own, configured as a site would: hpcml's script as ``Prolog=`` and as
+``HealthCheckProgram=`` (every 2 s, ``HealthCheckNodeState=ANY``: drained nodes too), with
+``--drain --report-to`` a real collector (``hpcml centre serve``, proving root's MUNGE
+credential with this cluster's munged). A fault is made on n2 (a file the script turns into
+an environment variable the protocol forbids); the health check drains n2 with hpcml's
+reason and reports it; the fault is fixed; the health check, which Slurm runs on the drained
+node, reports n2 passing; ``hpcml centre handle --db`` resumes it. A person's drain of n1 is
+never touched.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import sqlite3
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from hpcml.testing.localslurm import LocalSlurm
+from tests.centre.collector.test_proof_slurm import OPERATOR, Collector
+from tests.slurmjobs import own_cluster
+
+pytestmark = pytest.mark.slurm
+ROOT = Path(__file__).resolve().parents[2]
+HEALTH = "HealthCheckInterval=2\nHealthCheckNodeState=ANY\n"
+PROTOCOL = "name: site-prolog\nevals:\n  - {name: fault, type: env, absent: [HPCML_TEST_FAULT]}\n"
+
+
+@pytest.fixture(scope="module")
+def cluster(slurm_cluster) -> Iterator[LocalSlurm]:
+    """Its own root and ports: the health check runs on every node every 2 s."""
+    prolog = Path(os.environ.get("HPCML_SLURM_ROOT", "/tmp/hpcml-slurm") + "-health") / "prolog"   # own_cluster's
+    with own_cluster("health", 80, extra_conf=f"HealthCheckProgram={prolog}/prolog.sh\n{HEALTH}") as c:
+        assert c.prolog_dir == prolog, c.prolog_dir
+        yield c
+
+
+def _state(node: str, env) -> tuple[str, str]:
+    out = subprocess.run(["scontrol", "show", "-o", "node", node], env=env, capture_output=True, text=True,
+                         timeout=10).stdout
+    fields = dict(t.partition("=")[::2] for t in out.split() if "=" in t)
+    reason = out.split("Reason=", 1)[1].split(" [")[0] if "Reason=" in out else ""
+    return fields.get("State", ""), reason
+
+
+def _wait(what, timeout: float = 60):
+    deadline = time.monotonic() + timeout
+    while True:
+        got = what()
+        if got:
+            return got
+        assert time.monotonic() < deadline, f"timed out waiting: {what.__doc__}"
+        time.sleep(0.5)
+
+
+def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster, tmp_path):
+    env = {**cluster.client_env(), "PYTHONPATH": str(ROOT / "src"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
+    shared = Path(tempfile.mkdtemp(prefix="hpcml-health-", dir="/tmp"))
+    shared.chmod(0o755)
+    collector = Collector(shared, env)
+    (shared / "p.yaml").write_text(PROTOCOL)
+    (shared / "token").write_text(OPERATOR + "\n")
+    marker = cluster.prolog_dir / "enabled"
+    marker.write_text(
+        f"export HPCML_MUNGE_SOCKET={cluster.munge_socket} SLURM_CONF={cluster.conf} PYTHONPATH={ROOT / 'src'}\n"
+        f'[ -e {shared}/broken-"$SLURMD_NODENAME" ] && export HPCML_TEST_FAULT=1\n'
+        f"{sys.executable} -m hpcml vet --prolog --drain --budget 5 {shared}/p.yaml --report-to {collector.url} "
+        f"--report-token-file {shared}/token --report-spool {shared}/spool >>{shared}/health.log 2>&1\nexit 0\n")
+    try:
+        subprocess.run(["scontrol", "update", "nodename=n1", "state=drain", "reason=admin: new DIMMs"], env=env,
+                       check=True, timeout=10)
+        (shared / "broken-n2").touch()
+
+        def drained():
+            """n2 drained by the health check with hpcml's reason"""
+            state, reason = _state("n2", env)
+            return "DRAIN" in state and reason.startswith("hpcml: fault") and reason
+        assert "HPCML_TEST_FAULT" in _wait(drained)
+
+        def reported():
+            """n2's drain in the collector, as its own evidence"""
+            with sqlite3.connect(collector.db) as conn:
+                return conn.execute("SELECT r.time FROM results r JOIN reports p ON p.id = r.report_id WHERE "
+                                    "r.node = 'n2' AND r.type = 'drain' AND p.evidence = 'node'").fetchall()
+        _wait(reported)
+        handle = [sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
+                  "--audit", str(shared / "audit.jsonl"), "--json"]
+        p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        acts = {a["node"]: a for a in json.loads(p.stdout)["actions"]}
+        assert acts["n2"]["action"] == "hold" and acts["n2"]["rule"] == "prolog", acts
+
+        (shared / "broken-n2").unlink()                # fixed
+
+        def passed_twice():
+            """two passing health checks of n2 after its last drain"""
+            with sqlite3.connect(collector.db) as conn:
+                last = conn.execute("SELECT MAX(time) FROM results WHERE node = 'n2' AND type = 'drain'").fetchone()[0]
+                return conn.execute("SELECT COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
+                                    "r.node = 'n2' AND r.name = 'fault' AND r.outcome = 'pass' AND r.time > ? "
+                                    "AND p.evidence = 'node'", (last,)).fetchone()[0] >= 2
+        _wait(passed_twice)
+        p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
+        assert p.returncode == 0, p.stderr
+        acts = {a["node"]: a for a in json.loads(p.stdout)["actions"]}
+        assert acts["n2"]["action"] == "resume" and acts["n2"]["status"] == "done", acts
+        assert "DRAIN" not in _state("n2", env)[0]
+        assert _state("n1", env) == (_state("n1", env)[0], "admin: new DIMMs") and "DRAIN" in _state("n1", env)[0]
+        audit = [json.loads(line) for line in (shared / "audit.jsonl").read_text().splitlines()]
+        (resumed,) = [e for e in audit if e["action"] == "resume"]
+        assert resumed["node"] == "n2" and resumed["evidence"]["drained_by"] == "prolog"
+    finally:
+        marker.unlink(missing_ok=True)
+        collector.stop()
+        for n in ("n1", "n2"):
+            subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"], env=env, capture_output=True,
+                           timeout=10)
+        shutil.rmtree(shared, ignore_errors=True)
