@@ -156,3 +156,48 @@ def test_jobs_users_and_nodes_rank_by_the_time_their_allocations_did_not_train(d
         assert "node nid050: 60.00 GPU-h in jobs that named it culprit 1x" in text
     finally:
         store.close()
+
+
+def test_each_node_says_whom_it_hurt_what_it_cost_where_it_stands_and_what_to_do(db_url):
+    """Issue 69: nid020 hung the jobs of two users (both stopped: their whole allocations
+    count: 3 nodes x 4 GPUs x 2 h each), the prolog drained it once and it is drained by hpcml now;
+    nid021 slowed one user's job; nid022 only had ranks crash in two users' code (exit 126, a
+    sys.exit): the code's, never ranked as a node's fault."""
+    from hpcml.centre.collector.schema import NodeReport
+    now = time.time()
+    docs = [summary("30", ended=now - DAY, user="alice", hours=2.0, outcome="hung", culprits=[event("nid020", 0)]),
+            summary("31", ended=now - 2 * DAY, user="bob", hours=2.0, outcome="hung", culprits=[event("nid020", 1)]),
+            summary("32", ended=now - DAY, user="carol", stragglers=[event("nid021", 0)]),
+            summary("33", ended=now - DAY, user="alice", outcome="failed", crashed=[event("nid022", 0, detail="exit 126")]),
+            summary("34", ended=now - DAY, user="bob", outcome="failed", crashed=[event("nid022", 1, detail="exit 3")])]
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(d) for d in docs])
+        drained = NodeReport.model_validate({
+            "job_id": None, "node": "nid020", "time": now - 3 * DAY, "protocol": "prolog", "verdict": "bad",
+            "results": [{"name": "scratch", "type": "mounts", "outcome": "fail"},
+                        {"name": "hpcml-drain", "type": "drain", "outcome": "fail", "message": "hpcml: scratch"}]})
+        drained.proven("node", "root")
+        store.add([drained])
+        rep = build(store, 30 * DAY, states={"nid020": ("IDLE+DRAIN", "hpcml: scratch: not a mount point"),
+                                             "nid021": ("MIXED", "")})
+    finally:
+        store.close()
+    jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+    by = {n["node"]: n for n in rep["nodes"]}
+    assert "nid022" not in by and list(by) == ["nid020", "nid021"]
+    a = by["nid020"]
+    assert (a["users"], a["stopped"], a["gpu_hours_lost"], a["prolog_drains"]) == (2, 2, 48.0, 1)
+    assert a["job_ids"] == ["30", "31"] and a["next"].startswith("wait: hpcml drained it")
+    assert by["nid021"]["next"].startswith("watch: one user's jobs named it")
+    text = "\n".join(lines(rep))
+    assert "2 users; jobs 30, 31; lost 48.0 GPU-h, 2 jobs stopped" in text and "the prolog drained it 1x" in text
+    assert "Slurm: IDLE+DRAIN (hpcml: scratch: not a mount point)" in text
+    assert rep["totals"]["stopped_by_node"] == 2 and "2 jobs a node fault stopped without a recovery: 48.0 GPU-h" in text
+    # without Slurm's states (the collector's GET /v1/fleet): said, and the jobs decide
+    store = open_store(db_url)
+    try:
+        bare = {n["node"]: n for n in build(store, 30 * DAY)["nodes"]}
+    finally:
+        store.close()
+    assert bare["nid020"]["slurm"] is None and bare["nid020"]["next"].startswith("drain and test: proven jobs of 2")

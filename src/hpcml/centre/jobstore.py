@@ -71,6 +71,10 @@ VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing
 #: each job's latest verified attempt since a time (one row per job; ``latest`` is kept by
 #: the insert, among verified summaries only: an unverified one never counts nor shadows)
 LATEST = "SELECT * FROM jobs WHERE latest = 1 AND verified = 1 AND time >= ?"
+#: roles a job names a node in for the node's sake; ``crashed`` is the ranks' code's
+NODE_FAULTS = ("excluded", "straggler", "culprit", "lost")
+#: outcomes of a job a fault stopped: its allocation counts as lost where nothing was measured
+STOPPED = ("failed", "hung", "interrupted")
 
 
 def job_row(s: JobSummary, received: float) -> tuple:
@@ -207,24 +211,71 @@ class JobQueries:
                 for n, c, j, r, t, uid, u in rows]
 
     def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]:
-        """Nodes ranked by the distinct jobs that named them, with the count per role."""
+        """Nodes ranked by the distinct jobs that named them for the node's sake (excluded,
+        straggler, culprit, lost: ``NODE_FAULTS``), with the count per role. A crashed rank
+        is the code's until something else says otherwise (any user's exception or
+        ``sys.exit`` crashes one): counted, never ranked on."""
         rows = self._all(
             "SELECT node, role, COUNT(*), MAX(t) FROM (SELECT node, role, cluster, job, MAX(time) AS t "
             "FROM job_nodes WHERE time >= ? AND verified = 1 GROUP BY node, role, cluster, job) x GROUP BY node, role",
             (since,))
         jobs = dict(self._all(
             "SELECT node, COUNT(*) FROM (SELECT DISTINCT node, cluster, job FROM job_nodes WHERE time >= ? "
-            "AND verified = 1) y GROUP BY node", (since,)))
+            f"AND verified = 1 AND role IN ({','.join(repr(r) for r in NODE_FAULTS)})) y GROUP BY node", (since,)))
         out: dict[str, dict[str, Any]] = {}
         for node, role, n, last in rows:
             d = out.setdefault(node, {"node": node, "jobs": jobs.get(node, 0), "last": last,
                                       **{r: 0 for r in ROLES}})
             d[role] = n
             d["last"] = max(d["last"], last)
-        ranked = sorted(out.values(), key=lambda d: (-d["jobs"], -(d["straggler"] + d["culprit"] + d["lost"]
-                                                                   + d["crashed"]),
-                                                    d["node"]))
+        ranked = sorted((d for d in out.values() if d["jobs"]),
+                        key=lambda d: (-d["jobs"], -(d["straggler"] + d["culprit"] + d["lost"]), d["node"]))
         return ranked[:limit]
+
+    def node_details(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:
+        """Per node, what an operator acts on: the proven users and jobs that named it for a
+        node fault, the hours those jobs lost (a recovered job's measured loss; a job that
+        ended failed or hung by it, its whole allocation: what it did before its last
+        checkpoint is not known, so an upper bound), and the prolog's drains of it."""
+        out: dict[str, dict[str, Any]] = {n: {"users": 0, "job_ids": [], "gpu_hours_lost": 0.0, "node_hours_lost": 0.0,
+                                              "stopped": 0, "prolog_drains": 0, "last_prolog_drain": None} for n in nodes}
+        faults = ",".join(repr(r) for r in NODE_FAULTS)
+        for i in range(0, len(nodes), 500):
+            part = list(nodes[i:i + 500])
+            marks = ",".join("?" * len(part))
+            rows = self._all(
+                "SELECT DISTINCT n.node, n.cluster, n.job, j.time, COALESCE(CAST(j.uid AS TEXT), j.user_name), j.outcome, "
+                "j.gpu_hours, j.node_hours, j.gpu_hours_lost, j.time_lost_s, j.nodes FROM job_nodes n JOIN jobs j ON "
+                "j.cluster = n.cluster AND j.job = n.job AND j.attempt = n.attempt AND j.latest = 1 AND j.verified = 1 "
+                f"WHERE n.time >= ? AND n.verified = 1 AND n.role IN ({faults}) AND n.node IN ({marks})",
+                (since, *part))
+            users: dict[str, set] = {n: set() for n in part}
+            seen: set[tuple] = set()
+            for node, cluster, job, t, user, outcome, gpu_h, node_h, gpu_lost, lost_s, width in rows:
+                if (node, cluster, job) in seen:
+                    continue
+                seen.add((node, cluster, job))
+                d = out[node]
+                if user:
+                    users[node].add(user)
+                d["job_ids"].append((t, job))
+                if gpu_lost or lost_s:
+                    d["gpu_hours_lost"] += gpu_lost or 0.0
+                    d["node_hours_lost"] += (lost_s or 0.0) * (width or 1) / 3600
+                elif outcome in STOPPED:
+                    d["stopped"] += 1
+                    d["gpu_hours_lost"] += gpu_h or 0.0
+                    d["node_hours_lost"] += node_h or 0.0
+            for node in part:
+                d = out[node]
+                d["users"] = len(users[node])
+                d["job_ids"] = [j for _, j in sorted(d["job_ids"], reverse=True)[:5]]
+            for node, n, last in self._all(
+                    "SELECT r.node, COUNT(*), MAX(r.time) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
+                    f"r.time >= ? AND r.type = 'drain' AND r.outcome = 'fail' AND p.evidence <> 'none' AND r.node IN ({marks}) "
+                    "GROUP BY r.node", (since, *part)):
+                out[node]["prolog_drains"], out[node]["last_prolog_drain"] = n, last
+        return out
 
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:
         """Per node: vetting reports since ``since``, how many bad, the last bad one's
@@ -281,8 +332,16 @@ class JobQueries:
             "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
             f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0) FROM ({LATEST}) t", (since,))
         (unverified,), = self._all("SELECT COUNT(*) FROM jobs WHERE verified = 0 AND time >= ?", (since,))
+        faults = ",".join(repr(r) for r in NODE_FAULTS)
+        outcomes = ",".join(repr(o) for o in STOPPED)
+        (stopped, stopped_gpu_h, stopped_node_h), = self._all(
+            "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0) FROM (" + LATEST + ") t "
+            f"WHERE outcome IN ({outcomes}) AND COALESCE(time_lost_s, 0) = 0 AND EXISTS (SELECT 1 FROM job_nodes n "
+            f"WHERE n.cluster = t.cluster AND n.job = t.job AND n.attempt = t.attempt AND n.role IN ({faults}))",
+            (since,))
         return {"jobs": n, "gpu_hours": gpu_h, "node_hours": node_h, "gpu_hours_lost": lost_h,
-                "time_lost_s": lost_s, "failed": failed, "hung": hung, "unverified": unverified}
+                "time_lost_s": lost_s, "failed": failed, "hung": hung, "unverified": unverified,
+                "stopped_by_node": stopped, "gpu_hours_stopped": stopped_gpu_h, "node_hours_stopped": stopped_node_h}
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
         """Per (user, account): jobs, GPU-hours, mean GPU score, and the lowest-scoring jobs;

@@ -36,6 +36,8 @@ class Facts(Protocol):
 
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]: ...
 
+    def node_details(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]: ...
+
     def job_totals(self, since: float) -> dict[str, Any]: ...
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]: ...
@@ -55,24 +57,53 @@ class Facts(Protocol):
 
 def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, now: float | None = None,
           drains: list[dict[str, Any]] | None = None, declared: dict[str, dict[str, Any]] | None = None,
-          with_verdicts: bool = True) -> dict[str, Any]:
+          with_verdicts: bool = True, states: dict[str, tuple[str, str]] | None = None) -> dict[str, Any]:
     """The report over the last ``since_s`` seconds; ``drains`` (the handler's audit log,
     ``precision.drains_from_audit``) and ``declared`` (each rule's ``Rule.evidence``) add the
     rules' precision to the checks'. ``with_verdicts=False`` (the collector's ``GET /v1/fleet``):
     no verdicts (null), whose every result of the window is read into memory: the command's,
-    not a request's, work."""
+    not a request's, work. ``states``: each node's Slurm state and reason now (the command
+    reads them where Slurm answers; the collector does not), for the next action."""
     now = time.time() if now is None else now
     since = now - since_s
     nodes = store.node_harm(since, top)
-    vet = store.vet_history([n["node"] for n in nodes], since)
+    names = [n["node"] for n in nodes]
+    vet = store.vet_history(names, since)
+    details = store.node_details(names, since)
     for n in nodes:
         n["vet"] = vet.get(n["node"])
+        n.update(details.get(n["node"]) or {})
+        state = (states or {}).get(n["node"])
+        n["slurm"] = None if state is None else {"state": state[0], "reason": state[1]}
+        n["next"] = next_action(n)
     return {"schema": SCHEMA, "generated": now, "since": since, "window_s": since_s,
             "totals": store.job_totals(since), "nodes": nodes,
             "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top],
             "not_training": {"jobs": store.not_training_jobs(since, top), "users": store.not_training_by_user(since, top),
                              "nodes": store.not_training_by_node(since, top)},
             "verdicts": verdicts(store, since, now, drains, declared) if with_verdicts else None}
+
+
+def next_action(n: dict[str, Any]) -> str:
+    """What an operator does next about a node the jobs named, from what is known of it."""
+    from hpcml.centre.rules import REASON_PREFIX
+    slurm = n.get("slurm") or {}
+    state, reason = str(slurm.get("state") or "").upper(), str(slurm.get("reason") or "")
+    faults = n.get("straggler", 0) + n.get("culprit", 0) + n.get("lost", 0)
+    vet = n.get("vet") or {}
+    if "DRAIN" in state or "DOWN" in state:
+        if reason.startswith(REASON_PREFIX):
+            return "wait: hpcml drained it; hpcml centre handle resumes it once its checks pass again"
+        return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
+    if n.get("users", 0) >= 2 and faults >= 2:
+        return (f"drain and test: proven jobs of {n['users']} users named it {faults}x "
+                "(the hurts-jobs rule drains it; hpcml vet run --nodes NODE tests it)")
+    if vet.get("bad"):
+        checks = ", ".join(c["check"] for c in (vet.get("failing_checks") or [])[:3]) or "its checks"
+        return f"test: its vetting failed ({checks}); vet it again before it takes jobs"
+    if n.get("users", 0) <= 1 and faults:
+        return "watch: one user's jobs named it; their code may be the cause"
+    return "watch: vetting never caught it; test it when it is idle" if faults else "none"
 
 
 def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]] | None,
@@ -133,12 +164,17 @@ def lines(rep: dict[str, Any]) -> list[str]:
     out = [f"centre report: {plural(t['jobs'], 'job')} since {_when(rep['since'])} UTC ({days:g} days)",
            f"  {t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
            f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
-           f"{t['failed']:,} failed, {t['hung']:,} hung", *_unverified(t), "", "nodes that hurt the most jobs:"]
+           f"{t['failed']:,} failed, {t['hung']:,} hung", *_stopped(t), *_unverified(t), "",
+           "nodes that hurt the most jobs (crashed ranks are their code's, not counted):"]
     if not rep["nodes"]:
         out.append("  none: no job named a node in the window")
     for n in rep["nodes"]:
-        roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "crashed", "lost", "excluded") if n[k])
-        out.append(f"  {printable(n['node'])}: {plural(n['jobs'], 'job')} ({roles}); last {_when(n['last'])}; {vet_line(n['vet'])}")
+        roles = ", ".join(f"{k} {n[k]}" for k in ("straggler", "culprit", "lost", "excluded") if n[k])
+        code = f"; {n['crashed']} crashed ranks (their code's)" if n.get("crashed") else ""
+        out.append(f"  {printable(n['node'])}: {plural(n['jobs'], 'job')} ({roles}){code}; last {_when(n['last'])}; "
+                   f"{vet_line(n['vet'])}")
+        out.append(f"    {_impact(n)}")
+        out.append(f"    next: {printable(n.get('next') or 'none')}")
     out += ["", "lowest GPU scores, by user and account:"]
     if not rep["owners"]:
         out.append("  none: no job in the window has a GPU score")
@@ -153,6 +189,19 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
                 f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
     return out + not_training_lines(rep.get("not_training") or {}) + verdict_lines(rep.get("verdicts") or {})
+
+
+def _impact(n: dict[str, Any]) -> str:
+    """Who and what a node hurt, what it cost, where it stands."""
+    jobs = ", ".join(printable(j) for j in n.get("job_ids") or []) or "–"
+    lost = (f"{n.get('gpu_hours_lost', 0):,.1f} GPU-h" if n.get("gpu_hours_lost") else
+            f"{n.get('node_hours_lost', 0):,.1f} node-h")
+    stopped = f", {plural(n['stopped'], 'job')} stopped (whole allocations, an upper bound)" if n.get("stopped") else ""
+    slurm = n.get("slurm")
+    now = ("Slurm: " + printable(slurm["state"]) + (f" ({printable(slurm['reason'])})" if slurm.get("reason") else "")
+           if slurm else "Slurm: not read")
+    prolog = f"; the prolog drained it {n['prolog_drains']}x" if n.get("prolog_drains") else ""
+    return f"{plural(n.get('users', 0), 'user')}; jobs {jobs}; lost {lost}{stopped}; {now}{prolog}"
 
 
 def _ratio(v: float | None, ci: list | None) -> str:
@@ -194,6 +243,17 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
     return out
 
 
+def _stopped(t: dict[str, Any]) -> list[str]:
+    """Jobs a node fault ended without a recovery: their allocations, not counted above."""
+    n = t.get("stopped_by_node") or 0
+    if not n:
+        return []
+    size = (f"{t['gpu_hours_stopped']:,.1f} GPU-h" if t.get("gpu_hours_stopped") else
+            f"{t.get('node_hours_stopped') or 0:,.1f} node-h")
+    return [f"  {plural(n, 'job')} a node fault stopped without a recovery: {size} of allocations "
+            "(an upper bound of what they lost)"]
+
+
 def _unverified(t: dict[str, Any]) -> list[str]:
     n = t.get("unverified") or 0
     return [f"  {plural(n, 'summary', 'summaries')} whose sender nothing proved: shown per job, counted nowhere"] if n else []
@@ -204,7 +264,7 @@ def render_html(rep: dict[str, Any]) -> str:
     value escaped by the template."""
     from hpcml.htmlkit import render
     nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["crashed"], n["lost"], n["excluded"], _when(n["last"]),
-              vet_line(n["vet"])] for n in rep["nodes"]]
+              vet_line(n["vet"]), _impact(n), n.get("next") or "none"] for n in rep["nodes"]]
     owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], f"{o['gpu_hours']:,.1f}", _score(o["mean_score"]),
                f"{o['idle_gpu_hours']:,.1f}",
                "; ".join(f"{j['job']} {_score(j['score'])}" + (f" ({j['bound']}-bound)" if j["bound"] else "")

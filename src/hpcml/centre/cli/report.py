@@ -50,7 +50,7 @@ def report(
     drains, declared = _handled(audit, rules)
     store = open_store(db)
     try:
-        rep = build(store, window, top=top, drains=drains, declared=declared)
+        rep = build(store, window, top=top, drains=drains, declared=declared, states=_slurm_states())
     finally:
         store.close()
     if html_out is not None:
@@ -81,3 +81,16 @@ def _handled(audit: Path | None, rules: Path | None) -> tuple[list | None, dict 
         raise UsageError(f"cannot read: {exc.strerror}", file=str(audit)) from None
     catalog = rules_mod.load(rules or rules_mod.DEFAULT_RULES)
     return drains, {r.name: r.evidence for r in catalog.rules}
+
+
+def _slurm_states() -> dict[str, tuple[str, str]] | None:
+    """Every node's Slurm state and reason now, where Slurm answers here (an admin host);
+    None elsewhere: the report then says "not read", never a state it did not see."""
+    from hpcml.cluster import slurm
+    from hpcml.errors import SlurmError
+    if not slurm.available("scontrol"):
+        return None
+    try:
+        return {r["NodeName"]: (r.get("State", ""), r.get("Reason", "")) for r in slurm.scontrol_show("node", timeout=10)}
+    except SlurmError:
+        return None
