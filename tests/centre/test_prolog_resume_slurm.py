@@ -3,11 +3,11 @@
 A local cluster of its own, configured as a site would: hpcml's script as ``Prolog=`` and as
 ``HealthCheckProgram=`` (every 2 s, ``HealthCheckNodeState=ANY``: drained nodes too), with
 ``--drain --report-to`` a real collector (``hpcml centre serve``, proving root's MUNGE
-credential with this cluster's munged). A fault is made on n2 (a file the script turns into
-an environment variable the protocol forbids); the health check drains n2 with hpcml's
-reason and reports it; the fault is fixed; the health check, which Slurm runs on the drained
-node, reports n2 passing; ``hpcml centre handle --db`` resumes it. A person's drain of n1 is
-never touched.
+credential with this cluster's munged). Each node has a scratch filesystem the protocol
+requires (a real tmpfs mount per node); the fault is n2's unmounted: the health check drains
+n2 with hpcml's reason and reports it; the fault is fixed (mounted again); the health check,
+which Slurm runs on the drained node, reports n2 passing; ``hpcml centre handle --db``
+resumes it. A person's drain of n1 is never touched.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ from tests.slurmjobs import own_cluster
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH = "HealthCheckInterval=2\nHealthCheckNodeState=ANY\n"
-PROTOCOL = "name: site-prolog\nevals:\n  - {name: fault, type: env, absent: [HPCML_TEST_FAULT]}\n"
+PROTOCOL = "name: site-prolog\nevals:\n  - {{name: scratch, type: mounts, paths: ['{scratch}-$SLURMD_NODENAME']}}\n"
 
 
 @pytest.fixture(scope="module")
@@ -67,24 +67,26 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
     shared = Path(tempfile.mkdtemp(prefix="hpcml-health-", dir="/tmp"))
     shared.chmod(0o755)
     collector = Collector(shared, env)
-    (shared / "p.yaml").write_text(PROTOCOL)
+    (shared / "p.yaml").write_text(PROTOCOL.format(scratch=shared / "scratch"))
     (shared / "token").write_text(OPERATOR + "\n")
     marker = cluster.prolog_dir / "enabled"
-    marker.write_text(
-        f"export HPCML_MUNGE_SOCKET={cluster.munge_socket} SLURM_CONF={cluster.conf} PYTHONPATH={ROOT / 'src'}\n"
-        f'[ -e {shared}/broken-"$SLURMD_NODENAME" ] && export HPCML_TEST_FAULT=1\n'
-        f"{sys.executable} -m hpcml vet --prolog --drain --budget 5 {shared}/p.yaml --report-to {collector.url} "
-        f"--report-token-file {shared}/token --report-spool {shared}/spool >>{shared}/health.log 2>&1\nexit 0\n")
     try:
+        for n in ("n1", "n2"):
+            (shared / f"scratch-{n}").mkdir()
+            subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(shared / f"scratch-{n}")], check=True)
+        marker.write_text(
+            f"export HPCML_MUNGE_SOCKET={cluster.munge_socket} SLURM_CONF={cluster.conf} PYTHONPATH={ROOT / 'src'}\n"
+            f"{sys.executable} -m hpcml vet --prolog --drain --budget 5 {shared}/p.yaml --report-to {collector.url} "
+            f"--report-token-file {shared}/token --report-spool {shared}/spool >>{shared}/health.log 2>&1\nexit 0\n")
         subprocess.run(["scontrol", "update", "nodename=n1", "state=drain", "reason=admin: new DIMMs"], env=env,
                        check=True, timeout=10)
-        (shared / "broken-n2").touch()
+        subprocess.run(["umount", str(shared / "scratch-n2")], check=True)      # the fault
 
         def drained():
             """n2 drained by the health check with hpcml's reason"""
             state, reason = _state("n2", env)
-            return "DRAIN" in state and reason.startswith("hpcml: fault") and reason
-        assert "HPCML_TEST_FAULT" in _wait(drained)
+            return "DRAIN" in state and reason.startswith("hpcml: scratch") and reason
+        assert "not a mount point" in _wait(drained)
 
         def reported():
             """n2's drain in the collector, as its own evidence"""
@@ -99,14 +101,14 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
         acts = {a["node"]: a for a in json.loads(p.stdout)["actions"]}
         assert acts["n2"]["action"] == "hold" and acts["n2"]["rule"] == "prolog", acts
 
-        (shared / "broken-n2").unlink()                # fixed
+        subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(shared / "scratch-n2")], check=True)
 
         def passed_twice():
             """two passing health checks of n2 after its last drain"""
             with sqlite3.connect(collector.db) as conn:
                 last = conn.execute("SELECT MAX(time) FROM results WHERE node = 'n2' AND type = 'drain'").fetchone()[0]
                 return conn.execute("SELECT COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
-                                    "r.node = 'n2' AND r.name = 'fault' AND r.outcome = 'pass' AND r.time > ? "
+                                    "r.node = 'n2' AND r.name = 'scratch' AND r.outcome = 'pass' AND r.time > ? "
                                     "AND p.evidence = 'node'", (last,)).fetchone()[0] >= 2
         _wait(passed_twice)
         p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
@@ -124,4 +126,6 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
         for n in ("n1", "n2"):
             subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"], env=env, capture_output=True,
                            timeout=10)
+        for n in ("n1", "n2"):
+            subprocess.run(["umount", str(shared / f"scratch-{n}")], capture_output=True, timeout=30)
         shutil.rmtree(shared, ignore_errors=True)
