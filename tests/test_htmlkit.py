@@ -232,3 +232,49 @@ def test_chart_axes_contain_their_data_in_chromium(tmp_path):
     got = chart_boxes(real, tmp_path)
     assert any(c["title"] == "Throughput" for c in got), [c["title"] for c in got]
     assert [b for c in got for b in _outside(c)] == []
+
+
+_LABELS = """<script>
+window.addEventListener('load', () => {
+  const out = [...document.querySelectorAll('svg')].map(svg => ({
+    title: (svg.querySelector('title') || {}).textContent || '',
+    x: [...svg.querySelectorAll("text[text-anchor='middle']")].map(t => { const b = t.getBBox(); return [t.textContent, b.x, b.width]; }),
+    y: [...svg.querySelectorAll("text[text-anchor='end']")].map(t => t.textContent)}));
+  const pre = document.createElement('pre'); pre.id = 'labels'; pre.textContent = JSON.stringify(out);
+  document.body.appendChild(pre);
+});
+</script>"""
+
+
+def test_axis_labels_read_right_at_every_length_in_chromium(tmp_path):
+    """Issue 70: a 5 s job's time axis read 0:00 0:00 0:01 0:02 0:02 and its throughput axis
+    11.5k six times. Laid out by Chromium, every chart's labels on each axis differ and the
+    time labels do not overlap: 5 s, 90 s, 2 h and 5 days; values that vary in the fourth
+    digit, and a heatmap's colour bar."""
+    import html
+    import json
+    import re
+    import subprocess
+
+    from tests.observe.browser import FLAGS, chromium
+    charts = []
+    for seconds in (5.0, 90.0, 7200.0, 5 * 86400.0):
+        t = np.linspace(0, seconds, 200)
+        charts.append(htmlkit.line_chart(t, title=f"{seconds:g} s", lines=[("tput", 11_500 + 20 * np.sin(t), "#000")]))
+    hm = {"values": np.random.default_rng(0).uniform(11_500, 11_520, (4, 50)), "labels": ["a", "b", "c", "d"]}
+    charts.append(htmlkit.heatmap(hm, 5.0, title="heat", unit="ms"))
+    page = tmp_path / "labels.html"
+    page.write_text("<!doctype html><html><body>" + "".join(map(str, charts)) + _LABELS + "</body></html>")
+    dom = subprocess.run([chromium(), *FLAGS, f"--user-data-dir={tmp_path / 'profile'}", "--dump-dom", page.as_uri()],
+                         capture_output=True, text=True, timeout=120).stdout
+    found = re.search(r'<pre id="labels">(.*?)</pre>', dom, re.S)
+    assert found, dom[-2000:]
+    got = [c for c in json.loads(html.unescape(found.group(1))) if c["x"] or c["y"]]
+    assert len(got) >= 4
+    for chart in got:
+        xs = [text for text, _, _ in chart["x"]]
+        assert len(xs) >= 3 and len(set(xs)) == len(xs), (chart["title"], xs)
+        for (_, a, wa), (_, b, _) in zip(chart["x"], chart["x"][1:]):
+            assert a + wa < b, (chart["title"], chart["x"])          # no two time labels overlap
+        ys = [y for y in chart["y"] if y]
+        assert len(set(ys)) == len(ys), (chart["title"], ys)

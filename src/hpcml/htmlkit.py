@@ -82,14 +82,46 @@ def no_data(title: str) -> Markup:
 
 # ------------------------------------------------------------------------- SVG helpers
 
-def fmt_number(v: float | None) -> str:
+def fmt_number(v: float | None, digits: int = 3) -> str:
     if v is None or not np.isfinite(v):
         return "–"
     a = abs(v)
     for div, suf in ((1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
         if a >= div:
-            return f"{v / div:.3g}{suf}"
-    return f"{v:.3g}"
+            return f"{v / div:.{digits}g}{suf}"
+    return f"{v:.{digits}g}"
+
+
+def tick_labels(ticks: Sequence[float]) -> list[str]:
+    """Labels for an axis's ticks, each one different: as few significant digits as tell
+    them apart (3 at least; 11.5k, 11.5k, 11.5k for 11,500 to 11,520 says nothing)."""
+    for digits in range(3, 16):
+        labels = [fmt_number(v, digits) for v in ticks]
+        if len(set(labels)) == len(labels):
+            return labels
+    return labels
+
+
+#: steps of a time axis, in seconds: whole seconds, minutes, hours, days
+_TIME_STEPS = (1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800, 21600, 43200, 86400,
+               172800, 432000, 864000)
+
+
+def time_ticks(tmax: float, n: int = 8) -> list[float]:
+    """Ticks of a time axis from 0 to ``tmax`` seconds at a step a clock reads (never under a
+    second, so no two read alike), at most about ``n`` of them."""
+    if not np.isfinite(tmax) or tmax <= 0:
+        return [0.0]
+    step = next((s for s in _TIME_STEPS if tmax / s <= n), _TIME_STEPS[-1] * np.ceil(tmax / n / _TIME_STEPS[-1]))
+    return [float(v) for v in np.arange(0.0, tmax + step * 1e-9, step)]
+
+
+def fmt_clock(s: float, step: float) -> str:
+    """A time axis's label: d:hh:mm once the axis spans days, else ``fmt_duration``."""
+    if step >= 3600 and s >= 86400:
+        s = round(s)
+        return f"{s // 86400}d {s // 3600 % 24:02d}:{s // 60 % 60:02d}"
+    return fmt_duration(s)
 
 
 def fmt_duration(s: float) -> str:
@@ -200,14 +232,16 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
         s.append(Markup("<rect x='{:.1f}' y='{}' width='{:.1f}' height='{}' fill='{}' opacity='0.6'><title>{} {}–{}"
                         "</title></rect>").format(xa, MT, max(1.0, xb - xa), ph, span_fill, span_label,
                                                   fmt_duration(a), fmt_duration(b)))
-    for v in ticks:
+    for v, label in zip(ticks, tick_labels(ticks)):
         yy = float(Y(v))
         s.append(f"<line x1='{ML}' x2='{ML + pw}' y1='{yy:.1f}' y2='{yy:.1f}' stroke='#e4e4e4'/>"
-                 f"<text x='{ML - 6}' y='{yy + 4:.1f}' text-anchor='end'>{fmt_number(v)}</text>")
-    for v in _ticks(0, tmax, 8):
+                 f"<text x='{ML - 6}' y='{yy + 4:.1f}' text-anchor='end'>{label}</text>")
+    xt = time_ticks(tmax, 8)
+    step = xt[1] - xt[0] if len(xt) > 1 else 1.0
+    for v in xt:
         xx = ML + v / tmax * pw
         if xx <= ML + pw + 0.5:
-            s.append(f"<text x='{xx:.1f}' y='{H - 10}' text-anchor='middle'>{fmt_duration(v)}</text>")
+            s.append(f"<text x='{xx:.1f}' y='{H - 10}' text-anchor='middle'>{fmt_clock(v, step)}</text>")
     for lo, hi, color in bands:
         lo, hi = np.asarray(lo, float), np.asarray(hi, float)
         ok = np.isfinite(lo) & np.isfinite(hi)
@@ -270,16 +304,17 @@ def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float,
     for k in range(0, rows, max(1, rows // 10)):
         y = MT + (k + 0.5) * ph / rows
         s.append(Markup("<text x='{}' y='{:.1f}' text-anchor='end'>{}</text>").format(ML - 6, y + 4, labels[k]))
-    for tv in _ticks(0, t_end, 8):
+    xt = time_ticks(t_end, 8)
+    step = xt[1] - xt[0] if len(xt) > 1 else 1.0
+    for tv in xt:
         x = ML + tv / t_end * pw
         if x <= ML + pw + 0.5:
-            s.append(f"<text x='{x:.1f}' y='{h - 10}' text-anchor='middle'>{fmt_duration(tv)}</text>")
+            s.append(f"<text x='{x:.1f}' y='{h - 10}' text-anchor='middle'>{fmt_clock(tv, step)}</text>")
+    bar = tick_labels([lo + k / 4 * (hi - lo) for k in range(5)]) if hi > lo else [fmt_number(lo)] * 5
     for k in range(5):                                   # colour bar
-        f = k / 4
         c = VIRIDIS[k].astype(int)
         s.append(Markup("<rect x='{}' y='{}' width='14' height='22' fill='rgb({},{},{})'/><text x='{}' y='{}'>{}{}"
                         "</text>").format(W - MR + 10, MT + (4 - k) * 22, c[0], c[1], c[2], W - MR + 30,
-                                          MT + (4 - k) * 22 + 15, fmt_number(lo + f * (hi - lo)),
-                                          f" {unit}" if unit else ""))
+                                          MT + (4 - k) * 22 + 15, bar[k], f" {unit}" if unit else ""))
     s.append(Markup("<text x='{}' y='{}'>{}</text></svg>").format(W - MR + 10, MT + 128, legend))
     return Markup("".join(s))
