@@ -93,6 +93,13 @@ def test_a_relative_path_to_a_file_here_is_a_warning_at_create(tmp_path):
         and "{workdir}/train.py" in lines[0], p.stderr
     shared = hpcml("farm", "create", tmp_path / "farm2", tmp_path / "s.yaml", "--shared-dir", cwd=tmp_path)
     assert shared.returncode == 0 and "warning" not in shared.stderr
+    # issue 70: a command that first goes to the directory farm run starts in finds train.py there
+    (tmp_path / "cd.yaml").write_text("command: cd {workdir} && python train.py --lr {lr}\nproduct: {lr: [1, 2]}\n")
+    moved = hpcml("farm", "create", tmp_path / "farm3", tmp_path / "cd.yaml", cwd=tmp_path)
+    assert moved.returncode == 0 and "warning" not in moved.stderr, moved.stderr
+    (tmp_path / "back.yaml").write_text("command: cd /tmp && python train.py --lr {lr}\nproduct: {lr: [1, 2]}\n")
+    elsewhere = hpcml("farm", "create", tmp_path / "farm4", tmp_path / "back.yaml", cwd=tmp_path)
+    assert "warning: train.py: relative to" in elsewhere.stderr
 
 
 def test_task_dir_and_workdir_are_one_word_wherever_they_stand():

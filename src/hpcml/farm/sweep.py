@@ -287,6 +287,10 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
     return specs
 
 
+#: how ``{workdir}`` reads in a command, before and after ``fill`` (shlex has taken the quotes off)
+WORKDIR_WORDS = ("{workdir}", "$HPCML_FARM_WORKDIR", "${HPCML_FARM_WORKDIR}")
+
+
 def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[str]:
     """Words of the commands that are relative paths to files here (``train.py``,
     ``configs/a.yaml``): a task runs in its own directory, where they are not. A warning,
@@ -295,11 +299,19 @@ def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[st
     found: dict[str, None] = {}
     for spec in specs:
         try:
-            words = shlex.split(spec.command)
+            lexer = shlex.shlex(spec.command, posix=True, punctuation_chars=True)
+            lexer.whitespace_split = True
+            words = list(lexer)
         except ValueError:
             continue
-        for w in words:
-            if w and not w.startswith(("/", "-", "$", "~")) and "=" not in w and (here / w).is_file():
+        moved = False                   # after ``cd {workdir}``, a relative path is the farm run's directory's
+        for i, w in enumerate(words):
+            if w == "cd" and i + 1 < len(words):
+                target = words[i + 1]
+                moved = any(target == w or target.startswith(w + "/") for w in WORKDIR_WORDS)
+                continue
+            if (not moved and w and not w.startswith(("/", "-", "$", "~", "{")) and "=" not in w
+                    and (i == 0 or words[i - 1] != "cd") and (here / w).is_file()):
                 found[w] = None
     if not found:
         return []
