@@ -177,7 +177,7 @@ def test_many_large_files_pack_by_count():
 
 def test_few_large_files_are_read_as_they_are(tmp_path):
     for i in range(5):
-        with open(tmp_path / f"big{i}.npy", "wb") as f:
+        with open(tmp_path / f"big{i}.dat", "wb") as f:   # .npy would be token arrays (below)
             f.truncate(3 * d.MiB)            # sparse: the size is what counts
     r = d.scan(tmp_path)
     rec = d.recommend(r, _res())
@@ -292,3 +292,71 @@ def test_cli_bad_size_names_the_option(tmp_path):
 def test_help_has_an_example():
     out = _invoke("--help")
     assert out.exit_code == 0 and "hpcml data doctor data/" in out.stdout
+
+
+# --- memmapped token arrays (issue 70): named as such, never packed ------------------------------
+
+def _nanogpt(root: Path) -> None:
+    """What nanoGPT's data/openwebtext/prepare.py leaves: np.memmap'd uint16 tokens, meta.pkl."""
+    import pickle
+
+    import numpy as np
+    root.mkdir(parents=True)
+    for name, n in (("train.bin", 2_000_000), ("val.bin", 100_000)):
+        arr = np.memmap(root / name, dtype=np.uint16, mode="w+", shape=(n,))
+        arr[:] = np.random.default_rng(0).integers(0, 50257, n, dtype=np.uint16)
+        arr.flush()
+    with open(root / "meta.pkl", "wb") as f:
+        pickle.dump({"vocab_size": 50257}, f)
+
+
+def _megatron(root: Path) -> None:
+    """Megatron-LM's indexed dataset pair: tokens in PREFIX.bin, PREFIX.idx beside it (its
+    header: the magic 'MMIDIDX', version 1, the dtype code, the sizes and pointers)."""
+    import struct
+
+    import numpy as np
+    root.mkdir(parents=True)
+    sizes = np.full(1000, 1024, np.int32)
+    np.random.default_rng(1).integers(0, 32000, int(sizes.sum()), dtype=np.uint16).tofile(root / "corpus_text_document.bin")
+    with open(root / "corpus_text_document.idx", "wb") as f:
+        f.write(b"MMIDIDX\x00\x00" + struct.pack("<Q", 1) + struct.pack("<B", 8) + struct.pack("<Q", len(sizes))
+                + struct.pack("<Q", len(sizes) + 1))
+        f.write(sizes.tobytes() + (np.arange(len(sizes), dtype=np.int64) * 2048).tobytes()
+                + np.arange(len(sizes) + 1, dtype=np.int64).tobytes())
+
+
+def _hf_arrow(root: Path) -> None:
+    """A Hugging Face datasets save_to_disk directory: Arrow stream files and its JSON."""
+    import pyarrow as pa
+    root.mkdir(parents=True)
+    ids = pa.array([list(range(i, i + 512)) for i in range(600)], type=pa.list_(pa.int32()))
+    table = pa.table({"input_ids": ids})
+    with pa.OSFile(str(root / "data-00000-of-00001.arrow"), "wb") as sink, pa.ipc.new_stream(sink, table.schema) as w:
+        w.write_table(table)
+    (root / "dataset_info.json").write_text("{}")
+    (root / "state.json").write_text('{"_data_files": [{"filename": "data-00000-of-00001.arrow"}]}')
+
+
+@pytest.mark.parametrize("make, first", [(_nanogpt, "train.bin"), (_megatron, "corpus_text_document.bin"),
+                                         (_hf_arrow, "data-00000-of-00001.arrow")])
+def test_token_arrays_are_named_and_never_packed(tmp_path, make, first):
+    make(tmp_path / "data")
+    res = d.detect_resources(ram_free=10**9, local_free=10**9, local_dir=str(tmp_path))
+    rep = d.diagnose(tmp_path / "data", res, readers=2)
+    assert d.token_arrays(rep.scan) and rep.scan.token_array_names[0] == first
+    assert rep.recommendation.pack is False and "memmapped token array" in rep.recommendation.pack_reason
+    assert "Pack into shards" not in rep.recommendation.pack_reason
+
+
+def test_the_doctor_counts_this_machines_readers_and_a_dataset_of_small_files_is_still_packed(tmp_path):
+    root = tmp_path / "imgs"
+    root.mkdir()
+    for i in range(200):
+        (root / f"{i:05d}.jpg").write_bytes(os.urandom(2000))
+    (root / "labels.bin").write_bytes(os.urandom(100))        # a small .bin beside the images is no token array
+    out = CliRunner().invoke(data_app, ["doctor", str(root), "--json"])
+    assert out.exit_code == 0, out.output
+    doc = json.loads(out.output)
+    assert doc["readers"] == len(os.sched_getaffinity(0)) and doc["scan"]["token_arrays"] == 0
+    assert doc["recommendation"]["pack"] is True

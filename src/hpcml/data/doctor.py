@@ -83,6 +83,9 @@ class ScanResult:
     compressed_shards: int = 0       # by name: .tar.gz, .tgz, .tar.bz2, .tar.xz
     indexed: bool = False            # a manifest.json at the root: hpcml reads the shards as they are
     mds_files: int = 0               # MosaicML streaming shards (.mds, .mds.zstd, ...)
+    token_arrays: int = 0            # memmapped token arrays (TOKEN_ARRAY_EXT, Megatron's .idx beside its .bin)
+    token_array_bytes: int = 0
+    token_array_names: list[str] = field(default_factory=list)   # the largest few, relative to the root
     seconds: float = 0.0
     files_per_s: float = 0.0
     jobs: int = 1
@@ -165,6 +168,15 @@ class _Dir:
     shard_bytes: int = 0
     compressed_shards: int = 0
     mds_files: int = 0
+    arrays: list[tuple[str, int]] = field(default_factory=list)   # token arrays: (path, bytes)
+
+
+#: a memmapped token array's file, by extension: nanoGPT's and Megatron's .bin (with
+#: Megatron's .idx beside it), numpy's .npy, the Arrow files of a Hugging Face dataset
+TOKEN_ARRAY_EXT = (".bin", ".npy", ".arrow")
+MIN_TOKEN_ARRAY = MiB               # smaller .bin/.npy files are something else (a config, a table)
+#: share of the bytes in token arrays for the dataset to be read as token arrays
+TOKEN_ARRAY_SHARE = 0.9
 
 
 def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
@@ -202,6 +214,18 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
         out.ext[key[1]] += 1
     out.samples = len(samples)
     out.largest_sample = max(samples.values(), default=0)
+    names = {e.name for e in entries}
+    found = []
+    for e in entries:
+        low = e.name.lower()
+        try:
+            size = e.stat().st_size if e.is_file() else -1
+        except OSError:
+            continue
+        if size >= 0 and (low.endswith(TOKEN_ARRAY_EXT) or (low.endswith(".idx") and e.name[:-4] + ".bin" in names)):
+            found.append((e.path, size))
+    if any(size >= MIN_TOKEN_ARRAY and not p.endswith(".idx") for p, size in found):   # val.bin beside train.bin
+        out.arrays = found
     return out
 
 
@@ -233,6 +257,7 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
     res = ScanResult(str(root), jobs=max(1, jobs))
     sizes = array("q")
     ext: Counter[str] = Counter()
+    arrays: list[tuple[int, str]] = []
     start = time.perf_counter()
     for d in walk(root, lambda p: _scan_dir(p, euid, groups), lambda d: d.subdirs, res.jobs):
         res.directories += 1
@@ -248,6 +273,10 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
         res.shard_bytes += d.shard_bytes
         res.compressed_shards += d.compressed_shards
         res.mds_files += d.mds_files
+        for name, size in d.arrays:
+            res.token_arrays += 1
+            res.token_array_bytes += size
+            arrays.append((size, name))
         res.files += len(d.sizes)
         res.bytes += sum(d.sizes)
         if on_progress:
@@ -259,6 +288,7 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
     res.sizes = _size_stats(res.file_sizes)
     res.tar_bytes = int((TAR_BLOCK + -(-res.file_sizes // TAR_BLOCK) * TAR_BLOCK).sum())
     res.extensions = sorted(ext.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
+    res.token_array_names = [os.path.relpath(n, root) for _, n in sorted(arrays, reverse=True)[:5]]
     res.ungroupable.sort()
     res.unreadable.sort(key=lambda p: p.path)
     return res
@@ -333,7 +363,19 @@ def _already(scan: ScanResult) -> str | None:
     if scan.mds_files:
         return (f"Do not pack: {_n(scan.mds_files, 'MosaicML streaming (MDS) shard')} - a shard format already, "
                 "read by mosaicml-streaming's StreamingDataset; hpcml reads WebDataset tar shards, not MDS.")
+    if token_arrays(scan):
+        names = ", ".join(scan.token_array_names[:3])
+        return (f"Do not pack: {fmt_bytes(scan.token_array_bytes)} of {fmt_bytes(scan.bytes)} are in "
+                f"{_n(scan.token_arrays, 'memmapped token array')} ({names}: the layout of nanoGPT, Megatron's "
+                "indexed datasets, numpy and Hugging Face Arrow). A loader maps each file and reads random windows of it through the "
+                "page cache: few opens, no per-sample files, and packed into tar shards the training script could "
+                "no longer map them. What matters is where they are read from: see placement.")
     return None
+
+
+def token_arrays(scan: ScanResult) -> bool:
+    """Whether the dataset is memmapped token arrays: most of its bytes are in them."""
+    return scan.token_arrays > 0 and scan.token_array_bytes >= TOKEN_ARRAY_SHARE * scan.bytes
 
 
 def _pack(scan: ScanResult, small: int, many: int) -> tuple[bool, str]:

@@ -20,7 +20,8 @@ def doctor(
     local_disk: Path | None = typer.Option(None, "--local-disk", help="Node-local staging directory "
                                               "(default: $SLURM_TMPDIR, else $TMPDIR, else /tmp)."),
     local_free: str | None = typer.Option(None, "--local-free", help="Free space on the local disk, e.g. '800 GB' (default: detected)."),
-    readers: int = typer.Option(64, "--readers", min=1, help="Parallel readers: ranks x loader workers (for the shard count)."),
+    readers: int | None = typer.Option(None, "--readers", min=1, help="Parallel readers: ranks x loader workers, "
+                                          "for the shard count (default: the cores this process may use)."),
     tasks: int = typer.Option(1, "--tasks", min=1, help="Tasks on the node that each stage their own copy."),
     jobs: int = typer.Option(16, "--jobs", "-j", min=1, help="Scanning threads (more helps on a parallel filesystem)."),
     read_size: str = typer.Option("1 MiB", "--read-size", help="A loader's read size, for the operations per epoch."),
@@ -40,6 +41,9 @@ def doctor(
     Exit codes: 0 scanned (even with unreadable entries), 2 bad input.
     """
     from hpcml.data.doctor import detect_resources, diagnose
+    if readers is None:
+        import os
+        readers = len(os.sched_getaffinity(0))
     res = detect_resources(ram_free=parse_size(ram, "--ram", minimum=0),
                            local_dir=str(local_disk) if local_disk else None,
                            local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)
@@ -62,7 +66,7 @@ def _render(report) -> None:
     from rich.console import Console
     from rich.table import Table
 
-    from hpcml.data.doctor import fmt_size
+    from hpcml.data.doctor import fmt_size, token_arrays
     from hpcml.units import fmt_bytes
     s, rec, ops, con = report.scan, report.recommendation, report.ops, Console()
 
@@ -73,7 +77,12 @@ def _render(report) -> None:
         t.add_row("file size", f"min {fmt_bytes(s.sizes.min)}, mean {fmt_bytes(s.sizes.mean)}, "
                   f"max {fmt_bytes(s.sizes.max)}")
         t.add_row("percentiles", ", ".join(f"{k} {fmt_bytes(v)}" for k, v in p.items()))
-    t.add_row("samples", f"{s.samples:,} (WebDataset keys), largest {fmt_bytes(s.largest_sample_bytes)}")
+    if token_arrays(s):
+        t.add_row("layout", f"{s.token_arrays:,} memmapped token arrays, {fmt_bytes(s.token_array_bytes)}: "
+                  + ", ".join(s.token_array_names))
+    else:
+        t.add_row("samples", f"{s.samples:,} (WebDataset keys), largest {fmt_bytes(s.largest_sample_bytes)}")
+    t.add_row("readers", f"{report.readers:,} (ranks x loader workers; --readers)")
     if s.shards:
         comp = f", {s.compressed_shards:,} compressed" if s.compressed_shards else ""
         t.add_row("shards", f"{s.shards:,} WebDataset tar shards{comp}, {fmt_bytes(s.shard_bytes)}; "
