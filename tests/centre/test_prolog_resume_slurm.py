@@ -32,7 +32,8 @@ from tests.slurmjobs import own_cluster
 pytestmark = pytest.mark.slurm
 ROOT = Path(__file__).resolve().parents[2]
 HEALTH = "HealthCheckInterval=2\nHealthCheckNodeState=ANY\n"
-PROTOCOL = "name: site-prolog\nevals:\n  - {{name: scratch, type: mounts, paths: ['{scratch}-$SLURMD_NODENAME']}}\n"
+PROTOCOL = ("name: site-prolog\nevals:\n"
+            "  - {{name: scratch, type: mounts, paths: ['{scratch}-$SLURMD_NODENAME'], must_be_mountpoint: true}}\n")
 
 
 @pytest.fixture(scope="module")
@@ -52,13 +53,14 @@ def _state(node: str, env) -> tuple[str, str]:
     return fields.get("State", ""), reason
 
 
-def _wait(what, timeout: float = 60):
+def _wait(what, timeout: float = 60, log: Path | None = None):
     deadline = time.monotonic() + timeout
     while True:
         got = what()
         if got:
             return got
-        assert time.monotonic() < deadline, f"timed out waiting: {what.__doc__}"
+        assert time.monotonic() < deadline, f"timed out waiting: {what.__doc__}; " + (
+            log.read_text()[-3000:] if log is not None and log.exists() else "no health check ran")
         time.sleep(0.5)
 
 
@@ -86,14 +88,14 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
             """n2 drained by the health check with hpcml's reason"""
             state, reason = _state("n2", env)
             return "DRAIN" in state and reason.startswith("hpcml: scratch") and reason
-        assert "not a mount point" in _wait(drained)
+        assert "not a mount point" in _wait(drained, log=shared / "health.log")
 
         def reported():
             """n2's drain in the collector, as its own evidence"""
             with sqlite3.connect(collector.db) as conn:
                 return conn.execute("SELECT r.time FROM results r JOIN reports p ON p.id = r.report_id WHERE "
                                     "r.node = 'n2' AND r.type = 'drain' AND p.evidence = 'node'").fetchall()
-        _wait(reported)
+        _wait(reported, log=shared / "health.log")
         handle = [sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
                   "--audit", str(shared / "audit.jsonl"), "--json"]
         p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
@@ -110,7 +112,7 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
                 return conn.execute("SELECT COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
                                     "r.node = 'n2' AND r.name = 'scratch' AND r.outcome = 'pass' AND r.time > ? "
                                     "AND p.evidence = 'node'", (last,)).fetchone()[0] >= 2
-        _wait(passed_twice)
+        _wait(passed_twice, log=shared / "health.log")
         p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
         acts = {a["node"]: a for a in json.loads(p.stdout)["actions"]}
