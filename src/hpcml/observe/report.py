@@ -56,6 +56,8 @@ THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "image
                       "throughput")
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
 READ_TOTALS = ("proc_read_bytes", "proc_read_chars")
+#: host rows read per rank, not charted: running totals and the loader's counts
+NOT_CHARTED = (*READ_TOTALS, "proc_workers", "proc_cores")
 COLD_SHARE = 0.3              # of a job's bytes read, from the disk: the reads were cold (imports read warm)
 SCHEMA = tag("observe.report", 1)
 
@@ -108,6 +110,7 @@ class Report:
     straggler_check: dict[str, Any] | None = None    # judged, steps, seconds and the minimums
     arrivals: dict[str, Any] | None = None   # who arrived last at each collective (hpcml.observe.arrivals)
     progress: dict[str, Any] | None = None           # what the job did: steps, samples, last metrics (observe.progress)
+    loader: list[dict[str, Any]] | None = None       # per rank: worker processes, cores, their CPU use (samplers.host)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -627,7 +630,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     nidx_of_rank = np.array([node_names.index(nd) for nd in rank_nodes], np.int64) if rank_nodes else None
     for kind in ("gpu", "host"):
         for (k, nm), g in sorted(groups.items()):
-            if k == kind and nm not in READ_TOTALS:          # running totals, read by _reads, not charted
+            if k == kind and nm not in NOT_CHARTED:          # running totals and counts: read, not charted
                 assert nidx_of_rank is not None  # these rows have ranks, so rank_nodes is not empty
                 # mean per node and bucket: over the node's GPUs, or its ranks' host samples
                 m, _ = _cells(nidx_of_rank[g.ridx], g.bucket, g.value, len(node_names), nb)
@@ -644,6 +647,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
                               waits_measured=check is not None and check.get("measure") == "compute")
     findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids)
+    loader = _loader(groups, rank_ids)
+    findings += _loader_findings(loader, meta_ranks)
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
@@ -653,7 +658,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check, progress=summarise(series), arrivals=arrived)
+                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader)
 
 
 def step_time(throughput: dict[str, Any] | None) -> float | None:
@@ -811,6 +816,46 @@ def failed_finding(failed: dict[int, int]) -> Finding:
     return Finding("failed_rank", f"{len(failed)} rank(s) exited non-zero (rank {r}: {ec})",
                    f"read rank {r}'s stderr first; exit {ec} "
                    + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
+
+
+LOADER_SHOWN = 64          # ranks listed in the report's loader table
+
+
+def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
+    """Per rank: the most worker processes it had at once, the fewest cores it could use,
+    and its workers' mean CPU use (percent of one core); None where not recorded."""
+    workers, cores, busy = (groups.get(("host", n)) for n in ("proc_workers", "proc_cores", "proc_workers_cpu_percent"))
+    if workers is None or not len(workers.value):
+        return None
+    nr = len(rank_ids)
+    most = np.full(nr, -1.0)
+    np.maximum.at(most, workers.ridx, workers.value)
+    fewest = np.full(nr, np.inf)
+    if cores is not None and len(cores.value):
+        np.minimum.at(fewest, cores.ridx, cores.value)
+    used, n = np.zeros(nr), np.zeros(nr)
+    if busy is not None and len(busy.value):
+        np.add.at(used, busy.ridx, np.nan_to_num(busy.value))
+        np.add.at(n, busy.ridx, 1)
+    return [{"rank": int(rank_ids[i]), "workers": int(most[i]), "cores": None if not np.isfinite(fewest[i]) else
+             _r(float(fewest[i]), 2), "workers_cpu_percent": _r(float(used[i] / n[i]), 1) if n[i] else None}
+            for i in range(nr) if most[i] >= 0]
+
+
+def _loader_findings(loader: list[dict[str, Any]] | None, meta_ranks: dict) -> list[Finding]:
+    """Ranks whose worker processes and the rank itself had fewer cores than processes."""
+    short = [r for r in loader or [] if r["workers"] >= 1 and r["cores"] is not None and r["workers"] + 1 > r["cores"]]
+    if not short:
+        return []
+    r = max(short, key=lambda r: (r["workers"] + 1) / max(r["cores"], 0.01))
+    node = (meta_ranks.get(str(r["rank"])) or {}).get("node") or "its node"
+    need = r["workers"] + 1
+    more = f" (and {len(short) - 1} more ranks)" if len(short) > 1 else ""
+    cores = f"{r['cores']:g} core" + ("s" if r["cores"] != 1 else "")
+    return [Finding("loader_cores", f"rank {r['rank']} on {node}{more}: its {r['workers']} worker processes "
+                    f"(DataLoader workers) and the rank itself shared {cores}: they wait for a CPU instead of "
+                    "loading", f"give each task {need} cores: #SBATCH --cpus-per-task={need} (srun gives a task "
+                    f"one core without it), or DataLoader(num_workers={max(0, int(r['cores']) - 1)})")]
 
 
 def _reads(groups: dict, nr: int) -> tuple[float, float] | None:

@@ -14,6 +14,12 @@ run) or the page cache (``hpcml.observe.report``'s data finding).
 ``proc_cpu_wait_s``: the seconds the rank's threads waited for a CPU (their run delay),
 since it started: a slow rank that waited is contended, not a straggler (the report's and the
 watch's ``CONTENDED``).
+
+The loader's cores (issue 70): ``proc_workers``, the rank's child processes that run its own
+interpreter (DataLoader workers, and any other Python child it forks or spawns);
+``proc_workers_cpu_percent``, their CPU use; ``proc_cores``, the cores the rank may run on:
+its CPU affinity, capped by its cgroup's ``cpu.max`` quota. Under ``srun`` without
+``--cpus-per-task`` a task gets one core, and eight workers then share it with the rank.
 """
 
 from __future__ import annotations
@@ -50,14 +56,25 @@ class HostSampler:
             self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
         return list(self._procs.values())
 
+    def _exe(self) -> str | None:
+        try:
+            return self.proc.exe()
+        except psutil.Error:
+            return None
+
     def sample(self, ts: int) -> list[tuple]:
         rows: list[tuple] = []
         cpu = rss = 0.0
         io_read = True
+        exe, workers, workers_cpu = self._exe(), 0, 0.0
         for p in self._tree():
             try:
-                cpu += p.cpu_percent(None)
+                used = p.cpu_percent(None)
+                cpu += used
                 rss += p.memory_info().rss
+                if exe is not None and p.pid != self.proc.pid and p.ppid() == self.proc.pid and p.exe() == exe:
+                    workers += 1
+                    workers_cpu += used
             except psutil.Error:
                 continue
             try:
@@ -68,7 +85,12 @@ class HostSampler:
             except (psutil.Error, AttributeError, NotImplementedError):
                 io_read = False                     # not ours to read, or no /proc/PID/io here
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
-                 (ts, "host", "proc_rss_bytes", rss, None, None)]
+                 (ts, "host", "proc_rss_bytes", rss, None, None),
+                 (ts, "host", "proc_workers", float(workers), None, None),
+                 (ts, "host", "proc_workers_cpu_percent", workers_cpu, None, None)]
+        cores = rank_cores(self.proc.pid)
+        if cores is not None:
+            rows.append((ts, "host", "proc_cores", cores, None, None))
         self.waited = waited = cpu_wait(self.proc.pid)
         if waited is not None:                      # the rank's threads' run delay, cumulative: contention
             rows.append((ts, "host", "proc_cpu_wait_s", waited, None, None))
@@ -96,3 +118,24 @@ class HostSampler:
                          for k, v in counters.items() if k in before]
         self._last = (ts, counters)
         return rows
+
+
+def rank_cores(pid: int) -> float | None:
+    """The cores process ``pid`` may use: its CPU affinity, capped by its cgroup v2
+    ``cpu.max`` quota (quota / period; ``max``: none). None when neither can be read."""
+    import os
+    try:
+        cores: float = float(len(os.sched_getaffinity(pid)))
+    except OSError:
+        return None
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            path = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+        if path is not None:
+            with open(f"/sys/fs/cgroup{path.rstrip('/')}/cpu.max", encoding="ascii") as f:
+                quota, period = (f.read().split() + ["100000"])[:2]
+            if quota != "max" and float(period) > 0:
+                cores = min(cores, float(quota) / float(period))
+    except (OSError, ValueError, StopIteration):
+        pass
+    return cores

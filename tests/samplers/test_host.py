@@ -1,0 +1,75 @@
+"""The host sampler's loader rows (issue 70): a real ``hpcml run`` whose script's DataLoader
+starts 3 worker processes while the rank may use one core (``taskset -c 0``, as ``srun``
+without ``--cpus-per-task`` binds a task): the report names it with the fix; with the
+cores it needs, nothing is said."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from hpcml.samplers.host import rank_cores
+
+TRAIN = """\
+import time, torch
+from torch.utils.data import DataLoader, Dataset
+class Slow(Dataset):
+    def __len__(self): return 1600
+    def __getitem__(self, i):
+        t = time.time()
+        while time.time() - t < 0.01: pass                 # a decode's CPU work
+        return torch.zeros(4)
+model = torch.nn.Linear(4, 1)
+opt = torch.optim.SGD(model.parameters(), lr=0.1)
+for x in DataLoader(Slow(), batch_size=8, num_workers=WORKERS, persistent_workers=True):
+    opt.zero_grad(); model(x).sum().backward(); opt.step()
+print("done", flush=True)
+"""
+
+
+def _run(tmp_path: Path, prefix: list[str], workers: int) -> dict:
+    (tmp_path / "train.py").write_text(TRAIN.replace("WORKERS", str(workers)))
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
+    p = subprocess.run([*prefix, sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--interval", "0.2", "--dir",
+                        "job", "--no-report", "--", sys.executable, "train.py"], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--json"], cwd=tmp_path, env=env,
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    return json.loads(rep.stdout)
+
+
+def test_rank_cores_reads_the_affinity():
+    assert rank_cores(os.getpid()) == min(len(os.sched_getaffinity(0)), rank_cores(os.getpid()) or 0)
+    assert rank_cores(2**22 + 12345) is None
+
+
+@pytest.mark.torch
+def test_workers_on_too_few_cores_are_named_with_the_fix(tmp_path):
+    if shutil.which("taskset") is None:
+        pytest.fail("taskset (util-linux) is not installed")
+    rep = _run(tmp_path, ["taskset", "-c", "0"], 3)
+    (row,) = rep["observe"]["loader"]
+    assert row["workers"] == 3 and row["cores"] == 1.0, row
+    (f,) = [f for f in rep["findings"] if f["kind"] == "loader_cores"]
+    assert "its 3 worker processes (DataLoader workers) and the rank itself shared 1 core" in f["message"]
+    assert "--cpus-per-task=4" in f["advice"] and "num_workers=0" in f["advice"]
+
+
+@pytest.mark.torch
+def test_workers_with_their_cores_are_not_named(tmp_path):
+    """One worker and the rank on two cores: enough, nothing said."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.fail("needs 2 cores")
+    rep = _run(tmp_path, ["taskset", "-c", "0,1"], 1)
+    (row,) = rep["observe"]["loader"]
+    assert row["workers"] == 1 and row["cores"] == 2.0, row
+    assert not [f for f in rep["findings"] if f["kind"] == "loader_cores"]
