@@ -213,6 +213,8 @@ def line_chart(t: np.ndarray, *, title: str, lines: list[tuple[str, np.ndarray, 
         y0 = 0.0
     y0, y1, ticks = _axis(y0, y1)
     tmax = float(t[-1] + (t[1] - t[0]) / 2 if len(t) > 1 else t[-1] + 1)
+    if not np.isfinite(tmax) or tmax <= 0:
+        tmax = 1.0                  # one instant, or a time axis that ends before it starts
     pw, ph = W - ML - MR, H - MT - MB
     X = ML + np.asarray(t) / tmax * pw
     def Y(v):
@@ -304,6 +306,8 @@ def heatmap(hm: dict[str, Any], t_end: float, *, title: str, scale: tuple[float,
     for k in range(0, rows, max(1, rows // 10)):
         y = MT + (k + 0.5) * ph / rows
         s.append(Markup("<text x='{}' y='{:.1f}' text-anchor='end'>{}</text>").format(ML - 6, y + 4, labels[k]))
+    if not np.isfinite(t_end) or t_end <= 0:
+        t_end = 1.0
     xt = time_ticks(t_end, 8)
     step = xt[1] - xt[0] if len(xt) > 1 else 1.0
     for tv in xt:

@@ -193,7 +193,7 @@ def test_a_failure_after_passes_restarts_the_count():
 
 def test_no_record_or_no_resume_policy_holds():
     p = handler.plan(cat(), [], _ours(), {}, NOW)
-    assert p.actions[0].action == "hold" and "neither the audit log nor the collector has its drain" in p.actions[0].note
+    assert p.actions[0].action == "hold" and "neither the audit log nor the collector has a drain" in p.actions[0].note
     last = {"n1": handler.Record("drain", NOW - timedelta(minutes=30), "disk", "tmp-disk")}
     p = handler.plan(cat(), [res("n1", "pass", 0.1, check="tmp-disk", type_="disk")], _ours(), last, NOW)
     assert p.actions[0].action == "hold" and "no resume_after" in p.actions[0].note
@@ -224,6 +224,16 @@ def test_a_node_the_prolog_drained_is_resumed_once_its_failed_checks_pass_twice(
     # passes only a token backs (evidence none) do not resume what the node's own evidence drained
     weak = [Result("n1", "scratch", "mounts", "pass", NOW - timedelta(hours=h), None, evidence="none") for h in (2, 1)]
     assert handler.plan(cat(), drained + weak, st, {}, NOW).actions[0].action == "hold"
+    # the handler resumed it after that drain: an old prolog drain cannot resume it again
+    resumed = {"n1": handler.Record("resume", NOW - timedelta(minutes=30), "prolog", "scratch")}
+    (a,) = handler.plan(cat(), drained + twice, st, resumed, NOW).actions
+    assert a.action == "hold" and "neither the audit log nor the collector has a drain" in a.note
+    # the handler drained it for a GPU check; the prolog drained it later for its scratch: the
+    # GPU check's passes alone do not bring it back
+    gpu = {"n1": handler.Record("drain", NOW - timedelta(hours=5), "gpu-failing", "gpu")}
+    gpu_passes = [res("n1", "pass", h) for h in (2.5, 2, 1.5)]
+    (a,) = handler.plan(cat(), drained + once + gpu_passes, st, gpu, NOW).actions
+    assert a.action == "hold" and a.rule == "prolog", a
     # a person's drain is never touched, whatever passed
     person = nodes(n1=("IDLE+DRAIN", "admin: new DIMMs"))
     assert all(a.node != "n1" or a.action == "skip" for a in handler.plan(cat(), drained + twice, person, {}, NOW).actions)

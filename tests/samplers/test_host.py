@@ -73,3 +73,12 @@ def test_workers_with_their_cores_are_not_named(tmp_path):
     (row,) = rep["observe"]["loader"]
     assert row["workers"] == 1 and row["cores"] == 2.0, row
     assert not [f for f in rep["findings"] if f["kind"] == "loader_cores"]
+
+
+def test_idle_workers_are_not_short_of_cores_and_a_quota_is_named_as_one():
+    from hpcml.observe.report import _loader_findings
+    idle = [{"rank": 0, "workers": 32, "cores": 8.0, "workers_cpu_percent": 0.4}]
+    assert _loader_findings(idle, {}) == []
+    busy = [{"rank": 1, "workers": 8, "cores": 1.5, "workers_cpu_percent": 140.0}]
+    (f,) = _loader_findings(busy, {"1": {"node": "n3"}})
+    assert "rank 1 on n3" in f.message and "shared 1.5 cores" in f.message and "cgroup CPU quota" in f.advice

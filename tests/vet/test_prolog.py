@@ -258,6 +258,14 @@ def test_the_spool_sends_oldest_first_drops_what_is_refused_for_good_and_stops_o
         return answers[doc["n"]]
     assert s.flush(send, time.monotonic() + 5) == (1, 1)
     assert seen == [2, 3, 4] and [spool_mod.orjson.loads(p.read_bytes())["n"] for p in s.pending()] == [4]
+    # only its own files: another program's JSON beside them is neither sent nor deleted;
+    # one of its own that is no report is dropped, not sent
+    (tmp_path / "s" / "config.json").write_text('{"n": 9}')
+    (tmp_path / "s" / f"{1:020d}-1.json").write_text("[1, 2]")
+    seen.clear()
+    answers[4] = None
+    assert s.flush(send, time.monotonic() + 5) == (1, 0)
+    assert seen == [4] and (tmp_path / "s" / "config.json").exists() and s.pending() == []
 
 
 def test_prolog_script_sends_its_reports_and_says_what_slurm_conf_needs(tmp_path):

@@ -140,13 +140,19 @@ def read_token(token_file: Path | None) -> tuple[str | None, str | None]:
     return (tokens[0], None) if tokens and tokens[0] else (None, "no token ($HPCML_VET_TOKEN or --report-token-file)")
 
 
-def post_report(doc: dict[str, Any], url: str, token: str | None, timeout: float) -> Refusal | None:
-    """One node report, signed now (``_signed``: MUNGE where there is one), to ``/v1/reports``."""
+def post_report(doc: dict[str, Any], url: str, token: str | None, deadline: float) -> Refusal | None:
+    """One node report, signed now (``_signed``: MUNGE where there is one), to
+    ``/v1/reports``, by ``deadline`` (``time.monotonic()``), signing included."""
+    if not isinstance(doc, dict):
+        return Refusal("not a report (a JSON object)", 400)
     try:
         signed = _signed(doc)
     except Exception as exc:  # noqa: BLE001 - a report that cannot even be signed is not sent
         return Refusal(_why(exc))
-    return post(url, "/v1/reports", signed, token, timeout)
+    left = deadline - time.monotonic()
+    if left <= 0:
+        return Refusal("no time left after signing")
+    return post(url, "/v1/reports", signed, token, left)
 
 
 def send_with_token_file(report_json: Any, url: str, token_file: Path | None, timeout: float = 5) -> str | None:

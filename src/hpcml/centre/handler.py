@@ -217,8 +217,10 @@ def _first_firing(catalog: Catalog, results: list[Result], now: datetime,
 def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Result],
              now: datetime) -> Action:
     """A node we drained: resume it once the drain's check passed often enough since."""
-    if rec is None or rec.action != "drain":
-        return _recheck_prolog(node, results, now, catalog)
+    prolog = _last_prolog_drain(results, rec.time if rec is not None else None)
+    if rec is None or rec.action != "drain" or prolog is not None:
+        # the prolog drained it since the handler's last word on it (or the handler never had one)
+        return _recheck_prolog(node, results, now, catalog, prolog)
     rule = catalog.rule(rec.rule or "")
     if rule is None or rule.resume_after is None:
         why = "is not in the catalog" if rule is None else "has no resume_after"
@@ -245,17 +247,24 @@ def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Resu
                   rule=rule.name, check=rec.check, evidence=evidence)
 
 
-def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Catalog) -> Action:
-    """A node drained with hpcml's reason that this handler did not drain: the prolog's or
-    health check's own drain (``vet --prolog --drain --report-to``), which its report records
-    as a ``DRAIN_TYPE`` result. Resume it once every check that failed in that run passed
-    ``PROLOG_PASSES`` times in a row since, in the node's own evidence (the health check
-    runs on drained nodes with ``HealthCheckNodeState=ANY``), and no rule fires since."""
-    drains = [r for r in results if r.type == DRAIN_TYPE and r.outcome == "fail" and r.evidence == "node"]
-    if not drains:
-        return Action(node, "hold", note="drained by hpcml but neither the audit log nor the collector has its drain "
-                      "(a prolog without --report-to?); resume it by hand")
-    last = max(drains, key=lambda r: r.time)
+def _last_prolog_drain(results: list[Result], after: datetime | None) -> Result | None:
+    """The newest drain a prolog's own report recorded (node evidence), after ``after``."""
+    drains = [r for r in results if r.type == DRAIN_TYPE and r.outcome == "fail" and r.evidence == "node"
+              and (after is None or r.time > after)]
+    return max(drains, key=lambda r: r.time) if drains else None
+
+
+def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Catalog,
+                    last: Result | None) -> Action:
+    """A node drained with hpcml's reason by the prolog or health check (``vet --prolog
+    --drain --report-to``), whose report records it as a ``DRAIN_TYPE`` result (``last``: the
+    newest since the handler's own last record of the node, which an older one cannot
+    undo). Resume it once every check that failed in that run passed ``PROLOG_PASSES`` times
+    in a row since, in the node's own evidence (the health check runs on drained nodes with
+    ``HealthCheckNodeState=ANY``), and no rule fires since."""
+    if last is None:
+        return Action(node, "hold", note="drained by hpcml but neither the audit log nor the collector has a drain "
+                      "since its last record (a prolog without --report-to?); resume it by hand")
     failed = sorted({r.check for r in results if r.time == last.time and r.type != DRAIN_TYPE
                      and r.outcome in ("fail", "error") and r.evidence == "node"})
     since = sorted((r for r in results if r.time > last.time and r.evidence == "node"), key=lambda r: r.time)

@@ -272,7 +272,7 @@ class JobQueries:
                 d["job_ids"] = [j for _, j in sorted(d["job_ids"], reverse=True)[:5]]
             for node, n, last in self._all(
                     "SELECT r.node, COUNT(*), MAX(r.time) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
-                    f"r.time >= ? AND r.type = 'drain' AND r.outcome = 'fail' AND p.evidence <> 'none' AND r.node IN ({marks}) "
+                    f"r.time >= ? AND r.type = 'drain' AND r.outcome = 'fail' AND p.evidence = 'node' AND r.node IN ({marks}) "
                     "GROUP BY r.node", (since, *part)):
                 out[node]["prolog_drains"], out[node]["last_prolog_drain"] = n, last
         return out

@@ -5,13 +5,18 @@ Why files, one per report: a prolog is a short process that Slurm starts on ever
 every ``HealthCheckInterval``; there is no daemon to hold a queue. Each run sends the oldest
 waiting reports first, each signed when it is sent (a MUNGE credential lives minutes, a
 spooled report may wait hours), within what is left of its budget, and never more than
-``BATCH``. The directory is root's own (0700): one that is a link, not a directory, or
-writable by anyone else is not used, since what is in it is sent as this node's evidence.
+``BATCH``. A report is kept before it is sent and removed once the collector took it, so a
+prolog killed mid-send loses nothing. The directory is root's own (0700) in a parent no one
+else may write: one that is a link, not a directory, or writable by anyone else is not used,
+since what is in it is sent as this node's evidence; only its own files (``NAME``, regular,
+this user's) are read. A report waits at most ``MAX_AGE``; a collector's answer that this
+report can never be taken (400, 413) drops it, any other failure keeps it for later.
 """
 
 from __future__ import annotations
 
 import os
+import re
 import stat
 import time
 from collections.abc import Callable
@@ -24,8 +29,11 @@ from hpcml import logs
 
 log = logs.get(__name__)
 
-DEFAULT_DIR = Path("/var/tmp/hpcml-report-spool")
+DEFAULT_DIR = Path("/var/spool/hpcml-reports")
 MAX_FILES = 1000                 # reports kept; the oldest go first past it
+MAX_AGE = 7 * 86400.0            # seconds a report waits at most
+NAME = re.compile(r"^(\d{20})-\d+\.json$")
+FINAL = (400, 413)               # the collector can never take this report (anything else: later)
 MAX_BYTES = 1 << 20              # one report (a node's: a few KB)
 BATCH = 20                       # sent in one run at most
 
@@ -36,12 +44,16 @@ class Spool:
 
     def _usable(self, create: bool) -> bool:
         try:
+            parent = os.lstat(self.folder.parent)
+            if parent.st_mode & 0o022 or parent.st_uid not in (0, os.geteuid()):
+                log.warning(f"hpcml vet: spool {self.folder}: its parent may be written by others: not used")
+                return False
             if create:
-                self.folder.mkdir(mode=0o700, parents=True, exist_ok=True)
+                self.folder.mkdir(mode=0o700, exist_ok=True)
             st = os.lstat(self.folder)
         except OSError:
             return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
             log.warning(f"hpcml vet: spool {self.folder} is not this user's own private directory: not used")
             return False
         return True
@@ -68,43 +80,65 @@ class Spool:
         return self.folder / name
 
     def pending(self) -> list[Path]:
-        """The waiting reports, oldest first."""
+        """The waiting reports, oldest first: this spool's own files only."""
         if not self._usable(create=False):
             return []
+        out = []
         try:
-            return sorted(p for p in self.folder.iterdir() if p.suffix == ".json" and not p.name.startswith("."))
+            for entry in os.scandir(self.folder):
+                if NAME.match(entry.name):
+                    st = entry.stat(follow_symlinks=False)
+                    if stat.S_ISREG(st.st_mode) and st.st_uid == os.geteuid():
+                        out.append(Path(entry.path))
         except OSError:
             return []
+        return sorted(out)
 
     def _trim(self) -> None:
         waiting = self.pending()
-        for p in waiting[:max(0, len(waiting) - MAX_FILES)]:
-            p.unlink(missing_ok=True)
+        oldest = time.time_ns() - int(MAX_AGE * 1e9)
+        for i, p in enumerate(waiting):
+            m = NAME.match(p.name)
+            if i < len(waiting) - MAX_FILES or (m is not None and int(m.group(1)) < oldest):
+                p.unlink(missing_ok=True)
+        try:
+            for entry in os.scandir(self.folder):           # a kill between write and rename leaves these
+                if entry.name.startswith(".") and entry.name.endswith(".tmp") and \
+                        time.time() - entry.stat(follow_symlinks=False).st_mtime > 60:
+                    os.unlink(entry.path)
+        except OSError:
+            pass
 
-    def flush(self, send: Callable[[dict[str, Any], float], Any], deadline: float) -> tuple[int, int]:
-        """Send the oldest waiting reports while ``deadline`` (``time.monotonic()``) allows;
-        ``send(doc, timeout)`` returns None when taken, else a ``client.Refusal``. A report the
-        collector refuses for good is dropped (with a warning); any other failure stops the
-        round. Returns (sent, left)."""
-        waiting = self.pending()
+    def flush(self, send: Callable[[dict[str, Any], float], Any], deadline: float, skip: Path | None = None) \
+            -> tuple[int, int]:
+        """Send the oldest waiting reports (but ``skip``) while ``deadline``
+        (``time.monotonic()``) allows; ``send(doc, deadline)`` returns None when taken, else a
+        ``client.Refusal``. A report the collector can never take (``FINAL``) is dropped with a
+        warning; any other failure stops the round. Returns (sent, left)."""
+        self._trim()
         sent = 0
-        for p in waiting[:BATCH]:
-            left = deadline - time.monotonic()
-            if left <= 0.05:
+        for p in [p for p in self.pending() if p != skip][:BATCH]:
+            if deadline - time.monotonic() <= 0.05:
                 break
             try:
                 with open(p, "rb") as f:
                     doc = orjson.loads(f.read(MAX_BYTES + 1))
             except (OSError, ValueError):
-                p.unlink(missing_ok=True)               # torn or foreign: nothing to send
+                doc = None
+            if not isinstance(doc, dict):
+                p.unlink(missing_ok=True)               # torn: nothing to send
                 continue
-            refused = send(doc, left)
+            refused = send(doc, deadline)
             if refused is None:
                 p.unlink(missing_ok=True)
                 sent += 1
-            elif getattr(refused, "final", False):
+            elif getattr(refused, "status", None) in FINAL:
                 log.warning(f"hpcml vet: spooled report {p.name} refused for good: {refused.why}; dropped")
                 p.unlink(missing_ok=True)
             else:
                 break
-        return sent, len(self.pending())
+        return sent, len([p for p in self.pending() if p != skip])
+
+    def taken(self, path: Path | None) -> None:
+        if path is not None:
+            path.unlink(missing_ok=True)

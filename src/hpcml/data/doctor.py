@@ -175,6 +175,7 @@ class _Dir:
 #: Megatron's .idx beside it), numpy's .npy, the Arrow files of a Hugging Face dataset
 TOKEN_ARRAY_EXT = (".bin", ".npy", ".arrow")
 MIN_TOKEN_ARRAY = MiB               # smaller .bin/.npy files are something else (a config, a table)
+MAX_TOKEN_ARRAYS = 64               # in one directory: more are per-sample files (an image each)
 #: share of the bytes in token arrays for the dataset to be read as token arrays
 TOKEN_ARRAY_SHARE = 0.9
 
@@ -224,7 +225,9 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
             continue
         if size >= 0 and (low.endswith(TOKEN_ARRAY_EXT) or (low.endswith(".idx") and e.name[:-4] + ".bin" in names)):
             found.append((e.path, size))
-    if any(size >= MIN_TOKEN_ARRAY and not p.endswith(".idx") for p, size in found):   # val.bin beside train.bin
+    # a few large arrays (val.bin beside train.bin counts with it); thousands of .npy or .bin
+    # files are per-sample files, whatever their size
+    if len(found) <= MAX_TOKEN_ARRAYS and any(size >= MIN_TOKEN_ARRAY and not p.endswith(".idx") for p, size in found):
         out.arrays = found
     return out
 

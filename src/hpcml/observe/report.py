@@ -818,12 +818,12 @@ def failed_finding(failed: dict[int, int]) -> Finding:
                    + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
 
 
-LOADER_SHOWN = 64          # ranks listed in the report's loader table
+BUSY_SHARE = 0.5           # of a rank's cores its workers must use for the cores to be short
 
 
 def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
     """Per rank: the most worker processes it had at once, the fewest cores it could use,
-    and its workers' mean CPU use (percent of one core); None where not recorded."""
+    and its workers' mean CPU use while they ran (percent of one core); None where not recorded."""
     workers, cores, busy = (groups.get(("host", n)) for n in ("proc_workers", "proc_cores", "proc_workers_cpu_percent"))
     if workers is None or not len(workers.value):
         return None
@@ -835,8 +835,9 @@ def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
         np.minimum.at(fewest, cores.ridx, cores.value)
     used, n = np.zeros(nr), np.zeros(nr)
     if busy is not None and len(busy.value):
-        np.add.at(used, busy.ridx, np.nan_to_num(busy.value))
-        np.add.at(n, busy.ridx, 1)
+        on = np.isfinite(busy.value) & (busy.value > 0)   # while there were workers (not the start-up before)
+        np.add.at(used, busy.ridx[on], busy.value[on])
+        np.add.at(n, busy.ridx[on], 1)
     return [{"rank": int(rank_ids[i]), "workers": int(most[i]), "cores": None if not np.isfinite(fewest[i]) else
              _r(float(fewest[i]), 2), "workers_cpu_percent": _r(float(used[i] / n[i]), 1) if n[i] else None}
             for i in range(nr) if most[i] >= 0]
@@ -844,7 +845,9 @@ def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
 
 def _loader_findings(loader: list[dict[str, Any]] | None, meta_ranks: dict) -> list[Finding]:
     """Ranks whose worker processes and the rank itself had fewer cores than processes."""
-    short = [r for r in loader or [] if r["workers"] >= 1 and r["cores"] is not None and r["workers"] + 1 > r["cores"]]
+    # outnumbered, and busy: the workers used at least half of the cores (idle workers wait for nothing)
+    short = [r for r in loader or [] if r["workers"] >= 1 and r["cores"] is not None and r["workers"] + 1 > r["cores"]
+             and (r["workers_cpu_percent"] or 0) >= BUSY_SHARE * 100 * r["cores"]]
     if not short:
         return []
     r = max(short, key=lambda r: (r["workers"] + 1) / max(r["cores"], 0.01))
@@ -852,9 +855,11 @@ def _loader_findings(loader: list[dict[str, Any]] | None, meta_ranks: dict) -> l
     need = r["workers"] + 1
     more = f" (and {len(short) - 1} more ranks)" if len(short) > 1 else ""
     cores = f"{r['cores']:g} core" + ("s" if r["cores"] != 1 else "")
+    quota = "" if float(r["cores"]).is_integer() else " (a cgroup CPU quota: raise cpu.max, or the job's CPU limit)"
     return [Finding("loader_cores", f"rank {r['rank']} on {node}{more}: its {r['workers']} worker processes "
-                    f"(DataLoader workers) and the rank itself shared {cores}: they wait for a CPU instead of "
-                    "loading", f"give each task {need} cores: #SBATCH --cpus-per-task={need} (srun gives a task "
+                    f"(DataLoader workers) and the rank itself shared {cores}, the workers busy "
+                    f"{r['workers_cpu_percent']:.0f}% of a core: they wait for a CPU instead of loading",
+                    f"give each task {need} cores{quota}: #SBATCH --cpus-per-task={need} (srun gives a task "
                     f"one core without it), or DataLoader(num_workers={max(0, int(r['cores']) - 1)})")]
 
 

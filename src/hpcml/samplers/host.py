@@ -131,11 +131,15 @@ def rank_cores(pid: int) -> float | None:
     try:
         with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
             path = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
-        if path is not None:
+    except OSError:
+        path = None
+    while path:                                   # the cgroup and its ancestors: the tightest quota holds
+        try:
             with open(f"/sys/fs/cgroup{path.rstrip('/')}/cpu.max", encoding="ascii") as f:
                 quota, period = (f.read().split() + ["100000"])[:2]
             if quota != "max" and float(period) > 0:
                 cores = min(cores, float(quota) / float(period))
-    except (OSError, ValueError, StopIteration):
-        pass
+        except (OSError, ValueError):
+            pass
+        path = path.rstrip("/").rpartition("/")[0]
     return cores

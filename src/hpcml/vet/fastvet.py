@@ -72,7 +72,7 @@ class VetRun:
     report_token_file: Path | None = option("--report-token-file", help="File holding the collector token.")
     report_spool: Path | None = option("--report-spool", typer_only=True,
                                        help="With --prolog --report-to: reports the collector did not take wait "
-                                            "here for the next run (default /var/tmp/hpcml-report-spool).")
+                                            "here for the next run (default /var/spool/hpcml-reports).")
 
 
 #: settings an error may name -> the option the user typed

@@ -150,7 +150,9 @@ def drain_node(node: str, bad: list[str], timeout: float = 2.0) -> tuple[str | N
     """``scontrol update nodename=NODE state=drain reason="hpcml: ..."``.
 
     Slurm drains a node whose prolog fails with the reason "Prolog error"; a node drained
-    first keeps our reason, which names the check. Returns (reason set, note on failure).
+    first keeps our reason, which names the check. A node already drained or down for a
+    reason that is not hpcml's is left as its owner left it (as a health check, this runs on
+    drained nodes too). Returns (reason set, note on failure).
     """
     from hpcml.cluster import slurm
     from hpcml.errors import SlurmError
@@ -158,9 +160,18 @@ def drain_node(node: str, bad: list[str], timeout: float = 2.0) -> tuple[str | N
     if scontrol is None:
         return None, "cannot set the drain reason: scontrol not found"
     reason = drain_reason(bad)
+    started = time.monotonic()
+    try:
+        shown = slurm.run([scontrol, "show", "-o", "node", node], timeout=timeout).stdout
+    except SlurmError as exc:
+        return None, f"cannot set the drain reason: {exc}"
+    state = shown.split("State=", 1)[1].split()[0].upper() if "State=" in shown else ""
+    now_reason = shown.split("Reason=", 1)[1].strip() if "Reason=" in shown else ""
+    if ("DRAIN" in state or "DOWN" in state) and not now_reason.startswith("hpcml:"):
+        return None, None               # a person's drain (HealthCheckNodeState=ANY runs us there): theirs stays
     try:
         slurm.run([scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"],
-                  timeout=timeout)
+                  timeout=max(0.5, timeout - (time.monotonic() - started)))
     except SlurmError as exc:
         return None, f"cannot set the drain reason: {exc}"
     return reason, None

@@ -43,7 +43,7 @@ def doctor(
     from hpcml.data.doctor import detect_resources, diagnose
     if readers is None:
         import os
-        readers = len(os.sched_getaffinity(0))
+        readers = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
     res = detect_resources(ram_free=parse_size(ram, "--ram", minimum=0),
                            local_dir=str(local_disk) if local_disk else None,
                            local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)

@@ -89,21 +89,23 @@ def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float, 
     import time
 
     from hpcml.centre.client import post_report, read_token
-    from hpcml.centre.spool import DEFAULT_DIR, Spool
+    from hpcml.centre.spool import DEFAULT_DIR, FINAL, Spool
     spool = Spool(spool_dir or DEFAULT_DIR)
     deadline = time.monotonic() + max(0.5, min(SEND_S, budget_end + SEND_S - time.time()))
     token, why = read_token(token_file)
+    kept = spool.put(doc)                 # first: a prolog killed mid-send loses nothing
 
-    def send(d: dict, timeout: float):
-        return post_report(d, url, token, timeout)
-    refused = send(doc, deadline - time.monotonic()) if token else None
-    if token is None or (refused is not None and not refused.final):
-        kept = spool.put(doc)
+    def send(d: dict, by: float):
+        return post_report(d, url, token, by)
+    refused = send(doc, deadline) if token else None
+    if token is None or (refused is not None and refused.status not in FINAL):
         print(f"{ME}: warning: report not sent to {url}: {why or refused.why}"   # type: ignore[union-attr]
               + (f"; kept in {kept.parent} for the next run" if kept else ""), file=sys.stderr)
         return
+    spool.taken(kept)
     if refused is not None:
         print(f"{ME}: warning: report refused by {url}: {refused.why}", file=sys.stderr)
+        return                            # the collector is there but refuses: the waiting ones wait
     sent, left = spool.flush(send, deadline)
     if sent or left:
         print(f"{ME}: note: {sent} earlier report{'s' if sent != 1 else ''} sent, {left} still waiting in "
@@ -168,7 +170,7 @@ def prolog_script(
     report_token_file: Optional[Path] = typer.Option(None, "--report-token-file",
                                                      help="With --report-to: file holding the collector token."),
     report_spool: Optional[Path] = typer.Option(None, "--report-spool", help="With --report-to: where results the "
-                                                "collector did not take wait (default /var/tmp/hpcml-report-spool)."),
+                                                "collector did not take wait (default /var/spool/hpcml-reports)."),
 ) -> None:
     """Print a prolog wrapper script that calls this Python by absolute path.
 
