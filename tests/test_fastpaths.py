@@ -355,7 +355,7 @@ def test_an_error_names_what_the_user_typed():
 
 def test_what_only_typer_takes_goes_to_typer():
     """vet's --prolog options (``typer_only``), and --help everywhere, are never parsed by a fast path."""
-    assert optspec.typer_only(VetRun) == {"--prolog", "--budget", "--drain", "--overrun-ok"}
+    assert optspec.typer_only(VetRun) == {"--prolog", "--budget", "--drain", "--overrun-ok", "--report-spool"}
     for flag in optspec.typer_only(VetRun):
         assert not fastvet.wants(["p.yaml", flag]) and not fastvet.wants(["p.yaml", f"{flag}=5 s"])
     for fp in PATHS:

@@ -7,7 +7,7 @@ import typer
 from hpcml.vet import fastvet
 from hpcml.vet.cli import app
 
-PROLOG_ONLY = {"--prolog", "--budget", "--drain", "--overrun-ok"}
+PROLOG_ONLY = {"--prolog", "--budget", "--drain", "--overrun-ok", "--report-spool"}
 
 
 def _hpcml(*args):

@@ -26,6 +26,7 @@ from typing import Any
 import orjson
 
 from hpcml import logs
+from hpcml.files import load_json_bounded
 
 log = logs.get(__name__)
 
@@ -121,8 +122,7 @@ class Spool:
             if deadline - time.monotonic() <= 0.05:
                 break
             try:
-                with open(p, "rb") as f:
-                    doc = orjson.loads(f.read(MAX_BYTES + 1))
+                doc = load_json_bounded(p, MAX_BYTES, follow_symlinks=False, loads=orjson.loads)
             except (OSError, ValueError):
                 doc = None
             if not isinstance(doc, dict):

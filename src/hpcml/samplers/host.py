@@ -31,6 +31,7 @@ import psutil
 from hpcml.proctree import cpu_wait
 
 TREE_REFRESH_S = 2.0    # walking /proc for the process tree is most of a sample's cost
+CORES_REFRESH_S = 10.0  # the rank's affinity and cgroup quota, read again this often
 
 
 class HostSampler:
@@ -42,6 +43,10 @@ class HostSampler:
         self._procs: dict[int, psutil.Process] = {}
         self._io: dict[int, tuple[int, int]] = {}        # pid -> its last (read_chars, read_bytes)
         self._refreshed = 0.0
+        self._workers_at = -1.0
+        self._worker_pids: set[int] = set()
+        self._cores_at = -CORES_REFRESH_S
+        self._cores: float | None = None
         psutil.cpu_percent(None)
 
     def _tree(self) -> list[psutil.Process]:
@@ -56,24 +61,37 @@ class HostSampler:
             self._procs = {p.pid: self._procs.get(p.pid, p) for p in current}
         return list(self._procs.values())
 
-    def _exe(self) -> str | None:
-        try:
-            return self.proc.exe()
-        except psutil.Error:
-            return None
+    def _workers(self) -> set[int]:
+        """The rank's children that run its interpreter, found when the tree is listed (every
+        ``TREE_REFRESH_S``), not at every sample: the sample stays as cheap as it was."""
+        if self._workers_at != self._refreshed:
+            self._workers_at = self._refreshed
+            found: set[int] = set()
+            try:
+                exe = self.proc.exe()
+                for p in self.proc.children(recursive=False):
+                    try:
+                        if p.exe() == exe:
+                            found.add(p.pid)
+                    except psutil.Error:
+                        continue
+            except psutil.Error:
+                pass
+            self._worker_pids = found
+        return self._worker_pids
 
     def sample(self, ts: int) -> list[tuple]:
         rows: list[tuple] = []
         cpu = rss = 0.0
         io_read = True
-        exe, workers, workers_cpu = self._exe(), 0, 0.0
-        for p in self._tree():
+        tree = self._tree()
+        workers, workers_cpu = self._workers(), 0.0
+        for p in tree:
             try:
                 used = p.cpu_percent(None)
                 cpu += used
                 rss += p.memory_info().rss
-                if exe is not None and p.pid != self.proc.pid and p.ppid() == self.proc.pid and p.exe() == exe:
-                    workers += 1
+                if p.pid in workers:
                     workers_cpu += used
             except psutil.Error:
                 continue
@@ -86,11 +104,13 @@ class HostSampler:
                 io_read = False                     # not ours to read, or no /proc/PID/io here
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
                  (ts, "host", "proc_rss_bytes", rss, None, None),
-                 (ts, "host", "proc_workers", float(workers), None, None),
+                 (ts, "host", "proc_workers", float(len(workers)), None, None),
                  (ts, "host", "proc_workers_cpu_percent", workers_cpu, None, None)]
-        cores = rank_cores(self.proc.pid)
-        if cores is not None:
-            rows.append((ts, "host", "proc_cores", cores, None, None))
+        now = time.monotonic()
+        if now - self._cores_at >= CORES_REFRESH_S:
+            self._cores_at, self._cores = now, rank_cores(self.proc.pid)
+        if self._cores is not None:
+            rows.append((ts, "host", "proc_cores", self._cores, None, None))
         self.waited = waited = cpu_wait(self.proc.pid)
         if waited is not None:                      # the rank's threads' run delay, cumulative: contention
             rows.append((ts, "host", "proc_cpu_wait_s", waited, None, None))
