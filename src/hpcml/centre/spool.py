@@ -19,7 +19,8 @@ import os
 import re
 import stat
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -138,6 +139,27 @@ class Spool:
             else:
                 break
         return sent, len([p for p in self.pending() if p != skip])
+
+    @contextmanager
+    def sending(self) -> Iterator[bool]:
+        """Whether this run may send (the spool's lock, not waited for): two runs of one node
+        at once (two jobs starting, a health check beside a prolog) would send the same
+        reports twice; the one that does not get it only keeps its report for the next."""
+        import fcntl
+        try:
+            fd = os.open(self.folder, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW)
+        except OSError:
+            yield True                        # no spool here: nothing to send twice
+            return
+        try:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except OSError:
+                yield False
+                return
+            yield True
+        finally:
+            os.close(fd)
 
     def taken(self, path: Path | None) -> None:
         if path is not None:

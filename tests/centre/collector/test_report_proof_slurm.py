@@ -189,7 +189,7 @@ def _prolog_round(shared: Path, collector, slurm_cluster, slurm_env) -> str:  # 
     marker = slurm_cluster.prolog_dir / "enabled"
     marker.write_text(f"export HPCML_MUNGE_SOCKET={slurm_cluster.munge_socket} SLURM_CONF={slurm_env['SLURM_CONF']}\n"
                       f"{sys.executable} -m hpcml vet --prolog --budget 5 {proto} --report-to {collector.url} "
-                      f"--report-token-file {tokens} >/dev/null 2>>{err}\nexit 0\n")
+                      f"--report-token-file {tokens} --report-spool {shared}/spool >/dev/null 2>>{err}\nexit 0\n")
     job = ""
     try:
         job = subprocess.run(["sbatch", "--parsable", "-N2", "--output=/dev/null", f"--chdir={shared}",

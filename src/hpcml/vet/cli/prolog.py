@@ -88,12 +88,22 @@ def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float, 
     never the collector's."""
     import time
 
-    from hpcml.centre.client import post_report, read_token
-    from hpcml.centre.spool import DEFAULT_DIR, FINAL, Spool
+    from hpcml.centre.client import read_token
+    from hpcml.centre.spool import DEFAULT_DIR, Spool
     spool = Spool(spool_dir or DEFAULT_DIR)
     deadline = time.monotonic() + max(0.5, min(SEND_S, budget_end + SEND_S - time.time()))
     token, why = read_token(token_file)
     kept = spool.put(doc)                 # first: a prolog killed mid-send loses nothing
+    with spool.sending() as mine:
+        if mine or kept is None:
+            _send_and_flush(doc, url, token, why, spool, kept, deadline)
+        else:
+            print(f"{ME}: note: another run of this node is sending; report kept in {spool.folder}", file=sys.stderr)
+
+
+def _send_and_flush(doc: dict, url: str, token: Optional[str], why: Optional[str], spool, kept, deadline: float) -> None:
+    from hpcml.centre.client import post_report
+    from hpcml.centre.spool import FINAL
 
     def send(d: dict, by: float):
         return post_report(d, url, token, by)
