@@ -305,6 +305,16 @@ def children() -> list[int]:
         return [c.pid for c in psutil.Process().children()]
 
 
+def cgroup_v2(pid: int) -> str | None:
+    """The cgroup v2 path of process ``pid`` (``/proc/PID/cgroup``'s ``0::`` line), None
+    when it has none or is gone."""
+    try:
+        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
+            return next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
+    except OSError:
+        return None
+
+
 def cpu_wait(pid: int) -> float | None:
     """Seconds the threads of process ``pid`` have waited on a run queue for a CPU, summed
     (``/proc/PID/task/*/schedstat``, its second field: the scheduler's run delay); None

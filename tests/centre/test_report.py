@@ -190,6 +190,7 @@ def test_each_node_says_whom_it_hurt_what_it_cost_where_it_stands_and_what_to_do
     assert (a["users"], a["stopped"], a["gpu_hours_lost"], a["prolog_drains"]) == (2, 2, 48.0, 1)
     assert a["job_ids"] == ["30", "31"] and a["next"].startswith("wait: hpcml drained it")
     assert by["nid021"]["next"].startswith("watch: one user's jobs named it")
+    assert by["nid021"]["gpu_hours_lost"] is None          # a straggler's slowdown is unknown, not 0
     text = "\n".join(lines(rep))
     assert "2 users; jobs 30, 31; lost 48.0 GPU-h, 2 jobs stopped" in text and "the prolog drained it 1x" in text
     assert "Slurm: IDLE+DRAIN (hpcml: scratch: not a mount point)" in text

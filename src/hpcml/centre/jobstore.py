@@ -237,7 +237,9 @@ class JobQueries:
         node fault, the hours those jobs lost (a recovered job's measured loss; a job that
         ended failed or hung by it, its whole allocation: what it did before its last
         checkpoint is not known, so an upper bound), and the prolog's drains of it."""
-        out: dict[str, dict[str, Any]] = {n: {"users": 0, "job_ids": [], "gpu_hours_lost": 0.0, "node_hours_lost": 0.0,
+        # hours lost stay None (unknown) for a node whose jobs neither measured a loss nor were
+        # stopped: a straggler's slowdown is not priced, and is not 0
+        out: dict[str, dict[str, Any]] = {n: {"users": 0, "job_ids": [], "gpu_hours_lost": None, "node_hours_lost": None,
                                               "stopped": 0, "prolog_drains": 0, "last_prolog_drain": None} for n in nodes}
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         for i in range(0, len(nodes), 500):
@@ -260,12 +262,12 @@ class JobQueries:
                     users[node].add(user)
                 d["job_ids"].append((t, job))
                 if gpu_lost or lost_s:
-                    d["gpu_hours_lost"] += gpu_lost or 0.0
-                    d["node_hours_lost"] += (lost_s or 0.0) * (width or 1) / 3600
+                    d["gpu_hours_lost"] = (d["gpu_hours_lost"] or 0.0) + (gpu_lost or 0.0)
+                    d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (lost_s or 0.0) * (width or 1) / 3600
                 elif outcome in STOPPED:
                     d["stopped"] += 1
-                    d["gpu_hours_lost"] += gpu_h or 0.0
-                    d["node_hours_lost"] += node_h or 0.0
+                    d["gpu_hours_lost"] = (d["gpu_hours_lost"] or 0.0) + (gpu_h or 0.0)
+                    d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (node_h or 0.0)
             for node in part:
                 d = out[node]
                 d["users"] = len(users[node])

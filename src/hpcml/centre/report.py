@@ -194,8 +194,10 @@ def lines(rep: dict[str, Any]) -> list[str]:
 def _impact(n: dict[str, Any]) -> str:
     """Who and what a node hurt, what it cost, where it stands."""
     jobs = ", ".join(printable(j) for j in n.get("job_ids") or []) or "–"
-    lost = (f"{n.get('gpu_hours_lost', 0):,.1f} GPU-h" if n.get("gpu_hours_lost") else
-            f"{n.get('node_hours_lost', 0):,.1f} node-h")
+    if n.get("node_hours_lost") is None:
+        lost = "not measured (a slowdown is not priced)"
+    else:
+        lost = (f"{n['gpu_hours_lost']:,.1f} GPU-h" if n.get("gpu_hours_lost") else f"{n['node_hours_lost']:,.1f} node-h")
     stopped = f", {plural(n['stopped'], 'job')} stopped (whole allocations, an upper bound)" if n.get("stopped") else ""
     slurm = n.get("slurm")
     now = ("Slurm: " + printable(slurm["state"]) + (f" ({printable(slurm['reason'])})" if slurm.get("reason") else "")

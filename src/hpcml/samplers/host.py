@@ -28,7 +28,7 @@ import time
 
 import psutil
 
-from hpcml.proctree import cpu_wait
+from hpcml.proctree import cgroup_v2, cpu_wait
 
 TREE_REFRESH_S = 2.0    # walking /proc for the process tree is most of a sample's cost
 CORES_REFRESH_S = 10.0  # the rank's affinity and cgroup quota, read again this often
@@ -148,11 +148,7 @@ def rank_cores(pid: int) -> float | None:
         cores: float = float(len(os.sched_getaffinity(pid)))
     except OSError:
         return None
-    try:
-        with open(f"/proc/{pid}/cgroup", encoding="utf-8", errors="replace") as f:
-            path = next((ln.split(":", 2)[2].strip() for ln in f if ln.startswith("0::")), None)
-    except OSError:
-        path = None
+    path = cgroup_v2(pid)
     while path:                                   # the cgroup and its ancestors: the tightest quota holds
         try:
             with open(f"/sys/fs/cgroup{path.rstrip('/')}/cpu.max", encoding="ascii") as f:
