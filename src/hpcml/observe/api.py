@@ -198,6 +198,15 @@ def flush() -> None:
 
 
 def _loop() -> None:
+    # The writer (pyarrow's import, a second or more on a loaded machine) is opened before
+    # the first interval, not by the first flush: a rank killed soon after its last step
+    # loses at most one interval of rows, never its first ones to the import.
+    with _lock:
+        if _state["writer"] is None:
+            try:
+                _state["writer"] = _open_writer()
+            except Exception:  # noqa: BLE001 - flush() tries again and counts the failure
+                pass
     while True:
         time.sleep(FLUSH_SECONDS)
         flush()

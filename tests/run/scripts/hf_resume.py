@@ -5,7 +5,7 @@ hpcml in it (tests/run/test_resume_frameworks.py).
 
 Each optimizer step is appended to LEDGER (attempt, rank, global step: O_APPEND, the
 script's own ledger); on the first attempt rank KILL_RANK kills itself (SIGKILL) once it
-completed step KILL_AT (1.5 s later: a rank dies some time after its last step).
+completed step KILL_AT (3 s later: a rank dies some time after its last step).
 """
 
 import os
@@ -31,7 +31,7 @@ class Ledger(TrainerCallback):
         os.write(fd, f"{ATTEMPT} {RANK} {state.global_step}\n".encode())
         os.close(fd)
         if ATTEMPT == "0" and RANK == KILL_RANK and state.global_step == KILL_AT:
-            time.sleep(1.5)         # the last steps reach hpcml's records (flushed each second)
+            time.sleep(3)           # the last steps reach hpcml's records (flushed each second; margin for a loaded machine)
             os.kill(os.getpid(), signal.SIGKILL)
 
 
