@@ -210,6 +210,25 @@ def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bo
         os.close(fd)
 
 
+def read_ends(path: str | os.PathLike, head_bytes: int, tail_bytes: int, *,
+              follow_symlinks: bool = False) -> tuple[bytes, bytes, bool]:
+    """The first ``head_bytes`` and the last ``tail_bytes`` of a file someone else's program
+    appends to (a training log: a header line, then its latest rows), opened as
+    ``read_bounded`` opens one, and whether that is the whole file (then all of it is the
+    tail, the head empty). Memory is bounded whatever the file's size."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
+    fd = os.open(path, flags)
+    try:
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise ValueError("not a regular file")
+        if st.st_size <= head_bytes + tail_bytes:
+            return b"", os.pread(fd, head_bytes + tail_bytes, 0), True
+        return os.pread(fd, head_bytes, 0), os.pread(fd, tail_bytes, st.st_size - tail_bytes), False
+    finally:
+        os.close(fd)
+
+
 def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,
                       loads: Any = None) -> Any:
     """``read_bounded`` + ``json.loads``: ValueError for anything that is not such a JSON

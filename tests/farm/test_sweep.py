@@ -22,9 +22,10 @@ zip: {seed: [1, 2], tag: [a, b]}
 random: {samples: 3, seed: 7, params: {dropout: {uniform: [0, 0.5]}, opt: {choice: [adam, sgd]}}}
 retries: 4
 time_limit: 2 min
+metrics_file: out/metrics.jsonl
 """)
     assert len(specs) == 2 * 3 * 2 * 3
-    assert settings == {"retries": 4, "time_limit": 120.0}
+    assert settings == {"retries": 4, "time_limit": 120.0, "metrics_file": "out/metrics.jsonl"}
     first = specs[0]
     assert first.params["lr"] == 0.1 and first.params["bs"] == 32 and first.params["seed"] == 1
     assert first.params["tag"] == "a" and first.command.startswith("train --lr 0.1 --bs 32 --seed 1 --tag a --d ")
@@ -86,6 +87,9 @@ random: {samples: 4, seed: 0, params: {wd: {loguniform: [1.0e-6, 1.0e-2]}}}
     ("command: t {repeat}\nproduct: {repeat: [1]}\nrepeat: 2\n", "key 'repeat'", "defined more than once"),
     ("command: t {repeat}\n", "key 'command'", "names parameter 'repeat', which is not defined"),
     ("command: echo `t {a}`\nproduct: {a: [1]}\n", "key 'command'", "inside backquotes"),
+    ("command: t\nmetrics_file: ../m.jsonl\n", "s.yaml:2: key 'metrics_file'", "relative to each task's directory"),
+    ("command: t\nmetrics_file: /tmp/m.jsonl\n", "key 'metrics_file'", "inside it"),
+    ("command: t\nmetrics_file: [a]\n", "key 'metrics_file'", "found ['a']"),
 ])
 def test_bad_sweeps_name_file_key_and_problem(tmp_path, text, where, problem):
     with pytest.raises(UsageError) as err:

@@ -1,5 +1,6 @@
-"""``hpcml farm results``: each task's parameters and the last values it logged through
-``hpcml.observe.log`` (real tasks writing through the real API), sorted, as JSON and CSV."""
+"""``hpcml farm results``: each task's parameters, its optimizer steps and the last values it
+logged through ``hpcml.observe.log`` or its framework's logger (real tasks: the real API, HF
+Trainer, Lightning, a plain loop, none changed for hpcml), sorted, as JSON and CSV."""
 
 from __future__ import annotations
 
@@ -7,10 +8,13 @@ import csv
 import io
 import json
 import sys
+from pathlib import Path
 
 import jsonschema
+import pytest
 
 from hpcml import schemas
+from tests import needs
 from tests.farm.farmtools import hpcml
 
 TRAIN = """
@@ -76,3 +80,87 @@ def test_a_task_of_several_ranks_shows_rank_0s_value_and_says_so(tmp_path):
     assert doc["metric_rule"].startswith("rank 0's last logged value")
     table = hpcml("farm", "results", farm).stdout
     assert "2.417" in table and "2.301" not in table and "0.75 (rank 1)" in table and "rank 0's last" in table, table
+
+
+SCRIPTS = Path(__file__).with_name("scripts")
+
+
+def _ledger(path: Path) -> dict[int, list[int]]:
+    out: dict[int, list[int]] = {}
+    for line in path.read_text().splitlines():
+        tid, step = map(int, line.split())
+        out.setdefault(tid, []).append(step)
+    return out
+
+
+def _sweep(tmp_path: Path, script: str, lrs: list[float], extra: str = "") -> tuple[dict, Path]:
+    ledger = tmp_path / "ledger"
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} {SCRIPTS / script} {{lr}}\n"
+                                     f"product: {{lr: {json.dumps(lrs)}}}\n{extra}")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    p = hpcml("farm", "run", farm, "--slots", "2", timeout=600,
+              extra={"LEDGER": str(ledger), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    doc = json.loads(hpcml("farm", "results", farm, "--json").stdout)
+    jsonschema.validate(doc, schemas.load("farm.results"), cls=jsonschema.Draft202012Validator)
+    return doc, ledger
+
+
+@pytest.mark.torch
+def test_an_hf_trainer_sweep_shows_its_steps_and_the_loss_it_logged_without_a_script_change(tmp_path):
+    """A sweep of an unchanged HF Trainer script: each row's steps are the script's own count
+    (its ledger), with a rate, and its loss is the last one in the trainer_state.json HF wrote,
+    said to come from there."""
+    needs.module("transformers")
+    doc, ledger = _sweep(tmp_path, "farm_hf.py", [0.001, 0.01])
+    steps = _ledger(ledger)
+    for row in doc["rows"]:
+        assert row["state"] == "ok"
+        assert row["steps"]["count"] == len(steps[row["id"]]) == 8 and row["steps"]["per_s"] > 0
+        state = json.loads((tmp_path / "f" / "tasks" / str(row["id"]) / "out" / "checkpoint-8"
+                            / "trainer_state.json").read_text())
+        losses = [e["loss"] for e in state["log_history"] if "loss" in e]
+        assert len(losses) == 4 and row["metrics"]["loss"] == losses[-1]
+        assert row["metric_sources"]["loss"] == "out/checkpoint-8/trainer_state.json"
+        assert row["metrics"]["learning_rate"] < row["params"]["lr"]          # HF's linear decay, as logged
+        assert not {"total_flos", "train_runtime", "step"} & set(row["metrics"])
+        assert [lg["kind"] for lg in row["logs"]] == ["hf_trainer"] and row["logs"][0]["step"] == 8
+    table = hpcml("farm", "results", tmp_path / "f", "--sort", "loss").stdout
+    assert "steps/s" in table and "trainer_state.json" in table, table
+
+
+@pytest.mark.torch
+def test_a_lightning_sweep_shows_its_steps_and_the_loss_from_its_csv_log(tmp_path):
+    needs.module("lightning")
+    doc, ledger = _sweep(tmp_path, "farm_lightning.py", [0.1, 0.01])
+    steps = _ledger(ledger)
+    for row in doc["rows"]:
+        assert row["steps"]["count"] == len(steps[row["id"]]) == 12
+        csv_path = tmp_path / "f" / "tasks" / str(row["id"]) / "lightning_logs" / "version_0" / "metrics.csv"
+        last = [r for r in csv.DictReader(io.StringIO(csv_path.read_text())) if r["train_loss"]][-1]
+        assert row["metrics"]["train_loss"] == float(last["train_loss"])
+        assert row["metric_sources"]["train_loss"] == "lightning_logs/version_0/metrics.csv"
+        assert row["logs"][0]["step"] == int(last["step"])
+
+
+@pytest.mark.torch
+def test_a_plain_loop_shows_its_steps_and_the_sweeps_metrics_file(tmp_path):
+    """A plain torch loop writing JSON lines to the file the sweep names: steps counted by the
+    optimizer hooks, the last loss from the file (text values are not metrics); with
+    HPCML_RUN_OPTIMIZER_STEPS=0 in the farm's environment no step is counted."""
+    doc, ledger = _sweep(tmp_path, "farm_plain.py", [0.1, 0.2], "metrics_file: out/metrics.jsonl\n")
+    steps = _ledger(ledger)
+    for row in doc["rows"]:
+        assert row["steps"]["count"] == len(steps[row["id"]]) == 10
+        lines = (tmp_path / "f" / "tasks" / str(row["id"]) / "out" / "metrics.jsonl").read_text().splitlines()
+        assert row["metrics"] == {"loss": json.loads(lines[-1])["loss"]}
+        assert row["metric_sources"] == {"loss": "out/metrics.jsonl"} and row["logs"][0]["step"] == 10
+    off = tmp_path / "off"
+    off.mkdir()
+    (off / "s.yaml").write_text(f"command: {sys.executable} {SCRIPTS / 'farm_plain.py'} {{lr}}\nproduct: {{lr: [0.1]}}\n")
+    assert hpcml("farm", "create", off / "f", off / "s.yaml").returncode == 0
+    assert hpcml("farm", "run", off / "f", extra={"LEDGER": str(off / "ledger"),
+                                                  "HPCML_RUN_OPTIMIZER_STEPS": "0"}).returncode == 0
+    row = json.loads(hpcml("farm", "results", off / "f", "--json").stdout)["rows"][0]
+    assert row["steps"] is None and len(_ledger(off / "ledger")[0]) == 10

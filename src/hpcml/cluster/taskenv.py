@@ -59,14 +59,21 @@ FARM_JOB = "HPCML_FARM_JOB_ID"
 #: ``hpcml farm run`` was started in (where tasks ran before they had their own)
 TASK_DIR, WORKDIR = "HPCML_FARM_TASK_DIR", "HPCML_FARM_WORKDIR"
 TASK_DIRS = "tasks"
+#: the directory of ``hpcml run``'s sitecustomize (``hpcml.run.inject``), named by its path
+#: (this module imports nothing of hpcml): first on a task's PYTHONPATH, it counts the task's
+#: optimizer steps into its observe directory without a change to the script
+INJECT = str(Path(__file__).resolve().parent.parent / "run" / "inject")
 
 
 def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dict[str, str]:
-    """The environment every task of one worker starts from (the worker adds its ids)."""
+    """The environment every task of one worker starts from (the worker adds its ids), with
+    ``INJECT`` first on PYTHONPATH (``HPCML_RUN_OPTIMIZER_STEPS=0`` leaves steps uncounted)."""
     out = {k: v for k, v in env.items() if k not in STEP_TASK and k not in LAUNCHER and not k.startswith(PREFIXES)}
     out[FARM_DIR] = str(farm.absolute())
     out[FARM_JOB] = env.get("SLURM_JOB_ID", "")
     out[WORKDIR] = os.getcwd()
+    path = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != INJECT]
+    out["PYTHONPATH"] = os.pathsep.join([INJECT, *path])
     if gpu is not None:
         for k in STEP_GPUS:
             out.pop(k, None)

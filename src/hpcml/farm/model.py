@@ -59,6 +59,7 @@ class Settings:
     lease: float = 60.0              # a worker whose heartbeat stood still this long is dead
     node_failures: int = 5           # different tasks failing in a row on a node, not elsewhere: node or code (0: never)
     task_dirs: bool = True           # each task runs in tasks/ID (its own relative paths); False: farm run's directory
+    metrics_file: str | None = None  # a JSON-lines file each task writes, relative to its directory (farm results)
 
     @property
     def heartbeat(self) -> float:
@@ -66,7 +67,8 @@ class Settings:
 
     def to_json(self) -> dict[str, Any]:
         return {"retries": self.retries, "backoff": self.backoff, "time_limit": self.time_limit,
-                "lease": self.lease, "node_failures": self.node_failures, "task_dirs": self.task_dirs}
+                "lease": self.lease, "node_failures": self.node_failures, "task_dirs": self.task_dirs,
+                "metrics_file": self.metrics_file}
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ lines and lines starting with ``#`` are skipped). A sweep file is YAML::
     retries: 2
     time_limit: 2 h
     task_dirs: true          # the default: each task runs in SWEEP/tasks/ID ({task_dir})
+    metrics_file: out/metrics.jsonl   # what each task writes there, shown by farm results
 
 The parameter sets are the product of the three parts (a part left out is one empty set).
 Several stages with dependencies (pre-process -> train xN -> evaluate) go under ``tasks:``,
@@ -33,6 +34,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import os
 import random
 import string
 from pathlib import Path
@@ -111,7 +113,7 @@ class Stage(BaseModel):
 
 
 STAGE_KEYS = tuple(Stage.model_fields)
-SETTING_KEYS = ("retries", "backoff", "time_limit", "task_dirs")
+SETTING_KEYS = ("retries", "backoff", "time_limit", "task_dirs", "metrics_file")
 
 
 # A task file is generated, not written by hand: one line per task, 100k tasks of a few
@@ -176,6 +178,12 @@ def _settings(data: dict, where: ConfigLoader) -> dict[str, Any]:
             raise where.error(("task_dirs",), f"expected true (each task in its own directory, the default) or "
                                               f"false (every task in farm run's directory), found {data['task_dirs']!r}")
         out["task_dirs"] = data["task_dirs"]
+    if "metrics_file" in data:
+        v = data["metrics_file"]
+        if not isinstance(v, str) or not v or os.path.isabs(v) or ".." in Path(v).parts or "\0" in v:
+            raise where.error(("metrics_file",), f"expected a path relative to each task's directory, inside it "
+                                                 f"(e.g. out/metrics.jsonl), found {v!r}")
+        out["metrics_file"] = v
     Settings(**out)   # validates types
     return out
 

@@ -1,7 +1,10 @@
-"""``hpcml farm results``: one row per task, its parameters and the last value of each
-metric it logged through ``hpcml.observe.log`` (read from observe/ID.A, the directory the
-worker gave the attempt in HPCML_OBSERVE_DIR, and from runs/ID.A/observe where the task is
-an ``hpcml run``), so a sweep's best run is one sort away.
+"""``hpcml farm results``: one row per task, its parameters, its optimizer steps and their
+rate, and the last value of each metric it logged, so a sweep's best run is one sort away.
+Read from observe/ID.A (the directory the worker gave the attempt in HPCML_OBSERVE_DIR:
+``hpcml.observe.log``, and the optimizer steps the farm's hooks count without a script
+change), from runs/ID.A/observe where the task is an ``hpcml run``, and from the
+framework logs in the task's own directory (``hpcml.observe.framelogs``: HF Trainer's
+``trainer_state.json``, Lightning's ``metrics.csv``, the sweep's ``metrics_file``).
 
 It reads the farm, observe stores and run job directories, so it sits with ``run`` (the
 top of the library layers), not in ``farm``, which run, observe and ckpt build on."""
@@ -11,39 +14,83 @@ from __future__ import annotations
 import csv
 import io
 import os
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from hpcml.cluster.taskenv import run_dirs
 from hpcml.errors import UsageError
 from hpcml.farm.lease import Liveness
-from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA
+from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA, TASK_DIRS
 from hpcml.farm.status import open_view, task_state
-from hpcml.observe.progress import RULE, Last, last_values
+from hpcml.observe.framelogs import Logged, read_task_logs
+from hpcml.observe.progress import RULE, last_values, summarise
+
+#: the columns besides parameters and metrics that --sort takes
+COLUMNS = ("id", "group", "state", "attempts", "exit_code", "node", "seconds", "steps", "steps_per_s")
 
 
-def last_metrics(directory: str) -> dict[str, Last]:
-    """The last value of each user metric in one attempt's observe directory, rank 0's
-    (``hpcml.observe.progress.RULE``): each rank logs its own loss, and the one whose value
-    is shown is said, never whichever rank wrote last."""
+@dataclass
+class AttemptResults:
+    """What one attempt shows in the results: each metric's last value and whose it is (a
+    rank of an observe store, or a framework log's file), and its optimizer steps."""
+
+    metrics: dict[str, float] = field(default_factory=dict)
+    sources: dict[str, str] = field(default_factory=dict)
+    ranks: dict[str, int] = field(default_factory=dict)
+    steps: dict[str, Any] | None = None
+    logs: list[Logged] = field(default_factory=list)
+
+    def add_store(self, directory: str) -> None:
+        """An observe store's metrics (rank 0's last, ``hpcml.observe.progress.RULE``) and
+        steps (the optimizer steps ``hpcml run``'s or the farm's hooks counted, or the
+        script's own): a later store (the attempt's ``hpcml run``) overrides an earlier one."""
+        series = _series(directory)
+        if series is None:
+            return
+        for k, v in last_values(series).items():
+            self.metrics[k], self.ranks[k], self.sources[k] = v.value, v.rank, "observe"
+        done = summarise(series)
+        st = done.get("steps") if done else None
+        if st and st.get("count"):
+            secs = st.get("seconds")
+            self.steps = {"count": st["count"], "rank": st["rank"], "seconds": secs,
+                          "per_s": round(st["count"] / secs, 4) if secs else None}
+
+    def add_logs(self, found: list[Logged]) -> None:
+        """Framework logs: their values where no observe store gave the metric."""
+        self.logs += found
+        for got in found:
+            for k, v in got.values.items():
+                if self.sources.get(k) == "observe":
+                    continue
+                self.metrics[k], self.sources[k] = v, got.source
+                self.ranks.pop(k, None)
+
+
+def _series(directory: str) -> Any:
     if not os.path.isdir(directory):
-        return {}
+        return None
     from hpcml.observe.series import from_table
     from hpcml.observe.store import read_job
     try:
-        table = read_job(directory).table
+        return from_table(read_job(directory).table)
     except UsageError:
-        return {}
-    return last_values(from_table(table))
+        return None
 
 
-def attempt_metrics(farm: Path, name: str) -> dict[str, Last]:
-    """An attempt's metrics: what its own ``observe.log`` wrote (observe/ID.A), then what
-    the ranks of each ``hpcml run`` in it logged (runs/ID.A[-N]/observe, those runs' stores)."""
+def attempt_results(farm: Path, name: str, task_dir: Path | None, metrics_file: str | None) -> AttemptResults:
+    """An attempt's results: what its own processes logged or stepped (observe/ID.A), then
+    what the ranks of each ``hpcml run`` in it did (runs/ID.A[-N]/observe, those runs'
+    stores), then the framework logs in the task's own directory (``task_dir``; None where
+    tasks share one directory, so no log is any one task's)."""
     from hpcml.run.jobdir import observe_dir
-    out = last_metrics(str(farm / OBSERVE / name))
+    out = AttemptResults()
+    out.add_store(str(farm / OBSERVE / name))
     for d in run_dirs(farm, name):
-        out.update(last_metrics(str(observe_dir(d))))
+        out.add_store(str(observe_dir(d)))
+    if task_dir is not None:
+        out.add_logs(read_task_logs(task_dir, metrics_file))
     return out
 
 
@@ -58,22 +105,26 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
         end = st.latest_end() or {}
         attempt = st.claimed if st.claimed in st.ends else max(st.ends, default=0)
         seconds = (float(end["end"]) - float(end["start"])) if end.get("start") is not None else None
-        last = attempt_metrics(farm.path, f"{tid}.{attempt}") if attempt else {}
+        task_dir = farm.path / TASK_DIRS / str(tid) if farm.settings.task_dirs else None
+        res = attempt_results(farm.path, f"{tid}.{attempt}", task_dir, farm.settings.metrics_file) if attempt \
+            else AttemptResults()
         rows.append({"id": tid, "group": task.group, "state": task_state(view, tid, farm.settings, alive),
                      "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
                      "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
-                     "metrics": {k: v.value for k, v in last.items()},
-                     "metric_ranks": {k: v.rank for k, v in last.items()}, "command": task.command})
+                     "steps": res.steps, "metrics": res.metrics, "metric_ranks": res.ranks,
+                     "metric_sources": res.sources, "logs": [got.to_json() for got in res.logs],
+                     "command": task.command})
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
     metrics = sorted({k for r in rows for k in r["metrics"]})
     if sort:
         key, reverse = sort.lstrip("-"), sort.startswith("-")
-        if key not in params and key not in metrics and key not in ("id", "group", "state", "attempts",
-                                                                      "exit_code", "node", "seconds"):
+        if key not in params and key not in metrics and key not in COLUMNS:
             raise UsageError(f"no parameter, metric or column named '{key}' (parameters: "
                              f"{', '.join(params) or 'none'}; metrics: {', '.join(metrics) or 'none'})", key="sort")
 
         def value(r: dict[str, Any]) -> Any:
+            if key in ("steps", "steps_per_s"):
+                return (r["steps"] or {}).get("count" if key == "steps" else "per_s")
             return r["metrics"].get(key, r["params"].get(key, r.get(key)))
         have = [r for r in rows if value(r) is not None]
         have.sort(key=lambda r: (isinstance(value(r), str), value(r)), reverse=reverse)
@@ -85,9 +136,12 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
 def to_csv(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", *doc["params"], *doc["metrics"]])
+    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", "steps", "steps_per_s",
+                *doc["params"], *doc["metrics"]])
     for r in doc["rows"]:
+        st = r.get("steps") or {}
         w.writerow([r["id"], r["group"] or "", r["state"], r["attempts"], "" if r["exit_code"] is None else r["exit_code"],
-                    "" if r["seconds"] is None else f"{r['seconds']:.3f}",
+                    "" if r["seconds"] is None else f"{r['seconds']:.3f}", st.get("count", ""),
+                    "" if st.get("per_s") is None else st["per_s"],
                     *(r["params"].get(p, "") for p in doc["params"]), *(r["metrics"].get(m, "") for m in doc["metrics"])])
     return buf.getvalue()

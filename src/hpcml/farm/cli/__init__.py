@@ -248,10 +248,15 @@ def results_command(
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N rows."),
 ) -> None:
-    """A table of each task's parameters and the last value of each metric it logged.
+    """A table of each task's parameters, optimizer steps and the last value of each metric.
 
-    Tasks log with hpcml.observe.log(step, loss=...); the farm points each attempt at
-    its own directory (HPCML_OBSERVE_DIR), so nothing needs configuring.
+    Without a change to the script: a Python task's optimizer steps are counted (torch's
+    optimizer hooks, as hpcml run counts them; HPCML_RUN_OPTIMIZER_STEPS=0: not), and the
+    last values its framework logged are read from its own directory (HF Trainer's
+    trainer_state.json, Lightning's CSVLogger metrics.csv, and the JSON-lines file a sweep
+    names with metrics_file:). A script may also log with hpcml.observe.log(step,
+    loss=...): the farm points each attempt at its own directory (HPCML_OBSERVE_DIR), and
+    those values come first.
 
         hpcml farm results sweep/ --sort val_loss --limit 5
         hpcml farm results sweep/ --csv > sweep.csv
@@ -270,15 +275,23 @@ def results_command(
         return
     from rich.console import Console
     from rich.table import Table
-    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks",
-              caption=f"metrics: {doc['metric_rule']}" if doc["metrics"] else None)
+    sources = sorted({src for r in doc["rows"] for src in r["metric_sources"].values() if src != "observe"})
+    caption = "; ".join(filter(None, [f"metrics: {doc['metric_rule']}" if doc["metrics"] else "",
+                                      f"from framework logs: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''}"
+                                      if sources else "",
+                                      "steps: optimizer steps (rank 0), steps/s over their time" if any(
+                                          r["steps"] for r in doc["rows"]) else ""]))
+    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks", caption=caption or None)
     command = not doc["params"]                  # a task file: the command says which task it is
-    for col in ("id", "state", *doc["params"], *doc["metrics"], "s"):
+    stepped = any(r["steps"] for r in doc["rows"])
+    for col in ("id", "state", *doc["params"], *(("steps", "steps/s") if stepped else ()), *doc["metrics"], "s"):
         t.add_column(col, justify="right")
     if command:
         t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:
+        st = r["steps"] or {}
         t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
+                  *((f"{st['count']:,}" if st else "", _fmt(st.get("per_s"))) if stepped else ()),
                   *(_fmt(r["metrics"].get(m)) + (f" (rank {r['metric_ranks'][m]})" if r["metric_ranks"].get(m) else "")
                     for m in doc["metrics"]),
                   "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))

@@ -22,7 +22,12 @@ the rank to import ``torch.optim`` with the recorder's pipe as it was given (che
 start: a subprocess or spawned DataLoader worker whose parent closed the pipe may have its
 number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
 which then count nothing); a forked child stops counting (``os.register_at_fork``).
-``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. With ``--step-pattern``, rank 0's main process
+``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. In a farm task (``hpcml farm``'s worker puts
+this directory on the task's PYTHONPATH) with no recorder's pipe, the first process of the
+attempt to import ``torch.optim`` counts its steps the same way (``HPCML_FARM_STEPS_PID``, a
+claim of its own: an ``hpcml run`` in the task gives its ranks theirs), written through
+``hpcml.observe.api`` into the attempt's observe directory for ``hpcml farm results``; an
+interpreter without hpcml runs as without us, silently. With ``--step-pattern``, rank 0's main process
 also reads the first step it prints (``hpcml.observe.printedsteps``). The same process's
 time waiting in collectives is measured from then on (``hpcml.observe.collectives``;
 ``HPCML_RUN_COLLECTIVE_WAIT=0``: not).
@@ -63,6 +68,8 @@ STEP_PATTERN = "HPCML_RUN_STEP_PATTERN"  # hpcml.observe.printedsteps' ENV: rank
 LAUNCHER = "HPCML_RUN_LAUNCHER"
 WRAPPED = "HPCML_RUN_WRAPPED"
 IN_RANK = "HPCML_RUN_IN_RANK"         # set in a wrapped worker: its own children are never ranks
+FARM_CLAIM = "HPCML_FARM_STEPS_PID"  # a farm task's process whose optimizer steps are the attempt's
+FARM_TASK, OBSERVE_DIR = "HPCML_FARM_TASK_ID", "HPCML_OBSERVE_DIR"   # hpcml.cluster.taskenv's, written out
 IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
@@ -279,6 +286,22 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
         print(f"hpcml run: time in collectives is not measured: {type(exc).__name__}: {exc}", file=sys.stderr)
 
 
+def _count_farm_steps() -> None:
+    """``torch.optim`` has just run in a farm task's process: its optimizer steps are the
+    attempt's, unless another process of the attempt claimed them (its parent)."""
+    if os.environ.get(FARM_CLAIM, str(os.getpid())) != str(os.getpid()):
+        return
+    try:
+        from hpcml.observe import optimsteps
+    except ImportError:                              # an interpreter without hpcml (another venv, a container)
+        return
+    os.environ[FARM_CLAIM] = str(os.getpid())
+    try:
+        optimsteps.install()
+    except Exception as exc:  # noqa: BLE001 - the task runs as without us
+        print(f"hpcml farm: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
+
+
 def _become_worker() -> None:
     """A launcher's worker (the task runs torchrun or ``accelerate launch``, and this
     process's rank variables are not those of the process hpcml wraps): exec
@@ -318,3 +341,6 @@ if __name__ == "sitecustomize":
         if (pipe is not None and os.environ.get(STEPS) != "0"
                 and os.environ.get(CLAIM, str(os.getpid())) == str(os.getpid())):
             sys.meta_path.insert(0, _OnImport("torch.optim", lambda: _count_steps(pipe)))
+    elif (os.environ.get(FARM_TASK) and os.environ.get(OBSERVE_DIR) and not os.environ.get(PIPE)
+          and os.environ.get(STEPS) != "0" and os.environ.get(FARM_CLAIM, str(os.getpid())) == str(os.getpid())):
+        sys.meta_path.insert(0, _OnImport("torch.optim", _count_farm_steps))
