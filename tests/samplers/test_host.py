@@ -1,7 +1,7 @@
 """The host sampler's loader rows (issue 70): a real ``hpcml run`` whose script's DataLoader
 starts 3 worker processes while the rank may use one core (``taskset -c 0``, as ``srun``
-without ``--cpus-per-task`` binds a task): the report names it with the fix; with the
-cores it needs, nothing is said."""
+without ``--cpus-per-task`` binds a task): ``hpcml run`` says so while it runs and the report
+names it, both with the fix; with the cores it needs, nothing is said."""
 
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ print("done", flush=True)
 """
 
 
-def _run(tmp_path: Path, prefix: list[str], workers: int) -> dict:
+def _run(tmp_path: Path, prefix: list[str], workers: int) -> tuple[dict, str]:
     (tmp_path / "train.py").write_text(TRAIN.replace("WORKERS", str(workers)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
@@ -44,7 +44,7 @@ def _run(tmp_path: Path, prefix: list[str], workers: int) -> dict:
     rep = subprocess.run([sys.executable, "-m", "hpcml", "report", "job", "--json"], cwd=tmp_path, env=env,
                          capture_output=True, text=True, timeout=120)
     assert rep.returncode == 0, rep.stderr
-    return json.loads(rep.stdout)
+    return json.loads(rep.stdout), p.stderr
 
 
 def test_rank_cores_reads_the_affinity():
@@ -56,12 +56,16 @@ def test_rank_cores_reads_the_affinity():
 def test_workers_on_too_few_cores_are_named_with_the_fix(tmp_path):
     if shutil.which("taskset") is None:
         pytest.fail("taskset (util-linux) is not installed")
-    rep = _run(tmp_path, ["taskset", "-c", "0"], 3)
+    rep, err = _run(tmp_path, ["taskset", "-c", "0"], 3)
     (row,) = rep["observe"]["loader"]
     assert row["workers"] == 3 and row["cores"] == 1.0, row
     (f,) = [f for f in rep["findings"] if f["kind"] == "loader_cores"]
     assert "its 3 worker processes (DataLoader workers) and the rank itself shared 1 core" in f["message"]
     assert "--cpus-per-task=4" in f["advice"] and "num_workers=0" in f["advice"]
+    # said while it ran, once, with the fix: the watch read it from the rank's heartbeat
+    live = [line for line in err.splitlines() if "worker processes (DataLoader workers)" in line]
+    assert len(live) == 1 and "rank 0 on " in live[0] and "shared 1 core" in live[0], err[-2000:]
+    assert "--cpus-per-task=4" in live[0]
 
 
 @pytest.mark.torch
@@ -69,10 +73,11 @@ def test_workers_with_their_cores_are_not_named(tmp_path):
     """One worker and the rank on two cores: enough, nothing said."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("needs 2 cores")
-    rep = _run(tmp_path, ["taskset", "-c", "0,1"], 1)
+    rep, err = _run(tmp_path, ["taskset", "-c", "0,1"], 1)
     (row,) = rep["observe"]["loader"]
     assert row["workers"] == 1 and row["cores"] == 2.0, row
     assert not [f for f in rep["findings"] if f["kind"] == "loader_cores"]
+    assert "DataLoader workers" not in err
 
 
 def test_idle_workers_are_not_short_of_cores_and_a_quota_is_named_as_one():

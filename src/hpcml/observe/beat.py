@@ -111,6 +111,9 @@ class Beat:
     steal_s: float | None = None     # seconds stolen from the node's CPUs by its hypervisor, per CPU, since boot
     gpu_throttled_s: float | None = None  # seconds its GPUs' clocks were held back (power, heat), since it started
     gpu_throttle: int | None = None  # the slowdown reasons seen since it started (NVML's mask, hpcml.samplers.clockreasons)
+    workers: int | None = None       # the rank's worker processes now (DataLoader workers), while it has any
+    cores: float | None = None       # the cores the rank may run on (affinity, cgroup quota)
+    workers_cpu_percent: float | None = None  # its workers' CPU use in the last sample, percent of one core
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Beat:
@@ -232,7 +235,8 @@ class BeatWriter:
 
     def write(self, progress: Progress, now: float | None = None, **extra: float | int | None) -> None:
         """``extra``: the record's ``pid``, ``snapshot``, ``exit``, ``cpu_wait_s``, ``steal_s``,
-        ``gpu_throttled_s``, ``gpu_throttle``, each written only when given.
+        ``gpu_throttled_s``, ``gpu_throttle``, ``workers``, ``cores``, ``workers_cpu_percent``,
+        each written only when given.
         ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
         body, beat = progress.to_json(), time.time() if now is None else now
@@ -352,15 +356,17 @@ def _valid(doc: object) -> bool:
         return False
     if not isinstance(doc.get("rank"), int) or isinstance(doc["rank"], bool) or doc["rank"] < 0:
         return False
-    for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder", "gpu_throttle"):
+    for key in ("step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder", "gpu_throttle", "workers"):
         if doc.get(key) is not None and (not isinstance(doc[key], int) or isinstance(doc[key], bool)):
             return False
     if doc.get("gpu_throttle") is not None and not 0 <= doc["gpu_throttle"] < MASK_MAX:
         return False
-    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s", "gpu_throttled_s"):
+    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s", "gpu_throttled_s", "cores",
+                "workers_cpu_percent"):
         if doc.get(key) is not None and not (_number(doc[key]) and math.isfinite(doc[key])):
             return False
-    for key in ("cpu_wait_s", "steal_s", "gpu_throttled_s"):   # cumulative seconds: never negative, never past LIMIT
+    for key in ("cpu_wait_s", "steal_s", "gpu_throttled_s", "workers", "cores", "workers_cpu_percent"):
+        # cumulative seconds, counts, cores, percent: never negative, never past LIMIT
         if doc.get(key) is not None and not 0 <= doc[key] < LIMIT:
             return False
     for key in ("rank", "step", "steps", "restarts", "exit", "signal", "snapshot", "pid", "recorder"):

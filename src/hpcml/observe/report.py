@@ -39,6 +39,8 @@ from typing import Any
 import numpy as np
 
 from hpcml.observe.api import WAIT
+from hpcml.observe.loadercores import Short
+from hpcml.observe.loadercores import short as is_short
 from hpcml.observe.progress import summarise
 from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS, MIN_STEPS, compute_times, score_groups
 from hpcml.schemas import tag
@@ -818,9 +820,6 @@ def failed_finding(failed: dict[int, int]) -> Finding:
                    + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
 
 
-BUSY_SHARE = 0.5           # of a rank's cores its workers must use for the cores to be short
-
-
 def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
     """Per rank: the most worker processes it had at once, the fewest cores it could use,
     and its workers' mean CPU use while they ran (percent of one core); None where not recorded."""
@@ -844,23 +843,15 @@ def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
 
 
 def _loader_findings(loader: list[dict[str, Any]] | None, meta_ranks: dict) -> list[Finding]:
-    """Ranks whose worker processes and the rank itself had fewer cores than processes."""
-    # outnumbered, and busy: the workers used at least half of the cores (idle workers wait for nothing)
-    short = [r for r in loader or [] if r["workers"] >= 1 and r["cores"] is not None and r["workers"] + 1 > r["cores"]
-             and (r["workers_cpu_percent"] or 0) >= BUSY_SHARE * 100 * r["cores"]]
+    """Ranks whose worker processes and the rank itself had fewer cores than processes, the
+    workers busy (``hpcml.observe.loadercores``: the live watch's rule too)."""
+    short = [Short(r["rank"], (meta_ranks.get(str(r["rank"])) or {}).get("node") or "its node", r["workers"],
+                   r["cores"], r["workers_cpu_percent"] or 0.0)
+             for r in loader or [] if is_short(r["workers"], r["cores"], r["workers_cpu_percent"])]
     if not short:
         return []
-    r = max(short, key=lambda r: (r["workers"] + 1) / max(r["cores"], 0.01))
-    node = (meta_ranks.get(str(r["rank"])) or {}).get("node") or "its node"
-    need = r["workers"] + 1
-    more = f" (and {len(short) - 1} more ranks)" if len(short) > 1 else ""
-    cores = f"{r['cores']:g} core" + ("s" if r["cores"] != 1 else "")
-    quota = "" if float(r["cores"]).is_integer() else " (a cgroup CPU quota: raise cpu.max, or the job's CPU limit)"
-    return [Finding("loader_cores", f"rank {r['rank']} on {node}{more}: its {r['workers']} worker processes "
-                    f"(DataLoader workers) and the rank itself shared {cores}, the workers busy "
-                    f"{r['workers_cpu_percent']:.0f}% of a core: they wait for a CPU instead of loading",
-                    f"give each task {need} cores{quota}: #SBATCH --cpus-per-task={need} (srun gives a task "
-                    f"one core without it), or DataLoader(num_workers={max(0, int(r['cores']) - 1)})")]
+    worst = max(short, key=Short.ratio)
+    return [Finding("loader_cores", worst.what(len(short) - 1), worst.fix())]
 
 
 def _reads(groups: dict, nr: int) -> tuple[float, float] | None:

@@ -53,6 +53,8 @@ from hpcml import logs
 from hpcml.cluster import requeue
 from hpcml.jobmodel import Attempt, Event, FaultKind, Hang, HangVerdict, IgnoredBeat, StoppedFor, Straggler
 from hpcml.observe.beat import Beat, Trust, read_beats
+from hpcml.observe.loadercores import Short
+from hpcml.observe.loadercores import short as is_short
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stacks import Stack
 from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS
@@ -85,6 +87,7 @@ EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the 
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
 SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it
+LOADER_RECORDS = 2            # a rank's records that show its workers short of cores before it is said
 
 
 def period_for(world: int) -> float:
@@ -205,6 +208,8 @@ class Watch:
         self._changed: dict[int, tuple[float | None, float]] = {}   # rank -> (its record's beat, when we saw it change)
         self._held: dict[int, float] = {}                    # rank -> when its exit by TERM or INT was seen
         self._said: set[tuple[int, str]] = set()             # the refusals said
+        # rank -> (its records that showed its workers short of cores, the last one's beat); None once said
+        self._loader_short: dict[int, tuple[int, float | None]] | None = {}
 
     # -- the launcher calls these ----------------------------------------------------------
 
@@ -220,6 +225,8 @@ class Watch:
             self._waits_seen = self._waits_seen or bool(b.recent_wait)
             if b.cpu_wait_s is not None or b.gpu_throttled_s is not None:
                 self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s, b.gpu_throttled_s)
+            if b.workers is not None and self._loader_short is not None:
+                self._loader_cores(rank, b)
         self._crashes(now)
         self._stragglers(now)
         self._arrivals(now)
@@ -291,6 +298,24 @@ class Watch:
         for rank, b in self.beats.items():
             if self._changed.get(rank, (None,))[0] != b.beat:
                 self._changed[rank] = (b.beat, now)
+
+    def _loader_cores(self, rank: int, b: Beat) -> None:
+        """Said once, while the job runs: a rank whose DataLoader workers wait for a CPU
+        (``hpcml.observe.loadercores``, the report's rule), seen in two of its records, so
+        that the user can fix the job script before the job's hours are spent."""
+        shorts = self._loader_short
+        if shorts is None or b.workers is None or not is_short(b.workers, b.cores, b.workers_cpu_percent):
+            return
+        seen, last = shorts.get(rank, (0, None))
+        if b.beat == last:
+            return
+        shorts[rank] = (seen + 1, b.beat)
+        if seen + 1 < LOADER_RECORDS:
+            return
+        self._loader_short = None
+        worst = Short(rank, node_name(b.node) if b.node else "its node", b.workers, float(b.cores or 0),
+                      b.workers_cpu_percent or 0.0)
+        self._say(f"{worst.what(len(shorts) - 1)}; {worst.fix()}")
 
     def _idle(self, rank: int, b: Beat, now: float) -> float:
         """Seconds since the rank's last progress, on its own clock; or, when its record

@@ -39,6 +39,9 @@ class HostSampler:
         self.proc = psutil.Process(pid)
         self.node_wide = node_wide
         self.waited: float | None = None     # the last sample's proc_cpu_wait_s (the recorder's heartbeat has it)
+        #: the last sample's worker processes, the rank's cores and the workers' CPU use (percent
+        #: of one core): the heartbeat has them, for the watch's live word on the loader's cores
+        self.loader: tuple[int, float | None, float] | None = None
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
         self._io: dict[int, tuple[int, int]] = {}        # pid -> its last (read_chars, read_bytes)
@@ -109,6 +112,7 @@ class HostSampler:
         now = time.monotonic()
         if now - self._cores_at >= CORES_REFRESH_S:
             self._cores_at, self._cores = now, rank_cores(self.proc.pid)
+        self.loader = (len(workers), self._cores, workers_cpu)
         if self._cores is not None:
             rows.append((ts, "host", "proc_cores", self._cores, None, None))
         self.waited = waited = cpu_wait(self.proc.pid)
