@@ -269,3 +269,81 @@ def test_a_stage_killed_at_random_leaves_no_partial_copy(packed, tmp_path):
         assert not p.name.endswith(".part"), p
         if p.name in sizes:
             assert p.stat().st_size == sizes[p.name], p
+
+
+# --- memmapped token arrays (issue 70): staged as they are, no manifest ---------------------------
+
+def _sha(path: Path) -> str:
+    import hashlib
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def test_nanogpt_token_arrays_are_staged_as_they_are_and_read_from_the_copy(tmp_path):
+    """nanoGPT's data directory (np.memmap'd uint16 train.bin/val.bin, meta.pkl), staged by
+    the CLI: the last line is the copy, each file byte-identical under its own name, its
+    sha256 in the stamp; the script's own np.memmap reads the same tokens; a rerun copies
+    nothing; a changed source is a new copy, the old one left as it was."""
+    import numpy as np
+
+    from tests.data.test_doctor import _nanogpt
+    _nanogpt(tmp_path / "data")
+    (tmp_path / "data" / ".cache").write_text("hidden: not staged")
+    p = _cli(str(tmp_path / "data"), "--local", "--to", str(tmp_path / "local"), cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    copy = Path(p.stdout.strip().splitlines()[-1])
+    assert copy.parent == tmp_path / "local" and copy.name.startswith("arrays-")
+    assert sorted(x.name for x in copy.iterdir() if not x.name.startswith(".")) == ["meta.pkl", "train.bin", "val.bin"]
+    stamp = _stamp(copy)
+    for name in ("meta.pkl", "train.bin", "val.bin"):
+        assert (copy / name).read_bytes() == (tmp_path / "data" / name).read_bytes(), name
+        assert stamp["files"][name]["sha256"] == _sha(tmp_path / "data" / name)
+    tokens = np.memmap(copy / "train.bin", dtype=np.uint16, mode="r")
+    assert np.array_equal(tokens[1000:1256], np.memmap(tmp_path / "data" / "train.bin", dtype=np.uint16, mode="r")[1000:1256])
+    assert not (copy / "manifest.json").exists() and not (copy / ".cache").exists()
+    again = st.stage(tmp_path / "data", str(tmp_path / "local"), env={})
+    assert again.staged and again.path == str(copy) and again.files_copied == 0 and again.files_skipped == 3
+    with open(tmp_path / "data" / "val.bin", "ab") as f:                 # prepare.py run again
+        f.write(b"\x01\x00" * 10)
+    changed = st.stage(tmp_path / "data", str(tmp_path / "local"), env={})
+    assert changed.path != str(copy) and changed.files_copied == 3
+    assert (Path(changed.path) / "val.bin").read_bytes() == (tmp_path / "data" / "val.bin").read_bytes()
+    assert (copy / "val.bin").stat().st_size == 200_000                  # the earlier copy is as it was
+
+
+def test_megatron_and_hf_layouts_keep_their_names_and_damage_is_caught_by_verify(tmp_path):
+    from tests.data.test_doctor import _hf_arrow, _megatron
+    _megatron(tmp_path / "mega")
+    r = st.stage(tmp_path / "mega", str(tmp_path / "local"), env={})
+    assert r.staged and {p.name for p in Path(r.path).iterdir() if not p.name.startswith(".")} == {
+        "corpus_text_document.bin", "corpus_text_document.idx"}
+    _hf_arrow(tmp_path / "hf" / "train")                                  # save_to_disk of a DatasetDict: train/
+    (tmp_path / "hf" / "dataset_dict.json").write_text('{"splits": ["train"]}')
+    hf = st.stage(tmp_path / "hf", str(tmp_path / "local"), env={})
+    arrow = Path(hf.path) / "train" / "data-00000-of-00001.arrow"
+    assert hf.staged and arrow.read_bytes() == (tmp_path / "hf" / "train" / "data-00000-of-00001.arrow").read_bytes()
+    st_ = arrow.stat()
+    data = bytearray(arrow.read_bytes())
+    data[100] ^= 0xFF                                                     # same size, same mtime: the stamp trusts it
+    arrow.write_bytes(bytes(data))
+    os.utime(arrow, ns=(st_.st_atime_ns, st_.st_mtime_ns))
+    assert st.stage(tmp_path / "hf", str(tmp_path / "local"), env={}).files_copied == 0
+    checked = st.stage(tmp_path / "hf", str(tmp_path / "local"), env={}, verify=True)
+    assert checked.files_copied == 1
+    assert arrow.read_bytes() == (tmp_path / "hf" / "train" / "data-00000-of-00001.arrow").read_bytes()
+
+
+def test_a_token_array_link_is_not_followed_and_a_file_changing_while_copied_is_refused(tmp_path, monkeypatch):
+    """A link in the data directory (to a file outside it) is not staged and is named; a
+    source file whose size or mtime differs after its copy (the writer still at work:
+    simulated by the stat after the copy, which a test cannot time) is refused, its copy
+    not kept."""
+    from tests.data.test_doctor import _nanogpt
+    _nanogpt(tmp_path / "data")
+    (tmp_path / "secret").write_text("outside")
+    (tmp_path / "data" / "extra.bin").symlink_to(tmp_path / "secret")
+    r = st.stage(tmp_path / "data", str(tmp_path / "local"), env={})
+    assert r.staged and not (Path(r.path) / "extra.bin").exists() and "extra.bin" in r.note
+    monkeypatch.setattr(st, "_stat_of", lambda path: (0, 0))
+    with pytest.raises(UsageError, match="changed while it was copied"):
+        st.stage(tmp_path / "data", str(tmp_path / "other"), env={})
+    assert not [p for p in (tmp_path / "other").rglob("*") if p.is_file() and p.suffix in (".bin", ".pkl")]

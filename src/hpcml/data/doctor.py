@@ -466,6 +466,9 @@ def recommend(scan: ScanResult, res: Resources, *, readers: int = 64,
     if sharded(scan) and scan.compressed_shards:
         notes.append(f"{_n(scan.compressed_shards, 'shard')} compressed (.tar.gz, .tgz, ...): hpcml reads each whole, "
                      "decompressed from its start, as one block; decompress them once for block reads.")
+    if token_arrays(scan) and placement != "stream":
+        notes.append(f"Stage them as they are, once per node, checksummed: DATA=$(hpcml data stage {scan.root}) in "
+                     "the job script, then point the training script's data directory at $DATA (its file names stay).")
     if pack and scan.ungroupable_count:
         n = scan.ungroupable_count
         has = "file has no extension or starts" if n == 1 else "files have no extension or start"

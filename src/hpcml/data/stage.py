@@ -13,6 +13,15 @@ files stamped. A lock dies with its holder, so nothing stale can block a later j
 a completion marker keyed by job id (local clusters reuse job ids after a restart).
 The manifest is written last: a directory with a manifest is a complete copy.
 
+A directory of memmapped token arrays (nanoGPT's ``train.bin``/``val.bin`` and
+``meta.pkl``, Megatron's ``.bin``/``.idx`` pairs, a Hugging Face dataset's Arrow files: the
+doctor's ``token_arrays``) has no manifest and is never packed: its files are staged as they
+are, under their relative names, each hashed as it is copied (the stamp keeps the sha256, and
+``--verify`` re-hashes the copy against it), the source's size and mtime checked after the
+copy (a file that changed while it was read is refused) and kept in the stamp, so a rerun
+copies again exactly the files that changed. Its dataset id comes from those names, sizes
+and mtimes. No link is followed and no hidden file is copied.
+
 Without ``--to`` the copy goes where ``hpcml data doctor`` advises (``advise``): RAM
 (/dev/shm, or ``$HPCML_DATA_RAM_DIR``) when it fits in the doctor's RAM budget, else the
 node-local disk ($SLURM_TMPDIR, else $TMPDIR/hpcml-data-JOB), else nowhere: the job
@@ -29,6 +38,7 @@ import hashlib
 import os
 import re
 import shutil
+import stat
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -242,6 +252,49 @@ def _files(m: Manifest, src: Path) -> list[_File]:
     return out
 
 
+ARRAY_FILES_MAX = 10_000      # files in a token-array directory staged as it is (more: per-sample files)
+
+
+def _array_source(src: Path) -> tuple[str, list[_File], list[str]] | None:
+    """A directory of memmapped token arrays without a manifest (``hpcml data doctor``'s
+    judgement): (its dataset id, its files, the entries not staged: links, special files),
+    or None where it is not one."""
+    from hpcml.data.doctor import scan, token_arrays
+    if not src.is_dir() or (src / MANIFEST).exists() or not token_arrays(scan(src, jobs=4)):
+        return None
+    files: list[_File] = []
+    left: list[str] = []
+    h = hashlib.sha256()
+    for here, dirs, names in os.walk(src):                  # links to directories are not walked
+        dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+        for name in sorted(names):
+            if name.startswith("."):                        # a stamp, a lock, a part of an earlier copy
+                continue
+            path = Path(here) / name
+            rel = path.relative_to(src).as_posix()
+            try:
+                st = os.lstat(path)
+            except OSError as exc:
+                raise UsageError(f"cannot read: {exc.strerror}", file=str(path)) from None
+            if not stat.S_ISREG(st.st_mode):
+                left.append(rel)
+                continue
+            files.append(_File(rel, st.st_size, None, src_stat=(st.st_size, st.st_mtime_ns)))
+            h.update(f"{rel}\0{st.st_size}\0{st.st_mtime_ns}\n".encode())
+            if len(files) > ARRAY_FILES_MAX:
+                raise UsageError(f"more than {ARRAY_FILES_MAX:,} files: not a directory of token arrays to stage "
+                                 "as it is (hpcml data doctor says how to read it)", file=str(src))
+    return "arrays-" + h.hexdigest()[:16], files, left
+
+
+def source_bytes(src: str | Path) -> int:
+    """The bytes ``stage`` would copy from ``src``: a shard set's, or a token-array directory's."""
+    arrays = _array_source(Path(src)) if not manifest_path(src).exists() else None
+    if arrays is not None:
+        return sum(f.bytes for f in arrays[1])
+    return sum(sh.bytes for sh in load_manifest(src).shards)
+
+
 def _staged_manifest(m: Manifest, srcdir: Path) -> bytes:
     """The copy's manifest: the source's bytes, or, where it names shards elsewhere by
     their path, the same manifest naming their copies beside it (same dataset id)."""
@@ -293,7 +346,8 @@ def _entry(path: Path, sha: str, f: _File) -> dict:
 
 def _copy(run: _Run, f: _File) -> None:
     src, dst = Path(f.src) if f.src else run.src / f.name, run.dst / f.name
-    tmp = run.dst / f".{f.name}.{run.tag}.part"
+    dst.parent.mkdir(parents=True, exist_ok=True)            # a token array in a subdirectory (HF's train/)
+    tmp = dst.parent / f".{dst.name}.{run.tag}.part"
     h, buf, n_total = hashlib.sha256(), bytearray(CHUNK), 0
     try:
         fi = open(src, "rb", buffering=0)
@@ -324,6 +378,11 @@ def _copy(run: _Run, f: _File) -> None:
                                f"{f.sha256[:12]}... ({f.bytes} bytes)")
             tmp.unlink(missing_ok=True)
             return
+        if f.sha256 is None and f.src_stat is not None and _stat_of(src) != f.src_stat:
+            with run.lock:
+                run.bad.append(f"{src}: changed while it was copied (size or mtime); stage again once it is written")
+            tmp.unlink(missing_ok=True)
+            return
         if nameless is not None:
             scratch.replace_with(nameless, dst, tmp, mode=0o666, exact=False)
         else:
@@ -338,6 +397,14 @@ def _copy(run: _Run, f: _File) -> None:
         run.stamp[f.name] = _entry(dst, sha, f)
         run.copied += 1
         run.bytes_copied += n_total
+
+
+def _stat_of(path: Path) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (st.st_size, st.st_mtime_ns)
 
 
 def _one(run: _Run, f: _File) -> None:
@@ -393,7 +460,7 @@ def _locked(path: Path, timeout: float | None) -> int:
 
 def _clean_parts(dst: Path) -> None:
     """Temporary copies left by a task that died (we hold the lock: none is in flight)."""
-    for p in dst.glob(".*.part"):
+    for p in dst.rglob(".*.part"):                           # token arrays' subdirectories too
         p.unlink(missing_ok=True)
 
 
@@ -410,18 +477,29 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
     """
     env = os.environ if env is None else env
     t0 = time.monotonic()
-    m = load_manifest(src)
-    srcdir = source_dir(src)
-    ds = m.dataset or dataset_id(m.shards)
-    files = _files(m, srcdir)
-    manifest_bytes = _staged_manifest(m, srcdir)
+    arrays = _array_source(Path(src)) if not manifest_path(src).exists() else None
+    if arrays is not None:                        # token arrays: staged as they are, no manifest
+        srcdir = Path(os.path.abspath(src))
+        ds, files, left = arrays
+        manifest_bytes = b""
+    else:
+        m = load_manifest(src)
+        srcdir = source_dir(src)
+        ds = m.dataset or dataset_id(m.shards)
+        files = _files(m, srcdir)
+        manifest_bytes = _staged_manifest(m, srcdir)
+        left = []
     res = StageResult(node=this_node(env), src=str(srcdir), path=str(srcdir), target=None, dataset=ds,
                       staged=False, bytes_total=sum(f.bytes for f in files) + len(manifest_bytes),
                       job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),
                       task=int(env.get("SLURM_LOCALID") or 0))
+    if arrays is not None:
+        res.note = (f"memmapped token arrays, staged as they are ({len(files)} files"
+                    + (f"; not staged: {len(left)} links or special files, e.g. {left[0]}" if left else "") + ")")
     if not to:
         advice = advise(res.bytes_total, env)
-        res.placement, res.note = advice.kind, f"placed as hpcml data doctor advises: {advice.reason}"
+        res.placement = advice.kind
+        res.note = "; ".join(filter(None, [res.note, f"placed as hpcml data doctor advises: {advice.reason}"]))
         if advice.to is None:
             res.reason = "the doctor advises streaming (give --to DIR to stage anyway)"
             return res
@@ -481,7 +559,9 @@ def _stage_locked(res: StageResult, files: list[_File], manifest_bytes: bytes, d
     if run.bad:
         more = f" (and {len(run.bad) - 1} more: {'; '.join(run.bad[1:3])})" if len(run.bad) > 1 else ""
         raise UsageError(f"checksum mismatch, copy refused and deleted: {run.bad[0]}{more}")
-    if (dst / MANIFEST).is_file() and (dst / MANIFEST).read_bytes() == manifest_bytes:
+    if not manifest_bytes:                        # token arrays: the stamp is the record, no manifest
+        pass
+    elif (dst / MANIFEST).is_file() and (dst / MANIFEST).read_bytes() == manifest_bytes:
         res.files_skipped += 1
     else:
         write_atomic(dst / MANIFEST, manifest_bytes.decode())

@@ -18,8 +18,9 @@ COMMAND = "hpcml data stage"
 
 
 def stage(
-    src: Optional[Path] = typer.Argument(None, help="A shard set made by `hpcml data pack` (its directory or "
-                                         "manifest.json)."),
+    src: Optional[Path] = typer.Argument(None, help="A shard set made by `hpcml data pack` or indexed by `hpcml data "
+                                         "index` (its directory or manifest.json), or a directory of memmapped token "
+                                         "arrays (nanoGPT's train.bin, Megatron's .bin/.idx, HF Arrow files)."),
     to: Optional[str] = typer.Option(None, "--to", help="Node-local directory (default: where hpcml data doctor "
                                      "advises: /dev/shm/hpcml-data-$SLURM_JOB_ID when it fits in RAM, else "
                                      "$SLURM_TMPDIR or /tmp/hpcml-data-$SLURM_JOB_ID). $VARS are expanded on "
@@ -37,7 +38,12 @@ def stage(
     job: Optional[str] = typer.Option(None, "--job", help="With --cleanup: the job whose copies to remove "
                                       "(default: $SLURM_JOB_ID)."),
 ) -> None:
-    """Copy a shard set once per node to node-local storage, verified against its manifest.
+    """Copy a shard set or token arrays once per node to node-local storage, checksummed.
+
+    A shard set is verified against its manifest. A directory of memmapped token arrays
+    (what hpcml data doctor calls one: nanoGPT's train.bin/val.bin, Megatron's indexed
+    datasets, Arrow files) is copied as it is, each file hashed as it is read and checked
+    unchanged afterwards; the training script reads the copy with its own paths.
 
     From the batch script it starts one task per node (srun); inside a step
     (`srun hpcml data stage ...`) one task per node copies and the others wait for it.
@@ -73,9 +79,8 @@ def stage(
     if src is None:
         raise UsageError("give the shard set to stage (or --cleanup)", key="SRC")
     if on_nodes and not to:                # one placement for every node: the tasks read one path
-        from hpcml.data.manifest import load_manifest
-        from hpcml.data.stage import advise, source_dir
-        advice = advise(sum(s.bytes for s in load_manifest(src).shards))
+        from hpcml.data.stage import advise, source_bytes, source_dir
+        advice = advise(source_bytes(src))
         if advice.to is None:
             out = stage_worker.combine(str(source_dir(src)), {})
             out.notes.append(f"not staged, as hpcml data doctor advises: {advice.reason}")
