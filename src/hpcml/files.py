@@ -223,10 +223,22 @@ def read_ends(path: str | os.PathLike, head_bytes: int, tail_bytes: int, *,
         if not stat.S_ISREG(st.st_mode):
             raise ValueError("not a regular file")
         if st.st_size <= head_bytes + tail_bytes:
-            return b"", os.pread(fd, head_bytes + tail_bytes, 0), True
-        return os.pread(fd, head_bytes, 0), os.pread(fd, tail_bytes, st.st_size - tail_bytes), False
+            return b"", _pread_all(fd, head_bytes + tail_bytes, 0), True
+        return _pread_all(fd, head_bytes, 0), _pread_all(fd, tail_bytes, st.st_size - tail_bytes), False
     finally:
         os.close(fd)
+
+
+def _pread_all(fd: int, n: int, offset: int) -> bytes:
+    """Up to ``n`` bytes from ``offset``: pread may return fewer than asked before the end."""
+    chunks, got = [], 0
+    while got < n:
+        chunk = os.pread(fd, n - got, offset + got)
+        if not chunk:
+            break
+        chunks.append(chunk)
+        got += len(chunk)
+    return b"".join(chunks)
 
 
 def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,

@@ -88,3 +88,34 @@ def test_a_directory_of_thousands_is_looked_at_within_its_bounds(tmp_path, monke
     deep = tmp_path / "a" / "b" / "c" / "d" / "e" / "f"
     _state(deep / "trainer_state.json", [{"loss": 1.0}], 1)     # below MAX_DEPTH: not looked for
     assert read_task_logs(tmp_path) == []
+
+
+def test_a_csv_that_is_not_lightnings_is_left_or_read_row_by_row(tmp_path):
+    d = tmp_path / "lightning_logs" / "version_0"
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text("epoch,step,loss\n0,1," + "1" * 200_000 + "\n")    # over csv's field limit
+    assert read_task_logs(tmp_path) == []
+    (d / "metrics.csv").write_bytes(b"\xef\xbb\xbfstep,loss\n1,\"2.0\n2,1.5\n3,1.25\n")  # a BOM, a stray quote
+    [got] = read_task_logs(tmp_path)
+    assert got.values == {"loss": 1.25} and got.step == 3
+
+
+def test_a_link_loop_or_a_linked_task_directory_is_not_read(tmp_path):
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "m.jsonl").symlink_to("m.jsonl")                      # a loop
+    assert read_task_logs(tmp_path, "out/m.jsonl") == []
+    real = tmp_path / "real"
+    _state(real / "trainer_state.json", [{"loss": 1.0}], 1)
+    (tmp_path / "task").symlink_to(real)
+    assert read_task_logs(tmp_path / "task") == []
+
+
+def test_the_logs_are_found_before_a_dataset_of_thousands_of_folders(tmp_path, monkeypatch):
+    """Breadth first, the directories frameworks write first: a task directory whose
+    dataset has more folders than the budget still shows its log."""
+    monkeypatch.setattr(framelogs, "MAX_DIRS", 100)
+    for i in range(300):
+        (tmp_path / "a_dataset" / f"n{i:05d}").mkdir(parents=True)
+    _state(tmp_path / "zz_out" / "checkpoint-8" / "trainer_state.json", [{"loss": 0.5}], 8)
+    [got] = read_task_logs(tmp_path)
+    assert got.source == "zz_out/checkpoint-8/trainer_state.json"

@@ -164,3 +164,33 @@ def test_a_plain_loop_shows_its_steps_and_the_sweeps_metrics_file(tmp_path):
                                                   "HPCML_RUN_OPTIMIZER_STEPS": "0"}).returncode == 0
     row = json.loads(hpcml("farm", "results", off / "f", "--json").stdout)["rows"][0]
     assert row["steps"] is None and len(_ledger(off / "ledger")[0]) == 10
+
+
+@pytest.mark.torch
+def test_a_torchrun_task_counts_each_ranks_own_steps(tmp_path):
+    """torchrun's agent imports torch and steps nothing: its two workers each count their own
+    steps (the claim is taken at a process's first step, not at its import), rank 0's shown."""
+    needs.module("torch")
+    ledger = tmp_path / "ledger"
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} -m torch.distributed.run --standalone "
+                                     f"--nproc-per-node 2 {SCRIPTS / 'farm_plain.py'} {{lr}}\nproduct: {{lr: [0.1]}}\n")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    p = hpcml("farm", "run", farm, "--slots", "1", timeout=600, extra={"LEDGER": str(ledger), "OMP_NUM_THREADS": "1"})
+    assert p.returncode == 0, p.stderr[-3000:]
+    row = json.loads(hpcml("farm", "results", farm, "--json").stdout)["rows"][0]
+    assert len(_ledger(ledger)[0]) == 20                       # the two workers' own count
+    assert row["steps"]["count"] == 10 and row["steps"]["rank"] == 0
+    assert {f.name.split(".")[0] for f in (farm / "observe" / "0.1").iterdir()} >= {"rank-00000", "rank-00001"}
+
+
+def test_a_parameter_named_steps_keeps_its_name_in_the_sort_and_the_csv(tmp_path):
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} -c 'import sys' {{steps}}\n"
+                                     "product: {steps: [300, 100, 200]}\n")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    assert hpcml("farm", "run", farm, "--slots", "1").returncode == 0
+    doc = json.loads(hpcml("farm", "results", farm, "--json", "--sort", "steps").stdout)
+    assert [r["params"]["steps"] for r in doc["rows"]] == [100, 200, 300]
+    header = next(csv.reader(io.StringIO(hpcml("farm", "results", farm, "--csv").stdout)))
+    assert header.count("steps") == 1 and "optimizer_steps" in header

@@ -63,6 +63,8 @@ TASK_DIRS = "tasks"
 #: (this module imports nothing of hpcml): first on a task's PYTHONPATH, it counts the task's
 #: optimizer steps into its observe directory without a change to the script
 INJECT = str(Path(__file__).resolve().parent.parent / "run" / "inject")
+#: the sitecustomize's claims on a process's optimizer steps (hpcml run's and the farm's)
+STEP_CLAIMS = ("HPCML_RUN_STEPS_PID", "HPCML_FARM_STEPS_PID")
 
 
 def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dict[str, str]:
@@ -72,8 +74,11 @@ def task_environment(env: Mapping[str, str], farm: Path, gpu: str | None) -> dic
     out[FARM_DIR] = str(farm.absolute())
     out[FARM_JOB] = env.get("SLURM_JOB_ID", "")
     out[WORKDIR] = os.getcwd()
-    path = [p for p in out.get("PYTHONPATH", "").split(os.pathsep) if p and p != INJECT]
-    out["PYTHONPATH"] = os.pathsep.join([INJECT, *path])
+    for claim in STEP_CLAIMS:                  # a worker started inside a task or a rank: not this task's
+        out.pop(claim, None)
+    path = out.get("PYTHONPATH", "")             # kept as it is (an empty entry is the current directory)
+    if path != INJECT and not path.startswith(INJECT + os.pathsep):
+        out["PYTHONPATH"] = INJECT + (os.pathsep + path if path else "")
     if gpu is not None:
         for k in STEP_GPUS:
             out.pop(k, None)

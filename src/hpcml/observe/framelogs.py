@@ -25,7 +25,7 @@ bytes, ``hpcml.files.read_ends``), values kept only when finite numbers.
 from __future__ import annotations
 
 import csv
-import io
+import heapq
 import json
 import math
 import os
@@ -47,6 +47,12 @@ HEAD, TAIL = 64 << 10, 4 << 20    # a log's header and its latest rows
 #: HF's bookkeeping in log_history, not a training metric (its speed is hpcml's own measure)
 HF_SKIP = re.compile(r"^(step|total_flos|.*_runtime|.*_samples_per_second|.*_steps_per_second)$")
 _VERSION = re.compile(r"^version_(\d+)$")
+#: directories where frameworks write their logs (HF's output_dir and checkpoint-N, Lightning's
+#: lightning_logs/version_N), looked at first at each depth
+LIKELY = re.compile(r"^(out|output|outputs|results|runs|logs|lightning_logs|checkpoints?|checkpoint-\d+|version_\d+)"
+                    r"([-_].*)?$")
+SKIP_DIRS = ("__pycache__", "wandb", "node_modules")
+STATES_READ = 3                   # trainer_state.json files parsed at most: the newest few
 
 
 @dataclass(frozen=True)
@@ -67,7 +73,7 @@ def read_task_logs(task_dir: str | os.PathLike, metrics_file: str | None = None)
     """The framework logs found in one task's directory (and ``metrics_file``, relative to
     it), each read once; [] where there are none or the directory is missing."""
     root = Path(task_dir)
-    if not root.is_dir():
+    if root.is_symlink() or not root.is_dir():        # the task's directory itself a link: not the task's
         return []
     states, csvs = _find(root)
     out = []
@@ -87,23 +93,35 @@ def read_task_logs(task_dir: str | os.PathLike, metrics_file: str | None = None)
 
 
 def _find(root: Path) -> tuple[list[Path], list[Path]]:
+    """The framework logs under ``root``, breadth first, the directories frameworks write
+    (``LIKELY``) before the others of their depth: a task directory holding a dataset of
+    thousands of folders spends the budget after the logs, not before."""
     states: list[Path] = []
     csvs: list[Path] = []
+    queue: list[tuple[int, int, str, Path]] = [(0, 0, "", root)]
     seen = 0
-    base = len(root.parts)
-    for here, dirs, files in os.walk(root):            # followlinks=False: never out of the task's directory
+    while queue:
+        depth, _, _, path = heapq.heappop(queue)
         seen += 1
-        path = Path(here)
-        if seen > MAX_DIRS or len(path.parts) - base >= MAX_DEPTH:
-            dirs[:] = []
-        dirs[:] = [d for d in dirs if not d.startswith(".") and d not in ("__pycache__", "wandb")]
-        if HF_STATE in files:
-            states.append(path / HF_STATE)
-        if LIGHTNING_CSV in files and _VERSION.match(path.name):
-            csvs.append(path / LIGHTNING_CSV)
         if seen > MAX_DIRS:
             log.info("%s: more than %d directories, the rest not looked at for framework logs", root, MAX_DIRS)
             break
+        try:
+            with os.scandir(path) as it:
+                entries = list(it)
+        except OSError:
+            continue
+        for e in entries:
+            try:
+                if e.is_dir(follow_symlinks=False):      # a link to a directory is not walked
+                    if depth + 1 < MAX_DEPTH and not e.name.startswith(".") and e.name not in SKIP_DIRS:
+                        heapq.heappush(queue, (depth + 1, 0 if LIKELY.match(e.name) else 1, e.name, Path(e.path)))
+                elif e.name == HF_STATE:
+                    states.append(Path(e.path))
+                elif e.name == LIGHTNING_CSV and _VERSION.match(path.name):
+                    csvs.append(Path(e.path))
+            except OSError:
+                continue
     return states, csvs
 
 
@@ -124,10 +142,9 @@ def _number(v: object) -> float | None:
 def _latest_state(root: Path, paths: list[Path]) -> Logged | None:
     """The ``trainer_state.json`` furthest along (``global_step``; the newest on a tie)."""
     best: tuple[tuple[float, float], Logged] | None = None
-    for path in paths:
+    for mtime, path in sorted(((_mtime(p), p) for p in paths), reverse=True)[:STATES_READ]:
         try:
             doc = load_json_bounded(path, STATE_MAX, follow_symlinks=False)
-            mtime = path.stat().st_mtime
         except (OSError, ValueError) as exc:
             log.info("%s: not read: %s", path, exc)
             continue
@@ -149,13 +166,16 @@ def _latest_state(root: Path, paths: list[Path]) -> Logged | None:
     return best[1] if best is not None else None
 
 
+def _mtime(path: Path) -> float:
+    try:
+        return os.lstat(path).st_mtime
+    except OSError:
+        return 0.0
+
+
 def _version_order(path: Path) -> tuple[float, int]:
     m = _VERSION.match(path.parent.name)
-    try:
-        mtime = path.stat().st_mtime
-    except OSError:
-        mtime = 0.0
-    return (mtime, int(m[1]) if m else -1)
+    return (_mtime(path), int(m[1]) if m else -1)
 
 
 def _lines(path: Path) -> tuple[str, list[str]] | None:
@@ -166,7 +186,7 @@ def _lines(path: Path) -> tuple[str, list[str]] | None:
     except (OSError, ValueError) as exc:
         log.info("%s: not read: %s", path, exc)
         return None
-    text = tail.decode("utf-8", "replace")
+    text = tail.decode("utf-8-sig" if whole else "utf-8", "replace")
     lines = text.split("\n")
     if not text.endswith("\n"):
         lines = lines[:-1]                                # the row being written
@@ -174,7 +194,7 @@ def _lines(path: Path) -> tuple[str, list[str]] | None:
         header = lines[0] if lines else ""
         rows = lines[1:]
     else:
-        header = head.decode("utf-8", "replace").split("\n", 1)[0]
+        header = head.decode("utf-8-sig", "replace").split("\n", 1)[0]
         rows = lines[1:]                                  # the first is cut at the tail's start
     return header, [r for r in rows if r.strip()]
 
@@ -186,11 +206,15 @@ def _csv(root: Path, path: Path) -> Logged | None:
     header, rows = got
     if not header:
         return None
-    reader = csv.reader(io.StringIO("\n".join([header, *rows])))
-    names = next(reader, [])
     values: dict[str, float] = {}
     step: int | None = None
-    for row in reader:
+    try:
+        names = next(csv.reader([header]), [])
+        parsed = [next(csv.reader([r]), []) for r in rows]   # row by row: a stray quote spoils its row only
+    except csv.Error as exc:                            # a field over csv's limit, a NUL: not Lightning's
+        log.info("%s: not read: %s", path, exc)
+        return None
+    for row in parsed:
         for name, cell in zip(names, row):
             try:
                 f = float(cell) if cell.strip() else None
@@ -211,7 +235,7 @@ def _jsonl(root: Path, name: str) -> Logged | None:
         if not path.is_file():
             return None
         _, tail, whole = read_ends(path, 0, TAIL)
-    except (OSError, ValueError) as exc:
+    except (OSError, ValueError, RuntimeError) as exc:    # RuntimeError: a symlink loop (Path.resolve)
         log.info("%s: %s: not read: %s", root, name, exc)
         return None
     values: dict[str, float] = {}

@@ -27,7 +27,8 @@ from hpcml.observe.framelogs import Logged, read_task_logs
 from hpcml.observe.progress import RULE, last_values, summarise
 
 #: the columns besides parameters and metrics that --sort takes
-COLUMNS = ("id", "group", "state", "attempts", "exit_code", "node", "seconds", "steps", "steps_per_s")
+#: (optimizer_steps: not "steps", which a sweep may name a parameter or a script a metric)
+COLUMNS = ("id", "group", "state", "attempts", "exit_code", "node", "seconds", "optimizer_steps", "optimizer_steps_per_s")
 
 
 @dataclass
@@ -123,9 +124,11 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
                              f"{', '.join(params) or 'none'}; metrics: {', '.join(metrics) or 'none'})", key="sort")
 
         def value(r: dict[str, Any]) -> Any:
-            if key in ("steps", "steps_per_s"):
-                return (r["steps"] or {}).get("count" if key == "steps" else "per_s")
-            return r["metrics"].get(key, r["params"].get(key, r.get(key)))
+            if key in params or key in metrics:
+                return r["metrics"].get(key, r["params"].get(key))
+            if key in ("optimizer_steps", "optimizer_steps_per_s"):
+                return (r["steps"] or {}).get("count" if key == "optimizer_steps" else "per_s")
+            return r.get(key)
         have = [r for r in rows if value(r) is not None]
         have.sort(key=lambda r: (isinstance(value(r), str), value(r)), reverse=reverse)
         rows = have + [r for r in rows if value(r) is None]
@@ -136,12 +139,13 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
 def to_csv(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", "steps", "steps_per_s",
-                *doc["params"], *doc["metrics"]])
+    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", "optimizer_steps", "optimizer_steps_per_s",
+                *doc["params"], *(m for m in doc["metrics"] if m not in doc["params"])])
     for r in doc["rows"]:
         st = r.get("steps") or {}
         w.writerow([r["id"], r["group"] or "", r["state"], r["attempts"], "" if r["exit_code"] is None else r["exit_code"],
                     "" if r["seconds"] is None else f"{r['seconds']:.3f}", st.get("count", ""),
                     "" if st.get("per_s") is None else st["per_s"],
-                    *(r["params"].get(p, "") for p in doc["params"]), *(r["metrics"].get(m, "") for m in doc["metrics"])])
+                    *(r["params"].get(p, "") for p in doc["params"]),
+                    *(r["metrics"].get(m, "") for m in doc["metrics"] if m not in doc["params"])])
     return buf.getvalue()

@@ -243,7 +243,8 @@ def _render_status(doc: dict) -> None:
 @app.command("results")
 def results_command(
     farm: Path = typer.Argument(..., help="The farm directory."),
-    sort: str | None = typer.Option(None, "--sort", help="Sort by a parameter, metric or column; '-loss' descending."),
+    sort: str | None = typer.Option(None, "--sort", help="Sort by a parameter, metric or column (optimizer_steps, "
+                                    "optimizer_steps_per_s, seconds, ...); '-loss' descending."),
     as_json: bool = typer.Option(False, "--json", help="Print JSON (schema hpcml.farm.results/1)."),
     as_csv: bool = typer.Option(False, "--csv", help="Print CSV."),
     limit: int | None = typer.Option(None, "--limit", min=1, help="Show only the first N rows."),
@@ -279,13 +280,15 @@ def results_command(
     caption = "; ".join(filter(None, [f"metrics: {doc['metric_rule']}" if doc["metrics"] else "",
                                       f"from framework logs: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''}"
                                       if sources else "",
-                                      "steps: optimizer steps (rank 0), steps/s over their time" if any(
+                                      "steps: rank 0's (optimizer steps counted, or the script's own), steps/s over "
+                                      "their time" if any(
                                           r["steps"] for r in doc["rows"]) else ""]))
     t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks", caption=caption or None)
     command = not doc["params"]                  # a task file: the command says which task it is
     stepped = any(r["steps"] for r in doc["rows"])
-    for col in ("id", "state", *doc["params"], *(("steps", "steps/s") if stepped else ()), *doc["metrics"], "s"):
-        t.add_column(col, justify="right")
+    steps_col = "steps" if "steps" not in doc["params"] and "steps" not in doc["metrics"] else "steps (counted)"
+    for col in ("id", "state", *doc["params"], *((steps_col, "steps/s") if stepped else ()), *doc["metrics"], "s"):
+        t.add_column(col, justify="right", no_wrap=True)      # the command column gives way, not a value
     if command:
         t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:

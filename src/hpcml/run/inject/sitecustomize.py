@@ -23,9 +23,10 @@ start: a subprocess or spawned DataLoader worker whose parent closed the pipe ma
 number reused) claims the rank's steps (``HPCML_RUN_STEPS_PID``, inherited by its children,
 which then count nothing); a forked child stops counting (``os.register_at_fork``).
 ``HPCML_RUN_OPTIMIZER_STEPS=0`` turns it off. In a farm task (``hpcml farm``'s worker puts
-this directory on the task's PYTHONPATH) with no recorder's pipe, the first process of the
-attempt to import ``torch.optim`` counts its steps the same way (``HPCML_FARM_STEPS_PID``, a
-claim of its own: an ``hpcml run`` in the task gives its ranks theirs), written through
+this directory on the task's PYTHONPATH) with no recorder's pipe, each process that imports
+``torch.optim`` counts its steps the same way until one of its ancestors stepped first (the
+claim, ``HPCML_FARM_STEPS_PID``, is taken at a process's first ``step()``: a launcher's
+workers count their own; an ``hpcml run`` in the task gives its ranks theirs), written through
 ``hpcml.observe.api`` into the attempt's observe directory for ``hpcml farm results``; an
 interpreter without hpcml runs as without us, silently. With ``--step-pattern``, rank 0's main process
 also reads the first step it prints (``hpcml.observe.printedsteps``). The same process's
@@ -69,7 +70,7 @@ LAUNCHER = "HPCML_RUN_LAUNCHER"
 WRAPPED = "HPCML_RUN_WRAPPED"
 IN_RANK = "HPCML_RUN_IN_RANK"         # set in a wrapped worker: its own children are never ranks
 FARM_CLAIM = "HPCML_FARM_STEPS_PID"  # a farm task's process whose optimizer steps are the attempt's
-FARM_TASK, OBSERVE_DIR = "HPCML_FARM_TASK_ID", "HPCML_OBSERVE_DIR"   # hpcml.cluster.taskenv's, written out
+FARM_TASK, FARM_JOB, OBSERVE_DIR = "HPCML_FARM_TASK_ID", "HPCML_FARM_JOB_ID", "HPCML_OBSERVE_DIR"  # taskenv's, written out
 IDENTITY = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_RESTART_COUNT")
 
 
@@ -288,15 +289,26 @@ def _count_steps(pipe: tuple[int, int, int] | None) -> None:
 
 def _count_farm_steps() -> None:
     """``torch.optim`` has just run in a farm task's process: its optimizer steps are the
-    attempt's, unless another process of the attempt claimed them (its parent)."""
+    attempt's, unless a process it descends from stepped first. The claim is taken at the
+    first ``step()``, not at the import: a launcher that imports torch and steps nothing
+    (torchrun's agent, ``accelerate launch``) leaves its workers their own steps, each its
+    rank's (``RANK``)."""
     if os.environ.get(FARM_CLAIM, str(os.getpid())) != str(os.getpid()):
         return
     try:
+        from torch.optim.optimizer import register_optimizer_step_pre_hook
+
         from hpcml.observe import optimsteps
-    except ImportError:                              # an interpreter without hpcml (another venv, a container)
+    except Exception:  # noqa: BLE001 - an interpreter without hpcml, or one that fails: the task runs as without us
         return
-    os.environ[FARM_CLAIM] = str(os.getpid())
+    claimed: list[bool] = []
+
+    def claim(optimizer: Any, args: Any, kwargs: Any) -> None:
+        if not claimed:                              # never removed: torch loops over its hooks as it calls them
+            claimed.append(True)
+            os.environ[FARM_CLAIM] = str(os.getpid())     # processes started from now on count none
     try:
+        register_optimizer_step_pre_hook(claim)
         optimsteps.install()
     except Exception as exc:  # noqa: BLE001 - the task runs as without us
         print(f"hpcml farm: optimizer steps are not counted: {type(exc).__name__}: {exc}", file=sys.stderr)
@@ -342,5 +354,7 @@ if __name__ == "sitecustomize":
                 and os.environ.get(CLAIM, str(os.getpid())) == str(os.getpid())):
             sys.meta_path.insert(0, _OnImport("torch.optim", lambda: _count_steps(pipe)))
     elif (os.environ.get(FARM_TASK) and os.environ.get(OBSERVE_DIR) and not os.environ.get(PIPE)
-          and os.environ.get(STEPS) != "0" and os.environ.get(FARM_CLAIM, str(os.getpid())) == str(os.getpid())):
+          and os.environ.get(STEPS) != "0" and os.environ.get(FARM_CLAIM, str(os.getpid())) == str(os.getpid())
+          and os.environ.get(FARM_JOB, os.environ.get("SLURM_JOB_ID", "")) == os.environ.get("SLURM_JOB_ID", "")):
+        # (a job a task submitted inherits the farm's variables, not its job: not the task's)
         sys.meta_path.insert(0, _OnImport("torch.optim", _count_farm_steps))
