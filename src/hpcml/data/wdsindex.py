@@ -35,6 +35,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 from typing import BinaryIO
 
+from hpcml import progress
 from hpcml.data.index import index_name, padded, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, is_shard_name, write_manifest
 from hpcml.errors import UsageError
@@ -249,8 +250,14 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
     if _read_only(dst):
         raise UsageError("cannot write the index here (read-only): give --out DIR", file=str(dst))
     _refuse_packed(dst)
+    count = progress.Counter("indexing shards", len(paths))
+
+    def one(path: Path) -> ShardScan:
+        scan = index_shard(path)
+        count.step()
+        return scan
     with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(paths)))) as pool:
-        scans = list(pool.map(index_shard, paths))
+        scans = list(pool.map(one, paths))
     entries = []
     for s in scans:
         name = s.path.name if s.path.parent == dst else str(s.path)

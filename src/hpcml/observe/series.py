@@ -18,6 +18,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcml import progress
 from hpcml.observe.store import files_by_rank, iter_ranks, missing_ranks, read_meta
 
 Key = tuple[str, str]
@@ -114,8 +115,11 @@ def read_series(path: str | os.PathLike) -> JobSeries:
     problems: dict[int, str] = {}
     rows = 0
     with_data: set[int] = set()
+    done = 0
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
         for probs, seen, n, parts in pool.map(_read_some, chunks):
+            done = min(len(ranks), done + RANKS_PER_SPLIT)
+            progress.advance("reading ranks", done, len(ranks))
             problems.update(probs)
             with_data.update(seen)
             rows += n

@@ -17,6 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
+from hpcml import progress
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
@@ -216,8 +217,14 @@ def _read_all(files: list[Path]) -> list[RankData]:
     """Every rank, its segments joined, files read on threads: Arrow decompresses without
     the GIL, so a 1,024-rank job reads in about half the time on 2 cores."""
     from concurrent.futures import ThreadPoolExecutor
+    count = progress.Counter("reading rank files", len(files))
+
+    def one(f: Path) -> RankData:
+        data = read_rank(f)
+        count.step()
+        return data
     with ThreadPoolExecutor(max_workers=min(8, os.cpu_count() or 1)) as pool:
-        read = dict(zip(files, pool.map(read_rank, files)))
+        read = dict(zip(files, pool.map(one, files)))
     return list(iter_ranks(files, read.__getitem__))
 
 

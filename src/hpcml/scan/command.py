@@ -7,7 +7,6 @@ or before every load pays the start-up each time. See ``hpcml.scan.fastscan``.
 from __future__ import annotations
 
 import json
-import sys
 from pathlib import Path
 
 from hpcml.errors import UsageError
@@ -23,15 +22,8 @@ def scan_files(paths: list[Path], *, policy: list[Path], as_json: bool, sarif: P
     if missing:                        # a path that is not there is bad input (2), not an unreadable file (7)
         raise UsageError("no such file or directory", file=str(missing[0]))
     pol = load_policy(*policy)
-    progress = None
-    if not as_json and sys.stderr.isatty():
-        from rich.progress import Progress
-        progress = Progress(transient=True)
-    if progress:
-        with progress:
-            task = progress.add_task("scanning", total=None)
-            results = scan_paths(paths, pol, jobs=jobs, on_result=lambda r: progress.advance(task))
-    else:
+    from hpcml import progress
+    with progress.on_terminal(progress.wanted(as_json)):          # a bar on stderr, never in stdout's result
         results = scan_paths(paths, pol, jobs=jobs)
     code = exit_code(results, pol)
     if sarif:

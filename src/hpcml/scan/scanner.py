@@ -14,6 +14,7 @@ from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import BinaryIO
 
+from hpcml import progress
 from hpcml.scan import pickles
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import FORMATS, MAX_ARCHIVE_DEPTH, claimed
@@ -156,6 +157,7 @@ def scan_paths(paths: Iterable[str | os.PathLike], policy: Policy | None = None,
     if jobs == 1:
         for f in files:
             results.append(scan_file(f, policy))
+            progress.advance("scanning files", len(results), len(files))
             if on_result:
                 on_result(results[-1])
         return results
@@ -163,6 +165,7 @@ def scan_paths(paths: Iterable[str | os.PathLike], policy: Policy | None = None,
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         for res in pool.map(scan_file, files, [policy] * len(files), chunksize=4):
             results.append(res)
+            progress.advance("scanning files", len(results), len(files))
             if on_result:
                 on_result(res)
     return results

@@ -103,11 +103,13 @@ def main(argv: list[str]) -> int:
 def execute(args: VetRun) -> int:
     """Vet, write the files, print the table (or the JSON), send to a collector if asked;
     the verdict's exit code (130 when interrupted)."""
+    from hpcml import progress
     from hpcml.vet import report
     from hpcml.vet.session import vet_job
-    run_, paths = vet_job(args.protocol or DEFAULT_PROTOCOL, min_nodes=args.min_nodes, deadline=args.deadline,
-                          nodes=args.nodes, out=args.out, exclude_file=args.exclude_file, good_file=args.good_file,
-                          workdir=args.workdir, venv_root=args.venv_root, local=args.local)
+    with progress.on_terminal(progress.wanted(args.as_json)):      # nodes reporting, on a terminal
+        run_, paths = vet_job(args.protocol or DEFAULT_PROTOCOL, min_nodes=args.min_nodes, deadline=args.deadline,
+                              nodes=args.nodes, out=args.out, exclude_file=args.exclude_file, good_file=args.good_file,
+                              workdir=args.workdir, venv_root=args.venv_root, local=args.local)
     if args.report_to:
         _send(report.to_json(run_), args.report_to, args.report_token_file)
     if args.as_json:

@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcml import progress
 from hpcml.cluster import slurm
 from hpcml.proctree import die_with_parent, libc
 from hpcml.vet.model import NodeReport
@@ -90,6 +91,7 @@ class Step:
             return
         report.received_at = time.time()
         self.step.reports[report.node] = report
+        progress.advance("vetting nodes", len(self.step.reports), self.expected)
         if len(self.step.reports) >= self.expected:
             self.complete.set()
 

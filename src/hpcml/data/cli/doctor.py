@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 import typer
@@ -48,17 +47,10 @@ def doctor(
                            local_dir=str(local_disk) if local_disk else None,
                            local_free=parse_size(local_free, "--local-free", minimum=0), tasks=tasks)
     rsize = parse_size(read_size, "--read-size", minimum=0)
-    if sys.stderr.isatty():
-        from rich.console import Console
-        from rich.progress import Progress, SpinnerColumn, TextColumn
-        with Progress(SpinnerColumn(), TextColumn("{task.description}"), transient=True,
-                      console=Console(stderr=True)) as progress:
-            task = progress.add_task(f"scanning {path}", total=None)
-            report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs,
-                              on_progress=lambda n, b: progress.update(
-                                  task, description=f"scanning {path}: {n:,} files"))
-    else:
-        report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs)
+    from hpcml import progress
+    with progress.on_terminal(progress.wanted(as_json)):
+        report = diagnose(path, res, readers=readers, read_size=rsize, jobs=jobs,
+                          on_progress=lambda n, b: progress.advance(f"scanning {path}: files", n, None))
     show(report, as_json, _render)
 
 

@@ -29,9 +29,11 @@ def index_command(
     written; .tar.gz/.tgz, .tar.bz2 and .tar.xz shards are indexed in their decompressed tar.
     Exit codes: 0 indexed, 2 bad input (no shard, unreadable or not a tar, read-only without --out).
     """
+    from hpcml import progress
     from hpcml.data.wdsindex import index_shards
     from hpcml.schemas import tag
-    r = index_shards(specs, out, jobs=jobs)
+    with progress.on_terminal(progress.wanted(as_json)):
+        r = index_shards(specs, out, jobs=jobs)
     m = r.manifest
     if as_json:
         print(json.dumps({"schema": tag("data.index", 1), "dataset": m.dataset, "manifest": str(r.out / "manifest.json"),

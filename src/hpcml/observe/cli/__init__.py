@@ -140,7 +140,10 @@ def report_cmd(
         raise UsageError(f"expected 'data' or 'roles', got {parallelism!r}", key="--parallelism")
     limits = Limits(chronic=chronic, stall_ratio=stall_ratio, window=episode_window, min_stall_s=min_stall,
                     min_straggler_steps=min_straggler_steps, min_straggler_s=min_straggler_s)
-    rep = build(read_series(job_dir), parallelism=parallelism or None, limits=limits)
+    from hpcml import progress
+    with progress.on_terminal(progress.wanted(as_json)):       # a thousand ranks take seconds to read
+        series = read_series(job_dir)
+    rep = build(series, parallelism=parallelism or None, limits=limits)
     out = write_report(report_html.write, rep, html_out or Path(job_dir) / "report.html")
     if as_json:
         print(json.dumps(rep.to_dict(), indent=2))

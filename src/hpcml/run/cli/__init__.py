@@ -73,7 +73,9 @@ def report_cmd(
     if send and url is None:
         raise UsageError("--send needs the collector's URL: --collector URL or $HPCML_COLLECTOR", key="--send")
     skip_pandas()                           # hpcml's own process: 0.3 s saved (hpcml.arrowprobe)
-    rep = build(job_dir)
+    from hpcml import progress
+    with progress.on_terminal(progress.wanted(as_json)):       # a thousand ranks take seconds to read
+        rep = build(job_dir)
     path = write_report(write, rep, html_out or Path(job_dir) / "report.html")
     if url is not None:              # on every report when $HPCML_COLLECTOR names one
         _send(job_dir, rep, url, strict=send)
