@@ -83,6 +83,8 @@ scrape_configs:
         host = _query(prom_port, 'hpcml_host{name="proc_rss_bytes"}')
         assert {r["metric"]["rank"] for r in host} == {"3", "5"}
         assert all(float(r["value"][1]) > 1e6 for r in host)
+        wrote = _query(prom_port, 'hpcml_host{name="proc_write_calls"}')       # storage beside throughput, live
+        assert {r["metric"]["rank"] for r in wrote} == {"3", "5"}, wrote
         step = _query(prom_port, "hpcml_section_seconds")
         assert step and step[0]["metric"]["name"] == "step"
     finally:

@@ -124,7 +124,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
                        "duration_s", "rows", "throughput", "stalls", "stragglers", "bimodal", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
                        "failed_ranks", "recorder_problems", "findings", "restarts", "straggler_check", "arrivals", "progress",
-                       "loader"]
+                       "loader", "io"]
     assert d["job_id"] == "synthetic" and d["missing_ranks"] == [MISSING] and str(CUT) in d["damaged_ranks"]
     assert all(set(f) == {"kind", "message", "advice"} for f in d["findings"])
     assert {"rank", "node", "gpus", "score", "confidence"} <= set(d["stragglers"][0])

@@ -38,6 +38,7 @@ from typing import Any
 
 import numpy as np
 
+from hpcml.observe import iobursts
 from hpcml.observe.api import WAIT
 from hpcml.observe.loadercores import Short
 from hpcml.observe.loadercores import short as is_short
@@ -59,7 +60,7 @@ THROUGHPUT_METRICS = ("tokens_per_s", "samples_per_s", "sequences_per_s", "image
 DATA_SECTIONS = ("dataload", "data", "dataloader", "data_load", "input")
 READ_TOTALS = ("proc_read_bytes", "proc_read_chars")
 #: host rows read per rank, not charted: running totals and the loader's counts
-NOT_CHARTED = (*READ_TOTALS, "proc_workers", "proc_cores")
+NOT_CHARTED = (*READ_TOTALS, "proc_workers", "proc_cores", *iobursts.RANK_ROWS.values(), *iobursts.FS_ROWS)
 COLD_SHARE = 0.3              # of a job's bytes read, from the disk: the reads were cold (imports read warm)
 SCHEMA = tag("observe.report", 1)
 
@@ -113,6 +114,7 @@ class Report:
     arrivals: dict[str, Any] | None = None   # who arrived last at each collective (hpcml.observe.arrivals)
     progress: dict[str, Any] | None = None           # what the job did: steps, samples, last metrics (observe.progress)
     loader: list[dict[str, Any]] | None = None       # per rank: worker processes, cores, their CPU use (samplers.host)
+    io: dict[str, Any] | None = None                  # per rank reads and writes; the I/O in each stall (observe.iobursts)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -651,6 +653,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids)
     loader = _loader(groups, rank_ids)
     findings += _loader_findings(loader, meta_ranks)
+    io = iobursts.summarise(groups, rank_ids, span, stalls)
+    findings += iobursts.findings(io, Finding)
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
@@ -660,7 +664,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader)
+                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io)
 
 
 def step_time(throughput: dict[str, Any] | None) -> float | None:

@@ -9,7 +9,12 @@ read calls, the page cache's hits included) and ``proc_read_bytes`` (bytes the k
 fetched from storage for them: Linux's ``/proc/PID/io``), each the total since the rank
 started, over every process of its tree that has run (a DataLoader worker that ended keeps
 its count). Their ratio says whether a data-bound step read from the disk (a first, cold
-run) or the page cache (``hpcml.observe.report``'s data finding).
+run) or the page cache (``hpcml.observe.report``'s data finding). The same for its writes
+(``proc_write_chars``: bytes its write calls passed, a checkpoint to any filesystem;
+``proc_write_bytes``: what reached the block layer) and its calls (``proc_read_calls``,
+``proc_write_calls``): the report finds the bursts a throughput drop coincides with.
+The node's parallel-filesystem client counters (Lustre, NFS) come from
+``hpcml.samplers.fsclients``, on local rank 0 with the other node-wide figures.
 
 ``proc_cpu_wait_s``: the seconds the rank's threads waited for a CPU (their run delay),
 since it started: a slow rank that waited is contended, not a straggler (the report's and the
@@ -29,7 +34,11 @@ import time
 import psutil
 
 from hpcml.proctree import cgroup_v2, cpu_wait
+from hpcml.samplers.fsclients import FsClients
 
+#: a rank's cumulative I/O rows, in the order of ``HostSampler._io``'s tuples
+IO_ROWS = ("proc_read_chars", "proc_read_bytes", "proc_write_chars", "proc_write_bytes", "proc_read_calls",
+           "proc_write_calls")
 TREE_REFRESH_S = 2.0    # walking /proc for the process tree is most of a sample's cost
 CORES_REFRESH_S = 10.0  # the rank's affinity and cgroup quota, read again this often
 
@@ -44,7 +53,9 @@ class HostSampler:
         self.loader: tuple[int, float | None, float] | None = None
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
-        self._io: dict[int, tuple[int, int]] = {}        # pid -> its last (read_chars, read_bytes)
+        #: pid -> its last (read_chars, read_bytes, write_chars, write_bytes, read calls, write calls)
+        self._io: dict[int, tuple[int, int, int, int, int, int]] = {}
+        self._fs = FsClients() if node_wide else None
         self._refreshed = 0.0
         self._workers_at = -1.0
         self._worker_pids: set[int] = set()
@@ -100,7 +111,9 @@ class HostSampler:
                 continue
             try:
                 io = p.io_counters()
-                self._io[p.pid] = (int(getattr(io, "read_chars", 0)), int(io.read_bytes))
+                self._io[p.pid] = (int(getattr(io, "read_chars", 0)), int(io.read_bytes),
+                                   int(getattr(io, "write_chars", 0)), int(io.write_bytes),
+                                   int(io.read_count), int(io.write_count))
             except psutil.NoSuchProcess:
                 continue                            # ended since the tree was listed: its last count stays
             except (psutil.Error, AttributeError, NotImplementedError):
@@ -119,8 +132,8 @@ class HostSampler:
         if waited is not None:                      # the rank's threads' run delay, cumulative: contention
             rows.append((ts, "host", "proc_cpu_wait_s", waited, None, None))
         if io_read and self._io:
-            rows += [(ts, "host", "proc_read_chars", float(sum(c for c, _ in self._io.values())), None, None),
-                     (ts, "host", "proc_read_bytes", float(sum(b for _, b in self._io.values())), None, None)]
+            totals = [float(sum(col)) for col in zip(*self._io.values())]
+            rows += [(ts, "host", name, value, None, None) for name, value in zip(IO_ROWS, totals)]
         if not self.node_wide:
             return rows
         mem = psutil.virtual_memory()
@@ -141,6 +154,8 @@ class HostSampler:
                 rows += [(ts, "host", f"{k}_bytes_per_s", (v - before[k]) / dt, None, None)
                          for k, v in counters.items() if k in before]
         self._last = (ts, counters)
+        if self._fs is not None:
+            rows += [(ts, "host", name, value, None, None) for name, value in self._fs.sample().items()]
         return rows
 
 
