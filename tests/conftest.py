@@ -14,6 +14,7 @@ import pytest
 from hpcml.errors import SlurmError
 from hpcml.testing.localslurm import LocalSlurm, SlurmNotInstalled
 from tests import needs
+from tests.s3server import s3, s3_server  # noqa: F401 - the S3 server fixtures, for every test
 
 if TYPE_CHECKING:
     from tests.centre.pgcluster import PgCluster

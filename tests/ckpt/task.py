@@ -3,7 +3,7 @@ once ``wait()`` said a step is durable, appends it to ``--log`` itself (O_APPEND
 task was told is safe, counted by the task, not by hpcml's own records.
 
     python tests/ckpt/task.py DIR [--steps N] [--at STEP] [--size-mb X] [--rate R] [--keep K]
-        [--log FILE] [--hold] [--take-over] [--die-after-old-rename]
+        [--log FILE] [--hold] [--take-over] [--die-after-old-rename] [--object-store s3://BUCKET/PREFIX]
 
 --at STEP saves that one step (again, if it is committed) and exits; --hold prints "ready"
 after opening the directory and waits for a line on stdin before saving;
@@ -46,11 +46,13 @@ def main() -> int:
     ap.add_argument("--hold", action="store_true")
     ap.add_argument("--take-over", action="store_true")
     ap.add_argument("--die-after-old-rename", action="store_true")
+    ap.add_argument("--object-store")
     args = ap.parse_args()
     if args.die_after_old_rename:
         _die_after_old_rename()
     try:
-        ck = Checkpointer(args.dir, keep=args.keep, max_write_rate=args.rate, take_over=args.take_over)
+        ck = Checkpointer(args.dir, keep=args.keep, max_write_rate=args.rate, take_over=args.take_over,
+                          object_store=args.object_store)
     except HpcmlError as exc:
         print(f"refused: {exc}", flush=True)
         return 2

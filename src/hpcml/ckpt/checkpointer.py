@@ -98,7 +98,9 @@ class Checkpointer:
     ``take_over=True``; ``read_only=True`` opens it to load only (an evaluation beside the
     training). Files are created ``mode`` (0600, directories 0700: they hold the model's
     weights). ``close()`` (or leaving a ``with`` block) gives back the signal handlers it
-    replaced and the directory.
+    replaced and the directory. ``object_store="s3://bucket/prefix"`` adds the object tier
+    (``hpcml.ckpt.objtier``): each commit pushed there, the manifest last, and fetched back
+    by ``load_latest`` when the directory lost its checkpoints.
     """
 
     def __init__(self, directory: str | os.PathLike, every: int | None = None, keep: int = 3,
@@ -106,7 +108,8 @@ class Checkpointer:
                  *, replicated: bool = False, requeue: bool = False,
                  signals: tuple[str, ...] = ("SIGUSR1", "SIGTERM"), rank: int | None = None,
                  world_size: int | None = None, commit_timeout: float = 600.0, stop_lead: int = 10,
-                 mode: int = layout.FILE_MODE, take_over: bool = False, read_only: bool = False) -> None:
+                 mode: int = layout.FILE_MODE, take_over: bool = False, read_only: bool = False,
+                 object_store: str | None = None) -> None:
         if keep < 1:
             raise UsageError(f"keep must be at least 1, not {keep}", key="keep")
         if every is not None and every < 1:
@@ -121,6 +124,13 @@ class Checkpointer:
         except ValueError as exc:
             raise UsageError(str(exc), key="max_write_rate") from None
         self.rank, self.world = _rank_world(rank, world_size)
+        # the object-storage tier (hpcml.ckpt.objtier): rank 0 pushes each commit; any rank fetches
+        # when the shared tier lost them. A missing bucket or refused credentials: refused now.
+        self.tier = None
+        if object_store:
+            from hpcml.ckpt.objtier import ObjectTier
+            self.tier = ObjectTier(object_store, self.rate)
+        self.tier_problem: str | None = None     # the last push that failed (the local commit stands)
         self.commit_timeout = commit_timeout
         self.mode, self.read_only = mode, read_only
         if read_only:
@@ -391,6 +401,20 @@ class Checkpointer:
             layout.write_json_durably(partial / json_name, doc, mode)
         if self.rank == 0:
             self._commit(step, partial)
+            if self.tier is not None:
+                self._push(step)
+
+    def _push(self, step: int) -> None:
+        """The committed step to the object tier, then its pruning there. A store that keeps
+        failing (after boto3's retries) is said, and training goes on: the commit stands."""
+        assert self.tier is not None
+        try:
+            self.tier.push(self.dir / layout.step_name(step), step)
+            self.tier.prune(self.keep)
+            self.tier_problem = None
+        except Exception as exc:  # noqa: BLE001 - the store's trouble never undoes the commit
+            self.tier_problem = str(exc) if isinstance(exc, HpcmlError) else f"{type(exc).__name__}: {exc}"
+            log.warning(f"hpcml ckpt: step {step} not pushed to the object store: {self.tier_problem}")
 
     def _commit(self, step: int, partial: Path) -> None:
         """Wait for every rank's files of this attempt (a replicated state: rank 0's shard,
@@ -515,14 +539,33 @@ class Checkpointer:
         (and on stderr). A checkpoint that vanished while it was read (a writer's prune
         beside a ``read_only`` reader) is not skipped as corrupt: the directory is scanned
         again, since a newer one was committed meanwhile."""
+        fetched: set[int] = set()
         for _ in range(1000):
             done, result = self._load_newest(map_location)
+            if done and result[1] is None and self.tier is not None:
+                step = self._fetch(fetched)
+                if step is not None:                     # the shared tier lost them: the store's newest
+                    continue
             if done:
                 if result[1] is not None and self.rank == 0 and not self.read_only:
                     from hpcml.cluster import requeue  # under hpcml run: the restart's steps lost
                     requeue.note_resumed(result[1], self.dir)
                 return result
         raise CheckpointError(f"{self.dir}: its checkpoints keep being removed while they are read")
+
+    def _fetch(self, tried: set[int]) -> int | None:
+        """The newest whole checkpoint of the object tier not tried yet, fetched into the
+        directory (each rank may fetch it; the first rename stands); None when there is none."""
+        assert self.tier is not None
+        here = {f.step for f in layout.scan(self.dir) if f.committed}
+        for step in reversed(self.tier.steps()):
+            if step in tried or step in here:
+                continue
+            tried.add(step)
+            self.tier.fetch(step, self.dir, self.mode)
+            log.warning(f"hpcml ckpt: {self.dir} had no usable checkpoint; fetched step {step} from {self.tier.url}")
+            return step
+        return None
 
     def _load_newest(self, map_location: Any) -> tuple[bool, tuple[Any, int | None]]:
         """One pass, newest first: (True, result), or (False, _) when a candidate vanished."""
