@@ -102,3 +102,69 @@ def errors() -> tuple[type[BaseException], ...]:
     """The exceptions ``problem`` turns into a line."""
     from botocore.exceptions import BotoCoreError, ClientError
     return (BotoCoreError, ClientError)
+
+
+def locate(base: S3Url, name: str) -> tuple[str, str]:
+    """(bucket, key) of ``name`` as a manifest names it: an ``s3://`` URL, or a plain name
+    beside the manifest under ``base``'s prefix (never ``..`` out of it)."""
+    if is_url(name):
+        u = S3Url.parse(name, key="name")
+        return u.bucket, u.prefix
+    if not name or "/" in name or name in (".", ".."):
+        raise UsageError(f"{base}: not a plain object name beside the manifest: {name!r}")
+    return base.bucket, base.key(name)
+
+
+def url_of(bucket: str, key: str) -> str:
+    return f"{SCHEME}{bucket}/{key}"
+
+
+def read_object(s3: Any, bucket: str, key: str, max_bytes: int) -> bytes:
+    """A whole object, refused beyond ``max_bytes`` (read that far and no further)."""
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+        data = body.read(max_bytes + 1)
+        body.close()
+    except errors() as exc:
+        raise problem(exc, url_of(bucket, key)) from None
+    if len(data) > max_bytes:
+        raise UsageError(f"{url_of(bucket, key)}: larger than {max_bytes} bytes")
+    return data
+
+
+def read_range(s3: Any, bucket: str, key: str, start: int, end: int, into: memoryview) -> int:
+    """Bytes ``start`` to ``end`` (exclusive) of an object into ``into``: one ranged GET."""
+    if end <= start:
+        return 0
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
+        got = 0
+        while got < end - start:
+            chunk = body.read(min(1 << 20, end - start - got))
+            if not chunk:
+                break
+            into[got:got + len(chunk)] = chunk
+            got += len(chunk)
+        body.close()
+    except errors() as exc:
+        raise problem(exc, url_of(bucket, key)) from None
+    return got
+
+
+def list_objects(s3: Any, url: S3Url) -> list[tuple[str, int]]:
+    """(key, size) of every object directly under ``url``'s prefix (not deeper), by key."""
+    prefix = url.key("") if url.prefix else ""
+    out: list[tuple[str, int]] = []
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=prefix, Delimiter="/"):
+            out += [(o["Key"], int(o["Size"])) for o in page.get("Contents", [])]
+    except errors() as exc:
+        raise problem(exc, str(url)) from None
+    return sorted(out)
+
+
+def put_bytes(s3: Any, bucket: str, key: str, data: bytes) -> None:
+    try:
+        s3.put_object(Bucket=bucket, Key=key, Body=data)
+    except errors() as exc:
+        raise problem(exc, url_of(bucket, key)) from None

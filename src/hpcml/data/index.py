@@ -56,11 +56,18 @@ def write_index(path: Path, shard: str, rows: list[list], fingerprint: str, sha2
                 size: int, *, compression: str = "", tar_bytes: int | None = None) -> None:
     """``compression`` and ``tar_bytes`` for a compressed shard (``hpcml data index``): its
     offsets are in the decompressed tar."""
+    write_atomic(path, index_bytes(shard, rows, fingerprint, sha256, size, compression=compression,
+                                   tar_bytes=tar_bytes).decode())
+
+
+def index_bytes(shard: str, rows: list[list], fingerprint: str, sha256: str, size: int, *,
+                compression: str = "", tar_bytes: int | None = None) -> bytes:
+    """An index document, as a file or an object holds it."""
     doc: dict = {"shard": shard, "fingerprint": fingerprint, "sha256": sha256, "bytes": size}
     if compression:
         doc |= {"compression": compression, "tar_bytes": tar_bytes}
     doc["samples"] = rows
-    write_atomic(path, orjson.dumps(doc).decode())
+    return orjson.dumps(doc)
 
 
 def read_index_doc(path: Path) -> dict:
@@ -71,7 +78,21 @@ def read_index_doc(path: Path) -> dict:
 
 
 def load_index(path: Path) -> ShardIndex:
-    doc = read_index_doc(path)
+    return index_of(read_index_doc(path), str(path))
+
+
+def load_index_bytes(data: bytes, source: str) -> ShardIndex:
+    """An index read from elsewhere (an object store): the same checks as a file's."""
+    try:
+        doc = orjson.loads(data)
+    except ValueError as exc:
+        raise UsageError(f"not JSON ({exc})", file=source) from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("samples"), list):
+        raise UsageError("not a shard index", file=source, key="samples")
+    return index_of(doc, source)
+
+
+def index_of(doc: dict, path: str) -> ShardIndex:
     rows = doc["samples"]
     try:
         starts = np.fromiter((r[1] for r in rows), dtype=np.int64, count=len(rows))

@@ -20,10 +20,12 @@ from __future__ import annotations
 import hashlib
 import os
 from pathlib import Path
+from typing import Any
 
 import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from hpcml import objstore
 from hpcml.data.index import SHARD_SUFFIXES
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded, read_json, write_atomic
@@ -75,9 +77,23 @@ def manifest_path(path: str | os.PathLike) -> Path:
 
 
 def load_manifest(path: str | os.PathLike) -> Manifest:
-    """Read and validate a manifest; any problem is a one-line UsageError naming the file."""
+    """Read and validate a manifest; any problem is a one-line UsageError naming the file.
+    ``s3://bucket/prefix``: its ``manifest.json`` object (``hpcml.objstore``)."""
+    if objstore.is_url(path):
+        url = objstore.S3Url.parse(str(path))
+        where = objstore.url_of(url.bucket, url.key(MANIFEST))
+        data = objstore.read_object(objstore.client(), url.bucket, url.key(MANIFEST), JSON_MAX)
+        try:
+            raw = _from_legacy(orjson.loads(data))
+        except ValueError as exc:
+            raise UsageError(f"not JSON ({exc})", file=where) from None
+        return _validated(raw, where)
     p = manifest_path(path)
     raw = _from_legacy(read_json(p, None, missing=_missing(p), loads=orjson.loads))
+    return _validated(raw, str(p))
+
+
+def _validated(raw: Any, p: str) -> Manifest:
     check(raw, SCHEMA, str(p))
     try:
         return Manifest.model_validate(raw)

@@ -20,11 +20,13 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
+from hpcml import objstore
 from hpcml.cluster.ranks import ranks
 from hpcml.data import order
-from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index
+from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index, load_index_bytes
 from hpcml.data.manifest import load_manifest, manifest_path
 from hpcml.errors import UsageError
+from hpcml.files import JSON_MAX
 from hpcml.schemas import check, tag
 
 STATE_SCHEMA = tag("data.state", 1)
@@ -34,7 +36,7 @@ LEGACY_STATE_FORMAT = "hpcml-shard-state/1"   # "format" of states saved before 
 class CorruptShardError(UsageError):
     """A shard that does not match its index: names the shard and the byte offset."""
 
-    def __init__(self, shard: Path, offset: int, problem: str) -> None:
+    def __init__(self, shard: Path | str, offset: int, problem: str) -> None:
         super().__init__(f"offset {offset}: {problem}", file=str(shard))
         self.shard, self.offset = shard, offset
 
@@ -63,11 +65,24 @@ def _env_rank() -> tuple[int, int]:
 
 
 class _Shards:
-    """Open files and loaded indexes of one process, a bounded number of each."""
+    """Open files and loaded indexes of one process, a bounded number of each. A shard in an
+    object store (its name an ``s3://`` URL, or the manifest itself in one) is read by ranged
+    GETs of the same blocks (``hpcml.objstore``: one client per process, made in it: a
+    DataLoader worker's own)."""
 
-    def __init__(self, root: Path, names: list[str], index_names: list[str], keep: int = 64,
+    def __init__(self, root: Path | objstore.S3Url, names: list[str], index_names: list[str], keep: int = 64,
                  compression: list[str] | None = None) -> None:
         self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
+        self.remote: list[tuple[str, str] | None] = []
+        for n in names:
+            if objstore.is_url(n):
+                u = objstore.S3Url.parse(n, key="shards.name")
+                self.remote.append((u.bucket, u.prefix))
+            elif isinstance(root, objstore.S3Url):
+                self.remote.append(objstore.locate(root, n))
+            else:
+                self.remote.append(None)
+        self._client: tuple[int, Any] | None = None
         self.compression = compression or [""] * len(names)
         self.fds: OrderedDict[int, int] = OrderedDict()
         self.indexes: OrderedDict[int, ShardIndex] = OrderedDict()
@@ -77,8 +92,18 @@ class _Shards:
         # the hint thread, the readers and the yielding thread share the two caches
         self.open_lock, self.load_lock = threading.Lock(), threading.Lock()
 
-    def path(self, s: int) -> Path:
+    def path(self, s: int) -> Path | str:
+        """The shard's file, or its object's ``s3://`` URL."""
+        remote = self.remote[s]
+        if remote is not None:
+            return objstore.url_of(*remote)
+        assert isinstance(self.root, Path)
         return self.root / self.names[s]
+
+    def client(self) -> Any:
+        if self._client is None or self._client[0] != os.getpid():
+            self._client = (os.getpid(), objstore.client())
+        return self._client[1]
 
     def index(self, s: int) -> ShardIndex:
         """The shard's index, loaded once: at a window's start the hint thread and the
@@ -92,7 +117,12 @@ class _Shards:
             with self.open_lock:
                 if s in self.indexes:          # loaded while this thread waited
                     return self.indexes[s]
-            idx = load_index(self.root / self.index_names[s])
+            if isinstance(self.root, objstore.S3Url):
+                bucket, key = objstore.locate(self.root, self.index_names[s])
+                idx = load_index_bytes(objstore.read_object(self.client(), bucket, key, JSON_MAX),
+                                       objstore.url_of(bucket, key))
+            else:
+                idx = load_index(self.root / self.index_names[s])
             with self.open_lock:
                 self.indexes[s] = idx
                 if len(self.indexes) > self.keep:
@@ -127,8 +157,8 @@ class _Shards:
             except CancelledError:
                 return                     # the stream is closing
         for s, lo, hi in pieces:
-            if self.compression[s]:
-                continue                   # offsets are in the decompressed tar
+            if self.compression[s] or self.remote[s] is not None:
+                continue                   # offsets are in the decompressed tar; an object has no page cache
             idx = self.index(s)
             start = int(idx.starts[lo])
             os.posix_fadvise(self.fd(s), start, int(idx.ends[hi - 1]) - start, os.POSIX_FADV_WILLNEED)
@@ -142,7 +172,11 @@ class _Shards:
         buf = self._take(end - start)
         if self.compression[s]:
             return start, self._inflate(s, start, memoryview(buf)[:end - start]), buf
-        got = os.preadv(self.fd(s), [memoryview(buf)[:end - start]], start)
+        remote = self.remote[s]
+        if remote is not None:
+            got = objstore.read_range(self.client(), *remote, start, end, memoryview(buf)[:end - start])
+        else:
+            got = os.preadv(self.fd(s), [memoryview(buf)[:end - start]], start)
         self.reads += 1
         self.read_bytes += got
         return start, memoryview(buf)[:got], buf
@@ -153,8 +187,10 @@ class _Shards:
         stopped at the piece's end. A compressed shard is one block (``ShardDataset``)."""
         from hpcml.data.wdsindex import open_decompressed
         path = self.path(s)
+        remote = self.remote[s]
         try:
-            with open(path, "rb") as raw, open_decompressed(raw, self.compression[s]) as fh:
+            with (_object_file(self.client(), *remote) if remote is not None else open(path, "rb")) as raw, \
+                    open_decompressed(raw, self.compression[s]) as fh:
                 fh.seek(start)
                 got = 0
                 while got < len(into) and (n := fh.readinto(into[got:])):
@@ -182,6 +218,13 @@ class _Shards:
         self.fds.clear()
 
 
+def _object_file(s3: Any, bucket: str, key: str) -> Any:
+    """A compressed shard in an object store, whole in memory (it is one block anyway)."""
+    import io
+    head_max = 1 << 40
+    return io.BytesIO(objstore.read_object(s3, bucket, key, head_max))
+
+
 class ShardDataset:
     """Samples of a shard set as dicts ``{"__key__": ..., ext: bytes, ...}``.
 
@@ -198,7 +241,8 @@ class ShardDataset:
         if on_corrupt not in ("raise", "skip"):
             raise UsageError(f"must be 'raise' or 'skip', got {on_corrupt!r}", key="on_corrupt")
         self.manifest = load_manifest(path)
-        self.root = manifest_path(path).parent
+        self.root: Path | objstore.S3Url = objstore.S3Url.parse(str(path), key="path") if objstore.is_url(path) \
+            else manifest_path(path).parent
         env_rank, env_world = _env_rank() if rank is None or world_size is None else (rank, world_size)
         self.rank = env_rank if rank is None else rank
         self.world_size = env_world if world_size is None else world_size
@@ -395,7 +439,7 @@ class ShardDataset:
             else:                              # no corrupt member: the sample is whole
                 yield decode(out) if decode else out
 
-    def _corrupt(self, shard: Path, offset: int, problem: str) -> None:
+    def _corrupt(self, shard: Path | str, offset: int, problem: str) -> None:
         if self.on_corrupt == "raise":
             raise CorruptShardError(shard, offset, problem)
         if not self.skipped:

@@ -45,11 +45,11 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Callable, Mapping
+from typing import Any, Callable, Mapping
 
 import orjson
 
-from hpcml import scratch
+from hpcml import objstore, scratch
 from hpcml.cluster.allocation import this_node
 from hpcml.data.manifest import (
     MANIFEST,
@@ -226,6 +226,11 @@ def source_dir(src: str | Path) -> Path:
     return Path(os.path.abspath(manifest_path(src))).parent
 
 
+def source_of(src: str | Path) -> str:
+    """What the tasks read when they stream: the shard set's directory, or its s3:// prefix."""
+    return str(src).rstrip("/") if objstore.is_url(src) else str(source_dir(src))
+
+
 # --- what -----------------------------------------------------------------------------
 
 def _plain_name(name: str, key: str, manifest: Path) -> str:
@@ -234,11 +239,67 @@ def _plain_name(name: str, key: str, manifest: Path) -> str:
     return name
 
 
+def _object_files(m: Manifest, url: objstore.S3Url) -> list[_File]:
+    """A shard set whose manifest is in an object store: its shards and indexes, each read
+    by a streamed GET (an index's size and ETag stand for a file's size and mtime)."""
+    s3 = objstore.client()
+    listed = {k: n for k, n in objstore.list_objects(s3, url)}
+    out = []
+    for i, s in enumerate(m.shards):
+        bucket, key = objstore.locate(url, s.name)
+        out.append(_File(_plain_name(key.rsplit("/", 1)[-1], f"shards.{i}.name", Path(str(url))), s.bytes, s.sha256,
+                         src=objstore.url_of(bucket, key)))
+        ibucket, ikey = objstore.locate(url, s.index)
+        if ikey not in listed:
+            raise UsageError("shard index missing", file=objstore.url_of(ibucket, ikey))
+        size = listed[ikey]
+        out.append(_File(_plain_name(s.index, f"shards.{i}.index", Path(str(url))), size, None,
+                         src_stat=(size, _etag(s3, ibucket, ikey)), src=objstore.url_of(ibucket, ikey)))
+    return out
+
+
+def _etag(s3: Any, bucket: str, key: str) -> int:
+    try:
+        tag = str(s3.head_object(Bucket=bucket, Key=key)["ETag"])
+    except objstore.errors() as exc:
+        raise objstore.problem(exc, objstore.url_of(bucket, key)) from None
+    return int(hashlib.sha256(tag.encode()).hexdigest()[:15], 16)
+
+
+class _ObjectReader:
+    """A streamed GET read as a file: ``readinto`` over botocore's body."""
+
+    def __init__(self, url: str) -> None:
+        u = objstore.S3Url.parse(url)
+        self.url = url
+        try:
+            self.body = objstore.client().get_object(Bucket=u.bucket, Key=u.prefix)["Body"]
+        except objstore.errors() as exc:
+            raise objstore.problem(exc, url) from None
+
+    def readinto(self, buf: bytearray | memoryview) -> int:
+        try:
+            data = self.body.read(len(buf))
+        except objstore.errors() as exc:
+            raise objstore.problem(exc, self.url) from None
+        buf[:len(data)] = data
+        return len(data)
+
+    def __enter__(self) -> _ObjectReader:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.body.close()
+
+
 def _files(m: Manifest, src: Path) -> list[_File]:
     mpath = src / MANIFEST
     out = []
     for i, s in enumerate(m.shards):
-        if os.path.isabs(s.name):       # indexed elsewhere (hpcml data index --out): copied beside the manifest
+        if objstore.is_url(s.name):      # indexed into a directory from an object store: copied beside it
+            out.append(_File(_plain_name(s.name.rsplit("/", 1)[-1], f"shards.{i}.name", mpath), s.bytes, s.sha256,
+                             src=s.name))
+        elif os.path.isabs(s.name):       # indexed elsewhere (hpcml data index --out): copied beside the manifest
             out.append(_File(_plain_name(Path(s.name).name, f"shards.{i}.name", mpath), s.bytes, s.sha256,
                              src=s.name))
         else:
@@ -289,6 +350,8 @@ def _array_source(src: Path) -> tuple[str, list[_File], list[str]] | None:
 
 def source_bytes(src: str | Path) -> int:
     """The bytes ``stage`` would copy from ``src``: a shard set's, or a token-array directory's."""
+    if objstore.is_url(src):
+        return sum(sh.bytes for sh in load_manifest(str(src)).shards)
     arrays = _array_source(Path(src)) if not manifest_path(src).exists() else None
     if arrays is not None:
         return sum(f.bytes for f in arrays[1])
@@ -298,9 +361,9 @@ def source_bytes(src: str | Path) -> int:
 def _staged_manifest(m: Manifest, srcdir: Path) -> bytes:
     """The copy's manifest: the source's bytes, or, where it names shards elsewhere by
     their path, the same manifest naming their copies beside it (same dataset id)."""
-    if not any(os.path.isabs(s.name) for s in m.shards):
+    if not any(os.path.isabs(s.name) or objstore.is_url(s.name) for s in m.shards):
         return (srcdir / MANIFEST).read_bytes()
-    local = m.model_copy(update={"shards": [s.model_copy(update={"name": Path(s.name).name}) for s in m.shards]})
+    local = m.model_copy(update={"shards": [s.model_copy(update={"name": s.name.rsplit("/", 1)[-1]}) for s in m.shards]})
     return orjson.dumps(local.model_dump(by_alias=True), option=orjson.OPT_INDENT_2)
 
 
@@ -345,12 +408,13 @@ def _entry(path: Path, sha: str, f: _File) -> dict:
 
 
 def _copy(run: _Run, f: _File) -> None:
-    src, dst = Path(f.src) if f.src else run.src / f.name, run.dst / f.name
+    remote = objstore.is_url(f.src)
+    src, dst = (f.src if remote else Path(f.src)) if f.src else run.src / f.name, run.dst / f.name
     dst.parent.mkdir(parents=True, exist_ok=True)            # a token array in a subdirectory (HF's train/)
     tmp = dst.parent / f".{dst.name}.{run.tag}.part"
     h, buf, n_total = hashlib.sha256(), bytearray(CHUNK), 0
     try:
-        fi = open(src, "rb", buffering=0)
+        fi: Any = _ObjectReader(f.src) if remote else open(src, "rb", buffering=0)
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", file=str(src)) from None
     # nameless (``scratch``): a stage killed mid-copy leaves no partial shard on the node's
@@ -378,7 +442,7 @@ def _copy(run: _Run, f: _File) -> None:
                                f"{f.sha256[:12]}... ({f.bytes} bytes)")
             tmp.unlink(missing_ok=True)
             return
-        if f.sha256 is None and f.src_stat is not None and _stat_of(src) != f.src_stat:
+        if f.sha256 is None and f.src_stat is not None and not remote and _stat_of(Path(src)) != f.src_stat:
             with run.lock:
                 run.bad.append(f"{src}: changed while it was copied (size or mtime); stage again once it is written")
             tmp.unlink(missing_ok=True)
@@ -477,11 +541,20 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
     """
     env = os.environ if env is None else env
     t0 = time.monotonic()
-    arrays = _array_source(Path(src)) if not manifest_path(src).exists() else None
+    remote = objstore.is_url(src)
+    arrays = _array_source(Path(src)) if not remote and not manifest_path(src).exists() else None
     if arrays is not None:                        # token arrays: staged as they are, no manifest
         srcdir = Path(os.path.abspath(src))
         ds, files, left = arrays
         manifest_bytes = b""
+    elif remote:                                  # a shard set in an object store: GETs, checked alike
+        url = objstore.S3Url.parse(str(src), key="SRC")
+        m = load_manifest(str(url))
+        srcdir = Path(str(url))
+        ds = m.dataset or dataset_id(m.shards)
+        files = _object_files(m, url)
+        manifest_bytes = objstore.read_object(objstore.client(), url.bucket, url.key(MANIFEST), JSON_MAX)
+        left = []
     else:
         m = load_manifest(src)
         srcdir = source_dir(src)
@@ -489,7 +562,8 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
         files = _files(m, srcdir)
         manifest_bytes = _staged_manifest(m, srcdir)
         left = []
-    res = StageResult(node=this_node(env), src=str(srcdir), path=str(srcdir), target=None, dataset=ds,
+    where = str(src).rstrip("/") if remote else str(srcdir)
+    res = StageResult(node=this_node(env), src=where, path=where, target=None, dataset=ds,
                       staged=False, bytes_total=sum(f.bytes for f in files) + len(manifest_bytes),
                       job=env.get("SLURM_JOB_ID"), step=env.get("SLURM_STEP_ID"),
                       task=int(env.get("SLURM_LOCALID") or 0))

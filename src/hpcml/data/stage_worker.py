@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Callable, Sequence, TypedDict
 
 from hpcml.cluster import slurm
-from hpcml.data.stage import THREADS, StageResult, source_bytes, source_dir, stage
+from hpcml.data.stage import THREADS, StageResult, source_bytes, source_of, stage
 from hpcml.errors import HpcmlError, SlurmError, UsageError
 from hpcml.schemas import tag
 
@@ -146,7 +146,7 @@ def stage_nodes(src: str | Path, to: str | None, nodes: Sequence[str], *, thread
     naming the node and the file; a node without an answer is a SlurmError.
     """
     source_bytes(src)                      # bad input (no manifest, no token arrays): one line, before any step starts
-    srcdir = str(source_dir(src))
+    srcdir = source_of(src)
     argv = slurm.srun_argv(worker_argv(srcdir, to, threads=threads, verify=verify, keep_free=keep_free,
                                        progress=on_progress is not None),
                            nodes=list(nodes), ntasks_per_node=1,

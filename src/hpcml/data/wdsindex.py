@@ -33,13 +33,15 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import BinaryIO
+from typing import Any, BinaryIO
 
-from hpcml import progress
-from hpcml.data.index import index_name, padded, write_index
+import orjson
+
+from hpcml import objstore, progress
+from hpcml.data.index import index_bytes, index_name, padded, write_index
 from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, is_shard_name, write_manifest
 from hpcml.errors import UsageError
-from hpcml.files import JSON_MAX, load_json_bounded
+from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 from hpcml.tarbounds import checked_members, open_tar
 
 COMPRESSION = ((b"\x1f\x8b", "gzip"), (b"BZh", "bz2"), (b"\xfd7zXZ\x00", "xz"))
@@ -136,7 +138,7 @@ class _Hashing:
     """A read-only file view that hashes what it hands out, so the tar walk and the
     sha256 share one read of the shard."""
 
-    def __init__(self, fh: BinaryIO) -> None:
+    def __init__(self, fh: BinaryIO | Any) -> None:
         self.fh, self.sha, self.bytes = fh, hashlib.sha256(), 0
 
     def read(self, n: int = -1) -> bytes:
@@ -163,6 +165,19 @@ class ShardScan:
     split_keys: int = 0                               # keys whose members are not adjacent
 
 
+class _Peeked:
+    """A stream whose first bytes were read to tell its compression, handed out again."""
+
+    def __init__(self, head: bytes, fh: Any) -> None:
+        self.head, self.fh = head, fh
+
+    def read(self, n: int = -1) -> bytes:
+        if self.head:
+            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
+            return out if n < 0 or len(out) == n else out + self.fh.read(n - len(out))
+        return self.fh.read(n)
+
+
 def index_shard(path: Path) -> ShardScan:
     """One read of ``path``: its sha256 and its samples by webdataset's rules."""
     try:
@@ -170,44 +185,63 @@ def index_shard(path: Path) -> ShardScan:
     except OSError as exc:
         raise UsageError(f"cannot read: {exc.strerror}", file=str(path)) from None
     with fh:
-        comp = compression_of(fh.read(8))
-        fh.seek(0)
-        src = _Hashing(fh)
-        rows: list[list] = []
-        fields: set[str] = set()
-        skipped: list[str] = []
-        seen_keys: set[str] = set()
-        split = 0
-        cur: list | None = None
-        try:
-            tf = open_tar(src, "r|*" if comp else "r|")      # type: ignore[arg-type]
-            for info in checked_members(tf, room=None if comp else os.fstat(fh.fileno()).st_size):
-                tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
-                end = info.offset_data + padded(info.size)
-                name = info.name
-                kv = base_plus_ext(name) if info.isreg() and not is_meta(name) else None
-                if kv is None:
-                    if info.isreg():
-                        skipped.append(name)
-                    continue
-                key, ext = kv
-                if cur is None or cur[0] != key:
-                    if key in seen_keys:
-                        split += 1
-                    seen_keys.add(key)
-                    cur = [key, info.offset, end, []]
-                    rows.append(cur)
-                elif any(m[0] == ext for m in cur[3]):
-                    raise UsageError(f"member {name!r}: a second '{ext}' in sample {key!r} (webdataset refuses "
-                                     "it too)", file=str(path))
-                cur[2] = end
-                cur[3].append([ext, info.offset_data, info.size])
-                fields.add(ext)
-            tar_bytes = tf.offset
-            tf.close()
-            src.finish()
-        except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-            raise UsageError(f"not a readable tar shard: {exc}", file=str(path)) from None
+        return _index_stream(fh, os.fstat(fh.fileno()).st_size, path)
+
+
+def index_object(s3: Any, bucket: str, key: str, size: int) -> ShardScan:
+    """One streamed GET of an object: its sha256 and its samples, as ``index_shard``."""
+    url = objstore.url_of(bucket, key)
+    try:
+        body = s3.get_object(Bucket=bucket, Key=key)["Body"]
+    except objstore.errors() as exc:
+        raise objstore.problem(exc, url) from None
+    try:
+        return _index_stream(body, size, Path(url))
+    except objstore.errors() as exc:
+        raise objstore.problem(exc, url) from None
+    finally:
+        body.close()
+
+
+def _index_stream(fh: Any, size: int, path: Path) -> ShardScan:
+    head = fh.read(8)
+    comp = compression_of(head)
+    src = _Hashing(_Peeked(head, fh))
+    rows: list[list] = []
+    fields: set[str] = set()
+    skipped: list[str] = []
+    seen_keys: set[str] = set()
+    split = 0
+    cur: list | None = None
+    try:
+        tf = open_tar(src, "r|*" if comp else "r|")      # type: ignore[arg-type]
+        for info in checked_members(tf, room=None if comp else size):
+            tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
+            end = info.offset_data + padded(info.size)
+            name = info.name
+            kv = base_plus_ext(name) if info.isreg() and not is_meta(name) else None
+            if kv is None:
+                if info.isreg():
+                    skipped.append(name)
+                continue
+            key, ext = kv
+            if cur is None or cur[0] != key:
+                if key in seen_keys:
+                    split += 1
+                seen_keys.add(key)
+                cur = [key, info.offset, end, []]
+                rows.append(cur)
+            elif any(m[0] == ext for m in cur[3]):
+                raise UsageError(f"member {name!r}: a second '{ext}' in sample {key!r} (webdataset refuses "
+                                 "it too)", file=str(path))
+            cur[2] = end
+            cur[3].append([ext, info.offset_data, info.size])
+            fields.add(ext)
+        tar_bytes = tf.offset
+        tf.close()
+        src.finish()
+    except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
+        raise UsageError(f"not a readable tar shard: {exc}", file=str(path)) from None
     return ShardScan(path, rows, src.sha.hexdigest(), src.bytes, comp, tar_bytes, fields, skipped, split)
 
 
@@ -218,6 +252,7 @@ class IndexResult:
     skipped_members: int = 0
     split_keys: int = 0
     compressed: int = 0
+    url: str | None = None            # the s3:// prefix the index was written to (then ``out`` is not a path)
 
 
 def _read_only(directory: Path) -> bool:
@@ -238,7 +273,12 @@ def _refuse_packed(out: Path) -> None:
 
 def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int = 8) -> IndexResult:
     """Index the shards ``specs`` name and write their indexes and a manifest to ``out``
-    (default: the directory of the first shard). The shards are never written."""
+    (default: the directory of the first shard). The shards are never written. An
+    ``s3://bucket/prefix`` spec: the shards directly under that prefix, each read by one
+    streamed GET; the indexes and the manifest go beside them (default) or to ``out`` (a
+    directory, the manifest then naming each shard by its URL)."""
+    if any(objstore.is_url(s) for s in specs):
+        return _index_objects(specs, out, jobs)
     paths = shard_paths(specs)
     dst = Path(out).absolute() if out is not None else paths[0].parent
     if dst.exists() and not dst.is_dir():
@@ -282,3 +322,78 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
         raise UsageError(f"cannot write the manifest: {exc.strerror}", file=str(dst / MANIFEST)) from None
     return IndexResult(manifest, dst, sum(len(s.skipped) for s in scans), sum(s.split_keys for s in scans),
                        sum(bool(s.compression) for s in scans))
+
+
+def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> IndexResult:
+    if not all(objstore.is_url(s) for s in specs):
+        raise UsageError("give s3:// shards alone, not with files", key="SPEC")
+    s3 = objstore.client()
+    found: list[tuple[str, str, int]] = []                 # bucket, key, size
+    for spec in specs:
+        url = objstore.S3Url.parse(spec, key="SPEC")
+        if is_shard_name(url.prefix):
+            head = _head(s3, url.bucket, url.prefix)
+            found.append((url.bucket, url.prefix, head))
+            continue
+        shards = [(url.bucket, k, n) for k, n in objstore.list_objects(s3, url) if is_shard_name(k)]
+        if not shards:
+            raise UsageError("no tar shards here (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)", file=str(url))
+        found += shards
+    names = [k.rsplit("/", 1)[-1] for _, k, _ in found]
+    if len(set(names)) != len(names):
+        raise UsageError("two shards have one name: their indexes would collide; index each prefix on its own",
+                         file=specs[0])
+    first = objstore.S3Url(found[0][0], found[0][1].rsplit("/", 1)[0] if "/" in found[0][1] else "")
+    remote_out = out is None or objstore.is_url(out)
+    dst_url = objstore.S3Url.parse(str(out), key="--out") if out is not None and objstore.is_url(out) else first
+    dst = Path(out).absolute() if not remote_out and out is not None else None
+    if dst is not None:
+        try:
+            dst.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise UsageError(f"cannot create the index directory: {exc.strerror}", file=str(dst)) from None
+        _refuse_packed(dst)
+    count = progress.Counter("indexing shards", len(found))
+
+    def one(item: tuple[str, str, int]) -> ShardScan:
+        scan = index_object(s3, *item)
+        count.step()
+        return scan
+    with ThreadPoolExecutor(max_workers=max(1, min(jobs, len(found)))) as pool:
+        scans = list(pool.map(one, found))
+    entries = []
+    for (bucket, key, _), sc in zip(found, scans):
+        base = key.rsplit("/", 1)[-1]
+        beside = dst is None and bucket == dst_url.bucket and key == dst_url.key(base)
+        name = base if beside else objstore.url_of(bucket, key)
+        idx = index_name(base)
+        data = index_bytes(name, sc.rows, "", sc.sha256, sc.bytes, compression=sc.compression, tar_bytes=sc.tar_bytes)
+        if dst is not None:
+            write_atomic(dst / idx, data.decode())
+        else:
+            objstore.put_bytes(s3, dst_url.bucket, dst_url.key(idx), data)
+        entries.append(ShardEntry(name=name, index=idx, bytes=sc.bytes, sha256=sc.sha256, samples=len(sc.rows),
+                                  compression=sc.compression))
+    skipped = [{"path": f"{Path(k).name}!{m}", "reason": "webdataset skips it (metadata, or no extension)"}
+               for (_, k, _), sc in zip(found, scans) for m in sc.skipped][:SKIPPED_LISTED]
+    manifest = Manifest(
+        dataset=dataset_id([e.model_copy(update={"name": e.name.rsplit("/", 1)[-1]}) for e in entries]),
+        source=" ".join(specs), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        samples=sum(e.samples for e in entries), bytes=sum(e.bytes for e in entries),
+        fields=sorted(set().union(*(sc.fields for sc in scans))), shards=entries, skipped=skipped)
+    if dst is not None:
+        write_manifest(manifest, dst)
+        where = dst
+    else:
+        objstore.put_bytes(s3, dst_url.bucket, dst_url.key(MANIFEST),
+                           orjson.dumps(manifest.model_dump(by_alias=True), option=orjson.OPT_INDENT_2))
+        where = Path(str(dst_url))
+    return IndexResult(manifest, where, sum(len(sc.skipped) for sc in scans), sum(sc.split_keys for sc in scans),
+                       sum(bool(sc.compression) for sc in scans), url=None if dst is not None else str(dst_url))
+
+
+def _head(s3: Any, bucket: str, key: str) -> int:
+    try:
+        return int(s3.head_object(Bucket=bucket, Key=key)["ContentLength"])
+    except objstore.errors() as exc:
+        raise objstore.problem(exc, objstore.url_of(bucket, key)) from None

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 
@@ -12,9 +11,11 @@ from hpcml.units import fmt_bytes
 
 def index_command(
     specs: list[str] = typer.Argument(..., metavar="SPEC...", help="Shards: a directory, a glob, "
-                                      "webdataset's brace notation (shard-{000000..000009}.tar) or files."),
-    out: Path | None = typer.Option(None, "--out", "-o", help="Where the index and manifest.json go "
-                                    "(default: beside the shards; needed when their directory is read-only)."),
+                                      "webdataset's brace notation (shard-{000000..000009}.tar), files, or "
+                                      "s3://bucket/prefix (S3-compatible object storage: the standard AWS setup)."),
+    out: str | None = typer.Option(None, "--out", "-o", help="Where the index and manifest.json go "
+                                   "(default: beside the shards; needed when their directory is read-only): a "
+                                   "directory, or s3://bucket/prefix."),
     jobs: int = typer.Option(8, "--jobs", "-j", min=1, help="Shards read in parallel."),
     as_json: bool = typer.Option(False, "--json", help="Print the result as JSON."),
 ) -> None:
@@ -36,12 +37,13 @@ def index_command(
         r = index_shards(specs, out, jobs=jobs)
     m = r.manifest
     if as_json:
-        print(json.dumps({"schema": tag("data.index", 1), "dataset": m.dataset, "manifest": str(r.out / "manifest.json"),
+        where = f"{r.url}/manifest.json" if r.url else str(r.out / "manifest.json")
+        print(json.dumps({"schema": tag("data.index", 1), "dataset": m.dataset, "manifest": where,
                           "shards": len(m.shards), "samples": m.samples, "bytes": m.bytes, "fields": m.fields,
                           "compressed_shards": r.compressed, "skipped_members": r.skipped_members,
                           "split_keys": r.split_keys}, indent=2))
         return
-    print(f"{r.out}: indexed {len(m.shards)} shards, {m.samples} samples, {fmt_bytes(m.bytes)}, "
+    print(f"{r.url or r.out}: indexed {len(m.shards)} shards, {m.samples} samples, {fmt_bytes(m.bytes)}, "
           f"fields {', '.join(m.fields) or '-'}; dataset id {m.dataset}")
     if r.skipped_members:
         print(f"  {r.skipped_members} member(s) webdataset skips too (metadata, or no extension); "

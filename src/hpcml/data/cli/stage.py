@@ -18,9 +18,10 @@ COMMAND = "hpcml data stage"
 
 
 def stage(
-    src: Optional[Path] = typer.Argument(None, help="A shard set made by `hpcml data pack` or indexed by `hpcml data "
+    src: Optional[str] = typer.Argument(None, help="A shard set made by `hpcml data pack` or indexed by `hpcml data "
                                          "index` (its directory or manifest.json), or a directory of memmapped token "
-                                         "arrays (nanoGPT's train.bin, Megatron's .bin/.idx, HF Arrow files)."),
+                                         "arrays (nanoGPT's train.bin, Megatron's .bin/.idx, HF Arrow files); s3://bucket/prefix for a "
+                                         "shard set in object storage."),
     to: Optional[str] = typer.Option(None, "--to", help="Node-local directory (default: where hpcml data doctor "
                                      "advises: /dev/shm/hpcml-data-$SLURM_JOB_ID when it fits in RAM, else "
                                      "$SLURM_TMPDIR or /tmp/hpcml-data-$SLURM_JOB_ID). $VARS are expanded on "
@@ -79,10 +80,10 @@ def stage(
     if src is None:
         raise UsageError("give the shard set to stage (or --cleanup)", key="SRC")
     if on_nodes and not to:                # one placement for every node: the tasks read one path
-        from hpcml.data.stage import advise, source_bytes, source_dir
+        from hpcml.data.stage import advise, source_bytes, source_of
         advice = advise(source_bytes(src))
         if advice.to is None:
-            out = stage_worker.combine(str(source_dir(src)), {})
+            out = stage_worker.combine(source_of(src), {})
             out.notes.append(f"not staged, as hpcml data doctor advises: {advice.reason}")
         else:
             out = _on_nodes(src, advice.to, list(alloc.nodes), threads, verify, keep, not as_json)
@@ -119,7 +120,7 @@ def _cleanup(job: Optional[str], nodes: Optional[list[str]]) -> None:
         raise SlurmError(f"srun: the cleanup step failed (exit {p.returncode})")
 
 
-def _here(src: Path, to: Optional[str], threads: int, verify: bool, keep: Optional[int], show: bool):
+def _here(src: str, to: Optional[str], threads: int, verify: bool, keep: Optional[int], show: bool):
     from hpcml.cli_support import progress_bar
     from hpcml.data.stage import stage as stage_engine
     bar = progress_bar(show)
@@ -132,7 +133,7 @@ def _here(src: Path, to: Optional[str], threads: int, verify: bool, keep: Option
                             advance=lambda n: bar.advance(task, n))
 
 
-def _on_nodes(src: Path, to: Optional[str], nodes: list[str], threads: int, verify: bool,
+def _on_nodes(src: str, to: Optional[str], nodes: list[str], threads: int, verify: bool,
               keep: Optional[int], show: bool):
     from hpcml.cli_support import progress_bar
     from hpcml.data.stage_worker import stage_nodes
