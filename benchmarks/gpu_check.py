@@ -688,6 +688,79 @@ COSTS: list[tuple[str, str, dict[str, str], list[str]]] = [
 ]
 
 
+STORAGE_TRAIN = '''"""gpu_check.py's storage part: a model trained on the GPU (or the CPU in a rehearsal)
+that saves a 1.6 GB state with torch.save every 150 steps, as a script does, for --steps
+steps: the checkpoint's write burst and the throughput drop it causes, for hpcml's report."""
+import argparse, os, time
+import torch
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=600)
+ap.add_argument("--cpu", action="store_true")
+ap.add_argument("--out", required=True)
+a = ap.parse_args()
+dev = "cpu" if a.cpu else "cuda"
+width = 256 if a.cpu else 2048
+model = torch.nn.Sequential(torch.nn.Linear(width, width), torch.nn.ReLU(), torch.nn.Linear(width, width)).to(dev)
+opt = torch.optim.AdamW(model.parameters(), lr=1e-4)
+blob = torch.randn(400_000_000 if not a.cpu else 50_000_000, device=dev)      # state beside the model
+for step in range(1, a.steps + 1):
+    loss = model(torch.randn(256, width, device=dev)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    if dev == "cuda":
+        torch.cuda.synchronize()
+    if step % 150 == 0:
+        path = os.path.join(a.out, "ckpt.pt")
+        t = time.perf_counter()
+        torch.save({"model": model.state_dict(), "optim": opt.state_dict(), "blob": blob}, path)
+        with open(path, "rb+") as f:
+            os.fsync(f.fileno())
+        print(f"saved step {step} in {time.perf_counter() - t:.2f} s, {os.path.getsize(path)} bytes", flush=True)
+        os.unlink(path)
+'''
+
+
+def part_storage(ctx: Ctx, limit: float) -> dict[str, Any]:
+    """Storage beside throughput on real hardware (issue 71): ``hpcml run`` of a GPU job that
+    checkpoints while it trains; the report's ``io`` (each rank's reads and writes, the I/O in
+    each job-wide stall) and its findings (``io_burst``)."""
+    d = ctx.out / "storage"
+    d.mkdir(parents=True, exist_ok=True)
+    job, scratch = ctx.tmp / "storage-job", ctx.tmp / "storage-out"
+    scratch.mkdir(exist_ok=True)
+    script = d / "train_storage.py"
+    script.write_text(STORAGE_TRAIN)
+    cmd = [sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--interval", "0.2", "--dir", str(job), "--no-report",
+           "--", sys.executable, str(script), "--out", str(scratch), *(["--cpu", "--steps", "300"] if ctx.cpu else [])]
+    r = run_cmd(cmd, timeout=limit - 30, log=d / "run.txt", env=ctx.env, cwd=ctx.tmp)
+    res: dict[str, Any] = {"rc": r["rc"], "timed_out": r["timed_out"], "seconds_run": r["seconds"]}
+    rep = run_cmd([sys.executable, "-m", "hpcml", "observe", "report", str(job / "observe"), "--json", "--min-stall",
+                   "0.3"], timeout=45, log=d / "report.json", env=ctx.env, cwd=ctx.tmp, stdout_only=True)
+    try:
+        doc = json.loads((d / "report.json").read_text())
+        res["io"] = doc.get("io")
+        res["stalls"] = doc.get("stalls")
+        res["findings"] = [f for f in doc.get("findings", []) if f.get("kind") in ("io_burst", "foreign_io",
+                                                                                  "io_imbalance", "job_stall")]
+        res["throughput"] = doc.get("throughput")
+    except ValueError as exc:
+        res["error"] = f"report: {exc}: {_failure(rep, 'hpcml observe report')}"
+    store = d / "observe"                                          # the recording itself: the report is rebuilt from it
+    store.mkdir(exist_ok=True)
+    for f in sorted((job / "observe").glob("*")):
+        if f.is_file() and (f.suffix == ".json" or (f.suffix == ".arrows" and f.stat().st_size <= MAX_STORE)):
+            shutil.copyfile(f, store / f.name)
+    out_log = job / "logs" / "rank-00000.out"                     # the rank's own output (hpcml run keeps it)
+    if out_log.is_file():
+        shutil.copyfile(out_log, d / "rank-00000.out")
+    res["saves"] = [ln.strip() for ln in (out_log.read_text(errors="replace").splitlines() if out_log.is_file() else [])
+                    if "saved step" in ln]
+    burst = [f for f in res.get("findings", []) if f.get("kind") == "io_burst"]
+    res["key"] = (f"exit {r['rc']}; {len(res['saves'])} saves; {len(res.get('stalls') or [])} stalls; "
+                  + (burst[0]["message"] if burst else "no io_burst finding"))
+    res["status"] = "ok" if r["rc"] == 0 and "io" in res else "failed"
+    return res
+
+
 def part_cost(ctx: Ctx, limit: float, reps: int = 2, seconds: float = 8.0) -> dict[str, Any]:
     """The training script of part run, ``seconds`` long, under each of ``COSTS``, interleaved
     ``reps`` times: the time from the launch to its first step's end, its median step (CUDA
@@ -763,7 +836,7 @@ def part_cost(ctx: Ctx, limit: float, reps: int = 2, seconds: float = 8.0) -> di
 
 PARTS: list[tuple[str, Callable[[Ctx, float], dict[str, Any]], float]] = [
     ("env", part_env, 45), ("fr", part_fr, 110), ("steps", part_steps, 100), ("sampler", part_sampler, 80),
-    ("selftest", part_selftest, 130), ("run", part_run, 150), ("cost", part_cost, 240)]
+    ("selftest", part_selftest, 130), ("run", part_run, 150), ("storage", part_storage, 150), ("cost", part_cost, 240)]
 
 README = """# gpu_check.py's recording ({mode}, {date})
 

@@ -93,6 +93,9 @@ device fs1:/export/home mounted on /home with fstype nfs statvers=1.1
 device fs2:/scratch mounted on /scratch with fstype nfs4 statvers=1.1
 \tbytes:\t10 20 30 40 50 60 1 1
 
+device fs2:/scratch mounted on /home/u/scratch with fstype nfs4 statvers=1.1
+\tbytes:\t10 20 30 40 50 60 1 1
+
 device tmpfs mounted on /tmp with fstype tmpfs
 """
 
@@ -110,3 +113,30 @@ def test_lustre_and_nfs_client_counters_are_read_as_their_producers_print_them(t
     assert got == {"fs_lustre_read_bytes": 3221225472.0, "fs_lustre_write_bytes": 1073741824.0,
                    "fs_nfs_read_bytes": 1340.0, "fs_nfs_write_bytes": 2460.0}
     assert FsClients((str(tmp_path / "none" / "*"),), str(tmp_path / "missing")).sample() == {}   # a no-op, no zeros
+
+
+H200 = ROOT / "tests" / "fixtures" / "gpu-h200" / "storage"
+
+
+def test_an_h200_job_checkpointing_while_it_trains_is_found_in_its_own_recording(tmp_path):
+    """The recording of benchmarks/gpu_check.py's storage part on one H200 (kept as it came):
+    a model stepping at ~400 steps/s saved 1.70 GB with torch.save every 150 steps, each
+    save 2.7-2.9 s by the script's own clock (rank-00000.out). Rebuilt from the rank's store,
+    the report finds the three stalls inside the job (the fourth save ended it), each with
+    its checkpoint save and its 1.7 GB written."""
+    saves = [ln for ln in (H200 / "rank-00000.out").read_text().splitlines() if ln.startswith("saved step")]
+    size = int(saves[0].split(", ")[1].split()[0])
+    assert len(saves) == 4 and size == 1_700_717_739
+    import shutil
+    job = Path(shutil.copytree(H200 / "observe", tmp_path / "observe"))     # the report writes its HTML beside it
+    rep = subprocess.run([sys.executable, "-m", "hpcml", "observe", "report", str(job), "--json",
+                          "--min-stall", "0.3"], env={**os.environ, "PYTHONPATH": str(ROOT / "src")},
+                         capture_output=True, text=True, timeout=120)
+    assert rep.returncode == 0, rep.stderr
+    doc = json.loads(rep.stdout)
+    bursts = doc["io"]["bursts"]
+    assert len(bursts) == 3 and all(b["checkpoint_saves"] == 1 for b in bursts)
+    assert all(0.9 * size <= b["write_bytes"] < 1.05 * size for b in bursts), bursts    # the stall starts in its save
+    assert doc["io"]["ranks"][0]["write_chars"] >= 4 * size
+    (f,) = [f for f in doc["findings"] if f["kind"] == "io_burst"]
+    assert "the ranks wrote 1.7 GB" in f["message"] and "(2 more stalls like it)" in f["message"]

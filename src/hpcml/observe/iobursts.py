@@ -33,10 +33,16 @@ IMBALANCE_MIN = 256 << 20  # ... and at least this much
 CKPT_SLACK_S = 1.0        # a save that ended this soon after a stall's end is the stall's
 
 
-def _at(g: Any, ridx: int, t: float) -> float | None:
-    """A rank's cumulative counter at time ``t`` (its last sample at or before it)."""
+def _at(g: Any, ridx: int, t: float, after: bool = False) -> float | None:
+    """A rank's cumulative counter at time ``t``: its last sample at or before it, or
+    (``after``) its first at or after it, else its last."""
     mine = g.ridx == ridx
     xs, vs = g.x[mine], g.value[mine]
+    if after:
+        later = xs >= t
+        if later.any():
+            return float(vs[later][np.argmin(xs[later])])
+        return float(vs[np.argmax(xs)]) if len(xs) else None
     before = xs <= t
     if not before.any():
         return None
@@ -44,11 +50,13 @@ def _at(g: Any, ridx: int, t: float) -> float | None:
 
 
 def _moved(g: Any, a: float, b: float) -> float | None:
-    """What a cumulative counter grew by between ``a`` and ``b``, summed over the ranks (or
-    nodes) that have samples on both sides; None where none has."""
+    """What a cumulative counter grew by over ``a`` to ``b``: from the last sample at or
+    before ``a`` to the first at or after ``b`` (samples come every interval: what was
+    written in the window is all counted, and at most an interval more), summed over the
+    ranks (or nodes) that have samples on both sides; None where none has."""
     total, any_ = 0.0, False
     for r in np.unique(g.ridx):
-        lo, hi = _at(g, int(r), a), _at(g, int(r), b)
+        lo, hi = _at(g, int(r), a), _at(g, int(r), b, after=True)
         if lo is None or hi is None:
             continue
         total += max(0.0, hi - lo)
@@ -103,7 +111,18 @@ def summarise(groups: dict, rank_ids: np.ndarray, span: float, stalls: list[dict
         bursts.append(burst)
     return {"ranks": ranks, "bursts": bursts,
             "job": {k: int(v) for k, v in job.items()},
-            "fs": {row: int(float(np.nanmax(g.value)) - float(np.nanmin(g.value))) for row, g in fs.items()} or None}
+            "fs": {row: int(_span(g)) for row, g in fs.items()} or None}
+
+
+def _span(g: Any) -> float:
+    """What a cumulative counter moved over the job: each node's last less its first, summed
+    (nodes' counters start anywhere: their spread is not traffic)."""
+    total = 0.0
+    for r in np.unique(g.ridx):
+        mine = g.ridx == r
+        xs, vs = g.x[mine], g.value[mine]
+        total += max(0.0, float(vs[np.argmax(xs)]) - float(vs[np.argmin(xs)]))
+    return total
 
 
 def _int(v: float | None) -> int | None:

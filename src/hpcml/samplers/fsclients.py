@@ -53,11 +53,16 @@ def nfs_bytes(text: str) -> tuple[int, int] | None:
     read = written = 0
     seen = False
     nfs = False
+    counted: set[str] = set()
     for line in text.splitlines():
         if line.startswith("device "):
             words = line.split()
             nfs = "fstype" in words and words.index("fstype") + 1 < len(words) \
                 and words[words.index("fstype") + 1] in NFS_TYPES
+            # bind mounts of one export share its superblock and print the same counters: once
+            nfs = nfs and len(words) > 1 and words[1] not in counted
+            if nfs:
+                counted.add(words[1])
             continue
         if nfs and line.strip().startswith("bytes:"):
             fields = line.split(":", 1)[1].split()
