@@ -59,16 +59,33 @@ class S3Url:
         return f"{SCHEME}{self.bucket}/{self.prefix}" if self.prefix else f"{SCHEME}{self.bucket}"
 
 
+_clients: dict[tuple, Any] = {}
+
+
 def client() -> Any:
-    """A boto3 S3 client from the standard environment and config files, retrying with backoff."""
+    """A boto3 S3 client from the standard environment and config files, retrying with
+    backoff: one per process (boto3's clients are thread-safe, not fork-safe: a DataLoader
+    worker makes its own), so a stage of many files pays for one (~150 ms). A changed AWS_*
+    variable (another profile, endpoint or key) makes a new one."""
+    import os
+    pid = (os.getpid(), tuple(sorted((k, v) for k, v in os.environ.items() if k.startswith("AWS_"))))
+    if pid in _clients:
+        return _clients[pid]
     try:
         import boto3
         from botocore.config import Config
+        from botocore.exceptions import BotoCoreError
     except ImportError:
         raise UsageError("s3:// needs boto3: pip install 'hpcml[s3]'") from None
-    return boto3.session.Session().client(
-        "s3", config=Config(retries={"max_attempts": RETRIES, "mode": "standard"}, connect_timeout=TIMEOUT_S,
-                            read_timeout=TIMEOUT_S))
+    try:
+        made = boto3.session.Session().client(
+            "s3", config=Config(retries={"max_attempts": RETRIES, "mode": "standard"}, connect_timeout=TIMEOUT_S,
+                                read_timeout=TIMEOUT_S))
+    except BotoCoreError as exc:                 # a profile that is not there, a malformed config file
+        raise UsageError(f"the S3 client: {exc}") from None
+    _clients.clear()
+    _clients[pid] = made
+    return made
 
 
 def problem(exc: BaseException, where: str) -> HpcmlError:
@@ -99,9 +116,12 @@ def problem(exc: BaseException, where: str) -> HpcmlError:
 
 
 def errors() -> tuple[type[BaseException], ...]:
-    """The exceptions ``problem`` turns into a line."""
+    """The exceptions ``problem`` turns into a line: botocore's, s3transfer's (a transfer
+    whose retries ran out), and urllib3's from a body read that broke off."""
     from botocore.exceptions import BotoCoreError, ClientError
-    return (BotoCoreError, ClientError)
+    from s3transfer.exceptions import RetriesExceededError, S3UploadFailedError
+    from urllib3.exceptions import HTTPError
+    return (BotoCoreError, ClientError, RetriesExceededError, S3UploadFailedError, HTTPError)
 
 
 def locate(base: S3Url, name: str) -> tuple[str, str]:
@@ -133,11 +153,21 @@ def read_object(s3: Any, bucket: str, key: str, max_bytes: int) -> bytes:
 
 
 def read_range(s3: Any, bucket: str, key: str, start: int, end: int, into: memoryview) -> int:
-    """Bytes ``start`` to ``end`` (exclusive) of an object into ``into``: one ranged GET."""
+    """Bytes ``start`` to ``end`` (exclusive) of an object into ``into``: one ranged GET; a
+    range past the object's end (a shard cut short) is a short read, as ``pread``'s."""
     if end <= start:
         return 0
     try:
-        body = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")["Body"]
+        try:
+            resp = s3.get_object(Bucket=bucket, Key=key, Range=f"bytes={start}-{end - 1}")
+        except Exception as exc:
+            if str(getattr(exc, "response", {}).get("Error", {}).get("Code", "")) == "InvalidRange":
+                return 0
+            raise
+        if not str(resp.get("ContentRange", "")).startswith(f"bytes {start}-"):
+            raise UsageError(f"{url_of(bucket, key)}: the server ignored the byte range (answered "
+                             f"{resp.get('ContentRange') or 'the whole object'})")
+        body = resp["Body"]
         got = 0
         while got < end - start:
             chunk = body.read(min(1 << 20, end - start - got))
@@ -151,13 +181,13 @@ def read_range(s3: Any, bucket: str, key: str, start: int, end: int, into: memor
     return got
 
 
-def list_objects(s3: Any, url: S3Url) -> list[tuple[str, int]]:
-    """(key, size) of every object directly under ``url``'s prefix (not deeper), by key."""
+def list_objects(s3: Any, url: S3Url) -> list[tuple[str, int, str]]:
+    """(key, size, ETag) of every object directly under ``url``'s prefix (not deeper), by key."""
     prefix = url.key("") if url.prefix else ""
-    out: list[tuple[str, int]] = []
+    out: list[tuple[str, int, str]] = []
     try:
         for page in s3.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=prefix, Delimiter="/"):
-            out += [(o["Key"], int(o["Size"])) for o in page.get("Contents", [])]
+            out += [(o["Key"], int(o["Size"]), str(o.get("ETag", ""))) for o in page.get("Contents", [])]
     except errors() as exc:
         raise problem(exc, str(url)) from None
     return sorted(out)

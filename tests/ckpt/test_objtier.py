@@ -128,3 +128,33 @@ def test_kill_9_at_random_moments_never_leaves_a_half_pushed_checkpoint_whole(s3
     shutil.rmtree(tmp_path / "ck")
     state, step = Checkpointer(tmp_path / "ck", object_store=s3.url("kill")).load_latest()
     assert step == whole[-1] and step <= max(durable) + 1 and np.all(state["w"] == float(step))
+
+
+def test_a_corrupt_local_copy_or_an_older_one_gives_way_to_the_stores_and_a_dead_fetch_is_no_obstacle(s3, tmp_path):
+    """The directory kept its checkpoints but their shards are damaged, or it kept only an
+    older one: load_latest takes the store's newest whole step; a fetch killed before its
+    rename (its temporary directory left behind) neither blocks opening the directory nor
+    the next fetch."""
+    with Checkpointer(tmp_path / "ck", keep=2, object_store=s3.url("heal"), max_write_rate=None) as ck:
+        for step in (10, 20):
+            ck.save(_state(step), step)
+            ck.wait()
+    for bin_file in (tmp_path / "ck").glob("step-*/rank-*.bin"):
+        bin_file.write_bytes(b"\0" * bin_file.stat().st_size)          # damaged in place, same size
+    (tmp_path / "ck" / ".fetch-step-00000020-deadbeef").mkdir()           # a fetch killed by kill -9
+    state, step = Checkpointer(tmp_path / "ck", object_store=s3.url("heal")).load_latest()
+    assert step == 20 and np.all(state["w"] == 20.0)
+    shutil.rmtree(tmp_path / "ck" / "step-00000020")                      # only the older one left here
+    state, step = Checkpointer(tmp_path / "ck", object_store=s3.url("heal")).load_latest()
+    assert step == 20 and np.all(state["w"] == 20.0)
+
+
+def test_a_store_that_cannot_give_a_step_is_said_and_the_one_before_is_taken(s3, tmp_path):
+    with Checkpointer(tmp_path / "ck", keep=3, object_store=s3.url("gaps"), max_write_rate=None) as ck:
+        for step in (1, 2):
+            ck.save(_state(step), step)
+            ck.wait()
+    s3.client().delete_object(Bucket=s3.bucket, Key="gaps/step-00000002/rank-00000.bin")   # lost in the store
+    shutil.rmtree(tmp_path / "ck")
+    state, step = Checkpointer(tmp_path / "ck", object_store=s3.url("gaps")).load_latest()
+    assert step == 1 and np.all(state["w"] == 1.0)

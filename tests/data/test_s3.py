@@ -119,3 +119,34 @@ def test_a_missing_bucket_is_one_line_and_a_throttled_endpoint_is_retried(s3, pa
     s3.proxy.fail_next = 4                                                     # 503 SlowDown, then answers
     assert _keys_and_bytes(ShardDataset(s3.url("slow"), **kw)) == _keys_and_bytes(ShardDataset(packed, **kw))
     assert s3.proxy.failed == 4
+
+
+def test_an_index_elsewhere_in_the_bucket_stages_to_a_copy_read_locally_and_packs_are_not_reindexed(s3, packed, tmp_path):
+    """Indexed into another prefix (the shards' names then URLs): the staged copy's manifest
+    names the copies beside it, so the copy is read from the node, not from the bucket; a
+    shard set that hpcml data pack made (its manifest uploaded too) is not indexed over."""
+    _upload(s3, packed, "raw")
+    assert _cli(s3, "index", s3.url("raw"), "--out", s3.url("idx"), cwd=tmp_path).returncode == 0
+    res = stage(s3.url("idx"), str(tmp_path / "local"), env={})
+    staged = json.loads((Path(res.path) / "manifest.json").read_text())
+    assert all("/" not in s["name"] for s in staged["shards"])
+    kw = dict(seed=4, rank=0, world_size=1, block_bytes=32 * 1024, window=4)
+    s3.proxy.fail_all = True                                                   # the bucket gone: the copy still reads
+    try:
+        assert _keys_and_bytes(ShardDataset(res.path, **kw)) == _keys_and_bytes(ShardDataset(packed, **kw))
+    finally:
+        s3.proxy.fail_all = False
+    _upload(s3, packed, "packed", only_tars=False)
+    p = _cli(s3, "index", s3.url("packed"), cwd=tmp_path)
+    assert p.returncode == 2 and "made by 'hpcml data pack'" in p.stderr, p.stderr
+
+
+def test_a_shard_cut_short_in_the_bucket_is_skipped_as_on_the_filesystem(s3, packed, tmp_path):
+    _upload(s3, packed, "cut")
+    assert _cli(s3, "index", s3.url("cut"), cwd=tmp_path).returncode == 0
+    first = sorted(packed.glob("*.tar"))[0]
+    s3.client().put_object(Bucket=s3.bucket, Key=f"cut/{first.name}", Body=first.read_bytes()[:1024])
+    ds = ShardDataset(s3.url("cut"), seed=1, rank=0, world_size=1, block_bytes=32 * 1024, window=4, on_corrupt="skip")
+    with pytest.warns(UserWarning, match=f"s3://{s3.bucket}/cut/{first.name}: offset .*skipping corrupt"):
+        got = list(ds)
+    assert ds.skipped > 0 and len(got) + ds.skipped == len(ShardDataset(packed, seed=1, rank=0, world_size=1))

@@ -47,6 +47,8 @@ from hpcml.errors import HpcmlError, UsageError
 from hpcml.files import fsync_dir
 from hpcml.units import parse_rate
 
+FETCHING = ".fetch-"            # hpcml.ckpt.objtier's temporary directory of a fetch under way
+
 log = logs.get(__name__)
 
 
@@ -138,7 +140,7 @@ class Checkpointer:
                 raise UsageError("no such directory", file=str(self.dir))
         else:
             layout.make_dir(self.dir, mode)
-        if any(not p.name.startswith(owner.OWNER) for p in self.dir.iterdir()) \
+        if any(not p.name.startswith((owner.OWNER, FETCHING)) for p in self.dir.iterdir()) \
                 and not layout.is_checkpoint_dir(self.dir):    # .owner*: also a claim cut short by kill -9
             raise UsageError("not a checkpoint directory (it holds other files and no step-*/)",
                              file=str(self.dir))
@@ -540,6 +542,8 @@ class Checkpointer:
         beside a ``read_only`` reader) is not skipped as corrupt: the directory is scanned
         again, since a newer one was committed meanwhile."""
         fetched: set[int] = set()
+        if self.tier is not None:
+            self._fetch(fetched, newer_only=True)        # the store holds a newer one than the directory
         for _ in range(1000):
             done, result = self._load_newest(map_location)
             if done and result[1] is None and self.tier is not None:
@@ -553,17 +557,45 @@ class Checkpointer:
                 return result
         raise CheckpointError(f"{self.dir}: its checkpoints keep being removed while they are read")
 
-    def _fetch(self, tried: set[int]) -> int | None:
-        """The newest whole checkpoint of the object tier not tried yet, fetched into the
-        directory (each rank may fetch it; the first rename stands); None when there is none."""
+    def _fetch(self, tried: set[int], newer_only: bool = False) -> int | None:
+        """The newest whole checkpoint of the object tier not tried yet (``newer_only``: only
+        if newer than the directory's newest), fetched into the directory; None when there is
+        none. Under torch.distributed rank 0 fetches and every rank learns whether it did;
+        otherwise each rank fetches (the first rename stands). A step the store cannot give
+        is said, and the one before it tried."""
         assert self.tier is not None
-        here = {f.step for f in layout.scan(self.dir) if f.committed}
-        for step in reversed(self.tier.steps()):
-            if step in tried or step in here:
+        d = initialised_dist()
+        alone = d is None or self.world == 1
+        step: int | None = None
+        if alone or self.rank == 0:
+            step = self._fetch_here(tried, newer_only)
+        if alone:
+            return step
+        said: list[Any] = [None] * self.world
+        d.all_gather_object(said, step)
+        if said[0] is not None:
+            tried.add(said[0])
+        return said[0]
+
+    def _fetch_here(self, tried: set[int], newer_only: bool) -> int | None:
+        assert self.tier is not None
+        local = [f for f in layout.scan(self.dir) if f.committed]
+        newest_here = max((f.step for f in local), default=-1)
+        try:
+            remote = self.tier.steps()
+        except HpcmlError as exc:
+            log.warning(f"hpcml ckpt: the object store was not listed: {exc}")
+            return None
+        for step in reversed(remote):
+            if step in tried or (newer_only and step <= newest_here):
                 continue
             tried.add(step)
-            self.tier.fetch(step, self.dir, self.mode)
-            log.warning(f"hpcml ckpt: {self.dir} had no usable checkpoint; fetched step {step} from {self.tier.url}")
+            try:
+                self.tier.fetch(step, self.dir, self.mode, replace=True)
+            except HpcmlError as exc:
+                log.warning(f"hpcml ckpt: step {step} not fetched from {self.tier.url}: {exc}; trying the one before")
+                continue
+            log.warning(f"hpcml ckpt: fetched step {step} from {self.tier.url} into {self.dir}")
             return step
         return None
 

@@ -87,6 +87,10 @@ class ObjectTier:
         names = sorted(p.name for p in step_dir.iterdir() if p.is_file() and not p.name.startswith("."))
         if layout.MANIFEST not in names:
             raise HpcmlError(f"{step_dir}: not committed (no {layout.MANIFEST}); not pushed")
+        try:                                      # the step pushed again: never whole while its files change
+            self.client.delete_object(Bucket=self.url.bucket, Key=f"{base}/{layout.MANIFEST}")
+        except objstore.errors() as exc:
+            raise objstore.problem(exc, self._where(f"{base}/{layout.MANIFEST}")) from None
         sent = 0
         for name in [n for n in names if n != layout.MANIFEST] + [layout.MANIFEST]:
             key = f"{base}/{name}"
@@ -122,11 +126,14 @@ class ObjectTier:
             raise objstore.problem(exc, self._where(base)) from None
         return keys
 
-    def fetch(self, step: int, into: Path, mode: int = layout.FILE_MODE) -> Path:
-        """Download step ``step`` into ``into/step-NNNNNNNN`` (whole, or not at all); its path."""
+    def fetch(self, step: int, into: Path, mode: int = layout.FILE_MODE, replace: bool = False) -> Path:
+        """Download step ``step`` into ``into/step-NNNNNNNN`` (whole, or not at all); its path.
+        ``replace``: a local copy of that step (one that did not load) is replaced once the
+        store's copy is complete; otherwise it is kept."""
         final = into / layout.step_name(step)
-        if final.exists():
+        if final.exists() and not replace:
             return final
+        _sweep(into)
         keys = self._keys(step)
         base = self.url.key(layout.step_name(step)) + "/"
         names = [k[len(base):] for k in keys]
@@ -141,8 +148,12 @@ class ObjectTier:
                 try:
                     with os.fdopen(fd, "wb") as fh:
                         self.client.download_fileobj(self.url.bucket, key, fh)
-                except objstore.errors() as exc:
+                except Exception as exc:  # noqa: BLE001 - botocore's, s3transfer's, urllib3's: one line
                     raise objstore.problem(exc, self._where(key)) from None
+            if final.exists() and replace:       # the local copy that did not load: the store's replaces it
+                bad = into / f".bad-{layout.step_name(step)}-{uuid.uuid4().hex[:8]}"
+                os.rename(final, bad)
+                shutil.rmtree(bad, ignore_errors=True)
             try:
                 os.rename(tmp, final)
             except OSError:
@@ -167,6 +178,20 @@ class ObjectTier:
             except objstore.errors() as exc:
                 log.warning("hpcml ckpt: %s", objstore.problem(exc, self._where(base)))
         return gone
+
+
+STALE_S = 3600.0           # a fetch's temporary directory this old belongs to a process that died
+
+
+def _sweep(into: Path) -> None:
+    """Temporary directories of fetches killed before their rename."""
+    now = time.time()
+    for p in into.glob(".fetch-step-*"):
+        try:
+            if now - p.stat().st_mtime > STALE_S:
+                shutil.rmtree(p, ignore_errors=True)
+        except OSError:
+            continue
 
 
 def _no_bucket(exc: Any) -> Any:

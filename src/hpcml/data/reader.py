@@ -71,12 +71,16 @@ class _Shards:
     DataLoader worker's own)."""
 
     def __init__(self, root: Path | objstore.S3Url, names: list[str], index_names: list[str], keep: int = 64,
-                 compression: list[str] | None = None) -> None:
+                 compression: list[str] | None = None, sizes: list[int] | None = None) -> None:
+        self.sizes = sizes or [0] * len(names)      # the manifest's bytes of each: a whole object read is bounded
         self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
         self.remote: list[tuple[str, str] | None] = []
         for n in names:
             if objstore.is_url(n):
                 u = objstore.S3Url.parse(n, key="shards.name")
+                if isinstance(root, objstore.S3Url) and u.bucket != root.bucket:
+                    raise UsageError(f"names a shard in another bucket ({n}): a manifest in a bucket reads "
+                                     "its own bucket's objects only", file=objstore.url_of(root.bucket, root.key("manifest.json")))
                 self.remote.append((u.bucket, u.prefix))
             elif isinstance(root, objstore.S3Url):
                 self.remote.append(objstore.locate(root, n))
@@ -189,7 +193,7 @@ class _Shards:
         path = self.path(s)
         remote = self.remote[s]
         try:
-            with (_object_file(self.client(), *remote) if remote is not None else open(path, "rb")) as raw, \
+            with (_object_file(self.client(), *remote, self.sizes[s]) if remote is not None else open(path, "rb")) as raw, \
                     open_decompressed(raw, self.compression[s]) as fh:
                 fh.seek(start)
                 got = 0
@@ -218,11 +222,11 @@ class _Shards:
         self.fds.clear()
 
 
-def _object_file(s3: Any, bucket: str, key: str) -> Any:
-    """A compressed shard in an object store, whole in memory (it is one block anyway)."""
+def _object_file(s3: Any, bucket: str, key: str, size: int) -> Any:
+    """A compressed shard in an object store, whole in memory (it is one block anyway), no
+    larger than the manifest says it is."""
     import io
-    head_max = 1 << 40
-    return io.BytesIO(objstore.read_object(s3, bucket, key, head_max))
+    return io.BytesIO(objstore.read_object(s3, bucket, key, max(size, 1)))
 
 
 class ShardDataset:
@@ -373,7 +377,8 @@ class ShardDataset:
             return
         shards = _Shards(self.root, [s.name for s in self.manifest.shards],
                          [s.index for s in self.manifest.shards], keep=max(64, 4 * self.layout.window),
-                         compression=[s.compression for s in self.manifest.shards])
+                         compression=[s.compression for s in self.manifest.shards],
+                         sizes=[s.bytes for s in self.manifest.shards])
         own: set[int] = set()                   # the idents of this stream's own threads
         pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads), initializer=lambda: own.add(threading.get_ident()))
         hints = ThreadPoolExecutor(max_workers=1, initializer=lambda: own.add(threading.get_ident()))

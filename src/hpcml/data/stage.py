@@ -243,27 +243,23 @@ def _object_files(m: Manifest, url: objstore.S3Url) -> list[_File]:
     """A shard set whose manifest is in an object store: its shards and indexes, each read
     by a streamed GET (an index's size and ETag stand for a file's size and mtime)."""
     s3 = objstore.client()
-    listed = {k: n for k, n in objstore.list_objects(s3, url)}
+    listed = {k: (n, tag) for k, n, tag in objstore.list_objects(s3, url)}
     out = []
     for i, s in enumerate(m.shards):
         bucket, key = objstore.locate(url, s.name)
+        if bucket != url.bucket:                  # a manifest in a bucket names its own bucket's objects only
+            raise UsageError(f"names a shard in another bucket ({s.name}): not staged",
+                             file=objstore.url_of(url.bucket, url.key(MANIFEST)))
         out.append(_File(_plain_name(key.rsplit("/", 1)[-1], f"shards.{i}.name", Path(str(url))), s.bytes, s.sha256,
                          src=objstore.url_of(bucket, key)))
         ibucket, ikey = objstore.locate(url, s.index)
         if ikey not in listed:
             raise UsageError("shard index missing", file=objstore.url_of(ibucket, ikey))
-        size = listed[ikey]
+        size, tag = listed[ikey]
         out.append(_File(_plain_name(s.index, f"shards.{i}.index", Path(str(url))), size, None,
-                         src_stat=(size, _etag(s3, ibucket, ikey)), src=objstore.url_of(ibucket, ikey)))
+                         src_stat=(size, int(hashlib.sha256(tag.encode()).hexdigest()[:15], 16)),
+                         src=objstore.url_of(ibucket, ikey)))
     return out
-
-
-def _etag(s3: Any, bucket: str, key: str) -> int:
-    try:
-        tag = str(s3.head_object(Bucket=bucket, Key=key)["ETag"])
-    except objstore.errors() as exc:
-        raise objstore.problem(exc, objstore.url_of(bucket, key)) from None
-    return int(hashlib.sha256(tag.encode()).hexdigest()[:15], 16)
 
 
 class _ObjectReader:
@@ -363,6 +359,11 @@ def _staged_manifest(m: Manifest, srcdir: Path) -> bytes:
     their path, the same manifest naming their copies beside it (same dataset id)."""
     if not any(os.path.isabs(s.name) or objstore.is_url(s.name) for s in m.shards):
         return (srcdir / MANIFEST).read_bytes()
+    return _local_manifest(m)
+
+
+def _local_manifest(m: Manifest) -> bytes:
+    """``m`` naming each shard by its base name: the copies beside the staged manifest."""
     local = m.model_copy(update={"shards": [s.model_copy(update={"name": s.name.rsplit("/", 1)[-1]}) for s in m.shards]})
     return orjson.dumps(local.model_dump(by_alias=True), option=orjson.OPT_INDENT_2)
 
@@ -553,7 +554,7 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
         srcdir = Path(str(url))
         ds = m.dataset or dataset_id(m.shards)
         files = _object_files(m, url)
-        manifest_bytes = objstore.read_object(objstore.client(), url.bucket, url.key(MANIFEST), JSON_MAX)
+        manifest_bytes = _local_manifest(m)      # the one validated, naming the copies beside it
         left = []
     else:
         m = load_manifest(src)

@@ -172,10 +172,13 @@ class _Peeked:
         self.head, self.fh = head, fh
 
     def read(self, n: int = -1) -> bytes:
-        if self.head:
-            out, self.head = (self.head, b"") if n < 0 or n >= len(self.head) else (self.head[:n], self.head[n:])
-            return out if n < 0 or len(out) == n else out + self.fh.read(n - len(out))
-        return self.fh.read(n)
+        if not self.head:
+            return self.fh.read(n)
+        if n < 0:
+            out, self.head = self.head, b""
+            return out + self.fh.read()
+        out, self.head = self.head[:n], self.head[n:]
+        return out if len(out) == n else out + self.fh.read(n - len(out))
 
 
 def index_shard(path: Path) -> ShardScan:
@@ -196,14 +199,15 @@ def index_object(s3: Any, bucket: str, key: str, size: int) -> ShardScan:
     except objstore.errors() as exc:
         raise objstore.problem(exc, url) from None
     try:
-        return _index_stream(body, size, Path(url))
+        return _index_stream(body, size, Path(key), url)
     except objstore.errors() as exc:
         raise objstore.problem(exc, url) from None
     finally:
         body.close()
 
 
-def _index_stream(fh: Any, size: int, path: Path) -> ShardScan:
+def _index_stream(fh: Any, size: int, path: Path, where: str | None = None) -> ShardScan:
+    where = where or str(path)
     head = fh.read(8)
     comp = compression_of(head)
     src = _Hashing(_Peeked(head, fh))
@@ -233,7 +237,7 @@ def _index_stream(fh: Any, size: int, path: Path) -> ShardScan:
                 rows.append(cur)
             elif any(m[0] == ext for m in cur[3]):
                 raise UsageError(f"member {name!r}: a second '{ext}' in sample {key!r} (webdataset refuses "
-                                 "it too)", file=str(path))
+                                 "it too)", file=where)
             cur[2] = end
             cur[3].append([ext, info.offset_data, info.size])
             fields.add(ext)
@@ -241,7 +245,7 @@ def _index_stream(fh: Any, size: int, path: Path) -> ShardScan:
         tf.close()
         src.finish()
     except (tarfile.TarError, EOFError, OSError, ValueError) as exc:
-        raise UsageError(f"not a readable tar shard: {exc}", file=str(path)) from None
+        raise UsageError(f"not a readable tar shard: {exc}", file=where) from None
     return ShardScan(path, rows, src.sha.hexdigest(), src.bytes, comp, tar_bytes, fields, skipped, split)
 
 
@@ -335,7 +339,7 @@ def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> Index
             head = _head(s3, url.bucket, url.prefix)
             found.append((url.bucket, url.prefix, head))
             continue
-        shards = [(url.bucket, k, n) for k, n in objstore.list_objects(s3, url) if is_shard_name(k)]
+        shards = [(url.bucket, k, n) for k, n, _ in objstore.list_objects(s3, url) if is_shard_name(k)]
         if not shards:
             raise UsageError("no tar shards here (.tar, .tar.gz, .tgz, .tar.bz2, .tar.xz)", file=str(url))
         found += shards
@@ -353,6 +357,8 @@ def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> Index
         except OSError as exc:
             raise UsageError(f"cannot create the index directory: {exc.strerror}", file=str(dst)) from None
         _refuse_packed(dst)
+    if dst is None:
+        _refuse_packed_object(s3, dst_url)
     count = progress.Counter("indexing shards", len(found))
 
     def one(item: tuple[str, str, int]) -> ShardScan:
@@ -390,6 +396,21 @@ def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> Index
         where = Path(str(dst_url))
     return IndexResult(manifest, where, sum(len(sc.skipped) for sc in scans), sum(sc.split_keys for sc in scans),
                        sum(bool(sc.compression) for sc in scans), url=None if dst is not None else str(dst_url))
+
+
+def _refuse_packed_object(s3: Any, url: objstore.S3Url) -> None:
+    """As ``_refuse_packed``, for a manifest in the bucket: pack's own is not rewritten."""
+    try:
+        data = s3.get_object(Bucket=url.bucket, Key=url.key(MANIFEST))["Body"].read(JSON_MAX + 1)
+    except objstore.errors():
+        return                                           # none (or not readable): nothing to protect
+    try:
+        old = orjson.loads(data)
+    except ValueError:
+        return
+    if isinstance(old, dict) and old.get("target_shard_bytes"):
+        raise UsageError("holds a shard set made by 'hpcml data pack': it is indexed already",
+                         file=objstore.url_of(url.bucket, url.key(MANIFEST)))
 
 
 def _head(s3: Any, bucket: str, key: str) -> int:
