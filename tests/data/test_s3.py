@@ -150,3 +150,27 @@ def test_a_shard_cut_short_in_the_bucket_is_skipped_as_on_the_filesystem(s3, pac
     with pytest.warns(UserWarning, match=f"s3://{s3.bucket}/cut/{first.name}: offset .*skipping corrupt"):
         got = list(ds)
     assert ds.skipped > 0 and len(got) + ds.skipped == len(ShardDataset(packed, seed=1, rank=0, world_size=1))
+
+
+def test_the_doctor_reads_a_bucket_as_it_reads_a_directory(s3, packed, tmp_path):
+    """The same dataset uploaded (small files in class folders, then the shards of it, then
+    nanoGPT's token arrays): the doctor's counts and its advice are the directory's."""
+    from tests.data.test_doctor import _nanogpt
+    c = s3.client()
+    raw = packed.parent / "raw"
+    for p in sorted(raw.rglob("*")):
+        if p.is_file():
+            c.upload_file(str(p), s3.bucket, f"raw/{p.relative_to(raw).as_posix()}")
+    _upload(s3, packed, "shards", only_tars=False)                         # the manifest and indexes too
+    _nanogpt(tmp_path / "owt")
+    for p in (tmp_path / "owt").iterdir():
+        c.upload_file(str(p), s3.bucket, f"owt/{p.name}")
+    for prefix, local in (("raw", raw), ("shards", packed), ("owt", tmp_path / "owt")):
+        p = _cli(s3, "doctor", s3.url(prefix), "--json", "--readers", "4", cwd=tmp_path)
+        assert p.returncode == 0, p.stderr
+        there = json.loads(p.stdout)
+        here = json.loads(_cli(s3, "doctor", str(local), "--json", "--readers", "4", cwd=tmp_path).stdout)
+        for key in ("files", "bytes", "samples", "shards", "token_arrays", "largest_sample_bytes", "indexed"):
+            assert there["scan"][key] == here["scan"][key], (prefix, key)
+        assert there["recommendation"]["pack"] == here["recommendation"]["pack"], prefix
+    assert "memmapped token array" in there["recommendation"]["pack_reason"]

@@ -188,7 +188,7 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
     except OSError as exc:
         out.unreadable.append(Problem(str(path), exc.strerror or str(exc)))
         return out
-    samples: dict[str, int] = {}
+    files: list[tuple[str, str, int]] = []
     for e in entries:
         kind, st = examine(e, euid, groups)
         if kind == "dir":
@@ -199,37 +199,66 @@ def _scan_dir(path: Path, euid: int, groups: set[int]) -> _Dir:
             out.unreadable.append(Problem(e.path, st))
             continue
         assert isinstance(st, os.stat_result)
-        out.sizes.append(st.st_size)
-        if is_shard_name(e.name):
+        files.append((e.name, e.path, st.st_size))
+    _tally(out, files)
+    return out
+
+
+def _tally(out: _Dir, files: list[tuple[str, str, int]]) -> None:
+    """One directory's regular files (name, path, bytes): sizes, shards, samples, token arrays.
+    The same for a directory and for the objects under one prefix of an object store."""
+    samples: dict[str, int] = {}
+    for name, path, size in files:
+        out.sizes.append(size)
+        if is_shard_name(name):
             out.shards += 1
-            out.shard_bytes += st.st_size
-            out.compressed_shards += not e.name.lower().endswith(".tar")
-        elif ".mds" in e.name.lower():
+            out.shard_bytes += size
+            out.compressed_shards += not name.lower().endswith(".tar")
+        elif ".mds" in name.lower():
             out.mds_files += 1
-        key = sample_key(e.name)
+        key = sample_key(name)
         if key is None:
-            out.ungroupable.append(e.path)
+            out.ungroupable.append(path)
             out.ext[""] += 1
             continue
-        samples[key[0]] = samples.get(key[0], 0) + st.st_size
+        samples[key[0]] = samples.get(key[0], 0) + size
         out.ext[key[1]] += 1
     out.samples = len(samples)
     out.largest_sample = max(samples.values(), default=0)
-    names = {e.name for e in entries}
-    found = []
-    for e in entries:
-        low = e.name.lower()
-        try:
-            size = e.stat().st_size if e.is_file() else -1
-        except OSError:
-            continue
-        if size >= 0 and (low.endswith(TOKEN_ARRAY_EXT) or (low.endswith(".idx") and e.name[:-4] + ".bin" in names)):
-            found.append((e.path, size))
+    names = {name for name, _, _ in files}
+    found = [(path, size) for name, path, size in files
+             if name.lower().endswith(TOKEN_ARRAY_EXT) or (name.lower().endswith(".idx") and name[:-4] + ".bin" in names)]
     # a few large arrays (val.bin beside train.bin counts with it); thousands of .npy or .bin
     # files are per-sample files, whatever their size
     if len(found) <= MAX_TOKEN_ARRAYS and any(size >= MIN_TOKEN_ARRAY and not p.endswith(".idx") for p, size in found):
         out.arrays = found
-    return out
+
+
+def _object_dirs(root: str) -> tuple[list[_Dir], bool]:
+    """An ``s3://bucket/prefix``'s objects (every level below it), as the directories their
+    keys name, tallied as files are; and whether a manifest.json is at the prefix."""
+    from hpcml import objstore
+    url = objstore.S3Url.parse(root, key="PATH")
+    s3 = objstore.client()
+    prefix = url.key("") if url.prefix else ""
+    by_dir: dict[str, list[tuple[str, str, int]]] = {}
+    try:
+        for page in s3.get_paginator("list_objects_v2").paginate(Bucket=url.bucket, Prefix=prefix):
+            for o in page.get("Contents", []):
+                key = o["Key"]
+                rel = key[len(prefix):]
+                if not rel or rel.endswith("/"):
+                    continue
+                parent, _, name = rel.rpartition("/")
+                by_dir.setdefault(parent, []).append((name, objstore.url_of(url.bucket, key), int(o["Size"])))
+    except objstore.errors() as exc:
+        raise objstore.problem(exc, root) from None
+    dirs = []
+    for files in by_dir.values():
+        d = _Dir()
+        _tally(d, files)
+        dirs.append(d)
+    return dirs, any(name == "manifest.json" for name, _, _ in by_dir.get("", []))
 
 
 def _size_stats(sizes: np.ndarray) -> SizeStats:
@@ -248,21 +277,28 @@ def _size_stats(sizes: np.ndarray) -> SizeStats:
 def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
          on_progress: Callable[[int, int], None] | None = None) -> ScanResult:
     """Scan ``path`` with ``jobs`` threads; ``on_progress(files, bytes)`` after each directory.
+    ``s3://bucket/prefix``: its objects, listed (every level below the prefix), each key's
+    parent as its directory.
 
     Raises UsageError when ``path`` does not exist or is not a directory.
     """
+    from hpcml.objstore import is_url
     root = Path(path)
-    if not root.exists():
+    remote = is_url(str(path))
+    if not remote and not root.exists():
         raise UsageError("no such directory", file=str(root))
-    if not root.is_dir():
+    if not remote and not root.is_dir():
         raise UsageError("not a directory", file=str(root))
     euid, groups = identity()
-    res = ScanResult(str(root), jobs=max(1, jobs))
+    res = ScanResult(str(path).rstrip("/") if remote else str(root), jobs=max(1, jobs))
     sizes = array("q")
     ext: Counter[str] = Counter()
     arrays: list[tuple[int, str]] = []
     start = time.perf_counter()
-    for d in walk(root, lambda p: _scan_dir(p, euid, groups), lambda d: d.subdirs, res.jobs):
+    object_dirs, object_manifest = _object_dirs(str(path)) if remote else ([], False)
+    listing = iter(object_dirs) if remote else walk(root, lambda p: _scan_dir(p, euid, groups), lambda d: d.subdirs,
+                                                    res.jobs)
+    for d in listing:
         res.directories += 1
         sizes.extend(d.sizes)
         ext.update(d.ext)
@@ -284,14 +320,15 @@ def scan(path: str | Path, *, jobs: int = 16, listed_limit: int = 1000,
         res.bytes += sum(d.sizes)
         if on_progress:
             on_progress(res.files, res.bytes)
-    res.indexed = (root / "manifest.json").is_file()
+    res.indexed = object_manifest if remote else (root / "manifest.json").is_file()
     res.seconds = time.perf_counter() - start
     res.files_per_s = res.files / res.seconds if res.seconds > 0 else 0.0
     res.file_sizes = np.frombuffer(sizes, dtype=np.int64).copy() if sizes else np.zeros(0, np.int64)
     res.sizes = _size_stats(res.file_sizes)
     res.tar_bytes = int((TAR_BLOCK + -(-res.file_sizes // TAR_BLOCK) * TAR_BLOCK).sum())
     res.extensions = sorted(ext.items(), key=lambda kv: (-kv[1], kv[0]))[:10]
-    res.token_array_names = [os.path.relpath(n, root) for _, n in sorted(arrays, reverse=True)[:5]]
+    res.token_array_names = [n[len(res.root) + 1:] if remote else os.path.relpath(n, root)
+                             for _, n in sorted(arrays, reverse=True)[:5]]
     res.ungroupable.sort()
     res.unreadable.sort(key=lambda p: p.path)
     return res

@@ -13,7 +13,8 @@ SHOWN_UNGROUPABLE = 10
 
 
 def doctor(
-    path: Path = typer.Argument(..., help="The dataset directory (scanned recursively)."),
+    path: str = typer.Argument(..., help="The dataset directory (scanned recursively), or s3://bucket/prefix "
+                               "(its objects listed: object storage, the standard AWS setup)."),
     as_json: bool = typer.Option(False, "--json", help="Print the JSON report instead of tables."),
     ram: str | None = typer.Option(None, "--ram", help="Free RAM to plan with, e.g. '64 GB' (default: detected)."),
     local_disk: Path | None = typer.Option(None, "--local-disk", help="Node-local staging directory "
@@ -36,6 +37,7 @@ def doctor(
         hpcml data doctor /scratch/$USER/imagenet/train
         hpcml data doctor data/ --ram "256 GB" --local-free "1.5 TB"
         hpcml data doctor data/ --readers 32 --json > doctor.json
+        hpcml data doctor s3://datasets/laion/shards     # S3-compatible object storage
 
     Exit codes: 0 scanned (even with unreadable entries), 2 bad input.
     """
