@@ -174,3 +174,19 @@ def test_the_doctor_reads_a_bucket_as_it_reads_a_directory(s3, packed, tmp_path)
             assert there["scan"][key] == here["scan"][key], (prefix, key)
         assert there["recommendation"]["pack"] == here["recommendation"]["pack"], prefix
     assert "memmapped token array" in there["recommendation"]["pack_reason"]
+
+
+def test_bench_measures_the_stores_ceiling_and_the_loader_against_it(s3, packed, tmp_path):
+    """hpcml data bench on a shard set in the bucket: the ceiling is whole-object GETs, the
+    passes read every sample by ranged GETs (sequential and shuffled), the ratio is said."""
+    _upload(s3, packed, "bench")
+    assert _cli(s3, "index", s3.url("bench"), cwd=tmp_path).returncode == 0
+    p = _cli(s3, "bench", s3.url("bench"), "--json", cwd=tmp_path)
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(p.stdout)
+    total = len(ShardDataset(packed, rank=0, world_size=1, drop_last=False))
+    assert doc["kind"] == "shards" and doc["mount"]["fstype"] == "s3"
+    assert doc["ceiling"]["method"] == "objects" and doc["ceiling"]["bytes"] == sum(t.stat().st_size for t in packed.glob("*.tar"))
+    assert {x["order"] for x in doc["passes"]} == {"sequential", "shuffled"}
+    assert all(x["samples"] >= total - 1 and x["reads"] > 0 for x in doc["passes"]), doc["passes"]
+    assert any("over the network" in n for n in doc["notes"]), doc["notes"]

@@ -30,7 +30,7 @@ from typing import Callable, Sequence
 
 import numpy as np
 
-from hpcml import scratch
+from hpcml import objstore, scratch
 from hpcml.data.pagecache import Mount, backing_files, drop_caches, evict, mount_of
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.proctree import stop_processes
@@ -57,7 +57,7 @@ class WorkerError(HpcmlError):
 
 @dataclass
 class Target:
-    path: Path
+    path: Path | str                  # a directory, or a shard set's s3:// prefix
     kind: str                         # "shards" or "files"
     mount: Mount
     samples: int
@@ -69,7 +69,10 @@ class Target:
 
 
 def open_target(path: str | os.PathLike, kind: str | None = None) -> Target:
-    """A shard set (a directory with manifest.json) or a directory of files, validated."""
+    """A shard set (a directory with manifest.json, or an ``s3://`` prefix with one) or a
+    directory of files, validated."""
+    if objstore.is_url(str(path)):
+        return _object_target(str(path), kind)
     p = Path(path)
     if not p.exists():
         raise UsageError("does not exist", file=str(p))
@@ -102,9 +105,56 @@ def open_target(path: str | os.PathLike, kind: str | None = None) -> Target:
                   [f for f, _ in files] + backing, backing, skipped=len(listing.unreadable))
 
 
+def _object_target(url: str, kind: str | None) -> Target:
+    """A shard set in object storage: its shards read over the network (no page cache here)."""
+    if kind not in (None, "auto", "shards"):
+        raise UsageError("an s3:// target is a shard set (its manifest.json in the bucket)", key="kind")
+    from hpcml.data.manifest import load_manifest
+    base = objstore.S3Url.parse(url, key="TARGET")
+    m = load_manifest(str(base))
+    if not m.shards or not sum(s.samples for s in m.shards):
+        raise UsageError("empty shard set: no samples", file=f"{base}/manifest.json")
+    files = [(objstore.url_of(*objstore.locate(base, s.name)), s.bytes) for s in m.shards]
+    endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL") or "AWS"
+    return Target(str(base), "shards", Mount(str(base), endpoint, "s3"), sum(s.samples for s in m.shards),
+                  sum(b for _, b in files), files)
+
+
+def read_objects(objects: Sequence[tuple[str, int]], max_bytes: int,
+                 threads: int = CEILING_THREADS) -> tuple[int, int, float]:
+    """(bytes, GETs, seconds) of reading whole objects (URL, size), ``threads`` at once, the
+    first ones up to ``max_bytes``: the store's ceiling for this node, as the loader's
+    ranged GETs meet it."""
+    picked, total = [], 0
+    for u, n in objects:
+        if total >= max_bytes:
+            break
+        picked.append(u)
+        total += n
+    s3 = objstore.client()
+
+    def get(url: str) -> int:
+        b = objstore.S3Url.parse(url)
+        got = 0
+        try:
+            body = s3.get_object(Bucket=b.bucket, Key=b.prefix)["Body"]
+            while chunk := body.read(READ_SIZE):
+                got += len(chunk)
+            body.close()
+        except objstore.errors() as exc:
+            raise objstore.problem(exc, url) from None
+        return got
+    t0 = time.perf_counter()
+    with ThreadPoolExecutor(max_workers=threads) as pool:
+        got = sum(pool.map(get, picked))
+    return got, len(picked), time.perf_counter() - t0
+
+
 # -- the page cache -----------------------------------------------------------------------
 
 def make_cold(target: Target, cache: str = "cold") -> None:
+    if target.mount.fstype == "s3":
+        return                          # nothing of it in this node's page cache
     if cache == "drop":
         drop_caches()
     if cache != "warm":
@@ -112,6 +162,8 @@ def make_cold(target: Target, cache: str = "cold") -> None:
 
 
 def cache_note(target: Target, cache: str) -> str:
+    if target.mount.fstype == "s3":
+        return "object storage: every pass read over the network (no page cache on this node)"
     if cache == "warm":
         return "warm: nothing evicted, reads may come from the page cache"
     how = "posix_fadvise(DONTNEED)" + (" and /proc/sys/vm/drop_caches" if cache == "drop" else "")
@@ -125,7 +177,7 @@ def cache_note(target: Target, cache: str) -> str:
 
 @dataclass
 class Ceiling:
-    method: str        # "shards", "temp-file", "image" or "largest-files"
+    method: str        # "shards", "objects", "temp-file", "image" or "largest-files"
     detail: str
     bytes: int
     seconds: float
@@ -205,6 +257,9 @@ def measure_ceiling(target: Target, *, cache: str = "cold", max_bytes: int = CEI
     to; never the dataset's own directory unasked), else the squashfs image below the
     mount, else the largest files."""
     size = min(max_bytes, target.bytes)
+    if target.mount.fstype == "s3":
+        got, reads, secs = read_objects(target.files, size, threads=threads)
+        return Ceiling("objects", f"whole shard objects, {threads} GETs at once", got, secs, reads, threads=threads)
     if target.kind == "shards":
         paths = [f for f, _ in target.files]
         if cache != "warm":

@@ -46,7 +46,7 @@ def _want_progress() -> bool:
 
 
 def bench(
-    target: Path = typer.Argument(..., help="A shard set (directory with manifest.json), a directory of files, "
+    target: str = typer.Argument(..., help="A shard set (directory with manifest.json, or s3://bucket/prefix), a directory of files, "
                                   "or the mount point of a squashfs image."),
     kind: str = typer.Option("auto", "--kind", help="auto, shards (read with ShardDataset) or files (one file = one sample)."),
     order: str = typer.Option("sequential,shuffled", "--order", help="Passes to run: sequential, shuffled or both."),
@@ -96,7 +96,7 @@ def bench(
     show(result, as_json, _render)
 
 
-def _with_progress(run_bench, target: Path, kw: dict):
+def _with_progress(run_bench, target: str, kw: dict):
     from rich.console import Console
     from rich.progress import (
         BarColumn,
