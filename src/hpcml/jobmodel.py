@@ -148,6 +148,7 @@ class Vetting(Model):
     duration_s: Optional[float] = None
     auto: Optional[VetAuto] = None          # --vet auto: how much vetting the job was worth
     avoided: list[str] = []                 # on the centre's avoid list: left out (advice: not bad, not excluded)
+    cluster_fault: Optional[str] = None     # vetting failed for the cluster's reason (Slurm, MUNGE): no node judged
 
 
 class FirstFailure(Model):

@@ -152,8 +152,19 @@ class Job:
             log.info(f"hpcml run: vet skipped: --vet auto chose no checks for {plural(len(nodes), 'node')}")
             good = nodes
         else:
-            run_, _ = vet_job(protocol, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,
-                              allocation=self.allocation, only=only)
+            from hpcml.vet.engine import ClusterFault
+            started = time.time()
+            try:
+                run_, _ = vet_job(protocol, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,
+                                  allocation=self.allocation, only=only)
+            except ClusterFault as exc:                # fail closed: the cluster failed, no node is bad
+                record.vet = Vetting(decision="abort", cluster_fault=str(exc), auto=auto,
+                                     duration_s=round(time.time() - started, 3))
+                record.ended, record.exit_code, record.aborted = time.time(), ABORTED, True
+                write_own(d, record)
+                log.warning(f"hpcml run: aborted before the command started: {exc}")
+                _report(d, cfg)
+                return None
             v = run_.verdict
             record.vet = Vetting(decision=v.decision.value, good=list(v.good), bad=list(v.bad),
                                  reasons=dict(v.reasons), duration_s=round(run_.duration, 3), auto=auto)

@@ -363,7 +363,12 @@ def build(d: str | Path) -> dict[str, Any]:
     score, score_why = (None, "the command never started") if aborted else _score(d, attempt)
     earlier, earlier_obs, earlier_findings = _earlier(d, list(run.attempts or []), run)
     findings: list[dict[str, str]] = []
-    if aborted:
+    if aborted and vet and vet.get("cluster_fault"):
+        findings.append({"source": "vet", "kind": "cluster_fault", "message": "vetting could not judge the nodes: "
+                         + vet["cluster_fault"].removeprefix("vetting: "),
+                         "advice": "the cluster's fault, not the nodes': no node was excluded or reported bad; tell "
+                                   "the centre (slurmctld, munged) and resubmit"})
+    elif aborted:
         findings.append({"source": "vet", "kind": "aborted", "message": "vetting aborted the run before the command "
                          f"started: {plural(len(vet['good']) if vet else 0, 'good node')}, fewer than needed",
                          "advice": "see the vet section for each bad node's reasons; resubmit excluding them"})

@@ -9,18 +9,24 @@ by then is unreachable, and the run ends on time whatever hangs.
 
 from __future__ import annotations
 
+import re
 import sys
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from hpcml import logs
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
+from hpcml.errors import SlurmError
 from hpcml.vet import culprit_run, isolate, registry, relative, verdict
 from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.vet.worker import context_fields, run_node
+
+log = logs.get(__name__)
 
 
 @dataclass
@@ -121,9 +127,76 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
             started.cancel()
         return {n: NodeReport(node=n, reachable=False, message="interrupted (SIGINT) before its results came")
                 for n in nodes}
+    try:
+        if use_srun:
+            step = _again_while_the_cluster_fails(protocol, evals, nodes, deadline_at, workdir, python, step)
+    except KeyboardInterrupt:         # srun passes the SIGINT to the workers, which stop their checks
+        isolate.mark_interrupted()
+        return {n: NodeReport(node=n, reachable=False, message="interrupted (SIGINT) before its results came")
+                for n in nodes}
     reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
     _judge_across(evals, reports)
     return reports
+
+
+class ClusterFault(SlurmError):
+    """Most nodes gave no result for one Slurm or MUNGE reason: the cluster failed, not the
+    nodes. Fail closed: no node is judged (none is excluded or reported bad)."""
+
+
+#: a Slurm or MUNGE failure of the step itself, as srun and slurmstepd print it
+_SLURM_FAULT = re.compile(r"munge|authentication|unable to contact slurm|socket timed out|communication connection "
+                          r"failure|zero bytes were transmitted|job step creation|protocol|slurmstepd.*error|"
+                          r"srun: error", re.IGNORECASE)
+#: a worker's own end, as srun reports it per task: the node's business, not the cluster's
+_TASK_EXIT = re.compile(r"task \d+: (exited|killed|terminated)|exit code \d+|signal \d+", re.IGNORECASE)
+CLUSTER_SHARE = 0.5                # of the nodes without a result, for one reason: the cluster's fault
+CLUSTER_RETRIES = (5.0, 15.0)      # seconds before each retry of the nodes without a result
+CLUSTER_MIN_LEFT = 20.0            # a retry needs this much of the deadline left
+
+
+def cluster_fault(nodes: list[str], step: StepResult) -> str | None:
+    """Why the step failed as the cluster's fault, or None: at least two nodes and
+    ``CLUSTER_SHARE`` of them gave no result, not for the deadline, and srun or slurmstepd
+    said a Slurm or MUNGE error (the most common one, node names and numbers taken out)."""
+    missing = [n for n in nodes if n not in step.reports]
+    if step.timed_out or len(missing) < 2 or len(missing) < CLUSTER_SHARE * len(nodes):
+        return None
+    said = [line.strip() for line in step.stderr if _SLURM_FAULT.search(line) and not _TASK_EXIT.search(line)]
+    if not said:
+        return None
+    reasons = Counter(re.sub(r"[\w.-]*\d[\w.-]*", "#", line) for line in said)
+    top, _ = reasons.most_common(1)[0]
+    example = next(line for line in said if re.sub(r"[\w.-]*\d[\w.-]*", "#", line) == top)
+    return (f"{len(missing)} of {len(nodes)} nodes gave no result (srun exit {step.returncode}), "
+            f"Slurm said: {example[:300]}")
+
+
+def _again_while_the_cluster_fails(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
+                                   workdir: str | None, python: str, step: StepResult) -> StepResult:
+    """Retry the nodes without a result, with backoff, while ``cluster_fault`` says the step
+    failed for the cluster's reason; if it still does, raise ``ClusterFault`` (fail closed).
+    Results that came are kept."""
+    tries = 0
+    for delay in CLUSTER_RETRIES:
+        why = cluster_fault(nodes, step)
+        if why is None or time.time() + delay + CLUSTER_MIN_LEFT > deadline_at:
+            break
+        log.warning(f"hpcml vet: {why}: the cluster's fault, not the nodes'; the nodes without a result again "
+                    f"in {delay:g} s")
+        time.sleep(delay)
+        tries += 1
+        missing = [n for n in nodes if n not in step.reports]
+        again = start_workers(missing, python, use_srun=True)
+        again.send(_spec(protocol, evals, missing, deadline_at, workdir))
+        more = again.harvest(deadline_at)
+        more.reports = {**step.reports, **more.reports}
+        step = more
+    why = cluster_fault(nodes, step)
+    if why is not None:
+        raise ClusterFault(f"vetting: {why}" + (f"; still after {tries} retries" if tries else "")
+                           + ": the cluster failed, not the nodes; no node is judged (check slurmctld and munged)")
+    return step
 
 
 def _merge(into: dict[str, NodeReport], more: dict[str, NodeReport]) -> None:
