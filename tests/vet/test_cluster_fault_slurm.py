@@ -1,7 +1,8 @@
 """The cluster's faults are not the nodes' (issue 72), on a real Slurm cluster of its own
 (4 nodes, its own root and ports: the suite's cluster stays sound): inside a 4-node
 allocation, three nodes' slurmd are killed before ``hpcml vet`` starts its step, so srun
-fails to launch on them alike. hpcml retries them with backoff, then fails closed in one
+cannot launch on them ("Communication connection failure") and, as Slurm does, ends the
+whole step: no node gives a result. hpcml retries with backoff, then fails closed in one
 line, exit 1: no node is judged bad, no bad-nodes file names them."""
 
 from __future__ import annotations
@@ -55,5 +56,7 @@ def test_most_nodes_failing_for_one_slurm_reason_fails_closed(cluster, tmp_path)
     assert (tmp_path / "rc").read_text().strip() == "vet-rc=1", out + err
     lines = [ln for ln in err.splitlines() if ln.startswith("hpcml vet")]
     fault = [ln for ln in lines if "the cluster failed, not the nodes" in ln]
-    assert len(fault) == 1 and "3 of 4 nodes gave no result" in fault[0] and "no node is judged" in fault[0], err
+    assert len(fault) == 1 and "4 of 4 nodes gave no result" in fault[0] and "no node is judged" in fault[0], err
+    assert "Communication connection failure" in fault[0] and "still after 1 retry" in fault[0], err
+    assert any("the nodes without a result again in 5 s" in ln for ln in lines), err
     assert not (tmp_path / "vet" / "bad-nodes").exists() or not (tmp_path / "vet" / "bad-nodes").read_text().strip()

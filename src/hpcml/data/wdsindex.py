@@ -349,7 +349,7 @@ def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> Index
                          file=specs[0])
     first = objstore.S3Url(found[0][0], found[0][1].rsplit("/", 1)[0] if "/" in found[0][1] else "")
     remote_out = out is None or objstore.is_url(out)
-    dst_url = objstore.S3Url.parse(str(out), key="--out") if out is not None and objstore.is_url(out) else first
+    dst_url = objstore.S3Url.parse(str(out), key="out") if out is not None and objstore.is_url(out) else first
     dst = Path(out).absolute() if not remote_out and out is not None else None
     if dst is not None:
         try:

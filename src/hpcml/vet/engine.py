@@ -25,6 +25,7 @@ from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.vet.worker import context_fields, run_node
+from hpcml.words import plural
 
 log = logs.get(__name__)
 
@@ -194,7 +195,7 @@ def _again_while_the_cluster_fails(protocol: Protocol, evals: list[EvalSpec], no
         step = more
     why = cluster_fault(nodes, step)
     if why is not None:
-        raise ClusterFault(f"vetting: {why}" + (f"; still after {tries} retries" if tries else "")
+        raise ClusterFault(f"vetting: {why}" + (f"; still after {plural(tries, 'retry', 'retries')}" if tries else "")
                            + ": the cluster failed, not the nodes; no node is judged (check slurmctld and munged)")
     return step
 
