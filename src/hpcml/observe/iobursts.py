@@ -33,35 +33,38 @@ IMBALANCE_MIN = 256 << 20  # ... and at least this much
 CKPT_SLACK_S = 1.0        # a save that ended this soon after a stall's end is the stall's
 
 
-def _at(g: Any, ridx: int, t: float, after: bool = False) -> float | None:
-    """A rank's cumulative counter at time ``t``: its last sample at or before it, or
-    (``after``) its first at or after it, else its last."""
-    mine = g.ridx == ridx
-    xs, vs = g.x[mine], g.value[mine]
-    if after:
-        later = xs >= t
-        if later.any():
-            return float(vs[later][np.argmin(xs[later])])
-        return float(vs[np.argmax(xs)]) if len(xs) else None
-    before = xs <= t
-    if not before.any():
-        return None
-    return float(vs[before][np.argmax(xs[before])])
+class _Cumulative:
+    """One cumulative counter's rows, sorted once by (rank or node, time): each question
+    (what it was at a time, what it moved) is a binary search per rank, never a pass over
+    every row (1,024 ranks x an hour of samples is millions of rows, asked once per stall)."""
 
+    def __init__(self, g: Any) -> None:
+        order = np.lexsort((g.x, g.ridx))
+        self.x, self.v = np.asarray(g.x)[order], np.asarray(g.value)[order]
+        ridx = np.asarray(g.ridx)[order]
+        cuts = np.flatnonzero(np.diff(ridx)) + 1
+        self.segments = list(zip(np.concatenate([[0], cuts]).tolist(), np.concatenate([cuts, [len(ridx)]]).tolist()))
 
-def _moved(g: Any, a: float, b: float) -> float | None:
-    """What a cumulative counter grew by over ``a`` to ``b``: from the last sample at or
-    before ``a`` to the first at or after ``b`` (samples come every interval: what was
-    written in the window is all counted, and at most an interval more), summed over the
-    ranks (or nodes) that have samples on both sides; None where none has."""
-    total, any_ = 0.0, False
-    for r in np.unique(g.ridx):
-        lo, hi = _at(g, int(r), a), _at(g, int(r), b, after=True)
-        if lo is None or hi is None:
-            continue
-        total += max(0.0, hi - lo)
-        any_ = True
-    return total if any_ else None
+    def moved(self, a: float, b: float) -> float | None:
+        """What it grew by over ``a`` to ``b``: from each rank's last sample at or before
+        ``a`` to its first at or after ``b`` (else its last; samples come every interval: what
+        was written in the window is all counted, and at most an interval more), summed over
+        the ranks (or nodes) with a sample at or before ``a``; None where none has one."""
+        total, any_ = 0.0, False
+        for lo, hi in self.segments:
+            xs = self.x[lo:hi]
+            i = int(np.searchsorted(xs, a, side="right")) - 1
+            if i < 0:
+                continue
+            j = min(int(np.searchsorted(xs, b, side="left")), hi - lo - 1)
+            total += max(0.0, float(self.v[lo + j]) - float(self.v[lo + i]))
+            any_ = True
+        return total if any_ else None
+
+    def span(self) -> float:
+        """What it moved over the job: each rank's (node's) last less its first, summed
+        (nodes' counters start anywhere: their spread is not traffic)."""
+        return sum(max(0.0, float(self.v[hi - 1]) - float(self.v[lo])) for lo, hi in self.segments)
 
 
 def _totals(g: Any, nr: int) -> np.ndarray:
@@ -87,12 +90,14 @@ def summarise(groups: dict, rank_ids: np.ndarray, span: float, stalls: list[dict
             row[k] = int(v) if np.isfinite(v) else None
         ranks.append(row)
     ckpt = groups.get(("section", "checkpoint"))
-    fs = {row: groups[("host", row)] for row in FS_ROWS if ("host", row) in groups and len(groups[("host", row)].value)}
+    fs = {row: _Cumulative(groups[("host", row)]) for row in FS_ROWS
+          if ("host", row) in groups and len(groups[("host", row)].value)}
+    moving: dict[str, _Cumulative] = {k: _Cumulative(have[k]) for k in ("read_chars", "write_chars") if k in have}
     job = {k: float(np.nansum(v)) for k, v in per.items()}
     bursts = []
     for s in stalls:
         a, b = float(s["start_s"]), float(s["end_s"])
-        moved = {k: _moved(g, a, b) for k, g in have.items() if k in ("read_chars", "write_chars")}
+        moved = {k: c.moved(a, b) for k, c in moving.items()}
         burst: dict[str, Any] = {"start_s": s["start_s"], "end_s": s["end_s"], "kind": s.get("kind"),
                                  "read_bytes": _int(moved.get("read_chars")), "write_bytes": _int(moved.get("write_chars"))}
         if ckpt is not None and len(ckpt.value):
@@ -101,7 +106,7 @@ def summarise(groups: dict, rank_ids: np.ndarray, span: float, stalls: list[dict
             hit = (begins < b) & (ends > a - CKPT_SLACK_S) & (ends <= b + CKPT_SLACK_S)
             burst["checkpoint_saves"] = int(hit.sum())
             burst["checkpoint_s"] = round(float(ckpt.value[hit].max(initial=0.0)), 3)
-        fs_moved = {row: _moved(g, a, b) for row, g in fs.items()}
+        fs_moved = {row: c.moved(a, b) for row, c in fs.items()}
         burst["fs_bytes"] = {row: int(v) for row, v in fs_moved.items() if v is not None} or None
         dur = max(b - a, 1e-9)
         for k, name in (("write_chars", "write"), ("read_chars", "read")):
@@ -111,18 +116,7 @@ def summarise(groups: dict, rank_ids: np.ndarray, span: float, stalls: list[dict
         bursts.append(burst)
     return {"ranks": ranks, "bursts": bursts,
             "job": {k: int(v) for k, v in job.items()},
-            "fs": {row: int(_span(g)) for row, g in fs.items()} or None}
-
-
-def _span(g: Any) -> float:
-    """What a cumulative counter moved over the job: each node's last less its first, summed
-    (nodes' counters start anywhere: their spread is not traffic)."""
-    total = 0.0
-    for r in np.unique(g.ridx):
-        mine = g.ridx == r
-        xs, vs = g.x[mine], g.value[mine]
-        total += max(0.0, float(vs[np.argmax(xs)]) - float(vs[np.argmin(xs)]))
-    return total
+            "fs": {row: int(c.span()) for row, c in fs.items()} or None}
 
 
 def _int(v: float | None) -> int | None:
