@@ -147,7 +147,12 @@ def _from_legacy(raw):
     return raw
 
 
+def manifest_bytes(manifest: Manifest) -> bytes:
+    """The manifest as its file (or object) holds it."""
+    return orjson.dumps(manifest.model_dump(by_alias=True), option=orjson.OPT_INDENT_2)
+
+
 def write_manifest(manifest: Manifest, directory: str | Path) -> Path:
     out = Path(directory) / MANIFEST
-    write_atomic(out, orjson.dumps(manifest.model_dump(by_alias=True), option=orjson.OPT_INDENT_2).decode())
+    write_atomic(out, manifest_bytes(manifest).decode())
     return out

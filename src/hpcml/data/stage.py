@@ -56,6 +56,7 @@ from hpcml.data.manifest import (
     Manifest,
     dataset_id,
     load_manifest,
+    manifest_bytes,
     manifest_path,
 )
 from hpcml.errors import HpcmlError, UsageError
@@ -364,8 +365,8 @@ def _staged_manifest(m: Manifest, srcdir: Path) -> bytes:
 
 def _local_manifest(m: Manifest) -> bytes:
     """``m`` naming each shard by its base name: the copies beside the staged manifest."""
-    local = m.model_copy(update={"shards": [s.model_copy(update={"name": s.name.rsplit("/", 1)[-1]}) for s in m.shards]})
-    return orjson.dumps(local.model_dump(by_alias=True), option=orjson.OPT_INDENT_2)
+    return manifest_bytes(m.model_copy(update={"shards": [s.model_copy(update={"name": s.name.rsplit("/", 1)[-1]})
+                                                         for s in m.shards]}))
 
 
 def _plan(files: list[_File], dst: Path, stamp: dict, verify: bool) -> None:

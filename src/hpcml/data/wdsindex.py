@@ -39,7 +39,15 @@ import orjson
 
 from hpcml import objstore, progress
 from hpcml.data.index import index_bytes, index_name, padded, write_index
-from hpcml.data.manifest import MANIFEST, Manifest, ShardEntry, dataset_id, is_shard_name, write_manifest
+from hpcml.data.manifest import (
+    MANIFEST,
+    Manifest,
+    ShardEntry,
+    dataset_id,
+    is_shard_name,
+    manifest_bytes,
+    write_manifest,
+)
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 from hpcml.tarbounds import checked_members, open_tar
@@ -271,8 +279,12 @@ def _refuse_packed(out: Path) -> None:
         old = load_json_bounded(out / MANIFEST, JSON_MAX)
     except (OSError, ValueError):
         return
+    _refuse_if_packed(old, str(out))
+
+
+def _refuse_if_packed(old: Any, where: str) -> None:
     if isinstance(old, dict) and old.get("target_shard_bytes"):
-        raise UsageError("holds a shard set made by 'hpcml data pack': it is indexed already", file=str(out))
+        raise UsageError("holds a shard set made by 'hpcml data pack': it is indexed already", file=where)
 
 
 def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int = 8) -> IndexResult:
@@ -313,13 +325,7 @@ def index_shards(specs: list[str], out: str | Path | None = None, *, jobs: int =
             raise UsageError(f"cannot write the index: {exc.strerror}", file=str(dst / idx)) from None
         entries.append(ShardEntry(name=name, index=idx, bytes=s.bytes, sha256=s.sha256, samples=len(s.rows),
                                   compression=s.compression))
-    skipped = [{"path": f"{s.path.name}!{m}", "reason": "webdataset skips it (metadata, or no extension)"}
-               for s in scans for m in s.skipped][:SKIPPED_LISTED]
-    manifest = Manifest(
-        dataset=dataset_id([e.model_copy(update={"name": Path(e.name).name}) for e in entries]),
-        source=" ".join(specs), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        samples=sum(e.samples for e in entries), bytes=sum(e.bytes for e in entries),
-        fields=sorted(set().union(*(s.fields for s in scans))), shards=entries, skipped=skipped)
+    manifest = _manifest(specs, entries, scans)
     try:
         write_manifest(manifest, dst)
     except OSError as exc:
@@ -380,19 +386,12 @@ def _index_objects(specs: list[str], out: str | Path | None, jobs: int) -> Index
             objstore.put_bytes(s3, dst_url.bucket, dst_url.key(idx), data)
         entries.append(ShardEntry(name=name, index=idx, bytes=sc.bytes, sha256=sc.sha256, samples=len(sc.rows),
                                   compression=sc.compression))
-    skipped = [{"path": f"{Path(k).name}!{m}", "reason": "webdataset skips it (metadata, or no extension)"}
-               for (_, k, _), sc in zip(found, scans) for m in sc.skipped][:SKIPPED_LISTED]
-    manifest = Manifest(
-        dataset=dataset_id([e.model_copy(update={"name": e.name.rsplit("/", 1)[-1]}) for e in entries]),
-        source=" ".join(specs), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        samples=sum(e.samples for e in entries), bytes=sum(e.bytes for e in entries),
-        fields=sorted(set().union(*(sc.fields for sc in scans))), shards=entries, skipped=skipped)
+    manifest = _manifest(specs, entries, scans)
     if dst is not None:
         write_manifest(manifest, dst)
         where = dst
     else:
-        objstore.put_bytes(s3, dst_url.bucket, dst_url.key(MANIFEST),
-                           orjson.dumps(manifest.model_dump(by_alias=True), option=orjson.OPT_INDENT_2))
+        objstore.put_bytes(s3, dst_url.bucket, dst_url.key(MANIFEST), manifest_bytes(manifest))
         where = Path(str(dst_url))
     return IndexResult(manifest, where, sum(len(sc.skipped) for sc in scans), sum(sc.split_keys for sc in scans),
                        sum(bool(sc.compression) for sc in scans), url=None if dst is not None else str(dst_url))
@@ -408,9 +407,19 @@ def _refuse_packed_object(s3: Any, url: objstore.S3Url) -> None:
         old = orjson.loads(data)
     except ValueError:
         return
-    if isinstance(old, dict) and old.get("target_shard_bytes"):
-        raise UsageError("holds a shard set made by 'hpcml data pack': it is indexed already",
-                         file=objstore.url_of(url.bucket, url.key(MANIFEST)))
+    _refuse_if_packed(old, objstore.url_of(url.bucket, url.key(MANIFEST)))
+
+
+def _manifest(specs: list[str], entries: list[ShardEntry], scans: list[ShardScan]) -> Manifest:
+    """The manifest of shards indexed where they are (a file's path or an object's URL as
+    its name; the dataset id from the base names, so a copy beside the manifest is the same set)."""
+    skipped = [{"path": f"{s.path.name}!{m}", "reason": "webdataset skips it (metadata, or no extension)"}
+               for s in scans for m in s.skipped][:SKIPPED_LISTED]
+    return Manifest(
+        dataset=dataset_id([e.model_copy(update={"name": e.name.rsplit("/", 1)[-1]}) for e in entries]),
+        source=" ".join(specs), created=datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        samples=sum(e.samples for e in entries), bytes=sum(e.bytes for e in entries),
+        fields=sorted(set().union(*(s.fields for s in scans))), shards=entries, skipped=skipped)
 
 
 def _head(s3: Any, bucket: str, key: str) -> int:
