@@ -9,6 +9,7 @@ instance, not a class).
 from __future__ import annotations
 
 import os
+import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
@@ -44,12 +45,14 @@ class ProcessBackend:
     def prepare(self, bp: Blueprint, log: Path) -> None:
         from hpcml.service.envs import ensure_env
         assert bp.python is not None
-        ensure_env(bp.name, bp.python.packages, log=log)
+        if not bp.python.own:
+            ensure_env(bp.name, bp.python.packages, log=log)
 
     def launch(self, bp: Blueprint, ex: Expanded, mounts: dict[str, str]) -> Launch:
         from hpcml.service.envs import env_path
         assert bp.python is not None
-        bin_dir = env_path(bp.name, bp.python.packages) / "bin"
+        # own: one of hpcml's commands, from the environment hpcml itself runs in
+        bin_dir = Path(sys.executable).parent if bp.python.own else env_path(bp.name, bp.python.packages) / "bin"
         exe = bin_dir / ex.command[0]
         argv = [str(exe) if exe.exists() else ex.command[0], *ex.command[1:]]
         return Launch(argv, {**ex.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",

@@ -68,7 +68,19 @@ class _Strict(BaseModel):
 
 
 class Python(_Strict):
-    packages: list[str] = Field(min_length=1)      # pip requirements of the service's own venv
+    packages: list[str] = []                      # pip requirements of the service's own venv
+    # The service is one of hpcml's own commands (the centre's collector): it runs with the
+    # interpreter hpcml runs in, nothing is built, and hpcml's version is the service's.
+    own: bool = False
+
+    @model_validator(mode="after")
+    def _some(self) -> Python:
+        if not self.packages and not self.own:
+            raise _KeyError(("python", "packages"), "expected the service's pip requirements "
+                                                    "(or own: true for one of hpcml's own commands)")
+        if self.packages and self.own:
+            raise _KeyError(("python", "packages"), "own: true runs in hpcml's own environment: it installs no packages")
+        return self
 
 
 class Port(_Strict):

@@ -68,7 +68,8 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
     directory = st.instance_dir(name, root)
     with st.starting(directory):
         refuse_running(st.read(directory))
-        if backend in ("auto", "process") and bp.python is not None and not is_built(bp.name, bp.python.packages):
+        if backend in ("auto", "process") and bp.python is not None and not bp.python.own \
+                and not is_built(bp.name, bp.python.packages):
             log.info(f"hpcml service: {build_note(bp.name, bp.python.packages, 'the service job first builds')} "
                   f"(up waits {wait:g} s: hpcml service status {name} tells when it is ready)")
         path = directory / "job.sh"
