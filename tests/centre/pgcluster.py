@@ -54,10 +54,18 @@ class PgCluster:
             tail = log.read_text()[-500:] if log.exists() else ""
             raise PgUnavailable(f"{argv[0]} failed: {r.stderr.strip()[-500:]} {tail}")
 
-    def start(self) -> PgCluster:
+    def start(self, password: str | None = None) -> PgCluster:
+        """``password``: the superuser's, and every connection must give it (scram-sha-256),
+        as a site's server would; else trust."""
         data = self.root / "data"
-        self._run("initdb", "-D", str(data), "-A", "trust", "-U", "postgres", "-E", "UTF8",
-                  "--no-sync")
+        auth = ["-A", "trust"]
+        if password is not None:
+            pwfile = self.root / "pw"
+            pwfile.write_text(password + "\n")
+            if self.as_root:
+                shutil.chown(pwfile, "postgres", "postgres")
+            auth = ["-A", "scram-sha-256", f"--pwfile={pwfile}"]
+        self._run("initdb", "-D", str(data), *auth, "-U", "postgres", "-E", "UTF8", "--no-sync")
         return self.start_again()
 
     def start_again(self) -> PgCluster:

@@ -239,6 +239,30 @@ def test_a_node_the_prolog_drained_is_resumed_once_its_failed_checks_pass_twice(
     assert all(a.node != "n1" or a.action == "skip" for a in handler.plan(cat(), drained + twice, person, {}, NOW).actions)
 
 
+def test_a_rule_drain_that_wants_a_person_is_not_resumed_by_the_health_check_s_passes():
+    """hurts-jobs drained n1 (no resume_after: a person decides). The health check runs on
+    the drained node, finds its scratch unmounted, leaves the drain as it is (no drain of its
+    own, see drain_node), and later passes: the node stays held for the person."""
+    rule_drain = {"n1": handler.Record("drain", NOW - timedelta(hours=5), "hurts-jobs", "@job")}
+    at = NOW - timedelta(hours=3)
+    found = [Result("n1", "scratch", "mounts", "fail", at, None)]          # the health check's report: no drain result
+    passes = [res("n1", "pass", h, check="scratch", type_="mounts") for h in (2, 1)]
+    (a,) = handler.plan(load(DEFAULT_RULES), found + passes, _ours(), rule_drain, NOW).actions
+    assert a.action == "hold" and "resume it by hand" in a.note, a
+
+
+def test_a_prolog_drained_node_whose_other_check_now_fails_is_held():
+    """The prolog drained n1 for its scratch; while drained, the scratch came back but the
+    memory check began to fail: not resumed."""
+    drained = _prolog_drain(3)
+    later = [res("n1", "pass", h, check="scratch", type_="mounts") for h in (2, 1)]
+    later.append(res("n1", "fail", 0.5, check="memory", type_="memory"))
+    (a,) = handler.plan(cat(), drained + later, _ours(), {}, NOW).actions
+    assert a.action == "hold" and a.evidence["failing"] == ["memory"], a
+    mended = later + [res("n1", "pass", 0.2, check="memory", type_="memory")]
+    assert handler.plan(cat(), drained + mended, _ours(), {}, NOW).actions[0].action == "resume"
+
+
 # --- the caps -----------------------------------------------------------------------------
 
 def _drains(n):

@@ -205,6 +205,29 @@ def test_a_drain_that_fails_is_exit_3_with_a_line_an_operator_sees(tmp_path):
     assert (drain["name"], drain["outcome"], drain["message"], ok.exit_code) == ("hpcml-drain", "fail", "hpcml: x", 1)
 
 
+@pytest.mark.parametrize("state, reason, updated", [
+    ("IDLE", "", True),
+    ("IDLE+DRAIN", "admin: new DIMMs", False),                    # a person's drain stays theirs
+    ("IDLE+DRAIN", "hpcml: rule hurts-jobs: 3 jobs", False),      # hpcml's first drain stands
+    ("DOWN+DRAIN", "hpcml: scratch: not a mount point", False),
+])
+def test_the_drain_leaves_a_drained_node_as_it_is(monkeypatch, state, reason, updated):
+    """scontrol is replaced (no controller here, said): what matters is whether the node's
+    drain is written again, which would turn a rule's drain into one the handler resumes."""
+    from hpcml.cluster import slurm
+    calls = []
+
+    def run(argv, timeout=None):
+        calls.append(argv)
+        out = f"NodeName=n1 State={state} Reason={reason}" if argv[1] == "show" else ""
+        return subprocess.CompletedProcess(argv, 0, out, "")
+    monkeypatch.setattr(slurm, "run", run)
+    monkeypatch.setattr(prolog.shutil, "which", lambda *a, **k: "/usr/bin/scontrol")
+    got = prolog.drain_node("n1", ["scratch: not a mount point"])
+    assert (got[0] is not None) == updated and got[1] is None
+    assert any(a[1] == "update" for a in calls) == updated
+
+
 def test_a_report_the_collector_did_not_take_waits_and_goes_with_the_next_run(tmp_path):
     """The collector is down for the first run: its report waits in the spool (root's own
     directory); the second run, with the collector up, sends it and its own: two reports

@@ -278,6 +278,14 @@ def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Ca
     evidence = {"drained_at": last.time.isoformat(), "drained_by": "prolog", "checks": failed, "passes": passes,
                 "needed": PROLOG_PASSES}
     short = [c for c in failed if passes[c] < PROLOG_PASSES]
+    newest: dict[str, Result] = {}
+    for r in since:                     # the newest result of every check since the drain
+        if r.type != DRAIN_TYPE:
+            newest[r.check] = r
+    failing = sorted(c for c, r in newest.items() if r.outcome in ("fail", "error") and c not in failed)
+    if failed and not short and failing:   # its own checks pass, another fails now: not back yet
+        return Action(node, "hold", rule="prolog", check=",".join(failed), evidence={**evidence, "failing": failing},
+                      note=f"{', '.join(failing)} failing since the prolog's drain")
     if not failed or short:
         why = (f"{', '.join(f'{c}: {passes[c]}/{PROLOG_PASSES}' for c in short)} passes since the prolog drained it"
                if failed else "the prolog's drain names no check")

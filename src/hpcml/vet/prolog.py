@@ -150,9 +150,11 @@ def drain_node(node: str, bad: list[str], timeout: float = 2.0) -> tuple[str | N
     """``scontrol update nodename=NODE state=drain reason="hpcml: ..."``.
 
     Slurm drains a node whose prolog fails with the reason "Prolog error"; a node drained
-    first keeps our reason, which names the check. A node already drained or down for a
-    reason that is not hpcml's is left as its owner left it (as a health check, this runs on
-    drained nodes too). Returns (reason set, note on failure).
+    first keeps our reason, which names the check. A node already drained or down is left as
+    it is (as a health check, this runs on drained nodes too): a person's drain stays theirs,
+    and hpcml's first drain stands, so what resumes the node is what drained it (a rule that
+    wants a person must not be turned into a prolog drain the handler resumes by itself).
+    Returns (reason set, note on failure); (None, None) when it was drained already.
     """
     from hpcml.cluster import slurm
     from hpcml.errors import SlurmError
@@ -166,9 +168,8 @@ def drain_node(node: str, bad: list[str], timeout: float = 2.0) -> tuple[str | N
     except SlurmError as exc:
         return None, f"cannot set the drain reason: {exc}"
     state = shown.split("State=", 1)[1].split()[0].upper() if "State=" in shown else ""
-    now_reason = shown.split("Reason=", 1)[1].strip() if "Reason=" in shown else ""
-    if ("DRAIN" in state or "DOWN" in state) and not now_reason.startswith("hpcml:"):
-        return None, None               # a person's drain (HealthCheckNodeState=ANY runs us there): theirs stays
+    if "DRAIN" in state or "DOWN" in state:
+        return None, None               # drained already (HealthCheckNodeState=ANY runs us there): that drain stays
     try:
         slurm.run([scontrol, "update", f"nodename={node}", "state=drain", f"reason={reason}"],
                   timeout=max(0.5, timeout - (time.monotonic() - started)))

@@ -13,6 +13,7 @@ import subprocess
 import sys
 import time
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from hpcml.ports import free_port
@@ -107,6 +108,30 @@ def test_readiness_asks_the_database_health_does_not(tmp_path):
     assert logged and all({"time", "level", "logger", "message"} <= set(e) for e in logged), err
 
 
+def test_the_password_comes_from_pgpassfile_never_argv(tmp_path):
+    """A PostgreSQL that asks every connection for a password: the collector given the URL
+    without one and PGPASSFILE (mode 0600) is ready; without the file it does not start."""
+    pg = PgCluster().start(password="s3cret-pw")
+    try:
+        url = pg.url()
+        passfile = tmp_path / "pgpass"
+        passfile.write_text(f"127.0.0.1:{pg.port}:*:postgres:s3cret-pw\n")
+        passfile.chmod(0o600)
+        s = Served(url, env={"PGPASSFILE": str(passfile)})
+        try:
+            assert s.call("GET", "/readyz")[0] == 200
+            assert s.call("POST", "/v1/reports", vet_report({"n1": [("gpu", "gpu", "fail")]}))[0] == 201
+        finally:
+            s.stop()
+        p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "serve", "--db", url, "--port", "0",
+                            "--slurm-check", "off"], env={**os.environ, "HPCML_VET_TOKEN": TOKEN,
+                                                          "PGPASSFILE": str(tmp_path / "none")},
+                           capture_output=True, text=True, timeout=60)
+        assert p.returncode == 1 and "password" in p.stderr and "s3cret" not in p.stderr, p.stderr
+    finally:
+        pg.stop()
+
+
 def test_token_files_are_read_again_on_change_and_on_sighup(tmp_path):
     jobs = tmp_path / "jobs"
     jobs.write_text(JOB + "\n")
@@ -144,11 +169,14 @@ def test_token_files_are_read_again_on_change_and_on_sighup(tmp_path):
     assert "token files reloaded" in err and "token files not reloaded" in err
 
 
-def test_a_password_in_the_database_url_is_warned_about(tmp_path):
-    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "serve", "--db",
-                        "postgresql://u:secret@127.0.0.1:1/x", "--port", "0", "--slurm-check", "off"],
+@pytest.mark.parametrize("command", [["serve", "--port", "0", "--slurm-check", "off"], ["report"], ["handle", "--dry-run"]])
+def test_a_password_in_the_database_url_is_refused_in_one_line(tmp_path, command):
+    """argv is in every user's ps: the password goes in PGPASSFILE or PGPASSWORD, never --db."""
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", *command, "--db", "postgresql://u:secret@127.0.0.1:1/x"],
                        env={**os.environ, "HPCML_VET_TOKEN": TOKEN}, capture_output=True, text=True, timeout=60)
-    assert p.returncode == 1 and "visible to every user in ps" in p.stderr and "PGPASSFILE" in p.stderr
+    assert p.returncode == 2, p.stderr
+    (line,) = p.stderr.strip().splitlines()
+    assert "--db" in line and "every user sees in ps" in line and "PGPASSFILE" in line and "secret" not in line
 
 
 def test_the_handler_writes_its_figures_for_node_exporter(tmp_path):

@@ -51,6 +51,9 @@ def handle(
     from hpcml.centre.sources import JsonDirSource, StoreSource
     if bool(results) == bool(db):
         raise UsageError("give either --results DIR... or --db URL")
+    if db:
+        from hpcml.centre.collector.store import refuse_password
+        refuse_password(db)
     catalog = rules_mod.load(rules)
     source = JsonDirSource(results) if results else StoreSource(str(db))
     try:

@@ -36,13 +36,14 @@ def report(
     Exit codes: 0 done, 1 the database cannot be read, 2 bad option.
     """
     from hpcml.centre.collector.server import parse_since
-    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.collector.store import open_store, refuse_password
     from hpcml.centre.report import build, lines, render_html
     from hpcml.files import write_atomic
     try:
         window = parse_since(since)
     except ValueError:
         raise UsageError(f"expected a duration such as 30d or 24h, found {since!r}", key="--since") from None
+    refuse_password(db)
     if db.startswith("sqlite:"):                 # a report reads: a mistyped path is not a new, empty store
         from hpcml.centre.collector.sqlite import path_of
         if not Path(path_of(db)).is_file():

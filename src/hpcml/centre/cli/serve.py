@@ -68,15 +68,15 @@ def serve(
     import importlib.util
 
     from hpcml.centre.collector.server import CollectorServer
-    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.collector.store import open_store, refuse_password
     if importlib.util.find_spec("waitress") is None:
         raise UsageError("the collector is served by waitress: pip install 'hpcml[collector]'", key="serve")
     name = " ".join(command_words(ctx))    # hpcml centre serve, or its alias hpcml vet serve
+    refuse_password(db)                    # before anything starts: argv is public
     limit = parse_size(max_body, "--max-body")
     verifier = _verifier(name, slurm_check, cluster, munge_socket)
     files = (token_file, read_token_file, job_token_file, trusted_token_file)
     tokens = _load_tokens(*files)
-    _password_warning(name, db)
     if bind in ("0.0.0.0", "::", ""):
         print(f"{name}: warning: listening on every interface ({bind or '*'}); "
               "anyone who can reach this host can try tokens", file=sys.stderr)
@@ -137,19 +137,6 @@ def _reload(server, files) -> None:
         log.warning(f"hpcml centre serve: token files not reloaded ({exc}); the tokens in force stay")
         return
     log.info(f"hpcml centre serve: token files reloaded ({len(server.app.tokens.grants)} tokens)")
-
-
-def _password_warning(name: str, db: str) -> None:
-    """A password inside --db is in every ``ps`` listing: say so, and what to use instead."""
-    from urllib.parse import urlsplit
-    if db.startswith(("postgresql://", "postgres://")):
-        try:
-            has = urlsplit(db).password is not None
-        except ValueError:
-            has = False
-        if has:
-            print(f"{name}: warning: the database password in --db is visible to every user in ps; "
-                  "leave it out and set PGPASSFILE (or PGPASSWORD in the service's environment)", file=sys.stderr)
 
 
 def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:

@@ -27,7 +27,7 @@ from typing import Any
 from hpcml.centre.collector.schema import NodeReport
 from hpcml.centre.jobstore import JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
-from hpcml.errors import HpcmlError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.registry import Registry, UnknownName
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
@@ -393,6 +393,22 @@ STORES: Registry[Callable[[str], Store]] = Registry("database URL scheme", "hpcm
     "postgresql": "hpcml.centre.collector.postgres:PostgresStore",
     "postgres": "hpcml.centre.collector.postgres:PostgresStore",
 })
+
+
+def refuse_password(url: str) -> None:
+    """A command line's database URL carries no password: argv is in every user's ``ps``.
+    libpq reads it from ``PGPASSFILE`` or ``PGPASSWORD`` instead."""
+    from urllib.parse import urlsplit
+    if not url.lower().startswith(("postgresql://", "postgres://")):
+        return
+    try:
+        has = urlsplit(url).password is not None
+    except ValueError:
+        has = False
+    if has:
+        raise UsageError("holds a password, which every user sees in ps: leave it out and set PGPASSFILE "
+                         "(host:port:db:user:password, mode 0600) or PGPASSWORD in the service's environment",
+                         key="db")
 
 
 def open_store(url: str = DEFAULT_URL) -> Store:
