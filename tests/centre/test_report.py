@@ -202,3 +202,62 @@ def test_each_node_says_whom_it_hurt_what_it_cost_where_it_stands_and_what_to_do
     finally:
         store.close()
     assert bare["nid020"]["slurm"] is None and bare["nid020"]["next"].startswith("drain and test: proven jobs of 2")
+
+
+def _prolog_report(node: str, t: float, drained: bool, check: str = "scratch") -> NodeReport:
+    """What ``hpcml vet --prolog --drain --report-to`` sends as root about its node: the
+    failed check and its drain (fail) or the drain that failed (error)."""
+    rep = NodeReport.model_validate({
+        "job_id": None, "node": node, "time": t, "protocol": "prolog", "verdict": "bad",
+        "results": [{"name": check, "type": "mounts", "outcome": "fail"},
+                    {"name": "hpcml-drain", "type": "drain", "outcome": "fail" if drained else "error",
+                     "message": f"hpcml: {check}" if drained else "drain failed: scontrol: no slurm.conf"}]})
+    rep.proven("node", "root")
+    return rep
+
+
+def test_the_prolog_s_drains_and_failed_drains_are_reported_for_nodes_no_job_named(db_url, tmp_path):
+    """Issue 69: nid040 was drained by its prolog before any job met it; nid041's health
+    check found it bad twice and could not drain it (Slurm still schedules it): both are in
+    the report, terminal, JSON and HTML, with what to do; no job names either."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add([_prolog_report("nid040", now - DAY, True), _prolog_report("nid041", now - 2 * DAY, False, "memory"),
+                   _prolog_report("nid041", now - DAY / 2, False, "memory")])
+        rep = build(store, 30 * DAY, states={"nid040": ("IDLE+DRAIN", "hpcml: scratch: not a mount point"),
+                                             "nid041": ("IDLE", "")})
+    finally:
+        store.close()
+    jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+    assert rep["nodes"] == []                                   # no job named them
+    by = {d["node"]: d for d in rep["prolog_drains"]}
+    assert [d["node"] for d in rep["prolog_drains"]] == ["nid041", "nid040"]   # newest first
+    assert (by["nid040"]["drains"], by["nid040"]["failed_drains"], by["nid040"]["checks"]) == (1, 0, ["scratch"])
+    assert (by["nid041"]["drains"], by["nid041"]["failed_drains"], by["nid041"]["checks"]) == (0, 2, ["memory"])
+    assert by["nid040"]["next"].startswith("wait: hpcml drained it")
+    assert by["nid041"]["next"].startswith("drain it by hand: the prolog found it bad and could not drain it")
+    text = "\n".join(lines(rep))
+    assert "nid041: 0 drains, 2 failed drains (bad, left schedulable)" in text and "(memory); Slurm: IDLE" in text
+    from hpcml.centre.report import render_html
+    html = tmp_path / "centre.html"
+    html.write_text(render_html(rep))
+    _, dom = render(html, tmp_path)
+    assert "Drained by the prolog or health check" in dom and "nid041" in dom and "could not drain it" in dom
+
+
+def test_a_crashed_rank_is_not_a_node_s_lost_time(db_url):
+    """Issue 69: time that did not train is put on a node for a hang or a lost node, never
+    for a rank its own code crashed (exit 126, sys.exit)."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("60", ended=now - DAY, user="alice", outcome="failed",
+                                       crashed=[event("nid060", 0, detail="exit 126")])),
+                        proven(summary("61", ended=now - DAY, user="bob", hours=2.0, outcome="hung",
+                                       culprits=[event("nid061", 0)]))])
+        rep = build(store, 30 * DAY)
+    finally:
+        store.close()
+    assert [n["node"] for n in rep["not_training"]["nodes"]] == ["nid061"]
+    assert "nid060" not in json.dumps(rep["not_training"]["nodes"])

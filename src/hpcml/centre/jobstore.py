@@ -279,6 +279,30 @@ class JobQueries:
                 out[node]["prolog_drains"], out[node]["last_prolog_drain"] = n, last
         return out
 
+    def prolog_drains(self, since: float, limit: int) -> list[dict[str, Any]]:
+        """Per node the prolog or health check drained (or failed to drain) since ``since``,
+        named by a job or not, newest first: drains, failed drains (the node was bad and stayed
+        schedulable), the last of either and the checks that failed in it. Node evidence only:
+        what root's prolog sent about its own node."""
+        out: dict[str, dict[str, Any]] = {}
+        last_report: dict[str, tuple[float, int]] = {}
+        for node, outcome, report_id, t in self._all(
+                "SELECT r.node, r.outcome, r.report_id, r.time FROM results r JOIN reports p ON p.id = r.report_id "
+                "WHERE r.time >= ? AND r.type = 'drain' AND r.outcome IN ('fail', 'error') AND p.evidence = 'node'",
+                (since,)):
+            d = out.setdefault(node, {"node": node, "drains": 0, "failed_drains": 0, "last": None, "checks": [],
+                                      "last_failed": False})
+            d["drains" if outcome == "fail" else "failed_drains"] += 1
+            if node not in last_report or t > last_report[node][0]:
+                last_report[node] = (t, report_id)
+                d["last"], d["last_failed"] = t, outcome == "error"
+        ranked = sorted(out.values(), key=lambda d: (-(d["last"] or 0), d["node"]))[:limit]
+        for d in ranked:
+            d["checks"] = sorted({c for (c,) in self._all(
+                "SELECT name FROM results WHERE report_id = ? AND type != 'drain' AND outcome IN ('fail', 'error')",
+                (last_report[d["node"]][1],))})
+        return ranked
+
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:
         """Per node: vetting reports since ``since``, how many bad, the last bad one's
         failing checks and when the node last passed."""
@@ -414,11 +438,11 @@ class JobQueries:
 
     def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Per node: the hours lost by the jobs that named it as the cause of a fault (hang
-        culprit, lost, crashed rank), and in which roles."""
+        culprit, lost), and in which roles; a crashed rank is its code's, never the node's."""
         rows = self._all(
             "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
             "COALESCE(SUM(t.node_hours_not_training), 0) FROM (SELECT DISTINCT node, role, cluster, job, attempt "
-            "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost', 'crashed')) n "
+            "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost')) n "
             f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
             "GROUP BY n.node, n.role", (since,))
         out: dict[str, dict[str, Any]] = {}

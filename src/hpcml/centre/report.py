@@ -34,6 +34,8 @@ class Facts(Protocol):
 
     def node_harm(self, since: float, limit: int) -> list[dict[str, Any]]: ...
 
+    def prolog_drains(self, since: float, limit: int) -> list[dict[str, Any]]: ...
+
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]: ...
 
     def node_details(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]: ...
@@ -76,8 +78,13 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
         state = (states or {}).get(n["node"])
         n["slurm"] = None if state is None else {"state": state[0], "reason": state[1]}
         n["next"] = next_action(n)
+    prolog = store.prolog_drains(since, top)
+    for d in prolog:
+        state = (states or {}).get(d["node"])
+        d["slurm"] = None if state is None else {"state": state[0], "reason": state[1]}
+        d["next"] = drain_next(d)
     return {"schema": SCHEMA, "generated": now, "since": since, "window_s": since_s,
-            "totals": store.job_totals(since), "nodes": nodes,
+            "totals": store.job_totals(since), "nodes": nodes, "prolog_drains": prolog,
             "owners": store.scores_by_owner(since, per_owner, top), "accounts": store.lost_by_account(since)[:top],
             "not_training": {"jobs": store.not_training_jobs(since, top), "users": store.not_training_by_user(since, top),
                              "nodes": store.not_training_by_node(since, top)},
@@ -104,6 +111,42 @@ def next_action(n: dict[str, Any]) -> str:
     if n.get("users", 0) <= 1 and faults:
         return "watch: one user's jobs named it; their code may be the cause"
     return "watch: vetting never caught it; test it when it is idle" if faults else "none"
+
+
+def drain_next(d: dict[str, Any]) -> str:
+    """What an operator does next about a node the prolog or health check drained, or found
+    bad and could not drain."""
+    from hpcml.centre.rules import REASON_PREFIX
+    slurm = d.get("slurm")
+    if slurm is None:
+        return "read its Slurm state (hpcml centre report does where scontrol answers)"
+    state, reason = str(slurm.get("state") or "").upper(), str(slurm.get("reason") or "")
+    drained = "DRAIN" in state or "DOWN" in state
+    if d.get("last_failed") and not drained:
+        return ("drain it by hand: the prolog found it bad and could not drain it, and Slurm still schedules it "
+                "(give the health check SLURM_CONF; its error is in the collector)")
+    if drained and reason.startswith(REASON_PREFIX):
+        return "wait: hpcml drained it; hpcml centre handle resumes it once the failed checks pass twice"
+    if drained:
+        return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
+    return f"watch: back in service after {plural(d['drains'], 'drain')}"
+
+
+def prolog_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """Nodes the prolog or health check drained or could not drain, named by a job or not."""
+    if not rows:
+        return []
+    out = ["", "drained by the prolog or health check (node evidence), newest first:"]
+    for d in rows:
+        failed = f", {plural(d['failed_drains'], 'failed drain')} (bad, left schedulable)" if d["failed_drains"] else ""
+        checks = ", ".join(printable(c) for c in d["checks"]) or "no check named"
+        slurm = d.get("slurm")
+        now = ("Slurm: " + printable(slurm["state"]) + (f" ({printable(slurm['reason'])})" if slurm.get("reason") else "")
+               if slurm else "Slurm: not read")
+        out.append(f"  {printable(d['node'])}: {plural(d['drains'], 'drain')}{failed}; last {_when(d['last'])} "
+                   f"({checks}); {now}")
+        out.append(f"    next: {printable(d['next'])}")
+    return out
 
 
 def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]] | None,
@@ -188,7 +231,8 @@ def lines(rep: dict[str, Any]) -> list[str]:
         out += ["", "time lost to faults, by account:"]
         out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
                 f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
-    return out + not_training_lines(rep.get("not_training") or {}) + verdict_lines(rep.get("verdicts") or {})
+    return (out + prolog_lines(rep.get("prolog_drains") or []) + not_training_lines(rep.get("not_training") or {})
+            + verdict_lines(rep.get("verdicts") or {}))
 
 
 def _impact(n: dict[str, Any]) -> str:
@@ -273,6 +317,9 @@ def render_html(rep: dict[str, Any]) -> str:
                          for j in o["lowest"])] for o in rep["owners"]]
     accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", f"{a['gpu_hours_lost']:,.1f}",
                  f"{a['time_lost_s'] / 3600:,.2f}"] for a in rep["accounts"]]
+    prolog = [[d["node"], d["drains"], d["failed_drains"], _when(d["last"]), ", ".join(d["checks"]) or "–",
+               (f"{d['slurm']['state']} ({d['slurm']['reason']})" if d["slurm"].get("reason") else d["slurm"]["state"])
+               if d.get("slurm") else "not read", d["next"]] for d in rep.get("prolog_drains") or []]
     t = rep["totals"]
     totals = (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost {t['gpu_hours_lost']:,.1f} "
               f"GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); {t['failed']:,} failed, {t['hung']:,} hung")
@@ -290,6 +337,6 @@ def render_html(rep: dict[str, Any]) -> str:
             f"{v['horizon_s'] / 86400:g} days of it, refuted when nothing did, pending while that time runs; "
             "recall counts the bad nodes (named by a proven job) a check flagged before the first job they hurt.")
     return render("centre.html.j2", since=_when(rep["since"]), jobs=f"{t['jobs']:,}", totals=totals,
-                  unverified=[line.strip() for line in _unverified(t)], nodes=nodes, owners=owners, accounts=accounts,
+                  unverified=[line.strip() for line in _unverified(t)], nodes=nodes, prolog=prolog, owners=owners, accounts=accounts,
                   nt_jobs=nt_jobs, nt_users=nt_users, nt_nodes=nt_nodes, checks=checks, rules=rules,
                   verdict_note=note)
