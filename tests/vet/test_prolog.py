@@ -205,6 +205,27 @@ def test_a_drain_that_fails_is_exit_3_with_a_line_an_operator_sees(tmp_path):
     assert (drain["name"], drain["outcome"], drain["message"], ok.exit_code) == ("hpcml-drain", "fail", "hpcml: x", 1)
 
 
+def test_a_collector_that_never_answers_does_not_take_the_prolog_past_its_budget(tmp_path):
+    """The collector accepts the connection and never answers; the checks would run a minute:
+    the prolog still ends within its budget (the send's time is kept out of the checks'),
+    the node is bad, and its report waits in the spool for the next run."""
+    import socket
+    mute = socket.socket()
+    mute.bind(("127.0.0.1", 0))
+    mute.listen(8)                          # never accepted, never answered
+    try:
+        proto = proto_file(tmp_path, f"  - {{name: slow, type: {SLEEP}, seconds: 60}}\n")
+        start = time.monotonic()
+        p = hpcml("vet", "--prolog", "--budget", "3 s", proto, "--report-to", f"http://127.0.0.1:{mute.getsockname()[1]}",
+                  "--report-spool", tmp_path / "spool", env={"HPCML_VET_TOKEN": "t" * 32})
+        elapsed = time.monotonic() - start
+    finally:
+        mute.close()
+    assert p.returncode == 1 and "report not sent" in p.stderr, p.stderr
+    assert elapsed < 3 + 1.5, elapsed       # before: the budget, then up to 2 s more for the send
+    assert len(list((tmp_path / "spool").iterdir())) >= 1
+
+
 @pytest.mark.parametrize("state, reason, updated", [
     ("IDLE", "", True),
     ("IDLE+DRAIN", "admin: new DIMMs", False),                    # a person's drain stays theirs
@@ -302,7 +323,7 @@ def test_prolog_script_sends_its_reports_and_says_what_slurm_conf_needs(tmp_path
     assert out.exit_code == 0, out.output
     command = out.stdout.splitlines()[-1]
     assert "--report-to http://centre:8787" in command and f"--report-token-file {token}" in command
-    assert "--report-spool" in command and "timeout -k 1 9 " in command            # 5 s + 2 s + the send's 2 s
+    assert "--report-spool" in command and "timeout -k 1 7 " in command            # 5 s + 2 s: the send is inside the budget
     for line in ("HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail", "scontrol release"):
         assert line in out.stdout
     bad = CliRunner().invoke(app, ["prolog-script", "--report-to", "centre:8787"])

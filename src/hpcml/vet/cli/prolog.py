@@ -51,8 +51,10 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
             if node:
                 prolog.drain_node(node, [f"bad input: {exc}"])
         raise typer.Exit(exc.exit_code) from None
-    result = prolog.run_prolog(proto, budget=limit, started=started, overrun_ok=overrun_ok,
+    send_s = min(SEND_S, limit / 4) if report_to else 0.0
+    result = prolog.run_prolog(proto, budget=limit - send_s, started=started, overrun_ok=overrun_ok,
                                drain=drain)
+    result.budget = limit
     if report_to:
         _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit, report_spool)
     for line in result.bad:
@@ -75,23 +77,24 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
     raise typer.Exit(result.exit_code)
 
 
-#: seconds a prolog may spend sending past its budget: Slurm's BatchStartTimeout is 10 s
-SEND_S = 2.0
+#: seconds of the budget kept for sending to the collector (at most a quarter of it): the
+#: checks end that much earlier, so the send never takes the prolog past its budget
+SEND_S = 1.0
 
 
 def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float, spool_dir: Optional[Path]) -> None:
     """Send this node's result to the collector, after what earlier runs could not send
     (``centre.spool``, oldest first). Made by root or SlurmUser on this node, its MUNGE
-    credential makes it the node's own evidence (``collector.proof``). Within the budget's
-    end plus ``SEND_S``; what is not taken (the collector down, slow, no token) waits in the
-    spool for the next run. A failure is a warning: the prolog's verdict is its exit code,
+    credential makes it the node's own evidence (``collector.proof``). Within the budget
+    (the checks left it ``SEND_S``); what is not taken (the collector down, slow, no token)
+    waits in the spool for the next run. A failure is a warning: the prolog's verdict is its exit code,
     never the collector's."""
     import time
 
     from hpcml.centre.client import read_token
     from hpcml.centre.spool import DEFAULT_DIR, Spool
     spool = Spool(spool_dir or DEFAULT_DIR)
-    deadline = time.monotonic() + max(0.5, min(SEND_S, budget_end + SEND_S - time.time()))
+    deadline = time.monotonic() + max(0.1, budget_end - time.time())
     token, why = read_token(token_file)
     kept = spool.put(doc)                 # first: a prolog killed mid-send loses nothing
     with spool.sending() as mine:
@@ -142,7 +145,7 @@ def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain
         args.append(str(Path(protocol).absolute()))
     guard = shutil.which("timeout")
     if guard:  # a hard stop in case the interpreter itself hangs (e.g. on a dead filesystem)
-        hard = parse_seconds(budget) + 2 + (SEND_S if report_to else 0)
+        hard = parse_seconds(budget) + 2           # the send is inside the budget
         args = [guard, "-k", "1", f"{hard:g}", *args]
     command = " ".join(shlex.quote(a) for a in args)
     if log:
