@@ -262,17 +262,21 @@ def test_a_report_the_collector_did_not_take_waits_and_goes_with_the_next_run(tm
     first = hpcml(*args, env=env)
     assert first.returncode == 1 and "kept in" in first.stderr, first.stderr
     assert len(list(spool.glob("*.json"))) == 1 and (spool.stat().st_mode & 0o777) == 0o700
+    again = hpcml(*args, env=env)                 # still down: each report tells what waited before it
+    assert again.returncode == 1
+    told = sorted(json.loads(p.read_text())["spool_waiting"] for p in spool.glob("*.json"))
+    assert told == [0, 1]
     c.start()
     try:
         second = hpcml(*args, env={**env, "HPCML_PROLOG_X": "1"})
     finally:
         c.stop()
-    assert second.returncode == 0 and "1 earlier report sent, 0 still waiting" in second.stderr, second.stderr
+    assert second.returncode == 0 and "2 earlier reports sent, 0 still waiting" in second.stderr, second.stderr
     assert list(spool.glob("*.json")) == []
     import sqlite3
     with sqlite3.connect(c.db) as conn:
         rows = conn.execute("SELECT node, verdict FROM reports ORDER BY time").fetchall()
-    assert rows == [("nx", "bad"), ("nx", "good")]
+    assert rows == [("nx", "bad"), ("nx", "bad"), ("nx", "good")]
 
 
 def test_a_spool_someone_else_can_write_is_not_used(tmp_path):

@@ -64,6 +64,7 @@ def test_metrics_count_requests_by_route_and_status_and_what_was_stored(tmp_path
         assert s.call("GET", "/v1/plan", token=None)[0] == 401
         assert s.call("GET", "/v1/nodes/n1/history")[0] == 200
         assert s.call("POST", "/v1/reports", vet_report({"n1": [("gpu", "gpu", "fail")]}))[0] == 201
+        assert s.call("POST", "/v1/reports", {"node": "n1"})[0] == 400
         code, body, ctype = s.call("GET", "/metrics", token=None)
         assert code == 200 and ctype.startswith("text/plain")
         got = _samples(body.decode())
@@ -73,12 +74,34 @@ def test_metrics_count_requests_by_route_and_status_and_what_was_stored(tmp_path
                     (("method", "GET"), ("route", "/v1/nodes/NODE/history"), ("status", "200")))] == 1
         assert got[("hpcml_collector_documents_total", (("kind", "report"), ("result", "stored")))] == 1
         assert got[("hpcml_collector_documents_total", (("kind", "report"), ("result", "unverified")))] == 1
-        assert got[("hpcml_collector_request_seconds_count", (("route", "/v1/reports"),))] == 1
+        assert got[("hpcml_collector_request_seconds_count", (("route", "/v1/reports"),))] == 2
+        assert got[("hpcml_collector_refused_total", (("reason", "token"),))] == 1
+        assert got[("hpcml_collector_refused_total", (("reason", "invalid"),))] == 1
+        assert got[("hpcml_collector_refused_total", (("reason", "too_large"),))] == 0
     finally:
         err = s.stop()
     # the log: each line with its UTC time and level
     lines = [ln for ln in err.splitlines() if "GET /healthz" in ln]
     assert lines and lines[0][:20].endswith("Z") and " INFO " in lines[0], err
+
+
+def test_refusals_are_counted_by_reason_and_the_senders_spools_as_their_nodes_told():
+    """Refusals by a fixed set of reasons (a wrong token, an invalid body, a body too large);
+    the senders' spool depth from each node's newest proven report (a report only a token
+    backs tells nothing: it could say anything)."""
+    from hpcml.centre.collector.schema import NodeReport
+    from hpcml.centre.collector.server import Metrics
+
+    def rep(node, t, waiting, evidence="node"):
+        r = NodeReport.model_validate({"node": node, "time": t, "verdict": "good", "spool_waiting": waiting})
+        r.proven(evidence, "root")
+        return r
+    m = Metrics()
+    m.spools([rep("n1", 10, 3), rep("n2", 10, 2)])
+    m.spools([rep("n1", 5, 9), rep("n2", 20, 0), rep("n3", 30, 7, evidence="none")])  # n1's older report: not it
+    got = _samples(m.exposition()[0].decode())
+    assert got[("hpcml_collector_sender_spool_reports", ())] == 3
+    assert got[("hpcml_collector_refused_total", (("reason", "proof"),))] == 0
 
 
 def test_readiness_asks_the_database_health_does_not(tmp_path):

@@ -54,6 +54,8 @@ class NodeReport(BaseModel):
     protocol: Text = Field(default="", max_length=255)
     verdict: Literal["good", "bad"]
     results: list[CheckResult] = Field(default_factory=list, max_length=MAX_RESULTS)
+    # reports waiting in the sender's spool when it sent this one (the prolog's); None: not told
+    spool_waiting: Optional[int] = Field(default=None, ge=0, le=1_000_000)
     # what the collector proved of it (``proof.prove_report``), never read from the body
     _evidence: str = PrivateAttr("none")
     _sender: Optional[str] = PrivateAttr(None)

@@ -27,7 +27,7 @@ import os
 import re
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from http import HTTPStatus
@@ -39,7 +39,7 @@ import orjson
 
 from hpcml import logs
 from hpcml.centre.collector.proof import Forbidden, Sender, Unavailable, Unproven, Verifier
-from hpcml.centre.collector.schema import Invalid, documents
+from hpcml.centre.collector.schema import Invalid, NodeReport, documents
 from hpcml.centre.collector.store import BatchWriter, Store, StoreError
 from hpcml.centre.summaries import parse_job_items
 
@@ -150,13 +150,19 @@ def _transient(exc: BaseException) -> bool:
         c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__)
 
 
+#: why a request was refused, for the metrics: a fixed set, whatever a sender does
+REFUSALS = {400: "invalid", 401: "token", 403: "proof", 404: "not_found", 405: "method", 411: "length",
+            413: "too_large"}
+
+
 class _Reply(Exception):
-    def __init__(self, code: int, body: Any, headers: dict[str, str] | None = None) -> None:
+    def __init__(self, code: int, body: Any, headers: dict[str, str] | None = None, why: str | None = None) -> None:
         self.code, self.body, self.headers = code, body, headers or {}
+        self.why = why or REFUSALS.get(code)
 
 
-def _error(code: int, reason: str, **headers: str) -> _Reply:
-    return _Reply(code, {"error": reason}, headers)
+def _error(code: int, reason: str, why: str | None = None, **headers: str) -> _Reply:
+    return _Reply(code, {"error": reason}, headers, why)
 
 
 @contextmanager
@@ -167,9 +173,9 @@ def _proof_refusals() -> Iterator[None]:
     try:
         yield
     except Forbidden as exc:
-        raise _error(403, str(exc)[:500]) from None
+        raise _error(403, str(exc)[:500], "proof") from None
     except Unproven as exc:
-        raise _error(401, str(exc)[:500]) from None
+        raise _error(401, str(exc)[:500], "proof") from None
 
 
 _ROUTES = {"/healthz", "/readyz", "/metrics", "/v1/plan", "/v1/reports", "/v1/jobs", "/v1/fleet", "/v1/nodes/failing"}
@@ -193,7 +199,7 @@ class Metrics:
     stored, duplicate, unverified by kind, database errors."""
 
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
         self.registry = CollectorRegistry()
         self.requests = Counter("hpcml_collector_requests", "Requests answered, by route, method and status.",
                                 ["route", "method", "status"], registry=self.registry)
@@ -205,6 +211,24 @@ class Metrics:
                               registry=self.registry)
         self.database_errors = Counter("hpcml_collector_database_errors", "Requests the database failed (503).",
                                        registry=self.registry)
+        self.refused = Counter("hpcml_collector_refused", "Requests refused, by reason (invalid, token, proof, "
+                               "not_found, method, length, too_large).", ["reason"], registry=self.registry)
+        for why in sorted(set(REFUSALS.values())):
+            self.refused.labels(why)      # every reason shown from the start, at 0
+        self.spooled = Gauge("hpcml_collector_sender_spool_reports", "Reports waiting in the senders' spools, as "
+                             "each node's newest report told (prologs; since this collector started).",
+                             registry=self.registry)
+        self._spools: dict[str, tuple[float, int]] = {}     # node -> (its newest report's time, waiting)
+        self._lock = threading.Lock()
+
+    def spools(self, reports: Sequence[NodeReport]) -> None:
+        """Each node's newest told spool depth, summed: what senders could not deliver yet."""
+        with self._lock:
+            for r in reports:
+                if r.spool_waiting is not None and r.evidence == "node" and \
+                        r.time >= self._spools.get(r.node, (float("-inf"), 0))[0]:
+                    self._spools[r.node] = (r.time, r.spool_waiting)
+            self.spooled.set(sum(n for _, n in self._spools.values()))
 
     def request(self, route_: str, method: str, status: int, seconds: float) -> None:
         method = method if method in ("GET", "HEAD", "POST") else "other"
@@ -263,6 +287,8 @@ class App:
             reply = _error(503 if transient else 500, f"internal error: {type(exc).__name__}")
         data = orjson.dumps(reply.body)
         self.metrics.request(route(path), method, reply.code, time.monotonic() - began)
+        if 400 <= reply.code < 500 and reply.why:
+            self.metrics.refused.labels(reply.why).inc()
         status = f"{reply.code} {HTTPStatus(reply.code).phrase}"
         start_response(status, [("Content-Type", "application/json"), ("Content-Length", str(len(data))),
                                 *reply.headers.items()])
@@ -332,6 +358,7 @@ class App:
                 r.proven(proof.evidence, proof.sender)
             reports += reps
         ids = self.writer.add(reports)
+        self.metrics.spools(reports)
         self.metrics.documents("report", stored=len(ids), unverified=sum(r.evidence == "none" for r in reports))
         return _Reply(201, {"ids": ids, "stored": len(ids),
                             "unverified": sum(r.evidence == "none" for r in reports)})

@@ -96,6 +96,7 @@ def _report(doc: dict, url: str, token_file: Optional[Path], budget_end: float, 
     spool = Spool(spool_dir or DEFAULT_DIR)
     deadline = time.monotonic() + max(0.1, budget_end - time.time())
     token, why = read_token(token_file)
+    doc = {**doc, "spool_waiting": len(spool.pending())}     # the collector's gauge of what waits
     kept = spool.put(doc)                 # first: a prolog killed mid-send loses nothing
     with spool.sending() as mine:
         if mine or kept is None:
