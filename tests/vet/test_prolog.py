@@ -330,6 +330,16 @@ def test_prolog_script_sends_its_reports_and_says_what_slurm_conf_needs(tmp_path
     assert "--report-spool" in command and "timeout -k 1 7 " in command            # 5 s + 2 s: the send is inside the budget
     for line in ("HealthCheckNodeState=ANY", "SchedulerParameters=nohold_on_prolog_fail", "scontrol release"):
         assert line in out.stdout
+    conf = tmp_path / "slurm.conf"
+    conf.write_text("ClusterName=x\n")
+    told = CliRunner().invoke(app, ["prolog-script"], env={"SLURM_CONF": str(conf)})
+    assert told.exit_code == 0 and f"export SLURM_CONF={conf}" in told.stdout      # the health check's scontrol
+    script = tmp_path / "p.sh"
+    script.write_text(told.stdout)
+    shown = subprocess.run(["sh", "-n", str(script)], capture_output=True, text=True)
+    assert shown.returncode == 0, shown.stderr
+    missing = CliRunner().invoke(app, ["prolog-script", "--slurm-conf", str(tmp_path / "none")])
+    assert missing.exit_code == 2 and "file not found" in missing.output
     bad = CliRunner().invoke(app, ["prolog-script", "--report-to", "centre:8787"])
     assert bad.exit_code == 2 and "--report-to" in bad.output
     assert CliRunner().invoke(app, ["prolog-script", "--report-spool", "/x"]).exit_code == 2

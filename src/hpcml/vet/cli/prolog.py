@@ -129,9 +129,11 @@ def _send_and_flush(doc: dict, url: str, token: Optional[str], why: Optional[str
 def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain: bool = True,
                   overrun_ok: bool = False, log: Optional[Path] = None,
                   python: Optional[str] = None, report_to: Optional[str] = None,
-                  report_token_file: Optional[Path] = None, report_spool: Optional[Path] = None) -> str:
+                  report_token_file: Optional[Path] = None, report_spool: Optional[Path] = None,
+                  slurm_conf: Optional[Path] = None) -> str:
     """A POSIX sh wrapper for ``Prolog=`` / ``HealthCheckProgram=``. Slurm gives the prolog a
-    minimal PATH, so it names the interpreter (and ``timeout``) by absolute path."""
+    minimal PATH, so it names the interpreter (and ``timeout``) by absolute path; and no
+    ``SLURM_CONF`` to the health check, so the drain's scontrol is told where slurm.conf is."""
     from hpcml.units import parse_seconds
     python = python or sys.executable
     args = [os.path.abspath(python), "-m", "hpcml", "vet", "--prolog", "--budget", budget]
@@ -166,6 +168,8 @@ def render_script(protocol: Optional[Path] = None, *, budget: str = "5 s", drain
         "# Exit 0: healthy. 1: a check failed; Slurm drains the node and requeues the job (for",
         "# HealthCheckProgram, --drain drains it: Slurm ignores that exit code). 3: bad, and the",
         "# drain failed (the line says why; SLURM_CONF must be set where slurm.conf is not the default).",
+        *([f"export SLURM_CONF={shlex.quote(str(Path(slurm_conf).absolute()))}   # for the drain's scontrol"]
+          if slurm_conf else []),
         f"exec {command}",
         ""])
 
@@ -185,6 +189,9 @@ def prolog_script(
                                                      help="With --report-to: file holding the collector token."),
     report_spool: Optional[Path] = typer.Option(None, "--report-spool", help="With --report-to: where results the "
                                                 "collector did not take wait (default /var/spool/hpcml-reports)."),
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF",
+                                              help="slurm.conf for the drain's scontrol, exported by the script "
+                                              "(Slurm gives HealthCheckProgram no SLURM_CONF; default: $SLURM_CONF)."),
 ) -> None:
     """Print a prolog wrapper script that calls this Python by absolute path.
 
@@ -207,6 +214,8 @@ def prolog_script(
         raise UsageError("goes with --report-to", key="--report-token-file" if report_token_file else "--report-spool")
     if report_token_file is not None and not Path(report_token_file).is_file():
         raise UsageError("file not found", file=str(report_token_file))
+    if slurm_conf is not None and not Path(slurm_conf).is_file():
+        raise UsageError("file not found", file=str(slurm_conf))
     sys.stdout.write(render_script(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok,
                                    log=log, report_to=report_to, report_token_file=report_token_file,
-                                   report_spool=report_spool))
+                                   report_spool=report_spool, slurm_conf=slurm_conf))
