@@ -1,7 +1,7 @@
 """A node the health check drained comes back with no person (issue 69).
 
-A local cluster of its own, configured as a site would: hpcml's script as ``Prolog=`` and as
-``HealthCheckProgram=`` (every 2 s, ``HealthCheckNodeState=ANY``: drained nodes too), with
+A local cluster of its own, configured as a site would: hpcml's script (as ``hpcml vet
+prolog-script`` prints it) as ``Prolog=`` and as ``HealthCheckProgram=`` (every 2 s, ``HealthCheckNodeState=ANY``: drained nodes too), with
 ``--drain --report-to`` a real collector (``hpcml centre serve``, proving root's MUNGE
 credential with this cluster's munged). Each node has a scratch filesystem the protocol
 requires (a real tmpfs mount per node); the fault is n2's unmounted: the health check drains
@@ -76,10 +76,15 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
         for n in ("n1", "n2"):
             (shared / f"scratch-{n}").mkdir()
             subprocess.run(["mount", "-t", "tmpfs", "-o", "size=1m", "tmpfs", str(shared / f"scratch-{n}")], check=True)
-        marker.write_text(
-            f"export HPCML_MUNGE_SOCKET={cluster.munge_socket} SLURM_CONF={cluster.conf} PYTHONPATH={ROOT / 'src'}\n"
-            f"{sys.executable} -m hpcml vet --prolog --drain --budget 5 {shared}/p.yaml --report-to {collector.url} "
-            f"--report-token-file {shared}/token --report-spool {shared}/spool >>{shared}/health.log 2>&1\nexit 0\n")
+        # the script a site installs, as prolog-script prints it (the health check gets no
+        # SLURM_CONF from Slurm: the script exports the one it was told)
+        script = subprocess.run([sys.executable, "-m", "hpcml", "vet", "prolog-script", f"{shared}/p.yaml",
+                                 "--budget", "5 s", "--report-to", collector.url, "--report-token-file",
+                                 f"{shared}/token", "--report-spool", f"{shared}/spool", "--log", f"{shared}/health.log",
+                                 "--slurm-conf", str(cluster.conf)], env=env, capture_output=True, text=True, timeout=60)
+        assert script.returncode == 0 and f"export SLURM_CONF={cluster.conf}" in script.stdout, script.stderr
+        marker.write_text(f"unset SLURM_CONF\nexport HPCML_MUNGE_SOCKET={cluster.munge_socket} PYTHONPATH={ROOT / 'src'}\n"
+                          + script.stdout)
         subprocess.run(["scontrol", "update", "nodename=n1", "state=drain", "reason=admin: new DIMMs"], env=env,
                        check=True, timeout=10)
         subprocess.run(["umount", str(shared / "scratch-n2")], check=True)      # the fault
