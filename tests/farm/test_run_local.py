@@ -226,10 +226,11 @@ def test_a_command_that_fails_on_the_only_node_that_vets_good_retires_nothing(tm
     assert p.stderr.count("the tasks' failure, not the node's") == 1, p.stderr
 
 
-def _two_nodes(farm: Path, *args: str) -> dict[str, subprocess.CompletedProcess]:
+def _two_nodes(farm: Path, *args: str, env: dict | None = None) -> dict[str, subprocess.CompletedProcess]:
     """``farm run`` as two nodes at once (SLURMD_NODENAME names the node, as on a
     multiple-slurmd host): "bad" and "good"; their outputs."""
-    runs = {n: start("farm", "run", farm, "--slots", "1", *args, extra={"SLURMD_NODENAME": n}) for n in ("bad", "good")}
+    runs = {n: start("farm", "run", farm, "--slots", "1", *args, extra={"SLURMD_NODENAME": n, **(env or {})})
+            for n in ("bad", "good")}
     out = {}
     for n, r in runs.items():
         stdout, stderr = r.communicate(timeout=300)
@@ -240,15 +241,27 @@ def _two_nodes(farm: Path, *args: str) -> dict[str, subprocess.CompletedProcess]
 def test_a_node_where_tasks_fail_that_pass_on_another_is_retired_with_its_evidence(tmp_path):
     """20 tasks that fail on node "bad" only (``test $SLURMD_NODENAME != bad``), run by two
     nodes at once with --retries 5: "bad" is retired once tasks that failed there passed on
-    "good", the reason says so, and every task ends ok (on "good")."""
+    "good", the reason says so, the evidence reaches the centre's collector (a real ``hpcml
+    centre serve``) as a node report of the farm, and every task ends ok (on "good")."""
+    import sqlite3
+
+    from tests.run.test_summary import TOKEN, Collector
     side = tmp_path / "side"
     farm = _farm(tmp_path, [side_task(side, before='sleep 0.2; test "$SLURMD_NODENAME" != bad && ')] * 20,
                  retries=5, backoff=0.1)
-    _two_nodes(farm, "--node-failures", "3")
+    centre = Collector(tmp_path).start()
+    try:
+        _two_nodes(farm, "--node-failures", "3", env={"HPCML_COLLECTOR": centre.url, "HPCML_COLLECTOR_TOKEN": TOKEN})
+    finally:
+        centre.stop()
     bad = list((farm / "nodes").glob("*.bad"))
     assert [b.name for b in bad] == ["bad.bad"], bad
     retired = json.loads(bad[0].read_text())
     assert "passed on another node" in retired["reason"], retired
+    assert retired["centre"] == f"sent to {centre.url}", retired
+    with sqlite3.connect(centre.db) as conn:
+        told = conn.execute("SELECT r.node, r.name, r.type, r.outcome, r.message FROM results r").fetchall()
+    assert told == [("bad", "farm-tasks", "farm", "fail", retired["reason"])], told
     rec = ends(farm)
     ok = {tid for (tid, _), e in rec.items() if e["outcome"] == "ok"}
     assert ok == set(range(20)) and all(e["node"] == "good" for e in rec.values() if e["outcome"] == "ok")
