@@ -9,8 +9,8 @@ own, with the evidence each figure rests on.
 A flag is a check's ``fail`` or ``error`` on a node (a drain, for a rule). It is:
 
 - **confirmed** when something independent of it saw the node fail within ``HORIZON`` of it
-  (before or after): a proven job that named the node (culprit, crashed rank, straggler:
-  ``HARM_ROLES``), or a check of another type failing there (a lying check does not confirm
+  (before or after): a proven job that named the node (hang culprit, lost, straggler:
+  ``HARM_ROLES``; a crashed rank is the code's), or a check of another type failing there (a lying check does not confirm
   itself, nor do its siblings of the same type);
 - **refuted** when ``HORIZON`` has passed and nothing independent saw the node fail;
 - **pending** while the horizon is still open and nothing confirmed it (not counted).
@@ -32,9 +32,12 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 HORIZON = 7 * 86400.0
-HARM_ROLES = ("culprit", "crashed", "straggler")
+# what a proven job names for its node's sake; a crashed rank is its code's (any user's bug
+# crashes one, on whatever node it ran), as in the centre report and the plan
+HARM_ROLES = ("culprit", "lost", "straggler")
 FLAGS = ("fail", "error")
 MIN_DECIDED = 5            # a floor is judged from at least this many decided flags
+WITNESS = 2                # failures of another check that confirm a flag (one is noise)
 
 
 def wilson(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]:
@@ -50,6 +53,10 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]
 
 def _within(times: Sequence[float], lo: float, hi: float) -> bool:
     return bisect_right(times, hi) > bisect_left(times, lo)
+
+
+def _count(times: Sequence[float], lo: float, hi: float) -> int:
+    return bisect_right(times, hi) - bisect_left(times, lo)
 
 
 class Evidence:
@@ -76,12 +83,14 @@ class Evidence:
 
     def seen_bad(self, node: str, t: float, horizon: float, own: Callable[[str, str], bool] | None = None,
                  jobs: bool = True) -> bool:
-        """Whether a proven job (``jobs``), or a failing check that is not ``own`` (type,
-        check -> whether it is the flag's own kind of evidence), saw ``node`` fail within
-        ``horizon`` of ``t``."""
+        """Whether a proven job (``jobs``), or a check that is not ``own`` (type, check ->
+        whether it is the flag's own kind of evidence) failing there ``WITNESS`` times, saw
+        ``node`` fail within ``horizon`` of ``t``. One failure of another check is no witness:
+        on a large fleet every node has some check's one-off failure within days (the
+        simulated fleet's 0.2% noise confirmed a third of all flags so)."""
         if jobs and _within(self.harm.get(node, ()), t - horizon, t + horizon):
             return True
-        return any(_within(self.fails[(node, typ, check)], t - horizon, t + horizon)
+        return any(_count(self.fails[(node, typ, check)], t - horizon, t + horizon) >= WITNESS
                    for typ, check in self.kinds_of.get(node, ()) if own is None or not own(typ, check))
 
     def flagged_within(self, node: str, own: Callable[[str, str], bool], lo: float, hi: float) -> float | None:
@@ -100,19 +109,41 @@ class Evidence:
         return out
 
 
-def _figures(decided: dict[str, int], pending: int, caught: list[float], bad: int) -> dict[str, Any]:
+def drained_spans(drains: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[float, float]]]:
+    """Node -> the spans it was held drained by hpcml (a drain's ``time`` to its ``until``,
+    the resume; open while it is still drained)."""
+    out: dict[str, list[tuple[float, float]]] = defaultdict(list)
+    for d in drains:
+        if isinstance(d.get("time"), (int, float)):
+            until = d.get("until")
+            out[str(d["node"])].append((float(d["time"]), float(until) if isinstance(until, (int, float)) else math.inf))
+    return out
+
+
+def _overlaps(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> bool:
+    return any(a <= hi and lo <= b for a, b in spans)
+
+
+def _figures(decided: dict[str, int], pending: int, caught: list[float], bad: int, drained: int = 0) -> dict[str, Any]:
     n = decided["confirmed"] + decided["refuted"]
     lo, hi = wilson(decided["confirmed"], n)
     rlo, rhi = wilson(len(caught), bad)
     lead = sorted(caught)
-    return {"flags": n + pending, "confirmed": decided["confirmed"], "refuted": decided["refuted"], "pending": pending,
+    return {"flags": n + pending + drained, "confirmed": decided["confirmed"], "refuted": decided["refuted"],
+            "pending": pending, "drained": drained,
             "precision": round(decided["confirmed"] / n, 4) if n else None, "precision_ci": [lo, hi],
             "bad_nodes": bad, "caught": len(caught), "recall": round(len(caught) / bad, 4) if bad else None,
             "recall_ci": [rlo, rhi], "lead_s_median": lead[len(lead) // 2] if lead else None}
 
 
-def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> list[dict[str, Any]]:
-    """Precision, recall and lead of every check (by name) that ran since ``since``."""
+def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON,
+           drains: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
+    """Precision, recall and lead of every check (by name) that ran since ``since``. A flag
+    not confirmed, on a node hpcml held drained for part of the horizon after it (``drains``:
+    the handler's, with ``until``), is neither confirmed nor refuted: no job could run there
+    to confirm it for that time, so it is counted apart (``drained``). Else a check that led
+    to a drain (rightly: the node is taken out before jobs could name it) looks wrong."""
+    spans = drained_spans(drains)
     by_check: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in ev.results:
         if r["time"] >= since:
@@ -121,7 +152,7 @@ def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> 
     out = []
     for name, rs in sorted(by_check.items()):
         decided = {"confirmed": 0, "refuted": 0}
-        pending = 0
+        pending = held = 0
         typ = str(rs[0].get("type") or "")
 
         def same(t_: str, _c: str, typ: str = typ) -> bool:
@@ -132,6 +163,8 @@ def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> 
             node, t = str(r["node"]), float(r["time"])
             if ev.seen_bad(node, t, horizon, own=same):
                 decided["confirmed"] += 1
+            elif _overlaps(spans.get(node, ()), t, t + horizon):
+                held += 1
             elif t + horizon <= now:
                 decided["refuted"] += 1
             else:
@@ -140,7 +173,8 @@ def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON) -> 
         def this(_t: str, c: str, name: str = name) -> bool:
             return c == name
         caught = [h - f for n, h in bad.items() if (f := ev.flagged_within(n, this, h - horizon, h)) is not None]
-        out.append({"check": name, "type": typ, "results": len(rs), **_figures(decided, pending, caught, len(bad))})
+        out.append({"check": name, "type": typ, "results": len(rs),
+                    **_figures(decided, pending, caught, len(bad), held)})
     return out
 
 
@@ -184,7 +218,15 @@ def rules(ev: Evidence, drains: Iterable[Mapping[str, Any]], since: float, now: 
 
 
 def drains_from_audit(lines: Iterable[str]) -> list[dict[str, Any]]:
-    """The drains the handler really applied (``hpcml centre handle``'s audit log)."""
+    """The drains the handler really applied (``hpcml centre handle``'s audit log), each
+    with ``until``: when it resumed the node (None while it is still drained)."""
     from hpcml.centre.handler import _applied
-    return [{"node": node, "rule": rec.rule, "time": rec.time.timestamp()}
-            for node, rec in _applied(lines) if rec.action == "drain"]
+    out: list[dict[str, Any]] = []
+    open_: dict[str, dict[str, Any]] = {}
+    for node, rec in sorted(_applied(lines), key=lambda nr: nr[1].time):
+        if rec.action == "drain":
+            open_[node] = {"node": node, "rule": rec.rule, "time": rec.time.timestamp(), "until": None}
+            out.append(open_[node])
+        elif node in open_:
+            open_.pop(node)["until"] = rec.time.timestamp()
+    return out

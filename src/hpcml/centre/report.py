@@ -155,7 +155,7 @@ def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]
     proven job outcomes of the window and one horizon before it."""
     from hpcml.centre.precision import HORIZON, Evidence, checks, rules
     ev = Evidence(store.results_since(since - HORIZON), store.job_events_since(since - HORIZON))
-    return {"horizon_s": HORIZON, "checks": checks(ev, since, now),
+    return {"horizon_s": HORIZON, "checks": checks(ev, since, now, drains=drains or ()),
             "rules": rules(ev, drains or [], since, now, declared) if drains is not None else None}
 
 
@@ -279,8 +279,9 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
     flagged = [r for r in v["checks"] if r["flags"]]
     if not flagged:
         out.append("  no check flagged a node in the window")
-    for row in verdict_rows(flagged, "check"):
-        out.append(f"  check {row[0]}: {row[1]} flags, {row[2]} confirmed, {row[3]} refuted, {row[4]} pending; "
+    for r, row in zip(flagged, verdict_rows(flagged, "check")):
+        held = f", {r['drained']} while drained (not judged)" if r.get("drained") else ""
+        out.append(f"  check {row[0]}: {row[1]} flags, {row[2]} confirmed, {row[3]} refuted, {row[4]} pending{held}; "
                    f"precision {row[5]}; caught {row[6]} bad nodes, recall {row[7]}; lead {row[8]}")
     for r, row in zip(v.get("rules") or [], verdict_rows(v.get("rules") or [], "rule")):
         floor = f"; BELOW ITS FLOOR {r['floor']:.2f}: not to be trusted" if r["below_floor"] else ""
