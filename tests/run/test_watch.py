@@ -596,6 +596,47 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
     assert [e.kind for e in watch.timeline] == ["straggler"] and "Flight Recorder" in watch.timeline[0].what
 
 
+def test_a_rank_that_turns_late_near_the_end_is_named_from_the_window_at_its_onset_with_confidence(tmp_path, capsys):
+    """An NCCL job of 4 ranks, 0.5 s steps, two all-reduces a step for 300 s; rank 2 starts
+    every collective 100 ms late from 250 s on (step 500), 50 s before the end: in the ring's
+    1,200 collectives it is last in only a sixth, so judging the whole ring named no one.
+    The arrivals judge the watch's window (60 s), name it, at its onset's step, with the
+    line's confidence."""
+    import pickle
+
+    import numpy as np
+
+    from tests.observe.test_arrivals import _dump
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(4)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(4)}
+    watch = Watch(d, 0, 4, period=1.0)
+    t0 = t = 1_800_000_000.0
+    for step in range(600):
+        t += 0.5
+        for p in progress.values():
+            p.update([t], ["section"], ["step"], [0.5], [step])
+        if step % 4 == 0:
+            for r, w in writers.items():
+                w.write(progress[r], now=t)
+            watch.poll(t)
+    assert watch.stragglers == {}
+    live = d / "observe" / "flight-recorder-live"
+    live.mkdir(parents=True)
+    base = int(t0 * 1e9) + np.arange(1200) * 250_000_000
+    for r in range(4):
+        late = [100_000_000 if r == 2 and k >= 1000 else 0 for k in range(1200)]
+        took = [1.0 if r == 2 and k >= 1000 else (101.0 if k >= 1000 else 1.0) for k in range(1200)]
+        dump = _dump(r, 4, [int(b + late[k] + r * 1000) for k, b in enumerate(base)], took)
+        (live / f"rank-{r:05d}").write_bytes(pickle.dumps(dump))
+    watch.poll(t + 1)
+    assert list(watch.stragglers) == [2], watch.stragglers
+    st = watch.stragglers[2]
+    assert st.measure == "arrivals" and not st.since_before and abs(st.since_step - 500) <= 6, st
+    line = [ln for ln in capsys.readouterr().err.splitlines() if "straggler: rank 2" in ln]
+    assert line and "Flight Recorder" in line[0] and "(confidence " in line[0] and "since step" in line[0], line
+
+
 def test_a_node_whose_every_rank_is_slow_is_named_as_the_node(tmp_path):
     """8 ranks on 4 nodes (two each); both ranks of n1 compute 2x from step 100: one line
     names the node and its ranks, not two stragglers; each rank is still recorded."""

@@ -59,7 +59,7 @@ from typing import Any
 import numpy as np
 
 from hpcml.observe.hang import collectives_of, groups_of, p2p_receive
-from hpcml.observe.stragglers import CHRONIC, others_median
+from hpcml.observe.stragglers import CHRONIC, onset, others_median
 
 RECURRENCE = 0.5       # last at this share of the judged collectives, at least ...
 SMALL_GROUP = 1.5      # ... and at this many times the share chance gives (1 / members): 0.75 with 2 ranks
@@ -85,12 +85,14 @@ class RankArrival:
     measure: str = "enqueue"
     group_size: int = 2                # the median member count of the groups it was judged in
     recv_share: float | None = None    # the share of its dump's span spent in timed p2p receives (NCCL)
+    since_t: float | None = None       # when it began to arrive last (epoch s, the change point); None: from the start
 
     def to_json(self) -> dict[str, Any]:
         return {"rank": self.rank, "collectives": self.collectives, "last_share": round(self.last_share, 3),
                 "late_s": round(self.late_s, 6), "busy_s": None if self.busy_s is None else round(self.busy_s, 6),
                 "stability": round(self.stability, 3), "measure": self.measure, "group_size": self.group_size,
-                "recv_share": None if self.recv_share is None else round(self.recv_share, 4)}
+                "recv_share": None if self.recv_share is None else round(self.recv_share, 4),
+                "since_t": self.since_t}
 
 
 def _num(v: Any, limit: float) -> float | None:
@@ -132,11 +134,14 @@ def _receives(dump: dict) -> tuple[float, float] | None:
     return sum(took) / 1000.0, (max(created) - min(created)) / 1e9
 
 
-def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
+def arrivals(dumps: dict[int, dict], since: float | None = None) -> list[RankArrival]:
     """Every rank's arrival figures over the collectives all members of their group
     recorded in ``dumps`` (rank -> Flight Recorder dump, ``hang.load_dump``, or its
-    ``reduce``). Each group is a members x collectives matrix: the leave-one-out medians in
-    one pass (``stragglers.others_median``), no loop over ranks and collectives."""
+    ``reduce``); ``since`` (epoch s): only the collectives issued since then, the live
+    window, but at least each group's ``MIN_COLLECTIVES`` newest. Each group is a members x
+    collectives matrix: the leave-one-out medians in one pass (``stragglers.others_median``),
+    no loop over ranks and collectives. Each rank's ``since_t``: the change point of its
+    being last, in time (``stragglers.onset`` over its collectives in order)."""
     reduced = {r: d if "times" in d else reduce(d) for r, d in dumps.items()}
     groups = groups_of({r: {"pg_config": d["pg_config"]} for r, d in reduced.items()})
     # gloo's generic recorder names no group in its pg_config (a placeholder, name ""): a group
@@ -147,6 +152,7 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     late: dict[int, list[np.ndarray]] = {}
     last: dict[int, list[np.ndarray]] = {}
     busy: dict[int, list[np.ndarray]] = {}
+    at: dict[int, list[np.ndarray]] = {}           # when each judged collective was issued (its latest member)
     leaders: list[tuple[float, int]] = []           # (when, the last rank) of every collective judged
     used: set[str] = set()                          # the measures the judged groups used
     for pg, (_, members) in groups.items():
@@ -159,6 +165,10 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
         got = np.array([[rows[i][q] for q in common] for i in range(len(members))], dtype=object)
         created = np.array([[c[0] for c in row] for row in got], np.float64)
         took = np.array([[np.nan if c[1] is None else c[1] for c in row] for row in got], np.float64)
+        if since is not None:                        # the live window, never under MIN_COLLECTIVES
+            keep = created.max(axis=0) >= since
+            keep[-MIN_COLLECTIVES:] = True
+            created, took = created[:, keep], took[:, keep]
         timed = ~np.isnan(took).any(axis=0)
         if timed.any():
             # NCCL with timing: the collectives every member timed (the watchdog fills a duration
@@ -173,10 +183,12 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
         lateness = t - others_median(t)
         top = t.max(axis=0)
         alone = (t == top).sum(axis=0) == 1
+        when = created.max(axis=0)
         for i, m in enumerate(members):
             sizes.setdefault(m, []).append(len(members))
             late.setdefault(m, []).append(lateness[i])
             last.setdefault(m, []).append((t[i] == top) & alone)
+            at.setdefault(m, []).append(when)
             if timed.any():
                 busy.setdefault(m, []).append(took[i])
         leaders += list(zip(created.max(axis=0).tolist(), [members[j] for j in np.argmax(t, axis=0)]))
@@ -190,13 +202,25 @@ def arrivals(dumps: dict[int, dict]) -> list[RankArrival]:
     for r, parts in late.items():
         v = np.concatenate(parts)
         recv = reduced[r].get("recv")
-        out.append(RankArrival(rank=r, collectives=len(v), last_share=float(np.mean(np.concatenate(last[r]))),
+        was_last = np.concatenate(last[r])
+        out.append(RankArrival(rank=r, collectives=len(v), last_share=float(np.mean(was_last)),
                                late_s=float(np.median(v)),
                                busy_s=float(np.median(np.concatenate(busy[r]))) if r in busy else None,
                                stability=sum(m == r for m in most) / 3,
                                measure=" and ".join(sorted(used)), group_size=int(np.median(sizes[r])),
-                               recv_share=recv[0] / recv[1] if recv and recv[1] > 0 else None))
+                               recv_share=recv[0] / recv[1] if recv and recv[1] > 0 else None,
+                               since_t=_began(np.concatenate(at[r]), was_last)))
     return sorted(out, key=lambda a: (-a.last_share, -a.late_s))
+
+
+def _began(when: np.ndarray, was_last: np.ndarray) -> float | None:
+    """When a rank began to arrive last: the change point of its last-or-not over its
+    collectives in time order (two levels, ``stragglers.onset``, on 1 and 2 for not and
+    last), where it is mostly last after and not before; None when no split fits (it was
+    last from the first judged collective, or never mostly)."""
+    order = np.argsort(when, kind="stable")
+    i = onset(1.0 + was_last[order].astype(float), 1.5)
+    return None if i is None else float(when[order][i])
 
 
 def straggler(scores: list[RankArrival], members: int | None = None,

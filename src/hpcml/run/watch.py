@@ -492,24 +492,30 @@ class Watch:
                 log.debug("hpcml run: %s not read: %s", f, exc)
         dumps = {int(Path(f).name.removeprefix("rank-")): d for f, (_, d) in self._fr_read.items()
                  if d is not None and f in files}
-        try:
-            top = straggler(arrivals(dumps), self.world, self._steps.median_step())
+        step_s = self._steps.median_step()
+        try:                  # the window the step model judges (it adapts to the step time), as collectives
+            top = straggler(arrivals(dumps, since=now - self.straggler_window), self.world, step_s)
         except Exception as exc:  # noqa: BLE001 - hostile dumps must not stop the watch
             log.debug("hpcml run: the arrivals were not judged: %s", exc)
             return
         if top is None or top.rank in self.stragglers or top.rank in self.contended:
             return
         b = self.beats.get(top.rank)
+        step = b.step if b is not None and b.step is not None else 0
+        began = top.since_t is not None and step_s is not None and step_s > 0
+        if began:             # its onset in time, to a step: the steps it did since at the job's pace
+            step = max(0, step - round((now - float(top.since_t or now)) / float(step_s or 1.0)))
         st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
-                       since_step=b.step if b is not None and b.step is not None else 0, since_before=True,
+                       since_step=step, since_before=not began,
                        confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")
         if self._held_back(st, self.straggler_window):
             self._contended(st, now)
             return
         self.stragglers[top.rank] = st
         what = (f"rank {top.rank} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
-                f"{top.late_s * 1000:.1f} ms after the others (Flight Recorder, {top.measure})")
-        self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)}")
+                f"{top.late_s * 1000:.1f} ms after the others, {straggler_since(st)} (Flight Recorder, {top.measure})")
+        self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)} "
+                  f"(confidence {st.confidence or 0.0:.2f})")
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
                                    node=st.node, since_step=st.since_step))
 
