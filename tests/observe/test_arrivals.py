@@ -129,6 +129,27 @@ def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(
 
 
 @pytest.mark.torch
+def test_a_4_rank_job_whose_ranks_measure_no_waits_is_named_live_by_its_arrivals(tmp_path):
+    """4 ranks of plain DDP over gloo under ``hpcml run`` with the collective-wait hooks off
+    (``HPCML_RUN_COLLECTIVE_WAIT=0``: as on NCCL, where a CPU-side timer sees no wait, and
+    DDP evens the step times), rank 1 computing 3x: the live watch names rank 1 while the job
+    runs, from the ranks' periodic Flight Recorder dumps, by that measure (run.json)."""
+    script = ROOT / "tests" / "run" / "scripts" / "raw_ddp.py"
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", "HPCML_RUN_FR_EVERY": "2",
+           "HPCML_RUN_COLLECTIVE_WAIT": "0", "STEPS": "260", "ACCUM": "1", "STEP_S": "0.03", "SLOW_RANK": "1",
+           "SLOW": "3"}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "run", "--ntasks", "4", "--dir", "job", "--no-report",
+                        "--straggler-window", "10s", "--", sys.executable, str(script)], cwd=tmp_path, env=env,
+                       capture_output=True, text=True, timeout=600)
+    assert p.returncode == 0, p.stderr[-3000:]
+    run = json.loads(next((tmp_path / "job").glob("**/run.json")).read_text())
+    named = [s for a in [run, *(run.get("attempts") or [])] for s in a.get("stragglers") or []
+             if s["measure"] == "arrivals"]
+    assert [s["rank"] for s in named] == [1], (run.get("stragglers"), p.stderr[-2000:])
+    assert "straggler: rank 1" in p.stderr and "Flight Recorder" in p.stderr and "(confidence " in p.stderr
+
+
+@pytest.mark.torch
 def test_a_4_rank_gloo_job_whose_rank_reads_its_input_slowly_is_named_by_both_measures(tmp_path):
     """4 ranks of plain DDP over gloo under ``hpcml run``; rank 2's DataLoader worker takes 3x
     the step's compute to produce each step's batches (its main process waits for them, no
