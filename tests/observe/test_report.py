@@ -462,3 +462,21 @@ def test_the_rank_the_arrivals_name_whose_gpu_is_held_back_is_contention(tmp_pat
     assert "rank 2" in c.message and "hw_thermal_slowdown" in c.message and hot.arrivals["contended"] is True
     cool = job("cool", None)
     assert any(f.kind == "collective_straggler" and "rank 2" in f.message for f in cool.findings), cool.findings
+
+
+def test_a_node_whose_every_rank_is_slow_is_one_finding_naming_the_node(tmp_path):
+    """16 ranks, two a node; both ranks of one node 1.6x slow: one ``slow_node`` finding
+    naming that node, no chronic straggler for either rank (each is still in the table). One
+    slow rank of two on a node stays a rank's finding."""
+    both = build(read_job(make_job(tmp_path / "both", 16, 300, ranks_per_node=2, slow_ranks={4: 1.6, 5: 1.6},
+                                   seed=5)), limits=JUDGE)
+    node = next(s["node"] for s in both.stragglers if s["rank"] == 4)
+    assert {s["rank"] for s in both.stragglers} == {4, 5}
+    slow = [f for f in both.findings if f.kind == "slow_node"]
+    assert len(slow) == 1 and f"node {node}: all 2 of its ranks" in slow[0].message, both.findings
+    assert f"--exclude={node}" in slow[0].advice
+    assert not any(f.kind == "chronic_straggler" for f in both.findings), both.findings
+    one = build(read_job(make_job(tmp_path / "one", 16, 300, ranks_per_node=2, slow_ranks={4: 1.6}, seed=5)),
+                limits=JUDGE)
+    assert not any(f.kind == "slow_node" for f in one.findings)
+    assert any(f.kind == "chronic_straggler" and "rank 4" in f.message for f in one.findings), one.findings

@@ -887,6 +887,25 @@ def cold_or_warm(reads: tuple[float, float] | None) -> str:
     return f"its reads were warm: {100 - share * 100:.0f}% of the {mb} read came from the page cache"
 
 
+def _slow_nodes(stragglers: list[dict], meta_ranks: dict, out: list[Finding]) -> list[dict]:
+    """A ``slow_node`` finding for each node whose every rank (two or more, from the ranks'
+    own records) is a straggler: the node is slow, not a rank; the stragglers left."""
+    held: dict[str, list[int]] = {}
+    for r, m in meta_ranks.items():
+        if isinstance(m, dict) and isinstance(m.get("node"), str):
+            held.setdefault(m["node"], []).append(int(r))
+    for node, ranks in sorted(held.items()):
+        mine = [s for s in stragglers if s["node"] == node]
+        if len(ranks) >= 2 and len({s["rank"] for s in mine}) == len(ranks):
+            lo, hi = min(s["score"] for s in mine), max(s["score"] for s in mine)
+            out.append(Finding("slow_node", f"node {node}: all {len(ranks)} of its ranks are "
+                               + (f"{lo:.2f}x" if hi - lo < 0.005 else f"{lo:.2f}-{hi:.2f}x")
+                               + " the step median: the node is slow, not a rank",
+                               f"exclude it (srun --exclude={node}) and vet it (hpcml vet run --nodes {node})"))
+            stragglers = [s for s in stragglers if s["node"] != node]
+    return stragglers
+
+
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
               degrading, meta_ranks, bimodal=None, restarts=(), reads=None) -> list[Finding]:
     out: list[Finding] = []
@@ -935,7 +954,7 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
                            f"{_others(s)}): its node's CPUs were oversubscribed, not the rank slow",
                            "look for processes outside the job on that node (another job, a daemon), or give each "
                            "rank fewer threads (OMP_NUM_THREADS, DataLoader workers) than its cores"))
-    stragglers = [s for s in stragglers if not s.get("contended")]
+    stragglers = _slow_nodes([s for s in stragglers if not s.get("contended")], meta_ranks, out)
     for s in stragglers[:2]:
         node = s["node"] or "its node"
         gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""
