@@ -255,6 +255,7 @@ class Straggler(Model):
     measure: Optional[Literal["compute", "step", "arrivals"]] = None
     steal: Optional[float] = None         # the share of its node's CPU time stolen by the hypervisor then
     gpu_throttled: Optional[float] = None  # the share of that time its GPU's clocks were held back (power, heat)
+    cpu_throttled: Optional[float] = None  # the share of that time its CPU cores ran throttled for heat (the kernel's)
     gpu_throttle: Optional[list[str]] = None  # why: NVML's clocks event reasons seen (sw_power_cap, hw_thermal_slowdown...)
 
 

@@ -279,15 +279,18 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
 
 
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
-              everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False):
+              everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False,
+              cpu_hot: bool = False):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
     own compute. ``waiting``: the slow rank's extra time is spent waiting for a CPU (its
     threads' run delay, as its recorder reports it). ``hot``: the slow rank's GPU has its
     clocks held back for heat (hardware thermal slowdown) from then on; ``capped``: every
-    rank's GPU reaches its power cap every other step (as busy GPUs do). Scanned every second of
-    virtual time; (watch, seconds from onset to named)."""
+    rank's GPU reaches its power cap every other step (as busy GPUs do). ``cpu_hot``: the slow
+    rank's CPU cores run throttled for heat from then on (the kernel's thermal throttle
+    counters, as its recorder reports them; the others' too, a tenth of the time). Scanned
+    every second of virtual time; (watch, seconds from onset to named)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(ranks)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(ranks)}
@@ -295,6 +298,7 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
     t, onset, named = 1_800_000_000.0, None, None
     waited = [0.0] * ranks
     held = [0.0] * ranks
+    cooked = [0.0] * ranks
     reasons = [0x4 if capped else 0] * ranks
     for step in range(steps):
         compute = [step_s * (2.0 if (r == slow_rank or everyone) and step >= 100 else 1.0)
@@ -306,6 +310,9 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
                 held[r] += max(compute) + 0.001 if sync else step_s
         if hot and step >= 100:
             reasons[slow_rank] |= 0x40
+        if cpu_hot:
+            for r in range(ranks):
+                cooked[r] += (max(compute) + 0.001) * (0.9 if r == slow_rank and step >= 100 else 0.1)
         longest = max(compute) + 0.001
         t += longest if sync else step_s
         if step == 100:
@@ -319,7 +326,7 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
                 w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0, gpu_throttled_s=held[r],
-                        gpu_throttle=reasons[r] or None)
+                        gpu_throttle=reasons[r] or None, **({"cpu_throttled_s": round(cooked[r], 3)} if cpu_hot else {}))
             watch.poll(t)
             if (watch.stragglers or watch.contended) and named is None:
                 named = t
@@ -366,6 +373,19 @@ def test_a_rank_whose_gpu_is_held_back_for_heat_is_named_as_contention_with_the_
     assert "power or cooling" in watch.timeline[0].what
     capped, _ = _sync_job(tmp_path / "capped", 4, 0.5, 400, 1, sync=True, window=60.0, capped=True)
     assert list(capped.stragglers) == [1] and capped.contended == {}, (capped.stragglers, capped.contended)
+
+
+def test_a_rank_whose_cpu_cores_run_throttled_for_heat_is_contention_not_a_straggler(tmp_path):
+    """The slow rank's cores run throttled for heat 90% of the time from its onset (the
+    others' a tenth, as a warm machine's do): named as contention with that share beyond
+    the others' and the CPU's cooling as the cause, no straggler."""
+    watch, after = _sync_job(tmp_path, 4, 0.5, 400, 1, sync=True, window=60.0, cpu_hot=True)
+    assert watch.stragglers == {} and list(watch.contended) == [1], (watch.stragglers, watch.contended)
+    c = watch.contended[1]
+    assert c.cpu_throttled is not None and 0.5 <= c.cpu_throttled <= 0.9, c
+    assert c.since_step == 100 and after is not None and after <= 60
+    what = watch.timeline[0].what
+    assert "its CPU cores ran throttled for heat" in what and "CPU cooling held it back" in what, what
 
 
 def test_a_job_that_slows_down_as_a_whole_has_no_straggler(tmp_path):

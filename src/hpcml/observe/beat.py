@@ -111,6 +111,7 @@ class Beat:
     steal_s: float | None = None     # seconds stolen from the node's CPUs by its hypervisor, per CPU, since boot
     gpu_throttled_s: float | None = None  # seconds its GPUs' clocks were held back (power, heat), since it started
     gpu_throttle: int | None = None  # the slowdown reasons seen since it started (NVML's mask, hpcml.samplers.clockreasons)
+    cpu_throttled_s: float | None = None  # seconds its cores ran throttled for heat, mean over them, since boot
     workers: int | None = None       # the rank's worker processes now (DataLoader workers), while it has any
     cores: float | None = None       # the cores the rank may run on (affinity, cgroup quota)
     workers_cpu_percent: float | None = None  # its workers' CPU use in the last sample, percent of one core
@@ -235,7 +236,7 @@ class BeatWriter:
 
     def write(self, progress: Progress, now: float | None = None, **extra: float | int | None) -> None:
         """``extra``: the record's ``pid``, ``snapshot``, ``exit``, ``cpu_wait_s``, ``steal_s``,
-        ``gpu_throttled_s``, ``gpu_throttle``, ``workers``, ``cores``, ``workers_cpu_percent``,
+        ``gpu_throttled_s``, ``gpu_throttle``, ``cpu_throttled_s``, ``workers``, ``cores``, ``workers_cpu_percent``,
         each written only when given.
         ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
@@ -361,11 +362,12 @@ def _valid(doc: object) -> bool:
             return False
     if doc.get("gpu_throttle") is not None and not 0 <= doc["gpu_throttle"] < MASK_MAX:
         return False
-    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s", "gpu_throttled_s", "cores",
+    for key in ("progress", "first", "beat", "gap_s", "cpu_wait_s", "steal_s", "gpu_throttled_s", "cpu_throttled_s", "cores",
                 "workers_cpu_percent"):
         if doc.get(key) is not None and not (_number(doc[key]) and math.isfinite(doc[key])):
             return False
-    for key in ("cpu_wait_s", "steal_s", "gpu_throttled_s", "workers", "cores", "workers_cpu_percent"):
+    for key in ("cpu_wait_s", "steal_s", "gpu_throttled_s", "cpu_throttled_s", "workers", "cores",
+                "workers_cpu_percent"):
         # cumulative seconds, counts, cores, percent: never negative, never past LIMIT
         if doc.get(key) is not None and not 0 <= doc[key] < LIMIT:
             return False

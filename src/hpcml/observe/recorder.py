@@ -76,7 +76,8 @@ def _contention(host: HostSampler) -> dict[str, float | None]:
     """What the watch needs to tell a rank slowed by its node's CPUs from a slow rank: the
     seconds its threads waited for a CPU (the host sampler's last ``proc_cpu_wait_s``, read
     once a sample) and the node's stolen seconds per CPU (psutil's ``steal``: a virtual
-    machine's hypervisor), both cumulative; and while the rank has worker processes, how many,
+    machine's hypervisor), and the seconds its cores ran throttled for heat where the kernel
+    counts it (``samplers.cputhermal``), all cumulative; and while the rank has worker processes, how many,
     its cores and their CPU use (``hpcml.observe.loadercores``)."""
     import psutil
     try:
@@ -84,7 +85,11 @@ def _contention(host: HostSampler) -> dict[str, float | None]:
         steal = None if steal is None else steal / (psutil.cpu_count() or 1)     # per CPU: a share of time
     except (OSError, psutil.Error):
         steal = None
+    from hpcml.samplers.cputhermal import throttled_s
     out: dict[str, float | None] = {"cpu_wait_s": host.waited, "steal_s": steal}
+    hot = throttled_s(host.proc.pid)          # the kernel's thermal throttle counters of its cores
+    if hot is not None:
+        out["cpu_throttled_s"] = hot
     if host.loader is not None and host.loader[0]:          # only while the rank has workers
         workers, cores, busy = host.loader
         out.update(workers=workers, cores=cores, workers_cpu_percent=round(busy, 1))

@@ -6,7 +6,8 @@ daemon, a virtual machine's neighbours) computes as slowly as a slow node's, and
 straggler model cannot tell them apart from step times. The kernel can: the rank's threads
 wait on a run queue (their scheduler run delay, ``proctree.cpu_wait``) and a virtual
 machine's CPUs are stolen (``steal``); a GPU whose clocks its power or heat hold back says so
-(NVML's clocks event reasons: ``gpu_throttled``). The watch names such a rank as contended,
+(NVML's clocks event reasons: ``gpu_throttled``), and a CPU whose cores ran throttled for
+heat says so too (the kernel's counters: ``cpu_throttled``). The watch names such a rank as contended,
 not as a straggler (``hpcml.run.watch``).
 
 A ring of ``SIZE`` samples per rank, at least ``EVERY`` seconds apart, in numpy arrays: at
@@ -27,36 +28,41 @@ class CpuWaits:
         self.wait = np.full((world, size), np.nan)
         self.steal = np.full((world, size), np.nan)
         self.throttled = np.full((world, size), np.nan)
+        self.hot = np.full((world, size), np.nan)     # its cores' seconds throttled for heat
         self.n = np.zeros(world, np.int64)            # samples kept so far (the next slot is n % size)
 
     def add(self, rank: int, t: float | None, wait: float | None, steal: float | None,
-            throttled: float | None = None) -> None:
+            throttled: float | None = None, hot: float | None = None) -> None:
         """A heartbeat's cumulative figures at ``t`` (its beat time); kept when ``EVERY``
         seconds newer than the last kept."""
-        if t is None or (wait is None and throttled is None) or not 0 <= rank < len(self.n):
+        if t is None or (wait is None and throttled is None and hot is None) or not 0 <= rank < len(self.n):
             return
         n = int(self.n[rank])
         if n:
             last = (n - 1) % self.t.shape[1]
             went_back = any(x is not None and x < kept for x, kept in
-                            ((wait, self.wait[rank, last]), (throttled, self.throttled[rank, last])))  # NaN: never
+                            ((wait, self.wait[rank, last]), (throttled, self.throttled[rank, last]),
+                             (hot, self.hot[rank, last])))  # NaN: never
             if t < self.t[rank, last] or went_back:
                 self.n[rank], n = 0, 0                # a clock or a count that went back: start again
-                self.t[rank], self.wait[rank], self.steal[rank], self.throttled[rank] = np.nan, np.nan, np.nan, np.nan
+                for a in (self.t, self.wait, self.steal, self.throttled, self.hot):
+                    a[rank] = np.nan
             elif t < self.t[rank, last] + EVERY:
                 return
         i = n % self.t.shape[1]
         self.t[rank, i], self.wait[rank, i] = t, np.nan if wait is None else wait
         self.steal[rank, i] = np.nan if steal is None else steal
         self.throttled[rank, i] = np.nan if throttled is None else throttled
+        self.hot[rank, i] = np.nan if hot is None else hot
         self.n[rank] = n + 1
 
-    def shares(self, rank: int, seconds: float) -> tuple[float | None, float | None, float | None]:
+    def shares(self, rank: int, seconds: float) -> tuple[float | None, float | None, float | None, float | None]:
         """(the share of the last ``seconds`` of the rank's time its threads waited for a CPU,
         the share of its node's CPU time stolen then, the share its GPUs' clocks were held
-        back then); None where it was not measured over at least half of that time."""
+        back then, the share its cores ran throttled for heat then); None where it was not
+        measured over at least half of that time."""
         if not 0 <= rank < len(self.n) or self.n[rank] < 2:
-            return None, None, None
+            return None, None, None, None
         t = self.t[rank]
         last = int(np.nanargmax(t))
         since = t[last] - seconds
@@ -64,11 +70,11 @@ class CpuWaits:
         first = int(ok[np.argmin(t[ok])])
         span = t[last] - t[first]
         if span < seconds / 2 or span <= 0:
-            return None, None, None
+            return None, None, None, None
 
         def share(v: np.ndarray) -> float | None:
             if not (np.isfinite(v[last]) and np.isfinite(v[first])):
                 return None
             x = (v[last] - v[first]) / span
             return round(float(x), 3) if x >= 0 else None
-        return share(self.wait[rank]), share(self.steal[rank]), share(self.throttled[rank])
+        return share(self.wait[rank]), share(self.steal[rank]), share(self.throttled[rank]), share(self.hot[rank])

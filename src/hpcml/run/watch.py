@@ -104,7 +104,9 @@ def contention(st: Straggler) -> str:
     parts = [f"its threads waited for a CPU {st.cpu_wait:.2f} s per second" if st.cpu_wait is not None else "",
              f"{st.steal * 100:.0f}% of its node's CPU time was stolen by the hypervisor" if st.steal else "",
              f"its GPU's clocks were held back {st.gpu_throttled * 100:.0f}% of the time{reasons}"
-             if st.gpu_throttled else ""]
+             if st.gpu_throttled else "",
+             f"its CPU cores ran throttled for heat {st.cpu_throttled * 100:.0f}% of the time"
+             if st.cpu_throttled else ""]
     return "; ".join(p for p in parts if p)
 
 
@@ -112,6 +114,8 @@ def held_back_by(st: Straggler) -> str:
     """What a contended rank's slowness came from, for the end of its line."""
     if (st.gpu_throttled or 0.0) >= CONTENDED and (st.steal or 0.0) < CONTENDED:
         return "its GPU's power or cooling held it back, not the rank slow"
+    if (st.cpu_throttled or 0.0) >= CONTENDED and (st.steal or 0.0) < CONTENDED:
+        return "its node's CPU cooling held it back, not the rank slow"
     return "its node's CPUs were oversubscribed, not the rank slow"
 
 
@@ -223,8 +227,8 @@ class Watch:
         for rank, b in self.beats.items():
             self._steps.add(rank, b.recent_steps, b.recent_s, b.restarts, b.recent_wait)
             self._waits_seen = self._waits_seen or bool(b.recent_wait)
-            if b.cpu_wait_s is not None or b.gpu_throttled_s is not None:
-                self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s, b.gpu_throttled_s)
+            if b.cpu_wait_s is not None or b.gpu_throttled_s is not None or b.cpu_throttled_s is not None:
+                self._cpu.add(rank, b.beat, b.cpu_wait_s, b.steal_s, b.gpu_throttled_s, b.cpu_throttled_s)
             if b.workers is not None and self._loader_short is not None:
                 self._loader_cores(rank, b)
         self._crashes(now)
@@ -535,19 +539,21 @@ class Watch:
         import numpy as np
 
         from hpcml.samplers.clockreasons import reason_names
-        st.cpu_wait, st.steal, st.gpu_throttled = self._cpu.shares(st.rank, seconds)
-        beyond = [0.0, 0.0]                 # its CPU wait and GPU throttling beyond the others' median
-        if st.cpu_wait or st.gpu_throttled:
+        st.cpu_wait, st.steal, st.gpu_throttled, st.cpu_throttled = self._cpu.shares(st.rank, seconds)
+        beyond = [0.0, 0.0, 0.0]            # its CPU wait, GPU and CPU throttling beyond the others' median
+        if st.cpu_wait or st.gpu_throttled or st.cpu_throttled:
             others = [self._cpu.shares(r, seconds) for r in self.beats if r != st.rank]
-            for k, (mine, i) in enumerate(((st.cpu_wait, 0), (st.gpu_throttled, 2))):
+            for k, (mine, i) in enumerate(((st.cpu_wait, 0), (st.gpu_throttled, 2), (st.cpu_throttled, 3))):
                 theirs = [x for o in others if (x := o[i]) is not None]
                 beyond[k] = max(0.0, (mine or 0.0) - (float(np.median(theirs)) if theirs else 0.0))
         if st.gpu_throttled is not None:
             st.gpu_throttled = round(beyond[1], 3)
+        if st.cpu_throttled is not None:
+            st.cpu_throttled = round(beyond[2], 3)
         b = self.beats.get(st.rank)
         if st.gpu_throttled and b is not None and b.gpu_throttle:
             st.gpu_throttle = reason_names(b.gpu_throttle)
-        return any(x >= CONTENDED for x in (beyond[0], st.steal or 0.0, beyond[1]))
+        return any(x >= CONTENDED for x in (beyond[0], st.steal or 0.0, beyond[1], beyond[2]))
 
     def _contended(self, st: Straggler, now: float) -> None:
         """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen, or
