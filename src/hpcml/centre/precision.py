@@ -120,8 +120,9 @@ def drained_spans(drains: Iterable[Mapping[str, Any]]) -> dict[str, list[tuple[f
     return out
 
 
-def _overlaps(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> bool:
-    return any(a <= hi and lo <= b for a, b in spans)
+def _drained_for(spans: Sequence[tuple[float, float]], lo: float, hi: float) -> float:
+    """Seconds of [lo, hi] the node was held drained (spans do not overlap: one drain at a time)."""
+    return sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in spans)
 
 
 def _figures(decided: dict[str, int], pending: int, caught: list[float], bad: int, drained: int = 0) -> dict[str, Any]:
@@ -139,10 +140,12 @@ def _figures(decided: dict[str, int], pending: int, caught: list[float], bad: in
 def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON,
            drains: Iterable[Mapping[str, Any]] = ()) -> list[dict[str, Any]]:
     """Precision, recall and lead of every check (by name) that ran since ``since``. A flag
-    not confirmed, on a node hpcml held drained for part of the horizon after it (``drains``:
+    not confirmed, on a node hpcml held drained for most of the horizon after it (``drains``:
     the handler's, with ``until``), is neither confirmed nor refuted: no job could run there
-    to confirm it for that time, so it is counted apart (``drained``). Else a check that led
-    to a drain (rightly: the node is taken out before jobs could name it) looks wrong."""
+    to confirm it, so it is counted apart (``drained``); else a check that led to a drain
+    (rightly: the node is taken out before jobs could name it) looks wrong. A node drained
+    briefly and resumed took jobs for the rest: its flag is judged (a noise drain the
+    handler resumed is refuted, not hidden)."""
     spans = drained_spans(drains)
     by_check: dict[str, list[Mapping[str, Any]]] = defaultdict(list)
     for r in ev.results:
@@ -163,7 +166,7 @@ def checks(ev: Evidence, since: float, now: float, horizon: float = HORIZON,
             node, t = str(r["node"]), float(r["time"])
             if ev.seen_bad(node, t, horizon, own=same):
                 decided["confirmed"] += 1
-            elif _overlaps(spans.get(node, ()), t, t + horizon):
+            elif _drained_for(spans.get(node, ()), t, t + horizon) > horizon / 2:
                 held += 1
             elif t + horizon <= now:
                 decided["refuted"] += 1
