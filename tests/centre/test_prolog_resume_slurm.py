@@ -7,7 +7,10 @@ credential with this cluster's munged). Each node has a scratch filesystem the p
 requires (a real tmpfs mount per node); the fault is n2's unmounted: the health check drains
 n2 with hpcml's reason and reports it; the fault is fixed (mounted again); the health check,
 which Slurm runs on the drained node, reports n2 passing; ``hpcml centre handle --db``
-resumes it. A person's drain of n1 is never touched.
+resumes it. A person's drain of n1 is never touched. The collector's store is a real
+PostgreSQL. A drain that fails (a prolog on n1 without a slurm.conf it can read) is exit 3,
+reaches the collector, and ``hpcml centre report`` lists it beside n2's drain, with what to
+do about each.
 """
 
 from __future__ import annotations
@@ -15,7 +18,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import sqlite3
 import subprocess
 import sys
 import tempfile
@@ -64,11 +66,23 @@ def _wait(what, timeout: float = 60, log: Path | None = None):
         time.sleep(0.5)
 
 
+def _rows(url: str, sql: str, args: tuple = ()) -> list[tuple]:
+    from hpcml.centre.collector.store import open_store
+    store = open_store(url)
+    try:
+        return store._all(sql, args)
+    finally:
+        store.close()
+
+
 def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster, tmp_path):
+    from tests.centre.pgcluster import PgCluster
     env = {**cluster.client_env(), "PYTHONPATH": str(ROOT / "src"), "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin"}
     shared = Path(tempfile.mkdtemp(prefix="hpcml-health-", dir="/tmp"))
     shared.chmod(0o755)
-    collector = Collector(shared, env)
+    pg = PgCluster().start()
+    db = pg.create_db("centre")
+    collector = Collector(shared, env, db=db)
     (shared / "p.yaml").write_text(PROTOCOL.format(scratch=shared / "scratch"))
     (shared / "token").write_text(OPERATOR + "\n")
     marker = cluster.prolog_dir / "enabled"
@@ -97,11 +111,10 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
 
         def reported():
             """n2's drain in the collector, as its own evidence"""
-            with sqlite3.connect(collector.db) as conn:
-                return conn.execute("SELECT r.time FROM results r JOIN reports p ON p.id = r.report_id WHERE "
-                                    "r.node = 'n2' AND r.type = 'drain' AND p.evidence = 'node'").fetchall()
+            return _rows(db, "SELECT r.time FROM results r JOIN reports p ON p.id = r.report_id WHERE "
+                             "r.node = 'n2' AND r.type = 'drain' AND p.evidence = 'node'")
         _wait(reported, log=shared / "health.log")
-        handle = [sys.executable, "-m", "hpcml", "centre", "handle", "--db", f"sqlite:///{collector.db}",
+        handle = [sys.executable, "-m", "hpcml", "centre", "handle", "--db", db,
                   "--audit", str(shared / "audit.jsonl"), "--json"]
         p = subprocess.run(handle, env=env, capture_output=True, text=True, timeout=60)
         assert p.returncode == 0, p.stderr
@@ -112,11 +125,10 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
 
         def passed_twice():
             """two passing health checks of n2 after its last drain"""
-            with sqlite3.connect(collector.db) as conn:
-                last = conn.execute("SELECT MAX(time) FROM results WHERE node = 'n2' AND type = 'drain'").fetchone()[0]
-                return conn.execute("SELECT COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
-                                    "r.node = 'n2' AND r.name = 'scratch' AND r.outcome = 'pass' AND r.time > ? "
-                                    "AND p.evidence = 'node'", (last,)).fetchone()[0] >= 2
+            last = _rows(db, "SELECT MAX(time) FROM results WHERE node = 'n2' AND type = 'drain'")[0][0]
+            return _rows(db, "SELECT COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id WHERE "
+                             "r.node = 'n2' AND r.name = 'scratch' AND r.outcome = 'pass' AND r.time > ? "
+                             "AND p.evidence = 'node'", (last,))[0][0] >= 2
         _wait(passed_twice, log=shared / "health.log")
         acts: dict = {}
 
@@ -133,9 +145,33 @@ def test_a_node_the_health_check_drained_is_resumed_once_it_passes_again(cluster
         audit = [json.loads(line) for line in (shared / "audit.jsonl").read_text().splitlines()]
         (resumed,) = [e for e in audit if e["action"] == "resume"]
         assert resumed["node"] == "n2" and resumed["evidence"]["drained_by"] == "prolog"
+
+        # the person's work on n1 is done; a prolog on n1 finds a check failing and cannot
+        # drain it (no slurm.conf it can read): exit 3, a line, and the failed drain at the
+        # collector, as root's own report about its node
+        subprocess.run(["scontrol", "update", "nodename=n1", "state=resume"], env=env, check=True, timeout=10)
+        (shared / "p3.yaml").write_text("name: site-prolog\nevals:\n"
+                                        "  - {name: need-x, type: env, expected: {HPCML_PROLOG_X: '1'}}\n")
+        failing = {**env, "SLURMD_NODENAME": "n1", "SLURM_CONF": str(shared / "no-slurm.conf"),
+                   "HPCML_MUNGE_SOCKET": str(cluster.munge_socket)}
+        p = subprocess.run([sys.executable, "-m", "hpcml", "vet", "--prolog", "--drain", "--budget", "5 s",
+                            f"{shared}/p3.yaml", "--report-to", collector.url, "--report-token-file", f"{shared}/token",
+                            "--report-spool", f"{shared}/spool3"], env=failing, capture_output=True, text=True,
+                           timeout=60)
+        assert p.returncode == 3 and "n1 is bad and was not drained" in p.stderr, (p.returncode, p.stderr)
+        rep = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", db, "--since", "1d",
+                              "--audit", str(shared / "audit.jsonl"), "--json"], env=env, capture_output=True,
+                             text=True, timeout=120)
+        assert rep.returncode == 0, rep.stderr
+        drains = {d["node"]: d for d in json.loads(rep.stdout)["prolog_drains"]}
+        assert drains["n2"]["drains"] >= 1 and drains["n2"]["checks"] == ["scratch"], drains
+        assert drains["n2"]["next"].startswith("watch: back in service"), drains["n2"]
+        assert drains["n1"]["failed_drains"] == 1 and drains["n1"]["checks"] == ["need-x"], drains
+        assert drains["n1"]["next"].startswith("drain it by hand"), drains["n1"]
     finally:
         marker.unlink(missing_ok=True)
         collector.stop()
+        pg.stop()
         for n in ("n1", "n2"):
             subprocess.run(["scontrol", "update", f"nodename={n}", "state=resume"], env=env, capture_output=True,
                            timeout=10)

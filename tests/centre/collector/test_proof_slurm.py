@@ -71,13 +71,15 @@ def shared():
 
 
 class Collector:
-    def __init__(self, root: Path, env: dict[str, str]) -> None:
+    def __init__(self, root: Path, env: dict[str, str], db: str | None = None) -> None:
+        """``db``: the store's URL (default: SQLite in ``root``)."""
         self.db = root / "centre.db"
+        self.db_url = db or f"sqlite:///{self.db}"
         self.port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         (root / "job-tokens").write_text(f"# every user's hpcml run\n{JOB_TOKEN}\n")
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hpcml", "centre", "serve", "--db", f"sqlite:///{self.db}", "--port", str(self.port),
+            [sys.executable, "-m", "hpcml", "centre", "serve", "--db", self.db_url, "--port", str(self.port),
              "--job-token-file", str(root / "job-tokens"), "--slurm-check", "on"],
             env={**env, "HPCML_VET_TOKEN": OPERATOR}, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
         assert self.proc.stdout is not None
