@@ -121,3 +121,21 @@ def test_a_simulated_fleet_s_figures_follow_the_truth(tmp_path):
     assert gpu["confirmed"] + gpu["refuted"] >= 5 and gpu["below_floor"], gpu
     assert any("gpu-failing" in line and "BELOW ITS FLOOR" in line for line in lines(rep))
     assert rep["verdicts"]["horizon_s"] == HORIZON
+
+
+def test_the_audit_s_drains_end_at_their_resume_or_at_the_next_drain():
+    """A drain the handler resumed ends there; one a person resumed by hand (not in the
+    audit) ends when the node is drained again, never left open for ever."""
+    import json
+    from datetime import datetime, timezone
+
+    from hpcml.centre.precision import drains_from_audit
+
+    def line(action, node, hours):
+        return json.dumps({"action": action, "node": node, "status": "done", "rule": "r", "check": "c",
+                           "time": f"2026-11-{1 + hours // 24:02d}T{hours % 24:02d}:00:00+00:00"})
+    got = drains_from_audit([line("drain", "n1", 0), line("resume", "n1", 5), line("drain", "n2", 0),
+                             line("drain", "n2", 48)])
+    spans = {(d["node"], d["time"]): d["until"] for d in got}
+    t = {h: datetime(2026, 11, 1 + h // 24, h % 24, tzinfo=timezone.utc).timestamp() for h in (0, 5, 48)}
+    assert spans == {("n1", t[0]): t[5], ("n2", t[0]): t[48], ("n2", t[48]): None}

@@ -261,6 +261,11 @@ def test_a_prolog_drained_node_whose_other_check_now_fails_is_held():
     assert a.action == "hold" and a.evidence["failing"] == ["memory"], a
     mended = later + [res("n1", "pass", 0.2, check="memory", type_="memory")]
     assert handler.plan(cat(), drained + mended, _ours(), {}, NOW).actions[0].action == "resume"
+    # a check that failed (or could not finish) once, before the drained check's passes began,
+    # and never ran again does not hold it for ever
+    once = [res("n1", "error", 2.8, check="nccl-burnin", type_="collective"),
+            res("n1", "fail", 2.7, check="memory", type_="memory")]
+    assert handler.plan(cat(), drained + once + later[:2], _ours(), {}, NOW).actions[0].action == "resume"
 
 
 # --- the caps -----------------------------------------------------------------------------

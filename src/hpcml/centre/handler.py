@@ -278,11 +278,15 @@ def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Ca
     evidence = {"drained_at": last.time.isoformat(), "drained_by": "prolog", "checks": failed, "passes": passes,
                 "needed": PROLOG_PASSES}
     short = [c for c in failed if passes[c] < PROLOG_PASSES]
+    # another check failing now holds it: one that ran since the drained checks' passes began
+    # and failed (not an error: a one-off run that could not finish says nothing of the node)
+    streak = [r.time for r in since if r.check in failed and r.outcome == "pass"][-PROLOG_PASSES:]
     newest: dict[str, Result] = {}
     for r in since:                     # the newest result of every check since the drain
         if r.type != DRAIN_TYPE:
             newest[r.check] = r
-    failing = sorted(c for c, r in newest.items() if r.outcome in ("fail", "error") and c not in failed)
+    failing = sorted(c for c, r in newest.items() if r.outcome == "fail" and c not in failed
+                     and streak and r.time >= streak[0])
     if failed and not short and failing:   # its own checks pass, another fails now: not back yet
         return Action(node, "hold", rule="prolog", check=",".join(failed), evidence={**evidence, "failing": failing},
                       note=f"{', '.join(failing)} failing since the prolog's drain")

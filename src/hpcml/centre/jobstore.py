@@ -73,6 +73,7 @@ VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing
 LATEST = "SELECT * FROM jobs WHERE latest = 1 AND verified = 1 AND time >= ?"
 #: roles a job names a node in for the node's sake; ``crashed`` is the ranks' code's
 NODE_FAULTS = ("excluded", "straggler", "culprit", "lost")
+PROLOG_DRAINS_MAX = 200       # nodes the report lists as drained by the prolog, at most (each one more query)
 #: outcomes of a job a fault stopped: its allocation counts as lost where nothing was measured
 STOPPED = ("failed", "hung", "interrupted")
 
@@ -284,6 +285,7 @@ class JobQueries:
         named by a job or not, newest first: drains, failed drains (the node was bad and stayed
         schedulable), the last of either and the checks that failed in it. Node evidence only:
         what root's prolog sent about its own node."""
+        limit = min(limit, PROLOG_DRAINS_MAX)
         out: dict[str, dict[str, Any]] = {}
         last_report: dict[str, tuple[float, int]] = {}
         for node, outcome, report_id, t in self._all(
@@ -297,10 +299,11 @@ class JobQueries:
                 last_report[node] = (t, report_id)
                 d["last"], d["last_failed"] = t, outcome == "error"
         ranked = sorted(out.values(), key=lambda d: (-(d["last"] or 0), d["node"]))[:limit]
-        for d in ranked:
-            d["checks"] = sorted({c for (c,) in self._all(
-                "SELECT name FROM results WHERE report_id = ? AND type != 'drain' AND outcome IN ('fail', 'error')",
-                (last_report[d["node"]][1],))})
+        for d in ranked:                     # by node and time: the (node, time) index, not a scan
+            t, report_id = last_report[d["node"]]
+            d["checks"] = sorted({c for c, rid in self._all(
+                "SELECT name, report_id FROM results WHERE node = ? AND time = ? AND type != 'drain' "
+                "AND outcome IN ('fail', 'error')", (d["node"], t)) if rid == report_id})
         return ranked
 
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:

@@ -228,6 +228,8 @@ def drains_from_audit(lines: Iterable[str]) -> list[dict[str, Any]]:
     open_: dict[str, dict[str, Any]] = {}
     for node, rec in sorted(_applied(lines), key=lambda nr: nr[1].time):
         if rec.action == "drain":
+            if node in open_:           # drained again: someone resumed it by hand in between
+                open_[node]["until"] = rec.time.timestamp()
             open_[node] = {"node": node, "rule": rec.rule, "time": rec.time.timestamp(), "until": None}
             out.append(open_[node])
         elif node in open_:

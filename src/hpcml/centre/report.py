@@ -126,7 +126,8 @@ def drain_next(d: dict[str, Any]) -> str:
         return ("drain it by hand: the prolog found it bad and could not drain it, and Slurm still schedules it "
                 "(give the health check SLURM_CONF; its error is in the collector)")
     if drained and reason.startswith(REASON_PREFIX):
-        return "wait: hpcml drained it; hpcml centre handle resumes it once the failed checks pass twice"
+        return ("wait: hpcml drained it; hpcml centre handle resumes it once the failed checks pass twice "
+                "(a rule's drain without resume_after waits for a person: the audit log says which)")
     if drained:
         return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
     return f"watch: back in service after {plural(d['drains'], 'drain')}"

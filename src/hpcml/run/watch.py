@@ -508,7 +508,9 @@ class Watch:
         step = b.step if b is not None and b.step is not None else 0
         began = top.since_t is not None and step_s is not None and step_s > 0
         if began:             # its onset in time, to a step: the steps it did since at the job's pace
-            step = max(0, step - round((now - float(top.since_t or now)) / float(step_s or 1.0)))
+            last = b.progress if b is not None and b.progress is not None else now
+            onset_t = min(max(float(top.since_t or now), now - self.straggler_window), last)
+            step = max(0, step - round((last - onset_t) / float(step_s or 1.0)))
         st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
                        since_step=step, since_before=not began,
                        confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")

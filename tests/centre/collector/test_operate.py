@@ -131,6 +131,17 @@ def test_readiness_asks_the_database_health_does_not(tmp_path):
     assert logged and all({"time", "level", "logger", "message"} <= set(e) for e in logged), err
 
 
+@pytest.mark.parametrize("url", ["postgresql://u@h/db?password=s3cret", "postgresql://u@h/db?sslpassword=x",
+                                 "postgresql://u:p@[h/db"])
+def test_a_password_in_the_query_or_a_url_that_does_not_read_is_refused(url):
+    """libpq takes ``?password=`` too; a URL urllib cannot read is refused, not let through."""
+    from hpcml.centre.collector.store import refuse_password
+    from hpcml.errors import UsageError
+    with pytest.raises(UsageError, match="--db|db"):
+        refuse_password(url)
+    refuse_password("postgresql://u@h:5432/db?sslmode=require")       # no password: fine
+
+
 def test_the_password_comes_from_pgpassfile_never_argv(tmp_path):
     """A PostgreSQL that asks every connection for a password: the collector given the URL
     without one and PGPASSFILE (mode 0600) is ready; without the file it does not start."""

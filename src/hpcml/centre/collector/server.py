@@ -150,6 +150,8 @@ def _transient(exc: BaseException) -> bool:
         c.__name__ in ("OperationalError", "InterfaceError") for c in type(exc).__mro__)
 
 
+SPOOL_NODES_MAX = 100_000    # nodes whose spool depth the gauge keeps, at most
+
 #: why a request was refused, for the metrics: a fixed set, whatever a sender does
 REFUSALS = {400: "invalid", 401: "token", 403: "proof", 404: "not_found", 405: "method", 411: "length",
             413: "too_large"}
@@ -226,7 +228,8 @@ class Metrics:
         with self._lock:
             for r in reports:
                 if r.spool_waiting is not None and r.evidence == "node" and \
-                        r.time >= self._spools.get(r.node, (float("-inf"), 0))[0]:
+                        r.time >= self._spools.get(r.node, (float("-inf"), 0))[0] and \
+                        (r.node in self._spools or len(self._spools) < SPOOL_NODES_MAX):
                     self._spools[r.node] = (r.time, r.spool_waiting)
             self.spooled.set(sum(n for _, n in self._spools.values()))
 

@@ -398,13 +398,15 @@ STORES: Registry[Callable[[str], Store]] = Registry("database URL scheme", "hpcm
 def refuse_password(url: str) -> None:
     """A command line's database URL carries no password: argv is in every user's ``ps``.
     libpq reads it from ``PGPASSFILE`` or ``PGPASSWORD`` instead."""
-    from urllib.parse import urlsplit
+    from urllib.parse import parse_qs, urlsplit
     if not url.lower().startswith(("postgresql://", "postgres://")):
         return
     try:
-        has = urlsplit(url).password is not None
+        parts = urlsplit(url)
+        has = parts.password is not None or any(k.lower() in ("password", "sslpassword")
+                                                for k in parse_qs(parts.query, keep_blank_values=True))
     except ValueError:
-        has = False
+        raise UsageError("is not a URL hpcml can read (postgresql://USER@HOST[:PORT]/DB)", key="db") from None
     if has:
         raise UsageError("holds a password, which every user sees in ps: leave it out and set PGPASSFILE "
                          "(host:port:db:user:password, mode 0600) or PGPASSWORD in the service's environment",

@@ -189,9 +189,10 @@ def prolog_script(
                                                      help="With --report-to: file holding the collector token."),
     report_spool: Optional[Path] = typer.Option(None, "--report-spool", help="With --report-to: where results the "
                                                 "collector did not take wait (default /var/spool/hpcml-reports)."),
-    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf", envvar="SLURM_CONF",
+    slurm_conf: Optional[Path] = typer.Option(None, "--slurm-conf",
                                               help="slurm.conf for the drain's scontrol, exported by the script "
-                                              "(Slurm gives HealthCheckProgram no SLURM_CONF; default: $SLURM_CONF)."),
+                                              "(Slurm gives HealthCheckProgram no SLURM_CONF; default: $SLURM_CONF "
+                                              "where that file is here)."),
 ) -> None:
     """Print a prolog wrapper script that calls this Python by absolute path.
 
@@ -216,6 +217,12 @@ def prolog_script(
         raise UsageError("file not found", file=str(report_token_file))
     if slurm_conf is not None and not Path(slurm_conf).is_file():
         raise UsageError("file not found", file=str(slurm_conf))
+    if slurm_conf is None and os.environ.get("SLURM_CONF"):
+        if Path(os.environ["SLURM_CONF"]).is_file():
+            slurm_conf = Path(os.environ["SLURM_CONF"])
+        else:                  # configless Slurm, or this host's path only: the nodes find their own
+            print(f"hpcml vet prolog-script: note: $SLURM_CONF ({os.environ['SLURM_CONF']}) is not a file here; "
+                  "the script exports none (--slurm-conf PATH names one)", file=sys.stderr)
     sys.stdout.write(render_script(protocol, budget=budget, drain=drain, overrun_ok=overrun_ok,
                                    log=log, report_to=report_to, report_token_file=report_token_file,
                                    report_spool=report_spool, slurm_conf=slurm_conf))
