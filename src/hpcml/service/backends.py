@@ -51,10 +51,14 @@ class ProcessBackend:
     def launch(self, bp: Blueprint, ex: Expanded, mounts: dict[str, str]) -> Launch:
         from hpcml.service.envs import env_path
         assert bp.python is not None
-        # own: one of hpcml's commands, from the environment hpcml itself runs in
+        # own: one of hpcml's commands, by this interpreter (`python -m hpcml`: never another
+        # hpcml found on PATH), from the environment hpcml itself runs in
         bin_dir = Path(sys.executable).parent if bp.python.own else env_path(bp.name, bp.python.packages) / "bin"
         exe = bin_dir / ex.command[0]
-        argv = [str(exe) if exe.exists() else ex.command[0], *ex.command[1:]]
+        if bp.python.own and ex.command[0] == "hpcml":
+            argv = [sys.executable, "-m", "hpcml", *ex.command[1:]]
+        else:
+            argv = [str(exe) if exe.exists() else ex.command[0], *ex.command[1:]]
         return Launch(argv, {**ex.env, "PATH": f"{bin_dir}{os.pathsep}{os.environ.get('PATH', '')}",
                              "VIRTUAL_ENV": str(bin_dir.parent)})
 
