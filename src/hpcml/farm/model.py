@@ -12,6 +12,7 @@ A farm directory holds::
                          the attempt's next runs: ID.A-1/, ID.A-2/...)
     workers/WID          one file per worker: who it is; its mtime is the worker's heartbeat
     nodes/NODE.bad       a node where tasks kept failing: no worker takes tasks there
+    nodes/NODE.told      its retirement was sent to the centre's collector (by one farm run)
     tasks/ID/            the task's own directory, its working directory unless task_dirs is
                          false ({task_dir} in a command, HPCML_FARM_TASK_DIR), with params.json
 

@@ -140,12 +140,66 @@ def run(
     else:
         agent.run(farm, slots=slots, gpus=gpus, overrides=overrides)
     doc = status.summarize(farm)
+    for line in tell_centre(farm, doc["bad_nodes"]):
+        print(f"hpcml farm: {line}", file=sys.stderr)
     c = doc["counts"]
     print(f"{farm}: {c['ok']} ok, {c['failed']} failed, {c['blocked']} blocked, "
           f"{doc['total'] - c['ok'] - c['failed'] - c['blocked']} left, in {time.time() - t0:.1f} s"
           + (f"; retired nodes: {', '.join(doc['bad_nodes'])}" if doc["bad_nodes"] else ""), file=sys.stderr)
     if c["ok"] != doc["total"]:
         raise typer.Exit(1)
+
+
+#: the check the farm's evidence is stored under at the centre (its type: ``farm``)
+FARM_CHECK = "farm-tasks"
+
+
+def tell_centre(farm: Path, nodes: list[str], timeout: float = 5.0) -> list[str]:
+    """Send each retired node not told yet (``centre`` still null in its ``nodes/NODE.bad``)
+    to the collector of ``$HPCML_COLLECTOR`` (``hpcml run``'s) as a node report of the farm's
+    Slurm job: check ``farm-tasks``, type ``farm``, failed, the reason as its message. Signed
+    with the user's MUNGE credential, the collector proves it as the user's report of their
+    own job's node (job evidence: a rule counts it only with ``match.users``, never alone).
+    What became of each is written back into its file; the lines to say. Never raises: the
+    farm's own result stands either way. (Here, in the command, not in the worker that
+    retires the node: the library's farm must not import the centre, which imports it.)"""
+    import os
+
+    from hpcml.centre.client import post_report
+    from hpcml.farm.model import NODES
+    from hpcml.files import load_json_bounded, write_atomic
+    from hpcml.run.config import URL_ENV
+    from hpcml.run.summary import collector_token
+    url = (os.environ.get(URL_ENV) or "").strip().rstrip("/")
+    if not url:
+        return []
+    said = []
+    deadline = time.monotonic() + timeout * max(1, len(nodes))
+    for node in nodes:
+        path = Path(farm) / NODES / f"{node}.bad"
+        try:
+            doc = load_json_bounded(path, 1 << 20)
+        except (OSError, ValueError):
+            continue
+        if not isinstance(doc, dict) or doc.get("centre") is not None or not isinstance(doc.get("reason"), str):
+            continue
+        try:                          # one sender per retirement: farm runs of several nodes end at once
+            os.close(os.open(path.with_suffix(".told"), os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644))
+        except OSError:
+            continue
+        when = doc["time"] if isinstance(doc.get("time"), (int, float)) else time.time()
+        report = {"job_id": os.environ.get("SLURM_JOB_ID"), "node": node, "time": when, "protocol": "farm",
+                  "verdict": "bad", "results": [{"name": FARM_CHECK, "type": "farm", "outcome": "fail",
+                                                 "message": doc["reason"][:4096]}]}
+        refused = post_report(report, url, collector_token(), min(deadline, time.monotonic() + timeout))
+        doc["centre"] = f"sent to {url}" if refused is None else f"not sent to {url}: {refused.why}"
+        if refused is not None:
+            said.append(f"warning: retired node {node} not told to the collector at {url}: {refused.why}")
+        try:
+            write_atomic(path, json.dumps(doc) + "\n")
+        except OSError:
+            pass
+    return said
 
 
 @app.command("agent", hidden=True)
