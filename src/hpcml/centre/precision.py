@@ -51,12 +51,13 @@ def wilson(k: int, n: int, z: float = 1.96) -> tuple[float | None, float | None]
     return round(max(0.0, mid - half), 4), round(min(1.0, mid + half), 4)
 
 
-def _within(times: Sequence[float], lo: float, hi: float) -> bool:
-    return bisect_right(times, hi) > bisect_left(times, lo)
-
-
 def _count(times: Sequence[float], lo: float, hi: float) -> int:
+    """How many of the sorted ``times`` fall in [lo, hi]."""
     return bisect_right(times, hi) - bisect_left(times, lo)
+
+
+def _within(times: Sequence[float], lo: float, hi: float) -> bool:
+    return _count(times, lo, hi) > 0
 
 
 class Evidence:

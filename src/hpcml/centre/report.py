@@ -75,13 +75,11 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
     for n in nodes:
         n["vet"] = vet.get(n["node"])
         n.update(details.get(n["node"]) or {})
-        state = (states or {}).get(n["node"])
-        n["slurm"] = None if state is None else {"state": state[0], "reason": state[1]}
+        n["slurm"] = _slurm(states, n["node"])
         n["next"] = next_action(n)
     prolog = store.prolog_drains(since, top)
     for d in prolog:
-        state = (states or {}).get(d["node"])
-        d["slurm"] = None if state is None else {"state": state[0], "reason": state[1]}
+        d["slurm"] = _slurm(states, d["node"])
         d["next"] = drain_next(d)
     return {"schema": SCHEMA, "generated": now, "since": since, "window_s": since_s,
             "totals": store.job_totals(since), "nodes": nodes, "prolog_drains": prolog,
@@ -91,17 +89,39 @@ def build(store: Facts, since_s: float, *, top: int = 20, per_owner: int = 3, no
             "verdicts": verdicts(store, since, now, drains, declared) if with_verdicts else None}
 
 
+def _slurm(states: dict[str, tuple[str, str]] | None, node: str) -> dict[str, str] | None:
+    """A node's Slurm state and reason now, where the command read them."""
+    state = (states or {}).get(node)
+    return None if state is None else {"state": state[0], "reason": state[1]}
+
+
+def _state_text(slurm: dict[str, str] | None) -> str:
+    """"IDLE+DRAIN (hpcml: scratch ...)", or "not read"."""
+    if not slurm:
+        return "not read"
+    return slurm["state"] + (f" ({slurm['reason']})" if slurm.get("reason") else "")
+
+
+def _drained_advice(slurm: dict[str, str] | None, wait: str) -> str | None:
+    """``wait`` for a node hpcml drained, "repair" for one someone else drained or took
+    down, None for one Slurm schedules (or whose state was not read)."""
+    from hpcml.centre.rules import REASON_PREFIX
+    state, reason = str((slurm or {}).get("state") or "").upper(), str((slurm or {}).get("reason") or "")
+    if "DRAIN" not in state and "DOWN" not in state:
+        return None
+    if reason.startswith(REASON_PREFIX):
+        return wait
+    return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
+
+
 def next_action(n: dict[str, Any]) -> str:
     """What an operator does next about a node the jobs named, from what is known of it."""
-    from hpcml.centre.rules import REASON_PREFIX
-    slurm = n.get("slurm") or {}
-    state, reason = str(slurm.get("state") or "").upper(), str(slurm.get("reason") or "")
     faults = n.get("straggler", 0) + n.get("culprit", 0) + n.get("lost", 0)
     vet = n.get("vet") or {}
-    if "DRAIN" in state or "DOWN" in state:
-        if reason.startswith(REASON_PREFIX):
-            return "wait: hpcml drained it; hpcml centre handle resumes it once its checks pass again"
-        return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
+    held = _drained_advice(n.get("slurm"), "wait: hpcml drained it; hpcml centre handle resumes it once its checks "
+                                           "pass again")
+    if held:
+        return held
     if n.get("users", 0) >= 2 and faults >= 2:
         return (f"drain and test: proven jobs of {n['users']} users named it {faults}x "
                 "(the hurts-jobs rule drains it; hpcml vet run --nodes NODE tests it)")
@@ -116,20 +136,16 @@ def next_action(n: dict[str, Any]) -> str:
 def drain_next(d: dict[str, Any]) -> str:
     """What an operator does next about a node the prolog or health check drained, or found
     bad and could not drain."""
-    from hpcml.centre.rules import REASON_PREFIX
-    slurm = d.get("slurm")
-    if slurm is None:
+    if d.get("slurm") is None:
         return "read its Slurm state (hpcml centre report does where scontrol answers)"
-    state, reason = str(slurm.get("state") or "").upper(), str(slurm.get("reason") or "")
-    drained = "DRAIN" in state or "DOWN" in state
-    if d.get("last_failed") and not drained:
+    held = _drained_advice(d["slurm"], "wait: hpcml drained it; hpcml centre handle resumes it once the failed "
+                                       "checks pass twice (a rule's drain without resume_after waits for a person: "
+                                       "the audit log says which)")
+    if held:
+        return held
+    if d.get("last_failed"):
         return ("drain it by hand: the prolog found it bad and could not drain it, and Slurm still schedules it "
                 "(give the health check SLURM_CONF; its error is in the collector)")
-    if drained and reason.startswith(REASON_PREFIX):
-        return ("wait: hpcml drained it; hpcml centre handle resumes it once the failed checks pass twice "
-                "(a rule's drain without resume_after waits for a person: the audit log says which)")
-    if drained:
-        return f"repair: {state.lower()} by someone else ({reason or 'no reason'}); resume it by hand when fixed"
     return f"watch: back in service after {plural(d['drains'], 'drain')}"
 
 
@@ -141,11 +157,8 @@ def prolog_lines(rows: list[dict[str, Any]]) -> list[str]:
     for d in rows:
         failed = f", {plural(d['failed_drains'], 'failed drain')} (bad, left schedulable)" if d["failed_drains"] else ""
         checks = ", ".join(printable(c) for c in d["checks"]) or "no check named"
-        slurm = d.get("slurm")
-        now = ("Slurm: " + printable(slurm["state"]) + (f" ({printable(slurm['reason'])})" if slurm.get("reason") else "")
-               if slurm else "Slurm: not read")
         out.append(f"  {printable(d['node'])}: {plural(d['drains'], 'drain')}{failed}; last {_when(d['last'])} "
-                   f"({checks}); {now}")
+                   f"({checks}); Slurm: {printable(_state_text(d.get('slurm')))}")
         out.append(f"    next: {printable(d['next'])}")
     return out
 
@@ -244,11 +257,9 @@ def _impact(n: dict[str, Any]) -> str:
     else:
         lost = (f"{n['gpu_hours_lost']:,.1f} GPU-h" if n.get("gpu_hours_lost") else f"{n['node_hours_lost']:,.1f} node-h")
     stopped = f", {plural(n['stopped'], 'job')} stopped (whole allocations, an upper bound)" if n.get("stopped") else ""
-    slurm = n.get("slurm")
-    now = ("Slurm: " + printable(slurm["state"]) + (f" ({printable(slurm['reason'])})" if slurm.get("reason") else "")
-           if slurm else "Slurm: not read")
     prolog = f"; the prolog drained it {n['prolog_drains']}x" if n.get("prolog_drains") else ""
-    return f"{plural(n.get('users', 0), 'user')}; jobs {jobs}; lost {lost}{stopped}; {now}{prolog}"
+    return (f"{plural(n.get('users', 0), 'user')}; jobs {jobs}; lost {lost}{stopped}; "
+            f"Slurm: {printable(_state_text(n.get('slurm')))}{prolog}")
 
 
 def _ratio(v: float | None, ci: list | None) -> str:
@@ -320,8 +331,7 @@ def render_html(rep: dict[str, Any]) -> str:
     accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", f"{a['gpu_hours_lost']:,.1f}",
                  f"{a['time_lost_s'] / 3600:,.2f}"] for a in rep["accounts"]]
     prolog = [[d["node"], d["drains"], d["failed_drains"], _when(d["last"]), ", ".join(d["checks"]) or "–",
-               (f"{d['slurm']['state']} ({d['slurm']['reason']})" if d["slurm"].get("reason") else d["slurm"]["state"])
-               if d.get("slurm") else "not read", d["next"]] for d in rep.get("prolog_drains") or []]
+               _state_text(d.get("slurm")), d["next"]] for d in rep.get("prolog_drains") or []]
     t = rep["totals"]
     totals = (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost {t['gpu_hours_lost']:,.1f} "
               f"GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); {t['failed']:,} failed, {t['hung']:,} hung")

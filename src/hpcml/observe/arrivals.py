@@ -191,7 +191,7 @@ def arrivals(dumps: dict[int, dict], since: float | None = None) -> list[RankArr
             at.setdefault(m, []).append(when)
             if timed.any():
                 busy.setdefault(m, []).append(took[i])
-        leaders += list(zip(created.max(axis=0).tolist(), [members[j] for j in np.argmax(t, axis=0)]))
+        leaders += list(zip(when.tolist(), [members[j] for j in np.argmax(t, axis=0)]))
     if not late:
         return []
     leaders.sort()

@@ -506,11 +506,11 @@ class Watch:
             return
         b = self.beats.get(top.rank)
         step = b.step if b is not None and b.step is not None else 0
-        began = top.since_t is not None and step_s is not None and step_s > 0
-        if began:             # its onset in time, to a step: the steps it did since at the job's pace
+        began = top.since_t is not None and bool(step_s)
+        if top.since_t is not None and step_s:   # its onset in time, to a step: the steps since at the job's pace
             last = b.progress if b is not None and b.progress is not None else now
-            onset_t = min(max(float(top.since_t or now), now - self.straggler_window), last)
-            step = max(0, step - round((last - onset_t) / float(step_s or 1.0)))
+            onset_t = min(max(top.since_t, now - self.straggler_window), last)
+            step = max(0, step - round((last - onset_t) / step_s))
         st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
                        since_step=step, since_before=not began,
                        confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")

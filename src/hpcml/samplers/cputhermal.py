@@ -12,6 +12,7 @@ counters (AMD's kernels, most virtual machines, this suite's machines): None, ne
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
@@ -31,10 +32,19 @@ def _ms(path: Path) -> int | None:
     return v if 0 <= v < MAX_MS else None
 
 
+@functools.cache
+def _kept(root: Path) -> bool:
+    """Whether the kernel keeps the counters here at all: asked once (the recorder asks every
+    second; a machine without them, most, must not pay a failed open per core each time)."""
+    return next(root.glob("cpu[0-9]*/thermal_throttle"), None) is not None
+
+
 def throttled_s(pid: int, root: Path = SYS_CPU) -> float | None:
     """The mean over ``pid``'s allowed cores of the seconds each ran throttled for heat since
     boot (its core's counter, or its package's where that is larger), or None where the
     kernel keeps no such counter for any of them."""
+    if not _kept(root):
+        return None
     try:
         cpus = sorted(os.sched_getaffinity(pid))[:MAX_CPUS]
     except OSError:

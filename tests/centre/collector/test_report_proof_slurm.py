@@ -237,21 +237,9 @@ def test_the_fault_the_prolog_found_is_drained_confirmed_by_jobs_and_avoided(
     1), and the plan every job reads puts n2 on the avoid list. The two jobs' summaries are
     written into the collector's store as the collector stores proven ones (their MUNGE
     proof against Slurm's records is tested in test_proof_slurm.py)."""
-    from hpcml.centre.collector.store import open_store
-    from tests.run.test_vet_auto import _hurt
     _prolog_round(shared, collector, slurm_cluster, slurm_env)
     assert handle_rules(shared, collector.db, slurm_env, PROLOG_RULES) == [("n2", "drain", "done")]
-    store = open_store(f"sqlite:///{collector.db}")
-    try:
-        _hurt(store, "n2", ["alice", "bob"], time.time())
-    finally:
-        store.close()
-    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", f"sqlite:///{collector.db}",
-                        "--since", "30d", "--audit", str(shared / "audit.jsonl"), "--rules",
-                        str(shared / "check-rules.yaml"), "--json"], env=slurm_env, capture_output=True, text=True,
-                       timeout=120)
-    assert p.returncode == 0, p.stderr
-    verdicts = json.loads(p.stdout)["verdicts"]
+    verdicts = _verdicts_after_jobs_hurt_n2(shared, collector.db, slurm_env, shared / "check-rules.yaml")
     (check,) = [c for c in verdicts["checks"] if c["check"] == "on-n1"]
     assert (check["flags"], check["confirmed"], check["refuted"], check["precision"]) == (1, 1, 0, 1.0), check
     (rule,) = verdicts["rules"]
@@ -260,6 +248,24 @@ def test_the_fault_the_prolog_found_is_drained_confirmed_by_jobs_and_avoided(
     with urllib.request.urlopen(req, timeout=30) as r:
         plan = json.loads(r.read())
     assert [(a["node"], a["users"], a["jobs"]) for a in plan["avoid"]] == [("n2", 2, 2)], plan["avoid"]
+
+
+def _verdicts_after_jobs_hurt_n2(work: Path, db: Path, env: dict[str, str], rules: Path) -> dict:
+    """Proven jobs of two users name n2 a hang culprit (written into the collector's store as
+    it stores proven ones: their MUNGE proof is test_proof_slurm.py's); then ``hpcml centre
+    report``'s verdicts with the handler's audit log and ``rules``."""
+    from hpcml.centre.collector.store import open_store
+    from tests.run.test_vet_auto import _hurt
+    store = open_store(f"sqlite:///{db}")
+    try:
+        _hurt(store, "n2", ["alice", "bob"], time.time())
+    finally:
+        store.close()
+    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", f"sqlite:///{db}",
+                        "--since", "30d", "--audit", str(work / "audit.jsonl"), "--rules", str(rules), "--json"],
+                       env=env, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout)["verdicts"]
 
 
 def handle_rules(work: Path, db: Path, env: dict[str, str], rules: str) -> list[tuple[str, str, str]]:
@@ -298,8 +304,6 @@ def test_an_intermittent_fault_is_drained_by_the_rules_and_its_precision_reporte
     after the second (the rule: twice in an hour), never n1; proven jobs of two users named
     n2 a hang culprit, so the centre report counts the check's 2 flags and the rule's drain
     as confirmed, with the rule at or above its declared floor."""
-    from hpcml.centre.collector.store import open_store
-    from tests.run.test_vet_auto import _hurt
     proto, tokens = shared / "scratch.yaml", shared / "op-token"
     proto.write_text(INTERMITTENT_PROTOCOL.format(scratch=shared / "scratch"))
     tokens.write_text(OPERATOR + "\n")
@@ -345,16 +349,7 @@ def test_an_intermittent_fault_is_drained_by_the_rules_and_its_precision_reporte
             subprocess.run(["umount", str(shared / f"scratch-{n}")], capture_output=True, timeout=30)
     assert acted == [[], [], [("n2", "drain")]], acted
     assert _drained("n2", slurm_env) and not _drained("n1", slurm_env)
-    store = open_store(f"sqlite:///{collector.db}")
-    try:
-        _hurt(store, "n2", ["alice", "bob"], time.time())
-    finally:
-        store.close()
-    p = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", f"sqlite:///{collector.db}",
-                        "--since", "30d", "--audit", str(shared / "audit.jsonl"), "--rules", str(shared / "rules.yaml"),
-                        "--json"], env=slurm_env, capture_output=True, text=True, timeout=120)
-    assert p.returncode == 0, p.stderr
-    verdicts = json.loads(p.stdout)["verdicts"]
+    verdicts = _verdicts_after_jobs_hurt_n2(shared, collector.db, slurm_env, shared / "rules.yaml")
     (check,) = [c for c in verdicts["checks"] if c["check"] == "scratch"]
     assert (check["flags"], check["confirmed"], check["precision"]) == (2, 2, 1.0), check
     (rule,) = verdicts["rules"]

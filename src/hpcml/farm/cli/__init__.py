@@ -166,12 +166,16 @@ def tell_centre(farm: Path, nodes: list[str], timeout: float = 5.0) -> list[str]
     import os
 
     from hpcml.centre.client import post_report
+    from hpcml.errors import UsageError
     from hpcml.farm.model import NODES
     from hpcml.files import load_json_bounded, write_atomic
-    from hpcml.run.config import URL_ENV
+    from hpcml.run.config import collector_url
     from hpcml.run.summary import collector_token
-    url = (os.environ.get(URL_ENV) or "").strip().rstrip("/")
-    if not url:
+    try:
+        url = collector_url(None)
+    except UsageError as exc:                  # the farm ran: say it, never fail it for this
+        return [f"warning: retired nodes not told to the collector: {exc}"] if nodes else []
+    if url is None:
         return []
     said = []
     deadline = time.monotonic() + timeout * max(1, len(nodes))
