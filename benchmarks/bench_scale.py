@@ -130,6 +130,7 @@ def vet_and_launch(cluster, work: Path, n: int, bad_fraction: float, scale: floa
     correct = (excluded == bad and ranks == list(range(world)) and {r[1] for r in rows} == {str(world)}
                and sorted((r[2] for r in rows), key=nodes.index) == good)
     vet_took = (run.get("vet") or {}).get("duration_s")
+    phases = launcher_phases(run, alloc)
     t1 = time.time()
     rep = subprocess.run([sys.executable, "-m", "hpcml", "report", str(work / "job")], env=env,
                          capture_output=True, text=True, timeout=600)
@@ -141,7 +142,47 @@ def vet_and_launch(cluster, work: Path, n: int, bad_fraction: float, scale: floa
             "last_rank_s": round(max(starts) - alloc, 2) if starts else None, "vet_s": vet_took,
             "job_wall_s": round(wall, 2), "report_s": round(report_s, 2), "report_rc": rep.returncode,
             "report_lines": len(rep.stdout.splitlines()), "scale": scale,
-            "job_files": sum(len(f) for _, _, f in os.walk(work / "job"))}
+            "job_files": sum(len(f) for _, _, f in os.walk(work / "job")), "phases": phases}
+
+
+def launcher_phases(run: dict, alloc: float) -> dict[str, dict[str, float]]:
+    """run.json's ``phases`` (``hpcml.phases``), summed by name: the launcher's own wall and
+    CPU per phase, and when each began after the allocation (``at_s``)."""
+    out: dict[str, dict[str, float]] = {}
+    for p in run.get("phases") or []:
+        row = out.setdefault(p["name"], {"at_s": round(p["start"] - alloc, 3), "wall_s": 0.0, "cpu_s": 0.0})
+        row["wall_s"] = round(row["wall_s"] + p["wall_s"], 4)
+        row["cpu_s"] = round(row["cpu_s"] + p["cpu_s"], 4)
+    return out
+
+
+#: what the launcher does once per job, whose CPU grows with the node count on any cluster
+SERIAL = ("start-up", "prepare", "vet.fan-out", "vet.gather", "vet.decide", "vet.write", "rendezvous", "srun step",
+          "watch.first read", "report")
+
+
+def fit(rows: list[dict], target: int) -> dict[str, dict[str, float]]:
+    """Per phase, the launcher's CPU as ``a + b * n`` (least squares over the measured node
+    counts) and as ``c * n ** k`` (k: the log-log slope between the smallest and the largest),
+    each predicted at ``target`` nodes. k near 1 is linear; above 1.2 the phase grows faster."""
+    import math
+    out: dict[str, dict[str, float]] = {}
+    names = [n for n in SERIAL + ("watch",) if any(n in (r.get("phases") or {}) for r in rows)]
+    for name in names:
+        pts = [(r["nodes"], r["phases"][name]["cpu_s"]) for r in rows if name in (r.get("phases") or {})]
+        if len(pts) < 2:
+            continue
+        xs, ys = [float(x) for x, _ in pts], [y for _, y in pts]
+        mx, my = sum(xs) / len(xs), sum(ys) / len(ys)
+        var = sum((x - mx) ** 2 for x in xs)
+        b = sum((x - mx) * (y - my) for x, y in zip(xs, ys)) / var if var else 0.0
+        a = my - b * mx
+        (x0, y0), (x1, y1) = min(pts), max(pts)
+        k = math.log(y1 / y0) / math.log(x1 / x0) if y0 > 0 and y1 > 0 and x1 > x0 else float("nan")
+        out[name] = {"a_s": round(a, 4), "b_ms_per_node": round(b * 1000, 4), "k": round(k, 2),
+                     "linear_at_target_s": round(a + b * target, 3),
+                     "power_at_target_s": round(y1 * (target / x1) ** k, 3) if k == k else float("nan")}
+    return out
 
 
 def _cpu_ms(cmd: list[str], env: dict[str, str], stdin: str = "", runs: int = 5) -> float:
@@ -196,6 +237,7 @@ def main() -> None:
     ap.add_argument("--nodes", default="16,64,128,256")
     ap.add_argument("--bad-fraction", type=float, default=0.02)
     ap.add_argument("--no-extras", action="store_true", help="only the vet-and-launch case")
+    ap.add_argument("--target", type=int, default=2688, help="the node count the cost model predicts (Alps: 2,688)")
     args = ap.parse_args()
     print(compile_sources())
     from hpcml.testing.localslurm import LocalSlurm
@@ -221,11 +263,28 @@ def main() -> None:
                     row.update(extras(cluster, work, n))
             print(json.dumps(row), flush=True)
             rows.append(row)
+    model = fit(rows, args.target) if len(rows) >= 2 else {}
+    print_phases(rows, model, args.target)
     out = ROOT / "benchmarks" / "results" / "scale.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"rows": rows, "per_node_cost": cost, "machine": os.uname().nodename,
-                               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d")}, indent=2) + "\n")
+                               "cpus": os.cpu_count(), "date": time.strftime("%Y-%m-%d"),
+                               "model": {"target_nodes": args.target, "launcher_cpu_by_phase": model}},
+                              indent=2) + "\n")
     print(f"wrote {out}")
+
+
+def print_phases(rows: list[dict], model: dict, target: int) -> None:
+    """One line per phase: wall and the launcher's CPU at each node count, then the model."""
+    names = list(dict.fromkeys(k for r in rows for k in (r.get("phases") or {})))
+    print("phase".ljust(18) + "".join(f"{r['nodes']:>8} nodes: wall / cpu s " for r in rows)
+          + (f"  | cpu at {target}: linear / power (k)" if model else ""))
+    for name in names:
+        cells = "".join(f"{r['phases'][name]['wall_s']:>14.3f} / {r['phases'][name]['cpu_s']:<10.3f}"
+                        if name in (r.get("phases") or {}) else " " * 27 for r in rows)
+        m = model.get(name)
+        tail = f"  | {m['linear_at_target_s']:.3f} / {m['power_at_target_s']:.3f} ({m['k']})" if m else ""
+        print(name.ljust(18) + cells + tail)
 
 
 def extras(cluster, work: Path, n: int) -> dict:

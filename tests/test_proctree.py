@@ -87,3 +87,23 @@ def _pgid(pid: int) -> int | None:
         return os.getpgid(pid)
     except ProcessLookupError:
         return None
+
+
+def test_exit_watch_wakes_when_the_child_ends_not_at_its_timeout():
+    """A pidfd wakes the waiter as the child ends: a 60 s wait on a child that lives 0.3 s
+    returns long before 60 s, and a wait on a live child lasts its timeout."""
+    import time
+
+    from hpcml.proctree import ExitWatch
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    watch = ExitWatch(child.pid)
+    try:
+        t0 = time.monotonic()
+        watch.wait(0.05)
+        assert child.poll() is None                  # the timeout passed: still running
+        watch.wait(60)
+        assert time.monotonic() - t0 < 30 and child.wait(timeout=5) == 0
+    finally:
+        watch.close()
+        child.kill()
+        child.wait()

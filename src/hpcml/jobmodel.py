@@ -329,6 +329,17 @@ class Restart(Model):
     resumed: Optional[Resumed] = None
 
 
+class Phase(Model):
+    """One phase of the launcher's own work (``hpcml.phases``): when it began, its wall time
+    and the launcher's CPU in it. ``ranks started`` and ``last rank started`` are the srun
+    step's start to the first and the last rank's command (from the ranks' records)."""
+
+    name: Annotated[str, Field(min_length=1, max_length=64)]
+    start: float
+    wall_s: float = Field(ge=0)
+    cpu_s: float = Field(ge=0)
+
+
 class Attempt(Model):
     """One launch of the command in a job directory: run.json's own record, and each earlier
     one under its ``attempts``."""
@@ -438,6 +449,7 @@ class RunRecord(Attempt):
     schema_: str = Field(default=RUN_SCHEMA, alias="schema", pattern=r"^hpcml\.run/1(\.[0-9]+)?$")
     attempts: Optional[list[Attempt]] = None
     ledger: Optional[Ledger] = None              # where the job's time went, written when it ended
+    phases: Optional[list[Phase]] = None         # where the launcher's own time went, every attempt (hpcml.phases)
 
     model_config = ConfigDict(extra="forbid", validate_assignment=True, populate_by_name=True)
 
@@ -448,7 +460,7 @@ class RunRecord(Attempt):
     def as_attempt(self) -> Attempt:
         """This record as an earlier attempt of the next one's."""
         return Attempt.model_validate({k: v for k, v in self.to_json().items()
-                                       if k not in ("schema", "attempts", "ledger")})
+                                       if k not in ("schema", "attempts", "ledger", "phases")})
 
 
 # ------------------------------------------------------------------------- job summary

@@ -52,6 +52,28 @@ echo "run-rc=$?"
     excluded = next(f for f in rep["findings"] if f["kind"] == "excluded_nodes")
     assert "n2" in excluded["message"] and "speed" in excluded["message"]
     assert rep["observe"]["ranks_with_data"] == 1
+    spans = {p["name"]: p for p in run["phases"]}
+    assert {"start-up", "prepare", "vet.fan-out", "vet.gather", "rendezvous", "srun step", "watch", "report",
+            "ranks started"} <= set(spans)
+    # the vetting workers were started before the launcher had prepared its job directory
+    assert spans["vet.fan-out"]["start"] < spans["prepare"]["start"] + spans["prepare"]["wall_s"]
+    assert spans["ranks started"]["start"] == spans["srun step"]["start"] and spans["ranks started"]["wall_s"] > 0
+
+
+def test_workers_started_early_are_stopped_when_the_run_does_not_vet(env, tmp_path):
+    """--vet's workers start before the protocol is validated: a protocol that does not
+    validate ends the run (exit 2, one line) and its workers with it, inside the job."""
+    (tmp_path / "p.yaml").write_text(SLOW_N2 + "colour: blue\n")
+    out = run_job(f"""#!/bin/bash
+hpcml run --vet p.yaml --dir job -- touch {tmp_path}/started
+echo "run-rc=$?"
+sleep 1
+echo "workers: $(pgrep -f hpcml.vet.worker | wc -l)"
+echo "steps: $(squeue -h -s -j $SLURM_JOB_ID | grep -v batch | wc -l)"
+""", tmp_path, env, timeout=240)
+    assert "run-rc=2" in out and "colour" in out, out
+    assert "workers: 0" in out and "steps: 0" in out, out
+    assert not (tmp_path / "started").exists()
 
 
 def test_two_node_ddp_and_a_crashing_rank(env, tmp_path):

@@ -31,6 +31,7 @@ from hpcml.observe.beat import BeatWriter, Progress
 from hpcml.observe.oom import oom_kills
 from hpcml.observe.snapshot import Responder
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
+from hpcml.proctree import ExitWatch
 from hpcml.samplers.clockreasons import slowdown
 from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
@@ -325,13 +326,12 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
     throttle = _Throttle()
     contention: dict[str, float | int | None] = {}
+    ended = ExitWatch(child.pid)                # its end noticed at once, not at the next 50 ms poll
     try:
         while True:
-            try:
-                rc = child.wait(timeout=interval)
+            ended.wait(interval)
+            if (rc := child.poll()) is not None:
                 break
-            except subprocess.TimeoutExpired:
-                pass
             rows = []
             ts = time.time_ns()
             for s in samplers:
@@ -349,6 +349,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
             remote.update(rows)
             responder.poll()
     finally:
+        ended.close()
         stack.close()
         copier.join(timeout=10)
         with lock:

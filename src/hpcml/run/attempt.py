@@ -10,15 +10,17 @@ its ranks start, whether they still run and how the rest are killed.
 
 from __future__ import annotations
 
+import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hpcml import logs
+from hpcml import logs, phases
 from hpcml.jobmodel import RunRecord
 from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
 from hpcml.run.config import Config
@@ -34,6 +36,9 @@ log = logs.get(__name__)
 
 FORWARDED = (*SLURM_SIGNALS, signal.SIGINT)     # INT too: `kill -INT` and a terminal's Ctrl-C alike
 POLL = 0.05
+#: the prefetching thread's niceness: it runs while the workers and ranks start on the
+#: launcher's node, and must not take their CPU (it still runs where a CPU is idle)
+PREFETCH_NICE = 10
 
 
 @dataclass
@@ -129,7 +134,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     """One launch of the command: every rank, until they all ended; the launch's exit code.
     ``pending``: signals that came while no attempt ran, forwarded as soon as one does."""
     try:
-        plan = backend.plan(task_command(cfg, d, record.attempt), record)
+        with phases.phase("rendezvous"):         # rank 0's node's free port and address, the srun line
+            plan = backend.plan(task_command(cfg, d, record.attempt), record)
     except NoRendezvous as exc:                    # no rendezvous on rank 0's node: the attempt cannot start
         log.info(f"hpcml run: attempt {record.attempt} not started: {exc}")
         return 1
@@ -141,7 +147,8 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     world = _world(cfg.cmd, plan.ntasks, record)
     if record.rank_launcher:
         write_own(d, record)
-    backend.start(plan)
+    with phases.phase("srun step"):              # its start: the ranks' own start is read from their records
+        backend.start(plan)
     from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
     watch = Watch(d, record.attempt, world, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
                   on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
@@ -154,10 +161,16 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
             ctl.signalled_at = time.time()
         _replay(pending, seen, backend.targets())
         _prefetch_report(cfg)
-        while backend.poll(ctl.failed):
-            _tick(ctl, watch)
-            time.sleep(POLL)
-        rc = backend.returncode()
+        with phases.phase("watch"):              # every read until the ranks ended: the launcher's load
+            pause = getattr(backend, "wait", time.sleep)     # woken by the ranks' end where the backend can
+            first = True
+            while backend.poll(ctl.failed):
+                if first:
+                    first = not _first_read(ctl, watch)
+                else:
+                    _tick(ctl, watch)
+                pause(POLL)
+            rc = backend.returncode()
     backend.close(record)
     if seen:
         record.signals_forwarded = [signal.Signals(s).name for s in seen]
@@ -185,6 +198,19 @@ def _tick(ctl: Control, watch: Watch) -> None:
         ctl.backend.overdue(time.monotonic() - ctl.stop_at, ctl.cfg.kill_grace)
 
 
+def _first_read(ctl: Control, watch: Watch) -> bool:
+    """One tick, timed into the clock when it is the first to find the ranks' beats (the
+    watch's first reads); whether it was."""
+    start, cpu, t0 = time.time(), time.process_time(), time.perf_counter()
+    _tick(ctl, watch)
+    clock = phases.current()
+    if not watch.beats:
+        return False
+    if clock is not None:
+        clock.add("watch.first read", start, time.perf_counter() - t0, time.process_time() - cpu)
+    return True
+
+
 def _replay(pending: list[int], seen: list[int], targets: list[Target]) -> None:
     """Signals that came while the attempt was being launched (``--max-restarts``' handler
     noted them; none ran yet to forward them to): forwarded now, as if just received."""
@@ -201,6 +227,10 @@ def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
     them on the job's critical path. A failure is left for that step to meet and say."""
     def load() -> None:
         import importlib
+        try:                        # this thread only (Linux): the ranks' and workers' start-up comes first
+            os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), PREFETCH_NICE)
+        except (AttributeError, OSError):
+            pass
         try:
             for module in modules:
                 importlib.import_module(module)
@@ -208,7 +238,6 @@ def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
                 then()
         except Exception:  # noqa: BLE001 - the step that needs it says what is missing
             return
-    import threading
     threading.Thread(target=load, name="hpcml-prefetch", daemon=True).start()
 
 

@@ -31,7 +31,7 @@ from typing import Any, ClassVar, Protocol
 from hpcml.errors import SlurmError
 from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
-from hpcml.proctree import become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
+from hpcml.proctree import ExitWatch, become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
 from hpcml.registry import Registry
 from hpcml.run.task import ENV_BEAT_KEY, STOP
 
@@ -177,6 +177,7 @@ class Srun:
         self._lost = LostNodes(nodes) if watch_lost else None
         self.proc: subprocess.Popen | None = None
         self.step: SrunStep | None = None
+        self._ended: ExitWatch | None = None
 
     def plan(self, task: list[str], record: RunRecord) -> Plan:
         from hpcml.cluster.allocation import step_order
@@ -235,6 +236,13 @@ class Srun:
         assert self.proc is not None
         return self.proc.poll() is None
 
+    def wait(self, timeout: float) -> None:
+        """Until srun ends or ``timeout`` passed (optional: a backend without it is polled)."""
+        if self._ended is None and self.proc is not None:
+            self._ended = ExitWatch(self.proc.pid)
+        if self._ended is not None:
+            self._ended.wait(timeout)
+
     def kill(self) -> None:
         assert self.proc is not None
         self.proc.send_signal(signal.SIGTERM)           # srun: SIGKILL to every process of its step
@@ -249,6 +257,8 @@ class Srun:
         return self.proc.returncode
 
     def close(self, record: RunRecord) -> None:
+        if self._ended is not None:
+            self._ended.close()
         if self._lost is None:
             return
         if self.returncode() != 0:

@@ -39,6 +39,8 @@ def main(argv: list[str]) -> int:
 
 
 def execute(opts: Options) -> int:
-    """Run the job; its exit code."""
+    """Run the job; its exit code. ``--vet``'s workers start first (``hpcml.run.earlyvet``)."""
+    from hpcml.run import earlyvet
+    early = earlyvet.start(opts)
     from hpcml.run.launcher import run
-    return run(opts)
+    return run(opts, early)

@@ -27,13 +27,14 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from hpcml import logs
+from hpcml import logs, phases
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.jobmodel import FarmTaskRef, Launcher, RunRecord, Vetting, Who
 from hpcml.run.attempt import FORWARDED, prefetch, run_attempt
 from hpcml.run.backends import STOPPING, Backend, Settings, choose
 from hpcml.run.config import Config, Options
+from hpcml.run.earlyvet import Early
 from hpcml.run.ending import conclude, finish
 from hpcml.run.jobdir import claiming, default_dir, launcher, prepare, read_run, vet_dir, write_own, write_run
 from hpcml.run.recovery import Pool, Recovery, resume_of
@@ -44,6 +45,7 @@ from hpcml.words import plural
 log = logs.get(__name__)
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
+RANK_META_MAX = 1 << 20   # a rank's recorder metadata (observe/rank-N.json) read for its start
 STOPPED = 1          # hpcml run stopped an attempt (a straggler, a lost node) and could not restart it
 
 __all__ = ["ABORTED", "STOPPED", "Options", "run"]
@@ -59,7 +61,26 @@ def _environment(cfg: Config) -> dict | None:
             "warnings": warnings}
 
 
-def run(opts: Options) -> int:
+def run(opts: Options, early: Early | None = None) -> int:
+    """The job; its exit code. ``early``: ``--vet``'s workers, already started
+    (``hpcml.run.earlyvet``): used if vetting runs on the nodes they started on, else
+    stopped before this returns."""
+    clock = phases.begin()
+    begun, cpu = phases.started()
+    clock.add("start-up", begun, time.time() - begun, cpu)        # the interpreter, imports, the options
+    if early is not None:
+        clock.add("vet.fan-out", early.start, early.wall_s, early.cpu_s)
+    try:
+        with clock.phase("prepare"):                              # the allocation, the job directory, run.json
+            job = _prepare(opts)
+        job.early, early = early, None
+        return job.run()
+    finally:
+        if early is not None:
+            early.step.cancel()
+
+
+def _prepare(opts: Options) -> Job:
     from hpcml.cluster.allocation import current
     from hpcml.cluster.taskenv import current as farm_task
     from hpcml.run.summary import who
@@ -94,7 +115,7 @@ def run(opts: Options) -> int:
                 write_run(d, record, exclusive=previous is None)   # claims d: of two runs at once, one stops here
             except FileExistsError:
                 raise UsageError("another hpcml run took this directory at the same moment", file=str(d)) from None
-        return Job(cfg, d, kind, allocation, record).run(environment)
+        return Job(cfg, d, kind, allocation, record, environment)
     except OSError as exc:                        # a full disk, a read-only or vanished job directory
         raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
@@ -102,24 +123,32 @@ def run(opts: Options) -> int:
 class Job:
     """The job in one directory: vetting, then attempt after attempt into ``record``."""
 
-    def __init__(self, cfg: Config, d: Path, kind: type[Backend], allocation: Any, record: RunRecord) -> None:
+    def __init__(self, cfg: Config, d: Path, kind: type[Backend], allocation: Any, record: RunRecord,
+                 environment: dict | None = None) -> None:
         self.cfg, self.d, self.kind, self.allocation, self.record = cfg, d, kind, allocation, record
+        self.environment = environment
+        self.early: Early | None = None      # --vet's workers, started before the launcher's imports
         self.slurm = kind.spans_nodes          # across the allocation's nodes: vetting, spares, restarts elsewhere
         self.superseded = False              # a later attempt of this Slurm job took the directory
 
-    def run(self, environment: dict | None) -> int:
-        cfg, d, record = self.cfg, self.d, self.record
+    def run(self) -> int:
+        cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
         prefetch("hpcml.run.watch")                   # numpy and the straggler model, while vetting runs
         if environment is not None:
             import json
             (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
             record.env = cfg.env
         nodes = list(self.allocation.nodes)
-        if cfg.vet is not None:
-            good = self._vet()
-            if good is None:
-                return ABORTED
-            nodes = [n for n in nodes if n in set(good)]
+        try:
+            if cfg.vet is not None:
+                good = self._vet()
+                if good is None:
+                    return ABORTED
+                nodes = [n for n in nodes if n in set(good)]
+        finally:
+            if self.early is not None:                # not used: its workers exit having run nothing
+                self.early.step.cancel()
+                self.early = None
         if cfg.max_restarts and self.slurm:
             nodes = self._still_out(nodes, cfg.min_nodes or 1)
         recovery = self._recovery(nodes)
@@ -133,7 +162,11 @@ class Job:
                 exporter.close()
         log.info(f"hpcml run: done (exit {code}); job directory {d}")
         if not self.superseded:
-            _report(d, cfg)
+            with phases.phase("report"):
+                _report(d, cfg)
+            clock = phases.current()
+            if clock is not None:
+                _keep_phases(d, clock)
         return code
 
     def _vet(self) -> list[str] | None:
@@ -154,9 +187,13 @@ class Job:
         else:
             from hpcml.vet.engine import ClusterFault
             started = time.time()
+            early, self.early = self.early, None
+            if early is not None and (not self.slurm or early.nodes != tuple(self.allocation.nodes)):
+                early.step.cancel()
+                early = None
             try:
                 run_, _ = vet_job(protocol, min_nodes=cfg.min_nodes, out=vet_dir(d), local=not self.slurm,
-                                  allocation=self.allocation, only=only)
+                                  allocation=self.allocation, only=only, started=early.step if early else None)
             except ClusterFault as exc:                # fail closed: the cluster failed, no node is bad
                 record.vet = Vetting(decision="abort", cluster_fault=str(exc), auto=auto,
                                      duration_s=round(time.time() - started, 3))
@@ -325,6 +362,36 @@ class Job:
             return
         restart.resumed = resume_of(self.d, earlier[-1], self.record)
         write_own(self.d, self.record)
+
+
+def _keep_phases(d: Path, clock: phases.Clock) -> None:
+    """run.json's ``phases``: the launcher's own, and the srun step's start to its first and
+    its last rank's command (from the ranks' records: what the launcher waited for)."""
+    from hpcml.jobmodel import Phase
+    run = read_run(d)
+    ranks = _rank_starts(d, run.attempt)
+    step = next((s for s in reversed(clock.spans) if s.name == "srun step"), None)
+    if step is not None and ranks:
+        clock.add("ranks started", step.start, min(ranks) - step.start)
+        clock.add("last rank started", step.start, max(ranks) - step.start)
+    run.phases = [Phase.model_validate(s.to_json()) for s in clock.spans]
+    write_own(d, run)
+
+
+def _rank_starts(d: Path, attempt: int) -> list[float]:
+    """When each rank's command started (``command_started`` of its recorder's metadata)."""
+    from hpcml.files import load_json_bounded
+    from hpcml.run.jobpaths import observe_dir
+    out = []
+    for p in observe_dir(d, attempt).glob("rank-*.json"):
+        try:
+            meta = load_json_bounded(p, RANK_META_MAX)
+        except (OSError, ValueError):
+            continue
+        t = meta.get("command_started") if isinstance(meta, dict) else None
+        if isinstance(t, (int, float)):
+            out.append(float(t))
+    return out
 
 
 def _next_attempt(rec: RunRecord) -> RunRecord:

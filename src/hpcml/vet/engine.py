@@ -20,6 +20,7 @@ from hpcml import logs
 from hpcml.cluster.allocation import Allocation
 from hpcml.cluster.hostlist import fold
 from hpcml.errors import SlurmError
+from hpcml.phases import phase
 from hpcml.vet import culprit_run, isolate, registry, relative, verdict
 from hpcml.vet.launch import Step, StepResult, start_workers
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
@@ -117,11 +118,12 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
         # srun, or the checks' own venv: workers in that interpreter
         started = start_workers(nodes, python, use_srun=use_srun)
     try:
-        if started is not None:
-            started.send(spec)
-            step = started.harvest(deadline_at)
-        else:
-            step = _local_step(spec)
+        with phase("vet.gather"):                # the spec out, every node's result in (or the deadline)
+            if started is not None:
+                started.send(spec)
+                step = started.harvest(deadline_at)
+            else:
+                step = _local_step(spec)
     except KeyboardInterrupt:         # srun passes the SIGINT to the workers, which stop their checks
         isolate.mark_interrupted()
         if started is not None:
@@ -135,8 +137,9 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
         isolate.mark_interrupted()
         return {n: NodeReport(node=n, reachable=False, message="interrupted (SIGINT) before its results came")
                 for n in nodes}
-    reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
-    _judge_across(evals, reports)
+    with phase("vet.decide"):
+        reports = {n: step.reports.get(n) or _unreachable(n, step) for n in nodes}
+        _judge_across(evals, reports)
     return reports
 
 
@@ -255,9 +258,10 @@ def vet(protocol: Protocol, allocation: Allocation, *, nodes: list[str] | None =
                          f"({fold(good, sort=True) or 'none'})")
     if isolate.interrupted():
         notes.append(INTERRUPTED_NOTE)
-    notes += _nothing_checked(nodes, reports) + _starved(reports)
-    result = verdict.decide(nodes, reports, count_errors,
-                            min_nodes if min_nodes is not None else protocol.min_nodes)
+    with phase("vet.decide"):
+        notes += _nothing_checked(nodes, reports) + _starved(reports)
+        result = verdict.decide(nodes, reports, count_errors,
+                                min_nodes if min_nodes is not None else protocol.min_nodes)
     return VetRun(protocol=protocol, nodes=nodes, reports=reports, verdict=result,
                   started_at=t0, duration=time.time() - t0,
                   job_id=allocation.job_id, launcher="srun" if use_srun else "local",

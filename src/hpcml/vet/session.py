@@ -12,6 +12,7 @@ from typing import Any
 
 from hpcml import logs
 from hpcml.errors import UsageError
+from hpcml.phases import phase
 
 log = logs.get(__name__)
 
@@ -19,20 +20,27 @@ log = logs.get(__name__)
 def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | None = None, nodes: str | None = None,
             out: Path | None = None, exclude_file: Path | None = None, good_file: Path | None = None,
             workdir: Path | None = None, venv_root: Path | None = None, local: bool = False,
-            allocation: Any = None, only: Collection[str] | None = None) -> tuple[Any, dict[str, Path]]:
+            allocation: Any = None, only: Collection[str] | None = None,
+            started: Any = None) -> tuple[Any, dict[str, Path]]:
     """``(VetRun, output paths)``; bad input raises a UsageError (one line, exit 2).
-    ``only``: the protocol's checks to run (``--vet auto``'s tier), by name."""
+    ``only``: the protocol's checks to run (``--vet auto``'s tier), by name. ``started``:
+    workers already started on every node of the allocation (``launch.Step``), used and
+    then owned here (stopped on bad input)."""
     from hpcml.cluster import allocation as alloc_mod
     from hpcml.cluster.hostlist import expand
     from hpcml.vet import launch
-    early = None
+    early = started
     try:   # bad input ends the command, after stopping early workers
         allocation = allocation or alloc_mod.current()
         subset = expand(nodes) if nodes else None
         if subset and (unknown := [n for n in subset if n not in allocation.nodes]):
             raise UsageError(f"not in this allocation: {', '.join(unknown)}", key="nodes")
-        if not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
-            early = launch.start_workers(subset or list(allocation.nodes), preload=launch.preload_hint(protocol))
+        if early is not None and (local or venv_root or subset):
+            early.cancel()                        # not workers these nodes and this interpreter can use
+            early = None
+        if early is None and not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
+            with phase("vet.fan-out"):            # srun's step: every node's worker starts in parallel
+                early = launch.start_workers(subset or list(allocation.nodes), preload=launch.preload_hint(protocol))
         from hpcml.units import parse_seconds
         from hpcml.vet import engine, report, setup
         from hpcml.vet.protocol import load
@@ -55,7 +63,8 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
                           workdir=str(workdir or out_dir / "work"),
                           use_srun=False if local else None, python=python, started=early)
         early = None
-        paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
+        with phase("vet.write"):
+            paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
     finally:
         if early is not None:
             early.cancel()
