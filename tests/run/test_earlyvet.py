@@ -4,6 +4,7 @@ leaving none running) is tested on the local Slurm cluster in test_run_slurm.py.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import pytest
@@ -26,9 +27,17 @@ def allocation(monkeypatch, tmp_path):
     monkeypatch.setenv("SLURM_JOB_NODELIST", "n[1-2]")
     started: list[list[str]] = []
 
+    class Told:
+        """What the workers' stdin would get (``launch.Step.send``)."""
+        protocol = None
+        sent: dict | None = None
+
+        def send(self, spec):
+            self.sent = spec
+
     def fake(nodes, python=None, *, use_srun=True, preload=()):
         started.append(list(nodes))
-        return object()
+        return Told()
     monkeypatch.setattr("hpcml.vet.launch.start_workers", fake)
     proto = tmp_path / "p.yaml"
     proto.write_text("name: p\nevals: [{name: m, type: memory}]\n")
@@ -37,8 +46,32 @@ def allocation(monkeypatch, tmp_path):
 
 def test_started_on_every_node_of_an_allocation(allocation) -> None:
     started, proto = allocation
+    before = time.time()
     early = earlyvet.start(_opts(str(proto)))
     assert early is not None and early.nodes == ("n1", "n2") and started == [["n1", "n2"]]
+    told = early.step.sent             # hpcml's own checks only: their spec went at once
+    assert told["nodes"] == ["n1", "n2"] and [e["name"] for e in told["evals"]] == ["m"]
+    assert told["deadline_at"] >= before + early.step.protocol.deadline - 1
+    assert told["workdir"] == str(Path("hpcml-run-7") / "vet" / "work")
+
+
+def test_a_sites_check_waits_for_the_launcher(allocation, tmp_path) -> None:
+    """A check from outside hpcml may use the run's directory, which the launcher makes: the
+    workers start, and get their spec from the launcher."""
+    started, _ = allocation
+    proto = tmp_path / "site.yaml"
+    proto.write_text("name: p\nevals: [{name: m, type: memory}, {name: v, type: tests.plugins.testchecks.Value, "
+                     "value: 1}]\n")
+    early = earlyvet.start(_opts(str(proto)))
+    assert early is not None and started == [["n1", "n2"]] and early.step.sent is None
+
+
+def test_a_protocol_that_does_not_validate_is_left_to_the_launcher(allocation, tmp_path) -> None:
+    started, _ = allocation
+    proto = tmp_path / "bad.yaml"
+    proto.write_text("name: p\ncolour: blue\nevals: [{name: m, type: memory}]\n")
+    early = earlyvet.start(_opts(str(proto)))
+    assert early is not None and early.step.sent is None and early.step.protocol is None
 
 
 @pytest.mark.parametrize("case", ["no vet", "auto", "auto:file", "missing file", "in a step", "local", "backend",

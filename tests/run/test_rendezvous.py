@@ -43,3 +43,28 @@ def test_outside_an_srun_step_nothing_is_set():
     """In the batch script (no SLURM_STEP_ID) or outside Slurm the launcher sets everything."""
     assert task_env({"SLURM_JOB_ID": "7", "SLURM_PROCID": "0", "SLURM_NTASKS": "4"}) == {}
     assert task_env({}) == {}
+
+
+def test_a_port_probed_while_vetting_is_the_one_the_node_answered(monkeypatch):
+    """``PortProbe`` asks rank 0's node in the background (its srun step is replaced here: the
+    probe on the real cluster is in test_run_slurm.py, where the launcher runs under salloc);
+    a failed probe is the step's own error, raised when the port is wanted."""
+    import threading
+
+    import pytest
+
+    from hpcml.errors import SlurmError
+    from hpcml.run.rendezvous import PortProbe
+    go = threading.Event()
+
+    def answer(node, python, timeout=60.0):
+        go.wait(5)
+        if node == "n9":
+            raise SlurmError("srun on n9: no free port in its answer ('')")
+        return 40001
+    monkeypatch.setattr("hpcml.cluster.slurm.free_port_on", answer)
+    probe, bad = PortProbe("n1", "python"), PortProbe("n9", "python")
+    go.set()
+    assert probe.port() == 40001 and probe.node == "n1"
+    with pytest.raises(SlurmError, match="n9"):
+        bad.port()

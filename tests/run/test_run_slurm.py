@@ -178,3 +178,19 @@ exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
     assert not any("job_stall" == f["kind"] for a in rep["attempts"] for f in a["observe"]["findings"])
     assert rep["attempts"][0]["requeue_gap_s"] > 0 and rep["ending"]["exit_code"] == 0
     assert rep["observe"]["ranks_with_data"] == 2 and rep["attempts"][0]["observe"]["ranks_with_data"] == 2
+
+
+def test_under_salloc_every_rank_gets_the_port_probed_on_rank_0s_node(env, tmp_path):
+    """Under salloc the launcher runs off the allocation's nodes: rank 0's port is asked of
+    n1 by an srun step while vetting runs, and every rank gets that one port."""
+    import subprocess
+    (tmp_path / "p.yaml").write_text("name: mem\nevals:\n  - {name: memory, type: memory, min_available_fraction: 1%}\n")
+    show = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], os.environ['RANK'])"
+    p = subprocess.run(["salloc", "-N2", "--ntasks-per-node=1", sys.executable, "-m", "hpcml", "run", "--vet", "p.yaml",
+                        "--dir", "job", "--no-report", "--", sys.executable, "-c", show],
+                       cwd=tmp_path, env=env, capture_output=True, text=True, timeout=240)
+    assert p.returncode == 0, p.stderr
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    addr, port = run["master"].rsplit(":", 1)
+    seen = sorted((tmp_path / "job" / "logs" / f"rank-0000{r}.out").read_text().split() for r in (0, 1))
+    assert seen == [[addr, port, "0"], [addr, port, "1"]] and addr == "n1"

@@ -33,6 +33,7 @@ from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
 from hpcml.proctree import ExitWatch, become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
 from hpcml.registry import Registry
+from hpcml.run.rendezvous import PortProbe
 from hpcml.run.task import ENV_BEAT_KEY, STOP
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
@@ -178,6 +179,7 @@ class Srun:
         self.proc: subprocess.Popen | None = None
         self.step: SrunStep | None = None
         self._ended: ExitWatch | None = None
+        self.port_probe: PortProbe | None = None        # rank 0's port, probed while vetting ran
 
     def plan(self, task: list[str], record: RunRecord) -> Plan:
         from hpcml.cluster.allocation import step_order
@@ -197,7 +199,9 @@ class Srun:
         nodes = step_order(self.nodes, self.allocation.nodes)   # a spare put back last may come first here
         master = nodes[0]                               # srun gives rank 0 the first in the job's order
         try:
-            port = free_port() if master == self.allocation.node else free_port_on(master, sys.executable)
+            probe, self.port_probe = self.port_probe, None               # asked while vetting ran: used once
+            port = (free_port() if master == self.allocation.node else probe.port() if probe and probe.node == master
+                    else free_port_on(master, sys.executable))
         except SlurmError as exc:
             raise NoRendezvous(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
         addr = node_address(master)

@@ -7,7 +7,8 @@ stdin for the spec the launcher sends once it has validated the protocol
 (``hpcml.vet.launch.Step``), and a run that ends up not vetting closes their stdin, on which
 they exit having run nothing. Only where the launcher would start them anyway: in a Slurm
 allocation, outside its steps and outside a farm task, with a protocol file named (not
-``--vet auto``, which may choose no checks). This module imports nothing heavy.
+``--vet auto``, which may choose no checks). Where the protocol has only hpcml's own node
+checks, their spec is sent at once too: the checks then run while the launcher starts.
 """
 
 from __future__ import annotations
@@ -15,11 +16,17 @@ from __future__ import annotations
 import os
 import time
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from hpcml.run.config import Options
     from hpcml.vet.launch import Step
+
+
+#: hpcml's own checks, which use no shared directory (``hpcml.vet.checks``; the collective,
+#: which does, spans the allocation and is never in the node phase)
+BUILTIN = "hpcml.vet.checks."
 
 
 @dataclass
@@ -53,4 +60,26 @@ def start(opts: Options) -> Early | None:
         step = launch.start_workers(list(allocation.nodes), preload=launch.preload_hint(opts.vet))
     except OSError:                                  # no srun here: the launcher finds out and says so
         return None
+    _tell(step, opts.vet, opts.job_dir, allocation)
     return Early(step, allocation.nodes, t, time.perf_counter() - t0, time.process_time() - cpu)
+
+
+def _tell(step: Step, protocol: Path, job_dir: Path | None, allocation: Any) -> None:
+    """Send the workers their spec now, while the launcher imports itself, where nothing in it
+    depends on the launcher: every node check is one of hpcml's own, none of which uses the
+    run's directory (a site's check may, and that directory is made by the launcher). A
+    protocol that does not validate is left to the launcher, which says why in one line."""
+    from hpcml.errors import UsageError
+    from hpcml.vet.launch import spec
+    from hpcml.vet.protocol import load
+    try:
+        proto = load(protocol)
+        proto.unset_variables()
+    except UsageError:
+        return
+    evals = [e for e in proto.evals if e.scope == "node"]
+    if not evals or not all(e.check.startswith(BUILTIN) for e in evals):
+        return
+    d = Path(job_dir) if job_dir else Path(f"hpcml-run-{allocation.job_id}")
+    step.protocol = proto
+    step.send(spec(proto, evals, list(allocation.nodes), time.time() + proto.deadline, str(d / "vet" / "work")))

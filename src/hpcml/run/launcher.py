@@ -128,6 +128,7 @@ class Job:
         self.cfg, self.d, self.kind, self.allocation, self.record = cfg, d, kind, allocation, record
         self.environment = environment
         self.early: Early | None = None      # --vet's workers, started before the launcher's imports
+        self.port_probe: Any = None          # rank 0's rendezvous port, probed while vetting runs
         self.slurm = kind.spans_nodes          # across the allocation's nodes: vetting, spares, restarts elsewhere
         self.superseded = False              # a later attempt of this Slurm job took the directory
 
@@ -139,6 +140,7 @@ class Job:
             (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
             record.env = cfg.env
         nodes = list(self.allocation.nodes)
+        self.port_probe = self._probe_port(nodes)
         try:
             if cfg.vet is not None:
                 good = self._vet()
@@ -314,7 +316,20 @@ class Job:
         cfg = self.cfg
         settings = Settings(cfg.ntasks, cfg.ntasks_per_node, cfg.gpus_per_task, cfg.rank_env)
         nodes = nodes if self.slurm else self.record.allocation[:1]          # local: this host
-        return self.kind(settings, nodes, self.allocation, watch_lost=recovery is not None and recovery.left)
+        backend = self.kind(settings, nodes, self.allocation, watch_lost=recovery is not None and recovery.left)
+        if self.port_probe is not None and hasattr(backend, "port_probe"):
+            backend.port_probe, self.port_probe = self.port_probe, None     # the first attempt's, once
+        return backend
+
+    def _probe_port(self, nodes: list[str]) -> Any:
+        """With --vet under srun, rank 0's likely node (the allocation's first) asked for a free
+        port while vetting runs, where this launcher runs elsewhere (salloc, a login node)."""
+        if not (self.slurm and self.cfg.vet is not None and nodes and nodes[0] != self.allocation.node):
+            return None
+        import sys
+
+        from hpcml.run.rendezvous import PortProbe
+        return PortProbe(nodes[0], sys.executable)
 
     def _still_out(self, nodes: list[str], least: int) -> list[str]:
         """A requeued job's restarts excluded nodes in its earlier attempts: they stay out (while

@@ -287,12 +287,15 @@ class LocalSlurm:
             raise SlurmError(f"installed {' '.join(missing)} but still missing: {' '.join(still)}")
         return missing
 
-    def start(self, timeout: float = 60) -> None:
+    def start(self, timeout: float | None = None) -> None:
         """Start munged, slurmctld and one slurmd per node; return when all nodes are idle.
+        ``timeout`` (default: 60 s and 0.2 s a node: each slurmd starts and registers in turn,
+        ~65 ms apiece on a 2-core host, so 1,024 nodes need over a minute of it alone).
 
         A no-op when this cluster is already up with the same configuration; after a crash
         it first removes what is left of the previous run.
         """
+        timeout = timeout if timeout is not None else 60 + 0.2 * len(self.node_names)
         self._require_installed()  # and root
         if self.is_up() and self.conf.read_text() == self.render_conf():
             return
@@ -699,7 +702,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--extra-conf", default="", help="lines appended to slurm.conf")
     parser.add_argument("--node-names", default="", help="the nodes in slurm.conf's order, a hostlist "
                         "(n[4,1-3]): instead of --nodes' n1..nN")
-    parser.add_argument("--timeout", type=float, default=60.0, help="start: seconds to wait")
+    parser.add_argument("--timeout", type=float, default=None, help="start: seconds to wait (default: 60 and 0.2 a node)")
     return parser
 
 

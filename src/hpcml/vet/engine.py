@@ -22,7 +22,7 @@ from hpcml.cluster.hostlist import fold
 from hpcml.errors import SlurmError
 from hpcml.phases import phase
 from hpcml.vet import culprit_run, isolate, registry, relative, verdict
-from hpcml.vet.launch import Step, StepResult, start_workers
+from hpcml.vet.launch import Step, StepResult, spec, start_workers
 from hpcml.vet.model import CheckResult, NodeReport, Outcome, Verdict
 from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.vet.worker import context_fields, run_node
@@ -46,9 +46,7 @@ class VetRun:
 
 def _spec(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
           workdir: str | None) -> dict:
-    return {"protocol": protocol.name, "nodes": nodes, "deadline_at": deadline_at,
-            "workdir": workdir, "require_gpus": protocol.require_gpus,
-            "evals": [e.to_dict() for e in evals]}
+    return spec(protocol, evals, nodes, deadline_at, workdir)
 
 
 INTERRUPTED_NOTE = "interrupted (SIGINT): checks still running were stopped and count as errors"
@@ -113,17 +111,19 @@ def _judge_across(evals: list[EvalSpec], reports: dict[str, NodeReport]) -> None
 def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
                workdir: str | None, use_srun: bool, python: str,
                started: Step | None = None) -> dict[str, NodeReport]:
-    spec = _spec(protocol, evals, nodes, deadline_at, workdir)
+    told = _spec(protocol, evals, nodes, deadline_at, workdir)
     if started is None and (use_srun or python != sys.executable):
         # srun, or the checks' own venv: workers in that interpreter
         started = start_workers(nodes, python, use_srun=use_srun)
     try:
         with phase("vet.gather"):                # the spec out, every node's result in (or the deadline)
-            if started is not None:
-                started.send(spec)
+            if started is not None and started.sent is not None:     # told before the launcher was ready
+                step = started.harvest(min(deadline_at, started.sent["deadline_at"]))
+            elif started is not None:
+                started.send(told)
                 step = started.harvest(deadline_at)
             else:
-                step = _local_step(spec)
+                step = _local_step(told)
     except KeyboardInterrupt:         # srun passes the SIGINT to the workers, which stop their checks
         isolate.mark_interrupted()
         if started is not None:

@@ -18,6 +18,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from hpcml import progress
 from hpcml.cluster import slurm
@@ -54,6 +55,14 @@ def _srun_argv(nodes: list[str], python: str) -> list[str]:
                                   "--input=all", "--job-name=hpcml-vet"])
 
 
+def spec(protocol: Any, evals: Sequence[Any], nodes: list[str], deadline_at: float, workdir: str | None) -> dict:
+    """What every worker is told to run (``hpcml.vet.worker``): the checks, the nodes, the
+    deadline (epoch s) and the run's shared directory."""
+    return {"protocol": protocol.name, "nodes": nodes, "deadline_at": deadline_at,
+            "workdir": workdir, "require_gpus": protocol.require_gpus,
+            "evals": [e.to_dict() for e in evals]}
+
+
 class Step:
     """One set of workers: started first, told what to run later.
 
@@ -65,6 +74,8 @@ class Step:
 
     def __init__(self, argv: list[str], expected: int, preload: Sequence[str] = ()) -> None:
         self.expected = expected
+        self.sent: dict | None = None         # the spec, once sent (it goes once: stdin is closed then)
+        self.protocol: Any = None             # the Protocol it was built from, when sent before the launcher's
         self.step = StepResult()
         self.complete = threading.Event()
         self.wire = Reassembler()
@@ -101,6 +112,8 @@ class Step:
 
     def send(self, spec: dict | None) -> None:
         assert self.proc.stdin is not None  # stdin=PIPE
+        if spec is not None:
+            self.sent = spec
         try:
             if spec is not None:
                 self.proc.stdin.write(json.dumps(spec) + "\n")

@@ -44,7 +44,10 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
         from hpcml.units import parse_seconds
         from hpcml.vet import engine, report, setup
         from hpcml.vet.protocol import load
-        proto = load(protocol)
+        if early is not None and early.sent is not None and only is not None:
+            early.cancel()                        # told the whole protocol: not what --vet auto chose
+            early = None
+        proto = early.protocol if early is not None and early.protocol is not None else load(protocol)
         proto.unset_variables()
         if only is not None:
             from dataclasses import replace
