@@ -193,6 +193,19 @@ def test_conf_has_one_port_per_node_and_the_extra_lines() -> None:
     assert conf.rstrip().endswith("Prolog=/bin/true")
 
 
+@pytest.mark.parametrize(("nodes", "lines"), [(64, []), (256, ["MessageTimeout=60"]), (1024, ["MessageTimeout=60"])])
+def test_conf_grows_with_the_virtual_nodes_on_one_host(nodes: int, lines: list[str]) -> None:
+    """Many virtual nodes on two cores launch a step slowly: node messages get a minute, and
+    past 256 nodes the step's credentials outlive a launch of minutes; munged gets threads."""
+    cluster = LocalSlurm(nodes=nodes, ctld_port=7000, first_slurmd_port=7010)
+    conf = cluster.render_conf().splitlines()
+    assert [x for x in conf if x.startswith("MessageTimeout")] == lines
+    auth = next(x for x in conf if x.startswith("AuthInfo=")).split("=", 1)[1].split(",")
+    assert auth[0] == f"socket={cluster.munge_socket}" and ("ttl=1800" in auth) == (nodes > 256)
+    assert f"cred_expire={10 if nodes <= 64 else 600}" in auth
+    assert cluster.munge_threads == min(64, max(2, nodes // 8))
+
+
 @pytest.mark.slurm
 def test_start_tries_once_more_after_a_failed_start(slurm_cluster: LocalSlurm,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:

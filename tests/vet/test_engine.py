@@ -84,3 +84,39 @@ def test_the_clusters_fault_is_retried_and_if_it_stays_the_run_fails_closed(monk
         engine._again_while_the_cluster_fails(proto, proto.evals, nodes, time.time() + 300, None, "python", first)
     assert len(calls) == 2 and "still after 2 retries" in str(err.value) and "no node is judged" in str(err.value)
     assert err.value.exit_code == 1 and "\n" not in str(err.value)
+
+
+CANCELLED = ["srun: error: Task launch for StepId=1.0 failed on node n7: Protocol authentication error",
+             "slurmstepd-n1: error: *** STEP 1.0 ON n1 CANCELLED AT 2026-11-27T19:32:37 ***"]
+
+
+def test_nodes_whose_workers_died_with_a_step_slurm_failed_are_asked_again(monkeypatch):
+    """As in the 512-node run: srun failed the launch on one node and ended the whole step;
+    59 of 512 healthy nodes gave no result (too few for the cluster's fault). They are asked
+    again before any is called unreachable; one that still gives none is, and no more."""
+    nodes = [f"n{i}" for i in range(1, 513)]
+    first = _step(nodes[59:], CANCELLED, rc=141)
+    assert cluster_fault(nodes, first) is None and engine.step_failed(nodes, first) is not None
+    calls: list[list[str]] = []
+
+    class Again:
+        def __init__(self, missing):
+            self.missing = missing
+
+        def send(self, spec):
+            pass
+
+        def harvest(self, deadline_at):
+            return _step([n for n in self.missing if n != "n7"], [], rc=1)   # n7 is truly gone
+    monkeypatch.setattr(engine, "CLUSTER_RETRIES", (0.0, 0.0))
+    monkeypatch.setattr(engine.time, "sleep", lambda s: None)
+
+    def again(nodes_, python, use_srun):
+        calls.append(list(nodes_))
+        return Again(nodes_)
+    monkeypatch.setattr(engine, "start_workers", again)
+    proto = load(Path(engine.__file__).parent / "protocols" / "cpu.yaml")
+    step = engine._again_while_the_cluster_fails(proto, proto.evals, nodes, time.time() + 300, None, "python", first)
+    assert calls == [nodes[:59]] and sorted(set(nodes) - set(step.reports)) == ["n7"]
+    # the workers' own ends are not Slurm failing the step: nothing is asked again
+    assert engine.step_failed(nodes, _step(nodes[1:], ["srun: error: n1: task 0: Exited with exit code 1"])) is None

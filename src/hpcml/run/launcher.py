@@ -134,7 +134,8 @@ class Job:
 
     def run(self) -> int:
         cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
-        prefetch("hpcml.run.watch")                   # numpy and the straggler model, while vetting runs
+        if cfg.vet is None:
+            prefetch("hpcml.run.watch")               # numpy and the straggler model (with --vet: while it waits)
         if environment is not None:
             import json
             (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
@@ -175,7 +176,9 @@ class Job:
         """``--vet``: the good nodes; None when vetting said abort (the command never starts).
         ``--vet auto`` runs the tier its model chose (none: every node is good); with a
         collector, the centre's avoid list then takes its nodes out, while enough remain."""
+        from hpcml.vet import engine, report, setup  # noqa: F401 - vetting's own imports, before the prefetch's
         from hpcml.vet.session import vet_job
+        prefetch("hpcml.run.watch")                   # numpy and the straggler model, while the nodes' results come
         cfg, d, record = self.cfg, self.d, self.record
         protocol = cfg.vet_protocol
         assert protocol is not None

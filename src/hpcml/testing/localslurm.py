@@ -372,9 +372,7 @@ class LocalSlurm:
             f"SlurmctldHost={host}(127.0.0.1)",
             "SlurmUser=root", "SlurmdUser=root",
             "AuthType=auth/munge", "CredType=cred/munge",
-            # cred_expire: a requeued job waits this long (+1 s) before it may start again
-            # (Slurm's default 120 s would make a requeue test wait two minutes)
-            f"AuthInfo=socket={self.munge_socket},cred_expire=10",
+            f"AuthInfo=socket={self.munge_socket},{self._credential_life()}",
             f"SlurmctldPort={self.ctld_port}", f"SlurmdPort={self.first_slurmd_port}",
             f"StateSaveLocation={r}/state", f"SlurmdSpoolDir={r}/spool/%n",
             f"SlurmctldPidFile={self.run_dir}/slurmctld.pid",
@@ -410,10 +408,22 @@ class LocalSlurm:
     def munge_threads(self) -> int:
         return min(64, max(2, self.nodes // 8))
 
+    def _credential_life(self) -> str:
+        """``cred_expire``: a requeued job waits this long (+1 s) before it may start again;
+        10 s (Slurm's default 120 s would make a requeue test wait two minutes), but a step's
+        credential also expires then, and past 64 virtual nodes on two cores a step takes
+        longer than that to launch ("Job credential expired" on 67 of 512 nodes): 600 s there.
+        Past 256 nodes a MUNGE credential lives 30 minutes (its default 300 s ran out in a
+        1,024-node launch: "Protocol authentication error"). Made late enough, as a real
+        cluster's launch would be quick."""
+        life = "cred_expire=10" if self.nodes <= 64 else "cred_expire=600"
+        return life + (",ttl=1800" if self.nodes > 256 else "")
+
     def _scale_lines(self) -> list[str]:
         """Beyond 64 virtual nodes on one host, a step launch keeps the host's CPUs busy for
         tens of seconds, and Slurm's 10 s MessageTimeout fails node messages ("Socket timed
-        out on send/recv operation") that a real node of its own would answer at once."""
+        out on send/recv operation") that a real node of its own would answer at once; beyond
+        256, for minutes (its credentials then live longer)."""
         if self.nodes <= 64 or "MessageTimeout" in self.extra_conf:
             return []
         return ["MessageTimeout=60"]

@@ -159,16 +159,14 @@ CLUSTER_RETRIES = (5.0, 15.0)      # seconds before each retry of the nodes with
 CLUSTER_MIN_LEFT = 20.0            # a retry needs this much of the deadline left
 
 
-def cluster_fault(nodes: list[str], step: StepResult) -> str | None:
-    """Why the step failed as the cluster's fault, or None: at least two nodes and
-    ``CLUSTER_SHARE`` of them gave no result, not for the deadline, and srun or slurmstepd
-    said a Slurm or MUNGE error (the most common one, node names and numbers taken out)."""
+def _slurm_said(step: StepResult) -> list[str]:
+    """The lines in which srun or slurmstepd said a Slurm or MUNGE error of the step itself
+    (not a worker's own end)."""
+    return [line.strip() for line in step.stderr if _SLURM_FAULT.search(line) and not _TASK_EXIT.search(line)]
+
+
+def _said(nodes: list[str], step: StepResult, said: list[str]) -> str:
     missing = [n for n in nodes if n not in step.reports]
-    if step.timed_out or len(missing) < 2 or len(missing) < CLUSTER_SHARE * len(nodes):
-        return None
-    said = [line.strip() for line in step.stderr if _SLURM_FAULT.search(line) and not _TASK_EXIT.search(line)]
-    if not said:
-        return None
     reasons = Counter(re.sub(r"[\w.-]*\d[\w.-]*", "#", line) for line in said)
     top, _ = reasons.most_common(1)[0]
     example = next(line for line in said if re.sub(r"[\w.-]*\d[\w.-]*", "#", line) == top)
@@ -176,18 +174,42 @@ def cluster_fault(nodes: list[str], step: StepResult) -> str | None:
             f"Slurm said: {example[:300]}")
 
 
+def cluster_fault(nodes: list[str], step: StepResult) -> str | None:
+    """Why the step failed as the cluster's fault, or None: at least two nodes and
+    ``CLUSTER_SHARE`` of them gave no result, not for the deadline, and srun or slurmstepd
+    said a Slurm or MUNGE error (the most common one, node names and numbers taken out)."""
+    missing = [n for n in nodes if n not in step.reports]
+    if step.timed_out or len(missing) < 2 or len(missing) < CLUSTER_SHARE * len(nodes):
+        return None
+    said = _slurm_said(step)
+    return _said(nodes, step, said) if said else None
+
+
+def step_failed(nodes: list[str], step: StepResult) -> str | None:
+    """Why some nodes gave no result because Slurm failed the step, or None: srun ends a
+    whole step when the launch fails on one node ("Task launch ... failed", "authentication
+    error"), and the workers of healthy nodes die with it, unjudged. Those nodes are asked
+    again before any is called unreachable."""
+    missing = [n for n in nodes if n not in step.reports]
+    if step.timed_out or not missing:
+        return None
+    said = _slurm_said(step)
+    return _said(nodes, step, said) if said else None
+
+
 def _again_while_the_cluster_fails(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
                                    workdir: str | None, python: str, step: StepResult) -> StepResult:
-    """Retry the nodes without a result, with backoff, while ``cluster_fault`` says the step
-    failed for the cluster's reason; if it still does, raise ``ClusterFault`` (fail closed).
-    Results that came are kept."""
+    """Retry the nodes without a result, with backoff, while Slurm says it failed the step
+    (``step_failed``: any share of the nodes); if most still gave none for the cluster's
+    reason (``cluster_fault``), raise ``ClusterFault`` (fail closed). Results that came are
+    kept; a node still without one after the retries is unreachable, as before."""
     tries = 0
     for delay in CLUSTER_RETRIES:
-        why = cluster_fault(nodes, step)
+        why = step_failed(nodes, step)
         if why is None or time.time() + delay + CLUSTER_MIN_LEFT > deadline_at:
             break
-        log.warning(f"hpcml vet: {why}: the cluster's fault, not the nodes'; the nodes without a result again "
-                    f"in {delay:g} s")
+        log.warning(f"hpcml vet: {why}: Slurm failed the step, not necessarily the nodes; the nodes without a "
+                    f"result again in {delay:g} s")
         time.sleep(delay)
         tries += 1
         missing = [n for n in nodes if n not in step.reports]
