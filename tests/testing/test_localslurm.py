@@ -193,13 +193,14 @@ def test_conf_has_one_port_per_node_and_the_extra_lines() -> None:
     assert conf.rstrip().endswith("Prolog=/bin/true")
 
 
-@pytest.mark.parametrize(("nodes", "lines"), [(64, []), (256, ["MessageTimeout=60"]), (1024, ["MessageTimeout=60"])])
+@pytest.mark.parametrize(("nodes", "lines"), [(64, ["SlurmdTimeout=15"]), (256, ["SlurmdTimeout=15", "MessageTimeout=60"]),
+                                              (1024, ["MessageTimeout=60", "SlurmdTimeout=300"])])
 def test_conf_grows_with_the_virtual_nodes_on_one_host(nodes: int, lines: list[str]) -> None:
     """Many virtual nodes on two cores launch a step slowly: node messages get a minute, and
     past 256 nodes the step's credentials outlive a launch of minutes; munged gets threads."""
     cluster = LocalSlurm(nodes=nodes, ctld_port=7000, first_slurmd_port=7010)
     conf = cluster.render_conf().splitlines()
-    assert [x for x in conf if x.startswith("MessageTimeout")] == lines
+    assert [x for x in conf if x.startswith(("MessageTimeout", "SlurmdTimeout"))] == lines
     auth = next(x for x in conf if x.startswith("AuthInfo=")).split("=", 1)[1].split(",")
     assert auth[0] == f"socket={cluster.munge_socket}" and ("ttl=1800" in auth) == (nodes > 256)
     assert f"cred_expire={10 if nodes <= 64 else 600}" in auth

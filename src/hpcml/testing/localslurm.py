@@ -395,7 +395,7 @@ class LocalSlurm:
             "JobCompType=jobcomp/filetxt", f"JobCompLoc={self.log_dir}/jobcomp.txt",
             "MailProg=/bin/true",
             f"Prolog={self.prolog_dir}/prolog.sh", "PrologFlags=Alloc",
-            "SlurmctldTimeout=10", "SlurmdTimeout=15", "KillWait=2", "Waittime=0",
+            "SlurmctldTimeout=10", *self._slurmd_timeout(), "KillWait=2", "Waittime=0",
             "InactiveLimit=0", "MinJobAge=300",
             *self._scale_lines(),
             *self._node_lines(host),
@@ -407,6 +407,9 @@ class LocalSlurm:
     @property
     def munge_threads(self) -> int:
         return min(64, max(2, self.nodes // 8))
+
+    def _slurmd_timeout(self) -> list[str]:
+        return [] if self.nodes > 256 and "SlurmdTimeout" not in self.extra_conf else ["SlurmdTimeout=15"]
 
     def _credential_life(self) -> str:
         """``cred_expire``: a requeued job waits this long (+1 s) before it may start again;
@@ -426,7 +429,11 @@ class LocalSlurm:
         256, for minutes (its credentials then live longer)."""
         if self.nodes <= 64 or "MessageTimeout" in self.extra_conf:
             return []
-        return ["MessageTimeout=60"]
+        if self.nodes <= 256 or "SlurmdTimeout" in self.extra_conf:
+            return ["MessageTimeout=60"]
+        # the batch node's slurmd, busy with a 512-task launch on two cores, answered no ping
+        # for 15 s: Slurm took it for failed and requeued the job
+        return ["MessageTimeout=60", "SlurmdTimeout=300"]
 
     def _node_lines(self, host: str) -> list[str]:
         """One line per virtual node, each slurmd on its own port, and one partition."""
