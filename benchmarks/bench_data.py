@@ -252,11 +252,30 @@ def main() -> None:
         }.items() if v == v}          # nan: a loader left out by --loaders
         for k, v in mine.items():
             print(f"  {W} workers: {k:<44} {v:5.2f}")
+    # Round by round (each round's two passes ran in the same rotation, minutes apart at most):
+    # "ahead in every round" is read off here, not from the medians.
+    per_round: dict[str, dict[str, list[float]]] = {}
+    for W in counts:
+        for label, a, b in (("hpcml shuffled / webdataset shuffled", "hpcml shards, shuffled", "webdataset, shuffled"),
+                            ("hpcml sequential / webdataset sequential", "hpcml shards, sequential",
+                             "webdataset, sequential")):
+            ra, rb = runs.get(f"{a}, {W}w"), runs.get(f"{b}, {W}w")
+            if ra and rb:
+                per_round.setdefault(label, {})[f"{W} workers"] = [
+                    round(x["mb_per_s"] / y["mb_per_s"], 3) for x, y in zip(ra, rb)]
+    if per_round:
+        print("per round:")
+        for label, by_w in per_round.items():
+            for w, vs in by_w.items():
+                ahead = sum(v > 1 for v in vs)
+                print(f"  {w}: {label:<44} {'  '.join(f'{v:5.2f}' for v in vs)}   "
+                      f"(ahead in {ahead} of {len(vs)})")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps({
         "date": time.strftime("%Y-%m-%d"), "files": args.files, "bytes": m.bytes, "shards": len(m.shards),
         "workers": counts, "batch": B, "rounds": args.rounds, "pack_seconds": round(pack_s, 1), "passes": results,
         "quality": q, "ratios": {w: {k: round(v, 3) for k, v in rs.items()} for w, rs in ratios.items()},
+        "ratios_per_round": per_round,
         "webdataset": wds.__version__ if hasattr(wds, "__version__") else "?", "python": sys.version.split()[0],
     }, indent=2))
     print(f"written {args.out}")

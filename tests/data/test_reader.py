@@ -246,3 +246,65 @@ def test_a_stream_closed_on_one_of_its_own_threads_does_not_wait_for_itself(shar
     suspended.set()
     assert closed.wait(60), "closing a stream on its own hint thread hung"
     assert "error" not in seen, seen.get("error")
+
+
+# -- states saved with the 4 MiB blocks of before issue 72 ----------------------------------
+
+#: sha256 (first 16 hex digits) of the keys, one a line, of epoch 0 of ``old_layout_set`` read
+#: by ``ShardDataset(path, seed=4, rank=0, world_size=1)`` at 24cbac4 (4 MiB blocks by default)
+OLD_DEFAULT_ORDER = "2a89fcf6a594750b"
+OLD_LAYOUT = {"seed": 4, "shuffle": True, "block_bytes": 4 << 20, "window": 32, "drop_last": True}
+
+
+@pytest.fixture(scope="module")
+def old_layout_set(tmp_path_factory):
+    """3 shards of up to 3 MB: one 4 MiB block each, several 1 MiB ones."""
+    return make_shards(tmp_path_factory.mktemp("oldlayout"), samples=400, target=3_000_000, hi=30_000)[1]
+
+
+def _digest(keys):
+    import hashlib
+    return hashlib.sha256("\n".join(keys).encode()).hexdigest()[:16]
+
+
+def _old_state(path, position, **over):
+    """A state exactly as ``state_dict`` wrote it before issue 72 (its defaults in "layout")."""
+    return {"schema": "hpcml.data.state/1", "dataset": load_manifest(path).dataset, "epoch": 0,
+            "position": position, "samples": 400, "rank": 0, "world_size": 1, "workers": 1, "batch_size": 1,
+            "layout": dict(OLD_LAYOUT), **over}
+
+
+def test_a_state_of_the_old_default_layout_resumes_in_the_old_order(old_layout_set):
+    old = [s["__key__"] for s in ShardDataset(old_layout_set, seed=4, rank=0, world_size=1,
+                                              block_bytes=4 << 20, window=32)]
+    assert _digest(old) == OLD_DEFAULT_ORDER          # the order hpcml read before issue 72
+    new = [s["__key__"] for s in ShardDataset(old_layout_set, seed=4, rank=0, world_size=1)]
+    assert new != old and sorted(new) == sorted(old)  # the new default is another order
+    ds = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1)
+    ds.load_state_dict(_old_state(old_layout_set, 137))
+    assert [s["__key__"] for s in ds] == old[137:]
+    assert ds.state_dict()["layout"] == OLD_LAYOUT    # and its next checkpoint keeps that layout
+    again = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1)
+    again.load_state_dict(ds.state_dict())                # the end of epoch 0: epoch 1 is next
+    old_next = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1, block_bytes=4 << 20)
+    old_next.set_epoch(1)
+    assert [s["__key__"] for s in again] == [s["__key__"] for s in old_next] and again.epoch == 1
+    legacy = {k: v for k, v in _old_state(old_layout_set, 137).items() if k != "schema"}
+    before_tags = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1)
+    before_tags.load_state_dict({"format": "hpcml-shard-state/1", **legacy})
+    assert [s["__key__"] for s in before_tags] == old[137:]
+
+
+def test_an_old_layout_state_is_refused_in_one_line_where_the_block_size_is_given(old_layout_set):
+    ds = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1, block_bytes=1 << 20)
+    with pytest.raises(ResumeStateError) as caught:
+        ds.load_state_dict(_old_state(old_layout_set, 137))
+    msg = str(caught.value)
+    assert msg.splitlines() == [msg] and caught.value.key == "layout"
+    assert msg == ("key 'layout': state has block_bytes=4194304, this reader block_bytes=1048576 (given "
+                   "explicitly: block_bytes): the order would differ")
+    assert ds.layout.block_bytes == 1 << 20 and ds.position == 0          # nothing taken from it
+    other_seed = ShardDataset(old_layout_set, seed=5, rank=0, world_size=1)
+    with pytest.raises(ResumeStateError, match=r"state has seed=4, this reader seed=5: the order would differ$"):
+        other_seed.load_state_dict(_old_state(old_layout_set, 137))
+    assert other_seed.layout.block_bytes == 1 << 20                        # refused: nothing adopted

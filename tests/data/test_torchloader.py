@@ -136,3 +136,22 @@ def test_options_that_break_the_order_are_refused(shards, kw, match):
     with pytest.raises(UsageError, match=match) as caught:
         ShardLoader(ds, batch_size=4, num_workers=2, **kw)
     assert caught.value.key == next(iter(kw))
+
+
+def test_a_mid_epoch_state_of_the_old_4_mib_layout_resumes_with_workers_in_the_old_order(tmp_path):
+    """A checkpoint of a loader of before issue 72 (4 MiB blocks by default, 2 workers,
+    batch 8, 5 batches delivered), state dict as it wrote it: a loader with today's defaults
+    delivers the rest of that epoch in the old order, batch for batch."""
+    from hpcml.data.manifest import load_manifest
+    path = make_shards(tmp_path, samples=400, target=3_000_000, hi=30_000)[1]
+    old_layout = {"seed": 4, "shuffle": True, "block_bytes": 4 << 20, "window": 32, "drop_last": True}
+    old = ShardLoader(ShardDataset(path, seed=4, rank=0, world_size=1, block_bytes=4 << 20, window=32),
+                      batch_size=8, num_workers=2)
+    full = _batches(old)
+    state = {"schema": "hpcml.data.state/1", "dataset": load_manifest(path).dataset, "epoch": 0, "position": 40,
+             "samples": 400, "rank": 0, "world_size": 1, "workers": 2, "batch_size": 8, "layout": old_layout}
+    resumed = ShardLoader(ShardDataset(path, seed=4, rank=0, world_size=1), batch_size=8, num_workers=2)
+    resumed.load_state_dict(state)
+    assert _batches(resumed) == full[5:]
+    assert _batches(ShardLoader(ShardDataset(path, seed=4, rank=0, world_size=1), batch_size=8,
+                                num_workers=2)) != full        # today's default is another order

@@ -33,8 +33,8 @@ class Layout:
 
     seed: int = 0
     shuffle: bool = True
-    block_bytes: int = 4 << 20     # one read; Lustre's RPC size is 1-16 MiB
-    window: int = 32               # blocks mixed together: 128 MiB by default
+    block_bytes: int = 1 << 20     # one read; Lustre's RPC size is 1-16 MiB (4 MiB before issue 72)
+    window: int = 32               # blocks mixed together: 32 MiB by default
     drop_last: bool = True
 
 

@@ -1,7 +1,7 @@
 """``ShardDataset``: the reader of a shard set, for plain Python loops and (through
 ``hpcml.data.torchloader``) torch's DataLoader.
 
-It reads whole blocks (``block_bytes``, default 4 MiB) with one ``pread`` each, several
+It reads whole blocks (``block_bytes``, default 1 MiB) with one ``pread`` each, several
 blocks at once from a small thread pool, one window ahead of what it yields, and slices
 samples out of memory; it never issues a system call per sample. A hint thread queues the
 window after that with the kernel once the reads before it are done. The order is planned
@@ -10,6 +10,7 @@ by ``hpcml.data.order``; the resume state is the rank's position in that plan.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import threading
 import warnings
@@ -31,6 +32,12 @@ from hpcml.schemas import check, tag
 
 STATE_SCHEMA = tag("data.state", 1)
 LEGACY_STATE_FORMAT = "hpcml-shard-state/1"   # "format" of states saved before tags: still resumed
+BLOCK_BYTES = 1 << 20       # default block: 4 MiB before issue 72 (states of those resume, see load_state_dict)
+#: an object store's default block: each ranged GET pays a round trip, so blocks stay 4 MiB there
+OBJECT_BLOCK_BYTES = 4 << 20
+WINDOW = 32                 # default blocks per window
+#: layout settings that only tune reading: left to their defaults, a resume takes the state's
+TUNING = ("block_bytes", "window")
 
 
 class CorruptShardError(UsageError):
@@ -210,7 +217,9 @@ class _Shards:
             for i, b in enumerate(self.free):
                 if len(b) >= n:
                     return self.free.pop(i)
-        return bytearray(-(-n // (1 << 20)) << 20)
+        # room for the larger blocks of the same size (they vary with their samples' sizes),
+        # so a window's buffers serve the next; a fresh one costs a page fault per 4 KiB
+        return bytearray(-(-(n + min(n // 4, 1 << 20)) // (64 << 10)) * (64 << 10))
 
     def give(self, bufs: list[bytearray]) -> None:
         with self.lock:
@@ -234,12 +243,18 @@ class ShardDataset:
 
     ``rank``/``world_size`` default to torch.distributed, else RANK/WORLD_SIZE, else
     SLURM_PROCID/SLURM_NTASKS. Every rank gets ``len(ds)`` samples per epoch. Memory: about
-    two windows (``2 * window * block_bytes``, 256 MiB by default) per reading process.
+    two windows (``2 * window * block_bytes``, 64 MiB by default) per reading process.
+
+    The shuffle mixes ``window`` blocks at a time, so its quality depends on the number of
+    blocks, not their size; the size sets memory and how long each loader worker reads
+    before its first sample (a window) and after its last read (the last window). Left to
+    their defaults, ``block_bytes`` and ``window`` are taken from a resumed state, so a
+    state saved with other defaults (4 MiB blocks before issue 72) resumes in its own order.
     """
 
     def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None,
-                 block_bytes: int = 4 << 20, window: int = 32, drop_last: bool = True,
+                 block_bytes: int | None = None, window: int | None = None, drop_last: bool = True,
                  read_threads: int = 8, on_corrupt: str = "raise",
                  decode: Callable[[dict], Any] | None = None) -> None:
         if on_corrupt not in ("raise", "skip"):
@@ -253,8 +268,12 @@ class ShardDataset:
         if not 0 <= self.rank < self.world_size:
             raise UsageError(f"rank {self.rank} is outside world size {self.world_size}",
                              key="rank" if rank is not None else "world_size")
-        self.layout = order.Layout(seed=seed, shuffle=shuffle, block_bytes=block_bytes,
-                                   window=window, drop_last=drop_last)
+        self._given = frozenset(k for k, v in (("block_bytes", block_bytes), ("window", window)) if v is not None)
+        remote = isinstance(self.root, objstore.S3Url) or any(objstore.is_url(s.name) for s in self.manifest.shards)
+        default_block = OBJECT_BLOCK_BYTES if remote else BLOCK_BYTES
+        self.layout = order.Layout(seed=seed, shuffle=shuffle,
+                                   block_bytes=default_block if block_bytes is None else block_bytes,
+                                   window=WINDOW if window is None else window, drop_last=drop_last)
         self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode
         self.epoch = 0
         self.position = 0               # samples of this epoch already delivered on this rank
@@ -301,7 +320,8 @@ class ShardDataset:
                 check(state, STATE_SCHEMA, "resume state")
             except UsageError as exc:     # a newer hpcml's state is refused, not misread
                 raise ResumeStateError(exc.problem, key="schema") from None
-        mine = self.state_dict()
+        layout = self._resumed_layout(state.get("layout"))
+        mine = {**self.state_dict(), "layout": dict(layout.__dict__)}
         if state.get("dataset") != mine["dataset"]:
             raise ResumeStateError(f"state is of dataset {state.get('dataset')}, this is {mine['dataset']}",
                                    key="dataset")
@@ -315,13 +335,32 @@ class ShardDataset:
                                        key="world_size")
         for key in ("layout",) if resized else ("rank", "world_size", "layout"):
             if state.get(key) != mine[key]:
-                raise ResumeStateError(f"state has {state.get(key)!r}, this reader {mine[key]!r}: the order "
-                                       "would differ", key=key)
+                raise ResumeStateError(self._differ(key, state.get(key), mine[key]), key=key)
+        self.layout = layout
         self.epoch, self.position = int(state["epoch"]), int(state["position"])
         if resized and self.position:
             self.position = len(self)            # the epoch was finished: finished here too
         self._workers, self._batch = int(state.get("workers", 1)), int(state.get("batch_size", 1))
         self._resumed, self._hold = True, False
+
+    def _resumed_layout(self, theirs: Any) -> order.Layout:
+        """This reader's layout with the state's tuning settings (``TUNING``) where this
+        reader was not given them: the order they made is the one the state continues."""
+        if not isinstance(theirs, dict):
+            return self.layout
+        take = {k: theirs[k] for k in TUNING if k not in self._given and type(theirs.get(k)) is int
+                and theirs[k] >= 1 and theirs[k] != getattr(self.layout, k)}
+        return dataclasses.replace(self.layout, **take) if take else self.layout
+
+    def _differ(self, key: str, theirs: Any, ours: Any) -> str:
+        """One line: what of ``key`` differs between the state and this reader."""
+        if isinstance(theirs, dict) and isinstance(ours, dict):
+            keys = [k for k in (*ours, *(k for k in theirs if k not in ours)) if theirs.get(k) != ours.get(k)]
+            given = [k for k in keys if k in self._given]
+            return (f"state has {', '.join(f'{k}={theirs.get(k)!r}' for k in keys)}, this reader "
+                    f"{', '.join(f'{k}={ours.get(k)!r}' for k in keys)}"
+                    f"{' (given explicitly: ' + ', '.join(given) + ')' if given else ''}: the order would differ")
+        return f"state has {theirs!r}, this reader {ours!r}: the order would differ"
 
     def resume_problem(self, workers: int, batch: int) -> ResumeStateError | None:
         """Mid-epoch, the loader must deal batches as when the state was taken: the plan
