@@ -107,3 +107,22 @@ def test_exit_watch_wakes_when_the_child_ends_not_at_its_timeout():
         watch.close()
         child.kill()
         child.wait()
+
+
+def test_exit_watch_without_a_pidfd_polls_the_child_as_before(monkeypatch):
+    """A kernel without pidfd_open (EL7) or a seccomp profile refusing it: the wait is the
+    Popen's own (50 ms polls), not a sleep of the whole timeout."""
+    import os
+    import time
+
+    from hpcml.proctree import ExitWatch
+
+    def refused(pid):
+        raise OSError(38, "Function not implemented")
+    monkeypatch.setattr(os, "pidfd_open", refused)
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3)"])
+    watch = ExitWatch(child.pid, child)
+    assert watch.fd is None
+    t0 = time.monotonic()
+    watch.wait(60)
+    assert time.monotonic() - t0 < 30 and child.poll() == 0

@@ -78,10 +78,11 @@ class ExitWatch:
     """Wake up as soon as a child process ends, not at the next poll: ``Popen.wait(timeout)``
     polls with sleeps of up to 50 ms, which a launcher and each rank's recorder would add to
     every job's end. A pidfd (Linux 5.3) becomes readable when the process ends; where
-    there is none, ``wait`` sleeps as before."""
+    there is none, ``wait`` is ``proc.wait(timeout)`` as before (a bare sleep without it)."""
 
-    def __init__(self, pid: int) -> None:
+    def __init__(self, pid: int, proc: Any = None) -> None:
         self.fd: int | None = None
+        self.proc = proc                            # a Popen: polled where there is no pidfd
         try:
             self.fd = os.pidfd_open(pid)
         except (AttributeError, OSError):          # an older kernel, or the process is already reaped
@@ -90,7 +91,14 @@ class ExitWatch:
     def wait(self, timeout: float) -> None:
         """Return when the process has ended or ``timeout`` seconds passed."""
         if self.fd is None:
-            time.sleep(timeout)
+            if self.proc is None:
+                time.sleep(timeout)
+                return
+            import subprocess
+            try:
+                self.proc.wait(timeout=timeout)     # polls every 50 ms at most, as before
+            except subprocess.TimeoutExpired:
+                pass
             return
         import select
         poller = select.poll()

@@ -326,7 +326,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
     throttle = _Throttle()
     contention: dict[str, float | int | None] = {}
-    ended = ExitWatch(child.pid)                # its end noticed at once, not at the next 50 ms poll
+    ended = ExitWatch(child.pid, child)         # its end noticed at once, not at the next 50 ms poll
     try:
         while True:
             ended.wait(interval)

@@ -162,7 +162,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
         _replay(pending, seen, backend.targets())
         _prefetch_report(cfg)
         with phases.phase("watch"):              # every read until the ranks ended: the launcher's load
-            pause = getattr(backend, "wait", time.sleep)     # woken by the ranks' end where the backend can
+            pause = getattr(backend, "wait_ended", time.sleep)     # woken by the ranks' end where the backend can
             first = True
             while backend.poll(ctl.failed):
                 if first:

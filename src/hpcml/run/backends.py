@@ -28,6 +28,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, ClassVar, Protocol
 
+from hpcml import logs
 from hpcml.errors import SlurmError
 from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
@@ -35,6 +36,8 @@ from hpcml.proctree import ExitWatch, become_subreaper, die_with_parent, kill_or
 from hpcml.registry import Registry
 from hpcml.run.rendezvous import PortProbe
 from hpcml.run.task import ENV_BEAT_KEY, STOP
+
+log = logs.get(__name__)
 
 STOPPING = (signal.SIGTERM, signal.SIGINT)      # the ones after which --kill-grace counts
 
@@ -200,8 +203,8 @@ class Srun:
         master = nodes[0]                               # srun gives rank 0 the first in the job's order
         try:
             probe, self.port_probe = self.port_probe, None               # asked while vetting ran: used once
-            port = (free_port() if master == self.allocation.node else probe.port() if probe and probe.node == master
-                    else free_port_on(master, sys.executable))
+            port = (free_port() if master == self.allocation.node else _probed(probe, master)
+                    or free_port_on(master, sys.executable))
         except SlurmError as exc:
             raise NoRendezvous(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
         addr = node_address(master)
@@ -240,10 +243,10 @@ class Srun:
         assert self.proc is not None
         return self.proc.poll() is None
 
-    def wait(self, timeout: float) -> None:
+    def wait_ended(self, timeout: float) -> None:
         """Until srun ends or ``timeout`` passed (optional: a backend without it is polled)."""
         if self._ended is None and self.proc is not None:
-            self._ended = ExitWatch(self.proc.pid)
+            self._ended = ExitWatch(self.proc.pid, self.proc)
         if self._ended is not None:
             self._ended.wait(timeout)
 
@@ -269,6 +272,18 @@ class Srun:
             self._lost.poll(now=True)                   # srun ended first (its step's node failed)
         if self._lost.lost:
             record.lost_nodes = self._lost_nodes()
+
+
+def _probed(probe: PortProbe | None, master: str) -> int | None:
+    """The port probed while vetting ran, when it was rank 0's node and the probe answered
+    (else None: asked again now, when Slurm is less busy than during vetting's launch)."""
+    if probe is None or probe.node != master:
+        return None
+    try:
+        return probe.port()
+    except SlurmError as exc:
+        log.info(f"hpcml run: the port probed on {master} while vetting ran: {exc}; asking again")
+        return None
 
 
 # ------------------------------------------------------------------------------- local

@@ -60,7 +60,11 @@ def start(opts: Options) -> Early | None:
         step = launch.start_workers(list(allocation.nodes), preload=launch.preload_hint(opts.vet))
     except OSError:                                  # no srun here: the launcher finds out and says so
         return None
-    _tell(step, opts.vet, opts.job_dir, allocation)
+    try:
+        _tell(step, opts.vet, opts.job_dir, allocation)
+    except BaseException:                            # Ctrl-C, or a bug: no workers left behind
+        step.cancel()
+        raise
     return Early(step, allocation.nodes, t, time.perf_counter() - t0, time.process_time() - cpu)
 
 

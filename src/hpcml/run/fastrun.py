@@ -42,5 +42,10 @@ def execute(opts: Options) -> int:
     """Run the job; its exit code. ``--vet``'s workers start first (``hpcml.run.earlyvet``)."""
     from hpcml.run import earlyvet
     early = earlyvet.start(opts)
-    from hpcml.run.launcher import run
+    try:
+        from hpcml.run.launcher import run
+    except BaseException:                            # Ctrl-C while it imports: the workers go too
+        if early is not None:
+            early.step.cancel()
+        raise
     return run(opts, early)

@@ -136,13 +136,13 @@ class Job:
         cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
         if cfg.vet is None:
             prefetch("hpcml.run.watch")               # numpy and the straggler model (with --vet: while it waits)
-        if environment is not None:
-            import json
-            (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
-            record.env = cfg.env
         nodes = list(self.allocation.nodes)
-        self.port_probe = self._probe_port(nodes)
         try:
+            if environment is not None:
+                import json
+                (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
+                record.env = cfg.env
+            self.port_probe = self._probe_port(nodes)
             if cfg.vet is not None:
                 good = self._vet()
                 if good is None:
@@ -169,7 +169,7 @@ class Job:
                 _report(d, cfg)
             clock = phases.current()
             if clock is not None:
-                _keep_phases(d, clock)
+                _keep_phases(d, clock, self.record)
         return code
 
     def _vet(self) -> list[str] | None:
@@ -382,11 +382,14 @@ class Job:
         write_own(self.d, self.record)
 
 
-def _keep_phases(d: Path, clock: phases.Clock) -> None:
+def _keep_phases(d: Path, clock: phases.Clock, mine: RunRecord) -> None:
     """run.json's ``phases``: the launcher's own, and the srun step's start to its first and
-    its last rank's command (from the ranks' records: what the launcher waited for)."""
+    its last rank's command (from the ranks' records: what the launcher waited for). Not
+    where a later attempt (a requeue) took the directory meanwhile: its run.json is its own."""
     from hpcml.jobmodel import Phase
     run = read_run(d)
+    if run.attempt != mine.attempt or run.launcher != mine.launcher:
+        return
     ranks = _rank_starts(d, run.attempt)
     step = next((s for s in reversed(clock.spans) if s.name == "srun step"), None)
     if step is not None and ranks:
@@ -398,6 +401,8 @@ def _keep_phases(d: Path, clock: phases.Clock) -> None:
 
 def _rank_starts(d: Path, attempt: int) -> list[float]:
     """When each rank's command started (``command_started`` of its recorder's metadata)."""
+    import math
+
     from hpcml.files import load_json_bounded
     from hpcml.run.jobpaths import observe_dir
     out = []
@@ -407,7 +412,7 @@ def _rank_starts(d: Path, attempt: int) -> list[float]:
         except (OSError, ValueError):
             continue
         t = meta.get("command_started") if isinstance(meta, dict) else None
-        if isinstance(t, (int, float)):
+        if isinstance(t, (int, float)) and math.isfinite(t):
             out.append(float(t))
     return out
 

@@ -49,6 +49,8 @@ class PortProbe:
             self._port = slurm.free_port_on(self.node, python)
         except SlurmError as exc:
             self._error = exc
+        except Exception as exc:  # noqa: BLE001 - a failed fork under load: said when the port is wanted
+            self._error = SlurmError(f"srun on {self.node}: {exc}")
 
     def port(self, timeout: float = 60.0) -> int:
         """The port; the probe's ``SlurmError`` if it failed or did not answer in time."""
