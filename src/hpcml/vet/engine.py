@@ -154,8 +154,6 @@ _SLURM_FAULT = re.compile(r"munge|authentication|unable to contact slurm|socket 
                           r"srun: error", re.IGNORECASE)
 #: a worker's own end, as srun reports it per task: the node's business, not the cluster's
 _TASK_EXIT = re.compile(r"task \d+: |exit code \d+|signal \d+", re.IGNORECASE)
-#: the node a launch failed on: its own fault or its slurmd's, asked again it aborts the step again
-_LAUNCH_FAILED = re.compile(r"failed on node ([\w.-]+)", re.IGNORECASE)
 CLUSTER_SHARE = 0.5                # of the nodes without a result, for one reason: the cluster's fault
 CLUSTER_RETRIES = (5.0, 15.0)      # seconds before each retry of the nodes without a result
 CLUSTER_MIN_LEFT = 20.0            # a retry needs this much of the deadline left
@@ -202,8 +200,7 @@ def step_failed(nodes: list[str], step: StepResult) -> str | None:
 def _again_while_the_cluster_fails(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], deadline_at: float,
                                    workdir: str | None, python: str, step: StepResult) -> StepResult:
     """Retry the nodes without a result, with backoff, while Slurm says it failed the step
-    (``step_failed``: any share of the nodes; not a node srun said the launch failed on,
-    which would abort the step again); if most still gave none for the cluster's
+    (``step_failed``: any share of the nodes); if most still gave none for the cluster's
     reason (``cluster_fault``), raise ``ClusterFault`` (fail closed). Results that came are
     kept; a node still without one after the retries is unreachable, as before."""
     tries = 0
@@ -215,10 +212,7 @@ def _again_while_the_cluster_fails(protocol: Protocol, evals: list[EvalSpec], no
                     f"result again in {delay:g} s")
         time.sleep(delay)
         tries += 1
-        failed = {m.group(1) for line in step.stderr for m in _LAUNCH_FAILED.finditer(line)}
-        missing = [n for n in nodes if n not in step.reports and n not in failed]
-        if not missing:
-            break
+        missing = [n for n in nodes if n not in step.reports]
         again = start_workers(missing, python, use_srun=True)
         again.send(_spec(protocol, evals, missing, deadline_at, workdir))
         more = again.harvest(deadline_at)
