@@ -392,7 +392,7 @@ def _keep_phases(d: Path, clock: phases.Clock, mine: RunRecord) -> None:
         return
     ranks = _rank_starts(d, run.attempt)
     step = next((s for s in reversed(clock.spans) if s.name == "srun step"), None)
-    if step is not None and ranks:
+    if step is not None and ranks and min(ranks) >= step.start:     # another node's clock behind: not known
         clock.add("ranks started", step.start, min(ranks) - step.start)
         clock.add("last rank started", step.start, max(ranks) - step.start)
     run.phases = [Phase.model_validate(s.to_json()) for s in clock.spans]
