@@ -62,3 +62,32 @@ def test_handling_gives_the_previous_handlers_back_even_after_an_error():
             raise RuntimeError("the body failed")
     assert got == [signal.SIGTERM]
     assert {s: signal.getsignal(s) for s in before} == before
+
+
+def test_a_held_forwarder_sends_what_came_once_it_opens_and_each_signal_once():
+    """``forwarding_to(held=True)``: what comes while the targets are being started waits
+    (not lost, not sent to half of them), goes out once at ``open``, and what comes later
+    goes at once; nothing twice."""
+    from hpcml.signals import forwarding_to
+
+    class Target:
+        def __init__(self) -> None:
+            self.got: list[int] = []
+
+        def poll(self) -> None:
+            return None
+
+        def send_signal(self, sig: int) -> None:
+            self.got.append(sig)
+
+    targets: list[Target] = []
+    with forwarding_to(lambda: targets, (signal.SIGUSR1, signal.SIGUSR2), held=True) as fw:
+        signal.raise_signal(signal.SIGUSR1)
+        targets += [Target(), Target()]
+        assert [t.got for t in targets] == [[], []]
+        fw.open()
+        assert [t.got for t in targets] == [[signal.SIGUSR1]] * 2
+        signal.raise_signal(signal.SIGUSR2)
+        fw.open()                                       # opening again sends nothing twice
+    assert [t.got for t in targets] == [[signal.SIGUSR1, signal.SIGUSR2]] * 2
+    assert fw.seen == [signal.SIGUSR1, signal.SIGUSR2]

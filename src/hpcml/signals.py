@@ -11,6 +11,7 @@ srun passes what it gets on to every task, so forwarding to srun reaches all ran
 from __future__ import annotations
 
 import signal
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from typing import Any
@@ -20,27 +21,70 @@ from typing import Any
 SLURM_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2, signal.SIGCONT)
 
 
+class Forwarder:
+    """Each signal received is sent on to every running process of ``targets()``
+    (``subprocess.Popen`` objects) exactly once, and kept in ``seen`` in order. Held (not
+    ``open``) while the targets are being started: a signal then waits and goes to all of
+    them once they are (a launcher's TERM while its ranks start, which Python's default
+    would have turned into the launcher's death with its ranks unrecorded). Each signal is
+    taken from a deque by one ``popleft`` (atomic for a handler that interrupts the loop),
+    so a handler and the opening never send one twice."""
+
+    def __init__(self, targets: Callable[[], Iterable], *, held: bool = False) -> None:
+        self.targets = targets
+        self.seen: list[int] = []
+        self._unsent: deque[int] = deque()
+        self._open = not held
+
+    def handler(self, sig: int, _frame: Any) -> None:
+        self.add(sig)
+
+    def add(self, sig: int) -> None:
+        """``sig`` as if just received (also a signal noted before this forwarder existed)."""
+        self.seen.append(sig)
+        self._unsent.append(sig)
+        if self._open:
+            self._drain()
+
+    def open(self) -> None:
+        """The targets run: what waited is sent now, what comes later at once."""
+        self._open = True
+        self._drain()
+
+    def _drain(self) -> None:
+        while True:
+            try:
+                sig = self._unsent.popleft()
+            except IndexError:
+                return
+            for p in self.targets():
+                if p.poll() is None:
+                    try:
+                        p.send_signal(sig)
+                    except ProcessLookupError:
+                        pass                  # ended between the poll and the kill
+
+
+@contextmanager
+def forwarding_to(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_SIGNALS, *,
+                  held: bool = False) -> Iterator[Forwarder]:
+    """A ``Forwarder`` handling ``signals`` while inside; the previous handlers come back
+    on exit. Main thread only (Python's rule)."""
+    fw = Forwarder(targets, held=held)
+    previous = install(signals, fw.handler)
+    try:
+        yield fw
+    finally:
+        restore(previous)
+
+
 @contextmanager
 def forwarding(targets: Callable[[], Iterable], signals: Iterable[int] = SLURM_SIGNALS) -> Iterator[list[int]]:
     """While inside, each of ``signals`` is sent on to every running process of
-    ``targets()`` (``subprocess.Popen`` objects); yields the list of signals received, in
-    order. The previous handlers come back on exit. Main
-    thread only (Python's rule)."""
-    seen: list[int] = []
-
-    def handler(sig: int, _frame) -> None:
-        seen.append(sig)
-        for p in targets():
-            if p.poll() is None:
-                try:
-                    p.send_signal(sig)
-                except ProcessLookupError:
-                    pass                      # ended between the poll and the kill
-    previous = install(signals, handler)
-    try:
-        yield seen
-    finally:
-        restore(previous)
+    ``targets()``; yields the list of signals received, in order. The previous handlers
+    come back on exit. Main thread only (Python's rule)."""
+    with forwarding_to(targets, signals) as fw:
+        yield fw.seen
 
 
 @contextmanager

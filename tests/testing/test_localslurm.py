@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import signal
 import subprocess
 import tempfile
 import time
@@ -107,17 +109,21 @@ def test_start_is_a_noop_when_up(slurm_cluster: LocalSlurm) -> None:
 
 
 @pytest.mark.slurm
-@pytest.mark.parametrize("crash_controller", [False, True], ids=["running", "ctld-crashed"])
-def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm, crash_controller: bool) -> None:
+@pytest.mark.parametrize(("crash_controller", "script"), [
+    (False, "srun sleep 300"), (True, "srun sleep 300"),
+    (True, "for i in $(seq 400); do sleep 300 & done; wait")], ids=["running", "ctld-crashed", "ctld-crashed-forking"])
+def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm, crash_controller: bool, script: str) -> None:
     """A second, one-node cluster beside the session's: stop it with a job step running,
-    and once with its slurmctld killed first, so that no scancel can clean up the steps."""
+    and once with its slurmctld killed first, so that no scancel can clean up the steps;
+    once with a batch script that forks all the while (a child made while the tasks are
+    listed must not survive them: a CI run left a batch script's ``srun`` so)."""
     root = Path(tempfile.mkdtemp(prefix="hpcml-slurm-t", dir="/tmp"))
     cluster = LocalSlurm(root, nodes=1, ctld_port=6937, first_slurmd_port=6941)
     try:
         with cluster:
             env = cluster.client_env()
             job_id = run(["sbatch", "--parsable", "-o", "/dev/null",
-                          "--wrap", "srun sleep 300"], env).strip()
+                          "--wrap", script], env).strip()
             wait_job(job_id, env, {"RUNNING"})
             deadline = time.monotonic() + 20
             while not cluster._find("slurmstepd") and time.monotonic() < deadline:
@@ -137,6 +143,9 @@ def test_stop_leaves_nothing_behind(slurm_cluster: LocalSlurm, crash_controller:
         assert slurm_cluster.is_up(), "stopping one cluster touched the other"
     finally:
         cluster.stop()
+        for pid in _processes_with_conf(cluster.conf):      # what a failed stop left: not the next test's
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
         shutil.rmtree(root, ignore_errors=True)
 
 

@@ -22,11 +22,11 @@ from typing import TYPE_CHECKING, Any
 
 from hpcml import logs, phases
 from hpcml.jobmodel import RunRecord
-from hpcml.run.backends import STOPPING, Backend, NoRendezvous, Target
+from hpcml.run.backends import STOPPING, Backend, NoRendezvous
 from hpcml.run.config import Config
 from hpcml.run.jobdir import write_own
 from hpcml.run.launchers import recognise
-from hpcml.signals import SLURM_SIGNALS, forwarding
+from hpcml.signals import SLURM_SIGNALS, forwarding_to
 
 if TYPE_CHECKING:
     from hpcml.run.watch import Watch
@@ -147,19 +147,24 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
     world = _world(cfg.cmd, plan.ntasks, record)
     if record.rank_launcher:
         write_own(d, record)
-    with phases.phase("srun step"):              # its start: the ranks' own start is read from their records
-        backend.start(plan)
-    from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
-    watch = Watch(d, record.attempt, world, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
-                  on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
-                  job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
     ctl = Control(cfg, record, backend)
-    with forwarding(backend.targets, FORWARDED) as seen:
-        ctl.seen = watch.signals = seen              # the ranks that end after a TERM or INT did not crash
+    # from before the ranks start: a TERM while they do waits for them (held), not the default death
+    with forwarding_to(backend.targets, FORWARDED, held=True) as fw:
+        seen = ctl.seen = fw.seen                    # the ranks that end after a TERM or INT did not crash
         ctl.note_signals()
-        if any(s in STOPPING for s in pending):
+        with phases.phase("srun step"):              # its start: the ranks' own start is read from their records
+            backend.start(plan)
+        for sig in pending:                          # came while no attempt ran (--max-restarts' handler)
+            fw.add(sig)
+        pending.clear()
+        fw.open()
+        if any(s in STOPPING for s in seen) and ctl.signalled_at is None:
             ctl.signalled_at = time.time()
-        _replay(pending, seen, backend.targets())
+        from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
+        watch = Watch(d, record.attempt, world, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
+                      on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
+                      job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
+        watch.signals = seen
         _prefetch_report(cfg)
         with phases.phase("watch"):              # every read until the ranks ended: the launcher's load
             pause = getattr(backend, "wait_ended", time.sleep)     # woken by the ranks' end where the backend can
@@ -209,16 +214,6 @@ def _first_read(ctl: Control, watch: Watch) -> bool:
     if clock is not None:
         clock.add("watch.first read", start, time.perf_counter() - t0, time.process_time() - cpu)
     return True
-
-
-def _replay(pending: list[int], seen: list[int], targets: list[Target]) -> None:
-    """Signals that came while the attempt was being launched (``--max-restarts``' handler
-    noted them; none ran yet to forward them to): forwarded now, as if just received."""
-    for sig in pending:
-        seen.append(sig)
-        for t in targets:
-            t.send_signal(sig)
-    pending.clear()
 
 
 def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:

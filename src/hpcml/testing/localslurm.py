@@ -605,12 +605,25 @@ class LocalSlurm:
             jobs = self._client(["squeue", "-h", "-o", "%A"])
 
     def _kill_steps(self) -> None:
-        """SIGKILL our slurmstepd processes and whatever tasks they still have."""
+        """SIGKILL our slurmstepd processes and whatever tasks they still have. Each is
+        stopped (SIGSTOP) before its children are listed again, until no new one appears:
+        a task forking while it is listed (a batch script starting its ``srun``) would
+        otherwise leave the child it was making alive, re-parented and out of reach."""
         steps = self._find("slurmstepd")
-        tasks: list[psutil.Process] = []
-        for step in steps:
-            with contextlib.suppress(psutil.Error):
-                tasks += step.children(recursive=True)
+        found: dict[int, psutil.Process] = {p.pid: p for p in steps}
+        parents = list(steps)
+        for _ in range(20):
+            _send(parents, signal.SIGSTOP)                # a stopped process forks nothing more
+            new: list[psutil.Process] = []
+            for proc in list(found.values()):
+                with contextlib.suppress(psutil.Error):
+                    new += [c for c in proc.children(recursive=True) if c.pid not in found]
+            for c in new:
+                found[c.pid] = c
+            if not new:
+                break
+            parents = new
+        tasks = [p for pid, p in found.items() if pid not in {s.pid for s in steps}]
         if steps or tasks:
             log.info("killing leftover steps %s and tasks %s",
                      [p.pid for p in steps], [p.pid for p in tasks])
