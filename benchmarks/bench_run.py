@@ -62,6 +62,7 @@ def inner(runs: int) -> dict:
         return _timed(["srun", "-N2", "--ntasks-per-node=1", *TRAIN], env, work)
 
     split: list[dict[str, float]] = []
+    phases: list[list[dict]] = []
 
     def wrapped(i: int) -> tuple[float, int]:
         d = work / f"run{i}"                # hpcml run prints the report and writes report.html itself
@@ -70,6 +71,7 @@ def inner(runs: int) -> dict:
                      env, work)
         if i >= 0 and out[1] == 0:
             split.append(parts(d, began, time.time()))
+            phases.append(json.loads((d / "run.json").read_text()).get("phases") or [])
         return out
 
     plain(), wrapped(-1)                                    # warm-up: page cache, slurmd's first step
@@ -80,7 +82,20 @@ def inner(runs: int) -> dict:
             t, rc = fn()
             times[name].append(t)
             codes[name].append(rc)
-    return {"times": times, "codes": codes, "parts": split}
+    return {"times": times, "codes": codes, "parts": split, "phases": phases}
+
+
+def phase_medians(runs: list[list[dict]]) -> dict[str, dict[str, float]]:
+    """The launcher's own phases (run.json's ``phases``), each one's median wall and CPU
+    seconds and its median start after the first phase's, over the runs that had it."""
+    out: dict[str, dict[str, float]] = {}
+    names = list(dict.fromkeys(p["name"] for run in runs for p in run))
+    for name in names:
+        rows = [(p, run[0]["start"]) for run in runs for p in run if p["name"] == name and run]
+        out[name] = {"at_s": statistics.median(p["start"] - t0 for p, t0 in rows),
+                     "wall_s": statistics.median(p["wall_s"] for p, _ in rows),
+                     "cpu_s": statistics.median(p["cpu_s"] for p, _ in rows)}
+    return out
 
 
 def main() -> None:
@@ -113,10 +128,15 @@ def main() -> None:
           f"worst run adds {hp['max'] - base['median']:.3f} s")
     split = {k: statistics.median(p[k] for p in data["parts"]) for k in (data["parts"] or [{}])[0]}
     print("where hpcml run's time goes (medians, s): " + ", ".join(f"{k} {v:.3f}" for k, v in split.items()))
+    launcher = phase_medians(data.get("phases") or [])
+    print("the launcher's phases (medians: starts after its start-up began, wall, its CPU; s):")
+    for name, m in launcher.items():
+        print(f"  {name:20} at {m['at_s']:6.3f}  wall {m['wall_s']:6.3f}  cpu {m['cpu_s']:6.3f}")
     results = ROOT / "benchmarks" / "results"
     results.mkdir(exist_ok=True)
     (results / "run.json").write_text(json.dumps({"summary": summary, "raw": data, "added_median_s": added,
-                                                  "parts_median_s": split, "caches": caches}, indent=1))
+                                                  "parts_median_s": split,
+                                                  "launcher_phases_median": launcher, "caches": caches}, indent=1))
 
 
 if __name__ == "__main__":

@@ -88,3 +88,30 @@ arrowprobe.skip_pandas()
 t.join(30)
 print(result.get("ok"))
 """
+
+
+LEAN = """
+import sys, time
+from hpcml.arrowprobe import skip_pandas
+skip_pandas(numpy=True)
+print("numpy loaded:", "numpy" in sys.modules)
+import numpy as np
+from hpcml.observe.schema import to_batch
+b = to_batch([(time.time_ns(), "metric", "loss", np.float32(0.5), np.int64(3), np.int16(1)),
+              (time.time_ns(), "host", "cpu", float("nan"), None, None), (time.time_ns(), "gpu", "sm", 7, 2, 0)], rank=0)
+d = b.to_pydict()
+print("values:", d["value"][0], d["value"][1], d["value"][2], d["step"], d["gpu"])
+"""
+
+
+def test_a_recorders_pyarrow_loads_no_numpy_and_still_takes_numpy_values():
+    """``skip_pandas(numpy=True)`` (a rank's recorder): pyarrow imported without numpy (the
+    CPU a rank's node saves), and rows holding numpy numbers made later still become the
+    same Arrow values (``to_batch`` makes them Python numbers; such a pyarrow alone refuses
+    a float32); NaN stays null as before."""
+    out = subprocess.run([sys.executable, "-c", LEAN], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.splitlines() == ["numpy loaded: False", "values: 0.5 None 7.0 [3, None, 2] [1, None, 0]"]
+    bare = LEAN.split("b = to_batch(")[0] + "import pyarrow as pa\npa.array([np.float32(0.5)], pa.float64())\n"
+    out = subprocess.run([sys.executable, "-c", bare], capture_output=True, text=True, timeout=120)
+    assert "ArrowInvalid" in out.stderr          # why to_batch converts: without it, the row is lost

@@ -308,3 +308,31 @@ def test_an_old_layout_state_is_refused_in_one_line_where_the_block_size_is_give
     with pytest.raises(ResumeStateError, match=r"state has seed=4, this reader seed=5: the order would differ$"):
         other_seed.load_state_dict(_old_state(old_layout_set, 137))
     assert other_seed.layout.block_bytes == 1 << 20                        # refused: nothing adopted
+
+
+@pytest.mark.parametrize(("layout", "words"), [
+    ({"block_bytes": 1 << 40}, "block_bytes 1099511627776 is not between 1 and 1073741824"),
+    ({"window": 1 << 20}, "window 1048576 is not between 1 and 4096 blocks"),
+    ({"block_bytes": 1 << 30, "window": 8}, "window 8 blocks of 1073741824 bytes is more than 4 GiB")])
+def test_a_state_whose_blocks_would_fill_the_memory_is_refused_before_anything_is_read(old_layout_set, layout, words):
+    """A resumed state is a file: the block size and window it would have the reader adopt
+    are bounded (a reading process holds two windows), with a tag or without (a state from
+    before tags is not checked against the schema); refused in one line, nothing taken."""
+    tagged = _old_state(old_layout_set, 137, layout={**OLD_LAYOUT, **layout})
+    legacy = {"format": "hpcml-shard-state/1", **{k: v for k, v in tagged.items() if k != "schema"}}
+    for state in (tagged, legacy):
+        ds = ShardDataset(old_layout_set, seed=4, rank=0, world_size=1)
+        with pytest.raises(ResumeStateError) as caught:
+            ds.load_state_dict(state)
+        msg = str(caught.value)
+        assert msg.splitlines() == [msg] and ("key 'layout'" in msg or "schema" in msg), msg
+        assert words in msg or state is tagged, msg            # the schema names the bound its own way
+        assert ds.layout.block_bytes == 1 << 20 and ds.position == 0
+
+
+def test_a_block_size_or_window_out_of_bounds_is_refused_naming_it(old_layout_set):
+    from hpcml.errors import UsageError
+    with pytest.raises(UsageError, match=r"block_bytes.*not between 1 and 1073741824"):
+        ShardDataset(old_layout_set, block_bytes=2 << 30, rank=0, world_size=1)
+    with pytest.raises(UsageError, match=r"window.*more than 4 GiB a window"):
+        ShardDataset(old_layout_set, block_bytes=64 << 20, window=128, rank=0, world_size=1)

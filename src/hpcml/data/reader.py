@@ -38,6 +38,23 @@ OBJECT_BLOCK_BYTES = 4 << 20
 WINDOW = 32                 # default blocks per window
 #: layout settings that only tune reading: left to their defaults, a resume takes the state's
 TUNING = ("block_bytes", "window")
+#: what a reading process holds is two windows (``2 * window * block_bytes``): bounded, so
+#: neither an argument nor a resumed state (a file) can make one read ask for terabytes
+MAX_BLOCK_BYTES = 1 << 30
+MAX_WINDOW = 4096
+MAX_WINDOW_BYTES = 4 << 30
+
+
+def tuning_problem(block_bytes: int, window: int) -> tuple[str, str] | None:
+    """The key and the problem where a block size and a window are out of bounds."""
+    if not 1 <= block_bytes <= MAX_BLOCK_BYTES:
+        return "block_bytes", f"{block_bytes} is not between 1 and {MAX_BLOCK_BYTES} (1 GiB)"
+    if not 1 <= window <= MAX_WINDOW:
+        return "window", f"{window} is not between 1 and {MAX_WINDOW} blocks"
+    if block_bytes * window > MAX_WINDOW_BYTES:
+        return "window", (f"{window} blocks of {block_bytes} bytes is more than {MAX_WINDOW_BYTES >> 30} GiB "
+                          "a window (a reading process holds two)")
+    return None
 
 
 class CorruptShardError(UsageError):
@@ -274,6 +291,9 @@ class ShardDataset:
         self.layout = order.Layout(seed=seed, shuffle=shuffle,
                                    block_bytes=default_block if block_bytes is None else block_bytes,
                                    window=WINDOW if window is None else window, drop_last=drop_last)
+        bad = tuning_problem(self.layout.block_bytes, self.layout.window)
+        if bad is not None:
+            raise UsageError(bad[1], key=bad[0])
         self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode
         self.epoch = 0
         self.position = 0               # samples of this epoch already delivered on this rank
@@ -350,7 +370,13 @@ class ShardDataset:
             return self.layout
         take = {k: theirs[k] for k in TUNING if k not in self._given and type(theirs.get(k)) is int
                 and theirs[k] >= 1 and theirs[k] != getattr(self.layout, k)}
-        return dataclasses.replace(self.layout, **take) if take else self.layout
+        if not take:
+            return self.layout
+        layout = dataclasses.replace(self.layout, **take)
+        bad = tuning_problem(layout.block_bytes, layout.window)
+        if bad is not None:
+            raise ResumeStateError(f"state has {bad[0]} {bad[1]}", key="layout")
+        return layout
 
     def _differ(self, key: str, theirs: Any, ours: Any) -> str:
         """One line: what of ``key`` differs between the state and this reader."""

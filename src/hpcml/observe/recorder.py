@@ -315,7 +315,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
     # forward Slurm's signals from the moment the command runs (before the store's imports)
     stack = ExitStack()
     stack.enter_context(forwarding(lambda: (child,), FORWARDED))
-    skip_pandas()                       # before the store's first array (hpcml.arrowprobe)
+    skip_pandas(numpy=True)             # before the store's first array: nor numpy here (hpcml.arrowprobe)
     writer = RankWriter.create(out, task.rank)
     progress, beat, responder = Progress(), BeatWriter(out, task.rank, task.node), Responder(out, task.rank, child.pid)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress, remote),

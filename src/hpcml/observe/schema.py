@@ -24,9 +24,11 @@ def arrow_schema():
 
 
 def to_batch(rows: list[tuple], rank: int):
-    """Rows are (ts_ns, kind, name, value, step, gpu) tuples, as the buffers hold them."""
+    """Rows are (ts_ns, kind, name, value, step, gpu) tuples, as the buffers hold them.
+    Values become Python floats first: a recorder's pyarrow knows no numpy (``hpcml.arrowprobe``)."""
     import pyarrow as pa
     ts, kind, name, value, step, gpu = zip(*rows)
+    value = tuple(v if v is None or type(v) is float else float(v) for v in value)
     return pa.record_batch([
         pa.array([t // 1000 for t in ts], pa.timestamp("us", tz="UTC")),
         pa.array([rank] * len(rows), pa.int32()),
