@@ -100,6 +100,36 @@ echo "run-rc=$?"
     assert not (tmp_path / "started").exists()
 
 
+HANG = "name: hang\ndeadline: 300 s\nevals:\n  - {name: hang, type: tests.plugins.testchecks.Hang, seconds: 600}\n"
+
+
+def test_term_while_vetting_ends_the_run_said_so_and_leaves_nothing(env, tmp_path):
+    """TERM to the batch step and every step (``scancel --signal=TERM --full``: a pre-emption's
+    or the time limit's warning, a site's scancel) while the launcher waits for vetting workers
+    whose check hangs: run.json records the TERM and exit 143, the report says the command
+    never started (not a launcher killed without a word), nothing ran and no worker is left."""
+    import subprocess
+    import time
+    (tmp_path / "p.yaml").write_text(HANG)
+    job = submit(f"#!/bin/bash\nexec hpcml run --vet p.yaml --dir job -- touch {tmp_path}/started\n", tmp_path, env)
+    end = time.monotonic() + 120
+    while not (tmp_path / "job" / "vet").exists() and time.monotonic() < end:       # vetting began
+        time.sleep(0.2)
+    assert (tmp_path / "job" / "vet").exists(), (tmp_path / "job.out").read_text() if (tmp_path / "job.out").exists() else ""
+    time.sleep(1.0)
+    subprocess.run(["scancel", "--signal=TERM", "--full", job], env=env, timeout=30, check=True)
+    wait(job, env, 120)
+    run = json.loads((tmp_path / "job" / "run.json").read_text())
+    assert run["signals_forwarded"] == ["SIGTERM"] and run["exit_code"] == 143 and "launch" not in run, run
+    assert not (tmp_path / "started").exists()
+    rep = _report(tmp_path, env)
+    assert rep["ending"]["before_command"] is True and rep["ending"]["interrupted"] == "SIGTERM"
+    assert rep["ending"]["launcher_killed"] is False
+    assert "SIGTERM before the command started: no rank ran; exit code 143" in rep["findings"][0]["message"]
+    left = subprocess.run(["pgrep", "-f", "tests.plugins.testchecks"], capture_output=True, text=True)
+    assert not left.stdout.strip(), left.stdout
+
+
 TRAIN_RESUME = """
 import sys, time
 import numpy as np

@@ -45,6 +45,10 @@ from hpcml.words import plural
 log = logs.get(__name__)
 
 ABORTED = 4          # vetting said abort: CMD never started (hpcml vet's code)
+#: before the command starts: TERM and HUP stop the job there (``Job._stopped_before``); the
+#: others Slurm sends (USR1/USR2 as "checkpoint now", CONT) wait for the ranks (``LATER``)
+BEFORE = (signal.SIGTERM, signal.SIGHUP)
+LATER = tuple(s for s in FORWARDED if s not in (*BEFORE, signal.SIGINT))
 RANK_META_MAX = 1 << 20   # a rank's recorder metadata (observe/rank-N.json) read for its start
 STOPPED = 1          # hpcml run stopped an attempt (a straggler, a lost node) and could not restart it
 
@@ -120,6 +124,19 @@ def _prepare(opts: Options) -> Job:
         raise HpcmlError(f"{d}: {exc.strerror or exc}") from None
 
 
+class StoppedBefore(BaseException):
+    """TERM or HUP while the launcher prepared the command (raised by its handler, wherever
+    the launcher was): a BaseException, so no ``except Exception`` of the vetting swallows it."""
+
+    def __init__(self, sig: int) -> None:
+        super().__init__(sig)
+        self.sig = sig
+
+
+def _stop_before(sig: int, _frame: Any) -> None:
+    raise StoppedBefore(sig)
+
+
 class Job:
     """The job in one directory: vetting, then attempt after attempt into ``record``."""
 
@@ -133,10 +150,41 @@ class Job:
         self.superseded = False              # a later attempt of this Slurm job took the directory
 
     def run(self) -> int:
-        cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
+        cfg, d = self.cfg, self.d
         if cfg.vet is None:
             prefetch("hpcml.run.watch")               # numpy and the straggler model (with --vet: while it waits)
         nodes = list(self.allocation.nodes)
+        between: list[int] = []          # signals while no attempt runs: TERM or INT, no next one; the rest
+        try:                             # go to the ranks once they run (run_attempt's pending)
+            with handling(LATER, lambda sig, _frame: between.append(sig)), handling(BEFORE, _stop_before), \
+                    handling((signal.SIGINT,), signal.default_int_handler):      # INT as before: vetting's own
+                ready = self._before(nodes)
+        except StoppedBefore as stop:
+            code = self._stopped_before(stop.sig)
+        else:
+            if ready is None:
+                return ABORTED
+            recovery = self._recovery(ready)
+            exporter = self._exporter()
+            try:
+                with handling(FORWARDED if recovery else (), lambda sig, _frame: between.append(sig)):
+                    code = self._attempts(ready, recovery, exporter, between)
+            finally:
+                if exporter is not None:
+                    exporter.close()
+        log.info(f"hpcml run: done (exit {code}); job directory {d}")
+        if not self.superseded:
+            with phases.phase("report"):
+                _report(d, cfg)
+            clock = phases.current()
+            if clock is not None:
+                _keep_phases(d, clock, self.record)
+        return code
+
+    def _before(self, nodes: list[str]) -> list[str] | None:
+        """Before the command: env.json, rank 0's port probed, vetting; the nodes the first
+        attempt runs on, None where vetting said abort."""
+        cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
         try:
             if environment is not None:
                 import json
@@ -146,7 +194,7 @@ class Job:
             if cfg.vet is not None:
                 good = self._vet()
                 if good is None:
-                    return ABORTED
+                    return None
                 nodes = [n for n in nodes if n in set(good)]
         finally:
             if self.early is not None:                # not used: its workers exit having run nothing
@@ -154,22 +202,21 @@ class Job:
                 self.early = None
         if cfg.max_restarts and self.slurm:
             nodes = self._still_out(nodes, cfg.min_nodes or 1)
-        recovery = self._recovery(nodes)
-        exporter = self._exporter()
-        between: list[int] = []                       # TERM or INT while no attempt runs: no next one
-        try:
-            with handling(FORWARDED if recovery else (), lambda sig, _frame: between.append(sig)):
-                code = self._attempts(nodes, recovery, exporter, between)
-        finally:
-            if exporter is not None:
-                exporter.close()
-        log.info(f"hpcml run: done (exit {code}); job directory {d}")
-        if not self.superseded:
-            with phases.phase("report"):
-                _report(d, cfg)
-            clock = phases.current()
-            if clock is not None:
-                _keep_phases(d, clock, self.record)
+        return nodes
+
+    def _stopped_before(self, sig: int) -> int:
+        """TERM or HUP before the command started (scancel, a pre-emption, the time limit
+        while vetting): no rank ran; run.json says which signal came and when, and the job
+        ends as an attempt stopped so does (128 + the signal; Slurm asked whether it
+        requeued the job), not as a launcher killed without a word."""
+        record, name = self.record, signal.Signals(sig).name
+        record.signals_forwarded, record.signalled_at = [name], time.time()
+        if self.slurm:                                # the time limit, scancel, a pre-emption: Slurm's word
+            from hpcml.run import slurmend
+            record.slurm_state = slurmend.state(record.job_id)
+        log.warning(f"hpcml run: {name} before the command started: it was not started; job directory {self.d}")
+        code, taken = finish(self.d, record, 128 + sig)
+        self.superseded = not taken
         return code
 
     def _vet(self) -> list[str] | None:

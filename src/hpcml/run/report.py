@@ -114,7 +114,7 @@ def _ending(d: Path, run: Attempt) -> dict:
     out: dict[str, Any] = {"exit_code": run.exit_code, "aborted": bool(run.aborted),
                            "launcher_killed": run.ended is None and not requeued and launcher_alive(run.to_json()) is False,
                            "requeued": requeued, "first_failure": None, "interrupted": _interrupted(run),
-                           "slurm_state": run.slurm_state}
+                           "slurm_state": run.slurm_state, "before_command": run.launch is None and run.ended is not None}
     if first is not None:
         r = first.rank
         out["first_failure"] = {**first.to_json(), "stderr_tail": tail(log_path(d, int(r), "err"), TAIL_LINES)
@@ -127,7 +127,7 @@ def _interrupted(run: Attempt) -> str | None:
     kill, scancel, the time limit), if one stopped the attempt."""
     if run.signalled_at is None:
         return None
-    return next((s for s in run.signals_forwarded or () if s in ("SIGTERM", "SIGINT")), "SIGTERM")
+    return next((s for s in run.signals_forwarded or () if s in ("SIGTERM", "SIGINT", "SIGHUP")), "SIGTERM")
 
 
 def _unended(run: RunRecord) -> dict[str, str]:
@@ -258,6 +258,13 @@ def _by_cost(findings: list[dict[str, Any]], led: dict | None, current: int) -> 
     return ended + rest
 
 
+def _stopped_what(ending: dict) -> str:
+    """What the signal stopped: the ranks, or (before the command started) nothing that ran."""
+    if ending.get("before_command"):
+        return f" before the command started: no rank ran; {_exit(ending['exit_code'])}"
+    return f" and stopped its ranks: {_exit(ending['exit_code'])}, no rank failed"
+
+
 def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list[dict[str, str]]:
     """How the attempt ended when a rank failed (quoting the rank's own last line, not
     hpcml's: ``hpcml.run.ranklog``), or when hpcml run got TERM or INT and stopped it."""
@@ -268,8 +275,7 @@ def _run_findings(d: Path, ending: dict, attempt: int, prefix: str = "") -> list
             return []
         why = slurmend.told(ending.get("slurm_state"))
         return [{"source": "run", "kind": "interrupted",
-                 "message": f"{prefix}hpcml run got {sig}" + (f" ({why})" if why else "")
-                            + f" and stopped its ranks: {_exit(ending['exit_code'])}, no rank failed",
+                 "message": f"{prefix}hpcml run got {sig}" + (f" ({why})" if why else "") + _stopped_what(ending),
                  "advice": f"{why}: not a failure of the job" if why else
                            "an interruption from outside (Ctrl-C, kill, scancel, the time limit), not a failure"}]
     why = slurmend.told(ending.get("slurm_state"))
@@ -622,8 +628,7 @@ def _ended(rep: dict[str, Any]) -> dict[str, Any]:
                 "exit_code": first["exit_code"],
                 "failed_ranks": first.get("failed_ranks"), "stderr": "\n".join(first["stderr_tail"])}
     if end.get("interrupted"):               # the page's one-line ending
-        return {"kind": "unended", "message": f"hpcml run got {end['interrupted']} and stopped its ranks: "
-                                              f"{_exit(end['exit_code'])}, no rank failed"}
+        return {"kind": "unended", "message": f"hpcml run got {end['interrupted']}{_stopped_what(end)}"}
     if end.get("aborted"):
         return {"kind": "aborted"}
     if unended := [f for f in rep["findings"] if f["kind"] in UNENDED]:
