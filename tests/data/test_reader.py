@@ -313,7 +313,7 @@ def test_an_old_layout_state_is_refused_in_one_line_where_the_block_size_is_give
 @pytest.mark.parametrize(("layout", "words"), [
     ({"block_bytes": 1 << 40}, "block_bytes 1099511627776 is not between 1 and 1073741824"),
     ({"window": 1 << 20}, "window 1048576 is not between 1 and 4096 blocks"),
-    ({"block_bytes": 1 << 30, "window": 8}, "window 8 blocks of 1073741824 bytes is more than 4 GiB")])
+    ({"block_bytes": 1 << 30, "window": 32}, "window 32 blocks of 1073741824 bytes is more than 16 GiB")])
 def test_a_state_whose_blocks_would_fill_the_memory_is_refused_before_anything_is_read(old_layout_set, layout, words):
     """A resumed state is a file: the block size and window it would have the reader adopt
     are bounded (a reading process holds two windows), with a tag or without (a state from
@@ -334,5 +334,6 @@ def test_a_block_size_or_window_out_of_bounds_is_refused_naming_it(old_layout_se
     from hpcml.errors import UsageError
     with pytest.raises(UsageError, match=r"block_bytes.*not between 1 and 1073741824"):
         ShardDataset(old_layout_set, block_bytes=2 << 30, rank=0, world_size=1)
-    with pytest.raises(UsageError, match=r"window.*more than 4 GiB a window"):
-        ShardDataset(old_layout_set, block_bytes=64 << 20, window=128, rank=0, world_size=1)
+    with pytest.raises(UsageError, match=r"window.*more than 16 GiB a window"):
+        ShardDataset(old_layout_set, block_bytes=64 << 20, window=512, rank=0, world_size=1)
+    ShardDataset(old_layout_set, block_bytes=64 << 20, window=128, rank=0, world_size=1)     # 8 GiB: taken

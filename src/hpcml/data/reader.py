@@ -42,7 +42,7 @@ TUNING = ("block_bytes", "window")
 #: neither an argument nor a resumed state (a file) can make one read ask for terabytes
 MAX_BLOCK_BYTES = 1 << 30
 MAX_WINDOW = 4096
-MAX_WINDOW_BYTES = 4 << 30
+MAX_WINDOW_BYTES = 16 << 30
 
 
 def tuning_problem(block_bytes: int, window: int) -> tuple[str, str] | None:

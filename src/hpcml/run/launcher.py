@@ -133,8 +133,23 @@ class StoppedBefore(BaseException):
         self.sig = sig
 
 
+_LAUNCHER_PID = os.getpid()
+
+
 def _stop_before(sig: int, _frame: Any) -> None:
+    """TERM or HUP before the command: the launcher stops there (``StoppedBefore``). A
+    process forked from it meanwhile (a local check, hpcml.vet.isolate) dies of the signal
+    as it would have without this handler: it is not the launcher."""
+    if os.getpid() != _LAUNCHER_PID:
+        signal.signal(sig, signal.SIG_DFL)
+        os.kill(os.getpid(), sig)
+        return
     raise StoppedBefore(sig)
+
+
+def _not_ignored(signals: tuple[int, ...]) -> tuple[int, ...]:
+    """Those of ``signals`` not inherited ignored (``nohup``'s HUP): left as they are."""
+    return tuple(s for s in signals if signal.getsignal(s) is not signal.SIG_IGN)
 
 
 class Job:
@@ -155,23 +170,27 @@ class Job:
             prefetch("hpcml.run.watch")               # numpy and the straggler model (with --vet: while it waits)
         nodes = list(self.allocation.nodes)
         between: list[int] = []          # signals while no attempt runs: TERM or INT, no next one; the rest
-        try:                             # go to the ranks once they run (run_attempt's pending)
-            with handling(LATER, lambda sig, _frame: between.append(sig)), handling(BEFORE, _stop_before), \
-                    handling((signal.SIGINT,), signal.default_int_handler):      # INT as before: vetting's own
-                ready = self._before(nodes)
+        keep = lambda sig, _frame: between.append(sig)      # noqa: E731 - go to the ranks once they run
+        before, later = _not_ignored(BEFORE), _not_ignored(LATER)     # nohup's HUP stays ignored
+        try:
+            with handling((*before, *later), keep):           # until the attempt's own forwarding
+                with handling(before, _stop_before):           # INT: vetting's own (KeyboardInterrupt)
+                    ready = self._before(nodes)
+                if ready is None:
+                    return ABORTED
+                stop = next((s for s in between if s in before), None)
+                if stop is not None:
+                    raise StoppedBefore(stop)
+                recovery = self._recovery(ready)
+                exporter = self._exporter()
+                try:
+                    with handling(FORWARDED if recovery else (), keep):
+                        code = self._attempts(ready, recovery, exporter, between)
+                finally:
+                    if exporter is not None:
+                        exporter.close()
         except StoppedBefore as stop:
-            code = self._stopped_before(stop.sig)
-        else:
-            if ready is None:
-                return ABORTED
-            recovery = self._recovery(ready)
-            exporter = self._exporter()
-            try:
-                with handling(FORWARDED if recovery else (), lambda sig, _frame: between.append(sig)):
-                    code = self._attempts(ready, recovery, exporter, between)
-            finally:
-                if exporter is not None:
-                    exporter.close()
+            code = self._stopped_before(stop.sig, between)
         log.info(f"hpcml run: done (exit {code}); job directory {d}")
         if not self.superseded:
             with phases.phase("report"):
@@ -204,18 +223,21 @@ class Job:
             nodes = self._still_out(nodes, cfg.min_nodes or 1)
         return nodes
 
-    def _stopped_before(self, sig: int) -> int:
+    def _stopped_before(self, sig: int, between: list[int]) -> int:
         """TERM or HUP before the command started (scancel, a pre-emption, the time limit
         while vetting): no rank ran; run.json says which signal came and when, and the job
         ends as an attempt stopped so does (128 + the signal; Slurm asked whether it
         requeued the job), not as a launcher killed without a word."""
         record, name = self.record, signal.Signals(sig).name
-        record.signals_forwarded, record.signalled_at = [name], time.time()
-        if self.slurm:                                # the time limit, scancel, a pre-emption: Slurm's word
-            from hpcml.run import slurmend
-            record.slurm_state = slurmend.state(record.job_id)
-        log.warning(f"hpcml run: {name} before the command started: it was not started; job directory {self.d}")
-        code, taken = finish(self.d, record, 128 + sig)
+        came = [signal.Signals(s).name for s in between if s != sig]          # USR1 and the like, kept for the ranks
+        record.signals_forwarded, record.signalled_at = [*came, name], time.time()
+        # a second TERM (Slurm's KillWait comes after it anyway) must not cut the record short
+        with handling(_not_ignored(BEFORE), lambda s, _frame: between.append(s)):
+            if self.slurm:                            # the time limit, scancel, a pre-emption: Slurm's word
+                from hpcml.run import slurmend
+                record.slurm_state = slurmend.state(record.job_id)
+            log.warning(f"hpcml run: {name} before the command started: it was not started; job directory {self.d}")
+            code, taken = finish(self.d, record, 128 + sig)
         self.superseded = not taken
         return code
 

@@ -127,7 +127,10 @@ def _interrupted(run: Attempt) -> str | None:
     kill, scancel, the time limit), if one stopped the attempt."""
     if run.signalled_at is None:
         return None
-    return next((s for s in run.signals_forwarded or () if s in ("SIGTERM", "SIGINT", "SIGHUP")), "SIGTERM")
+    sigs = run.signals_forwarded or []
+    if run.launch is None and sigs and sigs[-1] in ("SIGTERM", "SIGINT", "SIGHUP"):
+        return sigs[-1]                      # before the command started: the one that stopped it, last
+    return next((s for s in sigs if s in ("SIGTERM", "SIGINT")), "SIGTERM")
 
 
 def _unended(run: RunRecord) -> dict[str, str]:

@@ -612,22 +612,26 @@ class LocalSlurm:
         steps = self._find("slurmstepd")
         found: dict[int, psutil.Process] = {p.pid: p for p in steps}
         parents = list(steps)
-        for _ in range(20):
-            _send(parents, signal.SIGSTOP)                # a stopped process forks nothing more
-            new: list[psutil.Process] = []
-            for proc in list(found.values()):
-                with contextlib.suppress(psutil.Error):
-                    new += [c for c in proc.children(recursive=True) if c.pid not in found]
-            for c in new:
-                found[c.pid] = c
-            if not new:
-                break
-            parents = new
-        tasks = [p for pid, p in found.items() if pid not in {s.pid for s in steps}]
-        if steps or tasks:
-            log.info("killing leftover steps %s and tasks %s",
-                     [p.pid for p in steps], [p.pid for p in tasks])
-            _kill(steps + tasks)
+        try:
+            for _ in range(20):
+                for proc in parents:                      # a stopped process forks nothing more
+                    with contextlib.suppress(psutil.Error):
+                        proc.send_signal(signal.SIGSTOP)
+                new: list[psutil.Process] = []
+                for proc in list(found.values()):
+                    with contextlib.suppress(psutil.Error):
+                        new += [c for c in proc.children(recursive=True) if c.pid not in found]
+                for c in new:
+                    found[c.pid] = c
+                if not new:
+                    break
+                parents = new
+        finally:                                          # whatever was stopped is killed, come what may
+            tasks = [p for pid, p in found.items() if pid not in {s.pid for s in steps}]
+            if steps or tasks:
+                log.info("killing leftover steps %s and tasks %s",
+                         [p.pid for p in steps], [p.pid for p in tasks])
+                _kill(steps + tasks)
 
     # finding our processes
 

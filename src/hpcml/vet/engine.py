@@ -128,6 +128,10 @@ def _run_phase(protocol: Protocol, evals: list[EvalSpec], nodes: list[str], dead
             started.cancel()
         return {n: NodeReport(node=n, reachable=False, message="interrupted (SIGINT) before its results came")
                 for n in nodes}
+    except BaseException:             # the launcher stopped by TERM (hpcml.run.launcher): its workers too
+        if started is not None:
+            started.cancel()
+        raise
     try:
         if use_srun:
             step = _again_while_the_cluster_fails(protocol, evals, nodes, deadline_at, workdir, python, step)

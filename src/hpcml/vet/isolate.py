@@ -65,7 +65,15 @@ def mark_interrupted() -> None:
     _interrupted = True
 
 
+#: a check runs with these as a fresh process has them, not as its parent (``hpcml run``'s
+#: launcher keeps USR1 for its ranks and stops on TERM before the command starts)
+DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGHUP, signal.SIGUSR1, signal.SIGUSR2)
+
+
 def _child(fn: Callable[[], dict[str, Any]], write_fd: int) -> None:
+    for sig in DEFAULT_SIGNALS:
+        if signal.getsignal(sig) is not signal.SIG_IGN:
+            signal.signal(sig, signal.SIG_DFL)
     os.setpgid(0, 0)
     faulthandler.disable()  # a crash is reported as this check's error, not a stack dump
     os.dup2(2, 1)  # a check's prints must not break the worker's result lines on stdout
@@ -148,6 +156,14 @@ def run_many(jobs: Sequence[tuple[Callable[[], dict[str, Any]], float]]) -> list
                 r.outcome = Interrupted("interrupted (SIGINT): the check was stopped")
         return [r.outcome for r in runs] + [Interrupted("interrupted before it started")
                                             for _ in jobs[len(runs):]]
+    except BaseException:          # the launcher stopped by TERM (hpcml.run.launcher): none left running
+        for r in runs:
+            if not r.done:
+                os.close(r.fd)
+                r.done = True
+                _kill_group(r.pid)
+                _reap(r.pid)
+        raise
     return [r.outcome for r in runs]
 
 
