@@ -24,7 +24,8 @@ def _vetting(tmp_path: Path, ignore_hup: bool = False) -> subprocess.Popen:
     """``hpcml run --vet`` of a hanging check, once its vetting runs."""
     (tmp_path / "hang.yaml").write_text(HANG)
     env = {**_env(), "PYTHONPATH": str(ROOT)}
-    pre = (lambda: signal.signal(signal.SIGHUP, signal.SIG_IGN)) if ignore_hup else None
+    hup = signal.SIG_IGN if ignore_hup else signal.SIG_DFL       # not as the suite's own (nohup: ignored)
+    pre = lambda: signal.signal(signal.SIGHUP, hup)                       # noqa: E731
     p = subprocess.Popen([PY, "-m", "hpcml", "run", "--vet", "hang.yaml", "--dir", "job", "--",
                           "touch", str(tmp_path / "started")], cwd=tmp_path, env=env, text=True,
                          stdout=subprocess.PIPE, stderr=subprocess.PIPE, preexec_fn=pre)
