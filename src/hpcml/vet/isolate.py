@@ -147,24 +147,25 @@ def run_many(jobs: Sequence[tuple[Callable[[], dict[str, Any]], float]]) -> list
         # the children run in their own process groups (a timeout kills a whole group), so
         # the terminal's SIGINT does not reach them: kill them here, never leave one running
         _interrupted = True
-        for r in runs:
-            if not r.done:
-                os.close(r.fd)
-                r.done = True
-                _kill_group(r.pid)
-                _reap(r.pid)
-                r.outcome = Interrupted("interrupted (SIGINT): the check was stopped")
+        for r in _stop_unfinished(runs):
+            r.outcome = Interrupted("interrupted (SIGINT): the check was stopped")
         return [r.outcome for r in runs] + [Interrupted("interrupted before it started")
                                             for _ in jobs[len(runs):]]
     except BaseException:          # the launcher stopped by TERM (hpcml.run.launcher): none left running
-        for r in runs:
-            if not r.done:
-                os.close(r.fd)
-                r.done = True
-                _kill_group(r.pid)
-                _reap(r.pid)
+        _stop_unfinished(runs)
         raise
     return [r.outcome for r in runs]
+
+
+def _stop_unfinished(runs: list[_Running]) -> list[_Running]:
+    """Kill and reap every check still running (its whole process group); those it stopped."""
+    stopped = [r for r in runs if not r.done]
+    for r in stopped:
+        os.close(r.fd)
+        r.done = True
+        _kill_group(r.pid)
+        _reap(r.pid)
+    return stopped
 
 
 def _wait(runs: list[_Running]) -> None:
