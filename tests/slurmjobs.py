@@ -37,6 +37,22 @@ def wait(job_id: str, env: dict[str, str], timeout: float = 120.0) -> None:
     raise TimeoutError(f"job {job_id} still queued or running after {timeout} s")
 
 
+def job_processes(job_id: str, part: str) -> list[int]:
+    """The live processes of Slurm job ``job_id`` (its ``SLURM_JOB_ID`` in their environment)
+    whose command line holds ``part``: the job's own, not those of the tests running beside
+    it on other pytest-xdist workers. ``python -m tests.slurmjobs JOB PART`` prints their count."""
+    import psutil
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if p.pid != os.getpid() and part in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE \
+                    and p.environ().get("SLURM_JOB_ID") == job_id:
+                out.append(p.pid)
+        except psutil.Error:
+            continue
+    return out
+
+
 def run_job(script: str, workdir: Path, env: dict[str, str], timeout: float = 120.0,
             tasks_per_node: int = 1) -> str:
     wait(submit(script, workdir, env, tasks_per_node=tasks_per_node), env, timeout)
@@ -54,3 +70,8 @@ def own_cluster(name: str, offset: int, **options: Any) -> Iterator[LocalSlurm]:
         yield cluster
     finally:
         cluster.stop()
+
+
+if __name__ == "__main__":
+    import sys
+    print(len(job_processes(sys.argv[1], sys.argv[2])))

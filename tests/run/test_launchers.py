@@ -181,6 +181,7 @@ def other_user():
     yield name
 
 
+@pytest.mark.machine                                # useradd: /etc/passwd's lock, beside test_proof_slurm's users
 def test_another_users_process_gets_no_key(other_user):
     """A real second Unix user, started by this process (so a descendant): refused by uid.
     The system's python3 (the checkout's venv may not be theirs to read), asking as

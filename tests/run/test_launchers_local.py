@@ -31,13 +31,15 @@ pytestmark = pytest.mark.torch
 TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--nproc-per-node", "2"]
 
 
-def _scripts() -> list[psutil.Process]:
-    """The workers' own processes (not their DataLoader workers) still running."""
+def _scripts(cwd: Path) -> list[psutil.Process]:
+    """The workers' own processes (not their DataLoader workers) still running, of the job
+    started in ``cwd`` (not of a test beside this one, on another pytest-xdist worker)."""
     out = []
     for p in psutil.process_iter(["cmdline"]):
         try:
             cmd = p.info["cmdline"] or []
-            if str(SCRIPT) in cmd and "hpcml.run.worker" in (p.parent().cmdline() if p.parent() else []):
+            if str(SCRIPT) in cmd and p.cwd() == str(cwd) \
+                    and "hpcml.run.worker" in (p.parent().cmdline() if p.parent() else []):
                 out.append(p)
         except psutil.Error:
             continue
@@ -81,7 +83,7 @@ def test_a_stuck_worker_is_named_at_the_timeout_and_the_job_stopped(tmp_path):
     assert hang["verdict"]["blocked"] == [0]
     line = next(i for i, t in enumerate(SCRIPT.read_text().splitlines(), 1) if t.endswith("# culprit"))
     assert hang["verdict"]["culprits"][0]["where"].startswith(f"{SCRIPT}:{line} in ")
-    assert not _scripts()                                 # nothing of the job left running
+    assert not _scripts(tmp_path)                                 # nothing of the job left running
 
 
 def test_a_worker_killed_with_sigkill_is_named_with_its_exit(tmp_path):
@@ -96,7 +98,7 @@ def test_a_worker_killed_with_sigkill_is_named_with_its_exit(tmp_path):
         while victim is None and time.time() < deadline:
             beats = read_beats(tmp_path / "job" / "observe") if (tmp_path / "job" / "observe").exists() else {}
             if all((b := beats.get(r)) is not None and (b.step or 0) >= 3 for r in (0, 1)):
-                victim = next((s for s in _scripts() if s.environ().get("RANK") == "1"), None)
+                victim = next((s for s in _scripts(tmp_path) if s.environ().get("RANK") == "1"), None)
             time.sleep(0.2)
         assert victim is not None, "rank 1 never reached step 3"
         victim.send_signal(signal.SIGKILL)
@@ -111,4 +113,4 @@ def test_a_worker_killed_with_sigkill_is_named_with_its_exit(tmp_path):
     assert crash["what"] == "rank 1 exited 137 (killed by SIGKILL)" and "(killed by SIGKILL)" in err
     assert run["first_failure"]["signal"] == "SIGKILL"
     assert run["first_failure"]["rank"] == 1 and proc.returncode != 0
-    assert not _scripts()
+    assert not _scripts(tmp_path)

@@ -63,9 +63,17 @@ def same_weights(a: Path, b: Path) -> bool:
     return x.keys() == y.keys() and all(torch.equal(x[k], y[k]) for k in x)
 
 
-def no_process_left(marker: str) -> list[str]:
-    return [" ".join(p.info["cmdline"] or []) for p in psutil.process_iter(["cmdline"])
-            if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid()]
+def no_process_left(marker: str, cwd: Path) -> list[str]:
+    """What still runs with ``marker`` in its command line, of the job started in ``cwd`` (not
+    of a test beside this one, on another pytest-xdist worker)."""
+    out = []
+    for p in psutil.process_iter(["cmdline"]):
+        try:
+            if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid() and p.cwd() == str(cwd):
+                out.append(" ".join(p.info["cmdline"] or []))
+        except psutil.Error:
+            continue
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -103,7 +111,7 @@ def test_a_crashed_rank_restarts_in_place_and_ends_bitwise_as_a_fault_free_run(t
     jsonschema.validate(doc, schemas.load("run.report"), cls=jsonschema.Draft202012Validator)
     assert doc["recovery"]["restarts"] == 1 and doc["recovery"]["steps_lost"] == restart["resumed"]["steps_lost"]
     assert [f["kind"] for f in doc["findings"]].count("restarted") == 1
-    assert no_process_left(str(RESUMABLE)) == []
+    assert no_process_left(str(RESUMABLE), tmp_path) == []
     ledger_matches_the_scripts_own(doc["ledger"], tmp_path / "job.done", run)
     # run.json keeps the ledger the job's own report printed (hpcml run's, at its end)
     kept = run["ledger"]

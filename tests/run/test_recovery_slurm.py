@@ -74,9 +74,9 @@ def exports(values: dict[str, str]) -> str:
     return "".join(f"export {k}={v}\n" for k, v in values.items())
 
 
-def gone(marker: str, timeout: float = 30.0) -> list[str]:
+def gone(marker: str, cwd: Path, timeout: float = 30.0) -> list[str]:
     end = time.monotonic() + timeout
-    while (left := no_process_left(marker)) and time.monotonic() < end:
+    while (left := no_process_left(marker, cwd)) and time.monotonic() < end:
         time.sleep(0.5)
     return left
 
@@ -98,7 +98,7 @@ def test_a_hung_rank_is_replaced_by_a_spare_and_training_ends_bitwise(cluster, e
     done = steps_done(tmp_path / "job.done")
     assert {s for r, s in done[1] if r == 1} == set(range(resumed + 1, 50))
     assert {s for r, s in done[0] if r == 1} == set(range(30))
-    assert gone(str(RESUMABLE)) == []
+    assert gone(str(RESUMABLE), tmp_path) == []
     # the centre's summary: the hang the restart recovered still counts, its culprit named
     summary = _summary(tmp_path, 1)
     assert summary["outcome"] == "completed" and summary["hangs"] == 1
@@ -123,7 +123,7 @@ def test_a_crashing_node_that_fails_vetting_again_is_left_out_and_the_job_shrink
     resumed = restart["resumed"]["step"]
     done = steps_done(tmp_path / "job.done")
     assert {s for r, s in done[1]} == set(range(resumed + 1, 50)) and {r for r, _ in done[1]} == {0}
-    assert gone(str(RESUMABLE)) == []
+    assert gone(str(RESUMABLE), tmp_path) == []
     summary = _summary(tmp_path, 1)        # crashed there, then excluded by vetting: both, distinct
     assert [(c["node"], c["attempt"]) for c in summary["crashed"]] == [("n2", 0)]
     assert [e["node"] for e in summary["excluded"]] == ["n2"] and summary["hangs"] == 0

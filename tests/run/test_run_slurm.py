@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.slurmjobs import run_job, submit, wait
+from tests.slurmjobs import job_processes, run_job, submit, wait
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "run" / "train_ddp.py"
@@ -68,7 +68,7 @@ def test_workers_started_early_are_stopped_when_the_run_does_not_vet(env, tmp_pa
 hpcml run --vet p.yaml --dir job -- touch {tmp_path}/started
 echo "run-rc=$?"
 sleep 1
-echo "workers: $(pgrep -f hpcml.vet.worker | wc -l)"
+echo "workers: $(python -m tests.slurmjobs $SLURM_JOB_ID hpcml.vet.worker)"
 echo "steps: $(squeue -h -s -j $SLURM_JOB_ID | grep -v batch | wc -l)"
 """, tmp_path, env, timeout=240)
     assert "run-rc=2" in out and "colour" in out, out
@@ -126,8 +126,7 @@ def test_term_while_vetting_ends_the_run_said_so_and_leaves_nothing(env, tmp_pat
     assert rep["ending"]["before_command"] is True and rep["ending"]["interrupted"] == "SIGTERM"
     assert rep["ending"]["launcher_killed"] is False
     assert "SIGTERM before the command started: no rank ran; exit code 143" in rep["findings"][0]["message"]
-    left = subprocess.run(["pgrep", "-f", "tests.plugins.testchecks"], capture_output=True, text=True)
-    assert not left.stdout.strip(), left.stdout
+    assert not job_processes(job, "hpcml.vet.worker")          # the workers and their forked checks
 
 
 TRAIN_RESUME = """
