@@ -129,24 +129,15 @@ def _checkout_files() -> set[str] | None:
 _BEFORE: set[str] | None = None
 
 
-#: the pytest-xdist group (``--dist loadgroup``, scripts/test) of the tests that share this
-#: machine's state: the local Slurm clusters (one set of roots and ports, slurmctld's queue),
-#: Unix users made with useradd (/etc/passwd's lock). They run one after the other, on one
-#: worker, as in a suite without workers; the rest run beside them.
-MACHINE = "machine"
-
-
 @pytest.hookimpl(tryfirst=True)
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """A test that uses the local cluster is a ``slurm`` test, marked or not: ``-m "not
     slurm"`` (a side run beside a whole suite) must never start a second cluster on the
-    same root and ports, whose teardown stops the suite's. Runs before ``-m`` deselects.
-    ``slurm`` and ``machine`` tests are the ``MACHINE`` group (before xdist names groups)."""
+    same root and ports, whose teardown stops the suite's. Runs before ``-m`` deselects
+    (scripts/test runs ``slurm or machine`` first, alone, then the rest on several workers)."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)
-        if item.get_closest_marker("slurm") is not None or item.get_closest_marker("machine") is not None:
-            item.add_marker(pytest.mark.xdist_group(MACHINE))
 
 
 def pytest_sessionstart(session: pytest.Session) -> None:

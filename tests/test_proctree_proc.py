@@ -9,6 +9,7 @@ import subprocess
 import sys
 
 import psutil
+import pytest
 
 from hpcml import proctree
 
@@ -50,6 +51,7 @@ def test_kill_until_gone_gives_up_at_its_timeout_on_what_will_not_go():
         proc.wait()
 
 
+@pytest.mark.machine                     # measures contention: the CPUs to itself (scripts/test)
 def test_a_process_that_shares_its_cpu_with_a_spinner_waits_for_it():
     """Two busy processes on one CPU: each waits on the run queue about half the time
     (``cpu_wait``, the scheduler's run delay); a sleeping one does not wait."""

@@ -149,6 +149,7 @@ def test_a_4_rank_job_whose_ranks_measure_no_waits_is_named_live_by_its_arrivals
     assert "straggler: rank 1" in p.stderr and "Flight Recorder" in p.stderr and "(confidence " in p.stderr
 
 
+@pytest.mark.machine                     # measures contention: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_a_4_rank_gloo_job_whose_rank_reads_its_input_slowly_is_named_by_both_measures(tmp_path):
     """4 ranks of plain DDP over gloo under ``hpcml run``; rank 2's DataLoader worker takes 3x

@@ -57,4 +57,4 @@ def test_a_lost_node_under_torchrun_is_replaced_and_every_worker_resumes(cluster
     assert {r for r, _ in steps[0]} == {0, 1, 2, 3}                 # every worker trained before the fault
     for rank in range(4):                                            # and every one of the new world after it
         assert {s for r, s in steps[1] if r == rank} == set(range(resumed + 1, 300)), rank
-    assert not gone(str(RESUMABLE))
+    assert not gone(str(RESUMABLE), tmp_path)

@@ -115,6 +115,7 @@ def _pin(pid: int, cpu: int) -> None:
             pass
 
 
+@pytest.mark.machine                     # measures contention: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_a_rank_whose_cpu_another_process_takes_is_contended_not_a_straggler(tmp_path):
     """Each rank pinned to a CPU of its own; from iteration 60 a process outside the job

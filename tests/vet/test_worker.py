@@ -1,5 +1,7 @@
 import time
 
+import pytest
+
 from hpcml.vet.model import Outcome
 from hpcml.vet.protocol import loads
 from hpcml.vet.worker import run_check, run_node
@@ -32,6 +34,7 @@ def test_hang_timeout_says_it_ran_not_waited():
     assert r.details["starved"] is False and r.details["cpu_wait_s"] < 0.25
 
 
+@pytest.mark.machine                     # measures contention: the CPUs to itself (scripts/test)
 def test_check_starved_of_cpu_is_told_apart_from_a_hang():
     """Three busy processes pinned to CPU 0 beside a check pinned there: the check gets a
     quarter of a CPU, so its timeout runs out mostly in the run queue. Still an error (fail

@@ -160,6 +160,7 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
         fw.open()
         if any(s in STOPPING for s in seen) and ctl.signalled_at is None:
             ctl.signalled_at = time.time()
+        settled("hpcml.run.watch")
         from hpcml.run.watch import Watch  # numpy and the straggler model: imported while vetting (Job.run)
         watch = Watch(d, record.attempt, world, timeout=cfg.hang_s, on_hang=cfg.on_hang, exporter=exporter,
                       on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
@@ -216,10 +217,19 @@ def _first_read(ctl: Control, watch: Watch) -> bool:
     return True
 
 
+#: what the report imports, prefetched while the ranks run
+REPORT_MODULES = ("pyarrow", "pyarrow.compute", "jinja2", "hpcml.observe.html", "hpcml.observe.report",
+                  "hpcml.observe.store", "hpcml.run.report", "hpcml.score.html", "hpcml.score.importers.store",
+                  "hpcml.score.report")
+#: the prefetch threads still importing, by module
+_PREFETCHING: dict[str, threading.Thread] = {}
+
+
 def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
     """Import ``modules`` in a background thread while the launcher waits (for the vetting
     workers, for the ranks), then call ``then``: the step that needs them does not pay for
-    them on the job's critical path. A failure is left for that step to meet and say."""
+    them on the job's critical path. A failure is left for that step to meet and say. The
+    step imports them after ``settled``."""
     def load() -> None:
         import importlib
         try:                        # this thread only (Linux): the ranks' and workers' start-up comes first
@@ -233,16 +243,31 @@ def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
                 then()
         except Exception:  # noqa: BLE001 - the step that needs it says what is missing
             return
-    threading.Thread(target=load, name="hpcml-prefetch", daemon=True).start()
+    thread = threading.Thread(target=load, name="hpcml-prefetch", daemon=True)
+    _PREFETCHING.update(dict.fromkeys(modules, thread))
+    thread.start()
+
+
+def settled(*modules: str) -> None:
+    """Wait for the prefetch of ``modules`` to end, before this thread imports them.
+
+    Why: a thread that imports a module another thread is importing waits on the module's
+    import lock, and CPython 3.11's lock breaks when a signal's exception (Ctrl-C's
+    KeyboardInterrupt) interrupts that wait: ``KeyError`` from ``_ModuleLock.acquire``, a
+    traceback and exit 1 instead of the run stopped like Ctrl-C. A thread's ``join`` takes
+    the interruption cleanly."""
+    for module in modules:
+        thread = _PREFETCHING.get(module)
+        if thread is not None:
+            thread.join()
+            _PREFETCHING.pop(module, None)
 
 
 def _prefetch_report(cfg: Config) -> None:
     """While the tasks run, import what the report needs (pyarrow, numpy, the builders):
     the launcher is idle then, and the report at the end costs only its own work."""
     if cfg.report:
-        prefetch("pyarrow", "pyarrow.compute", "jinja2", "hpcml.observe.html", "hpcml.observe.report",
-                 "hpcml.observe.store", "hpcml.run.report", "hpcml.score.html", "hpcml.score.importers.store",
-                 "hpcml.score.report", then=_warm_report)
+        prefetch(*REPORT_MODULES, then=_warm_report)
 
 
 def _warm_report() -> None:

@@ -31,7 +31,7 @@ from hpcml import logs, phases
 from hpcml.cluster.ranks import restart_count
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.jobmodel import FarmTaskRef, Launcher, RunRecord, Vetting, Who
-from hpcml.run.attempt import FORWARDED, prefetch, run_attempt
+from hpcml.run.attempt import FORWARDED, REPORT_MODULES, prefetch, run_attempt, settled
 from hpcml.run.backends import STOPPING, Backend, Settings, choose
 from hpcml.run.config import Config, Options
 from hpcml.run.earlyvet import Early
@@ -516,6 +516,7 @@ def _report(d: Path, cfg: Config) -> None:
     if not cfg.report and not cfg.collector:
         _record_ledger(d, None)
         return
+    settled(*REPORT_MODULES)
     from hpcml.arrowprobe import skip_pandas
     from hpcml.run.report import build, summary, write
     from hpcml.run.summary import deliver
