@@ -182,6 +182,7 @@ def test_a_4_rank_gloo_job_whose_rank_reads_its_input_slowly_is_named_by_both_me
         doc["findings"], doc["stragglers"])
 
 
+@pytest.mark.machine                     # measures waits of 4 ranks on 2 CPUs: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_a_pipeline_s_slow_stage_is_named_by_its_measured_waits_not_the_stage_it_holds_up(tmp_path):
     """4 ranks of a 2-stage pipeline, 2 replicas (``pipeline_ddp.py``: send/recv between the

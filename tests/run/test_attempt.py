@@ -79,3 +79,43 @@ def test_a_term_while_the_ranks_start_reaches_each_rank_once_and_is_recorded(tmp
         assert lines(marks, "start-0") == lines(marks, "start-1") == 1, marks.read_text()
         assert lines(marks, "term-0") == lines(marks, "term-1") == 1, marks.read_text()      # once each, not twice
     assert got["rc"] == (0 if ranks_run else -15), got       # the wrappers die of TERM before they own a rank
+
+
+#: the main thread imports a module a prefetch thread is still importing (slowly), and a signal
+#: comes while it waits whose handler imports a module of its own (as a forwarding handler's
+#: first use of psutil or of hpcml.cluster.slurm does)
+IMPORT_RACE = textwrap.dedent("""
+    import os, signal, sys, threading, time
+    sys.path.insert(0, sys.argv[1])
+    from hpcml.run.attempt import prefetch, settled
+    got = []
+    def handler(sig, frame):
+        import in_handler                               # noqa: F401 - its own import lock, this thread
+        got.append(sig)
+    signal.signal(signal.SIGUSR1, handler)
+    prefetch("slow_module")
+    time.sleep(0.3)                                     # the prefetch holds slow_module's lock now
+    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    if sys.argv[2] == "settled":
+        settled("slow_module")
+    import slow_module                                  # noqa: F401
+    print("imported", got, flush=True)
+""")
+
+
+@pytest.mark.parametrize("way", ["settled", "direct"])
+def test_a_signal_while_the_launcher_waits_for_a_prefetched_import(tmp_path, way):
+    """Through ``settled`` (a thread's join) the handler runs and the import completes; the
+    direct import shows why it is needed: CPython 3.11's module lock breaks (``KeyError``)
+    when a handler imports while the thread waits on another thread's import."""
+    import sys
+    if way == "direct" and sys.version_info[:2] != (3, 11):
+        pytest.skip("the module lock's bug shown is CPython 3.11's (the suite's interpreter)")
+    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(1.5)\n")
+    (tmp_path / "in_handler.py").write_text("")
+    p = subprocess.run([sys.executable, "-c", IMPORT_RACE, str(tmp_path), way], capture_output=True, text=True,
+                       timeout=60, env=_env())
+    if way == "settled":
+        assert p.returncode == 0 and "imported [10]" in p.stdout, p.stderr
+    else:
+        assert p.returncode == 1 and "KeyError" in p.stderr, (p.stdout, p.stderr)
