@@ -12,7 +12,8 @@ import pytest
 from tests import needs
 from tests.env import rootfs
 
-IMAGE_REF = "localhost/hpcml-test:1"
+#: one image per pytest-xdist worker: each worker's session imports it and removes it at its end
+IMAGE_REF = f"localhost/hpcml-test-{os.environ.get('PYTEST_XDIST_WORKER', 'main')}:1"
 
 
 @pytest.fixture(scope="session")

@@ -94,8 +94,9 @@ IMPORT_RACE = textwrap.dedent("""
         got.append(sig)
     signal.signal(signal.SIGUSR1, handler)
     prefetch("slow_module")
-    time.sleep(0.3)                                     # the prefetch holds slow_module's lock now
-    threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGUSR1)).start()
+    while not os.path.exists(os.path.join(sys.argv[1], "importing")):   # the prefetch holds its lock now
+        time.sleep(0.01)
+    threading.Timer(1.0, os.kill, (os.getpid(), signal.SIGUSR1)).start()
     if sys.argv[2] == "settled":
         settled("slow_module")
     import slow_module                                  # noqa: F401
@@ -103,6 +104,7 @@ IMPORT_RACE = textwrap.dedent("""
 """)
 
 
+@pytest.mark.machine                     # the signal must come while the import waits: the CPUs to itself
 @pytest.mark.parametrize("way", ["settled", "direct"])
 def test_a_signal_while_the_launcher_waits_for_a_prefetched_import(tmp_path, way):
     """Through ``settled`` (a thread's join) the handler runs and the import completes; the
@@ -111,7 +113,8 @@ def test_a_signal_while_the_launcher_waits_for_a_prefetched_import(tmp_path, way
     import sys
     if way == "direct" and sys.version_info[:2] != (3, 11):
         pytest.skip("the module lock's bug shown is CPython 3.11's (the suite's interpreter)")
-    (tmp_path / "slow_module.py").write_text("import time\ntime.sleep(1.5)\n")
+    (tmp_path / "slow_module.py").write_text(f"import time\nopen({str(tmp_path / 'importing')!r}, 'w').close()\n"
+                                             "time.sleep(3.0)\n")
     (tmp_path / "in_handler.py").write_text("")
     p = subprocess.run([sys.executable, "-c", IMPORT_RACE, str(tmp_path), way], capture_output=True, text=True,
                        timeout=60, env=_env())

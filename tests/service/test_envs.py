@@ -106,7 +106,7 @@ def test_up_prints_where_it_builds_before_building(tmp_path):
         assert len(note) == 1 and f"{tmp_path / 'cache' / 'service-envs'}/web-" in note[0], out.stderr
         assert "minutes" in note[0] and "HPCML_CACHE_DIR" in note[0]
         assert out.stdout.startswith("web: http http://127.0.0.1:")
-        built = list((tmp_path / "cache" / "service-envs").iterdir())
+        built = [p for p in (tmp_path / "cache" / "service-envs").iterdir() if not p.name.startswith(".")]   # .NAME.lock
         assert len(built) == 1 and (built[0] / ".hpcml-complete").is_file()
         log = (tmp_path / "state" / "web" / "service.log").read_text()
         assert log.startswith("== hpcml service: building web's"), log[:300]
@@ -151,3 +151,30 @@ def test_up_slurm_says_the_job_builds_it_first(clean, tmp_path, capsys):
     with pytest.raises(Submitted):
         service_slurm.submit(bp, "web.yaml", "web", tmp_path / "state", options={}, wait=300)
     assert capsys.readouterr().err == ""
+
+
+def test_two_ups_that_find_it_missing_at_once_build_it_once_and_both_get_it(clean, tmp_path):
+    """Two real processes ask for the same missing environment at the same moment (two
+    ``service up``; two test workers): one builds it, the other waits and finds it built.
+    Unguarded, each said it was building and ran ``venv --clear`` on the other's half."""
+    import subprocess
+    import sys
+    clean.setenv("HPCML_CACHE_DIR", str(tmp_path / "c"))
+    go = tmp_path / "go"
+    code = ("import os, sys, time\n"
+            "from hpcml.service.envs import ensure_env\n"
+            f"while not os.path.exists({str(go)!r}):\n    time.sleep(0.01)\n"
+            "said = []\n"
+            "path = ensure_env('web', ['pip'], say=said.append)\n"
+            "print(len(said), path, flush=True)\n")
+    procs = [subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env={**os.environ, "PYTHONPATH": str(ROOT)}) for _ in range(2)]
+    go.touch()
+    outs = [p.communicate(timeout=600) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], [err[-2000:] for _, err in outs]
+    said = sorted(int(out.split()[0]) for out, _ in outs)
+    assert said == [0, 1], outs                                  # one built it, one found it built
+    path = env_path("web", ["pip"])
+    assert {out.split()[1] for out, _ in outs} == {str(path)} and envs.is_built("web", ["pip"])
+    assert subprocess.run([str(path / "bin" / "python"), "-m", "pip", "--version"], capture_output=True,
+                          timeout=120).returncode == 0

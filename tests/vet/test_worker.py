@@ -27,6 +27,7 @@ def test_hang_is_error_by_its_timeout():
     assert time.time() - start < 3
 
 
+@pytest.mark.machine                     # "not starved of a CPU": the CPUs to itself (scripts/test)
 def test_hang_timeout_says_it_ran_not_waited():
     ev = _ev("  - {name: h, type: tests.plugins.testchecks.Hang, timeout: 0.5}\n")[0]
     r = run_check(ev, CTX, time.time() + 30)

@@ -222,7 +222,7 @@ REPORT_MODULES = ("pyarrow", "pyarrow.compute", "jinja2", "hpcml.observe.html", 
                   "hpcml.observe.store", "hpcml.run.report", "hpcml.score.html", "hpcml.score.importers.store",
                   "hpcml.score.report")
 #: the prefetch threads still importing, by module
-_PREFETCHING: dict[str, threading.Thread] = {}
+_PREFETCHING: dict[str, list[threading.Thread]] = {}
 
 
 def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
@@ -244,7 +244,8 @@ def prefetch(*modules: str, then: Callable[[], object] | None = None) -> None:
         except Exception:  # noqa: BLE001 - the step that needs it says what is missing
             return
     thread = threading.Thread(target=load, name="hpcml-prefetch", daemon=True)
-    _PREFETCHING.update(dict.fromkeys(modules, thread))
+    for module in modules:
+        _PREFETCHING.setdefault(module, []).append(thread)
     thread.start()
 
 
@@ -252,15 +253,14 @@ def settled(*modules: str) -> None:
     """Wait for the prefetch of ``modules`` to end, before this thread imports them.
 
     Why: a thread that imports a module another thread is importing waits on the module's
-    import lock, and CPython 3.11's lock breaks when a signal's exception (Ctrl-C's
-    KeyboardInterrupt) interrupts that wait: ``KeyError`` from ``_ModuleLock.acquire``, a
-    traceback and exit 1 instead of the run stopped like Ctrl-C. A thread's ``join`` takes
-    the interruption cleanly."""
+    import lock, and CPython 3.11's lock breaks when a signal handler that imports runs in
+    that wait (its own lock's bookkeeping is dropped): ``KeyError`` from
+    ``_ModuleLock.acquire``, a traceback and exit 1 instead of the run stopped like Ctrl-C.
+    A thread's ``join`` is no import: the handler runs in it cleanly. (The forwarding
+    handlers' own imports are made before the ranks start, ``hpcml.run.backends``.)"""
     for module in modules:
-        thread = _PREFETCHING.get(module)
-        if thread is not None:
+        for thread in _PREFETCHING.pop(module, []):
             thread.join()
-            _PREFETCHING.pop(module, None)
 
 
 def _prefetch_report(cfg: Config) -> None:

@@ -223,6 +223,7 @@ class Srun:
         # reaches the wrappers in their environment (srun has no other way to each task);
         # each removes it before its rank starts
         env = {**plan.env, ENV_BEAT_KEY: plan.secret.hex()}
+        import hpcml.cluster.slurm  # noqa: F401 - SrunStep.send_signal's, imported before a handler needs it
         self.proc = subprocess.Popen(plan.launch, env=env, start_new_session=True,
                                      preexec_fn=lambda: die_with_parent(signal.SIGTERM))
         self.step = SrunStep(self.proc, str(self.allocation.job_id), self.name)
@@ -353,6 +354,7 @@ class Local:
         # a wrapper killed on its own (kill -9, a crash) leaves what its rank started: a
         # subreaper, we adopt it and kill it (kill_orphans)
         become_subreaper()
+        import psutil  # noqa: F401 - Wrapper.send_signal's: a signal handler that imports can break an import
         # each wrapper: its own session (Ctrl-C reaches it once, forwarded), STOP when we die
         self.procs = [self._wrapper(plan, r) for r in range(plan.ntasks)]
         self.running = list(self.procs)

@@ -18,13 +18,15 @@ succeeded); a half-built one is rebuilt.
 
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import json
 import os
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
 from pathlib import Path
 
 from hpcml import logs
@@ -116,9 +118,6 @@ def ensure_env(name: str, packages: Sequence[str], *, log: Path | None = None, t
     path = env_path(name, packages)
     if is_built(name, packages):
         return path
-    note = build_note(name, packages)
-    if say:
-        say(note)
     origin = envs_location()[1]
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -127,6 +126,37 @@ def ensure_env(name: str, packages: Sequence[str], *, log: Path | None = None, t
         if origin in ("HPCML_SERVICE_ENVS", "HPCML_CACHE_DIR", "XDG_CACHE_HOME"):
             raise UsageError(f"{origin}={os.environ[origin]}: {problem}") from None
         raise ServiceEnvError(f"{problem} (set HPCML_CACHE_DIR to build it elsewhere)") from None
+    with _one_builder(path):
+        if is_built(name, packages):                     # built by the one we waited for
+            return path
+        return _build(name, packages, path, log, timeout, say)
+
+
+@contextmanager
+def _one_builder(path: Path) -> Iterator[None]:
+    """One builder of ``path`` at a time (``flock`` on a file beside it): two ``up`` that find
+    it missing at once would each ``venv --clear`` the other's half-built environment; the
+    second waits and finds it built. A filesystem without locks builds unguarded, as before."""
+    try:
+        fd = os.open(path.parent / f".{path.name}.lock", os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError as exc:
+            log.debug(f"no lock on {path}'s build ({exc.strerror}): built unguarded")
+        yield
+    finally:
+        os.close(fd)                                     # the lock goes with it
+
+
+def _build(name: str, packages: Sequence[str], path: Path, log: Path | None, timeout: float,
+           say: Callable[[str], None] | None) -> Path:
+    note = build_note(name, packages)
+    if say:
+        say(note)
     (path / ".hpcml-complete").unlink(missing_ok=True)     # rebuilt below: not complete until pip succeeds
     out = open(log, "ab") if log else subprocess.DEVNULL  # noqa: SIM115 - closed below
     try:
