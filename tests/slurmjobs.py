@@ -38,15 +38,15 @@ def wait(job_id: str, env: dict[str, str], timeout: float = 120.0) -> None:
 
 
 def job_processes(job_id: str, part: str) -> list[int]:
-    """The live processes of Slurm job ``job_id`` (its ``SLURM_JOB_ID`` in their environment)
-    whose command line holds ``part``: the job's own, not those of the tests running beside
-    it on other pytest-xdist workers. ``python -m tests.slurmjobs JOB PART`` prints their count."""
+    """The live processes of Slurm job ``job_id`` whose command line holds ``part``
+    (``tests.leftovers``). ``python -m tests.slurmjobs JOB PART`` prints their count."""
     import psutil
+
+    from tests.leftovers import running
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in running(part, job_id=job_id):
         try:
-            if p.pid != os.getpid() and part in " ".join(p.info["cmdline"] or []) and p.status() != psutil.STATUS_ZOMBIE \
-                    and p.environ().get("SLURM_JOB_ID") == job_id:
+            if p.status() != psutil.STATUS_ZOMBIE:
                 out.append(p.pid)
         except psutil.Error:
             continue

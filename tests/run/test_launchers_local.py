@@ -24,6 +24,7 @@ import pytest
 from hpcml.observe.beat import read_beats
 from hpcml.run.watch import HANG
 from tests import needs
+from tests.leftovers import running
 from tests.run.test_inject_progress import SCRIPT, step_sections
 from tests.run.test_watch import hpcml
 
@@ -33,13 +34,11 @@ TORCHRUN = [str(Path(sys.executable).parent / "torchrun"), "--standalone", "--np
 
 def _scripts(cwd: Path) -> list[psutil.Process]:
     """The workers' own processes (not their DataLoader workers) still running, of the job
-    started in ``cwd`` (not of a test beside this one, on another pytest-xdist worker)."""
+    started in ``cwd`` (``tests.leftovers``)."""
     out = []
-    for p in psutil.process_iter(["cmdline"]):
+    for p in running(str(SCRIPT), cwd=cwd):
         try:
-            cmd = p.info["cmdline"] or []
-            if str(SCRIPT) in cmd and p.cwd() == str(cwd) \
-                    and "hpcml.run.worker" in (p.parent().cmdline() if p.parent() else []):
+            if "hpcml.run.worker" in (p.parent().cmdline() if p.parent() else []):
                 out.append(p)
         except psutil.Error:
             continue

@@ -14,10 +14,10 @@ import sys
 from pathlib import Path
 
 import jsonschema
-import psutil
 import pytest
 
 from hpcml import schemas
+from tests.leftovers import running
 
 ROOT = Path(__file__).resolve().parents[2]
 RESUMABLE = ROOT / "tests" / "run" / "resumable_ddp.py"
@@ -64,16 +64,8 @@ def same_weights(a: Path, b: Path) -> bool:
 
 
 def no_process_left(marker: str, cwd: Path) -> list[str]:
-    """What still runs with ``marker`` in its command line, of the job started in ``cwd`` (not
-    of a test beside this one, on another pytest-xdist worker)."""
-    out = []
-    for p in psutil.process_iter(["cmdline"]):
-        try:
-            if marker in " ".join(p.info["cmdline"] or []) and p.pid != os.getpid() and p.cwd() == str(cwd):
-                out.append(" ".join(p.info["cmdline"] or []))
-        except psutil.Error:
-            continue
-    return out
+    """What still runs with ``marker`` in its command line, of the job started in ``cwd``."""
+    return [" ".join(p.info["cmdline"] or []) for p in running(marker, cwd=cwd)]
 
 
 @pytest.fixture(scope="session")
