@@ -128,6 +128,7 @@ def test_a_gloo_job_s_slow_rank_is_the_one_the_flight_recorder_sees_arrive_last(
     assert arrived is not None and arrived["measure"] == "enqueue" and arrived["straggler"] == 1, arrived
 
 
+@pytest.mark.machine     # a live straggler verdict: other tests' load is rightly named contention instead (scripts/test)
 @pytest.mark.torch
 def test_a_4_rank_job_whose_ranks_measure_no_waits_is_named_live_by_its_arrivals(tmp_path):
     """4 ranks of plain DDP over gloo under ``hpcml run`` with the collective-wait hooks off

@@ -18,6 +18,7 @@ from tests.run.test_inject_progress import STUCK_AFTER, slow_then_stuck_rank_1_n
 SCRIPTS = {"transformers": "hf_trainer.py", "lightning": "lightning_ddp.py"}
 
 
+@pytest.mark.machine     # a live straggler verdict: other tests' load is rightly named contention instead (scripts/test)
 @pytest.mark.torch
 @pytest.mark.parametrize("framework", sorted(SCRIPTS))
 def test_a_slow_then_stuck_rank_of_an_unchanged_framework_script_is_named_and_its_steps_counted(tmp_path, framework):

@@ -91,6 +91,7 @@ def slow_then_stuck_rank_1_named(tmp_path: Path, script: Path, **env: str) -> No
     assert rep["throughput"]["source"] == "section" and rep["throughput"]["median"] > 0     # steps/s of its steps
 
 
+@pytest.mark.machine     # a live straggler verdict: other tests' load is rightly named contention instead (scripts/test)
 @pytest.mark.torch
 def test_a_slow_then_stuck_rank_of_a_plain_script_is_named_straggler_then_culprit(tmp_path):
     slow_then_stuck_rank_1_named(tmp_path, SCRIPT)
