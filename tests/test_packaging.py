@@ -39,10 +39,6 @@ def test_deptry_catches_an_undeclared_import(tmp_path):
     assert p.returncode == 1 and "DEP003 'typer'" in p.stdout + p.stderr, p.stderr
 
 
-#: one worker builds ``base_venv``: its editable install writes the checkout's egg-info
-pytestmark = pytest.mark.xdist_group("base_venv")
-
-
 @pytest.fixture(scope="module")
 def base_venv(tmp_path_factory) -> Path:
     """A new venv holding hpcml (editable) and its base dependencies only: no extras."""

@@ -178,11 +178,12 @@ def _counted(rule: Rule, hits: list[Result]) -> list[Result]:
 
 def _fires(rule: Rule, results: list[Result], now: datetime,
            after: datetime | None) -> tuple[str, list[Result]] | None:
-    """The check of ``rule`` with the most countable matching results in the window, if enough."""
+    """The check of ``rule`` with the most countable matching results in the window, if
+    enough; ``results`` in time order."""
     start = now - timedelta(seconds=rule.window)
     groups: dict[str, list[Result]] = {}
     jobs: set[str | None] = set()
-    for r in sorted(results, key=lambda r: r.time):
+    for r in results:
         if r.evidence != "none" and start <= r.time <= now and (after is None or r.time > after) \
                 and rule.match.matches(r.check, r.type, r.outcome, r.from_job):
             if rule.match.job is not None:              # a job that named the node twice counts once
@@ -207,8 +208,9 @@ def _evidence(rule: Rule, hits: list[Result]) -> dict:
 
 def _first_firing(catalog: Catalog, results: list[Result], now: datetime,
                   after: datetime | None):
+    ordered = sorted(results, key=lambda r: r.time)     # once, not once per rule
     for rule in catalog.rules:
-        hit = _fires(rule, results, now, after)
+        hit = _fires(rule, ordered, now, after)
         if hit:
             return rule, *hit
     return None
