@@ -10,6 +10,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 BASE_PYTHON = Path(sys.base_prefix) / "bin" / f"python{sys.version_info[0]}.{sys.version_info[1]}"
 
@@ -54,3 +56,68 @@ def test_the_example_venv_resolves_the_pinned_cpu_torch_alone_without_cuda_wheel
     names = {i["metadata"]["name"].lower(): i["metadata"]["version"] for i in json.loads(report.read_text())["install"]}
     assert names["torch"] == "2.13.0+cpu" and "hpcml" in names, names
     assert not [n for n in names if n == "triton" or (n.startswith("nvidia-") and n != "nvidia-ml-py")], names
+
+
+STAND_IN = """#!{python}
+import json, os, sys
+args = sys.argv[1:]
+with open(os.environ["RUNS"], "a") as f:
+    f.write(json.dumps(args) + "\\n")
+part = "alone" if "slurm or machine" in args else "workers" if "not slurm and not machine" in args else "whole"
+sys.exit(int(os.environ.get("RC_" + part.upper(), "0")))
+"""
+
+
+def _parts(tmp_path: Path, *args: str, **env: str) -> tuple[int, list[list[str]]]:
+    """``scripts/test-parts`` with a stand-in interpreter that records each pytest run's
+    arguments and exits as ``RC_ALONE``, ``RC_WORKERS`` or ``RC_WHOLE`` say."""
+    py = tmp_path / "python"
+    py.write_text(STAND_IN.format(python=sys.executable))
+    py.chmod(0o755)
+    runs = tmp_path / "runs.jsonl"
+    runs.unlink(missing_ok=True)
+    base = {k: v for k, v in os.environ.items() if k != "HPCML_TEST_WORKERS"}
+    p = subprocess.run([str(ROOT / "scripts" / "test-parts"), str(py), *args], cwd=ROOT, capture_output=True,
+                       text=True, env={**base, "RUNS": str(runs), **env}, timeout=60)
+    return p.returncode, [json.loads(line) for line in runs.read_text().splitlines()] if runs.exists() else []
+
+
+def test_the_suite_runs_the_machine_s_tests_alone_then_the_rest_on_workers_each_module_on_one(tmp_path):
+    rc, runs = _parts(tmp_path, "-x", "tests/run")
+    assert rc == 0 and len(runs) == 2, runs
+    assert runs[0][:5] == ["-m", "pytest", "-q", "-m", "slurm or machine"] and runs[0][-2:] == ["-n", "0"]
+    assert "-x" in runs[0] and "tests/run" in runs[0]
+    w = runs[1]
+    assert w[w.index("-n") + 1] == "3" and w[w.index("--dist") + 1] == "loadscope"
+    assert w[w.index("-m", 3) + 1] == "not slurm and not machine" and w[-2:] == ["-x", "tests/run"]
+    _rc, runs = _parts(tmp_path, HPCML_TEST_WORKERS="2")
+    assert runs[1][runs[1].index("-n") + 1] == "2"
+
+
+@pytest.mark.parametrize("rc_alone, rc_workers, rc, runs", [
+    ("0", "0", 0, 2), ("1", "0", 1, 2), ("0", "1", 1, 2), ("1", "3", 1, 2),
+    ("5", "0", 0, 2), ("0", "5", 0, 2),     # a part that selects no test is no failure ...
+    ("5", "5", 5, 2),                       # ... unless neither selected one
+    ("2", "0", 2, 1),                       # bad usage: part 2 would say the same
+    ("130", "0", 130, 1),                   # interrupted: the user asked to stop
+])
+def test_the_suite_fails_where_either_part_failed_and_selects_nothing_only_where_both_did(
+        tmp_path, rc_alone, rc_workers, rc, runs):
+    got, ran = _parts(tmp_path, RC_ALONE=rc_alone, RC_WORKERS=rc_workers)
+    assert (got, len(ran)) == (rc, runs), ran
+
+
+@pytest.mark.parametrize("args, env", [(["-m", "torch"], {}), (["-mtorch"], {}), (["--markexpr=torch"], {}),
+                                       (["-x"], {"HPCML_TEST_WORKERS": "0"})])
+def test_a_marker_selection_of_the_caller_s_own_or_no_workers_runs_once_one_test_at_a_time(tmp_path, args, env):
+    rc, runs = _parts(tmp_path, *args, RC_WHOLE="1", **env)
+    assert rc == 1 and runs == [["-m", "pytest", "-q", *args]]
+
+
+@pytest.mark.parametrize("given, alone", [(["--junitxml=out/r.xml"], ["--junitxml=out/r.alone.xml"]),
+                                          (["--junitxml", "r.xml"], ["--junitxml", "r.alone.xml"]),
+                                          (["--junit-xml=r"], ["--junit-xml=r.alone.xml"])])
+def test_each_part_writes_its_own_junit_report(tmp_path, given, alone):
+    """Was: part 2's report overwrote part 1's at the caller's path."""
+    _rc, runs = _parts(tmp_path, *given)
+    assert runs[0][5:-2] == alone and runs[1][-len(given):] == given
