@@ -106,6 +106,7 @@ def _two_ranks(tmp_path, **env):
     return [json.loads(o.splitlines()[-1]) for o, _ in outs]
 
 
+@pytest.mark.machine     # measures each rank's wait to 50 ms: the CPUs to itself (scripts/test-parts)
 @pytest.mark.torch
 @pytest.mark.parametrize("user_hook", ["0", "1"])
 def test_ddp_rank_waiting_for_a_slower_one_waits_its_lag_and_the_gradients_are_averaged(tmp_path, user_hook):

@@ -99,7 +99,9 @@ def test_overrun_ok_reports_the_overrun_but_keeps_the_node():
 def test_own_timeout_inside_the_budget_is_not_an_overrun():
     proto = loads(f"name: t\nevals:\n  - {{name: slow, type: {SLEEP}, seconds: 30, timeout: 0.3 s}}\n")
     res = prolog.run_prolog(proto, budget=3.0, started=time.time(), overrun_ok=True)
-    assert res.results[0].message == "timed out after 0.3 s"
+    # its own timeout, not the budget's (a loaded machine may add that the check waited for a CPU)
+    assert res.results[0].message.startswith("timed out after 0.3 s")
+    assert not res.results[0].details.get("budget_overrun"), res.results[0].details
     assert res.exit_code == 1
 
 
