@@ -337,3 +337,29 @@ def test_a_block_size_or_window_out_of_bounds_is_refused_naming_it(old_layout_se
     with pytest.raises(UsageError, match=r"window.*more than 16 GiB a window"):
         ShardDataset(old_layout_set, block_bytes=64 << 20, window=512, rank=0, world_size=1)
     ShardDataset(old_layout_set, block_bytes=64 << 20, window=128, rank=0, world_size=1)     # 8 GiB: taken
+
+
+def _reading_threads(ds, workers: int) -> int:
+    """Threads a loader worker's stream starts (its reads, its hints) by its first sample."""
+    ds.begin(workers, 8)
+    before = set(threading.enumerate())
+    it = ds.stream(0, workers, 8)
+    next(it)
+    n = len(set(threading.enumerate()) - before)
+    it.close()
+    return n
+
+
+def test_a_rank_s_loader_workers_share_its_reads_in_flight(shards):
+    """Files: 8 reads in flight per rank, shared by its workers (2 each at 4 workers, where 8
+    each read 13 % slower on the benchmark disk); one hint thread beside them. Given
+    ``read_threads`` is kept; 0 is refused in one line."""
+    from hpcml.data.reader import READ_THREADS
+    from hpcml.errors import UsageError
+    assert [_ds(shards).threads(w) for w in (1, 2, 4, 8)] == [READ_THREADS, READ_THREADS // 2, 2, 2]
+    assert _reading_threads(_ds(shards, window=16), 4) <= 2 + 1
+    assert _reading_threads(_ds(shards, window=16, read_threads=8), 4) > 2 + 1     # the bound can fail
+    assert _ds(shards, read_threads=3).threads(4) == 3
+    with pytest.raises(UsageError) as caught:
+        _ds(shards, read_threads=0)
+    assert caught.value.key == "read_threads"

@@ -36,6 +36,11 @@ BLOCK_BYTES = 1 << 20       # default block: 4 MiB before issue 72 (states of th
 #: an object store's default block: each ranged GET pays a round trip, so blocks stay 4 MiB there
 OBJECT_BLOCK_BYTES = 4 << 20
 WINDOW = 32                 # default blocks per window
+#: reads in flight per rank from files, shared by its loader workers (at least 2 each): at 4
+#: workers, 8 threads each (32 in flight) read 13 % slower than 2 each on this project's
+#: benchmark disk (benchmarks/README.md, ``hpcml data``). An object store's ranged GETs wait
+#: on round trips, not the disk: there each reading process keeps this many.
+READ_THREADS = 8
 #: layout settings that only tune reading: left to their defaults, a resume takes the state's
 TUNING = ("block_bytes", "window")
 #: what a reading process holds is two windows (``2 * window * block_bytes``): bounded, so
@@ -272,7 +277,7 @@ class ShardDataset:
     def __init__(self, path: str | os.PathLike, *, seed: int = 0, shuffle: bool = True,
                  rank: int | None = None, world_size: int | None = None,
                  block_bytes: int | None = None, window: int | None = None, drop_last: bool = True,
-                 read_threads: int = 8, on_corrupt: str = "raise",
+                 read_threads: int | None = None, on_corrupt: str = "raise",
                  decode: Callable[[dict], Any] | None = None) -> None:
         if on_corrupt not in ("raise", "skip"):
             raise UsageError(f"must be 'raise' or 'skip', got {on_corrupt!r}", key="on_corrupt")
@@ -294,6 +299,9 @@ class ShardDataset:
         bad = tuning_problem(self.layout.block_bytes, self.layout.window)
         if bad is not None:
             raise UsageError(bad[1], key=bad[0])
+        if read_threads is not None and read_threads < 1:
+            raise UsageError(f"must be at least 1, got {read_threads}", key="read_threads")
+        self.remote = remote
         self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode
         self.epoch = 0
         self.position = 0               # samples of this epoch already delivered on this rank
@@ -432,9 +440,17 @@ class ShardDataset:
         k = self.position // batch
         logical = (worker + k) % workers if self.position < plan.samples else worker
         skip = order.consumed_per_stream(self.position, plan.samples, batch, workers)[logical]
-        return self._read_windows(plan.streams[logical], skip)
+        return self._read_windows(plan.streams[logical], skip, self.threads(workers))
 
-    def _read_windows(self, windows: list[order.Window], skip: int) -> Iterator[Any]:
+    def threads(self, workers: int) -> int:
+        """Read threads of each of ``workers`` reading processes: ``read_threads`` where
+        given, else ``READ_THREADS`` shared by the workers from files (at least 2 each, so a
+        read overlaps the next), all of it each from an object store."""
+        if self.read_threads is not None:
+            return self.read_threads
+        return READ_THREADS if self.remote else max(2, READ_THREADS // max(1, workers))
+
+    def _read_windows(self, windows: list[order.Window], skip: int, threads: int) -> Iterator[Any]:
         while windows and skip >= len(windows[0]):
             skip -= len(windows[0])
             windows = windows[1:]
@@ -445,7 +461,7 @@ class ShardDataset:
                          compression=[s.compression for s in self.manifest.shards],
                          sizes=[s.bytes for s in self.manifest.shards])
         own: set[int] = set()                   # the idents of this stream's own threads
-        pool = ThreadPoolExecutor(max_workers=max(1, self.read_threads), initializer=lambda: own.add(threading.get_ident()))
+        pool = ThreadPoolExecutor(max_workers=threads, initializer=lambda: own.add(threading.get_ident()))
         hints = ThreadPoolExecutor(max_workers=1, initializer=lambda: own.add(threading.get_ident()))
         try:
             # Reads run one window ahead of what is yielded, hints two: the kernel's queue
