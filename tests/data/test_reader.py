@@ -339,27 +339,47 @@ def test_a_block_size_or_window_out_of_bounds_is_refused_naming_it(old_layout_se
     ShardDataset(old_layout_set, block_bytes=64 << 20, window=128, rank=0, world_size=1)     # 8 GiB: taken
 
 
-def _reading_threads(ds, workers: int) -> int:
-    """Threads a loader worker's stream starts (its reads, its hints) by its first sample."""
+
+def _reads_in_flight(ds, workers: int, monkeypatch) -> tuple[int, int]:
+    """The most reads one loader worker's stream had in flight at once, in its first window
+    and after it (each read held 5 ms, so reads that overlap are seen to)."""
+    import time
+
+    from hpcml.data import reader
+    real, lock = reader._Shards.read, threading.Lock()
+    now, most, done = [0], [0, 0], [0]
     ds.begin(workers, 8)
-    before = set(threading.enumerate())
-    it = ds.stream(0, workers, 8)
-    next(it)
-    n = len(set(threading.enumerate()) - before)
-    it.close()
-    return n
+    first_reads = len(ds.plan(workers, 8).streams[0][0].pieces)
+
+    def read(self, piece):
+        with lock:
+            now[0] += 1
+            phase = int(done[0] >= first_reads)
+            most[phase] = max(most[phase], now[0])
+        time.sleep(0.005)
+        try:
+            return real(self, piece)
+        finally:
+            with lock:
+                now[0] -= 1
+                done[0] += 1
+    monkeypatch.setattr(reader._Shards, "read", read)
+    for _ in ds.stream(0, workers, 8):
+        pass
+    return most[0], most[1]
 
 
-def test_a_rank_s_loader_workers_share_its_reads_in_flight(shards):
-    """Files: 8 reads in flight per rank, shared by its workers (2 each at 4 workers, where 8
-    each read 13 % slower on the benchmark disk); one hint thread beside them. Given
-    ``read_threads`` is kept; 0 is refused in one line."""
+def test_a_rank_s_loader_workers_share_its_reads_in_flight(shards, monkeypatch):
+    """Files: 8 reads in flight per rank once a worker yields, shared by its workers (2 each
+    at 4 workers, where 8 each read 13 % slower on the benchmark disk); its first window, all
+    wait, reads at 8. Given ``read_threads`` is kept; 0 is refused in one line."""
     from hpcml.data.reader import READ_THREADS
     from hpcml.errors import UsageError
     assert [_ds(shards).threads(w) for w in (1, 2, 4, 8)] == [READ_THREADS, READ_THREADS // 2, 2, 2]
-    assert _reading_threads(_ds(shards, window=16), 4) <= 2 + 1
-    assert _reading_threads(_ds(shards, window=16, read_threads=8), 4) > 2 + 1     # the bound can fail
-    assert _ds(shards, read_threads=3).threads(4) == 3
+    first, after = _reads_in_flight(_ds(shards, window=16, block_bytes=20_000), 4, monkeypatch)
+    assert first > 2 and after == 2, (first, after)
+    first, after = _reads_in_flight(_ds(shards, window=16, block_bytes=20_000, read_threads=5), 4, monkeypatch)
+    assert first <= 5 and after > 2, (first, after)         # the bound can fail
     with pytest.raises(UsageError) as caught:
         _ds(shards, read_threads=0)
     assert caught.value.key == "read_threads"

@@ -462,6 +462,10 @@ class ShardDataset:
                          sizes=[s.bytes for s in self.manifest.shards])
         own: set[int] = set()                   # the idents of this stream's own threads
         pool = ThreadPoolExecutor(max_workers=threads, initializer=lambda: own.add(threading.get_ident()))
+        # The first window is all wait (nothing to yield yet): its reads go at the full
+        # READ_THREADS however many workers share the rank's reads after it.
+        first = ThreadPoolExecutor(max_workers=max(threads, self.read_threads or READ_THREADS),
+                                   initializer=lambda: own.add(threading.get_ident()))
         hints = ThreadPoolExecutor(max_workers=1, initializer=lambda: own.add(threading.get_ident()))
         try:
             # Reads run one window ahead of what is yielded, hints two: the kernel's queue
@@ -470,11 +474,13 @@ class ShardDataset:
             # windows in the order they are yielded, and runs on its own thread: queueing
             # 128 MiB (page-cache allocation) held the yielding thread ~25 ms a window.
             hints.submit(shards.advise, windows[0].pieces)
-            pending = [pool.submit(shards.read, p) for p in windows[0].pieces]
+            pending = [first.submit(shards.read, p) for p in windows[0].pieces]
             if len(windows) > 1:
                 hints.submit(shards.advise, windows[1].pieces, pending)
             for i, win in enumerate(windows):
                 bufs = [f.result() for f in pending]
+                if i == 0:
+                    first.shutdown(wait=False)
                 nxt = windows[i + 1].pieces if i + 1 < len(windows) else []
                 pending = [pool.submit(shards.read, p) for p in nxt]
                 if i + 2 < len(windows):
@@ -487,6 +493,7 @@ class ShardDataset:
                 skip = 0
         finally:
             def close() -> None:
+                first.shutdown(wait=True, cancel_futures=True)
                 pool.shutdown(wait=True, cancel_futures=True)
                 hints.shutdown(wait=True, cancel_futures=True)
                 shards.close()
