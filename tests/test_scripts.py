@@ -107,7 +107,7 @@ def test_the_suite_fails_where_either_part_failed_and_selects_nothing_only_where
     assert (got, len(ran)) == (rc, runs), ran
 
 
-@pytest.mark.parametrize("args, env", [(["-m", "torch"], {}), (["-mtorch"], {}), (["--markexpr=torch"], {}),
+@pytest.mark.parametrize("args, env", [(["-m", "torch"], {}), (["-mtorch"], {}), (["-xm", "torch"], {}),
                                        (["-x"], {"HPCML_TEST_WORKERS": "0"})])
 def test_a_marker_selection_of_the_caller_s_own_or_no_workers_runs_once_one_test_at_a_time(tmp_path, args, env):
     rc, runs = _parts(tmp_path, *args, RC_WHOLE="1", **env)

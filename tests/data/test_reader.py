@@ -342,7 +342,7 @@ def test_a_block_size_or_window_out_of_bounds_is_refused_naming_it(old_layout_se
 
 def _reads_in_flight(ds, workers: int, monkeypatch) -> tuple[int, int]:
     """The most reads one loader worker's stream had in flight at once, in its first window
-    and after it (each read held 5 ms, so reads that overlap are seen to)."""
+    and after it (each read held 20 ms, so reads that overlap are seen to)."""
     import time
 
     from hpcml.data import reader
@@ -356,7 +356,7 @@ def _reads_in_flight(ds, workers: int, monkeypatch) -> tuple[int, int]:
             now[0] += 1
             phase = int(done[0] >= first_reads)
             most[phase] = max(most[phase], now[0])
-        time.sleep(0.005)
+        time.sleep(0.02)
         try:
             return real(self, piece)
         finally:
@@ -366,6 +366,7 @@ def _reads_in_flight(ds, workers: int, monkeypatch) -> tuple[int, int]:
     monkeypatch.setattr(reader._Shards, "read", read)
     for _ in ds.stream(0, workers, 8):
         pass
+    monkeypatch.undo()
     return most[0], most[1]
 
 

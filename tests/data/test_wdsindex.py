@@ -213,3 +213,6 @@ def test_honest_pax_and_base256_sizes_still_index(tmp_path, build, gz):
     rows = orjson.loads(next(src.glob("*.idx.json")).read_bytes())["samples"]
     assert [(row[0], row[3]) for row in rows] == [("a", [["txt", *where["a"]]]), ("b", [["txt", *where["b"]]])]
     assert hpcml_samples(src) == [{"__key__": name.split(".")[0], "txt": data} for name, data in MEMBERS]
+    # a compressed shard's reads wait on decompression: 8 per worker
+    from hpcml.data.reader import READ_THREADS
+    assert ShardDataset(src, rank=0, world_size=1).threads(4) == (READ_THREADS if gz else 2)

@@ -39,7 +39,8 @@ WINDOW = 32                 # default blocks per window
 #: reads in flight per rank from files, shared by its loader workers (at least 2 each): at 4
 #: workers, 8 threads each (32 in flight) read 13 % slower than 2 each on this project's
 #: benchmark disk (benchmarks/README.md, ``hpcml data``). An object store's ranged GETs wait
-#: on round trips, not the disk: there each reading process keeps this many.
+#: on round trips and a compressed shard's reads on decompression, not the disk: there each
+#: reading process keeps this many.
 READ_THREADS = 8
 #: layout settings that only tune reading: left to their defaults, a resume takes the state's
 TUNING = ("block_bytes", "window")
@@ -301,7 +302,8 @@ class ShardDataset:
             raise UsageError(bad[1], key=bad[0])
         if read_threads is not None and read_threads < 1:
             raise UsageError(f"must be at least 1, got {read_threads}", key="read_threads")
-        self.remote = remote
+        #: reads that wait on something other than the disk: each process keeps READ_THREADS
+        self._reads_per_process = remote or any(s.compression for s in self.manifest.shards)
         self.read_threads, self.on_corrupt, self.decode = read_threads, on_corrupt, decode
         self.epoch = 0
         self.position = 0               # samples of this epoch already delivered on this rank
@@ -445,10 +447,10 @@ class ShardDataset:
     def threads(self, workers: int) -> int:
         """Read threads of each of ``workers`` reading processes: ``read_threads`` where
         given, else ``READ_THREADS`` shared by the workers from files (at least 2 each, so a
-        read overlaps the next), all of it each from an object store."""
+        read overlaps the next), all of it each from an object store or compressed shards."""
         if self.read_threads is not None:
-            return self.read_threads
-        return READ_THREADS if self.remote else max(2, READ_THREADS // max(1, workers))
+            return max(1, self.read_threads)
+        return READ_THREADS if self._reads_per_process else max(2, READ_THREADS // max(1, workers))
 
     def _read_windows(self, windows: list[order.Window], skip: int, threads: int) -> Iterator[Any]:
         while windows and skip >= len(windows[0]):
