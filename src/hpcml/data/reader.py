@@ -466,8 +466,8 @@ class ShardDataset:
         pool = ThreadPoolExecutor(max_workers=threads, initializer=lambda: own.add(threading.get_ident()))
         # The first window is all wait (nothing to yield yet): its reads go at the full
         # READ_THREADS however many workers share the rank's reads after it.
-        first = ThreadPoolExecutor(max_workers=max(threads, self.read_threads or READ_THREADS),
-                                   initializer=lambda: own.add(threading.get_ident()))
+        wide = max(threads, self.read_threads or READ_THREADS)
+        first = pool if wide == threads else ThreadPoolExecutor(max_workers=wide, initializer=lambda: own.add(threading.get_ident()))
         hints = ThreadPoolExecutor(max_workers=1, initializer=lambda: own.add(threading.get_ident()))
         try:
             # Reads run one window ahead of what is yielded, hints two: the kernel's queue
@@ -481,7 +481,7 @@ class ShardDataset:
                 hints.submit(shards.advise, windows[1].pieces, pending)
             for i, win in enumerate(windows):
                 bufs = [f.result() for f in pending]
-                if i == 0:
+                if i == 0 and first is not pool:
                     first.shutdown(wait=False)
                 nxt = windows[i + 1].pieces if i + 1 < len(windows) else []
                 pending = [pool.submit(shards.read, p) for p in nxt]
