@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -119,6 +120,83 @@ def test_a_job_s_metrics_and_a_sweep_s_parameters_reach_named_runs(service, tmp_
         assert {p["key"]: p["value"] for p in run["data"]["params"]} == {"lr": lr, "opt": "adam w"}
         assert _tags(run)["hpcml.job_dir"] == str(farm / "runs" / f"{tid}.1")      # hpcml run's job directory
         assert run["info"]["status"] == "FINISHED"
+
+
+class SlowCreate:
+    """An HTTP proxy in front of the real server that passes every request on at once and
+    holds the answer to the first ``runs/create`` for ``hold_s``: the server has made the
+    run, its maker has given up waiting (a loaded node's server, as in a CI run)."""
+
+    def __init__(self, upstream: str, hold_s: float) -> None:
+        import http.server
+        import threading
+        import urllib.request
+        held = threading.Event()
+
+        class Handler(http.server.BaseHTTPRequestHandler):
+            def _pass(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0)) or None
+                req = urllib.request.Request(upstream + self.path, data=body, method=self.command,
+                                             headers={"Content-Type": "application/json"})
+                try:
+                    with urllib.request.urlopen(req, timeout=30) as resp:
+                        code, data = resp.status, resp.read()
+                except urllib.error.HTTPError as exc:
+                    code, data = exc.code, exc.read()
+                if self.path.endswith("/runs/create") and not held.is_set():
+                    held.set()
+                    time.sleep(hold_s)
+                try:
+                    self.send_response(code)
+                    self.send_header("Content-Type", "application/json")
+                    self.send_header("Content-Length", str(len(data)))
+                    self.end_headers()
+                    self.wfile.write(data)
+                except OSError:                   # the maker gave up and closed its end
+                    pass
+
+            do_GET = do_POST = _pass
+
+            def log_message(self, *args) -> None:
+                pass
+
+        self.held = held
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        self.url = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def close(self) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_a_run_made_after_its_maker_gave_up_gets_the_metrics_and_its_end(service, tmp_path):
+    """The server answers ``runs/create`` only after the recorder's probe stopped waiting
+    (``PROBE_TIMEOUT_S``) but has made the run. The job's one run is still found, gets every
+    metric and ends FINISHED, and no second run is made (was: a run left RUNNING, empty, and
+    the metrics counted as dropped)."""
+    import urllib.error  # noqa: F401 - SlowCreate's
+
+    from hpcml.observe.mlflow_rest import PROBE_TIMEOUT_S
+    env, directory = service
+    url = state(directory)["urls"]["http"]
+    proxy = SlowCreate(url, PROBE_TIMEOUT_S + 2)
+    try:
+        train = tmp_path / "train.py"
+        train.write_text("from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0 / (s + 1))\n"
+                         "api.flush()\n")
+        out = hpcml(["observe", "record", "--no-gpu", "--dir", str(tmp_path / "obs"), "--mlflow", proxy.url, "--",
+                     sys.executable, str(train)], {**env, "SLURM_JOB_ID": "5151"})
+        assert out.returncode == 0, out.stderr
+        assert proxy.held.is_set(), "the create was never held: the test tested nothing"
+    finally:
+        proxy.close()
+    rest = MlflowRest(url)
+    runs = _runs(rest, rest.experiment("hpcml"), "tags.`hpcml.job_id` = '5151'")
+    assert [r["info"]["status"] for r in runs] == ["FINISHED"], runs
+    history = rest.call("GET", "metrics/get-history", {"run_id": runs[0]["info"]["run_id"], "metric_key": "loss"})
+    assert sorted(m["step"] for m in history["metrics"]) == list(range(20))
+    assert outcome(tmp_path / "obs")["line"] == f"run 5151-a0 at {proxy.url}: 20 metrics sent"
 
 
 def test_binding_elsewhere_without_auth_is_refused(tmp_path):
