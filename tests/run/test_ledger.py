@@ -77,6 +77,23 @@ def test_the_incident_that_ended_an_attempt_comes_first_with_what_it_cost(tmp_pa
     assert out[0]["cost_s"] == 35.0 and all("cost_s" not in f for f in out[1:])     # unpriced: no number, not 0
 
 
+def test_a_failure_whose_cost_the_ledger_did_not_measure_has_no_cost_not_0(tmp_path):
+    """A rank failed and nothing restarted: the ledger has launch, start-up, productive and
+    tail, no detection or stopping part. The failure is still first, with no ``cost_s``
+    (was: "[cost 0 s]")."""
+    from hpcml.run.report import _by_cost
+    _beats(tmp_path, 0, [T0 + t for t in range(10, 51)])
+    job = RunRecord(command=["x"], mode="local", started=T0, ended=T0 + 60, first_step_at=T0 + 10, exit_code=1)
+    got = ledger.build(tmp_path, job, step_s=1.0)
+    assert got is not None
+    assert not {p.part for p in got.parts} & {"detection", "stopping"}
+    findings = [{"source": "observe", "kind": "live_straggler", "message": "rank 1 slower", "advice": ""},
+                {"source": "run", "kind": "failed_rank", "message": "rank 1 failed first with exit code 1", "advice": ""}]
+    out = _by_cost(findings, got.to_json(), current=0)
+    assert [f["kind"] for f in out] == ["failed_rank", "live_straggler"]
+    assert all("cost_s" not in f for f in out)
+
+
 def test_spare_and_excluded_nodes_are_the_allocation_time_no_rank_used(tmp_path):
     """4 nodes held, 1 excluded by vetting, 1 spare, the ranks on 2: the idle part is 2 nodes
     for as long as the ranks ran, and the node-seconds of the parts add up to the allocation's."""

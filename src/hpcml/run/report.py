@@ -249,9 +249,10 @@ def _by_cost(findings: list[dict[str, Any]], led: dict | None, current: int) -> 
             return None
         m = _ATTEMPT.match(f["message"])
         n = int(m[1]) if m else current
-        own = spent.get((n, "detection"), 0.0) + spent.get((n, "stopping"), 0.0)
-        after = sum(spent.get((n + 1, k), 0.0) for k in ("relaunch", "startup", "redone")) if n < current else 0.0
-        return round(own + after, 3)
+        keys = [(n, "detection"), (n, "stopping"),
+                *([(n + 1, k) for k in ("relaunch", "startup", "redone")] if n < current else [])]
+        measured = [spent[k] for k in keys if k in spent]
+        return round(sum(measured), 3) if measured else None      # no part of it measured: unknown, not 0
 
     priced = [({**f, "cost_s": c} if (c := cost(f)) is not None else f) for f in findings]
     ended = [f for f in priced if f["kind"] in ENDED_BY]
