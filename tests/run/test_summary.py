@@ -101,6 +101,20 @@ def test_a_finished_job_is_summarised_into_the_collector(tmp_path, collector):
     assert spooled["job_id"] == job and (tmp_path / "job" / "summary" / "attempt-0.sent").exists()
 
 
+def test_gpus_given_to_the_ranks_but_not_sampled_are_counted_not_0(tmp_path, collector):
+    """Two local ranks given two GPUs each (``CUDA_VISIBLE_DEVICES=0,1``, what the ranks'
+    metadata records), sampled by nothing (``--gpu-metrics none``: no score): the summary
+    still holds 2 GPUs and their GPU-hours (was: 0 GPUs, 0.0 GPU-hours). No GPU is used;
+    the ranks only record what they were given."""
+    collector.start()
+    p = run_job(tmp_path, "--gpu-metrics", "none", "--collector", collector.url, env={"CUDA_VISIBLE_DEVICES": "0,1"})
+    assert p.returncode == 0, p.stderr
+    (_job, _attempt, _outcome, body), = collector.rows()
+    doc = json.loads(body)
+    assert doc["gpus"] == 2 and doc["gpu_hours"] == pytest.approx(2 * doc["duration_s"] / 3600, abs=1e-4)
+    assert (doc.get("gpu") or {}).get("score") is None
+
+
 def test_a_collector_that_is_down_neither_fails_the_job_nor_loses_the_summary(tmp_path, collector):
     """Nothing listens at the URL: the job exits 0 with one warning; the summary waits in the
     spool; ``hpcml report --send`` delivers it once the collector is up, and sending it

@@ -134,9 +134,30 @@ def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
     return "interrupted" if end.get("interrupted") else "failed"
 
 
-def _gpus(rep: dict[str, Any]) -> int:
+def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int:
+    """The job's GPUs: the score's count (the GPUs its samplers read), else the distinct
+    GPUs its ranks were given, from each rank's metadata (known without sampling them:
+    ``--gpu-metrics none``, or NVML failing on the node), the most of any attempt; 0 where
+    no rank was given a GPU (a CPU job, or no rank ran)."""
     gpus = (rep.get("score") or {}).get("gpus")
-    return gpus if isinstance(gpus, int) else 0
+    if isinstance(gpus, int) and gpus > 0:
+        return gpus
+    from hpcml.files import JSON_MAX
+    from hpcml.run.jobpaths import observe_dir
+    most = 0
+    for attempt in attempts:
+        held: set[tuple[str, str]] = set()
+        for f in sorted(observe_dir(d, attempt).glob("rank-*.json")):
+            try:
+                meta = load_json_bounded(f, JSON_MAX)
+            except (OSError, ValueError):
+                continue
+            ids = meta.get("gpus") if isinstance(meta, dict) else None
+            if isinstance(ids, list):
+                where = str(meta.get("node") or meta.get("host") or "")
+                held |= {(where, str(g)) for g in ids if isinstance(g, (int, str))}
+        most = max(most, len(held))
+    return most
 
 
 def build(d: str | Path, rep: dict[str, Any] | None = None) -> JobSummary:
@@ -159,7 +180,7 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
     started = float(job.get("started") or run.started or time.time())
     duration = job.get("duration_s")
     nodes = list(job.get("allocation") or job.get("nodes") or [])     # every node the job held
-    gpus = _gpus(rep)
+    gpus = _gpus(rep, d, [rec.attempt for rec in records])
     hours = (duration or 0.0) / 3600
     recovery = rep.get("recovery") or {}
     lost_s = recovery.get("time_lost_s")
