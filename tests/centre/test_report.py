@@ -14,7 +14,7 @@ import pytest
 from hpcml import schemas
 from hpcml.centre.collector.schema import NodeReport
 from hpcml.centre.collector.store import open_store
-from hpcml.centre.report import build, lines
+from hpcml.centre.report import build, lines, render_html
 from tests.centre.jobdocs import event, proven, summary
 from tests.observe.browser import render
 
@@ -79,6 +79,34 @@ def test_totals_count_each_job_once_at_its_latest_attempt(centre):
     centre.add_jobs([proven(summary("15", 0, ended=now - DAY - 3600, outcome="requeued"))])
     t = build(centre, 30 * DAY)["totals"]
     assert t["jobs"] == 5 and t["gpu_hours"] == pytest.approx(4 * (3 + 4 + 8 + 6) + 8 * 5)
+
+
+def test_a_fault_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
+    """A failed job whose loss no recovery priced (``time_lost_s`` null) beside a completed
+    one: faults cost "not measured", not "0.0 GPU-hours"; once a hung job's loss is measured
+    the total is that, "at least", and still names the failed job it could not count."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("20", ended=now - DAY)),
+                        proven(summary("21", ended=now - DAY, outcome="failed", account="b2"))])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert (t["gpu_hours_lost"], t["time_lost_s"], t["lost_unmeasured"]) == (None, None, 1)
+        text = "\n".join(lines(rep))
+        assert "faults cost not measured (1 failed or hung job" in text and "faults cost 0.0" not in text
+        b2 = next(a for a in rep["accounts"] if a["account"] == "b2")
+        assert b2["gpu_hours_lost"] is None and "b2: not measured" in text
+        store.add_jobs([proven(summary("22", ended=now - DAY, outcome="hung", time_lost_s=1800))])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert t["time_lost_s"] == pytest.approx(1800) and t["lost_unmeasured"] == 1 and t["gpu_hours_lost"] > 0
+        assert (f"faults cost at least {t['gpu_hours_lost']:.1f} GPU-hours (0.5 h of job time), not measured for 1 "
+                "failed or hung job") in "\n".join(lines(rep))
+        page = render_html(rep)
+        assert f"at least {t['gpu_hours_lost']:.1f}" in page and "not measured" in page     # b2's cell
+    finally:
+        store.close()
 
 
 def test_lowest_scores_per_owner(centre):

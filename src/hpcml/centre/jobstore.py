@@ -77,6 +77,19 @@ PROLOG_DRAINS_MAX = 200       # nodes the report lists as drained by the prolog,
 #: outcomes of a job a fault stopped: its allocation counts as lost where nothing was measured
 STOPPED = ("failed", "hung", "interrupted")
 
+#: the jobs a fault stopped whose loss nobody measured (no restart priced it): their loss is
+#: unknown, not 0, and a total over them says so
+UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('failed', 'hung') OR hangs > 0) "
+              "THEN 1 ELSE 0 END), 0)")
+
+
+def _lost(total: float | None, unmeasured: int) -> float | None:
+    """A sum of losses: what was measured; None where nothing was and a fault's loss went
+    unmeasured (unknown, not 0); 0 where no job lost anything to a fault."""
+    if total is not None:
+        return total
+    return None if unmeasured else 0.0
+
 
 def job_row(s: JobSummary, received: float) -> tuple:
     tp, pr = s.throughput, s.proof
@@ -355,11 +368,12 @@ class JobQueries:
                 out[node]["failing_checks"].append({"check": c, "count": n})
 
     def job_totals(self, since: float) -> dict[str, Any]:
-        (n, gpu_h, node_h, lost_h, lost_s, failed, hung), = self._all(
+        (n, gpu_h, node_h, lost_h, lost_s, failed, hung, unmeasured), = self._all(
             "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0), "
-            "COALESCE(SUM(gpu_hours_lost), 0), COALESCE(SUM(time_lost_s), 0), "
+            "SUM(gpu_hours_lost), SUM(time_lost_s), "
             "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0) FROM ({LATEST}) t", (since,))
+            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0), {UNMEASURED} FROM ({LATEST}) t", (since,))
+        lost_h, lost_s = _lost(lost_h, unmeasured), _lost(lost_s, unmeasured)
         (unverified,), = self._all("SELECT COUNT(*) FROM jobs WHERE verified = 0 AND time >= ?", (since,))
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         outcomes = ",".join(repr(o) for o in STOPPED)
@@ -369,7 +383,7 @@ class JobQueries:
             f"WHERE n.cluster = t.cluster AND n.job = t.job AND n.attempt = t.attempt AND n.role IN ({faults}))",
             (since,))
         return {"jobs": n, "gpu_hours": gpu_h, "node_hours": node_h, "gpu_hours_lost": lost_h,
-                "time_lost_s": lost_s, "failed": failed, "hung": hung, "unverified": unverified,
+                "time_lost_s": lost_s, "lost_unmeasured": unmeasured, "failed": failed, "hung": hung, "unverified": unverified,
                 "stopped_by_node": stopped, "gpu_hours_stopped": stopped_gpu_h, "node_hours_stopped": stopped_node_h}
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
@@ -396,10 +410,11 @@ class JobQueries:
 
     def lost_by_account(self, since: float) -> list[dict[str, Any]]:
         rows = self._all(
-            "SELECT account, COUNT(*), SUM(gpu_hours), COALESCE(SUM(gpu_hours_lost), 0), "
-            f"COALESCE(SUM(time_lost_s), 0) FROM ({LATEST}) t GROUP BY account", (since,))
-        return sorted(({"account": a, "jobs": n, "gpu_hours": gh, "gpu_hours_lost": lh, "time_lost_s": ls}
-                       for a, n, gh, lh, ls in rows), key=lambda d: (-d["gpu_hours_lost"], -d["gpu_hours"]))
+            "SELECT account, COUNT(*), SUM(gpu_hours), SUM(gpu_hours_lost), SUM(time_lost_s), "
+            f"{UNMEASURED} FROM ({LATEST}) t GROUP BY account", (since,))
+        return sorted(({"account": a, "jobs": n, "gpu_hours": gh, "gpu_hours_lost": _lost(lh, u),
+                        "time_lost_s": _lost(ls, u), "lost_unmeasured": u} for a, n, gh, lh, ls, u in rows),
+                      key=lambda d: (-(d["gpu_hours_lost"] or 0), -d["lost_unmeasured"], -(d["gpu_hours"] or 0)))
 
     # -- where the jobs' time went (their ledgers) ---------------------------------------
     # GPU-hours when the jobs said how many GPUs they had, node-hours always: a CPU job's

@@ -219,9 +219,7 @@ def lines(rep: dict[str, Any]) -> list[str]:
     t = rep["totals"]
     days = rep["window_s"] / 86400
     out = [f"centre report: {plural(t['jobs'], 'job')} since {_when(rep['since'])} UTC ({days:g} days)",
-           f"  {t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
-           f"{t['gpu_hours_lost']:,.1f} GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); "
-           f"{t['failed']:,} failed, {t['hung']:,} hung", *_stopped(t), *_unverified(t), "",
+           f"  {_totals(t)}", *_stopped(t), *_unverified(t), "",
            "nodes that hurt the most jobs (crashed ranks are their code's, not counted):"]
     if not rep["nodes"]:
         out.append("  none: no job named a node in the window")
@@ -240,11 +238,11 @@ def lines(rep: dict[str, Any]) -> list[str]:
                           + (f" {printable(j['bound'])}-bound" if j["bound"] else "") for j in o["lowest"])
         out.append(f"  {printable(o['user'] or '?')} / {printable(o['account'] or '?')}: {o['jobs']} jobs, {o['gpu_hours']:,.1f} GPU-h, "
                    f"mean score {_score(o['mean_score'])}, {o['idle_gpu_hours']:,.1f} GPU-h idle; lowest: {worst}")
-    lost = [a for a in rep["accounts"] if a["gpu_hours_lost"] or a["time_lost_s"]]
+    lost = [a for a in rep["accounts"] if a["gpu_hours_lost"] or a["time_lost_s"] or a.get("lost_unmeasured")]
     if lost:
         out += ["", "time lost to faults, by account:"]
-        out += [f"  {printable(a['account'] or '?')}: {a['gpu_hours_lost']:,.1f} GPU-h of {a['gpu_hours']:,.1f} "
-                f"({a['time_lost_s'] / 3600:,.2f} h) over {a['jobs']} jobs" for a in lost]
+        out += [f"  {printable(a['account'] or '?')}: {_lost_text(a, 'GPU-h', 2)} of {a['gpu_hours']:,.1f} GPU-h "
+                f"over {a['jobs']} jobs" for a in lost]
     return (out + prolog_lines(rep.get("prolog_drains") or []) + not_training_lines(rep.get("not_training") or {})
             + verdict_lines(rep.get("verdicts") or {}))
 
@@ -302,6 +300,29 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
     return out
 
 
+def _totals(t: dict[str, Any]) -> str:
+    return (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
+            f"{_lost_text(t, 'GPU-hours', 1)}; {t['failed']:,} failed, {t['hung']:,} hung")
+
+
+def _lost_text(t: dict[str, Any], unit: str, digits: int) -> str:
+    """What faults cost: the measured sum ("at least" where some job's loss went unmeasured),
+    or "not measured" where none was (``jobstore._lost``): unknown is never 0."""
+    n = t.get("lost_unmeasured") or 0
+    jobs = plural(n, "failed or hung job")
+    if t["gpu_hours_lost"] is None or t["time_lost_s"] is None:
+        return f"not measured ({jobs}, no recovery priced their loss)"
+    text = f"{t['gpu_hours_lost']:,.1f} {unit} ({t['time_lost_s'] / 3600:,.{digits}f} h of job time)"
+    return f"at least {text}, not measured for {jobs}" if n else text
+
+
+def _figure(value: float | None, digits: int, row: dict[str, Any]) -> str:
+    """A lost-time cell: the sum, "≥" it where some loss went unmeasured, "not measured"."""
+    if value is None:
+        return "not measured"
+    return ("≥ " if row.get("lost_unmeasured") else "") + f"{value:,.{digits}f}"
+
+
 def _stopped(t: dict[str, Any]) -> list[str]:
     """Jobs a node fault ended without a recovery: their allocations, not counted above."""
     n = t.get("stopped_by_node") or 0
@@ -328,13 +349,12 @@ def render_html(rep: dict[str, Any]) -> str:
                f"{o['idle_gpu_hours']:,.1f}",
                "; ".join(f"{j['job']} {_score(j['score'])}" + (f" ({j['bound']}-bound)" if j["bound"] else "")
                          for j in o["lowest"])] for o in rep["owners"]]
-    accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", f"{a['gpu_hours_lost']:,.1f}",
-                 f"{a['time_lost_s'] / 3600:,.2f}"] for a in rep["accounts"]]
+    accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", _figure(a["gpu_hours_lost"], 1, a),
+                 _figure(None if a["time_lost_s"] is None else a["time_lost_s"] / 3600, 2, a)] for a in rep["accounts"]]
     prolog = [[d["node"], d["drains"], d["failed_drains"], _when(d["last"]), ", ".join(d["checks"]) or "–",
                _state_text(d.get("slurm")), d["next"]] for d in rep.get("prolog_drains") or []]
     t = rep["totals"]
-    totals = (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost {t['gpu_hours_lost']:,.1f} "
-              f"GPU-hours ({t['time_lost_s'] / 3600:,.1f} h of job time); {t['failed']:,} failed, {t['hung']:,} hung")
+    totals = _totals(t)
     nt = rep.get("not_training") or {"jobs": [], "users": [], "nodes": []}
     nt_jobs = [[j["job"], j["user"] or "?", _hours(j), j["why"] or "?"] for j in nt["jobs"]]
     nt_users = [[u["user"] or "?", u["jobs"], _hours(u), u["why"] or "?"] for u in nt["users"]]
