@@ -297,6 +297,13 @@ class Verifier:
         ended_by = min(rec.end or math.inf, time.time())       # a running job's EndTime is its time limit
         if s.ended is not None and s.ended > ended_by + SLACK_S:
             raise Forbidden(f"ended: after Slurm ended job {s.job_id}")
+        # a summary without an end is dated by its start: that too lies within the job's run
+        # (the vetting door's twin: a report's time must be while its job ran)
+        if s.started > ended_by + SLACK_S:
+            raise Forbidden(f"started: after Slurm ended job {s.job_id}")
+        for v in s.vetting:
+            if v.time > ended_by + SLACK_S or (first_start is not None and v.time < first_start - SLACK_S):
+                raise Forbidden(f"vetting: node {v.node!r} vetted at {v.time:.0f}, when job {s.job_id} was not running")
         return rec
 
     # --- vetting reports ----------------------------------------------------------------
