@@ -188,6 +188,13 @@ def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bo
     followed unless asked (to /dev/zero it would fill the memory), and at most ``max_bytes``
     are read (a sparse file of 64 GiB claims its size for free). OSError when it cannot be
     opened; ValueError naming what it is instead when it is not such a file."""
+    return read_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks)[0]
+
+
+def read_bounded_stat(path: str | os.PathLike, max_bytes: int, *,
+                      follow_symlinks: bool = True) -> tuple[bytes, os.stat_result]:
+    """``read_bounded``, and the status of the open file it read: who owns the bytes read
+    (a path checked, then opened, may be another file by then)."""
     flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | (0 if follow_symlinks else os.O_NOFOLLOW)
     fd = os.open(path, flags)
     try:
@@ -205,7 +212,7 @@ def read_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bo
             size += len(chunk)
         if size > max_bytes:
             raise ValueError(f"larger than {max_bytes} bytes")
-        return b"".join(chunks)
+        return b"".join(chunks), st
     finally:
         os.close(fd)
 
@@ -246,9 +253,15 @@ def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlink
     """``read_bounded`` + ``json.loads``: ValueError for anything that is not such a JSON
     file, nesting too deep for the parser ('[' * 100000) included; OSError as above.
     ``loads``: a faster parser (orjson) for files read often."""
-    data = read_bounded(path, max_bytes, follow_symlinks=follow_symlinks)
+    return load_json_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks, loads=loads)[0]
+
+
+def load_json_bounded_stat(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,
+                           loads: Any = None) -> tuple[Any, os.stat_result]:
+    """``load_json_bounded``, and the status of the open file it read (``read_bounded_stat``)."""
+    data, st = read_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks)
     try:
-        return (loads or json.loads)(data)
+        return (loads or json.loads)(data), st
     except RecursionError:
         raise ValueError("JSON nested too deeply") from None
 

@@ -455,6 +455,39 @@ def test_json_dir_source_reads_reports(tmp_path):
     assert got[0].time == NOW - timedelta(seconds=60) and got[0].job == "42"
 
 
+def test_report_files_count_only_as_their_owner_proves_them(tmp_path):
+    """``hpcml centre handle --results DIR`` on a shared drop directory (1777, as a help text
+    example invites): three report files written by another user (``nobody``) failing n7's GPU
+    check are that user's say-so, counted for nothing; root's own file with a result filed
+    under n1 that names n7 counts only as n1's, and n7 gets nothing from it. Nothing is
+    drained (was: n7 drained on node evidence)."""
+    import os
+    import pwd
+    nobody = pwd.getpwnam("nobody").pw_uid
+    shared = tmp_path / "vet-reports"
+    shared.mkdir()
+    os.chmod(shared, 0o1777)
+    t = NOW.timestamp()
+    for i in range(3):
+        f = shared / f"u{i}" / "report.json"
+        f.parent.mkdir()
+        f.write_text(json.dumps(_report(t - 60 * (i + 1), {"n7": [("gpu", "gpu", "fail")]}, job=str(50 + i))))
+        os.chown(f, nobody, -1)
+    moved = _report(t - 30, {"n1": [("gpu", "gpu", "fail")]}, job="60")
+    moved["nodes"]["n1"]["results"][0]["node"] = "n7"
+    (shared / "root" / "report.json").parent.mkdir()
+    (shared / "root" / "report.json").write_text(json.dumps(moved))
+    got = list(JsonDirSource([shared]).results_since(NOW - timedelta(hours=1)))
+    assert sorted((r.node, r.evidence) for r in got) == [("n7", "none")] * 3
+    assert handler.plan(load(DEFAULT_RULES), got, nodes(8), {}, NOW).actions == []
+    os.chmod(shared / "u0" / "report.json", 0o644)
+    os.chown(shared / "u0" / "report.json", 0, -1)       # root's file: the node's evidence ...
+    os.chmod(shared / "u1" / "report.json", 0o666)       # ... but not one anyone may rewrite
+    os.chown(shared / "u1" / "report.json", 0, -1)
+    got = list(JsonDirSource([shared]).results_since(NOW - timedelta(hours=1)))
+    assert sorted((r.job, r.evidence) for r in got) == [("50", "node"), ("51", "none"), ("52", "none")]
+
+
 @pytest.mark.parametrize("content,problem", [("{", "cannot read results"),
                                              ('{"schema": "x"}', "not an hpcml.vet document"),
                                              ('{"nodes": {}}', "no schema tag"),

@@ -10,6 +10,9 @@ the check ``@job`` whose type is the role.
 
 from __future__ import annotations
 
+import logging
+import os
+import stat
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timezone
@@ -17,12 +20,14 @@ from pathlib import Path
 from typing import Protocol
 
 from hpcml.errors import UsageError
-from hpcml.files import JSON_MAX, load_json_bounded
+from hpcml.files import JSON_MAX, load_json_bounded_stat
 from hpcml.jobmodel import VetReport, validate
 from hpcml.schemas import VET_REPORT
 
 JOB_CHECK = "@job"           # the name a job summary's node event goes by (type: the role); ``from_job`` tells it
 UNREACHABLE = "unreachable"  # check name and type of a node whose result never came back
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -38,7 +43,7 @@ class Result:
     from_job: bool = False        # a job summary's node event (check JOB_CHECK, type: the role)
     user: str | None = None       # whose job it was (job events, users' vetting reports)
     #: how strong it is (``collector.proof``): node (root's or SlurmUser's on the node, a
-    #: trusted token, or report files the operator points at), job (a proven user's report
+    #: trusted token, or report files owned by root, SlurmUser or the operator), job (a proven user's report
     #: of their own job: counted by people), none (a token only: never acted on)
     evidence: str = "node"
 
@@ -58,16 +63,42 @@ def _utc(value) -> datetime:
     raise ValueError(f"expected a time, found {value!r}")
 
 
-def results_of_report(data: dict) -> Iterator[Result]:
-    """The results of one ``report.to_json`` document, all dated at the run's start."""
+def results_of_report(data: dict, evidence: str = "node") -> Iterator[Result]:
+    """The results of one ``report.to_json`` document, all dated at the run's start, each
+    the result of the node it is filed under (a result that names another node is dropped:
+    the collector's door files them the same way)."""
     when = _utc(data["started_at"])
     job = data.get("job_id")
     job = str(job) if job is not None else None
     for node, rep in data.get("nodes", {}).items():
         if not rep.get("reachable", True):
-            yield Result(node, UNREACHABLE, UNREACHABLE, "error", when, job)
+            yield Result(node, UNREACHABLE, UNREACHABLE, "error", when, job, evidence=evidence)
         for r in rep.get("results", []):
-            yield Result(r.get("node", node), r["check"], r["type"], r["outcome"], when, job)
+            if r.get("node", node) != node:
+                log.warning(f"a result of {node!r} names node {r.get('node')!r}: not counted")
+                continue
+            yield Result(node, r["check"], r["type"], r["outcome"], when, job, evidence=evidence)
+
+
+def file_evidence(st: os.stat_result, trusted: frozenset[int]) -> str:
+    """How strong a report file is: the node's own evidence where its owner is trusted (root,
+    the operator running the handler, SlurmUser: who runs ``hpcml vet`` in a prolog) and no
+    one else may write it; else none, never acted on (a user's file in a shared directory
+    is the user's say-so, proven by nothing)."""
+    if st.st_uid in trusted and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return "node"
+    return "none"
+
+
+def trusted_owners() -> frozenset[int]:
+    """root, this process's user, and SlurmUser's account where it exists."""
+    import pwd
+    uids = {0, os.geteuid()}
+    try:
+        uids.add(pwd.getpwnam("slurm").pw_uid)
+    except KeyError:
+        pass
+    return frozenset(uids)
 
 
 class JsonDirSource:
@@ -88,12 +119,17 @@ class JsonDirSource:
         return out
 
     def results_since(self, since: datetime) -> Iterator[Result]:
+        trusted = trusted_owners()
         for path in self.files():
             try:
-                data = load_json_bounded(path, JSON_MAX)
+                data, st = load_json_bounded_stat(path, JSON_MAX)
                 # a newer hpcml's report is refused, not misread; a bad field named in one line
                 validate(VetReport, data, VET_REPORT, str(path))
-                results = list(results_of_report(data))
+                evidence = file_evidence(st, trusted)
+                if evidence == "none":
+                    log.warning(f"{path}: owned by uid {st.st_uid} or writable by others: its results count for "
+                                "nothing (only root's, SlurmUser's or this user's own report files are evidence)")
+                results = list(results_of_report(data, evidence))
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise UsageError(f"cannot read results: {problem}", file=str(path)) from None

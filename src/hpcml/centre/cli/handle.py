@@ -40,6 +40,10 @@ def handle(
 
         hpcml centre handle --results /shared/vet-reports --audit /var/log/hpcml-vet-audit.jsonl --dry-run
 
+    A report file is evidence only where root, SlurmUser or the user running this owns it and
+    no one else may write it (``hpcml vet`` in a prolog); another user's file counts for
+    nothing: proven senders go through the collector (``--db``).
+
     Drains beyond max_drain_fraction (over the rolling drain_window, 24 h by default, from
     the audit log) or min_nodes_kept are deferred, strongest evidence first: listed as
     "defer" and audited. Exit codes: 0 nothing to do or every action applied (deferred
