@@ -661,6 +661,25 @@ def test_a_resume_needs_evidence_as_strong_as_the_drain():
     assert a.action == "resume", a
 
 
+def test_a_drain_users_made_is_undone_by_as_many_users_not_one():
+    """alice and bob (``users: 2``) drained n1 on their jobs' reports; mallory's job, still
+    running on the drained node, reports passes: one user does not undo what two made. A
+    second user's passes (or the node's own) do."""
+    two = loads(RULES.replace("match: {type: gpu}", "match: {type: gpu, users: 2}"), "r.yaml")
+    when = NOW - timedelta(hours=5)
+    last = {"n1": handler.Record("drain", when, "gpu-failing", "gpu", "job")}
+    drained = nodes(n1=("DRAIN", "hpcml: gpu fail 3x in 24 h"))
+    mallory = [_evidenced("n1", "pass", h, "job", user="mallory", job=f"m{h}") for h in (3, 2, 1)]
+    (a,) = handler.plan(two, mallory, drained, last, NOW).actions
+    assert (a.action, a.evidence["users"]) == ("hold", 1), a
+    both = mallory + [_evidenced("n1", "pass", 0.5, "job", user="alice", job="a1")]
+    (a,) = handler.plan(two, both, drained, last, NOW).actions
+    assert a.action == "resume", a
+    own = mallory + [_evidenced("n1", "pass", 0.5, "node")]
+    (a,) = handler.plan(two, own, drained, last, NOW).actions
+    assert a.action == "resume", a
+
+
 def test_a_job_rule_cannot_resume_by_passes():
     text = JOB_RULES.replace('    reason: "hpcml: straggler', "    resume_after: {passes: 1}\n    reason: \"hpcml: straggler")
     with pytest.raises(UsageError, match="resume_after: a rule on job outcomes"):

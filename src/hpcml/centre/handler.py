@@ -232,15 +232,24 @@ def _recheck(catalog: Catalog, node: str, rec: Record | None, results: list[Resu
     # report, cannot undo what the node's own checks drained
     floor = STRENGTH.index(rec.strength)
     since = [r for r in results if r.time > rec.time and STRENGTH.index(r.evidence) >= max(floor, 1)]
-    passes = 0
+    run: list[Result] = []                  # the passes in a row, up to now
     for r in sorted((r for r in since if r.check == rec.check), key=lambda r: r.time):
-        passes = passes + 1 if r.outcome == "pass" else 0
-    need = rule.resume_after.passes
+        run = [*run, r] if r.outcome == "pass" else []
+    passes, need = len(run), rule.resume_after.passes
     evidence = {"passes": passes, "needed": need, "check": rec.check,
                 "drained_at": rec.time.isoformat()}
     if passes < need:
         return Action(node, "hold", rule=rule.name, check=rec.check, evidence=evidence,
                       note=f"{rec.check}: {passes}/{need} passes since the drain")
+    # users' reports undo a drain as they made it: from as many people as it took (a node's
+    # own pass is enough), not one user's job that was still running on the drained node
+    people = {r.user for r in run if r.evidence == "job" and r.user}
+    least = rule.match.users or 1
+    if not any(r.evidence == "node" for r in run) and len(people) < least:
+        evidence["users"] = len(people)
+        return Action(node, "hold", rule=rule.name, check=rec.check, evidence=evidence,
+                      note=f"{rec.check}: {passes} passes since the drain, from {len(people)} of the {least} users "
+                           "a resume by users' reports needs")
     again = _first_firing(catalog, since, now, rec.time)
     if again:
         return Action(node, "hold", rule=rule.name, check=rec.check, evidence=evidence,
