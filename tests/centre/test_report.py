@@ -22,11 +22,15 @@ DAY = 86400.0
 HOSTILE = "<img src=x onerror=alert(1)>"
 
 
-def vet(node: str, t: float, bad: bool) -> NodeReport:
-    return NodeReport.model_validate({
+def vet(node: str, t: float, bad: bool, evidence: str = "node") -> NodeReport:
+    """A node's vetting report, proven as ``evidence`` (the collector's ``proof``: node,
+    root's on the node; none, a token's say-so)."""
+    rep = NodeReport.model_validate({
         "job_id": "v", "node": node, "time": t, "protocol": "gpu", "verdict": "bad" if bad else "good",
         "results": [{"name": "gemm", "type": "compute", "outcome": "fail" if bad else "pass"},
                     {"name": "ecc", "type": "gpu", "outcome": "pass"}]})
+    rep.proven(evidence, "root" if evidence == "node" else None)
+    return rep
 
 
 @pytest.fixture
@@ -47,7 +51,9 @@ def centre(db_url):
     store = open_store(db_url)
     store.add_jobs([proven(d) for d in docs])
     store.add([vet("nid007", now - d * DAY, False) for d in (1, 2, 3, 4)]
-              + [vet("nid003", now - d * DAY, True) for d in (2, 3)])
+              + [vet("nid003", now - d * DAY, True) for d in (2, 3)]
+              # a token's say-so: stored, counted nowhere (nid007 would show 3 bad vettings)
+              + [vet("nid007", now - d * DAY, True, evidence="none") for d in (1, 2, 3)])
     try:
         yield store
     finally:

@@ -329,7 +329,7 @@ class JobQueries:
             marks = ",".join("?" * len(part))
             for node, verdict, n, last in self._all(
                     f"SELECT node, verdict, COUNT(*), MAX(time) FROM reports WHERE time >= ? AND node IN ({marks}) "
-                    "GROUP BY node, verdict", (since, *part)):
+                    "AND evidence <> 'none' GROUP BY node, verdict", (since, *part)):
                 d = out[node]
                 d["reports"] += n
                 if verdict == "bad":
@@ -337,8 +337,10 @@ class JobQueries:
                 else:
                     d["last_good"] = last
             for node, name, n in self._all(
-                    f"SELECT node, name, COUNT(*) FROM results WHERE time >= ? AND node IN ({marks}) "
-                    "AND outcome IN ('fail', 'error') GROUP BY node, name", (since, *part)):
+                    f"SELECT r.node, r.name, COUNT(*) FROM results r JOIN reports p ON p.id = r.report_id "
+                    f"WHERE r.time >= ? AND r.node IN ({marks}) "
+                    "AND r.outcome IN ('fail', 'error') AND p.evidence <> 'none' GROUP BY r.node, r.name",
+                    (since, *part)):
                 out[node]["failing_checks"].append({"check": name, "count": n})
             self._job_vetting(out, part, since)
         for d in out.values():

@@ -16,7 +16,7 @@ import pytest
 
 from hpcml.centre import client
 from hpcml.centre.client import send
-from tests.centre.conftest import READ_TOKEN, TOKEN
+from tests.centre.conftest import READ_TOKEN, TOKEN, TRUSTED_TOKEN
 
 
 def call(server, method: str, path: str, body=None, token: str | None = TOKEN,
@@ -77,11 +77,14 @@ def test_store_and_query(collector):
              node_report("n3", "old", now - 3 * 86400, "bad", ("fail",) * 4)]
     ids = []
     for body in posts:
-        code, answer = call(collector, "POST", "/v1/reports", body)
+        code, answer = call(collector, "POST", "/v1/reports", body, token=TRUSTED_TOKEN)
         assert code == 201, answer
         ids += answer["ids"]
     assert len(ids) == len(set(ids)) == 5
     assert stored(collector) == {"reports": 5, "results": 13}
+    # a write token's reports prove nothing: stored, shown in a node's history, never counted as failing
+    code, answer = call(collector, "POST", "/v1/reports", node_report("n4", "102", now - 5, "bad", ("fail",) * 5))
+    assert code == 201 and answer["unverified"] == 1, answer
 
     code, hist = call(collector, "GET", "/v1/nodes/n1/history?limit=10")
     assert code == 200

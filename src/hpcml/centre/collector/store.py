@@ -140,7 +140,7 @@ class SqlStore(Store):
     P = "?"
     POOL = 8
     #: FROM clause of ``failing``: a backend may pin the partial index of bad results
-    FAILING_FROM = "results"
+    FAILING_FROM = "results r"
 
     def __init__(self, url: str) -> None:
         self.url = url
@@ -264,9 +264,10 @@ class SqlStore(Store):
 
     def failing(self, since: float, limit: int = 20) -> list[dict[str, Any]]:
         rows = self._all(
-            f"SELECT node, COUNT(*) AS bad, COUNT(DISTINCT report_id), MAX(time) FROM {self.FAILING_FROM} "
-            "WHERE time >= ? AND outcome IN ('fail', 'error') "
-            "GROUP BY node ORDER BY bad DESC, node LIMIT ?", (since, limit))
+            f"SELECT r.node, COUNT(*) AS bad, COUNT(DISTINCT r.report_id), MAX(r.time) FROM {self.FAILING_FROM} "
+            "JOIN reports p ON p.id = r.report_id WHERE r.time >= ? AND r.outcome IN ('fail', 'error') "
+            "AND p.evidence <> 'none' "         # a token's say-so is stored, never counted
+            "GROUP BY r.node ORDER BY bad DESC, r.node LIMIT ?", (since, limit))
         return [{"node": n, "failures": bad, "reports": nrep, "last": last}
                 for n, bad, nrep, last in rows]
 
