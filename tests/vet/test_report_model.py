@@ -174,3 +174,44 @@ def test_the_node_handler_refuses_a_wrong_field_naming_the_file(tmp_path):
     with pytest.raises(UsageError) as info:
         list(JsonDirSource([tmp_path]).results_since(since))
     assert _one_line(info.value).startswith(f"{tmp_path / 'report.json'}: nodes.n1.results.0.type: ")
+
+
+def test_a_folded_row_of_a_large_table_shows_skipped_checks_as_skipped(tmp_path):
+    """A real ``hpcml vet`` report whose GPU check was skipped (no NVIDIA driver here), its
+    node's results given to 40 nodes (a table past ``FULL_TABLE_NODES`` folds the good
+    ones): the folded row says "skipped" in the GPU column, not "pass"; nodes that differ in
+    what was skipped are folded apart."""
+    from rich.console import Console
+
+    from hpcml.vet import verdict
+    from hpcml.vet.engine import VetRun
+    from hpcml.vet.model import NodeReport
+    from hpcml.vet.protocol import load
+    from hpcml.vet.report import FULL_TABLE_NODES, table
+    proto = tmp_path / "p.yaml"
+    proto.write_text("name: t\nevals:\n  - {name: mem, type: memory}\n  - {name: gpu, type: gpu}\n")
+    p = subprocess.run([sys.executable, "-m", "hpcml", "vet", str(proto), "--out", str(tmp_path / "o")],
+                       capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stdout + p.stderr
+    (entry,) = json.loads((tmp_path / "o" / "report.json").read_text())["nodes"].values()
+    assert {r["check"]: r["outcome"] for r in entry["results"]} == {"mem": "pass", "gpu": "skipped"}
+    nodes = [f"n{i:02d}" for i in range(FULL_TABLE_NODES + 8)]
+    reports = {}
+    for i, n in enumerate(nodes):
+        d = copy.deepcopy(entry)
+        d["node"] = n
+        for r in d["results"]:
+            r["node"] = n
+            if i % 2 and r["check"] == "gpu":         # half the nodes ran the GPU check and passed it
+                r["outcome"] = "pass"
+        reports[n] = NodeReport.from_dict(d)
+    protocol = load(proto)
+    run = VetRun(protocol=protocol, nodes=nodes, reports=reports, started_at=0, duration=0.1,
+                 verdict=verdict.decide(nodes, reports, {e.name: e.count_errors for e in protocol.evals}))
+    console = Console(width=200, record=True)
+    console.print(table(run))
+    rows = [line for line in console.export_text().splitlines() if "(20)" in line]
+    assert len(rows) == 2, console.export_text()
+    skipped = next(line for line in rows if "skipped" in line)
+    assert skipped.count("pass") == 1 and "n[00," in skipped        # mem passed, gpu skipped
+    assert next(line for line in rows if line != skipped).count("pass") == 2

@@ -96,12 +96,13 @@ def table(run: VetRun):
         t.add_column(name)
     t.add_column("verdict")
     bad = set(run.verdict.bad)
-    hidden = []
+    hidden: dict[tuple, list[str]] = {}     # folded: nodes whose every check passed or was skipped, alike
     for node in run.nodes:
         rep = run.reports[node]
         outcomes = {r.outcome for r in rep.results}
         if len(run.nodes) > FULL_TABLE_NODES and node not in bad and outcomes <= {Outcome.PASS, Outcome.SKIPPED}:
-            hidden.append(node)
+            by_check = {r.check: r.outcome for r in rep.results}
+            hidden.setdefault(tuple(by_check.get(c) for c in checks), []).append(node)
             continue
         if not rep.reachable:
             t.add_row(node, *(["[bold red]unreachable[/]"] + [""] * (len(checks) - 1)),
@@ -110,9 +111,10 @@ def table(run: VetRun):
         by_name = {r.check: r for r in rep.results}
         t.add_row(node, *[_cell(by_name[c]) if c in by_name else "" for c in checks],
                   "[bold red]bad[/]" if node in bad else "[green]good[/]")
-    if hidden:
-        t.add_row(f"{fold(hidden, sort=True)} ({len(hidden)})", *(["[green]pass[/]"] * len(checks)),
-                  "[green]good[/]")
+    for row, nodes in hidden.items():       # each column as it was: a skipped check is not a pass
+        t.add_row(f"{fold(nodes, sort=True)} ({len(nodes)})",
+                  *["[green]pass[/]" if o is Outcome.PASS else "[dim]skipped[/]" if o is Outcome.SKIPPED else ""
+                    for o in row], "[green]good[/]")
     return t
 
 
