@@ -124,7 +124,7 @@ def test_json_output_has_stable_keys_and_html_is_written(job_dir, tmp_path):
                        "duration_s", "rows", "throughput", "stalls", "stragglers", "bimodal", "one_off_stalls",
                        "transient_stragglers", "sections", "missing_ranks", "damaged_ranks",
                        "failed_ranks", "recorder_problems", "findings", "restarts", "straggler_check", "arrivals", "progress",
-                       "loader", "io"]
+                       "loader", "io", "unjudged"]
     assert d["job_id"] == "synthetic" and d["missing_ranks"] == [MISSING] and str(CUT) in d["damaged_ranks"]
     assert all(set(f) == {"kind", "message", "advice"} for f in d["findings"])
     assert {"rank", "node", "gpus", "score", "confidence"} <= set(d["stragglers"][0])
@@ -480,3 +480,52 @@ def test_a_node_whose_every_rank_is_slow_is_one_finding_naming_the_node(tmp_path
                 limits=JUDGE)
     assert not any(f.kind == "slow_node" for f in one.findings)
     assert any(f.kind == "chronic_straggler" and "rank 4" in f.message for f in one.findings), one.findings
+
+
+def _record_ranks(store: Path, *train_args: str, ranks: int = 2) -> None:
+    """``ranks`` real recorders around examples/observe/train.py, as srun would start them."""
+    import os
+    train = Path(__file__).parents[2] / "examples" / "observe" / "train.py"
+    procs = [subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(store), "--interval",
+                               "0.2", "--no-gpu", "--", sys.executable, str(train), *train_args],
+                              env={**os.environ, "SLURM_PROCID": str(r), "SLURM_NTASKS": str(ranks),
+                                   "SLURM_JOB_ID": "77"}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+             for r in range(ranks)]
+    for p in procs:
+        p.wait(timeout=300)
+
+
+def test_a_job_too_short_to_judge_says_what_it_did_not_judge(tmp_path):
+    """120 steps in about 2 s: too few to judge stragglers. The report says so where it would
+    say "no stragglers" (was: "no findings: no stragglers, stalls or lost ranks" below a
+    "not judged" line); a script that records no step judges neither stragglers nor stalls."""
+    store = tmp_path / "obs"
+    _record_ranks(store, "--steps", "120")
+    out = _cli(str(store))
+    assert out.returncode == 0, out.stderr
+    assert "no stragglers, stalls" not in out.stdout
+    assert "not judged: stragglers (" in out.stdout and "a verdict needs" in out.stdout, out.stdout
+    rep = build(read_job(store))
+    assert rep.unjudged and rep.unjudged[0].startswith("stragglers (") and not rep.findings
+    assert "Not judged: stragglers (" in (store / "report.html").read_text()
+    (tmp_path / "plain.py").write_text("print('no steps here')\n")
+    plain = tmp_path / "plain"
+    p = subprocess.run([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(plain), "--no-gpu", "--",
+                        sys.executable, str(tmp_path / "plain.py")], capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    assert build(read_job(plain)).unjudged == ["stragglers (no step was recorded)",
+                                              "stalls (no step rate: no step was recorded)"]
+
+
+def test_a_rank_whose_recorder_was_killed_is_not_counted_as_ended_well(tmp_path):
+    """Rank 1 kills its own recorder (SIGKILL) at step 20 of 400; rank 0 ends well, seconds
+    after rank 1's last heartbeat. Rank 1's end is unknown and a finding says so (was: no
+    finding, counted with the healthy ranks)."""
+    store = tmp_path / "obs"
+    _record_ranks(store, "--steps", "400", "--kill-recorder-rank", "1", "--kill-at", "20")
+    meta = json.loads((store / "rank-00001.json").read_text())
+    assert meta.get("end") is None and meta.get("exit_code") is None     # the fault really happened
+    rep = build(read_job(store))
+    (unended,) = [f for f in rep.findings if f.kind == "unended_rank"]
+    assert unended.message.startswith("rank 1: the recording stopped before the rank ended"), unended
+    assert 1 not in rep.failed_ranks and rep.missing_ranks == []

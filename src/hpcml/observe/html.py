@@ -117,7 +117,8 @@ def _charts(rep: Report) -> dict[str, Any]:
 def view(rep: Report) -> dict[str, Any]:
     """What the templates show of ``rep``: its values (escaped there) and its charts."""
     return {"job_id": rep.job_id, "path": rep.path, "facts": _facts(rep),
-            "findings": [(f.message, f.advice) for f in rep.findings], "tables": _tables(rep), **_charts(rep)}
+            "findings": [(f.message, f.advice) for f in rep.findings], "unjudged": rep.unjudged,
+            "tables": _tables(rep), **_charts(rep)}
 
 
 def render(rep: Report) -> str:

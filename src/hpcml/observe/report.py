@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import itertools
 import logging
+import time
 import warnings
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -115,6 +116,8 @@ class Report:
     progress: dict[str, Any] | None = None           # what the job did: steps, samples, last metrics (observe.progress)
     loader: list[dict[str, Any]] | None = None       # per rank: worker processes, cores, their CPU use (samplers.host)
     io: dict[str, Any] | None = None                  # per rank reads and writes; the I/O in each stall (observe.iobursts)
+    #: what the report could not judge, and why: no finding of these is not their absence
+    unjudged: list[str] = field(default_factory=list)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -475,6 +478,32 @@ def _problems(job, meta_ranks: dict[str, dict], groups: dict) -> tuple[dict, dic
     return damaged, failed, rec_problems
 
 
+#: a rank whose heartbeat is this recent is still recording, whatever its metadata says yet
+ALIVE_S = 30.0
+
+
+def _unended(meta_ranks: dict[str, dict], store: Path, interval: float) -> list[int]:
+    """Ranks whose recorder wrote no end (no end time, no exit code) where another rank's did,
+    and that stopped beating: their last heartbeat (written every ``interval`` while the
+    recorder lives) is older than the last rank's end by several intervals, or than now by
+    ``ALIVE_S``. Their recorder stopped before them (killed, its node lost); whether they
+    finished is unknown. While every rank still records (a running job's report), none is."""
+    ends = [m.get("end") for m in meta_ranks.values() if isinstance(m, dict) and isinstance(m.get("end"), (int, float))]
+    if not ends:
+        return []
+    from hpcml.observe.beat import read_beats
+    beats = {b.rank: b.beat for b in read_beats(store).values() if b.beat is not None}
+    last_end, now, gap = max(ends), time.time(), max(2.0, 5 * interval)
+    out = []
+    for r, m in meta_ranks.items():
+        if not str(r).isdigit() or not isinstance(m, dict) or m.get("end") is not None or m.get("exit_code") is not None:
+            continue
+        beat = beats.get(int(r))
+        if beat is None or last_end - beat > gap or now - beat > ALIVE_S:
+            out.append(int(r))
+    return sorted(out)
+
+
 def _throughput(groups: dict, cells: dict, rate, width: float, plots: dict[str, Any]) -> dict[str, Any] | None:
     """Throughput: a user metric if logged (median over ranks per bucket), else steps/s."""
     throughput: dict[str, Any] | None = None
@@ -579,6 +608,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     # Step rate per bucket: completed steps per active rank-second.
     rate = None
     stalls: list[dict[str, Any]] = []
+    stalls_judged = False
     if sg is not None:
         first, last = _rank_extent(sg.ridx, sg.x - np.fmax(sg.value, 0), sg.x, nr)
         last = _unfinished_until(last, groups, meta_ranks, rank_ids)
@@ -598,6 +628,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         min_stall = max(limits.min_stall_s, limits.min_stall_steps * (step_s if np.isfinite(step_s) else 0.0))
         if np.isfinite(med) and med > 0:
             stalls = _stalls(rate, edges, med, min_stall)
+            stalls_judged = True
         plots["step_rate"] = rate
 
     # Per-rank means per bucket for every user metric and section (reused below).
@@ -647,7 +678,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          stragglers=stragglers, stalls=stalls, one_off=one_off, sections=sections,
                          transient=transient, bimodal=bimodal,
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
-                         meta_ranks=meta_ranks)
+                         meta_ranks=meta_ranks,
+                         unended=[r for r in _unended(meta_ranks, Path(job.path), interval) if r not in job.missing])
     arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
                               waits_measured=check is not None and check.get("measure") == "compute")
     findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids)
@@ -664,7 +696,21 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io)
+                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io,
+                  unjudged=_unjudged(check, stalls_judged, stragglers))
+
+
+def _unjudged(check: dict[str, Any] | None, stalls_judged: bool, stragglers: list) -> list[str]:
+    """What no finding says nothing of: stragglers without a verdict (too few steps, or none
+    recorded), stalls without a step rate (no step recorded)."""
+    out = []
+    if not stragglers and (check is None or not check.get("judged")):
+        out.append("stragglers (no step was recorded)" if check is None else
+                   f"stragglers ({check['steps']} steps, {check['seconds']:g} s: a verdict needs "
+                   f"{check['min_steps']} steps and {check['min_seconds']:g} s)")
+    if not stalls_judged:
+        out.append("stalls (no step rate: no step was recorded)")
+    return out
 
 
 def step_time(throughput: dict[str, Any] | None) -> float | None:
@@ -907,7 +953,7 @@ def _slow_nodes(stragglers: list[dict], meta_ranks: dict, out: list[Finding]) ->
 
 
 def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transient, sections, rec_problems,
-              degrading, meta_ranks, bimodal=None, restarts=(), reads=None) -> list[Finding]:
+              degrading, meta_ranks, bimodal=None, restarts=(), reads=None, unended=()) -> list[Finding]:
     out: list[Finding] = []
     if restarts:
         total = sum(r["duration_s"] for r in restarts)
@@ -934,6 +980,13 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
                            f"check {where}: the task was killed or never started recording"))
     if failed:
         out.append(failed_finding(failed))
+    if unended:
+        shown = ", ".join(map(str, unended[:8])) + (" ..." if len(unended) > 8 else "")
+        nodes = sorted({node for r in unended if (node := (meta_ranks.get(str(r)) or {}).get("node")) is not None})
+        out.append(Finding("unended_rank", f"rank{'s' if len(unended) > 1 else ''} {shown}: the recording stopped "
+                           "before the rank ended (no end, no exit code): whether it finished is unknown",
+                           f"check {', '.join(nodes[:4]) if nodes else 'its node'}: the recorder was killed or the "
+                           "node lost; its data up to then is used"))
     if bimodal:
         out.append(_split_finding(bimodal))
     for s in [s for s in stragglers if s.get("contended")][:2]:

@@ -196,6 +196,10 @@ def _print_report(rep, html_path: Path) -> None:
         con.print("[bold]findings[/]")
         for i, f in enumerate(rep.findings, 1):
             con.print(f" {i}. {f.message}\n    [cyan]→ {f.advice}[/]", highlight=False)
+    elif rep.unjudged:
+        con.print(f"no findings, and no lost ranks; not judged: {'; '.join(rep.unjudged)}", highlight=False)
     else:
         con.print("no findings: no stragglers, stalls or lost ranks")
+    if rep.findings and rep.unjudged:
+        con.print(f"not judged: {'; '.join(rep.unjudged)}", highlight=False)
     con.print(f"HTML report: {html_path}")
