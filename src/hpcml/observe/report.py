@@ -488,7 +488,7 @@ def _unended(meta_ranks: dict[str, dict], store: Path, interval: float) -> list[
     recorder lives) is older than the last rank's end by several intervals, or than now by
     ``ALIVE_S``. Their recorder stopped before them (killed, its node lost); whether they
     finished is unknown. While every rank still records (a running job's report), none is."""
-    ends = [m.get("end") for m in meta_ranks.values() if isinstance(m, dict) and isinstance(m.get("end"), (int, float))]
+    ends = [float(m["end"]) for m in meta_ranks.values() if isinstance(m, dict) and isinstance(m.get("end"), (int, float))]
     if not ends:
         return []
     from hpcml.observe.beat import read_beats
