@@ -29,17 +29,16 @@ from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
 from hpcml.observe.beat import BeatWriter, Progress
 from hpcml.observe.oom import oom_kills
-from hpcml.observe.snapshot import Responder
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.proctree import ExitWatch
 from hpcml.samplers.clockreasons import slowdown
-from hpcml.samplers.host import HostSampler
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
     from hpcml.observe.export import PromExporter, PromForwarder
     from hpcml.observe.remotewrite import Config as RemoteConfig
     from hpcml.samplers.choose import TaskGpus
+    from hpcml.samplers.host import HostSampler
 
 log = logs.get(__name__)
 
@@ -151,12 +150,13 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
            gpu_sampler: bool = True, prometheus_port: int | None = None,
            prometheus_addr: str = "127.0.0.1", gpu_metrics: str = "auto", mlflow: str | None = None,
            exec_via: Sequence[str] = (), remote_write: str | None = None, remote_write_job_label: bool | None = None,
-           remote_write_max_series: int | None = None) -> int:
+           remote_write_max_series: int | None = None, preexec: Callable[[], None] | None = None) -> int:
     """``gpu_metrics``: auto (DCGM, else GPM, else NVML), dcgm, gpm, nvml or none; see
     ``hpcml.samplers.choose``. ``gpu_sampler=False`` is ``none``. ``mlflow``: the URL of an
     MLflow tracking server; rank 0's metrics go to a run there (``hpcml.observe.mlflow_rest``).
     ``exec_via``: a step that sets the process up and execs ``cmd`` (``hpcml.run.rankexec``);
-    what is recorded as the command stays ``cmd``, what the user asked for. ``remote_write``: the
+    what is recorded as the command stays ``cmd``, what the user asked for. ``preexec``: the same set-up
+    done between the fork and the exec of ``cmd`` itself (``rankexec.become_rank``). ``remote_write``: the
     URL of a Prometheus remote-write receiver (else ``HPCML_REMOTE_WRITE``; ``hpcml.observe.remotewrite``)."""
     from hpcml.samplers.choose import for_task
     if not cmd:
@@ -176,7 +176,7 @@ def record(cmd: list[str], job_dir: Path | None = None, interval: float = 1.0,
         gpu.open()
     try:
         return _record(cmd, task, gpu, job_dir, interval, prometheus_port, prometheus_addr, mlflow,
-                       list(exec_via), remote)
+                       list(exec_via), remote, preexec)
     finally:
         gpu.close()
 
@@ -253,7 +253,8 @@ def _gpu_sampler(gpu: _Gpus, rank_meta: dict, path: Path, started: float) -> lis
 
 def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interval: float,
             prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None,
-            exec_via: list[str] | None = None, remote_cfg: RemoteConfig | None = None) -> int:
+            exec_via: list[str] | None = None, remote_cfg: RemoteConfig | None = None,
+            preexec: Callable[[], None] | None = None) -> int:
     # the series budget: checked before anything is written (the GPUs opened already, for it)
     remote = _remote(remote_cfg, task, gpu.meta if remote_cfg is not None else {}, interval)
     out = Path(job_dir) if job_dir else default_dir(task)
@@ -302,20 +303,23 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
     env = dict(os.environ, HPCML_OBSERVE_FD=str(write_fd), HPCML_OBSERVE_DIR=str(out))
     ooms = oom_kills(os.getpid())              # the rank's cgroup is this process's: its OOM kills so far
     try:        # the command starts first: the store's imports (pyarrow) overlap its start-up
-        child = subprocess.Popen([*(exec_via or []), *cmd], env=env, pass_fds=(write_fd,))
+        child = subprocess.Popen([*(exec_via or []), *cmd], env=env, pass_fds=(write_fd,), preexec_fn=preexec)
         started_cmd = time.time()
-    except OSError as exc:
+    except (OSError, subprocess.SubprocessError) as exc:
         os.close(read_fd)
         os.close(write_fd)
         if exporter is not None:
             exporter.close()
         remote.close()
-        raise UsageError(f"cannot start the command: {exc.strerror}", key=cmd[0]) from None
+        raise UsageError(f"cannot start the command: {getattr(exc, 'strerror', None) or exc}", key=cmd[0]) from None
     os.close(write_fd)
     # forward Slurm's signals from the moment the command runs (before the store's imports)
     stack = ExitStack()
     stack.enter_context(forwarding(lambda: (child,), FORWARDED))
     skip_pandas(numpy=True)             # before the store's first array: nor numpy here (hpcml.arrowprobe)
+    # what only watches the running command is imported once it runs (psutil, py-spy's caller)
+    from hpcml.observe.snapshot import Responder
+    from hpcml.samplers.host import HostSampler
     writer = RankWriter.create(out, task.rank)
     progress, beat, responder = Progress(), BeatWriter(out, task.rank, task.node), Responder(out, task.rank, child.pid)
     copier = threading.Thread(target=_copy_app_stream, args=(read_fd, writer, lock, stats, exporter, sink, progress, remote),

@@ -149,6 +149,10 @@ def _owning(cmd: list[str], opts: Mapping[str, str]) -> list[str]:
     if opts.get("--env"):
         cmd = [sys.executable, "-m", "hpcml", "env", "run", opts["--env"], "--", *cmd]
     become_subreaper()
+    # what STOP's kill imports (proctree's psutil) is loaded before STOP can come: imported
+    # first inside the handler, it could find its module half-imported by the interrupted
+    # code (the recorder imports its samplers once the rank runs) and fail, leaving the rank
+    import psutil  # noqa: F401
     install((STOP,), _stop)
     for sig in IGNORED:
         signal.signal(sig, signal.SIG_IGN)
@@ -179,11 +183,14 @@ def main(argv: list[str]) -> int:
     sys.stderr = os.fdopen(2, "w", buffering=1, closefd=False)
     cmd = _owning(cmd, opts)
     from hpcml.observe.recorder import record
+    from hpcml.run.rankexec import become_rank, startable
+    # a command found is set up between the recorder's fork and its exec; one that is not goes
+    # through rankexec, which says why in the rank's stderr with a shell's exit code
+    how: dict = {"preexec": become_rank} if startable(cmd) else {"exec_via": [sys.executable, "-m", "hpcml.run.rankexec"]}
     try:
         return record(cmd, observe_dir(d, attempt),
                       float(opts.get("--interval", "1.0")), gpu_metrics=opts.get("--gpu-metrics", "auto"),
-                      mlflow=opts.get("--mlflow"),
-                      exec_via=[sys.executable, "-m", "hpcml.run.rankexec"])
+                      mlflow=opts.get("--mlflow"), **how)
     finally:
         stop_descendants(float(opts.get("--kill-grace", "10")))         # what the rank left running
 
