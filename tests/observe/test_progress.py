@@ -61,3 +61,12 @@ def test_a_script_that_times_no_step_is_counted_by_the_steps_it_logged():
     rate.step = np.array([3], np.int32)
     p = summarise({("metric", "loss"): loss, ("metric", "samples_per_s"): rate})
     assert (p["steps"]["count"], p["steps"]["fewest"], p["steps"]["most"]) == (10, 5, 10) and p["samples"] is None
+
+
+def test_a_step_timed_before_any_step_number_was_logged_is_still_a_step():
+    """``with observe.section("step"): ...`` then ``observe.log(step=i)``, 12 times: the first
+    section comes before any step number (stored without one); 12 steps, not 11."""
+    steps = Series(np.zeros(12, np.int64), np.arange(12, dtype=np.int64) * 10, np.full(12, 0.02),
+                   np.r_[-1, np.arange(11)].astype(np.int64))
+    p = summarise({("section", "step"): steps})
+    assert p["steps"]["count"] == 12 and line(p).startswith("12 steps"), p

@@ -62,7 +62,7 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
                            "steps": None, "samples": None}
     step_rank = None
     if steps is not None and len(steps.value):
-        ok = steps.step >= 0 if steps.step is not None else np.ones(len(steps.value), bool)
+        ok = np.ones(len(steps.value), bool)   # each step section is a completed step, numbered or not yet
         ranks, counts = np.unique(steps.rank[ok], return_counts=True)
         if len(ranks):
             step_rank = prefer if prefer in ranks else int(ranks[0])
