@@ -78,18 +78,25 @@ def on_build(walker: PickleWalker, obj, state) -> None:
     if walker._built_class(obj) == FILE_WRAPPER:
         _opened_file(walker, obj, state)
         return
-    if type(obj.func) is not Ref or obj.func.dotted != WRAPPER:
+    if walker._built_class(obj) != WRAPPER:     # joblib asks isinstance: copyreg's builders too
         return
     if not walker.track:
         raise NeedTracking
     if type(state) is not dict:
         raise PickleError("joblib array wrapper without a readable state")
+    if len(state) >= FULLY_TRACKED:              # a tracked dict keeps its first items only
+        raise PickleError(f"joblib array wrapper: a state of {len(state)} or more items is not read whole")
+    if type(obj.func) is Ref and obj.func.dotted == WRAPPER and obj.args not in ((), None):
+        # NumpyArrayWrapper(...) called with arguments: its __init__ sets attributes (the
+        # padding among them) that joblib reads and its state may not say
+        raise PickleError("joblib array wrapper built by a call with arguments: joblib.dump never writes one")
     shape = state.get("shape")
     if type(shape) is not tuple or not all(type(n) is int and n >= 0 for n in shape):
         raise PickleError(f"joblib array wrapper: bad shape {shape!r}")
     itemsize, has_object = _dtype(state.get("dtype"))
     r = walker.r
     here = r.base + r.pos
+    walker.result.skipped.append((here, has_object))
     if has_object:
         inner = PickleWalker(r.fh, here, r.end, on_build=on_build, track_containers=walker.track,
                              build_hooks=walker.build_hooks).walk()

@@ -84,7 +84,7 @@ class RestrictedUnpickler(pickle.Unpickler):
             if len(head) > MAX_PICKLE_BYTES:
                 raise pickle.UnpicklingError(f"refused: a pickle stream larger than {MAX_PICKLE_BYTES >> 20} MiB") from None
             src, start, end = io.BytesIO(head), 0, len(head)
-        res = walk_one(cast(BinaryIO, src), start, end)
+        res = walk_one(cast(BinaryIO, src), start, end, joblib=False)     # as the unpickler below reads it
         if res.error or not res.stopped:
             raise pickle.UnpicklingError(f"refused: {res.error or 'the pickle has no STOP'}")
         if res.end - start > MAX_PICKLE_BYTES:

@@ -28,14 +28,16 @@ MAX_NESTED = 64
 MAX_DEPTH = 3
 
 
-def walk_one(fh: BinaryIO, start: int, end: int) -> WalkResult:
-    """One pickle; re-walked with container tracking if it turns out to be joblib's."""
-    hooks = joblib_format.HOOKS
+def walk_one(fh: BinaryIO, start: int, end: int, *, joblib: bool = True) -> WalkResult:
+    """One pickle as ``joblib.load`` reads it (``joblib``: a wrapper's array bytes are data,
+    not opcodes; re-walked with container tracking if it turns out to be joblib's), or as
+    a plain unpickler reads it (``pickle.load``, ``torch.load``, numpy's object arrays):
+    every byte an opcode."""
+    on_build, hooks = (joblib_format.on_build, joblib_format.HOOKS) if joblib else (None, frozenset[str]())
     try:
-        return PickleWalker(fh, start, end, on_build=joblib_format.on_build, build_hooks=hooks).walk()
+        return PickleWalker(fh, start, end, on_build=on_build, build_hooks=hooks).walk()
     except joblib_format.NeedTracking:
-        return PickleWalker(fh, start, end, track_containers=True,
-                            on_build=joblib_format.on_build, build_hooks=hooks).walk()
+        return PickleWalker(fh, start, end, track_containers=True, on_build=on_build, build_hooks=hooks).walk()
 
 
 def _latin1_of_utf8(fh: BinaryIO, off: int, length: int) -> BinaryIO:
@@ -156,6 +158,28 @@ def _note_encoded(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str)
             break
 
 
+def _as_plainly_read(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str, depth: int,
+                     skipped: list[tuple[int, bool]]) -> None:
+    """The same pickle as ``pickle.load`` or ``torch.load`` reads it, where joblib's reading
+    took bytes as an array's: those bytes are opcodes to them, and the file's verdict is the
+    worse of the two readings. What a plain load does before the array bytes stop it (for a
+    real joblib file they are not a pickle: joblib's padding length, 0-15, is no opcode) is
+    what it would run: its imports count, its failure there does not. An object array's
+    own pickle, which joblib's reading walked as a pickle of its own and found whole, a
+    plain load reads inline to that pickle's STOP, where it stops: the same opcodes on the
+    same values (one that reached below its own stack or memo failed the walk), so that
+    reading ends there."""
+    plain = walk_one(fh, start, end, joblib=False)
+    until = min((off for off, objects in skipped if objects), default=None)
+    kept = [ev for ev in plain.events if until is None or ev.offset < until]
+    fs.events(kept, member)
+    _scan_loaded(fs, fh, [e for e in plain.loaded if until is None or e[0] < until], member, depth)
+    for off, length in plain.nested[:MAX_NESTED]:
+        if depth < MAX_DEPTH and (until is None or off < until):
+            inner = f"{member} nested@{off}" if member else f"nested@{off}"
+            scan_stream(fs, fh, off, off + length, inner, required=False, depth=depth + 1)
+
+
 def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = "", *,
                 required: bool = True, depth: int = 0) -> bool:
     """Scan the pickles from ``start``; False if not even the first one parsed.
@@ -171,6 +195,8 @@ def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = 
     offset, count, legacy = start, 0, False
     while offset < end:
         res = walk_one(fh, offset, end)
+        if res.skipped:
+            _as_plainly_read(fs, fh, offset, end, member, depth, res.skipped)
         fs.events(res.events, member)
         _scan_loaded(fs, fh, res.loaded, member, depth)
         _scan_opened(fs, res.opened, member, depth)

@@ -138,6 +138,10 @@ class WalkResult:
     #: the file, "utf-8" for text in the file encoded to latin-1, or the bytes themselves
     loaded: list[tuple[int, int, str | bytes | None]] = field(default_factory=list)
     opened: list[tuple[str, int]] = field(default_factory=list)   # (file name, offset) of files the load opens (joblib's NDArrayWrapper)
+    #: where joblib's reading took bytes as an array's, not as this pickle's opcodes:
+    #: (offset, True for an object array's own pickle, False for raw bytes); a plain
+    #: unpickler reads opcodes there (``pickles`` walks that reading too)
+    skipped: list[tuple[int, bool]] = field(default_factory=list)
     error: str | None = None
     stopped: bool = False           # reached STOP
     value: object = None            # the model of the top-level object (for format helpers)
