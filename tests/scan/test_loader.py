@@ -126,3 +126,69 @@ def test_an_old_compressed_joblib_format_is_never_handed_to_joblibs_unrestricted
     from hpcml.scan.policy import default_policy
     with open(path, "rb") as fh, pytest.raises(pickle.UnpicklingError, match="compressed format"):
         _load_joblib(fh, str(tmp_path), default_policy())   # the load itself refuses it too
+
+
+def _plain_files(tmp_path: Path, fmt: str) -> tuple[Path, bytes, bytes]:
+    """A pickle, a torch zip and an object .npy, each as its producer writes it: the good
+    variant holds Fraction('1/3'), the bad one Fraction('1e50') (refused)."""
+    import pickle
+
+    def made(text: str) -> bytes:
+        value = {"x": _Text(text)}
+        buf = io.BytesIO()
+        if fmt == "pkl":
+            pickle.dump(value, buf)
+        elif fmt == "pt":
+            torch = pytest.importorskip("torch")
+            torch.save(value, buf)
+        else:
+            arr = np.empty(1, dtype=object)
+            arr[0] = value
+            np.save(buf, arr, allow_pickle=True)
+        return buf.getvalue()
+    path = tmp_path / f"model.{fmt}"
+    good, bad = made("1/3"), made("1e50")
+    path.write_bytes(good)
+    return path, good, bad
+
+
+def _x(loaded):
+    return (loaded[0] if isinstance(loaded, np.ndarray) else loaded)["x"]
+
+
+@pytest.mark.parametrize("fmt", ["pkl", "pt", "npy"])
+@pytest.mark.parametrize("how", ["in place", "renamed"])
+def test_a_pickle_torch_or_npy_file_changed_after_its_scan_is_judged_again(fmt, how, tmp_path, monkeypatch):
+    """Changed between the scan and the load (was: torch.load and the rest reopened the
+    path and loaded the new file unjudged): refused."""
+    path, _, bad = _plain_files(tmp_path, fmt)
+    real = scanner.scan_file
+
+    def scan_then_change(p, policy=None):
+        result = real(p, policy)
+        _change(path, bad, how)
+        return result
+    monkeypatch.setattr(scanner, "scan_file", scan_then_change)
+    with pytest.raises(UnsafeFileError, match="Fraction"):
+        safe_load(path)
+
+
+@pytest.mark.parametrize("fmt", ["pkl", "pt", "npy"])
+@pytest.mark.parametrize("how", ["in place", "renamed"])
+def test_what_is_loaded_is_what_was_judged_last(fmt, how, tmp_path, monkeypatch):
+    """Changed after the judged handle's scan: a path replaced no longer matters (the open
+    file is loaded); a file another user may write (here ``nobody``'s) is judged and loaded
+    as a private copy, so rewriting it in place changes nothing either."""
+    import pwd
+    path, _, bad = _plain_files(tmp_path, fmt)
+    if how == "in place":
+        os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
+    real = scanner.scan_handle
+
+    def scan_then_change(fh, p, policy=None):
+        result = real(fh, p, policy)
+        _change(path, bad, how)
+        return result
+    monkeypatch.setattr(scanner, "scan_handle", scan_then_change)
+    assert _x(safe_load(path)) == Fraction(1, 3)
+    assert path.read_bytes() == bad                      # the writer did change it

@@ -181,7 +181,7 @@ def _load_npy(fh: IO[bytes], size: int, policy: Policy) -> Any:
     return RestrictedUnpickler(fh, policy=policy).load()
 
 
-def _load_npz(path: Path, policy: Policy) -> dict[str, Any]:
+def _load_npz(path: Path | BinaryIO, policy: Policy) -> dict[str, Any]:
     import zipfile
     out = {}
     with zipfile.ZipFile(path) as zf:
@@ -285,7 +285,7 @@ def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framewor
     directory: the newest step; a step directory; a ``rank-*.bin`` shard; ``rank``: whose
     shard of a sharded one). Raises ``UnsafeFileError``."""
     from hpcml.scan.formats import claimed
-    from hpcml.scan.scanner import scan_file
+    from hpcml.scan.scanner import scan_file, scan_handle
     policy = policy or default_policy()
     p = Path(path)
     claim = claimed(p)
@@ -297,25 +297,54 @@ def safe_load(path: str | os.PathLike, *, policy: Policy | None = None, framewor
             result.errors.append("not a recognised model or pickle file")
             result.verdict = Verdict.ERROR
         raise UnsafeFileError(result)
+    if result.format.startswith("joblib") or result.format.endswith("-compressed"):
+        return _load_joblib_file(p, policy)
+    with _pinned(p) as fh:
+        # what is loaded is what was judged: the open file scanned again (a path may name
+        # another file by now), loaded from that same handle, never reopened by name
+        again = scan_handle(fh, p, policy)
+        if again.verdict is not Verdict.SAFE or not again.scanned or again.format != result.format:
+            raise UnsafeFileError(again if again.verdict is not Verdict.SAFE else result)
+        fh.seek(0)
+        return _load_open(fh, again, policy, framework, map_location)
+
+
+def _pinned(path: Path) -> BinaryIO:
+    """The file open for reading, as it is now: the open file itself where only this user
+    may write it (a replaced path no longer matters), else a private copy (``_private_copy``:
+    another user who may write it could rewrite it in place between scan and load)."""
+    import stat
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)     # a FIFO put there is not waited on
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise pickle.UnpicklingError(f"refused: {path} is no longer a regular file")
+    os.set_blocking(fd, True)
+    if st.st_uid == os.geteuid() and not st.st_mode & (stat.S_IWGRP | stat.S_IWOTH):
+        return cast(BinaryIO, os.fdopen(fd, "rb"))
+    os.close(fd)
+    return _private_copy(path)
+
+
+def _load_open(fh: BinaryIO, result: Any, policy: Policy, framework: str, map_location: Any) -> Any:
+    """Load the judged open file ``fh`` by its format."""
     fmt = result.format
     if fmt in ("pytorch-zip", "pytorch-legacy"):
         import torch
-        return torch.load(p, map_location=map_location, weights_only=False,
+        return torch.load(fh, map_location=map_location, weights_only=False,
                           pickle_module=restricted_pickle_module(policy))
     if fmt == "safetensors":
+        data = fh.read()
         if framework == "pt":
-            from safetensors.torch import load_file
-            return load_file(p, device=str(map_location))
-        from safetensors.numpy import load_file as np_load_file
-        return np_load_file(p)
-    if fmt.startswith("joblib") or fmt.endswith("-compressed"):
-        return _load_joblib_file(p, policy)
+            from safetensors.torch import load as pt_load
+            return {k: v.to(str(map_location)) for k, v in pt_load(data).items()}
+        from safetensors.numpy import load as np_load
+        return np_load(data)
     if fmt == "numpy-npz":
-        return _load_npz(p, policy)
-    with open(p, "rb") as fh:
-        if fmt == "numpy-npy":
-            return _load_npy(fh, result.size, policy)
-        return RestrictedUnpickler(fh, policy=policy).load()
+        return _load_npz(fh, policy)
+    if fmt == "numpy-npy":
+        return _load_npy(fh, result.size, policy)
+    return RestrictedUnpickler(fh, policy=policy).load()
 
 
 def _main() -> None:  # pragma: no cover - a convenience for shell use
