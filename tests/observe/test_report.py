@@ -529,3 +529,29 @@ def test_a_rank_whose_recorder_was_killed_is_not_counted_as_ended_well(tmp_path)
     (unended,) = [f for f in rep.findings if f.kind == "unended_rank"]
     assert unended.message.startswith("rank 1: the recording stopped before the rank ended"), unended
     assert 1 not in rep.failed_ranks and rep.missing_ranks == []
+
+
+def test_a_power_cap_no_other_rank_s_gpu_measured_excuses_no_straggler(tmp_path):
+    """Every GPU at its power cap half the time, rank 0 1.5x slow; only rank 0 recorded GPU
+    rows (4 ranks on one node seeing all its GPUs: the first task claims and records them,
+    ``samplers.claim``). The other ranks' throttling is unknown, not 0: rank 0 stays a
+    chronic straggler with its throttling beyond theirs unknown (was: named contention,
+    "held back in 50% more of its samples than the other ranks' GPUs")."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    from hpcml.observe.store import RankWriter, read_rank
+    d = make_job(tmp_path / "obs", 4, 300, ranks_per_node=4, slow_ranks={0: 1.5}, power_capped=True, seed=4)
+    for r in (1, 2, 3):
+        src = d / f"rank-{r:05d}.arrows"
+        table = pa.Table.from_batches(read_rank(src).batches)
+        src.unlink()
+        w = RankWriter(src, r)
+        for b in table.filter(pc.invert(pc.equal(table["kind"], "gpu"))).to_batches():
+            w.write_batch(b)
+        w.close()
+    rep = build(read_job(d), limits=JUDGE)
+    assert not any(f.kind == "contention" for f in rep.findings), rep.findings
+    assert any(f.kind == "chronic_straggler" and "rank 0" in f.message for f in rep.findings), rep.findings
+    s0 = next(s for s in rep.stragglers if s["rank"] == 0)
+    assert s0["gpu_throttled"] is None and s0["gpu_throttle"] == ["sw_power_cap"]

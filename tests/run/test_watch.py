@@ -280,7 +280,7 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
 
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
               everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False,
-              cpu_hot: bool = False):
+              cpu_hot: bool = False, gpus_of: int | None = None):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
@@ -289,8 +289,9 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
     clocks held back for heat (hardware thermal slowdown) from then on; ``capped``: every
     rank's GPU reaches its power cap every other step (as busy GPUs do). ``cpu_hot``: the slow
     rank's CPU cores run throttled for heat from then on (the kernel's thermal throttle
-    counters, as its recorder reports them; the others' too, a tenth of the time). Scanned
-    every second of virtual time; (watch, seconds from onset to named)."""
+    counters, as its recorder reports them; the others' too, a tenth of the time). ``gpus_of``:
+    only that rank's recorder reports GPU throttling (it claimed every GPU of the node).
+    Scanned every second of virtual time; (watch, seconds from onset to named)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(ranks)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(ranks)}
@@ -325,8 +326,10 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
                 p.update([t], ["section"], ["step"], [compute[r]], [step])
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
-                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0, gpu_throttled_s=held[r],
-                        gpu_throttle=reasons[r] or None, **({"cpu_throttled_s": round(cooked[r], 3)} if cpu_hot else {}))
+                gpu = gpus_of is None or r == gpus_of
+                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0, gpu_throttled_s=held[r] if gpu else None,
+                        gpu_throttle=(reasons[r] or None) if gpu else None,
+                        **({"cpu_throttled_s": round(cooked[r], 3)} if cpu_hot else {}))
             watch.poll(t)
             if (watch.stragglers or watch.contended) and named is None:
                 named = t
@@ -681,3 +684,12 @@ def test_a_node_whose_every_rank_is_slow_is_named_as_the_node(tmp_path):
     assert sorted(watch.stragglers) == [2, 3], watch.stragglers
     assert len(watch.timeline) == 1 and watch.timeline[0].what.startswith("node n1: all 2 of its ranks "), \
         watch.timeline
+
+
+def test_a_power_cap_no_other_rank_s_gpu_was_measured_for_excuses_no_straggler(tmp_path):
+    """Every GPU at its power cap half the time, the slow rank's recorder the only one that
+    reports GPU throttling (it claimed the node's GPUs): the other ranks' share is unknown,
+    not 0, so the cap sets the slow rank apart from nothing: a straggler, its GPU throttling
+    beyond the others' unknown (was: contention)."""
+    watch, _ = _sync_job(tmp_path, 4, 0.5, 400, 1, sync=True, window=60.0, capped=True, gpus_of=1)
+    assert list(watch.stragglers) == [1] and watch.contended == {}, (watch.stragglers, watch.contended)

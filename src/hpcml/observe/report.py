@@ -346,9 +346,12 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> N
         if mine is None:
             continue
         others = [v for r, v in share.items() if r != s["rank"]]
-        s["gpu_throttled"] = _r(max(0.0, mine - (float(np.median(others)) if others else 0.0)), 3)
         seen = int(np.bitwise_or.reduce(masks[ids == s["rank"]])) if mine else 0
         s["gpu_throttle"] = reason_names(seen) or None
+        if not others:          # no other rank's GPU measured: beyond what they had is unknown, not 0
+            s["gpu_throttled"] = None
+            continue
+        s["gpu_throttled"] = _r(max(0.0, mine - float(np.median(others))), 3)
         if (s["gpu_throttled"] or 0.0) >= CONTENDED:
             s["contended"] = True
 
