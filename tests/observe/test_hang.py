@@ -276,16 +276,31 @@ def test_lock_gil_without_the_stuck_ranks_dumps_points_at_them(tmp_path):
 
 def test_pg_status_is_read_by_local_id_not_group_name(tmp_path):
     """Torch keys pg_status by the rank's local id of a group: rank 14's expert group "6" is
-    its key "2". Full dumps whose entries are gone leave pg_status as the only evidence."""
+    its key "2". A full dump whose entries are gone save one completed collective on the
+    tensor-parallel group (local id 1 is group "4": the creation order bears the names'
+    order out) leaves pg_status as the evidence for the rest."""
     ranks = fr.job({"0": 300, "1": 11, "2": 22, "3": 33, "4": 44, "5": 55, "6": 66}, groups=fr.MOE_GROUPS)
     for r in range(8, 16):
         ranks[r].status["6"] = (66, 66, 66) if r == 14 else (67, 67, 66)
+        ranks[r].entries = [fr.entry(44, pg="4", groups=fr.MOE_GROUPS)]
     write = fr.write(tmp_path, ranks, only_active=False)
     assert pickle.loads((write / "nccl_trace_dump_14").read_bytes())["pg_status"].keys() == {"0", "1", "2"}
     rep = analyse(write)
     assert [(f.pg, f.kind, f.seq, f.culprits) for f in rep.findings] == [("6 (ep)", "never-entered", 67, [14])]
     assert rep.last_seq["4 (tp)"] == {12: 44, 13: 44, 14: 44, 15: 44}
     assert rep.roots == [14]
+
+
+def test_a_dump_with_no_entry_to_pair_local_ids_with_names_guesses_no_group(tmp_path):
+    """The same job, no entry left in any dump: nothing pairs a local id with a group name,
+    and real dumps (NVRx's Megatron MoE runs) do not number their groups in the names'
+    order, so pg_status beyond the default group is unknown: no finding blames a rank on a
+    group it might not be (was: rank 14 blamed by sorted order)."""
+    ranks = fr.job({"0": 300, "1": 11, "2": 22, "3": 33, "4": 44, "5": 55, "6": 66}, groups=fr.MOE_GROUPS)
+    for r in range(8, 16):
+        ranks[r].status["6"] = (66, 66, 66) if r == 14 else (67, 67, 66)
+    rep = analyse(fr.write(tmp_path, ranks, only_active=False))
+    assert rep.findings == [] and rep.roots == []
 
 
 def test_cli_names_roots_and_blocked_ranks_apart(tmp_path):

@@ -275,7 +275,9 @@ def _status_names(dump: dict, rank: int) -> dict[str, str]:
     in its third group: key "2", name "6"). The entries pair them (pg_id, process_group);
     for groups with no entry left, local ids follow the creation order of the rank's groups,
     which is the order of their names where torch numbered them (a counter every rank
-    advances alike). The default group is local id 0, named "0"."""
+    advances alike), where the pairs the entries give bear that order out. A dump with no
+    entry (``onlyActive``: nothing pending) proves no order: its other keys are unknown, not
+    guessed. The default group is local id 0, named "0"."""
     pairs: dict[str, str] = {}
     for e in dump.get("entries") or []:
         pg = e.get("process_group") if isinstance(e, dict) else None
@@ -284,7 +286,7 @@ def _status_names(dump: dict, rank: int) -> dict[str, str]:
     config = dump.get("pg_config")
     mine = [str(g.get("name")) for g in (config.values() if isinstance(config, dict) else [])
             if isinstance(g, dict) and rank in (_ranks(g.get("ranks")) or [])]
-    if mine and all(n.isdigit() for n in mine):
+    if pairs and mine and all(n.isdigit() for n in mine):
         order = {str(i): n for i, n in enumerate(sorted(set(mine), key=int))}
         if all(order.get(k) == v for k, v in pairs.items()):
             pairs = {**order, **pairs}
