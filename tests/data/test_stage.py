@@ -147,6 +147,46 @@ def test_shard_name_leaving_the_directory_is_refused(src, tmp_path):
     assert not (tmp_path / "local").exists()
 
 
+@pytest.mark.parametrize("dataset", ["../escaped", "/tmp/abs-target", "sub/dir", ".hidden"])
+def test_a_dataset_id_that_is_not_a_plain_name_is_refused(src, tmp_path, dataset):
+    """The manifest's dataset id names the directory it is staged in: a path there (was:
+    the whole set staged outside --to, over what was there) is bad input naming the key."""
+    doc = json.loads((src / "manifest.json").read_text())
+    doc["dataset"] = dataset
+    (src / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="dataset"):
+        st.stage(src, str(tmp_path / "local" / "root"), env={})
+    assert not (tmp_path / "local").exists() and not (tmp_path / "escaped").exists()
+
+
+def test_negative_or_absurd_sample_counts_are_refused(src, tmp_path):
+    for key, value in (("samples", -1), ("samples", 10**13)):
+        doc = json.loads((src / "manifest.json").read_text())
+        doc["shards"][0][key] = value
+        (src / "manifest.json").write_text(json.dumps(doc))
+        with pytest.raises(UsageError, match=f"shards.0.{key}"):
+            load_manifest(src)
+
+
+def test_a_link_planted_at_the_dataset_s_directory_or_its_lock_is_not_followed(packed, tmp_path):
+    """The target's dataset directory, or its lock file, is a symlink someone planted (the
+    default target's name is known in advance): nothing is written where it points, and
+    the set is streamed from where it is."""
+    m = load_manifest(packed)
+    root, outside = tmp_path / "root", tmp_path / "outside"
+    root.mkdir()
+    outside.mkdir()
+    (root / m.dataset).symlink_to(outside, target_is_directory=True)
+    r = st.stage(packed, str(root), env={})
+    assert not r.staged and "not a directory of this user's" in r.reason, r.reason
+    assert list(outside.iterdir()) == []
+    (root / m.dataset).unlink()
+    (root / m.dataset).mkdir()
+    (root / m.dataset / st.LOCK).symlink_to(outside / "created-by-stage")
+    r = st.stage(packed, str(root), env={})
+    assert not r.staged and not (outside / "created-by-stage").exists(), r
+
+
 def test_does_not_fit_prints_src_and_copies_nothing(packed, tmp_path):
     r = st.stage(packed, str(tmp_path / "local"), env={}, keep_free=10**18)
     assert not r.staged and r.path == str(packed) and "does not fit" in r.reason

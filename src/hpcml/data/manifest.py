@@ -36,12 +36,17 @@ LEGACY_FORMAT = "hpcml-shards"   # before tags: "format": "hpcml-shards" and an 
 MANIFEST = "manifest.json"
 
 
+#: more samples than any shard set holds (100 billion; LAION-5B has 5.85 billion): a count beyond is a damaged or forged
+#: manifest, refused before a plan of that many samples is built
+MAX_SAMPLES = 10**11
+
+
 class ShardEntry(BaseModel):
     name: str                 # the tar: a file name beside the manifest, or an absolute path
     index: str                # file name of its index, beside the manifest
-    bytes: int
+    bytes: int = Field(ge=0)
     sha256: str
-    samples: int
+    samples: int = Field(ge=0, le=MAX_SAMPLES)
     compression: str = ""     # gzip, bz2 or xz: a shard indexed as it was found (hpcml data index)
 
 
@@ -49,12 +54,13 @@ class Manifest(BaseModel):
     model_config = ConfigDict(populate_by_name=True)
 
     tag: str = Field(default=SCHEMA, alias="schema")   # first key of the file
-    dataset: str = ""         # id: see dataset_id()
+    #: id (see dataset_id()): the directory it is staged in, so a plain name, never a path
+    dataset: str = Field(default="", pattern=r"^([A-Za-z0-9][A-Za-z0-9._-]{0,127})?$")
     source: str = ""
     created: str = ""
-    target_shard_bytes: int = 0
-    samples: int = 0
-    bytes: int = 0
+    target_shard_bytes: int = Field(default=0, ge=0)
+    samples: int = Field(default=0, ge=0, le=MAX_SAMPLES)
+    bytes: int = Field(default=0, ge=0)
     fields: list[str] = []
     shards: list[ShardEntry] = []
     skipped: list[dict] = []  # files the pack did not take, each with its reason

@@ -506,8 +506,19 @@ def _read_stamp(path: Path, dataset: str) -> dict:
     return doc
 
 
+def _owned_here(dst: Path, base: Path) -> None:
+    """The dataset's directory is a directory of this user's right under ``base``: not a
+    symlink someone planted in a shared temp directory (the default target's name is known
+    in advance), nor another user's. ``OSError`` (said as the target's problem) otherwise."""
+    import errno
+    st = os.lstat(dst)
+    if dst.parent.resolve() != base.resolve() or not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid():
+        raise OSError(errno.EPERM, "not a directory of this user's under the target (a symlink, or another "
+                      "user's)", str(dst))
+
+
 def _locked(path: Path, timeout: float | None) -> int:
-    fd = os.open(path, os.O_CREAT | os.O_RDWR, 0o644)
+    fd = os.open(path, os.O_CREAT | os.O_RDWR | os.O_NOFOLLOW, 0o644)     # a planted link is not followed
     if timeout is None:
         fcntl.flock(fd, fcntl.LOCK_EX)
         return fd
@@ -589,6 +600,7 @@ def stage(src: str | Path, to: str | None = None, *, threads: int = THREADS, ver
         dst = base / ds
         res.target = str(dst)
         dst.mkdir(parents=True, exist_ok=True)
+        _owned_here(dst, base)
         fd = _locked(dst / LOCK, lock_timeout)
     except TargetUnavailable as exc:
         res.reason = f"cannot use the target: {exc}"
