@@ -55,6 +55,50 @@ def test_prune_keeps_the_newest_checkpoint_that_verifies_when_the_newest_is_corr
     assert f"skipped {ck / 'step-00000003'}: corrupt" in out.stdout and "checksum" in out.stdout
 
 
+def _index_outside(ck: Path, step: int) -> None:
+    """Step ``step``'s index says its first leaf lies at offset 10**12, with every size and
+    checksum in the manifest made to match (a buggy or hostile writer's checkpoint)."""
+    import json
+    import zlib
+    d = ck / layout.step_name(step)
+    idx = d / "rank-00000.json"
+    doc = json.loads(idx.read_text())
+    doc["entries"][0]["offset"] = 10**12
+    idx.write_text(json.dumps(doc))
+    man = json.loads((d / "manifest.json").read_text())
+    rec = man["ranks"]["0"]
+    rec["json_size"], rec["json_crc32"] = idx.stat().st_size, zlib.crc32(idx.read_bytes())
+    (d / "manifest.json").write_text(json.dumps(man))
+
+
+def test_a_checkpoint_whose_index_points_outside_its_shard_does_not_verify_nor_outlive_a_good_one(tmp_path):
+    """Its files match their checksums, but no load can follow its index: verify names it
+    (was: "all checkpoints verify"), and prune --keep 1 keeps the good step 1 (was: removed,
+    leaving only the one that does not load)."""
+    ck = tmp_path / "ck"
+    _save(ck, 1, 2)
+    _index_outside(ck, 2)
+    out = _hpcml("ckpt", "verify", str(ck))
+    assert out.returncode != 0 and "1 of 2 checkpoints corrupt (step 2)" in out.stdout, out.stdout + out.stderr
+    out = _hpcml("ckpt", "prune", str(ck), "--keep", "1")
+    assert out.returncode == 0, out.stderr
+    assert (ck / "step-00000001").is_dir() and _load(ck) == 1
+
+
+def test_a_forged_world_size_is_refused_before_it_is_counted_out(tmp_path):
+    """world_size 10**12 in a replicated checkpoint's manifest: refused at once in one line
+    (was: a set of 10**12 rank names built until memory ran out)."""
+    import json
+    ck = tmp_path / "ck"
+    _save(ck, 1)
+    m = ck / "step-00000001" / "manifest.json"
+    doc = json.loads(m.read_text())
+    doc.update(replicated=True, world_size=10**12, per_rank={})
+    m.write_text(json.dumps(doc))
+    out = _hpcml("ckpt", "ls", str(ck))
+    assert "per_rank" in out.stdout + out.stderr and "Traceback" not in out.stderr, out.stdout + out.stderr
+
+
 def test_the_checkpointers_own_prune_counts_only_checkpoints_that_verify(tmp_path, capfd):
     """keep=2 with step 2 corrupt: after step 3 commits, step 1 stays (2 verified: 1 and 3),
     so when step 3 is lost too the job still resumes at step 1."""

@@ -195,7 +195,8 @@ def manifest_problem(doc: dict[str, Any]) -> str | None:
         return (f"key 'ranks': expected the shards of ranks 0 to {n - 1} (world_size {doc['world_size']}"
                 f"{', replicated' if doc['replicated'] else ''}), found ranks {sorted(doc['ranks'])[:8]}")
     w = doc["world_size"]
-    if per_rank is not None and set(per_rank) != {str(r) for r in range(w)}:
+    # the count first: a forged world_size of 10**12 is not a set of that many ranks to build
+    if per_rank is not None and (len(per_rank) != w or set(per_rank) != {str(r) for r in range(w)}):
         return (f"key 'per_rank': expected the per-rank values of ranks 0 to {w - 1} (world_size {w}), "
                 f"found ranks {sorted(per_rank)[:8]}")
     return None
@@ -294,9 +295,26 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
                 problems.append(f"{path}: checksum mismatch (corrupt)")
         except OSError as exc:                         # removed by a prune meanwhile, unreadable
             problems.append(f"{path}: unreadable ({exc.strerror})")
+    if not problems:                    # sizes and checksums right: is the index one a load can follow?
+        problems += index_problems(directory / bin_name, directory / json_name)
     if checksums and not problems:
         problems += refused_leaves(directory / bin_name, directory / json_name)
     return problems
+
+
+def index_problems(shard: Path, index: Path) -> list[str]:
+    """A shard's index as the load reads it: its size the shard's, every leaf's bytes inside
+    the shard (``scanformat``'s rules). A checkpoint whose files match their checksums can
+    still point outside its shard, and then never loads: verify says so, so that prune does
+    not keep it over an older good one."""
+    try:
+        doc = read_json(index, SHARD_TAG)
+        problem = index_problem(doc, shard.stat().st_size) if isinstance(doc, dict) else "not a JSON object"
+    except (CheckpointError, UsageError) as exc:
+        return [f"{index}: {exc}"]
+    except OSError as exc:
+        return [f"{shard}: unreadable ({exc.strerror})"]
+    return [f"{index}: {problem}"] if problem else []
 
 
 def refused_leaves(shard: Path, index: Path) -> list[str]:
@@ -333,3 +351,38 @@ def refused_leaves(shard: Path, index: Path) -> list[str]:
     out = [f"{shard}: {f.location.member}: refused at load: {f.name} ({f.why})"
            for f in res.findings if f.verdict is not Verdict.SAFE]
     return out + [f"{shard}: {e}" for e in res.errors]
+
+
+LEAF_KINDS = ("torch", "numpy", "bytes", "pickle")
+
+
+def index_problem(doc: dict[str, Any], size: int) -> str | None:
+    """What makes a shard's index one a load cannot follow: its schema, its size not the
+    shard's, a leaf of no known kind or whose bytes lie outside the shard, an object dtype."""
+    from hpcml import schemas
+    try:
+        schemas.check(doc, SHARD_TAG, "index")
+    except UsageError as exc:
+        return exc.problem
+    if doc.get("size") != size:
+        return f"key 'size': {doc.get('size')!r}, the file has {size} bytes"
+    entries = doc.get("entries")
+    if not isinstance(entries, list):
+        return "key 'entries': expected a list"
+    for i, e in enumerate(entries):
+        if not isinstance(e, dict) or e.get("kind") not in LEAF_KINDS:
+            return f"key 'entries.{i}': expected a leaf of kind {', '.join(LEAF_KINDS)}"
+        off, n = e.get("offset"), e.get("nbytes")
+        if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
+            return f"key 'entries.{i}': bytes {off!r}+{n!r} are not inside the {size}-byte file"
+        if e["kind"] == "numpy" and _object_dtype(e.get("dtype")):
+            return f"key 'entries.{i}.dtype': {e.get('dtype')!r} is not a plain array dtype"
+    return None
+
+
+def _object_dtype(dtype: Any) -> bool:
+    import numpy as np
+    try:
+        return bool(np.dtype(dtype).hasobject) if isinstance(dtype, str) else True
+    except (TypeError, ValueError):
+        return True

@@ -36,7 +36,6 @@ if TYPE_CHECKING:
 
 NAME = "hpcml-ckpt"
 _SHARD = re.compile(r"^(?:rank|own)-(\d{5,})\.bin$")     # own-: a replicated state's per-rank values
-_KINDS = ("torch", "numpy", "bytes", "pickle")
 
 
 def index_of(path: Path) -> tuple[Path, Any] | None:
@@ -54,37 +53,6 @@ def index_of(path: Path) -> tuple[Path, Any] | None:
     if not isinstance(doc, dict) or not str(doc.get("schema", "")).startswith("hpcml.ckpt.shard/"):
         return None
     return index, doc
-
-
-def _problem(doc: dict[str, Any], size: int) -> str | None:
-    from hpcml import schemas
-    from hpcml.errors import UsageError
-    try:
-        schemas.check(doc, layout.SHARD_TAG, "index")
-    except UsageError as exc:
-        return exc.problem
-    if doc.get("size") != size:
-        return f"key 'size': {doc.get('size')!r}, the file has {size} bytes"
-    entries = doc.get("entries")
-    if not isinstance(entries, list):
-        return "key 'entries': expected a list"
-    for i, e in enumerate(entries):
-        if not isinstance(e, dict) or e.get("kind") not in _KINDS:
-            return f"key 'entries.{i}': expected a leaf of kind {', '.join(_KINDS)}"
-        off, n = e.get("offset"), e.get("nbytes")
-        if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
-            return f"key 'entries.{i}': bytes {off!r}+{n!r} are not inside the {size}-byte file"
-        if e["kind"] == "numpy" and _object_dtype(e.get("dtype")):
-            return f"key 'entries.{i}.dtype': {e.get('dtype')!r} is not a plain array dtype"
-    return None
-
-
-def _object_dtype(dtype: Any) -> bool:
-    import numpy as np
-    try:
-        return bool(np.dtype(dtype).hasobject) if isinstance(dtype, str) else True
-    except (TypeError, ValueError):
-        return True
 
 
 def _scan_as_loaders_read_it(fs: FileScan, fh: BinaryIO, size: int) -> None:
@@ -114,7 +82,7 @@ def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]
     """Walk every pickled leaf of the shard ``fh`` (``size`` bytes) that ``doc`` indexes."""
     from hpcml.ckpt.flatten import leaf_paths
     fs.set_format(NAME)
-    problem = _problem(doc, size)
+    problem = layout.index_problem(doc, size)
     if problem:
         fs.error(f"{index.name} does not describe this shard: {problem}")
         return
