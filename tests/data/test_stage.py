@@ -387,3 +387,13 @@ def test_a_token_array_link_is_not_followed_and_a_file_changing_while_copied_is_
     with pytest.raises(UsageError, match="changed while it was copied"):
         st.stage(tmp_path / "data", str(tmp_path / "other"), env={})
     assert not [p for p in (tmp_path / "other").rglob("*") if p.is_file() and p.suffix in (".bin", ".pkl")]
+
+
+def test_an_index_named_by_a_path_is_refused_wherever_it_is_read(src):
+    """A shard's index is a file beside the manifest: ``../../etc/passwd`` there is bad input
+    naming the key, for the loader as for the stage (was: opened and parsed by the loader)."""
+    doc = json.loads((src / "manifest.json").read_text())
+    doc["shards"][0]["index"] = "../../../../etc/passwd"
+    (src / "manifest.json").write_text(json.dumps(doc))
+    with pytest.raises(UsageError, match="shards.0.index"):
+        load_manifest(src)

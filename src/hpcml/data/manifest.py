@@ -43,7 +43,9 @@ MAX_SAMPLES = 10**11
 
 class ShardEntry(BaseModel):
     name: str                 # the tar: a file name beside the manifest, or an absolute path
-    index: str                # file name of its index, beside the manifest
+    #: file name of its index, beside the manifest: a plain name, never a path (every reader
+    #: opens it there: the stage, the loader, an object store's prefix)
+    index: str = Field(pattern=r"^[^./\x00][^/\x00]*$")
     bytes: int = Field(ge=0)
     sha256: str
     samples: int = Field(ge=0, le=MAX_SAMPLES)
