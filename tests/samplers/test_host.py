@@ -52,6 +52,7 @@ def test_rank_cores_reads_the_affinity():
     assert rank_cores(2**22 + 12345) is None
 
 
+@pytest.mark.machine     # measures how its workers share one core: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_workers_on_too_few_cores_are_named_with_the_fix(tmp_path):
     if shutil.which("taskset") is None:
@@ -68,6 +69,7 @@ def test_workers_on_too_few_cores_are_named_with_the_fix(tmp_path):
     assert "--cpus-per-task=4" in live[0]
 
 
+@pytest.mark.machine     # measures its workers' use of two cores: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_workers_with_their_cores_are_not_named(tmp_path):
     """One worker and the rank on two cores: enough, nothing said."""
