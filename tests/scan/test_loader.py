@@ -70,28 +70,28 @@ def test_the_hostile_variant_is_refused_when_loaded_directly(tmp_path):
 @pytest.mark.parametrize("how", ["in place", "renamed"])
 def test_a_file_changed_after_the_copy_was_judged_loads_as_judged(how, tmp_path, monkeypatch):
     path, _, bad = _files(tmp_path)
-    real = scanner.scan_handle
-
-    def scan_then_change(fh, p, policy=None):
-        result = real(fh, p, policy)
-        _change(path, bad, how)
-        return result
-    monkeypatch.setattr(scanner, "scan_handle", scan_then_change)
+    _changed_after(monkeypatch, "scan_handle", path, bad, how)
     loaded = safe_load(path)
     assert loaded["x"] == Fraction(1, 3) and list(loaded["a"]) == [0, 1, 2, 3]
     assert path.read_bytes() == bad                      # the writer did change it
 
 
+def _changed_after(monkeypatch, scan: str, path: Path, data: bytes, how: str) -> None:
+    """``scanner.<scan>`` (``scan_file`` or ``scan_handle``) changes ``path`` to ``data``
+    right after it has judged it: the writer's race, at its worst moment."""
+    real = getattr(scanner, scan)
+
+    def scan_then_change(*args, **kwargs):
+        result = real(*args, **kwargs)
+        _change(path, data, how)
+        return result
+    monkeypatch.setattr(scanner, scan, scan_then_change)
+
+
 @pytest.mark.parametrize("how", ["in place", "renamed"])
 def test_a_file_changed_after_the_first_scan_is_judged_again(how, tmp_path, monkeypatch):
     path, _, bad = _files(tmp_path)
-    real = scanner.scan_file
-
-    def scan_then_change(p, policy=None):
-        result = real(p, policy)
-        _change(path, bad, how)
-        return result
-    monkeypatch.setattr(scanner, "scan_file", scan_then_change)
+    _changed_after(monkeypatch, "scan_file", path, bad, how)
     with pytest.raises(UnsafeFileError, match="Fraction"):
         safe_load(path)
 
@@ -162,13 +162,7 @@ def test_a_pickle_torch_or_npy_file_changed_after_its_scan_is_judged_again(fmt, 
     """Changed between the scan and the load (was: torch.load and the rest reopened the
     path and loaded the new file unjudged): refused."""
     path, _, bad = _plain_files(tmp_path, fmt)
-    real = scanner.scan_file
-
-    def scan_then_change(p, policy=None):
-        result = real(p, policy)
-        _change(path, bad, how)
-        return result
-    monkeypatch.setattr(scanner, "scan_file", scan_then_change)
+    _changed_after(monkeypatch, "scan_file", path, bad, how)
     with pytest.raises(UnsafeFileError, match="Fraction"):
         safe_load(path)
 
@@ -183,12 +177,6 @@ def test_what_is_loaded_is_what_was_judged_last(fmt, how, tmp_path, monkeypatch)
     path, _, bad = _plain_files(tmp_path, fmt)
     if how == "in place":
         os.chown(path, pwd.getpwnam("nobody").pw_uid, -1)
-    real = scanner.scan_handle
-
-    def scan_then_change(fh, p, policy=None):
-        result = real(fh, p, policy)
-        _change(path, bad, how)
-        return result
-    monkeypatch.setattr(scanner, "scan_handle", scan_then_change)
+    _changed_after(monkeypatch, "scan_handle", path, bad, how)
     assert _x(safe_load(path)) == Fraction(1, 3)
     assert path.read_bytes() == bad                      # the writer did change it

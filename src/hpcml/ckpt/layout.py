@@ -295,37 +295,33 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
                 problems.append(f"{path}: checksum mismatch (corrupt)")
         except OSError as exc:                         # removed by a prune meanwhile, unreadable
             problems.append(f"{path}: unreadable ({exc.strerror})")
-    if not problems:                    # sizes and checksums right: is the index one a load can follow?
-        problems += index_problems(directory / bin_name, directory / json_name)
-    if checksums and not problems:
-        problems += refused_leaves(directory / bin_name, directory / json_name)
-    return problems
-
-
-def index_problems(shard: Path, index: Path) -> list[str]:
-    """A shard's index as the load reads it: its size the shard's, every leaf's bytes inside
-    the shard (``scanformat``'s rules). A checkpoint whose files match their checksums can
-    still point outside its shard, and then never loads: verify says so, so that prune does
-    not keep it over an older good one."""
+    if problems:
+        return problems
+    # sizes and checksums right: is the index one a load can follow (its size the shard's,
+    # every leaf's bytes inside it)? A checkpoint whose files match their checksums can still
+    # point outside its shard and never load: verify says so, so that prune does not keep it
+    # over an older good one. Read once, for this and for the leaves.
+    index = directory / json_name
     try:
         doc = read_json(index, SHARD_TAG)
-        problem = index_problem(doc, shard.stat().st_size) if isinstance(doc, dict) else "not a JSON object"
+        problem = index_problem(doc, rec["size"]) if isinstance(doc, dict) else "not a JSON object"
     except (CheckpointError, UsageError) as exc:
         return [f"{index}: {exc}"]
-    except OSError as exc:
-        return [f"{shard}: unreadable ({exc.strerror})"]
-    return [f"{index}: {problem}"] if problem else []
+    if problem:
+        return [f"{index}: {problem}"]
+    return refused_leaves(directory / bin_name, index, doc) if checksums else []
 
 
-def refused_leaves(shard: Path, index: Path) -> list[str]:
+def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
     """The pickled leaves of a shard that loading would refuse, judged as ``hpcml scan`` and
     the load judge them (the same walk, policy and argument checks): a checkpoint whose
     sizes and checksums are right can still hold a leaf that never loads
-    (``Fraction('1e30000000')``), and is not a good checkpoint."""
-    try:
-        doc = read_json(index, SHARD_TAG)
-    except (CheckpointError, UsageError) as exc:
-        return [f"{index}: {exc}"]
+    (``Fraction('1e30000000')``), and is not a good checkpoint. ``doc``: the index, if read."""
+    if doc is None:
+        try:
+            doc = read_json(index, SHARD_TAG)
+        except (CheckpointError, UsageError) as exc:
+            return [f"{index}: {exc}"]
     entries = doc.get("entries") if isinstance(doc, dict) else None
     pickled = [(i, e) for i, e in enumerate(entries or []) if isinstance(e, dict) and e.get("kind") == "pickle"]
     if not pickled:

@@ -492,19 +492,14 @@ def _unended(meta_ranks: dict[str, dict], store: Path, interval: float) -> list[
     ``ALIVE_S``. Their recorder stopped before them (killed, its node lost); whether they
     finished is unknown. While every rank still records (a running job's report), none is."""
     ends = [float(m["end"]) for m in meta_ranks.values() if isinstance(m, dict) and isinstance(m.get("end"), (int, float))]
-    if not ends:
+    open_ = [int(r) for r, m in meta_ranks.items() if str(r).isdigit() and isinstance(m, dict)
+             and m.get("end") is None and m.get("exit_code") is None]
+    if not ends or not open_:           # the heartbeats are read only when a rank is in question
         return []
     from hpcml.observe.beat import read_beats
     beats = {b.rank: b.beat for b in read_beats(store).values() if b.beat is not None}
     last_end, now, gap = max(ends), time.time(), max(2.0, 5 * interval)
-    out = []
-    for r, m in meta_ranks.items():
-        if not str(r).isdigit() or not isinstance(m, dict) or m.get("end") is not None or m.get("exit_code") is not None:
-            continue
-        beat = beats.get(int(r))
-        if beat is None or last_end - beat > gap or now - beat > ALIVE_S:
-            out.append(int(r))
-    return sorted(out)
+    return sorted(r for r in open_ if (beat := beats.get(r)) is None or last_end - beat > gap or now - beat > ALIVE_S)
 
 
 def _throughput(groups: dict, cells: dict, rate, width: float, plots: dict[str, Any]) -> dict[str, Any] | None:
