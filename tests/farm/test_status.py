@@ -163,3 +163,25 @@ def test_status_asks_slurm_only_about_workers_whose_heartbeat_is_fresh(tmp_path,
             os.utime(farm / "workers" / wid, (old, old))
     assert summarize(farm)["workers"] == 1                      # 104: a fresh heartbeat, its job running
     assert asked == ["104"]
+
+
+def test_a_failed_tasks_lost_last_attempt_has_no_exit_code_or_signal(tmp_path):
+    """Attempt 1 failed (retries 0); attempt 2, run with --retries 1, lost its worker: the task
+    is failed and its last attempt ended neither with an exit code nor a signal, so the table
+    says neither (it said "signal None")."""
+    farm = tmp_path / "farm"
+    store.create(farm, [TaskSpec("exit 3")], {"retries": 0})
+    assert hpcml("farm", "run", farm, "--slots", "1", "--backoff", "0").returncode == 1
+    claim = {"schema": "hpcml.farm.claim/1", "id": 0, "attempt": 2, "worker": "gone.local.1.x", "node": "n"}
+    (farm / "claims" / "0.2").write_text(json.dumps(claim))
+    (farm / "ends" / "0.2").write_text(json.dumps({"schema": "hpcml.farm.end/1", "id": 0, "attempt": 2, "outcome": "lost",
+                                                   "end": 2.0, "node": "n", "worker": "gone.local.1.x",
+                                                   "reason": "its worker died"}))
+    st = _status(farm)
+    assert st["counts"]["failed"] == 1 and st["failed"][0]["outcome"] == "lost"
+    assert (st["failed"][0]["exit_code"], st["failed"][0]["signal"]) == (None, None)
+    p = hpcml("farm", "status", farm, extra={"COLUMNS": "200"})
+    assert p.returncode == 0, p.stderr
+    row = next(line for line in p.stdout.splitlines() if "lost" in line and "0.2.err" in line)
+    assert [c.strip() for c in row.strip("│ ").split("│")][:4] == ["0", "2", "lost", "–"], row
+    assert "signal None" not in p.stdout

@@ -165,3 +165,20 @@ def test_a_large_job_loads_quickly(tmp_path):
     g = rec.gpus[("nid003", "5")]
     assert len(g) == samples and set(g.values) == set(names) and not np.isnan(g.values["sm_active"]).any()
     assert took < 20, took
+
+
+def test_a_rank_that_recorded_nothing_is_named_not_scored_as_absent(tmp_path):
+    """Two tasks, rank 1 left no file: the score is over rank 0's GPU, and the report says so."""
+    rows = [(T0 + k * 1_000_000_000, "gpu", name, v, None, 0) for k in range(20)
+            for name, v in (("sm_active", 0.9), ("pipe_tensor_active", 0.6), ("dram_active", 0.3))]
+    job = _job(tmp_path / "D", {0: ({"node": "n1", "gpu_sampler": DCGM}, rows)})
+    write_json(job / JOB_META, {"job_id": "1", "ntasks": 2, "interval": 1.0})
+    note = "1 rank of 2 recorded nothing (rank 1): GPUs it held were not measured and are not in the score"
+    p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(job), "--no-html", "--json"],
+                       capture_output=True, text=True, timeout=300)
+    assert p.returncode == 0, p.stderr
+    rep = json.loads(p.stdout)
+    assert rep["gpus"] == 1 and rep["meta"]["missing_ranks"] == [1] and note in rep["notes"]
+    p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(job), "--no-html"],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert f"note: {note}" in p.stdout, p.stdout

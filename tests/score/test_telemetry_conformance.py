@@ -5,6 +5,7 @@ where it is not raw output, is refused in one line that says why."""
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -81,7 +82,6 @@ def test_annotated_copy_is_detected_as_dmon_and_refused_for_its_reason():
 
 def _load_text(text: str):
     import tempfile
-    from pathlib import Path
     with tempfile.TemporaryDirectory() as d:
         f = Path(d) / "copy.txt"
         f.write_text(text)
@@ -140,3 +140,56 @@ def test_dmon_values_na_and_old_header():
     assert set(g.values) == {"gr_engine_active", "pipe_tensor_active", "dram_active"}
     assert math.isclose(g.values["pipe_tensor_active"][-1], 0.930, rel_tol=1e-6)
     assert build(rec)["bound"] == "compute"
+
+
+
+def _report(path, tmp_path, *extra: str):
+    """``hpcml score report`` on a fresh copy (the report's HTML is written beside its input)."""
+    import json
+    import os
+    import shutil
+    import subprocess
+    import sys
+    import tempfile
+    copy = Path(tempfile.mkdtemp(dir=tmp_path)) / path.name
+    (shutil.copytree if path.is_dir() else shutil.copy)(path, copy)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(copy), "--no-html", *extra],
+                       capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "400"})
+    assert p.returncode == 0, p.stderr
+    return json.loads(p.stdout) if "--json" in extra else p.stdout
+
+
+@pytest.mark.parametrize("path", [DMON / "llm-action_H800_dmon_i0_1011_1012_1009_1010_c5.txt",
+                                  EXPORTER / "dcgm-exporter_README_L16-26.prom"], ids=lambda p: p.name)
+def test_activity_not_recorded_is_not_called_idle(path, tmp_path):
+    """NVLink/PCIe only, or clocks only: no field says whether the GPUs worked, so they are not "idle"."""
+    rep = _report(path, tmp_path, "--json")
+    assert rep["score"] is None and rep["span_s"] is None
+    assert rep["findings"] == ["no activity recorded (sm_active, gr_engine_active, gpu_util): the active span, "
+                               "and so the score, cannot be found; record SM activity (DCGM field 1002) or NVML "
+                               "utilisation with the other fields."]
+    text = _report(path, tmp_path)
+    assert "→ no activity recorded" in text and "idle GPUs" not in text
+    page = _page(path)
+    assert "no activity recorded (sm_active, gr_engine_active, gpu_util)" in page and "idle GPUs" not in page
+
+
+@pytest.mark.parametrize(("path", "missing"), [
+    (DMON / "dcgm-user-guide_dmon_1001_1004_1005.txt", "fp64, fp32, fp16"),     # TENSO only
+    (GSSR / "short-n100-g1", "tensor"),                                          # gssr-record has no 1004
+], ids=lambda x: getattr(x, "name", x))
+def test_compute_from_some_pipes_is_named_a_lower_bound(path, missing, tmp_path):
+    note = (f"pipe activity not recorded: {missing}; compute is the largest of the pipes that were, so compute "
+            "and the score are at least the values shown")
+    rep = _report(path, tmp_path, "--json")
+    assert rep["breakdown"]["compute"] is not None and note in rep["notes"]
+    assert f"note: {note}" in _report(path, tmp_path)
+    assert note in _page(path)
+
+
+def _page(path) -> str:
+    """The HTML report of ``path``, unescaped, rendered in memory (nothing written beside it)."""
+    import html
+
+    from hpcml.score import html as score_html
+    return html.unescape(score_html.render(build(importers.load(path))))

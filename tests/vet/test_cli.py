@@ -195,3 +195,20 @@ def test_a_node_where_every_check_was_skipped_is_said_loudly(tmp_path):
     assert "warning:" in p.stdout and "NOTHING WAS CHECKED" in p.stdout
     rep = json.loads((tmp_path / "o" / "report.json").read_text())
     assert any("NOTHING WAS CHECKED" in n for n in rep["notes"])
+
+
+def test_one_node_says_what_it_could_not_compare(tmp_path):
+    """Alone, a node's clock skew is not measured (it would be 0 s against itself) and its
+    GEMM rate is not compared with other nodes: skipped and said, not a pass."""
+    p = hpcml("vet", CPU, "--out", tmp_path / "o", "--json")
+    assert p.returncode == 0, p.stderr
+    results = {r["check"]: r for r in next(iter(json.loads(p.stdout)["nodes"].values()))["results"]}
+    clock = results["clock"]
+    assert (clock["outcome"], clock["value"]) == ("skipped", None)
+    assert clock["message"] == "not measured: no other node's clock to compare with"
+    assert results["gemm"]["outcome"] == "pass"
+    assert results["gemm"]["message"].endswith("; not compared with the other nodes (no other node's value)")
+    p = hpcml("vet", CPU, "--out", tmp_path / "o2")          # not a terminal: the batch log's lines
+    assert "    clock: skipped: not measured: no other node's clock to compare with" in p.stdout.splitlines()
+    node = next(line for line in p.stdout.splitlines() if ": good: " in line)      # load may warn on a busy machine
+    assert p.returncode == 0 and "1 skipped" in node, p.stdout

@@ -122,3 +122,15 @@ def test_nodes_whose_workers_died_with_a_step_slurm_failed_are_asked_again(monke
     for end in ("srun: error: n1: task 0: Exited with exit code 1", "srun: error: n1: task 0: Segmentation fault",
                 "srun: error: n1: task 0: Out Of Memory"):
         assert engine.step_failed(nodes, _step(nodes[1:], [end])) is None, end
+
+
+def test_a_node_that_answered_with_no_result_is_nothing_checked():
+    """Good by the verdict (nothing failed), as an all-skipped node is: said as loudly."""
+    reports = {"n1": NodeReport(node="n1"),
+               "n2": NodeReport(node="n2", results=[CheckResult(node="n2", check="g", type="gpu", outcome=Outcome.SKIPPED,
+                                                                message="no GPU")]),
+               "n3": NodeReport(node="n3", results=[CheckResult(node="n3", check="m", type="memory", outcome=Outcome.PASS)]),
+               "n4": NodeReport(node="n4", reachable=False)}
+    assert engine._nothing_checked(list(reports), reports) == [
+        "n1: NOTHING WAS CHECKED: it answered with no check's result",
+        "n2: NOTHING WAS CHECKED: all 1 checks were skipped (e.g. no GPU)"]

@@ -139,7 +139,7 @@ def test_retired_pages_on_pre_ampere_gpu(mp):
                            remap_failure=None, unsupported=["remapped_rows"])
     r = judge(mp, snap, max_retired_pages=4)
     assert r.message == ("gpu2: page retirement pending (reset the GPU), "
-                         "5 retired pages > 4")
+                         "5 retired pages > 4; not measured: retired pages (gpu0, gpu1, gpu3)")   # Ampere's
     snap["gpus"][2]["retired_pages_pending"] = False
     assert judge(mp, snap, max_retired_pages=5).outcome is Outcome.PASS
 
@@ -435,3 +435,27 @@ def test_real_h100_snapshot_is_healthy_and_read_in_full(mp):
     r = judge(mp, "h100_idle.json", count=4)
     assert (r.outcome, r.message) == (Outcome.FAIL, "1 GPUs found, 4 expected")
     assert judge(mp, "h100_idle.json", count=1).details["gpus"][0]["clocks_event_reasons"] == ["gpu_idle"]
+
+
+# --- a limit NVML gave no value for is named, never judged healthy -------------------------------
+
+def test_limit_without_a_value_is_named_not_measured(mp):
+    """Ampere does not retire pages (NVML: not supported), and a GPU may not report its
+    temperature: a limit set on either is not judged, and "healthy" would claim it was."""
+    r = judge(mp, "healthy_4xa100.json", max_retired_pages=0)
+    assert (r.outcome, r.value) == (Outcome.PASS, 0)
+    assert r.message == "4 GPUs: no problem in what was read; not measured: retired pages (gpu0, gpu1, gpu2, gpu3)"
+    assert r.details["gpus"][0]["not_measured"] == ["retired pages"]
+    snap = healthy()
+    snap["gpus"][1].update(temperature=None, unsupported=snap["gpus"][1]["unsupported"] + ["temperature"])
+    r = judge(mp, snap, max_temperature=85)
+    assert r.message == "4 GPUs: no problem in what was read; not measured: temperature (gpu1)"
+    r = judge(mp, snap, max_temperature=85, max_ecc_uncorrected=None, count=5)      # with a problem too
+    assert r.message == "4 GPUs found, 5 expected; not measured: temperature (gpu1)"
+
+
+def test_a_field_that_failed_to_read_is_one_warning_not_two(mp):
+    snap = healthy()
+    snap["gpus"][1].update(temperature=None, field_errors={"temperature": "Unknown Error"})
+    r = judge(mp, snap)
+    assert (r.outcome, r.message) == (Outcome.WARN, "gpu1: could not read temperature (Unknown Error) (warn)")

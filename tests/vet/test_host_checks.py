@@ -191,6 +191,24 @@ def test_clock_skew_judged_against_the_allocation():
     assert results["n1"].outcome is Outcome.PASS and results["n2"].outcome is Outcome.PASS
 
 
+def test_clock_skew_without_another_node_is_skipped_not_a_pass_at_zero():
+    """One node is compared with itself (skew 0 s by construction), a node without its send
+    time with nothing: neither is a measurement."""
+    reports = {"n1": NodeReport(node="n1", sent_at=100.2, received_at=100.0)}
+    results = {"n1": CheckResult(node="n1", check="clock", type="clock", outcome=Outcome.PASS)}
+    ClockCheck.compare(ClockCheck.Params(max_skew=0.5), results, reports)
+    r = results["n1"]
+    assert (r.outcome, r.value, r.message) == (Outcome.SKIPPED, None, "not measured: no other node's clock to compare with")
+    reports = {"n1": NodeReport(node="n1", sent_at=100.0, received_at=100.0),
+               "n2": NodeReport(node="n2", sent_at=100.1, received_at=100.0),
+               "n3": NodeReport(node="n3", sent_at=None, received_at=100.0)}
+    results = {n: CheckResult(node=n, check="clock", type="clock", outcome=Outcome.PASS) for n in reports}
+    ClockCheck.compare(ClockCheck.Params(max_skew=0.5), results, reports)
+    assert results["n1"].outcome is Outcome.PASS and results["n1"].value == pytest.approx(-0.05)
+    assert (results["n3"].outcome, results["n3"].value) == (Outcome.SKIPPED, None)
+    assert results["n3"].message == "not measured: its report has no send or arrival time"
+
+
 def test_mount_probe_blocked_is_cut_at_its_timeout():
     import threading
     import time

@@ -345,3 +345,20 @@ def test_prolog_script_sends_its_reports_and_says_what_slurm_conf_needs(tmp_path
     bad = CliRunner().invoke(app, ["prolog-script", "--report-to", "centre:8787"])
     assert bad.exit_code == 2 and "--report-to" in bad.output
     assert CliRunner().invoke(app, ["prolog-script", "--report-spool", "/x"]).exit_code == 2
+
+
+
+def test_nothing_checked_is_not_healthy(tmp_path, monkeypatch):
+    """No fast check in the protocol, or every one skipped (a GPU check on a node without a
+    driver): exit 0 (nothing to drain for), but "not vetted", never "healthy"."""
+    slow = proto_file(tmp_path, "  - {name: gemm, type: compute, size: 64}\n")
+    p = hpcml("vet", "--prolog", slow)
+    assert p.returncode == 0, p.stderr
+    assert " not vetted (no check measured anything): 0 fast checks in " in p.stdout and "healthy" not in p.stdout
+    rec = json.loads(hpcml("vet", "--prolog", slow, "--json").stdout)
+    assert rec["healthy"] is None and rec["exit_code"] == 0 and rec["results"] == []
+    monkeypatch.setenv("HPCML_VET_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "no_driver.json"))
+    res = prolog.run_prolog(loads("name: t\nevals:\n  - {name: gpu, type: gpu}\n"), budget=5.0, started=time.time())
+    assert [r.outcome for r in res.results] == [Outcome.SKIPPED] and res.exit_code == 0
+    assert res.to_json()["healthy"] is None
+    assert res.notes == ["all 1 fast checks were skipped: nothing vetted (e.g. no GPU (NVIDIA driver not loaded))"]

@@ -68,3 +68,18 @@ def test_relative_max_and_single_node():
     one = _vals(n1=1.0)
     relative.apply(one, 0.9, None)
     assert one["n1"].outcome is Outcome.PASS
+
+
+def test_relative_limit_not_judged_is_said_not_passed_silently():
+    """Alone, or against a median of 0, the relative limit cannot be judged: the pass is the
+    absolute limits' only, and the result says so."""
+    one = _vals(n1=61.3)
+    one["n1"].message = "256x256 float64 on cpu: 61.3 GFLOP/s"
+    relative.apply(one, 0.5, None)
+    assert one["n1"].outcome is Outcome.PASS and one["n1"].details["relative_to_others"] is None
+    assert one["n1"].message == ("256x256 float64 on cpu: 61.3 GFLOP/s; not compared with the other nodes "
+                                 "(no other node's value)")
+    zero = _vals(n1=5.0, n2=0.0, n3=0.0)
+    relative.apply(zero, 0.5, None)
+    assert zero["n1"].message == "not compared with the other nodes (the other nodes' median is 0)"
+    assert zero["n1"].details["relative_to_others"] is None

@@ -122,6 +122,7 @@ class JobScore:
     imbalance_nodes: float
     span: tuple[int, int]
     findings: list[str]
+    activity: bool = True    # any activity sample (sm_active, gr_engine_active, gpu_util): False, no span can be known
 
 
 def _median(x: np.ndarray) -> float:
@@ -162,6 +163,7 @@ def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, 
     with np.errstate(invalid="ignore", divide="ignore"):
         mean = np.where(count > 0, total / np.maximum(count, 1), np.nan)
     span = active_span(mean[None, :]) if n else slice(0, 0)
+    activity = bool(count.any())
     out = []
     for k in keys:                               # pass 2: per-GPU parts over the span
         full = {name: np.asarray(v, float) for name, v in columns(k).items()}
@@ -183,10 +185,10 @@ def score_columns(keys: list[tuple[str, str]], columns: Callable[..., dict[str, 
                             interconnect=med["interconnect"], bound=max(ranked)[1] if ranked else None,
                             gssr=_median(gssr_score(s)) if s else float("nan"),
                             medians={name: _median(v) for name, v in s.items()}, model=models.get(k)))
-    return _job(out, span)
+    return _job(out, span, activity)
 
 
-def _job(out: list[GpuScore], span: slice) -> JobScore:
+def _job(out: list[GpuScore], span: slice, activity: bool = True) -> JobScore:
     scores = np.array([g.score for g in out])
     breakdown = {x: _median(np.array([getattr(g, x) for g in out])) for x in ("compute", "memory", "interconnect")}
     ranked = [(v, x) for x, v in breakdown.items() if np.isfinite(v) and v >= ACTIVE_FLOOR]
@@ -199,7 +201,7 @@ def _job(out: list[GpuScore], span: slice) -> JobScore:
     job = JobScore(gpus=out, score=_median(scores), bound=max(ranked)[1] if ranked else None,
                    breakdown=breakdown, gssr=_median(np.array([g.gssr for g in out])),
                    imbalance_gpus=_cov(scores), imbalance_nodes=_cov(node_means),
-                   span=(span.start, span.stop), findings=[])
+                   span=(span.start, span.stop), findings=[], activity=activity)
     job.findings = findings(job)
     return job
 
@@ -232,6 +234,9 @@ def findings(job: JobScore) -> list[str]:
     out = []
     if not job.gpus:
         return ["no GPU samples"]
+    if not job.activity:        # not measured is not idle: nothing says whether the job used the GPUs
+        return [f"no activity recorded ({', '.join(ACTIVITY)}): the active span, and so the score, cannot be "
+                "found; record SM activity (DCGM field 1002) or NVML utilisation with the other fields."]
     if job.span[1] <= job.span[0]:
         return [f"idle GPUs: no sample with activity above {ACTIVE_FLOOR:.0%} in the recording, so no score; "
                 "did the job use these GPUs (CUDA_VISIBLE_DEVICES, the device in the code)?"]

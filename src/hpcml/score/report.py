@@ -11,7 +11,8 @@ MIG instances are scored apart: a parent GPU's fields already hold its instances
 so the job's figures are the whole GPUs' (the instances' when only they were recorded),
 and ``instances`` holds the instances' own score, parts and per-instance rows. Temporal
 recordings (NVML, nvidia-smi dmon) get ``utilisation``: the median share of time a kernel
-ran and the memory controller was busy, the only figures they allow.
+ran and the memory controller was busy, the only figures they allow. Compute from only some
+of the four pipes is a lower bound, and a note names the pipes that were not recorded.
 """
 
 from __future__ import annotations
@@ -126,8 +127,12 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     heat: list[np.ndarray] = []
 
     energy_mj = [0.0, 0]                          # total, GPUs that report it
+    pipes = dict.fromkeys(PIPES, 0)               # GPUs with any value of each pipe
 
     def observe(key, cols, parts) -> None:
+        for pipe in PIPES:
+            if pipe in cols and np.isfinite(cols[pipe]).any():
+                pipes[pipe] += 1
         used = energy_used_mj(cols)
         if used is not None:
             energy_mj[0] += used
@@ -154,6 +159,9 @@ def build(rec: Recording, *, buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEA
     missing = _gaps(present, span=job.span, n=grid.n)
     if missing:
         notes.append(missing)
+    unpiped = _unrecorded_pipes(pipes, len(keys))
+    if unpiped and not rec.temporal_only:
+        notes.append(unpiped)
     findings = list(job.findings)
     if rec.temporal_only:
         findings.insert(0, "temporal utilisation only, no saturation: NVML says when a kernel ran, not how much "
@@ -226,6 +234,19 @@ def _per_node(job: JobScore) -> list[dict[str, Any]]:
         out.append({"node": node, "gpus": len(by[node]), "score": _r(float(v.mean())) if len(v) else None,
                     "min": _r(float(v.min())) if len(v) else None})
     return out
+
+
+def _unrecorded_pipes(pipes: dict[str, int], gpus: int) -> str | None:
+    """A note when compute is the largest of only some pipes: the missing ones may be higher,
+    so compute (and the score) is a lower bound, not the value of all four."""
+    if not gpus or not any(pipes.values()):
+        return None                   # no pipe at all: compute is "no data" already
+    lacking = [f"{p.removeprefix('pipe_').removesuffix('_active')}"
+               + ("" if n == 0 else f" (on {gpus - n} of {gpus} GPUs)") for p, n in pipes.items() if n < gpus]
+    if not lacking:
+        return None
+    return (f"pipe activity not recorded: {', '.join(lacking)}; compute is the largest of the pipes that were, "
+            "so compute and the score are at least the values shown")
 
 
 def _gaps(series: _Series, *, span: tuple[int, int], n: int) -> str | None:

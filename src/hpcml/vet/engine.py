@@ -55,14 +55,19 @@ NOTHING_CHECKED = "NOTHING WAS CHECKED"
 
 def _nothing_checked(nodes: list[str], reports: dict[str, NodeReport]) -> list[str]:
     """Nodes that will be judged good although every check was skipped on them (a GPU
-    protocol on a node without GPUs, say): good only because nothing was checked."""
+    protocol on a node without GPUs, say), or that answered with no result at all: good only
+    because nothing was checked."""
     out = []
     for node in nodes:
         rep = reports[node]
-        if rep.reachable and rep.results and all(r.outcome is Outcome.SKIPPED for r in rep.results):
-            why = next((r.message for r in rep.results if r.message), "")
-            out.append(f"{node}: {NOTHING_CHECKED}: all {len(rep.results)} checks were skipped"
-                       + (f" (e.g. {why})" if why else ""))
+        if not rep.reachable or any(r.outcome is not Outcome.SKIPPED for r in rep.results):
+            continue
+        if not rep.results:
+            out.append(f"{node}: {NOTHING_CHECKED}: it answered with no check's result")
+            continue
+        why = next((r.message for r in rep.results if r.message), "")
+        out.append(f"{node}: {NOTHING_CHECKED}: all {len(rep.results)} checks were skipped"
+                   + (f" (e.g. {why})" if why else ""))
     return out
 
 

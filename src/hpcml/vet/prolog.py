@@ -13,7 +13,9 @@ side by side in forked children (``worker.run_checks``), each under its own time
 all under one budget counted from the start of this process (interpreter start-up
 included). A check still running at the budget is killed and reported as ``error`` "did
 not finish within the prolog budget"; by default that makes the node bad too, since a
-node too slow to vet is suspect (``overrun_ok=True`` only reports it).
+node too slow to vet is suspect (``overrun_ok=True`` only reports it). A node on which no check
+ran or every one was skipped is not bad (exit 0: nothing to drain for) but not healthy either:
+``healthy`` is null and the line says "not vetted".
 """
 
 from __future__ import annotations
@@ -54,6 +56,16 @@ class PrologResult:
     notes: list[str] = field(default_factory=list)
 
     @property
+    def checked(self) -> bool:
+        """Whether any check measured something (not every one skipped, not none run)."""
+        return any(r.outcome is not Outcome.SKIPPED for r in self.results)
+
+    @property
+    def healthy(self) -> bool | None:
+        """False: bad; None: nothing was checked, so nothing is known; True: checked and not bad."""
+        return False if self.bad else True if self.checked else None
+
+    @property
     def exit_code(self) -> int:
         return EXIT_DRAIN_FAILED if self.drain_failed else EXIT_BAD if self.bad else EXIT_OK
 
@@ -71,7 +83,7 @@ class PrologResult:
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": tag("vet.prolog", 1), "node": self.node,
-                "job_id": self.job_id, "healthy": not self.bad,
+                "job_id": self.job_id, "healthy": self.healthy,
                 "exit_code": self.exit_code, "duration": round(self.duration, 3),
                 "budget": self.budget, "bad": self.bad, "skipped": self.skipped,
                 "drained": self.drained, "drain_failed": self.drain_failed, "notes": self.notes,
@@ -133,6 +145,9 @@ def run_prolog(protocol: Protocol, *, budget: float = DEFAULT_BUDGET, started: f
                        skipped=[e.name for e in slow], job_id=env.get("SLURM_JOB_ID"))
     if not fast:
         out.notes.append(f"protocol '{protocol.name}' has no fast checks: nothing vetted")
+    elif not out.checked:
+        why = next((r.message for r in results if r.message), "")
+        out.notes.append(f"all {len(results)} fast checks were skipped: nothing vetted" + (f" (e.g. {why})" if why else ""))
     if out.bad and drain:
         out.drained, out.drain_failed = drain_node(out.node, out.bad, timeout=max(0.5, t0 + budget - time.time()))
     out.duration = time.time() - t0

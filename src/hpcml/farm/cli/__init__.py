@@ -293,9 +293,15 @@ def _render_status(doc: dict) -> None:
         for col in ("id", "attempts", "outcome", "exit", "stderr"):
             t.add_column(col)
         for r in doc["failed"][:20]:
-            t.add_row(str(r["id"]), str(r["attempts"]), str(r["outcome"]),
-                      str(r["exit_code"] if r["exit_code"] is not None else f"signal {r['signal']}"), r["stderr"])
+            t.add_row(str(r["id"]), str(r["attempts"]), str(r["outcome"]), _exit(r), r["stderr"])
         console.print(t)
+
+
+def _exit(end: dict) -> str:
+    """How the attempt exited: a lost attempt's worker died with it, so neither is known ("–")."""
+    if end.get("exit_code") is not None:
+        return str(end["exit_code"])
+    return f"signal {end['signal']}" if end.get("signal") is not None else "–"
 
 
 @app.command("results")

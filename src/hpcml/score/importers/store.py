@@ -12,7 +12,9 @@ sample, stamped with the earliest of them.
 
 A rank whose sampler says ``saturation: false`` (NVML, or DCGM without its profiling
 fields) makes the recording ``temporal_only``. A GPU that two ranks recorded (the GPU
-claims should prevent it) keeps the rank with more rows, and a note says so.
+claims should prevent it) keeps the rank with more rows, and a note says so. Ranks the job
+expected that recorded nothing are named in a note: their GPUs were not measured, and the
+job's figures are over the GPUs that were.
 
 Everything runs on whole columns (pyarrow compute, numpy), one rank at a time, never row
 by row: 1,024 GPUs x 3,600 samples x 22 fields is 81 million rows.
@@ -27,6 +29,7 @@ import numpy as np
 from hpcml.samplers import NONE_VISIBLE, UNAVAILABLE, NoGpuSamples
 from hpcml.samplers.fields import BY_ID, PROFILING_IDS
 from hpcml.score.recording import VALUE_DTYPE, Recording
+from hpcml.words import plural
 
 NVML_NAMES = {"util_gpu_percent": "gpu_util", "util_mem_percent": "mem_util", "power_w": "power_usage", "sm_clock_mhz": "sm_clock",
               "mem_clock_mhz": "mem_clock", "clocks_event_reasons": "clocks_event_reasons",
@@ -188,9 +191,13 @@ def load(job_dir: str | Path) -> Recording:
             rec.notes.append(note if len(rs) == len(kept_ranks) else f"{note} (ranks {_ranges(rs)})")
     rec.notes += [str(n) for n in meta.get("notes") or []]
     rec.notes += [f"rank {r}: {why}" for r, why in sorted(problems.items())]
+    missing = missing_ranks(meta, with_data)
+    if missing:                       # their GPUs were not measured: the job's figures leave them out
+        rec.notes.append(f"{plural(len(missing), 'rank')} of {meta.get('ntasks')} recorded nothing (rank "
+                         f"{_ranges(missing)}): GPUs it held were not measured and are not in the score")
     rec.notes = list(dict.fromkeys(rec.notes))
     rec.meta = {"job_id": meta.get("job_id"), "interval": meta.get("interval"),
-                "command": meta.get("command"), "samplers": samplers, "missing_ranks": missing_ranks(meta, with_data)}
+                "command": meta.get("command"), "samplers": samplers, "missing_ranks": missing}
     return rec
 
 

@@ -4,7 +4,9 @@ Skewed clocks break timestamps that line nodes up (telemetry, logs) and some
 rendezvous timeouts. Each node reports its wall clock when it sends its results; the
 launcher notes when each report arrives, so ``sent - received`` is the node's offset from
 the launcher plus a transport delay of milliseconds. A node is judged by how far its offset
-lies from the median offset of the allocation.
+lies from the median offset of the allocation. With no other node's offset to compare with
+(one node, or a node whose send or arrival time is unknown) the skew is not measured: the
+check is skipped, never a pass at 0 s.
 """
 
 from __future__ import annotations
@@ -33,7 +35,12 @@ class ClockCheck(Check["ClockParams"]):
         offsets = {n: sent - received for n in results
                    if (sent := reports[n].sent_at) is not None
                    and (received := reports[n].received_at) is not None}
-        if not offsets:
+        for node, result in results.items():
+            if result.outcome is Outcome.PASS and (node not in offsets or len(offsets) < 2):
+                result.outcome, result.value = Outcome.SKIPPED, None
+                result.message = ("not measured: no other node's clock to compare with" if node in offsets
+                                  else "not measured: its report has no send or arrival time")
+        if len(offsets) < 2:
             return
         import statistics  # the launcher's side only
         median = statistics.median(offsets.values())

@@ -18,6 +18,11 @@ even when libnvidia-ml or pynvml is missing; with a driver, a missing NVML raise
 MissingDependency (an ``error``). PCIe generation is not judged while
 the GPU reports ``gpu_idle``: NVIDIA GPUs lower the link generation when idle to save
 power (the width stays), so an idle healthy GPU would otherwise fail.
+
+A limit whose value NVML did not give (``None``: not supported on this GPU) is not judged,
+and the message names it ("not measured: ..."): no GPU is called healthy on a figure nobody
+read. The pending-retirement and row-remapping flags are left out of that list: each GPU
+generation has one of the two mechanisms, and the other is not applicable rather than unknown.
 """
 
 from __future__ import annotations
@@ -122,16 +127,26 @@ class GpuCheck(Check[GpuParams]):
         bad = len(missing) + (max(0, expected - len(snap.gpus)) if expected and not missing
                               else 0)
         per_gpu = []
+        unread: dict[str, list[str]] = {}          # limit -> GPUs it could not be judged on
         for g in snap.gpus:
             gf, gw = self._judge(g, p)
             bad += bool(gf)
             label = f"gpu{g.index}"
             fails += [f"{label}: " + ", ".join(gf)] if gf else []
             warns += [f"{label}: " + ", ".join(gw) + " (warn)"] if gw else []
-            per_gpu.append({**_summary(g), "problems": gf, "warnings": gw})
+            gone = [] if g.lost else _not_measured(g, p)
+            for what in gone:
+                unread.setdefault(what, []).append(label)
+            per_gpu.append({**_summary(g), "problems": gf, "warnings": gw, "not_measured": gone})
         details["gpus"] = per_gpu
         outcome = Outcome.FAIL if fails else Outcome.WARN if warns else Outcome.PASS
-        message = "; ".join(fails + warns) or f"{len(snap.gpus)} GPUs healthy"
+        gaps = "not measured: " + "; ".join(f"{what} ({', '.join(gpus)})" for what, gpus in unread.items())
+        if fails or warns:
+            message = "; ".join(fails + warns + ([gaps] if unread else []))
+        elif unread:
+            message = f"{len(snap.gpus)} GPUs: no problem in what was read; {gaps}"
+        else:
+            message = f"{len(snap.gpus)} GPUs healthy"
         return CheckReport(outcome, bad, "0 bad GPUs", "GPUs", message, details)
 
     @staticmethod
@@ -161,7 +176,7 @@ class GpuCheck(Check[GpuParams]):
             f.append("row remapping pending (reset the GPU)")
         if p.fail_on_retired_pages_pending and g.retired_pages_pending:
             f.append("page retirement pending (reset the GPU)")
-        retired = (g.retired_pages_sbe or 0) + (g.retired_pages_dbe or 0)
+        retired = _retired(g)              # at least: a part not read is not counted as 0 pages
         if p.max_retired_pages is not None and retired > p.max_retired_pages:
             f.append(f"{retired} retired pages > {p.max_retired_pages}")
         reasons = reason_names(g.clocks_event_reasons)
@@ -178,6 +193,33 @@ class GpuCheck(Check[GpuParams]):
                     f"pid {q.pid}" + (f" using {_gb(q.used_memory)}" if q.used_memory
                                       else "") for q in foreign) + ")")
         return f, w
+
+
+def _retired(g: GpuInfo) -> int:
+    """Retired pages read (single- and double-bit causes); those not read are not in it."""
+    return sum(n for n in (g.retired_pages_sbe, g.retired_pages_dbe) if n is not None)
+
+
+def _not_measured(g: GpuInfo, p: GpuParams) -> list[str]:
+    """The limits set for ``g`` that NVML gave no value to judge. A field that failed to read
+    is already a warning of its own (``field_errors``), so it is not named twice."""
+    read_failed = set(g.field_errors)
+    retired = (g.retired_pages_sbe, g.retired_pages_dbe)
+    limits = (     # (what, limit set, value missing, the fields NVML reads it from)
+        ("temperature", p.max_temperature is not None, g.temperature is None, {"temperature"}),
+        ("memory used", p.max_memory_used is not None or p.max_memory_used_fraction is not None,
+         g.memory_used is None or (p.max_memory_used_fraction is not None and not g.memory_total), {"memory"}),
+        ("uncorrected ECC errors", p.max_ecc_uncorrected is not None, g.ecc_volatile_uncorrected is None,
+         {"ecc_volatile_uncorrected"}),
+        ("retired pages", p.max_retired_pages is not None,      # those read already too many: judged (failed)
+         None in retired and not (p.max_retired_pages is not None and _retired(g) > p.max_retired_pages),
+         {"retired_pages_sbe", "retired_pages_dbe"}),
+        ("clocks event reasons", bool(p.throttle_fail or p.throttle_warn), g.clocks_event_reasons is None,
+         {"clocks_event_reasons"}),
+        ("PCIe link", True, g.pcie_gen is None or g.pcie_width is None, {"pcie_gen", "pcie_width"}),
+        ("processes", p.max_foreign_processes is not None, g.processes is None, {"processes"}),
+    )
+    return [what for what, wanted, missing, fields in limits if wanted and missing and not fields & read_failed]
 
 
 def _pcie_problem(g: GpuInfo, p: GpuParams, idle: bool) -> str | None:

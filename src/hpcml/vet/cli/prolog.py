@@ -1,10 +1,11 @@
 """``hpcml vet --prolog`` and ``hpcml vet prolog-script``: the CLI side of ``vet.prolog``.
 
-Exit codes in prolog mode: 0 healthy; 1 a check failed or errored (or did not finish in the
-budget, unless ``--overrun-ok``); 2 bad input (protocol, budget); 3 bad, and ``--drain``
-could not drain the node (scontrol failed: named on stderr and stdout, and in the report). Any non-zero exit makes
-Slurm drain the node and requeue the job, so a broken protocol drains nodes too: fail
-closed, with ``--drain`` naming the cause in the node's reason.
+Exit codes in prolog mode: 0 healthy, or not vetted (every check skipped: nothing to drain
+for); 1 a check failed or errored (or did not finish in the budget, unless ``--overrun-ok``);
+2 bad input (protocol, budget); 3 bad, and ``--drain`` could not drain the node (scontrol
+failed: named on stderr and stdout, and in the report). Any non-zero exit makes Slurm drain
+the node and requeue the job, so a broken protocol drains nodes too: fail closed, with
+``--drain`` naming the cause in the node's reason.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
                    overrun_ok: bool = False, as_json: bool = False, report_to: Optional[str] = None,
                    report_token_file: Optional[Path] = None, report_spool: Optional[Path] = None) -> NoReturn:
     """Vet this node with the fast checks of PROTOCOL (default: the built-in prolog one);
-    print one line per problem on stderr; exit 0 healthy, 1 bad, 2 bad input.
+    print one line per problem on stderr; exit 0 healthy or not vetted, 1 bad, 2 bad input.
 
     Bad input is this command's own case, not the group's: it is worded ``hpcml vet --prolog:
     error: ...`` and, with ``--drain``, drains the node naming the cause (fail closed)."""
@@ -70,7 +71,8 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
         print(json.dumps(result.to_json(), separators=(",", ":"), default=str))
     else:
         # Slurm 22.05 logs a failed prolog's stdout (not stderr) in slurmd's log: name the cause
-        state = f"bad ({'; '.join(result.bad)})" if result.bad else "healthy"
+        state = (f"bad ({'; '.join(result.bad)})" if result.bad else "healthy" if result.healthy
+                 else "not vetted (no check measured anything)")
         print(f"{ME}: {result.node} {state}: {len(result.results)} fast checks in "
               f"{result.duration:.2f} s (budget {limit:g} s)")
     sys.stdout.flush()
