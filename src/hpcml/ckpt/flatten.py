@@ -5,7 +5,7 @@ JSON scalars (a ``model.state_dict()``, an optimizer's ``state_dict()``, RNG sta
 skeleton that JSON can hold, where each array is ``{"__t": i}``, and the list of arrays. A
 leaf that is none of these (a user object) is pickled on its own and read back through
 ``hpcml.scan``'s restricted loader, so a checkpoint cannot import anything the scan policy
-refuses. ``unflatten`` rebuilds the state from the skeleton and a buffer.
+refuses. ``unflatten`` rebuilds the state from the skeleton and the shard's bytes.
 
 A ``Counter``, ``OrderedDict`` or ``defaultdict`` (with a ``default_factory`` that has a
 name: ``int``, ``list``, ...) is stored with its type and loads back as one; any other dict
@@ -22,7 +22,9 @@ from __future__ import annotations
 import builtins
 import collections
 import io
+import os
 import pickle
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +34,10 @@ from hpcml import schemas
 from hpcml.errors import HpcmlError, UsageError
 
 ALIGN = 4096
+#: how deeply a state may nest (each dict, list and tuple a level): far beyond a training
+#: state's, and far below the interpreter's recursion limit that the walks which rebuild and
+#: name a skeleton would otherwise hit, on a different node at save, verify and load
+MAX_DEPTH = 100
 #: a ShardDataset's resume state: always a rank's own (it records its rank and position)
 DATA_STATE = schemas.tag("data.state", 1)
 #: dict subclasses stored with their type (``{"__m": name, "__v": the items}``)
@@ -87,14 +93,42 @@ def _torch():
     return sys.modules.get("torch")        # a state with tensors has imported torch already
 
 
-def _leaf(value: Any, leaves: list[Leaf]) -> dict[str, int] | None:
+#: the torch dtypes a shard may hold (as it records them: ``float32``, not ``torch.float32``)
+#: and their bytes per element: checked without torch (``layout.index_problem``), and the
+#: only names a load looks up in the torch module (quantized dtypes are not: their bytes are
+#: not a plain view)
+TORCH_ITEMSIZE = {
+    **dict.fromkeys(("float64", "int64", "uint64", "complex64"), 8), "complex128": 16,
+    **dict.fromkeys(("float32", "int32", "uint32", "complex32"), 4),
+    **dict.fromkeys(("float16", "bfloat16", "int16", "uint16", "bits16"), 2),
+    **dict.fromkeys(("uint8", "int8", "bool", "bits8", "bits1x8", "bits2x4", "bits4x2", "float8_e4m3fn",
+                     "float8_e4m3fnuz", "float8_e5m2", "float8_e5m2fnuz", "float8_e8m0fnu", "float4_e2m1fn_x2",
+                     *(f"{u}int{b}" for u in ("", "u") for b in range(1, 8))), 1)}
+
+
+def array_itemsize(dtype: Any) -> int | None:
+    """Bytes per element of a plain numpy dtype as a shard records it (``<f4``): no object,
+    no sub-array, not empty; None for any other."""
+    if not isinstance(dtype, str):
+        return None
+    try:
+        dt = np.dtype(dtype)
+    except (TypeError, ValueError):
+        return None
+    return dt.itemsize if not dt.hasobject and dt.shape == () and dt.itemsize > 0 else None
+
+
+def _leaf(value: Any, leaves: list[Leaf], path: str) -> dict[str, int] | None:
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
         t = value.detach()
-        leaves.append(Leaf(t, "torch", str(t.dtype).removeprefix("torch."), list(t.shape),
-                           t.numel() * t.element_size()))
+        dtype = str(t.dtype).removeprefix("torch.")
+        if dtype not in TORCH_ITEMSIZE:             # it would save, and never load
+            raise UsageError(f"a tensor of dtype {dtype}: not one a checkpoint holds as bytes; convert it "
+                             "(a quantized one: .dequantize() or .int_repr())", key=path or "state")
+        leaves.append(Leaf(t, "torch", dtype, list(t.shape), t.numel() * t.element_size()))
     elif isinstance(value, np.ndarray):
-        if value.dtype.hasobject:
+        if array_itemsize(value.dtype.str) is None:     # objects, an empty dtype: pickled
             return None
         leaves.append(Leaf(value, "numpy", value.dtype.str, list(value.shape), value.nbytes))
     elif isinstance(value, (bytes, bytearray)):
@@ -134,9 +168,11 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
     than 0 of a replicated state: no leaf is built, nothing is pickled)."""
     leaves: list[Leaf] = []
 
-    def walk(v: Any, path: str) -> Any:
+    def walk(v: Any, path: str, depth: int = 0) -> Any:
         def at(k: Any) -> str:
             return f"{path}.{k}" if path else str(k)
+        if depth > MAX_DEPTH:                   # it would save, and never load
+            raise UsageError(f"nested more than {MAX_DEPTH} levels deep", key=path or "state")
         if v is None or isinstance(v, (bool, int, str)):
             return v
         if isinstance(v, float):
@@ -144,25 +180,25 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
         if isinstance(v, PerRank) or own is not None and is_data_state(v):
             mine = v if isinstance(v, PerRank) else PerRank(v)
             if own is None:
-                return walk(mine.value, path)
+                return walk(mine.value, path, depth)
             own.append(mine)
             return {"__own": len(own) - 1, "resize": mine.on_resize, "at": path}
         if isinstance(v, dict):
             kind = _mapping_kind(v, path)
             if all(type(k) is str for k in v):
-                node: dict[str, Any] = {"__d": {k: walk(x, at(k)) for k, x in v.items()}}
+                node: dict[str, Any] = {"__d": {k: walk(x, at(k), depth + 1) for k, x in v.items()}}
             else:
-                node = {"__kv": [[walk(k, at(k)), walk(x, at(k))] for k, x in v.items()]}
+                node = {"__kv": [[walk(k, at(k), depth + 1), walk(x, at(k), depth + 1)] for k, x in v.items()]}
             if kind is None:
                 return node
             return {"__m": kind[0], "__v": node, **({"factory": kind[1]} if kind[1] else {})}
         if isinstance(v, list):
-            return [walk(x, at(i)) for i, x in enumerate(v)]
+            return [walk(x, at(i), depth + 1) for i, x in enumerate(v)]
         if type(v) is tuple:
-            return {"__tu": [walk(x, at(i)) for i, x in enumerate(v)]}
+            return {"__tu": [walk(x, at(i), depth + 1) for i, x in enumerate(v)]}
         if not leaves_too:
             return None
-        ref = _leaf(v, leaves)
+        ref = _leaf(v, leaves, path)
         if ref is not None:
             return ref
         data = pickle.dumps(v, protocol=4)
@@ -246,80 +282,171 @@ class RefusedLeaf(CorruptShard):
     judgement as ``hpcml scan``): the checkpoint is not loaded."""
 
 
-def unflatten(skeleton: Any, entries: list[dict[str, Any]], buf: memoryview, *, source: str,
+class _Bad(Exception):
+    """A skeleton node that does not rebuild: where in the state (``at``) and why."""
+
+    def __init__(self, at: str, problem: str) -> None:
+        at = at if len(at) <= 160 else f"{at[:100]}...{at[-50:]}"      # one line, however deep
+        super().__init__(f"at {at or 'the top'}: {problem}")
+        self.at, self.problem = at, problem
+
+
+def _rebuild(skeleton: Any, leaf: Callable[[int, str], Any], own: Callable[[Any, str], Any]) -> Any:
+    """The one walk of a skeleton, for the load (``unflatten``) and for the check that
+    ``verify`` and ``hpcml scan`` make of it (``skeleton_problem``): what one refuses the
+    other does. ``leaf(i, at)`` and ``own(i, at)`` give a leaf's and a per-rank value's
+    value; ``_Bad`` for any node that does not rebuild."""
+    def walk(v: Any, path: str, depth: int) -> Any:
+        def at(k: Any) -> str:
+            return f"{path}.{k}" if path else str(k)
+        if depth > MAX_DEPTH:
+            raise _Bad(path, f"nested more than {MAX_DEPTH} levels deep")
+        if isinstance(v, list):
+            return [walk(x, at(i), depth + 1) for i, x in enumerate(v)]
+        if not isinstance(v, dict):
+            return v
+        if "__t" in v:
+            if type(v["__t"]) is not int:
+                raise _Bad(path, f"leaf {v['__t']!r} is not a leaf number")
+            return leaf(v["__t"], path)
+        if "__d" in v:
+            if not isinstance(v["__d"], dict):
+                raise _Bad(path, "a dict node without an object of items")
+            return {k: walk(x, at(k), depth + 1) for k, x in v["__d"].items()}
+        if "__kv" in v:
+            pairs = v["__kv"]
+            if not isinstance(pairs, list) or not all(isinstance(p, list) and len(p) == 2 for p in pairs):
+                raise _Bad(path, "a dict node whose items are not [key, value] pairs")
+            out: dict[Any, Any] = {}
+            for i, (k, x) in enumerate(pairs):
+                name = at(k if isinstance(k, (str, int, float, bool)) else f"[{i}]")
+                key = walk(k, name, depth + 1)
+                try:
+                    hash(key)
+                except TypeError:
+                    raise _Bad(name, "a key that cannot be a dict's key") from None
+                out[key] = walk(x, name, depth + 1)
+            return out
+        if "__tu" in v:
+            if not isinstance(v["__tu"], list):
+                raise _Bad(path, "a tuple node without a list of items")
+            return tuple(walk(x, at(i), depth + 1) for i, x in enumerate(v["__tu"]))
+        if "__f" in v:
+            try:
+                return float(v["__f"])
+            except (TypeError, ValueError):
+                raise _Bad(path, f"{v['__f']!r} is not a float") from None
+        if "__m" in v:                          # the type wraps its items' node: one level, as at save
+            return _mapping(v, walk(v.get("__v"), path, depth), path)
+        if "__own" in v:
+            return own(v["__own"], path)
+        raise _Bad(path, f"unknown node {sorted(v)[:3]}")
+
+    return walk(skeleton, "", 0)
+
+
+class _Array:
+    """What a numpy leaf stands in as in ``skeleton_problem``: an array is no dict key."""
+
+    __hash__ = None  # type: ignore[assignment]
+
+
+def skeleton_problem(skeleton: Any, entries: list[dict[str, Any]], *, own: bool) -> tuple[str, str] | None:
+    """``(place in the state, problem)`` when ``skeleton`` would not rebuild from ``entries``
+    (checked already: each a leaf with its bytes in the shard): a leaf it lacks, a node of no
+    known kind, a key that is no dict key, nesting deeper than ``MAX_DEPTH``. ``own``:
+    per-rank value places are allowed (a replicated state's). Nothing is read nor built."""
+    def leaf(i: int, at: str) -> Any:
+        if not 0 <= i < len(entries):
+            raise _Bad(at, f"leaf {i} does not exist (the index lists {len(entries)})")
+        return _Array() if entries[i].get("kind") == "numpy" else object()
+
+    def own_value(i: Any, at: str) -> Any:
+        if not own or type(i) is not int or i < 0:
+            raise _Bad(at, f"per-rank value {i!r} outside a replicated state's values")
+        return None
+
+    try:
+        _rebuild(skeleton, leaf, own_value)
+    except _Bad as exc:
+        return exc.at, exc.problem
+    return None
+
+
+def read_into(fd: int, offset: int, into: memoryview, source: str) -> None:
+    """Fill ``into`` from ``fd`` at ``offset``: one ``read`` gives at most 2 GiB on Linux,
+    and a tensor may be larger; a file that ends first raises ``CorruptShard``."""
+    done = 0
+    while done < len(into):
+        os.lseek(fd, offset + done, os.SEEK_SET)
+        got = os.readv(fd, [into[done:]])
+        if not got:
+            raise CorruptShard(f"{source}: ends at byte {offset + done}, inside a leaf that runs to {offset + len(into)}")
+        done += got
+
+
+def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: str,
               map_location: Any = "cpu", policy: Any = None, own: list[Any] | None = None) -> Any:
-    """Rebuild the state; tensors are copies (the buffer may be reused). ``own``: the
-    values of a replicated state's ``{"__own": i}`` places (this rank's own)."""
+    """Rebuild the state from the shard open as ``fd`` (its index checked: ``layout.index_problem``),
+    each leaf read from its offset straight into its own memory: nothing is allocated for
+    the file as a whole, nor from anything but a leaf's checked size. ``own``: the values of
+    a replicated state's ``{"__own": i}`` places (this rank's own)."""
     torch = None
     cache: dict[int, Any] = {}
 
-    def array(i: int) -> Any:
+    def raw(e: dict[str, Any]) -> bytes:
+        buf = bytearray(e["nbytes"])
+        read_into(fd, e["offset"], memoryview(buf), source)
+        return bytes(buf)
+
+    def array(i: int, at: str) -> Any:
         nonlocal torch
         if i in cache:
             return cache[i]
         if not 0 <= i < len(entries):
-            raise CorruptShard(f"{source}: entry {i} does not exist")
+            raise _Bad(at, f"leaf {i} does not exist (the index lists {len(entries)})")
         e = entries[i]
-        raw = buf[e["offset"]:e["offset"] + e["nbytes"]]
-        if len(raw) != e["nbytes"]:
-            raise CorruptShard(f"{source}: entry {i} runs past the end of the file")
         if e["kind"] == "bytes":
-            out: Any = bytes(raw)
+            out: Any = raw(e)
         elif e["kind"] == "pickle":
             try:
-                out = _safe_unpickle(bytes(raw), policy)
+                out = _safe_unpickle(raw(e), policy)
             except pickle.UnpicklingError as exc:
                 name = leaf_paths(skeleton).get(i, f"#{i}")
                 raise RefusedLeaf(f"{source}: pickled leaf {name}: {exc}") from None
         elif e["kind"] == "numpy":
-            out = np.frombuffer(raw, dtype=np.dtype(e["dtype"])).reshape(e["shape"]).copy()
+            out = np.empty(e["shape"], dtype=np.dtype(e["dtype"]))
+            read_into(fd, e["offset"], out.reshape(-1).view(np.uint8).data, source)
         else:
             if torch is None:
                 import torch as _t
                 torch = _t
-            dtype = getattr(torch, e["dtype"])
-            t = torch.empty(e["shape"], dtype=dtype)
+            t = torch.empty(e["shape"], dtype=getattr(torch, e["dtype"]))
             if e["nbytes"]:
-                t.view(-1).view(torch.uint8).copy_(torch.frombuffer(raw, dtype=torch.uint8))
+                read_into(fd, e["offset"], t.view(-1).view(torch.uint8).numpy().data, source)
             out = t if map_location in (None, "cpu") else t.to(map_location)
         cache[i] = out
         return out
 
-    def walk(v: Any) -> Any:
-        if isinstance(v, list):
-            return [walk(x) for x in v]
-        if not isinstance(v, dict):
-            return v
-        if "__t" in v:
-            return array(v["__t"])
-        if "__d" in v:
-            return {k: walk(x) for k, x in v["__d"].items()}
-        if "__kv" in v:
-            return {walk(k): walk(x) for k, x in v["__kv"]}
-        if "__tu" in v:
-            return tuple(walk(x) for x in v["__tu"])
-        if "__f" in v:
-            return float(v["__f"])
-        if "__m" in v:
-            return _mapping(v, walk(v.get("__v")), source)
-        if "__own" in v:
-            i = v["__own"]
-            if own is None or type(i) is not int or not 0 <= i < len(own):
-                raise CorruptShard(f"{source}: per-rank value {i!r} is not in this rank's file")
-            return own[i]
-        raise CorruptShard(f"{source}: unknown node {sorted(v)[:3]}")
+    def own_value(i: Any, at: str) -> Any:
+        if own is None or type(i) is not int or not 0 <= i < len(own):
+            raise _Bad(at, f"per-rank value {i!r} is not in this rank's file")
+        return own[i]
 
-    return walk(skeleton)
+    try:
+        return _rebuild(skeleton, array, own_value)
+    except _Bad as exc:
+        raise CorruptShard(f"{source}: {exc}") from None
 
 
-def _mapping(node: dict[str, Any], items: Any, source: str) -> Any:
+def _mapping(node: dict[str, Any], items: Any, at: str) -> Any:
     cls = _MAPPINGS.get(node["__m"]) if isinstance(node["__m"], str) else None
     if cls is None or not isinstance(items, dict):
-        raise CorruptShard(f"{source}: unknown mapping type {node['__m']!r}")
+        raise _Bad(at, f"unknown mapping type {node['__m']!r}")
     if cls is collections.defaultdict:
         factory = node.get("factory")
-        if factory is not None and factory not in _FACTORIES:
-            raise CorruptShard(f"{source}: unknown defaultdict factory {factory!r}")
+        if factory is not None and (not isinstance(factory, str) or factory not in _FACTORIES):
+            raise _Bad(at, f"unknown defaultdict factory {factory!r}")
         return collections.defaultdict(_FACTORIES[factory] if factory else None, items)
     return cls(items)
 

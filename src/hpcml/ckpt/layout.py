@@ -30,7 +30,9 @@ type makes that checkpoint corrupt, never a ``KeyError``.
 
 from __future__ import annotations
 
+import errno
 import json
+import math
 import os
 import re
 import stat
@@ -58,6 +60,24 @@ _RANK_KEYS = ("size", "crc32", "json_size", "json_crc32")
 
 class CheckpointError(HpcmlError):
     """A save or load that could not complete (the message says which file)."""
+
+
+class CorruptIndex(CheckpointError, UsageError):
+    """A shard's index that does not describe its shard (a leaf outside it, a shape that is
+    not its bytes, a skeleton that names a leaf it lacks): bad input naming the file and the
+    key, exit 2, as ``hpcml.data``'s ``CorruptShardError``; still a ``CheckpointError``."""
+
+
+class Fault(str):
+    """A line of ``verify`` that is an index's fault, with the ``CorruptIndex`` a load of it
+    raises (``offline.check``): every caller keeps its list of lines."""
+
+    error: CorruptIndex
+
+    def __new__(cls, error: CorruptIndex) -> Fault:
+        line = super().__new__(cls, str(error))
+        line.error = error
+        return line
 
 
 def step_name(step: int) -> str:
@@ -126,9 +146,38 @@ def read_json(path: Path, tag: str) -> dict[str, Any]:
     return files.read_json(path, tag, max_bytes=JSON_MAX)   # a FIFO, '[' * 100000, a huge file: one line
 
 
+def open_shard(path: Path) -> int:
+    """A shard's file descriptor, opened as a file from anyone: a symbolic link is not
+    followed (it could name any file), a FIFO not waited on, only a regular file read,
+    whatever ``path`` was when it was checked (``lstat``) a moment before."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        if exc.errno != errno.ELOOP:
+            raise
+        fd = -1
+    if fd < 0 or not stat.S_ISREG(os.fstat(fd).st_mode):
+        if fd >= 0:
+            os.close(fd)
+        raise CheckpointError(f"{path}: not a regular file (a link or special file is never read)")
+    return fd
+
+
+def read_index(path: Path) -> dict[str, Any]:
+    """A shard's index as the loader reads it: never through a symbolic link (``verify`` refuses one)."""
+    try:
+        doc = files.load_json_bounded(path, JSON_MAX, follow_symlinks=False)
+    except FileNotFoundError:
+        raise UsageError("missing", file=str(path)) from None
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
+    schemas.check(doc, SHARD_TAG, str(path))
+    return doc
+
+
 def file_crc(path: Path) -> int:
     crc = 0
-    with open(path, "rb", buffering=0) as fh:
+    with open(open_shard(path), "rb", buffering=0) as fh:
         while chunk := fh.read(CRC_CHUNK):
             crc = zlib.crc32(chunk, crc)
     return crc
@@ -295,6 +344,8 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
                 problems.append(f"{path}: checksum mismatch (corrupt)")
         except OSError as exc:                         # removed by a prune meanwhile, unreadable
             problems.append(f"{path}: unreadable ({exc.strerror})")
+        except CheckpointError as exc:                 # replaced by a link since the lstat
+            problems.append(str(exc))
     if problems:
         return problems
     # sizes and checksums right: is the index one a load can follow (its size the shard's,
@@ -304,11 +355,11 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
     index = directory / json_name
     try:
         doc = read_json(index, SHARD_TAG)
-        problem = index_problem(doc, rec["size"]) if isinstance(doc, dict) else "not a JSON object"
+        fault = index_fault(doc, rec["size"]) if isinstance(doc, dict) else (None, "not a JSON object")
     except (CheckpointError, UsageError) as exc:
         return [f"{index}: {exc}"]
-    if problem:
-        return [f"{index}: {problem}"]
+    if fault:
+        return [Fault(CorruptIndex(fault[1], file=str(index), key=fault[0]))]
     return refused_leaves(directory / bin_name, index, doc) if checksums else []
 
 
@@ -335,7 +386,7 @@ def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
     from hpcml.scan.scanner import scan_content
     fs = FileScan(str(shard), default_policy(), 0, scan_content)
     try:
-        with open(shard, "rb") as fh:
+        with open(open_shard(shard), "rb") as fh:
             for i, e in pickled:
                 off, n = e.get("offset"), e.get("nbytes")
                 if type(off) is not int or type(n) is not int:
@@ -343,6 +394,8 @@ def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
                 pickles.scan_stream(fs, fh, off, off + n, f"leaf {names.get(i, f'#{i}')}")
     except OSError as exc:
         return [f"{shard}: unreadable ({exc.strerror})"]
+    except CheckpointError as exc:
+        return [str(exc)]
     res = fs.finish()
     out = [f"{shard}: {f.location.member}: refused at load: {f.name} ({f.why})"
            for f in res.findings if f.verdict is not Verdict.SAFE]
@@ -350,35 +403,75 @@ def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
 
 
 LEAF_KINDS = ("torch", "numpy", "bytes", "pickle")
+#: numpy's limit on an array's dimensions
+MAX_DIMS = 64
 
 
 def index_problem(doc: dict[str, Any], size: int) -> str | None:
-    """What makes a shard's index one a load cannot follow: its schema, its size not the
-    shard's, a leaf of no known kind or whose bytes lie outside the shard, an object dtype."""
-    from hpcml import schemas
+    """What makes a shard's index one a load cannot follow (``index_fault``) in one line, or
+    None: ``verify``, ``hpcml scan`` and the load itself judge an index by this."""
+    fault = index_fault(doc, size)
+    if fault is None:
+        return None
+    key, problem = fault
+    return f"key '{key}': {problem}" if key else problem
+
+
+def check_index(doc: dict[str, Any], size: int, path: Path) -> None:
+    """``CorruptIndex`` naming ``path`` and the key, unless the index describes its ``size``-byte shard."""
+    fault = index_fault(doc, size)
+    if fault is not None:
+        raise CorruptIndex(fault[1], file=str(path), key=fault[0])
+
+
+def index_fault(doc: dict[str, Any], size: int) -> tuple[str | None, str] | None:
+    """``(key, problem)`` when the index does not describe its ``size``-byte shard exactly as
+    the load reads it: its schema, its size, a leaf of no known kind, whose bytes lie outside
+    the shard, whose dtype is not a plain one or whose shape is not its bytes, or a skeleton
+    that would not rebuild from the leaves (``flatten.skeleton_problem``); None when it does.
+    Nothing is allocated from what it declares."""
+    from hpcml.ckpt.flatten import skeleton_problem
     try:
         schemas.check(doc, SHARD_TAG, "index")
     except UsageError as exc:
-        return exc.problem
+        return exc.key, exc.problem
     if doc.get("size") != size:
-        return f"key 'size': {doc.get('size')!r}, the file has {size} bytes"
+        return "size", f"{doc.get('size')!r}, the file has {size} bytes"
     entries = doc.get("entries")
     if not isinstance(entries, list):
-        return "key 'entries': expected a list"
+        return "entries", "expected a list"
     for i, e in enumerate(entries):
-        if not isinstance(e, dict) or e.get("kind") not in LEAF_KINDS:
-            return f"key 'entries.{i}': expected a leaf of kind {', '.join(LEAF_KINDS)}"
-        off, n = e.get("offset"), e.get("nbytes")
-        if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
-            return f"key 'entries.{i}': bytes {off!r}+{n!r} are not inside the {size}-byte file"
-        if e["kind"] == "numpy" and _object_dtype(e.get("dtype")):
-            return f"key 'entries.{i}.dtype': {e.get('dtype')!r} is not a plain array dtype"
+        fault = _entry_fault(e, size)
+        if fault:
+            return f"entries.{i}{fault[0]}", fault[1]
+    replicated = doc.get("replicated") is True and doc.get("part") != "own"
+    bad = skeleton_problem(doc.get("skeleton"), entries, own=replicated)
+    if bad:
+        return "skeleton", f"at {bad[0] or 'the top'}: {bad[1]}"
+    if doc.get("part") == "own" and not isinstance(doc.get("skeleton"), list):
+        return "skeleton", "expected the list of a rank's per-rank values"
     return None
 
 
-def _object_dtype(dtype: Any) -> bool:
-    import numpy as np
-    try:
-        return bool(np.dtype(dtype).hasobject) if isinstance(dtype, str) else True
-    except (TypeError, ValueError):
-        return True
+def _entry_fault(e: Any, size: int) -> tuple[str, str] | None:
+    """``(key under the entry, problem)`` of one leaf's entry: a tensor or array is read
+    into memory of its shape's size, so that size must be exactly its bytes in the shard."""
+    if not isinstance(e, dict) or e.get("kind") not in LEAF_KINDS:
+        return "", f"expected a leaf of kind {', '.join(LEAF_KINDS)}"
+    off, n = e.get("offset"), e.get("nbytes")
+    if type(off) is not int or type(n) is not int or off < 0 or n < 0 or off + n > size:
+        return "", f"bytes {off!r}+{n!r} are not inside the {size}-byte file"
+    if e["kind"] not in ("torch", "numpy"):
+        return None                             # bytes and pickles: their bytes are the value
+    from hpcml.ckpt.flatten import TORCH_ITEMSIZE, array_itemsize
+    dtype, shape = e.get("dtype"), e.get("shape")
+    itemsize = TORCH_ITEMSIZE.get(dtype) if e["kind"] == "torch" and isinstance(dtype, str) else array_itemsize(dtype)
+    if itemsize is None:
+        return ".dtype", f"{dtype!r} is not a plain {'tensor' if e['kind'] == 'torch' else 'array'} dtype"
+    if not (isinstance(shape, list) and len(shape) <= MAX_DIMS and all(type(d) is int and d >= 0 for d in shape)):
+        return ".shape", f"{shape!r} is not a list of at most {MAX_DIMS} sizes"
+    if math.prod(max(d, 1) for d in shape) * itemsize >= 1 << 63:
+        return ".shape", f"{shape!r} of {dtype} is larger than any array can be"
+    if math.prod(shape) * itemsize != n:
+        return "", f"shape {shape!r} of {dtype} is {math.prod(shape) * itemsize} bytes, the entry's are {n}"
+    return None

@@ -87,8 +87,8 @@ def check(found: layout.Found, rank: int, own: int | None = None) -> None:
     assert found.manifest is not None
     mine = [("rank", rank)] + ([("own", own)] if own is not None else [])
     problems = layout.verify(found, but=mine, checksums=False) or layout.verify(found, files=mine)
-    if problems:
-        raise CheckpointError(problems[0])
+    if problems:            # an index that does not describe its shard: bad input (exit 2), naming its key
+        raise problems[0].error if isinstance(problems[0], layout.Fault) else CheckpointError(problems[0])
 
 
 def read_own(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None) -> list[Any]:
@@ -131,28 +131,26 @@ class ResizeRefused(UsageError):
 
 def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None, *,
                kind: str = "rank", own: Callable[[list[dict[str, Any]]], list[Any]] | None = None) -> Any:
-    """Rebuild one shard's state from its index and bytes (checked by the caller). ``own``
+    """Rebuild one shard's state from its index and bytes (checked by the caller, and again
+    here: the files may have changed since). The index this load follows is judged by the
+    check ``verify`` and ``hpcml scan`` make (``layout.check_index``) before anything is
+    allocated, and each leaf is read into memory of its checked size alone. ``own``
     gives the per-rank values of the state's ``{"__own": i}`` places (``own_slots``)."""
     bin_name, json_name = layout.shard_names(rank, kind)
-    shard = layout.read_json(directory / json_name, layout.SHARD_TAG)
-    with open(directory / bin_name, "rb", buffering=0) as fh:
-        size = os.fstat(fh.fileno()).st_size
-        if shard.get("size") != size:          # before allocating what the index says: 1 TB is not read
-            raise CheckpointError(f"{directory / json_name}: key 'size': {shard.get('size')!r}, "
-                                  f"the shard has {size} bytes")
-        buf = bytearray(size)
-        got = fh.readinto(buf)
-    if got != size:
-        raise CheckpointError(f"{directory / bin_name}: {got} bytes, expected {size}")
+    shard = layout.read_index(directory / json_name)
+    fd = layout.open_shard(directory / bin_name)
     try:
+        layout.check_index(shard, os.fstat(fd).st_size, directory / json_name)
         values = own(own_slots(shard["skeleton"])) if own is not None else None
-        return unflatten(shard["skeleton"], shard["entries"], memoryview(buf), source=str(directory / bin_name),
+        return unflatten(shard["skeleton"], shard["entries"], fd, source=str(directory / bin_name),
                          map_location=map_location, policy=policy, own=values)
     except HpcmlError:
         raise
     except Exception as exc:  # noqa: BLE001 - a structure that does not match its bytes, a refused global
         raise CheckpointError(f"{directory / json_name}: cannot rebuild the state ({type(exc).__name__}: {exc})") \
             from None
+    finally:
+        os.close(fd)
 
 
 def load(path: str | os.PathLike, step: int | None = None, *, rank: int | None = None,

@@ -1,0 +1,181 @@
+"""A checkpoint in a shared directory is another user's input: one whose index says what its
+bytes are not (a leaf it lacks, a shape larger than its bytes, a dtype that is no tensor's,
+a skeleton no load can follow) is refused alike by ``verify`` (so ``prune`` does not keep it
+over a good one), ``hpcml scan``, ``export`` (one line, exit 2) and the load itself, which
+judges the index and file it reads, not the ones checked a moment before. Each is made by
+the real writer, then its index forged with the manifest's checksums rewritten to match
+(whoever can write the files can write those too)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+from hpcml.ckpt import Checkpointer, CheckpointError, flatten, layout, load, offline
+from hpcml.ckpt.flatten import MAX_DEPTH
+from hpcml.ckpt.layout import CorruptIndex
+from hpcml.errors import UsageError
+from hpcml.scan.model import Verdict
+from hpcml.scan.scanner import scan_file
+from tests import needs
+
+torch = needs.module("torch")
+
+
+def _save(root: Path, state: Any, *steps: int) -> None:
+    with Checkpointer(root, keep=5, max_write_rate=None) as ck:
+        for step in steps:
+            ck.save(state, step)
+
+
+def _forge(step_dir: Path, change: Callable[[dict], None]) -> Path:
+    """Change rank 0's index and give the manifest its new size and checksum; the index."""
+    index = step_dir / "rank-00000.json"
+    doc = json.loads(index.read_text())
+    change(doc)
+    index.write_text(json.dumps(doc))
+    man = json.loads((step_dir / "manifest.json").read_text())
+    man["ranks"]["0"].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
+    (step_dir / "manifest.json").write_text(json.dumps(man))
+    return index
+
+
+def _model(doc: dict) -> dict:
+    return doc["skeleton"]["__d"]["model"]["__d"]
+
+
+@pytest.mark.parametrize("change, key, says", [
+    (lambda d: _model(d).update(w={"__t": 99}), "skeleton", "at model.w: leaf 99 does not exist (the index lists 2)"),
+    (lambda d: _model(d).update(w={"__t": "b"}), "skeleton", "at model.w: leaf 'b' is not a leaf number"),
+    (lambda d: d["entries"][0].update(shape="4"), "entries.0.shape", "'4' is not a list of at most 64 sizes"),
+    (lambda d: d["entries"][0].update(dtype="int64"), "entries.0", "shape [4] of int64 is 32 bytes, the entry's are 16"),
+], ids=["missing-leaf", "leaf-not-a-number", "shape-not-a-list", "dtype-not-its-bytes"])
+def test_export_of_an_index_with_a_missing_or_wrong_leaf_is_one_line_naming_file_and_key_exit_2(tmp_path, change, key,
+                                                                                                 says):
+    """A skeleton naming leaf 99 of 2 was an IndexError traceback; one naming leaf 'b' exported
+    without the tensor; a shape of the wrong type or size was exit 1 without its key."""
+    _save(tmp_path / "ck", {"model": {"w": torch.arange(4, dtype=torch.float32), "b": torch.ones(2)}, "step": 3}, 1)
+    index = _forge(tmp_path / "ck" / "step-00000001", change)
+    out = tmp_path / "m.safetensors"
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_CKPT"))}
+    p = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "export", str(tmp_path / "ck"), "--to", str(out)],
+                       capture_output=True, text=True, env=env, timeout=120)
+    assert p.returncode == 2 and "Traceback" not in p.stderr, p.stderr
+    assert p.stderr == f"hpcml ckpt export: error: {index}: key '{key}': {says}\n", p.stderr
+    assert not out.exists()
+
+
+def _nest(doc: dict, depth: int) -> None:
+    node: Any = {"__t": 0}
+    for _ in range(depth):
+        node = [node]
+    _model(doc)["w"] = node
+
+
+@pytest.mark.parametrize("change, key, says", [
+    # 1 byte of the file filled a 64 MiB tensor (copy_ broadcasts it): any size, from a 12 KiB checkpoint
+    (lambda d: d["entries"][0].update(dtype="uint8", shape=[1 << 26], nbytes=1), "entries.0",
+     "shape [67108864] of uint8 is 67108864 bytes, the entry's are 1"),
+    (lambda d: d["entries"][1].update(shape=[3]), "entries.1", "shape [3] of <f4 is 12 bytes, the entry's are 16"),
+    (lambda d: d["entries"][1].update(shape=[-1, -1, 4]), "entries.1.shape", "[-1, -1, 4] is not a list"),
+    (lambda d: d["entries"][0].update(dtype="nn"), "entries.0.dtype", "'nn' is not a plain tensor dtype"),
+    (lambda d: _nest(d, 700), "skeleton", f"nested more than {MAX_DEPTH} levels deep"),  # a RecursionError at load
+    (lambda d: _model(d).update(w={"__own": 0}), "skeleton", "per-rank value 0 outside a replicated state"),
+], ids=["shape-larger-than-its-bytes", "shape-smaller", "negative-dims", "torch-dtype", "nested-700", "own-in-sharded"])
+def test_an_index_a_load_cannot_follow_is_refused_alike_by_verify_scan_and_load(tmp_path, change, key, says):
+    """Each of these verified, passed ``hpcml scan`` and then failed to load (or, the first,
+    loaded a tensor of the size it claimed): ``prune`` kept it over the good one before it and
+    ``load_latest`` raised instead of loading that one."""
+    root = tmp_path / "ck"
+    _save(root, {"model": {"w": torch.arange(4, dtype=torch.float32)}, "a": np.arange(4, dtype=np.float32)}, 1, 2)
+    index = _forge(root / "step-00000002", change)
+    found = layout.scan(root)[-1]
+    assert found.step == 2
+    problems = layout.verify(found)
+    assert len(problems) == 1 and problems[0].startswith(f"{index}: key '{key}': ") and says in problems[0], problems
+    result = scan_file(root / "step-00000002" / "rank-00000.bin")
+    assert result.verdict is not Verdict.SAFE and "does not describe this shard" in result.errors[0], result
+    with pytest.raises(CorruptIndex, match=f"key '{key}'") as err:
+        load(root, 2)
+    assert says in str(err.value) and err.value.exit_code == 2
+    ck = Checkpointer(root, read_only=True)
+    state, step = ck.load_latest()
+    assert step == 1 and torch.equal(state["model"]["w"], torch.arange(4, dtype=torch.float32))
+    assert len(ck.skipped) == 1 and says in ck.skipped[0]
+
+
+@pytest.mark.parametrize("swap", ["index", "link"])
+def test_the_load_judges_the_index_and_file_it_reads_not_the_ones_checked_before(tmp_path, monkeypatch, swap):
+    """Whoever owns the files can change them between the check and the read: the load
+    follows no symbolic link out of the checkpoint (it read another file through one) and
+    makes the index check itself (a forged shape filled 64 MiB from one byte)."""
+    root = tmp_path / "ck"
+    _save(root, {"w": torch.arange(4, dtype=torch.float32)}, 1)
+    step = root / "step-00000001"
+    checked = offline.check
+
+    def check_then_swap(found: layout.Found, shard: int, own: int | None = None) -> None:
+        checked(found, shard, own)
+        if swap == "index":
+            _forge(step, lambda d: d["entries"][0].update(dtype="uint8", shape=[1 << 26], nbytes=1))
+        else:
+            (step / "rank-00000.bin").rename(tmp_path / "elsewhere.bin")
+            (step / "rank-00000.bin").symlink_to(tmp_path / "elsewhere.bin")
+    monkeypatch.setattr(offline, "check", check_then_swap)
+    says = r"key 'entries\.0'" if swap == "index" else "not a regular file"
+    with pytest.raises(CheckpointError, match=says):
+        load(root)
+
+
+def test_a_shard_over_2_gib_loads(tmp_path):
+    """One read() returns at most 2 GiB less 4 KiB on Linux, and the shard was read whole in
+    one: any shard over that (a model over 2 GiB per rank) never loaded ("2147479552 bytes,
+    expected ..."). Built sparse from a real save, a leaf written past 2 GiB, and read by the
+    loader itself (the checksum of 2 GiB is not what this is about): each leaf is read on
+    its own, so this costs no memory."""
+    root = tmp_path / "ck"
+    _save(root, {"head": np.arange(4, dtype=np.int32)}, 1)
+    step = root / "step-00000001"
+    shard, tail_at = step / "rank-00000.bin", 2 << 30
+    with open(shard, "r+b") as fh:
+        fh.truncate(tail_at + flatten.ALIGN)
+        fh.seek(tail_at)
+        fh.write(b"tail")
+
+    def grow(doc: dict) -> None:
+        doc["entries"].append({"kind": "bytes", "dtype": "u1", "shape": [4], "offset": tail_at, "nbytes": 4})
+        doc["skeleton"]["__d"]["tail"] = {"__t": 1}
+        doc["size"] = tail_at + flatten.ALIGN
+    _forge(step, grow)
+    state = offline.read_state(step, 0)
+    assert state["tail"] == b"tail" and state["head"].tolist() == [0, 1, 2, 3]
+
+
+def test_a_leaf_read_in_short_reads_is_whole(tmp_path, monkeypatch):
+    """A tensor over 2 GiB comes in several reads: each leaf is read until it is whole."""
+    root = tmp_path / "ck"
+    state = {"t": torch.randn(1 << 18), "a": np.random.default_rng(0).random(1 << 15)}
+    _save(root, state, 1)
+    readv = os.readv
+    monkeypatch.setattr(os, "readv", lambda fd, bufs: readv(fd, [memoryview(bufs[0])[:4096]]))
+    got, _ = load(root)
+    assert torch.equal(got["t"], state["t"]) and np.array_equal(got["a"], state["a"])
+
+
+def test_a_state_nested_deeper_than_a_load_follows_is_refused_at_save(tmp_path):
+    """What saves, loads: the depth a load refuses is refused at save, naming the place."""
+    node: Any = 1
+    for _ in range(MAX_DEPTH - 1):
+        node = [node]
+    _save(tmp_path / "ok", {"x": node}, 1)
+    assert load(tmp_path / "ok")[0] == {"x": node}
+    with pytest.raises(UsageError, match=f"nested more than {MAX_DEPTH} levels deep") as err:
+        _save(tmp_path / "deep", {"x": [[node]]}, 1)
+    assert err.value.key is not None and err.value.key.startswith("x.0.0")
