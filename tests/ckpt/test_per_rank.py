@@ -220,6 +220,35 @@ def test_a_missing_or_corrupt_per_rank_file_makes_the_checkpoint_corrupt(tmp_pat
     assert any("own-00001.bin: missing" in s for s in a.skipped)
 
 
+def test_a_place_for_a_per_rank_value_its_own_file_lacks_makes_the_checkpoint_corrupt(tmp_path, monkeypatch):
+    """The shared index and a rank's own file, each good alone (sizes and checksums right),
+    that a load cannot join: the index places per-rank value 1, the own file holds one value.
+    Verify passed it and the load raised instead of falling back to the step before."""
+    from hpcml.ckpt import layout
+    ck = tmp_path / "ck"
+    a, b = _pair(ck, monkeypatch)
+    _save(a, b, 1)
+    _save(a, b, 2)
+    step = ck / "step-00000002"
+    index = step / "rank-00000.json"
+    doc = json.loads(index.read_text())
+    doc["skeleton"]["__d"]["mine"]["__own"] = 1
+    index.write_text(json.dumps(doc))
+    man = json.loads((step / "manifest.json").read_text())
+    man["ranks"]["0"].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
+    (step / "manifest.json").write_text(json.dumps(man))
+    out = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "verify", "--json", str(ck)],
+                         capture_output=True, text=True)
+    assert out.returncode == 1, out.stderr
+    entries = {e["step"]: e for e in json.loads(out.stdout)["checkpoints"]}
+    assert entries[1]["state"] == "committed" and entries[2]["state"] == "corrupt"
+    assert entries[2]["problems"][0] == (f"{step / 'own-00000.json'}: key 'skeleton': 1 per-rank values, "
+                                         f"{index} places value 1")
+    for rank, c in ((0, a), (1, b)):                # each falls back to the step before, its own values
+        state, got = c.load_latest()
+        assert got == 1 and _mine(state) == [rank, 1]
+
+
 def test_each_rank_and_an_offline_reader_get_their_own_values(tmp_path, monkeypatch):
     ck = tmp_path / "ck"
     a, b = _pair(ck, monkeypatch)

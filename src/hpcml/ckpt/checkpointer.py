@@ -672,6 +672,12 @@ class Checkpointer:
             if problems:
                 return False, problems[0], {}
             sources[(kind, r)] = found.path
+        if len(mine) == 2:               # the shared state's places for per-rank values, and this rank's values
+            (kind, r), (own, o) = mine
+            gap = layout.own_gap(sources[(kind, r)] / layout.shard_names(r, kind)[1],
+                                 sources[(own, o)] / layout.shard_names(o, own)[1])
+            if gap:
+                return False, gap, {}
         return True, "", sources
 
     def _agree(self, ok: bool) -> bool:

@@ -318,7 +318,45 @@ def verify(found: Found, *, checksums: bool = True,
         if files is not None and (kind, rank) not in files or (kind, rank) in but:
             continue
         problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind)
+    if problems or but or not found.manifest.get("per_rank"):
+        return problems                 # (``but``: the others' sizes only; the load's own pass joins them)
+    return own_problems(found.path, found.manifest, files)
+
+
+def own_problems(directory: Path, manifest: dict[str, Any], files: Collection[tuple[str, int]] | None = None) -> list[str]:
+    """A replicated checkpoint's per-rank places (``{"__own": i}`` in the rank shards'
+    skeletons) each need an ``i``-th value in every rank's own file, which a load reads
+    beside the shared state: two files, each good alone, that a load cannot join are a
+    checkpoint that never loads, so ``verify`` says so (``prune`` keeps the older one, and
+    ``load_latest`` falls back to it). Only the shards in question (``files``): their indexes
+    are small and were checked just before."""
+    picked = [(kind, rank) for kind, rank, _ in shards(manifest) if files is None or (kind, rank) in files]
+    problems: list[str] = []
+    for kind, rank in picked:
+        if kind != "rank":
+            continue
+        for other, own in picked:
+            if other == "own":
+                gap = own_gap(directory / shard_names(rank, kind)[1], directory / shard_names(own, other)[1])
+                problems += [gap] if gap else []
     return problems
+
+
+def own_gap(index: Path, own: Path) -> str | None:
+    """What keeps the shared state's ``index`` from joining the per-rank values in ``own``
+    (both indexes checked already): a place whose value the own file lacks; None if none."""
+    from hpcml.ckpt.flatten import own_slots
+    try:
+        slots = [s["__own"] for s in own_slots(read_json(index, SHARD_TAG).get("skeleton"))]
+        values = read_json(own, SHARD_TAG).get("skeleton")
+    except OSError as exc:                         # removed by a prune meanwhile
+        return f"{exc.filename}: unreadable ({exc.strerror})"
+    except (CheckpointError, UsageError) as exc:   # replaced since it was checked
+        return str(exc)
+    have = len(values) if isinstance(values, list) else 0
+    if slots and max(slots) >= have:
+        return f"{own}: key 'skeleton': {have} per-rank values, {index} places value {max(slots)}"
+    return None
 
 
 def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: bool = True,
