@@ -113,6 +113,103 @@ def test_a_gpu_held_back_for_heat_is_counted_on_the_heartbeat(tmp_path):
     assert beat.gpu_throttled_s is not None and 0.2 <= beat.gpu_throttled_s <= 1.0, beat
 
 
+def _unbound(**env: str) -> dict:
+    """This environment with no GPU bound to the task (every GPU visible, as on a workstation,
+    a cloud VM or a site that does not bind GPUs), and ``env``."""
+    from hpcml.cluster.allocation import GPU_BINDINGS
+    return {**{k: v for k, v in os.environ.items() if k not in GPU_BINDINGS}, **env}
+
+
+def test_a_recorder_that_samples_its_node_s_gpus_credits_its_rank_with_none_it_is_not_proven_to_use(tmp_path):
+    """No GPU bound to the task: the recorder samples both GPUs of the node (it claimed them),
+    GPU 1 held back for heat on every sample. Which GPU the rank uses is not proven (the replay
+    shows no processes): its heartbeat's throttling is unknown (None), not GPU 1's (was: the
+    seconds GPU 1 was held back, credited to whichever rank recorded it)."""
+    from hpcml.observe.beat import read_beats
+    replay = tmp_path / "nvml.jsonl"
+    replay.write_text("\n".join(json.dumps({"gpus": [
+        {"index": 0, "util_gpu_percent": 99, "clocks_event_reasons": 0x1},
+        {"index": 1, "util_gpu_percent": 99, "clocks_event_reasons": 0x40}]}) for _ in range(2)))
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(tmp_path / "job"),
+                          "--interval", "0.1", "--", sys.executable, "-c", "import time; time.sleep(1.2)"],
+                         env=_unbound(HPCML_OBSERVE_NVML_REPLAY=str(replay)))
+    assert p.wait(timeout=60) == 0
+    t = read_job(tmp_path / "job").table.to_pydict()
+    assert {g for k, n, g in zip(t["kind"], t["name"], t["gpu"]) if k == "gpu" and n == "clocks_event_reasons"} == {0, 1}
+    meta = read_job(tmp_path / "job").meta["ranks"]["0"]
+    assert meta["gpu_binding"] == "all visible GPUs" and "gpus_used" not in meta
+    beat = read_beats(tmp_path / "job")[0]
+    assert beat.gpu_throttled_s is None, beat
+
+
+def test_a_gpu_that_falls_off_the_bus_leaves_the_rank_s_throttling_unknown(tmp_path):
+    """The task's GPU (bound: SLURM_STEP_GPUS=0) runs unthrottled, then NVML answers GPU_IS_LOST
+    for it (the replay's ``"lost": true``): a ``gpu_lost`` row each sample, and the heartbeat's
+    throttling is unknown from then on (was: 0.0 s, read by the watch as "not throttled")."""
+    from hpcml.observe.beat import read_beats
+    replay = tmp_path / "nvml.jsonl"
+    lines = [{"gpus": [{"index": 0, "util_gpu_percent": 99, "clocks_event_reasons": 0x1}]}] * 3 \
+        + [{"gpus": [{"index": 0, "lost": True}]}] * 3
+    replay.write_text("\n".join(json.dumps(line) for line in lines))
+    p = _record(tmp_path, sys.executable, "-c", "import time; time.sleep(1.5)",
+                env={"HPCML_OBSERVE_NVML_REPLAY": str(replay), "SLURM_STEP_GPUS": "0"})
+    assert p.wait(timeout=60) == 0
+    beat = read_beats(tmp_path / "job")[0]
+    assert beat.gpu_throttled_s is None, beat
+    t = read_job(tmp_path / "job").table.to_pydict()
+    names = [(n, g) for k, n, g in zip(t["kind"], t["name"], t["gpu"]) if k == "gpu"]
+    assert ("gpu_lost", 0) in names and ("clocks_event_reasons", 0) in names
+
+
+def test_the_heartbeat_s_throttling_is_of_the_gpus_nvml_saw_the_rank_on():
+    """One recorder's samples of two GPUs, GPU 1 held back for heat (0x40) on every sample:
+    a rank NVML saw on GPU 0 was held back 0 s, one seen on GPU 1 4 s; a rank on a GPU its
+    recorder does not sample (another task's claim) counts the reasons its tracker read; a rank
+    seen on no GPU, unknown; and one whose GPU is lost, unknown from then on."""
+    from hpcml.observe.recorder import _Throttle
+    from hpcml.samplers.gpuuse import GpuUse, UsedGpu
+
+    def run(used: set[int], read: dict[int, int] | None = None, lost_at: int | None = None) -> _Throttle:
+        t = _Throttle()
+        for k in range(5):
+            ts = 1_800_000_000_000_000_000 + k * 10**9
+            rows = [(ts, "gpu", "clocks_event_reasons", 0x1, None, 0), (ts, "gpu", "clocks_event_reasons", 0x40, None, 1)]
+            gone = frozenset(used) if lost_at is not None and k >= lost_at else frozenset()
+            t.add(ts, rows, GpuUse({i: UsedGpu(i) for i in used}, read or {}, gone))
+        return t
+    assert run({0}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None}
+    assert run({1}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x40}
+    assert run({2}, read={2: 0x4}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x4}
+    assert run(set()).beat()["gpu_throttled_s"] is None
+    assert run({0}, lost_at=3).beat()["gpu_throttled_s"] is None
+    one = _Throttle(one_gpu=True)                     # bound to the one GPU its recorder samples
+    for k in range(3):
+        one.add(k * 10**9, [(k * 10**9, "gpu", "clocks_event_reasons", 0x40, None, 3)])
+    assert one.beat() == {"gpu_throttled_s": 2.0, "gpu_throttle": 0x40}
+
+
+def test_the_rank_s_metadata_names_the_gpus_nvml_saw_it_on(monkeypatch):
+    """The recorder's tracker (``samplers.gpuuse``) on a stand-in NVML whose GPU 2 runs this
+    process: the rank's metadata gets ``gpus_used`` once (rewritten when it changes), for the
+    report; GPU sampling off: nothing is followed."""
+    import hpcml.samplers.gpuuse as gpuuse
+    from hpcml.observe.recorder import _Uses
+    from tests.samplers.test_gpuuse import FakeNvml
+    nv = FakeNvml({0: [1], 1: [], 2: [os.getpid()]}, {0: 0, 1: 0, 2: 0x4})
+    monkeypatch.setattr(gpuuse, "open_tracker", lambda root, env=None: gpuuse.UseTracker(nv, root))
+    meta: dict = {"gpu_sampler": {"kind": "none", "reason": "claimed_by_another_task"}}
+    uses = _Uses(meta, os.getpid())
+    rows: list[tuple] = []
+    use = uses.sample(1, rows)
+    assert use is not None and use.reasons == {2: 0x4} and uses.changed and not rows
+    assert meta["gpus_used"] == [{"index": 2, "uuid": "GPU-2"}]
+    uses.sample(2, rows)
+    assert not uses.changed
+    uses.close()
+    off = _Uses({"gpu_sampler": {"kind": "none", "reason": "off"}}, os.getpid())
+    assert off.sample(1, rows) is None and off.tracker is None
+
+
 @pytest.mark.parametrize("args, words", [
     (["--interval", "0.01", "--", "true"], "--interval"),
     (["--", "/nonexistent/command"], "cannot start"),

@@ -32,6 +32,7 @@ from hpcml.observe.oom import oom_kills
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.proctree import ExitWatch
 from hpcml.samplers.clockreasons import slowdown
+from hpcml.samplers.gpuuse import LOST, USED_KEY, GpuUse, UseTracker, one_gpu
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
@@ -97,29 +98,56 @@ def _contention(host: HostSampler) -> dict[str, float | None]:
 
 
 class _Throttle:
-    """The seconds any of the rank's GPUs had its clocks held back for power or heat (a
-    slowdown reason in the sampler's ``clocks_event_reasons``; each sample that shows one
-    counts the time since the one before), and which reasons were seen: cumulative, for
-    the heartbeat, so that the watch tells a rank slowed by its GPU's surroundings from a
-    slow rank. None while no sampler reads the reasons (no GPU, or a sampler without them)."""
+    """The seconds the GPUs this rank uses had their clocks held back for power or heat (a
+    slowdown reason in ``clocks_event_reasons``; each sample that shows one counts the time
+    since the one before), and which reasons were seen: cumulative, for the heartbeat, so that
+    the watch tells a rank slowed by its GPU's surroundings from a slow rank.
 
-    def __init__(self) -> None:
+    Only the rank's own GPUs count, as the GPU sees it: those NVML showed its processes on
+    (``samplers.gpuuse``, whose reads of their reasons count too), or the GPU its recorder
+    samples where the rank can see that one only (``one_gpu``). The GPUs its recorder samples
+    for the other ranks of its node count for none of it. None (unknown, not 0) while no GPU
+    is known to be the rank's or no reasons were read, and from the moment a GPU of the rank's
+    is lost (``gpuuse.LOST``): what it did then is not known."""
+
+    def __init__(self, one_gpu: bool = False) -> None:
+        self.one_gpu = one_gpu
         self.seconds: float | None = None
         self.mask = 0
+        self.lost = False
         self._last: int | None = None
 
-    def add(self, ts: int, rows: list[tuple]) -> None:
-        masks = [slowdown(r[3]) for r in rows if r[1] == "gpu" and r[2] == "clocks_event_reasons"]
-        if masks:
+    def add(self, ts: int, rows: list[tuple], use: GpuUse | None = None) -> None:
+        masks: dict[int | None, int] = {}
+        lost: set[int | None] = set(use.lost) if use is not None else set()
+        sampled: set[int | None] = set()
+        for r in rows:
+            if r[1] != "gpu":
+                continue
+            sampled.add(r[5])
+            if r[2] == "clocks_event_reasons":
+                masks[r[5]] = masks.get(r[5], 0) | slowdown(r[3])
+            elif r[2] == LOST:
+                lost.add(r[5])
+        if use is not None:
+            for i, m in use.reasons.items():
+                masks[i] = masks.get(i, 0) | slowdown(m)
+        mine: set[int | None] = set(use.used) if use is not None else set()
+        if self.one_gpu:
+            mine |= sampled                       # its recorder samples the one GPU it can see
+        if mine & lost:
+            self.lost = True
+        known = [masks[i] for i in mine if i in masks]
+        if known and not self.lost:
             held = 0
-            for m in masks:
+            for m in known:
                 held |= m
-            self.seconds = (self.seconds or 0.0) + (max(0, ts - self._last) / 1e9 if held and self._last else 0.0)
+            self.seconds = (self.seconds or 0.0) + (max(0, ts - self._last) / 1e9 if held and self._last is not None else 0.0)
             self.mask |= held
         self._last = ts
 
     def beat(self) -> dict[str, float | int | None]:
-        return {"gpu_throttled_s": None if self.seconds is None else round(self.seconds, 3),
+        return {"gpu_throttled_s": None if self.seconds is None or self.lost else round(self.seconds, 3),
                 "gpu_throttle": self.mask or None}
 
 
@@ -251,6 +279,42 @@ def _gpu_sampler(gpu: _Gpus, rank_meta: dict, path: Path, started: float) -> lis
     return [sampler] if sampler is not None else []
 
 
+class _Uses:
+    """Which GPUs of the node the rank's processes use (``samplers.gpuuse``), followed from
+    the first sample on; the rank's metadata names them (``gpus_used``: ``changed`` says when
+    to write it again). Not followed where GPU sampling is off or no GPU is visible."""
+
+    def __init__(self, rank_meta: dict, root: int) -> None:
+        from hpcml.samplers import NONE_VISIBLE, OFF
+        self.meta = rank_meta
+        self.root = root
+        self.changed = False
+        self.tracker: UseTracker | None = None
+        self._open = (rank_meta.get("gpu_sampler") or {}).get("reason") not in (OFF, NONE_VISIBLE)
+
+    def sample(self, ts: int, rows: list[tuple]) -> GpuUse | None:
+        self.changed = False
+        if self._open:              # opened at the first sample: off the command's start, like the sampler
+            from hpcml.samplers.gpuuse import open_tracker
+            self._open, self.tracker = False, open_tracker(self.root)
+        if self.tracker is None:
+            return None
+        try:
+            use = self.tracker.sample()
+        except Exception as exc:  # noqa: BLE001 - one bad read must not stop recording
+            rows.append((ts, "problem", "sampler_error_UseTracker", 1.0, None, None))
+            log.debug("hpcml observe record: the GPUs' processes were not read: %s", exc)
+            return None
+        used = [g.to_json() for g in use.used.values()]
+        if used != self.meta.get(USED_KEY, []):
+            self.meta[USED_KEY], self.changed = used, True
+        return use
+
+    def close(self) -> None:
+        if self.tracker is not None:
+            self.tracker.close()
+
+
 def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interval: float,
             prometheus_port: int | None, prometheus_addr: str, mlflow: str | None = None,
             exec_via: list[str] | None = None, remote_cfg: RemoteConfig | None = None,
@@ -328,7 +392,8 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
 
     host = HostSampler(child.pid, node_wide=task.local_rank == 0)
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
-    throttle = _Throttle()
+    throttle = _Throttle(one_gpu(rank_meta))
+    uses = _Uses(rank_meta, child.pid)
     contention: dict[str, float | int | None] = {}
     ended = ExitWatch(child.pid, child)         # its end noticed at once, not at the next 50 ms poll
     try:
@@ -343,7 +408,10 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
                     rows += s.sample(ts)
                 except Exception:  # noqa: BLE001 - one bad read must not stop recording
                     rows.append((ts, "problem", f"sampler_error_{type(s).__name__}", 1.0, None, None))
-            throttle.add(ts, rows)
+            use = uses.sample(ts, rows)
+            if uses.changed:
+                write_json(rank_meta_path, rank_meta)       # the report credits that GPU's rows to this rank
+            throttle.add(ts, rows, use)
             contention = {**_contention(host), **throttle.beat()}
             with lock:
                 writer.write_rows(rows)
@@ -353,6 +421,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
             remote.update(rows)
             responder.poll()
     finally:
+        uses.close()
         ended.close()
         stack.close()
         copier.join(timeout=10)

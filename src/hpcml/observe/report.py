@@ -45,6 +45,7 @@ from hpcml.observe.loadercores import Short
 from hpcml.observe.loadercores import short as is_short
 from hpcml.observe.progress import summarise
 from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS, MIN_STEPS, compute_times, score_groups
+from hpcml.samplers.nvml import LOST
 from hpcml.schemas import tag
 from hpcml.words import natural_key, node_name
 
@@ -130,14 +131,16 @@ class Report:
 # ---------------------------------------------------------------------------- helpers
 
 class _Rows:
-    """One (kind, name)'s rows: rank, rank index, seconds since the job's first row, value."""
+    """One (kind, name)'s rows: rank, rank index, seconds since the job's first row, value
+    (and the step of sections, the GPU's NVML index of GPU rows)."""
 
-    def __init__(self, rank, ridx, x, value, step=None, bucket=None):
+    def __init__(self, rank, ridx, x, value, step=None, bucket=None, gpu=None):
         self.rank, self.ridx, self.x, self.value, self.step, self.bucket = rank, ridx, x, value, step, bucket
+        self.gpu = gpu
 
     def take(self, sel) -> _Rows:
         return _Rows(*(None if a is None else a[sel]
-                       for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket)))
+                       for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket, self.gpu)))
 
 
 def _rank_extent(ridx: np.ndarray, start: np.ndarray, end: np.ndarray, nr: int) -> tuple[np.ndarray, np.ndarray]:
@@ -323,37 +326,86 @@ def _others(s: dict[str, Any]) -> str:
     return "unknown" if v is None else f"{v:.2f}"
 
 
-def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
+def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta_ranks: dict[str, dict],
+                   lost: Any = None) -> list[str]:
     """Each straggler's share of its GPU samples whose clocks were held back for power or heat
     (a slowdown reason in ``clocks_event_reasons``), beyond the other ranks' median share
     (``gpu_throttled``: every GPU of a busy job at its power cap excuses no rank), the reasons
     seen (``gpu_throttle``), and ``contended`` when that reaches ``CONTENDED``: the GPU's power
-    or cooling slowed the rank, not the rank itself."""
+    or cooling slowed the rank, not the rank itself.
+
+    A rank's GPU samples are those of the GPUs it is proven to have used, whichever rank's
+    recorder recorded them (``hpcml.observe.gpuowners``), and its ``gpus`` are those NVML saw
+    it on. Where no GPU is proven its, or one of its GPUs was lost (``lost``: ``gpu_lost``
+    rows, fallen off the bus), its share is unknown (None, not 0, nor the recorder's): said in
+    what this returns, the report's ``unjudged``."""
     if g is None or not stragglers or not len(g.value):
-        return
+        return []
+    from hpcml.observe.gpuowners import owners
     from hpcml.samplers.clockreasons import SLOWDOWN, reason_names
-    ids = np.asarray(rank_ids)[g.ridx]
+    pairs, inv = _gpu_pairs(g, rank_ids)
     vals = np.asarray(g.value, np.float64)
     ok = np.isfinite(vals) & (vals >= 0) & (vals < 2.0 ** 63) & (vals == np.floor(vals))
     masks = np.where(ok, vals, 0).astype(np.uint64) & np.uint64(SLOWDOWN)
-    held = masks != 0
-    rows = np.asarray(g.ridx)[ok]
-    n = np.bincount(rows, minlength=len(rank_ids))
-    k = np.bincount(rows, weights=held[ok].astype(np.float64), minlength=len(rank_ids))
-    share = {int(rank_ids[i]): float(k[i] / n[i]) for i in np.flatnonzero(n)}
+    n = np.bincount(inv[ok], minlength=len(pairs))
+    k = np.bincount(inv[ok], weights=(masks[ok] != 0).astype(np.float64), minlength=len(pairs))
+    order = np.argsort(inv, kind="stable")
+    seen = np.bitwise_or.reduceat(masks[order], np.searchsorted(inv[order], np.arange(len(pairs))))
+    gone = set(_gpu_pairs(lost, rank_ids)[0]) if lost is not None and len(lost.value) else set()
+    own = owners(meta_ranks, [*pairs, *(gone - set(pairs))])
+    total: dict[int, list[float]] = {}                     # rank -> [samples, held samples]
+    reasons: dict[int, int] = {}
+    lost_ranks = {u for pair in gone for u in own.by_pair.get(pair, ())}
+    for p, pair in enumerate(pairs):
+        for u in own.by_pair.get(pair, ()):
+            t = total.setdefault(u, [0.0, 0.0])
+            t[0], t[1] = t[0] + float(n[p]), t[1] + float(k[p])
+            reasons[u] = reasons.get(u, 0) | int(seen[p])
+    share = {u: held / count for u, (count, held) in total.items() if count and u not in lost_ranks}
+    unproven: list[int] = []
+    went: list[int] = []
     for s in stragglers:
-        mine = share.get(s["rank"])
-        if mine is None:
+        rank = s["rank"]
+        if rank in own.named:
+            s["gpus"] = own.named[rank]
+        mine = share.get(rank)
+        s["gpu_throttle"] = reason_names(reasons.get(rank, 0)) or None
+        if mine is None:            # its GPU unknown, or lost: unknown, not 0
+            s["gpu_throttled"] = None
+            (went if rank in lost_ranks else unproven).append(rank)
             continue
-        others = [v for r, v in share.items() if r != s["rank"]]
-        seen = int(np.bitwise_or.reduce(masks[ids == s["rank"]])) if mine else 0
-        s["gpu_throttle"] = reason_names(seen) or None
+        others = [v for r, v in share.items() if r != rank]
         if not others:          # no other rank's GPU measured: beyond what they had is unknown, not 0
             s["gpu_throttled"] = None
             continue
         s["gpu_throttled"] = _r(max(0.0, mine - float(np.median(others))), 3)
         if (s["gpu_throttled"] or 0.0) >= CONTENDED:
             s["contended"] = True
+    notes = []
+    if unproven:
+        notes.append(f"GPU throttling of {_ranks(unproven)} (no recorded GPU is proven {_its(unproven)}: NVML did "
+                     f"not show {_its(unproven)} processes on one)")
+    if went:
+        notes.append(f"GPU throttling of {_ranks(went)} (a GPU {'it' if len(went) == 1 else 'they'} used was lost: "
+                     "NVML said GPU_IS_LOST)")
+    return notes
+
+
+def _ranks(ranks: list[int]) -> str:
+    return f"rank {ranks[0]}" if len(ranks) == 1 else f"ranks {', '.join(map(str, ranks))}"
+
+
+def _its(ranks: list[int]) -> str:
+    return "its" if len(ranks) == 1 else "their"
+
+
+def _gpu_pairs(g: Any, rank_ids: Any) -> tuple[list[tuple[int, int]], np.ndarray]:
+    """The GPUs of some GPU rows, each as (recording rank, NVML index; -1: none named), and
+    each row's GPU as an index into them."""
+    rec = np.asarray(rank_ids, np.int64)[g.ridx]
+    gpu = np.full(len(rec), -1, np.int64) if g.gpu is None else np.asarray(g.gpu, np.int64)
+    keys, inv = np.unique(rec * 65536 + (gpu + 1), return_inverse=True)
+    return [(int(key // 65536), int(key % 65536) - 1) for key in keys], inv.reshape(-1)
 
 
 def _unfinished_until(last: np.ndarray, groups: dict, meta_ranks: dict[str, dict], rank_ids) -> np.ndarray:
@@ -568,7 +620,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     for (kind, name), s in sorted(series.items()):
         x = np.subtract(s.ts_us, t0_us or 0).astype(np.float32)
         x *= np.float32(1e-6)
-        g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value)
+        g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value, gpu=s.gpu)
         if kind == "section" and name in ("step", WAIT):
             g.rank, g.step = s.rank, s.step
             ok = g.step >= 0
@@ -638,7 +690,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     # Stragglers.
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
     _cpu_waits(stragglers, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
-    _gpu_throttles(stragglers, groups.get(("gpu", "clocks_event_reasons")), rank_ids)
+    gpu_unknown = _gpu_throttles(stragglers, groups.get(("gpu", "clocks_event_reasons")), rank_ids, meta_ranks,
+                                 groups.get(("gpu", LOST)))
     _contended_spans(transient, plots.get("degrading", []), sg, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     if check is not None:
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
@@ -695,7 +748,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
                   straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io,
-                  unjudged=_unjudged(check, stalls_judged, stragglers))
+                  unjudged=_unjudged(check, stalls_judged, stragglers) + gpu_unknown)
 
 
 def _unjudged(check: dict[str, Any] | None, stalls_judged: bool, stragglers: list) -> list[str]:
@@ -771,7 +824,7 @@ def _held_back_arrival(arrived: dict[str, Any] | None, more: list[Finding], meta
     rank = arrived["straggler"]
     probe = [{"rank": rank, "node": (meta_ranks.get(str(rank)) or {}).get("node"), "score": 1.0}]
     _cpu_waits(probe, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
-    _gpu_throttles(probe, groups.get(("gpu", "clocks_event_reasons")), rank_ids)
+    _gpu_throttles(probe, groups.get(("gpu", "clocks_event_reasons")), rank_ids, meta_ranks, groups.get(("gpu", LOST)))
     if not probe[0].get("contended"):
         return more
     arrived["contended"] = True

@@ -4,7 +4,8 @@
 row: about 55 bytes a row, 0.9 GB for 1,024 ranks x 10,000 steps) and the report then
 grouped it by (kind, name) over 16.8M strings. Here ranks are read 16 at a time on a pool of
 threads (Arrow decompresses and hashes without the GIL) and split by (kind, name) at once;
-only rank, timestamp, value (and step, for sections) are kept: about 24 bytes a row. The
+only rank, timestamp, value (and step, for sections; the GPU, for GPU rows) are kept: about
+24 bytes a row. The
 strings and Arrow buffers of those ranks are freed before the next are read, so the peak is
 the series, not the table plus the series.
 """
@@ -22,19 +23,22 @@ from hpcml import progress
 from hpcml.observe.store import files_by_rank, iter_ranks, missing_ranks, read_meta
 
 Key = tuple[str, str]
-_COLUMNS = ["ts", "rank", "kind", "name", "value", "step"]      # gpu is unused
+_COLUMNS = ["ts", "rank", "kind", "name", "value", "step", "gpu"]
 RANKS_PER_SPLIT = 16
 
 
 @dataclass
 class Series:
-    """One (kind, name)'s rows over the job: rank, microseconds since the epoch, value, and
-    the step number (sections and user metrics, int32 for these; -1 where the row has none)."""
+    """One (kind, name)'s rows over the job: rank, microseconds since the epoch, value, the
+    step number (sections and user metrics, int32 for these; -1 where the row has none), and
+    the GPU's NVML index on the recording rank's node (GPU rows; -1 where the row has none):
+    whose GPU a row is (``hpcml.observe.gpuowners``)."""
 
     rank: np.ndarray
     ts_us: np.ndarray
     value: np.ndarray
     step: np.ndarray | None = None
+    gpu: np.ndarray | None = None
 
 
 @dataclass
@@ -52,8 +56,8 @@ class JobSeries:
 
 
 def split(t) -> dict[Key, tuple]:
-    """A table's rows by (kind, name): (rank, ts_us, value, step or None) arrays. The
-    columns stay chunked as read: combining them would copy every string."""
+    """A table's rows by (kind, name): (rank, ts_us, value, step or None, gpu or None)
+    arrays. The columns stay chunked as read: combining them would copy every string."""
     import pyarrow as pa
     import pyarrow.compute as pc
     if not t.num_rows:
@@ -72,6 +76,7 @@ def split(t) -> dict[Key, tuple]:
             col = col.cast(pa.int64())
         return (pc.fill_null(col, fill) if col.null_count else col).to_numpy()
     rank, ts, value, step = column("rank", 0), column("ts", 0), column("value", np.nan), column("step", -1)
+    gpu = column("gpu", -1) if "gpu" in t.column_names else np.full(len(rank), -1, np.int16)
     kinds_l, names_l = kinds.to_pylist(), names.to_pylist()
     out: dict[Key, tuple] = {}
     for code in np.flatnonzero(bounds[1:] > bounds[:-1]):
@@ -79,7 +84,8 @@ def split(t) -> dict[Key, tuple]:
         kind = kinds_l[code // nn]
         out[(kind, names_l[code % nn])] = (rank[idx], ts[idx], value[idx],
                                            step[idx] if kind == "section" else
-                                           step[idx].astype(np.int32) if kind == "metric" else None)
+                                           step[idx].astype(np.int32) if kind == "metric" else None,
+                                           gpu[idx].astype(np.int16) if kind == "gpu" else None)
     return out
 
 
@@ -131,9 +137,10 @@ def read_series(path: str | os.PathLike) -> JobSeries:
 
 
 def _join(parts: list[tuple]) -> Series:
-    rank, ts, value, step = zip(*parts)
+    rank, ts, value, step, gpu = zip(*parts)
     return Series(rank=np.concatenate(rank), ts_us=np.concatenate(ts), value=np.concatenate(value),
-                  step=None if step[0] is None else np.concatenate(step))
+                  step=None if step[0] is None else np.concatenate(step),
+                  gpu=None if gpu[0] is None else np.concatenate(gpu))
 
 
 def from_table(table) -> dict[Key, Series]:

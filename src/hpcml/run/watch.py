@@ -454,7 +454,7 @@ class Watch:
             who = f"node {st.node}: all {len(self._node_ranks(st.node))} of its ranks" if whole else f"rank {st.rank}"
             what = f"{who} {st.score:.1f}x slower {straggler_since(st)}"
             self._say(f"straggler: {who}{'' if whole else f' on {st.node}'} {st.score:.1f}x slower "
-                      f"{straggler_since(st)} (confidence {st.confidence or 0.0:.2f})")
+                      f"{straggler_since(st)} (confidence {st.confidence or 0.0:.2f}){self._gpu_unknown(st)}")
             self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=st.rank,
                                        node=st.node, score=st.score, since_step=st.since_step))
 
@@ -521,7 +521,7 @@ class Watch:
         what = (f"rank {top.rank} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
                 f"{top.late_s * 1000:.1f} ms after the others, {straggler_since(st)} (Flight Recorder, {top.measure})")
         self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)} "
-                  f"(confidence {st.confidence or 0.0:.2f})")
+                  f"(confidence {st.confidence or 0.0:.2f}){self._gpu_unknown(st)}")
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
                                    node=st.node, since_step=st.since_step))
 
@@ -560,6 +560,14 @@ class Watch:
         if st.gpu_throttled and b is not None and b.gpu_throttle:
             st.gpu_throttle = reason_names(b.gpu_throttle)
         return any(x >= CONTENDED for x in (beyond[0], st.steal or 0.0, beyond[1], beyond[2]))
+
+    def _gpu_unknown(self, st: Straggler) -> str:
+        """What a straggler's line says where the job's GPUs' clocks are measured but whether
+        this rank's held it back is not known (no GPU proven its, or its GPU lost, or no other
+        rank's measured): unknown, not "not held back"."""
+        if st.gpu_throttled is not None or not any(b.gpu_throttled_s is not None for b in self.beats.values()):
+            return ""
+        return "; whether its GPU's clocks held it back is unknown"
 
     def _contended(self, st: Straggler, now: float) -> None:
         """A slow rank whose threads waited for a CPU (or whose node's CPUs were stolen, or

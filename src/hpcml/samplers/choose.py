@@ -31,7 +31,7 @@ from typing import Any
 
 from hpcml.errors import UsageError
 from hpcml.registry import Registry
-from hpcml.samplers import CLAIMED, NONE_VISIBLE, OFF, UNAVAILABLE, SamplerUnavailable
+from hpcml.samplers import CLAIMED, NONE_VISIBLE, OFF, UNAVAILABLE, SamplerUnavailable, gpuuse
 from hpcml.samplers.nvml import NVML_NOTE
 
 __all__ = ["AUTO", "NVML_NOTE", "SAMPLERS", "TaskGpus", "choose_gpu_sampler", "for_task", "modes"]
@@ -48,7 +48,7 @@ SAMPLERS: Registry[Callable[..., tuple[Any, dict]]] = Registry("GPU sampler", "h
 FALLBACK = "nvml"
 #: what ``auto`` tries, in order
 AUTO = ("dcgm", "gpm", FALLBACK)
-ALL_VISIBLE = "all visible GPUs"
+ALL_VISIBLE = gpuuse.ALL_VISIBLE
 
 
 def modes() -> list[str]:

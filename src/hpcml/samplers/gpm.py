@@ -35,8 +35,9 @@ DCGM's FP16 pipe does; GPM is read per GPU and not for MIG instances (a GPU in M
 left out, and the label says so).
 
 Missing stays missing: a metric NVML answers with an error is no row, a metric that fails
-on every call is dropped after the first, and a GPU whose sample fails (lost, reset) has no
-rows for that interval.
+on every call is dropped after the first, and a GPU whose sample fails (reset) has no rows
+for that interval; one NVML says is lost (fallen off the bus) has a ``gpu_lost`` row
+(``hpcml.samplers.nvml.LOST``) instead, so that what it did is unknown, not "not throttled".
 
 No GPU exists on the development machines: ``HPCML_GPM_REPLAY=file.jsonl`` replaces the
 NVML library (only it) with ``hpcml.samplers.replay``, which plays back a recording made
@@ -50,7 +51,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
-from hpcml.samplers.nvml import NoDriver, nvml_library, read_device, shutdown
+from hpcml.samplers.nvml import LOST, NoDriver, is_lost, nvml_library, read_device, shutdown
 
 MIB = 1024 * 1024
 PERCENT = 0.01
@@ -198,8 +199,10 @@ class GpmSampler:
             current = self._spare[i]
             try:
                 nv.nvmlGpmSampleGet(h, current)
-            except nv.NVMLError:
-                continue                               # lost or resetting: no rows this time
+            except nv.NVMLError as exc:                # lost: said (unknown from now on); resetting: no rows
+                if is_lost(nv, exc):
+                    rows.append((self.clock(), "gpu", LOST, 1.0, None, i))
+                continue
             end = self.clock()
             try:
                 values = self._metrics(self._prev[i], current)

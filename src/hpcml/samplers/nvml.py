@@ -6,7 +6,13 @@ window), not saturation; ``hpcml score`` measures that with DCGM.
 
 No GPU exists on the development machines: ``HPCML_OBSERVE_NVML_REPLAY=file.jsonl``
 replays recorded samples (one JSON object per line: {"gpus": [{"index": 0, ...}]}) in a
-loop, which is how the tests exercise this module. The live path is untested here.
+loop, which is how the tests exercise this module; ``"lost": true`` in a GPU's entry stands
+for a GPU that fell off the bus. The live path is untested here.
+
+A GPU NVML says is lost (``GPU_IS_LOST``: fallen off the bus) gives a ``gpu_lost`` row
+(``LOST``) each sample instead of its values: from then on what it did
+is unknown, and whoever reads the rows must not take the missing clocks reasons for "not
+throttled".
 """
 
 from __future__ import annotations
@@ -18,6 +24,16 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
+
+#: the row a sampler writes for a GPU NVML says is lost (value 1.0, the GPU's index)
+LOST = "gpu_lost"
+NVML_ERROR_GPU_IS_LOST = 15               # nvml.h
+
+
+def is_lost(nv: Any, exc: BaseException) -> bool:
+    """Whether an NVML error says the GPU is lost (fell off the bus, needs a reset)."""
+    return getattr(exc, "value", None) == getattr(nv, "NVML_ERROR_GPU_IS_LOST", NVML_ERROR_GPU_IS_LOST)
+
 
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 FIELDS = ("util_gpu_percent", "util_mem_percent", "mem_used_bytes", "power_w", "sm_clock_mhz",
@@ -60,26 +76,33 @@ def shutdown(nv: Any) -> None:
 
 def read_device(nv, handle) -> dict[str, float | None]:
     """NVML's device values of one GPU (None: NVML refused that one), shared with the GPM
-    sampler: utilisation, memory used, power, clocks, temperature, clock-event reasons."""
+    sampler: utilisation, memory used, power, clocks, temperature, clock-event reasons; for a
+    GPU NVML says is lost, ``{LOST: 1.0}`` alone: none of its values is known."""
+    lost = False
 
     def get(fn, *args):
+        nonlocal lost
+        if lost:
+            return None
         try:
             return fn(handle, *args)
-        except nv.NVMLError:
+        except nv.NVMLError as exc:
+            lost = is_lost(nv, exc)
             return None
     util = get(nv.nvmlDeviceGetUtilizationRates)
     mem = get(nv.nvmlDeviceGetMemoryInfo)
     power = get(nv.nvmlDeviceGetPowerUsage)
-    return {"util_gpu_percent": util.gpu if util else None,
-            "util_mem_percent": util.memory if util else None,
-            "mem_used_bytes": mem.used if mem else None,
-            "power_w": power / 1000 if power is not None else None,
-            "sm_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
-            "mem_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
-            "temperature_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
-            "energy_mj": get(nv.nvmlDeviceGetTotalEnergyConsumption),
-            "clocks_event_reasons": get(getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
-                                        or nv.nvmlDeviceGetCurrentClocksThrottleReasons)}
+    values = {"util_gpu_percent": util.gpu if util else None,
+              "util_mem_percent": util.memory if util else None,
+              "mem_used_bytes": mem.used if mem else None,
+              "power_w": power / 1000 if power is not None else None,
+              "sm_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_SM),
+              "mem_clock_mhz": get(nv.nvmlDeviceGetClockInfo, nv.NVML_CLOCK_MEM),
+              "temperature_c": get(nv.nvmlDeviceGetTemperature, nv.NVML_TEMPERATURE_GPU),
+              "energy_mj": get(nv.nvmlDeviceGetTotalEnergyConsumption),
+              "clocks_event_reasons": get(getattr(nv, "nvmlDeviceGetCurrentClocksEventReasons", None)
+                                          or nv.nvmlDeviceGetCurrentClocksThrottleReasons)}
+    return {LOST: 1.0} if lost else values
 
 
 class NvmlSampler:
@@ -89,6 +112,7 @@ class NvmlSampler:
         self._replay = None
         self.handles: list[tuple[int, object]] = []
         self.models: dict[str, str] = {}
+        self.uuids: dict[str, str] = {}
         replay = os.environ.get("HPCML_OBSERVE_NVML_REPLAY")
         if replay:
             with open(replay, encoding="utf-8") as f:
@@ -103,6 +127,7 @@ class NvmlSampler:
             uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
             if not self.bound or str(i) in self.bound or uuid in self.bound:
                 self.handles.append((i, h))
+                self.uuids[str(i)] = uuid
                 try:
                     name = nv.nvmlDeviceGetName(h)
                     self.models[str(i)] = name.decode() if isinstance(name, bytes) else str(name)
@@ -115,8 +140,14 @@ class NvmlSampler:
                     if not self.bound or str(g["index"]) in self.bound]
         else:
             gpus = [(i, read_device(self.nv, h)) for i, h in self.handles]
-        return [(ts, "gpu", name, float(values[name]), None, index)
-                for index, values in gpus for name in FIELDS if values.get(name) is not None]
+        rows = []
+        for index, values in gpus:
+            if values.get(LOST) or values.get("lost") is True:      # a replay's "lost": true
+                rows.append((ts, "gpu", LOST, 1.0, None, index))
+                continue
+            rows += [(ts, "gpu", name, float(values[name]), None, index) for name in FIELDS
+                     if values.get(name) is not None]
+        return rows
 
     def close(self) -> None:
         if self._replay is None and self.handles is not None:

@@ -170,3 +170,5 @@ class ReplayNvml:
     nvmlDeviceGetTotalEnergyConsumption = _unrecorded
     nvmlDeviceGetCurrentClocksEventReasons = _unrecorded
     nvmlDeviceGetCurrentClocksThrottleReasons = _unrecorded
+    nvmlDeviceGetComputeRunningProcesses = _unrecorded       # whose processes ran there: not recorded
+    nvmlDeviceGetMPSComputeRunningProcesses = _unrecorded
