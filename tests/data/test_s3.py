@@ -190,3 +190,29 @@ def test_bench_measures_the_stores_ceiling_and_the_loader_against_it(s3, packed,
     assert {x["order"] for x in doc["passes"]} == {"sequential", "shuffled"}
     assert all(x["samples"] >= total - 1 and x["reads"] > 0 for x in doc["passes"]), doc["passes"]
     assert any("over the network" in n for n in doc["notes"]), doc["notes"]
+
+
+def test_a_forged_index_in_a_bucket_reads_no_more_than_the_object_holds(s3, packed, tmp_path, monkeypatch):
+    """An index whose last sample ends at 10**15, and one whose last sample lies past the
+    object's end: the ranged GETs go slice by slice (``OBJECT_SLICE``), so memory follows
+    what the object holds (was: a MemoryError asking for a petabyte); a sample past the
+    end is corrupt, naming the object and the offset."""
+    from hpcml.data import CorruptShardError, reader
+    monkeypatch.setattr(reader, "OBJECT_SLICE", 64 << 10)
+    _upload(s3, packed, "forged")
+    assert _cli(s3, "index", s3.url("forged"), cwd=tmp_path).returncode == 0
+    kw = dict(seed=1, rank=0, world_size=1, block_bytes=32 * 1024, window=4)
+    expected = _keys_and_bytes(ShardDataset(packed, **kw))
+    c = s3.client()
+    first = sorted(packed.glob("*.tar"))[0]
+    key = f"forged/{first.name[:-len('.tar')]}.idx.json"
+    doc = json.loads(c.get_object(Bucket=s3.bucket, Key=key)["Body"].read())
+    doc["samples"][-1][2] = 10**15
+    c.put_object(Bucket=s3.bucket, Key=key, Body=json.dumps(doc).encode())
+    assert _keys_and_bytes(ShardDataset(s3.url("forged"), **kw)) == expected
+    row = doc["samples"][-1]
+    row[1:] = [10**12, 2 * 10**12, [[row[3][0][0], 10**12 + 512, 10]]]
+    c.put_object(Bucket=s3.bucket, Key=key, Body=json.dumps(doc).encode())
+    with pytest.raises(CorruptShardError) as caught:
+        list(ShardDataset(s3.url("forged"), **kw))
+    assert caught.value.offset == 10**12 and f"forged/{first.name}" in str(caught.value)

@@ -155,3 +155,20 @@ def test_a_mid_epoch_state_of_the_old_4_mib_layout_resumes_with_workers_in_the_o
     assert _batches(resumed) == full[5:]
     assert _batches(ShardLoader(ShardDataset(path, seed=4, rank=0, world_size=1), batch_size=8,
                                 num_workers=2)) != full        # today's default is another order
+
+
+@pytest.mark.parametrize(("key", "value"), [("position", -8), ("position", 302), ("epoch", True), ("batch_size", "8"),
+                                            ("workers", 10**6)])
+def test_a_forged_resume_state_is_refused_by_the_loader_naming_the_key(shards, key, value):
+    """The loader's door to the same checks: a state out of range or not an integer is one
+    line naming its key, and the loader delivers from the start as before (was: a
+    position of -8 resumed, counting from -8)."""
+    first = _loader(shards)
+    _batches(first, stop=2)
+    state = {**first.state_dict(), key: value}
+    resumed = _loader(shards)
+    with pytest.raises(ResumeStateError) as caught:
+        resumed.load_state_dict(state)
+    assert caught.value.key == key and str(caught.value).splitlines() == [str(caught.value)]
+    assert (resumed.epoch, resumed.ds.position) == (0, 0)
+    assert _batches(resumed) == _batches(_loader(shards))

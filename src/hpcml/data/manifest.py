@@ -26,7 +26,8 @@ import orjson
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from hpcml import objstore
-from hpcml.data.index import SHARD_SUFFIXES
+from hpcml.data import index as shard_index
+from hpcml.data.index import BLOCK, SHARD_SUFFIXES
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded, read_json, write_atomic
 from hpcml.schemas import check, tag
@@ -104,11 +105,36 @@ def load_manifest(path: str | os.PathLike) -> Manifest:
 def _validated(raw: Any, p: str) -> Manifest:
     check(raw, SCHEMA, str(p))
     try:
-        return Manifest.model_validate(raw)
+        manifest = Manifest.model_validate(raw)
     except ValidationError as exc:
         err = exc.errors()[0]
         key = ".".join(str(x) for x in err["loc"])
         raise UsageError(f"{err['msg']} (found {err.get('input')!r})", file=str(p), key=key) from None
+    bad = capacity_problem(manifest)
+    if bad is not None:
+        raise UsageError(bad[1], file=str(p), key=bad[0])
+    return manifest
+
+
+def capacity_problem(manifest: Manifest) -> tuple[str, str] | None:
+    """The key and the problem where the manifest counts more samples than its shards can
+    hold, or None. Every sample of a tar begins with a 512-byte header, so a shard of B bytes
+    holds at most B / 512 (a compressed one: its decompressed tar, at most
+    ``index.MAX_INFLATED_BYTES``); and all shards together at most ``MAX_SAMPLES`` (the cap
+    of one shard's count alone let a thousand shards count 10**14). The reader plans its
+    order from these counts before it reads an index: a count no shard can hold is refused
+    here, one that differs from its index when that index is loaded."""
+    total = 0
+    for i, s in enumerate(manifest.shards):
+        room = shard_index.MAX_INFLATED_BYTES if s.compression else s.bytes
+        if s.samples > room // BLOCK:
+            what = "a compressed shard's tar may hold" if s.compression else "its bytes can hold"
+            return f"shards.{i}.samples", (f"{s.samples:,} samples, more than the {room // BLOCK:,} that {what} "
+                                           f"({room:,} bytes, each sample at least a {BLOCK}-byte tar header)")
+        total += s.samples
+    if total > MAX_SAMPLES:
+        return "shards", f"its shards count {total:,} samples, more than the {MAX_SAMPLES:,} any shard set holds"
+    return None
 
 
 def is_shard_name(name: str) -> bool:

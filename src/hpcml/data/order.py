@@ -48,6 +48,16 @@ def blocks(counts: list[int], sizes: list[int], block_bytes: int) -> list[Piece]
     return out
 
 
+def block_count(counts: list[int], sizes: list[int], block_bytes: int) -> int:
+    """How many blocks ``blocks`` cuts, without making them (O(shards)): the size of an
+    epoch's plan, known before it is built (``ShardDataset`` bounds it by the shards' bytes)."""
+    total = 0
+    for n, size in zip(counts, sizes):
+        if n > 0:
+            total += -(-n // max(1, int(round(block_bytes * n / max(size, 1)))))
+    return total
+
+
 def _rng(*key: int) -> np.random.Generator:
     return np.random.default_rng([abs(int(k)) for k in key])
 
@@ -105,21 +115,34 @@ def consumed_per_stream(position: int, n: int, batch: int, workers: int) -> list
 
 @dataclass(frozen=True)
 class Window:
+    """``window`` blocks read together, their samples permuted (``order``).
+
+    The permutation is drawn when the window is read, not when the plan is made: a plan
+    holds its blocks, never a number per sample. Drawn up front, a rank's plan held 8 bytes
+    for every sample of the epoch in every loader worker (each plans all streams), and a
+    manifest or index whose counts are wrong (a file: anyone's) could ask for terabytes
+    before a byte was read; drawn here, only after the window's indexes are loaded and each
+    count checked against its index, it is the few samples of ``window`` blocks. Same
+    generator and key as before: the same order."""
+
     pieces: list[Piece]
-    order: np.ndarray      # permutation of the window's samples (identity without shuffle)
+    key: tuple[int, ...]   # the window's random stream: (seed, epoch, rank, worker, first block)
+    shuffle: bool = True
 
     def __len__(self) -> int:
-        return len(self.order)
+        return sum(hi - lo for _s, lo, hi in self.pieces)
+
+    @property
+    def order(self) -> np.ndarray:
+        """The permutation of the window's samples (identity without shuffle), drawn anew
+        at each access: read it once."""
+        n = len(self)
+        return _rng(*self.key).permutation(n) if self.shuffle else np.arange(n)
 
 
 def worker_windows(pieces: list[Piece], layout: Layout, key: tuple[int, ...]) -> list[Window]:
-    out = []
-    for i in range(0, len(pieces), max(1, layout.window)):
-        group = pieces[i:i + layout.window]
-        n = sum(hi - lo for _s, lo, hi in group)
-        order = _rng(*key, i).permutation(n) if layout.shuffle else np.arange(n)
-        out.append(Window(group, order))
-    return out
+    step = max(1, layout.window)
+    return [Window(pieces[i:i + step], (*key, i), layout.shuffle) for i in range(0, len(pieces), step)]
 
 
 @dataclass(frozen=True)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import stat
 import threading
 import warnings
 from collections import OrderedDict
@@ -23,9 +24,10 @@ import numpy as np
 
 from hpcml import objstore
 from hpcml.cluster.ranks import ranks
+from hpcml.data import index as shard_index
 from hpcml.data import order
 from hpcml.data.index import BLOCK, ShardIndex, header_problem, load_index, load_index_bytes
-from hpcml.data.manifest import load_manifest, manifest_path
+from hpcml.data.manifest import MAX_SAMPLES, load_manifest, manifest_path
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX
 from hpcml.schemas import check, tag
@@ -49,6 +51,21 @@ TUNING = ("block_bytes", "window")
 MAX_BLOCK_BYTES = 1 << 30
 MAX_WINDOW = 4096
 MAX_WINDOW_BYTES = 16 << 30
+#: a ranged GET of more than this is made in slices of it, each allocated once the one
+#: before came back whole: an index's claim (a file: anyone's) past an object's real end
+#: costs one slice of memory, not what it claims
+OBJECT_SLICE = 64 << 20
+#: a compressed shard in an object store is read whole into memory (``_object_file``): at
+#: most its decompressed bound and what compression adds to incompressible data (under 1 %)
+MAX_COMPRESSED_OBJECT = shard_index.MAX_INFLATED_BYTES + (shard_index.MAX_INFLATED_BYTES >> 5)
+#: an epoch's plan of up to this many blocks (about 100 MB: a tuple in a list each) is built
+#: without asking the storage; a larger one only when the shards' real bytes can fill it
+PLAN_FREE_BLOCKS = 1 << 20
+#: bounds of a resume state's numbers beyond what any run reaches (a state is a file)
+MAX_EPOCH = 1 << 31
+MAX_WORLD = 1 << 24
+MAX_WORKERS = 1 << 12
+MAX_BATCH = 1 << 31
 
 
 def tuning_problem(block_bytes: int, window: int) -> tuple[str, str] | None:
@@ -89,6 +106,62 @@ def resize_problem(state: dict, samples: int | None = None) -> str | None:
             f"{state.get('rank')}), and a position within an epoch does not carry over to another world size")
 
 
+#: a resume state's numbers: (key, least, most, required); ``rank`` is below ``world_size`` too
+STATE_NUMBERS = (("epoch", 0, MAX_EPOCH, True), ("position", 0, MAX_SAMPLES, True), ("samples", 0, MAX_SAMPLES, False),
+                 ("world_size", 1, MAX_WORLD, True), ("rank", 0, MAX_WORLD - 1, True), ("workers", 1, MAX_WORKERS, False),
+                 ("batch_size", 1, MAX_BATCH, False))
+
+
+def _check_numbers(state: dict) -> None:
+    """Refuse, in one line naming the key, a number of a resume state that is missing, not
+    an integer (a bool, a float or a string is not one, though ``int()`` would take them),
+    or out of range. A state is a file (a checkpoint's): before this, ``position: -5``
+    read the epoch from its start while counting from -5, and ``epoch: "1"`` or ``true``
+    resumed as 1."""
+    for key, least, most, required in STATE_NUMBERS:
+        if key not in state and not required:
+            continue
+        value = state.get(key)
+        if type(value) is not int:
+            found = "missing" if key not in state else f"not an integer (found {value!r:.40})"
+            raise ResumeStateError(found, key=key)
+        if not least <= value <= most:
+            raise ResumeStateError(f"{value:,} is not between {least:,} and {most:,}", key=key)
+    if state["rank"] >= state["world_size"]:
+        raise ResumeStateError(f"rank {state['rank']} is outside world size {state['world_size']}", key="rank")
+
+
+def _real_bytes(root: Path | objstore.S3Url, names: list[str]) -> list[int]:
+    """The length of each shard as the storage has it (0 for one that is not there): a
+    ``stat`` of each file (16 at a time: a parallel filesystem answers each in a round
+    trip), one LIST of each object prefix."""
+    urls: list[tuple[str, str] | None] = []
+    for n in names:
+        if objstore.is_url(n):
+            u = objstore.S3Url.parse(n, key="shards.name")
+            urls.append((u.bucket, u.prefix))
+        elif isinstance(root, objstore.S3Url):
+            urls.append(objstore.locate(root, n))
+        else:
+            urls.append(None)
+    sizes: dict[tuple[str, str], int] = {}
+    for bucket, parent in sorted({(b, k.rpartition("/")[0]) for b, k in (u for u in urls if u is not None)}):
+        listed = objstore.list_objects(objstore.client(), objstore.S3Url(bucket, parent))
+        sizes.update(((bucket, key), size) for key, size, _etag in listed)
+
+    def one(i: int) -> int:
+        url = urls[i]
+        if url is not None:
+            return sizes.get(url, 0)
+        assert isinstance(root, Path)
+        try:
+            return os.stat(root / names[i]).st_size
+        except OSError:
+            return 0
+    with ThreadPoolExecutor(max_workers=16) as pool:
+        return list(pool.map(one, range(len(names))))
+
+
 def _env_rank() -> tuple[int, int]:
     who = ranks()
     return who.rank, who.world_size
@@ -101,8 +174,11 @@ class _Shards:
     DataLoader worker's own)."""
 
     def __init__(self, root: Path | objstore.S3Url, names: list[str], index_names: list[str], keep: int = 64,
-                 compression: list[str] | None = None, sizes: list[int] | None = None) -> None:
+                 compression: list[str] | None = None, sizes: list[int] | None = None,
+                 counts: list[int] | None = None) -> None:
         self.sizes = sizes or [0] * len(names)      # the manifest's bytes of each: a whole object read is bounded
+        self.counts = counts                        # the manifest's samples of each: its index must hold as many
+        self.real: dict[int, int] = {}              # a file's length, from fstat of the descriptor read
         self.root, self.names, self.index_names, self.keep = root, names, index_names, keep
         self.remote: list[tuple[str, str] | None] = []
         for n in names:
@@ -151,12 +227,19 @@ class _Shards:
             with self.open_lock:
                 if s in self.indexes:          # loaded while this thread waited
                     return self.indexes[s]
+            count = self.counts[s] if self.counts is not None else None
             if isinstance(self.root, objstore.S3Url):
                 bucket, key = objstore.locate(self.root, self.index_names[s])
-                idx = load_index_bytes(objstore.read_object(self.client(), bucket, key, JSON_MAX),
-                                       objstore.url_of(bucket, key))
+                where = objstore.url_of(bucket, key)
+                idx = load_index_bytes(objstore.read_object(self.client(), bucket, key, JSON_MAX), where, samples=count)
             else:
-                idx = load_index(self.root / self.index_names[s])
+                where = str(self.root / self.index_names[s])
+                idx = load_index(self.root / self.index_names[s], samples=count)
+            limit = shard_index.MAX_INFLATED_BYTES
+            if self.compression[s] and len(idx) and int(idx.ends[-1]) > limit:
+                raise UsageError(f"its samples end at byte {int(idx.ends[-1]):,} of the decompressed tar, past the "
+                                 f"{limit:,} bytes a compressed shard may hold: it is read whole, as one block; "
+                                 "decompress the shard (gunzip, xz -d) and index the .tar", file=where, key="samples")
             with self.open_lock:
                 self.indexes[s] = idx
                 if len(self.indexes) > self.keep:
@@ -164,17 +247,15 @@ class _Shards:
             return idx
 
     def fd(self, s: int) -> int:
-        """The shard's descriptor; the least recently used is closed first, and ``keep``
-        exceeds the shards that reads and hints in flight use (two windows), so none is
-        closed under a ``pread``."""
+        """The shard's descriptor (and its length, in ``real``); the least recently used is
+        closed first, and ``keep`` exceeds the shards that reads and hints in flight use (two
+        windows), so none is closed under a ``pread``."""
         with self.open_lock:
             if s in self.fds:
                 self.fds.move_to_end(s)
                 return self.fds[s]
-            try:
-                self.fds[s] = fd = os.open(self.path(s), os.O_RDONLY)
-            except OSError as exc:
-                raise CorruptShardError(self.path(s), 0, f"cannot open: {exc.strerror}") from None
+            fd, st = _open_regular(self.path(s))
+            self.fds[s], self.real[s] = fd, st.st_size
             if len(self.fds) > self.keep:
                 os.close(self.fds.popitem(last=False)[1])
             return fd
@@ -194,23 +275,54 @@ class _Shards:
             if self.compression[s] or self.remote[s] is not None:
                 continue                   # offsets are in the decompressed tar; an object has no page cache
             idx = self.index(s)
-            start = int(idx.starts[lo])
-            os.posix_fadvise(self.fd(s), start, int(idx.ends[hi - 1]) - start, os.POSIX_FADV_WILLNEED)
+            fd = self.fd(s)
+            start, end = int(idx.starts[lo]), min(int(idx.ends[hi - 1]), self.real[s])
+            if end > start:                # a length of 0 would mean: to the end of the file
+                os.posix_fadvise(fd, start, end - start, os.POSIX_FADV_WILLNEED)
 
     def read(self, piece: order.Piece) -> tuple[int, memoryview, bytearray]:
         """One block into a reused buffer: a fresh 4 MiB ``bytes`` per read costs the kernel
-        a page fault per 4 KiB, which doubled the system time of a cold pass."""
+        a page fault per 4 KiB, which doubled the system time of a cold pass.
+
+        Never more than the shard holds: a file's read stops at its length (``fstat``), an
+        object's comes in slices (``OBJECT_SLICE``), a compressed shard's at the bound its
+        index was checked against. What the index places beyond is the shard's end for
+        every sample there ("truncated": refused, or skipped with ``on_corrupt="skip"``)."""
         s, lo, hi = piece
         idx = self.index(s)
         start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
-        buf = self._take(end - start)
         if self.compression[s]:
+            buf = self._take(end - start)          # end <= MAX_INFLATED_BYTES: checked with the index
             return start, self._inflate(s, start, memoryview(buf)[:end - start]), buf
         remote = self.remote[s]
         if remote is not None:
+            return self._read_object(remote, start, end)
+        fd = self.fd(s)
+        end = max(start, min(end, self.real[s]))
+        buf = self._take(end - start)
+        got = os.preadv(fd, [memoryview(buf)[:end - start]], start) if end > start else 0
+        self.reads += 1
+        self.read_bytes += got
+        return start, memoryview(buf)[:got], buf
+
+    def _read_object(self, remote: tuple[str, str], start: int, end: int) -> tuple[int, memoryview, bytearray]:
+        """Bytes ``start`` to ``end`` of an object: one ranged GET up to ``OBJECT_SLICE``,
+        beyond that slice by slice, each allocated after the one before came back whole, so
+        memory follows what the object holds, not what its index claims."""
+        if end - start <= OBJECT_SLICE:
+            buf = self._take(end - start)
             got = objstore.read_range(self.client(), *remote, start, end, memoryview(buf)[:end - start])
         else:
-            got = os.preadv(self.fd(s), [memoryview(buf)[:end - start]], start)
+            buf, got = bytearray(), 0
+            while start + got < end:
+                n = min(OBJECT_SLICE, end - start - got)
+                buf += bytes(n)
+                with memoryview(buf) as view, view[got:got + n] as into:
+                    k = objstore.read_range(self.client(), *remote, start + got, start + got + n, into)
+                got += k
+                if k < n:
+                    del buf[got:]
+                    break
         self.reads += 1
         self.read_bytes += got
         return start, memoryview(buf)[:got], buf
@@ -223,8 +335,9 @@ class _Shards:
         path = self.path(s)
         remote = self.remote[s]
         try:
-            with (_object_file(self.client(), *remote, self.sizes[s]) if remote is not None else open(path, "rb")) as raw, \
-                    open_decompressed(raw, self.compression[s]) as fh:
+            raw = _object_file(self.client(), *remote, self.sizes[s]) if remote is not None \
+                else os.fdopen(_open_regular(path)[0], "rb")
+            with raw, open_decompressed(raw, self.compression[s]) as fh:
                 fh.seek(start)
                 got = 0
                 while got < len(into) and (n := fh.readinto(into[got:])):
@@ -256,9 +369,25 @@ class _Shards:
 
 def _object_file(s3: Any, bucket: str, key: str, size: int) -> Any:
     """A compressed shard in an object store, whole in memory (it is one block anyway), no
-    larger than the manifest says it is."""
+    larger than the manifest says it is, nor than ``MAX_COMPRESSED_OBJECT`` (the manifest
+    is a file too: its claim of a petabyte must not be the bound)."""
     import io
-    return io.BytesIO(objstore.read_object(s3, bucket, key, max(size, 1)))
+    return io.BytesIO(objstore.read_object(s3, bucket, key, min(max(size, 1), MAX_COMPRESSED_OBJECT)))
+
+
+def _open_regular(path: Path | str) -> tuple[int, os.stat_result]:
+    """A descriptor of the shard ``path`` and its status, if it is a regular file: a FIFO
+    is not waited on (O_NONBLOCK), a device (a link to /dev/zero) or a directory is refused
+    naming the shard."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise CorruptShardError(path, 0, f"cannot open: {exc.strerror}") from None
+    st = os.fstat(fd)
+    if not stat.S_ISREG(st.st_mode):
+        os.close(fd)
+        raise CorruptShardError(path, 0, "not a regular file (a directory, a FIFO or a device)")
+    return fd, st
 
 
 class ShardDataset:
@@ -315,6 +444,40 @@ class ShardDataset:
         # a compressed shard is read whole (decompressed from its start), so it is one block:
         # a size of 0 makes order.blocks keep all its samples together
         self._sizes = [0 if s.compression else s.bytes for s in self.manifest.shards]
+        self._held: int | None = None    # the shards' real bytes, once asked (``_plan_problem``)
+        bad_plan = self._plan_problem(self.layout.block_bytes)
+        if bad_plan is not None:
+            raise UsageError(bad_plan, file=self._manifest_where(), key="shards")
+
+    def _manifest_where(self) -> str:
+        root = self.root
+        return objstore.url_of(root.bucket, root.key("manifest.json")) if isinstance(root, objstore.S3Url) \
+            else str(root / "manifest.json")
+
+    def _plan_problem(self, block_bytes: int) -> str | None:
+        """Why an epoch's plan at ``block_bytes`` would not fit the real data, or None.
+
+        The plan holds a tuple per block of the whole dataset, cut from the manifest's counts
+        and sizes before any index is read (``order.blocks``). The manifest is a file, so
+        those are claims: a shard that claims a billion samples and a petabyte is a billion
+        blocks. The plan's size is counted first (``order.block_count``, nothing built); up
+        to ``PLAN_FREE_BLOCKS`` it is built without asking the storage, beyond only if the
+        shards' real bytes can fill it: an honest manifest cuts a shard of B bytes into at
+        most 1.5 B / block_bytes + 1 blocks, so twice what the bytes on disk allow (plus the
+        free allowance, which also covers shards cut short) is refused. One ``stat`` per
+        shard, or one LIST per object prefix, and only for a set that large. The counts
+        themselves are checked against each index as it is loaded (``index.index_of``)."""
+        blocks = order.block_count(self._counts, self._sizes, block_bytes)
+        if blocks <= PLAN_FREE_BLOCKS:
+            return None
+        if self._held is None:
+            self._held = sum(_real_bytes(self.root, [s.name for s in self.manifest.shards]))
+        fill = 2 * (self._held // block_bytes + len(self._counts)) + PLAN_FREE_BLOCKS
+        if blocks <= fill:
+            return None
+        return (f"its {len(self._counts):,} shards would be read in {blocks:,} blocks of {block_bytes:,} bytes, "
+                f"more than the {self._held:,} bytes they hold can fill: the manifest's sample counts or sizes are "
+                "not its shards' (index the shards again)")
 
     # -- plan and state -------------------------------------------------------------------
     def __len__(self) -> int:
@@ -350,13 +513,13 @@ class ShardDataset:
                 check(state, STATE_SCHEMA, "resume state")
             except UsageError as exc:     # a newer hpcml's state is refused, not misread
                 raise ResumeStateError(exc.problem, key="schema") from None
+        if state.get("dataset") != self.manifest.dataset:
+            raise ResumeStateError(f"state is of dataset {str(state.get('dataset'))[:80]!r}, this is "
+                                   f"{self.manifest.dataset}", key="dataset")
+        _check_numbers(state)
         layout = self._resumed_layout(state.get("layout"))
         mine = {**self.state_dict(), "layout": dict(layout.__dict__)}
-        if state.get("dataset") != mine["dataset"]:
-            raise ResumeStateError(f"state is of dataset {state.get('dataset')}, this is {mine['dataset']}",
-                                   key="dataset")
-        resized = state.get("world_size") != mine["world_size"] and type(state.get("world_size")) is int \
-            and state["world_size"] >= 1
+        resized = state["world_size"] != mine["world_size"]
         if resized:
             old = order.per_rank(sum(self._counts), state["world_size"], self.layout.drop_last)
             problem = resize_problem(state, old)
@@ -366,11 +529,15 @@ class ShardDataset:
         for key in ("layout",) if resized else ("rank", "world_size", "layout"):
             if state.get(key) != mine[key]:
                 raise ResumeStateError(self._differ(key, state.get(key), mine[key]), key=key)
+        n = order.per_rank(sum(self._counts), state["world_size"], layout.drop_last) if resized else len(self)
+        if state["position"] > n:
+            raise ResumeStateError(f"{state['position']:,} is beyond the {n:,} samples of rank {state['rank']} "
+                                   "in an epoch", key="position")
         self.layout = layout
-        self.epoch, self.position = int(state["epoch"]), int(state["position"])
+        self.epoch, self.position = state["epoch"], state["position"]
         if resized and self.position:
             self.position = len(self)            # the epoch was finished: finished here too
-        self._workers, self._batch = int(state.get("workers", 1)), int(state.get("batch_size", 1))
+        self._workers, self._batch = state.get("workers", 1), state.get("batch_size", 1)
         self._resumed, self._hold = True, False
 
     def _resumed_layout(self, theirs: Any) -> order.Layout:
@@ -386,6 +553,9 @@ class ShardDataset:
         bad = tuning_problem(layout.block_bytes, layout.window)
         if bad is not None:
             raise ResumeStateError(f"state has {bad[0]} {bad[1]}", key="layout")
+        plan = self._plan_problem(layout.block_bytes)     # smaller blocks: more of them
+        if plan is not None:
+            raise ResumeStateError(f"state has block_bytes {layout.block_bytes}: {plan}", key="layout")
         return layout
 
     def _differ(self, key: str, theirs: Any, ours: Any) -> str:
@@ -461,7 +631,7 @@ class ShardDataset:
         shards = _Shards(self.root, [s.name for s in self.manifest.shards],
                          [s.index for s in self.manifest.shards], keep=max(64, 4 * self.layout.window),
                          compression=[s.compression for s in self.manifest.shards],
-                         sizes=[s.bytes for s in self.manifest.shards])
+                         sizes=[s.bytes for s in self.manifest.shards], counts=self._counts)
         own: set[int] = set()                   # the idents of this stream's own threads
         pool = ThreadPoolExecutor(max_workers=threads, initializer=lambda: own.add(threading.get_ident()))
         # The first window is all wait (nothing to yield yet): its reads go at the full

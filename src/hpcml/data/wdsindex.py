@@ -38,6 +38,7 @@ from typing import Any, BinaryIO
 import orjson
 
 from hpcml import objstore, progress
+from hpcml.data import index as shard_index
 from hpcml.data.index import index_bytes, index_name, padded, write_index
 from hpcml.data.manifest import (
     MANIFEST,
@@ -214,6 +215,16 @@ def index_object(s3: Any, bucket: str, key: str, size: int) -> ShardScan:
         body.close()
 
 
+def _inflated_problem(member: str, size: int, end: int) -> str:
+    """A compressed shard whose tar outgrows what the reader holds of one (``index.MAX_INFLATED_BYTES``):
+    refused at the member that crosses it, before its data is decompressed, so a small file
+    that inflates without end (a decompression bomb) costs this walk no more than the bound."""
+    limit = shard_index.MAX_INFLATED_BYTES
+    return (f"member {member[:200]!r} claims {size:,} bytes of data, ending at byte {end:,} of the decompressed tar, "
+            f"past the {limit:,} bytes a compressed shard may hold: it is read whole, as one block; decompress it "
+            "(gunzip, xz -d) and index the .tar")
+
+
 def _index_stream(fh: Any, size: int, path: Path, where: str | None = None) -> ShardScan:
     where = where or str(path)
     head = fh.read(8)
@@ -231,6 +242,8 @@ def _index_stream(fh: Any, size: int, path: Path, where: str | None = None) -> S
             tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
             end = info.offset_data + padded(info.size)
             name = info.name
+            if comp and end > shard_index.MAX_INFLATED_BYTES:
+                raise UsageError(_inflated_problem(name, info.size, end), file=where)
             kv = base_plus_ext(name) if info.isreg() and not is_meta(name) else None
             if kv is None:
                 if info.isreg():
