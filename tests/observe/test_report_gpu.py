@@ -131,3 +131,49 @@ def test_a_straggler_whose_gpu_fell_off_the_bus_has_an_unknown_throttling(tmp_pa
     assert out.returncode == 0, out.stderr
     assert "GPU throttling of rank 5 (a GPU it used was lost" in " ".join(out.stdout.split()), out.stdout
     assert "GPU throttling of rank 5 (a GPU it used was lost" in (d / "report.html").read_text()
+
+
+def test_a_rank_alone_on_its_node_owns_the_gpus_its_recorder_sampled(tmp_path):
+    """One rank per node, bound to the node's 2 GPUs (SLURM_STEP_GPUS) or seeing both, in a
+    recording without ``gpus_used`` (NVML showed no pids, or an older hpcml): no other rank
+    was there to use them, so its GPUs' throttling is its own, as before the GPU proof."""
+    for name, change in (("bound", {"gpus": ["0", "1"], "gpu_binding": "SLURM_STEP_GPUS"}),
+                         ("visible", {"gpus": [], "gpu_binding": "all visible GPUs"})):
+        d = make_job(tmp_path / name, 4, 300, ranks_per_node=1, slow_ranks={2: 1.5}, clock_reasons={2: 0x40}, seed=4)
+        for r in range(4):
+            _meta(d, r, gpu_sampler={"kind": "nvml", "gpus": ["0", "1"]}, **change)
+        rep = build(read_job(d), limits=JUDGE)
+        s = next(s for s in rep.stragglers if s["rank"] == 2)
+        assert s["gpu_throttled"] == 1.0 and s.get("contended") is True, (name, s)
+        assert not [u for u in rep.unjudged if "GPU" in u], rep.unjudged
+        # the same with a rank's metadata missing: where the others ran is not known, so unknown
+        (d / "rank-00001.json").unlink()
+        (d / "rank-00001.arrows").unlink()
+        s = next(s for s in build(read_job(d), limits=JUDGE).stragglers if s["rank"] == 2)
+        assert s["gpu_throttled"] is None, (name, s)
+
+
+def test_a_row_naming_a_gpu_index_out_of_range_is_credited_to_no_other_rank(tmp_path):
+    """GPU index -2 in rank 3's rows (a file the job could write) decoded as rank 2's GPU and
+    made rank 2, whose own GPU was never held back, "contention"."""
+    d = make_job(tmp_path / "job", 8, 300, ranks_per_node=4, slow_ranks={2: 1.5}, clock_reasons={3: 0x40}, seed=4)
+    f = d / "rank-00003.arrows"
+    t = _table(f)
+    gpu = pc.if_else(pc.equal(t["kind"], "gpu"), pa.scalar(-2, pa.int16()), t["gpu"])
+    _rewrite(f, 3, t.set_column(6, t.schema.field(6), gpu))
+    s = next(s for s in build(read_series(d), limits=JUDGE).stragglers if s["rank"] == 2)
+    assert not s.get("contended") and not s.get("gpu_throttle"), s
+
+
+def test_a_store_without_a_gpu_column_is_read(tmp_path):
+    """Another producer's store of the same rows, without the ``gpu`` column: read as before
+    (a KeyError traceback once the report read that column)."""
+    d = make_job(tmp_path / "job", 4, 300, ranks_per_node=1, slow_ranks={2: 1.5}, seed=4)
+    for r in range(4):
+        f = d / f"rank-{r:05d}.arrows"
+        t = _table(f).drop_columns(["gpu"])
+        f.unlink()
+        with pa.OSFile(str(f), "wb") as sink, pa.ipc.new_stream(sink, t.schema) as w:
+            w.write_table(t)
+    rep = build(read_series(d), limits=JUDGE)
+    assert [s["rank"] for s in rep.stragglers] == [2]

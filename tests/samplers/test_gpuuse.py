@@ -147,3 +147,19 @@ def test_the_gpm_sampler_says_a_lost_gpu(monkeypatch, tmp_path):
 ])
 def test_a_rank_that_can_see_one_gpu_only_needs_no_proof(meta, one):
     assert one_gpu(meta) is one
+
+
+@pytest.mark.parametrize("env, alone", [
+    ({"LOCAL_WORLD_SIZE": "1"}, True),
+    ({"LOCAL_WORLD_SIZE": "4", "SLURM_STEP_TASKS_PER_NODE": "1(x2)"}, False),     # torchrun's workers come first
+    ({"SLURM_STEP_TASKS_PER_NODE": "1(x4)"}, True),
+    ({"SLURM_STEP_TASKS_PER_NODE": "1"}, True),
+    ({"SLURM_STEP_TASKS_PER_NODE": "2,1"}, False),
+    ({"SLURM_STEP_TASKS_PER_NODE": "x"}, None),
+    ({}, None),
+])
+def test_a_rank_the_launcher_started_alone_on_its_node_owns_what_it_samples(env, alone):
+    from hpcml.samplers.gpuuse import ALONE_KEY, alone_on_node, owns_sampled
+    assert alone_on_node(env) is alone
+    meta = {"gpus": ["0", "1"], ALONE_KEY: alone_on_node(env)}
+    assert owns_sampled(meta) is (alone is True)

@@ -8,7 +8,9 @@ not the GPU's user. A recorded GPU (the recording rank, the GPU's NVML index) is
   ``hpcml.samplers.gpuuse``): the same GPU UUID, or, where either side has none, the same
   node and NVML index;
 - the recording rank itself where it could see that GPU only (``gpuuse.one_gpu``: bound to
-  one, or one visible on its node).
+  one, or one visible on its node), or it ran alone on its node: its launcher said so
+  (``gpuuse.ALONE_KEY``), or it is the only rank the job's metadata places there, every
+  rank's metadata read (``complete``).
 
 A rank none of whose GPUs is proven has an unknown GPU: its throttling is unknown, never the
 recorder's and never 0. The report (``hpcml.observe.report``) applies this; the live watch
@@ -21,7 +23,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from hpcml.samplers.gpuuse import UsedGpu, one_gpu
+from hpcml.samplers.gpuuse import UsedGpu, owns_sampled
 
 
 @dataclass(frozen=True)
@@ -39,12 +41,19 @@ def _meta(meta_ranks: Mapping[str, Any], rank: int) -> Mapping[str, Any]:
     return m if isinstance(m, Mapping) else {}
 
 
-def owners(meta_ranks: Mapping[str, Any], pairs: Iterable[tuple[int, int]]) -> Owners:
+def owners(meta_ranks: Mapping[str, Any], pairs: Iterable[tuple[int, int]], complete: bool = False) -> Owners:
     """Who used each recorded GPU (``pairs``: (recording rank, NVML index), -1 where a row
-    names no GPU). One pass over the ranks' ``gpus_used``, by UUID and by (node, index)."""
+    names no GPU). One pass over the ranks' ``gpus_used``, by UUID and by (node, index).
+    ``complete``: every rank's metadata is in ``meta_ranks``, so a node it names once had
+    one rank."""
     by_uuid: dict[str, list[int]] = {}
     by_place: dict[tuple[str, int], list[tuple[int, str | None]]] = {}     # (node, index) -> (rank, its UUID)
     named: dict[int, list[str]] = {}
+    per_node: dict[str, int] = {}
+    for key in meta_ranks:
+        node = _meta(meta_ranks, int(key)).get("node") if str(key).isdigit() else None
+        if isinstance(node, str):
+            per_node[node] = per_node.get(node, 0) + 1
     for key in meta_ranks:
         if not str(key).isdigit():
             continue
@@ -63,7 +72,8 @@ def owners(meta_ranks: Mapping[str, Any], pairs: Iterable[tuple[int, int]]) -> O
     out: dict[tuple[int, int], tuple[int, ...]] = {}
     for q, index in pairs:
         meta = _meta(meta_ranks, q)
-        users: list[int] = [q] if one_gpu(meta) else []
+        alone = complete and isinstance(meta.get("node"), str) and per_node.get(meta["node"]) == 1
+        users: list[int] = [q] if owns_sampled(meta) or alone else []
         uuids = meta.get("gpu_uuids")
         uuid = uuids.get(str(index)) if isinstance(uuids, Mapping) and index >= 0 else None
         node = meta.get("node")

@@ -32,7 +32,7 @@ from hpcml.observe.oom import oom_kills
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.proctree import ExitWatch
 from hpcml.samplers.clockreasons import slowdown
-from hpcml.samplers.gpuuse import LOST, USED_KEY, GpuUse, UseTracker, one_gpu
+from hpcml.samplers.gpuuse import ALONE_KEY, LOST, USED_KEY, GpuUse, UseTracker, alone_on_node, owns_sampled
 from hpcml.signals import SLURM_SIGNALS, forwarding
 
 if TYPE_CHECKING:
@@ -105,7 +105,7 @@ class _Throttle:
 
     Only the rank's own GPUs count, as the GPU sees it: those NVML showed its processes on
     (``samplers.gpuuse``, whose reads of their reasons count too), or the GPU its recorder
-    samples where the rank can see that one only (``one_gpu``). The GPUs its recorder samples
+    samples where the rank can see that one only or runs alone on its node (``owns_sampled``). The GPUs its recorder samples
     for the other ranks of its node count for none of it. None (unknown, not 0) while no GPU
     is known to be the rank's or no reasons were read, and from the moment a GPU of the rank's
     is lost (``gpuuse.LOST``): what it did then is not known."""
@@ -333,7 +333,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
     rank_meta_path = out / RANK_META.format(rank=task.rank)
     rank_meta = {"schema": RANK_SCHEMA, "rank": task.rank, "local_rank": task.local_rank, "node": task.node,
                  "host": socket.gethostname(), "gpus": list(task.gpus), "command": cmd,
-                 "start": started, **(gpu.meta if gpu.got is not None else {})}
+                 "start": started, ALONE_KEY: alone_on_node(os.environ), **(gpu.meta if gpu.got is not None else {})}
     if earlier := earlier_runs(rank_meta_path):       # the same store again: a requeued job
         rank_meta["earlier"] = earlier
     write_json(rank_meta_path, rank_meta)
@@ -392,7 +392,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
 
     host = HostSampler(child.pid, node_wide=task.local_rank == 0)
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
-    throttle = _Throttle(one_gpu(rank_meta))
+    throttle = _Throttle(owns_sampled(rank_meta))
     uses = _Uses(rank_meta, child.pid)
     contention: dict[str, float | int | None] = {}
     ended = ExitWatch(child.pid, child)         # its end noticed at once, not at the next 50 ms poll

@@ -327,7 +327,7 @@ def _others(s: dict[str, Any]) -> str:
 
 
 def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta_ranks: dict[str, dict],
-                   lost: Any = None) -> list[str]:
+                   lost: Any = None, complete: bool = False) -> list[str]:
     """Each straggler's share of its GPU samples whose clocks were held back for power or heat
     (a slowdown reason in ``clocks_event_reasons``), beyond the other ranks' median share
     (``gpu_throttled``: every GPU of a busy job at its power cap excuses no rank), the reasons
@@ -352,7 +352,7 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta
     order = np.argsort(inv, kind="stable")
     seen = np.bitwise_or.reduceat(masks[order], np.searchsorted(inv[order], np.arange(len(pairs))))
     gone = set(_gpu_pairs(lost, rank_ids)[0]) if lost is not None and len(lost.value) else set()
-    own = owners(meta_ranks, [*pairs, *(gone - set(pairs))])
+    own = owners(meta_ranks, [*pairs, *(gone - set(pairs))], complete)
     total: dict[int, list[float]] = {}                     # rank -> [samples, held samples]
     reasons: dict[int, int] = {}
     lost_ranks = {u for pair in gone for u in own.by_pair.get(pair, ())}
@@ -403,7 +403,8 @@ def _gpu_pairs(g: Any, rank_ids: Any) -> tuple[list[tuple[int, int]], np.ndarray
     """The GPUs of some GPU rows, each as (recording rank, NVML index; -1: none named), and
     each row's GPU as an index into them."""
     rec = np.asarray(rank_ids, np.int64)[g.ridx]
-    gpu = np.full(len(rec), -1, np.int64) if g.gpu is None else np.asarray(g.gpu, np.int64)
+    # a row's GPU as written (a file: the job's own program may write there): -1 (none) to 65534
+    gpu = np.full(len(rec), -1, np.int64) if g.gpu is None else np.clip(np.asarray(g.gpu, np.int64), -1, 65534)
     keys, inv = np.unique(rec * 65536 + (gpu + 1), return_inverse=True)
     return [(int(key // 65536), int(key % 65536) - 1) for key in keys], inv.reshape(-1)
 
@@ -691,7 +692,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     stragglers, one_off, transient, bimodal, check = _stragglers(scoring, limits, plots)
     _cpu_waits(stragglers, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     gpu_unknown = _gpu_throttles(stragglers, groups.get(("gpu", "clocks_event_reasons")), rank_ids, meta_ranks,
-                                 groups.get(("gpu", LOST)))
+                                 groups.get(("gpu", LOST)), complete=not job.missing)
     _contended_spans(transient, plots.get("degrading", []), sg, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
     if check is not None:
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
@@ -733,7 +734,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          unended=[r for r in _unended(meta_ranks, Path(job.path), interval) if r not in job.missing])
     arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
                               waits_measured=check is not None and check.get("measure") == "compute")
-    findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids)
+    findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids, complete=not job.missing)
     loader = _loader(groups, rank_ids)
     findings += _loader_findings(loader, meta_ranks)
     io = iobursts.summarise(groups, rank_ids, span, stalls)
@@ -816,7 +817,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
 
 
 def _held_back_arrival(arrived: dict[str, Any] | None, more: list[Finding], meta_ranks: dict[str, dict],
-                       groups: dict, rank_ids: Any) -> list[Finding]:
+                       groups: dict, rank_ids: Any, complete: bool = False) -> list[Finding]:
     """The arrivals' findings, told as contention where the rank they name was held back by
     its node's CPUs or its GPU's power or heat (as the straggler model's ranks are)."""
     if not more or arrived is None or arrived.get("straggler") is None:
@@ -824,7 +825,8 @@ def _held_back_arrival(arrived: dict[str, Any] | None, more: list[Finding], meta
     rank = arrived["straggler"]
     probe = [{"rank": rank, "node": (meta_ranks.get(str(rank)) or {}).get("node"), "score": 1.0}]
     _cpu_waits(probe, groups.get(("host", "proc_cpu_wait_s")), rank_ids)
-    _gpu_throttles(probe, groups.get(("gpu", "clocks_event_reasons")), rank_ids, meta_ranks, groups.get(("gpu", LOST)))
+    _gpu_throttles(probe, groups.get(("gpu", "clocks_event_reasons")), rank_ids, meta_ranks, groups.get(("gpu", LOST)),
+                   complete)
     if not probe[0].get("contended"):
         return more
     arrived["contended"] = True

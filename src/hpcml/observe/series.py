@@ -104,7 +104,8 @@ def _read_some(files: list[Path]) -> tuple[dict[int, str], list[int], int, dict]
             with_data.append(d.rank)
     if not batches:
         return problems, with_data, 0, {}
-    t = pa.Table.from_batches(batches).select(_COLUMNS)
+    t = pa.Table.from_batches(batches)
+    t = t.select([c for c in _COLUMNS if c in t.column_names])       # another producer's store may lack ``gpu``
     return problems, with_data, t.num_rows, split(t)
 
 

@@ -30,7 +30,8 @@ from hpcml import logs
 from hpcml.proctree import descends_from
 from hpcml.samplers.nvml import LOST, is_lost
 
-__all__ = ["LOST", "GpuUse", "UseTracker", "UsedGpu", "is_lost", "one_gpu", "open_tracker"]
+__all__ = ["ALONE_KEY", "LOST", "GpuUse", "UseTracker", "UsedGpu", "alone_on_node", "is_lost", "one_gpu", "open_tracker",
+           "owns_sampled"]
 
 log = logs.get(__name__)
 
@@ -59,6 +60,34 @@ def one_gpu(meta: Mapping[str, Any]) -> bool:
     if not isinstance(sampled, list) or not isinstance(other, list):
         return False                    # "all": every GPU DCGM supports, not counted
     return len({str(g) for g in [*sampled, *other]}) == 1
+
+
+#: the rank metadata's key: whether the launcher started this rank alone on its node
+ALONE_KEY = "alone_on_node"
+
+
+def alone_on_node(env: Mapping[str, str]) -> bool | None:
+    """Whether the launcher started one task on this node (then every GPU the task's recorder
+    samples is its rank's): torchrun's ``LOCAL_WORLD_SIZE``, else Slurm's
+    ``SLURM_STEP_TASKS_PER_NODE`` (``1(x4)``, or ``2,1``: one count per node run-length coded;
+    alone only where every node has one). None where neither says."""
+    local = env.get("LOCAL_WORLD_SIZE", "").strip()
+    if local.isdigit():
+        return int(local) == 1
+    per_node = env.get("SLURM_STEP_TASKS_PER_NODE", "").strip()
+    if not per_node:
+        return None
+    counts = [part.split("(", 1)[0].strip() for part in per_node.split(",")]
+    if not all(c.isdigit() for c in counts):
+        return None
+    return all(int(c) == 1 for c in counts)
+
+
+def owns_sampled(meta: Mapping[str, Any]) -> bool:
+    """Whether every GPU a rank's recorder sampled is the rank's own without NVML's proof:
+    it could see one GPU only (``one_gpu``), or the launcher started it alone on its node
+    (``ALONE_KEY``, from ``alone_on_node``)."""
+    return one_gpu(meta) or meta.get(ALONE_KEY) is True
 
 
 @dataclass(frozen=True)
