@@ -179,3 +179,59 @@ def test_a_state_nested_deeper_than_a_load_follows_is_refused_at_save(tmp_path):
     with pytest.raises(UsageError, match=f"nested more than {MAX_DEPTH} levels deep") as err:
         _save(tmp_path / "deep", {"x": [[node]]}, 1)
     assert err.value.key is not None and err.value.key.startswith("x.0.0")
+
+
+def test_leaves_that_share_bytes_are_refused_before_one_is_read(tmp_path):
+    """400 entries over the same 1 MiB of a shard: each read into its own memory, 400 MiB
+    from a 1 MiB file; verify passed it."""
+    _save(tmp_path / "ck", {"w": np.zeros(1 << 18, dtype=np.float32)}, 1)
+
+    def share(d: dict) -> None:
+        d["entries"] = [dict(d["entries"][0]) for _ in range(400)]
+        d["skeleton"]["__d"]["w"] = [{"__t": i} for i in range(400)]
+    index = _forge(tmp_path / "ck" / "step-00000001", share)
+    found = layout.scan(tmp_path / "ck")[-1]
+    problems = layout.verify(found)
+    assert [str(p) for p in problems] == [f"{index}: key 'entries.1': bytes 0+ overlap another leaf's (0+1048576): "
+                                          "each leaf's bytes are its own"]
+    with pytest.raises(CorruptIndex, match="overlap another leaf's"):
+        load(tmp_path / "ck")
+
+
+def test_a_typed_mapping_chained_without_items_is_refused_by_verify_and_load(tmp_path):
+    """``{"__m": "Counter", "__v": {"__m": ...}}`` 900 deep: no level counted, verify passed,
+    and a load from a deeper stack failed on the interpreter's recursion limit."""
+    _save(tmp_path / "ck", {"m": {"a": 1}}, 1)
+    index = _forge(tmp_path / "ck" / "step-00000001", lambda d: d["skeleton"]["__d"].update(m="@@"))
+    index.write_text(index.read_text().replace('"@@"', '{"__m": "Counter", "__v": ' * 900 + '{"__d": {"a": 1}}' + "}" * 900))
+    man_path = tmp_path / "ck" / "step-00000001" / "manifest.json"
+    man = json.loads(man_path.read_text())
+    man["ranks"]["0"].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
+    man_path.write_text(json.dumps(man))
+    problems = layout.verify(layout.scan(tmp_path / "ck")[-1])
+    assert [str(p) for p in problems] == [f"{index}: key 'skeleton': at m: a typed mapping node without a dict node "
+                                          "of items"]
+    with pytest.raises(CorruptIndex, match="a typed mapping node without a dict node of items"):
+        load(tmp_path / "ck")
+
+
+@pytest.mark.parametrize("case", ["unhashable-key", "per-rank-place-in-a-plain-checkpoint"])
+def test_a_checkpoint_whose_bytes_do_not_rebuild_is_skipped_by_load_latest_for_the_one_before(tmp_path, case):
+    """What verify cannot judge without loading (a pickled leaf made a dict's key: a set; a
+    per-rank place in a checkpoint that has no per-rank values) failed the load, and
+    ``load_latest`` raised instead of resuming from the good checkpoint before it."""
+    if case == "unhashable-key":
+        _save(tmp_path / "ck", {"m": {"a": 1}}, 1)
+        _save(tmp_path / "ck", {"s": {1, 2}, "m": {"a": 1}}, 2)
+        _forge(tmp_path / "ck" / "step-00000002", lambda d: d["skeleton"]["__d"].update(m={"__kv": [[{"__t": 0}, 1]]}))
+        want: Any = {"m": {"a": 1}}
+    else:
+        _save(tmp_path / "ck", {"step": 1}, 1)
+        _save(tmp_path / "ck", {"step": 2}, 2)
+        _forge(tmp_path / "ck" / "step-00000002",
+               lambda d: (d.update(replicated=True), d["skeleton"]["__d"].update(step={"__own": 0})))
+        want = {"step": 1}
+    with Checkpointer(tmp_path / "ck", keep=5, max_write_rate=None) as ck:
+        state, step = ck.load_latest()
+        assert (state, step) == (want, 1)
+        assert len(ck.skipped) == 1 and "step-00000002" in ck.skipped[0]

@@ -36,7 +36,7 @@ import numpy as np
 from hpcml import logs
 from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
-from hpcml.ckpt.flatten import Leaf, PerRank, RefusedLeaf, describe, flatten
+from hpcml.ckpt.flatten import CorruptShard, Leaf, PerRank, describe, flatten
 from hpcml.ckpt.flatten import layout as place
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
@@ -610,12 +610,12 @@ class Checkpointer:
             elif ok:
                 assert found.manifest is not None
                 refused: UsageError | None = None
-                leaf: RefusedLeaf | None = None
+                leaf: CorruptShard | None = None
                 try:
                     state = self._read(sources, found, map_location)
                 except offline.ResizeRefused as exc:
                     refused = exc
-                except RefusedLeaf as exc:          # never loaded: the one before it is tried
+                except CorruptShard as exc:         # never loaded (a refused leaf, bytes that do not rebuild): the one before
                     leaf = exc
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (initialised_dist() is not None and self.world > 1):

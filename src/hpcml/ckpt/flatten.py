@@ -337,7 +337,10 @@ def _rebuild(skeleton: Any, leaf: Callable[[int, str], Any], own: Callable[[Any,
             except (TypeError, ValueError):
                 raise _Bad(path, f"{v['__f']!r} is not a float") from None
         if "__m" in v:                          # the type wraps its items' node: one level, as at save
-            return _mapping(v, walk(v.get("__v"), path, depth), path)
+            items = v.get("__v")
+            if not isinstance(items, dict) or not ("__d" in items or "__kv" in items):
+                raise _Bad(path, "a typed mapping node without a dict node of items")     # (a chain would nest unbounded)
+            return _mapping(v, walk(items, path, depth), path)
         if "__own" in v:
             return own(v["__own"], path)
         raise _Bad(path, f"unknown node {sorted(v)[:3]}")
@@ -378,8 +381,7 @@ def read_into(fd: int, offset: int, into: memoryview, source: str) -> None:
     and a tensor may be larger; a file that ends first raises ``CorruptShard``."""
     done = 0
     while done < len(into):
-        os.lseek(fd, offset + done, os.SEEK_SET)
-        got = os.readv(fd, [into[done:]])
+        got = os.preadv(fd, [into[done:]], offset + done)
         if not got:
             raise CorruptShard(f"{source}: ends at byte {offset + done}, inside a leaf that runs to {offset + len(into)}")
         done += got

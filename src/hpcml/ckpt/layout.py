@@ -335,27 +335,44 @@ def own_problems(directory: Path, manifest: dict[str, Any], files: Collection[tu
     for kind, rank in picked:
         if kind != "rank":
             continue
+        index = directory / shard_names(rank, kind)[1]
+        places = _places(index)                  # read once, however many ranks' values it joins
         for other, own in picked:
             if other == "own":
-                gap = own_gap(directory / shard_names(rank, kind)[1], directory / shard_names(own, other)[1])
+                gap = own_gap(index, directory / shard_names(own, other)[1], places)
                 problems += [gap] if gap else []
     return problems
 
 
-def own_gap(index: Path, own: Path) -> str | None:
-    """What keeps the shared state's ``index`` from joining the per-rank values in ``own``
-    (both indexes checked already): a place whose value the own file lacks; None if none."""
+def _places(index: Path) -> int | str:
+    """How many per-rank values the shared state's ``index`` places (its largest ``__own``
+    plus one), or the problem reading it."""
     from hpcml.ckpt.flatten import own_slots
     try:
         slots = [s["__own"] for s in own_slots(read_json(index, SHARD_TAG).get("skeleton"))]
-        values = read_json(own, SHARD_TAG).get("skeleton")
     except OSError as exc:                         # removed by a prune meanwhile
         return f"{exc.filename}: unreadable ({exc.strerror})"
     except (CheckpointError, UsageError) as exc:   # replaced since it was checked
         return str(exc)
+    return max(slots) + 1 if slots else 0
+
+
+def own_gap(index: Path, own: Path, places: int | str | None = None) -> str | None:
+    """What keeps the shared state's ``index`` from joining the per-rank values in ``own``
+    (both indexes checked already): a place whose value the own file lacks; None if none.
+    ``places``: ``_places(index)``, where the caller has it."""
+    need = _places(index) if places is None else places
+    if isinstance(need, str) or not need:
+        return need or None
+    try:
+        values = read_json(own, SHARD_TAG).get("skeleton")
+    except OSError as exc:
+        return f"{exc.filename}: unreadable ({exc.strerror})"
+    except (CheckpointError, UsageError) as exc:
+        return str(exc)
     have = len(values) if isinstance(values, list) else 0
-    if slots and max(slots) >= have:
-        return f"{own}: key 'skeleton': {have} per-rank values, {index} places value {max(slots)}"
+    if need > have:
+        return f"{own}: key 'skeleton': {have} per-rank values, {index} places value {need - 1}"
     return None
 
 
@@ -482,6 +499,12 @@ def index_fault(doc: dict[str, Any], size: int) -> tuple[str | None, str] | None
         fault = _entry_fault(e, size)
         if fault:
             return f"entries.{i}{fault[0]}", fault[1]
+    # each leaf's bytes its own (the writer lays them one after another): leaves that share
+    # bytes would be read into memory once each, 400 leaves of one 1 MiB region 400 MiB
+    spans = sorted((e["offset"], e["nbytes"], i) for i, e in enumerate(entries) if e["nbytes"])
+    for (off, n, _), (nxt, _, j) in zip(spans, spans[1:]):
+        if nxt < off + n:
+            return f"entries.{j}", f"bytes {nxt}+ overlap another leaf's ({off}+{n}): each leaf's bytes are its own"
     replicated = doc.get("replicated") is True and doc.get("part") != "own"
     bad = skeleton_problem(doc.get("skeleton"), entries, own=replicated)
     if bad:
