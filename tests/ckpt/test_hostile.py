@@ -8,12 +8,11 @@ the real writer, then its index forged with the manifest's checksums rewritten t
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 import pytest
@@ -25,6 +24,7 @@ from hpcml.errors import UsageError
 from hpcml.scan.model import Verdict
 from hpcml.scan.scanner import scan_file
 from tests import needs
+from tests.ckpt.forge import forge, reseal
 
 torch = needs.module("torch")
 
@@ -33,18 +33,6 @@ def _save(root: Path, state: Any, *steps: int) -> None:
     with Checkpointer(root, keep=5, max_write_rate=None) as ck:
         for step in steps:
             ck.save(state, step)
-
-
-def _forge(step_dir: Path, change: Callable[[dict], None]) -> Path:
-    """Change rank 0's index and give the manifest its new size and checksum; the index."""
-    index = step_dir / "rank-00000.json"
-    doc = json.loads(index.read_text())
-    change(doc)
-    index.write_text(json.dumps(doc))
-    man = json.loads((step_dir / "manifest.json").read_text())
-    man["ranks"]["0"].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
-    (step_dir / "manifest.json").write_text(json.dumps(man))
-    return index
 
 
 def _model(doc: dict) -> dict:
@@ -62,7 +50,7 @@ def test_export_of_an_index_with_a_missing_or_wrong_leaf_is_one_line_naming_file
     """A skeleton naming leaf 99 of 2 was an IndexError traceback; one naming leaf 'b' exported
     without the tensor; a shape of the wrong type or size was exit 1 without its key."""
     _save(tmp_path / "ck", {"model": {"w": torch.arange(4, dtype=torch.float32), "b": torch.ones(2)}, "step": 3}, 1)
-    index = _forge(tmp_path / "ck" / "step-00000001", change)
+    index = forge(tmp_path / "ck" / "step-00000001", change)
     out = tmp_path / "m.safetensors"
     env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "HPCML_CKPT"))}
     p = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "export", str(tmp_path / "ck"), "--to", str(out)],
@@ -95,7 +83,7 @@ def test_an_index_a_load_cannot_follow_is_refused_alike_by_verify_scan_and_load(
     ``load_latest`` raised instead of loading that one."""
     root = tmp_path / "ck"
     _save(root, {"model": {"w": torch.arange(4, dtype=torch.float32)}, "a": np.arange(4, dtype=np.float32)}, 1, 2)
-    index = _forge(root / "step-00000002", change)
+    index = forge(root / "step-00000002", change)
     found = layout.scan(root)[-1]
     assert found.step == 2
     problems = layout.verify(found)
@@ -124,7 +112,7 @@ def test_the_load_judges_the_index_and_file_it_reads_not_the_ones_checked_before
     def check_then_swap(found: layout.Found, shard: int, own: int | None = None) -> None:
         checked(found, shard, own)
         if swap == "index":
-            _forge(step, lambda d: d["entries"][0].update(dtype="uint8", shape=[1 << 26], nbytes=1))
+            forge(step, lambda d: d["entries"][0].update(dtype="uint8", shape=[1 << 26], nbytes=1))
         else:
             (step / "rank-00000.bin").rename(tmp_path / "elsewhere.bin")
             (step / "rank-00000.bin").symlink_to(tmp_path / "elsewhere.bin")
@@ -153,7 +141,7 @@ def test_a_shard_over_2_gib_loads(tmp_path):
         doc["entries"].append({"kind": "bytes", "dtype": "u1", "shape": [4], "offset": tail_at, "nbytes": 4})
         doc["skeleton"]["__d"]["tail"] = {"__t": 1}
         doc["size"] = tail_at + flatten.ALIGN
-    _forge(step, grow)
+    forge(step, grow)
     state = offline.read_state(step, 0)
     assert state["tail"] == b"tail" and state["head"].tolist() == [0, 1, 2, 3]
 
@@ -189,7 +177,7 @@ def test_leaves_that_share_bytes_are_refused_before_one_is_read(tmp_path):
     def share(d: dict) -> None:
         d["entries"] = [dict(d["entries"][0]) for _ in range(400)]
         d["skeleton"]["__d"]["w"] = [{"__t": i} for i in range(400)]
-    index = _forge(tmp_path / "ck" / "step-00000001", share)
+    index = forge(tmp_path / "ck" / "step-00000001", share)
     found = layout.scan(tmp_path / "ck")[-1]
     problems = layout.verify(found)
     assert [str(p) for p in problems] == [f"{index}: key 'entries.1': bytes 0+ overlap another leaf's (0+1048576): "
@@ -202,12 +190,9 @@ def test_a_typed_mapping_chained_without_items_is_refused_by_verify_and_load(tmp
     """``{"__m": "Counter", "__v": {"__m": ...}}`` 900 deep: no level counted, verify passed,
     and a load from a deeper stack failed on the interpreter's recursion limit."""
     _save(tmp_path / "ck", {"m": {"a": 1}}, 1)
-    index = _forge(tmp_path / "ck" / "step-00000001", lambda d: d["skeleton"]["__d"].update(m="@@"))
+    index = forge(tmp_path / "ck" / "step-00000001", lambda d: d["skeleton"]["__d"].update(m="@@"))
     index.write_text(index.read_text().replace('"@@"', '{"__m": "Counter", "__v": ' * 900 + '{"__d": {"a": 1}}' + "}" * 900))
-    man_path = tmp_path / "ck" / "step-00000001" / "manifest.json"
-    man = json.loads(man_path.read_text())
-    man["ranks"]["0"].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
-    man_path.write_text(json.dumps(man))
+    reseal(tmp_path / "ck" / "step-00000001", index)
     problems = layout.verify(layout.scan(tmp_path / "ck")[-1])
     assert [str(p) for p in problems] == [f"{index}: key 'skeleton': at m: a typed mapping node without a dict node "
                                           "of items"]
@@ -223,12 +208,12 @@ def test_a_checkpoint_whose_bytes_do_not_rebuild_is_skipped_by_load_latest_for_t
     if case == "unhashable-key":
         _save(tmp_path / "ck", {"m": {"a": 1}}, 1)
         _save(tmp_path / "ck", {"s": {1, 2}, "m": {"a": 1}}, 2)
-        _forge(tmp_path / "ck" / "step-00000002", lambda d: d["skeleton"]["__d"].update(m={"__kv": [[{"__t": 0}, 1]]}))
+        forge(tmp_path / "ck" / "step-00000002", lambda d: d["skeleton"]["__d"].update(m={"__kv": [[{"__t": 0}, 1]]}))
         want: Any = {"m": {"a": 1}}
     else:
         _save(tmp_path / "ck", {"step": 1}, 1)
         _save(tmp_path / "ck", {"step": 2}, 2)
-        _forge(tmp_path / "ck" / "step-00000002",
+        forge(tmp_path / "ck" / "step-00000002",
                lambda d: (d.update(replicated=True), d["skeleton"]["__d"].update(step={"__own": 0})))
         want = {"step": 1}
     with Checkpointer(tmp_path / "ck", keep=5, max_write_rate=None) as ck:

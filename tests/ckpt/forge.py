@@ -1,0 +1,27 @@
+"""A checkpoint's index forged the way whoever can write its files would: changed, and the
+manifest given the index's new size and checksum, so that only the index's meaning is wrong."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+from hpcml.ckpt import layout
+
+
+def reseal(step_dir: Path, index: Path, rank: str = "0") -> None:
+    """The manifest's record of ``index`` (rank ``rank``'s) made to match its bytes again."""
+    man = json.loads((step_dir / "manifest.json").read_text())
+    man["ranks"][rank].update(json_size=index.stat().st_size, json_crc32=layout.file_crc(index))
+    (step_dir / "manifest.json").write_text(json.dumps(man))
+
+
+def forge(step_dir: Path, change: Callable[[dict], object]) -> Path:
+    """Change rank 0's index with ``change`` and reseal it; the index."""
+    index = step_dir / "rank-00000.json"
+    doc = json.loads(index.read_text())
+    change(doc)
+    index.write_text(json.dumps(doc))
+    reseal(step_dir, index)
+    return index
