@@ -344,16 +344,28 @@ def own_problems(directory: Path, manifest: dict[str, Any], files: Collection[tu
     return problems
 
 
+class _Unread(str):
+    """Why an index checked a moment ago could not be read again."""
+
+
+def _skeleton(index: Path) -> Any:
+    """An index's skeleton, or ``_Unread`` saying why it is not there now."""
+    try:
+        return read_json(index, SHARD_TAG).get("skeleton")
+    except OSError as exc:                         # removed by a prune meanwhile
+        return _Unread(f"{exc.filename}: unreadable ({exc.strerror})")
+    except (CheckpointError, UsageError) as exc:   # replaced since it was checked
+        return _Unread(exc)
+
+
 def _places(index: Path) -> int | str:
     """How many per-rank values the shared state's ``index`` places (its largest ``__own``
     plus one), or the problem reading it."""
     from hpcml.ckpt.flatten import own_slots
-    try:
-        slots = [s["__own"] for s in own_slots(read_json(index, SHARD_TAG).get("skeleton"))]
-    except OSError as exc:                         # removed by a prune meanwhile
-        return f"{exc.filename}: unreadable ({exc.strerror})"
-    except (CheckpointError, UsageError) as exc:   # replaced since it was checked
-        return str(exc)
+    skeleton = _skeleton(index)
+    if isinstance(skeleton, _Unread):
+        return str(skeleton)
+    slots = [s["__own"] for s in own_slots(skeleton)]
     return max(slots) + 1 if slots else 0
 
 
@@ -364,12 +376,9 @@ def own_gap(index: Path, own: Path, places: int | str | None = None) -> str | No
     need = _places(index) if places is None else places
     if isinstance(need, str) or not need:
         return need or None
-    try:
-        values = read_json(own, SHARD_TAG).get("skeleton")
-    except OSError as exc:
-        return f"{exc.filename}: unreadable ({exc.strerror})"
-    except (CheckpointError, UsageError) as exc:
-        return str(exc)
+    values = _skeleton(own)
+    if isinstance(values, _Unread):
+        return str(values)
     have = len(values) if isinstance(values, list) else 0
     if need > have:
         return f"{own}: key 'skeleton': {have} per-rank values, {index} places value {need - 1}"
