@@ -204,8 +204,8 @@ def read_bounded_stat(path: str | os.PathLike, max_bytes: int, *,
                     else "a socket" if stat.S_ISSOCK(st.st_mode) else "a device")
             raise ValueError(f"{kind}, not a regular file")
         chunks, size = [], 0
-        while size <= max_bytes:
-            chunk = os.read(fd, max_bytes + 1 - size)
+        while size <= max_bytes:    # asked for what the file holds (a read allocates what it asks), past the bound never
+            chunk = os.read(fd, min(max_bytes + 1 - size, max(st.st_size + 1 - size, 1 << 16)))
             if not chunk:
                 break
             chunks.append(chunk)

@@ -240,6 +240,27 @@ def test_a_compressed_shard_whose_index_claims_more_than_the_bound_is_refused_be
     assert "compressed shard may hold" in _one_line(caught.value) and "decompress" in str(caught.value)
 
 
+def test_an_index_claiming_a_gib_inside_the_bound_allocates_what_decompresses_not_the_claim(gz_set):
+    """The last sample's end moved to 1 GiB (under the bound): the block's buffer was the
+    claim, zero-filled, before a byte decompressed (40 such shards in a window: 40 GiB). Now
+    it grows with what the 1 KB shard decompresses to, and every sample is read from that."""
+    idx = gz_set / "shard-000000.idx.json"
+    _edit_json(idx, lambda d: d["samples"][-1].__setitem__(2, 1 << 30))
+    tracemalloc.start()
+    try:
+        assert sorted(_keys(_ds(gz_set))) == ["s0", "s1", "s2"]
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert peak < 64 << 20, peak
+
+
+def test_a_compressed_shard_over_one_gib_decompressed_is_within_the_bound():
+    """webdataset reads a .tar.gz of any size, and so did hpcml before the bound: 1 GiB, the
+    reader's block limit, refused a valid 1.2 GB shard as it was indexed and as it was read."""
+    assert shard_index.MAX_INFLATED_BYTES >= 16 << 30
+
+
 def test_a_decompression_bomb_is_refused_as_it_is_indexed_and_as_it_is_read(gz_set, tmp_path, monkeypatch):
     """With the bound lowered to 512 KiB: ``hpcml data index`` stops at the member that
     crosses it (a bomb costs the walk no more than the bound), and the reader refuses the
@@ -417,3 +438,18 @@ def test_the_state_s_own_numbers_still_resume(packed):
     again = _ds(packed)
     again.load_state_dict(ds.state_dict())
     assert head + _keys(again) == _keys(_ds(packed))
+
+
+def test_a_numpy_integer_epoch_the_program_set_still_resumes(packed):
+    """``set_epoch(np.int64(2))`` is recorded as given: the state it saved must load (the
+    type check first refused its own state)."""
+    import numpy as np
+    ds = _ds(packed)
+    ds.set_epoch(np.int64(2))
+    it = iter(ds)
+    head = [next(it)["__key__"] for _ in range(5)]
+    again = _ds(packed)
+    again.load_state_dict(ds.state_dict())
+    whole = _ds(packed)
+    whole.set_epoch(2)
+    assert head + _keys(again) == _keys(whole)

@@ -27,10 +27,11 @@ from hpcml.files import read_json, write_atomic
 
 BLOCK = 512
 #: the most a compressed shard's tar may hold decompressed: it is read whole, decompressed from
-#: its start, as one block (no compression webdataset uses allows a seek), so the reader's own
-#: bound on a block (``reader.MAX_BLOCK_BYTES``) is its bound; ``hpcml data index`` refuses a
-#: larger one as it walks it, and the reader an index that claims more
-MAX_INFLATED_BYTES = 1 << 30
+#: its start, as one block (no compression webdataset uses allows a seek), into memory that
+#: grows with what decompresses (never with what an index claims); ``hpcml data index``
+#: refuses a larger one as it walks it (a deflate bomb costs the walk no more), and the reader
+#: an index that claims more. Far above webdataset's advice (shards of 100 MB to a few GB)
+MAX_INFLATED_BYTES = 16 << 30
 
 
 @dataclass

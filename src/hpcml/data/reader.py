@@ -55,6 +55,8 @@ MAX_WINDOW_BYTES = 16 << 30
 #: before came back whole: an index's claim (a file: anyone's) past an object's real end
 #: costs one slice of memory, not what it claims
 OBJECT_SLICE = 64 << 20
+#: a compressed block's buffer grows by at most this much at a time (``_Shards._inflate``)
+INFLATE_STEP = 16 << 20
 #: a compressed shard in an object store is read whole into memory (``_object_file``): at
 #: most its decompressed bound and what compression adds to incompressible data (under 1 %)
 MAX_COMPRESSED_OBJECT = shard_index.MAX_INFLATED_BYTES + (shard_index.MAX_INFLATED_BYTES >> 5)
@@ -122,6 +124,8 @@ def _check_numbers(state: dict) -> None:
         if key not in state and not required:
             continue
         value = state.get(key)
+        if isinstance(value, np.integer):       # a numpy integer the program gave set_epoch, saved as such
+            value = state[key] = int(value)
         if type(value) is not int:
             found = "missing" if key not in state else f"not an integer (found {value!r:.40})"
             raise ResumeStateError(found, key=key)
@@ -291,9 +295,9 @@ class _Shards:
         s, lo, hi = piece
         idx = self.index(s)
         start, end = int(idx.starts[lo]), int(idx.ends[hi - 1])
-        if self.compression[s]:
-            buf = self._take(end - start)          # end <= MAX_INFLATED_BYTES: checked with the index
-            return start, self._inflate(s, start, memoryview(buf)[:end - start]), buf
+        if self.compression[s]:           # memory as it decompresses: an index's claim allocates nothing
+            buf = self._inflate(s, start, end - start)
+            return start, memoryview(buf), buf
         remote = self.remote[s]
         if remote is not None:
             return self._read_object(remote, start, end)
@@ -327,26 +331,29 @@ class _Shards:
         self.read_bytes += got
         return start, memoryview(buf)[:got], buf
 
-    def _inflate(self, s: int, start: int, into: memoryview) -> memoryview:
-        """Bytes ``start`` on of a compressed shard's tar: decompressed from the shard's
-        beginning (no compression webdataset uses allows a seek), kept only from ``start``,
-        stopped at the piece's end. A compressed shard is one block (``ShardDataset``)."""
+    def _inflate(self, s: int, start: int, length: int) -> bytearray:
+        """``length`` bytes from ``start`` of a compressed shard's tar: decompressed from the
+        shard's beginning (no compression webdataset uses allows a seek), kept only from
+        ``start``, stopped at the piece's end. A compressed shard is one block
+        (``ShardDataset``). The buffer grows by what decompresses, ``INFLATE_STEP`` at a
+        time: 40 shards of 150 bytes whose indexes each claim a GiB allocate kilobytes, not
+        the 40 GiB the claims add up to."""
         from hpcml.data.wdsindex import open_decompressed
         path = self.path(s)
         remote = self.remote[s]
         try:
             raw = _object_file(self.client(), *remote, self.sizes[s]) if remote is not None \
                 else os.fdopen(_open_regular(path)[0], "rb")
+            out = bytearray()
             with raw, open_decompressed(raw, self.compression[s]) as fh:
                 fh.seek(start)
-                got = 0
-                while got < len(into) and (n := fh.readinto(into[got:])):
-                    got += n
+                while len(out) < length and (chunk := fh.read(min(INFLATE_STEP, length - len(out)))):
+                    out += chunk
         except (OSError, EOFError, ValueError) as exc:
             raise CorruptShardError(path, start, f"cannot decompress ({self.compression[s]}): {exc}") from None
         self.reads += 1
-        self.read_bytes += got
-        return into[:got]
+        self.read_bytes += len(out)
+        return out
 
     def _take(self, n: int) -> bytearray:
         with self.lock:
