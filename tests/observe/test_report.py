@@ -506,7 +506,9 @@ def test_a_job_too_short_to_judge_says_what_it_did_not_judge(tmp_path):
     assert "no stragglers, stalls" not in out.stdout
     assert "not judged: stragglers (" in out.stdout and "a verdict needs" in out.stdout, out.stdout
     rep = build(read_job(store))
-    assert rep.unjudged and rep.unjudged[0].startswith("stragglers (") and not rep.findings
+    assert rep.unjudged and rep.unjudged[0].startswith("stragglers (")
+    # no verdict on a rank (a one-off stall, a hiccup of a loaded machine, is no straggler verdict)
+    assert not [f for f in rep.findings if f.kind != "one_off_stall"], rep.findings
     assert "Not judged: stragglers (" in (store / "report.html").read_text()
     (tmp_path / "plain.py").write_text("print('no steps here')\n")
     plain = tmp_path / "plain"

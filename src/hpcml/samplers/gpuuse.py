@@ -214,10 +214,11 @@ class UseTracker:
 
 def open_tracker(root: int, env: Mapping[str, str] | None = None) -> UseTracker | None:
     """A tracker of ``root``'s GPUs, or None where NVML cannot be read (no driver, no
-    nvidia-ml-py) or an NVML replay stands for the driver (it records no processes)."""
+    nvidia-ml-py) or an NVML replay stands for the driver (either: they record no
+    processes, so a tracker would prove nothing and only add a second replay's reads)."""
     from hpcml.samplers.nvml import REPLAY_ENV, nvml_library
     env = os.environ if env is None else env
-    if env.get("HPCML_OBSERVE_NVML_REPLAY"):
+    if env.get("HPCML_OBSERVE_NVML_REPLAY") or env.get(REPLAY_ENV):
         return None
     try:
         nv = nvml_library(env)
