@@ -12,7 +12,7 @@ import stat
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -249,17 +249,20 @@ def _pread_all(fd: int, n: int, offset: int) -> bytes:
 
 
 def load_json_bounded(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,
-                      loads: Any = None) -> Any:
+                      loads: Any = None, check: Callable[[bytes], None] | None = None) -> Any:
     """``read_bounded`` + ``json.loads``: ValueError for anything that is not such a JSON
     file, nesting too deep for the parser ('[' * 100000) included; OSError as above.
-    ``loads``: a faster parser (orjson) for files read often."""
-    return load_json_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks, loads=loads)[0]
+    ``loads``: a faster parser (orjson) for files read often. ``check``: called with the
+    bytes before they are parsed (a checksum): what is parsed is what it judged."""
+    return load_json_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks, loads=loads, check=check)[0]
 
 
 def load_json_bounded_stat(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = True,
-                           loads: Any = None) -> tuple[Any, os.stat_result]:
+                           loads: Any = None, check: Callable[[bytes], None] | None = None) -> tuple[Any, os.stat_result]:
     """``load_json_bounded``, and the status of the open file it read (``read_bounded_stat``)."""
     data, st = read_bounded_stat(path, max_bytes, follow_symlinks=follow_symlinks)
+    if check is not None:
+        check(data)
     try:
         return (loads or json.loads)(data), st
     except RecursionError:

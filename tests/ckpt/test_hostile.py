@@ -111,8 +111,10 @@ def test_the_load_judges_the_index_and_file_it_reads_not_the_ones_checked_before
 
     def check_then_swap(found: layout.Found, shard: int, own: int | None = None) -> None:
         checked(found, shard, own)
-        if swap == "index":
+        if swap == "index":       # the manifest forged too, as if read after the swap: the load's own check
             forge(step, lambda d: d["entries"][0].update(dtype="uint8", shape=[1 << 26], nbytes=1))
+            assert found.manifest is not None
+            found.manifest["ranks"]["0"] = layout.read_json(step / "manifest.json", layout.TAG)["ranks"]["0"]
         else:
             (step / "rank-00000.bin").rename(tmp_path / "elsewhere.bin")
             (step / "rank-00000.bin").symlink_to(tmp_path / "elsewhere.bin")
@@ -120,6 +122,90 @@ def test_the_load_judges_the_index_and_file_it_reads_not_the_ones_checked_before
     says = r"key 'entries\.0'" if swap == "index" else "not a regular file"
     with pytest.raises(CheckpointError, match=says):
         load(root)
+
+
+def _flip(path: Path, at: int) -> None:
+    """One byte of ``path`` changed in place: the same size, another checksum."""
+    with open(path, "r+b") as fh:
+        fh.seek(at)
+        b = fh.read(1)
+        fh.seek(at)
+        fh.write(bytes([b[0] ^ 0xFF]))
+
+
+@pytest.mark.parametrize("what", ["shard", "index"])
+def test_bytes_changed_after_the_check_never_load(tmp_path, monkeypatch, what):
+    """The load checked the crc32 on one read and loaded on a second: a shard changed in
+    between (a rewrite, a copy still arriving, a rotting disk) loaded unchecked, a weight
+    of 0.0 read as NaN without a word. The checksum is now taken on the read that loads."""
+    root = tmp_path / "ck"
+    _save(root, {"w": torch.zeros(1024)}, 1)
+    step = root / "step-00000001"
+    checked = offline.check
+
+    def check_then_change(found: layout.Found, shard: int, own: int | None = None) -> None:
+        checked(found, shard, own)
+        if what == "shard":
+            _flip(step / "rank-00000.bin", 3)
+        else:                                   # the same size, one number changed
+            index = step / "rank-00000.json"
+            raw = index.read_bytes()
+            assert b'"step":1,' in raw
+            index.write_bytes(raw.replace(b'"step":1,', b'"step":7,', 1))
+    monkeypatch.setattr(offline, "check", check_then_change)
+    with pytest.raises(CheckpointError, match=f"rank-00000.{'bin' if what == 'shard' else 'json'}: checksum mismatch"):
+        load(root)
+
+
+def test_resume_falls_back_past_a_shard_changed_after_its_check(tmp_path, monkeypatch):
+    """The resume path (``load_latest``) likewise: the step whose bytes changed after the
+    check is skipped, naming why, and the one before it loads."""
+    root = tmp_path / "ck"
+    _save(root, {"w": torch.zeros(1024)}, 1)
+    _save(root, {"w": torch.ones(1024)}, 2)
+    usable = Checkpointer._usable
+
+    def usable_then_change(self: Checkpointer, found: layout.Found) -> Any:
+        out = usable(self, found)
+        if found.step == 2:
+            _flip(found.path / "rank-00000.bin", 5)
+        return out
+    monkeypatch.setattr(Checkpointer, "_usable", usable_then_change)
+    ck = Checkpointer(root, read_only=True)
+    state, step = ck.load_latest()
+    assert step == 1 and torch.equal(state["w"], torch.zeros(1024))
+    assert len(ck.skipped) == 1 and "step-00000002/rank-00000.bin: checksum mismatch" in ck.skipped[0], ck.skipped
+
+
+def test_a_local_copy_whose_bytes_rotted_is_read_from_the_shared_tier(tmp_path):
+    """This node's copy is read first when its sizes are right; when its bytes prove wrong on
+    that read, the shared copy is read instead: the step is not lost to a bad local disk."""
+    ck = Checkpointer(tmp_path / "ck", local_dir=tmp_path / "local")
+    ck.save({"w": torch.arange(1024, dtype=torch.float32), "b": np.arange(8)}, 4)
+    ck.wait()
+    _flip(tmp_path / "local" / "step-00000004" / "rank-00000.bin", 9)
+    state, step = Checkpointer(tmp_path / "ck", local_dir=tmp_path / "local", read_only=True).load_latest()
+    assert step == 4 and torch.equal(state["w"], torch.arange(1024, dtype=torch.float32))
+    assert np.array_equal(state["b"], np.arange(8))
+
+
+def test_an_export_writes_only_the_bytes_the_manifest_names(tmp_path, monkeypatch):
+    """``hpcml ckpt export`` checked the crc32, then copied the tensors on a second read: a
+    shard changed in between became a safetensors file of other weights. The export's own
+    read is checksummed, and nothing is published when it fails."""
+    from hpcml.ckpt import export
+    root = tmp_path / "ck"
+    _save(root, {"model": {"w": torch.zeros(1024)}}, 1)
+    checked = offline.check
+
+    def check_then_change(found: layout.Found, shard: int, own: int | None = None) -> None:
+        checked(found, shard, own)
+        _flip(found.path / "rank-00000.bin", 7)
+    monkeypatch.setattr(offline, "check", check_then_change)
+    out = tmp_path / "m.safetensors"
+    with pytest.raises(CheckpointError, match="rank-00000.bin: checksum mismatch"):
+        export.export(root, out)
+    assert not out.exists() and not list(tmp_path.glob("m.safetensors*"))
 
 
 def test_a_shard_over_2_gib_loads(tmp_path):

@@ -36,9 +36,9 @@ import numpy as np
 from hpcml import logs
 from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
-from hpcml.ckpt.flatten import CorruptShard, Leaf, PerRank, describe, flatten
+from hpcml.ckpt.flatten import ChecksumMismatch, CorruptShard, Leaf, PerRank, describe, flatten
 from hpcml.ckpt.flatten import layout as place
-from hpcml.ckpt.layout import CheckpointError
+from hpcml.ckpt.layout import CheckpointError, CorruptIndex
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
 from hpcml.cluster import taskenv
@@ -610,12 +610,13 @@ class Checkpointer:
             elif ok:
                 assert found.manifest is not None
                 refused: UsageError | None = None
-                leaf: CorruptShard | None = None
+                leaf: CorruptShard | CorruptIndex | None = None
                 try:
                     state = self._read(sources, found, map_location)
                 except offline.ResizeRefused as exc:
                     refused = exc
-                except CorruptShard as exc:         # never loaded (a refused leaf, bytes that do not rebuild): the one before
+                except (CorruptShard, CorruptIndex) as exc:     # never loaded (bytes not the checksummed ones, an
+                    # index that does not describe its shard, a refused leaf, bytes that do not rebuild): the one before
                     leaf = exc
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (initialised_dist() is not None and self.world > 1):
@@ -638,10 +639,12 @@ class Checkpointer:
         return True, (None, None)
 
     def _usable(self, found: layout.Found) -> tuple[bool, str, dict[tuple[str, int], Path]]:
-        """Whether this rank can load ``found``: every file's size, and the crc32 of the
-        files it reads (its shard, or rank 0's of a replicated one, and its own values);
-        each read from this node's copy when that one is intact. At another world size a
-        replicated checkpoint's own values are those of rank ``rank % saved``."""
+        """Whether this rank can load ``found``: every file's size (the crc32s and indexes
+        of the files it reads, its shard or rank 0's of a replicated one and its own values,
+        are judged on the read that loads them: ``offline.read_state``); each read from this
+        node's copy when its sizes are right (the shared copy when its bytes are not: ``_read``).
+        At another world size a replicated checkpoint's own values are those of rank
+        ``rank % saved``."""
         if found.problems or not found.manifest:
             return False, "; ".join(found.problems) or "no manifest", {}
         man = found.manifest
@@ -657,7 +660,8 @@ class Checkpointer:
             if (kind, r) not in records:
                 return False, f"no {'shard' if kind == 'rank' else 'per-rank values'} for rank {r}", {}
         for (kind, r), rec in records.items():      # every file's size: cheap, the same answer on every rank
-            problems = [] if (kind, r) in mine else layout.verify_shard(found.path, r, rec, checksums=False, kind=kind)
+            problems = [] if (kind, r) in mine else \
+                layout.verify_shard(found.path, r, rec, checksums=False, kind=kind, index=False)
             if problems:
                 return False, problems[0], {}
         sources = {}
@@ -665,10 +669,11 @@ class Checkpointer:
             rec = records[(kind, r)]
             if self.local is not None:               # this node's copy first, if it is intact
                 local = self.local / layout.step_name(found.step)
-                if (local / layout.shard_names(r, kind)[0]).exists() and not layout.verify_shard(local, r, rec, kind=kind):
+                if (local / layout.shard_names(r, kind)[0]).exists() and \
+                        not layout.verify_shard(local, r, rec, kind=kind, checksums=False, index=False):
                     sources[(kind, r)] = local
                     continue
-            problems = layout.verify_shard(found.path, r, rec, kind=kind)
+            problems = layout.verify_shard(found.path, r, rec, kind=kind, checksums=False, index=False)
             if problems:
                 return False, problems[0], {}
             sources[(kind, r)] = found.path
@@ -703,6 +708,24 @@ class Checkpointer:
         return refused
 
     def _read(self, sources: dict[tuple[str, int], Path], found: layout.Found, map_location: Any) -> Any:
+        """The state from ``sources``; the files this node's copy holds, when their bytes
+        prove not to be the checksummed ones on the read, from the shared copy instead."""
+        try:
+            return self._read_from(sources, found, map_location)
+        except ChecksumMismatch as exc:
+            local = {k for k, d in sources.items() if d != found.path and Path(exc.path).parent == d}
+            if not local:
+                raise
+            assert found.manifest is not None
+            for kind, r in local:
+                problems = layout.verify_shard(found.path, r, layout.record(found.manifest, kind, r),
+                                               kind=kind, checksums=False, index=False)
+                if problems:
+                    raise CorruptShard(f"{exc}; the shared copy: {problems[0]}") from None
+            log.warning(f"hpcml ckpt: {exc}; reading the shared copy {found.path}")
+            return self._read_from({k: found.path for k in sources}, found, map_location)
+
+    def _read_from(self, sources: dict[tuple[str, int], Path], found: layout.Found, map_location: Any) -> Any:
         man = found.manifest
         assert man is not None
         (_, shard), directory = next((k, v) for k, v in sources.items() if k[0] == "rank")
@@ -710,9 +733,10 @@ class Checkpointer:
 
         def values(slots: list[dict[str, Any]]) -> list[Any]:
             assert own is not None
-            mine = offline.read_own(own[1], own[0], map_location)
+            mine = offline.read_own(own[1], own[0], map_location, rec=layout.record(man, "own", own[0]))
             return offline.resolve_own(mine, slots, man["world_size"], self.world, str(found.path / layout.MANIFEST))
-        return offline.read_state(directory, shard, map_location, own=values if own is not None else None)
+        return offline.read_state(directory, shard, map_location, own=values if own is not None else None,
+                                  rec=layout.record(man, "rank", shard))
 
     def load(self, step: int | None = None, *, rank: int | None = None, map_location: Any = "cpu") -> tuple[Any, int]:
         """``(state, step)`` of one committed checkpoint (default: the newest), read by this

@@ -22,7 +22,7 @@ from typing import Any
 
 from hpcml import schemas, scratch
 from hpcml.ckpt import layout, offline
-from hpcml.ckpt.flatten import leaf_paths
+from hpcml.ckpt.flatten import CheckedRead, leaf_paths
 from hpcml.errors import UsageError
 from hpcml.files import fsync_dir
 
@@ -77,20 +77,22 @@ def export(path: str | os.PathLike, out: str | os.PathLike, step: int | None = N
     shard = offline.shard_of(found, rank)
     offline.check(found, shard)
     bin_name, json_name = layout.shard_names(shard)
-    doc = layout.read_index(found.path / json_name)
+    assert found.manifest is not None
+    rec = layout.record(found.manifest, "rank", shard)
+    doc = layout.read_index(found.path / json_name, rec)        # the checksummed bytes, parsed
     fd = layout.open_shard(found.path / bin_name)
     try:
         size = os.fstat(fd).st_size
         # the index this export follows, judged as verify and the load judge it (it may have
         # changed since the check): a leaf it lacks, a shape that is not its bytes: one line, exit 2
         layout.check_index(doc, size, found.path / json_name)
-        return _export(doc, fd, size, found, shard, json_name, Path(out), key)
+        return _export(doc, fd, size, found, shard, json_name, Path(out), key, rec["crc32"])
     finally:
         os.close(fd)
 
 
 def _export(doc: dict[str, Any], fd: int, size: int, found: layout.Found, shard: int, json_name: str,
-            out: Path, key: str | None) -> Exported:
+            out: Path, key: str | None, crc: int) -> Exported:
     entries, names = doc["entries"], leaf_paths(doc["skeleton"])
     if key:
         names = {i: n.removeprefix(key + ".") for i, n in names.items() if n.startswith(key + ".")}
@@ -114,7 +116,7 @@ def _export(doc: dict[str, Any], fd: int, size: int, found: layout.Found, shard:
         dtype = _dtype(e, name, str(found.path / json_name))
         _check_bytes(e, name, dtype, size, found.path / json_name)
         header[name] = {"dtype": dtype, "shape": e["shape"], "data_offsets": [done.bytes, done.bytes + e["nbytes"]]}
-        order.append(e)
+        order.append((e, done.bytes))
         done.bytes += e["nbytes"]
     if not order:
         raise UsageError("no tensors to export", file=str(found.path / json_name), key="key")
@@ -122,7 +124,7 @@ def _export(doc: dict[str, Any], fd: int, size: int, found: layout.Found, shard:
     header["__metadata__"] = {"format": "pt", "hpcml.step": str(found.step), "hpcml.rank": str(shard)}
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)            # the reference writer pads the header to 8 bytes
-    _write(done.path, raw, order, fd, found.path / layout.shard_names(shard)[0])
+    _write(done.path, raw, order, done.bytes, CheckedRead(fd, size, str(found.path / layout.shard_names(shard)[0])), crc)
     return done
 
 
@@ -138,7 +140,8 @@ def _check_bytes(e: dict[str, Any], name: str, dtype: str, size: int, source: Pa
                                      f"{size}-byte shard for shape {shape!r} of {dtype} (corrupt)")
 
 
-def _write(out: Path, header: bytes, order: list[dict[str, Any]], src: int, source: Path) -> None:
+def _write(out: Path, header: bytes, order: list[tuple[dict[str, Any], int]], total: int, src: CheckedRead,
+           crc: int) -> None:
     """Header and tensors into a nameless file (``scratch``: an export killed half-way
     leaves no half model on the disk), fsync, linked in under a temporary name and renamed
     over ``out``: a half export is never seen. Where the filesystem has no nameless files
@@ -149,12 +152,12 @@ def _write(out: Path, header: bytes, order: list[dict[str, Any]], src: int, sour
     try:
         if fd is not None:
             os.fchmod(fd, layout.FILE_MODE)
-            _fill(fd, header, order, src, source)
+            _fill(fd, header, order, total, src, crc)
             scratch.replace_with(fd, out, tmp, mode=layout.FILE_MODE, durable=True)
         else:
             try:
                 fd = layout.create(tmp, flags=os.O_EXCL)
-                _fill(fd, header, order, src, source)
+                _fill(fd, header, order, total, src, crc)
                 os.replace(tmp, out)
             except BaseException:
                 tmp.unlink(missing_ok=True)
@@ -165,18 +168,28 @@ def _write(out: Path, header: bytes, order: list[dict[str, Any]], src: int, sour
     fsync_dir(out.parent)
 
 
-def _fill(fd: int, header: bytes, order: list[dict[str, Any]], src_fd: int, source: Path) -> None:
-    """Header and tensors from the shard open as ``src_fd`` (``source``) into ``fd``, fsynced."""
-    with os.fdopen(fd, "wb", closefd=False) as dst, os.fdopen(src_fd, "rb", closefd=False) as src:
-        dst.write(len(header).to_bytes(8, "little") + header)
-        for e in order:
-            src.seek(e["offset"])
-            left = e["nbytes"]
-            while left:
-                chunk = src.read(min(left, _CHUNK))
-                if not chunk:
-                    raise layout.CheckpointError(f"{source}: ends inside a tensor")
-                dst.write(chunk)
-                left -= len(chunk)
-        dst.flush()
-        os.fsync(dst.fileno())
+def _fill(fd: int, header: bytes, order: list[tuple[dict[str, Any], int]], total: int, src: CheckedRead,
+          crc: int) -> None:
+    """Header and tensors (each with its place among the data) into ``fd``, fsynced. The
+    shard is read once, in file order, each tensor's bytes written to their place in the
+    export; its checksum is taken over the bytes copied and compared before the file is
+    published (``flatten.ChecksumMismatch``): an export holds the bytes the manifest names."""
+    base = 8 + len(header)
+    _pwrite(fd, memoryview(len(header).to_bytes(8, "little") + header), 0)
+    buf = memoryview(bytearray(min(_CHUNK, max((e["nbytes"] for e, _ in order), default=0)) or 1))
+    for e, at in sorted(order, key=lambda pair: pair[0]["offset"]):
+        done = 0
+        while done < e["nbytes"]:
+            view = buf[:min(len(buf), e["nbytes"] - done)]
+            src.into(e["offset"] + done, view)
+            _pwrite(fd, view, base + at + done)
+            done += len(view)
+    src.finish(crc)
+    os.ftruncate(fd, base + total)
+    os.fsync(fd)
+
+
+def _pwrite(fd: int, data: memoryview, offset: int) -> None:
+    while data:
+        n = os.pwrite(fd, data, offset)
+        data, offset = data[n:], offset + n

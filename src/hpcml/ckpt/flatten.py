@@ -31,7 +31,11 @@ from typing import Any
 import numpy as np
 
 from hpcml import schemas
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.ckpt.shardread import CheckedRead as CheckedRead
+from hpcml.ckpt.shardread import ChecksumMismatch as ChecksumMismatch
+from hpcml.ckpt.shardread import CorruptShard as CorruptShard
+from hpcml.ckpt.shardread import RefusedLeaf as RefusedLeaf
+from hpcml.errors import UsageError
 
 ALIGN = 4096
 #: how deeply a state may nest (each dict, list and tuple a level): far beyond a training
@@ -273,15 +277,6 @@ def leaf_paths(skeleton: Any) -> dict[int, str]:
     return out
 
 
-class CorruptShard(HpcmlError):
-    """A shard whose structure does not match its bytes."""
-
-
-class RefusedLeaf(CorruptShard):
-    """A pickled leaf the scan's policy refuses to load (a global, or an argument: the same
-    judgement as ``hpcml scan``): the checkpoint is not loaded."""
-
-
 class _Bad(Exception):
     """A skeleton node that does not rebuild: where in the state (``at``) and why."""
 
@@ -376,57 +371,32 @@ def skeleton_problem(skeleton: Any, entries: list[dict[str, Any]], *, own: bool)
     return None
 
 
-def read_into(fd: int, offset: int, into: memoryview, source: str) -> None:
-    """Fill ``into`` from ``fd`` at ``offset``: one ``read`` gives at most 2 GiB on Linux,
-    and a tensor may be larger; a file that ends first raises ``CorruptShard``."""
-    done = 0
-    while done < len(into):
-        got = os.preadv(fd, [into[done:]], offset + done)
-        if not got:
-            raise CorruptShard(f"{source}: ends at byte {offset + done}, inside a leaf that runs to {offset + len(into)}")
-        done += got
-
-
 def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: str,
-              map_location: Any = "cpu", policy: Any = None, own: list[Any] | None = None) -> Any:
+              map_location: Any = "cpu", policy: Any = None, own: list[Any] | None = None,
+              crc: int | None = None) -> Any:
     """Rebuild the state from the shard open as ``fd`` (its index checked: ``layout.index_problem``),
     each leaf read from its offset straight into its own memory: nothing is allocated for
-    the file as a whole, nor from anything but a leaf's checked size. ``own``: the values of
-    a replicated state's ``{"__own": i}`` places (this rank's own)."""
-    torch = None
+    the file as a whole, nor from anything but a leaf's checked size. The leaves are read
+    first, once, in file order (``CheckedRead``), and with ``crc`` (the manifest's) the
+    bytes read must be the checksummed ones before any pickled leaf is unpickled or the
+    state built. ``own``: the values of a replicated state's ``{"__own": i}`` places."""
+    read = CheckedRead(fd, os.fstat(fd).st_size, source)
+    loaded = _read_leaves(entries, read, map_location)
+    read.finish(crc)
     cache: dict[int, Any] = {}
 
-    def raw(e: dict[str, Any]) -> bytes:
-        buf = bytearray(e["nbytes"])
-        read_into(fd, e["offset"], memoryview(buf), source)
-        return bytes(buf)
-
     def array(i: int, at: str) -> Any:
-        nonlocal torch
         if i in cache:
             return cache[i]
         if not 0 <= i < len(entries):
             raise _Bad(at, f"leaf {i} does not exist (the index lists {len(entries)})")
-        e = entries[i]
-        if e["kind"] == "bytes":
-            out: Any = raw(e)
-        elif e["kind"] == "pickle":
+        out = loaded.pop(i)
+        if entries[i]["kind"] == "pickle":
             try:
-                out = _safe_unpickle(raw(e), policy)
+                out = _safe_unpickle(out, policy)
             except pickle.UnpicklingError as exc:
                 name = leaf_paths(skeleton).get(i, f"#{i}")
                 raise RefusedLeaf(f"{source}: pickled leaf {name}: {exc}") from None
-        elif e["kind"] == "numpy":
-            out = np.empty(e["shape"], dtype=np.dtype(e["dtype"]))
-            read_into(fd, e["offset"], out.reshape(-1).view(np.uint8).data, source)
-        else:
-            if torch is None:
-                import torch as _t
-                torch = _t
-            t = torch.empty(e["shape"], dtype=getattr(torch, e["dtype"]))
-            if e["nbytes"]:
-                read_into(fd, e["offset"], t.view(-1).view(torch.uint8).numpy().data, source)
-            out = t if map_location in (None, "cpu") else t.to(map_location)
         cache[i] = out
         return out
 
@@ -439,6 +409,32 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: 
         return _rebuild(skeleton, array, own_value)
     except _Bad as exc:
         raise CorruptShard(f"{source}: {exc}") from None
+
+
+def _read_leaves(entries: list[dict[str, Any]], read: CheckedRead, map_location: Any) -> dict[int, Any]:
+    """Every leaf of the index read once, in file order (non-overlapping: checked), as the
+    value it loads as (a pickled leaf as its bytes, unpickled once they are proven)."""
+    torch = None
+    out: dict[int, Any] = {}
+    for i in sorted(range(len(entries)), key=lambda j: entries[j]["offset"]):
+        e = entries[i]
+        if e["kind"] in ("bytes", "pickle"):
+            buf = bytearray(e["nbytes"])
+            read.into(e["offset"], memoryview(buf))
+            out[i] = bytes(buf) if e["kind"] == "bytes" else buf
+        elif e["kind"] == "numpy":
+            arr = np.empty(e["shape"], dtype=np.dtype(e["dtype"]))
+            read.into(e["offset"], arr.reshape(-1).view(np.uint8).data)
+            out[i] = arr
+        else:
+            if torch is None:
+                import torch as _t
+                torch = _t
+            t = torch.empty(e["shape"], dtype=getattr(torch, e["dtype"]))
+            if e["nbytes"]:
+                read.into(e["offset"], t.view(-1).view(torch.uint8).numpy().data)
+            out[i] = t if map_location in (None, "cpu") else t.to(map_location)
+    return out
 
 
 def _mapping(node: dict[str, Any], items: Any, at: str) -> Any:

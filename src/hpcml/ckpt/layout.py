@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from hpcml import files, schemas
-from hpcml.errors import HpcmlError, UsageError
+from hpcml.ckpt.shardread import CheckpointError as CheckpointError
+from hpcml.ckpt.shardread import ChecksumMismatch
+from hpcml.errors import UsageError
 from hpcml.files import write_atomic
 
 MANIFEST = "manifest.json"
@@ -56,10 +58,6 @@ _RANK = re.compile(r"[0-9]+")
 CRC_CHUNK = 16 << 20
 FILE_MODE = 0o600                       # checkpoints hold model weights: private unless asked
 _RANK_KEYS = ("size", "crc32", "json_size", "json_crc32")
-
-
-class CheckpointError(HpcmlError):
-    """A save or load that could not complete (the message says which file)."""
 
 
 class CorruptIndex(CheckpointError, UsageError):
@@ -163,16 +161,27 @@ def open_shard(path: Path) -> int:
     return fd
 
 
-def read_index(path: Path) -> dict[str, Any]:
-    """A shard's index as the loader reads it: never through a symbolic link (``verify`` refuses one)."""
+def read_index(path: Path, rec: dict[str, Any] | None = None) -> dict[str, Any]:
+    """A shard's index as the loader reads it: never through a symbolic link (``verify``
+    refuses one). With ``rec`` (the manifest's record of the pair), parsed from the very
+    bytes whose length and crc32 are checked against it (``ChecksumMismatch``): an index
+    replaced after a check is never followed."""
+    def checked(data: bytes) -> None:
+        if rec is not None and (len(data) != rec["json_size"] or zlib.crc32(data) != rec["json_crc32"]):
+            raise ChecksumMismatch(str(path))
     try:
-        doc = files.load_json_bounded(path, JSON_MAX, follow_symlinks=False)
+        doc = files.load_json_bounded(path, JSON_MAX, follow_symlinks=False, check=checked)
     except FileNotFoundError:
         raise UsageError("missing", file=str(path)) from None
     except (OSError, ValueError) as exc:
         raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
     schemas.check(doc, SHARD_TAG, str(path))
     return doc
+
+
+def record(manifest: dict[str, Any], kind: str, rank: int) -> dict[str, Any]:
+    """The manifest's record (sizes, crc32s) of ``rank``'s ``kind`` files (``shards``)."""
+    return manifest["ranks" if kind == "rank" else "per_rank"][str(rank)]
 
 
 def file_crc(path: Path) -> int:
@@ -306,18 +315,18 @@ def restore_replaced(root: Path) -> None:
             os.rename(f.path, root / step_name(f.step))
 
 
-def verify(found: Found, *, checksums: bool = True,
+def verify(found: Found, *, checksums: bool = True, index: bool = True,
            files: Collection[tuple[str, int]] | None = None, but: Collection[tuple[str, int]] = ()) -> list[str]:
-    """Problems with a committed checkpoint's files (sizes always; crc32 when ``checksums``);
-    empty when it is good. ``files``: only these ``(kind, rank)`` (``shards``); ``but``:
-    not these."""
+    """Problems with a committed checkpoint's files (sizes always; crc32 when ``checksums``;
+    the indexes when ``index``: ``verify_shard``); empty when it is good. ``files``: only
+    these ``(kind, rank)`` (``shards``); ``but``: not these."""
     if found.problems or not found.manifest:
         return found.problems or ["no manifest"]
     problems = []
     for kind, rank, rec in shards(found.manifest):
         if files is not None and (kind, rank) not in files or (kind, rank) in but:
             continue
-        problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind)
+        problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind, index=index)
     if problems or but or not found.manifest.get("per_rank"):
         return problems                 # (``but``: the others' sizes only; the load's own pass joins them)
     return own_problems(found.path, found.manifest, files)
@@ -386,7 +395,10 @@ def own_gap(index: Path, own: Path, places: int | str | None = None) -> str | No
 
 
 def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: bool = True,
-                 kind: str = "rank") -> list[str]:
+                 kind: str = "rank", index: bool = True) -> list[str]:
+    """Problems with one pair of files: sizes; crc32s when ``checksums``; the index
+    (``index_fault``) when ``index``, and its pickled leaves as the load judges them when
+    both. A load judges the index and the checksums itself, on the read that loads."""
     bin_name, json_name = shard_names(rank, kind)
     problems = []
     for name, size_key, crc_key in ((bin_name, "size", "crc32"), (json_name, "json_size", "json_crc32")):
@@ -410,21 +422,21 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
             problems.append(f"{path}: unreadable ({exc.strerror})")
         except CheckpointError as exc:                 # replaced by a link since the lstat
             problems.append(str(exc))
-    if problems:
+    if problems or not index:
         return problems
     # sizes and checksums right: is the index one a load can follow (its size the shard's,
     # every leaf's bytes inside it)? A checkpoint whose files match their checksums can still
     # point outside its shard and never load: verify says so, so that prune does not keep it
     # over an older good one. Read once, for this and for the leaves.
-    index = directory / json_name
+    path = directory / json_name
     try:
-        doc = read_json(index, SHARD_TAG)
+        doc = read_json(path, SHARD_TAG)
         fault = index_fault(doc, rec["size"]) if isinstance(doc, dict) else (None, "not a JSON object")
     except (CheckpointError, UsageError) as exc:
-        return [f"{index}: {exc}"]
+        return [f"{path}: {exc}"]
     if fault:
-        return [Fault(CorruptIndex(fault[1], file=str(index), key=fault[0]))]
-    return refused_leaves(directory / bin_name, index, doc) if checksums else []
+        return [Fault(CorruptIndex(fault[1], file=str(path), key=fault[0]))]
+    return refused_leaves(directory / bin_name, path, doc) if checksums else []
 
 
 def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:

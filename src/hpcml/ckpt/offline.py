@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from hpcml.ckpt import layout
-from hpcml.ckpt.flatten import is_data_state, own_slots, unflatten
+from hpcml.ckpt.flatten import ChecksumMismatch, is_data_state, own_slots, unflatten
 from hpcml.ckpt.layout import CheckpointError
 from hpcml.errors import HpcmlError, UsageError
 
@@ -82,18 +82,23 @@ def own_of(found: layout.Found, rank: int | None) -> int | None:
 
 
 def check(found: layout.Found, rank: int, own: int | None = None) -> None:
-    """The resume path's checks: every file's size, then the crc32 of ``rank``'s shard
-    (and of ``own``'s per-rank values)."""
+    """The resume path's checks before a load: every file's size (and, of a replicated
+    state's, whether ``rank``'s shard and ``own``'s per-rank values join). Their indexes
+    and crc32s are judged on the read that loads them (``read_state``), not on a read of
+    their own before it; the other ranks' files are not read."""
     assert found.manifest is not None
     mine = [("rank", rank)] + ([("own", own)] if own is not None else [])
-    problems = layout.verify(found, but=mine, checksums=False) or layout.verify(found, files=mine)
+    problems = layout.verify(found, but=mine, checksums=False, index=False) or \
+        layout.verify(found, files=mine, checksums=False, index=False)
     if problems:            # an index that does not describe its shard: bad input (exit 2), naming its key
         raise problems[0].error if isinstance(problems[0], layout.Fault) else CheckpointError(problems[0])
 
 
-def read_own(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None) -> list[Any]:
-    """The per-rank values that ``rank`` saved beside a replicated state, in order."""
-    values = read_state(directory, rank, map_location, policy, kind="own")
+def read_own(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None,
+             rec: dict[str, Any] | None = None) -> list[Any]:
+    """The per-rank values that ``rank`` saved beside a replicated state, in order (``rec``:
+    the manifest's record of its files, checked on the read: ``read_state``)."""
+    values = read_state(directory, rank, map_location, policy, kind="own", rec=rec)
     if not isinstance(values, list):
         raise CheckpointError(f"{directory / layout.shard_names(rank, 'own')[1]}: not a list of per-rank values")
     return values
@@ -130,20 +135,28 @@ class ResizeRefused(UsageError):
 
 
 def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None, *,
-               kind: str = "rank", own: Callable[[list[dict[str, Any]]], list[Any]] | None = None) -> Any:
+               kind: str = "rank", own: Callable[[list[dict[str, Any]]], list[Any]] | None = None,
+               rec: dict[str, Any] | None = None) -> Any:
     """Rebuild one shard's state from its index and bytes (checked by the caller, and again
     here: the files may have changed since). The index this load follows is judged by the
     check ``verify`` and ``hpcml scan`` make (``layout.check_index``) before anything is
-    allocated, and each leaf is read into memory of its checked size alone. ``own``
-    gives the per-rank values of the state's ``{"__own": i}`` places (``own_slots``)."""
+    allocated, and each leaf is read into memory of its checked size alone. With ``rec``
+    (the manifest's record of the files) the index and the shard are the checksummed bytes,
+    proven on the one read that loads them (``flatten.CheckedRead``), or
+    ``flatten.ChecksumMismatch``. ``own`` gives the per-rank values of the state's
+    ``{"__own": i}`` places (``own_slots``)."""
     bin_name, json_name = layout.shard_names(rank, kind)
-    shard = layout.read_index(directory / json_name)
+    shard = layout.read_index(directory / json_name, rec)
     fd = layout.open_shard(directory / bin_name)
     try:
-        layout.check_index(shard, os.fstat(fd).st_size, directory / json_name)
+        size = os.fstat(fd).st_size
+        if rec is not None and size != rec["size"]:
+            raise ChecksumMismatch(str(directory / bin_name))
+        layout.check_index(shard, size, directory / json_name)
         values = own(own_slots(shard["skeleton"])) if own is not None else None
         return unflatten(shard["skeleton"], shard["entries"], fd, source=str(directory / bin_name),
-                         map_location=map_location, policy=policy, own=values)
+                         map_location=map_location, policy=policy, own=values,
+                         crc=rec["crc32"] if rec is not None else None)
     except HpcmlError:
         raise
     except Exception as exc:  # noqa: BLE001 - a structure that does not match its bytes, a refused global
@@ -166,7 +179,14 @@ def load(path: str | os.PathLike, step: int | None = None, *, rank: int | None =
 
 
 def read(found: layout.Found, shard: int, own: int | None, map_location: Any = "cpu", policy: Any = None) -> Any:
-    """The state of ``shard`` with ``own``'s per-rank values in place (checked by the caller)."""
+    """The state of ``shard`` with ``own``'s per-rank values in place (their sizes and
+    indexes checked by the caller, their checksums on the read that loads them)."""
+    man = found.manifest
+    assert man is not None
+
     def values(_slots: list[dict[str, Any]]) -> list[Any]:
-        return read_own(found.path, own, map_location, policy) if own is not None else []
-    return read_state(found.path, shard, map_location, policy, own=values if own is not None else None)
+        if own is None:
+            return []
+        return read_own(found.path, own, map_location, policy, rec=layout.record(man, "own", own))
+    return read_state(found.path, shard, map_location, policy, own=values if own is not None else None,
+                      rec=layout.record(man, "rank", shard))
