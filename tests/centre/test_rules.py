@@ -268,6 +268,21 @@ def test_a_prolog_drained_node_whose_other_check_now_fails_is_held():
     assert handler.plan(cat(), drained + once + later[:2], _ours(), {}, NOW).actions[0].action == "resume"
 
 
+def test_a_skipped_result_never_hides_a_check_s_last_failure_nor_counts_as_a_pass():
+    """The prolog drained n1 for its scratch; since, the scratch passed twice, but the memory
+    check failed and was then only skipped (a report that measured nothing of it): its last
+    measurement is the failure, so n1 stays drained. A skipped scratch is no pass either."""
+    drained = _prolog_drain(3)
+    since = [res("n1", "pass", 2.5, check="scratch", type_="mounts"), res("n1", "fail", 2.5, check="memory", type_="memory"),
+             res("n1", "skipped", 2, check="memory", type_="memory"),
+             res("n1", "pass", 1.5, check="scratch", type_="mounts"), res("n1", "skipped", 1.5, check="memory", type_="memory")]
+    (a,) = handler.plan(cat(), drained + since, _ours(), {}, NOW).actions
+    assert (a.action, a.evidence.get("failing")) == ("hold", ["memory"]), a
+    skipped = [res("n1", "pass", 2, check="scratch", type_="mounts"), res("n1", "skipped", 1, check="scratch", type_="mounts")]
+    (a,) = handler.plan(cat(), drained + skipped, _ours(), {}, NOW).actions
+    assert a.action == "hold" and "scratch: 0/2" in a.note, a
+
+
 # --- the caps -----------------------------------------------------------------------------
 
 def _drains(n):

@@ -274,3 +274,20 @@ def test_a_refused_summary_is_set_aside_and_does_not_hold_back_the_others(tmp_pa
     assert "attempt-0.json not sent" in sent.stderr and "gpu.score" in sent.stderr, sent.stderr
     assert [r[1] for r in collector.rows()] == [1]
     assert (spool / "attempt-0.refused").exists() and (spool / "attempt-1.sent").exists()
+
+
+def test_a_node_whose_vetting_measured_nothing_is_left_out_of_the_summary_never_good(tmp_path):
+    """The start's vetting: n1 passed, n2's every check was skipped, n3 failed, n4 gave no
+    result; a restart's vetting again measured nothing on n2. The summary's vetting history
+    says nothing of n2 (unknown is never good), and keeps what was measured."""
+    from hpcml.run.jobdir import vet_dir
+    from hpcml.run.summary import _vetting
+    from tests.vet.reports import vet_report
+    vet = vet_dir(tmp_path)
+    (vet / "again-1").mkdir(parents=True)
+    (vet / "report.json").write_text(json.dumps(vet_report(
+        {"n1": [("mem", "memory", "pass")], "n2": [("gpu", "gpu", "skipped")], "n3": [("mem", "memory", "fail")],
+         "n4": None})))
+    (vet / "again-1" / "report.json").write_text(json.dumps(vet_report({"n2": [("gpu", "gpu", "skipped")]})))
+    got = {(v["attempt"], v["node"]): (v["verdict"], v["failing"]) for v in _vetting(tmp_path, ["n1", "n2", "n3", "n4"])}
+    assert got == {(0, "n1"): ("good", []), (0, "n3"): ("bad", ["mem"]), (0, "n4"): ("bad", [])}, got

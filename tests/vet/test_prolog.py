@@ -362,3 +362,19 @@ def test_nothing_checked_is_not_healthy(tmp_path, monkeypatch):
     assert [r.outcome for r in res.results] == [Outcome.SKIPPED] and res.exit_code == 0
     assert res.to_json()["healthy"] is None
     assert res.notes == ["all 1 fast checks were skipped: nothing vetted (e.g. no GPU (NVIDIA driver not loaded))"]
+
+
+def test_a_node_nothing_was_checked_on_is_sent_to_the_collector_as_unchecked_never_good(tmp_path, monkeypatch):
+    """``healthy`` null: the collector's node report says ``unchecked`` (and the collector
+    takes it); a node checked and healthy is ``good``."""
+    from hpcml.centre.collector.schema import parse
+    monkeypatch.setenv("HPCML_VET_NVML_REPLAY", str(ROOT / "tests" / "fixtures" / "nvml" / "no_driver.json"))
+    skipped = prolog.run_prolog(loads("name: t\nevals:\n  - {name: gpu, type: gpu}\n"), budget=5.0, started=time.time())
+    none_run = prolog.run_prolog(loads("name: t\nevals:\n  - {name: gemm, type: compute, size: 64}\n"), budget=5.0,
+                                 started=time.time())
+    checked = prolog.run_prolog(loads("name: t\nevals:\n  - {name: mem, type: memory, min_available_fraction: 1%}\n"),
+                                budget=5.0, started=time.time())
+    assert (skipped.healthy, none_run.healthy, checked.healthy) == (None, None, True)
+    sent = [r.node_report("t", 1.0) for r in (skipped, none_run, checked)]
+    assert [d["verdict"] for d in sent] == ["unchecked", "unchecked", "good"]
+    assert [r.verdict for r in parse(json.dumps(sent).encode())] == ["unchecked", "unchecked", "good"]

@@ -13,7 +13,9 @@ Safety comes first, because a wrong rule could empty a cluster:
 - each node's state is read again just before it is changed;
 - the audit log is locked for the run, so two handlers never act at once, and it is the
   handler's memory: the drain record says which check must pass again, and results
-  older than the node's last drain or resume are never counted again.
+  older than the node's last drain or resume are never counted again;
+- a skipped result (a report that checked nothing: ``unchecked``) is never a pass: it breaks
+  a run of passes and never hides a check's last failure.
 """
 
 from __future__ import annotations
@@ -293,8 +295,8 @@ def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Ca
     # and failed (not an error: a one-off run that could not finish says nothing of the node)
     streak = [r.time for r in since if r.check in failed and r.outcome == "pass"][-PROLOG_PASSES:]
     newest: dict[str, Result] = {}
-    for r in since:                     # the newest result of every check since the drain
-        if r.type != DRAIN_TYPE:
+    for r in since:                     # the newest measured result of every check since the drain
+        if r.type != DRAIN_TYPE and r.outcome != "skipped":     # a skip says nothing: the failure stands
             newest[r.check] = r
     failing = sorted(c for c, r in newest.items() if r.outcome == "fail" and c not in failed
                      and streak and r.time >= streak[0])

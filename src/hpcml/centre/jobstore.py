@@ -74,6 +74,13 @@ LATEST = "SELECT * FROM jobs WHERE latest = 1 AND verified = 1 AND time >= ?"
 #: roles a job names a node in for the node's sake; ``crashed`` is the ranks' code's
 NODE_FAULTS = ("excluded", "straggler", "culprit", "lost")
 PROLOG_DRAINS_MAX = 200       # nodes the report lists as drained by the prolog, at most (each one more query)
+#: each proven vetting report of the nodes ``{marks}`` since a time, with the verdict it earned:
+#: ``bad`` as stored, else ``good`` only where a result measured something (an older collector
+#: stored ``good`` for a report whose every check was skipped: ``unchecked``, unknown is never good)
+CHECKED = ("SELECT p.node, p.time, CASE WHEN p.verdict = 'bad' THEN 'bad' WHEN EXISTS (SELECT 1 FROM results r "
+           "WHERE r.node = p.node AND r.time = p.time AND r.report_id = p.id AND r.outcome <> 'skipped') "
+           "THEN 'good' ELSE 'unchecked' END AS verdict FROM reports p WHERE p.time >= ? AND p.node IN ({marks}) "
+           "AND p.evidence <> 'none'")
 #: outcomes of a job a fault stopped: its allocation counts as lost where nothing was measured
 STOPPED = ("failed", "hung", "interrupted")
 
@@ -320,20 +327,22 @@ class JobQueries:
         return ranked
 
     def vet_history(self, nodes: Sequence[str], since: float) -> dict[str, dict[str, Any]]:
-        """Per node: vetting reports since ``since``, how many bad, the last bad one's
-        failing checks and when the node last passed."""
-        out: dict[str, dict[str, Any]] = {n: {"reports": 0, "bad": 0, "last_bad": None, "last_good": None,
-                                              "failing_checks": []} for n in nodes}
+        """Per node: vetting reports since ``since``, how many bad and how many checked
+        nothing (``unchecked``: never a pass), the last bad one's failing checks and when the
+        node last passed."""
+        out: dict[str, dict[str, Any]] = {n: {"reports": 0, "bad": 0, "unchecked": 0, "last_bad": None,
+                                              "last_good": None, "last_unchecked": None, "failing_checks": []}
+                                          for n in nodes}
         for i in range(0, len(nodes), 500):
             part = list(nodes[i:i + 500])
             marks = ",".join("?" * len(part))
             for node, verdict, n, last in self._all(
-                    f"SELECT node, verdict, COUNT(*), MAX(time) FROM reports WHERE time >= ? AND node IN ({marks}) "
-                    "AND evidence <> 'none' GROUP BY node, verdict", (since, *part)):
+                    f"SELECT node, verdict, COUNT(*), MAX(time) FROM ({CHECKED.format(marks=marks)}) t "
+                    "GROUP BY node, verdict", (since, *part)):
                 d = out[node]
                 d["reports"] += n
-                if verdict == "bad":
-                    d["bad"], d["last_bad"] = n, last
+                if verdict in ("bad", "unchecked"):
+                    d[verdict], d[f"last_{verdict}"] = n, last
                 else:
                     d["last_good"] = last
             for node, name, n in self._all(
@@ -349,7 +358,8 @@ class JobQueries:
         return out
 
     def _job_vetting(self, out: dict[str, dict[str, Any]], part: list[str], since: float) -> None:
-        """Add the vetting that verified jobs' ``hpcml run --vet`` did to ``vet_history``."""
+        """Add the vetting that verified jobs' ``hpcml run --vet`` did to ``vet_history`` (good or
+        bad: a summary leaves out the nodes its vetting checked nothing on)."""
         marks = ",".join("?" * len(part))
         failing: dict[tuple[str, str], int] = {}
         for node, verdict, t, checks in self._all(

@@ -130,6 +130,8 @@ def next_action(n: dict[str, Any]) -> str:
         return f"test: its vetting failed ({checks}); vet it again before it takes jobs"
     if n.get("users", 0) <= 1 and faults:
         return "watch: one user's jobs named it; their code may be the cause"
+    if faults and vet.get("reports") and vet["reports"] == (vet.get("unchecked") or 0):
+        return "test: its vetting measured nothing in the window (not checked); vet it when it is idle"
     return "watch: vetting never caught it; test it when it is idle" if faults else "none"
 
 
@@ -203,10 +205,17 @@ def _score(v: float | None) -> str:
 
 
 def vet_line(v: dict[str, Any] | None) -> str:
-    """A node's vetting history in a few words."""
+    """A node's vetting history in a few words; a report that checked nothing is said so,
+    never counted as a vetting it passed."""
     if not v or not v["reports"]:
         return "not vetted in the window"
-    text = f"vetted {v['reports']}x, {v['bad']} bad"
+    unchecked = v.get("unchecked") or 0
+    checked = v["reports"] - unchecked
+    if not checked:
+        return f"not checked: {plural(unchecked, 'vetting')} in the window measured nothing"
+    text = f"vetted {checked}x, {v['bad']} bad"
+    if unchecked:
+        text += f", not checked {unchecked}x (measured nothing)"
     if v["failing_checks"]:
         text += " (" + ", ".join(f"{printable(c['check'], 60)} {c['count']}x" for c in v["failing_checks"][:3]) + ")"
     if v["bad"] == 0:

@@ -93,7 +93,9 @@ def _events(rep: dict[str, Any], records: list[Attempt]) -> dict[str, list[dict[
 
 def _vetting(d: Path, nodes: list[str]) -> list[dict[str, Any]]:
     """What ``hpcml run --vet`` found on each of ``nodes`` (the start's vetting and each
-    restart's again-N), for the centre's vetting history."""
+    restart's again-N), for the centre's vetting history. A node no result of which measured
+    anything (every check skipped) is left out: unknown is never good, and the summary's
+    verdicts are good or bad only (an older collector refuses any other)."""
     from hpcml.centre.sources import UNREACHABLE, results_of_report
     from hpcml.run.jobdir import vet_dir
     held = set(nodes)
@@ -108,13 +110,16 @@ def _vetting(d: Path, nodes: list[str]) -> list[dict[str, Any]]:
         except (OSError, ValueError, KeyError, TypeError, AttributeError):
             continue
         bad: dict[str, set[str]] = {n: set() for n in rep.get("nodes") or {} if n in held}
+        measured: set[str] = set()
         for r in results:
             if r.node in bad and r.outcome in ("fail", "error"):
                 bad[r.node].add(r.check)
+            if r.outcome != "skipped":
+                measured.add(r.node)
         when = results[0].time.timestamp() if results else None
         out += [{"node": n, "attempt": attempt, "time": when, "verdict": "bad" if checks else "good",
                  "failing": sorted(printable(c, 255) for c in checks - {UNREACHABLE})[:64]}
-                for n, checks in bad.items() if when is not None]
+                for n, checks in bad.items() if when is not None and n in measured]
     return out
 
 

@@ -15,7 +15,7 @@ included). A check still running at the budget is killed and reported as ``error
 not finish within the prolog budget"; by default that makes the node bad too, since a
 node too slow to vet is suspect (``overrun_ok=True`` only reports it). A node on which no check
 ran or every one was skipped is not bad (exit 0: nothing to drain for) but not healthy either:
-``healthy`` is null and the line says "not vetted".
+``healthy`` is null, the line says "not vetted" and the collector is told ``unchecked``.
 """
 
 from __future__ import annotations
@@ -70,7 +70,8 @@ class PrologResult:
         return EXIT_DRAIN_FAILED if self.drain_failed else EXIT_BAD if self.bad else EXIT_OK
 
     def node_report(self, protocol: str, started: float) -> dict[str, Any]:
-        """This run as the collector's node report (``collector.schema.NodeReport``)."""
+        """This run as the collector's node report (``collector.schema.NodeReport``): its
+        verdict ``unchecked`` where nothing was checked, since unknown is never good."""
         results = [{"name": r.check, "type": r.type, "outcome": r.outcome.value,
                     "value": r.value if isinstance(r.value, (int, float, str)) else None,
                     "unit": r.unit, "message": (r.message or "")[:4096], "duration": r.duration}
@@ -79,7 +80,7 @@ class PrologResult:
             results.append({"name": DRAIN_CHECK, "type": DRAIN_TYPE, "outcome": "fail" if self.drained else "error",
                             "message": (self.drained or f"drain failed: {self.drain_failed}")[:4096]})
         return {"job_id": self.job_id, "node": self.node, "time": started, "protocol": protocol,
-                "verdict": "bad" if self.bad else "good", "results": results}
+                "verdict": {False: "bad", True: "good", None: "unchecked"}[self.healthy], "results": results}
 
     def to_json(self) -> dict[str, Any]:
         return {"schema": tag("vet.prolog", 1), "node": self.node,

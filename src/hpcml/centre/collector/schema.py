@@ -9,14 +9,19 @@ then split into node reports. Every ``hpcml.vet/1`` writer wrote the same keys; 
 newer minor (``/1.N``) is read without the keys it added, a newer major refused. The node
 reports (the prolog's, and a large report's pieces, whose results keep every key of the
 vet report's) are the collector's own format: keys they do not name are ignored.
+
+A node report's verdict is ``good``, ``bad`` or ``unchecked``: a report must say only what it
+measured, so a node on which every check was skipped (or none ran) is ``unchecked``, never
+``good``. An older sender's ``good`` that measured nothing is stored as ``unchecked``.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from typing import Annotated, Any, Literal, Optional, Union
 
 import orjson
-from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, TypeAdapter, ValidationError, model_validator
 
 from hpcml.centre.summaries import Invalid
 from hpcml.errors import UsageError
@@ -24,6 +29,8 @@ from hpcml.jobmodel import Text, VetOutcome, VetReport, known, newer_minor, reas
 
 Outcome = VetOutcome
 BAD_OUTCOMES = ("fail", "error")
+#: a node report's verdict: ``unchecked`` when no check measured anything (unknown is never good)
+Verdict = Literal["good", "bad", "unchecked"]
 MAX_RESULTS = 10_000
 #: node reports, and check results, in one request: what its memory is bounded by (the
 #: client sends a large vet report in 512 KiB pieces, well under both)
@@ -52,13 +59,26 @@ class NodeReport(BaseModel):
     node: Text = Field(min_length=1, max_length=255)
     time: float = Field(ge=0, description="when the run started, seconds since the epoch")
     protocol: Text = Field(default="", max_length=255)
-    verdict: Literal["good", "bad"]
+    verdict: Verdict
     results: list[CheckResult] = Field(default_factory=list, max_length=MAX_RESULTS)
     # reports waiting in the sender's spool when it sent this one (the prolog's); None: not told
     spool_waiting: Optional[int] = Field(default=None, ge=0, le=1_000_000)
     # what the collector proved of it (``proof.prove_report``), never read from the body
     _evidence: str = PrivateAttr("none")
     _sender: Optional[str] = PrivateAttr(None)
+
+    @model_validator(mode="after")
+    def _only_what_it_measured(self) -> NodeReport:
+        """``good`` needs a measured result (an older prolog sent it for a node whose every
+        check was skipped): without one it is ``unchecked``; ``unchecked`` beside a measured
+        result contradicts itself and is refused."""
+        if measured(r.outcome for r in self.results):
+            if self.verdict == "unchecked":
+                raise ValueError("verdict: 'unchecked' but a check measured something (only skipped results may "
+                                 "go with it)")
+        elif self.verdict == "good":
+            self.verdict = "unchecked"
+        return self
 
     def proven(self, evidence: str, sender: str | None) -> None:
         self._evidence, self._sender = evidence, sender
@@ -71,6 +91,11 @@ class NodeReport(BaseModel):
     @property
     def sender(self) -> str | None:
         return self._sender
+
+
+def measured(outcomes: Iterable[object]) -> bool:
+    """Whether any result measured something: one that is not ``skipped``."""
+    return any(o != "skipped" for o in outcomes)
 
 
 _ONE = TypeAdapter(NodeReport)
@@ -91,7 +116,9 @@ def _bounded(data: dict[str, object]) -> dict[str, object]:
 
 
 def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
-    """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node."""
+    """A whole ``hpcml vet`` report (``report.to_json``) -> one node report per node: ``bad``
+    where the verdict says so or the node gave no result in time, ``unchecked`` where it
+    answered but no result of it measured anything, else ``good``."""
     from hpcml.cluster.hostlist import expand
     nodes = _bounded(data)
     verdict = data.get("verdict") or {}
@@ -108,10 +135,12 @@ def split_vet_report(data: dict[str, Any]) -> list[dict[str, Any]]:
     for node, rep in nodes.items():
         rep = rep if isinstance(rep, dict) else {}
         results = rep.get("results")
+        checked = isinstance(results, list) and measured(r.get("outcome") if isinstance(r, dict) else None
+                                                         for r in results)
         out.append({
             "job_id": data.get("job_id"), "node": node, "time": data.get("started_at"),
             "protocol": name,
-            "verdict": "bad" if node in bad or rep.get("reachable") is False else "good",
+            "verdict": "bad" if node in bad or rep.get("reachable") is False else "good" if checked else "unchecked",
             "results": [{**r, "name": r.get("check", r.get("name"))} if isinstance(r, dict) else r
                         for r in results] if isinstance(results, list) else results,
         })

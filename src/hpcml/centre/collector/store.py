@@ -24,7 +24,7 @@ from concurrent.futures import Future
 from contextlib import contextmanager
 from typing import Any
 
-from hpcml.centre.collector.schema import NodeReport
+from hpcml.centre.collector.schema import NodeReport, measured
 from hpcml.centre.jobstore import JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError, UsageError
@@ -247,6 +247,9 @@ class SqlStore(Store):
             rep = by_id.get(row[0])
             if rep is not None:
                 rep["results"].append(_result(row))
+        for rep in reports:     # an older collector stored "good" for a report that measured nothing
+            if rep["verdict"] == "good" and not measured(r["outcome"] for r in rep["results"]):
+                rep["verdict"] = "unchecked"
         return reports
 
     def history(self, node: str, limit: int = 20) -> list[dict[str, Any]]:
