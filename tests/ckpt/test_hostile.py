@@ -9,6 +9,7 @@ the real writer, then its index forged with the manifest's checksums rewritten t
 from __future__ import annotations
 
 import os
+import pickle
 import subprocess
 import sys
 from pathlib import Path
@@ -24,7 +25,7 @@ from hpcml.errors import UsageError
 from hpcml.scan.model import Verdict
 from hpcml.scan.scanner import scan_file
 from tests import needs
-from tests.ckpt.forge import forge, reseal
+from tests.ckpt.forge import forge, reseal, reseal_shard
 
 torch = needs.module("torch")
 
@@ -208,6 +209,98 @@ def test_an_export_writes_only_the_bytes_the_manifest_names(tmp_path, monkeypatc
     assert not out.exists() and not list(tmp_path.glob("m.safetensors*"))
 
 
+def _append_pickled(step: Path, doc: dict, data: bytes) -> dict:
+    """``data`` appended to rank 0's shard as a pickled leaf's bytes; its entry (not yet placed)."""
+    shard = step / "rank-00000.bin"
+    at = shard.stat().st_size
+    with open(shard, "ab") as fh:
+        fh.write(data)
+    doc["size"] = at + len(data)
+    return {"kind": "pickle", "dtype": "u1", "shape": [len(data)], "offset": at, "nbytes": len(data)}
+
+
+def _unplaced(step: Path, doc: dict) -> None:
+    doc["entries"].append(_append_pickled(step, doc, pickle.dumps(os.system)))
+
+
+def _trailing(step: Path, doc: dict) -> None:
+    i = doc["skeleton"]["__d"]["obj"]["__t"]
+    doc["entries"][i] = _append_pickled(step, doc, pickle.dumps({7, 8}) + pickle.dumps(os.system))
+
+
+@pytest.mark.parametrize("change", [_unplaced, _trailing], ids=["a-leaf-in-no-place", "bytes-after-a-pickle"])
+def test_bytes_the_load_would_not_read_are_refused_by_load_verify_and_scan_alike(tmp_path, change):
+    """``verify`` and ``hpcml scan`` judge every pickled byte of a shard; the load unpickles
+    the leaves the state places, each up to its STOP. A refused global in a leaf no place
+    names, or after a leaf's pickle, was refused by verify and loaded by the load once it
+    no longer ran verify's pass first. Both are refused by all three now (hpcml writes
+    neither), and the resume takes the checkpoint before."""
+    import json
+    root = tmp_path / "ck"
+    for step in (1, 2):
+        _save(root, {"w": torch.arange(8.0) + step, "obj": {1, step}}, step)
+    step_dir = root / "step-00000002"
+    index = step_dir / "rank-00000.json"
+    doc = json.loads(index.read_text())
+    change(step_dir, doc)
+    index.write_text(json.dumps(doc))
+    reseal_shard(step_dir)
+    assert layout.verify(offline.find(root, 2))
+    assert scan_file(step_dir / "rank-00000.bin").verdict is not Verdict.SAFE
+    with pytest.raises((flatten.CorruptShard, CorruptIndex)):
+        load(root, 2)
+    ck = Checkpointer(root, read_only=True)
+    state, step = ck.load_latest()
+    assert step == 1 and state["obj"] == {1} and len(ck.skipped) == 1, ck.skipped
+
+
+@pytest.mark.parametrize("body", [b"[1, 2, 3]", b"not json", b"[" * 100_000,
+                                  b'{"schema": "hpcml.ckpt.shard/9"}'], ids=["list", "not-json", "deep", "newer"])
+def test_an_index_no_load_follows_makes_the_resume_take_the_one_before(tmp_path, body):
+    """An index whose checksum is right but which is no index (sealed by whoever can write
+    the files): the resume raised a UsageError on that rank (the others waited in the
+    collective) once the index was no longer judged before the load. It is a corrupt index
+    now: skipped, naming it, on every rank together."""
+    root = tmp_path / "ck"
+    for step in (1, 2):
+        _save(root, {"w": torch.arange(8.0) + step}, step)
+    index = root / "step-00000002" / "rank-00000.json"
+    index.write_bytes(body)
+    reseal(root / "step-00000002", index)
+    ck = Checkpointer(root, read_only=True)
+    state, step = ck.load_latest()
+    assert step == 1 and torch.equal(state["w"], torch.arange(8.0) + 1)
+    assert len(ck.skipped) == 1 and "rank-00000.json" in ck.skipped[0], ck.skipped
+    with pytest.raises(CorruptIndex) as err:
+        load(root, 2)
+    assert err.value.exit_code == 2 and "\n" not in str(err.value)
+
+
+@pytest.mark.parametrize("target", ["own-00001.json", "rank-00000.json"])
+def test_a_rotted_local_index_of_a_replicated_state_is_read_from_the_shared_tier(tmp_path, monkeypatch, target):
+    """A replicated state with per-rank values joins two indexes (the state's places, the
+    rank's own values); the join was judged on this node's copies before their checksums
+    were, so a local index rotted into non-JSON lost the step on every rank (the only
+    step: training from scratch). The join is judged on the read that loads now."""
+    from hpcml.ckpt import PerRank
+    monkeypatch.setenv("HPCML_CKPT_TOKEN", "t")
+
+    def ck(rank: int, **kw: Any) -> Checkpointer:
+        return Checkpointer(tmp_path / "ck", rank=rank, world_size=2, replicated=True, max_write_rate=None,
+                            local_dir=tmp_path / f"local{rank}", **kw)
+    writers = ck(0), ck(1)
+    for r in (1, 0):
+        writers[r].save({"w": np.full(100, 5), "mine": PerRank(np.array([r, 5]))}, 5)
+        writers[r].wait()
+    who = 1 if target.startswith("own") else 0
+    path = tmp_path / f"local{who}" / "step-00000005" / target
+    raw = bytearray(path.read_bytes())
+    raw[len(raw) // 2] = ord("#")
+    path.write_bytes(bytes(raw))
+    state, step = ck(who, read_only=True).load_latest()
+    assert step == 5 and state["mine"].tolist() == [who, 5] and np.array_equal(state["w"], np.full(100, 5))
+
+
 def test_a_shard_over_2_gib_loads(tmp_path):
     """One read() returns at most 2 GiB less 4 KiB on Linux, and the shard was read whole in
     one: any shard over that (a model over 2 GiB per rank) never loaded ("2147479552 bytes,
@@ -237,10 +330,15 @@ def test_a_leaf_read_in_short_reads_is_whole(tmp_path, monkeypatch):
     root = tmp_path / "ck"
     state = {"t": torch.randn(1 << 18), "a": np.random.default_rng(0).random(1 << 15)}
     _save(root, state, 1)
-    readv = os.readv
-    monkeypatch.setattr(os, "readv", lambda fd, bufs: readv(fd, [memoryview(bufs[0])[:4096]]))
+    preadv, calls = os.preadv, []
+
+    def short(fd: int, bufs: list, offset: int) -> int:    # at most 4096 bytes, of the first buffer only
+        calls.append(offset)
+        return preadv(fd, [memoryview(bufs[0])[:4096]], offset)
+    monkeypatch.setattr(os, "preadv", short)
     got, _ = load(root)
     assert torch.equal(got["t"], state["t"]) and np.array_equal(got["a"], state["a"])
+    assert len(calls) >= (4 * (1 << 18) + 8 * (1 << 15)) // 4096       # every leaf came in many reads
 
 
 def test_a_state_nested_deeper_than_a_load_follows_is_refused_at_save(tmp_path):

@@ -38,7 +38,7 @@ from hpcml import signals as sigs
 from hpcml.ckpt import layout, offline, owner
 from hpcml.ckpt.flatten import ChecksumMismatch, CorruptShard, Leaf, PerRank, describe, flatten
 from hpcml.ckpt.flatten import layout as place
-from hpcml.ckpt.layout import CheckpointError, CorruptIndex
+from hpcml.ckpt.layout import CheckpointError
 from hpcml.ckpt.pacer import copy_paced, write_paced
 from hpcml.ckpt.prune import Pruned, prune
 from hpcml.cluster import taskenv
@@ -610,13 +610,14 @@ class Checkpointer:
             elif ok:
                 assert found.manifest is not None
                 refused: UsageError | None = None
-                leaf: CorruptShard | CorruptIndex | None = None
+                leaf: CorruptShard | CheckpointError | None = None
                 try:
                     state = self._read(sources, found, map_location)
                 except offline.ResizeRefused as exc:
                     refused = exc
-                except (CorruptShard, CorruptIndex) as exc:     # never loaded (bytes not the checksummed ones, an
-                    # index that does not describe its shard, a refused leaf, bytes that do not rebuild): the one before
+                except (CorruptShard, CheckpointError) as exc:     # never loaded (bytes not the checksummed ones,
+                    # an index that does not describe its shard or a place its own file lacks, a refused leaf,
+                    # bytes that do not rebuild, a file replaced by a link): every rank takes the one before
                     leaf = exc
                 except (FileNotFoundError, UsageError):
                     if found.path.exists() or (initialised_dist() is not None and self.world > 1):
@@ -677,12 +678,6 @@ class Checkpointer:
             if problems:
                 return False, problems[0], {}
             sources[(kind, r)] = found.path
-        if len(mine) == 2:               # the shared state's places for per-rank values, and this rank's values
-            (kind, r), (own, o) = mine
-            gap = layout.own_gap(sources[(kind, r)] / layout.shard_names(r, kind)[1],
-                                 sources[(own, o)] / layout.shard_names(o, own)[1])
-            if gap:
-                return False, gap, {}
         return True, "", sources
 
     def _agree(self, ok: bool) -> bool:

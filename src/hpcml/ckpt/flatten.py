@@ -354,9 +354,12 @@ def skeleton_problem(skeleton: Any, entries: list[dict[str, Any]], *, own: bool)
     (checked already: each a leaf with its bytes in the shard): a leaf it lacks, a node of no
     known kind, a key that is no dict key, nesting deeper than ``MAX_DEPTH``. ``own``:
     per-rank value places are allowed (a replicated state's). Nothing is read nor built."""
+    used: set[int] = set()
+
     def leaf(i: int, at: str) -> Any:
         if not 0 <= i < len(entries):
             raise _Bad(at, f"leaf {i} does not exist (the index lists {len(entries)})")
+        used.add(i)
         return _Array() if entries[i].get("kind") == "numpy" else object()
 
     def own_value(i: Any, at: str) -> Any:
@@ -368,6 +371,9 @@ def skeleton_problem(skeleton: Any, entries: list[dict[str, Any]], *, own: bool)
         _rebuild(skeleton, leaf, own_value)
     except _Bad as exc:
         return exc.at, exc.problem
+    if len(used) < len(entries):          # hpcml writes none: bytes no load reads, which a scan would judge
+        unused = min(set(range(len(entries))) - used)
+        return "", f"leaf {unused} is in no place of the state (the index lists {len(entries)}, the state places {len(used)})"
     return None
 
 
@@ -393,7 +399,7 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: 
         out = loaded.pop(i)
         if entries[i]["kind"] == "pickle":
             try:
-                out = _safe_unpickle(out, policy)
+                out = _safe_unpickle(bytes(out), policy)
             except pickle.UnpicklingError as exc:
                 name = leaf_paths(skeleton).get(i, f"#{i}")
                 raise RefusedLeaf(f"{source}: pickled leaf {name}: {exc}") from None
@@ -454,4 +460,8 @@ def _safe_unpickle(data: bytes, policy: Any = None) -> Any:
     global raises ``UnpicklingError`` before anything is imported."""
     from hpcml.scan.loader import RestrictedUnpickler
     from hpcml.scan.policy import default_policy
-    return RestrictedUnpickler(io.BytesIO(data), policy=policy or default_policy()).load()
+    stream = io.BytesIO(data)
+    value = RestrictedUnpickler(stream, policy=policy or default_policy()).load()
+    if stream.tell() != len(data):         # bytes after its STOP, which hpcml scan judges too: refused alike
+        raise pickle.UnpicklingError(f"refused: {len(data) - stream.tell()} bytes after the pickle's end")
+    return value

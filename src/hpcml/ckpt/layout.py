@@ -173,9 +173,14 @@ def read_index(path: Path, rec: dict[str, Any] | None = None) -> dict[str, Any]:
         doc = files.load_json_bounded(path, JSON_MAX, follow_symlinks=False, check=checked)
     except FileNotFoundError:
         raise UsageError("missing", file=str(path)) from None
-    except (OSError, ValueError) as exc:
-        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(path)) from None
-    schemas.check(doc, SHARD_TAG, str(path))
+    except OSError as exc:
+        raise UsageError(f"unreadable ({exc.strerror or exc})", file=str(path)) from None
+    except ValueError as exc:       # the bytes read: not JSON, or not a file (a FIFO): an index no load follows
+        raise CorruptIndex(f"not a JSON index ({exc})", file=str(path)) from None
+    try:
+        schemas.check(doc, SHARD_TAG, str(path))
+    except UsageError as exc:       # another document, a newer hpcml's
+        raise CorruptIndex(exc.problem, file=str(path), key=exc.key) from None
     return doc
 
 
@@ -327,8 +332,8 @@ def verify(found: Found, *, checksums: bool = True, index: bool = True,
         if files is not None and (kind, rank) not in files or (kind, rank) in but:
             continue
         problems += verify_shard(found.path, rank, rec, checksums=checksums, kind=kind, index=index)
-    if problems or but or not found.manifest.get("per_rank"):
-        return problems                 # (``but``: the others' sizes only; the load's own pass joins them)
+    if problems or but or not index or not found.manifest.get("per_rank"):
+        return problems                 # (``but``, no ``index``: sizes only; the load's own pass joins them)
     return own_problems(found.path, found.manifest, files)
 
 
