@@ -283,6 +283,24 @@ def test_a_skipped_result_never_hides_a_check_s_last_failure_nor_counts_as_a_pas
     assert a.action == "hold" and "scratch: 0/2" in a.note, a
 
 
+@pytest.mark.parametrize("after", ["skipped", "error"])
+def test_a_failure_stands_while_the_check_only_skips_or_breaks_however_many_reports_follow(after):
+    """The memory check failed after the prolog's drain and has since only been skipped (or
+    broken: a sick node's checks time out). Two more reports whose scratch passed moved the
+    passes' start past the failure, and n1 resumed (at once after an error): its memory's
+    last measurement is still the failure. It stays drained while the check still reports."""
+    drained = _prolog_drain(3)
+    since = [res("n1", "pass", 2.5, check="scratch", type_="mounts"), res("n1", "fail", 2.5, check="memory", type_="memory")]
+    for hours in (2, 1.5, 1, 0.5):
+        since += [res("n1", "pass", hours, check="scratch", type_="mounts"),
+                  res("n1", after, hours, check="memory", type_="memory")]
+    (a,) = handler.plan(cat(), drained + since, _ours(), {}, NOW).actions
+    assert (a.action, a.evidence.get("failing")) == ("hold", ["memory"]), a
+    measured = since + [res("n1", "pass", 0.2, check="scratch", type_="mounts"), res("n1", "pass", 0.2, check="memory", type_="memory")]
+    (a,) = handler.plan(cat(), drained + measured, _ours(), {}, NOW).actions
+    assert a.action == "resume", a                  # measured again and passing: back
+
+
 # --- the caps -----------------------------------------------------------------------------
 
 def _drains(n):

@@ -159,3 +159,13 @@ def test_the_centre_report_says_not_checked_never_vetted_or_good(collector, db_u
     # to be tested, not "vetting never caught it"
     seen = {"users": 2, "straggler": 1, "excluded": 1, "vet": vet["n2"]}
     assert next_action(seen) == "test: its vetting measured nothing in the window (not checked); vet it when it is idle"
+
+
+def test_a_node_jobs_named_that_was_never_vetted_is_to_be_tested_not_watched():
+    """"vetting never caught it" claims a vetting ran and passed: for a node the jobs named
+    and no vetting in the window measured (none ran, or a job's vetting left it out for
+    measuring nothing) the next step is to test it."""
+    for vet in (None, {"reports": 0, "bad": 0, "unchecked": 0}):
+        assert next_action({"users": 2, "straggler": 1, "vet": vet}) == "test: not vetted in the window; vet it when it is idle"
+    assert next_action({"users": 2, "straggler": 1, "vet": {"reports": 2, "bad": 0, "unchecked": 0}}).startswith(
+        "watch: vetting never caught it")

@@ -378,3 +378,22 @@ def test_a_node_nothing_was_checked_on_is_sent_to_the_collector_as_unchecked_nev
     sent = [r.node_report("t", 1.0) for r in (skipped, none_run, checked)]
     assert [d["verdict"] for d in sent] == ["unchecked", "unchecked", "good"]
     assert [r.verdict for r in parse(json.dumps(sent).encode())] == ["unchecked", "unchecked", "good"]
+
+
+def test_a_node_whose_only_check_broke_uncounted_measured_nothing(tmp_path, monkeypatch):
+    """A check that could not run (an error) with its errors not counted (``count_errors:
+    false``) measured nothing of the node: the prolog said healthy and sent ``good``, and
+    the collector counted it a pass. It is ``unchecked`` now, and a ``good`` an older
+    prolog sends with only an error in it is stored as ``unchecked``."""
+    from hpcml.centre.collector.schema import parse
+    (tmp_path / "brokencheck.py").write_text(
+        "from hpcml.vet.checks.base import Check, CheckReport, MissingDependency\n\n\n"
+        "class Broken(Check):\n    fast = True\n    inline = True\n\n"
+        "    def run(self) -> CheckReport:\n        raise MissingDependency('nvml library missing')\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    res = prolog.run_prolog(loads("name: p\nevals:\n  - {name: nvml, type: brokencheck.Broken, count_errors: false}\n"),
+                            budget=5.0, started=time.time())
+    assert [r.outcome for r in res.results] == [Outcome.ERROR] and not res.bad
+    assert res.healthy is None and res.node_report("p", 1.0)["verdict"] == "unchecked"
+    old = {**res.node_report("p", 1.0), "verdict": "good"}
+    assert [r.verdict for r in parse(json.dumps([old]).encode())] == ["unchecked"]

@@ -55,6 +55,11 @@ def _pieces(report: Any, body: bytes) -> list[bytes]:
     chunk: list[bytes] = []
     size = 2
     for node in split_vet_report(report):
+        if node["verdict"] == "unchecked":
+            # a piece mixes nodes: one a collector before 'unchecked' refuses loses the bad nodes beside it.
+            # 'good' with no measured result is what it was sent as then; a newer collector stores it as
+            # unchecked (``NodeReport``), an older one as before
+            node = {**node, "verdict": "good"}
         one = orjson.dumps(_signed(node), default=str)
         if chunk and size + len(one) + 1 > PIECE:
             out.append(b"[" + b",".join(chunk) + b"]")
@@ -189,11 +194,19 @@ def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> s
             pieces = _pieces(report_json, body)
         endpoint = _endpoint(url)
         deadline = time.monotonic() + timeout
+        refused: list[str] = []
         for piece in pieces:
             left = deadline - time.monotonic()
             if left <= 0:
                 return warn(f"timed out after {timeout:g} s")
-            _post(endpoint, piece, token.strip(), left)
+            try:
+                _post(endpoint, piece, token.strip(), left)
+            except urllib.error.HTTPError as exc:      # this piece's nodes: the others still go
+                if len(pieces) == 1:
+                    raise
+                refused.append(_why(exc))
+        if refused:
+            return warn(f"{len(refused)} of {len(pieces)} pieces refused ({refused[0]})")
         return None
     except Exception as exc:  # never fail the vetting run
         return warn(_why(exc))

@@ -294,12 +294,15 @@ def _recheck_prolog(node: str, results: list[Result], now: datetime, catalog: Ca
     # another check failing now holds it: one that ran since the drained checks' passes began
     # and failed (not an error: a one-off run that could not finish says nothing of the node)
     streak = [r.time for r in since if r.check in failed and r.outcome == "pass"][-PROLOG_PASSES:]
-    newest: dict[str, Result] = {}
-    for r in since:                     # the newest measured result of every check since the drain
-        if r.type != DRAIN_TYPE and r.outcome != "skipped":     # a skip says nothing: the failure stands
-            newest[r.check] = r
+    newest: dict[str, Result] = {}      # the newest measured result (pass, warn, fail) of every check since the drain
+    seen: dict[str, datetime] = {}      # when each check last reported at all, a skip or an error too
+    for r in since:
+        if r.type != DRAIN_TYPE:
+            seen[r.check] = r.time
+            if r.outcome in ("pass", "warn", "fail"):   # a skip or an error measures nothing: the failure stands
+                newest[r.check] = r
     failing = sorted(c for c, r in newest.items() if r.outcome == "fail" and c not in failed
-                     and streak and r.time >= streak[0])
+                     and streak and seen[c] >= streak[0])
     if failed and not short and failing:   # its own checks pass, another fails now: not back yet
         return Action(node, "hold", rule="prolog", check=",".join(failed), evidence={**evidence, "failing": failing},
                       note=f"{', '.join(failing)} failing since the prolog's drain")

@@ -132,6 +132,8 @@ def next_action(n: dict[str, Any]) -> str:
         return "watch: one user's jobs named it; their code may be the cause"
     if faults and vet.get("reports") and vet["reports"] == (vet.get("unchecked") or 0):
         return "test: its vetting measured nothing in the window (not checked); vet it when it is idle"
+    if faults and not vet.get("reports"):
+        return "test: not vetted in the window; vet it when it is idle"
     return "watch: vetting never caught it; test it when it is idle" if faults else "none"
 
 

@@ -57,8 +57,9 @@ class PrologResult:
 
     @property
     def checked(self) -> bool:
-        """Whether any check measured something (not every one skipped, not none run)."""
-        return any(r.outcome is not Outcome.SKIPPED for r in self.results)
+        """Whether any check measured something: a pass, warning or failure (not every one
+        skipped or broken, not none run)."""
+        return any(r.outcome in (Outcome.PASS, Outcome.WARN, Outcome.FAIL) for r in self.results)
 
     @property
     def healthy(self) -> bool | None:

@@ -74,8 +74,8 @@ class NodeReport(BaseModel):
         result contradicts itself and is refused."""
         if measured(r.outcome for r in self.results):
             if self.verdict == "unchecked":
-                raise ValueError("verdict: 'unchecked' but a check measured something (only skipped results may "
-                                 "go with it)")
+                raise ValueError("verdict: 'unchecked' but a check measured something (only skipped results and "
+                                 "errors may go with it)")
         elif self.verdict == "good":
             self.verdict = "unchecked"
         return self
@@ -93,9 +93,13 @@ class NodeReport(BaseModel):
         return self._sender
 
 
+#: the outcomes of a check that measured the node (an ``error``: the check broke; ``skipped``: it did not run)
+MEASURED = ("pass", "warn", "fail")
+
+
 def measured(outcomes: Iterable[object]) -> bool:
-    """Whether any result measured something: one that is not ``skipped``."""
-    return any(o != "skipped" for o in outcomes)
+    """Whether any result measured something: a pass, warning or failure."""
+    return any(o in MEASURED for o in outcomes)
 
 
 _ONE = TypeAdapter(NodeReport)
