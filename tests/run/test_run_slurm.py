@@ -134,7 +134,9 @@ import sys, time
 import numpy as np
 from hpcml import observe
 from hpcml.ckpt import Checkpointer
-ck = Checkpointer(sys.argv[1], every=1, keep=2, max_write_rate="50 MB/s", requeue=True)
+# 30 ms steps: the default lead of 10 steps is 0.3 s, less than the signal's way to each rank
+# (hpcml run, srun, the recorder) may take on a loaded 2-core host; 60 steps is 1.8 s
+ck = Checkpointer(sys.argv[1], every=1, keep=2, max_write_rate="50 MB/s", requeue=True, stop_lead=60)
 state, step = ck.load_latest()
 start = 0 if state is None else step
 print(f"resumed at {start}", flush=True)
