@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -20,6 +21,14 @@ if TYPE_CHECKING:
     from tests.centre.pgcluster import PgCluster
 
 _DB_SEQ = itertools.count()
+
+# pytest rewrites each test module's asserts when it imports it (~8 s of CPU for this suite's
+# modules) and keeps the result as a .pyc in __pycache__, but writes none while bytecode is off
+# (PYTHONDONTWRITEBYTECODE, as on many CI machines): then every pytest process, each xdist
+# worker of scripts/test-parts' second part included, rewrote the whole suite again. This
+# process writes them (its subprocesses keep the variable): the first part's collection serves
+# the workers'. A .pyc is used only while its module's size and mtime are the ones it was made from.
+sys.dont_write_bytecode = False
 
 # A suite started in the background of a non-interactive shell (``./scripts/test &``)
 # inherits SIGINT ignored, and every process it starts would too (an ignored signal stays

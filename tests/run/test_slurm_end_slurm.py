@@ -1,7 +1,12 @@
 """Why Slurm stopped a job, in the record and the report: ``hpcml run`` in a batch job on the
-local cluster, stopped by ``scancel`` and by the job's time limit (``--time=1``, a minute:
-slurmctld checks limits every 30 s, so the TERM comes 60 to 90 s in). Each time hpcml run gets TERM,
-asks Slurm for the job's state (CANCELLED, TIMEOUT), keeps it in run.json and says it."""
+local cluster, stopped by ``scancel`` and by the job's time limit. Each time hpcml run gets TERM,
+asks Slurm for the job's state (CANCELLED, TIMEOUT), keeps it in run.json and says it.
+
+The time limit: a job's is a minute at least (``--time=1``), and slurmctld checks limits every
+30 s, so a job left to reach it gets its TERM 60 to 90 s in. Once hpcml run is up, the test
+lowers the running job's limit to 0 (``scontrol update TimeLimit=0``, as an administrator may):
+slurmctld sets the job's end time to now, and at its next check (0 to 30 s later) ends it by the
+same path as any limit reached (``Time limit exhausted``, state TIMEOUT, Reason=TimeLimit)."""
 
 from __future__ import annotations
 
@@ -68,6 +73,10 @@ def test_scancel_is_told_as_a_cancel(env, tmp_path):
 
 def test_the_time_limit_is_told_as_the_time_limit(env, tmp_path):
     job = _job(tmp_path, env, limit="1")
+    _started(tmp_path)
+    # not checked: should the update fail (the job past its minute already, on a loaded machine),
+    # the limit of a minute still ends the job, by the same path, later
+    subprocess.run(["scontrol", "update", f"JobId={job}", "TimeLimit=0"], env=env, timeout=30, check=False)
     wait(job, env, timeout=150)
     assert _ended(tmp_path)["slurm_state"] == "TIMEOUT"
     rep = _report(tmp_path, env)

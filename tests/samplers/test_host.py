@@ -20,7 +20,7 @@ TRAIN = """\
 import time, torch
 from torch.utils.data import DataLoader, Dataset
 class Slow(Dataset):
-    def __len__(self): return 1600
+    def __len__(self): return ITEMS
     def __getitem__(self, i):
         t = time.time()
         while time.time() - t < 0.01: pass                 # a decode's CPU work
@@ -33,8 +33,8 @@ print("done", flush=True)
 """
 
 
-def _run(tmp_path: Path, prefix: list[str], workers: int) -> tuple[dict, str]:
-    (tmp_path / "train.py").write_text(TRAIN.replace("WORKERS", str(workers)))
+def _run(tmp_path: Path, prefix: list[str], workers: int, items: int = 1600) -> tuple[dict, str]:
+    (tmp_path / "train.py").write_text(TRAIN.replace("WORKERS", str(workers)).replace("ITEMS", str(items)))
     env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
     env["PATH"] = f"{Path(sys.executable).parent}:{env['PATH']}"
     p = subprocess.run([*prefix, sys.executable, "-m", "hpcml", "run", "--ntasks", "1", "--interval", "0.2", "--dir",
@@ -72,10 +72,13 @@ def test_workers_on_too_few_cores_are_named_with_the_fix(tmp_path):
 @pytest.mark.machine     # measures its workers' use of two cores: the CPUs to itself (scripts/test)
 @pytest.mark.torch
 def test_workers_with_their_cores_are_not_named(tmp_path):
-    """One worker and the rank on two cores: enough, nothing said."""
+    """One worker and the rank on two cores: enough, nothing said. A quarter of the other
+    test's items (4 s of the worker's CPU, not 16): the rule (``loadercores.short``) never holds
+    for one worker on two cores however long it runs, and a count it is judged on going wrong
+    (the workers, the cores; asserted below) shows in the ~20 host samples of 4 s as in 80."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.fail("needs 2 cores")
-    rep, err = _run(tmp_path, ["taskset", "-c", "0,1"], 1)
+    rep, err = _run(tmp_path, ["taskset", "-c", "0,1"], 1, items=400)
     (row,) = rep["observe"]["loader"]
     assert row["workers"] == 1 and row["cores"] == 2.0, row
     assert not [f for f in rep["findings"] if f["kind"] == "loader_cores"]

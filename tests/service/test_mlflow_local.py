@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -23,16 +24,28 @@ def venv() -> Path:
     return mlflow_venv()
 
 
-@pytest.fixture
-def service(tmp_path, venv):
-    """A running MLflow instance with its state under tmp_path; always stopped."""
-    env = {**os.environ, "HPCML_SERVICE_STATE": str(tmp_path / "state")}
+def _up(where: Path) -> Iterator[tuple[dict, Path]]:
+    """A running MLflow instance with its state under ``where``; always stopped."""
+    env = {**os.environ, "HPCML_SERVICE_STATE": str(where / "state")}
     try:
         out = hpcml(["service", "up", "mlflow"], env)
         assert out.returncode == 0, out.stderr
-        yield env, tmp_path / "state" / "mlflow"
+        yield env, where / "state" / "mlflow"
     finally:
         hpcml(["service", "down", "mlflow"], env)
+
+
+@pytest.fixture
+def service(tmp_path, venv):
+    """An instance of the test's own (it goes down and up)."""
+    yield from _up(tmp_path)
+
+
+@pytest.fixture(scope="module")
+def shared(tmp_path_factory, venv):
+    """One instance for the tests that only use a server: an MLflow start is ~10 s of CPU.
+    Each finds its own runs by tags no other test gives (a job id, its farm's directory)."""
+    yield from _up(tmp_path_factory.mktemp("mlflow"))
 
 
 def test_a_run_survives_down_and_up(service, venv):
@@ -84,11 +97,11 @@ def _tags(run: dict) -> dict[str, str]:
     return {t["key"]: t["value"] for t in run["data"].get("tags", [])}
 
 
-def test_a_job_s_metrics_and_a_sweep_s_parameters_reach_named_runs(service, tmp_path):
+def test_a_job_s_metrics_and_a_sweep_s_parameters_reach_named_runs(shared, tmp_path):
     """A requeued job's run is named by job and attempt and carries its command and
     directory; each task of a farm sweep that runs ``hpcml run --mlflow`` gets a run of its
     own with the task's parameters (was: every run 'job-local', no params)."""
-    env, directory = service
+    env, directory = shared
     url = state(directory)["urls"]["http"]
     train = tmp_path / "train.py"
     train.write_text("from hpcml.observe import api\nfor s in range(20): api.log(step=s, loss=1.0 / (s + 1))\n"
@@ -170,7 +183,7 @@ class SlowCreate:
         self.server.server_close()
 
 
-def test_a_run_made_after_its_maker_gave_up_gets_the_metrics_and_its_end(service, tmp_path):
+def test_a_run_made_after_its_maker_gave_up_gets_the_metrics_and_its_end(shared, tmp_path):
     """The server answers ``runs/create`` only after the recorder's probe stopped waiting
     (``PROBE_TIMEOUT_S``) but has made the run. The job's one run is still found, gets every
     metric and ends FINISHED, and no second run is made (was: a run left RUNNING, empty, and
@@ -178,7 +191,7 @@ def test_a_run_made_after_its_maker_gave_up_gets_the_metrics_and_its_end(service
     import urllib.error  # noqa: F401 - SlowCreate's
 
     from hpcml.observe.mlflow_rest import PROBE_TIMEOUT_S
-    env, directory = service
+    env, directory = shared
     url = state(directory)["urls"]["http"]
     proxy = SlowCreate(url, PROBE_TIMEOUT_S + 2)
     try:

@@ -595,14 +595,27 @@ class LocalSlurm:
     # stopping
 
     def _cancel_all_jobs(self) -> None:
+        """scancel every job and give them up to 10 s to end. A job with a node whose slurmd
+        is gone (a test killed it) cannot end until Slurm calls that node down: it is not
+        waited for (``stop()`` kills what is left of its steps all the same)."""
         jobs = self._client(["squeue", "-h", "-o", "%A"])
         if not jobs:
             return
         self._client(["scancel", *jobs])
         deadline = time.monotonic() + 10
-        while jobs and time.monotonic() < deadline:
+        while time.monotonic() < deadline:
             time.sleep(0.1)
-            jobs = self._client(["squeue", "-h", "-o", "%A"])
+            lines = slurm.run(["squeue", "-h", "-o", "%A %N"], timeout=CLIENT_TIMEOUT,
+                              env=self.client_env()).stdout.splitlines()
+            left = [line.split()[1:] for line in lines if line.strip()]      # a pending job: no nodes
+            if not left:
+                return
+            alive: set[str | None] = set()
+            for proc in self._find("slurmd"):
+                with contextlib.suppress(psutil.Error):
+                    alive.add(_arg_after(proc.cmdline(), "-N"))
+            if all(nodes and not set(expand(nodes[0])) <= alive for nodes in left):
+                return
 
     def _kill_steps(self) -> None:
         """SIGKILL our slurmstepd processes and whatever tasks they still have. Each is
