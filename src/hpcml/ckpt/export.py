@@ -22,7 +22,8 @@ from typing import Any
 
 from hpcml import schemas, scratch
 from hpcml.ckpt import layout, offline
-from hpcml.ckpt.flatten import CheckedRead, leaf_paths
+from hpcml.ckpt.flatten import leaf_paths
+from hpcml.ckpt.shardread import CheckedRead
 from hpcml.errors import UsageError
 from hpcml.files import fsync_dir
 

@@ -399,7 +399,7 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: 
         out = loaded.pop(i)
         if entries[i]["kind"] == "pickle":
             try:
-                out = _safe_unpickle(bytes(out), policy)
+                out = _safe_unpickle(out, policy)
             except pickle.UnpicklingError as exc:
                 name = leaf_paths(skeleton).get(i, f"#{i}")
                 raise RefusedLeaf(f"{source}: pickled leaf {name}: {exc}") from None
@@ -455,7 +455,7 @@ def _mapping(node: dict[str, Any], items: Any, at: str) -> Any:
     return cls(items)
 
 
-def _safe_unpickle(data: bytes, policy: Any = None) -> Any:
+def _safe_unpickle(data: bytes | bytearray, policy: Any = None) -> Any:
     """A pickled leaf, through the scan's policy (the default one unless given): a refused
     global raises ``UnpicklingError`` before anything is imported."""
     from hpcml.scan.loader import RestrictedUnpickler
