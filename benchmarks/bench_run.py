@@ -38,7 +38,9 @@ TRAIN = [sys.executable, str(ROOT / "examples/observe/train.py"), "--steps", "10
 
 def _timed(argv: list[str], env: dict, cwd: Path, timeout: float = 300) -> tuple[float, int]:
     start = time.perf_counter()
-    rc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, timeout=timeout).returncode
+    # stdin /dev/null, as sbatch gives a job script (srun copies its stdin to the tasks)
+    rc = subprocess.run(argv, env=env, cwd=cwd, capture_output=True, timeout=timeout,
+                        stdin=subprocess.DEVNULL).returncode
     return time.perf_counter() - start, rc
 
 

@@ -201,12 +201,13 @@ class Progress:
 
     def update_batch(self, batch: Any) -> None:
         """An Arrow batch of the store's schema (``hpcml.observe.schema``)."""
-        cols = batch.to_pydict()
+        from hpcml.observe.schema import from_batch
+        cols = from_batch(batch)
         kinds = cols["kind"]
         keep = [i for i, k in enumerate(kinds) if k in ("metric", "section")]
         if not keep:
             return
-        ts = [cols["ts"][i].timestamp() for i in keep]
+        ts = [cols["ts"][i] for i in keep]
         self.update(ts, [kinds[i] for i in keep], [cols["name"][i] for i in keep],
                     [cols["value"][i] for i in keep], [cols["step"][i] for i in keep])
 

@@ -119,6 +119,6 @@ class PromForwarder:
 
 
 def batch_rows(batch) -> list[tuple]:
-    cols = batch.to_pydict()
-    ts = [t.timestamp() if hasattr(t, "timestamp") else t for t in cols["ts"]]
-    return list(zip(ts, cols["kind"], cols["name"], cols["value"], cols["step"], cols["gpu"]))
+    from hpcml.observe.schema import from_batch
+    cols = from_batch(batch)
+    return list(zip(cols["ts"], cols["kind"], cols["name"], cols["value"], cols["step"], cols["gpu"]))
