@@ -227,6 +227,13 @@ def per_node_cost(work: Path) -> dict:
            "vet_worker_ms": _cpu_ms(_worker_command(sys.executable), worker, spec),
            "task_wrapper_and_recorder_start_ms": _cpu_ms(task + [str(work / "cost" / "t1"), "--", "true"], task_env)}
     out["task_wrapper_rss_mb"] = _wrapper_rss_mb(task + [str(work / "cost" / "t3"), "--", "sleep", "4"], task_env)
+    # a rank that logs its steps (hpcml.observe) as real ones do: the wrapper's share is the
+    # whole minus the same rank run alone (both: the rank's own CPU, its logging included)
+    train = [sys.executable, str(ROOT / "examples" / "observe" / "train.py"), "--steps", "100"]
+    alone = _cpu_ms(train, dict(task_env, HPCML_OBSERVE_DIR=str(work / "cost" / "alone")), runs=3)
+    out["logging_rank_alone_ms"] = alone
+    out["task_wrapper_around_logging_rank_ms"] = round(_cpu_ms(task + [str(work / "cost" / "t4"), "--", *train],
+                                                               task_env, runs=3) - alone, 1)
     sampling = _cpu_ms(task + [str(work / "cost" / "t2"), "--", "sleep", "10"], task_env, runs=1)
     out["recorder_sampling_pct_of_core"] = round((sampling - out["task_wrapper_and_recorder_start_ms"]) / 10_000 * 100, 2)
     return out
