@@ -27,3 +27,37 @@ def test_every_timestamp_unit_is_read_in_seconds(unit, per):
     """A rank's own pyarrow may send another unit than the store's: seconds all the same."""
     batch = pa.record_batch([pa.array([1_700_000_000 * int(per), None], pa.timestamp(unit, tz="UTC"))], names=["ts"])
     assert from_batch(batch)["ts"] == [1_700_000_000.0, None]
+
+
+def test_a_float_or_numpy_step_is_stored_as_pa_array_stored_it():
+    """A rank may log ``step=3.0`` or a numpy integer: stored as the whole number, truncated as
+    pyarrow did (a step that failed the batch lost every later row of the rank: the step is
+    reused by the sections after it)."""
+    import numpy as np
+    rows = [(1, "metric", "loss", 1.0, 3.0, None), (2, "metric", "loss", 1.0, np.int64(4), np.int16(1)),
+            (3, "metric", "loss", 1.0, 5.5, 2.0), (4, "section", "step", 0.1, np.float64(6.0), None)]
+    got = from_batch(to_batch(rows, 0))
+    assert got["step"] == [3, 4, 5, 6] and got["gpu"] == [None, 1, 2, None]
+
+
+def test_names_are_strings_or_utf8_bytes_and_nothing_else():
+    """What pa.array took for a string column: str, UTF-8 bytes and None; anything else raises
+    (the API counts the failed write) rather than storing its repr."""
+    batch = to_batch([(1, "metric", b"loss", 1.0, None, None), (2, "metric", None, 2.0, None, None)], 0)
+    batch.validate(full=True)
+    assert from_batch(batch)["name"] == ["loss", None]
+    for bad in (7, b"\xff", "\ud800"):
+        with pytest.raises((TypeError, UnicodeError)):
+            to_batch([(1, "metric", bad, 1.0, None, None)], 0)
+
+
+def test_timestamps_in_microseconds_for_remote_write():
+    """Remote-write reads µs from any timestamp unit (or an int64 column), and refuses a
+    column of another type instead of reading its bits as a time."""
+    from hpcml.observe.schema import micros
+    assert micros(pa.array([1_700_000_000_123_456_789, None], pa.timestamp("ns", tz="UTC"))) == \
+        [1_700_000_000_123_456, None]
+    assert micros(pa.array([1_700_000_000], pa.timestamp("s"))) == [1_700_000_000_000_000]
+    assert micros(pa.array([5], pa.int64())) == [5]
+    with pytest.raises(TypeError):
+        micros(pa.array([1.5e15], pa.float64()))

@@ -196,6 +196,18 @@ def test_a_gemm_that_never_gets_a_cpu_is_unknown_not_slow(monkeypatch):
     assert "oversubscribed" in r.message and "not measured" in r.message
 
 
+def test_a_wrong_gemm_result_fails_the_node_even_when_its_rate_was_not_measured(monkeypatch):
+    """Silent data corruption is judged on the product, which starvation does not change:
+    a FAIL naming the wrong result (not an error that a protocol may leave uncounted), and
+    no rate the node was not measured at."""
+    from hpcml.vet.checks import compute
+    monkeypatch.setattr(compute, "CLEAN_BUDGET_S", 0.2)
+    monkeypatch.setattr(compute.time, "thread_time", lambda: 0.0)
+    monkeypatch.setattr(compute, "freivalds_error", lambda *a: 0.37)
+    r = run(ComputeCheck, size=64, repeats=2, dtype="float64", device="cpu", threads=1)
+    assert r.outcome is Outcome.FAIL and "wrong result" in r.message and r.value is None, r
+
+
 def test_freivalds_detects_one_corrupted_element():
     """Silent data corruption: one wrong element of the product must be caught."""
     import numpy as np

@@ -258,9 +258,9 @@ class RemoteWriter:
 
     def update_batch(self, batch: Any) -> None:
         """An Arrow batch of ``observe.log``/``section`` rows (ts in microseconds)."""
-        import pyarrow as pa
+        from hpcml.observe.schema import micros
         try:
-            ts = batch.column("ts").view(pa.int64()).to_pylist()      # no pyarrow.compute
+            ts = micros(batch.column("ts"))
             cols = [batch.column(c).to_pylist() for c in ("kind", "name", "value", "step", "gpu")]
         except Exception:  # noqa: BLE001 - not the store's schema: counted, never raised
             self.stats["errors"] += 1

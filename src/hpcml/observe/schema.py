@@ -38,7 +38,8 @@ def to_batch(rows: list[tuple], rank: int):
     arrays = [_fixed(pa.timestamp("us", tz="UTC"), "q", [t // 1000 for t in ts]),
               _fixed(pa.int32(), "i", [rank] * len(rows)),
               _strings(kind), _strings(name),
-              _fixed(pa.float64(), "d", value), _fixed(pa.int64(), "q", step), _fixed(pa.int16(), "h", gpu)]
+              _fixed(pa.float64(), "d", value), _fixed(pa.int64(), "q", _ints(step)),
+              _fixed(pa.int16(), "h", _ints(gpu))]
     return pa.RecordBatch.from_arrays(arrays, schema=arrow_schema())
 
 
@@ -54,6 +55,12 @@ def _validity(values) -> tuple[bytes | None, int]:
     return bytes(bits), nulls
 
 
+def _ints(values) -> list:
+    """Whole numbers as ``int`` (a float step 3.0, a numpy integer), truncated as
+    ``pa.array`` did; None kept."""
+    return [v if v is None or type(v) is int else int(v) for v in values]
+
+
 def _fixed(type_, code: str, values):
     """A fixed-width column from Python numbers (``code``: the ``array`` module's type of
     the same width), None a null; a value out of its range raises OverflowError."""
@@ -67,20 +74,34 @@ def _fixed(type_, code: str, values):
 
 
 def _strings(values):
-    """A string column (no nulls): 32-bit offsets and the UTF-8 bytes."""
+    """A string column: 32-bit offsets and the UTF-8 bytes (``bytes`` taken as UTF-8, None a
+    null); anything else raises TypeError, as ``pa.array`` did."""
     from array import array
 
     import pyarrow as pa
-    encoded = [str(v).encode("utf-8") for v in values]       # a lone surrogate raises, as pa.array did
+    encoded = []
+    for v in values:
+        if isinstance(v, str):
+            encoded.append(v.encode("utf-8"))          # a lone surrogate raises, as pa.array did
+        elif isinstance(v, bytes):
+            v.decode("utf-8")                          # not UTF-8: raises, as pa.array did
+            encoded.append(v)
+        elif v is None:
+            encoded.append(b"")
+        else:
+            raise TypeError(f"a string column got {type(v).__name__}")
     offsets = array("i", [0])
     end = 0
     for e in encoded:
         end += len(e)
         offsets.append(end)
-    return pa.Array.from_buffers(pa.string(), len(values), [None, pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))])
+    bitmap, nulls = _validity(values)
+    return pa.Array.from_buffers(pa.string(), len(values), [None if bitmap is None else pa.py_buffer(bitmap),
+                                                           pa.py_buffer(offsets), pa.py_buffer(b"".join(encoded))],
+                                 null_count=nulls)
 
 
-#: microseconds per unit of an Arrow timestamp
+#: an Arrow timestamp's units per second
 _PER_S = {"s": 1, "ms": 1_000, "us": 1_000_000, "ns": 1_000_000_000}
 
 
@@ -99,3 +120,15 @@ def from_batch(batch) -> dict[str, list]:
         else:
             out[field.name] = column.to_pylist()
     return out
+
+
+def micros(column) -> list:
+    """A timestamp column (any unit) or an int64 one (taken as microseconds) as integer
+    microseconds; anything else raises TypeError (a batch not of the store's schema)."""
+    import pyarrow as pa
+    if pa.types.is_timestamp(column.type):
+        per = _PER_S[column.type.unit]
+        return [None if t is None else t * 1_000_000 // per for t in column.view(pa.int64()).to_pylist()]
+    if pa.types.is_int64(column.type):
+        return column.to_pylist()
+    raise TypeError(f"a timestamp column of type {column.type}")
