@@ -420,7 +420,7 @@ class Ledger(Model):
 
     total_s: float
     parts: list[LedgerPart]
-    productive_s: float
+    productive_s: Optional[float] = None               # None: no attempt recorded a step (not measured)
     ettr: Optional[float] = None
     ettr_bound: Optional[Literal["at most"]] = None    # a part that would lower it was not measured
     node_s: Optional[float] = None                      # the allocation's nodes x the job's seconds

@@ -58,6 +58,35 @@ def test_steps_done_again_that_were_not_measured_make_the_ratio_a_bound_not_a_ze
     assert "at most 64% training" in ledger.line(got) and "not measured: redone" in ledger.line(got)
 
 
+def test_a_job_that_recorded_no_step_has_its_training_unmeasured_not_0(tmp_path):
+    """A script whose steps hpcml cannot see (it logs none and steps no torch optimizer: JAX,
+    a binary, HPCML_RUN_OPTIMIZER_STEPS=0) ran 600 s and exited 0: whether it trained is not
+    known. No "0% training (ETTR 0.00)", no start-up of 600 s, and nothing the centre would
+    count as node time that did not train."""
+    from hpcml.run.summary import _not_training
+    rec = RunRecord(command=["python", "train_jax.py"], mode="local", started=T0, ended=T0 + 600, exit_code=0)
+    got = ledger.build(tmp_path, rec, step_s=None)
+    assert got is not None and got.ettr is None and got.productive_s is None and got.productive_node_s is None
+    assert "startup" not in got.by_part() and got.by_part().get("other") == 600.0
+    assert ledger.line(got).startswith("time: 600 s, training not measured (no step recorded)"), ledger.line(got)
+    assert "0%" not in ledger.line(got) and "ETTR" not in ledger.line(got)
+    assert _not_training(got.to_json(), gpus=0, nodes=1) == {}
+
+
+def test_an_attempt_that_completed_no_step_is_start_up_where_the_job_s_steps_were_seen(tmp_path):
+    """The same job's steps were seen in its first attempt: its second, which crashed before
+    its first step, spent its time starting up (a measured 0 for that attempt)."""
+    _beats(tmp_path, 0, [T0 + t for t in range(10, 51)])
+    restart = Restart(fault=Fault(kind="crash", what="rank 0 exited 1", nodes=["n1"], began=T0 + 52,
+                                  detected=T0 + 53), action="restart", resumed=Resumed(step=35, steps_lost=5))
+    first = RunRecord(command=["x"], mode="local", started=T0, ended=T0 + 60, first_step_at=T0 + 10, restart=restart)
+    rec = RunRecord(command=["x"], mode="local", started=T0 + 70, ended=T0 + 100, attempt=1, exit_code=1,
+                    attempts=[first.as_attempt()])
+    got = ledger.build(tmp_path, rec, step_s=1.0)
+    assert got is not None and got.ettr == round(40 / 100, 4)
+    assert [(p.attempt, p.seconds, p.note) for p in got.parts if p.part == "startup"][-1] == (1, 30.0, "no step completed")
+
+
 def test_a_job_still_running_has_no_ledger(tmp_path):
     assert ledger.build(tmp_path, RunRecord(command=["x"], mode="local", started=T0), step_s=None) is None
 

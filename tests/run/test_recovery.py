@@ -158,6 +158,25 @@ def test_describe_and_time_lost():
     assert time_lost([rec({})], 1.0) is None
 
 
+def test_a_restart_whose_next_attempt_completed_no_step_leaves_the_cost_a_floor():
+    """Two restarts: the first resumed 10 s after its fault; the second's next attempt loaded
+    its checkpoint (2 steps lost) and crashed before its first step. What the second cost is
+    not measured: the sum is "at least", never a total that leaves that fault out (the centre
+    adds up time_lost_s)."""
+    from hpcml.run.report import _attempt_lines
+    first = policy(["n1", "n2", "n3"], spares=1).after(hung(["n2"], 30), Path("x"), None)
+    first.resumed = {"step": 35, "steps_lost": 5, "time_to_resume_s": 10.0}
+    second = policy(["n1", "n2", "n3"], spares=1).after(hung(["n2"], 30), Path("x"), None)
+    second.resumed = {"step": 73, "steps_lost": 2, "time_to_resume_s": None}
+    lost = time_lost([rec({"restart": first}), rec({"restart": second}), rec({})], step_s=1.0)
+    assert lost["time_lost_s"] is None and lost["time_to_resume_s"] == 10.0 and lost["not_resumed"] == 1
+    lines = _attempt_lines({"attempts": [{"attempt": 0, "nodes": ["n1", "n2"], "restart": first},
+                                         {"attempt": 1, "nodes": ["n1", "n3"], "restart": second}],
+                            "ending": {"exit_code": 1}, "job": {"nodes": ["n1", "n3"], "attempt": 2}, "recovery": lost})
+    assert lines[-1].startswith("faults cost at least the time to resume: 10 s from faults to resumed steps "
+                                "(not counted: 1 restart whose next attempt completed no step)"), lines
+
+
 def test_steps_done_again_without_a_checkpoint_step_are_unknown_not_0():
     """A restart whose next attempt resumed without an hpcml.ckpt checkpoint (nanoGPT's own
     ckpt.pt): the steps done again are unknown, and so is the cost; the report says so and

@@ -179,6 +179,9 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         return None
     parts: list[LedgerPart] = []
     productive, unknown = 0.0, False
+    # no attempt recorded a step (a script that logs none and steps no torch optimizer, a
+    # non-Python rank, no observe store): whether it trained is not known, never "0 %"
+    steps_seen = any(rec.first_step_at is not None for rec in records)
     prev: Attempt | None = None
     for rec in records:
         n = rec.attempt
@@ -197,6 +200,11 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         if ranks is not None:
             parts.append(LedgerPart(part="launch", attempt=n, seconds=_span(rec.started + vet, launched)))
         first = rec.first_step_at
+        if not steps_seen:
+            parts.append(LedgerPart(part="other", attempt=n, seconds=_span(launched, end),
+                                    note="no step recorded: training or not, not measured"))
+            prev = rec
+            continue
         if first is None or last is None or first > end:
             parts.append(LedgerPart(part="startup", attempt=n, seconds=_span(launched, end),
                                     note="no step completed"))
@@ -254,10 +262,11 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         parts.append(LedgerPart(part="other", attempt=run.attempt, seconds=round(total - known, 3),
                                 note="what the recorded times do not place"))
     node_s = _node_seconds(parts, records)
-    ettr = round(productive / total, 4) if total > 0 else None
-    return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3), ettr=ettr,
-                  ettr_bound="at most" if unknown and ettr is not None else None,
-                  node_s=node_s, productive_node_s=round(sum(p.node_s or 0.0 for p in parts if p.part == "productive"), 3))
+    ettr = round(productive / total, 4) if total > 0 and steps_seen else None
+    return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3) if steps_seen else None, ettr=ettr,
+                  ettr_bound="at most" if unknown and ettr is not None else None, node_s=node_s,
+                  productive_node_s=round(sum(p.node_s or 0.0 for p in parts if p.part == "productive"), 3)
+                  if steps_seen else None)
 
 
 #: parts during which the whole allocation is busy (or held for the job as a whole)
@@ -296,7 +305,8 @@ def _node_seconds(parts: list[LedgerPart], records: list[Attempt]) -> float:
 
 def line(ledger: Ledger) -> str:
     """The report's first line about time: "time: 98 s, 71% training (ETTR 0.71): ..."."""
-    ratio = "" if ledger.ettr is None else \
+    ratio = (", training not measured (no step recorded)" if ledger.productive_s is None
+             else "") if ledger.ettr is None else \
         f", {'at most ' if ledger.ettr_bound else ''}{ledger.ettr * 100:.0f}% training (ETTR {ledger.ettr:.2f})"
     parts = ", ".join(f"{name} {s:.0f} s" for name, s in ledger.by_part().items() if name != "productive" and s >= 0.5)
     idle = sum(p.node_s or 0.0 for p in ledger.parts if p.part == "idle")

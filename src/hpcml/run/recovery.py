@@ -317,16 +317,20 @@ def time_lost(records: list[Attempt], step_s: float | None) -> dict[str, Any] | 
     restarts = [r.restart for r in records if r.restart is not None]
     if not restarts:
         return None
-    waits = [r.resumed.time_to_resume_s for r in restarts if r.resumed is not None]
+    restarted = [r for r in restarts if r.action == "restart"]
+    waits = [r.resumed.time_to_resume_s if r.resumed is not None else None for r in restarted]
     known = [w for w in waits if w is not None]
     waited = round(sum(known), 3) if known else None          # None: no next attempt reached a step
+    # a restart whose next attempt completed no step lost time no figure holds: the sum is a floor
+    unresumed = len(waits) - len(known)
     # unknown is not 0: one resume without its step (no hpcml.ckpt checkpoint) leaves the sum unknown
-    lost = [r.resumed.steps_lost if r.resumed is not None else None for r in restarts if r.action == "restart"]
+    lost = [r.resumed.steps_lost if r.resumed is not None else None for r in restarted]
     redone = sum(s for s in lost if s is not None) if lost and None not in lost else None
-    total = (round(waited + redone * step_s, 3) if waited is not None and redone is not None and step_s
-             else waited if redone == 0 else None)
-    return {"faults": len(restarts), "restarts": sum(1 for r in restarts if r.action == "restart"),
+    total = None if unresumed else (round(waited + redone * step_s, 3) if waited is not None and redone is not None
+                                    and step_s else waited if redone == 0 else None)
+    return {"faults": len(restarts), "restarts": len(restarted),
             "time_to_resume_s": waited, "steps_lost": redone, "time_lost_s": total, "step_s": step_s,
+            **({"not_resumed": unresumed} if unresumed else {}),
             **({"steps_lost_unknown": UNKNOWN_REDONE} if lost and redone is None else {})}
 
 

@@ -590,7 +590,9 @@ def _attempt_lines(rep: dict[str, Any]) -> list[str]:
                   + (f" ({lost['steps_lost'] * lost['step_s']:.0f} s)" if lost.get("step_s") else ""))
         cost = f"faults cost {lost['time_lost_s']:.0f} s: " if lost.get("time_lost_s") is not None else \
             "faults cost at least the time to resume: "
-        out.append(f"{cost}{lost['time_to_resume_s']:.0f} s from faults to resumed steps, {redone}")
+        unresumed = (f" (not counted: {plural(lost['not_resumed'], 'restart')} whose next attempt completed no step)"
+                     if lost.get("not_resumed") else "")
+        out.append(f"{cost}{lost['time_to_resume_s']:.0f} s from faults to resumed steps{unresumed}, {redone}")
     return out
 
 
