@@ -271,3 +271,27 @@ def test_the_onset_is_the_change_point_not_the_first_slow_step():
     assert onset(rng.uniform(1.8, 2.2, 60)) is None
     assert onset(rng.uniform(0.8, 1.2, 60)) is None
     assert onset(np.r_[rng.uniform(1.8, 2.2, 30), rng.uniform(0.9, 1.1, 30)]) is None   # it got better
+
+
+def test_a_rank_whose_waits_were_not_recorded_is_not_named_against_the_others_compute(tmp_path):
+    """Four ranks in lockstep, every step 1 s. Ranks 0-2 recorded 0.7 s of collective waits a
+    step; rank 3 recorded none (its waits not measured, not 0). Its whole step against the
+    others' 0.3 s of compute named it a 3.3x chronic straggler, whose node a user would then
+    exclude. Judged like with like (step times), no one is slower."""
+    from hpcml.observe.report import build
+    from hpcml.observe.series import read_series
+    from hpcml.observe.store import RankWriter
+    t0, ns = 1_800_000_000, 1_000_000_000
+    for r in range(4):
+        w = RankWriter.create(tmp_path, r)
+        rows = []
+        for k in range(1, 121):
+            t = int((t0 + k) * ns)
+            rows.append((t, "section", "step", 1.0, k, None))
+            if r != 3:
+                rows.append((t, "section", "collective_wait", 0.7, k, None))
+        w.write_rows(rows)
+        w.close()
+    rep = build(read_series(tmp_path))
+    assert not [s for s in rep.stragglers if s.get("chronic")], rep.stragglers
+    assert not any("rank 3" in f.message for f in rep.findings), [f.message for f in rep.findings]

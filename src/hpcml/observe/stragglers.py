@@ -119,11 +119,14 @@ def step_matrix(ranks: np.ndarray, steps: np.ndarray, values: np.ndarray):
 
 def compute_times(ranks, steps, step_s, wait_ranks, wait_steps, wait_s) -> np.ndarray:
     """Each (rank, step)'s step time less the time it waited in collectives then (the
-    ``collective_wait`` row of the same rank and step; none: 0). At least a thousandth of
-    the step: a wait measured across a step's edge never makes a step free."""
+    ``collective_wait`` row of the same rank and step; none: 0, a step without one). At least
+    a thousandth of the step: a wait measured across a step's edge never makes a step free.
+    Where a rank that timed its steps has no wait row at all, its waits were not measured
+    (not 0): every rank is then judged on its step time, like with like, never the others'
+    compute against its whole step."""
     ranks, steps, step_s = np.asarray(ranks, np.int64), np.asarray(steps, np.int64), np.asarray(step_s, float)
     wait_ranks, wait_steps = np.asarray(wait_ranks, np.int64), np.asarray(wait_steps, np.int64)
-    if not len(wait_ranks) or not len(ranks):
+    if not len(wait_ranks) or not len(ranks) or not np.isin(np.unique(ranks), wait_ranks).all():
         return step_s
     width = int(max(steps.max(), wait_steps.max())) + 1
     key, wkey = ranks * width + steps, wait_ranks * width + wait_steps

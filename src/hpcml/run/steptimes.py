@@ -27,6 +27,7 @@ class StepTimes:
         self.last = np.full(world, -1, np.int64)
         self.first = np.full(world, -1, np.int64)       # each rank's first step (in its current numbering)
         self.restarts = np.zeros(world, np.int64)
+        self.waited = np.zeros(world, bool)             # the rank's beats carry its waits (measured)
 
     def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0,
             waits: list[float] | None = None) -> None:
@@ -50,6 +51,7 @@ class StepTimes:
         self.times[rank, s % self.size] = t
         if waits is not None and len(waits) >= n:
             t = less_wait(t, np.asarray(waits[first:n], np.float32))
+            self.waited[rank] = True
         self.busy[rank, s % self.size] = t
         self.ids[rank, s % self.size] = s
         if self.first[rank] < 0 and len(s):
@@ -58,7 +60,9 @@ class StepTimes:
 
     def window(self, keep: int, busy: bool = False) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """(ranks, steps, times[rank, step]) of the last ``keep`` steps every reporting rank
-        has, ending at the latest step they all reached; ``busy``: compute times."""
+        has, ending at the latest step they all reached; ``busy``: compute times, where every
+        one of those ranks measured its waits (else their step times: a rank whose waits were
+        not measured is not judged on its whole step against the others' compute)."""
         ranks = np.flatnonzero(self.last >= 0)
         if len(ranks) < 2:
             return ranks, np.zeros(0, np.int64), np.zeros((len(ranks), 0), np.float32)
@@ -67,6 +71,7 @@ class StepTimes:
         idx = steps % self.size
         have = (self.ids[np.ix_(ranks, idx)] == steps).all(axis=0)
         steps = steps[have]
+        busy = busy and bool(self.waited[ranks].all())
         return ranks, steps, (self.busy if busy else self.times)[np.ix_(ranks, steps % self.size)]
 
     def median_step(self) -> float | None:
