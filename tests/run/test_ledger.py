@@ -70,7 +70,8 @@ def test_a_job_that_recorded_no_step_has_its_training_unmeasured_not_0(tmp_path)
     assert "startup" not in got.by_part() and got.by_part().get("other") == 600.0
     assert ledger.line(got).startswith("time: 600 s, training not measured (no step recorded)"), ledger.line(got)
     assert "0%" not in ledger.line(got) and "ETTR" not in ledger.line(got)
-    assert _not_training(got.to_json(), gpus=0, nodes=1) == {}
+    assert _not_training(got.to_json(), gpus=0, nodes=1) == \
+        {"node_hours_not_training": None, "gpu_hours_not_training": None, "not_training_why": None}
 
 
 def test_an_attempt_that_completed_no_step_is_start_up_where_the_job_s_steps_were_seen(tmp_path):

@@ -215,8 +215,8 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
 def _not_training(led: dict[str, Any] | None, gpus: int, nodes: int) -> dict[str, Any]:
     """The ledger's node time that did not train (its node-seconds less the productive ones),
     in node-hours and, at the job's GPUs per node, GPU-hours; and the part that cost most."""
-    if not led or led.get("node_s") is None or led.get("productive_node_s") is None:
-        return {}
+    if not led or led.get("node_s") is None or led.get("productive_node_s") is None:    # not measured
+        return {"node_hours_not_training": None, "gpu_hours_not_training": None, "not_training_why": None}
     from hpcml.jobmodel import Ledger
     ledger = Ledger.model_validate({k: v for k, v in led.items() if k != "line"})
     hours = max(0.0, (ledger.node_s or 0.0) - (ledger.productive_node_s or 0.0)) / 3600
