@@ -114,9 +114,8 @@ def from_batch(batch) -> dict[str, list]:
     import pyarrow as pa
     out = {}
     for field, column in zip(batch.schema, batch.columns):
-        if pa.types.is_timestamp(field.type):
-            per = _PER_S[field.type.unit]
-            out[field.name] = [None if t is None else t / per for t in column.view(pa.int64()).to_pylist()]
+        if pa.types.is_timestamp(field.type):        # to the microsecond, as datetime read them
+            out[field.name] = [None if t is None else t / 1_000_000 for t in micros(column)]
         else:
             out[field.name] = column.to_pylist()
     return out

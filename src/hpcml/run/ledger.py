@@ -305,9 +305,12 @@ def _node_seconds(parts: list[LedgerPart], records: list[Attempt]) -> float:
 
 def line(ledger: Ledger) -> str:
     """The report's first line about time: "time: 98 s, 71% training (ETTR 0.71): ..."."""
-    ratio = (", training not measured (no step recorded)" if ledger.productive_s is None
-             else "") if ledger.ettr is None else \
-        f", {'at most ' if ledger.ettr_bound else ''}{ledger.ettr * 100:.0f}% training (ETTR {ledger.ettr:.2f})"
+    if ledger.ettr is not None:
+        ratio = f", {'at most ' if ledger.ettr_bound else ''}{ledger.ettr * 100:.0f}% training (ETTR {ledger.ettr:.2f})"
+    elif ledger.productive_s is None:
+        ratio = ", training not measured (no step recorded)"
+    else:
+        ratio = ""
     parts = ", ".join(f"{name} {s:.0f} s" for name, s in ledger.by_part().items() if name != "productive" and s >= 0.5)
     idle = sum(p.node_s or 0.0 for p in ledger.parts if p.part == "idle")
     if idle >= 0.5:
