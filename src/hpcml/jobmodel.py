@@ -543,7 +543,9 @@ class JobSummary(Model):
     outcome: Literal["completed", "failed", "hung", "aborted", "requeued", "interrupted", "running"]
     nodes: list[Name] = Field(default_factory=list, max_length=MAX_NODES)
     ntasks: Count = 0
-    gpus: Count = 0
+    #: None where nothing said how many GPUs the job had (no rank ran, no sampler read one):
+    #: unknown, not 0, and so are its GPU-hours
+    gpus: Optional[Count] = None
     excluded: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     stragglers: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
     culprits: list[NodeEvent] = Field(default_factory=list, max_length=MAX_NODES)
@@ -559,7 +561,7 @@ class JobSummary(Model):
     ettr_bound: Optional[Literal["at most"]] = None              # a part that would lower it was not measured
     productive_s: Optional[Number] = None
     node_hours: Number = 0.0
-    gpu_hours: Number = 0.0
+    gpu_hours: Optional[Number] = None
     gpu_hours_lost: Optional[Number] = None
     #: the ledger's (hpcml.run.ledger) node time that did not train, and the GPU time of it
     #: (the job's GPUs per node), with the part that cost the most: the centre ranks by these
@@ -591,7 +593,7 @@ class JobSummary(Model):
     def _plausible(self) -> None:
         """Totals a job can have had: no more GPUs than its nodes hold, no more hours than
         its nodes and GPUs were held for (a forged 1e11 GPU-hours would own every total)."""
-        if self.gpus > GPUS_PER_NODE * max(len(self.nodes), 1):
+        if self.gpus is not None and self.gpus > GPUS_PER_NODE * max(len(self.nodes), 1):
             raise ValueError(f"gpus: {self.gpus} on {len(self.nodes)} nodes")
         span_h = ((self.ended if self.ended is not None else time.time()) - self.started) / 3600
         slack = 1.01 * span_h + 0.01
@@ -601,7 +603,9 @@ class JobSummary(Model):
             raise ValueError(f"node_hours: {self.node_hours:g} for {len(self.nodes)} nodes over {span_h:.3g} h")
         for key in ("gpu_hours", "gpu_hours_lost", "gpu_hours_not_training"):
             value = getattr(self, key)
-            if value is not None and value > slack * max(self.gpus, 0):
+            if value is not None and self.gpus is None:       # GPU-hours of GPUs nobody counted
+                raise ValueError(f"{key}: {value:g} GPU-hours, but the job's gpus are not given")
+            if value is not None and self.gpus is not None and value > slack * self.gpus:
                 raise ValueError(f"{key}: {value:g} for {self.gpus} GPUs over {span_h:.3g} h")
         for key in ("node_hours", "node_hours_not_training"):
             value = getattr(self, key)

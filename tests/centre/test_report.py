@@ -115,6 +115,37 @@ def test_a_fault_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
         store.close()
 
 
+def test_gpu_hours_of_jobs_whose_gpus_nobody_counted_are_not_0(db_url, tmp_path):
+    """Jobs that vetting aborted (no rank ran: no GPU count) beside a counted one: the total
+    is "≥" the counted GPU-hours and names the jobs it could not count; with only uncounted
+    jobs it is "not counted", never "0.0 GPU-hours"; the page and ``--json`` agree."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("30", ended=now - DAY, counted=False, outcome="aborted", account="b2"))])
+        rep = build(store, 30 * DAY)
+        assert rep["totals"]["gpu_hours"] is None and rep["totals"]["gpus_uncounted"] == 1
+        text = "\n".join(lines(rep))
+        assert lines(rep)[1].startswith("  not counted GPU-hours (1 job whose GPUs nobody counted"), text
+        store.add_jobs([proven(summary("31", ended=now - DAY, hours=2.0, gpus_per_node=4, account="b2",
+                                       outcome="failed"))])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert t["gpu_hours"] == pytest.approx(16.0) and t["gpus_uncounted"] == 1
+        text = "\n".join(lines(rep))
+        assert lines(rep)[1].startswith("  ≥ 16.0 GPU-hours (1 job whose GPUs nobody counted"), text
+        assert "of ≥ 16.0 GPU-h over 2 jobs" in text, text
+        page = render_html(rep)
+        assert "≥ 16.0 GPU-hours" in page and "≥ 16.0</td>" in page
+        out = subprocess.run([sys.executable, "-m", "hpcml", "centre", "report", "--db", db_url, "--since", "30d",
+                              "--json"], capture_output=True, text=True, timeout=120)
+        doc = json.loads(out.stdout)
+        jsonschema.validate(doc, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+        assert doc["totals"]["gpu_hours"] == pytest.approx(16.0) and doc["totals"]["gpus_uncounted"] == 1
+    finally:
+        store.close()
+
+
 def test_lowest_scores_per_owner(centre):
     owners = build(centre, 30 * DAY, per_owner=2)["owners"]
     alice = next(o for o in owners if o["user"] == "alice")

@@ -115,6 +115,29 @@ def test_gpus_given_to_the_ranks_but_not_sampled_are_counted_not_0(tmp_path, col
     assert (doc.get("gpu") or {}).get("score") is None
 
 
+def test_a_job_no_rank_ran_in_sends_its_gpus_unknown_not_0(tmp_path, collector):
+    """Vetting aborted the job (no node passes its protocol): no rank ran, so nothing counted
+    its GPUs. Its summary sends ``gpus`` and ``gpu_hours`` null and the collector stores
+    NULL (was: 0 GPUs, 0.0 GPU-hours, which a centre total then counted as nothing used);
+    its node-hours, which are known, are sent. A CPU job whose ranks ran sends 0: known."""
+    collector.start()
+    (tmp_path / "p.yaml").write_text("name: impossible\nevals:\n  - {name: mem, type: memory, "
+                                     "min_available_fraction: 100%}\n")
+    p = run_job(tmp_path, "--vet", "p.yaml", "--collector", collector.url)
+    assert p.returncode == 4, p.stderr
+    spooled = json.loads((tmp_path / "job" / "summary" / "attempt-0.json").read_text())
+    assert spooled["outcome"] == "aborted" and spooled["gpus"] is None and spooled["gpu_hours"] is None
+    assert spooled["duration_s"] > 0 and spooled["node_hours"] == round(spooled["duration_s"] / 3600, 4)
+    jsonschema.validate(spooled, schemas.load("job.summary"), cls=jsonschema.Draft202012Validator)
+    with sqlite3.connect(collector.db) as conn:
+        assert conn.execute("SELECT gpus, gpu_hours FROM jobs").fetchall() == [(None, None)]
+    cpu = tmp_path / "cpu"
+    cpu.mkdir()
+    assert run_job(cpu, "--collector", collector.url).returncode == 0
+    with sqlite3.connect(collector.db) as conn:
+        assert sorted(conn.execute("SELECT gpus, gpu_hours FROM jobs").fetchall(), key=str) == [(0, 0.0), (None, None)]
+
+
 def test_a_collector_that_is_down_neither_fails_the_job_nor_loses_the_summary(tmp_path, collector):
     """Nothing listens at the URL: the job exits 0 with one warning; the summary waits in the
     spool; ``hpcml report --send`` delivers it once the collector is up, and sending it

@@ -61,11 +61,41 @@ ALTER TABLE jobs ADD COLUMN node_hours_not_training DOUBLE PRECISION;
 ALTER TABLE jobs ADD COLUMN gpu_hours_not_training DOUBLE PRECISION;
 ALTER TABLE jobs ADD COLUMN not_training_why TEXT
 """
+#: schema version 6: a job's GPUs and GPU-hours may be unknown (NULL: no rank ran, nothing
+#: counted them), never a 0 nobody counted. PostgreSQL drops the constraints; SQLite cannot,
+#: so it rebuilds the table (sqlite.org/lang_altertable.html, "other kinds of table schema
+#: changes"): the same columns, types and defaults, every row copied, in one transaction
+GPUS_NULL_DDL = {
+    "postgresql": """
+ALTER TABLE jobs ALTER COLUMN gpus DROP NOT NULL;
+ALTER TABLE jobs ALTER COLUMN gpu_hours DROP NOT NULL
+""",
+    "sqlite": """
+CREATE TABLE jobs_v6 (
+  cluster TEXT NOT NULL, job TEXT NOT NULL, attempt INTEGER NOT NULL,
+  user_name TEXT, account TEXT, partition_name TEXT, started DOUBLE PRECISION NOT NULL,
+  ended DOUBLE PRECISION, time DOUBLE PRECISION NOT NULL, duration_s DOUBLE PRECISION,
+  exit_code INTEGER, outcome TEXT NOT NULL, nodes INTEGER NOT NULL, gpus INTEGER,
+  node_hours DOUBLE PRECISION NOT NULL, gpu_hours DOUBLE PRECISION,
+  time_lost_s DOUBLE PRECISION, gpu_hours_lost DOUBLE PRECISION, gpu_score DOUBLE PRECISION,
+  bound TEXT, throughput DOUBLE PRECISION, throughput_unit TEXT, attempts INTEGER NOT NULL,
+  received DOUBLE PRECISION NOT NULL, body TEXT NOT NULL, latest INTEGER NOT NULL DEFAULT 1,
+  uid INTEGER, proof TEXT NOT NULL DEFAULT 'none', verified INTEGER NOT NULL DEFAULT 0,
+  hangs INTEGER NOT NULL DEFAULT 0, node_hours_not_training DOUBLE PRECISION,
+  gpu_hours_not_training DOUBLE PRECISION, not_training_why TEXT,
+  PRIMARY KEY (cluster, job, attempt));
+INSERT INTO jobs_v6 ({cols}) SELECT {cols} FROM jobs;
+DROP TABLE jobs;
+ALTER TABLE jobs_v6 RENAME TO jobs;
+CREATE INDEX IF NOT EXISTS jobs_latest_time ON jobs (latest, time)
+""",
+}
 JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
             "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
             "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
             "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest",
             "node_hours_not_training", "gpu_hours_not_training", "not_training_why")
+GPUS_NULL_DDL["sqlite"] = GPUS_NULL_DDL["sqlite"].replace("{cols}", ", ".join(JOB_COLS))
 NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time", "verified")
 VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing", "verified")
 #: each job's latest verified attempt since a time (one row per job; ``latest`` is kept by
@@ -88,6 +118,18 @@ STOPPED = ("failed", "hung", "interrupted")
 #: unknown, not 0, and a total over them says so
 UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('failed', 'hung') OR hangs > 0) "
               "THEN 1 ELSE 0 END), 0)")
+
+
+#: the jobs whose GPUs nobody counted (no rank ran): their GPU-hours are unknown, not 0
+UNCOUNTED = "COALESCE(SUM(CASE WHEN gpu_hours IS NULL THEN 1 ELSE 0 END), 0)"
+
+
+def _counted(total: float | None, uncounted: int) -> float | None:
+    """A sum of GPU-hours: those counted; None where no job's were and some job's GPUs went
+    uncounted (unknown, not 0); 0 where there were no jobs."""
+    if total is not None:
+        return total
+    return None if uncounted else 0.0
 
 
 def _lost(total: float | None, unmeasured: int) -> float | None:
@@ -261,7 +303,8 @@ class JobQueries:
         # hours lost stay None (unknown) for a node whose jobs neither measured a loss nor were
         # stopped: a straggler's slowdown is not priced, and is not 0
         out: dict[str, dict[str, Any]] = {n: {"users": 0, "job_ids": [], "gpu_hours_lost": None, "node_hours_lost": None,
-                                              "stopped": 0, "prolog_drains": 0, "last_prolog_drain": None} for n in nodes}
+                                              "gpus_uncounted": 0, "stopped": 0, "prolog_drains": 0,
+                                              "last_prolog_drain": None} for n in nodes}
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         for i in range(0, len(nodes), 500):
             part = list(nodes[i:i + 500])
@@ -287,6 +330,7 @@ class JobQueries:
                     d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (lost_s or 0.0) * (width or 1) / 3600
                 elif outcome in STOPPED:
                     d["stopped"] += 1
+                    d["gpus_uncounted"] += gpu_h is None       # its allocation's GPU-hours: unknown
                     d["gpu_hours_lost"] = (d["gpu_hours_lost"] or 0.0) + (gpu_h or 0.0)
                     d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (node_h or 0.0)
             for node in part:
@@ -380,23 +424,26 @@ class JobQueries:
                 out[node]["failing_checks"].append({"check": c, "count": n})
 
     def job_totals(self, since: float) -> dict[str, Any]:
-        (n, gpu_h, node_h, lost_h, lost_s, failed, hung, unmeasured), = self._all(
-            "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0), "
+        (n, gpu_h, node_h, lost_h, lost_s, failed, hung, unmeasured, uncounted), = self._all(
+            "SELECT COUNT(*), SUM(gpu_hours), COALESCE(SUM(node_hours), 0), "
             "SUM(gpu_hours_lost), SUM(time_lost_s), "
             "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0), {UNMEASURED} FROM ({LATEST}) t", (since,))
+            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0), {UNMEASURED}, {UNCOUNTED} "
+            f"FROM ({LATEST}) t", (since,))
         lost_h, lost_s = _lost(lost_h, unmeasured), _lost(lost_s, unmeasured)
         (unverified,), = self._all("SELECT COUNT(*) FROM jobs WHERE verified = 0 AND time >= ?", (since,))
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         outcomes = ",".join(repr(o) for o in STOPPED)
-        (stopped, stopped_gpu_h, stopped_node_h), = self._all(
-            "SELECT COUNT(*), COALESCE(SUM(gpu_hours), 0), COALESCE(SUM(node_hours), 0) FROM (" + LATEST + ") t "
+        (stopped, stopped_gpu_h, stopped_node_h, stopped_uncounted), = self._all(
+            f"SELECT COUNT(*), SUM(gpu_hours), COALESCE(SUM(node_hours), 0), {UNCOUNTED} FROM (" + LATEST + ") t "
             f"WHERE outcome IN ({outcomes}) AND COALESCE(time_lost_s, 0) = 0 AND EXISTS (SELECT 1 FROM job_nodes n "
             f"WHERE n.cluster = t.cluster AND n.job = t.job AND n.attempt = t.attempt AND n.role IN ({faults}))",
             (since,))
-        return {"jobs": n, "gpu_hours": gpu_h, "node_hours": node_h, "gpu_hours_lost": lost_h,
+        return {"jobs": n, "gpu_hours": _counted(gpu_h, uncounted), "gpus_uncounted": uncounted,
+                "node_hours": node_h, "gpu_hours_lost": lost_h,
                 "time_lost_s": lost_s, "lost_unmeasured": unmeasured, "failed": failed, "hung": hung, "unverified": unverified,
-                "stopped_by_node": stopped, "gpu_hours_stopped": stopped_gpu_h, "node_hours_stopped": stopped_node_h}
+                "stopped_by_node": stopped, "gpu_hours_stopped": _counted(stopped_gpu_h, stopped_uncounted),
+                "stopped_gpus_uncounted": stopped_uncounted, "node_hours_stopped": stopped_node_h}
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
         """Per (user, account): jobs, GPU-hours, mean GPU score, and the lowest-scoring jobs;
@@ -423,9 +470,10 @@ class JobQueries:
     def lost_by_account(self, since: float) -> list[dict[str, Any]]:
         rows = self._all(
             "SELECT account, COUNT(*), SUM(gpu_hours), SUM(gpu_hours_lost), SUM(time_lost_s), "
-            f"{UNMEASURED} FROM ({LATEST}) t GROUP BY account", (since,))
-        return sorted(({"account": a, "jobs": n, "gpu_hours": gh, "gpu_hours_lost": _lost(lh, u),
-                        "time_lost_s": _lost(ls, u), "lost_unmeasured": u} for a, n, gh, lh, ls, u in rows),
+            f"{UNMEASURED}, {UNCOUNTED} FROM ({LATEST}) t GROUP BY account", (since,))
+        return sorted(({"account": a, "jobs": n, "gpu_hours": _counted(gh, c), "gpus_uncounted": c,
+                        "gpu_hours_lost": _lost(lh, u), "time_lost_s": _lost(ls, u), "lost_unmeasured": u}
+                       for a, n, gh, lh, ls, u, c in rows),
                       key=lambda d: (-(d["gpu_hours_lost"] or 0), -d["lost_unmeasured"], -(d["gpu_hours"] or 0)))
 
     # -- where the jobs' time went (their ledgers) ---------------------------------------

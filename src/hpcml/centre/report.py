@@ -247,13 +247,14 @@ def lines(rep: dict[str, Any]) -> list[str]:
     for o in rep["owners"]:
         worst = ", ".join(f"{printable(j['job'])} {_score(j['score'])}"
                           + (f" {printable(j['bound'])}-bound" if j["bound"] else "") for j in o["lowest"])
-        out.append(f"  {printable(o['user'] or '?')} / {printable(o['account'] or '?')}: {o['jobs']} jobs, {o['gpu_hours']:,.1f} GPU-h, "
-                   f"mean score {_score(o['mean_score'])}, {o['idle_gpu_hours']:,.1f} GPU-h idle; lowest: {worst}")
+        out.append(f"  {printable(o['user'] or '?')} / {printable(o['account'] or '?')}: {o['jobs']} jobs, "
+                   f"{_gpu_hours(o['gpu_hours'])} GPU-h, mean score {_score(o['mean_score'])}, "
+                   f"{_gpu_hours(o['idle_gpu_hours'])} GPU-h idle; lowest: {worst}")
     lost = [a for a in rep["accounts"] if a["gpu_hours_lost"] or a["time_lost_s"] or a.get("lost_unmeasured")]
     if lost:
         out += ["", "time lost to faults, by account:"]
-        out += [f"  {printable(a['account'] or '?')}: {_lost_text(a, 'GPU-h', 2)} of {a['gpu_hours']:,.1f} GPU-h "
-                f"over {a['jobs']} jobs" for a in lost]
+        out += [f"  {printable(a['account'] or '?')}: {_lost_text(a, 'GPU-h', 2)} of "
+                f"{_gpu_hours(a['gpu_hours'], a.get('gpus_uncounted'))} GPU-h over {a['jobs']} jobs" for a in lost]
     return (out + prolog_lines(rep.get("prolog_drains") or []) + not_training_lines(rep.get("not_training") or {})
             + verdict_lines(rep.get("verdicts") or {}))
 
@@ -264,7 +265,8 @@ def _impact(n: dict[str, Any]) -> str:
     if n.get("node_hours_lost") is None:
         lost = "not measured (a slowdown is not priced)"
     else:
-        lost = (f"{n['gpu_hours_lost']:,.1f} GPU-h" if n.get("gpu_hours_lost") else f"{n['node_hours_lost']:,.1f} node-h")
+        counted = n.get("gpu_hours_lost") and not n.get("gpus_uncounted")     # else node-h: every job's is known
+        lost = (f"{n['gpu_hours_lost']:,.1f} GPU-h" if counted else f"{n['node_hours_lost']:,.1f} node-h")
     stopped = f", {plural(n['stopped'], 'job')} stopped (whole allocations, an upper bound)" if n.get("stopped") else ""
     prolog = f"; the prolog drained it {n['prolog_drains']}x" if n.get("prolog_drains") else ""
     return (f"{plural(n.get('users', 0), 'user')}; jobs {jobs}; lost {lost}{stopped}; "
@@ -312,8 +314,19 @@ def verdict_lines(v: dict[str, Any]) -> list[str]:
 
 
 def _totals(t: dict[str, Any]) -> str:
-    return (f"{t['gpu_hours']:,.1f} GPU-hours, {t['node_hours']:,.1f} node-hours; faults cost "
+    n = t.get("gpus_uncounted") or 0
+    uncounted = f" ({plural(n, 'job')} whose GPUs nobody counted: no rank ran)" if n else ""
+    return (f"{_gpu_hours(t['gpu_hours'], n)} GPU-hours{uncounted}, {t['node_hours']:,.1f} node-hours; faults cost "
             f"{_lost_text(t, 'GPU-hours', 1)}; {t['failed']:,} failed, {t['hung']:,} hung")
+
+
+def _gpu_hours(value: float | None, uncounted: int | None = 0, digits: int = 1) -> str:
+    """GPU-hours: the sum of those counted, "≥" it where some job's GPUs went uncounted (no
+    rank ran to say), "not counted" where no job's were (``jobstore._counted``): unknown is
+    never 0."""
+    if value is None:
+        return "not counted"
+    return ("≥ " if uncounted else "") + f"{value:,.{digits}f}"
 
 
 def _lost_text(t: dict[str, Any], unit: str, digits: int) -> str:
@@ -339,7 +352,7 @@ def _stopped(t: dict[str, Any]) -> list[str]:
     n = t.get("stopped_by_node") or 0
     if not n:
         return []
-    size = (f"{t['gpu_hours_stopped']:,.1f} GPU-h" if t.get("gpu_hours_stopped") else
+    size = (f"{t['gpu_hours_stopped']:,.1f} GPU-h" if t.get("gpu_hours_stopped") and not t.get("stopped_gpus_uncounted") else
             f"{t.get('node_hours_stopped') or 0:,.1f} node-h")
     return [f"  {plural(n, 'job')} a node fault stopped without a recovery: {size} of allocations "
             "(an upper bound of what they lost)"]
@@ -356,11 +369,11 @@ def render_html(rep: dict[str, Any]) -> str:
     from hpcml.htmlkit import render
     nodes = [[n["node"], n["jobs"], n["straggler"], n["culprit"], n["crashed"], n["lost"], n["excluded"], _when(n["last"]),
               vet_line(n["vet"]), _impact(n), n.get("next") or "none"] for n in rep["nodes"]]
-    owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], f"{o['gpu_hours']:,.1f}", _score(o["mean_score"]),
-               f"{o['idle_gpu_hours']:,.1f}",
+    owners = [[o["user"] or "?", o["account"] or "?", o["jobs"], _gpu_hours(o["gpu_hours"]), _score(o["mean_score"]),
+               _gpu_hours(o["idle_gpu_hours"]),
                "; ".join(f"{j['job']} {_score(j['score'])}" + (f" ({j['bound']}-bound)" if j["bound"] else "")
                          for j in o["lowest"])] for o in rep["owners"]]
-    accounts = [[a["account"] or "?", a["jobs"], f"{a['gpu_hours']:,.1f}", _figure(a["gpu_hours_lost"], 1, a),
+    accounts = [[a["account"] or "?", a["jobs"], _gpu_hours(a["gpu_hours"], a.get("gpus_uncounted")), _figure(a["gpu_hours_lost"], 1, a),
                  _figure(None if a["time_lost_s"] is None else a["time_lost_s"] / 3600, 2, a)] for a in rep["accounts"]]
     prolog = [[d["node"], d["drains"], d["failed_drains"], _when(d["last"]), ", ".join(d["checks"]) or "–",
                _state_text(d.get("slurm")), d["next"]] for d in rep.get("prolog_drains") or []]

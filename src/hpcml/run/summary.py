@@ -139,19 +139,21 @@ def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
     return "interrupted" if end.get("interrupted") else "failed"
 
 
-def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int:
+def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int | None:
     """The job's GPUs: the score's count (the GPUs its samplers read), else the distinct
     GPUs its ranks were given, from each rank's metadata (known without sampling them:
-    ``--gpu-metrics none``, or NVML failing on the node), the most of any attempt; 0 where
-    no rank was given a GPU (a CPU job, or no rank ran)."""
+    ``--gpu-metrics none``, or NVML failing on the node), the most of any attempt: 0 where
+    ranks ran and none was given a GPU (a CPU job). None where no rank's metadata says
+    (no rank ran: aborted by vetting, stopped before the command): unknown, not 0."""
     gpus = (rep.get("score") or {}).get("gpus")
     if isinstance(gpus, int) and gpus > 0:
         return gpus
     from hpcml.files import JSON_MAX
     from hpcml.run.jobpaths import observe_dir
-    most = 0
+    most: int | None = None
     for attempt in attempts:
         held: set[tuple[str, str]] = set()
+        read = False
         for f in sorted(observe_dir(d, attempt).glob("rank-*.json")):
             try:
                 meta = load_json_bounded(f, JSON_MAX)
@@ -159,9 +161,11 @@ def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int:
                 continue
             ids = meta.get("gpus") if isinstance(meta, dict) else None
             if isinstance(ids, list):
+                read = True
                 where = str(meta.get("node") or meta.get("host") or "")
                 held |= {(where, str(g)) for g in ids if isinstance(g, (int, str))}
-        most = max(most, len(held))
+        if read:
+            most = max(most or 0, len(held))
     return most
 
 
@@ -206,13 +210,14 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         "attempts": len(records), "time_lost_s": lost_s,
         **({"ettr": led["ettr"], "ettr_bound": led.get("ettr_bound"), "productive_s": led["productive_s"]}
            if (led := rep.get("ledger")) else {}),
-        "node_hours": round(hours * len(nodes), 4), "gpu_hours": round(hours * gpus, 4),
-        "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None else None,
+        "node_hours": round(hours * len(nodes), 4),
+        "gpu_hours": round(hours * gpus, 4) if gpus is not None else None,
+        "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None and gpus is not None else None,
         **_not_training(rep.get("ledger"), gpus, len(nodes)),
     }
 
 
-def _not_training(led: dict[str, Any] | None, gpus: int, nodes: int) -> dict[str, Any]:
+def _not_training(led: dict[str, Any] | None, gpus: int | None, nodes: int) -> dict[str, Any]:
     """The ledger's node time that did not train (its node-seconds less the productive ones),
     in node-hours and, at the job's GPUs per node, GPU-hours; and the part that cost most."""
     if not led or led.get("node_s") is None or led.get("productive_node_s") is None:    # not measured
@@ -222,7 +227,7 @@ def _not_training(led: dict[str, Any] | None, gpus: int, nodes: int) -> dict[str
     hours = max(0.0, (ledger.node_s or 0.0) - (ledger.productive_node_s or 0.0)) / 3600
     lost = ledger.lost()
     return {"node_hours_not_training": round(hours, 4),
-            "gpu_hours_not_training": round(hours * gpus / nodes, 4) if gpus and nodes else None,
+            "gpu_hours_not_training": round(hours * gpus / nodes, 4) if gpus is not None and nodes else None,
             "not_training_why": lost[0][0] if lost else None}
 
 

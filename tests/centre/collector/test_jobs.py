@@ -313,3 +313,88 @@ def test_one_person_proven_two_ways_counts_once():
     proof = Verifier(slurm=None).prove({}, s, Sender(user=me))
     assert (proof.how, proof.uid, proof.verified) == ("token", os.getuid(), True)
     assert Verifier(slurm=None).prove({}, s, Sender()).verified is False
+
+
+def _version_5(url: str) -> None:
+    """A database as the collector of schema version 5 left it (GPUs and GPU-hours NOT
+    NULL): a version-1 database taken up by the migrations of that collector."""
+    from hpcml.centre.collector.store import MIGRATIONS
+    _version_1(url)
+    ddl = ";".join(MIGRATIONS[v] for v in (2, 3, 4, 5))      # type: ignore[misc] - versions 2-5 are one DDL each
+    meta = ["CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL)",
+            "INSERT INTO meta (key, value) VALUES ('schema_version', '5')"]
+    stmts = [s for s in ddl.split(";") if s.strip()] + meta
+    if url.startswith("sqlite"):
+        from hpcml.centre.collector.sqlite import path_of
+        with sqlite3.connect(path_of(url)) as conn:
+            for stmt in stmts:
+                conn.execute(stmt)
+        return
+    import psycopg
+    with psycopg.connect(url, autocommit=True) as conn:
+        for stmt in stmts:
+            conn.execute(stmt)
+
+
+def _columns(store) -> list[tuple]:
+    """The jobs table's columns: name, type, NOT NULL, default (as each backend says them)."""
+    if store.DIALECT == "sqlite":
+        return sorted((n, t, bool(nn), d) for _cid, n, t, nn, d, _pk in store._all("PRAGMA table_info(jobs)"))
+    return sorted(store._all("SELECT column_name, data_type, is_nullable = 'NO', column_default "
+                             "FROM information_schema.columns WHERE table_name = 'jobs'"))
+
+
+def test_a_version_5_database_takes_jobs_whose_gpus_nobody_counted(db_url, request):
+    """A job whose GPUs nobody counted (no rank ran: vetting aborted it) is stored with its
+    GPUs and GPU-hours unknown (NULL), in a database made by the version before, whose
+    columns said NOT NULL (where the old collector stored such a job as 0 GPUs); the rows
+    already there are kept as they were, and the table is the one a new database has."""
+    from hpcml.centre.jobstore import JOB_COLS, job_row
+    _version_5(db_url)
+    old = proven(summary("8", gpus_per_node=2, hours=1.0))
+    marks = ",".join(["?" if db_url.startswith("sqlite") else "%s"] * len(JOB_COLS))
+    insert = f"INSERT INTO jobs ({','.join(JOB_COLS)}) VALUES ({marks})"
+    if db_url.startswith("sqlite"):
+        from hpcml.centre.collector.sqlite import path_of
+        with sqlite3.connect(path_of(db_url)) as conn:
+            conn.execute(insert, job_row(old, 1.0))
+            before = conn.execute(f"SELECT {','.join(JOB_COLS)} FROM jobs").fetchall()
+    else:
+        import psycopg
+        with psycopg.connect(db_url, autocommit=True) as conn:
+            conn.execute(insert, job_row(old, 1.0))
+            before = conn.execute(f"SELECT {','.join(JOB_COLS)} FROM jobs").fetchall()
+    store = open_store(db_url)
+    fresh = open_store(db_url.replace("vet.db", "fresh.db") if db_url.startswith("sqlite")
+                       else request.getfixturevalue("pg_cluster").create_db(f"fresh{abs(hash(db_url))}"))
+    try:
+        assert store._all(f"SELECT {','.join(JOB_COLS)} FROM jobs") == [tuple(r) for r in before]
+        assert store.add_jobs([proven(summary("9", counted=False, hours=2.0))]) == [True]
+        assert store._all("SELECT gpus, gpu_hours, gpu_hours_lost FROM jobs WHERE job = '9'") == [(None, None, None)]
+        totals = store.job_totals(0.0)
+        assert totals["gpu_hours"] == pytest.approx(4.0) and totals["gpus_uncounted"] == 1     # 8's only, not 9's 0
+        assert totals["node_hours"] == pytest.approx(2.0 + 4.0)
+        assert _columns(store) == _columns(fresh)
+        notnull = {n: nn for n, _t, nn, _d in _columns(store)}
+        assert not notnull["gpus"] and not notnull["gpu_hours"] and notnull["node_hours"]
+    finally:
+        store.close()
+        fresh.close()
+
+
+def test_totals_of_jobs_whose_gpus_nobody_counted_are_not_0(db_url):
+    """Only jobs whose GPUs nobody counted: their GPU-hours are unknown (None), not 0.0; the
+    accounts' too; a node such a job's fault stopped prices its loss in node-hours."""
+    store = open_store(db_url)
+    try:
+        assert store.add_jobs([proven(summary("1", counted=False, outcome="failed", lost=[event("nid001")])),
+                               proven(summary("2", counted=False))]) == [True, True]
+        totals = store.job_totals(0.0)
+        assert totals["gpu_hours"] is None and totals["gpus_uncounted"] == 2 and totals["node_hours"] > 0
+        assert totals["gpu_hours_stopped"] is None and totals["stopped_by_node"] == 1
+        (account,) = store.lost_by_account(0.0)
+        assert account["gpu_hours"] is None and account["gpus_uncounted"] == 2
+        node = store.node_details(["nid001"], 0.0)["nid001"]
+        assert node["gpus_uncounted"] == 1 and node["node_hours_lost"] == pytest.approx(2.0)
+    finally:
+        store.close()

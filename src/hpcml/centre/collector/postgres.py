@@ -39,6 +39,7 @@ def _psycopg():
 
 class PostgresStore(SqlStore):
     P = "%s"
+    DIALECT = "postgresql"
 
     def _connect(self, write: bool):
         psycopg = _psycopg()

@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hpcml.centre.collector.schema import NodeReport, measured
-from hpcml.centre.jobstore import JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
+from hpcml.centre.jobstore import GPUS_NULL_DDL, JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.registry import Registry, UnknownName
@@ -39,15 +39,17 @@ RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outco
 
 #: the store's schema: 1 the vetting tables (no version row), 2 the job tables, 3 who
 #: proved each summary and the jobs' own vetting, 4 each report's evidence and sender, 5 the
-#: time each job did not train (its ledger)
-SCHEMA_VERSION = 5
+#: time each job did not train (its ledger), 6 GPUs and GPU-hours that may be unknown (NULL)
+SCHEMA_VERSION = 6
 #: a report stored before version 4 was believed on the write token alone: unverified now
 EVIDENCE_DDL = """
 ALTER TABLE reports ADD COLUMN evidence TEXT NOT NULL DEFAULT 'none';
 ALTER TABLE reports ADD COLUMN sender TEXT
 """
-#: the DDL that takes a database from the version before to this one
-MIGRATIONS = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL, 5: LEDGER_DDL}
+#: the DDL that takes a database from the version before to this one (by ``SqlStore.DIALECT``
+#: where the backends' SQL differs)
+MIGRATIONS: dict[int, str | dict[str, str]] = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL, 5: LEDGER_DDL,
+                                               6: GPUS_NULL_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):
@@ -138,6 +140,8 @@ class SqlStore(Store):
     """Queries shared by the SQL backends; subclasses set ``P`` (placeholder) and connect."""
 
     P = "?"
+    #: the SQL dialect a migration's backend-specific DDL is chosen by (``MIGRATIONS``)
+    DIALECT = "sqlite"
     POOL = 8
     #: FROM clause of ``failing``: a backend may pin the partial index of bad results
     FAILING_FROM = "results r"
@@ -182,7 +186,8 @@ class SqlStore(Store):
                 raise StoreError(f"the database has schema version {version}, written by a newer hpcml; "
                                  f"this one knows up to {SCHEMA_VERSION}")
             for v in range(version + 1, SCHEMA_VERSION + 1):
-                for stmt in filter(str.strip, MIGRATIONS[v].split(";")):
+                ddl = MIGRATIONS[v]
+                for stmt in filter(str.strip, (ddl if isinstance(ddl, str) else ddl[self.DIALECT]).split(";")):
                     conn.execute(stmt)
             if version != SCHEMA_VERSION:
                 conn.execute(f"DELETE FROM meta WHERE key = {p}", ("schema_version",))
