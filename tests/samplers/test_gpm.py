@@ -286,7 +286,11 @@ def _cli(*args: str, env: dict) -> subprocess.CompletedProcess:
 
 
 def test_observe_record_outside_slurm_scores_through_gpm(tmp_path):
-    """Issue 16's run on the H100, replayed: no Slurm, no CUDA_VISIBLE_DEVICES, no DCGM."""
+    """Issue 16's run on the H100, replayed: no Slurm, no CUDA_VISIBLE_DEVICES, no DCGM.
+    Sampled in real time every 0.2 s: on a loaded machine the recorder can miss buckets,
+    and the report then rightly names the gaps; that the report names none where nothing
+    was missed, and names those a stalled recorder left, is tested on a virtual clock
+    (``test_nvml_only_recording_reports_no_false_gaps`` and the test after it)."""
     env = {k: v for k, v in os.environ.items()
            if not k.startswith(("SLURM_", "CUDA_VISIBLE", "ROCR_", "HPCML_OBSERVE_NVML"))}
     env.update(HPCML_GPM_REPLAY=str(PHASES), HPCML_GPM_REPLAY_PHASES="spin_no_fp",
@@ -302,7 +306,6 @@ def test_observe_record_outside_slurm_scores_through_gpm(tmp_path):
     r = json.loads(rep.stdout)
     assert not r["temporal_only"] and r["meta"]["samplers"]["0"]["kind"] == "gpm"
     assert r["findings"][0].startswith("busy but not computing")
-    assert not any("gaps" in n for n in r["notes"])
 
 
 def test_nvml_only_recording_reports_no_false_gaps(tmp_path, monkeypatch):
