@@ -166,13 +166,14 @@ def run_attempt(cfg: Config, d: Path, record: RunRecord, backend: Backend, pendi
                       on_straggler=cfg.on_straggler, can_replace=can_replace, secret=plan.secret, interval=cfg.interval,
                       job_id=record.job_id, restart_of=record.restart_of, straggler_window=cfg.straggler_s)
         watch.signals = seen
-        _prefetch_report(cfg)
         with phases.phase("watch"):              # every read until the ranks ended: the launcher's load
             pause = getattr(backend, "wait_ended", time.sleep)     # woken by the ranks' end where the backend can
             first = True
             while backend.poll(ctl.failed):
                 if first:
                     first = not _first_read(ctl, watch)
+                    if not first:                    # the ranks run: their start-up had the CPUs first
+                        _prefetch_report(cfg)
                 else:
                     _tick(ctl, watch)
                 pause(POLL)
@@ -265,7 +266,10 @@ def settled(*modules: str) -> None:
 
 def _prefetch_report(cfg: Config) -> None:
     """While the tasks run, import what the report needs (pyarrow, numpy, the builders):
-    the launcher is idle then, and the report at the end costs only its own work."""
+    the launcher is idle then, and the report at the end costs only its own work. Started
+    once the watch's first read found the ranks' beats, not with the srun step: begun
+    with the step, its ~0.3 s of imports took CPU from the task wrappers' and ranks' own
+    start-up on a node they share (``benchmarks/bench_run.py``)."""
     if cfg.report:
         prefetch(*REPORT_MODULES, then=_warm_report)
 

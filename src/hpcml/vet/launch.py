@@ -134,6 +134,11 @@ class Step:
         if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
             self.step.timed_out = True
             slurm.stop_step(self.proc, term_wait=1.0)
+        if len(self.step.reports) >= self.expected:
+            # every node answered: srun's own end (its tasks' exit, its I/O's teardown, tens
+            # of ms) tells the verdict nothing, so it is waited for beside the run, not before
+            threading.Thread(target=self._reap, name="hpcml-vet-reap", daemon=True).start()
+            return self.step
         try:
             self.step.returncode = self.proc.wait(timeout=SRUN_GRACE)
         except subprocess.TimeoutExpired:
@@ -141,6 +146,15 @@ class Step:
         for t in self.readers:
             t.join(timeout=1.0)
         return self.step
+
+
+    def _reap(self) -> None:
+        """srun's end, after every node answered: its exit status kept, and the step
+        stopped where it outlives its workers by ``SRUN_GRACE``."""
+        try:
+            self.step.returncode = self.proc.wait(timeout=SRUN_GRACE)
+        except subprocess.TimeoutExpired:
+            slurm.stop_step(self.proc, term_wait=1.0)
 
 
 def start_workers(nodes: list[str], python: str | None = None, *, use_srun: bool = True,
