@@ -50,14 +50,15 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-MIN_STEPS = 30
-CHRONIC = 0.10           # slower than the step's median by more than this: a slow step
-MIN_SECONDS = 60.0
-BIMODAL_GAP = 1.25       # the slower group's median score over the faster group's, at least
-BIMODAL_SHARE = 0.25     # of the ranks in each group, at least
-#: a slow rank whose threads waited for a CPU this many seconds per second (the scheduler's run
-#: delay), or whose node lost this share of its CPU time to the hypervisor: contention, not a straggler
-CONTENDED = 0.2
+# the thresholds, defined where the watch reads them without numpy; the model's names too
+from hpcml.observe.straggler_limits import (  # noqa: F401 - re-exported
+    BIMODAL_GAP,
+    BIMODAL_SHARE,
+    CHRONIC,
+    CONTENDED,
+    MIN_SECONDS,
+    MIN_STEPS,
+)
 
 
 @dataclass

@@ -16,27 +16,43 @@ A ring of ``SIZE`` samples per rank, at least ``EVERY`` seconds apart, in numpy 
 
 from __future__ import annotations
 
-import numpy as np
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import numpy as np
 
 SIZE = 64                 # samples kept per rank: 64 x EVERY s covers the longest window judged
 EVERY = 5.0               # seconds between two samples kept (the rank's own clock)
 
 
 class CpuWaits:
+    """The arrays are made, and numpy imported, at the first figure a rank reports, as
+    ``hpcml.run.steptimes``'s: not while the ranks start."""
+
     def __init__(self, world: int, size: int = SIZE) -> None:
+        self.world, self.size = world, size
+        self.held = False
+
+    def _hold(self) -> None:
+        import numpy as np
+        world, size = self.world, self.size
         self.t = np.full((world, size), np.nan)
         self.wait = np.full((world, size), np.nan)
         self.steal = np.full((world, size), np.nan)
         self.throttled = np.full((world, size), np.nan)
         self.hot = np.full((world, size), np.nan)     # its cores' seconds throttled for heat
         self.n = np.zeros(world, np.int64)            # samples kept so far (the next slot is n % size)
+        self.held = True
 
     def add(self, rank: int, t: float | None, wait: float | None, steal: float | None,
             throttled: float | None = None, hot: float | None = None) -> None:
         """A heartbeat's cumulative figures at ``t`` (its beat time); kept when ``EVERY``
         seconds newer than the last kept."""
-        if t is None or (wait is None and throttled is None and hot is None) or not 0 <= rank < len(self.n):
+        if t is None or (wait is None and throttled is None and hot is None) or not 0 <= rank < self.world:
             return
+        if not self.held:
+            self._hold()
+        import numpy as np
         n = int(self.n[rank])
         if n:
             last = (n - 1) % self.t.shape[1]
@@ -61,8 +77,9 @@ class CpuWaits:
         the share of its node's CPU time stolen then, the share its GPUs' clocks were held
         back then, the share its cores ran throttled for heat then); None where it was not
         measured over at least half of that time."""
-        if not 0 <= rank < len(self.n) or self.n[rank] < 2:
+        if not self.held or not 0 <= rank < self.world or self.n[rank] < 2:
             return None, None, None, None
+        import numpy as np
         t = self.t[rank]
         last = int(np.nanargmax(t))
         since = t[last] - seconds

@@ -10,17 +10,26 @@ straggler model scores it, ``hpcml.observe.stragglers``); without waits, the ste
 from __future__ import annotations
 
 import bisect
+from typing import TYPE_CHECKING
 
-import numpy as np
-
-from hpcml.observe.stragglers import less_wait
+if TYPE_CHECKING:
+    import numpy as np
 
 SIZE = 2048                 # steps kept per rank: the window the model scores fits inside
 
 
 class StepTimes:
+    """The arrays are made, and numpy imported, at the first step a rank reports: the
+    launcher's watch starts beside the task wrappers and ranks, whose start-up should not
+    share the CPUs with numpy's import (``hpcml.observe.straggler_limits``)."""
+
     def __init__(self, world: int, size: int = SIZE) -> None:
-        self.size = size
+        self.size, self.world = size, world
+        self.held = False                               # any step yet (the arrays below exist)
+
+    def _hold(self) -> None:
+        import numpy as np
+        world, size = self.world, self.size
         self.times = np.zeros((world, size), np.float32)
         self.busy = np.zeros((world, size), np.float32)
         self.ids = np.full((world, size), -1, np.int64)
@@ -28,14 +37,22 @@ class StepTimes:
         self.first = np.full(world, -1, np.int64)       # each rank's first step (in its current numbering)
         self.restarts = np.zeros(world, np.int64)
         self.waited = np.zeros(world, bool)             # the rank's beats carry its waits (measured)
+        self.held = True
 
     def add(self, rank: int, steps: list[int], times: list[float], restarts: int = 0,
             waits: list[float] | None = None) -> None:
         """A heartbeat's recent steps (ascending); what is not newer than the rank's last step
         is known already and skipped before any array is made. ``restarts`` above the last
         seen: the rank's step numbering started again, so its row does too."""
-        if not 0 <= rank < len(self.last):
+        if not 0 <= rank < self.world:
             return
+        if not self.held:
+            if not steps:
+                return                                  # nothing to hold: numpy not needed yet
+            self._hold()
+        import numpy as np
+
+        from hpcml.observe.stragglers import less_wait
         if restarts != self.restarts[rank]:
             self.restarts[rank], self.last[rank], self.first[rank] = restarts, -1, -1
             self.ids[rank] = -1
@@ -63,6 +80,9 @@ class StepTimes:
         has, ending at the latest step they all reached; ``busy``: compute times, where every
         one of those ranks measured its waits (else their step times: a rank whose waits were
         not measured is not judged on its whole step against the others' compute)."""
+        import numpy as np
+        if not self.held:
+            return np.zeros(0, np.int64), np.zeros(0, np.int64), np.zeros((0, 0), np.float32)
         ranks = np.flatnonzero(self.last >= 0)
         if len(ranks) < 2:
             return ranks, np.zeros(0, np.int64), np.zeros((len(ranks), 0), np.float32)
@@ -75,10 +95,15 @@ class StepTimes:
         return ranks, steps, (self.busy if busy else self.times)[np.ix_(ranks, steps % self.size)]
 
     def median_step(self) -> float | None:
+        if not self.held:
+            return None
+        import numpy as np
         ranks, steps, m = self.window(64)
         return float(np.median(m)) if m.size else None
 
     def first_step(self) -> int:
         """The earliest first step of the reporting ranks (-1: none yet)."""
+        if not self.held:
+            return -1
         seen = self.first[self.first >= 0]
         return int(seen.min()) if len(seen) else -1

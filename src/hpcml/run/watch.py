@@ -57,7 +57,7 @@ from hpcml.observe.loadercores import Short
 from hpcml.observe.loadercores import short as is_short
 from hpcml.observe.snapshot import FLIGHT_RECORDER, read_stacks, request
 from hpcml.observe.stacks import Stack
-from hpcml.observe.stragglers import CONTENDED, MIN_SECONDS
+from hpcml.observe.straggler_limits import CONTENDED, MIN_SECONDS
 from hpcml.run.config import HANG as HANG  # re-exported: the exit code is the watch's
 from hpcml.run.config import ON_HANG as ON_HANG
 from hpcml.run.cpuwaits import CpuWaits
