@@ -45,26 +45,25 @@ def test_outside_an_srun_step_nothing_is_set():
     assert task_env({}) == {}
 
 
-def test_a_port_probed_while_vetting_is_the_one_the_node_answered(monkeypatch):
-    """``PortProbe`` asks rank 0's node in the background (its srun step is replaced here: the
-    probe on the real cluster is in test_run_slurm.py, where the launcher runs under salloc);
-    a failed probe is the step's own error, raised when the port is wanted."""
-    import threading
+def test_each_vetting_worker_sends_a_port_its_node_has_free(monkeypatch):
+    """Rank 0's rendezvous port comes from its node's vetting worker (no srun step of its
+    own to ask the node while the launcher runs elsewhere, under salloc): each worker sends
+    a port free on its node beside its results; the launcher keeps it with the node's
+    report, and the vetting report itself does not carry it. The worker runs as the
+    launcher starts it, here on this host in place of srun's node."""
+    import json
+    import socket
+    import time
 
-    import pytest
-
-    from hpcml.errors import SlurmError
-    from hpcml.run.rendezvous import PortProbe
-    go = threading.Event()
-
-    def answer(node, python, timeout=60.0):
-        go.wait(5)
-        if node == "n9":
-            raise SlurmError("srun on n9: no free port in its answer ('')")
-        return 40001
-    monkeypatch.setattr("hpcml.cluster.slurm.free_port_on", answer)
-    probe, bad = PortProbe("n1", "python"), PortProbe("n9", "python")
-    go.set()
-    assert probe.port() == 40001 and probe.node == "n1"
-    with pytest.raises(SlurmError, match="n9"):
-        bad.port()
+    from hpcml.vet.engine import _spec
+    from hpcml.vet.launch import start_workers
+    from hpcml.vet.protocol import loads
+    monkeypatch.setenv("SLURMD_NODENAME", "n1")
+    proto = loads("name: t\nevals:\n  - {name: e, type: env, absent: [HPCML_SURELY_UNSET]}\n")
+    step = start_workers(["n1"], use_srun=False)
+    step.send(_spec(proto, proto.evals, ["n1"], time.time() + 60, None))
+    report = step.harvest(time.time() + 60).reports["n1"]
+    assert isinstance(report.free_port, int) and 1024 <= report.free_port < 65536
+    with socket.socket() as s:                            # free on the node: rank 0 can listen on it
+        s.bind(("", report.free_port))
+    assert "free_port" not in json.dumps(report.to_dict())

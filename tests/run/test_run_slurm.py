@@ -211,9 +211,10 @@ exec hpcml run --no-report --dir job -- python {tmp_path}/train.py ckpt
     assert rep["observe"]["ranks_with_data"] == 2 and rep["attempts"][0]["observe"]["ranks_with_data"] == 2
 
 
-def test_under_salloc_every_rank_gets_the_port_probed_on_rank_0s_node(env, tmp_path):
-    """Under salloc the launcher runs off the allocation's nodes: rank 0's port is asked of
-    n1 by an srun step while vetting runs, and every rank gets that one port."""
+def test_under_salloc_every_rank_gets_the_port_found_free_on_rank_0s_node(env, tmp_path):
+    """Under salloc the launcher runs off the allocation's nodes: rank 0's port is the one
+    n1's vetting worker found free there (no step of its own), and every rank gets that one
+    port."""
     import subprocess
     (tmp_path / "p.yaml").write_text("name: mem\nevals:\n  - {name: memory, type: memory, min_available_fraction: 1%}\n")
     show = "import os; print(os.environ['MASTER_ADDR'], os.environ['MASTER_PORT'], os.environ['RANK'])"

@@ -67,7 +67,7 @@ def test_the_dataclasses_name_the_models_fields_with_its_defaults():
     result = CheckResult(node="n1", check="c", type="t", outcome=Outcome.PASS)
     assert list(result.to_dict()) == keys(VetResult)
     assert list(NodeReport(node="n1", results=[result]).to_dict()) == keys(VetNode)
-    assert {f.name for f in dataclasses.fields(NodeReport)} - set(keys(VetNode)) == {"received_at"}  # the launcher's own
+    assert {f.name for f in dataclasses.fields(NodeReport)} - set(keys(VetNode)) == {"received_at", "free_port"}  # the launcher's own
     assert [o.value for o in Outcome] == list(jobmodel.VET_OUTCOMES)
     decisions = typing.get_args(VetVerdict.model_fields["decision"].annotation)
     assert [d.value for d in Decision] == list(decisions)

@@ -34,7 +34,6 @@ from hpcml.jobmodel import LostNode, RunRecord
 from hpcml.ports import free_port
 from hpcml.proctree import ExitWatch, become_subreaper, die_with_parent, kill_orphans, reap_orphans, signal_group
 from hpcml.registry import Registry
-from hpcml.run.rendezvous import PortProbe
 from hpcml.run.task import ENV_BEAT_KEY, STOP
 
 log = logs.get(__name__)
@@ -182,7 +181,9 @@ class Srun:
         self.proc: subprocess.Popen | None = None
         self.step: SrunStep | None = None
         self._ended: ExitWatch | None = None
-        self.port_probe: PortProbe | None = None        # rank 0's port, probed while vetting ran
+        #: a port each vetted node's worker found free (``hpcml.vet.worker``): rank 0's rendezvous
+        #: without an srun step to ask its node, where the launcher runs elsewhere (salloc)
+        self.ports: dict[str, int] = {}
 
     def plan(self, task: list[str], record: RunRecord) -> Plan:
         from hpcml.cluster.allocation import step_order
@@ -202,9 +203,8 @@ class Srun:
         nodes = step_order(self.nodes, self.allocation.nodes)   # a spare put back last may come first here
         master = nodes[0]                               # srun gives rank 0 the first in the job's order
         try:
-            probe, self.port_probe = self.port_probe, None               # asked while vetting ran: used once
-            port = (free_port() if master == self.allocation.node else _probed(probe, master)
-                    or free_port_on(master, sys.executable))
+            found, self.ports = self.ports.get(master), {}                # found while vetting ran: used once
+            port = free_port() if master == self.allocation.node else found or free_port_on(master, sys.executable)
         except SlurmError as exc:
             raise NoRendezvous(f"no rendezvous port on {master}, rank 0's node: {exc}") from None
         addr = node_address(master)
@@ -273,18 +273,6 @@ class Srun:
             self._lost.poll(now=True)                   # srun ended first (its step's node failed)
         if self._lost.lost:
             record.lost_nodes = self._lost_nodes()
-
-
-def _probed(probe: PortProbe | None, master: str) -> int | None:
-    """The port probed while vetting ran, when it was rank 0's node and the probe answered
-    (else None: asked again now, when Slurm is less busy than during vetting's launch)."""
-    if probe is None or probe.node != master:
-        return None
-    try:
-        return probe.port()
-    except SlurmError as exc:
-        log.info(f"hpcml run: the port probed on {master} while vetting ran: {exc}; asking again")
-        return None
 
 
 # ------------------------------------------------------------------------------- local

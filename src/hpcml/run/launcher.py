@@ -160,7 +160,7 @@ class Job:
         self.cfg, self.d, self.kind, self.allocation, self.record = cfg, d, kind, allocation, record
         self.environment = environment
         self.early: Early | None = None      # --vet's workers, started before the launcher's imports
-        self.port_probe: Any = None          # rank 0's rendezvous port, probed while vetting runs
+        self.ports: dict[str, int] = {}      # a free port of each vetted node, its worker's (rank 0's rendezvous)
         self.slurm = kind.spans_nodes          # across the allocation's nodes: vetting, spares, restarts elsewhere
         self.superseded = False              # a later attempt of this Slurm job took the directory
 
@@ -201,15 +201,14 @@ class Job:
         return code
 
     def _before(self, nodes: list[str]) -> list[str] | None:
-        """Before the command: env.json, rank 0's port probed, vetting; the nodes the first
-        attempt runs on, None where vetting said abort."""
+        """Before the command: env.json, vetting (each node's worker sends a port free there:
+        rank 0's rendezvous); the nodes the first attempt runs on, None where vetting said abort."""
         cfg, d, record, environment = self.cfg, self.d, self.record, self.environment
         try:
             if environment is not None:
                 import json
                 (d / "env.json").write_text(json.dumps(environment, indent=2, default=str) + "\n")
                 record.env = cfg.env
-            self.port_probe = self._probe_port(nodes)
             if cfg.vet is not None:
                 good = self._vet()
                 if good is None:
@@ -277,6 +276,7 @@ class Job:
                 _report(d, cfg)
                 return None
             v = run_.verdict
+            self.ports = {n: r.free_port for n, r in run_.reports.items() if r.free_port}
             record.vet = Vetting(decision=v.decision.value, good=list(v.good), bad=list(v.bad),
                                  reasons=dict(v.reasons), duration_s=round(run_.duration, 3), auto=auto)
             record.excluded = {n: list(v.reasons.get(n, [])) for n in v.bad}
@@ -389,19 +389,9 @@ class Job:
         settings = Settings(cfg.ntasks, cfg.ntasks_per_node, cfg.gpus_per_task, cfg.rank_env)
         nodes = nodes if self.slurm else self.record.allocation[:1]          # local: this host
         backend = self.kind(settings, nodes, self.allocation, watch_lost=recovery is not None and recovery.left)
-        if self.port_probe is not None and hasattr(backend, "port_probe"):
-            backend.port_probe, self.port_probe = self.port_probe, None     # the first attempt's, once
+        if self.ports and hasattr(backend, "ports"):
+            backend.ports, self.ports = self.ports, {}      # the first attempt's, once: found free while vetting
         return backend
-
-    def _probe_port(self, nodes: list[str]) -> Any:
-        """With --vet under srun, rank 0's likely node (the allocation's first) asked for a free
-        port while vetting runs, where this launcher runs elsewhere (salloc, a login node)."""
-        if not (self.slurm and self.cfg.vet is not None and nodes and nodes[0] != self.allocation.node):
-            return None
-        import sys
-
-        from hpcml.run.rendezvous import PortProbe
-        return PortProbe(nodes[0], sys.executable)
 
     def _still_out(self, nodes: list[str], least: int) -> list[str]:
         """A requeued job's restarts excluded nodes in its earlier attempts: they stay out (while

@@ -31,35 +31,6 @@ def node_address(node: str) -> str:
     return (recs[0].get("NodeAddr") if recs else None) or node
 
 
-class PortProbe:
-    """A free port on ``node`` asked for in the background (one ``srun --overlap`` step,
-    ``slurm.free_port_on``), while the launcher vets: the rendezvous of the first attempt
-    then waits for no step of its own when rank 0's node is the one probed."""
-
-    def __init__(self, node: str, python: str) -> None:
-        import threading
-        self.node = node
-        self._port: int | None = None
-        self._error: SlurmError | None = None
-        self._thread = threading.Thread(target=self._probe, args=(python,), name="hpcml-port-probe", daemon=True)
-        self._thread.start()
-
-    def _probe(self, python: str) -> None:
-        try:
-            self._port = slurm.free_port_on(self.node, python)
-        except SlurmError as exc:
-            self._error = exc
-        except Exception as exc:  # noqa: BLE001 - a failed fork under load: said when the port is wanted
-            self._error = SlurmError(f"srun on {self.node}: {exc}")
-
-    def port(self, timeout: float = 60.0) -> int:
-        """The port; the probe's ``SlurmError`` if it failed or did not answer in time."""
-        self._thread.join(timeout)
-        if self._port is None:
-            raise self._error or SlurmError(f"srun on {self.node}: no free port within {timeout:g} s")
-        return self._port
-
-
 def task_env(env: Mapping[str, str]) -> dict[str, str]:
     """The rendezvous variables of this task under srun, from Slurm's (MASTER_* come from
     the launcher); outside srun the launcher sets all of them itself."""

@@ -101,6 +101,9 @@ class Step:
         except (ValueError, KeyError, TypeError):
             return
         report.received_at = time.time()
+        port = done[1].get("free_port")
+        if isinstance(port, int) and not isinstance(port, bool) and 0 < port < 65536:
+            report.free_port = port
         self.step.reports[report.node] = report
         progress.advance("vetting nodes", len(self.step.reports), self.expected)
         if len(self.step.reports) >= self.expected:

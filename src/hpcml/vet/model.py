@@ -89,6 +89,9 @@ class NodeReport:
     message: str = ""
     sent_at: float | None = None
     received_at: float | None = None
+    #: a TCP port the worker found free on its node (``hpcml run``'s rendezvous when the
+    #: node is rank 0's); not part of the report
+    free_port: int | None = None
 
     def to_dict(self) -> dict[str, Json]:
         return {"node": self.node, "reachable": self.reachable, "message": self.message,

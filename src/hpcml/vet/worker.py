@@ -184,6 +184,17 @@ def context_fields(spec: dict[str, Any], env=os.environ) -> dict[str, Any]:
             "require_gpus": spec.get("require_gpus", False)}
 
 
+def _free_port() -> int | None:
+    """A TCP port free on this node now, sent beside the results: ``hpcml run`` gives it to
+    rank 0 when this node is rank 0's (its rendezvous), without a step of its own to ask the
+    node. Not part of the vetting report."""
+    from hpcml.ports import free_port
+    try:
+        return free_port()
+    except OSError:
+        return None
+
+
 def main() -> int:
     _preload([p for p in os.environ.get(PRELOAD_ENV, "").split(",") if p])
     raw = sys.stdin.readline()
@@ -192,7 +203,7 @@ def main() -> int:
     spec = json.loads(raw)
     report = run_node(spec, context_fields(spec))
     from hpcml.vet import wire
-    sys.stdout.write(wire.encode(report.node, report.to_dict()))
+    sys.stdout.write(wire.encode(report.node, {**report.to_dict(), "free_port": _free_port()}))
     sys.stdout.flush()
     return 0
 
