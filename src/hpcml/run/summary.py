@@ -173,7 +173,11 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> JobSummary:
     """The summary of the job in ``d`` as it stands (its report, built if not given),
     validated by the model the collector validates it with: a summary this builder makes
     is one the collector takes (``UsageError`` naming the field otherwise)."""
-    return validate(JobSummary, _document(Path(d), rep), SCHEMA, f"{d}/summary")
+    doc = _document(Path(d), rep)
+    for key in ("gpus", "gpu_hours"):       # unknown: left out, which a collector of before (0 by default) takes
+        if doc.get(key) is None:
+            doc.pop(key, None)
+    return validate(JobSummary, doc, SCHEMA, f"{d}/summary")
 
 
 def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
