@@ -124,17 +124,9 @@ UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('fail
 UNCOUNTED = "COALESCE(SUM(CASE WHEN gpu_hours IS NULL THEN 1 ELSE 0 END), 0)"
 
 
-def _counted(total: float | None, uncounted: int) -> float | None:
-    """A sum of GPU-hours: those counted; None where no job's were and some job's GPUs went
-    uncounted (unknown, not 0); 0 where there were no jobs."""
-    if total is not None:
-        return total
-    return None if uncounted else 0.0
-
-
 def _lost(total: float | None, unmeasured: int) -> float | None:
-    """A sum of losses: what was measured; None where nothing was and a fault's loss went
-    unmeasured (unknown, not 0); 0 where no job lost anything to a fault."""
+    """A sum of losses (or of GPU-hours): what was measured; None where nothing was and some
+    job's went unmeasured (unknown, not 0); 0 where no job had any."""
     if total is not None:
         return total
     return None if unmeasured else 0.0
@@ -439,10 +431,10 @@ class JobQueries:
             f"WHERE outcome IN ({outcomes}) AND COALESCE(time_lost_s, 0) = 0 AND EXISTS (SELECT 1 FROM job_nodes n "
             f"WHERE n.cluster = t.cluster AND n.job = t.job AND n.attempt = t.attempt AND n.role IN ({faults}))",
             (since,))
-        return {"jobs": n, "gpu_hours": _counted(gpu_h, uncounted), "gpus_uncounted": uncounted,
+        return {"jobs": n, "gpu_hours": _lost(gpu_h, uncounted), "gpus_uncounted": uncounted,
                 "node_hours": node_h, "gpu_hours_lost": lost_h,
                 "time_lost_s": lost_s, "lost_unmeasured": unmeasured, "failed": failed, "hung": hung, "unverified": unverified,
-                "stopped_by_node": stopped, "gpu_hours_stopped": _counted(stopped_gpu_h, stopped_uncounted),
+                "stopped_by_node": stopped, "gpu_hours_stopped": _lost(stopped_gpu_h, stopped_uncounted),
                 "stopped_gpus_uncounted": stopped_uncounted, "node_hours_stopped": stopped_node_h}
 
     def scores_by_owner(self, since: float, per_owner: int, owners: int) -> list[dict[str, Any]]:
@@ -471,7 +463,7 @@ class JobQueries:
         rows = self._all(
             "SELECT account, COUNT(*), SUM(gpu_hours), SUM(gpu_hours_lost), SUM(time_lost_s), "
             f"{UNMEASURED}, {UNCOUNTED} FROM ({LATEST}) t GROUP BY account", (since,))
-        return sorted(({"account": a, "jobs": n, "gpu_hours": _counted(gh, c), "gpus_uncounted": c,
+        return sorted(({"account": a, "jobs": n, "gpu_hours": _lost(gh, c), "gpus_uncounted": c,
                         "gpu_hours_lost": _lost(lh, u), "time_lost_s": _lost(ls, u), "lost_unmeasured": u}
                        for a, n, gh, lh, ls, u, c in rows),
                       key=lambda d: (-(d["gpu_hours_lost"] or 0), -d["lost_unmeasured"], -(d["gpu_hours"] or 0)))

@@ -322,7 +322,7 @@ def _totals(t: dict[str, Any]) -> str:
 
 def _gpu_hours(value: float | None, uncounted: int | None = 0, digits: int = 1) -> str:
     """GPU-hours: the sum of those counted, "≥" it where some job's GPUs went uncounted (no
-    rank ran to say), "not counted" where no job's were (``jobstore._counted``): unknown is
+    rank ran to say), "not counted" where no job's were (``jobstore._lost``): unknown is
     never 0."""
     if value is None:
         return "not counted"
