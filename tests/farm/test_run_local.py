@@ -267,6 +267,40 @@ def test_a_node_where_tasks_fail_that_pass_on_another_is_retired_with_its_eviden
     assert ok == set(range(20)) and all(e["node"] == "good" for e in rec.values() if e["outcome"] == "ok")
 
 
+def test_a_node_is_retired_by_evidence_that_comes_after_its_last_failure(tmp_path):
+    """Three tasks fail on "bad", which runs alone first (it vets good, and nothing ran them
+    elsewhere: it says it keeps working); it is then frozen (SIGSTOP, its whole tree) before their
+    retry back-off ends, and "good" passes all three. Thawed, "bad" has no failure left to
+    judge them by, yet the evidence retires it before the farm ends (was: it ended with the
+    farm, not retired, and the centre never heard of the node)."""
+    side = tmp_path / "side"
+    farm = _farm(tmp_path, [side_task(side, before='test "$SLURMD_NODENAME" != bad && ')] * 3,
+                 retries=1, backoff=5)
+    bad = start("farm", "run", farm, "--slots", "1", "--node-failures", "3", extra={"SLURMD_NODENAME": "bad"})
+    said = []                  # its vetting ends with the line that it keeps working
+    while not any("keeps working" in line for line in said[-1:]) and (line := bad.stderr.readline()):
+        said.append(line)
+    assert said and "keeps working" in said[-1], (said, bad.poll())
+    tree = [psutil.Process(bad.pid)]
+    tree += tree[0].children(recursive=True)
+    for p in tree:
+        p.suspend()
+    try:
+        assert sorted(ends(farm)) == [(0, 1), (1, 1), (2, 1)], ends(farm)
+        good = start("farm", "run", farm, "--slots", "1", extra={"SLURMD_NODENAME": "good"})
+        assert good.wait(timeout=300) == 0, good.communicate()
+    finally:
+        for p in tree:
+            try:
+                p.resume()
+            except psutil.NoSuchProcess:
+                pass
+    bad.communicate(timeout=300)
+    retired = [json.loads(b.read_text()) for b in (farm / "nodes").glob("*.bad")]
+    assert [r["node"] for r in retired] == ["bad"] and "3 of them passed on another node" in retired[0]["reason"], retired
+    assert sorted(side_lines(side)) == [(0, 2), (1, 2), (2, 2)]
+
+
 def test_a_command_that_fails_the_same_way_on_every_node_retires_none(tmp_path):
     """12 tasks of ``exit 3`` on two nodes at once: tasks fail with the same code on both,
     the command's fault: no node is retired, every task fails for good."""

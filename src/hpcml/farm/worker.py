@@ -187,6 +187,8 @@ class Worker:
             self.beat()
             view.reap(self.alive, settings.lease, self._bury)
             view.refresh()
+            if self.fails_in_a_row and not self._judge():      # evidence that came after its last failure
+                return NODE_RETIRED
             if view.all_final(settings):
                 return DONE
             if cursor >= len(view.order):
@@ -343,6 +345,12 @@ class Worker:
             return True
         if tid not in self.fails_in_a_row:
             self.fails_in_a_row.append(tid)
+        return self._judge()
+
+    def _judge(self) -> bool:
+        """The node's failures in a row, judged as they stand now (after a failure here, and
+        while idle: a task that failed here may pass on another node after this node's last
+        failure, as the farm ends); False once retired."""
         limit = self.settings.node_failures
         if not limit or len(self.fails_in_a_row) < limit:
             return True

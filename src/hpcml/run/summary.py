@@ -173,11 +173,7 @@ def build(d: str | Path, rep: dict[str, Any] | None = None) -> JobSummary:
     """The summary of the job in ``d`` as it stands (its report, built if not given),
     validated by the model the collector validates it with: a summary this builder makes
     is one the collector takes (``UsageError`` naming the field otherwise)."""
-    doc = _document(Path(d), rep)
-    for key in ("gpus", "gpu_hours"):       # unknown: left out, which a collector of before (0 by default) takes
-        if doc.get(key) is None:
-            doc.pop(key, None)
-    return validate(JobSummary, doc, SCHEMA, f"{d}/summary")
+    return validate(JobSummary, _document(Path(d), rep), SCHEMA, f"{d}/summary")
 
 
 def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
@@ -207,7 +203,7 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         "user": owner.get("user"), "account": owner.get("account"), "partition": owner.get("partition"),
         "started": started, "ended": job.get("ended"), "duration_s": duration,
         "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
-        "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), "gpus": gpus, **events,
+        "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), **events,
         "vetting": _vetting(d, nodes), "hangs": hangs,
         "gpu": {"score": score.get("score"), "bound": score.get("bound")},
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
@@ -215,7 +211,9 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         **({"ettr": led["ettr"], "ettr_bound": led.get("ettr_bound"), "productive_s": led["productive_s"]}
            if (led := rep.get("ledger")) else {}),
         "node_hours": round(hours * len(nodes), 4),
-        "gpu_hours": round(hours * gpus, 4) if gpus is not None else None,
+        # GPUs nobody counted are left out, not null: a collector of the version before refused
+        # null (400) and the sender set the summary aside for good; left out, it takes its default
+        **({"gpus": gpus, "gpu_hours": round(hours * gpus, 4)} if gpus is not None else {}),
         "gpu_hours_lost": round(lost_s / 3600 * gpus, 4) if lost_s is not None and gpus is not None else None,
         **_not_training(rep.get("ledger"), gpus, len(nodes)),
     }
