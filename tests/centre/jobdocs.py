@@ -23,7 +23,7 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
     """A summary as ``hpcml.run.summary`` writes it; ``ettr``: the share of the allocation's
     node time that trained (its ledger), the rest not training, mostly ``why``; not
     ``counted``: no rank ran to say how many GPUs the job had (no score either), so its GPUs
-    and every GPU-hour figure are null."""
+    and GPU-hours are left out and every other GPU-hour figure is null."""
     nodes = list(nodes or ["nid001", "nid002"])
     for e in (stragglers or []) + (culprits or []) + (excluded or []) + (lost or []) + (crashed or []):
         if e["node"] not in nodes:             # a job names only nodes it held
@@ -37,7 +37,7 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
         "user": user, "account": account, "partition": "normal", "started": ended - hours * 3600,
         "ended": ended, "duration_s": hours * 3600, "exit_code": 5 if outcome == "hung" else 0 if outcome == "completed"
         else 1, "outcome": outcome, "nodes": nodes, "ntasks": gpus,
-        "gpus": None if not counted else gpus if score is not None else 0,
+        **({"gpus": gpus if score is not None else 0} if counted else {}),     # uncounted: left out, as sent
         **({"requeues": requeues} if requeues is not None else {}),
         "excluded": excluded or [], "stragglers": stragglers or [], "culprits": culprits or [], "lost": lost or [],
         "crashed": crashed or [], "vetting": vetting or [], "hangs": hangs,
@@ -45,7 +45,7 @@ def summary(job: str, attempt: int = 0, *, nodes: list[str] | None = None, user:
         "throughput": {"median": 1234.5, "unit": "samples/s"}, "attempts": attempt + 1,
         "time_lost_s": time_lost_s, "ettr": None, "ettr_bound": None, "productive_s": None,
         "node_hours": hours * len(nodes),
-        "gpu_hours": None if not counted else hours * gpus if score is not None else 0.0,
+        **({"gpu_hours": hours * gpus if score is not None else 0.0} if counted else {}),
         "gpu_hours_lost": (time_lost_s / 3600 * gpus) if time_lost_s is not None and score is not None else None,
         **({"ettr": ettr, "node_hours_not_training": round(hours * len(nodes) * (1 - ettr), 4),
             "gpu_hours_not_training": round(hours * gpus * (1 - ettr), 4) if score is not None else None,

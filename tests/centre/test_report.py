@@ -223,6 +223,61 @@ def test_jobs_users_and_nodes_rank_by_the_time_their_allocations_did_not_train(d
         store.close()
 
 
+def test_time_not_training_of_a_user_with_jobs_whose_gpus_nobody_counted_is_not_a_partial_gpu_sum(db_url):
+    """dave's two ledgers: one counted (40 GPU-h not training), one whose GPUs nobody counted
+    (10 node-h): his GPU-hours are not shown as the whole (was: "40.00 GPU-h", and 0 in
+    ``--json`` for erin, whose only job went uncounted), but in node-hours, known for both;
+    ``--json`` keeps the counted sum beside how many jobs it leaves out."""
+    now = time.time()
+    docs = [summary("24", ended=now - DAY, user="dave", hours=10.0, ettr=0.5, why="idle"),
+            summary("25", ended=now - DAY, user="dave", hours=5.0, ettr=0.0, why="vetting", counted=False,
+                    outcome="aborted"),
+            summary("26", ended=now - DAY, user="erin", hours=1.0, ettr=0.0, why="vetting", counted=False,
+                    outcome="aborted")]
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(d) for d in docs])
+        rep = build(store, 30 * DAY)
+        jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+        users = {u["user"]: u for u in rep["not_training"]["users"]}
+        dave, erin = users["dave"], users["erin"]
+        assert dave["gpu_hours_not_training"] == pytest.approx(40.0) and dave["gpus_uncounted"] == 1
+        assert dave["gpu_hours"] == pytest.approx(80.0) and dave["node_hours_not_training"] == pytest.approx(20.0)
+        assert erin["gpu_hours_not_training"] is None and erin["gpu_hours"] is None and erin["gpus_uncounted"] == 1
+        text = "\n".join(lines(rep))
+        assert "user dave: 20.00 node-h over 2 jobs" in text and "user erin: 2.00 node-h over 1 job" in text, text
+    finally:
+        store.close()
+
+
+def test_lost_gpu_hours_of_a_job_whose_gpus_nobody_counted_are_not_0(db_url):
+    """A hang whose restart priced its loss (0.5 h of job time) but whose GPUs nobody counted:
+    its lost GPU-hours are "not counted", never "0.0"; beside a counted loss (8.0 GPU-h), the
+    total is "at least" it and names the job it could not count; the account's cell is "≥"."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("40", ended=now - DAY, outcome="hung", time_lost_s=1800, counted=False,
+                                       account="b3"))])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert t["gpu_hours_lost"] is None and t["time_lost_s"] == pytest.approx(1800) and t["lost_gpus_uncounted"] == 1
+        text = "\n".join(lines(rep))
+        assert ("faults cost GPU-hours not counted (0.5 h of job time, 1 job whose GPUs nobody counted)" in text
+                and "faults cost 0.0" not in text), text
+        store.add_jobs([proven(summary("41", ended=now - DAY, outcome="hung", time_lost_s=3600, account="b3"))])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert t["gpu_hours_lost"] == pytest.approx(8.0) and t["lost_gpus_uncounted"] == 1
+        text = "\n".join(lines(rep))
+        assert ("faults cost at least 8.0 GPU-hours (1.5 h of job time), GPUs not counted for 1 job" in text), text
+        (b3,) = [a for a in rep["accounts"] if a["account"] == "b3"]
+        assert b3["gpu_hours_lost"] == pytest.approx(8.0) and b3["lost_gpus_uncounted"] == 1
+        assert "≥ 8.0</td>" in render_html(rep)
+    finally:
+        store.close()
+
+
 def test_each_node_says_whom_it_hurt_what_it_cost_where_it_stands_and_what_to_do(db_url):
     """Issue 69: nid020 hung the jobs of two users (both stopped: their whole allocations
     count: 3 nodes x 4 GPUs x 2 h each), the prolog drained it once and it is drained by hpcml now;

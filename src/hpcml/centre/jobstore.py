@@ -123,6 +123,10 @@ UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('fail
 #: the jobs whose GPUs nobody counted (no rank ran): their GPU-hours are unknown, not 0
 UNCOUNTED = "COALESCE(SUM(CASE WHEN gpu_hours IS NULL THEN 1 ELSE 0 END), 0)"
 
+#: the jobs whose loss was measured in time but whose GPUs nobody counted: their lost
+#: GPU-hours are unknown, so a sum of lost GPU-hours over them is a lower bound
+LOST_UNCOUNTED = "COALESCE(SUM(CASE WHEN time_lost_s > 0 AND gpu_hours_lost IS NULL THEN 1 ELSE 0 END), 0)"
+
 
 def _lost(total: float | None, unmeasured: int) -> float | None:
     """A sum of losses (or of GPU-hours): what was measured; None where nothing was and some
@@ -416,13 +420,13 @@ class JobQueries:
                 out[node]["failing_checks"].append({"check": c, "count": n})
 
     def job_totals(self, since: float) -> dict[str, Any]:
-        (n, gpu_h, node_h, lost_h, lost_s, failed, hung, unmeasured, uncounted), = self._all(
+        (n, gpu_h, node_h, lost_h, lost_s, failed, hung, unmeasured, uncounted, lost_uncounted), = self._all(
             "SELECT COUNT(*), SUM(gpu_hours), COALESCE(SUM(node_hours), 0), "
             "SUM(gpu_hours_lost), SUM(time_lost_s), "
             "COALESCE(SUM(CASE WHEN outcome = 'failed' THEN 1 ELSE 0 END), 0), "
-            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0), {UNMEASURED}, {UNCOUNTED} "
+            f"COALESCE(SUM(CASE WHEN hangs > 0 THEN 1 ELSE 0 END), 0), {UNMEASURED}, {UNCOUNTED}, {LOST_UNCOUNTED} "
             f"FROM ({LATEST}) t", (since,))
-        lost_h, lost_s = _lost(lost_h, unmeasured), _lost(lost_s, unmeasured)
+        lost_h, lost_s = _lost(lost_h, unmeasured + lost_uncounted), _lost(lost_s, unmeasured)
         (unverified,), = self._all("SELECT COUNT(*) FROM jobs WHERE verified = 0 AND time >= ?", (since,))
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         outcomes = ",".join(repr(o) for o in STOPPED)
@@ -433,7 +437,8 @@ class JobQueries:
             (since,))
         return {"jobs": n, "gpu_hours": _lost(gpu_h, uncounted), "gpus_uncounted": uncounted,
                 "node_hours": node_h, "gpu_hours_lost": lost_h,
-                "time_lost_s": lost_s, "lost_unmeasured": unmeasured, "failed": failed, "hung": hung, "unverified": unverified,
+                "time_lost_s": lost_s, "lost_unmeasured": unmeasured, "lost_gpus_uncounted": lost_uncounted,
+                "failed": failed, "hung": hung, "unverified": unverified,
                 "stopped_by_node": stopped, "gpu_hours_stopped": _lost(stopped_gpu_h, stopped_uncounted),
                 "stopped_gpus_uncounted": stopped_uncounted, "node_hours_stopped": stopped_node_h}
 
@@ -462,10 +467,11 @@ class JobQueries:
     def lost_by_account(self, since: float) -> list[dict[str, Any]]:
         rows = self._all(
             "SELECT account, COUNT(*), SUM(gpu_hours), SUM(gpu_hours_lost), SUM(time_lost_s), "
-            f"{UNMEASURED}, {UNCOUNTED} FROM ({LATEST}) t GROUP BY account", (since,))
+            f"{UNMEASURED}, {UNCOUNTED}, {LOST_UNCOUNTED} FROM ({LATEST}) t GROUP BY account", (since,))
         return sorted(({"account": a, "jobs": n, "gpu_hours": _lost(gh, c), "gpus_uncounted": c,
-                        "gpu_hours_lost": _lost(lh, u), "time_lost_s": _lost(ls, u), "lost_unmeasured": u}
-                       for a, n, gh, lh, ls, u, c in rows),
+                        "gpu_hours_lost": _lost(lh, u + lc), "time_lost_s": _lost(ls, u), "lost_unmeasured": u,
+                        "lost_gpus_uncounted": lc}
+                       for a, n, gh, lh, ls, u, c, lc in rows),
                       key=lambda d: (-(d["gpu_hours_lost"] or 0), -d["lost_unmeasured"], -(d["gpu_hours"] or 0)))
 
     # -- where the jobs' time went (their ledgers) ---------------------------------------
@@ -486,23 +492,26 @@ class JobQueries:
     def not_training_by_user(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Per user: the hours their jobs did not train, and the part that cost them most."""
         rows = self._all(
-            "SELECT user_name, not_training_why, COUNT(*), COALESCE(SUM(gpu_hours_not_training), 0), "
-            f"SUM(node_hours_not_training), SUM(gpu_hours), SUM(node_hours) FROM ({LATEST}) t "
+            "SELECT user_name, not_training_why, COUNT(*), SUM(gpu_hours_not_training), "
+            f"SUM(node_hours_not_training), SUM(gpu_hours), SUM(node_hours), {UNCOUNTED} FROM ({LATEST}) t "
             "WHERE node_hours_not_training IS NOT NULL GROUP BY user_name, not_training_why", (since,))
         out: dict[Any, dict[str, Any]] = {}
-        for user, why, n, gl, nl, gh, nh in rows:
-            d = out.setdefault(user, {"user": user, "jobs": 0, "gpu_hours_not_training": 0.0,
-                                      "node_hours_not_training": 0.0, "gpu_hours": 0.0, "node_hours": 0.0, "why": {}})
+        for user, why, n, gl, nl, gh, nh, uncounted in rows:
+            d = out.setdefault(user, {"user": user, "jobs": 0, "gpu_hours_not_training": None, "gpus_uncounted": 0,
+                                      "node_hours_not_training": 0.0, "gpu_hours": None, "node_hours": 0.0, "why": {}})
             d["jobs"] += n
-            d["gpu_hours_not_training"] += gl
+            d["gpus_uncounted"] += uncounted     # their GPU-hours are unknown: the sums below leave them out
+            if gl is not None:
+                d["gpu_hours_not_training"] = (d["gpu_hours_not_training"] or 0.0) + gl
+            if gh is not None:
+                d["gpu_hours"] = (d["gpu_hours"] or 0.0) + gh
             d["node_hours_not_training"] += nl or 0.0
-            d["gpu_hours"] += gh or 0.0
             d["node_hours"] += nh or 0.0
             if why:
-                d["why"][why] = d["why"].get(why, 0.0) + (gl if gl else nl or 0.0)
+                d["why"][why] = d["why"].get(why, 0.0) + (nl or 0.0)     # node-hours: known for every job
         for d in out.values():
             d["why"] = max(d["why"], key=d["why"].get) if d["why"] else None
-        ranked = sorted(out.values(), key=lambda d: (-d["gpu_hours_not_training"], -d["node_hours_not_training"],
+        ranked = sorted(out.values(), key=lambda d: (-(d["gpu_hours_not_training"] or 0.0), -d["node_hours_not_training"],
                                                      str(d["user"])))
         return ranked[:limit]
 
@@ -511,17 +520,20 @@ class JobQueries:
         culprit, lost), and in which roles; a crashed rank is its code's, never the node's."""
         rows = self._all(
             "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
-            "COALESCE(SUM(t.node_hours_not_training), 0) FROM (SELECT DISTINCT node, role, cluster, job, attempt "
+            "COALESCE(SUM(t.node_hours_not_training), 0), COALESCE(SUM(CASE WHEN t.node_hours_not_training "
+            "IS NOT NULL AND t.gpu_hours_not_training IS NULL THEN 1 ELSE 0 END), 0) "
+            "FROM (SELECT DISTINCT node, role, cluster, job, attempt "
             "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost')) n "
             f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
             "GROUP BY n.node, n.role", (since,))
         out: dict[str, dict[str, Any]] = {}
-        for node, role, n, gl, nl in rows:
+        for node, role, n, gl, nl, uncounted in rows:
             d = out.setdefault(node, {"node": node, "gpu_hours_not_training": 0.0, "node_hours_not_training": 0.0,
-                                      "roles": {}})
+                                      "gpus_uncounted": 0, "roles": {}})
             d["roles"][role] = n
             d["gpu_hours_not_training"] += gl
             d["node_hours_not_training"] += nl
+            d["gpus_uncounted"] += uncounted      # GPU-hours unknown: shown in node-hours (report._hours)
         ranked = sorted(out.values(), key=lambda d: (-d["gpu_hours_not_training"], -d["node_hours_not_training"],
                                                      d["node"]))
         return ranked[:limit]

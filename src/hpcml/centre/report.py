@@ -178,8 +178,9 @@ def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]
 
 
 def _hours(d: dict[str, Any]) -> str:
-    """Time that did not train, in GPU-hours where the GPUs are known, else node-hours."""
-    if d.get("gpu_hours_not_training"):
+    """Time that did not train, in GPU-hours where every job's GPUs are known, else node-hours
+    (known for every job): a sum that leaves some job out is never shown as the whole."""
+    if d.get("gpu_hours_not_training") and not d.get("gpus_uncounted"):
         return f"{d['gpu_hours_not_training']:,.2f} GPU-h"
     return f"{d['node_hours_not_training']:,.2f} node-h"
 
@@ -333,18 +334,26 @@ def _lost_text(t: dict[str, Any], unit: str, digits: int) -> str:
     """What faults cost: the measured sum ("at least" where some job's loss went unmeasured),
     or "not measured" where none was (``jobstore._lost``): unknown is never 0."""
     n = t.get("lost_unmeasured") or 0
+    m = t.get("lost_gpus_uncounted") or 0
     jobs = plural(n, "failed or hung job")
-    if t["gpu_hours_lost"] is None or t["time_lost_s"] is None:
+    if t["time_lost_s"] is None:
         return f"not measured ({jobs}, no recovery priced their loss)"
-    text = f"{t['gpu_hours_lost']:,.1f} {unit} ({t['time_lost_s'] / 3600:,.{digits}f} h of job time)"
-    return f"at least {text}, not measured for {jobs}" if n else text
+    hours = f"{t['time_lost_s'] / 3600:,.{digits}f} h of job time"
+    if t["gpu_hours_lost"] is None:          # time measured, GPUs of none of those jobs counted
+        text = f"{unit} not counted ({hours}, {plural(m, 'job')} whose GPUs nobody counted)"
+        return f"at least {text}, not measured for {jobs}" if n else text
+    text = f"{t['gpu_hours_lost']:,.1f} {unit} ({hours})"
+    said = ([f"not measured for {jobs}"] if n else []) + ([f"GPUs not counted for {plural(m, 'job')}"] if m else [])
+    return f"at least {text}, {'; '.join(said)}" if said else text
 
 
-def _figure(value: float | None, digits: int, row: dict[str, Any]) -> str:
-    """A lost-time cell: the sum, "≥" it where some loss went unmeasured, "not measured"."""
+def _figure(value: float | None, digits: int, row: dict[str, Any], gpus: bool = False) -> str:
+    """A lost-time cell: the sum, "≥" it where some loss went unmeasured (or, for GPU-hours,
+    some job's GPUs went uncounted), "not measured" / "not counted"."""
+    lower = row.get("lost_unmeasured") or (gpus and row.get("lost_gpus_uncounted"))
     if value is None:
-        return "not measured"
-    return ("≥ " if row.get("lost_unmeasured") else "") + f"{value:,.{digits}f}"
+        return "not counted" if gpus and row.get("time_lost_s") is not None else "not measured"
+    return ("≥ " if lower else "") + f"{value:,.{digits}f}"
 
 
 def _stopped(t: dict[str, Any]) -> list[str]:
@@ -373,7 +382,8 @@ def render_html(rep: dict[str, Any]) -> str:
                _gpu_hours(o["idle_gpu_hours"]),
                "; ".join(f"{j['job']} {_score(j['score'])}" + (f" ({j['bound']}-bound)" if j["bound"] else "")
                          for j in o["lowest"])] for o in rep["owners"]]
-    accounts = [[a["account"] or "?", a["jobs"], _gpu_hours(a["gpu_hours"], a.get("gpus_uncounted")), _figure(a["gpu_hours_lost"], 1, a),
+    accounts = [[a["account"] or "?", a["jobs"], _gpu_hours(a["gpu_hours"], a.get("gpus_uncounted")),
+                 _figure(a["gpu_hours_lost"], 1, a, gpus=True),
                  _figure(None if a["time_lost_s"] is None else a["time_lost_s"] / 3600, 2, a)] for a in rep["accounts"]]
     prolog = [[d["node"], d["drains"], d["failed_drains"], _when(d["last"]), ", ".join(d["checks"]) or "–",
                _state_text(d.get("slurm")), d["next"]] for d in rep.get("prolog_drains") or []]
