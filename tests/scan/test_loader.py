@@ -180,3 +180,140 @@ def test_what_is_loaded_is_what_was_judged_last(fmt, how, tmp_path, monkeypatch)
     _changed_after(monkeypatch, "scan_handle", path, bad, how)
     assert _x(safe_load(path)) == Fraction(1, 3)
     assert path.read_bytes() == bad                      # the writer did change it
+
+
+# --- the doors beside torch.load's pickle module: TorchScript, joblib's lookup, ZIP64 ---------
+
+def _torchscript_archive(marker: Path) -> bytes:
+    """A hostile TorchScript archive as an attacker writes it: its data.pkl names only an
+    allowlisted global (``argparse.Namespace``), and its ``code/argparse.py`` gives that
+    class a TorchScript ``__setstate__`` that writes ``marker``: torch.load hands any archive
+    with constants.pkl to torch.jit.load, which takes no pickle module."""
+    import zipfile
+    code = ("class Namespace:\n  x : int\n  def __getstate__(self) -> int:\n    return self.x\n"
+            "  def __setstate__(self, state: int) -> None:\n"
+            f"    t = torch.from_file({str(marker)!r}, True, 2, dtype=0)\n"
+            "    t.copy_(torch.tensor([111, 107], dtype=0))\n    self.x = state\n    return None\n")
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", b"\x80\x02cargparse\nNamespace\n)\x81K\x01b.")
+        z.writestr("archive/constants.pkl", b"\x80\x02).")
+        z.writestr("archive/code/argparse.py", code)
+        z.writestr("archive/version", "3\n")
+    return buf.getvalue()
+
+
+class _Bytes:
+    """Pickles as ``torch.storage._load_from_bytes(data)`` (how plain pickle carries a tensor)."""
+
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def __reduce__(self):
+        import torch.storage
+        return (torch.storage._load_from_bytes, (self.data,))
+
+
+def test_a_torchscript_archive_never_runs_its_code_through_the_scan_or_the_loader(tmp_path):
+    """A .pt whose data.pkl is allowlisted but which is a TorchScript archive: ``hpcml scan``
+    does not call it safe and names it, ``safe_load`` refuses it, and so does the loader's own
+    lock where the scan is not asked (the bytes inside a pickle's ``_load_from_bytes``), so
+    its code never runs (was: "safe", and the load wrote the file)."""
+    import pickle
+    import subprocess
+    import sys
+
+    from hpcml.scan.loader import _restricted_load_from_bytes
+    from hpcml.scan.policy import default_policy
+    marker = tmp_path / "ran"
+    archive = _torchscript_archive(marker)
+    (tmp_path / "ts.pt").write_bytes(archive)
+    (tmp_path / "lfb.pkl").write_bytes(pickle.dumps(_Bytes(archive), protocol=2))
+    for name in ("ts.pt", "lfb.pkl"):
+        p = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(tmp_path / name)], capture_output=True,
+                           text=True, timeout=120)
+        assert p.returncode != 0 and "TorchScript" in p.stdout, (name, p.returncode, p.stdout)
+        with pytest.raises(UnsafeFileError, match="TorchScript"):
+            safe_load(tmp_path / name)
+    with pytest.raises(pickle.UnpicklingError, match="TorchScript"):
+        _restricted_load_from_bytes(default_policy())(archive)
+    assert not marker.exists()
+
+
+def test_joblibs_lookup_loads_torch_bytes_under_the_same_lock(tmp_path):
+    """joblib's unpickler found ``torch.storage._load_from_bytes`` allowlisted and returned
+    torch's own, an unrestricted ``torch.load`` of the bytes (was: a command in them ran).
+    Loaded directly, past the scan, the bytes still go through the lock."""
+    import pickle
+    import zipfile
+
+    from hpcml.scan.loader import _load_joblib
+    from hpcml.scan.policy import default_policy
+    marker = tmp_path / "ran"
+    cmd = f"touch {marker}".encode()
+    evil = b"\x80\x02cposix\nsystem\nX" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R."
+    buf = io.BytesIO()
+    with zipfile.ZipFile(buf, "w") as z:
+        z.writestr("archive/data.pkl", evil)
+        z.writestr("archive/version", "3\n")
+    path = tmp_path / "x.joblib"
+    joblib.dump([np.arange(3), _Bytes(buf.getvalue())], path)
+    with open(path, "rb") as fh, pytest.raises(pickle.UnpicklingError, match="posix.system"):
+        _load_joblib(fh, str(tmp_path), default_policy())
+    assert not marker.exists()
+
+
+def _zip64_two_directories(first: list[tuple[str, bytes]], second: list[tuple[str, bytes]]) -> bytes:
+    """One archive, two central directories: Python's zipfile reads the ZIP64 end record
+    right before the locator (``first``'s), miniz (torch) the one the locator points at."""
+    import struct
+    import zlib
+
+    def local(name: str, data: bytes) -> bytes:
+        n = name.encode()
+        return struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 20, 0, 0, 0, 0, zlib.crc32(data), len(data),
+                           len(data), len(n), 0) + n + data
+
+    def central(name: str, data: bytes, off: int) -> bytes:
+        n = name.encode()
+        return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 20, 0, 0, 0, 0, zlib.crc32(data), len(data),
+                           len(data), len(n), 0, 0, 0, 0, 0, off) + n
+
+    def end64(count: int, size: int, off: int) -> bytes:
+        return struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, count, count, size, off)
+
+    body, offsets = b"", []
+    for name, data in first + second:
+        offsets.append(len(body))
+        body += local(name, data)
+    dirs = []
+    for members, offs in ((second, offsets[len(first):]), (first, offsets[:len(first)])):
+        cd = b"".join(central(n, d, o) for (n, d), o in zip(members, offs))
+        start = len(body)
+        body += cd
+        dirs.append(len(body))
+        body += end64(len(members), len(cd), start)
+    body += struct.pack("<4sIQI", b"PK\x06\x07", 0, dirs[0], 1)         # -> second's end record
+    return body + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0xFFFF, 0xFFFF, 0xFFFF, 0xFFFF, 0xFFFFFFFF,
+                              0xFFFFFFFF, 0)
+
+
+def test_a_zip_whose_zip64_locator_points_at_another_directory_is_refused(tmp_path):
+    """Python's zipfile sees a harmless data.pkl, torch's reader a command (shown by torch's
+    own reader): the scan refuses the archive (was: "safe", and torch.load ran the command)."""
+    import subprocess
+    import sys
+
+    import torch
+    cmd = b"true"
+    evil = b"\x80\x02cposix\nsystem\nX" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R."
+    data = _zip64_two_directories([("archive/data.pkl", b"\x80\x02}q\x00."), ("archive/version", b"3\n")],
+                                  [("archive/data.pkl", evil), ("archive/version", b"3\n")])
+    path = tmp_path / "two.pt"
+    path.write_bytes(data)
+    assert torch._C.PyTorchFileReader(str(path)).get_record("data.pkl") == evil       # what torch.load reads
+    p = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(path)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode != 0 and "ZIP64 locator" in p.stdout, (p.returncode, p.stdout)
+    with pytest.raises(UnsafeFileError, match="ZIP64 locator"):
+        safe_load(path)

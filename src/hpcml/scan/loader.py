@@ -101,18 +101,27 @@ class RestrictedUnpickler(pickle.Unpickler):
     def find_class(self, module: str, name: str) -> Any:
         # The C unpickler hides its protocol; mapping Python 2 names always is harmless,
         # because those module names do not exist on Python 3.
-        mod, nm = map_py2(module, name)
-        verdict, why = self._policy.classify(mod, nm)
-        if verdict is not Verdict.SAFE:
-            raise pickle.UnpicklingError(f"blocked global {mod}.{nm}: {why}")
-        if (mod, nm) == ("torch.storage", "_load_from_bytes"):
-            return _restricted_load_from_bytes(self._policy)
-        if (mod, nm) == ("pyarrow.lib", "_restore_array"):
-            return _validated_arrow_array
-        return super().find_class(module, name)
+        guarded = guarded_global(self._policy, module, name)
+        return guarded if guarded is not None else super().find_class(module, name)
 
     # No persistent_load: the C unpickler then refuses persistent ids, and torch.load can
     # still assign its own on the instance.
+
+
+def guarded_global(policy: Policy, module: str, name: str) -> Any:
+    """The one lock every unpickler of hpcml's applies to a global (``RestrictedUnpickler``,
+    joblib's): ``UnpicklingError`` unless the policy allows it; for a global that loads more
+    (a torch file in bytes, a pyarrow array) the guarded stand-in; else None (the
+    unpickler's own lookup)."""
+    mod, nm = map_py2(module, name)
+    verdict, why = policy.classify(mod, nm)
+    if verdict is not Verdict.SAFE:
+        raise pickle.UnpicklingError(f"blocked global {mod}.{nm}: {why}")
+    if (mod, nm) == ("torch.storage", "_load_from_bytes"):
+        return _restricted_load_from_bytes(policy)
+    if (mod, nm) == ("pyarrow.lib", "_restore_array"):
+        return _validated_arrow_array
+    return None
 
 
 class _Loader(pickle.Unpickler):
@@ -135,9 +144,54 @@ def _restricted_load_from_bytes(policy: Policy) -> Any:
     storage as a torch file in bytes) with the same lock on the inner load: torch's own
     runs ``torch.load(weights_only=False)`` with the unrestricted pickle module."""
     def load_from_bytes(b: bytes) -> Any:
-        import torch
-        return torch.load(io.BytesIO(b), weights_only=False, pickle_module=restricted_pickle_module(policy))
+        return torch_load(io.BytesIO(b), policy)
     return load_from_bytes
+
+
+def torch_load(fh: IO[bytes], policy: Policy, map_location: Any = None) -> Any:
+    """``torch.load`` of ``fh`` with the restricted pickle module, once torch's own zip
+    reader sees the archive as the scan did (``torch_zip_as_scanned``): every pickle torch
+    reads goes through the lock, and nothing goes to ``torch.jit.load``, which takes no
+    pickle module."""
+    import torch
+    torch_zip_as_scanned(fh)
+    return torch.load(fh, map_location=map_location, weights_only=False,
+                      pickle_module=restricted_pickle_module(policy))
+
+
+def torch_zip_as_scanned(fh: IO[bytes]) -> None:
+    """Refuse (``UnpicklingError``) a torch zip that torch's reader (miniz) sees otherwise
+    than the scan's (Python's zipfile): other members, or a TorchScript archive
+    (``constants.pkl``), which ``torch.load`` hands to ``torch.jit.load`` to run its own code.
+    Asked of torch's own reader with torch.load's own tests, so the answer is the loader's,
+    whatever the scan saw. A legacy (non-zip) torch file passes: it is pickles only."""
+    import zipfile
+
+    from torch import serialization as ts
+    start = fh.tell()
+    try:
+        if not ts._is_zipfile(fh):
+            return
+        fh.seek(start)
+        with ts._open_zipfile_reader(fh) as reader:
+            if ts._is_torchscript_zip(reader):
+                raise pickle.UnpicklingError("refused: a TorchScript archive (constants.pkl): torch.load hands it "
+                                             "to torch.jit.load, which runs its own code outside any allowlist")
+            records = set(reader.get_all_records())
+        fh.seek(start)
+        with zipfile.ZipFile(fh) as zf:
+            scanned = {n.split("/", 1)[-1] for n in zf.namelist() if not n.endswith("/")}
+    except pickle.UnpicklingError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - torch's reader raises RuntimeError and kin
+        raise pickle.UnpicklingError(f"refused: the archive does not read the same to torch and to the scan "
+                                     f"({type(exc).__name__}: {exc})") from None
+    finally:
+        fh.seek(start)
+    if records != scanned:
+        diff = sorted(records ^ scanned)[:3]
+        raise pickle.UnpicklingError(f"refused: torch's zip reader sees other members than the scan "
+                                     f"(e.g. {', '.join(diff)}): a scanner bypass")
 
 
 def _validated_arrow_array(data: Any) -> Any:
@@ -250,10 +304,8 @@ def _load_joblib(fh: BinaryIO, dirname: str, policy: Policy) -> Any:
             self.np = _RestrictedNumpy(policy, dirname)
 
         def find_class(self, module: str, name: str) -> Any:
-            verdict, why = policy.classify(*map_py2(module, name))
-            if verdict is not Verdict.SAFE:
-                raise pickle.UnpicklingError(f"blocked global {module}.{name}: {why}")
-            return super().find_class(module, name)
+            guarded = guarded_global(policy, module, name)      # torch's bytes loaded under the lock too
+            return guarded if guarded is not None else super().find_class(module, name)
 
     if fh.read(2) == b"ZF":
         raise pickle.UnpicklingError("not loaded: joblib < 0.10's compressed format (ZF), which only "
@@ -330,9 +382,7 @@ def _load_open(fh: BinaryIO, result: Any, policy: Policy, framework: str, map_lo
     """Load the judged open file ``fh`` by its format."""
     fmt = result.format
     if fmt in ("pytorch-zip", "pytorch-legacy"):
-        import torch
-        return torch.load(fh, map_location=map_location, weights_only=False,
-                          pickle_module=restricted_pickle_module(policy))
+        return torch_load(fh, policy, map_location)
     if fmt == "safetensors":
         data = fh.read()
         if framework == "pt":

@@ -101,7 +101,9 @@ def advice(results: list[FileResult], shown: int = 8, policy: Any = None) -> lis
     policy = policy or default_policy()
     unknown = {f.name for r in results for f in r.findings if f.verdict is Verdict.UNKNOWN}
     named = sorted(n for n in unknown if is_name(n))
-    built = sorted(unknown - set(named))
+    from hpcml.scan.formats.zipped import TORCHSCRIPT_FINDING
+    script = TORCHSCRIPT_FINDING in unknown
+    built = sorted(unknown - set(named) - {TORCHSCRIPT_FINDING})
     allowed = {n for n in named if policy.classify(*n.rsplit(".", 1))[0] is Verdict.SAFE}
     checked: dict[str, str] = {}
     for r in results:
@@ -134,6 +136,10 @@ def advice(results: list[FileResult], shown: int = 8, policy: Any = None) -> lis
         out.append(f"No policy can allow what is not a named global ({'; '.join(map(printable, built[:3]))}): the pickle builds "
                    "what it calls while it loads, which no checkpoint needs. Do not load these files; ask for a "
                    "state_dict or safetensors.")
+    if script:
+        out.append("A TorchScript archive (torch.jit.save) runs its own code when it is loaded, and torch.load "
+                   "loads it with torch.jit.load: no policy can allow it. Load it with torch.jit.load only if you "
+                   "trust where it came from; else ask for a state_dict or safetensors.")
     if names:
         out.append("A model saved whole (torch.save(model)) imports its own classes: save model.state_dict() "
                    "instead and load it into code you wrote; safetensors holds tensors only.")

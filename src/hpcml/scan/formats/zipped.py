@@ -19,12 +19,19 @@ from typing import Any, BinaryIO, cast
 
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat, keras
+from hpcml.scan.model import Verdict
 
 _STORAGE = re.compile(r"(^|/)data/\d+$")
 ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")
 #: general-purpose flag bits Python's zipfile refuses and torch's reader (miniz) ignores
 TRICK_FLAGS = {0x1: "the 'encrypted' flag", 0x20: "the 'patched data' flag (0x20)",
                0x40: "the 'strong encryption' flag (0x40)"}
+#: the member whose presence makes torch.load a torch.jit.load (``_is_torchscript_zip``)
+TORCHSCRIPT = "constants.pkl"
+#: the finding's name (``hpcml.scan.report.advice`` says what to do about it)
+TORCHSCRIPT_FINDING = "TorchScript archive"
+#: the ZIP64 end-of-central-directory locator, and the ZIP64 end record torch writes
+LOCATOR_SIZE, ZIP64_END_SIZE = 20, 56
 #: members up to this size are read whole (CRC checked before the scan); larger ones stream
 WHOLE = 64 * 2**20
 #: the most a re-read deflated member is inflated to (on disk beyond WHOLE): a larger claim
@@ -50,9 +57,19 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             fs.error(f"the central directory is {shift} bytes from where the archive says: Python's "
                      "zipfile and torch.load would read different members (a scanner bypass)", member)
             return
+        moved = _zip64_moved(zf, fh)
+        if moved:
+            fs.error(moved, member)
+            return
         infos = zf.infolist()
         names = [i.filename for i in infos]
         torch_zip = any(n.endswith("/data.pkl") or n == "data.pkl" for n in names)
+        script = [n for n in names if n == TORCHSCRIPT or n.endswith("/" + TORCHSCRIPT)]
+        if script:          # torch.load hands such an archive to torch.jit.load: no pickle module, no allowlist
+            where = f"{member}!{script[0]}" if member else script[0]
+            fs.add(Verdict.UNKNOWN, TORCHSCRIPT_FINDING, "torch.load hands an archive with constants.pkl to "
+                   "torch.jit.load, which runs the archive's own code (its code/ classes' __setstate__) outside "
+                   "any allowlist", where, opcode="constants.pkl")
         keras_zip = keras.scan_archive(fs, zf, member)      # a Keras 3 .keras: config.json judged
         if torch_zip:
             fs.set_format("pytorch-zip")
@@ -90,6 +107,32 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             _scan_as_torch(fs, fh, info, where, depth, tricks, scan_member)
         if storages:
             fs.note(f"{storages} tensor storages (raw bytes, never unpickled)")
+
+
+def _zip64_moved(zf: zipfile.ZipFile, fh: BinaryIO) -> str:
+    """A reason to refuse where the ZIP64 locator points at another ZIP64 end record than
+    the one right before it: Python's zipfile reads the one before the locator and ignores
+    its offset, torch's reader (miniz) follows the offset, so each would read its own
+    central directory (a scanner bypass). torch writes the record right before the locator."""
+    try:
+        end = zipfile._EndRecData(fh)  # type: ignore[attr-defined]
+        if not end:
+            return ""
+        at = int(end[zipfile._ECD_LOCATION]) - LOCATOR_SIZE  # type: ignore[attr-defined]
+        if at < 0:
+            return ""
+        fh.seek(at)
+        locator = fh.read(LOCATOR_SIZE)
+    except (OSError, AttributeError, struct.error):
+        return ""
+    if len(locator) < LOCATOR_SIZE or locator[:4] != b"PK\x06\x07":
+        return ""
+    _sig, _disk, offset, _disks = struct.unpack("<4sIQI", locator)
+    if offset != at - ZIP64_END_SIZE:
+        return (f"the ZIP64 locator points at byte {offset}, not at the ZIP64 end record before it (byte "
+                f"{at - ZIP64_END_SIZE}): Python's zipfile and torch.load would read different central "
+                "directories (a scanner bypass)")
+    return ""
 
 
 def _prepended(zf: zipfile.ZipFile, fh: BinaryIO) -> int:
