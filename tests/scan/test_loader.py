@@ -317,3 +317,120 @@ def test_a_zip_whose_zip64_locator_points_at_another_directory_is_refused(tmp_pa
     assert p.returncode != 0 and "ZIP64 locator" in p.stdout, (p.returncode, p.stdout)
     with pytest.raises(UnsafeFileError, match="ZIP64 locator"):
         safe_load(path)
+
+
+def _shell_pickle(marker: Path) -> bytes:
+    """``posix.system("touch MARKER")`` as a protocol-2 pickle."""
+    cmd = f"touch {marker}".encode()
+    return b"\x80\x02cposix\nsystem\nX" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R."
+
+
+def _scan(path: Path) -> str:
+    import subprocess
+    import sys
+    p = subprocess.run([sys.executable, "-m", "hpcml", "scan", "--json", str(path)], capture_output=True,
+                       text=True, timeout=120)
+    import json
+    (result,) = json.loads(p.stdout)["files"]
+    return result["verdict"]
+
+
+def _v7_member(name: bytes, data: bytes) -> bytes:
+    """A tar member with a V7 header (no ustar magic), which Python's tarfile reads."""
+    h = bytearray(512)
+    h[0:len(name)] = name
+    h[100:108], h[108:116], h[116:124] = b"0000644\0", b"0000000\0", b"0000000\0"
+    h[124:136], h[136:148] = b"%011o\0" % len(data), b"00000000000\0"
+    h[148:156], h[156:157] = b" " * 8, b"0"
+    h[148:156] = b"%06o\0 " % sum(h)
+    return bytes(h) + data + b"\0" * (-len(data) % 512)
+
+
+def test_a_file_torch_reads_as_a_tar_is_scanned_as_that_tar(tmp_path):
+    """torch.load opens any file that is not a zip as a tar first (Python's tarfile, which
+    takes a V7 header with no magic): a file whose first header's name is a harmless
+    pickle and whose ``storages`` member is a command is not safe (was: "safe, pickle, no
+    imports", and torch.load ran it), shown by torch.load running it."""
+    import subprocess
+    import sys
+    path = tmp_path / "v7.pt"
+    ran = tmp_path / "ran"
+    path.write_bytes(_v7_member(b"\x80\x02K\x01.", b"x") + _v7_member(b"storages", _shell_pickle(ran)) + b"\0" * 1024)
+    assert _scan(path) == "dangerous"
+    subprocess.run([sys.executable, "-c", f"import torch; torch.load({str(path)!r}, weights_only=False)"],
+                   capture_output=True, timeout=120)
+    assert ran.exists()          # what the scan judged is what torch would run
+
+
+def test_a_pickle_after_a_legacy_checkpoints_storage_bytes_is_judged(tmp_path):
+    """torch's legacy tar: ``storages`` holds pickles between raw bytes, read as torch's
+    legacy_load reads them, so the storage_views pickle after a storage's bytes is judged
+    (was: "trailing bytes, not a pickle", safe); a checkpoint laid out as torch reads it is
+    read through to its end with no error."""
+    import pickle
+    import struct
+    import tarfile
+
+    import torch
+
+    def checkpoint(path: Path, views: bytes) -> None:
+        storages = (pickle.dumps(1, protocol=2) + pickle.dumps((0, "cpu", torch.FloatStorage), protocol=2)
+                    + struct.pack("<q", 2) + b"\0" * 8 + views)
+        tensors = (pickle.dumps(1, protocol=2) + pickle.dumps((1, 0, torch.FloatTensor), protocol=2)
+                   + struct.pack("<i", 1) + b"\0" * 4 + struct.pack("<qqq", 2, 1, 0))
+        with tarfile.open(path, "w", format=tarfile.PAX_FORMAT) as t:
+            for name, data in (("sys_info", pickle.dumps({}, protocol=2)), ("storages", storages),
+                               ("tensors", tensors), ("pickle", b"\x80\x02}q\x00.")):
+                info = tarfile.TarInfo(name)
+                info.size = len(data)
+                t.addfile(info, io.BytesIO(data))
+
+    checkpoint(tmp_path / "evil.tar", _shell_pickle(tmp_path / "ran"))
+    assert _scan(tmp_path / "evil.tar") == "dangerous"
+    checkpoint(tmp_path / "plain.tar", pickle.dumps([], protocol=2))
+    from hpcml.scan.policy import load_policy
+    (tmp_path / "p.yaml").write_text("safe:\n  - torch.FloatTensor\n")
+    result = scanner.scan_file(tmp_path / "plain.tar", load_policy(tmp_path / "p.yaml"))
+    assert result.verdict is Verdict.SAFE and not result.errors, result
+
+
+def test_a_zip64_entry_with_two_offsets_is_refused(tmp_path):
+    """A central directory entry with two ZIP64 extra fields: Python's zipfile takes the
+    offset of the last (a harmless data.pkl at byte 0), torch's reader the first (a command
+    at 4 GiB, a sparse file). Shown by torch's own reader; the scan refuses it (was: safe)."""
+    import struct
+    import zlib
+
+    import torch
+    far = 0xFFFFFFFF
+    evil = _shell_pickle(tmp_path / "ran")
+    k = len(evil) - 8
+    benign = b"\x80\x02X" + k.to_bytes(4, "little") + b"a" * k + b"."
+
+    def local(name: str, data: bytes) -> bytes:
+        n = name.encode()
+        return struct.pack("<4sHHHHHIIIHH", b"PK\x03\x04", 45, 0, 0, 0, 0, zlib.crc32(data), len(data), len(data),
+                           len(n), 0) + n + data
+
+    def central(name: str, data: bytes, off: int, extra: bytes = b"") -> bytes:
+        n = name.encode()
+        return struct.pack("<4sHHHHHHIIIHHHHHII", b"PK\x01\x02", 45, 45, 0, 0, 0, 0, zlib.crc32(data), len(data),
+                           len(data), len(n), len(extra), 0, 0, 0, 0, off) + n + extra
+
+    head = local("archive/data.pkl", benign)
+    version_at = len(head)
+    head += local("archive/version", b"3\n")
+    moved = local("archive/data.pkl", evil)
+    cd_at = far + len(moved)
+    extra = struct.pack("<HHQ", 1, 8, far) + struct.pack("<HHQ", 1, 8, 0)
+    cd = central("archive/data.pkl", benign, far, extra) + central("archive/version", b"3\n", version_at)
+    end64 = struct.pack("<4sQHHIIQQQQ", b"PK\x06\x06", 44, 45, 45, 0, 0, 2, 2, len(cd), cd_at)
+    tail = (struct.pack("<4sIQI", b"PK\x06\x07", 0, cd_at + len(cd), 1)
+            + struct.pack("<4sHHHHIIH", b"PK\x05\x06", 0, 0, 2, 2, len(cd), 0xFFFFFFFF, 0))
+    path = tmp_path / "two.pt"
+    with open(path, "wb") as f:
+        f.write(head)
+        f.seek(far)
+        f.write(moved + cd + end64 + tail)
+    assert torch._C.PyTorchFileReader(str(path)).get_record("data.pkl") == evil
+    assert _scan(path) == "error"

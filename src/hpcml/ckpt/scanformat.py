@@ -61,12 +61,13 @@ def _scan_as_loaders_read_it(fs: FileScan, fh: BinaryIO, size: int) -> None:
     a stream of pickles of any protocol (legacy ``torch.load`` reads several, protocol 0 has
     no header). Tensor bytes that parse as no pickle and import nothing are not one."""
     from hpcml.scan.formats import FORMATS
-    from hpcml.scan.scanner import scan_content
+    from hpcml.scan.scanner import as_torch_tar, scan_content
     fh.seek(0)
     head = fh.read(512)
     fh.seek(0)
     if not head:
         return
+    as_torch_tar(fs, fh)          # torch.load's first reading of a file that is not a zip
     for name in FORMATS:
         fmt = FORMATS.get(name)
         if fmt.looks_like(head, size, ""):

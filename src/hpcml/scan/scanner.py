@@ -126,12 +126,42 @@ def _scan_open(fs: FileScan, fh: BinaryIO, p: Path, claim: tuple | None) -> File
             claim[0].scan_claimed(fs, fh, size, claim[1])
         else:
             scan_content(fs, fh, size, "", p.name, 0)
+            as_torch_tar(fs, fh)
     except OSError as exc:
         fs.error(f"read failed: {exc.strerror or exc}")
     except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict
         fs.error(f"internal error while scanning ({type(exc).__name__}: {exc}); "
                   "please report it")
     return fs.finish()
+
+
+def as_torch_tar(fs: FileScan, fh: BinaryIO) -> None:
+    """``torch.load`` opens a file that is not a zip as a tar first (its oldest format), with
+    Python's tarfile, which also takes a V7 header with no magic, whatever the file's content
+    says it is: a file tarfile opens is scanned as that tar too (its format stays what its
+    content is), so a pickle torch would read from a member is judged."""
+    import tarfile
+
+    from hpcml.scan.formats import tarred, zipped
+    fh.seek(0)
+    head = fh.read(512)
+    if fs.result.format == "tar" or tarred.looks_like(head) or zipped.looks_like(head):
+        return
+    fh.seek(0)
+    try:
+        with tarfile.open(fileobj=fh, mode="r:") as tf:
+            first = tf.next()
+    except (tarfile.TarError, OSError, EOFError, ValueError, UnicodeError):
+        return
+    finally:
+        fh.seek(0)
+    if first is None:
+        return
+    fmt = fs.result.format
+    fs.note("Python's tarfile, which torch.load tries first on a file that is not a zip, reads it as a "
+            "tar: scanned as that tar too")
+    tarred.scan_tar(fs, fh, "", 0, scan_content)
+    fs.result.format = fmt
 
 
 def iter_files(paths: Iterable[str | os.PathLike]) -> Iterator[Path]:

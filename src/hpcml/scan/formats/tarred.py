@@ -25,7 +25,7 @@ from collections.abc import Callable
 from typing import BinaryIO, cast
 
 from hpcml.scan.context import FileScan
-from hpcml.scan.formats import ScanContent, ScanFormat
+from hpcml.scan.formats import ScanContent, ScanFormat, torchtar
 from hpcml.tarbounds import checked_members, file_room, open_tar
 
 SPOOL_BYTES = 64 << 20
@@ -125,6 +125,9 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
 
 def _member(fs: FileScan, body: BinaryIO, info: tarfile.TarInfo, where: str, depth: int,
             scan_member: ScanContent, as_data: Counter[str]) -> None:
+    if info.name in torchtar.MEMBERS:          # torch's legacy checkpoint: pickles between raw bytes
+        torchtar.scan_member(fs, body, info.size, where, info.name)
+        return
     field = field_of(info.name)
     if field and data_kind(body, field) is not None:
         as_data[field] += 1

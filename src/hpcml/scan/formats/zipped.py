@@ -62,6 +62,12 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             fs.error(moved, member)
             return
         infos = zf.infolist()
+        doubled = next((i for i in infos if _zip64_fields(i.extra) > 1), None)
+        if doubled is not None:
+            fs.error(f"member {doubled.filename!r} has more than one ZIP64 extra field: Python's zipfile reads "
+                     "the last one's sizes and offset, torch.load (miniz) the first's, so each would read other "
+                     "bytes (a scanner bypass)", member)
+            return
         names = [i.filename for i in infos]
         torch_zip = any(n.endswith("/data.pkl") or n == "data.pkl" for n in names)
         script = [n for n in names if n == TORCHSCRIPT or n.endswith("/" + TORCHSCRIPT)]
@@ -107,6 +113,16 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
             _scan_as_torch(fs, fh, info, where, depth, tricks, scan_member)
         if storages:
             fs.note(f"{storages} tensor storages (raw bytes, never unpickled)")
+
+
+def _zip64_fields(extra: bytes) -> int:
+    """How many ZIP64 extended-information fields (id 0x0001) a central directory entry has."""
+    count, at = 0, 0
+    while at + 4 <= len(extra):
+        kind, length = struct.unpack_from("<HH", extra, at)
+        count += kind == 1
+        at += 4 + length
+    return count
 
 
 def _zip64_moved(zf: zipfile.ZipFile, fh: BinaryIO) -> str:
