@@ -107,6 +107,22 @@ def test_the_incident_that_ended_an_attempt_comes_first_with_what_it_cost(tmp_pa
     assert out[0]["cost_s"] == 35.0 and all("cost_s" not in f for f in out[1:])     # unpriced: no number, not 0
 
 
+def test_a_restart_whose_steps_done_again_went_unmeasured_costs_at_least_what_was_measured(tmp_path):
+    """The same restart, resumed at a step nobody read (no checkpoint step, no --step-pattern):
+    the steps done again are not measured, so the 30 s measured (3+7+10+10) is a lower
+    bound: ``cost_bound`` "at least" and "[cost ≥ 30 s]" (was: "[cost 30 s]", as if exact)."""
+    from hpcml.run.report import _by_cost, finding_line
+    got = ledger.build(tmp_path, _job(tmp_path, lost=None), step_s=1.0)
+    assert got is not None and any(p.part == "redone" and p.seconds is None for p in got.parts)
+    findings = [{"source": "run", "kind": "restarted", "message": "attempt 0: rank 0 exited 1; restarted", "advice": ""}]
+    (out,) = _by_cost(findings, got.to_json(), current=1)
+    assert out["cost_s"] == 30.0 and out["cost_bound"] == "at least"
+    measured = _by_cost(findings, ledger.build(tmp_path, _job(tmp_path, lost=5), step_s=1.0).to_json(), current=1)
+    assert "cost_bound" not in measured[0]
+    assert finding_line(out) == "→ [run] attempt 0: rank 0 exited 1; restarted [cost ≥ 30 s]"
+    assert finding_line(measured[0]).endswith("[cost 35 s]")
+
+
 def test_a_failure_whose_cost_the_ledger_did_not_measure_has_no_cost_not_0(tmp_path):
     """A rank failed and nothing restarted: the ledger has launch, start-up, productive and
     tail, no detection or stopping part. The failure is still first, with no ``cost_s``

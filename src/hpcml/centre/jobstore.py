@@ -322,6 +322,7 @@ class JobQueries:
                     users[node].add(user)
                 d["job_ids"].append((t, job))
                 if gpu_lost or lost_s:
+                    d["gpus_uncounted"] += gpu_lost is None     # a loss in time, its GPU-hours unknown
                     d["gpu_hours_lost"] = (d["gpu_hours_lost"] or 0.0) + (gpu_lost or 0.0)
                     d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (lost_s or 0.0) * (width or 1) / 3600
                 elif outcome in STOPPED:

@@ -232,29 +232,52 @@ ENDED_BY = ("restarted", "not_restarted", "hang", "failed_rank", "interrupted", 
 _ATTEMPT = re.compile(r"^attempt (\d+)[: ]")
 
 
+def finding_line(f: dict[str, Any]) -> str:
+    """One finding, with what it cost where the ledger priced it ("≥" where a part of the
+    cost went unmeasured), never a cost of 0 for one it could not price."""
+    at_least = "≥ " if f.get("cost_bound") else ""
+    cost = f" [cost {at_least}{f['cost_s']:.0f} s]" if f.get("cost_s") is not None else ""
+    return f"→ [{f['source']}] {f['message']}{cost}" + (f"  ({f['advice']})" if f["advice"] else "")
+
+
+def _share(value: Any) -> str:
+    """A part of the GPU score: "no data" where it was not measured (None, NaN), never "None"."""
+    return "no data" if value is None or value != value else str(value)
+
+
 def _by_cost(findings: list[dict[str, Any]], led: dict | None, current: int) -> list[dict[str, Any]]:
     """Findings in the order of what they cost: the incidents that ended an attempt first
     (oldest first), then the others by their ``cost_s``, the seconds of the job the ledger
     puts on them (an ended attempt: its detection and stopping, and the next attempt's
     relaunch, start-up and steps done again); a finding the ledger cannot price keeps its
-    place after those it can, with no ``cost_s`` (unknown, not 0)."""
+    place after those it can, with no ``cost_s`` (unknown, not 0); one whose cost has a part
+    the ledger could not measure says ``cost_bound: "at least"``."""
     spent: dict[tuple[int, str], float] = {}
+    unmeasured: set[tuple[int, str]] = set()
     for part in (led or {}).get("parts", []):
+        key = (part["attempt"], part["part"])
         if part["seconds"] is not None:
-            key = (part["attempt"], part["part"])
             spent[key] = spent.get(key, 0.0) + part["seconds"]
+        else:
+            unmeasured.add(key)
+
+    def keys(f: dict[str, Any]) -> list[tuple[int, str]]:
+        m = _ATTEMPT.match(f["message"])
+        n = int(m[1]) if m else current
+        return [(n, "detection"), (n, "stopping"),
+                *([(n + 1, k) for k in ("relaunch", "startup", "redone")] if n < current else [])]
 
     def cost(f: dict[str, Any]) -> float | None:
         if f["kind"] not in ENDED_BY or not led:
             return None
-        m = _ATTEMPT.match(f["message"])
-        n = int(m[1]) if m else current
-        keys = [(n, "detection"), (n, "stopping"),
-                *([(n + 1, k) for k in ("relaunch", "startup", "redone")] if n < current else [])]
-        measured = [spent[k] for k in keys if k in spent]
+        measured = [spent[k] for k in keys(f) if k in spent]
         return round(sum(measured), 3) if measured else None      # no part of it measured: unknown, not 0
 
-    priced = [({**f, "cost_s": c} if (c := cost(f)) is not None else f) for f in findings]
+    def bound(f: dict[str, Any]) -> dict[str, Any]:
+        """"at least" where a part of the finding's cost went unmeasured (steps done again)."""
+        return {"cost_bound": "at least"} if any(k in unmeasured for k in keys(f)) else {}
+
+    priced = [({**f, "cost_s": c, **bound(f)} if (c := cost(f)) is not None else f) for f in findings]
     ended = [f for f in priced if f["kind"] in ENDED_BY]
     ended.sort(key=lambda f: int(m[1]) if (m := _ATTEMPT.match(f["message"])) else current)
     rest = [f for f in priced if f["kind"] not in ENDED_BY]
@@ -500,7 +523,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
         elif score.get("score") is not None:
             b = score["breakdown"]
             lines.append(f"  GPU saturation {score['score']:.2f} ({score.get('bound') or 'no'}-bound): compute "
-                         f"{b['compute']}, memory {b['memory']}, interconnect {b['interconnect']}")
+                         f"{_share(b['compute'])}, memory {_share(b['memory'])}, interconnect {_share(b['interconnect'])}")
     else:
         lines.append(f"  GPU: {rep.get('score_missing')}")
     if rep.get("mlflow"):
@@ -510,9 +533,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
     if first and not stopped_hung(rep):
         lines.append(f"  first failure: rank {first['rank']} exit {first['exit_code']}")
         lines += [f"    | {line}" for line in first["stderr_tail"][-5:]]
-    for f in rep["findings"][:8]:
-        cost = f" [cost {f['cost_s']:.0f} s]" if f.get("cost_s") is not None else ""
-        lines.append(f"→ [{f['source']}] {f['message']}{cost}" + (f"  ({f['advice']})" if f["advice"] else ""))
+    lines += [finding_line(f) for f in rep["findings"][:8]]
     if not rep["findings"]:
         lines.append("→ no findings")
     return lines

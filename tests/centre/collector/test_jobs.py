@@ -398,3 +398,20 @@ def test_totals_of_jobs_whose_gpus_nobody_counted_are_not_0(db_url):
         assert node["gpus_uncounted"] == 1 and node["node_hours_lost"] == pytest.approx(2.0)
     finally:
         store.close()
+
+
+def test_a_nodes_lost_gpu_hours_are_not_shown_whole_when_a_jobs_gpus_went_uncounted(db_url):
+    """Two jobs lost time to node nid009, one whose GPUs nobody counted: the node's lost
+    GPU-hours leave that job out, so the node says node-hours, known for both (was: the
+    counted job's GPU-hours alone, shown as the node's whole loss)."""
+    from hpcml.centre.report import _impact
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("3", outcome="hung", time_lost_s=3600, lost=[event("nid009")])),
+                        proven(summary("4", outcome="hung", time_lost_s=1800, counted=False, lost=[event("nid009")]))])
+        node = store.node_details(["nid009"], 0.0)["nid009"]
+        assert node["gpus_uncounted"] == 1 and node["gpu_hours_lost"] == pytest.approx(12.0)
+        assert node["node_hours_lost"] == pytest.approx(3 * 1.0 + 3 * 0.5)
+        assert "lost 4.5 node-h" in _impact(node), _impact(node)
+    finally:
+        store.close()
