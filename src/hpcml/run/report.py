@@ -36,7 +36,7 @@ from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir,
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.run.ranklog import failure_of, own_lines
 from hpcml.run.recovery import describe, resume_of, time_lost
-from hpcml.run.watch import HANG, contention, held_back_by
+from hpcml.run.watch import HANG, contention, held_back_by, slower
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
 from hpcml.words import node_name, plural
@@ -374,9 +374,11 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
     for s in watch.get("contended") or []:
         st = Straggler.model_validate(s)
         out.append({"source": "run", "kind": "contention",
-                    "message": f"rank {st.rank} on {node_name(st.node)} was {st.score:.1f}x slower than the others "
-                               f"from step {st.since_step:,}{' or earlier' if st.since_before else ''} while "
-                               f"{contention(st)}: {held_back_by(st)} (named while the job ran)",
+                    "message": f"rank {st.rank} on {node_name(st.node)} was " + (
+                        f"{slower(st)} " if st.measure == "arrivals" else       # no step ratio measured it
+                        f"{st.score:.1f}x slower than the others from step {st.since_step:,}"
+                        f"{' or earlier' if st.since_before else ''} ")
+                    + f"while {contention(st)}: {held_back_by(st)} (named while the job ran)",
                     "advice": ("check that GPU's cooling and power (nvidia-smi -q -d PERFORMANCE,TEMPERATURE,POWER) "
                                "and vet the node (hpcml vet)" if "GPU" in held_back_by(st) else
                                "look for processes outside the job on that node (another job, a daemon; "
