@@ -100,7 +100,7 @@ def test_a_fault_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
         t = rep["totals"]
         assert (t["gpu_hours_lost"], t["time_lost_s"], t["lost_unmeasured"]) == (None, None, 1)
         text = "\n".join(lines(rep))
-        assert "faults cost not measured (1 failed or hung job" in text and "faults cost 0.0" not in text
+        assert "faults cost not measured (1 failed, hung or restarted job" in text and "faults cost 0.0" not in text
         b2 = next(a for a in rep["accounts"] if a["account"] == "b2")
         assert b2["gpu_hours_lost"] is None and "b2: not measured" in text
         store.add_jobs([proven(summary("22", ended=now - DAY, outcome="hung", time_lost_s=1800))])
@@ -108,9 +108,29 @@ def test_a_fault_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
         t = rep["totals"]
         assert t["time_lost_s"] == pytest.approx(1800) and t["lost_unmeasured"] == 1 and t["gpu_hours_lost"] > 0
         assert (f"faults cost at least {t['gpu_hours_lost']:.1f} GPU-hours (0.5 h of job time), not measured for 1 "
-                "failed or hung job") in "\n".join(lines(rep))
+                "failed, hung or restarted job") in "\n".join(lines(rep))
         page = render_html(rep)
         assert f"at least {t['gpu_hours_lost']:.1f}" in page and "not measured" in page     # b2's cell
+    finally:
+        store.close()
+
+
+def test_a_restarted_job_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
+    """A job that restarted after a fault and completed, resumed at a step nobody read (no
+    checkpoint step, no --step-pattern): its loss is unknown, so faults cost "not measured",
+    not "0.0 GPU-hours", and its account is listed (was: 0.0, and no account line)."""
+    now = time.time()
+    doc = summary("60", ended=now - DAY, outcome="completed", account="c1")
+    doc["attempts"] = 2                        # hpcml run restarted it once (two attempts in one run)
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(doc)])
+        rep = build(store, 30 * DAY)
+        t = rep["totals"]
+        assert (t["gpu_hours_lost"], t["time_lost_s"], t["lost_unmeasured"]) == (None, None, 1)
+        text = "\n".join(lines(rep))
+        assert "faults cost not measured (1 failed, hung or restarted job" in text and "faults cost 0.0" not in text
+        assert "c1: not measured" in text, text
     finally:
         store.close()
 

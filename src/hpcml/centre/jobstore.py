@@ -114,10 +114,10 @@ CHECKED = ("SELECT p.node, p.time, CASE WHEN p.verdict = 'bad' THEN 'bad' WHEN E
 #: outcomes of a job a fault stopped: its allocation counts as lost where nothing was measured
 STOPPED = ("failed", "hung", "interrupted")
 
-#: the jobs a fault stopped whose loss nobody measured (no restart priced it): their loss is
-#: unknown, not 0, and a total over them says so
-UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('failed', 'hung') OR hangs > 0) "
-              "THEN 1 ELSE 0 END), 0)")
+#: the jobs a fault stopped or restarted whose loss nobody measured (no resume step priced
+#: it): their loss is unknown, not 0, and a total over them says so
+UNMEASURED = ("COALESCE(SUM(CASE WHEN time_lost_s IS NULL AND (outcome IN ('failed', 'hung') OR hangs > 0 "
+              "OR attempts > 1) THEN 1 ELSE 0 END), 0)")
 
 
 #: the jobs whose GPUs nobody counted (no rank ran): their GPU-hours are unknown, not 0

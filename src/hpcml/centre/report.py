@@ -335,7 +335,7 @@ def _lost_text(t: dict[str, Any], unit: str, digits: int) -> str:
     or "not measured" where none was (``jobstore._lost``): unknown is never 0."""
     n = t.get("lost_unmeasured") or 0
     m = t.get("lost_gpus_uncounted") or 0
-    jobs = plural(n, "failed or hung job")
+    jobs = plural(n, "failed, hung or restarted job")
     if t["time_lost_s"] is None:
         return f"not measured ({jobs}, no recovery priced their loss)"
     hours = f"{t['time_lost_s'] / 3600:,.{digits}f} h of job time"
