@@ -243,6 +243,28 @@ def test_jobs_users_and_nodes_rank_by_the_time_their_allocations_did_not_train(d
         store.close()
 
 
+def test_a_node_named_only_by_jobs_without_a_ledger_has_no_time_that_did_not_train_not_0(db_url):
+    """Node nid070 was a hang's culprit in a job that recorded no step (no ledger: nothing
+    measured what its allocation trained) and in one with a ledger: only the measured job
+    counts (was: "node nid070: 0.00 node-h" from the job without, and its role counted)."""
+    now = time.time()
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("70", ended=now - DAY, outcome="hung", culprits=[event("nid070", 1)])),
+                        proven(summary("71", ended=now - DAY, outcome="hung", culprits=[event("nid071", 1)]))])
+        nt = build(store, 30 * DAY)["not_training"]
+        assert [n["node"] for n in nt["nodes"]] == [], nt["nodes"]
+        store.add_jobs([proven(summary("72", ended=now - DAY, hours=2.0, ettr=0.5, why="idle",
+                                       culprits=[event("nid070", 1)]))])
+        rep = build(store, 30 * DAY)
+        (node,) = rep["not_training"]["nodes"]
+        assert node["node"] == "nid070" and node["roles"] == {"culprit": 1}, node
+        assert node["node_hours_not_training"] == pytest.approx(3 * 2.0 * 0.5)
+        assert "node nid071" not in "\n".join(lines(rep))
+    finally:
+        store.close()
+
+
 def test_time_not_training_of_a_user_with_jobs_whose_gpus_nobody_counted_is_not_a_partial_gpu_sum(db_url):
     """dave's two ledgers: one counted (40 GPU-h not training), one whose GPUs nobody counted
     (10 node-h): his GPU-hours are not shown as the whole (was: "40.00 GPU-h", and 0 in

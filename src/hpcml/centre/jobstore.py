@@ -518,7 +518,8 @@ class JobQueries:
 
     def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Per node: the hours lost by the jobs that named it as the cause of a fault (hang
-        culprit, lost), and in which roles; a crashed rank is its code's, never the node's."""
+        culprit, lost), and in which roles; a crashed rank is its code's, never the node's.
+        Only jobs with a ledger count, as for jobs and users: one without has no figure."""
         rows = self._all(
             "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
             "COALESCE(SUM(t.node_hours_not_training), 0), COALESCE(SUM(CASE WHEN t.node_hours_not_training "
@@ -526,6 +527,7 @@ class JobQueries:
             "FROM (SELECT DISTINCT node, role, cluster, job, attempt "
             "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost')) n "
             f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
+            "WHERE t.node_hours_not_training IS NOT NULL "       # a job without a ledger: not measured, not 0
             "GROUP BY n.node, n.role", (since,))
         out: dict[str, dict[str, Any]] = {}
         for node, role, n, gl, nl, uncounted in rows:
