@@ -55,33 +55,10 @@ def index_of(path: Path) -> tuple[Path, Any] | None:
     return index, doc
 
 
-def _scan_as_loaders_read_it(fs: FileScan, fh: BinaryIO, size: int) -> None:
-    """The whole file from offset 0, as ``torch.load``, ``pickle.load``, ``np.load`` or
-    joblib would read it without the index: a zip, npy or compressed stream by its magic, else
-    a stream of pickles of any protocol (legacy ``torch.load`` reads several, protocol 0 has
-    no header). Tensor bytes that parse as no pickle and import nothing are not one."""
-    from hpcml.scan.formats import FORMATS
-    from hpcml.scan.scanner import as_torch_tar, scan_content
-    fh.seek(0)
-    head = fh.read(512)
-    fh.seek(0)
-    if not head:
-        return
-    as_torch_tar(fs, fh)          # torch.load's first reading of a file that is not a zip
-    for name in FORMATS:
-        fmt = FORMATS.get(name)
-        if fmt.looks_like(head, size, ""):
-            fmt.scan(fs, fh, size, f"@0 read as {name}", "", 0, scan_content)
-            return
-    first = pickles.walk_one(fh, 0, size)
-    if first.error and first.events and all(ev.kind == "ext" for ev in first.events):
-        return          # tensor bytes starting with EXT1/2/4 (1 in 80 of random ones): pickle.load stops there
-    pickles.scan_stream(fs, fh, 0, size, "@0 read as a plain pickle", required=False)
-
-
 def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]) -> None:
     """Walk every pickled leaf of the shard ``fh`` (``size`` bytes) that ``doc`` indexes."""
     from hpcml.ckpt.flatten import leaf_paths
+    from hpcml.scan.scanner import scan_as_loaders_read_it
     fs.set_format(NAME)
     problem = layout.index_problem(doc, size)
     if problem:
@@ -93,7 +70,7 @@ def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]
     for i in pickled:
         e = entries[i]
         pickles.scan_stream(fs, fh, e["offset"], e["offset"] + e["nbytes"], f"leaf {names.get(i, f'#{i}')}")
-    _scan_as_loaders_read_it(fs, fh, size)
+    scan_as_loaders_read_it(fs, fh, size)
     fs.note(f"{len(entries) - len(pickled)} tensors and arrays (raw bytes, never unpickled), "
             f"{len(pickled)} pickled leaves scanned; load it with hpcml.ckpt (or hpcml.scan.safe_load)")
 

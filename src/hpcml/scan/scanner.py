@@ -135,6 +135,30 @@ def _scan_open(fs: FileScan, fh: BinaryIO, p: Path, claim: tuple | None) -> File
     return fs.finish()
 
 
+def scan_as_loaders_read_it(fs: FileScan, fh: BinaryIO, size: int) -> None:
+    """The whole file from offset 0, as ``torch.load``, ``pickle.load``, ``np.load`` or
+    joblib would read it, whatever format claimed it by what lies beside it (an hpcml.ckpt
+    shard's index, an MDS shard's index.json): a tar as torch tries it first, a zip, npy or
+    compressed stream by its magic, else a stream of pickles of any protocol (legacy
+    ``torch.load`` reads several, protocol 0 has no header). Bytes that parse as no pickle
+    and import nothing (a tensor's) are not one."""
+    fh.seek(0)
+    head = fh.read(512)
+    fh.seek(0)
+    if not head:
+        return
+    as_torch_tar(fs, fh)          # torch.load's first reading of a file that is not a zip
+    for name in FORMATS:
+        fmt = FORMATS.get(name)
+        if fmt.looks_like(head, size, ""):
+            fmt.scan(fs, fh, size, f"@0 read as {name}", "", 0, scan_content)
+            return
+    first = pickles.walk_one(fh, 0, size)
+    if first.error and first.events and all(ev.kind == "ext" for ev in first.events):
+        return          # tensor bytes starting with EXT1/2/4 (1 in 80 of random ones): pickle.load stops there
+    pickles.scan_stream(fs, fh, 0, size, "@0 read as a plain pickle", required=False)
+
+
 def as_torch_tar(fs: FileScan, fh: BinaryIO) -> None:
     """``torch.load`` opens a file that is not a zip as a tar first (its oldest format), with
     Python's tarfile, which also takes a V7 header with no magic, whatever the file's content

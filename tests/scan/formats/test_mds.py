@@ -35,3 +35,32 @@ def test_an_unknown_encoding_is_not_scanned(tmp_path):
 def test_without_an_index_it_is_not_claimed(tmp_path):
     (tmp_path / "shard.00000.mds").write_bytes(bytes(64))
     assert scan_file(tmp_path / "shard.00000.mds").format != "mds"
+
+
+def _mds_shard(samples: list[dict]) -> bytes:
+    """A shard as streaming's MDSWriter lays it out (columns ``text: str``, ``label: int32``):
+    a uint32 sample count, uint32 offsets of each sample and of the end, then each sample:
+    uint32 sizes of its variable-size columns, then each column's bytes."""
+    import struct
+    encoded = []
+    for s in samples:
+        text = s["text"].encode()
+        encoded.append(struct.pack("<I", len(text)) + text + struct.pack("<i", s["label"]))
+    start = 4 + 4 * (len(samples) + 1)
+    offsets = [start]
+    for e in encoded:
+        offsets.append(offsets[-1] + len(e))
+    return struct.pack(f"<I{len(offsets)}I", len(samples), *offsets) + b"".join(encoded)
+
+
+def test_a_pickle_named_as_a_data_shard_is_judged_as_torch_load_would_read_it(tmp_path):
+    """An index.json says the shard holds data columns, but its bytes are a pickle that runs a
+    command: torch.load or pickle.load of it would run it, so it is dangerous (was: safe,
+    never read). A shard laid out as MDSWriter writes it stays safe."""
+    path = mds(tmp_path, ["str", "int32"])
+    path.write_bytes(_mds_shard([{"text": "hello", "label": 1}, {"text": "world", "label": 2}]))
+    assert scan_file(path).verdict is Verdict.SAFE
+    cmd = b"touch /nonexistent/ran"
+    path.write_bytes(b"\x80\x02cposix\nsystem\nX" + len(cmd).to_bytes(4, "little") + cmd + b"\x85R.")
+    res = scan_file(path)
+    assert res.format == "mds" and res.verdict is Verdict.DANGEROUS, res

@@ -2,7 +2,8 @@
 its column encodings, never read. Streaming's ``pkl`` encoding unpickles a column on
 read, so a shard with one (or with an encoding not known here) is ``not-scanned``; a shard
 whose columns are all data (``str``, ``int32``, ``ndarray:...``, ``jpeg``, ``json``, ...)
-runs no code on load and is ``safe``.
+runs no code on load and is ``safe`` once its bytes, read whole as ``torch.load`` or
+``pickle.load`` would read them, are no pickle either.
 """
 
 from __future__ import annotations
@@ -58,6 +59,8 @@ def _scan_claimed(fs: FileScan, fh: BinaryIO, size: int, shard: dict) -> None:
         return
     fs.note(f"MosaicML MDS shard (index.json beside it): columns {', '.join(cols) or '-'}; every encoding decodes "
             "as data, none unpickles")
+    from hpcml.scan.scanner import scan_as_loaders_read_it
+    scan_as_loaders_read_it(fs, fh, size)        # a pickle named like a shard is still a pickle to torch.load
 
 
 FORMAT = ScanFormat(lambda head, size, name: False, lambda *a: None, claims=claims, scan_claimed=_scan_claimed)
