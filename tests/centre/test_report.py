@@ -99,6 +99,8 @@ def test_a_fault_whose_loss_nobody_measured_is_not_counted_as_0(db_url):
         rep = build(store, 30 * DAY)
         t = rep["totals"]
         assert (t["gpu_hours_lost"], t["time_lost_s"], t["lost_unmeasured"]) == (None, None, 1)
+        owners = {o["account"]: o for o in rep["owners"]}   # alice in b2: the failed job's loss unknown, not 0
+        assert owners["b2"]["gpu_hours_lost"] is None and owners["a1"]["gpu_hours_lost"] == 0.0, owners
         text = "\n".join(lines(rep))
         assert "faults cost not measured (1 failed, hung or restarted job" in text and "faults cost 0.0" not in text
         b2 = next(a for a in rep["accounts"] if a["account"] == "b2")
@@ -417,7 +419,7 @@ def test_a_crashed_rank_is_not_a_node_s_lost_time(db_url):
         store.add_jobs([proven(summary("60", ended=now - DAY, user="alice", outcome="failed",
                                        crashed=[event("nid060", 0, detail="exit 126")])),
                         proven(summary("61", ended=now - DAY, user="bob", hours=2.0, outcome="hung",
-                                       culprits=[event("nid061", 0)]))])
+                                       culprits=[event("nid061", 0)], ettr=0.6, why="detection"))])
         rep = build(store, 30 * DAY)
     finally:
         store.close()

@@ -448,7 +448,7 @@ class JobQueries:
         owners ordered by their GPU-hours at the lowest scores first."""
         rows = self._all(
             "SELECT user_name, account, COUNT(*), SUM(gpu_hours), AVG(gpu_score), "
-            "SUM(gpu_hours * (1 - gpu_score)), COALESCE(SUM(gpu_hours_lost), 0) "
+            f"SUM(gpu_hours * (1 - gpu_score)), SUM(gpu_hours_lost), {UNMEASURED} + {LOST_UNCOUNTED} "
             f"FROM ({LATEST}) t WHERE gpu_score IS NOT NULL GROUP BY user_name, account", (since,))
         owners_ = sorted(rows, key=lambda r: -(r[5] or 0))[:owners]
         worst = self._all(
@@ -462,8 +462,8 @@ class JobQueries:
                 {"job": job, "cluster": cluster, "attempt": attempt, "score": score, "bound": bound,
                  "gpu_hours": gpu_h, "ended": ended})
         return [{"user": u, "account": a, "jobs": n, "gpu_hours": gh, "mean_score": ms,
-                 "idle_gpu_hours": idle, "gpu_hours_lost": lost, "lowest": by_owner.get((u, a), [])}
-                for u, a, n, gh, ms, idle, lost in owners_]
+                 "idle_gpu_hours": idle, "gpu_hours_lost": _lost(lost, unknown), "lowest": by_owner.get((u, a), [])}
+                for u, a, n, gh, ms, idle, lost, unknown in owners_]
 
     def lost_by_account(self, since: float) -> list[dict[str, Any]]:
         rows = self._all(
