@@ -245,6 +245,31 @@ def test_jobs_users_and_nodes_rank_by_the_time_their_allocations_did_not_train(d
         store.close()
 
 
+def test_time_not_training_that_a_ledger_could_only_bound_is_shown_at_least(db_url):
+    """A job whose ledger counted steps done again that nobody measured as training (ETTR
+    "at most"): its time that did not train is a lower bound, "≥", for the job, its user
+    and the node it named (was: shown as exact); --json says ``lower_bound``."""
+    now = time.time()
+    doc = summary("80", ended=now - DAY, user="gina", hours=2.0, ettr=0.75, why="redone", outcome="hung",
+                  culprits=[event("nid080", 1)])
+    doc["ettr_bound"] = "at most"
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(doc), proven(summary("81", ended=now - DAY, user="hal", hours=2.0, ettr=0.5,
+                                                    why="idle"))])
+        rep = build(store, 30 * DAY)
+        jsonschema.validate(rep, schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+        nt = rep["not_training"]
+        jobs = {j["job"]: j for j in nt["jobs"]}
+        assert (jobs["80"]["lower_bound"], jobs["81"]["lower_bound"]) == (1, 0)
+        text = "\n".join(lines(rep))
+        gpu_h = jobs["80"]["gpu_hours_not_training"]
+        assert f"job 80 (gina): ≥ {gpu_h:,.2f} GPU-h" in text and f"user gina: ≥ {gpu_h:,.2f} GPU-h" in text, text
+        assert f"node nid080: ≥ {gpu_h:,.2f} GPU-h" in text and "job 81 (hal): 8.00 GPU-h" in text, text
+    finally:
+        store.close()
+
+
 def test_a_node_named_only_by_jobs_without_a_ledger_has_no_time_that_did_not_train_not_0(db_url):
     """Node nid070 was a hang's culprit in a job that recorded no step (no ledger: nothing
     measured what its allocation trained) and in one with a ledger: only the measured job

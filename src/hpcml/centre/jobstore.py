@@ -90,12 +90,17 @@ ALTER TABLE jobs_v6 RENAME TO jobs;
 CREATE INDEX IF NOT EXISTS jobs_latest_time ON jobs (latest, time)
 """,
 }
-JOB_COLS = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
-            "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
-            "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
-            "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest",
-            "node_hours_not_training", "gpu_hours_not_training", "not_training_why")
-GPUS_NULL_DDL["sqlite"] = GPUS_NULL_DDL["sqlite"].replace("{cols}", ", ".join(JOB_COLS))
+#: the jobs table's columns at schema version 6 (its rebuild copies these)
+JOB_COLS_V6 = ("cluster", "job", "attempt", "user_name", "account", "partition_name", "started", "ended",
+               "time", "duration_s", "exit_code", "outcome", "nodes", "gpus", "node_hours", "gpu_hours",
+               "time_lost_s", "gpu_hours_lost", "gpu_score", "bound", "throughput", "throughput_unit",
+               "attempts", "received", "body", "uid", "proof", "verified", "hangs", "latest",
+               "node_hours_not_training", "gpu_hours_not_training", "not_training_why")
+GPUS_NULL_DDL["sqlite"] = GPUS_NULL_DDL["sqlite"].replace("{cols}", ", ".join(JOB_COLS_V6))
+#: schema version 7: "at least" where the job's time that did not train is a lower bound (its
+#: ledger counted steps done again that nobody measured as productive: ETTR "at most")
+NOT_TRAINING_BOUND_DDL = "ALTER TABLE jobs ADD COLUMN not_training_bound TEXT"
+JOB_COLS = (*JOB_COLS_V6, "not_training_bound")
 NODE_COLS = ("cluster", "job", "attempt", "node", "role", "rank", "detail", "time", "verified")
 VETTING_COLS = ("cluster", "job", "attempt", "node", "time", "verdict", "failing", "verified")
 #: each job's latest verified attempt since a time (one row per job; ``latest`` is kept by
@@ -128,6 +133,10 @@ UNCOUNTED = "COALESCE(SUM(CASE WHEN gpu_hours IS NULL THEN 1 ELSE 0 END), 0)"
 LOST_UNCOUNTED = "COALESCE(SUM(CASE WHEN time_lost_s > 0 AND gpu_hours_lost IS NULL THEN 1 ELSE 0 END), 0)"
 
 
+#: the jobs whose time that did not train is a lower bound (``not_training_bound``)
+BOUNDED = "COALESCE(SUM(CASE WHEN not_training_bound IS NOT NULL THEN 1 ELSE 0 END), 0)"
+
+
 def _lost(total: float | None, unmeasured: int) -> float | None:
     """A sum of losses (or of GPU-hours): what was measured; None where nothing was and some
     job's went unmeasured (unknown, not 0); 0 where no job had any."""
@@ -145,7 +154,8 @@ def job_row(s: JobSummary, received: float) -> tuple:
             tp.unit if tp else None, s.attempts, received,
             orjson.dumps(s.model_dump(by_alias=True, exclude_none=True)).decode(),
             pr.uid, pr.how, int(pr.verified), max(s.hangs, int(s.outcome == "hung")), int(pr.verified),
-            s.node_hours_not_training, s.gpu_hours_not_training, s.not_training_why)
+            s.node_hours_not_training, s.gpu_hours_not_training, s.not_training_why,
+            "at least" if s.ettr_bound and s.node_hours_not_training is not None else None)
 
 
 def node_rows(s: JobSummary) -> list[tuple]:
@@ -483,24 +493,28 @@ class JobQueries:
         """The jobs whose allocation trained least, most GPU-hours (then node-hours) first."""
         rows = self._all(
             "SELECT cluster, job, attempt, user_name, account, gpu_hours, node_hours, gpu_hours_not_training, "
-            f"node_hours_not_training, not_training_why FROM ({LATEST}) t WHERE node_hours_not_training > 0 "
+            f"node_hours_not_training, not_training_why, not_training_bound FROM ({LATEST}) t "
+            "WHERE node_hours_not_training > 0 "
             "ORDER BY COALESCE(gpu_hours_not_training, 0) DESC, node_hours_not_training DESC, job LIMIT ?",
             (since, limit))
         return [{"cluster": c, "job": j, "attempt": a, "user": u, "account": acc, "gpu_hours": gh, "node_hours": nh,
-                 "gpu_hours_not_training": gl, "node_hours_not_training": nl, "why": why}
-                for c, j, a, u, acc, gh, nh, gl, nl, why in rows]
+                 "gpu_hours_not_training": gl, "node_hours_not_training": nl, "why": why, "lower_bound": int(bool(lb))}
+                for c, j, a, u, acc, gh, nh, gl, nl, why, lb in rows]
 
     def not_training_by_user(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Per user: the hours their jobs did not train, and the part that cost them most."""
         rows = self._all(
             "SELECT user_name, not_training_why, COUNT(*), SUM(gpu_hours_not_training), "
-            f"SUM(node_hours_not_training), SUM(gpu_hours), SUM(node_hours), {UNCOUNTED} FROM ({LATEST}) t "
-            "WHERE node_hours_not_training IS NOT NULL GROUP BY user_name, not_training_why", (since,))
+            f"SUM(node_hours_not_training), SUM(gpu_hours), SUM(node_hours), {UNCOUNTED}, {BOUNDED} "
+            f"FROM ({LATEST}) t WHERE node_hours_not_training IS NOT NULL GROUP BY user_name, not_training_why",
+            (since,))
         out: dict[Any, dict[str, Any]] = {}
-        for user, why, n, gl, nl, gh, nh, uncounted in rows:
+        for user, why, n, gl, nl, gh, nh, uncounted, bounded in rows:
             d = out.setdefault(user, {"user": user, "jobs": 0, "gpu_hours_not_training": None, "gpus_uncounted": 0,
-                                      "node_hours_not_training": 0.0, "gpu_hours": None, "node_hours": 0.0, "why": {}})
+                                      "node_hours_not_training": 0.0, "gpu_hours": None, "node_hours": 0.0,
+                                      "lower_bound": 0, "why": {}})
             d["jobs"] += n
+            d["lower_bound"] += bounded
             d["gpus_uncounted"] += uncounted     # their GPU-hours are unknown: the sums below leave them out
             if gl is not None:
                 d["gpu_hours_not_training"] = (d["gpu_hours_not_training"] or 0.0) + gl
@@ -523,17 +537,18 @@ class JobQueries:
         rows = self._all(
             "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
             "COALESCE(SUM(t.node_hours_not_training), 0), COALESCE(SUM(CASE WHEN t.node_hours_not_training "
-            "IS NOT NULL AND t.gpu_hours_not_training IS NULL THEN 1 ELSE 0 END), 0) "
+            f"IS NOT NULL AND t.gpu_hours_not_training IS NULL THEN 1 ELSE 0 END), 0), {BOUNDED} "
             "FROM (SELECT DISTINCT node, role, cluster, job, attempt "
             "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost')) n "
             f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
             "WHERE t.node_hours_not_training IS NOT NULL "       # a job without a ledger: not measured, not 0
             "GROUP BY n.node, n.role", (since,))
         out: dict[str, dict[str, Any]] = {}
-        for node, role, n, gl, nl, uncounted in rows:
+        for node, role, n, gl, nl, uncounted, bounded in rows:
             d = out.setdefault(node, {"node": node, "gpu_hours_not_training": 0.0, "node_hours_not_training": 0.0,
-                                      "gpus_uncounted": 0, "roles": {}})
+                                      "gpus_uncounted": 0, "lower_bound": 0, "roles": {}})
             d["roles"][role] = n
+            d["lower_bound"] += bounded
             d["gpu_hours_not_training"] += gl
             d["node_hours_not_training"] += nl
             d["gpus_uncounted"] += uncounted      # GPU-hours unknown: shown in node-hours (report._hours)

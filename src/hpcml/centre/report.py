@@ -179,10 +179,12 @@ def verdicts(store: Facts, since: float, now: float, drains: list[dict[str, Any]
 
 def _hours(d: dict[str, Any]) -> str:
     """Time that did not train, in GPU-hours where every job's GPUs are known, else node-hours
-    (known for every job): a sum that leaves some job out is never shown as the whole."""
+    (known for every job): a sum that leaves some job out is never shown as the whole; "≥"
+    where a job's ledger could only bound it."""
+    at_least = "≥ " if d.get("lower_bound") else ""      # steps done again nobody measured: counted as training
     if d.get("gpu_hours_not_training") and not d.get("gpus_uncounted"):
-        return f"{d['gpu_hours_not_training']:,.2f} GPU-h"
-    return f"{d['node_hours_not_training']:,.2f} node-h"
+        return f"{at_least}{d['gpu_hours_not_training']:,.2f} GPU-h"
+    return f"{at_least}{d['node_hours_not_training']:,.2f} node-h"
 
 
 def not_training_lines(nt: dict[str, Any]) -> list[str]:

@@ -349,20 +349,22 @@ def test_a_version_5_database_takes_jobs_whose_gpus_nobody_counted(db_url, reque
     GPUs and GPU-hours unknown (NULL), in a database made by the version before, whose
     columns said NOT NULL (where the old collector stored such a job as 0 GPUs); the rows
     already there are kept as they were, and the table is the one a new database has."""
-    from hpcml.centre.jobstore import JOB_COLS, job_row
+    from hpcml.centre.jobstore import JOB_COLS_V6 as JOB_COLS
+    from hpcml.centre.jobstore import job_row
     _version_5(db_url)
     old = proven(summary("8", gpus_per_node=2, hours=1.0))
     marks = ",".join(["?" if db_url.startswith("sqlite") else "%s"] * len(JOB_COLS))
     insert = f"INSERT INTO jobs ({','.join(JOB_COLS)}) VALUES ({marks})"
+    row = job_row(old, 1.0)[:len(JOB_COLS)]          # the row as that collector stored it
     if db_url.startswith("sqlite"):
         from hpcml.centre.collector.sqlite import path_of
         with sqlite3.connect(path_of(db_url)) as conn:
-            conn.execute(insert, job_row(old, 1.0))
+            conn.execute(insert, row)
             before = conn.execute(f"SELECT {','.join(JOB_COLS)} FROM jobs").fetchall()
     else:
         import psycopg
         with psycopg.connect(db_url, autocommit=True) as conn:
-            conn.execute(insert, job_row(old, 1.0))
+            conn.execute(insert, row)
             before = conn.execute(f"SELECT {','.join(JOB_COLS)} FROM jobs").fetchall()
     store = open_store(db_url)
     fresh = open_store(db_url.replace("vet.db", "fresh.db") if db_url.startswith("sqlite")

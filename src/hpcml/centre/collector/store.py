@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from hpcml.centre.collector.schema import NodeReport, measured
-from hpcml.centre.jobstore import GPUS_NULL_DDL, JOBS_DDL, LEDGER_DDL, PROOF_DDL, JobQueries
+from hpcml.centre.jobstore import GPUS_NULL_DDL, JOBS_DDL, LEDGER_DDL, NOT_TRAINING_BOUND_DDL, PROOF_DDL, JobQueries
 from hpcml.centre.summaries import Received as JobSummary
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.registry import Registry, UnknownName
@@ -40,7 +40,7 @@ RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outco
 #: the store's schema: 1 the vetting tables (no version row), 2 the job tables, 3 who
 #: proved each summary and the jobs' own vetting, 4 each report's evidence and sender, 5 the
 #: time each job did not train (its ledger), 6 GPUs and GPU-hours that may be unknown (NULL)
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 #: a report stored before version 4 was believed on the write token alone: unverified now
 EVIDENCE_DDL = """
 ALTER TABLE reports ADD COLUMN evidence TEXT NOT NULL DEFAULT 'none';
@@ -49,7 +49,7 @@ ALTER TABLE reports ADD COLUMN sender TEXT
 #: the DDL that takes a database from the version before to this one (by ``SqlStore.DIALECT``
 #: where the backends' SQL differs)
 MIGRATIONS: dict[int, str | dict[str, str]] = {2: JOBS_DDL, 3: PROOF_DDL, 4: EVIDENCE_DDL, 5: LEDGER_DDL,
-                                               6: GPUS_NULL_DDL}
+                                               6: GPUS_NULL_DDL, 7: NOT_TRAINING_BOUND_DDL}
 
 
 class StoreError(HpcmlError, RuntimeError):
