@@ -309,7 +309,7 @@ class JobQueries:
         # hours lost stay None (unknown) for a node whose jobs neither measured a loss nor were
         # stopped: a straggler's slowdown is not priced, and is not 0
         out: dict[str, dict[str, Any]] = {n: {"users": 0, "job_ids": [], "gpu_hours_lost": None, "node_hours_lost": None,
-                                              "gpus_uncounted": 0, "stopped": 0, "prolog_drains": 0,
+                                              "gpus_uncounted": 0, "stopped": 0, "unpriced": 0, "prolog_drains": 0,
                                               "last_prolog_drain": None} for n in nodes}
         faults = ",".join(repr(r) for r in NODE_FAULTS)
         for i in range(0, len(nodes), 500):
@@ -340,6 +340,14 @@ class JobQueries:
                     d["gpus_uncounted"] += gpu_h is None       # its allocation's GPU-hours: unknown
                     d["gpu_hours_lost"] = (d["gpu_hours_lost"] or 0.0) + (gpu_h or 0.0)
                     d["node_hours_lost"] = (d["node_hours_lost"] or 0.0) + (node_h or 0.0)
+            stopped = ",".join(repr(o) for o in STOPPED)
+            for node, unpriced in self._all(       # a slowdown or a recovery whose loss nobody priced
+                    "SELECT n.node, COUNT(DISTINCT n.cluster || '/' || n.job) FROM job_nodes n JOIN jobs j ON "
+                    "j.cluster = n.cluster AND j.job = n.job AND j.attempt = n.attempt AND j.latest = 1 AND "
+                    "j.verified = 1 WHERE n.time >= ? AND n.verified = 1 AND n.role IN ('straggler', 'culprit', 'lost') "
+                    f"AND j.time_lost_s IS NULL AND j.outcome NOT IN ({stopped}) AND n.node IN ({marks}) "
+                    "GROUP BY n.node", (since, *part)):
+                out[node]["unpriced"] = unpriced
             for node in part:
                 d = out[node]
                 d["users"] = len(users[node])

@@ -270,6 +270,8 @@ def _impact(n: dict[str, Any]) -> str:
     else:
         counted = n.get("gpu_hours_lost") and not n.get("gpus_uncounted")     # else node-h: every job's is known
         lost = (f"{n['gpu_hours_lost']:,.1f} GPU-h" if counted else f"{n['node_hours_lost']:,.1f} node-h")
+        if n.get("unpriced"):               # jobs it slowed or that recovered, whose loss nobody priced
+            lost = f"at least {lost} ({plural(n['unpriced'], 'job')} not priced)"
     stopped = f", {plural(n['stopped'], 'job')} stopped (whole allocations, an upper bound)" if n.get("stopped") else ""
     prolog = f"; the prolog drained it {n['prolog_drains']}x" if n.get("prolog_drains") else ""
     return (f"{plural(n.get('users', 0), 'user')}; jobs {jobs}; lost {lost}{stopped}; "

@@ -417,3 +417,22 @@ def test_a_nodes_lost_gpu_hours_are_not_shown_whole_when_a_jobs_gpus_went_uncoun
         assert "lost 4.5 node-h" in _impact(node), _impact(node)
     finally:
         store.close()
+
+
+def test_a_nodes_lost_hours_say_at_least_where_a_job_it_slowed_went_unpriced(db_url):
+    """nid019 hung one job (its loss measured: 12 GPU-h) and slowed another, which completed
+    with no loss priced (a straggler's slowdown is not): the node lost "at least" 12 GPU-h,
+    naming the job not priced (was: 12.0 GPU-h, as if the whole)."""
+    from hpcml.centre.report import _impact
+    store = open_store(db_url)
+    try:
+        store.add_jobs([proven(summary("5", outcome="hung", time_lost_s=3600, lost=[event("nid019")])),
+                        proven(summary("6", stragglers=[event("nid019", 1)]))])
+        node = store.node_details(["nid019"], 0.0)["nid019"]
+        assert node["unpriced"] == 1 and node["gpu_hours_lost"] == pytest.approx(12.0), node
+        assert "lost at least 12.0 GPU-h (1 job not priced)" in _impact(node), _impact(node)
+        store.add_jobs([proven(summary("7", stragglers=[event("nid020", 1)]))])
+        alone = store.node_details(["nid020"], 0.0)["nid020"]
+        assert alone["node_hours_lost"] is None and "not measured" in _impact(alone)
+    finally:
+        store.close()
