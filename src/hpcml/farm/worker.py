@@ -187,7 +187,7 @@ class Worker:
             self.beat()
             view.reap(self.alive, settings.lease, self._bury)
             view.refresh()
-            if self.fails_in_a_row and not self._judge():      # evidence that came after its last failure
+            if self.fails_in_a_row and not self._judge(refresh=False):  # evidence after its last failure
                 return NODE_RETIRED
             if view.all_final(settings):
                 return DONE
@@ -347,14 +347,16 @@ class Worker:
             self.fails_in_a_row.append(tid)
         return self._judge()
 
-    def _judge(self) -> bool:
+    def _judge(self, refresh: bool = True) -> bool:
         """The node's failures in a row, judged as they stand now (after a failure here, and
         while idle: a task that failed here may pass on another node after this node's last
-        failure, as the farm ends); False once retired."""
+        failure, as the farm ends); ``refresh``: list the farm first (the idle loop just
+        did). False once retired."""
         limit = self.settings.node_failures
         if not limit or len(self.fails_in_a_row) < limit:
             return True
-        self.view.refresh()
+        if refresh:
+            self.view.refresh()
         kinds = {t: self._blame(t) for t in self.fails_in_a_row}
         self.fails_in_a_row = [t for t in self.fails_in_a_row if kinds[t] != "code"]
         if len(self.fails_in_a_row) < limit:

@@ -52,12 +52,13 @@ def scan_zip(fs: FileScan, fh: BinaryIO, member: str, depth: int,
         fs.error(f"not a readable zip archive: {exc}", member)
         return
     with zf:
-        shift = _prepended(zf, fh)
+        end = _end_record(fh)           # read once: both checks below judge it
+        shift = _prepended(zf, end)
         if shift:      # Python adds the shift to every offset; torch's reader (miniz) does not
             fs.error(f"the central directory is {shift} bytes from where the archive says: Python's "
                      "zipfile and torch.load would read different members (a scanner bypass)", member)
             return
-        moved = _zip64_moved(zf, fh)
+        moved = _zip64_moved(end, fh)
         if moved:
             fs.error(moved, member)
             return
@@ -125,21 +126,29 @@ def _zip64_fields(extra: bytes) -> int:
     return count
 
 
-def _zip64_moved(zf: zipfile.ZipFile, fh: BinaryIO) -> str:
+def _end_record(fh: BinaryIO) -> list | None:
+    """The end of central directory record as Python's zipfile reads it (its stated offset,
+    unshifted; the ZIP64 record's values where there is one), or None."""
+    try:
+        return zipfile._EndRecData(fh) or None  # type: ignore[attr-defined]
+    except (OSError, AttributeError, struct.error):
+        return None
+
+
+def _zip64_moved(end: list | None, fh: BinaryIO) -> str:
     """A reason to refuse where the ZIP64 locator points at another ZIP64 end record than
     the one right before it: Python's zipfile reads the one before the locator and ignores
     its offset, torch's reader (miniz) follows the offset, so each would read its own
     central directory (a scanner bypass). torch writes the record right before the locator."""
+    if not end:
+        return ""
+    at = int(end[zipfile._ECD_LOCATION]) - LOCATOR_SIZE  # type: ignore[attr-defined]
+    if at < 0:
+        return ""
     try:
-        end = zipfile._EndRecData(fh)  # type: ignore[attr-defined]
-        if not end:
-            return ""
-        at = int(end[zipfile._ECD_LOCATION]) - LOCATOR_SIZE  # type: ignore[attr-defined]
-        if at < 0:
-            return ""
         fh.seek(at)
         locator = fh.read(LOCATOR_SIZE)
-    except (OSError, AttributeError, struct.error):
+    except OSError:
         return ""
     if len(locator) < LOCATOR_SIZE or locator[:4] != b"PK\x06\x07":
         return ""
@@ -151,13 +160,9 @@ def _zip64_moved(zf: zipfile.ZipFile, fh: BinaryIO) -> str:
     return ""
 
 
-def _prepended(zf: zipfile.ZipFile, fh: BinaryIO) -> int:
+def _prepended(zf: zipfile.ZipFile, end: list | None) -> int:
     """How far the central directory lies from the offset the end record states: bytes
     prepended to the archive, by Python's reckoning (it shifts every member by that much)."""
-    try:
-        end = zipfile._EndRecData(fh)  # type: ignore[attr-defined] # the stated offset, unshifted
-    except (OSError, AttributeError, struct.error):
-        return 0
     if not end:
         return 0
     return int(zf.start_dir) - int(end[zipfile._ECD_OFFSET])  # type: ignore[attr-defined]
