@@ -207,6 +207,21 @@ def test_bimodal_job_is_named_with_its_cost_and_both_readings(tmp_path):
     assert "transient_straggler" not in kinds
 
 
+def test_a_speed_split_counts_each_gpu_once_where_every_rank_lists_its_nodes_gpus(tmp_path):
+    """``srun --ntasks-per-node=4 --gpus-per-node=4``: every rank's ``gpus`` is the step's
+    four GPUs of its node (SLURM_STEP_GPUS). The split's GPU-hours count 16 GPUs, not 64."""
+    import json
+    slow = {r: 2.0 for r in range(8, 16)}
+    own = build(read_job(make_job(tmp_path / "own", 16, 300, slow_ranks=slow, seed=5)), limits=JUDGE).bimodal
+    d = make_job(tmp_path / "shared", 16, 300, slow_ranks=slow, seed=5)
+    for f in d.glob("rank-*.json"):
+        meta = json.loads(f.read_text())
+        f.write_text(json.dumps({**meta, "gpus": ["0", "1", "2", "3"]}))
+    shared = build(read_job(d), limits=JUDGE).bimodal
+    assert shared["lost_hours_unit"] == own["lost_hours_unit"] == "GPU-hours"
+    assert shared["lost_hours"] == pytest.approx(own["lost_hours"], rel=1e-6) and own["lost_hours"] > 0
+
+
 @pytest.mark.parametrize("parallelism,says,not_says", [("data", "exclude them", "rebalance"),
                                                         ("roles", "rebalance", "exclude")])
 def test_bimodal_advice_follows_the_jobs_parallelism(tmp_path, parallelism, says, not_says):

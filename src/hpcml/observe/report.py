@@ -479,15 +479,27 @@ def _split_cost(bimodal: dict[str, Any] | None, sg, rank_ids, meta_ranks: dict[s
     fast, slow = med["fast"], med["slow"]
     lost = 1 - fast / slow if fast and slow and slow > fast else None
     ranks = len(bimodal["fast_ranks"]) + len(bimodal["slow_ranks"])
-    gpus = [len((meta_ranks.get(str(r)) or {}).get("gpus") or []) for r in
-            [*bimodal["fast_ranks"], *bimodal["slow_ranks"]]]
-    per_rank_gpus = sum(gpus) / len(gpus) if gpus and all(gpus) else None
+    gpus = _distinct_gpus(meta_ranks, [*bimodal["fast_ranks"], *bimodal["slow_ranks"]])
     wall = (end - start) if start is not None and end is not None else None
-    hours = wall * lost * ranks * (per_rank_gpus or 1) / 3600 if wall and lost is not None else None
+    hours = wall * lost * (gpus or ranks) / 3600 if wall and lost is not None else None
     bimodal.update({"fast_step_s": _r(fast, 6), "slow_step_s": _r(slow, 6), "slow_nodes": nodes,
                     "time_lost_share": _r(lost, 4), "lost_hours": _r(hours, 3),
-                    "lost_hours_unit": "GPU-hours" if per_rank_gpus else "rank-hours",
+                    "lost_hours_unit": "GPU-hours" if gpus else "rank-hours",
                     "parallelism": parallelism if parallelism in PARALLELISM else None})
+
+
+def _distinct_gpus(meta_ranks: dict[str, dict], rank_list: list[int]) -> int | None:
+    """The GPUs ``rank_list`` held, each (node, GPU) once: ranks of one node may each list
+    all of its GPUs (``SLURM_STEP_GPUS`` names the step's, not the task's), so a sum over
+    ranks would count them once per rank. None where a rank's GPUs or node are not known."""
+    held: set[tuple[str, str]] = set()
+    for r in rank_list:
+        m = meta_ranks.get(str(r)) or {}
+        ids, node = m.get("gpus"), m.get("node") or m.get("host")
+        if not isinstance(ids, list) or not ids or not node:
+            return None
+        held |= {(str(node), str(g)) for g in ids}
+    return len(held) or None
 
 
 def _split_finding(b: dict[str, Any]) -> Finding:
