@@ -179,7 +179,8 @@ def test_the_heartbeat_s_throttling_is_of_the_gpus_nvml_saw_the_rank_on():
         return t
     assert run({0}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None}
     assert run({1}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x40}
-    assert run({2}, read={2: 0x4}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x4}
+    assert run({2}, read={2: 0x20}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x20}
+    assert run({2}, read={2: 0x4}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None}   # its power cap: load
     assert run(set()).beat()["gpu_throttled_s"] is None
     assert run({0}, lost_at=3).beat()["gpu_throttled_s"] is None
     one = _Throttle(one_gpu=True)                     # bound to the one GPU its recorder samples

@@ -443,11 +443,53 @@ def test_a_straggler_whose_gpu_is_held_back_for_heat_is_contention_and_a_power_c
     assert "GPU" in c[0].message and "cooling" in c[0].advice
     assert not any(f.kind == "chronic_straggler" for f in hot.findings)
     s5 = next(s for s in hot.stragglers if s["rank"] == 5)
-    assert 0.4 <= s5["gpu_throttled"] <= 0.6 and s5["gpu_throttle"] == ["sw_power_cap", "hw_thermal_slowdown"]
+    assert s5["gpu_throttled"] >= 0.9 and s5["gpu_throttle"] == ["hw_thermal_slowdown"]
     capped = build(read_job(make_job(tmp_path / "capped", 16, 300, slow_ranks={5: 1.5}, power_capped=True, seed=4)),
                    limits=JUDGE)
     assert not any(f.kind == "contention" for f in capped.findings)
     assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in capped.findings), capped.findings
+
+
+def test_a_straggler_that_waited_for_a_cpu_is_not_excused_where_no_other_rank_s_wait_was_measured(tmp_path):
+    """Rank 0 (1.5x slow) waited for a CPU half its time; no other rank's recorder measured
+    its wait (no schedstats on their nodes). Whether rank 0's wait sets it apart is unknown
+    (``contended`` None), so it stays a chronic straggler (was: measured against 0, excused
+    as contention, "the other ranks' unknown")."""
+    import numpy as np
+    import pyarrow as pa
+
+    from hpcml.observe.store import RankWriter, read_rank
+    from hpcml.testing.synthetic_job import _batch
+    d = make_job(tmp_path / "obs", 4, 300, slow_ranks={0: 1.5}, seed=4)
+    src = d / "rank-00000.arrows"
+    table = pa.Table.from_batches(read_rank(src).batches)
+    ts = table["ts"].cast(pa.int64()).to_numpy()
+    at = np.linspace(ts.min(), ts.max(), 50).astype(np.int64)
+    src.unlink()
+    w = RankWriter(src, 0)
+    for b in table.to_batches():
+        w.write_batch(b)
+    w.write_batch(_batch(pa, at, 0, "host", "proc_cpu_wait_s", (at - at[0]) / 2e6))
+    w.close()
+    rep = build(read_job(d), limits=JUDGE)
+    s0 = next(s for s in rep.stragglers if s["rank"] == 0)
+    assert s0["cpu_wait"] == pytest.approx(0.5, abs=0.01) and s0["contended"] is None, s0
+    assert any(f.kind == "chronic_straggler" and "rank 0" in f.message for f in rep.findings), rep.findings
+    assert not any(f.kind == "contention" for f in rep.findings), rep.findings
+
+
+def test_a_straggler_slow_in_its_own_compute_at_its_power_cap_is_named_not_excused(tmp_path):
+    """Rank 5 (1.5x slow in its own compute) keeps its GPU at the power cap on every sample,
+    while the others, waiting for it in NCCL's low-power kernels, are capped half the time
+    (../shared/recordings/h100: a bf16 GEMM capped at ~700 W, a resident kernel doing nothing
+    ~120 W). Under one enforced limit the cap marks load, not a cause: rank 5 is a chronic
+    straggler, not contention (was: "held back" in 50% more samples, excused)."""
+    rep = build(read_job(make_job(tmp_path / "obs", 16, 300, slow_ranks={5: 1.5}, power_capped=True,
+                                  clock_reasons={5: 0x4}, seed=4)), limits=JUDGE)
+    assert not any(f.kind == "contention" for f in rep.findings), rep.findings
+    assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in rep.findings), rep.findings
+    s5 = next(s for s in rep.stragglers if s["rank"] == 5)
+    assert not s5.get("contended") and s5["gpu_throttle"] is None
 
 
 def test_the_rank_the_arrivals_name_whose_gpu_is_held_back_is_contention(tmp_path):
@@ -558,7 +600,8 @@ def test_a_power_cap_no_other_rank_s_gpu_measured_excuses_no_straggler(tmp_path)
     import pyarrow.compute as pc
 
     from hpcml.observe.store import RankWriter, read_rank
-    d = make_job(tmp_path / "obs", 4, 300, ranks_per_node=4, slow_ranks={0: 1.5}, power_capped=True, seed=4)
+    d = make_job(tmp_path / "obs", 4, 300, ranks_per_node=4, slow_ranks={0: 1.5}, power_capped=True,
+                 clock_reasons={0: 0x40}, seed=4)
     for r in (1, 2, 3):
         src = d / f"rank-{r:05d}.arrows"
         table = pa.Table.from_batches(read_rank(src).batches)
@@ -571,4 +614,4 @@ def test_a_power_cap_no_other_rank_s_gpu_measured_excuses_no_straggler(tmp_path)
     assert not any(f.kind == "contention" for f in rep.findings), rep.findings
     assert any(f.kind == "chronic_straggler" and "rank 0" in f.message for f in rep.findings), rep.findings
     s0 = next(s for s in rep.stragglers if s["rank"] == 0)
-    assert s0["gpu_throttled"] is None and s0["gpu_throttle"] == ["sw_power_cap"]
+    assert s0["gpu_throttled"] is None and s0["gpu_throttle"] == ["hw_thermal_slowdown"]

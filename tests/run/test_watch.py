@@ -280,7 +280,7 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
 
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
               everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False,
-              cpu_hot: bool = False, gpus_of: int | None = None):
+              cpu_hot: bool = False, gpus_of: int | None = None, waits_of: int | None = None):
     """Heartbeats of a job whose ``slow_rank`` computes twice as long from step 100: with
     ``sync`` every rank's step lasts as long as the slowest's and the others wait the
     difference in collectives (a ``collective_wait`` per step), else each rank's step is its
@@ -290,7 +290,8 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
     rank's GPU reaches its power cap every other step (as busy GPUs do). ``cpu_hot``: the slow
     rank's CPU cores run throttled for heat from then on (the kernel's thermal throttle
     counters, as its recorder reports them; the others' too, a tenth of the time). ``gpus_of``:
-    only that rank's recorder reports GPU throttling (it claimed every GPU of the node).
+    only that rank's recorder reports GPU throttling (it claimed every GPU of the node);
+    ``waits_of``: only that rank's recorder reports its wait for a CPU (no schedstats on the others' nodes).
     Scanned every second of virtual time; (watch, seconds from onset to named)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(ranks)}
@@ -327,7 +328,7 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
                 gpu = gpus_of is None or r == gpus_of
-                w.write(progress[r], now=t, cpu_wait_s=waited[r], steal_s=0.0, gpu_throttled_s=held[r] if gpu else None,
+                w.write(progress[r], now=t, cpu_wait_s=waited[r] if waits_of in (None, r) else None, steal_s=0.0, gpu_throttled_s=held[r] if gpu else None,
                         gpu_throttle=(reasons[r] or None) if gpu else None,
                         **({"cpu_throttled_s": round(cooked[r], 3)} if cpu_hot else {}))
             watch.poll(t)
@@ -358,6 +359,15 @@ def test_a_rank_slowed_by_waiting_for_its_node_s_cpus_is_named_as_contention_not
     assert "waited for a CPU" in watch.timeline[0].what
     seen = watch.fields()
     assert [s.rank for s in seen.contended] == [1] and seen.stragglers == []
+
+
+def test_a_rank_that_waited_for_a_cpu_is_no_contention_where_no_other_rank_s_wait_was_measured(tmp_path):
+    """The slow rank waits for a CPU half its time, and no other rank's wait is measured (no
+    schedstats on their nodes): whether its wait sets it apart is unknown, not measured
+    against 0, so it stays a straggler a restart may act on (was: contention)."""
+    watch, after = _sync_job(tmp_path, 2, 0.5, 400, 1, sync=True, window=60.0, waiting=True, waits_of=1)
+    assert list(watch.stragglers) == [1] and watch.contended == {}, (watch.stragglers, watch.contended)
+    assert after is not None and after <= 60
 
 
 def test_a_rank_whose_gpu_is_held_back_for_heat_is_named_as_contention_with_the_reason(tmp_path):

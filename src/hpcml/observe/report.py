@@ -266,7 +266,9 @@ def _cpu_waits(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any) -> None:
         typical = float(np.median(others)) if others else None       # no other rank measured: unknown
         s["cpu_wait"] = _r(mine)
         s["cpu_wait_others"] = _r(typical) if typical is not None else None
-        s["contended"] = s["cpu_wait"] is not None and mine - (typical or 0.0) >= CONTENDED
+        # no other rank's wait measured: whether this one's sets it apart is unknown (None),
+        # and the rank stays a straggler, not excused as contention against an assumed 0
+        s["contended"] = None if typical is None else mine - typical >= CONTENDED
 
 
 def _contended_spans(transient: list[dict[str, Any]], degrading: list[dict[str, Any]], sg: Any, gw: Any,

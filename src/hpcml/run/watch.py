@@ -543,19 +543,19 @@ class Watch:
         from hpcml.samplers.clockreasons import reason_names
         st.cpu_wait, st.steal, st.gpu_throttled, st.cpu_throttled = self._cpu.shares(st.rank, seconds)
         beyond = [0.0, 0.0, 0.0]            # its CPU wait, GPU and CPU throttling beyond the others' median
-        gpu_known = True                    # whether any other rank's GPU throttling was measured
+        known = [True, True, True]          # whether any other rank's figure was measured
         if st.cpu_wait or st.gpu_throttled or st.cpu_throttled:
             others = [self._cpu.shares(r, seconds) for r in self.beats if r != st.rank]
             for k, (mine, i) in enumerate(((st.cpu_wait, 0), (st.gpu_throttled, 2), (st.cpu_throttled, 3))):
                 theirs = [x for o in others if (x := o[i]) is not None]
-                if k == 1 and not theirs:   # a power cap on every GPU excuses no rank: unknown, not 0
-                    gpu_known = False
+                if not theirs:              # what every rank may have alike excuses no rank: unknown, not 0
+                    known[k] = False
                     continue
-                beyond[k] = max(0.0, (mine or 0.0) - (float(np.median(theirs)) if theirs else 0.0))
+                beyond[k] = max(0.0, (mine or 0.0) - float(np.median(theirs)))
         if st.gpu_throttled is not None:
-            st.gpu_throttled = round(beyond[1], 3) if gpu_known else None
+            st.gpu_throttled = round(beyond[1], 3) if known[1] else None
         if st.cpu_throttled is not None:
-            st.cpu_throttled = round(beyond[2], 3)
+            st.cpu_throttled = round(beyond[2], 3) if known[2] else None
         b = self.beats.get(st.rank)
         if st.gpu_throttled and b is not None and b.gpu_throttle:
             st.gpu_throttle = reason_names(b.gpu_throttle)

@@ -2,9 +2,14 @@
 samplers, which read the same mask (``nvmlDeviceGetCurrentClocksEventReasons``; DCGM's field
 112, ``DCGM_FI_DEV_CLOCKS_EVENT_REASONS``, carries it unchanged).
 
-``SLOWDOWN`` are the reasons that cost a busy GPU its clocks for its power or its heat: a rank
-whose GPU is held back so is slowed by its GPU's surroundings (cooling, power delivery, a
-power cap), not by its own work; the straggler verdicts name that as contention."""
+``SLOWDOWN`` are the reasons that cost a busy GPU its clocks for its heat or its power delivery:
+a rank whose GPU is held back so is slowed by its GPU's surroundings (cooling, a power brake),
+not by its own work; the straggler verdicts name that as contention. The software power cap
+(``sw_power_cap``) is not among them: under one enforced limit it marks load, not a cause.
+A rank slow in its own compute keeps its GPU at the cap while the others wait in NCCL's
+kernels at low power (../shared/recordings/h100: a bf16 GEMM power-capped at ~700 W, a
+resident kernel doing nothing at ~120 W), so it would show "held back" the longer the slower
+it is, and a straggler would be excused as contention."""
 
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ CLOCK_REASONS = {
     "hw_power_brake_slowdown": 0x80,
     "display_clock_setting": 0x100,
 }
-SLOWDOWN = 0x4 | 0x8 | 0x20 | 0x40 | 0x80      # power cap, hardware, thermal (software, hardware), power brake
+SLOWDOWN = 0x8 | 0x20 | 0x40 | 0x80      # hardware, thermal (software, hardware), power brake
 MASK_MAX = 1 << 64                               # an unsigned long long, as NVML returns it
 
 
