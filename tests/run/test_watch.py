@@ -328,7 +328,8 @@ def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, s
         if step % max(1, int(1 / step_s)) == 0:
             for r, w in writers.items():
                 gpu = gpus_of is None or r == gpus_of
-                w.write(progress[r], now=t, cpu_wait_s=waited[r] if waits_of in (None, r) else None, steal_s=0.0, gpu_throttled_s=held[r] if gpu else None,
+                wait = waited[r] if waits_of in (None, r) else None
+                w.write(progress[r], now=t, cpu_wait_s=wait, steal_s=0.0, gpu_throttled_s=held[r] if gpu else None,
                         gpu_throttle=(reasons[r] or None) if gpu else None,
                         **({"cpu_throttled_s": round(cooked[r], 3)} if cpu_hot else {}))
             watch.poll(t)
