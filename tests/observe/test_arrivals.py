@@ -34,12 +34,12 @@ def _discovered(t_ns: int, rank: int) -> int:
     return t_ns + (phase - t_ns) % POLL_NS
 
 
-def _dump(rank: int, world: int, starts_ns: list[int], took_ms: list[float] | None) -> dict:
+def _dump(rank: int, world: int, starts_ns: list[int], took_ms: list[float] | None, backend: str = "nccl") -> dict:
     entries = []
     for seq, t in enumerate(starts_ns, 1):
         e = {"record_id": seq, "pg_id": 0, "process_group": ("0", "default_pg"), "thread_name": "pt_main_thread",
              "thread_id": "1", "collective_seq_id": seq, "p2p_seq_id": 0, "op_id": seq,
-             "profiling_name": "nccl:all_reduce", "time_created_ns": t - 200_000, "input_sizes": [[1024]],
+             "profiling_name": f"{backend}:all_reduce", "time_created_ns": t - 200_000, "input_sizes": [[1024]],
              "input_dtypes": ["Float"], "output_sizes": [[1024]], "output_dtypes": ["Float"], "state": "completed",
              "time_discovered_started_ns": _discovered(t, rank) if took_ms is not None else None,
              "time_discovered_completed_ns": (_discovered(t + int(took_ms[seq - 1] * 1e6), rank)
@@ -85,14 +85,14 @@ def test_the_rank_whose_kernels_start_last_and_run_shortest_is_named(tmp_path):
 def test_no_straggler_from_jitter_alone_nor_from_a_pair_that_takes_turns(tmp_path):
     rng = np.random.default_rng(5)
     base = 1_800_000_000_000_000_000 + np.arange(300) * 20_000_000
-    even = {r: _dump(r, 4, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None)
+    even = {r: _dump(r, 4, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None, "gloo")
             for r in range(4)}
     scores = arrivals(_written(tmp_path, even))
     assert scores[0].measure == "enqueue" and straggler(scores) is None
-    pair = {r: _dump(r, 2, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None)
+    pair = {r: _dump(r, 2, [int(b + j) for b, j in zip(base, rng.integers(0, 2_000_000, 300))], None, "gloo")
             for r in range(2)}
     assert straggler(arrivals(_written(tmp_path, pair))) is None        # each last about half the time
-    late = {0: pair[0], 1: _dump(1, 2, [int(b + 3_000_000) for b in base], None)}
+    late = {0: pair[0], 1: _dump(1, 2, [int(b + 3_000_000) for b in base], None, "gloo")}
     got = straggler(arrivals(_written(tmp_path, late)))
     assert got is not None and got.rank == 1 and got.measure == "enqueue"
 
@@ -300,7 +300,8 @@ def test_a_rank_late_by_less_than_the_chronic_share_of_a_step_is_no_straggler(tm
     """Rank 1 starts every collective 3 ms late: with 0.5 s steps that is 0.6% of a step, not
     a straggler by the step model's measure either; with 20 ms steps it is 15%, one."""
     base = 1_800_000_000_000_000_000 + np.arange(200) * 20_000_000
-    dumps = {0: _dump(0, 2, [int(b) for b in base], None), 1: _dump(1, 2, [int(b + 3_000_000) for b in base], None)}
+    dumps = {0: _dump(0, 2, [int(b) for b in base], None, "gloo"),
+             1: _dump(1, 2, [int(b + 3_000_000) for b in base], None, "gloo")}
     scores = arrivals(_written(tmp_path, dumps))
     assert straggler(scores, step_s=0.5) is None
     got = straggler(scores, step_s=0.02)
@@ -330,8 +331,44 @@ def test_a_live_dump_s_newest_untimed_collectives_and_skewed_clocks_do_not_misle
     assert top.collectives == 150 - 6 and 0.0035 < top.late_s < 0.0045
     untimed = {r: _dump(r, 4, [int(e["time_created_ns"]) + 200_000 for e in d["entries"]], None)
                for r, d in dumps.items()}
-    blind = straggler(arrivals(_written(tmp_path, untimed)))
-    assert blind is not None and blind.rank == 1          # the enqueue measure sees the skewed clock
+    # NCCL without timing: the host's enqueue times would name rank 1 for its skewed clock (and
+    # any rank for its host running ahead of its GPU): not judged, no one named
+    assert arrivals(_written(tmp_path, untimed)) == []
+
+
+def test_nccl_without_timing_names_no_one_by_the_host_s_enqueue_times(tmp_path):
+    """TORCH_NCCL_ENABLE_TIMING=0: rank 1's host issues every all-reduce 3 ms after the
+    others' (it logs, say) while the GPUs run in step. The enqueue times are the host's, not
+    the GPU's arrivals: no straggler (was: rank 1 named "enqueue"). The same dumps from gloo,
+    whose collectives run on the host as issued, name rank 1."""
+    base = 1_800_000_000_000_000_000 + np.arange(300) * 20_000_000
+    rng = np.random.default_rng(8)
+    starts = {r: [int(b + j + (3_000_000 if r == 1 else 0)) for b, j in zip(base, rng.integers(0, 500_000, 300))]
+              for r in range(4)}
+    assert arrivals(_written(tmp_path, {r: _dump(r, 4, s, None) for r, s in starts.items()})) == []
+    gloo = straggler(arrivals(_written(tmp_path, {r: _dump(r, 4, s, None, "gloo") for r, s in starts.items()})))
+    assert gloo is not None and gloo.rank == 1 and gloo.measure == "enqueue"
+
+
+def test_coalesced_collectives_are_timed_by_the_record_that_closes_them(tmp_path):
+    """Coalesced ops (``_coalescing_manager``): torch records each member op without events
+    and times only the closing ``coalesced`` record of the same sequence number. Rank 2
+    arrives 5 ms late and its kernels run 5 ms shorter: named by kernel duration, read from
+    the closing record (was: the first member's missing duration, judged by enqueue)."""
+    base = 1_800_000_000_000_000_000 + np.arange(120) * 50_000_000
+    dumps = {}
+    for r in range(4):
+        took = [1.0 + (0.0 if r == 2 else 5.0)] * 120
+        d = _dump(r, 4, [int(b + (5_000_000 if r == 2 else 0)) for b in base], took)
+        entries = []
+        for e in d["entries"]:
+            member = {**e, "profiling_name": "nccl:broadcast", "duration_ms": None,
+                      "time_discovered_started_ns": None, "time_discovered_completed_ns": None}
+            entries += [member, {**e, "record_id": e["record_id"] + 10_000, "profiling_name": "nccl:coalesced"}]
+        d["entries"] = entries
+        dumps[r] = d
+    top = straggler(arrivals(_written(tmp_path, dumps)))
+    assert top is not None and top.rank == 2 and top.measure == "kernel duration"
 
 
 def test_a_real_live_dump_of_an_hpcml_run_on_a_gpu_read_as_four_ranks(tmp_path):

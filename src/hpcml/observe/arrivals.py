@@ -18,8 +18,10 @@ Two measures, the better one where every member's entry allows it:
   others is minus its duration. No clock is compared between hosts, and the CUDA events are
   exact. (``time_discovered_started_ns`` is not the kernel's start but when the watchdog
   thread noticed it, on a poll every 100 ms or so; it is not used.)
-- ``enqueue`` (gloo, whose collectives run on the CPU as issued; NCCL without timing): when
-  the rank issued it, from each host's clock.
+- ``enqueue`` (gloo, whose collectives run on the CPU as issued): when the rank issued it,
+  from each host's clock. NCCL without timing is not judged: its host issues ahead of the
+  GPU and waits where it synchronises, so its enqueue times do not say who arrived last on
+  the GPU.
 
 Per collective every member of its group recorded, each rank's lateness is its arrival less
 the median arrival of the others (leave-one-out, as ``hpcml.observe.stragglers`` scores step
@@ -111,16 +113,23 @@ def reduce(dump: dict) -> dict[str, Any]:
     (enqueue s, seconds it ran on the GPU or None); the rest of the dump (its stacks, sizes) is
     dropped, so the watch keeps every rank's at little cost."""
     times: dict[str, dict[int, tuple[float, float | None]]] = {}
+    nccl: set[str] = set()
     for pg, seqs in collectives_of([e for e in dump.get("entries") or [] if isinstance(e, dict)]).items():
         for seq, entries in seqs.items():
             e = entries[0]
             created = _num(e.get("time_created_ns"), NS_MAX)
             if created is None:
                 continue
-            took = _num(e.get("duration_ms"), MS_MAX)
+            if any(str(x.get("profiling_name") or "").startswith("nccl:") for x in entries):
+                nccl.add(pg)
+            # coalesced ops: torch times only the record that closes them (its members have
+            # no events), so the duration is the last one written for the sequence number
+            took = next((t for x in reversed(entries) if (t := _num(x.get("duration_ms"), MS_MAX)) is not None),
+                        None)
             times.setdefault(pg, {})[seq] = (created / 1e9, None if took is None else took / 1000.0)
     config = dump.get("pg_config")
-    return {"pg_config": config if isinstance(config, dict) else {}, "times": times, "recv": _receives(dump)}
+    return {"pg_config": config if isinstance(config, dict) else {}, "times": times, "recv": _receives(dump),
+            "nccl": sorted(nccl)}
 
 
 def _receives(dump: dict) -> tuple[float, float] | None:
@@ -177,8 +186,14 @@ def arrivals(dumps: dict[int, dict], since: float | None = None) -> list[RankArr
             created, took = created[:, timed], took[:, timed]
             t = -took
             used.add("kernel duration")
+        elif any(pg in reduced[m].get("nccl", ()) for m in members):
+            # NCCL without timing (TORCH_NCCL_ENABLE_TIMING=0, or a dump taken before any
+            # kernel's end was seen): its enqueue times are the host's, which runs ahead of
+            # the GPU and waits where it synchronises; they say nothing of who arrived last
+            # on the GPU, so the group is not judged
+            continue
         else:
-            t = created
+            t = created                              # gloo: the collective runs on the host
             used.add("enqueue")
         lateness = t - others_median(t)
         top = t.max(axis=0)
