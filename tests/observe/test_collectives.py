@@ -55,6 +55,46 @@ def test_a_blocking_call_is_timed_once_and_an_async_one_not_at_all():
     assert len(w.q) == 2 and other == [None]
 
 
+def test_nothing_is_timed_on_a_group_whose_backend_is_nccl(monkeypatch):
+    """NCCL queues its work on a stream: the CPU waits in neither a call nor DDP's backward,
+    and a timer there reads the launch (0.37 ms a step on an H100's DDP,
+    tests/fixtures/gpu/run/report.json), which would keep the watch from the Flight Recorder's
+    kernel times. A group whose backend is NCCL is not timed. Mocked: the backend's name
+    (``dist.get_backend``), as NCCL cannot run on this machine; the DDP is a stand-in whose
+    parameters get DDP's hooks the way ``_ddp`` gives them."""
+    import torch
+    import torch.distributed as dist
+
+    from hpcml.observe.collectives import Backward, _ddp
+    backend = {"name": "nccl"}
+    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend["name"])
+    w = Waits()
+
+    def all_reduce(tensor, op=None, group=None, async_op=False):
+        time.sleep(0.01)
+
+    wrapped = timed(all_reduce, w)
+    wrapped(1)
+    wrapped(1, group="pg")
+    assert not w.q
+    backend["name"] = "gloo"
+    wrapped(1, None, "pg")
+    assert len(w.q) == 1
+
+    class DDP:
+        def __init__(self, module, process_group=None):
+            self.module, self.process_group = module, process_group
+
+    clock = Backward(Waits())
+    _ddp(DDP, clock)
+    for name, hooked in (("nccl", False), ("gloo", True)):
+        backend["name"] = name
+        model = DDP(torch.nn.Linear(4, 1), "pg")
+        clock.last = 0
+        model.module(torch.ones(2, 4)).sum().backward()
+        assert (clock.last > 0) is hooked, name
+
+
 RANK = textwrap.dedent("""
     import json, os, sys, time
     import torch, torch.distributed as dist
