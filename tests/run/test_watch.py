@@ -278,6 +278,45 @@ def test_a_rank_that_turns_slow_is_named_within_a_minute_with_its_onset(tmp_path
     assert 'hpcml_run_straggler_score{node="n4",rank="4",slurm_job="77"}' in text
 
 
+def _metrics(port: int) -> str:
+    import urllib.request
+    return urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10).read().decode()
+
+
+@pytest.mark.parametrize("timeout", [None, float("inf")])
+def test_the_hang_gauge_is_absent_until_the_watch_has_judged_never_0_for_unjudged(tmp_path, timeout):
+    """``hpcml_run_hang`` reads 0 only once the watch has judged the job not hung: before any
+    step ended (stuck in NCCL's init, say) and with ``--hang-timeout off`` (inf) it is absent,
+    so an alert on it is not told "not hung" by a check that never ran (was: 0 from the start)."""
+    from hpcml.ports import free_port
+    from hpcml.run.watchexport import WatchExporter
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(2)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(2)}
+    port = free_port("127.0.0.1")
+    watch = Watch(d, 0, 2, period=1.0, timeout=timeout, exporter=WatchExporter(port, "127.0.0.1", "78"))
+    try:
+        t = 1_800_000_000.0
+        for r, w in writers.items():
+            w.write(progress[r], now=t)                    # alive, no step yet
+        watch.poll(t)
+        assert "hpcml_run_hang{" not in _metrics(port)
+        for step in range(20):
+            t += 0.5
+            for p in progress.values():
+                p.update([t], ["section"], ["step"], [0.5], [step])
+            for r, w in writers.items():
+                w.write(progress[r], now=t)
+            watch.poll(t)
+        text = _metrics(port)
+        if timeout is None:
+            assert 'hpcml_run_hang{slurm_job="78"} 0.0' in text, text
+        else:
+            assert "hpcml_run_hang{" not in text, text
+    finally:
+        watch.exporter.close()
+
+
 def _sync_job(tmp_path, ranks: int, step_s: float, steps: int, slow_rank: int, sync: bool, window: float,
               everyone: bool = False, waiting: bool = False, hot: bool = False, capped: bool = False,
               cpu_hot: bool = False, gpus_of: int | None = None, waits_of: int | None = None):

@@ -177,6 +177,7 @@ class Watch:
     period: float | None = None
     timeline: list[Event] = field(default_factory=list)
     hang: Hang | None = None
+    hang_judged: bool = False                    # the hang check ran past the first step, with a timeout
     beats: dict[int, Beat] = field(default_factory=dict)
     _next: float = 0.0
     _crashed: set[int] = field(default_factory=set)
@@ -242,7 +243,8 @@ class Watch:
         if self._collect is not None:                # conclude on time, not a scan period late
             self._next = min(self._next, self._collect[1], self._fr_until or self._next)
         if self.exporter is not None:
-            self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes, self.hang is not None)
+            self.exporter.update(self.beats, self.scores, self.stragglers, self.crashed_codes,
+                                 True if self.hang is not None else False if self.hang_judged else None)
         return action
 
     def stopping(self, kind: FaultKind, what: str, began: float | None, node: str) -> None:
@@ -631,6 +633,7 @@ class Watch:
         if not alive or not idle:
             return                               # never before the first step ends
         quiet, limit = min(idle), self.hang_timeout()
+        self.hang_judged = self.hang_judged or limit != float("inf")      # --hang-timeout off: never
         if quiet < limit:
             return
         steps = [b.step for b in alive.values() if b.step is not None]

@@ -29,14 +29,17 @@ class WatchExporter:
                            registry=self.registry)
         self.crashed = Gauge("hpcml_run_crashed_exit_code", "Exit code of a rank that crashed", base,
                              registry=self.registry)
-        self.hang = Gauge("hpcml_run_hang", "1 once the watch found the job hung", ("slurm_job",), registry=self.registry)
+        # absent until the watch has judged (a step ended, --hang-timeout not off): unknown is not 0
+        self.hang = Gauge("hpcml_run_hang", "1 once the watch found the job hung, 0 while it judges it not hung",
+                          ("slurm_job",), registry=self.registry)
         self.step = Gauge("hpcml_run_step", "The furthest step any rank completed", ("slurm_job",),
                           registry=self.registry)
-        self.hang.labels(job).set(0)
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
 
     def update(self, beats: dict[int, Beat], scores: dict[int, float], stragglers: dict[int, Straggler],
-               crashed: dict[int, int], hung: bool) -> None:
+               crashed: dict[int, int], hung: bool | None) -> None:
+        """``hung`` None: not judged yet (no step ended) or never (--hang-timeout off): the
+        gauge stays absent rather than read "not hung"."""
         steps = [b.step for b in beats.values() if b.step is not None]
         if steps:
             self.step.labels(self.job).set(max(steps))
@@ -48,7 +51,8 @@ class WatchExporter:
             self.since.labels(self.job, str(rank), node.get(rank, "")).set(s.since_step)
         for rank, code in crashed.items():
             self.crashed.labels(self.job, str(rank), node.get(rank, "")).set(code)
-        self.hang.labels(self.job).set(1 if hung else 0)
+        if hung is not None:
+            self.hang.labels(self.job).set(1 if hung else 0)
 
     def close(self) -> None:
         self.server.shutdown()
