@@ -138,6 +138,37 @@ def test_processes_of_other_users():
         proc.wait()
 
 
+HIDDEN = "proc /proc proc rw,nosuid,nodev,noexec,relatime,hidepid=invisible 0 0\n"
+
+
+def test_proc_mounted_with_hidepid_hides_other_users_from_all_but_root_and_its_group():
+    """As the kernel writes /proc/self/mounts: ``hidepid=invisible`` (2, Linux >= 5.8),
+    ``hidepid=2`` before, ``gid=`` exempting a group; a proc mounted elsewhere is not /proc."""
+    from hpcml.vet.checks.processes import hidden
+    plain = "sysfs /sys sysfs rw 0 0\nproc /proc proc rw,nosuid,nodev,noexec,relatime 0 0\n"
+    assert hidden(plain, 1000, [1000]) is None
+    assert hidden(HIDDEN, 1000, [1000]) == "/proc is mounted hidepid=invisible"
+    assert hidden(HIDDEN, 0, [0]) is None
+    assert hidden("proc /proc proc rw,relatime,hidepid=2 0 0\n", 1000, []) == "/proc is mounted hidepid=2"
+    assert hidden("proc /proc proc rw,relatime,gid=27,hidepid=2 0 0\n", 1000, [27]) is None
+    assert hidden("proc /proc proc rw,relatime,hidepid=0 0 0\n", 1000, []) is None
+    assert hidden("proc /run/x/proc proc rw,hidepid=2 0 0\n", 1000, []) is None
+
+
+def test_processes_of_other_users_hidden_by_hidepid_are_not_judged_none(tmp_path, monkeypatch):
+    """A user's check on a node whose /proc hides other users' processes sees none of them:
+    not judged (error), never "no processes of other users" (was: pass, 0). Mocked: this
+    process's euid and the mounts file, as a non-root user on such a node has them (the
+    suite runs as root, which hidepid does not hide from)."""
+    import hpcml.vet.checks.processes as processes
+    mounts = tmp_path / "mounts"
+    mounts.write_text(HIDDEN)
+    monkeypatch.setattr(processes, "MOUNTS", str(mounts))
+    monkeypatch.setattr(processes.os, "geteuid", lambda: 1000)
+    r = run(ProcessesCheck, min_uid=1_000_000)
+    assert r.outcome is Outcome.ERROR and "hidepid=invisible" in r.message and "not judged" in r.message
+
+
 def test_tcp():
     srv = socket.socket()
     srv.bind(("127.0.0.1", 0))

@@ -8,9 +8,34 @@ from typing import TYPE_CHECKING
 import psutil
 
 from hpcml.vet.checks.base import Check, CheckReport, judge
+from hpcml.vet.model import Outcome
 
 if TYPE_CHECKING:  # the string type argument below
     from hpcml.vet.checks.params import ProcessesParams  # noqa: F401
+
+
+MOUNTS = "/proc/self/mounts"
+
+
+def hidden(mounts: str, euid: int, groups: list[int]) -> str | None:
+    """Why other users' processes may be hidden from this process, or None: ``/proc``
+    mounted with ``hidepid`` 1 or 2 (``noaccess``, ``invisible`` since Linux 5.8), as many HPC
+    sites mount it, unless this process is root or in the mount's ``gid=`` group."""
+    if euid == 0:
+        return None
+    for line in mounts.splitlines():
+        f = line.split()
+        if len(f) < 4 or f[2] != "proc" or f[1] != "/proc":
+            continue
+        opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in f[3].split(","))
+        level = opts.get("hidepid")
+        if level is None or level in ("0", "off"):
+            continue
+        gid = opts.get("gid", "")
+        if gid.isdigit() and int(gid) in groups:
+            continue
+        return f"/proc is mounted hidepid={level}"
+    return None
 
 
 class ProcessesCheck(Check["ProcessesParams"]):
@@ -20,15 +45,32 @@ class ProcessesCheck(Check["ProcessesParams"]):
         p = self.params
         me = os.getuid()
         foreign = []
+        unread = 0                       # processes whose owner this process may not read
         for proc in psutil.process_iter(["pid", "name", "uids", "username"]):
             info = proc.info
             uid = info["uids"].real if info.get("uids") else None
-            if uid is None or uid == me or uid < p.min_uid:
+            if uid is None:
+                unread += 1
+                continue
+            if uid == me or uid < p.min_uid:
                 continue
             if info["username"] in p.allowed_users or info["name"] in p.ignore_names:
                 continue
             foreign.append(f"{info['username']}:{info['name']}({info['pid']})")
         msg = ", ".join(foreign[:10]) + (" …" if len(foreign) > 10 else "")
+        try:
+            with open(MOUNTS) as f:
+                why = hidden(f.read(), os.geteuid(), os.getgroups())
+        except OSError:
+            why = None
+        if why is None and unread:
+            why = f"the owner of {unread} processes could not be read"
+        if why is not None and len(foreign) <= p.max_foreign:
+            # what was seen passes, but what may be hidden was not judged: unknown, not "none"
+            return CheckReport(Outcome.ERROR, len(foreign) if foreign else None, f"<= {p.max_foreign}", "processes",
+                               f"other users' processes not judged: {why}"
+                               + (f" (seen: {msg})" if msg else "") + "; run the check as root, or in /proc's gid= group",
+                               {"processes": foreign[:50], "hidden": why})
         return judge(len(foreign) <= p.max_foreign, len(foreign), threshold=f"<= {p.max_foreign}",
                      unit="processes", message=msg or "no processes of other users",
                      processes=foreign[:50])
