@@ -41,6 +41,19 @@ def test_rank_0_steps_and_samples_from_a_rate_are_close_to_the_work_done():
     assert text.startswith("100 steps (rank 0; ranks did 90-100); about 6,") and "samples on rank 0" in text, text
 
 
+def test_a_rate_logged_every_10_steps_counts_the_10_steps_it_follows():
+    """A script that logs ``samples_per_s`` every 10th step (``if step % 10 == 0``) of 1,000
+    steps of 64 samples: about 64,000 samples, not the 6,400 of the steps that have a rate
+    row of their own; the steps after the last rate row count at its rate."""
+    took = np.full(1000, 1.0)
+    ends = (np.cumsum(took) * 1e6).astype(np.int64)
+    steps = Series(np.zeros(1000, np.int64), ends, took, np.arange(1000, dtype=np.int64))
+    rate = metric([(0, int(ends[i]) + 300, 64.0) for i in range(0, 1000, 10)])
+    p = summarise({("section", "step"): steps, ("metric", "samples_per_s"): rate})
+    assert abs(p["samples"]["value"] - 64_000) < 1, p["samples"]
+    assert "since the one before" in p["samples"]["how"]
+
+
 def test_a_counter_is_the_count_and_no_rank_0_data_says_whose_values():
     steps = Series(np.array([1, 1]), np.array([1, 2]), np.array([0.1, 0.1]), np.array([0, 1]))
     p = summarise({("section", "step"): steps, ("metric", "consumed_samples"): metric([(1, 3, 512.0)]),

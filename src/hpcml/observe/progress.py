@@ -83,7 +83,7 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
             if rate and steps is not None and step_rank is not None else None
         if rate is not None and total is not None:
             out["samples"] = {"value": total, "unit": rate.split("_per_")[0], "rank": step_rank, "estimate": True,
-                              "how": f"about: each {rate} rank {step_rank} logged times the step it followed"}
+                              "how": f"about: each {rate} rank {step_rank} logged times the steps since the one before"}
     if out["steps"] is None and not metrics:
         return None
     return out
@@ -105,9 +105,11 @@ def _logged_steps(series: Mapping[tuple[str, str], Any], prefer: int) -> dict[st
 
 
 def _integrate(rate: Any, steps: Any, rank: int) -> float | None:
-    """The work of one rank's steps: each rate row times the duration of the step that ended
-    last before it (its own step, where the script logs after it), each step counted once.
-    Not a mean rate times the total: the mean of per-step rates overstates the work."""
+    """The work of one rank's steps: each rate row times the duration of the steps it
+    follows, since the rate row before (its own step, where the script logs after every step;
+    the ten before it, where it logs every ten), each step counted once; the steps after the
+    last rate row at that rate. Not a mean rate times the total: the mean of per-step rates
+    overstates the work."""
     r = (rate.rank == rank) & np.isfinite(rate.value)
     ok = steps.rank == rank
     if steps.step is not None:
@@ -123,7 +125,14 @@ def _integrate(rate: Any, steps: Any, rank: int) -> float | None:
     per_step: dict[int, float] = {}
     for i, v in zip(idx[keep].tolist(), rate.value[r][keep].tolist()):
         per_step[i] = v                                  # the last rate logged after a step is its own
-    return float(sum(v * float(took[i]) for i, v in per_step.items() if np.isfinite(took[i])))
+    done = np.concatenate([[0.0], np.cumsum(np.where(np.isfinite(took), took, 0.0))])   # seconds through step i
+    total, since = 0.0, 0
+    for i in sorted(per_step):
+        total += per_step[i] * float(done[i + 1] - done[since])
+        since = i + 1
+    if since < len(took):                               # the steps after the last rate row
+        total += per_step[max(per_step)] * float(done[-1] - done[since])
+    return float(total)
 
 
 def line(progress: dict[str, Any] | None) -> str:
