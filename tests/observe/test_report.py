@@ -87,6 +87,19 @@ def test_missing_and_damaged_ranks_are_reported_and_skipped(rep):
     assert len(rep.findings) <= 5 and all(f.advice for f in rep.findings)
 
 
+def test_a_store_whose_rank_0_never_recorded_has_rank_0_missing_not_none(tmp_path):
+    """Rank 0's recorder writes job.json; where it never started, ranks 1-7 have data and
+    there is no job.json. Rank 0 is missing (a ``missing_rank`` finding, the store not whole),
+    not "nothing stands out"."""
+    d = make_job(tmp_path / "obs", 8, 100, missing={0}, seed=2)
+    (d / "job.json").unlink()
+    job = read_job(d)
+    assert job.missing == [0]
+    rep = build(job)
+    assert rep.missing_ranks == [0] and rep.ranks_expected == 8
+    assert any(f.kind == "missing_rank" and "rank 0 " in f.message for f in rep.findings), rep.findings
+
+
 def test_throughput_uses_the_logged_metric_else_step_rate(rep, tmp_path):
     assert rep.throughput["name"] == "tokens_per_s"
     assert 40_000 < rep.throughput["median"] < 60_000           # 8192 tokens / ~0.16 s

@@ -229,8 +229,15 @@ def _read_all(files: list[Path]) -> list[RankData]:
 
 
 def missing_ranks(meta: dict[str, Any], with_data: set[int]) -> list[int]:
-    """Ranks the metadata expects that have no data."""
-    return [r for r in range(int(meta.get("ntasks") or 0)) if r not in with_data]
+    """Ranks the metadata expects that have no data. Without ``job.json``'s ``ntasks`` (rank
+    0's recorder writes it: one that never started wrote none), the ranks below the highest
+    one seen that have no data, rank 0 among them: the job had at least that many, and a
+    store with a gap is not whole (not "no rank missing")."""
+    n = int(meta.get("ntasks") or 0)
+    if not n:
+        seen = set(with_data) | {int(r) for r in meta.get("ranks") or {} if str(r).isdigit()}
+        n = max(seen) + 1 if seen else 0
+    return [r for r in range(n) if r not in with_data]
 
 
 def read_job(path: str | os.PathLike) -> JobData:
