@@ -87,6 +87,24 @@ def test_a_crash_between_the_two_renames_of_a_re_save_keeps_the_step(tmp_path):
     assert _load(ck) == 6
 
 
+def test_ls_json_gives_a_partial_checkpoint_s_size_as_unknown_not_0(tmp_path):
+    """A save cut short leaves ``.partial-step-N`` of some gigabytes: its size is not summed,
+    so ``ls --json`` gives null (was 0: a script adding up the disk used counted nothing)."""
+    import jsonschema
+
+    from hpcml import schemas
+    ck = tmp_path / "ck"
+    subprocess.run([sys.executable, str(TASK), str(ck), "--at", "4"], check=True, timeout=120)
+    (ck / ".partial-step-00000009").mkdir()
+    (ck / ".partial-step-00000009" / "rank-00000.bin").write_bytes(b"\0" * 4096)
+    ls = subprocess.run([sys.executable, "-m", "hpcml", "ckpt", "ls", "--json", str(ck)], capture_output=True,
+                        text=True, timeout=60)
+    doc = json.loads(ls.stdout)
+    jsonschema.validate(doc, schemas.load("ckpt.list"))
+    sizes = {e["state"]: e["size"] for e in doc["checkpoints"]}
+    assert sizes["partial"] is None and sizes["committed"] > 0, doc
+
+
 @pytest.mark.parametrize("edit", [
     lambda m: m.update(rank=m.pop("ranks")),                 # "ranks" renamed
     lambda m: m.update(world_size="1"),                     # a string

@@ -161,6 +161,29 @@ def _injected(log: Path) -> set[int]:
     return {int(r) for r in m.group(1).split(",")}
 
 
+def test_a_receive_without_its_p2p_number_is_numbered_unknown_not_0(tmp_path):
+    """A torch whose entries carry no ``p2p_seq_id``: the unmatched receive's number is
+    unknown (None in ``--json``, "#?" in the text), not "#0"."""
+    import subprocess
+    import sys
+    entries = {0: [_send(0, 1, 1, 1)], 1: [_send(1, 1, 1, 1)],
+               2: [_recv(2, 1, 0, 1), _send(2, 2, 2, 2)], 3: [_recv(3, 1, 0, 1), _send(3, 2, 2, 2)],
+               4: [_recv(4, 1, 1, 1), _all_reduce(4, 2, TP_LEVEL + 1), _send(4, 3, 3, 2)],
+               5: [_recv(5, 1, 1, 1)], 6: [_recv(6, 1, 2, 1)], 7: [_recv(7, 1, 2, 1)]}
+    d = _write(tmp_path / "fr", entries, {4: TP_LEVEL + 1, 5: TP_LEVEL})
+    for f in d.iterdir():
+        dump = pickle.loads(f.read_bytes())
+        for e in dump["entries"]:
+            e.pop("p2p_seq_id")
+        f.write_bytes(pickle.dumps(dump))
+    rep = analyse(d)
+    p2p = [f for f in rep.findings if f.kind == "p2p-unmatched"]
+    assert p2p and all(f.seq is None for f in p2p), [(f.kind, f.seq) for f in rep.findings]
+    out = subprocess.run([sys.executable, "-m", "hpcml", "observe", "hang", str(tmp_path / "fr")],
+                         capture_output=True, text=True, timeout=60).stdout
+    assert "point-to-point #?" in out and "point-to-point #0" not in out, out
+
+
 def test_roots_of_nvidia_fault_injection_dumps_are_the_faulty_ranks():
     """Each set: 16 ranks of a Megatron job (tensor, expert and pipeline parallel) with
     faults injected. The roots are what NVRx's own analyser names, all of them ranks the

@@ -18,7 +18,7 @@ LIST_TAG = schemas.tag("ckpt.list", 1)
 class Entry:
     step: int
     state: str                    # "committed", "partial", "corrupt", "superseded" (a re-save's old copy)
-    size: int
+    size: int | None              # None: not measured (a partial or superseded copy is not summed)
     world_size: int | None
     tiers: list[str]
     path: str
@@ -60,7 +60,7 @@ def inventory(root: Path, *, local: Path | None = None, verify: bool = False, st
         if local is not None and (local / layout.step_name(f.step)).is_dir():
             tiers.append("local")
         if not f.committed:
-            entries.append(Entry(f.step, "superseded" if f.superseded else "partial", 0, None, tiers, str(f.path)))
+            entries.append(Entry(f.step, "superseded" if f.superseded else "partial", None, None, tiers, str(f.path)))
             continue
         problems = layout.verify(f, checksums=verify)
         man = f.manifest or {}

@@ -87,7 +87,7 @@ PROGRESS = ("enqueued", "started", "completed")
 @dataclass
 class Finding:
     pg: str                      # process group name (and description)
-    seq: int                     # collective_seq_id
+    seq: int | None              # collective_seq_id (p2p_seq_id for point-to-point; None: the dump gave none)
     kind: str                    # "never-entered", "never-started" or "mismatch"
     culprits: list[int]          # ranks to look at first, sorted; empty: no culprit can be named
     detail: str
@@ -503,7 +503,7 @@ def _p2p_ops(dump: dict, rank: int, groups: dict[str, tuple[str, list[int]]]
 def _p2p_unmatched(label: str, me: int, kind: str, peer: int, e: dict, n: int) -> Finding:
     verb = "a receive from" if kind == "recv" else "a send to"
     never = "the send" if kind == "recv" else "the receive"
-    return Finding(label, _seq(e, "p2p_seq_id") or 0, "p2p-unmatched", [peer],
+    return Finding(label, _seq(e, "p2p_seq_id"), "p2p-unmatched", [peer],
                    f"rank {me} waits in {verb} rank {peer} ({_op(e)}, its #{n + 1} towards rank {peer}, "
                    f"p2p_seq_id {_seq(e, 'p2p_seq_id')}); rank {peer} never enqueued {never}; "
                    f"waiting: rank {me}; late: rank {peer}", [me], waiting=[me], late=[peer])
@@ -562,7 +562,7 @@ def _p2p_findings(dumps: dict[int, dict], groups: dict[str, tuple[str, list[int]
             x = theirs[n]
             their_size = x.get("output_sizes" if kind == "send" else "input_sizes")
             if kind == "send" and mine_size != their_size:
-                out.append(Finding(label, _seq(e, "p2p_seq_id") or 0, "mismatch", [],
+                out.append(Finding(label, _seq(e, "p2p_seq_id"), "mismatch", [],
                                    f"rank {me} sends {mine_size} to rank {peer}, which receives "
                                    f"{their_size}: no culprit can be named", sorted({me, peer})))
     return out

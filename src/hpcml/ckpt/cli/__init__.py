@@ -25,7 +25,7 @@ def _render(inv) -> None:
     for col in ("step", "state", "size", "world", "tiers", "problem"):
         table.add_column(col)
     for e in inv.entries:
-        table.add_row(str(e.step), e.state, fmt_bytes(e.size) if e.size else "–", str(e.world_size or "–"),
+        table.add_row(str(e.step), e.state, fmt_bytes(e.size) if e.size is not None else "–", str(e.world_size or "–"),
                       ",".join(e.tiers), e.problems[0] if e.problems else "")
     Console().print(table)
 

@@ -89,7 +89,7 @@ def hang_cmd(
         print(f"no dump from ranks {rep.missing}: look at them first (they may have died)")
     for f in rep.findings:
         what = 'point-to-point' if f.kind.startswith('p2p') else 'collective'
-        print(f"process group {f.pg}, {what} #{f.seq}: {f.kind}: {f.detail}")
+        print(f"process group {f.pg}, {what} #{'?' if f.seq is None else f.seq}: {f.kind}: {f.detail}")
     if rep.roots:
         print(rep.summary())
     if not rep.findings and not rep.missing:
@@ -168,7 +168,8 @@ def _print_report(rep, html_path: Path) -> None:
             lo, hi = min(vals), max(vals)
             spark = "".join(" " if v is None else "▁▂▃▄▅▆▇█"[min(7, int((v - lo) / ((hi - lo) or 1) * 8))]
                             for v in tp["series"])
-        con.print(f"throughput ({tp['unit']}): median {tp['median']}, min {tp['min']}, max {tp['max']}")
+        shown = {k: "unknown" if tp[k] is None else tp[k] for k in ("median", "min", "max")}
+        con.print(f"throughput ({tp['unit']}): median {shown['median']}, min {shown['min']}, max {shown['max']}")
         con.print(f"  {spark}")
     if rep.stragglers:
         tab = Table(title="chronic stragglers", title_justify="left")

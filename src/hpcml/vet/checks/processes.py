@@ -27,7 +27,7 @@ def hidden(mounts: str, euid: int, groups: list[int]) -> str | None:
         f = line.split()
         if len(f) < 4 or f[2] != "proc" or f[1] != "/proc":
             continue
-        opts = dict(o.split("=", 1) if "=" in o else (o, "") for o in f[3].split(","))
+        opts = {k: v for k, _, v in (o.partition("=") for o in f[3].split(","))}
         level = opts.get("hidepid")
         if level is None or level in ("0", "off"):
             continue
