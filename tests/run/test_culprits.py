@@ -64,6 +64,20 @@ def test_the_flight_recorders_roots_come_first_with_their_finding():
     assert [c.rank for c in v.culprits] == [2]                  # no roots: the findings' culprits
 
 
+def test_nccl_dumps_of_every_rank_that_name_no_root_leave_the_host_side_rules_unasked():
+    """NCCL: every rank dumped and the Flight Recorder names no root (every rank started the
+    collective on its GPU: a network or GPU fault). Rank 0's CPU is a step behind only for
+    its ``loss.item()``, which blocked first: no culprit is named from the host's view (was:
+    rank 0 "behind"). The same from gloo, whose collectives run on the host, still asks it."""
+    paths = {r: Path(f"/fr/rank_{r}") for r in range(3)}
+    nccl = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["nccl"])
+    v = name(beats({0: 8, 1: 9, 2: 9}), {0: SLEEPING, 1: WAITING, 2: WAITING}, nccl)
+    assert v.culprits == [] and v.method == "none" and "network or GPU fault" in v.note, v
+    gloo = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["gloo"])
+    v = name(beats({0: 8, 1: 9, 2: 9}), {0: SLEEPING, 1: WAITING, 2: WAITING}, gloo)
+    assert v.method == "progress" and [c.rank for c in v.culprits] == [0]
+
+
 def test_ranks_behind_in_steps_are_the_culprits():
     v = name(beats({0: 30, 1: 29, 2: 30, 3: 30}), {1: SLEEPING})
     assert v.method == "progress" and [c.rank for c in v.culprits] == [1] and v.blocked == [0, 2, 3]

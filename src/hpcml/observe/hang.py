@@ -109,6 +109,7 @@ class HangReport:
     roots: list[int] = field(default_factory=list)               # culprits (or ranks without a dump) waiting for no one
     blocked: dict[int, list[int]] = field(default_factory=dict)  # culprit -> the roots it waits for
     cycles: list[list[int]] = field(default_factory=list)        # culprits that wait for each other
+    backends: list[str] = field(default_factory=list)            # the entries' backends (nccl, gloo...), sorted
 
     def summary(self) -> str:
         """One line: the roots first, blocked ranks apart, grouped by what they wait for."""
@@ -705,5 +706,8 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
         findings.append(found)
         waiting.append((found, set(found.entered), []))
     roots, blocked, cycles = _attribute(waiting)
+    names = (str(e.get("profiling_name") or "") for dump in dumps.values() for e in dump["entries"]
+             if isinstance(e, dict))
+    backends = sorted({n.partition(":")[0] for n in names if ":" in n})
     return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
-                      roots=roots, blocked=blocked, cycles=cycles)
+                      roots=roots, blocked=blocked, cycles=cycles, backends=backends)

@@ -81,6 +81,14 @@ def name(beats: Mapping[int, Beat], stacks: Mapping[int, Stack], fr: HangReport 
         details = {r: f.detail for f in fr.findings for r in f.culprits}
         return HangVerdict(method="flight-recorder", culprits=[
             culprit(r, details.get(r, "root of the hang (Flight Recorder)")) for r in roots], blocked=blocked, note="")
+    if fr is not None and "nccl" in fr.backends and not fr.missing and set(fr.dumps) >= set(ranks):
+        # every rank's GPU view is here and names no root: the host-side positions below (the
+        # step each CPU reached, whether its stack is in torch.distributed) say where each CPU
+        # synchronised with its GPU (a loss.item() blocks first), not who holds the GPUs up
+        return HangVerdict(method="none", culprits=[], blocked=[], note=(
+            "the Flight Recorder names no root: every rank reached the collectives on its GPU (NCCL); "
+            "a network or GPU fault, not one rank (the ranks' steps and stacks show where their CPUs "
+            "waited for the GPU, not who is late)"))
     # (restarts of the step numbering, step): a per-epoch count compares by epoch first
     steps = {r: (b.restarts, b.step) for r, b in beats.items() if b.exit is None and b.step is not None}
     if steps and min(steps.values()) < max(steps.values()):   # ranks that log no step are not judged here
