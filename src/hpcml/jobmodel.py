@@ -254,9 +254,9 @@ class Straggler(Model):
     # Recorder's arrivals (who started each collective last: hpcml.observe.arrivals)
     measure: Optional[Literal["compute", "step", "arrivals"]] = None
     steal: Optional[float] = None         # the share of its node's CPU time stolen by the hypervisor then
-    gpu_throttled: Optional[float] = None  # the share of that time its GPU's clocks were held back (power, heat)
+    gpu_throttled: Optional[float] = None  # the share of that time its GPU's clocks were held back (heat, power brake)
     cpu_throttled: Optional[float] = None  # the share of that time its CPU cores ran throttled for heat (the kernel's)
-    gpu_throttle: Optional[list[str]] = None  # why: NVML's clocks event reasons seen (sw_power_cap, hw_thermal_slowdown...)
+    gpu_throttle: Optional[list[str]] = None  # why: NVML's clocks event reasons seen (hw_thermal_slowdown, hw_slowdown...)
 
 
 class StoppedFor(Model):

@@ -55,44 +55,63 @@ def test_a_blocking_call_is_timed_once_and_an_async_one_not_at_all():
     assert len(w.q) == 2 and other == [None]
 
 
-def test_nothing_is_timed_on_a_group_whose_backend_is_nccl(monkeypatch):
-    """NCCL queues its work on a stream: the CPU waits in neither a call nor DDP's backward,
-    and a timer there reads the launch (0.37 ms a step on an H100's DDP,
+def test_nothing_is_timed_that_moves_gpu_tensors_and_what_blocks_the_cpu_is_timed_on_any_backend():
+    """NCCL queues GPU tensors' collectives on a stream: the CPU waits in neither the call nor
+    DDP's backward, and a timer there reads the launch (0.37 ms a step on an H100's DDP,
     tests/fixtures/gpu/run/report.json), which would keep the watch from the Flight Recorder's
-    kernel times. A group whose backend is NCCL is not timed. Mocked: the backend's name
-    (``dist.get_backend``), as NCCL cannot run on this machine; the DDP is a stand-in whose
-    parameters get DDP's hooks the way ``_ddp`` gives them."""
+    kernel times. A call on GPU tensors, and a DDP of a model on a GPU, are not timed; CPU
+    tensors, ``barrier`` and the ``*_object`` calls (which block the CPU on any backend) are.
+    Mocked: the GPU tensors and parameters (stand-ins with ``is_cuda``), as no GPU exists here;
+    the CPU ones are torch's own."""
     import torch
-    import torch.distributed as dist
 
     from hpcml.observe.collectives import Backward, _ddp
-    backend = {"name": "nccl"}
-    monkeypatch.setattr(dist, "get_backend", lambda group=None: backend["name"])
     w = Waits()
 
     def all_reduce(tensor, op=None, group=None, async_op=False):
         time.sleep(0.01)
 
-    wrapped = timed(all_reduce, w)
-    wrapped(1)
-    wrapped(1, group="pg")
+    def all_gather(tensor_list, tensor, group=None, async_op=False):
+        time.sleep(0.01)
+
+    def barrier(group=None, async_op=False, device_ids=None):
+        time.sleep(0.01)
+
+    hooked: list = []
+
+    class Gpu:
+        is_cuda = True
+        requires_grad = True
+
+        def register_post_accumulate_grad_hook(self, hook):
+            hooked.append(hook)
+
+    reduce_, gather, wait = timed(all_reduce, w), timed(all_gather, w), timed(barrier, w)
+    reduce_(Gpu())
+    reduce_(tensor=Gpu())
+    gather([Gpu(), Gpu()], Gpu())
     assert not w.q
-    backend["name"] = "gloo"
-    wrapped(1, None, "pg")
-    assert len(w.q) == 1
+    reduce_(torch.ones(2))
+    gather([torch.ones(2)], torch.ones(2))
+    wait()
+    assert len(w.q) == 3
 
     class DDP:
-        def __init__(self, module, process_group=None):
-            self.module, self.process_group = module, process_group
+        def __init__(self, module):
+            self.module = module
+
+    class OnGpu(torch.nn.Module):
+        def parameters(self, recurse=True):
+            return iter([Gpu()])
 
     clock = Backward(Waits())
     _ddp(DDP, clock)
-    for name, hooked in (("nccl", False), ("gloo", True)):
-        backend["name"] = name
-        model = DDP(torch.nn.Linear(4, 1), "pg")
-        clock.last = 0
-        model.module(torch.ones(2, 4)).sum().backward()
-        assert (clock.last > 0) is hooked, name
+    DDP(OnGpu())
+    assert hooked == []                                # no hook asked of a GPU parameter
+    model = DDP(torch.nn.Linear(4, 1))
+    clock.last = 0
+    model.module(torch.ones(2, 4)).sum().backward()
+    assert clock.last > 0                              # a CPU model's gradients are noted
 
 
 RANK = textwrap.dedent("""

@@ -98,6 +98,9 @@ def test_a_store_whose_rank_0_never_recorded_has_rank_0_missing_not_none(tmp_pat
     rep = build(job)
     assert rep.missing_ranks == [0] and rep.ranks_expected == 8
     assert any(f.kind == "missing_rank" and "rank 0 " in f.message for f in rep.findings), rep.findings
+    for f in d.glob("rank-*.json"):              # observe.log alone, no recorder: which ranks log is the script's
+        f.unlink()
+    assert read_job(d).missing == []
 
 
 def test_throughput_uses_the_logged_metric_else_step_rate(rep, tmp_path):
@@ -503,6 +506,22 @@ def test_a_straggler_slow_in_its_own_compute_at_its_power_cap_is_named_not_excus
     assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in rep.findings), rep.findings
     s5 = next(s for s in rep.stragglers if s["rank"] == 5)
     assert not s5.get("contended") and s5["gpu_throttle"] is None
+
+
+def test_nccl_dumps_without_kernel_timing_are_said_unjudged_not_no_straggler(tmp_path):
+    """TORCH_NCCL_ENABLE_TIMING=0: the live dumps have no ``duration_ms``; the arrivals judge
+    nothing, and the report says so in ``unjudged`` (was: silence, read as "no straggler")."""
+    import pickle
+
+    from hpcml.observe.arrivals import LIVE
+    from tests.observe.test_arrivals import _dump
+    d = make_job(tmp_path / "obs", 4, 300, ranks_per_node=1, seed=6)
+    (d / LIVE).mkdir()
+    base = 1_800_000_000_000_000_000 + np.arange(200) * 100_000_000
+    for r in range(4):
+        (d / LIVE / f"rank-{r:05d}").write_bytes(pickle.dumps(_dump(r, 4, [int(b) for b in base], None)))
+    rep = build(read_job(d), limits=JUDGE)
+    assert rep.arrivals is None and any("no kernel timing" in u for u in rep.unjudged), rep.unjudged
 
 
 def test_the_rank_the_arrivals_name_whose_gpu_is_held_back_is_contention(tmp_path):

@@ -70,10 +70,19 @@ def test_nccl_dumps_of_every_rank_that_name_no_root_leave_the_host_side_rules_un
     its ``loss.item()``, which blocked first: no culprit is named from the host's view (was:
     rank 0 "behind"). The same from gloo, whose collectives run on the host, still asks it."""
     paths = {r: Path(f"/fr/rank_{r}") for r in range(3)}
-    nccl = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["nccl"])
+    nccl = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["nccl"],
+                      pending=[0, 1, 2])
     v = name(beats({0: 8, 1: 9, 2: 9}), {0: SLEEPING, 1: WAITING, 2: WAITING}, nccl)
     assert v.culprits == [] and v.method == "none" and "network or GPU fault" in v.note, v
-    gloo = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["gloo"])
+    mismatch = Finding(pg="0 (default_pg)", seq=7, kind="mismatch", culprits=[], detail="sizes differ, no majority")
+    odd = HangReport(dumps=paths, refused={}, missing=[], findings=[mismatch], last_seq={}, backends=["nccl"],
+                     pending=[0, 1, 2])
+    assert "network or GPU fault" not in name(beats({0: 9, 1: 9, 2: 9}), {}, odd).note      # a bug in the code
+    # rank 0 with nothing pending on its GPU (stuck in host code, a store wait): the host's view names it
+    idle = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["nccl"], pending=[1, 2])
+    assert [c.rank for c in name(beats({0: 8, 1: 9, 2: 9}), {0: SLEEPING, 1: WAITING, 2: WAITING}, idle).culprits] == [0]
+    gloo = HangReport(dumps=paths, refused={}, missing=[], findings=[], last_seq={}, backends=["gloo"],
+                      pending=[0, 1, 2])
     v = name(beats({0: 8, 1: 9, 2: 9}), {0: SLEEPING, 1: WAITING, 2: WAITING}, gloo)
     assert v.method == "progress" and [c.rank for c in v.culprits] == [0]
 

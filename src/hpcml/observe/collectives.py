@@ -30,9 +30,10 @@ communication hook, inside backward's wait) counts once.
 Not measured, so the step time is scored as it was: collectives on a GPU (NCCL's work is
 queued on a stream; the CPU does not wait inside the call, and what a timer would read there
 is the launch, a fraction of a millisecond, which would stop the watch from asking the Flight
-Recorder's kernel times who arrived last): a call whose group's backend is NCCL, and a DDP
-over such a group, are not timed (a group of several backends, ``cpu:gloo,cuda:nccl``, counts
-as NCCL's). Nor are DDP's own collectives
+Recorder's kernel times who arrived last): a call on GPU tensors, and a DDP of a model on a
+GPU, are not timed. Calls whose CPU does wait are timed on any backend: ``barrier`` (it
+synchronises the stream), the ``*_object`` calls (they copy to the host), and CPU tensors on a
+group of several backends (``cpu:gloo,cuda:nccl`` runs them on gloo). Nor are DDP's own collectives
 outside backward (the bucket rebuild's broadcast in the second iteration's forward, the
 buffers' broadcast with ``broadcast_buffers``). Each wait is kept as epoch times, so a step
 takes only the part of a wait that falls inside it (a barrier at start-up is no step's).
@@ -96,14 +97,20 @@ _MAIN = threading.main_thread().ident    # the thread whose waits are the steps'
 _is_compiling: Any = None                # torch.compiler.is_compiling, from the first timed call on
 
 
-def on_gpu(group: Any) -> bool:
-    """Whether ``group`` (None: the default group) runs its collectives on NCCL, where the CPU
-    waits in none of them; False where torch cannot say (no group yet)."""
-    try:
-        import torch.distributed as dist
-        return "nccl" in str(dist.get_backend(group)).lower()
-    except Exception:  # noqa: BLE001 - not initialised, or a group torch does not know: timed as before
-        return False
+#: the keywords under which a torch.distributed call takes the tensors it moves
+TENSOR_KEYS = ("tensor", "tensor_list", "output", "output_tensor", "output_tensor_list", "input_tensor")
+
+
+def on_gpu(args: tuple, kwargs: dict) -> bool:
+    """Whether a call moves GPU tensors: its first argument (or the first of its list), where
+    NCCL queues the work on a stream and the CPU waits in none of it. The backend's name does
+    not tell (``init_process_group()`` with none given is "undefined", and a group of several
+    backends runs CPU tensors on gloo); a call that moves no tensor (``barrier``, the
+    ``*_object`` calls) blocks the CPU on any backend."""
+    first = args[0] if args else next((kwargs[k] for k in TENSOR_KEYS if k in kwargs), None)
+    if isinstance(first, (list, tuple)):
+        first = first[0] if first else None
+    return getattr(first, "is_cuda", False) is True
 
 
 def timed(fn: Any, waits: Waits = WAITS) -> Any:
@@ -113,16 +120,13 @@ def timed(fn: Any, waits: Waits = WAITS) -> Any:
     except (TypeError, ValueError):
         names = []
     at = names.index("async_op") if "async_op" in names else None
-    gi = names.index("group") if "group" in names else None
 
     @functools.wraps(fn)
     def call(*args: Any, **kwargs: Any) -> Any:
         if _compiling():                 # first: torch.compile traces nothing else of ours
             return fn(*args, **kwargs)
         if kwargs.get("async_op") or (at is not None and len(args) > at and args[at]) \
-                or getattr(_inside, "on", False) or threading.get_ident() != _MAIN \
-                or on_gpu(kwargs["group"] if "group" in kwargs else args[gi] if gi is not None and len(args) > gi
-                          else None):
+                or getattr(_inside, "on", False) or threading.get_ident() != _MAIN or on_gpu(args, kwargs):
             return fn(*args, **kwargs)
         _inside.on = True
         t0 = _PERF()
@@ -179,8 +183,12 @@ def _ddp(cls: Any, clock: Backward) -> None:
     @functools.wraps(init)
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if on_gpu(getattr(self, "process_group", None)):
-            return                           # NCCL: backward's end waits for no all-reduce on the CPU
+        try:
+            first = next(iter(self.module.parameters()), None)
+        except Exception:  # noqa: BLE001 - a module we cannot read trains as without us
+            first = None
+        if getattr(first, "is_cuda", False) is True:
+            return                           # on a GPU: backward's end waits for no all-reduce on the CPU
         try:
             for param in self.module.parameters():
                 if param.requires_grad:

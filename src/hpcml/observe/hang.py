@@ -110,6 +110,7 @@ class HangReport:
     blocked: dict[int, list[int]] = field(default_factory=dict)  # culprit -> the roots it waits for
     cycles: list[list[int]] = field(default_factory=list)        # culprits that wait for each other
     backends: list[str] = field(default_factory=list)            # the entries' backends (nccl, gloo...), sorted
+    pending: list[int] = field(default_factory=list)             # ranks with a collective of theirs not completed
 
     def summary(self) -> str:
         """One line: the roots first, blocked ranks apart, grouped by what they wait for."""
@@ -709,5 +710,6 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     names = (str(e.get("profiling_name") or "") for dump in dumps.values() for e in dump["entries"]
              if isinstance(e, dict))
     backends = sorted({n.partition(":")[0] for n in names if ":" in n})
+    pending = sorted({r for _, waits, _ in waiting for r in waits})
     return HangReport(dumps=paths, refused=refused, missing=missing, findings=findings, last_seq=last_seq,
-                      roots=roots, blocked=blocked, cycles=cycles, backends=backends)
+                      roots=roots, blocked=blocked, cycles=cycles, backends=backends, pending=pending)

@@ -330,11 +330,11 @@ def _others(s: dict[str, Any]) -> str:
 
 def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta_ranks: dict[str, dict],
                    lost: Any = None, complete: bool = False) -> list[str]:
-    """Each straggler's share of its GPU samples whose clocks were held back for power or heat
-    (a slowdown reason in ``clocks_event_reasons``), beyond the other ranks' median share
-    (``gpu_throttled``: every GPU of a busy job at its power cap excuses no rank), the reasons
-    seen (``gpu_throttle``), and ``contended`` when that reaches ``CONTENDED``: the GPU's power
-    or cooling slowed the rank, not the rank itself.
+    """Each straggler's share of its GPU samples whose clocks were held back for heat or power
+    delivery (a slowdown reason in ``clocks_event_reasons``; the software power cap is load, not
+    a cause: ``hpcml.samplers.clockreasons``), beyond the other ranks' median share
+    (``gpu_throttled``), the reasons seen (``gpu_throttle``), and ``contended`` when that
+    reaches ``CONTENDED``: the GPU's cooling slowed the rank, not the rank itself.
 
     A rank's GPU samples are those of the GPUs it is proven to have used, whichever rank's
     recorder recorded them (``hpcml.observe.gpuowners``), and its ``gpus`` are those NVML saw
@@ -746,8 +746,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                          rec_problems=rec_problems, degrading=plots.get("degrading", []),
                          meta_ranks=meta_ranks,
                          unended=[r for r in _unended(meta_ranks, Path(job.path), interval) if r not in job.missing])
-    arrived, more = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
-                              waits_measured=check is not None and check.get("measure") == "compute")
+    arrived, more, fr_unjudged = _arrivals(Path(job.path), meta_ranks, stragglers, step_time(throughput),
+                                           waits_measured=check is not None and check.get("measure") == "compute")
     findings += _held_back_arrival(arrived, more, meta_ranks, groups, rank_ids, complete=not job.missing)
     loader = _loader(groups, rank_ids)
     findings += _loader_findings(loader, meta_ranks)
@@ -763,7 +763,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
                   straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io,
-                  unjudged=_unjudged(check, stalls_judged, stragglers) + gpu_unknown)
+                  unjudged=_unjudged(check, stalls_judged, stragglers) + gpu_unknown + fr_unjudged)
 
 
 def _unjudged(check: dict[str, Any] | None, stalls_judged: bool, stragglers: list) -> list[str]:
@@ -786,7 +786,8 @@ def step_time(throughput: dict[str, Any] | None) -> float | None:
 
 
 def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[str, Any]],
-              step_s: float | None = None, waits_measured: bool = False) -> tuple[dict[str, Any] | None, list[Finding]]:
+              step_s: float | None = None, waits_measured: bool = False
+              ) -> tuple[dict[str, Any] | None, list[Finding], list[str]]:
     """Who arrived last at each collective, from each rank's latest periodic Flight Recorder
     dump (``flight-recorder-live``: ``hpcml run``'s ranks write one every 30 s): the five
     latest ranks, and a ``collective_straggler`` finding when the arrivals name one that the
@@ -794,12 +795,13 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
     Where each rank's waits were measured (``waits_measured``: hooks timed every blocking
     collective and receive, the better measure on CPU) and named stragglers, an arrivals
     verdict that differs is not a finding: lateness at a collective can be passed on (a
-    pipeline stage waiting for its neighbour), a measured wait is the rank's own."""
+    pipeline stage waiting for its neighbour), a measured wait is the rank's own. Third: what
+    was not judged (NCCL's entries without kernel timing), for the report's ``unjudged``."""
     from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
     from hpcml.observe.hang import load_dump
     live = observe / LIVE
     if not live.is_dir():
-        return None, []
+        return None, [], []
     dumps: dict[int, dict] = {}
     for f in sorted(live.glob("rank-*"))[:MAX_FR_DUMPS]:
         if not f.name.removeprefix("rank-").isdigit():
@@ -812,9 +814,12 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
         scores = arrivals(dumps)
     except Exception as exc:  # noqa: BLE001 - hostile dumps: no arrivals, the report still comes
         log.debug("hpcml: the arrivals were not judged: %s", exc)
-        return None, []
+        return None, [], []
     if not scores:
-        return None, []
+        untimed = len(dumps) >= 2 and any(d.get("nccl") for d in dumps.values()) and not any(
+            took is not None for d in dumps.values() for seqs in d["times"].values() for _, took in seqs.values())
+        return None, [], ["who arrived last at each collective (the Flight Recorder's NCCL entries have no kernel "
+                          "timing: TORCH_NCCL_ENABLE_TIMING=0)"] if untimed else []
     top = straggler(scores, step_s=step_s)
     out: dict[str, Any] = {"measure": scores[0].measure, "ranks": [a.to_json() for a in scores[:5]],
                            "straggler": top.rank if top is not None else None}
@@ -827,7 +832,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
             f"{top.late_s * 1000:.1f} ms after the others (median; the Flight Recorder's {top.measure} times), "
             f"the last most often in {top.stability * 3:.0f} of the job's thirds: the rank the others wait for",
             f"vet {node} (hpcml vet) or exclude it (srun --exclude={node})"))
-    return out, more
+    return out, more, []
 
 
 def _held_back_arrival(arrived: dict[str, Any] | None, more: list[Finding], meta_ranks: dict[str, dict],

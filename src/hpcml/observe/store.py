@@ -230,13 +230,16 @@ def _read_all(files: list[Path]) -> list[RankData]:
 
 def missing_ranks(meta: dict[str, Any], with_data: set[int]) -> list[int]:
     """Ranks the metadata expects that have no data. Without ``job.json``'s ``ntasks`` (rank
-    0's recorder writes it: one that never started wrote none), the ranks below the highest
-    one seen that have no data, rank 0 among them: the job had at least that many, and a
-    store with a gap is not whole (not "no rank missing")."""
+    0's recorder writes it: one that never started wrote none) where recorders ran (their
+    ``rank-N.json``), the ranks below the highest one seen that have no data, rank 0 among
+    them: the job had at least that many, and a store with a gap is not whole (not "no rank
+    missing"). A store written by ``observe.log`` alone (no recorder) names none: which
+    ranks log is the script's choice."""
     n = int(meta.get("ntasks") or 0)
-    if not n:
-        seen = set(with_data) | {int(r) for r in meta.get("ranks") or {} if str(r).isdigit()}
-        n = max(seen) + 1 if seen else 0
+    recorded = {int(r) for r in meta.get("ranks") or {} if str(r).isdigit()}
+    if not n and recorded:        # recorders ran (rank-N.json); a store of observe.log alone says nothing
+        seen = set(with_data) | recorded
+        n = max(seen) + 1
     return [r for r in range(n) if r not in with_data]
 
 

@@ -81,10 +81,14 @@ def name(beats: Mapping[int, Beat], stacks: Mapping[int, Stack], fr: HangReport 
         details = {r: f.detail for f in fr.findings for r in f.culprits}
         return HangVerdict(method="flight-recorder", culprits=[
             culprit(r, details.get(r, "root of the hang (Flight Recorder)")) for r in roots], blocked=blocked, note="")
-    if fr is not None and "nccl" in fr.backends and not fr.missing and set(fr.dumps) >= set(ranks):
-        # every rank's GPU view is here and names no root: the host-side positions below (the
-        # step each CPU reached, whether its stack is in torch.distributed) say where each CPU
-        # synchronised with its GPU (a loss.item() blocks first), not who holds the GPUs up
+    alive = [r for r, b in beats.items() if b.exit is None]
+    if fr is not None and "nccl" in fr.backends and not fr.findings and not fr.missing \
+            and set(fr.dumps) >= set(ranks) and alive and set(fr.pending) >= set(alive):
+        # every rank's GPU view is here, every rank waits in a collective on it, and they agree
+        # on all of them: the host-side positions below (the step each CPU reached, whether its
+        # stack is in torch.distributed) say where each CPU synchronised with its GPU (a
+        # loss.item() blocks first), not who holds the GPUs up. (A mismatch is a finding; a
+        # rank stuck in host code with nothing pending on its GPU is left to the rules below.)
         return HangVerdict(method="none", culprits=[], blocked=[], note=(
             "the Flight Recorder names no root: every rank reached the collectives on its GPU (NCCL); "
             "a network or GPU fault, not one rank (the ranks' steps and stacks show where their CPUs "

@@ -538,8 +538,8 @@ class Watch:
         CPU, its node's CPU steal, its GPUs' throttled clocks beyond the other ranks' typical
         share, and why); whether its wait or its throttling beyond the other ranks' median, or
         its steal, reached ``CONTENDED``: then it is contention, not a straggler. (What every
-        rank has alike, more threads than cores, every busy GPU at its power cap, sets no rank
-        apart.)"""
+        rank has alike, more threads than cores, sets no rank apart; against other ranks nobody
+        measured, it is unknown.)"""
         import numpy as np
 
         from hpcml.samplers.clockreasons import reason_names

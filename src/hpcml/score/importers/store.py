@@ -193,7 +193,8 @@ def load(job_dir: str | Path) -> Recording:
     rec.notes += [f"rank {r}: {why}" for r, why in sorted(problems.items())]
     missing = missing_ranks(meta, with_data)
     if missing:                       # their GPUs were not measured: the job's figures leave them out
-        rec.notes.append(f"{plural(len(missing), 'rank')} of {meta.get('ntasks')} recorded nothing (rank "
+        of = meta.get("ntasks") or f"at least {max(missing) + 1}"
+        rec.notes.append(f"{plural(len(missing), 'rank')} of {of} recorded nothing (rank "
                          f"{_ranges(missing)}): GPUs it held were not measured and are not in the score")
     rec.notes = list(dict.fromkeys(rec.notes))
     rec.meta = {"job_id": meta.get("job_id"), "interval": meta.get("interval"),
