@@ -669,6 +669,39 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
     assert [e.kind for e in watch.timeline] == ["straggler"] and "Flight Recorder" in watch.timeline[0].what
 
 
+def test_nccl_dumps_without_timing_are_said_not_judged_once_not_left_silent(tmp_path, capsys):
+    """TORCH_NCCL_ENABLE_TIMING=0: the live dumps carry no kernel durations, so the arrivals
+    judge nothing; the watch says so, once, rather than leaving silence read as "no straggler"."""
+    import pickle
+
+    import numpy as np
+
+    from tests.observe.test_arrivals import _dump
+    d = tmp_path / "job"
+    progress = {r: Progress() for r in range(4)}
+    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(4)}
+    watch = Watch(d, 0, 4, period=1.0)
+    t = 1_800_000_000.0
+    for step in range(20):
+        t += 0.5
+        for r, p in progress.items():
+            p.update([t], ["section"], ["step"], [0.5], [step])
+            writers[r].write(p, now=t)
+        watch.poll(t)
+    live = d / "observe" / "flight-recorder-live"
+    live.mkdir(parents=True)
+    base = 1_800_000_000_000_000_000 + np.arange(100) * 50_000_000
+    for r in range(4):
+        dump = _dump(r, 4, [int(b + (100_000_000 if r == 2 else 0)) for b in base], None)
+        (live / f"rank-{r:05d}").write_bytes(pickle.dumps(dump))
+    watch.poll(t + 20)
+    (live / "rank-00000").write_bytes((live / "rank-00000").read_bytes())    # changed: read again
+    watch.poll(t + 40)
+    said = capsys.readouterr()
+    text = said.out + said.err
+    assert watch.stragglers == {} and text.count("no kernel timing") == 1, text
+
+
 def test_a_rank_that_turns_late_near_the_end_is_named_from_the_window_at_its_onset_with_confidence(tmp_path, capsys):
     """An NCCL job of 4 ranks, 0.5 s steps, two all-reduces a step for 300 s; rank 2 starts
     every collective 100 ms late from 250 s on (step 500), 50 s before the end: in the ring's

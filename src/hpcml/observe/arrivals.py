@@ -132,6 +132,18 @@ def reduce(dump: dict) -> dict[str, Any]:
             "nccl": sorted(nccl)}
 
 
+#: what is said where NCCL's dumps carry no timing (the report's ``unjudged``, the watch's line)
+UNTIMED = ("who arrived last at each collective (the Flight Recorder's NCCL entries have no kernel timing: "
+           "TORCH_NCCL_ENABLE_TIMING=0)")
+
+
+def untimed_nccl(reduced: dict[int, dict]) -> bool:
+    """Whether several ranks' reduced dumps are NCCL's with no collective timed: the arrivals
+    judge none of them, which is to be said, not read as "no straggler"."""
+    return len(reduced) >= 2 and any(d.get("nccl") for d in reduced.values()) and not any(
+        took is not None for d in reduced.values() for seqs in d.get("times", {}).values() for _, took in seqs.values())
+
+
 def _receives(dump: dict) -> tuple[float, float] | None:
     """(seconds in timed point-to-point receives, the seconds the dump's entries span), or
     None where the dump has no timed receive."""

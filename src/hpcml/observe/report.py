@@ -797,7 +797,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
     verdict that differs is not a finding: lateness at a collective can be passed on (a
     pipeline stage waiting for its neighbour), a measured wait is the rank's own. Third: what
     was not judged (NCCL's entries without kernel timing), for the report's ``unjudged``."""
-    from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
+    from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, UNTIMED, arrivals, reduce, straggler, untimed_nccl
     from hpcml.observe.hang import load_dump
     live = observe / LIVE
     if not live.is_dir():
@@ -816,10 +816,7 @@ def _arrivals(observe: Path, meta_ranks: dict[str, dict], stragglers: list[dict[
         log.debug("hpcml: the arrivals were not judged: %s", exc)
         return None, [], []
     if not scores:
-        untimed = len(dumps) >= 2 and any(d.get("nccl") for d in dumps.values()) and not any(
-            took is not None for d in dumps.values() for seqs in d["times"].values() for _, took in seqs.values())
-        return None, [], ["who arrived last at each collective (the Flight Recorder's NCCL entries have no kernel "
-                          "timing: TORCH_NCCL_ENABLE_TIMING=0)"] if untimed else []
+        return None, [], [UNTIMED] if untimed_nccl(dumps) else []
     top = straggler(scores, step_s=step_s)
     out: dict[str, Any] = {"measure": scores[0].measure, "ranks": [a.to_json() for a in scores[:5]],
                            "straggler": top.rank if top is not None else None}

@@ -207,6 +207,7 @@ class Watch:
         self._steps = StepTimes(self.world)
         self._cpu = CpuWaits(self.world)
         self._waits_seen = False                             # some rank measured its waits in collectives
+        self._said_untimed = False                           # said once: NCCL's dumps carry no timing
         self._fr_read: dict[str, tuple[Any, Any]] = {}       # periodic dump -> ((mtime, size), its reduce or None)
         self._next_arrivals = 0.0
         self._trust = Trust(self.world, self.secret)
@@ -477,7 +478,7 @@ class Watch:
         if self._waits_seen or now < self._next_arrivals:
             return
         self._next_arrivals = now + ARRIVALS_EVERY
-        from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, arrivals, reduce, straggler
+        from hpcml.observe.arrivals import LIVE, LIVE_DUMP_MAX, UNTIMED, arrivals, reduce, straggler, untimed_nccl
         from hpcml.observe.hang import load_dump
         live = self.observe / LIVE
         files: dict[str, tuple[float, int]] = {}
@@ -500,10 +501,14 @@ class Watch:
                  if d is not None and f in files}
         step_s = self._steps.median_step()
         try:                  # the window the step model judges (it adapts to the step time), as collectives
-            top = straggler(arrivals(dumps, since=now - self.straggler_window), self.world, step_s)
+            scores = arrivals(dumps, since=now - self.straggler_window)
+            top = straggler(scores, self.world, step_s)
         except Exception as exc:  # noqa: BLE001 - hostile dumps must not stop the watch
             log.debug("hpcml run: the arrivals were not judged: %s", exc)
             return
+        if not scores and not self._said_untimed and untimed_nccl(dumps):
+            self._said_untimed = True             # once: silence would read as "no straggler"
+            self._say(f"not judged: {UNTIMED}")
         if top is None or top.rank in self.stragglers or top.rank in self.contended:
             return
         b = self.beats.get(top.rank)
