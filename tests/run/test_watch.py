@@ -634,16 +634,9 @@ def test_records_for_ranks_the_job_does_not_have_are_said_once_each_and_then_no_
     assert watch.beats == {} and watch.timeline == [] and watch.to_json()["ignored_beats"] == [i.to_json() for i in watch.ignored]
 
 
-def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_the_straggler(tmp_path):
-    """An NCCL job: no rank's record has waits in collectives, and its step times are even
-    (the all-reduce evens them). The ranks' periodic Flight Recorder dumps (built in the
-    recorder's format, with timing) show rank 2 starting every collective 100 ms late (a fifth
-    of its 0.5 s steps): the watch names it, by that measure, once."""
-    import pickle
-
-    import numpy as np
-
-    from tests.observe.test_arrivals import _dump
+def _even_nccl_job(tmp_path):
+    """Four ranks of an NCCL job, 20 even steps of 0.5 s, no waits measured: (job dir, its
+    watch, the time of its last beat)."""
     d = tmp_path / "job"
     progress = {r: Progress() for r in range(4)}
     writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(4)}
@@ -655,6 +648,20 @@ def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_th
             p.update([t], ["section"], ["step"], [0.5], [step])
             writers[r].write(p, now=t)
         watch.poll(t)
+    return d, watch, t
+
+
+def test_where_no_rank_measures_its_waits_the_flight_recorder_s_arrivals_name_the_straggler(tmp_path):
+    """An NCCL job: no rank's record has waits in collectives, and its step times are even
+    (the all-reduce evens them). The ranks' periodic Flight Recorder dumps (built in the
+    recorder's format, with timing) show rank 2 starting every collective 100 ms late (a fifth
+    of its 0.5 s steps): the watch names it, by that measure, once."""
+    import pickle
+
+    import numpy as np
+
+    from tests.observe.test_arrivals import _dump
+    d, watch, t = _even_nccl_job(tmp_path)
     assert watch.stragglers == {}
     live = d / "observe" / "flight-recorder-live"
     live.mkdir(parents=True)
@@ -677,17 +684,7 @@ def test_nccl_dumps_without_timing_are_said_not_judged_once_not_left_silent(tmp_
     import numpy as np
 
     from tests.observe.test_arrivals import _dump
-    d = tmp_path / "job"
-    progress = {r: Progress() for r in range(4)}
-    writers = {r: BeatWriter(d / "observe", r, f"n{r}") for r in range(4)}
-    watch = Watch(d, 0, 4, period=1.0)
-    t = 1_800_000_000.0
-    for step in range(20):
-        t += 0.5
-        for r, p in progress.items():
-            p.update([t], ["section"], ["step"], [0.5], [step])
-            writers[r].write(p, now=t)
-        watch.poll(t)
+    d, watch, t = _even_nccl_job(tmp_path)
     live = d / "observe" / "flight-recorder-live"
     live.mkdir(parents=True)
     base = 1_800_000_000_000_000_000 + np.arange(100) * 50_000_000
