@@ -184,12 +184,8 @@ def _ddp(cls: Any, clock: Backward) -> None:
     def __init__(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
         try:
-            first = next(iter(self.module.parameters()), None)
-        except Exception:  # noqa: BLE001 - a module we cannot read trains as without us
-            first = None
-        if getattr(first, "is_cuda", False) is True:
-            return                           # on a GPU: backward's end waits for no all-reduce on the CPU
-        try:
+            if on_gpu((next(iter(self.module.parameters()), None),), {}):
+                return                       # on a GPU: backward's end waits for no all-reduce on the CPU
             for param in self.module.parameters():
                 if param.requires_grad:
                     param.register_post_accumulate_grad_hook(clock.ready)
