@@ -141,6 +141,54 @@ def test_a_uuid_binds_by_device_attributes(fake):
     assert set(rows) == _expected(data, {1: 3})
 
 
+class _LocalNvml:
+    """This process's NVML (a stand-in: no driver here) seeing the node's GPUs by UUID, with
+    device minor numbers that are not DCGM's NVML indices (PrincetonUniversity/jobstats#34)."""
+
+    def __init__(self, uuids: list[str], minors: list[int]) -> None:
+        self.uuids, self.minors = uuids, minors
+
+    def nvmlInit(self) -> None:
+        pass
+
+    def nvmlShutdown(self) -> None:
+        pass
+
+    def nvmlDeviceGetCount(self) -> int:
+        return len(self.uuids)
+
+    def nvmlDeviceGetHandleByIndex(self, i: int) -> int:
+        return i
+
+    def nvmlDeviceGetUUID(self, h: int) -> str:
+        return self.uuids[h]
+
+    def nvmlDeviceGetMinorNumber(self, h: int) -> int:
+        return self.minors[h]
+
+
+def test_slurms_device_numbers_reach_dcgm_as_uuids(fake, monkeypatch):
+    """SLURM_STEP_GPUS=0 is /dev/nvidia0: this process's NVML says which UUID that is, and
+    DCGM samples that GPU, not the one it indexes 0."""
+    from hpcml.samplers import nvml
+    from hpcml.samplers.dcgm import DcgmSampler
+    data = fake.use()
+    uuids = [g["uuid"] for g in data["gpus"]]
+    monkeypatch.setattr(nvml, "nvml_library", lambda env=None: _LocalNvml(uuids, [3, 0, 1, 2][:len(uuids)]))
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0")
+    s = DcgmSampler(["0"], 1.0)
+    try:
+        assert list(s.index_of) == [1] and s.uuids == {str(s.index_of[1]): uuids[1]}
+    finally:
+        s.close()
+    monkeypatch.setattr(nvml, "nvml_library", lambda env=None: (_ for _ in ()).throw(nvml.NoDriver("none")))
+    s = DcgmSampler(["0"], 1.0)                      # no NVML here: the numbers stay, said
+    try:
+        assert s.index_of == {2: 0} and "taken as NVML indices" in s.label()["note"]
+    finally:
+        s.close()
+
+
 def test_gpus_dcgm_does_not_know_are_noted_and_ids_stand_in_for_missing_nvml_indices(fake):
     from hpcml.samplers.dcgm import DcgmSampler
     s = DcgmSampler(["0", "7"], 1.0)

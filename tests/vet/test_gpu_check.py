@@ -25,6 +25,7 @@ from hpcml.vet.checks.nvml_snapshot import (
     GpuSnapshot,
     NvmlLibraryMissing,
     load_snapshot,
+    read_gpus,
     read_snapshot,
 )
 from hpcml.vet.model import Outcome
@@ -281,7 +282,7 @@ def fake_pynvml(devices: dict, *, init_error: str | None = None, calls: list | N
                 "TotalEccErrors", "RetiredPagesPendingStatus", "RetiredPages", "RemappedRows",
                 "CurrentClocksEventReasons", "CurrentClocksThrottleReasons", "PowerUsage",
                 "CurrPcieLinkGeneration", "MaxPcieLinkGeneration", "CurrPcieLinkWidth",
-                "MaxPcieLinkWidth", "ClockInfo", "ComputeRunningProcesses"]:
+                "MaxPcieLinkWidth", "ClockInfo", "ComputeRunningProcesses", "MinorNumber"]:
         setattr(nv, f"nvmlDeviceGet{key}", answer(key))
     return nv
 
@@ -347,6 +348,71 @@ def test_read_snapshot_by_index_leaves_other_gpus_alone(monkeypatch):
     assert [c for c in calls if isinstance(c, tuple)] == [("handle", 1)]
     snap = read_snapshot(["gpu-cccc"])                     # UUID, any case
     assert [g.index for g in snap.gpus] == [2]
+
+
+def _no_binding(monkeypatch):
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER", REPLAY_ENV):
+        monkeypatch.delenv(var, raising=False)
+
+
+def sound_device(**over) -> dict:
+    """``full_device`` without its faults: no ECC error, no remap, no throttling, no process."""
+    d = full_device(RemappedRows=(0, 0, 0, 0), CurrentClocksEventReasons=0, ComputeRunningProcesses=[])
+    d.update({k: 0 for k in d if isinstance(k, tuple) and k[0] == "TotalEccErrors"})
+    d.update(over)
+    return d
+
+
+def _judge_live(gpus: tuple[str, ...]):
+    return GpuCheck(GpuCheck.Params(), CheckContext(node="n1", gpus=gpus)).run()
+
+
+def test_slurms_gpu_numbers_are_device_minor_numbers_not_nvml_indices(monkeypatch):
+    """SLURM_STEP_GPUS=0 is /dev/nvidia0, which NVML may index 2 (PrincetonUniversity/jobstats#34:
+    /dev/nvidia0 was nvidia-smi's GPU 6): the task's GPU is judged, not another job's."""
+    _no_binding(monkeypatch)
+    bad = {"RemappedRows": (0, 3, 0, 1)}                       # a failed row remap: not ours
+    devices = {0: sound_device(UUID="GPU-0000", MinorNumber=2, **bad),
+               1: sound_device(UUID="GPU-1111", MinorNumber=3),
+               2: sound_device(UUID="GPU-2222", MinorNumber=0),
+               3: sound_device(UUID="GPU-3333", MinorNumber=1)}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0,1")
+    snap, missing = read_gpus(["0", "1"])
+    assert [g.uuid for g in snap.gpus] == ["GPU-2222", "GPU-3333"] and missing == []
+    assert [g.minor for g in snap.gpus] == [0, 1] and snap.gpus[0].power_mw == 61234
+    report = _judge_live(("0", "1"))
+    assert report.outcome is Outcome.PASS, report.message
+
+
+def test_a_job_local_cuda_ordinal_inside_a_device_cgroup_is_the_jobs_gpu(monkeypatch):
+    """Slurm's ConstrainDevices: the job's one GPU is CUDA_VISIBLE_DEVICES=0 while NVML still
+    counts the node's others and refuses them (NoPermission)."""
+    _no_binding(monkeypatch)
+    devices = {0: "NoPermission", 1: "NoPermission", 2: sound_device(UUID="GPU-2222", MinorNumber=2),
+               3: "NoPermission"}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    snap, missing = read_gpus(["0"])
+    assert ([g.uuid for g in snap.gpus], missing, snap.hidden) == (["GPU-2222"], [], [0, 1, 3])
+    report = _judge_live(("0",))
+    assert report.outcome is Outcome.PASS, report.message
+
+
+def test_cuda_ordinals_follow_the_pci_bus_and_are_not_guessed_across_models(monkeypatch):
+    _no_binding(monkeypatch)
+    ns = types.SimpleNamespace
+    devices = {0: full_device(UUID="GPU-b", PciInfo=ns(busId=b"00000000:B1:00.0"), MinorNumber=0),
+               1: full_device(UUID="GPU-a", PciInfo=ns(busId=b"00000000:3B:00.0"), MinorNumber=1,
+                              Name="NVIDIA H100 80GB HBM3")}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
+    snap, missing = read_gpus(["0"])                # two models, CUDA's default order: unknown
+    assert snap.gpus == [] and missing == ["0"]
+    assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in e for e in snap.errors)
+    monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
+    snap, missing = read_gpus(["0"])
+    assert [g.uuid for g in snap.gpus] == ["GPU-a"] and missing == []
 
 
 def test_read_snapshot_driver_not_loaded(monkeypatch):

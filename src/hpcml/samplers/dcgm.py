@@ -182,6 +182,7 @@ class DcgmSampler:
         self.bound = [str(g).strip() for g in bound_gpus if str(g).strip()]
         self.interval = float(interval)
         self.address = hostengine_address(env)
+        self.env = _env(env)
         self.saturation = False
         self.note: str | None = None
         self.notes: list[str] = []
@@ -219,6 +220,37 @@ class DcgmSampler:
             return None if b.dcgmvalue.DCGM_INT64_IS_BLANK(i) else i
         except Exception:  # noqa: BLE001 - unknown: fall back to DCGM's own id
             return None
+
+    def _as_uuids(self, bound: list[str]) -> list[str]:
+        """Slurm's device numbers and CUDA's ordinals as UUIDs, read from this process's own
+        NVML (``samplers.binding``): the host engine numbers GPUs by NVML index over the whole
+        node, which neither is. Where NVML cannot be read here they stay numbers, said."""
+        from hpcml.samplers.binding import choose, devices, source_of
+        from hpcml.samplers.nvml import nvml_library, shutdown
+        source = source_of(bound, self.env)
+        if source is None or all(_is_uuid(e) for e in bound):
+            return bound
+        try:
+            nv = nvml_library(self.env)
+            nv.nvmlInit()
+        except Exception as exc:  # noqa: BLE001 - no NVML in this process: the numbers stay
+            self.notes.append(f"{source}'s GPU numbers taken as NVML indices (NVML not readable here: "
+                              f"{type(exc).__name__})")
+            return bound
+        try:
+            found, _ = devices(nv)
+            out = []
+            for entry in bound:
+                chosen = choose(found, [entry], source, self.env)
+                self.notes += [n for n in chosen.notes if n not in self.notes]
+                uuid = chosen.devices[0].uuid if chosen.devices else None
+                out.append(uuid or entry)
+            return out
+        except Exception as exc:  # noqa: BLE001
+            self.notes.append(f"{source}'s GPU numbers taken as NVML indices ({type(exc).__name__}: {exc})")
+            return bound
+        finally:
+            shutdown(nv)
 
     def _select(self, ids: dict[int, object]) -> list[tuple[int, int]]:
         """(DCGM GPU id, row index) for each bound GPU DCGM knows."""
@@ -270,6 +302,7 @@ class DcgmSampler:
         system = self._handle.GetSystem()
         ids = {int(g): system.discovery.GetGpuAttributes(g).identifiers
                for g in system.discovery.GetAllSupportedGpuIds()}
+        self.bound = self._as_uuids(self.bound)
         chosen = self._select(ids)
         if not chosen:
             raise DcgmUnavailable(f"none of this task's GPUs {self.bound or '(all)'} is a GPU "

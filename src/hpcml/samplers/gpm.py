@@ -46,11 +46,13 @@ on a real H100 (tests/fixtures/gpm), so everything above runs in the tests.
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
+from hpcml.samplers.binding import choose, devices, source_of
 from hpcml.samplers.nvml import LOST, NoDriver, is_lost, nvml_library, read_device, shutdown
 
 MIB = 1024 * 1024
@@ -86,10 +88,13 @@ def _text(value: Any) -> str:
 class GpmSampler:
     """Samples this task's GPUs through NVML GPM; same interface as NvmlSampler."""
 
-    def __init__(self, bound: Sequence[str], nv: Any, clock: Callable[[], int] = time.time_ns) -> None:
-        """``bound``: NVML indices or UUIDs (empty: every GPU); ``nv``: pynvml or a replay;
-        ``clock``: ns since 1970 (a replay may bring its own)."""
+    def __init__(self, bound: Sequence[str], nv: Any, clock: Callable[[], int] = time.time_ns,
+                 env: Mapping[str, str] | None = None) -> None:
+        """``bound``: the task's GPUs as its binding names them (``samplers.binding``; empty:
+        every GPU); ``nv``: pynvml or a replay; ``clock``: ns since 1970 (a replay may bring
+        its own)."""
         self.nv = nv
+        self.env = os.environ if env is None else env
         self.clock = clock
         self.bound = [str(g).strip() for g in bound if str(g).strip()]
         self.models: dict[str, str] = {}
@@ -113,11 +118,13 @@ class GpmSampler:
     def _open(self) -> None:
         nv = self.nv
         unsupported, mig = [], []
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            uuid = _text(nv.nvmlDeviceGetUUID(h))
-            if self.bound and str(i) not in self.bound and uuid not in self.bound:
-                continue
+        found, _ = devices(nv)
+        chosen = choose(found, self.bound, source_of(self.bound, self.env), self.env)
+        self.notes += chosen.notes
+        if chosen.unmatched:
+            self.notes.append(f"GPUs {chosen.unmatched} of this task are not GPUs NVML shows here; not recorded")
+        for d in chosen.devices:
+            i, h = d.index, d.handle
             if self._in_mig_mode(h):
                 mig.append(i)
                 continue
@@ -129,11 +136,10 @@ class GpmSampler:
                 unsupported.append(i)
                 continue
             self.gpus.append((i, h))
-            self.uuids[str(i)] = uuid
-            try:
-                self.models[str(i)] = _text(nv.nvmlDeviceGetName(h))
-            except nv.NVMLError:
-                pass
+            if d.uuid:
+                self.uuids[str(i)] = d.uuid
+            if d.name:
+                self.models[str(i)] = d.name
         if mig:
             self.notes.append(f"GPUs {mig} are in MIG mode; GPM is not read per MIG instance, not recorded")
         if unsupported:
@@ -247,7 +253,7 @@ def open_sampler(gpus: Sequence[str], interval: float,
     except NoDriver as exc:
         raise SamplerUnavailable(str(exc)) from exc
     try:
-        sampler = GpmSampler(list(gpus), nv)
+        sampler = GpmSampler(list(gpus), nv, env=env)
     except SamplerUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - no driver, no GPM in this NVML

@@ -106,33 +106,40 @@ def read_device(nv, handle) -> dict[str, float | None]:
 
 
 class NvmlSampler:
-    def __init__(self, bound: Sequence[str]) -> None:
-        """``bound``: NVML indices or UUIDs from SLURM_STEP_GPUS / CUDA_VISIBLE_DEVICES."""
+    def __init__(self, bound: Sequence[str], env: Mapping[str, str] | None = None) -> None:
+        """``bound``: the task's GPUs as its binding names them (``samplers.binding``: Slurm's
+        device numbers, CUDA's ordinals or UUIDs; NVML indices where nothing binds)."""
+        from hpcml.samplers.binding import choose, devices, source_of
+        env = os.environ if env is None else env
         self.bound = list(bound)
         self._replay = None
         self.handles: list[tuple[int, object]] = []
         self.models: dict[str, str] = {}
         self.uuids: dict[str, str] = {}
-        replay = os.environ.get("HPCML_OBSERVE_NVML_REPLAY")
+        self.notes: list[str] = []
+        replay = env.get("HPCML_OBSERVE_NVML_REPLAY")
         if replay:
             with open(replay, encoding="utf-8") as f:
                 self._replay = itertools.cycle([json.loads(line) for line in f if line.strip()])
             return
-        nv = nvml_library()  # ImportError: the caller records without GPUs
+        nv = nvml_library(env)  # ImportError: the caller records without GPUs
         nv.nvmlInit()
         self.nv = nv
-        for i in range(nv.nvmlDeviceGetCount()):
-            h = nv.nvmlDeviceGetHandleByIndex(i)
-            uuid = nv.nvmlDeviceGetUUID(h)
-            uuid = uuid.decode() if isinstance(uuid, bytes) else uuid
-            if not self.bound or str(i) in self.bound or uuid in self.bound:
-                self.handles.append((i, h))
-                self.uuids[str(i)] = uuid
-                try:
-                    name = nv.nvmlDeviceGetName(h)
-                    self.models[str(i)] = name.decode() if isinstance(name, bytes) else str(name)
-                except nv.NVMLError:
-                    pass
+        try:
+            found, _ = devices(nv)
+        except BaseException:
+            shutdown(nv)
+            raise
+        chosen = choose(found, self.bound, source_of(self.bound, env), env)
+        self.notes += chosen.notes
+        if chosen.unmatched:
+            self.notes.append(f"GPUs {chosen.unmatched} of this task are not GPUs NVML shows here; not recorded")
+        for d in chosen.devices:
+            self.handles.append((d.index, d.handle))
+            if d.uuid:
+                self.uuids[str(d.index)] = d.uuid
+            if d.name:
+                self.models[str(d.index)] = d.name
 
     def sample(self, ts: int) -> list[tuple]:
         if self._replay is not None:
@@ -155,7 +162,7 @@ class NvmlSampler:
 
 
 def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
-    """NVML indices of every GPU this process can see, and why there are none if so.
+    """NVML indices of every GPU this process may open, and why there are none if so.
 
     The replays (``HPCML_OBSERVE_NVML_REPLAY``, ``HPCML_GPM_REPLAY``) stand for the driver
     in the tests."""
@@ -171,7 +178,10 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
     except Exception as exc:  # noqa: BLE001 - no driver, no nvidia-ml-py: no GPU
         return [], f"NVML: {type(exc).__name__}: {exc}"
     try:
-        return [str(i) for i in range(nv.nvmlDeviceGetCount())], "NVML"
+        from hpcml.samplers.binding import devices
+        found, refused = devices(nv)       # another job's GPUs in a device cgroup are not listed
+        return [str(d.index) for d in found], ("NVML" if found or not refused
+                                               else f"NVML: the {len(refused)} GPUs here are refused (another job's)")
     except Exception as exc:  # noqa: BLE001
         return [], f"NVML: {type(exc).__name__}: {exc}"
     finally:
@@ -182,7 +192,7 @@ def open_sampler(gpus: Sequence[str], interval: float,
                  env: Mapping[str, str] | None = None) -> tuple[NvmlSampler, dict]:
     """``nvml`` in hpcml.samplers.choose: the sampler and its label, or SamplerUnavailable."""
     try:
-        sampler = NvmlSampler(list(gpus))
+        sampler = NvmlSampler(list(gpus), env)
     except Exception as exc:  # noqa: BLE001 - no NVML (no driver, no nvidia-ml-py)
         raise SamplerUnavailable(f"NVML unavailable ({type(exc).__name__}: {exc})") from exc
-    return sampler, {"kind": "nvml", "saturation": False, "note": NVML_NOTE}
+    return sampler, {"kind": "nvml", "saturation": False, "note": "; ".join([NVML_NOTE, *sampler.notes])}

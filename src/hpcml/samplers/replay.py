@@ -98,6 +98,15 @@ class ReplayNvml:
     def nvmlDeviceGetUUID(self, handle: _Handle) -> str:
         return f"GPU-00000000-0000-4000-8000-{self._check(handle):012d}"
 
+    def nvmlDeviceGetMinorNumber(self, handle: _Handle) -> int:
+        """/dev/nvidiaN's N: the index, as on most bare-metal nodes."""
+        return self._check(handle)
+
+    def nvmlDeviceGetPciInfo(self, handle: _Handle) -> Any:
+        info = pynvml.nvmlPciInfo_t()
+        info.busId = f"00000000:{self._check(handle) + 1:02X}:00.0".encode()
+        return info
+
     def nvmlDeviceGetName(self, handle: _Handle) -> str:
         self._check(handle)
         return self.model

@@ -40,7 +40,7 @@ from hpcml.vet.checks.nvml_snapshot import (
     GpuSnapshot,
     driver_present,
     load_snapshot,
-    read_snapshot,
+    read_gpus,
     select,
 )
 from hpcml.vet.model import CheckReport, Json, Outcome
@@ -91,23 +91,26 @@ def _gb(n: float) -> str:
 class GpuCheck(Check[GpuParams]):
     """Judges every GPU of the task (``ctx.gpus``) or of the node in one NVML snapshot."""
 
-    def snapshot(self) -> tuple[GpuSnapshot, str]:
-        """The snapshot to judge and where it came from (the seam for replay)."""
+    def snapshot(self) -> tuple[GpuSnapshot, str, list[str]]:
+        """The task's GPUs to judge, where they came from (the seam for replay), and the
+        task's GPUs none matched."""
+        ids = list(self.ctx.gpus) or None
         path = os.environ.get(REPLAY_ENV)
         if path:
-            return load_snapshot(path), f"replay:{path}"
+            snap, missing = select(load_snapshot(path), ids)
+            return snap, f"replay:{path}", missing
         try:
-            return read_snapshot(list(self.ctx.gpus) or None), "nvml"
+            snap, missing = read_gpus(ids)
+            return snap, "nvml", missing
         except MissingDependency as e:
             if driver_present():               # a driver is loaded: NVML must be found
                 raise
-            return GpuSnapshot(False, errors=[str(e)]), "nvml"
+            return GpuSnapshot(False, errors=[str(e)]), "nvml", []
 
     def run(self) -> CheckReport:
         p = self.params
         required = p.required or self.ctx.require_gpus
-        snap, source = self.snapshot()
-        snap, missing = select(snap, list(self.ctx.gpus) or None)
+        snap, source, missing = self.snapshot()
         details: dict[str, Json] = {"source": source, "driver_version": snap.driver_version,
                                     "errors": snap.errors, "hidden": snap.hidden}
         if not snap.driver_loaded or (not snap.gpus and not snap.errors and not missing):

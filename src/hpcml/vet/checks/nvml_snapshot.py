@@ -18,11 +18,12 @@ from __future__ import annotations
 import json
 import os
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpcml.files import JSON_MAX, load_json_bounded
+from hpcml.samplers.binding import Device, choose, identify, source_of
 from hpcml.vet.checks.base import MissingDependency
 
 
@@ -44,6 +45,7 @@ class GpuInfo:
     uuid: str | None = None
     name: str | None = None
     pci_bus_id: str | None = None
+    minor: int | None = None           # /dev/nvidiaN's N: what Slurm's SLURM_*_GPUS name
     lost: bool = False
     error: str | None = None
     temperature: int | None = None
@@ -104,38 +106,42 @@ def load_snapshot(path: str) -> GpuSnapshot:
     return GpuSnapshot.from_dict(load_json_bounded(path, JSON_MAX))
 
 
-def _wanted(ids: Sequence[str] | None) -> set[str] | None:
-    return None if not ids else {str(i).strip().lower() for i in ids}
+def _identity(g: GpuInfo) -> Device:
+    return Device(index=g.index, uuid=g.uuid, minor=g.minor, pci_bus_id=g.pci_bus_id, name=g.name)
 
 
-def matches(gpu: GpuInfo, wanted: set[str]) -> bool:
-    """Index (Slurm's SLURM_*_GPUS) or UUID, with or without ``GPU-`` (CUDA_VISIBLE_DEVICES)."""
-    uuid = (gpu.uuid or "").lower()
-    return str(gpu.index) in wanted or (bool(uuid) and (uuid in wanted or
-                                                       uuid.removeprefix("gpu-") in wanted))
+def _known(g: GpuInfo) -> bool:
+    """Whether anything but its NVML index names the GPU (a lost one may have nothing)."""
+    return bool(g.uuid) or g.minor is not None
 
 
-def select(snap: GpuSnapshot, ids: Sequence[str] | None) -> tuple[GpuSnapshot, list[str]]:
-    """The snapshot limited to ``ids``, and the ids no GPU matched.
+def select(snap: GpuSnapshot, ids: Sequence[str] | None,
+           env: Mapping[str, str] | None = None) -> tuple[GpuSnapshot, list[str]]:
+    """The snapshot limited to ``ids`` (the task's binding, read as ``samplers.binding``
+    reads it: Slurm's device numbers, CUDA's ordinals or UUIDs, NVML indices where nothing
+    binds), and the ids no GPU matched; how they were read goes to the snapshot's errors
+    only where a GPU could not be placed.
 
-    A lost GPU has no UUID to match: when ``ids`` holds UUIDs it may be one of them, so it
-    becomes an error of the snapshot rather than silently dropped. Selected by index, it is
-    known not to be ours (and the live read never touches it).
+    A lost GPU with nothing but its index to name it may be one of ``ids`` unless they are
+    NVML indices: it becomes an error of the snapshot rather than silently dropped. Selected
+    by NVML index, it is known not to be ours (and the live read never touches it).
     """
-    wanted = _wanted(ids)
-    if wanted is None:
+    wanted = [str(i).strip() for i in ids or [] if str(i).strip()]
+    if not wanted:
         return snap, []
-    by_index = all(w.isdigit() for w in wanted)
-    keep, errors = [], list(snap.errors)
-    for g in snap.gpus:
-        if matches(g, wanted):
-            keep.append(g)
-        elif g.lost and not g.uuid and not by_index:
-            errors.append(f"GPU at NVML index {g.index} lost: {g.error}")
-    missing = [i for i in (ids or []) if not any(matches(g, {str(i).strip().lower()})
-                                                for g in keep)]
+    env = os.environ if env is None else env
+    source = source_of(wanted, env)
+    by_index = source is None and all(w.isdigit() for w in wanted)
+    placeable = [g for g in snap.gpus if by_index or _known(g) or not g.lost]
+    chosen = choose([_identity(g) for g in placeable], wanted, source, env)
+    picked = {d.index for d in chosen.devices}
+    keep = [g for g in snap.gpus if g.index in picked and g in placeable]
+    errors = list(snap.errors)
+    errors += [f"GPU at NVML index {g.index} lost: {g.error}" for g in snap.gpus if g not in placeable]
+    if chosen.unmatched:
+        errors += [n for n in chosen.notes if n not in errors]
     return GpuSnapshot(snap.driver_loaded, snap.driver_version, keep, errors,
-                       list(snap.hidden), snap.taken_at), missing
+                       list(snap.hidden), snap.taken_at), chosen.unmatched
 
 
 #: Where a loaded NVIDIA driver shows itself, without NVML.
@@ -194,14 +200,17 @@ class _Reader:
         return None
 
 
-def _read_gpu(nv, index: int, handle) -> GpuInfo:
-    g = GpuInfo(index=index)
+def _read_gpu(nv, g: GpuInfo, handle) -> GpuInfo:
+    """Every value of one GPU into ``g`` (its identity already read by ``_identify``)."""
     r = _Reader(nv, handle, g)
     try:
-        g.uuid = _opt(r.get("uuid", ("nvmlDeviceGetUUID",)), _s)
-        g.name = _opt(r.get("name", ("nvmlDeviceGetName",)), _s)
-        pci = r.get("pci_bus_id", ("nvmlDeviceGetPciInfo",))
-        g.pci_bus_id = _s(pci.busId) if pci is not None else None
+        if g.uuid is None:
+            g.uuid = _opt(r.get("uuid", ("nvmlDeviceGetUUID",)), _s)
+        if g.name is None:
+            g.name = _opt(r.get("name", ("nvmlDeviceGetName",)), _s)
+        if g.pci_bus_id is None:
+            pci = r.get("pci_bus_id", ("nvmlDeviceGetPciInfo",))
+            g.pci_bus_id = _s(pci.busId) if pci is not None else None
         g.temperature = r.get("temperature",
                               ("nvmlDeviceGetTemperatureV", nv.NVML_TEMPERATURE_GPU),
                               ("nvmlDeviceGetTemperature", nv.NVML_TEMPERATURE_GPU))
@@ -252,7 +261,13 @@ def _opt(v, conv):
 
 
 def read_snapshot(indices: Sequence[str] | None = None) -> GpuSnapshot:
-    """Read all GPUs, or those whose NVML index or UUID is in ``indices``.
+    """Read all GPUs, or those ``indices`` (the task's binding, see ``select``) names."""
+    return read_gpus(indices)[0]
+
+
+def read_gpus(indices: Sequence[str] | None = None) -> tuple[GpuSnapshot, list[str]]:
+    """Read all GPUs, or those ``indices`` names, and the entries of ``indices`` no GPU
+    matched (``select``: selecting again would read CUDA's ordinals over the chosen GPUs).
 
     Raises MissingDependency when pynvml or libnvidia-ml is missing; a node where NVML
     reports no driver gives ``driver_loaded=False`` and no GPUs.
@@ -264,9 +279,9 @@ def read_snapshot(indices: Sequence[str] | None = None) -> GpuSnapshot:
         raise NvmlLibraryMissing("libnvidia-ml.so.1 (NVIDIA driver's NVML library) "
                                  "not found") from None
     except nv.NVMLError_DriverNotLoaded as e:
-        return GpuSnapshot(False, None, [], [f"nvmlInit: {e}"], taken_at=time.time())
+        return GpuSnapshot(False, None, [], [f"nvmlInit: {e}"], taken_at=time.time()), []
     except nv.NVMLError as e:            # e.g. NVML/RM version mismatch: a broken node
-        return GpuSnapshot(True, None, [], [f"nvmlInit: {e}"], taken_at=time.time())
+        return GpuSnapshot(True, None, [], [f"nvmlInit: {e}"], taken_at=time.time()), []
     try:
         return _read_all(nv, indices)
     finally:
@@ -276,7 +291,7 @@ def read_snapshot(indices: Sequence[str] | None = None) -> GpuSnapshot:
             pass
 
 
-def _read_all(nv, indices: Sequence[str] | None) -> GpuSnapshot:
+def _read_all(nv, indices: Sequence[str] | None) -> tuple[GpuSnapshot, list[str]]:
     snap = GpuSnapshot(True, taken_at=time.time())
     try:
         snap.driver_version = _s(nv.nvmlSystemGetDriverVersion())
@@ -286,23 +301,32 @@ def _read_all(nv, indices: Sequence[str] | None) -> GpuSnapshot:
         count = nv.nvmlDeviceGetCount()
     except nv.NVMLError as e:
         snap.errors.append(f"device count: {e}")
-        return snap
-    wanted = _wanted(indices)
-    by_index = wanted is not None and all(w.isdigit() for w in wanted)
+        return snap, [str(i) for i in indices or []]
+    wanted = [str(i).strip() for i in indices or [] if str(i).strip()]
+    by_index = bool(wanted) and source_of(wanted, os.environ) is None and all(w.isdigit() for w in wanted)
+    handles = {}
     for i in range(count):
-        if by_index and wanted is not None and str(i) not in wanted:
+        if by_index and str(i) not in wanted:
             continue                       # do not touch GPUs of other jobs
         try:
-            handle = nv.nvmlDeviceGetHandleByIndex(i)
+            handles[i] = nv.nvmlDeviceGetHandleByIndex(i)
         except nv.NVMLError_NoPermission:
             snap.hidden.append(i)
             continue
         except nv.NVMLError as e:
             snap.gpus.append(GpuInfo(index=i, lost=True, error=str(e)))
             continue
-        snap.gpus.append(_read_gpu(nv, i, handle))
-    return select(snap, indices)[0]
+        snap.gpus.append(_identify(nv, i, handles[i]))
+    snap, missing = select(snap, wanted)
+    snap.gpus = [_read_gpu(nv, g, handles[g.index]) if not g.lost else g for g in snap.gpus]
+    return snap, missing
 
+
+def _identify(nv, index: int, handle) -> GpuInfo:
+    """What names a GPU (UUID, minor number, PCI bus, model): read for every GPU this
+    process may open, so that the task's binding can be placed before any value is read."""
+    d = identify(nv, index, handle)
+    return GpuInfo(index=index, uuid=d.uuid, name=d.name, pci_bus_id=d.pci_bus_id, minor=d.minor)
 
 if __name__ == "__main__":     # record this node's GPUs for replay (HPCML_VET_NVML_REPLAY)
     import sys
