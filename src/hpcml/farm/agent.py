@@ -54,7 +54,22 @@ def gpu_list(gpus: int | None, env: dict[str, str] | None = None) -> tuple[str, 
     visible = env.get("CUDA_VISIBLE_DEVICES", "").strip()
     if visible and visible.lower() not in ("none", "nodevfiles", "-1"):
         return tuple(v.strip() for v in visible.split(",") if v.strip())
-    return allocation.task_gpus(env)
+    source, bound = allocation.gpu_binding(env)
+    return _as_cuda(bound, source, env)
+
+
+def _as_cuda(bound: tuple[str, ...], source: str | None, env: dict[str, str]) -> tuple[str, ...]:
+    """Slurm's GPU numbers (``/dev/nvidiaN``'s N, not CUDA's ordinals: ``samplers.binding``)
+    as UUIDs, which CUDA_VISIBLE_DEVICES takes as they are; without NVML here the numbers
+    stay, as on most nodes, where they agree."""
+    from hpcml.samplers.binding import MINOR_SOURCES, uuids_of
+    if source not in MINOR_SOURCES or not bound:
+        return bound
+    try:
+        uuids, _ = uuids_of(bound, source, env)
+    except Exception:  # noqa: BLE001 - no driver or nvidia-ml-py: the numbers stay
+        return bound
+    return tuple(u for u in uuids if u) if all(uuids) else bound
 
 
 def plan(slots: int | None = None, gpus: int | None = None) -> Plan:

@@ -224,33 +224,20 @@ class DcgmSampler:
     def _as_uuids(self, bound: list[str]) -> list[str]:
         """Slurm's device numbers and CUDA's ordinals as UUIDs, read from this process's own
         NVML (``samplers.binding``): the host engine numbers GPUs by NVML index over the whole
-        node, which neither is. Where NVML cannot be read here they stay numbers, said."""
-        from hpcml.samplers.binding import choose, devices, source_of
-        from hpcml.samplers.nvml import nvml_library, shutdown
+        node, which neither is. Where NVML cannot be read here they stay numbers, said; an
+        entry NVML cannot place matches no GPU."""
+        from hpcml.samplers.binding import source_of, uuids_of
         source = source_of(bound, self.env)
         if source is None or all(_is_uuid(e) for e in bound):
             return bound
         try:
-            nv = nvml_library(self.env)
-            nv.nvmlInit()
+            uuids, notes = uuids_of(bound, source, self.env)
         except Exception as exc:  # noqa: BLE001 - no NVML in this process: the numbers stay
             self.notes.append(f"{source}'s GPU numbers taken as NVML indices (NVML not readable here: "
                               f"{type(exc).__name__})")
             return bound
-        try:
-            found, _ = devices(nv)
-            out = []
-            for entry in bound:
-                chosen = choose(found, [entry], source, self.env)
-                self.notes += [n for n in chosen.notes if n not in self.notes]
-                uuid = chosen.devices[0].uuid if chosen.devices else None
-                out.append(uuid or entry)
-            return out
-        except Exception as exc:  # noqa: BLE001
-            self.notes.append(f"{source}'s GPU numbers taken as NVML indices ({type(exc).__name__}: {exc})")
-            return bound
-        finally:
-            shutdown(nv)
+        self.notes += [n for n in notes if n not in self.notes]
+        return [u or f"{source}={e}" for u, e in zip(uuids, bound)]
 
     def _select(self, ids: dict[int, object]) -> list[tuple[int, int]]:
         """(DCGM GPU id, row index) for each bound GPU DCGM knows."""
