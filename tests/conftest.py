@@ -143,7 +143,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     """A test that uses the local cluster is a ``slurm`` test, marked or not: ``-m "not
     slurm"`` (a side run beside a whole suite) must never start a second cluster on the
     same root and ports, whose teardown stops the suite's. Runs before ``-m`` deselects
-    (scripts/test runs ``slurm or machine`` first, alone, then the rest on several workers)."""
+    (scripts/test runs ``machine`` alone, then ``slurm`` one at a time beside the rest on
+    several workers)."""
     for item in items:
         if "slurm_cluster" in getattr(item, "fixturenames", ()) and item.get_closest_marker("slurm") is None:
             item.add_marker(pytest.mark.slurm)

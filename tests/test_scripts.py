@@ -63,14 +63,16 @@ import json, os, sys
 args = sys.argv[1:]
 with open(os.environ["RUNS"], "a") as f:
     f.write(json.dumps(args) + "\\n")
-part = "alone" if "slurm or machine" in args else "workers" if "not slurm and not machine" in args else "whole"
+parts = {{"machine": "alone", "slurm and not machine": "slurm", "not slurm and not machine": "workers"}}
+part = next((parts[a] for a in args if a in parts), "whole")
 sys.exit(int(os.environ.get("RC_" + part.upper(), "0")))
 """
 
 
 def _parts(tmp_path: Path, *args: str, **env: str) -> tuple[int, list[list[str]]]:
     """``scripts/test-parts`` with a stand-in interpreter that records each pytest run's
-    arguments and exits as ``RC_ALONE``, ``RC_WORKERS`` or ``RC_WHOLE`` say."""
+    arguments and exits as ``RC_ALONE``, ``RC_SLURM``, ``RC_WORKERS`` or ``RC_WHOLE`` say.
+    The runs come back in the parts' order (the last two run side by side)."""
     py = tmp_path / "python"
     py.write_text(STAND_IN.format(python=sys.executable))
     py.chmod(0o755)
@@ -79,31 +81,35 @@ def _parts(tmp_path: Path, *args: str, **env: str) -> tuple[int, list[list[str]]
     base = {k: v for k, v in os.environ.items() if k != "HPCML_TEST_WORKERS"}
     p = subprocess.run([str(ROOT / "scripts" / "test-parts"), str(py), *args], cwd=ROOT, capture_output=True,
                        text=True, env={**base, "RUNS": str(runs), **env}, timeout=60)
-    return p.returncode, [json.loads(line) for line in runs.read_text().splitlines()] if runs.exists() else []
+    got = [json.loads(line) for line in runs.read_text().splitlines()] if runs.exists() else []
+    order = ["machine", "slurm and not machine", "not slurm and not machine"]
+    return p.returncode, sorted(got, key=lambda r: next((order.index(a) for a in r if a in order), -1))
 
 
-def test_the_suite_runs_the_machine_s_tests_alone_then_the_rest_on_workers_each_module_on_one(tmp_path):
+def test_the_suite_runs_the_machine_s_tests_alone_then_slurm_s_beside_the_rest_on_workers(tmp_path):
     rc, runs = _parts(tmp_path, "-x", "tests/run")
-    assert rc == 0 and len(runs) == 2, runs
-    assert runs[0][:5] == ["-m", "pytest", "-q", "-m", "slurm or machine"] and runs[0][-2:] == ["-n", "0"]
-    assert "-x" in runs[0] and "tests/run" in runs[0]
-    w = runs[1]
+    assert rc == 0 and len(runs) == 3, runs
+    assert runs[0][:5] == ["-m", "pytest", "-q", "-m", "machine"] and runs[0][-2:] == ["-n", "0"]
+    assert runs[1][:5] == ["-m", "pytest", "-q", "-m", "slurm and not machine"] and runs[1][-2:] == ["-n", "0"]
+    assert all("-x" in r and "tests/run" in r for r in runs)
+    w = runs[2]
     assert w[w.index("-n") + 1] == "3" and w[w.index("--dist") + 1] == "loadscope"
     assert w[w.index("-m", 3) + 1] == "not slurm and not machine" and w[-2:] == ["-x", "tests/run"]
     _rc, runs = _parts(tmp_path, HPCML_TEST_WORKERS="2")
-    assert runs[1][runs[1].index("-n") + 1] == "2"
+    assert runs[2][runs[2].index("-n") + 1] == "2"
 
 
-@pytest.mark.parametrize("rc_alone, rc_workers, rc, runs", [
-    ("0", "0", 0, 2), ("1", "0", 1, 2), ("0", "1", 1, 2), ("1", "3", 1, 2),
-    ("5", "0", 0, 2), ("0", "5", 0, 2),     # a part that selects no test is no failure ...
-    ("5", "5", 5, 2),                       # ... unless neither selected one
-    ("2", "0", 2, 1),                       # bad usage: part 2 would say the same
-    ("130", "0", 130, 1),                   # interrupted: the user asked to stop
+@pytest.mark.parametrize("rc_alone, rc_slurm, rc_workers, rc, runs", [
+    ("0", "0", "0", 0, 3), ("1", "0", "0", 1, 3), ("0", "1", "0", 1, 3), ("0", "0", "1", 1, 3),
+    ("1", "0", "3", 1, 3),
+    ("5", "0", "0", 0, 3), ("0", "5", "5", 0, 3),     # a part that selects no test is no failure ...
+    ("5", "5", "5", 5, 3),                            # ... unless none selected one
+    ("2", "0", "0", 2, 1),                            # bad usage: the others would say the same
+    ("130", "0", "0", 130, 1),                        # interrupted: the user asked to stop
 ])
-def test_the_suite_fails_where_either_part_failed_and_selects_nothing_only_where_both_did(
-        tmp_path, rc_alone, rc_workers, rc, runs):
-    got, ran = _parts(tmp_path, RC_ALONE=rc_alone, RC_WORKERS=rc_workers)
+def test_the_suite_fails_where_any_part_failed_and_selects_nothing_only_where_none_did(
+        tmp_path, rc_alone, rc_slurm, rc_workers, rc, runs):
+    got, ran = _parts(tmp_path, RC_ALONE=rc_alone, RC_SLURM=rc_slurm, RC_WORKERS=rc_workers)
     assert (got, len(ran)) == (rc, runs), ran
 
 
@@ -114,10 +120,21 @@ def test_a_marker_selection_of_the_caller_s_own_or_no_workers_runs_once_one_test
     assert rc == 1 and runs == [["-m", "pytest", "-q", *args]]
 
 
-@pytest.mark.parametrize("given, alone", [(["--junitxml=out/r.xml"], ["--junitxml=out/r.alone.xml"]),
-                                          (["--junitxml", "r.xml"], ["--junitxml", "r.alone.xml"]),
-                                          (["--junit-xml=r"], ["--junit-xml=r.alone.xml"])])
-def test_each_part_writes_its_own_junit_report(tmp_path, given, alone):
+@pytest.mark.parametrize("given, alone, slurm", [
+    (["--junitxml=out/r.xml"], ["--junitxml=out/r.alone.xml"], ["--junitxml=out/r.slurm.xml"]),
+    (["--junitxml", "r.xml"], ["--junitxml", "r.alone.xml"], ["--junitxml", "r.slurm.xml"]),
+    (["--junit-xml=r"], ["--junit-xml=r.alone.xml"], ["--junit-xml=r.slurm.xml"])])
+def test_each_part_writes_its_own_junit_report(tmp_path, given, alone, slurm):
     """Was: part 2's report overwrote part 1's at the caller's path."""
     _rc, runs = _parts(tmp_path, *given)
-    assert runs[0][5:-2] == alone and runs[1][-len(given):] == given
+    assert runs[0][5:-2] == alone and runs[1][5:-2] == slurm and runs[2][-len(given):] == given
+
+
+def test_the_slurm_parts_output_is_printed_whole_after_the_workers(tmp_path):
+    py = tmp_path / "python"
+    py.write_text(f"#!{sys.executable}\nimport sys\na = sys.argv; print('PART', a[a.index('-m', 3) + 1])\n")
+    py.chmod(0o755)
+    p = subprocess.run([str(ROOT / "scripts" / "test-parts"), str(py)], cwd=ROOT, capture_output=True,
+                       text=True, timeout=60)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("PART")]
+    assert lines == ["PART machine", "PART not slurm and not machine", "PART slurm and not machine"], p.stdout
