@@ -32,3 +32,5 @@ def test_slurms_gpu_numbers_are_pinned_as_the_uuids_nvml_gives_them(monkeypatch)
     uuids = [nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(4)]
     assert gpu_list(None, {"SLURM_JOB_GPUS": "0,1"}) == (uuids[2], uuids[3])
     assert gpu_list(None, {"SLURM_JOB_GPUS": "0,7"}) == ("0", "7")       # one not placed: as given
+    nv.lost = (0,)                  # another job's GPU lost: still this slot's own GPUs
+    assert gpu_list(None, {"SLURM_JOB_GPUS": "0,1"}) == (uuids[2], uuids[3])

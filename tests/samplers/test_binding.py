@@ -42,9 +42,13 @@ class Node(ReplayNvml):
         super().__init__(other.rows, gpus=4)
         self.refused = refused
 
+    lost: tuple[int, ...] = ()
+
     def nvmlDeviceGetHandleByIndex(self, index: int):
         if index in self.refused:
             raise pynvml.NVMLError(pynvml.NVML_ERROR_NO_PERMISSION)
+        if index in self.lost:
+            raise pynvml.NVMLError(pynvml.NVML_ERROR_GPU_IS_LOST)
         return super().nvmlDeviceGetHandleByIndex(index)
 
     def nvmlDeviceGetMinorNumber(self, handle) -> int:
@@ -72,10 +76,11 @@ def test_uuids_whole_without_prefix_or_as_a_unique_prefix():
 
 
 def test_cuda_ordinals_count_what_this_process_may_open_in_pci_bus_order():
-    # a device cgroup: the job's two GPUs, renumbered 0 and 1 by the PCI bus
-    mine = [NODE[3], NODE[1]]
+    # a device cgroup: the job's two GPUs, renumbered 0 and 1 by the PCI bus, which here is
+    # not NVML's order (index 1 sits on bus 4E, index 3 on bus 0F)
+    mine = [gpu(1, 3, "4E"), gpu(3, 1, "0F")]
     got = choose(mine, ["1", "0"], "CUDA_VISIBLE_DEVICES", {})
-    assert [d.index for d in got.devices] == [3, 1] and not got.notes
+    assert [d.index for d in got.devices] == [1, 3] and not got.notes
     assert choose(mine, ["2"], "CUDA_VISIBLE_DEVICES", {}).unmatched == ["2"]
 
 
@@ -100,10 +105,14 @@ def test_source_is_the_environments_binding_only_for_its_own_entries():
     assert binding.source_of(["0"], {"CUDA_VISIBLE_DEVICES": "0"}) == "CUDA_VISIBLE_DEVICES"
 
 
-def test_devices_skip_what_nvml_refuses():
-    found, refused = binding.devices(Node(refused=(0, 1)))
-    assert [d.index for d in found] == [2, 3] and refused == [0, 1]
+def test_devices_skip_what_nvml_refuses_or_lost():
+    found, unopened = binding.devices(Node(refused=(0, 1)))
+    assert [d.index for d in found] == [2, 3] and unopened == [0, 1]
     assert [d.minor for d in found] == [0, 1]
+    nv = Node()
+    nv.lost = (1,)                  # review finding: one lost GPU hid every other GPU
+    found, unopened = binding.devices(nv)
+    assert [d.index for d in found] == [0, 2, 3] and unopened == [1]
 
 
 @pytest.fixture
@@ -145,6 +154,9 @@ def test_the_gpm_sampler_samples_the_gpu_slurm_bound():
 def test_hpcmls_own_gpu_list_leaves_out_what_nvml_refuses(node):
     node(Node(refused=(1,)))
     assert nvml.visible_gpus({}) == (["0", "2", "3"], "NVML")
+    lost = node(Node())
+    lost.lost = (3,)
+    assert nvml.visible_gpus({}) == (["0", "1", "2"], "NVML")
     node(Node(refused=(0, 1, 2, 3)))
     gpus, why = nvml.visible_gpus({})
-    assert gpus == [] and "refused" in why
+    assert gpus == [] and "none of the 4 GPUs here can be opened" in why

@@ -171,7 +171,7 @@ def test_slurms_device_numbers_reach_dcgm_as_uuids(fake, monkeypatch):
     """SLURM_STEP_GPUS=0 is /dev/nvidia0: this process's NVML says which UUID that is, and
     DCGM samples that GPU, not the one it indexes 0."""
     from hpcml.samplers import nvml
-    from hpcml.samplers.dcgm import DcgmSampler
+    from hpcml.samplers.dcgm import DcgmSampler, DcgmUnavailable
     data = fake.use()
     uuids = [g["uuid"] for g in data["gpus"]]
     monkeypatch.setattr(nvml, "nvml_library", lambda env=None: _LocalNvml(uuids, [3, 0, 1, 2][:len(uuids)]))
@@ -181,6 +181,11 @@ def test_slurms_device_numbers_reach_dcgm_as_uuids(fake, monkeypatch):
         assert list(s.index_of) == [1] and s.uuids == {str(s.index_of[1]): uuids[1]}
     finally:
         s.close()
+    monkeypatch.setattr(nvml, "nvml_library", lambda env=None: _LocalNvml(uuids, [5, 6, 7, 8][:len(uuids)]))
+    monkeypatch.setenv("SLURM_STEP_GPUS", "1")       # /dev/nvidia1 is none of these: no GPU, not DCGM's 1
+    with pytest.raises(DcgmUnavailable, match="none of this task's GPUs"):
+        DcgmSampler(["1"], 1.0)
+    monkeypatch.setenv("SLURM_STEP_GPUS", "0")
     monkeypatch.setattr(nvml, "nvml_library", lambda env=None: (_ for _ in ()).throw(nvml.NoDriver("none")))
     s = DcgmSampler(["0"], 1.0)                      # no NVML here: the numbers stay, said
     try:

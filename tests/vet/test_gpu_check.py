@@ -35,6 +35,13 @@ STRICT = {"count": 4, "max_temperature": 85, "max_memory_used_fraction": "5%"}
 UUID3 = "GPU-e1f2a3b4-c5d6-4e7f-8091-a2b3c4d5e6f7"
 
 
+@pytest.fixture(autouse=True)
+def no_binding_of_the_callers(monkeypatch):
+    """The suite may run inside a job or on a GPU machine: its own binding is not the tests'."""
+    for var in ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS", "CUDA_VISIBLE_DEVICES", "CUDA_DEVICE_ORDER"):
+        monkeypatch.delenv(var, raising=False)
+
+
 def judge(monkeypatch, snapshot, ctx: CheckContext | None = None, **params):
     """Run GpuCheck on a sample file name or a snapshot dict, through the replay seam."""
     if isinstance(snapshot, dict):
@@ -203,11 +210,16 @@ def test_ctx_gpus_limit_the_check(mp):
     assert (r.outcome, r.value, r.message) == (Outcome.FAIL, 1, "GPU 7 not found")
 
 
-def test_lost_gpu_without_uuid_fails_uuid_selection(mp):
+def test_lost_gpu_without_uuid_fails_uuid_selection_where_it_may_be_the_tasks(mp):
+    """A task's UUID no GPU shows may be the lost GPU's (it has none to match): an error.
+    Where the task's UUID found its GPU, the lost one is another job's, and not the task's
+    failure (it used to be: review finding)."""
+    ctx = CheckContext(node="n1", gpus=("GPU-77777777-3f4b-4e6a-9c7d-1b2e3f4a5b60",))
+    r = judge(mp, "gpu_lost.json", ctx=ctx, count=None)
+    assert r.outcome is Outcome.FAIL and r.message.startswith("nvml: GPU at NVML index 2 lost: GPU is lost")
     ctx = CheckContext(node="n1", gpus=("GPU-5a8e2c1d-3f4b-4e6a-9c7d-1b2e3f4a5b60",))
     r = judge(mp, "gpu_lost.json", ctx=ctx, count=None)
-    assert (r.outcome, r.message) == (Outcome.FAIL,
-                                      "nvml: GPU at NVML index 2 lost: GPU is lost")
+    assert (r.outcome, r.message) == (Outcome.PASS, "1 GPUs healthy")
 
 
 def test_snapshot_round_trip():
@@ -404,7 +416,7 @@ def test_cuda_ordinals_follow_the_pci_bus_and_are_not_guessed_across_models(monk
     ns = types.SimpleNamespace
     devices = {0: full_device(UUID="GPU-b", PciInfo=ns(busId=b"00000000:B1:00.0"), MinorNumber=0),
                1: full_device(UUID="GPU-a", PciInfo=ns(busId=b"00000000:3B:00.0"), MinorNumber=1,
-                              Name="NVIDIA H100 80GB HBM3")}
+                              Name="NVIDIA H100 80GB HBM3")}      # NVML's order is not the bus's here
     monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     snap, missing = read_gpus(["0"])                # two models, CUDA's default order: unknown
@@ -413,6 +425,24 @@ def test_cuda_ordinals_follow_the_pci_bus_and_are_not_guessed_across_models(monk
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     snap, missing = read_gpus(["0"])
     assert [g.uuid for g in snap.gpus] == ["GPU-a"] and missing == []
+
+
+def test_another_jobs_lost_gpu_does_not_fail_a_task_whose_gpus_were_all_found(monkeypatch):
+    """Review finding: with Slurm's numbers every handle is opened to read its minor number,
+    and a GPU NVML gives no handle for (lost, nothing names it) failed every task of the node."""
+    _no_binding(monkeypatch)
+    devices = {0: sound_device(UUID="GPU-0000", MinorNumber=0), 1: sound_device(UUID="GPU-1111", MinorNumber=1),
+               2: "GpuIsLost"}
+    monkeypatch.setitem(sys.modules, "pynvml", fake_pynvml(devices))
+    monkeypatch.setenv("SLURM_STEP_GPUS", "1")
+    report = _judge_live(("1",))
+    assert report.outcome is Outcome.PASS, report.message
+    monkeypatch.setenv("SLURM_STEP_GPUS", "2")        # not found: the lost GPU may be it
+    report = _judge_live(("2",))
+    assert report.outcome is Outcome.FAIL and "GPU at NVML index 2 lost" in report.message
+    monkeypatch.delenv("SLURM_STEP_GPUS")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "1")   # an ordinal: a lost GPU moves the count
+    assert "GPU at NVML index 2 lost" in _judge_live(("1",)).message
 
 
 def test_read_snapshot_driver_not_loaded(monkeypatch):

@@ -25,7 +25,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-__all__ = ["MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "source_of", "uuids_of"]
+from hpcml import logs
+
+__all__ = ["CUDA_SOURCE", "MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "source_of", "uuids_of"]
+
+log = logs.get(__name__)
 
 #: Slurm's variables whose numbers are device minor numbers
 MINOR_SOURCES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
@@ -82,21 +86,21 @@ def identify(nv: Any, index: int, handle: Any) -> Device:
 
 
 def devices(nv: Any) -> tuple[list[Device], list[int]]:
-    """Every GPU this process can open, and the NVML indices it may not (another job's in a
-    device cgroup); any other NVML error on a handle goes to the caller."""
+    """Every GPU this process can open, and the NVML indices it cannot: another job's in a
+    device cgroup (NoPermission), or a GPU NVML gives no handle for (lost): neither can be
+    sampled, and neither may stop the others being found."""
     out: list[Device] = []
-    refused: list[int] = []
-    no_permission = getattr(nv, "NVMLError_NoPermission", None)
+    unopened: list[int] = []
+    error = getattr(nv, "NVMLError", Exception)
     for i in range(nv.nvmlDeviceGetCount()):
         try:
             h = nv.nvmlDeviceGetHandleByIndex(i)
-        except Exception as exc:
-            if no_permission is not None and isinstance(exc, no_permission):
-                refused.append(i)
-                continue
-            raise
+        except error as exc:
+            log.debug("NVML gives no handle for GPU %d: %s", i, exc)
+            unopened.append(i)
+            continue
         out.append(identify(nv, i, h))
-    return out, refused
+    return out, unopened
 
 
 def source_of(bound: Sequence[str], env: Mapping[str, str]) -> str | None:

@@ -179,9 +179,9 @@ def visible_gpus(env: Mapping[str, str] | None = None) -> tuple[list[str], str]:
         return [], f"NVML: {type(exc).__name__}: {exc}"
     try:
         from hpcml.samplers.binding import devices
-        found, refused = devices(nv)       # another job's GPUs in a device cgroup are not listed
-        return [str(d.index) for d in found], ("NVML" if found or not refused
-                                               else f"NVML: the {len(refused)} GPUs here are refused (another job's)")
+        found, unopened = devices(nv)      # another job's (a device cgroup), or lost: not listed
+        return [str(d.index) for d in found], ("NVML" if found or not unopened
+                                               else f"NVML: none of the {len(unopened)} GPUs here can be opened")
     except Exception as exc:  # noqa: BLE001
         return [], f"NVML: {type(exc).__name__}: {exc}"
     finally:

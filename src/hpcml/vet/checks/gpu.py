@@ -242,7 +242,7 @@ def _pcie_problem(g: GpuInfo, p: GpuParams, idle: bool) -> str | None:
 
 
 def _summary(g: GpuInfo) -> dict:
-    keys = ("index", "uuid", "name", "pci_bus_id", "lost", "error", "temperature",
+    keys = ("index", "minor", "uuid", "name", "pci_bus_id", "lost", "error", "temperature",
             "memory_used", "memory_total", "ecc_volatile_uncorrected",
             "ecc_aggregate_uncorrected", "remap_pending", "remap_failure",
             "retired_pages_pending", "power_mw", "sm_clock_mhz", "pcie_gen",

@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from hpcml.files import JSON_MAX, load_json_bounded
-from hpcml.samplers.binding import Device, choose, identify, source_of
+from hpcml.samplers.binding import CUDA_SOURCE, Device, choose, identify, source_of
 from hpcml.vet.checks.base import MissingDependency
 
 
@@ -137,7 +137,10 @@ def select(snap: GpuSnapshot, ids: Sequence[str] | None,
     picked = {d.index for d in chosen.devices}
     keep = [g for g in snap.gpus if g.index in picked and g in placeable]
     errors = list(snap.errors)
-    errors += [f"GPU at NVML index {g.index} lost: {g.error}" for g in snap.gpus if g not in placeable]
+    # a lost GPU nothing names is another job's where every entry found its GPU, unless the
+    # entries are CUDA ordinals (a GPU missing from the count moves them)
+    if chosen.unmatched or (source == CUDA_SOURCE and any(w.isdigit() for w in wanted)):
+        errors += [f"GPU at NVML index {g.index} lost: {g.error}" for g in snap.gpus if g not in placeable]
     if chosen.unmatched:
         errors += [n for n in chosen.notes if n not in errors]
     return GpuSnapshot(snap.driver_loaded, snap.driver_version, keep, errors,
