@@ -62,7 +62,8 @@ def _as_cuda(bound: tuple[str, ...], source: str | None, env: dict[str, str]) ->
     """Slurm's GPU numbers (``/dev/nvidiaN``'s N, not CUDA's ordinals: ``samplers.binding``)
     as UUIDs, which CUDA_VISIBLE_DEVICES takes as they are; without NVML here the numbers
     stay, as on most nodes, where they agree."""
-    from hpcml.samplers.binding import MINOR_SOURCES, uuids_of
+    from hpcml.samplers.binding import MINOR_SOURCES
+    from hpcml.samplers.nvml import uuids_of
     if source not in MINOR_SOURCES or not bound:
         return bound
     try:

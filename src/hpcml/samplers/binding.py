@@ -27,7 +27,7 @@ from typing import Any
 
 from hpcml import logs
 
-__all__ = ["CUDA_SOURCE", "MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "source_of", "uuids_of"]
+__all__ = ["CUDA_SOURCE", "MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "source_of"]
 
 log = logs.get(__name__)
 
@@ -174,23 +174,3 @@ def choose(devs: Sequence[Device], bound: Sequence[str], source: str | None,
     out.notes = list(dict.fromkeys(out.notes))
     return out
 
-
-def uuids_of(bound: Sequence[str], source: str | None,
-             env: Mapping[str, str]) -> tuple[list[str | None], list[str]]:
-    """Each entry's GPU UUID as this process's NVML places it (None: not placed), and how
-    they were read: for a reader that numbers GPUs its own way (DCGM's host engine, CUDA in
-    a farm worker). Raises what opening NVML raises (no driver, no nvidia-ml-py)."""
-    from hpcml.samplers.nvml import nvml_library, shutdown
-    nv = nvml_library(env)
-    nv.nvmlInit()
-    try:
-        found, _ = devices(nv)
-        out: list[str | None] = []
-        notes: list[str] = []
-        for entry in bound:
-            chosen = choose(found, [entry], source, env)
-            notes += chosen.notes
-            out.append(chosen.devices[0].uuid if chosen.devices else None)
-        return out, list(dict.fromkeys(notes))
-    finally:
-        shutdown(nv)

@@ -226,7 +226,8 @@ class DcgmSampler:
         NVML (``samplers.binding``): the host engine numbers GPUs by NVML index over the whole
         node, which neither is. Where NVML cannot be read here they stay numbers, said; an
         entry NVML cannot place matches no GPU."""
-        from hpcml.samplers.binding import source_of, uuids_of
+        from hpcml.samplers.binding import source_of
+        from hpcml.samplers.nvml import uuids_of
         source = source_of(bound, self.env)
         if source is None or all(_is_uuid(e) for e in bound):
             return bound

@@ -196,3 +196,24 @@ def open_sampler(gpus: Sequence[str], interval: float,
     except Exception as exc:  # noqa: BLE001 - no NVML (no driver, no nvidia-ml-py)
         raise SamplerUnavailable(f"NVML unavailable ({type(exc).__name__}: {exc})") from exc
     return sampler, {"kind": "nvml", "saturation": False, "note": "; ".join([NVML_NOTE, *sampler.notes])}
+
+
+def uuids_of(bound: Sequence[str], source: str | None,
+             env: Mapping[str, str]) -> tuple[list[str | None], list[str]]:
+    """Each entry's GPU UUID as this process's NVML places it (None: not placed), and how
+    they were read: for a reader that numbers GPUs its own way (DCGM's host engine, CUDA in
+    a farm worker). Raises what opening NVML raises (no driver, no nvidia-ml-py)."""
+    from hpcml.samplers.binding import choose, devices
+    nv = nvml_library(env)
+    nv.nvmlInit()
+    try:
+        found, _ = devices(nv)
+        out: list[str | None] = []
+        notes: list[str] = []
+        for entry in bound:
+            chosen = choose(found, [entry], source, env)
+            notes += chosen.notes
+            out.append(chosen.devices[0].uuid if chosen.devices else None)
+        return out, list(dict.fromkeys(notes))
+    finally:
+        shutdown(nv)
