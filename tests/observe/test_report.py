@@ -16,7 +16,7 @@ import pytest
 
 from hpcml.observe.report import Limits, build
 from hpcml.observe.store import read_job
-from hpcml.testing.synthetic_job import make_job
+from hpcml.testing.synthetic_job import make_job, synthetic_uuid
 from tests.observe.browser import assert_not_blank, render
 
 SLOW, STALL_STEP, STALL_S, HICCUP, MISSING, CUT = 5, 250, 5.0, (9, 100), 7, 12
@@ -464,6 +464,10 @@ def test_a_straggler_whose_gpu_is_held_back_for_heat_is_contention_and_a_power_c
                    limits=JUDGE)
     assert not any(f.kind == "contention" for f in capped.findings)
     assert any(f.kind == "chronic_straggler" and "rank 5" in f.message for f in capped.findings), capped.findings
+    # named as the GPU names itself: the UUID of the GPU whose samples are rank 5's
+    s5 = next(s for s in capped.stragglers if s["rank"] == 5)
+    assert s5["gpu_uuids"] == [synthetic_uuid(5)]
+    assert any(synthetic_uuid(5) in f.message for f in capped.findings if f.kind == "chronic_straggler")
 
 
 def test_a_straggler_that_waited_for_a_cpu_is_not_excused_where_no_other_rank_s_wait_was_measured(tmp_path):

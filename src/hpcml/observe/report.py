@@ -358,8 +358,13 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta
     total: dict[int, list[float]] = {}                     # rank -> [samples, held samples]
     reasons: dict[int, int] = {}
     lost_ranks = {u for pair in gone for u in own.by_pair.get(pair, ())}
+    uuids: dict[int, list[str]] = {}                      # rank -> the UUIDs of the GPUs credited to it
     for p, pair in enumerate(pairs):
+        known = (meta_ranks.get(str(pair[0])) or {}).get("gpu_uuids")
+        uuid = known.get(str(pair[1])) if isinstance(known, dict) else None
         for u in own.by_pair.get(pair, ()):
+            if isinstance(uuid, str) and uuid and uuid not in uuids.setdefault(u, []):
+                uuids[u].append(uuid)
             t = total.setdefault(u, [0.0, 0.0])
             t[0], t[1] = t[0] + float(n[p]), t[1] + float(k[p])
             reasons[u] = reasons.get(u, 0) | int(seen[p])
@@ -370,6 +375,7 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta
         rank = s["rank"]
         if rank in own.named:
             s["gpus"] = own.named[rank]
+        s["gpu_uuids"] = uuids.get(rank) or None       # the GPU as it names itself: one name on every node
         mine = share.get(rank)
         s["gpu_throttle"] = reason_names(reasons.get(rank, 0)) or None
         if mine is None:            # its GPU unknown, or lost: unknown, not 0
@@ -1080,6 +1086,7 @@ def _findings(*, missing, damaged, failed, stragglers, stalls, one_off, transien
     for s in stragglers[:2]:
         node = s["node"] or "its node"
         gpu = f" GPU {','.join(s['gpus'])}" if s["gpus"] else ""
+        gpu += f" ({', '.join(s['gpu_uuids'])})" if s.get("gpu_uuids") else ""
         out.append(Finding("chronic_straggler",
                            f"rank {s['rank']} on {node}{gpu} is {s['score']:.2f}x the step median "
                            f"(confidence {s['confidence']:.2f})",

@@ -35,6 +35,11 @@ def _batch(pa, ts_us, rank, kind, name, value, step=None, gpu=None):
     ], schema=arrow_schema())
 
 
+def synthetic_uuid(rank: int) -> str:
+    """The UUID ``make_job`` gives rank ``rank``'s GPU (NVML's form: GPU-8-4-4-4-12 hex)."""
+    return f"GPU-{rank:08x}-0000-4000-8000-00000000a100"
+
+
 def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
              ranks_per_node: int = 4, step_s: float = 0.1, comm_s: float = 0.01,
              slow_ranks: dict[int, float] | None = None,
@@ -79,6 +84,8 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
         node, local = nodes[r // ranks_per_node], r % ranks_per_node
         meta_ranks[r] = {"schema": RANK_SCHEMA, "rank": r, "local_rank": local, "node": node, "gpus": [str(local)],
                          "start": start_us / 1e6, "end": ends_us[-1] / 1e6 + 1, "exit_code": 0}
+        if gpu:                    # as a recorder's sampler names what it sampled: NVML index -> UUID
+            meta_ranks[r]["gpu_uuids"] = {str(local): synthetic_uuid(r)}
         if r in missing:
             continue
         (out / f"rank-{r:05d}.json").write_text(json.dumps(meta_ranks[r]))
