@@ -6,8 +6,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -127,7 +129,65 @@ def test_a_marker_selection_of_the_caller_s_own_or_no_workers_runs_once_one_test
 def test_each_part_writes_its_own_junit_report(tmp_path, given, alone, slurm):
     """Was: part 2's report overwrote part 1's at the caller's path."""
     _rc, runs = _parts(tmp_path, *given)
-    assert runs[0][5:-2] == alone and runs[1][5:-2] == slurm and runs[2][-len(given):] == given
+    cache = ["-o", "cache_dir=.pytest_cache/slurm-part"]
+    assert runs[0][5:-2] == alone and runs[1][5:-2] == slurm + cache and runs[2][-len(given):] == given
+
+
+@pytest.mark.parametrize("given, slurm", [(["--basetemp=/t/bt"], ["--basetemp=/t/bt.slurm"]),
+                                          (["--basetemp", "/t/bt/"], ["--basetemp", "/t/bt.slurm"])])
+def test_the_parts_side_by_side_share_no_basetemp_and_no_cache(tmp_path, given, slurm):
+    """Review finding: pytest empties its basetemp when it starts using it, so the Slurm
+    part deleted the workers' temporary directories; and the last to end wrote the cache."""
+    _rc, runs = _parts(tmp_path, *given)
+    assert runs[0][5:-2] == given and runs[2][-len(given):] == given
+    assert runs[1][5:-2] == slurm + ["-o", "cache_dir=.pytest_cache/slurm-part"]
+    _rc, runs = _parts(tmp_path, "-p", "no:cacheprovider")
+    assert runs[1][5:-2] == ["-p", "no:cacheprovider"]
+
+
+SIDE = """#!{python}
+import os, signal, sys, time
+args = sys.argv
+part = args[args.index("-m", 3) + 1]
+if part == "slurm and not machine":
+    got = []
+    signal.signal(signal.SIGINT, lambda *_: got.append(1))
+    open(os.environ["STARTED"] + ".slurm", "w").close()
+    end = time.time() + 20
+    while time.time() < end and not got:
+        time.sleep(0.05)
+    time.sleep(0.5)                                    # its teardown (the local cluster's stop)
+    print(f"slurm part: told {{len(got)}} time(s)", flush=True)
+    sys.exit(2 if got else 0)
+if part == "not slurm and not machine":
+    open(os.environ["STARTED"], "w").close()
+    time.sleep(1.5)
+sys.exit(0)
+"""
+
+
+@pytest.mark.parametrize("how, rc", [("term", 143), ("ctrl-c", 130)])
+def test_a_signal_stops_the_slurm_part_once_and_its_output_is_shown(tmp_path, how, rc):
+    """Review finding: Ctrl-C reached the Slurm part from the terminal and again from the
+    script, cutting its cluster's teardown short, and what it had said was thrown away; a
+    TERM to the script alone left it running."""
+    py = tmp_path / "python"
+    py.write_text(SIDE.format(python=sys.executable))
+    py.chmod(0o755)
+    started = tmp_path / "started"
+    p = subprocess.Popen([str(ROOT / "scripts" / "test-parts"), str(py)], cwd=ROOT, stdout=subprocess.PIPE,
+                         stderr=subprocess.STDOUT, text=True, start_new_session=True,
+                         env={**os.environ, "STARTED": str(started)})
+    deadline = time.monotonic() + 30
+    while not (started.exists() and Path(f"{started}.slurm").exists()) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if how == "term":
+        p.send_signal(signal.SIGTERM)                   # the script alone
+    else:
+        os.killpg(p.pid, signal.SIGINT)                 # the terminal's: its whole process group
+    out, _ = p.communicate(timeout=60)
+    assert p.returncode == rc, out
+    assert "slurm part: told 1 time(s)" in out, out
 
 
 def test_the_slurm_parts_output_is_printed_whole_after_the_workers(tmp_path):
