@@ -31,6 +31,6 @@ def test_slurms_gpu_numbers_are_pinned_as_the_uuids_nvml_gives_them(monkeypatch)
     monkeypatch.setattr(nvml, "nvml_library", lambda env=None: nv)
     uuids = [nv.nvmlDeviceGetUUID(nv.nvmlDeviceGetHandleByIndex(i)) for i in range(4)]
     assert gpu_list(None, {"SLURM_JOB_GPUS": "0,1"}) == (uuids[2], uuids[3])
-    assert gpu_list(None, {"SLURM_JOB_GPUS": "0,7"}) == ("0", "7")       # one not placed: as given
+    assert gpu_list(None, {"SLURM_JOB_GPUS": "0,7"}) == (uuids[2],)      # no /dev/nvidia7: no slot
     nv.lost = (0,)                  # another job's GPU lost: still this slot's own GPUs
     assert gpu_list(None, {"SLURM_JOB_GPUS": "0,1"}) == (uuids[2], uuids[3])

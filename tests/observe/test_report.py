@@ -470,6 +470,23 @@ def test_a_straggler_whose_gpu_is_held_back_for_heat_is_contention_and_a_power_c
     assert any(synthetic_uuid(5) in f.message for f in capped.findings if f.kind == "chronic_straggler")
 
 
+def test_a_stragglers_gpu_is_named_in_the_rows_numbering_not_its_bindings(tmp_path):
+    """Review finding: rank 5's metadata names its GPU as Slurm bound it (/dev/nvidia13), its
+    rows by NVML index (5): the finding named "GPU 13" beside the UUID of NVML's GPU 5."""
+    d = make_job(tmp_path / "obs", 16, 300, slow_ranks={5: 1.5}, power_capped=True, seed=4)
+    meta = d / "rank-00005.json"
+    meta.write_text(json.dumps({**json.loads(meta.read_text()), "gpus": ["13"]}))
+    rep = build(read_job(d), limits=JUDGE)
+    s5 = next(s for s in rep.stragglers if s["rank"] == 5)
+    local = json.loads(meta.read_text())["local_rank"]
+    assert s5["gpus"] == [str(local)] and s5["gpu_uuids"] == [synthetic_uuid(5)]
+    f = next(f for f in rep.findings if f.kind == "chronic_straggler" and "rank 5" in f.message)
+    assert f"GPU {local} ({synthetic_uuid(5)})" in f.message
+    plain = build(read_job(make_job(tmp_path / "cpu", 16, 300, slow_ranks={5: 1.5}, gpu=False, seed=4)),
+                  limits=JUDGE)
+    assert all(s["gpu_uuids"] is None for s in plain.stragglers) and plain.stragglers
+
+
 def test_a_straggler_that_waited_for_a_cpu_is_not_excused_where_no_other_rank_s_wait_was_measured(tmp_path):
     """Rank 0 (1.5x slow) waited for a CPU half its time; no other rank's recorder measured
     its wait (no schedstats on their nodes). Whether rank 0's wait sets it apart is unknown

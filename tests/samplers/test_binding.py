@@ -90,6 +90,14 @@ def test_cuda_ordinals_across_models_need_cuda_device_order():
     assert got.devices == [] and "CUDA_DEVICE_ORDER=PCI_BUS_ID" in got.notes[0]
     got = choose(mixed, ["0"], "CUDA_VISIBLE_DEVICES", {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"})
     assert [d.index for d in got.devices] == [1]
+    # review finding: ordinals that count every GPU it can open name them all, in any order
+    got = choose(mixed, ["1", "0"], "CUDA_VISIBLE_DEVICES", {})
+    assert [d.index for d in got.devices] == [0, 1] and not got.unmatched and not got.notes
+
+
+def test_amd_numbers_name_no_nvidia_gpu():
+    got = choose(NODE, ["0"], "ROCR_VISIBLE_DEVICES", {})
+    assert got.devices == [] and got.unmatched == ["0"] and "AMD" in got.notes[0]
 
 
 def test_a_recording_without_minor_numbers_says_how_it_was_read():

@@ -422,6 +422,10 @@ def test_cuda_ordinals_follow_the_pci_bus_and_are_not_guessed_across_models(monk
     snap, missing = read_gpus(["0"])                # two models, CUDA's default order: unknown
     assert snap.gpus == [] and missing == ["0"]
     assert any("CUDA_DEVICE_ORDER=PCI_BUS_ID" in e for e in snap.errors)
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0,1")     # both: which is which does not matter
+    snap, missing = read_gpus(["0", "1"])
+    assert sorted(g.uuid for g in snap.gpus) == ["GPU-a", "GPU-b"] and missing == [] and not snap.errors
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
     monkeypatch.setenv("CUDA_DEVICE_ORDER", "PCI_BUS_ID")
     snap, missing = read_gpus(["0"])
     assert [g.uuid for g in snap.gpus] == ["GPU-a"] and missing == []

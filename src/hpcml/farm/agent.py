@@ -60,8 +60,8 @@ def gpu_list(gpus: int | None, env: dict[str, str] | None = None) -> tuple[str, 
 
 def _as_cuda(bound: tuple[str, ...], source: str | None, env: dict[str, str]) -> tuple[str, ...]:
     """Slurm's GPU numbers (``/dev/nvidiaN``'s N, not CUDA's ordinals: ``samplers.binding``)
-    as UUIDs, which CUDA_VISIBLE_DEVICES takes as they are; without NVML here the numbers
-    stay, as on most nodes, where they agree."""
+    as UUIDs, which CUDA_VISIBLE_DEVICES takes as they are; without NVML here (or where it
+    places none of them) the numbers stay, as on most nodes, where they agree."""
     from hpcml.samplers.binding import MINOR_SOURCES
     from hpcml.samplers.nvml import uuids_of
     if source not in MINOR_SOURCES or not bound:
@@ -70,7 +70,9 @@ def _as_cuda(bound: tuple[str, ...], source: str | None, env: dict[str, str]) ->
         uuids, _ = uuids_of(bound, source, env)
     except Exception:  # noqa: BLE001 - no driver or nvidia-ml-py: the numbers stay
         return bound
-    return tuple(u for u in uuids if u) if all(uuids) else bound
+    if not any(uuids):
+        return bound
+    return tuple(u for u in uuids if u)          # a GPU NVML cannot place (lost) gets no slot
 
 
 def plan(slots: int | None = None, gpus: int | None = None) -> Plan:

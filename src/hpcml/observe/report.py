@@ -359,12 +359,17 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta
     reasons: dict[int, int] = {}
     lost_ranks = {u for pair in gone for u in own.by_pair.get(pair, ())}
     uuids: dict[int, list[str]] = {}                      # rank -> the UUIDs of the GPUs credited to it
-    for p, pair in enumerate(pairs):
+    indices: dict[int, list[str]] = {}                    # rank -> their NVML indices, as the rows have them
+    for pair in [*pairs, *sorted(gone - set(pairs))]:     # a lost GPU is the one most worth naming
         known = (meta_ranks.get(str(pair[0])) or {}).get("gpu_uuids")
         uuid = known.get(str(pair[1])) if isinstance(known, dict) else None
         for u in own.by_pair.get(pair, ()):
             if isinstance(uuid, str) and uuid and uuid not in uuids.setdefault(u, []):
                 uuids[u].append(uuid)
+            if pair[1] >= 0 and str(pair[1]) not in indices.setdefault(u, []):
+                indices[u].append(str(pair[1]))
+    for p, pair in enumerate(pairs):
+        for u in own.by_pair.get(pair, ()):
             t = total.setdefault(u, [0.0, 0.0])
             t[0], t[1] = t[0] + float(n[p]), t[1] + float(k[p])
             reasons[u] = reasons.get(u, 0) | int(seen[p])
@@ -375,6 +380,8 @@ def _gpu_throttles(stragglers: list[dict[str, Any]], g: Any, rank_ids: Any, meta
         rank = s["rank"]
         if rank in own.named:
             s["gpus"] = own.named[rank]
+        elif indices.get(rank):          # the rows' numbering, not the binding's (Slurm's, CUDA's)
+            s["gpus"] = indices[rank]
         s["gpu_uuids"] = uuids.get(rank) or None       # the GPU as it names itself: one name on every node
         mine = share.get(rank)
         s["gpu_throttle"] = reason_names(reasons.get(rank, 0)) or None
@@ -453,7 +460,7 @@ def _stragglers(scoring, limits: Limits, plots: dict[str, Any]) -> tuple[list, l
             transient.append({"rank": s.rank, "node": s.node, "first_step": a, "last_step": b,
                               "ratio": _r(ratio)})
         if s.chronic:
-            stragglers.append({"rank": s.rank, "node": s.node, "gpus": s.gpus, "score": _r(s.score),
+            stragglers.append({"rank": s.rank, "node": s.node, "gpus": s.gpus, "gpu_uuids": None, "score": _r(s.score),
                                "slow_fraction": _r(s.slow_fraction), "trend": _r(s.trend),
                                "confidence": _r(s.confidence), "steps": s.steps})
         for st, ratio in s.stalls:

@@ -7,12 +7,16 @@ another job's GPU:
   (``/dev/nvidiaN``; Slurm's ``gres_common.c`` writes ``dev_num`` into the global list),
   which NVML gives as the device's minor number. NVML's index follows the PCI bus and can
   differ (PrincetonUniversity/jobstats#34: ``/dev/nvidia0`` was nvidia-smi's GPU 6).
-- ``CUDA_VISIBLE_DEVICES`` holds UUIDs (Slurm 25.11, or set by hand, ``MIG-`` for a MIG
-  instance) or CUDA ordinals. An ordinal counts the GPUs this process can open: with Slurm's
-  ``ConstrainDevices`` the job's own, renumbered from 0 (guilbaults/slurm-job-exporter#63).
-  CUDA orders them by PCI bus where ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; its default
-  (``FASTEST_FIRST``) agrees with the PCI bus where every GPU is the same model, and
-  otherwise the ordinal cannot be placed without CUDA: the entry is left unmatched, said.
+- ``CUDA_VISIBLE_DEVICES`` holds UUIDs (Slurm 25.11, or set by hand) or CUDA ordinals. An
+  ordinal counts the GPUs this process can open: with Slurm's ``ConstrainDevices`` the job's
+  own, renumbered from 0 (guilbaults/slurm-job-exporter#63). CUDA orders them by PCI bus
+  where ``CUDA_DEVICE_ORDER=PCI_BUS_ID``; its default (``FASTEST_FIRST``) agrees with the PCI
+  bus where every GPU is the same model. Otherwise one ordinal cannot be placed without CUDA
+  (left unmatched, said), but ordinals that count every GPU the process can open name them
+  all, whatever their order. A MIG instance (``MIG-``) is not an NVML device of its own and
+  matches nothing here (the samplers do not read MIG instances).
+- ``ROCR_VISIBLE_DEVICES`` and ``GPU_DEVICE_ORDINAL`` number AMD GPUs: none of them is an
+  NVIDIA GPU NVML shows.
 - No binding (hpcml's own list of what NVML shows): NVML indices.
 
 Inside a job's device cgroup ``nvmlDeviceGetCount`` still counts every GPU of the node; the
@@ -34,6 +38,7 @@ log = logs.get(__name__)
 #: Slurm's variables whose numbers are device minor numbers
 MINOR_SOURCES = ("SLURM_STEP_GPUS", "SLURM_JOB_GPUS")
 CUDA_SOURCE = "CUDA_VISIBLE_DEVICES"
+AMD_SOURCES = ("ROCR_VISIBLE_DEVICES", "GPU_DEVICE_ORDINAL")
 #: the shortest UUID prefix taken as naming one GPU (CUDA accepts unique prefixes)
 MIN_PREFIX = 8
 
@@ -147,6 +152,12 @@ def choose(devs: Sequence[Device], bound: Sequence[str], source: str | None,
     device where nothing is bound."""
     if not bound:
         return Choice(devices=list(devs))
+    if source in AMD_SOURCES:
+        return Choice(unmatched=[str(b).strip() for b in bound],
+                      notes=[f"{source} numbers AMD GPUs, not the NVIDIA GPUs NVML shows"])
+    every = sorted(str(i) for i in range(len(devs)))
+    if source == CUDA_SOURCE and devs and sorted(str(b).strip() for b in bound) == every:
+        return Choice(devices=list(devs))     # every GPU it can open: which is which does not matter
     out = Choice()
     ordered: list[Device] | None = None
     for entry in (str(b).strip() for b in bound):
