@@ -385,14 +385,20 @@ def test_a_fenced_attempt_that_succeeded_anyway_is_not_counted_and_the_task_reru
 
 
 def test_tasks_appended_while_the_farm_runs_are_picked_up(tmp_path):
-    side = tmp_path / "side"
-    (tmp_path / "a.txt").write_text("".join(side_task(side, str(i), before="sleep 1; ") + "\n" for i in range(3)))
+    """The farm's last original tasks wait until the append is done (at most 60 s), so that
+    the farm is still running when it lands, however slowly a loaded machine starts the
+    appending command (with sleeps of 1 s, a loaded suite once saw the farm end first)."""
+    side, appended = tmp_path / "side", tmp_path / "appended"
+    wait = f"for _ in $(seq 600); do [ -e {appended} ] && break; sleep 0.1; done; "
+    (tmp_path / "a.txt").write_text("".join(side_task(side, str(i), before="sleep 0.3; " if i == 0 else wait)
+                                            + "\n" for i in range(3)))
     (tmp_path / "b.txt").write_text("".join(side_task(side, str(i), before="sleep 0.3; ") + "\n" for i in range(3, 5)))
     farm = tmp_path / "f"
     assert hpcml("farm", "create", farm, tmp_path / "a.txt").returncode == 0
     run = start("farm", "run", farm, "--slots", "1")
     wait_for(lambda: count_ends(farm) >= 1, what="first task done")
     added = json.loads(hpcml("farm", "create", farm, tmp_path / "b.txt", "--json").stdout)
+    appended.touch()
     assert added["schema"] == "hpcml.farm.create/1" and (added["added"], added["total"]) == (2, 5)
     run.communicate(timeout=60)
     assert run.returncode == 0
