@@ -31,7 +31,7 @@ from typing import Any
 
 from hpcml import logs
 
-__all__ = ["CUDA_SOURCE", "MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "source_of"]
+__all__ = ["CUDA_SOURCE", "MINOR_SOURCES", "Choice", "Device", "choose", "devices", "identify", "pick", "source_of"]
 
 log = logs.get(__name__)
 
@@ -185,3 +185,12 @@ def choose(devs: Sequence[Device], bound: Sequence[str], source: str | None,
     out.notes = list(dict.fromkeys(out.notes))
     return out
 
+
+def pick(nv: Any, bound: Sequence[str], env: Mapping[str, str]) -> Choice:
+    """The GPUs a sampler records: those of ``bound`` this process's NVML opens, with a note
+    for the entries it cannot place (shared by the NVML and GPM samplers)."""
+    found, _ = devices(nv)
+    chosen = choose(found, bound, source_of(bound, env), env)
+    if chosen.unmatched:
+        chosen.notes.append(f"GPUs {chosen.unmatched} of this task are not GPUs NVML shows here; not recorded")
+    return chosen

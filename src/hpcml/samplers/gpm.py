@@ -52,7 +52,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from hpcml.samplers import SamplerUnavailable
-from hpcml.samplers.binding import choose, devices, source_of
+from hpcml.samplers.binding import pick
 from hpcml.samplers.nvml import LOST, NoDriver, is_lost, nvml_library, read_device, shutdown
 
 MIB = 1024 * 1024
@@ -79,10 +79,6 @@ METRICS: dict[str, tuple[str, float]] = {
 }
 NOTE = "NVML GPM metrics: saturation"
 MIN_GAP_NS = 100_000_000       # two GPM samples closer than 0.1 s give no metrics
-
-
-def _text(value: Any) -> str:
-    return value.decode() if isinstance(value, bytes) else str(value)
 
 
 class GpmSampler:
@@ -118,11 +114,8 @@ class GpmSampler:
     def _open(self) -> None:
         nv = self.nv
         unsupported, mig = [], []
-        found, _ = devices(nv)
-        chosen = choose(found, self.bound, source_of(self.bound, self.env), self.env)
+        chosen = pick(nv, self.bound, self.env)
         self.notes += chosen.notes
-        if chosen.unmatched:
-            self.notes.append(f"GPUs {chosen.unmatched} of this task are not GPUs NVML shows here; not recorded")
         for d in chosen.devices:
             i, h = d.index, d.handle
             if self._in_mig_mode(h):

@@ -109,7 +109,7 @@ class NvmlSampler:
     def __init__(self, bound: Sequence[str], env: Mapping[str, str] | None = None) -> None:
         """``bound``: the task's GPUs as its binding names them (``samplers.binding``: Slurm's
         device numbers, CUDA's ordinals or UUIDs; NVML indices where nothing binds)."""
-        from hpcml.samplers.binding import choose, devices, source_of
+        from hpcml.samplers.binding import pick
         env = os.environ if env is None else env
         self.bound = list(bound)
         self._replay = None
@@ -126,14 +126,11 @@ class NvmlSampler:
         nv.nvmlInit()
         self.nv = nv
         try:
-            found, _ = devices(nv)
+            chosen = pick(nv, self.bound, env)
         except BaseException:
             shutdown(nv)
             raise
-        chosen = choose(found, self.bound, source_of(self.bound, env), env)
         self.notes += chosen.notes
-        if chosen.unmatched:
-            self.notes.append(f"GPUs {chosen.unmatched} of this task are not GPUs NVML shows here; not recorded")
         for d in chosen.devices:
             self.handles.append((d.index, d.handle))
             if d.uuid:

@@ -331,6 +331,7 @@ def _identify(nv, index: int, handle) -> GpuInfo:
     d = identify(nv, index, handle)
     return GpuInfo(index=index, uuid=d.uuid, name=d.name, pci_bus_id=d.pci_bus_id, minor=d.minor)
 
+
 if __name__ == "__main__":     # record this node's GPUs for replay (HPCML_VET_NVML_REPLAY)
     import sys
     try:
