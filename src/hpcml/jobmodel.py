@@ -257,6 +257,7 @@ class Straggler(Model):
     gpu_throttled: Optional[float] = None  # the share of that time its GPU's clocks were held back (heat, power brake)
     cpu_throttled: Optional[float] = None  # the share of that time its CPU cores ran throttled for heat (the kernel's)
     gpu_throttle: Optional[list[str]] = None  # why: NVML's clocks event reasons seen (hw_thermal_slowdown, hw_slowdown...)
+    gpu_uuids: Optional[list[str]] = None   # its GPUs as the GPU names itself (its heartbeat's); None: none proven its
 
 
 class StoppedFor(Model):
@@ -845,10 +846,12 @@ def _beat_schema() -> dict[str, Any]:
 
     from pydantic import TypeAdapter
 
-    from hpcml.observe.beat import SCHEMA, Beat
+    from hpcml.observe.beat import GPU_UUID, MAX_GPUS, SCHEMA, Beat
     schema = TypeAdapter(Beat).json_schema(mode="serialization")
     tag = {"type": "string", "pattern": "^" + re.escape(SCHEMA) + "$"}      # read_beats takes it exactly
     schema["properties"] = {"schema": tag, **schema["properties"], "sig": {"type": "string", "pattern": "^[0-9a-f]{64}$"}}
+    uuids = next(t for t in schema["properties"]["gpu_uuids"]["anyOf"] if t.get("type") == "array")
+    uuids.update(maxItems=MAX_GPUS, items={"type": "string", "pattern": f"^{GPU_UUID.pattern}$"})   # as _valid reads them
     schema.update({"$schema": "https://json-schema.org/draft/2020-12/schema", "additionalProperties": False,
                    "title": "A rank's heartbeat (OBSERVE/beat/rank-NNNNN.json, rewritten in place, 4096 bytes)",
                    "required": ["schema", *schema.get("required", [])]})

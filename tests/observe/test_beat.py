@@ -68,6 +68,10 @@ def test_a_record_never_grows_past_its_size(tmp_path):
     '"rank": true', '"recent_s": {"a": 1}', '"recent_steps": [1, 9223372036854775807], "recent_s": [0.1, 0.2]',
     '"restarts": 9223372036854775807', '"gap_s": "long"', '"recent_steps": [true], "recent_s": [0.1]',
     '"recent_steps": [1, 1], "recent_s": [0.1, 0.2]', '"recent_s": [false]', '"recent_wait": [-0.5]',
+    # printed in the watch's lines: NVML's names only, never a terminal's escape or a line of text
+    '"gpu_uuids": "GPU-1"', '"gpu_uuids": [7]', '"gpu_uuids": ["GPU-1\\u001b[2J"]', '"gpu_uuids": ["GPU-1 is fine"]',
+    '"gpu_uuids": ["GPU-1\\n"]', '"gpu_uuids": [""]', '"gpu_uuids": ["GPU-' + "a" * 93 + '"]',
+    '"gpu_uuids": [' + ", ".join(f'"GPU-{i}"' for i in range(17)) + ']',
 ])
 def test_a_record_of_the_wrong_shape_keeps_the_last_good_one(tmp_path, bad):
     """The job directory is the user's too: whatever a program writes there, the launcher
@@ -200,13 +204,16 @@ def test_a_written_record_is_what_its_generated_schema_says(tmp_path, signed):
     from hpcml.observe.beat import Beat, Trust
     p = Progress()
     p.update([1.0, 1.0, 2.0], ["section"] * 3, ["step", "collective_wait", "step"], [0.4, 0.1, 0.5], [1, 1, 2])
-    _writer(tmp_path, 0, b"k" * 32, signed).write(p, now=5.0, pid=42, snapshot=1, exit=0)
+    gpus = ["GPU-3e1f9a2b-7c4d-4e5f-8a6b-9c0d1e2f3a4b", "MIG-8b9c0d1e-2f3a-4b5c-9d6e-7f8a9b0c1d2e"]
+    _writer(tmp_path, 0, b"k" * 32, signed).write(p, now=5.0, pid=42, snapshot=1, exit=0, gpu_uuids=gpus)
     doc = json.loads(beat_path(tmp_path, 0).read_bytes())
     jsonschema.validate(doc, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)
     beat = read_beats(tmp_path, {}, Trust(1, b"k" * 32))[0]
     assert isinstance(beat, Beat) and (beat.step, beat.pid, beat.exit, beat.recent_wait) == (2, 42, 0, [0.1, 0.0])
-    with pytest.raises(jsonschema.ValidationError):
-        jsonschema.validate({**doc, "extra": 1}, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)
+    assert beat.gpu_uuids == gpus
+    for extra in ({"extra": 1}, {"gpu_uuids": ["GPU-1 is fine"]}, {"gpu_uuids": [f"GPU-{i}" for i in range(17)]}):
+        with pytest.raises(jsonschema.ValidationError):
+            jsonschema.validate({**doc, **extra}, schemas.load("observe.beat"), cls=jsonschema.Draft202012Validator)
 
 
 def test_a_real_h200_heartbeat_reads_with_the_seconds_nvml_held_the_clocks_back(tmp_path):

@@ -177,16 +177,62 @@ def test_the_heartbeat_s_throttling_is_of_the_gpus_nvml_saw_the_rank_on():
             gone = frozenset(used) if lost_at is not None and k >= lost_at else frozenset()
             t.add(ts, rows, GpuUse({i: UsedGpu(i) for i in used}, read or {}, gone))
         return t
-    assert run({0}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None}
-    assert run({1}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x40}
-    assert run({2}, read={2: 0x20}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x20}
-    assert run({2}, read={2: 0x4}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None}   # its power cap: load
+    assert run({0}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None, "gpu_uuids": None}
+    assert run({1}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x40, "gpu_uuids": None}
+    assert run({2}, read={2: 0x20}).beat() == {"gpu_throttled_s": 4.0, "gpu_throttle": 0x20, "gpu_uuids": None}
+    assert run({2}, read={2: 0x4}).beat() == {"gpu_throttled_s": 0.0, "gpu_throttle": None, "gpu_uuids": None}   # its power cap: load
     assert run(set()).beat()["gpu_throttled_s"] is None
     assert run({0}, lost_at=3).beat()["gpu_throttled_s"] is None
     one = _Throttle(one_gpu=True)                     # bound to the one GPU its recorder samples
     for k in range(3):
         one.add(k * 10**9, [(k * 10**9, "gpu", "clocks_event_reasons", 0x40, None, 3)])
-    assert one.beat() == {"gpu_throttled_s": 2.0, "gpu_throttle": 0x40}
+    assert one.beat() == {"gpu_throttled_s": 2.0, "gpu_throttle": 0x40, "gpu_uuids": None}
+
+
+def test_the_heartbeat_names_the_rank_s_gpus_by_the_uuids_nvml_gives():
+    """The GPUs proven the rank's, by UUID: those NVML showed its processes on (the tracker's
+    UUID), or the one GPU its recorder samples for it (the sampler's); a GPU its recorder
+    samples for the node's other ranks names none of it, and one whose UUID NVML did not give
+    is left out, not guessed. Once proven a GPU stays named, lost or not."""
+    from hpcml.observe.recorder import _Throttle
+    from hpcml.samplers.gpuuse import GpuUse, UsedGpu
+    sampler = {"0": "GPU-aaaa0000-0000-4000-8000-000000000000", "1": "GPU-bbbb1111-0000-4000-8000-000000000001"}
+    rows = [(1, "gpu", "clocks_event_reasons", 0x1, None, 0), (1, "gpu", "clocks_event_reasons", 0x1, None, 1)]
+    seen = _Throttle(uuids=sampler)
+    seen.add(1, rows, GpuUse({5: UsedGpu(5, "GPU-cccc5555-0000-4000-8000-000000000005"), 1: UsedGpu(1)}, {}, frozenset()))
+    assert seen.beat()["gpu_uuids"] == [sampler["1"], "GPU-cccc5555-0000-4000-8000-000000000005"]
+    seen.add(2, rows, GpuUse({}, {}, frozenset({5})))
+    assert seen.beat()["gpu_uuids"] == [sampler["1"], "GPU-cccc5555-0000-4000-8000-000000000005"]
+    unproven = _Throttle(uuids=sampler)
+    unproven.add(1, rows, GpuUse({}, {}, frozenset()))
+    assert unproven.beat()["gpu_uuids"] is None
+    unnamed = _Throttle()
+    unnamed.add(1, rows, GpuUse({7: UsedGpu(7)}, {}, frozenset()))
+    assert unnamed.beat()["gpu_uuids"] is None
+    one = _Throttle(one_gpu=True, uuids={"1": sampler["1"]})
+    one.add(1, rows[1:])
+    assert one.beat()["gpu_uuids"] == [sampler["1"]]
+
+
+def test_the_heartbeat_of_a_rank_bound_by_slurm_names_its_gpu_by_uuid(tmp_path):
+    """A real recorder on the recorded H100 node's replay (four GPUs), bound by Slurm to device
+    2: its heartbeat names GPU 2 by the UUID NVML gives, the one its metadata records; with no
+    binding it samples all four and names none (none is proven the rank's)."""
+    from hpcml.cluster.allocation import GPU_BINDINGS
+    from hpcml.observe.beat import read_beats
+    node = {"HPCML_GPM_REPLAY": str(Path(__file__).parents[1] / "fixtures" / "gpm" / "gpm-h100.jsonl"),
+            "HPCML_GPM_REPLAY_GPUS": "4"}
+    p = _record(tmp_path, sys.executable, "-c", "import time; time.sleep(1.0)", env={**node, "SLURM_STEP_GPUS": "2"})
+    assert p.wait(timeout=60) == 0
+    meta = read_job(tmp_path / "job").meta["ranks"]["0"]
+    assert read_beats(tmp_path / "job")[0].gpu_uuids == [meta["gpu_uuids"]["2"]], meta
+    free = tmp_path / "free"
+    p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(free / "job"),
+                          "--interval", "0.1", "--", sys.executable, "-c", "import time; time.sleep(1.0)"],
+                         env={**{k: v for k, v in os.environ.items() if k not in GPU_BINDINGS}, **node})
+    assert p.wait(timeout=60) == 0
+    assert len(read_job(free / "job").meta["ranks"]["0"]["gpu_uuids"]) == 4
+    assert read_beats(free / "job")[0].gpu_uuids is None
 
 
 def test_the_rank_s_metadata_names_the_gpus_nvml_saw_it_on(monkeypatch):

@@ -33,6 +33,7 @@ import json
 import math
 import operator
 import os
+import re
 import time
 from collections import deque
 from collections.abc import Mapping
@@ -54,6 +55,8 @@ WAIT_SECTION = "collective_wait"   # a step's time in collectives (hpcml.observe
 LIMIT = 1 << 62                # integers beyond this are not a rank's (and would not fit numpy's int64)
 SIG = b',"sig":"'              # a signed record ends in SIG, 64 hex digits, '"}'
 SIG_BYTES = len(SIG) + 64 + 2
+MAX_GPUS = 16                  # GPUs named in one record (gpu_uuids): more than any node holds
+GPU_UUID = re.compile(r"[A-Za-z0-9-]{1,96}")   # NVML's names (GPU-..., MIG-...): printed as they are
 _key: bytes | None = None      # this process's rank key (``sign_with``): what its writers sign with
 
 
@@ -115,6 +118,7 @@ class Beat:
     workers: int | None = None       # the rank's worker processes now (DataLoader workers), while it has any
     cores: float | None = None       # the cores the rank may run on (affinity, cgroup quota)
     workers_cpu_percent: float | None = None  # its workers' CPU use in the last sample, percent of one core
+    gpu_uuids: list[str] | None = None  # the GPUs proven the rank's (those its clocks count), by NVML's UUID
 
     @classmethod
     def of(cls, doc: Mapping[str, Any]) -> Beat:
@@ -235,10 +239,10 @@ class BeatWriter:
         self.fixed: _Fixed = {"schema": SCHEMA, "rank": rank, "node": node, "recorder": os.getpid()}
         self.key = _key
 
-    def write(self, progress: Progress, now: float | None = None, **extra: float | int | None) -> None:
+    def write(self, progress: Progress, now: float | None = None, **extra: float | int | list[str] | None) -> None:
         """``extra``: the record's ``pid``, ``snapshot``, ``exit``, ``cpu_wait_s``, ``steal_s``,
         ``gpu_throttled_s``, ``gpu_throttle``, ``cpu_throttled_s``, ``workers``, ``cores``, ``workers_cpu_percent``,
-        each written only when given.
+        ``gpu_uuids``, each written only when given.
         ``beat`` is this node's clock, like ``progress``: the launcher judges a rank's idle
         time as their difference, which clock skew between nodes does not touch."""
         body, beat = progress.to_json(), time.time() if now is None else now
@@ -389,4 +393,8 @@ def _valid(doc: object) -> bool:
         return False
     if doc.get("sig") is not None and not isinstance(doc["sig"], str):
         return False
+    uuids = doc.get("gpu_uuids")
+    if uuids is not None and not (isinstance(uuids, list) and len(uuids) <= MAX_GPUS and set(map(type, uuids)) <= {str}
+                                  and all(map(GPU_UUID.fullmatch, uuids))):
+        return False                          # printed in the watch's lines: NVML's own names only
     return doc.get("node") is None or isinstance(doc["node"], str)

@@ -16,18 +16,18 @@ import socket
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from contextlib import ExitStack
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from hpcml import logs
 from hpcml.arrowprobe import skip_pandas
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
-from hpcml.observe.beat import BeatWriter, Progress
+from hpcml.observe.beat import MAX_GPUS, BeatWriter, Progress
 from hpcml.observe.oom import oom_kills
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.proctree import ExitWatch
@@ -108,14 +108,21 @@ class _Throttle:
     samples where the rank can see that one only or runs alone on its node (``owns_sampled``). The GPUs its recorder samples
     for the other ranks of its node count for none of it. None (unknown, not 0) while no GPU
     is known to be the rank's or no reasons were read, and from the moment a GPU of the rank's
-    is lost (``gpuuse.LOST``): what it did then is not known."""
+    is lost (``gpuuse.LOST``): what it did then is not known.
 
-    def __init__(self, one_gpu: bool = False) -> None:
+    The same GPUs name the rank in the heartbeat (``gpu_uuids``): by UUID, the one name a
+    GPU has on every node and in every numbering, so that the watch names a straggler's GPU
+    as the GPU sees it. ``uuids``: the rank metadata's NVML index -> UUID of the GPUs its
+    recorder samples."""
+
+    def __init__(self, one_gpu: bool = False, uuids: Mapping[str, Any] | None = None) -> None:
         self.one_gpu = one_gpu
         self.seconds: float | None = None
         self.mask = 0
         self.lost = False
         self._last: int | None = None
+        self._uuids = uuids if isinstance(uuids, Mapping) else {}
+        self.gpus: list[str] = []            # the UUIDs of the GPUs proven the rank's, in NVML's order
 
     def add(self, ts: int, rows: list[tuple], use: GpuUse | None = None) -> None:
         masks: dict[int | None, int] = {}
@@ -135,6 +142,7 @@ class _Throttle:
         mine: set[int | None] = set(use.used) if use is not None else set()
         if self.one_gpu:
             mine |= sampled                       # its recorder samples the one GPU it can see
+        self._name(mine, use)
         if mine & lost:
             self.lost = True
         known = [masks[i] for i in mine if i in masks]
@@ -146,9 +154,20 @@ class _Throttle:
             self.mask |= held
         self._last = ts
 
-    def beat(self) -> dict[str, float | int | None]:
+    def _name(self, mine: set[int | None], use: GpuUse | None) -> None:
+        """Each of ``mine`` by its UUID: from what NVML showed the rank's processes on, else
+        from the sampler's; one whose UUID NVML did not give is left out (never a guess)."""
+        named: list[str] = []
+        for i in sorted(x for x in mine if x is not None):
+            seen = use.used.get(i) if use is not None else None
+            uuid = seen.uuid if seen is not None and seen.uuid else self._uuids.get(str(i))
+            if isinstance(uuid, str) and uuid and uuid not in named:
+                named.append(uuid)
+        self.gpus += [u for u in named if u not in self.gpus]      # once proven, a GPU stays the rank's
+
+    def beat(self) -> dict[str, float | int | list[str] | None]:
         return {"gpu_throttled_s": None if self.seconds is None or self.lost else round(self.seconds, 3),
-                "gpu_throttle": self.mask or None}
+                "gpu_throttle": self.mask or None, "gpu_uuids": self.gpus[:MAX_GPUS] or None}
 
 
 def _copy_app_stream(read_fd: int, writer: RankWriter, lock: threading.Lock, stats: dict,
@@ -392,9 +411,9 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
 
     host = HostSampler(child.pid, node_wide=task.local_rank == 0)
     samplers = [host, *_gpu_sampler(gpu, rank_meta, rank_meta_path, started_cmd)]
-    throttle = _Throttle(owns_sampled(rank_meta))
+    throttle = _Throttle(owns_sampled(rank_meta), rank_meta.get("gpu_uuids"))
     uses = _Uses(rank_meta, child.pid)
-    contention: dict[str, float | int | None] = {}
+    contention: dict[str, Any] = {}
     ended = ExitWatch(child.pid, child)         # its end noticed at once, not at the next 50 ms poll
     try:
         while True:

@@ -36,7 +36,7 @@ from hpcml.run.jobdir import attempt_dir, launcher_alive, log_path, observe_dir,
 from hpcml.run.rankexec import NOT_EXECUTABLE, NOT_FOUND
 from hpcml.run.ranklog import failure_of, own_lines
 from hpcml.run.recovery import describe, resume_of, time_lost
-from hpcml.run.watch import HANG, contention, held_back_by, slower
+from hpcml.run.watch import HANG, contention, gpu_named, held_back_by, slower
 from hpcml.samplers import NONE_VISIBLE, NoGpuSamples
 from hpcml.schemas import tag
 from hpcml.words import node_name, plural
@@ -362,8 +362,9 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
                     "advice": "something other than the rank's recorder wrote in the job directory's observe/beat "
                               "(the job's own program?): the watch judged the ranks by their own records only"})
     for s in watch["stragglers"]:
+        st = Straggler.model_validate(s)
         out.append({"source": "run", "kind": "live_straggler",
-                    "message": f"rank {s['rank']} on {node_name(s.get('node'))} was " + (
+                    "message": f"rank {s['rank']} on {node_name(s.get('node'))}{gpu_named(st)} was " + (
                         "the last to start most collectives (the Flight Recorder's arrivals) "
                         if s.get("measure") == "arrivals" else
                         f"{s['score']:.1f}x slower than the others from step {s['since_step']:,}"
@@ -374,7 +375,7 @@ def _watch_findings(watch: dict[str, Any], d: Path, attempt: int, prefix: str = 
     for s in watch.get("contended") or []:
         st = Straggler.model_validate(s)
         out.append({"source": "run", "kind": "contention",
-                    "message": f"rank {st.rank} on {node_name(st.node)} was " + (
+                    "message": f"rank {st.rank} on {node_name(st.node)}{gpu_named(st)} was " + (
                         f"{slower(st)} " if st.measure == "arrivals" else       # no step ratio measured it
                         f"{st.score:.1f}x slower than the others from step {st.since_step:,}"
                         f"{' or earlier' if st.since_before else ''} ")

@@ -72,11 +72,14 @@ def _events(rep: dict[str, Any], records: list[Attempt]) -> dict[str, list[dict[
     observes.append((int(rep["job"].get("attempt") or 0), rep.get("observe")))
     for n, obs in observes:
         for s in (obs or {}).get("stragglers") or []:
-            add("stragglers", s.get("node"), n, s.get("rank"), f"chronic straggler, score {s.get('score')}")
+            uuids = s.get("gpu_uuids")
+            add("stragglers", s.get("node"), n, s.get("rank"), f"chronic straggler, score {s.get('score')}"
+                + (f" on {', '.join(map(str, uuids))}" if isinstance(uuids, list) and uuids else ""))
     for rec in records:
         n = rec.attempt
         for st in rec.stragglers or []:
-            add("stragglers", st.node, n, st.rank, f"named by the live watch from step {st.since_step}")
+            add("stragglers", st.node, n, st.rank, f"named by the live watch from step {st.since_step}"
+                + (f" on {', '.join(st.gpu_uuids)}" if st.gpu_uuids else ""))
         verdict = rec.hang.verdict if rec.hang is not None else None
         for c in verdict.culprits if verdict is not None else []:
             add("culprits", c.node, n, c.rank, f"hang culprit: {c.why or ''}".strip())

@@ -131,6 +131,13 @@ def straggler_since(st: Straggler) -> str:
     """"since step 31", or "since step 120 or earlier" when the judged window began slow."""
     return f"since step {st.since_step:,}" + (" or earlier" if st.since_before else "")
 
+
+def gpu_named(st: Straggler) -> str:
+    """" (GPU-8f2c...)": the rank's GPUs as the GPU names itself, one name on every node and
+    in every numbering (Slurm's, CUDA's, NVML's); nothing where none is proven the rank's."""
+    return f" ({', '.join(st.gpu_uuids)})" if st.gpu_uuids else ""
+
+
 @dataclass(frozen=True, slots=True)
 class Seen:
     """What the watch saw, as the attempt's record fields (``RunRecord``): the models
@@ -437,7 +444,7 @@ class Watch:
             st = Straggler(rank=rank, node=node.get(rank), score=round(score, 3),
                            since_step=int(steps[at]) if at is not None else first,
                            since_before=at is None and first > self._steps.first_step(),
-                           confidence=confidence, detected=now)
+                           confidence=confidence, detected=now, gpu_uuids=self._gpus_of(rank))
             judged_s = min(slow_s, self.straggler_window)
             if self._unmeasured(rank, judged_s):
                 continue                  # its CPU wait not measured over that time yet: judged next scan
@@ -456,10 +463,15 @@ class Watch:
                 said.add(str(st.node))
             who = f"node {st.node}: all {len(self._node_ranks(st.node))} of its ranks" if whole else f"rank {st.rank}"
             what = f"{who} {st.score:.1f}x slower {straggler_since(st)}"
-            self._say(f"straggler: {who}{'' if whole else f' on {st.node}'} {st.score:.1f}x slower "
+            self._say(f"straggler: {who}{'' if whole else f' on {st.node}{gpu_named(st)}'} {st.score:.1f}x slower "
                       f"{straggler_since(st)} (confidence {st.confidence or 0.0:.2f}){self._gpu_unknown(st)}")
             self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=st.rank,
                                        node=st.node, score=st.score, since_step=st.since_step))
+
+    def _gpus_of(self, rank: int) -> list[str] | None:
+        """The rank's GPUs by UUID, as its recorder proved them (its heartbeat's ``gpu_uuids``)."""
+        b = self.beats.get(rank)
+        return list(b.gpu_uuids) if b is not None and b.gpu_uuids else None
 
     def _node_ranks(self, node: str | None) -> list[int]:
         return sorted(r for r, b in self.beats.items() if node is not None and b.node == node)
@@ -520,14 +532,15 @@ class Watch:
             step = max(0, step - round((last - onset_t) / step_s))
         st = Straggler(rank=top.rank, node=b.node if b else None, score=self.scores.get(top.rank, 1.0),
                        since_step=step, since_before=not began,
-                       confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals")
+                       confidence=round(top.last_share * top.stability, 3), detected=now, measure="arrivals",
+                       gpu_uuids=self._gpus_of(top.rank))
         if self._held_back(st, self.straggler_window):
             self._contended(st, now)
             return
         self.stragglers[top.rank] = st
         what = (f"rank {top.rank} arrived last at {top.last_share * 100:.0f}% of {top.collectives} collectives, "
                 f"{top.late_s * 1000:.1f} ms after the others, {straggler_since(st)} (Flight Recorder, {top.measure})")
-        self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}', 1)} "
+        self._say(f"straggler: {what.replace(f'rank {top.rank}', f'rank {top.rank} on {st.node}{gpu_named(st)}', 1)} "
                   f"(confidence {st.confidence or 0.0:.2f}){self._gpu_unknown(st)}")
         self.timeline.append(Event(kind="straggler", what=what, began=None, detected=now, rank=top.rank,
                                    node=st.node, since_step=st.since_step))
@@ -584,7 +597,7 @@ class Watch:
         (``--on-straggler restart`` does not act on it)."""
         self.contended[st.rank] = st
         what = f"rank {st.rank} {slower(st)} while {contention(st)}: {held_back_by(st)}"
-        self._say(f"contention: {what.replace(f'rank {st.rank}', f'rank {st.rank} on {st.node}', 1)}")
+        self._say(f"contention: {what.replace(f'rank {st.rank}', f'rank {st.rank} on {st.node}{gpu_named(st)}', 1)}")
         self.timeline.append(Event(kind="contention", what=what, began=None, detected=now, rank=st.rank,
                                    node=st.node, score=st.score, since_step=st.since_step))
 
