@@ -56,12 +56,32 @@ def test_a_log_larger_than_the_budget_is_read_from_its_header_and_its_end(tmp_pa
     assert got.values == {"loss": -49_999.0} and got.step == 49_999
 
 
-def test_values_that_are_not_finite_numbers_are_not_metrics(tmp_path):
+def test_values_that_are_not_numbers_are_not_metrics_and_a_last_nan_is_said_as_logged(tmp_path):
+    """A last value of NaN or Infinity (as Python's json writes them: a loss that diverged) is
+    the metric's last value, said as that, never the finite one before it (was: loss 1.0)."""
     (tmp_path / "m.jsonl").write_text('{"loss": 1.0, "acc": 0.5}\n{"loss": NaN, "acc": Infinity, "ok": true}\n'
                                       '{"big": ' + "9" * 4000 + ', "name": "x", "nested": {"loss": 7}}\n'
                                       '[1, 2]\nnot json\n{"loss": 0.5')
     [got] = read_task_logs(tmp_path, "m.jsonl")
-    assert got.values == {"loss": 1.0, "acc": 0.5} and got.step is None
+    assert got.values == {} and got.non_finite == {"loss": "nan", "acc": "inf"} and got.step is None
+    (tmp_path / "m.jsonl").write_text('{"loss": NaN}\n{"loss": 0.75, "step": 3}\n')
+    [got] = read_task_logs(tmp_path, "m.jsonl")
+    assert got.values == {"loss": 0.75} and got.non_finite == {} and got.step == 3
+
+
+def test_a_diverged_run_s_lightning_and_hf_logs_say_nan_last(tmp_path):
+    """Lightning's CSVLogger writes a NaN loss as ``nan``; HF Trainer's trainer_state.json as
+    ``NaN`` (json.dump's default): the last value is that, not the finite one before."""
+    d = tmp_path / "a" / "lightning_logs" / "version_0"
+    d.mkdir(parents=True)
+    (d / "metrics.csv").write_text("epoch,step,train_loss\n0,0,1.5\n0,1,nan\n")
+    [got] = read_task_logs(tmp_path / "a")
+    assert got.values == {"epoch": 0.0} and got.non_finite == {"train_loss": "nan"} and got.step == 1
+    _state(tmp_path / "b" / "out" / "checkpoint-2" / "trainer_state.json",
+           [{"loss": 2.0, "step": 1}, {"loss": float("nan"), "grad_norm": float("inf"), "step": 2}], 2)
+    [got] = read_task_logs(tmp_path / "b")
+    assert got.values == {} and got.non_finite == {"loss": "nan", "grad_norm": "inf"}
+    assert got.to_json()["non_finite"] == {"loss": "nan", "grad_norm": "inf"}
 
 
 def test_nothing_is_read_through_a_link_out_of_the_tasks_directory(tmp_path):

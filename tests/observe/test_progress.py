@@ -20,7 +20,26 @@ def test_rank_0s_last_value_else_the_lowest_rank_that_logged_it():
               ("metric", "val_loss"): metric([(3, 10, 1.0), (2, 5, 1.5), (2, 50, 1.25), (3, 60, np.nan)]),
               ("metric", "empty"): metric([(0, 1, np.nan)]), ("host", "cpu"): metric([(0, 1, 50.0)])}
     got = last_values(series)
-    assert {k: (v.value, v.rank) for k, v in got.items()} == {"loss": (2.4173, 0), "val_loss": (1.25, 2)}
+    assert {k: (v.value, v.rank) for k, v in got.items()} == {"loss": (2.4173, 0), "val_loss": (1.25, 2),
+                                                               "empty": (None, 0)}
+    assert got["empty"].non_finite == "nan" and got["empty"].last_finite is None
+
+
+def test_a_last_value_that_is_not_a_number_is_said_with_the_one_before_never_replaced_by_it():
+    """Rank 0's loss diverges: its last logged value was NaN (an infinity on rank 1). The last
+    value is that, said with the last finite one before it, in the JSON and the sentence, and a
+    NaN counter counts no samples (was: 2.1, the value before, as "the last loss")."""
+    series = {("metric", "loss"): metric([(0, 10, 2.5), (0, 20, 2.1), (0, 30, np.nan), (1, 40, 1.9)]),
+              ("metric", "grad_norm"): metric([(1, 10, 3.0), (1, 20, np.inf)]),
+              ("metric", "samples"): metric([(0, 10, 640.0), (0, 20, np.nan)])}
+    got = last_values(series)
+    assert (got["loss"].value, got["loss"].non_finite, got["loss"].last_finite) == (None, "nan", 2.1)
+    assert (got["grad_norm"].value, got["grad_norm"].rank, got["grad_norm"].non_finite) == (None, 1, "inf")
+    done = summarise(series)
+    assert done["metrics"]["loss"] == {"value": None, "rank": 0, "non_finite": "nan", "last_finite": 2.1}
+    assert done["samples"] is None
+    said = line(done)
+    assert "loss nan (last finite 2.1)" in said and "grad_norm inf (last finite 3)" in said, said
 
 
 def test_rank_0_steps_and_samples_from_a_rate_are_close_to_the_work_done():

@@ -119,6 +119,66 @@ def test_dataload_bound_job_gets_its_advice(tmp_path):
     assert not any(f.kind == "data_bound" for f in r.findings)
 
 
+def test_a_section_only_some_ranks_time_is_a_share_of_their_steps_not_of_every_rank_s(tmp_path):
+    """Rank 0 alone times its data loading (60% of each step): the section is 60% of the step
+    time of the ranks that timed it, and data-bound, not 15% over four ranks whose loading was
+    never measured (was: 0.15 and no finding; an unmeasured section counted as 0 s)."""
+    r = build(read_job(make_job(tmp_path / "dl", 4, 200, dataload_share=0.6, dataload_ranks={0})))
+    dl = r.sections["dataload"]
+    assert dl["ranks"] == 1 and dl["share_of_step"] == pytest.approx(0.6, abs=0.02), dl
+    assert any(f.kind == "data_bound" and "60%" in f.message for f in r.findings), r.findings
+    assert r.sections["step"]["ranks"] == 4 and r.sections["step"]["share_of_step"] is None
+
+
+def test_the_workers_cpu_use_is_their_mean_while_they_ran_idle_samples_included(tmp_path):
+    """The host sampler's loader rows as it writes them: no workers for the first 5 samples,
+    then 4 workers on 1 core, idle (0%) in 9 samples of 10 and 80% of a core in the tenth, the
+    first reading of the new workers not written (unknown). Their mean while they ran is 8.2%
+    (4 x 80% over the 39 samples written),
+    and idle workers are not short of cores (was: 80%, the mean of the samples above 0, and a
+    false ``loader_cores`` finding)."""
+    import pyarrow as pa
+
+    from hpcml.observe.store import RankWriter, rank_path
+    from hpcml.testing.synthetic_job import T0_US, _batch
+    d = make_job(tmp_path / "loader", 2, 300, gpu=False)
+    m = 45
+    ts = T0_US + np.arange(m, dtype=np.int64) * 1_000_000
+    workers = np.where(np.arange(m) < 5, 0.0, 4.0)
+    busy = np.where(np.arange(m) % 10 == 5 + 1, 80.0, 0.0)
+    for r in range(2):
+        w = RankWriter(rank_path(d, r), r)
+        for name, t, v in (("proc_workers", ts, workers), ("proc_cores", ts, np.full(m, 1.0)),
+                           ("proc_workers_cpu_percent", np.delete(ts, 5), np.delete(busy, 5))):
+            w.write_batch(_batch(pa, t, r, "host", name, v))
+        w.close()
+    rep = build(read_job(d))
+    assert [row["workers_cpu_percent"] for row in rep.loader] == [pytest.approx(4 * 80 / 39, abs=0.06)] * 2, rep.loader
+    assert not any(f.kind == "loader_cores" for f in rep.findings), rep.findings
+
+
+def test_a_loss_that_ended_nan_is_said_as_nan_with_a_finding(tmp_path):
+    """Rank 0's train_loss is NaN for its last 50 steps: the report's "did" says "train_loss nan (last
+    finite ...)", its JSON has the value null with what it was, and a ``non_finite_metric``
+    finding names it (was: "train_loss 1.51", the value before, and no finding)."""
+    import pyarrow as pa
+
+    from hpcml.observe.progress import line
+    from hpcml.observe.store import RankWriter, rank_path
+    from hpcml.testing.synthetic_job import T0_US, _batch
+    d = make_job(tmp_path / "nan", 2, 100, gpu=False)
+    ts = T0_US + np.arange(100, dtype=np.int64) * 100_000
+    loss = np.where(np.arange(100) < 50, 2.0 - np.arange(100) / 100, np.nan)
+    w = RankWriter(rank_path(d, 0), 0)
+    w.write_batch(_batch(pa, ts, 0, "metric", "train_loss", loss, np.arange(100)))
+    w.close()
+    rep = build(read_job(d))
+    assert rep.progress["metrics"]["train_loss"] == {"value": None, "rank": 0, "non_finite": "nan", "last_finite": 1.51}
+    assert "train_loss nan (last finite 1.51)" in line(rep.progress), line(rep.progress)
+    f = next(f for f in rep.findings if f.kind == "non_finite_metric")
+    assert "the last train_loss rank 0 logged was nan (its last finite value: 1.51)" in f.message, f.message
+
+
 def test_plots_are_downsampled(job_dir):
     r = build(read_job(job_dir), max_buckets=40, max_rows=16)
     hm = r.plots["heatmap"]

@@ -50,6 +50,36 @@ def test_results_table_has_params_and_last_logged_values(tmp_path):
     assert hpcml("farm", "status", farm).returncode == 0
 
 
+DIVERGES = """
+import math, sys
+from hpcml import observe
+lr = float(sys.argv[1])
+for step in range(3):
+    observe.log(step=step, loss=float("nan") if lr > 0.25 and step == 2 else lr * 10 - step)
+"""
+
+
+def test_a_task_whose_loss_diverged_shows_nan_last_not_its_loss_before(tmp_path):
+    """The lr=0.3 task's last loss is NaN: its row says nan (null in --json, with
+    metric_non_finite), sorts after the tasks that trained, and the CSV and the table say nan
+    (was: 2.0, its loss a step before, ranked among the good ones)."""
+    (tmp_path / "train.py").write_text(DIVERGES)
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} {tmp_path}/train.py {{lr}}\n"
+                                     "product: {lr: [0.3, 0.1]}\n")
+    farm = tmp_path / "f"
+    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
+    p = hpcml("farm", "run", farm, "--slots", "2", extra={"HPCML_OBSERVE_FLUSH": "0.05"})
+    assert p.returncode == 0, p.stderr
+    doc = json.loads(hpcml("farm", "results", farm, "--json", "--sort", "loss").stdout)
+    jsonschema.validate(doc, schemas.load("farm.results"), cls=jsonschema.Draft202012Validator)
+    assert [(r["params"]["lr"], r["metrics"]["loss"], r["metric_non_finite"]) for r in doc["rows"]] == [
+        (0.1, -1.0, {}), (0.3, None, {"loss": "nan"})]
+    rows = list(csv.DictReader(io.StringIO(hpcml("farm", "results", farm, "--csv").stdout)))
+    assert [(r["lr"], r["loss"]) for r in rows] == [("0.3", "nan"), ("0.1", "-1.0")]
+    table = hpcml("farm", "results", farm).stdout
+    assert "nan" in table and "2.0" not in table, table
+
+
 RANKS = """
 import os, time
 from hpcml import observe

@@ -33,3 +33,14 @@ def test_a_contended_rank_named_by_its_arrivals_is_not_given_a_ratio_or_a_step_n
                                                                           "since_step": 31, "since_before": False}]},
                            tmp_path, 0)
     assert "was 1.8x slower than the others from step 31 while" in g["message"], g["message"]
+
+
+def test_the_summary_says_an_unknown_throughput_median_is_unknown():
+    """The job's throughput buckets were all empty (NaN): the observe report's median is null,
+    and the job-end summary says "unknown", not "None" (was: "throughput: median None")."""
+    from hpcml.run.report import summary
+    rep = {"job": {"job_id": "7", "mode": "local", "command": ["train"]}, "ending": {"exit_code": 0, "first_failure": None},
+           "vet": None, "env": None, "observe": {"throughput": {"median": None, "unit": "steps/s"}, "progress": None},
+           "score": None, "score_missing": "no GPU samples", "attempts": [], "findings": []}
+    said = summary(rep)
+    assert "  throughput: median unknown steps/s" in said and not any("None" in line for line in said), said

@@ -47,6 +47,39 @@ def _run(tmp_path: Path, prefix: list[str], workers: int, items: int = 1600) -> 
     return json.loads(rep.stdout), p.stderr
 
 
+def test_a_worker_s_first_reading_is_not_written_and_an_idle_worker_s_0_is(tmp_path):
+    """A real rank with one idle worker (a child running its interpreter): psutil's first
+    reading of a process's CPU is 0 whatever it did, so the sample that first reads the worker
+    writes no ``proc_workers_cpu_percent`` (unknown) and the heartbeat's figure is None; the next
+    one measures it, and an idle worker's 0 is written (was: a 0 at the first reading)."""
+    import time
+
+    from hpcml.samplers.host import HostSampler
+    ready = tmp_path / "ready"
+    rank = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
+                             "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
+                             f"open({str(ready)!r}, 'w').close(); time.sleep(60)"])
+    try:
+        deadline = time.time() + 30
+        while not ready.exists() and time.time() < deadline:
+            time.sleep(0.05)
+        host = HostSampler(rank.pid, node_wide=False)
+
+        def loader_rows() -> dict[str, float]:
+            return {r[2]: r[3] for r in host.sample(time.time_ns()) if r[2].startswith("proc_workers")}
+        first = loader_rows()
+        assert first == {"proc_workers": 1.0}, first
+        assert host.loader is not None and host.loader[0] == 1 and host.loader[2] is None
+        time.sleep(0.3)
+        assert loader_rows() == {"proc_workers": 1.0, "proc_workers_cpu_percent": 0.0}
+        assert host.loader[2] == 0.0
+    finally:
+        for p in [*__import__("psutil").Process(rank.pid).children(recursive=True)]:
+            p.kill()
+        rank.kill()
+        rank.wait()
+
+
 def test_rank_cores_reads_the_affinity():
     assert rank_cores(os.getpid()) == min(len(os.sched_getaffinity(0)), rank_cores(os.getpid()) or 0)
     assert rank_cores(2**22 + 12345) is None

@@ -30,7 +30,7 @@ import json
 import math
 import os
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from hpcml import logs
@@ -57,16 +57,30 @@ STATES_READ = 3                   # trainer_state.json files parsed at most: the
 
 @dataclass(frozen=True)
 class Logged:
-    """What one framework log said last: each metric's last finite value, the last step it
-    names (None where it names none), and where it was read (relative to the task's directory)."""
+    """What one framework log said last: each metric's last value, the last step it names
+    (None where it names none), and where it was read (relative to the task's directory). A
+    metric whose last value was NaN or infinite (a loss that diverged) is in ``non_finite``,
+    not ``values``: never an older finite value in its place."""
 
     kind: str                     # "hf_trainer" | "lightning_csv" | "jsonl"
     source: str
     values: dict[str, float]
     step: int | None = None
+    non_finite: dict[str, str] = field(default_factory=dict)     # metric -> "nan", "inf" or "-inf"
 
     def to_json(self) -> dict[str, object]:
-        return {"kind": self.kind, "source": self.source, "values": self.values, "step": self.step}
+        return {"kind": self.kind, "source": self.source, "values": self.values, "step": self.step,
+                **({"non_finite": self.non_finite} if self.non_finite else {})}
+
+
+def _put(values: dict[str, float], non_finite: dict[str, str], name: str, f: float) -> None:
+    """``name``'s value is now ``f``: the last one logged wins, a number or not."""
+    if math.isfinite(f):
+        values[name] = f
+        non_finite.pop(name, None)
+    else:
+        values.pop(name, None)
+        non_finite[name] = "nan" if math.isnan(f) else ("inf" if f > 0 else "-inf")
 
 
 def read_task_logs(task_dir: str | os.PathLike, metrics_file: str | None = None) -> list[Logged]:
@@ -136,7 +150,7 @@ def _number(v: object) -> float | None:
         f = float(v)
     except OverflowError:                                 # an integer of thousands of digits
         return None
-    return f if math.isfinite(f) else None
+    return f                                              # NaN and infinities too: a value logged
 
 
 def _latest_state(root: Path, paths: list[Path]) -> Logged | None:
@@ -151,15 +165,16 @@ def _latest_state(root: Path, paths: list[Path]) -> Logged | None:
         if not isinstance(doc, dict) or not isinstance(doc.get("log_history"), list):
             continue
         values: dict[str, float] = {}
+        odd: dict[str, str] = {}
         for entry in doc["log_history"]:
             if isinstance(entry, dict):
                 for k, v in entry.items():
                     f = _number(v)
                     if f is not None and isinstance(k, str) and not HF_SKIP.match(k):
-                        values[k] = f
+                        _put(values, odd, k, f)
         step = doc.get("global_step")
         step = step if isinstance(step, int) and not isinstance(step, bool) and step >= 0 else None
-        got = Logged("hf_trainer", _rel(root, path), values, step)
+        got = Logged("hf_trainer", _rel(root, path), values, step, odd)
         key = (float(step if step is not None else -1), mtime)
         if best is None or key > best[0]:
             best = (key, got)
@@ -207,6 +222,7 @@ def _csv(root: Path, path: Path) -> Logged | None:
     if not header:
         return None
     values: dict[str, float] = {}
+    odd: dict[str, str] = {}
     step: int | None = None
     try:
         names = next(csv.reader([header]), [])
@@ -220,13 +236,13 @@ def _csv(root: Path, path: Path) -> Logged | None:
                 f = float(cell) if cell.strip() else None
             except ValueError:
                 f = None
-            if f is None or not math.isfinite(f):
+            if f is None:
                 continue
             if name == "step":
-                step = int(f) if f.is_integer() and f >= 0 else step
+                step = int(f) if math.isfinite(f) and f.is_integer() and f >= 0 else step
             else:
-                values[name] = f
-    return Logged("lightning_csv", _rel(root, path), values, step)
+                _put(values, odd, name, f)
+    return Logged("lightning_csv", _rel(root, path), values, step, odd)
 
 
 def _jsonl(root: Path, name: str) -> Logged | None:
@@ -239,6 +255,7 @@ def _jsonl(root: Path, name: str) -> Logged | None:
         log.info("%s: %s: not read: %s", root, name, exc)
         return None
     values: dict[str, float] = {}
+    odd: dict[str, str] = {}
     step: int | None = None
     lines = tail.split(b"\n")
     if not whole:
@@ -257,7 +274,7 @@ def _jsonl(root: Path, name: str) -> Logged | None:
             if f is None:
                 continue
             if k == "step":
-                step = int(f) if f.is_integer() and f >= 0 else step
+                step = int(f) if math.isfinite(f) and f.is_integer() and f >= 0 else step
             else:
-                values[k] = f
-    return Logged("jsonl", name, values, step)
+                _put(values, odd, k, f)
+    return Logged("jsonl", name, values, step, odd)

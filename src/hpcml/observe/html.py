@@ -82,8 +82,9 @@ def _tables(rep: Report) -> list[tuple[str, list[str], list[list[Any]]]]:
          [[o["rank"], o["node"] or "?", o["first_step"], o["last_step"], o["ratio"]]
           for o in rep.transient_stragglers[:20]]),
         ("Lost and damaged ranks", ["rank", "problem"], lost),
-        ("Sections", ["section", "total s (all ranks)", "mean s", "share of step"],
-         [[n, d["total_s"], d["mean_s"], "–" if d["share_of_step"] is None else f"{d['share_of_step'] * 100:.1f}%"]
+        ("Sections", ["section", "total s (its ranks)", "ranks", "mean s", "share of its ranks' step"],
+         [[n, d["total_s"], d.get("ranks", "–"), d["mean_s"],
+           "–" if d["share_of_step"] is None else f"{d['share_of_step'] * 100:.1f}%"]
           for n, d in sorted(rep.sections.items())]),
     ]
     return [t for t in tables if t[2]]

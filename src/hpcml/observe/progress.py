@@ -27,26 +27,42 @@ RATES = ("samples_per_s", "samples_per_sec", "samples_per_second", "tokens_per_s
 
 @dataclass(frozen=True)
 class Last:
-    value: float
+    """A metric's last logged value. Where that was NaN or infinite (a loss that diverged),
+    ``value`` is None and ``non_finite`` says which, with ``last_finite``, the rank's last
+    finite value before it: the last value is what was logged, never an older one in its place."""
+
+    value: float | None
     rank: int
+    non_finite: str | None = None          # "nan", "inf" or "-inf"
+    last_finite: float | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        extra = {"non_finite": self.non_finite, "last_finite": self.last_finite} if self.non_finite else {}
+        return {"value": self.value, "rank": self.rank, **extra}
+
+
+def _latest(ts_us: np.ndarray, idx: np.ndarray) -> int:
+    """The latest of the rows ``idx``; the last written on a tie."""
+    return int(idx[len(idx) - 1 - int(np.argmax(ts_us[idx][::-1]))])
 
 
 def last_values(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[str, Last]:
-    """name -> the last (by time) finite value of each user metric, from rank ``prefer``,
-    else from the lowest rank that logged it. ``series``: ``hpcml.observe.series`` arrays
-    by (kind, name)."""
+    """name -> the last (by time) value of each user metric, from rank ``prefer``, else from
+    the lowest rank that logged it. ``series``: ``hpcml.observe.series`` arrays by (kind, name)."""
     out: dict[str, Last] = {}
     for (kind, name), s in sorted(series.items()):
         if kind != "metric" or not len(s.value):
             continue
-        finite = np.isfinite(s.value)
-        if not finite.any():
+        mine = s.rank == prefer
+        pick = mine if mine.any() else s.rank == s.rank.min()
+        i = _latest(s.ts_us, np.flatnonzero(pick))
+        v = float(s.value[i])
+        if np.isfinite(v):
+            out[name] = Last(v, int(s.rank[i]))
             continue
-        mine = finite & (s.rank == prefer)
-        pick = mine if mine.any() else finite & (s.rank == s.rank[finite].min())
-        idx = np.flatnonzero(pick)
-        i = idx[len(idx) - 1 - int(np.argmax(s.ts_us[idx][::-1]))]        # the latest; the last written on a tie
-        out[name] = Last(float(s.value[i]), int(s.rank[i]))
+        finite = np.flatnonzero(pick & np.isfinite(s.value) & (s.ts_us <= s.ts_us[i]))
+        out[name] = Last(None, int(s.rank[i]), "nan" if np.isnan(v) else ("inf" if v > 0 else "-inf"),
+                         float(s.value[_latest(s.ts_us, finite)]) if len(finite) else None)
     return out
 
 
@@ -58,7 +74,7 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
     a rate's mean over the rank's steps times their total time, said to be an estimate."""
     metrics = last_values(series, prefer)
     steps = series.get(("section", "step"))
-    out: dict[str, Any] = {"rule": RULE, "metrics": {k: {"value": v.value, "rank": v.rank} for k, v in metrics.items()},
+    out: dict[str, Any] = {"rule": RULE, "metrics": {k: v.to_json() for k, v in metrics.items()},
                            "steps": None, "samples": None}
     step_rank = None
     if steps is not None and len(steps.value):
@@ -72,7 +88,7 @@ def summarise(series: Mapping[tuple[str, str], Any], prefer: int = 0) -> dict[st
                             "seconds": float(np.nansum(steps.value[mine]))}
     if out["steps"] is None:
         out["steps"] = _logged_steps(series, prefer)
-    counter = next((name for name in COUNTERS if name in metrics), None)
+    counter = next((name for name in COUNTERS if name in metrics and metrics[name].value is not None), None)
     if counter is not None:
         last = metrics[counter]
         out["samples"] = {"value": last.value, "unit": counter, "rank": last.rank, "estimate": False,
@@ -151,10 +167,18 @@ def line(progress: dict[str, Any] | None) -> str:
     shown = list(progress.get("metrics", {}).items())[:8]
     if shown:
         ranks = {m["rank"] for _, m in shown}
-        vals = ", ".join(f"{k} {_num(m['value'])}" + (f" (rank {m['rank']})" if len(ranks) > 1 else "")
+        vals = ", ".join(f"{k} {_shown(m)}" + (f" (rank {m['rank']})" if len(ranks) > 1 else "")
                          for k, m in shown)
         parts.append(f"last {vals}" + (f" (rank {ranks.pop()})" if len(ranks) == 1 else ""))
     return "; ".join(parts) or "no steps and no metric logged"
+
+
+def _shown(m: dict[str, Any]) -> str:
+    """A last value as logged: "2.417", or "nan (last finite 2.417)" for one that diverged."""
+    if m.get("value") is not None:
+        return _num(m["value"])
+    was = m.get("last_finite")
+    return f"{m.get('non_finite') or 'unknown'}" + (f" (last finite {_num(was)})" if was is not None else "")
 
 
 def _num(v: float, digits: int | None = None) -> str:

@@ -93,7 +93,7 @@ def _contention(host: HostSampler) -> dict[str, float | None]:
         out["cpu_throttled_s"] = hot
     if host.loader is not None and host.loader[0]:          # only while the rank has workers
         workers, cores, busy = host.loader
-        out.update(workers=workers, cores=cores, workers_cpu_percent=round(busy, 1))
+        out.update(workers=workers, cores=cores, workers_cpu_percent=None if busy is None else round(busy, 1))
     return out
 
 

@@ -104,7 +104,7 @@ class Report:
     bimodal: dict[str, Any] | None
     one_off_stalls: list[dict[str, Any]]
     transient_stragglers: list[dict[str, Any]]
-    sections: dict[str, dict[str, float | None]]
+    sections: dict[str, dict[str, float | int | None]]
     missing_ranks: list[int]
     damaged_ranks: dict[int, str]
     failed_ranks: dict[int, int]
@@ -725,15 +725,7 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
         check["measure"] = "compute" if wg is not None and len(wg.value) else "step"
     _split_cost(bimodal, sg, rank_ids, meta_ranks, start, end, parallelism or meta.get("parallelism"))
 
-    # Sections: total time and share of the step section.
-    sections: dict[str, dict[str, float | None]] = {}
-    step_total = float(np.nansum(sg.value)) if sg is not None else 0.0
-    for (k, nm), g in groups.items():
-        if k != "section":
-            continue
-        tot = float(np.nansum(g.value))
-        sections[nm] = {"total_s": _r(tot, 3), "mean_s": _r(tot / max(1, len(g.value)), 6),
-                        "share_of_step": _r(tot / step_total, 4) if step_total > 0 and nm != "step" else None}
+    sections = _sections(groups, sg, nr)
 
     # Plot data: per-metric bands across ranks, the heatmap, node-level GPU/host series.
     for (k, nm), m in sorted(cells.items()):
@@ -766,6 +758,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     findings += _loader_findings(loader, meta_ranks)
     io = iobursts.summarise(groups, rank_ids, span, stalls)
     findings += iobursts.findings(io, Finding)
+    progress = summarise(series)
+    findings += _diverged(progress)
     return Report(job_id=str(meta.get("job_id", job.path.name)), path=str(job.path),
                   ranks_expected=expected, ranks_with_data=len(rank_ids), nodes=nodes,
                   start=_r(start, 3), end=_r(end, 3),
@@ -775,8 +769,22 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
                   transient_stragglers=transient[:50], sections=sections,
                   missing_ranks=list(job.missing), damaged_ranks=damaged, failed_ranks=failed,
                   recorder_problems=rec_problems, findings=findings, plots=plots, restarts=restarts,
-                  straggler_check=check, progress=summarise(series), arrivals=arrived, loader=loader, io=io,
+                  straggler_check=check, progress=progress, arrivals=arrived, loader=loader, io=io,
                   unjudged=_unjudged(check, stalls_judged, stragglers) + gpu_unknown + fr_unjudged)
+
+
+def _diverged(progress: dict[str, Any] | None) -> list[Finding]:
+    """A metric whose last logged value was NaN or infinite: the run diverged (or a metric
+    broke) there; said, with the value before, never passed over for it."""
+    odd = [(k, m) for k, m in ((progress or {}).get("metrics") or {}).items() if m.get("non_finite")]
+    if not odd:
+        return []
+    k, m = odd[0]
+    was = f" (its last finite value: {m['last_finite']:.4g})" if m.get("last_finite") is not None else ""
+    more = f"; {len(odd) - 1} more metric(s) too" if len(odd) > 1 else ""
+    return [Finding("non_finite_metric", f"the last {k} rank {m['rank']} logged was {m['non_finite']}{was}{more}",
+                    "the run diverged there or the metric broke: lower the learning rate, clip gradients, or "
+                    "resume from a checkpoint before it")]
 
 
 def _unjudged(check: dict[str, Any] | None, stalls_judged: bool, stragglers: list) -> list[str]:
@@ -952,6 +960,36 @@ def failed_finding(failed: dict[int, int]) -> Finding:
                    + ("is a signal (OOM kill or timeout?)" if ec > 128 else "came from the program"))
 
 
+def _sections(groups: dict, sg: _Rows | None, nr: int) -> dict[str, dict[str, float | int | None]]:
+    """Each section's total time, mean, the ranks that recorded it, and its share of the step
+    time of those same ranks: a rank that recorded no rows of a section spent an unknown time
+    in it, not 0 (rank 0 alone timing its data loading is rank 0's share, not a quarter of it)."""
+    step_of = np.zeros(nr)
+    stepped = np.zeros(nr, dtype=bool)
+    if sg is not None and len(sg.value):
+        np.add.at(step_of, sg.ridx, np.nan_to_num(sg.value.astype(np.float64), nan=0.0))
+        stepped[sg.ridx] = True
+    out: dict[str, dict[str, float | int | None]] = {}
+    for (k, nm), g in groups.items():
+        if k != "section":
+            continue
+        tot = float(np.nansum(g.value))
+        had = np.zeros(nr, dtype=bool)
+        had[g.ridx] = True
+        both = had & stepped
+        of_step = float(step_of[both].sum())
+        # the ranks that timed steps but not this section: their time in it is unknown
+        tot_both = float(np.nansum(g.value[both[g.ridx]])) if both.any() else 0.0
+        out[nm] = {"total_s": _r(tot, 3), "mean_s": _r(tot / max(1, len(g.value)), 6), "ranks": int(had.sum()),
+                   "share_of_step": _r(tot_both / of_step, 4) if of_step > 0 and nm != "step" else None}
+    return out
+
+
+def _at(g: _Rows) -> np.ndarray:
+    """Each row's (rank, sample time) as one integer: rows one sample wrote share it."""
+    return (np.asarray(g.ridx, np.int64) << 32) | np.asarray(g.x, np.float32).view(np.uint32).astype(np.int64)
+
+
 def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
     """Per rank: the most worker processes it had at once, the fewest cores it could use,
     and its workers' mean CPU use while they ran (percent of one core); None where not recorded."""
@@ -966,7 +1004,10 @@ def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:
         np.minimum.at(fewest, cores.ridx, cores.value)
     used, n = np.zeros(nr), np.zeros(nr)
     if busy is not None and len(busy.value):
-        on = np.isfinite(busy.value) & (busy.value > 0)   # while there were workers (not the start-up before)
+        # while there were workers, idle ones' 0 included: the samples whose proc_workers was > 0
+        # (a sample at the same time of the same rank; a worker's first reading is not written)
+        had = workers.value > 0
+        on = np.isfinite(busy.value) & np.isin(_at(busy), _at(workers)[had])
         np.add.at(used, busy.ridx[on], busy.value[on])
         np.add.at(n, busy.ridx[on], 1)
     return [{"rank": int(rank_ids[i]), "workers": int(most[i]), "cores": None if not np.isfinite(fewest[i]) else

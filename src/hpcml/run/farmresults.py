@@ -36,9 +36,10 @@ class AttemptResults:
     """What one attempt shows in the results: each metric's last value and whose it is (a
     rank of an observe store, or a framework log's file), and its optimizer steps."""
 
-    metrics: dict[str, float] = field(default_factory=dict)
+    metrics: dict[str, float | None] = field(default_factory=dict)
     sources: dict[str, str] = field(default_factory=dict)
     ranks: dict[str, int] = field(default_factory=dict)
+    non_finite: dict[str, str] = field(default_factory=dict)    # metric -> "nan"/"inf"/"-inf" its last value was
     steps: dict[str, Any] | None = None
     logs: list[Logged] = field(default_factory=list)
 
@@ -51,6 +52,10 @@ class AttemptResults:
             return
         for k, v in last_values(series).items():
             self.metrics[k], self.ranks[k], self.sources[k] = v.value, v.rank, "observe"
+            if v.non_finite:                # the last logged value was not a number: the task diverged
+                self.non_finite[k] = v.non_finite
+            else:
+                self.non_finite.pop(k, None)
         done = summarise(series)
         st = done.get("steps") if done else None
         if st and st.get("count"):
@@ -66,6 +71,12 @@ class AttemptResults:
                 if self.sources.get(k) == "observe":
                     continue
                 self.metrics[k], self.sources[k] = v, got.source
+                self.ranks.pop(k, None)
+                self.non_finite.pop(k, None)
+            for k, what in got.non_finite.items():
+                if self.sources.get(k) == "observe":
+                    continue
+                self.metrics[k], self.sources[k], self.non_finite[k] = None, got.source, what
                 self.ranks.pop(k, None)
 
 
@@ -113,7 +124,8 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
                      "attempts": st.claimed, "exit_code": end.get("exit_code"), "node": end.get("node"),
                      "gpu": end.get("gpu"), "seconds": seconds, "params": task.params,
                      "steps": res.steps, "metrics": res.metrics, "metric_ranks": res.ranks,
-                     "metric_sources": res.sources, "logs": [got.to_json() for got in res.logs],
+                     "metric_sources": res.sources, "metric_non_finite": res.non_finite,
+                "logs": [got.to_json() for got in res.logs],
                      "command": task.command})
     params = list(dict.fromkeys(k for r in rows for k in r["params"]))
     metrics = sorted({k for r in rows for k in r["metrics"]})
@@ -147,5 +159,6 @@ def to_csv(doc: dict[str, Any]) -> str:
                     "" if r["seconds"] is None else f"{r['seconds']:.3f}", st.get("count", ""),
                     "" if st.get("per_s") is None else st["per_s"],
                     *(r["params"].get(p, "") for p in doc["params"]),
-                    *(r["metrics"].get(m, "") for m in doc["metrics"] if m not in doc["params"])])
+                    *((r.get("metric_non_finite") or {}).get(m) or r["metrics"].get(m, "")
+                      for m in doc["metrics"] if m not in doc["params"])])
     return buf.getvalue()

@@ -518,7 +518,7 @@ def summary(rep: dict[str, Any]) -> list[str]:
     obs = rep["observe"]
     if obs and obs.get("throughput"):
         tp = obs["throughput"]
-        lines.append(f"  throughput: median {tp['median']} {tp['unit']}")
+        lines.append(f"  throughput: median {'unknown' if tp.get('median') is None else tp['median']} {tp['unit']}")
     score = rep["score"]
     if score:
         if score.get("temporal_only"):

@@ -50,7 +50,8 @@ class HostSampler:
         self.waited: float | None = None     # the last sample's proc_cpu_wait_s (the recorder's heartbeat has it)
         #: the last sample's worker processes, the rank's cores and the workers' CPU use (percent
         #: of one core): the heartbeat has them, for the watch's live word on the loader's cores
-        self.loader: tuple[int, float | None, float] | None = None
+        self.loader: tuple[int, float | None, float | None] | None = None
+        self._read_once: set[int] = set()    # pids whose CPU use was read before: their next read is a measure
         self._last: tuple[int, dict[str, float]] | None = None
         self._procs: dict[int, psutil.Process] = {}
         #: pid -> its last (read_chars, read_bytes, write_chars, write_bytes, read calls, write calls)
@@ -100,6 +101,7 @@ class HostSampler:
         io_read = True
         tree = self._tree()
         workers, workers_cpu = self._workers(), 0.0
+        unread = False                # a worker read for the first time: psutil's first reading is 0, not a measure
         for p in tree:
             try:
                 used = p.cpu_percent(None)
@@ -107,6 +109,8 @@ class HostSampler:
                 rss += p.memory_info().rss
                 if p.pid in workers:
                     workers_cpu += used
+                    unread |= p.pid not in self._read_once
+                self._read_once.add(p.pid)
             except psutil.Error:
                 continue
             try:
@@ -118,14 +122,16 @@ class HostSampler:
                 continue                            # ended since the tree was listed: its last count stays
             except (psutil.Error, AttributeError, NotImplementedError):
                 io_read = False                     # not ours to read, or no /proc/PID/io here
+        self._read_once &= {p.pid for p in tree}
         rows += [(ts, "host", "proc_cpu_percent", cpu, None, None),
                  (ts, "host", "proc_rss_bytes", rss, None, None),
-                 (ts, "host", "proc_workers", float(len(workers)), None, None),
-                 (ts, "host", "proc_workers_cpu_percent", workers_cpu, None, None)]
+                 (ts, "host", "proc_workers", float(len(workers)), None, None)]
+        if not unread:                # the workers' use since the last sample; unknown at a worker's first
+            rows.append((ts, "host", "proc_workers_cpu_percent", workers_cpu, None, None))
         now = time.monotonic()
         if now - self._cores_at >= CORES_REFRESH_S:
             self._cores_at, self._cores = now, rank_cores(self.proc.pid)
-        self.loader = (len(workers), self._cores, workers_cpu)
+        self.loader = (len(workers), self._cores, None if unread else workers_cpu)
         if self._cores is not None:
             rows.append((ts, "host", "proc_cores", self._cores, None, None))
         self.waited = waited = cpu_wait(self.proc.pid)

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,8 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
              dataload_share: float | None = 0.1, throughput_metric: str | None = "tokens_per_s",
              tokens_per_step: float = 8192.0, host: bool = True, gpu: bool = True,
              sample_s: float = 1.0, seed: int = 0, job_id: str = "synthetic",
-             clock_reasons: dict[int, int] | None = None, power_capped: bool = False) -> Path:
+             clock_reasons: dict[int, int] | None = None, power_capped: bool = False,
+             dataload_ranks: Collection[int] | None = None) -> Path:
     """Write a job directory and return its path.
 
     ``slow_ranks``: rank -> factor on its compute time (a chronic straggler);
@@ -58,7 +60,8 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
     ``missing``: ranks that leave no file; ``truncated``: ranks whose file is cut mid-batch;
     ``clock_reasons``: rank -> NVML clocks event reasons its GPU reports on every sample;
     ``power_capped``: every GPU reports its power cap (0x4) on every other sample, as busy
-    GPUs do (OR'ed with its ``clock_reasons``).
+    GPUs do (OR'ed with its ``clock_reasons``); ``dataload_ranks``: the ranks that time their
+    data loading as a section (default every rank; a script may time it on rank 0 only).
     """
     import pyarrow as pa
     out = Path(path)
@@ -91,7 +94,7 @@ def make_job(path: str | os.PathLike, n_ranks: int = 64, n_steps: int = 500, *,
         (out / f"rank-{r:05d}.json").write_text(json.dumps(meta_ranks[r]))
         jitter = rng.integers(0, 2000, n_steps)                  # ranks leave the barrier apart
         batches = []
-        if dataload is not None:
+        if dataload is not None and (dataload_ranks is None or r in dataload_ranks):
             dl_end = ends_us - np.round((compute[r] + comm_s) * 1e6).astype(np.int64)
             batches.append(_batch(pa, dl_end + jitter, r, "section", "dataload", dataload[r], steps))
         batches.append(_batch(pa, ends_us + jitter, r, "section", "step", compute[r], steps))
