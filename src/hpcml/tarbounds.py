@@ -18,6 +18,11 @@ walk them with ``checked_members``:
   would have read it anyway, and a short read ends the walk. That costs nothing extra and
   stops at the stream's real end, whatever the header claims.
 
+A sparse member (GNU ``S``, or PAX ``GNU.sparse.*``) is refused too: tarfile hands out its
+data through the sparse map, while a reader of offsets (hpcml's shard reader, by the index)
+reads the bytes stored, and a map can put any of those where no read of tarfile's reaches.
+The scanner would judge one file and the loader return another. No shard writer makes one.
+
 Every problem is a ``tarfile.ReadError`` naming the member, so each caller reports it
 through the path it already has for an unreadable tar.
 """
@@ -91,6 +96,10 @@ def checked_members(tf: tarfile.TarFile, *, room: int | None) -> Iterator[tarfil
         except (ValueError, OverflowError) as exc:
             after = f" after member {previous!r}" if previous else ""
             raise tarfile.ReadError(f"a malformed header{after}: {exc}") from None
+        if info.issparse() or info.type == tarfile.GNUTYPE_SPARSE or any(
+                k.startswith("GNU.sparse.") for k in info.pax_headers):
+            raise tarfile.ReadError(f"member {info.name!r} is sparse: its data is not the bytes stored "
+                                    "(a reader of the tar and a reader of its offsets would see different bytes)")
         end = tf.offset                     # where tarfile will look for the next header
         if room is not None and end > room:
             raise tarfile.ReadError(f"member {info.name!r} claims {_claimed(info, end):,} bytes of data, "

@@ -111,6 +111,58 @@ def test_a_sample_placed_past_the_shard_s_end_is_corrupt_naming_shard_and_offset
     assert ds.skipped == 1 and len(keys) == m.samples - 1
 
 
+def test_a_member_whose_header_is_not_a_regular_file_s_is_corrupt(copy):
+    """An index that points at a member whose header says sparse (GNU ``S``: its bytes stored
+    are not its data, which tarfile, the scanner and webdataset read through its map): the
+    reader refuses it, naming the type, and never returns the bytes stored (was: returned)."""
+    m = load_manifest(copy)
+    shard = copy / m.shards[0].name
+    doc = orjson.loads((copy / m.shards[0].index).read_bytes())
+    _ext, off, _size = doc["samples"][0][3][0]
+    raw = bytearray(shard.read_bytes())
+    hdr = bytearray(raw[off - 512:off])
+    hdr[156:157] = b"S"
+    hdr[148:156] = b" " * 8
+    hdr[148:156] = b"%06o\0 " % sum(hdr)
+    raw[off - 512:off] = hdr
+    shard.write_bytes(bytes(raw))
+    with pytest.raises(CorruptShardError) as caught:
+        _keys(_ds(copy))
+    assert "not a regular file's header (type b'S')" in _one_line(caught.value)
+
+
+def test_a_shard_with_a_crafted_sparse_map_is_refused_by_the_index_and_the_scan(tmp_path):
+    """A hostile GNU sparse member whose map sends its first stored block (a pickle that runs
+    a command) to an offset no read reaches: tarfile (the scanner, webdataset) reads a
+    harmless pickle, a reader of offsets the other. ``hpcml data index`` refuses the shard and
+    ``hpcml scan`` does not call it safe (was: indexed, scanned safe, and the reader returned
+    the command's pickle)."""
+    import pickle
+
+    evil = b"cposix\nsystem\n(Vecho PWNED\ntR."
+    stored = evil.ljust(512, b"\n") + pickle.dumps({"label": 1}, protocol=2).ljust(512, b"\0")
+    h = bytearray(512)
+    h[0:10] = b"000000.pyd"
+    for at, width, n in ((100, 8, 0o644), (108, 8, 0), (116, 8, 0), (124, 12, len(stored)), (136, 12, 0)):
+        h[at:at + width] = b"%0*o\0" % (width - 1, n)
+    h[156:157], h[257:265] = b"S", b"ustar  \0"
+    neg = b"\xff" + (256**11 - 512).to_bytes(11, "big")             # base-256: offset -512
+    h[386:398], h[398:410] = neg, b"%011o\0" % 512
+    h[410:422], h[422:434] = b"%011o\0" % 0, b"%011o\0" % 512
+    h[483:495] = b"%011o\0" % 1024
+    h[148:156] = b" " * 8
+    h[148:156] = b"%06o\0 " % sum(h)
+    d = tmp_path / "sparse"
+    d.mkdir()
+    (d / "shard-000000.tar").write_bytes(bytes(h) + stored + b"\0" * 1024)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "data", "index", str(d)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 2 and "is sparse" in p.stderr and "Traceback" not in p.stderr, p.stderr
+    scan = subprocess.run([sys.executable, "-m", "hpcml", "scan", str(d / "shard-000000.tar")], capture_output=True,
+                          text=True, timeout=120)
+    assert scan.returncode != 0 and "safe" not in scan.stdout.split("|")[0], scan.stdout + scan.stderr
+
+
 def _negative(d):
     d["samples"][0][1] = -512
 

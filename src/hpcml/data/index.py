@@ -159,6 +159,10 @@ def row_problem(row: object, prev_end: int) -> str | None:
     return None
 
 
+#: the type flags of a regular file's header: its data is the bytes stored after it
+REGULAR = (b"0", b"\0", b"7")
+
+
 def size_field(field: bytes) -> int:
     """A ustar size field: octal, or GNU base-256 (first byte 0x80, then big-endian), which
     GNU tar and tarfile write for a member of 8 GiB or more. ValueError for anything else."""
@@ -170,18 +174,22 @@ def size_field(field: bytes) -> int:
 def header_problem(buf: bytes | memoryview, pos: int, size: int) -> str | None:
     """Why the 512-byte tar header at ``buf[pos:]`` does not announce ``size`` bytes, or None.
 
-    Checks the ustar magic and the size field (and, when those differ from what the packer
-    writes, the header checksum for a precise message): enough to catch a truncated,
-    overwritten or misaligned shard without reading anything extra. The fast path costs
-    a sample well under a microsecond.
+    Checks the ustar magic, the type (a regular file: a sparse member's bytes stored are not
+    its data) and the size field (and, when those differ from what the packer writes, the
+    header checksum for a precise message): enough to catch a truncated, overwritten or
+    misaligned shard without reading anything extra. The fast path costs a sample well under
+    a microsecond.
     """
-    if buf[pos + 257:pos + 262] == b"ustar" and buf[pos + 124:pos + 136] == b"%011o\0" % size:
+    if (buf[pos + 257:pos + 262] == b"ustar" and buf[pos + 124:pos + 136] == b"%011o\0" % size
+            and buf[pos + 156:pos + 157] in REGULAR):
         return None
     hdr = bytes(buf[pos:pos + BLOCK])
     if len(hdr) < BLOCK:
         return "truncated header"
     if hdr[257:262] != b"ustar":
         return "no tar header"
+    if hdr[156:157] not in REGULAR:
+        return f"not a regular file's header (type {hdr[156:157]!r})"
     try:
         stored = int(hdr[148:156].split(b"\0", 1)[0].strip() or b"0", 8)
         found = size_field(hdr[124:136])
