@@ -177,6 +177,39 @@ def test_unproven_reports_price_nothing_and_no_duration_counts_past_a_day(tmp_pa
         store.close()
 
 
+def test_one_users_reports_of_their_own_job_price_no_check_and_add_none(tmp_path: Path):
+    """A proven user's report of their job is evidence about their nodes, not about what a
+    check costs every job: 1,400 results a check of a day each, and 500 made-up checks, from
+    one user leave the plan as the nodes' own reports made it."""
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    now = time.time()
+    try:
+        fleet = []
+        for i in range(20):
+            rep = NodeReport(node=f"n{i}", time=now - 3600 + i, protocol="p", job_id=None, verdict="good",
+                             results=[CheckResult(name=n, type="compute", outcome="pass", duration=0.5)
+                                      for n in ("gemm", "memory")])
+            rep.proven("node", "root")
+            fleet.append(rep)
+        store.add(fleet)
+        before = build(store, now=now).checks
+        dear = [CheckResult(name=n, type="compute", outcome="pass", duration=86400.0)
+                for n in ("gemm", "memory") for _ in range(1400)]
+        made_up = [CheckResult(name=f"made-up-{k}", type="compute", outcome="pass", duration=1.0)
+                   for k in range(500) for _ in range(30)]
+        mine = [NodeReport(node="n9", time=now - 60, protocol="p", job_id="900", verdict="good", results=part)
+                for part in (dear, made_up[:7500], made_up[7500:])]
+        for rep in mine:
+            rep.proven("job", "uid:4242")
+        store.add(mine)
+        after = build(store, now=now).checks
+        assert [(c.name, c.runs, c.mean_s) for c in before] == [("gemm", 20, 0.5), ("memory", 20, 0.5)]
+        assert after == before
+    finally:
+        store.close()
+
+
 def test_the_collector_serves_its_last_good_plan_when_a_rebuild_fails(tmp_path: Path, monkeypatch):
     from hpcml.centre import plan as plan_mod
     from hpcml.centre.collector.server import App, Tokens

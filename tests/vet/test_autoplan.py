@@ -129,3 +129,17 @@ def test_vet_auto_is_told_from_a_protocol_path():
     for other in ("auto:", "autox", "p.yaml"):
         with pytest.raises(ValueError):
             autoplan.split(other)
+
+
+def test_a_check_costs_at_most_its_timeout_and_a_tier_at_most_the_deadline():
+    """The fleet's figure is the collector's; the job stops a check at its timeout and the
+    vetting at the protocol's deadline, so no figure can price a tier past those."""
+    proto = load(CPU)
+    dear = [CheckFacts(name=e.name, type=e.type, runs=900, mean_s=86400.0) for e in proto.evals]
+    auto = _decide(64, 24, restarts=True, plan=Plan(generated=0, window_s=30 * 86400, node_days=5000, hurt_jobs=50,
+                                                     checks=dear))
+    limit = autoplan.OVERHEAD_S + proto.deadline
+    assert {t.name: t.seconds <= limit for t in auto.tiers if t.name != "none"} == {"quick": True, "full": True}
+    quick = next(t for t in auto.tiers if t.name == "quick")
+    fast = [e for e in proto.evals if e.name in quick.checks]
+    assert quick.seconds == pytest.approx(autoplan.OVERHEAD_S + min(sum(e.timeout for e in fast), proto.deadline))

@@ -211,9 +211,14 @@ class JobQueries:
                 cur.executemany(f"INSERT INTO job_nodes ({','.join(NODE_COLS)}) VALUES "
                                 f"({','.join([p] * len(NODE_COLS))})", [r for s in kept for r in node_rows(s)])
                 vetting = [r for s in kept for r in vetting_rows(s)]
-                if vetting:        # each attempt's summary repeats the vetting before it: stored once
+                if vetting:        # each attempt's summary repeats the vetting before it: stored once,
+                    # and a proven summary's copy proves a row an unproven one stored first (which
+                    # would otherwise keep the job's own vetting from ever counting)
                     cur.executemany(f"INSERT INTO job_vetting ({','.join(VETTING_COLS)}) VALUES "
-                                    f"({','.join([p] * len(VETTING_COLS))}) ON CONFLICT DO NOTHING", vetting)
+                                    f"({','.join([p] * len(VETTING_COLS))}) "
+                                    "ON CONFLICT (cluster, job, node, time, verdict) DO UPDATE SET verified = 1, "
+                                    "attempt = excluded.attempt, failing = excluded.failing "
+                                    "WHERE job_vetting.verified = 0 AND excluded.verified = 1", vetting)
                 # only a job's highest verified attempt is its latest, whichever arrived last
                 counted = [s for s in kept if s.proof.verified]
                 cur.executemany(f"UPDATE jobs SET latest = 0 WHERE cluster = {p} AND job = {p} AND latest = 1 AND "
@@ -498,13 +503,15 @@ class JobQueries:
     # lost time still ranks. "why": the ledger part that cost the job the most.
 
     def not_training_jobs(self, since: float, limit: int) -> list[dict[str, Any]]:
-        """The jobs whose allocation trained least, most GPU-hours (then node-hours) first."""
+        """The jobs whose allocation trained least, most GPU-hours (then node-hours) first;
+        most node-hours first when some job's GPUs went uncounted (its GPU-hours unknown)."""
+        (unknown,), = self._all(f"SELECT {UNCOUNTED} FROM ({LATEST}) t WHERE node_hours_not_training > 0", (since,))
+        order = "node_hours_not_training DESC" if unknown else \
+            "COALESCE(gpu_hours_not_training, 0) DESC, node_hours_not_training DESC"
         rows = self._all(
             "SELECT cluster, job, attempt, user_name, account, gpu_hours, node_hours, gpu_hours_not_training, "
             f"node_hours_not_training, not_training_why, not_training_bound FROM ({LATEST}) t "
-            "WHERE node_hours_not_training > 0 "
-            "ORDER BY COALESCE(gpu_hours_not_training, 0) DESC, node_hours_not_training DESC, job LIMIT ?",
-            (since, limit))
+            f"WHERE node_hours_not_training > 0 ORDER BY {order}, job LIMIT ?", (since, limit))
         return [{"cluster": c, "job": j, "attempt": a, "user": u, "account": acc, "gpu_hours": gh, "node_hours": nh,
                  "gpu_hours_not_training": gl, "node_hours_not_training": nl, "why": why, "lower_bound": int(bool(lb))}
                 for c, j, a, u, acc, gh, nh, gl, nl, why, lb in rows]
@@ -534,32 +541,37 @@ class JobQueries:
                 d["why"][why] = d["why"].get(why, 0.0) + (nl or 0.0)     # node-hours: known for every job
         for d in out.values():
             d["why"] = max(d["why"], key=d["why"].get) if d["why"] else None
-        ranked = sorted(out.values(), key=lambda d: (-(d["gpu_hours_not_training"] or 0.0), -d["node_hours_not_training"],
-                                                     str(d["user"])))
-        return ranked[:limit]
+        return _most_not_training(list(out.values()), "user")[:limit]
 
     def not_training_by_node(self, since: float, limit: int) -> list[dict[str, Any]]:
         """Per node: the hours lost by the jobs that named it as the cause of a fault (hang
         culprit, lost), and in which roles; a crashed rank is its code's, never the node's.
-        Only jobs with a ledger count, as for jobs and users: one without has no figure."""
+        Only jobs with a ledger count, as for jobs and users: one without has no figure. A
+        job's hours count once however many roles it named the node in; GPU-hours are None
+        where no job's GPUs were counted (unknown, never 0), and the nodes rank on node-hours
+        (known for every job) when any job's GPUs went uncounted."""
         rows = self._all(
-            "SELECT n.node, n.role, COUNT(DISTINCT n.job), COALESCE(SUM(t.gpu_hours_not_training), 0), "
-            "COALESCE(SUM(t.node_hours_not_training), 0), COALESCE(SUM(CASE WHEN t.node_hours_not_training "
-            f"IS NOT NULL AND t.gpu_hours_not_training IS NULL THEN 1 ELSE 0 END), 0), {BOUNDED} "
-            "FROM (SELECT DISTINCT node, role, cluster, job, attempt "
-            "FROM job_nodes WHERE verified = 1 AND role IN ('culprit', 'lost')) n "
+            "SELECT n.node, SUM(n.culprit), SUM(n.lost), SUM(t.gpu_hours_not_training), "
+            "SUM(t.node_hours_not_training), COALESCE(SUM(CASE WHEN t.gpu_hours_not_training IS NULL "
+            f"THEN 1 ELSE 0 END), 0), {BOUNDED} "
+            "FROM (SELECT node, cluster, job, attempt, MAX(CASE WHEN role = 'culprit' THEN 1 ELSE 0 END) AS culprit, "
+            "MAX(CASE WHEN role = 'lost' THEN 1 ELSE 0 END) AS lost FROM job_nodes "
+            "WHERE verified = 1 AND role IN ('culprit', 'lost') GROUP BY node, cluster, job, attempt) n "
             f"JOIN ({LATEST}) t ON t.cluster = n.cluster AND t.job = n.job AND t.attempt = n.attempt "
             "WHERE t.node_hours_not_training IS NOT NULL "       # a job without a ledger: not measured, not 0
-            "GROUP BY n.node, n.role", (since,))
-        out: dict[str, dict[str, Any]] = {}
-        for node, role, n, gl, nl, uncounted, bounded in rows:
-            d = out.setdefault(node, {"node": node, "gpu_hours_not_training": 0.0, "node_hours_not_training": 0.0,
-                                      "gpus_uncounted": 0, "lower_bound": 0, "roles": {}})
-            d["roles"][role] = n
-            d["lower_bound"] += bounded
-            d["gpu_hours_not_training"] += gl
-            d["node_hours_not_training"] += nl
-            d["gpus_uncounted"] += uncounted      # GPU-hours unknown: shown in node-hours (report._hours)
-        ranked = sorted(out.values(), key=lambda d: (-d["gpu_hours_not_training"], -d["node_hours_not_training"],
-                                                     d["node"]))
-        return ranked[:limit]
+            "GROUP BY n.node", (since,))
+        out = [{"node": node, "gpu_hours_not_training": gl, "node_hours_not_training": nl or 0.0,
+                "gpus_uncounted": uncounted, "lower_bound": bounded,
+                "roles": {r: c for r, c in (("culprit", culprit), ("lost", lost)) if c}}
+               for node, culprit, lost, gl, nl, uncounted, bounded in rows]
+        return _most_not_training(out, "node")[:limit]
+
+
+def _most_not_training(items: list[dict[str, Any]], name: str) -> list[dict[str, Any]]:
+    """Most GPU-hours not training first (then node-hours, then ``name``); most node-hours
+    first when any item's GPU-hours leave a job out (``gpus_uncounted``): an unknown is not
+    a 0 to rank below every known figure."""
+    if any(d["gpus_uncounted"] for d in items):
+        return sorted(items, key=lambda d: (-d["node_hours_not_training"], str(d[name])))
+    return sorted(items, key=lambda d: (-(d["gpu_hours_not_training"] or 0.0), -d["node_hours_not_training"],
+                                        str(d[name])))

@@ -6,6 +6,10 @@ after it ended), else from accounting (``sacct`` over slurmdbd), else from the j
 completion log (``sacct -c``, the ``jobcomp/filetxt`` plugin of clusters without a
 database). Every requeue of a job is a restart: ``Restarts=`` in scontrol, one record per
 run in the completion log, ``sacct --duplicates`` in accounting.
+
+Both also hold the other jobs that once had the id (Slurm's ids restart after its state is
+lost, or wrap at ``MaxJobId``): a record is read from the newest job's rows only
+(``_newest_job``), so that no one can claim an earlier job's nodes or time.
 """
 
 from __future__ import annotations
@@ -14,15 +18,23 @@ import re
 from dataclasses import dataclass
 from datetime import datetime
 
+from hpcml import logs
 from hpcml.cluster import slurm
 from hpcml.cluster.hostlist import expand
 from hpcml.errors import SlurmError
 
+log = logs.get(__name__)
+
 _JOB_ID = re.compile(r"^[0-9]{1,12}(_[0-9]{1,9})?$")
 _OWNER = re.compile(r"^(?P<name>[^()]*)(?:\((?P<uid>[0-9]+)\))?$")
 _NOT_FOUND = re.compile(r"\bjob \S+ not found")        # scontrol: "Job 123_0 not found"
-_SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "UID", "NodeList", "Start", "End", "State")
+_SACCT_FIELDS = ("JobIDRaw", "JobID", "User", "UID", "NodeList", "Submit", "Start", "End", "State")
 _COMP_FIELDS = ("JobID", "User", "UID", "NodeList", "Start", "End", "State")
+#: the longest a requeued run's row may end before the next run's ``Submit`` (which Slurm
+#: resets when it requeues the job: sacct(1), "Submit"); longer, and the earlier row is another
+#: job that had the id. Slurm's own guess for federated duplicates: ids never roll in a day
+REQUEUE_GAP_S = 86400.0
+_SAME_CLOCK_S = 60.0            # both times are slurmctld's: only their rounding differs
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,8 @@ def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
                 return None
             raise
         source, key = "jobcomp", "JobID"
-    runs = [r for r in rows if r.get(key) == job_id or r.get("JobID") == job_id]
+    runs = _newest_job(job_id, [r for r in rows if r.get(key) == job_id or r.get("JobID") == job_id],
+                       requeue_submits=source == "sacct")
     if not runs:
         return None
     last = runs[-1]
@@ -121,6 +134,31 @@ def _from_sacct(job_id: str, timeout: float) -> JobRecord | None:
     raw = last.get("JobIDRaw") or last.get("JobID") or job_id
     return JobRecord(raw, user, uid, frozenset(nodes), last.get("State", "").split()[0] if last.get("State") else "",
                      len(runs) - 1, _time(runs[0].get("Start")), _time(last.get("End")), source)
+
+
+def _newest_job(job_id: str, runs: list[dict[str, str]], requeue_submits: bool) -> list[dict[str, str]]:
+    """The rows of the newest job with the id, oldest run first: the last row and each row
+    before it that ran for the same owner (a job never changes owner) and, where ``Submit``
+    is the requeue's (accounting; the completion log prints the start there), ended within
+    ``REQUEUE_GAP_S`` before the next run was submitted. ``runs``: oldest submitted first
+    (sacct's order)."""
+    if not runs:
+        return []
+    kept = [runs[-1]]
+    owner = _owner(runs[-1].get("User", ""), runs[-1].get("UID", ""))
+    for row in reversed(runs[:-1]):
+        name, uid = _owner(row.get("User", ""), row.get("UID", ""))
+        if (uid != owner[1]) if uid is not None and owner[1] is not None else (name != owner[0] or not name):
+            break                           # another user's job that once had the id
+        if requeue_submits:
+            submitted, ended = _time(kept[0].get("Submit")), _time(row.get("End"))
+            if submitted is None or ended is None or not -_SAME_CLOCK_S <= submitted - ended <= REQUEUE_GAP_S:
+                break                       # an older job of the same user that had the id
+        kept.insert(0, row)
+    if len(kept) < len(runs):
+        log.debug("job %s: %d of Slurm's %d rows are earlier jobs with the id, left out", job_id,
+                  len(runs) - len(kept), len(runs))
+    return kept
 
 
 SOURCES = ("scontrol", "sacct")

@@ -14,7 +14,8 @@ and ``full``, and takes the one that saves most, in GPU-hours (node-hours withou
 - vetting can prevent only the hurts of nodes already bad when the job starts: those of its
   first ``START_H`` hours (assumed), E0; a tier that catches a share c of bad nodes saves what
   E costs less what E - c E0 costs, x nodes x GPUs, and costs its checks' seconds x nodes x
-  GPUs, plus the launcher's own ``OVERHEAD_S``.
+  GPUs, plus the launcher's own ``OVERHEAD_S``; a check costs at most its timeout and a tier
+  at most the protocol's deadline (each is stopped there, whatever the fleet measured).
 
 Every figure comes from the collector where it measured it (``GET /v1/plan``: the rate,
 each check's mean duration and recall) and otherwise from the defaults below, each named in
@@ -31,7 +32,7 @@ from typing import Any
 
 from hpcml import logs
 from hpcml.jobmodel import VetAuto, VetTier
-from hpcml.vet.protocol import Protocol
+from hpcml.vet.protocol import EvalSpec, Protocol
 from hpcml.words import plural
 
 log = logs.get(__name__)
@@ -86,6 +87,13 @@ def _catch(name: str, checks: list[str], measured: Mapping[str, Any]) -> tuple[f
     return best
 
 
+def _check_s(ev: EvalSpec, measured: Mapping[str, Any]) -> float:
+    """Seconds one check costs: the collector's mean where it measured one, else the default;
+    never past the check's timeout (it is stopped there, whatever the fleet's figure says)."""
+    f = measured.get(ev.name)
+    return min(f.mean_s if f is not None else DEFAULT_CHECK_S, ev.timeout)
+
+
 def _rate(plan: Any, why_no_plan: str | None) -> tuple[float, str]:
     """The centre's rate where it held enough jobs to measure one (``MIN_NODE_DAYS``; under
     ``MIN_HURTS`` hurts, the rule of three's 95% upper bound, 3 / node-days), else the default."""
@@ -128,8 +136,7 @@ def decide(proto: Protocol, *, nodes: int, gpus: int, seconds_left: float | None
         if not evals or (name == "quick" and len(evals) == len(proto.evals)):
             continue                                # a protocol of fast checks only: it is its own full tier
         names = [e.name for e in evals]
-        secs = OVERHEAD_S + sum(measured[e.name].mean_s if e.name in measured else min(e.timeout, DEFAULT_CHECK_S)
-                                for e in evals)
+        secs = OVERHEAD_S + min(sum(_check_s(e, measured) for e in evals), proto.deadline)
         catch, source = _catch(name, names, measured)
         if catch < floor:                           # full runs every quick check: it catches at least as much
             catch, source = floor, "at least the quick tier's"

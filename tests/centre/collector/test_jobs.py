@@ -292,6 +292,26 @@ def test_vetting_repeated_by_later_attempts_counts_once(db_url):
         store.close()
 
 
+def test_an_unproven_summarys_vetting_never_shadows_the_proven_jobs_own(db_url):
+    """Attempt 0 came with the write token only, attempt 1 proven, each repeating the job's
+    vetting: the proven copy counts (its failing checks, not the unproven one's)."""
+    from hpcml.centre.summaries import Received as JobSummary
+    store = open_store(db_url)
+    try:
+        at = __import__("time").time() - 7000.123456
+        said = [{"node": "nid002", "attempt": 0, "time": at, "verdict": "bad", "failing": ["made-up"]}]
+        vetted = [{**said[0], "failing": ["gpu-count"]}]
+        store.add_jobs([JobSummary.model_validate(summary("700", 0, hours=0.9, vetting=said, requeues=0))])
+        assert store.vet_history(["nid002"], 0)["nid002"]["reports"] == 0
+        store.add_jobs([proven(summary("700", 1, hours=0.9, vetting=vetted, requeues=1))])
+        v = store.vet_history(["nid002"], 0)["nid002"]
+        assert (v["reports"], v["bad"], v["failing_checks"]) == (1, 1, [{"check": "gpu-count", "count": 1}])
+        store.add_jobs([JobSummary.model_validate(summary("700", 2, hours=0.9, vetting=said, requeues=2))])
+        assert store.vet_history(["nid002"], 0)["nid002"]["failing_checks"] == [{"check": "gpu-count", "count": 1}]
+    finally:
+        store.close()
+
+
 def test_job_token_lines():
     from hpcml.centre.collector.server import Tokens
     t = Tokens([TOKEN], jobs=["alice:s3cret:with:colons", "bare-token-0123"])
@@ -398,6 +418,38 @@ def test_totals_of_jobs_whose_gpus_nobody_counted_are_not_0(db_url):
         assert account["gpu_hours"] is None and account["gpus_uncounted"] == 2
         node = store.node_details(["nid001"], 0.0)["nid001"]
         assert node["gpus_uncounted"] == 1 and node["node_hours_lost"] == pytest.approx(2.0)
+    finally:
+        store.close()
+
+
+def test_a_nodes_time_not_training_is_unknown_never_0_and_counts_each_job_once(db_url):
+    """nid090: the culprit of a hung job whose GPUs nobody counted (15 node-hours, GPU-hours
+    unknown); nid091: a counted job's (0.125 GPU-h); nid092: named by one job both culprit and
+    lost (its 2 GPU-h once). Unknown GPU-hours are null, not 0.0, and do not rank the node
+    last: with one unknown, the nodes rank on node-hours (known for every job)."""
+    from hpcml.centre.report import build, lines
+    store = open_store(db_url)
+    day = 86400.0
+    now = __import__("time").time()
+    try:
+        store.add_jobs([
+            proven(summary("90", ended=now - day, user="ann", hours=5.0, ettr=0.0, why="stopping", outcome="hung",
+                           counted=False, culprits=[event("nid090", 1)])),
+            proven(summary("91", ended=now - day, user="bo", hours=0.25, ettr=0.5, why="idle", outcome="hung",
+                           nodes=["nid091"], gpus_per_node=1, culprits=[event("nid091", 0)])),
+            proven(summary("92", ended=now - day, user="cy", hours=1.0, ettr=0.5, why="idle", outcome="hung",
+                           nodes=["nid092"], gpus_per_node=4, culprits=[event("nid092", 0)], lost=[event("nid092", 0)]))])
+        rep = build(store, 30 * day)
+        got = [(n["node"], n["gpu_hours_not_training"], n["node_hours_not_training"], n["gpus_uncounted"], n["roles"])
+               for n in rep["not_training"]["nodes"]]
+        assert got == [("nid090", None, pytest.approx(15.0), 1, {"culprit": 1}),
+                       ("nid092", pytest.approx(2.0), pytest.approx(0.5), 0, {"culprit": 1, "lost": 1}),
+                       ("nid091", pytest.approx(0.125), pytest.approx(0.125), 0, {"culprit": 1})]
+        assert [j["job"] for j in rep["not_training"]["jobs"]] == ["90", "92", "91"]
+        jsonschema.validate(json.loads(json.dumps(rep)), schemas.load("vet.fleet"), cls=jsonschema.Draft202012Validator)
+        text = [line for line in lines(rep) if line.startswith("  node nid09")]
+        assert text[0] == "  node nid090: 15.00 node-h in jobs that named it culprit 1x", text
+        assert not any("0.00 GPU-h" in line for line in text)
     finally:
         store.close()
 

@@ -165,8 +165,9 @@ def _verifier(name: str, slurm_check: str, cluster: str | None, munge_socket: st
         cluster = config.get("ClusterName") or None
     if not use:
         print(f"{name}: warning: no Slurm checks (" + ("--slurm-check off" if slurm_check == "off" else
-              "scontrol is not installed here") + "): a user's summary counts on the user's proof alone, "
-              "for whatever job it names", file=sys.stderr)
+              "scontrol is not installed here") + "): a user's summary or vetting report counts on the "
+              "user's proof alone, for whatever job and nodes it names, and root's or SlurmUser's report "
+              "for whatever node it names", file=sys.stderr)
     socket = munge_socket or os.environ.get(munge.SOCKET_ENV) or munge.config_socket(config)
     return Verifier(munge_socket=socket, slurm=jobrecord.lookup if use else None, cluster=cluster,
                     slurm_user=slurm_uid(config))

@@ -144,6 +144,13 @@ def _uid(user: str) -> int | None:
     return uid
 
 
+def person(uid: int | None, user: str | None) -> str:
+    """One key per person, whichever proof they sent (their MUNGE credential, their token):
+    ``uid:N`` where the uid is known (Slurm's record first), else ``user:NAME``: what the
+    node handler counts users by, as job events name their owners."""
+    return f"uid:{uid}" if uid is not None else f"user:{user}"
+
+
 Evidence = Literal["node", "job", "none"]
 
 
@@ -324,13 +331,11 @@ class Verifier:
             if dec.uid == 0 or (self.slurm_user is not None and dec.uid == self.slurm_user):
                 self._on_its_node(name, dec.addr, reports)
                 return ReportProof("node", name)
-            self._users_job(dec.uid, name, reports)
-            return ReportProof("job", name)
+            return ReportProof("job", self._users_job(dec.uid, name, reports))
         if sender.trusted:
             return ReportProof("node", "trusted token")
         if sender.user is not None:
-            self._users_job(_uid(sender.user), sender.user, reports)
-            return ReportProof("job", sender.user)
+            return ReportProof("job", self._users_job(_uid(sender.user), sender.user, reports))
         return ReportProof("none")
 
     def _decode(self, cred: Any, item: Mapping[str, Any], what: str = "summary") -> munge.Decoded:
@@ -362,20 +367,34 @@ class Verifier:
                 raise Forbidden(f"node: {name}'s credential was made on {addr or 'an unknown address'}, "
                                 f"not on {node} ({', '.join(sorted(addrs)) or 'no address'})")
 
-    def _users_job(self, uid: int | None, user: str, reports: Sequence[Any]) -> None:
-        """A user's report is of a job of theirs, on its nodes, while it ran; else refused."""
+    def _users_job(self, uid: int | None, user: str, reports: Sequence[Any]) -> str:
+        """A user's report is of a job of theirs, on its nodes, while it ran; else refused.
+        The sender as one person is counted by (``person``), whichever proof they used; each
+        report's job id becomes Slurm's own (an array task's two names: one job)."""
         if self.slurm is None:
-            return
+            return person(uid, user)
         jobs = {r.job_id for r in reports}
         if len(jobs) != 1 or not next(iter(jobs)):
             raise Forbidden("job_id: a user's report names the one Slurm job it vetted")
         job_id = str(next(iter(jobs)))
         if not jobrecord.is_job_id(job_id):
             raise Forbidden(f"job_id: {job_id[:40]!r} is not a Slurm job id")
-        rec = self._record(job_id)
+        try:
+            rec = self._ran(self._record(job_id), job_id, uid, user, reports)
+        except Forbidden:           # a requeue since the cached answer: ask Slurm again before refusing
+            rec = self._ran(self._record(job_id, fresh=True), job_id, uid, user, reports)
+        for r in reports:
+            r.job_id = rec.job_id
+        return person(rec.uid if rec.uid is not None else uid, rec.user or user)
+
+    def _ran(self, rec: JobRecord | None, job_id: str, uid: int | None, user: str,
+             reports: Sequence[Any]) -> JobRecord:
+        """``rec`` when the reports are of the sender's job, on its nodes, while it ran; else
+        ``Forbidden``."""
         rec = _theirs(rec, job_id, uid, user, {r.node for r in reports}, "node")
         start = rec.start if rec.source != "scontrol" or rec.restarts == 0 else None
         ended_by = min(rec.end or math.inf, time.time())
         for r in reports:
             if (start is not None and r.time < start - SLACK_S) or r.time > ended_by + SLACK_S:
                 raise Forbidden(f"time: job {job_id} was not running at {r.time:.0f}")
+        return rec

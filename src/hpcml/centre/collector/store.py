@@ -107,8 +107,10 @@ class Store(JobQueries, ABC):
 
     @abstractmethod
     def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
-        """Per check (name, type) of proven reports since ``since``: how many results and
-        their mean duration in seconds: what ``hpcml run --vet auto`` prices a check at."""
+        """Per check (name, type) of the nodes' own reports (``node`` evidence) since ``since``:
+        how many results and their mean duration in seconds: what ``hpcml run --vet auto``
+        prices a check at, for every job. A user's report of their own job is proven, yet what
+        it says a check took is still theirs to say: it prices nothing."""
 
     @abstractmethod
     def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
@@ -300,11 +302,11 @@ class SqlStore(Store):
         self._all("SELECT 1")
 
     def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
-        # proven reports only (a job token's unproven POST prices nothing), each duration at
-        # most a day (an absurd one cannot make every check look dear), the most run first
+        # the nodes' own evidence only (root's, SlurmUser's on the node, a trusted token's: no
+        # user's durations nor check names), each duration at most a day, the most run first
         rows = self._all("SELECT r.name, r.type, COUNT(*), AVG(CASE WHEN r.duration > 86400 THEN 86400 "
                          "ELSE r.duration END) FROM results r JOIN reports p ON p.id = r.report_id "
-                         "WHERE r.time >= ? AND p.evidence <> 'none' AND r.outcome <> 'skipped' "
+                         "WHERE r.time >= ? AND p.evidence = 'node' AND r.outcome <> 'skipped' "
                          "GROUP BY r.name, r.type ORDER BY COUNT(*) DESC, r.name, r.type LIMIT ?", (since, limit))
         return [{"name": n, "type": t, "runs": c, "mean_s": float(m or 0.0)} for n, t, c, m in rows]
 
