@@ -134,3 +134,119 @@ def test_what_joblib_dump_writes_is_still_safe_and_loads(tmp_path):
     assert scan_file(tmp_path / "m.joblib").verdict is Verdict.SAFE
     back = safe_load(tmp_path / "m.joblib")
     assert (back["w"] == value["w"]).all() and list(back["names"]) == ["a", 1, None] and back["b"].sum() == 12
+
+
+def _dumped(value, protocol: int = 2) -> bytes:
+    joblib = pytest.importorskip("joblib")
+    buf = io.BytesIO()
+    joblib.dump(value, buf, protocol=protocol)
+    return buf.getvalue()
+
+
+def _runs(path, loader: str, marker) -> bool:
+    """Whether ``loader`` (``joblib.load`` or ``pickle.load``) of ``path`` runs the command, in a child."""
+    code = (f"import joblib, pickle\ntry:\n    {loader}(open({str(path)!r}, 'rb'))\nexcept Exception:\n    pass")
+    subprocess.run([sys.executable, "-c", code], capture_output=True, timeout=120)
+    ran = marker.exists()
+    if ran:
+        marker.unlink()
+    return ran
+
+
+def _object_array_pickle(real: bytes) -> int:
+    """Where joblib.dump put the object array's own pickle (protocol 5): after the wrapper's BUILD."""
+    return real.index(b"b\x80\x05") + 1
+
+
+def _with_object_array_pickle(real: bytes, inner: bytes) -> bytes:
+    """joblib.dump's file with its object array's own pickle replaced by ``inner``."""
+    at = _object_array_pickle(real)
+    rest = io.BytesIO(real[at:])
+    pickle.load(rest)
+    return real[:at] + inner + real[at + rest.tell():]
+
+
+def test_a_wrapper_inside_an_object_array_pickle_is_an_object_and_its_bytes_opcodes(tmp_path):
+    """joblib reads an object array's pickle with a fresh plain unpickler (joblib 1.2-1.5:
+    ``pickle.load(file_handle)``; 1.6: ``Unpickler(file_handle)``): a ``NumpyArrayWrapper``
+    BUILT in there is an object, and the bytes after it opcodes. Here they are ``os.system``
+    behind a 0-d uint8 wrapper: the walk took them as its array and called the file safe
+    (was); joblib.load and pickle.load run them."""
+    np = pytest.importorskip("numpy")
+    real = _dumped(np.array([1, 2], dtype=object))
+    marker = tmp_path / "ran"
+    payload = b"0" + system(str(marker)) + b"N"         # pops the wrapper, runs, leaves None
+    inner = (b"\x80\x02" + glob("joblib.numpy_pickle", "NumpyArrayWrapper") + b")\x81" + state(len(payload))
+             + payload + b".")
+    path = tmp_path / "m.joblib"
+    path.write_bytes(_with_object_array_pickle(real, inner))
+    assert _runs(path, "joblib.load", marker) and _runs(path, "pickle.load", marker)
+    got = scan_file(path)
+    assert got.verdict is Verdict.DANGEROUS and any(f.name == "os.system" for f in got.findings), got
+
+
+def test_an_object_array_pickle_plain_load_reads_with_the_outer_memo_is_judged(tmp_path):
+    """``pickle.load`` reads an object array's pickle on with the outer pickle's memo, joblib
+    with a fresh one: from joblib.dump's own output (two strings in the outer pickle), a
+    pickle whose GETs fetch ``builtins.str`` for joblib and ``os.system`` for pickle.load.
+    The plain reading was cut there and the file called safe (was)."""
+    np = pytest.importorskip("numpy")
+    real = _dumped({"m": "os", "f": "system", "o": np.array([1, 2], dtype=object)}, protocol=4)
+    at = _object_array_pickle(real)
+    plain = pickle.Unpickler(io.BytesIO(real[:at] + b"N."))     # the outer memo at that point
+    plain.load()
+    keys = {v: k for k, v in plain.memo.copy().items() if isinstance(v, str)}
+    k_mod, k_name = keys["os"], keys["system"]
+    inner = b"\x80\x05"
+    for key in range(max(k_mod, k_name) + 1):        # a fresh memo: builtins.str at the same keys
+        inner += u({k_mod: "builtins", k_name: "str"}.get(key, f"pad{key}")) + b"\x94" + b"0"
+    marker = tmp_path / "ran"
+    cmd = f"touch {marker}".encode()
+    inner += (b"h" + bytes([k_mod]) + b"h" + bytes([k_name]) + b"\x93"
+              + b"X" + struct.pack("<I", len(cmd)) + cmd + b"\x85R.")
+    path = tmp_path / "m.joblib"
+    path.write_bytes(_with_object_array_pickle(real, inner))
+    assert _runs(path, "pickle.load", marker) and not _runs(path, "joblib.load", marker)
+    got = scan_file(path)
+    assert got.verdict is Verdict.DANGEROUS and any(f.name == "os.system" for f in got.findings), got
+
+
+def test_real_object_arrays_first_stay_safe_and_load(tmp_path):
+    """The plain reading of joblib.dump's own object array (first, so pickle.load reaches it)
+    imports garbage spelled by the outer memo (``NumpyArrayWrapper.dtype``): named in a note,
+    not counted; the file is safe and safe_load loads it, plain and compressed."""
+    np = pytest.importorskip("numpy")
+    joblib = pytest.importorskip("joblib")
+    from hpcml.scan.loader import safe_load
+    value = {"o": np.array(["a", None, 3], dtype=object), "w": np.arange(4.0)}
+    for compress in (0, 3, ("lzma", 3)):
+        path = tmp_path / f"m{compress!r}.joblib"
+        joblib.dump(value, path, compress=compress)
+        got = scan_file(path)
+        assert got.verdict is Verdict.SAFE, (compress, got)
+        back = safe_load(path)
+        assert list(back["o"]) == ["a", None, 3] and back["w"].sum() == 6
+
+
+def test_a_wrapper_built_twice_is_refused(tmp_path):
+    """A second BUILD of one wrapper (its memo GET) merges into its ``__dict__``: joblib sizes
+    the array from both states (the first one's alignment), the walk from the second alone,
+    and the two read apart by the padding: joblib ran what the walk took as array bytes.
+    joblib.dump never builds a wrapper twice: refused (was: safe)."""
+    np = pytest.importorskip("numpy")
+    real = _dumped(np.zeros(0, dtype=np.uint8))
+    wrapper = real.index(b"\x81q") + 2              # its BINPUT, after NEWOBJ
+    key = real[wrapper]
+    built = real.index(b"K\x10ub", wrapper) + 4
+    first = real[wrapper + 1:built]                  # its state dict, as joblib wrote it, and BUILD
+    align = first.index(b"X\x1b\x00\x00\x00numpy_array_alignment_bytes")
+    second = first[:align] + first[first.index(b"K\x10", align) + 2:]       # without the alignment item
+    second = second.replace(b"K\x00\x85", b"K\x02\x85", 1)                  # and 2 bytes of array
+    marker = tmp_path / "ran"
+    body = (real[:-1] + b"0h" + bytes([key]) + second
+            + b"\x0aA.\xff" + b"\x00" * 9 + system(str(marker)) + b".")
+    path = tmp_path / "m.joblib"
+    path.write_bytes(body)
+    assert _runs(path, "joblib.load", marker)
+    got = scan_file(path)
+    assert got.verdict is Verdict.ERROR and "BUILT twice" in " ".join(got.errors), got

@@ -39,14 +39,16 @@ class FileScan:
 
     def events(self, events: list[Event], member: str = "") -> None:
         for ev in events:
-            if ev.kind == "global":
-                verdict, why = self.policy.judge(ev.module, ev.name)
-                name = f"{ev.module}.{ev.name}"
-            else:
-                verdict, why = _EVENT_VERDICT[ev.kind]
-                why = why or ev.detail
-                name = f"{ev.module}.{ev.name}" if ev.module else ev.detail
+            verdict, name, why = self.judge(ev)
             self.add(verdict, name, why, member, ev.offset, ev.opcode, ev.count)
+
+    def judge(self, ev: Event) -> tuple[Verdict, str, str]:
+        """(verdict, name, why) of one event under this scan's policy."""
+        if ev.kind == "global":
+            verdict, why = self.policy.judge(ev.module, ev.name)
+            return verdict, f"{ev.module}.{ev.name}", why
+        verdict, why = _EVENT_VERDICT[ev.kind]
+        return verdict, f"{ev.module}.{ev.name}" if ev.module else ev.detail, why or ev.detail
 
     def add(self, verdict: Verdict, name: str, why: str, member: str = "", offset: int | None = None,
             opcode: str = "", count: int = 1) -> None:

@@ -82,6 +82,15 @@ def on_build(walker: PickleWalker, obj, state) -> None:
         return
     if not walker.track:
         raise NeedTracking
+    # BUILD merges into the wrapper's __dict__ and joblib sizes the array from the merged
+    # state; the walk reads this BUILD's state alone. joblib.dump builds each wrapper once
+    # (the memo may hand it out again, the BUILD never comes twice), so a second is refused.
+    # The wrappers themselves are kept, so an id is never reused for another.
+    built = walker.hooked.setdefault("joblib-wrappers-built", {})
+    if id(obj) in built:
+        raise PickleError("a joblib array wrapper BUILT twice (joblib.dump never writes one): joblib would size "
+                          "its array from both states merged")
+    built[id(obj)] = obj
     if type(state) is not dict:
         raise PickleError("joblib array wrapper without a readable state")
     if len(state) >= FULLY_TRACKED:              # a tracked dict keeps its first items only
@@ -98,10 +107,13 @@ def on_build(walker: PickleWalker, obj, state) -> None:
     here = r.base + r.pos
     walker.result.skipped.append((here, has_object))
     if has_object:
-        inner = PickleWalker(r.fh, here, r.end, on_build=on_build, track_containers=walker.track,
-                             build_hooks=walker.build_hooks).walk()
+        # joblib reads it with a fresh plain unpickler (1.2-1.5: pickle.load(file_handle);
+        # 1.6: Unpickler(file_handle)), never its own: a wrapper BUILT in there is an object,
+        # and the bytes after it are opcodes, not array data
+        inner = PickleWalker(r.fh, here, r.end, track_containers=walker.track).walk()
         walker.result.events.extend(inner.events)
         walker.result.nested.extend(inner.nested)
+        walker.result.loaded.extend(inner.loaded)
         if inner.error:
             raise PickleError(f"object array pickle at offset {here}: {inner.error}")
         r.seek_to(inner.end)

@@ -159,23 +159,44 @@ def _note_encoded(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str)
 
 
 def _as_plainly_read(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str, depth: int,
-                     skipped: list[tuple[int, bool]]) -> None:
+                     joblib_read: WalkResult) -> None:
     """The same pickle as ``pickle.load`` or ``torch.load`` reads it, where joblib's reading
     took bytes as an array's: those bytes are opcodes to them, and the file's verdict is the
     worse of the two readings. What a plain load does before the array bytes stop it (for a
     real joblib file they are not a pickle: joblib's padding length, 0-15, is no opcode) is
-    what it would run: its imports count, its failure there does not. An object array's
-    own pickle, which joblib's reading walked as a pickle of its own and found whole, a
-    plain load reads inline to that pickle's STOP, where it stops: the same opcodes on the
-    same values (one that reached below its own stack or memo failed the walk), so that
-    reading ends there."""
+    what it would run: its imports count, its failure there does not.
+
+    An object array's own pickle a plain load reads inline, to its STOP: the same opcodes
+    joblib's fresh unpickler reads (walked as such) only if the plain reading reached it in
+    step, i.e. no raw array bytes before it; else all of it counts. In step, its memo is
+    still the outer pickle's: a protocol 4-5 pickle's GETs (joblib 1.6 writes them) fetch
+    outer values there, so every real joblib file makes ``pickle.load`` import a name
+    spelled by outer strings (``NumpyArrayWrapper.dtype``) and fail. Those readings are not
+    the same; what the plain one does there counts when it is dangerous (a global on the
+    dangerous list, a dangerous argument: what an attacker spells from outer strings), and
+    the rest is named in a note."""
     plain = walk_one(fh, start, end, joblib=False)
+    skipped = joblib_read.skipped
     until = min((off for off, objects in skipped if objects), default=None)
-    kept = [ev for ev in plain.events if until is None or ev.offset < until]
+    if until is not None and any(off < until for off, objects in skipped if not objects):
+        until = None                    # out of step before the object array: nothing is the same
+    same = {(e.kind, e.module, e.name, e.detail) for e in joblib_read.events}
+    kept, apart = [], set()
+    for ev in plain.events:
+        if until is None or ev.offset < until or fs.judge(ev)[0] is Verdict.DANGEROUS:
+            kept.append(ev)
+        elif (ev.kind, ev.module, ev.name, ev.detail) not in same:
+            apart.add(fs.judge(ev)[1])
     fs.events(kept, member)
-    _scan_loaded(fs, fh, [e for e in plain.loaded if until is None or e[0] < until], member, depth)
+    if apart:
+        fs.note(f"pickle.load or torch.load of this file would read joblib's object-array pickle at offset {until} "
+                f"with the outer pickle's memo and also import or call {', '.join(sorted(apart)[:3])} there (not "
+                "counted: real joblib files do the same; nothing dangerous)")
+    seen = {entry[0] for entry in joblib_read.loaded}
+    _scan_loaded(fs, fh, [e for e in plain.loaded if e[0] not in seen], member, depth)
+    nested = {off for off, _ in joblib_read.nested}
     for off, length in plain.nested[:MAX_NESTED]:
-        if depth < MAX_DEPTH and (until is None or off < until):
+        if depth < MAX_DEPTH and off not in nested:
             inner = f"{member} nested@{off}" if member else f"nested@{off}"
             scan_stream(fs, fh, off, off + length, inner, required=False, depth=depth + 1)
 
@@ -196,7 +217,7 @@ def scan_stream(fs: FileScan, fh: BinaryIO, start: int, end: int, member: str = 
     while offset < end:
         res = walk_one(fh, offset, end)
         if res.skipped:
-            _as_plainly_read(fs, fh, offset, end, member, depth, res.skipped)
+            _as_plainly_read(fs, fh, offset, end, member, depth, res)
         fs.events(res.events, member)
         _scan_loaded(fs, fh, res.loaded, member, depth)
         _scan_opened(fs, res.opened, member, depth)

@@ -225,6 +225,7 @@ class PickleWalker:
         self.tracked_keys = TRACKED_KEYS
         self.on_build = on_build        # on_build(walker, obj, state) after BUILD of an object
         self.build_hooks = build_hooks  # whose class is one of these dotted names
+        self.hooked: dict[str, dict] = {}  # what on_build keeps across one walk (joblibwalk's wrappers)
         self.result = WalkResult(start=start)
         self._events: dict[tuple[str, str, str, str], Event] = {}
         self.memo: dict[int, object] = {}

@@ -69,13 +69,30 @@ def _lz4(fh: BinaryIO):
     return lz4.frame.LZ4FrameFile(fh)
 
 
+#: joblib's own prefixes (``joblib.compressor``): what it decompresses, the scan does too.
+#: bz2's "BZh" and zlib's header check (below) are narrower than joblib's "BZ" and 0x78,
+#: but the decompressor refuses any other stream before its first byte, so joblib loads nothing
 COMPRESSED = (
     (b"\x1f\x8b", "gzip", lambda fh: gzip.GzipFile(fileobj=fh)),
     (b"BZh", "bz2", lambda fh: bz2.BZ2File(fh)),
-    (b"\xfd7zXZ\x00", "xz", lambda fh: lzma.LZMAFile(fh)),
-    (b"\x5d\x00\x00", "lzma", lambda fh: lzma.LZMAFile(fh, format=lzma.FORMAT_ALONE)),
+    (b"\xfd\x37\x7a\x58\x5a", "xz", lambda fh: lzma.LZMAFile(fh)),
+    (b"\x5d\x00", "lzma", lambda fh: lzma.LZMAFile(fh, format=lzma.FORMAT_ALONE)),   # any dictionary size
     (b"\x04\x22\x4d\x18", "lz4", _lz4),
 )
+#: joblib < 0.10's compressed pickle: "ZF", its length in hex (19 characters), a zlib stream
+ZFILE = b"ZF"
+
+
+def _zfile(head: bytes) -> bool:
+    """joblib's ``read_zfile`` header: what else starts with "ZF" makes ``int(.., 16)`` fail
+    there, before anything is unpickled."""
+    if not head.startswith(ZFILE):
+        return False
+    try:
+        int(head[2:21].decode("ascii"), 16)
+    except (UnicodeDecodeError, ValueError):
+        return False
+    return True
 
 
 def compression(head: bytes):
@@ -93,14 +110,23 @@ END_UNKNOWN = 1 << 62
 
 
 def _looks_compressed(head: bytes, size: int, name: str) -> bool:
-    return compression(head) is not None and not looks_like_pickle(head)
+    return (compression(head) is not None or _zfile(head)) and not looks_like_pickle(head)
 
 
 def _scan(fs: FileScan, fh: BinaryIO, size: int, member: str, name: str, depth: int,
           scan_content: ScanContent) -> None:
     """A compressed stream (joblib's, or a gzipped pickle): walk the pickles inside."""
-    found = compression(fh.read(16))
+    head = fh.read(32)
     fh.seek(0)
+    if _zfile(head):
+        # joblib.load(path) reads it with its compatibility unpickler, which restricts
+        # nothing; hpcml neither walks nor loads that format (safe_load refuses it too)
+        fs.set_format("joblib (ZF, joblib < 0.10)")
+        fs.error("joblib < 0.10's compressed format (ZF): joblib.load runs it with an unrestricted unpickler, "
+                 "and hpcml does not read it: load and dump it again with a current joblib where it is trusted",
+                 member)
+        return
+    found = compression(head)
     if found is None:
         return
     kind, opener = found
