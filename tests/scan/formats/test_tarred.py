@@ -73,3 +73,33 @@ def test_spooled_members_past_the_memory_bound(tmp_path, monkeypatch):
 
 def test_field_of_is_webdatasets():
     assert tarred.field_of("a/b.c/000.Seg.PNG") == "seg.png" and tarred.field_of("README") == ""
+
+
+@pytest.mark.parametrize("mode,name", [("w", "shard-000000.tar"), ("w:gz", "shard-000000.tar.gz")])
+def test_a_shard_whose_index_relabels_a_field_is_not_safe(tmp_path, mode, name):
+    """``hpcml data index`` indexes a shard whose ``.mp`` holds a pickle that runs a command
+    (judged as msgpack data, as webdataset decodes it); the index is then edited to call that
+    member ``pyd``, which the shard reader hands out under that name for the program to
+    unpickle. The scan compares the index with the tar and does not call the shard safe;
+    the index as made is safe (was: safe either way, and the reader gave the pickle as pyd)."""
+    import subprocess
+    import sys
+    d = tmp_path / "set"
+    d.mkdir()
+    shard(d / name, [("000000.mp", EVIL), ("000000.cls", b"1"), ("000001.mp", MSGPACK), ("000001.cls", b"2")], mode)
+    p = subprocess.run([sys.executable, "-m", "hpcml", "data", "index", str(d)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    index = next(d.glob("*.idx.json"))
+    assert scan_file(d / name).verdict is Verdict.SAFE
+    doc = json.loads(index.read_text())
+    assert doc["samples"][0][3][0][0] == "mp"
+    doc["samples"][0][3][0][0] = "pyd"
+    index.write_text(json.dumps(doc))
+    res = scan_file(d / name)
+    assert res.verdict is Verdict.ERROR, res
+    assert "sample '000000''s 'pyd'" in res.errors[0] and "is member '000000.mp'" in res.errors[0], res.errors
+    doc["samples"][1][3][0][1] += 512                    # an offset into another member's data
+    doc["samples"][0][3][0][0] = "mp"
+    index.write_text(json.dumps(doc))
+    assert scan_file(d / name).verdict is Verdict.ERROR

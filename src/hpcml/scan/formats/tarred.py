@@ -12,6 +12,12 @@ seeks, each member bounded to its byte range; a compressed one (``.tar.gz``, by
 ``SPOOL_BYTES``), since a compressed stream cannot seek back. Either way a member's size
 is checked against what the archive holds (``hpcml.tarbounds``), so a header claiming
 10**20 bytes is an error naming the member, not a hang.
+
+A shard with its index beside it (``hpcml data index``'s ``NAME.idx.json``) is read by hpcml's
+shard reader through that index: each sample's fields by the index's names, at its offsets.
+The scan compares the index with the members it walked, so that a field the scan judged as
+data (``.mp``) cannot be handed out as another the loader decodes as a pickle (``.pyd``): an
+index that names any member otherwise is an error, and the shard is not called safe.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import tarfile
 import tempfile
 from collections import Counter
 from collections.abc import Callable
+from pathlib import Path
 from typing import BinaryIO, cast
 
 from hpcml.scan.context import FileScan
@@ -97,12 +104,15 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
         return
     fs.set_format("tar")
     as_data: Counter[str] = Counter()
+    walked: dict[int, tuple[str, int]] | None = {} if not member else None     # data offset -> (name, size)
     try:
         for info in checked_members(tf, room=None if stream else file_room(fh)):
             if stream:
                 tf.members = []   # type: ignore[attr-defined]  # stream mode: keep no member list
             if not info.isfile():
                 continue
+            if walked is not None:
+                walked[info.offset_data] = (info.name, info.size)
             where = f"{member}!{info.name}" if member else info.name
             data = tf.extractfile(info)
             if data is None:
@@ -116,11 +126,39 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
                     _member(fs, body, info, where, depth, scan_member, as_data)
     except (tarfile.TarError, OSError, EOFError) as exc:
         fs.error(f"cannot read the tar archive: {exc}", member)
+        walked = None
+    if walked is not None:
+        _check_index(fs, walked)
     if as_data:
         fields = ", ".join(f"{n} {f}" for f, n in sorted(as_data.items(), key=lambda kv: (-kv[1], kv[0]))[:8])
         more = f" and {len(as_data) - 8} more fields" if len(as_data) > 8 else ""
         fs.note(f"{member + ': ' if member else ''}{sum(as_data.values())} members read as the data their "
                 f"WebDataset field names, no pickle: {fields}{more}")
+
+
+def _check_index(fs: FileScan, walked: dict[int, tuple[str, int]]) -> None:
+    """The shard's index (beside it), when there is one, against the members the walk found:
+    every field the reader would hand out must be the member the scan judged, by name, offset
+    and size; else an error, naming the first that is not."""
+    from hpcml.data.index import index_name, load_index
+    from hpcml.errors import UsageError
+    shard = Path(fs.result.path)
+    idx = shard.with_name(index_name(shard.name))
+    if not idx.exists():
+        return
+    try:
+        index = load_index(idx)
+    except UsageError as exc:
+        fs.error(f"its index {idx.name} is not one the shard reader takes ({exc}): not compared")
+        return
+    for key, fields in zip(index.keys, index.members):
+        for ext, off, size in fields:
+            name, held = walked.get(off, (None, None))
+            if (name, held) != (f"{key}.{ext}", size):
+                what = f"member {name!r} ({held:,} bytes)" if name is not None else "no member's data"
+                fs.error(f"its index {idx.name} does not match the tar: sample {key!r}'s '{ext}' ({size:,} bytes at "
+                         f"offset {off:,}) is {what}; the shard reader would hand it out as '{ext}'")
+                return
 
 
 def _member(fs: FileScan, body: BinaryIO, info: tarfile.TarInfo, where: str, depth: int,
