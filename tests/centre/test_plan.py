@@ -210,6 +210,36 @@ def test_one_users_reports_of_their_own_job_price_no_check_and_add_none(tmp_path
         store.close()
 
 
+def test_where_no_node_measured_a_check_three_people_s_own_jobs_price_it_at_their_median(tmp_path: Path):
+    """A site whose vetting runs in users' jobs only (``hpcml run --vet``): a check three
+    people ran is priced at the median of each person's mean (2 s), however many results or
+    how dear one of them says it was (a day, 1,400 times); a check only one or two people ran
+    is not priced (its default stands), and a node's own report wins where there is one."""
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    now = time.time()
+    try:
+        reps = []
+        for k, (who, secs, n) in enumerate((("uid:1", 1.0, 3), ("uid:2", 2.0, 3), ("uid:3", 86400.0, 1400),
+                                             ("uid:3", 3.0, 1))):
+            rep = NodeReport(node=f"n{k}", time=now - 600, protocol="p", job_id=str(100 + k), verdict="good",
+                             results=[CheckResult(name="gemm", type="compute", outcome="pass", duration=secs)] * n
+                             + [CheckResult(name="dcgm", type="gpu", outcome="pass", duration=secs)] * (k < 2))
+            rep.proven("job", who)
+            reps.append(rep)
+        node = NodeReport(node="n9", time=now - 60, protocol="p", job_id=None, verdict="good",
+                          results=[CheckResult(name="memory", type="compute", outcome="pass", duration=0.5)])
+        node.proven("node", "root")
+        mine = NodeReport(node="n8", time=now - 60, protocol="p", job_id="200", verdict="good",
+                          results=[CheckResult(name="memory", type="compute", outcome="pass", duration=9.0)] * 3)
+        mine.proven("job", "uid:1")
+        store.add([*reps, node, mine])
+        got = {(c.name, c.type): (c.runs, c.mean_s) for c in build(store, now=now).checks}
+        assert got == {("gemm", "compute"): (1407, 2.0), ("memory", "compute"): (1, 0.5)}, got
+    finally:
+        store.close()
+
+
 def test_the_collector_serves_its_last_good_plan_when_a_rebuild_fails(tmp_path: Path, monkeypatch):
     from hpcml.centre import plan as plan_mod
     from hpcml.centre.collector.server import App, Tokens

@@ -13,8 +13,10 @@ crashes a rank, on whatever node it ran.
 - **The rate** is jobs a node hurt per node-day the window's verified jobs held: what a job of
   N nodes for D days can expect, ``rate * N * D`` hurts, measured on the same jobs.
 - **A check's duration** is its mean over the nodes' own reports (``node`` evidence: root's or
-  SlurmUser's on the node, a trusted token's), never over users' reports of their own jobs:
-  one user's say-so must not price a check for every job (or add checks to the list).
+  SlurmUser's on the node, a trusted token's); for a check none of those measured, the
+  median of each person's mean over users' reports of their own jobs, where at least
+  ``DURATION_USERS`` people ran it: one user's say-so must not price a check for every job
+  (or add checks to the list).
 - **A check's recall** is the share of the bad nodes it ran on (within ``HORIZON`` before the
   first job a node hurt) that it flagged there: read from those few nodes' results only.
 - **The avoid list**: nodes proven jobs of at least ``AVOID_USERS`` different proven users

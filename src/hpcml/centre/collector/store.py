@@ -16,6 +16,7 @@ reports/s possible on PostgreSQL, where each commit waits for the WAL flush.
 from __future__ import annotations
 
 import queue
+import statistics
 import threading
 import time
 from abc import ABC, abstractmethod
@@ -32,6 +33,7 @@ from hpcml.registry import Registry, UnknownName
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
 MAX_CHECKS = 500                # checks a plan prices (the most run)
+DURATION_USERS = 3              # people whose own jobs ran a check before their figures price it
 REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received", "evidence", "sender")
 RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
                "value_text", "unit", "message", "duration")
@@ -110,7 +112,9 @@ class Store(JobQueries, ABC):
         """Per check (name, type) of the nodes' own reports (``node`` evidence) since ``since``:
         how many results and their mean duration in seconds: what ``hpcml run --vet auto``
         prices a check at, for every job. A user's report of their own job is proven, yet what
-        it says a check took is still theirs to say: it prices nothing."""
+        it says a check took is still theirs to say: a check no node's report measured is priced
+        from users' reports only where ``DURATION_USERS`` people ran it, at the median of each
+        person's mean (one person, or their made-up check names, moves nothing alone)."""
 
     @abstractmethod
     def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
@@ -302,13 +306,29 @@ class SqlStore(Store):
         self._all("SELECT 1")
 
     def check_durations(self, since: float, limit: int = MAX_CHECKS) -> list[dict[str, Any]]:
-        # the nodes' own evidence only (root's, SlurmUser's on the node, a trusted token's: no
-        # user's durations nor check names), each duration at most a day, the most run first
-        rows = self._all("SELECT r.name, r.type, COUNT(*), AVG(CASE WHEN r.duration > 86400 THEN 86400 "
-                         "ELSE r.duration END) FROM results r JOIN reports p ON p.id = r.report_id "
+        # the nodes' own evidence first (root's, SlurmUser's on the node, a trusted token's), each
+        # duration at most a day, the most run first
+        capped = "AVG(CASE WHEN r.duration > 86400 THEN 86400 ELSE r.duration END)"
+        rows = self._all(f"SELECT r.name, r.type, COUNT(*), {capped} FROM results r JOIN reports p ON p.id = r.report_id "
                          "WHERE r.time >= ? AND p.evidence = 'node' AND r.outcome <> 'skipped' "
                          "GROUP BY r.name, r.type ORDER BY COUNT(*) DESC, r.name, r.type LIMIT ?", (since, limit))
-        return [{"name": n, "type": t, "runs": c, "mean_s": float(m or 0.0)} for n, t, c, m in rows]
+        out = {(n, t): {"name": n, "type": t, "runs": c, "mean_s": float(m or 0.0)} for n, t, c, m in rows}
+        # else the users' own jobs' (hpcml run --vet), where DURATION_USERS people ran the check:
+        # each person's mean, their median (one person's say-so moves it no further than the others')
+        per_user = self._all(
+            f"SELECT r.name, r.type, COUNT(*), {capped} FROM results r JOIN reports p ON p.id = r.report_id "
+            "WHERE r.time >= ? AND p.evidence = 'job' AND r.outcome <> 'skipped' AND p.sender IS NOT NULL "
+            "AND (r.name, r.type) IN (SELECT r2.name, r2.type FROM results r2 JOIN reports p2 ON p2.id = r2.report_id "
+            "WHERE r2.time >= ? AND p2.evidence = 'job' AND r2.outcome <> 'skipped' GROUP BY r2.name, r2.type "
+            "HAVING COUNT(DISTINCT p2.sender) >= ?) GROUP BY r.name, r.type, p.sender", (since, since, DURATION_USERS))
+        users: dict[tuple[str, str], list[tuple[int, float]]] = {}
+        for n, t, c, m in per_user:
+            users.setdefault((n, t), []).append((int(c), float(m or 0.0)))
+        for key, each in users.items():
+            if key not in out:
+                out[key] = {"name": key[0], "type": key[1], "runs": sum(c for c, _ in each),
+                            "mean_s": float(statistics.median(m for _, m in each))}
+        return sorted(out.values(), key=lambda d: (-d["runs"], d["name"], d["type"]))[:limit]
 
     def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
         out: list[dict[str, Any]] = []
