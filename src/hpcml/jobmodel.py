@@ -257,7 +257,9 @@ class Straggler(Model):
     gpu_throttled: Optional[float] = None  # the share of that time its GPU's clocks were held back (heat, power brake)
     cpu_throttled: Optional[float] = None  # the share of that time its CPU cores ran throttled for heat (the kernel's)
     gpu_throttle: Optional[list[str]] = None  # why: NVML's clocks event reasons seen (hw_thermal_slowdown, hw_slowdown...)
-    gpu_uuids: Optional[list[str]] = None   # its GPUs as the GPU names itself (its heartbeat's); None: none proven its
+    # its GPUs as the GPU names itself (its heartbeat's, as ``beat._valid`` takes them); None: none proven its
+    gpu_uuids: Optional[Annotated[list[Annotated[str, Field(pattern=r"^[A-Za-z0-9-]{1,96}$")]],
+                                  Field(max_length=16)]] = None
 
 
 class StoppedFor(Model):

@@ -235,3 +235,24 @@ def test_a_real_h200_heartbeat_reads_with_the_seconds_nvml_held_the_clocks_back(
     assert 0.9 < beat.gpu_throttled_s / stepped <= 1.0
     smi = (fixture / "nvidia-smi-performance.txt").read_text()
     assert "SW Power Capping                               : 19870607 us" in smi
+
+
+def test_a_heartbeat_too_full_for_its_gpus_keeps_its_steps_and_leaves_the_gpus_out(tmp_path, signed):
+    """A process driving 16 GPUs, a million steps in, with 128 recent steps and their waits:
+    the record holds the steps (what the straggler model reads) and leaves the GPU names out,
+    rather than halving the steps; with 2 GPUs both fit."""
+    from hpcml.observe.beat import MAX_GPUS, Trust
+    p = Progress()
+    for i in range(RECENT + 1):
+        t = 1_800_000_000.0 + i * 1.123456789
+        p.update([t, t], ["section", "section"], ["step", "collective_wait"], [1.123456789, 0.0123456789],
+                 [10**6 + i, 10**6 + i])
+    gpus = [f"GPU-{k:x}a1b2c3d-0e4f-4a5b-8c6d-7e8f9a0b1c2d" for k in range(MAX_GPUS)]
+    w = _writer(tmp_path, 0, b"g" * 32, signed)
+    w.write(p, pid=4242, cpu_wait_s=12.5, steal_s=0.25, gpu_throttled_s=3.5, gpu_uuids=gpus)
+    beat = read_beats(tmp_path, {}, Trust(1, b"g" * 32))[0]
+    assert beat_path(tmp_path, 0).stat().st_size == SIZE
+    assert len(beat.recent_steps) == RECENT and beat.gpu_uuids is None, (len(beat.recent_steps), beat.gpu_uuids)
+    w.write(p, pid=4242, cpu_wait_s=12.5, steal_s=0.25, gpu_throttled_s=3.5, gpu_uuids=gpus[:2])
+    beat = read_beats(tmp_path, {}, Trust(1, b"g" * 32))[0]
+    assert len(beat.recent_steps) == RECENT and beat.gpu_uuids == gpus[:2]

@@ -212,6 +212,9 @@ def test_the_heartbeat_names_the_rank_s_gpus_by_the_uuids_nvml_gives():
     one = _Throttle(one_gpu=True, uuids={"1": sampler["1"]})
     one.add(1, rows[1:])
     assert one.beat()["gpu_uuids"] == [sampler["1"]]
+    odd = _Throttle(one_gpu=True, uuids={"1": "MIG-GPU-5a1b2c3d-0e4f-4a5b-8c6d-7e8f9a0b1c2d/1/0"})
+    odd.add(1, rows[1:])                            # R450's MIG form: not NVML's GPU name; left out, never fatal
+    assert odd.beat()["gpu_uuids"] is None
 
 
 def test_the_heartbeat_of_a_rank_bound_by_slurm_names_its_gpu_by_uuid(tmp_path):

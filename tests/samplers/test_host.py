@@ -56,13 +56,14 @@ def test_a_worker_s_first_reading_is_not_written_and_an_idle_worker_s_0_is(tmp_p
 
     from hpcml.samplers.host import HostSampler
     ready = tmp_path / "ready"
+    worker = f"import time; open({str(ready)!r}, 'w').close(); time.sleep(60)"     # ready once it idles
     rank = subprocess.Popen([sys.executable, "-c", "import subprocess, sys, time; "
-                             "w = subprocess.Popen([sys.executable, '-c', 'import time; time.sleep(60)']); "
-                             f"open({str(ready)!r}, 'w').close(); time.sleep(60)"])
+                             f"w = subprocess.Popen([sys.executable, '-c', {worker!r}]); time.sleep(60)"])
     try:
         deadline = time.time() + 30
         while not ready.exists() and time.time() < deadline:
             time.sleep(0.05)
+        time.sleep(0.2)                           # its interpreter's last start-up work done: idle from now on
         host = HostSampler(rank.pid, node_wide=False)
 
         def loader_rows() -> dict[str, float]:
@@ -71,8 +72,9 @@ def test_a_worker_s_first_reading_is_not_written_and_an_idle_worker_s_0_is(tmp_p
         assert first == {"proc_workers": 1.0}, first
         assert host.loader is not None and host.loader[0] == 1 and host.loader[2] is None
         time.sleep(0.3)
-        assert loader_rows() == {"proc_workers": 1.0, "proc_workers_cpu_percent": 0.0}
-        assert host.loader[2] == 0.0
+        second = loader_rows()                    # an idle worker: about 0, written (a stray tick at most)
+        assert set(second) == {"proc_workers", "proc_workers_cpu_percent"} and second["proc_workers_cpu_percent"] < 5
+        assert host.loader[2] is not None and host.loader[2] < 5
     finally:
         for p in [*__import__("psutil").Process(rank.pid).children(recursive=True)]:
             p.kill()

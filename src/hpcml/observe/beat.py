@@ -252,6 +252,9 @@ class BeatWriter:
             return json.dumps({**self.fixed, **body, **extra, "beat": beat}, separators=(",", ":")).encode()
 
         data = encode()
+        if len(data) > room and extra.get("gpu_uuids"):      # the steps first: the straggler model's
+            extra = {**extra, "gpu_uuids": None}
+            data = encode()
         while len(data) > room and body["recent_steps"]:      # never past the record: drop the oldest
             half = len(body["recent_steps"]) // 2
             body["recent_steps"], body["recent_s"] = body["recent_steps"][half:], body["recent_s"][half:]

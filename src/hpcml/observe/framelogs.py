@@ -11,7 +11,7 @@ change to the script:
   ``<save_dir>/<name>/version_N/metrics.csv``, one row per ``log_dict`` flush, each row
   holding only the columns logged at that step. The newest version is read.
 * **A JSON-lines file** the sweep names (``metrics_file:``): one object per line, the last
-  finite value of each numeric key.
+  value of each numeric key.
 
 TensorBoard event files are not read: their records are protobuf messages, and the one
 well-kept reader (the ``tensorboard`` package) is not a dependency of hpcml.
@@ -19,7 +19,8 @@ well-kept reader (the ``tensorboard`` package) is not a dependency of hpcml.
 Each file is someone else's program's output, read as hostile: found under the task's
 directory only (``os.walk`` never follows a link out of it, a found file is not read through
 a link), within a depth, a count of directories and a byte budget (a log's first and last
-bytes, ``hpcml.files.read_ends``), values kept only when finite numbers.
+bytes, ``hpcml.files.read_ends``), values kept only when numbers. A last value of NaN or
+an infinity is said as such (``Logged.non_finite``), never replaced by the one before.
 """
 
 from __future__ import annotations

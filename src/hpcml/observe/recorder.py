@@ -27,7 +27,7 @@ from hpcml.arrowprobe import skip_pandas
 from hpcml.cluster.allocation import task_gpus, this_node
 from hpcml.cluster.ranks import ranks
 from hpcml.errors import UsageError
-from hpcml.observe.beat import MAX_GPUS, BeatWriter, Progress
+from hpcml.observe.beat import GPU_UUID, MAX_GPUS, BeatWriter, Progress
 from hpcml.observe.oom import oom_kills
 from hpcml.observe.store import JOB_META, JOB_SCHEMA, RANK_META, RANK_SCHEMA, RankWriter, earlier_runs, write_json
 from hpcml.proctree import ExitWatch
@@ -122,7 +122,7 @@ class _Throttle:
         self.lost = False
         self._last: int | None = None
         self._uuids = uuids if isinstance(uuids, Mapping) else {}
-        self.gpus: list[str] = []            # the UUIDs of the GPUs proven the rank's, in NVML's order
+        self.gpus: list[str] = []            # the UUIDs of the GPUs proven the rank's, as they were proven
 
     def add(self, ts: int, rows: list[tuple], use: GpuUse | None = None) -> None:
         masks: dict[int | None, int] = {}
@@ -156,12 +156,13 @@ class _Throttle:
 
     def _name(self, mine: set[int | None], use: GpuUse | None) -> None:
         """Each of ``mine`` by its UUID: from what NVML showed the rank's processes on, else
-        from the sampler's; one whose UUID NVML did not give is left out (never a guess)."""
+        from the sampler's; one whose UUID NVML did not give, or not in NVML's form (the
+        heartbeat's reader would refuse the whole record), is left out (never a guess)."""
         named: list[str] = []
         for i in sorted(x for x in mine if x is not None):
             seen = use.used.get(i) if use is not None else None
             uuid = seen.uuid if seen is not None and seen.uuid else self._uuids.get(str(i))
-            if isinstance(uuid, str) and uuid and uuid not in named:
+            if isinstance(uuid, str) and GPU_UUID.fullmatch(uuid) and uuid not in named:
                 named.append(uuid)
         self.gpus += [u for u in named if u not in self.gpus]      # once proven, a GPU stays the rank's
 

@@ -134,13 +134,13 @@ class _Rows:
     """One (kind, name)'s rows: rank, rank index, seconds since the job's first row, value
     (and the step of sections, the GPU's NVML index of GPU rows)."""
 
-    def __init__(self, rank, ridx, x, value, step=None, bucket=None, gpu=None):
+    def __init__(self, rank, ridx, x, value, step=None, bucket=None, gpu=None, ts=None):
         self.rank, self.ridx, self.x, self.value, self.step, self.bucket = rank, ridx, x, value, step, bucket
-        self.gpu = gpu
+        self.gpu, self.ts = gpu, ts                    # ts: the rows' own µs, kept where rows are matched by time
 
     def take(self, sel) -> _Rows:
         return _Rows(*(None if a is None else a[sel]
-                       for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket, self.gpu)))
+                       for a in (self.rank, self.ridx, self.x, self.value, self.step, self.bucket, self.gpu, self.ts)))
 
 
 def _rank_extent(ridx: np.ndarray, start: np.ndarray, end: np.ndarray, nr: int) -> tuple[np.ndarray, np.ndarray]:
@@ -648,7 +648,8 @@ def build(job, *, max_buckets: int = MAX_BUCKETS, max_rows: int = MAX_HEATMAP_RO
     for (kind, name), s in sorted(series.items()):
         x = np.subtract(s.ts_us, t0_us or 0).astype(np.float32)
         x *= np.float32(1e-6)
-        g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value, gpu=s.gpu)
+        g = _Rows(rank=None, ridx=s.rank if identity else ridx[s.rank], x=x, value=s.value, gpu=s.gpu,
+                  ts=s.ts_us if (kind, name) in BY_TIME else None)
         if kind == "section" and name in ("step", WAIT):
             g.rank, g.step = s.rank, s.step
             ok = g.step >= 0
@@ -975,7 +976,7 @@ def _sections(groups: dict, sg: _Rows | None, nr: int) -> dict[str, dict[str, fl
             continue
         tot = float(np.nansum(g.value))
         had = np.zeros(nr, dtype=bool)
-        had[g.ridx] = True
+        had[g.ridx[np.isfinite(g.value)]] = True        # a rank whose rows measured nothing did not record it
         both = had & stepped
         of_step = float(step_of[both].sum())
         # the ranks that timed steps but not this section: their time in it is unknown
@@ -985,9 +986,13 @@ def _sections(groups: dict, sg: _Rows | None, nr: int) -> dict[str, dict[str, fl
     return out
 
 
+#: the groups whose rows are matched by their sample's time (``_at``): their own µs are kept
+BY_TIME = (("host", "proc_workers"), ("host", "proc_workers_cpu_percent"))
+
+
 def _at(g: _Rows) -> np.ndarray:
-    """Each row's (rank, sample time) as one integer: rows one sample wrote share it."""
-    return (np.asarray(g.ridx, np.int64) << 32) | np.asarray(g.x, np.float32).view(np.uint32).astype(np.int64)
+    """Each row's (rank index, sample µs): rows one sample wrote share it."""
+    return np.rec.fromarrays([np.asarray(g.ridx, np.int64), np.asarray(g.ts, np.int64)])
 
 
 def _loader(groups: dict, rank_ids: np.ndarray) -> list[dict[str, Any]] | None:

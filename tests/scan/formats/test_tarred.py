@@ -98,8 +98,45 @@ def test_a_shard_whose_index_relabels_a_field_is_not_safe(tmp_path, mode, name):
     index.write_text(json.dumps(doc))
     res = scan_file(d / name)
     assert res.verdict is Verdict.ERROR, res
-    assert "sample '000000''s 'pyd'" in res.errors[0] and "is member '000000.mp'" in res.errors[0], res.errors
+    assert "the 'pyd' of sample '000000'" in res.errors[0] and "is member '000000.mp'" in res.errors[0], res.errors
     doc["samples"][1][3][0][1] += 512                    # an offset into another member's data
     doc["samples"][0][3][0][0] = "mp"
     index.write_text(json.dumps(doc))
     assert scan_file(d / name).verdict is Verdict.ERROR
+
+
+def test_an_honest_shard_with_capital_extensions_and_its_index_is_safe(tmp_path):
+    """ImageNet's ``n01440764_10026.JPEG``, GNU tar's ``./a0.CLS``: the index keeps webdataset's
+    lower-cased field, as webdataset does; the comparison reads the name by the same rule."""
+    import subprocess
+    import sys
+    d = tmp_path / "set"
+    d.mkdir()
+    shard(d / "s.tar", [("n01440764_10026.JPEG", b"\xff\xd8\xff" + bytes(40)), ("n01440764_10026.CLS", b"7"),
+                        ("./a0.Cls", b"1"), ("./a0.TXT", b"fine")])
+    p = subprocess.run([sys.executable, "-m", "hpcml", "data", "index", str(d)], capture_output=True, text=True,
+                       timeout=120)
+    assert p.returncode == 0, p.stderr
+    res = scan_file(d / "s.tar")
+    assert res.verdict is Verdict.SAFE and not res.errors, res
+
+
+def test_an_index_a_manifest_names_under_another_name_is_compared_too(tmp_path):
+    """The reader takes each shard's index by the name its manifest gives (any plain name):
+    an edited index renamed and named there is compared like one under the default name."""
+    import subprocess
+    import sys
+    d = tmp_path / "set"
+    d.mkdir()
+    shard(d / "s.tar", [("000000.mp", EVIL), ("000000.cls", b"1")])
+    assert subprocess.run([sys.executable, "-m", "hpcml", "data", "index", str(d)], capture_output=True,
+                          timeout=120).returncode == 0
+    doc = json.loads((d / "s.idx.json").read_text())
+    doc["samples"][0][3][0][0] = "pyd"
+    (d / "s.idx.json").unlink()
+    (d / "other.json").write_text(json.dumps(doc))
+    manifest = json.loads((d / "manifest.json").read_text())
+    manifest["shards"][0]["index"] = "other.json"
+    (d / "manifest.json").write_text(json.dumps(manifest))
+    res = scan_file(d / "s.tar")
+    assert res.verdict is Verdict.ERROR and "its index other.json does not match the tar" in res.errors[0], res

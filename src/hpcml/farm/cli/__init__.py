@@ -359,7 +359,7 @@ def results_command(
         st = r["steps"] or {}
         t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
                   *((f"{st['count']:,}" if st else "", _fmt(st.get("per_s"))) if stepped else ()),
-                  *((r.get("metric_non_finite") or {}).get(m) or _fmt(r["metrics"].get(m))
+                  *(((r.get("metric_non_finite") or {}).get(m) or _fmt(r["metrics"].get(m)))
                     + (f" (rank {r['metric_ranks'][m]})" if r["metric_ranks"].get(m) else "")
                     for m in doc["metrics"]),
                   "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))

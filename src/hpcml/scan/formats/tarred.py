@@ -13,8 +13,8 @@ seeks, each member bounded to its byte range; a compressed one (``.tar.gz``, by
 is checked against what the archive holds (``hpcml.tarbounds``), so a header claiming
 10**20 bytes is an error naming the member, not a hang.
 
-A shard with its index beside it (``hpcml data index``'s ``NAME.idx.json``) is read by hpcml's
-shard reader through that index: each sample's fields by the index's names, at its offsets.
+A shard with its index beside it (``hpcml data index``'s ``NAME.idx.json``, or the one a
+manifest beside it names) is read by hpcml's shard reader through that index: each sample's fields by the index's names, at its offsets.
 The scan compares the index with the members it walked, so that a field the scan judged as
 data (``.mp``) cannot be handed out as another the loader decodes as a pickle (``.pyd``): an
 index that names any member otherwise is an error, and the shard is not called safe.
@@ -23,6 +23,7 @@ index that names any member otherwise is an error, and the shard is not called s
 from __future__ import annotations
 
 import gzip
+import os
 import re
 import tarfile
 import tempfile
@@ -31,9 +32,12 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import BinaryIO, cast
 
+from hpcml import logs
 from hpcml.scan.context import FileScan
 from hpcml.scan.formats import ScanContent, ScanFormat, torchtar
 from hpcml.tarbounds import checked_members, file_room, open_tar
+
+log = logs.get(__name__)
 
 SPOOL_BYTES = 64 << 20
 KEY_RE = re.compile(r"^((?:.*/|)[^.]+)[.]([^/]*)$")     # webdataset's base_plus_ext
@@ -136,28 +140,47 @@ def scan_tar(fs: FileScan, fh: BinaryIO, member: str, depth: int,
                 f"WebDataset field names, no pickle: {fields}{more}")
 
 
-def _check_index(fs: FileScan, walked: dict[int, tuple[str, int]]) -> None:
-    """The shard's index (beside it), when there is one, against the members the walk found:
-    every field the reader would hand out must be the member the scan judged, by name, offset
-    and size; else an error, naming the first that is not."""
-    from hpcml.data.index import index_name, load_index
+def _indexes(shard: Path) -> list[Path]:
+    """Every index hpcml's shard reader may take for ``shard``: the one ``hpcml data index``
+    puts beside it, and the one a manifest beside it names for it (any plain name)."""
+    from hpcml.data.index import index_name
+    from hpcml.data.manifest import MANIFEST, load_manifest
     from hpcml.errors import UsageError
-    shard = Path(fs.result.path)
-    idx = shard.with_name(index_name(shard.name))
-    if not idx.exists():
-        return
-    try:
-        index = load_index(idx)
-    except UsageError as exc:
-        fs.error(f"its index {idx.name} is not one the shard reader takes ({exc}): not compared")
-        return
-    for key, fields in zip(index.keys, index.members):
-        for ext, off, size in fields:
-            name, held = walked.get(off, (None, None))
-            if (name, held) != (f"{key}.{ext}", size):
+    found = [shard.with_name(index_name(shard.name))]
+    if (shard.parent / MANIFEST).is_file():
+        try:
+            entries = load_manifest(shard.parent).shards
+        except UsageError as exc:
+            log.info("%s: the manifest beside it is not read: %s", shard, exc)
+            entries = []
+        for e in entries:
+            named = Path(e.name) if Path(e.name).is_absolute() else shard.parent / e.name
+            if named.name == shard.name and os.path.realpath(named) == os.path.realpath(shard):
+                found.append(shard.parent / e.index)
+    return [p for i, p in enumerate(found) if p.exists() and p not in found[:i]]
+
+
+def _check_index(fs: FileScan, walked: dict[int, tuple[str, int]]) -> None:
+    """The shard's indexes (``_indexes``) against the members the walk found: every field the
+    reader would hand out must be the member the scan judged (webdataset's key and field of
+    its name, its offset and size); else an error, naming the first that is not."""
+    from hpcml.data.index import load_index
+    from hpcml.data.wdsindex import base_plus_ext
+    from hpcml.errors import UsageError
+    for idx in _indexes(Path(fs.result.path)):
+        try:
+            index = load_index(idx)
+        except UsageError as exc:
+            fs.error(f"its index {idx.name} is not one the shard reader takes ({exc}): not compared")
+            continue
+        for key, fields in zip(index.keys, index.members):
+            for ext, off, size in fields:
+                name, held = walked.get(off, (None, None))
+                if name is not None and held == size and base_plus_ext(name) == (key, ext):
+                    continue
                 what = f"member {name!r} ({held:,} bytes)" if name is not None else "no member's data"
-                fs.error(f"its index {idx.name} does not match the tar: sample {key!r}'s '{ext}' ({size:,} bytes at "
-                         f"offset {off:,}) is {what}; the shard reader would hand it out as '{ext}'")
+                fs.error(f"its index {idx.name} does not match the tar: the '{ext}' of sample {key!r} ({size:,} bytes "
+                         f"at offset {off:,}) is {what}; the shard reader would hand it out as '{ext}'")
                 return
 
 
