@@ -401,7 +401,7 @@ class Attempt(Model):
 
 
 LedgerPartName = Literal["vetting", "launch", "startup", "productive", "checkpoint", "stalls", "redone", "tail",
-                         "detection", "stopping", "relaunch", "idle", "other"]
+                         "detection", "stopping", "relaunch", "queued", "idle", "other"]
 LEDGER_CITATION = "Kokolis et al., Revisiting Reliability in Large-Scale ML Research Clusters, arXiv:2410.21680 (2024)"
 
 
@@ -424,7 +424,7 @@ class Ledger(Model):
     total_s: float
     parts: list[LedgerPart]
     productive_s: Optional[float] = None               # None: no attempt recorded a step (not measured)
-    ettr: Optional[float] = None
+    ettr: Optional[float] = None                       # productive over the time the job held nodes (not queued)
     ettr_bound: Optional[Literal["at most"]] = None    # a part that would lower it was not measured
     node_s: Optional[float] = None                      # the allocation's nodes x the job's seconds
     productive_node_s: Optional[float] = None
@@ -436,6 +436,11 @@ class Ledger(Model):
             if p.seconds is not None:
                 out[p.part] = round(out.get(p.part, 0.0) + p.seconds, 3)
         return out
+
+    def held_s(self) -> float:
+        """The seconds the job held its nodes: the whole less its time in Slurm's queue
+        between a requeued attempt and the next (no node held then)."""
+        return max(0.0, self.total_s - sum(p.seconds or 0.0 for p in self.parts if p.part == "queued"))
 
     def lost(self) -> list[tuple[str, float]]:
         """Node-seconds that did not train, by part, the largest first."""

@@ -49,6 +49,39 @@ def test_the_parts_add_up_and_steps_done_again_come_off_the_productive_time(tmp_
     assert ledger.line(got).startswith("time: 125 s, 60% training (ETTR 0.60); ")
 
 
+def test_a_requeued_job_s_time_in_slurm_s_queue_holds_no_node_and_is_not_in_its_ettr(tmp_path):
+    """A 4-node job preempted and requeued at +60 s runs again 3 hours later for 55 s: the
+    3 hours are ``queued``, no node-seconds, out of ETTR's whole (the time it held its
+    nodes), and the summary for the centre charges the 115 s it held 4 nodes, not 3 hours
+    (was: 12.14 node-hours, 12.05 of them "not training", ETTR 0.0073)."""
+    import time
+
+    from hpcml.jobmodel import Requeued
+    from hpcml.run import report, summary
+    from hpcml.run.jobdir import write_run
+    t0 = time.time() - 20_000                    # the collector takes no summary from the future
+    queue = 3 * 3600.0
+    nodes = ["n1", "n2", "n3", "n4"]
+    _beats(tmp_path, 0, [t0 + t for t in range(10, 51)])
+    _beats(tmp_path, 1, [t0 + queue + t for t in range(80, 121)])
+    first = RunRecord(command=["x"], mode="slurm", job_id="42", started=t0, ended=t0 + 60, first_step_at=t0 + 10,
+                      allocation=nodes, nodes=nodes, restart_count=0, slurm_state="PREEMPTED", ntasks=4,
+                      requeued=Requeued(by="slurm", restart_count=0))
+    rec = RunRecord(command=["x"], mode="slurm", job_id="42", started=t0 + queue + 70, ended=t0 + queue + 125,
+                    attempt=1, restart_count=1, exit_code=0, first_step_at=t0 + queue + 80, allocation=nodes,
+                    nodes=nodes, ntasks=4, attempts=[first.as_attempt()])
+    write_run(tmp_path, rec)
+    got = ledger.build(tmp_path, rec, step_s=1.0)
+    assert got is not None and got.total_s == queue + 125
+    queued = [p for p in got.parts if p.part == "queued"]
+    assert [(p.seconds, p.node_s) for p in queued] == [(queue + 10, 0.0)]
+    assert got.node_s == 4 * 115.0 and got.ettr == round(80 / 115, 4)
+    assert "queued 10810 s" in ledger.line(got)
+    doc = summary.build(tmp_path, report.build(tmp_path)).to_json()
+    assert doc["node_hours"] == round(4 * 115 / 3600, 4) and doc["ettr"] == round(80 / 115, 4), doc
+    assert doc["node_hours_not_training"] == round(4 * 35 / 3600, 4), doc
+
+
 def test_steps_done_again_that_were_not_measured_make_the_ratio_a_bound_not_a_zero(tmp_path):
     got = ledger.build(tmp_path, _job(tmp_path, lost=None), step_s=1.0)
     assert got is not None and got.ettr_bound == "at most"

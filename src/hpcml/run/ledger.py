@@ -17,7 +17,10 @@ restart: the steps lost times the median step time); then how the attempt ended:
 (the last step to the end of a job that ended by itself), or ``detection`` (from the last
 sign of life, the last step or the fault's start, to hpcml noticing) and ``stopping`` (to the
 attempt's end); between attempts, ``relaunch`` (re-vetting the suspects and starting
-again). ``other`` closes the sum (clock steps, a part the data does not bound).
+again, the allocation held), or ``queued`` after a Slurm requeue (the job back in Slurm's
+queue until it runs again: no node held, so no node-seconds, and not in ETTR's whole, the
+time the job held its resources). ``other`` closes the sum (clock steps, a part the data
+does not bound).
 ``checkpoint``: the saves that held the loop between the first and the last step, taken out
 of ``productive`` (hpcml.ckpt's blocking, the script's torch.save and DCP saves:
 ``hpcml.observe.saves``); ``stalls``: gaps between the job's steps of several median steps
@@ -185,7 +188,10 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
     prev: Attempt | None = None
     for rec in records:
         n = rec.attempt
-        if prev is not None and prev.ended is not None:
+        if prev is not None and prev.ended is not None and prev.requeued is not None:
+            parts.append(LedgerPart(part="queued", attempt=n, seconds=_span(prev.ended, rec.started),
+                                    note="requeued: in Slurm's queue until it ran again, no node held"))
+        elif prev is not None and prev.ended is not None:
             revet = prev.restart.revet.duration_s if prev.restart and prev.restart.revet else None
             parts.append(LedgerPart(part="relaunch", attempt=n, seconds=_span(prev.ended, rec.started),
                                     note=f"re-vetting {revet:.0f} s of it" if revet else ""))
@@ -262,7 +268,8 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         parts.append(LedgerPart(part="other", attempt=run.attempt, seconds=round(total - known, 3),
                                 note="what the recorded times do not place"))
     node_s = _node_seconds(parts, records)
-    ettr = round(productive / total, 4) if total > 0 and steps_seen else None
+    held = total - sum(p.seconds or 0.0 for p in parts if p.part == "queued")
+    ettr = round(productive / held, 4) if held > 0 and steps_seen else None
     return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3) if steps_seen else None, ettr=ettr,
                   ettr_bound="at most" if unknown and ettr is not None else None, node_s=node_s,
                   productive_node_s=round(sum(p.node_s or 0.0 for p in parts if p.part == "productive"), 3)
@@ -286,7 +293,9 @@ def _node_seconds(parts: list[LedgerPart], records: list[Attempt]) -> float:
     ran: dict[int, float] = {}
     for p in parts:
         alloc, used = width.get(p.attempt, (1, 1))
-        if p.seconds is not None:
+        if p.part == "queued":
+            p.node_s = 0.0                        # back in Slurm's queue: the job held no node
+        elif p.seconds is not None:
             p.node_s = round(p.seconds * (alloc if p.part in _WHOLE else used), 3)
             if p.part not in _WHOLE:
                 ran[p.attempt] = ran.get(p.attempt, 0.0) + p.seconds

@@ -193,7 +193,10 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
     duration = job.get("duration_s")
     nodes = list(job.get("allocation") or job.get("nodes") or [])     # every node the job held
     gpus = _gpus(rep, d, [rec.attempt for rec in records])
-    hours = (duration or 0.0) / 3600
+    led = rep.get("ledger")
+    # the hours the job held its nodes: its time in Slurm's queue after a requeue held none
+    queued = sum(p.get("seconds") or 0.0 for p in (led or {}).get("parts") or [] if p.get("part") == "queued")
+    hours = max(0.0, (duration or 0.0) - queued) / 3600
     recovery = rep.get("recovery") or {}
     lost_s = recovery.get("time_lost_s")
     score = rep.get("score") or {}
@@ -212,7 +215,7 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
         "attempts": len(records), "time_lost_s": lost_s,
         **({"ettr": led["ettr"], "ettr_bound": led.get("ettr_bound"), "productive_s": led["productive_s"]}
-           if (led := rep.get("ledger")) else {}),
+           if led else {}),
         "node_hours": round(hours * len(nodes), 4),
         # GPUs nobody counted are left out, not null: a collector of the version before refused
         # null (400) and the sender set the summary aside for good; left out, it takes its default
