@@ -218,3 +218,40 @@ def test_saves_in_one_stall_count_once_and_a_nan_save_is_none(tmp_path):
     # the gap: the step at 49 s to the one at 150 s, 101 s, less one step, less the two saves
     assert parts["checkpoint"] == 80.0 and parts["stalls"] == 101.0 - 1.0 - 80.0, parts
     assert parts["productive"] == 189.0 - 80.0 - 20.0 and abs(sum(parts.values()) - 200.0) < 1e-6, parts
+
+
+def test_an_attempt_whose_heartbeats_were_lost_has_its_training_unmeasured_not_start_up(tmp_path):
+    """Attempt 1's first step completed at +80 s (run.json says so) and it ran to +125 s, but
+    its heartbeat is gone (a node-local store lost): its training is not measured, so the job's
+    ETTR and its node-hours not training are unknown (was: "no step completed", 55 s of
+    start-up, ETTR 0.32 as if measured)."""
+    from hpcml.run.summary import _not_training
+    _beats(tmp_path, 0, [T0 + t for t in range(10, 51)])
+    restart = Restart(fault=Fault(kind="crash", what="rank 0 exited 1", nodes=["n1"], began=T0 + 52,
+                                  detected=T0 + 53), action="restart", resumed=Resumed(step=35, steps_lost=5))
+    first = RunRecord(command=["x"], mode="local", started=T0, ended=T0 + 60, first_step_at=T0 + 10, restart=restart)
+    rec = RunRecord(command=["x"], mode="local", started=T0 + 70, ended=T0 + 125, attempt=1, exit_code=0,
+                    first_step_at=T0 + 80, attempts=[first.as_attempt()])
+    got = ledger.build(tmp_path, rec, step_s=1.0)
+    assert got is not None and got.ettr is None
+    mine = [(p.part, p.seconds) for p in got.parts if p.attempt == 1]
+    assert ("startup", 10.0) in mine and ("productive", None) in mine, mine
+    assert "not measured: productive" in ledger.line(got) and "training (ETTR" not in ledger.line(got)
+    assert _not_training(got.to_json(), gpus=4, nodes=1)["node_hours_not_training"] is None
+
+
+def test_an_attempt_whose_end_was_never_recorded_keeps_the_steps_its_heartbeat_saw(tmp_path):
+    """Attempt 0 trained from +10 to +50 s (its heartbeat says so) and was requeued, its
+    launcher killed before it recorded its end: its 40 s count as productive, its tail is not
+    measured (was: productive 0.0 and tail 0.0, ETTR 0.32)."""
+    from hpcml.jobmodel import Requeued
+    _beats(tmp_path, 0, [T0 + t for t in range(10, 51)])
+    _beats(tmp_path, 1, [T0 + t for t in range(80, 121)])
+    first = RunRecord(command=["x"], mode="slurm", started=T0, ended=None, first_step_at=T0 + 10,
+                      requeued=Requeued(by="slurm", restart_count=1), end_recorded_by_next_attempt=True)
+    rec = RunRecord(command=["x"], mode="slurm", started=T0 + 70, ended=T0 + 125, attempt=1, restart_count=1,
+                    exit_code=0, first_step_at=T0 + 80, attempts=[first.as_attempt()])
+    got = ledger.build(tmp_path, rec, step_s=1.0)
+    assert got is not None and got.productive_s == 80.0 and got.ettr == round(80 / 125, 4)
+    assert [(p.part, p.seconds) for p in got.parts if p.attempt == 0 and p.part in ("productive", "tail")] == \
+        [("productive", 40.0), ("tail", None)]

@@ -181,7 +181,7 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
     if run.ended is None or not records:
         return None
     parts: list[LedgerPart] = []
-    productive, unknown = 0.0, False
+    productive, unknown, unmeasured = 0.0, False, False
     # no attempt recorded a step (a script that logs none and steps no torch optimizer, a
     # non-Python rank, no observe store): whether it trained is not known, never "0 %"
     steps_seen = any(rec.first_step_at is not None for rec in records)
@@ -195,12 +195,14 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
             revet = prev.restart.revet.duration_s if prev.restart and prev.restart.revet else None
             parts.append(LedgerPart(part="relaunch", attempt=n, seconds=_span(prev.ended, rec.started),
                                     note=f"re-vetting {revet:.0f} s of it" if revet else ""))
+        ranks, last = _attempt_times(d, rec)
+        # an end never recorded (its launcher killed with it): at least its last heartbeat's step,
+        # what follows it unplaced ("other"), never the steps it was seen to take cut to none
         end = rec.ended if rec.ended is not None else max(
-            t for t in (rec.started, rec.first_step_at) if t is not None)
+            t for t in (rec.started, rec.first_step_at, last) if t is not None)
         vet = min(rec.vet.duration_s or 0.0, end - rec.started) if rec.vet and rec.vet.duration_s else 0.0
         if vet:
             parts.append(LedgerPart(part="vetting", attempt=n, seconds=round(vet, 3)))
-        ranks, last = _attempt_times(d, rec)
         # the ranks' start not recorded (no store): hpcml's launch is counted as start-up
         launched = min(max(ranks, rec.started + vet), end) if ranks is not None else rec.started + vet
         if ranks is not None:
@@ -209,6 +211,15 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
         if not steps_seen:
             parts.append(LedgerPart(part="other", attempt=n, seconds=_span(launched, end),
                                     note="no step recorded: training or not, not measured"))
+            prev = rec
+            continue
+        if first is not None and last is None and first <= end:
+            # a step completed (run.json says when), but the attempt's heartbeats are lost: its
+            # training is not measured, never "no step completed"
+            unmeasured = True
+            parts.append(LedgerPart(part="startup", attempt=n, seconds=_span(launched, max(first, launched))))
+            parts.append(LedgerPart(part="productive", attempt=n, seconds=None,
+                                    note="its steps after the first were not recorded (no heartbeat read)"))
             prev = rec
             continue
         if first is None or last is None or first > end:
@@ -258,6 +269,9 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
             parts.append(LedgerPart(part="detection", attempt=n, seconds=_span(stop, min(detected, end)),
                                     note="from the last sign of life to hpcml noticing"))
             parts.append(LedgerPart(part="stopping", attempt=n, seconds=_span(min(detected, end), end)))
+        elif rec.ended is None:                # when it ended is not known: its tail neither ("other" holds it)
+            parts.append(LedgerPart(part="tail", attempt=n, seconds=None,
+                                    note="the last step to the attempt's end, which was not recorded"))
         else:
             parts.append(LedgerPart(part="tail", attempt=n, seconds=_span(stop, end),
                                     note="the last step to the attempt's end"))
@@ -269,11 +283,11 @@ def build(d: Path, run: RunRecord, step_s: float | None) -> Ledger | None:
                                 note="what the recorded times do not place"))
     node_s = _node_seconds(parts, records)
     held = total - sum(p.seconds or 0.0 for p in parts if p.part == "queued")
-    ettr = round(productive / held, 4) if held > 0 and steps_seen else None
+    ettr = round(productive / held, 4) if held > 0 and steps_seen and not unmeasured else None
     return Ledger(total_s=total, parts=parts, productive_s=round(productive, 3) if steps_seen else None, ettr=ettr,
                   ettr_bound="at most" if unknown and ettr is not None else None, node_s=node_s,
                   productive_node_s=round(sum(p.node_s or 0.0 for p in parts if p.part == "productive"), 3)
-                  if steps_seen else None)
+                  if steps_seen and not unmeasured else None)
 
 
 #: parts during which the whole allocation is busy (or held for the job as a whole)
