@@ -26,16 +26,22 @@ for step in range(3):
 """
 
 
-def test_results_table_has_params_and_last_logged_values(tmp_path):
-    (tmp_path / "train.py").write_text(TRAIN)
-    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} {tmp_path}/train.py {{lr}} --bs {{bs}}\n"
-                                     "product: {lr: [0.3, 0.1, 0.2], bs: [8]}\n")
+def _swept(tmp_path: Path, script: str, args: str, product: str) -> tuple[Path, dict]:
+    """A farm of ``script`` over ``product``, run on 2 slots; its results by last loss, checked
+    against the schema."""
+    (tmp_path / "train.py").write_text(script)
+    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} {tmp_path}/train.py {args}\nproduct: {product}\n")
     farm = tmp_path / "f"
     assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
     p = hpcml("farm", "run", farm, "--slots", "2", extra={"HPCML_OBSERVE_FLUSH": "0.05"})
     assert p.returncode == 0, p.stderr
     doc = json.loads(hpcml("farm", "results", farm, "--json", "--sort", "loss").stdout)
     jsonschema.validate(doc, schemas.load("farm.results"), cls=jsonschema.Draft202012Validator)
+    return farm, doc
+
+
+def test_results_table_has_params_and_last_logged_values(tmp_path):
+    farm, doc = _swept(tmp_path, TRAIN, "{lr} --bs {bs}", "{lr: [0.3, 0.1, 0.2], bs: [8]}")
     assert next(iter(doc)) == "schema" and doc["params"] == ["lr", "bs"] and doc["metrics"] == ["acc", "loss"]
     assert [r["params"]["lr"] for r in doc["rows"]] == [0.1, 0.2, 0.3]            # sorted by last loss
     assert [r["metrics"]["loss"] for r in doc["rows"]] == [-1.0, 0.0, 1.0]       # lr*10 - 2: the last step
@@ -63,15 +69,7 @@ def test_a_task_whose_loss_diverged_shows_nan_last_not_its_loss_before(tmp_path)
     """The lr=0.3 task's last loss is NaN: its row says nan (null in --json, with
     metric_non_finite), sorts after the tasks that trained, and the CSV and the table say nan
     (was: 2.0, its loss a step before, ranked among the good ones)."""
-    (tmp_path / "train.py").write_text(DIVERGES)
-    (tmp_path / "s.yaml").write_text(f"command: {sys.executable} {tmp_path}/train.py {{lr}}\n"
-                                     "product: {lr: [0.3, 0.1]}\n")
-    farm = tmp_path / "f"
-    assert hpcml("farm", "create", farm, tmp_path / "s.yaml").returncode == 0
-    p = hpcml("farm", "run", farm, "--slots", "2", extra={"HPCML_OBSERVE_FLUSH": "0.05"})
-    assert p.returncode == 0, p.stderr
-    doc = json.loads(hpcml("farm", "results", farm, "--json", "--sort", "loss").stdout)
-    jsonschema.validate(doc, schemas.load("farm.results"), cls=jsonschema.Draft202012Validator)
+    farm, doc = _swept(tmp_path, DIVERGES, "{lr}", "{lr: [0.3, 0.1]}")
     assert [(r["params"]["lr"], r["metrics"]["loss"], r["metric_non_finite"]) for r in doc["rows"]] == [
         (0.1, -1.0, {}), (0.3, None, {"loss": "nan"})]
     rows = list(csv.DictReader(io.StringIO(hpcml("farm", "results", farm, "--csv").stdout)))
