@@ -315,3 +315,29 @@ def test_a_node_whose_vetting_measured_nothing_is_left_out_of_the_summary_never_
     (vet / "again-1" / "report.json").write_text(json.dumps(vet_report({"n2": [("gpu", "gpu", "skipped")]})))
     got = {(v["attempt"], v["node"]): (v["verdict"], v["failing"]) for v in _vetting(tmp_path, ["n1", "n2", "n3", "n4"])}
     assert got == {(0, "n1"): ("good", []), (0, "n3"): ("bad", ["mem"]), (0, "n4"): ("bad", [])}, got
+
+
+def test_gpus_counted_on_some_nodes_only_are_not_sent_as_the_job_s(tmp_path):
+    """4 nodes x 4 GPUs, 16 ranks; node n4's ranks wrote no metadata (its store lost): the
+    12 GPUs the others were given are not the job's, so its GPUs and GPU-hours are unknown,
+    not 12 and 12.0 (a quarter short, said as the whole); with n4's ranks' metadata, 16."""
+    from hpcml.jobmodel import RunRecord
+    from hpcml.run import report, summary
+    from hpcml.run.jobdir import observe_dir, write_run
+    t0 = time.time() - 4000
+    nodes = ["n1", "n2", "n3", "n4"]
+    write_run(tmp_path, RunRecord(command=["x"], mode="slurm", job_id="42", started=t0, ended=t0 + 3600, exit_code=0,
+                                  allocation=nodes, nodes=nodes, ntasks=16, ntasks_per_node=4))
+    od = observe_dir(tmp_path, 0)
+    od.mkdir(parents=True, exist_ok=True)
+
+    def ranks(which: range) -> None:
+        for r in which:
+            (od / f"rank-{r}.json").write_text(json.dumps({"rank": r, "node": nodes[r // 4], "gpus": [str(r % 4)],
+                                                           "start": t0 + 5}))
+    ranks(range(12))
+    doc = summary.build(tmp_path, report.build(tmp_path)).to_json()
+    assert doc.get("gpus") is None and doc.get("gpu_hours") is None and doc["node_hours"] == 4.0, doc
+    ranks(range(12, 16))
+    doc = summary.build(tmp_path, report.build(tmp_path)).to_json()
+    assert doc["gpus"] == 16 and doc["gpu_hours"] == 16.0, doc

@@ -142,22 +142,26 @@ def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
     return "interrupted" if end.get("interrupted") else "failed"
 
 
-def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int | None:
+def _gpus(rep: dict[str, Any], d: Path, records: list[Attempt]) -> int | None:
     """The job's GPUs: the score's count (the GPUs its samplers read), else the distinct
     GPUs its ranks were given, from each rank's metadata (known without sampling them:
     ``--gpu-metrics none``, or NVML failing on the node), the most of any attempt: 0 where
     ranks ran and none was given a GPU (a CPU job). None where no rank's metadata says
-    (no rank ran: aborted by vetting, stopped before the command): unknown, not 0."""
-    gpus = (rep.get("score") or {}).get("gpus")
-    if isinstance(gpus, int) and gpus > 0:
-        return gpus
+    (no rank ran: aborted by vetting, stopped before the command): unknown, not 0.
+
+    Only an attempt whose ranks' metadata came from every node it ran on counts: a node
+    none of whose ranks wrote any (its store lost, its ranks dead before they recorded) held
+    GPUs nobody counted, and the others' count would be sent as the job's (the score's
+    samples come from the same ranks, so it counts only where the last attempt is whole)."""
     from hpcml.files import JSON_MAX
     from hpcml.run.jobpaths import observe_dir
     most: int | None = None
-    for attempt in attempts:
+    whole: dict[int, bool] = {}
+    for rec in records:
         held: set[tuple[str, str]] = set()
+        seen: set[str] = set()
         read = False
-        for f in sorted(observe_dir(d, attempt).glob("rank-*.json")):
+        for f in sorted(observe_dir(d, rec.attempt).glob("rank-*.json")):
             try:
                 meta = load_json_bounded(f, JSON_MAX)
             except (OSError, ValueError):
@@ -166,9 +170,14 @@ def _gpus(rep: dict[str, Any], d: Path, attempts: list[int]) -> int | None:
             if isinstance(ids, list):
                 read = True
                 where = str(meta.get("node") or meta.get("host") or "")
+                seen.add(where)
                 held |= {(where, str(g)) for g in ids if isinstance(g, (int, str))}
-        if read:
+        whole[rec.attempt] = read and len(seen) >= len(set(rec.nodes or []))
+        if whole[rec.attempt]:
             most = max(most or 0, len(held))
+    gpus = (rep.get("score") or {}).get("gpus")
+    if isinstance(gpus, int) and gpus > 0 and records and whole.get(records[-1].attempt):
+        return gpus
     return most
 
 
@@ -192,7 +201,7 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
     started = float(job.get("started") or run.started or time.time())
     duration = job.get("duration_s")
     nodes = list(job.get("allocation") or job.get("nodes") or [])     # every node the job held
-    gpus = _gpus(rep, d, [rec.attempt for rec in records])
+    gpus = _gpus(rep, d, records)
     led = rep.get("ledger")
     # the hours the job held its nodes: its time in Slurm's queue after a requeue held none
     queued = sum(p.get("seconds") or 0.0 for p in (led or {}).get("parts") or [] if p.get("part") == "queued")
