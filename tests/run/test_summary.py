@@ -341,3 +341,37 @@ def test_gpus_counted_on_some_nodes_only_are_not_sent_as_the_job_s(tmp_path):
     ranks(range(12, 16))
     doc = summary.build(tmp_path, report.build(tmp_path)).to_json()
     assert doc["gpus"] == 16 and doc["gpu_hours"] == 16.0, doc
+
+
+def test_a_job_of_two_attempts_sends_their_gpu_score_weighted_by_their_seconds(tmp_path):
+    """Attempt 0 ran 3,000 s on a GPU a spin kernel kept busy doing nothing, attempt 1 1,000 s
+    of GEMMs (each rank's recorder on the recorded H100's phases: the GPM replay, no GPU here). The summary's score,
+    which the centre weighs the job's GPU-hours by, is the two weighted by their seconds (was:
+    the last attempt's alone, said as the whole job's); an earlier attempt with no score makes
+    it unknown."""
+    from hpcml.jobmodel import RunRecord
+    from hpcml.run import report, summary
+    from hpcml.run.jobdir import observe_dir, write_run
+    from hpcml.score.importers import load
+    from hpcml.score.report import build as score_of
+    replay = Path(__file__).parents[1] / "fixtures" / "gpm" / "gpm-h100.jsonl"
+    scores = []
+    for attempt, phase in ((0, "spin_no_fp"), (1, "gemm_bf16")):
+        env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE", "ROCR_", "HPCML_OBSERVE"))}
+        env.update(HPCML_GPM_REPLAY=str(replay), HPCML_GPM_REPLAY_PHASES=phase, DCGM_HOSTENGINE="127.0.0.1:1")
+        p = subprocess.run([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(observe_dir(tmp_path, attempt)),
+                            "--interval", "0.2", "--", sys.executable, "-c", "import time; time.sleep(3)"],
+                           env=env, capture_output=True, text=True, timeout=120)
+        assert p.returncode == 0, p.stderr
+        scores.append(score_of(load(observe_dir(tmp_path, attempt), "store"))["score"])
+    assert scores[1] - scores[0] > 0.1, scores
+    t0 = time.time() - 5000
+    first = RunRecord(command=["x"], mode="local", started=t0, ended=t0 + 3000, launch=["x"], exit_code=1)
+    rec = RunRecord(command=["x"], mode="local", started=t0 + 3010, ended=t0 + 4010, launch=["x"], attempt=1,
+                    exit_code=0, attempts=[first.as_attempt()])
+    write_run(tmp_path, rec)
+    doc = summary.build(tmp_path, report.build(tmp_path)).to_json()
+    assert doc["gpu"]["score"] == pytest.approx((3000 * scores[0] + 1000 * scores[1]) / 4000, abs=1e-3), (doc, scores)
+    for f in observe_dir(tmp_path, 0).glob("rank-*"):
+        f.unlink()                               # attempt 0's store lost: its score unknown, so the job's
+    assert summary.build(tmp_path, report.build(tmp_path)).to_json()["gpu"]["score"] is None

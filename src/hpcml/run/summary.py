@@ -142,6 +142,31 @@ def _outcome(rep: dict[str, Any], run: RunRecord) -> str:
     return "interrupted" if end.get("interrupted") else "failed"
 
 
+def _job_score(d: Path, records: list[Attempt], last: dict[str, Any]) -> float | None:
+    """The GPU score of the whole job, which the centre weighs its GPU-hours by: the last
+    attempt's where it is the only one, else each attempt's weighted by the seconds it ran,
+    where every attempt that ran has one (one attempt's score is not the others' hours:
+    unknown, never the last attempt's said as the job's)."""
+    if last.get("score") is None or len(records) <= 1:
+        return last.get("score")
+    from hpcml.run.report import _score
+    total = weighted = 0.0
+    for rec in records[:-1]:
+        if rec.ended is None or rec.launch is None:        # ran nothing (aborted) or its end not known
+            if rec.launch is None and rec.ended is not None:
+                continue
+            return None
+        got, _why = _score(d, rec.attempt)
+        if got is None or got.get("score") is None:
+            return None
+        secs = max(0.0, rec.ended - rec.started)
+        total, weighted = total + secs, weighted + secs * float(got["score"])
+    cur = records[-1]
+    secs = max(0.0, (cur.ended or cur.started) - cur.started)
+    total, weighted = total + secs, weighted + secs * float(last["score"])
+    return round(weighted / total, 4) if total > 0 else None
+
+
 def _gpus(rep: dict[str, Any], d: Path, records: list[Attempt]) -> int | None:
     """The job's GPUs: the score's count (the GPUs its samplers read), else the distinct
     GPUs its ranks were given, from each rank's metadata (known without sampling them:
@@ -220,7 +245,7 @@ def _document(d: Path, rep: dict[str, Any] | None) -> dict[str, Any]:
         "exit_code": rep["ending"].get("exit_code"), "outcome": _outcome(rep, run),
         "nodes": nodes, "ntasks": int(job.get("ntasks") or 0), **events,
         "vetting": _vetting(d, nodes), "hangs": hangs,
-        "gpu": {"score": score.get("score"), "bound": score.get("bound")},
+        "gpu": {"score": _job_score(d, records, score), "bound": score.get("bound")},
         "throughput": {"median": tp["median"], "unit": tp.get("unit") or ""} if tp.get("median") is not None else None,
         "attempts": len(records), "time_lost_s": lost_s,
         **({"ettr": led["ettr"], "ettr_bound": led.get("ettr_bound"), "productive_s": led["productive_s"]}
