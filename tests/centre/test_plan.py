@@ -287,3 +287,27 @@ def test_a_broken_answer_is_one_line_and_never_a_traceback():
         assert plan is None and why and "\n" not in why and f"127.0.0.1:{port}/v1/plan" in why, why
         t.join(10)
         srv.close()
+
+
+def test_one_users_word_on_a_bad_node_moves_no_check_s_recall(tmp_path: Path):
+    """Node n1 hurt a job. Its own report says gemm failed there; one user's report of their
+    job says memory passed (a lie or not, theirs alone), and says gemm passed; two users
+    say dcgm failed. Recall counts gemm (the node's word) and dcgm (two people), caught both
+    times, and not memory (was: memory ran and missed on one user's say-so)."""
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    from hpcml.centre.plan import NODE_ROLES, recall
+    store = open_store(f"sqlite:///{tmp_path}/c.db")
+    now = time.time()
+    try:
+        def rep(sender: str, evidence: str, *results: tuple[str, str]) -> NodeReport:
+            r = NodeReport(node="n1", time=now - 3600, protocol="p", job_id=None if evidence == "node" else "7",
+                           verdict="good", results=[CheckResult(name=n, type="compute", outcome=o, duration=1.0)
+                                                    for n, o in results])
+            r.proven(evidence, sender)
+            return r
+        store.add([rep("root", "node", ("gemm", "fail")), rep("uid:1", "job", ("memory", "pass"), ("gemm", "pass")),
+                   rep("uid:1", "job", ("dcgm", "fail")), rep("uid:2", "job", ("dcgm", "fail"))])
+        events = [{"node": "n1", "role": sorted(NODE_ROLES)[0], "time": now - 100, "job": "9", "user": "uid:5"}]
+        assert recall(store, events, now - 30 * DAY) == {"gemm": {"ran": 1, "caught": 1}, "dcgm": {"ran": 1, "caught": 1}}
+    finally:
+        store.close()

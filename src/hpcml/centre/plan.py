@@ -18,7 +18,9 @@ crashes a rank, on whatever node it ran.
   ``DURATION_USERS`` people ran it: one user's say-so must not price a check for every job
   (or add checks to the list).
 - **A check's recall** is the share of the bad nodes it ran on (within ``HORIZON`` before the
-  first job a node hurt) that it flagged there: read from those few nodes' results only.
+  first job a node hurt) that it flagged there: read from those few nodes' results only, the
+  nodes' own reports, else users' reports of their own jobs where ``RECALL_USERS`` people
+  say so (one user's "pass" or "fail" moves no check's recall).
 - **The avoid list**: nodes proven jobs of at least ``AVOID_USERS`` different proven users
   named in the last ``AVOID_WINDOW`` (one user, or one user's code, never puts a node on
   it). A node leaves it when its last such job is older than the window: jobs that avoid it
@@ -40,6 +42,7 @@ from hpcml.schemas import tag
 
 SCHEMA = tag("centre.plan", 1)
 WINDOW = 30 * 86400.0           # the rate's, the durations' and the recall's window
+RECALL_USERS = 2                # people whose own jobs' results on a bad node count without the node's own
 AVOID_WINDOW = 7 * 86400.0
 AVOID_USERS = 2
 TTL = 600.0                     # seconds the collector keeps a computed plan
@@ -118,16 +121,29 @@ def recall(store: Any, events: list[dict[str, Any]], since: float, horizon: floa
         if e.get("role") in NODE_ROLES and isinstance(e.get("time"), (int, float)) and e["time"] >= since:
             node = str(e["node"])
             first[node] = min(first.get(node, e["time"]), e["time"])
-    ran: dict[str, set[str]] = defaultdict(set)
-    caught: dict[str, set[str]] = defaultdict(set)
+    # per (check, node): who said it ran there, and who said it flagged the node: the node's
+    # own reports ("node") count alone, users' reports of their own jobs where RECALL_USERS agree
+    ran: dict[tuple[str, str], set[str]] = defaultdict(set)
+    caught: dict[tuple[str, str], set[str]] = defaultdict(set)
     for r in store.results_of(sorted(first), since - horizon):
         node, t = str(r["node"]), r["time"]
         if r.get("evidence") == "none" or r.get("outcome") == "skipped" or not first[node] - horizon <= t <= first[node]:
             continue
-        ran[r["name"]].add(node)
+        who = "node" if r.get("evidence") == "node" else f"user {r.get('sender')}"
+        ran[(r["name"], node)].add(who)
         if r.get("outcome") in ("fail", "error"):
-            caught[r["name"]].add(node)
-    return {name: {"ran": len(nodes), "caught": len(caught[name])} for name, nodes in ran.items()}
+            caught[(r["name"], node)].add(who)
+
+    def said(by: set[str]) -> bool:
+        return "node" in by or len(by) >= RECALL_USERS
+
+    out: dict[str, dict[str, int]] = {}
+    for (name, node), by in ran.items():
+        if said(by):
+            got = out.setdefault(name, {"ran": 0, "caught": 0})
+            got["ran"] += 1
+            got["caught"] += said(caught[(name, node)])
+    return out
 
 
 def build(store: Any, now: float | None = None, window: float = WINDOW) -> Plan:

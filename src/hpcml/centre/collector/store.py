@@ -119,7 +119,7 @@ class Store(JobQueries, ABC):
     @abstractmethod
     def results_of(self, nodes: Sequence[str], since: float) -> list[dict[str, Any]]:
         """Every check result of ``nodes`` since ``since`` (node, time, name, type, outcome,
-        evidence): the few bad nodes' histories a check's recall is measured on."""
+        evidence, sender): the few bad nodes' histories a check's recall is measured on."""
 
     @abstractmethod
     def count(self) -> dict[str, int]:
@@ -334,10 +334,10 @@ class SqlStore(Store):
         out: list[dict[str, Any]] = []
         for i in range(0, len(nodes), 500):
             part = list(nodes[i:i + 500])
-            rows = self._all("SELECT r.node, r.time, r.name, r.type, r.outcome, p.evidence FROM results r "
+            rows = self._all("SELECT r.node, r.time, r.name, r.type, r.outcome, p.evidence, p.sender FROM results r "
                              "JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
                              f"AND r.node IN ({','.join('?' * len(part))})", (since, *part))
-            out += [dict(zip(("node", "time", "name", "type", "outcome", "evidence"), r)) for r in rows]
+            out += [dict(zip(("node", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
         return out
 
     def count(self) -> dict[str, int]:
