@@ -86,3 +86,25 @@ def test_every_task_line_carries_the_schema_tag_and_a_newer_one_is_refused(tmp_p
     path.write_text("".join(json.dumps(d) + "\n" for d in lines))
     with pytest.raises(UsageError, match=r"tasks.jsonl:3: key 'schema': written by a newer hpcml"):
         store.load(farm)
+
+
+def test_a_task_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
+    """A task's program shares the farm directory: a FIFO put in place of tasks.jsonl is one
+    line naming the file (exit 2 from the CLI), not a farm command that waits for ever."""
+    import os
+    import threading
+    farm = tmp_path / "f"
+    store.create(farm, [TaskSpec("true")], {})
+    (farm / "tasks.jsonl").unlink()
+    os.mkfifo(farm / "tasks.jsonl")
+    got: list = []
+
+    def load() -> None:
+        try:
+            store.load(farm)
+        except UsageError as exc:
+            got.append(str(exc))
+    reader = threading.Thread(target=load, daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and got and "a FIFO, not a regular file" in got[0] and "tasks.jsonl" in got[0], got

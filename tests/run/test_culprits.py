@@ -43,6 +43,14 @@ def test_the_main_threads_own_innermost_line_is_named():
     assert in_collective(None) is None and stack_line(None) is None
 
 
+def test_a_stack_s_names_are_printed_as_text_not_terminal_escapes():
+    """A stack file's function and file names are the job's program's: the culprit's line
+    shows an escape as text, never a faked launcher line or a cleared screen."""
+    odd = stack(("/home/u/train.py", 7, "main\x1b]0;owned\x07\x1b[2K\rhpcml run: hang: culprit rank 3 on nid0042"))
+    where = stack_line(odd)
+    assert where is not None and "\x1b" not in where and "\r" not in where and where.startswith("/home/u/train.py:7 in main")
+
+
 def test_real_py_spy_stacks_name_the_rank_and_its_own_line():
     """py-spy's own dumps: the rank in the user's data loader is the culprit, on the line it is
     stuck on (not its heartbeat thread's, which py-spy lists first); the one in all_reduce waits."""

@@ -71,3 +71,31 @@ def test_failure_line_reads_the_attempts_own_lines(tmp_path):
     log.write_text("\n".join(TRACE) + "\n" + ranklog.header(1) + "\n".join(FUTURE) + "\n")
     assert ranklog.failure_line(log, 1) == ""                          # attempt 1 said no error
     assert ranklog.failure_line(log, 0).startswith("RuntimeError: CUDA out of memory")
+
+
+def test_a_log_that_is_a_fifo_a_link_out_or_escapes_is_read_without_waiting_or_obeying(tmp_path):
+    """The rank's stderr is its program's: a FIFO put in its place is not waited on (the
+    launcher's crash line and the job's end used to block for ever), a link out of the job
+    directory is not followed, and a line's terminal escapes (a fake "all ranks OK", a cleared
+    screen, a window title) come out as text (was: sent to the launcher's terminal)."""
+    import os
+    import threading
+
+    from hpcml.run.jobdir import tail
+    fifo = tmp_path / "rank-00001.err"
+    os.mkfifo(fifo)
+    got: list = []
+    reader = threading.Thread(target=lambda: got.append(ranklog.failure_line(fifo, 0, 1)), daemon=True)
+    reader.start()
+    reader.join(timeout=30)
+    assert not reader.is_alive() and got == [""], "the reader waited on the FIFO"
+    secret = tmp_path / "outside"
+    secret.write_text("RuntimeError: read through a link\n")
+    (tmp_path / "rank-00002.err").symlink_to(secret)
+    assert tail(tmp_path / "rank-00002.err") == []
+    log = tmp_path / "rank-00003.err"
+    log.write_text("Traceback (most recent call last):\nRuntimeError: boom\x1b]0;pwned\x07\x1b[2J"
+                   "\x1b[31mFAKE hpcml run: all ranks OK\n")
+    line = ranklog.failure_line(log, 0, 1)
+    assert line.startswith("RuntimeError: boom") and "\x1b" not in line and "\\x1b" in line, line
+    assert all("\x1b" not in text and "\x07" not in text for text in tail(log))

@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import FARM_FILE, FARM_SCHEMA, SUBDIRS, TASK_SCHEMA, TASKS_FILE, Settings, Task, TaskSpec
-from hpcml.files import read_json, write_atomic
+from hpcml.files import read_bounded, read_json, write_atomic
 from hpcml.schemas import check
 
 
@@ -53,13 +53,19 @@ def _read_farm_json(path: Path) -> dict[str, Any]:
     return read_json(f, FARM_SCHEMA)
 
 
+#: the largest task file read (a million tasks of a few hundred bytes each is under 1 GiB)
+TASKS_MAX = 4 << 30
+
+
 def _read_tasks(path: Path) -> list[Task]:
     f = path / TASKS_FILE
     tasks: list[Task] = []
-    try:
-        lines = f.read_text(encoding="utf-8").splitlines()
+    try:      # a FIFO or a device put in its place (a task's program shares the farm) is not waited on
+        lines = read_bounded(f, TASKS_MAX).decode("utf-8").splitlines()
     except FileNotFoundError:
         return tasks
+    except (OSError, ValueError) as exc:          # UnicodeDecodeError is a ValueError
+        raise UsageError(f"unreadable ({getattr(exc, 'strerror', None) or exc})", file=str(f)) from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
             continue

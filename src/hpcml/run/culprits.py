@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING
 from hpcml.jobmodel import Culprit, HangVerdict
 from hpcml.observe.beat import Beat
 from hpcml.observe.stacks import Stack
-from hpcml.words import ranges
+from hpcml.words import printable, ranges
 
 if TYPE_CHECKING:
     from hpcml.observe.hang import HangReport
@@ -50,7 +50,8 @@ def stack_line(stack: Stack | None) -> str | None:
     if not frames:
         return None
     own = next((f for f in frames if f.file and not _library(f.file)), frames[0])
-    return f"{own.file}:{own.line} in {own.name}"
+    # the stack's names are the job's program's: printed as text, never as terminal escapes
+    return printable(f"{own.file}:{own.line} in {own.name}", 500)
 
 
 def in_collective(stack: Stack | None) -> bool | None:

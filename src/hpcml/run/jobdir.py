@@ -235,13 +235,17 @@ def read_run(d: Path) -> RunRecord:
 
 
 def tail(path: Path, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
-    """The last ``lines`` lines of a log (read from its end: logs can be large)."""
+    """The last ``lines`` lines of a log (read from its end: logs can be large), each as
+    printed (``words.printable``). The log is the job's own program's: a FIFO put in its
+    place is not waited on, a link is not followed out (``files.read_ends``), and a line's
+    terminal escapes are shown, not sent to whoever reads hpcml's output."""
+    from hpcml.files import read_ends
+    from hpcml.words import printable
     try:
-        with open(path, "rb") as f:
-            f.seek(0, os.SEEK_END)
-            size = f.tell()
-            f.seek(max(0, size - max_bytes))
-            text = f.read().decode("utf-8", "replace")
-    except OSError:
+        _head, end, _whole = read_ends(path, 0, max_bytes, follow_symlinks=False)
+    except (OSError, ValueError):
         return []
-    return text.splitlines()[-lines:]
+    return [printable(line, LINE_MAX) for line in end.decode("utf-8", "replace").splitlines()[-lines:]]
+
+
+LINE_MAX = 2000          # characters of one log line kept (a progress bar's carriage-return line is longer)
