@@ -191,6 +191,16 @@ def test_no_hang_before_the_first_step_and_the_timeout_follows_slow_steps(tmp_pa
     assert watch.hang is not None
 
 
+def test_what_the_watch_says_shows_the_job_s_escapes_as_text(tmp_path, capsys):
+    """A line of the watch's that holds the job's own words (a culprit's reason from a
+    Flight Recorder dump's names, a stack's) prints an escape sequence as text: no faked
+    launcher line, no cleared screen or window title on the operator's terminal."""
+    watch = Watch(tmp_path / "job", 0, 2, period=1.0)
+    watch._say("hang: culprit rank 3 on n1: x (pg \x1b]0;owned\x07\x1b[2K\rhpcml run: all ranks OK)")
+    err = capsys.readouterr().err
+    assert "\x1b" not in err and "\x07" not in err and "\r" not in err and "\\x1b]0;owned" in err, err
+
+
 def test_a_node_whose_clock_is_off_neither_makes_nor_hides_a_hang(tmp_path):
     """Rank 1's node runs 10 minutes ahead: its records carry its own times (judged against
     the launcher's clock, its last step would look 10 minutes in the future and hide the

@@ -66,7 +66,7 @@ from hpcml.run.ending import signal_name
 from hpcml.run.jobdir import attempt_dir, log_path, observe_dir
 from hpcml.run.ranklog import failure_line
 from hpcml.run.steptimes import StepTimes
-from hpcml.words import node_name, ranges
+from hpcml.words import node_name, printable, ranges
 
 if TYPE_CHECKING:
     from hpcml.observe.hang import HangReport
@@ -87,6 +87,7 @@ EARLY_SHARE = 0.8             # ... this share of them slow, and a third of the 
 STOPPING = (signal.SIGTERM, signal.SIGINT)    # passed on to the ranks: the ranks that end then were stopped
 IGNORED_SAID = 16             # records refused that are said (and kept in run.json) one by one; then one line
 SIGNALLED = tuple(128 + s for s in STOPPING)   # a rank's exit code when one of them ended it
+SAID_MAX = 4000               # characters of one line the watch says (a hang's verdict names many ranks)
 LOADER_RECORDS = 2            # a rank's records that show its workers short of cores before it is said
 
 
@@ -362,7 +363,9 @@ class Watch:
             is not None
 
     def _say(self, line: str) -> None:
-        log.info(f"hpcml run: {line}")
+        """One line of the watch's: its words hold the job's own (a log's line, a stack's or a
+        Flight Recorder dump's names), shown as text, never a terminal escape or a faked line."""
+        log.info(f"hpcml run: {printable(line, SAID_MAX)}")
 
     def _crashes(self, now: float, final: bool = False) -> None:
         """Ranks that exited non-zero, in the order they ended. Once the job is being stopped
