@@ -222,3 +222,31 @@ def test_a_parameter_named_steps_keeps_its_name_in_the_sort_and_the_csv(tmp_path
     assert [r["params"]["steps"] for r in doc["rows"]] == [100, 200, 300]
     header = next(csv.reader(io.StringIO(hpcml("farm", "results", farm, "--csv").stdout)))
     assert header.count("steps") == 1 and "optimizer_steps" in header
+
+
+def test_a_store_results_cannot_read_is_skipped_not_the_farm_s_results(tmp_path, monkeypatch, capsys):
+    """An attempt's store that fails to read (a rank file of another program's table: an
+    ArrowInvalid from read_job once) is left out, said in one line; the other stores and the
+    farm's results stand."""
+    import pyarrow as pa
+
+    from hpcml.observe import store
+    from hpcml.run import farmresults
+    d = tmp_path / "observe"
+    d.mkdir()
+    sch = pa.schema([("x", pa.int64())])
+    with pa.OSFile(str(d / "rank-00000.arrows"), "wb") as fh:    # what the task's own program can write
+        w = pa.ipc.new_stream(fh, sch)
+        w.write_batch(pa.record_batch([pa.array([1])], schema=sch))
+        w.close()
+    assert farmresults._series(str(d)) == {}                      # rank 0's problem: no series, no exception
+    out = farmresults.AttemptResults()
+    out.add_store(str(d))
+    assert out.metrics == {} and out.steps is None
+
+    def broken(_path):
+        raise pa.ArrowInvalid("Schema at index 0 was different:\nx: int64")
+    monkeypatch.setattr(store, "read_job", broken)
+    assert farmresults._series(str(d)) is None
+    err = capsys.readouterr().err
+    assert f"farm results: {d}: not read: ArrowInvalid: Schema at index 0 was different: x: int64\n" in err

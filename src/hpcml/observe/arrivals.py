@@ -60,7 +60,7 @@ from typing import Any
 
 import numpy as np
 
-from hpcml.observe.hang import collectives_of, groups_of, p2p_receive
+from hpcml.observe.hang import check_size, collectives_of, groups_of, p2p_receive
 from hpcml.observe.stragglers import CHRONIC, onset, others_median
 
 RECURRENCE = 0.5       # last at this share of the judged collectives, at least ...
@@ -111,7 +111,9 @@ def _num(v: Any, limit: float) -> float | None:
 def reduce(dump: dict) -> dict[str, Any]:
     """What the arrivals need of one dump: its groups' config and, per group and collective,
     (enqueue s, seconds it ran on the GPU or None); the rest of the dump (its stacks, sizes) is
-    dropped, so the watch keeps every rank's at little cost."""
+    dropped, so the watch keeps every rank's at little cost. ValueError for a dump with more
+    entries or groups than a Flight Recorder keeps (``hang.check_size``), before any is read."""
+    check_size(dump)
     times: dict[str, dict[int, tuple[float, float | None]]] = {}
     nccl: set[str] = set()
     for pg, seqs in collectives_of([e for e in dump.get("entries") or [] if isinstance(e, dict)]).items():

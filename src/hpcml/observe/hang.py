@@ -54,6 +54,10 @@ the **roots**. A group's members without a dump count among those a rank pending
 may wait for: they can be roots, and are marked so. Ranks that wait for each other (a cycle with no way out: collectives issued
 in a different order on two groups) are all roots, and the cycle is reported.
 
+A dump is a file named as torch names it, ``<prefix><rank>`` (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``'s
+prefix, ``hpcml run``'s ``rank-NNNNN``), a regular file: one prefix, one dump per rank, each
+bounded (``MAX_DUMP_BYTES``, ``MAX_ENTRIES``) and only what the analysis reads of it kept.
+
 Dumps are pickles written by another process: they are read with hpcml's restricted
 unpickler and an empty allowlist, because the format is plain data (dicts, lists, str,
 int, float, None, bool, tuples) and imports nothing. A dump that tries to import anything
@@ -75,8 +79,22 @@ from hpcml.scan.policy import Policy
 from hpcml.schemas import tag
 from hpcml.words import natural_key, ranges
 
-_RANK_SUFFIX = re.compile(r"(\d+)$")
-MAX_DUMP_BYTES = 1 << 30
+_DUMP_NAME = re.compile(r"(.*?)(\d+)", re.S)   # <prefix><rank>: TORCH_NCCL_DEBUG_INFO_TEMP_FILE's prefix, the rank
+#: one dump's bytes, at most (as ``arrivals.LIVE_DUMP_MAX``): torch's default ring of 2,000
+#: entries is ~0.3 MB without stacks (tests/fixtures/gpu-h200/run), a few MB with them
+MAX_DUMP_BYTES = 64 << 20
+#: one dump's ``entries``, at most: torch keeps a ring of 2,000 by default
+#: (``TORCH_FR_BUFFER_SIZE``, ``TORCH_NCCL_TRACE_BUFFER_SIZE`` before 2.5); 50 times that
+#: leaves room for a raised buffer, while a pickle's memo can make millions of entries of
+#: a few bytes each (30M in 57 MB: a minute and 2 GB to analyse)
+MAX_ENTRIES = 100_000
+MAX_GROUPS = 1 << 14             # a dump's pg_config or pg_status groups, at most
+MAX_DUMPS = 1 << 15              # dumps read from one directory where the world size is not known
+MAX_LISTED = 1 << 17             # the directory's names looked at, at most
+#: what the analysis reads of an entry: the rest (its stack frames above all) is dropped as read
+_ENTRY_KEYS = ("record_id", "pg_id", "process_group", "collective_seq_id", "p2p_seq_id", "op_id", "profiling_name",
+               "input_sizes", "output_sizes", "input_dtypes", "output_dtypes", "state", "is_p2p",
+               "time_created_ns", "duration_ms")
 MAX_RANKS_TEXT = 1 << 23         # pg_config's ranks as text: 8 MiB holds a million ranks
 #: operations whose per-rank sizes legitimately differ: sizes are undecidable there
 SIZE_UNDECIDABLE = frozenset({"all_to_all", "alltoall", "all_to_all_single", "alltoall_base", "all_to_allv"})
@@ -102,7 +120,7 @@ class Finding:
 class HangReport:
     tag: ClassVar[str] = tag("observe.hang", 1)   # the schema of `hpcml observe hang --json`
     dumps: dict[int, Path]
-    refused: dict[str, str]      # file -> why it was not read
+    refused: dict[str, str]      # file (``<prefix><rank>``: those so named) -> why it was not read
     missing: list[int]           # ranks of the world without a dump
     findings: list[Finding]
     last_seq: dict[str, dict[int, int]]   # pg -> rank -> last enqueued collective_seq_id
@@ -131,18 +149,36 @@ def _rank_list(ranks: list[int]) -> str:
     return f"{'rank' if len(ranks) == 1 else 'ranks'} {ranges(ranks)}"
 
 
-def load_dump(path: str | os.PathLike, max_bytes: int = MAX_DUMP_BYTES) -> dict[str, Any]:
+def load_dump(path: str | os.PathLike, max_bytes: int = MAX_DUMP_BYTES, *,
+              follow_symlinks: bool = True) -> dict[str, Any]:
     """One Flight Recorder dump; anything that imports a global is refused. Read as a file
     the job's own program may have replaced (``files.read_bounded``: a FIFO is not waited on,
-    a device not read, at most ``max_bytes``): ValueError or OSError then."""
+    a device not read, at most ``max_bytes``, a symlink followed only if asked): ValueError
+    or OSError then, ValueError too for more entries or groups than a recorder keeps
+    (``check_size``)."""
     import io
 
     from hpcml.files import read_bounded
-    raw = read_bounded(path, max_bytes)
+    raw = read_bounded(path, max_bytes, follow_symlinks=follow_symlinks)
     data = RestrictedUnpickler(io.BytesIO(raw), policy=Policy(block_unknown=True)).load()
+    del raw
     if not isinstance(data, dict) or not isinstance(data.get("entries"), list):
         raise pickle.UnpicklingError("not a Flight Recorder dump (no 'entries' list)")
+    check_size(data)
     return data
+
+
+def check_size(dump: dict) -> None:
+    """ValueError where a dump holds more entries (``MAX_ENTRIES``) or groups (``MAX_GROUPS``)
+    than a Flight Recorder writes: checked before anything is built per entry."""
+    entries = dump.get("entries")
+    if isinstance(entries, (list, tuple)) and len(entries) > MAX_ENTRIES:
+        raise ValueError(f"{len(entries):,} entries, more than {MAX_ENTRIES:,}: not a Flight Recorder's ring "
+                         f"(torch keeps 2,000 by default, TORCH_FR_BUFFER_SIZE)")
+    for key in ("pg_config", "pg_status"):
+        groups = dump.get(key)
+        if isinstance(groups, (dict, list, tuple)) and len(groups) > MAX_GROUPS:
+            raise ValueError(f"{len(groups):,} groups in its {key}, more than {MAX_GROUPS:,}")
 
 
 def _ranks(value: Any) -> list[int] | None:
@@ -654,28 +690,88 @@ def _components(graph: dict[int, set[int]]) -> dict[int, int]:
     return comp
 
 
-def _read(d: Path) -> tuple[dict[int, dict], dict[int, Path], dict[str, str]]:
-    dumps: dict[int, dict] = {}
-    paths: dict[int, Path] = {}
+def _dump_names(d: Path, world: int | None, prefix: str | None
+                ) -> tuple[dict[int, Path], dict[str, str]]:
+    """The dumps to read: rank -> file, and the files passed over -> why. A dump is named as
+    torch names it, ``<prefix><rank>`` (``TORCH_NCCL_DEBUG_INFO_TEMP_FILE``'s prefix, the
+    rank as written, or padded to 5 digits as ``hpcml run`` writes it), a regular file (a
+    symlink is not followed); all of one prefix (``prefix``, else the one most files have),
+    one per rank, below ``world`` where known, at most ``MAX_DUMPS`` otherwise."""
+    named: dict[str, dict[int, list[str]]] = {}
+    listed = 0
     refused: dict[str, str] = {}
-    for f in sorted(d.iterdir(), key=lambda p: natural_key(p.name)):
-        m = _RANK_SUFFIX.search(f.name)
-        if not f.is_file() or not m:
-            continue
+    with os.scandir(d) as it:
+        for entry in it:
+            listed += 1
+            if listed > MAX_LISTED:
+                refused["..."] = f"more than {MAX_LISTED:,} files here: the rest were not looked at"
+                break
+            m = _DUMP_NAME.fullmatch(entry.name)
+            if m is None or entry.name.startswith(".") or len(m[2]) > 9 or m[2] not in (str(int(m[2])),
+                                                                                         f"{int(m[2]):05d}"):
+                continue
+            try:
+                if not entry.is_file(follow_symlinks=False):
+                    continue
+            except OSError:
+                continue
+            named.setdefault(m[1], {}).setdefault(int(m[2]), []).append(entry.name)
+    if not named:
+        return {}, refused
+    chosen = prefix if prefix is not None else min(named, key=lambda k: (-sum(map(len, named[k].values())),
+                                                                          natural_key(k)))
+    for other in sorted(set(named) - {chosen}, key=natural_key):
+        n = sum(map(len, named[other].values()))
+        refused[f"{other}<rank>"] = (f"{n} {'file' if n == 1 else 'files'} not read: the dumps here are named "
+                                     f"{chosen}<rank>")
+    ranks = sorted(named.get(chosen, {}))
+    if world is not None:
+        beyond = [r for r in ranks if not 0 <= r < world]
+        ranks = [r for r in ranks if 0 <= r < world]
+        if beyond:
+            refused[f"{chosen}<rank>"] = f"ranks {ranges(beyond)} not read: the job has {world}"
+    elif len(ranks) > MAX_DUMPS:
+        refused[f"{chosen}<rank>"] = f"ranks {ranges(ranks[MAX_DUMPS:])} not read: more than {MAX_DUMPS:,} dumps"
+        ranks = ranks[:MAX_DUMPS]
+    paths: dict[int, Path] = {}
+    for r in ranks:
+        first, *more = sorted(named[chosen][r], key=natural_key)
+        paths[r] = d / first
+        refused.update({f: f"a second dump for rank {r} ({first} read)" for f in more})
+    return paths, refused
+
+
+def _slim(dump: dict) -> dict[str, Any]:
+    """What the analysis reads of a dump, kept while the others are read: each entry's
+    ``_ENTRY_KEYS`` (a dump's stack frames are most of it), the groups' config and status."""
+    return {"entries": [{k: e[k] for k in _ENTRY_KEYS if k in e} if isinstance(e, dict) else None
+                        for e in dump["entries"]],
+            "pg_config": dump.get("pg_config"), "pg_status": dump.get("pg_status")}
+
+
+def _read(d: Path, world: int | None = None, prefix: str | None = None
+          ) -> tuple[dict[int, dict], dict[int, Path], dict[str, str]]:
+    dumps: dict[int, dict] = {}
+    names, refused = _dump_names(d, world, prefix)
+    paths: dict[int, Path] = {}
+    for r, f in names.items():
         try:
-            dumps[int(m.group(1))] = load_dump(f)
-            paths[int(m.group(1))] = f
+            dumps[r] = _slim(load_dump(f, follow_symlinks=False))
+            paths[r] = f
         except (pickle.UnpicklingError, EOFError, ValueError, TypeError, OSError, AttributeError,
                 IndexError, KeyError, MemoryError) as exc:
             refused[f.name] = f"{type(exc).__name__}: {exc}"
     return dumps, paths, refused
 
 
-def analyse(dump_dir: str | os.PathLike) -> HangReport:
+def analyse(dump_dir: str | os.PathLike, world: int | None = None, prefix: str | None = None) -> HangReport:
+    """The hang analysis of a directory of Flight Recorder dumps (``_dump_names``: which are
+    read); ``world``: the job's ranks, where known; ``prefix``: the dumps' names before the
+    rank (``hpcml run``'s: ``rank-``), else the one most files here have."""
     d = Path(dump_dir)
     if not d.is_dir():
         raise UsageError("not a directory of Flight Recorder dumps", file=str(d))
-    dumps, paths, refused = _read(d)
+    dumps, paths, refused = _read(d, world, prefix)
     if not dumps and not refused:
         raise UsageError("no Flight Recorder dumps here (files named <prefix><rank>)", file=str(d))
     groups = _groups(dumps)
@@ -686,8 +782,8 @@ def analyse(dump_dir: str | os.PathLike) -> HangReport:
     # groups known only from entries (no pg_config): the ranks that have entries there
     for pg in {pg for c in per_rank.values() for pg in c} - set(groups):
         groups[pg] = (labels.get(pg, pg), sorted(r for r, c in per_rank.items() if pg in c))
-    world = {r for _, members in groups.values() for r in members} | set(dumps)
-    missing = sorted(world - set(dumps))
+    known = {r for _, members in groups.values() for r in members} | set(dumps)
+    missing = sorted(r for r in known - set(dumps) if world is None or r < world)
     pending_only = _pending_only(dumps)
     statuses = {r: _statuses(dump, r) for r, dump in dumps.items()}
     p2p_levels = {r: _p2p_levels(dump["entries"]) for r, dump in dumps.items()}

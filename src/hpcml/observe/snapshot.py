@@ -17,10 +17,11 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcml.files import read_json, write_atomic
-from hpcml.observe.beat import beat_dir
+from hpcml.files import read_bounded, read_json, write_atomic
+from hpcml.observe import beat
+from hpcml.observe.beat import Trust, beat_dir
 from hpcml.observe.stacks import Stack
-from hpcml.schemas import tag
+from hpcml.schemas import check, tag
 
 REQUEST = "snapshot.json"
 STACKS = "stacks"
@@ -52,23 +53,39 @@ class RankStack:
     stack: Stack
 
 
-def read_stacks(observe: Path) -> dict[int, RankStack]:
-    """Every rank's stack file, parsed (``Stack.of``); a file that is not one is left out."""
+def read_stacks(observe: Path, world: int | None = None, trust: Trust | None = None) -> dict[int, RankStack]:
+    """Every rank's stack file, parsed (``Stack.of``); a file that is not one is left out,
+    and so is one that is not its rank's: the rank it names must be its file name's
+    (``stack_path``), below ``world`` (or ``trust.world``) where known, and, with ``trust``
+    holding the attempt's secret, the file signed with that rank's key (``beat.Trust``, as
+    the heartbeats are). The stacks name a hang's culprit: a file one rank wrote for
+    another's must not pass for it."""
     out: dict[int, RankStack] = {}
     d = Path(observe) / STACKS
+    if trust is not None:
+        world = trust.world if world is None else min(world, trust.world)
     for p in sorted(d.glob("rank-*.json")) if d.is_dir() else []:
+        digits = p.name.removeprefix("rank-").removesuffix(".json")
+        if not (digits.isascii() and digits.isdigit() and len(digits) <= 9) or p != stack_path(observe, int(digits)):
+            continue
         try:
-            doc = read_json(p, SCHEMA, max_bytes=MAX_STACK_BYTES)
+            raw = read_bounded(p, MAX_STACK_BYTES, follow_symlinks=False)
+            doc = json.loads(raw)
+            check(doc, SCHEMA, str(p))
         except Exception:  # noqa: BLE001 - a half-written or hostile file: that rank has no stack
             continue
         if not isinstance(doc, dict):
             continue
         rank, ident, at = doc.get("rank"), doc.get("snapshot"), doc.get("at")
-        if isinstance(rank, int) and not isinstance(rank, bool):
-            out[rank] = RankStack(rank=rank, snapshot=ident if isinstance(ident, int) and not isinstance(ident, bool)
-                                  else None,
-                                  at=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
-                                  stack=Stack.of(doc))
+        if not isinstance(rank, int) or isinstance(rank, bool) or rank != int(digits) \
+                or (world is not None and not 0 <= rank < world):
+            continue
+        if trust is not None and trust.why_not(doc, raw) is not None:
+            continue
+        out[rank] = RankStack(rank=rank, snapshot=ident if isinstance(ident, int) and not isinstance(ident, bool)
+                              else None,
+                              at=float(at) if isinstance(at, (int, float)) and not isinstance(at, bool) else None,
+                              stack=Stack.of(doc))
     return out
 
 
@@ -77,6 +94,7 @@ class Responder:
 
     def __init__(self, observe: Path, rank: int, pid: int) -> None:
         self.observe, self.rank, self.pid = Path(observe), rank, pid
+        self.key = beat._key                  # the rank's key (``beat.sign_with``): its stack files are signed
         self.handled = 0
         self._seen: float | None = None
         self._thread: threading.Thread | None = None
@@ -102,9 +120,12 @@ class Responder:
         from hpcml.observe.stacks import dump
         stack = dump(self.pid)
         doc = {"schema": SCHEMA, "rank": self.rank, "snapshot": ident, "at": time.time(), **stack.to_json()}
+        data = json.dumps(doc, separators=(",", ":")).encode()
+        if self.key is not None:                    # signed as a heartbeat is (``beat.Trust`` checks it)
+            data = data[:-1] + beat.SIG + beat._signature(self.key, data) + b'"}'
         try:
             (self.observe / STACKS).mkdir(parents=True, exist_ok=True)
-            write_atomic(stack_path(self.observe, self.rank), json.dumps(doc).encode(), exclusive=False)
+            write_atomic(stack_path(self.observe, self.rank), data, exclusive=False)
         except OSError:
             pass
         self.handled = ident

@@ -10,9 +10,11 @@ Analysis: ``read_job(dir).table`` is a pyarrow Table that DuckDB queries directl
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
@@ -28,6 +30,19 @@ JOB_META = "job.json"
 RANK_META = "rank-{rank:05d}.json"
 JOB_SCHEMA = tag("observe.job", 1)      # job.json
 RANK_SCHEMA = tag("observe.rank", 1)    # rank-NNNNN.json
+#: The most a rank file is read to, decoded: ``DECODED_PER_BYTE`` times its size on disk,
+#: and never less than ``DECODED_FLOOR``. The job's own program can write its rank file, and
+#: zstd decodes a 37 KB file of zeros to 1.2 GB (150M rows): the report (8 files at once, on
+#: threads) must not allocate what such a file claims. The store's own files decode to 3-8
+#: times their size (52 bytes a row decoded; 1 s flushes of 8 GPUs x 25 constant fields and
+#: 30 host rows: 5.6; 100,000-row flushes of one metric: 7.4), so 1,024 is a hundred times
+#: what a real file needs at any length: a day at 1 s sampling of 300 rows a second (8 GPUs'
+#: DCGM fields, host, 20 steps a second of sections and metrics) is 26M rows, 1.4 GB
+#: decoded from a ~250 MB file. The floor (256 MiB) is for small files, whose real ones
+#: decode to a few MiB. A batch is counted once decoded: the last one read passes the bound
+#: by its own size, which zstd caps at ~32,000 times its compressed size.
+DECODED_PER_BYTE = 1024
+DECODED_FLOOR = 256 << 20
 
 
 def rank_path(job_dir: str | os.PathLike, rank: int) -> Path:
@@ -96,25 +111,94 @@ class RankData:
 
 
 def read_rank(path: str | os.PathLike) -> RankData:
-    """Every complete batch of one rank file; a damaged tail is reported, not raised."""
+    """Every complete batch of one rank file, each in the store's own schema; a damaged
+    tail, or a file that is not a rank file (another schema, not a regular file, a symbolic
+    link, more than ``DECODED_PER_BYTE`` times its size decoded) is the rank's ``problem``,
+    never raised: the job's own program can write these files."""
     import pyarrow as pa
     p = Path(path)
     m = _RANK_RE.match(p.name)
     data = RankData(rank=int(m.group(1)) if m else -1, path=p)
     try:
-        reader = pa.ipc.open_stream(pa.OSFile(str(p)))
-    except (pa.ArrowInvalid, OSError) as exc:
-        data.problem = f"unreadable: {exc}"
+        fh = _open_regular(p)
+    except (OSError, ValueError) as exc:
+        data.problem = f"unreadable: {exc.strerror or exc}" if isinstance(exc, OSError) else f"unreadable: {exc}"
         return data
-    while True:
+    with fh:
+        size = os.fstat(fh.fileno()).st_size
+        limit = max(DECODED_FLOOR, DECODED_PER_BYTE * size)
         try:
-            data.batches.append(reader.read_next_batch())
-        except StopIteration:
-            break
-        except (pa.ArrowInvalid, OSError) as exc:
-            data.problem = f"truncated after {len(data.batches)} batches ({exc})"
-            break
+            reader = pa.ipc.open_stream(fh)
+        except (pa.ArrowException, OSError) as exc:
+            data.problem = f"unreadable: {exc}"
+            return data
+        conform = _conform(reader.schema)
+        if conform is None:
+            data.problem = f"not an hpcml observe store file: its columns are {_columns(reader.schema)}"
+            return data
+        decoded = 0
+        while True:
+            try:
+                batch = reader.read_next_batch()
+            except StopIteration:
+                break
+            except (pa.ArrowException, OSError) as exc:
+                data.problem = f"truncated after {len(data.batches)} batches ({exc})"
+                break
+            decoded += batch.nbytes
+            if decoded > limit:
+                data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
+                                f"{len(data.batches)} batches, not the rest")
+                break
+            data.batches.append(conform(batch))
     return data
+
+
+def _open_regular(p: Path) -> IO[bytes]:
+    """``p`` opened for reading as a file anyone could have replaced: a FIFO is not waited
+    on (O_NONBLOCK), a symbolic link is not followed out of the job directory (O_NOFOLLOW),
+    anything but a regular file is a ValueError."""
+    flags = os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOFOLLOW
+    try:
+        fd = os.open(p, flags)
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise ValueError("a symbolic link, not followed") from None
+        raise
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = ("a directory" if stat.S_ISDIR(mode) else "a FIFO" if stat.S_ISFIFO(mode)
+                    else "a socket" if stat.S_ISSOCK(mode) else "a device")
+            raise ValueError(f"{kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return open(fd, "rb", closefd=True)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def _columns(schema) -> str:
+    """A foreign file's columns as said in its problem: its names are the writer's, shown as
+    text (``printable``: no terminal escapes, no faked lines)."""
+    from hpcml.words import printable
+    return printable(", ".join(f"{f.name} ({f.type})" for f in schema), 200)
+
+
+def _conform(schema):
+    """How a batch of a file of ``schema`` becomes one in the store's own schema: as it is
+    (the same schema), with a null ``gpu`` column (a store of another producer without
+    one); None for any other schema (another program's file under a rank file's name)."""
+    import pyarrow as pa
+    own = arrow_schema()
+    if schema.equals(own, check_metadata=False):
+        return lambda batch: batch
+    without_gpu = own.remove(own.get_field_index("gpu"))
+    if schema.equals(without_gpu, check_metadata=False):
+        gpu = own.field("gpu")
+        return lambda batch: pa.RecordBatch.from_arrays([*batch.columns, pa.nulls(batch.num_rows, gpu.type)],
+                                                        schema=own)
+    return None
 
 
 @dataclass

@@ -18,13 +18,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from hpcml import logs
 from hpcml.cluster.taskenv import run_dirs
-from hpcml.errors import UsageError
+from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.lease import Liveness
 from hpcml.farm.model import OBSERVE, RESULTS_SCHEMA, TASK_DIRS
 from hpcml.farm.status import open_view, task_state
 from hpcml.observe.framelogs import Logged, read_task_logs
 from hpcml.observe.progress import RULE, last_values, summarise
+
+log = logs.get(__name__)
 
 #: the columns besides parameters and metrics that --sort takes
 #: (optimizer_steps: not "steps", which a sweep may name a parameter or a script a metric)
@@ -83,11 +86,16 @@ class AttemptResults:
 def _series(directory: str) -> Any:
     if not os.path.isdir(directory):
         return None
+    import pyarrow as pa
+
     from hpcml.observe.series import from_table
     from hpcml.observe.store import read_job
     try:
         return from_table(read_job(directory).table)
-    except UsageError:
+    except UsageError:                 # no store there (an attempt that logged nothing)
+        return None
+    except (HpcmlError, OSError, ValueError, KeyError, pa.ArrowException) as exc:   # one store, not the farm's results
+        log.info(f"farm results: {directory}: not read: {type(exc).__name__}: {' '.join(str(exc).split())[:200]}")
         return None
 
 

@@ -511,7 +511,15 @@ def _report(d: Path, cfg: Config) -> None:
     from hpcml.run.report import build, summary, write
     from hpcml.run.summary import deliver
     skip_pandas()                     # done while the ranks ran, unless the report was not prefetched
-    rep = build(d)
+    try:
+        rep = build(d)
+    except Exception as exc:  # noqa: BLE001 - the job ended as it ended: a report that fails says so, no more
+        log.warning(f"hpcml run: no report: {type(exc).__name__}: {' '.join(str(exc).split())[:300]}")
+        try:
+            _record_ledger(d, None)
+        except Exception as why:  # noqa: BLE001 - nor does a ledger that cannot be made
+            log.debug("hpcml run: no ledger: %s", why)
+        return
     _record_ledger(d, rep)
     if cfg.report:
         path = write(rep, d / "report.html")

@@ -686,7 +686,7 @@ class Watch:
             if now < self._fr_until and now < give_up:
                 return None
         self._collect, self._fr_until = None, None
-        stacks = {r: s.stack for r, s in read_stacks(self.observe).items() if s.snapshot == ident}
+        stacks = {r: s.stack for r, s in read_stacks(self.observe, trust=self._trust).items() if s.snapshot == ident}
         done = tuple(sorted(r for r, b in self.beats.items() if b.exit == 0 and r not in alive))
         verdict = name({r: self.beats[r] for r in alive}, stacks, self._flight_recorder(), done)
         self._report(verdict, stacks, alive)
@@ -709,7 +709,7 @@ class Watch:
             return None
         from hpcml.observe.hang import analyse
         try:
-            return analyse(fr)
+            return analyse(fr, world=self.world, prefix="rank-")
         except Exception:  # noqa: BLE001 - dumps are hostile input: fall back to the stacks
             return None
 

@@ -1,0 +1,185 @@
+"""Rank files the job's own program wrote (it can write its ``observe/rank-N.arrows``): another
+schema, a FIFO, a symbolic link out of the job directory, a few KB that decode to GBs. Each
+is that rank's ``problem``; the report, the GPU score and ``hpcml farm results`` read the
+rest of the job, and ``hpcml run`` ends as its job ended whatever its report does."""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import types
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+import pytest
+
+from hpcml.observe import store
+from hpcml.observe.schema import arrow_schema
+from hpcml.observe.series import read_series
+from hpcml.observe.store import RankWriter, read_job, read_rank
+from hpcml.samplers import NoGpuSamples
+from hpcml.testing.synthetic_job import make_job
+
+
+def _stream(path: Path, batches: list, schema, compression: str | None = None) -> Path:
+    """``batches`` written as a rank writes its file: one Arrow IPC stream."""
+    with pa.OSFile(str(path), "wb") as fh:
+        w = pa.ipc.new_stream(fh, schema, options=pa.ipc.IpcWriteOptions(compression=compression))
+        for b in batches:
+            w.write_batch(b)
+        w.close()
+    return path
+
+
+def _foreign(path: Path) -> Path:
+    sch = pa.schema([("x", pa.int64())])
+    return _stream(path, [pa.record_batch([pa.array([1, 2, 3])], schema=sch)], sch)
+
+
+def _zeros(n: int):
+    """``n`` rows of the store's schema, every byte zero (empty strings): zstd's best case."""
+    cols = []
+    for f in arrow_schema():
+        if f.type == pa.string():
+            cols.append(pa.Array.from_buffers(pa.string(), n, [None, pa.py_buffer(np.zeros(4 * (n + 1), np.uint8)),
+                                                                pa.py_buffer(b"")]))
+        else:
+            cols.append(pa.Array.from_buffers(f.type, n, [None, pa.py_buffer(np.zeros(n * f.type.bit_width // 8,
+                                                                                      np.uint8))]))
+    return pa.RecordBatch.from_arrays(cols, schema=arrow_schema())
+
+
+def test_a_rank_file_of_another_schema_is_that_rank_s_problem(tmp_path):
+    """One rank's file holds another program's table (a column ``x``): read_job raised
+    ArrowInvalid, the report and the score KeyError; now the rank's problem names its
+    columns and the other ranks are read."""
+    d = make_job(tmp_path / "job", 4, 50, seed=1)
+    (d / "rank-00002.arrows").unlink()
+    _foreign(d / "rank-00002.arrows")
+    got = read_rank(d / "rank-00002.arrows")
+    assert got.batches == [] and got.problem and "not an hpcml observe store file" in got.problem
+    assert "x (int64)" in got.problem
+    job = read_job(d)
+    assert set(job.problems) == {2} and job.missing == [2] and job.table.schema.equals(arrow_schema())
+    series = read_series(d)
+    assert set(series.problems) == {2} and series.missing == [2] and series.rows == job.table.num_rows
+    from hpcml.score.importers import load
+    rec = load(d, "store")
+    assert any(n.startswith("rank 2: not an hpcml observe store file") for n in rec.notes), rec.notes
+
+
+def test_a_store_of_foreign_files_only_scores_as_no_gpu_samples(tmp_path):
+    """The score of a store whose every rank file is another program's: no GPU samples
+    (KeyError 'Field "kind" does not exist in schema' before)."""
+    d = tmp_path / "job"
+    d.mkdir()
+    _foreign(d / "rank-00000.arrows")
+    from hpcml.score.importers import load
+    with pytest.raises(NoGpuSamples):
+        load(d, "store")
+    assert read_series(d).series == {}
+
+
+def test_a_store_without_a_gpu_column_reads_in_the_store_s_schema(tmp_path):
+    """Another producer's rows without ``gpu``: each batch gets a null one, so read_job (an
+    ArrowInvalid before) and every reader see the store's own schema."""
+    d = make_job(tmp_path / "job", 2, 20, seed=2)
+    f = d / "rank-00001.arrows"
+    with pa.ipc.open_stream(f.read_bytes()) as r:
+        t = r.read_all().drop_columns(["gpu"])
+    f.unlink()
+    _stream(f, t.to_batches(), t.schema, "zstd")
+    got = read_rank(f)
+    assert got.problem is None and all(b.schema.equals(arrow_schema()) for b in got.batches)
+    assert sum(b.num_rows for b in got.batches) == t.num_rows
+    assert sum(b.column("gpu").null_count for b in got.batches) == t.num_rows
+    assert read_job(d).problems == {}
+
+
+def _in_thread(fn, timeout: float = 10.0):
+    out: list = []
+    t = threading.Thread(target=lambda: out.append(fn()), daemon=True)
+    t.start()
+    t.join(timeout)
+    assert not t.is_alive(), "still blocked"
+    return out[0]
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="no FIFOs here")
+def test_a_fifo_named_like_a_rank_file_is_not_waited_on(tmp_path):
+    """A FIFO under a rank file's name: open() blocked for ever (no writer); now the rank's
+    problem, and the job reads without it."""
+    d = make_job(tmp_path / "job", 2, 20, seed=3)
+    (d / "rank-00001.arrows").unlink()
+    os.mkfifo(d / "rank-00001.arrows")
+    t0 = time.monotonic()
+    got = _in_thread(lambda: read_rank(d / "rank-00001.arrows"))
+    assert got.problem == "unreadable: a FIFO, not a regular file" and time.monotonic() - t0 < 5
+    job = _in_thread(lambda: read_job(d))
+    assert set(job.problems) == {1} and job.missing == [1]
+
+
+def test_a_symbolic_link_out_of_the_job_directory_is_not_followed(tmp_path):
+    """A rank file that is a link to a file elsewhere (another job's store, anything the
+    job's user can name) is not read through."""
+    other = make_job(tmp_path / "other", 1, 20, seed=4)
+    d = make_job(tmp_path / "job", 2, 20, seed=5)
+    (d / "rank-00001.arrows").unlink()
+    (d / "rank-00001.arrows").symlink_to(other / "rank-00000.arrows")
+    got = read_rank(d / "rank-00001.arrows")
+    assert got.batches == [] and got.problem == "unreadable: a symbolic link, not followed"
+    assert set(read_job(d).problems) == {1}
+
+
+def test_a_tiny_file_that_decodes_to_far_more_is_cut_at_the_bound(tmp_path, monkeypatch):
+    """zstd turns a few KB of the store's own schema into hundreds of MB: read until
+    ``DECODED_PER_BYTE`` times the file's size (the floor lowered here, to keep the test
+    small), then the problem says so."""
+    monkeypatch.setattr(store, "DECODED_FLOOR", 1 << 20)
+    f = _stream(tmp_path / "rank-00000.arrows", [_zeros(200_000)] * 4, arrow_schema(), "zstd")
+    size = f.stat().st_size
+    limit = max(1 << 20, store.DECODED_PER_BYTE * size)
+    assert 4 * _zeros(200_000).nbytes > 3 * limit          # a bomb: far past the bound
+    got = read_rank(f)
+    assert got.problem and got.problem.startswith(f"larger than {limit} bytes decoded from a file of {size} bytes")
+    assert sum(b.nbytes for b in got.batches) <= limit
+
+
+def test_the_store_s_own_files_are_far_inside_the_bound(tmp_path, monkeypatch):
+    """The ratio alone (no floor) never cuts a real rank file: the writer's own batches of
+    constant values, the most compressible a real store gets, decode to under 10 times
+    their size."""
+    monkeypatch.setattr(store, "DECODED_FLOOR", 0)
+    w = RankWriter.create(tmp_path, 0)
+    t0 = 1_767_225_600_000_000_000
+    for s in range(200):
+        w.write_rows([(t0 + s * 10**9, "gpu", f"field_{k}", 100.0, None, g) for g in range(8) for k in range(25)]
+                     + [(t0 + s * 10**9, "metric", "loss", 1.0, s, None)])
+    w.close()
+    f = next(tmp_path.glob("rank-*.arrows"))
+    got = read_rank(f)
+    assert got.problem is None and sum(b.num_rows for b in got.batches) == 200 * 201
+    assert sum(b.nbytes for b in got.batches) < 10 * f.stat().st_size
+
+
+def test_hpcml_run_ends_when_its_report_fails(tmp_path, monkeypatch, capsys):
+    """The report failing (any reason: a store nobody foresaw) is one line on stderr; the
+    launcher goes on to its end (phases, exit code) and run.json still gets its ledger."""
+    from hpcml.jobmodel import RunRecord
+    from hpcml.run import launcher, report
+    from hpcml.run.jobdir import read_run, write_run
+    d = tmp_path / "job"
+    d.mkdir()
+    t0 = time.time() - 100
+    write_run(d, RunRecord(command=["x"], mode="local", started=t0, ended=t0 + 60, exit_code=1))
+    (d / "observe").mkdir()
+
+    def broken(_d):
+        raise RuntimeError("a report\nthat failed")
+    monkeypatch.setattr(report, "build", broken)
+    launcher._report(d, types.SimpleNamespace(report=True, collector=None))
+    err = capsys.readouterr().err
+    assert "hpcml run: no report: RuntimeError: a report that failed\n" in err
+    assert read_run(d).exit_code == 1
