@@ -17,7 +17,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from hpcml.files import read_bounded, read_json, write_atomic
+from hpcml.files import load_json_bounded, read_json, write_atomic
 from hpcml.observe import beat
 from hpcml.observe.beat import Trust, beat_dir
 from hpcml.observe.stacks import Stack
@@ -68,9 +68,10 @@ def read_stacks(observe: Path, world: int | None = None, trust: Trust | None = N
         digits = p.name.removeprefix("rank-").removesuffix(".json")
         if not (digits.isascii() and digits.isdigit() and len(digits) <= 9) or p != stack_path(observe, int(digits)):
             continue
+        read: list[bytes] = []                         # the bytes parsed: what the signature is checked on
         try:
-            raw = read_bounded(p, MAX_STACK_BYTES, follow_symlinks=False)
-            doc = json.loads(raw)
+            doc = load_json_bounded(p, MAX_STACK_BYTES, follow_symlinks=False, check=read.append)
+            raw = read[0]
             check(doc, SCHEMA, str(p))
         except Exception:  # noqa: BLE001 - a half-written or hostile file: that rank has no stack
             continue
