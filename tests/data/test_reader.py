@@ -199,6 +199,28 @@ def test_a_stream_left_early_closes_at_once(shards):
     assert len(_keys(ds)) == 503 - 3            # and the rest of the epoch reads normally
 
 
+def test_a_stream_the_collector_closes_while_a_thread_starts_does_not_wait_for_ever(shards):
+    """The collector may close an unfinished stream inside a new thread's start, where
+    ``threading`` holds its own lock (``_shutdown_locks_lock``, in ``_maintain_shutdown_locks``)
+    and the starting thread waits for the new one: a close that joined the stream's threads
+    needed that lock and both waited for ever (the suite hung so, in a reader test). Here the
+    close runs holding that lock, as the collector's did (a CPython internal, held on
+    purpose: the state cannot be made through a public API); it must return, and the
+    stream's threads end soon after."""
+    ds = _ds(shards, block_bytes=20_000, window=2)
+    it = iter(ds)
+    next(it)
+
+    def close_as_the_collector_did() -> None:
+        with threading._shutdown_locks_lock:       # type: ignore[attr-defined]
+            it.close()
+    closer = threading.Thread(target=close_as_the_collector_did, daemon=True)
+    closer.start()
+    closer.join(30)
+    assert not closer.is_alive(), "closing the stream waited on threading's own lock"
+    assert len(_keys(ds)) == 503 - 1             # and the rest of the epoch reads normally
+
+
 def test_decode_runs_per_sample(shards):
     ds = _ds(shards, decode=lambda s: (s["__key__"], int(s["cls"])))
     assert all(isinstance(label, int) for _k, label in ds)

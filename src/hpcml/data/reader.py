@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import queue
 import stat
 import threading
 import warnings
@@ -44,6 +45,36 @@ WINDOW = 32                 # default blocks per window
 #: on round trips and a compressed shard's reads on decompression, not the disk: there each
 #: reading process keeps this many.
 READ_THREADS = 8
+
+
+_closer: tuple[int, queue.SimpleQueue] | None = None        # (the process it serves, its queue)
+_closer_lock = threading.Lock()
+
+
+def _closer_queue() -> queue.SimpleQueue:
+    """The queue of this process's stream closer: a thread that closes the streams left
+    unfinished. Such a stream is closed by the garbage collector in whichever thread it runs,
+    at any point of it: inside ``threading``'s own bookkeeping (a new thread's start holds
+    its lock, which a join needs: that thread and the one starting it then wait for ever) or
+    in one of the stream's own threads. There nothing may join or start a thread, and
+    ``SimpleQueue.put`` is what Python says may be called from there. Made at a stream's
+    start, anew after a fork (a DataLoader worker has no thread of its parent's)."""
+    global _closer
+    with _closer_lock:
+        if _closer is None or _closer[0] != os.getpid():
+            q: queue.SimpleQueue = queue.SimpleQueue()
+            threading.Thread(target=_close_loop, args=(q,), name="hpcml-reader-close", daemon=True).start()
+            _closer = (os.getpid(), q)
+        return _closer[1]
+
+
+def _close_loop(q: queue.SimpleQueue) -> None:
+    while True:
+        close = q.get()
+        try:
+            close()
+        except Exception as exc:  # noqa: BLE001 - one stream's close must not end the others'
+            warnings.warn(f"hpcml data: a stream left unfinished was not closed cleanly: {exc}", stacklevel=1)
 #: layout settings that only tune reading: left to their defaults, a resume takes the state's
 TUNING = ("block_bytes", "window")
 #: what a reading process holds is two windows (``2 * window * block_bytes``): bounded, so
@@ -639,6 +670,8 @@ class ShardDataset:
                          [s.index for s in self.manifest.shards], keep=max(64, 4 * self.layout.window),
                          compression=[s.compression for s in self.manifest.shards],
                          sizes=[s.bytes for s in self.manifest.shards], counts=self._counts)
+        closer = _closer_queue()                # made here, where starting a thread is safe
+        finished = False
         own: set[int] = set()                   # the idents of this stream's own threads
         pool = ThreadPoolExecutor(max_workers=threads, initializer=lambda: own.add(threading.get_ident()))
         # The first window is all wait (nothing to yield yet): its reads go at the full
@@ -670,6 +703,7 @@ class ShardDataset:
                 if nxt:
                     shards.give([b for _start, _view, b in bufs])
                 skip = 0
+            finished = True
         finally:
             def close() -> None:
                 first.shutdown(wait=True, cancel_futures=True)
@@ -678,13 +712,13 @@ class ShardDataset:
                 shards.close()
                 self.reads += shards.reads
                 self.read_bytes += shards.read_bytes
-            # A stream left unfinished is closed by the garbage collector, in whichever thread
-            # it runs: in one of this stream's own (loading an index, under the lock the
-            # others wait for) joining them would wait for ever, so it is closed beside it.
-            if threading.get_ident() in own:
-                threading.Thread(target=close, name="hpcml-reader-close", daemon=True).start()
-            else:
+            # A stream read to its end is closed here; one left unfinished (broken out of, an
+            # error, the garbage collector) by the closer thread (``_closer_queue``: here may
+            # be inside threading's own locks, or in one of this stream's threads).
+            if finished and threading.get_ident() not in own:
                 close()
+            else:
+                closer.put(close)
 
     def _window_samples(self, shards: _Shards, win: order.Window, bufs, skip: int) -> Iterator[Any]:
         counts = np.array([hi - lo for _s, lo, hi in win.pieces])
