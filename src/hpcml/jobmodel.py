@@ -437,11 +437,6 @@ class Ledger(Model):
                 out[p.part] = round(out.get(p.part, 0.0) + p.seconds, 3)
         return out
 
-    def held_s(self) -> float:
-        """The seconds the job held its nodes: the whole less its time in Slurm's queue
-        between a requeued attempt and the next (no node held then)."""
-        return max(0.0, self.total_s - sum(p.seconds or 0.0 for p in self.parts if p.part == "queued"))
-
     def lost(self) -> list[tuple[str, float]]:
         """Node-seconds that did not train, by part, the largest first."""
         out: dict[str, float] = {}

@@ -152,9 +152,9 @@ def _job_score(d: Path, records: list[Attempt], last: dict[str, Any]) -> float |
     from hpcml.run.report import _score
     total = weighted = 0.0
     for rec in records[:-1]:
-        if rec.ended is None or rec.launch is None:        # ran nothing (aborted) or its end not known
-            if rec.launch is None and rec.ended is not None:
-                continue
+        if rec.launch is None and rec.ended is not None:    # aborted: it ran nothing
+            continue
+        if rec.ended is None:                                # its end not known
             return None
         got, _why = _score(d, rec.attempt)
         if got is None or got.get("score") is None:
