@@ -25,6 +25,7 @@ short spans repeated up to 300,000 times (a tuple nested too deep to hash was fo
 
 from __future__ import annotations
 
+import faulthandler
 import io
 import json
 import os
@@ -263,6 +264,7 @@ def real_load(path: Path, kind: str) -> dict:
     pid = os.fork()
     if pid == 0:
         os.close(r)
+        faulthandler.disable()      # a mutant's SIGSEGV is a status here, not the worker's stack on stderr
         try:
             _child_load(str(path), kind, w)
         finally:
