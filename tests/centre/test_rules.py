@@ -11,7 +11,7 @@ import pytest
 from hpcml.centre import handler
 from hpcml.centre.handler import NodeState
 from hpcml.centre.rules import DEFAULT_RULES, load, loads
-from hpcml.centre.sources import JOB_CHECK, JsonDirSource, Result
+from hpcml.centre.sources import JOB_CHECK, JsonDirSource, Reach, Result
 from hpcml.errors import SlurmError, UsageError
 from tests.vet.reports import vet_report
 
@@ -367,7 +367,8 @@ class ListSource:
         self.results = results
 
     def results_since(self, since):
-        return [r for r in self.results if r.time >= since]
+        reach = Reach.of(since)
+        return [r for r in self.results if reach.wants(r.node, r.time, r.from_job)]
 
 
 def _audit(path: Path):
@@ -764,3 +765,47 @@ def test_a_naive_time_in_the_audit_log_is_utc_not_a_crash(tmp_path):
                        update=fake.update)
     assert [(a.node, a.action) for a in p.actions] == [("n2", "drain"), ("n3", "defer")]   # n1's drain counts
     assert handler.drained_since(audit.read_text().splitlines(), NOW - timedelta(hours=2)) == {"n1", "n2"}
+
+
+def test_a_run_reads_each_kind_for_its_rules_window_and_a_drained_node_since_its_drain(tmp_path):
+    """The default rules count check results over at most 24 h and job events over 7 d: a run
+    reads the store that far back, except for a node drained by us, whose passes since its
+    drain (10 days ago here) are read and resume it. Another node's results from before the
+    window are not read (the handler of a fleet with one node drained for weeks read weeks
+    of every node's results at every run)."""
+    import json
+    import time as _time
+
+    from hpcml.centre.collector.schema import parse
+    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.sources import StoreSource
+    from hpcml.centre.summaries import Proven
+    from hpcml.centre.summaries import Received as JobSummary
+    from tests.centre.jobdocs import event, summary
+    now = datetime.fromtimestamp(int(_time.time()), timezone.utc)
+    day = 86400
+    url = f"sqlite:///{tmp_path}/c.db"
+    store = open_store(url)
+    body = [{"node": node, "time": (now - timedelta(seconds=ago)).timestamp(), "verdict": "good" if ok else "bad",
+             "results": [{"name": "gpu-count", "type": "gpu", "outcome": "pass" if ok else "fail"}]}
+            for node, ago, ok in (("n1", 9 * day, True), ("n1", 5 * day, True), ("n2", 3 * day, False),
+                                  ("n2", 2 * day, False), ("n2", 3600, True))]
+    reports = parse(json.dumps(body).encode())
+    for r in reports:
+        r.proven("node", "root")
+    store.add(reports)
+    doc = JobSummary.model_validate(summary("7", ended=(now - timedelta(days=3)).timestamp(), nodes=["n3"],
+                                            user="u0", stragglers=[event("n3", 0)]))
+    doc.proven(Proven(how="munge", user="u0", uid=1000, verified=True))
+    store.add_jobs([doc])
+    store.close()
+    catalog = load(DEFAULT_RULES)
+    states = nodes(3, n1=("IDLE+DRAIN", "hpcml: gpu-count fail 3x in 24 h"))
+    last = {"n1": handler.Record("drain", now - timedelta(days=10), "gpu-failing", "gpu-count")}
+    reach = handler.reach(catalog, states, last, now)
+    got = list(StoreSource(url).results_since(reach))
+    assert sorted((r.node, r.outcome, round((now - r.time).total_seconds() / day)) for r in got) == \
+        [("n1", "pass", 5), ("n1", "pass", 9), ("n2", "pass", 0), ("n3", "fail", 3)]
+    assert [r.type for r in got if r.from_job] == ["straggler"]
+    p = handler.plan(catalog, got, states, last, now)
+    assert [(a.node, a.action) for a in p.actions] == [("n1", "resume")]

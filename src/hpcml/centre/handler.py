@@ -20,6 +20,7 @@ Safety comes first, because a wrong rule could empty a cluster:
 
 from __future__ import annotations
 
+import bisect
 import fcntl
 import getpass
 import json
@@ -34,7 +35,7 @@ from pathlib import Path
 from typing import IO, Iterator
 
 from hpcml.centre.rules import REASON_PREFIX, Catalog, Rule, fmt_window
-from hpcml.centre.sources import Result, ResultSource
+from hpcml.centre.sources import Reach, Result, ResultSource
 from hpcml.cluster import slurm
 from hpcml.errors import SlurmError, UsageError
 from hpcml.schemas import DRAIN_TYPE, tag
@@ -211,8 +212,13 @@ def _evidence(rule: Rule, hits: list[Result]) -> dict:
 def _first_firing(catalog: Catalog, results: list[Result], now: datetime,
                   after: datetime | None):
     ordered = sorted(results, key=lambda r: r.time)     # once, not once per rule
-    for rule in catalog.rules:
-        hit = _fires(rule, ordered, now, after)
+    times = [r.time for r in ordered]
+    end = bisect.bisect_right(times, now)
+    for rule in catalog.rules:                          # each rule reads its own window only
+        begin = bisect.bisect_left(times, now - timedelta(seconds=rule.window))
+        if after is not None:
+            begin = max(begin, bisect.bisect_right(times, after))
+        hit = _fires(rule, ordered[begin:end], now, after)
         if hit:
             return rule, *hit
     return None
@@ -445,6 +451,15 @@ def apply(p: Plan, audit: IO[str], *, dry_run: bool, rules: str,
         audit.flush()
 
 
+def reach(catalog: Catalog, nodes: Mapping[str, NodeState], last: Mapping[str, Record], now: datetime) -> Reach:
+    """How far back a run reads (``sources.Reach``): each kind of result for the longest
+    window of the rules that count it, the nodes drained by us since their drain."""
+    checks = [r.window for r in catalog.rules if r.match.job is None]
+    jobs = [r.window for r in catalog.rules if r.match.job is not None]
+    return Reach(now - timedelta(seconds=max(checks, default=0.0)), now - timedelta(seconds=max(jobs, default=0.0)),
+                 {n: last[n].time for n, s in nodes.items() if s.ours and n in last})
+
+
 def handle(catalog: Catalog, source: ResultSource, *, audit_path: Path = DEFAULT_AUDIT,
            dry_run: bool = False, now: datetime | None = None,
            states: Callable[..., Mapping[str, NodeState]] | None = None,
@@ -458,10 +473,7 @@ def handle(catalog: Catalog, source: ResultSource, *, audit_path: Path = DEFAULT
         last = history(lines)
         recent = drained_since(lines, now - timedelta(seconds=catalog.drain_window))
         nodes = states()
-        since = now - timedelta(seconds=catalog.longest_window)
-        drained_at = [last[n].time for n, s in nodes.items() if s.ours and n in last]
-        since = min([since, *drained_at])
-        p = plan(catalog, source.results_since(since), nodes, last, now)
+        p = plan(catalog, source.results_since(reach(catalog, nodes, last, now)), nodes, last, now)
         cap(catalog, p, recent)
         for a in p.of("defer"):           # reported and audited, not silently dropped
             audit.write(json.dumps(_entry(a, now, dry_run=dry_run, rules=catalog.source, before=None)) + "\n")

@@ -1,7 +1,8 @@
 """Where the node handler reads past vetting results from.
 
-The handler needs only "every result since T", so it depends on this small read
-interface rather than on a store: ``JsonDirSource`` reads the report.json files that
+The handler needs only "every result since T" (``Reach``: the check results and the job
+events each for their rules' window, the nodes it drained since their drain), so it depends
+on this small read interface rather than on a store: ``JsonDirSource`` reads the report.json files that
 ``hpcml vet`` leaves behind (validated with the model their writer's document is defined by,
 ``hpcml.jobmodel.VetReport``), ``StoreSource`` adapts the results collector's store, and with it
 the job summaries' node events (a straggler or hang culprit named by a job), as results of
@@ -13,8 +14,8 @@ from __future__ import annotations
 import logging
 import os
 import stat
-from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Protocol
@@ -48,8 +49,37 @@ class Result:
     evidence: str = "node"
 
 
+@dataclass(frozen=True)
+class Reach:
+    """How far back a handler run reads: every node's check results since ``checks`` (the
+    longest check rule's window), its job events since ``jobs`` (the longest job rule's), and
+    everything of each node in ``older`` since its time there (a node drained by us: its
+    passes since the drain count towards the resume). The fleet is read for the windows
+    alone: one node drained for weeks does not make every run read weeks of every node."""
+
+    checks: datetime
+    jobs: datetime
+    older: Mapping[str, datetime] = field(default_factory=dict)
+
+    @classmethod
+    def of(cls, since: datetime | Reach) -> Reach:
+        return since if isinstance(since, Reach) else cls(since, since)
+
+    @property
+    def earliest(self) -> datetime:
+        return min([self.checks, self.jobs, *self.older.values()])
+
+    def wants(self, node: str, time: datetime, from_job: bool) -> bool:
+        if time >= (self.jobs if from_job else self.checks):
+            return True
+        at = self.older.get(node)
+        return at is not None and time >= at
+
+
 class ResultSource(Protocol):
-    def results_since(self, since: datetime) -> Iterable[Result]: ...
+    def results_since(self, since: datetime | Reach) -> Iterable[Result]:
+        """Every result since ``since``, or within the ``Reach``."""
+        ...
 
 
 def _utc(value) -> datetime:
@@ -118,7 +148,8 @@ class JsonDirSource:
                 raise UsageError("no such file or directory", file=str(p))
         return out
 
-    def results_since(self, since: datetime) -> Iterator[Result]:
+    def results_since(self, since: datetime | Reach) -> Iterator[Result]:
+        reach = Reach.of(since)
         trusted = trusted_owners()
         for path in self.files():
             try:
@@ -133,7 +164,7 @@ class JsonDirSource:
             except (OSError, ValueError, KeyError, TypeError) as exc:
                 problem = f"missing key {exc}" if isinstance(exc, KeyError) else str(exc)
                 raise UsageError(f"cannot read results: {problem}", file=str(path)) from None
-            yield from (r for r in results if r.time >= since)
+            yield from (r for r in results if reach.wants(r.node, r.time, r.from_job))
 
 
 class StoreSource:
@@ -142,7 +173,7 @@ class StoreSource:
     def __init__(self, url: str) -> None:
         self.url = url
 
-    def results_since(self, since: datetime) -> Iterator[Result]:
+    def results_since(self, since: datetime | Reach) -> Iterator[Result]:
         try:
             from hpcml.centre.collector.store import StoreError, open_store
         except ImportError:
@@ -153,22 +184,30 @@ class StoreSource:
         except (StoreError, ValueError) as exc:
             raise UsageError(f"cannot open the results store: {exc}", key="db") from None
         try:
-            yield from collector_results(store, since.timestamp())
+            yield from collector_results(store, Reach.of(since))
         finally:
             store.close()
 
 
-def collector_results(store, since: float) -> Iterator[Result]:
-    """An open collector store's results and job summaries' node events since ``since``
-    (epoch seconds), as the handler counts them."""
-    for row in store.results_since(since):
+def collector_results(store, reach: Reach) -> Iterator[Result]:
+    """An open collector store's results and job summaries' node events within ``reach``,
+    as the handler counts them."""
+    checks = reach.checks.timestamp()
+    rows = store.results_since(checks)
+    older = {n: t.timestamp() for n, t in reach.older.items() if t < reach.checks}
+    if older:                                     # the drained nodes' own, from before the window
+        rows = [*(r for r in store.results_since(min(older.values()), nodes=sorted(older))
+                  if older[r["node"]] <= r["time"] < checks), *rows]
+    for row in rows:
         job = row["job"]
         yield Result(node=row["node"], check=row["name"], type=row["type"] or "",
                      outcome=row["outcome"], time=_utc(row["time"]),
                      job=str(job) if job is not None else None,
                      user=row["sender"] if row["evidence"] == "job" else None,
                      evidence=row["evidence"])
-    for ev in store.job_events_since(since):     # hpcml run's job summaries
-        yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
-                     time=_utc(ev["time"]), job=ev["job"], from_job=True, user=ev["user"],
-                     evidence="job")
+    jobs = min([reach.jobs, *(t for t in reach.older.values())]).timestamp()
+    for ev in store.job_events_since(jobs):     # hpcml run's job summaries
+        when = _utc(ev["time"])
+        if reach.wants(ev["node"], when, True):
+            yield Result(node=ev["node"], check=JOB_CHECK, type=ev["role"], outcome="fail",
+                         time=when, job=ev["job"], from_job=True, user=ev["user"], evidence="job")

@@ -185,13 +185,13 @@ def _handle_day(store: Any, catalog: Any, history: dict, truth: Truth, names: Se
                 now: float) -> None:
     """The handler's ``plan`` over what the collector holds, as ``hpcml centre handle`` runs
     it once a day; its drains and resumes applied to the simulated Slurm."""
-    from hpcml.centre.handler import NodeState, Record, plan
+    from hpcml.centre.handler import NodeState, Record, plan, reach
     from hpcml.centre.sources import collector_results
     when = datetime.fromtimestamp(now, timezone.utc)
-    results = list(collector_results(store, now - 8 * DAY))
     states = {n: NodeState(n, "DRAIN" if n in drained else "IDLE",
                            (history[n].rule and f"hpcml: {history[n].rule}") if n in drained and n in history else "")
               for n in names}
+    results = list(collector_results(store, reach(catalog, states, history, when)))
     p = plan(catalog, results, states, history, when)
     for a in p.actions:
         if a.action == "drain" and a.node not in drained:

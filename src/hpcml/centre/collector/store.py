@@ -33,6 +33,7 @@ from hpcml.registry import Registry, UnknownName
 
 DEFAULT_URL = "sqlite:///./hpcml-vet.db"
 MAX_CHECKS = 500                # checks a plan prices (the most run)
+NODES_PER_QUERY = 400           # names bound in one query (SQLite's oldest limit is 999 parameters)
 DURATION_USERS = 3              # people whose own jobs ran a check before their figures price it
 REPORT_COLS = ("id", "job", "node", "time", "protocol", "verdict", "received", "evidence", "sender")
 RESULT_COLS = ("report_id", "seq", "node", "job", "time", "name", "type", "outcome", "value_num",
@@ -99,9 +100,9 @@ class Store(JobQueries, ABC):
         """Every node report of the job, by node."""
 
     @abstractmethod
-    def results_since(self, since: float) -> list[dict[str, Any]]:
-        """Every check result since ``since`` (epoch seconds), oldest first: what the node
-        handler's rules are evaluated on."""
+    def results_since(self, since: float, nodes: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        """Every check result since ``since`` (epoch seconds), oldest first, of ``nodes``
+        only when given: what the node handler's rules are evaluated on."""
 
     @abstractmethod
     def ping(self) -> None:
@@ -296,10 +297,18 @@ class SqlStore(Store):
             "FROM results WHERE job = ? ORDER BY report_id, seq", (job_id,))
         return self._with_results(reps, rows)
 
-    def results_since(self, since: float) -> list[dict[str, Any]]:
-        rows = self._all("SELECT r.node, r.job, r.time, r.name, r.type, r.outcome, p.evidence, p.sender "
-                         "FROM results r JOIN reports p ON p.id = r.report_id WHERE r.time >= ? "
-                         "ORDER BY r.time, r.report_id, r.seq", (since,))
+    def results_since(self, since: float, nodes: Sequence[str] | None = None) -> list[dict[str, Any]]:
+        sql = ("SELECT r.node, r.job, r.time, r.name, r.type, r.outcome, p.evidence, p.sender "
+               "FROM results r JOIN reports p ON p.id = r.report_id WHERE r.time >= ?")
+        if nodes is None:
+            rows = self._all(sql + " ORDER BY r.time, r.report_id, r.seq", (since,))
+        else:                       # a few hundred bound names a query: under any server's limit
+            rows = []
+            for i in range(0, len(nodes), NODES_PER_QUERY):
+                part = list(nodes[i:i + NODES_PER_QUERY])
+                rows += self._all(sql + f" AND r.node IN ({', '.join('?' * len(part))}) "
+                                  "ORDER BY r.time, r.report_id, r.seq", (since, *part))
+            rows.sort(key=lambda r: r[2])
         return [dict(zip(("node", "job", "time", "name", "type", "outcome", "evidence", "sender"), r)) for r in rows]
 
     def ping(self) -> None:
