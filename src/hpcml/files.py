@@ -171,6 +171,26 @@ def fsync_dir(path: str | os.PathLike) -> None:
         os.close(fd)
 
 
+def private_dir(folder: str | os.PathLike, *, create: bool = True) -> str | None:
+    """Why ``folder`` is not this user's own private directory, or None when it is (made
+    0700 if missing). Its parent may be written by no one else, unless sticky as /tmp is
+    (then no one else can rename or replace what is ours in it): a directory only we can
+    enter holds what only we may reach (a spool, a socket the user's own processes send to)."""
+    folder = Path(folder)
+    try:
+        parent = os.lstat(folder.parent)
+        if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX or parent.st_uid not in (0, os.geteuid()):
+            return f"its parent {folder.parent} may be written by others"
+        if create:
+            folder.mkdir(mode=0o700, exist_ok=True)
+        st = os.lstat(folder)
+    except OSError as exc:
+        return exc.strerror or str(exc)
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
+        return "not this user's own private directory"
+    return None
+
+
 def inside(root: str | os.PathLike, path: str | os.PathLike) -> Path:
     """``path`` resolved (symlinks followed, ``..`` folded), if it stays inside ``root``
     (resolved too); ValueError naming where it leads otherwise. For every path a file from

@@ -33,6 +33,18 @@ def printable(name: str, limit: int = 120) -> str:
     return text if len(text) <= limit else text[:limit] + "..."
 
 
+#: a sentence of ours that carries names (a finding, a summary line): printed whole
+LINE_MAX = 4000
+
+
+def shown(value: object, limit: int = 120) -> str:
+    """A name from a file or a peer inside Rich output: ``printable``, and escaped so that
+    Rich reads none of it as markup (``[/x]`` would end the command with an error,
+    ``[link=...]`` make a hyperlink, ``[green]`` fake a verdict)."""
+    from rich.markup import escape
+    return escape(printable(str(value), limit))
+
+
 def natural_key(s: str) -> list:
     """Sort key that puts ``nid2`` before ``nid10`` (node, rank and file names)."""
     return [int(p) if p.isdigit() else p for p in re.split(r"(\d+)", s)]

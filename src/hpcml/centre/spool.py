@@ -27,7 +27,7 @@ from typing import Any
 import orjson
 
 from hpcml import logs
-from hpcml.files import load_json_bounded
+from hpcml.files import load_json_bounded, private_dir
 
 log = logs.get(__name__)
 
@@ -45,20 +45,10 @@ class Spool:
         self.folder = Path(folder)
 
     def _usable(self, create: bool) -> bool:
-        try:
-            parent = os.lstat(self.folder.parent)
-            if parent.st_mode & 0o022 or parent.st_uid not in (0, os.geteuid()):
-                log.warning(f"hpcml vet: spool {self.folder}: its parent may be written by others: not used")
-                return False
-            if create:
-                self.folder.mkdir(mode=0o700, exist_ok=True)
-            st = os.lstat(self.folder)
-        except OSError:
-            return False
-        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o077:
-            log.warning(f"hpcml vet: spool {self.folder} is not this user's own private directory: not used")
-            return False
-        return True
+        problem = private_dir(self.folder, create=create)
+        if problem is not None and (create or self.folder.exists()):
+            log.warning(f"hpcml vet: spool {self.folder}: {problem}: not used")
+        return problem is None
 
     def put(self, doc: dict[str, Any]) -> Path | None:
         """Keep ``doc`` to send later; the file, or None when it cannot be kept."""

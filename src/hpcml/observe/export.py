@@ -1,9 +1,13 @@
 """Live export: one Prometheus exposition endpoint per node, for the job's ranks there.
 
 The recorder of local rank 0 serves ``port`` over HTTP; the recorders of the node's other
-ranks send their rows to it as UDP datagrams on the same port number, on loopback (a
-lost datagram only delays a gauge to the next sample). Gauges are updated from the same
-rows the recorders write to the store, so the endpoint and the store agree.
+ranks send their rows to it as datagrams on a Unix socket named by the port, in a directory
+only the user can enter (``files.private_dir``): another user's process cannot send it rows
+(a loopback UDP port took them from anyone on the node). A lost datagram only delays a gauge
+to the next sample. Gauges are updated from the same rows the recorders write to the store,
+so the endpoint and the store agree; a row that is not one the store would take (a name
+that is not text, a value that is not a finite number) is dropped, and nothing a datagram
+holds stops the receiver.
 
 Cardinality is bounded: labels are slurm_job, rank, node (and gpu for GPU metrics) plus
 the metric or section name, of which at most ``MAX_NAMES`` per node are exported (more
@@ -14,11 +18,56 @@ left to Prometheus, which sets it to the scrape job's name.
 from __future__ import annotations
 
 import json
+import logging
+import math
+import numbers
+import os
 import socket
+import tempfile
 import threading
+from pathlib import Path
+
+from hpcml.files import private_dir
 
 MAX_NAMES = 64
 MAX_DATAGRAM = 60_000
+NAME_MAX = 200                  # characters of a metric, section or host sample's name
+KINDS = ("host", "gpu", "metric", "section")
+
+log = logging.getLogger(__name__)
+
+
+def socket_path(port: int) -> Path:
+    """Where the node's endpoint on ``port`` takes the other ranks' rows: this user's."""
+    return Path(tempfile.gettempdir()) / f"hpcml-{os.geteuid()}" / f"export-{port}"
+
+
+def _row(r: object) -> tuple | None:
+    """A forwarded row as the store takes it, or None: (ts_ns, kind, name, value, step, gpu)."""
+    if not isinstance(r, (list, tuple)) or len(r) != 6:
+        return None
+    ts, kind, name, value, step, gpu = r
+    if kind not in KINDS or not isinstance(name, str) or not 0 < len(name) <= NAME_MAX or not name.isprintable():
+        return None
+    try:
+        name.encode()                               # a lone surrogate: no scrape could encode it
+    except UnicodeEncodeError:
+        return None
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
+        return None
+    try:
+        value = float(value)                        # an integer past a float's range: OverflowError
+    except (OverflowError, ValueError):
+        return None
+    if not math.isfinite(value):
+        return None
+    if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)
+                             or not -(1 << 63) <= step < 1 << 63):
+        return None
+    if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, (numbers.Integral, str))
+                            or len(str(gpu)) > NAME_MAX or not str(gpu).isprintable()):
+        return None
+    return ts, kind, name, value, None if step is None else int(step), gpu
 
 
 class PromExporter:
@@ -43,9 +92,17 @@ class PromExporter:
         self._names: set[tuple[str, str]] = set()
         self._lock = threading.Lock()
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
-        self.udp.bind(("127.0.0.1", port))
-        threading.Thread(target=self._receive, name="hpcml-export-udp", daemon=True).start()
+        # the HTTP port is ours now: a socket left at its path is a dead endpoint's
+        self.path: Path | None = socket_path(port)
+        self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        problem = private_dir(self.path.parent)
+        if problem is None:
+            self.path.unlink(missing_ok=True)
+            self.udp.bind(str(self.path))
+            threading.Thread(target=self._receive, name="hpcml-export-rows", daemon=True).start()
+        else:
+            log.warning(f"hpcml observe: {self.path.parent}: {problem}: the node's other ranks are not exported")
+            self.path = None
 
     def _receive(self) -> None:
         while True:
@@ -55,9 +112,12 @@ class PromExporter:
                 return                  # closed
             try:
                 msg = json.loads(data)
-                self.update([tuple(r) for r in msg["rows"]], rank=int(msg["rank"]))
-            except (ValueError, KeyError, TypeError):
-                continue                # not ours: ignore
+                rank = msg["rank"]
+                if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 31:
+                    continue
+                self.update(msg["rows"], rank=rank)
+            except Exception:  # noqa: BLE001 - no datagram may end the receiver: the other ranks' rows come here
+                continue
 
     def _allowed(self, kind: str, name: str) -> bool:
         key = (kind, name)
@@ -73,9 +133,11 @@ class PromExporter:
         lab = {"slurm_job": self.job, "rank": str(self.rank if rank is None else rank), "node": self.node}
         gauges = {"host": self.host, "metric": self.metric, "section": self.section}
         with self._lock:
-            for _ts, kind, name, value, step, gpu in rows:
-                if value is None or kind not in ("host", "gpu", "metric", "section"):
+            for row in rows:
+                checked = _row(row)                 # this rank's own rows too: its names are the job's
+                if checked is None:
                     continue
+                _ts, kind, name, value, step, gpu = checked
                 if not self._allowed(kind, name):
                     self.dropped.labels(**lab).inc()
                 elif kind == "gpu":
@@ -92,22 +154,23 @@ class PromExporter:
         self.server.shutdown()
         self.server.server_close()
         self.udp.close()
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
 
 
 class PromForwarder:
     """Another rank of the node: sends its rows to local rank 0's endpoint."""
 
     def __init__(self, port: int, *, rank: int) -> None:
-        self.port, self.rank = port, rank
-        self.udp = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+        self.port, self.rank, self.path = port, rank, str(socket_path(port))
+        self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
 
     def update(self, rows: list[tuple]) -> None:
         rows = [r for r in rows if r[3] is not None and r[1] in ("host", "gpu", "metric", "section")]
         step = max(1, len(rows) // (1 + len(json.dumps(rows)) // MAX_DATAGRAM))
         for i in range(0, len(rows), step):
             try:
-                self.udp.sendto(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode(),
-                                ("127.0.0.1", self.port))
+                self.udp.sendto(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode(), self.path)
             except OSError:
                 return                  # endpoint not up (yet): the next sample tries again
 

@@ -14,6 +14,8 @@ from typing import Any
 
 import numpy as np
 
+from hpcml.words import printable
+
 #: the rule, for a reader of the values
 RULE = "rank 0's last logged value (another rank's only where rank 0 logged none)"
 #: cumulative counters of the work done, as training frameworks name them (Megatron's
@@ -163,11 +165,11 @@ def line(progress: dict[str, Any] | None) -> str:
     sm = progress.get("samples")
     if sm:
         parts.append(f"{'about ' if sm['estimate'] else ''}{_num(sm['value'], 0 if sm['estimate'] else None)} "
-                     f"{sm['unit']}" + (f" on rank {sm['rank']}" if sm["estimate"] else ""))
+                     f"{printable(str(sm['unit']))}" + (f" on rank {sm['rank']}" if sm["estimate"] else ""))
     shown = list(progress.get("metrics", {}).items())[:8]
     if shown:
         ranks = {m["rank"] for _, m in shown}
-        vals = ", ".join(f"{k} {_shown(m)}" + (f" (rank {m['rank']})" if len(ranks) > 1 else "")
+        vals = ", ".join(f"{printable(k)} {_shown(m)}" + (f" (rank {m['rank']})" if len(ranks) > 1 else "")
                          for k, m in shown)
         parts.append(f"last {vals}" + (f" (rank {ranks.pop()})" if len(ranks) == 1 else ""))
     return "; ".join(parts) or "no steps and no metric logged"

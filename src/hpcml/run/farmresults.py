@@ -156,17 +156,36 @@ def collect(path: str | os.PathLike, sort: str | None = None) -> dict[str, Any]:
             "metric_rule": RULE, "rows": rows}
 
 
+#: what makes a spreadsheet read a cell as a formula (OWASP's list)
+FORMULA_LEADS = ("=", "+", "-", "@", "\t", "\r")
+
+
+def _cell(v: Any) -> Any:
+    """A value as a CSV cell a spreadsheet shows as text: a metric name a job logged or a
+    value it wrote that starts like a formula (``=HYPERLINK(...)``) gets a leading ``'``;
+    a number, even a negative one written as text, stays as it is."""
+    if not isinstance(v, str) or not v.startswith(FORMULA_LEADS):
+        return v
+    try:
+        float(v)
+        return v
+    except ValueError:
+        return "'" + v
+
+
 def to_csv(doc: dict[str, Any]) -> str:
     buf = io.StringIO()
     w = csv.writer(buf)
-    w.writerow(["id", "group", "state", "attempts", "exit_code", "seconds", "optimizer_steps", "optimizer_steps_per_s",
-                *doc["params"], *(m for m in doc["metrics"] if m not in doc["params"])])
+    w.writerow(map(_cell, ["id", "group", "state", "attempts", "exit_code", "seconds", "optimizer_steps",
+                           "optimizer_steps_per_s", *doc["params"],
+                           *(m for m in doc["metrics"] if m not in doc["params"])]))
     for r in doc["rows"]:
         st = r.get("steps") or {}
-        w.writerow([r["id"], r["group"] or "", r["state"], r["attempts"], "" if r["exit_code"] is None else r["exit_code"],
-                    "" if r["seconds"] is None else f"{r['seconds']:.3f}", st.get("count", ""),
-                    "" if st.get("per_s") is None else st["per_s"],
-                    *(r["params"].get(p, "") for p in doc["params"]),
-                    *((r.get("metric_non_finite") or {}).get(m) or r["metrics"].get(m, "")
-                      for m in doc["metrics"] if m not in doc["params"])])
+        w.writerow(map(_cell, [r["id"], r["group"] or "", r["state"], r["attempts"],
+                               "" if r["exit_code"] is None else r["exit_code"],
+                               "" if r["seconds"] is None else f"{r['seconds']:.3f}", st.get("count", ""),
+                               "" if st.get("per_s") is None else st["per_s"],
+                               *(r["params"].get(p, "") for p in doc["params"]),
+                               *((r.get("metric_non_finite") or {}).get(m) or r["metrics"].get(m, "")
+                                 for m in doc["metrics"] if m not in doc["params"])]))
     return buf.getvalue()

@@ -8,6 +8,7 @@ from typing import Any
 from rich.console import Console
 
 from hpcml.htmlkit import fmt_duration
+from hpcml.words import LINE_MAX, shown
 
 BAR = 24
 
@@ -32,9 +33,9 @@ def _instances(con: Console, inst: dict[str, Any] | None, shown: int = 8) -> Non
     con.print(f"  {'MIG':<13}{_n(inst['count'], 'instance')} scored apart from their GPUs: {score}", highlight=False)
     for g in inst["per_instance"][:shown]:
         mig = g.get("mig") or {}
-        what = ", ".join(f"{k} {v}" for k, v in mig.items() if k != "parent")
+        what = shown(", ".join(f"{k} {v}" for k, v in mig.items() if k != "parent"), LINE_MAX)
         value = "no data" if g["score"] is None else f"{g['score']:.2f}"
-        con.print(f"    {g['gpu']} ({what}): {value}", highlight=False)
+        con.print(f"    {shown(g['gpu'])} ({what}): {value}", highlight=False)
     if inst["count"] > shown:
         con.print(f"    … and {inst['count'] - shown} more", highlight=False)
 
@@ -74,8 +75,9 @@ def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console 
         con.print(f"  {'energy':<13}{rep['energy_wh']:,.1f} Wh on {rep['energy_gpus']} GPUs", highlight=False)
     _instances(con, rep.get("instances"))
     for i, f in enumerate(rep["findings"]):
-        con.print(f"[bold cyan]→ {f}[/]" if i == 0 else f"  • {f}", highlight=False)
+        text = shown(f, LINE_MAX)
+        con.print(f"[bold cyan]→ {text}[/]" if i == 0 else f"  • {text}", highlight=False)
     for n in rep["notes"]:
-        con.print(f"[dim]note: {n}[/]", highlight=False)
+        con.print(f"[dim]note: {shown(n, LINE_MAX)}[/]", highlight=False)
     if html_path is not None:
         con.print(f"HTML report: {html_path}")

@@ -21,12 +21,13 @@ def _render(inv) -> None:
     from rich.table import Table
 
     from hpcml.units import fmt_bytes
-    table = Table(title=f"checkpoints in {inv.root}")
+    from hpcml.words import LINE_MAX, shown
+    table = Table(title=f"checkpoints in {shown(inv.root, LINE_MAX)}")
     for col in ("step", "state", "size", "world", "tiers", "problem"):
         table.add_column(col)
     for e in inv.entries:
         table.add_row(str(e.step), e.state, fmt_bytes(e.size) if e.size is not None else "–", str(e.world_size or "–"),
-                      ",".join(e.tiers), e.problems[0] if e.problems else "")
+                      shown(",".join(e.tiers)), shown(e.problems[0], LINE_MAX) if e.problems else "")
     Console().print(table)
 
 

@@ -62,9 +62,10 @@ def _render(report) -> None:
 
     from hpcml.data.doctor import fmt_size, token_arrays
     from hpcml.units import fmt_bytes
+    from hpcml.words import LINE_MAX, shown
     s, rec, ops, con = report.scan, report.recommendation, report.ops, Console()
 
-    t = Table(title=f"Dataset {s.root}", show_header=False)
+    t = Table(title=f"Dataset {shown(s.root, LINE_MAX)}", show_header=False)
     t.add_row("files", f"{s.files:,} in {s.directories:,} directories, {fmt_bytes(s.bytes)}")
     if s.files:
         p = s.sizes.percentiles
@@ -83,7 +84,7 @@ def _render(report) -> None:
                   f"{'indexed (manifest.json)' if s.indexed else 'no index yet (hpcml data index)'}")
     if s.mds_files:
         t.add_row("MDS", f"{s.mds_files:,} MosaicML streaming shards (hpcml does not read MDS)")
-    t.add_row("extensions", ", ".join(f"{e or '(none)'} {n:,}" for e, n in s.extensions) or "-")
+    t.add_row("extensions", ", ".join(f"{shown(e) if e else '(none)'} {n:,}" for e, n in s.extensions) or "-")
     t.add_row("scan", f"{s.seconds:.2f} s, {s.files_per_s:,.0f} files/s, {s.jobs} threads")
     con.print(t)
 
@@ -110,7 +111,7 @@ def _render(report) -> None:
         con.print(f"  shard size: [bold]{fmt_bytes(rec.shard_bytes)}[/] (~{rec.shards:,} shard{plural}) - {rec.shard_reason}")
     con.print(f"  placement: [bold]{rec.placement}[/] ({rec.target}) - {rec.placement_reason}")
     for note in rec.notes:
-        con.print(f"  [yellow]note:[/] {note}")
+        con.print(f"  [yellow]note:[/] {shown(note, LINE_MAX)}")
 
     if s.ungroupable_count:
         con.print(f"[yellow]{s.ungroupable_count:,} file(s) WebDataset cannot group[/] "

@@ -276,24 +276,26 @@ def _status_table(doc: dict):
 def _render_status(doc: dict) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from hpcml.words import LINE_MAX, shown
     console = Console()
     console.print(_status_table(doc))
     if doc["bad_nodes"]:
-        console.print(f"retired nodes: {', '.join(doc['bad_nodes'])}")
+        console.print(f"retired nodes: {shown(', '.join(doc['bad_nodes']), LINE_MAX)}")
     if doc["running"]:
         t = Table(title="running")
         for col in ("id", "attempt", "node", "gpu", "for"):
             t.add_column(col)
         for r in doc["running"][:20]:
             since = f"{time.time() - r['start']:.0f} s" if r.get("start") else ""
-            t.add_row(str(r["id"]), str(r["attempt"]), str(r["node"]), str(r["gpu"] or ""), since)
+            t.add_row(shown(r["id"]), str(r["attempt"]), shown(r["node"]), shown(r["gpu"] or ""), since)
         console.print(t)
     if doc["failed"]:
         t = Table(title="failed")
         for col in ("id", "attempts", "outcome", "exit", "stderr"):
             t.add_column(col)
         for r in doc["failed"][:20]:
-            t.add_row(str(r["id"]), str(r["attempts"]), str(r["outcome"]), _exit(r), r["stderr"])
+            t.add_row(shown(r["id"]), str(r["attempts"]), shown(r["outcome"]), _exit(r), shown(r["stderr"] or "", LINE_MAX))
         console.print(t)
 
 
@@ -340,6 +342,8 @@ def results_command(
         return
     from rich.console import Console
     from rich.table import Table
+
+    from hpcml.words import LINE_MAX, shown
     sources = sorted({src for r in doc["rows"] for src in r["metric_sources"].values() if src != "observe"})
     caption = "; ".join(filter(None, [f"metrics: {doc['metric_rule']}" if doc["metrics"] else "",
                                       f"from framework logs: {', '.join(sources[:3])}{' ...' if len(sources) > 3 else ''}"
@@ -347,22 +351,23 @@ def results_command(
                                       "steps: rank 0's (optimizer steps counted, or the script's own), steps/s over "
                                       "their time" if any(
                                           r["steps"] for r in doc["rows"]) else ""]))
-    t = Table(title=f"{doc['farm']}: {len(doc['rows'])} tasks", caption=caption or None)
+    t = Table(title=f"{shown(doc['farm'])}: {len(doc['rows'])} tasks", caption=shown(caption, LINE_MAX) or None)
     command = not doc["params"]                  # a task file: the command says which task it is
     stepped = any(r["steps"] for r in doc["rows"])
     steps_col = "steps" if "steps" not in doc["params"] and "steps" not in doc["metrics"] else "steps (counted)"
     for col in ("id", "state", *doc["params"], *((steps_col, "steps/s") if stepped else ()), *doc["metrics"], "s"):
-        t.add_column(col, justify="right", no_wrap=True)      # the command column gives way, not a value
+        t.add_column(shown(col), justify="right", no_wrap=True)      # the command column gives way, not a value
     if command:
         t.add_column("command", overflow="ellipsis", max_width=60)
     for r in doc["rows"]:
         st = r["steps"] or {}
-        t.add_row(str(r["id"]), r["state"], *(_fmt(r["params"].get(p)) for p in doc["params"]),
+        t.add_row(shown(r["id"]), shown(r["state"]), *(shown(_fmt(r["params"].get(p))) for p in doc["params"]),
                   *((f"{st['count']:,}" if st else "", _fmt(st.get("per_s"))) if stepped else ()),
-                  *(((r.get("metric_non_finite") or {}).get(m) or _fmt(r["metrics"].get(m)))
+                  *(shown((r.get("metric_non_finite") or {}).get(m) or _fmt(r["metrics"].get(m)))
                     + (f" (rank {r['metric_ranks'][m]})" if r["metric_ranks"].get(m) else "")
                     for m in doc["metrics"]),
-                  "" if r["seconds"] is None else f"{r['seconds']:.1f}", *([r["command"]] if command else []))
+                  "" if r["seconds"] is None else f"{r['seconds']:.1f}",
+                  *([shown(r["command"], LINE_MAX)] if command else []))
     Console().print(t)
 
 

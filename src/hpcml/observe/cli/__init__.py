@@ -154,12 +154,14 @@ def report_cmd(
 def _print_report(rep, html_path: Path) -> None:
     from rich.console import Console
     from rich.table import Table
+
+    from hpcml.words import LINE_MAX, shown
     con = Console()
     from hpcml.observe.progress import line as progress_line
     dur = f"{rep.duration_s:.0f} s" if rep.duration_s is not None else "unknown duration"
-    con.print(f"[bold]Job {rep.job_id}[/]: {rep.ranks_with_data}/{rep.ranks_expected} ranks with data, "
+    con.print(f"[bold]Job {shown(rep.job_id)}[/]: {rep.ranks_with_data}/{rep.ranks_expected} ranks with data, "
               f"{len(rep.nodes)} nodes, {dur}, {rep.rows:,} rows")
-    con.print(f"did: {progress_line(rep.progress)}", highlight=False)
+    con.print(f"did: {shown(progress_line(rep.progress), LINE_MAX)}", highlight=False)
     tp = rep.throughput
     if tp:
         vals = [v for v in tp["series"] if v is not None]
@@ -168,15 +170,17 @@ def _print_report(rep, html_path: Path) -> None:
             lo, hi = min(vals), max(vals)
             spark = "".join(" " if v is None else "▁▂▃▄▅▆▇█"[min(7, int((v - lo) / ((hi - lo) or 1) * 8))]
                             for v in tp["series"])
-        shown = {k: "unknown" if tp[k] is None else tp[k] for k in ("median", "min", "max")}
-        con.print(f"throughput ({tp['unit']}): median {shown['median']}, min {shown['min']}, max {shown['max']}")
+        figures = {k: "unknown" if tp[k] is None else tp[k] for k in ("median", "min", "max")}
+        con.print(f"throughput ({shown(tp['unit'])}): median {figures['median']}, min {figures['min']}, "
+                  f"max {figures['max']}")
         con.print(f"  {spark}")
     if rep.stragglers:
         tab = Table(title="chronic stragglers", title_justify="left")
         for c in ("rank", "node", "GPUs", "x median", "confidence"):
             tab.add_column(c)
         for s in rep.stragglers[:10]:
-            tab.add_row(str(s["rank"]), s["node"] or "?", ",".join(s["gpus"]), f"{s['score']:.2f}",
+            tab.add_row(str(s["rank"]), shown(s["node"] or "?"), shown(",".join(s["gpus"]), LINE_MAX),
+                        f"{s['score']:.2f}",
                         f"{s['confidence']:.2f}")
         con.print(tab)
     check = rep.straggler_check
@@ -192,15 +196,17 @@ def _print_report(rep, html_path: Path) -> None:
     if rep.missing_ranks:
         con.print(f"missing ranks: {rep.missing_ranks}")
     for r, why in rep.damaged_ranks.items():
-        con.print(f"damaged rank {r}: {why}")
+        con.print(f"damaged rank {r}: {shown(why, LINE_MAX)}")
     if rep.findings:
         con.print("[bold]findings[/]")
         for i, f in enumerate(rep.findings, 1):
-            con.print(f" {i}. {f.message}\n    [cyan]→ {f.advice}[/]", highlight=False)
+            con.print(f" {i}. {shown(f.message, LINE_MAX)}\n    [cyan]→ {shown(f.advice, LINE_MAX)}[/]",
+                      highlight=False)
     elif rep.unjudged:
-        con.print(f"no findings, and no lost ranks; not judged: {'; '.join(rep.unjudged)}", highlight=False)
+        con.print(f"no findings, and no lost ranks; not judged: {shown('; '.join(rep.unjudged), LINE_MAX)}",
+                  highlight=False)
     else:
         con.print("no findings: no stragglers, stalls or lost ranks")
     if rep.findings and rep.unjudged:
-        con.print(f"not judged: {'; '.join(rep.unjudged)}", highlight=False)
+        con.print(f"not judged: {shown('; '.join(rep.unjudged), LINE_MAX)}", highlight=False)
     con.print(f"HTML report: {html_path}")
