@@ -62,7 +62,7 @@ def _row(r: object) -> tuple | None:
     if not math.isfinite(value):
         return None
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)
-                             or not -(1 << 63) <= step < 1 << 63):
+                             or not -(1 << 63) <= int(step) < 1 << 63):
         return None
     if gpu is not None and (isinstance(gpu, bool) or not isinstance(gpu, (numbers.Integral, str))
                             or len(str(gpu)) > NAME_MAX or not str(gpu).isprintable()):

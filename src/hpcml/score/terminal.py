@@ -24,20 +24,20 @@ def _bar(v: float | None) -> str:
     return f"{v:4.2f} [green]{'█' * full}[/][dim]{'░' * (BAR - full)}[/]"
 
 
-def _instances(con: Console, inst: dict[str, Any] | None, shown: int = 8) -> None:
+def _instances(con: Console, inst: dict[str, Any] | None, most: int = 8) -> None:
     """MIG instances, apart from the GPUs that hold them (whose figures include theirs)."""
     if not inst:
         return
     score = "no data" if inst["score"] is None else f"{inst['score']:.2f}" + (
         f" ({inst['bound']}-bound)" if inst["bound"] else "")
     con.print(f"  {'MIG':<13}{_n(inst['count'], 'instance')} scored apart from their GPUs: {score}", highlight=False)
-    for g in inst["per_instance"][:shown]:
+    for g in inst["per_instance"][:most]:
         mig = g.get("mig") or {}
         what = shown(", ".join(f"{k} {v}" for k, v in mig.items() if k != "parent"), LINE_MAX)
         value = "no data" if g["score"] is None else f"{g['score']:.2f}"
         con.print(f"    {shown(g['gpu'])} ({what}): {value}", highlight=False)
-    if inst["count"] > shown:
-        con.print(f"    … and {inst['count'] - shown} more", highlight=False)
+    if inst["count"] > most:
+        con.print(f"    … and {inst['count'] - most} more", highlight=False)
 
 
 def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console | None = None) -> None:
