@@ -5,6 +5,7 @@ to prove they start and finish)."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -107,3 +108,22 @@ def test_workloads_run_on_cpu(kind):
                         "--device", "cpu"], capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     assert p.stdout.startswith(f"{kind}: ") and " iterations " in p.stdout
+
+
+def test_a_hostile_hostname_in_a_scrape_is_printed_as_text(tmp_path):
+    """dcgm-exporter's ``Hostname`` label is the node's word: Rich markup in it ended the
+    report with a traceback, an escape sequence reached the terminal (the finding names
+    the node of the GPU well below the median)."""
+    host = "nid[/x]\x1b]0;PWNED\x07\x1b[2J"
+    labels = 'gpu="{g}",UUID="GPU-{g}",modelName="NVIDIA H100 80GB HBM3",Hostname="HOST"'.replace("HOST", host)
+    lines = []
+    for _ in range(20):
+        for g in range(4):
+            sm, te, dr = (0.9, 0.6, 0.3) if g else (0.2, 0.05, 0.05)
+            lines += [f"DCGM_FI_PROF_SM_ACTIVE{{{labels.format(g=g)}}} {sm}",
+                      f"DCGM_FI_PROF_PIPE_TENSOR_ACTIVE{{{labels.format(g=g)}}} {te}",
+                      f"DCGM_FI_PROF_DRAM_ACTIVE{{{labels.format(g=g)}}} {dr}"]
+    (tmp_path / "s.prom").write_text("\n".join(lines) + "\n")
+    p = _hpcml("report", str(tmp_path / "s.prom"), "--no-html", env={**os.environ, "FORCE_COLOR": "1"})
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr
+    assert "nid[/x]" in p.stdout and "\x1b]0;" not in p.stdout and "\x1b[2J" not in p.stdout, p.stdout
