@@ -13,9 +13,12 @@ also takes is dropped: the later one would cover it, so the launch does not moun
 
 Choices where the reference is silent: a base reached twice (diamond) is applied once, at
 its first place; an ``[env]`` value written as ``""`` unsets the variable, while one that
-only *expands* to ``""`` sets it empty; duplicate devices are dropped. An unknown top-level
-key is an error naming the nearest valid key (``lenient``: a warning, returned in
-``Resolved.warnings``, a list the CLI prints; nothing goes through ``warnings``).
+only *expands* to ``""`` sets it empty; duplicate devices are dropped. An unknown
+top-level key is an error naming the nearest valid key (``lenient``: a warning, returned
+in ``Resolved.warnings``, a list the CLI prints; nothing goes through ``warnings``).
+Refused, though TOML allows them: a NUL character in any string (no argument or
+environment variable can carry one) and an image starting with ``-`` (every runtime
+would read it as an option).
 
 ``engine`` says whose defaults and limits apply: ``ce`` (the production Container Engine,
 pyxis-based: no entrypoint by default, short-form mounts and image paths allowed) or
@@ -35,8 +38,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from hpcml.env.expand import ExpansionError, expand, is_variable_name, to_shell
-from hpcml.env.model import Environment
+from hpcml.env.expand import ExpansionError, expand, is_variable_name, references
+from hpcml.env.model import Environment, image_problem
 from hpcml.env.mounts import MountError, is_relative_path, parse_mount, resolve_path
 from hpcml.errors import UsageError
 from hpcml.files import load_toml, read_config, unknown_key
@@ -151,6 +154,7 @@ def _bases(f: _File, environ: Mapping[str, str]) -> list[str]:
         raise f.error(f"expected a string or an array of strings, found {_kind(value)}", "base_environment")
     out = []
     for raw in value:
+        _no_nul(f, "base_environment", raw)
         try:
             out.append(expand(raw, environ))
         except ExpansionError as exc:
@@ -198,9 +202,18 @@ def _kind(value: Any) -> str:
     return type(value).__name__
 
 
+def _no_nul(f: _File, key: str, value: str) -> None:
+    """A NUL character fits in TOML (``\\u0000``) but in no argument or environment variable
+    of the launch: refused here, not as a traceback when the runtime starts."""
+    if "\0" in value:
+        raise f.error("contains a NUL character (\\u0000), which no command argument or "
+                      "environment variable can hold", key)
+
+
 def _string(f: _File, key: str, value: Any, environ: Mapping[str, str]) -> str:
     if not isinstance(value, str):
         raise f.error(f"expected a string, found {_kind(value)}", key)
+    _no_nul(f, key, value)
     try:
         return expand(value, environ)
     except ExpansionError as exc:
@@ -245,6 +258,9 @@ def _apply(f: _File, e: Environment, environ: Mapping[str, str], cwd: str, warni
     if "image" in data:
         e.image = resolve_path(_string(f, "image", data["image"], environ), cwd)
         e.origin["image"] = src
+        problem = image_problem(e.image)
+        if problem:
+            raise f.error(problem, "image")
     if "workdir" in data:
         e.workdir = _string(f, "workdir", data["workdir"], environ)
         e.origin["workdir"] = src
@@ -321,8 +337,9 @@ def _env_value(f: _File, key: str, raw: Any, environ: Mapping[str, str], e: Envi
     kept as written, for the container's environment to resolve (module docstring)."""
     if not isinstance(raw, str):
         raise f.error(f"expected a string, found {_kind(raw)}", key)
+    _no_nul(f, key, raw)
     try:
-        _, names = to_shell(raw)
+        names = references(raw)
         preview = expand(raw, environ, keep_undefined=True)
     except ExpansionError as exc:
         raise f.error(str(exc), key, raw) from None

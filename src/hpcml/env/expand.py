@@ -10,13 +10,14 @@ does. A ``$`` before anything else stays literal, as in a shell.
 
 ``[env]`` values are resolved against the *container's* environment (the host's with the
 image's winning, CSCS's "combined environment"), which exists only once the container
-starts: ``to_shell`` turns such a value into a POSIX ``sh`` word that the in-container
-wrapper evaluates, with the same rules (an undefined variable still fails, there).
+starts: ``to_shell`` turns such a value into POSIX ``sh`` lines that the in-container
+wrapper runs, with the same rules (an undefined variable still fails, there).
 """
 
 from __future__ import annotations
 
 import re
+import shlex
 from collections.abc import Iterator, Mapping
 
 from hpcml.errors import UsageError
@@ -136,28 +137,67 @@ def _lookup(name: str, environ: Mapping[str, str], keep_undefined: bool = False)
     return value
 
 
-_SH_SPECIAL = {"\\": "\\\\", '"': '\\"', "$": "\\$", "`": "\\`"}
-
-
-def to_shell(text: str) -> tuple[str, list[str]]:
-    """``text`` as the inside of a POSIX ``sh`` double-quoted word, and the variables it
-    references (none: the value is a literal). ``${VAR}`` becomes ``${VAR?...}``, so that a
-    variable neither the host nor the image defines fails the start, as CSCS's rule says."""
-    out: list[str] = []
+def references(text: str) -> list[str]:
+    """The variables ``text`` references, defaults' included, in order; a malformed
+    expansion is an ``ExpansionError`` (so this also validates an ``[env]`` value)."""
     names: list[str] = []
     for kind, value in _tokens(text):
         if kind == "lit":
-            out.append(_SH_SPECIAL.get(value, value))
             continue
         name, op, word = (value, None, "") if kind == "var" else _split_braced(value)
         names.append(name)
+        if op is not None:
+            names += references(word)
+    return list(dict.fromkeys(names))
+
+
+def to_shell(text: str, target: str) -> str:
+    """POSIX ``sh`` lines that set the shell variable ``target`` to ``text`` expanded
+    against the container's environment, with ``expand``'s rules.
+
+    Literal text is only ever single-quoted (``shlex.quote``), and a default is an ``if``
+    branch, never the word of ``${VAR:-word}``: shells disagree on quotes in that word
+    inside double quotes (bash opens a quote at a ``'`` there, dash keeps it), which let
+    a later ``[env]`` value run as code. So the lines mean the same in dash, bash (posix
+    mode or not) and busybox sh. ``$VAR`` becomes ``${VAR?...}``, so a variable neither
+    the host nor the image defines fails the start, as CSCS's rule says; a default's
+    helper variables are ``target`` with a suffix, unset at the end."""
+    lines: list[str] = []
+    helpers: list[str] = []
+    word = _shell_word(text, target, lines, helpers)
+    lines.append(f"{target}={word}")
+    if helpers:
+        lines.append("unset " + " ".join(helpers))
+    return "\n".join(lines)
+
+
+def _shell_word(text: str, target: str, lines: list[str], helpers: list[str]) -> str:
+    """``text`` as one shell word (quoted pieces side by side); the ``if`` lines that
+    compute its defaults go to ``lines``, first."""
+    parts: list[str] = []
+    literal = ""
+    for kind, value in _tokens(text):
+        if kind == "lit":
+            literal += value
+            continue
+        if literal:
+            parts.append(shlex.quote(literal))
+            literal = ""
+        name, op, word = (value, None, "") if kind == "var" else _split_braced(value)
         if op is None:
-            out.append(_required(name))
-        else:
-            inner, more = to_shell(word)
-            names += more
-            out.append("${" + name + op + inner + "}")
-    return "".join(out), list(dict.fromkeys(names))
+            parts.append(f'"{_required(name)}"')
+            continue
+        helper = f"{target}_{len(helpers)}"
+        helpers.append(helper)
+        branch: list[str] = []
+        default = _shell_word(word, target, branch, helpers)       # evaluated only when used
+        is_set = f'"${{{name}:+x}}"' if op == ":-" else f'"${{{name}+x}}"'
+        lines += [f'if [ -n {is_set} ]; then {helper}="${{{name}}}"; else', *branch,
+                  f"{helper}={default}", "fi"]
+        parts.append(f'"${{{helper}}}"')
+    if literal:
+        parts.append(shlex.quote(literal))
+    return "".join(parts) or "''"
 
 
 def _required(name: str) -> str:

@@ -64,3 +64,11 @@ class Environment:
     @property
     def user_site(self) -> bool:
         return self.annotations.get(USER_SITE, "false").lower() == "true"
+
+
+def image_problem(image: str) -> str | None:
+    """Why ``image`` cannot be launched, or None: every runtime takes the image as a bare
+    argument, where a leading ``-`` (``--rc=/tmp/evil.sqsh``) is read as an option."""
+    if image.startswith("-"):
+        return f"{image!r} starts with '-', which a runtime would read as an option (a file here: {'./' + image!r})"
+    return None

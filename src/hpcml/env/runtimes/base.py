@@ -18,7 +18,7 @@ import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
-from hpcml.env.model import Environment, Mount
+from hpcml.env.model import Environment, Mount, image_problem
 from hpcml.errors import UsageError
 from hpcml.schemas import tag
 
@@ -90,6 +90,9 @@ class Runtime:
 
     def render(self, env: Environment, command: list[str], *, environ: Mapping[str, str] | None = None,
                scratch: str | None = None) -> Launch:
+        problem = image_problem(env.image)
+        if problem:
+            raise UsageError(problem, file=env.origin.get("image"), key="image")
         kind = image_kind(env.image)
         if kind in self.refuses:
             raise UsageError(self.refuses[kind].format(image=repr(env.image)), key="image")
@@ -168,18 +171,20 @@ def export_lines(env: Environment, variables: Mapping[str, str | None], host: Ma
     cannot see each other. ``host_fallback`` (a runtime that passes no host variables)
     first gives each referenced variable the image lacks its host value, as a shell
     variable that does not reach the command."""
-    from hpcml.env.expand import to_shell
+    from hpcml.env.expand import references, to_shell
     lines: list[str] = []
     if host_fallback:
-        referenced = dict.fromkeys(n for raw in env.env_template.values() for n in to_shell(raw)[1])
+        referenced = dict.fromkeys(n for raw in env.env_template.values() for n in references(raw))
         lines += [f'[ -n "${{{n}+x}}" ] || {n}={shlex.quote(host[n])}' for n in referenced if n in host]
     sets: list[str] = []
     for i, (name, value) in enumerate(variables.items()):
         if value is None:
             sets.append(f"unset {shlex.quote(name)}")
             continue
-        word = to_shell(env.env_template[name])[0] if name in env.env_template else None
-        lines.append(f"_hpcml_env{i}=" + (f'"{word}"' if word is not None else shlex.quote(value)))
+        if name in env.env_template:
+            lines.append(to_shell(env.env_template[name], f"_hpcml_env{i}"))
+        else:
+            lines.append(f"_hpcml_env{i}={shlex.quote(value)}")
         sets.append(f'export {shlex.quote(name)}="$_hpcml_env{i}"; unset _hpcml_env{i}')
     return lines + sets
 

@@ -2,7 +2,8 @@
 the EDF image store (``EDF_IMAGESTORE``, else ``$SCRATCH/.edf_imagestore``, else
 ``~/.edf_imagestore``). Mounts use fstab fields, not Docker's ``:ro``; enroot has no
 working-directory or unset option, so those go into the in-container wrapper. The
-container inherits the caller's environment."""
+container inherits the caller's environment. enroot reads ``-e`` and ``--mount`` values
+line by line, so one with a newline is refused (``one_line``)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import os
 import re
 from collections.abc import Mapping
 
+from hpcml.env.model import Environment
 from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, enroot_reference, entrypoint_note, wrap_command
+from hpcml.errors import UsageError
 
 
 def image_store(environ: Mapping[str, str]) -> str:
@@ -26,6 +29,19 @@ def docker_uri(ref: str) -> str:
     return "docker://" + enroot_reference(ref)
 
 
+def one_line(env: Environment, variables: Mapping[str, str | None]) -> None:
+    """enroot joins its ``-e`` and ``--mount`` values with newlines and reads them back line
+    by line, so a newline in one (``x\\nLD_PRELOAD=/tmp/evil.so``) would set another variable
+    or add another mount: refused, naming the key (a NUL cannot be passed at all)."""
+    values = [(f"env.{k}", v) for k, v in variables.items() if v is not None]
+    values += [(f"mounts[{i}]", m.spec()) for i, m in enumerate(env.mounts)]
+    for key, value in values:
+        if "\n" in value or "\0" in value:
+            what = "a newline" if "\n" in value else "a NUL character"
+            raise UsageError(f"{what} in the value: enroot reads its -e and --mount values line by line, "
+                             "so the rest would be another setting", file=env.origin.get(key), key=key)
+
+
 class Enroot(Runtime):
     name = "enroot"
     executable = "enroot"
@@ -33,6 +49,7 @@ class Enroot(Runtime):
 
     def argv(self, plan: Plan, command: list[str]) -> list[str]:
         env, notes = plan.env, plan.notes
+        one_line(env, plan.variables)
         image = env.image
         if plan.kind == "ref":
             image = os.path.join(image_store(plan.environ), re.sub(r"[^A-Za-z0-9_.-]+", "+", env.image) + ".sqsh")

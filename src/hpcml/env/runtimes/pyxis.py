@@ -2,11 +2,13 @@
 not inside ``srun``. ``[env]`` values are exported in srun's environment and named in
 ``--container-env``, which makes them win over the image's, as in EDF; variables to
 unset are dropped from srun's environment and unset by the in-container wrapper. The
-image goes in enroot's syntax (``REGISTRY#IMAGE``), which pyxis passes to enroot."""
+image goes in enroot's syntax (``REGISTRY#IMAGE``), which pyxis passes to enroot. pyxis
+splits ``--container-mounts`` at ``,``, so a mount with a ``,`` in it is refused."""
 
 from __future__ import annotations
 
 from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, enroot_reference, wrap_command
+from hpcml.errors import UsageError
 
 
 class Pyxis(Runtime):
@@ -23,6 +25,11 @@ class Pyxis(Runtime):
         env, notes = plan.env, plan.notes
         image = enroot_reference(env.image) if plan.kind == "ref" else env.image
         argv = ["srun", f"--container-image={image}"]
+        for i, m in enumerate(env.mounts):
+            if "," in m.spec():
+                raise UsageError(f"{m.spec()!r} has a ',': pyxis splits --container-mounts at ',', "
+                                 "so it would be two mounts", file=env.origin.get(f"mounts[{i}]"),
+                                 key=f"mounts[{i}]")
         if env.mounts:
             argv.append("--container-mounts=" + ",".join(m.spec() for m in env.mounts))
             if any(m.squashfs for m in env.mounts):
