@@ -178,7 +178,7 @@ def private_dir(folder: str | os.PathLike, *, create: bool = True) -> str | None
     enter holds what only we may reach (a spool, a socket the user's own processes send to)."""
     folder = Path(folder)
     try:
-        parent = os.lstat(folder.parent)
+        parent = os.stat(folder.parent)              # a TMPDIR that is a link: the directory it names
         if parent.st_mode & 0o022 and not parent.st_mode & stat.S_ISVTX or parent.st_uid not in (0, os.geteuid()):
             return f"its parent {folder.parent} may be written by others"
         if create:

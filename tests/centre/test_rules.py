@@ -809,3 +809,33 @@ def test_a_run_reads_each_kind_for_its_rules_window_and_a_drained_node_since_its
     assert [r.type for r in got if r.from_job] == ["straggler"]
     p = handler.plan(catalog, got, states, last, now)
     assert [(a.node, a.action) for a in p.actions] == [("n1", "resume")]
+
+
+def test_a_node_the_prolog_drained_a_day_ago_without_an_audit_record_still_resumes(tmp_path):
+    """The prolog drained n2 30 h ago (its report holds the drain; the handler's audit log
+    has no record of it) and its scratch check passed twice since: the run reads back as far
+    as any rule does for a node of ours it has no record of, finds the drain, resumes it
+    (reading check results over the check rules' 24 h alone, it held the node for good)."""
+    import time as _time
+
+    from hpcml.centre.collector.schema import CheckResult, NodeReport
+    from hpcml.centre.collector.store import open_store
+    from hpcml.centre.sources import StoreSource
+    url = f"sqlite:///{tmp_path}/c.db"
+    store = open_store(url)
+    now, hour = _time.time(), 3600
+
+    def report(t, *results):
+        r = NodeReport(node="n2", time=t, protocol="p", job_id=None,
+                       verdict="bad" if any(o == "fail" for *_, o in results) else "good",
+                       results=[CheckResult(name=n, type=ty, outcome=o) for n, ty, o in results])
+        r.proven("node", "root")
+        return r
+    store.add([report(now - 30 * hour, ("scratch", "mounts", "fail"), ("hpcml-drain", "drain", "fail")),
+               report(now - 20 * hour, ("scratch", "mounts", "pass")), report(now - 10 * hour, ("scratch", "mounts", "pass"))])
+    store.close()
+    states = {"n1": NodeState("n1", "IDLE"), "n2": NodeState("n2", "DRAIN", "hpcml: drained by prolog: scratch")}
+    p = handler.handle(load(DEFAULT_RULES), StoreSource(url), audit_path=tmp_path / "audit.jsonl", dry_run=True,
+                       now=datetime.fromtimestamp(now, timezone.utc), states=lambda *a: states,
+                       update=lambda *a, **k: None)
+    assert [(a.node, a.action) for a in p.actions] == [("n2", "resume")], [(a.node, a.note) for a in p.actions]

@@ -54,3 +54,11 @@ def test_job_state_running_gone_and_unknown(slurm_cluster, slurm_env, monkeypatc
         assert slurm.job_state(job) is None
     finally:
         subprocess.run(["scancel", job], env=slurm_env, timeout=30)
+
+
+def test_a_task_count_repeated_past_any_node_list_is_not_expanded():
+    """``SLURM_TASKS_PER_NODE="1(x3000000000)"`` made a list of 3e9 (MemoryError): it is
+    read as the fallback, one task a node, like any other value Slurm does not write."""
+    from hpcml.cluster.allocation import tasks_per_node
+    assert tasks_per_node("1(x3000000000)", 2) == (1, 1)
+    assert tasks_per_node("2(x3),1", 4) == (2, 2, 2, 1)

@@ -44,6 +44,11 @@ def test_expand_follows_slurm(expr, hosts):
     ("n[+1]", "not a number"), ("n[ 1]", "not a number"), ("n[1:3]", "not a number"),
     ("n[1", "without ']'"), ("n1]", "without '['"), ("n[[1]]", "inside brackets"),
     (f"n[1-{MAX_RANGE + 1}]", "Slurm's limit"), ("n[1-60000][1-60000]", "more than"),
+    # bounded before anything is made: recursion per group, int() of 5,000 digits, 65,536
+    # names of 4,000 characters (250 MiB from an 8 KB hostlist), one name of 300
+    ("n" + "[1]" * 3000, "bracket groups"), ("n[" + "1" * 5000 + "]", "not a number"),
+    ("n[" + "0" * 4000 + "-65535]", "not a number"), ("x" * 300, "longer than"),
+    ("n[1-3]" + "y" * 300, "longer than"),
 ])
 def test_bad_hostlists_are_one_line_usage_errors_naming_the_value(expr, why):
     with pytest.raises(UsageError, match=re.escape(why)) as err:

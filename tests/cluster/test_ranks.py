@@ -24,6 +24,7 @@ TORCHRUN = {"RANK": "5", "WORLD_SIZE": "16", "LOCAL_RANK": "2"}
     ({"RANK": "5", **SRUN}, Ranks(3, 8, 1, "SLURM_PROCID")),         # a lone RANK is not a launcher's
     ({"RANK": "9", "WORLD_SIZE": "4", **SRUN}, Ranks(3, 8, 1, "SLURM_PROCID")),   # rank >= size: not a rank
     ({"RANK": "x", "WORLD_SIZE": "4"}, Ranks(0, 1, 0, "default")),
+    ({"SLURM_PROCID": "²", "SLURM_NTASKS": "8"}, Ranks(0, 1, 0, "default")),     # a digit to isdigit, no number
     ({"OMPI_COMM_WORLD_RANK": "2", "OMPI_COMM_WORLD_SIZE": "4", "OMPI_COMM_WORLD_LOCAL_RANK": "0"},
      Ranks(2, 4, 0, "OMPI_COMM_WORLD_RANK")),
     ({"PMI_RANK": "1", "PMI_SIZE": "2", "MPI_LOCALRANKID": "1"}, Ranks(1, 2, 1, "PMI_RANK")),

@@ -78,9 +78,10 @@ def test_no_datagram_breaks_the_scrape_or_stops_the_receiver(endpoint):
     fwd = PromForwarder(endpoint, rank=2)
     fwd.update([(0, "metric", "after", 1.5, 1, None)])
     got = wait_for(endpoint, 'name="after"')
-    for bad in ("big", "huge", "nan", "line", "x\\udc80"):
+    for bad in ("huge", "x\\udc80"):                  # no float holds it; no scrape could encode it
         assert f'name="{bad}' not in got, got
-    assert 'rank="3"' not in got and 'rank="inf"' not in got
+    assert 'name="nan",node="n1",rank="3",slurm_job="7"} NaN' in got, got     # a diverged loss is shown as it is
+    assert 'name="line\\nfake 1"' in got and not any(ln.startswith("fake") for ln in got.splitlines()), got
     s.close()
     fwd.close()
 
@@ -99,3 +100,50 @@ def test_another_user_cannot_send_rows(endpoint, tmp_path):
     assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
     PromForwarder(endpoint, rank=1).update([(0, "metric", "ours", 1.0, None, None)])
     assert 'name="forged"' not in wait_for(endpoint, 'name="ours"')
+
+
+def test_a_second_endpoint_of_the_user_on_the_port_is_refused_not_handed_the_rows(endpoint):
+    """Another job of the same user asking for the same port at another address: refused as
+    the port itself would be (it once unlinked the first job's socket and took its rows)."""
+    with pytest.raises(OSError) as err:
+        PromExporter(endpoint, "127.0.0.2", job="8", rank=0, node="n1")
+    assert "another endpoint" in str(err.value)
+    PromForwarder(endpoint, rank=1).update([(0, "metric", "still_ours", 1.0, None, None)])
+    wait_for(endpoint, 'name="still_ours"')
+
+
+def test_a_stalled_endpoint_drops_rows_and_never_stalls_the_sender(tmp_path, monkeypatch):
+    """An endpoint that reads nothing (rank 0 stopped): the other ranks' sends drop their rows
+    instead of blocking their recorders (a datagram socket's full queue blocks a sender)."""
+    import threading
+    port = free_port("127.0.0.1")
+    path = socket_path(port)
+    path.parent.mkdir(mode=0o700, exist_ok=True)
+    path.unlink(missing_ok=True)
+    deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    deaf.bind(str(path))
+    fwd = PromForwarder(port, rank=1)
+    sender = threading.Thread(target=lambda: [fwd.update([(0, "metric", "m", float(i), i, None)]) for i in range(2000)])
+    sender.start()
+    sender.join(60)
+    try:
+        assert not sender.is_alive(), "a forwarder blocked on a full queue"
+    finally:
+        deaf.close()
+        path.unlink(missing_ok=True)
+
+
+def test_a_temporary_directory_too_long_for_a_socket_falls_back_to_tmp(tmp_path, monkeypatch):
+    long = tmp_path / ("d" * 100)
+    long.mkdir()
+    monkeypatch.setenv("TMPDIR", str(long))
+    import tempfile
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    port = free_port("127.0.0.1")
+    assert str(socket_path(port)).startswith("/tmp/hpcml-")
+    e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
+    try:
+        PromForwarder(port, rank=4).update([(0, "metric", "loss", 1.0, None, None)])
+        wait_for(port, 'rank="4"')
+    finally:
+        e.close()

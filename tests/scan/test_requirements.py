@@ -578,3 +578,17 @@ def test_table_names_the_included_file_a_finding_is_in(tmp_path):
     assert p.returncode == 5, p.stderr
     row = next(line for line in p.stdout.splitlines() if "reqeusts" in line)
     assert "more.txt:1" in row
+
+
+def test_a_requirements_file_s_words_are_printed_as_text(tmp_path):
+    """The file is untrusted by design: Rich markup in an index URL the finding quotes ended
+    the command with a traceback (a ``[/x]``) instead of the verdict."""
+    import os
+    import subprocess
+    import sys
+    (tmp_path / "requirements.txt").write_text("--index-url http://pkgs.example.com/simple/[/x]\nnumpy==1.26.4\n")
+    p = subprocess.run([sys.executable, "-m", "hpcml", "scan", "requirements", "requirements.txt"], cwd=tmp_path,
+                       capture_output=True, text=True, timeout=60,
+                       env={**os.environ, "COLUMNS": "300", "FORCE_COLOR": "1"})
+    assert p.returncode == 6 and "Traceback" not in p.stderr, p.stderr     # 6: a high finding (--index-url)
+    assert "simple/[/x]" in p.stdout, p.stdout

@@ -456,8 +456,11 @@ def reach(catalog: Catalog, nodes: Mapping[str, NodeState], last: Mapping[str, R
     window of the rules that count it, the nodes drained by us since their drain."""
     checks = [r.window for r in catalog.rules if r.match.job is None]
     jobs = [r.window for r in catalog.rules if r.match.job is not None]
+    # a node ours with no record of the handler's (the prolog drained it, or the audit log
+    # was lost): its drain is somewhere in the collector, read as far back as any rule reads
+    unknown = now - timedelta(seconds=catalog.longest_window)
     return Reach(now - timedelta(seconds=max(checks, default=0.0)), now - timedelta(seconds=max(jobs, default=0.0)),
-                 {n: last[n].time for n, s in nodes.items() if s.ours and n in last})
+                 {n: last[n].time if n in last else unknown for n, s in nodes.items() if s.ours})
 
 
 def handle(catalog: Catalog, source: ResultSource, *, audit_path: Path = DEFAULT_AUDIT,

@@ -11,6 +11,7 @@ import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
+from hpcml.cluster.hostlist import MAX_HOSTS
 from hpcml.cluster.ranks import slurm_ranks
 
 
@@ -52,10 +53,11 @@ def tasks_per_node(spec: str | None, num_nodes: int) -> tuple[int, ...]:
         return tuple([1] * num_nodes)
     counts: list[int] = []
     for part in spec.split(","):
-        m = re.fullmatch(r"\s*(\d+)(?:\(x(\d+)\))?\s*", part)
-        if not m:
+        m = re.fullmatch(r"\s*([0-9]{1,9})(?:\(x([0-9]{1,9})\))?\s*", part)
+        repeat = int(m.group(2) or 1) if m else 0
+        if not m or len(counts) + repeat > MAX_HOSTS:     # "1(x3000000000)": no node list is that long
             return tuple([1] * num_nodes)
-        counts += [int(m.group(1))] * int(m.group(2) or 1)
+        counts += [int(m.group(1))] * repeat
     return tuple(counts)
 
 

@@ -29,8 +29,10 @@ from hpcml.words import natural_key
 
 MAX_RANGE = 65536            # Slurm's MAX_RANGE: hosts in one lo-hi range
 MAX_HOSTS = 1 << 20          # hpcml's: hosts from one expression (n[1-65536][1-65536] is 4e9)
+MAX_GROUPS = 16              # hpcml's: bracket groups in one name (a 3-D torus needs 3)
+MAX_NAME = 255               # characters of one expanded name (a DNS name's limit; Slurm's are 64)
 _SEPARATORS = " \t\n,"       # Slurm's hostlist_create: "\t, \n"
-_RANGE = re.compile(r"([0-9]+)(?:-([0-9]+))?")
+_RANGE = re.compile(r"([0-9]{1,18})(?:-([0-9]{1,18}))?")    # 18 digits: a number Slurm's C reads
 _NUMBERED = re.compile(r"(.*?)([0-9]+)")
 
 
@@ -95,10 +97,17 @@ def _expand_token(hostlist: str, token: str, room: int, limit: int = MAX_HOSTS) 
     """One name; with bracket groups g1..gn, Slurm's order: gn fastest, then g1, g2 ... gn-1."""
     pieces = re.split(r"\[([^\]]*)\]", token)       # literal, group, literal, ..., literal
     if len(pieces) == 1:
+        if len(token) > MAX_NAME:
+            raise _bad(hostlist, f"a name longer than {MAX_NAME} characters")
         return [token]
-    total = 1
+    if len(pieces) // 2 > MAX_GROUPS:
+        raise _bad(hostlist, f"more than {MAX_GROUPS} bracket groups in one name")
+    total, longest = 1, sum(map(len, pieces[0::2]))
     for g in pieces[1::2]:
         total *= _count(hostlist, g)      # counted before anything is made
+        longest += max(len(n) for n in re.findall(r"[0-9]+", g)) if re.search(r"[0-9]", g) else 0
+    if longest > MAX_NAME:
+        raise _bad(hostlist, f"names longer than {MAX_NAME} characters")
     if total > room:
         raise _bad(hostlist, f"more than {limit} hosts")
     lits, groups = pieces[0::2], [_values(hostlist, g) for g in pieces[1::2]]

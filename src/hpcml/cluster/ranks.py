@@ -44,7 +44,10 @@ class Ranks:
 
 
 def _whole(value: str | None) -> int | None:
-    return int(value) if value is not None and value.strip().isdigit() else None
+    """A rank variable's whole number; None for anything else (``"²"`` is a digit to
+    ``isdigit`` and no number to ``int``)."""
+    text = (value or "").strip()
+    return int(text) if text.isascii() and text.isdigit() and len(text) <= 9 else None
 
 
 def initialised_dist():

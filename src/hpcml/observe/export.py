@@ -17,9 +17,9 @@ left to Prometheus, which sets it to the scrape job's name.
 
 from __future__ import annotations
 
+import errno
 import json
 import logging
-import math
 import numbers
 import os
 import socket
@@ -31,15 +31,22 @@ from hpcml.files import private_dir
 
 MAX_NAMES = 64
 MAX_DATAGRAM = 60_000
-NAME_MAX = 200                  # characters of a metric, section or host sample's name
+NAME_MAX = 1024                 # characters of a metric, section or host sample's name
+SOCKET_PATH_MAX = 104           # bytes of a Unix socket's path, with room to spare (Linux: 108)
 KINDS = ("host", "gpu", "metric", "section")
 
 log = logging.getLogger(__name__)
 
 
 def socket_path(port: int) -> Path:
-    """Where the node's endpoint on ``port`` takes the other ranks' rows: this user's."""
-    return Path(tempfile.gettempdir()) / f"hpcml-{os.geteuid()}" / f"export-{port}"
+    """Where the node's endpoint on ``port`` takes the other ranks' rows: this user's, in
+    the temporary directory, or /tmp where that one's path is too long for a Unix socket
+    (108 bytes on Linux). Every rank of the node works it out alike."""
+    for tmp in (tempfile.gettempdir(), "/tmp"):
+        path = Path(tmp) / f"hpcml-{os.geteuid()}" / f"export-{port}"
+        if len(os.fsencode(path)) < SOCKET_PATH_MAX:
+            return path
+    return path
 
 
 def _row(r: object) -> tuple | None:
@@ -47,7 +54,7 @@ def _row(r: object) -> tuple | None:
     if not isinstance(r, (list, tuple)) or len(r) != 6:
         return None
     ts, kind, name, value, step, gpu = r
-    if kind not in KINDS or not isinstance(name, str) or not 0 < len(name) <= NAME_MAX or not name.isprintable():
+    if kind not in KINDS or not isinstance(name, str) or not 0 < len(name) <= NAME_MAX:
         return None
     try:
         name.encode()                               # a lone surrogate: no scrape could encode it
@@ -58,8 +65,6 @@ def _row(r: object) -> tuple | None:
     try:
         value = float(value)                        # an integer past a float's range: OverflowError
     except (OverflowError, ValueError):
-        return None
-    if not math.isfinite(value):
         return None
     if step is not None and (isinstance(step, bool) or not isinstance(step, numbers.Integral)
                              or not -(1 << 63) <= int(step) < 1 << 63):
@@ -93,16 +98,38 @@ class PromExporter:
         self._lock = threading.Lock()
         self.server, self.thread = start_http_server(port, addr=addr, registry=self.registry)
         # the HTTP port is ours now: a socket left at its path is a dead endpoint's
-        self.path: Path | None = socket_path(port)
+        self.path: Path | None = None             # the socket this endpoint bound, once it has
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        problem = private_dir(self.path.parent)
+        path = socket_path(port)
+        try:
+            problem = private_dir(path.parent) or self._bind(path)
+        except BaseException:
+            self.close()
+            raise
         if problem is None:
-            self.path.unlink(missing_ok=True)
-            self.udp.bind(str(self.path))
+            self.path = path
             threading.Thread(target=self._receive, name="hpcml-export-rows", daemon=True).start()
         else:
-            log.warning(f"hpcml observe: {self.path.parent}: {problem}: the node's other ranks are not exported")
-            self.path = None
+            log.warning(f"hpcml observe: {path}: {problem}: the node's other ranks are not exported")
+
+    def _bind(self, path: Path) -> str | None:
+        """Take the socket at ``path``; why not (None: taken). One left by an endpoint that
+        died is replaced; one a live endpoint holds (another job of this user's on this port,
+        at another address) is refused as the port would be."""
+        probe = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        try:
+            probe.connect(str(path))
+            raise OSError(errno.EADDRINUSE, f"another endpoint of this user's takes rows at {path}")
+        except (FileNotFoundError, ConnectionRefusedError):
+            pass                                     # none, or a dead one's: ours to take
+        finally:
+            probe.close()
+        try:
+            path.unlink(missing_ok=True)
+            self.udp.bind(str(path))
+        except OSError as exc:
+            return exc.strerror or str(exc)
+        return None
 
     def _receive(self) -> None:
         while True:
@@ -164,6 +191,7 @@ class PromForwarder:
     def __init__(self, port: int, *, rank: int) -> None:
         self.port, self.rank, self.path = port, rank, str(socket_path(port))
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
 
     def update(self, rows: list[tuple]) -> None:
         rows = [r for r in rows if r[3] is not None and r[1] in ("host", "gpu", "metric", "section")]
@@ -171,7 +199,7 @@ class PromForwarder:
         for i in range(0, len(rows), step):
             try:
                 self.udp.sendto(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode(), self.path)
-            except OSError:
+            except OSError:             # BlockingIOError too: rank 0's queue is full
                 return                  # endpoint not up (yet): the next sample tries again
 
     def update_batch(self, batch) -> None:

@@ -42,7 +42,9 @@ def to_sarif(rep: RequirementsReport) -> dict[str, Any]:
 
 def table(rep: RequirementsReport):
     from rich.table import Table
-    t = Table(title=f"hpcml scan requirements: {rep.path} ({rep.kind}, {rep.packages} packages)")
+
+    from hpcml.words import LINE_MAX, shown
+    t = Table(title=f"hpcml scan requirements: {shown(rep.path, LINE_MAX)} ({rep.kind}, {rep.packages} packages)")
     for col in ("severity", "rule", "package", "line", "message"):
         t.add_column(col, overflow="fold")
     order = {"high": 0, "medium": 1, "low": 2}
@@ -50,7 +52,8 @@ def table(rep: RequirementsReport):
         where = str(f.line or "")
         if f.file and f.file != rep.path:          # an -r/-c include: name the file the line is in
             where = f"{Path(f.file).name}:{where}" if where else Path(f.file).name
-        t.add_row(f"[{_STYLE.get(f.severity, '')}]{f.severity}[/]", f.rule, f.package or "", where, f.message)
+        t.add_row(f"[{_STYLE.get(f.severity, '')}]{f.severity}[/]", f.rule, shown(f.package or ""), shown(where),
+                  shown(f.message, LINE_MAX))
     if not rep.findings:
         t.add_row("[green]ok[/]", "", "", "", "no dependency-confusion risk found")
     return t

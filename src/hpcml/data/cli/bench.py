@@ -129,10 +129,13 @@ def _render(r) -> None:
     from rich import box
     from rich.console import Console
     from rich.table import Table
+
+    from hpcml.words import LINE_MAX, shown
     what = "shard set" if r.kind == "shards" else "files"
-    t = Table(box=box.SIMPLE_HEAD, title=f"{r.target}: {what} on {r.mount.fstype}, {r.samples:,} samples, {fmt_bytes(r.bytes)} "
-                    f"({r.passes[0].samples:,} per pass)" if r.passes else str(r.target),
-              caption="\n".join(r.notes), caption_justify="left")
+    target = shown(r.target, LINE_MAX)
+    t = Table(box=box.SIMPLE_HEAD, title=f"{target}: {what} on {shown(r.mount.fstype)}, {r.samples:,} samples, "
+                    f"{fmt_bytes(r.bytes)} ({r.passes[0].samples:,} per pass)" if r.passes else target,
+              caption="\n".join(shown(n, LINE_MAX) for n in r.notes), caption_justify="left")
     for col in ("pass", "workers", "samples/s", "MB/s", "read size", "reads", "% ceiling"):
         t.add_column(col, justify="left" if col == "pass" else "right", no_wrap=True)
     for p in r.passes:

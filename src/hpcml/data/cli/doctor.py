@@ -105,11 +105,13 @@ def _render(report) -> None:
     con.print(o)
 
     con.print("[bold]Recommendation[/]")
-    con.print(f"  pack: [bold]{'yes' if rec.pack else 'no'}[/] - {rec.pack_reason}")
+    con.print(f"  pack: [bold]{'yes' if rec.pack else 'no'}[/] - {shown(rec.pack_reason, LINE_MAX)}")
     if rec.pack:
         plural = "s" if rec.shards != 1 else ""
-        con.print(f"  shard size: [bold]{fmt_bytes(rec.shard_bytes)}[/] (~{rec.shards:,} shard{plural}) - {rec.shard_reason}")
-    con.print(f"  placement: [bold]{rec.placement}[/] ({rec.target}) - {rec.placement_reason}")
+        con.print(f"  shard size: [bold]{fmt_bytes(rec.shard_bytes)}[/] (~{rec.shards:,} shard{plural}) - "
+                  f"{shown(rec.shard_reason, LINE_MAX)}")
+    con.print(f"  placement: [bold]{rec.placement}[/] ({shown(rec.target, LINE_MAX)}) - "
+              f"{shown(rec.placement_reason, LINE_MAX)}")
     for note in rec.notes:
         con.print(f"  [yellow]note:[/] {shown(note, LINE_MAX)}")
 
