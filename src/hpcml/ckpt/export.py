@@ -148,7 +148,11 @@ def _write(out: Path, header: bytes, order: list[tuple[dict[str, Any], int]], to
     over ``out``: a half export is never seen. Where the filesystem has no nameless files
     (NFS), written under the temporary name, which the next export removes."""
     tmp = out.with_name(out.name + ".tmp")
-    tmp.unlink(missing_ok=True)                 # a crashed export's, or a link planted there: never written through
+    try:
+        tmp.unlink(missing_ok=True)             # a crashed export's, or a link planted there: never written through
+    except OSError as exc:                      # a directory of that name, no permission: the user's to fix
+        raise UsageError(f"in the way of the export's temporary file, and cannot be removed ({exc.strerror or exc}); "
+                         "remove it or export elsewhere", file=str(tmp)) from None
     fd = scratch.anonymous(out.parent, layout.FILE_MODE, to_publish=True)
     try:
         if fd is not None:

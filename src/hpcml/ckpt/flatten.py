@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from hpcml import schemas
+from hpcml.ckpt import leafcheck
 from hpcml.ckpt.shardread import CheckedRead as CheckedRead
 from hpcml.ckpt.shardread import ChecksumMismatch as ChecksumMismatch
 from hpcml.ckpt.shardread import CorruptShard as CorruptShard
@@ -206,6 +207,12 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
         if ref is not None:
             return ref
         data = pickle.dumps(v, protocol=4)
+        if len(data) > leafcheck.limit():       # it would save, verify, and never load
+            from hpcml.units import fmt_bytes
+            raise UsageError(f"a {type(v).__module__}.{type(v).__qualname__} that pickles to {len(data)} bytes: "
+                             f"over the {leafcheck.limit()} ({fmt_bytes(leafcheck.limit())}) a pickled leaf may be "
+                             "(it would never load); store its bytes or arrays as leaves of their own",
+                             key=path or "state")
         leaves.append(Leaf(data, "pickle", "u1", [len(data)], len(data)))
         return {"__t": len(leaves) - 1}
 
@@ -389,6 +396,7 @@ def unflatten(skeleton: Any, entries: list[dict[str, Any]], fd: int, *, source: 
     read = CheckedRead(fd, os.fstat(fd).st_size, source)
     loaded = _read_leaves(entries, read, map_location)
     read.finish(crc)
+    _judge_pickled(skeleton, entries, loaded, source, policy)
     cache: dict[int, Any] = {}
 
     def array(i: int, at: str) -> Any:
@@ -427,7 +435,7 @@ def _read_leaves(entries: list[dict[str, Any]], read: CheckedRead, map_location:
         if e["kind"] in ("bytes", "pickle"):
             buf = bytearray(e["nbytes"])
             read.into(e["offset"], memoryview(buf))
-            out[i] = bytes(buf) if e["kind"] == "bytes" else buf
+            out[i] = bytes(buf)         # a pickle's too: judged and unpickled from it, never copied again
         elif e["kind"] == "numpy":
             arr = np.empty(e["shape"], dtype=np.dtype(e["dtype"]))
             read.into(e["offset"], arr.reshape(-1).view(np.uint8).data)
@@ -441,6 +449,25 @@ def _read_leaves(entries: list[dict[str, Any]], read: CheckedRead, map_location:
                 read.into(e["offset"], t.view(-1).view(torch.uint8).numpy().data)
             out[i] = t if map_location in (None, "cpu") else t.to(map_location)
     return out
+
+
+def _judge_pickled(skeleton: Any, entries: list[dict[str, Any]], loaded: dict[int, Any], source: str,
+                   policy: Any) -> None:
+    """``RefusedLeaf`` unless every pickled leaf, as read into memory (the bytes then
+    unpickled), passes the rule ``verify`` and ``hpcml scan`` apply (``leafcheck.judge``),
+    all judged before any is unpickled: what verify refuses never loads."""
+    pickled = [i for i, e in enumerate(entries) if e["kind"] == "pickle"]
+    if not pickled:
+        return
+    names = leaf_paths(skeleton)
+    fs = leafcheck.new_scan(source, policy)
+    for i in pickled:
+        data = loaded[i]
+        leafcheck.judge(fs, io.BytesIO(data), 0, len(data), f"leaf {names.get(i, f'#{i}')}")
+    refused = leafcheck.refusals(fs.finish())
+    if refused:
+        more = f" (and {len(refused) - 1} more)" if len(refused) > 1 else ""
+        raise RefusedLeaf(f"{source}: {refused[0]}{more}")
 
 
 def _mapping(node: dict[str, Any], items: Any, at: str) -> Any:

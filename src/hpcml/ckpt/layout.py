@@ -445,8 +445,8 @@ def verify_shard(directory: Path, rank: int, rec: dict[str, Any], *, checksums: 
 
 
 def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
-    """The pickled leaves of a shard that loading would refuse, judged as ``hpcml scan`` and
-    the load judge them (the same walk, policy and argument checks): a checkpoint whose
+    """The pickled leaves of a shard that loading would refuse, judged by the rule ``hpcml
+    scan`` and the load apply (``leafcheck.judge``): a checkpoint whose
     sizes and checksums are right can still hold a leaf that never loads
     (``Fraction('1e30000000')``), and is not a good checkpoint. ``doc``: the index, if read."""
     if doc is None:
@@ -458,29 +458,22 @@ def refused_leaves(shard: Path, index: Path, doc: Any = None) -> list[str]:
     pickled = [(i, e) for i, e in enumerate(entries or []) if isinstance(e, dict) and e.get("kind") == "pickle"]
     if not pickled:
         return []                       # tensors and arrays only: the scanner is not even imported
+    from hpcml.ckpt import leafcheck
     from hpcml.ckpt.flatten import leaf_paths
-    from hpcml.scan import pickles
-    from hpcml.scan.context import FileScan
-    from hpcml.scan.model import Verdict
-    from hpcml.scan.policy import default_policy
     names = leaf_paths(doc.get("skeleton"))
-    from hpcml.scan.scanner import scan_content
-    fs = FileScan(str(shard), default_policy(), 0, scan_content)
+    fs = leafcheck.new_scan(str(shard))
     try:
         with open(open_shard(shard), "rb") as fh:
             for i, e in pickled:
                 off, n = e.get("offset"), e.get("nbytes")
                 if type(off) is not int or type(n) is not int:
                     return [f"{index}: leaf #{i}: no offset and size"]
-                pickles.scan_stream(fs, fh, off, off + n, f"leaf {names.get(i, f'#{i}')}")
+                leafcheck.judge(fs, fh, off, n, f"leaf {names.get(i, f'#{i}')}")
     except OSError as exc:
         return [f"{shard}: unreadable ({exc.strerror})"]
     except CheckpointError as exc:
         return [str(exc)]
-    res = fs.finish()
-    out = [f"{shard}: {f.location.member}: refused at load: {f.name} ({f.why})"
-           for f in res.findings if f.verdict is not Verdict.SAFE]
-    return out + [f"{shard}: {e}" for e in res.errors]
+    return [f"{shard}: {line}" for line in leafcheck.refusals(fs.finish())]
 
 
 LEAF_KINDS = ("torch", "numpy", "bytes", "pickle")

@@ -9,9 +9,11 @@ after its commit, in the save's background thread. The store keeps the newest ``
 whole checkpoints: an older step's manifest is deleted first, then its files, so a prune
 cut short leaves no whole-looking step either.
 
-A fetch downloads a step's files into a temporary directory beside the checkpoints, the
-manifest last, and renames it into place as ``step-NNNNNNNN``; the Checkpointer then loads
-it as any other, checking every shard's size and crc32 against the manifest.
+A fetch downloads a step's manifest (bounded) into a temporary directory beside the
+checkpoints, then the files it names and no others, each refused unless it is the size the
+manifest states, and renames the directory into place as ``step-NNNNNNNN``; the
+Checkpointer then loads it as any other, checking every shard's size and crc32 against the
+manifest.
 """
 
 from __future__ import annotations
@@ -129,39 +131,71 @@ class ObjectTier:
     def fetch(self, step: int, into: Path, mode: int = layout.FILE_MODE, replace: bool = False) -> Path:
         """Download step ``step`` into ``into/step-NNNNNNNN`` (whole, or not at all); its path.
         ``replace``: a local copy of that step (one that did not load) is replaced once the
-        store's copy is complete; otherwise it is kept."""
+        store's copy is complete; otherwise it is kept. The manifest comes first (bounded),
+        then only the files it names, each refused unless it is the size the manifest states:
+        another object under the step's prefix is never downloaded, nor one that grew. Any
+        failure, the local filesystem's too, is an ``HpcmlError`` (the caller tries the step
+        before)."""
         final = into / layout.step_name(step)
         if final.exists() and not replace:
             return final
         _sweep(into)
-        keys = self._keys(step)
         base = self.url.key(layout.step_name(step)) + "/"
-        names = [k[len(base):] for k in keys]
-        if layout.MANIFEST not in names or any("/" in n or n.startswith(".") or not n for n in names):
-            raise HpcmlError(f"{self._where(base)}: not a whole checkpoint in the store")
         tmp = into / f".fetch-{layout.step_name(step)}-{uuid.uuid4().hex[:8]}"
-        layout.make_dir(tmp, mode)
         try:
-            for name in [n for n in names if n != layout.MANIFEST] + [layout.MANIFEST]:
-                key = base + name
-                fd = layout.create(tmp / name, mode)
-                try:
-                    with os.fdopen(fd, "wb") as fh:
-                        self.client.download_fileobj(self.url.bucket, key, fh)
-                except Exception as exc:  # noqa: BLE001 - botocore's, s3transfer's, urllib3's: one line
-                    raise objstore.problem(exc, self._where(key)) from None
-            if final.exists() and replace:       # the local copy that did not load: the store's replaces it
-                bad = into / f".bad-{layout.step_name(step)}-{uuid.uuid4().hex[:8]}"
-                os.rename(final, bad)
-                shutil.rmtree(bad, ignore_errors=True)
+            layout.make_dir(tmp, mode)
+        except OSError as exc:
+            raise HpcmlError(f"{tmp}: cannot be created ({exc.strerror or exc})") from None
+        try:
+            self._get(base + layout.MANIFEST, tmp / layout.MANIFEST, layout.JSON_MAX, mode, exact=False)
+            found = layout.Found(step, tmp, True)
+            layout.read_manifest(found)
+            if found.problems or not found.manifest:
+                raise HpcmlError(f"{self._where(base + layout.MANIFEST)}: not a whole checkpoint's manifest "
+                                 f"({'; '.join(found.problems) or 'unreadable'})")
+            for kind, r, rec in layout.shards(found.manifest):
+                for name, size in zip(layout.shard_names(r, kind), (rec["size"], rec["json_size"])):
+                    self._get(base + name, tmp / name, size, mode)
             try:
-                os.rename(tmp, final)
-            except OSError:
-                if not final.exists():           # another rank renamed its copy first: that one stands
-                    raise
+                if final.exists() and replace:       # the local copy that did not load: the store's replaces it
+                    bad = into / f".bad-{layout.step_name(step)}-{uuid.uuid4().hex[:8]}"
+                    os.rename(final, bad)
+                    shutil.rmtree(bad, ignore_errors=True)
+                try:
+                    os.rename(tmp, final)
+                except OSError:
+                    if not final.exists():           # another rank renamed its copy first: that one stands
+                        raise
+            except OSError as exc:
+                raise HpcmlError(f"{final}: the fetched step not put in place ({exc.strerror or exc})") from None
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
         return final
+
+    def _get(self, key: str, path: Path, size: int, mode: int, *, exact: bool = True) -> None:
+        """Download ``key`` to the new file ``path``: refused once it is larger than ``size``
+        bytes (``exact``: unless it is exactly ``size``: a manifest's file of another size is
+        not the checkpoint's, and would replace a local copy)."""
+        where = self._where(key)
+        try:
+            fd = layout.create(path, mode)
+        except OSError as exc:                   # a name too long, a full or read-only disk: one line
+            raise HpcmlError(f"{path}: cannot be created for {where} ({exc.strerror or exc})") from None
+        sink = _Bounded(fd, size)
+        try:
+            with sink:
+                if self.client.head_object(Bucket=self.url.bucket, Key=key)["ContentLength"] > size:
+                    raise _TooLarge()           # said before a byte of it is fetched
+                self.client.download_fileobj(self.url.bucket, key, sink)
+        except _TooLarge:
+            raise HpcmlError(f"{where}: larger than the {size} bytes {'the manifest states' if exact else 'a manifest may be'}; "
+                             "not fetched") from None
+        except OSError as exc:
+            raise HpcmlError(f"{path}: not written ({exc.strerror or exc})") from None
+        except Exception as exc:  # noqa: BLE001 - botocore's, s3transfer's, urllib3's: one line
+            raise objstore.problem(exc, where) from None
+        if exact and sink.written != size:
+            raise HpcmlError(f"{where}: {sink.written} bytes, the manifest states {size}; not fetched")
 
     def prune(self, keep: int) -> list[int]:
         """Keep the newest ``keep`` whole steps; each older one loses its manifest first."""
@@ -178,6 +212,43 @@ class ObjectTier:
             except objstore.errors() as exc:
                 log.warning("hpcml ckpt: %s", objstore.problem(exc, self._where(base)))
         return gone
+
+
+class _TooLarge(Exception):
+    """An object that ran past the bytes it may have."""
+
+
+class _Bounded:
+    """A download's file that refuses (``_TooLarge``) a byte past ``limit``: what a fetch
+    writes is bounded by the manifest, whatever the store holds. Seekable, so that the
+    downloader writes each part in its place, holding none in memory."""
+
+    def __init__(self, fd: int, limit: int) -> None:
+        self.fh = os.fdopen(fd, "wb")
+        self.limit, self.written = limit, 0
+
+    def write(self, data: bytes) -> int:
+        at = self.fh.tell()
+        if at + len(data) > self.limit:
+            raise _TooLarge()
+        n = self.fh.write(data)
+        self.written = max(self.written, at + n)
+        return n
+
+    def seekable(self) -> bool:
+        return True
+
+    def seek(self, offset: int, whence: int = os.SEEK_SET) -> int:
+        return self.fh.seek(offset, whence)
+
+    def tell(self) -> int:
+        return self.fh.tell()
+
+    def __enter__(self) -> _Bounded:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.fh.close()
 
 
 STALE_S = 3600.0           # a fetch's temporary directory this old belongs to a process that died

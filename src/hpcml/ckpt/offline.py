@@ -95,10 +95,10 @@ def check(found: layout.Found, rank: int, own: int | None = None) -> None:
 
 
 def read_own(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None,
-             rec: dict[str, Any] | None = None) -> list[Any]:
+             rec: dict[str, Any] | None = None, opened: Opened | None = None) -> list[Any]:
     """The per-rank values that ``rank`` saved beside a replicated state, in order (``rec``:
     the manifest's record of its files, checked on the read: ``read_state``)."""
-    values = read_state(directory, rank, map_location, policy, kind="own", rec=rec)
+    values = read_state(directory, rank, map_location, policy, kind="own", rec=rec, opened=opened)
     if not isinstance(values, list):
         raise CheckpointError(f"{directory / layout.shard_names(rank, 'own')[1]}: not a list of per-rank values")
     return values
@@ -134,9 +134,13 @@ class ResizeRefused(UsageError):
     """A replicated checkpoint's per-rank values that do not carry over to this world size."""
 
 
+#: a shard's index as read and its file open (``read_state``'s ``opened``): what a scan judged
+Opened = tuple[dict[str, Any], int]
+
+
 def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: Any = None, *,
                kind: str = "rank", own: Callable[[list[dict[str, Any]]], list[Any]] | None = None,
-               rec: dict[str, Any] | None = None) -> Any:
+               rec: dict[str, Any] | None = None, opened: Opened | None = None) -> Any:
     """Rebuild one shard's state from its index and bytes (checked by the caller, and again
     here: the files may have changed since). The index this load follows is judged by the
     check ``verify`` and ``hpcml scan`` make (``layout.check_index``) before anything is
@@ -144,10 +148,15 @@ def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: An
     (the manifest's record of the files) the index and the shard are the checksummed bytes,
     proven on the one read that loads them (``flatten.CheckedRead``), or
     ``flatten.ChecksumMismatch``. ``own`` gives the per-rank values of the state's
-    ``{"__own": i}`` places (``own_slots``)."""
+    ``{"__own": i}`` places (``own_slots``). ``opened``: the index already read and the
+    shard already open (the caller's, left open), so that what loads is what a scan of
+    them judged (``scanformat.load``), never the files opened again by name."""
     bin_name, json_name = layout.shard_names(rank, kind)
-    shard = layout.read_index(directory / json_name, rec)
-    fd = layout.open_shard(directory / bin_name)
+    if opened is None:
+        shard = layout.read_index(directory / json_name, rec)
+        fd = layout.open_shard(directory / bin_name)
+    else:
+        shard, fd = opened
     try:
         size = os.fstat(fd).st_size
         if rec is not None and size != rec["size"]:
@@ -163,7 +172,8 @@ def read_state(directory: Path, rank: int, map_location: Any = "cpu", policy: An
         raise CheckpointError(f"{directory / json_name}: cannot rebuild the state ({type(exc).__name__}: {exc})") \
             from None
     finally:
-        os.close(fd)
+        if opened is None:
+            os.close(fd)
 
 
 def load(path: str | os.PathLike, step: int | None = None, *, rank: int | None = None,
@@ -178,15 +188,19 @@ def load(path: str | os.PathLike, step: int | None = None, *, rank: int | None =
     return read(found, shard, own, map_location, policy), found.step
 
 
-def read(found: layout.Found, shard: int, own: int | None, map_location: Any = "cpu", policy: Any = None) -> Any:
+def read(found: layout.Found, shard: int, own: int | None, map_location: Any = "cpu", policy: Any = None,
+         opened: dict[tuple[str, int], Opened] | None = None) -> Any:
     """The state of ``shard`` with ``own``'s per-rank values in place (their sizes and
-    indexes checked by the caller, their checksums on the read that loads them)."""
+    indexes checked by the caller, their checksums on the read that loads them).
+    ``opened``: by ``(kind, rank)``, files already read and open (``read_state``)."""
     man = found.manifest
     assert man is not None
+    opened = opened or {}
 
     def values(_slots: list[dict[str, Any]]) -> list[Any]:
         if own is None:
             return []
-        return read_own(found.path, own, map_location, policy, rec=layout.record(man, "own", own))
+        return read_own(found.path, own, map_location, policy, rec=layout.record(man, "own", own),
+                        opened=opened.get(("own", own)))
     return read_state(found.path, shard, map_location, policy, own=values if own is not None else None,
-                      rec=layout.record(man, "rank", shard))
+                      rec=layout.record(man, "rank", shard), opened=opened.get(("rank", shard)))

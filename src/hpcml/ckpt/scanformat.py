@@ -22,16 +22,17 @@ does not import ckpt.
 
 from __future__ import annotations
 
+import os
 import re
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO
 
-from hpcml.ckpt import layout
-from hpcml.scan import pickles
+from hpcml.ckpt import layout, leafcheck
 from hpcml.scan.formats import ScanFormat
 
 if TYPE_CHECKING:
     from hpcml.scan.context import FileScan
+    from hpcml.scan.model import FileResult
     from hpcml.scan.policy import Policy
 
 NAME = "hpcml-ckpt"
@@ -67,9 +68,8 @@ def scan(fs: FileScan, fh: BinaryIO, size: int, index: Path, doc: dict[str, Any]
     entries = doc["entries"]
     names = leaf_paths(doc.get("skeleton"))
     pickled = [i for i, e in enumerate(entries) if e["kind"] == "pickle"]
-    for i in pickled:
-        e = entries[i]
-        pickles.scan_stream(fs, fh, e["offset"], e["offset"] + e["nbytes"], f"leaf {names.get(i, f'#{i}')}")
+    for i in pickled:               # by the one rule verify and the load apply
+        leafcheck.judge(fs, fh, entries[i]["offset"], entries[i]["nbytes"], f"leaf {names.get(i, f'#{i}')}")
     scan_as_loaders_read_it(fs, fh, size)
     fs.note(f"{len(entries) - len(pickled)} tensors and arrays (raw bytes, never unpickled), "
             f"{len(pickled)} pickled leaves scanned; load it with hpcml.ckpt (or hpcml.scan.safe_load)")
@@ -88,24 +88,54 @@ def _scan_claimed(fs: FileScan, fh: BinaryIO, size: int, claim: Any) -> None:
 
 
 def load(path: Path, claim: Any, policy: Policy, map_location: Any, rank: int | None) -> Any:
-    """Load a checkpoint (its directory: the newest step; a step directory; a shard): the
-    shard is scanned, then checked and read as ``hpcml.ckpt.load`` does."""
+    """Load a checkpoint (its directory: the newest step; a step directory; a shard): each
+    file opened once (no link followed, a regular file), its index read once (its bytes the
+    manifest's), the shard scanned through that descriptor with that index, and loaded from
+    the same descriptor and index, never opened again by name: a file swapped after the
+    scan is not what loads. The load proves the bytes it reads against the manifest's crc32
+    and judges the pickled leaves it holds in memory by the scan's rule (``leafcheck``)."""
     from hpcml.ckpt import offline
     from hpcml.scan.loader import UnsafeFileError
     from hpcml.scan.model import Verdict
-    from hpcml.scan.scanner import scan_file
     if path.is_dir():
         found = offline.find(path)
     else:
         found, rank = offline.find(path.parent), int(path.stem.split("-", 1)[1])
     shard = offline.shard_of(found, rank)
     own = offline.own_of(found, rank)
-    for kind, r in [("rank", shard)] + ([("own", own)] if own is not None else []):
-        result = scan_file(found.path / layout.shard_names(r, kind)[0], policy)
-        if result.verdict is not Verdict.SAFE:
-            raise UnsafeFileError(result)
     offline.check(found, shard, own)
-    return offline.read(found, shard, own, map_location, policy)
+    assert found.manifest is not None
+    opened: dict[tuple[str, int], offline.Opened] = {}
+    try:
+        for kind, r in [("rank", shard)] + ([("own", own)] if own is not None else []):
+            bin_name, json_name = layout.shard_names(r, kind)
+            doc = layout.read_index(found.path / json_name, layout.record(found.manifest, kind, r))
+            fd = layout.open_shard(found.path / bin_name)
+            opened[(kind, r)] = (doc, fd)
+            result = _scan_open(fd, found.path / bin_name, found.path / json_name, doc, policy)
+            if result.verdict is not Verdict.SAFE:
+                raise UnsafeFileError(result)
+        return offline.read(found, shard, own, map_location, policy, opened=opened)
+    finally:
+        for _doc, fd in opened.values():
+            os.close(fd)
+
+
+def _scan_open(fd: int, path: Path, index: Path, doc: dict[str, Any], policy: Policy) -> FileResult:
+    """The scan of the open shard ``fd`` with the index ``doc`` (as ``hpcml scan`` makes it
+    by path: a failure of the scan is an error verdict, never a pass)."""
+    from hpcml.scan.context import FileScan
+    from hpcml.scan.scanner import scan_content
+    size = os.fstat(fd).st_size
+    fs = FileScan(str(path), policy, size, scan_content)
+    try:
+        with open(os.dup(fd), "rb") as fh:
+            scan(fs, fh, size, index, doc)
+    except OSError as exc:
+        fs.error(f"read failed: {exc.strerror or exc}")
+    except Exception as exc:  # noqa: BLE001 - fail closed: a scanner bug is an error verdict
+        fs.error(f"internal error while scanning ({type(exc).__name__}: {exc}); please report it")
+    return fs.finish()
 
 
 FORMAT = ScanFormat(looks_like=lambda head, size, name: False, scan=lambda *args: None,
