@@ -45,6 +45,8 @@ def test_placeholders_are_filled_for_this_machine(tmp_path):
     ("{cpu: 1, memory: 2 GiB}", "{cpu: 1, memory: 2 GiB, gpus: 1}", "'resources.gpus'"),
     ("{name: http, port: 5000}", "{name: http, port: 5000, public: true}", "'ports[0].public'"),
     ('"${port.http}"', '"${port.web}"', "'command["),
+    ("kind: supporting", "kind: supporting\n1: x", "'1'"),           # YAML reads it as an int key
+    ("kind: supporting", "kind: supporting\n~: x", "'~'"),           # None
 ])
 def test_a_malformed_blueprint_names_file_line_and_key(old, new, key):
     assert old in MLFLOW
@@ -57,6 +59,7 @@ def test_a_malformed_blueprint_names_file_line_and_key(old, new, key):
     ("kind: supporting", "kind: supporting\nportz: []", "portz"),
     ("{cpu: 1, memory: 2 GiB}", "{cpu: 1, memory: 2 GB of RAM}", "resources.memory"),
     ("{cpu: 1, memory: 2 GiB}", "{cpu: 1, memory: 2 GiB, gpus: 2}", "resources.gpus"),
+    ("kind: supporting", "kind: supporting\n1: 2", "1"),
 ])
 def test_the_cli_gives_one_line_and_exit_2(tmp_path, old, new, key):
     bad = tmp_path / "bad.yaml"
@@ -69,6 +72,16 @@ def test_the_cli_gives_one_line_and_exit_2(tmp_path, old, new, key):
         lines = out.stderr.strip().splitlines()
         assert len(lines) == 1 and f"key '{key}'" in lines[0] and "Traceback" not in out.stderr, lines
         assert lines[0].startswith(f"hpcml service {args[0]}: error: {bad}:")
+
+
+def test_a_top_level_key_that_is_not_a_string_is_named_with_its_line():
+    """``1: x`` is an int key to YAML: one line naming the file, line and key, not a TypeError."""
+    text = MLFLOW.replace("kind: supporting", "kind: supporting\ntrue: x", 1)
+    line = text.splitlines().index("true: x") + 1
+    with pytest.raises(UsageError) as exc:
+        loads(text, "bad.yaml")
+    assert (exc.value.file, exc.value.key, exc.value.line) == ("bad.yaml", "true", line)
+    assert str(exc.value) == f"bad.yaml:{line}: key 'true': keys should be strings (found True)"
 
 
 def test_an_unknown_blueprint_name_lists_the_known_ones():

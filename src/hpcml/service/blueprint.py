@@ -335,6 +335,11 @@ def loads(text: str, source: str = "<blueprint>") -> Blueprint:
     if not isinstance(data, dict):
         raise ld.error((), "expected a mapping with name, command, ports and health at the top")
     data.pop("source", None)
+    bad = [k for k in data if not isinstance(k, str)]
+    if bad:                 # YAML reads `1:` as an int: Blueprint(**data) would end in a TypeError
+        typed = [k.value for k, _ in getattr(node, "value", ()) if k.tag != "tag:yaml.org,2002:str"]
+        raise ld.error((typed[0] if typed and isinstance(typed[0], str) else str(bad[0]),),
+                       f"keys should be strings (found {bad[0]!r})")
     try:
         bp = Blueprint(**data)
     except ValidationError as exc:

@@ -38,7 +38,11 @@ def refuse_running(old: st.ServiceState | None) -> None:
     if old.mode == "local" and not old.stopped and old.node and old.node != local.here():
         raise UsageError(f"{old.name} was started on {old.node} (pid {old.pid}) and not stopped: hpcml service "
                          f"down {old.name} there first (if {old.node} is gone: remove {old.directory}/service.json)")
-    if is_up(old):
+    now = condition(old)
+    if now == "pending":
+        raise UsageError(f"{old.name} is already submitted (Slurm job {old.job_id}, pending): hpcml service status "
+                         f"{old.name} tells when it is ready; hpcml service down {old.name} cancels it")
+    if now != "stopped":
         where = f"Slurm job {old.job_id}" if old.mode == "slurm" and old.job_id else f"pid {old.pid}"
         ports = ", ".join(f"{k} {v}" for k, v in old.ports.items())
         raise UsageError(f"{old.name} already runs ({where}{', port ' + ports if ports else ''}): "
@@ -111,11 +115,21 @@ def find(name: str, root: str | os.PathLike[str] | None = None) -> st.ServiceSta
     return s
 
 
-def is_up(s: st.ServiceState) -> bool:
+def condition(s: st.ServiceState) -> str:
+    """``running``, ``stopped``, or for a Slurm instance also ``pending`` (its job queued:
+    recorded at submission, so ``status`` shows it and ``down`` cancels it) and
+    ``starting`` (the job runs, its service is not ready yet)."""
     if s.mode == "slurm" and s.job_id:
         from hpcml.cluster import slurm
-        return not s.stopped and slurm.job_state(s.job_id) in slurm.ALIVE
-    return local.running(s)
+        state = None if s.stopped else slurm.job_state(s.job_id)
+        if state not in slurm.ALIVE:
+            return "stopped"
+        return "pending" if state == "PENDING" else "running" if s.ready else "starting"
+    return "running" if local.running(s) else "stopped"
+
+
+def is_up(s: st.ServiceState) -> bool:
+    return condition(s) != "stopped"
 
 
 def down(name: str, root: str | os.PathLike[str] | None = None) -> tuple[st.ServiceState, str | None]:
@@ -135,7 +149,16 @@ def down(name: str, root: str | os.PathLike[str] | None = None) -> tuple[st.Serv
 
 
 def status(root: str | os.PathLike[str] | None = None) -> list[dict]:
-    return [{**s.to_json(), "running": is_up(s)} for s in st.instances(root)]
+    return [row for row, _ in conditions(root)]
+
+
+def conditions(root: str | os.PathLike[str] | None = None) -> list[tuple[dict, str]]:
+    """Each instance's ``status`` row and its ``condition`` (one Slurm query each)."""
+    out = []
+    for s in st.instances(root):
+        now = condition(s)
+        out.append(({**s.to_json(), "running": now != "stopped"}, now))
+    return out
 
 
 def log_path(name: str, root: str | os.PathLike[str] | None = None) -> Path:

@@ -26,7 +26,7 @@ from pathlib import Path
 import psutil
 
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.files import inside
+from hpcml.files import inside, read_ends
 from hpcml.ports import free_port, port_free
 from hpcml.proctree import start_time, stop_group
 from hpcml.service import state as st
@@ -34,6 +34,7 @@ from hpcml.service.backends import choose
 from hpcml.service.blueprint import Blueprint
 from hpcml.service.checks import check_file_key
 from hpcml.service.placeholders import Place, expand
+from hpcml.words import printable
 
 
 class ServiceFailed(HpcmlError):
@@ -201,12 +202,27 @@ def start(bp: Blueprint, directory: Path, *, host: str = "127.0.0.1", backend: s
     return s, proc
 
 
-def _log_tail(s: st.ServiceState, lines: int = 3) -> str:
+#: the bytes read from a log's end for the lines an error quotes: service.log gains a
+#: section on every ``up`` and a job's output may be GBs; never read whole
+TAIL_BYTES = 64 << 10
+
+
+def tail_lines(path: Path, lines: int = 3, max_bytes: int = TAIL_BYTES) -> list[str]:
+    """The last ``lines`` non-blank lines of a log, from its last ``max_bytes`` only (memory
+    bounded whatever its size), control characters escaped (the service's output, printed
+    in our one-line error); [] when it cannot be read."""
     try:
-        tail = s.log.read_text(errors="replace").strip().splitlines()[-lines:]
-    except OSError:
-        return ""
-    return " | ".join(t.strip() for t in tail)
+        _head, end, whole = read_ends(path, 0, max_bytes)
+    except (OSError, ValueError):
+        return []
+    found = end.decode("utf-8", "replace").splitlines()
+    if not whole and len(found) > 1:
+        found = found[1:]                   # the first is cut where the read began
+    return [printable(t.strip(), 500) for t in found if t.strip()][-lines:]
+
+
+def _log_tail(s: st.ServiceState, lines: int = 3) -> str:
+    return " | ".join(tail_lines(s.log, lines))
 
 
 def wait_ready(bp: Blueprint, s: st.ServiceState, proc: subprocess.Popen | None = None,

@@ -25,12 +25,17 @@ from hpcml.files import write_atomic
 from hpcml.service import state as st
 from hpcml.service.blueprint import Blueprint
 from hpcml.service.envs import build_note, is_built
+from hpcml.service.local import tail_lines
 
 log = logs.get(__name__)
 
 
 class ServiceJobFailed(HpcmlError):
     """The service job ended before its service was ready."""
+
+
+class ServiceNotReady(HpcmlError):
+    """``--wait`` ran out: the job stays queued (or starting), recorded, for ``status``/``down``."""
 
 
 def script(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str, str], backend: str) -> str:
@@ -65,6 +70,9 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
     job is recorded (pending) as soon as it is submitted, under the instance's lock, so a
     second ``up`` at the same time finds it instead of submitting another."""
     from hpcml.service.lifecycle import Interrupted, refuse_running
+    # absolute: the job runs with --chdir into the instance directory, where a relative
+    # state dir would name another one (state/web/state/web) the submitter never reads
+    root = Path(root).absolute()
     directory = st.instance_dir(name, root)
     with st.starting(directory):
         refuse_running(st.read(directory))
@@ -79,7 +87,8 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
         job_id = slurm.run([*argv, str(path)]).stdout.strip().split(";")[0]
         pending = st.ServiceState(name=name, blueprint=bp.source, mode="slurm", backend=backend,
                                   directory=str(directory), job_id=job_id, started=time.time())
-        if (st.read(directory) or pending).job_id != job_id:     # the job itself may have written it already
+        current = st.read(directory)
+        if current is None or current.job_id != job_id:     # the job itself may have written it already
             st.write(pending)
     try:
         return _wait(directory, name, job_id, wait)
@@ -89,21 +98,27 @@ def submit(bp: Blueprint, ref: str, name: str, root: Path, *, options: dict[str,
 
 
 def _wait(directory: Path, name: str, job_id: str, wait: float) -> st.ServiceState:
+    """The job's state once its service is ready; ``ServiceJobFailed`` if the job ends first,
+    ``ServiceNotReady`` (one line: the job, how to follow or cancel it) when ``wait`` runs out."""
     deadline = time.monotonic() + wait
-    while time.monotonic() < deadline:
+    state: str | None = None
+    while True:
         s = st.read(directory)
         if s is not None and s.job_id == job_id and s.ready:
             return s
         state = slurm.job_state(job_id)
         if state is not None and state not in slurm.ALIVE:      # None: Slurm cannot say now; ask again
             out = directory / f"slurm-{job_id}.out"
-            tail = out.read_text(errors="replace").strip().splitlines()[-1:] if out.exists() else []
+            last = tail_lines(out, 1)         # from the end: a job's output may be GBs
             raise ServiceJobFailed(f"service job {job_id} ended ({state or 'gone'}) before {name} was ready"
-                                   + (f": {tail[0]}" if tail else f" (see {out})"))
+                                   + (f": {last[0]}" if last else f" (see {out})"))
+        if time.monotonic() >= deadline:
+            break
         time.sleep(0.3)
-    s = st.read(directory)
-    assert s is not None          # written above, as pending, if the job had not yet
-    return s
+    where = f"is still {state.lower()}" if state else "is of unknown state (Slurm did not answer)"
+    raise ServiceNotReady(f"{name} not ready after {wait:g} s: Slurm job {job_id} {where} and stays submitted "
+                          f"(hpcml service status {name} tells when it is ready; hpcml service down {name} "
+                          "cancels it)")
 
 
 def tunnel(s: st.ServiceState, login: str | None = None) -> str:

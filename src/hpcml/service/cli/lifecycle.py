@@ -64,10 +64,8 @@ def up(
         s = service_slurm.submit(chain[-1], ref, name or chain[-1].name, st.state_root(state_dir), options=sets,
                                  backend=backend, time_limit=time_limit, partition=partition, nodelist=nodelist,
                                  gpus=gpus, wait=wait)
-        if as_json:
+        if as_json:              # ready: a wait that ran out is ServiceNotReady, one line, exit 1
             print(json.dumps(s.to_json(), indent=2))
-        elif not s.ready:
-            print(f"{s.name}: job {s.job_id} submitted, not ready yet: hpcml service status {s.name}")
         else:
             _describe(s, slurm=True)
         return
@@ -106,16 +104,17 @@ def status(name: Optional[str] = typer.Argument(None, help="One instance (defaul
         hpcml service status mlflow --json
     """
     from hpcml.service import lifecycle
-    rows = [r for r in lifecycle.status(state_dir) if name is None or r["name"] == name]
-    if name is not None and not rows:
+    found = [(r, now) for r, now in lifecycle.conditions(state_dir) if name is None or r["name"] == name]
+    if name is not None and not found:
         lifecycle.find(name, state_dir)          # the one-line error naming the known ones
     if as_json:
-        print(json.dumps({"schema": tag("service.status", 1), "services": rows}, indent=2))
+        print(json.dumps({"schema": tag("service.status", 1), "services": [r for r, _ in found]}, indent=2))
         return
-    for r in rows:
-        where = f"job {r['job_id']} on {r['node']}" if r["mode"] == "slurm" else f"pid {r['pid']}"
+    for r, now in found:
+        where = f"pid {r['pid']}" if r["mode"] != "slurm" else \
+            f"job {r['job_id']}" + (f" on {r['node']}" if r["node"] else "")
         urls = " ".join(r["urls"].values())
-        print(f"{r['name']:<14} {'running' if r['running'] else 'stopped':<8} {where:<22} {urls}")
+        print(f"{r['name']:<14} {now:<8} {where:<22} {urls}")
 
 
 def logs(name: str = typer.Argument(..., help="The instance's name."),
