@@ -8,16 +8,19 @@ from pathlib import Path
 
 import pytest
 
+import hpcml as hpcml_pkg
 from tests.farm.farmtools import wait_for
 
 ROOT = Path(__file__).parents[2]
+#: the hpcml this process imported: the subprocesses run the same code
+SRC = Path(hpcml_pkg.__file__).parents[1]
 CPU = ROOT / "examples" / "vet" / "cpu.yaml"
 
 
 def hpcml(*args, cwd=None, env=None):
     import os
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
-    e["PYTHONPATH"] = str(ROOT)  # the tests' plugin checks
+    e["PYTHONPATH"] = f"{SRC}{os.pathsep}{ROOT}"  # this checkout's hpcml; the tests' plugin checks
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
                           text=True, cwd=cwd, env=e, timeout=120)

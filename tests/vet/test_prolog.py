@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+import hpcml as hpcml_pkg
 from hpcml.errors import UsageError
 from hpcml.vet import prolog
 from hpcml.vet.cli.prolog import PROLOG_PROTOCOL, render_script
@@ -18,12 +19,14 @@ from hpcml.vet.model import Outcome
 from hpcml.vet.protocol import load, loads
 
 ROOT = Path(__file__).parents[2]
+#: the hpcml this process imported: the subprocesses run the same code
+SRC = Path(hpcml_pkg.__file__).parents[1]
 SLEEP = "tests.vet.prolog_checks.Sleep"
 
 
 def hpcml(*args, env=None, timeout=60):
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    e["PYTHONPATH"] = str(ROOT)  # the plugin checks in tests/vet/prolog_checks.py
+    e["PYTHONPATH"] = f"{SRC}{os.pathsep}{ROOT}"  # this checkout's hpcml; tests/vet/prolog_checks.py
     e.update(env or {})
     return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
                           text=True, env=e, timeout=timeout)
@@ -171,7 +174,7 @@ def test_prolog_script_runs_without_path(tmp_path):
     assert text.startswith("#!/bin/sh\n") and f"{sys.executable} -m hpcml vet --prolog" in text
     command = text.splitlines()[-1]
     assert "--budget '4 s'" in command and "--drain" not in command and "timeout -k 1 6 " in command
-    env = {"PYTHONPATH": str(ROOT)} if "PYTHONPATH" in os.environ else {}
+    env = {"PYTHONPATH": f"{SRC}{os.pathsep}{ROOT}"} if "PYTHONPATH" in os.environ else {}
     p = subprocess.run(["/bin/sh", str(script)], env=env, capture_output=True, text=True,
                        timeout=30)
     assert p.returncode == 0, log.read_text() if log.exists() else p.stderr

@@ -136,12 +136,11 @@ def post(url: str, path: str, doc: Any, token: str | None, timeout: float) -> Re
 
 def read_token(token_file: Path | None) -> tuple[str | None, str | None]:
     """The collector token from ``token_file`` (else ``$HPCML_VET_TOKEN``): (token, None) or
-    (None, why not)."""
-    from hpcml.centre.collector.server import read_tokens
-    try:
-        tokens = read_tokens(token_file)
-    except OSError as exc:
-        return None, f"token file: {exc.strerror or exc}"
+    (None, why not). Never raises: a token file that is unreadable, not text or a FIFO must
+    not turn a verdict already reached into a traceback (a prolog's "Prolog error")."""
+    tokens, why = tokens_of(token_file)
+    if why is not None:
+        return None, f"token file {token_file}: {why}"
     return (tokens[0], None) if tokens and tokens[0] else (None, "no token ($HPCML_VET_TOKEN or --report-token-file)")
 
 
@@ -163,14 +162,28 @@ def post_report(doc: dict[str, Any], url: str, token: str | None, deadline: floa
 def send_with_token_file(report_json: Any, url: str, token_file: Path | None, timeout: float = 5) -> str | None:
     """``send`` with the token read from ``token_file`` (else ``$HPCML_VET_TOKEN``): what
     ``hpcml vet --report-to`` and its prolog mode do. A file that cannot be read is a warning."""
-    from hpcml.centre.collector.server import read_tokens
-    try:
-        tokens = read_tokens(token_file)
-    except OSError as exc:
-        line = f"hpcml vet: warning: report not sent to {url}: token file: {exc.strerror or exc}"
+    tokens, why = tokens_of(token_file)
+    if why is not None:
+        line = f"hpcml vet: warning: report not sent to {url}: token file {token_file}: {why}"
         log.warning(line)
         return line
     return send(report_json, url, tokens[0] if tokens else "", timeout)
+
+
+def tokens_of(token_file: Path | None) -> tuple[list[str], str | None]:
+    """The tokens of ``token_file`` (else ``$HPCML_VET_TOKEN``) and None, or [] and why it
+    gives none: never an exception, whatever is at that path (a FIFO, binary, a directory)."""
+    from hpcml.centre.collector.server import read_tokens
+    try:
+        return read_tokens(token_file), None
+    except FileNotFoundError:
+        return [], "file not found"
+    except OSError as exc:
+        return [], f"cannot read it: {exc.strerror or exc}"
+    except UnicodeDecodeError as exc:
+        return [], f"not UTF-8 text (bad byte at offset {exc.start})"
+    except ValueError as exc:                   # a FIFO, a directory, a device, too large
+        return [], str(exc)
 
 
 def send(report_json: Any, url: str, token: str | None, timeout: float = 5) -> str | None:

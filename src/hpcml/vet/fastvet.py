@@ -135,6 +135,7 @@ def _print_human(run_, paths) -> None:
 
     from hpcml.vet import report
     from hpcml.vet.engine import NOTHING_CHECKED
+    from hpcml.words import LINE_MAX, shown
     console = Console(stderr=False, soft_wrap=not sys.stdout.isatty())
     if sys.stdout.isatty():
         console.print(report.table(run_))
@@ -143,12 +144,12 @@ def _print_human(run_, paths) -> None:
             print(line)
     for line in report.problems(run_):
         console.print(f"  {line}", highlight=False, markup=False)
-    for note in run_.notes:
+    for note in run_.notes:              # notes name checks and nodes: never markup
         if NOTHING_CHECKED in note:
-            console.print(f"  [bold yellow]warning:[/] {note}", highlight=False)
+            console.print(f"  [bold yellow]warning:[/] {shown(note, LINE_MAX)}", highlight=False)
         else:
-            console.print(f"  note: {note}", highlight=False)
+            console.print(f"  note: {shown(note, LINE_MAX)}", highlight=False)
     v = run_.verdict
     colour = {"continue": "green", "shrink": "yellow", "abort": "bold red"}[v.decision.value]
     console.print(f"verdict: [{colour}]{v.decision.value}[/] ({len(v.good)} good, {len(v.bad)} bad, "
-                  f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {paths['exclude']}")
+                  f"need {v.min_nodes}) in {run_.duration:.2f} s; exclude list: {shown(paths['exclude'], LINE_MAX)}")

@@ -134,7 +134,9 @@ class Step:
     def harvest(self, deadline_at: float) -> StepResult:
         """Results of every node, returned as soon as all reported or at the deadline."""
         # an Event, not proc.wait(timeout): that polls with sleeps of up to 50 ms
-        if not self.complete.wait(timeout=max(0.1, deadline_at - time.time() + SRUN_GRACE)):
+        # capped: a deadline that is not finite (the models refuse one) must not overflow the wait
+        wait = min(max(0.1, deadline_at - time.time() + SRUN_GRACE), threading.TIMEOUT_MAX)
+        if not self.complete.wait(timeout=wait):
             self.step.timed_out = True
             slurm.stop_step(self.proc, term_wait=1.0)
         if len(self.step.reports) >= self.expected:

@@ -30,6 +30,19 @@ DEFAULT_DEADLINE = 300.0
 
 
 _VAR = re.compile(r"\$(?:\{(\w+)[^}]*\}|(\w+))")
+#: a check's name: it names files and folders under the work directory (``culprit-NAME``),
+#: so no '/', no '..', no leading dot; spaces inside, as vetnode's files have ("Check GPU")
+_NAME = re.compile(r"[A-Za-z0-9_-](?:[A-Za-z0-9._ -]*[A-Za-z0-9._-])?")
+
+
+def positive_seconds(value: Any) -> float:
+    """``parse_seconds``, and finite and above 0: ``.inf`` would overflow a wait, ``.nan``
+    compare false with every clock, 0 end a check before it starts."""
+    import math
+    seconds = parse_seconds(value)
+    if not (math.isfinite(seconds) and seconds > 0):
+        raise ValueError(f"expected a duration above 0 and finite, found {value!r}")
+    return seconds
 
 
 @dataclass
@@ -128,6 +141,12 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     for key in ("name", "type"):
         if not isinstance(raw.get(key), str) or not raw[key].strip():
             raise ld.error((*path, key), "missing or not a string")
+    if not _NAME.fullmatch(raw["name"]):
+        raise ld.error((*path, "name"), f"expected letters, digits, '.', '_', '-' or inner spaces (not first a '.'), "
+                       f"found {raw['name']!r}")
+    for key in raw:
+        if not isinstance(key, str):          # `1: 2` would reach model(**fields) as a TypeError
+            raise ld.error((*path, key), f"expected a key that is a string, found {key!r}")
     fields = {k: v for k, v in raw.items() if k not in COMMON_KEYS}
     type_name = raw["type"]
     needs: tuple[str, ...] = ()
@@ -135,7 +154,9 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
         if vetnode_compat.is_vetnode(type_name):
             type_name, fields, needs = vetnode_compat.translate(type_name, fields)
         cls = registry.check_class(type_name)
-    except (LookupError, ValueError) as exc:
+    except vetnode_compat.FieldError as exc:
+        raise ld.error((*path, exc.key), str(exc)) from None
+    except (LookupError, ValueError, TypeError) as exc:
         raise ld.error((*path, "type"), str(exc)) from None
     try:
         model = cls.Params
@@ -144,6 +165,8 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
                        f"{cls.params_module}.{cls.params_name} cannot be loaded: {exc}") from None
     try:
         params = model(**fields)
+    except TypeError as exc:                   # a plugin's model that takes no such keywords
+        raise ld.error(path, f"{type_name}: its parameters cannot be made: {exc}") from None
     except ValidationError as exc:
         err = exc.errors()[0]
         loc = tuple(err["loc"])
@@ -168,7 +191,7 @@ def _eval(ld: ConfigLoader, i: int, raw: Any, require_gpus: bool) -> EvalSpec:
     fast = raw.get("fast")
     if fast is not None and not isinstance(fast, bool):
         raise ld.error((*path, "fast"), f"expected true or false, found {fast!r}")
-    timeout = ld.convert((*path, "timeout"), raw["timeout"], parse_seconds) \
+    timeout = ld.convert((*path, "timeout"), raw["timeout"], positive_seconds) \
         if "timeout" in raw else cls.default_timeout
     rel = {k: ld.convert((*path, k), raw[k], parse_fraction) if k in raw else None
            for k in ("min_relative", "max_relative")}
@@ -213,7 +236,7 @@ def loads(text: str, source: str = "<protocol>") -> Protocol:
     for i, name in enumerate(names):
         if name in names[:i]:
             raise ld.error(("evals", i, "name"), f"duplicate check name '{name}'")
-    deadline = ld.convert(("deadline",), data["deadline"], parse_seconds) \
+    deadline = ld.convert(("deadline",), data["deadline"], positive_seconds) \
         if "deadline" in data else DEFAULT_DEADLINE
     return Protocol(name=data["name"], evals=specs, source=source, min_nodes=min_nodes,
                     deadline=deadline, require_gpus=require_gpus, index_url=pip.get("index_url"),

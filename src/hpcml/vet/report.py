@@ -9,6 +9,7 @@ healthy nodes into one line when the allocation is large.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from hpcml.cluster.hostlist import fold
@@ -17,7 +18,7 @@ from hpcml.schemas import VET_REPORT as SCHEMA
 from hpcml.units import fmt_bytes
 from hpcml.vet.engine import VetRun
 from hpcml.vet.model import Json, Outcome
-from hpcml.words import plural
+from hpcml.words import LINE_MAX, plural, shown
 
 _STYLE = {Outcome.PASS: "green", Outcome.WARN: "yellow", Outcome.FAIL: "bold red",
           Outcome.ERROR: "bold magenta", Outcome.SKIPPED: "dim"}
@@ -56,19 +57,66 @@ def dumps(data: dict[str, Json]) -> str:
     return json.dumps(data, separators=(",", ":"), default=str)
 
 
+def output_paths(out_dir: str | Path, *, exclude_file: str | Path | None = None,
+                 good_file: str | Path | None = None) -> dict[str, Path]:
+    """Where report.json, bad-nodes and good-nodes go."""
+    out = Path(out_dir)
+    return {"report": out / "report.json",
+            "exclude": Path(exclude_file) if exclude_file else out / "bad-nodes",
+            "good": Path(good_file) if good_file else out / "good-nodes"}
+
+
+#: the setting that names each output, for the one-line error (the CLI shows it as its flag)
+_SETTING = {"report": "out", "exclude": "exclude_file", "good": "good_file"}
+
+
+def check_writable(out_dir: str | Path, *, exclude_file: str | Path | None = None,
+                   good_file: str | Path | None = None, workdir: str | Path | None = None) -> None:
+    """Refuse, before any check runs, outputs that could not be written after it: a verdict
+    reached in minutes on every node must not end in a traceback over a typo'd path. Creates
+    the output directory (and the work directory), and a file in each output's folder to
+    see that it can; a UsageError naming the setting otherwise."""
+    import tempfile
+
+    from hpcml.errors import UsageError
+
+    def folder(path: Path, key: str) -> None:
+        try:
+            path.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            why = "not a directory" if isinstance(exc, FileExistsError) else exc.strerror or str(exc)
+            raise UsageError(f"cannot make the directory {path}: {why}", key=key) from None
+
+    folder(Path(out_dir), "out")
+    if workdir is not None:
+        folder(Path(workdir), "workdir")
+    for what, path in output_paths(out_dir, exclude_file=exclude_file, good_file=good_file).items():
+        if path.is_dir():
+            raise UsageError(f"cannot write {path}: it is a directory", key=_SETTING[what])
+        try:
+            fd, probe = tempfile.mkstemp(dir=path.parent, prefix=".hpcml-vet-probe-")
+        except OSError as exc:
+            raise UsageError(f"cannot write {path}: {exc.strerror or exc}", key=_SETTING[what]) from None
+        os.close(fd)
+        os.unlink(probe)
+
+
 def write_outputs(run: VetRun, out_dir: str | Path, *, exclude_file: str | Path | None = None,
                   good_file: str | Path | None = None) -> dict[str, Path]:
-    """Write report.json, bad-nodes and good-nodes atomically (a reader never sees half)."""
+    """Write report.json, bad-nodes and good-nodes atomically (a reader never sees half).
+    OSError naming the file that could not be written."""
     out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"report": out / "report.json",
-             "exclude": Path(exclude_file) if exclude_file else out / "bad-nodes",
-             "good": Path(good_file) if good_file else out / "good-nodes"}
+    paths = output_paths(out, exclude_file=exclude_file, good_file=good_file)
     texts = {"report": dumps(to_json(run)) + "\n",
              "exclude": run.verdict.bad_hostlist + "\n",
              "good": run.verdict.good_hostlist + "\n"}
     for key, path in paths.items():
-        write_atomic(path, texts[key])
+        try:
+            if key == "report":
+                out.mkdir(parents=True, exist_ok=True)
+            write_atomic(path, texts[key])
+        except OSError as exc:
+            raise OSError(exc.errno, f"cannot write {path}: {exc.strerror or exc}") from None
     return paths
 
 
@@ -83,17 +131,19 @@ def _short(value, unit: str | None) -> str:
 
 
 def _cell(result) -> str:
-    text = _short(result.value, result.unit)
-    return f"[{_STYLE[result.outcome]}]{result.outcome.value}[/]" + (f" {text}" if text else "")
+    text = _short(result.value, result.unit)      # a check's own value: a string may hold '[/]'
+    return f"[{_STYLE[result.outcome]}]{result.outcome.value}[/]" + (f" {shown(text)}" if text else "")
 
 
 def table(run: VetRun):
+    """The node x check grid for a terminal. Every protocol, check and node name goes
+    through ``shown``: Rich would read '[/bold]' in a name as markup (and end with an error)."""
     from rich.table import Table
     checks = [e.name for e in run.protocol.evals]
-    t = Table(title=f"hpcml vet: {run.protocol.name}", show_lines=False)
+    t = Table(title=f"hpcml vet: {shown(run.protocol.name)}", show_lines=False)
     t.add_column("node", style="bold")
     for name in checks:
-        t.add_column(name)
+        t.add_column(shown(name))
     t.add_column("verdict")
     bad = set(run.verdict.bad)
     hidden: dict[tuple, list[str]] = {}     # folded: nodes whose every check passed or was skipped, alike
@@ -105,14 +155,14 @@ def table(run: VetRun):
             hidden.setdefault(tuple(by_check.get(c) for c in checks), []).append(node)
             continue
         if not rep.reachable:
-            t.add_row(node, *(["[bold red]unreachable[/]"] + [""] * (len(checks) - 1)),
+            t.add_row(shown(node), *(["[bold red]unreachable[/]"] + [""] * (len(checks) - 1)),
                       "[bold red]bad[/]")
             continue
         by_name = {r.check: r for r in rep.results}
-        t.add_row(node, *[_cell(by_name[c]) if c in by_name else "" for c in checks],
+        t.add_row(shown(node), *[_cell(by_name[c]) if c in by_name else "" for c in checks],
                   "[bold red]bad[/]" if node in bad else "[green]good[/]")
     for row, nodes in hidden.items():       # each column as it was: a skipped check is not a pass
-        t.add_row(f"{fold(nodes, sort=True)} ({len(nodes)})",
+        t.add_row(f"{shown(fold(nodes, sort=True), LINE_MAX)} ({len(nodes)})",
                   *["[green]pass[/]" if o is Outcome.PASS else "[dim]skipped[/]" if o is Outcome.SKIPPED else ""
                     for o in row], "[green]good[/]")
     return t

@@ -41,9 +41,8 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
         if early is None and not local and not venv_root and allocation.under_slurm and allocation.step_id is None:
             with phase("vet.fan-out"):            # srun's step: every node's worker starts in parallel
                 early = launch.start_workers(subset or list(allocation.nodes), preload=launch.preload_hint(protocol))
-        from hpcml.units import parse_seconds
         from hpcml.vet import engine, report, setup
-        from hpcml.vet.protocol import load
+        from hpcml.vet.protocol import load, positive_seconds
         if early is not None and early.sent is not None and only is not None:
             early.cancel()                        # told the whole protocol: not what --vet auto chose
             early = None
@@ -53,10 +52,11 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
             from dataclasses import replace
             proto = replace(proto, evals=[e for e in proto.evals if e.name in only])
         try:
-            limit = parse_seconds(deadline) if deadline is not None else None
+            limit = positive_seconds(deadline) if deadline is not None else None
         except ValueError as exc:
             raise UsageError(str(exc), key="deadline") from None
         out_dir = out or Path(f"hpcml-vet-{allocation.job_id or 'local'}")
+        report.check_writable(out_dir, exclude_file=exclude_file, good_file=good_file, workdir=workdir)
         python = setup.python_of(proto, venv_root)
         if venv_root and proto.requirements() and python is None:
             log.info(f"hpcml vet: requirements not set up in {venv_root}: run "
@@ -67,7 +67,13 @@ def vet_job(protocol: Path, *, min_nodes: int | None = None, deadline: str | Non
                           use_srun=False if local else None, python=python, started=early)
         early = None
         with phase("vet.write"):
-            paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
+            try:
+                paths = report.write_outputs(run_, out_dir, exclude_file=exclude_file, good_file=good_file)
+            except OSError as exc:    # checked before the run, yet gone (a full disk): the verdict stands
+                why = exc.strerror or str(exc)
+                log.error(f"hpcml vet: error: {why}; the verdict ({run_.verdict.decision.value}) stands")
+                run_.notes.append(f"outputs not written: {why}")
+                paths = report.output_paths(out_dir, exclude_file=exclude_file, good_file=good_file)
     finally:
         if early is not None:
             early.cancel()

@@ -14,6 +14,22 @@ from typing import Any
 _PREFIX = "vetnode.evaluations."
 
 
+class FieldError(ValueError):
+    """A vetnode field that cannot be translated: ``key`` names it, so the one-line error
+    points at the line to fix, not at the check's type."""
+
+    def __init__(self, key: str, problem: str) -> None:
+        self.key = key
+        super().__init__(problem)
+
+
+def _number(f: dict, key: str, what: str) -> float:
+    value = f.pop(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        raise FieldError(key, f"expected {what} as a number, found {value!r}")
+    return value
+
+
 def _binary(value: Any) -> Any:
     """vetnode's ``"8 GB"`` / ``"15 GB/s"`` mean powers of 1024: say so explicitly."""
     if isinstance(value, str):
@@ -24,7 +40,7 @@ def _binary(value: Any) -> Any:
 def _gpu(f: dict) -> dict:
     out: dict[str, Any] = {}
     if "max_temp" in f:
-        out["max_temperature"] = f.pop("max_temp") - 1
+        out["max_temperature"] = _number(f, "max_temp", "a temperature in degrees C") - 1
     if "max_used_memory" in f:
         out["max_memory_used_fraction"] = f.pop("max_used_memory")
     return out | f
@@ -43,11 +59,13 @@ def _nccl(f: dict) -> dict:
     out: dict[str, Any] = {"backend": "nccl"}
     f.pop("scheduler", None)
     topology = f.pop("topology", "full")
+    if not isinstance(topology, str):
+        raise FieldError("topology", f"expected 'full' or 'intranode', found {topology!r}")
     if topology == "intranode":
         out["topology"] = "intranode"
     method = f.pop("method", "allreduce")
-    if method not in _METHODS:
-        raise ValueError(f"vetnode method '{method}' has no hpcml equivalent "
+    if not isinstance(method, str) or method not in _METHODS:
+        raise FieldError("method", f"vetnode method '{method}' has no hpcml equivalent "
                          f"(use one of {', '.join(_METHODS)})")
     out["method"] = _METHODS[method]
     for key in ("payload", "min_bandwidth"):

@@ -118,10 +118,19 @@ class Tokens:
         return g is not None and g.may(write, jobs)
 
 
+#: bytes of a token file read at most (a job-token file of tens of thousands of USER:TOKEN lines fits)
+TOKEN_FILE_MAX = 4 << 20
+
+
 def read_tokens(path: Path | None, env_var: str | None = TOKEN_ENV) -> list[str]:
-    """Tokens from a file (one per line, ``#`` comments) or else from ``$HPCML_VET_TOKEN``."""
+    """Tokens from a file (one per line, ``#`` comments) or else from ``$HPCML_VET_TOKEN``.
+
+    The file is read with ``read_bounded``: a FIFO put there must not hang a prolog past its
+    budget, nor a huge file fill the memory. OSError when it cannot be opened; ValueError
+    (UnicodeDecodeError among them) when it is not a regular file of UTF-8 text."""
     if path is not None:
-        lines = Path(path).read_text().splitlines()
+        from hpcml.files import read_bounded
+        lines = read_bounded(path, TOKEN_FILE_MAX).decode("utf-8-sig").splitlines()
         return [ln.strip() for ln in lines if ln.strip() and not ln.lstrip().startswith("#")]
     value = os.environ.get(env_var or "", "").strip()
     return [value] if value else []

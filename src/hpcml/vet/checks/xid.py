@@ -9,12 +9,15 @@ own faults) only warn. SXids fail when the line says ``Fatal``.
 The log comes from ``dmesg --time-format iso`` (timeout 5 s), else from ``/dev/kmsg`` read
 non-blocking, else from the file ``source`` (a saved log, for tests and replay). Lines with an
 absolute timestamp older than ``window`` are ignored; lines without one (``[  12.3]`` or
-syslog prefixes in a saved file) cannot be dated and are always judged. An unreadable log
-raises, so the runner reports ``error`` rather than a pass.
+syslog prefixes in a saved file) cannot be dated and are always judged; lines whose ISO
+prefix is no real time (a torn line: month 13) are skipped and counted
+(``malformed_time_skipped``), not the whole check made an error. An unreadable log raises,
+so the runner reports ``error`` rather than a pass.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import re
 import subprocess
@@ -58,22 +61,31 @@ class XidEvent:
     fatal: bool | None = None  # SXid severity; None for Xid
 
 
+#: the time ``parse_time`` gives a line whose ISO prefix is no date (``2024-13-45``): such a
+#: line is skipped and counted, not the whole check made an error by one torn line
+MALFORMED = float("nan")
+
+
 def parse_time(line: str) -> tuple[float | None, str]:
-    """Strip an ISO-8601 prefix (dmesg --time-format iso, journalctl short-iso)."""
+    """Strip an ISO-8601 prefix (dmesg --time-format iso, journalctl short-iso); its time is
+    ``MALFORMED`` (NaN) where the prefix is no real date or time."""
     m = _ISO.match(line)
     if not m:
         return None, line
     date, hms, frac, tz = m.groups()
-    dt = datetime.fromisoformat(f"{date}T{hms}")
-    if frac:
-        dt += timedelta(microseconds=int(frac[:6].ljust(6, "0")))
-    if tz and tz != "Z":
-        sign = 1 if tz[0] == "+" else -1
-        hh, mm = int(tz[1:3]), int(tz[-2:])
-        dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
-    else:
-        dt = dt.replace(tzinfo=timezone.utc)
-    return dt.timestamp(), line[m.end():]
+    try:
+        dt = datetime.fromisoformat(f"{date}T{hms}")
+        if frac:
+            dt += timedelta(microseconds=int(frac[:6].ljust(6, "0")))
+        if tz and tz != "Z":
+            sign = 1 if tz[0] == "+" else -1
+            hh, mm = int(tz[1:3]), int(tz[-2:])
+            dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
+        else:
+            dt = dt.replace(tzinfo=timezone.utc)
+        return dt.timestamp(), line[m.end():]
+    except (ValueError, OverflowError):      # month 13, hour 25, offset +99:00
+        return MALFORMED, line[m.end():]
 
 
 def parse_event(ts: float | None, text: str) -> XidEvent | None:
@@ -157,8 +169,11 @@ class XidCheck(Check[XidParams]):
         p = self.params
         entries, source = self.read_log()
         since = None if p.window is None else _now() - p.window
-        events, old = [], 0
+        events, old, malformed = [], 0, 0
         for ts, text in entries:
+            if ts is not None and math.isnan(ts):
+                malformed += 1
+                continue
             ev = parse_event(ts, text)
             if ev is None:
                 continue
@@ -171,6 +186,7 @@ class XidCheck(Check[XidParams]):
         other = [e for e in events if e not in bad] if p.warn_on_other else []
         details: dict[str, Json] = {"source": source, "window": p.window, "older_ignored": old,
                                     "untimed": sum(e.time is None for e in events),
+                                    "malformed_time_skipped": malformed,
                                     "events": [asdict(e) for e in events]}
         span = "" if p.window is None else f" in the last {_span(p.window)}"
         if not bad and not other:

@@ -1,11 +1,13 @@
 """``hpcml vet --prolog`` and ``hpcml vet prolog-script``: the CLI side of ``vet.prolog``.
 
 Exit codes in prolog mode: 0 healthy, or not vetted (every check skipped: nothing to drain
-for); 1 a check failed or errored (or did not finish in the budget, unless ``--overrun-ok``);
-2 bad input (protocol, budget); 3 bad, and ``--drain`` could not drain the node (scontrol
-failed: named on stderr and stdout, and in the report). Any non-zero exit makes Slurm drain
-the node and requeue the job, so a broken protocol drains nodes too: fail closed, with
-``--drain`` naming the cause in the node's reason.
+for); 1 a check failed or errored (or did not finish in the budget, unless ``--overrun-ok``),
+or the run itself broke (one line, never a traceback); 2 bad input (protocol, budget); 3 bad,
+and ``--drain`` could not drain the node (scontrol failed: named on stderr and stdout, and in
+the report). Any non-zero exit makes Slurm drain the node and requeue the job, so a broken
+protocol drains nodes too: fail closed, with ``--drain`` naming the cause in the node's
+reason. The collector is never part of the verdict: a send that fails (a bad token file, the
+collector down) is a warning line and the report waits in the spool.
 """
 
 from __future__ import annotations
@@ -31,33 +33,33 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
     print one line per problem on stderr; exit 0 healthy or not vetted, 1 bad, 2 bad input.
 
     Bad input is this command's own case, not the group's: it is worded ``hpcml vet --prolog:
-    error: ...`` and, with ``--drain``, drains the node naming the cause (fail closed)."""
+    error: ...`` and, with ``--drain``, drains the node naming the cause (fail closed). So is
+    any other exception while loading or running: a prolog that dies of a traceback would
+    drain the node as a bare "Prolog error", with nothing saying why."""
     from hpcml.errors import UsageError
-    from hpcml.units import parse_seconds
     from hpcml.vet import prolog
-    from hpcml.vet.protocol import load
     started = prolog.process_start()
     try:
-        try:
-            limit = parse_seconds(budget) if budget is not None else prolog.DEFAULT_BUDGET
-        except ValueError as exc:
-            raise UsageError(str(exc), key="--budget") from None
-        if limit <= 0:
-            raise UsageError("expected a budget above 0 s", key="--budget")
-        proto = load(protocol or PROLOG_PROTOCOL)
+        limit, proto = validated(protocol, budget)
     except UsageError as exc:
-        print(f"{ME}: error: {exc}", file=sys.stderr)
-        if drain:  # fail closed, but say why on the node
-            node = os.environ.get("SLURMD_NODENAME")
-            if node:
-                prolog.drain_node(node, [f"bad input: {exc}"])
-        raise typer.Exit(exc.exit_code) from None
+        _fail_closed(str(exc), f"bad input: {exc}", drain, exc.exit_code)
+    except Exception as exc:  # noqa: BLE001 - whatever breaks, the node is not passed unvetted
+        why = f"cannot load the protocol: {_what(exc)}"
+        _fail_closed(why, why, drain, prolog.EXIT_BAD)
     send_s = min(SEND_S, limit / 4) if report_to else 0.0
-    result = prolog.run_prolog(proto, budget=limit - send_s, started=started, overrun_ok=overrun_ok,
-                               drain=drain)
+    try:
+        result = prolog.run_prolog(proto, budget=limit - send_s, started=started, overrun_ok=overrun_ok,
+                                   drain=drain)
+    except Exception as exc:  # noqa: BLE001 - as above: drained with a reason, one line
+        why = f"vetting failed: {_what(exc)}"
+        _fail_closed(why, why, drain, prolog.EXIT_BAD)
     result.budget = limit
     if report_to:
-        _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit, report_spool)
+        try:
+            _report(result.node_report(proto.name, started), report_to, report_token_file, started + limit,
+                    report_spool)
+        except Exception as exc:  # noqa: BLE001 - the collector never changes the verdict
+            print(f"{ME}: warning: report not sent to {report_to}: {_what(exc)}", file=sys.stderr)
     for line in result.bad:
         print(f"{ME}: {result.node}: {line}", file=sys.stderr)
     if result.drain_failed:                 # the operator must see it: stderr, stdout (slurmd's log), exit 3
@@ -77,6 +79,58 @@ def run_prolog_cli(protocol: Optional[Path], *, budget: Optional[str] = None, dr
               f"{result.duration:.2f} s (budget {limit:g} s)")
     sys.stdout.flush()
     raise typer.Exit(result.exit_code)
+
+
+def validated(protocol: Optional[Path], budget: Optional[str]):
+    """(budget in seconds, protocol) as the prolog takes them, or a UsageError naming the
+    flag or file: one function, so ``prolog-script`` refuses exactly what the prolog would
+    (a script that fails on every node drains the whole cluster)."""
+    import math
+
+    from hpcml.errors import UsageError
+    from hpcml.units import parse_seconds
+    from hpcml.vet import prolog
+    from hpcml.vet.protocol import load
+    try:
+        limit = parse_seconds(budget) if budget is not None else prolog.DEFAULT_BUDGET
+    except ValueError as exc:
+        raise UsageError(str(exc), key="--budget") from None
+    if not (math.isfinite(limit) and limit > 0):
+        raise UsageError(f"expected a budget above 0 s, found {budget!r}", key="--budget")
+    source = protocol or PROLOG_PROTOCOL
+    try:
+        proto = load(source)
+        prolog.select_fast(proto)            # what the prolog asks of each check (a plugin's class loads)
+    except UsageError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - a plugin that cannot be loaded here fails on the nodes too
+        raise UsageError(f"cannot load it: {_what(exc)}", file=str(source)) from None
+    return limit, proto
+
+
+def _what(exc: BaseException) -> str:
+    """An exception as a few words on one line: its type where its message is empty."""
+    text = " ".join(str(exc).split())[:300]
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def _fail_closed(line: str, reason: str, drain: bool, code: int) -> NoReturn:
+    """One line on stderr (the script sends it to stdout, which slurmd logs), the node drained
+    naming ``reason`` where ``--drain`` asks, and a non-zero exit: a prolog that cannot vet
+    never passes a node. A drain that fails is said too (exit 3, as for a bad node)."""
+    from hpcml.vet import prolog
+    print(f"{ME}: error: {line}", file=sys.stderr)
+    node = os.environ.get("SLURMD_NODENAME")
+    if drain and node:
+        try:
+            _, failed = prolog.drain_node(node, [reason])
+        except Exception as exc:  # noqa: BLE001 - still one line, and the exit that drains
+            failed = f"cannot set the drain reason: {_what(exc)}"
+        if failed:
+            print(f"{ME}: error: {node} was not drained: {failed}", file=sys.stderr)
+            code = prolog.EXIT_DRAIN_FAILED
+    sys.stdout.flush()
+    raise typer.Exit(code)
 
 
 #: seconds of the budget kept for sending to the collector (at most a quarter of it): the
@@ -201,13 +255,7 @@ def prolog_script(
     Example: [bold]hpcml vet prolog-script --log /var/log/hpcml-prolog.log > /etc/slurm/prolog.sh[/]
     """
     from hpcml.errors import UsageError
-    from hpcml.units import parse_seconds
-    try:
-        parse_seconds(budget)
-    except ValueError as exc:
-        raise UsageError(str(exc), key="--budget") from None
-    if protocol is not None and not Path(protocol).is_file():
-        raise UsageError("file not found", file=str(protocol))
+    validated(protocol, budget)     # refused here, not at every job start on every node
     if report_to is not None:
         from hpcml.urls import is_http_url
         if not is_http_url(report_to):
@@ -215,8 +263,11 @@ def prolog_script(
                              key="--report-to")
     elif report_token_file is not None or report_spool is not None:
         raise UsageError("goes with --report-to", key="--report-token-file" if report_token_file else "--report-spool")
-    if report_token_file is not None and not Path(report_token_file).is_file():
-        raise UsageError("file not found", file=str(report_token_file))
+    if report_token_file is not None:
+        from hpcml.centre.client import tokens_of
+        tokens, why = tokens_of(report_token_file)     # what each run will read
+        if why is not None or not tokens:
+            raise UsageError(why or "holds no token", file=str(report_token_file))
     if slurm_conf is not None and not Path(slurm_conf).is_file():
         raise UsageError("file not found", file=str(slurm_conf))
     if slurm_conf is None and os.environ.get("SLURM_CONF"):
