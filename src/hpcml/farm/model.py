@@ -97,5 +97,40 @@ class Task(TaskSpec):
 
     @classmethod
     def from_json(cls, d: dict[str, Any]) -> Task:
-        return cls(id=int(d["id"]), command=str(d["command"]), params=dict(d.get("params") or {}),
-                   group=d.get("group"), after=tuple(d.get("after") or ()))
+        """A record of tasks.jsonl; ValueError names what is wrong (the file may have been
+        edited or damaged, and a wrong type would fail later, far from its cause)."""
+        tid, command, params = d["id"], d["command"], d.get("params") or {}
+        group, after = d.get("group"), d.get("after") or []
+        if not _is_int(tid) or not 0 <= tid <= MAX_ID:
+            raise ValueError(f"'id' must be a whole number from 0 to {MAX_ID}, found {_shown(tid)}")
+        if not isinstance(command, str):
+            raise ValueError(f"'command' must be a string, found {_shown(command)}")
+        if not isinstance(params, dict) or _depth(params) > MAX_PARAMS_DEPTH:
+            raise ValueError(f"'params' must be a mapping nested at most {MAX_PARAMS_DEPTH} deep")
+        if group is not None and not isinstance(group, str):
+            raise ValueError(f"'group' must be a string or null, found {_shown(group)}")
+        if not isinstance(after, list) or not all(isinstance(a, str) or _is_int(a) for a in after):
+            raise ValueError(f"'after' must be a list of task ids and group names, found {_shown(after)}")
+        return cls(id=tid, command=command, params=params, group=group, after=tuple(after))
+
+
+#: the largest task id (ids are file names: claims/ID.A); deeper params than any sweep makes
+MAX_ID = 2**63 - 1
+MAX_PARAMS_DEPTH = 32
+
+
+def _is_int(v: Any) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _depth(v: Any, level: int = 0) -> int:
+    """How deep ``v`` nests, counted no further than just past the limit."""
+    if level > MAX_PARAMS_DEPTH or not isinstance(v, (dict, list)):
+        return level
+    items = v.values() if isinstance(v, dict) else v
+    return max((_depth(x, level + 1) for x in items), default=level + 1)
+
+
+def _shown(v: Any) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -60,6 +60,7 @@ TASKS_MAX = 4 << 30
 def _read_tasks(path: Path) -> list[Task]:
     f = path / TASKS_FILE
     tasks: list[Task] = []
+    ids: set[int] = set()
     try:      # a FIFO or a device put in its place (a task's program shares the farm) is not waited on
         lines = read_bounded(f, TASKS_MAX).decode("utf-8").splitlines()
     except FileNotFoundError:
@@ -73,9 +74,17 @@ def _read_tasks(path: Path) -> list[Task]:
             doc = json.loads(line)
             # every line is tagged; an older hpcml tagged only the first: its farms still read
             check(doc, TASK_SCHEMA, f"{f}:{n}", untagged=n > 1)
-            tasks.append(Task.from_json(doc))
-        except (json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
-            raise UsageError(f"a task record is damaged: {exc}", file=str(f), line=n) from None
+            if not isinstance(doc, dict):
+                raise ValueError("not a JSON object")
+            task = Task.from_json(doc)
+        except (KeyError, TypeError, ValueError, RecursionError) as exc:    # JSONDecodeError: a ValueError
+            problem = "nested too deeply" if isinstance(exc, RecursionError) else (
+                f"missing {exc}" if isinstance(exc, KeyError) else str(exc))
+            raise UsageError(f"a task record is damaged: {problem}", file=str(f), line=n) from None
+        if task.id in ids:
+            raise UsageError(f"a task record is damaged: task id {task.id} appears twice", file=str(f), line=n)
+        ids.add(task.id)
+        tasks.append(task)
     return tasks
 
 

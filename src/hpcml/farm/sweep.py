@@ -26,8 +26,10 @@ with its exact bytes, also inside quotes in the template (``hpcml.farm.template`
 files are shared, and a value ``b; rm -rf ~`` must stay a value. ``raw: true`` (or ``raw:
 [names]``) inserts values as shell code, for a template that wants that. Two parameter sets
 that give the same command are refused; ``repeat: N`` runs each set N times on purpose
-(``{repeat}``, 1..N, is then a parameter the command may use, e.g. as a seed). A task file
-is shell by design: each line is run as it is written.
+(``{repeat}``, 1..N, is then a parameter the command may use, e.g. as a seed). A sweep
+makes at most ``MAX_TASKS`` tasks (counted before any is made) and no command longer than
+the kernel passes (``template.COMMAND_MAX``). A task file is shell by design: each line is
+run as it is written; a NUL byte (which no command can hold) is refused in both.
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpcml.errors import UsageError
 from hpcml.farm.model import Settings, TaskSpec
-from hpcml.farm.template import REFS, TemplateError, fill
+from hpcml.farm.template import COMMAND_MAX, REFS, TemplateError, fill
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.units import parse_seconds
 
@@ -68,6 +70,8 @@ class Dist(BaseModel):
             raise ValueError("loguniform bounds must be positive")
         if set_[0] == "choice" and not self.choice:
             raise ValueError("choice needs at least one value")
+        if set_[0] == "randint" and self.randint and self.randint[0] > self.randint[1]:
+            raise ValueError(f"randint bounds must be [low, high] with low <= high, found {list(self.randint)}")
         return set_[0]  # type: ignore[return-value]
 
     def draw(self, rng: random.Random) -> Any:
@@ -116,6 +120,11 @@ STAGE_KEYS = tuple(Stage.model_fields)
 SETTING_KEYS = ("retries", "backoff", "time_limit", "task_dirs", "metrics_file")
 
 
+#: the most tasks one sweep file may expand to (all stages together), checked before any is
+#: made: a typo such as ``repeat: 3000000`` would otherwise take minutes and gigabytes
+MAX_TASKS = 1_000_000
+
+
 # A task file is generated, not written by hand: one line per task, 100k tasks of a few
 # hundred characters each is tens of MiB. The sweep (YAML) keeps the config files' limit.
 TASK_FILE_MAX = 64 << 20
@@ -124,8 +133,15 @@ TASK_FILE_MAX = 64 << 20
 def parse_task_file(path: str | Path) -> list[TaskSpec]:
     """One command per line; blank lines and ``#`` comments are skipped."""
     text = read_config(path, max_bytes=TASK_FILE_MAX)
-    specs = [TaskSpec(command=line.strip()) for line in text.splitlines()
-             if line.strip() and not line.lstrip().startswith("#")]
+    specs = []
+    for n, line in enumerate(text.splitlines(), 1):
+        if not line.strip() or line.lstrip().startswith("#"):
+            continue
+        if "\0" in line:           # no program can be given it: the task could never start
+            raise UsageError("a command contains a NUL byte, which no command can hold", file=str(path), line=n)
+        if len(line.encode("utf-8", "surrogatepass")) > COMMAND_MAX:
+            raise UsageError(f"a command is longer than one can be ({COMMAND_MAX} bytes)", file=str(path), line=n)
+        specs.append(TaskSpec(command=line.strip()))
     if not specs:
         raise UsageError("no commands in this task file", file=str(path))
     return specs
@@ -156,6 +172,9 @@ def parse_sweep(path: str | Path) -> tuple[list[TaskSpec], dict[str, Any]]:
             raise where.error(("tasks",), "expected a list of stages (each with a command)")
         stages, prefix = stages_raw, ("tasks",)
     parsed = [_stage(raw, (*prefix, i) if prefix else (), where) for i, raw in enumerate(stages)]
+    total = 0
+    for i, stage in enumerate(parsed):
+        total += _count(stage, (*prefix, i) if prefix else (), where, total)
     specs: list[TaskSpec] = []
     for i, stage in enumerate(parsed):
         later = {st.group for st in parsed[i:] if st.group}
@@ -237,6 +256,26 @@ def _fields(template: str, path: tuple, where: ConfigLoader) -> list[str]:
     return out
 
 
+def _count(stage: Stage, path: tuple, where: ConfigLoader, before: int) -> int:
+    """How many tasks the stage expands to, refused over ``MAX_TASKS`` (with the ``before``
+    of earlier stages) before any is made."""
+    factors: dict[tuple, int] = {("product", name): len(v) if isinstance(v, list) else 1
+                                 for name, v in stage.product.items()}
+    if stage.zip:
+        factors[("zip",)] = len(next(iter(stage.zip.values())))
+    if stage.random:
+        factors[("random", "samples")] = stage.random.samples
+    factors[("repeat",)] = stage.repeat
+    n = math.prod(factors.values())
+    if before + n > MAX_TASKS:
+        key = max(factors, key=lambda k: factors[k])
+        earlier = f" (and {before:,} from earlier stages)" if before else ""
+        raise where.error((*path, *key), f"the sweep would make {n:,} tasks{earlier}, more than the "
+                                         f"{MAX_TASKS:,} one sweep may have: make fewer, or split it into "
+                                         "several farms")
+    return n
+
+
 def _sections(stage: Stage) -> dict[str, tuple]:
     """Each parameter -> the key that defines it (for messages)."""
     out: dict[str, tuple] = {name: ("product", name) for name in stage.product}
@@ -281,9 +320,13 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
         values = {**p, **z, **r, **c}
         try:
             command = fill(stage.command, values, raw)
-        except (KeyError, IndexError, ValueError, AttributeError) as exc:
+        except (KeyError, IndexError, ValueError, AttributeError, TypeError, OverflowError) as exc:
             problem = str(exc) if isinstance(exc, TemplateError) else f"cannot fill the template: {exc}"
             raise where.error((*path, "command"), problem) from None
+        if "\0" in command:            # no program can be given it: the task could never start
+            holder = next((k for k, v in values.items() if "\0" in str(v)), None)
+            key = sections.get(holder, ("command",)) if holder else ("command",)
+            raise where.error((*path, *key), "contains a NUL byte, which no command can hold")
         same = (command, c.get("repeat") if "repeat" not in used else None)
         if same in seen:
             sets = " and ".join(", ".join(f"{k}={v!r}" for k, v in d.items()) for d in (seen[same], values))

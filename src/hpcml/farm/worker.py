@@ -279,6 +279,10 @@ class Worker:
                     return self._execute(["/bin/sh", "-c", shlex.join(argv)], env, log, cwd)
                 os.write(err, f"hpcml farm: cannot start: {exc}\n".encode())
                 return 127, False
+            except (ValueError, OSError) as exc:     # a NUL byte, a command over 128 KiB: it never can
+                logging.getLogger(__name__).warning("task %s cannot start: %s", os.path.basename(log), exc)
+                os.write(err, f"hpcml farm: cannot start: {exc}\n".encode())
+                return 127, False
         finally:
             os.close(out)
             os.close(err)
