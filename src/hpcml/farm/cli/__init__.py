@@ -263,9 +263,11 @@ def status_command(
 
 def _status_table(doc: dict):
     from rich.table import Table
+
+    from hpcml.words import LINE_MAX, shown
     c = doc["counts"]
     eta = doc["eta_s"]
-    t = Table(title=f"{doc['farm']}: {doc['total']} tasks, {doc['workers']} workers"
+    t = Table(title=f"{shown(doc['farm'], LINE_MAX)}: {doc['total']} tasks, {doc['workers']} workers"
               + (f", ETA {eta:.0f} s" if eta else ""))
     for state in c:
         t.add_column(state, justify="right")
