@@ -13,13 +13,36 @@ timestamps (a GPU missing part of the run has NaN there, never 0).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import numpy as np
 from numpy.typing import ArrayLike
 
+from hpcml.errors import UsageError
+from hpcml.samplers.fields import BY_ID
+
 VALUE_DTYPE = np.float32
+# Grid points per series: 10 days at 1 s (1 day at 0.1 s). A span beyond it is a stray
+# timestamp (a ms stamp beside seconds, a sample a year later), never a recording: a grid
+# that long would take GiBs per field before anything is scored.
+GRID_MAX_SAMPLES = 864_000
+# The longest span a recording may cover (30 days, past any batch job's time limit): with
+# few samples the median interval is the stray gap itself, so the grid bound alone would
+# let a sample in the year 5138 through as a "3,000-year" report.
+SPAN_MAX_S = 30 * 86_400.0
+# The longest interval a user may give for rows without timestamps (a day): beyond it,
+# tick x interval leaves the range where float seconds are exact.
+INTERVAL_MAX_S = 86_400.0
+# Values DCGM can report for each share: PROF_* ratios 0..1, GPU_UTIL/MEM_UTIL percent.
+# Outside (beyond RANGE_TOLERANCE of the span, for rounding) a value is impossible, kept
+# as unknown, never scored; inside the tolerance it is clipped to the range.
+RANGES: dict[str, tuple[float, float]] = {
+    **{BY_ID[fid].name: (0.0, 1.0) for fid in range(1001, 1009)},
+    "gpu_util": (0.0, 100.0), "mem_util": (0.0, 100.0),
+}
+RANGE_TOLERANCE = 0.01
 
 
 # DCGM's "no value" sentinels (dcgm_structs.h): *_BLANK, then +1 NOT_FOUND, +2
@@ -34,6 +57,23 @@ _BLANKS = frozenset({DCGM_INT32_BLANK + k for k in range(4)} | {DCGM_FP64_BLANK 
 def dcgm_blank(v: float) -> bool:
     """True for a DCGM sentinel printed as a number: a missing value, not data."""
     return v in _BLANKS or v >= float(DCGM_INT64_BLANK)
+
+
+def check_interval(interval: float, key: str = "interval") -> float:
+    """An interval a user gave (times are tick x interval): finite, above 0 and at most
+    INTERVAL_MAX_S, else a UsageError naming the setting (-1 would run time backwards)."""
+    try:
+        v = float(interval)
+    except (TypeError, ValueError):
+        raise UsageError(f"the interval must be a number of seconds, not {interval!r}", key=key) from None
+    if not math.isfinite(v) or v <= 0 or v > INTERVAL_MAX_S:
+        raise UsageError(f"the interval must be above 0 s and at most {INTERVAL_MAX_S:g} s, not {interval}", key=key)
+    return v
+
+
+def _file(source: str) -> str:
+    """The file named in a Recording's ``source`` (``format:path``)."""
+    return source.split(":", 1)[1] if ":" in source else source
 
 
 def text_value(text: str) -> float:
@@ -130,8 +170,31 @@ class Recording:
         return g
 
     def freeze(self) -> Recording:
+        """Every series frozen, timestamps checked finite, and impossible shares (outside
+        ``RANGES``) made unknown, with a note counting them: they are never scored."""
+        dropped: dict[str, int] = {}
         for g in self.gpus.values():
             g.freeze()
+            assert isinstance(g.t, np.ndarray)
+            if not np.isfinite(g.t).all():
+                raise UsageError(f"GPU {g.node}:{g.index} has a timestamp that is not a finite number",
+                                 file=_file(self.source))
+            for name, (lo, hi) in RANGES.items():
+                v = g.values.get(name)
+                if v is None or not len(v):
+                    continue
+                assert isinstance(v, np.ndarray)  # frozen
+                tol = RANGE_TOLERANCE * (hi - lo)
+                with np.errstate(invalid="ignore"):
+                    bad = (v < lo - tol) | (v > hi + tol)
+                if bad.any():
+                    dropped[name] = dropped.get(name, 0) + int(bad.sum())
+                    v = np.where(bad, np.nan, v).astype(VALUE_DTYPE)
+                g.values[name] = np.clip(v, lo, hi).astype(VALUE_DTYPE)   # NaN stays NaN
+        if dropped:
+            self.notes.append("values outside their possible range kept as unknown, not scored: "
+                              + ", ".join(f"{n} {k} ({RANGES[k][0]:g}..{RANGES[k][1]:g})"
+                                          for k, n in sorted(dropped.items())))
         return self
 
     def grid(self) -> Grid:
@@ -145,7 +208,14 @@ class Recording:
         steps = np.concatenate([np.diff(t) for t in series if len(t) > 1] or [np.array([1.0])])
         steps = steps[steps > 0]
         dt = float(np.median(steps)) if len(steps) else 1.0
-        return Grid(t0, dt, int(round((t1 - t0) / dt)) + 1)
+        n = (t1 - t0) / dt + 1
+        if not t1 - t0 <= SPAN_MAX_S:
+            raise UsageError(f"samples span {t1 - t0:.6g} s, over {SPAN_MAX_S:g} s (30 days): a stray timestamp, "
+                             "not one job's recording; refused", file=_file(self.source))
+        if not math.isfinite(n) or n > GRID_MAX_SAMPLES:
+            raise UsageError(f"samples span {t1 - t0:.6g} s at a {dt:.6g} s interval: over {GRID_MAX_SAMPLES} "
+                             "grid points per series (a stray timestamp?); refused", file=_file(self.source))
+        return Grid(t0, dt, int(round(n - 1)) + 1)
 
     def on_grid(self, g: GpuSeries, grid: Grid, names: tuple[str, ...] | None = None) -> dict[str, np.ndarray]:
         """One GPU's columns (or only ``names``) on ``grid``, which ``grid()`` made after

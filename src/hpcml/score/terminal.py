@@ -52,7 +52,8 @@ def print_summary(rep: dict[str, Any], html_path: Path | None, console: Console 
     elif rep["score"] is None:
         con.print(f"[bold]GPU saturation score: no data[/] — {where}")
     else:
-        con.print(f"[bold]GPU saturation score {rep['score']:.2f}[/] ({rep['bound']}-bound) — {where}")
+        bound = f" ({rep['bound']}-bound)" if rep["bound"] else ""      # no bound: print none, not "None"
+        con.print(f"[bold]GPU saturation score {rep['score']:.2f}[/]{bound} — {where}")
     if rep["temporal_only"]:
         util = rep.get("utilisation") or {}
         con.print(f"  {'utilisation':<13}{_bar(util.get('gpu'))} [dim](share of time a kernel ran)[/]", highlight=False)

@@ -17,6 +17,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from hpcml.errors import UsageError
+from hpcml.files import read_bounded, read_ends
 from hpcml.registry import Registry
 from hpcml.score.recording import Recording
 
@@ -30,18 +31,44 @@ FORMATS: Registry[Callable[..., Recording]] = Registry("recording format", "hpcm
     "exporter": f"{__name__}.exporter:load",            # dcgm-exporter /metrics scrapes
 })
 _HEAD = 64 * 1024
+# The largest recording file read whole: a dcgm-exporter scrape of 8 GPUs is ~20 KB, so
+# 1 GiB is a day of 1-s scrapes of two nodes; anything bigger (or /dev/zero behind a
+# symlink) is refused unread, not read until memory runs out.
+FILE_MAX = 1 << 30
 
 
 def _known() -> str:
     return ", ".join(FORMATS)
 
 
-def _head(path: Path) -> bytes:
+def read_file(path: Path, what: str = "", max_bytes: int | None = None) -> bytes:
+    """A recording file's bytes, read with ``hpcml.files.read_bounded``: a FIFO is not
+    waited on, a device or a file over ``max_bytes`` (default FILE_MAX) is refused; one-line
+    UsageError."""
     try:
-        with open(path, "rb") as fh:
-            return fh.read(_HEAD)
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc}", file=str(path)) from None
+        return read_bounded(path, FILE_MAX if max_bytes is None else max_bytes)
+    except (OSError, ValueError) as exc:
+        why = getattr(exc, "strerror", None) or str(exc)
+        raise UsageError(f"cannot read{' ' + what if what else ''}: {why}", file=str(path)) from None
+
+
+def read_text(path: Path, what: str = "") -> str:
+    """``read_file`` decoded as UTF-8 (a BOM dropped)."""
+    data = read_file(path, what)
+    try:
+        return data.decode("utf-8-sig")
+    except UnicodeDecodeError as exc:
+        raise UsageError(f"cannot read{' ' + what if what else ''}: not UTF-8 text (bad byte at offset "
+                         f"{exc.start})", file=str(path)) from None
+
+
+def _head(path: Path) -> bytes:
+    """The first _HEAD bytes, without blocking on a FIFO or reading a device."""
+    try:
+        head, tail, _ = read_ends(path, _HEAD, 0, follow_symlinks=True)
+    except (OSError, ValueError) as exc:
+        raise UsageError(f"cannot read: {getattr(exc, 'strerror', None) or exc}", file=str(path)) from None
+    return head or tail
 
 
 def _is_gssr_json(head: bytes) -> bool:

@@ -38,7 +38,8 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_TAG
-from hpcml.score.recording import Recording, text_value
+from hpcml.score.importers import read_text
+from hpcml.score.recording import Recording, check_interval, text_value
 
 _ROW = re.compile(r"^([A-Za-z][\w-]*)\s+(\d+)(?=\s|$)")
 HEADER = re.compile(r"^\s*#\s*Entity\b")
@@ -53,7 +54,10 @@ _STOPPED = "dmon was stopped"
 class _Header:
     def __init__(self, line: str, lineno: int, path: Path) -> None:
         cells = list(re.finditer(r"\S+", line))
-        first = next(i for i, m in enumerate(cells) if m.group().endswith("Entity")) + 1
+        first = next((i for i, m in enumerate(cells) if m.group().endswith("Entity")), None)
+        if first is None:               # '#Entity: GRACT': dcgmi prints the cell alone
+            raise UsageError("dmon header has no 'Entity' cell before the field tags", file=str(path), line=lineno)
+        first += 1
         cells = cells[first:]
         if not cells:
             raise UsageError("dmon header names no fields", file=str(path), line=lineno)
@@ -115,12 +119,8 @@ def read(path: str | Path, interval: float, what: str) -> tuple[Path, str]:
     """A monitor's text output (dcgmi's or nvidia-smi's), and its delay checked: both print
     rows without timestamps unless told otherwise, so times may be ticks x ``interval``."""
     p = Path(path)
-    if interval <= 0 or not math.isfinite(interval):
-        raise UsageError(f"the dmon delay must be above 0 s, not {interval}")
-    try:
-        return p, p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read {what} output file: {exc}", file=str(p)) from None
+    check_interval(interval)
+    return p, read_text(p, f"{what} output file")
 
 
 def load(path: str | Path, interval: float = 1.0, node: str | None = None) -> Recording:

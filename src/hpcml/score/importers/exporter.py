@@ -12,6 +12,17 @@ optional in the exposition format) is used when present, else scrape index x int
 - metrics the scorer does not model are kept under their lowercase name without the
   ``DCGM_FI_DEV_``/``DCGM_FI_PROF_`` prefix (``DCGM_FI_DEV_MEMORY_TEMP`` -> ``memory_temp``).
 - a line holding only ``...`` (documentation eliding the rest) is skipped, and noted.
+- dcgm-exporter declares energy and the PCIe/NVLink byte fields counters
+  (etc/dcp-metrics-included.csv), and prometheus_client-style exposition names a
+  counter's sample ``<name>_total``: that sample is the field itself (``_created`` is
+  not data). A bare ``<known DCGM name>_total`` is read the same way.
+- a series is one GPU (node, ``gpu``, ``GPU_I_ID``) and metric: other labels (``pod``,
+  ``container``) do not make another GPU. A second series of the same GPU and metric in
+  one scrape is a duplicate: the first is kept, and a note counts them. A scrape ends
+  where a whole series (all its labels) repeats.
+- a file whose samples mix exposition timestamps and none is refused: the two time
+  bases (ms since 1970, scrape x interval) cannot share one axis.
+- ``interval`` must be finite and above 0 (``recording.check_interval``).
 """
 
 from __future__ import annotations
@@ -23,7 +34,8 @@ from pathlib import Path
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
 from hpcml.samplers.fields import DCGM_NAMES as NAMES
-from hpcml.score.recording import Recording, dcgm_blank
+from hpcml.score.importers import read_text
+from hpcml.score.recording import Recording, check_interval, dcgm_blank
 
 _ELISION = re.compile(r"^\s*(\.\.\.|…)\s*$")
 _PREFIX = re.compile(r"^DCGM_FI_(DEV_|PROF_)?")
@@ -46,7 +58,12 @@ def _parse(text: str, p: Path) -> list:
         raise UsageError(f"not Prometheus exposition text: {first}", file=str(p)) from None
 
 
-def _name(metric: str) -> str | None:
+def _name(metric: str, family) -> str | None:
+    if family.type == "counter" and metric == family.name + "_created":
+        return None                             # when the counter was created: not a value
+    if metric not in NAMES and metric.endswith("_total") and (
+            family.type == "counter" and metric == family.name + "_total" or metric[:-6] in NAMES):
+        metric = metric[:-6]                    # a counter's sample: the DCGM field itself
     fid = NAMES.get(metric)
     if fid is not None:
         return BY_ID[fid].name
@@ -55,21 +72,21 @@ def _name(metric: str) -> str | None:
 
 def load(path: str | Path, interval: float = 1.0) -> Recording:
     p = Path(path)
-    try:
-        text = p.read_text()
-    except (OSError, UnicodeDecodeError) as exc:
-        raise UsageError(f"cannot read a dcgm-exporter scrape file: {exc}", file=str(p)) from None
+    interval = check_interval(interval)
+    text = read_text(p, "a dcgm-exporter scrape file")
     lines = text.splitlines()
     elided = [i for i, line in enumerate(lines, start=1) if _ELISION.match(line)]
     if elided:
         text = "\n".join("" if _ELISION.match(line) else line for line in lines) + "\n"
     rec = Recording(source=f"dcgm-exporter:{p}")
     scrape = 0
-    seen: set[tuple[str, str, str, str]] = set()
-    blanks = 0
+    seen: set[tuple[str, str, str, str]] = set()       # GPU and metric, this scrape
+    series: set[tuple] = set()                          # whole series (all labels), this scrape
+    blanks = duplicates = 0
+    stamped: set[bool] = set()
     for family in _parse(text, p):
         for sample in family.samples:
-            name = _name(sample.name)
+            name = _name(sample.name, family)
             if name is None:
                 continue
             labels = sample.labels
@@ -79,10 +96,19 @@ def load(path: str | Path, interval: float = 1.0) -> Recording:
             node = labels.get("Hostname") or labels.get("hostname") or "node"
             gi = labels.get("GPU_I_ID") or None
             key = (node, gpu, gi or "", name)
-            if key in seen:                 # the same series again: the next scrape began
+            whole = (sample.name, tuple(sorted(labels.items())))
+            if whole in series:             # the same series again: the next scrape began
                 scrape += 1
-                seen = set()
+                seen, series = set(), set()
+            series.add(whole)
+            if key in seen:                 # another series of this GPU and metric (pod labels)
+                duplicates += 1
+                continue
             seen.add(key)
+            stamped.add(sample.timestamp is not None)
+            if len(stamped) > 1:
+                raise UsageError("some samples carry a timestamp and others none: one time axis cannot hold both "
+                                 "(a file made of different sources?)", file=str(p))
             t = sample.timestamp if sample.timestamp is not None else scrape * interval
             value = float(sample.value)
             if math.isfinite(value) and dcgm_blank(value):
@@ -96,6 +122,9 @@ def load(path: str | Path, interval: float = 1.0) -> Recording:
     if not rec.gpus:
         raise UsageError("no DCGM_FI_* metrics with a gpu label: not a dcgm-exporter scrape", file=str(p))
     rec.notes.append(f"{scrape + 1} scrape{'s' if scrape else ''}")
+    if duplicates:
+        rec.notes.append(f"{duplicates} duplicate series (same GPU and metric, other labels such as pod) "
+                         "left out: the first of each scrape kept")
     if blanks:
         rec.notes.append(f"{blanks} value(s) were DCGM blank sentinels (not supported, not found, ...): "
                          "kept as missing")

@@ -42,6 +42,7 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
+from hpcml.score.importers import read_file
 from hpcml.score.recording import VALUE_DTYPE, Recording
 
 # DCGM field tags (dcgm_fields.cpp) of the fields gssr watches (its metric_ids) and the other
@@ -77,14 +78,13 @@ def _parse(raw: bytes, f: Path) -> dict:
             return json.loads(raw)
         except (ValueError, UnicodeDecodeError):
             raise UsageError(f"not valid JSON (truncated or damaged?): {exc}", file=str(f)) from None
+        except RecursionError:                # orjson stops at depth 1024, json at the stack's end
+            raise UsageError("not valid JSON: nested too deeply", file=str(f)) from None
 
 
 def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     """One gssr JSON file -> (metadata, {gpu_id: {our name: float32 array}})."""
-    try:
-        raw = f.read_bytes()
-    except OSError as exc:
-        raise UsageError(f"cannot read: {exc}", file=str(f)) from None
+    raw = read_file(f, "a gssr profile")
     doc = _parse(raw, f)
     del raw
     if not isinstance(doc, dict) or not isinstance(doc.get("metadata"), dict) or not isinstance(doc.get("data"), dict):
@@ -102,7 +102,8 @@ def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
             if not isinstance(values, list):
                 raise UsageError("metric is not a list of values", file=str(f), key=f"{gpu_id}.{tag}")
             try:
-                col = np.array(values, dtype=VALUE_DTYPE)
+                with np.errstate(over="ignore"):      # beyond float32: inf, made missing below
+                    col = np.array(values, dtype=VALUE_DTYPE)
             except (TypeError, ValueError):
                 raise UsageError("metric holds a value that is not a number", file=str(f),
                                  key=f"{gpu_id}.{tag}") from None
@@ -110,6 +111,7 @@ def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
                 raise UsageError(f"{len(col)} values where the GPU's other metrics have {n}",
                                  file=str(f), key=f"{gpu_id}.{tag}")
             n = len(col)
+            col[~np.isfinite(col)] = np.nan            # Infinity (json.dump writes it) or overflow: not a value
             cols[_name(tag)] = col
         gpus[str(gpu_id)] = cols
         metrics.clear()                       # free the Python floats now

@@ -26,6 +26,7 @@ from pathlib import Path
 
 import numpy as np
 
+from hpcml.errors import UsageError
 from hpcml.samplers import NONE_VISIBLE, UNAVAILABLE, NoGpuSamples
 from hpcml.samplers.fields import BY_ID, PROFILING_IDS
 from hpcml.score.recording import VALUE_DTYPE, Recording
@@ -36,6 +37,47 @@ NVML_NAMES = {"util_gpu_percent": "gpu_util", "util_mem_percent": "mem_util", "p
               "energy_mj": "total_energy_consumption"}
 NVML_NOTE = "temporal utilisation only, no saturation (NVML)"
 MAX_MERGE_S = 0.25
+# More ranks than any machine runs (the largest jobs have ~10^5): an ntasks beyond it is
+# not a job's, and looping over it would hang the report.
+NTASKS_MAX = 1 << 22
+_RANK_DICTS = ("gpu_ids", "gpu_models", "gpu_mig")
+
+
+def _check_meta(path: Path, meta: dict) -> None:
+    """The values of job.json and rank-*.json this importer uses, type-checked: the schema
+    tag says which document it is, not that its values are sound. One-line UsageError."""
+    from hpcml.observe.store import JOB_META, RANK_META
+    job = str(path / JOB_META)
+    n = meta.get("ntasks")
+    if n is not None and (isinstance(n, bool) or not isinstance(n, int) or not 0 <= n <= NTASKS_MAX):
+        raise UsageError(f"ntasks must be a whole number 0..{NTASKS_MAX}, not {n!r:.40}", file=job, key="ntasks")
+    notes = meta.get("notes")
+    if notes is not None and not (isinstance(notes, list) and all(isinstance(x, str) for x in notes)):
+        raise UsageError("notes must be a list of strings", file=job, key="notes")
+    ranks = meta.get("ranks")
+    if ranks is None:
+        return
+    if not isinstance(ranks, dict):
+        raise UsageError("ranks must be an object", file=job, key="ranks")
+    for r, rm in ranks.items():
+        where = str(path / RANK_META.format(rank=int(r))) if str(r).isdigit() else job
+        if not isinstance(rm, dict):
+            raise UsageError("rank metadata must be an object", file=where, key=str(r))
+        if rm.get("node") is not None and not isinstance(rm["node"], str):
+            raise UsageError("node must be a string", file=where, key="node")
+        for key in _RANK_DICTS:
+            v = rm.get(key)
+            if v is not None and not isinstance(v, dict):
+                raise UsageError("must be an object of GPU -> value", file=where, key=key)
+        for g, v in (rm.get("gpu_ids") or {}).items():
+            if isinstance(v, bool) or not isinstance(v, (str, int)):
+                raise UsageError("a GPU id must be a string or a whole number", file=where, key=f"gpu_ids.{g}")
+        for g, v in (rm.get("gpu_models") or {}).items():
+            if v is not None and not isinstance(v, str):
+                raise UsageError("a GPU model must be a string", file=where, key=f"gpu_models.{g}")
+        for g, v in (rm.get("gpu_mig") or {}).items():
+            if v is not None and not (isinstance(v, dict) and all(isinstance(x, str) or x is None for x in v.values())):
+                raise UsageError("a MIG entry must be an object of strings", file=where, key=f"gpu_mig.{g}")
 PROFILING_NAMES = {BY_ID[i].name for i in PROFILING_IDS}
 
 
@@ -128,6 +170,7 @@ def _merge_tolerance_us(meta: dict) -> int:
 def load(job_dir: str | Path) -> Recording:
     from hpcml.observe.store import iter_ranks, missing_ranks, read_meta
     path, meta, files = read_meta(job_dir)
+    _check_meta(path, meta)
     tol = _merge_tolerance_us(meta)
     rec = Recording(source=f"store:{path}")
     owners: dict[tuple[str, str], list] = {}          # (node, index) -> [(rows, rank, gpu, t, values)]
