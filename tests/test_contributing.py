@@ -426,7 +426,9 @@ def prove_sampler(name, obj, target, site, tmp_path):
         choose_gpu_sampler(name, [], 1.0, {})
     out = tmp_path / "rec"
     p = hpcml("observe", "record", "--dir", str(out), "--interval", "0.1", "--gpu-metrics", name, "--",
-              sys.executable, "-c", "import time; time.sleep(0.5)", site=site, cwd=tmp_path,
+              # 30 intervals: a command that ends before the recorder's first interval (a loaded
+              # machine's start-up can take that long) has no sample, rightly
+              sys.executable, "-c", "import time; time.sleep(3)", site=site, cwd=tmp_path,
               env={"CUDA_VISIBLE_DEVICES": "0", "HPCML_CACHE_DIR": str(tmp_path / "cache")})
     assert p.returncode == 0, p.stderr
     meta = json.loads((out / "rank-00000.json").read_text())

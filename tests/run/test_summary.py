@@ -360,7 +360,7 @@ def test_a_job_of_two_attempts_sends_their_gpu_score_weighted_by_their_seconds(t
         env = {k: v for k, v in os.environ.items() if not k.startswith(("SLURM_", "CUDA_VISIBLE", "ROCR_", "HPCML_OBSERVE"))}
         env.update(HPCML_GPM_REPLAY=str(replay), HPCML_GPM_REPLAY_PHASES=phase, DCGM_HOSTENGINE="127.0.0.1:1")
         p = subprocess.run([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(observe_dir(tmp_path, attempt)),
-                            "--interval", "0.2", "--", sys.executable, "-c", "import time; time.sleep(3)"],
+                            "--interval", "0.2", "--", sys.executable, "-c", "import time; time.sleep(6)"],
                            env=env, capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr
         scores.append(score_of(load(observe_dir(tmp_path, attempt), "store"))["score"])

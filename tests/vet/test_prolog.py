@@ -262,7 +262,9 @@ def test_a_report_the_collector_did_not_take_waits_and_goes_with_the_next_run(tm
     spool = tmp_path / "spool"
     c = Collector(tmp_path)
     proto = proto_file(tmp_path, "  - {name: need-x, type: env, expected: {HPCML_PROLOG_X: '1'}}\n")
-    args = ("vet", "--prolog", proto, "--report-to", c.url, "--report-spool", spool)
+    # a budget that a loaded machine's start-up cannot use up (the default 4 s could: the
+    # check then "did not finish" and the verdict was not the one this test is about)
+    args = ("vet", "--prolog", proto, "--budget", "30s", "--report-to", c.url, "--report-spool", spool)
     env = {"SLURMD_NODENAME": "nx", "HPCML_VET_TOKEN": TOKEN}
     first = hpcml(*args, env=env)
     assert first.returncode == 1 and "kept in" in first.stderr, first.stderr
