@@ -216,3 +216,14 @@ def test_env_run_of_a_nul_is_one_line_not_a_traceback(tmp_path):
                           cwd=tmp_path, env=environ, capture_output=True, text=True, timeout=120)
     assert done.returncode == 2 and done.stdout == "" and "Traceback" not in done.stderr, done.stderr
     assert done.stderr.count("\n") == 1 and "n.toml:3: key 'env.A': contains a NUL character" in done.stderr
+
+
+@pytest.mark.parametrize("workdir", ["-x", "-"])
+def test_a_relative_workdir_that_looks_like_an_option_is_a_directory(tmp_path, workdir):
+    """The wrapper's ``cd`` took a workdir ``-x`` as its option and ``-`` as the previous
+    directory: run through the real /bin/sh, the command starts in the directory named."""
+    from hpcml.env.runtimes.base import wrap_command
+    (tmp_path / workdir).mkdir()
+    argv = wrap_command(Environment(image="/img.sqsh"), ["pwd"], workdir=workdir)
+    out = subprocess.run(argv, cwd=tmp_path, capture_output=True, text=True, timeout=30)
+    assert out.returncode == 0 and out.stdout.strip() == str(tmp_path / workdir), (out.stdout, out.stderr)

@@ -151,8 +151,8 @@ def wrap_command(env: Environment, command: list[str], *, workdir: str | None = 
     steps: list[str] = list(exports)
     if unset:
         steps.append("unset " + " ".join(shlex.quote(n) for n in unset))
-    if workdir:
-        steps.append(f"cd {shlex.quote(workdir)}")
+    if workdir:                             # "-x" would be cd's option, "-" its previous directory
+        steps.append(f"cd {shlex.quote(workdir if workdir.startswith('/') else './' + workdir)}")
     steps += env.startup
     if env.venv:
         steps.append(f". {shlex.quote(env.venv.rstrip('/') + '/bin/activate')}")
