@@ -7,14 +7,12 @@ from __future__ import annotations
 
 import os
 import subprocess
-import sys
 import time
 from pathlib import Path
 
 import pytest
 from rich.console import Console
 
-import hpcml as hpcml_pkg
 from hpcml.errors import UsageError
 from hpcml.vet import verdict
 from hpcml.vet.checks import xid
@@ -23,18 +21,9 @@ from hpcml.vet.engine import VetRun
 from hpcml.vet.model import CheckResult, NodeReport, Outcome
 from hpcml.vet.protocol import loads
 from hpcml.vet.report import table
+from tests.vet.test_prolog import hpcml
 
-ROOT = Path(__file__).parents[2]
-SRC = Path(hpcml_pkg.__file__).parents[1]    # the hpcml this process imported: the subprocesses run it too
 SLEEP = "tests.vet.prolog_checks.Sleep"
-
-
-def hpcml(*args, env=None, timeout=120):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    e["PYTHONPATH"] = f"{SRC}{os.pathsep}{ROOT}"
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
-                          text=True, env=e, timeout=timeout)
 
 
 def one_line(p: subprocess.CompletedProcess) -> str:

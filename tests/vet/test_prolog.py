@@ -24,7 +24,7 @@ SRC = Path(hpcml_pkg.__file__).parents[1]
 SLEEP = "tests.vet.prolog_checks.Sleep"
 
 
-def hpcml(*args, env=None, timeout=60):
+def hpcml(*args, env=None, timeout=120):
     e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
     e["PYTHONPATH"] = f"{SRC}{os.pathsep}{ROOT}"  # this checkout's hpcml; tests/vet/prolog_checks.py
     e.update(env or {})

@@ -6,8 +6,6 @@ prolog would refuse, instead of writing a script that drains every node at every
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -15,28 +13,12 @@ import pytest
 import typer
 from typer.testing import CliRunner
 
-import hpcml as hpcml_pkg
 from hpcml.vet import prolog
 from hpcml.vet.cli import app
 from hpcml.vet.cli.prolog import run_prolog_cli
+from tests.vet.test_prolog import hpcml, proto_file
 
-ROOT = Path(__file__).parents[2]
-SRC = Path(hpcml_pkg.__file__).parents[1]    # the hpcml this process imported: the subprocesses run it too
 PASS = "  - {name: ok, type: tests.vet.prolog_checks.Sleep, seconds: 0}\n"
-
-
-def hpcml(*args, env=None, timeout=60):
-    e = {k: v for k, v in os.environ.items() if not k.startswith("SLURM")}
-    e["PYTHONPATH"] = f"{SRC}{os.pathsep}{ROOT}"
-    e.update(env or {})
-    return subprocess.run([sys.executable, "-m", "hpcml", *map(str, args)], capture_output=True,
-                          text=True, env=e, timeout=timeout)
-
-
-def proto_file(tmp_path: Path, evals: str) -> Path:
-    path = tmp_path / "p.yaml"
-    path.write_text(f"name: t\nevals:\n{evals}")
-    return path
 
 
 @pytest.fixture
