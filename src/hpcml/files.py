@@ -256,6 +256,18 @@ def read_ends(path: str | os.PathLike, head_bytes: int, tail_bytes: int, *,
         os.close(fd)
 
 
+def tail_lines(path: str | os.PathLike, max_bytes: int, *, follow_symlinks: bool = False) -> list[str]:
+    """The lines of a log's last ``max_bytes`` (``read_ends``: memory bounded, no FIFO
+    waited on), the first left out where the read began inside it (it is cut, unless it is all there is); [] when it
+    cannot be read. Decoded as UTF-8, a bad byte replaced: the caller makes them printable."""
+    try:
+        _head, end, whole = read_ends(path, 0, max_bytes, follow_symlinks=follow_symlinks)
+    except (OSError, ValueError):
+        return []
+    found = end.decode("utf-8", "replace").splitlines()
+    return found if whole or len(found) < 2 else found[1:]
+
+
 def _pread_all(fd: int, n: int, offset: int) -> bytes:
     """Up to ``n`` bytes from ``offset``: pread may return fewer than asked before the end."""
     chunks, got = [], 0

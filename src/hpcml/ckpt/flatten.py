@@ -207,10 +207,10 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
         if ref is not None:
             return ref
         data = pickle.dumps(v, protocol=4)
-        if len(data) > leafcheck.limit():       # it would save, verify, and never load
+        if len(data) > (top := leafcheck.limit()):      # it would save, verify, and never load
             from hpcml.units import fmt_bytes
             raise UsageError(f"a {type(v).__module__}.{type(v).__qualname__} that pickles to {len(data)} bytes: "
-                             f"over the {leafcheck.limit()} ({fmt_bytes(leafcheck.limit())}) a pickled leaf may be "
+                             f"over the {top} ({fmt_bytes(top)}) a pickled leaf may be "
                              "(it would never load); store its bytes or arrays as leaves of their own",
                              key=path or "state")
         leaves.append(Leaf(data, "pickle", "u1", [len(data)], len(data)))

@@ -239,13 +239,9 @@ def tail(path: Path, lines: int = 20, max_bytes: int = 64 << 10) -> list[str]:
     printed (``words.printable``). The log is the job's own program's: a FIFO put in its
     place is not waited on, a link is not followed out (``files.read_ends``), and a line's
     terminal escapes are shown, not sent to whoever reads hpcml's output."""
-    from hpcml.files import read_ends
+    from hpcml.files import tail_lines
     from hpcml.words import printable
-    try:
-        _head, end, _whole = read_ends(path, 0, max_bytes, follow_symlinks=False)
-    except (OSError, ValueError):
-        return []
-    return [printable(line, LINE_MAX) for line in end.decode("utf-8", "replace").splitlines()[-lines:]]
+    return [printable(line, LINE_MAX) for line in tail_lines(path, max_bytes)[-lines:]]
 
 
 LINE_MAX = 2000          # characters of one log line kept (a progress bar's carriage-return line is longer)

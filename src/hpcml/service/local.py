@@ -26,7 +26,8 @@ from pathlib import Path
 import psutil
 
 from hpcml.errors import HpcmlError, UsageError
-from hpcml.files import inside, read_ends
+from hpcml.files import inside
+from hpcml.files import tail_lines as tail_text
 from hpcml.ports import free_port, port_free
 from hpcml.proctree import start_time, stop_group
 from hpcml.service import state as st
@@ -211,14 +212,7 @@ def tail_lines(path: Path, lines: int = 3, max_bytes: int = TAIL_BYTES) -> list[
     """The last ``lines`` non-blank lines of a log, from its last ``max_bytes`` only (memory
     bounded whatever its size), control characters escaped (the service's output, printed
     in our one-line error); [] when it cannot be read."""
-    try:
-        _head, end, whole = read_ends(path, 0, max_bytes)
-    except (OSError, ValueError):
-        return []
-    found = end.decode("utf-8", "replace").splitlines()
-    if not whole and len(found) > 1:
-        found = found[1:]                   # the first is cut where the read began
-    return [printable(t.strip(), 500) for t in found if t.strip()][-lines:]
+    return [printable(t.strip(), 500) for t in tail_text(path, max_bytes) if t.strip()][-lines:]
 
 
 def _log_tail(s: st.ServiceState, lines: int = 3) -> str:
