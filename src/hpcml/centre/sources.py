@@ -65,10 +65,6 @@ class Reach:
     def of(cls, since: datetime | Reach) -> Reach:
         return since if isinstance(since, Reach) else cls(since, since)
 
-    @property
-    def earliest(self) -> datetime:
-        return min([self.checks, self.jobs, *self.older.values()])
-
     def wants(self, node: str, time: datetime, from_job: bool) -> bool:
         if time >= (self.jobs if from_job else self.checks):
             return True
@@ -205,7 +201,7 @@ def collector_results(store, reach: Reach) -> Iterator[Result]:
                      job=str(job) if job is not None else None,
                      user=row["sender"] if row["evidence"] == "job" else None,
                      evidence=row["evidence"])
-    jobs = min([reach.jobs, *(t for t in reach.older.values())]).timestamp()
+    jobs = min([reach.jobs, *reach.older.values()]).timestamp()
     for ev in store.job_events_since(jobs):     # hpcml run's job summaries
         when = _utc(ev["time"])
         if reach.wants(ev["node"], when, True):

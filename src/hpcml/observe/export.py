@@ -194,7 +194,7 @@ class PromForwarder:
         self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
 
     def update(self, rows: list[tuple]) -> None:
-        rows = [r for r in rows if r[3] is not None and r[1] in ("host", "gpu", "metric", "section")]
+        rows = [r for r in rows if r[3] is not None and r[1] in KINDS]
         step = max(1, len(rows) // (1 + len(json.dumps(rows)) // MAX_DATAGRAM))
         for i in range(0, len(rows), step):
             try:
