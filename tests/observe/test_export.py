@@ -24,9 +24,13 @@ def scrape(port: int) -> str:
         return r.read().decode()
 
 
-def wait_for(port: int, text: str) -> str:
+def wait_for(port: int, text: str, send=None) -> str:
+    """The scrape once it holds ``text``; ``send`` again each time it does not (as a rank's
+    recorder sends each sample: a datagram finding the endpoint's queue full is dropped)."""
     end, got = time.monotonic() + 30, ""
     while time.monotonic() < end:
+        if send is not None:
+            send()
         got = scrape(port)
         if text in got:
             return got
@@ -49,8 +53,8 @@ def test_another_rank_s_rows_reach_the_endpoint_through_a_socket_only_the_user_c
     st = os.lstat(d)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
     fwd = PromForwarder(endpoint, rank=5)
-    fwd.update([(0, "metric", "loss", 0.25, 3, None), (0, "gpu", "sm_active", 0.5, None, 2)])
-    got = wait_for(endpoint, 'rank="5"')
+    got = wait_for(endpoint, 'rank="5"',
+                   lambda: fwd.update([(0, "metric", "loss", 0.25, 3, None), (0, "gpu", "sm_active", 0.5, None, 2)]))
     assert 'hpcml_metric{name="loss",node="n1",rank="5",slurm_job="7"} 0.25' in got, got
     assert 'gpu="2"' in got
     fwd.close()
@@ -76,8 +80,7 @@ def test_no_datagram_breaks_the_scrape_or_stops_the_receiver(endpoint):
     for data in HOSTILE:
         s.sendto(data, str(socket_path(endpoint)))
     fwd = PromForwarder(endpoint, rank=2)
-    fwd.update([(0, "metric", "after", 1.5, 1, None)])
-    got = wait_for(endpoint, 'name="after"')
+    got = wait_for(endpoint, 'name="after"', lambda: fwd.update([(0, "metric", "after", 1.5, 1, None)]))
     for bad in ("huge", "x\\udc80"):                  # no float holds it; no scrape could encode it
         assert f'name="{bad}' not in got, got
     assert 'name="nan",node="n1",rank="3",slurm_job="7"} NaN' in got, got     # a diverged loss is shown as it is
@@ -98,8 +101,8 @@ def test_another_user_cannot_send_rows(endpoint, tmp_path):
     out = subprocess.run(["runuser", "-u", name, "--", "/usr/bin/python3", "-c", code, str(socket_path(endpoint))],
                          capture_output=True, text=True, timeout=60, cwd="/")
     assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
-    PromForwarder(endpoint, rank=1).update([(0, "metric", "ours", 1.0, None, None)])
-    assert 'name="forged"' not in wait_for(endpoint, 'name="ours"')
+    fwd = PromForwarder(endpoint, rank=1)
+    assert 'name="forged"' not in wait_for(endpoint, 'name="ours"', lambda: fwd.update([(0, "metric", "ours", 1.0, None, None)]))
 
 
 def test_a_second_endpoint_of_the_user_on_the_port_is_refused_not_handed_the_rows(endpoint):
@@ -108,8 +111,8 @@ def test_a_second_endpoint_of_the_user_on_the_port_is_refused_not_handed_the_row
     with pytest.raises(OSError) as err:
         PromExporter(endpoint, "127.0.0.2", job="8", rank=0, node="n1")
     assert "another endpoint" in str(err.value)
-    PromForwarder(endpoint, rank=1).update([(0, "metric", "still_ours", 1.0, None, None)])
-    wait_for(endpoint, 'name="still_ours"')
+    fwd = PromForwarder(endpoint, rank=1)
+    wait_for(endpoint, 'name="still_ours"', lambda: fwd.update([(0, "metric", "still_ours", 1.0, None, None)]))
 
 
 def test_a_stalled_endpoint_drops_rows_and_never_stalls_the_sender(tmp_path, monkeypatch):
@@ -143,7 +146,97 @@ def test_a_temporary_directory_too_long_for_a_socket_falls_back_to_tmp(tmp_path,
     assert str(socket_path(port)).startswith("/tmp/hpcml-")
     e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
     try:
-        PromForwarder(port, rank=4).update([(0, "metric", "loss", 1.0, None, None)])
-        wait_for(port, 'rank="4"')
+        fwd = PromForwarder(port, rank=4)
+        wait_for(port, 'rank="4"', lambda: fwd.update([(0, "metric", "loss", 1.0, None, None)]))
     finally:
         e.close()
+
+
+def _in_own_tmp(code: str, port: int, *args: str) -> subprocess.CompletedProcess:
+    """``code`` in a real container of the node: bubblewrap's own mount namespace, where the
+    endpoint's socket directory is another (empty) one, as in a container per task with its
+    own /tmp; the network shared, as a Slurm task's is."""
+    import sys
+    src = os.path.dirname(os.path.dirname(__import__("hpcml").__file__))
+    argv = ["bwrap", "--dev-bind", "/", "/", "--tmpfs", str(socket_path(port).parent), "--setenv", "PYTHONPATH", src,
+            sys.executable, "-c", code, str(port), *args]
+    return subprocess.run(argv, capture_output=True, text=True, timeout=120, cwd="/")
+
+
+def _as(user: str, code: str, *args: str) -> subprocess.CompletedProcess:
+    """``code`` as another Unix user, with Debian's python3 and its standard library only."""
+    return subprocess.run(["runuser", "-u", user, "--", "/usr/bin/python3", "-c", code, *args],
+                          capture_output=True, text=True, timeout=120, cwd="/")
+
+
+FORWARD = ("import sys, time, logging\nlogging.basicConfig()\nfrom hpcml.observe.export import PromForwarder\n"
+           "f = PromForwarder(int(sys.argv[1]), rank=int(sys.argv[2]))\n"
+           "for i in range(40):\n    f.update([(0, 'metric', sys.argv[3], float(i), i, None)])\n    time.sleep(0.05)\n"
+           "print('in', f.side is not None)\n")
+
+
+def test_a_rank_in_another_mount_namespace_reaches_the_endpoint(endpoint):
+    """A rank whose /tmp is its own (a container per task) does not see the endpoint's socket
+    file: its rows come through the abstract socket, which loopback UDP once gave it."""
+    out = _in_own_tmp(FORWARD, endpoint, "6", "contained")
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "in True", (out.stdout, out.stderr)        # it went the second way
+    assert 'hpcml_metric{name="contained",node="n1",rank="6",slurm_job="7"}' in wait_for(endpoint, 'rank="6"')
+
+
+def _user(name: str) -> str:
+    if os.geteuid() != 0:
+        pytest.fail("the multi-user test needs root (useradd): CI runs as root")
+    subprocess.run(["useradd", "--no-create-home", "--shell", "/bin/sh", name], capture_output=True)
+    return name
+
+
+def test_another_user_is_refused_at_the_abstract_socket(endpoint):
+    """Anyone on the node can name an abstract socket: a real second user's rows sent there
+    are refused by the kernel's word on who connected (SO_PEERCRED), never exported."""
+    code = ("import socket, sys, time\ns = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+            "s.connect(sys.argv[1].encode().replace(b'@', b'\\0', 1))\n"
+            "try:\n    for _ in range(20):\n"
+            "        s.send(b'{\"rank\": 9, \"rows\": [[0, \"metric\", \"forged\", 1.0, null, null]]}')\n"
+            "        time.sleep(0.05)\n    print('sent')\nexcept OSError as e:\n    print('refused', e.errno)\n")
+    from hpcml.observe.export import abstract_name
+    name = abstract_name(endpoint).replace(b"\0", b"@", 1).decode()
+    out = _as(_user("hpcmlexport"), code, name)
+    assert out.stdout.startswith("refused"), (out.stdout, out.stderr)
+    _in_own_tmp(FORWARD, endpoint, "1", "ours")
+    assert 'name="forged"' not in wait_for(endpoint, 'name="ours"')
+
+
+def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path):
+    """Another user took the port's abstract name before the job's endpoint: the endpoint
+    keeps its private socket, and a contained rank, which could only reach the squatter,
+    sends it not one row (the kernel says whose it is)."""
+    from hpcml.observe.export import abstract_name
+    port = free_port("127.0.0.1")
+    heard = tmp_path / "heard"
+    heard.touch()
+    os.chmod(tmp_path, 0o777)
+    os.chmod(heard, 0o666)
+    squat = ("import socket, sys\ns = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)\n"
+             "s.bind(sys.argv[1].encode().replace(b'@', b'\\0', 1))\ns.listen(8)\nprint('up', flush=True)\n"
+             "while True:\n    c, _ = s.accept()\n    c.settimeout(5)\n    try:\n        d = c.recv(65536)\n"
+             "    except OSError:\n        d = b''\n    open(sys.argv[2], 'ab').write(d)\n")
+    name = abstract_name(port).replace(b"\0", b"@", 1).decode()
+    squatter = subprocess.Popen(["runuser", "-u", _user("hpcmlsquat"), "--", "/usr/bin/python3", "-c", squat,
+                                 name, str(heard)], stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
+        e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
+        try:
+            out = _in_own_tmp(FORWARD, port, "3", "secret")
+            assert out.stdout.strip() == "in False", (out.stdout, out.stderr)
+            assert "held by user" in out.stderr, out.stderr
+            fwd = PromForwarder(port, rank=2)                  # the private socket still serves
+            assert 'name="secret"' not in wait_for(port, 'name="beside"',
+                                                   lambda: fwd.update([(0, "metric", "beside", 1.0, None, None)]))
+        finally:
+            e.close()
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert heard.read_bytes() == b""

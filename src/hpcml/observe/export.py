@@ -3,10 +3,16 @@
 The recorder of local rank 0 serves ``port`` over HTTP; the recorders of the node's other
 ranks send their rows to it as datagrams on a Unix socket named by the port, in a directory
 only the user can enter (``files.private_dir``): another user's process cannot send it rows
-(a loopback UDP port took them from anyone on the node). A lost datagram only delays a gauge
-to the next sample. Gauges are updated from the same rows the recorders write to the store,
-so the endpoint and the store agree; a row that is not one the store would take (a name
-that is not text, a value that is not a finite number) is dropped, and nothing a datagram
+(a loopback UDP port took them from anyone on the node). A rank that does not see that
+socket (a container per task with its own /tmp, or a TMPDIR of its own: another mount
+namespace) sends over the endpoint's second door instead, an abstract Unix socket, which
+mount namespaces share (network namespaces do not). Anyone on the node may name an
+abstract socket, so both ends prove the other's user there through the kernel
+(``SO_PEERCRED``): the endpoint takes rows only from this user's processes, and a rank
+sends none to a socket another user's process holds. A lost datagram only delays a gauge
+to the next sample. Gauges are updated from the same rows the recorders write to the
+store, so the endpoint and the store agree; a row that is not one the store would take (a
+name that is not text, a value that is not a number) is dropped, and nothing a datagram
 holds stops the receiver.
 
 Cardinality is bounded: labels are slurm_job, rank, node (and gpu for GPU metrics) plus
@@ -22,7 +28,9 @@ import json
 import logging
 import numbers
 import os
+import selectors
 import socket
+import struct
 import tempfile
 import threading
 from pathlib import Path
@@ -34,6 +42,8 @@ MAX_DATAGRAM = 60_000
 NAME_MAX = 1024                 # characters of a metric, section or host sample's name
 SOCKET_PATH_MAX = 104           # bytes of a Unix socket's path, with room to spare (Linux: 108)
 KINDS = ("host", "gpu", "metric", "section")
+MAX_PEERS = 1024                # ranks connected through the abstract socket at once
+_CRED = struct.Struct("3i")     # struct ucred: pid, uid, gid
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +57,18 @@ def socket_path(port: int) -> Path:
         if len(os.fsencode(path)) < SOCKET_PATH_MAX:
             return path
     return path
+
+
+def abstract_name(port: int) -> bytes:
+    """The endpoint's second door: an abstract Unix socket (a leading NUL; no file, so a
+    rank in another mount namespace of the node reaches it)."""
+    return f"\0hpcml-export-{os.geteuid()}-{port}".encode()
+
+
+def peer_uid(sock: socket.socket) -> int:
+    """The user of the process at the other end, as the kernel recorded it at connect."""
+    _pid, uid, _gid = _CRED.unpack(sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, _CRED.size))
+    return uid
 
 
 def _row(r: object) -> tuple | None:
@@ -100,6 +122,8 @@ class PromExporter:
         # the HTTP port is ours now: a socket left at its path is a dead endpoint's
         self.path: Path | None = None             # the socket this endpoint bound, once it has
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.side: socket.socket | None = None    # the abstract door, once listening
+        self._closed = threading.Event()
         path = socket_path(port)
         try:
             problem = private_dir(path.parent) or self._bind(path)
@@ -108,9 +132,28 @@ class PromExporter:
             raise
         if problem is None:
             self.path = path
-            threading.Thread(target=self._receive, name="hpcml-export-rows", daemon=True).start()
         else:
-            log.warning(f"hpcml observe: {path}: {problem}: the node's other ranks are not exported")
+            log.warning(f"hpcml observe: {path}: {problem}: only ranks that reach the endpoint's "
+                        "abstract socket are exported")
+        self.side = self._listen(port)
+        if self.path is not None or self.side is not None:
+            threading.Thread(target=self._receive, name="hpcml-export-rows", daemon=True).start()
+
+    @staticmethod
+    def _listen(port: int) -> socket.socket | None:
+        """The abstract door, listening; None (said once) where it cannot be had: another
+        process of the node holds the name (another user's: rows could not be proven ours)."""
+        side = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            side.bind(abstract_name(port))
+            side.listen(64)
+            side.setblocking(False)
+        except OSError as exc:
+            side.close()
+            log.warning(f"hpcml observe: the abstract socket of port {port}: {exc.strerror or exc}: "
+                        "ranks in another mount namespace of this node are not exported")
+            return None
+        return side
 
     def _bind(self, path: Path) -> str | None:
         """Take the socket at ``path``; why not (None: taken). One left by an endpoint that
@@ -132,19 +175,60 @@ class PromExporter:
         return None
 
     def _receive(self) -> None:
-        while True:
-            try:
-                data = self.udp.recv(65536)
-            except OSError:
-                return                  # closed
-            try:
-                msg = json.loads(data)
-                rank = msg["rank"]
-                if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 31:
-                    continue
-                self.update(msg["rows"], rank=rank)
-            except Exception:  # noqa: BLE001 - no datagram may end the receiver: the other ranks' rows come here
-                continue
+        """One thread takes the rows of both doors: the datagrams of the private socket, and
+        the messages of every rank connected through the abstract one (each proven this
+        user's when it connects; at most ``MAX_PEERS`` at once)."""
+        sel = selectors.DefaultSelector()
+        if self.path is not None:
+            sel.register(self.udp, selectors.EVENT_READ, "rows")
+        if self.side is not None:
+            sel.register(self.side, selectors.EVENT_READ, "door")
+        peers = 0
+        try:
+            while not self._closed.is_set():
+                for key, _ in sel.select(timeout=0.5):
+                    sock = key.fileobj
+                    assert isinstance(sock, socket.socket)
+                    try:
+                        if key.data == "door":
+                            conn, _ = sock.accept()
+                            if peers >= MAX_PEERS or peer_uid(conn) != os.geteuid():
+                                conn.close()         # another user's process: not one row of it
+                                continue
+                            conn.setblocking(False)
+                            sel.register(conn, selectors.EVENT_READ, "peer")
+                            peers += 1
+                            continue
+                        data = sock.recv(65536)
+                    except (BlockingIOError, InterruptedError):
+                        continue
+                    except OSError:
+                        if key.data != "peer":
+                            return                   # closed
+                        data = b""
+                    if key.data == "peer" and not data:      # the rank's recorder ended
+                        sel.unregister(sock)
+                        sock.close()
+                        peers -= 1
+                        continue
+                    self._take(data)
+        except (OSError, ValueError):
+            return                                   # closed under the selector
+        finally:
+            for key in list(sel.get_map().values()):
+                if key.data == "peer":
+                    key.fileobj.close()              # type: ignore[union-attr]
+            sel.close()
+
+    def _take(self, data: bytes) -> None:
+        try:
+            msg = json.loads(data)
+            rank = msg["rank"]
+            if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 31:
+                return
+            self.update(msg["rows"], rank=rank)
+        except Exception:  # noqa: BLE001 - no message may end the receiver: the other ranks' rows come here
+            return
 
     def _allowed(self, kind: str, name: str) -> bool:
         key = (kind, name)
@@ -178,35 +262,81 @@ class PromExporter:
         self.update(batch_rows(batch))
 
     def close(self) -> None:
+        self._closed.set()
         self.server.shutdown()
         self.server.server_close()
         self.udp.close()
+        if self.side is not None:
+            self.side.close()
         if self.path is not None:
             self.path.unlink(missing_ok=True)
 
 
 class PromForwarder:
-    """Another rank of the node: sends its rows to local rank 0's endpoint."""
+    """Another rank of the node: sends its rows to local rank 0's endpoint, through its
+    private socket, or where this rank does not see that one (another mount namespace),
+    through its abstract socket once the kernel says this user's process holds it."""
 
     def __init__(self, port: int, *, rank: int) -> None:
         self.port, self.rank, self.path = port, rank, str(socket_path(port))
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
+        self.side: socket.socket | None = None
+        self._warned = False
 
     def update(self, rows: list[tuple]) -> None:
         rows = [r for r in rows if r[3] is not None and r[1] in KINDS]
         step = max(1, len(rows) // (1 + len(json.dumps(rows)) // MAX_DATAGRAM))
         for i in range(0, len(rows), step):
+            if not self._send(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode()):
+                return                  # endpoint not up (yet), or its queue full: the next sample tries again
+
+    def _send(self, data: bytes) -> bool:
+        if self.side is None:
             try:
-                self.udp.sendto(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode(), self.path)
+                self.udp.sendto(data, self.path)
+                return True
+            except (FileNotFoundError, ConnectionRefusedError):
+                self.side = self._connect()  # no endpoint at the path this rank sees: the abstract door
             except OSError:             # BlockingIOError too: rank 0's queue is full
-                return                  # endpoint not up (yet): the next sample tries again
+                return False
+            if self.side is None:
+                return False
+        try:
+            self.side.send(data)
+            return True
+        except BlockingIOError:
+            return False
+        except OSError:                 # the endpoint went away: ask again at the next sample
+            self.side.close()
+            self.side = None
+            return False
+
+    def _connect(self) -> socket.socket | None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s.setblocking(False)
+            s.connect(abstract_name(self.port))
+            uid = peer_uid(s)
+        except OSError:                 # nobody listening (yet), or its backlog full
+            s.close()
+            return None
+        if uid != os.geteuid():
+            s.close()
+            if not self._warned:
+                self._warned = True
+                log.warning(f"hpcml observe: the export socket of port {self.port} is held by user {uid}, "
+                            f"not this job's: rank {self.rank}'s rows are not sent to it")
+            return None
+        return s
 
     def update_batch(self, batch) -> None:
         self.update(batch_rows(batch))
 
     def close(self) -> None:
         self.udp.close()
+        if self.side is not None:
+            self.side.close()
 
 
 def batch_rows(batch) -> list[tuple]:
