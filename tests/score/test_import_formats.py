@@ -6,6 +6,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import math
+import os
 import shutil
 import sqlite3
 from datetime import datetime
@@ -294,3 +295,52 @@ def test_load_dispatches_with_options():
     rec = importers.load(GSSR_DIR, interval=2.0, node=None)  # gssr files carry their own interval
     assert rec.meta["format"] == "gssr-json"
     assert any("interval" in n and "ignored" in n for n in rec.notes)
+
+
+def _hostile_export(tmp_path, data: str, host: str = "'nid1'"):
+    db = tmp_path / "hostile.sqlite3"
+    con = sqlite3.connect(db)
+    con.executescript(f"""
+        CREATE TABLE data {data};
+        CREATE TABLE process_metadata(job_id, step_id, proc_id, hostname, gpu_ids, start_time, sampling_time);
+        CREATE TABLE job_metadata(job_id);
+        INSERT INTO process_metadata VALUES (1, 0, 0, {host}, '0', '2026-01-01 00:00:00', 0.5);
+    """)
+    con.executemany("INSERT INTO data(job_id, step_id, proc_id, gpu_id, sample_index, time) VALUES (1, 0, 0, 0, ?, ?)",
+                    [(i, i * 0.5) for i in range(50)])
+    con.commit()
+    con.close()
+    return db
+
+
+def test_a_gssr_export_that_computes_as_it_is_read_is_refused(tmp_path):
+    """A generated column runs its expression at each SELECT: this 8 KB file once built a
+    400 MB string per row (seconds and gigabytes for a few rows)."""
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active "
+                                   "GENERATED ALWAYS AS (length(printf('%.*c', 400000000, 'x'))) VIRTUAL)")
+    assert db.stat().st_size < 64 << 10
+    with pytest.raises(UsageError, match="'data' has a generated column") as err:
+        gssr_json.load_sqlite(db)
+    assert str(db) in str(err.value)
+
+
+def test_a_gssr_export_cell_longer_than_any_host_name_is_refused(tmp_path):
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)",
+                         host="printf('%.*c', 3000000, 'n')")
+    with pytest.raises(UsageError, match="not a gssr SQLite export: string or blob too big"):
+        gssr_json.load_sqlite(db)
+
+
+def test_a_gssr_export_that_is_a_fifo_is_refused_unopened(tmp_path):
+    fifo = tmp_path / "export.sqlite3"
+    os.mkfifo(fifo)
+    with pytest.raises(UsageError, match="not a regular file"):
+        gssr_json.load_sqlite(fifo)
+
+
+def test_a_gssr_export_with_more_values_than_the_bound_is_refused_before_it_is_read(tmp_path, monkeypatch):
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active, dram_active)")
+    gssr_json.load_sqlite(db)                                  # 50 rows x 4 values: read
+    monkeypatch.setattr(gssr_json, "SQLITE_CELLS_MAX", 199)
+    with pytest.raises(UsageError, match="50 rows of 2 metrics, over 199 values"):
+        gssr_json.load_sqlite(db)

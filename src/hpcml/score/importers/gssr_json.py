@@ -34,6 +34,7 @@ import json
 import math
 import os
 import sqlite3
+import stat
 import threading
 from datetime import datetime
 from pathlib import Path
@@ -42,8 +43,9 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
-from hpcml.score.importers import read_file
+from hpcml.score.importers import FILE_MAX, read_file
 from hpcml.score.recording import VALUE_DTYPE, Recording
+from hpcml.words import printable
 
 # DCGM field tags (dcgm_fields.cpp) of the fields gssr watches (its metric_ids) and the other
 # profiling fields, -> our column names.
@@ -212,20 +214,53 @@ def _local_epoch(text: object) -> float:
         return math.nan
 
 
+#: the longest text or blob a gssr export's cell may hold: a host name, a GPU list
+SQLITE_VALUE_MAX = 1 << 20
+#: values read from a gssr export's ``data`` table (rows x columns), each a float64 while
+#: read: what the other importers' FILE_MAX bounds before it expands
+SQLITE_CELLS_MAX = 1 << 28
+
+
 def load_sqlite(path: str | Path) -> Recording:
+    """A gssr SQLite export, read as an untrusted file is: a regular file no larger than
+    the other importers read, no cell longer than ``SQLITE_VALUE_MAX``, no column computed
+    as it is read (a generated column's expression runs at each SELECT: an 8 KB file once
+    built 400 MB strings per row), no virtual table, at most ``SQLITE_CELLS_MAX`` values."""
     p = Path(path)
-    if not p.is_file():
-        raise UsageError("no such SQLite file", file=str(p))
+    try:
+        st = os.stat(p)
+    except OSError:
+        raise UsageError("no such SQLite file", file=str(p)) from None
+    if not stat.S_ISREG(st.st_mode):
+        raise UsageError("not a regular file (a FIFO, a device or a directory)", file=str(p))
+    if st.st_size > FILE_MAX:
+        raise UsageError(f"larger than {FILE_MAX:,} bytes, the most a recording may be", file=str(p))
     try:
         con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
     except sqlite3.Error as exc:
         raise UsageError(f"cannot open as SQLite: {exc}", file=str(p)) from None
     try:
+        limit = getattr(con, "setlimit", None)           # Python 3.11+; on 3.10 the file's size bounds a cell
+        if limit is not None:
+            limit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_VALUE_MAX)  # type: ignore[attr-defined]
+        con.execute("PRAGMA trusted_schema=OFF")
         return _from_db(con, p)
     except sqlite3.DatabaseError as exc:
         raise UsageError(f"not a gssr SQLite export: {exc}", file=str(p)) from None
     finally:
         con.close()
+
+
+def _plain_tables(con: sqlite3.Connection, p: Path, names: tuple[str, ...]) -> None:
+    """gssr writes plain tables: a virtual one, or a column computed at each read, is refused."""
+    for name, sql in con.execute("SELECT name, sql FROM sqlite_master WHERE type='table'"):
+        if name in names and str(sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
+            raise UsageError(f"not a gssr SQLite export: '{name}' is a virtual table", file=str(p))
+    for name in names:
+        for row in con.execute(f'PRAGMA table_xinfo("{name}")'):
+            if row[6]:                                  # hidden: 2 virtual, 3 stored generated
+                raise UsageError(f"not a gssr SQLite export: '{name}' has a generated column "
+                                 f"({printable(str(row[1]), 80)})", file=str(p))
 
 
 def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: list[str], p: Path):
@@ -258,6 +293,7 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     missing = {"data", "process_metadata", "job_metadata"} - tables
     if missing:
         raise UsageError(f"not a gssr SQLite export: no table {', '.join(sorted(missing))}", file=str(p))
+    _plain_tables(con, p, ("data", "process_metadata", "job_metadata"))
     columns = [r[1] for r in con.execute("PRAGMA table_info(data)")]
     for c in ("proc_id", "gpu_id", "time"):
         if c not in columns:
@@ -266,6 +302,10 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     if not metrics:
         raise UsageError("gssr 'data' table has no metric columns", file=str(p))
     has_step = "step_id" in columns and "job_id" in columns
+    rows = con.execute("SELECT count(*) FROM data").fetchone()[0]
+    if rows * (len(metrics) + 2) > SQLITE_CELLS_MAX:
+        raise UsageError(f"gssr 'data' table holds {rows:,} rows of {len(metrics)} metrics, over "
+                         f"{SQLITE_CELLS_MAX:,} values: split the export by job step", file=str(p))
     procs = {}
     pm_cols = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
     sel = ", ".join(c if c in pm_cols else "NULL" for c in ("job_id", "step_id", "proc_id", "hostname",
