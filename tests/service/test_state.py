@@ -55,3 +55,24 @@ def test_an_edited_or_replaced_state_file_is_one_line(tmp_path):
                                                             "pidd": 1}))
     with pytest.raises(UsageError, match="key 'pidd'"):
         st.read(tmp_path / "y")
+
+
+def test_a_slurm_job_s_own_up_waits_for_the_submitter_s_lock(tmp_path):
+    """``up --slurm`` holds the instance's lock from sbatch until the job is recorded; a job
+    that starts within that time waits for it (SUBMITTER_WAIT_S) instead of being refused.
+    Any other ``up`` is still refused at once, naming the holder."""
+    directory = tmp_path / "web"
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import sys, time\nfrom pathlib import Path\nfrom hpcml.service import state\n"
+        "with state.starting(Path(sys.argv[1])):\n    print('held', flush=True)\n    time.sleep(1.5)\n"),
+        str(directory)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(UsageError, match=rf"being started by another hpcml service up \(pid {holder.pid}"):
+            with st.starting(directory):
+                pass
+        with st.starting(directory, wait=st.SUBMITTER_WAIT_S):     # held when asked: got once let go
+            assert (directory / st.LOCK_FILE).read_text().strip() == str(os.getpid())
+    finally:
+        holder.kill()
+        holder.wait()

@@ -64,7 +64,7 @@ def up(ref: str, *, name: str | None = None, root: str | os.PathLike[str] | None
             last = i == len(chain) - 1
             directory = st.instance_dir(name if last and name else bp.name, root)
             current = f"{directory.name}'s environment"
-            with st.starting(directory):
+            with st.starting(directory, wait=st.SUBMITTER_WAIT_S if mode == "slurm" and last else 0.0):
                 old = st.read(directory)
                 if not last and old and old.ready and local.running(old):
                     services[bp.name] = old.urls()

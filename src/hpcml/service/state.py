@@ -130,17 +130,37 @@ def instances(root: str | os.PathLike[str] | None = None) -> list[ServiceState]:
 LOCK_FILE = "up.lock"
 
 
+def _lock(fd: int, wait: float) -> None:
+    """``flock`` of ``fd``, tried until ``wait`` seconds have passed; BlockingIOError then."""
+    deadline = time.monotonic() + wait
+    while True:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                raise
+            time.sleep(0.1)
+
+
+#: how long a Slurm service job's own ``up`` waits for the lock: the ``up --slurm`` that
+#: submitted it holds the lock from sbatch until the job is recorded, and a job that starts
+#: at once (an idle cluster) finds it held for those milliseconds
+SUBMITTER_WAIT_S = 30.0
+
+
 @contextlib.contextmanager
-def starting(directory: Path) -> Iterator[None]:
+def starting(directory: Path, wait: float = 0.0) -> Iterator[None]:
     """Hold the instance's ``up.lock`` while this process starts it: a second ``up`` of the
     same instance at the same time (two servers on one SQLite database, one of them
-    untracked) is refused with who holds it, one line, exit 2. ``flock`` is released by the
-    kernel when the holder dies, so a killed ``up`` leaves no stale lock."""
+    untracked) is refused with who holds it, one line, exit 2, after waiting up to ``wait``
+    seconds for it. ``flock`` is released by the kernel when the holder dies, so a killed
+    ``up`` leaves no stale lock."""
     directory.mkdir(parents=True, exist_ok=True)
     fd = os.open(directory / LOCK_FILE, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_CLOEXEC, 0o600)
     try:
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            _lock(fd, wait)
         except BlockingIOError:
             holder = ""
             for _ in range(50):               # the holder writes its pid just after it got the lock
