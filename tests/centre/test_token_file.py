@@ -67,3 +67,17 @@ def test_a_good_token_file_still_gives_its_first_token(tmp_path):
     good.write_text("# the collector's\n\n  s3cret  \nother\n")
     assert client.read_token(good) == ("s3cret", None)
     assert client.read_token(tmp_path / "none") == (None, f"token file {tmp_path / 'none'}: file not found")
+
+
+def test_centre_serve_names_what_its_token_file_is(fifo, tmp_path):
+    """``centre serve``'s door says the same as the senders': a FIFO is a FIFO (it once said
+    "not text"), binary is not UTF-8, each one line naming the flag."""
+    from hpcml.centre.cli.serve import _tokens
+    from hpcml.errors import UsageError
+    kind, exc = _within(3, _tokens, fifo, "--token-file")
+    assert kind == "raised" and isinstance(exc, UsageError), exc
+    assert "FIFO" in str(exc) and "not text" not in str(exc) and "--token-file" in str(exc), str(exc)
+    bad = tmp_path / "bin"
+    bad.write_bytes(b"\xff\xfe\x00garbage\n")
+    with pytest.raises(UsageError, match=r"not UTF-8 text \(bad byte at offset 0\)"):
+        _tokens(bad, "--token-file")

@@ -154,11 +154,19 @@ def test_a_nul_byte_is_refused_at_create_in_a_task_file_and_a_sweep(tmp_path):
     assert "key 'command'" in msg and "NUL" in msg, msg
 
 
+def test_a_nul_byte_is_refused_by_the_store_a_python_caller_creates_through(tmp_path):
+    with pytest.raises(UsageError, match="NUL"):
+        store.create(tmp_path / "f", [TaskSpec(command="echo fine"), TaskSpec(command="echo a\0b")])
+    assert not (tmp_path / "f").exists()
+
+
 def test_a_task_that_cannot_start_is_recorded_failed_and_the_others_run(tmp_path):
     """A NUL in tasks.jsonl (written by another tool): the attempt ends "failed" with the
     reason in its stderr, not "lost" with a dead worker."""
     farm = tmp_path / "f"
-    store.create(farm, [TaskSpec("echo a\0b"), TaskSpec(f"touch {tmp_path}/ran")])
+    store.create(farm, [TaskSpec("echo a@NUL@b"), TaskSpec(f"touch {tmp_path}/ran")])     # create refuses a NUL
+    tasks = farm / store.TASKS_FILE
+    tasks.write_text(tasks.read_text().replace("@NUL@", "\\u0000"))
     p = hpcml("farm", "run", farm, "--slots", "1", "--retries", "0", timeout=120)
     assert p.returncode != 2 and "Traceback" not in p.stderr, p.stderr
     rec = ends(farm)

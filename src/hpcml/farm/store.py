@@ -190,6 +190,9 @@ def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec]) -> list[Task]:
     new: list[Task] = []
     next_id = max(known_ids, default=-1) + 1
     for s in specs:
+        if "\0" in s.command:                    # a Python caller's spec: the files' readers refuse it too
+            raise UsageError("a command contains a NUL byte, which no command can hold", file=str(p),
+                             key="command")
         k = s.key()
         seen[k] += 1
         if seen[k] <= have[k]:

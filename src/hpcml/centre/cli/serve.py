@@ -147,8 +147,10 @@ def _tokens(path: Path | None, key: str, env: bool = False) -> list[str]:
         return read_tokens(path) if env else read_tokens(path, None)
     except OSError as exc:
         raise UsageError(f"cannot read the token file: {exc.strerror}", key=key) from None
-    except ValueError as exc:                  # not UTF-8 (UnicodeDecodeError): a half-written or foreign file
-        raise UsageError(f"the token file is not text: {exc}", key=key) from None
+    except UnicodeDecodeError as exc:          # a half-written or foreign file
+        raise UsageError(f"the token file is not UTF-8 text (bad byte at offset {exc.start})", key=key) from None
+    except ValueError as exc:                  # a FIFO, a directory, a device, too large: read_bounded says which
+        raise UsageError(f"the token file: {exc}", key=key) from None
 
 
 def _verifier(name: str, slurm_check: str, cluster: str | None, munge_socket: str | None):
