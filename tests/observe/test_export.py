@@ -11,6 +11,7 @@ import stat
 import subprocess
 import time
 import urllib.request
+from pathlib import Path
 
 import pytest
 
@@ -52,7 +53,7 @@ def test_another_rank_s_rows_reach_the_endpoint_through_a_socket_only_the_user_c
     d = socket_path(endpoint).parent
     st = os.lstat(d)
     assert stat.S_ISDIR(st.st_mode) and st.st_uid == os.geteuid() and st.st_mode & 0o077 == 0
-    fwd = PromForwarder(endpoint, rank=5)
+    fwd = PromForwarder(endpoint, rank=5, job="7")
     got = wait_for(endpoint, 'rank="5"',
                    lambda: fwd.update([(0, "metric", "loss", 0.25, 3, None), (0, "gpu", "sm_active", 0.5, None, 2)]))
     assert 'hpcml_metric{name="loss",node="n1",rank="5",slurm_job="7"} 0.25' in got, got
@@ -79,7 +80,7 @@ def test_no_datagram_breaks_the_scrape_or_stops_the_receiver(endpoint):
     s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     for data in HOSTILE:
         s.sendto(data, str(socket_path(endpoint)))
-    fwd = PromForwarder(endpoint, rank=2)
+    fwd = PromForwarder(endpoint, rank=2, job="7")
     got = wait_for(endpoint, 'name="after"', lambda: fwd.update([(0, "metric", "after", 1.5, 1, None)]))
     for bad in ("huge", "x\\udc80"):                  # no float holds it; no scrape could encode it
         assert f'name="{bad}' not in got, got
@@ -101,7 +102,7 @@ def test_another_user_cannot_send_rows(endpoint, tmp_path):
     out = subprocess.run(["runuser", "-u", name, "--", "/usr/bin/python3", "-c", code, str(socket_path(endpoint))],
                          capture_output=True, text=True, timeout=60, cwd="/")
     assert out.stdout.strip() == "refused", (out.stdout, out.stderr)
-    fwd = PromForwarder(endpoint, rank=1)
+    fwd = PromForwarder(endpoint, rank=1, job="7")
     assert 'name="forged"' not in wait_for(endpoint, 'name="ours"', lambda: fwd.update([(0, "metric", "ours", 1.0, None, None)]))
 
 
@@ -111,7 +112,7 @@ def test_a_second_endpoint_of_the_user_on_the_port_is_refused_not_handed_the_row
     with pytest.raises(OSError) as err:
         PromExporter(endpoint, "127.0.0.2", job="8", rank=0, node="n1")
     assert "another endpoint" in str(err.value)
-    fwd = PromForwarder(endpoint, rank=1)
+    fwd = PromForwarder(endpoint, rank=1, job="7")
     wait_for(endpoint, 'name="still_ours"', lambda: fwd.update([(0, "metric", "still_ours", 1.0, None, None)]))
 
 
@@ -125,7 +126,7 @@ def test_a_stalled_endpoint_drops_rows_and_never_stalls_the_sender(tmp_path, mon
     path.unlink(missing_ok=True)
     deaf = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     deaf.bind(str(path))
-    fwd = PromForwarder(port, rank=1)
+    fwd = PromForwarder(port, rank=1, job="7")
     sender = threading.Thread(target=lambda: [fwd.update([(0, "metric", "m", float(i), i, None)]) for i in range(2000)])
     sender.start()
     sender.join(60)
@@ -146,7 +147,7 @@ def test_a_temporary_directory_too_long_for_a_socket_falls_back_to_tmp(tmp_path,
     assert str(socket_path(port)).startswith("/tmp/hpcml-")
     e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
     try:
-        fwd = PromForwarder(port, rank=4)
+        fwd = PromForwarder(port, rank=4, job="7")
         wait_for(port, 'rank="4"', lambda: fwd.update([(0, "metric", "loss", 1.0, None, None)]))
     finally:
         e.close()
@@ -170,7 +171,7 @@ def _as(user: str, code: str, *args: str) -> subprocess.CompletedProcess:
 
 
 FORWARD = ("import sys, time, logging\nlogging.basicConfig()\nfrom hpcml.observe.export import PromForwarder\n"
-           "f = PromForwarder(int(sys.argv[1]), rank=int(sys.argv[2]))\n"
+           "f = PromForwarder(int(sys.argv[1]), rank=int(sys.argv[2]), job='7')\n"
            "for i in range(40):\n    f.update([(0, 'metric', sys.argv[3], float(i), i, None)])\n    time.sleep(0.05)\n"
            "print('in', f.side is not None)\n")
 
@@ -200,7 +201,7 @@ def test_another_user_is_refused_at_the_abstract_socket(endpoint):
             "        s.send(b'{\"rank\": 9, \"rows\": [[0, \"metric\", \"forged\", 1.0, null, null]]}')\n"
             "        time.sleep(0.05)\n    print('sent')\nexcept OSError as e:\n    print('refused', e.errno)\n")
     from hpcml.observe.export import abstract_name
-    name = abstract_name(endpoint).replace(b"\0", b"@", 1).decode()
+    name = abstract_name(endpoint, "7").replace(b"\0", b"@", 1).decode()
     out = _as(_user("hpcmlexport"), code, name)
     assert out.stdout.startswith("refused"), (out.stdout, out.stderr)
     _in_own_tmp(FORWARD, endpoint, "1", "ours")
@@ -221,7 +222,7 @@ def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path)
              "s.bind(sys.argv[1].encode().replace(b'@', b'\\0', 1))\ns.listen(8)\nprint('up', flush=True)\n"
              "while True:\n    c, _ = s.accept()\n    c.settimeout(5)\n    try:\n        d = c.recv(65536)\n"
              "    except OSError:\n        d = b''\n    open(sys.argv[2], 'ab').write(d)\n")
-    name = abstract_name(port).replace(b"\0", b"@", 1).decode()
+    name = abstract_name(port, "7").replace(b"\0", b"@", 1).decode()
     squatter = subprocess.Popen(["runuser", "-u", _user("hpcmlsquat"), "--", "/usr/bin/python3", "-c", squat,
                                  name, str(heard)], stdout=subprocess.PIPE, text=True, cwd="/")
     try:
@@ -230,8 +231,8 @@ def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path)
         try:
             out = _in_own_tmp(FORWARD, port, "3", "secret")
             assert out.stdout.strip() == "in False", (out.stdout, out.stderr)
-            assert "held by user" in out.stderr, out.stderr
-            fwd = PromForwarder(port, rank=2)                  # the private socket still serves
+            assert "held by another user" in out.stderr, out.stderr
+            fwd = PromForwarder(port, rank=2, job="7")                  # the private socket still serves
             assert 'name="secret"' not in wait_for(port, 'name="beside"',
                                                    lambda: fwd.update([(0, "metric", "beside", 1.0, None, None)]))
         finally:
@@ -240,3 +241,112 @@ def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path)
         squatter.kill()
         squatter.wait()
     assert heard.read_bytes() == b""
+
+
+def test_a_directory_another_user_made_at_the_socket_s_path_gets_no_row(request, monkeypatch):
+    """The socket's path is predictable (uid, port) and /tmp is anyone's: another user made
+    the directory first and listens at the path. The endpoint does not serve there, and a
+    rank sends its rows through the abstract socket the kernel says is the user's, not to
+    the path (it once sent them to whoever listened there)."""
+    import shutil
+    import tempfile
+    shared = Path(tempfile.mkdtemp(prefix="hpcml-test-", dir="/tmp"))     # a /tmp of its own, as /tmp is
+    os.chmod(shared, 0o1777)
+    request.addfinalizer(lambda: shutil.rmtree(shared, ignore_errors=True))
+    monkeypatch.setenv("TMPDIR", str(shared))
+    monkeypatch.setattr(tempfile, "tempdir", None)
+    port = free_port("127.0.0.1")
+    path = socket_path(port)
+    assert path.parent.parent == shared
+    heard = shared / "heard"
+    trap = ("import os, socket, sys\nos.mkdir(os.path.dirname(sys.argv[1]), 0o755)\n"
+            "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.bind(sys.argv[1])\nos.chmod(sys.argv[1], 0o777)\n"
+            "print('up', flush=True)\nwhile True:\n    d = s.recv(65536)\n    open(sys.argv[2], 'ab').write(d)\n")
+    squatter = subprocess.Popen(["runuser", "-u", _user("hpcmlsquat"), "--", "/usr/bin/python3", "-c", trap, str(path),
+                                 str(heard)], stdout=subprocess.PIPE, text=True, cwd="/")
+    try:
+        assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
+        e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
+        try:
+            assert e.path is None                    # not served at a path another user holds
+            fwd = PromForwarder(port, rank=3, job="7")
+            wait_for(port, 'rank="3"', lambda: fwd.update([(0, "metric", "loss", 2.0, 1, None)]))
+            assert fwd.side is not None
+        finally:
+            e.close()
+    finally:
+        squatter.kill()
+        squatter.wait()
+    assert not heard.exists() or heard.read_bytes() == b""
+
+
+def test_another_job_s_rank_on_the_port_is_not_exported_as_this_job_s(endpoint):
+    """Two jobs of the user on one node and port (the second's endpoint not up): the second's
+    rows are not labelled with the first job's id."""
+    other = PromForwarder(endpoint, rank=4, job="8")
+    mine = PromForwarder(endpoint, rank=1, job="7")
+
+    def both() -> None:
+        other.update([(0, "metric", "theirs", 1.0, None, None)])
+        mine.update([(0, "metric", "mine", 1.0, None, None)])
+    got = wait_for(endpoint, 'name="mine"', both)
+    assert 'name="theirs"' not in got and 'rank="4"' not in got, got
+
+
+def test_a_batch_of_uneven_rows_goes_in_messages_the_endpoint_reads_whole():
+    """Messages are cut by bytes, not by row count: a sample's long rows beside many short
+    ones once made a message longer than the endpoint reads (cut, so lost whole)."""
+    import json
+
+    from hpcml.observe.export import MAX_DATAGRAM, RECV_MAX
+    rows = [(i, "metric", "n" * 1000, 1.0, i, None) for i in range(100)] + \
+           [(i, "host", f"h{i}", 2.0, None, None) for i in range(3000)]
+    msgs = PromForwarder(1, rank=3, job="7")._messages(rows)
+    assert len(msgs) > 1 and all(len(m) <= RECV_MAX for m in msgs), [len(m) for m in msgs]
+    back = [tuple(r) for m in msgs for r in json.loads(m)["rows"]]
+    assert back == [tuple(r) for r in rows]
+    assert all(json.loads(m)["job"] == "7" and json.loads(m)["rank"] == 3 for m in msgs)
+    assert PromForwarder(1, rank=3, job="7")._messages([(0, "metric", "x" * (MAX_DATAGRAM + 1), 1.0, None, None)]) == []
+
+
+ENDPOINT_SHORT_OF_FDS = """
+import logging, os, resource, sys
+from hpcml.observe.export import PromExporter
+logging.basicConfig(format="%(message)s")
+e = PromExporter(int(sys.argv[1]), "127.0.0.1", job="7", rank=0, node="n1")
+fds = len(os.listdir("/proc/self/fd"))
+resource.setrlimit(resource.RLIMIT_NOFILE, (fds + 3, fds + 3))
+print("up", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_no_descriptor_left_rests_the_abstract_door_and_ends_nothing(tmp_path):
+    """An endpoint out of descriptors (its ranks' connections took them): accept fails; the
+    receiver goes on once they are given back and still takes the private socket's rows (a
+    failed accept once ended it for both doors)."""
+    import sys
+
+    from hpcml.observe.export import abstract_name
+    port = free_port("127.0.0.1")
+    src = os.path.dirname(os.path.dirname(__import__("hpcml").__file__))
+    child = subprocess.Popen([sys.executable, "-c", ENDPOINT_SHORT_OF_FDS, str(port)], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": src})
+    try:
+        assert child.stdout is not None and child.stdout.readline().strip() == "up"
+        conns = []
+        for _ in range(8):                      # more than the endpoint has descriptors for
+            c = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+            c.connect(abstract_name(port, "7"))
+            conns.append(c)
+        assert child.stderr is not None
+        said = child.stderr.readline()          # the receiver met EMFILE (it says so once) and rests its door
+        assert "could not accept" in said, said
+        for c in conns:
+            c.close()
+        fwd = PromForwarder(port, rank=5, job="7")
+        got = wait_for(port, 'rank="5"', lambda: fwd.update([(0, "metric", "after", 1.0, None, None)]))
+        assert 'name="after"' in got
+    finally:
+        child.kill()
+        child.wait()

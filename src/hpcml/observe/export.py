@@ -24,15 +24,18 @@ left to Prometheus, which sets it to the scrape job's name.
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import logging
 import numbers
 import os
+import re
 import selectors
 import socket
 import struct
 import tempfile
 import threading
+import time
 from pathlib import Path
 
 from hpcml.files import private_dir
@@ -43,6 +46,8 @@ NAME_MAX = 1024                 # characters of a metric, section or host sample
 SOCKET_PATH_MAX = 104           # bytes of a Unix socket's path, with room to spare (Linux: 108)
 KINDS = ("host", "gpu", "metric", "section")
 MAX_PEERS = 1024                # ranks connected through the abstract socket at once
+RECV_MAX = 65536                # bytes the endpoint reads of one message: a chunk and its envelope
+SILENT_TRIES = 60               # samples a rank reaches no endpoint before it says so (once)
 _CRED = struct.Struct("3i")     # struct ucred: pid, uid, gid
 
 log = logging.getLogger(__name__)
@@ -59,10 +64,19 @@ def socket_path(port: int) -> Path:
     return path
 
 
-def abstract_name(port: int) -> bytes:
+def abstract_name(port: int, job: str) -> bytes:
     """The endpoint's second door: an abstract Unix socket (a leading NUL; no file, so a
-    rank in another mount namespace of the node reaches it)."""
-    return f"\0hpcml-export-{os.geteuid()}-{port}".encode()
+    rank in another mount namespace of the node reaches it), named by the job and the port,
+    not the user: a rank in a container whose user namespace maps the user to root
+    (enroot's remap, Apptainer's fakeroot) has another uid of its own, and the kernel's
+    word on the peer (``SO_PEERCRED``) already reads the user in the caller's namespace."""
+    return f"\0hpcml-export-{job_label(job)}-{port}".encode()
+
+
+def job_label(job: str) -> str:
+    """The job as the export's socket name and messages carry it: Slurm's id as it is (the
+    array's ``_``, the het job's ``+``), anything else as a short digest."""
+    return job if re.fullmatch(r"[A-Za-z0-9_.+-]{1,64}", job) else hashlib.sha256(job.encode(errors="replace")).hexdigest()[:32]
 
 
 def peer_uid(sock: socket.socket) -> int:
@@ -105,6 +119,7 @@ class PromExporter:
         self.registry = CollectorRegistry()
         base = ("slurm_job", "rank", "node")
         self.job, self.rank, self.node = job, rank, node
+        self.label = job_label(job)
         self.host = Gauge("hpcml_host", "Host sample (see the name label)", base + ("name",),
                           registry=self.registry)
         self.gpu = Gauge("hpcml_gpu", "GPU sample from NVML", base + ("gpu", "name"),
@@ -124,6 +139,7 @@ class PromExporter:
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.side: socket.socket | None = None    # the abstract door, once listening
         self._closed = threading.Event()
+        self._said_accept = self._door_rests = False
         path = socket_path(port)
         try:
             problem = private_dir(path.parent) or self._bind(path)
@@ -135,23 +151,23 @@ class PromExporter:
         else:
             log.warning(f"hpcml observe: {path}: {problem}: only ranks that reach the endpoint's "
                         "abstract socket are exported")
-        self.side = self._listen(port)
+        self.side = self._listen(port, job)
         if self.path is not None or self.side is not None:
             threading.Thread(target=self._receive, name="hpcml-export-rows", daemon=True).start()
 
     @staticmethod
-    def _listen(port: int) -> socket.socket | None:
+    def _listen(port: int, job: str) -> socket.socket | None:
         """The abstract door, listening; None (said once) where it cannot be had: another
         process of the node holds the name (another user's: rows could not be proven ours)."""
         side = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
-            side.bind(abstract_name(port))
+            side.bind(abstract_name(port, job))
             side.listen(64)
             side.setblocking(False)
         except OSError as exc:
             side.close()
-            log.warning(f"hpcml observe: the abstract socket of port {port}: {exc.strerror or exc}: "
-                        "ranks in another mount namespace of this node are not exported")
+            log.warning(f"hpcml observe: the abstract socket of port {port}: {exc.strerror or exc} (another "
+                        "process of the node holds its name): ranks in another mount namespace are not exported")
             return None
         return side
 
@@ -177,35 +193,39 @@ class PromExporter:
     def _receive(self) -> None:
         """One thread takes the rows of both doors: the datagrams of the private socket, and
         the messages of every rank connected through the abstract one (each proven this
-        user's when it connects; at most ``MAX_PEERS`` at once)."""
+        user's when it connects; at most ``MAX_PEERS`` at once). Nothing but ``close``
+        ends it: a failed accept (no descriptor left) rests the door for a second."""
         sel = selectors.DefaultSelector()
         if self.path is not None:
             sel.register(self.udp, selectors.EVENT_READ, "rows")
+        door_rests_until: float | None = None
         if self.side is not None:
             sel.register(self.side, selectors.EVENT_READ, "door")
         peers = 0
         try:
             while not self._closed.is_set():
+                if door_rests_until is not None and time.monotonic() >= door_rests_until:
+                    door_rests_until = None
+                    sel.register(self.side, selectors.EVENT_READ, "door")   # type: ignore[arg-type]
                 for key, _ in sel.select(timeout=0.5):
                     sock = key.fileobj
                     assert isinstance(sock, socket.socket)
-                    try:
-                        if key.data == "door":
-                            conn, _ = sock.accept()
-                            if peers >= MAX_PEERS or peer_uid(conn) != os.geteuid():
-                                conn.close()         # another user's process: not one row of it
-                                continue
-                            conn.setblocking(False)
-                            sel.register(conn, selectors.EVENT_READ, "peer")
+                    if key.data == "door":
+                        if self._accept(sock, sel, peers):
                             peers += 1
-                            continue
-                        data = sock.recv(65536)
+                        elif self._door_rests:
+                            self._door_rests = False
+                            sel.unregister(sock)
+                            door_rests_until = time.monotonic() + 1.0
+                        continue
+                    try:
+                        data = sock.recv(RECV_MAX)
                     except (BlockingIOError, InterruptedError):
                         continue
                     except OSError:
-                        if key.data != "peer":
-                            return                   # closed
                         data = b""
+                        if key.data != "peer":
+                            continue                 # closed (the loop's test ends it), or a passing error
                     if key.data == "peer" and not data:      # the rank's recorder ended
                         sel.unregister(sock)
                         sock.close()
@@ -213,18 +233,48 @@ class PromExporter:
                         continue
                     self._take(data)
         except (OSError, ValueError):
-            return                                   # closed under the selector
+            if not self._closed.is_set():
+                log.warning("hpcml observe: the export's receiver stopped: the node's other ranks are not exported",
+                            exc_info=True)
         finally:
             for key in list(sel.get_map().values()):
                 if key.data == "peer":
                     key.fileobj.close()              # type: ignore[union-attr]
             sel.close()
 
+    def _accept(self, door: socket.socket, sel: selectors.BaseSelector, peers: int) -> bool:
+        """A rank connected through the abstract door, registered: True; its connection
+        refused (another user's, or one too many) or the accept failed: False, and where
+        no descriptor was left, ``_door_rests`` (the pending connection would wake the
+        selector at once, for ever)."""
+        try:
+            conn, _ = door.accept()
+        except (BlockingIOError, InterruptedError):
+            return False
+        except OSError as exc:
+            if not self._said_accept:
+                self._said_accept = True
+                log.warning(f"hpcml observe: the export's abstract socket could not accept a rank: {exc.strerror or exc}")
+            self._door_rests = True
+            return False
+        try:
+            if peers >= MAX_PEERS or peer_uid(conn) != os.geteuid():
+                conn.close()                          # another user's process: not one row of it
+                return False
+            conn.setblocking(False)
+            sel.register(conn, selectors.EVENT_READ, "peer")
+        except (OSError, ValueError):
+            conn.close()
+            return False
+        return True
+
     def _take(self, data: bytes) -> None:
         try:
             msg = json.loads(data)
             rank = msg["rank"]
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 31:
+                return
+            if msg.get("job", self.label) != self.label:     # another job of the user's on this port
                 return
             self.update(msg["rows"], rank=rank)
         except Exception:  # noqa: BLE001 - no message may end the receiver: the other ranks' rows come here
@@ -274,36 +324,61 @@ class PromExporter:
 
 class PromForwarder:
     """Another rank of the node: sends its rows to local rank 0's endpoint, through its
-    private socket, or where this rank does not see that one (another mount namespace),
-    through its abstract socket once the kernel says this user's process holds it."""
+    private socket, or where this rank does not see that one as this user's own (another
+    mount namespace; a directory someone else made at its path), through its abstract
+    socket once the kernel says this user's process holds it."""
 
-    def __init__(self, port: int, *, rank: int) -> None:
-        self.port, self.rank, self.path = port, rank, str(socket_path(port))
+    def __init__(self, port: int, *, rank: int, job: str) -> None:
+        self.port, self.rank, self.job, self.path = port, rank, job, str(socket_path(port))
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
         self.side: socket.socket | None = None
         self._warned = False
+        self._misses = 0                      # samples in a row that reached no endpoint
 
     def update(self, rows: list[tuple]) -> None:
-        rows = [r for r in rows if r[3] is not None and r[1] in KINDS]
-        step = max(1, len(rows) // (1 + len(json.dumps(rows)) // MAX_DATAGRAM))
-        for i in range(0, len(rows), step):
-            if not self._send(json.dumps({"rank": self.rank, "rows": rows[i:i + step]}).encode()):
+        for data in self._messages([r for r in rows if r[3] is not None and r[1] in KINDS]):
+            if not self._send(data):
                 return                  # endpoint not up (yet), or its queue full: the next sample tries again
+
+    def _messages(self, rows: list[tuple]) -> list[bytes]:
+        """The rows in messages of at most ``MAX_DATAGRAM`` bytes of rows each (a row alone
+        longer than that is left out: the endpoint reads ``RECV_MAX`` bytes of a message)."""
+        head = json.dumps({"rank": self.rank, "job": job_label(self.job), "rows": []})[:-3]    # up to '"rows": '
+        out: list[bytes] = []
+        chunk: list[str] = []
+        size = 0
+        for r in rows:
+            text = json.dumps(r)
+            if len(text) > MAX_DATAGRAM:
+                continue
+            if chunk and size + len(text) + 1 > MAX_DATAGRAM:
+                out.append(f"{head}[{','.join(chunk)}]}}".encode())
+                chunk, size = [], 0
+            chunk.append(text)
+            size += len(text) + 1
+        if chunk:
+            out.append(f"{head}[{','.join(chunk)}]}}".encode())
+        return out
 
     def _send(self, data: bytes) -> bool:
         if self.side is None:
-            try:
-                self.udp.sendto(data, self.path)
-                return True
-            except (FileNotFoundError, ConnectionRefusedError):
-                self.side = self._connect()  # no endpoint at the path this rank sees: the abstract door
-            except OSError:             # BlockingIOError too: rank 0's queue is full
-                return False
+            if private_dir(Path(self.path).parent, create=False) is None:
+                try:
+                    self.udp.sendto(data, self.path)
+                    self._misses = 0
+                    return True
+                except (FileNotFoundError, ConnectionRefusedError, PermissionError):
+                    pass                # no endpoint at the path this rank sees: the abstract door
+                except OSError:         # BlockingIOError too: rank 0's queue is full
+                    return False
+            self.side = self._connect()
             if self.side is None:
+                self._missed()
                 return False
         try:
             self.side.send(data)
+            self._misses = 0
             return True
         except BlockingIOError:
             return False
@@ -312,11 +387,19 @@ class PromForwarder:
             self.side = None
             return False
 
+    def _missed(self) -> None:
+        self._misses += 1
+        if self._misses == SILENT_TRIES and not self._warned:
+            self._warned = True
+            log.warning(f"hpcml observe: rank {self.rank} reached no export endpoint of port {self.port} in "
+                        f"{SILENT_TRIES} tries (not at {self.path}, nor its abstract socket): its rows are not "
+                        "exported (a container with a network namespace of its own?)")
+
     def _connect(self) -> socket.socket | None:
         s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         try:
             s.setblocking(False)
-            s.connect(abstract_name(self.port))
+            s.connect(abstract_name(self.port, self.job))
             uid = peer_uid(s)
         except OSError:                 # nobody listening (yet), or its backlog full
             s.close()
@@ -325,8 +408,8 @@ class PromForwarder:
             s.close()
             if not self._warned:
                 self._warned = True
-                log.warning(f"hpcml observe: the export socket of port {self.port} is held by user {uid}, "
-                            f"not this job's: rank {self.rank}'s rows are not sent to it")
+                log.warning(f"hpcml observe: the export socket of port {self.port} is held by another user "
+                            f"(uid {uid} as this rank sees it), not this job's: rank {self.rank}'s rows are not sent to it")
             return None
         return s
 

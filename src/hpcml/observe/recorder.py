@@ -370,7 +370,7 @@ def _record(cmd: list[str], task: Task, gpu: _Gpus, job_dir: Path | None, interv
                                  f"{exc.strerror}", key="prometheus_port") from None
             rank_meta["prometheus"] = f"{prometheus_addr}:{prometheus_port}"
         else:
-            exporter = PromForwarder(prometheus_port, rank=task.rank)
+            exporter = PromForwarder(prometheus_port, rank=task.rank, job=task.job_id)
     sink = None
     if mlflow and task.rank == 0:
         from hpcml.observe.mlflow_rest import MlflowSink
