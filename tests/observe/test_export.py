@@ -185,6 +185,28 @@ def test_a_rank_in_another_mount_namespace_reaches_the_endpoint(endpoint):
     assert 'hpcml_metric{name="contained",node="n1",rank="6",slurm_job="7"}' in wait_for(endpoint, 'rank="6"')
 
 
+def _stop(proc: subprocess.Popen, user: str) -> None:
+    """The squatter and what runuser started for it: its session killed, then any process
+    of the test's user left (runuser's child outlives runuser), until none is."""
+    import signal
+
+    import psutil
+    try:
+        os.killpg(proc.pid, signal.SIGKILL)
+    except ProcessLookupError:
+        pass
+    proc.wait()
+    deadline = time.monotonic() + 30
+    while left := [q for q in psutil.process_iter(["username"]) if q.info["username"] == user]:
+        assert time.monotonic() < deadline, f"{user}'s processes outlived the test: {left}"
+        for q in left:
+            try:
+                q.kill()
+            except psutil.NoSuchProcess:
+                pass
+        psutil.wait_procs(left, timeout=5)
+
+
 def _user(name: str) -> str:
     if os.geteuid() != 0:
         pytest.fail("the multi-user test needs root (useradd): CI runs as root")
@@ -224,7 +246,7 @@ def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path)
              "    except OSError:\n        d = b''\n    open(sys.argv[2], 'ab').write(d)\n")
     name = abstract_name(port, "7").replace(b"\0", b"@", 1).decode()
     squatter = subprocess.Popen(["runuser", "-u", _user("hpcmlsquat"), "--", "/usr/bin/python3", "-c", squat,
-                                 name, str(heard)], stdout=subprocess.PIPE, text=True, cwd="/")
+                                 name, str(heard)], stdout=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
         e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
@@ -238,8 +260,7 @@ def test_a_rank_sends_nothing_to_an_abstract_socket_another_user_holds(tmp_path)
         finally:
             e.close()
     finally:
-        squatter.kill()
-        squatter.wait()
+        _stop(squatter, "hpcmlsquat")
     assert heard.read_bytes() == b""
 
 
@@ -263,7 +284,7 @@ def test_a_directory_another_user_made_at_the_socket_s_path_gets_no_row(request,
             "s = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)\ns.bind(sys.argv[1])\nos.chmod(sys.argv[1], 0o777)\n"
             "print('up', flush=True)\nwhile True:\n    d = s.recv(65536)\n    open(sys.argv[2], 'ab').write(d)\n")
     squatter = subprocess.Popen(["runuser", "-u", _user("hpcmlsquat"), "--", "/usr/bin/python3", "-c", trap, str(path),
-                                 str(heard)], stdout=subprocess.PIPE, text=True, cwd="/")
+                                 str(heard)], stdout=subprocess.PIPE, text=True, cwd="/", start_new_session=True)
     try:
         assert squatter.stdout is not None and squatter.stdout.readline().strip() == "up"
         e = PromExporter(port, "127.0.0.1", job="7", rank=0, node="n1")
@@ -275,8 +296,7 @@ def test_a_directory_another_user_made_at_the_socket_s_path_gets_no_row(request,
         finally:
             e.close()
     finally:
-        squatter.kill()
-        squatter.wait()
+        _stop(squatter, "hpcmlsquat")
     assert not heard.exists() or heard.read_bytes() == b""
 
 
