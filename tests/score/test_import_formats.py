@@ -9,6 +9,8 @@ import math
 import os
 import shutil
 import sqlite3
+import subprocess
+import sys
 from datetime import datetime
 from pathlib import Path
 
@@ -347,4 +349,61 @@ def test_a_gssr_export_with_more_values_than_the_bound_is_refused_before_it_is_r
     gssr_json.load_sqlite(db)                                  # 50 rows x 4 values: read
     monkeypatch.setattr(gssr_json, "SQLITE_CELLS_MAX", 199)
     with pytest.raises(UsageError, match="50 rows of 2 metrics, over 199 values"):
+        gssr_json.load_sqlite(db)
+
+
+def test_a_column_name_is_never_part_of_the_query(tmp_path):
+    """A ``"`` in a column's name once ended the quoted identifier: this name ran a recursive
+    query that never ends. It is a (strange) metric's name now, read as such."""
+    name = 'm", (WITH RECURSIVE c(x) AS (SELECT 1 UNION ALL SELECT x+1 FROM c) SELECT count(*) FROM c) AS "z'
+    db = _hostile_export(tmp_path, f'(job_id, step_id, proc_id, gpu_id, sample_index, time, "{name.replace(chr(34), 2 * chr(34))}")')
+    rec = gssr_json.load_sqlite(db)
+    (gpu,) = rec.gpus.values()
+    assert len(gpu.t) == 50 and any("with recursive" in k.lower() for k in gpu.values), list(gpu.values)
+
+
+def test_a_fifo_where_sqlite_would_look_for_a_journal_hangs_nothing(tmp_path):
+    """SQLite looks beside a database for a hot journal and opens it: a FIFO there waited for
+    ever. The export is read immutable, from the descriptor that was checked."""
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    os.mkfifo(f"{db}-journal")
+    p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(db), "--json"], capture_output=True,
+                       text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+def test_an_export_whose_schema_is_not_utf8_is_one_line(tmp_path):
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    db.write_bytes(db.read_bytes().replace(b"process_metadata", b"process_met\xe6data"))
+    p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(db), "--format", "gssr-sqlite"],
+                       capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert p.returncode == 2 and "Traceback" not in p.stderr and p.stderr.count("\n") == 1, p.stderr
+    assert str(db) in p.stderr or db.name in p.stderr, p.stderr
+
+
+def test_lost_gpus_are_counted_not_listed_as_long_as_the_file_makes_them(tmp_path):
+    """One process naming one GPU 20,000 times beside a 100 KB host name once built 15.7 GB
+    of note; each GPU is counted once, and the note names a few."""
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    con = sqlite3.connect(db)
+    con.execute("INSERT INTO process_metadata VALUES (1, 0, 1, ?, ?, '2026-01-01 00:00:00', 0.5)",
+                ("h" * 100_000, ",".join(["7"] * 20_000 + [str(g) for g in range(100, 140)])))
+    con.commit()
+    con.close()
+    rec = gssr_json.load_sqlite(db)
+    assert rec.meta["lost_gpus_count"] == 41 and len(rec.meta["lost_gpus"]) == gssr_json.LOST_NAMED
+    (note,) = [n for n in rec.notes if "lost 41 GPU(s)" in n]
+    assert note.endswith(" and 31 more") and len(note) < 3000, note[:300]
+
+
+def test_more_processes_or_sqlite_work_than_the_bounds_is_refused(tmp_path, monkeypatch):
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    monkeypatch.setattr(gssr_json, "SQLITE_PROCS_MAX", 0)
+    with pytest.raises(UsageError, match="'process_metadata' table holds 1 processes, over 0"):
+        gssr_json.load_sqlite(db)
+    monkeypatch.undo()
+    monkeypatch.setattr(gssr_json, "SQLITE_STEPS_FLOOR", 0)
+    monkeypatch.setattr(gssr_json, "SQLITE_STEPS_PER_BYTE", 0)
+    monkeypatch.setattr(gssr_json, "SQLITE_STEP_EVERY", 10)
+    with pytest.raises(UsageError, match="more work than a file of its size needs"):
         gssr_json.load_sqlite(db)

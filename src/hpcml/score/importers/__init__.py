@@ -11,8 +11,10 @@ out). Such a format is chosen by name (``fmt``); ``detect`` knows only the built
 from __future__ import annotations
 
 import inspect
+import os
 import re
 import sqlite3
+import stat
 from collections.abc import Callable
 from pathlib import Path
 
@@ -80,15 +82,33 @@ def _is_gssr_csv(path: Path) -> bool:
     return _head(path).lstrip().startswith(b"timestamp,gpuId")
 
 
+def sqlite_uri(path: Path, fd: int) -> str:
+    """SQLite's URI of the file open at ``fd`` (``/proc``'s link to it: the file this
+    process checked, whatever is at ``path`` by now), read-only and immutable."""
+    where = Path(f"/proc/self/fd/{fd}") if os.path.isdir("/proc/self/fd") else path.resolve()
+    return f"{where.as_uri()}?mode=ro&immutable=1"
+
+
 def _sqlite_tables(path: Path) -> set[str]:
+    """The tables of an SQLite file, read as ``gssr_json.load_sqlite`` reads it (one regular
+    file's descriptor, immutable: a journal beside it is never looked for); none for any
+    other file, or one SQLite cannot read (a name that is not UTF-8 too)."""
     try:
-        con = sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return set()
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return set()
+        con = sqlite3.connect(sqlite_uri(path, fd), uri=True)
         try:
             return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
         finally:
             con.close()
-    except sqlite3.Error:
+    except (sqlite3.Error, ValueError):
         return set()
+    finally:
+        os.close(fd)
 
 
 def _first(it):

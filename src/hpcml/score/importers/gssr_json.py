@@ -43,7 +43,7 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
-from hpcml.score.importers import FILE_MAX, read_file
+from hpcml.score.importers import FILE_MAX, read_file, sqlite_uri
 from hpcml.score.recording import VALUE_DTYPE, Recording
 from hpcml.words import printable
 
@@ -219,36 +219,67 @@ SQLITE_VALUE_MAX = 1 << 20
 #: values read from a gssr export's ``data`` table (rows x columns), each a float64 while
 #: read: what the other importers' FILE_MAX bounds before it expands
 SQLITE_CELLS_MAX = 1 << 28
+#: processes (rows of ``process_metadata``) and GPUs (series) of one export: Alps has 10,752
+SQLITE_PROCS_MAX = 1 << 20
+SQLITE_SERIES_MAX = 1 << 17
+#: SQLite's virtual-machine steps a read may take: a plain table's row costs a few per byte
+SQLITE_STEPS_PER_BYTE = 64
+SQLITE_STEPS_FLOOR = 50_000_000
+SQLITE_STEP_EVERY = 10_000
+#: processes whose lost GPUs a note names (the rest counted)
+LOST_NAMED = 10
 
 
 def load_sqlite(path: str | Path) -> Recording:
     """A gssr SQLite export, read as an untrusted file is: a regular file no larger than
-    the other importers read, no cell longer than ``SQLITE_VALUE_MAX``, no column computed
-    as it is read (a generated column's expression runs at each SELECT: an 8 KB file once
-    built 400 MB strings per row), no virtual table, at most ``SQLITE_CELLS_MAX`` values."""
+    the other importers read, opened once (the descriptor is what SQLite reads, immutable:
+    no journal beside it is looked for, which a FIFO there would hang), no cell longer than
+    ``SQLITE_VALUE_MAX``, no column computed as it is read (a generated column's expression
+    runs at each SELECT: an 8 KB file once built 400 MB strings per row), no virtual table,
+    at most ``SQLITE_CELLS_MAX`` values, ``SQLITE_PROCS_MAX`` processes and
+    ``SQLITE_SERIES_MAX`` GPUs, and SQLite's own steps bounded by the file's size."""
     p = Path(path)
     try:
-        st = os.stat(p)
-    except OSError:
+        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except FileNotFoundError:
         raise UsageError("no such SQLite file", file=str(p)) from None
-    if not stat.S_ISREG(st.st_mode):
-        raise UsageError("not a regular file (a FIFO, a device or a directory)", file=str(p))
-    if st.st_size > FILE_MAX:
-        raise UsageError(f"larger than {FILE_MAX:,} bytes, the most a recording may be", file=str(p))
+    except OSError as exc:
+        raise UsageError(f"cannot open: {exc.strerror or exc}", file=str(p)) from None
     try:
-        con = sqlite3.connect(f"{p.resolve().as_uri()}?mode=ro", uri=True)
-    except sqlite3.Error as exc:
-        raise UsageError(f"cannot open as SQLite: {exc}", file=str(p)) from None
-    try:
-        limit = getattr(con, "setlimit", None)           # Python 3.11+; on 3.10 the file's size bounds a cell
-        if limit is not None:
-            limit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_VALUE_MAX)  # type: ignore[attr-defined]
-        con.execute("PRAGMA trusted_schema=OFF")
-        return _from_db(con, p)
-    except sqlite3.DatabaseError as exc:
-        raise UsageError(f"not a gssr SQLite export: {exc}", file=str(p)) from None
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError("not a regular file (a FIFO, a device or a directory)", file=str(p))
+        if st.st_size > FILE_MAX:
+            raise UsageError(f"larger than {FILE_MAX:,} bytes, the most a recording may be", file=str(p))
+        try:
+            con = sqlite3.connect(sqlite_uri(p, fd), uri=True)
+        except sqlite3.Error as exc:
+            raise UsageError(f"cannot open as SQLite: {printable(str(exc), 200)}", file=str(p)) from None
+        try:
+            limit = getattr(con, "setlimit", None)           # Python 3.11+; on 3.10 the file's size bounds a cell
+            if limit is not None:
+                limit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_VALUE_MAX)  # type: ignore[attr-defined]
+            con.execute("PRAGMA trusted_schema=OFF")
+            steps = [SQLITE_STEPS_FLOOR + SQLITE_STEPS_PER_BYTE * st.st_size]
+
+            def budget() -> int:                             # non-zero: SQLite interrupts the statement
+                steps[0] -= SQLITE_STEP_EVERY
+                return steps[0] < 0
+            con.set_progress_handler(budget, SQLITE_STEP_EVERY)
+            return _from_db(con, p)
+        except (sqlite3.Error, ValueError) as exc:           # a name not UTF-8 is a UnicodeDecodeError
+            why = "more work than a file of its size needs" if "interrupted" in str(exc) else printable(str(exc), 200)
+            raise UsageError(f"not a gssr SQLite export: {why}", file=str(p)) from None
+        finally:
+            con.close()
     finally:
-        con.close()
+        os.close(fd)
+
+
+def _quoted(name: str) -> str:
+    """An SQL identifier, quoted as SQLite reads it (a ``"`` inside doubled): a column's
+    name is the file's word, never part of the query."""
+    return '"' + name.replace('"', '""') + '"'
 
 
 def _plain_tables(con: sqlite3.Connection, p: Path, names: tuple[str, ...]) -> None:
@@ -257,7 +288,7 @@ def _plain_tables(con: sqlite3.Connection, p: Path, names: tuple[str, ...]) -> N
         if name in names and str(sql or "").lstrip().upper().startswith("CREATE VIRTUAL"):
             raise UsageError(f"not a gssr SQLite export: '{name}' is a virtual table", file=str(p))
     for name in names:
-        for row in con.execute(f'PRAGMA table_xinfo("{name}")'):
+        for row in con.execute(f"PRAGMA table_xinfo({_quoted(name)})"):
             if row[6]:                                  # hidden: 2 virtual, 3 stored generated
                 raise UsageError(f"not a gssr SQLite export: '{name}' has a generated column "
                                  f"({printable(str(row[1]), 80)})", file=str(p))
@@ -266,13 +297,15 @@ def _plain_tables(con: sqlite3.Connection, p: Path, names: tuple[str, ...]) -> N
 def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: list[str], p: Path):
     """The ``data`` table in chunks, straight to arrays (a big export has millions of rows):
     the distinct keys, and per row its key's code, order column, time and float32 metrics."""
-    quoted = ", ".join(f'"{c}"' for c in [*key_cols, order, "time", *metrics])
+    quoted = ", ".join(_quoted(c) for c in [*key_cols, order, "time", *metrics])
     cur = con.execute(f"SELECT {quoted} FROM data")
     nk = len(key_cols)
     index: dict[tuple, int] = {}
     codes, order_v, time_v, mats = [], [], [], []
     while rows := cur.fetchmany(1 << 15):
         codes.append(np.fromiter((index.setdefault(r[:nk], len(index)) for r in rows), np.int64, len(rows)))
+        if len(index) > SQLITE_SERIES_MAX:
+            raise UsageError(f"gssr 'data' table holds more than {SQLITE_SERIES_MAX:,} GPUs' series", file=str(p))
         try:
             arr = np.array([r[nk:] for r in rows], dtype=float)     # NULL -> NaN
         except (TypeError, ValueError):
@@ -310,6 +343,10 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     pm_cols = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
     sel = ", ".join(c if c in pm_cols else "NULL" for c in ("job_id", "step_id", "proc_id", "hostname",
                                                               "gpu_ids", "start_time"))
+    n_procs = con.execute("SELECT count(*) FROM process_metadata").fetchone()[0]
+    if n_procs > SQLITE_PROCS_MAX:
+        raise UsageError(f"gssr 'process_metadata' table holds {n_procs:,} processes, over {SQLITE_PROCS_MAX:,}",
+                         file=str(p))
     for job, step, proc, host, gpu_ids, start in con.execute(f"SELECT {sel} FROM process_metadata"):
         procs[(job, step, proc) if has_step else proc] = (str(host), str(gpu_ids or ""), _local_epoch(start))
     rec = Recording(source=f"gssr-sqlite:{p}")
@@ -325,17 +362,21 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
         t = t_all[lo:hi] + (start if math.isfinite(start) else 0.0)
         _put(rec, host, str(gpu), t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)})
         seen.add((pkey, str(gpu)))
-    lost = []
+    lost: list[str] = []
+    n_lost = 0
     for pkey, (host, gpu_ids, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
-        for gpu in (g.strip() for g in gpu_ids.split(",") if g.strip()):
+        for gpu in dict.fromkeys(g.strip() for g in gpu_ids.split(",") if g.strip()):
             if (pkey, gpu) not in seen:
-                lost.append(f"{host} GPU {gpu} (proc {pkey[-1] if has_step else pkey})")
+                n_lost += 1
+                if len(lost) < LOST_NAMED:           # a count, not a list as long as the file makes it
+                    lost.append(f"{printable(host, 80)} GPU {printable(gpu, 20)} "
+                                f"(proc {printable(str(pkey[-1] if has_step else pkey), 20)})")
     if not rec.gpus:
         raise UsageError("gssr SQLite export with no rows in 'data'", file=str(p))
     rec.notes.append("gssr stores no timestamps: times are the process start (whole seconds, local time)"
                      " + sample x sampling_time")
     if lost:
-        rec.notes.append(f"gssr's export wrote only the last GPU of each process; lost {len(lost)} GPU(s): "
-                         + ", ".join(lost))
-    rec.meta.update({"lost_gpus": lost})
+        rec.notes.append(f"gssr's export wrote only the last GPU of each process; lost {n_lost} GPU(s): "
+                         + ", ".join(lost) + (f" and {n_lost - len(lost)} more" if n_lost > len(lost) else ""))
+    rec.meta.update({"lost_gpus": lost, "lost_gpus_count": n_lost})
     return rec
