@@ -33,8 +33,15 @@ class Interrupted(HpcmlError):
 
 def refuse_running(old: st.ServiceState | None) -> None:
     """A second server on the same volumes is never started: say where the first one runs."""
-    if old is None or (old.job_id and old.job_id == os.environ.get("SLURM_JOB_ID")):
-        return                                  # none, or the pending state of this very service job
+    if old is None:
+        return
+    if old.job_id and old.job_id == os.environ.get("SLURM_JOB_ID"):
+        # this very service job's record: pending (no server yet) or an earlier run's (a requeue):
+        # replaced, unless its server still runs here (a second up in the same job)
+        if old.pid is None or old.stopped or old.node != local.here() or not local.running(old):
+            return
+        raise UsageError(f"{old.name} already runs in this job (pid {old.pid} on {old.node}): "
+                         f"hpcml service down {old.name} first")
     if old.mode == "local" and not old.stopped and old.node and old.node != local.here():
         raise UsageError(f"{old.name} was started on {old.node} (pid {old.pid}) and not stopped: hpcml service "
                          f"down {old.name} there first (if {old.node} is gone: remove {old.directory}/service.json)")
