@@ -154,9 +154,11 @@ def test_a_nul_byte_is_refused_at_create_in_a_task_file_and_a_sweep(tmp_path):
     assert "key 'command'" in msg and "NUL" in msg, msg
 
 
-def test_a_nul_byte_is_refused_by_the_store_a_python_caller_creates_through(tmp_path):
-    with pytest.raises(UsageError, match="NUL"):
-        store.create(tmp_path / "f", [TaskSpec(command="echo fine"), TaskSpec(command="echo a\0b")])
+@pytest.mark.parametrize("command, why", [("echo a\0b", "NUL"), ("x" * (COMMAND_MAX + 1), "longer than one can be"),
+                                          (b"echo bytes", "must be text, not bytes")])
+def test_the_store_a_python_caller_creates_through_refuses_what_the_files_readers_do(tmp_path, command, why):
+    with pytest.raises(UsageError, match=why):
+        store.create(tmp_path / "f", [TaskSpec(command="echo fine"), TaskSpec(command=command)])
     assert not (tmp_path / "f").exists()
 
 
