@@ -99,18 +99,19 @@ def test_gpu_rows_from_a_recorded_nvml_replay(tmp_path):
 def test_a_gpu_held_back_for_heat_is_counted_on_the_heartbeat(tmp_path):
     """The replayed GPU reports hardware thermal slowdown (NVML's 0x40) on every other sample
     and an idle bit (0x1, no slowdown) on the rest: the rank's heartbeat carries the seconds
-    its GPU was held back (about half of the 1.2 s) and the reasons seen, for the watch."""
+    its GPU was held back (about half of the 3 s: room for a loaded machine's late first
+    samples, which once left 0.12 s of 1.2) and the reasons seen, for the watch."""
     from hpcml.observe.beat import read_beats
     replay = tmp_path / "nvml.jsonl"
     replay.write_text("\n".join(json.dumps({"gpus": [
         {"index": 0, "util_gpu_percent": 99, "sm_clock_mhz": 1980 if k % 2 else 1200,
          "clocks_event_reasons": 0x1 if k % 2 else 0x40}]}) for k in range(2)))
-    p = _record(tmp_path, sys.executable, "-c", "import time; time.sleep(1.2)",
+    p = _record(tmp_path, sys.executable, "-c", "import time; time.sleep(3)",
                 env={"HPCML_OBSERVE_NVML_REPLAY": str(replay), "SLURM_STEP_GPUS": "0"})
     assert p.wait(timeout=60) == 0
     beat = read_beats(tmp_path / "job")[0]
     assert beat.gpu_throttle == 0x40, beat
-    assert beat.gpu_throttled_s is not None and 0.2 <= beat.gpu_throttled_s <= 1.0, beat
+    assert beat.gpu_throttled_s is not None and 0.2 <= beat.gpu_throttled_s <= 2.5, beat
 
 
 def _unbound(**env: str) -> dict:
