@@ -62,16 +62,16 @@ def test_another_rank_s_rows_reach_the_endpoint_through_a_socket_only_the_user_c
 
 
 HOSTILE = [
-    b'{"rank": 3, "rows": [[0, "metric", "x\\udc80", 1.0, null, null]]}',     # a lone surrogate
-    b'{"rank": 1e400, "rows": []}',                                            # inf: int() overflows
-    b'{"rank": 3, "rows": [[0, "metric", "big", 1e400, null, null]]}',
-    b'{"rank": 3, "rows": [[0, "metric", "huge", ' + b"9" * 400 + b', null, null]]}',
-    b'{"rank": 3, "rows": [[0, "metric", "step", 1.0, ' + b"9" * 400 + b', null]]}',
-    b'{"rank": 3, "rows": [[0, "metric", "nan", NaN, null, null]]}',
-    b'{"rank": 3, "rows": [[0, "metric", "line\\nfake 1", 1.0, null, null]]}',
-    b'{"rank": 3, "rows": [[0, "metric", {"a": 1}, 1.0, null, null]]}',
-    b'{"rank": 3, "rows": "not a list"}', b'{"rank": true, "rows": []}', b"[1, 2]", b"\xff\xfe", b"",
-    b'{"rank": 3, "rows": [[0, "gpu", "g", 1.0, null, {"x": 1}]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "x\\udc80", 1.0, null, null]]}',     # a lone surrogate
+    b'{"job": "7", "rank": 1e400, "rows": []}',                                            # inf: int() overflows
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "big", 1e400, null, null]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "huge", ' + b"9" * 400 + b', null, null]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "step", 1.0, ' + b"9" * 400 + b', null]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "nan", NaN, null, null]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", "line\\nfake 1", 1.0, null, null]]}',
+    b'{"job": "7", "rank": 3, "rows": [[0, "metric", {"a": 1}, 1.0, null, null]]}',
+    b'{"job": "7", "rank": 3, "rows": "not a list"}', b'{"job": "7", "rank": true, "rows": []}', b"[1, 2]", b"\xff\xfe", b"",
+    b'{"job": "7", "rank": 3, "rows": [[0, "gpu", "g", 1.0, null, {"x": 1}]]}',
 ]
 
 
@@ -309,8 +309,12 @@ def test_another_job_s_rank_on_the_port_is_not_exported_as_this_job_s(endpoint):
     def both() -> None:
         other.update([(0, "metric", "theirs", 1.0, None, None)])
         mine.update([(0, "metric", "mine", 1.0, None, None)])
+    nojob = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)       # an older hpcml's rank says no job
+    nojob.sendto(b'{"rank": 5, "rows": [[0, "metric", "unsaid", 1.0, null, null]]}', str(socket_path(endpoint)))
+    nojob.close()
     got = wait_for(endpoint, 'name="mine"', both)
     assert 'name="theirs"' not in got and 'rank="4"' not in got, got
+    assert 'name="unsaid"' not in got, got
 
 
 def test_a_batch_of_uneven_rows_goes_in_messages_the_endpoint_reads_whole():
@@ -370,3 +374,45 @@ def test_no_descriptor_left_rests_the_abstract_door_and_ends_nothing(tmp_path):
     finally:
         child.kill()
         child.wait()
+
+
+def test_a_socket_of_another_kind_at_the_path_sends_the_rows_through_the_door(endpoint):
+    """Something else listens at the socket's path (a stream socket: sendto fails with
+    EPROTOTYPE): the rank goes through the abstract door, it does not fall silent."""
+    path = socket_path(endpoint)
+    path.unlink()
+    other = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    other.bind(str(path))
+    other.listen(1)
+    try:
+        fwd = PromForwarder(endpoint, rank=6, job="7")
+        wait_for(endpoint, 'rank="6"', lambda: fwd.update([(0, "metric", "loss", 1.0, None, None)]))
+        assert fwd.side is not None
+    finally:
+        other.close()
+
+
+FORWARDER_SHORT_OF_FDS = """
+import resource, sys
+from hpcml.observe.export import PromForwarder
+f = PromForwarder(int(sys.argv[1]), rank=1, job="7")
+held = []
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, 64))
+try:
+    while True:
+        held.append(open("/dev/null"))
+except OSError:
+    pass
+f.update([(0, "metric", "m", 1.0, None, None)])       # no endpoint, no descriptor: dropped, no error
+print("went on")
+"""
+
+
+def test_a_rank_out_of_descriptors_drops_its_rows_and_goes_on(tmp_path):
+    """The forwarder's socket for the door could not be made (EMFILE): that raised out of
+    the rank's recorder, which stopped copying the job's rows."""
+    import sys
+    src = os.path.dirname(os.path.dirname(__import__("hpcml").__file__))
+    p = subprocess.run([sys.executable, "-c", FORWARDER_SHORT_OF_FDS, str(free_port("127.0.0.1"))],
+                       capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": src})
+    assert p.returncode == 0 and p.stdout.strip() == "went on", p.stderr[-2000:]

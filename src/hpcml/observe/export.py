@@ -274,7 +274,7 @@ class PromExporter:
             rank = msg["rank"]
             if isinstance(rank, bool) or not isinstance(rank, int) or not 0 <= rank < 1 << 31:
                 return
-            if msg.get("job", self.label) != self.label:     # another job of the user's on this port
+            if msg.get("job") != self.label:     # another job of the user's on this port (or one that does not say)
                 return
             self.update(msg["rows"], rank=rank)
         except Exception:  # noqa: BLE001 - no message may end the receiver: the other ranks' rows come here
@@ -313,13 +313,13 @@ class PromExporter:
 
     def close(self) -> None:
         self._closed.set()
-        self.server.shutdown()
-        self.server.server_close()
+        if self.path is not None:           # while the port is still ours: no later endpoint's socket yet
+            self.path.unlink(missing_ok=True)
         self.udp.close()
         if self.side is not None:
             self.side.close()
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
+        self.server.shutdown()
+        self.server.server_close()
 
 
 class PromForwarder:
@@ -333,7 +333,8 @@ class PromForwarder:
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
         self.side: socket.socket | None = None
-        self._warned = False
+        self._warned = False                  # said: another user holds the abstract socket
+        self._said_missing = False            # said: no endpoint reached (taken back once one is)
         self._misses = 0                      # samples in a row that reached no endpoint
 
     def update(self, rows: list[tuple]) -> None:
@@ -366,20 +367,18 @@ class PromForwarder:
             if private_dir(Path(self.path).parent, create=False) is None:
                 try:
                     self.udp.sendto(data, self.path)
-                    self._misses = 0
-                    return True
-                except (FileNotFoundError, ConnectionRefusedError, PermissionError):
-                    pass                # no endpoint at the path this rank sees: the abstract door
-                except OSError:         # BlockingIOError too: rank 0's queue is full
+                    return self._reached()
+                except BlockingIOError:     # rank 0's queue is full
                     return False
+                except OSError:             # no endpoint at the path this rank sees (none, refused, not a
+                    pass                    # datagram socket): the abstract door
             self.side = self._connect()
             if self.side is None:
                 self._missed()
                 return False
         try:
             self.side.send(data)
-            self._misses = 0
-            return True
+            return self._reached()
         except BlockingIOError:
             return False
         except OSError:                 # the endpoint went away: ask again at the next sample
@@ -387,16 +386,27 @@ class PromForwarder:
             self.side = None
             return False
 
+    def _reached(self) -> bool:
+        self._misses = 0
+        if self._said_missing:              # the warning is taken back: rank 0 came up late
+            self._said_missing = False
+            log.info(f"hpcml observe: rank {self.rank} reaches the export endpoint of port {self.port} now")
+        return True
+
     def _missed(self) -> None:
         self._misses += 1
-        if self._misses == SILENT_TRIES and not self._warned:
-            self._warned = True
+        if self._misses == SILENT_TRIES and not self._said_missing:
+            self._said_missing = True
             log.warning(f"hpcml observe: rank {self.rank} reached no export endpoint of port {self.port} in "
                         f"{SILENT_TRIES} tries (not at {self.path}, nor its abstract socket): its rows are not "
-                        "exported (a container with a network namespace of its own?)")
+                        "exported while this lasts (rank 0 not up yet, or a container with a network "
+                        "namespace of its own?)")
 
     def _connect(self) -> socket.socket | None:
-        s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        try:
+            s = socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET)
+        except OSError:                 # no descriptor left: this sample's rows are dropped, the rank goes on
+            return None
         try:
             s.setblocking(False)
             s.connect(abstract_name(self.port, self.job))
