@@ -348,7 +348,7 @@ def test_a_gssr_export_with_more_values_than_the_bound_is_refused_before_it_is_r
     db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active, dram_active)")
     gssr_json.load_sqlite(db)                                  # 50 rows x 4 values: read
     monkeypatch.setattr(gssr_json, "SQLITE_CELLS_MAX", 199)
-    with pytest.raises(UsageError, match="50 rows of 2 metrics, over 199 values"):
+    with pytest.raises(UsageError, match="holds more than 199 values \\(2 metrics a row\\)"):
         gssr_json.load_sqlite(db)
 
 
@@ -399,7 +399,7 @@ def test_lost_gpus_are_counted_not_listed_as_long_as_the_file_makes_them(tmp_pat
 def test_more_processes_or_sqlite_work_than_the_bounds_is_refused(tmp_path, monkeypatch):
     db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
     monkeypatch.setattr(gssr_json, "SQLITE_PROCS_MAX", 0)
-    with pytest.raises(UsageError, match="'process_metadata' table holds 1 processes, over 0"):
+    with pytest.raises(UsageError, match="'process_metadata' table holds more than 0 processes"):
         gssr_json.load_sqlite(db)
     monkeypatch.undo()
     monkeypatch.setattr(gssr_json, "SQLITE_STEPS_FLOOR", 0)
@@ -407,3 +407,79 @@ def test_more_processes_or_sqlite_work_than_the_bounds_is_refused(tmp_path, monk
     monkeypatch.setattr(gssr_json, "SQLITE_STEP_EVERY", 10)
     with pytest.raises(UsageError, match="more work than a file of its size needs"):
         gssr_json.load_sqlite(db)
+
+
+def _shared_child_btree(path, depth: int = 4, fanout: int = 500) -> None:
+    """A gssr-shaped export whose ``data`` b-tree is a DAG: ``depth`` interior pages, each of
+    whose ``fanout`` cells points at the same child, over one real leaf of 20 rows: a 32 KB
+    file that claims 20 x 500^4 rows (SQLite's file format: interior table pages, type 5)."""
+    import struct
+    ps = 4096
+    con = sqlite3.connect(path)
+    con.execute(f"PRAGMA page_size={ps}")
+    con.execute("CREATE TABLE data(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    con.execute("CREATE TABLE process_metadata(job_id, step_id, proc_id, hostname, gpu_ids, start_time)")
+    con.execute("CREATE TABLE job_metadata(job_id, step_id)")
+    con.executemany("INSERT INTO data VALUES (1, 0, 0, 0, ?, ?, 0.5)", [(i, i * 0.1) for i in range(20)])
+    con.execute("INSERT INTO process_metadata VALUES (1, 0, 0, 'nid001', '0', '2024-01-01 00:00:00')")
+    con.commit()
+    leaf = con.execute("SELECT rootpage FROM sqlite_master WHERE name = 'data'").fetchone()[0]
+    pages = os.path.getsize(path) // ps
+    con.execute("PRAGMA writable_schema=ON")
+    con.execute("UPDATE sqlite_master SET rootpage = ? WHERE name = 'data'", (pages + depth,))
+    con.commit()
+    con.close()
+    pages = os.path.getsize(path) // ps
+    with open(path, "r+b") as f:
+        child = leaf
+        for d in range(depth):
+            cells = [struct.pack(">I", child) + (bytes([k]) if k < 128 else bytes([0x80 | k >> 7, k & 0x7F]))
+                     for k in range(1, fanout + 1)]
+            page, end, ptrs = bytearray(ps), ps, []
+            for c in cells:
+                end -= len(c)
+                page[end:end + len(c)] = c
+                ptrs.append(end)
+            page[0:12] = struct.pack(">BHHHBI", 0x05, 0, fanout, end, 0, child)
+            for i, ptr in enumerate(ptrs):
+                page[12 + 2 * i:14 + 2 * i] = struct.pack(">H", ptr)
+            f.seek((pages + d) * ps)
+            f.write(page)
+            child = pages + 1 + d
+        f.seek(28)
+        f.write(struct.pack(">I", pages + depth))               # the header's page count
+        f.seek(24)
+        counter = f.read(4)
+        f.seek(92)
+        f.write(counter)                                        # its count valid for this change counter
+
+
+def test_an_export_whose_pages_share_a_child_is_refused_not_walked_for_ever(tmp_path):
+    """count(*) over this 32 KB file walked 10^12 rows in one SQLite step, past any step
+    budget, in detection too; ``PRAGMA quick_check`` finds the page referenced twice."""
+    db = tmp_path / "dag.sqlite3"
+    _shared_child_btree(db)
+    assert db.stat().st_size < 64 << 10
+    for fmt in ([], ["--format", "gssr-sqlite"]):
+        p = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(db), *fmt], capture_output=True,
+                           text=True, timeout=120, cwd=tmp_path)
+        assert p.returncode == 2 and p.stderr.count("\n") == 1 and "Traceback" not in p.stderr, p.stderr[-2000:]
+
+
+def test_a_column_default_every_row_reads_back_is_refused(tmp_path):
+    """A column added with a 1 MB default: each of the rows stored before it reads the
+    default back (a 1.6 MB file asked for 32 GB a batch)."""
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time)",
+                         added="sm_active DEFAULT '" + "9" * 1000 + "'")
+    with pytest.raises(UsageError, match="'data' has a column with a default"):
+        gssr_json.load_sqlite(db)
+
+
+def test_a_value_past_float32_is_unknown_and_says_nothing_on_stderr(tmp_path, recwarn):
+    db = _hostile_export(tmp_path, "(job_id, step_id, proc_id, gpu_id, sample_index, time, sm_active)")
+    con = sqlite3.connect(db)
+    con.execute("UPDATE data SET sm_active = 1e300")
+    con.commit()
+    con.close()
+    (gpu,) = gssr_json.load_sqlite(db).gpus.values()
+    assert np.isnan(gpu.values["sm_active"]).all() and not [w for w in recwarn if "overflow" in str(w.message)]

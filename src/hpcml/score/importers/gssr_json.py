@@ -43,7 +43,7 @@ import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
-from hpcml.score.importers import FILE_MAX, read_file, sqlite_uri
+from hpcml.score.importers import FILE_MAX, read_file, sound, sqlite_uri
 from hpcml.score.recording import VALUE_DTYPE, Recording
 from hpcml.words import printable
 
@@ -266,6 +266,8 @@ def load_sqlite(path: str | Path) -> Recording:
                 steps[0] -= SQLITE_STEP_EVERY
                 return steps[0] < 0
             con.set_progress_handler(budget, SQLITE_STEP_EVERY)
+            if problem := sound(con):
+                raise UsageError(f"not a gssr SQLite export: damaged ({printable(problem, 200)})", file=str(p))
             return _from_db(con, p)
         except (sqlite3.Error, ValueError) as exc:           # a name not UTF-8 is a UnicodeDecodeError
             why = "more work than a file of its size needs" if "interrupted" in str(exc) else printable(str(exc), 200)
@@ -292,6 +294,9 @@ def _plain_tables(con: sqlite3.Connection, p: Path, names: tuple[str, ...]) -> N
             if row[6]:                                  # hidden: 2 virtual, 3 stored generated
                 raise UsageError(f"not a gssr SQLite export: '{name}' has a generated column "
                                  f"({printable(str(row[1]), 80)})", file=str(p))
+            if row[4] is not None:                      # a default: every row added before it reads it back
+                raise UsageError(f"not a gssr SQLite export: '{name}' has a column with a default "
+                                 f"({printable(str(row[1]), 80)})", file=str(p))
 
 
 def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: list[str], p: Path):
@@ -302,7 +307,12 @@ def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: lis
     nk = len(key_cols)
     index: dict[tuple, int] = {}
     codes, order_v, time_v, mats = [], [], [], []
-    while rows := cur.fetchmany(1 << 15):
+    total = 0
+    while rows := cur.fetchmany(1 << 12):
+        total += len(rows)
+        if total * (len(metrics) + 2) > SQLITE_CELLS_MAX:
+            raise UsageError(f"gssr 'data' table holds more than {SQLITE_CELLS_MAX:,} values ({len(metrics)} metrics "
+                             "a row): split the export by job step", file=str(p))
         codes.append(np.fromiter((index.setdefault(r[:nk], len(index)) for r in rows), np.int64, len(rows)))
         if len(index) > SQLITE_SERIES_MAX:
             raise UsageError(f"gssr 'data' table holds more than {SQLITE_SERIES_MAX:,} GPUs' series", file=str(p))
@@ -312,7 +322,10 @@ def _scan(con: sqlite3.Connection, key_cols: list[str], order: str, metrics: lis
             raise UsageError("gssr 'data' table holds a value that is not a number", file=str(p)) from None
         order_v.append(arr[:, 0])
         time_v.append(arr[:, 1])
-        mats.append(arr[:, 2:].astype(VALUE_DTYPE))
+        with np.errstate(over="ignore", invalid="ignore"):
+            m = arr[:, 2:].astype(VALUE_DTYPE)
+        m[~np.isfinite(m)] = np.nan                    # past float32 (1e300): unknown, as the JSON reader has it
+        mats.append(m)
     if not codes:
         return [], np.empty(0, np.int64), np.empty(0), np.empty((len(metrics), 0), VALUE_DTYPE)
     codes_a = np.concatenate(codes)
@@ -335,33 +348,37 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     if not metrics:
         raise UsageError("gssr 'data' table has no metric columns", file=str(p))
     has_step = "step_id" in columns and "job_id" in columns
-    rows = con.execute("SELECT count(*) FROM data").fetchone()[0]
-    if rows * (len(metrics) + 2) > SQLITE_CELLS_MAX:
-        raise UsageError(f"gssr 'data' table holds {rows:,} rows of {len(metrics)} metrics, over "
-                         f"{SQLITE_CELLS_MAX:,} values: split the export by job step", file=str(p))
     procs = {}
     pm_cols = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
     sel = ", ".join(c if c in pm_cols else "NULL" for c in ("job_id", "step_id", "proc_id", "hostname",
                                                               "gpu_ids", "start_time"))
-    n_procs = con.execute("SELECT count(*) FROM process_metadata").fetchone()[0]
-    if n_procs > SQLITE_PROCS_MAX:
-        raise UsageError(f"gssr 'process_metadata' table holds {n_procs:,} processes, over {SQLITE_PROCS_MAX:,}",
-                         file=str(p))
-    for job, step, proc, host, gpu_ids, start in con.execute(f"SELECT {sel} FROM process_metadata"):
+    for i, (job, step, proc, host, gpu_ids, start) in enumerate(con.execute(f"SELECT {sel} FROM process_metadata")):
+        if i >= SQLITE_PROCS_MAX:
+            raise UsageError(f"gssr 'process_metadata' table holds more than {SQLITE_PROCS_MAX:,} processes",
+                             file=str(p))
         procs[(job, step, proc) if has_step else proc] = (str(host), str(gpu_ids or ""), _local_epoch(start))
     rec = Recording(source=f"gssr-sqlite:{p}")
     key_cols = ["job_id", "step_id", "proc_id", "gpu_id"] if has_step else ["proc_id", "gpu_id"]
     order = "sample_index" if "sample_index" in columns else "time"
     keys, codes, t_all, mat = _scan(con, key_cols, order, metrics, p)
     seen = set()
+    pieces: dict[tuple[str, str], list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
     bounds = np.flatnonzero(np.diff(codes)) + 1
     for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(codes)]) if len(codes) else ():
         *pkey, gpu = keys[codes[lo]]
         pkey = tuple(pkey) if has_step else pkey[0]
         host, _, start = procs.get(pkey, (f"proc{pkey[-1] if has_step else pkey}", "", math.nan))
         t = t_all[lo:hi] + (start if math.isfinite(start) else 0.0)
-        _put(rec, host, str(gpu), t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)})
+        pieces.setdefault((host, str(gpu)), []).append((t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)}))
         seen.add((pkey, str(gpu)))
+    for (host, gpu), parts in pieces.items():       # joined once: many processes of one GPU were quadratic
+        if len(parts) == 1:
+            _put(rec, host, gpu, *parts[0])
+            continue
+        names = list(dict.fromkeys(k for _, cols in parts for k in cols))
+        nan = lambda k: np.full(k, np.nan, VALUE_DTYPE)  # noqa: E731
+        _put(rec, host, gpu, np.concatenate([t for t, _ in parts]),
+             {k: np.concatenate([cols.get(k, nan(len(t))) for t, cols in parts]) for k in names})
     lost: list[str] = []
     n_lost = 0
     for pkey, (host, gpu_ids, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
