@@ -278,3 +278,14 @@ def test_axis_labels_read_right_at_every_length_in_chromium(tmp_path):
             assert a + wa < b, (chart["title"], chart["x"])          # no two time labels overlap
         ys = [y for y in chart["y"] if y]
         assert len(set(ys)) == len(ys), (chart["title"], ys)
+
+
+def test_no_page_shows_a_control_character_or_a_direction_override_as_it_is():
+    """Node names and GPU ids come from files anyone could write: an ESC in one ran in the
+    terminal of whoever printed the HTML file, and U+202E showed a cell's text reversed."""
+    from hpcml.htmlkit import environment
+    page = environment().from_string("<td>{{ node }}</td><pre>{{ log }}</pre>").render(
+        node="nid\x1b[31mRED\x07\u202eevil\r", log="line 1\n\tline 2")
+    assert not any(c in page for c in "\x1b\x07\u202e\r"), repr(page)
+    assert "nid\\u001b[31mRED\\u0007\\u202eevil\\u000d" in page
+    assert "line 1\n\tline 2" in page                        # a log's lines and tabs stay

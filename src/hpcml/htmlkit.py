@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import base64
 import functools
+import re
 import struct
 import zlib
 from collections.abc import Sequence
@@ -51,7 +52,22 @@ def environment() -> jinja2.Environment:
     format numbers here do not load it."""
     import jinja2
     return jinja2.Environment(loader=jinja2.FileSystemLoader(TEMPLATES), autoescape=True,
-                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True)
+                              undefined=jinja2.StrictUndefined, trim_blocks=True, lstrip_blocks=True,
+                              finalize=plain)
+
+
+#: what no page shows as it is: control characters (a terminal runs them when the file is
+#: printed with ``cat``) and the bidirectional overrides (a cell's text shown reversed)
+_CONTROL = re.compile("[\x00-\x08\x0b-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def plain(value: Any) -> Any:
+    """A value as a page shows it: a text's control characters and direction overrides as
+    escapes (a node name, a GPU id or a command comes from files anyone could write); our
+    own markup and everything that is not text as it is. Every ``{{ }}`` of the pages."""
+    if isinstance(value, str) and not isinstance(value, Markup) and _CONTROL.search(value):
+        return _CONTROL.sub(lambda m: f"\\u{ord(m.group()):04x}", value)
+    return value
 
 
 def warm(template: str) -> None:
