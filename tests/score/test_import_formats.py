@@ -404,7 +404,7 @@ def test_more_processes_or_sqlite_work_than_the_bounds_is_refused(tmp_path, monk
     monkeypatch.undo()
     monkeypatch.setattr(gssr_json, "SQLITE_STEPS_FLOOR", 0)
     monkeypatch.setattr(gssr_json, "SQLITE_STEPS_PER_BYTE", 0)
-    monkeypatch.setattr(gssr_json, "SQLITE_STEP_EVERY", 10)
+    monkeypatch.setattr(importers, "SQLITE_STEP_EVERY", 10)
     with pytest.raises(UsageError, match="more work than a file of its size needs"):
         gssr_json.load_sqlite(db)
 

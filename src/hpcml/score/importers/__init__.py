@@ -10,12 +10,13 @@ out). Such a format is chosen by name (``fmt``); ``detect`` knows only the built
 
 from __future__ import annotations
 
+import contextlib
 import inspect
 import os
 import re
 import sqlite3
 import stat
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from hpcml.errors import UsageError
@@ -84,6 +85,10 @@ def _is_gssr_csv(path: Path) -> bool:
 
 #: SQLite's steps the format's detection may take (its check of the pages included)
 SQLITE_DETECT_STEPS = 200_000_000
+#: how many of SQLite's steps pass between two looks at a read's step budget
+SQLITE_STEP_EVERY = 10_000
+#: the longest text or blob a cell of an SQLite recording may hold: a host name, a GPU list
+SQLITE_VALUE_MAX = 1 << 20
 
 
 def sound(con: sqlite3.Connection) -> str | None:
@@ -101,34 +106,62 @@ def sqlite_uri(path: Path, fd: int) -> str:
     return f"{where.as_uri()}?mode=ro&immutable=1"
 
 
-def _sqlite_tables(path: Path) -> set[str]:
-    """The tables of an SQLite file, read as ``gssr_json.load_sqlite`` reads it (one regular
-    file's descriptor, immutable: a journal beside it is never looked for); none for any
-    other file, or one SQLite cannot read (a name that is not UTF-8 too)."""
+@contextlib.contextmanager
+def open_sqlite(path: Path, steps: Callable[[int], int]) -> Iterator[sqlite3.Connection]:
+    """An SQLite recording opened as an untrusted file is, for detection and for reading
+    alike: one descriptor of a regular file within FILE_MAX, which SQLite reads immutable (a
+    journal beside it, a FIFO there, is never looked for), cells of at most
+    ``SQLITE_VALUE_MAX`` (Python 3.11+), ``trusted_schema`` off, at most ``steps(size)`` of
+    SQLite's steps (beyond them a statement fails "interrupted"), and its pages checked
+    first (``sound``). UsageError naming what is wrong; sqlite3.Error or ValueError (a name
+    not UTF-8) from SQLite as it reads."""
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError:
-        return set()
+    except FileNotFoundError:
+        raise UsageError("no such SQLite file", file=str(path)) from None
+    except OSError as exc:
+        raise UsageError(f"cannot open: {exc.strerror or exc}", file=str(path)) from None
     try:
-        if not stat.S_ISREG(os.fstat(fd).st_mode):
-            return set()
-        con = sqlite3.connect(sqlite_uri(path, fd), uri=True)
+        st = os.fstat(fd)
+        if not stat.S_ISREG(st.st_mode):
+            raise UsageError("not a regular file (a FIFO, a device or a directory)", file=str(path))
+        if st.st_size > FILE_MAX:
+            raise UsageError(f"larger than {FILE_MAX:,} bytes, the most a recording may be", file=str(path))
         try:
-            steps = [SQLITE_DETECT_STEPS]
+            con = sqlite3.connect(sqlite_uri(path, fd), uri=True)
+        except sqlite3.Error as exc:
+            from hpcml.words import printable
+            raise UsageError(f"cannot open as SQLite: {printable(str(exc), 200)}", file=str(path)) from None
+        try:
+            limit = getattr(con, "setlimit", None)           # Python 3.11+; on 3.10 the file's size bounds a cell
+            if limit is not None:
+                limit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_VALUE_MAX)  # type: ignore[attr-defined]
+            con.execute("PRAGMA trusted_schema=OFF")
+            left = [steps(st.st_size)]
 
-            def budget() -> int:                       # non-zero: SQLite interrupts the statement
-                steps[0] -= 10_000
-                return steps[0] < 0
-            con.set_progress_handler(budget, 10_000)
-            if sound(con) is not None:
-                return set()
-            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+            def budget() -> int:                             # non-zero: SQLite interrupts the statement
+                left[0] -= SQLITE_STEP_EVERY
+                return left[0] < 0
+            con.set_progress_handler(budget, SQLITE_STEP_EVERY)
+            if problem := sound(con):
+                from hpcml.words import printable
+                raise UsageError(f"not a gssr SQLite export: damaged ({printable(problem, 200)})", file=str(path))
+            yield con
         finally:
             con.close()
-    except (sqlite3.Error, ValueError):
-        return set()
     finally:
         os.close(fd)
+
+
+def _sqlite_tables(path: Path) -> set[str]:
+    """The tables of an SQLite file, opened as ``gssr_json.load_sqlite`` opens it
+    (``open_sqlite``); none for any other file, or one SQLite cannot read (a name that is
+    not UTF-8 too)."""
+    try:
+        with open_sqlite(path, lambda _size: SQLITE_DETECT_STEPS) as con:
+            return {r[0] for r in con.execute("SELECT name FROM sqlite_master WHERE type='table'")}
+    except (UsageError, sqlite3.Error, ValueError):
+        return set()
 
 
 def _first(it):

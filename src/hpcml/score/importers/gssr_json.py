@@ -34,16 +34,16 @@ import json
 import math
 import os
 import sqlite3
-import stat
 import threading
 from datetime import datetime
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
 from hpcml.errors import UsageError
 from hpcml.samplers.fields import BY_ID
-from hpcml.score.importers import FILE_MAX, read_file, sound, sqlite_uri
+from hpcml.score.importers import open_sqlite, read_file
 from hpcml.score.recording import VALUE_DTYPE, Recording
 from hpcml.words import printable
 
@@ -137,12 +137,18 @@ def _put(rec: Recording, node: str, gpu: str, t: np.ndarray, cols: dict[str, np.
     if not len(g.t):
         g.set_columns(t, cols)
         return
-    old_t, old = np.asarray(g.t, float), g.values
-    names = list(dict.fromkeys([*old, *cols]))
-    nan = lambda k: np.full(k, np.nan, VALUE_DTYPE)  # noqa: E731
-    g.set_columns(np.concatenate([old_t, t]),
-                  {k: np.concatenate([old.get(k, nan(len(old_t))), cols.get(k, nan(len(t)))]) for k in names})
+    g.set_columns(*_joined([(np.asarray(g.t, float), g.values), (t, cols)]))
     g.freeze()
+
+
+def _joined(parts: list[tuple[np.ndarray, dict[str, Any]]]) -> tuple[np.ndarray, dict[str, Any]]:
+    """Pieces of one GPU's series, one after another: NaN where a piece lacks a column."""
+    if len(parts) == 1:
+        return parts[0]
+    names = list(dict.fromkeys(k for _, cols in parts for k in cols))
+    nan = lambda k: np.full(k, np.nan, VALUE_DTYPE)  # noqa: E731
+    return (np.concatenate([t for t, _ in parts]),
+            {k: np.concatenate([cols.get(k, nan(len(t))) for t, cols in parts]) for k in names})
 
 
 def _read_all(files: list[Path], workers: int | None):
@@ -214,8 +220,6 @@ def _local_epoch(text: object) -> float:
         return math.nan
 
 
-#: the longest text or blob a gssr export's cell may hold: a host name, a GPU list
-SQLITE_VALUE_MAX = 1 << 20
 #: values read from a gssr export's ``data`` table (rows x columns), each a float64 while
 #: read: what the other importers' FILE_MAX bounds before it expands
 SQLITE_CELLS_MAX = 1 << 28
@@ -225,57 +229,24 @@ SQLITE_SERIES_MAX = 1 << 17
 #: SQLite's virtual-machine steps a read may take: a plain table's row costs a few per byte
 SQLITE_STEPS_PER_BYTE = 64
 SQLITE_STEPS_FLOOR = 50_000_000
-SQLITE_STEP_EVERY = 10_000
 #: processes whose lost GPUs a note names (the rest counted)
 LOST_NAMED = 10
 
 
 def load_sqlite(path: str | Path) -> Recording:
-    """A gssr SQLite export, read as an untrusted file is: a regular file no larger than
-    the other importers read, opened once (the descriptor is what SQLite reads, immutable:
-    no journal beside it is looked for, which a FIFO there would hang), no cell longer than
-    ``SQLITE_VALUE_MAX``, no column computed as it is read (a generated column's expression
-    runs at each SELECT: an 8 KB file once built 400 MB strings per row), no virtual table,
-    at most ``SQLITE_CELLS_MAX`` values, ``SQLITE_PROCS_MAX`` processes and
-    ``SQLITE_SERIES_MAX`` GPUs, and SQLite's own steps bounded by the file's size."""
+    """A gssr SQLite export, read as an untrusted file is (``open_sqlite``: one regular
+    file's descriptor, immutable, its pages checked, cells bounded), with SQLite's steps
+    bounded by the file's size; no column computed as it is read (a generated column's
+    expression runs at each SELECT: an 8 KB file once built 400 MB strings per row), no
+    virtual table, at most ``SQLITE_CELLS_MAX`` values, ``SQLITE_PROCS_MAX`` processes and
+    ``SQLITE_SERIES_MAX`` GPUs."""
     p = Path(path)
     try:
-        fd = os.open(p, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except FileNotFoundError:
-        raise UsageError("no such SQLite file", file=str(p)) from None
-    except OSError as exc:
-        raise UsageError(f"cannot open: {exc.strerror or exc}", file=str(p)) from None
-    try:
-        st = os.fstat(fd)
-        if not stat.S_ISREG(st.st_mode):
-            raise UsageError("not a regular file (a FIFO, a device or a directory)", file=str(p))
-        if st.st_size > FILE_MAX:
-            raise UsageError(f"larger than {FILE_MAX:,} bytes, the most a recording may be", file=str(p))
-        try:
-            con = sqlite3.connect(sqlite_uri(p, fd), uri=True)
-        except sqlite3.Error as exc:
-            raise UsageError(f"cannot open as SQLite: {printable(str(exc), 200)}", file=str(p)) from None
-        try:
-            limit = getattr(con, "setlimit", None)           # Python 3.11+; on 3.10 the file's size bounds a cell
-            if limit is not None:
-                limit(sqlite3.SQLITE_LIMIT_LENGTH, SQLITE_VALUE_MAX)  # type: ignore[attr-defined]
-            con.execute("PRAGMA trusted_schema=OFF")
-            steps = [SQLITE_STEPS_FLOOR + SQLITE_STEPS_PER_BYTE * st.st_size]
-
-            def budget() -> int:                             # non-zero: SQLite interrupts the statement
-                steps[0] -= SQLITE_STEP_EVERY
-                return steps[0] < 0
-            con.set_progress_handler(budget, SQLITE_STEP_EVERY)
-            if problem := sound(con):
-                raise UsageError(f"not a gssr SQLite export: damaged ({printable(problem, 200)})", file=str(p))
+        with open_sqlite(p, lambda size: SQLITE_STEPS_FLOOR + SQLITE_STEPS_PER_BYTE * size) as con:
             return _from_db(con, p)
-        except (sqlite3.Error, ValueError) as exc:           # a name not UTF-8 is a UnicodeDecodeError
-            why = "more work than a file of its size needs" if "interrupted" in str(exc) else printable(str(exc), 200)
-            raise UsageError(f"not a gssr SQLite export: {why}", file=str(p)) from None
-        finally:
-            con.close()
-    finally:
-        os.close(fd)
+    except (sqlite3.Error, ValueError) as exc:           # a name not UTF-8 is a UnicodeDecodeError
+        why = "more work than a file of its size needs" if "interrupted" in str(exc) else printable(str(exc), 200)
+        raise UsageError(f"not a gssr SQLite export: {why}", file=str(p)) from None
 
 
 def _quoted(name: str) -> str:
@@ -372,13 +343,7 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
         pieces.setdefault((host, str(gpu)), []).append((t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)}))
         seen.add((pkey, str(gpu)))
     for (host, gpu), parts in pieces.items():       # joined once: many processes of one GPU were quadratic
-        if len(parts) == 1:
-            _put(rec, host, gpu, *parts[0])
-            continue
-        names = list(dict.fromkeys(k for _, cols in parts for k in cols))
-        nan = lambda k: np.full(k, np.nan, VALUE_DTYPE)  # noqa: E731
-        _put(rec, host, gpu, np.concatenate([t for t, _ in parts]),
-             {k: np.concatenate([cols.get(k, nan(len(t))) for t, cols in parts]) for k in names})
+        _put(rec, host, gpu, *_joined(parts))
     lost: list[str] = []
     n_lost = 0
     for pkey, (host, gpu_ids, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
