@@ -330,6 +330,8 @@ class PromForwarder:
 
     def __init__(self, port: int, *, rank: int, job: str) -> None:
         self.port, self.rank, self.job, self.path = port, rank, job, str(socket_path(port))
+        # every message's start, up to '"rows": ' (the rank and the job do not change)
+        self._head = json.dumps({"rank": rank, "job": job_label(job), "rows": []})[:-3]
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.udp.setblocking(False)           # a full queue drops the rows, never stalls this rank's recorder
         self.side: socket.socket | None = None
@@ -345,7 +347,7 @@ class PromForwarder:
     def _messages(self, rows: list[tuple]) -> list[bytes]:
         """The rows in messages of at most ``MAX_DATAGRAM`` bytes of rows each (a row alone
         longer than that is left out: the endpoint reads ``RECV_MAX`` bytes of a message)."""
-        head = json.dumps({"rank": self.rank, "job": job_label(self.job), "rows": []})[:-3]    # up to '"rows": '
+        head = self._head
         out: list[bytes] = []
         chunk: list[str] = []
         size = 0
