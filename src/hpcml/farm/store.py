@@ -20,7 +20,7 @@ from typing import Any
 
 from hpcml.errors import HpcmlError, UsageError
 from hpcml.farm.model import FARM_FILE, FARM_SCHEMA, SUBDIRS, TASK_SCHEMA, TASKS_FILE, Settings, Task, TaskSpec
-from hpcml.farm.template import COMMAND_MAX
+from hpcml.farm.template import command_problem
 from hpcml.files import read_bounded, read_json, write_atomic
 from hpcml.schemas import check
 
@@ -182,18 +182,6 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
     return CreateResult(path=p, added=len(new), existing=len(specs) - len(new), total=len(tasks) + len(new))
 
 
-def _command_problem(command: object) -> str | None:
-    """What makes ``command`` one no task could run, as the task and sweep files' readers
-    refuse it; None for a command."""
-    if not isinstance(command, str):
-        return f"a command must be text, not {type(command).__name__}"
-    if "\0" in command:
-        return "a command contains a NUL byte, which no command can hold"
-    if len(command.encode("utf-8", "surrogatepass")) > COMMAND_MAX:
-        return f"a command is longer than one can be ({COMMAND_MAX} bytes)"
-    return None
-
-
 def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec]) -> list[Task]:
     """The specs not in ``tasks`` yet, numbered on; UsageError if one waits for a task or
     group that is not there (checked before the directory is made, and again under the lock)."""
@@ -203,7 +191,7 @@ def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec]) -> list[Task]:
     new: list[Task] = []
     next_id = max(known_ids, default=-1) + 1
     for s in specs:
-        if problem := _command_problem(s.command):    # a Python caller's spec: the files' readers refuse it too
+        if problem := command_problem(s.command):    # a Python caller's spec: the files' readers refuse it too
             raise UsageError(problem, file=str(p), key="command")
         k = s.key()
         seen[k] += 1

@@ -46,7 +46,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_valida
 
 from hpcml.errors import UsageError
 from hpcml.farm.model import Settings, TaskSpec
-from hpcml.farm.template import COMMAND_MAX, REFS, TemplateError, fill
+from hpcml.farm.template import REFS, TemplateError, command_problem, fill
 from hpcml.files import ConfigLoader, line_map, load_yaml_with_nodes, read_config, unknown_key
 from hpcml.units import parse_seconds
 
@@ -137,10 +137,8 @@ def parse_task_file(path: str | Path) -> list[TaskSpec]:
     for n, line in enumerate(text.splitlines(), 1):
         if not line.strip() or line.lstrip().startswith("#"):
             continue
-        if "\0" in line:           # no program can be given it: the task could never start
-            raise UsageError("a command contains a NUL byte, which no command can hold", file=str(path), line=n)
-        if len(line.encode("utf-8", "surrogatepass")) > COMMAND_MAX:
-            raise UsageError(f"a command is longer than one can be ({COMMAND_MAX} bytes)", file=str(path), line=n)
+        if problem := command_problem(line):      # the task could never start
+            raise UsageError(problem, file=str(path), line=n)
         specs.append(TaskSpec(command=line.strip()))
     if not specs:
         raise UsageError("no commands in this task file", file=str(path))

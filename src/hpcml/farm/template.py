@@ -31,6 +31,20 @@ _FORMATTER = string.Formatter()
 #: the longest command, in bytes: Linux passes at most 128 KiB as one argument (``sh -c``)
 COMMAND_MAX = (128 << 10) - 1
 
+
+def command_problem(command: object) -> str | None:
+    """What makes ``command`` one no task could run (no program can be given a NUL, nor more
+    than ``COMMAND_MAX`` bytes); None for a command. The task file's reader and the store
+    (a Python caller's specs) ask it alike."""
+    if not isinstance(command, str):
+        return f"a command must be text, not {type(command).__name__}"
+    if "\0" in command:
+        return "a command contains a NUL byte, which no command can hold"
+    if len(command.encode("utf-8", "surrogatepass")) > COMMAND_MAX:
+        return f"a command is longer than one can be ({COMMAND_MAX} bytes)"
+    return None
+
+
 _BLANKS = " \t"
 _OPERATORS = ";&|()<>"
 _CLOSE = {"(": ")", "{": "}", "[": "]"}
