@@ -234,6 +234,74 @@ def test_gssr_sqlite_export_and_lost_gpus():
     assert importers.load(GSSR_SQLITE).meta["format"] == "gssr-sqlite"
 
 
+def _export_with_starts(tmp_path, starts: dict[int, object]):
+    """The real gssr export with each named process's start_time rewritten (another writer's
+    form of it, or none)."""
+    db = tmp_path / "export.sqlite3"
+    shutil.copy(GSSR_SQLITE, db)
+    con = sqlite3.connect(db)
+    for proc, value in starts.items():
+        con.execute("UPDATE process_metadata SET start_time = ? WHERE proc_id = ?", (value, proc))
+    con.commit()
+    con.close()
+    return db
+
+
+@pytest.mark.parametrize("form", ["2025-10-09T08:53:20", "2025-10-09 08:53:20.000000",
+                                  "2025-10-09T08:53:20Z", "2025-10-09T10:53:20+02:00", "epoch"])
+def test_gssr_sqlite_start_time_in_another_writers_form_is_the_same_time(tmp_path, form):
+    """ISO 8601 (a T, a fraction, an offset) and an epoch number are read as the time they
+    name; before, any form but gssr's own put the process at 1970."""
+    utc = datetime(2025, 10, 9, 8, 53, 20).replace(tzinfo=__import__("datetime").timezone.utc).timestamp()
+    local = datetime(2025, 10, 9, 8, 53, 20).timestamp()
+    value: object = utc if form == "epoch" else form
+    expected = utc if form == "epoch" or form.endswith(("Z", "+02:00")) else local
+    rec = gssr_json.load_sqlite(_export_with_starts(tmp_path, {0: value, 1: value}))
+    assert rec.meta["dated"] is True
+    for g in rec.gpus.values():
+        assert np.allclose(g.t, expected + np.arange(10) * 0.5)
+
+
+def test_gssr_sqlite_with_no_start_time_is_not_dated_1970(tmp_path):
+    """No process names a time (NULL, text that is no time): the times are seconds from each
+    process's start, and the notes and the report say so; no 1970 anywhere."""
+    db = _export_with_starts(tmp_path, {0: None, 1: "yesterday"})
+    rec = gssr_json.load_sqlite(db)
+    assert rec.meta["dated"] is False
+    assert any("not dates" in n for n in rec.notes)
+    for g in rec.gpus.values():
+        assert np.allclose(g.t, np.arange(10) * 0.5)
+    out = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(db), "--html", str(tmp_path / "r.html")],
+                         capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 0, out.stderr
+    assert "not dates" in out.stdout and "1970" not in out.stdout
+    assert "1970" not in (tmp_path / "r.html").read_text()
+
+
+@pytest.mark.parametrize("bad", [None, "", "2025-13-45 99:99:99", b"\x00\x01", float("nan"), -5.0, "x" * 100_000])
+def test_gssr_sqlite_one_process_undated_beside_dated_ones_is_refused(tmp_path, bad):
+    """One process's start names no time while the other's does: its samples cannot be placed
+    beside theirs (at 1970 they stretched the charts across 56 years): one line, exit 2,
+    naming the process and the key; the value shown bounded."""
+    db = _export_with_starts(tmp_path, {1: bad})
+    with pytest.raises(UsageError, match=r"proc 1 has start_time .* names no time") as err:
+        gssr_json.load_sqlite(db)
+    assert "process_metadata.start_time" in str(err.value) and len(str(err.value)) < 600
+    out = subprocess.run([sys.executable, "-m", "hpcml", "score", "report", str(db)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(ROOT / "src")})
+    assert out.returncode == 2 and len(out.stderr.strip().splitlines()) == 1, out.stderr
+
+
+def test_gssr_sqlite_samples_of_a_process_not_in_its_metadata_beside_dated_ones_are_refused(tmp_path):
+    db = _export_with_starts(tmp_path, {})
+    con = sqlite3.connect(db)
+    con.execute("DELETE FROM process_metadata WHERE proc_id = 1")
+    con.commit()
+    con.close()
+    with pytest.raises(UsageError, match="proc 1 is not in 'process_metadata'"):
+        gssr_json.load_sqlite(db)
+
+
 def test_gssr_sqlite_not_an_export(tmp_path):
     db = tmp_path / "other.sqlite3"
     con = sqlite3.connect(db)

@@ -33,6 +33,8 @@ from __future__ import annotations
 import json
 import math
 import os
+import re
+import reprlib
 import sqlite3
 import threading
 from datetime import datetime
@@ -120,13 +122,19 @@ def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
     return meta, gpus
 
 
+def _said(value: object) -> str:
+    """A value from the file as an error line shows it: bounded before it is built
+    (``reprlib``: a long text or list is cut, not copied whole), control characters escaped."""
+    return printable(reprlib.repr(value), 80)
+
+
 def _number(meta: dict, key: str, f: Path) -> float:
     try:
         v = float(meta[key])
     except (TypeError, ValueError):
-        raise UsageError(f"'{meta[key]}' is not a number", file=str(f), key=key) from None
+        raise UsageError(f"{_said(meta[key])} is not a number", file=str(f), key=key) from None
     if not math.isfinite(v):
-        raise UsageError(f"'{meta[key]}' is not a finite number", file=str(f), key=key)
+        raise UsageError(f"{_said(meta[key])} is not a finite number", file=str(f), key=key)
     return v
 
 
@@ -213,11 +221,40 @@ def load(path: str | Path, workers: int | None = None) -> Recording:
 
 # --- SQLite export -------------------------------------------------------------------------
 
-def _local_epoch(text: object) -> float:
+#: the longest start_time read as a time: gssr writes 19 characters, ISO 8601 with a
+#: fraction and an offset takes 32
+START_TEXT_MAX = 64
+_EPOCH_TEXT = re.compile(r"[0-9]{1,11}(\.[0-9]*)?")
+
+
+def _start_epoch(value: object) -> float | None:
+    """A process's ``start_time`` as epoch seconds, or None where it names no time.
+
+    gssr writes local ``%Y-%m-%d %H:%M:%S`` (whole seconds, this machine's time zone, as
+    gssr's own reading assumes); ISO 8601 (a ``T``, a fraction, an offset, as pandas and
+    ``datetime.isoformat`` write it) and an epoch number (the JSON profile's own form; in
+    a TEXT column SQLite keeps it as its text) are read too. NULL, a blob, text that is no
+    time, a number not finite or not after 1970: None, never the epoch's zero."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, (int, float)):
+        v = float(value)
+        return v if math.isfinite(v) and 0 < v < 1e11 else None
+    if not isinstance(value, str) or len(value) > START_TEXT_MAX:
+        return None
+    text = value.strip()
     try:
-        return datetime.strptime(str(text), "%Y-%m-%d %H:%M:%S").timestamp()
+        when = datetime.strptime(text, "%Y-%m-%d %H:%M:%S")
     except ValueError:
-        return math.nan
+        try:
+            when = datetime.fromisoformat(text.replace("Z", "+00:00") if text.endswith("Z") else text)
+        except ValueError:                  # a number stored in a TEXT column reads back as text
+            return _start_epoch(float(text)) if _EPOCH_TEXT.fullmatch(text) else None
+    try:
+        v = when.timestamp()
+    except (OverflowError, OSError, ValueError):
+        return None
+    return v if 0 < v < 1e11 else None
 
 
 #: values read from a gssr export's ``data`` table (rows x columns), each a float64 while
@@ -327,7 +364,7 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
         if i >= SQLITE_PROCS_MAX:
             raise UsageError(f"gssr 'process_metadata' table holds more than {SQLITE_PROCS_MAX:,} processes",
                              file=str(p))
-        procs[(job, step, proc) if has_step else proc] = (str(host), str(gpu_ids or ""), _local_epoch(start))
+        procs[(job, step, proc) if has_step else proc] = (str(host), str(gpu_ids or ""), _start_epoch(start), start)
     rec = Recording(source=f"gssr-sqlite:{p}")
     key_cols = ["job_id", "step_id", "proc_id", "gpu_id"] if has_step else ["proc_id", "gpu_id"]
     order = "sample_index" if "sample_index" in columns else "time"
@@ -335,18 +372,20 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     seen = set()
     pieces: dict[tuple[str, str], list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
     bounds = np.flatnonzero(np.diff(codes)) + 1
-    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(codes)]) if len(codes) else ():
+    spans = list(zip(np.r_[0, bounds], np.r_[bounds, len(codes)])) if len(codes) else []
+    dated = _dated(spans, keys, codes, procs, has_step, p)
+    for lo, hi in spans:
         *pkey, gpu = keys[codes[lo]]
         pkey = tuple(pkey) if has_step else pkey[0]
-        host, _, start = procs.get(pkey, (f"proc{pkey[-1] if has_step else pkey}", "", math.nan))
-        t = t_all[lo:hi] + (start if math.isfinite(start) else 0.0)
+        host, _, start, _ = procs.get(pkey, (f"proc{pkey[-1] if has_step else pkey}", "", None, None))
+        t = t_all[lo:hi] + (start if dated else 0.0)
         pieces.setdefault((host, str(gpu)), []).append((t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)}))
         seen.add((pkey, str(gpu)))
     for (host, gpu), parts in pieces.items():       # joined once: many processes of one GPU were quadratic
         _put(rec, host, gpu, *_joined(parts))
     lost: list[str] = []
     n_lost = 0
-    for pkey, (host, gpu_ids, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
+    for pkey, (host, gpu_ids, _, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
         for gpu in dict.fromkeys(g.strip() for g in gpu_ids.split(",") if g.strip()):
             if (pkey, gpu) not in seen:
                 n_lost += 1
@@ -355,10 +394,41 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
                                 f"(proc {printable(str(pkey[-1] if has_step else pkey), 20)})")
     if not rec.gpus:
         raise UsageError("gssr SQLite export with no rows in 'data'", file=str(p))
-    rec.notes.append("gssr stores no timestamps: times are the process start (whole seconds, local time)"
-                     " + sample x sampling_time")
+    if dated:
+        rec.notes.append("gssr stores no timestamps: times are the process start (whole seconds, local time)"
+                         " + sample x sampling_time")
+    else:
+        rec.notes.append("no process has a start_time that names a time: times are seconds from each "
+                         "process's start (sample x sampling_time), not dates")
     if lost:
         rec.notes.append(f"gssr's export wrote only the last GPU of each process; lost {n_lost} GPU(s): "
                          + ", ".join(lost) + (f" and {n_lost - len(lost)} more" if n_lost > len(lost) else ""))
-    rec.meta.update({"lost_gpus": lost, "lost_gpus_count": n_lost})
+    rec.meta.update({"lost_gpus": lost, "lost_gpus_count": n_lost, "dated": dated})
     return rec
+
+
+def _dated(spans: list, keys: list, codes: np.ndarray, procs: dict, has_step: bool, p: Path) -> bool:
+    """Whether the samples are placed at their process's start: every process with samples
+    has a start_time that names a time. None has one: times from each process's start (the
+    caller notes it). Some have and some do not: refused, since a process without one cannot
+    be placed beside the others (its samples at 1970 would stretch every chart across 56
+    years, and no start assumed for it is measured)."""
+    known = unknown = 0
+    first: tuple | None = None
+    for lo, _ in spans:
+        *pkey, _gpu = keys[codes[lo]]
+        pkey = tuple(pkey) if has_step else pkey[0]
+        got = procs.get(pkey)
+        if got is not None and got[2] is not None:
+            known += 1
+            continue
+        unknown += 1
+        first = first or (pkey, got)
+    if not (known and unknown) or first is None:
+        return not unknown
+    pkey, got = first
+    proc = printable(str(pkey[-1] if has_step else pkey), 20)
+    said = ("is not in 'process_metadata'" if got is None else
+            f"has start_time {_said(got[3])}, which names no time")
+    raise UsageError(f"gssr export: proc {proc} {said}, and {known} other series have one: its samples "
+                     "cannot be placed beside theirs", file=str(p), key="process_metadata.start_time")
