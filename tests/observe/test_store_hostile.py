@@ -147,6 +147,55 @@ def test_a_tiny_file_that_decodes_to_far_more_is_cut_at_the_bound(tmp_path, monk
     assert sum(b.nbytes for b in got.batches) <= limit
 
 
+def test_one_batch_that_claims_more_than_the_bound_is_never_decoded(tmp_path):
+    """One zstd batch of a few KB that decodes to ~100 MB: counted once decoded, it was
+    decoded whole (a 37 KB file became 1.2 GB) before the bound cut it. It is now counted
+    from its message: refused before Arrow allocates it. Arrow's memory pool's peak, in a
+    process of its own, shows what the read allocated."""
+    import json
+    import subprocess
+    import sys
+    batch = _zeros(2_000_000)
+    f = _stream(tmp_path / "rank-00000.arrows", [_zeros(1000), batch], arrow_schema(), "zstd")
+    size = f.stat().st_size
+    limit = (1 << 20) + store.DECODED_PER_BYTE * size
+    assert batch.nbytes > 2 * limit                     # one batch far past the bound
+    code = ("import json, sys, pyarrow as pa; from hpcml.observe import store\n"
+            "store.DECODED_FLOOR = 1 << 20\n"
+            "got = store.read_rank(sys.argv[1])\n"
+            "print(json.dumps([got.problem, [b.num_rows for b in got.batches], pa.default_memory_pool().max_memory()]))")
+    out = subprocess.run([sys.executable, "-c", code, str(f)], capture_output=True, text=True, check=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(store.__file__).parents[2])})
+    problem, rows, peak = json.loads(out.stdout)
+    assert problem.startswith("larger than") and rows == [1000]
+    assert peak < batch.nbytes / 4, peak
+
+
+def test_a_batch_whose_buffers_lie_outside_its_body_is_the_rank_s_problem(tmp_path):
+    """A message whose metadata points a buffer past its body is refused as damaged, the
+    batches before it kept. The file is the writer's own, with one buffer entry of the
+    second batch's metadata (two little-endian int64s: offset, length) rewritten."""
+    import struct
+    f = _stream(tmp_path / "rank-00000.arrows", [_zeros(10), _zeros(10)], arrow_schema(), "zstd")
+    raw = bytearray(f.read_bytes())
+    reader = pa.ipc.MessageReader.open_stream(pa.BufferReader(bytes(raw)))
+    reader.read_next_message()
+    first, second = reader.read_next_message(), reader.read_next_message()
+    meta, body = second.metadata.to_pybytes(), second.body.size
+    at = raw.find(meta, raw.find(first.metadata.to_pybytes()) + 1)
+    from hpcml.ipcbounds import _Table
+    batch = _Table(meta, struct.unpack_from("<I", meta, 0)[0]).table(2)      # Message.header: RecordBatch
+    vector = batch._field(2)                                                 # RecordBatch.buffers
+    start = vector + struct.unpack_from("<I", meta, vector)[0]
+    k = start + 4 + 16 * (struct.unpack_from("<I", meta, start)[0] - 1)      # its last Buffer
+    assert at > 0 and sum(struct.unpack_from("<qq", meta, k)) <= body
+    raw[at + k:at + k + 16] = struct.pack("<qq", struct.unpack_from("<q", meta, k)[0], body + 4096)
+    f.write_bytes(bytes(raw))
+    got = read_rank(f)
+    assert got.problem and got.problem.startswith("a damaged batch after 1 batches"), got.problem
+    assert [b.num_rows for b in got.batches] == [10]
+
+
 def test_the_store_s_own_files_are_far_inside_the_bound(tmp_path, monkeypatch):
     """The ratio alone (no floor) never cuts a real rank file: the writer's own batches of
     constant values, the most compressible a real store gets, decode to under 10 times

@@ -39,8 +39,8 @@ RANK_SCHEMA = tag("observe.rank", 1)    # rank-NNNNN.json
 #: what a real file needs at any length: a day at 1 s sampling of 300 rows a second (8 GPUs'
 #: DCGM fields, host, 20 steps a second of sections and metrics) is 26M rows, 1.4 GB
 #: decoded from a ~250 MB file. The floor (256 MiB) is for small files, whose real ones
-#: decode to a few MiB. A batch is counted once decoded: the last one read passes the bound
-#: by its own size, which zstd caps at ~32,000 times its compressed size.
+#: decode to a few MiB. A batch is counted before it is decoded, from the sizes its message
+#: claims (``hpcml.ipcbounds``): one that would pass the bound is never allocated.
 DECODED_PER_BYTE = 1024
 DECODED_FLOOR = 256 << 20
 
@@ -128,29 +128,53 @@ def read_rank(path: str | os.PathLike) -> RankData:
         size = os.fstat(fh.fileno()).st_size
         limit = max(DECODED_FLOOR, DECODED_PER_BYTE * size)
         try:
-            reader = pa.ipc.open_stream(fh)
-        except (pa.ArrowException, OSError) as exc:
-            data.problem = f"unreadable: {exc}"
+            reader = pa.ipc.MessageReader.open_stream(fh)
+            schema = pa.ipc.read_schema(reader.read_next_message())
+        except (pa.ArrowException, OSError, StopIteration) as exc:
+            data.problem = f"unreadable: {exc or 'empty'}"
             return data
-        conform = _conform(reader.schema)
+        conform = _conform(schema)
         if conform is None:
-            data.problem = f"not an hpcml observe store file: its columns are {_columns(reader.schema)}"
+            data.problem = f"not an hpcml observe store file: its columns are {_columns(schema)}"
             return data
-        decoded = 0
-        while True:
-            try:
-                batch = reader.read_next_batch()
-            except StopIteration:
-                break
-            except (pa.ArrowException, OSError) as exc:
-                data.problem = f"truncated after {len(data.batches)} batches ({exc})"
-                break
-            decoded += batch.nbytes
-            if decoded > limit:
-                data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
-                                f"{len(data.batches)} batches, not the rest")
-                break
-            data.batches.append(conform(batch))
+        _read_batches(reader, schema, conform, data, limit, size)
+    return data
+
+
+def _read_batches(reader, schema, conform, data: RankData, limit: int, size: int) -> None:
+    """The stream's record batches into ``data`` until its end, a damaged message, or one
+    that would take the decoded bytes past ``limit``: counted from the message before it is
+    decoded (``ipcbounds``), so a batch that claims gigabytes is never allocated."""
+    import pyarrow as pa
+
+    from hpcml.ipcbounds import decoded_size
+    decoded = 0
+    while True:
+        try:
+            message = reader.read_next_message()
+        except StopIteration:
+            return
+        except (pa.ArrowException, OSError) as exc:
+            data.problem = f"truncated after {len(data.batches)} batches ({exc})"
+            return
+        if message.type != "record batch":     # the store's schema has no dictionaries
+            data.problem = f"a {message.type} message after {len(data.batches)} batches: not the store's"
+            return
+        try:
+            decoded += decoded_size(memoryview(message.metadata), memoryview(message.body or b""))
+        except ValueError as exc:
+            data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
+            return
+        if decoded > limit:
+            data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
+                            f"{len(data.batches)} batches, not the rest")
+            return
+        try:
+            batch = pa.ipc.read_record_batch(message, schema)
+        except (pa.ArrowException, OSError) as exc:
+            data.problem = f"truncated after {len(data.batches)} batches ({exc})"
+            return
+        data.batches.append(conform(batch))
     return data
 
 

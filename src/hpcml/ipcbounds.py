@@ -1,0 +1,118 @@
+"""What an Arrow IPC record batch will decode to, read from its message before Arrow decodes it.
+
+A compressed (zstd, LZ4) IPC buffer starts with the length it decompresses to, and Arrow
+allocates that length and fills it: a 37 KB batch of zeros claims, and becomes, 1.2 GB. A
+reader that counts a batch once decoded (``RecordBatch.nbytes``) has already paid for it.
+The claim is in the message: its metadata (a flatbuffer ``Message`` whose header is a
+``RecordBatch``: the body's buffers, as offset and length, and the compression) says where
+each buffer lies in the body, and each compressed buffer's first 8 bytes say what it decodes
+to. ``decoded_size`` adds those up, so a reader can refuse the batch before it exists.
+
+Why by hand: pyarrow exposes a message's metadata only as bytes, and the ``flatbuffers``
+package's generated Arrow classes are not a dependency; the part read here (a root table, a
+union, two vectors of structs, one small table) is the flatbuffer format's plainest layout
+(https://flatbuffers.dev/internals/, Arrow's ``format/Message.fbs`` and ``Schema.fbs``).
+Every offset is checked against the bytes it points into; a message this cannot read is a
+``ValueError``, and the caller refuses the batch. Arrow reads the same bytes, so the sizes
+summed are the sizes it would allocate.
+"""
+
+from __future__ import annotations
+
+import struct
+
+#: ``MessageHeader`` union member of a record batch (Message.fbs)
+RECORD_BATCH = 3
+#: a compressed buffer whose prefix is this was stored uncompressed (Arrow's format)
+UNCOMPRESSED = -1
+
+
+class _Table:
+    """One flatbuffer table: ``buf`` at ``pos`` with its vtable, every read bounded."""
+
+    def __init__(self, buf: bytes | memoryview, pos: int) -> None:
+        self.buf, self.pos = buf, pos
+        vtable = pos - _i32(buf, pos)
+        self.vsize = _u16(buf, vtable)
+        self.vtable = vtable
+        if self.vsize < 4 or vtable + self.vsize > len(buf):
+            raise ValueError("a table's vtable lies outside the metadata")
+
+    def _field(self, i: int) -> int | None:
+        at = 4 + 2 * i
+        if at + 2 > self.vsize:
+            return None
+        off = _u16(self.buf, self.vtable + at)
+        return self.pos + off if off else None
+
+    def scalar(self, i: int, fmt: str, default: int) -> int:
+        at = self._field(i)
+        return default if at is None else _unpack(fmt, self.buf, at)
+
+    def table(self, i: int) -> _Table | None:
+        at = self._field(i)
+        return None if at is None else _Table(self.buf, at + _u32(self.buf, at))
+
+    def structs(self, i: int, size: int) -> list[bytes | memoryview]:
+        """A vector of structs of ``size`` bytes each."""
+        at = self._field(i)
+        if at is None:
+            return []
+        start = at + _u32(self.buf, at)
+        n = _u32(self.buf, start)
+        end = start + 4 + n * size
+        if end > len(self.buf):
+            raise ValueError("a vector runs past the metadata")
+        return [self.buf[start + 4 + k * size:start + 4 + (k + 1) * size] for k in range(n)]
+
+
+def _unpack(fmt: str, buf: bytes | memoryview, at: int) -> int:
+    size = struct.calcsize(fmt)
+    if at < 0 or at + size > len(buf):
+        raise ValueError("an offset points outside the metadata")
+    return struct.unpack_from(fmt, buf, at)[0]
+
+
+def _u16(buf: bytes | memoryview, at: int) -> int:
+    return _unpack("<H", buf, at)
+
+
+def _i32(buf: bytes | memoryview, at: int) -> int:
+    return _unpack("<i", buf, at)
+
+
+def _u32(buf: bytes | memoryview, at: int) -> int:
+    return _unpack("<I", buf, at)
+
+
+def decoded_size(metadata: bytes | memoryview, body: bytes | memoryview) -> int:
+    """The bytes a record batch message's buffers decode to (their sum). ``metadata``: the
+    message's flatbuffer (``pyarrow.ipc.Message.metadata``); ``body``: its body. A message
+    that is not a record batch decodes to nothing here (the caller decides what it takes);
+    a buffer outside the body, or a metadata this cannot read, is a ``ValueError``."""
+    message = _Table(metadata, _u32(metadata, 0))
+    if message.scalar(1, "<B", 0) != RECORD_BATCH:             # header_type
+        return 0
+    batch = message.table(2)                                     # header: RecordBatch
+    if batch is None:
+        raise ValueError("a record batch message without its header")
+    compressed = batch.table(3) is not None                      # compression: BodyCompression
+    view = memoryview(body)
+    total = 0
+    for entry in batch.structs(2, 16):                           # buffers: [Buffer {offset, length}]
+        offset, length = struct.unpack("<qq", entry)
+        if offset < 0 or length < 0 or offset + length > len(view):
+            raise ValueError("a buffer lies outside the message's body")
+        if not compressed or length == 0:
+            total += length
+            continue
+        if length < 8:
+            raise ValueError("a compressed buffer shorter than its length prefix")
+        claimed = struct.unpack_from("<q", view, offset)[0]
+        if claimed == UNCOMPRESSED:
+            total += length - 8
+        elif claimed < 0:
+            raise ValueError("a compressed buffer claims a negative length")
+        else:
+            total += claimed
+    return total
