@@ -147,13 +147,18 @@ def test_notes_are_printed_as_written_never_as_markup(capsys):
 
 # --- the Xid check ------------------------------------------------------------------------------
 
-def test_a_line_with_a_malformed_timestamp_is_skipped_and_counted(tmp_path, monkeypatch):
+def test_a_line_with_a_malformed_timestamp_is_counted_and_judged_undated(tmp_path, monkeypatch):
+    """A torn time makes neither the whole check an error nor hides the line's Xid: it is
+    judged as a line without a time (it may be recent), and counted."""
     monkeypatch.setattr(xid, "_now", lambda: 1704067300.0)
     log = tmp_path / "kern.log"
-    log.write_text("2024-01-01T00:00:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, "
-                   "GPU has fallen off the bus.\n"
+    log.write_text("2024-01-01T00:00:00,000000+00:00 NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, bad offset\n"
                    "2024-13-45T25:61:00,000000+00:00 some torn line\n"
-                   "2024-01-01T00:00:01+99:00 NVRM: Xid (PCI:0000:3b:00): 13, pid=1, name=x, bad offset\n")
+                   "2024-01-01T00:00:01+99:00 NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, "
+                   "GPU has fallen off the bus.\n")
     r = xid.XidCheck(xid.XidCheck.Params(source=str(log), window=None), CheckContext(node="n1")).run()
-    assert (r.outcome, r.value) == (Outcome.FAIL, 1)  # the good line still judged: was an error for all
-    assert r.details["malformed_time_skipped"] == 2
+    assert (r.outcome, r.value) == (Outcome.FAIL, 1)  # the torn line's Xid 79: skipped before, a pass
+    assert r.details["malformed_time"] == 2 and r.details["untimed"] == 1
+    assert "79" in r.message and "13" in r.message
+    windowed = xid.XidCheck(xid.XidCheck.Params(source=str(log), window=60), CheckContext(node="n1")).run()
+    assert (windowed.outcome, windowed.value) == (Outcome.FAIL, 1)   # undated: inside any window

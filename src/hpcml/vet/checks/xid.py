@@ -9,10 +9,11 @@ own faults) only warn. SXids fail when the line says ``Fatal``.
 The log comes from ``dmesg --time-format iso`` (timeout 5 s), else from ``/dev/kmsg`` read
 non-blocking, else from the file ``source`` (a saved log, for tests and replay). Lines with an
 absolute timestamp older than ``window`` are ignored; lines without one (``[  12.3]`` or
-syslog prefixes in a saved file) cannot be dated and are always judged; lines whose ISO
-prefix is no real time (a torn line: month 13) are skipped and counted
-(``malformed_time_skipped``), not the whole check made an error. An unreadable log raises,
-so the runner reports ``error`` rather than a pass.
+syslog prefixes in a saved file) cannot be dated and are always judged; so are lines whose
+ISO prefix is no real time (a torn line: month 13), counted (``malformed_time``): neither
+the whole check made an error by one torn line, nor an Xid 79 passed because its time was
+torn (fail closed: it may be recent). An unreadable log raises, so the runner reports
+``error`` rather than a pass.
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ class XidEvent:
 
 
 #: the time ``parse_time`` gives a line whose ISO prefix is no date (``2024-13-45``): such a
-#: line is skipped and counted, not the whole check made an error by one torn line
+#: line is counted and judged as one without a time, not the whole check made an error by it
 MALFORMED = float("nan")
 
 
@@ -173,7 +174,7 @@ class XidCheck(Check[XidParams]):
         for ts, text in entries:
             if ts is not None and math.isnan(ts):
                 malformed += 1
-                continue
+                ts = None             # cannot be dated: judged, as a line without a time is
             ev = parse_event(ts, text)
             if ev is None:
                 continue
@@ -186,7 +187,7 @@ class XidCheck(Check[XidParams]):
         other = [e for e in events if e not in bad] if p.warn_on_other else []
         details: dict[str, Json] = {"source": source, "window": p.window, "older_ignored": old,
                                     "untimed": sum(e.time is None for e in events),
-                                    "malformed_time_skipped": malformed,
+                                    "malformed_time": malformed,
                                     "events": [asdict(e) for e in events]}
         span = "" if p.window is None else f" in the last {_span(p.window)}"
         if not bad and not other:
