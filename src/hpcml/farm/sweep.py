@@ -38,6 +38,7 @@ import itertools
 import math
 import os
 import random
+import re
 import string
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -340,18 +341,40 @@ def _expand(stage: Stage, path: tuple, where: ConfigLoader, later: set[str]) -> 
 WORKDIR_WORDS = ("{workdir}", "$HPCML_FARM_WORKDIR", "${HPCML_FARM_WORKDIR}")
 
 
+#: a command of only these characters splits into the words shlex would give (no quote,
+#: escape, comment or punctuation of the shell; only the whitespace shlex splits on): a
+#: million tasks' commands are split by ``str.split``, not by shlex's character loop
+_PLAIN_COMMAND = re.compile(r"[A-Za-z0-9 \t\r\n_./:=,+@%{}$~*?!\[\]^-]*")
+
+
+#: words whose lookup ``relative_paths`` keeps at once
+WORDS_KEPT = 100_000
+
+
+def _words(command: str) -> list[str] | None:
+    """The command's words as shlex (posix, the shell's punctuation) splits them; None
+    where it cannot (an open quote)."""
+    if _PLAIN_COMMAND.fullmatch(command):
+        return command.split()
+    import shlex
+    try:
+        lexer = shlex.shlex(command, posix=True, punctuation_chars=True)
+        lexer.whitespace_split = True
+        return list(lexer)
+    except ValueError:
+        return None
+
+
 def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[str]:
     """Words of the commands that are relative paths to files here (``train.py``,
     ``configs/a.yaml``): a task runs in its own directory, where they are not. A warning,
-    not an error: ``ckpt`` from an earlier run here is meant to become the task's own."""
-    import shlex
+    not an error: ``ckpt`` from an earlier run here is meant to become the task's own.
+    Each word is looked up once (tasks repeat their program and most of their values)."""
     found: dict[str, None] = {}
+    is_file: dict[str, bool] = {}
     for spec in specs:
-        try:
-            lexer = shlex.shlex(spec.command, posix=True, punctuation_chars=True)
-            lexer.whitespace_split = True
-            words = list(lexer)
-        except ValueError:
+        words = _words(spec.command)
+        if words is None:
             continue
         moved = False                   # after ``cd {workdir}``, a relative path is the farm run's directory's
         for i, w in enumerate(words):
@@ -360,8 +383,13 @@ def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[st
                 moved = any(target == w or target.startswith(w + "/") for w in WORKDIR_WORDS)
                 continue
             if (not moved and w and not w.startswith(("/", "-", "$", "~", "{")) and "=" not in w
-                    and (i == 0 or words[i - 1] != "cd") and (here / w).is_file()):
-                found[w] = None
+                    and (i == 0 or words[i - 1] != "cd")):
+                if w not in is_file:
+                    if len(is_file) >= WORDS_KEPT:          # a million distinct seeds: not all kept
+                        is_file.clear()
+                    is_file[w] = (here / w).is_file()
+                if is_file[w]:
+                    found[w] = None
     if not found:
         return []
     names = list(found)
