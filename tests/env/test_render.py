@@ -380,3 +380,48 @@ def test_cli_refuses_command_substitution_in_a_value(tmp_path, env_cli):
     (tmp_path / "h.toml").write_text(f'image = "ubuntu:24.04"\n[env]\nA = "$(touch {mark})"\n')
     r = env_cli("render", "-r", "pyxis", "./h.toml", "--", "true")
     assert r.exit_code == 2 and r.stdout == "" and "key 'env.A'" in r.stderr and not mark.exists()
+
+
+def _getmntent(line: str, tmp_path) -> tuple[str, str, str, str]:
+    """One fstab line read as enroot-mount reads it on glibc: ``setmntent`` + ``getmntent``
+    (enroot's bin/compat.h maps its ``compat_getmntent_r`` to glibc's)."""
+    import ctypes
+    import ctypes.util
+
+    class Mntent(ctypes.Structure):
+        _fields_ = [("fsname", ctypes.c_char_p), ("dir", ctypes.c_char_p), ("type", ctypes.c_char_p),
+                    ("opts", ctypes.c_char_p), ("freq", ctypes.c_int), ("passno", ctypes.c_int)]
+    libc = ctypes.CDLL(ctypes.util.find_library("c"))
+    libc.setmntent.restype = ctypes.c_void_p
+    libc.setmntent.argtypes = [ctypes.c_char_p, ctypes.c_char_p]
+    libc.getmntent.restype = ctypes.POINTER(Mntent)
+    libc.getmntent.argtypes = [ctypes.c_void_p]
+    libc.endmntent.argtypes = [ctypes.c_void_p]
+    fstab = tmp_path / "fstab"
+    fstab.write_text(line + "\n")
+    f = libc.setmntent(str(fstab).encode(), b"r")
+    try:
+        m = libc.getmntent(f).contents
+        return m.fsname.decode(), m.dir.decode(), m.type.decode(), m.opts.decode()
+    finally:
+        libc.endmntent(f)
+
+
+@pytest.mark.parametrize("source, target", [
+    ("/scratch/my data", "/data"), ("/a\tb", "/in side"), ("/back\\slash\\040x", "/t"), ("/plain", "/plain")])
+def test_enroot_mount_paths_reach_enroot_mount_as_written(source, target, tmp_path):
+    """A --mount value becomes an fstab line by enroot's ``tr ':' ' '`` (src/runtime.sh) and is
+    read by getmntent: a blank in a path split it into other fields (a source ``/scratch/my``
+    mounted at ``data``); now each path is one field, decoded back to itself."""
+    launch = render("enroot", Environment(image="/i.sqsh", mounts=[Mount(source, target, ("ro",))]))
+    value = launch.argv[launch.argv.index("--mount") + 1]
+    assert _getmntent(value.replace(":", " "), tmp_path) == (source, target, "none", "x-create=auto,rbind,ro")
+
+
+def test_a_relative_mount_under_a_directory_with_a_colon_is_refused():
+    from hpcml.env.mounts import MountError, parse_mount
+    with pytest.raises(MountError, match="':' every runtime's mount syntax reads as a separator"):
+        parse_mount("./data:/data", cwd="/home/u/run:1")
+    with pytest.raises(MountError, match="resolves against"):
+        parse_mount("./data", cwd="/home/u/run:1")
+    assert parse_mount("./data:/data", cwd="/home/u/run 1").source == "/home/u/run 1/data"

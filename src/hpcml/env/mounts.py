@@ -48,7 +48,7 @@ def parse_mount(spec: str, cwd: str, *, short_form: bool = True) -> Mount:
                              "(the CE's short form PATH means PATH:PATH)")
         if not (spec.startswith("/") or is_relative_path(spec)):
             raise MountError(f"a path alone must be absolute or start with ./ or ../, found {spec!r}")
-        path = resolve_path(spec, cwd)
+        path = _no_colon(resolve_path(spec, cwd), cwd, spec)
         return Mount(source=path, target=path)
     if len(parts) < 2:
         raise MountError(f"expected SRC:DST[:FLAGS] or PATH, found {spec!r}")
@@ -70,4 +70,14 @@ def parse_mount(spec: str, cwd: str, *, short_form: bool = True) -> Mount:
             if flag not in FLAGS:
                 what = "an empty flag" if not flag else f"unknown flag {flag!r}"
                 raise MountError(f"{what} in {spec!r}; known: {', '.join(sorted(FLAGS))}")
-    return Mount(source=resolve_path(src, cwd), target=dst, flags=flags)
+    return Mount(source=_no_colon(resolve_path(src, cwd), cwd, spec), target=dst, flags=flags)
+
+
+def _no_colon(path: str, cwd: str, spec: str) -> str:
+    """A ``./`` path made absolute against a directory with a ``:`` in its name: every
+    runtime's mount syntax (``SRC:DST``, pyxis's, podman's ``-v``, enroot's fstab fields)
+    would split it there."""
+    if ":" in path:
+        raise MountError(f"{spec!r} resolves against {cwd!r} to {path!r}, whose ':' every runtime's "
+                         "mount syntax reads as a separator: use an absolute path without one")
+    return path

@@ -42,6 +42,16 @@ def one_line(env: Environment, variables: Mapping[str, str | None]) -> None:
                              "so the rest would be another setting", file=env.origin.get(key), key=key)
 
 
+def fstab_field(path: str) -> str:
+    """``path`` as one field of an fstab line: enroot turns a ``--mount`` value's ``:`` into
+    spaces and reads the line with ``getmntent``, which splits fields at blanks and decodes
+    ``\\040``, ``\\011``, ``\\012`` and ``\\134``; escaped as pyxis escapes what it hands
+    enroot (``fstab_escape``), so ``/data/my set`` is one source, not a source ``/data/my``
+    mounted at ``set``."""
+    return (path.replace("\\", "\\134").replace(" ", "\\040").replace("\t", "\\011")
+            .replace("\n", "\\012"))
+
+
 class Enroot(Runtime):
     name = "enroot"
     executable = "enroot"
@@ -64,7 +74,7 @@ class Enroot(Runtime):
             extra = [f for f in m.flags if f not in ("ro", "rw")]
             if extra:
                 notes.append(f"mount {m.target}: flags {'+'.join(extra)} not passed to enroot")
-            argv += ["--mount", f"{m.source}:{m.target}:none:{opts}"]
+            argv += ["--mount", f"{fstab_field(m.source)}:{fstab_field(m.target)}:none:{opts}"]
         for key, value in plan.variables.items():
             if value is not None:
                 argv += ["-e", f"{key}={value}"]
