@@ -416,3 +416,42 @@ def test_a_rank_out_of_descriptors_drops_its_rows_and_goes_on(tmp_path):
     p = subprocess.run([sys.executable, "-c", FORWARDER_SHORT_OF_FDS, str(free_port("127.0.0.1"))],
                        capture_output=True, text=True, timeout=60, env={**os.environ, "PYTHONPATH": src})
     assert p.returncode == 0 and p.stdout.strip() == "went on", p.stderr[-2000:]
+
+
+def test_a_rank_the_endpoint_refuses_for_having_too_many_says_so(endpoint, monkeypatch, caplog):
+    """An endpoint with ``MAX_PEERS`` ranks connected closes a new one after accepting it. The
+    refused rank's first message went into the connection before the close, so it took
+    itself for connected, and its rows were lost without a word. A connection now counts as
+    reaching the endpoint from its second message; a lost one counts a miss."""
+    import logging
+
+    from hpcml.observe import export
+    monkeypatch.setattr(export, "MAX_PEERS", 0)
+    monkeypatch.setattr(export, "SILENT_TRIES", 3)
+    f = PromForwarder(endpoint, rank=5, job="7")
+    f.path = "/nonexistent-hpcml/export.sock"          # not this rank's directory: the abstract door
+    try:
+        with caplog.at_level(logging.WARNING, logger="hpcml"):
+            for i in range(400):              # (each refusal needs the endpoint's thread to run)
+                f.update([(time.time_ns(), "metric", "refused", 1.0, i, None)])
+                if any("rank 5 reached no export endpoint" in r.getMessage() for r in caplog.records):
+                    break
+                time.sleep(0.05)
+        assert any("rank 5 reached no export endpoint" in r.getMessage() for r in caplog.records), caplog.text
+        assert any("0 ranks connected" in r.getMessage() for r in caplog.records), caplog.text   # the endpoint too
+        assert 'name="refused"' not in scrape(endpoint)
+    finally:
+        f.close()
+
+
+def test_a_rank_the_endpoint_takes_is_not_counted_missing(endpoint, caplog):
+    """The same rule for a rank the endpoint keeps: its rows arrive and no warning is said."""
+    import logging
+    f = PromForwarder(endpoint, rank=4, job="7")
+    f.path = "/nonexistent-hpcml/export.sock"
+    try:
+        with caplog.at_level(logging.WARNING, logger="hpcml"):
+            wait_for(endpoint, 'name="kept"', send=lambda: f.update([(time.time_ns(), "metric", "kept", 1.0, 1, None)]))
+        assert f._misses == 0 and not any("reached no export endpoint" in r.getMessage() for r in caplog.records)
+    finally:
+        f.close()

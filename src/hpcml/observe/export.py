@@ -139,7 +139,7 @@ class PromExporter:
         self.udp = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
         self.side: socket.socket | None = None    # the abstract door, once listening
         self._closed = threading.Event()
-        self._said_accept = self._door_rests = False
+        self._said_accept = self._door_rests = self._said_full = False
         path = socket_path(port)
         try:
             problem = private_dir(path.parent) or self._bind(path)
@@ -258,7 +258,14 @@ class PromExporter:
             self._door_rests = True
             return False
         try:
-            if peers >= MAX_PEERS or peer_uid(conn) != os.geteuid():
+            if peers >= MAX_PEERS:
+                conn.close()                          # the rank counts the lost connection and says so
+                if not self._said_full:
+                    self._said_full = True
+                    log.warning(f"hpcml observe: the export endpoint has {MAX_PEERS} ranks connected through "
+                                "its abstract socket: more are refused, and their rows are not exported")
+                return False
+            if peer_uid(conn) != os.geteuid():
                 conn.close()                          # another user's process: not one row of it
                 return False
             conn.setblocking(False)
@@ -338,6 +345,7 @@ class PromForwarder:
         self._warned = False                  # said: another user holds the abstract socket
         self._said_missing = False            # said: no endpoint reached (taken back once one is)
         self._misses = 0                      # samples in a row that reached no endpoint
+        self._fresh = False                   # the abstract connection has carried no message yet
 
     def update(self, rows: list[tuple]) -> None:
         for data in self._messages([r for r in rows if r[3] is not None and r[1] in KINDS]):
@@ -378,15 +386,20 @@ class PromForwarder:
             if self.side is None:
                 self._missed()
                 return False
+            self._fresh = True
         try:
             self.side.send(data)
-            return self._reached()
         except BlockingIOError:
             return False
-        except OSError:                 # the endpoint went away: ask again at the next sample
-            self.side.close()
+        except OSError:                 # the endpoint went away, or refused this rank: ask again
+            self.side.close()           # at the next sample, and count it as a sample not sent
             self.side = None
+            self._missed()
             return False
+        if self._fresh:                 # a connection's first message proves nothing: an endpoint
+            self._fresh = False         # with MAX_PEERS ranks closes a new one after its accept
+            return True
+        return self._reached()
 
     def _reached(self) -> bool:
         self._misses = 0
