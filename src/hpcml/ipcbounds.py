@@ -25,6 +25,10 @@ import struct
 RECORD_BATCH = 3
 #: a compressed buffer whose prefix is this was stored uncompressed (Arrow's format)
 UNCOMPRESSED = -1
+#: ``MetadataVersion.V5`` (Schema.fbs), what Arrow 1.0 and later write. Arrow still reads a V4
+#: record batch as compressed when its custom metadata says ``ARROW:experimental_compression``
+#: and it has no ``BodyCompression``: such a batch is refused, not counted by its stored sizes.
+METADATA_V5 = 4
 
 
 class _Table:
@@ -93,6 +97,9 @@ def decoded_size(metadata: bytes | memoryview, body: bytes | memoryview) -> int:
     message = _Table(metadata, _u32(metadata, 0))
     if message.scalar(1, "<B", 0) != RECORD_BATCH:             # header_type
         return 0
+    if message.scalar(0, "<h", 0) < METADATA_V5:                # version
+        raise ValueError("a message of metadata version V4 or older: its compression may be named "
+                         "in its custom metadata, which this does not read")
     batch = message.table(2)                                     # header: RecordBatch
     if batch is None:
         raise ValueError("a record batch message without its header")

@@ -196,6 +196,132 @@ def test_a_batch_whose_buffers_lie_outside_its_body_is_the_rank_s_problem(tmp_pa
     assert [b.num_rows for b in got.batches] == [10]
 
 
+def _messages(data: bytes) -> list[list]:
+    """A stream's messages as [flatbuffer metadata, body], to rewrite one as a hostile writer
+    would (Arrow's encapsulated format: 0xFFFFFFFF, the metadata's length, then both)."""
+    import struct
+
+    from hpcml.ipcbounds import _Table
+    out, pos = [], 0
+    while pos + 8 <= len(data):
+        _cont, n = struct.unpack_from("<Ii", data, pos)
+        if n == 0:
+            break
+        meta = bytearray(data[pos + 8:pos + 8 + n])
+        body_len = _Table(bytes(meta), struct.unpack_from("<I", meta, 0)[0]).scalar(3, "<q", 0)
+        out.append([meta, data[pos + 8 + n:pos + 8 + n + body_len]])
+        pos += 8 + n + body_len
+    return out
+
+
+def _joined(messages: list[list], end: bool = True) -> bytes:
+    import struct
+    out = bytearray()
+    for meta, body in messages:
+        meta = bytes(meta) + b"\0" * (-len(meta) % 8)
+        out += struct.pack("<Ii", 0xFFFFFFFF, len(meta)) + meta + bytes(body)
+    return bytes(out + (struct.pack("<Ii", 0xFFFFFFFF, 0) if end else b""))
+
+
+def _in_child(path: Path) -> tuple[int, str | None, int, int]:
+    """``read_rank`` in a process of its own (a crash is its exit status, not the test's):
+    its exit code, the problem, the rows kept and Arrow's peak allocation."""
+    import json
+    import subprocess
+    import sys
+    code = ("import json, sys, pyarrow as pa; from hpcml.observe import store\n"
+            "store.DECODED_FLOOR = 1 << 20\n"
+            "got = store.read_rank(sys.argv[1])\n"
+            "print(json.dumps([got.problem, sum(b.num_rows for b in got.batches), pa.default_memory_pool().max_memory()]))")
+    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
+                         env={**os.environ, "PYTHONPATH": str(Path(store.__file__).parents[2])})
+    if out.returncode:
+        return out.returncode, out.stderr[-300:], 0, 0
+    problem, rows, peak = json.loads(out.stdout)
+    return 0, problem, rows, peak
+
+
+def _batch_table(meta: bytearray):
+    import struct
+
+    from hpcml.ipcbounds import _Table
+    return _Table(bytes(meta), struct.unpack_from("<I", meta, 0)[0])
+
+
+def test_a_v4_batch_compressed_by_its_custom_metadata_is_refused(tmp_path):
+    """Arrow reads a V4 batch without a BodyCompression table as compressed when its custom
+    metadata says ``ARROW:experimental_compression``: counted by its stored sizes, six of them
+    (33 KB) were 912 MB read (the review's finding). The store writes V5: a V4 batch is refused."""
+    import struct
+    batch = _zeros(2_000_000)
+    sink = tmp_path / "v4.arrows"
+    with pa.OSFile(str(sink), "wb") as fh:
+        w = pa.ipc.new_stream(fh, arrow_schema(), options=pa.ipc.IpcWriteOptions(
+            compression="zstd", metadata_version=pa.ipc.MetadataVersion.V4))
+        w.write_batch(batch, custom_metadata={"ARROW:experimental_compression": "zstd"})
+        w.close()
+    messages = _messages(sink.read_bytes())
+    message = _batch_table(messages[1][0])
+    slot = message.table(2).vtable + 4 + 2 * 3                # RecordBatch.compression's vtable entry
+    struct.pack_into("<H", messages[1][0], slot, 0)           # no BodyCompression: the older way only
+    f = tmp_path / "rank-00000.arrows"
+    f.write_bytes(_joined(messages))
+    rc, problem, rows, peak = _in_child(f)
+    assert rc == 0 and problem and "metadata version V4" in problem and rows == 0, problem
+    assert peak < batch.nbytes / 4
+
+
+@pytest.mark.parametrize("attack", ["rows", "offsets", "body", "not-a-schema-first", "empty", "name"])
+def test_a_crafted_message_is_the_rank_s_problem_never_a_crash(tmp_path, attack):
+    """Each once crashed or raised out of ``read_rank`` (the review's files, rebuilt here):
+    2^30 rows claimed over 8 rows' buffers (a segfault where the batch was used, 2 GiB for a
+    null column), a string offset 2 GB past its data (a segfault), a body length of 2^62 (a
+    MemoryError), a schema message whose header says record batch (pyarrow's read_schema
+    segfaults: found by the review's fuzzing),
+    an empty file (an empty reason), a column name that is not UTF-8 (a traceback)."""
+    import struct
+    f = tmp_path / "rank-00000.arrows"
+    messages = _messages(_stream(tmp_path / "w.arrows", [_zeros(8)], arrow_schema(), "zstd").read_bytes())
+    meta, body = messages[1]
+    rb = _batch_table(meta).table(2)
+    if attack == "rows":
+        struct.pack_into("<q", meta, rb._field(0), 1 << 30)                     # RecordBatch.length
+        start = rb._field(1) + struct.unpack_from("<I", meta, rb._field(1))[0]
+        for k in range(struct.unpack_from("<I", meta, start)[0]):             # each FieldNode.length
+            struct.pack_into("<q", meta, start + 4 + 16 * k, 1 << 30)
+    elif attack == "offsets":
+        plain = _messages(_stream(tmp_path / "p.arrows", [_zeros(8)], arrow_schema()).read_bytes())
+        meta, body = plain[1]
+        body = bytearray(body)
+        string_col = [i for i, fld in enumerate(arrow_schema()) if fld.type == pa.string()][0]
+        buffers = _batch_table(meta).table(2).structs(2, 16)
+        # two buffers (validity, values) before each fixed-width column, three before a string one
+        index = sum(3 if fld.type == pa.string() else 2 for fld in list(arrow_schema())[:string_col]) + 1
+        off, length = struct.unpack("<qq", buffers[index])
+        struct.pack_into("<i", body, off + length - 4, 0x7FFF0000)
+        messages = [plain[0], [meta, bytes(body)]]
+    elif attack == "body":
+        struct.pack_into("<q", meta, _batch_table(meta)._field(3), 1 << 62)     # Message.bodyLength
+    if attack == "not-a-schema-first":           # the schema's own message, its header typed a batch
+        schema_meta = messages[0][0]
+        head = _batch_table(schema_meta)
+        struct.pack_into("<B", schema_meta, head._field(1), 3)              # Message.header_type
+        f.write_bytes(_joined(messages))
+    elif attack == "empty":
+        f.write_bytes(b"")
+    elif attack == "name":
+        data = _stream(tmp_path / "n.arrows", [], pa.schema([pa.field("QQQQ", pa.int64())])).read_bytes()
+        f.write_bytes(data.replace(b"QQQQ", b"\xff\xfeQQ"))
+    else:
+        f.write_bytes(_joined([messages[0], [meta, body]], end=attack != "body"))
+    rc, problem, rows, peak = _in_child(f)
+    assert rc == 0, (rc, problem)
+    assert problem and rows == 0 and peak < 64 << 20, (problem, rows, peak)
+    assert problem.strip() not in ("unreadable:", "unreadable: ")
+    if attack == "name":
+        assert "not UTF-8" in problem
+
+
 def test_the_store_s_own_files_are_far_inside_the_bound(tmp_path, monkeypatch):
     """The ratio alone (no floor) never cuts a real rank file: the writer's own batches of
     constant values, the most compressible a real store gets, decode to under 10 times

@@ -302,6 +302,24 @@ def test_gssr_sqlite_samples_of_a_process_not_in_its_metadata_beside_dated_ones_
         gssr_json.load_sqlite(db)
 
 
+def test_gssr_sqlite_undated_steps_on_one_gpu_are_said_to_overlay(tmp_path):
+    """Two job steps of the real export, neither dated: each step's samples start at 0, laid
+    over each other on the GPUs both used, and the notes say so; a lost GPU names its step."""
+    db = _export_with_starts(tmp_path, {0: None, 1: None})
+    con = sqlite3.connect(db)
+    cols = [r[1] for r in con.execute("PRAGMA table_info(data)")]
+    sel = ", ".join("1" if c == "step_id" else f'"{c}"' for c in cols)
+    con.execute(f"INSERT INTO data SELECT {sel} FROM data")
+    pm = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
+    con.execute(f"INSERT INTO process_metadata SELECT {', '.join('1' if c == 'step_id' else c for c in pm)} "
+                "FROM process_metadata")
+    con.commit()
+    con.close()
+    rec = gssr_json.load_sqlite(db)
+    assert any("2 GPU(s) hold samples of several processes" in n for n in rec.notes), rec.notes
+    assert any("(step 0, proc 0)" in n and "(step 1, proc 0)" in n for n in rec.notes), rec.notes
+
+
 def test_gssr_sqlite_not_an_export(tmp_path):
     db = tmp_path / "other.sqlite3"
     con = sqlite3.connect(db)

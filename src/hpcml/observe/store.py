@@ -128,10 +128,17 @@ def read_rank(path: str | os.PathLike) -> RankData:
         size = os.fstat(fh.fileno()).st_size
         limit = max(DECODED_FLOOR, DECODED_PER_BYTE * size)
         try:
-            reader = pa.ipc.MessageReader.open_stream(fh)
-            schema = pa.ipc.read_schema(reader.read_next_message())
-        except (pa.ArrowException, OSError, StopIteration) as exc:
-            data.problem = f"unreadable: {exc or 'empty'}"
+            reader = pa.ipc.MessageReader.open_stream(_Capped(fh, size))
+            first = reader.read_next_message()
+            if first.type != "schema":          # read_schema of another message crashes pyarrow (SIGSEGV)
+                data.problem = f"unreadable: it starts with a {first.type} message, not a schema"
+                return data
+            schema = pa.ipc.read_schema(first)
+        except StopIteration:
+            data.problem = "unreadable: empty"
+            return data
+        except (pa.ArrowException, OSError, MemoryError, OverflowError, UnicodeDecodeError) as exc:
+            data.problem = f"unreadable: {str(exc) or type(exc).__name__}"
             return data
         conform = _conform(schema)
         if conform is None:
@@ -148,14 +155,14 @@ def _read_batches(reader, schema, conform, data: RankData, limit: int, size: int
     import pyarrow as pa
 
     from hpcml.ipcbounds import decoded_size
-    decoded = 0
+    decoded = held = 0
     while True:
         try:
             message = reader.read_next_message()
         except StopIteration:
             return
-        except (pa.ArrowException, OSError) as exc:
-            data.problem = f"truncated after {len(data.batches)} batches ({exc})"
+        except (pa.ArrowException, OSError, MemoryError, OverflowError) as exc:
+            data.problem = f"truncated after {len(data.batches)} batches ({str(exc) or type(exc).__name__})"
             return
         if message.type != "record batch":     # the store's schema has no dictionaries
             data.problem = f"a {message.type} message after {len(data.batches)} batches: not the store's"
@@ -171,10 +178,18 @@ def _read_batches(reader, schema, conform, data: RankData, limit: int, size: int
             return
         try:
             batch = pa.ipc.read_record_batch(message, schema)
+            # lengths, offsets and text checked against the buffers: a batch that claims 2^30
+            # rows over 8 rows' buffers, or an offset past its data, crashed whoever read it
+            batch.validate(full=True)
+            held += batch.nbytes            # what was decoded, counted again: the claim's check
+            if held > limit:
+                data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
+                                f"{len(data.batches)} batches, not the rest")
+                return
+            data.batches.append(conform(batch))
         except (pa.ArrowException, OSError) as exc:
-            data.problem = f"truncated after {len(data.batches)} batches ({exc})"
+            data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
             return
-        data.batches.append(conform(batch))
     return data
 
 
@@ -202,11 +217,31 @@ def _open_regular(p: Path) -> IO[bytes]:
         raise
 
 
+class _Capped:
+    """A file whose ``read(n)`` never asks for more than is left of it: Arrow reads a message's
+    body with one ``read(bodyLength)``, and a Python file allocates ``n`` first, so a length
+    of 2^40 in a few bytes was a MemoryError (2^63: an OverflowError) out of the reader."""
+
+    def __init__(self, fh: IO[bytes], size: int) -> None:
+        self._fh, self._size = fh, size
+
+    def read(self, n: int | None = -1) -> bytes:
+        left = max(self._size - self._fh.tell(), 0)
+        return self._fh.read(left if n is None or n < 0 or n > left else n)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._fh, name)
+
+
 def _columns(schema) -> str:
     """A foreign file's columns as said in its problem: its names are the writer's, shown as
-    text (``printable``: no terminal escapes, no faked lines)."""
+    text (``printable``: no terminal escapes, no faked lines; a name that is not UTF-8 said so)."""
     from hpcml.words import printable
-    return printable(", ".join(f"{f.name} ({f.type})" for f in schema), 200)
+    try:
+        said = ", ".join(f"{f.name} ({f.type})" for f in schema)
+    except UnicodeDecodeError:
+        said = "named in bytes that are not UTF-8"
+    return printable(said, 200)
 
 
 def _conform(schema):

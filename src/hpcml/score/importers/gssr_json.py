@@ -125,7 +125,7 @@ def _read(f: Path) -> tuple[dict, dict[str, dict[str, np.ndarray]]]:
 def _said(value: object) -> str:
     """A value from the file as an error line shows it: bounded before it is built
     (``reprlib``: a long text or list is cut, not copied whole), control characters escaped."""
-    return printable(reprlib.repr(value), 80)
+    return printable(reprlib.repr(value[:100] if isinstance(value, (str, bytes)) else value), 80)
 
 
 def _number(meta: dict, key: str, f: Path) -> float:
@@ -385,21 +385,26 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
         _put(rec, host, gpu, *_joined(parts))
     lost: list[str] = []
     n_lost = 0
+    steps = len({pkey[:2] for pkey in procs}) if has_step else 1       # a step named where there are several
     for pkey, (host, gpu_ids, _, _) in sorted(procs.items(), key=lambda kv: str(kv[0])):
         for gpu in dict.fromkeys(g.strip() for g in gpu_ids.split(",") if g.strip()):
             if (pkey, gpu) not in seen:
                 n_lost += 1
                 if len(lost) < LOST_NAMED:           # a count, not a list as long as the file makes it
+                    step = f"step {printable(str(pkey[1]), 20)}, " if has_step and steps > 1 else ""
                     lost.append(f"{printable(host, 80)} GPU {printable(gpu, 20)} "
-                                f"(proc {printable(str(pkey[-1] if has_step else pkey), 20)})")
+                                f"({step}proc {printable(str(pkey[-1] if has_step else pkey), 20)})")
     if not rec.gpus:
         raise UsageError("gssr SQLite export with no rows in 'data'", file=str(p))
     if dated:
         rec.notes.append("gssr stores no timestamps: times are the process start (whole seconds, local time)"
                          " + sample x sampling_time")
     else:
-        rec.notes.append("no process has a start_time that names a time: times are seconds from each "
-                         "process's start (sample x sampling_time), not dates")
+        rec.notes.append("no process with samples has a start_time in 'process_metadata' that names a time: "
+                         "times are seconds from each process's start (sample x sampling_time), not dates")
+        if shared := sum(len(parts) > 1 for parts in pieces.values()):
+            rec.notes.append(f"{shared} GPU(s) hold samples of several processes (job steps), each from its "
+                             "own start: laid over each other, not one after the other")
     if lost:
         rec.notes.append(f"gssr's export wrote only the last GPU of each process; lost {n_lost} GPU(s): "
                          + ", ".join(lost) + (f" and {n_lost - len(lost)} more" if n_lost > len(lost) else ""))
