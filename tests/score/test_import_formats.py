@@ -239,12 +239,19 @@ def _export_with_starts(tmp_path, starts: dict[int, object]):
     form of it, or none)."""
     db = tmp_path / "export.sqlite3"
     shutil.copy(GSSR_SQLITE, db)
-    con = sqlite3.connect(db)
-    for proc, value in starts.items():
-        con.execute("UPDATE process_metadata SET start_time = ? WHERE proc_id = ?", (value, proc))
-    con.commit()
-    con.close()
+    _edit(db, lambda con: con.executemany("UPDATE process_metadata SET start_time = ? WHERE proc_id = ?",
+                                          [(v, k) for k, v in starts.items()]))
     return db
+
+
+def _edit(db: Path, change) -> None:
+    """``change(connection)`` made to the file and committed."""
+    con = sqlite3.connect(db)
+    try:
+        change(con)
+        con.commit()
+    finally:
+        con.close()
 
 
 @pytest.mark.parametrize("form", ["2025-10-09T08:53:20", "2025-10-09 08:53:20.000000",
@@ -294,10 +301,7 @@ def test_gssr_sqlite_one_process_undated_beside_dated_ones_is_refused(tmp_path, 
 
 def test_gssr_sqlite_samples_of_a_process_not_in_its_metadata_beside_dated_ones_are_refused(tmp_path):
     db = _export_with_starts(tmp_path, {})
-    con = sqlite3.connect(db)
-    con.execute("DELETE FROM process_metadata WHERE proc_id = 1")
-    con.commit()
-    con.close()
+    _edit(db, lambda con: con.execute("DELETE FROM process_metadata WHERE proc_id = 1"))
     with pytest.raises(UsageError, match="proc 1 is not in 'process_metadata'"):
         gssr_json.load_sqlite(db)
 
@@ -306,15 +310,13 @@ def test_gssr_sqlite_undated_steps_on_one_gpu_are_said_to_overlay(tmp_path):
     """Two job steps of the real export, neither dated: each step's samples start at 0, laid
     over each other on the GPUs both used, and the notes say so; a lost GPU names its step."""
     db = _export_with_starts(tmp_path, {0: None, 1: None})
-    con = sqlite3.connect(db)
-    cols = [r[1] for r in con.execute("PRAGMA table_info(data)")]
-    sel = ", ".join("1" if c == "step_id" else f'"{c}"' for c in cols)
-    con.execute(f"INSERT INTO data SELECT {sel} FROM data")
-    pm = [r[1] for r in con.execute("PRAGMA table_info(process_metadata)")]
-    con.execute(f"INSERT INTO process_metadata SELECT {', '.join('1' if c == 'step_id' else c for c in pm)} "
-                "FROM process_metadata")
-    con.commit()
-    con.close()
+
+    def second_step(con: sqlite3.Connection) -> None:
+        for table in ("data", "process_metadata"):
+            cols = [r[1] for r in con.execute(f"PRAGMA table_info({table})")]
+            sel = ", ".join("1" if c == "step_id" else f'"{c}"' for c in cols)
+            con.execute(f"INSERT INTO {table} SELECT {sel} FROM {table}")
+    _edit(db, second_step)
     rec = gssr_json.load_sqlite(db)
     assert any("2 GPU(s) hold samples of several processes" in n for n in rec.notes), rec.notes
     assert any("(step 0, proc 0)" in n and "(step 1, proc 0)" in n for n in rec.notes), rec.notes
