@@ -20,11 +20,21 @@ summed are the sizes it would allocate.
 from __future__ import annotations
 
 import struct
+from typing import IO
 
 #: ``MessageHeader`` union member of a record batch (Message.fbs)
 RECORD_BATCH = 3
+#: the union's members, as a message is named in a problem
+HEADERS = {0: "headerless", 1: "schema", 2: "dictionary batch", 3: "record batch", 4: "tensor", 5: "sparse tensor"}
 #: a compressed buffer whose prefix is this was stored uncompressed (Arrow's format)
 UNCOMPRESSED = -1
+#: the most metadata one message may carry. The store's are under 1 KiB. Arrow builds what a
+#: flatbuffer references as often as it is referenced (a vector of 4-byte offsets to one
+#: long string: a key/value per entry, a field name per field), so a message of S bytes can
+#: ask for S^2/16: bounded here before Arrow sees it, that is at most 16 MiB
+METADATA_MAX = 16 << 10
+#: the encapsulated format's continuation marker (Arrow 0.15+; before it, the length alone)
+CONTINUATION = b"\xff\xff\xff\xff"
 #: ``MetadataVersion.V5`` (Schema.fbs), what Arrow 1.0 and later write. Arrow still reads a V4
 #: record batch as compressed when its custom metadata says ``ARROW:experimental_compression``
 #: and it has no ``BodyCompression``: such a batch is refused, not counted by its stored sizes.
@@ -89,6 +99,12 @@ def _u32(buf: bytes | memoryview, at: int) -> int:
     return _unpack("<I", buf, at)
 
 
+def message_type(metadata: bytes | memoryview) -> int:
+    """The ``MessageHeader`` union member of a message (3: a record batch); ValueError where
+    its metadata cannot be read."""
+    return _Table(metadata, _u32(metadata, 0)).scalar(1, "<B", 0)
+
+
 def decoded_size(metadata: bytes | memoryview, body: bytes | memoryview) -> int:
     """The bytes a record batch message's buffers decode to (their sum). ``metadata``: the
     message's flatbuffer (``pyarrow.ipc.Message.metadata``); ``body``: its body. A message
@@ -123,3 +139,47 @@ def decoded_size(metadata: bytes | memoryview, body: bytes | memoryview) -> int:
         else:
             total += claimed
     return total
+
+
+class Truncated(ValueError):
+    """The file ends inside a message: a writer killed mid-write (``kill -9``), not a forgery."""
+
+
+def next_message(fh: IO[bytes], size: int) -> tuple[bytes, bytes] | None:
+    """The next message of an IPC stream read from ``fh`` (a file of ``size`` bytes), as its
+    metadata and its body, read here so that Arrow is handed only bytes that were checked;
+    None at the stream's end (its end marker, or the file's). A message cut short (a body
+    longer than what is left of the file among them) is ``Truncated``; metadata past
+    ``METADATA_MAX``, or metadata this cannot read, a ValueError.
+    The stream's framing: ``0xFFFFFFFF``, then the metadata's length (int32), the metadata
+    (a flatbuffer ``Message``, padded to 8 bytes), then ``bodyLength`` bytes of body; before
+    Arrow 0.15 the length came without the marker (both are read, as Arrow reads them)."""
+    head = fh.read(4)
+    if not head:
+        return None
+    if head == CONTINUATION:
+        head = fh.read(4)
+    if len(head) < 4:
+        raise Truncated("the file ends inside a message's length")
+    (length,) = struct.unpack("<i", head)
+    if length == 0:
+        return None
+    if not 0 < length <= METADATA_MAX:
+        raise ValueError(f"a message's metadata of {length} bytes (at most {METADATA_MAX} read)")
+    metadata = fh.read(length)
+    if len(metadata) < length:
+        raise Truncated("the file ends inside a message's metadata")
+    body_length = _Table(metadata, _u32(metadata, 0)).scalar(3, "<q", 0)      # Message.bodyLength
+    if body_length < 0:
+        raise ValueError(f"a message's body of {body_length} bytes")
+    if body_length > size - fh.tell():
+        raise Truncated(f"the file ends inside a message's body ({body_length} bytes claimed)")
+    body = fh.read(body_length)
+    if len(body) < body_length:
+        raise Truncated("the file ends inside a message's body")
+    return metadata, body
+
+
+def framed(metadata: bytes, body: bytes) -> bytes:
+    """The message as one encapsulated buffer (``pyarrow.ipc.read_message`` reads it)."""
+    return CONTINUATION + struct.pack("<i", len(metadata)) + metadata + body

@@ -425,3 +425,33 @@ def test_a_relative_mount_under_a_directory_with_a_colon_is_refused():
     with pytest.raises(MountError, match="resolves against"):
         parse_mount("./data", cwd="/home/u/run:1")
     assert parse_mount("./data:/data", cwd="/home/u/run 1").source == "/home/u/run 1/data"
+
+
+@pytest.mark.parametrize("source", ["/scratch/a$HOME", "/scratch/b`id>/tmp/x`", '/scratch/q"x"y'])
+def test_pyxis_refuses_a_mount_path_its_rc_script_would_expand(source):
+    """pyxis writes each mount as ``echo "SRC DST FLAGS"`` into the rc script enroot sources
+    (pyxis_slurmstepd.c): ``$HOME`` was expanded, a backquote ran a command (the review's
+    replay in bash). Refused in one line naming the mount; enroot itself takes them as written."""
+    env = Environment(image="/i.sqsh", mounts=[Mount(source, "/data")])
+    with pytest.raises(UsageError, match="pyxis writes each mount into a shell script") as err:
+        render("pyxis", env)
+    assert err.value.key == "mounts[0]"
+    argv = render("enroot", env).argv
+    assert _getmntent_fields(argv[argv.index("--mount") + 1])[0] == source
+
+
+def _getmntent_fields(value: str) -> tuple[str, ...]:
+    import tempfile
+    from pathlib import Path
+    with tempfile.TemporaryDirectory() as d:
+        return _getmntent(value.replace(":", " "), Path(d))
+
+
+@pytest.mark.parametrize("runtime", ["enroot", "pyxis"])
+@pytest.mark.parametrize("char", ["\r", "\f", "\v", "\u3000"])
+def test_whitespace_enroot_refuses_is_refused_when_rendered(runtime, char):
+    """enroot's runtime refuses an fstab field with whitespace other than the escaped space
+    and tab (``[^[:space:]]``): said at render, naming the mount, not at launch."""
+    env = Environment(image="/i.sqsh", mounts=[Mount(f"/scratch/a{char}b", "/data")])
+    with pytest.raises(UsageError, match="whitespace other than a space or a tab"):
+        render(runtime, env)

@@ -108,3 +108,12 @@ def test_a_task_file_that_is_a_fifo_is_refused_not_waited_on(tmp_path):
     reader.start()
     reader.join(timeout=30)
     assert not reader.is_alive() and got and "a FIFO, not a regular file" in got[0] and "tasks.jsonl" in got[0], got
+
+
+def test_a_spec_edited_between_two_creates_is_added_again(tmp_path):
+    """A task's identity is made at each ``create`` (the review found it kept on the spec
+    once made, so a caller who changed ``params`` had the edited task skipped)."""
+    spec = TaskSpec(command="echo hi", params={"lr": 1})
+    assert store.create(tmp_path / "f", [spec]).added == 1
+    spec.params["lr"] = 2
+    assert store.create(tmp_path / "f", [spec]).added == 1

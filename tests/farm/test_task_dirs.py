@@ -136,3 +136,17 @@ def test_a_plain_command_splits_as_shlex_splits_it():
         fast += bool(_PLAIN_COMMAND.fullmatch(cmd))
         assert _words(cmd) == theirs, repr(cmd)
     assert fast > 500
+
+
+def test_a_word_longer_than_a_file_name_is_no_relative_path(tmp_path):
+    """``relative_paths`` looks each word up as a file here: a word over 255 bytes made that
+    lookup raise (ENAMETOOLONG) and ``farm create`` end with a traceback."""
+    from hpcml.farm.model import TaskSpec
+    from hpcml.farm.sweep import relative_paths
+    (tmp_path / "train.py").write_text("")
+    specs = [TaskSpec(command=f"python train.py --tag {'x' * 300}"), TaskSpec(command=f"python {'y/' * 3000}z")]
+    assert relative_paths(specs, tmp_path)[0].startswith("train.py: relative to")
+    tasks = tmp_path / "t.txt"
+    tasks.write_text(f"echo {'x' * 300}\n")
+    p = hpcml("farm", "create", tmp_path / "farm", tasks, cwd=tmp_path)
+    assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr

@@ -322,6 +322,45 @@ def test_a_crafted_message_is_the_rank_s_problem_never_a_crash(tmp_path, attack)
         assert "not UTF-8" in problem
 
 
+def test_metadata_past_its_bound_is_refused_before_arrow_reads_it(tmp_path):
+    """Arrow builds what a message's flatbuffer references as often as it is referenced: a
+    1.1 MB file whose 20,000 metadata entries point at one 1 MiB string aborted the reader
+    (std::bad_alloc, the review's finding). Metadata is bounded (``METADATA_MAX``) before
+    Arrow sees it; here a schema with 20 KB of it, as any writer can make one."""
+    from hpcml.ipcbounds import METADATA_MAX
+    schema = arrow_schema().with_metadata({"note": "x" * 20_000})
+    f = _stream(tmp_path / "rank-00000.arrows", [_zeros(8).replace_schema_metadata(schema.metadata)], schema)
+    rc, problem, rows, _peak = _in_child(f)
+    assert rc == 0 and problem and f"(at most {METADATA_MAX} read)" in problem and rows == 0, problem
+
+
+def test_a_stream_in_the_framing_before_arrow_0_15_reads(tmp_path):
+    """The stream framing without the continuation marker (``use_legacy_format``) is read as
+    Arrow reads it: every batch, no problem."""
+    f = tmp_path / "rank-00000.arrows"
+    with pa.OSFile(str(f), "wb") as fh:
+        w = pa.ipc.new_stream(fh, arrow_schema(), options=pa.ipc.IpcWriteOptions(
+            compression="zstd", use_legacy_format=True))
+        for n in (5, 7):
+            w.write_batch(_zeros(n))
+        w.close()
+    got = read_rank(f)
+    assert got.problem is None and [b.num_rows for b in got.batches] == [5, 7]
+
+
+def test_a_rank_killed_mid_batch_keeps_every_whole_batch(tmp_path):
+    """A file cut anywhere inside its last message (``kill -9`` mid-write): the whole batches
+    before it are read, and the problem says truncated."""
+    f = _stream(tmp_path / "w.arrows", [_zeros(5), _zeros(7), _zeros(9)], arrow_schema(), "zstd")
+    raw = f.read_bytes()
+    whole = len(_joined(_messages(raw)[:3], end=False))
+    for cut in range(whole + 1, len(raw) - 8, 37):
+        (tmp_path / "rank-00000.arrows").write_bytes(raw[:cut])
+        got = read_rank(tmp_path / "rank-00000.arrows")
+        assert [b.num_rows for b in got.batches] == [5, 7], cut
+        assert got.problem and got.problem.startswith("truncated after 2 batches"), (cut, got.problem)
+
+
 def test_the_store_s_own_files_are_far_inside_the_bound(tmp_path, monkeypatch):
     """The ratio alone (no floor) never cuts a real rank file: the writer's own batches of
     constant values, the most compressible a real store gets, decode to under 10 times

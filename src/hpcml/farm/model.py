@@ -88,13 +88,8 @@ class TaskSpec:
     after: tuple[int | str, ...] = ()
 
     def key(self) -> str:
-        """What makes two tasks the same for an idempotent ``farm create``: made once per
-        task (``create`` plans twice, before the directory is made and under its lock)."""
-        cached = self.__dict__.get("_key")
-        if cached is None:
-            cached = _KEY_ENCODER.encode([self.group, self.command, self.params])
-            object.__setattr__(self, "_key", cached)          # frozen: the key is not a field
-        return cached
+        """What makes two tasks the same for an idempotent ``farm create``."""
+        return _KEY_ENCODER.encode([self.group, self.command, self.params])
 
 
 @dataclass(frozen=True)

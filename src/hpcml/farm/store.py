@@ -153,7 +153,8 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
             raise UsageError(f"not empty and has no {FARM_FILE}: not a farm directory", file=str(p))
         doc = {"schema": FARM_SCHEMA, "created": time.time(), "settings": Settings().to_json()}
     doc["settings"] = Settings(**{**doc.get("settings", {}), **(settings or {})}).to_json()
-    _plan(p, [] if fresh else _read_tasks(p), specs)      # bad input: refused before anything is made
+    keys = [s.key() for s in specs]                       # made once: _plan runs twice
+    _plan(p, [] if fresh else _read_tasks(p), specs, keys)   # bad input: refused before anything is made
     made = [d for d in (*reversed(p.parents), p) if not d.exists()]
     try:
         p.mkdir(parents=True, exist_ok=True)
@@ -162,7 +163,7 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
             (p / sub).mkdir(exist_ok=True)
         with _Lock(p / "create.lock"):
             tasks = _read_tasks(p)
-            new = _plan(p, tasks, specs)
+            new = _plan(p, tasks, specs, keys)
             try:
                 write_atomic(p / FARM_FILE, json.dumps(doc, indent=2) + "\n")
                 if new or fresh:
@@ -182,18 +183,18 @@ def create(path: str | os.PathLike, specs: list[TaskSpec], settings: dict[str, A
     return CreateResult(path=p, added=len(new), existing=len(specs) - len(new), total=len(tasks) + len(new))
 
 
-def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec]) -> list[Task]:
-    """The specs not in ``tasks`` yet, numbered on; UsageError if one waits for a task or
-    group that is not there (checked before the directory is made, and again under the lock)."""
+def _plan(p: Path, tasks: list[Task], specs: list[TaskSpec], keys: list[str]) -> list[Task]:
+    """The specs not in ``tasks`` yet, numbered on (``keys``: each spec's ``key()``); UsageError
+    if one waits for a task or group that is not there (checked before the directory is made,
+    and again under the lock)."""
     known_ids = {t.id for t in tasks}
     have = Counter(t.key() for t in tasks)
     seen: Counter[str] = Counter()
     new: list[Task] = []
     next_id = max(known_ids, default=-1) + 1
-    for s in specs:
+    for s, k in zip(specs, keys):
         if problem := command_problem(s.command):    # a Python caller's spec: the files' readers refuse it too
             raise UsageError(problem, file=str(p), key="command")
-        k = s.key()
         seen[k] += 1
         if seen[k] <= have[k]:
             continue

@@ -387,7 +387,10 @@ def relative_paths(specs: list[TaskSpec], here: Path, shown: int = 3) -> list[st
                 if w not in is_file:
                     if len(is_file) >= WORDS_KEPT:          # a million distinct seeds: not all kept
                         is_file.clear()
-                    is_file[w] = (here / w).is_file()
+                    try:
+                        is_file[w] = (here / w).is_file()
+                    except OSError:                      # a word longer than a file name can be
+                        is_file[w] = False
                 if is_file[w]:
                     found[w] = None
     if not found:

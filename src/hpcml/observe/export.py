@@ -47,6 +47,9 @@ SOCKET_PATH_MAX = 104           # bytes of a Unix socket's path, with room to sp
 KINDS = ("host", "gpu", "metric", "section")
 MAX_PEERS = 1024                # ranks connected through the abstract socket at once
 RECV_MAX = 65536                # bytes the endpoint reads of one message: a chunk and its envelope
+#: the endpoint's one message to a rank, once it took its connection: a connection is open at
+#: the rank's end before the endpoint accepts it, so a first send there proves nothing
+ACK = b"\x01"
 SILENT_TRIES = 60               # samples a rank reaches no endpoint before it says so (once)
 _CRED = struct.Struct("3i")     # struct ucred: pid, uid, gid
 
@@ -270,6 +273,7 @@ class PromExporter:
                 return False
             conn.setblocking(False)
             sel.register(conn, selectors.EVENT_READ, "peer")
+            conn.send(ACK)                            # the rank counts itself connected from this
         except (OSError, ValueError):
             conn.close()
             return False
@@ -345,7 +349,7 @@ class PromForwarder:
         self._warned = False                  # said: another user holds the abstract socket
         self._said_missing = False            # said: no endpoint reached (taken back once one is)
         self._misses = 0                      # samples in a row that reached no endpoint
-        self._fresh = False                   # the abstract connection has carried no message yet
+        self._acked = False                   # the endpoint has said it took the abstract connection
 
     def update(self, rows: list[tuple]) -> None:
         for data in self._messages([r for r in rows if r[3] is not None and r[1] in KINDS]):
@@ -386,19 +390,24 @@ class PromForwarder:
             if self.side is None:
                 self._missed()
                 return False
-            self._fresh = True
+            self._acked = False
         try:
             self.side.send(data)
-        except BlockingIOError:
+            if not self._acked:         # what was sent proves nothing until the endpoint says it
+                try:                    # took this rank (past MAX_PEERS it closes it unsaid)
+                    said = self.side.recv(16)
+                except BlockingIOError:
+                    return True         # no word yet: sent, not counted as reaching it
+                if said != ACK:
+                    raise ConnectionResetError("the endpoint closed the connection")
+                self._acked = True
+        except BlockingIOError:         # the endpoint's queue is full
             return False
         except OSError:                 # the endpoint went away, or refused this rank: ask again
             self.side.close()           # at the next sample, and count it as a sample not sent
             self.side = None
             self._missed()
             return False
-        if self._fresh:                 # a connection's first message proves nothing: an endpoint
-            self._fresh = False         # with MAX_PEERS ranks closes a new one after its accept
-            return True
         return self._reached()
 
     def _reached(self) -> bool:

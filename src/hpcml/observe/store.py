@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import IO, Any
 
-from hpcml import progress
+from hpcml import ipcbounds, progress
 from hpcml.errors import UsageError
 from hpcml.files import JSON_MAX, load_json_bounded, write_atomic
 from hpcml.observe.schema import arrow_schema, to_batch
@@ -128,69 +128,79 @@ def read_rank(path: str | os.PathLike) -> RankData:
         size = os.fstat(fh.fileno()).st_size
         limit = max(DECODED_FLOOR, DECODED_PER_BYTE * size)
         try:
-            reader = pa.ipc.MessageReader.open_stream(_Capped(fh, size))
-            first = reader.read_next_message()
+            got = ipcbounds.next_message(fh, size)
+            if got is None:
+                data.problem = "unreadable: empty"
+                return data
+            first = pa.ipc.read_message(pa.py_buffer(ipcbounds.framed(*got)))
             if first.type != "schema":          # read_schema of another message crashes pyarrow (SIGSEGV)
                 data.problem = f"unreadable: it starts with a {first.type} message, not a schema"
                 return data
             schema = pa.ipc.read_schema(first)
-        except StopIteration:
-            data.problem = "unreadable: empty"
-            return data
-        except (pa.ArrowException, OSError, MemoryError, OverflowError, UnicodeDecodeError) as exc:
+        except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
             data.problem = f"unreadable: {str(exc) or type(exc).__name__}"
             return data
         conform = _conform(schema)
         if conform is None:
             data.problem = f"not an hpcml observe store file: its columns are {_columns(schema)}"
             return data
-        _read_batches(reader, schema, conform, data, limit, size)
+        checked = _checked_batches(fh, size, data, limit)
+    _decode([ipcbounds.framed(*got), *checked], conform, data, limit, size)
     return data
 
 
-def _read_batches(reader, schema, conform, data: RankData, limit: int, size: int) -> None:
-    """The stream's record batches into ``data`` until its end, a damaged message, or one
-    that would take the decoded bytes past ``limit``: counted from the message before it is
-    decoded (``ipcbounds``), so a batch that claims gigabytes is never allocated."""
-    import pyarrow as pa
-
-    from hpcml.ipcbounds import decoded_size
-    decoded = held = 0
+def _checked_batches(fh: IO[bytes], size: int, data: RankData, limit: int) -> list[bytes]:
+    """The stream's record batch messages, framed again, up to its end, a damaged message,
+    or the one that would take the bytes decoded past ``limit``: each counted from what its
+    message claims (``ipcbounds.decoded_size``) before Arrow sees it, so a batch that claims
+    gigabytes is never allocated. Why stopped is the rank's ``problem``."""
+    decoded = 0
+    out: list[bytes] = []
     while True:
         try:
-            message = reader.read_next_message()
-        except StopIteration:
-            return
-        except (pa.ArrowException, OSError, MemoryError, OverflowError) as exc:
-            data.problem = f"truncated after {len(data.batches)} batches ({str(exc) or type(exc).__name__})"
-            return
-        if message.type != "record batch":     # the store's schema has no dictionaries
-            data.problem = f"a {message.type} message after {len(data.batches)} batches: not the store's"
-            return
-        try:
-            decoded += decoded_size(memoryview(message.metadata), memoryview(message.body or b""))
+            got = ipcbounds.next_message(fh, size)
+            if got is None:
+                return out
+            claimed = ipcbounds.decoded_size(*got)
+        except ipcbounds.Truncated as exc:
+            data.problem = f"truncated after {len(out)} batches ({exc})"
+            return out
         except ValueError as exc:
-            data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
-            return
+            data.problem = f"a damaged batch after {len(out)} batches ({exc})"
+            return out
+        kind = ipcbounds.message_type(got[0])
+        if kind != ipcbounds.RECORD_BATCH:     # the store's schema has no dictionaries
+            named = ipcbounds.HEADERS.get(kind, f"type {kind}")
+            data.problem = f"a {named} message after {len(out)} batches: not the store's"
+            return out
+        decoded += claimed
         if decoded > limit:
             data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
-                            f"{len(data.batches)} batches, not the rest")
-            return
-        try:
-            batch = pa.ipc.read_record_batch(message, schema)
+                            f"{len(out)} batches, not the rest")
+            return out
+        out.append(ipcbounds.framed(*got))
+
+
+def _decode(messages: list[bytes], conform, data: RankData, limit: int, size: int) -> None:
+    """The checked messages (the schema's first) decoded by Arrow's stream reader, each batch
+    validated whole before anything uses it; a failure is the rank's problem, the batches
+    before it kept."""
+    import pyarrow as pa
+    held = 0
+    try:
+        reader = pa.ipc.open_stream(pa.py_buffer(b"".join(messages)))
+        for batch in reader:
             # lengths, offsets and text checked against the buffers: a batch that claims 2^30
             # rows over 8 rows' buffers, or an offset past its data, crashed whoever read it
             batch.validate(full=True)
-            held += batch.nbytes            # what was decoded, counted again: the claim's check
+            held += batch.get_total_buffer_size()      # what was decoded, counted again
             if held > limit:
                 data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
                                 f"{len(data.batches)} batches, not the rest")
                 return
             data.batches.append(conform(batch))
-        except (pa.ArrowException, OSError) as exc:
-            data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
-            return
-    return data
+    except (pa.ArrowException, OSError, MemoryError) as exc:
+        data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
 
 
 def _open_regular(p: Path) -> IO[bytes]:
@@ -215,22 +225,6 @@ def _open_regular(p: Path) -> IO[bytes]:
     except BaseException:
         os.close(fd)
         raise
-
-
-class _Capped:
-    """A file whose ``read(n)`` never asks for more than is left of it: Arrow reads a message's
-    body with one ``read(bodyLength)``, and a Python file allocates ``n`` first, so a length
-    of 2^40 in a few bytes was a MemoryError (2^63: an OverflowError) out of the reader."""
-
-    def __init__(self, fh: IO[bytes], size: int) -> None:
-        self._fh, self._size = fh, size
-
-    def read(self, n: int | None = -1) -> bytes:
-        left = max(self._size - self._fh.tell(), 0)
-        return self._fh.read(left if n is None or n < 0 or n > left else n)
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self._fh, name)
 
 
 def _columns(schema) -> str:

@@ -52,6 +52,35 @@ def fstab_field(path: str) -> str:
             .replace("\n", "\\012"))
 
 
+#: what pyxis's rc script (``echo "SRC DST FLAGS"``, sourced by bash) would expand in a path
+SHELL_SPECIAL = ('$', '`', '"')
+
+
+def mount_path_problem(path: str, *, in_shell: bool = False) -> str | None:
+    """Why enroot would not mount ``path`` as written, or None. enroot refuses an fstab field
+    that holds whitespace other than what ``fstab_field`` escapes (its ``[^[:space:]]``
+    check: a carriage return, a form feed, U+3000); pyxis (``in_shell``) writes each mount
+    into a script bash sources, where ``$``, a backquote or ``"`` would be expanded or end
+    the string (``/a$HOME`` mounted ``/a/root``; a backquote ran a command)."""
+    for ch in path:
+        if ch.isspace() and ch not in " \t\n":
+            return (f"{ascii(ch)} in {ascii(path)}: enroot refuses a mount whose paths hold whitespace "
+                    "other than a space or a tab")
+        if in_shell and ch in SHELL_SPECIAL:
+            return (f"{ch!r} in {ascii(path)}: pyxis writes each mount into a shell script for enroot, "
+                    "where it would be expanded")
+    return None
+
+
+def refuse_mount_paths(env: Environment, *, in_shell: bool = False) -> None:
+    """Every mount's source and target through ``mount_path_problem``, refused in one line
+    naming its key."""
+    for i, m in enumerate(env.mounts):
+        for path in (m.source, m.target):
+            if problem := mount_path_problem(path, in_shell=in_shell):
+                raise UsageError(problem, file=env.origin.get(f"mounts[{i}]"), key=f"mounts[{i}]")
+
+
 class Enroot(Runtime):
     name = "enroot"
     executable = "enroot"
@@ -60,6 +89,7 @@ class Enroot(Runtime):
     def argv(self, plan: Plan, command: list[str]) -> list[str]:
         env, notes = plan.env, plan.notes
         one_line(env, plan.variables)
+        refuse_mount_paths(env)
         image = env.image
         if plan.kind == "ref":
             image = os.path.join(image_store(plan.environ), re.sub(r"[^A-Za-z0-9_.-]+", "+", env.image) + ".sqsh")

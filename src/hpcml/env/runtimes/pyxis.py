@@ -3,11 +3,14 @@ not inside ``srun``. ``[env]`` values are exported in srun's environment and nam
 ``--container-env``, which makes them win over the image's, as in EDF; variables to
 unset are dropped from srun's environment and unset by the in-container wrapper. The
 image goes in enroot's syntax (``REGISTRY#IMAGE``), which pyxis passes to enroot. pyxis
-splits ``--container-mounts`` at ``,``, so a mount with a ``,`` in it is refused."""
+splits ``--container-mounts`` at ``,``, so a mount with a ``,`` in it is refused, and it writes
+each mount into a script bash sources for enroot, so one with ``$``, a backquote or ``"``
+is refused too (``enroot.mount_path_problem``)."""
 
 from __future__ import annotations
 
 from hpcml.env.runtimes.base import Plan, Runtime, annotations_note, enroot_reference, wrap_command
+from hpcml.env.runtimes.enroot import refuse_mount_paths
 from hpcml.errors import UsageError
 
 
@@ -25,6 +28,7 @@ class Pyxis(Runtime):
         env, notes = plan.env, plan.notes
         image = enroot_reference(env.image) if plan.kind == "ref" else env.image
         argv = ["srun", f"--container-image={image}"]
+        refuse_mount_paths(env, in_shell=True)
         for i, m in enumerate(env.mounts):
             if "," in m.spec():
                 raise UsageError(f"{m.spec()!r} has a ',': pyxis splits --container-mounts at ',', "
