@@ -5,6 +5,7 @@ line of a kernel log."""
 
 from __future__ import annotations
 
+import math
 import os
 import subprocess
 import time
@@ -162,3 +163,9 @@ def test_a_line_with_a_malformed_timestamp_is_counted_and_judged_undated(tmp_pat
     assert "79" in r.message and "13" in r.message
     windowed = xid.XidCheck(xid.XidCheck.Params(source=str(log), window=60), CheckContext(node="n1")).run()
     assert (windowed.outcome, windowed.value) == (Outcome.FAIL, 1)   # undated: inside any window
+
+
+def test_an_offset_past_59_minutes_is_a_torn_time():
+    """``+00:60`` names no offset: torn (judged undated), not read as +01:00."""
+    assert math.isnan(xid.parse_time("2024-01-01T00:00:00+00:60 NVRM: Xid 79")[0])
+    assert xid.parse_time("2024-01-01T00:00:00+01:00 x")[0] == 1704063600.0

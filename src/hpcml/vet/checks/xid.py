@@ -81,6 +81,8 @@ def parse_time(line: str) -> tuple[float | None, str]:
         if tz and tz != "Z":
             sign = 1 if tz[0] == "+" else -1
             hh, mm = int(tz[1:3]), int(tz[-2:])
+            if hh > 23 or mm > 59:               # +00:60 is no offset (timezone() would take it as 1 h)
+                raise ValueError(f"offset {tz}")
             dt = dt.replace(tzinfo=timezone(sign * timedelta(hours=hh, minutes=mm)))
         else:
             dt = dt.replace(tzinfo=timezone.utc)
