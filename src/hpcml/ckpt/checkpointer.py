@@ -302,6 +302,7 @@ class Checkpointer:
         base = 0
         writes = []
         for (kind, skeleton, leaves), size in zip(parts, sizes):
+            _zero_gaps(host[base:base + size], leaves)
             for f in leaves:
                 dst = host[base + f.offset:base + f.offset + f.nbytes]
                 if f.kind == "torch":
@@ -333,6 +334,9 @@ class Checkpointer:
         self._thread.start()
 
     def _buffer(self, size: int, pinned: bool) -> np.ndarray:
+        """The host staging buffer, reused from save to save: its bytes are whatever the
+        allocator or the last save left, so every byte a shard holds besides its leaves
+        (their alignment padding) is zeroed at each save (``_zero_gaps``)."""
         if self._host is None or len(self._host) < size:
             cap = max(size, 1)
             if pinned:
@@ -752,3 +756,18 @@ def _record_blocking(seconds: float) -> None:
     from hpcml.observe import api
     if api.under_run():
         api.blocked(api.CHECKPOINT, seconds)
+
+
+def _zero_gaps(part: np.ndarray, leaves: list[Leaf]) -> None:
+    """Zero the bytes of one shard's part of the staging buffer that no leaf fills: the 4 KiB
+    alignment padding after each leaf. ``np.empty``'s (or pinned memory's) bytes there went
+    into the file as they were: the process's heap (pointers, whatever it last held) written
+    to disk, and, read as a pickle by a scan of the whole file, sometimes an opcode that made
+    a benign checkpoint ``unknown``."""
+    at = 0
+    for f in sorted(leaves, key=lambda leaf: leaf.offset):
+        if f.offset > at:
+            part[at:f.offset] = 0
+        at = max(at, f.offset + f.nbytes)
+    if len(part) > at:
+        part[at:] = 0
