@@ -28,11 +28,12 @@ RECORD_BATCH = 3
 HEADERS = {0: "headerless", 1: "schema", 2: "dictionary batch", 3: "record batch", 4: "tensor", 5: "sparse tensor"}
 #: a compressed buffer whose prefix is this was stored uncompressed (Arrow's format)
 UNCOMPRESSED = -1
-#: the most metadata one message may carry. The store's are under 1 KiB. Arrow builds what a
-#: flatbuffer references as often as it is referenced (a vector of 4-byte offsets to one
-#: long string: a key/value per entry, a field name per field), so a message of S bytes can
-#: ask for S^2/16: bounded here before Arrow sees it, that is at most 16 MiB
-METADATA_MAX = 16 << 10
+#: the most metadata one message may carry. The store's are 448 bytes (its schema) and 480
+#: (a batch of its 7 columns, whatever its rows). Arrow builds what a flatbuffer references
+#: as often as it is referenced, and its verifier lets a table be visited 8 times per byte:
+#: a schema whose fields' children point many times at one field named by one long string
+#: built GBs from 16 KiB (the review's nested alias). At 2 KiB that is at most ~32 MB
+METADATA_MAX = 2 << 10
 #: the encapsulated format's continuation marker (Arrow 0.15+; before it, the length alone)
 CONTINUATION = b"\xff\xff\xff\xff"
 #: ``MetadataVersion.V5`` (Schema.fbs), what Arrow 1.0 and later write. Arrow still reads a V4

@@ -112,3 +112,40 @@ def test_a_shard_holds_its_leaves_and_zeros_nothing_of_the_process_memory(tmp_pa
         filled[e["offset"]:e["offset"] + e["nbytes"]] = b"\x01" * e["nbytes"]
     rest = bytes(b for b, f in zip(shards[0], filled) if not f)
     assert rest and set(rest) == {0}, set(rest)
+
+
+def test_a_structured_array_loads_with_its_fields_and_none_of_its_padding_is_the_heap(tmp_path):
+    """A structured array went as raw bytes under its ``.str`` (``|V16``): it loaded back as
+    void records, its field names lost, and numpy's uninitialised padding between aligned
+    fields (the review found a heap pointer there) went into the file. It is pickled now,
+    from a copy in zeros, and loads as it was saved."""
+    from hpcml.scan.loader import safe_load
+    dt = np.dtype([("a", "u1"), ("b", "<f8")], align=True)
+    dirty = np.empty(64, dtype=np.uint8)
+    dirty[:] = 0xAB
+    a = np.frombuffer(dirty.tobytes()[:32], dtype=dt).copy()     # padding bytes 0xAB, as garbage would be
+    a["a"], a["b"] = [1, 3], [2.0, 4.5]
+    with Checkpointer(tmp_path / "c", keep=5, max_write_rate=None) as ck:
+        ck.save({"s": a}, 1)
+        ck.wait()
+    got = safe_load(tmp_path / "c" / "step-00000001")["s"]
+    assert got.dtype == dt and got.dtype.names == ("a", "b") and (got == a).all()
+    assert b"\xab" not in (tmp_path / "c" / "step-00000001" / "rank-00000.bin").read_bytes()
+
+
+def test_lazy_views_save_their_values_and_a_sparse_tensor_is_refused_in_one_line(tmp_path):
+    """A conjugate or negative view (its bit set, not its values) raised torch's RuntimeError
+    at save; it now saves the values it shows. A sparse tensor has no flat bytes: refused,
+    naming the key and what to do."""
+    import torch
+
+    from hpcml.errors import UsageError
+    from hpcml.scan.loader import safe_load
+    c, x = torch.tensor([1 + 2j, 3 - 1j]), torch.tensor([1.0, 2.0])
+    with Checkpointer(tmp_path / "c", keep=5, max_write_rate=None) as ck:
+        ck.save({"c": c.conj(), "n": torch._neg_view(x)}, 1)
+        ck.wait()
+        got = safe_load(tmp_path / "c" / "step-00000001")
+        assert torch.equal(got["c"], c.conj().resolve_conj()) and torch.equal(got["n"], -x)
+        with pytest.raises(UsageError, match="key 's'.*layout sparse_coo.*to_dense"):
+            ck.save({"s": torch.eye(3).to_sparse()}, 2)

@@ -298,7 +298,7 @@ class Checkpointer:
             return
         sizes = [place(leaves) for _kind, _skeleton, leaves in parts]
         host = self._buffer(sum(sizes), any(getattr(f.value, "is_cuda", False) for p in parts for f in p[2]))
-        cuda = False
+        cuda: set[Any] = set()                  # the devices copies were started from
         base = 0
         writes = []
         for (kind, skeleton, leaves), size in zip(parts, sizes):
@@ -308,7 +308,8 @@ class Checkpointer:
                 if f.kind == "torch":
                     import torch
                     t = f.value
-                    cuda = cuda or t.is_cuda
+                    if t.is_cuda:
+                        cuda.add(t.device)
                     if f.nbytes:
                         torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8), non_blocking=t.is_cuda)
                 elif f.kind == "numpy":
@@ -322,9 +323,10 @@ class Checkpointer:
                 doc["part"] = "own"
             writes.append((*layout.shard_names(self.rank, kind), host[base:base + size].data, doc))
             base += size
-        if cuda:
+        if cuda:                                # every device's copies, not the current one's alone
             import torch
-            torch.cuda.synchronize()
+            for device in cuda:                 # (a state over several GPUs: pipeline, model parallel)
+                torch.cuda.synchronize(device)
         self.last_blocking_s = time.perf_counter() - t0
         self._error = None
         self._committed = None

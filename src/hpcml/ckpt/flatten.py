@@ -123,17 +123,34 @@ def array_itemsize(dtype: Any) -> int | None:
     return dt.itemsize if not dt.hasobject and dt.shape == () and dt.itemsize > 0 else None
 
 
+def _without_padding(value: Any) -> Any:
+    """A structured array as its fields, copied into zeros: numpy pickles an aligned one's
+    bytes as they are, padding between fields included, and leaves that padding
+    uninitialised (the process's heap: pointers, whatever it last held). Other values as
+    they are."""
+    if isinstance(value, np.ndarray) and value.dtype.fields is not None and not value.dtype.hasobject:
+        clean = np.zeros(value.shape, dtype=value.dtype)
+        clean[...] = value
+        return clean
+    return value
+
+
 def _leaf(value: Any, leaves: list[Leaf], path: str) -> dict[str, int] | None:
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        t = value.detach()
+        if value.layout != torch.strided:           # sparse, mkldnn: no flat bytes to hold
+            raise UsageError(f"a tensor of layout {str(value.layout).removeprefix('torch.')}: a checkpoint holds "
+                             "dense tensors as bytes; convert it (.to_dense())", key=path or "state")
+        t = value.detach().resolve_conj().resolve_neg()     # a lazy conjugate or negation: its values
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in TORCH_ITEMSIZE:             # it would save, and never load
             raise UsageError(f"a tensor of dtype {dtype}: not one a checkpoint holds as bytes; convert it "
                              "(a quantized one: .dequantize() or .int_repr())", key=path or "state")
         leaves.append(Leaf(t, "torch", dtype, list(t.shape), t.numel() * t.element_size()))
     elif isinstance(value, np.ndarray):
-        if array_itemsize(value.dtype.str) is None:     # objects, an empty dtype: pickled
+        # objects, an empty dtype, and a structured one (its .str is only "|V16": the fields,
+        # and the padding numpy leaves uninitialised between them, would go as raw bytes): pickled
+        if value.dtype.fields is not None or array_itemsize(value.dtype.str) is None:
             return None
         leaves.append(Leaf(value, "numpy", value.dtype.str, list(value.shape), value.nbytes))
     elif isinstance(value, (bytes, bytearray)):
@@ -206,7 +223,7 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
         ref = _leaf(v, leaves, path)
         if ref is not None:
             return ref
-        data = pickle.dumps(v, protocol=4)
+        data = pickle.dumps(_without_padding(v), protocol=4)
         if len(data) > (top := leafcheck.limit()):      # it would save, verify, and never load
             from hpcml.units import fmt_bytes
             raise UsageError(f"a {type(v).__module__}.{type(v).__qualname__} that pickles to {len(data)} bytes: "

@@ -140,67 +140,87 @@ def read_rank(path: str | os.PathLike) -> RankData:
         except (pa.ArrowException, OSError, ValueError, MemoryError) as exc:
             data.problem = f"unreadable: {str(exc) or type(exc).__name__}"
             return data
-        conform = _conform(schema)
-        if conform is None:
-            data.problem = f"not an hpcml observe store file: its columns are {_columns(schema)}"
+        try:
+            conform = _conform(schema)
+            if conform is None:
+                data.problem = f"not an hpcml observe store file: its columns are {_columns(schema)}"
+                return data
+        except MemoryError:
+            data.problem = "unreadable: a schema too large to describe"
             return data
-        checked = _checked_batches(fh, size, data, limit)
-    _decode([ipcbounds.framed(*got), *checked], conform, data, limit, size)
+        _read_batches(fh, size, ipcbounds.framed(*got), conform, data, limit)
     return data
 
 
-def _checked_batches(fh: IO[bytes], size: int, data: RankData, limit: int) -> list[bytes]:
-    """The stream's record batch messages, framed again, up to its end, a damaged message,
-    or the one that would take the bytes decoded past ``limit``: each counted from what its
-    message claims (``ipcbounds.decoded_size``) before Arrow sees it, so a batch that claims
-    gigabytes is never allocated. Why stopped is the rank's ``problem``."""
+#: checked messages decoded together by Arrow's stream reader (as fast as it reads a file);
+#: what a rank file's read holds beside its batches is this, not a copy of the whole file
+DECODE_CHUNK = 32 << 20
+
+
+def _read_batches(fh: IO[bytes], size: int, schema: bytes, conform, data: RankData, limit: int) -> None:
+    """The stream's record batches into ``data``, up to its end, a damaged message, or the
+    one that would take the bytes decoded past ``limit``: each counted from what its message
+    claims (``ipcbounds.decoded_size``) before Arrow sees it, so a batch that claims
+    gigabytes is never allocated; checked messages are decoded ``DECODE_CHUNK`` at a time.
+    Why reading stopped is the rank's ``problem``."""
     decoded = 0
-    out: list[bytes] = []
+    held = [0]                                  # what Arrow decoded, counted again after it
+    pending: list[bytes] = []
+    pending_bytes = 0
+    stopped: str | None = None
     while True:
         try:
             got = ipcbounds.next_message(fh, size)
             if got is None:
-                return out
+                break
             claimed = ipcbounds.decoded_size(*got)
         except ipcbounds.Truncated as exc:
-            data.problem = f"truncated after {len(out)} batches ({exc})"
-            return out
+            stopped = f"truncated after {{n}} batches ({exc})"
+            break
         except ValueError as exc:
-            data.problem = f"a damaged batch after {len(out)} batches ({exc})"
-            return out
+            stopped = f"a damaged batch after {{n}} batches ({exc})"
+            break
         kind = ipcbounds.message_type(got[0])
         if kind != ipcbounds.RECORD_BATCH:     # the store's schema has no dictionaries
-            named = ipcbounds.HEADERS.get(kind, f"type {kind}")
-            data.problem = f"a {named} message after {len(out)} batches: not the store's"
-            return out
+            stopped = f"a {ipcbounds.HEADERS.get(kind, f'type {kind}')} message after {{n}} batches: not the store's"
+            break
         decoded += claimed
         if decoded > limit:
-            data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
-                            f"{len(out)} batches, not the rest")
-            return out
-        out.append(ipcbounds.framed(*got))
+            stopped = f"larger than {limit} bytes decoded from a file of {size} bytes: read {{n}} batches, not the rest"
+            break
+        pending.append(ipcbounds.framed(*got))
+        pending_bytes += len(pending[-1])
+        if pending_bytes >= DECODE_CHUNK:
+            if not _decode([schema, *pending], conform, data, held, limit):
+                return
+            pending, pending_bytes = [], 0
+    if _decode([schema, *pending], conform, data, held, limit) and stopped is not None:
+        data.problem = stopped.format(n=len(data.batches))
 
 
-def _decode(messages: list[bytes], conform, data: RankData, limit: int, size: int) -> None:
-    """The checked messages (the schema's first) decoded by Arrow's stream reader, each batch
-    validated whole before anything uses it; a failure is the rank's problem, the batches
-    before it kept."""
+def _decode(messages: list[bytes], conform, data: RankData, held: list[int], limit: int) -> bool:
+    """Checked messages (the schema's first) decoded by Arrow's stream reader, each batch
+    validated whole before anything uses it and its buffers counted into ``held`` against
+    ``limit`` (the claims' check); False, with the rank's problem, at the first that fails
+    (the batches before it kept)."""
     import pyarrow as pa
-    held = 0
+    if len(messages) < 2:
+        return True
     try:
         reader = pa.ipc.open_stream(pa.py_buffer(b"".join(messages)))
         for batch in reader:
             # lengths, offsets and text checked against the buffers: a batch that claims 2^30
             # rows over 8 rows' buffers, or an offset past its data, crashed whoever read it
             batch.validate(full=True)
-            held += batch.get_total_buffer_size()      # what was decoded, counted again
-            if held > limit:
-                data.problem = (f"larger than {limit} bytes decoded from a file of {size} bytes: read "
-                                f"{len(data.batches)} batches, not the rest")
-                return
+            held[0] += batch.get_total_buffer_size()
+            if held[0] > limit:
+                data.problem = f"larger than {limit} bytes decoded: read {len(data.batches)} batches, not the rest"
+                return False
             data.batches.append(conform(batch))
     except (pa.ArrowException, OSError, MemoryError) as exc:
         data.problem = f"a damaged batch after {len(data.batches)} batches ({exc})"
+        return False
+    return True
 
 
 def _open_regular(p: Path) -> IO[bytes]:
