@@ -114,23 +114,39 @@ def test_a_shard_holds_its_leaves_and_zeros_nothing_of_the_process_memory(tmp_pa
     assert rest and set(rest) == {0}, set(rest)
 
 
-def test_a_structured_array_loads_with_its_fields_and_none_of_its_padding_is_the_heap(tmp_path):
-    """A structured array went as raw bytes under its ``.str`` (``|V16``): it loaded back as
-    void records, its field names lost, and numpy's uninitialised padding between aligned
-    fields (the review found a heap pointer there) went into the file. It is pickled now,
-    from a copy in zeros, and loads as it was saved."""
+@pytest.mark.parametrize("kind", ["aligned", "unicode", "recarray", "void-in-a-tuple"])
+def test_a_structured_array_loads_and_none_of_its_padding_is_the_heap(tmp_path, kind):
+    """numpy leaves the padding between an aligned dtype's fields uninitialised (the review
+    found a heap pointer there) and a structured array's bytes went to disk with it. Each
+    now goes from a copy in zeros: as a leaf (its records' bytes, as before), or inside a
+    pickled value (a record in a tuple). Each loads, through ``safe_load`` and
+    ``load_latest`` (a first fix pickled every structured array: one with a unicode field,
+    or a record array, then saved and never loaded, and ``load_latest`` skipped the step)."""
     from hpcml.scan.loader import safe_load
-    dt = np.dtype([("a", "u1"), ("b", "<f8")], align=True)
-    dirty = np.empty(64, dtype=np.uint8)
-    dirty[:] = 0xAB
-    a = np.frombuffer(dirty.tobytes()[:32], dtype=dt).copy()     # padding bytes 0xAB, as garbage would be
+    dt = np.dtype([("a", "u1"), ("b", "<f8")] + ([("s", "<U3")] if kind == "unicode" else []), align=True)
+    a = np.frombuffer(bytearray(b"\xab" * dt.itemsize * 2), dtype=dt)    # padding 0xAB, as garbage would be
     a["a"], a["b"] = [1, 3], [2.0, 4.5]
+    if kind == "unicode":
+        a["s"] = ["x", "y"]
+    value = {"aligned": a, "unicode": a, "recarray": a.view(np.recarray), "void-in-a-tuple": (a[0], "x")}[kind]
     with Checkpointer(tmp_path / "c", keep=5, max_write_rate=None) as ck:
-        ck.save({"s": a}, 1)
+        ck.save({"s": value}, 1)
         ck.wait()
+        state, step = ck.load_latest()
+    assert step == 1
     got = safe_load(tmp_path / "c" / "step-00000001")["s"]
-    assert got.dtype == dt and got.dtype.names == ("a", "b") and (got == a).all()
+    for loaded in (got, state["s"]):
+        records = np.asarray(loaded[0] if kind == "void-in-a-tuple" else loaded)
+        assert records.reshape(-1)[:1].tobytes()[:1] == b"\x01"                 # the first field's byte
     assert b"\xab" not in (tmp_path / "c" / "step-00000001" / "rank-00000.bin").read_bytes()
+
+
+def test_a_masked_array_is_refused_not_saved_without_its_mask(tmp_path):
+    """It loaded back as a plain array, its mask gone, without a word (the review)."""
+    from hpcml.errors import UsageError
+    with Checkpointer(tmp_path / "c", keep=5, max_write_rate=None) as ck:
+        with pytest.raises(UsageError, match="key 'm'.*masked array.*mask would be lost"):
+            ck.save({"m": np.ma.masked_array([1.0, 2.0], mask=[0, 1])}, 1)
 
 
 def test_lazy_views_save_their_values_and_a_sparse_tensor_is_refused_in_one_line(tmp_path):
@@ -149,3 +165,7 @@ def test_lazy_views_save_their_values_and_a_sparse_tensor_is_refused_in_one_line
         assert torch.equal(got["c"], c.conj().resolve_conj()) and torch.equal(got["n"], -x)
         with pytest.raises(UsageError, match="key 's'.*layout sparse_coo.*to_dense"):
             ck.save({"s": torch.eye(3).to_sparse()}, 2)
+        with pytest.raises(UsageError, match="key 'n'.*layout nested"):
+            ck.save({"n": torch.nested.nested_tensor([torch.ones(2), torch.ones(3)])}, 3)
+        with pytest.raises(UsageError, match="key 'm'.*meta device"):
+            ck.save({"m": torch.empty(3, device="meta")}, 4)

@@ -301,32 +301,35 @@ class Checkpointer:
         cuda: set[Any] = set()                  # the devices copies were started from
         base = 0
         writes = []
-        for (kind, skeleton, leaves), size in zip(parts, sizes):
-            _zero_gaps(host[base:base + size], leaves)
-            for f in leaves:
-                dst = host[base + f.offset:base + f.offset + f.nbytes]
-                if f.kind == "torch":
-                    import torch
-                    t = f.value
-                    if t.is_cuda:
-                        cuda.add(t.device)
-                    if f.nbytes:
-                        torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8), non_blocking=t.is_cuda)
-                elif f.kind == "numpy":
-                    dst[:] = np.ascontiguousarray(f.value).reshape(-1).view(np.uint8)
-                else:
-                    dst[:] = np.frombuffer(f.value, dtype=np.uint8)
-            doc = {"schema": layout.SHARD_TAG, "step": step, "rank": self.rank, "world_size": self.world,
-                   "replicated": self.replicated, "token": self.token, "size": size,
-                   "skeleton": skeleton, "entries": describe(leaves)}
-            if kind == "own":
-                doc["part"] = "own"
-            writes.append((*layout.shard_names(self.rank, kind), host[base:base + size].data, doc))
-            base += size
-        if cuda:                                # every device's copies, not the current one's alone
-            import torch
-            for device in cuda:                 # (a state over several GPUs: pipeline, model parallel)
-                torch.cuda.synchronize(device)
+        try:
+            for (kind, skeleton, leaves), size in zip(parts, sizes):
+                _zero_gaps(host[base:base + size], leaves)
+                for f in leaves:
+                    dst = host[base + f.offset:base + f.offset + f.nbytes]
+                    if f.kind == "torch":
+                        import torch
+                        t = f.value
+                        if t.is_cuda:
+                            cuda.add(t.device)
+                        if f.nbytes:
+                            torch.from_numpy(dst).copy_(t.contiguous().view(-1).view(torch.uint8),
+                                                        non_blocking=t.is_cuda)
+                    elif f.kind == "numpy":
+                        dst[:] = np.ascontiguousarray(f.value).reshape(-1).view(np.uint8)
+                    else:
+                        dst[:] = np.frombuffer(f.value, dtype=np.uint8)
+                doc = {"schema": layout.SHARD_TAG, "step": step, "rank": self.rank, "world_size": self.world,
+                       "replicated": self.replicated, "token": self.token, "size": size,
+                       "skeleton": skeleton, "entries": describe(leaves)}
+                if kind == "own":
+                    doc["part"] = "own"
+                writes.append((*layout.shard_names(self.rank, kind), host[base:base + size].data, doc))
+                base += size
+        finally:          # every device's copies, not the current one's alone (a state over several
+            if cuda:      # GPUs); also when a leaf failed: none may land in the buffer's next use
+                import torch
+                for device in cuda:
+                    torch.cuda.synchronize(device)
         self.last_blocking_s = time.perf_counter() - t0
         self._error = None
         self._committed = None

@@ -123,24 +123,47 @@ def array_itemsize(dtype: Any) -> int | None:
     return dt.itemsize if not dt.hasobject and dt.shape == () and dt.itemsize > 0 else None
 
 
-def _without_padding(value: Any) -> Any:
-    """A structured array as its fields, copied into zeros: numpy pickles an aligned one's
-    bytes as they are, padding between fields included, and leaves that padding
-    uninitialised (the process's heap: pointers, whatever it last held). Other values as
-    they are."""
-    if isinstance(value, np.ndarray) and value.dtype.fields is not None and not value.dtype.hasobject:
-        clean = np.zeros(value.shape, dtype=value.dtype)
+def without_padding(value: Any) -> Any:
+    """A structured array or record (no objects in it) as its fields, copied into zeros, as a
+    plain ``ndarray`` or ``np.void``; other values as they are. numpy leaves the padding
+    between an aligned dtype's fields uninitialised, and its bytes (the process's heap:
+    pointers, whatever it last held) went to disk as they were."""
+    if isinstance(value, (np.ndarray, np.void)) and value.dtype.fields is not None and not value.dtype.hasobject:
+        dtype = value.dtype if value.dtype.type is np.void else np.dtype((np.void, value.dtype))
+        clean = np.zeros(np.shape(value), dtype=dtype)
         clean[...] = value
-        return clean
+        return clean if isinstance(value, np.ndarray) else clean[()]
     return value
+
+
+class _CleanPickler(pickle.Pickler):
+    """``pickle.dumps`` of a pickled leaf, with every structured array or record in it, at any
+    depth (a ``np.void`` taken from an array, one inside a namedtuple), pickled from its copy in
+    zeros (``without_padding``)."""
+
+    def reducer_override(self, obj: Any) -> Any:
+        if isinstance(obj, (np.ndarray, np.void)) and obj.dtype.fields is not None and not obj.dtype.hasobject:
+            clean = without_padding(obj)
+            if clean is not obj:
+                return clean.__reduce__()
+        return NotImplemented
+
+
+def _pickled(value: Any) -> bytes:
+    buf = io.BytesIO()
+    _CleanPickler(buf, protocol=4).dump(value)
+    return buf.getvalue()
 
 
 def _leaf(value: Any, leaves: list[Leaf], path: str) -> dict[str, int] | None:
     torch = _torch()
     if torch is not None and isinstance(value, torch.Tensor):
-        if value.layout != torch.strided:           # sparse, mkldnn: no flat bytes to hold
-            raise UsageError(f"a tensor of layout {str(value.layout).removeprefix('torch.')}: a checkpoint holds "
-                             "dense tensors as bytes; convert it (.to_dense())", key=path or "state")
+        if value.layout != torch.strided or value.is_nested:     # sparse, mkldnn, nested: no flat bytes
+            kind = "nested" if value.is_nested else str(value.layout).removeprefix("torch.")
+            raise UsageError(f"a tensor of layout {kind}: a checkpoint holds dense tensors as bytes; convert it "
+                             "(.to_dense(), .to_padded_tensor())", key=path or "state")
+        if value.is_meta:
+            raise UsageError("a tensor on the meta device: it has no values to save", key=path or "state")
         t = value.detach().resolve_conj().resolve_neg()     # a lazy conjugate or negation: its values
         dtype = str(t.dtype).removeprefix("torch.")
         if dtype not in TORCH_ITEMSIZE:             # it would save, and never load
@@ -148,10 +171,12 @@ def _leaf(value: Any, leaves: list[Leaf], path: str) -> dict[str, int] | None:
                              "(a quantized one: .dequantize() or .int_repr())", key=path or "state")
         leaves.append(Leaf(t, "torch", dtype, list(t.shape), t.numel() * t.element_size()))
     elif isinstance(value, np.ndarray):
-        # objects, an empty dtype, and a structured one (its .str is only "|V16": the fields,
-        # and the padding numpy leaves uninitialised between them, would go as raw bytes): pickled
-        if value.dtype.fields is not None or array_itemsize(value.dtype.str) is None:
+        if type(value).__module__.startswith("numpy.ma"):
+            raise UsageError("a masked array: a checkpoint holds an array's values, and its mask would be lost; "
+                             "store .data and .mask (or .filled()) instead", key=path or "state")
+        if array_itemsize(value.dtype.str) is None:     # objects, an empty dtype: pickled
             return None
+        value = without_padding(value)                  # a structured one: its padding zeros
         leaves.append(Leaf(value, "numpy", value.dtype.str, list(value.shape), value.nbytes))
     elif isinstance(value, (bytes, bytearray)):
         leaves.append(Leaf(bytes(value), "bytes", "u1", [len(value)], len(value)))
@@ -223,7 +248,7 @@ def flatten(state: Any, own: list[PerRank] | None = None, *, leaves_too: bool = 
         ref = _leaf(v, leaves, path)
         if ref is not None:
             return ref
-        data = pickle.dumps(_without_padding(v), protocol=4)
+        data = _pickled(v)
         if len(data) > (top := leafcheck.limit()):      # it would save, verify, and never load
             from hpcml.units import fmt_bytes
             raise UsageError(f"a {type(v).__module__}.{type(v).__qualname__} that pickles to {len(data)} bytes: "
