@@ -24,9 +24,10 @@ _LENGTHS = {3: 8, 4: 9}
 #: flag bits of a dtype (numpy's ndarraytypes.h)
 ITEM_HASOBJECT = 0x01
 ALIGNED_STRUCT = 0x80
-#: what numpy writes for a structured dtype: NEEDS_PYAPI, plus REFCOUNT|LIST_PICKLE|NEEDS_INIT
-#: where a field holds objects, plus ALIGNED_STRUCT for align=True
-_STRUCT_FLAGS = {False: 0x10, True: 0x1B}
+#: what numpy writes for a structured dtype: NEEDS_PYAPI, plus each field's flags among
+#: NPY_FROM_FIELDS (NEEDS_INIT|LIST_PICKLE|REFCOUNT|NEEDS_PYAPI: 0x1B), plus ALIGNED_STRUCT for
+#: align=True. A field of objects brings all of them (27); a unicode one NEEDS_INIT (24)
+_STRUCT_BASE, _FROM_FIELDS = 0x10, 0x1B
 
 Problem = tuple[Verdict, str]
 #: fields of one structured dtype checked against each other (a record of this many is not a model's)
@@ -165,19 +166,21 @@ def _struct_problem(descr: str, names: Any, fields: Any, elsize: int, alignment:
     if len(names) > MAX_FIELDS:
         return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): more than {MAX_FIELDS} fields, which hpcml does not check")
     objects = False
+    expected = _STRUCT_BASE
     spans: list[tuple[int, int, bool, str]] = []
     for name in names:
         field = fields.get(name)
         if type(field) is not tuple or len(field) not in (2, 3):
             return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} that hpcml cannot read")
-        part, size, offset = has_object(field[0]), itemsize_of(field[0]), field[1]
-        if part is None or size is None or type(offset) is not int:
+        part, size, offset, own = has_object(field[0]), itemsize_of(field[0]), field[1], flags_of(field[0])
+        if part is None or size is None or own is None or type(offset) is not int:
             return (Verdict.UNKNOWN, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} whose type hpcml cannot read")
         if offset < 0 or offset + size > elsize:
             return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): field {name[:40]!r} at bytes {offset}-{offset + size} "
                                        f"of a {elsize}-byte item (numpy would read and write past it)")
         spans.append((offset, offset + size, part, name))
         objects = objects or part
+        expected |= own & _FROM_FIELDS
     for a in spans:                                      # objects overlapping anything: bytes read as pointers
         for b in spans:
             if a is not b and (a[2] or b[2]) and a[0] < b[1] and b[0] < a[1]:
@@ -185,10 +188,10 @@ def _struct_problem(descr: str, names: Any, fields: Any, elsize: int, alignment:
                                            "overlap and one holds objects (numpy refuses to make such a type)")
     if alignment < 1 or alignment > 64:
         return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): alignment {alignment} numpy never writes")
-    if flags & ~ALIGNED_STRUCT != _STRUCT_FLAGS[objects]:
+    if flags & ~ALIGNED_STRUCT != expected:
         return (Verdict.DANGEROUS, f"numpy.dtype('{descr[:40]}'): flags {flags} of a structured type whose fields "
                                    f"{'hold' if objects else 'hold no'} objects (numpy writes "
-                                   f"{_STRUCT_FLAGS[objects]}): numpy would read objects as bytes or bytes as pointers")
+                                   f"{expected}): numpy would read objects as bytes or bytes as pointers")
     return None
 
 
