@@ -273,6 +273,10 @@ def test_bad_input_is_one_line_exit_2(tmp_path, args, words):
 
 
 CPYTHON_START_FAILURES = ("Could not import runpy module\n", "Fatal Python error: init_import_site:")
+#: SIGINT inside the weakref callback of CPython's import lock (``_get_module_lock``): CPython
+#: prints "Exception ignored" with its own frames and drops the interrupt, so no code of
+#: hpcml's sees it (seen once under the full suite's load, 2026-11-29)
+CPYTHON_SWALLOWED = "Exception ignored in: <function _get_module_lock.<locals>.cb"
 
 
 @pytest.mark.parametrize("after", [0.05, 0.3, 1.5])
@@ -286,7 +290,8 @@ def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
     init_import_site") and ``python -m`` importing runpy ("Could not import runpy module"),
     each with its traceback (status 1). A loaded machine starts the interpreter slowly
     enough for 0.05 s to land there; such a moment is told apart by CPython's line and a
-    traceback that names no file of hpcml's."""
+    traceback that names no file of hpcml's. One more is in importing itself: an interrupt in
+    the import lock's weakref callback is printed by CPython as ignored, and dropped."""
     import signal
     import time
     p = subprocess.Popen([sys.executable, "-m", "hpcml", "observe", "record", "--dir", str(tmp_path / "d"), "--",
@@ -297,6 +302,12 @@ def test_ctrl_c_at_any_moment_is_never_a_traceback(tmp_path, after):
     if err.startswith(CPYTHON_START_FAILURES):          # before hpcml: CPython's, not ours
         import hpcml
         assert str(Path(hpcml.__file__).parent) not in err and p.returncode == 1, (p.returncode, err)
+        return
+    if err.startswith(CPYTHON_SWALLOWED):               # CPython's import lock dropped the interrupt
+        import hpcml
+        frames = [line for line in err.splitlines() if line.strip().startswith("File ")]
+        assert str(Path(hpcml.__file__).parent) not in err and all("<frozen importlib" in f for f in frames), err
+        assert p.returncode in (0, 130, -signal.SIGINT), (p.returncode, err)
         return
     assert "Traceback" not in err and p.returncode in (130, -signal.SIGINT), (p.returncode, err)
 
