@@ -123,12 +123,17 @@ def array_itemsize(dtype: Any) -> int | None:
     return dt.itemsize if not dt.hasobject and dt.shape == () and dt.itemsize > 0 else None
 
 
+def _structured(value: Any) -> bool:
+    """A structured array or record whose fields hold no objects: what has padding to clean."""
+    return isinstance(value, (np.ndarray, np.void)) and value.dtype.fields is not None and not value.dtype.hasobject
+
+
 def without_padding(value: Any) -> Any:
     """A structured array or record (no objects in it) as its fields, copied into zeros, as a
     plain ``ndarray`` or ``np.void``; other values as they are. numpy leaves the padding
     between an aligned dtype's fields uninitialised, and its bytes (the process's heap:
     pointers, whatever it last held) went to disk as they were."""
-    if isinstance(value, (np.ndarray, np.void)) and value.dtype.fields is not None and not value.dtype.hasobject:
+    if _structured(value):
         dtype = value.dtype if value.dtype.type is np.void else np.dtype((np.void, value.dtype))
         clean = np.zeros(np.shape(value), dtype=dtype)
         clean[...] = value
@@ -142,11 +147,7 @@ class _CleanPickler(pickle.Pickler):
     zeros (``without_padding``)."""
 
     def reducer_override(self, obj: Any) -> Any:
-        if isinstance(obj, (np.ndarray, np.void)) and obj.dtype.fields is not None and not obj.dtype.hasobject:
-            clean = without_padding(obj)
-            if clean is not obj:
-                return clean.__reduce__()
-        return NotImplemented
+        return without_padding(obj).__reduce__() if _structured(obj) else NotImplemented
 
 
 def _pickled(value: Any) -> bytes:

@@ -132,7 +132,8 @@ def read_rank(path: str | os.PathLike) -> RankData:
             if got is None:
                 data.problem = "unreadable: empty"
                 return data
-            first = pa.ipc.read_message(pa.py_buffer(ipcbounds.framed(*got)))
+            schema_message = ipcbounds.framed(*got)
+            first = pa.ipc.read_message(pa.py_buffer(schema_message))
             if first.type != "schema":          # read_schema of another message crashes pyarrow (SIGSEGV)
                 data.problem = f"unreadable: it starts with a {first.type} message, not a schema"
                 return data
@@ -148,7 +149,7 @@ def read_rank(path: str | os.PathLike) -> RankData:
         except MemoryError:
             data.problem = "unreadable: a schema too large to describe"
             return data
-        _read_batches(fh, size, ipcbounds.framed(*got), conform, data, limit)
+        _read_batches(fh, size, schema_message, conform, data, limit)
     return data
 
 

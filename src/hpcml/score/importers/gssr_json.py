@@ -372,11 +372,12 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     seen = set()
     pieces: dict[tuple[str, str], list[tuple[np.ndarray, dict[str, np.ndarray]]]] = {}
     bounds = np.flatnonzero(np.diff(codes)) + 1
-    spans = list(zip(np.r_[0, bounds], np.r_[bounds, len(codes)])) if len(codes) else []
-    dated = _dated(spans, keys, codes, procs, has_step, p)
-    for lo, hi in spans:
+    spans = []                                    # (lo, hi, the process's key, the GPU) of each series piece
+    for lo, hi in zip(np.r_[0, bounds], np.r_[bounds, len(codes)]) if len(codes) else ():
         *pkey, gpu = keys[codes[lo]]
-        pkey = tuple(pkey) if has_step else pkey[0]
+        spans.append((lo, hi, tuple(pkey) if has_step else pkey[0], gpu))
+    dated = _dated([pkey for _lo, _hi, pkey, _gpu in spans], procs, has_step, p)
+    for lo, hi, pkey, gpu in spans:
         host, _, start, _ = procs.get(pkey, (f"proc{pkey[-1] if has_step else pkey}", "", None, None))
         t = t_all[lo:hi] + (start if dated else 0.0)
         pieces.setdefault((host, str(gpu)), []).append((t, {_name(m): mat[i, lo:hi] for i, m in enumerate(metrics)}))
@@ -412,17 +413,15 @@ def _from_db(con: sqlite3.Connection, p: Path) -> Recording:
     return rec
 
 
-def _dated(spans: list, keys: list, codes: np.ndarray, procs: dict, has_step: bool, p: Path) -> bool:
+def _dated(pkeys: list, procs: dict, has_step: bool, p: Path) -> bool:
     """Whether the samples are placed at their process's start: every process with samples
-    has a start_time that names a time. None has one: times from each process's start (the
+    (``pkeys``, one per series piece) has a start_time that names a time. None has one: times from each process's start (the
     caller notes it). Some have and some do not: refused, since a process without one cannot
     be placed beside the others (its samples at 1970 would stretch every chart across 56
     years, and no start assumed for it is measured)."""
     known = unknown = 0
     first: tuple | None = None
-    for lo, _ in spans:
-        *pkey, _gpu = keys[codes[lo]]
-        pkey = tuple(pkey) if has_step else pkey[0]
+    for pkey in pkeys:
         got = procs.get(pkey)
         if got is not None and got[2] is not None:
             known += 1
